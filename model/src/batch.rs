@@ -1,0 +1,332 @@
+//! C4: one forward pass's input as a struct of arrays (llama.cpp's `llama_batch`). Prefill and
+//! decode differ only in how a batch is filled. `validate` turns a `Batch` into a `ValidBatch`
+//! with every default resolved; only a `ValidBatch` reaches a model.
+
+use std::collections::HashMap;
+
+use crate::error::DecodeError;
+use crate::kv::{KvCells, MAX_SEQ, Pos, SeqId, SeqSet};
+
+/// Token ids, or embeddings given directly (e.g. from a multimodal encoder).
+#[derive(Debug, Clone, PartialEq)]
+pub enum BatchInput {
+    /// [n_tokens]
+    Tokens(Vec<u32>),
+    /// [n_tokens, dim] row-major.
+    Embeddings { values: Vec<f32>, dim: usize },
+}
+
+/// A batch of tokens from any number of sequences.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub input: BatchInput,
+    /// [n_tokens] positions; `None`: each sequence's last position + 1, counting up.
+    pub pos: Option<Vec<Pos>>,
+    /// [n_tokens] the sequences each token belongs to; `None`: every token in sequence 0.
+    pub seq_ids: Option<Vec<Vec<SeqId>>>,
+    /// [n_tokens] whether a token's logits row is wanted; `None`: only the last token's.
+    pub logits: Option<Vec<bool>>,
+}
+
+impl Batch {
+    /// Tokens of sequence 0 at its next positions, logits for the last one (`llama_batch_get_one`).
+    pub fn one(tokens: Vec<u32>) -> Self {
+        Self {
+            input: BatchInput::Tokens(tokens),
+            pos: None,
+            seq_ids: None,
+            logits: None,
+        }
+    }
+
+    /// An empty batch to fill with [`Batch::push`]; every field is then explicit.
+    pub fn new() -> Self {
+        Self {
+            input: BatchInput::Tokens(Vec::new()),
+            pos: Some(Vec::new()),
+            seq_ids: Some(Vec::new()),
+            logits: Some(Vec::new()),
+        }
+    }
+
+    /// Appends one token (`common_batch_add`). Only for batches made by [`Batch::new`].
+    pub fn push(&mut self, token: u32, pos: Pos, seqs: &[SeqId], logits: bool) {
+        let (BatchInput::Tokens(tokens), Some(p), Some(s), Some(l)) = (
+            &mut self.input,
+            &mut self.pos,
+            &mut self.seq_ids,
+            &mut self.logits,
+        ) else {
+            panic!("Batch::push needs a token batch made by Batch::new");
+        };
+        tokens.push(token);
+        p.push(pos);
+        s.push(seqs.to_vec());
+        l.push(logits);
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.input {
+            BatchInput::Tokens(t) => t.len(),
+            BatchInput::Embeddings { values, dim } => values.len().checked_div(*dim).unwrap_or(0),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A checked batch with every default resolved.
+#[derive(Debug, Clone)]
+pub struct ValidBatch<'a> {
+    pub input: &'a BatchInput,
+    /// [n_tokens]
+    pub pos: Vec<Pos>,
+    /// [n_tokens]
+    pub seqs: Vec<SeqSet>,
+    /// [n_outputs] batch indices whose logits are wanted, ascending.
+    pub out_rows: Vec<usize>,
+}
+
+impl ValidBatch<'_> {
+    pub fn len(&self) -> usize {
+        self.pos.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.pos.is_empty()
+    }
+}
+
+/// What a batch is checked against.
+pub struct Limits {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// Positions must stay below this.
+    pub context_length: usize,
+}
+
+/// Checks a batch against the model and the cache's current positions.
+pub fn validate<'a>(
+    batch: &'a Batch,
+    cells: &KvCells,
+    limits: &Limits,
+) -> Result<ValidBatch<'a>, DecodeError> {
+    let bad = |msg: String| Err(DecodeError::InvalidInput(msg));
+    let n = batch.len();
+    if n == 0 {
+        return bad("empty batch".into());
+    }
+    match &batch.input {
+        BatchInput::Tokens(tokens) => {
+            if let Some((i, t)) = tokens
+                .iter()
+                .enumerate()
+                .find(|(_, t)| **t as usize >= limits.vocab_size)
+            {
+                return bad(format!(
+                    "token {i}: id {t} is not below the vocabulary size {}",
+                    limits.vocab_size
+                ));
+            }
+        }
+        BatchInput::Embeddings { values, dim } => {
+            if *dim != limits.hidden_size || values.len() % dim != 0 {
+                return bad(format!(
+                    "embeddings: {} values of width {dim}; the model needs rows of width {}",
+                    values.len(),
+                    limits.hidden_size
+                ));
+            }
+            if values.iter().any(|v| !v.is_finite()) {
+                return bad("embeddings: values must be finite".into());
+            }
+        }
+    }
+    for (name, len) in [
+        ("pos", batch.pos.as_ref().map(Vec::len)),
+        ("seq_ids", batch.seq_ids.as_ref().map(Vec::len)),
+        ("logits", batch.logits.as_ref().map(Vec::len)),
+    ] {
+        if let Some(len) = len.filter(|l| *l != n) {
+            return bad(format!("`{name}` has {len} entries for {n} tokens"));
+        }
+    }
+    let seqs = resolve_seqs(batch, n)?;
+    let pos = resolve_positions(batch, &seqs, cells, limits.context_length)?;
+    let out_rows = match &batch.logits {
+        None => vec![n - 1],
+        Some(flags) => flags
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| **f)
+            .map(|(i, _)| i)
+            .collect(),
+    };
+    Ok(ValidBatch {
+        input: &batch.input,
+        pos,
+        seqs,
+        out_rows,
+    })
+}
+
+fn resolve_seqs(batch: &Batch, n: usize) -> Result<Vec<SeqSet>, DecodeError> {
+    let Some(ids) = &batch.seq_ids else {
+        return Ok(vec![SeqSet::single(0); n]);
+    };
+    ids.iter()
+        .enumerate()
+        .map(|(i, ids)| {
+            if ids.is_empty() {
+                return Err(DecodeError::InvalidInput(format!(
+                    "token {i} belongs to no sequence"
+                )));
+            }
+            let mut set = SeqSet::default();
+            for &s in ids {
+                if s as usize >= MAX_SEQ {
+                    return Err(DecodeError::InvalidInput(format!(
+                        "token {i}: sequence id {s} is not below {MAX_SEQ}"
+                    )));
+                }
+                set.insert(s);
+            }
+            Ok(set)
+        })
+        .collect()
+}
+
+/// Fills in default positions and checks that each sequence's positions only go forward:
+/// above what the cache holds for it and strictly increasing within the batch.
+fn resolve_positions(
+    batch: &Batch,
+    seqs: &[SeqSet],
+    cells: &KvCells,
+    n_ctx: usize,
+) -> Result<Vec<Pos>, DecodeError> {
+    let mut last: HashMap<SeqId, Pos> = HashMap::new();
+    let last_of = |s: SeqId, last: &HashMap<SeqId, Pos>| {
+        last.get(&s).copied().or_else(|| cells.seq_pos_max(s))
+    };
+    let mut out = Vec::with_capacity(seqs.len());
+    for (i, set) in seqs.iter().enumerate() {
+        let p = match &batch.pos {
+            Some(pos) => pos[i],
+            None => set
+                .iter()
+                .map(|s| last_of(s, &last).map_or(0, |p| p + 1))
+                .max()
+                .unwrap_or(0),
+        };
+        if p < 0 || p >= n_ctx as Pos {
+            return Err(DecodeError::InvalidInput(format!(
+                "token {i}: position {p} is outside the context [0, {n_ctx})"
+            )));
+        }
+        for s in set.iter() {
+            if let Some(prev) = last_of(s, &last).filter(|prev| p <= *prev) {
+                return Err(DecodeError::InvalidInput(format!(
+                    "token {i}: position {p} of sequence {s} does not follow its last position {prev}"
+                )));
+            }
+            last.insert(s, p);
+        }
+        out.push(p);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        vocab_size: 100,
+        hidden_size: 8,
+        context_length: 32,
+    };
+
+    fn err(batch: &Batch, cells: &KvCells) -> String {
+        match validate(batch, cells, &LIMITS) {
+            Err(DecodeError::InvalidInput(msg)) => msg,
+            other => panic!("expected invalid input, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_fill_positions_sequence_zero_and_last_logits() {
+        let cells = KvCells::new(8, 32);
+        let batch = Batch::one(vec![1, 2, 3]);
+        let v = validate(&batch, &cells, &LIMITS).unwrap();
+        assert_eq!(
+            (v.pos.clone(), v.out_rows.clone()),
+            (vec![0, 1, 2], vec![2])
+        );
+        assert!(v.seqs.iter().all(|s| *s == SeqSet::single(0)));
+    }
+
+    #[test]
+    fn default_positions_continue_each_sequence() {
+        let mut cells = KvCells::new(8, 32);
+        let p = cells.find_slots(2).unwrap();
+        cells.occupy(&p, &[0, 1], &[SeqSet::single(1); 2]);
+        let batch = Batch {
+            seq_ids: Some(vec![vec![1], vec![0], vec![1]]),
+            ..Batch::one(vec![5, 6, 7])
+        };
+        assert_eq!(
+            validate(&batch, &cells, &LIMITS).unwrap().pos,
+            vec![2, 0, 3]
+        );
+    }
+
+    #[test]
+    fn bad_batches_are_rejected_with_the_reason() {
+        let cells = KvCells::new(8, 32);
+        assert!(err(&Batch::one(vec![]), &cells).contains("empty"));
+        assert!(err(&Batch::one(vec![1, 100]), &cells).contains("id 100"));
+        let mut b = Batch::new();
+        b.push(1, 3, &[0], true);
+        b.push(2, 2, &[0], true);
+        assert!(err(&b, &cells).contains("does not follow"));
+        let mut b = Batch::new();
+        b.push(1, 32, &[0], true);
+        assert!(err(&b, &cells).contains("outside the context"));
+        let mut b = Batch::new();
+        b.push(1, 0, &[], true);
+        assert!(err(&b, &cells).contains("no sequence"));
+        let mut b = Batch::new();
+        b.push(1, 0, &[MAX_SEQ as u32], true);
+        assert!(err(&b, &cells).contains("sequence id"));
+        let b = Batch {
+            logits: Some(vec![true]),
+            ..Batch::one(vec![1, 2])
+        };
+        assert!(err(&b, &cells).contains("`logits` has 1 entries"));
+        let b = Batch {
+            input: BatchInput::Embeddings {
+                values: vec![0.0; 12],
+                dim: 6,
+            },
+            ..Batch::one(vec![])
+        };
+        assert!(err(&b, &cells).contains("width"));
+    }
+
+    #[test]
+    fn positions_may_not_go_back_into_the_cache() {
+        let mut cells = KvCells::new(8, 32);
+        let p = cells.find_slots(3).unwrap();
+        cells.occupy(&p, &[0, 1, 2], &[SeqSet::single(0); 3]);
+        let mut b = Batch::new();
+        b.push(1, 2, &[0], true);
+        assert!(err(&b, &cells).contains("last position 2"));
+    }
+}

@@ -1,0 +1,123 @@
+//! One model instance with its KV cache and output buffers (llama.cpp's `llama_context`): the
+//! unit a worker owns. `decode` validates, places, runs and either commits a whole batch or
+//! leaves the cache exactly as it was.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::batch::{Batch, Limits, validate};
+use crate::error::DecodeError;
+use crate::kv::KvCache;
+use crate::lm::{LanguageModel, ModelInfo};
+use crate::output::Outputs;
+
+pub struct Context {
+    model: Box<dyn LanguageModel>,
+    cache: KvCache,
+    outputs: Outputs,
+}
+
+impl Context {
+    /// A context whose cache holds `kv_capacity` cells (tokens, summed over sequences; shared
+    /// cells count once).
+    pub fn new(model: Box<dyn LanguageModel>, kv_capacity: usize) -> Self {
+        let info = model.info();
+        let cache = KvCache::new(
+            model.kv_layout(),
+            kv_capacity,
+            info.context_length,
+            model.device(),
+        );
+        let outputs = Outputs::new(info.vocab_size);
+        Self {
+            model,
+            cache,
+            outputs,
+        }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        self.model.info()
+    }
+    pub fn model(&self) -> &dyn LanguageModel {
+        self.model.as_ref()
+    }
+    /// For replacing weight slots between forward passes.
+    pub fn model_mut(&mut self) -> &mut dyn LanguageModel {
+        self.model.as_mut()
+    }
+    pub fn kv(&self) -> &KvCache {
+        &self.cache
+    }
+    /// Sequence operations (`seq_rm`, `seq_cp`, …) go through here.
+    pub fn kv_mut(&mut self) -> &mut KvCache {
+        &mut self.cache
+    }
+    /// The logits of the last successful `decode`.
+    pub fn outputs(&self) -> &Outputs {
+        &self.outputs
+    }
+
+    /// Runs one batch (C4/C5); see [`Context::decode_with_abort`].
+    pub fn decode(&mut self, batch: &Batch) -> Result<(), DecodeError> {
+        self.decode_with_abort(batch, &|| false)
+    }
+
+    /// Runs one batch. On success the outputs hold the flagged rows' logits. On any error
+    /// (invalid input, no KV slot, abort, internal — a panic inside the backend included) the
+    /// cache's cells are as before and the previous outputs are cleared.
+    pub fn decode_with_abort(
+        &mut self,
+        batch: &Batch,
+        abort: &dyn Fn() -> bool,
+    ) -> Result<(), DecodeError> {
+        self.outputs.clear();
+        let info = self.model.info();
+        let limits = Limits {
+            vocab_size: info.vocab_size,
+            hidden_size: info.hidden_size,
+            context_length: info.context_length,
+        };
+        let valid = validate(batch, self.cache.cells(), &limits)?;
+        let placement =
+            self.cache
+                .cells()
+                .find_slots(valid.len())
+                .ok_or(DecodeError::NoKvSlot {
+                    needed: valid.len(),
+                    free: self.cache.cells().free(),
+                })?;
+        if let Some(shifts) = self.cache.cells_mut().take_shifts() {
+            self.model.shift_keys(&mut self.cache, &shifts);
+        }
+        self.cache
+            .cells_mut()
+            .occupy(&placement, &valid.pos, &valid.seqs);
+        let (model, cache) = (&self.model, &mut self.cache);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let logits = model.forward(&valid, &placement, cache, abort)?;
+            logits
+                .try_into_vec_as::<f32>()
+                .map_err(|e| DecodeError::Internal(format!("reading logits: {e:?}")))
+        }))
+        .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))));
+        match result {
+            Ok(logits) => {
+                self.outputs.set(&logits, &valid.out_rows);
+                Ok(())
+            }
+            Err(e) => {
+                self.cache.cells_mut().release(&placement);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let msg = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("forward pass panicked: {msg}")
+}

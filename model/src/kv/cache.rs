@@ -1,0 +1,155 @@
+//! C6: the KV cache of one model instance: per-layer key and value tensors over a fixed pool of
+//! cells, plus the cell metadata. The cache never evicts by itself; capacity is set at creation.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use super::cells::{KvCells, Placement, Pos, PosRange, SeqId, SeqSet};
+use crate::error::KvError;
+
+/// The shape of what a model caches per token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Keys and values of every layer for `capacity` cells.
+#[derive(Debug)]
+pub struct KvCache {
+    cells: KvCells,
+    layout: KvLayout,
+    /// [layers] each [kv_heads, capacity, head_dim]; keys are stored rotated (RoPE applied).
+    keys: Vec<Tensor<3>>,
+    /// [layers] each [kv_heads, capacity, head_dim].
+    values: Vec<Tensor<3>>,
+    device: Device,
+}
+
+impl KvCache {
+    /// A cache of `capacity` cells for sequences whose positions stay below `n_pos`.
+    pub fn new(layout: KvLayout, capacity: usize, n_pos: usize, device: &Device) -> Self {
+        let shape = [layout.kv_heads, capacity, layout.head_dim];
+        let zeros = || {
+            (0..layout.layers)
+                .map(|_| Tensor::<3>::zeros(shape, device))
+                .collect()
+        };
+        Self {
+            cells: KvCells::new(capacity, n_pos),
+            layout,
+            keys: zeros(),
+            values: zeros(),
+            device: device.clone(),
+        }
+    }
+
+    pub fn cells(&self) -> &KvCells {
+        &self.cells
+    }
+    pub(crate) fn cells_mut(&mut self) -> &mut KvCells {
+        &mut self.cells
+    }
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+    pub fn capacity(&self) -> usize {
+        self.cells.capacity()
+    }
+    pub fn used(&self) -> usize {
+        self.cells.used()
+    }
+    /// Bytes held by the key and value tensors.
+    pub fn size_bytes(&self) -> usize {
+        2 * self.layout.layers * self.layout.kv_heads * self.capacity() * self.layout.head_dim * 4
+    }
+
+    // Sequence operations (C6); see `KvCells` for their contracts.
+    pub fn seq_rm(&mut self, seq: SeqId, range: impl Into<PosRange>) -> Result<(), KvError> {
+        self.cells.seq_rm(seq, range)
+    }
+    pub fn seq_cp(
+        &mut self,
+        src: SeqId,
+        dst: SeqId,
+        range: impl Into<PosRange>,
+    ) -> Result<(), KvError> {
+        self.cells.seq_cp(src, dst, range)
+    }
+    pub fn seq_keep(&mut self, seq: SeqId) -> Result<(), KvError> {
+        self.cells.seq_keep(seq)
+    }
+    pub fn seq_add(
+        &mut self,
+        seq: SeqId,
+        range: impl Into<PosRange>,
+        delta: Pos,
+    ) -> Result<(), KvError> {
+        self.cells.seq_add(seq, range, delta)
+    }
+    pub fn seq_pos_max(&self, seq: SeqId) -> Option<Pos> {
+        self.cells.seq_pos_max(seq)
+    }
+    pub fn seq_pos_min(&self, seq: SeqId) -> Option<Pos> {
+        self.cells.seq_pos_min(seq)
+    }
+    pub fn clear(&mut self) {
+        self.cells.clear();
+    }
+    /// One line per used cell: `cell → (seq ids, pos)`.
+    pub fn dump(&self) -> String {
+        self.cells.dump()
+    }
+
+    /// Writes a batch's keys and values of `layer` into its placed cells.
+    /// `k`, `v`: [kv_heads, n_tokens, head_dim].
+    pub(crate) fn write(
+        &mut self,
+        layer: usize,
+        placement: &Placement,
+        k: Tensor<3>,
+        v: Tensor<3>,
+    ) {
+        let [h, _, d] = k.dims();
+        for (c0, t0, len) in placement.runs() {
+            let (ks, vs) = if len == placement.cells.len() {
+                (k.clone(), v.clone())
+            } else {
+                (
+                    k.clone().slice([0..h, t0..t0 + len, 0..d]),
+                    v.clone().slice([0..h, t0..t0 + len, 0..d]),
+                )
+            };
+            self.keys[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..d], ks));
+            self.values[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..d], vs));
+        }
+    }
+
+    /// Keys and values of `layer` for cells `[0, extent)`: [kv_heads, extent, head_dim] each.
+    pub(crate) fn read(&self, layer: usize, extent: usize) -> (Tensor<3>, Tensor<3>) {
+        let [h, _, d] = self.keys[layer].dims();
+        (
+            self.keys[layer].clone().slice([0..h, 0..extent, 0..d]),
+            self.values[layer].clone().slice([0..h, 0..extent, 0..d]),
+        )
+    }
+
+    /// Replaces the keys of `layer` for cells `[0, extent)` (used to re-rotate shifted keys).
+    pub(crate) fn set_keys(&mut self, layer: usize, keys: Tensor<3>) {
+        let [h, extent, d] = keys.dims();
+        self.keys[layer].inplace(|t| t.slice_assign([0..h, 0..extent, 0..d], keys));
+    }
+
+    /// Additive attention mask [n_tokens, extent]: 0 where a token sees a cell, −∞ elsewhere.
+    pub(crate) fn mask(&self, seqs: &[SeqSet], pos: &[Pos], extent: usize) -> Tensor<2> {
+        let mut mask = vec![f32::NEG_INFINITY; seqs.len() * extent];
+        for (t, (set, &p)) in seqs.iter().zip(pos).enumerate() {
+            for c in 0..extent {
+                if self.cells.is_visible(c, set, p) {
+                    mask[t * extent + c] = 0.0;
+                }
+            }
+        }
+        Tensor::from_data(TensorData::new(mask, [seqs.len(), extent]), &self.device)
+    }
+}

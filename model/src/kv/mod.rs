@@ -1,0 +1,9 @@
+//! C6: the llama.cpp-style slot/cell KV cache.
+
+mod cache;
+mod cells;
+#[cfg(test)]
+mod tests;
+
+pub use cache::{KvCache, KvLayout};
+pub use cells::{KvCells, MAX_SEQ, Placement, Pos, PosRange, SeqId, SeqSet};

@@ -1,0 +1,11 @@
+//! Building blocks shared by the model types: shape-documented tensor functions over Burn.
+
+mod attention;
+mod linear;
+mod rms_norm;
+mod rope;
+
+pub use attention::attention;
+pub use linear::Linear;
+pub use rms_norm::RmsNorm;
+pub use rope::Rope;

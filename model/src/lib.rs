@@ -1,0 +1,30 @@
+//! llaisys-model: the synchronous model core. Config (C1), model registry (C2), weights (C3),
+//! batches (C4), the forward pass (C5), the slot/cell KV cache (C6), outputs (C7), errors (C8),
+//! tokenizer (C10). No tokio, no actors: the engine drives a [`Context`] from its worker.
+
+pub mod batch;
+pub mod checkpoint;
+pub mod config;
+pub mod context;
+pub mod error;
+pub mod generate;
+pub mod kv;
+pub mod layers;
+pub mod lm;
+pub mod mock;
+pub mod output;
+pub mod qwen2;
+pub mod registry;
+pub mod tokenizer;
+
+pub use batch::{Batch, BatchInput};
+pub use burn::tensor::Device;
+pub use checkpoint::WeightDtype;
+pub use config::ModelConfig;
+pub use context::Context;
+pub use error::{DecodeError, KvError, LoadError};
+pub use kv::{KvCache, Pos, PosRange, SeqId};
+pub use lm::{LanguageModel, ModelInfo};
+pub use output::{Outputs, argmax};
+pub use registry::{LoadOptions, MODEL_TYPES, load_model};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,191 @@
+//! C5: Qwen2's batched forward pass. embedding → N × [RMSNorm → q, k, v (with bias) → RoPE →
+//! write k, v into the batch's cells → GQA attention over the visible cells → o → residual →
+//! RMSNorm → SwiGLU MLP → residual] → final RMSNorm → lm head for the flagged rows only.
+
+use std::path::Path;
+
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData, activation::silu};
+
+use super::weights::{self, Weights};
+use crate::batch::{BatchInput, ValidBatch};
+use crate::checkpoint::{Checkpoint, WeightDtype};
+use crate::config::ModelConfig;
+use crate::error::{DecodeError, LoadError};
+use crate::kv::{KvCache, KvLayout, Placement, Pos};
+use crate::layers::{Linear, Rope, attention};
+use crate::lm::{LanguageModel, ModelInfo};
+use crate::registry::LoadOptions;
+
+pub struct Qwen2 {
+    config: ModelConfig,
+    info: ModelInfo,
+    weights: Weights,
+    rope: Rope,
+    weight_dtype: WeightDtype,
+    device: Device,
+}
+
+/// The registry entry: loads `DIR/config.json` and the safetensors weights, checking every slot
+/// before the first tensor is read.
+pub fn load(
+    dir: Option<&Path>,
+    opts: &LoadOptions,
+    device: &Device,
+) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let dir = dir.ok_or(LoadError::NeedsDirectory {
+        model_type: "qwen2",
+    })?;
+    let config = ModelConfig::from_dir(dir)?;
+    let ckpt = Checkpoint::open(dir)?;
+    weights::check(&config, &ckpt)?;
+    let weights = Weights::load(&config, &ckpt, opts.weight_dtype, device)?;
+    Ok(Box::new(Qwen2::new(
+        config,
+        weights,
+        opts.weight_dtype,
+        device,
+    )))
+}
+
+impl Qwen2 {
+    fn new(
+        config: ModelConfig,
+        weights: Weights,
+        weight_dtype: WeightDtype,
+        device: &Device,
+    ) -> Self {
+        let info = ModelInfo {
+            model_type: "qwen2",
+            vocab_size: config.vocab_size,
+            hidden_size: config.hidden_size,
+            context_length: config.max_position_embeddings,
+            bos_token_id: config.bos_token_id,
+            eos_token_ids: config.eos_token_ids.clone(),
+        };
+        let rope = Rope::new(config.head_dim, config.rope_theta);
+        Self {
+            config,
+            info,
+            weights,
+            rope,
+            weight_dtype,
+            device: device.clone(),
+        }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The output projection: the embedding itself when tied (stored once).
+    fn lm_head(&self) -> Linear {
+        Linear {
+            weight: self
+                .weights
+                .lm_head
+                .clone()
+                .unwrap_or_else(|| self.weights.embed.clone()),
+            bias: None,
+        }
+    }
+
+    /// [n_tokens, hidden] f32 input rows.
+    fn embed(&self, input: &BatchInput) -> Tensor<2> {
+        match input {
+            BatchInput::Tokens(ids) => {
+                let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+                let n = ids.len();
+                let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), &self.device);
+                self.weights
+                    .embed
+                    .clone()
+                    .select(0, ids)
+                    .cast(FloatDType::F32)
+            }
+            BatchInput::Embeddings { values, dim } => Tensor::from_data(
+                TensorData::new(values.clone(), [values.len() / dim, *dim]),
+                &self.device,
+            ),
+        }
+    }
+}
+
+impl LanguageModel for Qwen2 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        KvLayout {
+            layers: self.config.num_hidden_layers,
+            kv_heads: self.config.num_key_value_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn forward(
+        &self,
+        batch: &ValidBatch<'_>,
+        placement: &Placement,
+        cache: &mut KvCache,
+        abort: &dyn Fn() -> bool,
+    ) -> Result<Tensor<2>, DecodeError> {
+        let n = batch.len();
+        let (heads, kv_heads, hd) = (
+            self.config.num_attention_heads,
+            self.config.num_key_value_heads,
+            self.config.head_dim,
+        );
+        let tables = self.rope.tables(&batch.pos, &self.device);
+        let extent = cache.cells().extent();
+        let mask = cache.mask(&batch.seqs, &batch.pos, extent); // [n, extent]
+        let mut x = self.embed(batch.input); // [n, hidden]
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            if abort() {
+                return Err(DecodeError::Aborted);
+            }
+            let h = w.attn_norm.forward(x.clone());
+            let q = Rope::apply(w.q.forward(h.clone()).reshape([n, heads, hd]), &tables);
+            let k = Rope::apply(w.k.forward(h.clone()).reshape([n, kv_heads, hd]), &tables);
+            let v = w.v.forward(h).reshape([n, kv_heads, hd]);
+            cache.write(l, placement, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
+            let (keys, values) = cache.read(l, extent); // [kv_heads, extent, hd]
+            x = x + w.o.forward(attention(q, keys, values, mask.clone()));
+            let h = w.mlp_norm.forward(x.clone());
+            x = x + w
+                .down
+                .forward(silu(w.gate.forward(h.clone())) * w.up.forward(h));
+        }
+        if batch.out_rows.len() < n {
+            let rows: Vec<i64> = batch.out_rows.iter().map(|&r| r as i64).collect();
+            let len = rows.len();
+            x = x.select(
+                0,
+                Tensor::<1, Int>::from_data(TensorData::new(rows, [len]), &self.device),
+            );
+        }
+        Ok(self.lm_head().forward(self.weights.norm.forward(x))) // [n_outputs, vocab]
+    }
+
+    fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
+        let tables = self.rope.tables(shifts, &self.device);
+        for l in 0..self.config.num_hidden_layers {
+            let (keys, _) = cache.read(l, shifts.len()); // [kv_heads, extent, hd]
+            let rotated = Rope::apply(keys.swap_dims(0, 1), &tables).swap_dims(0, 1);
+            cache.set_keys(l, rotated);
+        }
+    }
+
+    fn replace_weight(&mut self, name: &str, data: TensorData) -> Result<(), LoadError> {
+        let (slot, layer) = weights::slot_of(&self.config, name)
+            .ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
+        weights::check_one(&self.config, slot, layer, data.shape().as_slice())?;
+        self.weights
+            .replace(slot, layer, data, self.weight_dtype, &self.device);
+        Ok(())
+    }
+}

@@ -1,0 +1,318 @@
+//! Qwen2's weight slots: one declarative table from checkpoint names to slots, the expected
+//! shape of each, and their loading and validation.
+
+use burn::tensor::{DType, Device, Tensor, TensorData};
+
+use crate::checkpoint::{Checkpoint, WeightDtype};
+use crate::config::ModelConfig;
+use crate::error::LoadError;
+use crate::layers::{Linear, RmsNorm};
+
+/// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    InEmbed,
+    OutNorm,
+    OutEmbed,
+    AttnNorm,
+    AttnQ,
+    AttnQBias,
+    AttnK,
+    AttnKBias,
+    AttnV,
+    AttnVBias,
+    AttnO,
+    MlpNorm,
+    MlpGate,
+    MlpUp,
+    MlpDown,
+}
+
+/// Model-level slots and their checkpoint names.
+pub const GLOBAL_SLOTS: [(Slot, &str); 3] = [
+    (Slot::InEmbed, "model.embed_tokens.weight"),
+    (Slot::OutNorm, "model.norm.weight"),
+    (Slot::OutEmbed, "lm_head.weight"),
+];
+
+/// Per-layer slots and their names under `model.layers.{i}.`.
+pub const LAYER_SLOTS: [(Slot, &str); 12] = [
+    (Slot::AttnNorm, "input_layernorm.weight"),
+    (Slot::AttnQ, "self_attn.q_proj.weight"),
+    (Slot::AttnQBias, "self_attn.q_proj.bias"),
+    (Slot::AttnK, "self_attn.k_proj.weight"),
+    (Slot::AttnKBias, "self_attn.k_proj.bias"),
+    (Slot::AttnV, "self_attn.v_proj.weight"),
+    (Slot::AttnVBias, "self_attn.v_proj.bias"),
+    (Slot::AttnO, "self_attn.o_proj.weight"),
+    (Slot::MlpNorm, "post_attention_layernorm.weight"),
+    (Slot::MlpGate, "mlp.gate_proj.weight"),
+    (Slot::MlpUp, "mlp.up_proj.weight"),
+    (Slot::MlpDown, "mlp.down_proj.weight"),
+];
+
+impl Slot {
+    pub fn label(self) -> &'static str {
+        match self {
+            Slot::InEmbed => "in_embed",
+            Slot::OutNorm => "out_norm_w",
+            Slot::OutEmbed => "out_embed",
+            Slot::AttnNorm => "attn_norm_w",
+            Slot::AttnQ => "attn_q_w",
+            Slot::AttnQBias => "attn_q_b",
+            Slot::AttnK => "attn_k_w",
+            Slot::AttnKBias => "attn_k_b",
+            Slot::AttnV => "attn_v_w",
+            Slot::AttnVBias => "attn_v_b",
+            Slot::AttnO => "attn_o_w",
+            Slot::MlpNorm => "mlp_norm_w",
+            Slot::MlpGate => "mlp_gate_w",
+            Slot::MlpUp => "mlp_up_w",
+            Slot::MlpDown => "mlp_down_w",
+        }
+    }
+
+    /// Expected shape; linear weights are `[out, in]`.
+    pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
+        let (h, kv, i, v) = (
+            c.hidden_size,
+            c.num_key_value_heads * c.head_dim,
+            c.intermediate_size,
+            c.vocab_size,
+        );
+        match self {
+            Slot::InEmbed | Slot::OutEmbed => vec![v, h],
+            Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnQBias => vec![h],
+            Slot::AttnQ | Slot::AttnO => vec![h, h],
+            Slot::AttnK | Slot::AttnV => vec![kv, h],
+            Slot::AttnKBias | Slot::AttnVBias => vec![kv],
+            Slot::MlpGate | Slot::MlpUp => vec![i, h],
+            Slot::MlpDown => vec![h, i],
+        }
+    }
+
+    /// The dtype a slot is kept in: matrices follow the weight dtype, vectors stay f32.
+    pub fn store(self, weights: WeightDtype) -> DType {
+        let vector = matches!(
+            self,
+            Slot::OutNorm
+                | Slot::AttnNorm
+                | Slot::MlpNorm
+                | Slot::AttnQBias
+                | Slot::AttnKBias
+                | Slot::AttnVBias
+        );
+        match weights {
+            WeightDtype::F16 if !vector => DType::F16,
+            _ => DType::F32,
+        }
+    }
+}
+
+/// The checkpoint name of `slot` (of `layer` for per-layer slots), from the tables above.
+pub fn name_of(slot: Slot, layer: Option<usize>) -> String {
+    let table: &[(Slot, &str)] = if layer.is_some() {
+        &LAYER_SLOTS
+    } else {
+        &GLOBAL_SLOTS
+    };
+    let name = table
+        .iter()
+        .find(|(s, _)| *s == slot)
+        .map_or("", |(_, n)| n);
+    match layer {
+        Some(l) => format!("model.layers.{l}.{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// Every checkpoint name the config calls for, with its slot and layer.
+pub fn expected(c: &ModelConfig) -> Vec<(String, Slot, Option<usize>)> {
+    let global = GLOBAL_SLOTS
+        .iter()
+        .filter(|(slot, _)| !(c.tie_word_embeddings && *slot == Slot::OutEmbed))
+        .map(|(slot, _)| (name_of(*slot, None), *slot, None));
+    let layers = (0..c.num_hidden_layers).flat_map(|l| {
+        LAYER_SLOTS
+            .iter()
+            .map(move |(slot, _)| (name_of(*slot, Some(l)), *slot, Some(l)))
+    });
+    global.chain(layers).collect()
+}
+
+/// The slot and layer of checkpoint name `name`, if the config has one.
+pub fn slot_of(c: &ModelConfig, name: &str) -> Option<(Slot, Option<usize>)> {
+    expected(c)
+        .into_iter()
+        .find(|(n, _, _)| n == name)
+        .map(|(_, s, l)| (s, l))
+}
+
+/// Checks every slot before anything is loaded: present, no strangers, shape and dtype right.
+pub fn check(c: &ModelConfig, ckpt: &Checkpoint) -> Result<(), LoadError> {
+    let want = expected(c);
+    let names = ckpt.names();
+    let missing: Vec<String> = want
+        .iter()
+        .filter(|(n, _, _)| !names.contains(n.as_str()))
+        .map(|(n, _, _)| n.clone())
+        .collect();
+    if !missing.is_empty() {
+        return Err(LoadError::MissingTensors(missing));
+    }
+    let unexpected: Vec<String> = names
+        .iter()
+        .filter(|n| !want.iter().any(|(w, _, _)| w == *n))
+        // A tied checkpoint may still carry its (identical) output matrix; it is not used.
+        .filter(|n| !(c.tie_word_embeddings && **n == "lm_head.weight"))
+        .map(|n| n.to_string())
+        .collect();
+    if !unexpected.is_empty() {
+        return Err(LoadError::UnexpectedTensors(unexpected));
+    }
+    for (name, slot, layer) in &want {
+        check_one(c, *slot, *layer, ckpt.shape(name).unwrap_or_default())?;
+        if let Some(dtype) = ckpt.unsupported_dtype(name) {
+            return Err(LoadError::Dtype {
+                slot: slot.label(),
+                layer: *layer,
+                dtype,
+            });
+        }
+    }
+    Ok(())
+}
+
+pub fn check_one(
+    c: &ModelConfig,
+    slot: Slot,
+    layer: Option<usize>,
+    found: &[usize],
+) -> Result<(), LoadError> {
+    let expected = slot.shape(c);
+    if found != expected.as_slice() {
+        return Err(LoadError::Shape {
+            slot: slot.label(),
+            layer,
+            expected,
+            found: found.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// One decoder layer's weights.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub attn_norm: RmsNorm,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub mlp_norm: RmsNorm,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// All of Qwen2's weights. With tied embeddings `lm_head` is `None`: the embedding is the head.
+#[derive(Debug, Clone)]
+pub struct Weights {
+    /// [vocab, hidden]
+    pub embed: Tensor<2>,
+    pub norm: RmsNorm,
+    /// [vocab, hidden]
+    pub lm_head: Option<Tensor<2>>,
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Weights {
+    /// Loads every slot. Precondition: `check` passed.
+    pub fn load(
+        c: &ModelConfig,
+        ckpt: &Checkpoint,
+        dtype: WeightDtype,
+        device: &Device,
+    ) -> Result<Self, LoadError> {
+        let eps = c.rms_norm_eps;
+        let mat = |slot: Slot, l: Option<usize>| {
+            ckpt.load::<2>(&name_of(slot, l), slot.store(dtype), device)
+        };
+        let vec =
+            |slot: Slot, l: Option<usize>| ckpt.load::<1>(&name_of(slot, l), DType::F32, device);
+        let norm = |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> {
+            Ok(RmsNorm {
+                weight: vec(slot, l)?,
+                eps,
+            })
+        };
+        let linear =
+            |slot: Slot, bias: Option<Slot>, l: Option<usize>| -> Result<Linear, LoadError> {
+                Ok(Linear {
+                    weight: mat(slot, l)?,
+                    bias: bias.map(|b| vec(b, l)).transpose()?,
+                })
+            };
+        let layers = (0..c.num_hidden_layers)
+            .map(|l| {
+                let l = Some(l);
+                Ok(LayerWeights {
+                    attn_norm: norm(Slot::AttnNorm, l)?,
+                    q: linear(Slot::AttnQ, Some(Slot::AttnQBias), l)?,
+                    k: linear(Slot::AttnK, Some(Slot::AttnKBias), l)?,
+                    v: linear(Slot::AttnV, Some(Slot::AttnVBias), l)?,
+                    o: linear(Slot::AttnO, None, l)?,
+                    mlp_norm: norm(Slot::MlpNorm, l)?,
+                    gate: linear(Slot::MlpGate, None, l)?,
+                    up: linear(Slot::MlpUp, None, l)?,
+                    down: linear(Slot::MlpDown, None, l)?,
+                })
+            })
+            .collect::<Result<Vec<_>, LoadError>>()?;
+        Ok(Self {
+            embed: mat(Slot::InEmbed, None)?,
+            norm: norm(Slot::OutNorm, None)?,
+            lm_head: (!c.tie_word_embeddings)
+                .then(|| mat(Slot::OutEmbed, None))
+                .transpose()?,
+            layers,
+        })
+    }
+
+    /// Puts `data` into `slot` of `layer`, releasing the old tensor.
+    /// Precondition: the shape was checked against the config.
+    pub fn replace(
+        &mut self,
+        slot: Slot,
+        layer: Option<usize>,
+        data: TensorData,
+        dtype: WeightDtype,
+        device: &Device,
+    ) {
+        let mat = || Tensor::<2>::from_data(data.clone(), (device, slot.store(dtype)));
+        let vec = || Tensor::<1>::from_data(data.clone(), (device, DType::F32));
+        let Some(l) = layer else {
+            match slot {
+                Slot::InEmbed => self.embed = mat(),
+                Slot::OutNorm => self.norm.weight = vec(),
+                _ => self.lm_head = Some(mat()),
+            }
+            return;
+        };
+        let w = &mut self.layers[l];
+        match slot {
+            Slot::AttnNorm => w.attn_norm.weight = vec(),
+            Slot::AttnQ => w.q.weight = mat(),
+            Slot::AttnQBias => w.q.bias = Some(vec()),
+            Slot::AttnK => w.k.weight = mat(),
+            Slot::AttnKBias => w.k.bias = Some(vec()),
+            Slot::AttnV => w.v.weight = mat(),
+            Slot::AttnVBias => w.v.bias = Some(vec()),
+            Slot::AttnO => w.o.weight = mat(),
+            Slot::MlpNorm => w.mlp_norm.weight = vec(),
+            Slot::MlpGate => w.gate.weight = mat(),
+            Slot::MlpUp => w.up.weight = mat(),
+            _ => w.down.weight = mat(),
+        }
+    }
+}

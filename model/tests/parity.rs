@@ -1,0 +1,204 @@
+//! Parity with Hugging Face transformers on the tiny fixtures, through the batch API in three
+//! ways that must agree: the whole prompt in one batch, the prompt in uneven chunks, and two
+//! prompts interleaved as two sequences in the same batches.
+
+use llaisys_model::generate::{Finish, greedy};
+use llaisys_model::{Batch, Context, Device, LoadOptions, Tokenizer, load_model};
+use llaisys_tests::{FIXTURES, PromptRef, Reference, fixture_dir, max_abs_diff, topk_error};
+
+/// Absolute tolerance on logits (f32 compute; the bf16 fixture's reference also computes in f32).
+const TOL: f32 = 1e-3;
+
+fn context(name: &str) -> Context {
+    let model = load_model(
+        None,
+        Some(&fixture_dir(name)),
+        &LoadOptions::default(),
+        &Device::flex(),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    Context::new(model, 256)
+}
+
+/// Checks every flagged row of the last decode against the reference top-k, by prompt position.
+fn check_rows(ctx: &Context, batch_pos: &[(usize, usize)], reference: &PromptRef) -> f32 {
+    let mut err: f32 = 0.0;
+    for &(batch_index, prompt_pos) in batch_pos {
+        let row = ctx.outputs().logits_ith(batch_index).expect("flagged row");
+        err = err.max(topk_error(row, &reference.topk[prompt_pos]));
+    }
+    err
+}
+
+/// Greedy decode of several sequences together, one token each per batch, starting from the
+/// first generated token of each. `seqs[i]` holds `prompts[i]`. Returns the tokens of each.
+fn decode_together(
+    ctx: &mut Context,
+    seqs: &[u32],
+    prompts: &[&PromptRef],
+    first: Vec<u32>,
+    steps: usize,
+) -> Vec<Vec<u32>> {
+    let mut out: Vec<Vec<u32>> = first.iter().map(|t| vec![*t]).collect();
+    for _ in 1..steps {
+        let mut batch = Batch::new();
+        for (s, toks) in out.iter().enumerate() {
+            let pos = (prompts[s].ids.len() + toks.len() - 1) as i64;
+            batch.push(*toks.last().unwrap(), pos, &[seqs[s]], true);
+        }
+        ctx.decode(&batch).unwrap();
+        for (s, toks) in out.iter_mut().enumerate() {
+            toks.push(llaisys_model::argmax(ctx.outputs().row(s).unwrap()).unwrap());
+        }
+    }
+    out
+}
+
+#[test]
+fn whole_prompt_matches_transformers_logits_and_greedy_tokens() {
+    let mut worst: f32 = 0.0;
+    for name in FIXTURES {
+        let reference = Reference::load(name);
+        let mut ctx = context(name);
+        for (s, p) in reference.prompts.iter().enumerate() {
+            let seq = s as u32;
+            let mut batch = Batch::new();
+            for (i, &t) in p.ids.iter().enumerate() {
+                batch.push(t, i as i64, &[seq], true);
+            }
+            ctx.decode(&batch).unwrap();
+            let rows: Vec<(usize, usize)> = (0..p.ids.len()).map(|i| (i, i)).collect();
+            let err = check_rows(&ctx, &rows, p);
+            let last = max_abs_diff(
+                ctx.outputs().logits_ith(p.ids.len() - 1).unwrap(),
+                &p.last_logits,
+            );
+            assert!(
+                err < TOL && last < TOL,
+                "{name} prompt {s}: top-k error {err}, last-row error {last}"
+            );
+            worst = worst.max(err).max(last);
+            let generation = greedy(&mut ctx, seq, &p.ids, p.greedy.len(), &[]).unwrap();
+            assert_eq!(
+                generation.tokens, p.greedy,
+                "{name} prompt {s}: greedy tokens"
+            );
+            assert_eq!(generation.finish, Finish::Length);
+        }
+    }
+    eprintln!("parity: max |logit − transformers| = {worst:.2e}");
+}
+
+#[test]
+fn uneven_chunks_give_the_same_logits() {
+    for name in FIXTURES {
+        let reference = Reference::load(name);
+        let mut ctx = context(name);
+        for (s, p) in reference.prompts.iter().enumerate() {
+            let seq = s as u32;
+            let mut start = 0;
+            for len in [3, 1, 5, 2].into_iter().chain(std::iter::repeat(7)) {
+                if start == p.ids.len() {
+                    break;
+                }
+                let end = (start + len).min(p.ids.len());
+                // Default positions: each chunk continues the sequence.
+                let chunk = Batch {
+                    seq_ids: Some(vec![vec![seq]; end - start]),
+                    logits: Some(vec![true; end - start]),
+                    ..Batch::one(p.ids[start..end].to_vec())
+                };
+                ctx.decode(&chunk).unwrap();
+                let rows: Vec<(usize, usize)> = (start..end).map(|i| (i - start, i)).collect();
+                let err = check_rows(&ctx, &rows, p);
+                assert!(
+                    err < TOL,
+                    "{name} prompt {s} chunk {start}..{end}: error {err}"
+                );
+                start = end;
+            }
+            let first =
+                llaisys_model::argmax(ctx.outputs().row(ctx.outputs().n_outputs() - 1).unwrap())
+                    .unwrap();
+            let tokens = decode_together(&mut ctx, &[seq], &[p], vec![first], p.greedy.len());
+            assert_eq!(
+                tokens[0], p.greedy,
+                "{name} prompt {s}: greedy after chunked prefill"
+            );
+        }
+    }
+}
+
+#[test]
+fn interleaved_sequences_in_shared_batches_match_each_alone() {
+    for name in FIXTURES {
+        let reference = Reference::load(name);
+        let (a, b) = (&reference.prompts[0], &reference.prompts[1]);
+        let mut ctx = context(name);
+        // Tokens of A (seq 0) and B (seq 1) alternate inside each batch, in chunks of 4 per sequence.
+        let (mut ia, mut ib) = (0, 0);
+        let mut first = [None; 2];
+        while ia < a.ids.len() || ib < b.ids.len() {
+            let mut batch = Batch::new();
+            let mut rows = Vec::new();
+            for _ in 0..4 {
+                for (seq, p, i) in [(0u32, a, &mut ia), (1u32, b, &mut ib)] {
+                    if *i < p.ids.len() {
+                        rows.push((batch.len(), seq, *i));
+                        batch.push(p.ids[*i], *i as i64, &[seq], true);
+                        *i += 1;
+                    }
+                }
+            }
+            ctx.decode(&batch).unwrap();
+            for &(bi, seq, pos) in &rows {
+                let p = if seq == 0 { a } else { b };
+                let err = topk_error(ctx.outputs().logits_ith(bi).unwrap(), &p.topk[pos]);
+                assert!(err < TOL, "{name}: seq {seq} pos {pos}: error {err}");
+                if pos + 1 == p.ids.len() {
+                    first[seq as usize] =
+                        llaisys_model::argmax(ctx.outputs().logits_ith(bi).unwrap());
+                }
+            }
+        }
+        let first = first.map(|t| t.expect("both prompts finished")).to_vec();
+        let tokens = decode_together(&mut ctx, &[0, 1], &[a, b], first, a.greedy.len());
+        assert_eq!(tokens[0], a.greedy, "{name}: sequence A greedy");
+        assert_eq!(tokens[1], b.greedy, "{name}: sequence B greedy");
+    }
+}
+
+#[test]
+fn tokenizer_matches_hugging_face_ids_and_round_trips() {
+    for name in FIXTURES {
+        let tokenizer = Tokenizer::from_dir(&fixture_dir(name)).unwrap();
+        for p in Reference::load(name).prompts {
+            assert_eq!(
+                tokenizer.encode(&p.text).unwrap(),
+                p.ids,
+                "{name}: encode {:?}",
+                p.text
+            );
+            assert_eq!(
+                tokenizer.decode(&p.ids, false).unwrap(),
+                p.text,
+                "{name}: decode"
+            );
+            assert_eq!(
+                tokenizer.decode(&p.greedy, false).unwrap(),
+                p.greedy_text,
+                "{name}: decode greedy"
+            );
+        }
+        let eos = tokenizer.token_to_id("<|im_end|>").unwrap();
+        assert_eq!(
+            tokenizer.encode("<|im_end|>").unwrap(),
+            vec![eos],
+            "special tokens are recognised"
+        );
+        assert_ne!(
+            eos, 151645,
+            "fixture special ids differ from the real model's"
+        );
+    }
+}
