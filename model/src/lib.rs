@@ -18,7 +18,7 @@ pub mod registry;
 pub mod tokenizer;
 
 pub use batch::{Batch, BatchInput};
-pub use burn::tensor::Device;
+pub use burn::tensor::{Device, TensorData};
 pub use checkpoint::WeightDtype;
 pub use config::ModelConfig;
 pub use context::Context;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData, activation::silu};
+use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData, activation::silu};
 
 use super::weights::{self, Weights};
 use crate::batch::{BatchInput, ValidBatch};
@@ -184,6 +184,13 @@ impl LanguageModel for Qwen2 {
         let (slot, layer) = weights::slot_of(&self.config, name)
             .ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
         weights::check_one(&self.config, slot, layer, data.shape().as_slice())?;
+        if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+            return Err(LoadError::Dtype {
+                slot: slot.label(),
+                layer,
+                dtype: format!("{:?}", data.dtype()),
+            });
+        }
         self.weights
             .replace(slot, layer, data, self.weight_dtype, &self.device);
         Ok(())

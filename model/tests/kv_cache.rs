@@ -1,0 +1,286 @@
+//! KV-cache behaviour with a real model, in the style of llama.cpp's semantics: sequence
+//! operations change what later forward passes compute exactly as their contracts say, and a
+//! failed forward pass changes nothing.
+
+use llaisys_model::TensorData;
+use llaisys_model::generate::{greedy, one_sequence};
+use llaisys_model::{Batch, Context, DecodeError, Device, LoadOptions, argmax, load_model};
+use llaisys_tests::{Reference, fixture_dir, max_abs_diff, topk_error};
+
+const FIXTURE: &str = "tiny-tied-f32";
+const TOL: f32 = 1e-3;
+
+fn context(name: &str, capacity: usize) -> Context {
+    let model = load_model(
+        None,
+        Some(&fixture_dir(name)),
+        &LoadOptions::default(),
+        &Device::flex(),
+    )
+    .unwrap();
+    Context::new(model, capacity)
+}
+
+/// Continues `seq` greedily from `first` (already generated after position `pos - 1`).
+fn continue_greedy(ctx: &mut Context, seq: u32, first: u32, pos: i64, n: usize) -> Vec<u32> {
+    let mut tokens = vec![first];
+    while tokens.len() < n {
+        let p = pos + tokens.len() as i64 - 1;
+        ctx.decode(&one_sequence(&[*tokens.last().unwrap()], seq, p))
+            .unwrap();
+        tokens.push(argmax(ctx.outputs().row(0).unwrap()).unwrap());
+    }
+    tokens
+}
+
+fn last_argmax(ctx: &Context) -> u32 {
+    argmax(ctx.outputs().row(ctx.outputs().n_outputs() - 1).unwrap()).unwrap()
+}
+
+#[test]
+fn seq_cp_shares_cells_and_both_sequences_decode_correctly() {
+    let p = &Reference::load(FIXTURE).prompts[0];
+    let n = p.ids.len();
+    let mut ctx = context(FIXTURE, 128);
+    ctx.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
+    let first = last_argmax(&ctx);
+    ctx.kv_mut().seq_cp(0, 1, ..).unwrap();
+    assert_eq!(ctx.kv().used(), n, "a copy shares cells");
+    let a = continue_greedy(&mut ctx, 0, first, n as i64, 10);
+    let b = continue_greedy(&mut ctx, 1, first, n as i64, 10);
+    assert_eq!(a, p.greedy[..10]);
+    assert_eq!(b, p.greedy[..10]);
+    assert_eq!(
+        ctx.kv().used(),
+        n + 2 * 9,
+        "only the continuations take new cells"
+    );
+}
+
+#[test]
+fn seq_rm_frees_cells_for_reuse() {
+    let prompts = Reference::load(FIXTURE).prompts;
+    let (a, b) = (&prompts[0], &prompts[1]);
+    let mut ctx = context(FIXTURE, b.ids.len());
+    ctx.decode(&one_sequence(&a.ids, 0, 0)).unwrap();
+    assert!(matches!(
+        ctx.decode(&one_sequence(&b.ids, 1, 0)),
+        Err(DecodeError::NoKvSlot { .. })
+    ));
+    ctx.kv_mut().seq_rm(0, ..).unwrap();
+    assert_eq!((ctx.kv().used(), ctx.kv().seq_pos_max(0)), (0, None));
+    ctx.decode(&one_sequence(&b.ids, 1, 0)).unwrap();
+    assert!(topk_error(ctx.outputs().row(0).unwrap(), &b.topk[b.ids.len() - 1]) < TOL);
+}
+
+#[test]
+fn seq_rm_of_a_tail_lets_the_sequence_be_recomputed() {
+    let p = &Reference::load(FIXTURE).prompts[1];
+    let n = p.ids.len();
+    let mut ctx = context(FIXTURE, 128);
+    ctx.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
+    ctx.kv_mut().seq_rm(0, (n as i64 - 3)..).unwrap();
+    assert_eq!(ctx.kv().seq_pos_max(0), Some(n as i64 - 4));
+    ctx.decode(&one_sequence(&p.ids[n - 3..], 0, n as i64 - 3))
+        .unwrap();
+    assert!(max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits) < TOL);
+}
+
+#[test]
+fn seq_add_shifts_positions_and_attention_follows() {
+    let p = &Reference::load(FIXTURE).prompts[0];
+    let n = p.ids.len() as i64;
+    let shift = 17;
+    // The prompt at positions 0..n, then shifted by +17 (keys re-rotated) …
+    let mut shifted = context(FIXTURE, 128);
+    shifted.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
+    shifted.kv_mut().seq_add(0, .., shift).unwrap();
+    assert_eq!(shifted.kv().seq_pos_max(0), Some(n - 1 + shift));
+    // … equals the prompt computed at positions 17..n+17 from the start.
+    let mut fresh = context(FIXTURE, 128);
+    fresh.decode(&one_sequence(&p.ids, 0, shift)).unwrap();
+    let next = last_argmax(&fresh);
+    for ctx in [&mut shifted, &mut fresh] {
+        ctx.decode(&one_sequence(&[next], 0, n + shift)).unwrap();
+    }
+    let err = max_abs_diff(
+        shifted.outputs().row(0).unwrap(),
+        fresh.outputs().row(0).unwrap(),
+    );
+    assert!(err < TOL, "decode after a shift differs by {err}");
+    // Without re-rotation the keys would be wrong: an unshifted cache gives other logits.
+    let mut unshifted = context(FIXTURE, 128);
+    unshifted.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
+    unshifted
+        .decode(&one_sequence(&[next], 0, n + shift))
+        .unwrap();
+    assert!(
+        max_abs_diff(
+            unshifted.outputs().row(0).unwrap(),
+            fresh.outputs().row(0).unwrap()
+        ) > 10.0 * TOL
+    );
+}
+
+#[test]
+fn seq_keep_drops_other_sequences_and_the_kept_one_still_decodes() {
+    let prompts = Reference::load(FIXTURE).prompts;
+    let (a, b) = (&prompts[0], &prompts[1]);
+    let mut ctx = context(FIXTURE, 128);
+    ctx.decode(&one_sequence(&b.ids, 1, 0)).unwrap();
+    ctx.decode(&one_sequence(&a.ids, 0, 0)).unwrap();
+    let first = last_argmax(&ctx);
+    ctx.kv_mut().seq_keep(0).unwrap();
+    assert_eq!(
+        (ctx.kv().used(), ctx.kv().seq_pos_max(1)),
+        (a.ids.len(), None)
+    );
+    assert_eq!(
+        continue_greedy(&mut ctx, 0, first, a.ids.len() as i64, 8),
+        a.greedy[..8]
+    );
+}
+
+#[test]
+fn a_full_cache_fails_with_no_kv_slot_and_changes_nothing() {
+    let prompts = Reference::load(FIXTURE).prompts;
+    let (a, b) = (&prompts[0], &prompts[1]);
+    let n = a.ids.len();
+    let mut ctx = context(FIXTURE, n + 6);
+    ctx.decode(&one_sequence(&a.ids, 0, 0)).unwrap();
+    let first = last_argmax(&ctx);
+    let before = ctx.kv().dump();
+    let err = ctx.decode(&one_sequence(&b.ids[..7], 1, 0)).unwrap_err();
+    assert_eq!(err, DecodeError::NoKvSlot { needed: 7, free: 6 });
+    assert_eq!(ctx.kv().dump(), before, "cells unchanged");
+    assert_eq!(
+        ctx.outputs().n_outputs(),
+        0,
+        "a failed pass leaves no stale outputs"
+    );
+    // Tensors unchanged too: the sequence continues exactly as the reference.
+    assert_eq!(
+        continue_greedy(&mut ctx, 0, first, n as i64, 7),
+        a.greedy[..7]
+    );
+    assert_eq!(ctx.kv().used(), n + 6);
+}
+
+#[test]
+fn a_token_never_sees_another_sequence() {
+    let prompts = Reference::load(FIXTURE).prompts;
+    let (a, b) = (&prompts[0], &prompts[1]);
+    let mut ctx = context(FIXTURE, 128);
+    // B fills cells first, at the same positions A will use.
+    ctx.decode(&one_sequence(&b.ids, 7, 0)).unwrap();
+    let mut batch = Batch::new();
+    for (i, &t) in a.ids.iter().enumerate() {
+        batch.push(t, i as i64, &[3], true);
+    }
+    ctx.decode(&batch).unwrap();
+    for i in 0..a.ids.len() {
+        assert!(
+            topk_error(ctx.outputs().logits_ith(i).unwrap(), &a.topk[i]) < TOL,
+            "position {i}"
+        );
+    }
+}
+
+#[test]
+fn positions_track_pos_max_per_sequence() {
+    let p = &Reference::load(FIXTURE).prompts[0];
+    let mut ctx = context(FIXTURE, 128);
+    assert_eq!(ctx.kv().seq_pos_max(2), None);
+    ctx.decode(&Batch {
+        seq_ids: Some(vec![vec![2]; p.ids.len()]),
+        ..Batch::one(p.ids.clone())
+    })
+    .unwrap();
+    assert_eq!(ctx.kv().seq_pos_max(2), Some(p.ids.len() as i64 - 1));
+    assert_eq!(ctx.kv().seq_pos_min(2), Some(0));
+}
+
+#[test]
+fn an_aborted_pass_changes_nothing() {
+    let p = &Reference::load(FIXTURE).prompts[0];
+    let mut ctx = context(FIXTURE, 128);
+    ctx.decode(&one_sequence(&p.ids[..4], 0, 0)).unwrap();
+    let before = ctx.kv().dump();
+    let err = ctx
+        .decode_with_abort(&one_sequence(&p.ids[4..], 0, 4), &|| true)
+        .unwrap_err();
+    assert_eq!(err, DecodeError::Aborted);
+    assert_eq!(ctx.kv().dump(), before);
+    ctx.decode(&one_sequence(&p.ids[4..], 0, 4)).unwrap();
+    assert!(max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits) < TOL);
+}
+
+#[test]
+fn an_internal_error_releases_the_placed_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"model_type":"mock","vocab_size":64,"fail_on_token":13}"#,
+    )
+    .unwrap();
+    let model = load_model(
+        None,
+        Some(dir.path()),
+        &LoadOptions::default(),
+        &Device::flex(),
+    )
+    .unwrap();
+    let mut ctx = Context::new(model, 16);
+    ctx.decode(&one_sequence(&[1, 2, 3], 0, 0)).unwrap();
+    let err = ctx.decode(&one_sequence(&[4, 13], 0, 3)).unwrap_err();
+    assert!(
+        matches!(err, DecodeError::Internal(ref m) if m.contains("injected fault")),
+        "{err:?}"
+    );
+    assert_eq!(ctx.kv().used(), 3);
+}
+
+#[test]
+fn the_mock_model_reads_its_context_from_the_cache() {
+    let model = load_model(Some("mock"), None, &LoadOptions::default(), &Device::flex()).unwrap();
+    let mut ctx = Context::new(model, 64);
+    let first = greedy(&mut ctx, 0, &[5, 6, 7], 6, &[]).unwrap().tokens;
+    assert_eq!(
+        greedy(&mut ctx, 1, &[5, 6, 7], 6, &[]).unwrap().tokens,
+        first,
+        "deterministic"
+    );
+    assert_ne!(
+        greedy(&mut ctx, 2, &[5, 6, 8], 6, &[]).unwrap().tokens,
+        first,
+        "context-dependent"
+    );
+}
+
+#[test]
+fn a_weight_slot_can_be_replaced_and_is_checked() {
+    let p = &Reference::load(FIXTURE).prompts[0];
+    let mut ctx = context(FIXTURE, 64);
+    let name = "model.layers.1.mlp.down_proj.weight";
+    let err = ctx
+        .model_mut()
+        .replace_weight(name, TensorData::new(vec![0f32; 6], [2, 3]))
+        .unwrap_err();
+    assert!(err.to_string().contains("mlp_down_w of layer 1"), "{err}");
+    let err = ctx
+        .model_mut()
+        .replace_weight(
+            "model.layers.9.mlp.up_proj.weight",
+            TensorData::new(vec![0f32; 1], [1]),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("no weight slot"), "{err}");
+    ctx.model_mut()
+        .replace_weight(name, TensorData::new(vec![0f32; 64 * 128], [64, 128]))
+        .unwrap();
+    ctx.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
+    assert!(
+        max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits) > 10.0 * TOL,
+        "the new weight is used"
+    );
+}
