@@ -1,0 +1,45 @@
+//! Subcommands of `llaisys`.
+
+mod generate;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "llaisys",
+    version,
+    about = "A serving runtime for Qwen2-family language models"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Greedy generation with the model core alone (no engine): prints the text, or ids.
+    Generate(generate::GenerateArgs),
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Load(#[from] llaisys_model::LoadError),
+    #[error(transparent)]
+    Decode(#[from] llaisys_model::DecodeError),
+    #[error(transparent)]
+    Tokenizer(#[from] llaisys_model::tokenizer::TokenizerError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("writing output: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Cli {
+    pub fn run(self) -> Result<(), CliError> {
+        match self.command {
+            Command::Generate(args) => generate::run(args),
+        }
+    }
+}
