@@ -31,12 +31,7 @@ pub struct Batch {
 impl Batch {
     /// Tokens of sequence 0 at its next positions, logits for the last one (`llama_batch_get_one`).
     pub fn one(tokens: Vec<u32>) -> Self {
-        Self {
-            input: BatchInput::Tokens(tokens),
-            pos: None,
-            seq_ids: None,
-            logits: None,
-        }
+        Self { input: BatchInput::Tokens(tokens), pos: None, seq_ids: None, logits: None }
     }
 
     /// An empty batch to fill with [`Batch::push`]; every field is then explicit.
@@ -51,12 +46,9 @@ impl Batch {
 
     /// Appends one token (`common_batch_add`). Only for batches made by [`Batch::new`].
     pub fn push(&mut self, token: u32, pos: Pos, seqs: &[SeqId], logits: bool) {
-        let (BatchInput::Tokens(tokens), Some(p), Some(s), Some(l)) = (
-            &mut self.input,
-            &mut self.pos,
-            &mut self.seq_ids,
-            &mut self.logits,
-        ) else {
+        let (BatchInput::Tokens(tokens), Some(p), Some(s), Some(l)) =
+            (&mut self.input, &mut self.pos, &mut self.seq_ids, &mut self.logits)
+        else {
             panic!("Batch::push needs a token batch made by Batch::new");
         };
         tokens.push(token);
@@ -113,11 +105,7 @@ pub struct Limits {
 }
 
 /// Checks a batch against the model and the cache's current positions.
-pub fn validate<'a>(
-    batch: &'a Batch,
-    cells: &KvCells,
-    limits: &Limits,
-) -> Result<ValidBatch<'a>, DecodeError> {
+pub fn validate<'a>(batch: &'a Batch, cells: &KvCells, limits: &Limits) -> Result<ValidBatch<'a>, DecodeError> {
     let bad = |msg: String| Err(DecodeError::InvalidInput(msg));
     let n = batch.len();
     if n == 0 {
@@ -125,15 +113,8 @@ pub fn validate<'a>(
     }
     match &batch.input {
         BatchInput::Tokens(tokens) => {
-            if let Some((i, t)) = tokens
-                .iter()
-                .enumerate()
-                .find(|(_, t)| **t as usize >= limits.vocab_size)
-            {
-                return bad(format!(
-                    "token {i}: id {t} is not below the vocabulary size {}",
-                    limits.vocab_size
-                ));
+            if let Some((i, t)) = tokens.iter().enumerate().find(|(_, t)| **t as usize >= limits.vocab_size) {
+                return bad(format!("token {i}: id {t} is not below the vocabulary size {}", limits.vocab_size));
             }
         }
         BatchInput::Embeddings { values, dim } => {
@@ -162,19 +143,9 @@ pub fn validate<'a>(
     let pos = resolve_positions(batch, &seqs, cells, limits.context_length)?;
     let out_rows = match &batch.logits {
         None => vec![n - 1],
-        Some(flags) => flags
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| **f)
-            .map(|(i, _)| i)
-            .collect(),
+        Some(flags) => flags.iter().enumerate().filter(|(_, f)| **f).map(|(i, _)| i).collect(),
     };
-    Ok(ValidBatch {
-        input: &batch.input,
-        pos,
-        seqs,
-        out_rows,
-    })
+    Ok(ValidBatch { input: &batch.input, pos, seqs, out_rows })
 }
 
 fn resolve_seqs(batch: &Batch, n: usize) -> Result<Vec<SeqSet>, DecodeError> {
@@ -185,9 +156,7 @@ fn resolve_seqs(batch: &Batch, n: usize) -> Result<Vec<SeqSet>, DecodeError> {
         .enumerate()
         .map(|(i, ids)| {
             if ids.is_empty() {
-                return Err(DecodeError::InvalidInput(format!(
-                    "token {i} belongs to no sequence"
-                )));
+                return Err(DecodeError::InvalidInput(format!("token {i} belongs to no sequence")));
             }
             let mut set = SeqSet::default();
             for &s in ids {
@@ -205,25 +174,14 @@ fn resolve_seqs(batch: &Batch, n: usize) -> Result<Vec<SeqSet>, DecodeError> {
 
 /// Fills in default positions and checks that each sequence's positions only go forward:
 /// above what the cache holds for it and strictly increasing within the batch.
-fn resolve_positions(
-    batch: &Batch,
-    seqs: &[SeqSet],
-    cells: &KvCells,
-    n_ctx: usize,
-) -> Result<Vec<Pos>, DecodeError> {
+fn resolve_positions(batch: &Batch, seqs: &[SeqSet], cells: &KvCells, n_ctx: usize) -> Result<Vec<Pos>, DecodeError> {
     let mut last: HashMap<SeqId, Pos> = HashMap::new();
-    let last_of = |s: SeqId, last: &HashMap<SeqId, Pos>| {
-        last.get(&s).copied().or_else(|| cells.seq_pos_max(s))
-    };
+    let last_of = |s: SeqId, last: &HashMap<SeqId, Pos>| last.get(&s).copied().or_else(|| cells.seq_pos_max(s));
     let mut out = Vec::with_capacity(seqs.len());
     for (i, set) in seqs.iter().enumerate() {
         let p = match &batch.pos {
             Some(pos) => pos[i],
-            None => set
-                .iter()
-                .map(|s| last_of(s, &last).map_or(0, |p| p + 1))
-                .max()
-                .unwrap_or(0),
+            None => set.iter().map(|s| last_of(s, &last).map_or(0, |p| p + 1)).max().unwrap_or(0),
         };
         if p < 0 || p >= n_ctx as Pos {
             return Err(DecodeError::InvalidInput(format!(
@@ -247,11 +205,7 @@ fn resolve_positions(
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits {
-        vocab_size: 100,
-        hidden_size: 8,
-        context_length: 32,
-    };
+    const LIMITS: Limits = Limits { vocab_size: 100, hidden_size: 8, context_length: 32 };
 
     fn err(batch: &Batch, cells: &KvCells) -> String {
         match validate(batch, cells, &LIMITS) {
@@ -265,10 +219,7 @@ mod tests {
         let cells = KvCells::new(8, 32);
         let batch = Batch::one(vec![1, 2, 3]);
         let v = validate(&batch, &cells, &LIMITS).unwrap();
-        assert_eq!(
-            (v.pos.clone(), v.out_rows.clone()),
-            (vec![0, 1, 2], vec![2])
-        );
+        assert_eq!((v.pos.clone(), v.out_rows.clone()), (vec![0, 1, 2], vec![2]));
         assert!(v.seqs.iter().all(|s| *s == SeqSet::single(0)));
     }
 
@@ -277,14 +228,8 @@ mod tests {
         let mut cells = KvCells::new(8, 32);
         let p = cells.find_slots(2).unwrap();
         cells.occupy(&p, &[0, 1], &[SeqSet::single(1); 2]);
-        let batch = Batch {
-            seq_ids: Some(vec![vec![1], vec![0], vec![1]]),
-            ..Batch::one(vec![5, 6, 7])
-        };
-        assert_eq!(
-            validate(&batch, &cells, &LIMITS).unwrap().pos,
-            vec![2, 0, 3]
-        );
+        let batch = Batch { seq_ids: Some(vec![vec![1], vec![0], vec![1]]), ..Batch::one(vec![5, 6, 7]) };
+        assert_eq!(validate(&batch, &cells, &LIMITS).unwrap().pos, vec![2, 0, 3]);
     }
 
     #[test]
@@ -305,18 +250,9 @@ mod tests {
         let mut b = Batch::new();
         b.push(1, 0, &[MAX_SEQ as u32], true);
         assert!(err(&b, &cells).contains("sequence id"));
-        let b = Batch {
-            logits: Some(vec![true]),
-            ..Batch::one(vec![1, 2])
-        };
+        let b = Batch { logits: Some(vec![true]), ..Batch::one(vec![1, 2]) };
         assert!(err(&b, &cells).contains("`logits` has 1 entries"));
-        let b = Batch {
-            input: BatchInput::Embeddings {
-                values: vec![0.0; 12],
-                dim: 6,
-            },
-            ..Batch::one(vec![])
-        };
+        let b = Batch { input: BatchInput::Embeddings { values: vec![0.0; 12], dim: 6 }, ..Batch::one(vec![]) };
         assert!(err(&b, &cells).contains("width"));
     }
 

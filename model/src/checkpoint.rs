@@ -61,41 +61,22 @@ impl Checkpoint {
         let mut shards = Vec::with_capacity(files.len());
         let mut entries = HashMap::new();
         for (i, path) in files.into_iter().enumerate() {
-            let file = File::open(&path).map_err(|source| LoadError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let file = File::open(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
             // SAFETY: the mapping is read-only and lives as long as the `Checkpoint`. A file
             // changed by another process while mapped could change the bytes read, which can
             // give wrong weights but no memory unsafety in this code: every read is bounds-checked
             // against the validated header, and the bytes are only ever copied out.
             #[allow(unsafe_code)]
-            let mmap = unsafe { Mmap::map(&file) }.map_err(|source| LoadError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            let bad = |reason: String| LoadError::Safetensors {
-                path: path.clone(),
-                reason,
-            };
-            let (header_len, metadata) =
-                SafeTensors::read_metadata(&mmap).map_err(|e| bad(format!("{e:?}")))?;
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|source| LoadError::Io { path: path.clone(), source })?;
+            let bad = |reason: String| LoadError::Safetensors { path: path.clone(), reason };
+            let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| bad(format!("{e:?}")))?;
             for (name, info) in metadata.tensors() {
-                let entry = Entry {
-                    shard: i,
-                    dtype: info.dtype,
-                    shape: info.shape.clone(),
-                    range: info.data_offsets,
-                };
+                let entry = Entry { shard: i, dtype: info.dtype, shape: info.shape.clone(), range: info.data_offsets };
                 if entries.insert(name.clone(), entry).is_some() {
                     return Err(LoadError::DuplicateTensor { name });
                 }
             }
-            shards.push(Shard {
-                path,
-                mmap,
-                data_start: 8 + header_len,
-            });
+            shards.push(Shard { path, mmap, data_start: 8 + header_len });
         }
         Ok(Self { shards, entries })
     }
@@ -111,27 +92,17 @@ impl Checkpoint {
     /// The tensor's dtype name if it is not one that loads (f32, f16, bf16).
     pub fn unsupported_dtype(&self, name: &str) -> Option<String> {
         let e = self.entries.get(name)?;
-        (!matches!(e.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16))
-            .then(|| format!("{:?}", e.dtype))
+        (!matches!(e.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16)).then(|| format!("{:?}", e.dtype))
     }
 
     /// Reads tensor `name` into a Burn tensor of rank `D`, stored as `store`.
     /// Precondition: the name exists, its dtype loads and its rank is `D` (checked by the caller).
-    pub fn load<const D: usize>(
-        &self,
-        name: &str,
-        store: DType,
-        device: &Device,
-    ) -> Result<Tensor<D>, LoadError> {
+    pub fn load<const D: usize>(&self, name: &str, store: DType, device: &Device) -> Result<Tensor<D>, LoadError> {
         let e = &self.entries[name];
         let shard = &self.shards[e.shard];
-        let bytes = shard
-            .mmap
-            .get(shard.data_start + e.range.0..shard.data_start + e.range.1)
-            .ok_or_else(|| LoadError::Safetensors {
-                path: shard.path.clone(),
-                reason: format!("`{name}` lies outside the file"),
-            })?;
+        let bytes = shard.mmap.get(shard.data_start + e.range.0..shard.data_start + e.range.1).ok_or_else(|| {
+            LoadError::Safetensors { path: shard.path.clone(), reason: format!("`{name}` lies outside the file") }
+        })?;
         let data = match store {
             DType::F16 => TensorData::new(convert(bytes, e.dtype, f16::from_f32), e.shape.clone()),
             _ => TensorData::new(convert(bytes, e.dtype, |x| x), e.shape.clone()),
@@ -143,18 +114,9 @@ impl Checkpoint {
 /// Decodes little-endian f32/f16/bf16 bytes, mapping each value through `to`.
 fn convert<T>(bytes: &[u8], dtype: Dtype, to: impl Fn(f32) -> T) -> Vec<T> {
     match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| to(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| to(f16::from_le_bytes([b[0], b[1]]).to_f32()))
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| to(bf16::from_le_bytes([b[0], b[1]]).to_f32()))
-            .collect(),
+        Dtype::F32 => bytes.chunks_exact(4).map(|b| to(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|b| to(f16::from_le_bytes([b[0], b[1]]).to_f32())).collect(),
+        Dtype::BF16 => bytes.chunks_exact(2).map(|b| to(bf16::from_le_bytes([b[0], b[1]]).to_f32())).collect(),
         _ => Vec::new(),
     }
 }
@@ -165,30 +127,19 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     if !index.exists() {
         return Ok(vec![dir.join("model.safetensors")]);
     }
-    let text = std::fs::read_to_string(&index).map_err(|source| LoadError::Io {
-        path: index.clone(),
-        source,
-    })?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| LoadError::Json {
-        path: index.clone(),
-        reason: e.to_string(),
-    })?;
+    let text = std::fs::read_to_string(&index).map_err(|source| LoadError::Io { path: index.clone(), source })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| LoadError::Json { path: index.clone(), reason: e.to_string() })?;
     let map = json
         .get("weight_map")
         .and_then(|m| m.as_object())
-        .ok_or_else(|| LoadError::Json {
-            path: index.clone(),
-            reason: "no `weight_map` object".into(),
-        })?;
+        .ok_or_else(|| LoadError::Json { path: index.clone(), reason: "no `weight_map` object".into() })?;
     let mut files = BTreeSet::new();
     for file in map.values() {
-        let name = file
-            .as_str()
-            .filter(|f| !f.contains('/') && !f.contains('\\'))
-            .ok_or_else(|| LoadError::Json {
-                path: index.clone(),
-                reason: format!("`weight_map` entry {file} is not a file name"),
-            })?;
+        let name = file.as_str().filter(|f| !f.contains('/') && !f.contains('\\')).ok_or_else(|| LoadError::Json {
+            path: index.clone(),
+            reason: format!("`weight_map` entry {file} is not a file name"),
+        })?;
         files.insert(dir.join(name));
     }
     Ok(files.into_iter().collect())

@@ -42,10 +42,7 @@ impl ModelConfig {
     /// Reads and validates `DIR/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
         Self::from_json_str(&text).map_err(|e| match e {
             LoadError::Json { reason, .. } => LoadError::Json { path, reason },
             other => other,
@@ -54,15 +51,10 @@ impl ModelConfig {
 
     /// Parses and validates the text of a `config.json`.
     pub fn from_json_str(text: &str) -> Result<Self, LoadError> {
-        let value: Value = serde_json::from_str(text).map_err(|e| LoadError::Json {
-            path: "config.json".into(),
-            reason: e.to_string(),
-        })?;
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| LoadError::Json { path: "config.json".into(), reason: e.to_string() })?;
         let Value::Object(obj) = value else {
-            return Err(LoadError::Json {
-                path: "config.json".into(),
-                reason: "not a JSON object".into(),
-            });
+            return Err(LoadError::Json { path: "config.json".into(), reason: "not a JSON object".into() });
         };
         let f = Fields(&obj);
         let hidden_size = f.usize("hidden_size")?;
@@ -72,14 +64,8 @@ impl ModelConfig {
             hidden_size,
             num_hidden_layers: f.usize("num_hidden_layers")?,
             num_attention_heads,
-            num_key_value_heads: f
-                .opt_usize("num_key_value_heads")?
-                .unwrap_or(num_attention_heads),
-            head_dim: if num_attention_heads == 0 {
-                0
-            } else {
-                hidden_size / num_attention_heads
-            },
+            num_key_value_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
+            head_dim: hidden_size.checked_div(num_attention_heads).unwrap_or(0),
             intermediate_size: f.usize("intermediate_size")?,
             vocab_size: f.usize("vocab_size")?,
             max_position_embeddings: f.usize("max_position_embeddings")?,
@@ -99,38 +85,24 @@ impl ModelConfig {
     }
 
     fn validate(&self) -> Result<(), LoadError> {
-        let bad = |field: &str, reason: String| {
-            Err(LoadError::Config {
-                field: field.into(),
-                reason,
-            })
-        };
+        let bad = |field: &str, reason: String| Err(LoadError::Config { field: field.into(), reason });
         if self.num_hidden_layers == 0 {
             return bad("num_hidden_layers", "must be > 0".into());
         }
         if self.num_attention_heads == 0 {
             return bad("num_attention_heads", "must be > 0".into());
         }
-        if self.hidden_size == 0 || self.hidden_size % self.num_attention_heads != 0 {
+        if self.hidden_size == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return bad(
                 "hidden_size",
-                format!(
-                    "{} is not num_attention_heads ({}) × head_dim",
-                    self.hidden_size, self.num_attention_heads
-                ),
+                format!("{} is not num_attention_heads ({}) × head_dim", self.hidden_size, self.num_attention_heads),
             );
         }
-        if self.head_dim % 2 != 0 {
-            return bad(
-                "hidden_size",
-                format!(
-                    "head_dim {} must be even for rotary embeddings",
-                    self.head_dim
-                ),
-            );
+        if !self.head_dim.is_multiple_of(2) {
+            return bad("hidden_size", format!("head_dim {} must be even for rotary embeddings", self.head_dim));
         }
         let (heads, kv) = (self.num_attention_heads, self.num_key_value_heads);
-        if kv == 0 || kv > heads || heads % kv != 0 {
+        if kv == 0 || kv > heads || !heads.is_multiple_of(kv) {
             return bad(
                 "num_key_value_heads",
                 format!("{kv} must be > 0, ≤ num_attention_heads ({heads}) and divide it"),
@@ -146,16 +118,10 @@ impl ModelConfig {
             }
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return bad(
-                "rms_norm_eps",
-                format!("{} must be a positive number", self.rms_norm_eps),
-            );
+            return bad("rms_norm_eps", format!("{} must be a positive number", self.rms_norm_eps));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return bad(
-                "rope_theta",
-                format!("{} must be a positive number", self.rope_theta),
-            );
+            return bad("rope_theta", format!("{} must be a positive number", self.rope_theta));
         }
         let vocab = self.vocab_size;
         for (field, id) in self
@@ -165,10 +131,7 @@ impl ModelConfig {
             .chain(self.eos_token_ids.iter().map(|id| ("eos_token_id", id)))
         {
             if *id as usize >= vocab {
-                return bad(
-                    field,
-                    format!("token id {id} is not below vocab_size {vocab}"),
-                );
+                return bad(field, format!("token id {id} is not below vocab_size {vocab}"));
             }
         }
         Ok(())
@@ -184,10 +147,7 @@ impl Fields<'_> {
     }
 
     fn err(field: &str, expected: &str, found: &Value) -> LoadError {
-        LoadError::Config {
-            field: field.into(),
-            reason: format!("expected {expected}, found {found}"),
-        }
+        LoadError::Config { field: field.into(), reason: format!("expected {expected}, found {found}") }
     }
 
     fn opt_usize(&self, field: &str) -> Result<Option<usize>, LoadError> {
@@ -201,44 +161,26 @@ impl Fields<'_> {
     }
 
     fn usize(&self, field: &str) -> Result<usize, LoadError> {
-        self.opt_usize(field)?.ok_or_else(|| LoadError::Config {
-            field: field.into(),
-            reason: "missing".into(),
-        })
+        self.opt_usize(field)?.ok_or_else(|| LoadError::Config { field: field.into(), reason: "missing".into() })
     }
 
     fn opt_f64(&self, field: &str) -> Result<Option<f64>, LoadError> {
-        self.get(field)
-            .map(|v| v.as_f64().ok_or_else(|| Self::err(field, "a number", v)))
-            .transpose()
+        self.get(field).map(|v| v.as_f64().ok_or_else(|| Self::err(field, "a number", v))).transpose()
     }
 
     fn opt_bool(&self, field: &str) -> Result<Option<bool>, LoadError> {
-        self.get(field)
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| Self::err(field, "true or false", v))
-            })
-            .transpose()
+        self.get(field).map(|v| v.as_bool().ok_or_else(|| Self::err(field, "true or false", v))).transpose()
     }
 
     fn opt_str(&self, field: &str) -> Result<Option<String>, LoadError> {
         self.get(field)
-            .map(|v| {
-                v.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| Self::err(field, "a string", v))
-            })
+            .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| Self::err(field, "a string", v)))
             .transpose()
     }
 
     fn opt_token(&self, field: &str) -> Result<Option<u32>, LoadError> {
         self.get(field)
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .ok_or_else(|| Self::err(field, "a token id", v))
-            })
+            .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| Self::err(field, "a token id", v)))
             .transpose()
     }
 
@@ -247,11 +189,7 @@ impl Fields<'_> {
             None => Ok(Vec::new()),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .ok_or_else(|| Self::err(field, "token ids", v))
-                })
+                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| Self::err(field, "token ids", v)))
                 .collect(),
             Some(_) => Ok(self.opt_token(field)?.into_iter().collect()),
         }
@@ -261,11 +199,7 @@ impl Fields<'_> {
     /// default (unscaled) rotary embedding is implemented, so any scaling is an error.
     fn rope_theta(&self) -> Result<f64, LoadError> {
         if let Some(scaling) = self.get("rope_scaling") {
-            return Err(Self::err(
-                "rope_scaling",
-                "null (rope scaling is not supported)",
-                scaling,
-            ));
+            return Err(Self::err("rope_scaling", "null (rope scaling is not supported)", scaling));
         }
         let Some(params) = self.get("rope_parameters") else {
             return Ok(self.opt_f64("rope_theta")?.unwrap_or(10_000.0));
@@ -283,12 +217,10 @@ impl Fields<'_> {
                 });
             }
         }
-        let theta = nested
-            .opt_f64("rope_theta")
-            .map_err(|_| LoadError::Config {
-                field: "rope_parameters.rope_theta".into(),
-                reason: "expected a number".into(),
-            })?;
+        let theta = nested.opt_f64("rope_theta").map_err(|_| LoadError::Config {
+            field: "rope_parameters.rope_theta".into(),
+            reason: "expected a number".into(),
+        })?;
         Ok(theta.or(self.opt_f64("rope_theta")?).unwrap_or(10_000.0))
     }
 
@@ -333,10 +265,7 @@ mod tests {
     #[test]
     fn parses_a_valid_config_and_derives_head_dim() {
         let c = ModelConfig::from_json_str(TINY).unwrap();
-        assert_eq!(
-            (c.head_dim, c.num_key_value_heads, c.eos_token_ids.clone()),
-            (16, 2, vec![958])
-        );
+        assert_eq!((c.head_dim, c.num_key_value_heads, c.eos_token_ids.clone()), (16, 2, vec![958]));
         assert!(c.tie_word_embeddings);
     }
 
@@ -362,12 +291,7 @@ mod tests {
 
     #[test]
     fn zero_sizes_are_rejected_by_name() {
-        for field in [
-            "num_hidden_layers",
-            "vocab_size",
-            "max_position_embeddings",
-            "intermediate_size",
-        ] {
+        for field in ["num_hidden_layers", "vocab_size", "max_position_embeddings", "intermediate_size"] {
             let err = ModelConfig::from_json_str(&with(field, "0")).unwrap_err();
             assert_eq!(field_of(err), field);
         }
@@ -404,33 +328,21 @@ mod tests {
         obj.remove("rope_theta");
         obj.remove("torch_dtype");
         obj.insert("dtype".into(), "bfloat16".into());
-        obj.insert(
-            "rope_parameters".into(),
-            serde_json::json!({"rope_theta": 1e6, "rope_type": "default"}),
-        );
+        obj.insert("rope_parameters".into(), serde_json::json!({"rope_theta": 1e6, "rope_type": "default"}));
         let c = ModelConfig::from_json_str(&v.to_string()).unwrap();
-        assert_eq!(
-            (c.rope_theta, c.torch_dtype),
-            (1e6, Some(CheckpointDtype::Bf16))
-        );
+        assert_eq!((c.rope_theta, c.torch_dtype), (1e6, Some(CheckpointDtype::Bf16)));
     }
 
     #[test]
     fn rope_scaling_is_refused_by_name() {
-        let err =
-            ModelConfig::from_json_str(&with("rope_scaling", r#"{"type":"yarn","factor":4.0}"#))
-                .unwrap_err();
+        let err = ModelConfig::from_json_str(&with("rope_scaling", r#"{"type":"yarn","factor":4.0}"#)).unwrap_err();
         assert_eq!(field_of(err), "rope_scaling");
-        let err = ModelConfig::from_json_str(&with("rope_parameters", r#"{"rope_type":"yarn"}"#))
-            .unwrap_err();
+        let err = ModelConfig::from_json_str(&with("rope_parameters", r#"{"rope_type":"yarn"}"#)).unwrap_err();
         assert_eq!(field_of(err), "rope_parameters.rope_type");
     }
 
     #[test]
     fn malformed_json_is_an_error() {
-        assert!(matches!(
-            ModelConfig::from_json_str("{\"hidden_size\": "),
-            Err(LoadError::Json { .. })
-        ));
+        assert!(matches!(ModelConfig::from_json_str("{\"hidden_size\": "), Err(LoadError::Json { .. })));
     }
 }

@@ -21,18 +21,9 @@ impl Context {
     /// cells count once).
     pub fn new(model: Box<dyn LanguageModel>, kv_capacity: usize) -> Self {
         let info = model.info();
-        let cache = KvCache::new(
-            model.kv_layout(),
-            kv_capacity,
-            info.context_length,
-            model.device(),
-        );
+        let cache = KvCache::new(model.kv_layout(), kv_capacity, info.context_length, model.device());
         let outputs = Outputs::new(info.vocab_size);
-        Self {
-            model,
-            cache,
-            outputs,
-        }
+        Self { model, cache, outputs }
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -65,39 +56,25 @@ impl Context {
     /// Runs one batch. On success the outputs hold the flagged rows' logits. On any error
     /// (invalid input, no KV slot, abort, internal — a panic inside the backend included) the
     /// cache's cells are as before and the previous outputs are cleared.
-    pub fn decode_with_abort(
-        &mut self,
-        batch: &Batch,
-        abort: &dyn Fn() -> bool,
-    ) -> Result<(), DecodeError> {
+    pub fn decode_with_abort(&mut self, batch: &Batch, abort: &dyn Fn() -> bool) -> Result<(), DecodeError> {
         self.outputs.clear();
         let info = self.model.info();
-        let limits = Limits {
-            vocab_size: info.vocab_size,
-            hidden_size: info.hidden_size,
-            context_length: info.context_length,
-        };
+        let limits =
+            Limits { vocab_size: info.vocab_size, hidden_size: info.hidden_size, context_length: info.context_length };
         let valid = validate(batch, self.cache.cells(), &limits)?;
-        let placement =
-            self.cache
-                .cells()
-                .find_slots(valid.len())
-                .ok_or(DecodeError::NoKvSlot {
-                    needed: valid.len(),
-                    free: self.cache.cells().free(),
-                })?;
+        let placement = self
+            .cache
+            .cells()
+            .find_slots(valid.len())
+            .ok_or(DecodeError::NoKvSlot { needed: valid.len(), free: self.cache.cells().free() })?;
         if let Some(shifts) = self.cache.cells_mut().take_shifts() {
             self.model.shift_keys(&mut self.cache, &shifts);
         }
-        self.cache
-            .cells_mut()
-            .occupy(&placement, &valid.pos, &valid.seqs);
+        self.cache.cells_mut().occupy(&placement, &valid.pos, &valid.seqs);
         let (model, cache) = (&self.model, &mut self.cache);
         let result = catch_unwind(AssertUnwindSafe(|| {
             let logits = model.forward(&valid, &placement, cache, abort)?;
-            logits
-                .try_into_vec_as::<f32>()
-                .map_err(|e| DecodeError::Internal(format!("reading logits: {e:?}")))
+            logits.try_into_vec_as::<f32>().map_err(|e| DecodeError::Internal(format!("reading logits: {e:?}")))
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))));
         match result {

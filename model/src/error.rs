@@ -27,18 +27,9 @@ pub enum LoadError {
     #[error("tensor `{name}` appears in more than one shard")]
     DuplicateTensor { name: String },
     #[error("slot {slot}{}: expected shape {expected:?}, found {found:?}", layer_suffix(*.layer))]
-    Shape {
-        slot: &'static str,
-        layer: Option<usize>,
-        expected: Vec<usize>,
-        found: Vec<usize>,
-    },
+    Shape { slot: &'static str, layer: Option<usize>, expected: Vec<usize>, found: Vec<usize> },
     #[error("slot {slot}{}: unsupported dtype {dtype} (f32, f16 and bf16 load)", layer_suffix(*.layer))]
-    Dtype {
-        slot: &'static str,
-        layer: Option<usize>,
-        dtype: String,
-    },
+    Dtype { slot: &'static str, layer: Option<usize>, dtype: String },
     #[error("no weight slot named `{0}`")]
     UnknownSlot(String),
     #[error("model type `{0}` has no weights to replace")]

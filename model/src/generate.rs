@@ -39,9 +39,7 @@ pub fn greedy(
     max_tokens: usize,
     stop: &[u32],
 ) -> Result<Generation, DecodeError> {
-    ctx.kv_mut()
-        .seq_rm(seq, ..)
-        .map_err(|e| DecodeError::InvalidInput(format!("sequence {seq}: {e}")))?;
+    ctx.kv_mut().seq_rm(seq, ..).map_err(|e| DecodeError::InvalidInput(format!("sequence {seq}: {e}")))?;
     let context = ctx.info().context_length;
     let mut tokens = Vec::new();
     let mut batch = one_sequence(prompt, seq, 0);
@@ -56,10 +54,7 @@ pub fn greedy(
             break Finish::Context;
         }
         ctx.decode(&batch)?;
-        let row = ctx
-            .outputs()
-            .row(0)
-            .ok_or_else(|| DecodeError::Internal("no logits row".into()))?;
+        let row = ctx.outputs().row(0).ok_or_else(|| DecodeError::Internal("no logits row".into()))?;
         let next = argmax(row).ok_or_else(|| DecodeError::Internal("empty logits row".into()))?;
         if tokens.is_empty() {
             prefill = start.elapsed();
@@ -70,12 +65,7 @@ pub fn greedy(
         }
         batch = one_sequence(&[next], seq, next_pos as i64);
     };
-    Ok(Generation {
-        tokens,
-        finish,
-        prefill,
-        decode: start.elapsed() - prefill,
-    })
+    Ok(Generation { tokens, finish, prefill, decode: start.elapsed() - prefill })
 }
 
 /// Tokens of one sequence at positions `p0..`, logits for the last.

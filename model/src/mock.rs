@@ -23,66 +23,34 @@ pub struct Mock {
 
 /// The registry entry. With a directory, its `config.json` sets `vocab_size`,
 /// `max_position_embeddings`, `eos_token_id` and optionally `fail_on_token`.
-pub fn load(
-    dir: Option<&Path>,
-    _opts: &LoadOptions,
-    device: &Device,
-) -> Result<Box<dyn LanguageModel>, LoadError> {
+pub fn load(dir: Option<&Path>, _opts: &LoadOptions, device: &Device) -> Result<Box<dyn LanguageModel>, LoadError> {
     let (vocab, ctx, eos, fail_on_token) = match dir {
         None => (256, 4096, vec![0], None),
         Some(dir) => {
             let path = dir.join("config.json");
-            let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| LoadError::Json {
-                    path: path.clone(),
-                    reason: e.to_string(),
-                })?;
+            let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| LoadError::Json { path: path.clone(), reason: e.to_string() })?;
             let num = |field: &str, default: usize| -> Result<usize, LoadError> {
                 match json.get(field) {
                     None => Ok(default),
-                    Some(v) => v
-                        .as_u64()
-                        .map(|n| n as usize)
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| LoadError::Config {
-                            field: field.into(),
-                            reason: format!("expected a positive integer, found {v}"),
-                        }),
+                    Some(v) => v.as_u64().map(|n| n as usize).filter(|n| *n > 0).ok_or_else(|| LoadError::Config {
+                        field: field.into(),
+                        reason: format!("expected a positive integer, found {v}"),
+                    }),
                 }
             };
             let vocab = num("vocab_size", 256)?;
             let eos = num("eos_token_id", vocab)?; // default: no eos (out of the vocabulary)
-            let fail = json
-                .get("fail_on_token")
-                .and_then(|v| v.as_u64())
-                .map(|t| t as u32);
-            (
-                vocab,
-                num("max_position_embeddings", 4096)?,
-                if eos < vocab {
-                    vec![eos as u32]
-                } else {
-                    vec![]
-                },
-                fail,
-            )
+            let fail = json.get("fail_on_token").and_then(|v| v.as_u64()).map(|t| t as u32);
+            (vocab, num("max_position_embeddings", 4096)?, if eos < vocab { vec![eos as u32] } else { vec![] }, fail)
         }
     };
     Ok(Box::new(Mock::new(vocab, ctx, eos, fail_on_token, device)))
 }
 
 impl Mock {
-    pub fn new(
-        vocab: usize,
-        context: usize,
-        eos: Vec<u32>,
-        fail_on_token: Option<u32>,
-        device: &Device,
-    ) -> Self {
+    pub fn new(vocab: usize, context: usize, eos: Vec<u32>, fail_on_token: Option<u32>, device: &Device) -> Self {
         let info = ModelInfo {
             model_type: "mock",
             vocab_size: vocab,
@@ -91,18 +59,12 @@ impl Mock {
             bos_token_id: None,
             eos_token_ids: eos,
         };
-        Self {
-            info,
-            fail_on_token,
-            device: device.clone(),
-        }
+        Self { info, fail_on_token, device: device.clone() }
     }
 
     /// The next token after a token at `pos` that sees cells holding `visible` ids.
     pub fn next_token(visible: impl Iterator<Item = u32>, pos: Pos, vocab: usize) -> u32 {
-        let sum = visible.fold(0u64, |acc, t| {
-            acc.wrapping_mul(31).wrapping_add(t as u64 + 1)
-        });
+        let sum = visible.fold(0u64, |acc, t| acc.wrapping_mul(31).wrapping_add(t as u64 + 1));
         ((sum.wrapping_add(pos as u64 * 7)) % vocab as u64) as u32
     }
 }
@@ -112,11 +74,7 @@ impl LanguageModel for Mock {
         &self.info
     }
     fn kv_layout(&self) -> KvLayout {
-        KvLayout {
-            layers: 1,
-            kv_heads: 1,
-            head_dim: 1,
-        }
+        KvLayout { layers: 1, kv_heads: 1, head_dim: 1 }
     }
     fn device(&self) -> &Device {
         &self.device
@@ -131,14 +89,10 @@ impl LanguageModel for Mock {
     ) -> Result<Tensor<2>, DecodeError> {
         let ids: Vec<f32> = match batch.input {
             BatchInput::Tokens(ids) => ids.iter().map(|&t| t as f32).collect(),
-            BatchInput::Embeddings { values, .. } => {
-                values.iter().map(|v| v.abs().round()).collect()
-            }
+            BatchInput::Embeddings { values, .. } => values.iter().map(|v| v.abs().round()).collect(),
         };
         if let Some(bad) = self.fail_on_token.filter(|t| ids.contains(&(*t as f32))) {
-            return Err(DecodeError::Internal(format!(
-                "mock model: injected fault on token {bad}"
-            )));
+            return Err(DecodeError::Internal(format!("mock model: injected fault on token {bad}")));
         }
         if abort() {
             return Err(DecodeError::Aborted);
@@ -148,25 +102,18 @@ impl LanguageModel for Mock {
         cache.write(0, placement, kv.clone(), kv);
         let extent = cache.cells().extent();
         let (keys, _) = cache.read(0, extent);
-        let stored = keys
-            .try_into_vec_as::<f32>()
-            .map_err(|e| DecodeError::Internal(format!("{e:?}")))?;
+        let stored = keys.try_into_vec_as::<f32>().map_err(|e| DecodeError::Internal(format!("{e:?}")))?;
         let vocab = self.info.vocab_size;
         let mut logits = vec![0f32; batch.out_rows.len() * vocab];
         for (row, &b) in batch.out_rows.iter().enumerate() {
             let (seqs, pos): (&SeqSet, Pos) = (&batch.seqs[b], batch.pos[b]);
-            let visible = (0..extent)
-                .filter(|&c| cache.cells().is_visible(c, seqs, pos))
-                .map(|c| stored[c] as u32);
+            let visible = (0..extent).filter(|&c| cache.cells().is_visible(c, seqs, pos)).map(|c| stored[c] as u32);
             let next = Mock::next_token(visible, pos, vocab) as usize;
             for (k, value) in [(0, 10.0), (1, 5.0), (2, 2.5)] {
                 logits[row * vocab + (next + k) % vocab] = value;
             }
         }
-        Ok(Tensor::from_data(
-            TensorData::new(logits, [batch.out_rows.len(), vocab]),
-            &self.device,
-        ))
+        Ok(Tensor::from_data(TensorData::new(logits, [batch.out_rows.len(), vocab]), &self.device))
     }
 
     fn shift_keys(&self, _cache: &mut KvCache, _shifts: &[Pos]) {

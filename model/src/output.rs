@@ -13,10 +13,7 @@ pub struct Outputs {
 
 impl Outputs {
     pub(crate) fn new(vocab: usize) -> Self {
-        Self {
-            vocab,
-            ..Self::default()
-        }
+        Self { vocab, ..Self::default() }
     }
 
     /// Replaces the contents, reusing the buffers' capacity.
@@ -51,10 +48,7 @@ impl Outputs {
     }
     /// The logits of batch token `i`, if it was flagged (`llama_get_logits_ith`).
     pub fn logits_ith(&self, i: usize) -> Option<&[f32]> {
-        self.rows
-            .iter()
-            .position(|r| *r == i)
-            .and_then(|row| self.row(row))
+        self.rows.iter().position(|r| *r == i).and_then(|row| self.row(row))
     }
     pub fn vocab(&self) -> usize {
         self.vocab

@@ -15,8 +15,7 @@ pub struct LoadOptions {
     pub weight_dtype: WeightDtype,
 }
 
-pub type LoadFn =
-    fn(Option<&Path>, &LoadOptions, &Device) -> Result<Box<dyn LanguageModel>, LoadError>;
+pub type LoadFn = fn(Option<&Path>, &LoadOptions, &Device) -> Result<Box<dyn LanguageModel>, LoadError>;
 
 /// A registered model type.
 pub struct ModelType {
@@ -25,16 +24,8 @@ pub struct ModelType {
     pub load: LoadFn,
 }
 
-pub const MODEL_TYPES: &[ModelType] = &[
-    ModelType {
-        name: "qwen2",
-        load: qwen2::load,
-    },
-    ModelType {
-        name: "mock",
-        load: mock::load,
-    },
-];
+pub const MODEL_TYPES: &[ModelType] =
+    &[ModelType { name: "qwen2", load: qwen2::load }, ModelType { name: "mock", load: mock::load }];
 
 /// Loads a model of type `model_type`, or of the type named in `DIR/config.json` when `None`.
 pub fn load_model(
@@ -47,42 +38,24 @@ pub fn load_model(
         (Some(name), _) => name.to_string(),
         (None, Some(dir)) => detect(dir)?,
         (None, None) => {
-            return Err(LoadError::NeedsDirectory {
-                model_type: "(unspecified)",
-            });
+            return Err(LoadError::NeedsDirectory { model_type: "(unspecified)" });
         }
     };
-    let entry =
-        MODEL_TYPES
-            .iter()
-            .find(|t| t.name == name)
-            .ok_or_else(|| LoadError::UnknownModelType {
-                name: name.clone(),
-                known: MODEL_TYPES
-                    .iter()
-                    .map(|t| t.name)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+    let entry = MODEL_TYPES.iter().find(|t| t.name == name).ok_or_else(|| LoadError::UnknownModelType {
+        name: name.clone(),
+        known: MODEL_TYPES.iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
+    })?;
     (entry.load)(dir, opts, device)
 }
 
 /// The `model_type` field of `DIR/config.json`.
 fn detect(dir: &Path) -> Result<String, LoadError> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| LoadError::Json {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
-    json.get("model_type")
-        .and_then(|v| v.as_str())
-        .map(str::to_owned)
-        .ok_or_else(|| LoadError::Config {
-            field: "model_type".into(),
-            reason: "missing: pass the model type explicitly".into(),
-        })
+    let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| LoadError::Json { path: path.clone(), reason: e.to_string() })?;
+    json.get("model_type").and_then(|v| v.as_str()).map(str::to_owned).ok_or_else(|| LoadError::Config {
+        field: "model_type".into(),
+        reason: "missing: pass the model type explicitly".into(),
+    })
 }

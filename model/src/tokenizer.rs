@@ -17,28 +17,21 @@ impl Tokenizer {
     /// Reads `DIR/tokenizer.json`.
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| LoadError::Tokenizer {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| LoadError::Tokenizer { path: path.clone(), reason: e.to_string() })?;
         Ok(Self { inner })
     }
 
     /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) become their ids;
     /// nothing is added (Qwen has no BOS).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| TokenizerError(e.to_string()))?;
+        let enc = self.inner.encode(text, false).map_err(|e| TokenizerError(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Text of `ids`; special tokens are kept unless `skip_special`.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
-        self.inner
-            .decode(ids, skip_special)
-            .map_err(|e| TokenizerError(e.to_string()))
+        self.inner.decode(ids, skip_special).map_err(|e| TokenizerError(e.to_string()))
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {

@@ -21,10 +21,7 @@ fn copy_fixture() -> tempfile::TempDir {
 }
 
 fn load(dir: &Path) -> Result<Context, LoadError> {
-    Ok(Context::new(
-        load_model(None, Some(dir), &LoadOptions::default(), &Device::flex())?,
-        64,
-    ))
+    Ok(Context::new(load_model(None, Some(dir), &LoadOptions::default(), &Device::flex())?, 64))
 }
 
 /// Rewrites `model.safetensors`, letting `edit` change the list of (name, dtype, shape, bytes).
@@ -32,23 +29,17 @@ fn rewrite_weights(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Dtype, Vec<us
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<_> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
-        .collect();
+    let mut tensors: Vec<_> =
+        st.tensors().into_iter().map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
     edit(&mut tensors);
-    let views: Vec<(String, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
+    let views: Vec<(String, TensorView<'_>)> =
+        tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
     safetensors::serialize_to_file(views, None, &path).unwrap();
 }
 
 fn edit_config(dir: &Path, field: &str, value: serde_json::Value) {
     let path = dir.join("config.json");
-    let mut json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     json[field] = value;
     std::fs::write(path, json.to_string()).unwrap();
 }
@@ -65,29 +56,20 @@ fn an_inconsistent_head_size_names_the_field() {
     let dir = copy_fixture();
     edit_config(dir.path(), "hidden_size", 60.into());
     let err = load_err(dir.path());
-    assert!(
-        matches!(&err, LoadError::Config { field, .. } if field == "hidden_size"),
-        "{err}"
-    );
+    assert!(matches!(&err, LoadError::Config { field, .. } if field == "hidden_size"), "{err}");
 }
 
 #[test]
 fn a_config_value_of_the_wrong_type_names_the_field() {
     let dir = copy_fixture();
     edit_config(dir.path(), "num_hidden_layers", "two".into());
-    assert!(
-        load_err(dir.path())
-            .to_string()
-            .contains("num_hidden_layers")
-    );
+    assert!(load_err(dir.path()).to_string().contains("num_hidden_layers"));
 }
 
 #[test]
 fn a_missing_tensor_is_listed() {
     let dir = copy_fixture();
-    rewrite_weights(dir.path(), |t| {
-        t.retain(|(n, ..)| n != "model.layers.1.self_attn.k_proj.bias")
-    });
+    rewrite_weights(dir.path(), |t| t.retain(|(n, ..)| n != "model.layers.1.self_attn.k_proj.bias"));
     let err = load_err(dir.path());
     assert!(
         matches!(&err, LoadError::MissingTensors(names) if names == &["model.layers.1.self_attn.k_proj.bias"]),
@@ -98,60 +80,31 @@ fn a_missing_tensor_is_listed() {
 #[test]
 fn an_unexpected_tensor_is_listed() {
     let dir = copy_fixture();
-    rewrite_weights(dir.path(), |t| {
-        t.push((
-            "model.layers.5.mystery.weight".into(),
-            Dtype::F32,
-            vec![1],
-            vec![0; 4],
-        ))
-    });
+    rewrite_weights(dir.path(), |t| t.push(("model.layers.5.mystery.weight".into(), Dtype::F32, vec![1], vec![0; 4])));
     let err = load_err(dir.path());
-    assert!(
-        err.to_string().contains("model.layers.5.mystery.weight"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("model.layers.5.mystery.weight"), "{err}");
 }
 
 #[test]
 fn a_tensor_of_the_wrong_shape_names_slot_and_layer() {
     let dir = copy_fixture();
     rewrite_weights(dir.path(), |t| {
-        let q = t
-            .iter_mut()
-            .find(|(n, ..)| n == "model.layers.1.self_attn.q_proj.weight")
-            .unwrap();
+        let q = t.iter_mut().find(|(n, ..)| n == "model.layers.1.self_attn.q_proj.weight").unwrap();
         q.2 = vec![32, 128];
     });
     let err = load_err(dir.path());
-    assert_eq!(
-        err.to_string(),
-        "slot attn_q_w of layer 1: expected shape [64, 64], found [32, 128]"
-    );
+    assert_eq!(err.to_string(), "slot attn_q_w of layer 1: expected shape [64, 64], found [32, 128]");
 }
 
 #[test]
 fn an_unsupported_dtype_names_the_slot() {
     let dir = copy_fixture();
     rewrite_weights(dir.path(), |t| {
-        let norm = t
-            .iter_mut()
-            .find(|(n, ..)| n == "model.norm.weight")
-            .unwrap();
+        let norm = t.iter_mut().find(|(n, ..)| n == "model.norm.weight").unwrap();
         norm.1 = Dtype::I32;
     });
     let err = load_err(dir.path());
-    assert!(
-        matches!(
-            &err,
-            LoadError::Dtype {
-                slot: "out_norm_w",
-                layer: None,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(&err, LoadError::Dtype { slot: "out_norm_w", layer: None, .. }), "{err}");
 }
 
 #[test]
@@ -161,26 +114,16 @@ fn a_truncated_safetensors_file_names_the_file() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
     let err = load_err(dir.path());
-    assert!(
-        matches!(&err, LoadError::Safetensors { path, .. } if path.ends_with("model.safetensors")),
-        "{err}"
-    );
+    assert!(matches!(&err, LoadError::Safetensors { path, .. } if path.ends_with("model.safetensors")), "{err}");
 }
 
 #[test]
 fn a_missing_directory_and_an_unknown_model_type_are_errors() {
-    assert!(matches!(
-        load_err(Path::new("/nonexistent/model")),
-        LoadError::Io { .. }
-    ));
+    assert!(matches!(load_err(Path::new("/nonexistent/model")), LoadError::Io { .. }));
     let dir = copy_fixture();
     edit_config(dir.path(), "model_type", "llama".into());
     let err = load_err(dir.path());
-    assert!(
-        err.to_string()
-            .contains("unknown model type `llama`; known types: qwen2, mock"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("unknown model type `llama`; known types: qwen2, mock"), "{err}");
 }
 
 #[test]
@@ -194,10 +137,7 @@ fn malformed_batches_are_invalid_input_and_change_nothing() {
     let cases = [
         (Batch::one(vec![1, 1024]), "id 1024"),
         (backwards, "does not follow"),
-        (
-            one_sequence(&[1], 0, 1),
-            "does not follow its last position 2",
-        ),
+        (one_sequence(&[1], 0, 1), "does not follow its last position 2"),
         (Batch::one(vec![]), "empty batch"),
         (one_sequence(&[1], 1, 256), "outside the context"),
     ];

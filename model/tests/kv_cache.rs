@@ -11,13 +11,7 @@ const FIXTURE: &str = "tiny-tied-f32";
 const TOL: f32 = 1e-3;
 
 fn context(name: &str, capacity: usize) -> Context {
-    let model = load_model(
-        None,
-        Some(&fixture_dir(name)),
-        &LoadOptions::default(),
-        &Device::flex(),
-    )
-    .unwrap();
+    let model = load_model(None, Some(&fixture_dir(name)), &LoadOptions::default(), &Device::flex()).unwrap();
     Context::new(model, capacity)
 }
 
@@ -26,8 +20,7 @@ fn continue_greedy(ctx: &mut Context, seq: u32, first: u32, pos: i64, n: usize) 
     let mut tokens = vec![first];
     while tokens.len() < n {
         let p = pos + tokens.len() as i64 - 1;
-        ctx.decode(&one_sequence(&[*tokens.last().unwrap()], seq, p))
-            .unwrap();
+        ctx.decode(&one_sequence(&[*tokens.last().unwrap()], seq, p)).unwrap();
         tokens.push(argmax(ctx.outputs().row(0).unwrap()).unwrap());
     }
     tokens
@@ -50,11 +43,7 @@ fn seq_cp_shares_cells_and_both_sequences_decode_correctly() {
     let b = continue_greedy(&mut ctx, 1, first, n as i64, 10);
     assert_eq!(a, p.greedy[..10]);
     assert_eq!(b, p.greedy[..10]);
-    assert_eq!(
-        ctx.kv().used(),
-        n + 2 * 9,
-        "only the continuations take new cells"
-    );
+    assert_eq!(ctx.kv().used(), n + 2 * 9, "only the continuations take new cells");
 }
 
 #[test]
@@ -63,10 +52,7 @@ fn seq_rm_frees_cells_for_reuse() {
     let (a, b) = (&prompts[0], &prompts[1]);
     let mut ctx = context(FIXTURE, b.ids.len());
     ctx.decode(&one_sequence(&a.ids, 0, 0)).unwrap();
-    assert!(matches!(
-        ctx.decode(&one_sequence(&b.ids, 1, 0)),
-        Err(DecodeError::NoKvSlot { .. })
-    ));
+    assert!(matches!(ctx.decode(&one_sequence(&b.ids, 1, 0)), Err(DecodeError::NoKvSlot { .. })));
     ctx.kv_mut().seq_rm(0, ..).unwrap();
     assert_eq!((ctx.kv().used(), ctx.kv().seq_pos_max(0)), (0, None));
     ctx.decode(&one_sequence(&b.ids, 1, 0)).unwrap();
@@ -81,8 +67,7 @@ fn seq_rm_of_a_tail_lets_the_sequence_be_recomputed() {
     ctx.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
     ctx.kv_mut().seq_rm(0, (n as i64 - 3)..).unwrap();
     assert_eq!(ctx.kv().seq_pos_max(0), Some(n as i64 - 4));
-    ctx.decode(&one_sequence(&p.ids[n - 3..], 0, n as i64 - 3))
-        .unwrap();
+    ctx.decode(&one_sequence(&p.ids[n - 3..], 0, n as i64 - 3)).unwrap();
     assert!(max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits) < TOL);
 }
 
@@ -103,23 +88,13 @@ fn seq_add_shifts_positions_and_attention_follows() {
     for ctx in [&mut shifted, &mut fresh] {
         ctx.decode(&one_sequence(&[next], 0, n + shift)).unwrap();
     }
-    let err = max_abs_diff(
-        shifted.outputs().row(0).unwrap(),
-        fresh.outputs().row(0).unwrap(),
-    );
+    let err = max_abs_diff(shifted.outputs().row(0).unwrap(), fresh.outputs().row(0).unwrap());
     assert!(err < TOL, "decode after a shift differs by {err}");
     // Without re-rotation the keys would be wrong: an unshifted cache gives other logits.
     let mut unshifted = context(FIXTURE, 128);
     unshifted.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
-    unshifted
-        .decode(&one_sequence(&[next], 0, n + shift))
-        .unwrap();
-    assert!(
-        max_abs_diff(
-            unshifted.outputs().row(0).unwrap(),
-            fresh.outputs().row(0).unwrap()
-        ) > 10.0 * TOL
-    );
+    unshifted.decode(&one_sequence(&[next], 0, n + shift)).unwrap();
+    assert!(max_abs_diff(unshifted.outputs().row(0).unwrap(), fresh.outputs().row(0).unwrap()) > 10.0 * TOL);
 }
 
 #[test]
@@ -131,14 +106,8 @@ fn seq_keep_drops_other_sequences_and_the_kept_one_still_decodes() {
     ctx.decode(&one_sequence(&a.ids, 0, 0)).unwrap();
     let first = last_argmax(&ctx);
     ctx.kv_mut().seq_keep(0).unwrap();
-    assert_eq!(
-        (ctx.kv().used(), ctx.kv().seq_pos_max(1)),
-        (a.ids.len(), None)
-    );
-    assert_eq!(
-        continue_greedy(&mut ctx, 0, first, a.ids.len() as i64, 8),
-        a.greedy[..8]
-    );
+    assert_eq!((ctx.kv().used(), ctx.kv().seq_pos_max(1)), (a.ids.len(), None));
+    assert_eq!(continue_greedy(&mut ctx, 0, first, a.ids.len() as i64, 8), a.greedy[..8]);
 }
 
 #[test]
@@ -153,16 +122,9 @@ fn a_full_cache_fails_with_no_kv_slot_and_changes_nothing() {
     let err = ctx.decode(&one_sequence(&b.ids[..7], 1, 0)).unwrap_err();
     assert_eq!(err, DecodeError::NoKvSlot { needed: 7, free: 6 });
     assert_eq!(ctx.kv().dump(), before, "cells unchanged");
-    assert_eq!(
-        ctx.outputs().n_outputs(),
-        0,
-        "a failed pass leaves no stale outputs"
-    );
+    assert_eq!(ctx.outputs().n_outputs(), 0, "a failed pass leaves no stale outputs");
     // Tensors unchanged too: the sequence continues exactly as the reference.
-    assert_eq!(
-        continue_greedy(&mut ctx, 0, first, n as i64, 7),
-        a.greedy[..7]
-    );
+    assert_eq!(continue_greedy(&mut ctx, 0, first, n as i64, 7), a.greedy[..7]);
     assert_eq!(ctx.kv().used(), n + 6);
 }
 
@@ -179,10 +141,7 @@ fn a_token_never_sees_another_sequence() {
     }
     ctx.decode(&batch).unwrap();
     for i in 0..a.ids.len() {
-        assert!(
-            topk_error(ctx.outputs().logits_ith(i).unwrap(), &a.topk[i]) < TOL,
-            "position {i}"
-        );
+        assert!(topk_error(ctx.outputs().logits_ith(i).unwrap(), &a.topk[i]) < TOL, "position {i}");
     }
 }
 
@@ -191,11 +150,7 @@ fn positions_track_pos_max_per_sequence() {
     let p = &Reference::load(FIXTURE).prompts[0];
     let mut ctx = context(FIXTURE, 128);
     assert_eq!(ctx.kv().seq_pos_max(2), None);
-    ctx.decode(&Batch {
-        seq_ids: Some(vec![vec![2]; p.ids.len()]),
-        ..Batch::one(p.ids.clone())
-    })
-    .unwrap();
+    ctx.decode(&Batch { seq_ids: Some(vec![vec![2]; p.ids.len()]), ..Batch::one(p.ids.clone()) }).unwrap();
     assert_eq!(ctx.kv().seq_pos_max(2), Some(p.ids.len() as i64 - 1));
     assert_eq!(ctx.kv().seq_pos_min(2), Some(0));
 }
@@ -206,9 +161,7 @@ fn an_aborted_pass_changes_nothing() {
     let mut ctx = context(FIXTURE, 128);
     ctx.decode(&one_sequence(&p.ids[..4], 0, 0)).unwrap();
     let before = ctx.kv().dump();
-    let err = ctx
-        .decode_with_abort(&one_sequence(&p.ids[4..], 0, 4), &|| true)
-        .unwrap_err();
+    let err = ctx.decode_with_abort(&one_sequence(&p.ids[4..], 0, 4), &|| true).unwrap_err();
     assert_eq!(err, DecodeError::Aborted);
     assert_eq!(ctx.kv().dump(), before);
     ctx.decode(&one_sequence(&p.ids[4..], 0, 4)).unwrap();
@@ -218,25 +171,13 @@ fn an_aborted_pass_changes_nothing() {
 #[test]
 fn an_internal_error_releases_the_placed_cells() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("config.json"),
-        r#"{"model_type":"mock","vocab_size":64,"fail_on_token":13}"#,
-    )
-    .unwrap();
-    let model = load_model(
-        None,
-        Some(dir.path()),
-        &LoadOptions::default(),
-        &Device::flex(),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("config.json"), r#"{"model_type":"mock","vocab_size":64,"fail_on_token":13}"#)
+        .unwrap();
+    let model = load_model(None, Some(dir.path()), &LoadOptions::default(), &Device::flex()).unwrap();
     let mut ctx = Context::new(model, 16);
     ctx.decode(&one_sequence(&[1, 2, 3], 0, 0)).unwrap();
     let err = ctx.decode(&one_sequence(&[4, 13], 0, 3)).unwrap_err();
-    assert!(
-        matches!(err, DecodeError::Internal(ref m) if m.contains("injected fault")),
-        "{err:?}"
-    );
+    assert!(matches!(err, DecodeError::Internal(ref m) if m.contains("injected fault")), "{err:?}");
     assert_eq!(ctx.kv().used(), 3);
 }
 
@@ -245,16 +186,8 @@ fn the_mock_model_reads_its_context_from_the_cache() {
     let model = load_model(Some("mock"), None, &LoadOptions::default(), &Device::flex()).unwrap();
     let mut ctx = Context::new(model, 64);
     let first = greedy(&mut ctx, 0, &[5, 6, 7], 6, &[]).unwrap().tokens;
-    assert_eq!(
-        greedy(&mut ctx, 1, &[5, 6, 7], 6, &[]).unwrap().tokens,
-        first,
-        "deterministic"
-    );
-    assert_ne!(
-        greedy(&mut ctx, 2, &[5, 6, 8], 6, &[]).unwrap().tokens,
-        first,
-        "context-dependent"
-    );
+    assert_eq!(greedy(&mut ctx, 1, &[5, 6, 7], 6, &[]).unwrap().tokens, first, "deterministic");
+    assert_ne!(greedy(&mut ctx, 2, &[5, 6, 8], 6, &[]).unwrap().tokens, first, "context-dependent");
 }
 
 #[test]
@@ -262,25 +195,14 @@ fn a_weight_slot_can_be_replaced_and_is_checked() {
     let p = &Reference::load(FIXTURE).prompts[0];
     let mut ctx = context(FIXTURE, 64);
     let name = "model.layers.1.mlp.down_proj.weight";
-    let err = ctx
-        .model_mut()
-        .replace_weight(name, TensorData::new(vec![0f32; 6], [2, 3]))
-        .unwrap_err();
+    let err = ctx.model_mut().replace_weight(name, TensorData::new(vec![0f32; 6], [2, 3])).unwrap_err();
     assert!(err.to_string().contains("mlp_down_w of layer 1"), "{err}");
     let err = ctx
         .model_mut()
-        .replace_weight(
-            "model.layers.9.mlp.up_proj.weight",
-            TensorData::new(vec![0f32; 1], [1]),
-        )
+        .replace_weight("model.layers.9.mlp.up_proj.weight", TensorData::new(vec![0f32; 1], [1]))
         .unwrap_err();
     assert!(err.to_string().contains("no weight slot"), "{err}");
-    ctx.model_mut()
-        .replace_weight(name, TensorData::new(vec![0f32; 64 * 128], [64, 128]))
-        .unwrap();
+    ctx.model_mut().replace_weight(name, TensorData::new(vec![0f32; 64 * 128], [64, 128])).unwrap();
     ctx.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
-    assert!(
-        max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits) > 10.0 * TOL,
-        "the new weight is used"
-    );
+    assert!(max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits) > 10.0 * TOL, "the new weight is used");
 }

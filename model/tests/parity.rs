@@ -10,13 +10,8 @@ use llaisys_tests::{FIXTURES, PromptRef, Reference, fixture_dir, max_abs_diff, t
 const TOL: f32 = 1e-3;
 
 fn context(name: &str) -> Context {
-    let model = load_model(
-        None,
-        Some(&fixture_dir(name)),
-        &LoadOptions::default(),
-        &Device::flex(),
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let model = load_model(None, Some(&fixture_dir(name)), &LoadOptions::default(), &Device::flex())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     Context::new(model, 256)
 }
 
@@ -69,20 +64,11 @@ fn whole_prompt_matches_transformers_logits_and_greedy_tokens() {
             ctx.decode(&batch).unwrap();
             let rows: Vec<(usize, usize)> = (0..p.ids.len()).map(|i| (i, i)).collect();
             let err = check_rows(&ctx, &rows, p);
-            let last = max_abs_diff(
-                ctx.outputs().logits_ith(p.ids.len() - 1).unwrap(),
-                &p.last_logits,
-            );
-            assert!(
-                err < TOL && last < TOL,
-                "{name} prompt {s}: top-k error {err}, last-row error {last}"
-            );
+            let last = max_abs_diff(ctx.outputs().logits_ith(p.ids.len() - 1).unwrap(), &p.last_logits);
+            assert!(err < TOL && last < TOL, "{name} prompt {s}: top-k error {err}, last-row error {last}");
             worst = worst.max(err).max(last);
             let generation = greedy(&mut ctx, seq, &p.ids, p.greedy.len(), &[]).unwrap();
-            assert_eq!(
-                generation.tokens, p.greedy,
-                "{name} prompt {s}: greedy tokens"
-            );
+            assert_eq!(generation.tokens, p.greedy, "{name} prompt {s}: greedy tokens");
             assert_eq!(generation.finish, Finish::Length);
         }
     }
@@ -111,20 +97,12 @@ fn uneven_chunks_give_the_same_logits() {
                 ctx.decode(&chunk).unwrap();
                 let rows: Vec<(usize, usize)> = (start..end).map(|i| (i - start, i)).collect();
                 let err = check_rows(&ctx, &rows, p);
-                assert!(
-                    err < TOL,
-                    "{name} prompt {s} chunk {start}..{end}: error {err}"
-                );
+                assert!(err < TOL, "{name} prompt {s} chunk {start}..{end}: error {err}");
                 start = end;
             }
-            let first =
-                llaisys_model::argmax(ctx.outputs().row(ctx.outputs().n_outputs() - 1).unwrap())
-                    .unwrap();
+            let first = llaisys_model::argmax(ctx.outputs().row(ctx.outputs().n_outputs() - 1).unwrap()).unwrap();
             let tokens = decode_together(&mut ctx, &[seq], &[p], vec![first], p.greedy.len());
-            assert_eq!(
-                tokens[0], p.greedy,
-                "{name} prompt {s}: greedy after chunked prefill"
-            );
+            assert_eq!(tokens[0], p.greedy, "{name} prompt {s}: greedy after chunked prefill");
         }
     }
 }
@@ -156,8 +134,7 @@ fn interleaved_sequences_in_shared_batches_match_each_alone() {
                 let err = topk_error(ctx.outputs().logits_ith(bi).unwrap(), &p.topk[pos]);
                 assert!(err < TOL, "{name}: seq {seq} pos {pos}: error {err}");
                 if pos + 1 == p.ids.len() {
-                    first[seq as usize] =
-                        llaisys_model::argmax(ctx.outputs().logits_ith(bi).unwrap());
+                    first[seq as usize] = llaisys_model::argmax(ctx.outputs().logits_ith(bi).unwrap());
                 }
             }
         }
@@ -173,32 +150,12 @@ fn tokenizer_matches_hugging_face_ids_and_round_trips() {
     for name in FIXTURES {
         let tokenizer = Tokenizer::from_dir(&fixture_dir(name)).unwrap();
         for p in Reference::load(name).prompts {
-            assert_eq!(
-                tokenizer.encode(&p.text).unwrap(),
-                p.ids,
-                "{name}: encode {:?}",
-                p.text
-            );
-            assert_eq!(
-                tokenizer.decode(&p.ids, false).unwrap(),
-                p.text,
-                "{name}: decode"
-            );
-            assert_eq!(
-                tokenizer.decode(&p.greedy, false).unwrap(),
-                p.greedy_text,
-                "{name}: decode greedy"
-            );
+            assert_eq!(tokenizer.encode(&p.text).unwrap(), p.ids, "{name}: encode {:?}", p.text);
+            assert_eq!(tokenizer.decode(&p.ids, false).unwrap(), p.text, "{name}: decode");
+            assert_eq!(tokenizer.decode(&p.greedy, false).unwrap(), p.greedy_text, "{name}: decode greedy");
         }
         let eos = tokenizer.token_to_id("<|im_end|>").unwrap();
-        assert_eq!(
-            tokenizer.encode("<|im_end|>").unwrap(),
-            vec![eos],
-            "special tokens are recognised"
-        );
-        assert_ne!(
-            eos, 151645,
-            "fixture special ids differ from the real model's"
-        );
+        assert_eq!(tokenizer.encode("<|im_end|>").unwrap(), vec![eos], "special tokens are recognised");
+        assert_ne!(eos, 151645, "fixture special ids differ from the real model's");
     }
 }

@@ -5,18 +5,11 @@ use std::process::{Command, Output};
 use llaisys_tests::{FIXTURES, Reference, fixture_dir};
 
 fn llaisys(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_llaisys"))
-        .args(args)
-        .output()
-        .expect("run llaisys")
+    Command::new(env!("CARGO_BIN_EXE_llaisys")).args(args).output().expect("run llaisys")
 }
 
 fn stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "llaisys failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "llaisys failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
@@ -25,29 +18,11 @@ fn generate_prints_the_reference_greedy_ids() {
     for name in FIXTURES {
         let p = &Reference::load(name).prompts[0];
         let dir = fixture_dir(name);
-        let ids = p
-            .ids
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
+        let ids = p.ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let n = p.greedy.len().to_string();
-        let out = llaisys(&[
-            "generate",
-            "--model",
-            dir.to_str().unwrap(),
-            "--prompt-ids",
-            &ids,
-            "--max-tokens",
-            &n,
-            "--ids",
-        ]);
-        let expected = p
-            .greedy
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
+        let out =
+            llaisys(&["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids, "--max-tokens", &n, "--ids"]);
+        let expected = p.greedy.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         assert_eq!(stdout(&out).trim_end(), expected, "{name}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("finish Length"));
     }
@@ -58,31 +33,11 @@ fn generate_from_text_prints_the_reference_text_and_stops_at_eos() {
     let p = &Reference::load("tiny-untied-f32").prompts[1];
     let dir = fixture_dir("tiny-untied-f32");
     let (dir, n) = (dir.to_str().unwrap(), p.greedy.len().to_string());
-    let full = llaisys(&[
-        "generate",
-        "--model",
-        dir,
-        "--prompt",
-        &p.text,
-        "--max-tokens",
-        &n,
-        "--ignore-eos",
-    ]);
+    let full = llaisys(&["generate", "--model", dir, "--prompt", &p.text, "--max-tokens", &n, "--ignore-eos"]);
     assert_eq!(stdout(&full), format!("{}\n", p.greedy_text));
     // This continuation contains the fixture's eos, <|im_end|>: generation stops there.
-    let (answer, _) = p
-        .greedy_text
-        .split_once("<|im_end|>")
-        .expect("reference contains eos");
-    let stopped = llaisys(&[
-        "generate",
-        "--model",
-        dir,
-        "--prompt",
-        &p.text,
-        "--max-tokens",
-        &n,
-    ]);
+    let (answer, _) = p.greedy_text.split_once("<|im_end|>").expect("reference contains eos");
+    let stopped = llaisys(&["generate", "--model", dir, "--prompt", &p.text, "--max-tokens", &n]);
     assert_eq!(stdout(&stopped), format!("{answer}\n"));
     assert!(String::from_utf8_lossy(&stopped.stderr).contains("finish Stop"));
 }
@@ -93,26 +48,11 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     let dir = dir.to_str().unwrap();
     for (args, expected) in [
         (
-            vec![
-                "generate",
-                "--model",
-                dir,
-                "--prompt-ids",
-                "1,5000",
-                "--ids",
-            ],
+            vec!["generate", "--model", dir, "--prompt-ids", "1,5000", "--ids"],
             "id 5000 is not below the vocabulary size 1024",
         ),
-        (
-            vec!["generate", "--model", "/nonexistent", "--prompt-ids", "1"],
-            "cannot read /nonexistent/config.json",
-        ),
-        (
-            vec![
-                "generate", "--model", dir, "--prompt", "hi", "--dtype", "int3",
-            ],
-            "unknown weight dtype `int3`",
-        ),
+        (vec!["generate", "--model", "/nonexistent", "--prompt-ids", "1"], "cannot read /nonexistent/config.json"),
+        (vec!["generate", "--model", dir, "--prompt", "hi", "--dtype", "int3"], "unknown weight dtype `int3`"),
     ] {
         let out = llaisys(&args);
         assert!(!out.status.success(), "{args:?} should fail");

@@ -11,9 +11,7 @@ pub const FIXTURES: [&str; 3] = ["tiny-tied-f32", "tiny-untied-f32", "tiny-bf16"
 
 /// Absolute path of fixture `name`.
 pub fn fixture_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -46,8 +44,7 @@ pub struct Reference {
 impl Reference {
     pub fn load(name: &str) -> Reference {
         let path = fixture_dir(name).join("reference.json");
-        let text =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 }
@@ -55,27 +52,13 @@ impl Reference {
 /// Largest absolute difference between a logits row and the reference's top-k entries.
 /// Panics if the row's argmax differs from the reference's top-1.
 pub fn topk_error(row: &[f32], reference: &TopK) -> f32 {
-    let best = row
-        .iter()
-        .enumerate()
-        .fold(0, |b, (i, v)| if *v > row[b] { i } else { b });
-    assert_eq!(
-        best as u32, reference.ids[0],
-        "argmax differs from the reference"
-    );
-    reference
-        .ids
-        .iter()
-        .zip(&reference.logits)
-        .map(|(&id, &l)| (row[id as usize] - l).abs())
-        .fold(0.0, f32::max)
+    let best = row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b });
+    assert_eq!(best as u32, reference.ids[0], "argmax differs from the reference");
+    reference.ids.iter().zip(&reference.logits).map(|(&id, &l)| (row[id as usize] - l).abs()).fold(0.0, f32::max)
 }
 
 /// Largest absolute difference between two rows of equal length.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "row lengths differ");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }

@@ -30,18 +30,8 @@ impl KvCache {
     /// A cache of `capacity` cells for sequences whose positions stay below `n_pos`.
     pub fn new(layout: KvLayout, capacity: usize, n_pos: usize, device: &Device) -> Self {
         let shape = [layout.kv_heads, capacity, layout.head_dim];
-        let zeros = || {
-            (0..layout.layers)
-                .map(|_| Tensor::<3>::zeros(shape, device))
-                .collect()
-        };
-        Self {
-            cells: KvCells::new(capacity, n_pos),
-            layout,
-            keys: zeros(),
-            values: zeros(),
-            device: device.clone(),
-        }
+        let zeros = || (0..layout.layers).map(|_| Tensor::<3>::zeros(shape, device)).collect();
+        Self { cells: KvCells::new(capacity, n_pos), layout, keys: zeros(), values: zeros(), device: device.clone() }
     }
 
     pub fn cells(&self) -> &KvCells {
@@ -68,23 +58,13 @@ impl KvCache {
     pub fn seq_rm(&mut self, seq: SeqId, range: impl Into<PosRange>) -> Result<(), KvError> {
         self.cells.seq_rm(seq, range)
     }
-    pub fn seq_cp(
-        &mut self,
-        src: SeqId,
-        dst: SeqId,
-        range: impl Into<PosRange>,
-    ) -> Result<(), KvError> {
+    pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, range: impl Into<PosRange>) -> Result<(), KvError> {
         self.cells.seq_cp(src, dst, range)
     }
     pub fn seq_keep(&mut self, seq: SeqId) -> Result<(), KvError> {
         self.cells.seq_keep(seq)
     }
-    pub fn seq_add(
-        &mut self,
-        seq: SeqId,
-        range: impl Into<PosRange>,
-        delta: Pos,
-    ) -> Result<(), KvError> {
+    pub fn seq_add(&mut self, seq: SeqId, range: impl Into<PosRange>, delta: Pos) -> Result<(), KvError> {
         self.cells.seq_add(seq, range, delta)
     }
     pub fn seq_pos_max(&self, seq: SeqId) -> Option<Pos> {
@@ -103,22 +83,13 @@ impl KvCache {
 
     /// Writes a batch's keys and values of `layer` into its placed cells.
     /// `k`, `v`: [kv_heads, n_tokens, head_dim].
-    pub(crate) fn write(
-        &mut self,
-        layer: usize,
-        placement: &Placement,
-        k: Tensor<3>,
-        v: Tensor<3>,
-    ) {
+    pub(crate) fn write(&mut self, layer: usize, placement: &Placement, k: Tensor<3>, v: Tensor<3>) {
         let [h, _, d] = k.dims();
         for (c0, t0, len) in placement.runs() {
             let (ks, vs) = if len == placement.cells.len() {
                 (k.clone(), v.clone())
             } else {
-                (
-                    k.clone().slice([0..h, t0..t0 + len, 0..d]),
-                    v.clone().slice([0..h, t0..t0 + len, 0..d]),
-                )
+                (k.clone().slice([0..h, t0..t0 + len, 0..d]), v.clone().slice([0..h, t0..t0 + len, 0..d]))
             };
             self.keys[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..d], ks));
             self.values[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..d], vs));

@@ -61,17 +61,11 @@ pub struct PosRange {
 }
 
 impl PosRange {
-    pub const ALL: PosRange = PosRange {
-        start: None,
-        end: None,
-    };
+    pub const ALL: PosRange = PosRange { start: None, end: None };
 
     /// The C interface's convention: a negative bound is an open end.
     pub fn from_raw(p0: i64, p1: i64) -> Self {
-        Self {
-            start: (p0 >= 0).then_some(p0),
-            end: (p1 >= 0).then_some(p1),
-        }
+        Self { start: (p0 >= 0).then_some(p0), end: (p1 >= 0).then_some(p1) }
     }
 
     fn contains(&self, pos: Pos) -> bool {
@@ -165,10 +159,7 @@ impl KvCells {
     }
     /// One past the highest used cell: attention only looks at cells below it.
     pub fn extent(&self) -> usize {
-        self.seq
-            .iter()
-            .rposition(|s| !s.is_empty())
-            .map_or(0, |i| i + 1)
+        self.seq.iter().rposition(|s| !s.is_empty()).map_or(0, |i| i + 1)
     }
     /// The owners and position of cell `i`, or `None` when it is free.
     pub fn cell(&self, i: usize) -> Option<(SeqSet, Pos)> {
@@ -190,9 +181,7 @@ impl KvCells {
     }
     /// Number of cells owned by `seq`.
     pub fn seq_len(&self, seq: SeqId) -> usize {
-        self.seq_pos
-            .get(seq as usize)
-            .map_or(0, |m| m.values().map(|n| *n as usize).sum())
+        self.seq_pos.get(seq as usize).map_or(0, |m| m.values().map(|n| *n as usize).sum())
     }
 
     /// Finds `n` free cells, preferring one contiguous run; `None` when fewer than `n` are free.
@@ -210,16 +199,10 @@ impl KvCells {
             }
             run = if self.seq[i].is_empty() { run + 1 } else { 0 };
             if run == n {
-                return Some(Placement {
-                    cells: (i + 1 - n..=i).collect(),
-                });
+                return Some(Placement { cells: (i + 1 - n..=i).collect() });
             }
         }
-        let cells: Vec<usize> = (start..cap)
-            .chain(0..start)
-            .filter(|&i| self.seq[i].is_empty())
-            .take(n)
-            .collect();
+        let cells: Vec<usize> = (start..cap).chain(0..start).filter(|&i| self.seq[i].is_empty()).take(n).collect();
         Some(Placement { cells })
     }
 
@@ -266,12 +249,7 @@ impl KvCells {
     }
 
     /// `dst` gains ownership of `src`'s cells in `range` (shared; no tensor copy).
-    pub fn seq_cp(
-        &mut self,
-        src: SeqId,
-        dst: SeqId,
-        range: impl Into<PosRange>,
-    ) -> Result<(), KvError> {
+    pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, range: impl Into<PosRange>) -> Result<(), KvError> {
         let range = self.check(src, range.into())?;
         self.check(dst, PosRange::ALL)?;
         if src == dst {
@@ -300,12 +278,7 @@ impl KvCells {
     /// cached keys are re-rotated before the next forward pass. As in llama.cpp, a cell whose
     /// position would become negative is removed. A position at or past the context length
     /// is `InvalidPos`, and then nothing changes.
-    pub fn seq_add(
-        &mut self,
-        seq: SeqId,
-        range: impl Into<PosRange>,
-        delta: Pos,
-    ) -> Result<(), KvError> {
+    pub fn seq_add(&mut self, seq: SeqId, range: impl Into<PosRange>, delta: Pos) -> Result<(), KvError> {
         let range = self.check(seq, range.into())?;
         let cells = self.cells_of(seq, range);
         if cells.iter().any(|&i| self.pos[i] + delta >= self.n_pos) {
@@ -373,9 +346,7 @@ impl KvCells {
     }
 
     fn cells_of(&self, seq: SeqId, range: PosRange) -> Vec<usize> {
-        (0..self.capacity())
-            .filter(|&i| self.seq[i].contains(seq) && range.contains(self.pos[i]))
-            .collect()
+        (0..self.capacity()).filter(|&i| self.seq[i].contains(seq) && range.contains(self.pos[i])).collect()
     }
 
     /// Precondition: `i` is not owned by `seq`.

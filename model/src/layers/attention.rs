@@ -13,9 +13,7 @@ pub fn attention(q: Tensor<3>, k: Tensor<3>, v: Tensor<3>, mask: Tensor<2>) -> T
     let group = heads / kv_heads;
     // Query head h reads kv head h / group: [heads, n, d] = [kv_heads, group, n, d].
     let q = q.swap_dims(0, 1).reshape([kv_heads, group * n, d]);
-    let scores = q
-        .matmul(k.swap_dims(1, 2))
-        .mul_scalar(1.0 / (d as f64).sqrt()); // [kv_heads, group·n, extent]
+    let scores = q.matmul(k.swap_dims(1, 2)).mul_scalar(1.0 / (d as f64).sqrt()); // [kv_heads, group·n, extent]
     let scores = scores.reshape([kv_heads, group, n, extent]) + mask.reshape([1, 1, n, extent]);
     let probs = softmax(scores, 3).reshape([kv_heads, group * n, extent]);
     probs

@@ -16,10 +16,7 @@ impl Linear {
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         let y = match self.weight.dtype() {
             DType::F32 => x.matmul(self.weight.clone().transpose()),
-            _ => x
-                .cast(FloatDType::F16)
-                .matmul(self.weight.clone().transpose())
-                .cast(FloatDType::F32),
+            _ => x.cast(FloatDType::F16).matmul(self.weight.clone().transpose()).cast(FloatDType::F32),
         };
         match &self.bias {
             Some(b) => y + b.clone().unsqueeze::<2>(),

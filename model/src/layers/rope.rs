@@ -18,9 +18,7 @@ pub struct RopeTables {
 
 impl Rope {
     pub fn new(head_dim: usize, theta: f64) -> Self {
-        let inv_freq = (0..head_dim / 2)
-            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
-            .collect();
+        let inv_freq = (0..head_dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
         Self { inv_freq }
     }
 

@@ -27,33 +27,17 @@ pub struct Qwen2 {
 
 /// The registry entry: loads `DIR/config.json` and the safetensors weights, checking every slot
 /// before the first tensor is read.
-pub fn load(
-    dir: Option<&Path>,
-    opts: &LoadOptions,
-    device: &Device,
-) -> Result<Box<dyn LanguageModel>, LoadError> {
-    let dir = dir.ok_or(LoadError::NeedsDirectory {
-        model_type: "qwen2",
-    })?;
+pub fn load(dir: Option<&Path>, opts: &LoadOptions, device: &Device) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let dir = dir.ok_or(LoadError::NeedsDirectory { model_type: "qwen2" })?;
     let config = ModelConfig::from_dir(dir)?;
     let ckpt = Checkpoint::open(dir)?;
     weights::check(&config, &ckpt)?;
     let weights = Weights::load(&config, &ckpt, opts.weight_dtype, device)?;
-    Ok(Box::new(Qwen2::new(
-        config,
-        weights,
-        opts.weight_dtype,
-        device,
-    )))
+    Ok(Box::new(Qwen2::new(config, weights, opts.weight_dtype, device)))
 }
 
 impl Qwen2 {
-    fn new(
-        config: ModelConfig,
-        weights: Weights,
-        weight_dtype: WeightDtype,
-        device: &Device,
-    ) -> Self {
+    fn new(config: ModelConfig, weights: Weights, weight_dtype: WeightDtype, device: &Device) -> Self {
         let info = ModelInfo {
             model_type: "qwen2",
             vocab_size: config.vocab_size,
@@ -63,14 +47,7 @@ impl Qwen2 {
             eos_token_ids: config.eos_token_ids.clone(),
         };
         let rope = Rope::new(config.head_dim, config.rope_theta);
-        Self {
-            config,
-            info,
-            weights,
-            rope,
-            weight_dtype,
-            device: device.clone(),
-        }
+        Self { config, info, weights, rope, weight_dtype, device: device.clone() }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -79,14 +56,7 @@ impl Qwen2 {
 
     /// The output projection: the embedding itself when tied (stored once).
     fn lm_head(&self) -> Linear {
-        Linear {
-            weight: self
-                .weights
-                .lm_head
-                .clone()
-                .unwrap_or_else(|| self.weights.embed.clone()),
-            bias: None,
-        }
+        Linear { weight: self.weights.lm_head.clone().unwrap_or_else(|| self.weights.embed.clone()), bias: None }
     }
 
     /// [n_tokens, hidden] f32 input rows.
@@ -96,16 +66,11 @@ impl Qwen2 {
                 let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
                 let n = ids.len();
                 let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), &self.device);
-                self.weights
-                    .embed
-                    .clone()
-                    .select(0, ids)
-                    .cast(FloatDType::F32)
+                self.weights.embed.clone().select(0, ids).cast(FloatDType::F32)
             }
-            BatchInput::Embeddings { values, dim } => Tensor::from_data(
-                TensorData::new(values.clone(), [values.len() / dim, *dim]),
-                &self.device,
-            ),
+            BatchInput::Embeddings { values, dim } => {
+                Tensor::from_data(TensorData::new(values.clone(), [values.len() / dim, *dim]), &self.device)
+            }
         }
     }
 }
@@ -135,11 +100,8 @@ impl LanguageModel for Qwen2 {
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
         let n = batch.len();
-        let (heads, kv_heads, hd) = (
-            self.config.num_attention_heads,
-            self.config.num_key_value_heads,
-            self.config.head_dim,
-        );
+        let (heads, kv_heads, hd) =
+            (self.config.num_attention_heads, self.config.num_key_value_heads, self.config.head_dim);
         let tables = self.rope.tables(&batch.pos, &self.device);
         let extent = cache.cells().extent();
         let mask = cache.mask(&batch.seqs, &batch.pos, extent); // [n, extent]
@@ -156,17 +118,12 @@ impl LanguageModel for Qwen2 {
             let (keys, values) = cache.read(l, extent); // [kv_heads, extent, hd]
             x = x + w.o.forward(attention(q, keys, values, mask.clone()));
             let h = w.mlp_norm.forward(x.clone());
-            x = x + w
-                .down
-                .forward(silu(w.gate.forward(h.clone())) * w.up.forward(h));
+            x = x + w.down.forward(silu(w.gate.forward(h.clone())) * w.up.forward(h));
         }
         if batch.out_rows.len() < n {
             let rows: Vec<i64> = batch.out_rows.iter().map(|&r| r as i64).collect();
             let len = rows.len();
-            x = x.select(
-                0,
-                Tensor::<1, Int>::from_data(TensorData::new(rows, [len]), &self.device),
-            );
+            x = x.select(0, Tensor::<1, Int>::from_data(TensorData::new(rows, [len]), &self.device));
         }
         Ok(self.lm_head().forward(self.weights.norm.forward(x))) // [n_outputs, vocab]
     }
@@ -181,18 +138,12 @@ impl LanguageModel for Qwen2 {
     }
 
     fn replace_weight(&mut self, name: &str, data: TensorData) -> Result<(), LoadError> {
-        let (slot, layer) = weights::slot_of(&self.config, name)
-            .ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
+        let (slot, layer) = weights::slot_of(&self.config, name).ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
         weights::check_one(&self.config, slot, layer, data.shape().as_slice())?;
         if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-            return Err(LoadError::Dtype {
-                slot: slot.label(),
-                layer,
-                dtype: format!("{:?}", data.dtype()),
-            });
+            return Err(LoadError::Dtype { slot: slot.label(), layer, dtype: format!("{:?}", data.dtype()) });
         }
-        self.weights
-            .replace(slot, layer, data, self.weight_dtype, &self.device);
+        self.weights.replace(slot, layer, data, self.weight_dtype, &self.device);
         Ok(())
     }
 }

@@ -74,12 +74,7 @@ impl Slot {
 
     /// Expected shape; linear weights are `[out, in]`.
     pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
-        let (h, kv, i, v) = (
-            c.hidden_size,
-            c.num_key_value_heads * c.head_dim,
-            c.intermediate_size,
-            c.vocab_size,
-        );
+        let (h, kv, i, v) = (c.hidden_size, c.num_key_value_heads * c.head_dim, c.intermediate_size, c.vocab_size);
         match self {
             Slot::InEmbed | Slot::OutEmbed => vec![v, h],
             Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnQBias => vec![h],
@@ -95,12 +90,7 @@ impl Slot {
     pub fn store(self, weights: WeightDtype) -> DType {
         let vector = matches!(
             self,
-            Slot::OutNorm
-                | Slot::AttnNorm
-                | Slot::MlpNorm
-                | Slot::AttnQBias
-                | Slot::AttnKBias
-                | Slot::AttnVBias
+            Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias
         );
         match weights {
             WeightDtype::F16 if !vector => DType::F16,
@@ -111,15 +101,8 @@ impl Slot {
 
 /// The checkpoint name of `slot` (of `layer` for per-layer slots), from the tables above.
 pub fn name_of(slot: Slot, layer: Option<usize>) -> String {
-    let table: &[(Slot, &str)] = if layer.is_some() {
-        &LAYER_SLOTS
-    } else {
-        &GLOBAL_SLOTS
-    };
-    let name = table
-        .iter()
-        .find(|(s, _)| *s == slot)
-        .map_or("", |(_, n)| n);
+    let table: &[(Slot, &str)] = if layer.is_some() { &LAYER_SLOTS } else { &GLOBAL_SLOTS };
+    let name = table.iter().find(|(s, _)| *s == slot).map_or("", |(_, n)| n);
     match layer {
         Some(l) => format!("model.layers.{l}.{name}"),
         None => name.to_string(),
@@ -132,31 +115,22 @@ pub fn expected(c: &ModelConfig) -> Vec<(String, Slot, Option<usize>)> {
         .iter()
         .filter(|(slot, _)| !(c.tie_word_embeddings && *slot == Slot::OutEmbed))
         .map(|(slot, _)| (name_of(*slot, None), *slot, None));
-    let layers = (0..c.num_hidden_layers).flat_map(|l| {
-        LAYER_SLOTS
-            .iter()
-            .map(move |(slot, _)| (name_of(*slot, Some(l)), *slot, Some(l)))
-    });
+    let layers = (0..c.num_hidden_layers)
+        .flat_map(|l| LAYER_SLOTS.iter().map(move |(slot, _)| (name_of(*slot, Some(l)), *slot, Some(l))));
     global.chain(layers).collect()
 }
 
 /// The slot and layer of checkpoint name `name`, if the config has one.
 pub fn slot_of(c: &ModelConfig, name: &str) -> Option<(Slot, Option<usize>)> {
-    expected(c)
-        .into_iter()
-        .find(|(n, _, _)| n == name)
-        .map(|(_, s, l)| (s, l))
+    expected(c).into_iter().find(|(n, _, _)| n == name).map(|(_, s, l)| (s, l))
 }
 
 /// Checks every slot before anything is loaded: present, no strangers, shape and dtype right.
 pub fn check(c: &ModelConfig, ckpt: &Checkpoint) -> Result<(), LoadError> {
     let want = expected(c);
     let names = ckpt.names();
-    let missing: Vec<String> = want
-        .iter()
-        .filter(|(n, _, _)| !names.contains(n.as_str()))
-        .map(|(n, _, _)| n.clone())
-        .collect();
+    let missing: Vec<String> =
+        want.iter().filter(|(n, _, _)| !names.contains(n.as_str())).map(|(n, _, _)| n.clone()).collect();
     if !missing.is_empty() {
         return Err(LoadError::MissingTensors(missing));
     }
@@ -173,30 +147,16 @@ pub fn check(c: &ModelConfig, ckpt: &Checkpoint) -> Result<(), LoadError> {
     for (name, slot, layer) in &want {
         check_one(c, *slot, *layer, ckpt.shape(name).unwrap_or_default())?;
         if let Some(dtype) = ckpt.unsupported_dtype(name) {
-            return Err(LoadError::Dtype {
-                slot: slot.label(),
-                layer: *layer,
-                dtype,
-            });
+            return Err(LoadError::Dtype { slot: slot.label(), layer: *layer, dtype });
         }
     }
     Ok(())
 }
 
-pub fn check_one(
-    c: &ModelConfig,
-    slot: Slot,
-    layer: Option<usize>,
-    found: &[usize],
-) -> Result<(), LoadError> {
+pub fn check_one(c: &ModelConfig, slot: Slot, layer: Option<usize>, found: &[usize]) -> Result<(), LoadError> {
     let expected = slot.shape(c);
     if found != expected.as_slice() {
-        return Err(LoadError::Shape {
-            slot: slot.label(),
-            layer,
-            expected,
-            found: found.to_vec(),
-        });
+        return Err(LoadError::Shape { slot: slot.label(), layer, expected, found: found.to_vec() });
     }
     Ok(())
 }
@@ -228,31 +188,15 @@ pub struct Weights {
 
 impl Weights {
     /// Loads every slot. Precondition: `check` passed.
-    pub fn load(
-        c: &ModelConfig,
-        ckpt: &Checkpoint,
-        dtype: WeightDtype,
-        device: &Device,
-    ) -> Result<Self, LoadError> {
+    pub fn load(c: &ModelConfig, ckpt: &Checkpoint, dtype: WeightDtype, device: &Device) -> Result<Self, LoadError> {
         let eps = c.rms_norm_eps;
-        let mat = |slot: Slot, l: Option<usize>| {
-            ckpt.load::<2>(&name_of(slot, l), slot.store(dtype), device)
+        let mat = |slot: Slot, l: Option<usize>| ckpt.load::<2>(&name_of(slot, l), slot.store(dtype), device);
+        let vec = |slot: Slot, l: Option<usize>| ckpt.load::<1>(&name_of(slot, l), DType::F32, device);
+        let norm =
+            |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> { Ok(RmsNorm { weight: vec(slot, l)?, eps }) };
+        let linear = |slot: Slot, bias: Option<Slot>, l: Option<usize>| -> Result<Linear, LoadError> {
+            Ok(Linear { weight: mat(slot, l)?, bias: bias.map(|b| vec(b, l)).transpose()? })
         };
-        let vec =
-            |slot: Slot, l: Option<usize>| ckpt.load::<1>(&name_of(slot, l), DType::F32, device);
-        let norm = |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> {
-            Ok(RmsNorm {
-                weight: vec(slot, l)?,
-                eps,
-            })
-        };
-        let linear =
-            |slot: Slot, bias: Option<Slot>, l: Option<usize>| -> Result<Linear, LoadError> {
-                Ok(Linear {
-                    weight: mat(slot, l)?,
-                    bias: bias.map(|b| vec(b, l)).transpose()?,
-                })
-            };
         let layers = (0..c.num_hidden_layers)
             .map(|l| {
                 let l = Some(l);
@@ -272,23 +216,14 @@ impl Weights {
         Ok(Self {
             embed: mat(Slot::InEmbed, None)?,
             norm: norm(Slot::OutNorm, None)?,
-            lm_head: (!c.tie_word_embeddings)
-                .then(|| mat(Slot::OutEmbed, None))
-                .transpose()?,
+            lm_head: (!c.tie_word_embeddings).then(|| mat(Slot::OutEmbed, None)).transpose()?,
             layers,
         })
     }
 
     /// Puts `data` into `slot` of `layer`, releasing the old tensor.
     /// Precondition: the shape was checked against the config.
-    pub fn replace(
-        &mut self,
-        slot: Slot,
-        layer: Option<usize>,
-        data: TensorData,
-        dtype: WeightDtype,
-        device: &Device,
-    ) {
+    pub fn replace(&mut self, slot: Slot, layer: Option<usize>, data: TensorData, dtype: WeightDtype, device: &Device) {
         let mat = || Tensor::<2>::from_data(data.clone(), (device, slot.store(dtype)));
         let vec = || Tensor::<1>::from_data(data.clone(), (device, DType::F32));
         let Some(l) = layer else {

@@ -18,11 +18,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     model_type: Option<String>,
     /// Prompt text (encoded with the model's tokenizer, special tokens recognised).
-    #[arg(
-        long,
-        required_unless_present = "prompt_ids",
-        conflicts_with = "prompt_ids"
-    )]
+    #[arg(long, required_unless_present = "prompt_ids", conflicts_with = "prompt_ids")]
     prompt: Option<String>,
     /// Prompt token ids, comma-separated.
     #[arg(long, value_delimiter = ',')]
@@ -42,26 +38,11 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<(), CliError> {
-    let opts = LoadOptions {
-        weight_dtype: args.dtype,
-    };
-    let model = load_model(
-        args.model_type.as_deref(),
-        Some(&args.model),
-        &opts,
-        &Device::flex(),
-    )?;
-    let tokenizer = if args.prompt.is_some() || !args.ids {
-        Some(Tokenizer::from_dir(&args.model)?)
-    } else {
-        None
-    };
+    let opts = LoadOptions { weight_dtype: args.dtype };
+    let model = load_model(args.model_type.as_deref(), Some(&args.model), &opts, &Device::flex())?;
+    let tokenizer = if args.prompt.is_some() || !args.ids { Some(Tokenizer::from_dir(&args.model)?) } else { None };
     let prompt = match (&args.prompt, args.prompt_ids) {
-        (Some(text), _) => tokenizer
-            .as_ref()
-            .map(|t| t.encode(text))
-            .transpose()?
-            .unwrap_or_default(),
+        (Some(text), _) => tokenizer.as_ref().map(|t| t.encode(text)).transpose()?.unwrap_or_default(),
         (None, Some(ids)) => ids,
         (None, None) => return Err(CliError::Usage("give --prompt or --prompt-ids".into())),
     };
@@ -70,16 +51,9 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
     }
     let context = model.info().context_length;
     if prompt.len() >= context {
-        return Err(CliError::Usage(format!(
-            "the prompt has {} tokens; the context holds {context}",
-            prompt.len()
-        )));
+        return Err(CliError::Usage(format!("the prompt has {} tokens; the context holds {context}", prompt.len())));
     }
-    let stop = if args.ignore_eos {
-        Vec::new()
-    } else {
-        model.info().eos_token_ids.clone()
-    };
+    let stop = if args.ignore_eos { Vec::new() } else { model.info().eos_token_ids.clone() };
     let mut ctx = Context::new(model, (prompt.len() + args.max_tokens).min(context));
     let generation = greedy(&mut ctx, 0, &prompt, args.max_tokens, &stop)?;
 
@@ -90,16 +64,7 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     match (&tokenizer, args.ids) {
         (Some(t), false) => writeln!(out, "{}", t.decode(&text_tokens, false)?)?,
-        _ => writeln!(
-            out,
-            "{}",
-            generation
-                .tokens
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        )?,
+        _ => writeln!(out, "{}", generation.tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?,
     }
     let n = generation.tokens.len();
     eprintln!(

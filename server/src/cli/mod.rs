@@ -5,11 +5,7 @@ mod generate;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "llaisys",
-    version,
-    about = "A serving runtime for Qwen2-family language models"
-)]
+#[command(name = "llaisys", version, about = "A serving runtime for Qwen2-family language models")]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

