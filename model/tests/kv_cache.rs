@@ -206,3 +206,22 @@ fn a_weight_slot_can_be_replaced_and_is_checked() {
     ctx.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
     assert!(max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits) > 10.0 * TOL, "the new weight is used");
 }
+
+#[test]
+fn a_token_in_several_sequences_is_stored_once_and_seen_by_each() {
+    let p = &Reference::load(FIXTURE).prompts[2];
+    let n = p.ids.len();
+    let mut ctx = context(FIXTURE, 128);
+    let mut batch = Batch::new();
+    for (i, &t) in p.ids.iter().enumerate() {
+        batch.push(t, i as i64, &[4, 5], i + 1 == n);
+    }
+    ctx.decode(&batch).unwrap();
+    assert_eq!(
+        (ctx.kv().used(), ctx.kv().seq_pos_max(4), ctx.kv().seq_pos_max(5)),
+        (n, Some(n as i64 - 1), Some(n as i64 - 1))
+    );
+    let first = last_argmax(&ctx);
+    assert_eq!(continue_greedy(&mut ctx, 4, first, n as i64, 6), p.greedy[..6]);
+    assert_eq!(continue_greedy(&mut ctx, 5, first, n as i64, 6), p.greedy[..6]);
+}

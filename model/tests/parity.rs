@@ -3,7 +3,7 @@
 //! prompts interleaved as two sequences in the same batches.
 
 use llaisys_model::generate::{Finish, greedy};
-use llaisys_model::{Batch, Context, Device, LoadOptions, Tokenizer, load_model};
+use llaisys_model::{Batch, BatchInput, Context, Device, LoadOptions, Tokenizer, load_model};
 use llaisys_tests::{FIXTURES, PromptRef, Reference, fixture_dir, max_abs_diff, topk_error};
 
 /// Absolute tolerance on logits (f32 compute; the bf16 fixture's reference also computes in f32).
@@ -158,4 +158,21 @@ fn tokenizer_matches_hugging_face_ids_and_round_trips() {
         assert_eq!(tokenizer.encode("<|im_end|>").unwrap(), vec![eos], "special tokens are recognised");
         assert_ne!(eos, 151645, "fixture special ids differ from the real model's");
     }
+}
+
+#[test]
+fn embeddings_as_input_give_the_same_logits_as_their_tokens() {
+    let name = "tiny-tied-f32";
+    let p = &Reference::load(name).prompts[0];
+    let bytes = std::fs::read(fixture_dir(name).join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let embed = st.tensor("model.embed_tokens.weight").unwrap();
+    let hidden = embed.shape()[1];
+    let table: Vec<f32> = embed.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let values: Vec<f32> =
+        p.ids.iter().flat_map(|&t| table[t as usize * hidden..(t as usize + 1) * hidden].to_vec()).collect();
+    let mut ctx = context(name);
+    ctx.decode(&Batch { input: BatchInput::Embeddings { values, dim: hidden }, ..Batch::one(vec![]) }).unwrap();
+    let err = max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits);
+    assert!(err < TOL, "embedding input differs from token input by {err}");
 }

@@ -67,12 +67,15 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
         _ => writeln!(out, "{}", generation.tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?,
     }
     let n = generation.tokens.len();
+    let decode = match n {
+        0 | 1 => "n/a".to_string(),
+        _ => format!("{:.2} tok/s", (n - 1) as f64 / generation.decode.as_secs_f64().max(1e-9)),
+    };
     eprintln!(
-        "prompt {} tokens: prefill {:.1} ms ({:.1} tok/s); generated {n} tokens, decode {:.2} tok/s; finish {:?}",
+        "prompt {} tokens: prefill {:.1} ms ({:.1} tok/s); generated {n} tokens, decode {decode}; finish {:?}",
         prompt.len(),
         ms(generation.prefill),
         prompt.len() as f64 / generation.prefill.as_secs_f64(),
-        (n.saturating_sub(1)) as f64 / generation.decode.as_secs_f64().max(1e-9),
         generation.finish,
     );
     Ok(())
