@@ -15,6 +15,7 @@ pub mod mock;
 pub mod output;
 pub mod qwen2;
 pub mod registry;
+pub mod sampling;
 pub mod tokenizer;
 
 pub use batch::{Batch, BatchInput};
@@ -27,4 +28,5 @@ pub use kv::{KvCache, Pos, PosRange, SeqId};
 pub use lm::{LanguageModel, ModelInfo};
 pub use output::{Outputs, argmax};
 pub use registry::{LoadOptions, MODEL_TYPES, load_model};
+pub use sampling::{Sampled, Sampler, SamplingParams};
 pub use tokenizer::Tokenizer;

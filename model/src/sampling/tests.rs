@@ -1,0 +1,140 @@
+use super::*;
+
+/// Logits whose softmax is `probs`.
+fn logits_of(probs: &[f32]) -> Vec<f32> {
+    probs.iter().map(|p| p.ln()).collect()
+}
+
+fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+    let mut p = SamplingParams { seed: Some(7), ..SamplingParams::default() };
+    f(&mut p);
+    p.validate(1000).unwrap();
+    p
+}
+
+/// How often each token is drawn in `n` draws from the same row.
+fn frequencies(p: SamplingParams, row: &[f32], n: usize) -> Vec<f32> {
+    let mut s = Sampler::new(p, &[]);
+    let mut counts = vec![0usize; row.len()];
+    for _ in 0..n {
+        counts[s.sample(row).token as usize] += 1;
+        s.generated.clear(); // independent draws: no penalties build up (none are set anyway)
+    }
+    counts.into_iter().map(|c| c as f32 / n as f32).collect()
+}
+
+#[test]
+fn temperature_zero_is_argmax() {
+    let row = [0.1, 3.0, 2.9, -1.0];
+    let mut s = Sampler::new(SamplingParams::default(), &[]);
+    assert_eq!(s.sample(&row).token, 1);
+}
+
+#[test]
+fn top_k_one_equals_greedy_at_any_temperature() {
+    let row = logits_of(&[0.3, 0.25, 0.45]);
+    let f = frequencies(params(|p| (p.temperature, p.top_k) = (1.5, Some(1))), &row, 200);
+    assert_eq!(f, vec![0.0, 0.0, 1.0]);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_tokens() {
+    let row = logits_of(&[0.2; 5]);
+    let draw = |seed| {
+        let mut s = Sampler::new(params(|p| (p.temperature, p.seed) = (1.0, Some(seed))), &[]);
+        (0..40).map(|_| s.sample(&row).token).collect::<Vec<_>>()
+    };
+    assert_eq!(draw(42), draw(42));
+    assert_ne!(draw(42), draw(43));
+}
+
+#[test]
+fn temperature_one_draws_with_the_model_probabilities() {
+    let f = frequencies(params(|p| p.temperature = 1.0), &logits_of(&[0.7, 0.2, 0.1]), 4000);
+    for (got, want) in f.iter().zip([0.7, 0.2, 0.1]) {
+        assert!((got - want).abs() < 0.03, "frequencies {f:?}");
+    }
+}
+
+#[test]
+fn logit_bias_forces_a_token() {
+    let row = logits_of(&[0.9, 0.09, 0.01]);
+    let mut greedy = Sampler::new(params(|p| p.logit_bias = vec![(2, 100.0)]), &[]);
+    assert_eq!(greedy.sample(&row).token, 2);
+    let f = frequencies(params(|p| (p.temperature, p.logit_bias) = (1.0, vec![(0, -100.0)])), &row, 500);
+    assert_eq!(f[0], 0.0, "a −100 bias bans a token");
+}
+
+#[test]
+fn top_k_keeps_only_the_k_best() {
+    let f = frequencies(params(|p| (p.temperature, p.top_k) = (1.0, Some(2))), &logits_of(&[0.1, 0.4, 0.3, 0.2]), 2000);
+    assert_eq!((f[0], f[3]), (0.0, 0.0));
+    assert!((f[1] - 4.0 / 7.0).abs() < 0.04, "{f:?}");
+}
+
+#[test]
+fn top_p_keeps_the_smallest_set_reaching_the_mass() {
+    let row = logits_of(&[0.5, 0.3, 0.2]);
+    let f = frequencies(params(|p| (p.temperature, p.top_p) = (1.0, 0.7)), &row, 1000);
+    assert_eq!(f[2], 0.0, "{f:?}");
+    assert!(f[1] > 0.2, "{f:?}");
+    let f = frequencies(params(|p| (p.temperature, p.top_p) = (1.0, 0.5)), &row, 300);
+    assert_eq!(f, vec![1.0, 0.0, 0.0]);
+}
+
+#[test]
+fn min_p_drops_tokens_far_below_the_best() {
+    // Threshold 0.35 × 0.5 = 0.175: 0.2 stays, 0.16 and 0.14 go.
+    let f = frequencies(params(|p| (p.temperature, p.min_p) = (1.0, 0.35)), &logits_of(&[0.5, 0.2, 0.16, 0.14]), 1000);
+    assert_eq!((f[2], f[3]), (0.0, 0.0), "{f:?}");
+    assert!(f[1] > 0.2, "{f:?}");
+}
+
+#[test]
+fn repetition_penalty_discourages_prompt_tokens() {
+    let row = [2.0, 1.9, -1.0];
+    let mut s = Sampler::new(params(|p| p.repetition_penalty = 1.2), &[0]);
+    assert_eq!(s.sample(&row).token, 1, "2.0 / 1.2 < 1.9");
+}
+
+#[test]
+fn presence_and_frequency_penalties_discourage_generated_tokens() {
+    let row = [2.0, 1.5, 0.0];
+    let mut s = Sampler::new(params(|p| p.frequency_penalty = 0.3), &[]);
+    let tokens: Vec<u32> = (0..3).map(|_| s.sample(&row).token).collect();
+    assert_eq!(tokens, vec![0, 0, 1], "2.0 − 2 × 0.3 < 1.5");
+    let mut s = Sampler::new(params(|p| p.presence_penalty = 0.6), &[]);
+    let tokens: Vec<u32> = (0..3).map(|_| s.sample(&row).token).collect();
+    // After one 0: 1.4 < 1.5, so 1; then both carry the penalty once: 1.4 > 0.9, so 0 again.
+    assert_eq!(tokens, vec![0, 1, 0]);
+}
+
+#[test]
+fn logprobs_are_the_raw_log_softmax_with_the_best_alternatives() {
+    let probs = [0.1, 0.6, 0.3];
+    let mut s = Sampler::new(params(|p| (p.top_logprobs, p.logit_bias) = (2, vec![(0, 50.0)])), &[]);
+    let out = s.sample(&logits_of(&probs));
+    assert_eq!(out.token, 0);
+    assert!((out.logprob - 0.1f32.ln()).abs() < 1e-5, "raw, unbiased distribution");
+    assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
+    assert!((out.top[0].1 - 0.6f32.ln()).abs() < 1e-5);
+}
+
+#[test]
+fn out_of_range_parameters_are_named() {
+    let cases: [(&str, fn(&mut SamplingParams)); 8] = [
+        ("temperature", |p| p.temperature = -0.5),
+        ("temperature", |p| p.temperature = f32::NAN),
+        ("top_k", |p| p.top_k = Some(0)),
+        ("top_p", |p| p.top_p = 0.0),
+        ("min_p", |p| p.min_p = 1.5),
+        ("frequency_penalty", |p| p.frequency_penalty = 3.0),
+        ("logit_bias", |p| p.logit_bias = vec![(1000, 1.0)]),
+        ("top_logprobs", |p| p.top_logprobs = 21),
+    ];
+    for (param, edit) in cases {
+        let mut p = SamplingParams::default();
+        edit(&mut p);
+        assert_eq!(p.validate(1000).unwrap_err().param, param);
+    }
+}
