@@ -9,11 +9,4 @@ question=${1:-What is the capital of France? Answer in one sentence.}
 shift || true
 "$root/scripts/fetch_demo_model.sh" "$model"
 cargo build --release --manifest-path "$root/Cargo.toml" -p llaisys-server
-# Qwen2's chat format, written out by hand until the engine renders the model's own template.
-prompt="<|im_start|>system
-You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>
-<|im_start|>user
-$question<|im_end|>
-<|im_start|>assistant
-"
-"$root/target/release/llaisys" generate --model "$model" --prompt "$prompt" --max-tokens 128 "$@"
+"$root/target/release/llaisys" generate --model "$model" --chat --prompt "$question" --max-tokens 128 "$@"

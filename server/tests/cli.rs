@@ -43,6 +43,17 @@ fn generate_from_text_prints_the_reference_text_and_stops_at_eos() {
 }
 
 #[test]
+fn chat_renders_the_model_template_around_the_prompt() {
+    let dir = fixture_dir("tiny-tied-f32");
+    let dir = dir.to_str().unwrap();
+    let chat = llaisys(&["generate", "--model", dir, "--chat", "--prompt", "Hi", "--max-tokens", "5", "--ids"]);
+    // The same prompt written out by hand (Qwen2's format) must give the same tokens.
+    let text = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+    let raw = llaisys(&["generate", "--model", dir, "--prompt", text, "--max-tokens", "5", "--ids"]);
+    assert_eq!(stdout(&chat), stdout(&raw));
+}
+
+#[test]
 fn bad_input_is_a_clear_error_not_a_panic() {
     let dir = fixture_dir("tiny-tied-f32");
     let dir = dir.to_str().unwrap();

@@ -122,7 +122,8 @@ fn logprobs_are_the_raw_log_softmax_with_the_best_alternatives() {
 
 #[test]
 fn out_of_range_parameters_are_named() {
-    let cases: [(&str, fn(&mut SamplingParams)); 8] = [
+    type Edit = fn(&mut SamplingParams);
+    let cases: [(&str, Edit); 8] = [
         ("temperature", |p| p.temperature = -0.5),
         ("temperature", |p| p.temperature = f32::NAN),
         ("top_k", |p| p.top_k = Some(0)),

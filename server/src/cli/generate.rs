@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use llaisys_model::generate::{Finish, greedy};
+use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
 use llaisys_model::{Context, Device, LoadOptions, Tokenizer, WeightDtype, load_model};
 
 use super::CliError;
@@ -20,6 +21,12 @@ pub struct GenerateArgs {
     /// Prompt text (encoded with the model's tokenizer, special tokens recognised).
     #[arg(long, required_unless_present = "prompt_ids", conflicts_with = "prompt_ids")]
     prompt: Option<String>,
+    /// Treat --prompt as a user message and render the model's chat template around it.
+    #[arg(long, requires = "prompt")]
+    chat: bool,
+    /// System message for --chat (default: the template's own).
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
     /// Prompt token ids, comma-separated.
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
@@ -42,7 +49,10 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
     let model = load_model(args.model_type.as_deref(), Some(&args.model), &opts, &Device::flex())?;
     let tokenizer = if args.prompt.is_some() || !args.ids { Some(Tokenizer::from_dir(&args.model)?) } else { None };
     let prompt = match (&args.prompt, args.prompt_ids) {
-        (Some(text), _) => tokenizer.as_ref().map(|t| t.encode(text)).transpose()?.unwrap_or_default(),
+        (Some(text), _) => {
+            let text = if args.chat { chat_prompt(&args.model, args.system.as_deref(), text)? } else { text.clone() };
+            tokenizer.as_ref().map(|t| t.encode(&text)).transpose()?.unwrap_or_default()
+        }
         (None, Some(ids)) => ids,
         (None, None) => return Err(CliError::Usage("give --prompt or --prompt-ids".into())),
     };
@@ -79,6 +89,15 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
         generation.finish,
     );
     Ok(())
+}
+
+/// The model's chat template rendered around one user message, ready for the answer.
+fn chat_prompt(dir: &std::path::Path, system: Option<&str>, user: &str) -> Result<String, CliError> {
+    let template = ChatTemplate::from_dir(dir)?
+        .ok_or_else(|| CliError::Usage(format!("{} has no chat template", dir.display())))?;
+    let mut messages: Vec<ChatMessage> = system.map(|s| ChatMessage::new("system", s)).into_iter().collect();
+    messages.push(ChatMessage::new("user", user));
+    Ok(template.render(&messages, true)?)
 }
 
 fn ms(d: Duration) -> f64 {

@@ -26,6 +26,8 @@ pub enum CliError {
     Decode(#[from] llaisys_model::DecodeError),
     #[error(transparent)]
     Tokenizer(#[from] llaisys_model::tokenizer::TokenizerError),
+    #[error(transparent)]
+    Template(#[from] llaisys_model::tokenizer::TemplateError),
     #[error("{0}")]
     Usage(String),
     #[error("writing output: {0}")]

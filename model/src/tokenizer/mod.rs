@@ -1,13 +1,20 @@
-//! C10 (encode/decode part): the model's Hugging Face `tokenizer.json`.
+//! C10: the model's Hugging Face `tokenizer.json`, its chat template (`chat.rs`) and
+//! incremental detokenization for streaming (`stream.rs`).
+
+mod chat;
+mod stream;
 
 use std::path::Path;
+
+pub use chat::{ChatMessage, ChatTemplate, TemplateError};
+pub use stream::IncrementalDecoder;
 
 use crate::error::LoadError;
 
 /// A tokenizer failure at run time (e.g. an id the vocabulary lacks).
 #[derive(Debug, thiserror::Error)]
 #[error("tokenizer: {0}")]
-pub struct TokenizerError(String);
+pub struct TokenizerError(pub(crate) String);
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,

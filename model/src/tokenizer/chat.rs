@@ -1,0 +1,115 @@
+//! The model's own chat template (`chat_template` of `tokenizer_config.json`), rendered with
+//! minijinja the way Hugging Face's `apply_chat_template` renders it.
+
+use std::path::Path;
+
+use minijinja::{Environment, ErrorKind, Value, context};
+
+use crate::error::LoadError;
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+/// The template failed to render (it raised an exception or used something unsupported).
+#[derive(Debug, thiserror::Error)]
+#[error("chat template: {0}")]
+pub struct TemplateError(String);
+
+/// A compiled chat template with the special tokens it may refer to.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+const NAME: &str = "chat";
+
+impl ChatTemplate {
+    /// Reads `DIR/tokenizer_config.json`; `Ok(None)` when it has no chat template.
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>, LoadError> {
+        let path = dir.join("tokenizer_config.json");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(LoadError::Io { path, source }),
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| LoadError::Json { path: path.clone(), reason: e.to_string() })?;
+        let source = match json.get("chat_template") {
+            None | Some(serde_json::Value::Null) => return Ok(None),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            // A list of named templates: use the one named "default".
+            Some(serde_json::Value::Array(list)) => match list
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template"))
+                .and_then(|t| t.as_str())
+            {
+                Some(s) => s.to_string(),
+                None => return Ok(None),
+            },
+            Some(other) => {
+                return Err(LoadError::Config {
+                    field: "chat_template".into(),
+                    reason: format!("expected a string, found {other}"),
+                });
+            }
+        };
+        let token = |field: &str| {
+            json.get(field)
+                .and_then(|v| v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str())))
+                .unwrap_or_default()
+                .to_string()
+        };
+        Self::new(source, token("bos_token"), token("eos_token"))
+            .map(Some)
+            .map_err(|e| LoadError::Config { field: "chat_template".into(), reason: e.to_string() })
+    }
+
+    /// Compiles `source`.
+    pub fn new(source: String, bos_token: String, eos_token: String) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        // Hugging Face renders with trim_blocks and lstrip_blocks, and Python's string methods.
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| TemplateError(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned(NAME, source).map_err(|e| TemplateError(e.to_string()))?;
+        Ok(Self { env, bos_token, eos_token })
+    }
+
+    /// The prompt text for `messages`; with `add_generation_prompt` it ends where the
+    /// assistant's answer begins.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
+        let template = self.env.get_template(NAME).map_err(|e| TemplateError(e.to_string()))?;
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| Value::from_pairs([("role", m.role.as_str()), ("content", m.content.as_str())]))
+            .collect();
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token.as_str(),
+                eos_token => self.eos_token.as_str(),
+            })
+            .map_err(|e| TemplateError(e.to_string()))
+    }
+}
