@@ -44,7 +44,11 @@ impl Batch {
         }
     }
 
-    /// Appends one token (`common_batch_add`). Only for batches made by [`Batch::new`].
+    /// Appends one token (`common_batch_add`).
+    ///
+    /// # Panics
+    /// On a batch not made by [`Batch::new`] (one with implicit positions, sequences or logits
+    /// flags, or with embeddings): mixing explicit and implicit entries is a programming error.
     pub fn push(&mut self, token: u32, pos: Pos, seqs: &[SeqId], logits: bool) {
         let (BatchInput::Tokens(tokens), Some(p), Some(s), Some(l)) =
             (&mut self.input, &mut self.pos, &mut self.seq_ids, &mut self.logits)

@@ -11,6 +11,7 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
+use crate::config::read_json;
 use crate::error::LoadError;
 
 /// The element type weights are kept in after loading.
@@ -127,9 +128,7 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     if !index.exists() {
         return Ok(vec![dir.join("model.safetensors")]);
     }
-    let text = std::fs::read_to_string(&index).map_err(|source| LoadError::Io { path: index.clone(), source })?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| LoadError::Json { path: index.clone(), reason: e.to_string() })?;
+    let json = read_json(&index)?;
     let map = json
         .get("weight_map")
         .and_then(|m| m.as_object())

@@ -41,18 +41,17 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// Reads and validates `DIR/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
-        Self::from_json_str(&text).map_err(|e| match e {
-            LoadError::Json { reason, .. } => LoadError::Json { path, reason },
-            other => other,
-        })
+        Self::from_value(read_json(&dir.join("config.json"))?)
     }
 
     /// Parses and validates the text of a `config.json`.
     pub fn from_json_str(text: &str) -> Result<Self, LoadError> {
-        let value: Value = serde_json::from_str(text)
+        let value = serde_json::from_str(text)
             .map_err(|e| LoadError::Json { path: "config.json".into(), reason: e.to_string() })?;
+        Self::from_value(value)
+    }
+
+    fn from_value(value: Value) -> Result<Self, LoadError> {
         let Value::Object(obj) = value else {
             return Err(LoadError::Json { path: "config.json".into(), reason: "not a JSON object".into() });
         };
@@ -136,6 +135,12 @@ impl ModelConfig {
         }
         Ok(())
     }
+}
+
+/// Reads and parses a JSON file (config.json, tokenizer_config.json, a shard index).
+pub(crate) fn read_json(path: &Path) -> Result<Value, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io { path: path.into(), source })?;
+    serde_json::from_str(&text).map_err(|e| LoadError::Json { path: path.into(), reason: e.to_string() })
 }
 
 /// Typed access to the fields of a JSON object, each error naming its field.

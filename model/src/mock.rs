@@ -8,6 +8,7 @@ use std::path::Path;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::batch::{BatchInput, ValidBatch};
+use crate::config::read_json;
 use crate::error::{DecodeError, LoadError};
 use crate::kv::{KvCache, KvLayout, Placement, Pos, SeqSet};
 use crate::lm::{LanguageModel, ModelInfo};
@@ -27,10 +28,7 @@ pub fn load(dir: Option<&Path>, _opts: &LoadOptions, device: &Device) -> Result<
     let (vocab, ctx, eos, fail_on_token) = match dir {
         None => (256, 4096, vec![0], None),
         Some(dir) => {
-            let path = dir.join("config.json");
-            let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| LoadError::Json { path: path.clone(), reason: e.to_string() })?;
+            let json = read_json(&dir.join("config.json"))?;
             let num = |field: &str, default: usize| -> Result<usize, LoadError> {
                 match json.get(field) {
                     None => Ok(default),

@@ -5,6 +5,7 @@ use std::path::Path;
 use burn::tensor::Device;
 
 use crate::checkpoint::WeightDtype;
+use crate::config::read_json;
 use crate::error::LoadError;
 use crate::lm::LanguageModel;
 use crate::{mock, qwen2};
@@ -50,10 +51,7 @@ pub fn load_model(
 
 /// The `model_type` field of `DIR/config.json`.
 fn detect(dir: &Path) -> Result<String, LoadError> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| LoadError::Json { path: path.clone(), reason: e.to_string() })?;
+    let json = read_json(&dir.join("config.json"))?;
     json.get("model_type").and_then(|v| v.as_str()).map(str::to_owned).ok_or_else(|| LoadError::Config {
         field: "model_type".into(),
         reason: "missing: pass the model type explicitly".into(),

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use minijinja::{Environment, ErrorKind, Value, context};
 
+use crate::config::read_json;
 use crate::error::LoadError;
 
 /// One chat message.
@@ -39,13 +40,10 @@ impl ChatTemplate {
     /// Reads `DIR/tokenizer_config.json`; `Ok(None)` when it has no chat template.
     pub fn from_dir(dir: &Path) -> Result<Option<Self>, LoadError> {
         let path = dir.join("tokenizer_config.json");
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(LoadError::Io { path, source }),
-        };
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| LoadError::Json { path: path.clone(), reason: e.to_string() })?;
+        if !path.exists() {
+            return Ok(None);
+        }
+        let json = read_json(&path)?;
         let source = match json.get("chat_template") {
             None | Some(serde_json::Value::Null) => return Ok(None),
             Some(serde_json::Value::String(s)) => s.clone(),
