@@ -1,0 +1,7 @@
+//! A request's own logic: its lifecycle and what of its text may be shown.
+
+mod state;
+mod stop;
+
+pub use state::{FinishReason, IllegalTransition, RequestId, RequestState};
+pub use stop::{StopMatcher, StopOutcome};
