@@ -1,0 +1,197 @@
+//! E9 (offline part): blocking batch generation. `Llm::generate` runs the engine's step loop —
+//! schedule → run → postprocess — over the same `Scheduler` and `Executor` the actors use, so
+//! prompts are continuously batched exactly as in serving.
+
+use llaisys_model::sampling::SamplingError;
+use llaisys_model::tokenizer::{IncrementalDecoder, TokenizerError};
+use llaisys_model::{Context, DecodeError, LanguageModel, Sampler, SamplingParams, Tokenizer};
+
+use crate::request::{FinishReason, RequestId, StopMatcher, StopOutcome};
+use crate::scheduler::{AdmissionError, Finished, Scheduler, SchedulerConfig, Sequence, StopConditions};
+use crate::worker::Executor;
+
+/// Sizes and budgets of one engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// KV cache cells (tokens across all sequences).
+    pub kv_capacity: usize,
+    pub max_seqs_per_step: usize,
+    pub max_tokens_per_step: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { kv_capacity: 8192, max_seqs_per_step: 32, max_tokens_per_step: 512 }
+    }
+}
+
+/// What to generate for each prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop strings: the text ends before the first one and never contains it.
+    pub stop: Vec<String>,
+    /// Extra stop token ids (the model's eos ids apply unless `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 16,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// One prompt's result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// Generated token ids (the stop token included when one ended it).
+    pub tokens: Vec<u32>,
+    /// Generated text without special tokens and without any stop string; `None` without a tokenizer.
+    pub text: Option<String>,
+    pub finish: FinishReason,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("prompt {index}: {source}")]
+    Admission { index: usize, source: AdmissionError },
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+}
+
+/// An offline engine over one model.
+pub struct Llm {
+    executor: Executor,
+    tokenizer: Option<Tokenizer>,
+    config: EngineConfig,
+    /// Preemptions over the engine's life.
+    pub preemptions: u64,
+}
+
+/// Per-request text state: streaming decode and stop strings.
+struct TextState {
+    decoder: IncrementalDecoder,
+    stops: StopMatcher,
+    text: String,
+    /// A stop string ended the text.
+    stopped: bool,
+}
+
+impl Llm {
+    pub fn new(model: Box<dyn LanguageModel>, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Self {
+        let ctx = Context::new(model, config.kv_capacity);
+        Self { executor: Executor::new(ctx), tokenizer, config, preemptions: 0 }
+    }
+
+    /// Generates for every prompt (token ids) and returns the completions in prompt order.
+    pub fn generate(&mut self, prompts: &[Vec<u32>], params: &GenerateParams) -> Result<Vec<Completion>, EngineError> {
+        let info = self.executor.context().info().clone();
+        params.sampling.validate(info.vocab_size)?;
+        let mut scheduler = Scheduler::new(SchedulerConfig {
+            max_seqs_per_step: self.config.max_seqs_per_step,
+            max_tokens_per_step: self.config.max_tokens_per_step,
+            kv_capacity: self.config.kv_capacity,
+            context_length: info.context_length,
+        });
+        let mut stop_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stop_ids.extend(&info.eos_token_ids);
+        }
+        for (index, prompt) in prompts.iter().enumerate() {
+            let stop = StopConditions { max_tokens: params.max_tokens, stop_token_ids: stop_ids.clone() };
+            scheduler
+                .add(Sequence::new(index as RequestId, prompt.clone(), stop))
+                .map_err(|source| EngineError::Admission { index, source })?;
+        }
+        for (index, prompt) in prompts.iter().enumerate() {
+            self.executor.add_request(index as RequestId, Sampler::new(params.sampling.clone(), prompt));
+        }
+        let mut texts: Vec<TextState> = prompts
+            .iter()
+            .map(|_| TextState {
+                decoder: IncrementalDecoder::new(true),
+                stops: StopMatcher::new(params.stop.iter().cloned()),
+                text: String::new(),
+                stopped: false,
+            })
+            .collect();
+        let mut done: Vec<Option<Finished>> = vec![None; prompts.len()];
+        while let Some(plan) = scheduler.schedule() {
+            let sampled = self.executor.execute(&plan)?;
+            let tokens: Vec<Option<u32>> = sampled.iter().map(|s| s.as_ref().map(|s| s.token)).collect();
+            for (item, token) in plan.items.iter().zip(&tokens) {
+                if let (Some(t), Some(tokenizer)) = (token, &self.tokenizer) {
+                    Self::push_text(&mut texts[item.id as usize], tokenizer, *t)?;
+                }
+            }
+            for f in scheduler.postprocess(&plan, &tokens) {
+                let id = f.id as usize;
+                let reason = if texts[id].stopped { FinishReason::Stop } else { f.reason };
+                done[id] = Some(Finished { reason, ..f });
+            }
+            for (id, state) in texts.iter().enumerate() {
+                if state.stopped && done[id].is_none() {
+                    done[id] = scheduler.finish_request(id as RequestId, FinishReason::Stop);
+                }
+            }
+        }
+        self.preemptions += scheduler.preemptions;
+        let mut completions = Vec::with_capacity(prompts.len());
+        for (id, (finished, mut state)) in done.into_iter().zip(texts).enumerate() {
+            self.executor.remove_request(id as RequestId);
+            let finished = finished.ok_or_else(|| DecodeError::Internal(format!("request {id} never finished")))?;
+            let text = match &self.tokenizer {
+                Some(tokenizer) => Some(Self::finish_text(&mut state, tokenizer)?),
+                None => None,
+            };
+            completions.push(Completion { tokens: finished.output, text, finish: finished.reason });
+        }
+        Ok(completions)
+    }
+
+    fn push_text(state: &mut TextState, tokenizer: &Tokenizer, token: u32) -> Result<(), TokenizerError> {
+        if !state.stopped
+            && let Some(delta) = state.decoder.push(tokenizer, token)?
+        {
+            Self::push_delta(state, &delta);
+        }
+        Ok(())
+    }
+
+    /// Runs newly decoded text through the stop strings.
+    fn push_delta(state: &mut TextState, delta: &str) {
+        match state.stops.push(delta) {
+            StopOutcome::Continue(text) => state.text.push_str(&text),
+            StopOutcome::Stopped(text) => {
+                state.text.push_str(&text);
+                state.stopped = true;
+            }
+        }
+    }
+
+    /// The final text: what the decoder and the stop matcher still hold, unless a stop string ended it.
+    fn finish_text(state: &mut TextState, tokenizer: &Tokenizer) -> Result<String, TokenizerError> {
+        if !state.stopped
+            && let Some(rest) = state.decoder.finish(tokenizer)?
+        {
+            Self::push_delta(state, &rest);
+        }
+        if !state.stopped {
+            let held = state.stops.finish();
+            state.text.push_str(&held);
+        }
+        Ok(std::mem::take(&mut state.text))
+    }
+}

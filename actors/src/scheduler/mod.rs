@@ -1,0 +1,9 @@
+//! The scheduler's policy (E3, E4): pure, synchronous state the scheduler actor owns.
+
+mod policy;
+mod sequence;
+#[cfg(test)]
+mod tests;
+
+pub use policy::{AdmissionError, Finished, PlanItem, Scheduler, SchedulerConfig, StepPlan};
+pub use sequence::{Sequence, StopConditions};

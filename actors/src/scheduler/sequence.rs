@@ -1,0 +1,59 @@
+//! A sequence as the scheduler sees it: its tokens, how many of them are in the KV cache, and
+//! its state. Everything else (cells needed, whether it is prefilling) is derived.
+
+use llaisys_model::SeqId;
+
+use crate::request::{FinishReason, RequestId, RequestState};
+
+/// Limits of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopConditions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Generating one of these ends the request (eos ids, unless ignored, plus the request's own).
+    pub stop_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub id: RequestId,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    pub stop: StopConditions,
+    pub state: RequestState,
+    /// The KV-cache sequence id while admitted.
+    pub(super) seq: Option<SeqId>,
+    /// Leading tokens whose keys and values are in the cache.
+    pub(super) computed: usize,
+    /// Order of arrival (fairness: oldest first).
+    pub(super) arrival: u64,
+}
+
+impl Sequence {
+    pub fn new(id: RequestId, prompt: Vec<u32>, stop: StopConditions) -> Self {
+        let prompt_len = prompt.len();
+        Self { id, tokens: prompt, prompt_len, stop, state: RequestState::Waiting, seq: None, computed: 0, arrival: 0 }
+    }
+
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Tokens still to put through the model (the whole rest of the prompt, or 1 when decoding).
+    pub(super) fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    /// Why the sequence is done after its last token, if it is.
+    pub(super) fn finish_reason(&self, context_length: usize) -> Option<FinishReason> {
+        let last = *self.output().last()?;
+        if self.stop.stop_token_ids.contains(&last) {
+            Some(FinishReason::Stop)
+        } else if self.output().len() >= self.stop.max_tokens || self.tokens.len() >= context_length {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}

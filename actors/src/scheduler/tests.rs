@@ -1,0 +1,141 @@
+//! Scheduler policy: budgets, fairness, admission, preemption and rejection, driven with fake
+//! model outputs (every sampled token is 7; the stop token is 9).
+
+use super::*;
+use crate::request::FinishReason;
+
+fn config(tokens: usize, seqs: usize, kv: usize) -> SchedulerConfig {
+    SchedulerConfig { max_seqs_per_step: seqs, max_tokens_per_step: tokens, kv_capacity: kv, context_length: 1000 }
+}
+
+fn seq(id: u64, prompt_len: usize, max_tokens: usize) -> Sequence {
+    Sequence::new(id, (1..=prompt_len as u32).collect(), StopConditions { max_tokens, stop_token_ids: vec![9] })
+}
+
+/// Runs one step with fake outputs; returns the plan and who finished.
+fn step(s: &mut Scheduler) -> (StepPlan, Vec<Finished>) {
+    let plan = s.schedule().expect("work to do");
+    let sampled: Vec<Option<u32>> = plan.items.iter().map(|i| i.sample.then_some(7)).collect();
+    let finished = s.postprocess(&plan, &sampled);
+    (plan, finished)
+}
+
+fn tokens_of(plan: &StepPlan, id: u64) -> usize {
+    plan.items.iter().filter(|i| i.id == id).map(|i| i.tokens.len()).sum()
+}
+
+#[test]
+fn a_prompt_is_prefilled_in_chunks_within_the_token_budget() {
+    let mut s = Scheduler::new(config(4, 8, 100));
+    s.add(seq(0, 10, 2)).unwrap();
+    let chunks: Vec<(usize, i64, bool)> = (0..3)
+        .map(|_| {
+            let (plan, _) = step(&mut s);
+            (plan.items[0].tokens.len(), plan.items[0].start_pos, plan.items[0].sample)
+        })
+        .collect();
+    assert_eq!(chunks, vec![(4, 0, false), (4, 4, false), (2, 8, true)]);
+    let (plan, finished) = step(&mut s);
+    assert_eq!((plan.items[0].tokens.clone(), plan.items[0].start_pos), (vec![7], 10), "decode the sampled token");
+    assert_eq!(finished, vec![Finished { id: 0, output: vec![7, 7], reason: FinishReason::Length }]);
+}
+
+#[test]
+fn decoding_sequences_are_not_starved_by_a_long_prompt() {
+    let mut s = Scheduler::new(config(8, 8, 1000));
+    s.add(seq(0, 3, 50)).unwrap();
+    step(&mut s); // prefill 0
+    s.add(seq(1, 40, 5)).unwrap();
+    for _ in 0..5 {
+        let (plan, _) = step(&mut s);
+        assert_eq!(tokens_of(&plan, 0), 1, "the running sequence decodes every step");
+        assert_eq!(tokens_of(&plan, 1), 7, "the long prompt takes the rest of the budget");
+    }
+}
+
+#[test]
+fn a_new_request_joins_while_others_decode() {
+    let mut s = Scheduler::new(config(64, 8, 1000));
+    s.add(seq(0, 5, 100)).unwrap();
+    s.add(seq(1, 5, 100)).unwrap();
+    for _ in 0..3 {
+        step(&mut s);
+    }
+    s.add(seq(2, 6, 3)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.items.iter().map(|i| i.id).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert_eq!(tokens_of(&plan, 2), 6);
+}
+
+#[test]
+fn the_sequence_budget_caps_each_step_and_the_oldest_go_first() {
+    let mut s = Scheduler::new(config(100, 2, 1000));
+    for id in 0..3 {
+        s.add(seq(id, 2, 4)).unwrap();
+    }
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.items.iter().map(|i| i.id).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!((s.n_running(), s.n_waiting()), (2, 1));
+}
+
+#[test]
+fn under_a_tiny_cache_the_newest_is_preempted_and_everyone_still_finishes() {
+    // Two prompts of 4 tokens generating 6 each need 20 cells; there are 14.
+    let mut s = Scheduler::new(config(64, 8, 14));
+    s.add(seq(0, 4, 6)).unwrap();
+    s.add(seq(1, 4, 6)).unwrap();
+    let mut finished = Vec::new();
+    let mut freed_on_preempt = false;
+    for _ in 0..100 {
+        let Some(plan) = s.schedule() else { break };
+        assert!(s.kv_used() <= 14, "never more cells than the cache has");
+        freed_on_preempt |= s.preemptions > 0 && !plan.free.is_empty();
+        let sampled: Vec<Option<u32>> = plan.items.iter().map(|i| i.sample.then_some(7)).collect();
+        finished.extend(s.postprocess(&plan, &sampled));
+    }
+    assert!(s.preemptions > 0 && freed_on_preempt, "the cache was too small: someone was preempted");
+    finished.sort_by_key(|f| f.id);
+    assert_eq!(
+        finished.iter().map(|f| (f.id, f.output.len(), f.reason)).collect::<Vec<_>>(),
+        vec![(0, 6, FinishReason::Length), (1, 6, FinishReason::Length)]
+    );
+    assert_eq!(s.kv_used(), 0);
+}
+
+#[test]
+fn a_prompt_that_can_never_fit_is_rejected_at_submission() {
+    let mut s = Scheduler::new(config(64, 8, 10));
+    assert_eq!(s.add(seq(0, 10, 4)), Err(AdmissionError::NeverFits { prompt: 10, needed: 11, capacity: 10 }));
+    assert_eq!(s.add(seq(1, 0, 4)), Err(AdmissionError::EmptyPrompt));
+    assert_eq!(s.add(seq(2, 3, 0)), Err(AdmissionError::NoTokens));
+    let mut short = Scheduler::new(SchedulerConfig { context_length: 8, ..config(64, 8, 100) });
+    assert_eq!(short.add(seq(3, 8, 1)), Err(AdmissionError::TooLong { prompt: 8, context: 8 }));
+    assert!(!s.has_work(), "rejected requests leave nothing behind");
+}
+
+#[test]
+fn a_stop_token_ends_the_request_with_stop() {
+    let mut s = Scheduler::new(config(64, 8, 100));
+    s.add(seq(0, 3, 10)).unwrap();
+    let plan = s.schedule().unwrap();
+    let finished = s.postprocess(&plan, &[Some(9)]);
+    assert_eq!(finished[0].reason, FinishReason::Stop);
+    let plan = s.schedule().expect("the finished sequence's cells are freed next step");
+    assert_eq!((plan.free.len(), plan.items.len()), (1, 0));
+    assert!(s.schedule().is_none());
+}
+
+#[test]
+fn finishing_a_request_works_from_either_queue_and_frees_its_cells() {
+    let mut s = Scheduler::new(config(64, 1, 100));
+    s.add(seq(0, 3, 10)).unwrap();
+    s.add(seq(1, 3, 10)).unwrap();
+    step(&mut s);
+    let waiting = s.finish_request(1, FinishReason::Abort).unwrap();
+    assert_eq!((waiting.id, waiting.reason, waiting.output.len()), (1, FinishReason::Abort, 0));
+    let running = s.finish_request(0, FinishReason::Abort).unwrap();
+    assert_eq!(running.output, vec![7]);
+    assert_eq!(s.kv_used(), 0);
+    assert_eq!(s.schedule().map(|p| p.free.len()), Some(1));
+    assert!(s.finish_request(5, FinishReason::Abort).is_none());
+}

@@ -1,0 +1,76 @@
+//! Runs a `StepPlan` on the model: frees the listed sequences' cells, puts every item into one
+//! batch (one forward pass for prefill chunks and decode tokens alike), and samples each item
+//! that asked for it with that request's own sampler.
+
+use std::collections::HashMap;
+
+use llaisys_model::{Batch, Context, DecodeError, Sampled, Sampler};
+
+use crate::request::RequestId;
+use crate::scheduler::StepPlan;
+
+pub struct Executor {
+    ctx: Context,
+    samplers: HashMap<RequestId, Sampler>,
+}
+
+impl Executor {
+    pub fn new(ctx: Context) -> Self {
+        Self { ctx, samplers: HashMap::new() }
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Registers the sampler of a new request.
+    pub fn add_request(&mut self, id: RequestId, sampler: Sampler) {
+        self.samplers.insert(id, sampler);
+    }
+
+    /// Forgets a finished request's sampler.
+    pub fn remove_request(&mut self, id: RequestId) {
+        self.samplers.remove(&id);
+    }
+
+    /// Runs one step. `result[k]` is what `plan.items[k]` sampled, if it sampled.
+    /// On an error no item advanced; freed cells stay freed.
+    pub fn execute(&mut self, plan: &StepPlan) -> Result<Vec<Option<Sampled>>, DecodeError> {
+        for &seq in &plan.free {
+            self.ctx
+                .kv_mut()
+                .seq_rm(seq, ..)
+                .map_err(|e| DecodeError::Internal(format!("freeing sequence {seq}: {e}")))?;
+        }
+        if plan.items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut batch = Batch::new();
+        let mut rows = Vec::with_capacity(plan.items.len());
+        for item in &plan.items {
+            for (k, &token) in item.tokens.iter().enumerate() {
+                let last = k + 1 == item.tokens.len();
+                batch.push(token, item.start_pos + k as i64, &[item.seq], item.sample && last);
+            }
+            rows.push(batch.len() - 1);
+        }
+        self.ctx.decode(&batch)?;
+        let outputs = self.ctx.outputs();
+        plan.items
+            .iter()
+            .zip(rows)
+            .map(|(item, row)| {
+                if !item.sample {
+                    return Ok(None);
+                }
+                let logits =
+                    outputs.logits_ith(row).ok_or_else(|| DecodeError::Internal("missing logits row".into()))?;
+                let sampler = self
+                    .samplers
+                    .get_mut(&item.id)
+                    .ok_or_else(|| DecodeError::Internal(format!("request {} has no sampler", item.id)))?;
+                Ok(Some(sampler.sample(logits)))
+            })
+            .collect()
+    }
+}
