@@ -1,17 +1,21 @@
 //! llaisys-actors: the engine over the model core (DESIGN.md E1–E10).
 //!
-//! Built so far, as plain synchronous state the actors will own:
+//! - `engine/`: the actors (ractor) — scheduler, worker (forward pass on a blocking thread),
+//!   one request actor per request — and `Engine`, the cloneable async handle (E1, E8, E9);
+//! - `scheduler/`: the policy the scheduler actor owns: continuous batching with budgets, KV
+//!   admission and preemption (E3, E4);
+//! - `worker/`: the executor the worker actor owns: one step on the model, then sampling;
 //! - `request/`: the request state machine (E2) and stop-string matching (E7);
-//! - `scheduler/`: continuous batching with budgets, KV admission and preemption (E3, E4);
-//! - `worker/`: the executor that runs a step on the model and samples (E1's worker job);
-//! - `llm.rs`: blocking offline generation over them (E9's `LLM::generate`).
+//! - `llm.rs`: blocking offline generation over the same scheduler and executor (E9).
 //!
-//! The scheduler / worker / request / session actors (ractor), cancellation through mailboxes,
-//! prefix reuse, sessions and the async `Engine` handle come with the rest of the engine issue.
+//! Not built yet: prefix reuse (E5), sessions (E6), worker restart by a supervisor, routing
+//! between several models (E10).
 
+pub mod engine;
 pub mod llm;
 pub mod request;
 pub mod scheduler;
 pub mod worker;
 
+pub use engine::{Engine, EngineStats, Event, EventStream, GenerateRequest};
 pub use llm::{Completion, EngineConfig, EngineError, GenerateParams, Llm};

@@ -69,6 +69,12 @@ pub enum EngineError {
     Decode(#[from] DecodeError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Rejected(#[from] AdmissionError),
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    #[error("engine actor: {0}")]
+    Actor(String),
 }
 
 /// An offline engine over one model.

@@ -174,7 +174,8 @@ impl Scheduler {
     }
 
     fn plan_item(&mut self, i: usize, n: usize, plan: &mut StepPlan) {
-        let s = &self.running[i];
+        let s = &mut self.running[i];
+        s.scheduled = n;
         let start = s.computed;
         plan.items.push(PlanItem {
             id: s.id,
@@ -190,13 +191,9 @@ impl Scheduler {
     fn preempt(&mut self, i: usize, plan: &mut StepPlan) {
         let mut s = self.running.remove(i);
         let seq = s.seq.take().expect("running sequences hold a seq id");
-        self.kv_used -= s.computed;
-        // Cells of this step's earlier items for it are dropped too: undo their accounting.
-        if let Some(pos) = plan.items.iter().position(|it| it.id == s.id) {
-            let item = plan.items.remove(pos);
-            self.kv_used -= item.tokens.len();
-        }
-        s.computed = 0;
+        self.kv_used -= s.computed + s.scheduled;
+        plan.items.retain(|it| it.id != s.id);
+        (s.computed, s.scheduled) = (0, 0);
         s.state.transition(s.id, RequestState::Preempted).expect("running → preempted is allowed");
         plan.free.push(seq);
         self.free_seqs.push(seq);
@@ -212,10 +209,13 @@ impl Scheduler {
             let Some(i) = self.running.iter().position(|s| s.id == item.id) else { continue };
             let s = &mut self.running[i];
             s.computed += item.tokens.len();
+            s.scheduled = 0;
             if let Some(t) = token {
                 s.tokens.push(*t);
             }
-            if let Some(reason) = s.finish_reason(self.config.context_length) {
+            // A sequence can grow to the context length, and no further than the whole cache.
+            let limit = self.config.context_length.min(self.config.kv_capacity);
+            if let Some(reason) = s.finish_reason(limit) {
                 finished.push(self.finish(i, reason));
             }
         }
@@ -239,7 +239,7 @@ impl Scheduler {
             self.to_free.push(seq);
             self.free_seqs.push(seq);
         }
-        self.kv_used -= s.computed;
+        self.kv_used -= s.computed + s.scheduled;
         // Stop/length only from running, which `s` is; abort/error from anywhere.
         let _ = s.state.transition(s.id, RequestState::Finished(reason));
         Finished { id: s.id, output: s.output().to_vec(), reason }

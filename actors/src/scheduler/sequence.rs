@@ -26,6 +26,8 @@ pub struct Sequence {
     pub(super) seq: Option<SeqId>,
     /// Leading tokens whose keys and values are in the cache.
     pub(super) computed: usize,
+    /// Tokens of the step in flight (accounted in the cache, not yet computed).
+    pub(super) scheduled: usize,
     /// Order of arrival (fairness: oldest first).
     pub(super) arrival: u64,
 }
@@ -33,7 +35,17 @@ pub struct Sequence {
 impl Sequence {
     pub fn new(id: RequestId, prompt: Vec<u32>, stop: StopConditions) -> Self {
         let prompt_len = prompt.len();
-        Self { id, tokens: prompt, prompt_len, stop, state: RequestState::Waiting, seq: None, computed: 0, arrival: 0 }
+        Self {
+            id,
+            tokens: prompt,
+            prompt_len,
+            stop,
+            state: RequestState::Waiting,
+            seq: None,
+            computed: 0,
+            scheduled: 0,
+            arrival: 0,
+        }
     }
 
     pub fn output(&self) -> &[u32] {
@@ -45,12 +57,12 @@ impl Sequence {
         self.tokens.len() - self.computed
     }
 
-    /// Why the sequence is done after its last token, if it is.
-    pub(super) fn finish_reason(&self, context_length: usize) -> Option<FinishReason> {
+    /// Why the sequence is done after its last token, if it is; `max_len` caps its total length.
+    pub(super) fn finish_reason(&self, max_len: usize) -> Option<FinishReason> {
         let last = *self.output().last()?;
         if self.stop.stop_token_ids.contains(&last) {
             Some(FinishReason::Stop)
-        } else if self.output().len() >= self.stop.max_tokens || self.tokens.len() >= context_length {
+        } else if self.output().len() >= self.stop.max_tokens || self.tokens.len() >= max_len {
             Some(FinishReason::Length)
         } else {
             None

@@ -139,3 +139,34 @@ fn finishing_a_request_works_from_either_queue_and_frees_its_cells() {
     assert_eq!(s.schedule().map(|p| p.free.len()), Some(1));
     assert!(s.finish_request(5, FinishReason::Abort).is_none());
 }
+
+#[test]
+fn finishing_a_request_whose_step_is_in_flight_releases_its_cells() {
+    let mut s = Scheduler::new(config(64, 8, 100));
+    s.add(seq(0, 5, 10)).unwrap();
+    s.add(seq(1, 3, 10)).unwrap();
+    let plan = s.schedule().unwrap();
+    assert_eq!(s.kv_used(), 8);
+    s.finish_request(0, FinishReason::Abort).unwrap();
+    assert_eq!(s.kv_used(), 3, "the aborted request's scheduled cells are released");
+    let sampled: Vec<Option<u32>> = plan.items.iter().map(|i| i.sample.then_some(7)).collect();
+    assert!(s.postprocess(&plan, &sampled).is_empty(), "results for the aborted request are ignored");
+    assert_eq!(s.kv_used(), 3);
+}
+
+#[test]
+fn a_sequence_that_fills_the_whole_cache_ends_with_length_instead_of_preempting_itself() {
+    let mut s = Scheduler::new(config(64, 8, 12));
+    s.add(seq(0, 4, 100)).unwrap();
+    let mut finished = Vec::new();
+    for _ in 0..50 {
+        let Some(plan) = s.schedule() else { break };
+        let sampled: Vec<Option<u32>> = plan.items.iter().map(|i| i.sample.then_some(7)).collect();
+        finished.extend(s.postprocess(&plan, &sampled));
+    }
+    assert_eq!(s.preemptions, 0);
+    assert_eq!(
+        finished.iter().map(|f| (f.output.len(), f.reason)).collect::<Vec<_>>(),
+        vec![(8, FinishReason::Length)]
+    );
+}

@@ -1,0 +1,137 @@
+//! E9: the handle a host application holds. `Engine::start` runs inside the host's tokio
+//! runtime; clones of the handle share one engine; several engines can live in one process.
+
+use std::sync::Arc;
+
+use llaisys_model::{LanguageModel, Tokenizer};
+use ractor::{Actor, ActorRef};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use super::messages::ToScheduler;
+use super::scheduler_actor::{SchedulerActor, SchedulerArgs};
+use crate::llm::{EngineConfig, EngineError, GenerateParams};
+use crate::request::{FinishReason, RequestId};
+
+/// A request: prompt token ids and what to generate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+}
+
+/// What a request's stream yields: tokens as they come, then exactly one `Finished`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Token {
+        token: u32,
+        /// Text this token completes (empty while a character or a possible stop string is
+        /// incomplete; always empty without a tokenizer).
+        text: String,
+        logprob: f32,
+        top_logprobs: Vec<(u32, f32)>,
+    },
+    Finished {
+        reason: FinishReason,
+        /// Text held back until the end (the rest of an incomplete character or stop prefix).
+        text: String,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+}
+
+/// A request's events. Dropping it cancels the request.
+pub struct EventStream {
+    pub id: RequestId,
+    rx: UnboundedReceiver<Event>,
+}
+
+impl EventStream {
+    /// The next event; `None` after `Finished`.
+    pub async fn next(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+}
+
+/// A snapshot of the engine's load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_cells_used: usize,
+    pub kv_capacity: usize,
+    pub preemptions: u64,
+    pub finished: FinishCounts,
+}
+
+/// Requests finished so far, by reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FinishCounts {
+    pub stop: u64,
+    pub length: u64,
+    pub abort: u64,
+    pub error: u64,
+}
+
+impl FinishCounts {
+    pub fn total(&self) -> u64 {
+        self.stop + self.length + self.abort + self.error
+    }
+
+    pub(super) fn count(&mut self, reason: FinishReason) {
+        *match reason {
+            FinishReason::Stop => &mut self.stop,
+            FinishReason::Length => &mut self.length,
+            FinishReason::Abort => &mut self.abort,
+            FinishReason::Error => &mut self.error,
+        } += 1;
+    }
+}
+
+/// The cloneable handle to one engine.
+#[derive(Clone)]
+pub struct Engine {
+    scheduler: ActorRef<ToScheduler>,
+}
+
+impl Engine {
+    /// Starts the actors for one model in the current tokio runtime.
+    pub async fn start(
+        model: Box<dyn LanguageModel>,
+        tokenizer: Option<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let args = SchedulerArgs { model, tokenizer: tokenizer.map(Arc::new), config };
+        let (scheduler, _) =
+            Actor::spawn(None, SchedulerActor, args).await.map_err(|e| EngineError::Actor(e.to_string()))?;
+        Ok(Self { scheduler })
+    }
+
+    /// Queues a request and returns its event stream.
+    pub async fn generate(&self, request: GenerateRequest) -> Result<EventStream, EngineError> {
+        let (tx, rx) = unbounded_channel();
+        let id = ractor::call!(self.scheduler, |reply| ToScheduler::Submit { request, events: tx, reply })
+            .map_err(|e| EngineError::Actor(e.to_string()))??;
+        Ok(EventStream { id, rx })
+    }
+
+    /// Cancels a request; it ends with `FinishReason::Abort` at the next step. Returns whether
+    /// the request was still running or waiting.
+    pub async fn cancel(&self, id: RequestId) -> bool {
+        ractor::call!(self.scheduler, |reply| ToScheduler::Finish {
+            id,
+            reason: FinishReason::Abort,
+            reply: Some(reply)
+        })
+        .unwrap_or(false)
+    }
+
+    pub async fn stats(&self) -> Result<EngineStats, EngineError> {
+        ractor::call!(self.scheduler, ToScheduler::Stats).map_err(|e| EngineError::Actor(e.to_string()))
+    }
+
+    /// Refuses new requests, waits for every request to finish, then stops the actors.
+    pub async fn shutdown(&self) {
+        let _ = ractor::call!(self.scheduler, ToScheduler::Shutdown);
+        self.scheduler.stop(None);
+    }
+}

@@ -1,0 +1,61 @@
+//! The worker actor: owns the model context and the samplers. A step's forward pass runs on a
+//! blocking thread, never on the async runtime's threads; the result returns to the scheduler
+//! as a message.
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use super::messages::{ToScheduler, ToWorker};
+use crate::worker::Executor;
+
+pub struct WorkerActor;
+
+pub struct WorkerState {
+    /// `None` only while a step runs on its blocking thread.
+    executor: Option<Executor>,
+    scheduler: ActorRef<ToScheduler>,
+}
+
+pub struct WorkerArgs {
+    pub executor: Executor,
+    pub scheduler: ActorRef<ToScheduler>,
+}
+
+impl Actor for WorkerActor {
+    type Msg = ToWorker;
+    type State = WorkerState;
+    type Arguments = WorkerArgs;
+
+    async fn pre_start(&self, _: ActorRef<ToWorker>, args: WorkerArgs) -> Result<WorkerState, ActorProcessingErr> {
+        Ok(WorkerState { executor: Some(args.executor), scheduler: args.scheduler })
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<ToWorker>,
+        msg: ToWorker,
+        state: &mut WorkerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let executor = state.executor.as_mut().ok_or("worker executor missing")?;
+        match msg {
+            ToWorker::AddRequest(id, sampler) => executor.add_request(id, *sampler),
+            ToWorker::RemoveRequest(id) => executor.remove_request(id),
+            ToWorker::KvUsed(reply) => {
+                let _ = reply.send(executor.context().kv().used());
+            }
+            ToWorker::Execute(plan) => {
+                let mut executor = state.executor.take().ok_or("worker executor missing")?;
+                let (executor, plan, result) = tokio::task::spawn_blocking(move || {
+                    let result = executor.execute(&plan);
+                    (executor, plan, result)
+                })
+                .await?;
+                state.executor = Some(executor);
+                state
+                    .scheduler
+                    .send_message(ToScheduler::StepDone { plan, result })
+                    .map_err(|_| "scheduler stopped")?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,188 @@
+//! The actor engine end to end on the tiny fixtures and the mock model.
+
+use std::time::Duration;
+
+use llaisys_actors::request::FinishReason;
+use llaisys_actors::{Engine, EngineConfig, Event, EventStream, GenerateParams, GenerateRequest};
+use llaisys_model::{Device, LoadOptions, Tokenizer, load_model};
+use llaisys_tests::{Reference, fixture_dir};
+
+const FIXTURE: &str = "tiny-untied-f32";
+
+async fn engine(config: EngineConfig) -> Engine {
+    let dir = fixture_dir(FIXTURE);
+    let model = load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()).unwrap();
+    Engine::start(model, Some(Tokenizer::from_dir(&dir).unwrap()), config).await.unwrap()
+}
+
+async fn mock_engine(fail_on_token: Option<u32>) -> Engine {
+    let dir = tempfile_dir(fail_on_token);
+    let model = load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()).unwrap();
+    Engine::start(model, None, EngineConfig { kv_capacity: 256, max_seqs_per_step: 8, max_tokens_per_step: 8 })
+        .await
+        .unwrap()
+}
+
+/// A mock model directory (config.json only).
+fn tempfile_dir(fail_on_token: Option<u32>) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("llaisys-mock-{}-{:?}", std::process::id(), fail_on_token));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fail = fail_on_token.map_or(String::new(), |t| format!(r#","fail_on_token":{t}"#));
+    std::fs::write(dir.join("config.json"), format!(r#"{{"model_type":"mock","vocab_size":200{fail}}}"#)).unwrap();
+    dir
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest { prompt, params: GenerateParams { max_tokens, ignore_eos: true, ..GenerateParams::default() } }
+}
+
+/// All events of a stream: the tokens and the final event.
+async fn collect(mut stream: EventStream) -> (Vec<u32>, String, Event) {
+    let (mut tokens, mut text) = (Vec::new(), String::new());
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), stream.next()).await.expect("an event within 30 s") {
+            Some(Event::Token { token, text: t, .. }) => {
+                tokens.push(token);
+                text.push_str(&t);
+            }
+            Some(finished @ Event::Finished { .. }) => {
+                if let Event::Finished { text: t, .. } = &finished {
+                    text.push_str(t);
+                }
+                assert!(stream.next().await.is_none(), "nothing after Finished");
+                return (tokens, text, finished);
+            }
+            None => panic!("stream ended without Finished"),
+        }
+    }
+}
+
+fn reason(event: &Event) -> FinishReason {
+    match event {
+        Event::Finished { reason, .. } => *reason,
+        other => panic!("not a finish: {other:?}"),
+    }
+}
+
+async fn wait_idle(engine: &Engine) -> llaisys_actors::EngineStats {
+    for _ in 0..200 {
+        let stats = engine.stats().await.unwrap();
+        if stats.running == 0 && stats.waiting == 0 && stats.kv_cells_used == 0 {
+            return stats;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("engine never became idle: {:?}", engine.stats().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_match_the_transformers_reference() {
+    let reference = Reference::load(FIXTURE);
+    let engine = engine(EngineConfig { kv_capacity: 512, max_seqs_per_step: 8, max_tokens_per_step: 16 }).await;
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        for p in &reference.prompts {
+            streams.push(engine.generate(request(p.ids.clone(), 20)).await.unwrap());
+        }
+    }
+    for (k, stream) in streams.into_iter().enumerate() {
+        let p = &reference.prompts[k % 3];
+        let (tokens, text, finished) = collect(stream).await;
+        assert_eq!(tokens, p.greedy, "request {k}");
+        let expected = Tokenizer::from_dir(&fixture_dir(FIXTURE)).unwrap().decode(&p.greedy, true).unwrap();
+        assert_eq!(text, expected, "request {k}: streamed text");
+        assert_eq!(
+            finished,
+            Event::Finished {
+                reason: FinishReason::Length,
+                text: match &finished {
+                    Event::Finished { text, .. } => text.clone(),
+                    _ => unreachable!(),
+                },
+                prompt_tokens: p.ids.len(),
+                completion_tokens: 20
+            }
+        );
+    }
+    assert_eq!(wait_idle(&engine).await.finished.length, 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_submitted_while_others_decode_finishes_first() {
+    let engine = mock_engine(None).await;
+    let long: Vec<EventStream> = vec![
+        engine.generate(request(vec![1, 2, 3], 150)).await.unwrap(),
+        engine.generate(request(vec![4, 5], 150)).await.unwrap(),
+    ];
+    let mut long = long;
+    for s in &mut long {
+        assert!(matches!(s.next().await, Some(Event::Token { .. })), "the long requests are decoding");
+    }
+    let (tokens, _, finished) = collect(engine.generate(request(vec![7, 8, 9], 3)).await.unwrap()).await;
+    assert_eq!((tokens.len(), reason(&finished)), (3, FinishReason::Length));
+    assert!(engine.stats().await.unwrap().running >= 2, "the short request ended while the long ones still run");
+    for s in long {
+        assert_eq!(reason(&collect(s).await.2), FinishReason::Length);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_by_id_ends_with_abort_and_frees_the_cells() {
+    let engine = mock_engine(None).await;
+    let mut stream = engine.generate(request(vec![1, 2, 3], 10_000)).await.unwrap();
+    assert!(matches!(stream.next().await, Some(Event::Token { .. })));
+    assert!(engine.cancel(stream.id).await);
+    let (_, _, finished) = collect(stream).await;
+    assert_eq!(reason(&finished), FinishReason::Abort);
+    assert_eq!(wait_idle(&engine).await.finished.abort, 1);
+    assert!(!engine.cancel(12345).await, "unknown ids are not cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_stream_cancels_during_decode_and_during_prefill() {
+    let engine = mock_engine(None).await;
+    let mut stream = engine.generate(request(vec![1, 2, 3], 10_000)).await.unwrap();
+    assert!(matches!(stream.next().await, Some(Event::Token { .. })));
+    drop(stream);
+    wait_idle(&engine).await;
+    // A 200-token prompt takes 25 steps of 8 tokens: dropped before its first token.
+    let stream = engine.generate(request((0..200).map(|t| t % 200).collect(), 5)).await.unwrap();
+    drop(stream);
+    let stats = wait_idle(&engine).await;
+    assert_eq!((stats.finished.abort, stats.finished.total()), (2, 2), "both ended by cancellation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_batch_fails_only_its_requests() {
+    let engine = mock_engine(Some(13)).await;
+    let (_, _, bad) = collect(engine.generate(request(vec![1, 13, 2], 5)).await.unwrap()).await;
+    assert_eq!(reason(&bad), FinishReason::Error);
+    let (tokens, _, good) = collect(engine.generate(request(vec![1, 2, 3], 5)).await.unwrap()).await;
+    assert_eq!((tokens.len(), reason(&good)), (5, FinishReason::Length), "the engine keeps serving");
+    wait_idle(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_and_shutdown_drains() {
+    let engine = mock_engine(None).await;
+    let err = engine.generate(request(vec![1, 999], 5)).await.err().unwrap();
+    assert!(err.to_string().contains("not below the vocabulary size 200"), "{err}");
+    let err = engine.generate(request((0..300).map(|t| t % 200).collect(), 5)).await.err().unwrap();
+    assert!(err.to_string().contains("the KV cache has 256"), "{err}");
+    let running = engine.generate(request(vec![1, 2, 3], 40)).await.unwrap();
+    let handle = engine.clone();
+    let shutdown = tokio::spawn(async move { handle.shutdown().await });
+    let (tokens, _, finished) = collect(running).await;
+    assert_eq!((tokens.len(), reason(&finished)), (40, FinishReason::Length), "in-flight work drains");
+    shutdown.await.unwrap();
+    assert!(engine.generate(request(vec![1], 1)).await.is_err(), "no new work after shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_engines_live_in_one_process() {
+    let (a, b) = (mock_engine(None).await, engine(EngineConfig::default()).await);
+    let (ta, _, _) = collect(a.generate(request(vec![5, 6], 4)).await.unwrap()).await;
+    let p = &Reference::load(FIXTURE).prompts[0];
+    let (tb, _, _) = collect(b.generate(request(p.ids.clone(), 20)).await.unwrap()).await;
+    assert_eq!((ta.len(), tb), (4, p.greedy.clone()));
+}
