@@ -2,6 +2,7 @@
 
 use std::process::{Command, Output};
 
+use llaisys_model::Tokenizer;
 use llaisys_tests::{FIXTURES, Reference, fixture_dir};
 
 fn llaisys(args: &[&str]) -> Output {
@@ -24,7 +25,7 @@ fn generate_prints_the_reference_greedy_ids() {
             llaisys(&["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids, "--max-tokens", &n, "--ids"]);
         let expected = p.greedy.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         assert_eq!(stdout(&out).trim_end(), expected, "{name}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("finish Length"));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("finish length"));
     }
 }
 
@@ -32,14 +33,47 @@ fn generate_prints_the_reference_greedy_ids() {
 fn generate_from_text_prints_the_reference_text_and_stops_at_eos() {
     let p = &Reference::load("tiny-untied-f32").prompts[1];
     let dir = fixture_dir("tiny-untied-f32");
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     let (dir, n) = (dir.to_str().unwrap(), p.greedy.len().to_string());
+    // Text leaves out special tokens, as OpenAI-compatible servers do.
     let full = llaisys(&["generate", "--model", dir, "--prompt", &p.text, "--max-tokens", &n, "--ignore-eos"]);
-    assert_eq!(stdout(&full), format!("{}\n", p.greedy_text));
+    assert_eq!(stdout(&full), format!("{}\n", tokenizer.decode(&p.greedy, true).unwrap()));
     // This continuation contains the fixture's eos, <|im_end|>: generation stops there.
-    let (answer, _) = p.greedy_text.split_once("<|im_end|>").expect("reference contains eos");
+    let eos = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let at = p.greedy.iter().position(|t| *t == eos).expect("reference contains eos");
     let stopped = llaisys(&["generate", "--model", dir, "--prompt", &p.text, "--max-tokens", &n]);
-    assert_eq!(stdout(&stopped), format!("{answer}\n"));
-    assert!(String::from_utf8_lossy(&stopped.stderr).contains("finish Stop"));
+    assert_eq!(stdout(&stopped), format!("{}\n", tokenizer.decode(&p.greedy[..at], true).unwrap()));
+    assert!(String::from_utf8_lossy(&stopped.stderr).contains("finish stop"));
+}
+
+#[test]
+fn sampling_flags_reach_the_engine() {
+    let p = &Reference::load("tiny-tied-f32").prompts[0];
+    let dir = fixture_dir("tiny-tied-f32");
+    let dir = dir.to_str().unwrap();
+    let ids = p.ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let run = |seed: &str| {
+        stdout(&llaisys(&[
+            "generate",
+            "--model",
+            dir,
+            "--prompt-ids",
+            &ids,
+            "--max-tokens",
+            "12",
+            "--ids",
+            "--ignore-eos",
+            "--temperature",
+            "1.5",
+            "--top-p",
+            "0.95",
+            "--seed",
+            seed,
+        ]))
+    };
+    assert_eq!(run("5"), run("5"), "a seed reproduces");
+    let greedy = p.greedy[..12].iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    assert!(run("5").trim_end() != greedy || run("6").trim_end() != greedy, "temperature 1.5 samples");
 }
 
 #[test]
@@ -60,7 +94,7 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     for (args, expected) in [
         (
             vec!["generate", "--model", dir, "--prompt-ids", "1,5000", "--ids"],
-            "id 5000 is not below the vocabulary size 1024",
+            "token 5000 is not below the vocabulary size 1024",
         ),
         (vec!["generate", "--model", "/nonexistent", "--prompt-ids", "1"], "cannot read /nonexistent/config.json"),
         (vec!["generate", "--model", dir, "--prompt", "hi", "--dtype", "int3"], "unknown weight dtype `int3`"),

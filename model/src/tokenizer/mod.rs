@@ -16,6 +16,7 @@ use crate::error::LoadError;
 #[error("tokenizer: {0}")]
 pub struct TokenizerError(pub(crate) String);
 
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
 }

@@ -13,7 +13,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Greedy generation with the model core alone (no engine): prints the text, or ids.
+    /// One request through the engine (greedy by default), streamed: prints the text, or ids.
     Generate(generate::GenerateArgs),
 }
 
@@ -23,7 +23,7 @@ pub enum CliError {
     #[error(transparent)]
     Load(#[from] llaisys_model::LoadError),
     #[error(transparent)]
-    Decode(#[from] llaisys_model::DecodeError),
+    Engine(#[from] llaisys_actors::EngineError),
     #[error(transparent)]
     Tokenizer(#[from] llaisys_model::tokenizer::TokenizerError),
     #[error(transparent)]
