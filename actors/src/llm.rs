@@ -17,11 +17,26 @@ pub struct EngineConfig {
     pub kv_capacity: usize,
     pub max_seqs_per_step: usize,
     pub max_tokens_per_step: usize,
+    /// Reuse the cells of finished requests for later prompts with the same prefix (E5).
+    pub prefix_caching: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { kv_capacity: 8192, max_seqs_per_step: 32, max_tokens_per_step: 512 }
+        Self { kv_capacity: 8192, max_seqs_per_step: 32, max_tokens_per_step: 512, prefix_caching: true }
+    }
+}
+
+impl EngineConfig {
+    /// The scheduler's settings for a model of `context_length`.
+    pub fn scheduler(&self, context_length: usize) -> SchedulerConfig {
+        SchedulerConfig {
+            max_seqs_per_step: self.max_seqs_per_step,
+            max_tokens_per_step: self.max_tokens_per_step,
+            kv_capacity: self.kv_capacity,
+            context_length,
+            prefix_caching: self.prefix_caching,
+        }
     }
 }
 
@@ -77,13 +92,13 @@ pub enum EngineError {
     Actor(String),
 }
 
-/// An offline engine over one model.
+/// An offline engine over one model. Its scheduler lives as long as it does, so cached
+/// prefixes carry over from one `generate` call to the next.
 pub struct Llm {
     executor: Executor,
+    scheduler: Scheduler,
     tokenizer: Option<Tokenizer>,
-    config: EngineConfig,
-    /// Preemptions over the engine's life.
-    pub preemptions: u64,
+    next_id: RequestId,
 }
 
 /// Per-request text state: streaming decode and stop strings.
@@ -97,32 +112,38 @@ struct TextState {
 
 impl Llm {
     pub fn new(model: Box<dyn LanguageModel>, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Self {
+        let scheduler = Scheduler::new(config.scheduler(model.info().context_length));
         let ctx = Context::new(model, config.kv_capacity);
-        Self { executor: Executor::new(ctx), tokenizer, config, preemptions: 0 }
+        Self { executor: Executor::new(ctx), scheduler, tokenizer, next_id: 0 }
+    }
+
+    /// The scheduler's counters (preemptions, prefix-cache queries and hits).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
     }
 
     /// Generates for every prompt (token ids) and returns the completions in prompt order.
     pub fn generate(&mut self, prompts: &[Vec<u32>], params: &GenerateParams) -> Result<Vec<Completion>, EngineError> {
         let info = self.executor.context().info().clone();
         params.sampling.validate(info.vocab_size)?;
-        let mut scheduler = Scheduler::new(SchedulerConfig {
-            max_seqs_per_step: self.config.max_seqs_per_step,
-            max_tokens_per_step: self.config.max_tokens_per_step,
-            kv_capacity: self.config.kv_capacity,
-            context_length: info.context_length,
-        });
+        let scheduler = &mut self.scheduler;
+        let base = self.next_id;
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
             stop_ids.extend(&info.eos_token_ids);
         }
         for (index, prompt) in prompts.iter().enumerate() {
             let stop = StopConditions { max_tokens: params.max_tokens, stop_token_ids: stop_ids.clone() };
-            scheduler
-                .add(Sequence::new(index as RequestId, prompt.clone(), stop))
-                .map_err(|source| EngineError::Admission { index, source })?;
+            if let Err(source) = scheduler.add(Sequence::new(base + index as RequestId, prompt.clone(), stop)) {
+                for earlier in 0..index {
+                    scheduler.finish_request(base + earlier as RequestId, FinishReason::Abort);
+                }
+                return Err(EngineError::Admission { index, source });
+            }
         }
+        self.next_id += prompts.len() as RequestId;
         for (index, prompt) in prompts.iter().enumerate() {
-            self.executor.add_request(index as RequestId, Sampler::new(params.sampling.clone(), prompt));
+            self.executor.add_request(base + index as RequestId, Sampler::new(params.sampling.clone(), prompt));
         }
         let mut texts: Vec<TextState> = prompts
             .iter()
@@ -139,24 +160,23 @@ impl Llm {
             let tokens: Vec<Option<u32>> = sampled.iter().map(|s| s.as_ref().map(|s| s.token)).collect();
             for (item, token) in plan.items.iter().zip(&tokens) {
                 if let (Some(t), Some(tokenizer)) = (token, &self.tokenizer) {
-                    Self::push_text(&mut texts[item.id as usize], tokenizer, *t)?;
+                    Self::push_text(&mut texts[(item.id - base) as usize], tokenizer, *t)?;
                 }
             }
             for f in scheduler.postprocess(&plan, &tokens) {
-                let id = f.id as usize;
+                let id = (f.id - base) as usize;
                 let reason = if texts[id].stopped { FinishReason::Stop } else { f.reason };
                 done[id] = Some(Finished { reason, ..f });
             }
             for (id, state) in texts.iter().enumerate() {
                 if state.stopped && done[id].is_none() {
-                    done[id] = scheduler.finish_request(id as RequestId, FinishReason::Stop);
+                    done[id] = scheduler.finish_request(base + id as RequestId, FinishReason::Stop);
                 }
             }
         }
-        self.preemptions += scheduler.preemptions;
         let mut completions = Vec::with_capacity(prompts.len());
         for (id, (finished, mut state)) in done.into_iter().zip(texts).enumerate() {
-            self.executor.remove_request(id as RequestId);
+            self.executor.remove_request(base + id as RequestId);
             let finished = finished.ok_or_else(|| DecodeError::Internal(format!("request {id} never finished")))?;
             let text = match &self.tokenizer {
                 Some(tokenizer) => Some(Self::finish_text(&mut state, tokenizer)?),

@@ -18,9 +18,13 @@ async fn engine(config: EngineConfig) -> Engine {
 async fn mock_engine(fail_on_token: Option<u32>) -> Engine {
     let dir = tempfile_dir(fail_on_token);
     let model = load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()).unwrap();
-    Engine::start(model, None, EngineConfig { kv_capacity: 256, max_seqs_per_step: 8, max_tokens_per_step: 8 })
-        .await
-        .unwrap()
+    Engine::start(
+        model,
+        None,
+        EngineConfig { kv_capacity: 256, max_seqs_per_step: 8, max_tokens_per_step: 8, prefix_caching: false },
+    )
+    .await
+    .unwrap()
 }
 
 /// A mock model directory (config.json only).
@@ -67,7 +71,8 @@ fn reason(event: &Event) -> FinishReason {
 async fn wait_idle(engine: &Engine) -> llaisys_actors::EngineStats {
     for _ in 0..200 {
         let stats = engine.stats().await.unwrap();
-        if stats.running == 0 && stats.waiting == 0 && stats.kv_cells_used == 0 {
+        // Idle: nothing queued or running, and every used cell belongs to a cached prefix.
+        if stats.running == 0 && stats.waiting == 0 && stats.kv_cells_used <= stats.kv_cells_cached {
             return stats;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -78,7 +83,13 @@ async fn wait_idle(engine: &Engine) -> llaisys_actors::EngineStats {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_match_the_transformers_reference() {
     let reference = Reference::load(FIXTURE);
-    let engine = engine(EngineConfig { kv_capacity: 512, max_seqs_per_step: 8, max_tokens_per_step: 16 }).await;
+    let engine = engine(EngineConfig {
+        kv_capacity: 512,
+        max_seqs_per_step: 8,
+        max_tokens_per_step: 16,
+        ..EngineConfig::default()
+    })
+    .await;
     let mut streams = Vec::new();
     for _ in 0..3 {
         for p in &reference.prompts {

@@ -41,7 +41,12 @@ fn eight_concurrent_requests_match_the_core_and_transformers() {
     let reference = Reference::load(FIXTURE);
     let prompts = eight_prompts();
     // A small token budget forces chunked prefill mixed with decoding.
-    let mut engine = llm(EngineConfig { kv_capacity: 512, max_seqs_per_step: 8, max_tokens_per_step: 12 });
+    let mut engine = llm(EngineConfig {
+        kv_capacity: 512,
+        max_seqs_per_step: 8,
+        max_tokens_per_step: 12,
+        ..EngineConfig::default()
+    });
     let out = engine.generate(&prompts, &greedy_params(20)).unwrap();
     for (i, (prompt, c)) in prompts.iter().zip(&out).enumerate() {
         assert_eq!(c.tokens, core_greedy(prompt, 20), "prompt {i}: engine vs core");
@@ -57,9 +62,10 @@ fn eight_concurrent_requests_match_the_core_and_transformers() {
 #[test]
 fn a_tiny_cache_preempts_and_every_request_still_completes_correctly() {
     let prompts = eight_prompts();
-    let mut engine = llm(EngineConfig { kv_capacity: 64, max_seqs_per_step: 8, max_tokens_per_step: 32 });
+    let mut engine =
+        llm(EngineConfig { kv_capacity: 64, max_seqs_per_step: 8, max_tokens_per_step: 32, ..EngineConfig::default() });
     let out = engine.generate(&prompts, &greedy_params(12)).unwrap();
-    assert!(engine.preemptions > 0, "64 cells cannot hold 8 requests at once");
+    assert!(engine.scheduler().preemptions > 0, "64 cells cannot hold 8 requests at once");
     for (i, (prompt, c)) in prompts.iter().zip(&out).enumerate() {
         assert_eq!(c.tokens, core_greedy(prompt, 12), "prompt {i}");
     }
@@ -143,4 +149,20 @@ fn eos_ends_a_request_unless_ignored() {
     assert_eq!((out[0].tokens.clone(), out[0].finish), (p.greedy[..=at].to_vec(), FinishReason::Stop));
     let expected = tokenizer.decode(&p.greedy[..at], true).unwrap();
     assert_eq!(out[0].text.as_deref(), Some(expected.as_str()), "no special tokens in the text");
+}
+
+#[test]
+fn a_request_sharing_a_prefix_reuses_its_cells_and_gives_the_same_output() {
+    let reference = Reference::load(FIXTURE);
+    let p = &reference.prompts[1];
+    let mut engine = llm(EngineConfig::default());
+    let first = engine.generate(std::slice::from_ref(&p.ids), &greedy_params(20)).unwrap();
+    assert_eq!(first[0].tokens, p.greedy);
+    // The same code prompt with a different ending: its first 20 tokens are cached.
+    let mut second = p.ids[..20].to_vec();
+    second.extend_from_slice(&reference.prompts[0].ids[..4]);
+    let hits_before = engine.scheduler().prefix_hits;
+    let out = engine.generate(std::slice::from_ref(&second), &greedy_params(12)).unwrap();
+    assert_eq!(engine.scheduler().prefix_hits - hits_before, 20, "only the new 4 tokens were computed");
+    assert_eq!(out[0].tokens, core_greedy(&second, 12), "output unchanged by the reuse");
 }

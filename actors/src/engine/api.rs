@@ -59,7 +59,12 @@ pub struct EngineStats {
     pub waiting: usize,
     pub kv_cells_used: usize,
     pub kv_capacity: usize,
+    /// Cells kept for prefix reuse (included in `kv_cells_used`).
+    pub kv_cells_cached: usize,
     pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache, and how many were found.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
     pub finished: FinishCounts,
 }
 

@@ -15,7 +15,7 @@ use super::request_actor::{RequestActor, RequestArgs};
 use super::worker_actor::{WorkerActor, WorkerArgs};
 use crate::llm::{EngineConfig, EngineError};
 use crate::request::{FinishReason, RequestId};
-use crate::scheduler::{Finished, Scheduler, SchedulerConfig, Sequence, StopConditions};
+use crate::scheduler::{Finished, Scheduler, Sequence, StopConditions};
 use crate::worker::Executor;
 
 pub struct SchedulerActor;
@@ -62,12 +62,7 @@ impl Actor for SchedulerActor {
         let (worker, _) =
             Actor::spawn_linked(None, WorkerActor, WorkerArgs { executor, scheduler: me.clone() }, me.get_cell())
                 .await?;
-        let scheduler = Scheduler::new(SchedulerConfig {
-            max_seqs_per_step: args.config.max_seqs_per_step,
-            max_tokens_per_step: args.config.max_tokens_per_step,
-            kv_capacity: args.config.kv_capacity,
-            context_length: info.context_length,
-        });
+        let scheduler = Scheduler::new(args.config.scheduler(info.context_length));
         Ok(SchedulerState {
             scheduler,
             worker,
@@ -132,6 +127,9 @@ impl Actor for SchedulerActor {
                     kv_cells_used,
                     kv_capacity: state.kv_capacity,
                     preemptions: state.scheduler.preemptions,
+                    kv_cells_cached: state.scheduler.kv_cached(),
+                    prefix_queries: state.scheduler.prefix_queries,
+                    prefix_hits: state.scheduler.prefix_hits,
                     finished: state.finished,
                 });
             }

@@ -4,6 +4,12 @@
 //! admitted in arrival order while the KV cache has room. When a running sequence cannot get
 //! cells, the newest running sequence is preempted: its cells are freed and it goes back to the
 //! head of the queue to be recomputed. All scheduling policy lives in `schedule`.
+//!
+//! E5, prefix reuse: a finished sequence keeps its cells as a cached prefix. A new request whose
+//! prompt starts with cached tokens gets them by a KV copy (shared cells) and computes only the
+//! rest. Cached prefixes are evicted least recently used, before any running sequence is
+//! preempted. Cells shared between owners are counted once per owner, so the accounting never
+//! under-estimates what the cache holds.
 
 use std::collections::VecDeque;
 
@@ -24,6 +30,8 @@ pub struct SchedulerConfig {
     pub kv_capacity: usize,
     /// The model's context length.
     pub context_length: usize,
+    /// Keep finished sequences' cells for reuse by later requests with the same prefix.
+    pub prefix_caching: bool,
 }
 
 /// Why a request was refused at submission.
@@ -52,11 +60,21 @@ pub struct PlanItem {
     pub sample: bool,
 }
 
+/// A prefix reuse: `dst` gains ownership of `src`'s cells for positions `[0, len)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixCopy {
+    pub src: SeqId,
+    pub dst: SeqId,
+    pub len: usize,
+}
+
 /// What the worker runs in one step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepPlan {
-    /// Sequences whose cells to drop before the batch (finished, aborted or preempted).
+    /// Sequences whose cells to drop before the batch (finished, aborted, preempted, evicted).
     pub free: Vec<SeqId>,
+    /// Prefix reuses, applied after `free` and before the batch.
+    pub copies: Vec<PrefixCopy>,
     pub items: Vec<PlanItem>,
 }
 
@@ -66,6 +84,15 @@ pub struct Finished {
     pub id: RequestId,
     pub output: Vec<u32>,
     pub reason: FinishReason,
+}
+
+/// A finished sequence's cells kept for reuse.
+#[derive(Debug)]
+struct CachedPrefix {
+    seq: SeqId,
+    /// The tokens whose keys and values the cells hold.
+    tokens: Vec<u32>,
+    last_used: u64,
 }
 
 #[derive(Debug)]
@@ -79,8 +106,14 @@ pub struct Scheduler {
     /// Cells to free at the start of the next step.
     to_free: Vec<SeqId>,
     arrivals: u64,
+    cached: Vec<CachedPrefix>,
+    /// Advances every step; orders cached prefixes by last use.
+    clock: u64,
     /// Number of preemptions so far (observable for tests and metrics).
     pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache, and how many were found (vLLM's counters).
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
 }
 
 impl Scheduler {
@@ -94,7 +127,11 @@ impl Scheduler {
             kv_used: 0,
             to_free: Vec::new(),
             arrivals: 0,
+            cached: Vec::new(),
+            clock: 0,
             preemptions: 0,
+            prefix_queries: 0,
+            prefix_hits: 0,
         }
     }
 
@@ -119,6 +156,11 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Cells held by cached prefixes.
+    pub fn kv_cached(&self) -> usize {
+        self.cached.iter().map(|c| c.tokens.len()).sum()
+    }
+
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty() || !self.to_free.is_empty()
     }
@@ -138,13 +180,15 @@ impl Scheduler {
 
     /// Builds the next step; `None` when there is nothing to run.
     pub fn schedule(&mut self) -> Option<StepPlan> {
-        let mut plan = StepPlan { free: std::mem::take(&mut self.to_free), items: Vec::new() };
+        let mut plan = StepPlan { free: std::mem::take(&mut self.to_free), ..StepPlan::default() };
+        self.clock += 1;
         let mut budget = self.config.max_tokens_per_step;
         let mut preempted = false;
         // Running sequences, oldest first: a decode token each, or the next prefill chunk.
         let mut i = 0;
         while i < self.running.len() && budget > 0 && plan.items.len() < self.config.max_seqs_per_step {
             let need = self.running[i].pending().min(budget);
+            while self.kv_free() < need && self.evict_lru(None, &mut plan) {}
             while self.kv_free() < need && i < self.running.len() {
                 let victim = self.running.len() - 1; // the newest; possibly `i` itself
                 self.preempt(victim, &mut plan);
@@ -160,9 +204,33 @@ impl Scheduler {
         // Waiting sequences in arrival order while there is room (none while preempting).
         while !preempted && budget > 0 && plan.items.len() < self.config.max_seqs_per_step {
             let Some(front) = self.waiting.front() else { break };
-            let need = front.pending().min(budget);
-            let Some(seq) = (self.kv_free() >= need).then(|| self.free_seqs.pop()).flatten() else { break };
+            let len = front.tokens.len();
+            let mut hit = self.longest_prefix(&front.tokens);
+            while !self.fits(len, hit, budget) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan) {}
+            if !self.fits(len, hit, budget) && hit.is_some() {
+                // Even alone with its prefix it does not fit: compute it all instead.
+                hit = None;
+                while !self.fits(len, None, budget) && self.evict_lru(None, &mut plan) {}
+            }
+            if !self.fits(len, hit, budget) {
+                break;
+            }
+            let hit_len = hit.map_or(0, |(_, len)| len);
+            let need = (len - hit_len).min(budget);
+            let Some(seq) = self.free_seqs.pop() else { break };
             let mut s = self.waiting.pop_front().expect("front exists");
+            if self.config.prefix_caching {
+                self.prefix_queries += s.tokens.len() as u64;
+                self.prefix_hits += hit_len as u64;
+            }
+            if let Some((src, len)) = hit {
+                plan.copies.push(PrefixCopy { src, dst: seq, len });
+                s.computed = len;
+                self.kv_used += len;
+                if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src) {
+                    c.last_used = self.clock;
+                }
+            }
             // The state machine allows waiting/preempted → running; anything else is a bug.
             s.state.transition(s.id, RequestState::Running).expect("queued sequences are waiting or preempted");
             s.seq = Some(seq);
@@ -185,6 +253,42 @@ impl Scheduler {
             sample: start + n == s.tokens.len(),
         });
         self.kv_used += n;
+    }
+
+    /// Whether a waiting sequence of `len` tokens can be admitted now with `hit`: a free
+    /// sequence id, and room for the copied prefix (counted again: shared cells are counted per
+    /// owner) plus this step's chunk.
+    fn fits(&self, len: usize, hit: Option<(SeqId, usize)>, budget: usize) -> bool {
+        let hit_len = hit.map_or(0, |(_, l)| l);
+        !self.free_seqs.is_empty() && self.kv_free() >= hit_len + (len - hit_len).min(budget)
+    }
+
+    /// The cached prefix sharing the most leading tokens with `tokens`, leaving at least one
+    /// token to compute (its logits give the next token): `(seq, shared length)`.
+    fn longest_prefix(&self, tokens: &[u32]) -> Option<(SeqId, usize)> {
+        if !self.config.prefix_caching {
+            return None;
+        }
+        self.cached
+            .iter()
+            .map(|c| (c.seq, c.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1)))
+            .filter(|(_, len)| *len > 0)
+            .max_by_key(|(_, len)| *len)
+    }
+
+    /// Evicts the least recently used cached prefix other than `keep`; false when none is left.
+    fn evict_lru(&mut self, keep: Option<SeqId>, plan: &mut StepPlan) -> bool {
+        let Some(i) = (0..self.cached.len())
+            .filter(|&i| Some(self.cached[i].seq) != keep)
+            .min_by_key(|&i| self.cached[i].last_used)
+        else {
+            return false;
+        };
+        let c = self.cached.swap_remove(i);
+        self.kv_used -= c.tokens.len();
+        plan.free.push(c.seq);
+        self.free_seqs.push(c.seq);
+        true
     }
 
     /// Frees a running sequence's cells and puts it back at the head of the queue.
@@ -235,11 +339,23 @@ impl Scheduler {
 
     fn finish(&mut self, i: usize, reason: FinishReason) -> Finished {
         let mut s = self.running.remove(i);
-        if let Some(seq) = s.seq.take() {
-            self.to_free.push(seq);
-            self.free_seqs.push(seq);
+        let keep = self.config.prefix_caching
+            && matches!(reason, FinishReason::Stop | FinishReason::Length)
+            && s.scheduled == 0
+            && s.computed > 0;
+        match s.seq.take() {
+            // Its cells stay, now as a cached prefix (still counted in `kv_used`).
+            Some(seq) if keep => {
+                let tokens = s.tokens[..s.computed].to_vec();
+                self.cached.push(CachedPrefix { seq, tokens, last_used: self.clock });
+            }
+            Some(seq) => {
+                self.to_free.push(seq);
+                self.free_seqs.push(seq);
+                self.kv_used -= s.computed + s.scheduled;
+            }
+            None => self.kv_used -= s.computed + s.scheduled,
         }
-        self.kv_used -= s.computed + s.scheduled;
         // Stop/length only from running, which `s` is; abort/error from anywhere.
         let _ = s.state.transition(s.id, RequestState::Finished(reason));
         Finished { id: s.id, output: s.output().to_vec(), reason }

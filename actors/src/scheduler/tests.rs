@@ -5,7 +5,13 @@ use super::*;
 use crate::request::FinishReason;
 
 fn config(tokens: usize, seqs: usize, kv: usize) -> SchedulerConfig {
-    SchedulerConfig { max_seqs_per_step: seqs, max_tokens_per_step: tokens, kv_capacity: kv, context_length: 1000 }
+    SchedulerConfig {
+        max_seqs_per_step: seqs,
+        max_tokens_per_step: tokens,
+        kv_capacity: kv,
+        context_length: 1000,
+        prefix_caching: false,
+    }
 }
 
 fn seq(id: u64, prompt_len: usize, max_tokens: usize) -> Sequence {
@@ -169,4 +175,86 @@ fn a_sequence_that_fills_the_whole_cache_ends_with_length_instead_of_preempting_
         finished.iter().map(|f| (f.output.len(), f.reason)).collect::<Vec<_>>(),
         vec![(8, FinishReason::Length)]
     );
+}
+
+fn caching(tokens: usize, kv: usize) -> Scheduler {
+    Scheduler::new(SchedulerConfig { prefix_caching: true, ..config(tokens, 8, kv) })
+}
+
+/// Runs until every queued request finished; returns them.
+fn run_all(s: &mut Scheduler) -> Vec<Finished> {
+    let mut finished = Vec::new();
+    for _ in 0..200 {
+        if s.n_running() + s.n_waiting() == 0 {
+            break;
+        }
+        finished.extend(step(s).1);
+    }
+    finished
+}
+
+fn with_prompt(id: u64, prompt: &[u32], max_tokens: usize) -> Sequence {
+    Sequence::new(id, prompt.to_vec(), StopConditions { max_tokens, stop_token_ids: vec![9] })
+}
+
+#[test]
+fn a_shared_prefix_is_copied_and_only_the_rest_computed() {
+    let mut s = caching(64, 100);
+    s.add(with_prompt(0, &[1, 2, 3, 4, 5, 6], 2)).unwrap();
+    run_all(&mut s);
+    assert_eq!((s.kv_cached(), s.kv_used()), (7, 7), "prompt + first output token stay cached");
+    s.add(with_prompt(1, &[1, 2, 3, 4, 50, 60], 2)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.copies.len(), 1);
+    assert_eq!(plan.copies[0].len, 4);
+    assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.clone()), (4, vec![50, 60]));
+    assert_eq!((s.prefix_queries, s.prefix_hits), (12, 4));
+}
+
+#[test]
+fn an_identical_prompt_still_computes_its_last_token() {
+    let mut s = caching(64, 100);
+    s.add(with_prompt(0, &[1, 2, 3, 4], 1)).unwrap();
+    run_all(&mut s);
+    s.add(with_prompt(1, &[1, 2, 3, 4], 1)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!((plan.copies[0].len, plan.items[0].tokens.clone(), plan.items[0].sample), (3, vec![4], true));
+}
+
+#[test]
+fn cached_prefixes_are_evicted_least_recently_used_before_anyone_is_preempted() {
+    let mut s = caching(64, 20);
+    for (id, first) in [(0, 10), (1, 20)] {
+        s.add(with_prompt(id, &[first, first + 1, first + 2, first + 3, first + 4], 1)).unwrap();
+        run_all(&mut s);
+    }
+    assert_eq!(s.kv_cached(), 10);
+    // Touch prefix 0 so prefix 1 becomes the least recently used.
+    s.add(with_prompt(2, &[10, 11, 12, 99], 1)).unwrap();
+    run_all(&mut s);
+    assert_eq!(s.kv_cached(), 14, "prefixes of 5, 5 and 4 tokens");
+    // 7 new cells are needed and 6 are free: exactly one prefix goes, the least recently used
+    // (request 1's: request 2 reused request 0's).
+    s.add(with_prompt(3, &(30..37).collect::<Vec<u32>>(), 2)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert!(plan.copies.is_empty());
+    assert_eq!((plan.free.len(), s.kv_cached(), s.preemptions), (1, 9, 0), "{plan:?}");
+    run_all(&mut s);
+    // Request 0's prefix survived: a prompt starting with it still hits.
+    s.add(with_prompt(4, &[10, 11, 12, 13, 77], 1)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.copies.first().map(|c| c.len), Some(4));
+    // Request 1's did not.
+    s.add(with_prompt(5, &[20, 21, 22, 23, 77], 1)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert!(plan.copies.is_empty());
+}
+
+#[test]
+fn aborted_requests_are_not_cached() {
+    let mut s = caching(64, 100);
+    s.add(with_prompt(0, &[1, 2, 3], 10)).unwrap();
+    step(&mut s);
+    s.finish_request(0, FinishReason::Abort).unwrap();
+    assert_eq!((s.kv_cached(), s.kv_used()), (0, 0));
 }

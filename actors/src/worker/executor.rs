@@ -42,6 +42,12 @@ impl Executor {
                 .seq_rm(seq, ..)
                 .map_err(|e| DecodeError::Internal(format!("freeing sequence {seq}: {e}")))?;
         }
+        for copy in &plan.copies {
+            self.ctx
+                .kv_mut()
+                .seq_cp(copy.src, copy.dst, 0..copy.len as i64)
+                .map_err(|e| DecodeError::Internal(format!("reusing the prefix of sequence {}: {e}", copy.src)))?;
+        }
         if plan.items.is_empty() {
             return Ok(Vec::new());
         }
