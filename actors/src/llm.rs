@@ -3,10 +3,10 @@
 //! prompts are continuously batched exactly as in serving.
 
 use llaisys_model::sampling::SamplingError;
-use llaisys_model::tokenizer::{IncrementalDecoder, TokenizerError};
+use llaisys_model::tokenizer::TokenizerError;
 use llaisys_model::{Context, DecodeError, LanguageModel, Sampler, SamplingParams, Tokenizer};
 
-use crate::request::{FinishReason, RequestId, StopMatcher, StopOutcome};
+use crate::request::{FinishReason, RequestId, TextStream};
 use crate::scheduler::{AdmissionError, Finished, Scheduler, SchedulerConfig, Sequence, StopConditions};
 use crate::worker::Executor;
 
@@ -64,6 +64,18 @@ impl Default for GenerateParams {
     }
 }
 
+impl GenerateParams {
+    /// When a request with these parameters stops: its own stop ids plus the model's `eos`
+    /// ids (unless `ignore_eos`), after `max_tokens`.
+    pub fn stop_conditions(&self, eos: &[u32]) -> StopConditions {
+        let mut stop_token_ids = self.stop_token_ids.clone();
+        if !self.ignore_eos {
+            stop_token_ids.extend(eos);
+        }
+        StopConditions { max_tokens: self.max_tokens, stop_token_ids }
+    }
+}
+
 /// One prompt's result.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
@@ -101,15 +113,6 @@ pub struct Llm {
     next_id: RequestId,
 }
 
-/// Per-request text state: streaming decode and stop strings.
-struct TextState {
-    decoder: IncrementalDecoder,
-    stops: StopMatcher,
-    text: String,
-    /// A stop string ended the text.
-    stopped: bool,
-}
-
 impl Llm {
     pub fn new(model: Box<dyn LanguageModel>, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Self {
         let scheduler = Scheduler::new(config.scheduler(model.info().context_length));
@@ -128,12 +131,8 @@ impl Llm {
         params.sampling.validate(info.vocab_size)?;
         let scheduler = &mut self.scheduler;
         let base = self.next_id;
-        let mut stop_ids = params.stop_token_ids.clone();
-        if !params.ignore_eos {
-            stop_ids.extend(&info.eos_token_ids);
-        }
         for (index, prompt) in prompts.iter().enumerate() {
-            let stop = StopConditions { max_tokens: params.max_tokens, stop_token_ids: stop_ids.clone() };
+            let stop = params.stop_conditions(&info.eos_token_ids);
             if let Err(source) = scheduler.add(Sequence::new(base + index as RequestId, prompt.clone(), stop)) {
                 for earlier in 0..index {
                     scheduler.finish_request(base + earlier as RequestId, FinishReason::Abort);
@@ -145,79 +144,43 @@ impl Llm {
         for (index, prompt) in prompts.iter().enumerate() {
             self.executor.add_request(base + index as RequestId, Sampler::new(params.sampling.clone(), prompt));
         }
-        let mut texts: Vec<TextState> = prompts
-            .iter()
-            .map(|_| TextState {
-                decoder: IncrementalDecoder::new(true),
-                stops: StopMatcher::new(params.stop.iter().cloned()),
-                text: String::new(),
-                stopped: false,
-            })
-            .collect();
+        // Per prompt: its text stream and the text so far.
+        let mut texts: Vec<(TextStream, String)> =
+            prompts.iter().map(|_| (TextStream::new(params.stop.iter().cloned()), String::new())).collect();
         let mut done: Vec<Option<Finished>> = vec![None; prompts.len()];
         while let Some(plan) = scheduler.schedule() {
             let sampled = self.executor.execute(&plan)?;
             let tokens: Vec<Option<u32>> = sampled.iter().map(|s| s.as_ref().map(|s| s.token)).collect();
             for (item, token) in plan.items.iter().zip(&tokens) {
                 if let (Some(t), Some(tokenizer)) = (token, &self.tokenizer) {
-                    Self::push_text(&mut texts[(item.id - base) as usize], tokenizer, *t)?;
+                    let (stream, text) = &mut texts[(item.id - base) as usize];
+                    text.push_str(&stream.push(tokenizer, *t)?);
                 }
             }
             for f in scheduler.postprocess(&plan, &tokens) {
                 let id = (f.id - base) as usize;
-                let reason = if texts[id].stopped { FinishReason::Stop } else { f.reason };
+                let reason = if texts[id].0.stopped() { FinishReason::Stop } else { f.reason };
                 done[id] = Some(Finished { reason, ..f });
             }
-            for (id, state) in texts.iter().enumerate() {
-                if state.stopped && done[id].is_none() {
+            for (id, (stream, _)) in texts.iter().enumerate() {
+                if stream.stopped() && done[id].is_none() {
                     done[id] = scheduler.finish_request(base + id as RequestId, FinishReason::Stop);
                 }
             }
         }
         let mut completions = Vec::with_capacity(prompts.len());
-        for (id, (finished, mut state)) in done.into_iter().zip(texts).enumerate() {
+        for (id, (finished, (mut stream, mut text))) in done.into_iter().zip(texts).enumerate() {
             self.executor.remove_request(base + id as RequestId);
             let finished = finished.ok_or_else(|| DecodeError::Internal(format!("request {id} never finished")))?;
             let text = match &self.tokenizer {
-                Some(tokenizer) => Some(Self::finish_text(&mut state, tokenizer)?),
+                Some(tokenizer) => {
+                    text.push_str(&stream.finish(tokenizer)?);
+                    Some(text)
+                }
                 None => None,
             };
             completions.push(Completion { tokens: finished.output, text, finish: finished.reason });
         }
         Ok(completions)
-    }
-
-    fn push_text(state: &mut TextState, tokenizer: &Tokenizer, token: u32) -> Result<(), TokenizerError> {
-        if !state.stopped
-            && let Some(delta) = state.decoder.push(tokenizer, token)?
-        {
-            Self::push_delta(state, &delta);
-        }
-        Ok(())
-    }
-
-    /// Runs newly decoded text through the stop strings.
-    fn push_delta(state: &mut TextState, delta: &str) {
-        match state.stops.push(delta) {
-            StopOutcome::Continue(text) => state.text.push_str(&text),
-            StopOutcome::Stopped(text) => {
-                state.text.push_str(&text);
-                state.stopped = true;
-            }
-        }
-    }
-
-    /// The final text: what the decoder and the stop matcher still hold, unless a stop string ended it.
-    fn finish_text(state: &mut TextState, tokenizer: &Tokenizer) -> Result<String, TokenizerError> {
-        if !state.stopped
-            && let Some(rest) = state.decoder.finish(tokenizer)?
-        {
-            Self::push_delta(state, &rest);
-        }
-        if !state.stopped {
-            let held = state.stops.finish();
-            state.text.push_str(&held);
-        }
-        Ok(std::mem::take(&mut state.text))
     }
 }

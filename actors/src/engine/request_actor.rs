@@ -5,13 +5,12 @@
 use std::sync::Arc;
 
 use llaisys_model::Tokenizer;
-use llaisys_model::tokenizer::IncrementalDecoder;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::Event;
 use super::messages::{ToRequest, ToScheduler};
-use crate::request::{FinishReason, RequestId, StopMatcher, StopOutcome};
+use crate::request::{FinishReason, RequestId, TextStream};
 
 pub struct RequestActor;
 
@@ -26,28 +25,21 @@ pub struct RequestArgs {
 
 pub struct RequestState {
     args: RequestArgs,
-    decoder: IncrementalDecoder,
-    stops: StopMatcher,
-    /// A stop string matched or the client left: later tokens are not shown.
+    text: TextStream,
+    /// The scheduler was asked to end the request (stop string, or the client left): later
+    /// tokens are not shown.
     ended: bool,
 }
 
 impl RequestState {
-    /// Text `token` completes, cut at a stop string (then the request is ended).
+    /// Text `token` completes; a matched stop string ends the request.
     fn text_of(&mut self, token: u32) -> Result<String, ActorProcessingErr> {
         let Some(tokenizer) = &self.args.tokenizer else { return Ok(String::new()) };
-        let Some(delta) = self.decoder.push(tokenizer, token)? else { return Ok(String::new()) };
-        Ok(self.filter(&delta))
-    }
-
-    fn filter(&mut self, delta: &str) -> String {
-        match self.stops.push(delta) {
-            StopOutcome::Continue(text) => text,
-            StopOutcome::Stopped(text) => {
-                self.end(FinishReason::Stop);
-                text
-            }
+        let text = self.text.push(tokenizer, token)?;
+        if self.text.stopped() {
+            self.end(FinishReason::Stop);
         }
+        Ok(text)
     }
 
     /// Asks the scheduler to end this request (once).
@@ -58,21 +50,12 @@ impl RequestState {
         }
     }
 
-    /// What the decoder and stop matcher still hold at the end.
+    /// What the text stream still holds at the end.
     fn rest(&mut self) -> Result<String, ActorProcessingErr> {
-        let mut text = String::new();
-        if self.ended {
-            return Ok(text);
+        match &self.args.tokenizer {
+            Some(tokenizer) if !self.ended => Ok(self.text.finish(tokenizer)?),
+            _ => Ok(String::new()),
         }
-        if let Some(tokenizer) = &self.args.tokenizer
-            && let Some(delta) = self.decoder.finish(tokenizer)?
-        {
-            text = self.filter(&delta);
-        }
-        if !self.ended {
-            text.push_str(&self.stops.finish());
-        }
-        Ok(text)
     }
 }
 
@@ -82,8 +65,8 @@ impl Actor for RequestActor {
     type Arguments = RequestArgs;
 
     async fn pre_start(&self, _: ActorRef<ToRequest>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
-        let stops = StopMatcher::new(args.stop.iter().cloned());
-        Ok(RequestState { args, decoder: IncrementalDecoder::new(true), stops, ended: false })
+        let text = TextStream::new(args.stop.iter().cloned());
+        Ok(RequestState { args, text, ended: false })
     }
 
     async fn handle(

@@ -15,7 +15,7 @@ use super::request_actor::{RequestActor, RequestArgs};
 use super::worker_actor::{WorkerActor, WorkerArgs};
 use crate::llm::{EngineConfig, EngineError};
 use crate::request::{FinishReason, RequestId};
-use crate::scheduler::{Finished, Scheduler, Sequence, StopConditions};
+use crate::scheduler::{Finished, Scheduler, Sequence};
 use crate::worker::Executor;
 
 pub struct SchedulerActor;
@@ -162,12 +162,8 @@ impl SchedulerState {
                 self.info.vocab_size
             ))));
         }
-        let mut stop_token_ids = params.stop_token_ids.clone();
-        if !params.ignore_eos {
-            stop_token_ids.extend(&self.info.eos_token_ids);
-        }
         let id = self.next_id;
-        let stop = StopConditions { max_tokens: params.max_tokens, stop_token_ids };
+        let stop = params.stop_conditions(&self.info.eos_token_ids);
         self.scheduler.add(Sequence::new(id, prompt.clone(), stop))?;
         self.next_id += 1;
         let args = RequestArgs {

@@ -2,6 +2,8 @@
 
 mod state;
 mod stop;
+mod text;
 
 pub use state::{FinishReason, IllegalTransition, RequestId, RequestState};
 pub use stop::{StopMatcher, StopOutcome};
+pub use text::TextStream;

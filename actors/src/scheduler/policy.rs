@@ -118,12 +118,11 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
-        let seqs = MAX_SEQ.min(u32::MAX as usize) as SeqId;
         Self {
             config,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            free_seqs: (0..seqs).rev().collect(),
+            free_seqs: (0..MAX_SEQ as SeqId).rev().collect(),
             kv_used: 0,
             to_free: Vec::new(),
             arrivals: 0,
