@@ -34,7 +34,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let engine = engine.clone();
         tasks.push(tokio::spawn(async move {
             let params = GenerateParams { max_tokens: 24, ..GenerateParams::default() };
-            let mut stream = engine.generate(GenerateRequest { prompt, params }).await?;
+            let mut stream = engine.generate(GenerateRequest::new(prompt, params)).await?;
             if i == 2 {
                 engine.cancel(stream.id).await; // the third request is cancelled at once
             }

@@ -2,6 +2,8 @@
 //! schedule → run → postprocess — over the same `Scheduler` and `Executor` the actors use, so
 //! prompts are continuously batched exactly as in serving.
 
+use std::time::Duration;
+
 use llaisys_model::sampling::SamplingError;
 use llaisys_model::tokenizer::TokenizerError;
 use llaisys_model::{Context, DecodeError, LanguageModel, Sampler, SamplingParams, Tokenizer};
@@ -19,11 +21,19 @@ pub struct EngineConfig {
     pub max_tokens_per_step: usize,
     /// Reuse the cells of finished requests for later prompts with the same prefix (E5).
     pub prefix_caching: bool,
+    /// A session with no request for this long is ended and its cells freed (E6).
+    pub session_idle_timeout: Duration,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { kv_capacity: 8192, max_seqs_per_step: 32, max_tokens_per_step: 512, prefix_caching: true }
+        Self {
+            kv_capacity: 8192,
+            max_seqs_per_step: 32,
+            max_tokens_per_step: 512,
+            prefix_caching: true,
+            session_idle_timeout: Duration::from_secs(600),
+        }
     }
 }
 
@@ -100,6 +110,14 @@ pub enum EngineError {
     Rejected(#[from] AdmissionError),
     #[error("the engine is shutting down")]
     ShuttingDown,
+    #[error("the model '{name}' is not served; available: {available}")]
+    UnknownModel { name: String, available: String },
+    #[error("the model name '{0}' is already served")]
+    DuplicateModel(String),
+    #[error("invalid session id: {0}")]
+    InvalidSession(String),
+    #[error("the model's worker failed and could not be restarted: {0}")]
+    WorkerLost(String),
     #[error("engine actor: {0}")]
     Actor(String),
 }

@@ -1,9 +1,12 @@
 //! The actor engine end to end on the tiny fixtures and the mock model.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use llaisys_actors::request::FinishReason;
-use llaisys_actors::{Engine, EngineConfig, Event, EventStream, GenerateParams, GenerateRequest};
+use llaisys_actors::{
+    Engine, EngineConfig, Event, EventStream, GenerateParams, GenerateRequest, ModelLoader, Router, Usage,
+};
 use llaisys_model::{Device, LoadOptions, Tokenizer, load_model};
 use llaisys_tests::{Reference, fixture_dir};
 
@@ -15,21 +18,33 @@ async fn engine(config: EngineConfig) -> Engine {
     Engine::start(model, Some(Tokenizer::from_dir(&dir).unwrap()), config).await.unwrap()
 }
 
+fn mock_config() -> EngineConfig {
+    EngineConfig {
+        kv_capacity: 256,
+        max_seqs_per_step: 8,
+        max_tokens_per_step: 8,
+        prefix_caching: false,
+        ..EngineConfig::default()
+    }
+}
+
 async fn mock_engine(fail_on_token: Option<u32>) -> Engine {
+    mock_engine_with(fail_on_token, mock_config()).await
+}
+
+/// A mock engine that reloads the model from its directory when the worker is replaced.
+async fn mock_engine_with(fail_on_token: Option<u32>, config: EngineConfig) -> Engine {
     let dir = tempfile_dir(fail_on_token);
-    let model = load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()).unwrap();
-    Engine::start(
-        model,
-        None,
-        EngineConfig { kv_capacity: 256, max_seqs_per_step: 8, max_tokens_per_step: 8, prefix_caching: false },
-    )
-    .await
-    .unwrap()
+    let loader: ModelLoader = Arc::new(move || load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()));
+    Engine::start_with_loader(loader, None, config).await.unwrap()
 }
 
 /// A mock model directory (config.json only).
 fn tempfile_dir(fail_on_token: Option<u32>) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("llaisys-mock-{}-{:?}", std::process::id(), fail_on_token));
+    // One directory per call: tests in one process run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("llaisys-mock-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let fail = fail_on_token.map_or(String::new(), |t| format!(r#","fail_on_token":{t}"#));
     std::fs::write(dir.join("config.json"), format!(r#"{{"model_type":"mock","vocab_size":200{fail}}}"#)).unwrap();
@@ -37,7 +52,18 @@ fn tempfile_dir(fail_on_token: Option<u32>) -> std::path::PathBuf {
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest { prompt, params: GenerateParams { max_tokens, ignore_eos: true, ..GenerateParams::default() } }
+    GenerateRequest::new(prompt, GenerateParams { max_tokens, ignore_eos: true, ..GenerateParams::default() })
+}
+
+fn in_session(prompt: Vec<u32>, max_tokens: usize, session: &str) -> GenerateRequest {
+    GenerateRequest { session: Some(session.into()), ..request(prompt, max_tokens) }
+}
+
+fn usage(event: &Event) -> Usage {
+    match event {
+        Event::Finished { usage, .. } => *usage,
+        other => panic!("not a finish: {other:?}"),
+    }
 }
 
 /// All events of a stream: the tokens and the final event.
@@ -102,18 +128,8 @@ async fn concurrent_requests_match_the_transformers_reference() {
         assert_eq!(tokens, p.greedy, "request {k}");
         let expected = Tokenizer::from_dir(&fixture_dir(FIXTURE)).unwrap().decode(&p.greedy, true).unwrap();
         assert_eq!(text, expected, "request {k}: streamed text");
-        assert_eq!(
-            finished,
-            Event::Finished {
-                reason: FinishReason::Length,
-                text: match &finished {
-                    Event::Finished { text, .. } => text.clone(),
-                    _ => unreachable!(),
-                },
-                prompt_tokens: p.ids.len(),
-                completion_tokens: 20
-            }
-        );
+        assert_eq!(reason(&finished), FinishReason::Length);
+        assert_eq!((usage(&finished).prompt_tokens, usage(&finished).completion_tokens), (p.ids.len(), 20));
     }
     assert_eq!(wait_idle(&engine).await.finished.length, 9);
 }
@@ -171,6 +187,95 @@ async fn a_failing_batch_fails_only_its_requests() {
     let (tokens, _, good) = collect(engine.generate(request(vec![1, 2, 3], 5)).await.unwrap()).await;
     assert_eq!((tokens.len(), reason(&good)), (5, FinishReason::Length), "the engine keeps serving");
     wait_idle(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_worker_is_replaced_and_requests_outside_its_batch_complete() {
+    // One sequence per step: the second request waits while the first one's batch fails.
+    let engine = mock_engine_with(Some(13), EngineConfig { max_seqs_per_step: 1, ..mock_config() }).await;
+    let bad = engine.generate(request(vec![1, 13, 2], 5)).await.unwrap();
+    let waiting = engine.generate(request(vec![1, 2, 3], 5)).await.unwrap();
+    assert_eq!(reason(&collect(bad).await.2), FinishReason::Error);
+    let (tokens, _, finished) = collect(waiting).await;
+    assert_eq!(reason(&finished), FinishReason::Length);
+    // The same request on an engine that never failed gives the same tokens.
+    let clean = mock_engine(None).await;
+    assert_eq!(tokens, collect(clean.generate(request(vec![1, 2, 3], 5)).await.unwrap()).await.0);
+    let stats = wait_idle(&engine).await;
+    assert_eq!((stats.worker_restarts, stats.finished.error, stats.finished.length), (1, 1, 1));
+    let (tokens, _, _) = collect(engine.generate(request(vec![4, 5], 5)).await.unwrap()).await;
+    assert_eq!(tokens.len(), 5, "the new worker keeps serving");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_loader_a_failed_worker_fails_everything_and_the_engine_refuses_requests() {
+    let dir = tempfile_dir(Some(13));
+    let model = load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()).unwrap();
+    let engine = Engine::start(model, None, mock_config()).await.unwrap();
+    assert_eq!(reason(&collect(engine.generate(request(vec![13], 5)).await.unwrap()).await.2), FinishReason::Error);
+    let err = engine.generate(request(vec![1], 5)).await.err().expect("refused");
+    assert!(err.to_string().contains("cannot be loaded again"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_next_turn_computes_only_its_new_tokens() {
+    let engine = mock_engine(None).await; // prefix caching is off: only the session keeps cells
+    let first: Vec<u32> = (1..=10).collect();
+    let (out1, _, fin1) = collect(engine.generate(in_session(first.clone(), 5, "chat-1")).await.unwrap()).await;
+    assert_eq!(usage(&fin1).cached_tokens, 0);
+    let second: Vec<u32> = first.iter().chain(&out1).copied().chain([50, 51]).collect();
+    let (out2, _, fin2) = collect(engine.generate(in_session(second.clone(), 5, "chat-1")).await.unwrap()).await;
+    // Everything but the last generated token (never put through the model) was cached.
+    assert_eq!(usage(&fin2).cached_tokens, 10 + 5 - 1);
+    let (fresh, _, _) = collect(engine.generate(request(second, 5)).await.unwrap()).await;
+    assert_eq!(out2, fresh, "reusing the session's cells does not change the output");
+    let stats = wait_idle(&engine).await;
+    assert_eq!((stats.sessions, stats.prefix_hits, stats.kv_cells_cached), (1, 14, 21));
+    let sessions = engine.sessions().await.unwrap();
+    assert_eq!(
+        sessions.iter().map(|s| (s.id.as_str(), s.requests, s.active, s.cached_tokens)).collect::<Vec<_>>(),
+        vec![("chat-1", 2, 0, 21)]
+    );
+    assert!(engine.delete_session("chat-1").await.unwrap());
+    assert!(!engine.delete_session("chat-1").await.unwrap(), "already gone");
+    // The freed cells are dropped by the next step.
+    collect(engine.generate(request(vec![1], 1)).await.unwrap()).await;
+    let stats = wait_idle(&engine).await;
+    assert_eq!((stats.sessions, stats.kv_cells_used), (0, 0));
+    let err = engine.generate(in_session(vec![1], 1, "")).await.err().expect("refused");
+    assert!(err.to_string().contains("session id"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_expires_and_frees_its_cells() {
+    let config = EngineConfig { session_idle_timeout: Duration::from_millis(100), ..mock_config() };
+    let engine = mock_engine_with(None, config).await;
+    collect(engine.generate(in_session(vec![1, 2, 3], 3, "s")).await.unwrap()).await;
+    assert_eq!(engine.sessions().await.unwrap().len(), 1);
+    for _ in 0..300 {
+        if engine.sessions().await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(engine.sessions().await.unwrap().is_empty(), "expired");
+    collect(engine.generate(request(vec![1], 1)).await.unwrap()).await;
+    assert_eq!(wait_idle(&engine).await.kv_cells_used, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_picks_the_engine_by_model_name() {
+    let mut router = Router::new();
+    router.add("mock-a", mock_engine(None).await).unwrap();
+    router.add("tiny", engine(EngineConfig::default()).await).unwrap();
+    assert!(router.add("tiny", mock_engine(None).await).is_err(), "one engine per name");
+    assert_eq!(router.models().collect::<Vec<_>>(), vec!["mock-a", "tiny"]);
+    let p = &Reference::load(FIXTURE).prompts[0];
+    let (tokens, _, _) = collect(router.generate("tiny", request(p.ids.clone(), 20)).await.unwrap()).await;
+    assert_eq!(tokens, p.greedy);
+    let err = router.generate("gpt-4", request(vec![1], 1)).await.err().expect("unknown model");
+    assert_eq!(err.to_string(), "the model 'gpt-4' is not served; available: mock-a, tiny");
+    router.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

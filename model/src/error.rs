@@ -38,6 +38,8 @@ pub enum LoadError {
     Tokenizer { path: PathBuf, reason: String },
     #[error("model type `{model_type}` needs a model directory")]
     NeedsDirectory { model_type: &'static str },
+    #[error("the model was given as an instance, without a loader: it cannot be loaded again")]
+    NoLoader,
 }
 
 fn layer_suffix(layer: Option<usize>) -> String {

@@ -141,6 +141,16 @@ impl Sampler {
         Self { params, rng, prompt, generated: HashMap::new(), scratch: Vec::new() }
     }
 
+    /// A sampler for a sequence that already generated `generated` (it is being recomputed on a
+    /// restarted worker): the penalties count those tokens. The random stream starts afresh.
+    pub fn resume(params: SamplingParams, prompt: &[u32], generated: &[u32]) -> Self {
+        let mut sampler = Self::new(params, prompt);
+        for &t in generated {
+            *sampler.generated.entry(t).or_default() += 1;
+        }
+        sampler
+    }
+
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }

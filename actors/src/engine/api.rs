@@ -2,21 +2,44 @@
 //! runtime; clones of the handle share one engine; several engines can live in one process.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use llaisys_model::{LanguageModel, Tokenizer};
+use llaisys_model::{LanguageModel, LoadError, Tokenizer};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::messages::ToScheduler;
 use super::scheduler_actor::{SchedulerActor, SchedulerArgs};
+use super::session_actor::SessionInfo;
 use crate::llm::{EngineConfig, EngineError, GenerateParams};
 use crate::request::{FinishReason, RequestId};
 
+/// Loads an instance of the model: at start, and again when a failed worker is replaced.
+pub type ModelLoader = Arc<dyn Fn() -> Result<Box<dyn LanguageModel>, LoadError> + Send + Sync>;
+
 /// A request: prompt token ids and what to generate.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub params: GenerateParams,
+    /// The conversation this request continues (E6): its cells stay pinned after it ends, so
+    /// the next request of the session computes only its new tokens.
+    pub session: Option<String>,
+}
+
+impl GenerateRequest {
+    pub fn new(prompt: Vec<u32>, params: GenerateParams) -> Self {
+        Self { prompt, params, session: None }
+    }
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens reused from the cache (prefix reuse or the session) instead of computed.
+    pub cached_tokens: usize,
 }
 
 /// What a request's stream yields: tokens as they come, then exactly one `Finished`.
@@ -34,8 +57,9 @@ pub enum Event {
         reason: FinishReason,
         /// Text held back until the end (the rest of an incomplete character or stop prefix).
         text: String,
-        prompt_tokens: usize,
-        completion_tokens: usize,
+        usage: Usage,
+        /// Time from arrival to first admission (`None` if it never ran).
+        queue_time: Option<Duration>,
     },
 }
 
@@ -66,6 +90,10 @@ pub struct EngineStats {
     pub prefix_queries: u64,
     pub prefix_hits: u64,
     pub finished: FinishCounts,
+    /// Live sessions.
+    pub sessions: usize,
+    /// Times a failed worker was replaced.
+    pub worker_restarts: u64,
 }
 
 /// Requests finished so far, by reason.
@@ -99,13 +127,39 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the actors for one model in the current tokio runtime.
+    /// Starts the actors for one model instance in the current tokio runtime. Without a
+    /// loader the engine cannot replace a failed worker; it then refuses further requests.
     pub async fn start(
         model: Box<dyn LanguageModel>,
         tokenizer: Option<Tokenizer>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
-        let args = SchedulerArgs { model, tokenizer: tokenizer.map(Arc::new), config };
+        let loader: ModelLoader = Arc::new(|| Err(LoadError::NoLoader));
+        Self::spawn(model, loader, tokenizer, config).await
+    }
+
+    /// Starts the actors with a model from `loader`, which is called again to replace a worker
+    /// that failed.
+    pub async fn start_with_loader(
+        loader: ModelLoader,
+        tokenizer: Option<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let load = loader.clone();
+        let model = tokio::task::spawn_blocking(move || load())
+            .await
+            .map_err(|e| EngineError::Actor(e.to_string()))?
+            .map_err(|e| EngineError::WorkerLost(format!("loading the model: {e}")))?;
+        Self::spawn(model, loader, tokenizer, config).await
+    }
+
+    async fn spawn(
+        model: Box<dyn LanguageModel>,
+        loader: ModelLoader,
+        tokenizer: Option<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let args = SchedulerArgs { model, loader, tokenizer: tokenizer.map(Arc::new), config };
         let (scheduler, _) =
             Actor::spawn(None, SchedulerActor, args).await.map_err(|e| EngineError::Actor(e.to_string()))?;
         Ok(Self { scheduler })
@@ -132,6 +186,17 @@ impl Engine {
 
     pub async fn stats(&self) -> Result<EngineStats, EngineError> {
         ractor::call!(self.scheduler, ToScheduler::Stats).map_err(|e| EngineError::Actor(e.to_string()))
+    }
+
+    /// The live sessions, by id.
+    pub async fn sessions(&self) -> Result<Vec<SessionInfo>, EngineError> {
+        ractor::call!(self.scheduler, ToScheduler::Sessions).map_err(|e| EngineError::Actor(e.to_string()))
+    }
+
+    /// Ends a session and frees its cells. Returns whether it existed.
+    pub async fn delete_session(&self, id: &str) -> Result<bool, EngineError> {
+        ractor::call!(self.scheduler, |reply| ToScheduler::DeleteSession { id: id.into(), reply })
+            .map_err(|e| EngineError::Actor(e.to_string()))
     }
 
     /// Refuses new requests, waits for every request to finish, then stops the actors.

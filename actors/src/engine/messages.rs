@@ -1,10 +1,13 @@
 //! The typed messages between the actors.
 
+use std::time::Duration;
+
 use llaisys_model::{DecodeError, Sampled, Sampler};
-use ractor::RpcReplyPort;
+use ractor::{ActorId, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::{EngineStats, Event, GenerateRequest};
+use super::session_actor::SessionInfo;
 use crate::llm::EngineError;
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::StepPlan;
@@ -27,6 +30,14 @@ pub enum ToScheduler {
     Stats(RpcReplyPort<EngineStats>),
     /// Sent by `Engine::shutdown`: refuse new requests; reply once every request has finished.
     Shutdown(RpcReplyPort<()>),
+    /// Sent by `Engine::sessions`.
+    Sessions(RpcReplyPort<Vec<SessionInfo>>),
+    /// Sent by `Engine::delete_session`: stop the session and free its cells. Replies whether
+    /// it existed.
+    DeleteSession { id: String, reply: RpcReplyPort<bool> },
+    /// Sent by a session actor idle past the timeout: end it unless a request of it arrived
+    /// meanwhile. `actor` tells a stale message from the session's current actor.
+    SessionIdle { id: String, actor: ActorId },
 }
 
 /// To the worker actor.
@@ -41,10 +52,22 @@ pub enum ToWorker {
     KvUsed(RpcReplyPort<usize>),
 }
 
+/// To a session actor.
+pub enum ToSession {
+    /// A request of the session was queued.
+    Begin,
+    /// A request of the session finished.
+    End,
+    /// Sent by the scheduler for `Engine::sessions`, with what the session keeps cached.
+    Info { cached_tokens: usize, reply: RpcReplyPort<SessionInfo> },
+    /// The actor's own timer: check the idle time.
+    Tick,
+}
+
 /// To a request actor.
 pub enum ToRequest {
     /// A token sampled for this request.
     Token(Sampled),
     /// The request ended; the actor sends its last events and stops.
-    Finished { reason: FinishReason, completion_tokens: usize },
+    Finished { reason: FinishReason, completion_tokens: usize, cached_tokens: usize, queue_time: Option<Duration> },
 }

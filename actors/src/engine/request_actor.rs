@@ -8,7 +8,7 @@ use llaisys_model::Tokenizer;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::api::Event;
+use super::api::{Event, Usage};
 use super::messages::{ToRequest, ToScheduler};
 use crate::request::{FinishReason, RequestId, TextStream};
 
@@ -80,17 +80,33 @@ impl Actor for RequestActor {
                 if state.ended {
                     return Ok(());
                 }
-                let text = state.text_of(sampled.token)?;
+                let text = match state.text_of(sampled.token) {
+                    Ok(text) => text,
+                    Err(e) => {
+                        // The stream must still end with `Finished`: end the request instead.
+                        tracing::error!(request_id = state.args.id, error = %e, "detokenization failed");
+                        state.end(FinishReason::Error);
+                        return Ok(());
+                    }
+                };
                 let event =
                     Event::Token { token: sampled.token, text, logprob: sampled.logprob, top_logprobs: sampled.top };
                 if state.args.events.send(event).is_err() {
                     state.end(FinishReason::Abort); // the client dropped its stream
                 }
             }
-            ToRequest::Finished { reason, completion_tokens } => {
-                let text = state.rest()?;
+            ToRequest::Finished { reason, completion_tokens, cached_tokens, queue_time } => {
+                let text = state.rest().unwrap_or_else(|e| {
+                    tracing::error!(request_id = state.args.id, error = %e, "detokenization failed");
+                    String::new()
+                });
                 let prompt_tokens = state.args.prompt_tokens;
-                let _ = state.args.events.send(Event::Finished { reason, text, prompt_tokens, completion_tokens });
+                let _ = state.args.events.send(Event::Finished {
+                    reason,
+                    text,
+                    usage: Usage { prompt_tokens, completion_tokens, cached_tokens },
+                    queue_time,
+                });
                 me.stop(None);
             }
         }

@@ -1,17 +1,22 @@
-//! The scheduler actor: owns the scheduling policy and the table of live requests. One step is
-//! in flight at a time: schedule → the worker runs it → postprocess (tokens to request actors,
-//! finished requests ended) → schedule again.
+//! The scheduler actor: owns the scheduling policy, the table of live requests and the session
+//! actors, and supervises the worker. One step is in flight at a time: schedule → the worker
+//! runs it → postprocess (tokens to request actors, finished requests ended) → schedule again.
+//!
+//! Supervision: when the worker fails (a panic or an internal error in the forward pass), the
+//! requests of the batch it was running end with an error; every other request is kept and,
+//! since the cache died with the worker, recomputed on a new worker with a freshly loaded model.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llaisys_model::{Context, LanguageModel, ModelInfo, Sampler, Tokenizer};
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use llaisys_model::{Context, LanguageModel, ModelInfo, Sampler, SamplingParams, Tokenizer};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::api::{EngineStats, Event, FinishCounts, GenerateRequest};
-use super::messages::{ToRequest, ToScheduler, ToWorker};
+use super::api::{EngineStats, Event, FinishCounts, GenerateRequest, ModelLoader};
+use super::messages::{ToRequest, ToScheduler, ToSession, ToWorker};
 use super::request_actor::{RequestActor, RequestArgs};
+use super::session_actor::{SessionActor, SessionArgs};
 use super::worker_actor::{WorkerActor, WorkerArgs};
 use crate::llm::{EngineConfig, EngineError};
 use crate::request::{FinishReason, RequestId};
@@ -21,7 +26,9 @@ use crate::worker::Executor;
 pub struct SchedulerActor;
 
 pub struct SchedulerArgs {
+    /// The first instance of the model, and how to load another when the worker is restarted.
     pub model: Box<dyn LanguageModel>,
+    pub loader: ModelLoader,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub config: EngineConfig,
 }
@@ -31,17 +38,26 @@ struct Live {
     actor: ActorRef<ToRequest>,
     /// A clone of the client's channel, to notice a dropped stream even before the first token.
     events: UnboundedSender<Event>,
+    /// To give the request a new sampler if the worker is restarted.
+    sampling: SamplingParams,
+    session: Option<String>,
 }
 
 pub struct SchedulerState {
     scheduler: Scheduler,
     worker: ActorRef<ToWorker>,
+    loader: ModelLoader,
+    /// Why the worker could not be restarted; the engine then refuses requests.
+    worker_lost: Option<String>,
+    worker_restarts: u64,
     requests: HashMap<RequestId, Live>,
+    sessions: HashMap<String, ActorRef<ToSession>>,
     tokenizer: Option<Arc<Tokenizer>>,
     info: ModelInfo,
-    kv_capacity: usize,
+    config: EngineConfig,
     next_id: RequestId,
-    in_flight: bool,
+    /// The requests of the step the worker is running.
+    in_flight: Option<Vec<RequestId>>,
     shutting_down: bool,
     shutdown_waiters: Vec<RpcReplyPort<()>>,
     finished: FinishCounts,
@@ -58,24 +74,52 @@ impl Actor for SchedulerActor {
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
         let info = args.model.info().clone();
-        let executor = Executor::new(Context::new(args.model, args.config.kv_capacity));
-        let (worker, _) =
-            Actor::spawn_linked(None, WorkerActor, WorkerArgs { executor, scheduler: me.clone() }, me.get_cell())
-                .await?;
+        let worker = spawn_worker(&me, args.model, args.config.kv_capacity).await?;
         let scheduler = Scheduler::new(args.config.scheduler(info.context_length));
         Ok(SchedulerState {
             scheduler,
             worker,
+            loader: args.loader,
+            worker_lost: None,
+            worker_restarts: 0,
             requests: HashMap::new(),
+            sessions: HashMap::new(),
             tokenizer: args.tokenizer,
             info,
-            kv_capacity: args.config.kv_capacity,
+            config: args.config,
             next_id: 0,
-            in_flight: false,
+            in_flight: None,
             shutting_down: false,
             shutdown_waiters: Vec::new(),
             finished: FinishCounts::default(),
         })
+    }
+
+    async fn post_stop(&self, _: ActorRef<ToScheduler>, state: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
+        state.worker.stop(None);
+        for session in state.sessions.values() {
+            session.stop(None);
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        me: ActorRef<ToScheduler>,
+        event: SupervisionEvent,
+        state: &mut SchedulerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let failure = match event {
+            SupervisionEvent::ActorFailed(who, err) if who.get_id() == state.worker.get_id() => err.to_string(),
+            SupervisionEvent::ActorTerminated(who, _, reason) if who.get_id() == state.worker.get_id() => {
+                reason.unwrap_or_else(|| "the worker stopped".into())
+            }
+            // Session actors stop when the scheduler ends them; nothing else is linked.
+            _ => return Ok(()),
+        };
+        state.restart_worker(&me, failure).await;
+        state.step();
+        Ok(())
     }
 
     async fn handle(
@@ -90,7 +134,7 @@ impl Actor for SchedulerActor {
                 let _ = reply.send(result);
             }
             ToScheduler::StepDone { plan, result } => {
-                state.in_flight = false;
+                state.in_flight = None;
                 let finished = match result {
                     Ok(sampled) => {
                         let tokens: Vec<Option<u32>> = sampled.iter().map(|s| s.as_ref().map(|s| s.token)).collect();
@@ -102,7 +146,7 @@ impl Actor for SchedulerActor {
                         state.scheduler.postprocess(&plan, &tokens)
                     }
                     Err(e) => {
-                        // Only the requests of the failed batch fail; the engine goes on.
+                        // Invalid input for the model: only the requests of this batch fail.
                         tracing::error!(error = %e, requests = plan.items.len(), "step failed");
                         plan.items
                             .iter()
@@ -125,13 +169,36 @@ impl Actor for SchedulerActor {
                     running: state.scheduler.n_running(),
                     waiting: state.scheduler.n_waiting(),
                     kv_cells_used,
-                    kv_capacity: state.kv_capacity,
+                    kv_capacity: state.config.kv_capacity,
                     preemptions: state.scheduler.preemptions,
                     kv_cells_cached: state.scheduler.kv_cached(),
                     prefix_queries: state.scheduler.prefix_queries,
                     prefix_hits: state.scheduler.prefix_hits,
                     finished: state.finished,
+                    sessions: state.sessions.len(),
+                    worker_restarts: state.worker_restarts,
                 });
+            }
+            ToScheduler::Sessions(reply) => {
+                let mut infos = Vec::with_capacity(state.sessions.len());
+                for (id, actor) in &state.sessions {
+                    let cached_tokens = state.scheduler.session_cached(id);
+                    if let Ok(info) = ractor::call!(actor, |reply| ToSession::Info { cached_tokens, reply }) {
+                        infos.push(info);
+                    }
+                }
+                infos.sort_by(|a, b| a.id.cmp(&b.id));
+                let _ = reply.send(infos);
+            }
+            ToScheduler::DeleteSession { id, reply } => {
+                let _ = reply.send(state.end_session(&id, "deleted"));
+            }
+            ToScheduler::SessionIdle { id, actor } => {
+                let current = state.sessions.get(&id).is_some_and(|a| a.get_id() == actor);
+                let busy = state.requests.values().any(|l| l.session.as_deref() == Some(id.as_str()));
+                if current && !busy {
+                    state.end_session(&id, "expired");
+                }
             }
             ToScheduler::Shutdown(reply) => {
                 state.shutting_down = true;
@@ -154,7 +221,13 @@ impl SchedulerState {
         if self.shutting_down {
             return Err(EngineError::ShuttingDown);
         }
-        let GenerateRequest { prompt, params } = request;
+        if let Some(why) = &self.worker_lost {
+            return Err(EngineError::WorkerLost(why.clone()));
+        }
+        let GenerateRequest { prompt, params, session } = request;
+        if let Some(s) = &session {
+            validate_session_id(s)?;
+        }
         params.sampling.validate(self.info.vocab_size)?;
         if let Some(t) = prompt.iter().find(|t| **t as usize >= self.info.vocab_size) {
             return Err(EngineError::Decode(llaisys_model::DecodeError::InvalidInput(format!(
@@ -164,7 +237,7 @@ impl SchedulerState {
         }
         let id = self.next_id;
         let stop = params.stop_conditions(&self.info.eos_token_ids);
-        self.scheduler.add(Sequence::new(id, prompt.clone(), stop))?;
+        self.scheduler.add(Sequence::new(id, prompt.clone(), stop).in_session(session.clone()))?;
         self.next_id += 1;
         let args = RequestArgs {
             id,
@@ -181,22 +254,107 @@ impl SchedulerState {
                 return Err(EngineError::Actor(e.to_string()));
             }
         };
-        let sampler = Box::new(Sampler::new(params.sampling, &prompt));
-        self.worker
-            .send_message(ToWorker::AddRequest(id, sampler))
-            .map_err(|_| EngineError::Actor("worker stopped".into()))?;
-        tracing::info!(request_id = id, prompt_tokens = prompt.len(), max_tokens = params.max_tokens, "request queued");
-        self.requests.insert(id, Live { actor, events });
+        let sampler = Box::new(Sampler::new(params.sampling.clone(), &prompt));
+        // A worker that just died gets every live request's sampler when it is restarted.
+        let _ = self.worker.send_message(ToWorker::AddRequest(id, sampler));
+        if let Some(s) = &session {
+            self.session_actor(me, s)
+                .await?
+                .send_message(ToSession::Begin)
+                .map_err(|e| EngineError::Actor(e.to_string()))?;
+        }
+        tracing::info!(
+            request_id = id,
+            prompt_tokens = prompt.len(),
+            max_tokens = params.max_tokens,
+            session = session.as_deref(),
+            "request queued"
+        );
+        self.requests.insert(id, Live { actor, events, sampling: params.sampling, session });
         Ok(id)
+    }
+
+    /// The session's actor, started if the session is new.
+    async fn session_actor(
+        &mut self,
+        me: &ActorRef<ToScheduler>,
+        id: &str,
+    ) -> Result<ActorRef<ToSession>, EngineError> {
+        if let Some(actor) = self.sessions.get(id) {
+            return Ok(actor.clone());
+        }
+        let args = SessionArgs { id: id.into(), idle_timeout: self.config.session_idle_timeout, scheduler: me.clone() };
+        let (actor, _) = Actor::spawn_linked(None, SessionActor, args, me.get_cell())
+            .await
+            .map_err(|e| EngineError::Actor(e.to_string()))?;
+        self.sessions.insert(id.into(), actor.clone());
+        Ok(actor)
+    }
+
+    /// Stops a session and frees its cells; false if there was none.
+    fn end_session(&mut self, id: &str, why: &str) -> bool {
+        let Some(actor) = self.sessions.remove(id) else { return false };
+        actor.stop(None);
+        let freed = self.scheduler.session_cached(id);
+        self.scheduler.release_session(id);
+        tracing::info!(session = id, freed_cells = freed, "session {why}");
+        true
+    }
+
+    /// Replaces a failed worker: its batch's requests end with an error, the others are put
+    /// back to be recomputed on a new worker with a newly loaded model.
+    async fn restart_worker(&mut self, me: &ActorRef<ToScheduler>, failure: String) {
+        let batch = self.in_flight.take().unwrap_or_default();
+        tracing::error!(error = failure, failed_requests = batch.len(), "worker failed; restarting it");
+        let failed = batch.iter().filter_map(|id| self.scheduler.finish_request(*id, FinishReason::Error)).collect();
+        self.end(failed);
+        self.scheduler.reset_kv();
+        self.worker_restarts += 1;
+        let loader = self.loader.clone();
+        let model = match tokio::task::spawn_blocking(move || loader()).await {
+            Ok(Ok(model)) => Ok(model),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let worker = match model {
+            Ok(model) => spawn_worker(me, model, self.config.kv_capacity).await.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("reloading the model: {e}")),
+        };
+        match worker {
+            Ok(worker) => {
+                for (id, live) in &self.requests {
+                    if let Some((prompt, generated)) = self.scheduler.tokens_of(*id) {
+                        let sampler = Sampler::resume(live.sampling.clone(), prompt, generated);
+                        let _ = worker.send_message(ToWorker::AddRequest(*id, Box::new(sampler)));
+                    }
+                }
+                self.worker = worker;
+                tracing::info!(requeued_requests = self.requests.len(), "worker restarted");
+            }
+            Err(e) => {
+                tracing::error!(error = e, "the worker cannot be restarted; the engine refuses new requests");
+                self.worker_lost = Some(e);
+                let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+                let failed =
+                    ids.iter().filter_map(|id| self.scheduler.finish_request(*id, FinishReason::Error)).collect();
+                self.end(failed);
+            }
+        }
     }
 
     /// Tells finished requests' actors and the worker; answers shutdown once all are done.
     fn end(&mut self, finished: Vec<Finished>) {
         for f in finished {
             if let Some(live) = self.requests.remove(&f.id) {
-                let _ = live
-                    .actor
-                    .send_message(ToRequest::Finished { reason: f.reason, completion_tokens: f.output.len() });
+                let _ = live.actor.send_message(ToRequest::Finished {
+                    reason: f.reason,
+                    completion_tokens: f.output.len(),
+                    cached_tokens: f.cached_tokens,
+                    queue_time: f.queue_time,
+                });
+                if let Some(session) = live.session.as_ref().and_then(|s| self.sessions.get(s)) {
+                    let _ = session.send_message(ToSession::End);
+                }
             }
             let _ = self.worker.send_message(ToWorker::RemoveRequest(f.id));
             self.finished.count(f.reason);
@@ -207,7 +365,7 @@ impl SchedulerState {
                 "request finished"
             );
         }
-        if self.shutting_down && self.requests.is_empty() && !self.in_flight {
+        if self.shutting_down && self.requests.is_empty() && self.in_flight.is_none() {
             for waiter in self.shutdown_waiters.drain(..) {
                 let _ = waiter.send(());
             }
@@ -221,11 +379,37 @@ impl SchedulerState {
         let finished =
             gone.into_iter().filter_map(|id| self.scheduler.finish_request(id, FinishReason::Abort)).collect();
         self.end(finished);
-        if self.in_flight {
+        if self.in_flight.is_some() {
             return;
         }
         if let Some(plan) = self.scheduler.schedule() {
-            self.in_flight = self.worker.send_message(ToWorker::Execute(plan)).is_ok();
+            let ids = plan.items.iter().map(|i| i.id).collect();
+            if self.worker.send_message(ToWorker::Execute(plan)).is_ok() {
+                self.in_flight = Some(ids);
+            }
         }
     }
+}
+
+async fn spawn_worker(
+    me: &ActorRef<ToScheduler>,
+    model: Box<dyn LanguageModel>,
+    kv_capacity: usize,
+) -> Result<ActorRef<ToWorker>, ractor::SpawnErr> {
+    let executor = Executor::new(Context::new(model, kv_capacity));
+    let args = WorkerArgs { executor, scheduler: me.clone() };
+    Ok(Actor::spawn_linked(None, WorkerActor, args, me.get_cell()).await?.0)
+}
+
+/// Session ids are chosen by clients: non-empty, at most 256 bytes, no control characters.
+fn validate_session_id(id: &str) -> Result<(), EngineError> {
+    if id.is_empty() || id.len() > 256 || id.chars().any(char::is_control) {
+        let shown: String = id.chars().take(64).collect();
+        return Err(EngineError::InvalidSession(format!(
+            "'{}' ({} bytes): a session id has 1 to 256 bytes and no control characters",
+            shown.escape_debug(),
+            id.len()
+        )));
+    }
+    Ok(())
 }

@@ -1,7 +1,10 @@
 //! The worker actor: owns the model context and the samplers. A step's forward pass runs on a
 //! blocking thread, never on the async runtime's threads; the result returns to the scheduler
-//! as a message.
+//! as a message. An internal error (a panic in the forward pass, broken cache invariants)
+//! means the model and its cache can no longer be trusted: the actor fails, and its
+//! supervisor, the scheduler actor, replaces it.
 
+use llaisys_model::DecodeError;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::messages::{ToScheduler, ToWorker};
@@ -49,6 +52,9 @@ impl Actor for WorkerActor {
                     (executor, plan, result)
                 })
                 .await?;
+                if let Err(DecodeError::Internal(e)) = result {
+                    return Err(format!("forward pass failed: {e}").into());
+                }
                 state.executor = Some(executor);
                 state
                     .scheduler

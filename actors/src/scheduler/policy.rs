@@ -9,9 +9,15 @@
 //! prompt starts with cached tokens gets them by a KV copy (shared cells) and computes only the
 //! rest. Cached prefixes are evicted least recently used, before any running sequence is
 //! preempted. Cells shared between owners are counted once per owner, so the accounting never
-//! under-estimates what the cache holds.
+//! under-estimates what the cache holds. A cached prefix that a newer one extends is dropped.
+//!
+//! E6, sessions: the cells of a session's last request stay cached and pinned to the session,
+//! even with prefix caching off, so its next turn computes only the new tokens. Pinned prefixes
+//! are evicted only when no unpinned one is left (so sessions can never starve new requests),
+//! and are freed when the session is released (deleted or expired).
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use llaisys_model::kv::MAX_SEQ;
 use llaisys_model::{Pos, SeqId};
@@ -84,6 +90,17 @@ pub struct Finished {
     pub id: RequestId,
     pub output: Vec<u32>,
     pub reason: FinishReason,
+    /// Prompt tokens taken from the prefix cache instead of computed.
+    pub cached_tokens: usize,
+    /// Time from arrival to first admission (`None` if never admitted).
+    pub queue_time: Option<Duration>,
+}
+
+impl Finished {
+    fn of(s: &Sequence, reason: FinishReason) -> Self {
+        let (cached_tokens, queue_time) = (s.cached_tokens, s.queue_time);
+        Self { id: s.id, output: s.output().to_vec(), reason, cached_tokens, queue_time }
+    }
 }
 
 /// A finished sequence's cells kept for reuse.
@@ -93,6 +110,8 @@ struct CachedPrefix {
     /// The tokens whose keys and values the cells hold.
     tokens: Vec<u32>,
     last_used: u64,
+    /// The session that pins it.
+    session: Option<String>,
 }
 
 #[derive(Debug)]
@@ -204,7 +223,7 @@ impl Scheduler {
         while !preempted && budget > 0 && plan.items.len() < self.config.max_seqs_per_step {
             let Some(front) = self.waiting.front() else { break };
             let len = front.tokens.len();
-            let mut hit = self.longest_prefix(&front.tokens);
+            let mut hit = self.longest_prefix(&front.tokens, front.session.as_deref());
             while !self.fits(len, hit, budget) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan) {}
             if !self.fits(len, hit, budget) && hit.is_some() {
                 // Even alone with its prefix it does not fit: compute it all instead.
@@ -218,10 +237,12 @@ impl Scheduler {
             let need = (len - hit_len).min(budget);
             let Some(seq) = self.free_seqs.pop() else { break };
             let mut s = self.waiting.pop_front().expect("front exists");
-            if self.config.prefix_caching {
+            if self.config.prefix_caching || s.session.is_some() {
                 self.prefix_queries += s.tokens.len() as u64;
                 self.prefix_hits += hit_len as u64;
             }
+            s.cached_tokens = hit_len;
+            s.queue_time.get_or_insert_with(|| s.queued_at.elapsed());
             if let Some((src, len)) = hit {
                 plan.copies.push(PrefixCopy { src, dst: seq, len });
                 s.computed = len;
@@ -263,31 +284,79 @@ impl Scheduler {
     }
 
     /// The cached prefix sharing the most leading tokens with `tokens`, leaving at least one
-    /// token to compute (its logits give the next token): `(seq, shared length)`.
-    fn longest_prefix(&self, tokens: &[u32]) -> Option<(SeqId, usize)> {
-        if !self.config.prefix_caching {
-            return None;
-        }
+    /// token to compute (its logits give the next token): `(seq, shared length)`. Without
+    /// prefix caching only the request's own session's prefix is looked at.
+    fn longest_prefix(&self, tokens: &[u32], session: Option<&str>) -> Option<(SeqId, usize)> {
         self.cached
             .iter()
+            .filter(|c| self.config.prefix_caching || (session.is_some() && c.session.as_deref() == session))
             .map(|c| (c.seq, c.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1)))
             .filter(|(_, len)| *len > 0)
             .max_by_key(|(_, len)| *len)
     }
 
-    /// Evicts the least recently used cached prefix other than `keep`; false when none is left.
+    /// Evicts the least recently used cached prefix other than `keep`, unpinned ones first;
+    /// false when none is left.
     fn evict_lru(&mut self, keep: Option<SeqId>, plan: &mut StepPlan) -> bool {
         let Some(i) = (0..self.cached.len())
             .filter(|&i| Some(self.cached[i].seq) != keep)
-            .min_by_key(|&i| self.cached[i].last_used)
+            .min_by_key(|&i| (self.cached[i].session.is_some(), self.cached[i].last_used))
         else {
             return false;
         };
-        let c = self.cached.swap_remove(i);
-        self.kv_used -= c.tokens.len();
-        plan.free.push(c.seq);
-        self.free_seqs.push(c.seq);
+        self.drop_cached(i, &mut plan.free);
         true
+    }
+
+    /// Frees the cells of `cached[i]` (in the step whose free list is `free`).
+    fn drop_cached(&mut self, i: usize, free: &mut Vec<SeqId>) {
+        let c = self.cached.swap_remove(i);
+        if let Some(session) = &c.session {
+            tracing::debug!(session, tokens = c.tokens.len(), "session prefix evicted");
+        }
+        self.kv_used -= c.tokens.len();
+        free.push(c.seq);
+        self.free_seqs.push(c.seq);
+    }
+
+    /// Frees a session's pinned prefix (the session was deleted or expired); false if it had
+    /// none.
+    pub fn release_session(&mut self, session: &str) -> bool {
+        let Some(i) = self.cached.iter().position(|c| c.session.as_deref() == Some(session)) else {
+            return false;
+        };
+        let mut free = std::mem::take(&mut self.to_free);
+        self.drop_cached(i, &mut free);
+        self.to_free = free;
+        true
+    }
+
+    /// Tokens a session has pinned in the cache.
+    pub fn session_cached(&self, session: &str) -> usize {
+        self.cached.iter().find(|c| c.session.as_deref() == Some(session)).map_or(0, |c| c.tokens.len())
+    }
+
+    /// Keeps a finished sequence's cells as a cached prefix. Prefixes it extends are dropped
+    /// (their cells are shared with it), except those pinned by another session; the session's
+    /// previous pin, if not extended, stays cached unpinned.
+    fn cache(&mut self, seq: SeqId, tokens: Vec<u32>, session: Option<String>) {
+        let mut i = 0;
+        while i < self.cached.len() {
+            let c = &mut self.cached[i];
+            let extended = tokens.starts_with(&c.tokens);
+            let own_pin = session.is_some() && c.session == session;
+            if extended && (c.session.is_none() || own_pin) {
+                let mut free = std::mem::take(&mut self.to_free);
+                self.drop_cached(i, &mut free);
+                self.to_free = free;
+                continue;
+            }
+            if own_pin {
+                c.session = None;
+            }
+            i += 1;
+        }
+        self.cached.push(CachedPrefix { seq, tokens, last_used: self.clock, session });
     }
 
     /// Frees a running sequence's cells and puts it back at the head of the queue.
@@ -302,6 +371,27 @@ impl Scheduler {
         self.free_seqs.push(seq);
         self.preemptions += 1;
         self.waiting.push_front(s);
+    }
+
+    /// The worker lost its KV cache (it was restarted): running sequences go back to the head
+    /// of the queue in arrival order to be recomputed, and cached prefixes are forgotten.
+    pub fn reset_kv(&mut self) {
+        let mut running = std::mem::take(&mut self.running);
+        running.sort_by_key(|s| std::cmp::Reverse(s.arrival));
+        for mut s in running {
+            (s.seq, s.computed, s.scheduled) = (None, 0, 0);
+            s.state.transition(s.id, RequestState::Preempted).expect("running → preempted is allowed");
+            self.waiting.push_front(s);
+        }
+        self.cached.clear();
+        self.to_free.clear();
+        self.kv_used = 0;
+        self.free_seqs = (0..MAX_SEQ as SeqId).rev().collect();
+    }
+
+    /// A queued or running request's prompt and what it generated so far.
+    pub fn tokens_of(&self, id: RequestId) -> Option<(&[u32], &[u32])> {
+        self.running.iter().chain(&self.waiting).find(|s| s.id == id).map(|s| s.tokens.split_at(s.prompt_len))
     }
 
     /// Applies a step's results: `sampled[k]` is the token sampled for `plan.items[k]` (if it
@@ -333,20 +423,22 @@ impl Scheduler {
         let i = self.waiting.iter().position(|s| s.id == id)?;
         let mut s = self.waiting.remove(i).expect("index exists");
         s.state.transition(id, RequestState::Finished(reason)).ok()?;
-        Some(Finished { id, output: s.output().to_vec(), reason })
+        Some(Finished::of(&s, reason))
     }
 
     fn finish(&mut self, i: usize, reason: FinishReason) -> Finished {
         let mut s = self.running.remove(i);
-        let keep = self.config.prefix_caching
-            && matches!(reason, FinishReason::Stop | FinishReason::Length)
+        // Computed cells are valid whatever the reason, except after an error or while a step
+        // that writes more of them is in flight.
+        let keep = (self.config.prefix_caching || s.session.is_some())
+            && reason != FinishReason::Error
             && s.scheduled == 0
             && s.computed > 0;
         match s.seq.take() {
             // Its cells stay, now as a cached prefix (still counted in `kv_used`).
             Some(seq) if keep => {
                 let tokens = s.tokens[..s.computed].to_vec();
-                self.cached.push(CachedPrefix { seq, tokens, last_used: self.clock });
+                self.cache(seq, tokens, s.session.take());
             }
             Some(seq) => {
                 self.to_free.push(seq);
@@ -357,6 +449,6 @@ impl Scheduler {
         }
         // Stop/length only from running, which `s` is; abort/error from anywhere.
         let _ = s.state.transition(s.id, RequestState::Finished(reason));
-        Finished { id: s.id, output: s.output().to_vec(), reason }
+        Finished::of(&s, reason)
     }
 }

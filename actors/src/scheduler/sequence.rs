@@ -1,6 +1,8 @@
 //! A sequence as the scheduler sees it: its tokens, how many of them are in the KV cache, and
 //! its state. Everything else (cells needed, whether it is prefilling) is derived.
 
+use std::time::{Duration, Instant};
+
 use llaisys_model::SeqId;
 
 use crate::request::{FinishReason, RequestId, RequestState};
@@ -22,6 +24,8 @@ pub struct Sequence {
     pub prompt_len: usize,
     pub stop: StopConditions,
     pub state: RequestState,
+    /// The session this request continues (E6): its cells stay pinned when it finishes.
+    pub session: Option<String>,
     /// The KV-cache sequence id while admitted.
     pub(super) seq: Option<SeqId>,
     /// Leading tokens whose keys and values are in the cache.
@@ -30,6 +34,11 @@ pub struct Sequence {
     pub(super) scheduled: usize,
     /// Order of arrival (fairness: oldest first).
     pub(super) arrival: u64,
+    /// Prompt tokens found in the prefix cache when it was (last) admitted.
+    pub(super) cached_tokens: usize,
+    pub(super) queued_at: Instant,
+    /// Time from arrival to first admission.
+    pub(super) queue_time: Option<Duration>,
 }
 
 impl Sequence {
@@ -41,11 +50,21 @@ impl Sequence {
             prompt_len,
             stop,
             state: RequestState::Waiting,
+            session: None,
             seq: None,
             computed: 0,
             scheduled: 0,
             arrival: 0,
+            cached_tokens: 0,
+            queued_at: Instant::now(),
+            queue_time: None,
         }
+    }
+
+    /// Makes the request part of a session.
+    pub fn in_session(mut self, session: Option<String>) -> Self {
+        self.session = session;
+        self
     }
 
     pub fn output(&self) -> &[u32] {

@@ -43,7 +43,8 @@ fn a_prompt_is_prefilled_in_chunks_within_the_token_budget() {
     assert_eq!(chunks, vec![(4, 0, false), (4, 4, false), (2, 8, true)]);
     let (plan, finished) = step(&mut s);
     assert_eq!((plan.items[0].tokens.clone(), plan.items[0].start_pos), (vec![7], 10), "decode the sampled token");
-    assert_eq!(finished, vec![Finished { id: 0, output: vec![7, 7], reason: FinishReason::Length }]);
+    let summary: Vec<_> = finished.iter().map(|f| (f.id, f.output.clone(), f.reason, f.cached_tokens)).collect();
+    assert_eq!(summary, vec![(0, vec![7, 7], FinishReason::Length, 0)]);
 }
 
 #[test]
@@ -209,6 +210,8 @@ fn a_shared_prefix_is_copied_and_only_the_rest_computed() {
     assert_eq!(plan.copies[0].len, 4);
     assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.clone()), (4, vec![50, 60]));
     assert_eq!((s.prefix_queries, s.prefix_hits), (12, 4));
+    let out = run_all(&mut s);
+    assert_eq!(out[0].cached_tokens, 4, "reported with the request");
 }
 
 #[test]
@@ -251,10 +254,92 @@ fn cached_prefixes_are_evicted_least_recently_used_before_anyone_is_preempted() 
 }
 
 #[test]
-fn aborted_requests_are_not_cached() {
+fn an_aborted_request_keeps_its_computed_cells_but_not_a_step_in_flight() {
     let mut s = caching(64, 100);
     s.add(with_prompt(0, &[1, 2, 3], 10)).unwrap();
     step(&mut s);
     s.finish_request(0, FinishReason::Abort).unwrap();
+    assert_eq!((s.kv_cached(), s.kv_used()), (3, 3));
+    s.add(with_prompt(1, &[5, 6, 7], 10)).unwrap();
+    s.schedule().unwrap(); // in flight, never postprocessed
+    s.finish_request(1, FinishReason::Abort).unwrap();
+    assert_eq!((s.kv_cached(), s.kv_used()), (3, 3));
+}
+
+#[test]
+fn a_cached_prefix_that_a_newer_one_extends_is_dropped() {
+    let mut s = caching(64, 100);
+    s.add(with_prompt(0, &[1, 2, 3], 1)).unwrap();
+    run_all(&mut s);
+    s.add(with_prompt(1, &[1, 2, 3, 4, 5], 1)).unwrap();
+    run_all(&mut s);
+    assert_eq!((s.kv_cached(), s.kv_used()), (5, 5), "only the longer prefix is kept");
+}
+
+fn in_session(id: u64, prompt: &[u32], session: &str) -> Sequence {
+    with_prompt(id, prompt, 2).in_session(Some(session.into()))
+}
+
+#[test]
+fn a_session_pins_its_cells_without_prefix_caching_and_its_next_turn_computes_only_new_tokens() {
+    let mut s = Scheduler::new(config(64, 8, 100)); // prefix caching off
+    s.add(in_session(0, &[1, 2, 3, 4], "a")).unwrap();
+    let out = run_all(&mut s);
+    assert_eq!(out[0].output, vec![7, 7]);
+    // Prompt and the first output token are computed; the last sampled token is not.
+    assert_eq!(s.session_cached("a"), 5);
+    // The next turn: the conversation so far plus new tokens.
+    s.add(in_session(1, &[1, 2, 3, 4, 7, 7, 20, 21], "a")).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.copies[0].len, 5);
+    assert_eq!(plan.items[0].tokens, vec![7, 20, 21]);
+    run_all(&mut s);
+    assert_eq!(s.session_cached("a"), 9, "the pin moved to the longer conversation");
+    assert_eq!(s.kv_cached(), 9, "the older pin it extends was dropped");
+    // Another request without the session does not reuse it (prefix caching is off).
+    s.add(with_prompt(2, &[1, 2, 3, 4, 7], 1)).unwrap();
+    assert!(step(&mut s).0.copies.is_empty());
+    run_all(&mut s);
+    assert!(s.release_session("a"));
+    assert!(!s.release_session("a"));
     assert_eq!((s.kv_cached(), s.kv_used()), (0, 0));
+    let freed = s.schedule().map(|p| p.free.len());
+    assert_eq!(freed, Some(2), "request 2's cells and the session's are dropped by the next step");
+}
+
+#[test]
+fn pinned_prefixes_are_evicted_only_after_unpinned_ones() {
+    let mut s = caching(64, 16);
+    s.add(in_session(0, &[1, 2, 3, 4, 5], "a")).unwrap();
+    run_all(&mut s);
+    s.add(with_prompt(1, &[20, 21, 22, 23, 24], 1)).unwrap();
+    run_all(&mut s);
+    assert_eq!(s.kv_cached(), 11);
+    // 6 cells are needed, 5 free: the unpinned prefix goes although it is the newer one.
+    s.add(with_prompt(2, &[30, 31, 32, 33, 34], 1)).unwrap();
+    run_all(&mut s);
+    assert_eq!(s.session_cached("a"), 6);
+    // Needing more than unpinned prefixes hold, the pin goes too rather than starving anyone.
+    s.add(with_prompt(3, &(40..54).collect::<Vec<u32>>(), 1)).unwrap();
+    let out = run_all(&mut s);
+    assert_eq!(out.len(), 1);
+    assert_eq!((s.session_cached("a"), s.preemptions), (0, 0));
+}
+
+#[test]
+fn after_a_kv_reset_running_sequences_are_recomputed_and_finish() {
+    let mut s = caching(64, 100);
+    s.add(with_prompt(0, &[1, 2, 3], 1)).unwrap();
+    run_all(&mut s);
+    s.add(seq(1, 4, 3)).unwrap();
+    s.add(seq(2, 5, 3)).unwrap();
+    step(&mut s);
+    s.reset_kv();
+    assert_eq!((s.kv_used(), s.kv_cached(), s.n_running(), s.n_waiting()), (0, 0, 0, 2));
+    assert_eq!(s.tokens_of(1), Some((&[1, 2, 3, 4][..], &[7][..])), "what it generated is kept");
+    let (plan, _) = step(&mut s);
+    assert!(plan.free.is_empty() && plan.copies.is_empty(), "nothing refers to the lost cache");
+    assert_eq!(plan.items.iter().map(|i| (i.id, i.start_pos)).collect::<Vec<_>>(), vec![(1, 0), (2, 0)]);
+    let out = run_all(&mut s);
+    assert_eq!(out.iter().map(|f| f.output.len()).collect::<Vec<_>>(), vec![3, 3]);
 }

@@ -95,7 +95,7 @@ async fn generate(args: GenerateArgs) -> Result<(), CliError> {
         ..GenerateParams::default()
     };
     let start = Instant::now();
-    let mut stream = engine.generate(GenerateRequest { prompt: prompt.clone(), params }).await?;
+    let mut stream = engine.generate(GenerateRequest::new(prompt.clone(), params)).await?;
     let mut out = std::io::stdout().lock();
     let (mut ids, mut first_token) = (Vec::new(), None);
     let finish = loop {
