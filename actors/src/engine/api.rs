@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use llaisys_model::{LanguageModel, LoadError, Tokenizer};
+use llaisys_model::{LanguageModel, LoadError, ModelInfo, Tokenizer};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -124,6 +124,7 @@ impl FinishCounts {
 #[derive(Clone)]
 pub struct Engine {
     scheduler: ActorRef<ToScheduler>,
+    info: Arc<ModelInfo>,
 }
 
 impl Engine {
@@ -159,10 +160,16 @@ impl Engine {
         tokenizer: Option<Tokenizer>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
+        let info = Arc::new(model.info().clone());
         let args = SchedulerArgs { model, loader, tokenizer: tokenizer.map(Arc::new), config };
         let (scheduler, _) =
             Actor::spawn(None, SchedulerActor, args).await.map_err(|e| EngineError::Actor(e.to_string()))?;
-        Ok(Self { scheduler })
+        Ok(Self { scheduler, info })
+    }
+
+    /// What the engine's model is (vocabulary, context length, eos ids).
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
     }
 
     /// Queues a request and returns its event stream.

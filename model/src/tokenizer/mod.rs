@@ -46,8 +46,31 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The exact bytes token `id` stands for (a byte-level BPE token may be part of a UTF-8
+    /// character); `None` if the vocabulary lacks it.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let piece = self.inner.id_to_token(id)?;
+        let byte_level: Option<Vec<u8>> = piece.chars().map(byte_of_char).collect();
+        // Added tokens (`<|im_end|>`) are plain text; BPE pieces use GPT-2's byte alphabet.
+        let special = self.inner.get_added_vocabulary().is_special_token(&piece)
+            || self.inner.get_added_tokens_decoder().get(&id).is_some();
+        Some(if special { piece.into_bytes() } else { byte_level.unwrap_or_else(|| piece.into_bytes()) })
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+}
+
+/// The byte a character of GPT-2's byte-level alphabet stands for: printable Latin-1 bytes are
+/// themselves, the other 68 bytes were shifted to U+0100.. in order.
+fn byte_of_char(c: char) -> Option<u8> {
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let code = c as u32;
+    if code < 0x100 {
+        return printable(code).then_some(code as u8);
+    }
+    let shifted = (0u32..0x100).filter(|b| !printable(*b)).nth((code - 0x100) as usize)?;
+    Some(shifted as u8)
 }

@@ -1,6 +1,8 @@
 //! Subcommands of `llaisys`.
 
+mod bench;
 mod generate;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -15,6 +17,10 @@ pub struct Cli {
 enum Command {
     /// One request through the engine (greedy by default), streamed: prints the text, or ids.
     Generate(generate::GenerateArgs),
+    /// The OpenAI-compatible HTTP server.
+    Serve(serve::ServeArgs),
+    /// Speed through the engine: prefill, batch-1 decode, throughput under concurrent requests.
+    Bench(bench::BenchArgs),
 }
 
 /// Why a command failed.
@@ -28,6 +34,10 @@ pub enum CliError {
     Tokenizer(#[from] llaisys_model::tokenizer::TokenizerError),
     #[error(transparent)]
     Template(#[from] llaisys_model::tokenizer::TemplateError),
+    #[error(transparent)]
+    Config(#[from] llaisys_server::config::ConfigError),
+    #[error(transparent)]
+    Serve(#[from] llaisys_server::ServeError),
     #[error("{0}")]
     Usage(String),
     #[error("writing output: {0}")]
@@ -38,6 +48,8 @@ impl Cli {
     pub fn run(self) -> Result<(), CliError> {
         match self.command {
             Command::Generate(args) => generate::run(args),
+            Command::Bench(args) => bench::run(args),
+            Command::Serve(args) => serve::run(args),
         }
     }
 }

@@ -1,0 +1,297 @@
+//! `llaisys bench`: speed through the engine (the same path requests take when serving).
+//!
+//! - prefill: tokens/s of one request's prompt (time to its first token);
+//! - decode: tokens/s of one request after its first token;
+//! - throughput: N concurrent requests, each with its own prompt: aggregate generated tokens/s,
+//!   time to first token, inter-token latency;
+//! - peak resident memory of the process.
+//!
+//! Inputs are fixed by `--seed` (random token ids), prefix caching is off so repeated runs
+//! compute the same work, a warm-up request runs first, and every figure is the median over
+//! `--runs` runs. The table goes to stdout, followed by one JSON line with every figure.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llaisys_actors::{Engine, EngineConfig, Event, GenerateParams, GenerateRequest, ModelLoader};
+use llaisys_model::{Device, LoadOptions, WeightDtype, load_model};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use super::CliError;
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Model directory (Hugging Face layout).
+    #[arg(long)]
+    model: PathBuf,
+    /// Model type; default: `model_type` of config.json.
+    #[arg(long)]
+    model_type: Option<String>,
+    /// Weight dtype in memory: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    dtype: WeightDtype,
+    /// Compute backend (only `flex`, Burn's CPU backend, is built without the `cuda` feature).
+    #[arg(long, default_value = "flex")]
+    backend: String,
+    /// Prompt lengths of the prefill measurement.
+    #[arg(long, value_delimiter = ',', default_value = "128,512")]
+    prefill: Vec<usize>,
+    /// Prompt and generated tokens of the batch-1 decode measurement.
+    #[arg(long, default_value_t = 128)]
+    decode_prompt: usize,
+    #[arg(long, default_value_t = 128)]
+    decode_tokens: usize,
+    /// Concurrent requests of the throughput measurements.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,32")]
+    concurrency: Vec<usize>,
+    /// Prompt tokens and generated tokens of each throughput request.
+    #[arg(long, default_value_t = 100)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    /// Runs of each measurement; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Seed of the prompts' token ids.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Engine budgets (defaults as when serving).
+    #[arg(long)]
+    max_seqs_per_step: Option<usize>,
+    #[arg(long)]
+    max_tokens_per_step: Option<usize>,
+    /// Which measurements to run (default: all).
+    #[arg(long, value_delimiter = ',', default_value = "prefill,decode,throughput")]
+    only: Vec<String>,
+}
+
+pub fn run(args: BenchArgs) -> Result<(), CliError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(bench(args))
+}
+
+/// One request's timings.
+struct Timing {
+    ttft: Duration,
+    /// Gaps between consecutive tokens.
+    gaps: Vec<Duration>,
+    tokens: usize,
+}
+
+async fn bench(args: BenchArgs) -> Result<(), CliError> {
+    if args.runs == 0 {
+        return Err(CliError::Usage("--runs must be at least 1".into()));
+    }
+    for m in &args.only {
+        if !["prefill", "decode", "throughput"].contains(&m.as_str()) {
+            return Err(CliError::Usage(format!("--only: unknown measurement '{m}' (prefill, decode, throughput)")));
+        }
+    }
+    let device = match args.backend.as_str() {
+        "flex" => Device::flex(),
+        other => return Err(CliError::Usage(format!("--backend: '{other}' is not built in (flex)"))),
+    };
+    let opts = LoadOptions { weight_dtype: args.dtype };
+    let (dir, model_type) = (args.model.clone(), args.model_type.clone());
+    let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), Some(&dir), &opts, &device));
+    let defaults = EngineConfig::default();
+    let max_seqs = args.max_seqs_per_step.unwrap_or(defaults.max_seqs_per_step);
+    let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
+    let longest = args.prefill.iter().copied().chain([args.decode_prompt + args.decode_tokens]).max().unwrap_or(0);
+    let config = EngineConfig {
+        kv_capacity: (most * (args.prompt_tokens + args.new_tokens)).max(longest + 1).max(defaults.kv_capacity),
+        max_seqs_per_step: max_seqs,
+        max_tokens_per_step: args.max_tokens_per_step.unwrap_or(defaults.max_tokens_per_step),
+        prefix_caching: false,
+        ..defaults
+    };
+    let engine = Engine::start_with_loader(loader, None, config).await?;
+    let info = engine.info().clone();
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let vocab = info.vocab_size as u32;
+    let mut prompt = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
+    let fits = |prompt: usize, new: usize| prompt + new <= info.context_length;
+
+    eprintln!("warming up");
+    run_one(&engine, prompt(16), 4).await?;
+
+    let mut report = serde_json::Map::new();
+    report.insert("model".into(), json!(args.model.display().to_string()));
+    report.insert("dtype".into(), json!(format!("{:?}", args.dtype).to_lowercase()));
+    report.insert("backend".into(), json!(args.backend));
+    report.insert("runs".into(), json!(args.runs));
+    println!("{:<34} {:>12} {:>12} {:>12} {:>12}", "measurement", "tok/s", "ttft ms", "itl ms", "p99 itl ms");
+    let only = |m: &str| args.only.iter().any(|o| o == m);
+
+    if only("prefill") {
+        for &n in &args.prefill {
+            if !fits(n, 1) {
+                eprintln!("prefill {n}: skipped, longer than the model's context ({})", info.context_length);
+                continue;
+            }
+            let mut speeds = Vec::new();
+            for _ in 0..args.runs {
+                let t = run_one(&engine, prompt(n), 1).await?;
+                speeds.push(n as f64 / t.ttft.as_secs_f64());
+            }
+            let speed = median(&mut speeds);
+            println!("{:<34} {:>12.1}", format!("prefill {n} tokens"), speed);
+            report.insert(format!("prefill_{n}_tok_s"), json!(round(speed)));
+        }
+    }
+
+    if only("decode") && fits(args.decode_prompt, args.decode_tokens) {
+        let (mut speeds, mut itls) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs {
+            let t = run_one(&engine, prompt(args.decode_prompt), args.decode_tokens).await?;
+            let decode_time: Duration = t.gaps.iter().sum();
+            speeds.push(t.gaps.len() as f64 / decode_time.as_secs_f64().max(1e-9));
+            itls.push(ms(decode_time) / t.gaps.len().max(1) as f64);
+        }
+        let (speed, itl) = (median(&mut speeds), median(&mut itls));
+        let label = format!("decode {} after {}", args.decode_tokens, args.decode_prompt);
+        println!("{label:<34} {speed:>12.1} {:>12} {itl:>12.1}", "");
+        report.insert("decode_tok_s".into(), json!(round(speed)));
+    }
+
+    if only("throughput") && fits(args.prompt_tokens, args.new_tokens) {
+        let mut rows = Vec::new();
+        for &c in &args.concurrency {
+            let mut results = Vec::new();
+            for _ in 0..args.runs {
+                let prompts: Vec<Vec<u32>> = (0..c).map(|_| prompt(args.prompt_tokens)).collect();
+                results.push(concurrent(&engine, prompts, args.new_tokens).await?);
+            }
+            let pick = |f: fn(&Concurrent) -> f64| median(&mut results.iter().map(f).collect::<Vec<_>>());
+            let row = json!({
+                "concurrency": c,
+                "tok_s": round(pick(|r| r.tok_s)),
+                "mean_ttft_ms": round(pick(|r| r.mean_ttft_ms)),
+                "median_ttft_ms": round(pick(|r| r.median_ttft_ms)),
+                "mean_itl_ms": round(pick(|r| r.mean_itl_ms)),
+                "p99_itl_ms": round(pick(|r| r.p99_itl_ms)),
+                "max_request_itl_over_median": round(pick(|r| r.worst_request_itl_ratio)),
+            });
+            println!(
+                "{:<34} {:>12.1} {:>12.0} {:>12.1} {:>12.1}",
+                format!("{c} concurrent ({}+{} tokens)", args.prompt_tokens, args.new_tokens),
+                row["tok_s"].as_f64().unwrap_or_default(),
+                row["mean_ttft_ms"].as_f64().unwrap_or_default(),
+                row["mean_itl_ms"].as_f64().unwrap_or_default(),
+                row["p99_itl_ms"].as_f64().unwrap_or_default(),
+            );
+            rows.push(row);
+        }
+        report.insert("throughput".into(), json!(rows));
+    }
+
+    let peak = peak_rss_mb();
+    println!("peak resident memory: {}", peak.map_or("unknown".into(), |mb| format!("{mb:.0} MB")));
+    report.insert("peak_rss_mb".into(), json!(peak.map(round)));
+    engine.shutdown().await;
+    println!("{}", serde_json::Value::Object(report));
+    Ok(())
+}
+
+/// One request of `prompt`, generating exactly `max_tokens` tokens.
+async fn run_one(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> Result<Timing, CliError> {
+    let params = GenerateParams { max_tokens, ignore_eos: true, ..GenerateParams::default() };
+    let start = Instant::now();
+    let mut stream = engine.generate(GenerateRequest::new(prompt, params)).await?;
+    let (mut last, mut ttft, mut gaps, mut tokens) = (start, None, Vec::new(), 0);
+    while let Some(event) = stream.next().await {
+        match event {
+            Event::Token { .. } => {
+                let now = Instant::now();
+                match ttft {
+                    None => ttft = Some(now - start),
+                    Some(_) => gaps.push(now - last),
+                }
+                last = now;
+                tokens += 1;
+            }
+            Event::Finished { reason, .. } => {
+                if tokens != max_tokens {
+                    return Err(CliError::Usage(format!(
+                        "a benchmark request ended after {tokens} of {max_tokens} tokens ({})",
+                        reason.as_str()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(Timing { ttft: ttft.unwrap_or_default(), gaps, tokens })
+}
+
+struct Concurrent {
+    tok_s: f64,
+    mean_ttft_ms: f64,
+    median_ttft_ms: f64,
+    mean_itl_ms: f64,
+    p99_itl_ms: f64,
+    /// The slowest request's mean inter-token latency over the median request's.
+    worst_request_itl_ratio: f64,
+}
+
+async fn concurrent(engine: &Engine, prompts: Vec<Vec<u32>>, new_tokens: usize) -> Result<Concurrent, CliError> {
+    let start = Instant::now();
+    let tasks: Vec<_> = prompts
+        .into_iter()
+        .map(|p| {
+            let engine = engine.clone();
+            tokio::spawn(async move { run_one(&engine, p, new_tokens).await })
+        })
+        .collect();
+    let mut timings = Vec::new();
+    for task in tasks {
+        timings.push(task.await.map_err(|e| CliError::Usage(format!("benchmark task: {e}")))??);
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let tokens: usize = timings.iter().map(|t| t.tokens).sum();
+    let mut ttfts: Vec<f64> = timings.iter().map(|t| ms(t.ttft)).collect();
+    let mut request_itls: Vec<f64> =
+        timings.iter().map(|t| ms(t.gaps.iter().sum::<Duration>()) / t.gaps.len().max(1) as f64).collect();
+    let mut gaps: Vec<f64> = timings.iter().flat_map(|t| t.gaps.iter().map(|g| ms(*g))).collect();
+    gaps.sort_by(f64::total_cmp);
+    let p99 = gaps.get(((gaps.len() as f64 * 0.99) as usize).min(gaps.len().saturating_sub(1))).copied();
+    let worst = request_itls.iter().copied().fold(0.0, f64::max);
+    Ok(Concurrent {
+        tok_s: tokens as f64 / wall,
+        mean_ttft_ms: mean(&ttfts),
+        median_ttft_ms: median(&mut ttfts),
+        mean_itl_ms: mean(&request_itls),
+        p99_itl_ms: p99.unwrap_or_default(),
+        worst_request_itl_ratio: worst / median(&mut request_itls).max(1e-9),
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn round(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// The process's peak resident set (VmHWM), in MB; Linux only.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}

@@ -1,0 +1,267 @@
+//! S6: the server's configuration. The defaults are `config/default.toml` (built in); a config
+//! file, `LLAISYS_<SECTION>_<KEY>` environment variables and command-line settings override
+//! them in that order. Every error names the key it is about.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use llaisys_actors::EngineConfig;
+use llaisys_model::WeightDtype;
+use serde::Deserialize;
+
+/// The documented defaults.
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub model: ModelConfig,
+    pub engine: EngineSection,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    pub api_keys: Vec<String>,
+    pub max_body_bytes: usize,
+    pub shutdown_grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub path: PathBuf,
+    pub name: String,
+    pub model_type: String,
+    pub dtype: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSection {
+    pub kv_capacity: usize,
+    pub max_seqs_per_step: usize,
+    pub max_tokens_per_step: usize,
+    pub prefix_caching: bool,
+    pub session_idle_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    pub max_concurrent_requests: usize,
+    pub max_queue: usize,
+    pub max_prompt_tokens: usize,
+    pub max_tokens: usize,
+    pub max_n: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+    #[error("config key `{key}` ({origin}): {reason}")]
+    Key { key: String, origin: String, reason: String },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// The defaults, then `file`, then the environment, then `settings` (`section.key`, value as
+    /// written on the command line).
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        settings: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            DEFAULT_TOML.parse().map_err(|e| ConfigError::Invalid(format!("defaults: {e}")))?;
+        let mut sources: Vec<(String, String)> = Vec::new(); // key → where its value came from
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::File { path: path.into(), reason: e.to_string() })?;
+            let over: toml::Table = text
+                .parse()
+                .map_err(|e: toml::de::Error| ConfigError::File { path: path.into(), reason: e.to_string() })?;
+            for (section, values) in over {
+                let toml::Value::Table(values) = values else {
+                    return Err(ConfigError::Key {
+                        key: section,
+                        origin: path.display().to_string(),
+                        reason: "expected a [section]".into(),
+                    });
+                };
+                for (key, value) in values {
+                    let full = format!("{section}.{key}");
+                    set(&mut table, &full, value, &path.display().to_string())?;
+                    sources.push((full, path.display().to_string()));
+                }
+            }
+        }
+        let keys: Vec<String> = table
+            .iter()
+            .flat_map(|(s, v)| v.as_table().into_iter().flat_map(move |t| t.keys().map(move |k| format!("{s}.{k}"))))
+            .collect();
+        let mut env: Vec<(String, String)> = env.into_iter().filter(|(k, _)| k.starts_with("LLAISYS_")).collect();
+        env.sort();
+        for (var, raw) in env {
+            let Some(key) = keys.iter().find(|k| env_name(k) == var) else { continue };
+            set(&mut table, key, parse_value(&raw), &var)?;
+            sources.push((key.clone(), var));
+        }
+        for (key, raw) in settings {
+            set(&mut table, key, parse_value(raw), "command line")?;
+            sources.push((key.clone(), "command line".into()));
+        }
+        let source_of =
+            |key: &str| sources.iter().rev().find(|(k, _)| k == key).map_or("default".into(), |(_, s)| s.clone());
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Key { origin: source_of(&key), key, reason: e.into_inner().message().to_string() }
+        })?;
+        config.validate(&source_of)?;
+        Ok(config)
+    }
+
+    fn validate(&self, source_of: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+        let bad = |key: &str, reason: &str| ConfigError::Key {
+            key: key.into(),
+            origin: source_of(key),
+            reason: reason.into(),
+        };
+        if self.model.path.as_os_str().is_empty() {
+            return Err(bad("model.path", "no model directory: give --model DIR (or LLAISYS_MODEL_PATH)"));
+        }
+        self.weight_dtype().map_err(|e| bad("model.dtype", &e))?;
+        for (key, value) in [
+            ("server.max_body_bytes", self.server.max_body_bytes),
+            ("engine.kv_capacity", self.engine.kv_capacity),
+            ("engine.max_seqs_per_step", self.engine.max_seqs_per_step),
+            ("engine.max_tokens_per_step", self.engine.max_tokens_per_step),
+            ("limits.max_concurrent_requests", self.limits.max_concurrent_requests),
+            ("limits.max_tokens", self.limits.max_tokens),
+            ("limits.max_n", self.limits.max_n),
+        ] {
+            if value == 0 {
+                return Err(bad(key, "must be at least 1"));
+            }
+        }
+        if self.engine.max_seqs_per_step > llaisys_model::kv::MAX_SEQ {
+            return Err(bad("engine.max_seqs_per_step", &format!("must be at most {}", llaisys_model::kv::MAX_SEQ)));
+        }
+        if self.server.api_keys.iter().any(|k| k.trim().is_empty()) {
+            return Err(bad("server.api_keys", "keys must not be empty"));
+        }
+        Ok(())
+    }
+
+    pub fn weight_dtype(&self) -> Result<WeightDtype, String> {
+        self.model.dtype.parse::<WeightDtype>().map_err(|e| e.to_string())
+    }
+
+    /// The name clients use for the model: `model.name`, or the directory's name.
+    pub fn model_name(&self) -> String {
+        if !self.model.name.is_empty() {
+            return self.model.name.clone();
+        }
+        let path = self.model.path.canonicalize().unwrap_or_else(|_| self.model.path.clone());
+        path.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+    }
+
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            kv_capacity: self.engine.kv_capacity,
+            max_seqs_per_step: self.engine.max_seqs_per_step,
+            max_tokens_per_step: self.engine.max_tokens_per_step,
+            prefix_caching: self.engine.prefix_caching,
+            session_idle_timeout: Duration::from_secs(self.engine.session_idle_timeout_secs),
+        }
+    }
+}
+
+/// `server.port` → `LLAISYS_SERVER_PORT`.
+pub fn env_name(key: &str) -> String {
+    format!("LLAISYS_{}", key.replace('.', "_").to_uppercase())
+}
+
+/// A value written outside TOML (environment, command line): TOML if it parses as a value,
+/// else a plain string.
+fn parse_value(raw: &str) -> toml::Value {
+    format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.into()))
+}
+
+/// Sets `section.key`, which must exist in the defaults.
+fn set(table: &mut toml::Table, key: &str, value: toml::Value, source: &str) -> Result<(), ConfigError> {
+    let unknown = || ConfigError::Key { key: key.into(), origin: source.into(), reason: "no such key".into() };
+    let (section, name) = key.split_once('.').ok_or_else(unknown)?;
+    let section = table.get_mut(section).and_then(toml::Value::as_table_mut).ok_or_else(unknown)?;
+    let slot = section.get_mut(name).ok_or_else(unknown)?;
+    *slot = value;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(env: &[(&str, &str)], settings: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let settings: Vec<(String, String)> = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::load(None, env, &settings)
+    }
+
+    #[test]
+    fn the_model_path_is_all_that_is_needed() {
+        let c = load(&[], &[("model.path", "models/x")]).unwrap();
+        assert_eq!((c.server.port, c.engine.kv_capacity, c.model_name().as_str()), (8000, 8192, "x"));
+        let err = load(&[], &[]).unwrap_err().to_string();
+        assert!(err.contains("model.path") && err.contains("--model"), "{err}");
+    }
+
+    #[test]
+    fn the_command_line_beats_the_environment_which_beats_a_file() {
+        let dir = std::env::temp_dir().join(format!("llaisys-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "[server]\nport = 1\nhost = \"0.0.0.0\"\n[model]\npath = \"m\"\n").unwrap();
+        let env = [("LLAISYS_SERVER_PORT".to_string(), "2".to_string()), ("HOME".into(), "/x".into())];
+        let c = Config::load(Some(&file), env.clone(), &[]).unwrap();
+        assert_eq!((c.server.port, c.server.host.as_str()), (2, "0.0.0.0"));
+        let c = Config::load(Some(&file), env, &[("server.port".into(), "3".into())]).unwrap();
+        assert_eq!(c.server.port, 3);
+    }
+
+    #[test]
+    fn wrong_values_name_their_key_and_where_they_came_from() {
+        let err = load(&[("LLAISYS_ENGINE_KV_CAPACITY", "lots")], &[("model.path", "m")]).unwrap_err().to_string();
+        assert!(err.contains("engine.kv_capacity") && err.contains("LLAISYS_ENGINE_KV_CAPACITY"), "{err}");
+        let err = load(&[], &[("model.path", "m"), ("limits.max_n", "0")]).unwrap_err().to_string();
+        assert!(err.contains("limits.max_n") && err.contains("at least 1"), "{err}");
+        let err = load(&[], &[("model.path", "m"), ("server.prot", "1")]).unwrap_err().to_string();
+        assert!(err.contains("server.prot") && err.contains("no such key"), "{err}");
+        let err = load(&[], &[("model.path", "m"), ("model.dtype", "f8")]).unwrap_err().to_string();
+        assert!(err.contains("model.dtype"), "{err}");
+        let err = load(&[], &[("model.path", "m"), ("server.port", "70000")]).unwrap_err().to_string();
+        assert!(err.contains("server.port"), "{err}");
+    }
+
+    #[test]
+    fn every_default_is_documented_in_the_file() {
+        let table: toml::Table = DEFAULT_TOML.parse().unwrap();
+        for (section, values) in &table {
+            for key in values.as_table().unwrap().keys() {
+                let line = DEFAULT_TOML.lines().position(|l| l.starts_with(&format!("{key} ="))).unwrap();
+                let above = DEFAULT_TOML.lines().nth(line - 1).unwrap();
+                assert!(above.starts_with('#') || above.contains(" = "), "{section}.{key} has no comment");
+            }
+        }
+    }
+}

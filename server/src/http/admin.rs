@@ -1,0 +1,169 @@
+//! The endpoints around generation: models, health, metrics, cancel, sessions, tokenize.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use llaisys_model::tokenizer::ChatMessage;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::openai::{self, ChatMessageIn};
+use super::{AppState, Body413, ModelEntry, json_response};
+
+fn model_object(m: &ModelEntry) -> Value {
+    json!({
+        "id": m.name,
+        "object": "model",
+        "created": m.created,
+        "owned_by": "llaisys",
+        "max_model_len": m.info.context_length,
+    })
+}
+
+pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let data: Vec<Value> = state.models.values().map(|m| model_object(m)).collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+pub async fn model(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let m = state.model(&name)?;
+    Ok(json_response(StatusCode::OK, &model_object(&m)))
+}
+
+/// 200 while the engines answer; 503 while shutting down or if an engine does not.
+pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.is_shutting_down() {
+        return ApiError::shutting_down().into_response();
+    }
+    for m in state.models.values() {
+        if let Err(e) = m.engine.stats().await {
+            let err = ApiError { status: StatusCode::SERVICE_UNAVAILABLE, ..ApiError::internal(e.to_string()) };
+            return err.into_response();
+        }
+    }
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    for m in state.models.values() {
+        if let Ok(stats) = m.engine.stats().await {
+            state.metrics.engine_stats(&m.name, &stats);
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()
+}
+
+/// Cancels a generation request by its `x-request-id` or its completion id; it then ends with
+/// finish reason `abort`.
+pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let key = id.strip_prefix("chatcmpl-").or_else(|| id.strip_prefix("cmpl-")).unwrap_or(&id);
+    if state.cancel(key).await {
+        Ok(json_response(StatusCode::OK, &json!({"id": id, "cancelled": true})))
+    } else {
+        Err(ApiError::not_found(format!("no running request with id '{id}'")))
+    }
+}
+
+#[derive(Deserialize)]
+pub struct ModelQuery {
+    model: Option<String>,
+}
+
+pub async fn sessions(State(state): State<Arc<AppState>>, Query(q): Query<ModelQuery>) -> Result<Response, ApiError> {
+    let mut data = Vec::new();
+    for m in state.models.values().filter(|m| q.model.as_deref().is_none_or(|n| n == m.name)) {
+        for s in m.engine.sessions().await? {
+            data.push(json!({
+                "id": s.id,
+                "object": "session",
+                "model": m.name,
+                "requests": s.requests,
+                "active_requests": s.active,
+                "idle_seconds": s.idle.as_secs_f64(),
+                "cached_tokens": s.cached_tokens,
+            }));
+        }
+    }
+    if let Some(name) = &q.model {
+        state.model(name)?;
+    }
+    Ok(json_response(StatusCode::OK, &json!({"object": "list", "data": data})))
+}
+
+/// Ends a session in every model that has it and frees its cells.
+pub async fn delete_session(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<ModelQuery>,
+) -> Result<Response, ApiError> {
+    let mut deleted = false;
+    for m in state.models.values().filter(|m| q.model.as_deref().is_none_or(|n| n == m.name)) {
+        deleted |= m.engine.delete_session(&id).await?;
+    }
+    if !deleted {
+        return Err(ApiError::not_found(format!("no session with id '{id}'")));
+    }
+    Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "session", "deleted": true})))
+}
+
+#[derive(Deserialize)]
+struct TokenizeRequest {
+    model: Option<String>,
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessageIn>>,
+    #[serde(default = "yes")]
+    add_generation_prompt: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `{"prompt": text}` or `{"messages": [...]}` (rendered with the chat template) → token ids.
+pub async fn tokenize(State(state): State<Arc<AppState>>, Body413(body): Body413) -> Result<Response, ApiError> {
+    let req: TokenizeRequest = openai::parse(&body)?;
+    let m = state.model_or_default(req.model.as_deref())?;
+    let text = match (&req.prompt, &req.messages) {
+        (Some(p), None) => p.clone(),
+        (None, Some(msgs)) => {
+            let template =
+                m.template.as_ref().ok_or_else(|| ApiError::bad_request("the model has no chat template"))?;
+            let messages = msgs
+                .iter()
+                .enumerate()
+                .map(|(i, x)| Ok(ChatMessage::new(x.role.clone(), x.text(i)?)))
+                .collect::<Result<Vec<_>, ApiError>>()?;
+            template
+                .render(&messages, req.add_generation_prompt)
+                .map_err(|e| ApiError::invalid("messages", e.to_string()))?
+        }
+        _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
+    };
+    let tokens = m.tokenizer.encode(&text).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"tokens": tokens, "count": tokens.len(), "max_model_len": m.info.context_length}),
+    ))
+}
+
+#[derive(Deserialize)]
+struct DetokenizeRequest {
+    model: Option<String>,
+    tokens: Vec<u32>,
+}
+
+pub async fn detokenize(State(state): State<Arc<AppState>>, Body413(body): Body413) -> Result<Response, ApiError> {
+    let req: DetokenizeRequest = openai::parse(&body)?;
+    let m = state.model_or_default(req.model.as_deref())?;
+    if let Some(bad) = req.tokens.iter().find(|t| **t as usize >= m.info.vocab_size) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("token id {bad} is not below the vocabulary size {}", m.info.vocab_size),
+        ));
+    }
+    let text = m.tokenizer.decode(&req.tokens, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(json_response(StatusCode::OK, &json!({"prompt": text})))
+}

@@ -1,0 +1,402 @@
+//! One generation request of either API: its choices run as engine requests whose event
+//! streams are merged; the result is one JSON response, or an SSE stream (S2) that always ends
+//! with a finish (or an error object) and `data: [DONE]`. Dropping it (the client went away)
+//! drops the engine streams, which cancels the requests.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
+use llaisys_actors::request::FinishReason;
+use llaisys_actors::{Event, EventStream, GenerateRequest};
+use serde_json::{Value, json};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::error::ApiError;
+use super::openai::Plan;
+use super::{AppState, ModelEntry, Registration, json_response, with_model};
+
+/// Which API the request came through; it decides the JSON shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completion,
+}
+
+/// One choice as it accumulates.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    /// Chat: `logprobs.content` entries; completions: parallel lists.
+    logprobs: Vec<TokenLogprob>,
+    finish: Option<FinishReason>,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    cached_tokens: usize,
+    last_token: Option<Instant>,
+    /// Tokens received so far (a stream dropped early never gets its usage).
+    tokens_seen: usize,
+}
+
+struct TokenLogprob {
+    token: String,
+    bytes: Vec<u8>,
+    logprob: f32,
+    top: Vec<(String, Vec<u8>, f32)>,
+}
+
+pub struct Generation {
+    pub id: String,
+    created: u64,
+    api: Api,
+    model: Arc<ModelEntry>,
+    state: Arc<AppState>,
+    /// Requested alternatives per token, when logprobs were asked for.
+    logprobs: Option<usize>,
+    include_usage: bool,
+    merged: SelectAll<BoxStream<'static, (usize, Event)>>,
+    choices: Vec<Choice>,
+    start: Instant,
+    /// Echoed prompt text per prompt (completions with `echo`).
+    echo: Vec<String>,
+    n: usize,
+    _permit: OwnedSemaphorePermit,
+    _registration: Registration,
+}
+
+impl Generation {
+    /// Admits the request and starts `plan.n` choices for each prompt.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start(
+        state: &Arc<AppState>,
+        model: Arc<ModelEntry>,
+        api: Api,
+        request_id: &str,
+        prompts: Vec<Vec<u32>>,
+        plan: &Plan,
+        session: Option<String>,
+        logprobs: Option<usize>,
+        echo: bool,
+    ) -> Result<Self, ApiError> {
+        let permit = state.admit().await?;
+        let start = Instant::now();
+        let mut streams: Vec<EventStream> = Vec::new();
+        for prompt in &prompts {
+            for i in 0..plan.n {
+                let mut params = plan.params.clone();
+                params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
+                // Only the first choice continues the session: one conversation, one pin.
+                let session = if i == 0 && streams.is_empty() { session.clone() } else { None };
+                let request = GenerateRequest { prompt: prompt.clone(), params, session };
+                streams.push(model.engine.generate(request).await?);
+            }
+        }
+        let ids = streams.iter().map(|s| s.id).collect();
+        let registration = state.register(request_id, model.engine.clone(), ids);
+        let merged = stream::select_all(streams.into_iter().enumerate().map(|(index, s)| {
+            stream::unfold(s, |mut s| async move { s.next().await.map(|e| (e, s)) }).map(move |e| (index, e)).boxed()
+        }));
+        let echo = if echo {
+            prompts
+                .iter()
+                .map(|p| model.tokenizer.decode(p, false))
+                .collect::<Result<_, _>>()
+                .map_err(|e| ApiError::bad_request(e.to_string()))?
+        } else {
+            Vec::new()
+        };
+        let choices = prompts
+            .iter()
+            .flat_map(|p| (0..plan.n).map(|_| Choice { prompt_tokens: p.len(), ..Choice::default() }))
+            .collect();
+        let prefix = match api {
+            Api::Chat => "chatcmpl-",
+            Api::Completion => "cmpl-",
+        };
+        Ok(Self {
+            id: format!("{prefix}{request_id}"),
+            created: unix_now(),
+            api,
+            state: state.clone(),
+            model,
+            logprobs,
+            include_usage: plan.include_usage,
+            merged,
+            choices,
+            start,
+            echo,
+            n: plan.n,
+            _permit: permit,
+            _registration: registration,
+        })
+    }
+
+    /// Applies one engine event; returns the text it adds to its choice.
+    fn apply(&mut self, index: usize, event: Event) -> String {
+        let model = self.model.name.clone();
+        let choice = &mut self.choices[index];
+        match event {
+            Event::Token { token, text, logprob, top_logprobs } => {
+                let now = Instant::now();
+                match choice.last_token {
+                    None => self.state.metrics.first_token(&model, now - self.start),
+                    Some(last) => self.state.metrics.inter_token(&model, now - last),
+                }
+                choice.last_token = Some(now);
+                choice.tokens_seen += 1;
+                if self.logprobs.is_some() {
+                    let tok = &self.model.tokenizer;
+                    let piece = |id: u32| {
+                        let bytes = tok.token_bytes(id).unwrap_or_default();
+                        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+                    };
+                    let (token, bytes) = piece(token);
+                    let top = top_logprobs.iter().map(|&(id, lp)| (piece(id).0, piece(id).1, lp)).collect();
+                    choice.logprobs.push(TokenLogprob { token, bytes, logprob, top });
+                }
+                choice.text.push_str(&text);
+                text
+            }
+            Event::Finished { reason, text, usage, queue_time } => {
+                choice.finish = Some(reason);
+                choice.prompt_tokens = usage.prompt_tokens;
+                choice.completion_tokens = usage.completion_tokens;
+                choice.cached_tokens = usage.cached_tokens;
+                choice.text.push_str(&text);
+                if let Some(q) = queue_time {
+                    self.state.metrics.queue_time(&model, q);
+                }
+                let e2e = self.start.elapsed();
+                self.state.metrics.request_finished(&model, reason, usage.prompt_tokens, usage.completion_tokens, e2e);
+                text
+            }
+        }
+    }
+
+    fn usage(&self) -> Value {
+        // Each prompt counts once however many choices it has.
+        let prompt: usize = self.choices.iter().step_by(self.n).map(|c| c.prompt_tokens).sum();
+        let completion: usize = self.choices.iter().map(|c| c.completion_tokens).sum();
+        let cached: usize = self.choices.iter().step_by(self.n).map(|c| c.cached_tokens).sum();
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        })
+    }
+
+    /// Runs to the end and answers with one JSON object.
+    pub async fn respond(mut self) -> Response {
+        while let Some((index, event)) = self.merged.next().await {
+            self.apply(index, event);
+        }
+        if let Some(err) = self.failure() {
+            return with_model(err.into_response(), &self.model.name);
+        }
+        let choices: Vec<Value> = (0..self.choices.len())
+            .map(|i| {
+                let c = &self.choices[i];
+                let finish = finish_str(c.finish);
+                match self.api {
+                    Api::Chat => json!({
+                        "index": i,
+                        "message": {"role": "assistant", "content": c.text},
+                        "logprobs": self.logprobs.map(|_| chat_logprobs(&c.logprobs)),
+                        "finish_reason": finish,
+                    }),
+                    Api::Completion => {
+                        let echo = self.echo.get(i / self.n).map_or("", String::as_str);
+                        json!({
+                            "index": i,
+                            "text": format!("{echo}{}", c.text),
+                            "logprobs": self.logprobs.map(|_| completion_logprobs(&c.logprobs, echo.len())),
+                            "finish_reason": finish,
+                        })
+                    }
+                }
+            })
+            .collect();
+        let object = match self.api {
+            Api::Chat => "chat.completion",
+            Api::Completion => "text_completion",
+        };
+        let mut body = self.envelope(object, choices);
+        body["usage"] = self.usage();
+        with_model(json_response(StatusCode::OK, &body), &self.model.name)
+    }
+
+    /// The fields every response object and chunk carries.
+    fn envelope(&self, object: &str, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model.name,
+            "system_fingerprint": null,
+            "choices": choices,
+        })
+    }
+
+    fn engine_error(&self) -> ApiError {
+        ApiError::internal(format!("generation failed in the engine (request {}); see the server log", self.id))
+    }
+
+    /// The error to report if a choice failed in the engine.
+    fn failure(&self) -> Option<ApiError> {
+        let failed = self.choices.iter().any(|c| c.finish == Some(FinishReason::Error) || c.finish.is_none());
+        failed.then(|| self.engine_error())
+    }
+
+    fn chunk_object(&self) -> &'static str {
+        match self.api {
+            Api::Chat => "chat.completion.chunk",
+            Api::Completion => "text_completion",
+        }
+    }
+
+    fn chunk(&self, choices: Vec<Value>) -> SseEvent {
+        SseEvent::default().data(self.envelope(self.chunk_object(), choices).to_string())
+    }
+
+    /// The chunk for `text` (and this event's logprobs) of choice `i`, finishing it if `finish`.
+    fn delta(&self, i: usize, text: &str, logprobs: Option<&[TokenLogprob]>, finish: Option<FinishReason>) -> SseEvent {
+        let choice = match self.api {
+            Api::Chat => json!({
+                "index": i,
+                "delta": if text.is_empty() && finish.is_some() { json!({}) } else { json!({"content": text}) },
+                "logprobs": logprobs.map(chat_logprobs),
+                "finish_reason": finish.map(|f| f.as_str()),
+            }),
+            Api::Completion => json!({
+                "index": i,
+                "text": text,
+                "logprobs": logprobs.map(|l| completion_logprobs(l, 0)),
+                "finish_reason": finish.map(|f| f.as_str()),
+            }),
+        };
+        self.chunk(vec![choice])
+    }
+
+    /// Streams the choices as server-sent events.
+    pub fn stream(self) -> Response {
+        let model = self.model.name.clone();
+        let mut pending: VecDeque<SseEvent> = VecDeque::new();
+        for i in 0..self.choices.len() {
+            match self.api {
+                Api::Chat => pending.push_back(self.chunk(vec![json!({
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null,
+                    "finish_reason": null,
+                })])),
+                Api::Completion => {
+                    if let Some(echo) = self.echo.get(i / self.n) {
+                        pending.push_back(self.delta(i, echo, None, None));
+                    }
+                }
+            }
+        }
+        let events = stream::unfold((self, pending, false), |(mut g, mut pending, mut done)| async move {
+            loop {
+                if let Some(event) = pending.pop_front() {
+                    return Some((Ok::<_, Infallible>(event), (g, pending, done)));
+                }
+                if done {
+                    return None;
+                }
+                match g.merged.next().await {
+                    Some((i, event)) => {
+                        let is_token = matches!(event, Event::Token { .. });
+                        let before = g.choices[i].logprobs.len();
+                        let text = g.apply(i, event);
+                        let finish = g.choices[i].finish;
+                        match finish {
+                            Some(FinishReason::Error) => {
+                                pending.push_back(SseEvent::default().data(g.engine_error().body().to_string()));
+                            }
+                            Some(f) => pending.push_back(g.delta(i, &text, None, Some(f))),
+                            None if is_token && (!text.is_empty() || g.logprobs.is_some()) => {
+                                let lp = g.logprobs.map(|_| &g.choices[i].logprobs[before..]);
+                                pending.push_back(g.delta(i, &text, lp, None));
+                            }
+                            None => {}
+                        }
+                    }
+                    None => {
+                        if g.include_usage {
+                            let mut body = g.envelope(g.chunk_object(), vec![]);
+                            body["usage"] = g.usage();
+                            pending.push_back(SseEvent::default().data(body.to_string()));
+                        }
+                        pending.push_back(SseEvent::default().data("[DONE]"));
+                        done = true;
+                    }
+                }
+            }
+        });
+        let sse = Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)));
+        with_model(sse.into_response(), &model)
+    }
+}
+
+impl Drop for Generation {
+    /// A client that left before the end: its unfinished choices are aborted (dropping the
+    /// engine streams cancels them) and counted as such.
+    fn drop(&mut self) {
+        let e2e = self.start.elapsed();
+        for c in self.choices.iter().filter(|c| c.finish.is_none()) {
+            self.state.metrics.request_finished(
+                &self.model.name,
+                FinishReason::Abort,
+                c.prompt_tokens,
+                c.tokens_seen,
+                e2e,
+            );
+        }
+    }
+}
+
+fn finish_str(f: Option<FinishReason>) -> Option<&'static str> {
+    f.map(|f| f.as_str())
+}
+
+fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            json!({
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": t.bytes,
+                "top_logprobs": t.top.iter().map(|(tok, b, lp)| json!({"token": tok, "logprob": lp, "bytes": b})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({"content": content})
+}
+
+/// Completions' legacy shape; `offset` is where the generated text starts (after an echo).
+fn completion_logprobs(tokens: &[TokenLogprob], offset: usize) -> Value {
+    let mut text_offset = Vec::with_capacity(tokens.len());
+    let mut at = offset;
+    for t in tokens {
+        text_offset.push(at);
+        at += t.token.len();
+    }
+    json!({
+        "tokens": tokens.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": tokens.iter().map(|t| t.top.iter().map(|(tok, _, lp)| (tok.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "text_offset": text_offset,
+    })
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs()
+}

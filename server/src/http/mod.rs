@@ -1,0 +1,350 @@
+//! The HTTP service (S1–S5): axum routes, the middleware every request passes (request id,
+//! logging, API keys, shutdown refusal, body limit), and the server's shared state.
+
+mod admin;
+mod chat;
+pub mod error;
+mod generation;
+pub mod openai;
+
+pub use generation::unix_now;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use llaisys_actors::request::RequestId;
+use llaisys_actors::{Engine, Router as Engines};
+use llaisys_model::tokenizer::ChatTemplate;
+use llaisys_model::{ModelInfo, Tokenizer};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::Limits;
+use crate::metrics::Metrics;
+use error::ApiError;
+use openai::Defaults;
+
+/// One served model: what the HTTP layer needs besides its engine.
+pub struct ModelEntry {
+    pub name: String,
+    pub engine: Engine,
+    pub info: ModelInfo,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub defaults: Defaults,
+    /// Unix time the model was loaded (`created` in /v1/models).
+    pub created: u64,
+}
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub models: BTreeMap<String, Arc<ModelEntry>>,
+    pub engines: Engines,
+    pub limits: Limits,
+    pub api_keys: Vec<String>,
+    pub metrics: Metrics,
+    shutting_down: AtomicBool,
+    admission: Arc<Semaphore>,
+    queued: AtomicUsize,
+    /// Generation requests in flight by id, for the cancel endpoint.
+    requests: Mutex<HashMap<String, (Engine, Vec<RequestId>)>>,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(models: Vec<ModelEntry>, limits: Limits, api_keys: Vec<String>) -> Self {
+        let mut engines = Engines::new();
+        let models: BTreeMap<String, Arc<ModelEntry>> = models
+            .into_iter()
+            .map(|m| {
+                engines.add(m.name.clone(), m.engine.clone()).expect("model names are unique");
+                (m.name.clone(), Arc::new(m))
+            })
+            .collect();
+        Self {
+            admission: Arc::new(Semaphore::new(limits.max_concurrent_requests)),
+            models,
+            engines,
+            limits,
+            api_keys,
+            metrics: Metrics::new(),
+            shutting_down: AtomicBool::new(false),
+            queued: AtomicUsize::new(0),
+            requests: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// The served model called `name`.
+    pub fn model(&self, name: &str) -> Result<Arc<ModelEntry>, ApiError> {
+        self.engines.engine(name)?;
+        self.models.get(name).cloned().ok_or_else(|| ApiError::internal("model table out of sync"))
+    }
+
+    /// The model of a request that may leave it out (tokenize, detokenize): the only one served.
+    pub fn model_or_default(&self, name: Option<&str>) -> Result<Arc<ModelEntry>, ApiError> {
+        match name {
+            Some(n) => self.model(n),
+            None if self.models.len() == 1 => Ok(self.models.values().next().cloned().expect("one model")),
+            None => Err(ApiError::invalid("model", "several models are served: name one")),
+        }
+    }
+
+    /// Waits for room in the engine, or refuses with 429 when the queue is full.
+    pub async fn admit(self: &Arc<Self>) -> Result<OwnedSemaphorePermit, ApiError> {
+        if let Ok(permit) = self.admission.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.limits.max_queue {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::overloaded(format!(
+                "the server is at its limit of {} concurrent requests and {} queued; retry later",
+                self.limits.max_concurrent_requests, self.limits.max_queue
+            )));
+        }
+        struct Queued<'a>(&'a AtomicUsize);
+        impl Drop for Queued<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _queued = Queued(&self.queued);
+        self.admission.clone().acquire_owned().await.map_err(|_| ApiError::shutting_down())
+    }
+
+    /// Remembers a request's engine ids for the cancel endpoint until the guard drops.
+    pub fn register(self: &Arc<Self>, id: &str, engine: Engine, ids: Vec<RequestId>) -> Registration {
+        self.requests.lock().expect("request table lock").insert(id.into(), (engine, ids));
+        Registration { state: self.clone(), id: id.into() }
+    }
+
+    /// Cancels a registered request; false if unknown (or already finished).
+    pub async fn cancel(&self, id: &str) -> bool {
+        let entry = self.requests.lock().expect("request table lock").get(id).cloned();
+        let Some((engine, ids)) = entry else { return false };
+        for rid in ids {
+            engine.cancel(rid).await;
+        }
+        true
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    fn new_request_id(&self) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        format!("{:012x}{:06x}", nanos as u64 & 0xffff_ffff_ffff, n & 0xff_ffff)
+    }
+}
+
+/// Removes a request from the cancel table when its response is done.
+pub struct Registration {
+    state: Arc<AppState>,
+    id: String,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut table) = self.state.requests.lock() {
+            table.remove(&self.id);
+        }
+    }
+}
+
+/// The id of the HTTP request, set by the middleware (`x-request-id`).
+#[derive(Debug, Clone)]
+pub struct RequestIdExt(pub String);
+
+/// Set by a handler so the access log names the model.
+#[derive(Debug, Clone)]
+pub struct ModelExt(pub String);
+
+/// A request body as bytes; over the limit it is a 413 error object.
+pub struct Body413(pub axum::body::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body413 {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match axum::body::Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(Self(bytes)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                ..ApiError::bad_request("the request body is larger than the server's limit (server.max_body_bytes)")
+            }),
+            Err(e) => Err(ApiError::bad_request(format!("reading the body: {e}"))),
+        }
+    }
+}
+
+/// The routes with their middleware.
+pub fn app(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(chat::completions))
+        .route("/v1/models", get(admin::models))
+        .route("/v1/models/{model}", get(admin::model))
+        .route("/v1/requests/{id}/cancel", post(admin::cancel))
+        .route("/v1/sessions", get(admin::sessions))
+        .route("/v1/sessions/{id}", delete(admin::delete_session))
+        .route("/tokenize", post(admin::tokenize))
+        .route("/detokenize", post(admin::detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    let open = Router::new().route("/health", get(admin::health)).route("/metrics", get(admin::metrics));
+    api.merge(open)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError {
+                status: StatusCode::METHOD_NOT_ALLOWED,
+                ..ApiError::bad_request("method not allowed on this route")
+            }
+        })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), access))
+        .with_state(state)
+}
+
+/// Bearer API keys, when configured.
+async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if state.api_keys.is_empty() {
+        return next.run(req).await;
+    }
+    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match given.and_then(|v| v.strip_prefix("Bearer ")) {
+        Some(key) if state.api_keys.iter().any(|k| k == key.trim()) => next.run(req).await,
+        Some(_) => ApiError::unauthorized("Incorrect API key provided.").into_response(),
+        None => ApiError::unauthorized("Missing API key: send `Authorization: Bearer KEY`.").into_response(),
+    }
+}
+
+/// Every request: an id (`x-request-id`, the client's if it sent a sane one), 503 while
+/// shutting down, and one log line with id, method, route, model, status and latency.
+async fn access(State(state): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| state.new_request_id(), str::to_string);
+    req.extensions_mut().insert(RequestIdExt(id.clone()));
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let mut response = if state.is_shutting_down() && path != "/health" && path != "/metrics" {
+        ApiError::shutting_down().into_response()
+    } else {
+        next.run(req).await
+    };
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    let status = response.status().as_u16();
+    let model = response.extensions().get::<ModelExt>().map(|m| m.0.clone());
+    let route = route_label(&path);
+    state.metrics.http_response(route, status);
+    tracing::info!(
+        request_id = id,
+        method = %method,
+        path,
+        model = model.as_deref().unwrap_or("-"),
+        status,
+        latency_ms = start.elapsed().as_secs_f64() * 1e3,
+        "http request"
+    );
+    response
+}
+
+/// A bounded label for metrics (ids in paths are not labels).
+fn route_label(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
+        "/v1/models" => "/v1/models",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        "/tokenize" => "/tokenize",
+        "/detokenize" => "/detokenize",
+        p if p.starts_with("/v1/requests/") => "/v1/requests/{id}/cancel",
+        p if p.starts_with("/v1/sessions") => "/v1/sessions",
+        p if p.starts_with("/v1/models/") => "/v1/models/{model}",
+        _ => "other",
+    }
+}
+
+/// A running server.
+pub struct Server {
+    pub addr: SocketAddr,
+    state: Arc<AppState>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    grace: Duration,
+}
+
+impl Server {
+    /// Binds `addr` and serves `state` until `shutdown`.
+    pub async fn start(
+        state: AppState,
+        addr: SocketAddr,
+        max_body_bytes: usize,
+        grace: Duration,
+    ) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(state);
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let app = app(state.clone(), max_body_bytes);
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        });
+        Ok(Self { addr, state, stop, task, grace })
+    }
+
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+
+    /// Graceful shutdown: new requests get 503 at once; in-flight ones finish (for at most the
+    /// grace period); then the listener closes and the engines drain and stop.
+    pub async fn shutdown(self) {
+        self.state.shutting_down.store(true, Ordering::SeqCst);
+        let drained = tokio::time::timeout(self.grace, async {
+            while self.state.admission.available_permits() < self.state.limits.max_concurrent_requests {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("shutdown grace period over with requests still running; they are cancelled");
+        }
+        let _ = self.stop.send(true);
+        let mut task = self.task;
+        if tokio::time::timeout(Duration::from_secs(1), &mut task).await.is_err() {
+            task.abort(); // dropping the connections cancels what still runs
+        }
+        self.state.engines.shutdown().await;
+    }
+}
+
+/// Attaches the model name for the access log.
+pub fn with_model(mut response: Response, model: &str) -> Response {
+    response.extensions_mut().insert(ModelExt(model.into()));
+    response
+}
+
+/// A JSON response.
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], Body::from(value.to_string())).into_response()
+}

@@ -1,0 +1,15 @@
+//! llaisys-server: the OpenAI-compatible HTTP service over the engine (DESIGN.md S1–S6).
+//!
+//! - `config.rs`: S6, `config/default.toml` overridden by a file, `LLAISYS_*` and flags;
+//! - `http/`: the routes (S1), SSE streaming (S2), errors (S3), protection (S4);
+//! - `metrics.rs`: S5, Prometheus text through the `metrics` facade;
+//! - `serve.rs`: loads the model and starts a `Server` from a `Config`.
+
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod serve;
+
+pub use config::Config;
+pub use http::Server;
+pub use serve::{ServeError, start};

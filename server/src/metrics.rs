@@ -1,0 +1,126 @@
+//! S5: Prometheus metrics through the `metrics` facade, named after vLLM's with a `llaisys_`
+//! prefix and labelled by model. Each server owns its recorder (no global one), so several
+//! servers, or tests, can live in one process. Engine gauges are read at scrape time.
+
+use std::time::Duration;
+
+use llaisys_actors::EngineStats;
+use llaisys_actors::request::FinishReason;
+use metrics::{Key, Label, Metadata, Recorder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
+
+const METADATA: Metadata<'static> = Metadata::new(module_path!(), metrics::Level::INFO, None);
+
+/// Latency buckets in seconds, from 1 ms to 2 minutes.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 120.0,
+];
+
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+            .expect("the bucket list is not empty")
+            .build_recorder();
+        let m = Self { recorder };
+        for (name, help) in [
+            ("llaisys_num_requests_running", "Requests in the engine's running batch."),
+            ("llaisys_num_requests_waiting", "Requests waiting to be scheduled."),
+            ("llaisys_kv_cache_usage_perc", "Fraction of KV-cache cells in use (1 = full)."),
+            ("llaisys_kv_cache_cells_used", "KV-cache cells in use, cached prefixes included."),
+            ("llaisys_kv_cache_cells_cached", "KV-cache cells kept for prefix reuse and sessions."),
+            ("llaisys_num_sessions", "Live sessions."),
+            ("llaisys_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."),
+            ("llaisys_prefix_cache_hits_total", "Prompt tokens found in the prefix cache."),
+            ("llaisys_num_preemptions_total", "Sequences preempted for lack of KV cells."),
+            ("llaisys_worker_restarts_total", "Failed workers replaced."),
+            ("llaisys_prompt_tokens_total", "Prompt tokens of finished requests."),
+            ("llaisys_generation_tokens_total", "Generated tokens."),
+            ("llaisys_request_success_total", "Finished requests by finish reason."),
+            ("llaisys_time_to_first_token_seconds", "Time from arrival to the first generated token."),
+            ("llaisys_inter_token_latency_seconds", "Time between consecutive generated tokens of a request."),
+            ("llaisys_e2e_request_latency_seconds", "Time from arrival to the last token."),
+            ("llaisys_request_queue_time_seconds", "Time from arrival to the first scheduling."),
+            ("llaisys_http_requests_total", "HTTP responses by route and status."),
+        ] {
+            m.recorder.describe_counter(name.into(), None, help.into());
+        }
+        m
+    }
+
+    fn key(name: &'static str, labels: &[(&'static str, String)]) -> Key {
+        Key::from_parts(name, labels.iter().map(|(k, v)| Label::new(*k, v.clone())).collect::<Vec<_>>())
+    }
+
+    fn counter(&self, name: &'static str, labels: &[(&'static str, String)], by: u64) {
+        self.recorder.register_counter(&Self::key(name, labels), &METADATA).increment(by);
+    }
+
+    fn gauge(&self, name: &'static str, model: &str, value: f64) {
+        self.recorder.register_gauge(&Self::key(name, &[("model", model.into())]), &METADATA).set(value);
+    }
+
+    fn absolute(&self, name: &'static str, model: &str, value: u64) {
+        self.recorder.register_counter(&Self::key(name, &[("model", model.into())]), &METADATA).absolute(value);
+    }
+
+    fn histogram(&self, name: &'static str, model: &str, value: Duration) {
+        self.recorder
+            .register_histogram(&Self::key(name, &[("model", model.into())]), &METADATA)
+            .record(value.as_secs_f64());
+    }
+
+    /// One finished request (one choice).
+    pub fn request_finished(&self, model: &str, reason: FinishReason, prompt: usize, generated: usize, e2e: Duration) {
+        let m = || ("model", model.to_string());
+        self.counter("llaisys_request_success_total", &[m(), ("finished_reason", reason.as_str().into())], 1);
+        self.counter("llaisys_prompt_tokens_total", &[m()], prompt as u64);
+        self.counter("llaisys_generation_tokens_total", &[m()], generated as u64);
+        self.histogram("llaisys_e2e_request_latency_seconds", model, e2e);
+    }
+
+    pub fn first_token(&self, model: &str, ttft: Duration) {
+        self.histogram("llaisys_time_to_first_token_seconds", model, ttft);
+    }
+
+    pub fn inter_token(&self, model: &str, gap: Duration) {
+        self.histogram("llaisys_inter_token_latency_seconds", model, gap);
+    }
+
+    pub fn queue_time(&self, model: &str, queued: Duration) {
+        self.histogram("llaisys_request_queue_time_seconds", model, queued);
+    }
+
+    pub fn http_response(&self, route: &str, status: u16) {
+        self.counter("llaisys_http_requests_total", &[("route", route.into()), ("status", status.to_string())], 1);
+    }
+
+    /// The engine's own figures, read at scrape time.
+    pub fn engine_stats(&self, model: &str, s: &EngineStats) {
+        self.gauge("llaisys_num_requests_running", model, s.running as f64);
+        self.gauge("llaisys_num_requests_waiting", model, s.waiting as f64);
+        self.gauge("llaisys_kv_cache_usage_perc", model, s.kv_cells_used as f64 / s.kv_capacity.max(1) as f64);
+        self.gauge("llaisys_kv_cache_cells_used", model, s.kv_cells_used as f64);
+        self.gauge("llaisys_kv_cache_cells_cached", model, s.kv_cells_cached as f64);
+        self.gauge("llaisys_num_sessions", model, s.sessions as f64);
+        self.absolute("llaisys_prefix_cache_queries_total", model, s.prefix_queries);
+        self.absolute("llaisys_prefix_cache_hits_total", model, s.prefix_hits);
+        self.absolute("llaisys_num_preemptions_total", model, s.preemptions);
+        self.absolute("llaisys_worker_restarts_total", model, s.worker_restarts);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        self.recorder.handle().render()
+    }
+}

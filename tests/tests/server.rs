@@ -1,0 +1,387 @@
+//! The real server on an ephemeral loopback port with a tiny fixture, driven over HTTP.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use llaisys_model::Tokenizer;
+use llaisys_server::{Config, Server};
+use llaisys_tests::{Reference, fixture_dir};
+use serde_json::{Value, json};
+
+const FIXTURE: &str = "tiny-untied-f32";
+
+/// A server for the fixture with extra `section.key=value` settings.
+async fn server(settings: &[(&str, &str)]) -> Server {
+    let dir = fixture_dir(FIXTURE);
+    let mut all: Vec<(String, String)> =
+        vec![("model.path".into(), format!("{:?}", dir.display().to_string())), ("server.port".into(), "0".into())];
+    all.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let config = Config::load(None, std::iter::empty(), &all).unwrap();
+    llaisys_server::start(&config).await.unwrap()
+}
+
+fn url(s: &Server, path: &str) -> String {
+    format!("http://{}{path}", s.addr)
+}
+
+async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new().post(url(s, path)).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// All `data:` payloads of an SSE response, `[DONE]` included.
+async fn sse(s: &Server, path: &str, body: Value) -> Vec<String> {
+    let r = reqwest::Client::new().post(url(s, path)).json(&body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let text = r.text().await.unwrap();
+    text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+/// The chunks' JSON (all but `[DONE]`, which must come last, once).
+fn chunks(events: &[String]) -> Vec<Value> {
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    assert_eq!(events.iter().filter(|e| *e == "[DONE]").count(), 1);
+    events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect()
+}
+
+fn reference_text(p: &llaisys_tests::PromptRef) -> String {
+    Tokenizer::from_dir(&fixture_dir(FIXTURE)).unwrap().decode(&p.greedy, true).unwrap()
+}
+
+async fn metric(s: &Server, name: &str) -> f64 {
+    let text = reqwest::get(url(s, "/metrics")).await.unwrap().text().await.unwrap();
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_from_token_ids_match_the_reference_streamed_or_not() {
+    let s = server(&[]).await;
+    let reference = Reference::load(FIXTURE);
+    for p in &reference.prompts {
+        let body = json!({"model": FIXTURE, "prompt": p.ids, "max_tokens": 20, "temperature": 0, "ignore_eos": true, "logprobs": 2});
+        let (status, r) = post(&s, "/v1/completions", body.clone()).await;
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["object"], "text_completion");
+        assert_eq!(r["choices"][0]["text"], reference_text(p));
+        assert_eq!(r["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            (r["usage"]["prompt_tokens"].as_u64(), r["usage"]["completion_tokens"].as_u64()),
+            (Some(p.ids.len() as u64), Some(20))
+        );
+        assert_eq!(r["usage"]["total_tokens"].as_u64(), Some(p.ids.len() as u64 + 20));
+        let lp = &r["choices"][0]["logprobs"];
+        assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 20);
+        assert!(lp["top_logprobs"].as_array().unwrap().iter().all(|m| m.as_object().unwrap().len() <= 2));
+        assert!(lp["token_logprobs"].as_array().unwrap().iter().all(|v| v.as_f64().unwrap() <= 0.0));
+        let mut streamed = body;
+        streamed["stream"] = json!(true);
+        let chunks = chunks(&sse(&s, "/v1/completions", streamed).await);
+        let text: String = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
+        assert_eq!(text, reference_text(p));
+        let finishes: Vec<&Value> =
+            chunks.iter().map(|c| &c["choices"][0]["finish_reason"]).filter(|f| !f.is_null()).collect();
+        assert_eq!(finishes, vec!["length"]);
+    }
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_streams_a_role_chunk_deltas_a_finish_and_usage() {
+    let s = server(&[]).await;
+    let body = json!({"model": FIXTURE, "messages": [{"role": "user", "content": "Hello 你好"}], "max_tokens": 12, "temperature": 0});
+    let (status, whole) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{whole}");
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let chunks = chunks(&sse(&s, "/v1/chat/completions", streamed).await);
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    let text: String = chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str()).collect();
+    assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap(), "streamed = whole");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(usage["usage"]["completion_tokens"], whole["usage"]["completion_tokens"]);
+    assert_eq!(usage["usage"]["prompt_tokens"], whole["usage"]["prompt_tokens"]);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_seeds_and_stop_strings() {
+    let s = server(&[]).await;
+    let body = json!({"model": FIXTURE, "prompt": "The capital of France is", "max_tokens": 10, "temperature": 1.0, "seed": 7, "n": 3});
+    let (_, a) = post(&s, "/v1/completions", body.clone()).await;
+    let (_, b) = post(&s, "/v1/completions", body).await;
+    let texts = |r: &Value| {
+        r["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(texts(&a).len(), 3);
+    assert_eq!(texts(&a), texts(&b), "same seed, same outputs");
+    assert_eq!(a["usage"]["completion_tokens"].as_u64(), Some(30));
+    assert_eq!(a["choices"][2]["index"], 2);
+    // A stop string taken from the middle of the greedy text ends the text before it.
+    let p = &Reference::load(FIXTURE).prompts[0];
+    let full = reference_text(p);
+    let stop: String = full.chars().skip(6).take(3).collect();
+    let body = json!({"model": FIXTURE, "prompt": p.ids, "max_tokens": 20, "temperature": 0, "ignore_eos": true, "stop": [stop]});
+    let (_, r) = post(&s, "/v1/completions", body).await;
+    let text = r["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(text, &full[..full.find(&stop).unwrap()]);
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_an_openai_error_object_and_changes_nothing() {
+    let s = server(&[("server.max_body_bytes", "4096")]).await;
+    let client = reqwest::Client::new();
+    let good = json!({"model": FIXTURE, "prompt": [1, 2, 3], "max_tokens": 3, "temperature": 0});
+    let (_, before) = post(&s, "/v1/completions", good.clone()).await;
+    let raw = |body: &'static str| {
+        client.post(url(&s, "/v1/completions")).header("content-type", "application/json").body(body).send()
+    };
+    let cases: Vec<(reqwest::Response, u16, Option<&str>)> = vec![
+        (raw("{not json").await.unwrap(), 400, None),
+        (
+            raw(r#"{"model": "tiny-untied-f32", "prompt": [1], "max_tokens": "ten"}"#).await.unwrap(),
+            400,
+            Some("max_tokens"),
+        ),
+        (raw(r#"{"model": "tiny-untied-f32", "prompt": [1], "temperature": 1e9}"#).await.unwrap(), 400, None),
+        (raw(r#"{"model": "gpt-4", "prompt": [1]}"#).await.unwrap(), 404, Some("model")),
+        (
+            raw(r#"{"model": "tiny-untied-f32", "prompt": [1], "max_tokens": 0}"#).await.unwrap(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            raw(r#"{"model": "tiny-untied-f32", "prompt": [1], "max_tokens": -5}"#).await.unwrap(),
+            400,
+            Some("max_tokens"),
+        ),
+        (raw(r#"{"model": "tiny-untied-f32", "prompt": [99999]}"#).await.unwrap(), 400, Some("prompt")),
+        (client.get(url(&s, "/v1/nothing")).send().await.unwrap(), 404, None),
+        (client.post(url(&s, "/v1/completions")).body(vec![b' '; 10_000]).send().await.unwrap(), 413, None),
+    ];
+    for (i, (response, status, param)) in cases.into_iter().enumerate() {
+        assert_eq!(response.status().as_u16(), status, "case {i}");
+        assert!(response.headers().contains_key("x-request-id"), "case {i}");
+        let body: Value = response.json().await.unwrap();
+        let err = &body["error"];
+        assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()) && err["type"].is_string(), "case {i}: {body}");
+        if let Some(p) = param {
+            assert_eq!(err["param"], p, "case {i}: {body}");
+        }
+    }
+    let long: Vec<u32> = (0..300).map(|i| i % 500).collect();
+    let (status, body) = post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": long})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("context_length_exceeded")));
+    let (status, after) = post(&s, "/v1/completions", good).await;
+    assert_eq!((status, &after["choices"]), (200, &before["choices"]), "the server still answers the same");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_are_required_when_configured() {
+    let s = server(&[("server.api_keys", r#"["sk-test"]"#)]).await;
+    let client = reqwest::Client::new();
+    let models = |key: Option<&'static str>| {
+        let mut r = client.get(url(&s, "/v1/models"));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    assert_eq!(models(None).await.unwrap().status().as_u16(), 401);
+    let wrong = models(Some("sk-wrong")).await.unwrap();
+    assert_eq!(wrong.status().as_u16(), 401);
+    assert_eq!(wrong.json::<Value>().await.unwrap()["error"]["type"], "authentication_error");
+    assert_eq!(models(Some("sk-test")).await.unwrap().status().as_u16(), 200);
+    assert_eq!(client.get(url(&s, "/health")).send().await.unwrap().status().as_u16(), 200, "health is open");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let s = server(&[("limits.max_concurrent_requests", "1"), ("limits.max_queue", "0")]).await;
+    let long = json!({"model": FIXTURE, "prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": true, "stream": true});
+    let first = reqwest::Client::new().post(url(&s, "/v1/completions")).json(&long).send().await.unwrap();
+    let mut body = first.bytes_stream();
+    body.next().await; // admitted and streaming
+    let r = reqwest::Client::new().post(url(&s, "/v1/completions")).json(&long).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    drop(body);
+    for _ in 0..200 {
+        let (status, _) = post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": [1], "max_tokens": 1})).await;
+        if status == 200 {
+            s.shutdown().await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the slot never came back after the first client left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stream_frees_its_cells_and_the_cancel_endpoint_ends_with_abort() {
+    let s = server(&[("engine.prefix_caching", "false")]).await;
+    let long = json!({"model": FIXTURE, "prompt": [1, 2, 3], "max_tokens": 250, "ignore_eos": true, "stream": true});
+    let r = reqwest::Client::new().post(url(&s, "/v1/completions")).json(&long).send().await.unwrap();
+    let mut body = r.bytes_stream();
+    body.next().await;
+    assert!(metric(&s, "llaisys_kv_cache_cells_used").await > 0.0);
+    drop(body);
+    let mut freed = false;
+    for _ in 0..200 {
+        if metric(&s, "llaisys_kv_cache_cells_used").await == 0.0
+            && metric(&s, "llaisys_num_requests_running").await == 0.0
+        {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "the cells of the closed stream are freed");
+    assert_eq!(
+        metric(&s, "llaisys_request_success_total{model=\"tiny-untied-f32\",finished_reason=\"abort\"}").await,
+        1.0
+    );
+    // The cancel endpoint, with the id of the stream's first chunk.
+    let r = reqwest::Client::new().post(url(&s, "/v1/completions")).json(&long).send().await.unwrap();
+    let mut body = r.bytes_stream();
+    let first = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let chunk: Value =
+        serde_json::from_str(first.trim().strip_prefix("data: ").unwrap().split("\n\n").next().unwrap()).unwrap();
+    let id = chunk["id"].as_str().unwrap();
+    let (status, _) = post(&s, &format!("/v1/requests/{id}/cancel"), json!({})).await;
+    assert_eq!(status, 200);
+    let mut rest = first;
+    while let Some(bytes) = body.next().await {
+        rest.push_str(&String::from_utf8_lossy(&bytes.unwrap()));
+    }
+    assert!(rest.contains(r#""finish_reason":"abort""#), "{rest}");
+    assert!(rest.trim_end().ends_with("data: [DONE]"));
+    let (status, _) = post(&s, &format!("/v1/requests/{id}/cancel"), json!({})).await;
+    assert_eq!(status, 404, "finished requests are no longer cancellable");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_streams_all_finish_once() {
+    let s = server(&[("engine.prefix_caching", "false")]).await;
+    let tasks: Vec<_> = (0..64u32)
+        .map(|i| {
+            let u = url(&s, "/v1/completions");
+            tokio::spawn(async move {
+                let body = json!({"model": FIXTURE, "prompt": [1 + i, 2, 3 + i], "max_tokens": 8, "ignore_eos": true, "stream": true});
+                let r = reqwest::Client::new().post(u).json(&body).send().await.unwrap();
+                r.text().await.unwrap()
+            })
+        })
+        .collect();
+    for task in tasks {
+        let text = task.await.unwrap();
+        assert_eq!(text.matches("\"finish_reason\":\"length\"").count(), 1, "{text}");
+        assert_eq!(text.matches("data: [DONE]").count(), 1);
+        assert!(text.trim_end().ends_with("data: [DONE]"));
+    }
+    assert_eq!(metric(&s, "llaisys_request_success_total").await, 64.0);
+    assert_eq!(metric(&s, "llaisys_generation_tokens_total").await, 64.0 * 8.0);
+    assert_eq!(metric(&s, "llaisys_kv_cache_cells_used").await, 0.0);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_prometheus_text_and_move() {
+    let s = server(&[]).await;
+    let count = || metric(&s, "llaisys_request_success_total");
+    let before = count().await;
+    post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": [5, 6], "max_tokens": 2})).await;
+    assert_eq!(count().await, before + 1.0);
+    let text = reqwest::get(url(&s, "/metrics")).await.unwrap().text().await.unwrap();
+    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let (name, value) = line.rsplit_once(' ').unwrap();
+        assert!(value.parse::<f64>().is_ok(), "{line}");
+        assert!(name.starts_with("llaisys_"), "{line}");
+    }
+    for name in [
+        "llaisys_time_to_first_token_seconds_bucket",
+        "llaisys_e2e_request_latency_seconds_count",
+        "llaisys_kv_cache_usage_perc",
+        "llaisys_prefix_cache_hits_total",
+    ] {
+        assert!(text.contains(name), "{name} missing");
+    }
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_second_turn_reuses_its_cells_and_sessions_can_be_deleted() {
+    let s = server(&[("engine.prefix_caching", "false")]).await;
+    let turn = |messages: Value| json!({"model": FIXTURE, "messages": messages, "max_tokens": 6, "temperature": 0, "session_id": "conv-1"});
+    let (_, first) = post(&s, "/v1/chat/completions", turn(json!([{"role": "user", "content": "hello"}]))).await;
+    let answer = first["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let messages = json!([{"role": "user", "content": "hello"}, {"role": "assistant", "content": answer}, {"role": "user", "content": "more"}]);
+    let (_, second) = post(&s, "/v1/chat/completions", turn(messages)).await;
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached >= first["usage"]["prompt_tokens"].as_u64().unwrap(), "{second}");
+    let list: Value = reqwest::get(url(&s, "/v1/sessions")).await.unwrap().json().await.unwrap();
+    assert_eq!(list["data"][0]["id"], "conv-1");
+    assert_eq!(list["data"][0]["requests"], 2);
+    let client = reqwest::Client::new();
+    assert_eq!(client.delete(url(&s, "/v1/sessions/conv-1")).send().await.unwrap().status().as_u16(), 200);
+    assert_eq!(client.delete(url(&s, "/v1/sessions/conv-1")).send().await.unwrap().status().as_u16(), 404);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_in_flight_streams_and_refuses_new_requests() {
+    let s = server(&[]).await;
+    let u = url(&s, "/v1/completions");
+    let body = json!({"model": FIXTURE, "prompt": [1, 2], "max_tokens": 100, "ignore_eos": true, "stream": true});
+    let r = reqwest::Client::new().post(&u).json(&body).send().await.unwrap();
+    let mut stream = r.bytes_stream();
+    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let client = reqwest::Client::new();
+    let state = s.state().clone();
+    let shutdown = tokio::spawn(s.shutdown());
+    while !state.is_shutting_down() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let refused = client.post(&u).json(&json!({"model": FIXTURE, "prompt": [1]})).send().await;
+    if let Ok(r) = refused {
+        assert_eq!(r.status().as_u16(), 503);
+    }
+    while let Some(bytes) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&bytes.unwrap()));
+    }
+    assert!(
+        text.contains(r#""finish_reason":"length""#) && text.trim_end().ends_with("data: [DONE]"),
+        "drained: {text}"
+    );
+    shutdown.await.unwrap();
+}
+
+/// The real model, when `LLAISYS_TEST_MODEL` names its directory (see scripts/fetch_demo_model.sh).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_model_knows_the_capital_of_france() {
+    let Ok(dir) = std::env::var("LLAISYS_TEST_MODEL") else {
+        eprintln!("skipped: set LLAISYS_TEST_MODEL to the demo model's directory");
+        return;
+    };
+    let settings = vec![("model.path".to_string(), format!("{dir:?}")), ("server.port".into(), "0".into())];
+    let s = llaisys_server::start(&Config::load(None, std::iter::empty(), &settings).unwrap()).await.unwrap();
+    let name = s.state().models.keys().next().unwrap().clone();
+    let question = "What is the capital of France? Answer in one sentence.";
+    let body =
+        json!({"model": name, "messages": [{"role": "user", "content": question}], "max_tokens": 30, "temperature": 0});
+    let (status, r) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{r}");
+    assert!(r["choices"][0]["message"]["content"].as_str().unwrap().contains("Paris"), "{r}");
+    s.shutdown().await;
+}
