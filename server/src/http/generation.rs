@@ -156,7 +156,13 @@ impl Generation {
                         (String::from_utf8_lossy(&bytes).into_owned(), bytes)
                     };
                     let (token, bytes) = piece(token);
-                    let top = top_logprobs.iter().map(|&(id, lp)| (piece(id).0, piece(id).1, lp)).collect();
+                    let top = top_logprobs
+                        .iter()
+                        .map(|&(id, lp)| {
+                            let (text, bytes) = piece(id);
+                            (text, bytes, lp)
+                        })
+                        .collect();
                     choice.logprobs.push(TokenLogprob { token, bytes, logprob, top });
                 }
                 choice.text.push_str(&text);
