@@ -114,6 +114,7 @@ async fn chat_streams_a_role_chunk_deltas_a_finish_and_usage() {
 async fn n_choices_seeds_and_stop_strings() {
     let s = server(&[]).await;
     let body = json!({"model": FIXTURE, "prompt": "The capital of France is", "max_tokens": 10, "temperature": 1.0, "seed": 7, "n": 3});
+    let body_n = body.clone();
     let (_, a) = post(&s, "/v1/completions", body.clone()).await;
     let (_, b) = post(&s, "/v1/completions", body).await;
     let texts = |r: &Value| {
@@ -123,6 +124,16 @@ async fn n_choices_seeds_and_stop_strings() {
     assert_eq!(texts(&a), texts(&b), "same seed, same outputs");
     assert_eq!(a["usage"]["completion_tokens"].as_u64(), Some(30));
     assert_eq!(a["choices"][2]["index"], 2);
+    // Streamed, the three choices interleave; each index carries its own text and one finish.
+    let mut streamed = body_n.clone();
+    streamed["stream"] = json!(true);
+    let chunks = chunks(&sse(&s, "/v1/completions", streamed).await);
+    for (i, expected) in texts(&a).iter().enumerate() {
+        let mine: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]).filter(|c| c["index"] == i).collect();
+        let text: String = mine.iter().map(|c| c["text"].as_str().unwrap()).collect();
+        assert_eq!(&text, expected, "choice {i}");
+        assert_eq!(mine.iter().filter(|c| !c["finish_reason"].is_null()).count(), 1, "choice {i}");
+    }
     // A stop string taken from the middle of the greedy text ends the text before it.
     let p = &Reference::load(FIXTURE).prompts[0];
     let full = reference_text(p);
