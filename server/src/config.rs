@@ -29,6 +29,7 @@ pub struct ServerConfig {
     pub api_keys: Vec<String>,
     pub max_body_bytes: usize,
     pub shutdown_grace_secs: u64,
+    pub webui: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -2,16 +2,17 @@
 //! be replaced), its tokenizer, chat template and generation defaults; start the engine; bind.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use llaisys_actors::{Engine, EngineError, ModelLoader};
+use llaisys_actors::{Engine, EngineConfig, EngineError, ModelLoader};
 use llaisys_model::tokenizer::{ChatTemplate, TemplateError};
 use llaisys_model::{Device, LoadError, LoadOptions, Tokenizer, load_model};
 
 use crate::config::Config;
 use crate::http::openai::Defaults;
-use crate::http::{AppState, ModelEntry, Server};
+use crate::http::{AppState, HttpOptions, ModelEntry, Server};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -29,34 +30,51 @@ pub enum ServeError {
 
 /// Loads the configured model and serves it.
 pub async fn start(config: &Config) -> Result<Server, ServeError> {
-    let dir = config.model.path.clone();
-    let load_err = |source| ServeError::Load { dir: dir.display().to_string(), source };
     let opts = LoadOptions { weight_dtype: config.weight_dtype().map_err(|e| ServeError::Address(e.to_string()))? };
-    let model_type = Some(config.model.model_type.clone()).filter(|t| !t.is_empty());
+    let model_type = Some(config.model.model_type.as_str()).filter(|t| !t.is_empty());
+    let entry = load_entry(&config.model.path, model_type, config.model_name(), opts, config.engine_config()).await?;
+    start_models(vec![entry], config).await
+}
+
+/// Loads the model in `dir` (with a loader, so a failed worker can be replaced), its tokenizer,
+/// chat template and generation defaults, and starts its engine.
+pub async fn load_entry(
+    dir: &Path,
+    model_type: Option<&str>,
+    name: String,
+    opts: LoadOptions,
+    engine: EngineConfig,
+) -> Result<ModelEntry, ServeError> {
+    let load_err = |source| ServeError::Load { dir: dir.display().to_string(), source };
     let loader: ModelLoader = {
-        let dir = dir.clone();
+        let (dir, model_type) = (dir.to_path_buf(), model_type.map(str::to_string));
         Arc::new(move || load_model(model_type.as_deref(), Some(&dir), &opts, &Device::flex()))
     };
-    let tokenizer = Tokenizer::from_dir(&dir).map_err(load_err)?;
-    let template = ChatTemplate::from_dir(&dir).map_err(load_err)?;
-    let engine = Engine::start_with_loader(loader, Some(tokenizer.clone()), config.engine_config()).await?;
-    let name = config.model_name();
+    let tokenizer = Tokenizer::from_dir(dir).map_err(load_err)?;
+    let template = ChatTemplate::from_dir(dir).map_err(load_err)?;
+    let engine = Engine::start_with_loader(loader, Some(tokenizer.clone()), engine).await?;
     tracing::info!(model = name, dir = %dir.display(), context = engine.info().context_length, "model loaded");
-    let entry = ModelEntry {
+    Ok(ModelEntry {
         name,
         info: engine.info().clone(),
         engine,
         tokenizer,
         template,
-        defaults: Defaults::from_dir(&dir),
+        defaults: Defaults::from_dir(dir),
         created: crate::http::unix_now(),
-    };
-    let state = AppState::new(vec![entry], config.limits.clone(), config.server.api_keys.clone());
+    })
+}
+
+/// Serves already loaded models (names must differ) with `config`'s server settings and limits.
+pub async fn start_models(models: Vec<ModelEntry>, config: &Config) -> Result<Server, ServeError> {
+    let state = AppState::new(models, config.limits.clone(), config.server.api_keys.clone());
     let addr: SocketAddr = format!("{}:{}", config.server.host, config.server.port)
         .parse()
         .map_err(|e| ServeError::Address(format!("{}:{}: {e}", config.server.host, config.server.port)))?;
-    let grace = Duration::from_secs(config.server.shutdown_grace_secs);
-    Server::start(state, addr, config.server.max_body_bytes, grace)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })
+    let options = HttpOptions {
+        max_body_bytes: config.server.max_body_bytes,
+        grace: Duration::from_secs(config.server.shutdown_grace_secs),
+        webui: config.server.webui,
+    };
+    Server::start(state, addr, options).await.map_err(|source| ServeError::Bind { addr, source })
 }

@@ -396,3 +396,28 @@ async fn the_demo_model_knows_the_capital_of_france() {
     assert!(r["choices"][0]["message"]["content"].as_str().unwrap().contains("Paris"), "{r}");
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_ui_is_served_from_the_binary_and_can_be_turned_off() {
+    let s = server(&[("server.api_keys", r#"["k"]"#)]).await;
+    let page = reqwest::get(url(&s, "/")).await.unwrap();
+    assert_eq!(page.status().as_u16(), 200, "the page is open even with API keys");
+    assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
+    assert!(page.headers()["content-security-policy"].to_str().unwrap().contains("default-src 'self'"));
+    let html = page.text().await.unwrap();
+    assert!(html.contains(r#"src="/ui/app.js""#) && !html.contains("http://") && !html.contains("https://"));
+    for (file, content_type) in
+        [("app.js", "text/javascript"), ("style.css", "text/css"), ("icon.svg", "image/svg+xml")]
+    {
+        let r = reqwest::get(url(&s, &format!("/ui/{file}"))).await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{file}");
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with(content_type), "{file}");
+    }
+    let missing = reqwest::get(url(&s, "/ui/nope.js")).await.unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+    assert_eq!(missing.json::<Value>().await.unwrap()["error"]["type"], "not_found_error");
+    s.shutdown().await;
+    let off = server(&[("server.webui", "false")]).await;
+    assert_eq!(reqwest::get(url(&off, "/")).await.unwrap().status().as_u16(), 404);
+    off.shutdown().await;
+}

@@ -6,6 +6,7 @@ mod chat;
 pub mod error;
 mod generation;
 pub mod openai;
+mod webui;
 
 pub use generation::unix_now;
 
@@ -187,8 +188,19 @@ impl<S: Send + Sync> FromRequest<S> for Body413 {
     }
 }
 
+/// How the HTTP service runs, besides its state.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Largest request body (413 beyond it).
+    pub max_body_bytes: usize,
+    /// How long shutdown waits for in-flight requests.
+    pub grace: Duration,
+    /// Serve the Web UI's files at `/`.
+    pub webui: bool,
+}
+
 /// The routes with their middleware.
-pub fn app(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
@@ -200,7 +212,10 @@ pub fn app(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    let open = Router::new().route("/health", get(admin::health)).route("/metrics", get(admin::metrics));
+    let mut open = Router::new().route("/health", get(admin::health)).route("/metrics", get(admin::metrics));
+    if options.webui {
+        open = open.merge(webui::routes());
+    }
     api.merge(open)
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
@@ -209,7 +224,7 @@ pub fn app(state: Arc<AppState>, max_body_bytes: usize) -> Router {
                 ..ApiError::bad_request("method not allowed on this route")
             }
         })
-        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(DefaultBodyLimit::max(options.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), access))
         .with_state(state)
 }
@@ -276,6 +291,7 @@ fn route_label(path: &str) -> &'static str {
         p if p.starts_with("/v1/requests/") => "/v1/requests/{id}/cancel",
         p if p.starts_with("/v1/sessions") => "/v1/sessions",
         p if p.starts_with("/v1/models/") => "/v1/models/{model}",
+        p if p == "/" || p.starts_with("/ui/") => "webui",
         _ => "other",
     }
 }
@@ -291,17 +307,12 @@ pub struct Server {
 
 impl Server {
     /// Binds `addr` and serves `state` until `shutdown`.
-    pub async fn start(
-        state: AppState,
-        addr: SocketAddr,
-        max_body_bytes: usize,
-        grace: Duration,
-    ) -> std::io::Result<Self> {
+    pub async fn start(state: AppState, addr: SocketAddr, options: HttpOptions) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(state);
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let app = app(state.clone(), max_body_bytes);
+        let app = app(state.clone(), &options);
         let task = tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
@@ -309,7 +320,7 @@ impl Server {
                 })
                 .await
         });
-        Ok(Self { addr, state, stop, task, grace })
+        Ok(Self { addr, state, stop, task, grace: options.grace })
     }
 
     pub fn state(&self) -> &Arc<AppState> {

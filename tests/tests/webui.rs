@@ -1,0 +1,117 @@
+//! The Web UI in a real browser: `tests/webui/browser.mjs` drives Debian's headless Chromium
+//! (through playwright-core) against the real server. `tests/webui/setup.sh` installs both on
+//! first use. The server serves two models: the tiny fixture (whose greedy answers this test
+//! computes over the API first) and a slow mock model, so Stop can land mid-answer.
+//! Screenshots of the main states go to `target/webui-screenshots/`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use llaisys_model::LoadOptions;
+use llaisys_server::{Config, load_entry, start_models};
+use llaisys_tests::fixture_dir;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+
+const FIXTURE: &str = "tiny-untied-f32";
+const SLOW: &str = "slow-mock";
+
+fn webui_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("webui")
+}
+
+fn run_setup() {
+    let status = std::process::Command::new("bash").arg(webui_dir().join("setup.sh")).status().unwrap();
+    assert!(status.success(), "tests/webui/setup.sh failed: {status}");
+}
+
+/// A mock model directory that decodes with the fixture's tokenizer, 80 ms per step.
+fn slow_model_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("webui-slow-mock");
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixture_dir(FIXTURE).join(file), dir.join(file)).unwrap();
+    }
+    // The fixture's vocabulary size; no eos, so it runs to max_tokens unless stopped.
+    let config = json!({"model_type": "mock", "vocab_size": 1024, "max_position_embeddings": 512, "step_delay_ms": 80});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_ui_in_headless_chromium() {
+    run_setup();
+    let out =
+        Command::new("node").arg("--test").arg("markdown.test.mjs").current_dir(webui_dir()).output().await.unwrap();
+    assert!(out.status.success(), "markdown tests:\n{}", String::from_utf8_lossy(&out.stdout));
+
+    let settings = [
+        ("server.port".to_string(), "0".to_string()),
+        ("model.path".into(), format!("{:?}", fixture_dir(FIXTURE).display().to_string())),
+    ];
+    let config = Config::load(None, std::iter::empty(), &settings).unwrap();
+    let engine = config.engine_config();
+    let fixture =
+        load_entry(&fixture_dir(FIXTURE), None, FIXTURE.into(), LoadOptions::default(), engine).await.unwrap();
+    let slow = load_entry(&slow_model_dir(), None, SLOW.into(), LoadOptions::default(), engine).await.unwrap();
+    let server = start_models(vec![fixture, slow], &config).await.unwrap();
+    let url = format!("http://{}", server.addr);
+
+    // The greedy answers the page must show, from the API (the streamed text is checked against
+    // the non-streamed one; the fixture's greedy tokens are checked against transformers elsewhere).
+    let mut expected = serde_json::Map::new();
+    for prompt in ["Hello there", "Tell me a story"] {
+        let body = json!({"model": FIXTURE, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 40});
+        let r: Value = reqwest::Client::new()
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let text = r["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{r}"));
+        assert!(!text.is_empty());
+        expected.insert(prompt.into(), text.into());
+    }
+
+    let screenshots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/webui-screenshots");
+    let mut browser = Command::new("node")
+        .arg("browser.mjs")
+        .current_dir(webui_dir())
+        .env("LLAISYS_URL", &url)
+        .env("LLAISYS_EXPECTED", Value::Object(expected).to_string())
+        .env("LLAISYS_FIXTURE", FIXTURE)
+        .env("LLAISYS_SLOW", SLOW)
+        .env("LLAISYS_SCREENSHOTS", &screenshots)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node is needed for the Web UI test");
+    let mut stdin = browser.stdin.take().unwrap();
+    let mut lines = BufReader::new(browser.stdout.take().unwrap()).lines();
+    let mut passed = Vec::new();
+    let mut server = Some(server);
+    let run = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            println!("browser: {line}");
+            if line == "STOP_SERVER" {
+                server.take().unwrap().shutdown().await;
+                stdin.write_all(b"stopped\n").await.unwrap();
+            } else if let Some(step) = line.strip_prefix("PASS ") {
+                passed.push(step.to_string());
+            }
+        }
+        browser.wait().await.unwrap()
+    };
+    let status = tokio::time::timeout(std::time::Duration::from_secs(240), run).await.expect("the browser test hung");
+    if let Some(server) = server {
+        server.shutdown().await;
+    }
+    assert!(status.success(), "the browser test failed after {passed:?} (screenshot: {})", screenshots.display());
+    assert_eq!(passed.last().map(String::as_str), Some("all"), "{passed:?}");
+    assert_eq!(passed.len(), 8, "{passed:?}");
+}

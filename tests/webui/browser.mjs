@@ -1,0 +1,228 @@
+// The Web UI in Debian's headless Chromium, driven by playwright-core against a running
+// llaisys server (started by tests/tests/webui.rs, which also computes the expected answers).
+//
+// Environment: LLAISYS_URL (the server), LLAISYS_EXPECTED (JSON {prompt: greedy answer} for the
+// fixture model), LLAISYS_FIXTURE and LLAISYS_SLOW (model names), LLAISYS_SCREENSHOTS (a folder).
+// Protocol on stdio: prints "PASS <step>" per step; prints "STOP_SERVER" and waits for one line
+// on stdin before the server-down step. Any failure exits non-zero with the reason on stderr.
+
+import { chromium } from 'playwright-core';
+import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import assert from 'node:assert/strict';
+
+const URL = process.env.LLAISYS_URL;
+const EXPECTED = JSON.parse(process.env.LLAISYS_EXPECTED);
+const FIXTURE = process.env.LLAISYS_FIXTURE;
+const SLOW = process.env.LLAISYS_SLOW;
+const SHOTS = process.env.LLAISYS_SCREENSHOTS;
+mkdirSync(SHOTS, { recursive: true });
+
+const stdin = createInterface({ input: process.stdin });
+const nextLine = () => new Promise((resolve) => stdin.once('line', resolve));
+const pass = (step) => console.log(`PASS ${step}`);
+
+const profile = mkdtempSync(join(tmpdir(), 'llaisys-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: '/usr/bin/chromium',
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-dev-shm-usage'],
+  viewport: { width: 1280, height: 800 },
+  colorScheme: 'light',
+});
+context.setDefaultTimeout(20_000);
+const page = context.pages()[0] ?? (await context.newPage());
+const pageErrors = [];
+page.on('pageerror', (e) => pageErrors.push(e.message));
+page.on('dialog', (d) => d.accept());
+// Nothing may be fetched from anywhere but the server.
+const foreign = [];
+page.on('request', (r) => { if (!r.url().startsWith(URL) && !r.url().startsWith('data:')) foreign.push(r.url()); });
+
+const shot = (name) => page.screenshot({ path: join(SHOTS, `${name}.png`) });
+const stored = () => page.evaluate(() => JSON.parse(localStorage.getItem('llaisys.conversations.v1')));
+const storedCurrent = async () => { const d = await stored(); return d.conversations.find((c) => c.id === d.current); };
+const lastAnswer = () => page.locator('.message.assistant').last();
+const finished = (n = 1) => page.waitForFunction(
+  (n) => document.querySelectorAll('.message.assistant:not(.streaming)').length >= n && !document.querySelector('.message.streaming'),
+  n,
+);
+// The answer's HTML must be exactly what the page's own Markdown renderer makes of `text`.
+const renderedAs = (text) => page.evaluate(async (text) => {
+  const { render } = await import('/ui/markdown.js');
+  return document.querySelector('.message.assistant:last-of-type .body').innerHTML === render(text);
+}, text);
+async function setField(selector, value) {
+  if (!(await page.locator('#settings').isVisible())) await page.click('#toggle-settings');
+  if (selector === '#set-model') await page.selectOption(selector, value);
+  else await page.fill(selector, String(value));
+  await page.locator(selector).dispatchEvent('change');
+}
+async function debugValue(key) {
+  return (await lastAnswer().locator(`.debug td[data-key="${key}"]`).textContent()).trim();
+}
+
+try {
+  // 1. Send a message; the streamed answer equals the greedy reference.
+  await page.goto(URL);
+  await page.waitForFunction(() => document.querySelector('#server-status').textContent.startsWith('Connected'));
+  const models = await page.locator('#set-model option').allTextContents();
+  assert.deepEqual(models.sort(), [FIXTURE, SLOW].sort());
+  await setField('#set-model', FIXTURE);
+  await setField('#set-temperature', 0);
+  await setField('#set-max-tokens', 40);
+  await page.click('#toggle-settings');
+  await page.fill('#input', 'Hello there');
+  await page.press('#input', 'Enter');
+  await finished();
+  const hello = EXPECTED['Hello there'];
+  let conv = await storedCurrent();
+  assert.equal(conv.messages.length, 2);
+  assert.equal(conv.messages[1].content, hello, 'the stored answer is the greedy reference');
+  assert.ok(await renderedAs(hello), 'the shown answer is the reference, rendered');
+  assert.equal(await page.inputValue('#input'), '');
+  assert.match(await debugValue('request id'), /^webui-/);
+  assert.equal(await debugValue('completion tokens'), String(conv.messages[1].meta.completionTokens));
+  assert.ok(['stop', 'length'].includes(await debugValue('finish reason')));
+  assert.equal(await debugValue('model'), FIXTURE);
+  assert.ok(conv.messages[1].meta.ttftMs >= 0 && conv.messages[1].meta.promptTokens > 0);
+  assert.equal(await page.textContent('#title'), 'Hello there');
+  await lastAnswer().locator('details.debug summary').click();
+  await shot('desktop-answer');
+  pass('send and stream the greedy answer');
+
+  // 2. A second conversation on the slow model: Stop ends the answer mid-way.
+  await page.click('#new-chat');
+  await setField('#set-model', SLOW);
+  await setField('#set-max-tokens', 200);
+  await page.click('#toggle-settings');
+  // Record the answer's text each time it changes: it must grow step by step, each text a
+  // prefix of the next (token-by-token streaming, nothing reordered).
+  await page.evaluate(() => {
+    window.__texts = [];
+    new MutationObserver(() => {
+      const t = document.querySelector('.message.assistant .body')?.textContent;
+      if (t !== undefined && t !== window.__texts.at(-1)) window.__texts.push(t);
+    }).observe(document.querySelector('#messages'), { subtree: true, childList: true, characterData: true });
+  });
+  await page.fill('#input', 'Count to two hundred, slowly');
+  await page.click('#send');
+  await page.waitForFunction(() => window.__texts.filter((t) => t.length).length >= 4);
+  assert.ok(await page.locator('#stop').isVisible());
+  await shot('desktop-streaming');
+  await page.click('#stop');
+  await finished();
+  await page.locator('.message.assistant .notice', { hasText: 'Stopped.' }).waitFor();
+  conv = await storedCurrent();
+  const stopped = conv.messages[1];
+  assert.equal(stopped.status, 'stopped');
+  assert.equal(stopped.meta.finishReason, 'abort');
+  const texts = await page.evaluate(() => window.__texts.filter((t) => t.length));
+  texts.forEach((t, i) => i && assert.ok(t.startsWith(texts[i - 1]), `streamed text ${i} extends the one before`));
+  assert.ok(stopped.content.length > 0 && stopped.meta.completionTokens < 200, `stopped after ${stopped.meta.completionTokens} tokens`);
+  assert.ok(await page.locator('#send').isVisible());
+  assert.ok(!(await page.locator('#stop').isVisible()));
+  pass('stop a long generation');
+
+  // 3. Switch back and forth; reload; both conversations are intact and never mixed.
+  const items = page.locator('#conversations .conversation');
+  assert.equal(await items.count(), 2);
+  await items.filter({ hasText: 'Hello there' }).locator('.open').click();
+  assert.ok(await renderedAs(hello));
+  assert.equal(await page.locator('.message').count(), 2);
+  await items.filter({ hasText: 'Count to two' }).locator('.open').click();
+  assert.equal(await page.locator('.message.user .body').textContent(), 'Count to two hundred, slowly');
+  await page.reload();
+  await page.waitForFunction(() => document.querySelector('#server-status').textContent.startsWith('Connected'));
+  assert.equal(await items.count(), 2);
+  assert.equal(await page.locator('.message.user .body').textContent(), 'Count to two hundred, slowly');
+  assert.equal((await storedCurrent()).messages[1].content, stopped.content);
+  await items.filter({ hasText: 'Hello there' }).locator('.open').click();
+  assert.ok(await renderedAs(hello));
+  pass('switch conversations and reload');
+
+  // 4. Edit the first message and regenerate from there; then regenerate the last answer.
+  await page.locator('.message.user').first().hover();
+  await page.locator('.message.user .edit').first().click();
+  await page.fill('.edit-area', 'Tell me a story');
+  await page.click('.save-edit');
+  await finished();
+  const story = EXPECTED['Tell me a story'];
+  conv = await storedCurrent();
+  assert.deepEqual(conv.messages.map((m) => m.role), ['user', 'assistant']);
+  assert.equal(conv.messages[0].content, 'Tell me a story');
+  assert.equal(conv.messages[1].content, story);
+  assert.ok(await renderedAs(story));
+  const firstId = conv.messages[1].meta.requestId;
+  await page.click('.message.assistant .regenerate');
+  await finished();
+  conv = await storedCurrent();
+  assert.equal(conv.messages.length, 2);
+  assert.equal(conv.messages[1].content, story, 'greedy regenerates the same answer');
+  assert.notEqual(conv.messages[1].meta.requestId, firstId);
+  assert.ok(conv.messages[1].meta.cachedTokens > 0, 'the session reused its KV cells');
+  pass('edit and regenerate');
+
+  // 5. Rename and delete in the sidebar.
+  await items.filter({ hasText: 'Tell me a story' }).locator('.rename-btn').click();
+  await page.fill('#conversations input.rename', 'Stories');
+  await page.press('#conversations input.rename', 'Enter');
+  assert.equal(await page.textContent('#title'), 'Stories');
+  await page.click('#new-chat');
+  assert.equal(await items.count(), 3);
+  await items.first().locator('.delete-btn').click();
+  assert.equal(await items.count(), 2);
+  await page.reload();
+  assert.deepEqual((await items.allTextContents()).map((t) => t.replace(/[✎✕]/gu, '').trim()).sort(), ['Count to two hundred, slowly', 'Stories']);
+  pass('rename and delete conversations');
+
+  // 6. Screens: dark theme, mobile with and without the drawer.
+  await items.filter({ hasText: 'Stories' }).locator('.open').click();
+  await page.emulateMedia({ colorScheme: 'dark' });
+  await shot('desktop-dark');
+  await page.emulateMedia({ colorScheme: 'light' });
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.waitForTimeout(300); // the drawer slides
+  const drawerShown = async () => { const b = await page.locator('#sidebar').boundingBox(); return b.x + b.width > 1; };
+  assert.ok(!(await drawerShown()), 'the drawer is closed on mobile');
+  await shot('mobile-chat');
+  await page.click('#toggle-sidebar');
+  await page.waitForTimeout(300);
+  assert.ok(await drawerShown());
+  await shot('mobile-sidebar');
+  await page.click('#scrim', { position: { x: 370, y: 400 } });
+  await page.setViewportSize({ width: 1280, height: 800 });
+  pass('dark and mobile layouts');
+
+  // 7. The server goes away: the error shows in the conversation, the page stays usable and the
+  // history is kept.
+  console.log('STOP_SERVER');
+  await nextLine();
+  const before = (await storedCurrent()).messages.length;
+  await page.fill('#input', 'Are you still there?');
+  await page.press('#input', 'Enter');
+  const error = page.locator('.message.assistant .notice.error');
+  await error.waitFor();
+  assert.match(await error.textContent(), /Cannot reach the server|503/);
+  assert.ok(await page.locator('#send').isVisible() && await page.locator('#input').isEditable());
+  conv = await storedCurrent();
+  assert.equal(conv.messages.length, before + 2);
+  assert.equal(conv.messages[before].content, 'Are you still there?');
+  assert.equal(conv.messages[1].content, story);
+  await shot('desktop-server-down');
+  pass('server down is shown');
+
+  assert.deepEqual(pageErrors, [], 'no script errors');
+  assert.deepEqual(foreign, [], 'nothing loaded from elsewhere');
+  pass('all');
+} catch (e) {
+  await shot('failure').catch(() => {});
+  console.error(e.stack || e);
+  process.exitCode = 1;
+} finally {
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+  stdin.close();
+}
