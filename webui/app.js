@@ -51,7 +51,9 @@ function setStatus(text, bad = false) {
 function titleOf(c) {
   if (c.title) return c.title;
   const first = c.messages.find((m) => m.role === 'user');
-  return first ? first.content.replace(/\s+/g, ' ').trim().slice(0, 48) || 'New chat' : 'New chat';
+  const text = first ? first.content.replace(/\s+/g, ' ').trim() : '';
+  if (!text) return 'New chat';
+  return text.length > 60 ? `${text.slice(0, 59)}…` : text;
 }
 
 function createConversation() {

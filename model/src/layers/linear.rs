@@ -10,13 +10,36 @@ pub struct Linear {
     pub bias: Option<Tensor<1>>,
 }
 
+/// Few-row products (decode steps) with at least this many outputs are split across threads.
+const SPLIT_MAX_ROWS: usize = 4;
+const SPLIT_MIN_OUT: usize = 256;
+
+/// x·Wᵀ in f32, or in f16 for f16 weights.
+fn product(x: Tensor<2>, weight: Tensor<2>) -> Tensor<2> {
+    match weight.dtype() {
+        DType::F32 => x.matmul(weight.transpose()),
+        _ => x.cast(FloatDType::F16).matmul(weight.transpose()).cast(FloatDType::F32),
+    }
+}
+
 impl Linear {
     /// # Shapes
     /// x: [n, in] (f32) → [n, out] (f32)
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let y = match self.weight.dtype() {
-            DType::F32 => x.matmul(self.weight.clone().transpose()),
-            _ => x.cast(FloatDType::F16).matmul(self.weight.clone().transpose()).cast(FloatDType::F32),
+        let [rows, _] = x.dims();
+        let [out, _] = self.weight.dims();
+        let y = if rows <= SPLIT_MAX_ROWS && out >= SPLIT_MIN_OUT && rayon::current_num_threads() > 1 {
+            // The CPU backend runs few-row products on one thread, which streams the weight at
+            // one core's memory bandwidth. Two halves of the rows on two threads stream it at
+            // the machine's.
+            let half = out / 2;
+            let (a, b) = rayon::join(
+                || product(x.clone(), self.weight.clone().narrow(0, 0, half)),
+                || product(x.clone(), self.weight.clone().narrow(0, half, out - half)),
+            );
+            Tensor::cat(vec![a, b], 1)
+        } else {
+            product(x, self.weight.clone())
         };
         match &self.bias {
             Some(b) => y + b.clone().unsqueeze::<2>(),
@@ -26,5 +49,37 @@ impl Linear {
 
     pub fn out_features(&self) -> usize {
         self.weight.dims()[0]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, TensorData};
+
+    fn tensor(rows: usize, cols: usize, seed: u32, device: &Device) -> Tensor<2> {
+        let values =
+            (0..rows * cols).map(|i| (((i as u32 ^ seed).wrapping_mul(2654435761) >> 16) % 1000) as f32 / 500.0 - 1.0);
+        Tensor::from_data(TensorData::new(values.collect::<Vec<f32>>(), [rows, cols]), device)
+    }
+
+    /// A one-row product (split across threads) equals that row of an 8-row product (one call).
+    #[test]
+    fn split_few_row_products_equal_the_whole_product() {
+        let device = Device::flex();
+        let (out, input) = (601, 48);
+        let f32_weight = tensor(out, input, 7, &device);
+        for (weight, tolerance) in [(f32_weight.clone(), 1e-4), (f32_weight.cast(FloatDType::F16), 2e-2)] {
+            let linear = Linear { weight, bias: Some(tensor(1, out, 3, &device).reshape([out])) };
+            let x = tensor(8, input, 11, &device);
+            let whole = linear.forward(x.clone()).into_data().try_to_vec::<f32>().unwrap();
+            for row in [0, 5] {
+                let one = linear.forward(x.clone().narrow(0, row, 1)).into_data().try_to_vec::<f32>().unwrap();
+                assert_eq!(one.len(), out);
+                let expected = &whole[row * out..(row + 1) * out];
+                let err = one.iter().zip(expected).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert!(err < tolerance, "row {row}: max difference {err}");
+            }
+        }
     }
 }
