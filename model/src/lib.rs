@@ -8,6 +8,7 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod generate;
+pub mod kernels;
 pub mod kv;
 pub mod layers;
 pub mod lm;

@@ -26,12 +26,15 @@ impl Linear {
     /// # Shapes
     /// x: [n, in] (f32) → [n, out] (f32)
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        if let Some(y) = crate::kernels::linear(&x, &self.weight, self.bias.as_ref()) {
+            return y;
+        }
         let [rows, _] = x.dims();
         let [out, _] = self.weight.dims();
         let y = if rows <= SPLIT_MAX_ROWS && out >= SPLIT_MIN_OUT && rayon::current_num_threads() > 1 {
-            // The CPU backend runs few-row products on one thread, which streams the weight at
-            // one core's memory bandwidth. Two halves of the rows on two threads stream it at
-            // the machine's.
+            // Without the kernel (no AVX-512), the CPU backend runs few-row products on one
+            // thread, which streams the weight at one core's memory bandwidth. Two halves of the
+            // rows on two threads stream it at the machine's.
             let half = out / 2;
             let (a, b) = rayon::join(
                 || product(x.clone(), self.weight.clone().narrow(0, 0, half)),
@@ -63,17 +66,18 @@ mod tests {
         Tensor::from_data(TensorData::new(values.collect::<Vec<f32>>(), [rows, cols]), device)
     }
 
-    /// A one-row product (split across threads) equals that row of an 8-row product (one call).
+    /// A one-row product (the few-row kernel, or the split across threads without AVX-512)
+    /// equals that row of a product with more rows than the kernel takes (the backend's GEMM).
     #[test]
-    fn split_few_row_products_equal_the_whole_product() {
+    fn one_row_products_equal_their_row_of_a_many_row_product() {
         let device = Device::flex();
         let (out, input) = (601, 48);
         let f32_weight = tensor(out, input, 7, &device);
         for (weight, tolerance) in [(f32_weight.clone(), 1e-4), (f32_weight.cast(FloatDType::F16), 2e-2)] {
             let linear = Linear { weight, bias: Some(tensor(1, out, 3, &device).reshape([out])) };
-            let x = tensor(8, input, 11, &device);
+            let x = tensor(crate::kernels::XWT_MAX_ROWS + 3, input, 11, &device);
             let whole = linear.forward(x.clone()).into_data().try_to_vec::<f32>().unwrap();
-            for row in [0, 5] {
+            for row in [0, 5, crate::kernels::XWT_MAX_ROWS + 2] {
                 let one = linear.forward(x.clone().narrow(0, row, 1)).into_data().try_to_vec::<f32>().unwrap();
                 assert_eq!(one.len(), out);
                 let expected = &whole[row * out..(row + 1) * out];
