@@ -4,7 +4,9 @@
 //! - decode: tokens/s of one request after its first token;
 //! - throughput: N concurrent requests, each with its own prompt: aggregate generated tokens/s,
 //!   time to first token, inter-token latency;
-//! - peak resident memory of the process.
+//! - soak (only when asked for): `--soak-requests` short requests, `--concurrency`'s largest
+//!   at a time, and the resident memory after the first tenth and at the end (growth = leak);
+//! - resident memory after loading and warming up, and the process's peak.
 //!
 //! Inputs are fixed by `--seed` (random token ids), prefix caching is off so repeated runs
 //! compute the same work, a warm-up request runs first, and every figure is the median over
@@ -63,7 +65,10 @@ pub struct BenchArgs {
     max_seqs_per_step: Option<usize>,
     #[arg(long)]
     max_tokens_per_step: Option<usize>,
-    /// Which measurements to run (default: all).
+    /// Requests of the soak measurement (16-token prompts, 8 new tokens each).
+    #[arg(long, default_value_t = 1000)]
+    soak_requests: usize,
+    /// Which measurements to run: prefill, decode, throughput, soak.
     #[arg(long, value_delimiter = ',', default_value = "prefill,decode,throughput")]
     only: Vec<String>,
 }
@@ -86,8 +91,9 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         return Err(CliError::Usage("--runs must be at least 1".into()));
     }
     for m in &args.only {
-        if !["prefill", "decode", "throughput"].contains(&m.as_str()) {
-            return Err(CliError::Usage(format!("--only: unknown measurement '{m}' (prefill, decode, throughput)")));
+        if !["prefill", "decode", "throughput", "soak"].contains(&m.as_str()) {
+            let msg = format!("--only: unknown measurement '{m}' (prefill, decode, throughput, soak)");
+            return Err(CliError::Usage(msg));
         }
     }
     let device = match args.backend.as_str() {
@@ -123,6 +129,8 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     report.insert("dtype".into(), json!(format!("{:?}", args.dtype).to_lowercase()));
     report.insert("backend".into(), json!(args.backend));
     report.insert("runs".into(), json!(args.runs));
+    let loaded = rss_mb("VmRSS:");
+    report.insert("rss_after_load_mb".into(), json!(loaded.map(round)));
     println!("{:<34} {:>12} {:>12} {:>12} {:>12}", "measurement", "tok/s", "ttft ms", "itl ms", "p99 itl ms");
     let only = |m: &str| args.only.iter().any(|o| o == m);
 
@@ -188,8 +196,38 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         report.insert("throughput".into(), json!(rows));
     }
 
-    let peak = peak_rss_mb();
-    println!("peak resident memory: {}", peak.map_or("unknown".into(), |mb| format!("{mb:.0} MB")));
+    if only("soak") && args.soak_requests > 0 {
+        let (mut done, mut after_tenth) = (0, None);
+        while done < args.soak_requests {
+            let wave = most.min(args.soak_requests - done);
+            concurrent(&engine, (0..wave).map(|_| prompt(16)).collect(), 8).await?;
+            done += wave;
+            if after_tenth.is_none() && done >= args.soak_requests / 10 {
+                after_tenth = rss_mb("VmRSS:");
+            }
+        }
+        let end = rss_mb("VmRSS:");
+        let growth = end.zip(after_tenth).map(|(e, t)| e - t);
+        println!(
+            "soak: {done} requests, resident {} MB after {}, {} MB at the end (growth {} MB)",
+            after_tenth.map_or("?".into(), |v| format!("{v:.0}")),
+            args.soak_requests / 10,
+            end.map_or("?".into(), |v| format!("{v:.0}")),
+            growth.map_or("?".into(), |v| format!("{v:.1}")),
+        );
+        report.insert(
+            "soak".into(),
+            json!({"requests": done, "rss_after_tenth_mb": after_tenth.map(round), "rss_end_mb": end.map(round),
+                   "growth_mb": growth.map(round)}),
+        );
+    }
+
+    let peak = rss_mb("VmHWM:");
+    println!(
+        "resident memory after load: {}; peak: {}",
+        loaded.map_or("unknown".into(), |mb| format!("{mb:.0} MB")),
+        peak.map_or("unknown".into(), |mb| format!("{mb:.0} MB"))
+    );
     report.insert("peak_rss_mb".into(), json!(peak.map(round)));
     engine.shutdown().await;
     println!("{}", serde_json::Value::Object(report));
@@ -289,9 +327,9 @@ fn round(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
-/// The process's peak resident set (VmHWM), in MB; Linux only.
-fn peak_rss_mb() -> Option<f64> {
+/// A resident-set figure of the process (`VmRSS:` now, `VmHWM:` peak), in MB; Linux only.
+fn rss_mb(field: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: f64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    let kb: f64 = status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
 }
