@@ -3,6 +3,7 @@
 //! and the CPU has the instructions it needs, and otherwise returns `None` so the caller keeps the
 //! plain Burn op: the model stays generic over the backend.
 
+mod attention;
 mod xwt;
 
 use burn::backend::Flex;
@@ -44,8 +45,29 @@ pub fn linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Op
     Some(Tensor::from_data(TensorData::new(out, [m, n]), &device))
 }
 
+/// Attention of each row over only the cells it sees, on the Flex backend.
+///
+/// # Shapes
+/// - q: [n, heads, d] f32 (rotated)
+/// - k, v: [kv_heads, capacity, d] f32: a layer's whole cache (keys rotated)
+/// - visible: [n] cell indices each row sees, none empty
+/// - returns [n, heads · d]
+pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32>]) -> Option<Tensor<2>> {
+    let [n, heads, d] = q.dims();
+    let [kv_heads, capacity, kd] = k.dims();
+    if kd != d || v.dims() != k.dims() || n != visible.len() || [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
+        return None;
+    }
+    let device = q.device();
+    let q = contiguous(q)?;
+    let (k, v) = (k.clone().try_into_primitive::<Flex>().ok()?, v.clone().try_into_primitive::<Flex>().ok()?);
+    let (q, k, v) = (q.as_slice::<f32>()?, k.as_slice::<f32>()?, v.as_slice::<f32>()?);
+    let out = attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity })?;
+    Some(Tensor::from_data(TensorData::new(out, [n, heads * d]), &device))
+}
+
 /// The Flex primitive of `x`, copied into a contiguous buffer only when it is a strided view.
-fn contiguous(x: &Tensor<2>) -> Option<<Flex as burn::backend::BackendTypes>::FloatTensorPrimitive> {
+fn contiguous<const D: usize>(x: &Tensor<D>) -> Option<<Flex as burn::backend::BackendTypes>::FloatTensorPrimitive> {
     let x = x.clone().try_into_primitive::<Flex>().ok()?;
     Some(if x.as_slice::<f32>().is_some() { x } else { x.to_contiguous() })
 }

@@ -105,22 +105,32 @@ impl KvCache {
         )
     }
 
+    /// The whole key and value tensors of `layer`: [kv_heads, capacity, head_dim] each.
+    pub(crate) fn layer(&self, layer: usize) -> (&Tensor<3>, &Tensor<3>) {
+        (&self.keys[layer], &self.values[layer])
+    }
+
     /// Replaces the keys of `layer` for cells `[0, extent)` (used to re-rotate shifted keys).
     pub(crate) fn set_keys(&mut self, layer: usize, keys: Tensor<3>) {
         let [h, extent, d] = keys.dims();
         self.keys[layer].inplace(|t| t.slice_assign([0..h, 0..extent, 0..d], keys));
     }
 
-    /// Additive attention mask [n_tokens, extent]: 0 where a token sees a cell, −∞ elsewhere.
-    pub(crate) fn mask(&self, seqs: &[SeqSet], pos: &[Pos], extent: usize) -> Tensor<2> {
-        let mut mask = vec![f32::NEG_INFINITY; seqs.len() * extent];
-        for (t, (set, &p)) in seqs.iter().zip(pos).enumerate() {
-            for c in 0..extent {
-                if self.cells.is_visible(c, set, p) {
-                    mask[t * extent + c] = 0.0;
-                }
+    /// [n_tokens] the cells below `extent` each token sees, in cell order.
+    pub(crate) fn visible(&self, seqs: &[SeqSet], pos: &[Pos], extent: usize) -> Vec<Vec<u32>> {
+        let sees = |set, p| (0..extent).filter(move |&c| self.cells.is_visible(c, set, p)).map(|c| c as u32);
+        seqs.iter().zip(pos).map(|(set, &p)| sees(set, p).collect()).collect()
+    }
+
+    /// Additive attention mask [n_tokens, extent] from [`Self::visible`]: 0 where a token sees
+    /// a cell, −∞ elsewhere.
+    pub(crate) fn mask(&self, visible: &[Vec<u32>], extent: usize) -> Tensor<2> {
+        let mut mask = vec![f32::NEG_INFINITY; visible.len() * extent];
+        for (t, cells) in visible.iter().enumerate() {
+            for &c in cells {
+                mask[t * extent + c as usize] = 0.0;
             }
         }
-        Tensor::from_data(TensorData::new(mask, [seqs.len(), extent]), &self.device)
+        Tensor::from_data(TensorData::new(mask, [visible.len(), extent]), &self.device)
     }
 }

@@ -11,6 +11,7 @@ use crate::batch::{BatchInput, ValidBatch};
 use crate::checkpoint::{Checkpoint, WeightDtype};
 use crate::config::ModelConfig;
 use crate::error::{DecodeError, LoadError};
+use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
 use crate::layers::{Linear, Rope, attention};
 use crate::lm::{LanguageModel, ModelInfo};
@@ -104,7 +105,8 @@ impl LanguageModel for Qwen2 {
             (self.config.num_attention_heads, self.config.num_key_value_heads, self.config.head_dim);
         let tables = self.rope.tables(&batch.pos, &self.device);
         let extent = cache.cells().extent();
-        let mask = cache.mask(&batch.seqs, &batch.pos, extent); // [n, extent]
+        let visible = cache.visible(&batch.seqs, &batch.pos, extent); // [n] cells each row sees
+        let mut mask = None; // [n, extent], built only if the attention kernel cannot run
         let mut x = self.embed(batch.input); // [n, hidden]
         for (l, w) in self.weights.layers.iter().enumerate() {
             if abort() {
@@ -115,8 +117,16 @@ impl LanguageModel for Qwen2 {
             let k = Rope::apply(w.k.forward(h.clone()).reshape([n, kv_heads, hd]), &tables);
             let v = w.v.forward(h).reshape([n, kv_heads, hd]);
             cache.write(l, placement, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
-            let (keys, values) = cache.read(l, extent); // [kv_heads, extent, hd]
-            x = x + w.o.forward(attention(q, keys, values, mask.clone()));
+            let (keys, values) = cache.layer(l); // [kv_heads, capacity, hd]
+            let a = match kernels::attention(&q, keys, values, &visible) {
+                Some(a) => a,
+                None => {
+                    let mask = mask.get_or_insert_with(|| cache.mask(&visible, extent)).clone();
+                    let (keys, values) = cache.read(l, extent); // [kv_heads, extent, hd]
+                    attention(q, keys, values, mask)
+                }
+            };
+            x = x + w.o.forward(a);
             let h = w.mlp_norm.forward(x.clone());
             x = x + w.down.forward(silu(w.gate.forward(h.clone())) * w.up.forward(h));
         }
