@@ -106,3 +106,30 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// `llaisys bench` on a fixture: every measurement asked for lands in its JSON line with the
+/// counts it was given, and an unknown measurement is a usage error.
+#[test]
+fn bench_reports_every_measurement_it_is_asked_for() {
+    let dir = fixture_dir("tiny-untied-f32");
+    let dir = dir.to_str().unwrap();
+    #[rustfmt::skip]
+    let out = llaisys(&[
+        "bench", "--model", dir, "--runs", "1", "--prefill", "8", "--decode-prompt", "4", "--decode-tokens", "4",
+        "--concurrency", "1,3", "--prompt-tokens", "4", "--new-tokens", "3", "--soak-requests", "7",
+        "--only", "prefill,decode,throughput,soak",
+    ]);
+    let text = stdout(&out);
+    let json: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let positive = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x > 0.0);
+    assert!(positive(&json["prefill_8_tok_s"]) && positive(&json["decode_tok_s"]), "{json}");
+    let rows = json["throughput"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["concurrency"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 3]);
+    assert!(rows.iter().all(|r| positive(&r["tok_s"]) && positive(&r["median_ttft_ms"])), "{json}");
+    assert_eq!(json["soak"]["requests"], 7);
+    assert!(positive(&json["rss_after_load_mb"]) && positive(&json["peak_rss_mb"]), "{json}");
+
+    let bad = llaisys(&["bench", "--model", dir, "--only", "nonsense"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown measurement 'nonsense'"));
+}
