@@ -7,10 +7,7 @@
 //! against the group's query heads, softmax, then the weighted sum of the values.
 
 use pulp::x86::V4;
-use pulp::{Simd, f32x16};
 use rayon::prelude::*;
-
-const LANES: usize = 16;
 
 /// The operands of one layer's attention.
 pub struct Attention<'a> {
@@ -103,29 +100,16 @@ impl pulp::NullaryFnOnce for RowHead<'_, '_> {
     }
 }
 
+/// `a · b`: the x·Wᵀ kernel's one-by-one tile.
 #[inline(always)]
 fn dot(simd: V4, a: &[f32], b: &[f32]) -> f32 {
-    let (a16, a_tail) = pulp::as_arrays::<LANES, f32>(a);
-    let (b16, b_tail) = pulp::as_arrays::<LANES, f32>(b);
-    let mut acc = simd.splat_f32s(0.0);
-    for (x, y) in a16.iter().zip(b16) {
-        let (x, y): (f32x16, f32x16) = (pulp::cast(*x), pulp::cast(*y));
-        acc = simd.mul_add_f32s(x, y, acc);
-    }
-    let mut sum = simd.reduce_sum_f32s(acc);
-    for (x, y) in a_tail.iter().zip(b_tail) {
-        sum += x * y;
-    }
-    sum
+    super::xwt::tile::<f32, 1, 1>(simd, a, b, a.len())[0][0]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        (0..len).map(|i| (((i as u32 ^ seed).wrapping_mul(2654435761) >> 16) % 1000) as f32 / 500.0 - 1.0).collect()
-    }
+    use crate::kernels::test_values as values;
 
     /// Softmax-weighted values in f64, computed over the visible cells.
     fn reference(a: &Attention<'_>) -> Vec<f64> {

@@ -71,3 +71,9 @@ fn contiguous<const D: usize>(x: &Tensor<D>) -> Option<<Flex as burn::backend::B
     let x = x.clone().try_into_primitive::<Flex>().ok()?;
     Some(if x.as_slice::<f32>().is_some() { x } else { x.to_contiguous() })
 }
+
+/// Deterministic values in [-1, 1) for the kernels' and layers' tests.
+#[cfg(test)]
+pub(crate) fn test_values(len: usize, seed: u32) -> Vec<f32> {
+    (0..len).map(|i| (((i as u32 ^ seed).wrapping_mul(2654435761) >> 16) % 1000) as f32 / 500.0 - 1.0).collect()
+}

@@ -154,7 +154,7 @@ fn block_product<W: Weight>(simd: V4, p: &Product<'_, W>, j0: usize, rows: &mut 
 /// No closures here: a closure is not compiled with the caller's target features, so the
 /// intrinsics in it would become calls and the accumulators would live on the stack.
 #[inline(always)]
-fn tile<W: Weight, const R: usize, const C: usize>(simd: V4, x: &[f32], w: &[W], k: usize) -> [[f32; C]; R] {
+pub(super) fn tile<W: Weight, const R: usize, const C: usize>(simd: V4, x: &[f32], w: &[W], k: usize) -> [[f32; C]; R] {
     let chunks = k / LANES;
     let mut xv: [&[[f32; LANES]]; R] = [&[]; R];
     for (i, xv) in xv.iter_mut().enumerate() {
@@ -211,10 +211,7 @@ fn store<const R: usize, const C: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        (0..len).map(|i| (((i as u32 ^ seed).wrapping_mul(2654435761) >> 16) % 1000) as f32 / 500.0 - 1.0).collect()
-    }
+    use crate::kernels::test_values as values;
 
     fn reference<W: Weight>(p: &Product<'_, W>) -> Vec<f64> {
         let mut out = vec![0.0; p.m * p.n];

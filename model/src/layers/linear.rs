@@ -61,9 +61,7 @@ mod tests {
     use burn::tensor::{Device, TensorData};
 
     fn tensor(rows: usize, cols: usize, seed: u32, device: &Device) -> Tensor<2> {
-        let values =
-            (0..rows * cols).map(|i| (((i as u32 ^ seed).wrapping_mul(2654435761) >> 16) % 1000) as f32 / 500.0 - 1.0);
-        Tensor::from_data(TensorData::new(values.collect::<Vec<f32>>(), [rows, cols]), device)
+        Tensor::from_data(TensorData::new(crate::kernels::test_values(rows * cols, seed), [rows, cols]), device)
     }
 
     /// A one-row product (the few-row kernel, or the split across threads without AVX-512)
