@@ -2,7 +2,9 @@
 //! operations change what later forward passes compute exactly as their contracts say, and a
 //! failed forward pass changes nothing.
 
+use burn::tensor::DType;
 use llaisys_model::TensorData;
+use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::{Batch, Context, DecodeError, Device, LoadOptions, argmax, load_model};
 use llaisys_tests::{Reference, fixture_dir, max_abs_diff, topk_error};
@@ -205,6 +207,37 @@ fn a_weight_slot_can_be_replaced_and_is_checked() {
     ctx.model_mut().replace_weight(name, TensorData::new(vec![0f32; 64 * 128], [64, 128])).unwrap();
     ctx.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
     assert!(max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits) > 10.0 * TOL, "the new weight is used");
+}
+
+/// q, k, v and gate, up are stacked into one matrix each: replacing one of them writes its rows
+/// (and its bias's), not a neighbour's. Zeroing a slot changes the logits; putting the
+/// checkpoint's tensor back restores them (it would not, had it landed on another slot's rows).
+#[test]
+fn a_stacked_weight_slot_is_replaced_in_its_own_rows() {
+    let p = &Reference::load(FIXTURE).prompts[0];
+    let ckpt = Checkpoint::open(&fixture_dir(FIXTURE)).unwrap();
+    let mut ctx = context(FIXTURE, 64);
+    let logits_after = |ctx: &mut Context| {
+        ctx.kv_mut().seq_rm(0, ..).unwrap();
+        ctx.decode(&one_sequence(&p.ids, 0, 0)).unwrap();
+        max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits)
+    };
+    for slot in ["q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"]
+        .map(|s| format!("self_attn.{s}"))
+        .into_iter()
+        .chain(["mlp.gate_proj.weight", "mlp.up_proj.weight"].map(String::from))
+    {
+        let name = format!("model.layers.1.{slot}");
+        let original = match ckpt.shape(&name).unwrap().len() {
+            1 => ckpt.load::<1>(&name, DType::F32, &Device::flex()).unwrap().into_data(),
+            _ => ckpt.load::<2>(&name, DType::F32, &Device::flex()).unwrap().into_data(),
+        };
+        let zeros = TensorData::new(vec![0f32; original.num_elements()], original.shape().clone());
+        ctx.model_mut().replace_weight(&name, zeros).unwrap();
+        assert!(logits_after(&mut ctx) > 10.0 * TOL, "{name}: the zeroed slot is used");
+        ctx.model_mut().replace_weight(&name, original).unwrap();
+        assert!(logits_after(&mut ctx) < TOL, "{name}: the restored slot gives the reference logits");
+    }
 }
 
 #[test]

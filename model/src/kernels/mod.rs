@@ -4,6 +4,7 @@
 //! plain Burn op: the model stays generic over the backend.
 
 mod attention;
+mod swiglu;
 mod xwt;
 
 use burn::backend::Flex;
@@ -64,6 +65,21 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32
     let (q, k, v) = (q.as_slice::<f32>()?, k.as_slice::<f32>()?, v.as_slice::<f32>()?);
     let out = attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity })?;
     Some(Tensor::from_data(TensorData::new(out, [n, heads * d]), &device))
+}
+
+/// `silu(gate) · up` on the Flex backend.
+///
+/// # Shapes
+/// gate_up: [n, 2 · i] f32, gate in the first half of each row → [n, i] f32
+pub fn swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
+    let [n, width] = gate_up.dims();
+    if gate_up.dtype() != DType::F32 || width == 0 || !width.is_multiple_of(2) {
+        return None;
+    }
+    let device = gate_up.device();
+    let x = contiguous(gate_up)?;
+    let out = swiglu::run(x.as_slice::<f32>()?, width / 2)?;
+    Some(Tensor::from_data(TensorData::new(out, [n, width / 2]), &device))
 }
 
 /// The Flex primitive of `x`, copied into a contiguous buffer only when it is a strided view.

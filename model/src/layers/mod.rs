@@ -4,8 +4,10 @@ mod attention;
 mod linear;
 mod rms_norm;
 mod rope;
+mod swiglu;
 
 pub use attention::attention;
 pub use linear::Linear;
 pub use rms_norm::RmsNorm;
 pub use rope::Rope;
+pub use swiglu::swiglu;

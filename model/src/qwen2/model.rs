@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData, activation::silu};
+use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 
 use super::weights::{self, Weights};
 use crate::batch::{BatchInput, ValidBatch};
@@ -13,7 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{DecodeError, LoadError};
 use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
-use crate::layers::{Linear, Rope, attention};
+use crate::layers::{Linear, Rope, attention, swiglu};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
 
@@ -112,10 +112,10 @@ impl LanguageModel for Qwen2 {
             if abort() {
                 return Err(DecodeError::Aborted);
             }
-            let h = w.attn_norm.forward(x.clone());
-            let q = Rope::apply(w.q.forward(h.clone()).reshape([n, heads, hd]), &tables);
-            let k = Rope::apply(w.k.forward(h.clone()).reshape([n, kv_heads, hd]), &tables);
-            let v = w.v.forward(h).reshape([n, kv_heads, hd]);
+            let qkv = w.qkv.forward(w.attn_norm.forward(x.clone())); // [n, (heads + 2 · kv_heads) · hd]
+            let q = Rope::apply(qkv.clone().narrow(1, 0, heads * hd).reshape([n, heads, hd]), &tables);
+            let k = Rope::apply(qkv.clone().narrow(1, heads * hd, kv_heads * hd).reshape([n, kv_heads, hd]), &tables);
+            let v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape([n, kv_heads, hd]);
             cache.write(l, placement, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
             let (keys, values) = cache.layer(l); // [kv_heads, capacity, hd]
             let a = match kernels::attention(&q, keys, values, &visible) {
@@ -127,8 +127,8 @@ impl LanguageModel for Qwen2 {
                 }
             };
             x = x + w.o.forward(a);
-            let h = w.mlp_norm.forward(x.clone());
-            x = x + w.down.forward(silu(w.gate.forward(h.clone())) * w.up.forward(h));
+            let mlp = w.down.forward(swiglu(w.gate_up.forward(w.mlp_norm.forward(x.clone()))));
+            x = x + mlp;
         }
         if batch.out_rows.len() < n {
             let rows: Vec<i64> = batch.out_rows.iter().map(|&r| r as i64).collect();
@@ -153,7 +153,7 @@ impl LanguageModel for Qwen2 {
         if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
             return Err(LoadError::Dtype { slot: slot.label(), layer, dtype: format!("{:?}", data.dtype()) });
         }
-        self.weights.replace(slot, layer, data, self.weight_dtype, &self.device);
+        self.weights.replace(&self.config, slot, layer, data, self.weight_dtype, &self.device);
         Ok(())
     }
 }

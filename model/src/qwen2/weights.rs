@@ -1,6 +1,8 @@
 //! Qwen2's weight slots: one declarative table from checkpoint names to slots, the expected
 //! shape of each, and their loading and validation.
 
+use std::ops::Range;
+
 use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use crate::checkpoint::{Checkpoint, WeightDtype};
@@ -161,18 +163,32 @@ pub fn check_one(c: &ModelConfig, slot: Slot, layer: Option<usize>, found: &[usi
     Ok(())
 }
 
-/// One decoder layer's weights.
+/// One decoder layer's weights. The projections that read the same input are stacked into one
+/// matrix each (q, k, v; gate, up): one product per input instead of three or two, each streaming
+/// a longer run of weight rows.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
     pub attn_norm: RmsNorm,
-    pub q: Linear,
-    pub k: Linear,
-    pub v: Linear,
+    /// q, k, v stacked: [hidden + 2 · kv_heads · head_dim, hidden], with their biases.
+    pub qkv: Linear,
     pub o: Linear,
     pub mlp_norm: RmsNorm,
-    pub gate: Linear,
-    pub up: Linear,
+    /// gate, up stacked: [2 · intermediate, hidden].
+    pub gate_up: Linear,
     pub down: Linear,
+}
+
+/// The rows of a stacked matrix (or of its bias) that hold `slot`, for the slots that are stacked.
+pub fn stacked_rows(c: &ModelConfig, slot: Slot) -> Option<Range<usize>> {
+    let (h, kv, i) = (c.hidden_size, c.num_key_value_heads * c.head_dim, c.intermediate_size);
+    match slot {
+        Slot::AttnQ | Slot::AttnQBias => Some(0..h),
+        Slot::AttnK | Slot::AttnKBias => Some(h..h + kv),
+        Slot::AttnV | Slot::AttnVBias => Some(h + kv..h + 2 * kv),
+        Slot::MlpGate => Some(0..i),
+        Slot::MlpUp => Some(i..2 * i),
+        _ => None,
+    }
 }
 
 /// All of Qwen2's weights. With tied embeddings `lm_head` is `None`: the embedding is the head.
@@ -194,22 +210,29 @@ impl Weights {
         let vec = |slot: Slot, l: Option<usize>| ckpt.load::<1>(&name_of(slot, l), DType::F32, device);
         let norm =
             |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> { Ok(RmsNorm { weight: vec(slot, l)?, eps }) };
-        let linear = |slot: Slot, bias: Option<Slot>, l: Option<usize>| -> Result<Linear, LoadError> {
-            Ok(Linear { weight: mat(slot, l)?, bias: bias.map(|b| vec(b, l)).transpose()? })
+        let linear = |slot: Slot, l: Option<usize>| -> Result<Linear, LoadError> {
+            Ok(Linear { weight: mat(slot, l)?, bias: None })
+        };
+        // Matrices stacked in the order of `stacked_rows`, and their biases if they have them.
+        let stacked = |slots: &[Slot], biases: &[Slot], l: Option<usize>| -> Result<Linear, LoadError> {
+            let weights = slots.iter().map(|&s| mat(s, l)).collect::<Result<Vec<_>, _>>()?;
+            let biases = biases.iter().map(|&s| vec(s, l)).collect::<Result<Vec<_>, _>>()?;
+            Ok(Linear { weight: Tensor::cat(weights, 0), bias: (!biases.is_empty()).then(|| Tensor::cat(biases, 0)) })
         };
         let layers = (0..c.num_hidden_layers)
             .map(|l| {
                 let l = Some(l);
                 Ok(LayerWeights {
                     attn_norm: norm(Slot::AttnNorm, l)?,
-                    q: linear(Slot::AttnQ, Some(Slot::AttnQBias), l)?,
-                    k: linear(Slot::AttnK, Some(Slot::AttnKBias), l)?,
-                    v: linear(Slot::AttnV, Some(Slot::AttnVBias), l)?,
-                    o: linear(Slot::AttnO, None, l)?,
+                    qkv: stacked(
+                        &[Slot::AttnQ, Slot::AttnK, Slot::AttnV],
+                        &[Slot::AttnQBias, Slot::AttnKBias, Slot::AttnVBias],
+                        l,
+                    )?,
+                    o: linear(Slot::AttnO, l)?,
                     mlp_norm: norm(Slot::MlpNorm, l)?,
-                    gate: linear(Slot::MlpGate, None, l)?,
-                    up: linear(Slot::MlpUp, None, l)?,
-                    down: linear(Slot::MlpDown, None, l)?,
+                    gate_up: stacked(&[Slot::MlpGate, Slot::MlpUp], &[], l)?,
+                    down: linear(Slot::MlpDown, l)?,
                 })
             })
             .collect::<Result<Vec<_>, LoadError>>()?;
@@ -221,9 +244,18 @@ impl Weights {
         })
     }
 
-    /// Puts `data` into `slot` of `layer`, releasing the old tensor.
+    /// Puts `data` into `slot` of `layer`, releasing the old tensor (or, for a stacked slot,
+    /// overwriting its rows of the stacked matrix).
     /// Precondition: the shape was checked against the config.
-    pub fn replace(&mut self, slot: Slot, layer: Option<usize>, data: TensorData, dtype: WeightDtype, device: &Device) {
+    pub fn replace(
+        &mut self,
+        c: &ModelConfig,
+        slot: Slot,
+        layer: Option<usize>,
+        data: TensorData,
+        dtype: WeightDtype,
+        device: &Device,
+    ) {
         let mat = || Tensor::<2>::from_data(data.clone(), (device, slot.store(dtype)));
         let vec = || Tensor::<1>::from_data(data.clone(), (device, DType::F32));
         let Some(l) = layer else {
@@ -235,18 +267,20 @@ impl Weights {
             return;
         };
         let w = &mut self.layers[l];
+        if let Some(rows) = stacked_rows(c, slot) {
+            let target = if matches!(slot, Slot::MlpGate | Slot::MlpUp) { &mut w.gate_up } else { &mut w.qkv };
+            match (slot, &mut target.bias) {
+                (Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias, Some(bias)) => {
+                    *bias = bias.clone().slice_assign([rows], vec());
+                }
+                _ => target.weight = target.weight.clone().slice_assign([rows, 0..c.hidden_size], mat()),
+            }
+            return;
+        }
         match slot {
             Slot::AttnNorm => w.attn_norm.weight = vec(),
-            Slot::AttnQ => w.q.weight = mat(),
-            Slot::AttnQBias => w.q.bias = Some(vec()),
-            Slot::AttnK => w.k.weight = mat(),
-            Slot::AttnKBias => w.k.bias = Some(vec()),
-            Slot::AttnV => w.v.weight = mat(),
-            Slot::AttnVBias => w.v.bias = Some(vec()),
             Slot::AttnO => w.o.weight = mat(),
             Slot::MlpNorm => w.mlp_norm.weight = vec(),
-            Slot::MlpGate => w.gate.weight = mat(),
-            Slot::MlpUp => w.up.weight = mat(),
             _ => w.down.weight = mat(),
         }
     }
