@@ -26,6 +26,11 @@ pub enum WeightDtype {
     F32,
     /// Projection and embedding matrices in f16 (half the memory traffic); norms and biases f32.
     F16,
+    /// Projection and embedding matrices in bf16 (half the memory traffic, exact for bf16
+    /// checkpoints such as Qwen2.5's); norms and biases f32. Few-row products widen the weights
+    /// to f32; products of many rows (prefill) round the activations to bf16 and use the CPU's
+    /// bf16 dot-product instructions, as llama.cpp does.
+    Bf16,
 }
 
 impl std::str::FromStr for WeightDtype {
@@ -34,7 +39,8 @@ impl std::str::FromStr for WeightDtype {
         match s {
             "f32" | "float32" => Ok(Self::F32),
             "f16" | "float16" => Ok(Self::F16),
-            other => Err(format!("unknown weight dtype `{other}` (f32, f16)")),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            other => Err(format!("unknown weight dtype `{other}` (f32, f16, bf16)")),
         }
     }
 }
@@ -116,6 +122,9 @@ impl Checkpoint {
         let data = match store {
             DType::F16 => {
                 TensorData::new(read(&shard.file, start, end, e.dtype, f16::from_f32).map_err(io)?, e.shape.clone())
+            }
+            DType::BF16 => {
+                TensorData::new(read(&shard.file, start, end, e.dtype, bf16::from_f32).map_err(io)?, e.shape.clone())
             }
             _ => TensorData::new(read(&shard.file, start, end, e.dtype, |x| x).map_err(io)?, e.shape.clone()),
         };

@@ -3,22 +3,50 @@
 //! and the CPU has the instructions it needs, and otherwise returns `None` so the caller keeps the
 //! plain Burn op: the model stays generic over the backend.
 
+/// Runs `$tile!(R, C)` for a tile of R rows of x (≤ 4) by C weight rows (≤ 4), with R and C as
+/// literals for the const-generic tile functions.
+macro_rules! each_tile {
+    ($shape:expr, $tile:ident) => {
+        match $shape {
+            (4, 4) => $tile!(4, 4),
+            (4, 3) => $tile!(4, 3),
+            (4, 2) => $tile!(4, 2),
+            (4, 1) => $tile!(4, 1),
+            (3, 4) => $tile!(3, 4),
+            (3, 3) => $tile!(3, 3),
+            (3, 2) => $tile!(3, 2),
+            (3, 1) => $tile!(3, 1),
+            (2, 4) => $tile!(2, 4),
+            (2, 3) => $tile!(2, 3),
+            (2, 2) => $tile!(2, 2),
+            (2, 1) => $tile!(2, 1),
+            (1, 4) => $tile!(1, 4),
+            (1, 3) => $tile!(1, 3),
+            (1, 2) => $tile!(1, 2),
+            _ => $tile!(1, 1),
+        }
+    };
+}
+
 mod attention;
+mod bf16dot;
 mod swiglu;
 mod xwt;
 
 use burn::backend::Flex;
-use burn::tensor::{DType, Tensor, TensorData, f16};
+use burn::tensor::{DType, Tensor, TensorData, bf16, f16};
 
 /// Products with f32 weights and more rows than this go to the backend's GEMM, which packs its
 /// operands and from here on is as fast (prefill). With f16 weights the kernel runs at every row
-/// count: the backend's f16 GEMM reaches 90–110 GFLOP/s at 512 rows, the kernel 175–200.
+/// count: the backend's f16 GEMM reaches 90–110 GFLOP/s at 512 rows, the kernel 175–200. With
+/// bf16 weights, more rows than this go to the bf16 dot-product kernel (activations rounded to
+/// bf16), and fewer widen the weights to f32 in `xwt`.
 pub const XWT_MAX_ROWS: usize = 64;
 
 /// `x·Wᵀ + b` on the Flex backend.
 ///
 /// # Shapes
-/// x: [m, k] f32, weight: [n, k] f32 or f16, bias: [n] f32 → [m, n] f32
+/// x: [m, k] f32, weight: [n, k] f32, f16 or bf16, bias: [n] f32 → [m, n] f32
 pub fn linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Tensor<2>> {
     let [m, k] = x.dims();
     let [n, wk] = weight.dims();
@@ -41,6 +69,10 @@ pub fn linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Op
     let out = match w.dtype() {
         DType::F32 => xwt::run(&xwt::Product { x, w: w.as_slice::<f32>()?, bias, m, n, k }),
         DType::F16 => xwt::run(&xwt::Product { x, w: w.as_slice::<f16>()?, bias, m, n, k }),
+        DType::BF16 if m > XWT_MAX_ROWS && bf16dot::available() => {
+            bf16dot::run(x, w.as_slice::<bf16>()?, bias, m, n, k)
+        }
+        DType::BF16 => xwt::run(&xwt::Product { x, w: w.as_slice::<bf16>()?, bias, m, n, k }),
         _ => None,
     }?;
     Some(Tensor::from_data(TensorData::new(out, [m, n]), &device))

@@ -10,7 +10,7 @@
 //! with at most four rows of `x` a tile takes one weight row, so each thread streams the weight
 //! sequentially.
 
-use burn::tensor::f16;
+use burn::tensor::{bf16, f16};
 use pulp::x86::V4;
 use pulp::{Simd, f32x16};
 use rayon::prelude::*;
@@ -47,6 +47,18 @@ impl Weight for f16 {
     }
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
+    }
+}
+
+impl Weight for bf16 {
+    #[inline(always)]
+    fn load(simd: V4, v: &[bf16; LANES]) -> f32x16 {
+        // A bf16 is the top half of an f32: widen each to 32 bits and shift it into place.
+        let bits: pulp::u16x16 = pulp::cast(*v);
+        pulp::cast(simd.shl_const_u32x16::<16>(simd.convert_u16x16_to_u32x16(bits)))
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
     }
 }
 
@@ -127,24 +139,7 @@ fn block_product<W: Weight>(simd: V4, p: &Product<'_, W>, j0: usize, rows: &mut 
                     store::<$mr, $nr>(rows, it, jt, bias, tile::<W, $mr, $nr>(simd, x, w, k))
                 };
             }
-            match (x.len() / k, nr) {
-                (4, 4) => tile!(4, 4),
-                (4, 3) => tile!(4, 3),
-                (4, 2) => tile!(4, 2),
-                (4, 1) => tile!(4, 1),
-                (3, 4) => tile!(3, 4),
-                (3, 3) => tile!(3, 3),
-                (3, 2) => tile!(3, 2),
-                (3, 1) => tile!(3, 1),
-                (2, 4) => tile!(2, 4),
-                (2, 3) => tile!(2, 3),
-                (2, 2) => tile!(2, 2),
-                (2, 1) => tile!(2, 1),
-                (1, 4) => tile!(1, 4),
-                (1, 3) => tile!(1, 3),
-                (1, 2) => tile!(1, 2),
-                _ => tile!(1, 1),
-            }
+            each_tile!((x.len() / k, nr), tile)
         }
     }
 }
@@ -194,7 +189,7 @@ pub(super) fn tile<W: Weight, const R: usize, const C: usize>(simd: V4, x: &[f32
 }
 
 #[inline(always)]
-fn store<const R: usize, const C: usize>(
+pub(super) fn store<const R: usize, const C: usize>(
     rows: &mut [&mut [f32]],
     i0: usize,
     j0: usize,
@@ -230,7 +225,7 @@ mod tests {
     }
 
     /// Every tile shape (rows and outputs not multiples of 4), a k that is not a multiple of 16,
-    /// with and without bias, f32 and f16 weights: equal to an f64 reference.
+    /// with and without bias, f32, f16 and bf16 weights: equal to an f64 reference.
     #[test]
     fn products_equal_the_reference_for_every_tile_shape() {
         if V4::try_new().is_none() {
@@ -241,6 +236,7 @@ mod tests {
             let x = values(m * k, 1);
             let w = values(n * k, 2);
             let w16: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+            let wb16: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
             let bias = values(n, 3);
             for bias in [None, Some(bias.as_slice())] {
                 let p = Product { x: &x, w: &w, bias, m, n, k };
@@ -251,6 +247,9 @@ mod tests {
                 let p = Product { x: &x, w: &w16, bias, m, n, k };
                 let err = max_error(&run(&p).unwrap(), &reference(&p));
                 assert!(err < 1e-4 * k as f64, "f16 m={m} n={n} k={k}: max error {err}");
+                let p = Product { x: &x, w: &wb16, bias, m, n, k };
+                let err = max_error(&run(&p).unwrap(), &reference(&p));
+                assert!(err < 1e-4 * k as f64, "bf16 m={m} n={n} k={k}: max error {err}");
             }
         }
     }

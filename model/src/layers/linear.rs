@@ -4,7 +4,7 @@ use burn::tensor::{DType, FloatDType, Tensor};
 /// weight for the few-row products of decoding on the CPU backend).
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// [out, in]; f32, or f16 to halve the bytes streamed per decode step.
+    /// [out, in]; f32, or f16 / bf16 to halve the bytes streamed per decode step.
     pub weight: Tensor<2>,
     /// [out]
     pub bias: Option<Tensor<1>>,
@@ -14,11 +14,12 @@ pub struct Linear {
 const SPLIT_MAX_ROWS: usize = 4;
 const SPLIT_MIN_OUT: usize = 256;
 
-/// x·Wᵀ in f32, or in f16 for f16 weights.
+/// x·Wᵀ in f32, or in the weight's 16-bit type for 16-bit weights.
 fn product(x: Tensor<2>, weight: Tensor<2>) -> Tensor<2> {
     match weight.dtype() {
-        DType::F32 => x.matmul(weight.transpose()),
-        _ => x.cast(FloatDType::F16).matmul(weight.transpose()).cast(FloatDType::F32),
+        DType::F16 => x.cast(FloatDType::F16).matmul(weight.transpose()).cast(FloatDType::F32),
+        DType::BF16 => x.cast(FloatDType::BF16).matmul(weight.transpose()).cast(FloatDType::F32),
+        _ => x.matmul(weight.transpose()),
     }
 }
 

@@ -96,6 +96,7 @@ impl Slot {
         );
         match weights {
             WeightDtype::F16 if !vector => DType::F16,
+            WeightDtype::Bf16 if !vector => DType::BF16,
             _ => DType::F32,
         }
     }

@@ -32,7 +32,7 @@ pub struct BenchArgs {
     /// Model type; default: `model_type` of config.json.
     #[arg(long)]
     model_type: Option<String>,
-    /// Weight dtype in memory: f32 or f16.
+    /// Weight dtype in memory: f32, f16 or bf16.
     #[arg(long, default_value = "f32")]
     dtype: WeightDtype,
     /// Compute backend (only `flex`, Burn's CPU backend, is built without the `cuda` feature).

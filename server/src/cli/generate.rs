@@ -55,7 +55,7 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// Weight dtype in memory: f32, or f16 (half the memory traffic per token).
+    /// Weight dtype in memory: f32, or f16 / bf16 (half the memory traffic per token).
     #[arg(long, default_value = "f32")]
     dtype: WeightDtype,
 }

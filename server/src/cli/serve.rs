@@ -24,7 +24,7 @@ pub struct ServeArgs {
     /// `server.port` (0: any free port).
     #[arg(long)]
     port: Option<u16>,
-    /// Weight dtype in memory, f32 or f16 (`model.dtype`).
+    /// Weight dtype in memory, f32, f16 or bf16 (`model.dtype`).
     #[arg(long)]
     dtype: Option<String>,
     /// An accepted bearer key (repeatable; `server.api_keys`).
