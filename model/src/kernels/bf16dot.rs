@@ -24,7 +24,7 @@ use std::arch::x86_64::{
 use burn::tensor::bf16;
 use rayon::prelude::*;
 
-use super::xwt::store;
+use super::xwt::{column_blocks, store};
 
 /// bf16 values per vector.
 const LANES: usize = 32;
@@ -59,14 +59,7 @@ pub fn run(x: &[f32], w: &[bf16], bias: Option<&[f32]>, m: usize, n: usize, k: u
             *b = bf16::from_f32(v);
         }
     });
-    let blocks = (rayon::current_num_threads() * 4).max(1);
-    let block = n.div_ceil(blocks).next_multiple_of(NR);
-    let mut pieces: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(block)).map(|_| Vec::with_capacity(m)).collect();
-    for row in out.chunks_mut(n) {
-        for (b, piece) in row.chunks_mut(block).enumerate() {
-            pieces[b].push(piece);
-        }
-    }
+    let (block, pieces) = column_blocks(&mut out, n);
     let chunk_rows = (X_CHUNK_BYTES / (2 * k.max(1))).next_multiple_of(MR).max(MR);
     let task = Task { x: &xb, w, bias, k, chunk_rows };
     pieces.into_par_iter().enumerate().for_each(|(b, mut rows)| {

@@ -84,20 +84,26 @@ pub fn run<W: Weight>(p: &Product<'_, W>) -> Option<Vec<f32>> {
     if p.m == 0 || p.n == 0 {
         return Some(out);
     }
-    // About four blocks per thread balances the pool; a block is a multiple of NR weight rows.
-    let blocks = (rayon::current_num_threads() * 4).max(1);
-    let block = p.n.div_ceil(blocks).next_multiple_of(NR);
-    // out[i][j0..j1] for every row i, grouped by block: each task owns its columns.
-    let mut pieces: Vec<Vec<&mut [f32]>> = (0..p.n.div_ceil(block)).map(|_| Vec::with_capacity(p.m)).collect();
-    for row in out.chunks_mut(p.n) {
-        for (b, piece) in row.chunks_mut(block).enumerate() {
-            pieces[b].push(piece);
-        }
-    }
+    let (block, pieces) = column_blocks(&mut out, p.n);
     pieces.into_par_iter().enumerate().for_each(|(b, mut rows)| {
         simd.vectorize(Block { simd, p, j0: b * block, rows: &mut rows });
     });
     Some(out)
+}
+
+/// `out` ([m, n] row-major, n > 0) split into blocks of columns, one task each: the block width
+/// (a multiple of NR weight rows; about four blocks per thread balances the pool) and, per
+/// block b, `out[i][b · width..]` of every row i, so each task owns its columns.
+pub(super) fn column_blocks(out: &mut [f32], n: usize) -> (usize, Vec<Vec<&mut [f32]>>) {
+    let blocks = (rayon::current_num_threads() * 4).max(1);
+    let block = n.div_ceil(blocks).next_multiple_of(NR);
+    let mut pieces: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(block)).map(|_| Vec::with_capacity(out.len() / n)).collect();
+    for row in out.chunks_mut(n) {
+        for (b, piece) in row.chunks_mut(block).enumerate() {
+            pieces[b].push(piece);
+        }
+    }
+    (block, pieces)
 }
 
 /// One task's block, as a callable that `V4::vectorize` inlines into its AVX-512 function (a

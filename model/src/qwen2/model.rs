@@ -2,6 +2,7 @@
 //! write k, v into the batch's cells → GQA attention over the visible cells → o → residual →
 //! RMSNorm → SwiGLU MLP → residual] → final RMSNorm → lm head for the flagged rows only.
 
+use std::ops::Range;
 use std::path::Path;
 
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
@@ -108,14 +109,16 @@ impl LanguageModel for Qwen2 {
         let visible = cache.visible(&batch.seqs, &batch.pos, extent); // [n] cells each row sees
         let mut mask = None; // [n, extent], built only if the attention kernel cannot run
         let mut x = self.embed(batch.input); // [n, hidden]
+        let [q_rows, k_rows, v_rows] = weights::qkv_rows(&self.config);
         for (l, w) in self.weights.layers.iter().enumerate() {
             if abort() {
                 return Err(DecodeError::Aborted);
             }
             let qkv = w.qkv.forward(w.attn_norm.forward(x.clone())); // [n, (heads + 2 · kv_heads) · hd]
-            let q = Rope::apply(qkv.clone().narrow(1, 0, heads * hd).reshape([n, heads, hd]), &tables);
-            let k = Rope::apply(qkv.clone().narrow(1, heads * hd, kv_heads * hd).reshape([n, kv_heads, hd]), &tables);
-            let v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape([n, kv_heads, hd]);
+            let part = |rows: &Range<usize>| qkv.clone().narrow(1, rows.start, rows.len());
+            let q = Rope::apply(part(&q_rows).reshape([n, heads, hd]), &tables);
+            let k = Rope::apply(part(&k_rows).reshape([n, kv_heads, hd]), &tables);
+            let v = part(&v_rows).reshape([n, kv_heads, hd]);
             cache.write(l, placement, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
             let (keys, values) = cache.layer(l); // [kv_heads, capacity, hd]
             let a = match kernels::attention(&q, keys, values, &visible) {

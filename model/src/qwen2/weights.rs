@@ -170,7 +170,8 @@ pub fn check_one(c: &ModelConfig, slot: Slot, layer: Option<usize>, found: &[usi
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
     pub attn_norm: RmsNorm,
-    /// q, k, v stacked: [hidden + 2 · kv_heads · head_dim, hidden], with their biases.
+    /// q, k, v stacked (rows as `qkv_rows`): [(heads + 2 · kv_heads) · head_dim, hidden], with
+    /// their biases.
     pub qkv: Linear,
     pub o: Linear,
     pub mlp_norm: RmsNorm,
@@ -179,13 +180,20 @@ pub struct LayerWeights {
     pub down: Linear,
 }
 
+/// The rows of q, k and v in the stacked `qkv` matrix (and its bias), in load order.
+pub fn qkv_rows(c: &ModelConfig) -> [Range<usize>; 3] {
+    let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+    [0..q, q..q + kv, q + kv..q + 2 * kv]
+}
+
 /// The rows of a stacked matrix (or of its bias) that hold `slot`, for the slots that are stacked.
 pub fn stacked_rows(c: &ModelConfig, slot: Slot) -> Option<Range<usize>> {
-    let (h, kv, i) = (c.hidden_size, c.num_key_value_heads * c.head_dim, c.intermediate_size);
+    let [q, k, v] = qkv_rows(c);
+    let i = c.intermediate_size;
     match slot {
-        Slot::AttnQ | Slot::AttnQBias => Some(0..h),
-        Slot::AttnK | Slot::AttnKBias => Some(h..h + kv),
-        Slot::AttnV | Slot::AttnVBias => Some(h + kv..h + 2 * kv),
+        Slot::AttnQ | Slot::AttnQBias => Some(q),
+        Slot::AttnK | Slot::AttnKBias => Some(k),
+        Slot::AttnV | Slot::AttnVBias => Some(v),
         Slot::MlpGate => Some(0..i),
         Slot::MlpUp => Some(i..2 * i),
         _ => None,
@@ -269,12 +277,16 @@ impl Weights {
         };
         let w = &mut self.layers[l];
         if let Some(rows) = stacked_rows(c, slot) {
-            let target = if matches!(slot, Slot::MlpGate | Slot::MlpUp) { &mut w.gate_up } else { &mut w.qkv };
-            match (slot, &mut target.bias) {
-                (Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias, Some(bias)) => {
-                    *bias = bias.clone().slice_assign([rows], vec());
+            let all = 0..c.hidden_size;
+            match slot {
+                // `qkv` is loaded with its biases, so the bias is always there to write into.
+                Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias => {
+                    w.qkv.bias = w.qkv.bias.take().map(|b| b.slice_assign([rows], vec()));
                 }
-                _ => target.weight = target.weight.clone().slice_assign([rows, 0..c.hidden_size], mat()),
+                Slot::MlpGate | Slot::MlpUp => {
+                    w.gate_up.weight = w.gate_up.weight.clone().slice_assign([rows, all], mat())
+                }
+                _ => w.qkv.weight = w.qkv.weight.clone().slice_assign([rows, all], mat()),
             }
             return;
         }
