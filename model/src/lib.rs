@@ -14,6 +14,7 @@ pub mod layers;
 pub mod lm;
 pub mod mock;
 pub mod output;
+pub mod quant;
 pub mod qwen2;
 pub mod registry;
 pub mod sampling;

@@ -33,6 +33,8 @@ mod bf16dot;
 mod swiglu;
 mod xwt;
 
+use std::ops::Range;
+
 use burn::backend::Flex;
 use burn::tensor::{DType, Tensor, TensorData, bf16, f16};
 
@@ -112,6 +114,23 @@ pub fn swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
     let x = contiguous(gate_up)?;
     let out = swiglu::run(x.as_slice::<f32>()?, width / 2)?;
     Some(Tensor::from_data(TensorData::new(out, [n, width / 2]), &device))
+}
+
+/// `out` ([m, n] row-major) split by columns: per range (sorted, adjacent, covering `0..n`),
+/// that range of every row, so a task per range owns its columns of the whole output.
+pub(crate) fn split_columns<'a>(out: &'a mut [f32], n: usize, ranges: &[Range<usize>]) -> Vec<Vec<&'a mut [f32]>> {
+    let rows = out.len().checked_div(n).unwrap_or(0);
+    let mut pieces: Vec<Vec<&mut [f32]>> = ranges.iter().map(|_| Vec::with_capacity(rows)).collect();
+    for row in out.chunks_mut(n.max(1)) {
+        let mut rest = row;
+        for (piece, range) in pieces.iter_mut().zip(ranges) {
+            let (head, tail) = rest.split_at_mut(range.len());
+            piece.push(head);
+            rest = tail;
+        }
+        debug_assert!(rest.is_empty(), "column ranges do not cover the row");
+    }
+    pieces
 }
 
 /// The Flex primitive of `x`, copied into a contiguous buffer only when it is a strided view.

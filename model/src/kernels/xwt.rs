@@ -97,13 +97,8 @@ pub fn run<W: Weight>(p: &Product<'_, W>) -> Option<Vec<f32>> {
 pub(super) fn column_blocks(out: &mut [f32], n: usize) -> (usize, Vec<Vec<&mut [f32]>>) {
     let blocks = (rayon::current_num_threads() * 4).max(1);
     let block = n.div_ceil(blocks).next_multiple_of(NR);
-    let mut pieces: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(block)).map(|_| Vec::with_capacity(out.len() / n)).collect();
-    for row in out.chunks_mut(n) {
-        for (b, piece) in row.chunks_mut(block).enumerate() {
-            pieces[b].push(piece);
-        }
-    }
-    (block, pieces)
+    let ranges: Vec<_> = (0..n).step_by(block).map(|j| j..(j + block).min(n)).collect();
+    (block, super::split_columns(out, n, &ranges))
 }
 
 /// One task's block, as a callable that `V4::vectorize` inlines into its AVX-512 function (a

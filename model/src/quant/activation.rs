@@ -1,0 +1,91 @@
+//! Activations quantized per 32-value block to int8, as llama.cpp does before a quantized
+//! product: `x ≈ d · q` with `d = max|x| / 127`. The block sums of q (whole, and per 16-value
+//! half for Q6_K's sub-blocks) let the kernels apply the weights' offsets and minimums once per
+//! block instead of once per value.
+
+use rayon::prelude::*;
+
+use super::packed::GROUP;
+
+/// Rows of activations, each padded with zero blocks to `groups` blocks.
+pub(crate) struct Activations {
+    pub groups: usize,
+    /// [rows · groups] the quantized values.
+    pub q: Vec<[i8; GROUP]>,
+    /// [rows · groups] the scale d.
+    pub d: Vec<f32>,
+    /// [rows · groups] d · Σ q.
+    pub ds: Vec<f32>,
+    /// [rows · groups] d · Σ q over each 16-value half.
+    pub dsh: Vec<[f32; 2]>,
+}
+
+/// Rows per parallel task.
+const ROWS_PER_TASK: usize = 8;
+
+impl Activations {
+    /// Quantizes `m` rows of `k` values (`x` is [m, k] row-major) into rows of `groups` blocks
+    /// (`groups · 32 ≥ k`; values past k are zero).
+    pub fn quantize(x: &[f32], m: usize, k: usize, groups: usize) -> Self {
+        assert!(x.len() == m * k && groups * GROUP >= k, "activations: {} values for [{m}, {k}]", x.len());
+        let n = m * groups;
+        let mut a = Self { groups, q: vec![[0; GROUP]; n], d: vec![0.0; n], ds: vec![0.0; n], dsh: vec![[0.0; 2]; n] };
+        if n == 0 {
+            return a;
+        }
+        let tasks = a.q.par_chunks_mut(groups * ROWS_PER_TASK).zip(a.d.par_chunks_mut(groups * ROWS_PER_TASK));
+        let tasks =
+            tasks.zip(a.ds.par_chunks_mut(groups * ROWS_PER_TASK)).zip(a.dsh.par_chunks_mut(groups * ROWS_PER_TASK));
+        tasks.enumerate().for_each(|(t, (((q, d), ds), dsh))| {
+            for r in 0..q.len() / groups {
+                let row = &x[(t * ROWS_PER_TASK + r) * k..][..k];
+                let span = r * groups..(r + 1) * groups;
+                quantize_row(row, &mut q[span.clone()], &mut d[span.clone()], &mut ds[span.clone()], &mut dsh[span]);
+            }
+        });
+        a
+    }
+}
+
+fn quantize_row(row: &[f32], q: &mut [[i8; GROUP]], d: &mut [f32], ds: &mut [f32], dsh: &mut [[f32; 2]]) {
+    for (g, block) in row.chunks(GROUP).enumerate() {
+        let mut x = [0.0f32; GROUP];
+        x[..block.len()].copy_from_slice(block);
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sums = [0i32; 2];
+        for (i, (q, v)) in q[g].iter_mut().zip(&x).enumerate() {
+            *q = (v * inv).round_ties_even() as i8;
+            sums[i / 16] += *q as i32;
+        }
+        d[g] = scale;
+        ds[g] = scale * (sums[0] + sums[1]) as f32;
+        dsh[g] = [scale * sums[0] as f32, scale * sums[1] as f32];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each value is within half a step of d · q; padding blocks are zero.
+    #[test]
+    fn blocks_round_to_within_half_a_step() {
+        let (m, k) = (3, 70);
+        let x: Vec<f32> = crate::quant::test_values(m * k, 3).iter().map(|v| v * 5.0).collect();
+        let a = Activations::quantize(&x, m, k, 4);
+        for r in 0..m {
+            for i in 0..k {
+                let g = r * 4 + i / GROUP;
+                let back = a.d[g] * a.q[g][i % GROUP] as f32;
+                assert!((back - x[r * k + i]).abs() <= a.d[g] * 0.5 + 1e-6, "row {r} value {i}");
+            }
+            let last = r * 4 + 3;
+            assert_eq!((a.d[last], a.q[last]), (0.0, [0; GROUP]));
+            let g = r * 4;
+            let sum: i32 = a.q[g].iter().map(|&q| q as i32).sum();
+            assert_eq!(a.ds[g], a.d[g] * sum as f32);
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Quantized products against f64 products over the dequantized weights, for every format and
+//! both kernels, over the model's shapes (896, 4864 and 151936 rows) and ragged tails.
+
+use half::f16;
+
+use super::*;
+use crate::quant::{QuantType, dequantize, row_bytes, test_values};
+
+/// Random blocks of `ty`: random bytes with every f16 scale replaced by a sane value (random
+/// bytes would give infinities and NaNs), so all other fields take arbitrary bit patterns.
+pub(crate) fn random_blocks(ty: QuantType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    let n = rows * row_bytes(ty, k);
+    let noise = test_values(n, seed);
+    let mut bytes: Vec<u8> = noise.iter().map(|v| ((v + 1.0) * 127.9) as u8).collect();
+    let scales = test_values(n / ty.block_bytes() * 2, seed + 1);
+    let scale = |i: usize, lo: f32| f16::from_f32((lo + 0.05 * scales[i].abs()) * scales[i].signum());
+    let fields: &[usize] = match ty {
+        QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => &[0],
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q6K => &[208],
+    };
+    for (b, block) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
+        for (f, &at) in fields.iter().enumerate() {
+            let mut v = scale(2 * b + f, 0.002);
+            if ty.is_k() {
+                v = f16::from_f32(v.to_f32().abs() * 0.1); // K-quant super-scales multiply 6/8-bit sub-scales
+            }
+            block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+fn reference(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Vec<f64> {
+    let mut out = vec![0.0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k).map(|t| x[i * k + t] as f64 * w[j * k + t] as f64).sum();
+            out[i * n + j] = dot + bias.map_or(0.0, |b| b[j] as f64);
+        }
+    }
+    out
+}
+
+/// The error a quantized product may have: llama.cpp's `test-quantize-fns` allows a dot-product
+/// error of 0.02 per element of its data; here the bound follows the activation rounding itself.
+/// Each activation is off by at most half a step d/2 (d = max|x|/127 of its block), uniformly, so
+/// the error of output j has σ ≤ ‖w_j‖ · max d / √12; allow 5σ, plus f32 rounding.
+fn tolerance(x: &[f32], w_row: &[f32]) -> f64 {
+    let max_d = x.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+    let norm = w_row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+    let abs: f64 = w_row.iter().zip(x).map(|(w, x)| (*w as f64 * *x as f64).abs()).sum();
+    5.0 * norm * max_d / 12f64.sqrt() + 1e-5 * abs + 1e-6
+}
+
+fn check(ty: QuantType, m: usize, n: usize, k: usize) {
+    let bytes = random_blocks(ty, n, k, (m * 31 + n * 7 + k) as u64);
+    let packed = PackedMatrix::from_ggml(ty, n, k, &bytes).unwrap();
+    let mut w = vec![0.0f32; n * k];
+    dequantize(ty, &bytes, &mut w);
+    // The packed layout dequantizes to exactly ggml's values.
+    let mut row = vec![0.0f32; k];
+    for j in [0, n / 2, n - 1] {
+        packed.dequantize_row(j, &mut row);
+        assert_eq!(row, w[j * k..(j + 1) * k], "{ty} [{n}, {k}] row {j}");
+    }
+    let x: Vec<f32> = test_values(m * k, 77).iter().map(|v| v * 3.0).collect();
+    let bias = test_values(n, 5);
+    let want = reference(&x, m, &w, n, k, Some(&bias));
+    for kernel in [Kernel::Vnni, Kernel::Portable] {
+        if !kernel.available() {
+            eprintln!("{kernel:?} does not run on this CPU");
+            continue;
+        }
+        let got = matmul_with(kernel, &x, m, &packed, Some(&bias));
+        assert_eq!(got.len(), m * n);
+        let mut worst = 0.0f64;
+        for i in 0..m {
+            let xi = &x[i * k..(i + 1) * k];
+            for j in 0..n {
+                let err = (got[i * n + j] as f64 - want[i * n + j]).abs();
+                let tol = tolerance(xi, &w[j * k..(j + 1) * k]);
+                assert!(
+                    err <= tol,
+                    "{ty} {kernel:?} [{m}, {n}, {k}] ({i}, {j}): {} vs {} (tolerance {tol})",
+                    got[i * n + j],
+                    want[i * n + j]
+                );
+                worst = worst.max(err / tol);
+            }
+        }
+        // llama.cpp's own criterion, on the worst output.
+        let per_element = (0..m * n).map(|e| (got[e] as f64 - want[e]).abs()).fold(0.0, f64::max) / k as f64;
+        assert!(per_element < 0.02, "{ty} {kernel:?}: error per element {per_element}");
+        eprintln!("{ty} {kernel:?} [{m}, {n}, {k}]: worst error {worst:.2} of the tolerance");
+    }
+}
+
+#[test]
+fn every_format_matches_the_dequantized_product_with_both_kernels() {
+    for ty in QuantType::ALL {
+        let k = ty.block_values() * 2;
+        check(ty, 1, 37, k); // one row, a ragged panel
+        check(ty, 11, 16, k); // a full tile and a tail of rows
+        check(ty, 2, 896, 4864); // ffn_down's shape
+    }
+}
+
+#[test]
+fn thirty_two_value_formats_take_the_model_shapes() {
+    for ty in [QuantType::Q8_0, QuantType::Q5_0, QuantType::Q4_1] {
+        check(ty, 3, 4864, 896); // gate/up: 896 is 28 blocks of 32, an odd number of pairs
+        check(ty, 1, 130, 96); // three blocks: the second group of the last record is padding
+    }
+    check(QuantType::Q8_0, 1, 151936, 32); // the lm head's rows
+}
+
+/// Stacked parts in different formats: each part's outputs land in its own columns.
+#[test]
+fn stacked_parts_keep_their_formats_and_columns() {
+    let k = 256;
+    let parts = [(QuantType::Q5_0, 40), (QuantType::Q8_0, 17), (QuantType::Q6K, 16)];
+    let mut matrices = Vec::new();
+    let mut w = Vec::new();
+    for (i, &(ty, rows)) in parts.iter().enumerate() {
+        let bytes = random_blocks(ty, rows, k, i as u64);
+        let mut dq = vec![0.0f32; rows * k];
+        dequantize(ty, &bytes, &mut dq);
+        w.extend(dq);
+        matrices.push(PackedMatrix::from_ggml(ty, rows, k, &bytes).unwrap());
+    }
+    let stacked = PackedMatrix::stack(matrices).unwrap();
+    assert_eq!((stacked.rows(), stacked.k()), (73, k));
+    let m = 5;
+    let x = test_values(m * k, 9);
+    let want = reference(&x, m, &w, 73, k, None);
+    let got = matmul(&x, m, &stacked, None);
+    for i in 0..m {
+        for j in 0..73 {
+            let tol = tolerance(&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
+            assert!((got[i * 73 + j] as f64 - want[i * 73 + j]).abs() <= tol, "({i}, {j})");
+        }
+    }
+}
+
+/// In-situ quantization: a product with quantized weights is close to the f32 product.
+#[test]
+fn quantized_f32_weights_multiply_close_to_the_originals() {
+    let (m, n, k) = (4, 50, 128);
+    let w = test_values(n * k, 21);
+    let x = test_values(m * k, 22);
+    let want = reference(&x, m, &w, n, k, None);
+    for (ty, rel) in [(QuantType::Q8_0, 0.01), (QuantType::Q4_0, 0.12), (QuantType::Q5_1, 0.05)] {
+        let packed = PackedMatrix::quantize(ty, n, k, &w).unwrap();
+        let got = matmul(&x, m, &packed, None);
+        let err = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).powi(2)).sum::<f64>().sqrt();
+        let norm = want.iter().map(|w| w * w).sum::<f64>().sqrt();
+        assert!(err / norm < rel, "{ty}: relative error {}", err / norm);
+    }
+    assert!(PackedMatrix::quantize(QuantType::Q4K, n, k, &w).is_err());
+    assert!(PackedMatrix::quantize(QuantType::Q8_0, n, 100, &test_values(n * 100, 1)).is_err());
+}

@@ -1,0 +1,415 @@
+//! The layout the quantized kernels stream (Q3): a weight matrix [n, k] in panels of 16 rows.
+//!
+//! Within a panel the values of each 32-value group of the 16 rows are interleaved so that one
+//! 64-byte vector holds 4 consecutive values of every row, 4 bytes per 32-bit lane: exactly the
+//! operand of `vpdpbusd`, which multiplies them by 4 activation bytes broadcast to every lane and
+//! adds the 4 products into each row's lane. 4-bit values are stored two per byte (a vector of
+//! nibbles holds 8 values per row: values 8v.. in the low nibbles, 8v + 4.. in the high ones);
+//! the fifth and sixth bits of 5- and 6-bit values are bit planes, one 64-bit mask per 4 values
+//! of 16 rows, which AVX-512 turns into bytes with a masked add. Scales stay as the file has
+//! them (f16 scales; 6-bit K-quant scales widened to bytes, which makes Q4_K 2.8% and Q5_K
+//! 2.3% larger than in the file), interleaved over the 16 rows.
+//!
+//! A panel is a run of records, one per chunk of the row: two 32-value groups for the 32-value
+//! formats, one 256-value super-block for the K-quants. A record is [values of every group]
+//! [bit planes of every group][scales of every group][super-block scales], padded to 64 bytes
+//! (only Q6_K needs padding: 3360 → 3392 bytes, +1%). Rows past the end of the matrix and
+//! groups past the end of the row are zero (scale 0).
+
+use half::f16;
+
+use super::QuantType;
+use super::ggml::{self, Params};
+
+/// Weight rows per panel.
+pub(crate) const PANEL: usize = 16;
+/// Values per group (one activation block).
+pub(crate) const GROUP: usize = 32;
+
+/// Byte layout of one record (one chunk of a panel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub ty: QuantType,
+    /// Groups per record.
+    pub groups: usize,
+    /// Bytes of one group's values: 512 (8-bit) or 256 (nibbles).
+    pub values: usize,
+    /// Bit planes per group (64 bytes each): the fifth bit, and the sixth for Q6_K.
+    pub planes: usize,
+    /// Bytes of one group's scales over the 16 rows.
+    pub scales: usize,
+    /// Bytes of the super-block scales (K-quants).
+    pub sup: usize,
+    /// Record bytes, a multiple of 64.
+    pub bytes: usize,
+}
+
+impl Layout {
+    pub fn of(ty: QuantType) -> Self {
+        let groups: usize = if ty.is_k() { 8 } else { 2 };
+        let values = if ty.bits() == 8 { 512 } else { 256 };
+        let planes = match ty.bits() {
+            5 => 1,
+            6 => 2,
+            _ => 0,
+        };
+        let scales = match ty {
+            QuantType::Q4_1 | QuantType::Q5_1 => 64,
+            _ => 32,
+        };
+        let sup = match ty {
+            QuantType::Q4K | QuantType::Q5K => 64,
+            QuantType::Q6K => 32,
+            _ => 0,
+        };
+        let bytes = (groups * (values + planes * 64 + scales) + sup).next_multiple_of(64);
+        Self { ty, groups, values, planes, scales, sup, bytes }
+    }
+    /// Values per record.
+    pub fn chunk(&self) -> usize {
+        self.groups * GROUP
+    }
+    pub fn values_at(&self, g: usize) -> usize {
+        g * self.values
+    }
+    pub fn plane_at(&self, g: usize, p: usize) -> usize {
+        self.groups * self.values + (g * self.planes + p) * 64
+    }
+    pub fn scales_at(&self, g: usize) -> usize {
+        self.groups * (self.values + self.planes * 64) + g * self.scales
+    }
+    pub fn sup_at(&self) -> usize {
+        self.groups * (self.values + self.planes * 64 + self.scales)
+    }
+}
+
+/// A byte buffer whose start is 64-byte aligned (a cache line: vector loads never straddle two).
+pub(crate) struct Aligned {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn zeroed(len: usize) -> Self {
+        let buf = vec![0u8; len + 63];
+        let start = buf.as_ptr().align_offset(64).min(63);
+        Self { buf, start, len }
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// One run of rows in one format (a stacked matrix has one part per stacked weight).
+pub(crate) struct Part {
+    pub layout: Layout,
+    /// Rows of the part; its output columns are `[col0, col0 + rows)`.
+    pub rows: usize,
+    pub col0: usize,
+    /// Records per panel.
+    pub chunks: usize,
+    /// [panels, chunks] records.
+    pub data: Aligned,
+}
+
+impl Part {
+    pub fn panels(&self) -> usize {
+        self.rows.div_ceil(PANEL)
+    }
+    /// The record of chunk `c` of panel `p`.
+    pub fn record(&self, p: usize, c: usize) -> &[u8] {
+        let at = (p * self.chunks + c) * self.layout.bytes;
+        &self.data.bytes()[at..at + self.layout.bytes]
+    }
+    /// Values of the row, padded to whole records (the activation must be this long, zeros past k).
+    pub fn padded_k(&self) -> usize {
+        self.chunks * self.layout.chunk()
+    }
+}
+
+/// A quantized weight matrix [n, k] (the checkpoint's [out, in]) in the kernels' layout; a
+/// stacked matrix (q, k, v) keeps each stacked weight as its own part, in its own format.
+pub struct PackedMatrix {
+    pub(crate) parts: Vec<Part>,
+    k: usize,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.parts.iter().map(|p| format!("{}×{}", p.rows, p.layout.ty)).collect();
+        write!(f, "PackedMatrix [{}, {}] ({})", self.rows(), self.k, parts.join(" + "))
+    }
+}
+
+/// Why a matrix cannot be packed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackError {
+    #[error("{ty} stores rows in blocks of {block} values; a row here has {k}")]
+    RowLength { ty: QuantType, block: usize, k: usize },
+    #[error("{ty}: {rows} rows of {k} values need {expected} bytes, found {found}")]
+    Size { ty: QuantType, rows: usize, k: usize, expected: usize, found: usize },
+    #[error("stacked matrices must have the same row length: {0} and {1}")]
+    Width(usize, usize),
+    #[error("{ty} cannot be produced by quantizing at load (it takes 32-value block formats)")]
+    NotQuantizable { ty: QuantType },
+}
+
+impl PackedMatrix {
+    /// Packs `rows` rows of `k` values stored in ggml's layout of `ty` (a GGUF tensor's bytes).
+    pub fn from_ggml(ty: QuantType, rows: usize, k: usize, bytes: &[u8]) -> Result<Self, PackError> {
+        if !ty.fits_row(k) {
+            return Err(PackError::RowLength { ty, block: ty.block_values(), k });
+        }
+        let row_bytes = ggml::row_bytes(ty, k);
+        if bytes.len() != rows * row_bytes {
+            return Err(PackError::Size { ty, rows, k, expected: rows * row_bytes, found: bytes.len() });
+        }
+        let part = pack(ty, rows, k, |r| &bytes[r * row_bytes..(r + 1) * row_bytes]);
+        Ok(Self { parts: vec![part], k })
+    }
+
+    /// Quantizes `rows` rows of `k` f32 values to `ty` (a 32-value block format) and packs them.
+    pub fn quantize(ty: QuantType, rows: usize, k: usize, values: &[f32]) -> Result<Self, PackError> {
+        if ty.is_k() {
+            return Err(PackError::NotQuantizable { ty });
+        }
+        if !ty.fits_row(k) {
+            return Err(PackError::RowLength { ty, block: ty.block_values(), k });
+        }
+        assert_eq!(values.len(), rows * k, "quantize: {} values for [{rows}, {k}]", values.len());
+        let mut bytes = Vec::with_capacity(ggml::row_bytes(ty, k) * rows);
+        for row in values.chunks_exact(k) {
+            super::quantize(ty, row, &mut bytes).expect("32-value formats quantize");
+        }
+        Self::from_ggml(ty, rows, k, &bytes)
+    }
+
+    /// The matrices stacked row-wise, each keeping its own format.
+    pub fn stack(matrices: Vec<PackedMatrix>) -> Result<Self, PackError> {
+        let k = matrices.first().map_or(0, |m| m.k);
+        let mut parts = Vec::new();
+        let mut col0 = 0;
+        for m in matrices {
+            if m.k != k {
+                return Err(PackError::Width(k, m.k));
+            }
+            for mut part in m.parts {
+                part.col0 = col0;
+                col0 += part.rows;
+                parts.push(part);
+            }
+        }
+        Ok(Self { parts, k })
+    }
+
+    /// Replaces the part that holds exactly rows `[start, start + other.rows())` by `other`.
+    /// Returns false (and changes nothing) when no part spans exactly those rows.
+    pub fn replace_rows(&mut self, start: usize, other: PackedMatrix) -> bool {
+        let Some(i) = self.parts.iter().position(|p| p.col0 == start && p.rows == other.rows()) else {
+            return false;
+        };
+        if other.k != self.k || other.parts.len() != 1 {
+            return false;
+        }
+        let mut part = other.parts.into_iter().next().expect("one part");
+        part.col0 = start;
+        self.parts[i] = part;
+        true
+    }
+
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(|p| p.rows).sum()
+    }
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    /// The format of each part, with its rows.
+    pub fn formats(&self) -> Vec<(QuantType, usize)> {
+        self.parts.iter().map(|p| (p.layout.ty, p.rows)).collect()
+    }
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.data.len).sum()
+    }
+    /// The longest padded row of any part: how long a quantized activation row must be.
+    pub(crate) fn padded_k(&self) -> usize {
+        self.parts.iter().map(Part::padded_k).max().unwrap_or(0)
+    }
+
+    /// Row `j` dequantized into `out` (`k` values), bit-exact to ggml's dequantization.
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        assert!(j < self.rows() && out.len() == self.k, "dequantize_row {j} of {self:?}");
+        let part = self.parts.iter().find(|p| j >= p.col0 && j < p.col0 + p.rows).expect("row in a part");
+        let (panel, r) = ((j - part.col0) / PANEL, (j - part.col0) % PANEL);
+        let l = &part.layout;
+        for c in 0..part.chunks {
+            let rec = part.record(panel, c);
+            for g in 0..l.groups {
+                let at = c * l.chunk() + g * GROUP;
+                if at >= self.k {
+                    return;
+                }
+                let q = group_values(l, rec, r, g);
+                let params = params(l, rec, r, g);
+                // K-quant parameters index the whole super-block.
+                let base = if l.ty.is_k() { g * GROUP } else { 0 };
+                for (i, o) in out[at..at + GROUP].iter_mut().enumerate() {
+                    *o = ggml::weight(q[i], &params, base + i);
+                }
+            }
+        }
+    }
+}
+
+/// Packs `rows` rows (ggml bytes of row r from `row`) into panels.
+fn pack<'a>(ty: QuantType, rows: usize, k: usize, row: impl Fn(usize) -> &'a [u8]) -> Part {
+    let layout = Layout::of(ty);
+    let chunks = k.div_ceil(layout.chunk());
+    let panels = rows.div_ceil(PANEL);
+    let mut data = Aligned::zeroed(panels * chunks * layout.bytes);
+    let (bv, bb) = (ty.block_values(), ty.block_bytes());
+    let out = data.bytes_mut();
+    for p in 0..panels {
+        for r in 0..PANEL.min(rows - p * PANEL) {
+            let src = row(p * PANEL + r);
+            for c in 0..chunks {
+                let rec = &mut out[(p * chunks + c) * layout.bytes..][..layout.bytes];
+                let mut block = None;
+                for g in 0..layout.groups {
+                    let at = c * layout.chunk() + g * GROUP; // value index in the row
+                    if at >= k {
+                        break;
+                    }
+                    let i0 = at % bv; // the group's first value within its block
+                    if i0 == 0 {
+                        block = Some(ggml::decode(ty, &src[at / bv * bb..][..bb]));
+                    }
+                    let block = block.as_ref().expect("a group's block starts at or before it");
+                    write_group(&layout, rec, r, g, &block.q[i0..i0 + GROUP]);
+                    write_params(&layout, rec, r, g, &block.params);
+                }
+            }
+        }
+    }
+    Part { layout, rows, col0: 0, chunks, data }
+}
+
+/// Stores row r's 32 unsigned values of group g.
+fn write_group(l: &Layout, rec: &mut [u8], r: usize, g: usize, q: &[u8]) {
+    let at = l.values_at(g);
+    if l.ty.bits() == 8 {
+        for (i, &v) in q.iter().enumerate() {
+            rec[at + (i / 4) * 64 + r * 4 + i % 4] = v;
+        }
+    } else {
+        for v in 0..4 {
+            for b in 0..4 {
+                rec[at + v * 64 + r * 4 + b] = (q[8 * v + b] & 0x0f) | ((q[8 * v + 4 + b] & 0x0f) << 4);
+            }
+        }
+    }
+    for p in 0..l.planes {
+        let plane = l.plane_at(g, p);
+        for (i, &v) in q.iter().enumerate() {
+            let bit = (v >> (4 + p)) & 1;
+            let (mask, pos) = (i / 4, r * 4 + i % 4);
+            rec[plane + mask * 8 + pos / 8] |= bit << (pos % 8);
+        }
+    }
+}
+
+/// Stores row r's scales for group g (and its super-block's, once per record).
+fn write_params(l: &Layout, rec: &mut [u8], r: usize, g: usize, params: &Params) {
+    let (s, sup) = (l.scales_at(g), l.sup_at());
+    let put16 = |rec: &mut [u8], at: usize, v: f16| rec[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    match *params {
+        Params::Offset { d, .. } => put16(rec, s + 2 * r, d),
+        Params::Min { d, m } => {
+            put16(rec, s + 2 * r, d);
+            put16(rec, s + 32 + 2 * r, m);
+        }
+        Params::KMin { d, dmin, sc, m } => {
+            rec[s + r] = sc[g];
+            rec[s + 16 + r] = m[g];
+            put16(rec, sup + 2 * r, d);
+            put16(rec, sup + 32 + 2 * r, dmin);
+        }
+        Params::K6 { d, sc } => {
+            rec[s + r] = sc[2 * g] as u8;
+            rec[s + 16 + r] = sc[2 * g + 1] as u8;
+            put16(rec, sup + 2 * r, d);
+        }
+    }
+}
+
+/// Row r's 32 unsigned values of group g of a record.
+pub(crate) fn group_values(l: &Layout, rec: &[u8], r: usize, g: usize) -> [u8; GROUP] {
+    let at = l.values_at(g);
+    let mut q = [0u8; GROUP];
+    if l.ty.bits() == 8 {
+        for (i, v) in q.iter_mut().enumerate() {
+            *v = rec[at + (i / 4) * 64 + r * 4 + i % 4];
+        }
+    } else {
+        for v in 0..4 {
+            for b in 0..4 {
+                let byte = rec[at + v * 64 + r * 4 + b];
+                q[8 * v + b] = byte & 0x0f;
+                q[8 * v + 4 + b] = byte >> 4;
+            }
+        }
+    }
+    for p in 0..l.planes {
+        let plane = l.plane_at(g, p);
+        for (i, v) in q.iter_mut().enumerate() {
+            let (mask, pos) = (i / 4, r * 4 + i % 4);
+            *v |= ((rec[plane + mask * 8 + pos / 8] >> (pos % 8)) & 1) << (4 + p);
+        }
+    }
+    q
+}
+
+/// Row r's parameters for group g of a record (for K-quants, those of the whole super-block
+/// with only group g's scales filled in).
+pub(crate) fn params(l: &Layout, rec: &[u8], r: usize, g: usize) -> Params {
+    let (s, sup) = (l.scales_at(g), l.sup_at());
+    let get16 = |at: usize| f16::from_le_bytes([rec[at], rec[at + 1]]);
+    match l.ty {
+        QuantType::Q8_0 => Params::Offset { d: get16(s + 2 * r), offset: 128 },
+        QuantType::Q4_0 => Params::Offset { d: get16(s + 2 * r), offset: 8 },
+        QuantType::Q5_0 => Params::Offset { d: get16(s + 2 * r), offset: 16 },
+        QuantType::Q4_1 | QuantType::Q5_1 => Params::Min { d: get16(s + 2 * r), m: get16(s + 32 + 2 * r) },
+        QuantType::Q4K | QuantType::Q5K => {
+            let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+            sc[g] = rec[s + r];
+            m[g] = rec[s + 16 + r];
+            Params::KMin { d: get16(sup + 2 * r), dmin: get16(sup + 32 + 2 * r), sc, m }
+        }
+        QuantType::Q6K => {
+            let mut sc = [0i8; 16];
+            sc[2 * g] = rec[s + r] as i8;
+            sc[2 * g + 1] = rec[s + 16 + r] as i8;
+            Params::K6 { d: get16(sup + 2 * r), sc }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_whole_cache_lines_and_at_most_three_percent_larger_than_ggml() {
+        for ty in QuantType::ALL {
+            let l = Layout::of(ty);
+            assert_eq!(l.bytes % 64, 0, "{ty}");
+            assert!(l.sup_at() + l.sup <= l.bytes, "{ty}");
+            let ggml_bytes = l.chunk() / ty.block_values() * ty.block_bytes() * PANEL;
+            assert!(l.bytes as f64 <= ggml_bytes as f64 * 1.03, "{ty}: {} bytes for {} in ggml", l.bytes, ggml_bytes);
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! x·Wᵀ over the packed layout with AVX-512 VNNI: `vpdpbusd` multiplies the 64 weight bytes of
+//! a vector (4 values of each of 16 rows) by 4 activation bytes broadcast to every lane and adds
+//! each row's 4 products into its 32-bit lane, so 8 instructions give the integer dot products of
+//! 16 rows with one 32-value activation block. Per block the integer sums become f32 with the
+//! weights' scale and the activation's: `acc += f32(dot) · (S · d_x) + B · (d_x · Σq_x)`, where
+//! S and B are the block's weight scale and offset (or minimum) per row. A tile is up to `ROWS`
+//! activation rows by one panel: the panel's values are unpacked once per block and reused by
+//! every row of the tile.
+//!
+//! `unsafe` (C8: the reason). The loads and stores of vectors take raw pointers, and the
+//! AVX-512 VNNI functions may only run on a CPU that has those instructions. So `run` checks the
+//! features at run time before calling the `#[target_feature]` code, and every load reads from a
+//! slice whose length was checked (`load512`, `load256`, `load128`). Nothing else here is unsafe.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::QuantType;
+use super::activation::Activations;
+use super::packed::{GROUP, Layout, PANEL, Part};
+
+/// Whether this CPU runs the kernel.
+pub fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Most activation rows per tile (accumulators held in registers).
+const ROWS: usize = 8;
+
+/// Outputs of panels `panels` of `part` for activation rows `x_rows`: `out[i]` is the output
+/// row of activation row `x_rows.start + i`, restricted to the panels' columns; `bias` starts at
+/// the first of those columns.
+pub(crate) fn run(
+    part: &Part,
+    panels: Range<usize>,
+    acts: &Activations,
+    x_rows: Range<usize>,
+    out: &mut [&mut [f32]],
+    bias: Option<&[f32]>,
+) {
+    assert!(available(), "the VNNI kernel needs AVX-512 VNNI");
+    assert!(out.len() == x_rows.len() && x_rows.end * acts.groups <= acts.q.len(), "vnni: rows out of range");
+    assert!(part.chunks * part.layout.groups <= acts.groups, "vnni: activations shorter than the weights");
+    // SAFETY: `available()` found avx512f, avx512bw and avx512vnni on this CPU.
+    unsafe { run_block(part, panels, acts, x_rows.start, out, bias) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn run_block(
+    part: &Part,
+    panels: Range<usize>,
+    acts: &Activations,
+    x0: usize,
+    out: &mut [&mut [f32]],
+    bias: Option<&[f32]>,
+) {
+    let first = panels.start;
+    for p in panels {
+        let col = (p - first) * PANEL;
+        let width = PANEL.min(part.rows - p * PANEL);
+        let recs = &part.data.bytes()[p * part.chunks * part.layout.bytes..][..part.chunks * part.layout.bytes];
+        let bias = bias.map(|b| &b[col..col + width]);
+        let mut i = 0;
+        while i < out.len() {
+            let rows = (out.len() - i).min(ROWS);
+            macro_rules! tile {
+                ($r:literal) => {{
+                    let acc = panel::<$r>(&part.layout, recs, acts, x0 + i);
+                    store::<$r>(acc, &mut out[i..i + $r], col, width, bias);
+                }};
+            }
+            match rows {
+                8 => tile!(8),
+                7 => tile!(7),
+                6 => tile!(6),
+                5 => tile!(5),
+                4 => tile!(4),
+                3 => tile!(3),
+                2 => tile!(2),
+                _ => tile!(1),
+            }
+            i += rows;
+        }
+    }
+}
+
+/// The 16 outputs of one panel for activation rows `x0..x0 + R`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize) -> [__m512; R] {
+    let mut acc = [_mm512_setzero_ps(); R];
+    for (c, rec) in recs.chunks_exact(l.bytes).enumerate() {
+        let (dsup, msup) = super_scales(l, rec);
+        for g in 0..l.groups {
+            let gi = c * l.groups + g;
+            let w = values(l, rec, g);
+            if l.ty == QuantType::Q6K {
+                // Two 16-value sub-blocks with their own scales: w = S_h · (q − 32).
+                let at = l.scales_at(g);
+                let s0 = _mm512_mul_ps(dsup, i8_to_f32(&rec[at..]));
+                let s1 = _mm512_mul_ps(dsup, i8_to_f32(&rec[at + 16..]));
+                let (b0, b1) = (_mm512_mul_ps(s0, _mm512_set1_ps(-32.0)), _mm512_mul_ps(s1, _mm512_set1_ps(-32.0)));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let a = (x0 + i) * acts.groups + gi;
+                    let x = &acts.q[a];
+                    let dx = _mm512_set1_ps(acts.d[a]);
+                    let (d0, d1) = (dot(&w, 0..4, x), dot(&w, 4..8, x));
+                    let [h0, h1] = acts.dsh[a];
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, dx), *acc);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, dx), *acc);
+                    *acc = _mm512_fmadd_ps(b0, _mm512_set1_ps(h0), *acc);
+                    *acc = _mm512_fmadd_ps(b1, _mm512_set1_ps(h1), *acc);
+                }
+            } else {
+                let (s, b) = scales(l, rec, g, dsup, msup);
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let a = (x0 + i) * acts.groups + gi;
+                    let x = &acts.q[a];
+                    let dot = dot(&w, 0..8, x);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(acts.d[a])), *acc);
+                    *acc = _mm512_fmadd_ps(b, _mm512_set1_ps(acts.ds[a]), *acc);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Four activation bytes `x[4u..4u + 4]` in every 32-bit lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn x4(x: &[i8; GROUP], u: usize) -> __m512i {
+    _mm512_set1_epi32(i32::from_le_bytes([x[4 * u] as u8, x[4 * u + 1] as u8, x[4 * u + 2] as u8, x[4 * u + 3] as u8]))
+}
+
+/// Σ over vectors `us` of the weights times the activations, per row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn dot(w: &[__m512i; 8], us: Range<usize>, x: &[i8; GROUP]) -> __m512i {
+    let mut d = _mm512_setzero_si512();
+    for u in us {
+        d = _mm512_dpbusd_epi32(d, w[u], x4(x, u));
+    }
+    d
+}
+
+/// The 32 unsigned values of group g of 16 rows: vector u holds values 4u..4u + 4 of each row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn values(l: &Layout, rec: &[u8], g: usize) -> [__m512i; 8] {
+    let at = l.values_at(g);
+    let mut w = [_mm512_setzero_si512(); 8];
+    if l.ty == QuantType::Q8_0 {
+        for (u, w) in w.iter_mut().enumerate() {
+            *w = load512(&rec[at + 64 * u..]);
+        }
+        return w;
+    }
+    let low = _mm512_set1_epi8(0x0f);
+    for v in 0..4 {
+        let bytes = load512(&rec[at + 64 * v..]);
+        w[2 * v] = _mm512_and_si512(bytes, low);
+        w[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+    }
+    for p in 0..l.planes {
+        let plane = l.plane_at(g, p);
+        let bit = _mm512_set1_epi8(0x10 << p);
+        for (u, w) in w.iter_mut().enumerate() {
+            let mask = u64::from_le_bytes(rec[plane + 8 * u..plane + 8 * u + 8].try_into().expect("8 bytes"));
+            *w = _mm512_mask_add_epi8(*w, _cvtu64_mask64(mask), *w, bit);
+        }
+    }
+    w
+}
+
+/// The super-block scales of a K-quant record (d, and dmin for Q4_K / Q5_K), else zeros.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn super_scales(l: &Layout, rec: &[u8]) -> (__m512, __m512) {
+    let zero = _mm512_setzero_ps();
+    match l.ty {
+        QuantType::Q4K | QuantType::Q5K => (f16_to_f32(&rec[l.sup_at()..]), f16_to_f32(&rec[l.sup_at() + 32..])),
+        QuantType::Q6K => (f16_to_f32(&rec[l.sup_at()..]), zero),
+        _ => (zero, zero),
+    }
+}
+
+/// Group g's weight scale S and offset B per row: `w = S · q + B`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn scales(l: &Layout, rec: &[u8], g: usize, dsup: __m512, msup: __m512) -> (__m512, __m512) {
+    let at = l.scales_at(g);
+    match l.ty {
+        QuantType::Q4_1 | QuantType::Q5_1 => (f16_to_f32(&rec[at..]), f16_to_f32(&rec[at + 32..])),
+        QuantType::Q4K | QuantType::Q5K => {
+            let s = _mm512_mul_ps(dsup, u8_to_f32(&rec[at..]));
+            let m = _mm512_mul_ps(msup, u8_to_f32(&rec[at + 16..]));
+            (s, _mm512_sub_ps(_mm512_setzero_ps(), m))
+        }
+        ty => {
+            let offset = match ty {
+                QuantType::Q8_0 => -128.0,
+                QuantType::Q4_0 => -8.0,
+                _ => -16.0, // Q5_0
+            };
+            let d = f16_to_f32(&rec[at..]);
+            (d, _mm512_mul_ps(d, _mm512_set1_ps(offset)))
+        }
+    }
+}
+
+/// Adds the bias and writes the first `width` outputs of each row at column `col`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store<const R: usize>(acc: [__m512; R], out: &mut [&mut [f32]], col: usize, width: usize, bias: Option<&[f32]>) {
+    let mut b = [0.0f32; PANEL];
+    if let Some(bias) = bias {
+        b[..width].copy_from_slice(bias);
+    }
+    let b = load_f32(&b);
+    for (row, acc) in out.iter_mut().zip(acc) {
+        let mut values = [0.0f32; PANEL];
+        // SAFETY: `values` holds 16 f32, the 64 bytes written.
+        unsafe { _mm512_storeu_ps(values.as_mut_ptr(), _mm512_add_ps(acc, b)) };
+        row[col..col + width].copy_from_slice(&values[..width]);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load512(b: &[u8]) -> __m512i {
+    let b = &b[..64];
+    // SAFETY: `b` holds 64 bytes, read unaligned.
+    unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load256(b: &[u8]) -> __m256i {
+    let b = &b[..32];
+    // SAFETY: `b` holds 32 bytes, read unaligned.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load128(b: &[u8]) -> __m128i {
+    let b = &b[..16];
+    // SAFETY: `b` holds 16 bytes, read unaligned.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load_f32(v: &[f32; PANEL]) -> __m512 {
+    // SAFETY: `v` holds 16 f32.
+    unsafe { _mm512_loadu_ps(v.as_ptr()) }
+}
+
+/// 16 f16 values (32 bytes) as f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn f16_to_f32(b: &[u8]) -> __m512 {
+    _mm512_cvtph_ps(load256(b))
+}
+
+/// 16 unsigned bytes as f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn u8_to_f32(b: &[u8]) -> __m512 {
+    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(load128(b)))
+}
+
+/// 16 signed bytes as f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn i8_to_f32(b: &[u8]) -> __m512 {
+    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(b)))
+}
