@@ -1,24 +1,24 @@
 //! Embedding the engine in a host application: start it in the host's tokio runtime, run
 //! several requests concurrently, cancel one, read the stats, shut down (draining).
 //!
-//! cargo run -p llaisys-actors --example embed -- [MODEL_DIR]
-//! (without a directory it uses the weightless `mock` model)
+//! cargo run -p llaisys-actors --example embed -- [MODEL]   (a GGUF file or a model directory;
+//! without one it uses the weightless `mock` model)
 
 use std::path::PathBuf;
 
 use llaisys_actors::{Engine, EngineConfig, Event, GenerateParams, GenerateRequest};
-use llaisys_model::{Device, LoadOptions, Tokenizer, load_model};
+use llaisys_model::{Device, LoadOptions, ModelSource, load_model};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = std::env::args().nth(1).map(PathBuf::from);
+    let source = std::env::args().nth(1).map(|p| ModelSource::resolve(&PathBuf::from(p))).transpose()?;
     let model = load_model(
-        if dir.is_some() { None } else { Some("mock") },
-        dir.as_deref(),
+        if source.is_some() { None } else { Some("mock") },
+        source.as_ref(),
         &LoadOptions::default(),
         &Device::flex(),
     )?;
-    let tokenizer = dir.as_deref().map(Tokenizer::from_dir).transpose()?;
+    let tokenizer = source.as_ref().map(ModelSource::tokenizer).transpose()?;
     let encode = |text: &str| -> Result<Vec<u32>, Box<dyn std::error::Error>> {
         Ok(match &tokenizer {
             Some(t) => t.encode(text)?,

@@ -7,14 +7,15 @@ use llaisys_actors::request::FinishReason;
 use llaisys_actors::{
     Engine, EngineConfig, Event, EventStream, GenerateParams, GenerateRequest, ModelLoader, Router, Usage,
 };
-use llaisys_model::{Device, LoadOptions, Tokenizer, load_model};
+use llaisys_model::{Device, LoadOptions, ModelSource, Tokenizer, load_model};
 use llaisys_tests::{Reference, fixture_dir};
 
 const FIXTURE: &str = "tiny-untied-f32";
 
 async fn engine(config: EngineConfig) -> Engine {
     let dir = fixture_dir(FIXTURE);
-    let model = load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()).unwrap();
+    let model =
+        load_model(None, Some(&ModelSource::Dir(dir.clone())), &LoadOptions::default(), &Device::flex()).unwrap();
     Engine::start(model, Some(Tokenizer::from_dir(&dir).unwrap()), config).await.unwrap()
 }
 
@@ -35,7 +36,9 @@ async fn mock_engine(fail_on_token: Option<u32>) -> Engine {
 /// A mock engine that reloads the model from its directory when the worker is replaced.
 async fn mock_engine_with(fail_on_token: Option<u32>, config: EngineConfig) -> Engine {
     let dir = tempfile_dir(fail_on_token);
-    let loader: ModelLoader = Arc::new(move || load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()));
+    let loader: ModelLoader = Arc::new(move || {
+        load_model(None, Some(&ModelSource::Dir(dir.clone())), &LoadOptions::default(), &Device::flex())
+    });
     Engine::start_with_loader(loader, None, config).await.unwrap()
 }
 
@@ -210,7 +213,8 @@ async fn a_failed_worker_is_replaced_and_requests_outside_its_batch_complete() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_loader_a_failed_worker_fails_everything_and_the_engine_refuses_requests() {
     let dir = tempfile_dir(Some(13));
-    let model = load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()).unwrap();
+    let model =
+        load_model(None, Some(&ModelSource::Dir(dir.clone())), &LoadOptions::default(), &Device::flex()).unwrap();
     let engine = Engine::start(model, None, mock_config()).await.unwrap();
     assert_eq!(reason(&collect(engine.generate(request(vec![13], 5)).await.unwrap()).await.2), FinishReason::Error);
     let err = engine.generate(request(vec![1], 5)).await.err().expect("refused");

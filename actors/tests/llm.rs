@@ -5,20 +5,23 @@
 use llaisys_actors::request::FinishReason;
 use llaisys_actors::{EngineConfig, GenerateParams, Llm};
 use llaisys_model::generate::greedy;
-use llaisys_model::{Context, Device, LoadOptions, SamplingParams, Tokenizer, load_model};
+use llaisys_model::{Context, Device, LoadOptions, ModelSource, SamplingParams, Tokenizer, load_model};
 use llaisys_tests::{Reference, fixture_dir};
 
 const FIXTURE: &str = "tiny-untied-f32";
 
 fn llm(config: EngineConfig) -> Llm {
     let dir = fixture_dir(FIXTURE);
-    let model = load_model(None, Some(&dir), &LoadOptions::default(), &Device::flex()).unwrap();
+    let model =
+        load_model(None, Some(&ModelSource::Dir(dir.clone())), &LoadOptions::default(), &Device::flex()).unwrap();
     Llm::new(model, Some(Tokenizer::from_dir(&dir).unwrap()), config)
 }
 
 /// The core's own greedy output for one prompt (a fresh context, the prompt in one batch).
 fn core_greedy(prompt: &[u32], n: usize) -> Vec<u32> {
-    let model = load_model(None, Some(&fixture_dir(FIXTURE)), &LoadOptions::default(), &Device::flex()).unwrap();
+    let model =
+        load_model(None, Some(&ModelSource::Dir(fixture_dir(FIXTURE))), &LoadOptions::default(), &Device::flex())
+            .unwrap();
     greedy(&mut Context::new(model, 256), 0, prompt, n, &[]).unwrap().tokens
 }
 

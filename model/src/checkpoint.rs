@@ -10,40 +10,14 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, TensorData};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::config::read_json;
 use crate::error::LoadError;
-
-/// The element type weights are kept in after loading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WeightDtype {
-    /// Every weight in f32 (exact for f32, f16 and bf16 checkpoints).
-    #[default]
-    F32,
-    /// Projection and embedding matrices in f16 (half the memory traffic); norms and biases f32.
-    F16,
-    /// Projection and embedding matrices in bf16 (half the memory traffic, exact for bf16
-    /// checkpoints such as Qwen2.5's); norms and biases f32. Few-row products widen the weights
-    /// to f32; products of many rows (prefill) round the activations to bf16 and use the CPU's
-    /// bf16 dot-product instructions, as llama.cpp does.
-    Bf16,
-}
-
-impl std::str::FromStr for WeightDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" | "float32" => Ok(Self::F32),
-            "f16" | "float16" => Ok(Self::F16),
-            "bf16" | "bfloat16" => Ok(Self::Bf16),
-            other => Err(format!("unknown weight dtype `{other}` (f32, f16, bf16)")),
-        }
-    }
-}
+use crate::tensors::{Naming, Stored, TensorSource};
 
 struct Shard {
     path: PathBuf,
@@ -93,42 +67,49 @@ impl Checkpoint {
         }
         Ok(Self { shards, entries })
     }
+}
 
-    pub fn names(&self) -> BTreeSet<&str> {
+impl TensorSource for Checkpoint {
+    fn naming(&self) -> Naming {
+        Naming::Hf
+    }
+
+    fn names(&self) -> BTreeSet<&str> {
         self.entries.keys().map(String::as_str).collect()
     }
 
-    pub fn shape(&self, name: &str) -> Option<&[usize]> {
-        self.entries.get(name).map(|e| e.shape.as_slice())
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.entries.get(name).map(|e| e.shape.clone())
     }
 
-    /// The tensor's dtype name if it is not one that loads (f32, f16, bf16).
-    pub fn unsupported_dtype(&self, name: &str) -> Option<String> {
-        let e = self.entries.get(name)?;
-        (!matches!(e.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16)).then(|| format!("{:?}", e.dtype))
+    fn stored(&self, name: &str) -> Option<Result<Stored, String>> {
+        Some(match self.entries.get(name)?.dtype {
+            Dtype::F32 => Ok(Stored::F32),
+            Dtype::F16 => Ok(Stored::F16),
+            Dtype::BF16 => Ok(Stored::Bf16),
+            other => Err(format!("{other:?}")),
+        })
     }
 
-    /// Reads tensor `name` into a Burn tensor of rank `D`, stored as `store`.
-    /// Precondition: the name exists, its dtype loads and its rank is `D` (checked by the caller).
-    pub fn load<const D: usize>(&self, name: &str, store: DType, device: &Device) -> Result<Tensor<D>, LoadError> {
-        let e = &self.entries[name];
+    /// Reads the tensor a few MiB at a time, converting as it goes.
+    fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError> {
+        let e = self.entries.get(name).ok_or_else(|| LoadError::MissingTensors(vec![name.into()]))?;
         let shard = &self.shards[e.shard];
         let (start, end) = (shard.data_start + e.range.0, shard.data_start + e.range.1);
         if end > shard.mmap.len() {
             let reason = format!("`{name}` lies outside the file");
             return Err(LoadError::Safetensors { path: shard.path.clone(), reason });
         }
+        if !matches!(e.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+            return Err(LoadError::Tensor { name: name.into(), reason: format!("type {:?} does not load", e.dtype) });
+        }
         let io = |source| LoadError::Io { path: shard.path.clone(), source };
-        let data = match store {
-            DType::F16 => {
-                TensorData::new(read(&shard.file, start, end, e.dtype, f16::from_f32).map_err(io)?, e.shape.clone())
-            }
-            DType::BF16 => {
-                TensorData::new(read(&shard.file, start, end, e.dtype, bf16::from_f32).map_err(io)?, e.shape.clone())
-            }
-            _ => TensorData::new(read(&shard.file, start, end, e.dtype, |x| x).map_err(io)?, e.shape.clone()),
-        };
-        Ok(Tensor::from_data(data, (device, store)))
+        let shape = e.shape.clone();
+        Ok(match dtype {
+            DType::F16 => TensorData::new(read(&shard.file, start, end, e.dtype, f16::from_f32).map_err(io)?, shape),
+            DType::BF16 => TensorData::new(read(&shard.file, start, end, e.dtype, bf16::from_f32).map_err(io)?, shape),
+            _ => TensorData::new(read(&shard.file, start, end, e.dtype, |x| x).map_err(io)?, shape),
+        })
     }
 }
 

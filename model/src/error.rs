@@ -28,15 +28,24 @@ pub enum LoadError {
     DuplicateTensor { name: String },
     #[error("slot {slot}{}: expected shape {expected:?}, found {found:?}", layer_suffix(*.layer))]
     Shape { slot: &'static str, layer: Option<usize>, expected: Vec<usize>, found: Vec<usize> },
-    #[error("slot {slot}{}: unsupported dtype {dtype} (f32, f16 and bf16 load)", layer_suffix(*.layer))]
-    Dtype { slot: &'static str, layer: Option<usize>, dtype: String },
+    #[error(
+        "tensor `{tensor}` (slot {slot}{}): type {dtype} does not load (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+        layer_suffix(*.layer)
+    )]
+    Dtype { tensor: String, slot: &'static str, layer: Option<usize>, dtype: String },
+    #[error("tensor `{name}`: {reason}")]
+    Tensor { name: String, reason: String },
+    #[error("GGUF file {path}: {reason}")]
+    Gguf { path: PathBuf, reason: String },
+    #[error("{path} is not a model: {reason}")]
+    NotAModel { path: PathBuf, reason: String },
     #[error("no weight slot named `{0}`")]
     UnknownSlot(String),
     #[error("model type `{0}` has no weights to replace")]
     NoWeights(&'static str),
     #[error("tokenizer {path}: {reason}")]
     Tokenizer { path: PathBuf, reason: String },
-    #[error("model type `{model_type}` needs a model directory")]
+    #[error("model type `{model_type}` needs a model (a directory or a GGUF file)")]
     NeedsDirectory { model_type: &'static str },
     #[error("the model was given as an instance, without a loader: it cannot be loaded again")]
     NoLoader,

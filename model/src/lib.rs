@@ -1,6 +1,6 @@
-//! llaisys-model: the synchronous model core. Config (C1), model registry (C2), weights (C3),
-//! batches (C4), the forward pass (C5), the slot/cell KV cache (C6), outputs (C7), errors (C8),
-//! tokenizer (C10). No tokio, no actors: the engine drives a [`Context`] from its worker.
+//! llaisys-model: the synchronous model core. Config (C1), model registry (C2), weights (C3) from
+//! safetensors or GGUF files (Q1), quantized weights and their kernels (Q2–Q5), batches (C4), the
+//! forward pass (C5), the slot/cell KV cache (C6), outputs (C7), errors (C8), tokenizer (C10). No tokio, no actors: the engine drives a [`Context`] from its worker.
 
 pub mod batch;
 pub mod checkpoint;
@@ -8,6 +8,7 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod generate;
+pub mod gguf;
 pub mod kernels;
 pub mod kv;
 pub mod layers;
@@ -18,11 +19,12 @@ pub mod quant;
 pub mod qwen2;
 pub mod registry;
 pub mod sampling;
+pub mod source;
+pub mod tensors;
 pub mod tokenizer;
 
 pub use batch::{Batch, BatchInput};
 pub use burn::tensor::{Device, TensorData};
-pub use checkpoint::WeightDtype;
 pub use config::ModelConfig;
 pub use context::Context;
 pub use error::{DecodeError, KvError, LoadError};
@@ -31,4 +33,6 @@ pub use lm::{LanguageModel, ModelInfo};
 pub use output::{Outputs, argmax};
 pub use registry::{LoadOptions, MODEL_TYPES, load_model};
 pub use sampling::{Sampled, Sampler, SamplingParams};
+pub use source::ModelSource;
+pub use tensors::WeightDtype;
 pub use tokenizer::Tokenizer;

@@ -3,7 +3,6 @@
 //! token is a function of the ids of the cells the token can see and of its position. So
 //! prefix sharing, sequence isolation and cancellation behave as with a real model.
 
-use std::path::Path;
 use std::time::Duration;
 
 use burn::tensor::{Device, Tensor, TensorData};
@@ -14,6 +13,7 @@ use crate::error::{DecodeError, LoadError};
 use crate::kv::{KvCache, KvLayout, Placement, Pos, SeqSet};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
+use crate::source::ModelSource;
 
 /// Defaults when no directory is given: vocabulary 256, context 4096, eos 0.
 pub struct Mock {
@@ -28,10 +28,15 @@ pub struct Mock {
 /// The registry entry. With a directory, its `config.json` sets `vocab_size`,
 /// `max_position_embeddings`, `eos_token_id` and optionally `fail_on_token` and
 /// `step_delay_ms`.
-pub fn load(dir: Option<&Path>, _opts: &LoadOptions, device: &Device) -> Result<Box<dyn LanguageModel>, LoadError> {
-    let (vocab, ctx, eos, fail_on_token, delay_ms) = match dir {
+pub fn load(
+    source: Option<&ModelSource>,
+    _opts: &LoadOptions,
+    device: &Device,
+) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let (vocab, ctx, eos, fail_on_token, delay_ms) = match source {
         None => (256, 4096, vec![0], None, 0),
-        Some(dir) => {
+        Some(source) => {
+            let dir = source.path();
             let json = read_json(&dir.join("config.json"))?;
             let num = |field: &str, default: usize| -> Result<usize, LoadError> {
                 match json.get(field) {

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use llaisys_model::generate::one_sequence;
-use llaisys_model::{Batch, Context, DecodeError, Device, LoadError, LoadOptions, load_model};
+use llaisys_model::{Batch, Context, DecodeError, Device, LoadError, LoadOptions, ModelSource, load_model};
 use llaisys_tests::fixture_dir;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
@@ -21,7 +21,10 @@ fn copy_fixture() -> tempfile::TempDir {
 }
 
 fn load(dir: &Path) -> Result<Context, LoadError> {
-    Ok(Context::new(load_model(None, Some(dir), &LoadOptions::default(), &Device::flex())?, 64))
+    Ok(Context::new(
+        load_model(None, Some(&ModelSource::Dir(dir.into())), &LoadOptions::default(), &Device::flex())?,
+        64,
+    ))
 }
 
 /// Rewrites `model.safetensors`, letting `edit` change the list of (name, dtype, shape, bytes).

@@ -6,14 +6,16 @@ use burn::tensor::DType;
 use llaisys_model::TensorData;
 use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::generate::{greedy, one_sequence};
-use llaisys_model::{Batch, Context, DecodeError, Device, LoadOptions, argmax, load_model};
+use llaisys_model::tensors::TensorSource;
+use llaisys_model::{Batch, Context, DecodeError, Device, LoadOptions, ModelSource, argmax, load_model};
 use llaisys_tests::{Reference, fixture_dir, max_abs_diff, topk_error};
 
 const FIXTURE: &str = "tiny-tied-f32";
 const TOL: f32 = 1e-3;
 
 fn context(name: &str, capacity: usize) -> Context {
-    let model = load_model(None, Some(&fixture_dir(name)), &LoadOptions::default(), &Device::flex()).unwrap();
+    let model =
+        load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &Device::flex()).unwrap();
     Context::new(model, capacity)
 }
 
@@ -175,7 +177,8 @@ fn an_internal_error_releases_the_placed_cells() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.json"), r#"{"model_type":"mock","vocab_size":64,"fail_on_token":13}"#)
         .unwrap();
-    let model = load_model(None, Some(dir.path()), &LoadOptions::default(), &Device::flex()).unwrap();
+    let model =
+        load_model(None, Some(&ModelSource::Dir(dir.path().into())), &LoadOptions::default(), &Device::flex()).unwrap();
     let mut ctx = Context::new(model, 16);
     ctx.decode(&one_sequence(&[1, 2, 3], 0, 0)).unwrap();
     let err = ctx.decode(&one_sequence(&[4, 13], 0, 3)).unwrap_err();
@@ -228,10 +231,7 @@ fn a_stacked_weight_slot_is_replaced_in_its_own_rows() {
         .chain(["mlp.gate_proj.weight", "mlp.up_proj.weight"].map(String::from))
     {
         let name = format!("model.layers.1.{slot}");
-        let original = match ckpt.shape(&name).unwrap().len() {
-            1 => ckpt.load::<1>(&name, DType::F32, &Device::flex()).unwrap().into_data(),
-            _ => ckpt.load::<2>(&name, DType::F32, &Device::flex()).unwrap().into_data(),
-        };
+        let original = ckpt.data(&name, DType::F32).unwrap();
         let zeros = TensorData::new(vec![0f32; original.num_elements()], original.shape().clone());
         ctx.model_mut().replace_weight(&name, zeros).unwrap();
         assert!(logits_after(&mut ctx) > 10.0 * TOL, "{name}: the zeroed slot is used");

@@ -3,14 +3,14 @@
 //! prompts interleaved as two sequences in the same batches.
 
 use llaisys_model::generate::{Finish, greedy};
-use llaisys_model::{Batch, BatchInput, Context, Device, LoadOptions, load_model};
+use llaisys_model::{Batch, BatchInput, Context, Device, LoadOptions, ModelSource, load_model};
 use llaisys_tests::{FIXTURES, PromptRef, Reference, fixture_dir, max_abs_diff, topk_error};
 
 /// Absolute tolerance on logits (f32 compute; the bf16 fixture's reference also computes in f32).
 const TOL: f32 = 1e-3;
 
 fn context(name: &str) -> Context {
-    let model = load_model(None, Some(&fixture_dir(name)), &LoadOptions::default(), &Device::flex())
+    let model = load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &Device::flex())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     Context::new(model, 256)
 }

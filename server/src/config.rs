@@ -135,7 +135,7 @@ impl Config {
             reason: reason.into(),
         };
         if self.model.path.as_os_str().is_empty() {
-            return Err(bad("model.path", "no model directory: give --model DIR (or LLAISYS_MODEL_PATH)"));
+            return Err(bad("model.path", "no model: give --model FILE.gguf or DIR (or LLAISYS_MODEL_PATH)"));
         }
         self.weight_dtype().map_err(|e| bad("model.dtype", &e))?;
         for (key, value) in [
@@ -164,13 +164,19 @@ impl Config {
         self.model.dtype.parse::<WeightDtype>().map_err(|e| e.to_string())
     }
 
-    /// The name clients use for the model: `model.name`, or the directory's name.
+    /// The name clients use for the model: `model.name`, or the file's name without `.gguf`,
+    /// or the directory's name.
     pub fn model_name(&self) -> String {
         if !self.model.name.is_empty() {
             return self.model.name.clone();
         }
         let path = self.model.path.canonicalize().unwrap_or_else(|_| self.model.path.clone());
-        path.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+        let name = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            path.file_stem()
+        } else {
+            path.file_name()
+        };
+        name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
     }
 
     pub fn engine_config(&self) -> EngineConfig {

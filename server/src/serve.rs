@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use llaisys_actors::{Engine, EngineConfig, EngineError, ModelLoader};
-use llaisys_model::tokenizer::{ChatTemplate, TemplateError};
-use llaisys_model::{Device, LoadError, LoadOptions, Tokenizer, load_model};
+use llaisys_model::tokenizer::TemplateError;
+use llaisys_model::{Device, LoadError, LoadOptions, ModelSource, load_model};
 
 use crate::config::Config;
 use crate::http::openai::Defaults;
@@ -16,7 +16,7 @@ use crate::http::{AppState, HttpOptions, ModelEntry, Server};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("loading the model from {dir}: {source}")]
+    #[error("loading the model {dir}: {source}")]
     Load { dir: String, source: LoadError },
     #[error("the chat template: {0}")]
     Template(#[from] TemplateError),
@@ -36,31 +36,34 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
     start_models(vec![entry], config).await
 }
 
-/// Loads the model in `dir` (with a loader, so a failed worker can be replaced), its tokenizer,
-/// chat template and generation defaults, and starts its engine.
+/// Loads the model at `path` (a GGUF file or a Hugging Face directory; with a loader, so a
+/// failed worker can be replaced), its tokenizer, chat template and generation defaults, and
+/// starts its engine.
 pub async fn load_entry(
-    dir: &Path,
+    path: &Path,
     model_type: Option<&str>,
     name: String,
     opts: LoadOptions,
     engine: EngineConfig,
 ) -> Result<ModelEntry, ServeError> {
-    let load_err = |source| ServeError::Load { dir: dir.display().to_string(), source };
+    let load_err = |source| ServeError::Load { dir: path.display().to_string(), source };
+    let source = ModelSource::resolve(path).map_err(load_err)?;
+    let tokenizer = source.tokenizer().map_err(load_err)?;
+    let template = source.chat_template().map_err(load_err)?;
+    let defaults = source.generation_config().map(|p| Defaults::from_file(&p)).unwrap_or_default();
     let loader: ModelLoader = {
-        let (dir, model_type) = (dir.to_path_buf(), model_type.map(str::to_string));
-        Arc::new(move || load_model(model_type.as_deref(), Some(&dir), &opts, &Device::flex()))
+        let model_type = model_type.map(str::to_string);
+        Arc::new(move || load_model(model_type.as_deref(), Some(&source), &opts, &Device::flex()))
     };
-    let tokenizer = Tokenizer::from_dir(dir).map_err(load_err)?;
-    let template = ChatTemplate::from_dir(dir).map_err(load_err)?;
     let engine = Engine::start_with_loader(loader, Some(tokenizer.clone()), engine).await?;
-    tracing::info!(model = name, dir = %dir.display(), context = engine.info().context_length, "model loaded");
+    tracing::info!(model = name, path = %path.display(), context = engine.info().context_length, "model loaded");
     Ok(ModelEntry {
         name,
         info: engine.info().clone(),
         engine,
         tokenizer,
         template,
-        defaults: Defaults::from_dir(dir),
+        defaults,
         created: crate::http::unix_now(),
     })
 }

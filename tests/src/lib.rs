@@ -2,6 +2,7 @@
 //! reference outputs from transformers (made by `scripts/make_fixtures.py`), and helpers to
 //! compare against them.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -61,4 +62,35 @@ pub fn topk_error(row: &[f32], reference: &TopK) -> f32 {
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "row lengths differ");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// A GGUF fixture (`fixtures/gguf/NAME.gguf`, made by `scripts/make_gguf_fixtures.py`).
+pub fn gguf_fixture(name: &str) -> PathBuf {
+    fixture_dir("gguf").join(format!("{name}.gguf"))
+}
+
+/// A float64 numpy forward pass's outputs for one prompt, over a GGUF fixture's dequantized
+/// weights.
+#[derive(Debug, Clone, Deserialize)]
+pub struct GgufPromptRef {
+    pub ids: Vec<u32>,
+    /// [vocab] the logits of the last prompt position.
+    pub last_logits: Vec<f32>,
+    /// Greedy continuation.
+    pub greedy: Vec<u32>,
+    /// The smallest gap between the two best logits along the greedy path.
+    pub min_margin: f32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct GgufReference {
+    pub file: String,
+    pub prompts: Vec<GgufPromptRef>,
+}
+
+/// The references of every GGUF model fixture, by name.
+pub fn gguf_references() -> BTreeMap<String, GgufReference> {
+    let path = fixture_dir("gguf").join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

@@ -5,16 +5,20 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use llaisys_model::Tokenizer;
 use llaisys_server::{Config, Server};
-use llaisys_tests::{Reference, fixture_dir};
+use llaisys_tests::{Reference, fixture_dir, gguf_fixture};
 use serde_json::{Value, json};
 
 const FIXTURE: &str = "tiny-untied-f32";
 
 /// A server for the fixture with extra `section.key=value` settings.
 async fn server(settings: &[(&str, &str)]) -> Server {
-    let dir = fixture_dir(FIXTURE);
+    server_for(&fixture_dir(FIXTURE), settings).await
+}
+
+/// A server for the model at `path` (a directory or a GGUF file).
+async fn server_for(path: &std::path::Path, settings: &[(&str, &str)]) -> Server {
     let mut all: Vec<(String, String)> =
-        vec![("model.path".into(), format!("{:?}", dir.display().to_string())), ("server.port".into(), "0".into())];
+        vec![("model.path".into(), format!("{:?}", path.display().to_string())), ("server.port".into(), "0".into())];
     all.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let config = Config::load(None, std::iter::empty(), &all).unwrap();
     llaisys_server::start(&config).await.unwrap()
@@ -420,4 +424,34 @@ async fn the_web_ui_is_served_from_the_binary_and_can_be_turned_off() {
     let off = server(&[("server.webui", "false")]).await;
     assert_eq!(reqwest::get(url(&off, "/")).await.unwrap().status().as_u16(), 404);
     off.shutdown().await;
+}
+
+/// A GGUF file served directly: named after the file, its own tokenizer and chat template, and
+/// the F32 file's greedy text equal to the safetensors model's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gguf_files_serve_with_their_own_tokenizer_and_template() {
+    let reference = Reference::load("tiny-tied-f32");
+    let hf_tokenizer = Tokenizer::from_dir(&fixture_dir("tiny-tied-f32")).unwrap();
+    for name in ["tiny-tied-f32", "tiny-kquant"] {
+        let s = server_for(&gguf_fixture(name), &[]).await;
+        let models: Value = reqwest::get(url(&s, "/v1/models")).await.unwrap().json().await.unwrap();
+        assert_eq!(models["data"][0]["id"], name);
+        for p in &reference.prompts {
+            let body = json!({"model": name, "prompt": p.text, "max_tokens": 20, "temperature": 0, "ignore_eos": true});
+            let (status, r) = post(&s, "/v1/completions", body).await;
+            assert_eq!(status, 200, "{r}");
+            assert_eq!(r["usage"]["prompt_tokens"].as_u64(), Some(p.ids.len() as u64), "{name}: the prompt's ids");
+            assert_eq!(r["usage"]["completion_tokens"].as_u64(), Some(20));
+            if name == "tiny-tied-f32" {
+                assert_eq!(r["choices"][0]["text"], hf_tokenizer.decode(&p.greedy, true).unwrap());
+            }
+        }
+        let body =
+            json!({"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0});
+        let (status, r) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{r}");
+        // The chat template was rendered: "<|im_start|>system\n…<|im_end|>\n<|im_start|>user\nHi…".
+        assert!(r["usage"]["prompt_tokens"].as_u64().unwrap() > 10, "{r}");
+        s.shutdown().await;
+    }
 }

@@ -38,6 +38,8 @@ use std::ops::Range;
 use burn::backend::Flex;
 use burn::tensor::{DType, Tensor, TensorData, bf16, f16};
 
+use crate::quant::PackedMatrix;
+
 /// Products with f32 weights and more rows than this go to the backend's GEMM, which packs its
 /// operands and from here on is as fast (prefill). With f16 weights the kernel runs at every row
 /// count: the backend's f16 GEMM reaches 90–110 GFLOP/s at 512 rows, the kernel 175–200. With
@@ -78,6 +80,28 @@ pub fn linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Op
         _ => None,
     }?;
     Some(Tensor::from_data(TensorData::new(out, [m, n]), &device))
+}
+
+/// `x·Wᵀ + b` with a packed quantized weight (the quantized kernels; Flex tensors are read in
+/// place, others copied to the host).
+///
+/// # Shapes
+/// x: [m, k] f32, weight: [n, k], bias: [n] f32 → [m, n] f32
+pub fn quantized_linear(x: &Tensor<2>, weight: &PackedMatrix, bias: Option<&Tensor<1>>) -> Tensor<2> {
+    let [m, _] = x.dims();
+    let device = x.device();
+    let bias: Option<Vec<f32>> = bias.map(|b| host_f32(b.clone()));
+    let flex = contiguous(x);
+    let out = match flex.as_ref().and_then(|f| f.as_slice::<f32>()) {
+        Some(x) => crate::quant::matmul(x, m, weight, bias.as_deref()),
+        None => crate::quant::matmul(&host_f32(x.clone()), m, weight, bias.as_deref()),
+    };
+    Tensor::from_data(TensorData::new(out, [m, weight.rows()]), &device)
+}
+
+/// A tensor's values as f32 on the host.
+fn host_f32<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.cast(burn::tensor::FloatDType::F32).into_data().try_into_vec::<f32>().expect("f32 after the cast")
 }
 
 /// Attention of each row over only the cells it sees, on the Flex backend.

@@ -7,7 +7,7 @@ mod rope;
 mod swiglu;
 
 pub use attention::attention;
-pub use linear::Linear;
+pub use linear::{Linear, Weight};
 pub use rms_norm::RmsNorm;
 pub use rope::Rope;
 pub use swiglu::swiglu;

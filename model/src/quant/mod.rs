@@ -21,7 +21,7 @@ mod vnni;
 
 pub use ggml::{dequantize, row_bytes};
 pub use matmul::{Kernel, matmul, matmul_with};
-pub use packed::PackedMatrix;
+pub use packed::{PackError, PackedMatrix};
 pub use quantize::quantize;
 
 /// A quantized block format (ggml's names and type ids).

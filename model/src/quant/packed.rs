@@ -90,6 +90,15 @@ pub(crate) struct Aligned {
     len: usize,
 }
 
+impl Clone for Aligned {
+    /// A copy aligned anew (the copy's allocation has its own offset to a cache line).
+    fn clone(&self) -> Self {
+        let mut copy = Self::zeroed(self.len);
+        copy.bytes_mut().copy_from_slice(self.bytes());
+        copy
+    }
+}
+
 impl Aligned {
     fn zeroed(len: usize) -> Self {
         let buf = vec![0u8; len + 63];
@@ -105,6 +114,7 @@ impl Aligned {
 }
 
 /// One run of rows in one format (a stacked matrix has one part per stacked weight).
+#[derive(Clone)]
 pub(crate) struct Part {
     pub layout: Layout,
     /// Rows of the part; its output columns are `[col0, col0 + rows)`.
@@ -133,6 +143,7 @@ impl Part {
 
 /// A quantized weight matrix [n, k] (the checkpoint's [out, in]) in the kernels' layout; a
 /// stacked matrix (q, k, v) keeps each stacked weight as its own part, in its own format.
+#[derive(Clone)]
 pub struct PackedMatrix {
     pub(crate) parts: Vec<Part>,
     k: usize,

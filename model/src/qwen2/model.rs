@@ -3,43 +3,59 @@
 //! RMSNorm → SwiGLU MLP → residual] → final RMSNorm → lm head for the flagged rows only.
 
 use std::ops::Range;
-use std::path::Path;
 
-use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::weights::{self, Weights};
 use crate::batch::{BatchInput, ValidBatch};
-use crate::checkpoint::{Checkpoint, WeightDtype};
+use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::{DecodeError, LoadError};
+use crate::gguf::{self, GgufFile};
 use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
 use crate::layers::{Linear, Rope, attention, swiglu};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
+use crate::source::ModelSource;
+use crate::tensors::TensorSource;
 
 pub struct Qwen2 {
     config: ModelConfig,
     info: ModelInfo,
     weights: Weights,
     rope: Rope,
-    weight_dtype: WeightDtype,
     device: Device,
 }
 
-/// The registry entry: loads `DIR/config.json` and the safetensors weights, checking every slot
-/// before the first tensor is read.
-pub fn load(dir: Option<&Path>, opts: &LoadOptions, device: &Device) -> Result<Box<dyn LanguageModel>, LoadError> {
-    let dir = dir.ok_or(LoadError::NeedsDirectory { model_type: "qwen2" })?;
-    let config = ModelConfig::from_dir(dir)?;
-    let ckpt = Checkpoint::open(dir)?;
-    weights::check(&config, &ckpt)?;
-    let weights = Weights::load(&config, &ckpt, opts.weight_dtype, device)?;
-    Ok(Box::new(Qwen2::new(config, weights, opts.weight_dtype, device)))
+/// The registry entry: loads the configuration and the weights of a Hugging Face directory or a
+/// GGUF file, checking every slot before the first tensor is read.
+pub fn load(
+    source: Option<&ModelSource>,
+    opts: &LoadOptions,
+    device: &Device,
+) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let source = source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2" })?;
+    let (config, src): (ModelConfig, Box<dyn TensorSource>) = match source {
+        ModelSource::Dir(dir) => (ModelConfig::from_dir(dir)?, Box::new(Checkpoint::open(dir)?)),
+        ModelSource::Gguf(path) => {
+            let file = GgufFile::open(path)?;
+            (gguf::model_config(&file)?, Box::new(file))
+        }
+    };
+    weights::check(&config, src.as_ref())?;
+    let weights = Weights::load(&config, src.as_ref(), opts.weight_dtype, device)?;
+    tracing::info!(
+        path = %source.path().display(),
+        weights = %weights.describe(),
+        mib = weights.matrix_bytes() >> 20,
+        "qwen2 weights loaded"
+    );
+    Ok(Box::new(Qwen2::new(config, weights, device)))
 }
 
 impl Qwen2 {
-    fn new(config: ModelConfig, weights: Weights, weight_dtype: WeightDtype, device: &Device) -> Self {
+    fn new(config: ModelConfig, weights: Weights, device: &Device) -> Self {
         let info = ModelInfo {
             model_type: "qwen2",
             vocab_size: config.vocab_size,
@@ -49,7 +65,7 @@ impl Qwen2 {
             eos_token_ids: config.eos_token_ids.clone(),
         };
         let rope = Rope::new(config.head_dim, config.rope_theta);
-        Self { config, info, weights, rope, weight_dtype, device: device.clone() }
+        Self { config, info, weights, rope, device: device.clone() }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -64,12 +80,7 @@ impl Qwen2 {
     /// [n_tokens, hidden] f32 input rows.
     fn embed(&self, input: &BatchInput) -> Tensor<2> {
         match input {
-            BatchInput::Tokens(ids) => {
-                let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
-                let n = ids.len();
-                let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), &self.device);
-                self.weights.embed.clone().select(0, ids).cast(FloatDType::F32)
-            }
+            BatchInput::Tokens(ids) => self.weights.embed.rows(ids, &self.device),
             BatchInput::Embeddings { values, dim } => {
                 Tensor::from_data(TensorData::new(values.clone(), [values.len() / dim, *dim]), &self.device)
             }
@@ -154,9 +165,10 @@ impl LanguageModel for Qwen2 {
         let (slot, layer) = weights::slot_of(&self.config, name).ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
         weights::check_one(&self.config, slot, layer, data.shape().as_slice())?;
         if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-            return Err(LoadError::Dtype { slot: slot.label(), layer, dtype: format!("{:?}", data.dtype()) });
+            let dtype = format!("{:?}", data.dtype());
+            return Err(LoadError::Dtype { tensor: name.into(), slot: slot.label(), layer, dtype });
         }
-        self.weights.replace(&self.config, slot, layer, data, self.weight_dtype, &self.device);
+        self.weights.replace(&self.config, slot, layer, data, &self.device);
         Ok(())
     }
 }

@@ -5,10 +5,10 @@ use std::ops::Range;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 
-use crate::checkpoint::{Checkpoint, WeightDtype};
 use crate::config::ModelConfig;
 use crate::error::LoadError;
-use crate::layers::{Linear, RmsNorm};
+use crate::layers::{Linear, RmsNorm, Weight};
+use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_f32, load_matrix};
 
 /// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,27 +30,27 @@ pub enum Slot {
     MlpDown,
 }
 
-/// Model-level slots and their checkpoint names.
-pub const GLOBAL_SLOTS: [(Slot, &str); 3] = [
-    (Slot::InEmbed, "model.embed_tokens.weight"),
-    (Slot::OutNorm, "model.norm.weight"),
-    (Slot::OutEmbed, "lm_head.weight"),
+/// Model-level slots and their names: Hugging Face's, then GGUF's.
+pub const GLOBAL_SLOTS: [(Slot, &str, &str); 3] = [
+    (Slot::InEmbed, "model.embed_tokens.weight", "token_embd.weight"),
+    (Slot::OutNorm, "model.norm.weight", "output_norm.weight"),
+    (Slot::OutEmbed, "lm_head.weight", "output.weight"),
 ];
 
-/// Per-layer slots and their names under `model.layers.{i}.`.
-pub const LAYER_SLOTS: [(Slot, &str); 12] = [
-    (Slot::AttnNorm, "input_layernorm.weight"),
-    (Slot::AttnQ, "self_attn.q_proj.weight"),
-    (Slot::AttnQBias, "self_attn.q_proj.bias"),
-    (Slot::AttnK, "self_attn.k_proj.weight"),
-    (Slot::AttnKBias, "self_attn.k_proj.bias"),
-    (Slot::AttnV, "self_attn.v_proj.weight"),
-    (Slot::AttnVBias, "self_attn.v_proj.bias"),
-    (Slot::AttnO, "self_attn.o_proj.weight"),
-    (Slot::MlpNorm, "post_attention_layernorm.weight"),
-    (Slot::MlpGate, "mlp.gate_proj.weight"),
-    (Slot::MlpUp, "mlp.up_proj.weight"),
-    (Slot::MlpDown, "mlp.down_proj.weight"),
+/// Per-layer slots and their names: under `model.layers.{i}.` (Hugging Face) and `blk.{i}.` (GGUF).
+pub const LAYER_SLOTS: [(Slot, &str, &str); 12] = [
+    (Slot::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    (Slot::AttnQ, "self_attn.q_proj.weight", "attn_q.weight"),
+    (Slot::AttnQBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    (Slot::AttnK, "self_attn.k_proj.weight", "attn_k.weight"),
+    (Slot::AttnKBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    (Slot::AttnV, "self_attn.v_proj.weight", "attn_v.weight"),
+    (Slot::AttnVBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    (Slot::AttnO, "self_attn.o_proj.weight", "attn_output.weight"),
+    (Slot::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    (Slot::MlpGate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+    (Slot::MlpUp, "mlp.up_proj.weight", "ffn_up.weight"),
+    (Slot::MlpDown, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
 impl Slot {
@@ -87,70 +87,66 @@ impl Slot {
             Slot::MlpDown => vec![h, i],
         }
     }
+}
 
-    /// The dtype a slot is kept in: matrices follow the weight dtype, vectors stay f32.
-    pub fn store(self, weights: WeightDtype) -> DType {
-        let vector = matches!(
-            self,
-            Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias
-        );
-        match weights {
-            WeightDtype::F16 if !vector => DType::F16,
-            WeightDtype::Bf16 if !vector => DType::BF16,
-            _ => DType::F32,
-        }
+/// The name of `slot` (of `layer` for per-layer slots) in `naming`, from the tables above.
+pub fn name_of(slot: Slot, layer: Option<usize>, naming: Naming) -> String {
+    let table: &[(Slot, &str, &str)] = if layer.is_some() { &LAYER_SLOTS } else { &GLOBAL_SLOTS };
+    let (_, hf, gguf) = table.iter().find(|(s, _, _)| *s == slot).copied().unwrap_or((slot, "", ""));
+    match (layer, naming) {
+        (Some(l), Naming::Hf) => format!("model.layers.{l}.{hf}"),
+        (Some(l), Naming::Gguf) => format!("blk.{l}.{gguf}"),
+        (None, Naming::Hf) => hf.to_string(),
+        (None, Naming::Gguf) => gguf.to_string(),
     }
 }
 
-/// The checkpoint name of `slot` (of `layer` for per-layer slots), from the tables above.
-pub fn name_of(slot: Slot, layer: Option<usize>) -> String {
-    let table: &[(Slot, &str)] = if layer.is_some() { &LAYER_SLOTS } else { &GLOBAL_SLOTS };
-    let name = table.iter().find(|(s, _)| *s == slot).map_or("", |(_, n)| n);
-    match layer {
-        Some(l) => format!("model.layers.{l}.{name}"),
-        None => name.to_string(),
-    }
-}
-
-/// Every checkpoint name the config calls for, with its slot and layer.
-pub fn expected(c: &ModelConfig) -> Vec<(String, Slot, Option<usize>)> {
+/// Every tensor name the config calls for in `naming`, with its slot and layer.
+pub fn expected(c: &ModelConfig, naming: Naming) -> Vec<(String, Slot, Option<usize>)> {
     let global = GLOBAL_SLOTS
         .iter()
-        .filter(|(slot, _)| !(c.tie_word_embeddings && *slot == Slot::OutEmbed))
-        .map(|(slot, _)| (name_of(*slot, None), *slot, None));
-    let layers = (0..c.num_hidden_layers)
-        .flat_map(|l| LAYER_SLOTS.iter().map(move |(slot, _)| (name_of(*slot, Some(l)), *slot, Some(l))));
+        .filter(|(slot, _, _)| !(c.tie_word_embeddings && *slot == Slot::OutEmbed))
+        .map(move |(slot, _, _)| (name_of(*slot, None, naming), *slot, None));
+    let layers = (0..c.num_hidden_layers).flat_map(move |l| {
+        LAYER_SLOTS.iter().map(move |(slot, _, _)| (name_of(*slot, Some(l), naming), *slot, Some(l)))
+    });
     global.chain(layers).collect()
 }
 
-/// The slot and layer of checkpoint name `name`, if the config has one.
+/// The slot and layer of tensor `name` (in either naming), if the config has one.
 pub fn slot_of(c: &ModelConfig, name: &str) -> Option<(Slot, Option<usize>)> {
-    expected(c).into_iter().find(|(n, _, _)| n == name).map(|(_, s, l)| (s, l))
+    [Naming::Hf, Naming::Gguf]
+        .into_iter()
+        .flat_map(|naming| expected(c, naming))
+        .find(|(n, _, _)| n == name)
+        .map(|(_, s, l)| (s, l))
 }
 
-/// Checks every slot before anything is loaded: present, no strangers, shape and dtype right.
-pub fn check(c: &ModelConfig, ckpt: &Checkpoint) -> Result<(), LoadError> {
-    let want = expected(c);
-    let names = ckpt.names();
+/// Checks every slot before anything is loaded: present, no strangers, shape and type right.
+pub fn check(c: &ModelConfig, src: &dyn TensorSource) -> Result<(), LoadError> {
+    let naming = src.naming();
+    let want = expected(c, naming);
+    let names = src.names();
     let missing: Vec<String> =
         want.iter().filter(|(n, _, _)| !names.contains(n.as_str())).map(|(n, _, _)| n.clone()).collect();
     if !missing.is_empty() {
         return Err(LoadError::MissingTensors(missing));
     }
+    let tied_head = name_of(Slot::OutEmbed, None, naming);
     let unexpected: Vec<String> = names
         .iter()
         .filter(|n| !want.iter().any(|(w, _, _)| w == *n))
         // A tied checkpoint may still carry its (identical) output matrix; it is not used.
-        .filter(|n| !(c.tie_word_embeddings && **n == "lm_head.weight"))
+        .filter(|n| !(c.tie_word_embeddings && **n == tied_head))
         .map(|n| n.to_string())
         .collect();
     if !unexpected.is_empty() {
         return Err(LoadError::UnexpectedTensors(unexpected));
     }
     for (name, slot, layer) in &want {
-        check_one(c, *slot, *layer, ckpt.shape(name).unwrap_or_default())?;
-        if let Some(dtype) = ckpt.unsupported_dtype(name) {
-            return Err(LoadError::Dtype { slot: slot.label(), layer: *layer, dtype });
+        check_one(c, *slot, *layer, &src.shape(name).unwrap_or_default())?;
+        if let Some(Err(dtype)) = src.stored(name) {
+            return Err(LoadError::Dtype { tensor: name.clone(), slot: slot.label(), layer: *layer, dtype });
         }
     }
     Ok(())
@@ -204,19 +200,30 @@ pub fn stacked_rows(c: &ModelConfig, slot: Slot) -> Option<Range<usize>> {
 #[derive(Debug, Clone)]
 pub struct Weights {
     /// [vocab, hidden]
-    pub embed: Tensor<2>,
+    pub embed: Weight,
     pub norm: RmsNorm,
     /// [vocab, hidden]
-    pub lm_head: Option<Tensor<2>>,
+    pub lm_head: Option<Weight>,
     pub layers: Vec<LayerWeights>,
 }
 
 impl Weights {
-    /// Loads every slot. Precondition: `check` passed.
-    pub fn load(c: &ModelConfig, ckpt: &Checkpoint, dtype: WeightDtype, device: &Device) -> Result<Self, LoadError> {
+    /// Loads every slot, each matrix kept as `dtype` decides for it. Precondition: `check` passed.
+    pub fn load(
+        c: &ModelConfig,
+        src: &dyn TensorSource,
+        dtype: WeightDtype,
+        device: &Device,
+    ) -> Result<Self, LoadError> {
         let eps = c.rms_norm_eps;
-        let mat = |slot: Slot, l: Option<usize>| ckpt.load::<2>(&name_of(slot, l), slot.store(dtype), device);
-        let vec = |slot: Slot, l: Option<usize>| ckpt.load::<1>(&name_of(slot, l), DType::F32, device);
+        let naming = src.naming();
+        let mat = |slot: Slot, l: Option<usize>| -> Result<Weight, LoadError> {
+            let name = name_of(slot, l, naming);
+            let stored = src.stored(&name).and_then(Result::ok).unwrap_or(Stored::F32);
+            let k = src.shape(&name).and_then(|s| s.get(1).copied()).unwrap_or(0);
+            load_matrix(src, &name, dtype.storage(&name, stored, k, device)?, device)
+        };
+        let vec = |slot: Slot, l: Option<usize>| load_f32::<1>(src, &name_of(slot, l, naming), device);
         let norm =
             |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> { Ok(RmsNorm { weight: vec(slot, l)?, eps }) };
         let linear = |slot: Slot, l: Option<usize>| -> Result<Linear, LoadError> {
@@ -226,7 +233,7 @@ impl Weights {
         let stacked = |slots: &[Slot], biases: &[Slot], l: Option<usize>| -> Result<Linear, LoadError> {
             let weights = slots.iter().map(|&s| mat(s, l)).collect::<Result<Vec<_>, _>>()?;
             let biases = biases.iter().map(|&s| vec(s, l)).collect::<Result<Vec<_>, _>>()?;
-            Ok(Linear { weight: Tensor::cat(weights, 0), bias: (!biases.is_empty()).then(|| Tensor::cat(biases, 0)) })
+            Ok(Linear { weight: Weight::stack(weights), bias: (!biases.is_empty()).then(|| Tensor::cat(biases, 0)) })
         };
         let layers = (0..c.num_hidden_layers)
             .map(|l| {
@@ -253,48 +260,69 @@ impl Weights {
         })
     }
 
+    /// How the matrices are kept, for logs: `bf16`, or `Q5_0+Q8_0 …` by distinct kind.
+    pub fn describe(&self) -> String {
+        let mut kinds: Vec<String> = Vec::new();
+        let all = self.layers.iter().flat_map(|l| [&l.qkv.weight, &l.o.weight, &l.gate_up.weight, &l.down.weight]);
+        for w in std::iter::once(&self.embed).chain(self.lm_head.as_ref()).chain(all) {
+            for kind in w.describe().split('+') {
+                if !kinds.iter().any(|k| k == kind) {
+                    kinds.push(kind.to_string());
+                }
+            }
+        }
+        kinds.join(", ")
+    }
+
+    /// Bytes held by the weight matrices.
+    pub fn matrix_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.qkv.weight.size_bytes()
+                    + l.o.weight.size_bytes()
+                    + l.gate_up.weight.size_bytes()
+                    + l.down.weight.size_bytes()
+            })
+            .sum();
+        layers + self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, Weight::size_bytes)
+    }
+
     /// Puts `data` into `slot` of `layer`, releasing the old tensor (or, for a stacked slot,
-    /// overwriting its rows of the stacked matrix).
+    /// overwriting its rows of the stacked matrix). A matrix keeps its kind: dense in its dtype,
+    /// or quantized to its format.
     /// Precondition: the shape was checked against the config.
-    pub fn replace(
-        &mut self,
-        c: &ModelConfig,
-        slot: Slot,
-        layer: Option<usize>,
-        data: TensorData,
-        dtype: WeightDtype,
-        device: &Device,
-    ) {
-        let mat = || Tensor::<2>::from_data(data.clone(), (device, slot.store(dtype)));
+    pub fn replace(&mut self, c: &ModelConfig, slot: Slot, layer: Option<usize>, data: TensorData, device: &Device) {
         let vec = || Tensor::<1>::from_data(data.clone(), (device, DType::F32));
         let Some(l) = layer else {
             match slot {
-                Slot::InEmbed => self.embed = mat(),
+                Slot::InEmbed => self.embed = self.embed.like(data, device),
                 Slot::OutNorm => self.norm.weight = vec(),
-                _ => self.lm_head = Some(mat()),
+                _ => {
+                    let like = self.lm_head.as_ref().unwrap_or(&self.embed);
+                    self.lm_head = Some(like.like(data, device));
+                }
             }
             return;
         };
         let w = &mut self.layers[l];
         if let Some(rows) = stacked_rows(c, slot) {
-            let all = 0..c.hidden_size;
             match slot {
                 // `qkv` is loaded with its biases, so the bias is always there to write into.
                 Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias => {
                     w.qkv.bias = w.qkv.bias.take().map(|b| b.slice_assign([rows], vec()));
                 }
-                Slot::MlpGate | Slot::MlpUp => {
-                    w.gate_up.weight = w.gate_up.weight.clone().slice_assign([rows, all], mat())
-                }
-                _ => w.qkv.weight = w.qkv.weight.clone().slice_assign([rows, all], mat()),
+                Slot::MlpGate | Slot::MlpUp => w.gate_up.weight.replace_rows(rows, data, device),
+                _ => w.qkv.weight.replace_rows(rows, data, device),
             }
             return;
         }
         match slot {
             Slot::AttnNorm => w.attn_norm.weight = vec(),
-            Slot::AttnO => w.o.weight = mat(),
+            Slot::AttnO => w.o.weight = w.o.weight.like(data, device),
             Slot::MlpNorm => w.mlp_norm.weight = vec(),
-            _ => w.down.weight = mat(),
+            _ => w.down.weight = w.down.weight.like(data, device),
         }
     }
 }

@@ -30,6 +30,10 @@ impl Tokenizer {
         Ok(Self { inner })
     }
 
+    pub(crate) fn from_inner(inner: tokenizers::Tokenizer) -> Self {
+        Self { inner }
+    }
+
     /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) become their ids;
     /// nothing is added (Qwen has no BOS).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llaisys_actors::{Engine, EngineConfig, Event, GenerateParams, GenerateRequest, ModelLoader};
-use llaisys_model::{Device, LoadOptions, WeightDtype, load_model};
+use llaisys_model::{Device, LoadOptions, ModelSource, WeightDtype, load_model};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -26,14 +26,15 @@ use super::CliError;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Model directory (Hugging Face layout).
+    /// The model: a GGUF file, or a Hugging Face directory.
     #[arg(long)]
     model: PathBuf,
-    /// Model type; default: `model_type` of config.json.
+    /// Model type; default: `model_type` of config.json, or the GGUF's architecture.
     #[arg(long)]
     model_type: Option<String>,
-    /// Weight dtype in memory: f32, f16 or bf16.
-    #[arg(long, default_value = "f32")]
+    /// Weight dtype in memory: auto (the checkpoint's own), f32, f16, bf16, q8_0, q4_0, q4_1,
+    /// q5_0, q5_1 (a GGUF's K-quants as stored).
+    #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
     /// Compute backend (only `flex`, Burn's CPU backend, is built without the `cuda` feature).
     #[arg(long, default_value = "flex")]
@@ -101,8 +102,8 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         other => return Err(CliError::Usage(format!("--backend: '{other}' is not built in (flex)"))),
     };
     let opts = LoadOptions { weight_dtype: args.dtype };
-    let (dir, model_type) = (args.model.clone(), args.model_type.clone());
-    let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), Some(&dir), &opts, &device));
+    let (source, model_type) = (ModelSource::resolve(&args.model)?, args.model_type.clone());
+    let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), Some(&source), &opts, &device));
     let defaults = EngineConfig::default();
     let max_seqs = args.max_seqs_per_step.unwrap_or(defaults.max_seqs_per_step);
     let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
@@ -126,7 +127,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
 
     let mut report = serde_json::Map::new();
     report.insert("model".into(), json!(args.model.display().to_string()));
-    report.insert("dtype".into(), json!(format!("{:?}", args.dtype).to_lowercase()));
+    report.insert("dtype".into(), json!(args.dtype.to_string()));
     report.insert("backend".into(), json!(args.backend));
     report.insert("runs".into(), json!(args.runs));
     let loaded = rss_mb("VmRSS:");

@@ -1,22 +1,22 @@
 //! `llaisys generate`: one request through the engine, streamed to stdout.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use llaisys_actors::request::FinishReason;
 use llaisys_actors::{Engine, EngineConfig, Event, GenerateParams, GenerateRequest};
-use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
-use llaisys_model::{Device, LoadOptions, SamplingParams, Tokenizer, WeightDtype, load_model};
+use llaisys_model::tokenizer::ChatMessage;
+use llaisys_model::{Device, LoadOptions, ModelSource, SamplingParams, WeightDtype, load_model};
 
 use super::CliError;
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
-    /// Model directory (Hugging Face layout: config.json, safetensors, tokenizer.json).
+    /// The model: a GGUF file, or a Hugging Face directory (config.json, safetensors, tokenizer.json).
     #[arg(long)]
     model: PathBuf,
-    /// Model type; default: `model_type` of config.json.
+    /// Model type; default: `model_type` of config.json, or the GGUF's architecture.
     #[arg(long)]
     model_type: Option<String>,
     /// Prompt text (encoded with the model's tokenizer, special tokens recognised).
@@ -55,8 +55,9 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// Weight dtype in memory: f32, or f16 / bf16 (half the memory traffic per token).
-    #[arg(long, default_value = "f32")]
+    /// Weight dtype in memory: auto (the checkpoint's own), f32, f16, bf16, or a quantized
+    /// format (q8_0, q4_0, q4_1, q5_0, q5_1; a GGUF's K-quants as stored).
+    #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
 }
 
@@ -67,11 +68,12 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
 
 async fn generate(args: GenerateArgs) -> Result<(), CliError> {
     let opts = LoadOptions { weight_dtype: args.dtype };
-    let model = load_model(args.model_type.as_deref(), Some(&args.model), &opts, &Device::flex())?;
-    let tokenizer = if args.prompt.is_some() || !args.ids { Some(Tokenizer::from_dir(&args.model)?) } else { None };
+    let source = ModelSource::resolve(&args.model)?;
+    let model = load_model(args.model_type.as_deref(), Some(&source), &opts, &Device::flex())?;
+    let tokenizer = if args.prompt.is_some() || !args.ids { Some(source.tokenizer()?) } else { None };
     let prompt = match (&args.prompt, &args.prompt_ids) {
         (Some(text), _) => {
-            let text = if args.chat { chat_prompt(&args.model, args.system.as_deref(), text)? } else { text.clone() };
+            let text = if args.chat { chat_prompt(&source, args.system.as_deref(), text)? } else { text.clone() };
             tokenizer.as_ref().map(|t| t.encode(&text)).transpose()?.unwrap_or_default()
         }
         (None, Some(ids)) => ids.clone(),
@@ -144,9 +146,10 @@ fn report(prompt: usize, n: usize, ttft: std::time::Duration, total: std::time::
 }
 
 /// The model's chat template rendered around one user message, ready for the answer.
-fn chat_prompt(dir: &Path, system: Option<&str>, user: &str) -> Result<String, CliError> {
-    let template = ChatTemplate::from_dir(dir)?
-        .ok_or_else(|| CliError::Usage(format!("{} has no chat template", dir.display())))?;
+fn chat_prompt(source: &ModelSource, system: Option<&str>, user: &str) -> Result<String, CliError> {
+    let template = source
+        .chat_template()?
+        .ok_or_else(|| CliError::Usage(format!("{} has no chat template", source.path().display())))?;
     let mut messages: Vec<ChatMessage> = system.map(|s| ChatMessage::new("system", s)).into_iter().collect();
     messages.push(ChatMessage::new("user", user));
     Ok(template.render(&messages, true)?)

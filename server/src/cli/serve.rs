@@ -9,7 +9,7 @@ use super::CliError;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Model directory (sets `model.path`).
+    /// The model: a GGUF file, or a Hugging Face directory (sets `model.path`).
     #[arg(long)]
     model: Option<PathBuf>,
     /// A TOML file overriding the defaults (only the keys it sets).
@@ -24,7 +24,8 @@ pub struct ServeArgs {
     /// `server.port` (0: any free port).
     #[arg(long)]
     port: Option<u16>,
-    /// Weight dtype in memory, f32, f16 or bf16 (`model.dtype`).
+    /// Weight dtype in memory (`model.dtype`): auto (the checkpoint's own), f32, f16, bf16, q8_0,
+    /// q4_0, q4_1, q5_0, q5_1 (quantized at load), q4_k, q5_k, q6_k (a GGUF's, as stored).
     #[arg(long)]
     dtype: Option<String>,
     /// An accepted bearer key (repeatable; `server.api_keys`).

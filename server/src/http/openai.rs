@@ -190,10 +190,10 @@ impl Default for Defaults {
 }
 
 impl Defaults {
-    /// Reads `DIR/generation_config.json` if there is one; unreadable files change nothing.
-    pub fn from_dir(dir: &std::path::Path) -> Self {
+    /// Reads a `generation_config.json`; an unreadable file changes nothing.
+    pub fn from_file(path: &std::path::Path) -> Self {
         let mut d = Self::default();
-        let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json")) else { return d };
+        let Ok(text) = std::fs::read_to_string(path) else { return d };
         let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else { return d };
         let num = |k: &str| json.get(k).and_then(serde_json::Value::as_f64).map(|v| v as f32);
         if let Some(t) = num("temperature") {

@@ -1,0 +1,112 @@
+//! The tokenizer and chat template a GGUF file carries (`tokenizer.ggml.*`,
+//! `tokenizer.chat_template`), rebuilt as the Hugging Face tokenizer they were converted from:
+//! byte-level BPE over `tokens` and `merges`, Qwen2's pre-tokenizer (NFC, its split regex,
+//! byte-level), and the control (type 3) and user-defined (type 4) tokens as added tokens, which
+//! are matched in text before BPE. Unused (type 5) tokens only pad the vocabulary to the
+//! embedding's rows and are left out, as the Hugging Face tokenizer has no such tokens.
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::normalizers::unicode::NFC;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, SplitDelimiterBehavior};
+
+use super::GgufFile;
+use crate::error::LoadError;
+use crate::tokenizer::{ChatTemplate, Tokenizer};
+
+/// Qwen2's pre-tokenizer split pattern (`tokenizer.ggml.pre` = "qwen2"), as its tokenizer.json has it.
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// ggml's token types.
+const CONTROL: i64 = 3;
+const USER_DEFINED: i64 = 4;
+const UNUSED: i64 = 5;
+
+/// The file's tokenizer.
+pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
+    let bad = |reason: String| file.error(format!("tokenizer: {reason}"));
+    let model = file.get("tokenizer.ggml.model").and_then(|v| v.as_str());
+    if model != Some("gpt2") {
+        return Err(bad(format!("tokenizer.ggml.model is {model:?}; only byte-level BPE (\"gpt2\") loads")));
+    }
+    match file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()) {
+        Some("qwen2") => {}
+        None => tracing::warn!("{}: no tokenizer.ggml.pre; using Qwen2's pre-tokenizer", file.path().display()),
+        Some(other) => return Err(bad(format!("tokenizer.ggml.pre `{other}` is not supported (qwen2)"))),
+    }
+    let tokens = strings(file, "tokenizer.ggml.tokens")?;
+    let types: Vec<i64> = match file.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
+        None => vec![1; tokens.len()],
+        Some(a) => a
+            .iter()
+            .map(|v| v.as_i64().ok_or_else(|| bad("token_type holds a non-integer".into())))
+            .collect::<Result<_, _>>()?,
+    };
+    if types.len() != tokens.len() {
+        return Err(bad(format!("{} tokens but {} token types", tokens.len(), types.len())));
+    }
+    let merges = strings(file, "tokenizer.ggml.merges")?
+        .into_iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| bad(format!("merge `{m}` has no space")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // Added tokens stay in the model's vocabulary too, so they keep the file's ids wherever
+    // they lie (the added vocabulary takes a token's id from the model when it is there).
+    let vocab: Vocab = tokens
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .filter(|(_, (_, ty))| **ty != UNUSED)
+        .map(|(i, (t, _))| (t.clone(), i as u32))
+        .collect();
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| bad(e.to_string()))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
+        .map_err(|e| bad(e.to_string()))?;
+    inner.with_normalizer(Some(NFC));
+    inner.with_pre_tokenizer(Some(Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()])));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+    let added = |kind: i64, special: bool| -> Vec<AddedToken> {
+        tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, ty)| **ty == kind)
+            .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
+            .collect()
+    };
+    inner.add_special_tokens(&added(CONTROL, true));
+    inner.add_tokens(&added(USER_DEFINED, false));
+    Ok(Tokenizer::from_inner(inner))
+}
+
+/// The file's chat template, `None` if it has none.
+pub fn chat_template(file: &GgufFile) -> Result<Option<ChatTemplate>, LoadError> {
+    let Some(source) = file.get("tokenizer.chat_template") else { return Ok(None) };
+    let source = source.as_str().ok_or_else(|| file.error("tokenizer.chat_template is not a string"))?;
+    let token = |key: &str| -> String {
+        let id = file.get(key).and_then(|v| v.as_u64());
+        let tokens = file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array());
+        id.and_then(|id| tokens?.get(id as usize)?.as_str().map(str::to_owned)).unwrap_or_default()
+    };
+    ChatTemplate::new(source.to_string(), token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id"))
+        .map(Some)
+        .map_err(|e| file.error(format!("tokenizer.chat_template: {e}")))
+}
+
+fn strings(file: &GgufFile, key: &str) -> Result<Vec<String>, LoadError> {
+    let items = file
+        .get(key)
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| file.error(format!("{key}: missing, or not an array")))?;
+    items
+        .iter()
+        .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| file.error(format!("{key} holds a non-string"))))
+        .collect()
+}

@@ -1,0 +1,190 @@
+//! C3/Q1/Q4/Q6: where a model's tensors come from (a safetensors checkpoint or a GGUF file, both
+//! [`TensorSource`]s) and how each weight matrix is kept in memory: the checkpoint's own
+//! precision by default, or the [`WeightDtype`] asked for, dense (a Burn tensor) or packed
+//! quantized (CPU only).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use burn::tensor::{DType, Device, Tensor, TensorData};
+use half::{bf16, f16};
+
+use crate::error::LoadError;
+use crate::layers::Weight;
+use crate::quant::{PackedMatrix, QuantType};
+
+/// Which tensor names a source uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming {
+    /// Hugging Face's (`model.layers.0.self_attn.q_proj.weight`).
+    Hf,
+    /// llama.cpp's (`blk.0.attn_q.weight`).
+    Gguf,
+}
+
+/// How a tensor is stored in its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    F32,
+    F16,
+    Bf16,
+    Quant(QuantType),
+}
+
+/// A file of named tensors.
+pub trait TensorSource {
+    fn naming(&self) -> Naming;
+    fn names(&self) -> BTreeSet<&str>;
+    /// Shape, outermost first (a weight's [out, in]).
+    fn shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// How the tensor is stored, or the name of a type that does not load.
+    fn stored(&self, name: &str) -> Option<Result<Stored, String>>;
+    /// The tensor converted to `dtype` (F32, F16 or BF16; quantized tensors dequantized).
+    fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError>;
+    /// A quantized tensor's ggml blocks as stored.
+    fn blocks(&self, _name: &str) -> Option<(QuantType, &[u8])> {
+        None
+    }
+    /// The tensor has been loaded (a memory-mapped source drops its pages).
+    fn done(&self, _name: &str) {}
+}
+
+/// f32 values as `TensorData` of `dtype` (F32, F16 or BF16).
+pub fn convert(values: Vec<f32>, shape: Vec<usize>, dtype: DType) -> TensorData {
+    match dtype {
+        DType::F16 => TensorData::new(values.into_iter().map(f16::from_f32).collect::<Vec<_>>(), shape),
+        DType::BF16 => TensorData::new(values.into_iter().map(bf16::from_f32).collect::<Vec<_>>(), shape),
+        _ => TensorData::new(values, shape),
+    }
+}
+
+/// The element type weight matrices are kept in (norms and biases are always f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightDtype {
+    /// The checkpoint's own: f32, f16 or bf16 as stored; a GGUF's quantized tensors stay
+    /// quantized in their own formats.
+    #[default]
+    Auto,
+    /// f32 (exact for every float checkpoint; twice the memory traffic of 16-bit).
+    F32,
+    /// f16: half the memory traffic of f32.
+    F16,
+    /// bf16: exact for bf16 checkpoints such as Qwen2.5's. Decode steps widen it to f32;
+    /// prefill uses the CPU's bf16 dot products (activations rounded to bf16, as llama.cpp does).
+    Bf16,
+    /// A quantized format: tensors stored in it stay as they are; others are quantized at load
+    /// (to the 32-value formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
+    Quant(QuantType),
+}
+
+impl std::str::FromStr for WeightDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "f32" | "float32" => Ok(Self::F32),
+            "f16" | "float16" => Ok(Self::F16),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            other => other.parse().map(Self::Quant).map_err(|_| {
+                format!(
+                    "unknown weight dtype `{s}` (auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)"
+                )
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::F32 => f.write_str("f32"),
+            Self::F16 => f.write_str("f16"),
+            Self::Bf16 => f.write_str("bf16"),
+            Self::Quant(q) => f.write_str(&q.name().to_ascii_lowercase()),
+        }
+    }
+}
+
+/// How one matrix is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    Dense(DType),
+    Packed(QuantType),
+}
+
+/// Whether packed quantized matrices can serve `device` (the kernels run on the CPU backend).
+fn packed_runs_on(device: &Device) -> bool {
+    *device == Device::flex()
+}
+
+impl WeightDtype {
+    /// How a matrix `name` stored as `stored`, with rows of `k` values, is kept on `device`.
+    pub fn storage(self, name: &str, stored: Stored, k: usize, device: &Device) -> Result<Storage, LoadError> {
+        let bad = |reason: String| Err(LoadError::Tensor { name: name.into(), reason });
+        let storage = match (self, stored) {
+            (Self::Auto, Stored::F32) | (Self::F32, _) => Storage::Dense(DType::F32),
+            (Self::Auto, Stored::F16) | (Self::F16, _) => Storage::Dense(DType::F16),
+            (Self::Auto, Stored::Bf16) | (Self::Bf16, _) => Storage::Dense(DType::BF16),
+            (Self::Auto, Stored::Quant(q)) => match packed_runs_on(device) {
+                true => Storage::Packed(q),
+                // Other backends compute in floats: dequantize to 16 bits.
+                false => Storage::Dense(DType::F16),
+            },
+            (Self::Quant(q), stored) => {
+                if stored != Stored::Quant(q) && q.is_k() {
+                    return bad(format!(
+                        "{q} cannot be made at load (quantizing at load makes Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1)"
+                    ));
+                }
+                if !q.fits_row(k) {
+                    return bad(format!(
+                        "{q} stores rows in blocks of {} values; this tensor's rows have {k}",
+                        q.block_values()
+                    ));
+                }
+                if !packed_runs_on(device) {
+                    return bad(format!("{q} weights run on the CPU only"));
+                }
+                Storage::Packed(q)
+            }
+        };
+        Ok(storage)
+    }
+}
+
+/// Loads matrix `name` ([out, in]) of `src` as `storage`.
+pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device: &Device) -> Result<Weight, LoadError> {
+    let shape = src.shape(name).ok_or_else(|| LoadError::MissingTensors(vec![name.into()]))?;
+    let [rows, k] = shape[..] else {
+        return Err(LoadError::Tensor {
+            name: name.into(),
+            reason: format!("expected a matrix, found shape {shape:?}"),
+        });
+    };
+    let packing = |e: crate::quant::PackError| LoadError::Tensor { name: name.into(), reason: e.to_string() };
+    let weight = match storage {
+        Storage::Dense(dtype) => Weight::Dense(Tensor::from_data(src.data(name, dtype)?, (device, dtype))),
+        Storage::Packed(q) => match src.blocks(name) {
+            Some((stored, bytes)) if stored == q => {
+                Weight::Packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, bytes).map_err(packing)?))
+            }
+            _ => {
+                let values = src
+                    .data(name, DType::F32)?
+                    .try_into_vec::<f32>()
+                    .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?;
+                Weight::Packed(Arc::new(PackedMatrix::quantize(q, rows, k, &values).map_err(packing)?))
+            }
+        },
+    };
+    src.done(name);
+    Ok(weight)
+}
+
+/// Loads tensor `name` as f32 (norm weights, biases).
+pub fn load_f32<const D: usize>(src: &dyn TensorSource, name: &str, device: &Device) -> Result<Tensor<D>, LoadError> {
+    let tensor = Tensor::from_data(src.data(name, DType::F32)?, (device, DType::F32));
+    src.done(name);
+    Ok(tensor)
+}
