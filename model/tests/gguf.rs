@@ -84,7 +84,7 @@ fn the_tokenizer_from_gguf_gives_the_ids_of_tokenizer_json() {
 #[test]
 fn the_demo_tokenizer_matches_qwens_tokenizer_json_when_present() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let demo = root.join("models/.download/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let demo = root.join("models/qwen2.5-coder-0.5b-instruct.gguf");
     let reference = std::env::var("QWEN_TOKENIZER_JSON").map(std::path::PathBuf::from);
     let (Ok(reference), true) = (reference, demo.exists()) else {
         eprintln!("skipped: set QWEN_TOKENIZER_JSON to Qwen's tokenizer.json and fetch the demo model");

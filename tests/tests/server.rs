@@ -382,23 +382,32 @@ async fn shutdown_drains_in_flight_streams_and_refuses_new_requests() {
     shutdown.await.unwrap();
 }
 
-/// The real model, when `LLAISYS_TEST_MODEL` names its directory (see scripts/fetch_demo_model.sh).
+/// The real model, when `LLAISYS_TEST_MODEL` names it (the demo GGUF of scripts/fetch_demo_model.sh,
+/// or a directory), with every weight dtype in `LLAISYS_TEST_DTYPES` (default: auto).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_model_knows_the_capital_of_france() {
-    let Ok(dir) = std::env::var("LLAISYS_TEST_MODEL") else {
-        eprintln!("skipped: set LLAISYS_TEST_MODEL to the demo model's directory");
+    let Ok(path) = std::env::var("LLAISYS_TEST_MODEL") else {
+        eprintln!("skipped: set LLAISYS_TEST_MODEL to the demo model");
         return;
     };
-    let settings = vec![("model.path".to_string(), format!("{dir:?}")), ("server.port".into(), "0".into())];
-    let s = llaisys_server::start(&Config::load(None, std::iter::empty(), &settings).unwrap()).await.unwrap();
-    let name = s.state().models.keys().next().unwrap().clone();
-    let question = "What is the capital of France? Answer in one sentence.";
-    let body =
-        json!({"model": name, "messages": [{"role": "user", "content": question}], "max_tokens": 30, "temperature": 0});
-    let (status, r) = post(&s, "/v1/chat/completions", body).await;
-    assert_eq!(status, 200, "{r}");
-    assert!(r["choices"][0]["message"]["content"].as_str().unwrap().contains("Paris"), "{r}");
-    s.shutdown().await;
+    let dtypes = std::env::var("LLAISYS_TEST_DTYPES").unwrap_or_else(|_| "auto".into());
+    for dtype in dtypes.split(',') {
+        let settings = vec![
+            ("model.path".to_string(), format!("{path:?}")),
+            ("model.dtype".into(), format!("{dtype:?}")),
+            ("server.port".into(), "0".into()),
+        ];
+        let s = llaisys_server::start(&Config::load(None, std::iter::empty(), &settings).unwrap()).await.unwrap();
+        let name = s.state().models.keys().next().unwrap().clone();
+        let question = "What is the capital of France? Answer in one sentence.";
+        let body = json!({"model": name, "messages": [{"role": "user", "content": question}], "max_tokens": 30, "temperature": 0});
+        let (status, r) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{r}");
+        let answer = r["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        eprintln!("{dtype}: {answer}");
+        assert!(answer.contains("Paris"), "{dtype}: {r}");
+        s.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

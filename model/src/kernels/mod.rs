@@ -29,6 +29,7 @@ macro_rules! each_tile {
 }
 
 mod attention;
+mod awake;
 mod bf16dot;
 mod swiglu;
 mod xwt;
@@ -37,6 +38,8 @@ use std::ops::Range;
 
 use burn::backend::Flex;
 use burn::tensor::{DType, Tensor, TensorData, bf16, f16};
+
+pub use awake::with_awake_pool;
 
 use crate::quant::PackedMatrix;
 

@@ -20,6 +20,38 @@ use super::QuantType;
 use super::activation::Activations;
 use super::packed::{GROUP, Layout, PANEL, Part};
 
+/// The 32 unsigned values of group g of 16 rows: vector u holds values 4u..4u + 4 of each row.
+/// A macro so that it always expands inside the caller's AVX-512 code: as a function it was
+/// not inlined, and its eight vectors went through memory.
+macro_rules! values {
+    ($l:expr, $rec:expr, $g:expr) => {{
+        let (l, rec, g): (&Layout, &[u8], usize) = ($l, $rec, $g);
+        let at = l.values_at(g);
+        let mut w = [_mm512_setzero_si512(); 8];
+        if l.ty == QuantType::Q8_0 {
+            for (u, w) in w.iter_mut().enumerate() {
+                *w = load512(&rec[at + 64 * u..]);
+            }
+        } else {
+            let low = _mm512_set1_epi8(0x0f);
+            for v in 0..4 {
+                let bytes = load512(&rec[at + 64 * v..]);
+                w[2 * v] = _mm512_and_si512(bytes, low);
+                w[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+            }
+            for p in 0..l.planes {
+                let plane = &rec[l.plane_at(g, p)..][..64];
+                let bit = _mm512_set1_epi8(0x10 << p);
+                for (u, w) in w.iter_mut().enumerate() {
+                    let mask = u64::from_le_bytes(plane[8 * u..8 * u + 8].try_into().expect("8 bytes"));
+                    *w = _mm512_mask_add_epi8(*w, _cvtu64_mask64(mask), *w, bit);
+                }
+            }
+        }
+        w
+    }};
+}
+
 /// Whether this CPU runs the kernel.
 pub fn available() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -96,7 +128,7 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize)
         let (dsup, msup) = super_scales(l, rec);
         for g in 0..l.groups {
             let gi = c * l.groups + g;
-            let w = values(l, rec, g);
+            let w = values!(l, rec, g);
             if l.ty == QuantType::Q6K {
                 // Two 16-value sub-blocks with their own scales: w = S_h · (q − 32).
                 let at = l.scales_at(g);
@@ -145,35 +177,6 @@ fn dot(w: &[__m512i; 8], us: Range<usize>, x: &[i8; GROUP]) -> __m512i {
         d = _mm512_dpbusd_epi32(d, w[u], x4(x, u));
     }
     d
-}
-
-/// The 32 unsigned values of group g of 16 rows: vector u holds values 4u..4u + 4 of each row.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn values(l: &Layout, rec: &[u8], g: usize) -> [__m512i; 8] {
-    let at = l.values_at(g);
-    let mut w = [_mm512_setzero_si512(); 8];
-    if l.ty == QuantType::Q8_0 {
-        for (u, w) in w.iter_mut().enumerate() {
-            *w = load512(&rec[at + 64 * u..]);
-        }
-        return w;
-    }
-    let low = _mm512_set1_epi8(0x0f);
-    for v in 0..4 {
-        let bytes = load512(&rec[at + 64 * v..]);
-        w[2 * v] = _mm512_and_si512(bytes, low);
-        w[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
-    }
-    for p in 0..l.planes {
-        let plane = l.plane_at(g, p);
-        let bit = _mm512_set1_epi8(0x10 << p);
-        for (u, w) in w.iter_mut().enumerate() {
-            let mask = u64::from_le_bytes(rec[plane + 8 * u..plane + 8 * u + 8].try_into().expect("8 bytes"));
-            *w = _mm512_mask_add_epi8(*w, _cvtu64_mask64(mask), *w, bit);
-        }
-    }
-    w
 }
 
 /// The super-block scales of a K-quant record (d, and dmin for Q4_K / Q5_K), else zeros.
