@@ -19,6 +19,9 @@ pub struct EngineConfig {
     pub kv_capacity: usize,
     pub max_seqs_per_step: usize,
     pub max_tokens_per_step: usize,
+    /// Most prompt tokens in a step that also decodes (bounds the decoding sequences'
+    /// inter-token gap while prompts are prefilled).
+    pub max_prefill_tokens_while_decoding: usize,
     /// Reuse the cells of finished requests for later prompts with the same prefix (E5).
     pub prefix_caching: bool,
     /// A session with no request for this long is ended and its cells freed (E6).
@@ -31,6 +34,7 @@ impl Default for EngineConfig {
             kv_capacity: 8192,
             max_seqs_per_step: 32,
             max_tokens_per_step: 512,
+            max_prefill_tokens_while_decoding: 64,
             prefix_caching: true,
             session_idle_timeout: Duration::from_secs(600),
         }
@@ -43,6 +47,7 @@ impl EngineConfig {
         SchedulerConfig {
             max_seqs_per_step: self.max_seqs_per_step,
             max_tokens_per_step: self.max_tokens_per_step,
+            max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding,
             kv_capacity: self.kv_capacity,
             context_length,
             prefix_caching: self.prefix_caching,

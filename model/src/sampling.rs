@@ -157,15 +157,30 @@ impl Sampler {
 
     /// Picks the next token from `logits` and records it for the penalties.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
-        let mut row = std::mem::take(&mut self.scratch);
-        row.clear();
-        row.extend_from_slice(logits);
-        self.apply_bias_and_penalties(&mut row);
-        let token = if self.params.is_greedy() { crate::output::argmax(&row).unwrap_or(0) } else { self.draw(&row) };
-        self.scratch = row;
+        let token = if self.params.is_greedy() && !self.adjusts_logits() {
+            crate::output::argmax(logits).unwrap_or(0)
+        } else {
+            let mut row = std::mem::take(&mut self.scratch);
+            row.clear();
+            row.extend_from_slice(logits);
+            self.apply_bias_and_penalties(&mut row);
+            let token =
+                if self.params.is_greedy() { crate::output::argmax(&row).unwrap_or(0) } else { self.draw(&row) };
+            self.scratch = row;
+            token
+        };
         *self.generated.entry(token).or_default() += 1;
         let (logprob, top) = raw_logprobs(logits, token, self.params.top_logprobs);
         Sampled { token, logprob, top }
+    }
+
+    /// Whether logit bias or a penalty changes the logits before the choice.
+    fn adjusts_logits(&self) -> bool {
+        let p = &self.params;
+        !p.logit_bias.is_empty()
+            || p.repetition_penalty != 1.0
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0
     }
 
     fn apply_bias_and_penalties(&self, row: &mut [f32]) {
@@ -235,8 +250,7 @@ impl Sampler {
 
 /// log-softmax of `logits` at `token`, and the `n` best tokens with theirs.
 fn raw_logprobs(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_z = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
+    let log_z = crate::kernels::log_sum_exp(logits);
     let mut top: Vec<(u32, f32)> = Vec::new();
     if n > 0 {
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();

@@ -47,6 +47,7 @@ pub struct EngineSection {
     pub kv_capacity: usize,
     pub max_seqs_per_step: usize,
     pub max_tokens_per_step: usize,
+    pub max_prefill_tokens_while_decoding: usize,
     pub prefix_caching: bool,
     pub session_idle_timeout_secs: u64,
 }
@@ -143,6 +144,7 @@ impl Config {
             ("engine.kv_capacity", self.engine.kv_capacity),
             ("engine.max_seqs_per_step", self.engine.max_seqs_per_step),
             ("engine.max_tokens_per_step", self.engine.max_tokens_per_step),
+            ("engine.max_prefill_tokens_while_decoding", self.engine.max_prefill_tokens_while_decoding),
             ("limits.max_concurrent_requests", self.limits.max_concurrent_requests),
             ("limits.max_tokens", self.limits.max_tokens),
             ("limits.max_n", self.limits.max_n),
@@ -184,6 +186,7 @@ impl Config {
             kv_capacity: self.engine.kv_capacity,
             max_seqs_per_step: self.engine.max_seqs_per_step,
             max_tokens_per_step: self.engine.max_tokens_per_step,
+            max_prefill_tokens_while_decoding: self.engine.max_prefill_tokens_while_decoding,
             prefix_caching: self.engine.prefix_caching,
             session_idle_timeout: Duration::from_secs(self.engine.session_idle_timeout_secs),
         }

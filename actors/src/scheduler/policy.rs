@@ -1,7 +1,9 @@
 //! E3/E4: continuous batching. Each step mixes one decode token of every running sequence with
 //! chunks of waiting prompts, under a tokens-per-step and a sequences-per-step budget. Running
-//! sequences go first, oldest first, so no long prompt starves them; waiting prompts are
-//! admitted in arrival order while the KV cache has room. When a running sequence cannot get
+//! sequences go first, oldest first, so no long prompt starves them; while any sequence decodes,
+//! prompts get at most a smaller prefill budget per step, so decoding sequences never wait
+//! behind a whole prompt's prefill. Waiting prompts are admitted in arrival order while the KV
+//! cache has room. When a running sequence cannot get
 //! cells, the newest running sequence is preempted: its cells are freed and it goes back to the
 //! head of the queue to be recomputed. All scheduling policy lives in `schedule`.
 //!
@@ -32,6 +34,10 @@ pub struct SchedulerConfig {
     pub max_seqs_per_step: usize,
     /// Most tokens in one forward pass (prefill chunks are cut to fit).
     pub max_tokens_per_step: usize,
+    /// Most prompt tokens in a step that also decodes: a step's time grows with its tokens, and
+    /// every decoding sequence waits for the whole step, so this bounds their inter-token gap
+    /// while prompts are being prefilled (they still advance by this much every step).
+    pub max_prefill_tokens_while_decoding: usize,
     /// Cells of the worker's KV cache.
     pub kv_capacity: usize,
     /// The model's context length.
@@ -201,11 +207,21 @@ impl Scheduler {
         let mut plan = StepPlan { free: std::mem::take(&mut self.to_free), ..StepPlan::default() };
         self.clock += 1;
         let mut budget = self.config.max_tokens_per_step;
+        // Prompt tokens this step may take: bounded while any sequence decodes.
+        let decoding = self.running.iter().any(|s| s.computed >= s.prompt_len);
+        let mut prefill_budget =
+            if decoding { self.config.max_prefill_tokens_while_decoding.max(1) } else { usize::MAX };
         let mut preempted = false;
         // Running sequences, oldest first: a decode token each, or the next prefill chunk.
         let mut i = 0;
         while i < self.running.len() && budget > 0 && plan.items.len() < self.config.max_seqs_per_step {
-            let need = self.running[i].pending().min(budget);
+            let pending = self.running[i].pending();
+            let prefill = pending > 1;
+            let need = if prefill { pending.min(budget).min(prefill_budget) } else { pending.min(budget) };
+            if need == 0 {
+                i += 1; // a prompt waiting for prefill budget
+                continue;
+            }
             while self.kv_free() < need && self.evict_lru(None, &mut plan) {}
             while self.kv_free() < need && i < self.running.len() {
                 let victim = self.running.len() - 1; // the newest; possibly `i` itself
@@ -217,24 +233,28 @@ impl Scheduler {
             }
             self.plan_item(i, need, &mut plan);
             budget -= need;
+            if prefill {
+                prefill_budget -= need;
+            }
             i += 1;
         }
         // Waiting sequences in arrival order while there is room (none while preempting).
-        while !preempted && budget > 0 && plan.items.len() < self.config.max_seqs_per_step {
+        while !preempted && budget.min(prefill_budget) > 0 && plan.items.len() < self.config.max_seqs_per_step {
+            let budget_here = budget.min(prefill_budget);
             let Some(front) = self.waiting.front() else { break };
             let len = front.tokens.len();
             let mut hit = self.longest_prefix(&front.tokens, front.session.as_deref());
-            while !self.fits(len, hit, budget) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan) {}
-            if !self.fits(len, hit, budget) && hit.is_some() {
+            while !self.fits(len, hit, budget_here) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan) {}
+            if !self.fits(len, hit, budget_here) && hit.is_some() {
                 // Even alone with its prefix it does not fit: compute it all instead.
                 hit = None;
-                while !self.fits(len, None, budget) && self.evict_lru(None, &mut plan) {}
+                while !self.fits(len, None, budget_here) && self.evict_lru(None, &mut plan) {}
             }
-            if !self.fits(len, hit, budget) {
+            if !self.fits(len, hit, budget_here) {
                 break;
             }
             let hit_len = hit.map_or(0, |(_, len)| len);
-            let need = (len - hit_len).min(budget);
+            let need = (len - hit_len).min(budget_here);
             let Some(seq) = self.free_seqs.pop() else { break };
             let mut s = self.waiting.pop_front().expect("front exists");
             if self.config.prefix_caching || s.session.is_some() {
@@ -257,6 +277,9 @@ impl Scheduler {
             self.running.push(s);
             self.plan_item(self.running.len() - 1, need, &mut plan);
             budget -= need;
+            if need > 1 {
+                prefill_budget -= need;
+            }
         }
         (!plan.items.is_empty() || !plan.free.is_empty()).then_some(plan)
     }

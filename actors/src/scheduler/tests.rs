@@ -8,6 +8,7 @@ fn config(tokens: usize, seqs: usize, kv: usize) -> SchedulerConfig {
     SchedulerConfig {
         max_seqs_per_step: seqs,
         max_tokens_per_step: tokens,
+        max_prefill_tokens_while_decoding: tokens,
         kv_capacity: kv,
         context_length: 1000,
         prefix_caching: false,
@@ -45,6 +46,25 @@ fn a_prompt_is_prefilled_in_chunks_within_the_token_budget() {
     assert_eq!((plan.items[0].tokens.clone(), plan.items[0].start_pos), (vec![7], 10), "decode the sampled token");
     let summary: Vec<_> = finished.iter().map(|f| (f.id, f.output.clone(), f.reason, f.cached_tokens)).collect();
     assert_eq!(summary, vec![(0, vec![7, 7], FinishReason::Length, 0)]);
+}
+
+#[test]
+fn while_sequences_decode_prompts_get_only_the_prefill_budget() {
+    let mut s = Scheduler::new(SchedulerConfig { max_prefill_tokens_while_decoding: 5, ..config(64, 8, 1000) });
+    s.add(seq(0, 3, 50)).unwrap();
+    s.add(seq(1, 30, 5)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!((tokens_of(&plan, 0), tokens_of(&plan, 1)), (3, 30), "nothing decodes yet: the whole budget");
+    s.add(seq(2, 12, 5)).unwrap();
+    s.add(seq(3, 4, 5)).unwrap();
+    let mut steps = Vec::new();
+    for _ in 0..4 {
+        let (plan, _) = step(&mut s);
+        assert_eq!((tokens_of(&plan, 0), tokens_of(&plan, 1)), (1, 1), "both decode every step");
+        steps.push((tokens_of(&plan, 2), tokens_of(&plan, 3)));
+    }
+    // 12 + 4 prompt tokens, five per step, in arrival order.
+    assert_eq!(steps, vec![(5, 0), (5, 0), (2, 3), (1, 1)]);
 }
 
 #[test]

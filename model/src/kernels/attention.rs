@@ -12,6 +12,8 @@ use pulp::x86::V4;
 use pulp::{Simd, f32x16};
 use rayon::prelude::*;
 
+use super::exp::exp_sub_sum;
+
 const LANES: usize = 16;
 
 /// The operands of one layer's attention.
@@ -106,11 +108,7 @@ impl pulp::NullaryFnOnce for RowHead<'_, '_> {
         for j in 0..group {
             let s = &mut scores[j * cells.len()..(j + 1) * cells.len()];
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for x in s.iter_mut() {
-                *x = (*x - max).exp();
-                sum += *x;
-            }
+            let sum = exp_sub_sum(simd, s, max);
             let o = &mut out[j * d..(j + 1) * d];
             for (i, &c) in cells.iter().enumerate() {
                 let p = s[i] / sum;

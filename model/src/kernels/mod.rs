@@ -31,6 +31,8 @@ macro_rules! each_tile {
 mod attention;
 mod awake;
 mod bf16dot;
+mod exp;
+mod norm_rope;
 mod swiglu;
 mod xwt;
 
@@ -40,6 +42,7 @@ use burn::backend::Flex;
 use burn::tensor::{DType, Tensor, TensorData, bf16, f16};
 
 pub use awake::with_awake_pool;
+pub use exp::log_sum_exp;
 
 use crate::quant::PackedMatrix;
 
@@ -126,6 +129,44 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32
     let (q, k, v) = (q.as_slice::<f32>()?, k.as_slice::<f32>()?, v.as_slice::<f32>()?);
     let out = attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity })?;
     Some(Tensor::from_data(TensorData::new(out, [n, heads * d]), &device))
+}
+
+/// RMSNorm on the Flex backend: `x / sqrt(mean(x²) + eps) · w` per row.
+///
+/// # Shapes
+/// x: [n, h] f32, w: [h] f32 → [n, h] f32
+pub fn rms_norm(x: &Tensor<2>, w: &Tensor<1>, eps: f64) -> Option<Tensor<2>> {
+    let [n, h] = x.dims();
+    if x.dtype() != DType::F32 || w.dtype() != DType::F32 || w.dims() != [h] {
+        return None;
+    }
+    let device = x.device();
+    let (x, w) = (contiguous(x)?, contiguous(w)?);
+    let out = norm_rope::rms_norm(x.as_slice::<f32>()?, w.as_slice::<f32>()?, eps as f32)?;
+    Some(Tensor::from_data(TensorData::new(out, [n, h]), &device))
+}
+
+/// The rotary embedding of the heads of q (columns `q`) and k (columns `k`) of the stacked
+/// q/k/v projection, on the Flex backend; `cos`, `sin`: [n, d/2] each token's angles.
+///
+/// # Shapes
+/// qkv: [n, width] f32 → [n, width] f32, v's columns unchanged
+pub fn rope_qk(
+    qkv: &Tensor<2>,
+    q: Range<usize>,
+    k: Range<usize>,
+    d: usize,
+    cos: &[f32],
+    sin: &[f32],
+) -> Option<Tensor<2>> {
+    let [n, width] = qkv.dims();
+    if qkv.dtype() != DType::F32 {
+        return None;
+    }
+    let device = qkv.device();
+    let x = contiguous(qkv)?;
+    let out = norm_rope::rope_qk(x.as_slice::<f32>()?, width, q, k, d, cos, sin);
+    Some(Tensor::from_data(TensorData::new(out, [n, width]), &device))
 }
 
 /// `silu(gate) · up` on the Flex backend.

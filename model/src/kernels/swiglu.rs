@@ -1,12 +1,14 @@
 //! SwiGLU's gate, `silu(gate) · up`, on AVX-512, over the stacked gate/up projection's output.
 //!
 //! The Burn ops take three passes and two intermediate tensors (sigmoid, product), with the
-//! exponential from the scalar libm; here one pass computes it with a vector exponential
-//! (Cephes' `expf`: range reduction by ln 2 and a degree-5 polynomial, within 2 ulp of libm).
+//! exponential from the scalar libm; here one pass computes it with the vector exponential of
+//! `exp.rs`.
 
 use pulp::x86::V4;
 use pulp::{Simd, f32x16};
 use rayon::prelude::*;
+
+use super::exp::exp;
 
 const LANES: usize = 16;
 /// Rows per parallel task: about 80 K outputs at the demo model's width, below which the
@@ -63,29 +65,6 @@ impl pulp::NullaryFnOnce for Row<'_> {
             *o = g / (1.0 + (-g).exp()) * u;
         }
     }
-}
-
-/// `e^x` per lane. Inputs are clamped to [-87.3, 88.3], where the result is a normal f32: below,
-/// `silu` takes `1 + e^x` as 1 and above it as ∞ either way.
-#[inline(always)]
-fn exp(simd: V4, x: f32x16) -> f32x16 {
-    let x = simd.min_f32s(simd.max_f32s(x, simd.splat_f32s(-87.3)), simd.splat_f32s(88.3));
-    // x = k · ln 2 + r, |r| ≤ ln 2 / 2, with ln 2 in two parts so that r is exact.
-    // Round to nearest by adding and taking away 1.5 · 2²³ (pulp 0.22's `round_f32x16` rounds
-    // the lanes as f64s).
-    let magic = simd.splat_f32s(12_582_912.0);
-    let k = simd.sub_f32s(simd.mul_add_f32s(x, simd.splat_f32s(std::f32::consts::LOG2_E), magic), magic);
-    let r = simd.negate_mul_add_f32x16(k, simd.splat_f32s(0.693_359_4), x);
-    let r = simd.negate_mul_add_f32x16(k, simd.splat_f32s(-2.121_944_4e-4), r);
-    let mut p = simd.splat_f32s(1.987_569_1e-4);
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
-        p = simd.mul_add_f32s(p, r, simd.splat_f32s(c));
-    }
-    let p = simd.add_f32s(simd.mul_add_f32s(simd.mul_f32s(p, r), r, r), simd.splat_f32s(1.0));
-    // 2^k from the exponent bits: k + 127 lies in [1, 254].
-    let k = simd.convert_f32x16_to_i32x16(k);
-    let bits = simd.shl_const_i32x16::<23>(simd.add_i32s(k, simd.splat_i32s(127)));
-    simd.mul_f32s(p, pulp::cast(bits))
 }
 
 #[cfg(test)]

@@ -1,3 +1,5 @@
+use std::ops::Range;
+
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::kv::Pos;
@@ -10,10 +12,20 @@ pub struct Rope {
     inv_freq: Vec<f32>,
 }
 
-/// cos and sin of every (token, frequency): [n, 1, head_dim/2] each.
+/// cos and sin of every (token, frequency): [n, head_dim/2] each, on the host (for the CPU
+/// kernel) and as [n, 1, head_dim/2] tensors (for the Burn ops).
 pub struct RopeTables {
-    cos: Tensor<3>,
-    sin: Tensor<3>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    shape: [usize; 3],
+    device: Device,
+}
+
+impl RopeTables {
+    fn tensors(&self) -> (Tensor<3>, Tensor<3>) {
+        let t = |v: &Vec<f32>| Tensor::from_data(TensorData::new(v.clone(), self.shape), &self.device);
+        (t(&self.cos), t(&self.sin))
+    }
 }
 
 impl Rope {
@@ -34,11 +46,7 @@ impl Rope {
                 sin.push(angle.sin() as f32);
             }
         }
-        let shape = [positions.len(), 1, half];
-        RopeTables {
-            cos: Tensor::from_data(TensorData::new(cos, shape), device),
-            sin: Tensor::from_data(TensorData::new(sin, shape), device),
-        }
+        RopeTables { cos, sin, shape: [positions.len(), 1, half], device: device.clone() }
     }
 
     /// # Shapes
@@ -48,9 +56,27 @@ impl Rope {
         let half = d / 2;
         let x1 = x.clone().slice([0..n, 0..h, 0..half]);
         let x2 = x.slice([0..n, 0..h, half..d]);
-        let (cos, sin) = (t.cos.clone(), t.sin.clone());
+        let (cos, sin) = t.tensors();
         let lo = x1.clone() * cos.clone() - x2.clone() * sin.clone();
         let hi = x2 * cos + x1 * sin;
         Tensor::cat(vec![lo, hi], 2)
+    }
+
+    /// The stacked q/k/v projection's output with q's heads (columns `q`) and k's (columns `k`)
+    /// rotated, v's columns as they were.
+    ///
+    /// # Shapes
+    /// qkv: [n, width] → [n, width]; tables for the same n tokens.
+    pub fn apply_qk(qkv: Tensor<2>, q: Range<usize>, k: Range<usize>, t: &RopeTables) -> Tensor<2> {
+        let d = 2 * t.shape[2];
+        if let Some(y) = crate::kernels::rope_qk(&qkv, q.clone(), k.clone(), d, &t.cos, &t.sin) {
+            return y;
+        }
+        let [n, width] = qkv.dims();
+        let part = |cols: &Range<usize>| qkv.clone().narrow(1, cols.start, cols.len());
+        let rotate =
+            |cols: &Range<usize>| Rope::apply(part(cols).reshape([n, cols.len() / d, d]), t).reshape([n, cols.len()]);
+        let v = q.end.max(k.end)..width;
+        Tensor::cat(vec![rotate(&q), rotate(&k), part(&v)], 1)
     }
 }

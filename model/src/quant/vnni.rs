@@ -125,6 +125,7 @@ fn run_block(
 fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize) -> [__m512; R] {
     let mut acc = [_mm512_setzero_ps(); R];
     for (c, rec) in recs.chunks_exact(l.bytes).enumerate() {
+        prefetch(rec.as_ptr().wrapping_add(PREFETCH_BYTES), l.bytes);
         let (dsup, msup) = super_scales(l, rec);
         for g in 0..l.groups {
             let gi = c * l.groups + g;
@@ -159,6 +160,21 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize)
         }
     }
     acc
+}
+
+/// How far ahead of the record being read its successors are fetched into the cache. A
+/// thread's panels lie one after the other, so this runs into the next panel too.
+const PREFETCH_BYTES: usize = 4096;
+
+/// Asks for the `len` bytes at `p` (a cache line at a time) to be brought into the cache.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn prefetch(p: *const u8, len: usize) {
+    for line in (0..len).step_by(64) {
+        // A hint: it never faults, whatever the address (`wrapping_add` keeps the pointer
+        // arithmetic defined past the end of the weights).
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
+    }
 }
 
 /// Four activation bytes `x[4u..4u + 4]` in every 32-bit lane.

@@ -126,9 +126,10 @@ impl LanguageModel for Qwen2 {
                 return Err(DecodeError::Aborted);
             }
             let qkv = w.qkv.forward(w.attn_norm.forward(x.clone())); // [n, (heads + 2 · kv_heads) · hd]
+            let qkv = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables);
             let part = |rows: &Range<usize>| qkv.clone().narrow(1, rows.start, rows.len());
-            let q = Rope::apply(part(&q_rows).reshape([n, heads, hd]), &tables);
-            let k = Rope::apply(part(&k_rows).reshape([n, kv_heads, hd]), &tables);
+            let q = part(&q_rows).reshape([n, heads, hd]);
+            let k = part(&k_rows).reshape([n, kv_heads, hd]);
             let v = part(&v_rows).reshape([n, kv_heads, hd]);
             cache.write(l, placement, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
             let (keys, values) = cache.layer(l); // [kv_heads, capacity, hd]

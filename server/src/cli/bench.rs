@@ -66,6 +66,8 @@ pub struct BenchArgs {
     max_seqs_per_step: Option<usize>,
     #[arg(long)]
     max_tokens_per_step: Option<usize>,
+    #[arg(long)]
+    max_prefill_tokens_while_decoding: Option<usize>,
     /// Requests of the soak measurement (16-token prompts, 8 new tokens each).
     #[arg(long, default_value_t = 1000)]
     soak_requests: usize,
@@ -112,6 +114,9 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         kv_capacity: (most * (args.prompt_tokens + args.new_tokens)).max(longest + 1).max(defaults.kv_capacity),
         max_seqs_per_step: max_seqs,
         max_tokens_per_step: args.max_tokens_per_step.unwrap_or(defaults.max_tokens_per_step),
+        max_prefill_tokens_while_decoding: args
+            .max_prefill_tokens_while_decoding
+            .unwrap_or(defaults.max_prefill_tokens_while_decoding),
         prefix_caching: false,
         ..defaults
     };

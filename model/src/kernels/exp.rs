@@ -1,0 +1,107 @@
+//! `e^x` on AVX-512 (Cephes' `expf`: range reduction by ln 2 and a degree-5 polynomial, within
+//! 2 ulp of libm), for SwiGLU's gate, attention's softmax and the sampler's log-probabilities,
+//! where the scalar libm call per value was a visible share of a token.
+
+use pulp::x86::V4;
+use pulp::{Simd, f32x16};
+
+const LANES: usize = 16;
+
+/// `e^x` per lane. Inputs are clamped to [-87.3, 88.3], where the result is a normal f32: below,
+/// `silu` takes `1 + e^x` as 1 and above it as ∞ either way.
+#[inline(always)]
+pub(super) fn exp(simd: V4, x: f32x16) -> f32x16 {
+    let x = simd.min_f32s(simd.max_f32s(x, simd.splat_f32s(-87.3)), simd.splat_f32s(88.3));
+    // x = k · ln 2 + r, |r| ≤ ln 2 / 2, with ln 2 in two parts so that r is exact.
+    // Round to nearest by adding and taking away 1.5 · 2²³ (pulp 0.22's `round_f32x16` rounds
+    // the lanes as f64s).
+    let magic = simd.splat_f32s(12_582_912.0);
+    let k = simd.sub_f32s(simd.mul_add_f32s(x, simd.splat_f32s(std::f32::consts::LOG2_E), magic), magic);
+    let r = simd.negate_mul_add_f32x16(k, simd.splat_f32s(0.693_359_4), x);
+    let r = simd.negate_mul_add_f32x16(k, simd.splat_f32s(-2.121_944_4e-4), r);
+    let mut p = simd.splat_f32s(1.987_569_1e-4);
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        p = simd.mul_add_f32s(p, r, simd.splat_f32s(c));
+    }
+    let p = simd.add_f32s(simd.mul_add_f32s(simd.mul_f32s(p, r), r, r), simd.splat_f32s(1.0));
+    // 2^k from the exponent bits: k + 127 lies in [1, 254].
+    let k = simd.convert_f32x16_to_i32x16(k);
+    let bits = simd.shl_const_i32x16::<23>(simd.add_i32s(k, simd.splat_i32s(127)));
+    simd.mul_f32s(p, pulp::cast(bits))
+}
+
+/// Replaces each `x` by `e^(x − max)` and returns their sum.
+#[inline(always)]
+pub(super) fn exp_sub_sum(simd: V4, xs: &mut [f32], max: f32) -> f32 {
+    let (head, tail) = pulp::as_arrays_mut::<LANES, f32>(xs);
+    let m = simd.splat_f32s(max);
+    let mut sum = simd.splat_f32s(0.0);
+    for x in head {
+        let e = exp(simd, simd.sub_f32s(pulp::cast(*x), m));
+        sum = simd.add_f32s(sum, e);
+        *x = pulp::cast(e);
+    }
+    let mut total = simd.reduce_sum_f32s(sum);
+    for x in tail {
+        *x = (*x - max).exp();
+        total += *x;
+    }
+    total
+}
+
+/// `ln Σ e^x` over `row` (−∞ for an empty row): the normaliser of log-probabilities.
+pub fn log_sum_exp(row: &[f32]) -> f32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return max;
+    }
+    let sum = match V4::try_new() {
+        Some(simd) => simd.vectorize(SumExp { simd, row, max }),
+        None => row.iter().map(|x| (x - max).exp()).sum(),
+    };
+    max + sum.ln()
+}
+
+/// `Σ e^(x − max)`, as a callable that `V4::vectorize` inlines into its AVX-512 function.
+struct SumExp<'a> {
+    simd: V4,
+    row: &'a [f32],
+    max: f32,
+}
+
+impl pulp::NullaryFnOnce for SumExp<'_> {
+    type Output = f32;
+
+    #[inline(always)]
+    fn call(self) -> f32 {
+        let SumExp { simd, row, max } = self;
+        let (head, tail) = pulp::as_arrays::<LANES, f32>(row);
+        let m = simd.splat_f32s(max);
+        let mut sum = simd.splat_f32s(0.0);
+        for x in head {
+            sum = simd.add_f32s(sum, exp(simd, simd.sub_f32s(pulp::cast(*x), m)));
+        }
+        simd.reduce_sum_f32s(sum) + tail.iter().map(|x| (x - max).exp()).sum::<f32>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_sum_exp_matches_an_f64_reference() {
+        for n in [0, 1, 15, 16, 17, 1000, 151_936] {
+            let row: Vec<f32> = crate::kernels::test_values(n, 3).iter().map(|v| v * 30.0).collect();
+            let got = log_sum_exp(&row);
+            if n == 0 {
+                assert_eq!(got, f32::NEG_INFINITY);
+                continue;
+            }
+            let max = row.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v as f64));
+            let want = max + row.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln();
+            assert!((got as f64 - want).abs() < 1e-5 * want.abs().max(1.0), "n {n}: {got} vs {want}");
+        }
+        assert_eq!(log_sum_exp(&[f32::NEG_INFINITY, 1.0]), 1.0);
+    }
+}
