@@ -133,3 +133,37 @@ fn bench_reports_every_measurement_it_is_asked_for() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown measurement 'nonsense'"));
 }
+
+/// `llaisys perplexity` on a fixture: a finite perplexity above 1, the same for the safetensors
+/// model and its F32 GGUF (the same weights), and clear errors for a context beyond the model's
+/// and a text shorter than one chunk.
+#[test]
+fn perplexity_scores_a_text_the_same_through_either_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "The capital of France is Paris. def fibonacci(n): return n if n < 2 else n - 1\n".repeat(12),
+    )
+    .unwrap();
+    let text = text.to_str().unwrap();
+    let score = |model: &str| {
+        let out = llaisys(&["perplexity", "--model", model, "--file", text, "--ctx", "64"]);
+        let line = stdout(&out);
+        let value: f64 =
+            line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+        assert!(value.is_finite() && value > 1.0, "{line}");
+        value
+    };
+    let hf = score(fixture_dir("tiny-tied-f32").to_str().unwrap());
+    let gguf = score(llaisys_tests::gguf_fixture("tiny-tied-f32").to_str().unwrap());
+    assert!((hf - gguf).abs() < 1e-3 * hf, "{hf} against {gguf}");
+    let model = fixture_dir("tiny-tied-f32");
+    let model = model.to_str().unwrap();
+    let out = llaisys(&["perplexity", "--model", model, "--file", text, "--ctx", "4096"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("beyond the model's context"));
+    std::fs::write(dir.path().join("short.txt"), "Hi").unwrap();
+    let short = dir.path().join("short.txt");
+    let out = llaisys(&["perplexity", "--model", model, "--file", short.to_str().unwrap(), "--ctx", "64"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("fewer than one chunk"));
+}

@@ -2,6 +2,7 @@
 
 mod bench;
 mod generate;
+mod perplexity;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Speed through the engine: prefill, batch-1 decode, throughput under concurrent requests.
     Bench(bench::BenchArgs),
+    /// Perplexity on a text file, computed as llama.cpp's llama-perplexity does.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 /// Why a command failed.
@@ -50,6 +53,7 @@ impl Cli {
             Command::Generate(args) => generate::run(args),
             Command::Bench(args) => bench::run(args),
             Command::Serve(args) => serve::run(args),
+            Command::Perplexity(args) => perplexity::run(args),
         }
     }
 }
