@@ -33,6 +33,7 @@ mod awake;
 mod bf16dot;
 mod exp;
 mod norm_rope;
+pub(crate) mod prefetch;
 mod swiglu;
 mod xwt;
 

@@ -15,6 +15,8 @@ use pulp::x86::V4;
 use pulp::{Simd, f32x16};
 use rayon::prelude::*;
 
+use super::prefetch::{AHEAD, prefetch};
+
 const LANES: usize = 16;
 /// Tile size: x rows × weight rows per inner loop (16 zmm accumulators).
 const MR: usize = 4;
@@ -129,9 +131,14 @@ fn block_product<W: Weight>(simd: V4, p: &Product<'_, W>, j0: usize, rows: &mut 
     // is bound by the FMAs, and four weight rows per tile halve the loads per FMA (copying
     // them first into a sequential buffer, or prefetching them, measured no faster).
     let step = if p.m <= STREAM_ROWS { 1 } else { NR };
+    let row_bytes = k * std::mem::size_of::<W>();
     for jt in (0..width).step_by(step) {
         let nr = step.min(width - jt);
         let w = &p.w[(j0 + jt) * k..(j0 + jt + nr) * k];
+        if step == 1 {
+            // A row's worth of the stream, `prefetch::AHEAD` bytes on (f16 decode 30 → 33 tok/s).
+            prefetch(w.as_ptr().cast::<u8>().wrapping_add(AHEAD), row_bytes);
+        }
         let bias = p.bias.map(|b| &b[j0 + jt..]);
         for it in (0..p.m).step_by(MR) {
             let x = &p.x[it * k..(it + MR).min(p.m) * k];

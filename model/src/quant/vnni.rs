@@ -19,6 +19,7 @@ use std::ops::Range;
 use super::QuantType;
 use super::activation::Activations;
 use super::packed::{GROUP, Layout, PANEL, Part};
+use crate::kernels::prefetch::{AHEAD, prefetch};
 
 /// The 32 unsigned values of group g of 16 rows: vector u holds values 4u..4u + 4 of each row.
 /// A macro so that it always expands inside the caller's AVX-512 code: as a function it was
@@ -125,7 +126,9 @@ fn run_block(
 fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize) -> [__m512; R] {
     let mut acc = [_mm512_setzero_ps(); R];
     for (c, rec) in recs.chunks_exact(l.bytes).enumerate() {
-        prefetch(rec.as_ptr().wrapping_add(PREFETCH_BYTES), l.bytes);
+        // The records `AHEAD` bytes on: a thread's panels lie one after another, so this runs
+        // into the next panel too.
+        prefetch(rec.as_ptr().wrapping_add(AHEAD), l.bytes);
         let (dsup, msup) = super_scales(l, rec);
         for g in 0..l.groups {
             let gi = c * l.groups + g;
@@ -160,21 +163,6 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize)
         }
     }
     acc
-}
-
-/// How far ahead of the record being read its successors are fetched into the cache. A
-/// thread's panels lie one after the other, so this runs into the next panel too.
-const PREFETCH_BYTES: usize = 4096;
-
-/// Asks for the `len` bytes at `p` (a cache line at a time) to be brought into the cache.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn prefetch(p: *const u8, len: usize) {
-    for line in (0..len).step_by(64) {
-        // A hint: it never faults, whatever the address (`wrapping_add` keeps the pointer
-        // arithmetic defined past the end of the weights).
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
-    }
 }
 
 /// Four activation bytes `x[4u..4u + 4]` in every 32-bit lane.
