@@ -13,7 +13,7 @@ use crate::scheduler::{AdmissionError, Finished, Scheduler, SchedulerConfig, Seq
 use crate::worker::Executor;
 
 /// Sizes and budgets of one engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineConfig {
     /// KV cache cells (tokens across all sequences).
     pub kv_capacity: usize,
@@ -22,6 +22,9 @@ pub struct EngineConfig {
     /// Most prompt tokens in a step that also decodes (bounds the decoding sequences'
     /// inter-token gap while prompts are prefilled).
     pub max_prefill_tokens_while_decoding: usize,
+    /// A step that decodes takes at most this many times a decode-only step: its prefill is
+    /// sized from the step cost learnt as the engine runs (0: only the token bound).
+    pub prefill_step_factor: f64,
     /// Reuse the cells of finished requests for later prompts with the same prefix (E5).
     pub prefix_caching: bool,
     /// A session with no request for this long is ended and its cells freed (E6).
@@ -34,7 +37,8 @@ impl Default for EngineConfig {
             kv_capacity: 8192,
             max_seqs_per_step: 32,
             max_tokens_per_step: 512,
-            max_prefill_tokens_while_decoding: 64,
+            max_prefill_tokens_while_decoding: 256,
+            prefill_step_factor: 2.0,
             prefix_caching: true,
             session_idle_timeout: Duration::from_secs(600),
         }
@@ -48,6 +52,7 @@ impl EngineConfig {
             max_seqs_per_step: self.max_seqs_per_step,
             max_tokens_per_step: self.max_tokens_per_step,
             max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding,
+            prefill_step_factor: self.prefill_step_factor,
             kv_capacity: self.kv_capacity,
             context_length,
             prefix_caching: self.prefix_caching,
@@ -172,7 +177,9 @@ impl Llm {
             prompts.iter().map(|_| (TextStream::new(params.stop.iter().cloned()), String::new())).collect();
         let mut done: Vec<Option<Finished>> = vec![None; prompts.len()];
         while let Some(plan) = scheduler.schedule() {
+            let start = std::time::Instant::now();
             let sampled = self.executor.execute(&plan)?;
+            scheduler.record_step(&plan, start.elapsed());
             let tokens: Vec<Option<u32>> = sampled.iter().map(|s| s.as_ref().map(|s| s.token)).collect();
             for (item, token) in plan.items.iter().zip(&tokens) {
                 if let (Some(t), Some(tokenizer)) = (token, &self.tokenizer) {

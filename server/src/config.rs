@@ -48,6 +48,7 @@ pub struct EngineSection {
     pub max_seqs_per_step: usize,
     pub max_tokens_per_step: usize,
     pub max_prefill_tokens_while_decoding: usize,
+    pub prefill_step_factor: f64,
     pub prefix_caching: bool,
     pub session_idle_timeout_secs: u64,
 }
@@ -139,6 +140,10 @@ impl Config {
             return Err(bad("model.path", "no model: give --model FILE.gguf or DIR (or LLAISYS_MODEL_PATH)"));
         }
         self.weight_dtype().map_err(|e| bad("model.dtype", &e))?;
+        let factor = self.engine.prefill_step_factor;
+        if !(factor == 0.0 || (factor.is_finite() && factor > 1.0)) {
+            return Err(bad("engine.prefill_step_factor", "must be 0 (off) or a number above 1"));
+        }
         for (key, value) in [
             ("server.max_body_bytes", self.server.max_body_bytes),
             ("engine.kv_capacity", self.engine.kv_capacity),
@@ -187,6 +192,7 @@ impl Config {
             max_seqs_per_step: self.engine.max_seqs_per_step,
             max_tokens_per_step: self.engine.max_tokens_per_step,
             max_prefill_tokens_while_decoding: self.engine.max_prefill_tokens_while_decoding,
+            prefill_step_factor: self.engine.prefill_step_factor,
             prefix_caching: self.engine.prefix_caching,
             session_idle_timeout: Duration::from_secs(self.engine.session_idle_timeout_secs),
         }
@@ -255,6 +261,9 @@ mod tests {
         assert!(err.contains("engine.kv_capacity") && err.contains("LLAISYS_ENGINE_KV_CAPACITY"), "{err}");
         let err = load(&[], &[("model.path", "m"), ("limits.max_n", "0")]).unwrap_err().to_string();
         assert!(err.contains("limits.max_n") && err.contains("at least 1"), "{err}");
+        let err = load(&[], &[("model.path", "m"), ("engine.prefill_step_factor", "0.5")]).unwrap_err().to_string();
+        assert!(err.contains("engine.prefill_step_factor") && err.contains("above 1"), "{err}");
+        assert!(load(&[], &[("model.path", "m"), ("engine.prefill_step_factor", "0")]).is_ok());
         let err = load(&[], &[("model.path", "m"), ("server.prot", "1")]).unwrap_err().to_string();
         assert!(err.contains("server.prot") && err.contains("no such key"), "{err}");
         let err = load(&[], &[("model.path", "m"), ("model.dtype", "f8")]).unwrap_err().to_string();

@@ -21,8 +21,9 @@ pub enum ToScheduler {
         events: UnboundedSender<Event>,
         reply: RpcReplyPort<Result<RequestId, EngineError>>,
     },
-    /// Sent by the worker when a step ran; carries what each plan item sampled.
-    StepDone { plan: StepPlan, result: Result<Vec<Option<Sampled>>, DecodeError> },
+    /// Sent by the worker when a step ran; carries what each plan item sampled and how long the
+    /// step took.
+    StepDone { plan: StepPlan, result: Result<Vec<Option<Sampled>>, DecodeError>, elapsed: Duration },
     /// Sent by a request actor (a stop string matched, or its client went away) and by
     /// `Engine::cancel`: end the request at the next step. Replies whether it was known.
     Finish { id: RequestId, reason: FinishReason, reply: Option<RpcReplyPort<bool>> },

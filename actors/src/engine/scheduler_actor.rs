@@ -133,10 +133,11 @@ impl Actor for SchedulerActor {
                 let result = state.submit(&me, request, events).await;
                 let _ = reply.send(result);
             }
-            ToScheduler::StepDone { plan, result } => {
+            ToScheduler::StepDone { plan, result, elapsed } => {
                 state.in_flight = None;
                 let finished = match result {
                     Ok(sampled) => {
+                        state.scheduler.record_step(&plan, elapsed);
                         let tokens: Vec<Option<u32>> = sampled.iter().map(|s| s.as_ref().map(|s| s.token)).collect();
                         for (item, s) in plan.items.iter().zip(sampled) {
                             if let (Some(s), Some(live)) = (s, state.requests.get(&item.id)) {

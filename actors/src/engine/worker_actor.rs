@@ -47,9 +47,10 @@ impl Actor for WorkerActor {
             }
             ToWorker::Execute(plan) => {
                 let mut executor = state.executor.take().ok_or("worker executor missing")?;
-                let (executor, plan, result) = tokio::task::spawn_blocking(move || {
+                let (executor, plan, result, elapsed) = tokio::task::spawn_blocking(move || {
+                    let start = std::time::Instant::now();
                     let result = executor.execute(&plan);
-                    (executor, plan, result)
+                    (executor, plan, result, start.elapsed())
                 })
                 .await?;
                 if let Err(DecodeError::Internal(e)) = result {
@@ -58,7 +59,7 @@ impl Actor for WorkerActor {
                 state.executor = Some(executor);
                 state
                     .scheduler
-                    .send_message(ToScheduler::StepDone { plan, result })
+                    .send_message(ToScheduler::StepDone { plan, result, elapsed })
                     .map_err(|_| "scheduler stopped")?;
             }
         }

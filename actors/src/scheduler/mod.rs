@@ -1,5 +1,6 @@
 //! The scheduler's policy (E3, E4): pure, synchronous state the scheduler actor owns.
 
+mod cost;
 mod policy;
 mod sequence;
 #[cfg(test)]

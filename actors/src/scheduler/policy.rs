@@ -24,11 +24,12 @@ use std::time::Duration;
 use llaisys_model::kv::MAX_SEQ;
 use llaisys_model::{Pos, SeqId};
 
+use super::cost::StepCost;
 use super::sequence::Sequence;
 use crate::request::{FinishReason, RequestId, RequestState};
 
 /// Budgets and sizes the scheduler works within.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SchedulerConfig {
     /// Most sequences in one forward pass.
     pub max_seqs_per_step: usize,
@@ -36,8 +37,12 @@ pub struct SchedulerConfig {
     pub max_tokens_per_step: usize,
     /// Most prompt tokens in a step that also decodes: a step's time grows with its tokens, and
     /// every decoding sequence waits for the whole step, so this bounds their inter-token gap
-    /// while prompts are being prefilled (they still advance by this much every step).
+    /// while prompts are being prefilled.
     pub max_prefill_tokens_while_decoding: usize,
+    /// A step that decodes may take at most this many times a decode-only step (its prefill is
+    /// sized from the learnt step cost, within `max_prefill_tokens_while_decoding`; prompts
+    /// still advance by at least `MIN_PREFILL` tokens a step). 0: no time bound.
+    pub prefill_step_factor: f64,
     /// Cells of the worker's KV cache.
     pub kv_capacity: usize,
     /// The model's context length.
@@ -139,7 +144,13 @@ pub struct Scheduler {
     /// Prompt tokens looked up in the prefix cache, and how many were found (vLLM's counters).
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    /// Learnt from the steps that ran (`record_step`).
+    cost: StepCost,
 }
+
+/// Prompt tokens a step that decodes takes at least, whatever the time bound: prompts waiting
+/// behind decoding sequences still advance.
+const MIN_PREFILL: usize = 8;
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
@@ -156,6 +167,27 @@ impl Scheduler {
             preemptions: 0,
             prefix_queries: 0,
             prefix_hits: 0,
+            cost: StepCost::default(),
+        }
+    }
+
+    /// A step of `plan` ran in `elapsed` (it teaches the step cost).
+    pub fn record_step(&mut self, plan: &StepPlan, elapsed: Duration) {
+        let tokens = plan.items.iter().map(|i| i.tokens.len()).sum();
+        if tokens > 0 {
+            self.cost.record(tokens, elapsed.as_secs_f64());
+        }
+    }
+
+    /// Prompt tokens a step may take while `decode` sequences decode in it.
+    fn prefill_budget(&self, decode: usize) -> usize {
+        let cap = self.config.max_prefill_tokens_while_decoding.max(1);
+        if self.config.prefill_step_factor <= 0.0 {
+            return cap;
+        }
+        match self.cost.prefill_budget(decode, self.config.prefill_step_factor) {
+            Some(budget) => budget.clamp(MIN_PREFILL.min(cap), cap),
+            None => cap,
         }
     }
 
@@ -208,9 +240,8 @@ impl Scheduler {
         self.clock += 1;
         let mut budget = self.config.max_tokens_per_step;
         // Prompt tokens this step may take: bounded while any sequence decodes.
-        let decoding = self.running.iter().any(|s| s.computed >= s.prompt_len);
-        let mut prefill_budget =
-            if decoding { self.config.max_prefill_tokens_while_decoding.max(1) } else { usize::MAX };
+        let decoding = self.running.iter().filter(|s| s.computed >= s.prompt_len).count();
+        let mut prefill_budget = if decoding > 0 { self.prefill_budget(decoding) } else { usize::MAX };
         let mut preempted = false;
         // Running sequences, oldest first: a decode token each, or the next prefill chunk.
         let mut i = 0;

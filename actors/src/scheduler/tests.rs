@@ -1,6 +1,8 @@
 //! Scheduler policy: budgets, fairness, admission, preemption and rejection, driven with fake
 //! model outputs (every sampled token is 7; the stop token is 9).
 
+use std::time::Duration;
+
 use super::*;
 use crate::request::FinishReason;
 
@@ -9,6 +11,7 @@ fn config(tokens: usize, seqs: usize, kv: usize) -> SchedulerConfig {
         max_seqs_per_step: seqs,
         max_tokens_per_step: tokens,
         max_prefill_tokens_while_decoding: tokens,
+        prefill_step_factor: 0.0,
         kv_capacity: kv,
         context_length: 1000,
         prefix_caching: false,
@@ -65,6 +68,33 @@ fn while_sequences_decode_prompts_get_only_the_prefill_budget() {
     }
     // 12 + 4 prompt tokens, five per step, in arrival order.
     assert_eq!(steps, vec![(5, 0), (5, 0), (2, 3), (1, 1)]);
+}
+
+/// With a time bound, the prefill a decoding step takes follows the learnt step cost: here 10 ms
+/// a step plus 1 ms a token, and a bound of twice a decode-only step. With one sequence decoding
+/// (11 ms alone) a step may add (2 − 1) × 11 ms / 1 ms = 11 prompt tokens; before the cost is
+/// known, the static budget applies.
+#[test]
+fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
+    let mut s = Scheduler::new(SchedulerConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
+    s.add(seq(0, 3, 50)).unwrap();
+    step(&mut s);
+    s.add(seq(1, 40, 5)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!((tokens_of(&plan, 0), tokens_of(&plan, 1)), (1, 40), "no cost learnt yet: the static budget");
+    let mut s = Scheduler::new(SchedulerConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
+    for tokens in [43, 17, 64] {
+        let item = PlanItem { id: 99, seq: 0, start_pos: 0, tokens: vec![0; tokens], sample: false };
+        s.record_step(
+            &StepPlan { items: vec![item], ..StepPlan::default() },
+            Duration::from_millis(10 + tokens as u64),
+        );
+    }
+    s.add(seq(0, 3, 50)).unwrap();
+    step(&mut s);
+    s.add(seq(1, 40, 5)).unwrap();
+    let chunks: Vec<usize> = (0..4).map(|_| tokens_of(&step(&mut s).0, 1)).collect();
+    assert_eq!(chunks, vec![11, 11, 11, 7]);
 }
 
 #[test]

@@ -68,6 +68,8 @@ pub struct BenchArgs {
     max_tokens_per_step: Option<usize>,
     #[arg(long)]
     max_prefill_tokens_while_decoding: Option<usize>,
+    #[arg(long)]
+    prefill_step_factor: Option<f64>,
     /// Requests of the soak measurement (16-token prompts, 8 new tokens each).
     #[arg(long, default_value_t = 1000)]
     soak_requests: usize,
@@ -117,6 +119,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         max_prefill_tokens_while_decoding: args
             .max_prefill_tokens_while_decoding
             .unwrap_or(defaults.max_prefill_tokens_while_decoding),
+        prefill_step_factor: args.prefill_step_factor.unwrap_or(defaults.prefill_step_factor),
         prefix_caching: false,
         ..defaults
     };

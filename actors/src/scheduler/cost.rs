@@ -1,0 +1,81 @@
+//! What a step costs, learnt from the steps that ran: `time ≈ a + b · tokens`, where a is what
+//! every step pays (reading the weights) and b each token's compute, fitted by least squares
+//! over the recent steps (older ones forgotten geometrically, so it follows the load). The
+//! policy uses it to size the prefill it adds to a step that decodes: every decoding sequence
+//! waits for the whole step, so a step may take at most `factor` times a decode-only one.
+
+/// Weight of a step after each newer one.
+const FORGET: f64 = 0.95;
+
+#[derive(Debug, Clone, Default)]
+pub struct StepCost {
+    /// Decayed sums over steps of 1, tokens, seconds, tokens², tokens · seconds.
+    w: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+}
+
+impl StepCost {
+    /// A step of `tokens` tokens took `secs`.
+    pub fn record(&mut self, tokens: usize, secs: f64) {
+        let x = tokens as f64;
+        for s in [&mut self.w, &mut self.x, &mut self.y, &mut self.xx, &mut self.xy] {
+            *s *= FORGET;
+        }
+        self.w += 1.0;
+        self.x += x;
+        self.y += secs;
+        self.xx += x * x;
+        self.xy += x * secs;
+    }
+
+    /// `(a, b)`, once three or more recent steps vary enough in size to tell them apart.
+    fn fit(&self) -> Option<(f64, f64)> {
+        let var = self.w * self.xx - self.x * self.x;
+        if self.w < 2.5 || var <= 1e-9 * self.w * self.xx.max(1.0) {
+            return None;
+        }
+        let b = (self.w * self.xy - self.x * self.y) / var;
+        let a = (self.y - b * self.x) / self.w;
+        (b > 0.0 && a.is_finite()).then_some((a.max(0.0), b))
+    }
+
+    /// Most prompt tokens to add to a step of `decode` decode tokens so that it takes at most
+    /// `factor` times as long as those alone; `None` before the fit exists.
+    pub fn prefill_budget(&self, decode: usize, factor: f64) -> Option<usize> {
+        let (a, b) = self.fit()?;
+        let decode_only = a + b * decode as f64;
+        Some(((factor - 1.0) * decode_only / b).floor().max(0.0) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fit_recovers_a_linear_cost_and_sizes_the_prefill() {
+        let mut cost = StepCost::default();
+        assert_eq!(cost.prefill_budget(16, 2.5), None);
+        // 15 ms per step plus 2 ms per token.
+        for tokens in [512, 16, 48, 16, 300, 17, 80] {
+            cost.record(tokens, 0.015 + 0.002 * tokens as f64);
+        }
+        let (a, b) = cost.fit().unwrap();
+        assert!((a - 0.015).abs() < 1e-9 && (b - 0.002).abs() < 1e-12, "{a} {b}");
+        // 16 decode tokens: 47 ms alone; 2.5 times that leaves 70.5 ms: 35 prompt tokens.
+        assert_eq!(cost.prefill_budget(16, 2.5), Some(35));
+        assert_eq!(cost.prefill_budget(16, 1.0), Some(0));
+    }
+
+    #[test]
+    fn steps_of_one_size_give_no_fit() {
+        let mut cost = StepCost::default();
+        for _ in 0..10 {
+            cost.record(16, 0.05);
+        }
+        assert_eq!(cost.prefill_budget(16, 2.5), None);
+    }
+}
