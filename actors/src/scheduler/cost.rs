@@ -2,7 +2,8 @@
 //! every step pays (reading the weights) and b each token's compute, fitted by least squares
 //! over the recent steps (older ones forgotten geometrically, so it follows the load). The
 //! policy uses it to size the prefill it adds to a step that decodes: every decoding sequence
-//! waits for the whole step, so a step may take at most `factor` times a decode-only one.
+//! waits for the whole step, so a step may take at most `factor` times a decode-only step of
+//! the batch the engine settles into once the prompts it holds are decoding too.
 
 /// Weight of a step after each newer one.
 const FORGET: f64 = 0.95;
@@ -43,11 +44,13 @@ impl StepCost {
     }
 
     /// Most prompt tokens to add to a step of `decode` decode tokens so that it takes at most
-    /// `factor` times as long as those alone; `None` before the fit exists.
-    pub fn prefill_budget(&self, decode: usize, factor: f64) -> Option<usize> {
+    /// `factor` times a decode-only step of `steady` sequences (the batch once every admitted
+    /// prompt decodes, whose step is the gap the requests see most of the time; `steady` ≥
+    /// `decode`); `None` before the fit exists.
+    pub fn prefill_budget(&self, decode: usize, steady: usize, factor: f64) -> Option<usize> {
         let (a, b) = self.fit()?;
-        let decode_only = a + b * decode as f64;
-        Some(((factor - 1.0) * decode_only / b).floor().max(0.0) as usize)
+        let bound = factor * (a + b * steady.max(decode) as f64);
+        Some(((bound - a - b * decode as f64) / b).floor().max(0.0) as usize)
     }
 }
 
@@ -58,7 +61,7 @@ mod tests {
     #[test]
     fn the_fit_recovers_a_linear_cost_and_sizes_the_prefill() {
         let mut cost = StepCost::default();
-        assert_eq!(cost.prefill_budget(16, 2.5), None);
+        assert_eq!(cost.prefill_budget(16, 16, 2.5), None);
         // 15 ms per step plus 2 ms per token.
         for tokens in [512, 16, 48, 16, 300, 17, 80] {
             cost.record(tokens, 0.015 + 0.002 * tokens as f64);
@@ -66,8 +69,11 @@ mod tests {
         let (a, b) = cost.fit().unwrap();
         assert!((a - 0.015).abs() < 1e-9 && (b - 0.002).abs() < 1e-12, "{a} {b}");
         // 16 decode tokens: 47 ms alone; 2.5 times that leaves 70.5 ms: 35 prompt tokens.
-        assert_eq!(cost.prefill_budget(16, 2.5), Some(35));
-        assert_eq!(cost.prefill_budget(16, 1.0), Some(0));
+        assert_eq!(cost.prefill_budget(16, 16, 2.5), Some(35));
+        assert_eq!(cost.prefill_budget(16, 16, 1.0), Some(0));
+        // 4 decode tokens now, 16 once the waiting prompts decode: 2.5 × 47 ms = 117.5 ms, of
+        // which the 4 decode tokens take 23 ms: 47 prompt tokens.
+        assert_eq!(cost.prefill_budget(4, 16, 2.5), Some(47));
     }
 
     #[test]
@@ -76,6 +82,6 @@ mod tests {
         for _ in 0..10 {
             cost.record(16, 0.05);
         }
-        assert_eq!(cost.prefill_budget(16, 2.5), None);
+        assert_eq!(cost.prefill_budget(16, 16, 2.5), None);
     }
 }

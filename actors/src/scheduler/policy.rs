@@ -39,7 +39,8 @@ pub struct SchedulerConfig {
     /// every decoding sequence waits for the whole step, so this bounds their inter-token gap
     /// while prompts are being prefilled.
     pub max_prefill_tokens_while_decoding: usize,
-    /// A step that decodes may take at most this many times a decode-only step (its prefill is
+    /// A step that decodes may take at most this many times a decode-only step of the batch of
+    /// every running and waiting sequence (up to `max_seqs_per_step`; its prefill is
     /// sized from the learnt step cost, within `max_prefill_tokens_while_decoding`; prompts
     /// still advance by at least `MIN_PREFILL` tokens a step). 0: no time bound.
     pub prefill_step_factor: f64,
@@ -185,7 +186,9 @@ impl Scheduler {
         if self.config.prefill_step_factor <= 0.0 {
             return cap;
         }
-        match self.cost.prefill_budget(decode, self.config.prefill_step_factor) {
+        // The batch once the prompts held now decode too: its step is the gap most tokens see.
+        let steady = (self.running.len() + self.waiting.len()).min(self.config.max_seqs_per_step);
+        match self.cost.prefill_budget(decode, steady, self.config.prefill_step_factor) {
             Some(budget) => budget.clamp(MIN_PREFILL.min(cap), cap),
             None => cap,
         }

@@ -71,9 +71,10 @@ fn while_sequences_decode_prompts_get_only_the_prefill_budget() {
 }
 
 /// With a time bound, the prefill a decoding step takes follows the learnt step cost: here 10 ms
-/// a step plus 1 ms a token, and a bound of twice a decode-only step. With one sequence decoding
-/// (11 ms alone) a step may add (2 − 1) × 11 ms / 1 ms = 11 prompt tokens; before the cost is
-/// known, the static budget applies.
+/// a step plus 1 ms a token, and a bound of twice a decode-only step of the batch the engine
+/// settles into (both sequences decoding: 12 ms). With one sequence decoding (11 ms) a step may
+/// add (2 × 12 − 11) ms / 1 ms = 13 prompt tokens; with a third request waiting, the bound is
+/// 2 × 13 ms and the step adds 15. Before the cost is known, the static budget applies.
 #[test]
 fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
     let mut s = Scheduler::new(SchedulerConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
@@ -93,8 +94,11 @@ fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
     s.add(seq(0, 3, 50)).unwrap();
     step(&mut s);
     s.add(seq(1, 40, 5)).unwrap();
-    let chunks: Vec<usize> = (0..4).map(|_| tokens_of(&step(&mut s).0, 1)).collect();
-    assert_eq!(chunks, vec![11, 11, 11, 7]);
+    let chunks: Vec<usize> = (0..3).map(|_| tokens_of(&step(&mut s).0, 1)).collect();
+    assert_eq!(chunks, vec![13, 13, 13]);
+    s.add(seq(2, 40, 5)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!((tokens_of(&plan, 1), tokens_of(&plan, 2)), (1, 15), "seq 1 ends its prompt; seq 2 gets 15");
 }
 
 #[test]
