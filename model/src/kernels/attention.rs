@@ -102,7 +102,7 @@ impl pulp::NullaryFnOnce for RowHead<'_, '_> {
         for (i, &c) in cells.iter().enumerate().skip(blocked) {
             let k = &a.k[cache(c)..][..d];
             for j in 0..group {
-                scores[j * cells.len() + i] = dot(simd, &q[j * d..(j + 1) * d], k) * scale;
+                scores[j * cells.len() + i] = super::xwt::dot(simd, &q[j * d..(j + 1) * d], k, d) * scale;
             }
         }
         for j in 0..group {
@@ -164,12 +164,6 @@ fn reduce_16(simd: V4, v: [f32x16; LANES]) -> f32x16 {
     let v01 = f._mm512_add_ps(f._mm512_shuffle_f32x4::<0x88>(t0, t1), f._mm512_shuffle_f32x4::<0xDD>(t0, t1));
     let v23 = f._mm512_add_ps(f._mm512_shuffle_f32x4::<0x88>(t2, t3), f._mm512_shuffle_f32x4::<0xDD>(t2, t3));
     pulp::cast(f._mm512_add_ps(f._mm512_shuffle_f32x4::<0x88>(v01, v23), f._mm512_shuffle_f32x4::<0xDD>(v01, v23)))
-}
-
-/// `a · b`: the x·Wᵀ kernel's one-by-one tile.
-#[inline(always)]
-fn dot(simd: V4, a: &[f32], b: &[f32]) -> f32 {
-    super::xwt::tile::<f32, 1, 1>(simd, a, b, a.len())[0][0]
 }
 
 #[cfg(test)]

@@ -157,7 +157,7 @@ fn block_product<W: Weight>(simd: V4, p: &Product<'_, W>, j0: usize, rows: &mut 
 /// No closures here: a closure is not compiled with the caller's target features, so the
 /// intrinsics in it would become calls and the accumulators would live on the stack.
 #[inline(always)]
-pub(super) fn tile<W: Weight, const R: usize, const C: usize>(simd: V4, x: &[f32], w: &[W], k: usize) -> [[f32; C]; R] {
+fn tile<W: Weight, const R: usize, const C: usize>(simd: V4, x: &[f32], w: &[W], k: usize) -> [[f32; C]; R] {
     if R == 1 && C == 1 {
         let mut out = [[0.0; C]; R];
         out[0][0] = dot(simd, x, w, k);
@@ -201,10 +201,10 @@ pub(super) fn tile<W: Weight, const R: usize, const C: usize>(simd: V4, x: &[f32
     out
 }
 
-/// One dot product (a decode step's tile): four chains of FMAs over alternating vectors, so the
+/// One dot product (a decode step's tile; attention's odd scores): four chains of FMAs over alternating vectors, so the
 /// FMA latency does not bound a row's stream (one chain waits four cycles per sixteen values).
 #[inline(always)]
-fn dot<W: Weight>(simd: V4, x: &[f32], w: &[W], k: usize) -> f32 {
+pub(super) fn dot<W: Weight>(simd: V4, x: &[f32], w: &[W], k: usize) -> f32 {
     const CHAINS: usize = 4;
     let (xv, _) = pulp::as_arrays::<LANES, f32>(&x[..k]);
     let (wv, _) = pulp::as_arrays::<LANES, W>(&w[..k]);
