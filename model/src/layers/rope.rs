@@ -1,3 +1,4 @@
+use std::cell::OnceCell;
 use std::ops::Range;
 
 use burn::tensor::{Device, Tensor, TensorData};
@@ -19,12 +20,15 @@ pub struct RopeTables {
     sin: Vec<f32>,
     shape: [usize; 3],
     device: Device,
+    /// The tensors, made on the Burn path's first use and shared by every layer of the pass
+    /// (the CPU kernel reads the vectors and never makes them).
+    tensors: OnceCell<(Tensor<3>, Tensor<3>)>,
 }
 
 impl RopeTables {
     fn tensors(&self) -> (Tensor<3>, Tensor<3>) {
-        let t = |v: &Vec<f32>| Tensor::from_data(TensorData::new(v.clone(), self.shape), &self.device);
-        (t(&self.cos), t(&self.sin))
+        let make = |v: &Vec<f32>| Tensor::from_data(TensorData::new(v.clone(), self.shape), &self.device);
+        self.tensors.get_or_init(|| (make(&self.cos), make(&self.sin))).clone()
     }
 }
 
@@ -46,7 +50,7 @@ impl Rope {
                 sin.push(angle.sin() as f32);
             }
         }
-        RopeTables { cos, sin, shape: [positions.len(), 1, half], device: device.clone() }
+        RopeTables { cos, sin, shape: [positions.len(), 1, half], device: device.clone(), tensors: OnceCell::new() }
     }
 
     /// # Shapes
