@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use llaisys_model::sampling::SamplingError;
 use llaisys_model::tokenizer::TokenizerError;
-use llaisys_model::{Context, DecodeError, LanguageModel, Sampler, SamplingParams, Tokenizer};
+use llaisys_model::{Context, DecodeError, LanguageModel, ModelInfo, Sampler, SamplingParams, Tokenizer};
 
+use crate::engine::Usage;
+use crate::host::{Answer, ChatRequest, Choice, CompletionRequest, Frontend, Prepared, RequestError, TokenLogprob};
 use crate::request::{FinishReason, RequestId, TextStream};
 use crate::scheduler::{AdmissionError, Finished, Scheduler, SchedulerConfig, Sequence, StopConditions};
 use crate::worker::Executor;
@@ -130,6 +132,18 @@ pub enum EngineError {
     WorkerLost(String),
     #[error("engine actor: {0}")]
     Actor(String),
+    /// A request refused before it ran; `param` names the field at fault.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("the engine has no tokenizer (it was started without one): give prompts as token ids")]
+    NoTokenizer,
+}
+
+/// One job's result, with what a chat answer needs besides the completion.
+struct JobResult {
+    completion: Completion,
+    logprobs: Vec<TokenLogprob>,
+    cached_tokens: usize,
 }
 
 /// An offline engine over one model. Its scheduler lives as long as it does, so cached
@@ -137,15 +151,83 @@ pub enum EngineError {
 pub struct Llm {
     executor: Executor,
     scheduler: Scheduler,
-    tokenizer: Option<Tokenizer>,
+    frontend: Option<Frontend>,
     next_id: RequestId,
 }
 
 impl Llm {
+    /// An offline engine; a tokenizer alone gives text but no chat (no template).
     pub fn new(model: Box<dyn LanguageModel>, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Self {
+        Self::with_frontend(model, tokenizer.map(Frontend::plain), config)
+    }
+
+    /// An offline engine with the model's text side (`Engine::builder().build_offline()`).
+    pub fn with_frontend(model: Box<dyn LanguageModel>, frontend: Option<Frontend>, config: EngineConfig) -> Self {
         let scheduler = Scheduler::new(config.scheduler(model.info().context_length));
         let ctx = Context::new(model, config.kv_capacity);
-        Self { executor: Executor::new(ctx), scheduler, tokenizer, next_id: 0 }
+        Self { executor: Executor::new(ctx), scheduler, frontend, next_id: 0 }
+    }
+
+    /// Runs chat requests together (continuously batched) and returns their answers in order.
+    /// The same requests through `Engine::chat` render and validate identically.
+    pub fn chat(&mut self, requests: &[ChatRequest]) -> Result<Vec<Answer>, EngineError> {
+        self.run_requests(requests, Frontend::prepare_chat)
+    }
+
+    /// Runs completion requests together and returns their answers in order.
+    pub fn complete(&mut self, requests: &[CompletionRequest]) -> Result<Vec<Answer>, EngineError> {
+        self.run_requests(requests, Frontend::prepare_completion)
+    }
+
+    /// Checks every request (none runs if one is refused), then runs them together.
+    fn run_requests<R>(
+        &mut self,
+        requests: &[R],
+        prepare: impl Fn(&Frontend, &R, &ModelInfo) -> Result<Prepared, RequestError>,
+    ) -> Result<Vec<Answer>, EngineError> {
+        let frontend = self.frontend.as_ref().ok_or(EngineError::NoTokenizer)?;
+        let info = self.executor.context().info();
+        let prepared = requests.iter().map(|r| prepare(frontend, r, info)).collect::<Result<Vec<_>, _>>()?;
+        self.run_prepared(prepared)
+    }
+
+    fn run_prepared(&mut self, prepared: Vec<Prepared>) -> Result<Vec<Answer>, EngineError> {
+        // Every choice of every request as one job, seeds offset per choice as the engine does.
+        let mut jobs = Vec::new();
+        for p in &prepared {
+            for prompt in &p.prompts {
+                for i in 0..p.n {
+                    let mut params = p.params.clone();
+                    params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
+                    jobs.push((prompt.clone(), params));
+                }
+            }
+        }
+        let mut results = self.run(&jobs)?.into_iter();
+        let mut answers = Vec::with_capacity(prepared.len());
+        for p in &prepared {
+            let mut usage = Usage::default();
+            let mut choices = Vec::new();
+            for prompt in &p.prompts {
+                for i in 0..p.n {
+                    let r = results.next().ok_or_else(|| DecodeError::Internal("a choice went missing".into()))?;
+                    if i == 0 {
+                        usage.prompt_tokens += prompt.len();
+                        usage.cached_tokens += r.cached_tokens;
+                    }
+                    usage.completion_tokens += r.completion.tokens.len();
+                    let logprobs = if p.logprobs { r.logprobs } else { Vec::new() };
+                    choices.push(Choice {
+                        text: r.completion.text.unwrap_or_default(),
+                        tokens: r.completion.tokens,
+                        logprobs,
+                        finish: r.completion.finish,
+                    });
+                }
+            }
+            answers.push(Answer { choices, usage });
+        }
+        Ok(answers)
     }
 
     /// The scheduler's counters (preemptions, prefix-cache queries and hits).
@@ -155,11 +237,20 @@ impl Llm {
 
     /// Generates for every prompt (token ids) and returns the completions in prompt order.
     pub fn generate(&mut self, prompts: &[Vec<u32>], params: &GenerateParams) -> Result<Vec<Completion>, EngineError> {
+        let jobs: Vec<(Vec<u32>, GenerateParams)> = prompts.iter().map(|p| (p.clone(), params.clone())).collect();
+        Ok(self.run(&jobs)?.into_iter().map(|r| r.completion).collect())
+    }
+
+    /// Runs every job (a prompt and its parameters) to the end, continuously batched.
+    fn run(&mut self, jobs: &[(Vec<u32>, GenerateParams)]) -> Result<Vec<JobResult>, EngineError> {
         let info = self.executor.context().info().clone();
-        params.sampling.validate(info.vocab_size)?;
+        for (_, params) in jobs {
+            params.sampling.validate(info.vocab_size)?;
+        }
+        let tokenizer = self.frontend.as_ref().map(Frontend::tokenizer);
         let scheduler = &mut self.scheduler;
         let base = self.next_id;
-        for (index, prompt) in prompts.iter().enumerate() {
+        for (index, (prompt, params)) in jobs.iter().enumerate() {
             let stop = params.stop_conditions(&info.eos_token_ids);
             if let Err(source) = scheduler.add(Sequence::new(base + index as RequestId, prompt.clone(), stop)) {
                 for earlier in 0..index {
@@ -168,23 +259,27 @@ impl Llm {
                 return Err(EngineError::Admission { index, source });
             }
         }
-        self.next_id += prompts.len() as RequestId;
-        for (index, prompt) in prompts.iter().enumerate() {
+        self.next_id += jobs.len() as RequestId;
+        for (index, (prompt, params)) in jobs.iter().enumerate() {
             self.executor.add_request(base + index as RequestId, Sampler::new(params.sampling.clone(), prompt));
         }
-        // Per prompt: its text stream and the text so far.
+        // Per job: its text stream and the text so far.
         let mut texts: Vec<(TextStream, String)> =
-            prompts.iter().map(|_| (TextStream::new(params.stop.iter().cloned()), String::new())).collect();
-        let mut done: Vec<Option<Finished>> = vec![None; prompts.len()];
+            jobs.iter().map(|(_, params)| (TextStream::new(params.stop.iter().cloned()), String::new())).collect();
+        let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); jobs.len()];
+        let mut done: Vec<Option<Finished>> = vec![None; jobs.len()];
         while let Some(plan) = scheduler.schedule() {
             let start = std::time::Instant::now();
             let sampled = self.executor.execute(&plan)?;
             scheduler.record_step(&plan, start.elapsed());
             let tokens: Vec<Option<u32>> = sampled.iter().map(|s| s.as_ref().map(|s| s.token)).collect();
-            for (item, token) in plan.items.iter().zip(&tokens) {
-                if let (Some(t), Some(tokenizer)) = (token, &self.tokenizer) {
-                    let (stream, text) = &mut texts[(item.id - base) as usize];
-                    text.push_str(&stream.push(tokenizer, *t)?);
+            for (item, s) in plan.items.iter().zip(&sampled) {
+                let job = (item.id - base) as usize;
+                let Some(s) = s else { continue };
+                logprobs[job].push(TokenLogprob { token: s.token, logprob: s.logprob, top: s.top.clone() });
+                if let Some(tokenizer) = tokenizer {
+                    let (stream, text) = &mut texts[job];
+                    text.push_str(&stream.push(tokenizer, s.token)?);
                 }
             }
             for f in scheduler.postprocess(&plan, &tokens) {
@@ -198,19 +293,22 @@ impl Llm {
                 }
             }
         }
-        let mut completions = Vec::with_capacity(prompts.len());
-        for (id, (finished, (mut stream, mut text))) in done.into_iter().zip(texts).enumerate() {
+        let mut results = Vec::with_capacity(jobs.len());
+        let per_job = done.into_iter().zip(texts).zip(logprobs);
+        for (id, ((finished, (mut stream, mut text)), logprobs)) in per_job.enumerate() {
             self.executor.remove_request(base + id as RequestId);
             let finished = finished.ok_or_else(|| DecodeError::Internal(format!("request {id} never finished")))?;
-            let text = match &self.tokenizer {
+            let text = match tokenizer {
                 Some(tokenizer) => {
                     text.push_str(&stream.finish(tokenizer)?);
                     Some(text)
                 }
                 None => None,
             };
-            completions.push(Completion { tokens: finished.output, text, finish: finished.reason });
+            let cached_tokens = finished.cached_tokens;
+            let completion = Completion { tokens: finished.output, text, finish: finished.reason };
+            results.push(JobResult { completion, logprobs, cached_tokens });
         }
-        Ok(completions)
+        Ok(results)
     }
 }

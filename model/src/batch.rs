@@ -10,7 +10,7 @@ use crate::kv::{KvCells, MAX_SEQ, Pos, SeqId, SeqSet};
 /// Token ids, or embeddings given directly (e.g. from a multimodal encoder).
 #[derive(Debug, Clone, PartialEq)]
 pub enum BatchInput {
-    /// [n_tokens]
+    /// \[n_tokens\]
     Tokens(Vec<u32>),
     /// [n_tokens, dim] row-major.
     Embeddings { values: Vec<f32>, dim: usize },
@@ -20,11 +20,11 @@ pub enum BatchInput {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     pub input: BatchInput,
-    /// [n_tokens] positions; `None`: each sequence's last position + 1, counting up.
+    /// \[n_tokens\] positions; `None`: each sequence's last position + 1, counting up.
     pub pos: Option<Vec<Pos>>,
-    /// [n_tokens] the sequences each token belongs to; `None`: every token in sequence 0.
+    /// \[n_tokens\] the sequences each token belongs to; `None`: every token in sequence 0.
     pub seq_ids: Option<Vec<Vec<SeqId>>>,
-    /// [n_tokens] whether a token's logits row is wanted; `None`: only the last token's.
+    /// \[n_tokens\] whether a token's logits row is wanted; `None`: only the last token's.
     pub logits: Option<Vec<bool>>,
 }
 
@@ -83,11 +83,11 @@ impl Default for Batch {
 #[derive(Debug, Clone)]
 pub struct ValidBatch<'a> {
     pub input: &'a BatchInput,
-    /// [n_tokens]
+    /// \[n_tokens\]
     pub pos: Vec<Pos>,
-    /// [n_tokens]
+    /// \[n_tokens\]
     pub seqs: Vec<SeqSet>,
-    /// [n_outputs] batch indices whose logits are wanted, ascending.
+    /// \[n_outputs\] batch indices whose logits are wanted, ascending.
     pub out_rows: Vec<usize>,
 }
 

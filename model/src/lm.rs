@@ -38,7 +38,7 @@ pub trait LanguageModel: Send {
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError>;
 
-    /// Re-rotates cached keys after `seq_add`: `shifts` is [extent], the position delta of each
+    /// Re-rotates cached keys after `seq_add`: `shifts` is \[extent\], the position delta of each
     /// cell (0 = unchanged).
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]);
 

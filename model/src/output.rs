@@ -34,7 +34,7 @@ impl Outputs {
     pub fn n_outputs(&self) -> usize {
         self.rows.len()
     }
-    /// [n_outputs] batch index of each row.
+    /// \[n_outputs\] batch index of each row.
     pub fn output_ids(&self) -> &[usize] {
         &self.rows
     }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use llaisys_actors::EngineConfig;
+use llaisys_actors::{EngineConfig, RequestLimits};
 use llaisys_model::WeightDtype;
 use serde::Deserialize;
 
@@ -184,6 +184,15 @@ impl Config {
             path.file_name()
         };
         name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+    }
+
+    /// What one request may ask for (the engine checks it).
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_prompt_tokens: self.limits.max_prompt_tokens,
+            max_tokens: self.limits.max_tokens,
+            max_n: self.limits.max_n,
+        }
     }
 
     pub fn engine_config(&self) -> EngineConfig {

@@ -26,9 +26,9 @@ pub struct TopK {
 pub struct PromptRef {
     pub text: String,
     pub ids: Vec<u32>,
-    /// [n_prompt] the top-k logits of every position.
+    /// \[n_prompt\] the top-k logits of every position.
     pub topk: Vec<TopK>,
-    /// [vocab] the full logits of the last prompt position.
+    /// \[vocab\] the full logits of the last prompt position.
     pub last_logits: Vec<f32>,
     /// Greedy continuation.
     pub greedy: Vec<u32>,
@@ -74,7 +74,7 @@ pub fn gguf_fixture(name: &str) -> PathBuf {
 #[derive(Debug, Clone, Deserialize)]
 pub struct GgufPromptRef {
     pub ids: Vec<u32>,
-    /// [vocab] the logits of the last prompt position.
+    /// \[vocab\] the logits of the last prompt position.
     pub last_logits: Vec<f32>,
     /// Greedy continuation.
     pub greedy: Vec<u32>,

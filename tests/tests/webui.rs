@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use llaisys_model::LoadOptions;
+use llaisys_actors::Engine;
 use llaisys_server::{Config, load_entry, start_models};
 use llaisys_tests::fixture_dir;
 use serde_json::{Value, json};
@@ -51,10 +51,9 @@ async fn the_web_ui_in_headless_chromium() {
         ("model.path".into(), format!("{:?}", fixture_dir(FIXTURE).display().to_string())),
     ];
     let config = Config::load(None, std::iter::empty(), &settings).unwrap();
-    let engine = config.engine_config();
-    let fixture =
-        load_entry(&fixture_dir(FIXTURE), None, FIXTURE.into(), LoadOptions::default(), engine).await.unwrap();
-    let slow = load_entry(&slow_model_dir(), None, SLOW.into(), LoadOptions::default(), engine).await.unwrap();
+    let builder = Engine::builder().config(config.engine_config()).limits(config.request_limits());
+    let fixture = load_entry(builder.clone().model(fixture_dir(FIXTURE)), FIXTURE.into()).await.unwrap();
+    let slow = load_entry(builder.model(slow_model_dir()), SLOW.into()).await.unwrap();
     let server = start_models(vec![fixture, slow], &config).await.unwrap();
     let url = format!("http://{}", server.addr);
 

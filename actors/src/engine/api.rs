@@ -4,6 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::Stream;
 use llaisys_model::{LanguageModel, LoadError, ModelInfo, Tokenizer};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -11,6 +15,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use super::messages::ToScheduler;
 use super::scheduler_actor::{SchedulerActor, SchedulerArgs};
 use super::session_actor::SessionInfo;
+use crate::host::{ChatRequest, CompletionRequest, EngineBuilder, Frontend, Generation, Prepared};
 use crate::llm::{EngineConfig, EngineError, GenerateParams};
 use crate::request::{FinishReason, RequestId};
 
@@ -63,7 +68,7 @@ pub enum Event {
     },
 }
 
-/// A request's events. Dropping it cancels the request.
+/// A request's events (also a `futures::Stream`). Dropping it cancels the request.
 pub struct EventStream {
     pub id: RequestId,
     rx: UnboundedReceiver<Event>,
@@ -73,6 +78,14 @@ impl EventStream {
     /// The next event; `None` after `Finished`.
     pub async fn next(&mut self) -> Option<Event> {
         self.rx.recv().await
+    }
+}
+
+impl Stream for EventStream {
+    type Item = Event;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        self.rx.poll_recv(cx)
     }
 }
 
@@ -125,18 +138,26 @@ impl FinishCounts {
 pub struct Engine {
     scheduler: ActorRef<ToScheduler>,
     info: Arc<ModelInfo>,
+    /// The model's text side (absent when started without a tokenizer).
+    frontend: Option<Arc<Frontend>>,
 }
 
 impl Engine {
+    /// Settings to load a model and start an engine over it: the usual way to make one.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
     /// Starts the actors for one model instance in the current tokio runtime. Without a
     /// loader the engine cannot replace a failed worker; it then refuses further requests.
+    /// A tokenizer alone gives completions but no chat (no template).
     pub async fn start(
         model: Box<dyn LanguageModel>,
         tokenizer: Option<Tokenizer>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         let loader: ModelLoader = Arc::new(|| Err(LoadError::NoLoader));
-        Self::spawn(model, loader, tokenizer, config).await
+        Self::spawn(model, loader, tokenizer.map(Frontend::plain), config).await
     }
 
     /// Starts the actors with a model from `loader`, which is called again to replace a worker
@@ -146,30 +167,87 @@ impl Engine {
         tokenizer: Option<Tokenizer>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
+        Self::start_with_frontend(loader, tokenizer.map(Frontend::plain), config).await
+    }
+
+    /// Starts the actors with a model from `loader` and the model's text side.
+    pub async fn start_with_frontend(
+        loader: ModelLoader,
+        frontend: Option<Frontend>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
         let load = loader.clone();
         let model = tokio::task::spawn_blocking(move || load())
             .await
             .map_err(|e| EngineError::Actor(e.to_string()))?
             .map_err(|e| EngineError::WorkerLost(format!("loading the model: {e}")))?;
-        Self::spawn(model, loader, tokenizer, config).await
+        Self::spawn(model, loader, frontend, config).await
     }
 
     async fn spawn(
         model: Box<dyn LanguageModel>,
         loader: ModelLoader,
-        tokenizer: Option<Tokenizer>,
+        frontend: Option<Frontend>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         let info = Arc::new(model.info().clone());
-        let args = SchedulerArgs { model, loader, tokenizer: tokenizer.map(Arc::new), config };
+        let tokenizer = frontend.as_ref().map(|f| Arc::new(f.tokenizer().clone()));
+        let args = SchedulerArgs { model, loader, tokenizer, config };
         let (scheduler, _) =
             Actor::spawn(None, SchedulerActor, args).await.map_err(|e| EngineError::Actor(e.to_string()))?;
-        Ok(Self { scheduler, info })
+        Ok(Self { scheduler, info, frontend: frontend.map(Arc::new) })
     }
 
     /// What the engine's model is (vocabulary, context length, eos ids).
     pub fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// The model's text side: tokenizer, chat template, defaults and request limits.
+    pub fn frontend(&self) -> Result<&Frontend, EngineError> {
+        self.frontend.as_deref().ok_or(EngineError::NoTokenizer)
+    }
+
+    /// The model's tokenizer, if the engine has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.frontend.as_deref().map(Frontend::tokenizer)
+    }
+
+    /// Checks a chat request and renders its prompt, without running it.
+    pub fn prepare_chat(&self, request: &ChatRequest) -> Result<Prepared, EngineError> {
+        Ok(self.frontend()?.prepare_chat(request, &self.info)?)
+    }
+
+    /// Checks a completion request and encodes its prompts, without running it.
+    pub fn prepare_completion(&self, request: &CompletionRequest) -> Result<Prepared, EngineError> {
+        Ok(self.frontend()?.prepare_completion(request, &self.info)?)
+    }
+
+    /// Runs a chat: the stream of its choices' events.
+    pub async fn chat(&self, request: ChatRequest) -> Result<Generation, EngineError> {
+        self.submit(self.prepare_chat(&request)?).await
+    }
+
+    /// Runs a completion: the stream of its choices' events.
+    pub async fn complete(&self, request: CompletionRequest) -> Result<Generation, EngineError> {
+        self.submit(self.prepare_completion(&request)?).await
+    }
+
+    /// Queues every choice of a prepared request. If one is refused, those already queued are
+    /// cancelled (their streams dropped).
+    pub async fn submit(&self, prepared: Prepared) -> Result<Generation, EngineError> {
+        let Prepared { prompts, params, n, session, logprobs } = prepared;
+        let mut streams = Vec::with_capacity(prompts.len() * n);
+        for prompt in &prompts {
+            for i in 0..n {
+                let mut params = params.clone();
+                params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
+                // Only the first choice continues the session: one conversation, one pin.
+                let session = if streams.is_empty() { session.clone() } else { None };
+                streams.push(self.generate(GenerateRequest { prompt: prompt.clone(), params, session }).await?);
+            }
+        }
+        Ok(Generation::new(streams, prompts, n, logprobs))
     }
 
     /// Queues a request and returns its event stream.

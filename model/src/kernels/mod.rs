@@ -57,7 +57,7 @@ pub const XWT_MAX_ROWS: usize = 64;
 /// `x·Wᵀ + b` on the Flex backend.
 ///
 /// # Shapes
-/// x: [m, k] f32, weight: [n, k] f32, f16 or bf16, bias: [n] f32 → [m, n] f32
+/// x: [m, k] f32, weight: [n, k] f32, f16 or bf16, bias: \[n\] f32 → [m, n] f32
 pub fn linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Tensor<2>> {
     let [m, k] = x.dims();
     let [n, wk] = weight.dims();
@@ -93,7 +93,7 @@ pub fn linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Op
 /// place, others copied to the host).
 ///
 /// # Shapes
-/// x: [m, k] f32, weight: [n, k], bias: [n] f32 → [m, n] f32
+/// x: [m, k] f32, weight: [n, k], bias: \[n\] f32 → [m, n] f32
 pub fn quantized_linear(x: &Tensor<2>, weight: &PackedMatrix, bias: Option<&Tensor<1>>) -> Tensor<2> {
     let [m, _] = x.dims();
     let device = x.device();
@@ -116,7 +116,7 @@ fn host_f32<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 /// # Shapes
 /// - q: [n, heads, d] f32 (rotated)
 /// - k, v: [kv_heads, capacity, d] f32: a layer's whole cache (keys rotated)
-/// - visible: [n] cell indices each row sees, none empty
+/// - visible: \[n\] cell indices each row sees, none empty
 /// - returns [n, heads · d]
 pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32>]) -> Option<Tensor<2>> {
     let [n, heads, d] = q.dims();
@@ -135,7 +135,7 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32
 /// RMSNorm on the Flex backend: `x / sqrt(mean(x²) + eps) · w` per row.
 ///
 /// # Shapes
-/// x: [n, h] f32, w: [h] f32 → [n, h] f32
+/// x: [n, h] f32, w: \[h\] f32 → [n, h] f32
 pub fn rms_norm(x: &Tensor<2>, w: &Tensor<1>, eps: f64) -> Option<Tensor<2>> {
     let [n, h] = x.dims();
     if x.dtype() != DType::F32 || w.dtype() != DType::F32 || w.dims() != [h] {

@@ -98,7 +98,7 @@ impl From<RangeFull> for PosRange {
 /// keys and values are written with one slice assignment per run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
-    /// [n_tokens] the cell of each token.
+    /// \[n_tokens\] the cell of each token.
     pub cells: Vec<usize>,
 }
 

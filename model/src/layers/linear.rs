@@ -50,7 +50,7 @@ impl Weight {
     /// Rows `ids` as f32 (an embedding lookup).
     ///
     /// # Shapes
-    /// ids: [n] → [n, in]
+    /// ids: \[n\] → [n, in]
     pub fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2> {
         let n = ids.len();
         match self {
@@ -140,7 +140,7 @@ fn quantize_dense(t: Tensor<2>, ty: QuantType) -> PackedMatrix {
 #[derive(Debug, Clone)]
 pub struct Linear {
     pub weight: Weight,
-    /// [out]
+    /// \[out\]
     pub bias: Option<Tensor<1>>,
 }
 

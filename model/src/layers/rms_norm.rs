@@ -4,7 +4,7 @@ use burn::tensor::Tensor;
 /// kernel where it runs).
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
-    /// [hidden]
+    /// \[hidden\]
     pub weight: Tensor<1>,
     pub eps: f64,
 }

@@ -42,7 +42,7 @@ const CHUNK_BYTES: usize = 256 << 10;
 /// `x·Wᵀ + b` with the best kernel.
 ///
 /// # Shapes
-/// x: [m, k], w: [n, k], bias: [n] → [m, n] row-major
+/// x: [m, k], w: [n, k], bias: \[n\] → [m, n] row-major
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, bias: Option<&[f32]>) -> Vec<f32> {
     matmul_with(Kernel::best(), x, m, w, bias)
 }

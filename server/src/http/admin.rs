@@ -5,7 +5,6 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use llaisys_model::tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -19,7 +18,7 @@ fn model_object(m: &ModelEntry) -> Value {
         "object": "model",
         "created": m.created,
         "owned_by": "llaisys",
-        "max_model_len": m.info.context_length,
+        "max_model_len": m.info().context_length,
     })
 }
 
@@ -126,26 +125,18 @@ fn yes() -> bool {
 pub async fn tokenize(State(state): State<Arc<AppState>>, Body413(body): Body413) -> Result<Response, ApiError> {
     let req: TokenizeRequest = openai::parse(&body)?;
     let m = state.model_or_default(req.model.as_deref())?;
-    let text = match (&req.prompt, &req.messages) {
-        (Some(p), None) => p.clone(),
+    let tokens = match (&req.prompt, &req.messages) {
+        (Some(p), None) => m.tokenizer()?.encode(p).map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
         (None, Some(msgs)) => {
-            let template =
-                m.template.as_ref().ok_or_else(|| ApiError::bad_request("the model has no chat template"))?;
-            let messages = msgs
-                .iter()
-                .enumerate()
-                .map(|(i, x)| Ok(ChatMessage::new(x.role.clone(), x.text(i)?)))
-                .collect::<Result<Vec<_>, ApiError>>()?;
-            template
-                .render(&messages, req.add_generation_prompt)
-                .map_err(|e| ApiError::invalid("messages", e.to_string()))?
+            // The same rendering a chat request gets.
+            let frontend = m.engine.frontend()?;
+            frontend.render_chat(&openai::messages(msgs)?, req.add_generation_prompt)?
         }
         _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
     };
-    let tokens = m.tokenizer.encode(&text).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
     Ok(json_response(
         StatusCode::OK,
-        &json!({"tokens": tokens, "count": tokens.len(), "max_model_len": m.info.context_length}),
+        &json!({"tokens": tokens, "count": tokens.len(), "max_model_len": m.info().context_length}),
     ))
 }
 
@@ -158,12 +149,12 @@ struct DetokenizeRequest {
 pub async fn detokenize(State(state): State<Arc<AppState>>, Body413(body): Body413) -> Result<Response, ApiError> {
     let req: DetokenizeRequest = openai::parse(&body)?;
     let m = state.model_or_default(req.model.as_deref())?;
-    if let Some(bad) = req.tokens.iter().find(|t| **t as usize >= m.info.vocab_size) {
+    if let Some(bad) = req.tokens.iter().find(|t| **t as usize >= m.info().vocab_size) {
         return Err(ApiError::invalid(
             "tokens",
-            format!("token id {bad} is not below the vocabulary size {}", m.info.vocab_size),
+            format!("token id {bad} is not below the vocabulary size {}", m.info().vocab_size),
         ));
     }
-    let text = m.tokenizer.decode(&req.tokens, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    let text = m.tokenizer()?.decode(&req.tokens, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
     Ok(json_response(StatusCode::OK, &json!({"prompt": text})))
 }

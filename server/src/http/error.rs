@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use llaisys_actors::EngineError;
+use llaisys_actors::{EngineError, RequestError};
 use serde_json::json;
 
 #[derive(Debug, Clone)]
@@ -112,7 +112,21 @@ impl From<EngineError> for ApiError {
             EngineError::Decode(llaisys_model::DecodeError::InvalidInput(m)) => Self::bad_request(m.clone()),
             EngineError::UnknownModel { name, available } => Self::model_not_found(name, available),
             EngineError::ShuttingDown => Self::shutting_down(),
+            EngineError::Request(r) => r.clone().into(),
             _ => Self::internal(e.to_string()),
+        }
+    }
+}
+
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> Self {
+        let error = match &e.param {
+            Some(param) => ApiError::invalid(param, e.message),
+            None => ApiError::bad_request(e.message),
+        };
+        match e.code {
+            Some(code) => error.with_code(code),
+            None => error,
         }
     }
 }

@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
+use futures_util::stream::{self, StreamExt};
+use llaisys_actors::host::Prepared;
 use llaisys_actors::request::FinishReason;
-use llaisys_actors::{Event, EventStream, GenerateRequest};
+use llaisys_actors::{Event, Generation as EngineGeneration, Output};
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::error::ApiError;
-use super::openai::Plan;
 use super::{AppState, ModelEntry, Registration, json_response, with_model};
 
 /// Which API the request came through; it decides the JSON shapes.
@@ -59,7 +59,7 @@ pub struct Generation {
     /// Requested alternatives per token, when logprobs were asked for.
     logprobs: Option<usize>,
     include_usage: bool,
-    merged: SelectAll<BoxStream<'static, (usize, Event)>>,
+    merged: EngineGeneration,
     choices: Vec<Choice>,
     start: Instant,
     /// Echoed prompt text per prompt (completions with `echo`).
@@ -70,49 +70,37 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Admits the request and starts `plan.n` choices for each prompt.
-    #[allow(clippy::too_many_arguments)]
+    /// Admits the request and starts its choices (`n` for each prompt).
     pub async fn start(
         state: &Arc<AppState>,
         model: Arc<ModelEntry>,
         api: Api,
         request_id: &str,
-        prompts: Vec<Vec<u32>>,
-        plan: &Plan,
-        session: Option<String>,
-        logprobs: Option<usize>,
+        prepared: Prepared,
+        include_usage: bool,
         echo: bool,
     ) -> Result<Self, ApiError> {
         let permit = state.admit().await?;
         let start = Instant::now();
-        let mut streams: Vec<EventStream> = Vec::new();
-        for prompt in &prompts {
-            for i in 0..plan.n {
-                let mut params = plan.params.clone();
-                params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
-                // Only the first choice continues the session: one conversation, one pin.
-                let session = if i == 0 && streams.is_empty() { session.clone() } else { None };
-                let request = GenerateRequest { prompt: prompt.clone(), params, session };
-                streams.push(model.engine.generate(request).await?);
-            }
-        }
-        let ids = streams.iter().map(|s| s.id).collect();
-        let registration = state.register(request_id, model.engine.clone(), ids);
-        let merged = stream::select_all(streams.into_iter().enumerate().map(|(index, s)| {
-            stream::unfold(s, |mut s| async move { s.next().await.map(|e| (e, s)) }).map(move |e| (index, e)).boxed()
-        }));
+        let logprobs = prepared.logprobs().then_some(prepared.params().sampling.top_logprobs);
+        let n = prepared.n();
+        let merged = model.engine.submit(prepared).await?;
+        let registration = state.register(request_id, model.engine.clone(), merged.ids().to_vec());
+        let tokenizer = model.tokenizer()?;
         let echo = if echo {
-            prompts
+            merged
+                .prompts()
                 .iter()
-                .map(|p| model.tokenizer.decode(p, false))
+                .map(|p| tokenizer.decode(p, false))
                 .collect::<Result<_, _>>()
                 .map_err(|e| ApiError::bad_request(e.to_string()))?
         } else {
             Vec::new()
         };
-        let choices = prompts
+        let choices = merged
+            .prompts()
             .iter()
-            .flat_map(|p| (0..plan.n).map(|_| Choice { prompt_tokens: p.len(), ..Choice::default() }))
+            .flat_map(|p| (0..n).map(|_| Choice { prompt_tokens: p.len(), ..Choice::default() }))
             .collect();
         let prefix = match api {
             Api::Chat => "chatcmpl-",
@@ -125,12 +113,12 @@ impl Generation {
             state: state.clone(),
             model,
             logprobs,
-            include_usage: plan.include_usage,
+            include_usage,
             merged,
             choices,
             start,
             echo,
-            n: plan.n,
+            n,
             _permit: permit,
             _registration: registration,
         })
@@ -149,8 +137,7 @@ impl Generation {
                 }
                 choice.last_token = Some(now);
                 choice.tokens_seen += 1;
-                if self.logprobs.is_some() {
-                    let tok = &self.model.tokenizer;
+                if let (Some(_), Some(tok)) = (self.logprobs, self.model.engine.tokenizer()) {
                     let piece = |id: u32| {
                         let bytes = tok.token_bytes(id).unwrap_or_default();
                         (String::from_utf8_lossy(&bytes).into_owned(), bytes)
@@ -199,7 +186,7 @@ impl Generation {
 
     /// Runs to the end and answers with one JSON object.
     pub async fn respond(mut self) -> Response {
-        while let Some((index, event)) = self.merged.next().await {
+        while let Some(Output { choice: index, event }) = self.merged.next().await {
             self.apply(index, event);
         }
         if let Some(err) = self.failure() {
@@ -317,7 +304,7 @@ impl Generation {
                     return None;
                 }
                 match g.merged.next().await {
-                    Some((i, event)) => {
+                    Some(Output { choice: i, event }) => {
                         let is_token = matches!(event, Event::Token { .. });
                         let before = g.choices[i].logprobs.len();
                         let text = g.apply(i, event);

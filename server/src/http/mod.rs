@@ -25,25 +25,34 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use llaisys_actors::request::RequestId;
 use llaisys_actors::{Engine, Router as Engines};
-use llaisys_model::tokenizer::ChatTemplate;
 use llaisys_model::{ModelInfo, Tokenizer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Limits;
 use crate::metrics::Metrics;
 use error::ApiError;
-use openai::Defaults;
 
-/// One served model: what the HTTP layer needs besides its engine.
+/// One served model: its engine (which holds the tokenizer, chat template, defaults and
+/// request limits) under the name clients use.
 pub struct ModelEntry {
     pub name: String,
     pub engine: Engine,
-    pub info: ModelInfo,
-    pub tokenizer: Tokenizer,
-    pub template: Option<ChatTemplate>,
-    pub defaults: Defaults,
     /// Unix time the model was loaded (`created` in /v1/models).
     pub created: u64,
+}
+
+impl ModelEntry {
+    pub fn new(name: String, engine: Engine) -> Self {
+        Self { name, engine, created: unix_now() }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        self.engine.info()
+    }
+
+    pub fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
+        self.engine.tokenizer().ok_or_else(|| ApiError::internal(format!("the model '{}' has no tokenizer", self.name)))
+    }
 }
 
 /// Everything the handlers share.

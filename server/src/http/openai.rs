@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 
-use llaisys_actors::GenerateParams;
-use llaisys_model::SamplingParams;
+use llaisys_actors::Options;
+use llaisys_model::tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -170,132 +170,30 @@ fn field_in(message: &str) -> Option<String> {
     Some(message[start..start + len].to_string())
 }
 
-/// Sampling defaults from the model's `generation_config.json` (as vLLM applies them), used
-/// where a request leaves a field out; OpenAI's defaults otherwise.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Defaults {
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: Option<usize>,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    /// Extra end-of-sequence ids the model's generation config lists.
-    pub eos_token_ids: Vec<u32>,
-}
-
-impl Default for Defaults {
-    fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, top_k: None, min_p: 0.0, repetition_penalty: 1.0, eos_token_ids: vec![] }
-    }
-}
-
-impl Defaults {
-    /// Reads a `generation_config.json`; an unreadable file changes nothing.
-    pub fn from_file(path: &std::path::Path) -> Self {
-        let mut d = Self::default();
-        let Ok(text) = std::fs::read_to_string(path) else { return d };
-        let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else { return d };
-        let num = |k: &str| json.get(k).and_then(serde_json::Value::as_f64).map(|v| v as f32);
-        if let Some(t) = num("temperature") {
-            d.temperature = t;
-        }
-        if let Some(p) = num("top_p") {
-            d.top_p = p;
-        }
-        if let Some(k) = json.get("top_k").and_then(serde_json::Value::as_u64).filter(|k| *k > 0) {
-            d.top_k = Some(k as usize);
-        }
-        if let Some(m) = num("min_p") {
-            d.min_p = m;
-        }
-        if let Some(r) = num("repetition_penalty") {
-            d.repetition_penalty = r;
-        }
-        d.eos_token_ids = match json.get("eos_token_id") {
-            Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_u64()).map(|n| n as u32).collect(),
-            _ => vec![],
-        };
-        d
-    }
-}
-
-/// What a request asks of each of its choices.
+/// What a request asks besides its input, and how to answer it.
 pub struct Plan {
-    pub params: GenerateParams,
-    pub n: usize,
+    pub options: Options,
     pub stream: bool,
     pub include_usage: bool,
 }
 
-/// Server-side limits a request is checked against.
-pub struct Bounds {
-    pub context: usize,
-    pub max_prompt_tokens: usize,
-    pub max_tokens: usize,
-    pub max_n: usize,
-    /// `max_tokens` when the request gives none (`None`: what is left of the context).
-    pub default_max_tokens: Option<usize>,
-}
-
 impl CommonFields {
-    /// The engine parameters for a prompt of `prompt_len` tokens (the longest of the request's).
-    pub fn plan(
-        &self,
-        max_tokens: Option<i64>,
-        top_logprobs: usize,
-        prompt_len: usize,
-        defaults: &Defaults,
-        bounds: &Bounds,
-    ) -> Result<Plan, ApiError> {
-        if prompt_len == 0 {
-            return Err(ApiError::invalid("prompt", "the prompt is empty"));
-        }
-        if prompt_len > bounds.max_prompt_tokens {
-            return Err(ApiError::invalid(
-                "messages",
-                format!(
-                    "This model's maximum context length is {} tokens. However, your prompt has {prompt_len} tokens.",
-                    bounds.max_prompt_tokens + 1
-                ),
-            )
-            .with_code("context_length_exceeded"));
-        }
-        let room = bounds.context - prompt_len;
+    /// The typed options of these fields; `logprobs` is the number of alternatives when
+    /// log-probabilities were asked for. Limits and defaults are the engine's to apply.
+    pub fn plan(&self, max_tokens: Option<i64>, logprobs: Option<usize>) -> Result<Plan, ApiError> {
         let max_tokens = match max_tokens {
             Some(m) if m <= 0 => {
                 return Err(ApiError::invalid("max_tokens", format!("max_tokens must be at least 1, got {m}")));
             }
-            Some(m) if m as usize > bounds.max_tokens => {
-                return Err(ApiError::invalid(
-                    "max_tokens",
-                    format!("max_tokens is {m}; this server allows at most {}", bounds.max_tokens),
-                ));
-            }
-            Some(m) if m as usize > room => {
-                return Err(ApiError::invalid(
-                    "max_tokens",
-                    format!(
-                        "This model's maximum context length is {} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {m} in the completion).",
-                        bounds.context,
-                        prompt_len + m as usize
-                    ),
-                )
-                .with_code("context_length_exceeded"));
-            }
-            Some(m) => m as usize,
-            None => bounds.default_max_tokens.unwrap_or(bounds.max_tokens).min(room),
+            m => m.map(|m| m as usize),
         };
         let n = match self.n {
-            None => 1,
-            Some(n) if n >= 1 && n as usize <= bounds.max_n => n as usize,
-            Some(n) => {
-                return Err(ApiError::invalid("n", format!("n must be between 1 and {}, got {n}", bounds.max_n)));
-            }
+            Some(n) if n < 1 => return Err(ApiError::invalid("n", format!("n must be at least 1, got {n}"))),
+            n => n.map(|n| n as usize),
         };
         let top_k = match self.top_k {
-            None => defaults.top_k,
-            Some(k) if k == -1 || k == 0 => None, // vLLM: -1 disables
+            None => None,
+            Some(-1 | 0) => Some(0), // vLLM: -1 disables
             Some(k) if k > 0 => Some(k as usize),
             Some(k) => return Err(ApiError::invalid("top_k", format!("top_k must be -1 (off) or ≥ 1, got {k}"))),
         };
@@ -306,35 +204,37 @@ impl CommonFields {
             })?;
             logit_bias.push((id, *bias));
         }
-        logit_bias.sort_by_key(|(id, _)| *id);
         let stop = match &self.stop {
             None => vec![],
             Some(Stop::One(s)) => vec![s.clone()],
             Some(Stop::Many(v)) => v.clone(),
         };
-        if stop.len() > 16 || stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid("stop", "stop takes at most 16 non-empty strings"));
-        }
-        let sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(defaults.temperature),
+        let options = Options {
+            max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
             top_k,
-            top_p: self.top_p.unwrap_or(defaults.top_p),
-            min_p: self.min_p.unwrap_or(defaults.min_p),
-            repetition_penalty: self.repetition_penalty.unwrap_or(defaults.repetition_penalty),
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             logit_bias,
             seed: self.seed.map(|s| s as u64),
-            top_logprobs,
+            stop,
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            ignore_eos: self.ignore_eos,
+            n,
+            logprobs,
+            session: self.session_id.clone(),
         };
-        let mut stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
-        if !self.ignore_eos {
-            stop_token_ids.extend(&defaults.eos_token_ids);
-        }
-        let params = GenerateParams { max_tokens, sampling, stop, stop_token_ids, ignore_eos: self.ignore_eos };
         let include_usage = self.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(Plan { params, n, stream: self.stream, include_usage })
+        Ok(Plan { options, stream: self.stream, include_usage })
     }
+}
+
+/// The messages as the engine takes them (text parts joined).
+pub fn messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    messages.iter().enumerate().map(|(i, m)| Ok(ChatMessage::new(m.role.clone(), m.text(i)?))).collect()
 }
 
 impl ChatMessageIn {

@@ -1,0 +1,119 @@
+//! `Engine::builder()`: a model file or directory in, a running engine (or an offline `Llm`)
+//! out, with its tokenizer, chat template and generation defaults.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use llaisys_model::{Device, LoadError, LoadOptions, ModelSource, WeightDtype, load_model};
+
+use super::frontend::{Frontend, GenerationDefaults, RequestLimits};
+use crate::{Engine, EngineConfig, EngineError, Llm, ModelLoader};
+
+/// Why an engine could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("no model: give `model(path)` (a GGUF file or a Hugging Face directory) or a `model_type`")]
+    NoModel,
+    #[error("loading the model {path}: {source}")]
+    Load { path: String, source: LoadError },
+    #[error("starting the engine: {0}")]
+    Engine(#[from] EngineError),
+}
+
+/// Settings of an engine to build; `Engine::builder()` makes one.
+#[derive(Debug, Clone)]
+pub struct EngineBuilder {
+    model: Option<PathBuf>,
+    model_type: Option<String>,
+    load: LoadOptions,
+    device: Device,
+    config: EngineConfig,
+    limits: RequestLimits,
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        Self {
+            model: None,
+            model_type: None,
+            load: LoadOptions::default(),
+            device: Device::flex(),
+            config: EngineConfig::default(),
+            limits: RequestLimits::default(),
+        }
+    }
+}
+
+impl EngineBuilder {
+    /// The checkpoint: a GGUF file, or a Hugging Face directory (or one holding a GGUF).
+    pub fn model(mut self, path: impl AsRef<Path>) -> Self {
+        self.model = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// The registry's model type (default: the checkpoint's own). `mock` needs no checkpoint.
+    pub fn model_type(mut self, model_type: impl Into<String>) -> Self {
+        self.model_type = Some(model_type.into());
+        self
+    }
+
+    /// The weights' dtype in memory (default: the checkpoint's own precision).
+    pub fn dtype(mut self, dtype: WeightDtype) -> Self {
+        self.load.weight_dtype = dtype;
+        self
+    }
+
+    /// The device the model runs on.
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// KV cache size and scheduling budgets.
+    pub fn config(mut self, config: EngineConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// What one request may ask for.
+    pub fn limits(mut self, limits: RequestLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Loads the model (off the async threads) and starts the engine's actors in the current
+    /// tokio runtime. A worker that fails later is replaced by loading the model again.
+    pub async fn build(self) -> Result<Engine, BuildError> {
+        let (loader, frontend, config) = self.parts()?;
+        Ok(Engine::start_with_frontend(loader, frontend, config).await?)
+    }
+
+    /// Loads the model for blocking offline use.
+    pub fn build_offline(self) -> Result<Llm, BuildError> {
+        let (loader, frontend, config) = self.parts()?;
+        let model = loader().map_err(|source| BuildError::Load { path: "(model)".into(), source })?;
+        Ok(Llm::with_frontend(model, frontend, config))
+    }
+
+    fn parts(self) -> Result<(ModelLoader, Option<Frontend>, EngineConfig), BuildError> {
+        if self.model.is_none() && self.model_type.is_none() {
+            return Err(BuildError::NoModel);
+        }
+        let path = self.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+        let load_err = |source| BuildError::Load { path: path.clone(), source };
+        let source = self.model.as_deref().map(ModelSource::resolve).transpose().map_err(load_err)?;
+        let frontend = match &source {
+            Some(source) => {
+                let tokenizer = source.tokenizer().map_err(load_err)?;
+                let template = source.chat_template().map_err(load_err)?;
+                let defaults =
+                    source.generation_config().map(|p| GenerationDefaults::from_file(&p)).unwrap_or_default();
+                Some(Frontend::new(tokenizer, template, defaults, self.limits))
+            }
+            None => None,
+        };
+        let (model_type, load, device) = (self.model_type, self.load, self.device);
+        let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), source.as_ref(), &load, &device));
+        Ok((loader, frontend, self.config))
+    }
+}

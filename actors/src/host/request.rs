@@ -1,0 +1,181 @@
+//! The requests a host sends: a chat (messages rendered with the model's template) or a
+//! completion (text or token ids as they are), each with the same `Options`.
+
+use llaisys_model::tokenizer::ChatMessage;
+
+/// A request: its input (messages or prompts) and what to generate.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Request<I> {
+    pub input: I,
+    pub options: Options,
+}
+
+/// A chat: messages rendered with the model's chat template, then generation.
+pub type ChatRequest = Request<Vec<ChatMessage>>;
+
+/// A completion: each prompt continued as it is (`n` choices each).
+pub type CompletionRequest = Request<Vec<Prompt>>;
+
+/// A completion prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+impl From<&str> for Prompt {
+    fn from(text: &str) -> Self {
+        Self::Text(text.into())
+    }
+}
+
+impl From<String> for Prompt {
+    fn from(text: String) -> Self {
+        Self::Text(text)
+    }
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(tokens: Vec<u32>) -> Self {
+        Self::Tokens(tokens)
+    }
+}
+
+/// Sampling, stopping and bookkeeping of a request. `None` fields take the model's generation
+/// defaults (its `generation_config.json`, as vLLM applies them), then OpenAI's.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Options {
+    /// Most tokens generated per choice. Default: what is left of the context (chat), 16
+    /// (completions, as OpenAI's), within the engine's `RequestLimits::max_tokens`.
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// `Some(0)` turns top-k off.
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Added to the logits of these token ids.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Makes sampling reproducible; choice `i` uses `seed + i`.
+    pub seed: Option<u64>,
+    /// Stop strings (at most 16): the text ends before the first one and never contains it.
+    pub stop: Vec<String>,
+    /// Extra token ids that end a choice.
+    pub stop_token_ids: Vec<u32>,
+    /// Generate past the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Choices per prompt (default 1).
+    pub n: Option<usize>,
+    /// Log-probabilities with this many alternatives (0–20) per generated token.
+    pub logprobs: Option<usize>,
+    /// The conversation this request continues (E6): its cells stay cached, so the next turn
+    /// computes only its new tokens. Only the first choice continues it.
+    pub session: Option<String>,
+}
+
+impl<I> Request<I> {
+    pub fn max_tokens(mut self, n: usize) -> Self {
+        self.options.max_tokens = Some(n);
+        self
+    }
+
+    /// 0 is greedy.
+    pub fn temperature(mut self, t: f32) -> Self {
+        self.options.temperature = Some(t);
+        self
+    }
+
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.options.seed = Some(seed);
+        self
+    }
+
+    pub fn stop(mut self, stop: impl Into<String>) -> Self {
+        self.options.stop.push(stop.into());
+        self
+    }
+
+    pub fn n(mut self, n: usize) -> Self {
+        self.options.n = Some(n);
+        self
+    }
+
+    pub fn logprobs(mut self, alternatives: usize) -> Self {
+        self.options.logprobs = Some(alternatives);
+        self
+    }
+
+    pub fn session(mut self, id: impl Into<String>) -> Self {
+        self.options.session = Some(id.into());
+        self
+    }
+
+    pub fn options(mut self, options: Options) -> Self {
+        self.options = options;
+        self
+    }
+}
+
+impl ChatRequest {
+    /// A chat with these messages.
+    pub fn new(messages: Vec<ChatMessage>) -> Self {
+        Self { input: messages, options: Options::default() }
+    }
+
+    /// Appends a message (roles: `system`, `user`, `assistant`; `developer` is `system`).
+    pub fn message(mut self, role: impl Into<String>, content: impl Into<String>) -> Self {
+        self.input.push(ChatMessage::new(role, content));
+        self
+    }
+
+    pub fn system(self, content: impl Into<String>) -> Self {
+        self.message("system", content)
+    }
+
+    pub fn user(self, content: impl Into<String>) -> Self {
+        self.message("user", content)
+    }
+
+    pub fn assistant(self, content: impl Into<String>) -> Self {
+        self.message("assistant", content)
+    }
+}
+
+impl CompletionRequest {
+    /// A completion of one prompt.
+    pub fn new(prompt: impl Into<Prompt>) -> Self {
+        Self { input: vec![prompt.into()], options: Options::default() }
+    }
+
+    /// A completion of several prompts (`n` choices each).
+    pub fn batch(prompts: Vec<Prompt>) -> Self {
+        Self { input: prompts, options: Options::default() }
+    }
+}
+
+/// A request the engine refuses before it runs; `param` names the field at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct RequestError {
+    pub param: Option<String>,
+    pub message: String,
+    /// A machine-readable code (`context_length_exceeded`).
+    pub code: Option<&'static str>,
+}
+
+impl RequestError {
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { param: Some(param.into()), message: message.into(), code: None }
+    }
+
+    pub fn general(message: impl Into<String>) -> Self {
+        Self { param: None, message: message.into(), code: None }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+}
