@@ -464,3 +464,47 @@ async fn gguf_files_serve_with_their_own_tokenizer_and_template() {
         s.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_and_the_http_api_tokenize_and_answer_a_chat_identically() {
+    use llaisys_actors::{ChatRequest, Engine};
+    let s = server(&[]).await;
+    let engine = Engine::builder().model(fixture_dir(FIXTURE)).build().await.unwrap();
+    // A developer message (the template knows only `system`) and content as parts.
+    let body = json!({
+        "model": FIXTURE, "temperature": 0, "max_tokens": 12,
+        "messages": [
+            {"role": "developer", "content": "Answer briefly."},
+            {"role": "user", "content": [{"type": "text", "text": "Where is "}, {"type": "text", "text": "Paris?"}]},
+        ],
+    });
+    let request = ChatRequest::default()
+        .message("developer", "Answer briefly.")
+        .user("Where is Paris?")
+        .max_tokens(12)
+        .temperature(0.0);
+    let library_prompt = engine.prepare_chat(&request).unwrap().prompts()[0].clone();
+    let (status, tokenized) =
+        post(&s, "/tokenize", json!({"model": FIXTURE, "messages": body["messages"].clone()})).await;
+    assert_eq!(status, 200, "{tokenized}");
+    let http_prompt: Vec<u32> = serde_json::from_value(tokenized["tokens"].clone()).unwrap();
+    assert_eq!(http_prompt, library_prompt);
+
+    let answer = engine.chat(request).await.unwrap().answer().await;
+    let (status, r) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["usage"]["prompt_tokens"], library_prompt.len());
+    assert_eq!(r["usage"]["completion_tokens"], answer.usage.completion_tokens);
+    assert_eq!(r["choices"][0]["message"]["content"], answer.text());
+    assert_eq!(r["choices"][0]["finish_reason"], answer.choices[0].finish.as_str());
+    // Streamed, the same text.
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let text: String = chunks(&sse(&s, "/v1/chat/completions", streamed).await)
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, answer.text());
+    engine.shutdown().await;
+    s.shutdown().await;
+}

@@ -97,6 +97,12 @@ impl<I> Request<I> {
         self
     }
 
+    /// Generate past the model's end-of-sequence tokens (up to `max_tokens`).
+    pub fn ignore_eos(mut self, ignore: bool) -> Self {
+        self.options.ignore_eos = ignore;
+        self
+    }
+
     pub fn n(mut self, n: usize) -> Self {
         self.options.n = Some(n);
         self
