@@ -1,32 +1,25 @@
-//! Embedding the engine in a host application: start it in the host's tokio runtime, run
-//! several requests concurrently, cancel one, read the stats, shut down (draining).
+//! The token-level API under `chat`/`complete`: requests as token ids, each with its own event
+//! stream; run several concurrently, cancel one by id, read the stats, shut down (draining).
 //!
 //! cargo run -p llaisys-actors --example embed -- [MODEL]   (a GGUF file or a model directory;
 //! without one it uses the weightless `mock` model)
 
-use std::path::PathBuf;
-
-use llaisys_actors::{Engine, EngineConfig, Event, GenerateParams, GenerateRequest};
-use llaisys_model::{Device, LoadOptions, ModelSource, load_model};
+use llaisys_actors::{Engine, Event, GenerateParams, GenerateRequest};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let source = std::env::args().nth(1).map(|p| ModelSource::resolve(&PathBuf::from(p))).transpose()?;
-    let model = load_model(
-        if source.is_some() { None } else { Some("mock") },
-        source.as_ref(),
-        &LoadOptions::default(),
-        &Device::flex(),
-    )?;
-    let tokenizer = source.as_ref().map(ModelSource::tokenizer).transpose()?;
+    let builder = match std::env::args().nth(1) {
+        Some(path) => Engine::builder().model(path),
+        None => Engine::builder().model_type("mock"),
+    };
+    let engine = builder.build().await?;
     let encode = |text: &str| -> Result<Vec<u32>, Box<dyn std::error::Error>> {
-        Ok(match &tokenizer {
+        Ok(match engine.tokenizer() {
             Some(t) => t.encode(text)?,
             None => text.bytes().map(u32::from).collect(),
         })
     };
     let prompts = [encode("The capital of France is")?, encode("def fibonacci(n):")?, encode("Once upon a time")?];
-    let engine = Engine::start(model, tokenizer.clone(), EngineConfig::default()).await?;
 
     // Three concurrent requests; the handle is cloned into each task.
     let mut tasks = Vec::new();
