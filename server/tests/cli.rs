@@ -94,7 +94,7 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     for (args, expected) in [
         (
             vec!["generate", "--model", dir, "--prompt-ids", "1,5000", "--ids"],
-            "token 5000 is not below the vocabulary size 1024",
+            "token id 5000 is not below the vocabulary size 1024",
         ),
         (vec!["generate", "--model", "/nonexistent", "--prompt-ids", "1"], "cannot read /nonexistent"),
         (vec!["generate", "--model", dir, "--prompt", "hi", "--dtype", "int3"], "unknown weight dtype `int3`"),

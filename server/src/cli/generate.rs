@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use llaisys_actors::request::FinishReason;
-use llaisys_actors::{Engine, EngineConfig, Event, GenerateParams, GenerateRequest};
-use llaisys_model::tokenizer::ChatMessage;
-use llaisys_model::{Device, LoadOptions, ModelSource, SamplingParams, WeightDtype, load_model};
+use llaisys_actors::{
+    ChatMessage, ChatRequest, CompletionRequest, Engine, EngineConfig, Event, Options, StreamExt, WeightDtype,
+};
 
 use super::CliError;
 
@@ -67,41 +67,41 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
 }
 
 async fn generate(args: GenerateArgs) -> Result<(), CliError> {
-    let opts = LoadOptions { weight_dtype: args.dtype };
-    let source = ModelSource::resolve(&args.model)?;
-    let model = load_model(args.model_type.as_deref(), Some(&source), &opts, &Device::flex())?;
-    let tokenizer = if args.prompt.is_some() || !args.ids { Some(source.tokenizer()?) } else { None };
-    let prompt = match (&args.prompt, &args.prompt_ids) {
-        (Some(text), _) => {
-            let text = if args.chat { chat_prompt(&source, args.system.as_deref(), text)? } else { text.clone() };
-            tokenizer.as_ref().map(|t| t.encode(&text)).transpose()?.unwrap_or_default()
-        }
-        (None, Some(ids)) => ids.clone(),
-        (None, None) => return Err(CliError::Usage("give --prompt or --prompt-ids".into())),
-    };
-    let context = model.info().context_length;
-    let config =
-        EngineConfig { kv_capacity: (prompt.len() + args.max_tokens).clamp(1, context), ..EngineConfig::default() };
-    let engine = Engine::start(model, if args.ids { None } else { tokenizer }, config).await?;
-    let params = GenerateParams {
-        max_tokens: args.max_tokens,
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            top_k: args.top_k,
-            seed: args.seed,
-            ..SamplingParams::default()
-        },
+    // The KV cache holds this one request; a longer prompt is refused with a clear error.
+    let config = EngineConfig { kv_capacity: (args.max_tokens + 4096).max(8192), ..EngineConfig::default() };
+    let mut builder = Engine::builder().model(&args.model).dtype(args.dtype).config(config);
+    if let Some(t) = &args.model_type {
+        builder = builder.model_type(t);
+    }
+    let engine = builder.build().await?;
+    let options = Options {
+        max_tokens: Some(args.max_tokens),
+        temperature: Some(args.temperature),
+        top_p: Some(args.top_p),
+        top_k: Some(args.top_k.unwrap_or(0)),
+        seed: args.seed,
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
-        ..GenerateParams::default()
+        ..Options::default()
     };
+    // The same checks and chat rendering a server or library request gets.
+    let prepared = match (&args.prompt, &args.prompt_ids) {
+        (Some(text), _) if args.chat => {
+            let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
+            messages.push(ChatMessage::new("user", text));
+            engine.prepare_chat(&ChatRequest::new(messages).options(options))?
+        }
+        (Some(text), _) => engine.prepare_completion(&CompletionRequest::new(text.as_str()).options(options))?,
+        (None, Some(ids)) => engine.prepare_completion(&CompletionRequest::new(ids.clone()).options(options))?,
+        (None, None) => return Err(CliError::Usage("give --prompt or --prompt-ids".into())),
+    };
+    let prompt_len = prepared.prompts()[0].len();
     let start = Instant::now();
-    let mut stream = engine.generate(GenerateRequest::new(prompt.clone(), params)).await?;
+    let mut stream = engine.submit(prepared).await?;
     let mut out = std::io::stdout().lock();
     let (mut ids, mut first_token) = (Vec::new(), None);
     let finish = loop {
-        match stream.next().await {
+        match stream.next().await.map(|o| o.event) {
             Some(Event::Token { token, text, .. }) => {
                 first_token.get_or_insert_with(|| start.elapsed());
                 ids.push(token);
@@ -127,7 +127,7 @@ async fn generate(args: GenerateArgs) -> Result<(), CliError> {
     if finish == FinishReason::Error {
         return Err(CliError::Usage("generation failed (see the log)".into()));
     }
-    report(prompt.len(), ids.len(), first_token.unwrap_or_default(), start.elapsed(), finish);
+    report(prompt_len, ids.len(), first_token.unwrap_or_default(), start.elapsed(), finish);
     Ok(())
 }
 
@@ -143,14 +143,4 @@ fn report(prompt: usize, n: usize, ttft: std::time::Duration, total: std::time::
         prompt as f64 / ttft.as_secs_f64().max(1e-9),
         finish.as_str(),
     );
-}
-
-/// The model's chat template rendered around one user message, ready for the answer.
-fn chat_prompt(source: &ModelSource, system: Option<&str>, user: &str) -> Result<String, CliError> {
-    let template = source
-        .chat_template()?
-        .ok_or_else(|| CliError::Usage(format!("{} has no chat template", source.path().display())))?;
-    let mut messages: Vec<ChatMessage> = system.map(|s| ChatMessage::new("system", s)).into_iter().collect();
-    messages.push(ChatMessage::new("user", user));
-    Ok(template.render(&messages, true)?)
 }

@@ -34,9 +34,9 @@ pub enum CliError {
     #[error(transparent)]
     Engine(#[from] llaisys_actors::EngineError),
     #[error(transparent)]
-    Tokenizer(#[from] llaisys_model::tokenizer::TokenizerError),
+    Build(#[from] llaisys_actors::BuildError),
     #[error(transparent)]
-    Template(#[from] llaisys_model::tokenizer::TemplateError),
+    Tokenizer(#[from] llaisys_model::tokenizer::TokenizerError),
     #[error(transparent)]
     Config(#[from] llaisys_server::config::ConfigError),
     #[error(transparent)]
