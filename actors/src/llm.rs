@@ -192,17 +192,9 @@ impl Llm {
     }
 
     fn run_prepared(&mut self, prepared: Vec<Prepared>) -> Result<Vec<Answer>, EngineError> {
-        // Every choice of every request as one job, seeds offset per choice as the engine does.
-        let mut jobs = Vec::new();
-        for p in &prepared {
-            for prompt in &p.prompts {
-                for i in 0..p.n {
-                    let mut params = p.params.clone();
-                    params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
-                    jobs.push((prompt.clone(), params));
-                }
-            }
-        }
+        // Every choice of every request as one job, as `Engine::submit` queues them.
+        let jobs: Vec<(Vec<u32>, GenerateParams)> =
+            prepared.iter().flat_map(Prepared::choices).map(|(prompt, params)| (prompt.clone(), params)).collect();
         let mut results = self.run(&jobs)?.into_iter();
         let mut answers = Vec::with_capacity(prepared.len());
         for p in &prepared {

@@ -191,7 +191,7 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         let info = Arc::new(model.info().clone());
-        let tokenizer = frontend.as_ref().map(|f| Arc::new(f.tokenizer().clone()));
+        let tokenizer = frontend.as_ref().map(Frontend::shared_tokenizer);
         let args = SchedulerArgs { model, loader, tokenizer, config };
         let (scheduler, _) =
             Actor::spawn(None, SchedulerActor, args).await.map_err(|e| EngineError::Actor(e.to_string()))?;
@@ -236,18 +236,13 @@ impl Engine {
     /// Queues every choice of a prepared request. If one is refused, those already queued are
     /// cancelled (their streams dropped).
     pub async fn submit(&self, prepared: Prepared) -> Result<Generation, EngineError> {
-        let Prepared { prompts, params, n, session, logprobs } = prepared;
-        let mut streams = Vec::with_capacity(prompts.len() * n);
-        for prompt in &prompts {
-            for i in 0..n {
-                let mut params = params.clone();
-                params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
-                // Only the first choice continues the session: one conversation, one pin.
-                let session = if streams.is_empty() { session.clone() } else { None };
-                streams.push(self.generate(GenerateRequest { prompt: prompt.clone(), params, session }).await?);
-            }
+        let mut streams = Vec::with_capacity(prepared.prompts.len() * prepared.n);
+        for (prompt, params) in prepared.choices() {
+            // Only the first choice continues the session: one conversation, one pin.
+            let session = if streams.is_empty() { prepared.session.clone() } else { None };
+            streams.push(self.generate(GenerateRequest { prompt: prompt.clone(), params, session }).await?);
         }
-        Ok(Generation::new(streams, prompts, n, logprobs))
+        Ok(Generation::new(streams, prepared.prompts, prepared.n, prepared.logprobs))
     }
 
     /// Queues a request and returns its event stream.

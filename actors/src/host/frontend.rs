@@ -4,6 +4,7 @@
 //! through either (C10).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
 use llaisys_model::{ModelInfo, SamplingParams, Tokenizer};
@@ -112,11 +113,24 @@ impl Prepared {
     pub fn logprobs(&self) -> bool {
         self.logprobs
     }
+
+    /// Every choice in order (prompt by prompt, `n` each): its prompt and parameters, the
+    /// seed offset by the choice's index within its prompt so that choices differ.
+    pub(crate) fn choices(&self) -> impl Iterator<Item = (&Vec<u32>, GenerateParams)> + '_ {
+        self.prompts.iter().flat_map(move |prompt| {
+            (0..self.n).map(move |i| {
+                let mut params = self.params.clone();
+                params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
+                (prompt, params)
+            })
+        })
+    }
 }
 
 /// The model's text side and the limits requests are checked against.
 pub struct Frontend {
-    tokenizer: Tokenizer,
+    /// Shared with the scheduler actor, which decodes the generated text.
+    tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     defaults: GenerationDefaults,
     limits: RequestLimits,
@@ -129,7 +143,7 @@ impl Frontend {
         defaults: GenerationDefaults,
         limits: RequestLimits,
     ) -> Self {
-        Self { tokenizer, template, defaults, limits }
+        Self { tokenizer: Arc::new(tokenizer), template, defaults, limits }
     }
 
     /// A tokenizer alone: no chat template, OpenAI's sampling defaults, default limits.
@@ -139,6 +153,11 @@ impl Frontend {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The tokenizer as a shared handle (the engine's actors use the same one).
+    pub(crate) fn shared_tokenizer(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
     }
 
     pub fn has_chat_template(&self) -> bool {
