@@ -109,8 +109,8 @@ pub use engine::{Engine, EngineStats, Event, EventStream, GenerateRequest, Model
 pub use futures_util::StreamExt;
 pub use host::{
     Answer, BuildError, ChatRequest, Choice, CompletionRequest, EngineBuilder, Generation, Options, Output, Prompt,
-    RequestError, RequestLimits,
+    RequestError, RequestLimits, Tool, ToolChoice,
 };
 pub use llaisys_model::tokenizer::ChatMessage;
-pub use llaisys_model::{Device, WeightDtype};
+pub use llaisys_model::{Constraint, Device, Guidance, WeightDtype};
 pub use llm::{Completion, EngineConfig, EngineError, GenerateParams, Llm};

@@ -6,13 +6,15 @@ use std::time::Duration;
 
 use llaisys_model::sampling::SamplingError;
 use llaisys_model::tokenizer::TokenizerError;
-use llaisys_model::{Context, DecodeError, LanguageModel, ModelInfo, Sampler, SamplingParams, Tokenizer};
+use llaisys_model::{
+    Constraint, Context, DecodeError, Guidance, LanguageModel, ModelInfo, Sampler, SamplingParams, Tokenizer,
+};
 
 use crate::engine::Usage;
 use crate::host::{Answer, ChatRequest, Choice, CompletionRequest, Frontend, Prepared, RequestError, TokenLogprob};
-use crate::request::{FinishReason, RequestId, TextStream};
+use crate::request::{FinishReason, RequestId, TextStream, ToolCallOut, ToolParsing};
 use crate::scheduler::{AdmissionError, Finished, Scheduler, SchedulerConfig, Sequence, StopConditions};
-use crate::worker::Executor;
+use crate::worker::{Executor, tokens_and_ends};
 
 /// Sizes and budgets of one engine.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,6 +74,11 @@ pub struct GenerateParams {
     /// Extra stop token ids (the model's eos ids apply unless `ignore_eos`).
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// T3: the output's tool calls are parsed (by their tags' ids) and streamed as such.
+    pub tool_calls: Option<ToolParsing>,
+    /// T1/T4: what the output must match (a compiled grammar: `Engine::guidance`,
+    /// `Llm::guidance`); the default constrains nothing.
+    pub guidance: Guidance,
 }
 
 impl Default for GenerateParams {
@@ -82,6 +89,8 @@ impl Default for GenerateParams {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            guidance: Guidance::default(),
+            tool_calls: None,
         }
     }
 }
@@ -106,6 +115,8 @@ pub struct Completion {
     /// Generated text without special tokens and without any stop string; `None` without a tokenizer.
     pub text: Option<String>,
     pub finish: FinishReason,
+    /// T3: the tool calls the output made.
+    pub tool_calls: Vec<ToolCallOut>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +190,17 @@ impl Llm {
         self.run_requests(requests, Frontend::prepare_completion)
     }
 
+    /// The model's tokenizer, if it has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.frontend.as_ref().map(Frontend::tokenizer)
+    }
+
+    /// Compiles a constraint for `GenerateParams::guidance` (T4).
+    pub fn guidance(&self, constraint: &Constraint) -> Result<Guidance, EngineError> {
+        let frontend = self.frontend.as_ref().ok_or(EngineError::NoTokenizer)?;
+        Ok(frontend.guidance(constraint, self.executor.context().info())?)
+    }
+
     /// Checks every request (none runs if one is refused), then runs them together.
     fn run_requests<R>(
         &mut self,
@@ -214,6 +236,7 @@ impl Llm {
                         tokens: r.completion.tokens,
                         logprobs,
                         finish: r.completion.finish,
+                        tool_calls: r.completion.tool_calls,
                     });
                 }
             }
@@ -253,28 +276,39 @@ impl Llm {
         }
         self.next_id += jobs.len() as RequestId;
         for (index, (prompt, params)) in jobs.iter().enumerate() {
-            self.executor.add_request(base + index as RequestId, Sampler::new(params.sampling.clone(), prompt));
+            let sampler = Sampler::new(params.sampling.clone(), prompt).guided(&params.guidance);
+            self.executor.add_request(base + index as RequestId, sampler);
         }
         // Per job: its text stream and the text so far.
-        let mut texts: Vec<(TextStream, String)> =
-            jobs.iter().map(|(_, params)| (TextStream::new(params.stop.iter().cloned()), String::new())).collect();
+        let mut texts: Vec<(TextStream, String)> = jobs
+            .iter()
+            .map(|(_, p)| {
+                let stream = TextStream::new(p.stop.iter().cloned()).with_tool_calls(p.tool_calls.map(|t| t.tags));
+                (stream, String::new())
+            })
+            .collect();
+        let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); jobs.len()];
         let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); jobs.len()];
         let mut done: Vec<Option<Finished>> = vec![None; jobs.len()];
         while let Some(plan) = scheduler.schedule() {
             let start = std::time::Instant::now();
             let sampled = self.executor.execute(&plan)?;
             scheduler.record_step(&plan, start.elapsed());
-            let tokens: Vec<Option<u32>> = sampled.iter().map(|s| s.as_ref().map(|s| s.token)).collect();
+            let (tokens, ends) = tokens_and_ends(&sampled);
             for (item, s) in plan.items.iter().zip(&sampled) {
                 let job = (item.id - base) as usize;
                 let Some(s) = s else { continue };
                 logprobs[job].push(TokenLogprob { token: s.token, logprob: s.logprob, top: s.top.clone() });
                 if let Some(tokenizer) = tokenizer {
                     let (stream, text) = &mut texts[job];
-                    text.push_str(&stream.push(tokenizer, s.token)?);
+                    let piece = stream.push(tokenizer, s.token)?;
+                    text.push_str(&piece.text);
+                    if let Some(delta) = piece.tool_call {
+                        ToolCallOut::gather(&mut calls[job], &delta);
+                    }
                 }
             }
-            for f in scheduler.postprocess(&plan, &tokens) {
+            for f in scheduler.postprocess_ending(&plan, &tokens, &ends) {
                 let id = (f.id - base) as usize;
                 let reason = if texts[id].0.stopped() { FinishReason::Stop } else { f.reason };
                 done[id] = Some(Finished { reason, ..f });
@@ -286,8 +320,8 @@ impl Llm {
             }
         }
         let mut results = Vec::with_capacity(jobs.len());
-        let per_job = done.into_iter().zip(texts).zip(logprobs);
-        for (id, ((finished, (mut stream, mut text)), logprobs)) in per_job.enumerate() {
+        let per_job = done.into_iter().zip(texts).zip(logprobs).zip(calls);
+        for (id, (((finished, (mut stream, mut text)), logprobs), tool_calls)) in per_job.enumerate() {
             self.executor.remove_request(base + id as RequestId);
             let finished = finished.ok_or_else(|| DecodeError::Internal(format!("request {id} never finished")))?;
             let text = match tokenizer {
@@ -298,7 +332,8 @@ impl Llm {
                 None => None,
             };
             let cached_tokens = finished.cached_tokens;
-            let completion = Completion { tokens: finished.output, text, finish: finished.reason };
+            let finish = ToolParsing::finish(jobs[id].1.tool_calls, finished.reason, stream.made_tool_calls());
+            let completion = Completion { tokens: finished.output, text, finish, tool_calls };
             results.push(JobResult { completion, logprobs, cached_tokens });
         }
         Ok(results)

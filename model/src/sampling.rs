@@ -6,9 +6,12 @@
 //! model's raw distribution (log-softmax of the unprocessed row), as OpenAI and vLLM report.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use crate::grammar::{Guidance, Guide, GuideEnd};
 
 /// How to pick tokens for one sequence. `Default` is greedy with no penalties.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,13 +115,19 @@ pub struct Sampled {
     pub logprob: f32,
     /// The `top_logprobs` most likely tokens with their log-probabilities, best first.
     pub top: Vec<(u32, f32)>,
+    /// Set when the sequence's constraint ends it with this token.
+    pub end: Option<GuideEnd>,
+    /// How long this token's grammar mask took, for a constrained sequence.
+    pub mask_time: Option<Duration>,
 }
 
-/// The sampling state of one sequence: its parameters, its random stream and the counts the
-/// penalties need.
-#[derive(Debug, Clone)]
+/// The sampling state of one sequence: its parameters, its constraint, its random stream and
+/// the counts the penalties need.
+#[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
+    /// T1: the sequence's constraint; its mask comes before every other step.
+    guide: Option<Guide>,
     rng: StdRng,
     /// Tokens of the prompt (for the repetition penalty).
     prompt: Vec<u32>,
@@ -138,17 +147,41 @@ impl Sampler {
         let mut prompt = prompt.to_vec();
         prompt.sort_unstable();
         prompt.dedup();
-        Self { params, rng, prompt, generated: HashMap::new(), scratch: Vec::new() }
+        Self { params, guide: None, rng, prompt, generated: HashMap::new(), scratch: Vec::new() }
+    }
+
+    /// The same sampler, constrained by `guidance`.
+    pub fn guided(mut self, guidance: &Guidance) -> Self {
+        let guide = guidance.guide();
+        self.guide = guide.constrains_ever().then_some(guide);
+        self
     }
 
     /// A sampler for a sequence that already generated `generated` (it is being recomputed on a
-    /// restarted worker): the penalties count those tokens. The random stream starts afresh.
-    pub fn resume(params: SamplingParams, prompt: &[u32], generated: &[u32]) -> Self {
-        let mut sampler = Self::new(params, prompt);
+    /// restarted worker): the penalties count those tokens and its constraint has seen them.
+    /// The random stream starts afresh.
+    pub fn resume(params: SamplingParams, guidance: &Guidance, prompt: &[u32], generated: &[u32]) -> Self {
+        let mut sampler = Self::new(params, prompt).guided(guidance);
         for &t in generated {
             *sampler.generated.entry(t).or_default() += 1;
+            if let Some(guide) = &mut sampler.guide {
+                guide.accept(t);
+            }
         }
         sampler
+    }
+
+    /// Whether a grammar constrains (part of) the output.
+    pub fn is_guided(&self) -> bool {
+        self.guide.as_ref().is_some_and(Guide::has_grammar)
+    }
+
+    /// Computes the next token's grammar mask, if the sequence has a grammar (`sample` does it
+    /// otherwise); the executor runs this for a whole batch in parallel with the forward pass.
+    pub fn prepare(&mut self) {
+        if let Some(guide) = &mut self.guide {
+            guide.prepare();
+        }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -157,12 +190,19 @@ impl Sampler {
 
     /// Picks the next token from `logits` and records it for the penalties.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
-        let token = if self.params.is_greedy() && !self.adjusts_logits() {
+        let constrained = self.guide.as_ref().is_some_and(Guide::constrains);
+        let mut end = None;
+        let token = if self.params.is_greedy() && !self.adjusts_logits() && !constrained {
             crate::output::argmax(logits).unwrap_or(0)
         } else {
             let mut row = std::mem::take(&mut self.scratch);
             row.clear();
             row.extend_from_slice(logits);
+            if let Some(guide) = self.guide.as_mut().filter(|_| constrained)
+                && let Err(e) = guide.apply(&mut row)
+            {
+                end = Some(GuideEnd::Failed(e));
+            }
             self.apply_bias_and_penalties(&mut row);
             let token =
                 if self.params.is_greedy() { crate::output::argmax(&row).unwrap_or(0) } else { self.draw(&row) };
@@ -170,8 +210,13 @@ impl Sampler {
             token
         };
         *self.generated.entry(token).or_default() += 1;
+        let mut mask_time = None;
+        if let Some(guide) = &mut self.guide {
+            end = end.or_else(|| guide.accept(token));
+            mask_time = guide.take_mask_time();
+        }
         let (logprob, top) = raw_logprobs(logits, token, self.params.top_logprobs);
-        Sampled { token, logprob, top }
+        Sampled { token, logprob, top, end, mask_time }
     }
 
     /// Whether logit bias or a penalty changes the logits before the choice.

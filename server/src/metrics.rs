@@ -16,6 +16,9 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 120.0,
 ];
 
+/// Grammar mask buckets in seconds, from 10 µs to 100 ms.
+const MASK_BUCKETS: &[f64] = &[1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1];
+
 pub struct Metrics {
     recorder: PrometheusRecorder,
 }
@@ -30,6 +33,8 @@ impl Metrics {
     pub fn new() -> Self {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+            .expect("the bucket list is not empty")
+            .set_buckets_for_metric(Matcher::Full("llaisys_grammar_mask_seconds".into()), MASK_BUCKETS)
             .expect("the bucket list is not empty")
             .build_recorder();
         let m = Self { recorder };
@@ -52,6 +57,8 @@ impl Metrics {
             ("llaisys_e2e_request_latency_seconds", "Time from arrival to the last token."),
             ("llaisys_request_queue_time_seconds", "Time from arrival to the first scheduling."),
             ("llaisys_http_requests_total", "HTTP responses by route and status."),
+            ("llaisys_constrained_requests_total", "Requests with a constraint (T1), by kind."),
+            ("llaisys_grammar_mask_seconds", "Time to compute one token's grammar mask."),
         ] {
             m.recorder.describe_counter(name.into(), None, help.into());
         }
@@ -99,6 +106,15 @@ impl Metrics {
 
     pub fn queue_time(&self, model: &str, queued: Duration) {
         self.histogram("llaisys_request_queue_time_seconds", model, queued);
+    }
+
+    /// A request accepted with a constraint of `kind` (json_schema, regex, tools, ...).
+    pub fn constrained_request(&self, model: &str, kind: &str) {
+        self.counter("llaisys_constrained_requests_total", &[("model", model.into()), ("kind", kind.into())], 1);
+    }
+
+    pub fn grammar_mask(&self, model: &str, time: Duration) {
+        self.histogram("llaisys_grammar_mask_seconds", model, time);
     }
 
     pub fn http_response(&self, route: &str, status: u16) {

@@ -15,6 +15,40 @@ pub fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
 }
 
+/// A copy of fixture `name` whose context is `context` tokens (a tool-describing system
+/// prompt in a tiny vocabulary needs more than 256); removed when dropped.
+pub struct LongContextFixture(PathBuf);
+
+impl LongContextFixture {
+    pub fn new(name: &str, context: usize) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("llaisys-{name}-{context}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for entry in std::fs::read_dir(fixture_dir(name)).expect("fixture") {
+            let entry = entry.expect("fixture entry");
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+        }
+        let path = dir.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("config")).expect("json");
+        config["max_position_embeddings"] = context.into();
+        std::fs::write(&path, config.to_string()).expect("write config");
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for LongContextFixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct TopK {
     pub ids: Vec<u32>,

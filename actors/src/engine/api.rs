@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
-use llaisys_model::{LanguageModel, LoadError, ModelInfo, Tokenizer};
+use llaisys_model::{Constraint, Guidance, LanguageModel, LoadError, ModelInfo, Tokenizer};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -17,6 +17,7 @@ use super::scheduler_actor::{SchedulerActor, SchedulerArgs};
 use super::session_actor::SessionInfo;
 use crate::host::{ChatRequest, CompletionRequest, EngineBuilder, Frontend, Generation, Prepared};
 use crate::llm::{EngineConfig, EngineError, GenerateParams};
+use crate::request::ToolCallDelta;
 use crate::request::{FinishReason, RequestId};
 
 /// Loads an instance of the model: at start, and again when a failed worker is replaced.
@@ -57,6 +58,10 @@ pub enum Event {
         text: String,
         logprob: f32,
         top_logprobs: Vec<(u32, f32)>,
+        /// How long this token's grammar mask took (constrained requests only).
+        mask_time: Option<Duration>,
+        /// T3: the piece of a tool call this token completes (its `text` is then empty).
+        tool_call: Option<ToolCallDelta>,
     },
     Finished {
         reason: FinishReason,
@@ -125,7 +130,7 @@ impl FinishCounts {
 
     pub(super) fn count(&mut self, reason: FinishReason) {
         *match reason {
-            FinishReason::Stop => &mut self.stop,
+            FinishReason::Stop | FinishReason::ToolCalls => &mut self.stop,
             FinishReason::Length => &mut self.length,
             FinishReason::Abort => &mut self.abort,
             FinishReason::Error => &mut self.error,
@@ -211,6 +216,12 @@ impl Engine {
     /// The model's tokenizer, if the engine has one.
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.frontend.as_deref().map(Frontend::tokenizer)
+    }
+
+    /// Compiles a constraint for `GenerateParams::guidance` (T4: token-level requests take the
+    /// same constraints as chats and completions).
+    pub fn guidance(&self, constraint: &Constraint) -> Result<Guidance, EngineError> {
+        Ok(self.frontend()?.guidance(constraint, &self.info)?)
     }
 
     /// Checks a chat request and renders its prompt, without running it.

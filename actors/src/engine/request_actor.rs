@@ -10,7 +10,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::{Event, Usage};
 use super::messages::{ToRequest, ToScheduler};
-use crate::request::{FinishReason, RequestId, TextStream};
+use crate::request::{FinishReason, Piece, RequestId, TextStream, ToolParsing};
 
 pub struct RequestActor;
 
@@ -18,6 +18,8 @@ pub struct RequestArgs {
     pub id: RequestId,
     pub prompt_tokens: usize,
     pub stop: Vec<String>,
+    /// T3: how the output carries tool calls, if it may.
+    pub tool_calls: Option<ToolParsing>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub events: UnboundedSender<Event>,
     pub scheduler: ActorRef<ToScheduler>,
@@ -32,14 +34,14 @@ pub struct RequestState {
 }
 
 impl RequestState {
-    /// Text `token` completes; a matched stop string ends the request.
-    fn text_of(&mut self, token: u32) -> Result<String, ActorProcessingErr> {
-        let Some(tokenizer) = &self.args.tokenizer else { return Ok(String::new()) };
-        let text = self.text.push(tokenizer, token)?;
+    /// What `token` adds to the output; a matched stop string ends the request.
+    fn piece_of(&mut self, token: u32) -> Result<Piece, ActorProcessingErr> {
+        let Some(tokenizer) = &self.args.tokenizer else { return Ok(Piece::default()) };
+        let piece = self.text.push(tokenizer, token)?;
         if self.text.stopped() {
             self.end(FinishReason::Stop);
         }
-        Ok(text)
+        Ok(piece)
     }
 
     /// Asks the scheduler to end this request (once).
@@ -65,7 +67,7 @@ impl Actor for RequestActor {
     type Arguments = RequestArgs;
 
     async fn pre_start(&self, _: ActorRef<ToRequest>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
-        let text = TextStream::new(args.stop.iter().cloned());
+        let text = TextStream::new(args.stop.iter().cloned()).with_tool_calls(args.tool_calls.map(|t| t.tags));
         Ok(RequestState { args, text, ended: false })
     }
 
@@ -80,8 +82,8 @@ impl Actor for RequestActor {
                 if state.ended {
                     return Ok(());
                 }
-                let text = match state.text_of(sampled.token) {
-                    Ok(text) => text,
+                let piece = match state.piece_of(sampled.token) {
+                    Ok(piece) => piece,
                     Err(e) => {
                         // The stream must still end with `Finished`: end the request instead.
                         tracing::error!(request_id = state.args.id, error = %e, "detokenization failed");
@@ -89,8 +91,14 @@ impl Actor for RequestActor {
                         return Ok(());
                     }
                 };
-                let event =
-                    Event::Token { token: sampled.token, text, logprob: sampled.logprob, top_logprobs: sampled.top };
+                let event = Event::Token {
+                    token: sampled.token,
+                    text: piece.text,
+                    logprob: sampled.logprob,
+                    top_logprobs: sampled.top,
+                    mask_time: sampled.mask_time,
+                    tool_call: piece.tool_call,
+                };
                 if state.args.events.send(event).is_err() {
                     state.end(FinishReason::Abort); // the client dropped its stream
                 }
@@ -101,6 +109,7 @@ impl Actor for RequestActor {
                     String::new()
                 });
                 let prompt_tokens = state.args.prompt_tokens;
+                let reason = ToolParsing::finish(state.args.tool_calls, reason, state.text.made_tool_calls());
                 let _ = state.args.events.send(Event::Finished {
                     reason,
                     text,

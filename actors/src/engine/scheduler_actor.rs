@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llaisys_model::{Context, LanguageModel, ModelInfo, Sampler, SamplingParams, Tokenizer};
+use llaisys_model::{Context, Guidance, LanguageModel, ModelInfo, Sampler, SamplingParams, Tokenizer};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -21,7 +21,7 @@ use super::worker_actor::{WorkerActor, WorkerArgs};
 use crate::llm::{EngineConfig, EngineError};
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::{Finished, Scheduler, Sequence};
-use crate::worker::Executor;
+use crate::worker::{Executor, tokens_and_ends};
 
 pub struct SchedulerActor;
 
@@ -40,6 +40,7 @@ struct Live {
     events: UnboundedSender<Event>,
     /// To give the request a new sampler if the worker is restarted.
     sampling: SamplingParams,
+    guidance: Guidance,
     session: Option<String>,
 }
 
@@ -138,13 +139,13 @@ impl Actor for SchedulerActor {
                 let finished = match result {
                     Ok(sampled) => {
                         state.scheduler.record_step(&plan, elapsed);
-                        let tokens: Vec<Option<u32>> = sampled.iter().map(|s| s.as_ref().map(|s| s.token)).collect();
+                        let (tokens, ends) = tokens_and_ends(&sampled);
                         for (item, s) in plan.items.iter().zip(sampled) {
                             if let (Some(s), Some(live)) = (s, state.requests.get(&item.id)) {
                                 let _ = live.actor.send_message(ToRequest::Token(s));
                             }
                         }
-                        state.scheduler.postprocess(&plan, &tokens)
+                        state.scheduler.postprocess_ending(&plan, &tokens, &ends)
                     }
                     Err(e) => {
                         // Invalid input for the model: only the requests of this batch fail.
@@ -244,6 +245,7 @@ impl SchedulerState {
             id,
             prompt_tokens: prompt.len(),
             stop: params.stop.clone(),
+            tool_calls: params.tool_calls,
             tokenizer: self.tokenizer.clone(),
             events: events.clone(),
             scheduler: me.clone(),
@@ -255,7 +257,7 @@ impl SchedulerState {
                 return Err(EngineError::Actor(e.to_string()));
             }
         };
-        let sampler = Box::new(Sampler::new(params.sampling.clone(), &prompt));
+        let sampler = Box::new(Sampler::new(params.sampling.clone(), &prompt).guided(&params.guidance));
         // A worker that just died gets every live request's sampler when it is restarted.
         let _ = self.worker.send_message(ToWorker::AddRequest(id, sampler));
         if let Some(s) = &session {
@@ -271,7 +273,7 @@ impl SchedulerState {
             session = session.as_deref(),
             "request queued"
         );
-        self.requests.insert(id, Live { actor, events, sampling: params.sampling, session });
+        self.requests.insert(id, Live { actor, events, sampling: params.sampling, guidance: params.guidance, session });
         Ok(id)
     }
 
@@ -325,7 +327,7 @@ impl SchedulerState {
             Ok(worker) => {
                 for (id, live) in &self.requests {
                     if let Some((prompt, generated)) = self.scheduler.tokens_of(*id) {
-                        let sampler = Sampler::resume(live.sampling.clone(), prompt, generated);
+                        let sampler = Sampler::resume(live.sampling.clone(), &live.guidance, prompt, generated);
                         let _ = worker.send_message(ToWorker::AddRequest(*id, Box::new(sampler)));
                     }
                 }

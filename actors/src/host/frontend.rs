@@ -4,13 +4,14 @@
 //! through either (C10).
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
-use llaisys_model::{ModelInfo, SamplingParams, Tokenizer};
+use llaisys_model::{Constraint, GrammarCompiler, GrammarError, Guidance, ModelInfo, SamplingParams, Tokenizer};
 
-use super::request::{ChatRequest, CompletionRequest, Options, Prompt, RequestError};
+use super::request::{ChatRequest, CompletionRequest, Options, Prompt, RequestError, Tool, ToolChoice};
 use crate::GenerateParams;
+use crate::request::{ToolCallTags, ToolParsing};
 
 /// Sampling defaults from a model's `generation_config.json`, used where a request leaves a
 /// field out; OpenAI's defaults otherwise.
@@ -60,6 +61,34 @@ impl GenerationDefaults {
         };
         d
     }
+}
+
+/// Tools as OpenAI allows them: names of 1–64 letters, digits, `_` and `-`, each once;
+/// parameters a JSON schema object.
+fn check_tools(tools: &[Tool]) -> Result<(), RequestError> {
+    for (i, tool) in tools.iter().enumerate() {
+        let name_ok = (1..=64).contains(&tool.name.len())
+            && tool.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !name_ok {
+            return Err(RequestError::invalid(
+                format!("tools[{i}].function.name"),
+                format!("{:?} is not a function name (1–64 of a-z, A-Z, 0-9, _ and -)", tool.name),
+            ));
+        }
+        if tools[..i].iter().any(|t| t.name == tool.name) {
+            return Err(RequestError::invalid(
+                format!("tools[{i}].function.name"),
+                format!("{:?} is offered twice", tool.name),
+            ));
+        }
+        if !tool.parameters.is_object() {
+            return Err(RequestError::invalid(
+                format!("tools[{i}].function.parameters"),
+                "the parameters are a JSON schema object",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What one request may ask for.
@@ -134,6 +163,8 @@ pub struct Frontend {
     template: Option<ChatTemplate>,
     defaults: GenerationDefaults,
     limits: RequestLimits,
+    /// T1: the model's grammar compiler, built by the first constrained request (or `warm_grammar`).
+    grammar: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
 }
 
 impl Frontend {
@@ -143,7 +174,7 @@ impl Frontend {
         defaults: GenerationDefaults,
         limits: RequestLimits,
     ) -> Self {
-        Self { tokenizer: Arc::new(tokenizer), template, defaults, limits }
+        Self { tokenizer: Arc::new(tokenizer), template, defaults, limits, grammar: OnceLock::new() }
     }
 
     /// A tokenizer alone: no chat template, OpenAI's sampling defaults, default limits.
@@ -172,37 +203,151 @@ impl Frontend {
         &self.limits
     }
 
-    /// The prompt token ids of a conversation: roles checked (`developer` is `system`), then
-    /// the model's chat template, then the tokenizer.
-    pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, RequestError> {
+    /// The model's grammar compiler over its vocabulary, padded to the logits' width; the
+    /// tokens that end a sequence are the model's and its generation config's eos ids.
+    pub fn grammar_compiler(&self, info: &ModelInfo) -> Result<Arc<GrammarCompiler>, GrammarError> {
+        self.grammar
+            .get_or_init(|| {
+                let mut eos = info.eos_token_ids.clone();
+                eos.extend(self.defaults.eos_token_ids.iter().filter(|t| !info.eos_token_ids.contains(t)));
+                let start = std::time::Instant::now();
+                let compiler = GrammarCompiler::new(&self.tokenizer, info.vocab_size, &eos).map(Arc::new);
+                tracing::info!(elapsed_ms = start.elapsed().as_millis() as u64, "grammar compiler built");
+                compiler
+            })
+            .clone()
+    }
+
+    /// Compiles `constraint` for a model described by `info` (T4: for `GenerateParams`).
+    pub fn guidance(&self, constraint: &Constraint, info: &ModelInfo) -> Result<Guidance, RequestError> {
+        let compiler =
+            self.grammar_compiler(info).map_err(|e| RequestError::general(format!("constrained decoding: {e}")))?;
+        let grammar = compiler.compile(constraint).map_err(|e| RequestError::invalid("constraint", e.0))?;
+        for warning in grammar.warnings() {
+            tracing::warn!(constraint = constraint.kind(), warning, "constraint feature not enforced");
+        }
+        Ok(Guidance::grammar(grammar))
+    }
+
+    /// The prompt token ids of a conversation: roles and tool calls checked (`developer` is
+    /// `system`), then the model's chat template (which describes `tools`), then the tokenizer.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Tool],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, RequestError> {
         if messages.is_empty() {
             return Err(RequestError::invalid("messages", "messages must not be empty"));
         }
         let mut checked = Vec::with_capacity(messages.len());
         for (i, m) in messages.iter().enumerate() {
             let role = match m.role.as_str() {
-                "system" | "user" | "assistant" => m.role.as_str(),
+                "system" | "user" | "assistant" | "tool" => m.role.as_str(),
                 "developer" => "system",
                 other => {
                     return Err(RequestError::invalid(
                         format!("messages[{i}].role"),
-                        format!("unknown role {other:?} (system, user, assistant)"),
+                        format!("unknown role {other:?} (system, user, assistant, tool)"),
                     ));
                 }
             };
-            checked.push(ChatMessage::new(role, m.content.clone()));
+            if !m.tool_calls.is_empty() && role != "assistant" {
+                return Err(RequestError::invalid(
+                    format!("messages[{i}].tool_calls"),
+                    "only assistant messages call tools",
+                ));
+            }
+            for (j, call) in m.tool_calls.iter().enumerate() {
+                if call.name.is_empty() {
+                    return Err(RequestError::invalid(
+                        format!("messages[{i}].tool_calls[{j}].function.name"),
+                        "a tool call needs the function's name",
+                    ));
+                }
+                if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
+                    return Err(RequestError::invalid(
+                        format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                        format!("the arguments are not JSON: {e}"),
+                    ));
+                }
+            }
+            checked.push(ChatMessage { role: role.into(), ..m.clone() });
         }
+        check_tools(tools)?;
+        let tools: Vec<serde_json::Value> = tools.iter().map(Tool::to_json).collect();
         let template = self.template.as_ref().ok_or_else(|| RequestError::general("the model has no chat template"))?;
         let text = template
-            .render(&checked, add_generation_prompt)
+            .render_with_tools(&checked, &tools, add_generation_prompt)
             .map_err(|e| RequestError::invalid("messages", e.to_string()))?;
         self.tokenizer.encode(&text).map_err(|e| RequestError::invalid("messages", e.to_string()))
     }
 
     /// Checks a chat for a model described by `info` and renders its prompt.
     pub fn prepare_chat(&self, request: &ChatRequest, info: &ModelInfo) -> Result<Prepared, RequestError> {
-        let prompt = self.render_chat(&request.input, true)?;
-        self.prepare(vec![prompt], &request.options, info, None, "messages")
+        let options = &request.options;
+        let offered = !options.tools.is_empty() && options.tool_choice != Some(ToolChoice::None);
+        let prompt = self.render_chat(&request.input, if offered { &options.tools } else { &[] }, true)?;
+        let mut prepared = self.prepare(vec![prompt], options, info, None, "messages")?;
+        self.prepare_tools(&mut prepared.params, options, info)?;
+        Ok(prepared)
+    }
+
+    /// T3: the constraint and parsing of a chat's tool calls.
+    fn prepare_tools(
+        &self,
+        params: &mut GenerateParams,
+        options: &Options,
+        info: &ModelInfo,
+    ) -> Result<(), RequestError> {
+        let choice = options.tool_choice.clone().unwrap_or_default();
+        if let ToolChoice::Function(name) = &choice
+            && !options.tools.iter().any(|t| &t.name == name)
+        {
+            return Err(RequestError::invalid(
+                "tool_choice",
+                format!("tool_choice names {name:?}, which is not among the tools"),
+            ));
+        }
+        if options.tools.is_empty() {
+            return match choice {
+                ToolChoice::None | ToolChoice::Auto => Ok(()),
+                _ => Err(RequestError::invalid("tool_choice", "tool_choice requires tools")),
+            };
+        }
+        let compiler = self.grammar_compiler(info).map_err(|e| RequestError::general(format!("tool calls: {e}")))?;
+        let (Some(open), Some(close)) = (compiler.special_token("<tool_call>"), compiler.special_token("</tool_call>"))
+        else {
+            return Err(RequestError::invalid("tools", "this model's vocabulary has no <tool_call> tags"));
+        };
+        if choice == ToolChoice::None {
+            params.guidance = Guidance::forbid(vec![open]);
+            return Ok(());
+        }
+        if options.constraint.is_some() {
+            return Err(RequestError::invalid(
+                "constraint",
+                "a constraint cannot be combined with tools unless tool_choice is none",
+            ));
+        }
+        let functions: Vec<(&str, &serde_json::Value)> = options
+            .tools
+            .iter()
+            .filter(|t| match &choice {
+                ToolChoice::Function(name) => &t.name == name,
+                _ => true,
+            })
+            .map(|t| (t.name.as_str(), &t.parameters))
+            .collect();
+        let named = matches!(choice, ToolChoice::Function(_));
+        let parallel = options.parallel_tool_calls.unwrap_or(true) && !named;
+        let with_open = choice != ToolChoice::Auto;
+        let grammar = compiler
+            .tool_calls(&functions, (open, close), with_open, parallel)
+            .map_err(|e| RequestError::invalid("tools", e.0))?;
+        params.guidance = if with_open { Guidance::grammar(grammar) } else { Guidance::after(open, grammar) };
+        params.tool_calls = Some(ToolParsing { tags: ToolCallTags { open, close }, finish_with_tool_calls: !named });
+        Ok(())
     }
 
     /// Checks a completion for a model described by `info` and encodes its prompts.
@@ -319,12 +464,18 @@ impl Frontend {
         if !options.ignore_eos {
             stop_token_ids.extend(&d.eos_token_ids);
         }
+        let guidance = match &options.constraint {
+            Some(c) => self.guidance(c, info)?,
+            None => Guidance::default(),
+        };
         let params = GenerateParams {
             max_tokens,
             sampling,
             stop: options.stop.clone(),
             stop_token_ids,
             ignore_eos: options.ignore_eos,
+            guidance,
+            tool_calls: None,
         };
         Ok(Prepared { prompts, params, n, session: options.session.clone(), logprobs: options.logprobs.is_some() })
     }

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use futures_util::stream::{BoxStream, SelectAll, Stream, StreamExt};
 
 use crate::engine::{Event, EventStream, Usage};
-use crate::request::{FinishReason, RequestId};
+use crate::request::{FinishReason, RequestId, ToolCallOut};
 
 /// One event of one choice (choices are numbered prompt by prompt: prompt `p`'s choice `c` is
 /// `p * n + c`). Each choice yields its tokens, then exactly one `Event::Finished`.
@@ -33,6 +33,8 @@ pub struct Choice {
     pub logprobs: Vec<TokenLogprob>,
     /// `Error` also when the engine lost the choice without finishing it.
     pub finish: FinishReason,
+    /// T3: the tool calls it made (their arguments exactly as streamed).
+    pub tool_calls: Vec<ToolCallOut>,
 }
 
 /// A request's whole answer: every choice, and the token counts (each prompt counted once).
@@ -90,14 +92,18 @@ impl Generation {
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 finish: FinishReason::Error,
+                tool_calls: Vec::new(),
             })
             .collect();
         let mut usage = Usage::default();
         while let Some(Output { choice, event }) = self.next().await {
             let c = &mut choices[choice];
             match event {
-                Event::Token { token, text, logprob, top_logprobs } => {
+                Event::Token { token, text, logprob, top_logprobs, tool_call, .. } => {
                     c.text.push_str(&text);
+                    if let Some(delta) = &tool_call {
+                        ToolCallOut::gather(&mut c.tool_calls, delta);
+                    }
                     c.tokens.push(token);
                     if self.logprobs {
                         c.logprobs.push(TokenLogprob { token, logprob, top: top_logprobs });

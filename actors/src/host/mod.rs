@@ -14,4 +14,4 @@ mod request;
 pub use builder::{BuildError, EngineBuilder};
 pub use frontend::{Frontend, GenerationDefaults, MAX_TOP_LOGPROBS, Prepared, RequestLimits};
 pub use generation::{Answer, Choice, Generation, Output, TokenLogprob};
-pub use request::{ChatRequest, CompletionRequest, Options, Prompt, Request, RequestError};
+pub use request::{ChatRequest, CompletionRequest, Options, Prompt, Request, RequestError, Tool, ToolChoice};

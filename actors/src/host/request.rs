@@ -1,6 +1,7 @@
 //! The requests a host sends: a chat (messages rendered with the model's template) or a
 //! completion (text or token ids as they are), each with the same `Options`.
 
+use llaisys_model::Constraint;
 use llaisys_model::tokenizer::ChatMessage;
 
 /// A request: its input (messages or prompts) and what to generate.
@@ -73,6 +74,55 @@ pub struct Options {
     /// The conversation this request continues (E6): its cells stay cached, so the next turn
     /// computes only its new tokens. Only the first choice continues it.
     pub session: Option<String>,
+    /// T1: what the output must match (a JSON schema, any JSON object, a regex, a choice, a
+    /// Lark grammar). A constraint that does not compile is refused naming `constraint`.
+    pub constraint: Option<Constraint>,
+    /// T3: functions the model may call (chats only).
+    pub tools: Vec<Tool>,
+    /// Whether and which tool to call; default `Auto` (with tools).
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether one answer may call several tools (default true).
+    pub parallel_tool_calls: Option<bool>,
+}
+
+/// A function the model may call (OpenAI's `tools[].function`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// A JSON schema of the arguments object.
+    pub parameters: serde_json::Value,
+}
+
+impl Tool {
+    pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: serde_json::Value) -> Self {
+        Self { name: name.into(), description: Some(description.into()), parameters }
+    }
+
+    /// As OpenAI's `tools[]` entry (what chat templates render).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut function = serde_json::Map::new();
+        function.insert("name".into(), self.name.clone().into());
+        if let Some(d) = &self.description {
+            function.insert("description".into(), d.clone().into());
+        }
+        function.insert("parameters".into(), self.parameters.clone());
+        serde_json::json!({"type": "function", "function": function})
+    }
+}
+
+/// OpenAI's `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    /// No calls: the model answers in text.
+    None,
+    /// The model decides; a call it opens is constrained to the tools' schemas.
+    #[default]
+    Auto,
+    /// At least one call, constrained from the first token.
+    Required,
+    /// A call of this function, constrained from the first token.
+    Function(String),
 }
 
 impl<I> Request<I> {
@@ -115,6 +165,23 @@ impl<I> Request<I> {
 
     pub fn session(mut self, id: impl Into<String>) -> Self {
         self.options.session = Some(id.into());
+        self
+    }
+
+    /// Offers a tool (T3).
+    pub fn tool(mut self, tool: Tool) -> Self {
+        self.options.tools.push(tool);
+        self
+    }
+
+    pub fn tool_choice(mut self, choice: ToolChoice) -> Self {
+        self.options.tool_choice = Some(choice);
+        self
+    }
+
+    /// Constrains the output (T1), e.g. `Constraint::JsonSchema { schema, strict: true }`.
+    pub fn constraint(mut self, constraint: Constraint) -> Self {
+        self.options.constraint = Some(constraint);
         self
     }
 

@@ -3,7 +3,9 @@
 mod state;
 mod stop;
 mod text;
+mod tools;
 
 pub use state::{FinishReason, IllegalTransition, RequestId, RequestState};
 pub use stop::{StopMatcher, StopOutcome};
-pub use text::TextStream;
+pub use text::{Piece, TextStream};
+pub use tools::{Route, ToolCallDelta, ToolCallOut, ToolCallParser, ToolCallTags, ToolParsing};

@@ -17,6 +17,8 @@ pub enum FinishReason {
     Abort,
     /// The engine failed the request.
     Error,
+    /// T3: it stopped after calling tools (OpenAI's `tool_calls`).
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -27,6 +29,7 @@ impl FinishReason {
             Self::Length => "length",
             Self::Abort => "abort",
             Self::Error => "error",
+            Self::ToolCalls => "tool_calls",
         }
     }
 }
@@ -52,7 +55,7 @@ impl fmt::Display for RequestState {
             Self::Running => f.write_str("running"),
             Self::Preempted => f.write_str("preempted"),
             Self::WaitingForRemoteKv => f.write_str("waiting_for_remote_kv"),
-            Self::Finished(FinishReason::Stop) => f.write_str("finished_stopped"),
+            Self::Finished(FinishReason::Stop | FinishReason::ToolCalls) => f.write_str("finished_stopped"),
             Self::Finished(r) => write!(
                 f,
                 "finished_{}",

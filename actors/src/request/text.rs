@@ -1,23 +1,40 @@
 //! A request's output text as it streams: tokens are detokenized incrementally (never half a
-//! character) and cut at the first stop string (never any part of it). Used by the request
-//! actor and by offline generation alike.
+//! character) and cut at the first stop string (never any part of it); with tool calls (T3),
+//! the calls' tokens are split off into tool-call pieces. Used by the request actor and by
+//! offline generation alike.
 
 use llaisys_model::Tokenizer;
 use llaisys_model::tokenizer::{IncrementalDecoder, TokenizerError};
 
 use super::stop::{StopMatcher, StopOutcome};
+use super::tools::{Route, ToolCallDelta, ToolCallParser, ToolCallTags};
+
+/// What one token adds: content text (possibly empty) or a piece of a tool call.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Piece {
+    pub text: String,
+    pub tool_call: Option<ToolCallDelta>,
+}
 
 #[derive(Debug, Clone)]
 pub struct TextStream {
     decoder: IncrementalDecoder,
     stops: StopMatcher,
     stopped: bool,
+    /// The tool-call parser and the decoder of the calls' text.
+    tools: Option<(ToolCallParser, IncrementalDecoder)>,
 }
 
 impl TextStream {
     /// Special tokens are left out of the text.
     pub fn new(stop: impl IntoIterator<Item = String>) -> Self {
-        Self { decoder: IncrementalDecoder::new(true), stops: StopMatcher::new(stop), stopped: false }
+        Self { decoder: IncrementalDecoder::new(true), stops: StopMatcher::new(stop), stopped: false, tools: None }
+    }
+
+    /// Splits off tool calls marked by `tags` (stop strings apply to the content only).
+    pub fn with_tool_calls(mut self, tags: Option<ToolCallTags>) -> Self {
+        self.tools = tags.map(|t| (ToolCallParser::new(t), IncrementalDecoder::new(true)));
+        self
     }
 
     /// Whether a stop string has ended the text.
@@ -25,15 +42,30 @@ impl TextStream {
         self.stopped
     }
 
-    /// The text `token` completes (possibly empty); always empty once stopped.
-    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<String, TokenizerError> {
+    /// Whether the output opened a tool call.
+    pub fn made_tool_calls(&self) -> bool {
+        self.tools.as_ref().is_some_and(|(p, _)| p.made_calls())
+    }
+
+    /// What `token` adds (possibly nothing); always nothing once stopped.
+    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<Piece, TokenizerError> {
         if self.stopped {
-            return Ok(String::new());
+            return Ok(Piece::default());
         }
-        Ok(match self.decoder.push(tokenizer, token)? {
+        if let Some((parser, decoder)) = &mut self.tools
+            && parser.route(token) == Route::Call
+        {
+            if parser.is_tag(token) {
+                return Ok(Piece::default());
+            }
+            let text = decoder.push(tokenizer, token)?.unwrap_or_default();
+            return Ok(Piece { text: String::new(), tool_call: parser.push_call_text(&text) });
+        }
+        let text = match self.decoder.push(tokenizer, token)? {
             Some(delta) => self.filter(&delta),
             None => String::new(),
-        })
+        };
+        Ok(Piece { text, tool_call: None })
     }
 
     /// What is still held back at the end of the stream (empty once stopped).

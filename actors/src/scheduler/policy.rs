@@ -454,8 +454,19 @@ impl Scheduler {
     /// Applies a step's results: `sampled[k]` is the token sampled for `plan.items[k]` (if it
     /// sampled). Returns the sequences that finished.
     pub fn postprocess(&mut self, plan: &StepPlan, sampled: &[Option<u32>]) -> Vec<Finished> {
+        self.postprocess_ending(plan, sampled, &[])
+    }
+
+    /// As `postprocess`, where `ends[k]` (if given) ends item `k`'s sequence after its token
+    /// for that reason (its constraint completed or failed), unless it ended otherwise.
+    pub fn postprocess_ending(
+        &mut self,
+        plan: &StepPlan,
+        sampled: &[Option<u32>],
+        ends: &[Option<FinishReason>],
+    ) -> Vec<Finished> {
         let mut finished = Vec::new();
-        for (item, token) in plan.items.iter().zip(sampled) {
+        for (k, (item, token)) in plan.items.iter().zip(sampled).enumerate() {
             let Some(i) = self.running.iter().position(|s| s.id == item.id) else { continue };
             let s = &mut self.running[i];
             s.computed += item.tokens.len();
@@ -465,7 +476,7 @@ impl Scheduler {
             }
             // A sequence can grow to the context length, and no further than the whole cache.
             let limit = self.config.context_length.min(self.config.kv_capacity);
-            if let Some(reason) = s.finish_reason(limit) {
+            if let Some(reason) = s.finish_reason(limit).or(ends.get(k).copied().flatten()) {
                 finished.push(self.finish(i, reason));
             }
         }

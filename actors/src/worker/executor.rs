@@ -4,10 +4,24 @@
 
 use std::collections::HashMap;
 
-use llaisys_model::{Batch, Context, DecodeError, Sampled, Sampler};
+use llaisys_model::{Batch, Context, DecodeError, GuideEnd, Sampled, Sampler};
+use rayon::prelude::*;
 
-use crate::request::RequestId;
+use crate::request::{FinishReason, RequestId};
 use crate::scheduler::StepPlan;
+
+/// Each sampled item's token, and the reason its constraint ends it with, if it does.
+pub fn tokens_and_ends(sampled: &[Option<Sampled>]) -> (Vec<Option<u32>>, Vec<Option<FinishReason>>) {
+    let end = |s: &Sampled| match &s.end {
+        None => None,
+        Some(GuideEnd::Complete) => Some(FinishReason::Stop),
+        Some(GuideEnd::Failed(e)) => {
+            tracing::error!(error = e, "constrained decoding failed");
+            Some(FinishReason::Error)
+        }
+    };
+    sampled.iter().map(|s| (s.as_ref().map(|s| s.token), s.as_ref().and_then(end))).unzip()
+}
 
 pub struct Executor {
     ctx: Context,
@@ -69,7 +83,14 @@ impl Executor {
             }
             rows.push(batch.len() - 1);
         }
-        self.ctx.decode(&batch)?;
+        // T1: the grammar masks of the sequences that sample are computed on the compute pool
+        // while the forward pass runs (they depend only on the tokens so far).
+        let sampling: Vec<RequestId> = plan.items.iter().filter(|i| i.sample).map(|i| i.id).collect();
+        let mut guided: Vec<&mut Sampler> =
+            self.samplers.iter_mut().filter(|(id, s)| s.is_guided() && sampling.contains(id)).map(|(_, s)| s).collect();
+        let ctx = &mut self.ctx;
+        let (decoded, ()) = rayon::join(|| ctx.decode(&batch), || guided.par_iter_mut().for_each(|s| s.prepare()));
+        decoded?;
         let outputs = self.ctx.outputs();
         plan.items
             .iter()

@@ -2,4 +2,4 @@
 
 mod executor;
 
-pub use executor::Executor;
+pub use executor::{Executor, tokens_and_ends};

@@ -1,4 +1,5 @@
 use super::*;
+use crate::grammar::Guidance;
 
 /// Logits whose softmax is `probs`.
 fn logits_of(probs: &[f32]) -> Vec<f32> {
@@ -108,7 +109,7 @@ fn presence_and_frequency_penalties_discourage_generated_tokens() {
     // After one 0: 1.4 < 1.5, so 1; then both carry the penalty once: 1.4 > 0.9, so 0 again.
     assert_eq!(tokens, vec![0, 1, 0]);
     // A resumed sampler continues the counts of what was generated before.
-    let mut s = Sampler::resume(params(|p| p.frequency_penalty = 0.3), &[], &[0, 0]);
+    let mut s = Sampler::resume(params(|p| p.frequency_penalty = 0.3), &Guidance::default(), &[], &[0, 0]);
     assert_eq!(s.sample(&row).token, 1, "2.0 − 2 × 0.3 < 1.5");
 }
 

@@ -6,7 +6,7 @@ mod stream;
 
 use std::path::Path;
 
-pub use chat::{ChatMessage, ChatTemplate, TemplateError};
+pub use chat::{ChatMessage, ChatTemplate, TemplateError, ToolCall};
 pub use stream::IncrementalDecoder;
 
 use crate::error::LoadError;
@@ -18,7 +18,7 @@ pub struct TokenizerError(pub(crate) String);
 
 #[derive(Clone)]
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    pub(crate) inner: tokenizers::Tokenizer,
 }
 
 impl Tokenizer {

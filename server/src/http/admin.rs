@@ -130,7 +130,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, Body413(body): Body413
         (None, Some(msgs)) => {
             // The same rendering a chat request gets.
             let frontend = m.engine.frontend()?;
-            frontend.render_chat(&openai::messages(msgs)?, req.add_generation_prompt)?
+            frontend.render_chat(&openai::messages(msgs)?, &[], req.add_generation_prompt)?
         }
         _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
     };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::Extension;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use llaisys_actors::{ChatRequest, CompletionRequest, Prompt as EnginePrompt};
+use llaisys_actors::{ChatRequest, CompletionRequest, Prompt as EnginePrompt, ToolChoice};
 
 use super::error::ApiError;
 use super::generation::{Api, Generation};
@@ -32,13 +32,6 @@ pub async fn chat_completions(
 
 async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest) -> Result<Response, ApiError> {
     let model = state.model(&req.common.model)?;
-    if req.tools.as_ref().is_some_and(|t| !t.is_null()) {
-        return Err(ApiError::invalid("tools", "tool calling is not supported by this server"));
-    }
-    let format = req.response_format.as_ref().filter(|f| !f.is_null());
-    if format.is_some_and(|f| f.get("type").and_then(|t| t.as_str()) != Some("text")) {
-        return Err(ApiError::invalid("response_format", "only {\"type\": \"text\"} is supported"));
-    }
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(k)) if k < 0 => {
             return Err(ApiError::invalid("top_logprobs", format!("top_logprobs must be in [0, 20], got {k}")));
@@ -49,9 +42,22 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
         (false, _) => None,
         (true, k) => Some(k.unwrap_or(0) as usize),
     };
-    let plan = req.common.plan(req.max_completion_tokens.or(req.common.max_tokens), logprobs)?;
-    let request = ChatRequest::new(openai::messages(&req.messages)?).options(plan.options);
-    let prepared = model.engine.prepare_chat(&request)?;
+    let plan = req
+        .common
+        .plan(req.max_completion_tokens.or(req.common.max_tokens), logprobs)?
+        .with_response_format(req.response_format.as_ref())?;
+    let (tools, tool_choice) = openai::tools(&req)?;
+    let mut options = plan.options.clone();
+    options.tools = tools;
+    options.tool_choice = tool_choice;
+    options.parallel_tool_calls = req.parallel_tool_calls;
+    let offers_tools = !options.tools.is_empty() && options.tool_choice != Some(ToolChoice::None);
+    let request = ChatRequest::new(openai::messages(&req.messages)?).options(options);
+    let prepared = model.engine.prepare_chat(&request).map_err(|e| plan.api_error(e))?;
+    plan.count_constraint(state, &model.name);
+    if offers_tools {
+        state.metrics.constrained_request(&model.name, "tools");
+    }
     let g = Generation::start(state, model, Api::Chat, request_id, prepared, plan.include_usage, false).await?;
     Ok(if plan.stream { g.stream() } else { g.respond().await })
 }
@@ -97,8 +103,9 @@ async fn completion(
         return Err(ApiError::invalid("best_of", format!("best_of other than n is not supported (got {b})")));
     }
     let plan = req.common.plan(req.common.max_tokens, logprobs)?;
-    let request = CompletionRequest::batch(prompts).options(plan.options);
-    let prepared = model.engine.prepare_completion(&request).map_err(|e| rename_logprobs(e.into()))?;
+    let request = CompletionRequest::batch(prompts).options(plan.options.clone());
+    let prepared = model.engine.prepare_completion(&request).map_err(|e| rename_logprobs(plan.api_error(e)))?;
+    plan.count_constraint(state, &model.name);
     let g =
         Generation::start(state, model, Api::Completion, request_id, prepared, plan.include_usage, req.echo).await?;
     Ok(if plan.stream { g.stream() } else { g.respond().await })

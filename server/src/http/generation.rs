@@ -13,7 +13,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 use llaisys_actors::host::Prepared;
-use llaisys_actors::request::FinishReason;
+use llaisys_actors::request::{FinishReason, ToolCallDelta, ToolCallOut};
 use llaisys_actors::{Event, Generation as EngineGeneration, Output};
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
@@ -41,6 +41,8 @@ struct Choice {
     last_token: Option<Instant>,
     /// Tokens received so far (a stream dropped early never gets its usage).
     tokens_seen: usize,
+    /// T3: its tool calls as their pieces add up.
+    tool_calls: Vec<ToolCallOut>,
 }
 
 struct TokenLogprob {
@@ -124,13 +126,17 @@ impl Generation {
         })
     }
 
-    /// Applies one engine event; returns the text it adds to its choice.
-    fn apply(&mut self, index: usize, event: Event) -> String {
+    /// Applies one engine event; returns the text it adds to its choice, and the piece of a
+    /// tool call.
+    fn apply(&mut self, index: usize, event: Event) -> (String, Option<ToolCallDelta>) {
         let model = self.model.name.clone();
         let choice = &mut self.choices[index];
         match event {
-            Event::Token { token, text, logprob, top_logprobs } => {
+            Event::Token { token, text, logprob, top_logprobs, mask_time, tool_call } => {
                 let now = Instant::now();
+                if let Some(t) = mask_time {
+                    self.state.metrics.grammar_mask(&model, t);
+                }
                 match choice.last_token {
                     None => self.state.metrics.first_token(&model, now - self.start),
                     Some(last) => self.state.metrics.inter_token(&model, now - last),
@@ -153,7 +159,10 @@ impl Generation {
                     choice.logprobs.push(TokenLogprob { token, bytes, logprob, top });
                 }
                 choice.text.push_str(&text);
-                text
+                if let Some(delta) = &tool_call {
+                    ToolCallOut::gather(&mut choice.tool_calls, delta);
+                }
+                (text, tool_call)
             }
             Event::Finished { reason, text, usage, queue_time } => {
                 choice.finish = Some(reason);
@@ -166,7 +175,7 @@ impl Generation {
                 }
                 let e2e = self.start.elapsed();
                 self.state.metrics.request_finished(&model, reason, usage.prompt_tokens, usage.completion_tokens, e2e);
-                text
+                (text, None)
             }
         }
     }
@@ -199,7 +208,7 @@ impl Generation {
                 match self.api {
                     Api::Chat => json!({
                         "index": i,
-                        "message": {"role": "assistant", "content": c.text},
+                        "message": chat_message(&c.text, &c.tool_calls),
                         "logprobs": self.logprobs.map(|_| chat_logprobs(&c.logprobs)),
                         "finish_reason": finish,
                     }),
@@ -276,6 +285,27 @@ impl Generation {
         self.chunk(vec![choice])
     }
 
+    /// The chunk of a piece of choice `i`'s tool call: id, type and name once (the OpenAI
+    /// SDK concatenates repeated strings), then argument pieces.
+    fn tool_call_delta(&self, i: usize, d: &ToolCallDelta) -> SseEvent {
+        let mut function = serde_json::Map::new();
+        if let Some(name) = &d.name {
+            function.insert("name".into(), name.clone().into());
+        }
+        function.insert("arguments".into(), d.arguments.clone().into());
+        let mut call = json!({"index": d.index, "function": function});
+        if let Some(id) = &d.id {
+            call["id"] = id.clone().into();
+            call["type"] = "function".into();
+        }
+        self.chunk(vec![json!({
+            "index": i,
+            "delta": {"tool_calls": [call]},
+            "logprobs": null,
+            "finish_reason": null,
+        })])
+    }
+
     /// Streams the choices as server-sent events.
     pub fn stream(self) -> Response {
         let model = self.model.name.clone();
@@ -307,7 +337,10 @@ impl Generation {
                     Some(Output { choice: i, event }) => {
                         let is_token = matches!(event, Event::Token { .. });
                         let before = g.choices[i].logprobs.len();
-                        let text = g.apply(i, event);
+                        let (text, tool_call) = g.apply(i, event);
+                        if let Some(d) = &tool_call {
+                            pending.push_back(g.tool_call_delta(i, d));
+                        }
                         let finish = g.choices[i].finish;
                         match finish {
                             Some(FinishReason::Error) => {
@@ -353,6 +386,19 @@ impl Drop for Generation {
             );
         }
     }
+}
+
+/// A chat answer's message: content `null` when it only called tools.
+fn chat_message(text: &str, calls: &[ToolCallOut]) -> Value {
+    if calls.is_empty() {
+        return json!({"role": "assistant", "content": text});
+    }
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect();
+    let content = if text.is_empty() { Value::Null } else { text.into() };
+    json!({"role": "assistant", "content": content, "tool_calls": calls})
 }
 
 fn finish_str(f: Option<FinishReason>) -> Option<&'static str> {

@@ -1,12 +1,13 @@
 //! S1: OpenAI's request shapes for chat completions and completions, plus the extensions
-//! (`top_k`, `min_p`, `repetition_penalty`, `session_id`, `ignore_eos`, `stop_token_ids`), and
-//! their translation into engine parameters. Unknown fields are ignored, as vLLM does; a known
+//! (`top_k`, `min_p`, `repetition_penalty`, `session_id`, `ignore_eos`, `stop_token_ids`,
+//! vLLM's `structured_outputs`), and their translation into engine parameters. Unknown fields are ignored, as vLLM does; a known
 //! field of the wrong type is a 400 that names it.
 
 use std::collections::HashMap;
 
-use llaisys_actors::Options;
-use llaisys_model::tokenizer::ChatMessage;
+use llaisys_actors::{Options, Tool, ToolChoice};
+use llaisys_model::Constraint;
+use llaisys_model::tokenizer::{ChatMessage, ToolCall};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -37,6 +38,95 @@ pub struct CommonFields {
     #[serde(default)]
     pub ignore_eos: bool,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// T5: vLLM's constraint extension, on both endpoints.
+    pub structured_outputs: Option<StructuredOutputs>,
+}
+
+/// vLLM's `structured_outputs`: exactly one of its fields.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputs {
+    pub json: Option<serde_json::Value>,
+    pub regex: Option<String>,
+    pub choice: Option<Vec<String>>,
+    /// A Lark grammar (llguidance's dialect).
+    pub grammar: Option<String>,
+    #[serde(default)]
+    pub json_object: bool,
+}
+
+impl StructuredOutputs {
+    fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
+        let mut found = Vec::new();
+        if let Some(schema) = &self.json {
+            // vLLM takes the schema as an object or as a JSON string.
+            let schema = match schema {
+                serde_json::Value::String(s) => serde_json::from_str(s).map_err(|e| {
+                    ApiError::invalid("structured_outputs.json", format!("the schema string is not JSON: {e}"))
+                })?,
+                other => other.clone(),
+            };
+            found.push(Constraint::JsonSchema { schema, strict: false });
+        }
+        if let Some(pattern) = &self.regex {
+            found.push(Constraint::Regex { pattern: pattern.clone() });
+        }
+        if let Some(choices) = &self.choice {
+            found.push(Constraint::Choice { choices: choices.clone() });
+        }
+        if let Some(grammar) = &self.grammar {
+            found.push(Constraint::Lark { grammar: grammar.clone() });
+        }
+        if self.json_object {
+            found.push(Constraint::JsonObject);
+        }
+        match found.len() {
+            0 | 1 => Ok(found.pop()),
+            _ => Err(ApiError::invalid(
+                "structured_outputs",
+                "give exactly one of json, regex, choice, grammar and json_object",
+            )),
+        }
+    }
+}
+
+/// Chat's `response_format` (T2).
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: String,
+    pub schema: Option<serde_json::Value>,
+    /// OpenAI's default: not strict.
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+impl ResponseFormat {
+    pub fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
+        Ok(match self {
+            ResponseFormat::Text => None,
+            ResponseFormat::JsonObject => Some(Constraint::JsonObject),
+            ResponseFormat::JsonSchema { json_schema } => {
+                if json_schema.name.is_empty() {
+                    return Err(ApiError::invalid("response_format.json_schema.name", "the name must not be empty"));
+                }
+                let Some(schema) = json_schema.schema.clone() else {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.schema",
+                        "a json_schema needs its schema",
+                    ));
+                };
+                Some(Constraint::JsonSchema { schema, strict: json_schema.strict.unwrap_or(false) })
+            }
+        })
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -62,8 +152,70 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
-    pub tools: Option<serde_json::Value>,
-    pub response_format: Option<serde_json::Value>,
+    pub tools: Option<Vec<ToolIn>>,
+    pub tool_choice: Option<ToolChoiceIn>,
+    pub parallel_tool_calls: Option<bool>,
+    pub response_format: Option<ResponseFormat>,
+}
+
+/// `tools[]`: `{"type": "function", "function": {name, description, parameters}}`.
+#[derive(Debug, Deserialize)]
+pub struct ToolIn {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub function: FunctionIn,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionIn {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub parameters: Option<serde_json::Value>,
+}
+
+/// `tool_choice`: `"none" | "auto" | "required"` or `{"type": "function", "function": {"name": ...}}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoiceIn {
+    Mode(String),
+    Named { function: NamedFunction },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// The tools of a chat request in the engine's terms.
+pub fn tools(req: &ChatRequest) -> Result<(Vec<Tool>, Option<ToolChoice>), ApiError> {
+    let mut tools = Vec::new();
+    for (i, t) in req.tools.iter().flatten().enumerate() {
+        if t.kind.as_deref().is_some_and(|k| k != "function") {
+            return Err(ApiError::invalid(&format!("tools[{i}].type"), "only function tools are supported"));
+        }
+        let Some(name) = t.function.name.clone() else {
+            return Err(ApiError::invalid(&format!("tools[{i}].function.name"), "a tool needs a name"));
+        };
+        let parameters =
+            t.function.parameters.clone().unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}}));
+        tools.push(Tool { name, description: t.function.description.clone(), parameters });
+    }
+    let choice = match &req.tool_choice {
+        None => None,
+        Some(ToolChoiceIn::Mode(m)) => Some(match m.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("{other:?} is not a tool_choice (none, auto, required, or a named function)"),
+                ));
+            }
+        }),
+        Some(ToolChoiceIn::Named { function }) => Some(ToolChoice::Function(function.name.clone())),
+    };
+    Ok((tools, choice))
 }
 
 #[derive(Debug, Deserialize)]
@@ -71,6 +223,22 @@ pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    pub tool_call_id: Option<String>,
+}
+
+/// An assistant message's `tool_calls[]`.
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    pub id: Option<String>,
+    pub function: ToolCallFunctionIn,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ToolCallFunctionIn {
+    pub name: String,
+    /// OpenAI sends a JSON string; an object is taken as it is.
+    pub arguments: serde_json::Value,
 }
 
 /// A message's content: a string or a list of parts (only text parts are supported).
@@ -175,6 +343,37 @@ pub struct Plan {
     pub options: Options,
     pub stream: bool,
     pub include_usage: bool,
+    /// The request field the constraint came from (engine errors about `constraint` name it).
+    pub constraint_field: Option<&'static str>,
+}
+
+impl Plan {
+    /// Adds chat's `response_format` constraint; one constraint per request.
+    pub fn with_response_format(mut self, format: Option<&ResponseFormat>) -> Result<Self, ApiError> {
+        let Some(constraint) = format.map(ResponseFormat::constraint).transpose()?.flatten() else { return Ok(self) };
+        if self.options.constraint.is_some() {
+            return Err(ApiError::invalid("response_format", "give either response_format or structured_outputs"));
+        }
+        self.options.constraint = Some(constraint);
+        self.constraint_field = Some("response_format");
+        Ok(self)
+    }
+
+    /// Counts an accepted constrained request.
+    pub fn count_constraint(&self, state: &super::AppState, model: &str) {
+        if let Some(c) = &self.options.constraint {
+            state.metrics.constrained_request(model, c.kind());
+        }
+    }
+
+    /// An engine refusal, naming the request's own field for the constraint.
+    pub fn api_error(&self, e: llaisys_actors::EngineError) -> ApiError {
+        let mut e: ApiError = e.into();
+        if e.param.as_deref() == Some("constraint") {
+            e.param = self.constraint_field.map(str::to_string);
+        }
+        e
+    }
 }
 
 impl CommonFields {
@@ -226,15 +425,46 @@ impl CommonFields {
             n,
             logprobs,
             session: self.session_id.clone(),
+            constraint: self.structured_outputs.as_ref().map(StructuredOutputs::constraint).transpose()?.flatten(),
+            tools: Vec::new(),
+            tool_choice: None,
+            parallel_tool_calls: None,
         };
         let include_usage = self.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(Plan { options, stream: self.stream, include_usage })
+        let constraint_field = options.constraint.as_ref().map(|_| "structured_outputs");
+        Ok(Plan { options, stream: self.stream, include_usage, constraint_field })
     }
 }
 
-/// The messages as the engine takes them (text parts joined).
+/// The messages as the engine takes them (text parts joined, tool calls with their
+/// arguments as JSON text).
 pub fn messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
-    messages.iter().enumerate().map(|(i, m)| Ok(ChatMessage::new(m.role.clone(), m.text(i)?))).collect()
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let tool_calls = m
+                .tool_calls
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(j, c)| ToolCall {
+                    id: c.id.clone().unwrap_or_else(|| format!("call_{i}_{j}")),
+                    name: c.function.name.clone(),
+                    arguments: match &c.function.arguments {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    },
+                })
+                .collect();
+            Ok(ChatMessage {
+                role: m.role.clone(),
+                content: m.text(i)?,
+                tool_calls,
+                tool_call_id: m.tool_call_id.clone(),
+            })
+        })
+        .collect()
 }
 
 impl ChatMessageIn {

@@ -1,0 +1,293 @@
+//! T3: a choice's tool calls, parsed as they stream. The tags (`<tool_call>`, `</tool_call>`)
+//! are single tokens recognised by id (decoding drops them as special); between them the text
+//! `{"name": ..., "arguments": ...}` goes through a one-pass JSON scanner that hands out the
+//! name once and the arguments in pieces, exactly the bytes the model wrote, never re-parsed.
+
+use rand::distr::Alphanumeric;
+
+use super::FinishReason;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A model's tool-call tags (Qwen2: `<tool_call>` = 151657, `</tool_call>` = 151658).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolCallTags {
+    pub open: u32,
+    pub close: u32,
+}
+
+/// One piece of a tool call (OpenAI's `delta.tool_calls[]`): `id` and `name` come once, in
+/// the call's first piece; `arguments` are appended.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ToolCallDelta {
+    /// The call's place among the choice's calls.
+    pub index: usize,
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub arguments: String,
+}
+
+/// A whole tool call, as the pieces add up.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ToolCallOut {
+    pub id: String,
+    pub name: String,
+    /// The arguments exactly as generated (JSON text).
+    pub arguments: String,
+}
+
+impl ToolCallOut {
+    /// Adds a piece to the calls it belongs to (a new call's first piece starts it).
+    pub fn gather(calls: &mut Vec<ToolCallOut>, delta: &ToolCallDelta) {
+        if delta.index == calls.len() {
+            calls.push(ToolCallOut::default());
+        }
+        if let Some(call) = calls.get_mut(delta.index) {
+            call.add(delta);
+        }
+    }
+
+    /// Adds a piece of the same call.
+    pub fn add(&mut self, delta: &ToolCallDelta) {
+        if let Some(id) = &delta.id {
+            self.id.clone_from(id);
+        }
+        if let Some(name) = &delta.name {
+            self.name.clone_from(name);
+        }
+        self.arguments.push_str(&delta.arguments);
+    }
+}
+
+/// How a request's output carries tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolParsing {
+    pub tags: ToolCallTags,
+    /// Finish with `tool_calls` when the output called tools (not for a named `tool_choice`,
+    /// which OpenAI ends with `stop`).
+    pub finish_with_tool_calls: bool,
+}
+
+impl ToolParsing {
+    /// The finish reason of an output that ended for `reason`, having called tools or not.
+    pub fn finish(parsing: Option<Self>, reason: FinishReason, called: bool) -> FinishReason {
+        match parsing {
+            Some(p) if called && reason == FinishReason::Stop && p.finish_with_tool_calls => FinishReason::ToolCalls,
+            _ => reason,
+        }
+    }
+}
+
+/// Where a token of the output belongs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Content text.
+    Text,
+    /// A tag or the inside of a call: its text goes to `push_call_text`.
+    Call,
+}
+
+#[derive(Debug, Clone, Default)]
+enum Value {
+    /// Before the value of a key at the call object's level.
+    #[default]
+    Before,
+    Name,
+    Arguments,
+    Other,
+}
+
+/// The call being read.
+#[derive(Debug, Clone, Default)]
+struct Call {
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+    /// The key being read or last read at depth 1, and whether its colon has come.
+    key: String,
+    reading_key: bool,
+    after_colon: bool,
+    value: Value,
+    /// The name's characters as written (unescaped when complete).
+    name_raw: String,
+    name: Option<String>,
+    arguments_done: bool,
+    /// Argument text not yet handed out (held until the name is known).
+    pending: String,
+    header_sent: bool,
+}
+
+/// Splits a choice's output into content and tool calls.
+#[derive(Debug, Clone)]
+pub struct ToolCallParser {
+    tags: ToolCallTags,
+    call: Option<Call>,
+    /// Calls opened so far.
+    calls: usize,
+}
+
+impl ToolCallParser {
+    pub fn new(tags: ToolCallTags) -> Self {
+        Self { tags, call: None, calls: 0 }
+    }
+
+    /// Whether the choice has opened a call.
+    pub fn made_calls(&self) -> bool {
+        self.calls > 0
+    }
+
+    pub fn is_tag(&self, token: u32) -> bool {
+        token == self.tags.open || token == self.tags.close
+    }
+
+    /// Where `token` belongs; a tag opens or closes a call.
+    pub fn route(&mut self, token: u32) -> Route {
+        if token == self.tags.open && self.call.is_none() {
+            self.call = Some(Call::default());
+            self.calls += 1;
+            Route::Call
+        } else if token == self.tags.close && self.call.is_some() {
+            self.call = None;
+            Route::Call
+        } else if self.call.is_some() {
+            Route::Call
+        } else {
+            Route::Text
+        }
+    }
+
+    /// Reads text of the open call; the piece it completes, if any.
+    pub fn push_call_text(&mut self, text: &str) -> Option<ToolCallDelta> {
+        let index = self.calls.checked_sub(1)?;
+        let call = self.call.as_mut()?;
+        for c in text.chars() {
+            call.scan(c);
+        }
+        let mut delta = ToolCallDelta { index, ..ToolCallDelta::default() };
+        if !call.header_sent {
+            let name = call.name.clone()?;
+            call.header_sent = true;
+            delta.id = Some(new_call_id());
+            delta.name = Some(name);
+        }
+        delta.arguments = std::mem::take(&mut call.pending);
+        (delta.id.is_some() || !delta.arguments.is_empty()).then_some(delta)
+    }
+}
+
+impl Call {
+    /// Whether the scanner is inside the arguments value.
+    fn in_arguments(&self) -> bool {
+        matches!(self.value, Value::Arguments) && !self.arguments_done
+    }
+
+    /// Reads one character; argument characters are kept for the next piece.
+    fn scan(&mut self, c: char) {
+        let before = self.in_arguments();
+        let ended_scalar = self.step(c);
+        if (before || self.in_arguments()) && !ended_scalar {
+            self.pending.push(c);
+        }
+    }
+
+    /// Advances the state by `c`; true when `c` ended a scalar value without belonging to it.
+    fn step(&mut self, c: char) -> bool {
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if c == '\\' {
+                self.escaped = true;
+            } else if c == '"' {
+                self.in_string = false;
+                if self.depth == 1 {
+                    self.end_string_at_top();
+                }
+                return false;
+            }
+            if self.depth == 1 {
+                if self.reading_key {
+                    self.key.push(c);
+                } else if matches!(self.value, Value::Name) {
+                    self.name_raw.push(c);
+                }
+            }
+            return false;
+        }
+        let starts_value = self.depth == 1 && self.after_colon && matches!(self.value, Value::Before);
+        let kind = match self.key.as_str() {
+            "name" => Value::Name,
+            "arguments" => Value::Arguments,
+            _ => Value::Other,
+        };
+        match c {
+            '"' => {
+                self.in_string = true;
+                if starts_value {
+                    self.value = kind;
+                } else if self.depth == 1 && !self.after_colon {
+                    self.reading_key = true;
+                    self.key.clear();
+                }
+            }
+            '{' | '[' => {
+                if starts_value {
+                    self.value = if matches!(kind, Value::Name) { Value::Other } else { kind };
+                }
+                self.depth += 1;
+            }
+            '}' | ']' => {
+                self.depth = self.depth.saturating_sub(1);
+                if self.depth == 1 {
+                    self.end_value();
+                } else if self.depth == 0 {
+                    let scalar = self.in_arguments();
+                    self.end_value();
+                    return scalar;
+                }
+            }
+            ':' if self.depth == 1 => self.after_colon = true,
+            ',' if self.depth == 1 => {
+                let scalar = self.in_arguments();
+                self.end_value();
+                return scalar;
+            }
+            c if starts_value && !c.is_whitespace() => {
+                // A number or a literal.
+                self.value = if matches!(kind, Value::Name) { Value::Other } else { kind };
+            }
+            _ => {}
+        }
+        false
+    }
+
+    /// A string at the call object's level ended: a key, or a string value.
+    fn end_string_at_top(&mut self) {
+        if self.reading_key {
+            self.reading_key = false;
+        } else {
+            if matches!(self.value, Value::Name) {
+                let quoted = format!("\"{}\"", self.name_raw);
+                self.name = Some(serde_json::from_str(&quoted).unwrap_or_else(|_| self.name_raw.clone()));
+            }
+            self.end_value();
+        }
+    }
+
+    /// The value of the current key is complete.
+    fn end_value(&mut self) {
+        if matches!(self.value, Value::Arguments) {
+            self.arguments_done = true;
+        }
+        self.value = Value::Before;
+        self.after_colon = false;
+    }
+}
+
+/// OpenAI's call ids: `call_` and 24 letters and digits.
+fn new_call_id() -> String {
+    let tail: String = StdRng::from_os_rng().sample_iter(&Alphanumeric).take(24).map(char::from).collect();
+    format!("call_{tail}")
+}
+
+#[cfg(test)]
+mod tests;

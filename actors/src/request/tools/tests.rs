@@ -1,0 +1,87 @@
+use super::*;
+
+const TAGS: ToolCallTags = ToolCallTags { open: 1, close: 2 };
+
+/// The calls of `<tool_call>` + `pieces` + `</tool_call>` for each call, pieces as tokens' text.
+fn parse(calls: &[Vec<&str>]) -> Vec<ToolCallOut> {
+    let mut parser = ToolCallParser::new(TAGS);
+    let mut out: Vec<ToolCallOut> = Vec::new();
+    for pieces in calls {
+        assert_eq!(parser.route(TAGS.open), Route::Call);
+        for piece in pieces {
+            assert_eq!(parser.route(100), Route::Call);
+            if let Some(delta) = parser.push_call_text(piece) {
+                if delta.id.is_some() {
+                    assert_eq!(delta.index, out.len(), "a call's header comes once, in order");
+                    out.push(ToolCallOut::default());
+                } else {
+                    assert_eq!(delta.index + 1, out.len());
+                }
+                out[delta.index].add(&delta);
+            }
+        }
+        assert_eq!(parser.route(TAGS.close), Route::Call);
+    }
+    assert_eq!(parser.route(100), Route::Text);
+    out
+}
+
+const CASES: &[(&str, &str, &str)] = &[
+    ("\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n", "get_weather", "{\"city\": \"Paris\"}"),
+    ("\n{\"name\": \"noop\", \"arguments\": {}}\n", "noop", "{}"),
+    (
+        "{\"name\":\"f\",\"arguments\":{\"q\":\"say \\\"hi\\\" {not json}\",\"n\":[1,{\"d\":{\"e\":null}}],\"u\":\"東京 ☃\"}}",
+        "f",
+        "{\"q\":\"say \\\"hi\\\" {not json}\",\"n\":[1,{\"d\":{\"e\":null}}],\"u\":\"東京 ☃\"}",
+    ),
+    ("{\"name\": \"esc\\u0061pe\", \"arguments\": {\"k\": 1}}", "escape", "{\"k\": 1}"),
+    ("{\"name\": \"num\", \"arguments\": 42}", "num", "42"),
+    ("{\"name\": \"s\", \"arguments\": \"{\\\"a\\\": 1}\"}", "s", "\"{\\\"a\\\": 1}\""),
+    ("{\"arguments\": {\"x\": [true, false]}, \"name\": \"late\"}", "late", "{\"x\": [true, false]}"),
+];
+
+#[test]
+fn whole_calls_give_their_name_and_exact_argument_bytes() {
+    for (text, name, arguments) in CASES {
+        let calls = parse(&[vec![text]]);
+        assert_eq!(calls.len(), 1, "{text}");
+        assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), (*name, *arguments), "{text}");
+        assert!(calls[0].id.starts_with("call_") && calls[0].id.len() == 29);
+    }
+}
+
+#[test]
+fn any_split_into_pieces_gives_the_same_calls_as_the_whole() {
+    for (text, name, arguments) in CASES {
+        let chars: Vec<(usize, char)> = text.char_indices().collect();
+        for &(cut, _) in &chars {
+            let calls = parse(&[vec![&text[..cut], &text[cut..]]]);
+            assert_eq!(
+                (calls[0].name.as_str(), calls[0].arguments.as_str()),
+                (*name, *arguments),
+                "cut at {cut}: {text}"
+            );
+        }
+        // Every character its own token.
+        let pieces: Vec<&str> = chars.iter().map(|&(i, c)| &text[i..i + c.len_utf8()]).collect();
+        let calls = parse(&[pieces]);
+        assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), (*name, *arguments), "{text}");
+    }
+}
+
+#[test]
+fn several_calls_get_their_own_index_and_id_and_text_around_them_is_content() {
+    let calls =
+        parse(&[vec![CASES[0].0], vec![CASES[1].0, ""], vec!["{\"name\": \"x\",", " \"arguments\": {\"a\": 1}}"]]);
+    let names: Vec<&str> = calls.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["get_weather", "noop", "x"]);
+    assert_eq!(calls[2].arguments, "{\"a\": 1}");
+    let ids: std::collections::HashSet<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids.len(), 3);
+    let mut parser = ToolCallParser::new(TAGS);
+    assert_eq!(parser.route(100), Route::Text);
+    assert!(!parser.made_calls());
+    assert_eq!(parser.route(TAGS.close), Route::Text, "a stray closing tag is text (dropped as special)");
+    assert_eq!(parser.route(TAGS.open), Route::Call);
+    assert!(parser.made_calls());
+}

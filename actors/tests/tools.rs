@@ -1,0 +1,193 @@
+//! T3 on the tiny random fixture (Qwen2.5's chat template and tool-call tags): calls are
+//! constrained to the tools' schemas, parsed by token id, streamed as pieces that add up to
+//! the collected answer; the history's calls and results render through the template.
+
+use llaisys_actors::request::{FinishReason, ToolCallOut};
+use llaisys_actors::{ChatMessage, ChatRequest, Engine, EngineError, Event, Output, StreamExt, Tool, ToolChoice};
+use llaisys_model::tokenizer::ToolCall;
+use llaisys_tests::LongContextFixture;
+use serde_json::{Value, json};
+
+const TIED: &str = "tiny-tied-f32";
+
+fn weather() -> Tool {
+    Tool::new(
+        "get_weather",
+        "Current weather of a city",
+        json!({
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": false
+        }),
+    )
+}
+
+fn time() -> Tool {
+    Tool::new(
+        "get_time",
+        "Current time in a zone",
+        json!({"type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}}, "required": ["zone"], "additionalProperties": false}),
+    )
+}
+
+fn ask() -> ChatRequest {
+    ChatRequest::default()
+        .user("What's the weather in Paris?")
+        .tool(weather())
+        .tool(time())
+        .temperature(1.0)
+        .max_tokens(120)
+}
+
+/// A call's arguments against its tool's schema.
+fn check_call(call: &ToolCallOut) {
+    assert!(call.id.starts_with("call_"), "{call:?}");
+    let args: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| panic!("{e}: {call:?}"));
+    let map = args.as_object().unwrap();
+    match call.name.as_str() {
+        "get_weather" => {
+            assert!(map["city"].as_str().is_some_and(|c| c.chars().count() <= 8), "{args}");
+            assert!(["celsius", "fahrenheit"].contains(&map["unit"].as_str().unwrap()), "{args}");
+            assert_eq!(map.len(), 2, "{args}");
+        }
+        "get_time" => {
+            assert!(map["zone"].as_i64().is_some_and(|z| (-12..=14).contains(&z)), "{args}");
+            assert_eq!(map.len(), 1, "{args}");
+        }
+        other => panic!("called an unknown tool {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_named_none_and_auto_calls_hold_for_a_random_model() {
+    let fixture = LongContextFixture::new(TIED, 2048);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let open = engine.tokenizer().unwrap().token_to_id("<tool_call>").unwrap();
+
+    // required: every choice calls tools, each call valid, finish `tool_calls`.
+    let answer = engine.chat(ask().tool_choice(ToolChoice::Required).n(4).seed(1)).await.unwrap().answer().await;
+    for c in &answer.choices {
+        if c.finish == FinishReason::Length {
+            continue;
+        }
+        assert_eq!(c.finish, FinishReason::ToolCalls, "{c:?}");
+        assert!(!c.tool_calls.is_empty() && c.text.is_empty(), "{c:?}");
+        c.tool_calls.iter().for_each(check_call);
+    }
+
+    // Named: that function, once; OpenAI finishes it with `stop`.
+    let named = ask().tool_choice(ToolChoice::Function("get_time".into())).n(3).seed(2);
+    for c in engine.chat(named).await.unwrap().answer().await.choices {
+        assert_eq!((c.finish, c.tool_calls.len()), (FinishReason::Stop, 1), "{c:?}");
+        assert_eq!(c.tool_calls[0].name, "get_time");
+        check_call(&c.tool_calls[0]);
+    }
+
+    // parallel_tool_calls = false: exactly one call.
+    let mut single = ask().tool_choice(ToolChoice::Required).n(3).seed(3);
+    single.options.parallel_tool_calls = Some(false);
+    for c in engine.chat(single).await.unwrap().answer().await.choices {
+        assert_eq!((c.finish, c.tool_calls.len()), (FinishReason::ToolCalls, 1), "{c:?}");
+    }
+
+    // none forbids opening a call, however much the logits want it.
+    let mut none = ask().tool_choice(ToolChoice::None).n(2).seed(4).max_tokens(20);
+    none.options.logit_bias = vec![(open, 100.0)];
+    for c in engine.chat(none).await.unwrap().answer().await.choices {
+        assert!(c.tool_calls.is_empty() && !c.tokens.contains(&open), "{c:?}");
+    }
+
+    // auto: free until the model opens a call (pushed here by a bias), constrained after.
+    let mut auto = ask().n(3).seed(5);
+    auto.options.logit_bias = vec![(open, 100.0)];
+    for c in engine.chat(auto).await.unwrap().answer().await.choices {
+        assert!(!c.tool_calls.is_empty(), "{c:?}");
+        c.tool_calls.iter().for_each(check_call);
+    }
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_tool_call_pieces_add_up_to_the_answer_byte_for_byte() {
+    let fixture = LongContextFixture::new(TIED, 2048);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let request = || ask().tool_choice(ToolChoice::Required).n(3).seed(21);
+    let answer = engine.chat(request()).await.unwrap().answer().await;
+    let mut stream = engine.chat(request()).await.unwrap();
+    let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); 3];
+    let mut finishes = [None; 3];
+    while let Some(Output { choice, event }) = stream.next().await {
+        match event {
+            Event::Token { tool_call: Some(delta), text, .. } => {
+                assert!(text.is_empty());
+                let known = calls[choice].len();
+                assert_eq!(delta.id.is_some(), delta.index == known, "id and name come once, first");
+                ToolCallOut::gather(&mut calls[choice], &delta);
+            }
+            Event::Token { .. } => {}
+            Event::Finished { reason, .. } => finishes[choice] = Some(reason),
+        }
+    }
+    for (i, c) in answer.choices.iter().enumerate() {
+        assert_eq!(finishes[i], Some(c.finish));
+        let strip =
+            |calls: &[ToolCallOut]| calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>();
+        assert_eq!(strip(&calls[i]), strip(&c.tool_calls), "choice {i}: same seed, same calls, same bytes");
+    }
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_renders_through_the_template_and_bad_tools_are_refused() {
+    let fixture = LongContextFixture::new(TIED, 2048);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let call = ToolCall {
+        id: "call_1".into(),
+        name: "get_weather".into(),
+        arguments: r#"{"city": "Paris", "unit": "celsius"}"#.into(),
+    };
+    let history = vec![
+        ChatMessage::new("user", "Weather in Paris?"),
+        ChatMessage { tool_calls: vec![call.clone()], ..ChatMessage::new("assistant", "") },
+        ChatMessage { tool_call_id: Some("call_1".into()), ..ChatMessage::new("tool", "22 degrees, sunny") },
+    ];
+    let frontend = engine.frontend().unwrap();
+    let ids = frontend.render_chat(&history, &[weather()], true).unwrap();
+    let text = engine.tokenizer().unwrap().decode(&ids, false).unwrap();
+    for expected in [
+        "# Tools",
+        r#"{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}"#,
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call><|im_end|>",
+        "<|im_start|>user\n<tool_response>\n22 degrees, sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    let answer =
+        engine.chat(ChatRequest::new(history.clone()).tool(weather()).max_tokens(4)).await.unwrap().answer().await;
+    assert!(answer.usage.completion_tokens > 0);
+
+    let refused = |request: ChatRequest| {
+        let engine = &engine;
+        async move {
+            match engine.chat(request).await {
+                Err(EngineError::Request(e)) => e.param.unwrap_or_default(),
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("accepted"),
+            }
+        }
+    };
+    let nameless = Tool::new("", "no name", json!({"type": "object"}));
+    assert_eq!(refused(ask().tool(nameless)).await, "tools[2].function.name");
+    assert_eq!(refused(ask().tool_choice(ToolChoice::Function("nope".into()))).await, "tool_choice");
+    assert_eq!(refused(ChatRequest::default().user("x").tool_choice(ToolChoice::Required)).await, "tool_choice");
+    let mut bad_args = history.clone();
+    bad_args[1].tool_calls[0].arguments = "{city: Paris".into();
+    assert_eq!(
+        refused(ChatRequest::new(bad_args).tool(weather())).await,
+        "messages[1].tool_calls[0].function.arguments"
+    );
+    let not_schema = Tool::new("f", "d", json!("object"));
+    assert_eq!(refused(ChatRequest::default().user("x").tool(not_schema)).await, "tools[0].function.parameters");
+    engine.shutdown().await;
+}

@@ -1,0 +1,167 @@
+//! One parser factory per model (its token trie and lexer slices are built once, ~1 s for a
+//! 152k vocabulary) compiles each request's constraint into a [`Grammar`].
+
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::TokEnv;
+use llguidance::{ParserFactory, TokenParser};
+use serde_json::{Value, json};
+
+use super::env::VocabEnv;
+use super::{Constraint, GrammarError, regex_escape};
+use crate::Tokenizer;
+
+/// Whitespace a JSON grammar allows between two of its tokens: one space, or a newline and
+/// some indentation (as llama.cpp's JSON grammars). Bounded, so that an output cannot run
+/// away in spaces; free enough for compact and pretty-printed JSON alike.
+const JSON_WHITESPACE: &str = r"\x20|\n[\x20\x09]{0,20}";
+
+/// The model's grammar compiler.
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCompiler").field("vocab", &self.factory.tok_env().tok_trie().vocab_size()).finish()
+    }
+}
+
+impl GrammarCompiler {
+    /// `width`: the logits' width (the vocabulary is padded to it); `eos`: the tokens that end
+    /// a sequence, the only ones a completed grammar allows.
+    pub fn new(tokenizer: &Tokenizer, width: usize, eos: &[u32]) -> Result<Self, GrammarError> {
+        let env: TokEnv = Arc::new(VocabEnv::new(tokenizer.clone(), width, eos)?);
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// Compiles `constraint`; a schema or grammar that does not compile is an error naming
+    /// what is wrong (for a strict schema: the keywords it cannot enforce).
+    pub fn compile(&self, constraint: &Constraint) -> Result<Grammar, GrammarError> {
+        let top = match constraint {
+            Constraint::JsonSchema { schema, strict } => {
+                if !schema.is_object() && !schema.is_boolean() {
+                    return Err(GrammarError(format!("a JSON schema is an object or a boolean, not {schema}")));
+                }
+                TopLevelGrammar::from_json_schema(with_json_options(schema.clone(), *strict))
+            }
+            Constraint::JsonObject => {
+                TopLevelGrammar::from_json_schema(with_json_options(json!({"type": "object"}), false))
+            }
+            Constraint::Regex { pattern } => TopLevelGrammar::from_regex(pattern),
+            Constraint::Choice { choices } => {
+                if choices.is_empty() {
+                    return Err(GrammarError("a choice needs at least one string".into()));
+                }
+                let alternatives: Vec<String> = choices.iter().map(|c| format!("(?:{})", regex_escape(c))).collect();
+                TopLevelGrammar::from_regex(&alternatives.join("|"))
+            }
+            Constraint::Lark { grammar } => TopLevelGrammar::from_lark(grammar.clone()),
+        };
+        self.compile_top(top)
+    }
+
+    /// Compiles a Lark grammar the engine wrote itself (tool calls).
+    pub fn compile_lark(&self, grammar: String) -> Result<Grammar, GrammarError> {
+        self.compile_top(TopLevelGrammar::from_lark(grammar))
+    }
+
+    fn compile_top(&self, top: TopLevelGrammar) -> Result<Grammar, GrammarError> {
+        let mut parser = self.factory.create_parser(top).map_err(|e| GrammarError(clean(&e.to_string())))?;
+        let warnings = parser.grammar_warnings();
+        Ok(Grammar { parser: Arc::new(parser), warnings })
+    }
+
+    /// T3: Qwen2's tool calls, `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`, for
+    /// `functions` (each name with its parameters' schema). `with_open`: the grammar starts
+    /// with the opening tag (a required or named call); otherwise just after it (the model
+    /// opened a call by itself). `parallel`: more calls may follow, each on its own line.
+    pub fn tool_calls(
+        &self,
+        functions: &[(&str, &Value)],
+        tags: (u32, u32),
+        with_open: bool,
+        parallel: bool,
+    ) -> Result<Grammar, GrammarError> {
+        let (open, close) = tags;
+        let calls: Vec<Value> = functions
+            .iter()
+            .map(|(name, parameters)| {
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": name}, "arguments": parameters},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false
+                })
+            })
+            .collect();
+        let schema = with_json_options(json!({"anyOf": calls}), false);
+        let first = if with_open { format!("<[{open}]> ") } else { String::new() };
+        let more = if parallel { format!(" (\"\\n\" <[{open}]> call)*") } else { String::new() };
+        let grammar = format!("start: {first}call{more}\ncall: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n");
+        self.compile_lark(grammar)
+    }
+
+    /// The id of special token `name` (`<tool_call>`), if the vocabulary has it.
+    pub fn special_token(&self, name: &str) -> Option<u32> {
+        self.factory.tok_env().tok_trie().get_special_token(name)
+    }
+}
+
+/// JSON options through llguidance's `x-guidance` key: bounded whitespace; lenient unless strict.
+fn with_json_options(schema: Value, strict: bool) -> Value {
+    let options = json!({
+        "whitespace_pattern": JSON_WHITESPACE,
+        "item_separator": ",",
+        "key_separator": ":",
+        "lenient": !strict,
+    });
+    match schema {
+        Value::Object(mut map) => {
+            map.insert("x-guidance".into(), options);
+            Value::Object(map)
+        }
+        // `true` accepts any JSON value, `false` none.
+        Value::Bool(true) => json!({"x-guidance": options}),
+        other => other,
+    }
+}
+
+/// llguidance's messages end in a newline and sometimes repeat their prefix.
+fn clean(message: &str) -> String {
+    message.trim().to_string()
+}
+
+/// A compiled constraint, cheap to clone; every sequence starts its own matcher from it.
+#[derive(Clone)]
+pub struct Grammar {
+    parser: Arc<TokenParser>,
+    warnings: Vec<String>,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar").field("warnings", &self.warnings).finish()
+    }
+}
+
+impl PartialEq for Grammar {
+    /// The same compilation (grammars are not compared by content).
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.parser, &other.parser)
+    }
+}
+
+impl Grammar {
+    /// Schema features a lenient compile ignored.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    pub(super) fn matcher(&self) -> llguidance::Matcher {
+        llguidance::Matcher::new(Ok(self.parser.deep_clone()))
+    }
+}

@@ -1,0 +1,186 @@
+//! A request's constraint ([`Guidance`]) and the per-sequence state that enforces it
+//! ([`Guide`]): a mask computed before each token (on the compute pool, alongside the forward
+//! pass and the other sequences' masks), applied to the logits before every other sampling
+//! step, and advanced by the token that was sampled.
+
+use std::time::{Duration, Instant};
+
+use llguidance::Matcher;
+use llguidance::toktrie::SimpleVob;
+
+use super::Grammar;
+
+/// What a request's sequences must produce, compiled; cheap to clone.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Guidance {
+    grammar: Option<Grammar>,
+    /// The grammar takes over after this token (a tool call's opening tag); free text before.
+    trigger: Option<u32>,
+    /// Tokens never allowed while the text is free.
+    forbidden: Vec<u32>,
+}
+
+impl Guidance {
+    /// The whole output matches `grammar`.
+    pub fn grammar(grammar: Grammar) -> Self {
+        Self { grammar: Some(grammar), ..Self::default() }
+    }
+
+    /// Free text until `trigger` is sampled; what follows it matches `grammar`.
+    pub fn after(trigger: u32, grammar: Grammar) -> Self {
+        Self { grammar: Some(grammar), trigger: Some(trigger), forbidden: Vec::new() }
+    }
+
+    /// Free text without `tokens`.
+    pub fn forbid(tokens: Vec<u32>) -> Self {
+        Self { forbidden: tokens, ..Self::default() }
+    }
+
+    /// Whether a grammar constrains (part of) the output.
+    pub fn has_grammar(&self) -> bool {
+        self.grammar.is_some()
+    }
+
+    /// A new sequence's guide.
+    pub fn guide(&self) -> Guide {
+        let state = match (&self.grammar, self.trigger) {
+            (None, _) => State::Free,
+            (Some(g), None) => State::Active(Box::new(g.matcher())),
+            (Some(g), Some(trigger)) => State::Waiting { trigger, grammar: g.clone() },
+        };
+        Guide { state, forbidden: self.forbidden.clone(), mask: None, mask_time: None }
+    }
+}
+
+/// Why a guide ended its sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GuideEnd {
+    /// The grammar is complete: nothing more may follow (finish reason `stop`).
+    Complete,
+    /// The grammar failed (an internal limit of the matcher); the sequence ends with an error.
+    Failed(String),
+}
+
+enum State {
+    Free,
+    Waiting { trigger: u32, grammar: Grammar },
+    Active(Box<Matcher>),
+    Done,
+}
+
+/// One sequence's constraint state.
+pub struct Guide {
+    state: State,
+    forbidden: Vec<u32>,
+    /// The next token's mask, once computed.
+    mask: Option<Result<SimpleVob, String>>,
+    mask_time: Option<Duration>,
+}
+
+impl std::fmt::Debug for Guide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Free => "free",
+            State::Waiting { .. } => "waiting for its trigger",
+            State::Active(_) => "active",
+            State::Done => "done",
+        };
+        f.debug_struct("Guide").field("state", &state).field("forbidden", &self.forbidden).finish()
+    }
+}
+
+impl Guide {
+    /// Computes the next token's mask if a grammar is active; does nothing if it is computed.
+    pub fn prepare(&mut self) {
+        if self.mask.is_some() {
+            return;
+        }
+        if let State::Active(matcher) = &mut self.state {
+            let start = Instant::now();
+            self.mask = Some(matcher.compute_mask().map_err(|e| e.to_string()));
+            self.mask_time = Some(start.elapsed());
+        }
+    }
+
+    /// Whether a grammar is (or will be, after its trigger) active.
+    pub fn has_grammar(&self) -> bool {
+        matches!(self.state, State::Waiting { .. } | State::Active(_))
+    }
+
+    /// Whether the guide ever changes a logit.
+    pub fn constrains_ever(&self) -> bool {
+        !matches!(self.state, State::Free) || !self.forbidden.is_empty()
+    }
+
+    /// Whether `apply` changes the logits of the next token.
+    pub fn constrains(&self) -> bool {
+        matches!(self.state, State::Active(_)) || !self.forbidden.is_empty()
+    }
+
+    /// Sets every token the sequence may not produce next to -∞. `Err` if the grammar failed
+    /// or allows nothing.
+    pub fn apply(&mut self, row: &mut [f32]) -> Result<(), String> {
+        self.prepare();
+        match &self.mask {
+            Some(Ok(mask)) => {
+                if mask.is_zero() {
+                    return Err("the grammar allows no token".into());
+                }
+                let words = mask.as_slice();
+                for (w, chunk) in row.chunks_mut(32).enumerate() {
+                    let bits = words.get(w).copied().unwrap_or(0);
+                    if bits == u32::MAX {
+                        continue;
+                    }
+                    for (b, l) in chunk.iter_mut().enumerate() {
+                        if bits & (1 << b) == 0 {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Some(Err(e)) => Err(e.clone()),
+            None => {
+                if !matches!(self.state, State::Done) {
+                    for &t in &self.forbidden {
+                        if let Some(l) = row.get_mut(t as usize) {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Advances by the sampled `token`; `Some` when the sequence must end here.
+    pub fn accept(&mut self, token: u32) -> Option<GuideEnd> {
+        self.mask = None;
+        match &mut self.state {
+            State::Free | State::Done => None,
+            State::Waiting { trigger, grammar } => {
+                if token == *trigger {
+                    self.state = State::Active(Box::new(grammar.matcher()));
+                }
+                None
+            }
+            State::Active(matcher) => match matcher.consume_token(token) {
+                Err(e) => {
+                    self.state = State::Done;
+                    Some(GuideEnd::Failed(e.to_string()))
+                }
+                Ok(()) if matcher.is_stopped() => {
+                    self.state = State::Done;
+                    Some(GuideEnd::Complete)
+                }
+                Ok(()) => None,
+            },
+        }
+    }
+
+    /// The time the last mask took, once (`None` if no mask was computed since).
+    pub fn take_mask_time(&mut self) -> Option<Duration> {
+        self.mask_time.take()
+    }
+}

@@ -1,0 +1,150 @@
+use serde_json::json;
+
+use super::*;
+use crate::{Sampler, SamplingParams, Tokenizer};
+
+/// The tiny fixture's tokenizer: a byte-level BPE vocabulary with Qwen2's added tokens; the
+/// logits are 1024 wide, the vocabulary 978.
+fn compiler() -> (Tokenizer, GrammarCompiler) {
+    let tokenizer = Tokenizer::from_dir(&llaisys_tests::fixture_dir("tiny-tied-f32")).unwrap();
+    let im_end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let compiler = GrammarCompiler::new(&tokenizer, 1024, &[im_end]).unwrap();
+    (tokenizer, compiler)
+}
+
+/// Samples at temperature 1 from uniform logits under `grammar` until it ends; the text.
+fn random_text(tokenizer: &Tokenizer, grammar: &Grammar, seed: u64) -> (String, Option<GuideEnd>) {
+    let params = SamplingParams { temperature: 1.0, seed: Some(seed), ..SamplingParams::default() };
+    let mut sampler = Sampler::new(params, &[]).guided(&Guidance::grammar(grammar.clone()));
+    let logits = vec![0.0; 1024];
+    let mut tokens = Vec::new();
+    for _ in 0..400 {
+        let s = sampler.sample(&logits);
+        tokens.push(s.token);
+        if s.end.is_some() {
+            return (tokenizer.decode(&tokens, true).unwrap(), s.end);
+        }
+    }
+    (tokenizer.decode(&tokens, true).unwrap(), None)
+}
+
+#[test]
+fn random_sampling_under_a_choice_or_regex_gives_only_matching_text() {
+    let (tokenizer, compiler) = compiler();
+    let choice = compiler.compile(&Constraint::Choice { choices: vec!["yes".into(), "no".into(), "a|b (c)".into()] });
+    let choice = choice.unwrap();
+    let regex = compiler.compile(&Constraint::Regex { pattern: r"[0-9]{3}-[a-z]{2,4}".into() }).unwrap();
+    let pattern = regex_lite(r"[0-9]{3}-[a-z]{2,4}");
+    for seed in 0..30 {
+        let (text, end) = random_text(&tokenizer, &choice, seed);
+        assert!(["yes", "no", "a|b (c)"].contains(&text.as_str()), "{text:?}");
+        assert_eq!(end, Some(GuideEnd::Complete));
+        let (text, end) = random_text(&tokenizer, &regex, seed);
+        assert!(pattern(&text), "{text:?}");
+        assert_eq!(end, Some(GuideEnd::Complete));
+    }
+}
+
+/// `[0-9]{3}-[a-z]{2,4}` checked by hand.
+fn regex_lite(_: &str) -> impl Fn(&str) -> bool {
+    |t: &str| {
+        let (digits, letters) = t.split_at(t.find('-').unwrap_or(0));
+        digits.len() == 3
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (3..=5).contains(&letters.len())
+            && letters[1..].bytes().all(|b| b.is_ascii_lowercase())
+    }
+}
+
+#[test]
+fn a_json_object_grammar_gives_parseable_objects_with_bounded_whitespace() {
+    let (tokenizer, compiler) = compiler();
+    let grammar = compiler.compile(&Constraint::JsonObject).unwrap();
+    for seed in 0..20 {
+        let (text, end) = random_text(&tokenizer, &grammar, seed);
+        if end.is_none() {
+            continue; // 400 tokens of a random object still open: allowed, nothing to check
+        }
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(value.is_object(), "{text}");
+        assert!(longest_whitespace_outside_strings(&text) <= 21, "{text:?}");
+    }
+}
+
+/// The longest run of whitespace between JSON tokens (not inside strings).
+fn longest_whitespace_outside_strings(json: &str) -> usize {
+    let (mut in_string, mut escaped, mut run, mut longest) = (false, false, 0, 0);
+    for c in json.chars() {
+        if in_string {
+            (in_string, escaped) = (escaped || c != '"', !escaped && c == '\\');
+        } else if c.is_whitespace() {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+            in_string = c == '"';
+        }
+    }
+    longest
+}
+
+#[test]
+fn a_strict_schema_names_the_keywords_it_cannot_enforce_and_a_lenient_one_warns() {
+    let (_, compiler) = compiler();
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}, "dependentSchemas": {"a": {}}});
+    let e = compiler.compile(&Constraint::JsonSchema { schema: schema.clone(), strict: true }).unwrap_err();
+    assert!(e.0.contains("dependentSchemas"), "{e}");
+    let lenient = compiler.compile(&Constraint::JsonSchema { schema, strict: false }).unwrap();
+    assert!(lenient.warnings().iter().any(|w| w.contains("dependentSchemas")), "{:?}", lenient.warnings());
+    let e = compiler.compile(&Constraint::JsonSchema { schema: json!(3), strict: false }).unwrap_err();
+    assert!(e.0.contains("object or a boolean"), "{e}");
+    assert!(compiler.compile(&Constraint::Lark { grammar: "start: foo".into() }).is_err());
+    assert!(compiler.compile(&Constraint::Choice { choices: vec![] }).is_err());
+}
+
+#[test]
+fn special_tokens_are_reached_by_name_only_and_padding_never() {
+    let (tokenizer, compiler) = compiler();
+    let open = compiler.special_token("<tool_call>").unwrap();
+    assert_eq!(Some(open), tokenizer.token_to_id("<tool_call>"));
+    let grammar = compiler.compile_lark(r#"start: <tool_call> "x" </tool_call>"#.into()).unwrap();
+    let close = tokenizer.token_to_id("</tool_call>").unwrap();
+    for seed in 0..5 {
+        let params = SamplingParams { temperature: 1.0, seed: Some(seed), ..SamplingParams::default() };
+        let mut sampler = Sampler::new(params, &[]).guided(&Guidance::grammar(grammar.clone()));
+        // Padding rows (978..1024) carry the largest logits; they must never be drawn.
+        let mut logits = vec![0.0; 1024];
+        logits[978..].fill(50.0);
+        let tokens: Vec<u32> = (0..3).map(|_| sampler.sample(&logits).token).collect();
+        assert_eq!(tokens[0], open);
+        assert_eq!(tokenizer.decode(&tokens[1..2], false).unwrap(), "x");
+        assert_eq!(tokens[2], close);
+    }
+    // JSON strings cannot spell a special token: "<tool_call>" is text there.
+    let json = compiler.compile(&Constraint::JsonSchema { schema: json!({"type": "string"}), strict: true }).unwrap();
+    let mut guide = Guidance::grammar(json).guide();
+    let mut row = vec![0.0; 1024];
+    guide.apply(&mut row).unwrap();
+    assert_eq!(row[open as usize], f32::NEG_INFINITY);
+}
+
+#[test]
+fn a_lazy_guide_is_free_until_its_trigger_and_a_forbidding_one_bans_tokens() {
+    let (tokenizer, compiler) = compiler();
+    let open = compiler.special_token("<tool_call>").unwrap();
+    let grammar = compiler.compile_lark(r#"start: "ok" </tool_call>"#.into()).unwrap();
+    let mut guide = Guidance::after(open, grammar).guide();
+    let mut row = vec![0.0; 1024];
+    guide.apply(&mut row).unwrap();
+    assert!(row.iter().all(|l| *l == 0.0), "free text before the trigger");
+    assert_eq!(guide.accept(5), None);
+    assert_eq!(guide.accept(open), None);
+    guide.apply(&mut row).unwrap();
+    let allowed: Vec<usize> = (0..1024).filter(|i| row[*i] == 0.0).collect();
+    assert!(allowed.iter().all(|t| "ok".starts_with(&tokenizer.decode(&[*t as u32], false).unwrap())), "{allowed:?}");
+    let mut guide = Guidance::forbid(vec![open]).guide();
+    let mut row = vec![0.0; 1024];
+    guide.apply(&mut row).unwrap();
+    assert_eq!(row[open as usize], f32::NEG_INFINITY);
+    assert_eq!(row.iter().filter(|l| l.is_infinite()).count(), 1);
+}
