@@ -1,18 +1,22 @@
-//! T2/T5 over HTTP on a tiny random fixture: `response_format` and `structured_outputs`,
-//! streamed and not; bad constraints are 400s naming their field and change nothing.
+//! T2/T3/T5 over HTTP on a tiny random fixture: `response_format` and `structured_outputs`,
+//! streamed and not; bad constraints and tools are 400s naming their field and change nothing;
+//! the demo model calls a tool when asked.
 
 use llaisys_server::{Config, Server};
-use llaisys_tests::fixture_dir;
+use llaisys_tests::LongContextFixture;
 use serde_json::{Value, json};
 
 const FIXTURE: &str = "tiny-tied-f32";
 
-async fn server() -> Server {
+/// A server for the fixture, with room in its context for tool descriptions.
+async fn server() -> (Server, LongContextFixture) {
+    let fixture = LongContextFixture::new(FIXTURE, 2048);
     let all = vec![
-        ("model.path".to_string(), format!("{:?}", fixture_dir(FIXTURE).display().to_string())),
+        ("model.path".to_string(), format!("{:?}", fixture.path().display().to_string())),
+        ("model.name".to_string(), format!("{FIXTURE:?}")),
         ("server.port".to_string(), "0".to_string()),
     ];
-    llaisys_server::start(&Config::load(None, std::iter::empty(), &all).unwrap()).await.unwrap()
+    (llaisys_server::start(&Config::load(None, std::iter::empty(), &all).unwrap()).await.unwrap(), fixture)
 }
 
 async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
@@ -37,6 +41,11 @@ async fn streamed(s: &Server, body: Value) -> (String, String) {
     (content, finish)
 }
 
+fn weather() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+}
+
 async fn metric(s: &Server, name: &str) -> f64 {
     let text = reqwest::get(format!("http://{}/metrics", s.addr)).await.unwrap().text().await.unwrap();
     text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
@@ -44,7 +53,7 @@ async fn metric(s: &Server, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_format_and_structured_outputs_constrain_streamed_or_not() {
-    let s = server().await;
+    let (s, _fixture) = server().await;
     let schema = json!({
         "type": "object",
         "properties": {"city": {"type": "string", "maxLength": 8}, "celsius": {"type": "integer", "minimum": -50, "maximum": 60}},
@@ -95,7 +104,7 @@ async fn response_format_and_structured_outputs_constrain_streamed_or_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_constraints_are_400s_naming_the_field_and_change_nothing() {
-    let s = server().await;
+    let (s, _fixture) = server().await;
     let chat = |extra: Value| {
         let mut body = json!({"model": FIXTURE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0});
         body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
@@ -134,5 +143,40 @@ async fn bad_constraints_are_400s_naming_the_field_and_change_nothing() {
     }
     let (status, after) = post(&s, "/v1/chat/completions", chat(json!({}))).await;
     assert_eq!((status, &after["choices"]), (200, &before["choices"]), "the server still answers the same");
+    s.shutdown().await;
+}
+
+/// The demo model (`LLAISYS_TEST_MODEL`): asked for the weather in Paris with a weather tool
+/// and `auto`, it calls the tool with the city (a Coder model answers with a fenced JSON
+/// block unless the call is constrained; see NOTES.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_model_calls_get_weather_for_paris() {
+    let Ok(path) = std::env::var("LLAISYS_TEST_MODEL") else {
+        eprintln!("skipped: set LLAISYS_TEST_MODEL to the demo model");
+        return;
+    };
+    let settings = vec![("model.path".to_string(), format!("{path:?}")), ("server.port".into(), "0".into())];
+    let s = llaisys_server::start(&Config::load(None, std::iter::empty(), &settings).unwrap()).await.unwrap();
+    let name = s.state().models.keys().next().unwrap().clone();
+    let tools = json!([weather(), {"type": "function", "function": {"name": "get_time", "description": "Current time in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let body = json!({"model": name, "messages": [{"role": "user", "content": "What's the weather in Paris?"}],
+        "tools": tools, "tool_choice": "auto", "temperature": 0, "max_tokens": 60});
+    let (status, r) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{r}");
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{r}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{r}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args["city"], "Paris", "{r}");
+    // Asked for a poem it answers in text.
+    let body = json!({"model": name, "messages": [{"role": "user", "content": "Write a haiku about the sea."}],
+        "tools": tools, "temperature": 0, "max_tokens": 40});
+    let (_, r) = post(&s, "/v1/chat/completions", body).await;
+    assert!(
+        r["choices"][0]["message"]["tool_calls"].is_null() && r["choices"][0]["message"]["content"].is_string(),
+        "{r}"
+    );
     s.shutdown().await;
 }

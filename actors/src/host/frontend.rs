@@ -345,7 +345,11 @@ impl Frontend {
         let grammar = compiler
             .tool_calls(&functions, (open, close), with_open, parallel)
             .map_err(|e| RequestError::invalid("tools", e.0))?;
-        params.guidance = if with_open { Guidance::grammar(grammar) } else { Guidance::after(open, grammar) };
+        params.guidance = if with_open {
+            Guidance::grammar(grammar)
+        } else {
+            Guidance::after_or_opening(open, grammar, compiler.call_openers().to_vec())
+        };
         params.tool_calls = Some(ToolParsing { tags: ToolCallTags { open, close }, finish_with_tool_calls: !named });
         Ok(())
     }

@@ -23,12 +23,21 @@ pub struct TextStream {
     stopped: bool,
     /// The tool-call parser and the decoder of the calls' text.
     tools: Option<(ToolCallParser, IncrementalDecoder)>,
+    /// Whitespace after a tool call, held until text follows (the lines between calls and
+    /// after the last are not content).
+    held: String,
 }
 
 impl TextStream {
     /// Special tokens are left out of the text.
     pub fn new(stop: impl IntoIterator<Item = String>) -> Self {
-        Self { decoder: IncrementalDecoder::new(true), stops: StopMatcher::new(stop), stopped: false, tools: None }
+        Self {
+            decoder: IncrementalDecoder::new(true),
+            stops: StopMatcher::new(stop),
+            stopped: false,
+            tools: None,
+            held: String::new(),
+        }
     }
 
     /// Splits off tool calls marked by `tags` (stop strings apply to the content only).
@@ -61,10 +70,18 @@ impl TextStream {
             let text = decoder.push(tokenizer, token)?.unwrap_or_default();
             return Ok(Piece { text: String::new(), tool_call: parser.push_call_text(&text) });
         }
-        let text = match self.decoder.push(tokenizer, token)? {
+        let mut text = match self.decoder.push(tokenizer, token)? {
             Some(delta) => self.filter(&delta),
             None => String::new(),
         };
+        if self.made_tool_calls() {
+            if text.trim().is_empty() {
+                self.held.push_str(&text);
+                text.clear();
+            } else {
+                text.insert_str(0, &std::mem::take(&mut self.held));
+            }
+        }
         Ok(Piece { text, tool_call: None })
     }
 
