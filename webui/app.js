@@ -12,7 +12,7 @@ const el = {
   title: $('title'), messages: $('messages'), jump: $('jump'), input: $('input'),
   send: $('send'), stop: $('stop'), composer: $('composer'), settings: $('settings'),
   model: $('set-model'), system: $('set-system'), temperature: $('set-temperature'),
-  topP: $('set-top-p'), maxTokens: $('set-max-tokens'), apiKey: $('set-api-key'), sessionId: $('session-id'),
+  topP: $('set-top-p'), maxTokens: $('set-max-tokens'), tools: $('set-tools'), apiKey: $('set-api-key'), sessionId: $('session-id'),
 };
 
 const data = store.load();
@@ -119,9 +119,28 @@ function promptMessages(c, upTo) {
   for (const m of c.messages) {
     if (m === upTo) break;
     if (m.role === 'user') msgs.push({ role: 'user', content: m.content });
-    else if (m.role === 'assistant' && m.content) msgs.push({ role: 'assistant', content: m.content });
+    else if (m.role === 'assistant' && m.toolCalls?.length) {
+      const calls = m.toolCalls.map((t) => ({ id: t.id, type: 'function', function: { name: t.name, arguments: t.arguments } }));
+      msgs.push({ role: 'assistant', content: m.content || null, tool_calls: calls });
+    } else if (m.role === 'assistant' && m.content) msgs.push({ role: 'assistant', content: m.content });
   }
   return msgs;
+}
+
+// The conversation's tools setting, as request fields: a JSON list of OpenAI tools (or one
+// function), or an object with `tools` and `tool_choice` / `parallel_tool_calls`.
+function toolFields(text) {
+  if (!text || !text.trim()) return {};
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    throw new api.ApiError(`The tools setting is not JSON: ${e.message}`);
+  }
+  const fields = Array.isArray(value) || !value.tools ? { tools: value } : { ...value };
+  if (!Array.isArray(fields.tools)) fields.tools = [fields.tools];
+  fields.tools = fields.tools.map((t) => (t.type === 'function' ? t : { type: 'function', function: t }));
+  return fields;
 }
 
 function requestBody(c, answer) {
@@ -131,6 +150,7 @@ function requestBody(c, answer) {
   if (num(s.temperature) !== undefined) body.temperature = num(s.temperature);
   if (num(s.top_p) !== undefined) body.top_p = num(s.top_p);
   if (num(s.max_tokens) !== undefined) body.max_tokens = num(s.max_tokens);
+  Object.assign(body, toolFields(s.tools));
   return body;
 }
 
@@ -143,11 +163,19 @@ async function generate(c) {
   persist();
   stick = true;
   drawAll();
-  const body = requestBody(c, answer);
+  let body;
+  try {
+    body = requestBody(c, answer);
+  } catch (e) {
+    body = { model: undefined };
+    answer.status = 'error';
+    answer.error = e.message;
+  }
   answer.meta.model = body.model;
   const started = performance.now();
   let firstAt = null;
   try {
+    if (answer.status === 'error') throw new api.ApiError(answer.error);
     if (!body.model) throw new api.ApiError('No model to ask: the server lists none (see the status below).');
     const result = await api.streamChat(body, {
       apiKey: apiKey(),
@@ -161,6 +189,16 @@ async function generate(c) {
       onDelta: (text) => {
         firstAt ??= performance.now();
         answer.content += text;
+        redrawAnswer(c, answer);
+        persist(false);
+      },
+      onToolCall: (piece) => {
+        firstAt ??= performance.now();
+        answer.toolCalls ??= [];
+        const call = (answer.toolCalls[piece.index] ??= { id: '', name: '', arguments: '' });
+        call.id += piece.id || '';
+        call.name += piece.function?.name || '';
+        call.arguments += piece.function?.arguments || '';
         redrawAnswer(c, answer);
         persist(false);
       },
@@ -287,7 +325,7 @@ function iconButton(symbol, label, onClick) {
 
 function drawSettings() {
   const c = current();
-  const s = c ? c.settings : { model: models[0]?.id || '', system: '', temperature: '', top_p: '', max_tokens: '' };
+  const s = c ? c.settings : { model: models[0]?.id || '', system: '', temperature: '', top_p: '', max_tokens: '', tools: '' };
   const ids = models.map((m) => m.id);
   const options = ids.includes(s.model) || !s.model ? ids : [...ids, s.model];
   el.model.replaceChildren(...options.map((id) => {
@@ -301,6 +339,7 @@ function drawSettings() {
   el.temperature.value = s.temperature;
   el.topP.value = s.top_p;
   el.maxTokens.value = s.max_tokens;
+  el.tools.value = s.tools || '';
   el.apiKey.value = apiKey();
   el.sessionId.textContent = c ? c.sessionId : '(created with the first message)';
 }
@@ -422,12 +461,33 @@ function debugNode(m) {
 // An answer's Markdown; while it streams, a cursor at the end of its last block.
 function drawAnswerBody(body, m) {
   body.innerHTML = markdown(m.content);
+  for (const call of m.toolCalls || []) body.append(toolCallNode(call));
   if (m.status !== 'streaming') return;
   let at = body;
   while (at.lastElementChild && ['P', 'UL', 'OL', 'LI', 'BLOCKQUOTE', 'TABLE', 'TBODY', 'TR', 'TD'].includes(at.lastElementChild.tagName)) {
     at = at.lastElementChild;
   }
   at.append(Object.assign(document.createElement('span'), { className: 'cursor' }));
+}
+
+// A tool call the answer made: the function's name and its arguments (pretty-printed once
+// they are whole JSON).
+function toolCallNode(call) {
+  const node = document.createElement('div');
+  node.className = 'tool-call';
+  const head = document.createElement('div');
+  head.className = 'tool-call-name';
+  head.textContent = `Tool call: ${call.name}`;
+  const args = document.createElement('pre');
+  let text = call.arguments;
+  try {
+    text = JSON.stringify(JSON.parse(call.arguments), null, 2);
+  } catch {
+    // still streaming: shown as it is so far
+  }
+  args.textContent = text;
+  node.append(head, args);
+  return node;
 }
 
 // One answer changed while streaming: redraw just its body, once per frame.
@@ -532,6 +592,7 @@ bindSetting(el.system, 'system');
 bindSetting(el.temperature, 'temperature');
 bindSetting(el.topP, 'top_p');
 bindSetting(el.maxTokens, 'max_tokens');
+bindSetting(el.tools, 'tools');
 el.apiKey.addEventListener('change', () => {
   prefs.apiKey = el.apiKey.value.trim();
   store.savePrefs(prefs);

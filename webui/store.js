@@ -18,7 +18,7 @@ export function newConversation(defaults) {
     created: Date.now(),
     updated: Date.now(),
     sessionId: randomId('webui-'),
-    settings: { model: defaults.model || '', system: '', temperature: '', top_p: '', max_tokens: '' },
+    settings: { model: defaults.model || '', system: '', temperature: '', top_p: '', max_tokens: '', tools: '' },
     messages: [],
   };
 }

@@ -104,7 +104,7 @@ async fn the_official_python_client_works_unchanged() {
     assert_eq!(named["calls"][0]["name"], "get_time");
     assert_eq!(get("tools_none")["calls"], serde_json::json!([]));
     assert_eq!(get("tools_single")["counts"], serde_json::json!([1, 1, 1]));
-    assert_eq!(get("tools_multi_turn")["finish"].as_str().is_some(), true);
+    assert!(get("tools_multi_turn")["finish"].as_str().is_some());
     let parsed = get("parse");
     assert_eq!(parsed["finish"], "stop");
     assert!(parsed["parsed"]["city"].as_str().is_some_and(|c| c.chars().count() <= 8), "{parsed}");

@@ -9,13 +9,14 @@ use std::process::Stdio;
 
 use llaisys_actors::Engine;
 use llaisys_server::{Config, load_entry, start_models};
-use llaisys_tests::fixture_dir;
+use llaisys_tests::{LongContextFixture, fixture_dir};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
 const FIXTURE: &str = "tiny-untied-f32";
 const SLOW: &str = "slow-mock";
+const TOOLS: &str = "tools-fixture";
 
 fn webui_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("webui")
@@ -53,8 +54,11 @@ async fn the_web_ui_in_headless_chromium() {
     let config = Config::load(None, std::iter::empty(), &settings).unwrap();
     let builder = Engine::builder().config(config.engine_config()).limits(config.request_limits());
     let fixture = load_entry(builder.clone().model(fixture_dir(FIXTURE)), FIXTURE.into()).await.unwrap();
-    let slow = load_entry(builder.model(slow_model_dir()), SLOW.into()).await.unwrap();
-    let server = start_models(vec![fixture, slow], &config).await.unwrap();
+    let slow = load_entry(builder.clone().model(slow_model_dir()), SLOW.into()).await.unwrap();
+    // Qwen2.5's chat template and tool-call tags, with room for the tools in the prompt.
+    let tools_dir = LongContextFixture::new("tiny-tied-f32", 2048);
+    let tools = load_entry(builder.model(tools_dir.path()), TOOLS.into()).await.unwrap();
+    let server = start_models(vec![fixture, slow, tools], &config).await.unwrap();
     let url = format!("http://{}", server.addr);
 
     // The greedy answers the page must show, from the API (the streamed text is checked against
@@ -84,6 +88,7 @@ async fn the_web_ui_in_headless_chromium() {
         .env("LLAISYS_EXPECTED", Value::Object(expected).to_string())
         .env("LLAISYS_FIXTURE", FIXTURE)
         .env("LLAISYS_SLOW", SLOW)
+        .env("LLAISYS_TOOLS", TOOLS)
         .env("LLAISYS_SCREENSHOTS", &screenshots)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -112,5 +117,5 @@ async fn the_web_ui_in_headless_chromium() {
     }
     assert!(status.success(), "the browser test failed after {passed:?} (screenshot: {})", screenshots.display());
     assert_eq!(passed.last().map(String::as_str), Some("all"), "{passed:?}");
-    assert_eq!(passed.len(), 8, "{passed:?}");
+    assert_eq!(passed.len(), 9, "{passed:?}");
 }

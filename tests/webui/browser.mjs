@@ -2,7 +2,8 @@
 // llaisys server (started by tests/tests/webui.rs, which also computes the expected answers).
 //
 // Environment: LLAISYS_URL (the server), LLAISYS_EXPECTED (JSON {prompt: greedy answer} for the
-// fixture model), LLAISYS_FIXTURE and LLAISYS_SLOW (model names), LLAISYS_SCREENSHOTS (a folder).
+// fixture model), LLAISYS_FIXTURE, LLAISYS_SLOW and LLAISYS_TOOLS (model names),
+// LLAISYS_SCREENSHOTS (a folder).
 // Protocol on stdio: prints "PASS <step>" per step; prints "STOP_SERVER" and waits for one line
 // on stdin before the server-down step. Any failure exits non-zero with the reason on stderr.
 
@@ -17,6 +18,7 @@ const URL = process.env.LLAISYS_URL;
 const EXPECTED = JSON.parse(process.env.LLAISYS_EXPECTED);
 const FIXTURE = process.env.LLAISYS_FIXTURE;
 const SLOW = process.env.LLAISYS_SLOW;
+const TOOLS = process.env.LLAISYS_TOOLS;
 const SHOTS = process.env.LLAISYS_SCREENSHOTS;
 mkdirSync(SHOTS, { recursive: true });
 
@@ -69,7 +71,7 @@ try {
   await page.goto(URL);
   await page.waitForFunction(() => document.querySelector('#server-status').textContent.startsWith('Connected'));
   const models = await page.locator('#set-model option').allTextContents();
-  assert.deepEqual(models.sort(), [FIXTURE, SLOW].sort());
+  assert.deepEqual(models.sort(), [FIXTURE, SLOW, TOOLS].sort());
   await setField('#set-model', FIXTURE);
   await setField('#set-temperature', 0);
   await setField('#set-max-tokens', 40);
@@ -195,6 +197,35 @@ try {
   await page.click('#scrim', { position: { x: 370, y: 400 } });
   await page.setViewportSize({ width: 1280, height: 800 });
   pass('dark and mobile layouts');
+
+  // 6b. Tools: the answer's tool call shows as its name and arguments, never as raw tags.
+  await page.click('#new-chat');
+  await setField('#set-model', TOOLS);
+  await setField('#set-temperature', 1);
+  await setField('#set-max-tokens', 150);
+  const weather = {
+    name: 'get_weather',
+    description: 'Current weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 8 } }, required: ['city'], additionalProperties: false },
+  };
+  await setField('#set-tools', JSON.stringify({ tools: [weather], tool_choice: 'required', parallel_tool_calls: false }));
+  await page.click('#toggle-settings');
+  await page.fill('#input', 'Weather in Paris?');
+  await page.press('#input', 'Enter');
+  await finished();
+  const call = lastAnswer().locator('.tool-call');
+  assert.equal(await call.count(), 1);
+  assert.equal((await call.locator('.tool-call-name').textContent()).trim(), 'Tool call: get_weather');
+  const args = JSON.parse(await call.locator('pre').textContent());
+  assert.deepEqual(Object.keys(args), ['city']);
+  assert.ok(!(await lastAnswer().textContent()).includes('<tool_call>'));
+  assert.equal(await debugValue('finish reason'), 'tool_calls');
+  const saved = (await storedCurrent()).messages.at(-1);
+  assert.equal(saved.toolCalls[0].name, 'get_weather');
+  assert.deepEqual(JSON.parse(saved.toolCalls[0].arguments), args);
+  await shot('desktop-tool-call');
+  await items.filter({ hasText: 'Stories' }).locator('.open').click();
+  pass('tool calls are shown');
 
   // 7. The server goes away: the error shows in the conversation, the page stays usable and the
   // history is kept.

@@ -259,8 +259,12 @@ impl Engine {
     /// Queues a request and returns its event stream.
     pub async fn generate(&self, request: GenerateRequest) -> Result<EventStream, EngineError> {
         let (tx, rx) = unbounded_channel();
-        let id = ractor::call!(self.scheduler, |reply| ToScheduler::Submit { request, events: tx, reply })
-            .map_err(|e| EngineError::Actor(e.to_string()))??;
+        let id = ractor::call!(self.scheduler, |reply| ToScheduler::Submit {
+            request: Box::new(request),
+            events: tx,
+            reply
+        })
+        .map_err(|e| EngineError::Actor(e.to_string()))??;
         Ok(EventStream { id, rx })
     }
 

@@ -17,7 +17,7 @@ pub enum ToScheduler {
     /// Sent by `Engine::generate`: validate and queue a request whose events go to `events`.
     /// Replies with its id, or why it was refused.
     Submit {
-        request: GenerateRequest,
+        request: Box<GenerateRequest>,
         events: UnboundedSender<Event>,
         reply: RpcReplyPort<Result<RequestId, EngineError>>,
     },

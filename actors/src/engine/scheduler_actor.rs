@@ -131,7 +131,7 @@ impl Actor for SchedulerActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ToScheduler::Submit { request, events, reply } => {
-                let result = state.submit(&me, request, events).await;
+                let result = state.submit(&me, *request, events).await;
                 let _ = reply.send(result);
             }
             ToScheduler::StepDone { plan, result, elapsed } => {
