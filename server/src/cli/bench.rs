@@ -3,7 +3,9 @@
 //! - prefill: tokens/s of one request's prompt (time to its first token);
 //! - decode: tokens/s of one request after its first token;
 //! - throughput: N concurrent requests, each with its own prompt: aggregate generated tokens/s,
-//!   time to first token, inter-token latency;
+//!   time to first token, inter-token latency; with `--json-schema FILE` every request is
+//!   constrained by that schema (T1) and the grammar masks' time per token is reported (a
+//!   schema the output cannot complete within `--new-tokens` keeps the work comparable);
 //! - soak (only when asked for): `--soak-requests` short requests, `--concurrency`'s largest
 //!   at a time, and the resident memory after the first tenth and at the end (growth = leak);
 //! - resident memory after loading and warming up, and the process's peak.
@@ -13,11 +15,10 @@
 //! `--runs` runs. The table goes to stdout, followed by one JSON line with every figure.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use llaisys_actors::{Engine, EngineConfig, Event, GenerateParams, GenerateRequest, ModelLoader};
-use llaisys_model::{Device, LoadOptions, ModelSource, WeightDtype, load_model};
+use llaisys_actors::{Constraint, Engine, EngineConfig, Event, GenerateParams, GenerateRequest, Guidance};
+use llaisys_model::{Device, WeightDtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -73,6 +74,9 @@ pub struct BenchArgs {
     /// Requests of the soak measurement (16-token prompts, 8 new tokens each).
     #[arg(long, default_value_t = 1000)]
     soak_requests: usize,
+    /// Constrain the throughput requests by this JSON schema (a file).
+    #[arg(long)]
+    json_schema: Option<PathBuf>,
     /// Which measurements to run: prefill, decode, throughput, soak.
     #[arg(long, value_delimiter = ',', default_value = "prefill,decode,throughput")]
     only: Vec<String>,
@@ -89,6 +93,8 @@ struct Timing {
     /// Gaps between consecutive tokens.
     gaps: Vec<Duration>,
     tokens: usize,
+    /// Grammar mask time of each token (constrained requests).
+    masks: Vec<Duration>,
 }
 
 async fn bench(args: BenchArgs) -> Result<(), CliError> {
@@ -105,9 +111,6 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         "flex" => Device::flex(),
         other => return Err(CliError::Usage(format!("--backend: '{other}' is not built in (flex)"))),
     };
-    let opts = LoadOptions { weight_dtype: args.dtype };
-    let (source, model_type) = (ModelSource::resolve(&args.model)?, args.model_type.clone());
-    let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), Some(&source), &opts, &device));
     let defaults = EngineConfig::default();
     let max_seqs = args.max_seqs_per_step.unwrap_or(defaults.max_seqs_per_step);
     let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
@@ -123,7 +126,24 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         prefix_caching: false,
         ..defaults
     };
-    let engine = Engine::start_with_loader(loader, None, config).await?;
+    let mut builder = Engine::builder().model(&args.model).dtype(args.dtype).device(device).config(config);
+    if let Some(t) = &args.model_type {
+        builder = builder.model_type(t.clone());
+    }
+    let engine = builder.build().await.map_err(|e| CliError::Usage(e.to_string()))?;
+    let guidance = match &args.json_schema {
+        None => Guidance::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| CliError::Usage(format!("--json-schema {}: {e}", path.display())))?;
+            let schema = serde_json::from_str(&text)
+                .map_err(|e| CliError::Usage(format!("--json-schema {}: {e}", path.display())))?;
+            let start = Instant::now();
+            let guidance = engine.guidance(&Constraint::JsonSchema { schema, strict: false })?;
+            eprintln!("grammar compiler and schema ready in {:.0} ms", ms(start.elapsed()));
+            guidance
+        }
+    };
     let info = engine.info().clone();
     let mut rng = StdRng::seed_from_u64(args.seed);
     let vocab = info.vocab_size as u32;
@@ -131,7 +151,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     let fits = |prompt: usize, new: usize| prompt + new <= info.context_length;
 
     eprintln!("warming up");
-    run_one(&engine, prompt(16), 4).await?;
+    run_one(&engine, prompt(16), 4, &Guidance::default()).await?;
 
     let mut report = serde_json::Map::new();
     report.insert("model".into(), json!(args.model.display().to_string()));
@@ -151,7 +171,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
             }
             let mut speeds = Vec::new();
             for _ in 0..args.runs {
-                let t = run_one(&engine, prompt(n), 1).await?;
+                let t = run_one(&engine, prompt(n), 1, &Guidance::default()).await?;
                 speeds.push(n as f64 / t.ttft.as_secs_f64());
             }
             let speed = median(&mut speeds);
@@ -163,7 +183,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     if only("decode") && fits(args.decode_prompt, args.decode_tokens) {
         let (mut speeds, mut itls) = (Vec::new(), Vec::new());
         for _ in 0..args.runs {
-            let t = run_one(&engine, prompt(args.decode_prompt), args.decode_tokens).await?;
+            let t = run_one(&engine, prompt(args.decode_prompt), args.decode_tokens, &Guidance::default()).await?;
             let decode_time: Duration = t.gaps.iter().sum();
             speeds.push(t.gaps.len() as f64 / decode_time.as_secs_f64().max(1e-9));
             itls.push(ms(decode_time) / t.gaps.len().max(1) as f64);
@@ -180,7 +200,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
             let mut results = Vec::new();
             for _ in 0..args.runs {
                 let prompts: Vec<Vec<u32>> = (0..c).map(|_| prompt(args.prompt_tokens)).collect();
-                results.push(concurrent(&engine, prompts, args.new_tokens).await?);
+                results.push(concurrent(&engine, prompts, args.new_tokens, &guidance).await?);
             }
             let pick = |f: fn(&Concurrent) -> f64| median(&mut results.iter().map(f).collect::<Vec<_>>());
             let row = json!({
@@ -191,6 +211,8 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
                 "mean_itl_ms": round(pick(|r| r.mean_itl_ms)),
                 "p99_itl_ms": round(pick(|r| r.p99_itl_ms)),
                 "max_request_itl_over_median": round(pick(|r| r.worst_request_itl_ratio)),
+                "mask_p50_us": pick(|r| r.mask_p50_us).round(),
+                "mask_p99_us": pick(|r| r.mask_p99_us).round(),
             });
             println!(
                 "{:<34} {:>12.1} {:>12.0} {:>12.1} {:>12.1}",
@@ -200,6 +222,14 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
                 row["mean_itl_ms"].as_f64().unwrap_or_default(),
                 row["p99_itl_ms"].as_f64().unwrap_or_default(),
             );
+            if args.json_schema.is_some() {
+                println!(
+                    "{:<34} p50 {:.0} us, p99 {:.0} us",
+                    "  grammar mask per token",
+                    row["mask_p50_us"].as_f64().unwrap_or_default(),
+                    row["mask_p99_us"].as_f64().unwrap_or_default()
+                );
+            }
             rows.push(row);
         }
         report.insert("throughput".into(), json!(rows));
@@ -209,7 +239,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         let (mut done, mut after_tenth) = (0, None);
         while done < args.soak_requests {
             let wave = most.min(args.soak_requests - done);
-            concurrent(&engine, (0..wave).map(|_| prompt(16)).collect(), 8).await?;
+            concurrent(&engine, (0..wave).map(|_| prompt(16)).collect(), 8, &Guidance::default()).await?;
             done += wave;
             if after_tenth.is_none() && done >= args.soak_requests / 10 {
                 after_tenth = rss_mb("VmRSS:");
@@ -244,14 +274,21 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
 }
 
 /// One request of `prompt`, generating exactly `max_tokens` tokens.
-async fn run_one(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> Result<Timing, CliError> {
-    let params = GenerateParams { max_tokens, ignore_eos: true, ..GenerateParams::default() };
+async fn run_one(
+    engine: &Engine,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    guidance: &Guidance,
+) -> Result<Timing, CliError> {
+    let params =
+        GenerateParams { max_tokens, ignore_eos: true, guidance: guidance.clone(), ..GenerateParams::default() };
     let start = Instant::now();
     let mut stream = engine.generate(GenerateRequest::new(prompt, params)).await?;
-    let (mut last, mut ttft, mut gaps, mut tokens) = (start, None, Vec::new(), 0);
+    let (mut last, mut ttft, mut gaps, mut tokens, mut masks) = (start, None, Vec::new(), 0, Vec::new());
     while let Some(event) = stream.next().await {
         match event {
-            Event::Token { .. } => {
+            Event::Token { mask_time, .. } => {
+                masks.extend(mask_time);
                 let now = Instant::now();
                 match ttft {
                     None => ttft = Some(now - start),
@@ -270,7 +307,7 @@ async fn run_one(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> Result
             }
         }
     }
-    Ok(Timing { ttft: ttft.unwrap_or_default(), gaps, tokens })
+    Ok(Timing { ttft: ttft.unwrap_or_default(), gaps, tokens, masks })
 }
 
 struct Concurrent {
@@ -281,15 +318,22 @@ struct Concurrent {
     p99_itl_ms: f64,
     /// The slowest request's mean inter-token latency over the median request's.
     worst_request_itl_ratio: f64,
+    mask_p50_us: f64,
+    mask_p99_us: f64,
 }
 
-async fn concurrent(engine: &Engine, prompts: Vec<Vec<u32>>, new_tokens: usize) -> Result<Concurrent, CliError> {
+async fn concurrent(
+    engine: &Engine,
+    prompts: Vec<Vec<u32>>,
+    new_tokens: usize,
+    guidance: &Guidance,
+) -> Result<Concurrent, CliError> {
     let start = Instant::now();
     let tasks: Vec<_> = prompts
         .into_iter()
         .map(|p| {
-            let engine = engine.clone();
-            tokio::spawn(async move { run_one(&engine, p, new_tokens).await })
+            let (engine, guidance) = (engine.clone(), guidance.clone());
+            tokio::spawn(async move { run_one(&engine, p, new_tokens, &guidance).await })
         })
         .collect();
     let mut timings = Vec::new();
@@ -305,6 +349,9 @@ async fn concurrent(engine: &Engine, prompts: Vec<Vec<u32>>, new_tokens: usize) 
     gaps.sort_by(f64::total_cmp);
     let p99 = gaps.get(((gaps.len() as f64 * 0.99) as usize).min(gaps.len().saturating_sub(1))).copied();
     let worst = request_itls.iter().copied().fold(0.0, f64::max);
+    let mut masks: Vec<f64> = timings.iter().flat_map(|t| t.masks.iter().map(|m| m.as_secs_f64() * 1e6)).collect();
+    masks.sort_by(f64::total_cmp);
+    let quantile = |q: f64| masks.get(((masks.len() as f64 * q) as usize).min(masks.len().saturating_sub(1))).copied();
     Ok(Concurrent {
         tok_s: tokens as f64 / wall,
         mean_ttft_ms: mean(&ttfts),
@@ -312,6 +359,8 @@ async fn concurrent(engine: &Engine, prompts: Vec<Vec<u32>>, new_tokens: usize) 
         mean_itl_ms: mean(&request_itls),
         p99_itl_ms: p99.unwrap_or_default(),
         worst_request_itl_ratio: worst / median(&mut request_itls).max(1e-9),
+        mask_p50_us: quantile(0.5).unwrap_or_default(),
+        mask_p99_us: quantile(0.99).unwrap_or_default(),
     })
 }
 
