@@ -5,7 +5,7 @@
 use llaisys_actors::request::{FinishReason, ToolCallOut};
 use llaisys_actors::{ChatMessage, ChatRequest, Engine, EngineError, Event, Output, StreamExt, Tool, ToolChoice};
 use llaisys_model::tokenizer::ToolCall;
-use llaisys_tests::LongContextFixture;
+use llaisys_tests::{LongContextFixture, fixture_dir};
 use serde_json::{Value, json};
 
 const TIED: &str = "tiny-tied-f32";
@@ -155,6 +155,9 @@ async fn the_history_renders_through_the_template_and_bad_tools_are_refused() {
     let frontend = engine.frontend().unwrap();
     let ids = frontend.render_chat(&history, &[weather()], true).unwrap();
     let text = engine.tokenizer().unwrap().decode(&ids, false).unwrap();
+    // Exactly what transformers renders (tests/fixtures/chat/README.md).
+    let reference = std::fs::read_to_string(fixture_dir("chat").join("tools-history.txt")).unwrap();
+    assert_eq!(text, reference);
     for expected in [
         "# Tools",
         r#"{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}"#,
