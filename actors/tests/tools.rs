@@ -3,7 +3,9 @@
 //! the collected answer; the history's calls and results render through the template.
 
 use llaisys_actors::request::{FinishReason, ToolCallOut};
-use llaisys_actors::{ChatMessage, ChatRequest, Engine, EngineError, Event, Output, StreamExt, Tool, ToolChoice};
+use llaisys_actors::{
+    ChatMessage, ChatRequest, Constraint, Engine, EngineError, Event, Output, StreamExt, Tool, ToolChoice,
+};
 use llaisys_model::tokenizer::ToolCall;
 use llaisys_tests::{LongContextFixture, fixture_dir};
 use serde_json::{Value, json};
@@ -97,6 +99,15 @@ async fn required_named_none_and_auto_calls_hold_for_a_random_model() {
     for c in engine.chat(none).await.unwrap().answer().await.choices {
         assert!(c.tool_calls.is_empty() && !c.tokens.contains(&open), "{c:?}");
     }
+
+    // none keeps a constraint's grammar (the tag cannot be spelled in it); other choices refuse one.
+    let yes_no = Constraint::Choice { choices: vec!["yes".into(), "no".into()] };
+    let constrained = ask().tool_choice(ToolChoice::None).constraint(yes_no.clone()).n(3).seed(6);
+    for c in engine.chat(constrained).await.unwrap().answer().await.choices {
+        assert!(["yes", "no"].contains(&c.text.as_str()) && c.finish == FinishReason::Stop, "{c:?}");
+    }
+    let Err(EngineError::Request(e)) = engine.chat(ask().constraint(yes_no)).await else { panic!("accepted") };
+    assert_eq!(e.param.as_deref(), Some("constraint"));
 
     // auto: free until the model opens a call (pushed here by a bias), constrained after.
     let mut auto = ask().n(3).seed(5);

@@ -63,6 +63,33 @@ impl GenerationDefaults {
     }
 }
 
+/// The request's tool choice against its tools and constraint, before anything is rendered or
+/// compiled; whether the tools are offered to the model.
+fn check_tool_choice(options: &Options) -> Result<bool, RequestError> {
+    let choice = options.tool_choice.clone().unwrap_or_default();
+    if let ToolChoice::Function(name) = &choice
+        && !options.tools.iter().any(|t| &t.name == name)
+    {
+        return Err(RequestError::invalid(
+            "tool_choice",
+            format!("tool_choice names {name:?}, which is not among the tools"),
+        ));
+    }
+    if options.tools.is_empty() {
+        return match choice {
+            ToolChoice::None | ToolChoice::Auto => Ok(false),
+            _ => Err(RequestError::invalid("tool_choice", "tool_choice requires tools")),
+        };
+    }
+    if choice != ToolChoice::None && options.constraint.is_some() {
+        return Err(RequestError::invalid(
+            "constraint",
+            "a constraint cannot be combined with tools unless tool_choice is none",
+        ));
+    }
+    Ok(choice != ToolChoice::None)
+}
+
 /// Tools as OpenAI allows them: names of 1–64 letters, digits, `_` and `-`, each once;
 /// parameters a JSON schema object.
 fn check_tools(tools: &[Tool]) -> Result<(), RequestError> {
@@ -286,49 +313,35 @@ impl Frontend {
     /// Checks a chat for a model described by `info` and renders its prompt.
     pub fn prepare_chat(&self, request: &ChatRequest, info: &ModelInfo) -> Result<Prepared, RequestError> {
         let options = &request.options;
-        let offered = !options.tools.is_empty() && options.tool_choice != Some(ToolChoice::None);
+        let offered = check_tool_choice(options)?;
         let prompt = self.render_chat(&request.input, if offered { &options.tools } else { &[] }, true)?;
         let mut prepared = self.prepare(vec![prompt], options, info, None, "messages")?;
         self.prepare_tools(&mut prepared.params, options, info)?;
         Ok(prepared)
     }
 
-    /// T3: the constraint and parsing of a chat's tool calls.
+    /// T3: the constraint and parsing of a chat's tool calls (checked by `check_tool_choice`).
     fn prepare_tools(
         &self,
         params: &mut GenerateParams,
         options: &Options,
         info: &ModelInfo,
     ) -> Result<(), RequestError> {
-        let choice = options.tool_choice.clone().unwrap_or_default();
-        if let ToolChoice::Function(name) = &choice
-            && !options.tools.iter().any(|t| &t.name == name)
-        {
-            return Err(RequestError::invalid(
-                "tool_choice",
-                format!("tool_choice names {name:?}, which is not among the tools"),
-            ));
-        }
         if options.tools.is_empty() {
-            return match choice {
-                ToolChoice::None | ToolChoice::Auto => Ok(()),
-                _ => Err(RequestError::invalid("tool_choice", "tool_choice requires tools")),
-            };
+            return Ok(());
         }
+        let choice = options.tool_choice.clone().unwrap_or_default();
         let compiler = self.grammar_compiler(info).map_err(|e| RequestError::general(format!("tool calls: {e}")))?;
         let (Some(open), Some(close)) = (compiler.special_token("<tool_call>"), compiler.special_token("</tool_call>"))
         else {
             return Err(RequestError::invalid("tools", "this model's vocabulary has no <tool_call> tags"));
         };
         if choice == ToolChoice::None {
-            params.guidance = Guidance::forbid(vec![open]);
+            // A constraint's grammar decides alone (it reaches the tag only by naming it).
+            if options.constraint.is_none() {
+                params.guidance = Guidance::forbid(vec![open]);
+            }
             return Ok(());
-        }
-        if options.constraint.is_some() {
-            return Err(RequestError::invalid(
-                "constraint",
-                "a constraint cannot be combined with tools unless tool_choice is none",
-            ));
         }
         let functions: Vec<(&str, &serde_json::Value)> = options
             .tools

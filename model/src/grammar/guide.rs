@@ -45,11 +45,6 @@ impl Guidance {
         Self { forbidden: tokens, ..Self::default() }
     }
 
-    /// Whether a grammar constrains (part of) the output.
-    pub fn has_grammar(&self) -> bool {
-        self.grammar.is_some()
-    }
-
     /// A new sequence's guide.
     pub fn guide(&self) -> Guide {
         let state = match (&self.grammar, self.trigger) {
