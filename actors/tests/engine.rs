@@ -10,6 +10,12 @@ use llaisys_actors::{
 use llaisys_model::{Device, LoadOptions, ModelSource, Tokenizer, load_model};
 use llaisys_tests::{Reference, fixture_dir};
 
+mod common;
+use common::wait_idle;
+
+/// How long a test waits for the engine to go idle.
+const IDLE: Duration = Duration::from_secs(2);
+
 const FIXTURE: &str = "tiny-untied-f32";
 
 async fn engine(config: EngineConfig) -> Engine {
@@ -97,18 +103,6 @@ fn reason(event: &Event) -> FinishReason {
     }
 }
 
-async fn wait_idle(engine: &Engine) -> llaisys_actors::EngineStats {
-    for _ in 0..200 {
-        let stats = engine.stats().await.unwrap();
-        // Idle: nothing queued or running, and every used cell belongs to a cached prefix.
-        if stats.running == 0 && stats.waiting == 0 && stats.kv_cells_used <= stats.kv_cells_cached {
-            return stats;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("engine never became idle: {:?}", engine.stats().await.unwrap());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_match_the_transformers_reference() {
     let reference = Reference::load(FIXTURE);
@@ -134,7 +128,7 @@ async fn concurrent_requests_match_the_transformers_reference() {
         assert_eq!(reason(&finished), FinishReason::Length);
         assert_eq!((usage(&finished).prompt_tokens, usage(&finished).completion_tokens), (p.ids.len(), 20));
     }
-    assert_eq!(wait_idle(&engine).await.finished.length, 9);
+    assert_eq!(wait_idle(&engine, IDLE).await.finished.length, 9);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,7 +158,7 @@ async fn cancel_by_id_ends_with_abort_and_frees_the_cells() {
     assert!(engine.cancel(stream.id).await);
     let (_, _, finished) = collect(stream).await;
     assert_eq!(reason(&finished), FinishReason::Abort);
-    assert_eq!(wait_idle(&engine).await.finished.abort, 1);
+    assert_eq!(wait_idle(&engine, IDLE).await.finished.abort, 1);
     assert!(!engine.cancel(12345).await, "unknown ids are not cancelled");
 }
 
@@ -174,11 +168,11 @@ async fn dropping_the_stream_cancels_during_decode_and_during_prefill() {
     let mut stream = engine.generate(request(vec![1, 2, 3], 10_000)).await.unwrap();
     assert!(matches!(stream.next().await, Some(Event::Token { .. })));
     drop(stream);
-    wait_idle(&engine).await;
+    wait_idle(&engine, IDLE).await;
     // A 200-token prompt takes 25 steps of 8 tokens: dropped before its first token.
     let stream = engine.generate(request((0..200).map(|t| t % 200).collect(), 5)).await.unwrap();
     drop(stream);
-    let stats = wait_idle(&engine).await;
+    let stats = wait_idle(&engine, IDLE).await;
     assert_eq!((stats.finished.abort, stats.finished.total()), (2, 2), "both ended by cancellation");
 }
 
@@ -189,7 +183,7 @@ async fn a_failing_batch_fails_only_its_requests() {
     assert_eq!(reason(&bad), FinishReason::Error);
     let (tokens, _, good) = collect(engine.generate(request(vec![1, 2, 3], 5)).await.unwrap()).await;
     assert_eq!((tokens.len(), reason(&good)), (5, FinishReason::Length), "the engine keeps serving");
-    wait_idle(&engine).await;
+    wait_idle(&engine, IDLE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +198,7 @@ async fn a_failed_worker_is_replaced_and_requests_outside_its_batch_complete() {
     // The same request on an engine that never failed gives the same tokens.
     let clean = mock_engine(None).await;
     assert_eq!(tokens, collect(clean.generate(request(vec![1, 2, 3], 5)).await.unwrap()).await.0);
-    let stats = wait_idle(&engine).await;
+    let stats = wait_idle(&engine, IDLE).await;
     assert_eq!((stats.worker_restarts, stats.finished.error, stats.finished.length), (1, 1, 1));
     let (tokens, _, _) = collect(engine.generate(request(vec![4, 5], 5)).await.unwrap()).await;
     assert_eq!(tokens.len(), 5, "the new worker keeps serving");
@@ -233,7 +227,7 @@ async fn a_sessions_next_turn_computes_only_its_new_tokens() {
     assert_eq!(usage(&fin2).cached_tokens, 10 + 5 - 1);
     let (fresh, _, _) = collect(engine.generate(request(second, 5)).await.unwrap()).await;
     assert_eq!(out2, fresh, "reusing the session's cells does not change the output");
-    let stats = wait_idle(&engine).await;
+    let stats = wait_idle(&engine, IDLE).await;
     assert_eq!((stats.sessions, stats.prefix_hits, stats.kv_cells_cached), (1, 14, 21));
     let sessions = engine.sessions().await.unwrap();
     assert_eq!(
@@ -244,7 +238,7 @@ async fn a_sessions_next_turn_computes_only_its_new_tokens() {
     assert!(!engine.delete_session("chat-1").await.unwrap(), "already gone");
     // The freed cells are dropped by the next step.
     collect(engine.generate(request(vec![1], 1)).await.unwrap()).await;
-    let stats = wait_idle(&engine).await;
+    let stats = wait_idle(&engine, IDLE).await;
     assert_eq!((stats.sessions, stats.kv_cells_used), (0, 0));
     let err = engine.generate(in_session(vec![1], 1, "")).await.err().expect("refused");
     assert!(err.to_string().contains("session id"), "{err}");
@@ -264,7 +258,7 @@ async fn an_idle_session_expires_and_frees_its_cells() {
     }
     assert!(engine.sessions().await.unwrap().is_empty(), "expired");
     collect(engine.generate(request(vec![1], 1)).await.unwrap()).await;
-    assert_eq!(wait_idle(&engine).await.kv_cells_used, 0);
+    assert_eq!(wait_idle(&engine, IDLE).await.kv_cells_used, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

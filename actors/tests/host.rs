@@ -9,6 +9,12 @@ use llaisys_actors::{
 };
 use llaisys_tests::{Reference, fixture_dir};
 
+mod common;
+use common::wait_idle;
+
+/// How long a test waits for the engine to go idle.
+const IDLE: Duration = Duration::from_secs(3);
+
 const TIED: &str = "tiny-tied-f32";
 const UNTIED: &str = "tiny-untied-f32";
 
@@ -22,18 +28,6 @@ fn question() -> ChatRequest {
         .user("What is the capital of France?")
         .max_tokens(24)
         .temperature(0.0)
-}
-
-/// Waits until nothing runs and no cell is held beyond cached prefixes.
-async fn wait_idle(engine: &Engine) -> llaisys_actors::EngineStats {
-    for _ in 0..300 {
-        let stats = engine.stats().await.unwrap();
-        if stats.running == 0 && stats.waiting == 0 && stats.kv_cells_used <= stats.kv_cells_cached {
-            return stats;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("engine never became idle: {:?}", engine.stats().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,7 +109,7 @@ async fn dropping_a_stream_mid_generation_frees_its_cells() {
     }
     assert!(engine.stats().await.unwrap().kv_cells_used > 0);
     drop(stream);
-    let stats = wait_idle(&engine).await;
+    let stats = wait_idle(&engine, IDLE).await;
     assert_eq!((stats.kv_cells_used, stats.finished.abort), (0, 1));
     engine.shutdown().await;
 }
@@ -190,7 +184,7 @@ async fn bad_requests_are_refused_naming_the_field_and_change_nothing() {
     );
     let after = engine.chat(question()).await.unwrap().answer().await;
     assert_eq!(after.choices, before.choices, "the engine still answers the same");
-    assert_eq!(wait_idle(&engine).await.running, 0);
+    assert_eq!(wait_idle(&engine, IDLE).await.running, 0);
 
     // A model without a chat template takes completions but refuses chats, clearly.
     let model = llaisys_model::load_model(

@@ -71,7 +71,7 @@ impl GrammarCompiler {
     }
 
     fn compile_top(&self, top: TopLevelGrammar) -> Result<Grammar, GrammarError> {
-        let mut parser = self.factory.create_parser(top).map_err(|e| GrammarError(clean(&e.to_string())))?;
+        let mut parser = self.factory.create_parser(top).map_err(|e| GrammarError(e.to_string().trim().into()))?;
         let warnings = parser.grammar_warnings();
         Ok(Grammar { parser: Arc::new(parser), warnings })
     }
@@ -150,11 +150,6 @@ fn with_json_options(schema: Value, strict: bool) -> Value {
         Value::Bool(true) => json!({"x-guidance": options}),
         other => other,
     }
-}
-
-/// llguidance's messages end in a newline and sometimes repeat their prefix.
-fn clean(message: &str) -> String {
-    message.trim().to_string()
 }
 
 /// A compiled constraint, cheap to clone; every sequence starts its own matcher from it.

@@ -20,7 +20,7 @@ impl VocabEnv {
         if width < vocab {
             return Err(GrammarError(format!("the logits ({width} wide) are narrower than the vocabulary ({vocab})")));
         }
-        let added = inner.get_added_tokens_decoder();
+        let added = inner.get_added_vocabulary().get_added_tokens_decoder();
         let mut words: Vec<Vec<u8>> = Vec::with_capacity(width);
         for id in 0..width as u32 {
             let special = added.get(&id).map(|t| t.special || (t.content.starts_with('<') && t.content.ends_with('>')));

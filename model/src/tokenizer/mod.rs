@@ -56,8 +56,8 @@ impl Tokenizer {
         let piece = self.inner.id_to_token(id)?;
         let byte_level: Option<Vec<u8>> = piece.chars().map(byte_of_char).collect();
         // Added tokens (`<|im_end|>`) are plain text; BPE pieces use GPT-2's byte alphabet.
-        let special = self.inner.get_added_vocabulary().is_special_token(&piece)
-            || self.inner.get_added_tokens_decoder().get(&id).is_some();
+        let added = self.inner.get_added_vocabulary();
+        let special = added.is_special_token(&piece) || added.get_added_tokens_decoder().contains_key(&id);
         Some(if special { piece.into_bytes() } else { byte_level.unwrap_or_else(|| piece.into_bytes()) })
     }
 
