@@ -94,7 +94,10 @@
 //!   `Engine`, the cloneable async handle (E1, E6, E8, E9), and `Router` (E10);
 //! - `scheduler/`: the policy the scheduler actor owns: continuous batching with budgets, KV
 //!   admission and preemption, prefix reuse and session pins (E3–E6);
-//! - `worker/`: the executor the worker actor owns: one step on the model, then sampling;
+//! - `worker/`: the executor the worker actor owns: one step on the model, then sampling
+//!   (and verifying proposed tokens);
+//! - `speculative/`: speculative decoding's proposers (prompt lookup, a draft model) and the
+//!   policy that sizes each sequence's proposals;
 //! - `request/`: the request state machine (E2) and stop-string matching (E7);
 //! - `llm.rs`: blocking offline generation over the same scheduler and executor (E9).
 
@@ -103,9 +106,12 @@ pub mod host;
 pub mod llm;
 pub mod request;
 pub mod scheduler;
+pub mod speculative;
 pub mod worker;
 
-pub use engine::{Engine, EngineStats, Event, EventStream, GenerateRequest, ModelLoader, Router, SessionInfo, Usage};
+pub use engine::{
+    Engine, EngineStats, Event, EventStream, GenerateRequest, ModelLoader, Router, SessionInfo, SpeculativeStats, Usage,
+};
 pub use futures_util::StreamExt;
 pub use host::{
     Answer, BuildError, ChatRequest, Choice, CompletionRequest, EngineBuilder, Generation, Options, Output, Prompt,

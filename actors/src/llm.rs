@@ -14,7 +14,8 @@ use crate::engine::Usage;
 use crate::host::{Answer, ChatRequest, Choice, CompletionRequest, Frontend, Prepared, RequestError, TokenLogprob};
 use crate::request::{FinishReason, RequestId, TextStream, ToolCallOut, ToolParsing};
 use crate::scheduler::{AdmissionError, Finished, Scheduler, SchedulerConfig, Sequence, StopConditions};
-use crate::worker::{Executor, tokens_and_ends};
+use crate::speculative::{DraftModelProposer, NgramProposer, Proposer, SpeculativeConfig};
+use crate::worker::{Executor, Lane, outcomes};
 
 /// Sizes and budgets of one engine.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -33,6 +34,8 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// A session with no request for this long is ended and its cells freed (E6).
     pub session_idle_timeout: Duration,
+    /// Speculative decoding: who speculates and how far.
+    pub speculative: SpeculativeConfig,
 }
 
 impl Default for EngineConfig {
@@ -45,6 +48,7 @@ impl Default for EngineConfig {
             prefill_step_factor: 2.0,
             prefix_caching: true,
             session_idle_timeout: Duration::from_secs(600),
+            speculative: SpeculativeConfig::default(),
         }
     }
 }
@@ -60,6 +64,18 @@ impl EngineConfig {
             kv_capacity: self.kv_capacity,
             context_length,
             prefix_caching: self.prefix_caching,
+            max_draft: self.speculative.max_draft,
+        }
+    }
+
+    /// The proposer of an engine with these settings: the draft model when one is given,
+    /// otherwise prompt lookup (n-grams). It exists even when no request speculates by default,
+    /// for the requests that ask.
+    pub fn proposer(&self, draft: Option<Box<dyn LanguageModel>>, vocab: usize) -> Box<dyn Proposer> {
+        let s = &self.speculative;
+        match draft {
+            Some(model) => Box::new(DraftModelProposer::new(model, self.kv_capacity, vocab)),
+            None => Box::new(NgramProposer::new(s.ngram_min, s.ngram_max)),
         }
     }
 }
@@ -79,6 +95,9 @@ pub struct GenerateParams {
     /// T1/T4: what the output must match (a compiled grammar: `Engine::guidance`,
     /// `Llm::guidance`); the default constrains nothing.
     pub guidance: Guidance,
+    /// Speculative decoding for this request; `None`: the engine's default. The tokens are the
+    /// same either way (greedy: identical; sampled: the same distribution).
+    pub speculative: Option<bool>,
 }
 
 impl Default for GenerateParams {
@@ -91,6 +110,7 @@ impl Default for GenerateParams {
             ignore_eos: false,
             guidance: Guidance::default(),
             tool_calls: None,
+            speculative: None,
         }
     }
 }
@@ -164,6 +184,8 @@ pub struct Llm {
     scheduler: Scheduler,
     frontend: Option<Frontend>,
     next_id: RequestId,
+    /// Whether requests that do not say speculate.
+    speculative: bool,
 }
 
 impl Llm {
@@ -175,8 +197,18 @@ impl Llm {
     /// An offline engine with the model's text side (`Engine::builder().build_offline()`).
     pub fn with_frontend(model: Box<dyn LanguageModel>, frontend: Option<Frontend>, config: EngineConfig) -> Self {
         let scheduler = Scheduler::new(config.scheduler(model.info().context_length));
+        let vocab = model.info().vocab_size;
         let ctx = Context::new(model, config.kv_capacity);
-        Self { executor: Executor::new(ctx), scheduler, frontend, next_id: 0 }
+        let executor = Executor::new(ctx).with_proposer(Some(config.proposer(None, vocab)));
+        Self { executor, scheduler, frontend, next_id: 0, speculative: config.speculative.default_on }
+    }
+
+    /// Proposals for speculating requests come from `draft`, a model with the same vocabulary
+    /// (the caller checked it; `EngineBuilder::draft_model` does).
+    pub fn with_draft(mut self, draft: Box<dyn LanguageModel>, config: &EngineConfig) -> Self {
+        let vocab = self.executor.context().info().vocab_size;
+        self.executor.set_proposer(Some(config.proposer(Some(draft), vocab)));
+        self
     }
 
     /// Runs chat requests together (continuously batched) and returns their answers in order.
@@ -267,7 +299,9 @@ impl Llm {
         let base = self.next_id;
         for (index, (prompt, params)) in jobs.iter().enumerate() {
             let stop = params.stop_conditions(&info.eos_token_ids);
-            if let Err(source) = scheduler.add(Sequence::new(base + index as RequestId, prompt.clone(), stop)) {
+            let seq = Sequence::new(base + index as RequestId, prompt.clone(), stop)
+                .speculating(params.speculative.unwrap_or(self.speculative));
+            if let Err(source) = scheduler.add(seq) {
                 for earlier in 0..index {
                     scheduler.finish_request(base + earlier as RequestId, FinishReason::Abort);
                 }
@@ -277,7 +311,11 @@ impl Llm {
         self.next_id += jobs.len() as RequestId;
         for (index, (prompt, params)) in jobs.iter().enumerate() {
             let sampler = Sampler::new(params.sampling.clone(), prompt).guided(&params.guidance);
-            self.executor.add_request(base + index as RequestId, sampler);
+            let mut lane = Lane::new(sampler);
+            if params.speculative.unwrap_or(self.speculative) {
+                lane = lane.speculating(prompt.clone(), params.stop_conditions(&info.eos_token_ids).stop_token_ids);
+            }
+            self.executor.add_request(base + index as RequestId, lane);
         }
         // Per job: its text stream and the text so far.
         let mut texts: Vec<(TextStream, String)> = jobs
@@ -290,32 +328,48 @@ impl Llm {
         let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); jobs.len()];
         let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); jobs.len()];
         let mut done: Vec<Option<Finished>> = vec![None; jobs.len()];
+        // Per job: the output's length when a stop string ended it (later tokens of the same
+        // step, accepted proposals, are not part of it).
+        let mut stopped_at: Vec<Option<usize>> = vec![None; jobs.len()];
         while let Some(plan) = scheduler.schedule() {
             let start = std::time::Instant::now();
-            let sampled = self.executor.execute(&plan)?;
-            scheduler.record_step(&plan, start.elapsed());
-            let (tokens, ends) = tokens_and_ends(&sampled);
-            for (item, s) in plan.items.iter().zip(&sampled) {
+            let outputs = self.executor.execute(&plan)?;
+            let outcomes = outcomes(&outputs);
+            scheduler.record_step_of(&plan, &outcomes, start.elapsed());
+            for (item, output) in plan.items.iter().zip(&outputs) {
                 let job = (item.id - base) as usize;
-                let Some(s) = s else { continue };
-                logprobs[job].push(TokenLogprob { token: s.token, logprob: s.logprob, top: s.top.clone() });
-                if let Some(tokenizer) = tokenizer {
-                    let (stream, text) = &mut texts[job];
-                    let piece = stream.push(tokenizer, s.token)?;
-                    text.push_str(&piece.text);
-                    if let Some(delta) = piece.tool_call {
-                        ToolCallOut::gather(&mut calls[job], &delta);
+                for s in &output.sampled {
+                    if stopped_at[job].is_some() {
+                        break;
+                    }
+                    logprobs[job].push(TokenLogprob { token: s.token, logprob: s.logprob, top: s.top.clone() });
+                    if let Some(tokenizer) = tokenizer {
+                        let (stream, text) = &mut texts[job];
+                        let piece = stream.push(tokenizer, s.token)?;
+                        text.push_str(&piece.text);
+                        if let Some(delta) = piece.tool_call {
+                            ToolCallOut::gather(&mut calls[job], &delta);
+                        }
+                        if stream.stopped() {
+                            stopped_at[job] = Some(logprobs[job].len());
+                        }
                     }
                 }
             }
-            for f in scheduler.postprocess_ending(&plan, &tokens, &ends) {
+            for mut f in scheduler.postprocess_outcomes(&plan, &outcomes) {
                 let id = (f.id - base) as usize;
                 let reason = if texts[id].0.stopped() { FinishReason::Stop } else { f.reason };
+                if let Some(n) = stopped_at[id] {
+                    f.output.truncate(n);
+                }
                 done[id] = Some(Finished { reason, ..f });
             }
             for (id, (stream, _)) in texts.iter().enumerate() {
                 if stream.stopped() && done[id].is_none() {
-                    done[id] = scheduler.finish_request(base + id as RequestId, FinishReason::Stop);
+                    done[id] = scheduler.finish_request(base + id as RequestId, FinishReason::Stop).map(|mut f| {
+                        f.output.truncate(stopped_at[id].unwrap_or(f.output.len()));
+                        f
+                    });
                 }
             }
         }

@@ -25,7 +25,7 @@ pub mod tensors;
 pub mod tokenizer;
 
 pub use batch::{Batch, BatchInput};
-pub use burn::tensor::{Device, TensorData};
+pub use burn::tensor::{Device, Tensor, TensorData};
 pub use config::ModelConfig;
 pub use context::Context;
 pub use error::{DecodeError, KvError, LoadError};

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use llaisys_actors::speculative::SpeculativeConfig;
 use llaisys_actors::{EngineConfig, RequestLimits};
 use llaisys_model::WeightDtype;
 use serde::Deserialize;
@@ -18,6 +19,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub model: ModelConfig,
     pub engine: EngineSection,
+    pub speculative: SpeculativeSection,
     pub limits: Limits,
 }
 
@@ -51,6 +53,16 @@ pub struct EngineSection {
     pub prefill_step_factor: f64,
     pub prefix_caching: bool,
     pub session_idle_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeSection {
+    pub default: bool,
+    pub draft_model: PathBuf,
+    pub max_draft: usize,
+    pub ngram_min: usize,
+    pub ngram_max: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -161,6 +173,10 @@ impl Config {
         if self.engine.max_seqs_per_step > llaisys_model::kv::MAX_SEQ {
             return Err(bad("engine.max_seqs_per_step", &format!("must be at most {}", llaisys_model::kv::MAX_SEQ)));
         }
+        self.engine_config().speculative.validate().map_err(|e| {
+            let (key, reason) = e.split_once(": ").unwrap_or(("speculative", &e));
+            bad(key, reason)
+        })?;
         if self.server.api_keys.iter().any(|k| k.trim().is_empty()) {
             return Err(bad("server.api_keys", "keys must not be empty"));
         }
@@ -204,6 +220,12 @@ impl Config {
             prefill_step_factor: self.engine.prefill_step_factor,
             prefix_caching: self.engine.prefix_caching,
             session_idle_timeout: Duration::from_secs(self.engine.session_idle_timeout_secs),
+            speculative: SpeculativeConfig {
+                default_on: self.speculative.default,
+                max_draft: self.speculative.max_draft,
+                ngram_min: self.speculative.ngram_min,
+                ngram_max: self.speculative.ngram_max,
+            },
         }
     }
 }

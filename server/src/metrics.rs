@@ -59,6 +59,10 @@ impl Metrics {
             ("llaisys_http_requests_total", "HTTP responses by route and status."),
             ("llaisys_constrained_requests_total", "Requests with a constraint (T1), by kind."),
             ("llaisys_grammar_mask_seconds", "Time to compute one token's grammar mask."),
+            ("llaisys_spec_decode_num_draft_tokens_total", "Tokens proposed for speculative decoding, by proposer."),
+            ("llaisys_spec_decode_num_accepted_tokens_total", "Proposed tokens accepted, by proposer."),
+            ("llaisys_spec_decode_num_rejected_tokens_total", "Proposed tokens rejected, by proposer."),
+            ("llaisys_spec_decode_acceptance_rate", "Accepted over proposed tokens so far, by proposer."),
         ] {
             m.recorder.describe_counter(name.into(), None, help.into());
         }
@@ -133,6 +137,17 @@ impl Metrics {
         self.absolute("llaisys_prefix_cache_hits_total", model, s.prefix_hits);
         self.absolute("llaisys_num_preemptions_total", model, s.preemptions);
         self.absolute("llaisys_worker_restarts_total", model, s.worker_restarts);
+        let spec = &s.speculative;
+        let labels = [("model", model.to_string()), ("proposer", spec.proposer.to_string())];
+        for (name, value) in [
+            ("llaisys_spec_decode_num_draft_tokens_total", spec.proposed),
+            ("llaisys_spec_decode_num_accepted_tokens_total", spec.accepted),
+            ("llaisys_spec_decode_num_rejected_tokens_total", spec.rejected()),
+        ] {
+            self.recorder.register_counter(&Self::key(name, &labels), &METADATA).absolute(value);
+        }
+        let rate = spec.accepted as f64 / spec.proposed.max(1) as f64;
+        self.recorder.register_gauge(&Self::key("llaisys_spec_decode_acceptance_rate", &labels), &METADATA).set(rate);
     }
 
     /// The Prometheus text exposition.

@@ -30,6 +30,9 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
     if !config.model.model_type.is_empty() {
         builder = builder.model_type(&config.model.model_type);
     }
+    if !config.speculative.draft_model.as_os_str().is_empty() {
+        builder = builder.draft_model(&config.speculative.draft_model);
+    }
     let entry = load_entry(builder, config.model_name()).await?;
     start_models(vec![entry], config).await
 }

@@ -112,6 +112,23 @@ pub struct EngineStats {
     pub sessions: usize,
     /// Times a failed worker was replaced.
     pub worker_restarts: u64,
+    pub speculative: SpeculativeStats,
+}
+
+/// Speculative decoding's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpeculativeStats {
+    /// Who proposes: `ngram` (prompt lookup) or `draft` (a draft model).
+    pub proposer: &'static str,
+    /// Tokens proposed, and how many of them were accepted.
+    pub proposed: u64,
+    pub accepted: u64,
+}
+
+impl SpeculativeStats {
+    pub fn rejected(&self) -> u64 {
+        self.proposed - self.accepted
+    }
 }
 
 /// Requests finished so far, by reason.
@@ -162,7 +179,7 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         let loader: ModelLoader = Arc::new(|| Err(LoadError::NoLoader));
-        Self::spawn(model, loader, tokenizer.map(Frontend::plain), config).await
+        Self::spawn(model, loader, tokenizer.map(Frontend::plain), config, None).await
     }
 
     /// Starts the actors with a model from `loader`, which is called again to replace a worker
@@ -181,12 +198,23 @@ impl Engine {
         frontend: Option<Frontend>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
+        Self::start_with_draft(loader, frontend, config, None).await
+    }
+
+    /// As `start_with_frontend`, with speculating requests' proposals from the model `draft`
+    /// loads (it must share the model's vocabulary: `EngineBuilder::draft_model` checks).
+    pub async fn start_with_draft(
+        loader: ModelLoader,
+        frontend: Option<Frontend>,
+        config: EngineConfig,
+        draft: Option<ModelLoader>,
+    ) -> Result<Self, EngineError> {
         let load = loader.clone();
         let model = tokio::task::spawn_blocking(move || load())
             .await
             .map_err(|e| EngineError::Actor(e.to_string()))?
             .map_err(|e| EngineError::WorkerLost(format!("loading the model: {e}")))?;
-        Self::spawn(model, loader, frontend, config).await
+        Self::spawn(model, loader, frontend, config, draft).await
     }
 
     async fn spawn(
@@ -194,10 +222,11 @@ impl Engine {
         loader: ModelLoader,
         frontend: Option<Frontend>,
         config: EngineConfig,
+        draft: Option<ModelLoader>,
     ) -> Result<Self, EngineError> {
         let info = Arc::new(model.info().clone());
         let tokenizer = frontend.as_ref().map(Frontend::shared_tokenizer);
-        let args = SchedulerArgs { model, loader, tokenizer, config };
+        let args = SchedulerArgs { model, loader, draft, tokenizer, config };
         let (scheduler, _) =
             Actor::spawn(None, SchedulerActor, args).await.map_err(|e| EngineError::Actor(e.to_string()))?;
         Ok(Self { scheduler, info, frontend: frontend.map(Arc::new) })

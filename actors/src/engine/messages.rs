@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use llaisys_model::{DecodeError, Sampled, Sampler};
+use llaisys_model::{DecodeError, Sampled};
 use ractor::{ActorId, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -11,6 +11,7 @@ use super::session_actor::SessionInfo;
 use crate::llm::EngineError;
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::StepPlan;
+use crate::worker::{ItemOutput, Lane};
 
 /// To the scheduler actor.
 pub enum ToScheduler {
@@ -21,9 +22,9 @@ pub enum ToScheduler {
         events: UnboundedSender<Event>,
         reply: RpcReplyPort<Result<RequestId, EngineError>>,
     },
-    /// Sent by the worker when a step ran; carries what each plan item sampled and how long the
-    /// step took.
-    StepDone { plan: StepPlan, result: Result<Vec<Option<Sampled>>, DecodeError>, elapsed: Duration },
+    /// Sent by the worker when a step ran; carries what each plan item produced and how long
+    /// the step took.
+    StepDone { plan: StepPlan, result: Result<Vec<ItemOutput>, DecodeError>, elapsed: Duration },
     /// Sent by a request actor (a stop string matched, or its client went away) and by
     /// `Engine::cancel`: end the request at the next step. Replies whether it was known.
     Finish { id: RequestId, reason: FinishReason, reply: Option<RpcReplyPort<bool>> },
@@ -43,9 +44,9 @@ pub enum ToScheduler {
 
 /// To the worker actor.
 pub enum ToWorker {
-    /// A new request's sampler (sent before any step that samples for it).
-    AddRequest(RequestId, Box<Sampler>),
-    /// A finished request's sampler is no longer needed.
+    /// A new request's sampler and speculation state (sent before any step that samples for it).
+    AddRequest(RequestId, Box<Lane>),
+    /// A finished request's sampler and proposer state are no longer needed.
     RemoveRequest(RequestId),
     /// Run one step off the async threads; the result goes back as `ToScheduler::StepDone`.
     Execute(StepPlan),

@@ -11,6 +11,8 @@ mod scheduler_actor;
 mod session_actor;
 mod worker_actor;
 
-pub use api::{Engine, EngineStats, Event, EventStream, FinishCounts, GenerateRequest, ModelLoader, Usage};
+pub use api::{
+    Engine, EngineStats, Event, EventStream, FinishCounts, GenerateRequest, ModelLoader, SpeculativeStats, Usage,
+};
 pub use router::Router;
 pub use session_actor::SessionInfo;

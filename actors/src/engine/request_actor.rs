@@ -31,6 +31,11 @@ pub struct RequestState {
     /// The scheduler was asked to end the request (stop string, or the client left): later
     /// tokens are not shown.
     ended: bool,
+    /// Tokens received, and how many there were when a stop string ended the output: tokens
+    /// after it (sampled before the scheduler heard, or accepted proposals of the same step)
+    /// are not part of the completion.
+    received: usize,
+    stopped_after: Option<usize>,
 }
 
 impl RequestState {
@@ -38,7 +43,8 @@ impl RequestState {
     fn piece_of(&mut self, token: u32) -> Result<Piece, ActorProcessingErr> {
         let Some(tokenizer) = &self.args.tokenizer else { return Ok(Piece::default()) };
         let piece = self.text.push(tokenizer, token)?;
-        if self.text.stopped() {
+        if self.text.stopped() && self.stopped_after.is_none() {
+            self.stopped_after = Some(self.received);
             self.end(FinishReason::Stop);
         }
         Ok(piece)
@@ -68,7 +74,7 @@ impl Actor for RequestActor {
 
     async fn pre_start(&self, _: ActorRef<ToRequest>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
         let text = TextStream::new(args.stop.iter().cloned()).with_tool_calls(args.tool_calls.map(|t| t.tags));
-        Ok(RequestState { args, text, ended: false })
+        Ok(RequestState { args, text, ended: false, received: 0, stopped_after: None })
     }
 
     async fn handle(
@@ -79,6 +85,7 @@ impl Actor for RequestActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ToRequest::Token(sampled) => {
+                state.received += 1;
                 if state.ended {
                     return Ok(());
                 }
@@ -109,6 +116,7 @@ impl Actor for RequestActor {
                     String::new()
                 });
                 let prompt_tokens = state.args.prompt_tokens;
+                let completion_tokens = completion_tokens.min(state.stopped_after.unwrap_or(usize::MAX));
                 let reason = ToolParsing::finish(state.args.tool_calls, reason, state.text.made_tool_calls());
                 let _ = state.args.events.send(Event::Finished {
                     reason,

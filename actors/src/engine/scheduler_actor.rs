@@ -13,7 +13,7 @@ use llaisys_model::{Context, Guidance, LanguageModel, ModelInfo, Sampler, Sampli
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::api::{EngineStats, Event, FinishCounts, GenerateRequest, ModelLoader};
+use super::api::{EngineStats, Event, FinishCounts, GenerateRequest, ModelLoader, SpeculativeStats};
 use super::messages::{ToRequest, ToScheduler, ToSession, ToWorker};
 use super::request_actor::{RequestActor, RequestArgs};
 use super::session_actor::{SessionActor, SessionArgs};
@@ -21,7 +21,7 @@ use super::worker_actor::{WorkerActor, WorkerArgs};
 use crate::llm::{EngineConfig, EngineError};
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::{Finished, Scheduler, Sequence};
-use crate::worker::{Executor, tokens_and_ends};
+use crate::worker::{Executor, Lane, outcomes};
 
 pub struct SchedulerActor;
 
@@ -29,6 +29,8 @@ pub struct SchedulerArgs {
     /// The first instance of the model, and how to load another when the worker is restarted.
     pub model: Box<dyn LanguageModel>,
     pub loader: ModelLoader,
+    /// Loads the draft model that proposes tokens for speculating requests, if there is one.
+    pub draft: Option<ModelLoader>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub config: EngineConfig,
 }
@@ -42,12 +44,16 @@ struct Live {
     sampling: SamplingParams,
     guidance: Guidance,
     session: Option<String>,
+    /// The tokens that end it, when it speculates (the worker's runs of accepted tokens stop
+    /// at one).
+    speculating: Option<Vec<u32>>,
 }
 
 pub struct SchedulerState {
     scheduler: Scheduler,
     worker: ActorRef<ToWorker>,
     loader: ModelLoader,
+    draft: Option<ModelLoader>,
     /// Why the worker could not be restarted; the engine then refuses requests.
     worker_lost: Option<String>,
     worker_restarts: u64,
@@ -75,12 +81,21 @@ impl Actor for SchedulerActor {
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
         let info = args.model.info().clone();
-        let worker = spawn_worker(&me, args.model, args.config.kv_capacity).await?;
+        let draft = match args.draft.clone() {
+            Some(load) => Some(
+                tokio::task::spawn_blocking(move || load())
+                    .await?
+                    .map_err(|e| format!("loading the draft model: {e}"))?,
+            ),
+            None => None,
+        };
+        let worker = spawn_worker(&me, args.model, draft, &args.config).await?;
         let scheduler = Scheduler::new(args.config.scheduler(info.context_length));
         Ok(SchedulerState {
             scheduler,
             worker,
             loader: args.loader,
+            draft: args.draft,
             worker_lost: None,
             worker_restarts: 0,
             requests: HashMap::new(),
@@ -137,15 +152,17 @@ impl Actor for SchedulerActor {
             ToScheduler::StepDone { plan, result, elapsed } => {
                 state.in_flight = None;
                 let finished = match result {
-                    Ok(sampled) => {
-                        state.scheduler.record_step(&plan, elapsed);
-                        let (tokens, ends) = tokens_and_ends(&sampled);
-                        for (item, s) in plan.items.iter().zip(sampled) {
-                            if let (Some(s), Some(live)) = (s, state.requests.get(&item.id)) {
-                                let _ = live.actor.send_message(ToRequest::Token(s));
+                    Ok(outputs) => {
+                        let outcomes = outcomes(&outputs);
+                        state.scheduler.record_step_of(&plan, &outcomes, elapsed);
+                        for (item, output) in plan.items.iter().zip(outputs) {
+                            if let Some(live) = state.requests.get(&item.id) {
+                                for s in output.sampled {
+                                    let _ = live.actor.send_message(ToRequest::Token(s));
+                                }
                             }
                         }
-                        state.scheduler.postprocess_ending(&plan, &tokens, &ends)
+                        state.scheduler.postprocess_outcomes(&plan, &outcomes)
                     }
                     Err(e) => {
                         // Invalid input for the model: only the requests of this batch fail.
@@ -179,6 +196,11 @@ impl Actor for SchedulerActor {
                     finished: state.finished,
                     sessions: state.sessions.len(),
                     worker_restarts: state.worker_restarts,
+                    speculative: SpeculativeStats {
+                        proposer: if state.draft.is_some() { "draft" } else { "ngram" },
+                        proposed: state.scheduler.proposed,
+                        accepted: state.scheduler.accepted,
+                    },
                 });
             }
             ToScheduler::Sessions(reply) => {
@@ -239,7 +261,11 @@ impl SchedulerState {
         }
         let id = self.next_id;
         let stop = params.stop_conditions(&self.info.eos_token_ids);
-        self.scheduler.add(Sequence::new(id, prompt.clone(), stop).in_session(session.clone()))?;
+        let speculating =
+            params.speculative.unwrap_or(self.config.speculative.default_on).then(|| stop.stop_token_ids.clone());
+        let seq =
+            Sequence::new(id, prompt.clone(), stop).in_session(session.clone()).speculating(speculating.is_some());
+        self.scheduler.add(seq)?;
         self.next_id += 1;
         let args = RequestArgs {
             id,
@@ -257,9 +283,10 @@ impl SchedulerState {
                 return Err(EngineError::Actor(e.to_string()));
             }
         };
-        let sampler = Box::new(Sampler::new(params.sampling.clone(), &prompt).guided(&params.guidance));
+        let sampler = Sampler::new(params.sampling.clone(), &prompt).guided(&params.guidance);
+        let lane = lane(sampler, &prompt, &[], speculating.as_deref());
         // A worker that just died gets every live request's sampler when it is restarted.
-        let _ = self.worker.send_message(ToWorker::AddRequest(id, sampler));
+        let _ = self.worker.send_message(ToWorker::AddRequest(id, Box::new(lane)));
         if let Some(s) = &session {
             self.session_actor(me, s)
                 .await?
@@ -273,7 +300,8 @@ impl SchedulerState {
             session = session.as_deref(),
             "request queued"
         );
-        self.requests.insert(id, Live { actor, events, sampling: params.sampling, guidance: params.guidance, session });
+        let live = Live { actor, events, sampling: params.sampling, guidance: params.guidance, session, speculating };
+        self.requests.insert(id, live);
         Ok(id)
     }
 
@@ -319,16 +347,29 @@ impl SchedulerState {
             Ok(Err(e)) => Err(e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        let worker = match model {
-            Ok(model) => spawn_worker(me, model, self.config.kv_capacity).await.map_err(|e| e.to_string()),
-            Err(e) => Err(format!("reloading the model: {e}")),
+        let draft = match &self.draft {
+            Some(load) => {
+                let load = load.clone();
+                match tokio::task::spawn_blocking(move || load()).await {
+                    Ok(Ok(model)) => Ok(Some(model)),
+                    Ok(Err(e)) => Err(format!("reloading the draft model: {e}")),
+                    Err(e) => Err(format!("reloading the draft model: {e}")),
+                }
+            }
+            None => Ok(None),
+        };
+        let worker = match (model, draft) {
+            (Ok(model), Ok(draft)) => spawn_worker(me, model, draft, &self.config).await.map_err(|e| e.to_string()),
+            (Err(e), _) => Err(format!("reloading the model: {e}")),
+            (_, Err(e)) => Err(e),
         };
         match worker {
             Ok(worker) => {
                 for (id, live) in &self.requests {
                     if let Some((prompt, generated)) = self.scheduler.tokens_of(*id) {
                         let sampler = Sampler::resume(live.sampling.clone(), &live.guidance, prompt, generated);
-                        let _ = worker.send_message(ToWorker::AddRequest(*id, Box::new(sampler)));
+                        let lane = lane(sampler, prompt, generated, live.speculating.as_deref());
+                        let _ = worker.send_message(ToWorker::AddRequest(*id, Box::new(lane)));
                     }
                 }
                 self.worker = worker;
@@ -394,12 +435,24 @@ impl SchedulerState {
     }
 }
 
+/// What the worker keeps of a request: its sampler and, when it speculates, its tokens so far
+/// and its stop tokens.
+fn lane(sampler: Sampler, prompt: &[u32], generated: &[u32], speculating: Option<&[u32]>) -> Lane {
+    let lane = Lane::new(sampler);
+    match speculating {
+        Some(stop_ids) => lane.speculating([prompt, generated].concat(), stop_ids.to_vec()),
+        None => lane,
+    }
+}
+
 async fn spawn_worker(
     me: &ActorRef<ToScheduler>,
     model: Box<dyn LanguageModel>,
-    kv_capacity: usize,
+    draft: Option<Box<dyn LanguageModel>>,
+    config: &EngineConfig,
 ) -> Result<ActorRef<ToWorker>, ractor::SpawnErr> {
-    let executor = Executor::new(Context::new(model, kv_capacity));
+    let proposer = config.proposer(draft, model.info().vocab_size);
+    let executor = Executor::new(Context::new(model, config.kv_capacity)).with_proposer(Some(proposer));
     let args = WorkerArgs { executor, scheduler: me.clone() };
     Ok(Actor::spawn_linked(None, WorkerActor, args, me.get_cell()).await?.0)
 }

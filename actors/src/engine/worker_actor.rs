@@ -40,7 +40,7 @@ impl Actor for WorkerActor {
     ) -> Result<(), ActorProcessingErr> {
         let executor = state.executor.as_mut().ok_or("worker executor missing")?;
         match msg {
-            ToWorker::AddRequest(id, sampler) => executor.add_request(id, *sampler),
+            ToWorker::AddRequest(id, lane) => executor.add_request(id, *lane),
             ToWorker::RemoveRequest(id) => executor.remove_request(id),
             ToWorker::KvUsed(reply) => {
                 let _ = reply.send(executor.context().kv().used());

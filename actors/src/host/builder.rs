@@ -16,6 +16,10 @@ pub enum BuildError {
     NoModel,
     #[error("loading the model {path}: {source}")]
     Load { path: String, source: LoadError },
+    #[error("the draft model {path} cannot propose for this model: its vocabulary differs ({difference})")]
+    DraftVocabulary { path: String, difference: String },
+    #[error("speculative decoding: {0}")]
+    Speculative(String),
     #[error("starting the engine: {0}")]
     Engine(#[from] EngineError),
 }
@@ -25,6 +29,7 @@ pub enum BuildError {
 pub struct EngineBuilder {
     model: Option<PathBuf>,
     model_type: Option<String>,
+    draft: Option<PathBuf>,
     load: LoadOptions,
     device: Device,
     config: EngineConfig,
@@ -36,6 +41,7 @@ impl Default for EngineBuilder {
         Self {
             model: None,
             model_type: None,
+            draft: None,
             load: LoadOptions::default(),
             device: Device::flex(),
             config: EngineConfig::default(),
@@ -48,6 +54,15 @@ impl EngineBuilder {
     /// The checkpoint: a GGUF file, or a Hugging Face directory (or one holding a GGUF).
     pub fn model(mut self, path: impl AsRef<Path>) -> Self {
         self.model = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// A draft model (GGUF file or Hugging Face directory) that proposes tokens for speculating
+    /// requests instead of prompt lookup: a smaller or more quantized model with the same
+    /// vocabulary. Which requests speculate is `EngineConfig::speculative`'s `default_on` and
+    /// each request's own `speculative` option.
+    pub fn draft_model(mut self, path: impl AsRef<Path>) -> Self {
+        self.draft = Some(path.as_ref().to_path_buf());
         self
     }
 
@@ -84,18 +99,23 @@ impl EngineBuilder {
     /// Loads the model (off the async threads) and starts the engine's actors in the current
     /// tokio runtime. A worker that fails later is replaced by loading the model again.
     pub async fn build(self) -> Result<Engine, BuildError> {
-        let (loader, frontend, config) = self.parts()?;
-        Ok(Engine::start_with_frontend(loader, frontend, config).await?)
+        let Parts { loader, frontend, config, draft } = self.parts()?;
+        Ok(Engine::start_with_draft(loader, frontend, config, draft).await?)
     }
 
     /// Loads the model for blocking offline use.
     pub fn build_offline(self) -> Result<Llm, BuildError> {
-        let (loader, frontend, config) = self.parts()?;
+        let Parts { loader, frontend, config, draft } = self.parts()?;
         let model = loader().map_err(|source| BuildError::Load { path: "(model)".into(), source })?;
-        Ok(Llm::with_frontend(model, frontend, config))
+        let mut llm = Llm::with_frontend(model, frontend, config);
+        if let Some(draft) = draft {
+            let model = draft().map_err(|source| BuildError::Load { path: "(draft model)".into(), source })?;
+            llm = llm.with_draft(model, &config);
+        }
+        Ok(llm)
     }
 
-    fn parts(self) -> Result<(ModelLoader, Option<Frontend>, EngineConfig), BuildError> {
+    fn parts(self) -> Result<Parts, BuildError> {
         if self.model.is_none() && self.model_type.is_none() {
             return Err(BuildError::NoModel);
         }
@@ -112,8 +132,37 @@ impl EngineBuilder {
             }
             None => None,
         };
+        self.config.speculative.validate().map_err(BuildError::Speculative)?;
+        let draft = match &self.draft {
+            Some(path) => {
+                let shown = path.display().to_string();
+                let source =
+                    ModelSource::resolve(path).map_err(|source| BuildError::Load { path: shown.clone(), source })?;
+                let tokenizer =
+                    source.tokenizer().map_err(|source| BuildError::Load { path: shown.clone(), source })?;
+                let difference = match &frontend {
+                    Some(f) => f.tokenizer().vocab_difference(&tokenizer),
+                    None => Some("the model has no tokenizer to compare with".into()),
+                };
+                if let Some(difference) = difference {
+                    return Err(BuildError::DraftVocabulary { path: shown, difference });
+                }
+                let (load, device) = (self.load.clone(), self.device.clone());
+                let loader: ModelLoader = Arc::new(move || load_model(None, Some(&source), &load, &device));
+                Some(loader)
+            }
+            None => None,
+        };
         let (model_type, load, device) = (self.model_type, self.load, self.device);
         let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), source.as_ref(), &load, &device));
-        Ok((loader, frontend, self.config))
+        Ok(Parts { loader, frontend, config: self.config, draft })
     }
+}
+
+/// What an engine is built from.
+struct Parts {
+    loader: ModelLoader,
+    frontend: Option<Frontend>,
+    config: EngineConfig,
+    draft: Option<ModelLoader>,
 }

@@ -493,6 +493,7 @@ impl Frontend {
             ignore_eos: options.ignore_eos,
             guidance,
             tool_calls: None,
+            speculative: options.speculative,
         };
         Ok(Prepared { prompts, params, n, session: options.session.clone(), logprobs: options.logprobs.is_some() })
     }

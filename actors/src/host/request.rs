@@ -83,6 +83,9 @@ pub struct Options {
     pub tool_choice: Option<ToolChoice>,
     /// Whether one answer may call several tools (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// Speculative decoding on or off for this request (default: the engine's setting). The
+    /// output is the same either way; only its speed differs.
+    pub speculative: Option<bool>,
 }
 
 /// A function the model may call (OpenAI's `tools[].function`).
@@ -182,6 +185,12 @@ impl<I> Request<I> {
     /// Constrains the output (T1), e.g. `Constraint::JsonSchema { schema, strict: true }`.
     pub fn constraint(mut self, constraint: Constraint) -> Self {
         self.options.constraint = Some(constraint);
+        self
+    }
+
+    /// Speculative decoding on or off for this request.
+    pub fn speculative(mut self, on: bool) -> Self {
+        self.options.speculative = Some(on);
         self
     }
 

@@ -33,7 +33,7 @@ impl StepCost {
     }
 
     /// `(a, b)`, once three or more recent steps vary enough in size to tell them apart.
-    fn fit(&self) -> Option<(f64, f64)> {
+    pub fn fit(&self) -> Option<(f64, f64)> {
         let var = self.w * self.xx - self.x * self.x;
         if self.w < 2.5 || var <= 1e-9 * self.w * self.xx.max(1.0) {
             return None;

@@ -6,5 +6,5 @@ mod sequence;
 #[cfg(test)]
 mod tests;
 
-pub use policy::{AdmissionError, Finished, PlanItem, PrefixCopy, Scheduler, SchedulerConfig, StepPlan};
+pub use policy::{AdmissionError, Finished, Outcome, PlanItem, PrefixCopy, Scheduler, SchedulerConfig, StepPlan};
 pub use sequence::{Sequence, StopConditions};

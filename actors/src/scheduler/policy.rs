@@ -27,6 +27,7 @@ use llaisys_model::{Pos, SeqId};
 use super::cost::StepCost;
 use super::sequence::Sequence;
 use crate::request::{FinishReason, RequestId, RequestState};
+use crate::speculative::draft_len;
 
 /// Budgets and sizes the scheduler works within.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,6 +51,8 @@ pub struct SchedulerConfig {
     pub context_length: usize,
     /// Keep finished sequences' cells for reuse by later requests with the same prefix.
     pub prefix_caching: bool,
+    /// Most tokens a speculating sequence may propose in one step (0: no speculation).
+    pub max_draft: usize,
 }
 
 /// Why a request was refused at submission.
@@ -76,6 +79,28 @@ pub struct PlanItem {
     pub tokens: Vec<u32>,
     /// The chunk ends the sequence's known tokens: sample the next one from its last row.
     pub sample: bool,
+    /// Most proposed tokens the worker may add after `tokens` (cells and budget are reserved
+    /// for them); 0 for an item that does not speculate.
+    pub max_drafts: usize,
+}
+
+/// What a plan item produced, as the scheduler needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// The tokens sampled, in order (several when proposals were accepted).
+    pub tokens: Vec<u32>,
+    /// The sequence ends after them for this reason (its constraint completed or failed).
+    pub end: Option<FinishReason>,
+    /// Proposed tokens, and how many of them were accepted.
+    pub proposed: usize,
+    pub accepted: usize,
+}
+
+impl Outcome {
+    /// One sampled token, or none.
+    pub fn token(token: Option<u32>) -> Self {
+        Self { tokens: token.into_iter().collect(), ..Self::default() }
+    }
 }
 
 /// A prefix reuse: `dst` gains ownership of `src`'s cells for positions `[0, len)`.
@@ -145,6 +170,9 @@ pub struct Scheduler {
     /// Prompt tokens looked up in the prefix cache, and how many were found (vLLM's counters).
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    /// Speculation: tokens proposed and accepted so far.
+    pub proposed: u64,
+    pub accepted: u64,
     /// Learnt from the steps that ran (`record_step`).
     cost: StepCost,
 }
@@ -168,13 +196,21 @@ impl Scheduler {
             preemptions: 0,
             prefix_queries: 0,
             prefix_hits: 0,
+            proposed: 0,
+            accepted: 0,
             cost: StepCost::default(),
         }
     }
 
     /// A step of `plan` ran in `elapsed` (it teaches the step cost).
     pub fn record_step(&mut self, plan: &StepPlan, elapsed: Duration) {
-        let tokens = plan.items.iter().map(|i| i.tokens.len()).sum();
+        self.record_step_of(plan, &[], elapsed);
+    }
+
+    /// As `record_step`, counting the proposed tokens of `outcomes` (which the step ran too).
+    pub fn record_step_of(&mut self, plan: &StepPlan, outcomes: &[Outcome], elapsed: Duration) {
+        let proposed: usize = outcomes.iter().map(|o| o.proposed).sum();
+        let tokens = plan.items.iter().map(|i| i.tokens.len()).sum::<usize>() + proposed;
         if tokens > 0 {
             self.cost.record(tokens, elapsed.as_secs_f64());
         }
@@ -315,7 +351,44 @@ impl Scheduler {
                 prefill_budget -= need;
             }
         }
+        self.plan_drafts(&mut plan, budget);
         (!plan.items.is_empty() || !plan.free.is_empty()).then_some(plan)
+    }
+
+    /// Lets the step's decoding sequences that speculate propose tokens, within what is left
+    /// of the token budget and the free cells (proposals never evict or preempt anything), as
+    /// many as their acceptance rate pays for at this batch's step cost (`speculative`), and
+    /// never past their `max_tokens` or the context.
+    fn plan_drafts(&mut self, plan: &mut StepPlan, mut budget: usize) {
+        let max_draft = self.config.max_draft;
+        if max_draft == 0 || !self.running.iter().any(|s| s.speculation.is_some()) {
+            return;
+        }
+        let sampling = plan.items.iter().filter(|i| i.sample).count();
+        let tokens: usize = plan.items.iter().map(|i| i.tokens.len()).sum();
+        // A token's share of the step, times the tokens the step yields anyway.
+        let threshold = match self.cost.fit() {
+            Some((a, b)) => sampling as f64 * b / (a + b * tokens as f64),
+            None => 0.0,
+        };
+        let limit = self.config.context_length.min(self.config.kv_capacity);
+        for item in plan.items.iter_mut().filter(|i| i.sample && i.tokens.len() == 1) {
+            let Some(s) = self.running.iter_mut().find(|s| s.id == item.id) else { continue };
+            // Tokens it may still produce: this step's one, then the proposals' worth.
+            let room = s.stop.max_tokens.saturating_sub(s.output().len()).min(limit.saturating_sub(s.tokens.len()));
+            let Some(acceptance) = &mut s.speculation else { continue };
+            let free = self.config.kv_capacity - self.kv_used;
+            let k =
+                draft_len(acceptance.rate(), threshold, max_draft).min(room.saturating_sub(1)).min(budget).min(free);
+            if k == 0 {
+                acceptance.idle();
+                continue;
+            }
+            item.max_drafts = k;
+            s.scheduled += k;
+            self.kv_used += k;
+            budget -= k;
+        }
     }
 
     fn plan_item(&mut self, i: usize, n: usize, plan: &mut StepPlan) {
@@ -328,6 +401,7 @@ impl Scheduler {
             start_pos: start as Pos,
             tokens: s.tokens[start..start + n].to_vec(),
             sample: start + n == s.tokens.len(),
+            max_drafts: 0,
         });
         self.kv_used += n;
     }
@@ -454,29 +528,37 @@ impl Scheduler {
     /// Applies a step's results: `sampled[k]` is the token sampled for `plan.items[k]` (if it
     /// sampled). Returns the sequences that finished.
     pub fn postprocess(&mut self, plan: &StepPlan, sampled: &[Option<u32>]) -> Vec<Finished> {
-        self.postprocess_ending(plan, sampled, &[])
+        let outcomes: Vec<Outcome> = sampled.iter().map(|t| Outcome::token(*t)).collect();
+        self.postprocess_outcomes(plan, &outcomes)
     }
 
-    /// As `postprocess`, where `ends[k]` (if given) ends item `k`'s sequence after its token
-    /// for that reason (its constraint completed or failed), unless it ended otherwise.
-    pub fn postprocess_ending(
-        &mut self,
-        plan: &StepPlan,
-        sampled: &[Option<u32>],
-        ends: &[Option<FinishReason>],
-    ) -> Vec<Finished> {
+    /// Applies a step's results: `outcomes[k]` is what `plan.items[k]` produced. The cells
+    /// reserved for proposals that were not accepted are given back (the worker removed them).
+    /// Returns the sequences that finished.
+    pub fn postprocess_outcomes(&mut self, plan: &StepPlan, outcomes: &[Outcome]) -> Vec<Finished> {
         let mut finished = Vec::new();
-        for (k, (item, token)) in plan.items.iter().zip(sampled).enumerate() {
+        let none = Outcome::default();
+        for (k, item) in plan.items.iter().enumerate() {
             let Some(i) = self.running.iter().position(|s| s.id == item.id) else { continue };
+            let outcome = outcomes.get(k).unwrap_or(&none);
             let s = &mut self.running[i];
-            s.computed += item.tokens.len();
+            // The item's tokens and the accepted proposals are in the cache now; the last
+            // sampled token is not (it is the next step's input).
+            let accepted = outcome.tokens.len().saturating_sub(1);
+            s.computed += item.tokens.len() + accepted;
+            self.kv_used -= item.max_drafts - accepted.min(item.max_drafts);
             s.scheduled = 0;
-            if let Some(t) = token {
-                s.tokens.push(*t);
+            s.tokens.extend(&outcome.tokens);
+            if let Some(acceptance) = &mut s.speculation
+                && item.max_drafts > 0
+            {
+                acceptance.record(outcome.proposed, outcome.accepted);
+                self.proposed += outcome.proposed as u64;
+                self.accepted += outcome.accepted as u64;
             }
             // A sequence can grow to the context length, and no further than the whole cache.
             let limit = self.config.context_length.min(self.config.kv_capacity);
-            if let Some(reason) = s.finish_reason(limit).or(ends.get(k).copied().flatten()) {
+            if let Some(reason) = s.finish_reason(limit).or(outcome.end) {
                 finished.push(self.finish(i, reason));
             }
         }

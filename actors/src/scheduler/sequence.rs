@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use llaisys_model::SeqId;
 
 use crate::request::{FinishReason, RequestId, RequestState};
+use crate::speculative::Acceptance;
 
 /// Limits of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +27,8 @@ pub struct Sequence {
     pub state: RequestState,
     /// The session this request continues (E6): its cells stay pinned when it finishes.
     pub session: Option<String>,
+    /// Set when the request speculates: how its proposals fared.
+    pub speculation: Option<Acceptance>,
     /// The KV-cache sequence id while admitted.
     pub(super) seq: Option<SeqId>,
     /// Leading tokens whose keys and values are in the cache.
@@ -51,6 +54,7 @@ impl Sequence {
             stop,
             state: RequestState::Waiting,
             session: None,
+            speculation: None,
             seq: None,
             computed: 0,
             scheduled: 0,
@@ -64,6 +68,12 @@ impl Sequence {
     /// Makes the request part of a session.
     pub fn in_session(mut self, session: Option<String>) -> Self {
         self.session = session;
+        self
+    }
+
+    /// Makes the request speculate (when the engine has a proposer).
+    pub fn speculating(mut self, on: bool) -> Self {
+        self.speculation = on.then(Acceptance::default);
         self
     }
 

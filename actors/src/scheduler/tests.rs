@@ -15,6 +15,7 @@ fn config(tokens: usize, seqs: usize, kv: usize) -> SchedulerConfig {
         kv_capacity: kv,
         context_length: 1000,
         prefix_caching: false,
+        max_draft: 4,
     }
 }
 
@@ -85,7 +86,7 @@ fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
     assert_eq!((tokens_of(&plan, 0), tokens_of(&plan, 1)), (1, 40), "no cost learnt yet: the static budget");
     let mut s = Scheduler::new(SchedulerConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
     for tokens in [43, 17, 64] {
-        let item = PlanItem { id: 99, seq: 0, start_pos: 0, tokens: vec![0; tokens], sample: false };
+        let item = PlanItem { id: 99, seq: 0, start_pos: 0, tokens: vec![0; tokens], sample: false, max_drafts: 0 };
         s.record_step(
             &StepPlan { items: vec![item], ..StepPlan::default() },
             Duration::from_millis(10 + tokens as u64),
@@ -396,4 +397,75 @@ fn after_a_kv_reset_running_sequences_are_recomputed_and_finish() {
     assert_eq!(plan.items.iter().map(|i| (i.id, i.start_pos)).collect::<Vec<_>>(), vec![(1, 0), (2, 0)]);
     let out = run_all(&mut s);
     assert_eq!(out.iter().map(|f| f.output.len()).collect::<Vec<_>>(), vec![3, 3]);
+}
+
+/// Runs the prefill of a lone speculating sequence; returns the scheduler ready to decode.
+fn speculating(kv: usize, prompt: usize, max_tokens: usize) -> Scheduler {
+    let mut s = Scheduler::new(config(64, 4, kv));
+    s.add(seq(1, prompt, max_tokens).speculating(true)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.items[0].max_drafts, 0, "a prefill chunk proposes nothing");
+    s
+}
+
+#[test]
+fn proposals_reserve_cells_and_rejected_ones_are_given_back() {
+    let mut s = speculating(100, 10, 50);
+    assert_eq!(s.kv_used(), 10);
+    let plan = s.schedule().unwrap();
+    assert_eq!(plan.items[0].max_drafts, 4, "no step cost learnt yet: the most allowed");
+    assert_eq!(s.kv_used(), 10 + 1 + 4, "the decode token and its proposals are reserved");
+    // Three proposed, two accepted: three tokens sampled; the input and two proposals stay.
+    let outcome = Outcome { tokens: vec![7, 7, 8], end: None, proposed: 3, accepted: 2 };
+    assert!(s.postprocess_outcomes(&plan, &[outcome]).is_empty());
+    assert_eq!(s.kv_used(), 10 + 3);
+    assert_eq!(s.tokens_of(1).unwrap().1, &[7, 7, 7, 8]);
+    assert_eq!((s.proposed, s.accepted), (3, 2));
+    let plan = s.schedule().unwrap();
+    assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.clone()), (13, vec![8]), "computed = 13");
+}
+
+#[test]
+fn proposals_stop_short_of_max_tokens_the_budget_and_the_cache() {
+    // Two tokens left to generate after the first: at most one proposal.
+    let mut s = speculating(100, 10, 3);
+    assert_eq!(s.schedule().unwrap().items[0].max_drafts, 1);
+    // A cache of 13 cells holds 13 tokens of the sequence: after this step's token, one more.
+    let mut s = speculating(13, 10, 50);
+    let plan = s.schedule().unwrap();
+    assert_eq!(plan.items[0].max_drafts, 1);
+    assert_eq!(s.kv_used(), 12);
+    // Another sequence holding cells: proposals take only the free ones, never preempting.
+    let mut s = Scheduler::new(config(64, 4, 20));
+    s.add(seq(1, 10, 50).speculating(true)).unwrap();
+    s.add(seq(2, 7, 50)).unwrap();
+    step(&mut s);
+    let plan = s.schedule().unwrap();
+    assert_eq!(plan.items.iter().map(|i| i.max_drafts).collect::<Vec<_>>(), vec![1, 0]);
+    assert_eq!((s.kv_used(), s.preemptions), (20, 0));
+    // A token budget of 3: the decode token and two proposals.
+    let mut s = Scheduler::new(config(3, 4, 100));
+    s.add(seq(1, 2, 50).speculating(true)).unwrap();
+    step(&mut s);
+    assert_eq!(s.schedule().unwrap().items[0].max_drafts, 2);
+    // Accepting everything finishes at max_tokens without overshooting.
+    let mut s = speculating(100, 10, 3);
+    let plan = s.schedule().unwrap();
+    let outcome = Outcome { tokens: vec![7, 7], end: None, proposed: 1, accepted: 1 };
+    let finished = s.postprocess_outcomes(&plan, &[outcome]);
+    assert_eq!(finished[0].output, vec![7, 7, 7]);
+    assert_eq!(finished[0].reason, FinishReason::Length);
+    assert_eq!(s.kv_used(), 0);
+}
+
+#[test]
+fn sequences_that_do_not_speculate_get_no_proposals() {
+    let mut s = Scheduler::new(config(64, 4, 100));
+    s.add(seq(1, 4, 10)).unwrap();
+    step(&mut s);
+    assert_eq!(s.schedule().unwrap().items[0].max_drafts, 0);
+    let mut s = Scheduler::new(SchedulerConfig { max_draft: 0, ..config(64, 4, 100) });
+    s.add(seq(1, 4, 10).speculating(true)).unwrap();
+    step(&mut s);
+    assert_eq!(s.schedule().unwrap().items[0].max_drafts, 0, "speculation is off for the engine");
 }

@@ -1,6 +1,11 @@
 //! Runs a `StepPlan` on the model: frees the listed sequences' cells, puts every item into one
-//! batch (one forward pass for prefill chunks and decode tokens alike), and samples each item
-//! that asked for it with that request's own sampler.
+//! batch (one forward pass for prefill chunks, decode tokens and proposed tokens alike), and
+//! samples each item that asked for it with that request's own sampler.
+//!
+//! Speculation: a decode item allowed proposals gets them from the proposer, all of them go
+//! into the batch with a logits row each, and the rows are sampled in order until a sampled
+//! token differs from the proposal (see `speculative`). The cells of the rejected proposals are
+//! removed in the same step, so after every step the cache holds exactly the accepted tokens.
 
 use std::collections::HashMap;
 
@@ -8,10 +13,23 @@ use llaisys_model::{Batch, Context, DecodeError, GuideEnd, Sampled, Sampler};
 use rayon::prelude::*;
 
 use crate::request::{FinishReason, RequestId};
-use crate::scheduler::StepPlan;
+use crate::scheduler::{Outcome, StepPlan};
+use crate::speculative::{DraftSlot, Proposer};
 
-/// Each sampled item's token, and the reason its constraint ends it with, if it does.
-pub fn tokens_and_ends(sampled: &[Option<Sampled>]) -> (Vec<Option<u32>>, Vec<Option<FinishReason>>) {
+/// What one plan item produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ItemOutput {
+    /// The tokens sampled, in order: none for a prefill chunk that does not end its prompt,
+    /// one for a decode step, up to one more than `proposed` when speculating.
+    pub sampled: Vec<Sampled>,
+    /// Tokens proposed for the item, and how many of them were accepted.
+    pub proposed: usize,
+    pub accepted: usize,
+}
+
+/// What the scheduler needs of each item's output: its tokens, and the reason its constraint
+/// ends it with, if it does.
+pub fn outcomes(outputs: &[ItemOutput]) -> Vec<Outcome> {
     let end = |s: &Sampled| match &s.end {
         None => None,
         Some(GuideEnd::Complete) => Some(FinishReason::Stop),
@@ -20,93 +38,200 @@ pub fn tokens_and_ends(sampled: &[Option<Sampled>]) -> (Vec<Option<u32>>, Vec<Op
             Some(FinishReason::Error)
         }
     };
-    sampled.iter().map(|s| (s.as_ref().map(|s| s.token), s.as_ref().and_then(end))).unzip()
+    outputs
+        .iter()
+        .map(|o| Outcome {
+            tokens: o.sampled.iter().map(|s| s.token).collect(),
+            end: o.sampled.last().and_then(end),
+            proposed: o.proposed,
+            accepted: o.accepted,
+        })
+        .collect()
+}
+
+/// A request as the worker knows it.
+#[derive(Debug)]
+pub struct Lane {
+    sampler: Sampler,
+    /// For a request that may speculate: its prompt and output so far (what proposals
+    /// continue), and the tokens that end it (a run of accepted tokens stops at one).
+    history: Option<Vec<u32>>,
+    stop_ids: Vec<u32>,
+}
+
+impl Lane {
+    pub fn new(sampler: Sampler) -> Self {
+        Self { sampler, history: None, stop_ids: Vec::new() }
+    }
+
+    /// The request speculates: `tokens` are its prompt and what it generated so far.
+    pub fn speculating(mut self, tokens: Vec<u32>, stop_ids: Vec<u32>) -> Self {
+        self.history = Some(tokens);
+        self.stop_ids = stop_ids;
+        self
+    }
 }
 
 pub struct Executor {
     ctx: Context,
-    samplers: HashMap<RequestId, Sampler>,
+    lanes: HashMap<RequestId, Lane>,
+    proposer: Option<Box<dyn Proposer>>,
 }
 
 impl Executor {
     pub fn new(ctx: Context) -> Self {
-        Self { ctx, samplers: HashMap::new() }
+        Self { ctx, lanes: HashMap::new(), proposer: None }
+    }
+
+    /// Items that the plan allows proposals get them from `proposer`.
+    pub fn with_proposer(mut self, proposer: Option<Box<dyn Proposer>>) -> Self {
+        self.set_proposer(proposer);
+        self
+    }
+
+    pub fn set_proposer(&mut self, proposer: Option<Box<dyn Proposer>>) {
+        self.proposer = proposer;
     }
 
     pub fn context(&self) -> &Context {
         &self.ctx
     }
 
-    /// Registers the sampler of a new request.
-    pub fn add_request(&mut self, id: RequestId, sampler: Sampler) {
-        self.samplers.insert(id, sampler);
+    /// The proposer's name, if the executor has one.
+    pub fn proposer(&self) -> Option<&'static str> {
+        self.proposer.as_ref().map(|p| p.name())
     }
 
-    /// Forgets a finished request's sampler.
+    /// Registers a new request.
+    pub fn add_request(&mut self, id: RequestId, lane: Lane) {
+        self.lanes.insert(id, lane);
+    }
+
+    /// Forgets a finished request.
     pub fn remove_request(&mut self, id: RequestId) {
-        self.samplers.remove(&id);
+        self.lanes.remove(&id);
+        if let Some(p) = &mut self.proposer {
+            p.forget(id);
+        }
     }
 
-    /// Runs one step. `result[k]` is what `plan.items[k]` sampled, if it sampled.
+    /// Runs one step. `result[k]` is what `plan.items[k]` produced.
     /// On an error no item advanced; freed cells stay freed.
     ///
     /// The step runs on a thread of the compute (rayon) pool, the caller waiting: each
     /// kernel's parallel loop then starts inside the pool instead of waking it from outside and
     /// sleeping until it is done, 169 times a token (f16 decode 26 → 29 tok/s). A panic
     /// resumes on the caller.
-    pub fn execute(&mut self, plan: &StepPlan) -> Result<Vec<Option<Sampled>>, DecodeError> {
+    pub fn execute(&mut self, plan: &StepPlan) -> Result<Vec<ItemOutput>, DecodeError> {
         rayon::scope(|_| self.execute_here(plan))
     }
 
-    fn execute_here(&mut self, plan: &StepPlan) -> Result<Vec<Option<Sampled>>, DecodeError> {
+    fn execute_here(&mut self, plan: &StepPlan) -> Result<Vec<ItemOutput>, DecodeError> {
+        let internal = |what: String| move |e: llaisys_model::KvError| DecodeError::Internal(format!("{what}: {e}"));
         for &seq in &plan.free {
-            self.ctx
-                .kv_mut()
-                .seq_rm(seq, ..)
-                .map_err(|e| DecodeError::Internal(format!("freeing sequence {seq}: {e}")))?;
+            self.ctx.kv_mut().seq_rm(seq, ..).map_err(internal(format!("freeing sequence {seq}")))?;
         }
         for copy in &plan.copies {
             self.ctx
                 .kv_mut()
                 .seq_cp(copy.src, copy.dst, 0..copy.len as i64)
-                .map_err(|e| DecodeError::Internal(format!("reusing the prefix of sequence {}: {e}", copy.src)))?;
+                .map_err(internal(format!("reusing the prefix of sequence {}", copy.src)))?;
         }
         if plan.items.is_empty() {
             return Ok(Vec::new());
         }
+        let drafts = self.propose(plan);
         let mut batch = Batch::new();
+        // Per item: its first logits row's batch index.
         let mut rows = Vec::with_capacity(plan.items.len());
-        for item in &plan.items {
+        for (item, drafts) in plan.items.iter().zip(&drafts) {
             for (k, &token) in item.tokens.iter().enumerate() {
                 let last = k + 1 == item.tokens.len();
                 batch.push(token, item.start_pos + k as i64, &[item.seq], item.sample && last);
             }
             rows.push(batch.len() - 1);
+            for (k, &token) in drafts.iter().enumerate() {
+                batch.push(token, item.start_pos + (item.tokens.len() + k) as i64, &[item.seq], true);
+            }
         }
         // T1: the grammar masks of the sequences that sample are computed on the compute pool
         // while the forward pass runs (they depend only on the tokens so far).
         let sampling: Vec<RequestId> = plan.items.iter().filter(|i| i.sample).map(|i| i.id).collect();
-        let mut guided: Vec<&mut Sampler> =
-            self.samplers.iter_mut().filter(|(id, s)| s.is_guided() && sampling.contains(id)).map(|(_, s)| s).collect();
+        let mut guided: Vec<&mut Sampler> = self
+            .lanes
+            .iter_mut()
+            .filter(|(id, l)| l.sampler.is_guided() && sampling.contains(id))
+            .map(|(_, l)| &mut l.sampler)
+            .collect();
         let ctx = &mut self.ctx;
         let (decoded, ()) = rayon::join(|| ctx.decode(&batch), || guided.par_iter_mut().for_each(|s| s.prepare()));
         decoded?;
+        let mut outputs = Vec::with_capacity(plan.items.len());
+        for ((item, drafts), row) in plan.items.iter().zip(&drafts).zip(rows) {
+            if !item.sample {
+                outputs.push(ItemOutput::default());
+                continue;
+            }
+            let output = self.verify(item.id, drafts, row)?;
+            // The proposals after the accepted ones leave the cache now.
+            let kept = item.tokens.len() + output.sampled.len() - 1;
+            if kept < item.tokens.len() + drafts.len() {
+                let from = item.start_pos + kept as i64;
+                self.ctx.kv_mut().seq_rm(item.seq, from..).map_err(internal(format!("rejecting from {from}")))?;
+            }
+            outputs.push(output);
+        }
+        Ok(outputs)
+    }
+
+    /// Proposals for the plan's items (empty for items not allowed any).
+    fn propose(&mut self, plan: &StepPlan) -> Vec<Vec<u32>> {
+        let mut drafts = vec![Vec::new(); plan.items.len()];
+        let Some(proposer) = &mut self.proposer else { return drafts };
+        let mut slots = Vec::new();
+        let mut index = Vec::new();
+        for (k, item) in plan.items.iter().enumerate() {
+            if item.max_drafts == 0 || !item.sample {
+                continue;
+            }
+            if let Some(history) = self.lanes.get(&item.id).and_then(|l| l.history.as_deref()) {
+                slots.push(DraftSlot { id: item.id, history, max: item.max_drafts, drafts: Vec::new() });
+                index.push(k);
+            }
+        }
+        if !slots.is_empty() {
+            proposer.propose(&mut slots);
+        }
+        for (k, slot) in index.into_iter().zip(slots) {
+            drafts[k] = slot.drafts;
+            drafts[k].truncate(plan.items[k].max_drafts);
+        }
+        drafts
+    }
+
+    /// Samples an item's rows from batch index `row` on, in order, while the sampled token is
+    /// the proposed one; stops early where the request ends (a stop token, its constraint).
+    fn verify(&mut self, id: RequestId, drafts: &[u32], row: usize) -> Result<ItemOutput, DecodeError> {
+        let lane =
+            self.lanes.get_mut(&id).ok_or_else(|| DecodeError::Internal(format!("request {id} has no sampler")))?;
         let outputs = self.ctx.outputs();
-        plan.items
-            .iter()
-            .zip(rows)
-            .map(|(item, row)| {
-                if !item.sample {
-                    return Ok(None);
-                }
-                let logits =
-                    outputs.logits_ith(row).ok_or_else(|| DecodeError::Internal("missing logits row".into()))?;
-                let sampler = self
-                    .samplers
-                    .get_mut(&item.id)
-                    .ok_or_else(|| DecodeError::Internal(format!("request {} has no sampler", item.id)))?;
-                Ok(Some(sampler.sample(logits)))
-            })
-            .collect()
+        let mut out = ItemOutput { proposed: drafts.len(), ..ItemOutput::default() };
+        for j in 0..=drafts.len() {
+            let logits =
+                outputs.logits_ith(row + j).ok_or_else(|| DecodeError::Internal("missing logits row".into()))?;
+            let sampled = lane.sampler.sample(logits);
+            let token = sampled.token;
+            let ends = sampled.end.is_some() || lane.stop_ids.contains(&token);
+            if let Some(history) = &mut lane.history {
+                history.push(token);
+            }
+            out.sampled.push(sampled);
+            let accepted = drafts.get(j) == Some(&token);
+            out.accepted += usize::from(accepted);
+            if ends || !accepted {
+                break;
+            }
+        }
+        Ok(out)
     }
 }

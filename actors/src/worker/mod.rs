@@ -2,4 +2,4 @@
 
 mod executor;
 
-pub use executor::{Executor, tokens_and_ends};
+pub use executor::{Executor, ItemOutput, Lane, outcomes};

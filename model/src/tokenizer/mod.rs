@@ -65,6 +65,18 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+
+    /// Where two vocabularies first differ; `None` when every id stands for the same token.
+    pub fn vocab_difference(&self, other: &Tokenizer) -> Option<String> {
+        let (a, b) = (self.vocab_size(), other.vocab_size());
+        if a != b {
+            return Some(format!("{a} tokens against {b}"));
+        }
+        (0..a as u32).find_map(|id| {
+            let (x, y) = (self.inner.id_to_token(id), other.inner.id_to_token(id));
+            (x != y).then(|| format!("token {id} is {x:?} against {y:?}"))
+        })
+    }
 }
 
 /// The byte a character of GPT-2's byte-level alphabet stands for: printable Latin-1 bytes are

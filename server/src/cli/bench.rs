@@ -17,7 +17,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use llaisys_actors::{Constraint, Engine, EngineConfig, Event, GenerateParams, GenerateRequest, Guidance};
+use llaisys_actors::speculative::SpeculativeConfig;
+use llaisys_actors::{ChatRequest, Constraint, Engine, EngineConfig, Event, GenerateParams, GenerateRequest, Guidance};
 use llaisys_model::{Device, WeightDtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -77,6 +78,20 @@ pub struct BenchArgs {
     /// Constrain the throughput requests by this JSON schema (a file).
     #[arg(long)]
     json_schema: Option<PathBuf>,
+    /// Speculative decoding for every request (prompt lookup, or `--draft-model`).
+    #[arg(long)]
+    speculative: bool,
+    /// A draft model proposing for speculative decoding (implies `--speculative`).
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
+    /// Most tokens proposed per sequence and step.
+    #[arg(long)]
+    max_draft: Option<usize>,
+    /// The decode measurement's prompt: this file's text as a user message, rendered by the
+    /// model's chat template, answered greedily until the answer ends (at most
+    /// `--decode-tokens`), instead of random token ids. Speculation needs real text to guess.
+    #[arg(long)]
+    chat_prompt: Option<PathBuf>,
     /// Which measurements to run: prefill, decode, throughput, soak.
     #[arg(long, value_delimiter = ',', default_value = "prefill,decode,throughput")]
     only: Vec<String>,
@@ -126,9 +141,18 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         prefix_caching: false,
         ..defaults
     };
+    let speculative = SpeculativeConfig {
+        default_on: args.speculative || args.draft_model.is_some(),
+        max_draft: args.max_draft.unwrap_or(defaults.speculative.max_draft),
+        ..defaults.speculative
+    };
+    let config = EngineConfig { speculative, ..config };
     let mut builder = Engine::builder().model(&args.model).dtype(args.dtype).device(device).config(config);
     if let Some(t) = &args.model_type {
         builder = builder.model_type(t.clone());
+    }
+    if let Some(draft) = &args.draft_model {
+        builder = builder.draft_model(draft);
     }
     let engine = builder.build().await.map_err(|e| CliError::Usage(e.to_string()))?;
     let guidance = match &args.json_schema {
@@ -180,16 +204,33 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         }
     }
 
-    if only("decode") && fits(args.decode_prompt, args.decode_tokens) {
+    let chat_prompt = match &args.chat_prompt {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| CliError::Usage(format!("--chat-prompt {}: {e}", path.display())))?;
+            let request = ChatRequest::default().user(text).temperature(0.0).max_tokens(args.decode_tokens);
+            let prepared = engine.prepare_chat(&request)?;
+            Some((prepared.prompts()[0].clone(), prepared.params().clone()))
+        }
+        None => None,
+    };
+    let decode_prompt = chat_prompt.as_ref().map_or(args.decode_prompt, |(p, _)| p.len());
+    if only("decode") && fits(decode_prompt, args.decode_tokens) {
         let (mut speeds, mut itls) = (Vec::new(), Vec::new());
         for _ in 0..args.runs {
-            let t = run_one(&engine, prompt(args.decode_prompt), args.decode_tokens, &Guidance::default()).await?;
+            let t = match &chat_prompt {
+                Some((p, params)) => timed(&engine, p.clone(), params.clone()).await?,
+                None => run_one(&engine, prompt(args.decode_prompt), args.decode_tokens, &Guidance::default()).await?,
+            };
             let decode_time: Duration = t.gaps.iter().sum();
             speeds.push(t.gaps.len() as f64 / decode_time.as_secs_f64().max(1e-9));
             itls.push(ms(decode_time) / t.gaps.len().max(1) as f64);
         }
         let (speed, itl) = (median(&mut speeds), median(&mut itls));
-        let label = format!("decode {} after {}", args.decode_tokens, args.decode_prompt);
+        let label = match &chat_prompt {
+            Some((p, _)) => format!("decode chat answer after {}", p.len()),
+            None => format!("decode {} after {}", args.decode_tokens, args.decode_prompt),
+        };
         println!("{label:<34} {speed:>12.1} {:>12} {itl:>12.1}", "");
         report.insert("decode_tok_s".into(), json!(round(speed)));
     }
@@ -261,6 +302,21 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         );
     }
 
+    if config.speculative.default_on {
+        let s = engine.stats().await?.speculative;
+        let rate = s.accepted as f64 / s.proposed.max(1) as f64;
+        println!(
+            "speculative ({}): {} proposed, {} accepted ({:.1}%)",
+            s.proposer,
+            s.proposed,
+            s.accepted,
+            100.0 * rate
+        );
+        report.insert(
+            "speculative".into(),
+            json!({"proposer": s.proposer, "proposed": s.proposed, "accepted": s.accepted, "acceptance": round(rate * 100.0) / 100.0}),
+        );
+    }
     let peak = rss_mb("VmHWM:");
     println!(
         "resident memory after load: {}; peak: {}",
@@ -282,6 +338,18 @@ async fn run_one(
 ) -> Result<Timing, CliError> {
     let params =
         GenerateParams { max_tokens, ignore_eos: true, guidance: guidance.clone(), ..GenerateParams::default() };
+    let timing = timed(engine, prompt, params).await?;
+    if timing.tokens != max_tokens {
+        return Err(CliError::Usage(format!(
+            "a benchmark request ended after {} of {max_tokens} tokens",
+            timing.tokens
+        )));
+    }
+    Ok(timing)
+}
+
+/// Runs one request and times its tokens.
+async fn timed(engine: &Engine, prompt: Vec<u32>, params: GenerateParams) -> Result<Timing, CliError> {
     let start = Instant::now();
     let mut stream = engine.generate(GenerateRequest::new(prompt, params)).await?;
     let (mut last, mut ttft, mut gaps, mut tokens, mut masks) = (start, None, Vec::new(), 0, Vec::new());
@@ -297,14 +365,7 @@ async fn run_one(
                 last = now;
                 tokens += 1;
             }
-            Event::Finished { reason, .. } => {
-                if tokens != max_tokens {
-                    return Err(CliError::Usage(format!(
-                        "a benchmark request ended after {tokens} of {max_tokens} tokens ({})",
-                        reason.as_str()
-                    )));
-                }
-            }
+            Event::Finished { .. } => {}
         }
     }
     Ok(Timing { ttft: ttft.unwrap_or_default(), gaps, tokens, masks })

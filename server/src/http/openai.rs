@@ -40,6 +40,8 @@ pub struct CommonFields {
     pub stop_token_ids: Option<Vec<u32>>,
     /// T5: vLLM's constraint extension, on both endpoints.
     pub structured_outputs: Option<StructuredOutputs>,
+    /// Speculative decoding on or off for this request (default: `speculative.default`).
+    pub speculative: Option<bool>,
 }
 
 /// vLLM's `structured_outputs`: exactly one of its fields.
@@ -429,6 +431,7 @@ impl CommonFields {
             tools: Vec::new(),
             tool_choice: None,
             parallel_tool_calls: None,
+            speculative: self.speculative,
         };
         let include_usage = self.stream_options.as_ref().is_some_and(|o| o.include_usage);
         let constraint_field = options.constraint.as_ref().map(|_| "structured_outputs");
