@@ -199,7 +199,7 @@ impl Llm {
         let scheduler = Scheduler::new(config.scheduler(model.info().context_length));
         let vocab = model.info().vocab_size;
         let ctx = Context::new(model, config.kv_capacity);
-        let executor = Executor::new(ctx).with_proposer(Some(config.proposer(None, vocab)));
+        let executor = Executor::new(ctx).with_proposer(config.proposer(None, vocab));
         Self { executor, scheduler, frontend, next_id: 0, speculative: config.speculative.default_on }
     }
 
@@ -207,7 +207,7 @@ impl Llm {
     /// (the caller checked it; `EngineBuilder::draft_model` does).
     pub fn with_draft(mut self, draft: Box<dyn LanguageModel>, config: &EngineConfig) -> Self {
         let vocab = self.executor.context().info().vocab_size;
-        self.executor.set_proposer(Some(config.proposer(Some(draft), vocab)));
+        self.executor.set_proposer(config.proposer(Some(draft), vocab));
         self
     }
 
@@ -335,7 +335,7 @@ impl Llm {
             let start = std::time::Instant::now();
             let outputs = self.executor.execute(&plan)?;
             let outcomes = outcomes(&outputs);
-            scheduler.record_step_of(&plan, &outcomes, start.elapsed());
+            scheduler.record_step(&plan, &outcomes, start.elapsed());
             for (item, output) in plan.items.iter().zip(&outputs) {
                 let job = (item.id - base) as usize;
                 for s in &output.sampled {
@@ -356,7 +356,7 @@ impl Llm {
                     }
                 }
             }
-            for mut f in scheduler.postprocess_outcomes(&plan, &outcomes) {
+            for mut f in scheduler.postprocess(&plan, &outcomes) {
                 let id = (f.id - base) as usize;
                 let reason = if texts[id].0.stopped() { FinishReason::Stop } else { f.reason };
                 if let Some(n) = stopped_at[id] {

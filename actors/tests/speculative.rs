@@ -191,8 +191,8 @@ fn after_every_step_the_cache_holds_exactly_the_accepted_tokens() {
     let fail = Arc::new(AtomicBool::new(false));
     let flaky = Flaky { inner: model(), fail: fail.clone() };
     let cfg = EngineConfig { prefix_caching: false, ..config(true) };
-    let mut executor = Executor::new(Context::new(Box::new(flaky), cfg.kv_capacity))
-        .with_proposer(Some(Box::new(NgramProposer::new(1, 4))));
+    let mut executor =
+        Executor::new(Context::new(Box::new(flaky), cfg.kv_capacity)).with_proposer(Box::new(NgramProposer::new(1, 4)));
     let mut scheduler = Scheduler::new(cfg.scheduler(1 << 20));
     for (id, prompt) in prompts.iter().enumerate() {
         let stop = StopConditions { max_tokens: 30, stop_token_ids: Vec::new() };
@@ -217,7 +217,7 @@ fn after_every_step_the_cache_holds_exactly_the_accepted_tokens() {
             // Cancelled while its step ran: its cells are freed at the next step.
             finished.insert(cancelled, scheduler.finish_request(cancelled, FinishReason::Abort).unwrap());
         }
-        for f in scheduler.postprocess_outcomes(&plan, &outcomes(&outputs)) {
+        for f in scheduler.postprocess(&plan, &outcomes(&outputs)) {
             executor.remove_request(f.id);
             finished.insert(f.id, f);
         }
@@ -275,7 +275,7 @@ fn sampled_tokens_keep_their_distribution_under_speculation() {
     let cfg = config(true);
     let histogram = |speculate: bool| {
         let proposer: Box<dyn Proposer> = Box::new(Oracle { prompt_len: prompt.len(), path: path.clone() });
-        let mut executor = Executor::new(Context::new(model(), cfg.kv_capacity)).with_proposer(Some(proposer));
+        let mut executor = Executor::new(Context::new(model(), cfg.kv_capacity)).with_proposer(proposer);
         let mut scheduler = Scheduler::new(cfg.scheduler(1 << 20));
         let mut counts: HashMap<u32, f64> = HashMap::new();
         for seed in 0..SEEDS {
@@ -286,7 +286,7 @@ fn sampled_tokens_keep_their_distribution_under_speculation() {
             executor.add_request(seed, if speculate { lane.speculating(prompt.clone(), Vec::new()) } else { lane });
             while let Some(plan) = scheduler.schedule() {
                 let outputs = executor.execute(&plan).unwrap();
-                for f in scheduler.postprocess_outcomes(&plan, &outcomes(&outputs)) {
+                for f in scheduler.postprocess(&plan, &outcomes(&outputs)) {
                     executor.remove_request(f.id);
                     *counts.entry(f.output[3]).or_default() += 1.0 / SEEDS as f64;
                 }

@@ -173,10 +173,7 @@ impl Config {
         if self.engine.max_seqs_per_step > llaisys_model::kv::MAX_SEQ {
             return Err(bad("engine.max_seqs_per_step", &format!("must be at most {}", llaisys_model::kv::MAX_SEQ)));
         }
-        self.engine_config().speculative.validate().map_err(|e| {
-            let (key, reason) = e.split_once(": ").unwrap_or(("speculative", &e));
-            bad(key, reason)
-        })?;
+        self.engine_config().speculative.validate().map_err(|e| bad(e.key, &e.reason))?;
         if self.server.api_keys.iter().any(|k| k.trim().is_empty()) {
             return Err(bad("server.api_keys", "keys must not be empty"));
         }

@@ -21,6 +21,7 @@ use super::worker_actor::{WorkerActor, WorkerArgs};
 use crate::llm::{EngineConfig, EngineError};
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::{Finished, Scheduler, Sequence};
+use crate::speculative::{DraftModelProposer, NgramProposer};
 use crate::worker::{Executor, Lane, outcomes};
 
 pub struct SchedulerActor;
@@ -81,12 +82,8 @@ impl Actor for SchedulerActor {
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
         let info = args.model.info().clone();
-        let draft = match args.draft.clone() {
-            Some(load) => Some(
-                tokio::task::spawn_blocking(move || load())
-                    .await?
-                    .map_err(|e| format!("loading the draft model: {e}"))?,
-            ),
+        let draft = match &args.draft {
+            Some(load) => Some(load_off_thread(load).await.map_err(|e| format!("loading the draft model: {e}"))?),
             None => None,
         };
         let worker = spawn_worker(&me, args.model, draft, &args.config).await?;
@@ -154,7 +151,7 @@ impl Actor for SchedulerActor {
                 let finished = match result {
                     Ok(outputs) => {
                         let outcomes = outcomes(&outputs);
-                        state.scheduler.record_step_of(&plan, &outcomes, elapsed);
+                        state.scheduler.record_step(&plan, &outcomes, elapsed);
                         for (item, output) in plan.items.iter().zip(outputs) {
                             if let Some(live) = state.requests.get(&item.id) {
                                 for s in output.sampled {
@@ -162,7 +159,7 @@ impl Actor for SchedulerActor {
                                 }
                             }
                         }
-                        state.scheduler.postprocess_outcomes(&plan, &outcomes)
+                        state.scheduler.postprocess(&plan, &outcomes)
                     }
                     Err(e) => {
                         // Invalid input for the model: only the requests of this batch fail.
@@ -197,7 +194,7 @@ impl Actor for SchedulerActor {
                     sessions: state.sessions.len(),
                     worker_restarts: state.worker_restarts,
                     speculative: SpeculativeStats {
-                        proposer: if state.draft.is_some() { "draft" } else { "ngram" },
+                        proposer: if state.draft.is_some() { DraftModelProposer::NAME } else { NgramProposer::NAME },
                         proposed: state.scheduler.proposed,
                         accepted: state.scheduler.accepted,
                     },
@@ -341,21 +338,9 @@ impl SchedulerState {
         self.end(failed);
         self.scheduler.reset_kv();
         self.worker_restarts += 1;
-        let loader = self.loader.clone();
-        let model = match tokio::task::spawn_blocking(move || loader()).await {
-            Ok(Ok(model)) => Ok(model),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let model = load_off_thread(&self.loader).await;
         let draft = match &self.draft {
-            Some(load) => {
-                let load = load.clone();
-                match tokio::task::spawn_blocking(move || load()).await {
-                    Ok(Ok(model)) => Ok(Some(model)),
-                    Ok(Err(e)) => Err(format!("reloading the draft model: {e}")),
-                    Err(e) => Err(format!("reloading the draft model: {e}")),
-                }
-            }
+            Some(load) => load_off_thread(load).await.map(Some).map_err(|e| format!("reloading the draft model: {e}")),
             None => Ok(None),
         };
         let worker = match (model, draft) {
@@ -435,6 +420,15 @@ impl SchedulerState {
     }
 }
 
+/// Runs `loader` on a blocking thread (loading reads and converts the whole checkpoint).
+async fn load_off_thread(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, String> {
+    let loader = loader.clone();
+    match tokio::task::spawn_blocking(move || loader()).await {
+        Ok(loaded) => loaded.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// What the worker keeps of a request: its sampler and, when it speculates, its tokens so far
 /// and its stop tokens.
 fn lane(sampler: Sampler, prompt: &[u32], generated: &[u32], speculating: Option<&[u32]>) -> Lane {
@@ -452,7 +446,7 @@ async fn spawn_worker(
     config: &EngineConfig,
 ) -> Result<ActorRef<ToWorker>, ractor::SpawnErr> {
     let proposer = config.proposer(draft, model.info().vocab_size);
-    let executor = Executor::new(Context::new(model, config.kv_capacity)).with_proposer(Some(proposer));
+    let executor = Executor::new(Context::new(model, config.kv_capacity)).with_proposer(proposer);
     let args = WorkerArgs { executor, scheduler: me.clone() };
     Ok(Actor::spawn_linked(None, WorkerActor, args, me.get_cell()).await?.0)
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use llaisys_model::{Device, LoadError, LoadOptions, ModelSource, WeightDtype, load_model};
 
 use super::frontend::{Frontend, GenerationDefaults, RequestLimits};
+use crate::speculative::SettingError;
 use crate::{Engine, EngineConfig, EngineError, Llm, ModelLoader};
 
 /// Why an engine could not be built.
@@ -19,7 +20,7 @@ pub enum BuildError {
     #[error("the draft model {path} cannot propose for this model: its vocabulary differs ({difference})")]
     DraftVocabulary { path: String, difference: String },
     #[error("speculative decoding: {0}")]
-    Speculative(String),
+    Speculative(#[from] SettingError),
     #[error("starting the engine: {0}")]
     Engine(#[from] EngineError),
 }
@@ -132,7 +133,7 @@ impl EngineBuilder {
             }
             None => None,
         };
-        self.config.speculative.validate().map_err(BuildError::Speculative)?;
+        self.config.speculative.validate()?;
         let draft = match &self.draft {
             Some(path) => {
                 let shown = path.display().to_string();

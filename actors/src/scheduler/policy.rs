@@ -96,13 +96,6 @@ pub struct Outcome {
     pub accepted: usize,
 }
 
-impl Outcome {
-    /// One sampled token, or none.
-    pub fn token(token: Option<u32>) -> Self {
-        Self { tokens: token.into_iter().collect(), ..Self::default() }
-    }
-}
-
 /// A prefix reuse: `dst` gains ownership of `src`'s cells for positions `[0, len)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefixCopy {
@@ -202,13 +195,9 @@ impl Scheduler {
         }
     }
 
-    /// A step of `plan` ran in `elapsed` (it teaches the step cost).
-    pub fn record_step(&mut self, plan: &StepPlan, elapsed: Duration) {
-        self.record_step_of(plan, &[], elapsed);
-    }
-
-    /// As `record_step`, counting the proposed tokens of `outcomes` (which the step ran too).
-    pub fn record_step_of(&mut self, plan: &StepPlan, outcomes: &[Outcome], elapsed: Duration) {
+    /// A step of `plan` ran in `elapsed` (it teaches the step cost); `outcomes` count its
+    /// proposed tokens, which it ran too.
+    pub fn record_step(&mut self, plan: &StepPlan, outcomes: &[Outcome], elapsed: Duration) {
         let proposed: usize = outcomes.iter().map(|o| o.proposed).sum();
         let tokens = plan.items.iter().map(|i| i.tokens.len()).sum::<usize>() + proposed;
         if tokens > 0 {
@@ -267,6 +256,11 @@ impl Scheduler {
     }
     pub fn kv_used(&self) -> usize {
         self.kv_used
+    }
+
+    /// A sequence can grow to the context length, and no further than the whole cache.
+    fn length_limit(&self) -> usize {
+        self.config.context_length.min(self.config.kv_capacity)
     }
 
     fn kv_free(&self) -> usize {
@@ -371,13 +365,13 @@ impl Scheduler {
             Some((a, b)) => sampling as f64 * b / (a + b * tokens as f64),
             None => 0.0,
         };
-        let limit = self.config.context_length.min(self.config.kv_capacity);
+        let limit = self.length_limit();
         for item in plan.items.iter_mut().filter(|i| i.sample && i.tokens.len() == 1) {
+            let free = self.kv_free();
             let Some(s) = self.running.iter_mut().find(|s| s.id == item.id) else { continue };
             // Tokens it may still produce: this step's one, then the proposals' worth.
             let room = s.stop.max_tokens.saturating_sub(s.output().len()).min(limit.saturating_sub(s.tokens.len()));
             let Some(acceptance) = &mut s.speculation else { continue };
-            let free = self.config.kv_capacity - self.kv_used;
             let k =
                 draft_len(acceptance.rate(), threshold, max_draft).min(room.saturating_sub(1)).min(budget).min(free);
             if k == 0 {
@@ -525,18 +519,12 @@ impl Scheduler {
         self.running.iter().chain(&self.waiting).find(|s| s.id == id).map(|s| s.tokens.split_at(s.prompt_len))
     }
 
-    /// Applies a step's results: `sampled[k]` is the token sampled for `plan.items[k]` (if it
-    /// sampled). Returns the sequences that finished.
-    pub fn postprocess(&mut self, plan: &StepPlan, sampled: &[Option<u32>]) -> Vec<Finished> {
-        let outcomes: Vec<Outcome> = sampled.iter().map(|t| Outcome::token(*t)).collect();
-        self.postprocess_outcomes(plan, &outcomes)
-    }
-
     /// Applies a step's results: `outcomes[k]` is what `plan.items[k]` produced. The cells
     /// reserved for proposals that were not accepted are given back (the worker removed them).
     /// Returns the sequences that finished.
-    pub fn postprocess_outcomes(&mut self, plan: &StepPlan, outcomes: &[Outcome]) -> Vec<Finished> {
+    pub fn postprocess(&mut self, plan: &StepPlan, outcomes: &[Outcome]) -> Vec<Finished> {
         let mut finished = Vec::new();
+        let limit = self.length_limit();
         let none = Outcome::default();
         for (k, item) in plan.items.iter().enumerate() {
             let Some(i) = self.running.iter().position(|s| s.id == item.id) else { continue };
@@ -556,8 +544,6 @@ impl Scheduler {
                 self.proposed += outcome.proposed as u64;
                 self.accepted += outcome.accepted as u64;
             }
-            // A sequence can grow to the context length, and no further than the whole cache.
-            let limit = self.config.context_length.min(self.config.kv_capacity);
             if let Some(reason) = s.finish_reason(limit).or(outcome.end) {
                 finished.push(self.finish(i, reason));
             }

@@ -23,11 +23,18 @@ fn seq(id: u64, prompt_len: usize, max_tokens: usize) -> Sequence {
     Sequence::new(id, (1..=prompt_len as u32).collect(), StopConditions { max_tokens, stop_token_ids: vec![9] })
 }
 
+/// Applies one sampled token (or none) per plan item.
+fn postprocess(s: &mut Scheduler, plan: &StepPlan, sampled: &[Option<u32>]) -> Vec<Finished> {
+    let outcomes: Vec<Outcome> =
+        sampled.iter().map(|t| Outcome { tokens: t.iter().copied().collect(), ..Outcome::default() }).collect();
+    s.postprocess(plan, &outcomes)
+}
+
 /// Runs one step with fake outputs; returns the plan and who finished.
 fn step(s: &mut Scheduler) -> (StepPlan, Vec<Finished>) {
     let plan = s.schedule().expect("work to do");
     let sampled: Vec<Option<u32>> = plan.items.iter().map(|i| i.sample.then_some(7)).collect();
-    let finished = s.postprocess(&plan, &sampled);
+    let finished = postprocess(s, &plan, &sampled);
     (plan, finished)
 }
 
@@ -89,6 +96,7 @@ fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
         let item = PlanItem { id: 99, seq: 0, start_pos: 0, tokens: vec![0; tokens], sample: false, max_drafts: 0 };
         s.record_step(
             &StepPlan { items: vec![item], ..StepPlan::default() },
+            &[],
             Duration::from_millis(10 + tokens as u64),
         );
     }
@@ -153,7 +161,7 @@ fn under_a_tiny_cache_the_newest_is_preempted_and_everyone_still_finishes() {
         assert!(s.kv_used() <= 14, "never more cells than the cache has");
         freed_on_preempt |= s.preemptions > 0 && !plan.free.is_empty();
         let sampled: Vec<Option<u32>> = plan.items.iter().map(|i| i.sample.then_some(7)).collect();
-        finished.extend(s.postprocess(&plan, &sampled));
+        finished.extend(postprocess(&mut s, &plan, &sampled));
     }
     assert!(s.preemptions > 0 && freed_on_preempt, "the cache was too small: someone was preempted");
     finished.sort_by_key(|f| f.id);
@@ -180,7 +188,7 @@ fn a_stop_token_ends_the_request_with_stop() {
     let mut s = Scheduler::new(config(64, 8, 100));
     s.add(seq(0, 3, 10)).unwrap();
     let plan = s.schedule().unwrap();
-    let finished = s.postprocess(&plan, &[Some(9)]);
+    let finished = postprocess(&mut s, &plan, &[Some(9)]);
     assert_eq!(finished[0].reason, FinishReason::Stop);
     let plan = s.schedule().expect("the finished sequence's cells are freed next step");
     assert_eq!((plan.free.len(), plan.items.len()), (1, 0));
@@ -212,7 +220,7 @@ fn finishing_a_request_whose_step_is_in_flight_releases_its_cells() {
     s.finish_request(0, FinishReason::Abort).unwrap();
     assert_eq!(s.kv_used(), 3, "the aborted request's scheduled cells are released");
     let sampled: Vec<Option<u32>> = plan.items.iter().map(|i| i.sample.then_some(7)).collect();
-    assert!(s.postprocess(&plan, &sampled).is_empty(), "results for the aborted request are ignored");
+    assert!(postprocess(&mut s, &plan, &sampled).is_empty(), "results for the aborted request are ignored");
     assert_eq!(s.kv_used(), 3);
 }
 
@@ -224,7 +232,7 @@ fn a_sequence_that_fills_the_whole_cache_ends_with_length_instead_of_preempting_
     for _ in 0..50 {
         let Some(plan) = s.schedule() else { break };
         let sampled: Vec<Option<u32>> = plan.items.iter().map(|i| i.sample.then_some(7)).collect();
-        finished.extend(s.postprocess(&plan, &sampled));
+        finished.extend(postprocess(&mut s, &plan, &sampled));
     }
     assert_eq!(s.preemptions, 0);
     assert_eq!(
@@ -417,7 +425,7 @@ fn proposals_reserve_cells_and_rejected_ones_are_given_back() {
     assert_eq!(s.kv_used(), 10 + 1 + 4, "the decode token and its proposals are reserved");
     // Three proposed, two accepted: three tokens sampled; the input and two proposals stay.
     let outcome = Outcome { tokens: vec![7, 7, 8], end: None, proposed: 3, accepted: 2 };
-    assert!(s.postprocess_outcomes(&plan, &[outcome]).is_empty());
+    assert!(s.postprocess(&plan, &[outcome]).is_empty());
     assert_eq!(s.kv_used(), 10 + 3);
     assert_eq!(s.tokens_of(1).unwrap().1, &[7, 7, 7, 8]);
     assert_eq!((s.proposed, s.accepted), (3, 2));
@@ -452,7 +460,7 @@ fn proposals_stop_short_of_max_tokens_the_budget_and_the_cache() {
     let mut s = speculating(100, 10, 3);
     let plan = s.schedule().unwrap();
     let outcome = Outcome { tokens: vec![7, 7], end: None, proposed: 1, accepted: 1 };
-    let finished = s.postprocess_outcomes(&plan, &[outcome]);
+    let finished = s.postprocess(&plan, &[outcome]);
     assert_eq!(finished[0].output, vec![7, 7, 7]);
     assert_eq!(finished[0].reason, FinishReason::Length);
     assert_eq!(s.kv_used(), 0);

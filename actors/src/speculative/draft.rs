@@ -30,6 +30,8 @@ pub struct DraftModelProposer {
 }
 
 impl DraftModelProposer {
+    pub const NAME: &'static str = "draft";
+
     /// A proposer running `model` with a cache of `kv_capacity` cells, proposing ids below
     /// `vocab`. The caller has checked that the vocabularies agree.
     pub fn new(model: Box<dyn LanguageModel>, kv_capacity: usize, vocab: usize) -> Self {
@@ -120,7 +122,7 @@ impl DraftModelProposer {
 
 impl Proposer for DraftModelProposer {
     fn name(&self) -> &'static str {
-        "draft"
+        Self::NAME
     }
 
     fn propose(&mut self, slots: &mut [DraftSlot<'_>]) {

@@ -68,17 +68,27 @@ impl Default for SpeculativeConfig {
 }
 
 impl SpeculativeConfig {
-    /// Checks the settings; names the one at fault.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the settings; an error names the setting at fault (as the server's config
+    /// spells it) and why.
+    pub fn validate(&self) -> Result<(), SettingError> {
         if self.max_draft > 32 {
-            return Err(format!("speculative.max_draft: {} is more than 32", self.max_draft));
+            return Err(SettingError {
+                key: "speculative.max_draft",
+                reason: format!("{} is more than 32", self.max_draft),
+            });
         }
         if self.ngram_min == 0 || self.ngram_min > self.ngram_max || self.ngram_max > 16 {
-            return Err(format!(
-                "speculative.ngram_min/ngram_max: {}..{} is not a range within 1..16",
-                self.ngram_min, self.ngram_max
-            ));
+            let reason = format!("{}..{} is not a range within 1..16", self.ngram_min, self.ngram_max);
+            return Err(SettingError { key: "speculative.ngram_min/ngram_max", reason });
         }
         Ok(())
     }
+}
+
+/// A speculation setting out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct SettingError {
+    pub key: &'static str,
+    pub reason: String,
 }

@@ -27,6 +27,8 @@ pub struct NgramProposer {
 }
 
 impl NgramProposer {
+    pub const NAME: &'static str = "ngram";
+
     /// Matches n-grams of `min..=max` tokens (`1 ≤ min ≤ max`).
     pub fn new(min: usize, max: usize) -> Self {
         Self { min: min.max(1), max: max.max(min.max(1)), seqs: HashMap::new() }
@@ -52,7 +54,7 @@ impl NgramProposer {
 
 impl Proposer for NgramProposer {
     fn name(&self) -> &'static str {
-        "ngram"
+        Self::NAME
     }
 
     fn propose(&mut self, slots: &mut [DraftSlot<'_>]) {

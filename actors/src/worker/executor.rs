@@ -83,23 +83,18 @@ impl Executor {
         Self { ctx, lanes: HashMap::new(), proposer: None }
     }
 
-    /// Items that the plan allows proposals get them from `proposer`.
-    pub fn with_proposer(mut self, proposer: Option<Box<dyn Proposer>>) -> Self {
+    /// Items that the plan allows proposals get them from `proposer` (without one, none).
+    pub fn with_proposer(mut self, proposer: Box<dyn Proposer>) -> Self {
         self.set_proposer(proposer);
         self
     }
 
-    pub fn set_proposer(&mut self, proposer: Option<Box<dyn Proposer>>) {
-        self.proposer = proposer;
+    pub fn set_proposer(&mut self, proposer: Box<dyn Proposer>) {
+        self.proposer = Some(proposer);
     }
 
     pub fn context(&self) -> &Context {
         &self.ctx
-    }
-
-    /// The proposer's name, if the executor has one.
-    pub fn proposer(&self) -> Option<&'static str> {
-        self.proposer.as_ref().map(|p| p.name())
     }
 
     /// Registers a new request.
@@ -142,14 +137,19 @@ impl Executor {
         }
         let drafts = self.propose(plan);
         let mut batch = Batch::new();
-        // Per item: its first logits row's batch index.
+        // Per item: the index of its first logits row among the outputs (rows come in batch
+        // order: an item that samples has one for its last token and one per proposal).
         let mut rows = Vec::with_capacity(plan.items.len());
+        let mut n_rows = 0;
         for (item, drafts) in plan.items.iter().zip(&drafts) {
             for (k, &token) in item.tokens.iter().enumerate() {
                 let last = k + 1 == item.tokens.len();
                 batch.push(token, item.start_pos + k as i64, &[item.seq], item.sample && last);
             }
-            rows.push(batch.len() - 1);
+            rows.push(n_rows);
+            if item.sample {
+                n_rows += 1 + drafts.len();
+            }
             for (k, &token) in drafts.iter().enumerate() {
                 batch.push(token, item.start_pos + (item.tokens.len() + k) as i64, &[item.seq], true);
             }
@@ -209,7 +209,7 @@ impl Executor {
         drafts
     }
 
-    /// Samples an item's rows from batch index `row` on, in order, while the sampled token is
+    /// Samples an item's logits rows from output row `row` on, in order, while the sampled token is
     /// the proposed one; stops early where the request ends (a stop token, its constraint).
     fn verify(&mut self, id: RequestId, drafts: &[u32], row: usize) -> Result<ItemOutput, DecodeError> {
         let lane =
@@ -217,8 +217,7 @@ impl Executor {
         let outputs = self.ctx.outputs();
         let mut out = ItemOutput { proposed: drafts.len(), ..ItemOutput::default() };
         for j in 0..=drafts.len() {
-            let logits =
-                outputs.logits_ith(row + j).ok_or_else(|| DecodeError::Internal("missing logits row".into()))?;
+            let logits = outputs.row(row + j).ok_or_else(|| DecodeError::Internal("missing logits row".into()))?;
             let sampled = lane.sampler.sample(logits);
             let token = sampled.token;
             let ends = sampled.end.is_some() || lane.stop_ids.contains(&token);

@@ -17,6 +17,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use llaisys_actors::request::FinishReason;
 use llaisys_actors::speculative::SpeculativeConfig;
 use llaisys_actors::{ChatRequest, Constraint, Engine, EngineConfig, Event, GenerateParams, GenerateRequest, Guidance};
 use llaisys_model::{Device, WeightDtype};
@@ -110,6 +111,8 @@ struct Timing {
     tokens: usize,
     /// Grammar mask time of each token (constrained requests).
     masks: Vec<Duration>,
+    /// Why the request ended.
+    finish: Option<FinishReason>,
 }
 
 async fn bench(args: BenchArgs) -> Result<(), CliError> {
@@ -341,8 +344,9 @@ async fn run_one(
     let timing = timed(engine, prompt, params).await?;
     if timing.tokens != max_tokens {
         return Err(CliError::Usage(format!(
-            "a benchmark request ended after {} of {max_tokens} tokens",
-            timing.tokens
+            "a benchmark request ended after {} of {max_tokens} tokens ({})",
+            timing.tokens,
+            timing.finish.map_or("no finish", |f| f.as_str())
         )));
     }
     Ok(timing)
@@ -353,6 +357,7 @@ async fn timed(engine: &Engine, prompt: Vec<u32>, params: GenerateParams) -> Res
     let start = Instant::now();
     let mut stream = engine.generate(GenerateRequest::new(prompt, params)).await?;
     let (mut last, mut ttft, mut gaps, mut tokens, mut masks) = (start, None, Vec::new(), 0, Vec::new());
+    let mut finish = None;
     while let Some(event) = stream.next().await {
         match event {
             Event::Token { mask_time, .. } => {
@@ -365,10 +370,10 @@ async fn timed(engine: &Engine, prompt: Vec<u32>, params: GenerateParams) -> Res
                 last = now;
                 tokens += 1;
             }
-            Event::Finished { .. } => {}
+            Event::Finished { reason, .. } => finish = Some(reason),
         }
     }
-    Ok(Timing { ttft: ttft.unwrap_or_default(), gaps, tokens, masks })
+    Ok(Timing { ttft: ttft.unwrap_or_default(), gaps, tokens, masks, finish })
 }
 
 struct Concurrent {
