@@ -96,6 +96,8 @@
 //!   admission and preemption, prefix reuse and session pins (E3–E6);
 //! - `worker/`: the executor the worker actor owns: one step on the model, then sampling
 //!   (and verifying proposed tokens);
+//! - `placement/`: which replica (device) or node serves a request: session, cached prefix,
+//!   load (D2, N2);
 //! - `speculative/`: speculative decoding's proposers (prompt lookup, a draft model) and the
 //!   policy that sizes each sequence's proposals;
 //! - `request/`: the request state machine (E2) and stop-string matching (E7);
@@ -104,13 +106,15 @@
 pub mod engine;
 pub mod host;
 pub mod llm;
+pub mod placement;
 pub mod request;
 pub mod scheduler;
 pub mod speculative;
 pub mod worker;
 
 pub use engine::{
-    Engine, EngineStats, Event, EventStream, GenerateRequest, ModelLoader, Router, SessionInfo, SpeculativeStats, Usage,
+    Engine, EngineStats, Event, EventStream, GenerateRequest, ModelLoader, ReplicaSpec, ReplicaStats, Router,
+    SessionInfo, SpeculativeStats, Usage,
 };
 pub use futures_util::StreamExt;
 pub use host::{
@@ -118,5 +122,5 @@ pub use host::{
     RequestError, RequestLimits, Tool, ToolChoice,
 };
 pub use llaisys_model::tokenizer::ChatMessage;
-pub use llaisys_model::{Constraint, Device, Guidance, WeightDtype};
+pub use llaisys_model::{Constraint, Device, DeviceSpec, Guidance, WeightDtype};
 pub use llm::{Completion, EngineConfig, EngineError, GenerateParams, Llm};

@@ -118,18 +118,37 @@ fn packed_runs_on(device: &Device) -> bool {
     *device == Device::flex()
 }
 
+/// The first of `preferred` that `device` computes in, else f32 (a GPU without 16-bit floats
+/// in its shaders, such as Mesa's llvmpipe through OpenGL ES, keeps a 16-bit checkpoint in f32).
+fn float_on(device: &Device, preferred: &[DType]) -> DType {
+    preferred.iter().copied().find(|&d| device.supports_dtype(d)).unwrap_or(DType::F32)
+}
+
+/// `dtype` if `device` computes in it (an explicit `--dtype` is not silently widened).
+fn supported(name: &str, dtype: DType, device: &Device) -> Result<DType, LoadError> {
+    match device.supports_dtype(dtype) {
+        true => Ok(dtype),
+        false => Err(LoadError::Tensor {
+            name: name.into(),
+            reason: format!("this device does not compute in {dtype:?} (use --dtype f32, or auto)"),
+        }),
+    }
+}
+
 impl WeightDtype {
     /// How a matrix `name` stored as `stored`, with rows of `k` values, is kept on `device`.
     pub fn storage(self, name: &str, stored: Stored, k: usize, device: &Device) -> Result<Storage, LoadError> {
         let bad = |reason: String| Err(LoadError::Tensor { name: name.into(), reason });
         let storage = match (self, stored) {
             (Self::Auto, Stored::F32) | (Self::F32, _) => Storage::Dense(DType::F32),
-            (Self::Auto, Stored::F16) | (Self::F16, _) => Storage::Dense(DType::F16),
-            (Self::Auto, Stored::Bf16) | (Self::Bf16, _) => Storage::Dense(DType::BF16),
+            (Self::F16, _) => Storage::Dense(supported(name, DType::F16, device)?),
+            (Self::Bf16, _) => Storage::Dense(supported(name, DType::BF16, device)?),
+            (Self::Auto, Stored::F16) => Storage::Dense(float_on(device, &[DType::F16])),
+            (Self::Auto, Stored::Bf16) => Storage::Dense(float_on(device, &[DType::BF16, DType::F16])),
             (Self::Auto, Stored::Quant(q)) => match packed_runs_on(device) {
                 true => Storage::Packed(q),
-                // Other backends compute in floats: dequantize to 16 bits.
-                false => Storage::Dense(DType::F16),
+                // Other backends compute in floats: dequantize to 16 bits where they can.
+                false => Storage::Dense(float_on(device, &[DType::F16])),
             },
             (Self::Quant(q), stored) => {
                 if stored != Stored::Quant(q) && q.is_k() {

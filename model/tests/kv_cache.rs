@@ -7,15 +7,20 @@ use llaisys_model::TensorData;
 use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::tensors::TensorSource;
-use llaisys_model::{Batch, Context, DecodeError, Device, LoadOptions, ModelSource, argmax, load_model};
-use llaisys_tests::{Reference, fixture_dir, max_abs_diff, topk_error};
+use llaisys_model::{Batch, Context, DecodeError, Device, DeviceSpec, LoadOptions, ModelSource, argmax, load_model};
+use llaisys_tests::{Reference, fixture_dir, max_abs_diff, test_device, topk_error};
 
 const FIXTURE: &str = "tiny-tied-f32";
 const TOL: f32 = 1e-3;
 
+/// The device under test (`LLAISYS_TEST_DEVICE`; the CPU by default).
+fn device() -> Device {
+    test_device().parse::<DeviceSpec>().unwrap().device().unwrap()
+}
+
 fn context(name: &str, capacity: usize) -> Context {
     let model =
-        load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &Device::flex()).unwrap();
+        load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &device()).unwrap();
     Context::new(model, capacity)
 }
 
@@ -178,7 +183,7 @@ fn an_internal_error_releases_the_placed_cells() {
     std::fs::write(dir.path().join("config.json"), r#"{"model_type":"mock","vocab_size":64,"fail_on_token":13}"#)
         .unwrap();
     let model =
-        load_model(None, Some(&ModelSource::Dir(dir.path().into())), &LoadOptions::default(), &Device::flex()).unwrap();
+        load_model(None, Some(&ModelSource::Dir(dir.path().into())), &LoadOptions::default(), &device()).unwrap();
     let mut ctx = Context::new(model, 16);
     ctx.decode(&one_sequence(&[1, 2, 3], 0, 0)).unwrap();
     let err = ctx.decode(&one_sequence(&[4, 13], 0, 3)).unwrap_err();
@@ -188,7 +193,7 @@ fn an_internal_error_releases_the_placed_cells() {
 
 #[test]
 fn the_mock_model_reads_its_context_from_the_cache() {
-    let model = load_model(Some("mock"), None, &LoadOptions::default(), &Device::flex()).unwrap();
+    let model = load_model(Some("mock"), None, &LoadOptions::default(), &device()).unwrap();
     let mut ctx = Context::new(model, 64);
     let first = greedy(&mut ctx, 0, &[5, 6, 7], 6, &[]).unwrap().tokens;
     assert_eq!(greedy(&mut ctx, 1, &[5, 6, 7], 6, &[]).unwrap().tokens, first, "deterministic");

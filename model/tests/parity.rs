@@ -3,14 +3,19 @@
 //! prompts interleaved as two sequences in the same batches.
 
 use llaisys_model::generate::{Finish, greedy};
-use llaisys_model::{Batch, BatchInput, Context, Device, LoadOptions, ModelSource, load_model};
-use llaisys_tests::{FIXTURES, PromptRef, Reference, fixture_dir, max_abs_diff, topk_error};
+use llaisys_model::{Batch, BatchInput, Context, Device, DeviceSpec, LoadOptions, ModelSource, load_model};
+use llaisys_tests::{FIXTURES, PromptRef, Reference, fixture_dir, max_abs_diff, test_device, topk_error};
 
 /// Absolute tolerance on logits (f32 compute; the bf16 fixture's reference also computes in f32).
 const TOL: f32 = 1e-3;
 
+/// The device under test (`LLAISYS_TEST_DEVICE`; the CPU by default).
+fn device() -> Device {
+    test_device().parse::<DeviceSpec>().unwrap().device().unwrap()
+}
+
 fn context(name: &str) -> Context {
-    let model = load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &Device::flex())
+    let model = load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &device())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     Context::new(model, 256)
 }

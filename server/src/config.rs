@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use llaisys_actors::speculative::SpeculativeConfig;
 use llaisys_actors::{EngineConfig, RequestLimits};
-use llaisys_model::WeightDtype;
+use llaisys_model::{DeviceSpec, WeightDtype};
 use serde::Deserialize;
 
 /// The documented defaults.
@@ -41,6 +41,7 @@ pub struct ModelConfig {
     pub name: String,
     pub model_type: String,
     pub dtype: String,
+    pub device: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -152,6 +153,7 @@ impl Config {
             return Err(bad("model.path", "no model: give --model FILE.gguf or DIR (or LLAISYS_MODEL_PATH)"));
         }
         self.weight_dtype().map_err(|e| bad("model.dtype", &e))?;
+        self.devices().map_err(|e| bad("model.device", &e))?;
         let factor = self.engine.prefill_step_factor;
         if !(factor == 0.0 || (factor.is_finite() && factor > 1.0)) {
             return Err(bad("engine.prefill_step_factor", "must be 0 (off) or a number above 1"));
@@ -182,6 +184,11 @@ impl Config {
 
     pub fn weight_dtype(&self) -> Result<WeightDtype, String> {
         self.model.dtype.parse::<WeightDtype>().map_err(|e| e.to_string())
+    }
+
+    /// `model.device` as a list of devices, one replica each.
+    pub fn devices(&self) -> Result<Vec<DeviceSpec>, String> {
+        DeviceSpec::parse_list(&self.model.device).map_err(|e| e.to_string())
     }
 
     /// The name clients use for the model: `model.name`, or the file's name without `.gguf`,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use llaisys_actors::EngineStats;
+use llaisys_actors::ReplicaStats;
 use llaisys_actors::request::FinishReason;
 use metrics::{Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
@@ -77,14 +77,6 @@ impl Metrics {
         self.recorder.register_counter(&Self::key(name, labels), &METADATA).increment(by);
     }
 
-    fn gauge(&self, name: &'static str, model: &str, value: f64) {
-        self.recorder.register_gauge(&Self::key(name, &[("model", model.into())]), &METADATA).set(value);
-    }
-
-    fn absolute(&self, name: &'static str, model: &str, value: u64) {
-        self.recorder.register_counter(&Self::key(name, &[("model", model.into())]), &METADATA).absolute(value);
-    }
-
     fn histogram(&self, name: &'static str, model: &str, value: Duration) {
         self.recorder
             .register_histogram(&Self::key(name, &[("model", model.into())]), &METADATA)
@@ -125,20 +117,28 @@ impl Metrics {
         self.counter("llaisys_http_requests_total", &[("route", route.into()), ("status", status.to_string())], 1);
     }
 
-    /// The engine's own figures, read at scrape time.
-    pub fn engine_stats(&self, model: &str, s: &EngineStats) {
-        self.gauge("llaisys_num_requests_running", model, s.running as f64);
-        self.gauge("llaisys_num_requests_waiting", model, s.waiting as f64);
-        self.gauge("llaisys_kv_cache_usage_perc", model, s.kv_cells_used as f64 / s.kv_capacity.max(1) as f64);
-        self.gauge("llaisys_kv_cache_cells_used", model, s.kv_cells_used as f64);
-        self.gauge("llaisys_kv_cache_cells_cached", model, s.kv_cells_cached as f64);
-        self.gauge("llaisys_num_sessions", model, s.sessions as f64);
-        self.absolute("llaisys_prefix_cache_queries_total", model, s.prefix_queries);
-        self.absolute("llaisys_prefix_cache_hits_total", model, s.prefix_hits);
-        self.absolute("llaisys_num_preemptions_total", model, s.preemptions);
-        self.absolute("llaisys_worker_restarts_total", model, s.worker_restarts);
+    /// One replica's own figures, read at scrape time, labelled by model, device and replica
+    /// index (two replicas can share a device).
+    pub fn engine_stats(&self, model: &str, replica: usize, r: &ReplicaStats) {
+        let s = &r.stats;
+        let labels = [("model", model.to_string()), ("device", r.device.clone()), ("replica", replica.to_string())];
+        let gauge = |name, value: f64| self.recorder.register_gauge(&Self::key(name, &labels), &METADATA).set(value);
+        gauge("llaisys_num_requests_running", s.running as f64);
+        gauge("llaisys_num_requests_waiting", s.waiting as f64);
+        gauge("llaisys_kv_cache_usage_perc", s.kv_cells_used as f64 / s.kv_capacity.max(1) as f64);
+        gauge("llaisys_kv_cache_cells_used", s.kv_cells_used as f64);
+        gauge("llaisys_kv_cache_cells_cached", s.kv_cells_cached as f64);
+        gauge("llaisys_num_sessions", s.sessions as f64);
         let spec = &s.speculative;
-        let labels = [("model", model.to_string()), ("proposer", spec.proposer.to_string())];
+        for (name, value) in [
+            ("llaisys_prefix_cache_queries_total", s.prefix_queries),
+            ("llaisys_prefix_cache_hits_total", s.prefix_hits),
+            ("llaisys_num_preemptions_total", s.preemptions),
+            ("llaisys_worker_restarts_total", s.worker_restarts),
+        ] {
+            self.recorder.register_counter(&Self::key(name, &labels), &METADATA).absolute(value);
+        }
+        let labels = [labels[0].clone(), labels[1].clone(), labels[2].clone(), ("proposer", spec.proposer.to_string())];
         for (name, value) in [
             ("llaisys_spec_decode_num_draft_tokens_total", spec.proposed),
             ("llaisys_spec_decode_num_accepted_tokens_total", spec.accepted),

@@ -22,9 +22,11 @@ pub enum ServeError {
 /// Loads the configured model and serves it.
 pub async fn start(config: &Config) -> Result<Server, ServeError> {
     let dtype = config.weight_dtype().map_err(|e| ServeError::Address(e.to_string()))?;
+    let devices = config.devices().map_err(|e| ServeError::Address(e.to_string()))?;
     let mut builder = Engine::builder()
         .model(&config.model.path)
         .dtype(dtype)
+        .devices(devices)
         .config(config.engine_config())
         .limits(config.request_limits());
     if !config.model.model_type.is_empty() {

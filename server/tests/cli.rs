@@ -167,3 +167,81 @@ fn perplexity_scores_a_text_the_same_through_either_file() {
     let out = llaisys(&["perplexity", "--model", model, "--file", short.to_str().unwrap(), "--ctx", "64"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("fewer than one chunk"));
 }
+
+/// `llaisys serve` on the device under test (`LLAISYS_TEST_DEVICE`: the CPU here, Mesa's
+/// llvmpipe through wgpu in `scripts/test-wgpu.sh`): a greedy completion over HTTP gives the
+/// transformers reference, and `/metrics` labels the replica with its device.
+#[test]
+fn serve_answers_with_the_reference_on_the_test_device() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::Stdio;
+
+    let device = llaisys_tests::test_device();
+    let name = "tiny-untied-f32";
+    let dir = fixture_dir(name);
+    #[rustfmt::skip]
+    let mut child = Command::new(env!("CARGO_BIN_EXE_llaisys"))
+        .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0", "--device", &device, "--set", "engine.kv_capacity=512"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run llaisys serve");
+    // The address is on the line `llaisys: serving 'NAME' on http://ADDR`.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("on http://").nth(1) {
+                let _ = tx.send(Ok(addr.trim().to_string()));
+            } else if line.contains("rror") {
+                let _ = tx.send(Err(line));
+            }
+        }
+    });
+    let started = rx.recv_timeout(std::time::Duration::from_secs(120));
+    let addr = match started {
+        Ok(Ok(addr)) => addr,
+        other => {
+            let _ = child.kill();
+            panic!("llaisys serve --device {device} did not start: {other:?}");
+        }
+    };
+    let http = |method: &str, path: &str, body: &str| -> String {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(body.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+    };
+    let p = &Reference::load(name).prompts[0];
+    let body = serde_json::json!({
+        "model": name, "prompt": p.ids, "max_tokens": p.greedy.len(), "temperature": 0, "ignore_eos": true
+    });
+    let answer: serde_json::Value = serde_json::from_str(&http("POST", "/v1/completions", &body.to_string())).unwrap();
+    let metrics = http("GET", "/metrics", "");
+    let _ = child.kill();
+    let _ = child.wait();
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(answer["choices"][0]["text"], tokenizer.decode(&p.greedy, true).unwrap(), "{answer}");
+    let label = format!("device=\"{device}\"");
+    assert!(metrics.lines().any(|l| l.starts_with("llaisys_num_requests_running") && l.contains(&label)), "{metrics}");
+}
+
+#[test]
+fn a_device_this_build_lacks_or_cannot_parse_is_a_clear_error() {
+    let dir = fixture_dir("tiny-tied-f32");
+    let dir = dir.to_str().unwrap();
+    let out = llaisys(&["generate", "--model", dir, "--prompt", "hi", "--device", "tpu:0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown device 'tpu:0'"));
+    if cfg!(not(feature = "cuda")) {
+        let out = llaisys(&["generate", "--model", dir, "--prompt", "hi", "--device", "cuda"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("--features cuda"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

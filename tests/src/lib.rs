@@ -10,6 +10,13 @@ use serde::Deserialize;
 /// The fixture models (directory names).
 pub const FIXTURES: [&str; 3] = ["tiny-tied-f32", "tiny-untied-f32", "tiny-bf16"];
 
+/// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,
+/// else `cpu`. `scripts/test-wgpu.sh` sets `gl` (Mesa's llvmpipe) in a build with the `wgpu`
+/// feature.
+pub fn test_device() -> String {
+    std::env::var("LLAISYS_TEST_DEVICE").unwrap_or_else(|_| "cpu".into())
+}
+
 /// Absolute path of fixture `name`.
 pub fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)

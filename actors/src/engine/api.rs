@@ -8,15 +8,18 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
-use llaisys_model::{Constraint, Guidance, LanguageModel, LoadError, ModelInfo, Tokenizer};
+use llaisys_model::{Constraint, Device, Guidance, LanguageModel, LoadError, ModelInfo, Tokenizer};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio::sync::watch;
 
-use super::messages::ToScheduler;
-use super::scheduler_actor::{SchedulerActor, SchedulerArgs};
+use super::messages::{ReplicaLoad, ToPlacer, ToScheduler};
+use super::placer_actor::{PlacerActor, PlacerArgs, Target};
+use super::scheduler_actor::{IdSpace, SchedulerActor, SchedulerArgs};
 use super::session_actor::SessionInfo;
 use crate::host::{ChatRequest, CompletionRequest, EngineBuilder, Frontend, Generation, Prepared};
 use crate::llm::{EngineConfig, EngineError, GenerateParams};
+use crate::placement::PlacementConfig;
 use crate::request::ToolCallDelta;
 use crate::request::{FinishReason, RequestId};
 
@@ -131,6 +134,43 @@ impl SpeculativeStats {
     }
 }
 
+impl EngineStats {
+    /// Adds another replica's figures (capacities and counters add up).
+    fn add(&mut self, o: &EngineStats) {
+        self.running += o.running;
+        self.waiting += o.waiting;
+        self.kv_cells_used += o.kv_cells_used;
+        self.kv_capacity += o.kv_capacity;
+        self.kv_cells_cached += o.kv_cells_cached;
+        self.preemptions += o.preemptions;
+        self.prefix_queries += o.prefix_queries;
+        self.prefix_hits += o.prefix_hits;
+        self.finished.add(&o.finished);
+        self.sessions += o.sessions;
+        self.worker_restarts += o.worker_restarts;
+        self.speculative.proposer = o.speculative.proposer;
+        self.speculative.proposed += o.speculative.proposed;
+        self.speculative.accepted += o.speculative.accepted;
+    }
+}
+
+/// One replica's figures: the device it runs on and its own stats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaStats {
+    /// The device as `--device` spells it (`cpu`, `vulkan:0`).
+    pub device: String,
+    pub stats: EngineStats,
+}
+
+/// A replica to start: the device it runs on, and how to load the model (and the draft model)
+/// there. Loaders are called at start and again to replace a failed worker.
+#[derive(Clone)]
+pub struct ReplicaSpec {
+    pub device: String,
+    pub loader: ModelLoader,
+    pub draft: Option<ModelLoader>,
+}
+
 /// Requests finished so far, by reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FinishCounts {
@@ -145,6 +185,13 @@ impl FinishCounts {
         self.stop + self.length + self.abort + self.error
     }
 
+    fn add(&mut self, o: &FinishCounts) {
+        self.stop += o.stop;
+        self.length += o.length;
+        self.abort += o.abort;
+        self.error += o.error;
+    }
+
     pub(super) fn count(&mut self, reason: FinishReason) {
         *match reason {
             FinishReason::Stop | FinishReason::ToolCalls => &mut self.stop,
@@ -155,10 +202,18 @@ impl FinishCounts {
     }
 }
 
-/// The cloneable handle to one engine.
+/// A started replica: its scheduler actor (which supervises its worker) and its device.
+struct Replica {
+    scheduler: ActorRef<ToScheduler>,
+    device: String,
+}
+
+/// The cloneable handle to one engine: one replica of the model per device (D2), each a
+/// scheduler with its worker and KV cache; with several, a placer actor picks one per request.
 #[derive(Clone)]
 pub struct Engine {
-    scheduler: ActorRef<ToScheduler>,
+    replicas: Arc<[Replica]>,
+    placer: Option<ActorRef<ToPlacer>>,
     info: Arc<ModelInfo>,
     /// The model's text side (absent when started without a tokenizer).
     frontend: Option<Arc<Frontend>>,
@@ -179,7 +234,8 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         let loader: ModelLoader = Arc::new(|| Err(LoadError::NoLoader));
-        Self::spawn(model, loader, tokenizer.map(Frontend::plain), config, None).await
+        let spec = ReplicaSpec { device: device_label(model.device()), loader, draft: None };
+        Self::spawn(vec![(model, spec)], tokenizer.map(Frontend::plain), config, PlacementConfig::default()).await
     }
 
     /// Starts the actors with a model from `loader`, which is called again to replace a worker
@@ -209,27 +265,74 @@ impl Engine {
         config: EngineConfig,
         draft: Option<ModelLoader>,
     ) -> Result<Self, EngineError> {
-        let load = loader.clone();
-        let model = tokio::task::spawn_blocking(move || load())
-            .await
-            .map_err(|e| EngineError::Actor(e.to_string()))?
-            .map_err(|e| EngineError::WorkerLost(format!("loading the model: {e}")))?;
-        Self::spawn(model, loader, frontend, config, draft).await
+        let model = load(&loader).await?;
+        let device = device_label(model.device());
+        let spec = ReplicaSpec { device, loader, draft };
+        Self::spawn(vec![(model, spec)], frontend, config, PlacementConfig::default()).await
+    }
+
+    /// Starts one replica per spec (the model loaded on each device in turn), placed by
+    /// `placement` when there are several.
+    pub async fn start_replicas(
+        replicas: Vec<ReplicaSpec>,
+        frontend: Option<Frontend>,
+        config: EngineConfig,
+        placement: PlacementConfig,
+    ) -> Result<Self, EngineError> {
+        if replicas.is_empty() {
+            return Err(EngineError::Actor("an engine needs at least one replica".into()));
+        }
+        let mut loaded = Vec::with_capacity(replicas.len());
+        for spec in replicas {
+            let model = load(&spec.loader).await.map_err(|e| match e {
+                EngineError::WorkerLost(why) => EngineError::WorkerLost(format!("{why} (device {})", spec.device)),
+                e => e,
+            })?;
+            loaded.push((model, spec));
+        }
+        Self::spawn(loaded, frontend, config, placement).await
     }
 
     async fn spawn(
-        model: Box<dyn LanguageModel>,
-        loader: ModelLoader,
+        replicas: Vec<(Box<dyn LanguageModel>, ReplicaSpec)>,
         frontend: Option<Frontend>,
         config: EngineConfig,
-        draft: Option<ModelLoader>,
+        placement: PlacementConfig,
     ) -> Result<Self, EngineError> {
-        let info = Arc::new(model.info().clone());
+        let info = Arc::new(replicas[0].0.info().clone());
         let tokenizer = frontend.as_ref().map(Frontend::shared_tokenizer);
-        let args = SchedulerArgs { model, loader, draft, tokenizer, config };
-        let (scheduler, _) =
-            Actor::spawn(None, SchedulerActor, args).await.map_err(|e| EngineError::Actor(e.to_string()))?;
-        Ok(Self { scheduler, info, frontend: frontend.map(Arc::new) })
+        let stride = replicas.len() as u64;
+        let (mut started, mut targets) = (Vec::new(), Vec::new());
+        for (i, (model, spec)) in replicas.into_iter().enumerate() {
+            let (load, watched) = watch::channel(ReplicaLoad { available: true, ..ReplicaLoad::default() });
+            let args = SchedulerArgs {
+                model,
+                loader: spec.loader,
+                draft: spec.draft,
+                tokenizer: tokenizer.clone(),
+                config,
+                ids: IdSpace { first: i as u64, stride },
+                load,
+            };
+            let (scheduler, _) = match Actor::spawn(None, SchedulerActor, args).await {
+                Ok(spawned) => spawned,
+                Err(e) => {
+                    started.iter().for_each(|r: &Replica| r.scheduler.stop(None));
+                    return Err(EngineError::Actor(e.to_string()));
+                }
+            };
+            targets.push(Target { scheduler: scheduler.clone(), load: watched });
+            started.push(Replica { scheduler, device: spec.device });
+        }
+        let placer = match started.len() {
+            1 => None,
+            _ => {
+                let args = PlacerArgs { targets, config: placement };
+                let spawned = Actor::spawn(None, PlacerActor, args).await;
+                Some(spawned.map_err(|e| EngineError::Actor(e.to_string()))?.0)
+            }
+        };
+        Ok(Self { replicas: started.into(), placer, info, frontend: frontend.map(Arc::new) })
     }
 
     /// What the engine's model is (vocabulary, context length, eos ids).
@@ -288,19 +391,23 @@ impl Engine {
     /// Queues a request and returns its event stream.
     pub async fn generate(&self, request: GenerateRequest) -> Result<EventStream, EngineError> {
         let (tx, rx) = unbounded_channel();
-        let id = ractor::call!(self.scheduler, |reply| ToScheduler::Submit {
-            request: Box::new(request),
-            events: tx,
-            reply
-        })
-        .map_err(|e| EngineError::Actor(e.to_string()))??;
+        let request = Box::new(request);
+        let id = match &self.placer {
+            Some(placer) => ractor::call!(placer, |reply| ToPlacer::Submit { request, events: tx, reply })
+                .map_err(|e| EngineError::Actor(e.to_string()))??,
+            None => {
+                ractor::call!(self.replicas[0].scheduler, |reply| ToScheduler::Submit { request, events: tx, reply })
+                    .map_err(|e| EngineError::Actor(e.to_string()))??
+            }
+        };
         Ok(EventStream { id, rx })
     }
 
     /// Cancels a request; it ends with `FinishReason::Abort` at the next step. Returns whether
     /// the request was still running or waiting.
     pub async fn cancel(&self, id: RequestId) -> bool {
-        ractor::call!(self.scheduler, |reply| ToScheduler::Finish {
+        let replica = &self.replicas[(id % self.replicas.len() as u64) as usize];
+        ractor::call!(replica.scheduler, |reply| ToScheduler::Finish {
             id,
             reason: FinishReason::Abort,
             reply: Some(reply)
@@ -308,24 +415,77 @@ impl Engine {
         .unwrap_or(false)
     }
 
+    /// The whole engine's figures: every replica's added up.
     pub async fn stats(&self) -> Result<EngineStats, EngineError> {
-        ractor::call!(self.scheduler, ToScheduler::Stats).map_err(|e| EngineError::Actor(e.to_string()))
+        let mut total = EngineStats::default();
+        for replica in self.replica_stats().await? {
+            total.add(&replica.stats);
+        }
+        Ok(total)
     }
 
-    /// The live sessions, by id.
+    /// Each replica's figures, in `--device` order.
+    pub async fn replica_stats(&self) -> Result<Vec<ReplicaStats>, EngineError> {
+        let mut all = Vec::with_capacity(self.replicas.len());
+        for r in self.replicas.iter() {
+            let stats =
+                ractor::call!(r.scheduler, ToScheduler::Stats).map_err(|e| EngineError::Actor(e.to_string()))?;
+            all.push(ReplicaStats { device: r.device.clone(), stats });
+        }
+        Ok(all)
+    }
+
+    /// The live sessions of every replica, by id.
     pub async fn sessions(&self) -> Result<Vec<SessionInfo>, EngineError> {
-        ractor::call!(self.scheduler, ToScheduler::Sessions).map_err(|e| EngineError::Actor(e.to_string()))
+        let mut all = Vec::new();
+        for r in self.replicas.iter() {
+            all.extend(
+                ractor::call!(r.scheduler, ToScheduler::Sessions).map_err(|e| EngineError::Actor(e.to_string()))?,
+            );
+        }
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(all)
     }
 
     /// Ends a session and frees its cells. Returns whether it existed.
     pub async fn delete_session(&self, id: &str) -> Result<bool, EngineError> {
-        ractor::call!(self.scheduler, |reply| ToScheduler::DeleteSession { id: id.into(), reply })
-            .map_err(|e| EngineError::Actor(e.to_string()))
+        if let Some(placer) = &self.placer {
+            let _ = placer.send_message(ToPlacer::ForgetSession(id.into()));
+        }
+        let mut existed = false;
+        for r in self.replicas.iter() {
+            existed |= ractor::call!(r.scheduler, |reply| ToScheduler::DeleteSession { id: id.into(), reply })
+                .map_err(|e| EngineError::Actor(e.to_string()))?;
+        }
+        Ok(existed)
     }
 
     /// Refuses new requests, waits for every request to finish, then stops the actors.
     pub async fn shutdown(&self) {
-        let _ = ractor::call!(self.scheduler, ToScheduler::Shutdown);
-        self.scheduler.stop(None);
+        for r in self.replicas.iter() {
+            let _ = ractor::call!(r.scheduler, ToScheduler::Shutdown);
+            r.scheduler.stop(None);
+        }
+        if let Some(placer) = &self.placer {
+            placer.stop(None);
+        }
+    }
+}
+
+/// Runs `loader` on a blocking thread.
+async fn load(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, EngineError> {
+    let load = loader.clone();
+    tokio::task::spawn_blocking(move || load())
+        .await
+        .map_err(|e| EngineError::Actor(e.to_string()))?
+        .map_err(|e| EngineError::WorkerLost(format!("loading the model: {e}")))
+}
+
+/// A device's name for stats and metrics when the caller gave none: `cpu` for Burn's CPU
+/// backend, else the backend's own description.
+fn device_label(device: &Device) -> String {
+    match *device == Device::flex() {
+        true => "cpu".into(),
+        false => format!("{device:?}"),
     }
 }

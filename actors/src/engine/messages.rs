@@ -42,6 +42,30 @@ pub enum ToScheduler {
     SessionIdle { id: String, actor: ActorId },
 }
 
+/// To the placer actor (engines with several replicas).
+pub enum ToPlacer {
+    /// `Engine::generate`'s request: forwarded, reply port and all, as `ToScheduler::Submit`
+    /// to the replica the placement policy picks.
+    Submit {
+        request: Box<GenerateRequest>,
+        events: UnboundedSender<Event>,
+        reply: RpcReplyPort<Result<RequestId, EngineError>>,
+    },
+    /// A deleted session's pin is dropped.
+    ForgetSession(String),
+}
+
+/// What a replica's scheduler publishes after each message it handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReplicaLoad {
+    /// Requests running or waiting.
+    pub held: usize,
+    /// Submissions received so far (accepted or refused).
+    pub received: u64,
+    /// Whether it takes requests (not shutting down, its worker alive or restartable).
+    pub available: bool,
+}
+
 /// To the worker actor.
 pub enum ToWorker {
     /// A new request's sampler and speculation state (sent before any step that samples for it).

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use llaisys_model::{Context, Guidance, LanguageModel, ModelInfo, Sampler, SamplingParams, Tokenizer};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 
 use super::api::{EngineStats, Event, FinishCounts, GenerateRequest, ModelLoader, SpeculativeStats};
-use super::messages::{ToRequest, ToScheduler, ToSession, ToWorker};
+use super::messages::{ReplicaLoad, ToRequest, ToScheduler, ToSession, ToWorker};
 use super::request_actor::{RequestActor, RequestArgs};
 use super::session_actor::{SessionActor, SessionArgs};
 use super::worker_actor::{WorkerActor, WorkerArgs};
@@ -34,6 +35,18 @@ pub struct SchedulerArgs {
     pub draft: Option<ModelLoader>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub config: EngineConfig,
+    /// This replica's request ids: `first`, `first + stride`, ... (ids are unique across an
+    /// engine's replicas, and `id % stride` names the replica).
+    pub ids: IdSpace,
+    /// Where the replica's load is published (for the placer).
+    pub load: watch::Sender<ReplicaLoad>,
+}
+
+/// A replica's share of request ids.
+#[derive(Debug, Clone, Copy)]
+pub struct IdSpace {
+    pub first: RequestId,
+    pub stride: RequestId,
 }
 
 /// A request the engine is serving.
@@ -64,6 +77,10 @@ pub struct SchedulerState {
     info: ModelInfo,
     config: EngineConfig,
     next_id: RequestId,
+    id_stride: RequestId,
+    load: watch::Sender<ReplicaLoad>,
+    /// Submissions received (published in the load).
+    received: u64,
     /// The requests of the step the worker is running.
     in_flight: Option<Vec<RequestId>>,
     shutting_down: bool,
@@ -100,7 +117,10 @@ impl Actor for SchedulerActor {
             tokenizer: args.tokenizer,
             info,
             config: args.config,
-            next_id: 0,
+            next_id: args.ids.first,
+            id_stride: args.ids.stride.max(1),
+            load: args.load,
+            received: 0,
             in_flight: None,
             shutting_down: false,
             shutdown_waiters: Vec::new(),
@@ -132,6 +152,7 @@ impl Actor for SchedulerActor {
         };
         state.restart_worker(&me, failure).await;
         state.step();
+        state.publish_load();
         Ok(())
     }
 
@@ -143,6 +164,7 @@ impl Actor for SchedulerActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ToScheduler::Submit { request, events, reply } => {
+                state.received += 1;
                 let result = state.submit(&me, *request, events).await;
                 let _ = reply.send(result);
             }
@@ -228,11 +250,21 @@ impl Actor for SchedulerActor {
             }
         }
         state.step();
+        state.publish_load();
         Ok(())
     }
 }
 
 impl SchedulerState {
+    fn publish_load(&self) {
+        let load = ReplicaLoad {
+            held: self.requests.len(),
+            received: self.received,
+            available: !self.shutting_down && self.worker_lost.is_none(),
+        };
+        self.load.send_if_modified(|old| std::mem::replace(old, load) != load);
+    }
+
     async fn submit(
         &mut self,
         me: &ActorRef<ToScheduler>,
@@ -263,7 +295,7 @@ impl SchedulerState {
         let seq =
             Sequence::new(id, prompt.clone(), stop).in_session(session.clone()).speculating(speculating.is_some());
         self.scheduler.add(seq)?;
-        self.next_id += 1;
+        self.next_id += self.id_stride;
         let args = RequestArgs {
             id,
             prompt_tokens: prompt.len(),

@@ -4,11 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use llaisys_model::{Device, LoadError, LoadOptions, ModelSource, WeightDtype, load_model};
+use llaisys_model::{DeviceError, DeviceSpec, LoadError, LoadOptions, ModelSource, WeightDtype, load_model};
 
 use super::frontend::{Frontend, GenerationDefaults, RequestLimits};
+use crate::placement::PlacementConfig;
 use crate::speculative::SettingError;
-use crate::{Engine, EngineConfig, EngineError, Llm, ModelLoader};
+use crate::{Engine, EngineConfig, EngineError, Llm, ModelLoader, ReplicaSpec};
 
 /// Why an engine could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +20,10 @@ pub enum BuildError {
     Load { path: String, source: LoadError },
     #[error("the draft model {path} cannot propose for this model: its vocabulary differs ({difference})")]
     DraftVocabulary { path: String, difference: String },
+    #[error("--device: {0}")]
+    Device(#[from] DeviceError),
+    #[error("offline use (`build_offline`) runs on one device; {0} were given")]
+    OfflineDevices(usize),
     #[error("speculative decoding: {0}")]
     Speculative(#[from] SettingError),
     #[error("starting the engine: {0}")]
@@ -32,7 +37,8 @@ pub struct EngineBuilder {
     model_type: Option<String>,
     draft: Option<PathBuf>,
     load: LoadOptions,
-    device: Device,
+    devices: Vec<DeviceSpec>,
+    placement: PlacementConfig,
     config: EngineConfig,
     limits: RequestLimits,
 }
@@ -44,7 +50,8 @@ impl Default for EngineBuilder {
             model_type: None,
             draft: None,
             load: LoadOptions::default(),
-            device: Device::flex(),
+            devices: vec![DeviceSpec::Cpu],
+            placement: PlacementConfig::default(),
             config: EngineConfig::default(),
             limits: RequestLimits::default(),
         }
@@ -79,9 +86,23 @@ impl EngineBuilder {
         self
     }
 
-    /// The device the model runs on.
-    pub fn device(mut self, device: Device) -> Self {
-        self.device = device;
+    /// The device the model runs on (default: the CPU).
+    pub fn device(mut self, device: DeviceSpec) -> Self {
+        self.devices = vec![device];
+        self
+    }
+
+    /// One replica of the model per entry, each a worker with its own KV cache (the same device
+    /// twice is two replicas); each request goes to one, chosen by session, cached prefix and
+    /// load (`placement`).
+    pub fn devices(mut self, devices: impl IntoIterator<Item = DeviceSpec>) -> Self {
+        self.devices = devices.into_iter().collect();
+        self
+    }
+
+    /// How requests are spread over several replicas.
+    pub fn placement(mut self, placement: PlacementConfig) -> Self {
+        self.placement = placement;
         self
     }
 
@@ -100,13 +121,17 @@ impl EngineBuilder {
     /// Loads the model (off the async threads) and starts the engine's actors in the current
     /// tokio runtime. A worker that fails later is replaced by loading the model again.
     pub async fn build(self) -> Result<Engine, BuildError> {
-        let Parts { loader, frontend, config, draft } = self.parts()?;
-        Ok(Engine::start_with_draft(loader, frontend, config, draft).await?)
+        let Parts { replicas, frontend, config, placement } = self.parts()?;
+        Ok(Engine::start_replicas(replicas, frontend, config, placement).await?)
     }
 
     /// Loads the model for blocking offline use.
     pub fn build_offline(self) -> Result<Llm, BuildError> {
-        let Parts { loader, frontend, config, draft } = self.parts()?;
+        let Parts { mut replicas, frontend, config, .. } = self.parts()?;
+        if replicas.len() != 1 {
+            return Err(BuildError::OfflineDevices(replicas.len()));
+        }
+        let ReplicaSpec { loader, draft, .. } = replicas.remove(0);
         let model = loader().map_err(|source| BuildError::Load { path: "(model)".into(), source })?;
         let mut llm = Llm::with_frontend(model, frontend, config);
         if let Some(draft) = draft {
@@ -119,6 +144,9 @@ impl EngineBuilder {
     fn parts(self) -> Result<Parts, BuildError> {
         if self.model.is_none() && self.model_type.is_none() {
             return Err(BuildError::NoModel);
+        }
+        if self.devices.is_empty() {
+            return Err(DeviceError::Empty.into());
         }
         let path = self.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
         let load_err = |source| BuildError::Load { path: path.clone(), source };
@@ -148,22 +176,31 @@ impl EngineBuilder {
                 if let Some(difference) = difference {
                     return Err(BuildError::DraftVocabulary { path: shown, difference });
                 }
-                let (load, device) = (self.load.clone(), self.device.clone());
-                let loader: ModelLoader = Arc::new(move || load_model(None, Some(&source), &load, &device));
-                Some(loader)
+                Some(source)
             }
             None => None,
         };
-        let (model_type, load, device) = (self.model_type, self.load, self.device);
-        let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), source.as_ref(), &load, &device));
-        Ok(Parts { loader, frontend, config: self.config, draft })
+        let mut replicas = Vec::with_capacity(self.devices.len());
+        for spec in &self.devices {
+            let device = spec.device()?;
+            let (model_type, load, source, dev) =
+                (self.model_type.clone(), self.load.clone(), source.clone(), device.clone());
+            let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), source.as_ref(), &load, &dev));
+            let draft = draft.clone().map(|source| {
+                let load = self.load.clone();
+                let device = device.clone();
+                Arc::new(move || load_model(None, Some(&source), &load, &device)) as ModelLoader
+            });
+            replicas.push(ReplicaSpec { device: spec.to_string(), loader, draft });
+        }
+        Ok(Parts { replicas, frontend, config: self.config, placement: self.placement })
     }
 }
 
 /// What an engine is built from.
 struct Parts {
-    loader: ModelLoader,
+    replicas: Vec<ReplicaSpec>,
     frontend: Option<Frontend>,
     config: EngineConfig,
-    draft: Option<ModelLoader>,
+    placement: PlacementConfig,
 }

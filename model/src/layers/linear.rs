@@ -170,7 +170,11 @@ impl Linear {
         }
         let [rows, _] = x.dims();
         let [out, _] = weight.dims();
-        let y = if rows <= SPLIT_MAX_ROWS && out >= SPLIT_MIN_OUT && rayon::current_num_threads() > 1 {
+        let y = if rows <= SPLIT_MAX_ROWS
+            && out >= SPLIT_MIN_OUT
+            && rayon::current_num_threads() > 1
+            && x.device() == Device::flex()
+        {
             // Without the kernel (no AVX-512), the CPU backend runs few-row products on one
             // thread, which streams the weight at one core's memory bandwidth. Two halves of the
             // rows on two threads stream it at the machine's.

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use llaisys_actors::request::FinishReason;
 use llaisys_actors::speculative::SpeculativeConfig;
 use llaisys_actors::{ChatRequest, Constraint, Engine, EngineConfig, Event, GenerateParams, GenerateRequest, Guidance};
-use llaisys_model::{Device, WeightDtype};
+use llaisys_model::{DeviceSpec, WeightDtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -39,9 +39,10 @@ pub struct BenchArgs {
     /// q5_0, q5_1 (a GGUF's K-quants as stored).
     #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
-    /// Compute backend (only `flex`, Burn's CPU backend, is built without the `cuda` feature).
-    #[arg(long, default_value = "flex")]
-    backend: String,
+    /// Devices, one replica each: cpu, wgpu[:N], vulkan[:N], gl, cuda[:N], as a list
+    /// (`cpu,cpu`); GPUs need a build with the `wgpu` (or `cuda`) feature.
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Prompt lengths of the prefill measurement.
     #[arg(long, value_delimiter = ',', default_value = "128,512")]
     prefill: Vec<usize>,
@@ -125,10 +126,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
             return Err(CliError::Usage(msg));
         }
     }
-    let device = match args.backend.as_str() {
-        "flex" => Device::flex(),
-        other => return Err(CliError::Usage(format!("--backend: '{other}' is not built in (flex)"))),
-    };
+    let devices = DeviceSpec::parse_list(&args.device).map_err(|e| CliError::Usage(format!("--device: {e}")))?;
     let defaults = EngineConfig::default();
     let max_seqs = args.max_seqs_per_step.unwrap_or(defaults.max_seqs_per_step);
     let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
@@ -150,7 +148,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         ..defaults.speculative
     };
     let config = EngineConfig { speculative, ..config };
-    let mut builder = Engine::builder().model(&args.model).dtype(args.dtype).device(device).config(config);
+    let mut builder = Engine::builder().model(&args.model).dtype(args.dtype).devices(devices).config(config);
     if let Some(t) = &args.model_type {
         builder = builder.model_type(t.clone());
     }
@@ -183,7 +181,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     let mut report = serde_json::Map::new();
     report.insert("model".into(), json!(args.model.display().to_string()));
     report.insert("dtype".into(), json!(args.dtype.to_string()));
-    report.insert("backend".into(), json!(args.backend));
+    report.insert("device".into(), json!(args.device));
     report.insert("runs".into(), json!(args.runs));
     let loaded = rss_mb("VmRSS:");
     report.insert("rss_after_load_mb".into(), json!(loaded.map(round)));

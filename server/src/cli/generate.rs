@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use llaisys_actors::request::FinishReason;
 use llaisys_actors::{
-    ChatMessage, ChatRequest, CompletionRequest, Engine, EngineConfig, Event, Options, StreamExt, WeightDtype,
+    ChatMessage, ChatRequest, CompletionRequest, DeviceSpec, Engine, EngineConfig, Event, Options, StreamExt,
+    WeightDtype,
 };
 
 use super::CliError;
@@ -59,6 +60,10 @@ pub struct GenerateArgs {
     /// format (q8_0, q4_0, q4_1, q5_0, q5_1; a GGUF's K-quants as stored).
     #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
+    /// The device: cpu, wgpu[:N], vulkan[:N], gl, cuda[:N] (GPUs need a build with the `wgpu`
+    /// or `cuda` feature).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
 }
 
 pub fn run(args: GenerateArgs) -> Result<(), CliError> {
@@ -69,7 +74,7 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
 async fn generate(args: GenerateArgs) -> Result<(), CliError> {
     // The KV cache holds this one request; a longer prompt is refused with a clear error.
     let config = EngineConfig { kv_capacity: (args.max_tokens + 4096).max(8192), ..EngineConfig::default() };
-    let mut builder = Engine::builder().model(&args.model).dtype(args.dtype).config(config);
+    let mut builder = Engine::builder().model(&args.model).dtype(args.dtype).device(args.device).config(config);
     if let Some(t) = &args.model_type {
         builder = builder.model_type(t);
     }

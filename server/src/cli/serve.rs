@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// q4_0, q4_1, q5_0, q5_1 (quantized at load), q4_k, q5_k, q6_k (a GGUF's, as stored).
     #[arg(long)]
     dtype: Option<String>,
+    /// Devices (`model.device`), one replica of the model each: cpu, wgpu[:N], vulkan[:N], gl,
+    /// cuda[:N], as a comma-separated list (`cpu,vulkan:0`; a device twice is two replicas).
+    #[arg(long)]
+    device: Option<String>,
     /// An accepted bearer key (repeatable; `server.api_keys`).
     #[arg(long = "api-key")]
     api_keys: Vec<String>,
@@ -53,6 +57,9 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     }
     if let Some(d) = &args.dtype {
         settings.push(("model.dtype".into(), quoted(d)));
+    }
+    if let Some(d) = &args.device {
+        settings.push(("model.device".into(), quoted(d)));
     }
     if !args.api_keys.is_empty() {
         let keys: Vec<String> = args.api_keys.iter().map(|k| quoted(k)).collect();

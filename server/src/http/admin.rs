@@ -48,8 +48,10 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     for m in state.models.values() {
-        if let Ok(stats) = m.engine.stats().await {
-            state.metrics.engine_stats(&m.name, &stats);
+        if let Ok(replicas) = m.engine.replica_stats().await {
+            for (i, r) in replicas.iter().enumerate() {
+                state.metrics.engine_stats(&m.name, i, r);
+            }
         }
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# D3: the wgpu backend's tests on Mesa's llvmpipe (a software GPU, so any machine runs them):
+# the fixture parity and KV-cache tests of the model, and `llaisys serve` end to end, built with
+# the `wgpu` feature and run on the `gl` device (OpenGL ES through EGL).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/mesa.sh
+export LLAISYS_TEST_DEVICE=gl
+# Headless Mesa wants a private runtime directory.
+XDG_RUNTIME_DIR="$(mktemp -d)"
+export XDG_RUNTIME_DIR
+cargo test -p llaisys-model --features wgpu --test parity --test kv_cache
+cargo test -p llaisys-server --features wgpu --test cli -- serve_answers_with_the_reference_on_the_test_device
