@@ -9,5 +9,6 @@ export LLAISYS_TEST_DEVICE=gl
 # Headless Mesa wants a private runtime directory.
 XDG_RUNTIME_DIR="$(mktemp -d)"
 export XDG_RUNTIME_DIR
-cargo test -p llaisys-model --features wgpu --test parity --test kv_cache
-cargo test -p llaisys-server --features wgpu --test cli -- serve_answers_with_the_reference_on_the_test_device
+# One build for both packages (the wgpu stack takes most of it).
+cargo test -p llaisys-model -p llaisys-server --features llaisys-model/wgpu,llaisys-server/wgpu \
+  --test parity --test kv_cache --test cli
