@@ -39,7 +39,7 @@ pub struct BenchArgs {
     /// q5_0, q5_1 (a GGUF's K-quants as stored).
     #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
-    /// Devices, one replica each: cpu, wgpu[:N], vulkan[:N], gl, cuda[:N], as a list
+    /// Devices, one replica each: cpu, wgpu, vulkan, gl, cuda (an index as in vulkan:1), as a list
     /// (`cpu,cpu`); GPUs need a build with the `wgpu` (or `cuda`) feature.
     #[arg(long, default_value = "cpu")]
     device: String,

@@ -60,8 +60,8 @@ pub struct GenerateArgs {
     /// format (q8_0, q4_0, q4_1, q5_0, q5_1; a GGUF's K-quants as stored).
     #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
-    /// The device: cpu, wgpu[:N], vulkan[:N], gl, cuda[:N] (GPUs need a build with the `wgpu`
-    /// or `cuda` feature).
+    /// The device: cpu, wgpu, vulkan, gl, cuda (an index as in vulkan:1; GPUs need a build with
+    /// the `wgpu` or `cuda` feature).
     #[arg(long, default_value = "cpu")]
     device: DeviceSpec,
 }

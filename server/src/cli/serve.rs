@@ -28,8 +28,9 @@ pub struct ServeArgs {
     /// q4_0, q4_1, q5_0, q5_1 (quantized at load), q4_k, q5_k, q6_k (a GGUF's, as stored).
     #[arg(long)]
     dtype: Option<String>,
-    /// Devices (`model.device`), one replica of the model each: cpu, wgpu[:N], vulkan[:N], gl,
-    /// cuda[:N], as a comma-separated list (`cpu,vulkan:0`; a device twice is two replicas).
+    /// Devices (`model.device`), one replica of the model each: cpu, wgpu, vulkan, gl, cuda (a
+    /// GPU index as in vulkan:1), as a comma-separated list (`cpu,vulkan:0`; a device twice is
+    /// two replicas).
     #[arg(long)]
     device: Option<String>,
     /// An accepted bearer key (repeatable; `server.api_keys`).
