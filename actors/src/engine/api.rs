@@ -13,9 +13,9 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio::sync::watch;
 
-use super::messages::{ReplicaLoad, ToPlacer, ToScheduler};
+use super::messages::{ReplicaLoad, Submission, ToPlacer, ToScheduler};
 use super::placer_actor::{PlacerActor, PlacerArgs, Target};
-use super::scheduler_actor::{IdSpace, SchedulerActor, SchedulerArgs};
+use super::scheduler_actor::{IdSpace, SchedulerActor, SchedulerArgs, load_off_thread};
 use super::session_actor::SessionInfo;
 use crate::host::{ChatRequest, CompletionRequest, EngineBuilder, Frontend, Generation, Prepared};
 use crate::llm::{EngineConfig, EngineError, GenerateParams};
@@ -393,12 +393,14 @@ impl Engine {
         let (tx, rx) = unbounded_channel();
         let request = Box::new(request);
         let id = match &self.placer {
-            Some(placer) => ractor::call!(placer, |reply| ToPlacer::Submit { request, events: tx, reply })
+            Some(placer) => ractor::call!(placer, |reply| ToPlacer::Submit(Submission { request, events: tx, reply }))
                 .map_err(|e| EngineError::Actor(e.to_string()))??,
-            None => {
-                ractor::call!(self.replicas[0].scheduler, |reply| ToScheduler::Submit { request, events: tx, reply })
-                    .map_err(|e| EngineError::Actor(e.to_string()))??
-            }
+            None => ractor::call!(self.replicas[0].scheduler, |reply| ToScheduler::Submit(Submission {
+                request,
+                events: tx,
+                reply
+            }))
+            .map_err(|e| EngineError::Actor(e.to_string()))??,
         };
         Ok(EventStream { id, rx })
     }
@@ -472,13 +474,9 @@ impl Engine {
     }
 }
 
-/// Runs `loader` on a blocking thread.
+/// Loads a model off the async threads, for `Engine`'s start.
 async fn load(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, EngineError> {
-    let load = loader.clone();
-    tokio::task::spawn_blocking(move || load())
-        .await
-        .map_err(|e| EngineError::Actor(e.to_string()))?
-        .map_err(|e| EngineError::WorkerLost(format!("loading the model: {e}")))
+    load_off_thread(loader).await.map_err(|e| EngineError::WorkerLost(format!("loading the model: {e}")))
 }
 
 /// A device's name for stats and metrics when the caller gave none: `cpu` for Burn's CPU

@@ -13,15 +13,19 @@ use crate::request::{FinishReason, RequestId};
 use crate::scheduler::StepPlan;
 use crate::worker::{ItemOutput, Lane};
 
+/// A request on its way to a scheduler: its events go to `events`, its id (or why it was
+/// refused) to `reply`.
+pub struct Submission {
+    pub request: Box<GenerateRequest>,
+    pub events: UnboundedSender<Event>,
+    pub reply: RpcReplyPort<Result<RequestId, EngineError>>,
+}
+
 /// To the scheduler actor.
 pub enum ToScheduler {
-    /// Sent by `Engine::generate`: validate and queue a request whose events go to `events`.
-    /// Replies with its id, or why it was refused.
-    Submit {
-        request: Box<GenerateRequest>,
-        events: UnboundedSender<Event>,
-        reply: RpcReplyPort<Result<RequestId, EngineError>>,
-    },
+    /// Sent by `Engine::generate`, or by the placer on its behalf: validate and queue the
+    /// request. Replies with its id, or why it was refused.
+    Submit(Submission),
     /// Sent by the worker when a step ran; carries what each plan item produced and how long
     /// the step took.
     StepDone { plan: StepPlan, result: Result<Vec<ItemOutput>, DecodeError>, elapsed: Duration },
@@ -46,11 +50,7 @@ pub enum ToScheduler {
 pub enum ToPlacer {
     /// `Engine::generate`'s request: forwarded, reply port and all, as `ToScheduler::Submit`
     /// to the replica the placement policy picks.
-    Submit {
-        request: Box<GenerateRequest>,
-        events: UnboundedSender<Event>,
-        reply: RpcReplyPort<Result<RequestId, EngineError>>,
-    },
+    Submit(Submission),
     /// A deleted session's pin is dropped.
     ForgetSession(String),
 }

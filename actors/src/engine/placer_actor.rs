@@ -48,21 +48,22 @@ impl Actor for PlacerActor {
         state: &mut PlacerState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ToPlacer::Submit { request, events, reply } => {
+            ToPlacer::Submit(submission) => {
                 let loads: Vec<(usize, Load)> = (0..state.targets.len()).map(|i| (i, state.load(i))).collect();
+                let request = &submission.request;
                 match state.placement.place(&request.prompt, request.session.as_deref(), &loads) {
                     Some((i, reason)) => {
                         tracing::debug!(replica = i, reason = reason.as_str(), "request placed");
                         state.routed[i] += 1;
-                        let msg = ToScheduler::Submit { request, events, reply };
-                        if let Err(e) = state.targets[i].scheduler.send_message(msg) {
+                        if let Err(e) = state.targets[i].scheduler.send_message(ToScheduler::Submit(submission)) {
                             // The replica's actor is gone: the message, reply port included, is
                             // dropped with the error, which the caller sees as a failed call.
                             tracing::error!(replica = i, error = %e, "replica unreachable");
                         }
                     }
                     None => {
-                        let _ = reply.send(Err(EngineError::WorkerLost("no replica can take requests".into())));
+                        let refusal = Err(EngineError::WorkerLost("no replica can take requests".into()));
+                        let _ = submission.reply.send(refusal);
                     }
                 }
             }

@@ -15,7 +15,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
 use super::api::{EngineStats, Event, FinishCounts, GenerateRequest, ModelLoader, SpeculativeStats};
-use super::messages::{ReplicaLoad, ToRequest, ToScheduler, ToSession, ToWorker};
+use super::messages::{ReplicaLoad, Submission, ToRequest, ToScheduler, ToSession, ToWorker};
 use super::request_actor::{RequestActor, RequestArgs};
 use super::session_actor::{SessionActor, SessionArgs};
 use super::worker_actor::{WorkerActor, WorkerArgs};
@@ -163,7 +163,7 @@ impl Actor for SchedulerActor {
         state: &mut SchedulerState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ToScheduler::Submit { request, events, reply } => {
+            ToScheduler::Submit(Submission { request, events, reply }) => {
                 state.received += 1;
                 let result = state.submit(&me, *request, events).await;
                 let _ = reply.send(result);
@@ -453,7 +453,7 @@ impl SchedulerState {
 }
 
 /// Runs `loader` on a blocking thread (loading reads and converts the whole checkpoint).
-async fn load_off_thread(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, String> {
+pub(super) async fn load_off_thread(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, String> {
     let loader = loader.clone();
     match tokio::task::spawn_blocking(move || loader()).await {
         Ok(loaded) => loaded.map_err(|e| e.to_string()),
