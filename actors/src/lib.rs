@@ -100,9 +100,12 @@
 //!   load (D2, N2);
 //! - `speculative/`: speculative decoding's proposers (prompt lookup, a draft model) and the
 //!   policy that sizes each sequence's proposals;
+//! - `cluster/`: several machines (N1–N5): the front's router, a node's actor, the wire
+//!   protocol and the connections between them;
 //! - `request/`: the request state machine (E2) and stop-string matching (E7);
 //! - `llm.rs`: blocking offline generation over the same scheduler and executor (E9).
 
+pub mod cluster;
 pub mod engine;
 pub mod host;
 pub mod llm;

@@ -153,6 +153,9 @@ pub enum EngineError {
     Rejected(#[from] AdmissionError),
     #[error("the engine is shutting down")]
     ShuttingDown,
+    /// Every node is at its capacity and the front's queue is full (HTTP 429).
+    #[error("overloaded: {0}")]
+    Overloaded(String),
     #[error("the model '{name}' is not served; available: {available}")]
     UnknownModel { name: String, available: String },
     #[error("the model name '{0}' is already served")]

@@ -31,7 +31,7 @@ pub use config::ModelConfig;
 pub use context::Context;
 pub use device::{DeviceError, DeviceSpec};
 pub use error::{DecodeError, KvError, LoadError};
-pub use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuideEnd};
+pub use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd};
 pub use kv::{KvCache, Pos, PosRange, SeqId};
 pub use lm::{LanguageModel, ModelInfo};
 pub use output::{Outputs, argmax};

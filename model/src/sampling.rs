@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use crate::grammar::{Guidance, Guide, GuideEnd};
 
 /// How to pick tokens for one sequence. `Default` is greedy with no penalties.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 = greedy.
     pub temperature: f32,

@@ -2,9 +2,12 @@
 //! file, `LLAISYS_<SECTION>_<KEY>` environment variables and command-line settings override
 //! them in that order. Every error names the key it is about.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use llaisys_actors::cluster::{ClusterConfig, ClusterError, Tls, read_cookie};
+use llaisys_actors::placement::{PlacementConfig, Routing};
 use llaisys_actors::speculative::SpeculativeConfig;
 use llaisys_actors::{EngineConfig, RequestLimits};
 use llaisys_model::{DeviceSpec, WeightDtype};
@@ -21,6 +24,24 @@ pub struct Config {
     pub engine: EngineSection,
     pub speculative: SpeculativeSection,
     pub limits: Limits,
+    pub cluster: ClusterSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    pub listen: String,
+    pub cookie_file: PathBuf,
+    pub name: String,
+    pub serve_local: bool,
+    pub routing: String,
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_timeout_ms: u64,
+    pub capacity: usize,
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+    pub tls_ca: PathBuf,
+    pub tls_server_name: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -176,10 +197,72 @@ impl Config {
             return Err(bad("engine.max_seqs_per_step", &format!("must be at most {}", llaisys_model::kv::MAX_SEQ)));
         }
         self.engine_config().speculative.validate().map_err(|e| bad(e.key, &e.reason))?;
+        self.routing().map_err(|e| bad("cluster.routing", &e))?;
+        if !self.cluster.listen.is_empty() {
+            self.cluster_listen().map_err(|e| bad("cluster.listen", &e))?;
+        }
+        let c = &self.cluster;
+        if c.heartbeat_interval_ms == 0 {
+            return Err(bad("cluster.heartbeat_interval_ms", "must be at least 1"));
+        }
+        if c.heartbeat_timeout_ms <= c.heartbeat_interval_ms {
+            return Err(bad("cluster.heartbeat_timeout_ms", "must be longer than cluster.heartbeat_interval_ms"));
+        }
+        if c.tls_cert.as_os_str().is_empty() != c.tls_key.as_os_str().is_empty() {
+            return Err(bad("cluster.tls_key", "give both cluster.tls_cert and cluster.tls_key, or neither"));
+        }
         if self.server.api_keys.iter().any(|k| k.trim().is_empty()) {
             return Err(bad("server.api_keys", "keys must not be empty"));
         }
         Ok(())
+    }
+
+    /// `cluster.routing` as the placement policy's rule.
+    pub fn routing(&self) -> Result<Routing, String> {
+        self.cluster.routing.parse()
+    }
+
+    /// `cluster.listen` as an address.
+    pub fn cluster_listen(&self) -> Result<SocketAddr, String> {
+        self.cluster.listen.parse().map_err(|e| format!("'{}': {e} (expected HOST:PORT)", self.cluster.listen))
+    }
+
+    /// The cluster's cookie: `cluster.cookie_file`'s first line, else `LLAISYS_CLUSTER_COOKIE`.
+    pub fn cluster_cookie(&self) -> Result<String, ClusterError> {
+        let file = &self.cluster.cookie_file;
+        read_cookie((!file.as_os_str().is_empty()).then_some(file.as_path()))
+    }
+
+    /// The front's TLS (`cluster.tls_cert` and `tls_key`), if set.
+    pub fn cluster_server_tls(&self) -> Result<Option<Tls>, ClusterError> {
+        let c = &self.cluster;
+        match c.tls_cert.as_os_str().is_empty() {
+            true => Ok(None),
+            false => Tls::server(&c.tls_cert, &c.tls_key).map(Some),
+        }
+    }
+
+    /// A worker's TLS (`cluster.tls_ca` and `tls_server_name`), if set.
+    pub fn cluster_client_tls(&self) -> Result<Option<Tls>, ClusterError> {
+        let c = &self.cluster;
+        match c.tls_ca.as_os_str().is_empty() {
+            true => Ok(None),
+            false => Tls::client(&c.tls_ca, &c.tls_server_name).map(Some),
+        }
+    }
+
+    /// The cluster's settings for this process (a front or a worker node).
+    pub fn cluster_config(&self) -> ClusterConfig {
+        let c = &self.cluster;
+        let defaults = ClusterConfig::default();
+        ClusterConfig {
+            name: if c.name.is_empty() { defaults.name } else { c.name.clone() },
+            heartbeat_interval: Duration::from_millis(c.heartbeat_interval_ms),
+            heartbeat_timeout: Duration::from_millis(c.heartbeat_timeout_ms),
+            queue: self.limits.max_queue,
+            capacity: if c.capacity == 0 { self.limits.max_concurrent_requests } else { c.capacity },
+            placement: PlacementConfig { routing: self.routing().unwrap_or_default(), ..PlacementConfig::default() },
+        }
     }
 
     pub fn weight_dtype(&self) -> Result<WeightDtype, String> {

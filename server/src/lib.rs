@@ -12,4 +12,4 @@ pub mod serve;
 
 pub use config::Config;
 pub use http::Server;
-pub use serve::{ServeError, load_entry, start, start_models};
+pub use serve::{ServeError, builder, load_entry, start, start_models};

@@ -19,8 +19,56 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// Grammar mask buckets in seconds, from 10 µs to 100 ms.
 const MASK_BUCKETS: &[f64] = &[1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1];
 
+/// Figures read from the engines at each scrape (a node that left has none).
+const ENGINE_HELP: &[(&str, &str)] = &[
+    ("llaisys_num_requests_running", "Requests in the engine's running batch."),
+    ("llaisys_num_requests_waiting", "Requests waiting to be scheduled."),
+    ("llaisys_kv_cache_usage_perc", "Fraction of KV-cache cells in use (1 = full)."),
+    ("llaisys_kv_cache_cells_used", "KV-cache cells in use, cached prefixes included."),
+    ("llaisys_kv_cache_cells_cached", "KV-cache cells kept for prefix reuse and sessions."),
+    ("llaisys_num_sessions", "Live sessions."),
+    ("llaisys_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."),
+    ("llaisys_prefix_cache_hits_total", "Prompt tokens found in the prefix cache."),
+    ("llaisys_num_preemptions_total", "Sequences preempted for lack of KV cells."),
+    ("llaisys_worker_restarts_total", "Failed workers replaced."),
+    ("llaisys_spec_decode_num_draft_tokens_total", "Tokens proposed for speculative decoding, by proposer."),
+    ("llaisys_spec_decode_num_accepted_tokens_total", "Proposed tokens accepted, by proposer."),
+    ("llaisys_spec_decode_num_rejected_tokens_total", "Proposed tokens rejected, by proposer."),
+    ("llaisys_spec_decode_acceptance_rate", "Accepted over proposed tokens so far, by proposer."),
+    ("llaisys_cluster_wire_bytes_total", "Cluster frame bytes this process sent and received, by direction."),
+];
+
+/// Figures the server counts as requests finish.
+const REQUEST_HELP: &[(&str, &str)] = &[
+    ("llaisys_prompt_tokens_total", "Prompt tokens of finished requests."),
+    ("llaisys_generation_tokens_total", "Generated tokens."),
+    ("llaisys_request_success_total", "Finished requests by finish reason."),
+    ("llaisys_time_to_first_token_seconds", "Time from arrival to the first generated token."),
+    ("llaisys_inter_token_latency_seconds", "Time between consecutive generated tokens of a request."),
+    ("llaisys_e2e_request_latency_seconds", "Time from arrival to the last token."),
+    ("llaisys_request_queue_time_seconds", "Time from arrival to the first scheduling."),
+    ("llaisys_http_requests_total", "HTTP responses by route and status."),
+    ("llaisys_constrained_requests_total", "Requests with a constraint (T1), by kind."),
+    ("llaisys_grammar_mask_seconds", "Time to compute one token's grammar mask."),
+];
+
 pub struct Metrics {
     recorder: PrometheusRecorder,
+}
+
+fn recorder() -> PrometheusRecorder {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+        .expect("the bucket list is not empty")
+        .set_buckets_for_metric(Matcher::Full("llaisys_grammar_mask_seconds".into()), MASK_BUCKETS)
+        .expect("the bucket list is not empty")
+        .build_recorder()
+}
+
+fn describe(recorder: &PrometheusRecorder, help: &[(&'static str, &'static str)]) {
+    for (name, help) in help {
+        recorder.describe_counter((*name).into(), None, (*help).into());
+    }
 }
 
 impl Default for Metrics {
@@ -31,41 +79,8 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
-            .expect("the bucket list is not empty")
-            .set_buckets_for_metric(Matcher::Full("llaisys_grammar_mask_seconds".into()), MASK_BUCKETS)
-            .expect("the bucket list is not empty")
-            .build_recorder();
-        let m = Self { recorder };
-        for (name, help) in [
-            ("llaisys_num_requests_running", "Requests in the engine's running batch."),
-            ("llaisys_num_requests_waiting", "Requests waiting to be scheduled."),
-            ("llaisys_kv_cache_usage_perc", "Fraction of KV-cache cells in use (1 = full)."),
-            ("llaisys_kv_cache_cells_used", "KV-cache cells in use, cached prefixes included."),
-            ("llaisys_kv_cache_cells_cached", "KV-cache cells kept for prefix reuse and sessions."),
-            ("llaisys_num_sessions", "Live sessions."),
-            ("llaisys_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."),
-            ("llaisys_prefix_cache_hits_total", "Prompt tokens found in the prefix cache."),
-            ("llaisys_num_preemptions_total", "Sequences preempted for lack of KV cells."),
-            ("llaisys_worker_restarts_total", "Failed workers replaced."),
-            ("llaisys_prompt_tokens_total", "Prompt tokens of finished requests."),
-            ("llaisys_generation_tokens_total", "Generated tokens."),
-            ("llaisys_request_success_total", "Finished requests by finish reason."),
-            ("llaisys_time_to_first_token_seconds", "Time from arrival to the first generated token."),
-            ("llaisys_inter_token_latency_seconds", "Time between consecutive generated tokens of a request."),
-            ("llaisys_e2e_request_latency_seconds", "Time from arrival to the last token."),
-            ("llaisys_request_queue_time_seconds", "Time from arrival to the first scheduling."),
-            ("llaisys_http_requests_total", "HTTP responses by route and status."),
-            ("llaisys_constrained_requests_total", "Requests with a constraint (T1), by kind."),
-            ("llaisys_grammar_mask_seconds", "Time to compute one token's grammar mask."),
-            ("llaisys_spec_decode_num_draft_tokens_total", "Tokens proposed for speculative decoding, by proposer."),
-            ("llaisys_spec_decode_num_accepted_tokens_total", "Proposed tokens accepted, by proposer."),
-            ("llaisys_spec_decode_num_rejected_tokens_total", "Proposed tokens rejected, by proposer."),
-            ("llaisys_spec_decode_acceptance_rate", "Accepted over proposed tokens so far, by proposer."),
-        ] {
-            m.recorder.describe_counter(name.into(), None, help.into());
-        }
+        let m = Self { recorder: recorder() };
+        describe(&m.recorder, REQUEST_HELP);
         m
     }
 
@@ -117,12 +132,42 @@ impl Metrics {
         self.counter("llaisys_http_requests_total", &[("route", route.into()), ("status", status.to_string())], 1);
     }
 
-    /// One replica's own figures, read at scrape time, labelled by model, device and replica
-    /// index (two replicas can share a device).
-    pub fn engine_stats(&self, model: &str, replica: usize, r: &ReplicaStats) {
+    /// The Prometheus text exposition: the server's counters, then `engines`' figures (each
+    /// model's replicas, every node's in a cluster) read now, so that a node that left is gone.
+    pub fn render(&self, engines: &[(&str, Vec<ReplicaStats>)]) -> String {
+        let snapshot = Snapshot(recorder());
+        describe(&snapshot.0, ENGINE_HELP);
+        for (model, replicas) in engines {
+            for (i, r) in replicas.iter().enumerate() {
+                // The replica's index on its node.
+                let index = replicas[..i].iter().filter(|o| o.node == r.node).count();
+                snapshot.engine_stats(model, index, r);
+            }
+        }
+        let (sent, received) = llaisys_actors::cluster::wire::bytes();
+        for (direction, bytes) in [("sent", sent), ("received", received)] {
+            let key = Self::key("llaisys_cluster_wire_bytes_total", &[("direction", direction.to_string())]);
+            snapshot.0.register_counter(&key, &METADATA).absolute(bytes);
+        }
+        format!("{}{}", self.recorder.handle().render(), snapshot.0.handle().render())
+    }
+}
+
+/// A scrape's engine figures.
+struct Snapshot(PrometheusRecorder);
+
+impl Snapshot {
+    /// One replica's own figures, labelled by model, node (`local` outside a cluster), device
+    /// and replica index (two replicas can share a device).
+    fn engine_stats(&self, model: &str, replica: usize, r: &ReplicaStats) {
         let s = &r.stats;
-        let labels = [("model", model.to_string()), ("device", r.device.clone()), ("replica", replica.to_string())];
-        let gauge = |name, value: f64| self.recorder.register_gauge(&Self::key(name, &labels), &METADATA).set(value);
+        let labels = [
+            ("model", model.to_string()),
+            ("node", r.node.clone()),
+            ("device", r.device.clone()),
+            ("replica", replica.to_string()),
+        ];
+        let gauge = |name, value: f64| self.0.register_gauge(&Metrics::key(name, &labels), &METADATA).set(value);
         gauge("llaisys_num_requests_running", s.running as f64);
         gauge("llaisys_num_requests_waiting", s.waiting as f64);
         gauge("llaisys_kv_cache_usage_perc", s.kv_cells_used as f64 / s.kv_capacity.max(1) as f64);
@@ -136,22 +181,18 @@ impl Metrics {
             ("llaisys_num_preemptions_total", s.preemptions),
             ("llaisys_worker_restarts_total", s.worker_restarts),
         ] {
-            self.recorder.register_counter(&Self::key(name, &labels), &METADATA).absolute(value);
+            self.0.register_counter(&Metrics::key(name, &labels), &METADATA).absolute(value);
         }
-        let labels = [labels[0].clone(), labels[1].clone(), labels[2].clone(), ("proposer", spec.proposer.to_string())];
+        let mut labels = labels.to_vec();
+        labels.push(("proposer", spec.proposer.to_string()));
         for (name, value) in [
             ("llaisys_spec_decode_num_draft_tokens_total", spec.proposed),
             ("llaisys_spec_decode_num_accepted_tokens_total", spec.accepted),
             ("llaisys_spec_decode_num_rejected_tokens_total", spec.rejected()),
         ] {
-            self.recorder.register_counter(&Self::key(name, &labels), &METADATA).absolute(value);
+            self.0.register_counter(&Metrics::key(name, &labels), &METADATA).absolute(value);
         }
         let rate = spec.accepted as f64 / spec.proposed.max(1) as f64;
-        self.recorder.register_gauge(&Self::key("llaisys_spec_decode_acceptance_rate", &labels), &METADATA).set(rate);
-    }
-
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        self.recorder.handle().render()
+        self.0.register_gauge(&Metrics::key("llaisys_spec_decode_acceptance_rate", &labels), &METADATA).set(rate);
     }
 }

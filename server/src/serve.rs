@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use llaisys_actors::cluster::{ClusterError, start_front};
 use llaisys_actors::{BuildError, Engine, EngineBuilder};
 
 use crate::config::Config;
@@ -17,10 +18,34 @@ pub enum ServeError {
     Address(String),
     #[error("listening on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
 }
 
-/// Loads the configured model and serves it.
+/// Loads the configured model and serves it: alone, or as a cluster's front when
+/// `cluster.listen` is set (its requests then run on the nodes that join, and on its own model
+/// when `cluster.serve_local`).
 pub async fn start(config: &Config) -> Result<Server, ServeError> {
+    let mut entry = load_entry(builder(config)?, config.model_name()).await?;
+    if config.cluster.listen.is_empty() {
+        return start_models(vec![entry], config).await;
+    }
+    let listen = config.cluster_listen().map_err(ServeError::Address)?;
+    let (cookie, tls) = (config.cluster_cookie()?, config.cluster_server_tls()?);
+    let cluster = config.cluster_config();
+    let name = cluster.name.clone();
+    let engine = start_front(entry.engine, config.cluster.serve_local, listen, cookie, tls, cluster).await?;
+    tracing::info!(%listen, node = name, "cluster front: worker nodes join at this address");
+    entry = ModelEntry::new(entry.name, engine);
+    // The router queues and refuses (429) by the nodes' capacities; the HTTP layer's own
+    // admission limit would cap the whole cluster at one node's.
+    let mut config = config.clone();
+    config.limits.max_concurrent_requests = tokio::sync::Semaphore::MAX_PERMITS;
+    start_models(vec![entry], &config).await
+}
+
+/// The engine `config` describes, to build.
+pub fn builder(config: &Config) -> Result<EngineBuilder, ServeError> {
     let dtype = config.weight_dtype().map_err(|e| ServeError::Address(e.to_string()))?;
     let devices = config.devices().map_err(|e| ServeError::Address(e.to_string()))?;
     let mut builder = Engine::builder()
@@ -35,8 +60,7 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
     if !config.speculative.draft_model.as_os_str().is_empty() {
         builder = builder.draft_model(&config.speculative.draft_model);
     }
-    let entry = load_entry(builder, config.model_name()).await?;
-    start_models(vec![entry], config).await
+    Ok(builder.placement(config.cluster_config().placement))
 }
 
 /// Builds an engine (a loader is kept, so a failed worker can be replaced) and names it.

@@ -17,6 +17,8 @@ use super::messages::{ReplicaLoad, Submission, ToPlacer, ToScheduler};
 use super::placer_actor::{PlacerActor, PlacerArgs, Target};
 use super::scheduler_actor::{IdSpace, SchedulerActor, SchedulerArgs, load_off_thread};
 use super::session_actor::SessionInfo;
+use crate::cluster::FrontParts;
+use crate::cluster::ToFront;
 use crate::host::{ChatRequest, CompletionRequest, EngineBuilder, Frontend, Generation, Prepared};
 use crate::llm::{EngineConfig, EngineError, GenerateParams};
 use crate::placement::PlacementConfig;
@@ -43,7 +45,7 @@ impl GenerateRequest {
 }
 
 /// Token counts of a finished request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -52,7 +54,7 @@ pub struct Usage {
 }
 
 /// What a request's stream yields: tokens as they come, then exactly one `Finished`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Event {
     Token {
         token: u32,
@@ -87,6 +89,11 @@ impl EventStream {
     pub async fn next(&mut self) -> Option<Event> {
         self.rx.recv().await
     }
+
+    /// The next event if one is already there.
+    pub fn try_next(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok()
+    }
 }
 
 impl Stream for EventStream {
@@ -98,7 +105,7 @@ impl Stream for EventStream {
 }
 
 /// A snapshot of the engine's load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct EngineStats {
     pub running: usize,
     pub waiting: usize,
@@ -119,13 +126,20 @@ pub struct EngineStats {
 }
 
 /// Speculative decoding's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct SpeculativeStats {
     /// Who proposes: `ngram` (prompt lookup) or `draft` (a draft model).
     pub proposer: &'static str,
     /// Tokens proposed, and how many of them were accepted.
     pub proposed: u64,
     pub accepted: u64,
+}
+
+impl<'de> serde::Deserialize<'de> for SpeculativeStats {
+    /// The proposer's name read back into one of the proposers' own.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::cluster::wire::SpeculativeCounts::deserialize(d).map(Self::from)
+    }
 }
 
 impl SpeculativeStats {
@@ -155,8 +169,10 @@ impl EngineStats {
 }
 
 /// One replica's figures: the device it runs on and its own stats.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReplicaStats {
+    /// The node it runs on (`local` outside a cluster).
+    pub node: String,
     /// The device as `--device` spells it (`cpu`, `vulkan:0`).
     pub device: String,
     pub stats: EngineStats,
@@ -172,7 +188,7 @@ pub struct ReplicaSpec {
 }
 
 /// Requests finished so far, by reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct FinishCounts {
     pub stop: u64,
     pub length: u64,
@@ -210,13 +226,22 @@ struct Replica {
 
 /// The cloneable handle to one engine: one replica of the model per device (D2), each a
 /// scheduler with its worker and KV cache; with several, a placer actor picks one per request.
+/// A cluster's front (N2) is an engine too, whose requests its router sends to nodes.
 #[derive(Clone)]
 pub struct Engine {
-    replicas: Arc<[Replica]>,
-    placer: Option<ActorRef<ToPlacer>>,
+    route: Route,
     info: Arc<ModelInfo>,
     /// The model's text side (absent when started without a tokenizer).
     frontend: Option<Arc<Frontend>>,
+}
+
+/// Where an engine's requests run.
+#[derive(Clone)]
+enum Route {
+    /// On this process's replicas.
+    Local { replicas: Arc<[Replica]>, placer: Option<ActorRef<ToPlacer>> },
+    /// On a cluster's nodes, through the front's router.
+    Cluster(Arc<FrontParts>),
 }
 
 impl Engine {
@@ -332,7 +357,18 @@ impl Engine {
                 Some(spawned.map_err(|e| EngineError::Actor(e.to_string()))?.0)
             }
         };
-        Ok(Self { replicas: started.into(), placer, info, frontend: frontend.map(Arc::new) })
+        let route = Route::Local { replicas: started.into(), placer };
+        Ok(Self { route, info, frontend: frontend.map(Arc::new) })
+    }
+
+    /// This engine's model and text side, its requests routed by a cluster's front.
+    pub(crate) fn routed_by(&self, front: Arc<FrontParts>) -> Self {
+        Self { route: Route::Cluster(front), info: self.info.clone(), frontend: self.frontend.clone() }
+    }
+
+    /// Whether requests run on a cluster's nodes.
+    pub fn is_cluster_front(&self) -> bool {
+        matches!(self.route, Route::Cluster(_))
     }
 
     /// What the engine's model is (vocabulary, context length, eos ids).
@@ -392,29 +428,34 @@ impl Engine {
     pub async fn generate(&self, request: GenerateRequest) -> Result<EventStream, EngineError> {
         let (tx, rx) = unbounded_channel();
         let request = Box::new(request);
-        let id = match &self.placer {
-            Some(placer) => ractor::call!(placer, |reply| ToPlacer::Submit(Submission { request, events: tx, reply }))
-                .map_err(|e| EngineError::Actor(e.to_string()))??,
-            None => ractor::call!(self.replicas[0].scheduler, |reply| ToScheduler::Submit(Submission {
-                request,
-                events: tx,
-                reply
-            }))
-            .map_err(|e| EngineError::Actor(e.to_string()))??,
-        };
+        let submission = |reply| Submission { request, events: tx, reply };
+        let id = match &self.route {
+            Route::Local { placer: Some(placer), .. } => {
+                ractor::call!(placer, |r| ToPlacer::Submit(submission(r))).map_err(actor_error)?
+            }
+            Route::Local { replicas, .. } => {
+                ractor::call!(replicas[0].scheduler, |r| ToScheduler::Submit(submission(r))).map_err(actor_error)?
+            }
+            Route::Cluster(c) => ractor::call!(c.front, |r| ToFront::Submit(submission(r))).map_err(actor_error)?,
+        }?;
         Ok(EventStream { id, rx })
     }
 
     /// Cancels a request; it ends with `FinishReason::Abort` at the next step. Returns whether
     /// the request was still running or waiting.
     pub async fn cancel(&self, id: RequestId) -> bool {
-        let replica = &self.replicas[(id % self.replicas.len() as u64) as usize];
-        ractor::call!(replica.scheduler, |reply| ToScheduler::Finish {
-            id,
-            reason: FinishReason::Abort,
-            reply: Some(reply)
-        })
-        .unwrap_or(false)
+        match &self.route {
+            Route::Local { replicas, .. } => {
+                let replica = &replicas[(id % replicas.len() as u64) as usize];
+                ractor::call!(replica.scheduler, |reply| ToScheduler::Finish {
+                    id,
+                    reason: FinishReason::Abort,
+                    reply: Some(reply)
+                })
+                .unwrap_or(false)
+            }
+            Route::Cluster(c) => ractor::call!(c.front, |reply| ToFront::Cancel { id, reply }).unwrap_or(false),
+        }
     }
 
     /// The whole engine's figures: every replica's added up.
@@ -426,21 +467,29 @@ impl Engine {
         Ok(total)
     }
 
-    /// Each replica's figures, in `--device` order.
+    /// Each replica's figures, in `--device` order (a cluster's front: every node's, from their
+    /// last reports).
     pub async fn replica_stats(&self) -> Result<Vec<ReplicaStats>, EngineError> {
-        let mut all = Vec::with_capacity(self.replicas.len());
-        for r in self.replicas.iter() {
-            let stats =
-                ractor::call!(r.scheduler, ToScheduler::Stats).map_err(|e| EngineError::Actor(e.to_string()))?;
-            all.push(ReplicaStats { device: r.device.clone(), stats });
+        let replicas = match &self.route {
+            Route::Local { replicas, .. } => replicas,
+            Route::Cluster(c) => return ractor::call!(c.front, ToFront::Stats).map_err(actor_error),
+        };
+        let mut all = Vec::with_capacity(replicas.len());
+        for r in replicas.iter() {
+            let stats = ractor::call!(r.scheduler, ToScheduler::Stats).map_err(actor_error)?;
+            all.push(ReplicaStats { node: LOCAL_NODE.into(), device: r.device.clone(), stats });
         }
         Ok(all)
     }
 
-    /// The live sessions of every replica, by id.
+    /// The live sessions of every replica (or node), by id.
     pub async fn sessions(&self) -> Result<Vec<SessionInfo>, EngineError> {
+        let replicas = match &self.route {
+            Route::Local { replicas, .. } => replicas,
+            Route::Cluster(c) => return ractor::call!(c.front, ToFront::Sessions).map_err(actor_error),
+        };
         let mut all = Vec::new();
-        for r in self.replicas.iter() {
+        for r in replicas.iter() {
             all.extend(
                 ractor::call!(r.scheduler, ToScheduler::Sessions).map_err(|e| EngineError::Actor(e.to_string()))?,
             );
@@ -451,11 +500,18 @@ impl Engine {
 
     /// Ends a session and frees its cells. Returns whether it existed.
     pub async fn delete_session(&self, id: &str) -> Result<bool, EngineError> {
-        if let Some(placer) = &self.placer {
+        let (replicas, placer) = match &self.route {
+            Route::Local { replicas, placer } => (replicas, placer),
+            Route::Cluster(c) => {
+                return ractor::call!(c.front, |reply| ToFront::DeleteSession { id: id.into(), reply })
+                    .map_err(actor_error);
+            }
+        };
+        if let Some(placer) = placer {
             let _ = placer.send_message(ToPlacer::ForgetSession(id.into()));
         }
         let mut existed = false;
-        for r in self.replicas.iter() {
+        for r in replicas.iter() {
             existed |= ractor::call!(r.scheduler, |reply| ToScheduler::DeleteSession { id: id.into(), reply })
                 .map_err(|e| EngineError::Actor(e.to_string()))?;
         }
@@ -464,14 +520,25 @@ impl Engine {
 
     /// Refuses new requests, waits for every request to finish, then stops the actors.
     pub async fn shutdown(&self) {
-        for r in self.replicas.iter() {
+        let (replicas, placer) = match &self.route {
+            Route::Local { replicas, placer } => (replicas, placer),
+            Route::Cluster(c) => return c.shutdown().await,
+        };
+        for r in replicas.iter() {
             let _ = ractor::call!(r.scheduler, ToScheduler::Shutdown);
             r.scheduler.stop(None);
         }
-        if let Some(placer) = &self.placer {
+        if let Some(placer) = placer {
             placer.stop(None);
         }
     }
+}
+
+/// `ReplicaStats::node` of an engine outside a cluster.
+pub const LOCAL_NODE: &str = "local";
+
+fn actor_error<E: std::fmt::Display>(e: E) -> EngineError {
+    EngineError::Actor(e.to_string())
 }
 
 /// Loads a model off the async threads, for `Engine`'s start.

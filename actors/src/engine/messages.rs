@@ -97,3 +97,11 @@ pub enum ToRequest {
     /// The request ended; the actor sends its last events and stops.
     Finished { reason: FinishReason, completion_tokens: usize, cached_tokens: usize, queue_time: Option<Duration> },
 }
+
+// With ractor's `cluster` feature (the cluster's wire messages, `crate::cluster::wire`) every
+// message type says whether it crosses the network; these never do.
+impl ractor::Message for ToScheduler {}
+impl ractor::Message for ToPlacer {}
+impl ractor::Message for ToWorker {}
+impl ractor::Message for ToSession {}
+impl ractor::Message for ToRequest {}

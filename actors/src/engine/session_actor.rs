@@ -11,7 +11,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use super::messages::{ToScheduler, ToSession};
 
 /// What `Engine::sessions` reports about one session.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SessionInfo {
     pub id: String,
     /// Requests made in the session so far.

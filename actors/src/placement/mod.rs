@@ -9,6 +9,9 @@
 //! 4. Otherwise the least loaded target (ties: the one holding the fewest cached tokens, which
 //!    has the most room).
 //!
+//! That is `Routing::CacheAware`, the default. `LeastLoaded` skips step 3; `RoundRobin` (what
+//! a plain load balancer does, the baseline) takes the available targets in turn.
+//!
 //! The policy is pure: the caller owns it, passes each target's load, and acts on the choice.
 
 mod prefix;
@@ -31,11 +34,43 @@ pub struct PlacementConfig {
     pub tree_tokens: usize,
     /// Sessions remembered (the least recently placed forgotten beyond).
     pub max_sessions: usize,
+    pub routing: Routing,
+}
+
+/// Which rules place a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Routing {
+    /// Session, load balance, cached prefix, least loaded.
+    #[default]
+    CacheAware,
+    /// Session, then least loaded.
+    LeastLoaded,
+    /// The available targets in turn, whatever the session or the prompt.
+    RoundRobin,
+}
+
+impl std::str::FromStr for Routing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cache_aware" => Ok(Self::CacheAware),
+            "least_loaded" => Ok(Self::LeastLoaded),
+            "round_robin" => Ok(Self::RoundRobin),
+            _ => Err(format!("unknown routing '{s}': expected cache_aware, least_loaded or round_robin")),
+        }
+    }
 }
 
 impl Default for PlacementConfig {
     fn default() -> Self {
-        Self { balance_abs: 8, balance_rel: 1.5, cache_threshold: 0.5, tree_tokens: 1 << 20, max_sessions: 1 << 16 }
+        Self {
+            balance_abs: 8,
+            balance_rel: 1.5,
+            cache_threshold: 0.5,
+            tree_tokens: 1 << 20,
+            max_sessions: 1 << 16,
+            routing: Routing::CacheAware,
+        }
     }
 }
 
@@ -56,6 +91,7 @@ pub enum Reason {
     Balance,
     Prefix,
     LeastLoaded,
+    RoundRobin,
 }
 
 impl Reason {
@@ -65,6 +101,7 @@ impl Reason {
             Reason::Balance => "balance",
             Reason::Prefix => "prefix",
             Reason::LeastLoaded => "least_loaded",
+            Reason::RoundRobin => "round_robin",
         }
     }
 }
@@ -103,6 +140,10 @@ impl<T: Clone + Eq + Hash> Placement<T> {
 
     fn choose(&self, prompt: &[u32], session: Option<&str>, targets: &[(T, Load)]) -> Option<(T, Reason)> {
         let up: Vec<&(T, Load)> = targets.iter().filter(|(_, l)| l.available).collect();
+        if self.config.routing == Routing::RoundRobin {
+            let turn = up.get(self.tick as usize % up.len().max(1))?;
+            return Some((turn.0.clone(), Reason::RoundRobin));
+        }
         if let Some((pinned, _)) = session.and_then(|s| self.sessions.get(s))
             && up.iter().any(|(t, _)| t == pinned)
         {
@@ -114,6 +155,9 @@ impl<T: Clone + Eq + Hash> Placement<T> {
         let (low, c) = (least.1.requests, &self.config);
         if most - low > c.balance_abs && most as f64 > c.balance_rel * low as f64 {
             return Some((least.0.clone(), Reason::Balance));
+        }
+        if self.config.routing == Routing::LeastLoaded {
+            return Some((least.0.clone(), Reason::LeastLoaded));
         }
         let matched = |t: &T| self.trees.get(t).map_or(0, |tree| tree.match_len(prompt));
         let best = up.iter().max_by_key(|(t, l)| (matched(t), std::cmp::Reverse(l.requests)))?;

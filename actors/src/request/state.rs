@@ -7,7 +7,7 @@ use std::fmt;
 pub type RequestId = u64;
 
 /// Why a request ended (OpenAI's `finish_reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum FinishReason {
     /// An eos / stop token or a stop string.
     Stop,

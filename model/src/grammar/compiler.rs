@@ -9,6 +9,7 @@ use llguidance::{ParserFactory, TokenParser};
 use serde_json::{Value, json};
 
 use super::env::VocabEnv;
+use super::guide::{Guidance, GuidanceSpec};
 use super::{Constraint, GrammarError, regex_escape};
 use crate::Tokenizer;
 
@@ -71,9 +72,23 @@ impl GrammarCompiler {
     }
 
     fn compile_top(&self, top: TopLevelGrammar) -> Result<Grammar, GrammarError> {
+        let source = Arc::new(top.clone());
         let mut parser = self.factory.create_parser(top).map_err(|e| GrammarError(e.to_string().trim().into()))?;
         let warnings = parser.grammar_warnings();
-        Ok(Grammar { parser: Arc::new(parser), warnings })
+        Ok(Grammar { parser: Arc::new(parser), warnings, source })
+    }
+
+    /// Compiles a constraint that crossed the network (`Guidance::spec` on another node).
+    pub fn guidance(&self, spec: &GuidanceSpec) -> Result<Guidance, GrammarError> {
+        let grammar = match &spec.grammar {
+            Some(json) => {
+                let top: TopLevelGrammar = serde_json::from_value(json.clone())
+                    .map_err(|e| GrammarError(format!("a grammar from another node does not parse: {e}")))?;
+                Some(self.compile_top(top)?)
+            }
+            None => None,
+        };
+        Ok(Guidance::from_parts(grammar, spec))
     }
 
     /// T3: Qwen2's tool calls, `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`, for
@@ -157,6 +172,8 @@ fn with_json_options(schema: Value, strict: bool) -> Value {
 pub struct Grammar {
     parser: Arc<TokenParser>,
     warnings: Vec<String>,
+    /// What it was compiled from: the form another node compiles it again from.
+    source: Arc<TopLevelGrammar>,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -176,6 +193,11 @@ impl Grammar {
     /// Schema features a lenient compile ignored.
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// The grammar before compilation, as JSON (llguidance's serialized form).
+    pub(super) fn source(&self) -> serde_json::Value {
+        serde_json::to_value(&*self.source).unwrap_or_default()
     }
 
     pub(super) fn matcher(&self) -> llguidance::Matcher {

@@ -23,6 +23,20 @@ pub struct Guidance {
     merged_into_trigger: Vec<u32>,
 }
 
+/// A [`Guidance`] before compilation, serializable: the grammar in llguidance's JSON form and
+/// the trigger settings.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GuidanceSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forbidden: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_into_trigger: Vec<u32>,
+}
+
 impl Guidance {
     /// The whole output matches `grammar`.
     pub fn grammar(grammar: Grammar) -> Self {
@@ -43,6 +57,31 @@ impl Guidance {
     /// Free text without `tokens`.
     pub fn forbid(tokens: Vec<u32>) -> Self {
         Self { forbidden: tokens, ..Self::default() }
+    }
+
+    /// What crosses the network for another node to compile this constraint again
+    /// (`GrammarCompiler::guidance`).
+    pub fn spec(&self) -> GuidanceSpec {
+        GuidanceSpec {
+            grammar: self.grammar.as_ref().map(Grammar::source),
+            trigger: self.trigger,
+            forbidden: self.forbidden.clone(),
+            merged_into_trigger: self.merged_into_trigger.clone(),
+        }
+    }
+
+    pub(super) fn from_parts(grammar: Option<Grammar>, spec: &GuidanceSpec) -> Self {
+        Self {
+            grammar,
+            trigger: spec.trigger,
+            forbidden: spec.forbidden.clone(),
+            merged_into_trigger: spec.merged_into_trigger.clone(),
+        }
+    }
+
+    /// Whether it constrains nothing (the default).
+    pub fn is_free(&self) -> bool {
+        self.grammar.is_none() && self.forbidden.is_empty()
     }
 
     /// A new sequence's guide.

@@ -4,6 +4,7 @@ mod bench;
 mod generate;
 mod perplexity;
 mod serve;
+mod worker;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Perplexity on a text file, computed as llama.cpp's llama-perplexity does.
     Perplexity(perplexity::PerplexityArgs),
+    /// A worker node of a cluster: runs the model for the front it joins (`serve --cluster-listen`).
+    Worker(worker::WorkerArgs),
 }
 
 /// Why a command failed.
@@ -41,6 +44,8 @@ pub enum CliError {
     Config(#[from] llaisys_server::config::ConfigError),
     #[error(transparent)]
     Serve(#[from] llaisys_server::ServeError),
+    #[error(transparent)]
+    Cluster(#[from] llaisys_actors::cluster::ClusterError),
     #[error("{0}")]
     Usage(String),
     #[error("writing output: {0}")]
@@ -54,6 +59,7 @@ impl Cli {
             Command::Bench(args) => bench::run(args),
             Command::Serve(args) => serve::run(args),
             Command::Perplexity(args) => perplexity::run(args),
+            Command::Worker(args) => worker::run(args),
         }
     }
 }

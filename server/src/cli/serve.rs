@@ -9,6 +9,26 @@ use super::CliError;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// `server.host`.
+    #[arg(long)]
+    host: Option<String>,
+    /// `server.port` (0: any free port).
+    #[arg(long)]
+    port: Option<u16>,
+    /// An accepted bearer key (repeatable; `server.api_keys`).
+    #[arg(long = "api-key")]
+    api_keys: Vec<String>,
+    /// Be a cluster's front: worker nodes join at this HOST:PORT (`cluster.listen`); the cookie
+    /// comes from `LLAISYS_CLUSTER_COOKIE` or --cookie-file.
+    #[arg(long)]
+    cluster_listen: Option<String>,
+}
+
+/// What `serve` and `worker` share: the model, the config and the node's identity.
+#[derive(Debug, clap::Args)]
+pub struct ModelArgs {
     /// The model: a GGUF file, or a Hugging Face directory (sets `model.path`).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -18,12 +38,6 @@ pub struct ServeArgs {
     /// The name clients use for the model (`model.name`).
     #[arg(long)]
     model_name: Option<String>,
-    /// `server.host`.
-    #[arg(long)]
-    host: Option<String>,
-    /// `server.port` (0: any free port).
-    #[arg(long)]
-    port: Option<u16>,
     /// Weight dtype in memory (`model.dtype`): auto (the checkpoint's own), f32, f16, bf16, q8_0,
     /// q4_0, q4_1, q5_0, q5_1 (quantized at load), q4_k, q5_k, q6_k (a GGUF's, as stored).
     #[arg(long)]
@@ -33,45 +47,72 @@ pub struct ServeArgs {
     /// two replicas).
     #[arg(long)]
     device: Option<String>,
-    /// An accepted bearer key (repeatable; `server.api_keys`).
-    #[arg(long = "api-key")]
-    api_keys: Vec<String>,
+    /// In a cluster: a file whose first line is the shared cookie (`cluster.cookie_file`; else
+    /// `LLAISYS_CLUSTER_COOKIE`).
+    #[arg(long)]
+    cookie_file: Option<PathBuf>,
+    /// In a cluster: this node's name, unique among the nodes (`cluster.name`).
+    #[arg(long)]
+    name: Option<String>,
     /// Any key: `--set engine.kv_capacity=16384` (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     settings: Vec<String>,
 }
 
+/// A TOML string.
+pub fn quoted(s: &str) -> String {
+    format!("{s:?}")
+}
+
+impl ModelArgs {
+    /// The config: defaults, `--config`, `LLAISYS_*`, these flags and `extra`, in increasing
+    /// precedence.
+    pub fn config(&self, mut extra: Vec<(String, String)>) -> Result<Config, CliError> {
+        let mut settings: Vec<(String, String)> = Vec::new();
+        if let Some(m) = &self.model {
+            settings.push(("model.path".into(), quoted(&m.display().to_string())));
+        }
+        if let Some(n) = &self.model_name {
+            settings.push(("model.name".into(), quoted(n)));
+        }
+        if let Some(d) = &self.dtype {
+            settings.push(("model.dtype".into(), quoted(d)));
+        }
+        if let Some(d) = &self.device {
+            settings.push(("model.device".into(), quoted(d)));
+        }
+        if let Some(f) = &self.cookie_file {
+            settings.push(("cluster.cookie_file".into(), quoted(&f.display().to_string())));
+        }
+        if let Some(n) = &self.name {
+            settings.push(("cluster.name".into(), quoted(n)));
+        }
+        settings.append(&mut extra);
+        for s in &self.settings {
+            let (k, v) =
+                s.split_once('=').ok_or_else(|| CliError::Usage(format!("--set {s}: expected SECTION.KEY=VALUE")))?;
+            settings.push((k.trim().into(), v.trim().into()));
+        }
+        Ok(Config::load(self.config.as_deref(), std::env::vars(), &settings)?)
+    }
+}
+
 pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let mut settings: Vec<(String, String)> = Vec::new();
-    let quoted = |s: &str| format!("{s:?}"); // a TOML string
-    if let Some(m) = &args.model {
-        settings.push(("model.path".into(), quoted(&m.display().to_string())));
-    }
-    if let Some(n) = &args.model_name {
-        settings.push(("model.name".into(), quoted(n)));
-    }
     if let Some(h) = &args.host {
         settings.push(("server.host".into(), quoted(h)));
     }
     if let Some(p) = args.port {
         settings.push(("server.port".into(), p.to_string()));
     }
-    if let Some(d) = &args.dtype {
-        settings.push(("model.dtype".into(), quoted(d)));
-    }
-    if let Some(d) = &args.device {
-        settings.push(("model.device".into(), quoted(d)));
-    }
     if !args.api_keys.is_empty() {
         let keys: Vec<String> = args.api_keys.iter().map(|k| quoted(k)).collect();
         settings.push(("server.api_keys".into(), format!("[{}]", keys.join(", "))));
     }
-    for s in &args.settings {
-        let (k, v) =
-            s.split_once('=').ok_or_else(|| CliError::Usage(format!("--set {s}: expected SECTION.KEY=VALUE")))?;
-        settings.push((k.trim().into(), v.trim().into()));
+    if let Some(l) = &args.cluster_listen {
+        settings.push(("cluster.listen".into(), quoted(l)));
     }
-    let config = Config::load(args.config.as_deref(), std::env::vars(), &settings)?;
+    let config = args.model.config(settings)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let server = llaisys_server::start(&config).await?;
@@ -84,7 +125,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
 }
 
 /// SIGTERM or Ctrl-C.
-async fn wait_for_signal() {
+pub async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

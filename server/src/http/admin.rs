@@ -47,14 +47,14 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut engines = Vec::with_capacity(state.models.len());
     for m in state.models.values() {
         if let Ok(replicas) = m.engine.replica_stats().await {
-            for (i, r) in replicas.iter().enumerate() {
-                state.metrics.engine_stats(&m.name, i, r);
-            }
+            engines.push((m.name.as_str(), replicas));
         }
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()
+    let text = state.metrics.render(&engines);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
 /// Cancels a generation request by its `x-request-id` or its completion id; it then ends with

@@ -112,6 +112,7 @@ impl From<EngineError> for ApiError {
             EngineError::Decode(llaisys_model::DecodeError::InvalidInput(m)) => Self::bad_request(m.clone()),
             EngineError::UnknownModel { name, available } => Self::model_not_found(name, available),
             EngineError::ShuttingDown => Self::shutting_down(),
+            EngineError::Overloaded(why) => Self::overloaded(why.clone()),
             EngineError::Request(r) => r.clone().into(),
             _ => Self::internal(e.to_string()),
         }

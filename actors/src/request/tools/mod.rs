@@ -18,7 +18,7 @@ pub struct ToolCallTags {
 
 /// One piece of a tool call (OpenAI's `delta.tool_calls[]`): `id` and `name` come once, in
 /// the call's first piece; `arguments` are appended.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct ToolCallDelta {
     /// The call's place among the choice's calls.
     pub index: usize,

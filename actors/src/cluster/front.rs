@@ -1,0 +1,482 @@
+//! The front's router actor (N2–N5): it owns the cluster's view — the nodes that joined, their
+//! last reports, the requests in flight on each and the front's own queue — and the placement
+//! policy (`crate::placement`, the same one a multi-device engine uses), keyed by node name.
+//!
+//! - A node is a member of the `node/NAME` process group; it becomes routable with its first
+//!   report (heartbeat) and leaves when its group empties (its connection closed) or when no
+//!   report came for `heartbeat_timeout`.
+//! - A request waits in the queue until a node has room below its advertised capacity; when
+//!   the queue is full too, it is refused (`EngineError::Overloaded`, HTTP 429).
+//! - When a node leaves, its requests that streamed nothing go back to the head of the queue
+//!   (and run elsewhere); the others end with `FinishReason::Error`.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use ractor::message::{BoxedDowncastErr, SerializedMessage};
+use ractor::pg::GroupChangeMessage;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::node::ToNode;
+use super::wire::{self, FromFront, FromNode, NodeReport, PROTOCOL_VERSION, Received, Refusal, WireRequest};
+use super::{ClusterConfig, FRONT_GROUP, NODE_GROUP_PREFIX, SCOPE};
+use crate::engine::{Event, ReplicaStats, SessionInfo, Submission, Usage};
+use crate::host::RequestError;
+use crate::llm::EngineError;
+use crate::placement::{Load, Placement};
+use crate::request::{FinishReason, RequestId};
+
+/// To the front's router.
+pub enum ToFront {
+    /// From a node (over the network, or the front's own local node).
+    Node(Received<FromNode>),
+    /// `Engine::generate` on the front: place and forward the request.
+    Submit(Submission),
+    Cancel {
+        id: RequestId,
+        reply: RpcReplyPort<bool>,
+    },
+    /// Every node's replicas, from their last reports.
+    Stats(RpcReplyPort<Vec<ReplicaStats>>),
+    Sessions(RpcReplyPort<Vec<SessionInfo>>),
+    DeleteSession {
+        id: String,
+        reply: RpcReplyPort<bool>,
+    },
+    /// Refuse new requests; reply once none is in flight.
+    Shutdown(RpcReplyPort<()>),
+    /// The router's timer: heartbeat timeouts and abandoned requests.
+    Tick,
+}
+
+impl ractor::Message for ToFront {
+    fn serializable() -> bool {
+        true
+    }
+
+    fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
+        match self {
+            ToFront::Node(Received::Message { from, msg }) => wire::encode(&from, &msg),
+            _ => Err(BoxedDowncastErr),
+        }
+    }
+
+    fn deserialize(message: SerializedMessage) -> Result<Self, BoxedDowncastErr> {
+        wire::decode(message).map(ToFront::Node)
+    }
+}
+
+pub struct FrontActor;
+
+pub struct FrontArgs {
+    pub config: ClusterConfig,
+    /// The model's vocabulary: a node serving another is refused.
+    pub vocab_size: usize,
+}
+
+/// A node as the front sees it.
+struct Node {
+    actor: ActorRef<ToNode>,
+    /// The last report; `None` until the first (not routable before).
+    report: Option<NodeReport>,
+    last_seen: Instant,
+    in_flight: usize,
+}
+
+impl Node {
+    fn live(&self) -> bool {
+        self.report.is_some()
+    }
+}
+
+struct Pending {
+    request: Box<WireRequest>,
+    events: UnboundedSender<Event>,
+    /// `Engine::generate`'s answer, until the node accepts or refuses.
+    reply: Option<RpcReplyPort<Result<RequestId, EngineError>>>,
+    node: Option<String>,
+    streamed: bool,
+    cancelled: bool,
+}
+
+pub struct FrontState {
+    config: ClusterConfig,
+    vocab_size: usize,
+    nodes: BTreeMap<String, Node>,
+    /// Names refused (another protocol version, another model), logged once each.
+    refused: HashSet<String>,
+    placement: Placement<String>,
+    pending: HashMap<RequestId, Pending>,
+    queue: VecDeque<RequestId>,
+    next_id: RequestId,
+    shutdown: Option<RpcReplyPort<()>>,
+    draining: bool,
+}
+
+impl Actor for FrontActor {
+    type Msg = ToFront;
+    type State = FrontState;
+    type Arguments = FrontArgs;
+
+    async fn pre_start(&self, myself: ActorRef<ToFront>, args: FrontArgs) -> Result<FrontState, ActorProcessingErr> {
+        ractor::pg::join_scoped(SCOPE.into(), FRONT_GROUP.into(), vec![myself.get_cell()]);
+        ractor::pg::monitor_scope(SCOPE.into(), myself.get_cell());
+        myself.send_interval(args.config.heartbeat_interval / 2, || ToFront::Tick);
+        let mut state = FrontState {
+            placement: Placement::new(args.config.placement),
+            config: args.config,
+            vocab_size: args.vocab_size,
+            nodes: BTreeMap::new(),
+            refused: HashSet::new(),
+            pending: HashMap::new(),
+            queue: VecDeque::new(),
+            next_id: 0,
+            shutdown: None,
+            draining: false,
+        };
+        for group in ractor::pg::which_scoped_groups(&SCOPE.into()) {
+            let members = ractor::pg::get_scoped_members(&SCOPE.into(), &group);
+            state.joined(&group, members);
+        }
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<ToFront>,
+        msg: ToFront,
+        state: &mut FrontState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ToFront::Node(Received::Message { from, msg }) => state.node_message(from, msg),
+            ToFront::Node(Received::Foreign { from, version }) => {
+                if state.refused.insert(from.clone()) {
+                    tracing::error!(
+                        node = from,
+                        "refused node '{from}': it speaks cluster protocol v{version}, this front v{PROTOCOL_VERSION}"
+                    );
+                }
+            }
+            ToFront::Node(Received::Unreadable(why)) => tracing::warn!("unreadable cluster message: {why}"),
+            ToFront::Submit(submission) => state.submit(submission),
+            ToFront::Cancel { id, reply } => {
+                let _ = reply.send(state.cancel(id));
+            }
+            ToFront::Stats(reply) => {
+                let replicas = state.reports().flat_map(|(_, r)| r.replicas.iter().cloned()).collect();
+                let _ = reply.send(replicas);
+            }
+            ToFront::Sessions(reply) => {
+                let mut all: Vec<SessionInfo> = state.reports().flat_map(|(_, r)| r.sessions.iter().cloned()).collect();
+                all.sort_by(|a, b| a.id.cmp(&b.id));
+                let _ = reply.send(all);
+            }
+            ToFront::DeleteSession { id, reply } => {
+                let _ = reply.send(state.delete_session(&id));
+            }
+            ToFront::Shutdown(reply) => {
+                state.draining = true;
+                for id in std::mem::take(&mut state.queue) {
+                    state.finish(id, FinishReason::Abort);
+                }
+                state.shutdown = Some(reply);
+                state.check_drained();
+            }
+            ToFront::Tick => state.tick(),
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _: ActorRef<ToFront>,
+        event: SupervisionEvent,
+        state: &mut FrontState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ProcessGroupChanged(change) = event {
+            match change {
+                GroupChangeMessage::Join(_, group, cells) => state.joined(&group, cells),
+                GroupChangeMessage::Leave(_, group, cells) => {
+                    if let Some(name) = group.strip_prefix(NODE_GROUP_PREFIX)
+                        && state.nodes.get(name).is_some_and(|n| cells.iter().any(|c| c.get_id() == n.actor.get_id()))
+                    {
+                        state.remove(name, "its connection closed");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FrontState {
+    fn joined(&mut self, group: &str, cells: Vec<ractor::ActorCell>) {
+        let Some(name) = group.strip_prefix(NODE_GROUP_PREFIX) else { return };
+        let Some(cell) = cells.into_iter().next() else { return };
+        if let Some(existing) = self.nodes.get(name)
+            && existing.actor.get_id() != cell.get_id()
+        {
+            tracing::error!(node = name, "refused a second node named '{name}': node names must differ");
+            return;
+        }
+        let actor = ActorRef::<ToNode>::from(cell);
+        tracing::info!(node = name, "node connected; routable after its first report");
+        self.nodes.insert(name.into(), Node { actor, report: None, last_seen: Instant::now(), in_flight: 0 });
+    }
+
+    fn reports(&self) -> impl Iterator<Item = (&String, &NodeReport)> {
+        self.nodes.iter().filter_map(|(name, n)| n.report.as_ref().map(|r| (name, r)))
+    }
+
+    fn node_message(&mut self, from: String, msg: FromNode) {
+        match msg {
+            FromNode::Report(report) => self.report(from, report),
+            FromNode::Accepted { id } => {
+                if let Some(reply) = self.pending.get_mut(&id).and_then(|p| p.reply.take()) {
+                    let _ = reply.send(Ok(id));
+                }
+            }
+            FromNode::Refused { id, refusal } => {
+                if let Some(p) = self.take(id) {
+                    let error = refused(refusal);
+                    match p.reply {
+                        Some(reply) => {
+                            let _ = reply.send(Err(error));
+                        }
+                        None => tracing::error!(request = id, "refused after acceptance: {error}"),
+                    }
+                }
+                self.dispatch();
+            }
+            FromNode::Events { id, events } => self.events(&from, id, events),
+        }
+    }
+
+    fn report(&mut self, from: String, report: NodeReport) {
+        if report.vocab_size != self.vocab_size {
+            if self.refused.insert(from.clone()) {
+                tracing::error!(
+                    node = from,
+                    "refused node '{from}': its model has {} tokens, this front's {}",
+                    report.vocab_size,
+                    self.vocab_size
+                );
+            }
+            return;
+        }
+        let Some(node) = self.nodes.get_mut(&from) else {
+            tracing::warn!(node = from, "a report from a node that is not connected");
+            return;
+        };
+        if node.report.is_none() {
+            tracing::info!(node = from, capacity = report.capacity, model = report.model_type, "node joined");
+        }
+        node.report = Some(report);
+        node.last_seen = Instant::now();
+        self.dispatch();
+    }
+
+    fn events(&mut self, from: &str, id: RequestId, events: Vec<Event>) {
+        let Some(p) = self.pending.get_mut(&id).filter(|p| p.node.as_deref() == Some(from)) else {
+            // A request the front gave up on (its node timed out, then came back): stop it there.
+            if let Some(node) = self.nodes.get(from) {
+                send(&node.actor, &self.config.name, FromFront::Cancel { id });
+            }
+            return;
+        };
+        let mut finished = false;
+        for event in events {
+            finished |= matches!(event, Event::Finished { .. });
+            p.streamed |= matches!(event, Event::Token { .. });
+            if p.events.send(event).is_err() && !p.cancelled {
+                p.cancelled = true; // the client went away
+                if let Some(node) = self.nodes.get(from) {
+                    send(&node.actor, &self.config.name, FromFront::Cancel { id });
+                }
+            }
+        }
+        if finished {
+            self.take(id);
+            self.dispatch();
+        }
+    }
+
+    fn submit(&mut self, submission: Submission) {
+        let Submission { request, events, reply } = submission;
+        if self.draining {
+            let _ = reply.send(Err(EngineError::ShuttingDown));
+            return;
+        }
+        let room = self.nodes.values().any(|n| n.live() && n.in_flight < capacity(n));
+        if !room && self.queue.len() >= self.config.queue {
+            let live = self.nodes.values().filter(|n| n.live()).count();
+            let why =
+                format!("every node ({live}) is at its capacity and the front's queue ({}) is full", self.queue.len());
+            let _ = reply.send(Err(EngineError::Overloaded(why)));
+            return;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let wire = Box::new(WireRequest::new(request.prompt, &request.params, request.session));
+        let pending =
+            Pending { request: wire, events, reply: Some(reply), node: None, streamed: false, cancelled: false };
+        self.pending.insert(id, pending);
+        self.queue.push_back(id);
+        self.dispatch();
+    }
+
+    /// Sends queued requests, oldest first, while a node has room.
+    fn dispatch(&mut self) {
+        while let Some(&id) = self.queue.front() {
+            let loads: Vec<(String, Load)> = self
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.live())
+                .map(|(name, n)| (name.clone(), Load { requests: n.in_flight, available: n.in_flight < capacity(n) }))
+                .collect();
+            let p = self.pending.get(&id).expect("a queued request is pending");
+            let Some((name, reason)) = self.placement.place(&p.request.prompt, p.request.session.as_deref(), &loads)
+            else {
+                return;
+            };
+            self.queue.pop_front();
+            tracing::debug!(request = id, node = name, reason = reason.as_str(), "request placed");
+            let node = self.nodes.get_mut(&name).expect("placed on a known node");
+            node.in_flight += 1;
+            let p = self.pending.get_mut(&id).expect("pending");
+            p.node = Some(name.clone());
+            let submit = FromFront::Submit { id, request: p.request.clone() };
+            if !send(&node.actor, &self.config.name, submit) {
+                self.remove(&name, "it cannot be reached");
+            }
+        }
+    }
+
+    /// A request leaves the front's books; its node's slot is free again.
+    fn take(&mut self, id: RequestId) -> Option<Pending> {
+        let p = self.pending.remove(&id)?;
+        if let Some(node) = p.node.as_ref().and_then(|n| self.nodes.get_mut(n)) {
+            node.in_flight = node.in_flight.saturating_sub(1);
+        }
+        self.check_drained();
+        Some(p)
+    }
+
+    /// Ends a request at the front (its node is gone, or it never left the queue).
+    fn finish(&mut self, id: RequestId, reason: FinishReason) {
+        let Some(p) = self.take(id) else { return };
+        match p.reply {
+            Some(reply) if reason == FinishReason::Error => {
+                let _ = reply.send(Err(EngineError::WorkerLost("its node left the cluster".into())));
+            }
+            Some(reply) if self.draining => {
+                let _ = reply.send(Err(EngineError::ShuttingDown));
+            }
+            Some(reply) => {
+                let _ = reply.send(Err(EngineError::Actor("cancelled before it started".into())));
+            }
+            None => {
+                let usage = Usage { prompt_tokens: p.request.prompt.len(), ..Usage::default() };
+                let _ = p.events.send(Event::Finished { reason, text: String::new(), usage, queue_time: None });
+            }
+        }
+    }
+
+    fn remove(&mut self, name: &str, why: &str) {
+        let Some(node) = self.nodes.remove(name) else { return };
+        self.placement.remove(&name.to_string());
+        let on_it: Vec<RequestId> =
+            self.pending.iter().filter(|(_, p)| p.node.as_deref() == Some(name)).map(|(id, _)| *id).collect();
+        let (mut retried, mut failed) = (0, 0);
+        for id in on_it {
+            let p = self.pending.get_mut(&id).expect("pending");
+            if p.streamed || p.cancelled {
+                failed += 1;
+                self.finish(id, FinishReason::Error);
+            } else {
+                retried += 1;
+                p.node = None;
+                self.queue.push_front(id);
+            }
+        }
+        tracing::warn!(node = name, retried, failed, in_flight = node.in_flight, "node removed: {why}");
+        self.dispatch();
+    }
+
+    fn cancel(&mut self, id: RequestId) -> bool {
+        let Some(p) = self.pending.get_mut(&id) else { return false };
+        match p.node.as_ref().and_then(|n| self.nodes.get(n)) {
+            Some(node) => {
+                p.cancelled = true;
+                send(&node.actor, &self.config.name, FromFront::Cancel { id });
+            }
+            None => {
+                self.queue.retain(|q| *q != id);
+                self.finish(id, FinishReason::Abort);
+            }
+        }
+        true
+    }
+
+    fn delete_session(&mut self, id: &str) -> bool {
+        let mut existed = self.placement.session_target(id).is_some();
+        self.placement.forget_session(id);
+        for node in self.nodes.values_mut() {
+            if let Some(report) = &mut node.report {
+                existed |= report.sessions.iter().any(|s| s.id == id);
+                report.sessions.retain(|s| s.id != id);
+                send(&node.actor, &self.config.name, FromFront::DeleteSession { id: id.into() });
+            }
+        }
+        existed
+    }
+
+    fn tick(&mut self) {
+        let timeout = self.config.heartbeat_timeout;
+        let silent: Vec<(String, Duration)> = self
+            .nodes
+            .iter()
+            .map(|(name, n)| (name.clone(), n.last_seen.elapsed()))
+            .filter(|(_, quiet)| *quiet > timeout)
+            .collect();
+        for (name, quiet) in silent {
+            self.remove(&name, &format!("no heartbeat for {} ms", quiet.as_millis()));
+        }
+        // Clients that went away: a queued request is dropped, a running one cancelled.
+        let gone: Vec<RequestId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| !p.cancelled && (p.events.is_closed() || p.reply.as_ref().is_some_and(|r| r.is_closed())))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.cancel(id);
+        }
+    }
+
+    fn check_drained(&mut self) {
+        if self.pending.is_empty()
+            && let Some(reply) = self.shutdown.take()
+        {
+            let _ = reply.send(());
+        }
+    }
+}
+
+fn capacity(node: &Node) -> usize {
+    node.report.as_ref().map_or(0, |r| r.capacity)
+}
+
+/// Sends to a node; false if its actor is gone.
+fn send(node: &ActorRef<ToNode>, from: &str, msg: FromFront) -> bool {
+    node.send_message(ToNode::Front(Received::Message { from: from.into(), msg })).is_ok()
+}
+
+fn refused(r: Refusal) -> EngineError {
+    match (r.client, r.param) {
+        (true, Some(param)) => EngineError::Request(RequestError::invalid(param, r.message)),
+        (true, None) => EngineError::Request(RequestError::general(r.message)),
+        (false, _) => EngineError::WorkerLost(r.message),
+    }
+}

@@ -1,0 +1,267 @@
+//! N2: what crosses the network between the front and its nodes, and how. Only token ids,
+//! sampling parameters, constraints (llguidance's grammar before compilation), session and
+//! request ids go to a node; batched events, the node's load and its sessions come back.
+//!
+//! Every message is one JSON frame, `{"v": VERSION, "from": NODE, "msg": ...}`. The header's
+//! two fields never change shape, so a peer of another protocol version is recognised (and
+//! refused, with a log naming both versions) instead of misread. A frame that does not parse
+//! arrives as `Unreadable` and is logged, never a panic.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use llaisys_model::{GuidanceSpec, SamplingParams};
+use ractor::message::{BoxedDowncastErr, SerializedMessage};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Event, ReplicaStats, SessionInfo, SpeculativeStats};
+use crate::llm::GenerateParams;
+use crate::request::{ToolCallTags, ToolParsing};
+
+/// The message protocol's version; a peer speaking another is refused.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A request as it crosses the network: everything `GenerateRequest` holds, the constraint
+/// before compilation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop_token_ids: Vec<u32>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// Tool calls' tags (open, close) and whether calling ends with `tool_calls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<(u32, u32, bool)>,
+    #[serde(default)]
+    pub guidance: GuidanceSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
+impl WireRequest {
+    pub fn new(prompt: Vec<u32>, params: &GenerateParams, session: Option<String>) -> Self {
+        Self {
+            prompt,
+            max_tokens: params.max_tokens,
+            sampling: params.sampling.clone(),
+            stop: params.stop.clone(),
+            stop_token_ids: params.stop_token_ids.clone(),
+            ignore_eos: params.ignore_eos,
+            tool_calls: params.tool_calls.map(|t| (t.tags.open, t.tags.close, t.finish_with_tool_calls)),
+            guidance: params.guidance.spec(),
+            speculative: params.speculative,
+            session,
+        }
+    }
+
+    /// The parameters on the node, with the constraint compiled there (`guidance`).
+    pub fn params(&self, guidance: llaisys_model::Guidance) -> GenerateParams {
+        GenerateParams {
+            max_tokens: self.max_tokens,
+            sampling: self.sampling.clone(),
+            stop: self.stop.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
+            ignore_eos: self.ignore_eos,
+            tool_calls: self.tool_calls.map(|(open, close, finish_with_tool_calls)| ToolParsing {
+                tags: ToolCallTags { open, close },
+                finish_with_tool_calls,
+            }),
+            guidance,
+            speculative: self.speculative,
+        }
+    }
+}
+
+/// Why a node refused a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub message: String,
+    /// The request field at fault (a client error), if any.
+    pub param: Option<String>,
+    /// The client's fault (HTTP 400) rather than the node's.
+    pub client: bool,
+}
+
+/// A node's heartbeat: who it is, how much it takes, and its figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// Requests it takes at once (the front keeps at most this many in flight there).
+    pub capacity: usize,
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub replicas: Vec<ReplicaStats>,
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// From a node to the front. `id` is the front's request id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FromNode {
+    Report(NodeReport),
+    Accepted {
+        id: u64,
+    },
+    Refused {
+        id: u64,
+        refusal: Refusal,
+    },
+    /// The request's events since the last batch, in order; the last batch ends with `Finished`.
+    Events {
+        id: u64,
+        events: Vec<Event>,
+    },
+}
+
+/// From the front to a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FromFront {
+    Submit { id: u64, request: Box<WireRequest> },
+    Cancel { id: u64 },
+    DeleteSession { id: String },
+}
+
+/// A frame of this version (`Header` was read first).
+#[derive(Deserialize)]
+struct Frame<T> {
+    from: String,
+    msg: T,
+}
+
+#[derive(Serialize)]
+struct FrameOut<'a, T> {
+    v: u32,
+    from: &'a str,
+    msg: &'a T,
+}
+
+/// The part of a frame every version reads.
+#[derive(Deserialize)]
+struct Header {
+    v: u32,
+    #[serde(default)]
+    from: String,
+}
+
+/// A frame as received.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Received<T> {
+    Message {
+        from: String,
+        msg: T,
+    },
+    /// A peer of another protocol version.
+    Foreign {
+        from: String,
+        version: u32,
+    },
+    /// Not a frame (a bug or a corrupt peer): why.
+    Unreadable(String),
+}
+
+static BYTES_SENT: AtomicU64 = AtomicU64::new(0);
+static BYTES_RECEIVED: AtomicU64 = AtomicU64::new(0);
+
+/// Frame bytes this process has sent and received over the cluster.
+pub fn bytes() -> (u64, u64) {
+    (BYTES_SENT.load(Ordering::Relaxed), BYTES_RECEIVED.load(Ordering::Relaxed))
+}
+
+pub fn encode<T: Serialize>(from: &str, msg: &T) -> Result<SerializedMessage, BoxedDowncastErr> {
+    let args = serde_json::to_vec(&FrameOut { v: PROTOCOL_VERSION, from, msg }).map_err(|e| {
+        tracing::error!(error = %e, "a cluster message does not serialize");
+        BoxedDowncastErr
+    })?;
+    BYTES_SENT.fetch_add(args.len() as u64, Ordering::Relaxed);
+    Ok(SerializedMessage::Cast { variant: "llaisys".into(), args, metadata: None })
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(message: SerializedMessage) -> Result<Received<T>, BoxedDowncastErr> {
+    let SerializedMessage::Cast { args, .. } = message else { return Err(BoxedDowncastErr) };
+    BYTES_RECEIVED.fetch_add(args.len() as u64, Ordering::Relaxed);
+    Ok(parse(&args))
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Received<T> {
+    let header: Header = match serde_json::from_slice(bytes) {
+        Ok(h) => h,
+        Err(e) => return Received::Unreadable(format!("not a llaisys frame: {e}")),
+    };
+    if header.v != PROTOCOL_VERSION {
+        return Received::Foreign { from: header.from, version: header.v };
+    }
+    match serde_json::from_slice::<Frame<T>>(bytes) {
+        Ok(f) => Received::Message { from: f.from, msg: f.msg },
+        Err(e) => Received::Unreadable(format!("a frame from '{}' does not parse: {e}", header.from)),
+    }
+}
+
+/// `SpeculativeStats` as read from another node (its proposer's name owned).
+#[derive(Deserialize)]
+pub(crate) struct SpeculativeCounts {
+    proposer: String,
+    proposed: u64,
+    accepted: u64,
+}
+
+impl From<SpeculativeCounts> for SpeculativeStats {
+    fn from(c: SpeculativeCounts) -> Self {
+        use crate::speculative::{DraftModelProposer, NgramProposer};
+        let proposer = match c.proposer.as_str() {
+            NgramProposer::NAME => NgramProposer::NAME,
+            DraftModelProposer::NAME => DraftModelProposer::NAME,
+            _ => "",
+        };
+        Self { proposer, proposed: c.proposed, accepted: c.accepted }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Usage;
+    use crate::request::FinishReason;
+
+    #[test]
+    fn frames_round_trip() {
+        let msg = FromNode::Events {
+            id: 7,
+            events: vec![Event::Finished {
+                reason: FinishReason::Length,
+                text: "é".into(),
+                usage: Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 1 },
+                queue_time: None,
+            }],
+        };
+        let SerializedMessage::Cast { args, .. } = encode("n1", &msg).unwrap() else { panic!("not a cast") };
+        assert_eq!(parse::<FromNode>(&args), Received::Message { from: "n1".into(), msg });
+    }
+
+    #[test]
+    fn another_version_is_recognised_not_misread() {
+        let frame = serde_json::json!({"v": PROTOCOL_VERSION + 1, "from": "w9", "msg": {"Whatever": 1}});
+        let got = parse::<FromFront>(frame.to_string().as_bytes());
+        assert_eq!(got, Received::Foreign { from: "w9".into(), version: PROTOCOL_VERSION + 1 });
+        assert!(matches!(parse::<FromFront>(b"\x00garbage"), Received::Unreadable(_)));
+        let bad = serde_json::json!({"v": PROTOCOL_VERSION, "from": "w1", "msg": {"Cancel": {}}});
+        let Received::Unreadable(why) = parse::<FromFront>(bad.to_string().as_bytes()) else { panic!("read") };
+        assert!(why.contains("w1"), "{why}");
+    }
+
+    #[test]
+    fn a_request_keeps_its_parameters_across() {
+        let mut params = GenerateParams { max_tokens: 9, stop: vec!["\n".into()], ..GenerateParams::default() };
+        params.sampling.seed = Some(5);
+        params.tool_calls =
+            Some(ToolParsing { tags: ToolCallTags { open: 1, close: 2 }, finish_with_tool_calls: true });
+        let wire = WireRequest::new(vec![1, 2, 3], &params, Some("s".into()));
+        let json = serde_json::to_string(&wire).unwrap();
+        let back: WireRequest = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.params(Default::default()), params);
+        assert_eq!(back.session.as_deref(), Some("s"));
+    }
+}

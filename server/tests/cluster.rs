@@ -1,0 +1,337 @@
+//! N1–N5 with real processes on loopback: a front (`llaisys serve --cluster-listen`) and worker
+//! nodes (`llaisys worker --join`). Every process is killed when its test ends; every wait is
+//! bounded.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use llaisys_tests::{Reference, fixture_dir};
+
+const COOKIE: &str = "test-cookie";
+
+/// A child process, killed when dropped; its stderr lines go to a channel.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn start(args: &[&str], cookie: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_llaisys"))
+            .args(args)
+            .env("LLAISYS_CLUSTER_COOKIE", cookie)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run llaisys");
+        let (tx, lines) = mpsc::channel();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// Waits (at most `within`) for a line containing `text`; returns it.
+    fn wait_for(&self, text: &str, within: Duration) -> Option<String> {
+        let deadline = Instant::now() + within;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return Some(line),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("kill");
+        assert!(status.success());
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A front (router only unless `serve_local`) and its address, started on `model`.
+fn front(model: &Path, cluster: u16, extra: &[&str]) -> (Proc, String) {
+    let dir = model.to_str().unwrap();
+    let listen = format!("127.0.0.1:{cluster}");
+    let mut args = vec!["serve", "--model", dir, "--port", "0", "--cluster-listen", &listen, "--name", "front"];
+    args.extend(extra);
+    let p = Proc::start(&args, COOKIE);
+    let line = p.wait_for("on http://", Duration::from_secs(120)).expect("the front started");
+    let addr = line.split("on http://").nth(1).unwrap().trim().to_string();
+    (p, addr)
+}
+
+fn worker(model: &Path, cluster: u16, name: &str, cookie: &str, extra: &[&str]) -> Proc {
+    let join = format!("127.0.0.1:{cluster}");
+    let mut args = vec!["worker", "--model", model.to_str().unwrap(), "--join", &join, "--name", name];
+    args.extend(extra);
+    Proc::start(&args, cookie)
+}
+
+/// Sends one HTTP/1.1 request (the server closes the connection after answering).
+fn send(addr: &str, method: &str, path: &str, body: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    stream
+}
+
+/// One HTTP/1.1 exchange; the body of the answer.
+fn http(addr: &str, method: &str, path: &str, body: &str) -> String {
+    let mut stream = send(addr, method, path, body);
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+fn post(addr: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let text = http(addr, "POST", path, &body.to_string());
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// The value of metric `name` for node `node` (summed over its replicas), if it has one.
+fn metric(metrics: &str, name: &str, node: &str) -> Option<f64> {
+    let label = format!("node=\"{node}\"");
+    let values: Vec<f64> = metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Polls `/metrics` until `done` holds (at most `within`); the last scrape.
+fn metrics_until(addr: &str, within: Duration, done: impl Fn(&str) -> bool) -> (bool, String) {
+    let deadline = Instant::now() + within;
+    loop {
+        let m = http(addr, "GET", "/metrics", "");
+        if done(&m) || Instant::now() > deadline {
+            return (done(&m), m);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn joined(m: &str, nodes: &[&str]) -> bool {
+    nodes.iter().all(|n| metric(m, "llaisys_num_requests_running", n).is_some())
+}
+
+/// A copy of the tiny fixture run by the `mock` model with a fixed step time (a slow device).
+struct SlowModel(PathBuf);
+
+impl SlowModel {
+    fn new(step_ms: u64) -> Self {
+        let dir = std::env::temp_dir().join(format!("llaisys-cluster-slow-{}-{step_ms}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(fixture_dir("tiny-tied-f32")).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+        let path = dir.join("config.json");
+        let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        config["step_delay_ms"] = step_ms.into();
+        config["max_position_embeddings"] = 4096.into();
+        std::fs::write(&path, config.to_string()).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for SlowModel {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Greedy answers through the cluster equal the transformers reference (what one server
+/// gives); a session's turns stay on one node; a node with the wrong cookie is refused.
+#[test]
+fn a_front_and_two_workers_answer_like_one_server() {
+    let name = "tiny-tied-f32";
+    let model = fixture_dir(name);
+    let cluster = free_port();
+    let (_front, addr) = front(&model, cluster, &["--set", "cluster.serve_local=false"]);
+    let _w1 = worker(&model, cluster, "w1", COOKIE, &[]);
+    let _w2 = worker(&model, cluster, "w2", COOKIE, &[]);
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1", "w2"]));
+    assert!(ok, "the workers did not join: {m}");
+    assert!(metric(&m, "llaisys_num_requests_running", "front").is_none(), "a router-only front runs nothing");
+
+    for p in &Reference::load(name).prompts {
+        let body = serde_json::json!({
+            "model": name, "prompt": p.ids, "max_tokens": p.greedy.len(), "temperature": 0, "ignore_eos": true
+        });
+        let answer = post(&addr, "/v1/completions", body);
+        let tokenizer = llaisys_model::tokenizer::Tokenizer::from_dir(&model).unwrap();
+        assert_eq!(answer["choices"][0]["text"], tokenizer.decode(&p.greedy, true).unwrap(), "{answer}");
+    }
+
+    let mut history = vec![serde_json::json!({"role": "user", "content": "hello there"})];
+    for turn in 0..3 {
+        let body = serde_json::json!({
+            "model": name, "messages": history, "max_tokens": 4, "temperature": 0, "session_id": "conversation"
+        });
+        let answer = post(&addr, "/v1/chat/completions", body);
+        let text = answer["choices"][0]["message"]["content"].clone();
+        history.push(serde_json::json!({"role": "assistant", "content": text}));
+        history.push(serde_json::json!({"role": "user", "content": format!("turn {turn}")}));
+    }
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| {
+        let sessions = |n| metric(m, "llaisys_num_sessions", n).unwrap_or(0.0);
+        sessions("w1") + sessions("w2") == 1.0
+    });
+    assert!(ok, "the session is not on exactly one node: {m}");
+
+    let intruder = worker(&model, cluster, "w3", "not-the-cookie", &[]);
+    let refused = intruder.wait_for("did not admit", Duration::from_secs(30));
+    assert!(refused.is_some(), "a worker with the wrong cookie was not told it was refused");
+    let m = http(&addr, "GET", "/metrics", "");
+    assert!(metric(&m, "llaisys_num_requests_running", "w3").is_none(), "{m}");
+}
+
+/// Streams a completion and returns (whether it ended with [DONE], its finish reasons, and
+/// whether an error came).
+fn stream(addr: &str, body: serde_json::Value) -> (bool, Vec<String>, bool) {
+    let mut s = send(addr, "POST", "/v1/completions", &body.to_string());
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let done = text.contains("data: [DONE]");
+    let reasons = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["finish_reason"].as_str().map(String::from))
+        .collect();
+    (done, reasons, text.contains("\"error\""))
+}
+
+/// SIGKILL of a worker under load loses no request; SIGSTOP is noticed by the heartbeat; a
+/// restarted worker rejoins and gets work; a dropped stream frees its cells on the remote node.
+#[test]
+fn nodes_that_die_or_stall_lose_no_request() {
+    let slow = SlowModel::new(20);
+    let cluster = free_port();
+    let mock = ["--set", "model.model_type=\"mock\"", "--set", "engine.prefix_caching=false"];
+    let timeouts = ["--set", "cluster.heartbeat_interval_ms=200", "--set", "cluster.heartbeat_timeout_ms=1500"];
+    let extra: Vec<&str> = mock.iter().chain(&timeouts).copied().collect();
+    let mut front_args = extra.clone();
+    front_args.extend(["--set", "cluster.serve_local=false", "--model-name", "any"]);
+    let (_front, addr) = front(&slow.0, cluster, &front_args);
+    let w1 = worker(&slow.0, cluster, "w1", COOKIE, &extra);
+    let w2 = worker(&slow.0, cluster, "w2", COOKIE, &extra);
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1", "w2"]));
+    assert!(ok, "the workers did not join: {m}");
+
+    // Eight streams of 1 s each; w1 is killed while they run.
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let body = serde_json::json!({
+                    "model": "any", "prompt": format!("request {i}"), "max_tokens": 50, "ignore_eos": true,
+                    "stream": true
+                });
+                stream(&addr, body)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    w1.signal("-KILL");
+    for client in clients {
+        let (done, reasons, error) = client.join().unwrap();
+        assert!(done, "a stream did not end with [DONE]");
+        assert!(reasons == ["length"] || error, "neither finished nor failed: {reasons:?}");
+    }
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| !joined(m, &["w1"]));
+    assert!(ok, "the killed node is still in /metrics: {m}");
+    drop(w1);
+
+    // Restarted, it rejoins; with w2 stopped, the heartbeat removes w2 and w1 gets the work.
+    let _w1 = worker(&slow.0, cluster, "w1", COOKIE, &extra);
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1"]));
+    assert!(ok, "the restarted node did not rejoin: {m}");
+    w2.signal("-STOP");
+    let stopped = Instant::now();
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| !joined(m, &["w2"]));
+    assert!(ok, "the stopped node was not removed: {m}");
+    assert!(stopped.elapsed() < Duration::from_secs(5), "removed after {:?}", stopped.elapsed());
+    let body = serde_json::json!({"model": "any", "prompt": "after", "max_tokens": 3, "ignore_eos": true});
+    let answer = post(&addr, "/v1/completions", body);
+    assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
+    w2.signal("-CONT");
+
+    // A stream dropped after its first token is cancelled on its node: no cells stay used.
+    let body = serde_json::json!({"model": "any", "prompt": "drop me", "max_tokens": 500, "ignore_eos": true,
+        "stream": true});
+    let mut s = send(&addr, "POST", "/v1/completions", &body.to_string());
+    let mut first = [0u8; 256];
+    let _ = s.read(&mut first).unwrap();
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| {
+        metric(m, "llaisys_kv_cache_cells_used", "w1").is_some_and(|v| v > 0.0)
+    });
+    assert!(ok, "the request never ran: {m}");
+    drop(s);
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| {
+        metric(m, "llaisys_kv_cache_cells_used", "w1") == Some(0.0)
+            && metric(m, "llaisys_num_requests_running", "w1") == Some(0.0)
+    });
+    assert!(ok, "the dropped stream's cells were not freed on its node: {m}");
+}
+
+/// The prefix-cache hit rate of `routing` on conversations that share long system prompts.
+fn hit_rate(routing: &str) -> f64 {
+    let model = fixture_dir("tiny-tied-f32");
+    let cluster = free_port();
+    let setting = format!("cluster.routing=\"{routing}\"");
+    let extra = ["--set", "cluster.serve_local=false", "--set", &setting, "--model-name", "any"];
+    let (_front, addr) = front(&model, cluster, &extra);
+    let _w1 = worker(&model, cluster, "w1", COOKIE, &[]);
+    let _w2 = worker(&model, cluster, "w2", COOKIE, &[]);
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1", "w2"]));
+    assert!(ok, "the workers did not join: {m}");
+    // Three prompts over two nodes: round robin sends each prompt to both in turn.
+    let systems: Vec<Vec<u32>> = (0..3u32).map(|s| (0..120).map(|i| 10 + (s * 37 + i * 7) % 200).collect()).collect();
+    for round in 0..6u32 {
+        for system in &systems {
+            let mut prompt = system.clone();
+            prompt.extend([3 + round, 5 + round]);
+            let body = serde_json::json!({"model": "any", "prompt": prompt, "max_tokens": 1, "ignore_eos": true});
+            let answer = post(&addr, "/v1/completions", body);
+            assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1200)); // a heartbeat's reports
+    let m = http(&addr, "GET", "/metrics", "");
+    let sum = |name| metric(&m, name, "w1").unwrap_or(0.0) + metric(&m, name, "w2").unwrap_or(0.0);
+    sum("llaisys_prefix_cache_hits_total") / sum("llaisys_prefix_cache_queries_total").max(1.0)
+}
+
+#[test]
+fn cache_aware_routing_hits_the_prefix_cache_more_than_round_robin() {
+    let (aware, round_robin) = (hit_rate("cache_aware"), hit_rate("round_robin"));
+    eprintln!("prefix-cache hit rate: cache_aware {aware:.3}, round_robin {round_robin:.3}");
+    assert!(aware > round_robin, "cache_aware {aware} vs round_robin {round_robin}");
+}
