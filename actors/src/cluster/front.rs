@@ -88,6 +88,11 @@ impl Node {
     fn live(&self) -> bool {
         self.report.is_some()
     }
+
+    /// Whether it takes another request: below the capacity its last report advertised.
+    fn has_room(&self) -> bool {
+        self.report.as_ref().is_some_and(|r| self.in_flight < r.capacity)
+    }
 }
 
 struct Pending {
@@ -308,7 +313,7 @@ impl FrontState {
             let _ = reply.send(Err(EngineError::ShuttingDown));
             return;
         }
-        let room = self.nodes.values().any(|n| n.live() && n.in_flight < capacity(n));
+        let room = self.nodes.values().any(Node::has_room);
         if !room && self.queue.len() >= self.config.queue {
             let live = self.nodes.values().filter(|n| n.live()).count();
             let why =
@@ -333,7 +338,7 @@ impl FrontState {
                 .nodes
                 .iter()
                 .filter(|(_, n)| n.live())
-                .map(|(name, n)| (name.clone(), Load { requests: n.in_flight, available: n.in_flight < capacity(n) }))
+                .map(|(name, n)| (name.clone(), Load { requests: n.in_flight, available: n.has_room() }))
                 .collect();
             let p = self.pending.get(&id).expect("a queued request is pending");
             let Some((name, reason)) = self.placement.place(&p.request.prompt, p.request.session.as_deref(), &loads)
@@ -462,10 +467,6 @@ impl FrontState {
             let _ = reply.send(());
         }
     }
-}
-
-fn capacity(node: &Node) -> usize {
-    node.report.as_ref().map_or(0, |r| r.capacity)
 }
 
 /// Sends to a node; false if its actor is gone.
