@@ -9,7 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use llaisys_actors::cluster::{FRONT_GROUP, SCOPE, transport};
 use llaisys_tests::{Reference, fixture_dir};
+use ractor::ActorRef;
+use ractor::message::{BoxedDowncastErr, SerializedMessage};
 
 const COOKIE: &str = "test-cookie";
 
@@ -240,12 +243,15 @@ fn nodes_that_die_or_stall_lose_no_request() {
     let mut front_args = extra.clone();
     front_args.extend(["--set", "cluster.serve_local=false", "--model-name", "any"]);
     let (_front, addr) = front(&slow.0, cluster, &front_args);
-    let w1 = worker(&slow.0, cluster, "w1", COOKIE, &extra);
-    let w2 = worker(&slow.0, cluster, "w2", COOKIE, &extra);
+    // Each node takes two requests at once: of eight, four wait in the front's queue.
+    let mut worker_args = extra.clone();
+    worker_args.extend(["--set", "cluster.capacity=2"]);
+    let w1 = worker(&slow.0, cluster, "w1", COOKIE, &worker_args);
+    let w2 = worker(&slow.0, cluster, "w2", COOKIE, &worker_args);
     let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1", "w2"]));
     assert!(ok, "the workers did not join: {m}");
 
-    // Eight streams of 1 s each; w1 is killed while they run.
+    // Eight streams of 1 s each; w1 is killed while its two stream and four are queued.
     let clients: Vec<_> = (0..8)
         .map(|i| {
             let addr = addr.clone();
@@ -260,11 +266,15 @@ fn nodes_that_die_or_stall_lose_no_request() {
         .collect();
     std::thread::sleep(Duration::from_millis(400));
     w1.signal("-KILL");
+    let mut completed = 0;
     for client in clients {
         let (done, reasons, error) = client.join().unwrap();
         assert!(done, "a stream did not end with [DONE]");
         assert!(reasons == ["length"] || error, "neither finished nor failed: {reasons:?}");
+        completed += usize::from(reasons == ["length"]);
     }
+    // w2's two and the four queued (which moved to w2) complete; w1's two had streamed.
+    assert!(completed >= 6, "only {completed} of 8 completed");
     let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| !joined(m, &["w1"]));
     assert!(ok, "the killed node is still in /metrics: {m}");
     drop(w1);
@@ -281,24 +291,54 @@ fn nodes_that_die_or_stall_lose_no_request() {
     let body = serde_json::json!({"model": "any", "prompt": "after", "max_tokens": 3, "ignore_eos": true});
     let answer = post(&addr, "/v1/completions", body);
     assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
-    w2.signal("-CONT");
 
-    // A stream dropped after its first token is cancelled on its node: no cells stay used.
+    // With w2 stopped, everything runs on w1. A stream dropped after its first token is
+    // cancelled there, and so is one cancelled through the endpoint: no cells stay used.
+    let idle = |m: &str| {
+        metric(m, "llaisys_kv_cache_cells_used", "w1") == Some(0.0)
+            && metric(m, "llaisys_num_requests_running", "w1") == Some(0.0)
+    };
     let body = serde_json::json!({"model": "any", "prompt": "drop me", "max_tokens": 500, "ignore_eos": true,
         "stream": true});
-    let mut s = send(&addr, "POST", "/v1/completions", &body.to_string());
-    let mut first = [0u8; 256];
-    let _ = s.read(&mut first).unwrap();
+    let s = send(&addr, "POST", "/v1/completions", &body.to_string());
+    let (reader, first) = first_chunk(s);
+    assert!(first["id"].is_string(), "{first}");
     let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| {
         metric(m, "llaisys_kv_cache_cells_used", "w1").is_some_and(|v| v > 0.0)
     });
     assert!(ok, "the request never ran: {m}");
-    drop(s);
-    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| {
-        metric(m, "llaisys_kv_cache_cells_used", "w1") == Some(0.0)
-            && metric(m, "llaisys_num_requests_running", "w1") == Some(0.0)
-    });
+    drop(reader);
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), idle);
     assert!(ok, "the dropped stream's cells were not freed on its node: {m}");
+
+    let s = send(&addr, "POST", "/v1/completions", &body.to_string());
+    let (mut rest, first) = first_chunk(s);
+    let id = first["id"].as_str().expect("a chunk id").to_string();
+    let answer = post(&addr, &format!("/v1/requests/{id}/cancel"), serde_json::json!({}));
+    assert_eq!(answer["cancelled"], true, "{answer}");
+    let mut tail = String::new();
+    let _ = rest.read_to_string(&mut tail);
+    assert!(tail.contains("\"finish_reason\":\"abort\"") && tail.contains("data: [DONE]"), "{tail}");
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), idle);
+    assert!(ok, "the cancelled request's cells were not freed on its node: {m}");
+
+    // Resumed, w2 reports again over its open connection and is routable again.
+    w2.signal("-CONT");
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| joined(m, &["w2"]));
+    assert!(ok, "the resumed node did not come back: {m}");
+}
+
+/// Reads a stream up to its first data chunk; the rest of the stream and that chunk.
+fn first_chunk(stream: TcpStream) -> (BufReader<TcpStream>, serde_json::Value) {
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended before its first chunk");
+        if let Some(data) = line.trim().strip_prefix("data: ") {
+            return (reader, serde_json::from_str(data).unwrap());
+        }
+    }
 }
 
 /// The prefix-cache hit rate of `routing` on conversations that share long system prompts.
@@ -334,4 +374,89 @@ fn cache_aware_routing_hits_the_prefix_cache_more_than_round_robin() {
     let (aware, round_robin) = (hit_rate("cache_aware"), hit_rate("round_robin"));
     eprintln!("prefix-cache hit rate: cache_aware {aware:.3}, round_robin {round_robin:.3}");
     assert!(aware > round_robin, "cache_aware {aware} vs round_robin {round_robin}");
+}
+
+/// The front's certificate (for `localhost` and 127.0.0.1), its key and the authority that
+/// signed it: test-only files, valid until 2126.
+fn tls_file(name: &str) -> String {
+    fixture_dir("tls").join(name).to_str().unwrap().to_string()
+}
+
+/// With TLS on the front, a worker that trusts its authority joins and serves; one without TLS
+/// is not admitted.
+#[test]
+fn a_worker_joins_a_front_over_tls() {
+    let name = "tiny-tied-f32";
+    let model = fixture_dir(name);
+    let cluster = free_port();
+    let (cert, key) = (
+        format!("cluster.tls_cert=\"{}\"", tls_file("front.pem")),
+        format!("cluster.tls_key=\"{}\"", tls_file("front.key")),
+    );
+    let (_front, addr) = front(&model, cluster, &["--set", "cluster.serve_local=false", "--set", &cert, "--set", &key]);
+    let ca = format!("cluster.tls_ca=\"{}\"", tls_file("ca.pem"));
+    let _w1 = worker(&model, cluster, "w1", COOKIE, &["--set", &ca, "--set", "cluster.tls_server_name=\"localhost\""]);
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1"]));
+    assert!(ok, "the TLS worker did not join: {m}");
+    let p = &Reference::load(name).prompts[0];
+    let body = serde_json::json!({
+        "model": name, "prompt": p.ids, "max_tokens": p.greedy.len(), "temperature": 0, "ignore_eos": true
+    });
+    let answer = post(&addr, "/v1/completions", body);
+    let tokenizer = llaisys_model::tokenizer::Tokenizer::from_dir(&model).unwrap();
+    assert_eq!(answer["choices"][0]["text"], tokenizer.decode(&p.greedy, true).unwrap(), "{answer}");
+
+    let plain = worker(&model, cluster, "w2", COOKIE, &[]);
+    assert!(plain.wait_for("did not admit", Duration::from_secs(30)).is_some(), "a raw worker was admitted");
+    let m = http(&addr, "GET", "/metrics", "");
+    assert!(metric(&m, "llaisys_num_requests_running", "w2").is_none(), "{m}");
+}
+
+/// A frame as a node of protocol version 0 would send it.
+struct OldFrame;
+
+impl ractor::Message for OldFrame {
+    fn serializable() -> bool {
+        true
+    }
+
+    fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
+        let args = br#"{"v":0,"from":"old","msg":{"Hello":{"load":1}}}"#.to_vec();
+        Ok(SerializedMessage::Cast { variant: "llaisys".into(), args, metadata: None })
+    }
+
+    fn deserialize(_: SerializedMessage) -> Result<Self, BoxedDowncastErr> {
+        Err(BoxedDowncastErr)
+    }
+}
+
+/// This test process joins the front as node "old" and speaks another protocol version: the
+/// front refuses it with a log naming both versions, and keeps serving.
+#[test]
+fn a_node_of_another_protocol_version_is_refused() {
+    let model = fixture_dir("tiny-tied-f32");
+    let cluster = free_port();
+    let (front, addr) = front(&model, cluster, &["--model-name", "any"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let any_port = "127.0.0.1:0".parse().unwrap();
+        let server = transport::listen("old", COOKIE.into(), any_port, None).await.unwrap();
+        tokio::spawn(transport::stay_joined(server, format!("127.0.0.1:{cluster}"), None));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let router = loop {
+            if let Some(cell) = ractor::pg::get_scoped_members(&SCOPE.into(), &FRONT_GROUP.into()).pop() {
+                break cell;
+            }
+            assert!(Instant::now() < deadline, "the front's router never appeared");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        ActorRef::<OldFrame>::from(router).cast(OldFrame).unwrap();
+    });
+    let refusal = front.wait_for("refused node 'old'", Duration::from_secs(30));
+    let refusal = refusal.expect("the front did not log the refusal");
+    assert!(refusal.contains("protocol v0") && refusal.contains("this front v1"), "{refusal}");
+    let m = http(&addr, "GET", "/metrics", "");
+    assert!(metric(&m, "llaisys_num_requests_running", "old").is_none(), "{m}");
+    let body = serde_json::json!({"model": "any", "prompt": "still serving", "max_tokens": 2, "ignore_eos": true});
+    assert_eq!(post(&addr, "/v1/completions", body)["choices"][0]["finish_reason"], "length");
 }

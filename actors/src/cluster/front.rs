@@ -4,7 +4,8 @@
 //!
 //! - A node is a member of the `node/NAME` process group; it becomes routable with its first
 //!   report (heartbeat) and leaves when its group empties (its connection closed) or when no
-//!   report came for `heartbeat_timeout`.
+//!   report came for `heartbeat_timeout` (a stalled node whose connection stayed open comes back
+//!   with its next report).
 //! - A request waits in the queue until a node has room below its advertised capacity; when
 //!   the queue is full too, it is refused (`EngineError::Overloaded`, HTTP 429).
 //! - When a node leaves, its requests that streamed nothing go back to the head of the queue
@@ -269,6 +270,12 @@ impl FrontState {
                 );
             }
             return;
+        }
+        if !self.nodes.contains_key(&from) {
+            // Removed for silence while its connection stayed open (a stalled process that
+            // resumed): it is still in its group, so it comes back.
+            let members = ractor::pg::get_scoped_members(&SCOPE.into(), &format!("{NODE_GROUP_PREFIX}{from}"));
+            self.joined(&format!("{NODE_GROUP_PREFIX}{from}"), members);
         }
         let Some(node) = self.nodes.get_mut(&from) else {
             tracing::warn!(node = from, "a report from a node that is not connected");

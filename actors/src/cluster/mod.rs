@@ -32,11 +32,11 @@ use node::{NodeActor, NodeArgs};
 pub use transport::{ClusterError, Tls, read_cookie};
 
 /// The process-group scope of llaisys' actors.
-pub(crate) const SCOPE: &str = "llaisys";
+pub const SCOPE: &str = "llaisys";
 /// The front's router joins this group.
-pub(crate) const FRONT_GROUP: &str = "front";
+pub const FRONT_GROUP: &str = "front";
 /// Each node's actor joins `node/NAME`.
-pub(crate) const NODE_GROUP_PREFIX: &str = "node/";
+pub const NODE_GROUP_PREFIX: &str = "node/";
 
 /// The cluster's settings (`[cluster]` in the server's config).
 #[derive(Debug, Clone)]
