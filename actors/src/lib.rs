@@ -116,8 +116,8 @@ pub mod speculative;
 pub mod worker;
 
 pub use engine::{
-    Engine, EngineStats, Event, EventStream, GenerateRequest, ModelLoader, ReplicaSpec, ReplicaStats, Router,
-    SessionInfo, SpeculativeStats, Usage,
+    Engine, EngineStats, Event, EventStream, GenerateRequest, ModelLoader, ModelText, ReplicaSpec, ReplicaStats,
+    Router, SessionInfo, SpeculativeStats, Usage,
 };
 pub use futures_util::StreamExt;
 pub use host::{

@@ -35,7 +35,7 @@ pub use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, 
 pub use kv::{KvCache, Pos, PosRange, SeqId};
 pub use lm::{LanguageModel, ModelInfo};
 pub use output::{Outputs, argmax};
-pub use registry::{LoadOptions, MODEL_TYPES, load_model};
+pub use registry::{LoadOptions, MODEL_TYPES, load_model, model_info};
 pub use sampling::{Sampled, Sampler, SamplingParams};
 pub use source::ModelSource;
 pub use tensors::WeightDtype;

@@ -33,44 +33,75 @@ pub fn load(
     _opts: &LoadOptions,
     device: &Device,
 ) -> Result<Box<dyn LanguageModel>, LoadError> {
-    let (vocab, ctx, eos, fail_on_token, delay_ms) = match source {
-        None => (256, 4096, vec![0], None, 0),
-        Some(source) => {
-            let dir = source.path();
-            let json = read_json(&dir.join("config.json"))?;
-            let num = |field: &str, default: usize| -> Result<usize, LoadError> {
-                match json.get(field) {
-                    None => Ok(default),
-                    Some(v) => v.as_u64().map(|n| n as usize).filter(|n| *n > 0).ok_or_else(|| LoadError::Config {
-                        field: field.into(),
-                        reason: format!("expected a positive integer, found {v}"),
-                    }),
-                }
-            };
-            let vocab = num("vocab_size", 256)?;
-            let eos = num("eos_token_id", vocab)?; // default: no eos (out of the vocabulary)
-            let fail = json.get("fail_on_token").and_then(|v| v.as_u64()).map(|t| t as u32);
-            let delay = json.get("step_delay_ms").and_then(|v| v.as_u64()).unwrap_or(0);
-            let eos = if eos < vocab { vec![eos as u32] } else { vec![] };
-            (vocab, num("max_position_embeddings", 4096)?, eos, fail, delay)
-        }
-    };
-    let mut mock = Mock::new(vocab, ctx, eos, fail_on_token, device);
-    mock.step_delay = Duration::from_millis(delay_ms);
+    let s = Settings::read(source)?;
+    let mut mock = Mock::new(s.vocab, s.context, s.eos, s.fail_on_token, device);
+    mock.step_delay = s.step_delay;
     Ok(Box::new(mock))
+}
+
+/// The registry's info entry: what `load` would report.
+pub fn info(source: Option<&ModelSource>) -> Result<ModelInfo, LoadError> {
+    let s = Settings::read(source)?;
+    Ok(Mock::info_of(s.vocab, s.context, s.eos))
+}
+
+/// A mock's `config.json`.
+struct Settings {
+    vocab: usize,
+    context: usize,
+    eos: Vec<u32>,
+    fail_on_token: Option<u32>,
+    step_delay: Duration,
+}
+
+impl Settings {
+    fn read(source: Option<&ModelSource>) -> Result<Self, LoadError> {
+        let Some(source) = source else {
+            return Ok(Self {
+                vocab: 256,
+                context: 4096,
+                eos: vec![0],
+                fail_on_token: None,
+                step_delay: Duration::ZERO,
+            });
+        };
+        let json = read_json(&source.path().join("config.json"))?;
+        let num = |field: &str, default: usize| -> Result<usize, LoadError> {
+            match json.get(field) {
+                None => Ok(default),
+                Some(v) => v.as_u64().map(|n| n as usize).filter(|n| *n > 0).ok_or_else(|| LoadError::Config {
+                    field: field.into(),
+                    reason: format!("expected a positive integer, found {v}"),
+                }),
+            }
+        };
+        let vocab = num("vocab_size", 256)?;
+        let eos = num("eos_token_id", vocab)?; // default: no eos (out of the vocabulary)
+        Ok(Self {
+            vocab,
+            context: num("max_position_embeddings", 4096)?,
+            eos: if eos < vocab { vec![eos as u32] } else { vec![] },
+            fail_on_token: json.get("fail_on_token").and_then(|v| v.as_u64()).map(|t| t as u32),
+            step_delay: Duration::from_millis(json.get("step_delay_ms").and_then(|v| v.as_u64()).unwrap_or(0)),
+        })
+    }
 }
 
 impl Mock {
     pub fn new(vocab: usize, context: usize, eos: Vec<u32>, fail_on_token: Option<u32>, device: &Device) -> Self {
-        let info = ModelInfo {
+        let info = Self::info_of(vocab, context, eos);
+        Self { info, fail_on_token, step_delay: Duration::ZERO, device: device.clone() }
+    }
+
+    fn info_of(vocab: usize, context: usize, eos: Vec<u32>) -> ModelInfo {
+        ModelInfo {
             model_type: "mock",
             vocab_size: vocab,
             hidden_size: 1,
             context_length: context,
             bos_token_id: None,
             eos_token_ids: eos,
-        };
-        Self { info, fail_on_token, step_delay: Duration::ZERO, device: device.clone() }
+        }
     }
 
     /// The next token after a token at `pos` that sees cells holding `visible` ids.

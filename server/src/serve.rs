@@ -24,24 +24,30 @@ pub enum ServeError {
 
 /// Loads the configured model and serves it: alone, or as a cluster's front when
 /// `cluster.listen` is set (its requests then run on the nodes that join, and on its own model
-/// when `cluster.serve_local`).
+/// when `cluster.serve_local`; a router-only front reads no weights).
 pub async fn start(config: &Config) -> Result<Server, ServeError> {
-    let mut entry = load_entry(builder(config)?, config.model_name()).await?;
     if config.cluster.listen.is_empty() {
+        let entry = load_entry(builder(config)?, config.model_name()).await?;
         return start_models(vec![entry], config).await;
     }
     let listen = config.cluster_listen().map_err(ServeError::Address)?;
     let (cookie, tls) = (config.cluster_cookie()?, config.cluster_server_tls()?);
+    let (text, local) = match config.cluster.serve_local {
+        true => {
+            let entry = load_entry(builder(config)?, config.model_name()).await?;
+            (entry.engine.text(), Some(entry.engine))
+        }
+        false => (builder(config)?.build_text()?, None),
+    };
     let cluster = config.cluster_config();
     let name = cluster.name.clone();
-    let engine = start_front(entry.engine, config.cluster.serve_local, listen, cookie, tls, cluster).await?;
+    let engine = start_front(text, local, listen, cookie, tls, cluster).await?;
     tracing::info!(%listen, node = name, "cluster front: worker nodes join at this address");
-    entry = ModelEntry::new(entry.name, engine);
     // The router queues and refuses (429) by the nodes' capacities; the HTTP layer's own
     // admission limit would cap the whole cluster at one node's.
     let mut config = config.clone();
     config.limits.max_concurrent_requests = tokio::sync::Semaphore::MAX_PERMITS;
-    start_models(vec![entry], &config).await
+    start_models(vec![ModelEntry::new(config.model_name(), engine)], &config).await
 }
 
 /// The engine `config` describes, to build.

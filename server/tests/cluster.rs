@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use llaisys_actors::cluster::{FRONT_GROUP, SCOPE, transport};
@@ -16,10 +16,11 @@ use ractor::message::{BoxedDowncastErr, SerializedMessage};
 
 const COOKIE: &str = "test-cookie";
 
-/// A child process, killed when dropped; its stderr lines go to a channel.
+/// A child process, killed when dropped; its stderr lines go to a channel and are kept.
 struct Proc {
     child: Child,
     lines: mpsc::Receiver<String>,
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Proc {
@@ -27,18 +28,26 @@ impl Proc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_llaisys"))
             .args(args)
             .env("LLAISYS_CLUSTER_COOKIE", cookie)
-            .env("RUST_LOG", "info")
+            .env("LLAISYS_LOG", "info")
             .stderr(Stdio::piped())
             .spawn()
             .expect("run llaisys");
         let (tx, lines) = mpsc::channel();
         let stderr = BufReader::new(child.stderr.take().unwrap());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = log.clone();
         std::thread::spawn(move || {
             for line in stderr.lines().map_while(Result::ok) {
+                kept.lock().unwrap().push(line.clone());
                 let _ = tx.send(line);
             }
         });
-        Self { child, lines }
+        Self { child, lines, log }
+    }
+
+    /// Whether a line logged so far contains `text`.
+    fn logged(&self, text: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(text))
     }
 
     /// Waits (at most `within`) for a line containing `text`; returns it.
@@ -176,11 +185,17 @@ fn a_front_and_two_workers_answer_like_one_server() {
     let name = "tiny-tied-f32";
     let model = fixture_dir(name);
     let cluster = free_port();
-    let (_front, addr) = front(&model, cluster, &["--set", "cluster.serve_local=false"]);
-    let _w1 = worker(&model, cluster, "w1", COOKIE, &[]);
+    let (front, addr) = front(&model, cluster, &["--set", "cluster.serve_local=false"]);
+    assert!(!front.logged("qwen2 weights loaded"), "a router-only front loaded the weights");
+    let health = http(&addr, "GET", "/health", "");
+    assert!(health.contains("no node of the cluster serves"), "a front without nodes is healthy: {health}");
+    let w1 = worker(&model, cluster, "w1", COOKIE, &[]);
     let _w2 = worker(&model, cluster, "w2", COOKIE, &[]);
     let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1", "w2"]));
     assert!(ok, "the workers did not join: {m}");
+    assert!(w1.logged("qwen2 weights loaded"), "a worker's log does not say it loaded its weights");
+    let health: serde_json::Value = serde_json::from_str(&http(&addr, "GET", "/health", "")).unwrap();
+    assert_eq!(health["nodes"], serde_json::json!(["w1", "w2"]), "{health}");
     assert!(metric(&m, "llaisys_num_requests_running", "front").is_none(), "a router-only front runs nothing");
 
     for p in &Reference::load(name).prompts {

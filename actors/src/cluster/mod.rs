@@ -23,7 +23,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::NodeServerMessage;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, ModelText};
 use crate::placement::PlacementConfig;
 pub use front::ToFront;
 use front::{FrontActor, FrontArgs};
@@ -94,28 +94,25 @@ impl FrontParts {
 }
 
 /// Starts a front listening on `listen` for worker nodes, and returns the engine handle that
-/// routes over them. `engine` gives the model's text side; with `serve_local` it also runs
-/// requests as one of the nodes (named `config.name`), else it is shut down.
+/// routes over them, serving the API with `text` (the model's tokenizer and template). With
+/// `local`, the front's own engine runs requests as one of the nodes (named `config.name`).
 pub async fn start_front(
-    engine: Engine,
-    serve_local: bool,
+    text: ModelText,
+    local: Option<Engine>,
     listen: SocketAddr,
     cookie: String,
     tls: Option<Tls>,
     config: ClusterConfig,
 ) -> Result<Engine, ClusterError> {
     let server = transport::listen(&config.name, cookie, listen, tls).await?;
-    let args = FrontArgs { config: config.clone(), vocab_size: engine.info().vocab_size };
+    let args = FrontArgs { config: config.clone(), vocab_size: text.info().vocab_size };
     let (front, _) = Actor::spawn(None, FrontActor, args).await.map_err(|e| ClusterError::Actor(e.to_string()))?;
-    let local = match serve_local {
-        true => Some((engine.clone(), start_node(engine.clone(), &config).await?.0)),
-        false => {
-            engine.shutdown().await;
-            None
-        }
+    let local = match local {
+        Some(engine) => Some((engine.clone(), start_node(engine, &config).await?.0)),
+        None => None,
     };
     let parts = Arc::new(FrontParts { front, server, local });
-    Ok(engine.routed_by(parts))
+    Ok(Engine::routed(text, parts))
 }
 
 /// Starts this process's node actor over `engine` (a worker's, or the front's own).

@@ -235,6 +235,25 @@ pub struct Engine {
     frontend: Option<Arc<Frontend>>,
 }
 
+/// A model's info and text side (tokenizer, chat template, defaults and limits) without its
+/// weights: what a cluster's router-only front serves the API with
+/// (`EngineBuilder::build_text`, or `Engine::text`).
+#[derive(Clone)]
+pub struct ModelText {
+    pub(crate) info: Arc<ModelInfo>,
+    pub(crate) frontend: Option<Arc<Frontend>>,
+}
+
+impl ModelText {
+    pub(crate) fn new(info: ModelInfo, frontend: Option<Frontend>) -> Self {
+        Self { info: Arc::new(info), frontend: frontend.map(Arc::new) }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+}
+
 /// Where an engine's requests run.
 #[derive(Clone)]
 enum Route {
@@ -361,9 +380,14 @@ impl Engine {
         Ok(Self { route, info, frontend: frontend.map(Arc::new) })
     }
 
-    /// This engine's model and text side, its requests routed by a cluster's front.
-    pub(crate) fn routed_by(&self, front: Arc<FrontParts>) -> Self {
-        Self { route: Route::Cluster(front), info: self.info.clone(), frontend: self.frontend.clone() }
+    /// An engine over `text` whose requests a cluster's front routes to its nodes.
+    pub(crate) fn routed(text: ModelText, front: Arc<FrontParts>) -> Self {
+        Self { route: Route::Cluster(front), info: text.info, frontend: text.frontend }
+    }
+
+    /// The model's info and text side, without the engine's replicas.
+    pub fn text(&self) -> ModelText {
+        ModelText { info: self.info.clone(), frontend: self.frontend.clone() }
     }
 
     /// Whether requests run on a cluster's nodes.

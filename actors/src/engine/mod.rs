@@ -14,8 +14,8 @@ mod session_actor;
 mod worker_actor;
 
 pub use api::{
-    Engine, EngineStats, Event, EventStream, FinishCounts, GenerateRequest, LOCAL_NODE, ModelLoader, ReplicaSpec,
-    ReplicaStats, SpeculativeStats, Usage,
+    Engine, EngineStats, Event, EventStream, FinishCounts, GenerateRequest, LOCAL_NODE, ModelLoader, ModelText,
+    ReplicaSpec, ReplicaStats, SpeculativeStats, Usage,
 };
 pub(crate) use messages::Submission;
 pub use router::Router;

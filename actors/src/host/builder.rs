@@ -4,9 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use llaisys_model::{DeviceError, DeviceSpec, LoadError, LoadOptions, ModelSource, WeightDtype, load_model};
+use llaisys_model::{
+    DeviceError, DeviceSpec, LoadError, LoadOptions, ModelSource, WeightDtype, load_model, model_info,
+};
 
 use super::frontend::{Frontend, GenerationDefaults, RequestLimits};
+use crate::engine::ModelText;
 use crate::placement::PlacementConfig;
 use crate::speculative::SettingError;
 use crate::{Engine, EngineConfig, EngineError, Llm, ModelLoader, ReplicaSpec};
@@ -123,6 +126,17 @@ impl EngineBuilder {
     pub async fn build(self) -> Result<Engine, BuildError> {
         let Parts { replicas, frontend, config, placement } = self.parts()?;
         Ok(Engine::start_replicas(replicas, frontend, config, placement).await?)
+    }
+
+    /// The model's info and text side, from its configuration and tokenizer files only: the
+    /// weights are not read (a cluster's router-only front).
+    pub fn build_text(self) -> Result<ModelText, BuildError> {
+        let path = self.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+        let load_err = |source| BuildError::Load { path: path.clone(), source };
+        let source = self.model.as_deref().map(ModelSource::resolve).transpose().map_err(load_err)?;
+        let info = model_info(self.model_type.as_deref(), source.as_ref()).map_err(load_err)?;
+        let Parts { frontend, .. } = self.parts()?;
+        Ok(ModelText::new(info, frontend))
     }
 
     /// Loads the model for blocking offline use.

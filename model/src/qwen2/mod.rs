@@ -3,4 +3,4 @@
 mod model;
 mod weights;
 
-pub use model::{Qwen2, load};
+pub use model::{Qwen2, info, load};

@@ -54,16 +54,29 @@ pub fn load(
     Ok(Box::new(Qwen2::new(config, weights, device)))
 }
 
+/// The registry's info entry: what `load` would report, from the configuration alone.
+pub fn info(source: Option<&ModelSource>) -> Result<ModelInfo, LoadError> {
+    let config = match source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2" })? {
+        ModelSource::Dir(dir) => ModelConfig::from_dir(dir)?,
+        ModelSource::Gguf(path) => gguf::model_config(&GgufFile::open(path)?)?,
+    };
+    Ok(info_of(&config))
+}
+
+fn info_of(config: &ModelConfig) -> ModelInfo {
+    ModelInfo {
+        model_type: "qwen2",
+        vocab_size: config.vocab_size,
+        hidden_size: config.hidden_size,
+        context_length: config.max_position_embeddings,
+        bos_token_id: config.bos_token_id,
+        eos_token_ids: config.eos_token_ids.clone(),
+    }
+}
+
 impl Qwen2 {
     fn new(config: ModelConfig, weights: Weights, device: &Device) -> Self {
-        let info = ModelInfo {
-            model_type: "qwen2",
-            vocab_size: config.vocab_size,
-            hidden_size: config.hidden_size,
-            context_length: config.max_position_embeddings,
-            bos_token_id: config.bos_token_id,
-            eos_token_ids: config.eos_token_ids.clone(),
-        };
+        let info = info_of(&config);
         let rope = Rope::new(config.head_dim, config.rope_theta);
         Self { config, info, weights, rope, device: device.clone() }
     }

@@ -37,13 +37,26 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.is_shutting_down() {
         return ApiError::shutting_down().into_response();
     }
+    let unavailable = |why: String| ApiError { status: StatusCode::SERVICE_UNAVAILABLE, ..ApiError::internal(why) };
+    let mut nodes = std::collections::BTreeSet::new();
     for m in state.models.values() {
-        if let Err(e) = m.engine.stats().await {
-            let err = ApiError { status: StatusCode::SERVICE_UNAVAILABLE, ..ApiError::internal(e.to_string()) };
-            return err.into_response();
+        match m.engine.replica_stats().await {
+            Err(e) => return unavailable(e.to_string()).into_response(),
+            // A cluster's front is healthy while some node serves.
+            Ok(replicas) if m.engine.is_cluster_front() => {
+                if replicas.is_empty() {
+                    return unavailable(format!("no node of the cluster serves model '{}'", m.name)).into_response();
+                }
+                nodes.extend(replicas.into_iter().map(|r| r.node));
+            }
+            Ok(_) => {}
         }
     }
-    json_response(StatusCode::OK, &json!({"status": "ok"}))
+    if nodes.is_empty() {
+        json_response(StatusCode::OK, &json!({"status": "ok"}))
+    } else {
+        json_response(StatusCode::OK, &json!({"status": "ok", "nodes": nodes}))
+    }
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
