@@ -469,7 +469,8 @@ fn a_node_of_another_protocol_version_is_refused() {
     });
     let refusal = front.wait_for("refused node 'old'", Duration::from_secs(30));
     let refusal = refusal.expect("the front did not log the refusal");
-    assert!(refusal.contains("protocol v0") && refusal.contains("this front v1"), "{refusal}");
+    let ours = format!("this front v{}", llaisys_actors::cluster::wire::PROTOCOL_VERSION);
+    assert!(refusal.contains("protocol v0") && refusal.contains(&ours), "{refusal}");
     let m = http(&addr, "GET", "/metrics", "");
     assert!(metric(&m, "llaisys_num_requests_running", "old").is_none(), "{m}");
     let body = serde_json::json!({"model": "any", "prompt": "still serving", "max_tokens": 2, "ignore_eos": true});

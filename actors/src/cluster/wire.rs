@@ -17,8 +17,9 @@ use crate::engine::{Event, ReplicaStats, SessionInfo, SpeculativeStats};
 use crate::llm::GenerateParams;
 use crate::request::{ToolCallTags, ToolParsing};
 
-/// The message protocol's version; a peer speaking another is refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
+/// out its empty fields.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A request as it crosses the network: everything `GenerateRequest` holds, the constraint
 /// before compilation.
@@ -239,6 +240,25 @@ mod tests {
         };
         let SerializedMessage::Cast { args, .. } = encode("n1", &msg).unwrap() else { panic!("not a cast") };
         assert_eq!(parse::<FromNode>(&args), Received::Message { from: "n1".into(), msg });
+    }
+
+    #[test]
+    fn a_token_event_carries_only_what_it_has() {
+        let token = |top_logprobs: Vec<(u32, f32)>, mask_time| Event::Token {
+            token: 42,
+            text: "hi".into(),
+            logprob: -0.5,
+            top_logprobs,
+            mask_time,
+            tool_call: None,
+        };
+        let plain = token(vec![], None);
+        let json = serde_json::to_string(&plain).unwrap();
+        assert_eq!(json, r#"{"Token":{"token":42,"text":"hi","logprob":-0.5}}"#);
+        assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), plain);
+        let full = token(vec![(1, -1.0), (2, -2.0)], Some(std::time::Duration::from_micros(30)));
+        let json = serde_json::to_string(&full).unwrap();
+        assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), full);
     }
 
     #[test]

@@ -62,10 +62,13 @@ pub enum Event {
         /// incomplete; always empty without a tokenizer).
         text: String,
         logprob: f32,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         top_logprobs: Vec<(u32, f32)>,
         /// How long this token's grammar mask took (constrained requests only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         mask_time: Option<Duration>,
         /// T3: the piece of a tool call this token completes (its `text` is then empty).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_call: Option<ToolCallDelta>,
     },
     Finished {
