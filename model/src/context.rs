@@ -73,7 +73,7 @@ impl Context {
         self.cache.cells_mut().occupy(&placement, &valid.pos, &valid.seqs);
         let (model, cache) = (&self.model, &mut self.cache);
         let result = catch_unwind(AssertUnwindSafe(|| {
-            let logits = crate::kernels::with_awake_pool(|| model.forward(&valid, &placement, cache, abort))?;
+            let logits = model.forward(&valid, &placement, cache, abort)?;
             logits.try_into_vec_as::<f32>().map_err(|e| DecodeError::Internal(format!("reading logits: {e:?}")))
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))));

@@ -118,7 +118,41 @@ impl LanguageModel for Qwen2 {
         &self.device
     }
 
+    /// The pool's threads spin for the pass's parallel loops (`kernels::with_awake_pool`).
     fn forward(
+        &self,
+        batch: &ValidBatch<'_>,
+        placement: &Placement,
+        cache: &mut KvCache,
+        abort: &dyn Fn() -> bool,
+    ) -> Result<Tensor<2>, DecodeError> {
+        kernels::with_awake_pool(|| self.forward_awake(batch, placement, cache, abort))
+    }
+
+    fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
+        let tables = self.rope.tables(shifts, &self.device);
+        for l in 0..self.config.num_hidden_layers {
+            let (keys, _) = cache.read(l, shifts.len()); // [kv_heads, extent, hd]
+            let rotated = Rope::apply(keys.swap_dims(0, 1), &tables).swap_dims(0, 1);
+            cache.set_keys(l, rotated);
+        }
+    }
+
+    fn replace_weight(&mut self, name: &str, data: TensorData) -> Result<(), LoadError> {
+        let (slot, layer) = weights::slot_of(&self.config, name).ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
+        weights::check_one(&self.config, slot, layer, data.shape().as_slice())?;
+        if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+            let dtype = format!("{:?}", data.dtype());
+            return Err(LoadError::Dtype { tensor: name.into(), slot: slot.label(), layer, dtype });
+        }
+        self.weights.replace(&self.config, slot, layer, data, &self.device);
+        Ok(())
+    }
+}
+
+impl Qwen2 {
+    /// The pass itself (`LanguageModel::forward` keeps the pool awake around it).
+    fn forward_awake(
         &self,
         batch: &ValidBatch<'_>,
         placement: &Placement,
@@ -164,25 +198,5 @@ impl LanguageModel for Qwen2 {
             x = x.select(0, Tensor::<1, Int>::from_data(TensorData::new(rows, [len]), &self.device));
         }
         Ok(self.lm_head().forward(self.weights.norm.forward(x))) // [n_outputs, vocab]
-    }
-
-    fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
-        let tables = self.rope.tables(shifts, &self.device);
-        for l in 0..self.config.num_hidden_layers {
-            let (keys, _) = cache.read(l, shifts.len()); // [kv_heads, extent, hd]
-            let rotated = Rope::apply(keys.swap_dims(0, 1), &tables).swap_dims(0, 1);
-            cache.set_keys(l, rotated);
-        }
-    }
-
-    fn replace_weight(&mut self, name: &str, data: TensorData) -> Result<(), LoadError> {
-        let (slot, layer) = weights::slot_of(&self.config, name).ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
-        weights::check_one(&self.config, slot, layer, data.shape().as_slice())?;
-        if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-            let dtype = format!("{:?}", data.dtype());
-            return Err(LoadError::Dtype { tensor: name.into(), slot: slot.label(), layer, dtype });
-        }
-        self.weights.replace(&self.config, slot, layer, data, &self.device);
-        Ok(())
     }
 }
