@@ -356,6 +356,43 @@ fn first_chunk(stream: TcpStream) -> (BufReader<TcpStream>, serde_json::Value) {
     }
 }
 
+/// With every node at its capacity and the front's queue full, a request is refused with 429
+/// and Retry-After; the admitted ones complete.
+#[test]
+fn a_full_cluster_refuses_with_429_and_retry_after() {
+    let slow = SlowModel::new(20);
+    let cluster = free_port();
+    let mock = ["--set", "model.model_type=\"mock\""];
+    let mut front_args = mock.to_vec();
+    front_args.extend(["--set", "cluster.serve_local=false", "--set", "limits.max_queue=1", "--model-name", "any"]);
+    let (_front, addr) = front(&slow.0, cluster, &front_args);
+    let mut worker_args = mock.to_vec();
+    worker_args.extend(["--set", "cluster.capacity=1"]);
+    let _w1 = worker(&slow.0, cluster, "w1", COOKIE, &worker_args);
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1"]));
+    assert!(ok, "the worker did not join: {m}");
+
+    let body = serde_json::json!({"model": "any", "prompt": "long", "max_tokens": 50, "ignore_eos": true});
+    let admitted: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, body) = (addr.clone(), body.clone());
+            let client = std::thread::spawn(move || post(&addr, "/v1/completions", body));
+            std::thread::sleep(Duration::from_millis(200)); // in order: one runs, one waits
+            client
+        })
+        .collect();
+    let mut refused = send(&addr, "POST", "/v1/completions", &body.to_string());
+    let mut response = String::new();
+    let _ = refused.read_to_string(&mut response);
+    let head = response.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 429"), "{response}");
+    assert!(head.contains("retry-after: "), "{response}");
+    for client in admitted {
+        let answer = client.join().unwrap();
+        assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
+    }
+}
+
 /// The prefix-cache hit rate of `routing` on conversations that share long system prompts.
 fn hit_rate(routing: &str) -> f64 {
     let model = fixture_dir("tiny-tied-f32");
