@@ -14,7 +14,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use ractor::pg::GroupChangeMessage;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::mpsc::UnboundedSender;
@@ -51,22 +50,7 @@ pub enum ToFront {
     Tick,
 }
 
-impl ractor::Message for ToFront {
-    fn serializable() -> bool {
-        true
-    }
-
-    fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
-        match self {
-            ToFront::Node(Received::Message { from, msg }) => wire::encode(&from, &msg),
-            _ => Err(BoxedDowncastErr),
-        }
-    }
-
-    fn deserialize(message: SerializedMessage) -> Result<Self, BoxedDowncastErr> {
-        wire::decode(message).map(ToFront::Node)
-    }
-}
+wire::wire_message!(ToFront::Node);
 
 pub struct FrontActor;
 

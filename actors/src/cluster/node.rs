@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use llaisys_model::{Guidance, GuidanceSpec};
-use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use ractor::pg::GroupChangeMessage;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::oneshot;
@@ -33,22 +32,7 @@ pub enum ToNode {
     Tick,
 }
 
-impl ractor::Message for ToNode {
-    fn serializable() -> bool {
-        true
-    }
-
-    fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
-        match self {
-            ToNode::Front(Received::Message { from, msg }) => wire::encode(&from, &msg),
-            _ => Err(BoxedDowncastErr),
-        }
-    }
-
-    fn deserialize(message: SerializedMessage) -> Result<Self, BoxedDowncastErr> {
-        wire::decode(message).map(ToNode::Front)
-    }
-}
+wire::wire_message!(ToNode::Front);
 
 pub struct NodeActor;
 

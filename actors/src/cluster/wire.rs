@@ -172,6 +172,35 @@ pub fn bytes() -> (u64, u64) {
     (BYTES_SENT.load(Ordering::Relaxed), BYTES_RECEIVED.load(Ordering::Relaxed))
 }
 
+/// Implements `ractor::Message` for an actor's message enum whose variant `$variant` holds the
+/// frames from peers (`Received<T>`): only that variant crosses the network; the others (timers,
+/// local calls) stay in the process.
+macro_rules! wire_message {
+    ($ty:ident :: $variant:ident) => {
+        impl ractor::Message for $ty {
+            fn serializable() -> bool {
+                true
+            }
+
+            fn serialize(self) -> Result<ractor::message::SerializedMessage, ractor::message::BoxedDowncastErr> {
+                match self {
+                    $ty::$variant($crate::cluster::wire::Received::Message { from, msg }) => {
+                        $crate::cluster::wire::encode(&from, &msg)
+                    }
+                    _ => Err(ractor::message::BoxedDowncastErr),
+                }
+            }
+
+            fn deserialize(
+                message: ractor::message::SerializedMessage,
+            ) -> Result<Self, ractor::message::BoxedDowncastErr> {
+                $crate::cluster::wire::decode(message).map($ty::$variant)
+            }
+        }
+    };
+}
+pub(crate) use wire_message;
+
 pub fn encode<T: Serialize>(from: &str, msg: &T) -> Result<SerializedMessage, BoxedDowncastErr> {
     let args = serde_json::to_vec(&FrameOut { v: PROTOCOL_VERSION, from, msg }).map_err(|e| {
         tracing::error!(error = %e, "a cluster message does not serialize");
