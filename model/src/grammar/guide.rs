@@ -79,11 +79,6 @@ impl Guidance {
         }
     }
 
-    /// Whether it constrains nothing (the default).
-    pub fn is_free(&self) -> bool {
-        self.grammar.is_none() && self.forbidden.is_empty()
-    }
-
     /// A new sequence's guide.
     pub fn guide(&self) -> Guide {
         let state = match (&self.grammar, self.trigger) {
