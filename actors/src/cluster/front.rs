@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::node::ToNode;
 use super::wire::{self, FromFront, FromNode, NodeReport, PROTOCOL_VERSION, Received, Refusal, WireRequest};
-use super::{ClusterConfig, FRONT_GROUP, NODE_GROUP_PREFIX, SCOPE};
+use super::{ClusterConfig, FRONT_GROUP, NODE_GROUP_PREFIX, SCOPE, node_group};
 use crate::engine::{Event, ReplicaStats, SessionInfo, Submission, Usage};
 use crate::host::RequestError;
 use crate::llm::EngineError;
@@ -258,8 +258,9 @@ impl FrontState {
         if !self.nodes.contains_key(&from) {
             // Removed for silence while its connection stayed open (a stalled process that
             // resumed): it is still in its group, so it comes back.
-            let members = ractor::pg::get_scoped_members(&SCOPE.into(), &format!("{NODE_GROUP_PREFIX}{from}"));
-            self.joined(&format!("{NODE_GROUP_PREFIX}{from}"), members);
+            let group = node_group(&from);
+            let members = ractor::pg::get_scoped_members(&SCOPE.into(), &group);
+            self.joined(&group, members);
         }
         let Some(node) = self.nodes.get_mut(&from) else {
             tracing::warn!(node = from, "a report from a node that is not connected");

@@ -38,6 +38,11 @@ pub const FRONT_GROUP: &str = "front";
 /// Each node's actor joins `node/NAME`.
 pub const NODE_GROUP_PREFIX: &str = "node/";
 
+/// The process group of the node named `name`.
+pub(crate) fn node_group(name: &str) -> String {
+    format!("{NODE_GROUP_PREFIX}{name}")
+}
+
 /// The cluster's settings (`[cluster]` in the server's config).
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 
 use super::front::ToFront;
 use super::wire::{self, FromFront, FromNode, NodeReport, PROTOCOL_VERSION, Received, Refusal, WireRequest};
-use super::{FRONT_GROUP, NODE_GROUP_PREFIX, SCOPE};
+use super::{FRONT_GROUP, SCOPE, node_group};
 use crate::engine::{Engine, Event, GenerateRequest};
 use crate::llm::EngineError;
 
@@ -62,8 +62,7 @@ impl Actor for NodeActor {
     type Arguments = NodeArgs;
 
     async fn pre_start(&self, myself: ActorRef<ToNode>, args: NodeArgs) -> Result<NodeState, ActorProcessingErr> {
-        let group = format!("{NODE_GROUP_PREFIX}{}", args.name);
-        ractor::pg::join_scoped(SCOPE.into(), group, vec![myself.get_cell()]);
+        ractor::pg::join_scoped(SCOPE.into(), node_group(&args.name), vec![myself.get_cell()]);
         ractor::pg::monitor_scope(SCOPE.into(), myself.get_cell());
         myself.send_interval(args.heartbeat_interval, || ToNode::Tick);
         let front = ractor::pg::get_scoped_members(&SCOPE.into(), &FRONT_GROUP.into()).into_iter().next();

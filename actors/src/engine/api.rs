@@ -365,7 +365,7 @@ impl Engine {
                 Ok(spawned) => spawned,
                 Err(e) => {
                     started.iter().for_each(|r: &Replica| r.scheduler.stop(None));
-                    return Err(EngineError::Actor(e.to_string()));
+                    return Err(actor_error(e));
                 }
             };
             targets.push(Target { scheduler: scheduler.clone(), load: watched });
@@ -376,7 +376,7 @@ impl Engine {
             _ => {
                 let args = PlacerArgs { targets, config: placement };
                 let spawned = Actor::spawn(None, PlacerActor, args).await;
-                Some(spawned.map_err(|e| EngineError::Actor(e.to_string()))?.0)
+                Some(spawned.map_err(actor_error)?.0)
             }
         };
         let route = Route::Local { replicas: started.into(), placer };
@@ -517,9 +517,7 @@ impl Engine {
         };
         let mut all = Vec::new();
         for r in replicas.iter() {
-            all.extend(
-                ractor::call!(r.scheduler, ToScheduler::Sessions).map_err(|e| EngineError::Actor(e.to_string()))?,
-            );
+            all.extend(ractor::call!(r.scheduler, ToScheduler::Sessions).map_err(actor_error)?);
         }
         all.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(all)
@@ -540,7 +538,7 @@ impl Engine {
         let mut existed = false;
         for r in replicas.iter() {
             existed |= ractor::call!(r.scheduler, |reply| ToScheduler::DeleteSession { id: id.into(), reply })
-                .map_err(|e| EngineError::Actor(e.to_string()))?;
+                .map_err(actor_error)?;
         }
         Ok(existed)
     }
