@@ -28,7 +28,7 @@ impl Proc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_llaisys"))
             .args(args)
             .env("LLAISYS_CLUSTER_COOKIE", cookie)
-            .env("LLAISYS_LOG", "info")
+            .env("LLAISYS_LOG", "info,llaisys_actors::cluster::front=debug")
             .stderr(Stdio::piped())
             .spawn()
             .expect("run llaisys");
@@ -279,7 +279,10 @@ fn nodes_that_die_or_stall_lose_no_request() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(400));
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| {
+        ["w1", "w2"].iter().all(|n| metric(m, "llaisys_num_requests_running", n) == Some(2.0))
+    });
+    assert!(ok, "the nodes never ran two requests each: {m}");
     w1.signal("-KILL");
     let mut completed = 0;
     for client in clients {
@@ -365,7 +368,7 @@ fn a_full_cluster_refuses_with_429_and_retry_after() {
     let mock = ["--set", "model.model_type=\"mock\""];
     let mut front_args = mock.to_vec();
     front_args.extend(["--set", "cluster.serve_local=false", "--set", "limits.max_queue=1", "--model-name", "any"]);
-    let (_front, addr) = front(&slow.0, cluster, &front_args);
+    let (front, addr) = front(&slow.0, cluster, &front_args);
     let mut worker_args = mock.to_vec();
     worker_args.extend(["--set", "cluster.capacity=1"]);
     let _w1 = worker(&slow.0, cluster, "w1", COOKIE, &worker_args);
@@ -373,14 +376,18 @@ fn a_full_cluster_refuses_with_429_and_retry_after() {
     assert!(ok, "the worker did not join: {m}");
 
     let body = serde_json::json!({"model": "any", "prompt": "long", "max_tokens": 50, "ignore_eos": true});
-    let admitted: Vec<_> = (0..2)
-        .map(|_| {
-            let (addr, body) = (addr.clone(), body.clone());
-            let client = std::thread::spawn(move || post(&addr, "/v1/completions", body));
-            std::thread::sleep(Duration::from_millis(200)); // in order: one runs, one waits
-            client
-        })
-        .collect();
+    let admit = || {
+        let (addr, body) = (addr.clone(), body.clone());
+        std::thread::spawn(move || post(&addr, "/v1/completions", body))
+    };
+    // In order: one runs on the node, one waits in the front's queue.
+    let running = admit();
+    let placed = front.wait_for("request placed", Duration::from_secs(30));
+    assert!(placed.is_some(), "the first request was not placed");
+    let waiting = admit();
+    let queued = front.wait_for("request queued", Duration::from_secs(30));
+    assert!(queued.is_some(), "the second request did not wait in the queue");
+    let admitted = [running, waiting];
     let mut refused = send(&addr, "POST", "/v1/completions", &body.to_string());
     let mut response = String::new();
     let _ = refused.read_to_string(&mut response);
@@ -415,10 +422,13 @@ fn hit_rate(routing: &str) -> f64 {
             assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
         }
     }
-    std::thread::sleep(Duration::from_millis(1200)); // a heartbeat's reports
-    let m = http(&addr, "GET", "/metrics", "");
-    let sum = |name| metric(&m, name, "w1").unwrap_or(0.0) + metric(&m, name, "w2").unwrap_or(0.0);
-    sum("llaisys_prefix_cache_hits_total") / sum("llaisys_prefix_cache_queries_total").max(1.0)
+    // Every prompt token is looked up once; the nodes' reports of them come with their heartbeats.
+    let looked_up = (systems.len() * 6 * (systems[0].len() + 2)) as f64;
+    let sum = |m: &str, name| metric(m, name, "w1").unwrap_or(0.0) + metric(m, name, "w2").unwrap_or(0.0);
+    let (ok, m) =
+        metrics_until(&addr, Duration::from_secs(10), |m| sum(m, "llaisys_prefix_cache_queries_total") == looked_up);
+    assert!(ok, "the nodes did not report {looked_up} prompt tokens looked up: {m}");
+    sum(&m, "llaisys_prefix_cache_hits_total") / looked_up
 }
 
 #[test]

@@ -17,6 +17,16 @@ pub fn test_device() -> String {
     std::env::var("LLAISYS_TEST_DEVICE").unwrap_or_else(|_| "cpu".into())
 }
 
+/// The demo model named by `LLAISYS_TEST_MODEL` (the GGUF `scripts/fetch_demo_model.sh` makes,
+/// or a Hugging Face directory), for the tests that are `#[ignore]`d without it. Panics with how
+/// to get it when it is not set.
+pub fn demo_model() -> String {
+    std::env::var("LLAISYS_TEST_MODEL").expect(
+        "LLAISYS_TEST_MODEL names the demo model: scripts/fetch_demo_model.sh, then \
+         LLAISYS_TEST_MODEL=models/qwen2.5-coder-0.5b-instruct.gguf",
+    )
+}
+
 /// Absolute path of fixture `name`.
 pub fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)

@@ -5,7 +5,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use llaisys_model::Tokenizer;
 use llaisys_server::{Config, Server};
-use llaisys_tests::{Reference, fixture_dir, gguf_fixture};
+use llaisys_tests::{Reference, demo_model, fixture_dir, gguf_fixture};
 use serde_json::{Value, json};
 
 const FIXTURE: &str = "tiny-untied-f32";
@@ -385,11 +385,9 @@ async fn shutdown_drains_in_flight_streams_and_refuses_new_requests() {
 /// The real model, when `LLAISYS_TEST_MODEL` names it (the demo GGUF of scripts/fetch_demo_model.sh,
 /// or a directory), with every weight dtype in `LLAISYS_TEST_DTYPES` (default: auto).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the demo model: scripts/fetch_demo_model.sh, then LLAISYS_TEST_MODEL=models/qwen2.5-coder-0.5b-instruct.gguf"]
 async fn the_demo_model_knows_the_capital_of_france() {
-    let Ok(path) = std::env::var("LLAISYS_TEST_MODEL") else {
-        eprintln!("skipped: set LLAISYS_TEST_MODEL to the demo model");
-        return;
-    };
+    let path = demo_model();
     let dtypes = std::env::var("LLAISYS_TEST_DTYPES").unwrap_or_else(|_| "auto".into());
     for dtype in dtypes.split(',') {
         let settings = vec![

@@ -3,7 +3,7 @@
 //! the demo model calls a tool when asked.
 
 use llaisys_server::{Config, Server};
-use llaisys_tests::LongContextFixture;
+use llaisys_tests::{LongContextFixture, demo_model};
 use serde_json::{Value, json};
 
 const FIXTURE: &str = "tiny-tied-f32";
@@ -150,11 +150,9 @@ async fn bad_constraints_are_400s_naming_the_field_and_change_nothing() {
 /// and `auto`, it calls the tool with the city (a Coder model answers with a fenced JSON
 /// block unless the call is constrained; see NOTES.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the demo model: scripts/fetch_demo_model.sh, then LLAISYS_TEST_MODEL=models/qwen2.5-coder-0.5b-instruct.gguf"]
 async fn the_demo_model_calls_get_weather_for_paris() {
-    let Ok(path) = std::env::var("LLAISYS_TEST_MODEL") else {
-        eprintln!("skipped: set LLAISYS_TEST_MODEL to the demo model");
-        return;
-    };
+    let path = demo_model();
     let settings = vec![("model.path".to_string(), format!("{path:?}")), ("server.port".into(), "0".into())];
     let s = llaisys_server::start(&Config::load(None, std::iter::empty(), &settings).unwrap()).await.unwrap();
     let name = s.state().models.keys().next().unwrap().clone();

@@ -321,6 +321,9 @@ impl FrontState {
         self.pending.insert(id, pending);
         self.queue.push_back(id);
         self.dispatch();
+        if self.queue.contains(&id) {
+            tracing::debug!(request = id, queued = self.queue.len(), "request queued: no node has room");
+        }
     }
 
     /// Sends queued requests, oldest first, while a node has room.

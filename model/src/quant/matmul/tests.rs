@@ -53,7 +53,8 @@ fn tolerance(x: &[f32], w_row: &[f32]) -> f64 {
     5.0 * norm * max_d / 12f64.sqrt() + 1e-5 * abs + 1e-6
 }
 
-fn check(ty: QuantType, m: usize, n: usize, k: usize) {
+fn check(kernel: Kernel, ty: QuantType, m: usize, n: usize, k: usize) {
+    assert!(kernel.available(), "the build machine runs {kernel:?} and this one does not");
     let bytes = random_blocks(ty, n, k, (m * 31 + n * 7 + k) as u64);
     let packed = PackedMatrix::from_ggml(ty, n, k, &bytes).unwrap();
     let mut w = vec![0.0f32; n * k];
@@ -67,52 +68,70 @@ fn check(ty: QuantType, m: usize, n: usize, k: usize) {
     let x: Vec<f32> = test_values(m * k, 77).iter().map(|v| v * 3.0).collect();
     let bias = test_values(n, 5);
     let want = reference(&x, m, &w, n, k, Some(&bias));
-    for kernel in [Kernel::Vnni, Kernel::Portable] {
-        if !kernel.available() {
-            eprintln!("{kernel:?} does not run on this CPU");
-            continue;
+    let got = matmul_with(kernel, &x, m, &packed, Some(&bias));
+    assert_eq!(got.len(), m * n);
+    let mut worst = 0.0f64;
+    for i in 0..m {
+        let xi = &x[i * k..(i + 1) * k];
+        for j in 0..n {
+            let err = (got[i * n + j] as f64 - want[i * n + j]).abs();
+            let tol = tolerance(xi, &w[j * k..(j + 1) * k]);
+            assert!(
+                err <= tol,
+                "{ty} {kernel:?} [{m}, {n}, {k}] ({i}, {j}): {} vs {} (tolerance {tol})",
+                got[i * n + j],
+                want[i * n + j]
+            );
+            worst = worst.max(err / tol);
         }
-        let got = matmul_with(kernel, &x, m, &packed, Some(&bias));
-        assert_eq!(got.len(), m * n);
-        let mut worst = 0.0f64;
-        for i in 0..m {
-            let xi = &x[i * k..(i + 1) * k];
-            for j in 0..n {
-                let err = (got[i * n + j] as f64 - want[i * n + j]).abs();
-                let tol = tolerance(xi, &w[j * k..(j + 1) * k]);
-                assert!(
-                    err <= tol,
-                    "{ty} {kernel:?} [{m}, {n}, {k}] ({i}, {j}): {} vs {} (tolerance {tol})",
-                    got[i * n + j],
-                    want[i * n + j]
-                );
-                worst = worst.max(err / tol);
-            }
-        }
-        // llama.cpp's own criterion, on the worst output.
-        let per_element = (0..m * n).map(|e| (got[e] as f64 - want[e]).abs()).fold(0.0, f64::max) / k as f64;
-        assert!(per_element < 0.02, "{ty} {kernel:?}: error per element {per_element}");
-        eprintln!("{ty} {kernel:?} [{m}, {n}, {k}]: worst error {worst:.2} of the tolerance");
     }
+    // llama.cpp's own criterion, on the worst output.
+    let per_element = (0..m * n).map(|e| (got[e] as f64 - want[e]).abs()).fold(0.0, f64::max) / k as f64;
+    assert!(per_element < 0.02, "{ty} {kernel:?}: error per element {per_element}");
+    eprintln!("{ty} {kernel:?} [{m}, {n}, {k}]: worst error {worst:.2} of the tolerance");
 }
 
-#[test]
-fn every_format_matches_the_dequantized_product_with_both_kernels() {
+/// Every format's product on `kernel`, on one row with a ragged panel, a full tile with a tail of
+/// rows, and ffn_down's shape.
+fn every_format(kernel: Kernel) {
     for ty in QuantType::ALL {
         let k = ty.block_values() * 2;
-        check(ty, 1, 37, k); // one row, a ragged panel
-        check(ty, 11, 16, k); // a full tile and a tail of rows
-        check(ty, 2, 896, 4864); // ffn_down's shape
+        check(kernel, ty, 1, 37, k);
+        check(kernel, ty, 11, 16, k);
+        check(kernel, ty, 2, 896, 4864);
     }
 }
 
-#[test]
-fn thirty_two_value_formats_take_the_model_shapes() {
+/// The 32-value formats on gate/up's shape (896 is 28 blocks of 32, an odd number of pairs),
+/// three blocks (the second group of the last record is padding) and the lm head's rows.
+fn model_shapes(kernel: Kernel) {
     for ty in [QuantType::Q8_0, QuantType::Q5_0, QuantType::Q4_1] {
-        check(ty, 3, 4864, 896); // gate/up: 896 is 28 blocks of 32, an odd number of pairs
-        check(ty, 1, 130, 96); // three blocks: the second group of the last record is padding
+        check(kernel, ty, 3, 4864, 896);
+        check(kernel, ty, 1, 130, 96);
     }
-    check(QuantType::Q8_0, 1, 151936, 32); // the lm head's rows
+    check(kernel, QuantType::Q8_0, 1, 151936, 32);
+}
+
+#[test]
+fn every_format_matches_the_dequantized_product_on_the_portable_kernel() {
+    every_format(Kernel::Portable);
+}
+
+#[test]
+#[cfg_attr(not(cpu_avx512_vnni), ignore = "this CPU has no AVX-512 VNNI (the kernel does not run here)")]
+fn every_format_matches_the_dequantized_product_on_the_vnni_kernel() {
+    every_format(Kernel::Vnni);
+}
+
+#[test]
+fn thirty_two_value_formats_take_the_model_shapes_on_the_portable_kernel() {
+    model_shapes(Kernel::Portable);
+}
+
+#[test]
+#[cfg_attr(not(cpu_avx512_vnni), ignore = "this CPU has no AVX-512 VNNI (the kernel does not run here)")]
+fn thirty_two_value_formats_take_the_model_shapes_on_the_vnni_kernel() {
+    model_shapes(Kernel::Vnni);
 }
 
 /// Stacked parts in different formats: each part's outputs land in its own columns.
