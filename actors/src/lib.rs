@@ -86,44 +86,51 @@
 //!
 //! # Parts
 //!
-//! - `host/`: the host-app API — `Engine::builder()`, `ChatRequest` / `CompletionRequest`,
-//!   the `Frontend` that renders, tokenizes and checks requests for the library and the
-//!   server alike, and `Generation`, a running request as a stream;
-//! - `engine/`: the actors (ractor) — scheduler (also the worker's supervisor), worker (forward
-//!   pass on a blocking thread), one request actor per request, one session actor per session —
-//!   `Engine`, the cloneable async handle (E1, E6, E8, E9), and `Router` (E10);
-//! - `scheduler/`: the policy the scheduler actor owns: continuous batching with budgets, KV
-//!   admission and preemption, prefix reuse and session pins (E3–E6);
-//! - `worker/`: the executor the worker actor owns: one step on the model, then sampling
-//!   (and verifying proposed tokens);
-//! - `placement/`: which replica (device) or node serves a request: session, cached prefix,
-//!   load (D2, N2);
+//! Each subsystem is a folder of the same shape: its actor (`actor.rs`), the messages it takes
+//! (`messages.rs`, `ToX`), the policy it owns, and its tests.
+//!
+//! - `host/`: the host-app API — `Engine::builder()`, `ChatRequest` / `CompletionRequest` /
+//!   `GenerateRequest`, the `Frontend` that renders, tokenizes and checks requests for the
+//!   library and the server alike, and `Generation`, a running request as a stream;
+//! - `engine/`: `Engine`, the cloneable handle (E9), its events, figures, configuration and
+//!   errors, and `Router`, engines by model name (E10);
+//! - `scheduler/`: the scheduler actor (one per replica; it supervises the worker) and its
+//!   policy: continuous batching with budgets, KV admission and preemption, prefix reuse and
+//!   session pins (E3–E6);
+//! - `worker/`: the worker actor (forward pass on a blocking thread) and the executor it owns:
+//!   one step on the model, then sampling (and verifying proposed tokens);
+//! - `request/`: the request actor (one per request: text, stop strings, tool calls, events),
+//!   the request state machine (E2) and stop-string matching (E7);
+//! - `session/`: the session actor (one per conversation, E6);
+//! - `placement/`: the placer actor and its policy — which replica (device) or node serves a
+//!   request: session, cached prefix, load (D2, N2);
 //! - `speculative/`: speculative decoding's proposers (prompt lookup, a draft model) and the
 //!   policy that sizes each sequence's proposals;
 //! - `cluster/`: several machines (N1–N5): the front's router, a node's actor, the wire
 //!   protocol and the connections between them;
-//! - `request/`: the request state machine (E2) and stop-string matching (E7);
-//! - `llm.rs`: blocking offline generation over the same scheduler and executor (E9).
+//! - `offline/`: `Llm`, blocking offline generation over the same scheduler and executor (E9).
 
 pub mod cluster;
 pub mod engine;
 pub mod host;
-pub mod llm;
+pub mod offline;
 pub mod placement;
 pub mod request;
 pub mod scheduler;
+pub mod session;
 pub mod speculative;
 pub mod worker;
 
 pub use engine::{
-    Engine, EngineStats, Event, EventStream, GenerateRequest, ModelLoader, ModelText, ReplicaSpec, ReplicaStats,
-    Router, SessionInfo, SpeculativeStats, Usage,
+    Engine, EngineConfig, EngineError, EngineStats, Event, EventStream, ModelLoader, ModelText, ReplicaSpec,
+    ReplicaStats, Router, SpeculativeStats, Usage,
 };
 pub use futures_util::StreamExt;
 pub use host::{
-    Answer, BuildError, ChatRequest, Choice, CompletionRequest, EngineBuilder, Generation, Options, Output, Prompt,
-    RequestError, RequestLimits, Tool, ToolChoice,
+    Answer, BuildError, ChatRequest, Choice, CompletionRequest, EngineBuilder, GenerateParams, GenerateRequest,
+    Generation, Options, Output, Prompt, RequestError, RequestLimits, Tool, ToolChoice,
 };
 pub use llaisys_model::tokenizer::ChatMessage;
 pub use llaisys_model::{Constraint, Device, DeviceSpec, Guidance, WeightDtype};
-pub use llm::{Completion, EngineConfig, EngineError, GenerateParams, Llm};
+pub use offline::{Completion, Llm};
+pub use session::SessionInfo;

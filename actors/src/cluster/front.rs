@@ -21,11 +21,12 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::node::ToNode;
 use super::wire::{self, FromFront, FromNode, NodeReport, PROTOCOL_VERSION, Received, Refusal, WireRequest};
 use super::{ClusterConfig, FRONT_GROUP, NODE_GROUP_PREFIX, SCOPE, node_group};
-use crate::engine::{Event, ReplicaStats, SessionInfo, Submission, Usage};
+use crate::engine::{EngineError, Event, ReplicaStats, Usage};
 use crate::host::RequestError;
-use crate::llm::EngineError;
 use crate::placement::{Load, Placement};
 use crate::request::{FinishReason, RequestId};
+use crate::scheduler::Submission;
+use crate::session::SessionInfo;
 
 /// To the front's router.
 pub enum ToFront {

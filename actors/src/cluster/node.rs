@@ -16,8 +16,8 @@ use tokio::task::JoinHandle;
 use super::front::ToFront;
 use super::wire::{self, FromFront, FromNode, NodeReport, PROTOCOL_VERSION, Received, Refusal, WireRequest};
 use super::{FRONT_GROUP, SCOPE, node_group};
-use crate::engine::{Engine, Event, GenerateRequest};
-use crate::llm::EngineError;
+use crate::engine::{Engine, EngineError, Event};
+use crate::host::GenerateRequest;
 
 /// Events sent in one message at most (a batch holds what arrived since the last one).
 const MAX_BATCH: usize = 64;

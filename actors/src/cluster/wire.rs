@@ -13,9 +13,10 @@ use llaisys_model::{GuidanceSpec, SamplingParams};
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Event, ReplicaStats, SessionInfo, SpeculativeStats};
-use crate::llm::GenerateParams;
+use crate::engine::{Event, ReplicaStats, SpeculativeStats};
+use crate::host::GenerateParams;
 use crate::request::{ToolCallTags, ToolParsing};
+use crate::session::SessionInfo;
 
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
 /// out its empty fields.

@@ -2,184 +2,25 @@
 //! runtime; clones of the handle share one engine; several engines can live in one process.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use futures_util::Stream;
 use llaisys_model::{Constraint, Device, Guidance, LanguageModel, LoadError, ModelInfo, Tokenizer};
 use ractor::{Actor, ActorRef};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::watch;
 
-use super::messages::{ReplicaLoad, Submission, ToPlacer, ToScheduler};
-use super::placer_actor::{PlacerActor, PlacerArgs, Target};
-use super::scheduler_actor::{IdSpace, SchedulerActor, SchedulerArgs, load_off_thread};
-use super::session_actor::SessionInfo;
-use crate::cluster::FrontParts;
-use crate::cluster::ToFront;
-use crate::host::{ChatRequest, CompletionRequest, EngineBuilder, Frontend, Generation, Prepared};
-use crate::llm::{EngineConfig, EngineError, GenerateParams};
-use crate::placement::PlacementConfig;
-use crate::request::ToolCallDelta;
+use super::config::EngineConfig;
+use super::error::EngineError;
+use super::event::EventStream;
+use super::stats::{EngineStats, LOCAL_NODE, ReplicaStats};
+use crate::cluster::{FrontParts, ToFront};
+use crate::host::{ChatRequest, CompletionRequest, EngineBuilder, Frontend, GenerateRequest, Generation, Prepared};
+use crate::placement::{PlacementConfig, PlacerActor, PlacerArgs, Target, ToPlacer};
 use crate::request::{FinishReason, RequestId};
+use crate::scheduler::{IdSpace, ReplicaLoad, SchedulerActor, SchedulerArgs, Submission, ToScheduler, load_off_thread};
+use crate::session::SessionInfo;
 
 /// Loads an instance of the model: at start, and again when a failed worker is replaced.
 pub type ModelLoader = Arc<dyn Fn() -> Result<Box<dyn LanguageModel>, LoadError> + Send + Sync>;
-
-/// A request: prompt token ids and what to generate.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct GenerateRequest {
-    pub prompt: Vec<u32>,
-    pub params: GenerateParams,
-    /// The conversation this request continues (E6): its cells stay pinned after it ends, so
-    /// the next request of the session computes only its new tokens.
-    pub session: Option<String>,
-}
-
-impl GenerateRequest {
-    pub fn new(prompt: Vec<u32>, params: GenerateParams) -> Self {
-        Self { prompt, params, session: None }
-    }
-}
-
-/// Token counts of a finished request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    /// Prompt tokens reused from the cache (prefix reuse or the session) instead of computed.
-    pub cached_tokens: usize,
-}
-
-/// What a request's stream yields: tokens as they come, then exactly one `Finished`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Event {
-    Token {
-        token: u32,
-        /// Text this token completes (empty while a character or a possible stop string is
-        /// incomplete; always empty without a tokenizer).
-        text: String,
-        logprob: f32,
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        top_logprobs: Vec<(u32, f32)>,
-        /// How long this token's grammar mask took (constrained requests only).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mask_time: Option<Duration>,
-        /// T3: the piece of a tool call this token completes (its `text` is then empty).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tool_call: Option<ToolCallDelta>,
-    },
-    Finished {
-        reason: FinishReason,
-        /// Text held back until the end (the rest of an incomplete character or stop prefix).
-        text: String,
-        usage: Usage,
-        /// Time from arrival to first admission (`None` if it never ran).
-        queue_time: Option<Duration>,
-    },
-}
-
-/// A request's events (also a `futures::Stream`). Dropping it cancels the request.
-pub struct EventStream {
-    pub id: RequestId,
-    rx: UnboundedReceiver<Event>,
-}
-
-impl EventStream {
-    /// The next event; `None` after `Finished`.
-    pub async fn next(&mut self) -> Option<Event> {
-        self.rx.recv().await
-    }
-
-    /// The next event if one is already there.
-    pub fn try_next(&mut self) -> Option<Event> {
-        self.rx.try_recv().ok()
-    }
-}
-
-impl Stream for EventStream {
-    type Item = Event;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        self.rx.poll_recv(cx)
-    }
-}
-
-/// A snapshot of the engine's load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct EngineStats {
-    pub running: usize,
-    pub waiting: usize,
-    pub kv_cells_used: usize,
-    pub kv_capacity: usize,
-    /// Cells kept for prefix reuse (included in `kv_cells_used`).
-    pub kv_cells_cached: usize,
-    pub preemptions: u64,
-    /// Prompt tokens looked up in the prefix cache, and how many were found.
-    pub prefix_queries: u64,
-    pub prefix_hits: u64,
-    pub finished: FinishCounts,
-    /// Live sessions.
-    pub sessions: usize,
-    /// Times a failed worker was replaced.
-    pub worker_restarts: u64,
-    pub speculative: SpeculativeStats,
-}
-
-/// Speculative decoding's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-pub struct SpeculativeStats {
-    /// Who proposes: `ngram` (prompt lookup) or `draft` (a draft model).
-    pub proposer: &'static str,
-    /// Tokens proposed, and how many of them were accepted.
-    pub proposed: u64,
-    pub accepted: u64,
-}
-
-impl<'de> serde::Deserialize<'de> for SpeculativeStats {
-    /// The proposer's name read back into one of the proposers' own.
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::cluster::wire::SpeculativeCounts::deserialize(d).map(Self::from)
-    }
-}
-
-impl SpeculativeStats {
-    pub fn rejected(&self) -> u64 {
-        self.proposed - self.accepted
-    }
-}
-
-impl EngineStats {
-    /// Adds another replica's figures (capacities and counters add up).
-    fn add(&mut self, o: &EngineStats) {
-        self.running += o.running;
-        self.waiting += o.waiting;
-        self.kv_cells_used += o.kv_cells_used;
-        self.kv_capacity += o.kv_capacity;
-        self.kv_cells_cached += o.kv_cells_cached;
-        self.preemptions += o.preemptions;
-        self.prefix_queries += o.prefix_queries;
-        self.prefix_hits += o.prefix_hits;
-        self.finished.add(&o.finished);
-        self.sessions += o.sessions;
-        self.worker_restarts += o.worker_restarts;
-        self.speculative.proposer = o.speculative.proposer;
-        self.speculative.proposed += o.speculative.proposed;
-        self.speculative.accepted += o.speculative.accepted;
-    }
-}
-
-/// One replica's figures: the device it runs on and its own stats.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ReplicaStats {
-    /// The node it runs on (`local` outside a cluster).
-    pub node: String,
-    /// The device as `--device` spells it (`cpu`, `vulkan:0`).
-    pub device: String,
-    pub stats: EngineStats,
-}
 
 /// A replica to start: the device it runs on, and how to load the model (and the draft model)
 /// there. Loaders are called at start and again to replace a failed worker.
@@ -188,37 +29,6 @@ pub struct ReplicaSpec {
     pub device: String,
     pub loader: ModelLoader,
     pub draft: Option<ModelLoader>,
-}
-
-/// Requests finished so far, by reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct FinishCounts {
-    pub stop: u64,
-    pub length: u64,
-    pub abort: u64,
-    pub error: u64,
-}
-
-impl FinishCounts {
-    pub fn total(&self) -> u64 {
-        self.stop + self.length + self.abort + self.error
-    }
-
-    fn add(&mut self, o: &FinishCounts) {
-        self.stop += o.stop;
-        self.length += o.length;
-        self.abort += o.abort;
-        self.error += o.error;
-    }
-
-    pub(super) fn count(&mut self, reason: FinishReason) {
-        *match reason {
-            FinishReason::Stop | FinishReason::ToolCalls => &mut self.stop,
-            FinishReason::Length => &mut self.length,
-            FinishReason::Abort => &mut self.abort,
-            FinishReason::Error => &mut self.error,
-        } += 1;
-    }
 }
 
 /// A started replica: its scheduler actor (which supervises its worker) and its device.
@@ -465,7 +275,7 @@ impl Engine {
             }
             Route::Cluster(c) => ractor::call!(c.front, |r| ToFront::Submit(submission(r))).map_err(actor_error)?,
         }?;
-        Ok(EventStream { id, rx })
+        Ok(EventStream::new(id, rx))
     }
 
     /// Cancels a request; it ends with `FinishReason::Abort` at the next step. Returns whether
@@ -558,9 +368,6 @@ impl Engine {
         }
     }
 }
-
-/// `ReplicaStats::node` of an engine outside a cluster.
-pub const LOCAL_NODE: &str = "local";
 
 fn actor_error<E: std::fmt::Display>(e: E) -> EngineError {
     EngineError::Actor(e.to_string())

@@ -1,22 +1,18 @@
-//! The actor system (E1): a scheduler actor per replica (which also supervises its worker), a
-//! worker actor owning the model and its KV cache on one device, a placer actor choosing the
-//! replica of each request when there are several (D2), a request actor per request, a session actor per session;
-//! `Engine` is the cloneable handle a host application holds, `Router` picks an engine by model
-//! name (E10).
+//! The engine as a host holds it (E9, E10): `Engine`, the cloneable handle over the actors of
+//! one model (a scheduler and worker per replica, a placer when there are several, or a cluster
+//! front's router), what a request yields (`Event`, `EventStream`), the engine's figures, its
+//! configuration and errors, and `Router`, engines by model name.
 
 mod api;
-mod messages;
-mod placer_actor;
-mod request_actor;
+mod config;
+mod error;
+mod event;
 mod router;
-mod scheduler_actor;
-mod session_actor;
-mod worker_actor;
+mod stats;
 
-pub use api::{
-    Engine, EngineStats, Event, EventStream, FinishCounts, GenerateRequest, LOCAL_NODE, ModelLoader, ModelText,
-    ReplicaSpec, ReplicaStats, SpeculativeStats, Usage,
-};
-pub(crate) use messages::Submission;
+pub use api::{Engine, ModelLoader, ModelText, ReplicaSpec};
+pub use config::EngineConfig;
+pub use error::EngineError;
+pub use event::{Event, EventStream, Usage};
 pub use router::Router;
-pub use session_actor::SessionInfo;
+pub use stats::{EngineStats, FinishCounts, LOCAL_NODE, ReplicaStats, SpeculativeStats};

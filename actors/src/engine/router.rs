@@ -3,8 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use super::api::{Engine, EventStream, GenerateRequest};
-use crate::llm::EngineError;
+use super::api::Engine;
+use super::error::EngineError;
+use super::event::EventStream;
+use crate::host::GenerateRequest;
 
 /// Engines by model name. Cloning shares the engines.
 #[derive(Clone, Default)]

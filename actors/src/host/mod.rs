@@ -9,9 +9,13 @@
 mod builder;
 mod frontend;
 mod generation;
+mod params;
 mod request;
 
 pub use builder::{BuildError, EngineBuilder};
 pub use frontend::{Frontend, GenerationDefaults, MAX_TOP_LOGPROBS, Prepared, RequestLimits};
 pub use generation::{Answer, Choice, Generation, Output, TokenLogprob};
-pub use request::{ChatRequest, CompletionRequest, Options, Prompt, Request, RequestError, Tool, ToolChoice};
+pub use params::GenerateParams;
+pub use request::{
+    ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, Request, RequestError, Tool, ToolChoice,
+};

@@ -4,6 +4,8 @@
 use llaisys_model::Constraint;
 use llaisys_model::tokenizer::ChatMessage;
 
+use super::params::GenerateParams;
+
 /// A request: its input (messages or prompts) and what to generate.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Request<I> {
@@ -259,5 +261,21 @@ impl RequestError {
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
+    }
+}
+
+/// A request: prompt token ids and what to generate.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+    /// The conversation this request continues (E6): its cells stay pinned after it ends, so
+    /// the next request of the session computes only its new tokens.
+    pub session: Option<String>,
+}
+
+impl GenerateRequest {
+    pub fn new(prompt: Vec<u32>, params: GenerateParams) -> Self {
+        Self { prompt, params, session: None }
     }
 }

@@ -1,10 +1,15 @@
-//! A request's own logic: its lifecycle and what of its text may be shown.
+//! A request (E2, E7): its actor, which turns sampled tokens into its client's events, and its
+//! own logic: its lifecycle and what of its text may be shown.
 
+mod actor;
+mod messages;
 mod state;
 mod stop;
 mod text;
 mod tools;
 
+pub(crate) use actor::{RequestActor, RequestArgs};
+pub use messages::ToRequest;
 pub use state::{FinishReason, IllegalTransition, RequestId, RequestState};
 pub use stop::{StopMatcher, StopOutcome};
 pub use text::{Piece, TextStream};

@@ -1,10 +1,16 @@
-//! The scheduler's policy (E3, E4): pure, synchronous state the scheduler actor owns.
+//! The scheduler (E3–E6): the actor that owns a replica's live requests, sessions and worker,
+//! and the policy it applies each step (continuous batching, KV admission and preemption,
+//! prefix reuse, session pins).
 
+mod actor;
 mod cost;
+mod messages;
 mod policy;
 mod sequence;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use actor::{IdSpace, SchedulerActor, SchedulerArgs, load_off_thread};
+pub use messages::{ReplicaLoad, Submission, ToScheduler};
 pub use policy::{AdmissionError, Finished, Outcome, PlanItem, PrefixCopy, Scheduler, SchedulerConfig, StepPlan};
 pub use sequence::{Sequence, StopConditions};

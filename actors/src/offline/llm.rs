@@ -2,130 +2,15 @@
 //! schedule → run → postprocess — over the same `Scheduler` and `Executor` the actors use, so
 //! prompts are continuously batched exactly as in serving.
 
-use std::time::Duration;
+use llaisys_model::{Constraint, Context, DecodeError, Guidance, LanguageModel, ModelInfo, Sampler, Tokenizer};
 
-use llaisys_model::sampling::SamplingError;
-use llaisys_model::tokenizer::TokenizerError;
-use llaisys_model::{
-    Constraint, Context, DecodeError, Guidance, LanguageModel, ModelInfo, Sampler, SamplingParams, Tokenizer,
+use crate::engine::{EngineConfig, EngineError, Usage};
+use crate::host::{
+    Answer, ChatRequest, Choice, CompletionRequest, Frontend, GenerateParams, Prepared, RequestError, TokenLogprob,
 };
-
-use crate::engine::Usage;
-use crate::host::{Answer, ChatRequest, Choice, CompletionRequest, Frontend, Prepared, RequestError, TokenLogprob};
 use crate::request::{FinishReason, RequestId, TextStream, ToolCallOut, ToolParsing};
-use crate::scheduler::{AdmissionError, Finished, Scheduler, SchedulerConfig, Sequence, StopConditions};
-use crate::speculative::{DraftModelProposer, NgramProposer, Proposer, SpeculativeConfig};
+use crate::scheduler::{Finished, Scheduler, Sequence};
 use crate::worker::{Executor, Lane, outcomes};
-
-/// Sizes and budgets of one engine.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EngineConfig {
-    /// KV cache cells (tokens across all sequences).
-    pub kv_capacity: usize,
-    pub max_seqs_per_step: usize,
-    pub max_tokens_per_step: usize,
-    /// Most prompt tokens in a step that also decodes (bounds the decoding sequences'
-    /// inter-token gap while prompts are prefilled).
-    pub max_prefill_tokens_while_decoding: usize,
-    /// A step that decodes takes at most this many times a decode-only step: its prefill is
-    /// sized from the step cost learnt as the engine runs (0: only the token bound).
-    pub prefill_step_factor: f64,
-    /// Reuse the cells of finished requests for later prompts with the same prefix (E5).
-    pub prefix_caching: bool,
-    /// A session with no request for this long is ended and its cells freed (E6).
-    pub session_idle_timeout: Duration,
-    /// Speculative decoding: who speculates and how far.
-    pub speculative: SpeculativeConfig,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            kv_capacity: 8192,
-            max_seqs_per_step: 32,
-            max_tokens_per_step: 512,
-            max_prefill_tokens_while_decoding: 256,
-            prefill_step_factor: 2.0,
-            prefix_caching: true,
-            session_idle_timeout: Duration::from_secs(600),
-            speculative: SpeculativeConfig::default(),
-        }
-    }
-}
-
-impl EngineConfig {
-    /// The scheduler's settings for a model of `context_length`.
-    pub fn scheduler(&self, context_length: usize) -> SchedulerConfig {
-        SchedulerConfig {
-            max_seqs_per_step: self.max_seqs_per_step,
-            max_tokens_per_step: self.max_tokens_per_step,
-            max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding,
-            prefill_step_factor: self.prefill_step_factor,
-            kv_capacity: self.kv_capacity,
-            context_length,
-            prefix_caching: self.prefix_caching,
-            max_draft: self.speculative.max_draft,
-        }
-    }
-
-    /// The proposer of an engine with these settings: the draft model when one is given,
-    /// otherwise prompt lookup (n-grams). It exists even when no request speculates by default,
-    /// for the requests that ask.
-    pub fn proposer(&self, draft: Option<Box<dyn LanguageModel>>, vocab: usize) -> Box<dyn Proposer> {
-        let s = &self.speculative;
-        match draft {
-            Some(model) => Box::new(DraftModelProposer::new(model, self.kv_capacity, vocab)),
-            None => Box::new(NgramProposer::new(s.ngram_min, s.ngram_max)),
-        }
-    }
-}
-
-/// What to generate for each prompt.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GenerateParams {
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    /// Stop strings: the text ends before the first one and never contains it.
-    pub stop: Vec<String>,
-    /// Extra stop token ids (the model's eos ids apply unless `ignore_eos`).
-    pub stop_token_ids: Vec<u32>,
-    pub ignore_eos: bool,
-    /// T3: the output's tool calls are parsed (by their tags' ids) and streamed as such.
-    pub tool_calls: Option<ToolParsing>,
-    /// T1/T4: what the output must match (a compiled grammar: `Engine::guidance`,
-    /// `Llm::guidance`); the default constrains nothing.
-    pub guidance: Guidance,
-    /// Speculative decoding for this request; `None`: the engine's default. The tokens are the
-    /// same either way (greedy: identical; sampled: the same distribution).
-    pub speculative: Option<bool>,
-}
-
-impl Default for GenerateParams {
-    fn default() -> Self {
-        Self {
-            max_tokens: 16,
-            sampling: SamplingParams::default(),
-            stop: Vec::new(),
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            guidance: Guidance::default(),
-            tool_calls: None,
-            speculative: None,
-        }
-    }
-}
-
-impl GenerateParams {
-    /// When a request with these parameters stops: its own stop ids plus the model's `eos`
-    /// ids (unless `ignore_eos`), after `max_tokens`.
-    pub fn stop_conditions(&self, eos: &[u32]) -> StopConditions {
-        let mut stop_token_ids = self.stop_token_ids.clone();
-        if !self.ignore_eos {
-            stop_token_ids.extend(eos);
-        }
-        StopConditions { max_tokens: self.max_tokens, stop_token_ids }
-    }
-}
 
 /// One prompt's result.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,40 +22,6 @@ pub struct Completion {
     pub finish: FinishReason,
     /// T3: the tool calls the output made.
     pub tool_calls: Vec<ToolCallOut>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error("prompt {index}: {source}")]
-    Admission { index: usize, source: AdmissionError },
-    #[error(transparent)]
-    Sampling(#[from] SamplingError),
-    #[error(transparent)]
-    Decode(#[from] DecodeError),
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-    #[error(transparent)]
-    Rejected(#[from] AdmissionError),
-    #[error("the engine is shutting down")]
-    ShuttingDown,
-    /// Every node is at its capacity and the front's queue is full (HTTP 429).
-    #[error("overloaded: {0}")]
-    Overloaded(String),
-    #[error("the model '{name}' is not served; available: {available}")]
-    UnknownModel { name: String, available: String },
-    #[error("the model name '{0}' is already served")]
-    DuplicateModel(String),
-    #[error("invalid session id: {0}")]
-    InvalidSession(String),
-    #[error("the model's worker failed and could not be restarted: {0}")]
-    WorkerLost(String),
-    #[error("engine actor: {0}")]
-    Actor(String),
-    /// A request refused before it ran; `param` names the field at fault.
-    #[error(transparent)]
-    Request(#[from] RequestError),
-    #[error("the engine has no tokenizer (it was started without one): give prompts as token ids")]
-    NoTokenizer,
 }
 
 /// One job's result, with what a chat answer needs besides the completion.

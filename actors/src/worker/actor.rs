@@ -7,8 +7,9 @@
 use llaisys_model::DecodeError;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::messages::{ToScheduler, ToWorker};
-use crate::worker::Executor;
+use super::executor::Executor;
+use super::messages::ToWorker;
+use crate::scheduler::ToScheduler;
 
 pub struct WorkerActor;
 

@@ -7,9 +7,10 @@
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::watch;
 
-use super::messages::{ReplicaLoad, ToPlacer, ToScheduler};
-use crate::llm::EngineError;
-use crate::placement::{Load, Placement, PlacementConfig};
+use super::messages::ToPlacer;
+use super::policy::{Load, Placement, PlacementConfig};
+use crate::engine::EngineError;
+use crate::scheduler::{ReplicaLoad, ToScheduler};
 
 pub struct PlacerActor;
 

@@ -8,9 +8,10 @@ use llaisys_model::Tokenizer;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::api::{Event, Usage};
-use super::messages::{ToRequest, ToScheduler};
-use crate::request::{FinishReason, Piece, RequestId, TextStream, ToolParsing};
+use super::messages::ToRequest;
+use super::{FinishReason, Piece, RequestId, TextStream, ToolParsing};
+use crate::engine::{Event, Usage};
+use crate::scheduler::ToScheduler;
 
 pub struct RequestActor;
 

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::messages::{ToScheduler, ToSession};
+use super::messages::ToSession;
+use crate::scheduler::ToScheduler;
 
 /// What `Engine::sessions` reports about one session.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

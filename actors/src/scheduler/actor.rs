@@ -14,16 +14,15 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
-use super::api::{EngineStats, Event, FinishCounts, GenerateRequest, ModelLoader, SpeculativeStats};
-use super::messages::{ReplicaLoad, Submission, ToRequest, ToScheduler, ToSession, ToWorker};
-use super::request_actor::{RequestActor, RequestArgs};
-use super::session_actor::{SessionActor, SessionArgs};
-use super::worker_actor::{WorkerActor, WorkerArgs};
-use crate::llm::{EngineConfig, EngineError};
-use crate::request::{FinishReason, RequestId};
-use crate::scheduler::{Finished, Scheduler, Sequence};
+use super::messages::{ReplicaLoad, Submission, ToScheduler};
+use super::policy::{Finished, Scheduler};
+use super::sequence::Sequence;
+use crate::engine::{EngineConfig, EngineError, EngineStats, Event, FinishCounts, ModelLoader, SpeculativeStats};
+use crate::host::GenerateRequest;
+use crate::request::{FinishReason, RequestActor, RequestArgs, RequestId, ToRequest};
+use crate::session::{SessionActor, SessionArgs, ToSession};
 use crate::speculative::{DraftModelProposer, NgramProposer};
-use crate::worker::{Executor, Lane, outcomes};
+use crate::worker::{Executor, Lane, ToWorker, WorkerActor, WorkerArgs, outcomes};
 
 pub struct SchedulerActor;
 
@@ -453,7 +452,7 @@ impl SchedulerState {
 }
 
 /// Runs `loader` on a blocking thread (loading reads and converts the whole checkpoint).
-pub(super) async fn load_off_thread(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, String> {
+pub(crate) async fn load_off_thread(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, String> {
     let loader = loader.clone();
     match tokio::task::spawn_blocking(move || loader()).await {
         Ok(loaded) => loaded.map_err(|e| e.to_string()),

@@ -1,17 +1,17 @@
-//! The typed messages between the actors.
+//! The scheduler actor's messages, and what a replica publishes about itself.
 
 use std::time::Duration;
 
-use llaisys_model::{DecodeError, Sampled};
+use llaisys_model::DecodeError;
 use ractor::{ActorId, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::api::{EngineStats, Event, GenerateRequest};
-use super::session_actor::SessionInfo;
-use crate::llm::EngineError;
+use super::policy::StepPlan;
+use crate::engine::{EngineError, EngineStats, Event};
+use crate::host::GenerateRequest;
 use crate::request::{FinishReason, RequestId};
-use crate::scheduler::StepPlan;
-use crate::worker::{ItemOutput, Lane};
+use crate::session::SessionInfo;
+use crate::worker::ItemOutput;
 
 /// A request on its way to a scheduler: its events go to `events`, its id (or why it was
 /// refused) to `reply`.
@@ -46,15 +46,6 @@ pub enum ToScheduler {
     SessionIdle { id: String, actor: ActorId },
 }
 
-/// To the placer actor (engines with several replicas).
-pub enum ToPlacer {
-    /// `Engine::generate`'s request: forwarded, reply port and all, as `ToScheduler::Submit`
-    /// to the replica the placement policy picks.
-    Submit(Submission),
-    /// A deleted session's pin is dropped.
-    ForgetSession(String),
-}
-
 /// What a replica's scheduler publishes after each message it handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReplicaLoad {
@@ -66,42 +57,6 @@ pub struct ReplicaLoad {
     pub available: bool,
 }
 
-/// To the worker actor.
-pub enum ToWorker {
-    /// A new request's sampler and speculation state (sent before any step that samples for it).
-    AddRequest(RequestId, Box<Lane>),
-    /// A finished request's sampler and proposer state are no longer needed.
-    RemoveRequest(RequestId),
-    /// Run one step off the async threads; the result goes back as `ToScheduler::StepDone`.
-    Execute(StepPlan),
-    /// Sent by `Engine::stats` through the scheduler: KV cells in use.
-    KvUsed(RpcReplyPort<usize>),
-}
-
-/// To a session actor.
-pub enum ToSession {
-    /// A request of the session was queued.
-    Begin,
-    /// A request of the session finished.
-    End,
-    /// Sent by the scheduler for `Engine::sessions`, with what the session keeps cached.
-    Info { cached_tokens: usize, reply: RpcReplyPort<SessionInfo> },
-    /// The actor's own timer: check the idle time.
-    Tick,
-}
-
-/// To a request actor.
-pub enum ToRequest {
-    /// A token sampled for this request.
-    Token(Sampled),
-    /// The request ended; the actor sends its last events and stops.
-    Finished { reason: FinishReason, completion_tokens: usize, cached_tokens: usize, queue_time: Option<Duration> },
-}
-
 // With ractor's `cluster` feature (the cluster's wire messages, `crate::cluster::wire`) every
-// message type says whether it crosses the network; these never do.
+// message type says whether it crosses the network; the engine's own never do.
 impl ractor::Message for ToScheduler {}
-impl ractor::Message for ToPlacer {}
-impl ractor::Message for ToWorker {}
-impl ractor::Message for ToSession {}
-impl ractor::Message for ToRequest {}

@@ -1,0 +1,71 @@
+//! The engine's sizes and budgets (the server's `[engine]` and `[speculative]` sections).
+
+use std::time::Duration;
+
+use llaisys_model::LanguageModel;
+
+use crate::scheduler::SchedulerConfig;
+use crate::speculative::{DraftModelProposer, NgramProposer, Proposer, SpeculativeConfig};
+
+/// Sizes and budgets of one engine.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineConfig {
+    /// KV cache cells (tokens across all sequences).
+    pub kv_capacity: usize,
+    pub max_seqs_per_step: usize,
+    pub max_tokens_per_step: usize,
+    /// Most prompt tokens in a step that also decodes (bounds the decoding sequences'
+    /// inter-token gap while prompts are prefilled).
+    pub max_prefill_tokens_while_decoding: usize,
+    /// A step that decodes takes at most this many times a decode-only step: its prefill is
+    /// sized from the step cost learnt as the engine runs (0: only the token bound).
+    pub prefill_step_factor: f64,
+    /// Reuse the cells of finished requests for later prompts with the same prefix (E5).
+    pub prefix_caching: bool,
+    /// A session with no request for this long is ended and its cells freed (E6).
+    pub session_idle_timeout: Duration,
+    /// Speculative decoding: who speculates and how far.
+    pub speculative: SpeculativeConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            kv_capacity: 8192,
+            max_seqs_per_step: 32,
+            max_tokens_per_step: 512,
+            max_prefill_tokens_while_decoding: 256,
+            prefill_step_factor: 2.0,
+            prefix_caching: true,
+            session_idle_timeout: Duration::from_secs(600),
+            speculative: SpeculativeConfig::default(),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The scheduler's settings for a model of `context_length`.
+    pub fn scheduler(&self, context_length: usize) -> SchedulerConfig {
+        SchedulerConfig {
+            max_seqs_per_step: self.max_seqs_per_step,
+            max_tokens_per_step: self.max_tokens_per_step,
+            max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding,
+            prefill_step_factor: self.prefill_step_factor,
+            kv_capacity: self.kv_capacity,
+            context_length,
+            prefix_caching: self.prefix_caching,
+            max_draft: self.speculative.max_draft,
+        }
+    }
+
+    /// The proposer of an engine with these settings: the draft model when one is given,
+    /// otherwise prompt lookup (n-grams). It exists even when no request speculates by default,
+    /// for the requests that ask.
+    pub fn proposer(&self, draft: Option<Box<dyn LanguageModel>>, vocab: usize) -> Box<dyn Proposer> {
+        let s = &self.speculative;
+        match draft {
+            Some(model) => Box::new(DraftModelProposer::new(model, self.kv_capacity, vocab)),
+            None => Box::new(NgramProposer::new(s.ngram_min, s.ngram_max)),
+        }
+    }
+}

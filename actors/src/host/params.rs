@@ -1,0 +1,53 @@
+//! What to generate for a prompt: the engine's parameters of one choice.
+
+use llaisys_model::{Guidance, SamplingParams};
+
+use crate::request::ToolParsing;
+use crate::scheduler::StopConditions;
+
+/// What to generate for each prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop strings: the text ends before the first one and never contains it.
+    pub stop: Vec<String>,
+    /// Extra stop token ids (the model's eos ids apply unless `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// T3: the output's tool calls are parsed (by their tags' ids) and streamed as such.
+    pub tool_calls: Option<ToolParsing>,
+    /// T1/T4: what the output must match (a compiled grammar: `Engine::guidance`,
+    /// `Llm::guidance`); the default constrains nothing.
+    pub guidance: Guidance,
+    /// Speculative decoding for this request; `None`: the engine's default. The tokens are the
+    /// same either way (greedy: identical; sampled: the same distribution).
+    pub speculative: Option<bool>,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 16,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            guidance: Guidance::default(),
+            tool_calls: None,
+            speculative: None,
+        }
+    }
+}
+
+impl GenerateParams {
+    /// When a request with these parameters stops: its own stop ids plus the model's `eos`
+    /// ids (unless `ignore_eos`), after `max_tokens`.
+    pub fn stop_conditions(&self, eos: &[u32]) -> StopConditions {
+        let mut stop_token_ids = self.stop_token_ids.clone();
+        if !self.ignore_eos {
+            stop_token_ids.extend(eos);
+        }
+        StopConditions { max_tokens: self.max_tokens, stop_token_ids }
+    }
+}

@@ -1,0 +1,17 @@
+//! The request actor's messages.
+
+use std::time::Duration;
+
+use llaisys_model::Sampled;
+
+use super::FinishReason;
+
+/// To a request actor.
+pub enum ToRequest {
+    /// A token sampled for this request.
+    Token(Sampled),
+    /// The request ended; the actor sends its last events and stops.
+    Finished { reason: FinishReason, completion_tokens: usize, cached_tokens: usize, queue_time: Option<Duration> },
+}
+
+impl ractor::Message for ToRequest {}
