@@ -122,13 +122,14 @@ pub mod speculative;
 pub mod worker;
 
 pub use engine::{
-    Engine, EngineConfig, EngineError, EngineStats, Event, EventStream, ModelLoader, ModelText, ReplicaSpec,
-    ReplicaStats, Router, SpeculativeStats, Usage,
+    Engine, EngineConfig, EngineError, EngineStats, Event, EventStream, ModelLoader, ReplicaSpec, ReplicaStats, Router,
+    SpeculativeStats, Usage,
 };
 pub use futures_util::StreamExt;
 pub use host::{
-    Answer, BuildError, ChatRequest, Choice, CompletionRequest, EngineBuilder, GenerateParams, GenerateRequest,
-    Generation, Options, Output, Prompt, RequestError, RequestLimits, Tool, ToolChoice,
+    Answer, BuildError, ChatRequest, Choice, CompletionRequest, EngineBuilder, Frontend, GenerateParams,
+    GenerateRequest, Generation, ModelText, Options, Output, Prompt, RequestError, RequestLimits, Tool, ToolChoice,
+    ValidRequest,
 };
 pub use llaisys_model::tokenizer::ChatMessage;
 pub use llaisys_model::{Constraint, Device, DeviceSpec, Guidance, WeightDtype};

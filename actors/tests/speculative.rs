@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use llaisys_actors::request::FinishReason;
-use llaisys_actors::scheduler::{Scheduler, Sequence, StopConditions};
+use llaisys_actors::scheduler::{Scheduler, Sequence};
 use llaisys_actors::speculative::{DraftSlot, NgramProposer, Proposer, SpeculativeConfig};
 use llaisys_actors::worker::{Executor, Lane, outcomes};
 use llaisys_actors::{Engine, EngineConfig, Event, GenerateParams, GenerateRequest, Llm};
@@ -195,10 +195,10 @@ fn after_every_step_the_cache_holds_exactly_the_accepted_tokens() {
         Executor::new(Context::new(Box::new(flaky), cfg.kv_capacity)).with_proposer(Box::new(NgramProposer::new(1, 4)));
     let mut scheduler = Scheduler::new(cfg.scheduler(1 << 20));
     for (id, prompt) in prompts.iter().enumerate() {
-        let stop = StopConditions { max_tokens: 30, stop_token_ids: Vec::new() };
-        scheduler.add(Sequence::new(id as u64, prompt.clone(), stop).speculating(true)).unwrap();
+        let params = Arc::new(GenerateParams { max_tokens: 30, ..GenerateParams::default() });
+        scheduler.add(Sequence::new(id as u64, prompt.clone(), params.clone()).speculating(true));
         let sampler = Sampler::new(SamplingParams::default(), prompt);
-        executor.add_request(id as u64, Lane::new(sampler).speculating(prompt.clone(), Vec::new()));
+        executor.add_request(id as u64, Lane::new(sampler, params, Some(prompt.clone())));
     }
     let cancelled = 3u64;
     let (mut steps, mut finished) = (0, HashMap::new());
@@ -279,11 +279,11 @@ fn sampled_tokens_keep_their_distribution_under_speculation() {
         let mut scheduler = Scheduler::new(cfg.scheduler(1 << 20));
         let mut counts: HashMap<u32, f64> = HashMap::new();
         for seed in 0..SEEDS {
-            let stop = StopConditions { max_tokens: 4, stop_token_ids: Vec::new() };
-            scheduler.add(Sequence::new(seed, prompt.clone(), stop).speculating(speculate)).unwrap();
+            let params = Arc::new(GenerateParams { max_tokens: 4, ..GenerateParams::default() });
+            scheduler.add(Sequence::new(seed, prompt.clone(), params.clone()).speculating(speculate));
             let sampling = SamplingParams { temperature: 3.0, seed: Some(seed), ..SamplingParams::default() };
-            let lane = Lane::new(Sampler::new(sampling, &prompt));
-            executor.add_request(seed, if speculate { lane.speculating(prompt.clone(), Vec::new()) } else { lane });
+            let lane = Lane::new(Sampler::new(sampling, &prompt), params, speculate.then(|| prompt.clone()));
+            executor.add_request(seed, lane);
             while let Some(plan) = scheduler.schedule() {
                 let outputs = executor.execute(&plan).unwrap();
                 for f in scheduler.postprocess(&plan, &outcomes(&outputs)) {

@@ -163,7 +163,7 @@ async fn the_history_renders_through_the_template_and_bad_tools_are_refused() {
         ChatMessage { tool_calls: vec![call.clone()], ..ChatMessage::new("assistant", "") },
         ChatMessage { tool_call_id: Some("call_1".into()), ..ChatMessage::new("tool", "22 degrees, sunny") },
     ];
-    let frontend = engine.frontend().unwrap();
+    let frontend = engine.frontend();
     let ids = frontend.render_chat(&history, &[weather()], true).unwrap();
     let text = engine.tokenizer().unwrap().decode(&ids, false).unwrap();
     // Exactly what transformers renders (tests/fixtures/chat/README.md).

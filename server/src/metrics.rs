@@ -48,6 +48,7 @@ const REQUEST_HELP: &[(&str, &str)] = &[
     ("llaisys_e2e_request_latency_seconds", "Time from arrival to the last token."),
     ("llaisys_request_queue_time_seconds", "Time from arrival to the first scheduling."),
     ("llaisys_http_requests_total", "HTTP responses by route and status."),
+    ("llaisys_request_errors_total", "Error responses by route and error type."),
     ("llaisys_constrained_requests_total", "Requests with a constraint (T1), by kind."),
     ("llaisys_grammar_mask_seconds", "Time to compute one token's grammar mask."),
 ];
@@ -126,6 +127,11 @@ impl Metrics {
 
     pub fn grammar_mask(&self, model: &str, time: Duration) {
         self.histogram("llaisys_grammar_mask_seconds", model, time);
+    }
+
+    /// An error response of `error_type` (`invalid_request`, `overloaded`, `worker_lost`, ...).
+    pub fn request_error(&self, route: &str, error_type: &str) {
+        self.counter("llaisys_request_errors_total", &[("route", route.into()), ("error_type", error_type.into())], 1);
     }
 
     pub fn http_response(&self, route: &str, status: u16) {

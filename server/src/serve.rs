@@ -35,9 +35,9 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
     let (text, local) = match config.cluster.serve_local {
         true => {
             let entry = load_entry(builder(config)?, config.model_name()).await?;
-            (entry.engine.text(), Some(entry.engine))
+            (entry.engine.frontend().clone(), Some(entry.engine))
         }
-        false => (builder(config)?.build_text()?, None),
+        false => (std::sync::Arc::new(builder(config)?.build_frontend()?), None),
     };
     let cluster = config.cluster_config();
     let name = cluster.name.clone();

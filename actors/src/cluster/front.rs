@@ -21,7 +21,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::node::ToNode;
 use super::wire::{self, FromFront, FromNode, NodeReport, PROTOCOL_VERSION, Received, Refusal, WireRequest};
 use super::{ClusterConfig, FRONT_GROUP, NODE_GROUP_PREFIX, SCOPE, node_group};
-use crate::engine::{EngineError, Event, ReplicaStats, Usage};
+use crate::engine::{EngineError, Event, NodeFailure, ReplicaStats, Usage};
 use crate::host::RequestError;
 use crate::placement::{Load, Placement};
 use crate::request::{FinishReason, RequestId};
@@ -230,7 +230,7 @@ impl FrontState {
             }
             FromNode::Refused { id, refusal } => {
                 if let Some(p) = self.take(id) {
-                    let error = refused(refusal);
+                    let error = refused(&from, refusal);
                     match p.reply {
                         Some(reply) => {
                             let _ = reply.send(Err(error));
@@ -301,22 +301,20 @@ impl FrontState {
     }
 
     fn submit(&mut self, submission: Submission) {
-        let Submission { request, events, reply } = submission;
+        let Submission { choice, events, reply } = submission;
         if self.draining {
             let _ = reply.send(Err(EngineError::ShuttingDown));
             return;
         }
         let room = self.nodes.values().any(Node::has_room);
         if !room && self.queue.len() >= self.config.queue {
-            let live = self.nodes.values().filter(|n| n.live()).count();
-            let why =
-                format!("every node ({live}) is at its capacity and the front's queue ({}) is full", self.queue.len());
-            let _ = reply.send(Err(EngineError::Overloaded(why)));
+            let nodes = self.nodes.values().filter(|n| n.live()).count();
+            let _ = reply.send(Err(EngineError::Overloaded { nodes, queued: self.queue.len() }));
             return;
         }
         let id = self.next_id;
         self.next_id += 1;
-        let wire = Box::new(WireRequest::new(request.prompt, &request.params, request.session));
+        let wire = Box::new(WireRequest::new(choice.prompt, &choice.params, choice.session));
         let pending =
             Pending { request: wire, events, reply: Some(reply), node: None, streamed: false, cancelled: false };
         self.pending.insert(id, pending);
@@ -369,15 +367,17 @@ impl FrontState {
         let Some(p) = self.take(id) else { return };
         match p.reply {
             Some(reply) if reason == FinishReason::Error => {
-                let _ = reply.send(Err(EngineError::WorkerLost("its node left the cluster".into())));
+                let node = p.node.clone().unwrap_or_default();
+                let _ = reply.send(Err(EngineError::Node { node, reason: NodeFailure::Left }));
             }
             Some(reply) if self.draining => {
                 let _ = reply.send(Err(EngineError::ShuttingDown));
             }
-            Some(reply) => {
-                let _ = reply.send(Err(EngineError::Actor("cancelled before it started".into())));
-            }
-            None => {
+            // Cancelled before a node took it: it ends like any cancelled request, with `abort`.
+            reply => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok(id));
+                }
                 let usage = Usage { prompt_tokens: p.request.prompt.len(), ..Usage::default() };
                 let _ = p.events.send(Event::Finished { reason, text: String::new(), usage, queue_time: None });
             }
@@ -470,10 +470,15 @@ fn send(node: &ActorRef<ToNode>, from: &str, msg: FromFront) -> bool {
     node.send_message(ToNode::Front(Received::Message { from: from.into(), msg })).is_ok()
 }
 
-fn refused(r: Refusal) -> EngineError {
-    match (r.client, r.param) {
-        (true, Some(param)) => EngineError::Request(RequestError::invalid(param, r.message)),
-        (true, None) => EngineError::Request(RequestError::general(r.message)),
-        (false, _) => EngineError::WorkerLost(r.message),
+/// A node's refusal as the front's error: the request's fault as it was, the node's own as a
+/// node failure.
+fn refused(node: &str, r: Refusal) -> EngineError {
+    if !r.client {
+        let reason = NodeFailure::Refused { error_type: r.error_type, message: r.message };
+        return EngineError::Node { node: node.into(), reason };
     }
+    let mut error = RequestError::general(r.message);
+    error.param = r.param;
+    error.code = r.code.as_deref().and_then(RequestError::known_code);
+    error.into()
 }

@@ -23,7 +23,8 @@ use std::time::Duration;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::NodeServerMessage;
 
-use crate::engine::{Engine, ModelText};
+use crate::engine::Engine;
+use crate::host::Frontend;
 use crate::placement::PlacementConfig;
 pub use front::ToFront;
 use front::{FrontActor, FrontArgs};
@@ -99,10 +100,11 @@ impl FrontParts {
 }
 
 /// Starts a front listening on `listen` for worker nodes, and returns the engine handle that
-/// routes over them, serving the API with `text` (the model's tokenizer and template). With
-/// `local`, the front's own engine runs requests as one of the nodes (named `config.name`).
+/// routes over them, checking requests with `frontend` (the model's sizes, tokenizer, template
+/// and limits; the nodes check again against their caches). With `local`, the front's own
+/// engine runs requests as one of the nodes (named `config.name`).
 pub async fn start_front(
-    text: ModelText,
+    frontend: Arc<Frontend>,
     local: Option<Engine>,
     listen: SocketAddr,
     cookie: String,
@@ -110,14 +112,14 @@ pub async fn start_front(
     config: ClusterConfig,
 ) -> Result<Engine, ClusterError> {
     let server = transport::listen(&config.name, cookie, listen, tls).await?;
-    let args = FrontArgs { config: config.clone(), vocab_size: text.info().vocab_size };
+    let args = FrontArgs { config: config.clone(), vocab_size: frontend.info().vocab_size };
     let (front, _) = Actor::spawn(None, FrontActor, args).await.map_err(|e| ClusterError::Actor(e.to_string()))?;
     let local = match local {
         Some(engine) => Some((engine.clone(), start_node(engine, &config).await?.0)),
         None => None,
     };
     let parts = Arc::new(FrontParts { front, server, local });
-    Ok(Engine::routed(text, parts))
+    Ok(Engine::routed(frontend, parts))
 }
 
 /// Starts this process's node actor over `engine` (a worker's, or the front's own).

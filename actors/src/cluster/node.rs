@@ -17,7 +17,7 @@ use super::front::ToFront;
 use super::wire::{self, FromFront, FromNode, NodeReport, PROTOCOL_VERSION, Received, Refusal, WireRequest};
 use super::{FRONT_GROUP, SCOPE, node_group};
 use crate::engine::{Engine, EngineError, Event};
-use crate::host::GenerateRequest;
+use crate::host::{GenerateRequest, RequestError};
 
 /// Events sent in one message at most (a batch holds what arrived since the last one).
 const MAX_BATCH: usize = 64;
@@ -235,29 +235,17 @@ fn compile(engine: &Engine, spec: &GuidanceSpec) -> Result<Guidance, EngineError
     if *spec == GuidanceSpec::default() {
         return Ok(Guidance::default());
     }
-    let compiler = engine
-        .frontend()?
-        .grammar_compiler(engine.info())
-        .map_err(|e| EngineError::WorkerLost(format!("constrained decoding: {e}")))?;
-    compiler.guidance(spec).map_err(|e| EngineError::Request(crate::host::RequestError::invalid("constraint", e.0)))
+    let compiler = engine.frontend().grammar_compiler()?;
+    Ok(compiler.guidance(spec).map_err(|e| RequestError::invalid("constraint", e.0))?)
 }
 
 fn refusal(e: &EngineError) -> Refusal {
-    let param = match e {
-        EngineError::Request(r) => r.param.clone(),
-        _ => None,
+    let (param, code) = match e {
+        EngineError::Request(r) => (r.param.clone(), r.code.map(String::from)),
+        _ => (None, None),
     };
-    let client = matches!(
-        e,
-        EngineError::Request(_)
-            | EngineError::Rejected(_)
-            | EngineError::Admission { .. }
-            | EngineError::Sampling(_)
-            | EngineError::Tokenizer(_)
-            | EngineError::InvalidSession(_)
-            | EngineError::Decode(llaisys_model::DecodeError::InvalidInput(_))
-    );
-    Refusal { message: e.to_string(), param, client }
+    let (client, error_type) = (e.is_client_error(), e.error_type().to_string());
+    Refusal { message: e.to_string(), param, client, error_type, code }
 }
 
 fn message(from: &str, msg: FromNode) -> ToFront {

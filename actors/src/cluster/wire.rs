@@ -22,8 +22,8 @@ use crate::session::SessionInfo;
 /// out its empty fields.
 pub const PROTOCOL_VERSION: u32 = 2;
 
-/// A request as it crosses the network: everything `GenerateRequest` holds, the constraint
-/// before compilation.
+/// A request as it crosses the network: everything a checked choice holds, the constraint
+/// before compilation (the node checks it again against its own model and cache).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WireRequest {
     pub prompt: Vec<u32>,
@@ -88,6 +88,12 @@ pub struct Refusal {
     pub param: Option<String>,
     /// The client's fault (HTTP 400) rather than the node's.
     pub client: bool,
+    /// The node's `EngineError::error_type`.
+    #[serde(default)]
+    pub error_type: String,
+    /// A client error's machine-readable code (`context_length_exceeded`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 /// A node's heartbeat: who it is, how much it takes, and its figures.

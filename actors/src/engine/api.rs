@@ -1,5 +1,7 @@
 //! E9: the handle a host application holds. `Engine::start` runs inside the host's tokio
 //! runtime; clones of the handle share one engine; several engines can live in one process.
+//! When the last clone is dropped the engine's actors stop (requests still running end with
+//! `abort`); `shutdown` drains them first.
 
 use std::sync::Arc;
 
@@ -9,11 +11,14 @@ use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::watch;
 
 use super::config::EngineConfig;
-use super::error::EngineError;
+use super::error::{EngineError, WorkerLoss};
 use super::event::EventStream;
 use super::stats::{EngineStats, LOCAL_NODE, ReplicaStats};
 use crate::cluster::{FrontParts, ToFront};
-use crate::host::{ChatRequest, CompletionRequest, EngineBuilder, Frontend, GenerateRequest, Generation, Prepared};
+use crate::host::{
+    ChatRequest, CompletionRequest, EngineBuilder, Frontend, GenerateRequest, Generation, ModelText, RequestError,
+    RequestLimits, ValidRequest,
+};
 use crate::placement::{PlacementConfig, PlacerActor, PlacerArgs, Target, ToPlacer};
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::{IdSpace, ReplicaLoad, SchedulerActor, SchedulerArgs, Submission, ToScheduler, load_off_thread};
@@ -37,41 +42,39 @@ struct Replica {
     device: String,
 }
 
+/// An engine's replicas in this process; when the last handle goes, so do their actors.
+struct Local {
+    replicas: Vec<Replica>,
+    /// Picks each request's replica when there are several.
+    placer: Option<ActorRef<ToPlacer>>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        for r in &self.replicas {
+            r.scheduler.stop(None);
+        }
+        if let Some(placer) = &self.placer {
+            placer.stop(None);
+        }
+    }
+}
+
 /// The cloneable handle to one engine: one replica of the model per device (D2), each a
 /// scheduler with its worker and KV cache; with several, a placer actor picks one per request.
 /// A cluster's front (N2) is an engine too, whose requests its router sends to nodes.
 #[derive(Clone)]
 pub struct Engine {
     route: Route,
-    info: Arc<ModelInfo>,
-    /// The model's text side (absent when started without a tokenizer).
-    frontend: Option<Arc<Frontend>>,
-}
-
-/// A model's info and text side (tokenizer, chat template, defaults and limits) without its
-/// weights: what a cluster's router-only front serves the API with
-/// (`EngineBuilder::build_text`, or `Engine::text`).
-#[derive(Clone)]
-pub struct ModelText {
-    pub(crate) info: Arc<ModelInfo>,
-    pub(crate) frontend: Option<Arc<Frontend>>,
-}
-
-impl ModelText {
-    pub(crate) fn new(info: ModelInfo, frontend: Option<Frontend>) -> Self {
-        Self { info: Arc::new(info), frontend: frontend.map(Arc::new) }
-    }
-
-    pub fn info(&self) -> &ModelInfo {
-        &self.info
-    }
+    /// The model's sizes, text side and request limits: where requests are checked.
+    frontend: Arc<Frontend>,
 }
 
 /// Where an engine's requests run.
 #[derive(Clone)]
 enum Route {
     /// On this process's replicas.
-    Local { replicas: Arc<[Replica]>, placer: Option<ActorRef<ToPlacer>> },
+    Local(Arc<Local>),
     /// On a cluster's nodes, through the front's router.
     Cluster(Arc<FrontParts>),
 }
@@ -92,7 +95,8 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let loader: ModelLoader = Arc::new(|| Err(LoadError::NoLoader));
         let spec = ReplicaSpec { device: device_label(model.device()), loader, draft: None };
-        Self::spawn(vec![(model, spec)], tokenizer.map(Frontend::plain), config, PlacementConfig::default()).await
+        let text = tokenizer.map(ModelText::plain);
+        Self::spawn(vec![(model, spec)], text, RequestLimits::default(), config, PlacementConfig::default()).await
     }
 
     /// Starts the actors with a model from `loader`, which is called again to replace a worker
@@ -102,64 +106,65 @@ impl Engine {
         tokenizer: Option<Tokenizer>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
-        Self::start_with_frontend(loader, tokenizer.map(Frontend::plain), config).await
+        Self::start_with_text(loader, tokenizer.map(ModelText::plain), config, None).await
     }
 
-    /// Starts the actors with a model from `loader` and the model's text side.
-    pub async fn start_with_frontend(
+    /// Starts the actors with a model from `loader` and the model's text side; speculating
+    /// requests' proposals come from the model `draft` loads, if given (it must share the
+    /// model's vocabulary: `EngineBuilder::draft_model` checks).
+    pub async fn start_with_text(
         loader: ModelLoader,
-        frontend: Option<Frontend>,
-        config: EngineConfig,
-    ) -> Result<Self, EngineError> {
-        Self::start_with_draft(loader, frontend, config, None).await
-    }
-
-    /// As `start_with_frontend`, with speculating requests' proposals from the model `draft`
-    /// loads (it must share the model's vocabulary: `EngineBuilder::draft_model` checks).
-    pub async fn start_with_draft(
-        loader: ModelLoader,
-        frontend: Option<Frontend>,
+        text: Option<ModelText>,
         config: EngineConfig,
         draft: Option<ModelLoader>,
     ) -> Result<Self, EngineError> {
-        let model = load(&loader).await?;
-        let device = device_label(model.device());
-        let spec = ReplicaSpec { device, loader, draft };
-        Self::spawn(vec![(model, spec)], frontend, config, PlacementConfig::default()).await
+        let model = load(&loader, "its device").await?;
+        let spec = ReplicaSpec { device: device_label(model.device()), loader, draft };
+        Self::spawn(vec![(model, spec)], text, RequestLimits::default(), config, PlacementConfig::default()).await
     }
 
     /// Starts one replica per spec (the model loaded on each device in turn), placed by
     /// `placement` when there are several.
     pub async fn start_replicas(
         replicas: Vec<ReplicaSpec>,
-        frontend: Option<Frontend>,
+        text: Option<ModelText>,
+        config: EngineConfig,
+        placement: PlacementConfig,
+    ) -> Result<Self, EngineError> {
+        Self::start_limited(replicas, text, RequestLimits::default(), config, placement).await
+    }
+
+    /// As `start_replicas`, checking requests against `limits`.
+    pub(crate) async fn start_limited(
+        replicas: Vec<ReplicaSpec>,
+        text: Option<ModelText>,
+        limits: RequestLimits,
         config: EngineConfig,
         placement: PlacementConfig,
     ) -> Result<Self, EngineError> {
         if replicas.is_empty() {
-            return Err(EngineError::Actor("an engine needs at least one replica".into()));
+            return Err(EngineError::NoReplica);
         }
         let mut loaded = Vec::with_capacity(replicas.len());
         for spec in replicas {
-            let model = load(&spec.loader).await.map_err(|e| match e {
-                EngineError::WorkerLost(why) => EngineError::WorkerLost(format!("{why} (device {})", spec.device)),
-                e => e,
-            })?;
-            loaded.push((model, spec));
+            loaded.push((load(&spec.loader, &spec.device).await?, spec));
         }
-        Self::spawn(loaded, frontend, config, placement).await
+        Self::spawn(loaded, text, limits, config, placement).await
     }
 
     async fn spawn(
         replicas: Vec<(Box<dyn LanguageModel>, ReplicaSpec)>,
-        frontend: Option<Frontend>,
+        text: Option<ModelText>,
+        limits: RequestLimits,
         config: EngineConfig,
         placement: PlacementConfig,
     ) -> Result<Self, EngineError> {
-        let info = Arc::new(replicas[0].0.info().clone());
-        let tokenizer = frontend.as_ref().map(Frontend::shared_tokenizer);
+        let info = replicas[0].0.info().clone();
+        let frontend = Frontend::new(info, text, limits, Some(config.kv_capacity));
+        let tokenizer = frontend.shared_tokenizer();
         let stride = replicas.len() as u64;
-        let (mut started, mut targets) = (Vec::new(), Vec::new());
+        let mut local = Local { replicas: Vec::new(), placer: None };
+        let mut targets = Vec::new();
         for (i, (model, spec)) in replicas.into_iter().enumerate() {
             let (load, watched) = watch::channel(ReplicaLoad { available: true, ..ReplicaLoad::default() });
             let args = SchedulerArgs {
@@ -168,39 +173,34 @@ impl Engine {
                 draft: spec.draft,
                 tokenizer: tokenizer.clone(),
                 config,
+                device: spec.device.clone(),
                 ids: IdSpace { first: i as u64, stride },
                 load,
             };
-            let (scheduler, _) = match Actor::spawn(None, SchedulerActor, args).await {
-                Ok(spawned) => spawned,
-                Err(e) => {
-                    started.iter().for_each(|r: &Replica| r.scheduler.stop(None));
-                    return Err(actor_error(e));
-                }
-            };
+            // On an error `local` drops, stopping the replicas started so far.
+            let (scheduler, _) =
+                Actor::spawn(None, SchedulerActor, args).await.map_err(|e| EngineError::WorkerLost {
+                    device: spec.device.clone(),
+                    restart: false,
+                    cause: WorkerLoss::Spawn(e.to_string()),
+                })?;
             targets.push(Target { scheduler: scheduler.clone(), load: watched });
-            started.push(Replica { scheduler, device: spec.device });
+            local.replicas.push(Replica { scheduler, device: spec.device });
         }
-        let placer = match started.len() {
-            1 => None,
-            _ => {
-                let args = PlacerArgs { targets, config: placement };
-                let spawned = Actor::spawn(None, PlacerActor, args).await;
-                Some(spawned.map_err(actor_error)?.0)
-            }
-        };
-        let route = Route::Local { replicas: started.into(), placer };
-        Ok(Self { route, info, frontend: frontend.map(Arc::new) })
+        if local.replicas.len() > 1 {
+            let args = PlacerArgs { targets, config: placement };
+            let (placer, _) = Actor::spawn(None, PlacerActor, args)
+                .await
+                .map_err(|e| EngineError::Spawn { actor: "placer", reason: e.to_string() })?;
+            local.placer = Some(placer);
+        }
+        Ok(Self { route: Route::Local(Arc::new(local)), frontend: Arc::new(frontend) })
     }
 
-    /// An engine over `text` whose requests a cluster's front routes to its nodes.
-    pub(crate) fn routed(text: ModelText, front: Arc<FrontParts>) -> Self {
-        Self { route: Route::Cluster(front), info: text.info, frontend: text.frontend }
-    }
-
-    /// The model's info and text side, without the engine's replicas.
-    pub fn text(&self) -> ModelText {
-        ModelText { info: self.info.clone(), frontend: self.frontend.clone() }
+    /// An engine checking requests with `frontend` whose requests a cluster's front routes to
+    /// its nodes.
+    pub(crate) fn routed(frontend: Arc<Frontend>, front: Arc<FrontParts>) -> Self {
+        Self { route: Route::Cluster(front), frontend }
     }
 
     /// Whether requests run on a cluster's nodes.
@@ -210,33 +210,33 @@ impl Engine {
 
     /// What the engine's model is (vocabulary, context length, eos ids).
     pub fn info(&self) -> &ModelInfo {
-        &self.info
+        self.frontend.info()
     }
 
-    /// The model's text side: tokenizer, chat template, defaults and request limits.
-    pub fn frontend(&self) -> Result<&Frontend, EngineError> {
-        self.frontend.as_deref().ok_or(EngineError::NoTokenizer)
+    /// Where requests are checked: the model's sizes, text side and request limits.
+    pub fn frontend(&self) -> &Arc<Frontend> {
+        &self.frontend
     }
 
     /// The model's tokenizer, if the engine has one.
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.frontend.as_deref().map(Frontend::tokenizer)
+        self.frontend.tokenizer()
     }
 
     /// Compiles a constraint for `GenerateParams::guidance` (T4: token-level requests take the
     /// same constraints as chats and completions).
     pub fn guidance(&self, constraint: &Constraint) -> Result<Guidance, EngineError> {
-        Ok(self.frontend()?.guidance(constraint, &self.info)?)
+        self.frontend.guidance(constraint)
     }
 
     /// Checks a chat request and renders its prompt, without running it.
-    pub fn prepare_chat(&self, request: &ChatRequest) -> Result<Prepared, EngineError> {
-        Ok(self.frontend()?.prepare_chat(request, &self.info)?)
+    pub fn prepare_chat(&self, request: &ChatRequest) -> Result<ValidRequest, EngineError> {
+        self.frontend.chat(request)
     }
 
     /// Checks a completion request and encodes its prompts, without running it.
-    pub fn prepare_completion(&self, request: &CompletionRequest) -> Result<Prepared, EngineError> {
-        Ok(self.frontend()?.prepare_completion(request, &self.info)?)
+    pub fn prepare_completion(&self, request: &CompletionRequest) -> Result<ValidRequest, EngineError> {
+        self.frontend.completion(request)
     }
 
     /// Runs a chat: the stream of its choices' events.
@@ -249,41 +249,53 @@ impl Engine {
         self.submit(self.prepare_completion(&request)?).await
     }
 
-    /// Queues every choice of a prepared request. If one is refused, those already queued are
-    /// cancelled (their streams dropped).
-    pub async fn submit(&self, prepared: Prepared) -> Result<Generation, EngineError> {
-        let mut streams = Vec::with_capacity(prepared.prompts.len() * prepared.n);
-        for (prompt, params) in prepared.choices() {
-            // Only the first choice continues the session: one conversation, one pin.
-            let session = if streams.is_empty() { prepared.session.clone() } else { None };
-            streams.push(self.generate(GenerateRequest { prompt: prompt.clone(), params, session }).await?);
+    /// Queues every choice of a checked request. If one is refused, those already queued are
+    /// cancelled (their streams dropped). A request checked by another engine is refused.
+    pub async fn submit(&self, request: ValidRequest) -> Result<Generation, EngineError> {
+        if request.checked_by != self.frontend.id() {
+            return Err(
+                RequestError::general("the request was checked for another engine: prepare it with this one").into()
+            );
         }
-        Ok(Generation::new(streams, prepared.prompts, prepared.n, prepared.logprobs))
+        let mut streams = Vec::with_capacity(request.prompts().len() * request.n());
+        for choice in request.choices() {
+            let (tx, rx) = unbounded_channel();
+            let submission = |reply| Submission { choice: Box::new(choice), events: tx, reply };
+            let id = match &self.route {
+                Route::Local(local) => match &local.placer {
+                    Some(placer) => ractor::call!(placer, |r| ToPlacer::Submit(submission(r))).ok(),
+                    None => ractor::call!(local.replicas[0].scheduler, |r| ToScheduler::Submit(submission(r))).ok(),
+                },
+                Route::Cluster(c) => ractor::call!(c.front, |r| ToFront::Submit(submission(r))).ok(),
+            }
+            .ok_or_else(|| self.stopped())??;
+            streams.push(EventStream::new(id, rx));
+        }
+        Ok(Generation::new(streams, request))
     }
 
-    /// Queues a request and returns its event stream.
+    /// Checks and queues a request of token ids; returns its event stream.
     pub async fn generate(&self, request: GenerateRequest) -> Result<EventStream, EngineError> {
-        let (tx, rx) = unbounded_channel();
-        let request = Box::new(request);
-        let submission = |reply| Submission { request, events: tx, reply };
-        let id = match &self.route {
-            Route::Local { placer: Some(placer), .. } => {
-                ractor::call!(placer, |r| ToPlacer::Submit(submission(r))).map_err(actor_error)?
-            }
-            Route::Local { replicas, .. } => {
-                ractor::call!(replicas[0].scheduler, |r| ToScheduler::Submit(submission(r))).map_err(actor_error)?
-            }
-            Route::Cluster(c) => ractor::call!(c.front, |r| ToFront::Submit(submission(r))).map_err(actor_error)?,
-        }?;
-        Ok(EventStream::new(id, rx))
+        let generation = self.submit(self.frontend.generate(request)?).await?;
+        Ok(generation.into_streams().pop().expect("a token-level request has one choice"))
+    }
+
+    /// The actor a failed call could not reach.
+    fn stopped(&self) -> EngineError {
+        let actor = match &self.route {
+            Route::Local(local) if local.placer.is_some() => "placer",
+            Route::Local(_) => "scheduler",
+            Route::Cluster(_) => "cluster front",
+        };
+        EngineError::Stopped { actor }
     }
 
     /// Cancels a request; it ends with `FinishReason::Abort` at the next step. Returns whether
     /// the request was still running or waiting.
     pub async fn cancel(&self, id: RequestId) -> bool {
         match &self.route {
-            Route::Local { replicas, .. } => {
-                let replica = &replicas[(id % replicas.len() as u64) as usize];
+            Route::Local(local) => {
+                let replica = &local.replicas[(id % local.replicas.len() as u64) as usize];
                 ractor::call!(replica.scheduler, |reply| ToScheduler::Finish {
                     id,
                     reason: FinishReason::Abort,
@@ -307,13 +319,13 @@ impl Engine {
     /// Each replica's figures, in `--device` order (a cluster's front: every node's, from their
     /// last reports).
     pub async fn replica_stats(&self) -> Result<Vec<ReplicaStats>, EngineError> {
-        let replicas = match &self.route {
-            Route::Local { replicas, .. } => replicas,
-            Route::Cluster(c) => return ractor::call!(c.front, ToFront::Stats).map_err(actor_error),
+        let local = match &self.route {
+            Route::Local(local) => local,
+            Route::Cluster(c) => return ractor::call!(c.front, ToFront::Stats).map_err(|_| self.stopped()),
         };
-        let mut all = Vec::with_capacity(replicas.len());
-        for r in replicas.iter() {
-            let stats = ractor::call!(r.scheduler, ToScheduler::Stats).map_err(actor_error)?;
+        let mut all = Vec::with_capacity(local.replicas.len());
+        for r in &local.replicas {
+            let stats = ractor::call!(r.scheduler, ToScheduler::Stats).map_err(|_| self.stopped())?;
             all.push(ReplicaStats { node: LOCAL_NODE.into(), device: r.device.clone(), stats });
         }
         Ok(all)
@@ -321,13 +333,13 @@ impl Engine {
 
     /// The live sessions of every replica (or node), by id.
     pub async fn sessions(&self) -> Result<Vec<SessionInfo>, EngineError> {
-        let replicas = match &self.route {
-            Route::Local { replicas, .. } => replicas,
-            Route::Cluster(c) => return ractor::call!(c.front, ToFront::Sessions).map_err(actor_error),
+        let local = match &self.route {
+            Route::Local(local) => local,
+            Route::Cluster(c) => return ractor::call!(c.front, ToFront::Sessions).map_err(|_| self.stopped()),
         };
         let mut all = Vec::new();
-        for r in replicas.iter() {
-            all.extend(ractor::call!(r.scheduler, ToScheduler::Sessions).map_err(actor_error)?);
+        for r in &local.replicas {
+            all.extend(ractor::call!(r.scheduler, ToScheduler::Sessions).map_err(|_| self.stopped())?);
         }
         all.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(all)
@@ -335,47 +347,47 @@ impl Engine {
 
     /// Ends a session and frees its cells. Returns whether it existed.
     pub async fn delete_session(&self, id: &str) -> Result<bool, EngineError> {
-        let (replicas, placer) = match &self.route {
-            Route::Local { replicas, placer } => (replicas, placer),
+        let local = match &self.route {
+            Route::Local(local) => local,
             Route::Cluster(c) => {
                 return ractor::call!(c.front, |reply| ToFront::DeleteSession { id: id.into(), reply })
-                    .map_err(actor_error);
+                    .map_err(|_| self.stopped());
             }
         };
-        if let Some(placer) = placer {
+        if let Some(placer) = &local.placer {
             let _ = placer.send_message(ToPlacer::ForgetSession(id.into()));
         }
         let mut existed = false;
-        for r in replicas.iter() {
+        for r in &local.replicas {
             existed |= ractor::call!(r.scheduler, |reply| ToScheduler::DeleteSession { id: id.into(), reply })
-                .map_err(actor_error)?;
+                .map_err(|_| self.stopped())?;
         }
         Ok(existed)
     }
 
     /// Refuses new requests, waits for every request to finish, then stops the actors.
     pub async fn shutdown(&self) {
-        let (replicas, placer) = match &self.route {
-            Route::Local { replicas, placer } => (replicas, placer),
+        let local = match &self.route {
+            Route::Local(local) => local,
             Route::Cluster(c) => return c.shutdown().await,
         };
-        for r in replicas.iter() {
+        for r in &local.replicas {
             let _ = ractor::call!(r.scheduler, ToScheduler::Shutdown);
             r.scheduler.stop(None);
         }
-        if let Some(placer) = placer {
+        if let Some(placer) = &local.placer {
             placer.stop(None);
         }
     }
 }
 
-fn actor_error<E: std::fmt::Display>(e: E) -> EngineError {
-    EngineError::Actor(e.to_string())
-}
-
 /// Loads a model off the async threads, for `Engine`'s start.
-async fn load(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, EngineError> {
-    load_off_thread(loader).await.map_err(|e| EngineError::WorkerLost(format!("loading the model: {e}")))
+async fn load(loader: &ModelLoader, device: &str) -> Result<Box<dyn LanguageModel>, EngineError> {
+    load_off_thread(loader).await.map_err(|cause| EngineError::WorkerLost {
+        device: device.into(),
+        restart: false,
+        cause,
+    })
 }
 
 /// A device's name for stats and metrics when the caller gave none: `cpu` for Burn's CPU

@@ -10,9 +10,9 @@ mod event;
 mod router;
 mod stats;
 
-pub use api::{Engine, ModelLoader, ModelText, ReplicaSpec};
+pub use api::{Engine, ModelLoader, ReplicaSpec};
 pub use config::EngineConfig;
-pub use error::EngineError;
+pub use error::{EngineError, NodeFailure, WorkerLoss};
 pub use event::{Event, EventStream, Usage};
 pub use router::Router;
 pub use stats::{EngineStats, FinishCounts, LOCAL_NODE, ReplicaStats, SpeculativeStats};

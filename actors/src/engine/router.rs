@@ -23,7 +23,7 @@ impl Router {
     pub fn add(&mut self, name: impl Into<String>, engine: Engine) -> Result<(), EngineError> {
         let name = name.into();
         if self.engines.contains_key(&name) {
-            return Err(EngineError::DuplicateModel(name));
+            return Err(EngineError::DuplicateModel { name });
         }
         self.engines.insert(name, engine);
         Ok(())
@@ -38,7 +38,7 @@ impl Router {
     pub fn engine(&self, model: &str) -> Result<&Engine, EngineError> {
         self.engines.get(model).ok_or_else(|| EngineError::UnknownModel {
             name: model.into(),
-            available: self.models().collect::<Vec<_>>().join(", "),
+            available: self.models().map(String::from).collect(),
         })
     }
 

@@ -8,8 +8,8 @@ use llaisys_model::{
     DeviceError, DeviceSpec, LoadError, LoadOptions, ModelSource, WeightDtype, load_model, model_info,
 };
 
-use super::frontend::{Frontend, GenerationDefaults, RequestLimits};
-use crate::engine::ModelText;
+use super::frontend::{Frontend, RequestLimits};
+use super::text::{GenerationDefaults, ModelText};
 use crate::placement::PlacementConfig;
 use crate::speculative::SettingError;
 use crate::{Engine, EngineConfig, EngineError, Llm, ModelLoader, ReplicaSpec};
@@ -124,30 +124,31 @@ impl EngineBuilder {
     /// Loads the model (off the async threads) and starts the engine's actors in the current
     /// tokio runtime. A worker that fails later is replaced by loading the model again.
     pub async fn build(self) -> Result<Engine, BuildError> {
-        let Parts { replicas, frontend, config, placement } = self.parts()?;
-        Ok(Engine::start_replicas(replicas, frontend, config, placement).await?)
+        let Parts { replicas, text, limits, config, placement } = self.parts()?;
+        Ok(Engine::start_limited(replicas, text, limits, config, placement).await?)
     }
 
-    /// The model's info and text side, from its configuration and tokenizer files only: the
-    /// weights are not read (a cluster's router-only front).
-    pub fn build_text(self) -> Result<ModelText, BuildError> {
+    /// The model's sizes, text side and request limits, from its configuration and tokenizer
+    /// files only: the weights are not read (a cluster's router-only front, whose nodes check
+    /// requests against their own KV caches).
+    pub fn build_frontend(self) -> Result<Frontend, BuildError> {
         let path = self.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
         let load_err = |source| BuildError::Load { path: path.clone(), source };
         let source = self.model.as_deref().map(ModelSource::resolve).transpose().map_err(load_err)?;
         let info = model_info(self.model_type.as_deref(), source.as_ref()).map_err(load_err)?;
-        let Parts { frontend, .. } = self.parts()?;
-        Ok(ModelText::new(info, frontend))
+        let Parts { text, limits, .. } = self.parts()?;
+        Ok(Frontend::new(info, text, limits, None))
     }
 
     /// Loads the model for blocking offline use.
     pub fn build_offline(self) -> Result<Llm, BuildError> {
-        let Parts { mut replicas, frontend, config, .. } = self.parts()?;
+        let Parts { mut replicas, text, limits, config, .. } = self.parts()?;
         if replicas.len() != 1 {
             return Err(BuildError::OfflineDevices(replicas.len()));
         }
         let ReplicaSpec { loader, draft, .. } = replicas.remove(0);
         let model = loader().map_err(|source| BuildError::Load { path: "(model)".into(), source })?;
-        let mut llm = Llm::with_frontend(model, frontend, config);
+        let mut llm = Llm::with_text(model, text, limits, config);
         if let Some(draft) = draft {
             let model = draft().map_err(|source| BuildError::Load { path: "(draft model)".into(), source })?;
             llm = llm.with_draft(model, &config);
@@ -165,13 +166,13 @@ impl EngineBuilder {
         let path = self.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
         let load_err = |source| BuildError::Load { path: path.clone(), source };
         let source = self.model.as_deref().map(ModelSource::resolve).transpose().map_err(load_err)?;
-        let frontend = match &source {
+        let text = match &source {
             Some(source) => {
                 let tokenizer = source.tokenizer().map_err(load_err)?;
                 let template = source.chat_template().map_err(load_err)?;
                 let defaults =
                     source.generation_config().map(|p| GenerationDefaults::from_file(&p)).unwrap_or_default();
-                Some(Frontend::new(tokenizer, template, defaults, self.limits))
+                Some(ModelText::new(tokenizer, template, defaults))
             }
             None => None,
         };
@@ -183,7 +184,7 @@ impl EngineBuilder {
                     ModelSource::resolve(path).map_err(|source| BuildError::Load { path: shown.clone(), source })?;
                 let tokenizer =
                     source.tokenizer().map_err(|source| BuildError::Load { path: shown.clone(), source })?;
-                let difference = match &frontend {
+                let difference = match &text {
                     Some(f) => f.tokenizer().vocab_difference(&tokenizer),
                     None => Some("the model has no tokenizer to compare with".into()),
                 };
@@ -207,14 +208,15 @@ impl EngineBuilder {
             });
             replicas.push(ReplicaSpec { device: spec.to_string(), loader, draft });
         }
-        Ok(Parts { replicas, frontend, config: self.config, placement: self.placement })
+        Ok(Parts { replicas, text, limits: self.limits, config: self.config, placement: self.placement })
     }
 }
 
 /// What an engine is built from.
 struct Parts {
     replicas: Vec<ReplicaSpec>,
-    frontend: Option<Frontend>,
+    text: Option<ModelText>,
+    limits: RequestLimits,
     config: EngineConfig,
     placement: PlacementConfig,
 }

@@ -1,125 +1,25 @@
-//! From a request to prompt token ids and engine parameters: the model's tokenizer, chat
-//! template and generation defaults, and the engine's request limits. The library and the
-//! HTTP server both go through here, so the same request tokenizes and validates identically
-//! through either (C10).
+//! From a request to a `ValidRequest`: the model's chat template and tokenizer turn the input
+//! into prompt token ids, the generation defaults and the request limits turn its options into
+//! engine parameters, and `validate` checks the result against the model and the KV cache. The
+//! library, the HTTP server and the offline engine all go through here, so the same request
+//! tokenizes and validates identically through each (C10).
 
-use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
-use llaisys_model::{Constraint, GrammarCompiler, GrammarError, Guidance, ModelInfo, SamplingParams, Tokenizer};
+use llaisys_model::tokenizer::ChatMessage;
+use llaisys_model::{Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, Tokenizer};
 
-use super::request::{ChatRequest, CompletionRequest, Options, Prompt, RequestError, Tool, ToolChoice};
-use crate::GenerateParams;
-use crate::request::{ToolCallTags, ToolParsing};
-
-/// Sampling defaults from a model's `generation_config.json`, used where a request leaves a
-/// field out; OpenAI's defaults otherwise.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GenerationDefaults {
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: Option<usize>,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    /// Extra end-of-sequence ids the generation config lists.
-    pub eos_token_ids: Vec<u32>,
-}
-
-impl Default for GenerationDefaults {
-    fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, top_k: None, min_p: 0.0, repetition_penalty: 1.0, eos_token_ids: vec![] }
-    }
-}
-
-impl GenerationDefaults {
-    /// Reads a `generation_config.json`; an unreadable file changes nothing.
-    pub fn from_file(path: &Path) -> Self {
-        let mut d = Self::default();
-        let Ok(text) = std::fs::read_to_string(path) else { return d };
-        let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else { return d };
-        let num = |k: &str| json.get(k).and_then(serde_json::Value::as_f64).map(|v| v as f32);
-        if let Some(t) = num("temperature") {
-            d.temperature = t;
-        }
-        if let Some(p) = num("top_p") {
-            d.top_p = p;
-        }
-        if let Some(k) = json.get("top_k").and_then(serde_json::Value::as_u64).filter(|k| *k > 0) {
-            d.top_k = Some(k as usize);
-        }
-        if let Some(m) = num("min_p") {
-            d.min_p = m;
-        }
-        if let Some(r) = num("repetition_penalty") {
-            d.repetition_penalty = r;
-        }
-        d.eos_token_ids = match json.get("eos_token_id") {
-            Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_u64()).map(|n| n as u32).collect(),
-            _ => vec![],
-        };
-        d
-    }
-}
-
-/// The request's tool choice against its tools and constraint, before anything is rendered or
-/// compiled; whether the tools are offered to the model.
-fn check_tool_choice(options: &Options) -> Result<bool, RequestError> {
-    let choice = options.tool_choice.clone().unwrap_or_default();
-    if let ToolChoice::Function(name) = &choice
-        && !options.tools.iter().any(|t| &t.name == name)
-    {
-        return Err(RequestError::invalid(
-            "tool_choice",
-            format!("tool_choice names {name:?}, which is not among the tools"),
-        ));
-    }
-    if options.tools.is_empty() {
-        return match choice {
-            ToolChoice::None | ToolChoice::Auto => Ok(false),
-            _ => Err(RequestError::invalid("tool_choice", "tool_choice requires tools")),
-        };
-    }
-    if choice != ToolChoice::None && options.constraint.is_some() {
-        return Err(RequestError::invalid(
-            "constraint",
-            "a constraint cannot be combined with tools unless tool_choice is none",
-        ));
-    }
-    Ok(choice != ToolChoice::None)
-}
-
-/// Tools as OpenAI allows them: names of 1–64 letters, digits, `_` and `-`, each once;
-/// parameters a JSON schema object.
-fn check_tools(tools: &[Tool]) -> Result<(), RequestError> {
-    for (i, tool) in tools.iter().enumerate() {
-        let name_ok = (1..=64).contains(&tool.name.len())
-            && tool.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        if !name_ok {
-            return Err(RequestError::invalid(
-                format!("tools[{i}].function.name"),
-                format!("{:?} is not a function name (1–64 of a-z, A-Z, 0-9, _ and -)", tool.name),
-            ));
-        }
-        if tools[..i].iter().any(|t| t.name == tool.name) {
-            return Err(RequestError::invalid(
-                format!("tools[{i}].function.name"),
-                format!("{:?} is offered twice", tool.name),
-            ));
-        }
-        if !tool.parameters.is_object() {
-            return Err(RequestError::invalid(
-                format!("tools[{i}].function.parameters"),
-                "the parameters are a JSON schema object",
-            ));
-        }
-    }
-    Ok(())
-}
+use super::params::GenerateParams;
+use super::request::{ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, RequestError, Tool};
+use super::text::{GenerationDefaults, ModelText};
+use super::tools::{check_tool_choice, check_tools, constrain_calls};
+use super::validate::{Bounds, Unchecked, ValidRequest, check_prompts};
+use crate::engine::EngineError;
 
 /// What one request may ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RequestLimits {
     /// Longest prompt in tokens (0: the context length − 1).
     pub max_prompt_tokens: usize,
@@ -138,118 +38,73 @@ impl Default for RequestLimits {
 /// Alternatives per token a request may ask log-probabilities for.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
-/// A checked request, ready to run: its prompts as token ids and each choice's parameters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Prepared {
-    pub(crate) prompts: Vec<Vec<u32>>,
-    pub(crate) params: GenerateParams,
-    pub(crate) n: usize,
-    pub(crate) session: Option<String>,
-    /// Whether the choices report log-probabilities.
-    pub(crate) logprobs: bool,
-}
-
-impl Prepared {
-    /// The prompts' token ids (a chat has one).
-    pub fn prompts(&self) -> &[Vec<u32>] {
-        &self.prompts
-    }
-
-    /// The parameters every choice runs with (choice `i` adds `i` to the seed).
-    pub fn params(&self) -> &GenerateParams {
-        &self.params
-    }
-
-    /// Choices per prompt.
-    pub fn n(&self) -> usize {
-        self.n
-    }
-
-    /// Whether the choices report log-probabilities.
-    pub fn logprobs(&self) -> bool {
-        self.logprobs
-    }
-
-    /// Every choice in order (prompt by prompt, `n` each): its prompt and parameters, the
-    /// seed offset by the choice's index within its prompt so that choices differ.
-    pub(crate) fn choices(&self) -> impl Iterator<Item = (&Vec<u32>, GenerateParams)> + '_ {
-        self.prompts.iter().flat_map(move |prompt| {
-            (0..self.n).map(move |i| {
-                let mut params = self.params.clone();
-                params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
-                (prompt, params)
-            })
-        })
-    }
-}
-
-/// The model's text side and the limits requests are checked against.
+/// The model's sizes, its text side and the limits requests are checked against: the one place
+/// a request becomes a `ValidRequest`.
 pub struct Frontend {
-    /// Shared with the scheduler actor, which decodes the generated text.
-    tokenizer: Arc<Tokenizer>,
-    template: Option<ChatTemplate>,
-    defaults: GenerationDefaults,
+    /// Tells the requests this frontend checked from others (`ValidRequest::checked_by`).
+    id: u64,
+    info: ModelInfo,
+    /// Absent for an engine started without a tokenizer (token ids only).
+    text: Option<ModelText>,
     limits: RequestLimits,
-    /// T1: the model's grammar compiler, built by the first constrained request (or `warm_grammar`).
-    grammar: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
+    /// Cells of the engine's KV cache (`None` where requests run elsewhere: a cluster's front).
+    kv_capacity: Option<usize>,
+    /// The ids that end a choice unless it ignores them (the model's, then its generation
+    /// config's).
+    eos: Vec<u32>,
 }
 
 impl Frontend {
-    pub fn new(
-        tokenizer: Tokenizer,
-        template: Option<ChatTemplate>,
-        defaults: GenerationDefaults,
-        limits: RequestLimits,
-    ) -> Self {
-        Self { tokenizer: Arc::new(tokenizer), template, defaults, limits, grammar: OnceLock::new() }
+    pub fn new(info: ModelInfo, text: Option<ModelText>, limits: RequestLimits, kv_capacity: Option<usize>) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let mut eos = info.eos_token_ids.clone();
+        if let Some(t) = &text {
+            eos.extend(t.defaults.eos_token_ids.iter().filter(|id| !info.eos_token_ids.contains(id)));
+        }
+        Self { id: NEXT.fetch_add(1, Ordering::Relaxed), info, text, limits, kv_capacity, eos }
     }
 
-    /// A tokenizer alone: no chat template, OpenAI's sampling defaults, default limits.
-    pub fn plain(tokenizer: Tokenizer) -> Self {
-        Self::new(tokenizer, None, GenerationDefaults::default(), RequestLimits::default())
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
-    pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
-    }
-
-    /// The tokenizer as a shared handle (the engine's actors use the same one).
-    pub(crate) fn shared_tokenizer(&self) -> Arc<Tokenizer> {
-        self.tokenizer.clone()
-    }
-
-    pub fn has_chat_template(&self) -> bool {
-        self.template.is_some()
-    }
-
-    pub fn defaults(&self) -> &GenerationDefaults {
-        &self.defaults
+    /// What the model is (vocabulary, context length, eos ids).
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
     }
 
     pub fn limits(&self) -> &RequestLimits {
         &self.limits
     }
 
-    /// The model's grammar compiler over its vocabulary, padded to the logits' width; the
-    /// tokens that end a sequence are the model's and its generation config's eos ids.
-    pub fn grammar_compiler(&self, info: &ModelInfo) -> Result<Arc<GrammarCompiler>, GrammarError> {
-        self.grammar
-            .get_or_init(|| {
-                let mut eos = info.eos_token_ids.clone();
-                eos.extend(self.defaults.eos_token_ids.iter().filter(|t| !info.eos_token_ids.contains(t)));
-                let start = std::time::Instant::now();
-                let compiler = GrammarCompiler::new(&self.tokenizer, info.vocab_size, &eos).map(Arc::new);
-                tracing::info!(elapsed_ms = start.elapsed().as_millis() as u64, "grammar compiler built");
-                compiler
-            })
-            .clone()
+    /// The model's text side, if the engine has one.
+    pub fn text(&self) -> Option<&ModelText> {
+        self.text.as_ref()
     }
 
-    /// Compiles `constraint` for a model described by `info` (T4: for `GenerateParams`).
-    pub fn guidance(&self, constraint: &Constraint, info: &ModelInfo) -> Result<Guidance, RequestError> {
-        let compiler =
-            self.grammar_compiler(info).map_err(|e| RequestError::general(format!("constrained decoding: {e}")))?;
-        let grammar = compiler.compile(constraint).map_err(|e| RequestError::invalid("constraint", e.0))?;
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.text.as_ref().map(ModelText::tokenizer)
+    }
+
+    /// The tokenizer as a shared handle (the engine's actors decode with the same one).
+    pub(crate) fn shared_tokenizer(&self) -> Option<Arc<Tokenizer>> {
+        self.text.as_ref().map(|t| t.tokenizer.clone())
+    }
+
+    fn text_side(&self) -> Result<&ModelText, EngineError> {
+        self.text.as_ref().ok_or(EngineError::NoTokenizer)
+    }
+
+    /// The model's grammar compiler over its vocabulary, padded to the logits' width.
+    pub fn grammar_compiler(&self) -> Result<Arc<GrammarCompiler>, EngineError> {
+        self.text_side()?.grammar_compiler(&self.info).map_err(EngineError::Grammar)
+    }
+
+    /// Compiles `constraint` for `GenerateParams::guidance` (T4: token-level requests take the
+    /// same constraints as chats and completions).
+    pub fn guidance(&self, constraint: &Constraint) -> Result<Guidance, EngineError> {
+        let grammar =
+            self.grammar_compiler()?.compile(constraint).map_err(|e| RequestError::invalid("constraint", e.0))?;
         for warning in grammar.warnings() {
             tracing::warn!(constraint = constraint.kind(), warning, "constraint feature not enforced");
         }
@@ -263,238 +118,197 @@ impl Frontend {
         messages: &[ChatMessage],
         tools: &[Tool],
         add_generation_prompt: bool,
-    ) -> Result<Vec<u32>, RequestError> {
+    ) -> Result<Vec<u32>, EngineError> {
+        let text = self.text_side()?;
         if messages.is_empty() {
-            return Err(RequestError::invalid("messages", "messages must not be empty"));
+            return Err(RequestError::invalid("messages", "messages must not be empty").into());
         }
-        let mut checked = Vec::with_capacity(messages.len());
-        for (i, m) in messages.iter().enumerate() {
-            let role = match m.role.as_str() {
-                "system" | "user" | "assistant" | "tool" => m.role.as_str(),
-                "developer" => "system",
-                other => {
-                    return Err(RequestError::invalid(
-                        format!("messages[{i}].role"),
-                        format!("unknown role {other:?} (system, user, assistant, tool)"),
-                    ));
-                }
-            };
-            if !m.tool_calls.is_empty() && role != "assistant" {
-                return Err(RequestError::invalid(
-                    format!("messages[{i}].tool_calls"),
-                    "only assistant messages call tools",
-                ));
-            }
-            for (j, call) in m.tool_calls.iter().enumerate() {
-                if call.name.is_empty() {
-                    return Err(RequestError::invalid(
-                        format!("messages[{i}].tool_calls[{j}].function.name"),
-                        "a tool call needs the function's name",
-                    ));
-                }
-                if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
-                    return Err(RequestError::invalid(
-                        format!("messages[{i}].tool_calls[{j}].function.arguments"),
-                        format!("the arguments are not JSON: {e}"),
-                    ));
-                }
-            }
-            checked.push(ChatMessage { role: role.into(), ..m.clone() });
-        }
+        let checked = messages.iter().enumerate().map(|(i, m)| check_message(i, m)).collect::<Result<Vec<_>, _>>()?;
         check_tools(tools)?;
         let tools: Vec<serde_json::Value> = tools.iter().map(Tool::to_json).collect();
-        let template = self.template.as_ref().ok_or_else(|| RequestError::general("the model has no chat template"))?;
-        let text = template
+        let template = text.template.as_ref().ok_or_else(|| RequestError::general("the model has no chat template"))?;
+        let rendered = template
             .render_with_tools(&checked, &tools, add_generation_prompt)
             .map_err(|e| RequestError::invalid("messages", e.to_string()))?;
-        self.tokenizer.encode(&text).map_err(|e| RequestError::invalid("messages", e.to_string()))
+        Ok(text.tokenizer.encode(&rendered).map_err(|e| RequestError::invalid("messages", e.to_string()))?)
     }
 
-    /// Checks a chat for a model described by `info` and renders its prompt.
-    pub fn prepare_chat(&self, request: &ChatRequest, info: &ModelInfo) -> Result<Prepared, RequestError> {
+    /// Checks a chat and renders its prompt.
+    pub fn chat(&self, request: &ChatRequest) -> Result<ValidRequest, EngineError> {
         let options = &request.options;
         let offered = check_tool_choice(options)?;
         let prompt = self.render_chat(&request.input, if offered { &options.tools } else { &[] }, true)?;
-        let mut prepared = self.prepare(vec![prompt], options, info, None, "messages")?;
-        self.prepare_tools(&mut prepared.params, options, info)?;
-        Ok(prepared)
+        let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
+        if !options.tools.is_empty() {
+            constrain_calls(&mut unchecked.params, options, &*self.grammar_compiler()?)?;
+        }
+        self.check(unchecked, "messages")
     }
 
-    /// T3: the constraint and parsing of a chat's tool calls (checked by `check_tool_choice`).
-    fn prepare_tools(
-        &self,
-        params: &mut GenerateParams,
-        options: &Options,
-        info: &ModelInfo,
-    ) -> Result<(), RequestError> {
-        if options.tools.is_empty() {
-            return Ok(());
-        }
-        let choice = options.tool_choice.clone().unwrap_or_default();
-        let compiler = self.grammar_compiler(info).map_err(|e| RequestError::general(format!("tool calls: {e}")))?;
-        let (Some(open), Some(close)) = (compiler.special_token("<tool_call>"), compiler.special_token("</tool_call>"))
-        else {
-            return Err(RequestError::invalid("tools", "this model's vocabulary has no <tool_call> tags"));
-        };
-        if choice == ToolChoice::None {
-            // A constraint's grammar decides alone (it reaches the tag only by naming it).
-            if options.constraint.is_none() {
-                params.guidance = Guidance::forbid(vec![open]);
-            }
-            return Ok(());
-        }
-        let functions: Vec<(&str, &serde_json::Value)> = options
-            .tools
-            .iter()
-            .filter(|t| match &choice {
-                ToolChoice::Function(name) => &t.name == name,
-                _ => true,
-            })
-            .map(|t| (t.name.as_str(), &t.parameters))
-            .collect();
-        let named = matches!(choice, ToolChoice::Function(_));
-        let parallel = options.parallel_tool_calls.unwrap_or(true) && !named;
-        let with_open = choice != ToolChoice::Auto;
-        let grammar = compiler
-            .tool_calls(&functions, (open, close), with_open, parallel)
-            .map_err(|e| RequestError::invalid("tools", e.0))?;
-        params.guidance = if with_open {
-            Guidance::grammar(grammar)
-        } else {
-            Guidance::after_or_opening(open, grammar, compiler.call_openers().to_vec())
-        };
-        params.tool_calls = Some(ToolParsing { tags: ToolCallTags { open, close }, finish_with_tool_calls: !named });
-        Ok(())
-    }
-
-    /// Checks a completion for a model described by `info` and encodes its prompts.
-    pub fn prepare_completion(&self, request: &CompletionRequest, info: &ModelInfo) -> Result<Prepared, RequestError> {
+    /// Checks a completion and encodes its prompts (text, or token ids as they are).
+    pub fn completion(&self, request: &CompletionRequest) -> Result<ValidRequest, EngineError> {
         if request.input.is_empty() {
-            return Err(RequestError::invalid("prompt", "the prompt list is empty"));
+            return Err(RequestError::invalid("prompt", "the prompt list is empty").into());
         }
-        let mut prompts = Vec::with_capacity(request.input.len());
-        for prompt in &request.input {
-            prompts.push(match prompt {
+        let prompts = request
+            .input
+            .iter()
+            .map(|prompt| match prompt {
                 Prompt::Text(text) => {
-                    self.tokenizer.encode(text).map_err(|e| RequestError::invalid("prompt", e.to_string()))?
+                    let tokenizer = &self.text_side()?.tokenizer;
+                    Ok(tokenizer.encode(text).map_err(|e| RequestError::invalid("prompt", e.to_string()))?)
                 }
-                Prompt::Tokens(ids) => {
-                    if let Some(bad) = ids.iter().find(|t| **t as usize >= info.vocab_size) {
-                        return Err(RequestError::invalid(
-                            "prompt",
-                            format!("token id {bad} is not below the vocabulary size {}", info.vocab_size),
-                        ));
-                    }
-                    ids.clone()
-                }
-            });
-        }
+                Prompt::Tokens(ids) => Ok(ids.clone()),
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
         // OpenAI's completions default to 16 tokens.
-        self.prepare(prompts, &request.options, info, Some(16), "prompt")
+        let unchecked = self.unchecked(prompts, &request.options, Some(16), "prompt")?;
+        self.check(unchecked, "prompt")
     }
 
-    /// The engine parameters of `prompts` under `options`; `prompt_param` names the input in
-    /// errors.
-    fn prepare(
+    /// Checks a request of token ids with engine parameters as they are (no defaults applied).
+    pub fn generate(&self, request: GenerateRequest) -> Result<ValidRequest, EngineError> {
+        let GenerateRequest { prompt, params, session } = request;
+        self.token_prompts(vec![prompt], params, session)
+    }
+
+    /// Checks prompts of token ids, one choice each, with engine parameters as they are.
+    pub fn token_prompts(
+        &self,
+        prompts: Vec<Vec<u32>>,
+        params: GenerateParams,
+        session: Option<String>,
+    ) -> Result<ValidRequest, EngineError> {
+        let logprobs = params.sampling.top_logprobs > 0;
+        self.check(Unchecked { prompts, params, n: 1, session, logprobs }, "prompt")
+    }
+
+    fn check(&self, unchecked: Unchecked, prompt_param: &str) -> Result<ValidRequest, EngineError> {
+        Ok(unchecked.check(&self.bounds(), prompt_param, self.id)?)
+    }
+
+    fn bounds(&self) -> Bounds<'_> {
+        let max_prompt = match self.limits.max_prompt_tokens {
+            0 => self.info.context_length - 1,
+            n => n.min(self.info.context_length - 1),
+        };
+        Bounds { info: &self.info, kv_capacity: self.kv_capacity, max_prompt, eos: &self.eos }
+    }
+
+    /// The engine parameters of `prompts` under `options`: the model's generation defaults where
+    /// the options say nothing, and the request limits; `prompt_param` names the input in errors.
+    fn unchecked(
         &self,
         prompts: Vec<Vec<u32>>,
         options: &Options,
-        info: &ModelInfo,
         default_max_tokens: Option<usize>,
         prompt_param: &str,
-    ) -> Result<Prepared, RequestError> {
-        let context = info.context_length;
-        let max_prompt = match self.limits.max_prompt_tokens {
-            0 => context - 1,
-            n => n.min(context - 1),
-        };
-        if prompts.iter().any(Vec::is_empty) {
-            return Err(RequestError::invalid(prompt_param, "the prompt is empty"));
-        }
+    ) -> Result<Unchecked, EngineError> {
+        // The prompts first: a prompt too long for the context is that, whatever max_tokens says.
+        check_prompts(&prompts, &self.bounds(), prompt_param)?;
+        let context = self.info.context_length;
         let prompt_len = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        if prompt_len > max_prompt {
-            return Err(RequestError::invalid(
-                prompt_param,
-                format!(
-                    "This model's maximum context length is {} tokens. However, your prompt has {prompt_len} tokens.",
-                    max_prompt + 1
-                ),
-            )
-            .with_code("context_length_exceeded"));
-        }
         let room = context - prompt_len;
         let max_tokens = match options.max_tokens {
-            Some(0) => return Err(RequestError::invalid("max_tokens", "max_tokens must be at least 1, got 0")),
+            Some(0) => return Err(RequestError::invalid("max_tokens", "max_tokens must be at least 1, got 0").into()),
             Some(m) if m > self.limits.max_tokens => {
-                return Err(RequestError::invalid(
-                    "max_tokens",
-                    format!("max_tokens is {m}; this server allows at most {}", self.limits.max_tokens),
-                ));
+                let message = format!("max_tokens is {m}; this server allows at most {}", self.limits.max_tokens);
+                return Err(RequestError::invalid("max_tokens", message).into());
             }
             Some(m) if m > room => {
-                return Err(RequestError::invalid(
-                    "max_tokens",
-                    format!(
-                        "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {m} in the completion).",
-                        prompt_len + m
-                    ),
-                )
-                .with_code("context_length_exceeded"));
+                let message = format!(
+                    "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {m} in the completion).",
+                    prompt_len + m
+                );
+                return Err(RequestError::invalid("max_tokens", message).with_code("context_length_exceeded").into());
             }
             Some(m) => m,
             None => default_max_tokens.unwrap_or(self.limits.max_tokens).min(room),
         };
         let n = options.n.unwrap_or(1);
         if n == 0 || n > self.limits.max_n {
-            return Err(RequestError::invalid("n", format!("n must be between 1 and {}, got {n}", self.limits.max_n)));
+            let message = format!("n must be between 1 and {}, got {n}", self.limits.max_n);
+            return Err(RequestError::invalid("n", message).into());
         }
         let top_logprobs = options.logprobs.unwrap_or(0);
         if top_logprobs > MAX_TOP_LOGPROBS {
-            return Err(RequestError::invalid(
-                "top_logprobs",
-                format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}"),
-            ));
+            let message = format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}");
+            return Err(RequestError::invalid("top_logprobs", message).into());
         }
         if options.stop.len() > 16 || options.stop.iter().any(String::is_empty) {
-            return Err(RequestError::invalid("stop", "stop takes at most 16 non-empty strings"));
+            return Err(RequestError::invalid("stop", "stop takes at most 16 non-empty strings").into());
         }
-        let d = &self.defaults;
-        let mut logit_bias = options.logit_bias.clone();
-        logit_bias.sort_by_key(|(id, _)| *id);
-        let sampling = SamplingParams {
-            temperature: options.temperature.unwrap_or(d.temperature),
-            top_k: match options.top_k {
-                None => d.top_k,
-                Some(0) => None,
-                Some(k) => Some(k),
-            },
-            top_p: options.top_p.unwrap_or(d.top_p),
-            min_p: options.min_p.unwrap_or(d.min_p),
-            repetition_penalty: options.repetition_penalty.unwrap_or(d.repetition_penalty),
-            presence_penalty: options.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: options.frequency_penalty.unwrap_or(0.0),
-            logit_bias,
-            seed: options.seed,
-            top_logprobs,
-        };
-        let mut stop_token_ids = options.stop_token_ids.clone();
-        if !options.ignore_eos {
-            stop_token_ids.extend(&d.eos_token_ids);
-        }
+        let defaults = self.text.as_ref().map(ModelText::defaults).cloned().unwrap_or_default();
         let guidance = match &options.constraint {
-            Some(c) => self.guidance(c, info)?,
+            Some(c) => self.guidance(c)?,
             None => Guidance::default(),
         };
         let params = GenerateParams {
             max_tokens,
-            sampling,
+            sampling: sampling(options, &defaults, top_logprobs),
             stop: options.stop.clone(),
-            stop_token_ids,
+            stop_token_ids: options.stop_token_ids.clone(),
             ignore_eos: options.ignore_eos,
             guidance,
             tool_calls: None,
             speculative: options.speculative,
         };
-        Ok(Prepared { prompts, params, n, session: options.session.clone(), logprobs: options.logprobs.is_some() })
+        let (session, logprobs) = (options.session.clone(), options.logprobs.is_some());
+        Ok(Unchecked { prompts, params, n, session, logprobs })
     }
+}
+
+/// The sampling parameters of `options`, the model's `defaults` where they say nothing.
+fn sampling(options: &Options, defaults: &GenerationDefaults, top_logprobs: usize) -> SamplingParams {
+    let mut logit_bias = options.logit_bias.clone();
+    logit_bias.sort_by_key(|(id, _)| *id);
+    SamplingParams {
+        temperature: options.temperature.unwrap_or(defaults.temperature),
+        top_k: match options.top_k {
+            None => defaults.top_k,
+            Some(0) => None,
+            Some(k) => Some(k),
+        },
+        top_p: options.top_p.unwrap_or(defaults.top_p),
+        min_p: options.min_p.unwrap_or(defaults.min_p),
+        repetition_penalty: options.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+        presence_penalty: options.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: options.frequency_penalty.unwrap_or(0.0),
+        logit_bias,
+        seed: options.seed,
+        top_logprobs,
+    }
+}
+
+/// Message `i` of a conversation as the template takes it: a known role (`developer` is
+/// `system`), tool calls only from the assistant, each naming its function with JSON arguments.
+fn check_message(i: usize, m: &ChatMessage) -> Result<ChatMessage, RequestError> {
+    let role = match m.role.as_str() {
+        "system" | "user" | "assistant" | "tool" => m.role.as_str(),
+        "developer" => "system",
+        other => {
+            return Err(RequestError::invalid(
+                format!("messages[{i}].role"),
+                format!("unknown role {other:?} (system, user, assistant, tool)"),
+            ));
+        }
+    };
+    if !m.tool_calls.is_empty() && role != "assistant" {
+        return Err(RequestError::invalid(format!("messages[{i}].tool_calls"), "only assistant messages call tools"));
+    }
+    for (j, call) in m.tool_calls.iter().enumerate() {
+        if call.name.is_empty() {
+            return Err(RequestError::invalid(
+                format!("messages[{i}].tool_calls[{j}].function.name"),
+                "a tool call needs the function's name",
+            ));
+        }
+        if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
+            return Err(RequestError::invalid(
+                format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                format!("the arguments are not JSON: {e}"),
+            ));
+        }
+    }
+    Ok(ChatMessage { role: role.into(), ..m.clone() })
 }

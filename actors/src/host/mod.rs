@@ -3,19 +3,29 @@
 //!
 //! - `builder`: `Engine::builder()` — model, dtype, device, engine config, request limits;
 //! - `request`: `ChatRequest` and `CompletionRequest` with their `Options`;
-//! - `frontend`: chat rendering, tokenization, defaults and validation (`Frontend`);
-//! - `generation`: a running request as a `futures::Stream` of `Output`s, or its `Answer`.
+//! - `frontend`: chat rendering, tokenization and defaults (`Frontend`), with `tools` (T3) and
+//!   `validate`, the checks that make a `ValidRequest`, the only request the engine runs;
+//! - `text`: a model's tokenizer, chat template and generation defaults (`ModelText`);
+//! - `generation`: a running request as a `futures::Stream` of `Output`s, or its `Answer`
+//!   (`answer`: one builder adds up every choice's events).
 
+mod answer;
 mod builder;
 mod frontend;
 mod generation;
 mod params;
 mod request;
+mod text;
+mod tools;
+mod validate;
 
+pub use answer::{Answer, AnswerBuilder, Choice, TokenLogprob};
 pub use builder::{BuildError, EngineBuilder};
-pub use frontend::{Frontend, GenerationDefaults, MAX_TOP_LOGPROBS, Prepared, RequestLimits};
-pub use generation::{Answer, Choice, Generation, Output, TokenLogprob};
+pub use frontend::{Frontend, MAX_TOP_LOGPROBS, RequestLimits};
+pub use generation::{Generation, Output};
 pub use params::GenerateParams;
 pub use request::{
     ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, Request, RequestError, Tool, ToolChoice,
 };
+pub use text::{GenerationDefaults, ModelText};
+pub use validate::{ValidChoice, ValidRequest};

@@ -3,7 +3,6 @@
 use llaisys_model::{Guidance, SamplingParams};
 
 use crate::request::ToolParsing;
-use crate::scheduler::StopConditions;
 
 /// What to generate for each prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,7 +11,8 @@ pub struct GenerateParams {
     pub sampling: SamplingParams,
     /// Stop strings: the text ends before the first one and never contains it.
     pub stop: Vec<String>,
-    /// Extra stop token ids (the model's eos ids apply unless `ignore_eos`).
+    /// Extra stop token ids (the model's eos ids apply unless `ignore_eos`). Once checked
+    /// (`ValidRequest::params`), every id that ends the choice, the model's included.
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     /// T3: the output's tool calls are parsed (by their tags' ids) and streamed as such.
@@ -37,17 +37,5 @@ impl Default for GenerateParams {
             tool_calls: None,
             speculative: None,
         }
-    }
-}
-
-impl GenerateParams {
-    /// When a request with these parameters stops: its own stop ids plus the model's `eos`
-    /// ids (unless `ignore_eos`), after `max_tokens`.
-    pub fn stop_conditions(&self, eos: &[u32]) -> StopConditions {
-        let mut stop_token_ids = self.stop_token_ids.clone();
-        if !self.ignore_eos {
-            stop_token_ids.extend(eos);
-        }
-        StopConditions { max_tokens: self.max_tokens, stop_token_ids }
     }
 }

@@ -262,6 +262,12 @@ impl RequestError {
         self.code = Some(code);
         self
     }
+
+    /// The codes requests are refused with, as `code` holds them (from their names, e.g. as a
+    /// cluster's node sends them).
+    pub fn known_code(name: &str) -> Option<&'static str> {
+        ["context_length_exceeded"].into_iter().find(|c| *c == name)
+    }
 }
 
 /// A request: prompt token ids and what to generate.

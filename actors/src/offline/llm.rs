@@ -1,14 +1,19 @@
-//! E9 (offline part): blocking batch generation. `Llm::generate` runs the engine's step loop —
-//! schedule → run → postprocess — over the same `Scheduler` and `Executor` the actors use, so
-//! prompts are continuously batched exactly as in serving.
+//! E9 (offline part): blocking batch generation. `Llm` runs the engine's step loop — schedule →
+//! run → postprocess — over the same `Frontend` checks, `Scheduler`, `Executor`, `Postprocess`
+//! and `AnswerBuilder` the actors and the server use, so requests are checked, continuously
+//! batched and answered exactly as in serving.
 
-use llaisys_model::{Constraint, Context, DecodeError, Guidance, LanguageModel, ModelInfo, Sampler, Tokenizer};
+use std::sync::Arc;
+use std::time::Instant;
 
-use crate::engine::{EngineConfig, EngineError, Usage};
+use llaisys_model::{Constraint, Context, Guidance, LanguageModel, Sampler, Tokenizer};
+
+use crate::engine::{EngineConfig, EngineError};
 use crate::host::{
-    Answer, ChatRequest, Choice, CompletionRequest, Frontend, GenerateParams, Prepared, RequestError, TokenLogprob,
+    Answer, AnswerBuilder, ChatRequest, CompletionRequest, Frontend, GenerateParams, ModelText, RequestLimits,
+    ValidChoice, ValidRequest,
 };
-use crate::request::{FinishReason, RequestId, TextStream, ToolCallOut, ToolParsing};
+use crate::request::{FinishReason, Postprocess, RequestId, ToolCallOut};
 use crate::scheduler::{Finished, Scheduler, Sequence};
 use crate::worker::{Executor, Lane, outcomes};
 
@@ -24,33 +29,43 @@ pub struct Completion {
     pub tool_calls: Vec<ToolCallOut>,
 }
 
-/// One job's result, with what a chat answer needs besides the completion.
-struct JobResult {
-    completion: Completion,
-    logprobs: Vec<TokenLogprob>,
-    cached_tokens: usize,
-}
-
 /// An offline engine over one model. Its scheduler lives as long as it does, so cached
-/// prefixes carry over from one `generate` call to the next.
+/// prefixes carry over from one call to the next.
 pub struct Llm {
     executor: Executor,
     scheduler: Scheduler,
-    frontend: Option<Frontend>,
+    frontend: Frontend,
     next_id: RequestId,
     /// Whether requests that do not say speculate.
     speculative: bool,
 }
 
+/// One choice being run: where its events go and what turns its tokens into them.
+struct Job {
+    /// Its request and its place among the request's choices.
+    request: usize,
+    choice: usize,
+    output: Postprocess,
+    finished: Option<Finished>,
+}
+
 impl Llm {
     /// An offline engine; a tokenizer alone gives text but no chat (no template).
     pub fn new(model: Box<dyn LanguageModel>, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Self {
-        Self::with_frontend(model, tokenizer.map(Frontend::plain), config)
+        Self::with_text(model, tokenizer.map(ModelText::plain), RequestLimits::default(), config)
     }
 
-    /// An offline engine with the model's text side (`Engine::builder().build_offline()`).
-    pub fn with_frontend(model: Box<dyn LanguageModel>, frontend: Option<Frontend>, config: EngineConfig) -> Self {
-        let scheduler = Scheduler::new(config.scheduler(model.info().context_length));
+    /// An offline engine with the model's text side, checking requests against `limits`
+    /// (`Engine::builder().build_offline()`).
+    pub fn with_text(
+        model: Box<dyn LanguageModel>,
+        text: Option<ModelText>,
+        limits: RequestLimits,
+        config: EngineConfig,
+    ) -> Self {
+        let info = model.info().clone();
+        let scheduler = Scheduler::new(config.scheduler(info.context_length));
+        let frontend = Frontend::new(info, text, limits, Some(config.kv_capacity));
         let vocab = model.info().vocab_size;
         let ctx = Context::new(model, config.kv_capacity);
         let executor = Executor::new(ctx).with_proposer(config.proposer(None, vocab));
@@ -66,69 +81,47 @@ impl Llm {
     }
 
     /// Runs chat requests together (continuously batched) and returns their answers in order.
-    /// The same requests through `Engine::chat` render and validate identically.
+    /// Every request is checked first (none runs if one is refused), exactly as `Engine::chat`
+    /// checks it.
     pub fn chat(&mut self, requests: &[ChatRequest]) -> Result<Vec<Answer>, EngineError> {
-        self.run_requests(requests, Frontend::prepare_chat)
+        let valid = requests.iter().map(|r| self.frontend.chat(r)).collect::<Result<Vec<_>, _>>()?;
+        self.run(&valid)
     }
 
     /// Runs completion requests together and returns their answers in order.
     pub fn complete(&mut self, requests: &[CompletionRequest]) -> Result<Vec<Answer>, EngineError> {
-        self.run_requests(requests, Frontend::prepare_completion)
+        let valid = requests.iter().map(|r| self.frontend.completion(r)).collect::<Result<Vec<_>, _>>()?;
+        self.run(&valid)
+    }
+
+    /// Generates for every prompt (token ids) with `params` as they are and returns the
+    /// completions in prompt order; a prompt that cannot run is refused naming it.
+    pub fn generate(&mut self, prompts: &[Vec<u32>], params: &GenerateParams) -> Result<Vec<Completion>, EngineError> {
+        let valid = self.frontend.token_prompts(prompts.to_vec(), params.clone(), None)?;
+        let answer = self.run(std::slice::from_ref(&valid))?.pop().expect("one answer per request");
+        let with_text = self.frontend.tokenizer().is_some();
+        let completions = answer.choices.into_iter().map(|c| Completion {
+            tokens: c.tokens,
+            text: with_text.then_some(c.text),
+            finish: c.finish,
+            tool_calls: c.tool_calls,
+        });
+        Ok(completions.collect())
     }
 
     /// The model's tokenizer, if it has one.
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.frontend.as_ref().map(Frontend::tokenizer)
+        self.frontend.tokenizer()
+    }
+
+    /// Where requests are checked: the model's sizes, text side and request limits.
+    pub fn frontend(&self) -> &Frontend {
+        &self.frontend
     }
 
     /// Compiles a constraint for `GenerateParams::guidance` (T4).
     pub fn guidance(&self, constraint: &Constraint) -> Result<Guidance, EngineError> {
-        let frontend = self.frontend.as_ref().ok_or(EngineError::NoTokenizer)?;
-        Ok(frontend.guidance(constraint, self.executor.context().info())?)
-    }
-
-    /// Checks every request (none runs if one is refused), then runs them together.
-    fn run_requests<R>(
-        &mut self,
-        requests: &[R],
-        prepare: impl Fn(&Frontend, &R, &ModelInfo) -> Result<Prepared, RequestError>,
-    ) -> Result<Vec<Answer>, EngineError> {
-        let frontend = self.frontend.as_ref().ok_or(EngineError::NoTokenizer)?;
-        let info = self.executor.context().info();
-        let prepared = requests.iter().map(|r| prepare(frontend, r, info)).collect::<Result<Vec<_>, _>>()?;
-        self.run_prepared(prepared)
-    }
-
-    fn run_prepared(&mut self, prepared: Vec<Prepared>) -> Result<Vec<Answer>, EngineError> {
-        // Every choice of every request as one job, as `Engine::submit` queues them.
-        let jobs: Vec<(Vec<u32>, GenerateParams)> =
-            prepared.iter().flat_map(Prepared::choices).map(|(prompt, params)| (prompt.clone(), params)).collect();
-        let mut results = self.run(&jobs)?.into_iter();
-        let mut answers = Vec::with_capacity(prepared.len());
-        for p in &prepared {
-            let mut usage = Usage::default();
-            let mut choices = Vec::new();
-            for prompt in &p.prompts {
-                for i in 0..p.n {
-                    let r = results.next().ok_or_else(|| DecodeError::Internal("a choice went missing".into()))?;
-                    if i == 0 {
-                        usage.prompt_tokens += prompt.len();
-                        usage.cached_tokens += r.cached_tokens;
-                    }
-                    usage.completion_tokens += r.completion.tokens.len();
-                    let logprobs = if p.logprobs { r.logprobs } else { Vec::new() };
-                    choices.push(Choice {
-                        text: r.completion.text.unwrap_or_default(),
-                        tokens: r.completion.tokens,
-                        logprobs,
-                        finish: r.completion.finish,
-                        tool_calls: r.completion.tool_calls,
-                    });
-                }
-            }
-            answers.push(Answer { choices, usage });
-        }
-        Ok(answers)
+        self.frontend.guidance(constraint)
     }
 
     /// The scheduler's counters (preemptions, prefix-cache queries and hits).
@@ -136,114 +129,77 @@ impl Llm {
         &self.scheduler
     }
 
-    /// Generates for every prompt (token ids) and returns the completions in prompt order.
-    pub fn generate(&mut self, prompts: &[Vec<u32>], params: &GenerateParams) -> Result<Vec<Completion>, EngineError> {
-        let jobs: Vec<(Vec<u32>, GenerateParams)> = prompts.iter().map(|p| (p.clone(), params.clone())).collect();
-        Ok(self.run(&jobs)?.into_iter().map(|r| r.completion).collect())
-    }
-
-    /// Runs every job (a prompt and its parameters) to the end, continuously batched.
-    fn run(&mut self, jobs: &[(Vec<u32>, GenerateParams)]) -> Result<Vec<JobResult>, EngineError> {
-        let info = self.executor.context().info().clone();
-        for (_, params) in jobs {
-            params.sampling.validate(info.vocab_size)?;
-        }
-        let tokenizer = self.frontend.as_ref().map(Frontend::tokenizer);
-        let scheduler = &mut self.scheduler;
+    /// Runs every choice of every request to the end, continuously batched, and gathers each
+    /// request's answer.
+    fn run(&mut self, requests: &[ValidRequest]) -> Result<Vec<Answer>, EngineError> {
+        let tokenizer = self.frontend.shared_tokenizer();
+        let mut answers: Vec<AnswerBuilder> = Vec::with_capacity(requests.len());
+        let mut jobs: Vec<Job> = Vec::new();
         let base = self.next_id;
-        for (index, (prompt, params)) in jobs.iter().enumerate() {
-            let stop = params.stop_conditions(&info.eos_token_ids);
-            let seq = Sequence::new(base + index as RequestId, prompt.clone(), stop)
-                .speculating(params.speculative.unwrap_or(self.speculative));
-            if let Err(source) = scheduler.add(seq) {
-                for earlier in 0..index {
-                    scheduler.finish_request(base + earlier as RequestId, FinishReason::Abort);
-                }
-                return Err(EngineError::Admission { index, source });
+        for (r, request) in requests.iter().enumerate() {
+            let choices = request.choices();
+            answers.push(AnswerBuilder::new(choices.len(), request.n(), request.logprobs()));
+            for (choice, ValidChoice { prompt, params, session }) in choices.into_iter().enumerate() {
+                let id = base + jobs.len() as RequestId;
+                let output = Postprocess::new(prompt.len(), &params, tokenizer.clone());
+                self.add(id, prompt, params, session);
+                jobs.push(Job { request: r, choice, output, finished: None });
             }
         }
         self.next_id += jobs.len() as RequestId;
-        for (index, (prompt, params)) in jobs.iter().enumerate() {
-            let sampler = Sampler::new(params.sampling.clone(), prompt).guided(&params.guidance);
-            let mut lane = Lane::new(sampler);
-            if params.speculative.unwrap_or(self.speculative) {
-                lane = lane.speculating(prompt.clone(), params.stop_conditions(&info.eos_token_ids).stop_token_ids);
+        if let Err(e) = self.steps(base, &mut jobs, &mut answers) {
+            // Nothing of the failed run stays behind for the next one.
+            for k in 0..jobs.len() as RequestId {
+                self.scheduler.finish_request(base + k, FinishReason::Error);
+                self.executor.remove_request(base + k);
             }
-            self.executor.add_request(base + index as RequestId, lane);
+            return Err(e);
         }
-        // Per job: its text stream and the text so far.
-        let mut texts: Vec<(TextStream, String)> = jobs
-            .iter()
-            .map(|(_, p)| {
-                let stream = TextStream::new(p.stop.iter().cloned()).with_tool_calls(p.tool_calls.map(|t| t.tags));
-                (stream, String::new())
-            })
-            .collect();
-        let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); jobs.len()];
-        let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); jobs.len()];
-        let mut done: Vec<Option<Finished>> = vec![None; jobs.len()];
-        // Per job: the output's length when a stop string ended it (later tokens of the same
-        // step, accepted proposals, are not part of it).
-        let mut stopped_at: Vec<Option<usize>> = vec![None; jobs.len()];
-        while let Some(plan) = scheduler.schedule() {
-            let start = std::time::Instant::now();
+        for (k, mut job) in jobs.into_iter().enumerate() {
+            self.executor.remove_request(base + k as RequestId);
+            let f = job.finished.ok_or(llaisys_model::DecodeError::Internal(format!("choice {k} never finished")))?;
+            let event = job.output.finish(f.reason, f.output.len(), f.cached_tokens, f.queue_time)?;
+            answers[job.request].add(job.choice, event);
+        }
+        Ok(answers.into_iter().map(AnswerBuilder::finish).collect())
+    }
+
+    /// Steps until every job finished; the events of each go to its request's answer.
+    fn steps(&mut self, base: RequestId, jobs: &mut [Job], answers: &mut [AnswerBuilder]) -> Result<(), EngineError> {
+        while let Some(plan) = self.scheduler.schedule() {
+            let start = Instant::now();
             let outputs = self.executor.execute(&plan)?;
             let outcomes = outcomes(&outputs);
-            scheduler.record_step(&plan, &outcomes, start.elapsed());
-            for (item, output) in plan.items.iter().zip(&outputs) {
-                let job = (item.id - base) as usize;
-                for s in &output.sampled {
-                    if stopped_at[job].is_some() {
-                        break;
-                    }
-                    logprobs[job].push(TokenLogprob { token: s.token, logprob: s.logprob, top: s.top.clone() });
-                    if let Some(tokenizer) = tokenizer {
-                        let (stream, text) = &mut texts[job];
-                        let piece = stream.push(tokenizer, s.token)?;
-                        text.push_str(&piece.text);
-                        if let Some(delta) = piece.tool_call {
-                            ToolCallOut::gather(&mut calls[job], &delta);
-                        }
-                        if stream.stopped() {
-                            stopped_at[job] = Some(logprobs[job].len());
-                        }
+            self.scheduler.record_step(&plan, &outcomes, start.elapsed());
+            for (item, output) in plan.items.iter().zip(outputs) {
+                let job = &mut jobs[(item.id - base) as usize];
+                for sampled in output.sampled {
+                    if let Some(event) = job.output.token(sampled)? {
+                        answers[job.request].add(job.choice, event);
                     }
                 }
             }
-            for mut f in scheduler.postprocess(&plan, &outcomes) {
-                let id = (f.id - base) as usize;
-                let reason = if texts[id].0.stopped() { FinishReason::Stop } else { f.reason };
-                if let Some(n) = stopped_at[id] {
-                    f.output.truncate(n);
-                }
-                done[id] = Some(Finished { reason, ..f });
+            for f in self.scheduler.postprocess(&plan, &outcomes) {
+                let job = (f.id - base) as usize;
+                jobs[job].finished = Some(f);
             }
-            for (id, (stream, _)) in texts.iter().enumerate() {
-                if stream.stopped() && done[id].is_none() {
-                    done[id] = scheduler.finish_request(base + id as RequestId, FinishReason::Stop).map(|mut f| {
-                        f.output.truncate(stopped_at[id].unwrap_or(f.output.len()));
-                        f
-                    });
+            // A stop string ends its sequence at the next step, as the request actor's does.
+            for (k, job) in jobs.iter_mut().enumerate() {
+                if job.output.stopped() && job.finished.is_none() {
+                    job.finished = self.scheduler.finish_request(base + k as RequestId, FinishReason::Stop);
                 }
             }
         }
-        let mut results = Vec::with_capacity(jobs.len());
-        let per_job = done.into_iter().zip(texts).zip(logprobs).zip(calls);
-        for (id, (((finished, (mut stream, mut text)), logprobs), tool_calls)) in per_job.enumerate() {
-            self.executor.remove_request(base + id as RequestId);
-            let finished = finished.ok_or_else(|| DecodeError::Internal(format!("request {id} never finished")))?;
-            let text = match tokenizer {
-                Some(tokenizer) => {
-                    text.push_str(&stream.finish(tokenizer)?);
-                    Some(text)
-                }
-                None => None,
-            };
-            let cached_tokens = finished.cached_tokens;
-            let finish = ToolParsing::finish(jobs[id].1.tool_calls, finished.reason, stream.made_tool_calls());
-            let completion = Completion { tokens: finished.output, text, finish, tool_calls };
-            results.push(JobResult { completion, logprobs, cached_tokens });
-        }
-        Ok(results)
+        Ok(())
+    }
+
+    /// Queues a checked choice as request `id`: its sequence and its sampler.
+    fn add(&mut self, id: RequestId, prompt: Vec<u32>, params: Arc<GenerateParams>, session: Option<String>) {
+        let speculating = params.speculative.unwrap_or(self.speculative);
+        let seq = Sequence::new(id, prompt, params.clone()).in_session(session).speculating(speculating);
+        let sampler = Sampler::new(params.sampling.clone(), &seq.tokens).guided(&params.guidance);
+        let lane = Lane::new(sampler, params, speculating.then(|| seq.tokens.clone()));
+        self.scheduler.add(seq);
+        self.executor.add_request(id, lane);
     }
 }

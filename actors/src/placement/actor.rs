@@ -51,8 +51,8 @@ impl Actor for PlacerActor {
         match msg {
             ToPlacer::Submit(submission) => {
                 let loads: Vec<(usize, Load)> = (0..state.targets.len()).map(|i| (i, state.load(i))).collect();
-                let request = &submission.request;
-                match state.placement.place(&request.prompt, request.session.as_deref(), &loads) {
+                let choice = &submission.choice;
+                match state.placement.place(choice.prompt(), choice.session(), &loads) {
                     Some((i, reason)) => {
                         tracing::debug!(replica = i, reason = reason.as_str(), "request placed");
                         state.routed[i] += 1;
@@ -63,8 +63,7 @@ impl Actor for PlacerActor {
                         }
                     }
                     None => {
-                        let refusal = Err(EngineError::WorkerLost("no replica can take requests".into()));
-                        let _ = submission.reply.send(refusal);
+                        let _ = submission.reply.send(Err(EngineError::NoReplica));
                     }
                 }
             }

@@ -1,6 +1,6 @@
-//! A request actor: turns its sampled tokens into text (never half a character, never any part
-//! of a stop string) and events for its client. It tells the scheduler to end the request when
-//! a stop string matches or when the client has dropped its stream.
+//! A request actor: runs its choice's sampled tokens through its `Postprocess` and sends the
+//! events to its client. It tells the scheduler to end the request when a stop string matches
+//! or when the client has dropped its stream.
 
 use std::sync::Arc;
 
@@ -9,8 +9,10 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::messages::ToRequest;
-use super::{FinishReason, Piece, RequestId, TextStream, ToolParsing};
-use crate::engine::{Event, Usage};
+use super::postprocess::Postprocess;
+use super::{FinishReason, RequestId};
+use crate::engine::Event;
+use crate::host::GenerateParams;
 use crate::scheduler::ToScheduler;
 
 pub struct RequestActor;
@@ -18,52 +20,29 @@ pub struct RequestActor;
 pub struct RequestArgs {
     pub id: RequestId,
     pub prompt_tokens: usize,
-    pub stop: Vec<String>,
-    /// T3: how the output carries tool calls, if it may.
-    pub tool_calls: Option<ToolParsing>,
+    /// Its checked parameters (stop strings, tool-call parsing).
+    pub params: Arc<GenerateParams>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub events: UnboundedSender<Event>,
     pub scheduler: ActorRef<ToScheduler>,
 }
 
 pub struct RequestState {
-    args: RequestArgs,
-    text: TextStream,
-    /// The scheduler was asked to end the request (stop string, or the client left): later
-    /// tokens are not shown.
+    id: RequestId,
+    output: Postprocess,
+    events: UnboundedSender<Event>,
+    scheduler: ActorRef<ToScheduler>,
+    /// The scheduler was asked to end the request (stop string, client gone, failed output).
     ended: bool,
-    /// Tokens received, and how many there were when a stop string ended the output: tokens
-    /// after it (sampled before the scheduler heard, or accepted proposals of the same step)
-    /// are not part of the completion.
-    received: usize,
-    stopped_after: Option<usize>,
 }
 
 impl RequestState {
-    /// What `token` adds to the output; a matched stop string ends the request.
-    fn piece_of(&mut self, token: u32) -> Result<Piece, ActorProcessingErr> {
-        let Some(tokenizer) = &self.args.tokenizer else { return Ok(Piece::default()) };
-        let piece = self.text.push(tokenizer, token)?;
-        if self.text.stopped() && self.stopped_after.is_none() {
-            self.stopped_after = Some(self.received);
-            self.end(FinishReason::Stop);
-        }
-        Ok(piece)
-    }
-
-    /// Asks the scheduler to end this request (once).
+    /// Asks the scheduler to end this request (once); no more tokens are shown.
     fn end(&mut self, reason: FinishReason) {
+        self.output.close();
         if !self.ended {
             self.ended = true;
-            let _ = self.args.scheduler.send_message(ToScheduler::Finish { id: self.args.id, reason, reply: None });
-        }
-    }
-
-    /// What the text stream still holds at the end.
-    fn rest(&mut self) -> Result<String, ActorProcessingErr> {
-        match &self.args.tokenizer {
-            Some(tokenizer) if !self.ended => Ok(self.text.finish(tokenizer)?),
-            _ => Ok(String::new()),
+            let _ = self.scheduler.send_message(ToScheduler::Finish { id: self.id, reason, reply: None });
         }
     }
 }
@@ -74,8 +53,8 @@ impl Actor for RequestActor {
     type Arguments = RequestArgs;
 
     async fn pre_start(&self, _: ActorRef<ToRequest>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
-        let text = TextStream::new(args.stop.iter().cloned()).with_tool_calls(args.tool_calls.map(|t| t.tags));
-        Ok(RequestState { args, text, ended: false, received: 0, stopped_after: None })
+        let output = Postprocess::new(args.prompt_tokens, &args.params, args.tokenizer);
+        Ok(RequestState { id: args.id, output, events: args.events, scheduler: args.scheduler, ended: false })
     }
 
     async fn handle(
@@ -85,46 +64,30 @@ impl Actor for RequestActor {
         state: &mut RequestState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ToRequest::Token(sampled) => {
-                state.received += 1;
-                if state.ended {
-                    return Ok(());
-                }
-                let piece = match state.piece_of(sampled.token) {
-                    Ok(piece) => piece,
-                    Err(e) => {
-                        // The stream must still end with `Finished`: end the request instead.
-                        tracing::error!(request_id = state.args.id, error = %e, "detokenization failed");
-                        state.end(FinishReason::Error);
-                        return Ok(());
+            ToRequest::Token(sampled) => match state.output.token(sampled) {
+                Ok(Some(event)) => {
+                    if state.events.send(event).is_err() {
+                        state.end(FinishReason::Abort); // the client dropped its stream
+                    } else if state.output.stopped() {
+                        state.end(FinishReason::Stop);
                     }
-                };
-                let event = Event::Token {
-                    token: sampled.token,
-                    text: piece.text,
-                    logprob: sampled.logprob,
-                    top_logprobs: sampled.top,
-                    mask_time: sampled.mask_time,
-                    tool_call: piece.tool_call,
-                };
-                if state.args.events.send(event).is_err() {
-                    state.end(FinishReason::Abort); // the client dropped its stream
                 }
-            }
+                Ok(None) => {}
+                Err(e) => {
+                    // The stream must still end with `Finished`: end the request instead.
+                    tracing::error!(request_id = state.id, error = %e, "detokenization failed");
+                    state.end(FinishReason::Error);
+                }
+            },
             ToRequest::Finished { reason, completion_tokens, cached_tokens, queue_time } => {
-                let text = state.rest().unwrap_or_else(|e| {
-                    tracing::error!(request_id = state.args.id, error = %e, "detokenization failed");
-                    String::new()
+                let finished = state.output.finish(reason, completion_tokens, cached_tokens, queue_time);
+                let event = finished.unwrap_or_else(|e| {
+                    tracing::error!(request_id = state.id, error = %e, "detokenization failed");
+                    state.output.close();
+                    let closed = state.output.finish(reason, completion_tokens, cached_tokens, queue_time);
+                    closed.expect("a closed output decodes nothing more")
                 });
-                let prompt_tokens = state.args.prompt_tokens;
-                let completion_tokens = completion_tokens.min(state.stopped_after.unwrap_or(usize::MAX));
-                let reason = ToolParsing::finish(state.args.tool_calls, reason, state.text.made_tool_calls());
-                let _ = state.args.events.send(Event::Finished {
-                    reason,
-                    text,
-                    usage: Usage { prompt_tokens, completion_tokens, cached_tokens },
-                    queue_time,
-                });
+                let _ = state.events.send(event);
                 me.stop(None);
             }
         }

@@ -3,6 +3,7 @@
 
 mod actor;
 mod messages;
+mod postprocess;
 mod state;
 mod stop;
 mod text;
@@ -10,6 +11,7 @@ mod tools;
 
 pub(crate) use actor::{RequestActor, RequestArgs};
 pub use messages::ToRequest;
+pub use postprocess::Postprocess;
 pub use state::{FinishReason, IllegalTransition, RequestId, RequestState};
 pub use stop::{StopMatcher, StopOutcome};
 pub use text::{Piece, TextStream};

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llaisys_model::{Context, Guidance, LanguageModel, ModelInfo, Sampler, SamplingParams, Tokenizer};
+use llaisys_model::{Context, LanguageModel, Sampler, Tokenizer};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
@@ -17,8 +17,10 @@ use tokio::sync::watch;
 use super::messages::{ReplicaLoad, Submission, ToScheduler};
 use super::policy::{Finished, Scheduler};
 use super::sequence::Sequence;
-use crate::engine::{EngineConfig, EngineError, EngineStats, Event, FinishCounts, ModelLoader, SpeculativeStats};
-use crate::host::GenerateRequest;
+use crate::engine::{
+    EngineConfig, EngineError, EngineStats, Event, FinishCounts, ModelLoader, SpeculativeStats, WorkerLoss,
+};
+use crate::host::{GenerateParams, ValidChoice};
 use crate::request::{FinishReason, RequestActor, RequestArgs, RequestId, ToRequest};
 use crate::session::{SessionActor, SessionArgs, ToSession};
 use crate::speculative::{DraftModelProposer, NgramProposer};
@@ -34,6 +36,8 @@ pub struct SchedulerArgs {
     pub draft: Option<ModelLoader>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub config: EngineConfig,
+    /// The device it runs on, for errors.
+    pub device: String,
     /// This replica's request ids: `first`, `first + stride`, ... (ids are unique across an
     /// engine's replicas, and `id % stride` names the replica).
     pub ids: IdSpace,
@@ -53,13 +57,11 @@ struct Live {
     actor: ActorRef<ToRequest>,
     /// A clone of the client's channel, to notice a dropped stream even before the first token.
     events: UnboundedSender<Event>,
-    /// To give the request a new sampler if the worker is restarted.
-    sampling: SamplingParams,
-    guidance: Guidance,
+    /// Its checked parameters (shared with its sequence), to give it a new sampler if the worker
+    /// is restarted.
+    params: Arc<GenerateParams>,
     session: Option<String>,
-    /// The tokens that end it, when it speculates (the worker's runs of accepted tokens stop
-    /// at one).
-    speculating: Option<Vec<u32>>,
+    speculating: bool,
 }
 
 pub struct SchedulerState {
@@ -68,13 +70,14 @@ pub struct SchedulerState {
     loader: ModelLoader,
     draft: Option<ModelLoader>,
     /// Why the worker could not be restarted; the engine then refuses requests.
-    worker_lost: Option<String>,
+    worker_lost: Option<WorkerLoss>,
     worker_restarts: u64,
     requests: HashMap<RequestId, Live>,
     sessions: HashMap<String, ActorRef<ToSession>>,
     tokenizer: Option<Arc<Tokenizer>>,
-    info: ModelInfo,
     config: EngineConfig,
+    /// The device it runs on, for errors.
+    device: String,
     next_id: RequestId,
     id_stride: RequestId,
     load: watch::Sender<ReplicaLoad>,
@@ -97,13 +100,13 @@ impl Actor for SchedulerActor {
         me: ActorRef<ToScheduler>,
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
-        let info = args.model.info().clone();
+        let context_length = args.model.info().context_length;
         let draft = match &args.draft {
-            Some(load) => Some(load_off_thread(load).await.map_err(|e| format!("loading the draft model: {e}"))?),
+            Some(load) => Some(load_draft(load).await?),
             None => None,
         };
         let worker = spawn_worker(&me, args.model, draft, &args.config).await?;
-        let scheduler = Scheduler::new(args.config.scheduler(info.context_length));
+        let scheduler = Scheduler::new(args.config.scheduler(context_length));
         Ok(SchedulerState {
             scheduler,
             worker,
@@ -114,8 +117,8 @@ impl Actor for SchedulerActor {
             requests: HashMap::new(),
             sessions: HashMap::new(),
             tokenizer: args.tokenizer,
-            info,
             config: args.config,
+            device: args.device,
             next_id: args.ids.first,
             id_stride: args.ids.stride.max(1),
             load: args.load,
@@ -127,7 +130,12 @@ impl Actor for SchedulerActor {
         })
     }
 
+    /// Stopped (the engine's last handle dropped, or after `shutdown`): requests still live end
+    /// with `abort`, so every stream gets its finish.
     async fn post_stop(&self, _: ActorRef<ToScheduler>, state: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
+        let ids: Vec<RequestId> = state.requests.keys().copied().collect();
+        let aborted = ids.iter().filter_map(|id| state.scheduler.finish_request(*id, FinishReason::Abort)).collect();
+        state.end(aborted);
         state.worker.stop(None);
         for session in state.sessions.values() {
             session.stop(None);
@@ -162,9 +170,9 @@ impl Actor for SchedulerActor {
         state: &mut SchedulerState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ToScheduler::Submit(Submission { request, events, reply }) => {
+            ToScheduler::Submit(Submission { choice, events, reply }) => {
                 state.received += 1;
-                let result = state.submit(&me, *request, events).await;
+                let result = state.submit(&me, *choice, events).await;
                 let _ = reply.send(result);
             }
             ToScheduler::StepDone { plan, result, elapsed } => {
@@ -264,72 +272,57 @@ impl SchedulerState {
         self.load.send_if_modified(|old| std::mem::replace(old, load) != load);
     }
 
+    /// Queues a checked choice: its sequence, its request actor, its sampler on the worker and
+    /// its session's actor. Refused only while shutting down or without a worker.
     async fn submit(
         &mut self,
         me: &ActorRef<ToScheduler>,
-        request: GenerateRequest,
+        choice: ValidChoice,
         events: UnboundedSender<Event>,
     ) -> Result<RequestId, EngineError> {
         if self.shutting_down {
             return Err(EngineError::ShuttingDown);
         }
-        if let Some(why) = &self.worker_lost {
-            return Err(EngineError::WorkerLost(why.clone()));
+        if let Some(cause) = &self.worker_lost {
+            return Err(EngineError::WorkerLost { device: self.device.clone(), restart: true, cause: cause.clone() });
         }
-        let GenerateRequest { prompt, params, session } = request;
-        if let Some(s) = &session {
-            validate_session_id(s)?;
-        }
-        params.sampling.validate(self.info.vocab_size)?;
-        if let Some(t) = prompt.iter().find(|t| **t as usize >= self.info.vocab_size) {
-            return Err(EngineError::Decode(llaisys_model::DecodeError::InvalidInput(format!(
-                "prompt token {t} is not below the vocabulary size {}",
-                self.info.vocab_size
-            ))));
-        }
+        let ValidChoice { prompt, params, session } = choice;
         let id = self.next_id;
-        let stop = params.stop_conditions(&self.info.eos_token_ids);
-        let speculating =
-            params.speculative.unwrap_or(self.config.speculative.default_on).then(|| stop.stop_token_ids.clone());
-        let seq =
-            Sequence::new(id, prompt.clone(), stop).in_session(session.clone()).speculating(speculating.is_some());
-        self.scheduler.add(seq)?;
-        self.next_id += self.id_stride;
         let args = RequestArgs {
             id,
             prompt_tokens: prompt.len(),
-            stop: params.stop.clone(),
-            tool_calls: params.tool_calls,
+            params: params.clone(),
             tokenizer: self.tokenizer.clone(),
             events: events.clone(),
             scheduler: me.clone(),
         };
-        let actor = match Actor::spawn(None, RequestActor, args).await {
-            Ok((actor, _)) => actor,
-            Err(e) => {
-                self.scheduler.finish_request(id, FinishReason::Error);
-                return Err(EngineError::Actor(e.to_string()));
-            }
-        };
-        let sampler = Sampler::new(params.sampling.clone(), &prompt).guided(&params.guidance);
-        let lane = lane(sampler, &prompt, &[], speculating.as_deref());
-        // A worker that just died gets every live request's sampler when it is restarted.
-        let _ = self.worker.send_message(ToWorker::AddRequest(id, Box::new(lane)));
-        if let Some(s) = &session {
-            self.session_actor(me, s)
-                .await?
-                .send_message(ToSession::Begin)
-                .map_err(|e| EngineError::Actor(e.to_string()))?;
+        let (actor, _) = Actor::spawn(None, RequestActor, args)
+            .await
+            .map_err(|e| EngineError::Spawn { actor: "request actor", reason: e.to_string() })?;
+        if let Some(s) = &session
+            && let Err(e) = self.session_actor(me, s).await.and_then(|a| {
+                a.send_message(ToSession::Begin).map_err(|_| EngineError::Stopped { actor: "session actor" })
+            })
+        {
+            actor.stop(None);
+            return Err(e);
         }
+        let speculating = params.speculative.unwrap_or(self.config.speculative.default_on);
+        let seq = Sequence::new(id, prompt, params.clone()).in_session(session.clone()).speculating(speculating);
+        let sampler = Sampler::new(params.sampling.clone(), &seq.tokens).guided(&params.guidance);
+        let lane = Lane::new(sampler, params.clone(), speculating.then(|| seq.tokens.clone()));
         tracing::info!(
             request_id = id,
-            prompt_tokens = prompt.len(),
+            prompt_tokens = seq.prompt_len,
             max_tokens = params.max_tokens,
             session = session.as_deref(),
             "request queued"
         );
-        let live = Live { actor, events, sampling: params.sampling, guidance: params.guidance, session, speculating };
-        self.requests.insert(id, live);
+        self.scheduler.add(seq);
+        self.next_id += self.id_stride;
+        // A worker that just died gets every live request's sampler when it is restarted.
+        let _ = self.worker.send_message(ToWorker::AddRequest(id, Box::new(lane)));
+        self.requests.insert(id, Live { actor, events, params, session, speculating });
         Ok(id)
     }
 
@@ -345,7 +338,7 @@ impl SchedulerState {
         let args = SessionArgs { id: id.into(), idle_timeout: self.config.session_idle_timeout, scheduler: me.clone() };
         let (actor, _) = Actor::spawn_linked(None, SessionActor, args, me.get_cell())
             .await
-            .map_err(|e| EngineError::Actor(e.to_string()))?;
+            .map_err(|e| EngineError::Spawn { actor: "session actor", reason: e.to_string() })?;
         self.sessions.insert(id.into(), actor.clone());
         Ok(actor)
     }
@@ -369,22 +362,14 @@ impl SchedulerState {
         self.end(failed);
         self.scheduler.reset_kv();
         self.worker_restarts += 1;
-        let model = load_off_thread(&self.loader).await;
-        let draft = match &self.draft {
-            Some(load) => load_off_thread(load).await.map(Some).map_err(|e| format!("reloading the draft model: {e}")),
-            None => Ok(None),
-        };
-        let worker = match (model, draft) {
-            (Ok(model), Ok(draft)) => spawn_worker(me, model, draft, &self.config).await.map_err(|e| e.to_string()),
-            (Err(e), _) => Err(format!("reloading the model: {e}")),
-            (_, Err(e)) => Err(e),
-        };
-        match worker {
+        match self.new_worker(me).await {
             Ok(worker) => {
                 for (id, live) in &self.requests {
                     if let Some((prompt, generated)) = self.scheduler.tokens_of(*id) {
-                        let sampler = Sampler::resume(live.sampling.clone(), &live.guidance, prompt, generated);
-                        let lane = lane(sampler, prompt, generated, live.speculating.as_deref());
+                        let p = &live.params;
+                        let sampler = Sampler::resume(p.sampling.clone(), &p.guidance, prompt, generated);
+                        let history = live.speculating.then(|| [prompt, generated].concat());
+                        let lane = Lane::new(sampler, p.clone(), history);
                         let _ = worker.send_message(ToWorker::AddRequest(*id, Box::new(lane)));
                     }
                 }
@@ -392,7 +377,7 @@ impl SchedulerState {
                 tracing::info!(requeued_requests = self.requests.len(), "worker restarted");
             }
             Err(e) => {
-                tracing::error!(error = e, "the worker cannot be restarted; the engine refuses new requests");
+                tracing::error!(error = %e, "the worker cannot be restarted; the engine refuses new requests");
                 self.worker_lost = Some(e);
                 let ids: Vec<RequestId> = self.requests.keys().copied().collect();
                 let failed =
@@ -400,6 +385,16 @@ impl SchedulerState {
                 self.end(failed);
             }
         }
+    }
+
+    /// A worker over a newly loaded model (and draft model).
+    async fn new_worker(&self, me: &ActorRef<ToScheduler>) -> Result<ActorRef<ToWorker>, WorkerLoss> {
+        let model = load_off_thread(&self.loader).await?;
+        let draft = match &self.draft {
+            Some(load) => Some(load_draft(load).await?),
+            None => None,
+        };
+        spawn_worker(me, model, draft, &self.config).await.map_err(|e| WorkerLoss::Spawn(e.to_string()))
     }
 
     /// Tells finished requests' actors and the worker; answers shutdown once all are done.
@@ -452,22 +447,20 @@ impl SchedulerState {
 }
 
 /// Runs `loader` on a blocking thread (loading reads and converts the whole checkpoint).
-pub(crate) async fn load_off_thread(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, String> {
+pub(crate) async fn load_off_thread(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, WorkerLoss> {
     let loader = loader.clone();
     match tokio::task::spawn_blocking(move || loader()).await {
-        Ok(loaded) => loaded.map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
+        Ok(loaded) => loaded.map_err(|e| WorkerLoss::Load(Arc::new(e))),
+        Err(e) => Err(WorkerLoss::LoaderFailed(e.to_string())),
     }
 }
 
-/// What the worker keeps of a request: its sampler and, when it speculates, its tokens so far
-/// and its stop tokens.
-fn lane(sampler: Sampler, prompt: &[u32], generated: &[u32], speculating: Option<&[u32]>) -> Lane {
-    let lane = Lane::new(sampler);
-    match speculating {
-        Some(stop_ids) => lane.speculating([prompt, generated].concat(), stop_ids.to_vec()),
-        None => lane,
-    }
+/// The draft model, off the async threads.
+async fn load_draft(loader: &ModelLoader) -> Result<Box<dyn LanguageModel>, WorkerLoss> {
+    load_off_thread(loader).await.map_err(|e| match e {
+        WorkerLoss::Load(e) => WorkerLoss::LoadDraft(e),
+        other => other,
+    })
 }
 
 async fn spawn_worker(
@@ -480,17 +473,4 @@ async fn spawn_worker(
     let executor = Executor::new(Context::new(model, config.kv_capacity)).with_proposer(proposer);
     let args = WorkerArgs { executor, scheduler: me.clone() };
     Ok(Actor::spawn_linked(None, WorkerActor, args, me.get_cell()).await?.0)
-}
-
-/// Session ids are chosen by clients: non-empty, at most 256 bytes, no control characters.
-fn validate_session_id(id: &str) -> Result<(), EngineError> {
-    if id.is_empty() || id.len() > 256 || id.chars().any(char::is_control) {
-        let shown: String = id.chars().take(64).collect();
-        return Err(EngineError::InvalidSession(format!(
-            "'{}' ({} bytes): a session id has 1 to 256 bytes and no control characters",
-            shown.escape_debug(),
-            id.len()
-        )));
-    }
-    Ok(())
 }

@@ -8,23 +8,23 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::policy::StepPlan;
 use crate::engine::{EngineError, EngineStats, Event};
-use crate::host::GenerateRequest;
+use crate::host::ValidChoice;
 use crate::request::{FinishReason, RequestId};
 use crate::session::SessionInfo;
 use crate::worker::ItemOutput;
 
-/// A request on its way to a scheduler: its events go to `events`, its id (or why it was
-/// refused) to `reply`.
+/// A checked choice on its way to a scheduler: its events go to `events`, its id (or why it
+/// was refused) to `reply`.
 pub struct Submission {
-    pub request: Box<GenerateRequest>,
+    pub choice: Box<ValidChoice>,
     pub events: UnboundedSender<Event>,
     pub reply: RpcReplyPort<Result<RequestId, EngineError>>,
 }
 
 /// To the scheduler actor.
 pub enum ToScheduler {
-    /// Sent by `Engine::generate`, or by the placer on its behalf: validate and queue the
-    /// request. Replies with its id, or why it was refused.
+    /// Sent by `Engine::submit`, or by the placer on its behalf: queue the checked choice.
+    /// Replies with its id, or why it was refused (shutting down, no worker).
     Submit(Submission),
     /// Sent by the worker when a step ran; carries what each plan item produced and how long
     /// the step took.

@@ -55,21 +55,6 @@ pub struct SchedulerConfig {
     pub max_draft: usize,
 }
 
-/// Why a request was refused at submission.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AdmissionError {
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error(
-        "the prompt has {prompt} tokens; with room for one generated token it needs {needed} cells, the KV cache has {capacity}"
-    )]
-    NeverFits { prompt: usize, needed: usize, capacity: usize },
-    #[error("the prompt has {prompt} tokens; the model's context is {context}")]
-    TooLong { prompt: usize, context: usize },
-    #[error("max_tokens must be at least 1")]
-    NoTokens,
-}
-
 /// One sequence's part of a step: `tokens` at positions `start_pos..`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanItem {
@@ -219,25 +204,17 @@ impl Scheduler {
         }
     }
 
-    /// Queues a sequence, refusing one that could never be served.
-    pub fn add(&mut self, mut seq: Sequence) -> Result<(), AdmissionError> {
+    /// Queues a sequence. Precondition (the `Frontend`'s checks): its prompt is not empty and,
+    /// with one generated token, fits the context and the KV cache.
+    pub fn add(&mut self, mut seq: Sequence) {
         let prompt = seq.tokens.len();
-        if prompt == 0 {
-            return Err(AdmissionError::EmptyPrompt);
-        }
-        if seq.stop.max_tokens == 0 {
-            return Err(AdmissionError::NoTokens);
-        }
-        if prompt >= self.config.context_length {
-            return Err(AdmissionError::TooLong { prompt, context: self.config.context_length });
-        }
-        if prompt + 1 > self.config.kv_capacity {
-            return Err(AdmissionError::NeverFits { prompt, needed: prompt + 1, capacity: self.config.kv_capacity });
-        }
+        debug_assert!(
+            prompt > 0 && prompt < self.config.context_length && prompt < self.config.kv_capacity,
+            "a sequence the frontend should have refused: {prompt} tokens"
+        );
         seq.arrival = self.arrivals;
         self.arrivals += 1;
         self.waiting.push_back(seq);
-        Ok(())
     }
 
     /// Cells held by cached prefixes.
@@ -370,7 +347,7 @@ impl Scheduler {
             let free = self.kv_free();
             let Some(s) = self.running.iter_mut().find(|s| s.id == item.id) else { continue };
             // Tokens it may still produce: this step's one, then the proposals' worth.
-            let room = s.stop.max_tokens.saturating_sub(s.output().len()).min(limit.saturating_sub(s.tokens.len()));
+            let room = s.params.max_tokens.saturating_sub(s.output().len()).min(limit.saturating_sub(s.tokens.len()));
             let Some(acceptance) = &mut s.speculation else { continue };
             let k =
                 draft_len(acceptance.rate(), threshold, max_draft).min(room.saturating_sub(1)).min(budget).min(free);

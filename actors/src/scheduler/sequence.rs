@@ -1,21 +1,14 @@
 //! A sequence as the scheduler sees it: its tokens, how many of them are in the KV cache, and
 //! its state. Everything else (cells needed, whether it is prefilling) is derived.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llaisys_model::SeqId;
 
+use crate::host::GenerateParams;
 use crate::request::{FinishReason, RequestId, RequestState};
 use crate::speculative::Acceptance;
-
-/// Limits of one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StopConditions {
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Generating one of these ends the request (eos ids, unless ignored, plus the request's own).
-    pub stop_token_ids: Vec<u32>,
-}
 
 #[derive(Debug, Clone)]
 pub struct Sequence {
@@ -23,7 +16,9 @@ pub struct Sequence {
     /// Prompt followed by the generated tokens.
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
-    pub stop: StopConditions,
+    /// What it generates and what ends it (`max_tokens`, `stop_token_ids`), checked: shared with
+    /// the worker's sampler and the request's actor.
+    pub params: Arc<GenerateParams>,
     pub state: RequestState,
     /// The session this request continues (E6): its cells stay pinned when it finishes.
     pub session: Option<String>,
@@ -45,13 +40,15 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(id: RequestId, prompt: Vec<u32>, stop: StopConditions) -> Self {
+    /// Precondition: the prompt and parameters passed the `Frontend`'s checks (a `ValidChoice`).
+    pub fn new(id: RequestId, prompt: Vec<u32>, params: Arc<GenerateParams>) -> Self {
         let prompt_len = prompt.len();
+        debug_assert!(prompt_len > 0 && params.max_tokens > 0, "sequences come from checked requests");
         Self {
             id,
             tokens: prompt,
             prompt_len,
-            stop,
+            params,
             state: RequestState::Waiting,
             session: None,
             speculation: None,
@@ -89,9 +86,9 @@ impl Sequence {
     /// Why the sequence is done after its last token, if it is; `max_len` caps its total length.
     pub(super) fn finish_reason(&self, max_len: usize) -> Option<FinishReason> {
         let last = *self.output().last()?;
-        if self.stop.stop_token_ids.contains(&last) {
+        if self.params.stop_token_ids.contains(&last) {
             Some(FinishReason::Stop)
-        } else if self.output().len() >= self.stop.max_tokens || self.tokens.len() >= max_len {
+        } else if self.output().len() >= self.params.max_tokens || self.tokens.len() >= max_len {
             Some(FinishReason::Length)
         } else {
             None

@@ -1,9 +1,11 @@
 //! Scheduler policy: budgets, fairness, admission, preemption and rejection, driven with fake
 //! model outputs (every sampled token is 7; the stop token is 9).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
+use crate::host::GenerateParams;
 use crate::request::FinishReason;
 
 fn config(tokens: usize, seqs: usize, kv: usize) -> SchedulerConfig {
@@ -19,8 +21,13 @@ fn config(tokens: usize, seqs: usize, kv: usize) -> SchedulerConfig {
     }
 }
 
+/// Checked parameters: `max_tokens`, and 9 ends a sequence.
+fn params(max_tokens: usize) -> Arc<GenerateParams> {
+    Arc::new(GenerateParams { max_tokens, stop_token_ids: vec![9], ..GenerateParams::default() })
+}
+
 fn seq(id: u64, prompt_len: usize, max_tokens: usize) -> Sequence {
-    Sequence::new(id, (1..=prompt_len as u32).collect(), StopConditions { max_tokens, stop_token_ids: vec![9] })
+    Sequence::new(id, (1..=prompt_len as u32).collect(), params(max_tokens))
 }
 
 /// Applies one sampled token (or none) per plan item.
@@ -45,7 +52,7 @@ fn tokens_of(plan: &StepPlan, id: u64) -> usize {
 #[test]
 fn a_prompt_is_prefilled_in_chunks_within_the_token_budget() {
     let mut s = Scheduler::new(config(4, 8, 100));
-    s.add(seq(0, 10, 2)).unwrap();
+    s.add(seq(0, 10, 2));
     let chunks: Vec<(usize, i64, bool)> = (0..3)
         .map(|_| {
             let (plan, _) = step(&mut s);
@@ -62,12 +69,12 @@ fn a_prompt_is_prefilled_in_chunks_within_the_token_budget() {
 #[test]
 fn while_sequences_decode_prompts_get_only_the_prefill_budget() {
     let mut s = Scheduler::new(SchedulerConfig { max_prefill_tokens_while_decoding: 5, ..config(64, 8, 1000) });
-    s.add(seq(0, 3, 50)).unwrap();
-    s.add(seq(1, 30, 5)).unwrap();
+    s.add(seq(0, 3, 50));
+    s.add(seq(1, 30, 5));
     let (plan, _) = step(&mut s);
     assert_eq!((tokens_of(&plan, 0), tokens_of(&plan, 1)), (3, 30), "nothing decodes yet: the whole budget");
-    s.add(seq(2, 12, 5)).unwrap();
-    s.add(seq(3, 4, 5)).unwrap();
+    s.add(seq(2, 12, 5));
+    s.add(seq(3, 4, 5));
     let mut steps = Vec::new();
     for _ in 0..4 {
         let (plan, _) = step(&mut s);
@@ -86,9 +93,9 @@ fn while_sequences_decode_prompts_get_only_the_prefill_budget() {
 #[test]
 fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
     let mut s = Scheduler::new(SchedulerConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
-    s.add(seq(0, 3, 50)).unwrap();
+    s.add(seq(0, 3, 50));
     step(&mut s);
-    s.add(seq(1, 40, 5)).unwrap();
+    s.add(seq(1, 40, 5));
     let (plan, _) = step(&mut s);
     assert_eq!((tokens_of(&plan, 0), tokens_of(&plan, 1)), (1, 40), "no cost learnt yet: the static budget");
     let mut s = Scheduler::new(SchedulerConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
@@ -100,12 +107,12 @@ fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
             Duration::from_millis(10 + tokens as u64),
         );
     }
-    s.add(seq(0, 3, 50)).unwrap();
+    s.add(seq(0, 3, 50));
     step(&mut s);
-    s.add(seq(1, 40, 5)).unwrap();
+    s.add(seq(1, 40, 5));
     let chunks: Vec<usize> = (0..3).map(|_| tokens_of(&step(&mut s).0, 1)).collect();
     assert_eq!(chunks, vec![13, 13, 13]);
-    s.add(seq(2, 40, 5)).unwrap();
+    s.add(seq(2, 40, 5));
     let (plan, _) = step(&mut s);
     assert_eq!((tokens_of(&plan, 1), tokens_of(&plan, 2)), (1, 15), "seq 1 ends its prompt; seq 2 gets 15");
 }
@@ -113,9 +120,9 @@ fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
 #[test]
 fn decoding_sequences_are_not_starved_by_a_long_prompt() {
     let mut s = Scheduler::new(config(8, 8, 1000));
-    s.add(seq(0, 3, 50)).unwrap();
+    s.add(seq(0, 3, 50));
     step(&mut s); // prefill 0
-    s.add(seq(1, 40, 5)).unwrap();
+    s.add(seq(1, 40, 5));
     for _ in 0..5 {
         let (plan, _) = step(&mut s);
         assert_eq!(tokens_of(&plan, 0), 1, "the running sequence decodes every step");
@@ -126,12 +133,12 @@ fn decoding_sequences_are_not_starved_by_a_long_prompt() {
 #[test]
 fn a_new_request_joins_while_others_decode() {
     let mut s = Scheduler::new(config(64, 8, 1000));
-    s.add(seq(0, 5, 100)).unwrap();
-    s.add(seq(1, 5, 100)).unwrap();
+    s.add(seq(0, 5, 100));
+    s.add(seq(1, 5, 100));
     for _ in 0..3 {
         step(&mut s);
     }
-    s.add(seq(2, 6, 3)).unwrap();
+    s.add(seq(2, 6, 3));
     let (plan, _) = step(&mut s);
     assert_eq!(plan.items.iter().map(|i| i.id).collect::<Vec<_>>(), vec![0, 1, 2]);
     assert_eq!(tokens_of(&plan, 2), 6);
@@ -141,7 +148,7 @@ fn a_new_request_joins_while_others_decode() {
 fn the_sequence_budget_caps_each_step_and_the_oldest_go_first() {
     let mut s = Scheduler::new(config(100, 2, 1000));
     for id in 0..3 {
-        s.add(seq(id, 2, 4)).unwrap();
+        s.add(seq(id, 2, 4));
     }
     let (plan, _) = step(&mut s);
     assert_eq!(plan.items.iter().map(|i| i.id).collect::<Vec<_>>(), vec![0, 1]);
@@ -152,8 +159,8 @@ fn the_sequence_budget_caps_each_step_and_the_oldest_go_first() {
 fn under_a_tiny_cache_the_newest_is_preempted_and_everyone_still_finishes() {
     // Two prompts of 4 tokens generating 6 each need 20 cells; there are 14.
     let mut s = Scheduler::new(config(64, 8, 14));
-    s.add(seq(0, 4, 6)).unwrap();
-    s.add(seq(1, 4, 6)).unwrap();
+    s.add(seq(0, 4, 6));
+    s.add(seq(1, 4, 6));
     let mut finished = Vec::new();
     let mut freed_on_preempt = false;
     for _ in 0..100 {
@@ -173,20 +180,9 @@ fn under_a_tiny_cache_the_newest_is_preempted_and_everyone_still_finishes() {
 }
 
 #[test]
-fn a_prompt_that_can_never_fit_is_rejected_at_submission() {
-    let mut s = Scheduler::new(config(64, 8, 10));
-    assert_eq!(s.add(seq(0, 10, 4)), Err(AdmissionError::NeverFits { prompt: 10, needed: 11, capacity: 10 }));
-    assert_eq!(s.add(seq(1, 0, 4)), Err(AdmissionError::EmptyPrompt));
-    assert_eq!(s.add(seq(2, 3, 0)), Err(AdmissionError::NoTokens));
-    let mut short = Scheduler::new(SchedulerConfig { context_length: 8, ..config(64, 8, 100) });
-    assert_eq!(short.add(seq(3, 8, 1)), Err(AdmissionError::TooLong { prompt: 8, context: 8 }));
-    assert!(!s.has_work(), "rejected requests leave nothing behind");
-}
-
-#[test]
 fn a_stop_token_ends_the_request_with_stop() {
     let mut s = Scheduler::new(config(64, 8, 100));
-    s.add(seq(0, 3, 10)).unwrap();
+    s.add(seq(0, 3, 10));
     let plan = s.schedule().unwrap();
     let finished = postprocess(&mut s, &plan, &[Some(9)]);
     assert_eq!(finished[0].reason, FinishReason::Stop);
@@ -198,8 +194,8 @@ fn a_stop_token_ends_the_request_with_stop() {
 #[test]
 fn finishing_a_request_works_from_either_queue_and_frees_its_cells() {
     let mut s = Scheduler::new(config(64, 1, 100));
-    s.add(seq(0, 3, 10)).unwrap();
-    s.add(seq(1, 3, 10)).unwrap();
+    s.add(seq(0, 3, 10));
+    s.add(seq(1, 3, 10));
     step(&mut s);
     let waiting = s.finish_request(1, FinishReason::Abort).unwrap();
     assert_eq!((waiting.id, waiting.reason, waiting.output.len()), (1, FinishReason::Abort, 0));
@@ -213,8 +209,8 @@ fn finishing_a_request_works_from_either_queue_and_frees_its_cells() {
 #[test]
 fn finishing_a_request_whose_step_is_in_flight_releases_its_cells() {
     let mut s = Scheduler::new(config(64, 8, 100));
-    s.add(seq(0, 5, 10)).unwrap();
-    s.add(seq(1, 3, 10)).unwrap();
+    s.add(seq(0, 5, 10));
+    s.add(seq(1, 3, 10));
     let plan = s.schedule().unwrap();
     assert_eq!(s.kv_used(), 8);
     s.finish_request(0, FinishReason::Abort).unwrap();
@@ -227,7 +223,7 @@ fn finishing_a_request_whose_step_is_in_flight_releases_its_cells() {
 #[test]
 fn a_sequence_that_fills_the_whole_cache_ends_with_length_instead_of_preempting_itself() {
     let mut s = Scheduler::new(config(64, 8, 12));
-    s.add(seq(0, 4, 100)).unwrap();
+    s.add(seq(0, 4, 100));
     let mut finished = Vec::new();
     for _ in 0..50 {
         let Some(plan) = s.schedule() else { break };
@@ -258,16 +254,16 @@ fn run_all(s: &mut Scheduler) -> Vec<Finished> {
 }
 
 fn with_prompt(id: u64, prompt: &[u32], max_tokens: usize) -> Sequence {
-    Sequence::new(id, prompt.to_vec(), StopConditions { max_tokens, stop_token_ids: vec![9] })
+    Sequence::new(id, prompt.to_vec(), params(max_tokens))
 }
 
 #[test]
 fn a_shared_prefix_is_copied_and_only_the_rest_computed() {
     let mut s = caching(64, 100);
-    s.add(with_prompt(0, &[1, 2, 3, 4, 5, 6], 2)).unwrap();
+    s.add(with_prompt(0, &[1, 2, 3, 4, 5, 6], 2));
     run_all(&mut s);
     assert_eq!((s.kv_cached(), s.kv_used()), (7, 7), "prompt + first output token stay cached");
-    s.add(with_prompt(1, &[1, 2, 3, 4, 50, 60], 2)).unwrap();
+    s.add(with_prompt(1, &[1, 2, 3, 4, 50, 60], 2));
     let (plan, _) = step(&mut s);
     assert_eq!(plan.copies.len(), 1);
     assert_eq!(plan.copies[0].len, 4);
@@ -280,9 +276,9 @@ fn a_shared_prefix_is_copied_and_only_the_rest_computed() {
 #[test]
 fn an_identical_prompt_still_computes_its_last_token() {
     let mut s = caching(64, 100);
-    s.add(with_prompt(0, &[1, 2, 3, 4], 1)).unwrap();
+    s.add(with_prompt(0, &[1, 2, 3, 4], 1));
     run_all(&mut s);
-    s.add(with_prompt(1, &[1, 2, 3, 4], 1)).unwrap();
+    s.add(with_prompt(1, &[1, 2, 3, 4], 1));
     let (plan, _) = step(&mut s);
     assert_eq!((plan.copies[0].len, plan.items[0].tokens.clone(), plan.items[0].sample), (3, vec![4], true));
 }
@@ -291,27 +287,27 @@ fn an_identical_prompt_still_computes_its_last_token() {
 fn cached_prefixes_are_evicted_least_recently_used_before_anyone_is_preempted() {
     let mut s = caching(64, 20);
     for (id, first) in [(0, 10), (1, 20)] {
-        s.add(with_prompt(id, &[first, first + 1, first + 2, first + 3, first + 4], 1)).unwrap();
+        s.add(with_prompt(id, &[first, first + 1, first + 2, first + 3, first + 4], 1));
         run_all(&mut s);
     }
     assert_eq!(s.kv_cached(), 10);
     // Touch prefix 0 so prefix 1 becomes the least recently used.
-    s.add(with_prompt(2, &[10, 11, 12, 99], 1)).unwrap();
+    s.add(with_prompt(2, &[10, 11, 12, 99], 1));
     run_all(&mut s);
     assert_eq!(s.kv_cached(), 14, "prefixes of 5, 5 and 4 tokens");
     // 7 new cells are needed and 6 are free: exactly one prefix goes, the least recently used
     // (request 1's: request 2 reused request 0's).
-    s.add(with_prompt(3, &(30..37).collect::<Vec<u32>>(), 2)).unwrap();
+    s.add(with_prompt(3, &(30..37).collect::<Vec<u32>>(), 2));
     let (plan, _) = step(&mut s);
     assert!(plan.copies.is_empty());
     assert_eq!((plan.free.len(), s.kv_cached(), s.preemptions), (1, 9, 0), "{plan:?}");
     run_all(&mut s);
     // Request 0's prefix survived: a prompt starting with it still hits.
-    s.add(with_prompt(4, &[10, 11, 12, 13, 77], 1)).unwrap();
+    s.add(with_prompt(4, &[10, 11, 12, 13, 77], 1));
     let (plan, _) = step(&mut s);
     assert_eq!(plan.copies.first().map(|c| c.len), Some(4));
     // Request 1's did not.
-    s.add(with_prompt(5, &[20, 21, 22, 23, 77], 1)).unwrap();
+    s.add(with_prompt(5, &[20, 21, 22, 23, 77], 1));
     let (plan, _) = step(&mut s);
     assert!(plan.copies.is_empty());
 }
@@ -319,11 +315,11 @@ fn cached_prefixes_are_evicted_least_recently_used_before_anyone_is_preempted() 
 #[test]
 fn an_aborted_request_keeps_its_computed_cells_but_not_a_step_in_flight() {
     let mut s = caching(64, 100);
-    s.add(with_prompt(0, &[1, 2, 3], 10)).unwrap();
+    s.add(with_prompt(0, &[1, 2, 3], 10));
     step(&mut s);
     s.finish_request(0, FinishReason::Abort).unwrap();
     assert_eq!((s.kv_cached(), s.kv_used()), (3, 3));
-    s.add(with_prompt(1, &[5, 6, 7], 10)).unwrap();
+    s.add(with_prompt(1, &[5, 6, 7], 10));
     s.schedule().unwrap(); // in flight, never postprocessed
     s.finish_request(1, FinishReason::Abort).unwrap();
     assert_eq!((s.kv_cached(), s.kv_used()), (3, 3));
@@ -332,9 +328,9 @@ fn an_aborted_request_keeps_its_computed_cells_but_not_a_step_in_flight() {
 #[test]
 fn a_cached_prefix_that_a_newer_one_extends_is_dropped() {
     let mut s = caching(64, 100);
-    s.add(with_prompt(0, &[1, 2, 3], 1)).unwrap();
+    s.add(with_prompt(0, &[1, 2, 3], 1));
     run_all(&mut s);
-    s.add(with_prompt(1, &[1, 2, 3, 4, 5], 1)).unwrap();
+    s.add(with_prompt(1, &[1, 2, 3, 4, 5], 1));
     run_all(&mut s);
     assert_eq!((s.kv_cached(), s.kv_used()), (5, 5), "only the longer prefix is kept");
 }
@@ -346,13 +342,13 @@ fn in_session(id: u64, prompt: &[u32], session: &str) -> Sequence {
 #[test]
 fn a_session_pins_its_cells_without_prefix_caching_and_its_next_turn_computes_only_new_tokens() {
     let mut s = Scheduler::new(config(64, 8, 100)); // prefix caching off
-    s.add(in_session(0, &[1, 2, 3, 4], "a")).unwrap();
+    s.add(in_session(0, &[1, 2, 3, 4], "a"));
     let out = run_all(&mut s);
     assert_eq!(out[0].output, vec![7, 7]);
     // Prompt and the first output token are computed; the last sampled token is not.
     assert_eq!(s.session_cached("a"), 5);
     // The next turn: the conversation so far plus new tokens.
-    s.add(in_session(1, &[1, 2, 3, 4, 7, 7, 20, 21], "a")).unwrap();
+    s.add(in_session(1, &[1, 2, 3, 4, 7, 7, 20, 21], "a"));
     let (plan, _) = step(&mut s);
     assert_eq!(plan.copies[0].len, 5);
     assert_eq!(plan.items[0].tokens, vec![7, 20, 21]);
@@ -360,7 +356,7 @@ fn a_session_pins_its_cells_without_prefix_caching_and_its_next_turn_computes_on
     assert_eq!(s.session_cached("a"), 9, "the pin moved to the longer conversation");
     assert_eq!(s.kv_cached(), 9, "the older pin it extends was dropped");
     // Another request without the session does not reuse it (prefix caching is off).
-    s.add(with_prompt(2, &[1, 2, 3, 4, 7], 1)).unwrap();
+    s.add(with_prompt(2, &[1, 2, 3, 4, 7], 1));
     assert!(step(&mut s).0.copies.is_empty());
     run_all(&mut s);
     assert!(s.release_session("a"));
@@ -373,17 +369,17 @@ fn a_session_pins_its_cells_without_prefix_caching_and_its_next_turn_computes_on
 #[test]
 fn pinned_prefixes_are_evicted_only_after_unpinned_ones() {
     let mut s = caching(64, 16);
-    s.add(in_session(0, &[1, 2, 3, 4, 5], "a")).unwrap();
+    s.add(in_session(0, &[1, 2, 3, 4, 5], "a"));
     run_all(&mut s);
-    s.add(with_prompt(1, &[20, 21, 22, 23, 24], 1)).unwrap();
+    s.add(with_prompt(1, &[20, 21, 22, 23, 24], 1));
     run_all(&mut s);
     assert_eq!(s.kv_cached(), 11);
     // 6 cells are needed, 5 free: the unpinned prefix goes although it is the newer one.
-    s.add(with_prompt(2, &[30, 31, 32, 33, 34], 1)).unwrap();
+    s.add(with_prompt(2, &[30, 31, 32, 33, 34], 1));
     run_all(&mut s);
     assert_eq!(s.session_cached("a"), 6);
     // Needing more than unpinned prefixes hold, the pin goes too rather than starving anyone.
-    s.add(with_prompt(3, &(40..54).collect::<Vec<u32>>(), 1)).unwrap();
+    s.add(with_prompt(3, &(40..54).collect::<Vec<u32>>(), 1));
     let out = run_all(&mut s);
     assert_eq!(out.len(), 1);
     assert_eq!((s.session_cached("a"), s.preemptions), (0, 0));
@@ -392,10 +388,10 @@ fn pinned_prefixes_are_evicted_only_after_unpinned_ones() {
 #[test]
 fn after_a_kv_reset_running_sequences_are_recomputed_and_finish() {
     let mut s = caching(64, 100);
-    s.add(with_prompt(0, &[1, 2, 3], 1)).unwrap();
+    s.add(with_prompt(0, &[1, 2, 3], 1));
     run_all(&mut s);
-    s.add(seq(1, 4, 3)).unwrap();
-    s.add(seq(2, 5, 3)).unwrap();
+    s.add(seq(1, 4, 3));
+    s.add(seq(2, 5, 3));
     step(&mut s);
     s.reset_kv();
     assert_eq!((s.kv_used(), s.kv_cached(), s.n_running(), s.n_waiting()), (0, 0, 0, 2));
@@ -410,7 +406,7 @@ fn after_a_kv_reset_running_sequences_are_recomputed_and_finish() {
 /// Runs the prefill of a lone speculating sequence; returns the scheduler ready to decode.
 fn speculating(kv: usize, prompt: usize, max_tokens: usize) -> Scheduler {
     let mut s = Scheduler::new(config(64, 4, kv));
-    s.add(seq(1, prompt, max_tokens).speculating(true)).unwrap();
+    s.add(seq(1, prompt, max_tokens).speculating(true));
     let (plan, _) = step(&mut s);
     assert_eq!(plan.items[0].max_drafts, 0, "a prefill chunk proposes nothing");
     s
@@ -445,15 +441,15 @@ fn proposals_stop_short_of_max_tokens_the_budget_and_the_cache() {
     assert_eq!(s.kv_used(), 12);
     // Another sequence holding cells: proposals take only the free ones, never preempting.
     let mut s = Scheduler::new(config(64, 4, 20));
-    s.add(seq(1, 10, 50).speculating(true)).unwrap();
-    s.add(seq(2, 7, 50)).unwrap();
+    s.add(seq(1, 10, 50).speculating(true));
+    s.add(seq(2, 7, 50));
     step(&mut s);
     let plan = s.schedule().unwrap();
     assert_eq!(plan.items.iter().map(|i| i.max_drafts).collect::<Vec<_>>(), vec![1, 0]);
     assert_eq!((s.kv_used(), s.preemptions), (20, 0));
     // A token budget of 3: the decode token and two proposals.
     let mut s = Scheduler::new(config(3, 4, 100));
-    s.add(seq(1, 2, 50).speculating(true)).unwrap();
+    s.add(seq(1, 2, 50).speculating(true));
     step(&mut s);
     assert_eq!(s.schedule().unwrap().items[0].max_drafts, 2);
     // Accepting everything finishes at max_tokens without overshooting.
@@ -469,11 +465,11 @@ fn proposals_stop_short_of_max_tokens_the_budget_and_the_cache() {
 #[test]
 fn sequences_that_do_not_speculate_get_no_proposals() {
     let mut s = Scheduler::new(config(64, 4, 100));
-    s.add(seq(1, 4, 10)).unwrap();
+    s.add(seq(1, 4, 10));
     step(&mut s);
     assert_eq!(s.schedule().unwrap().items[0].max_drafts, 0);
     let mut s = Scheduler::new(SchedulerConfig { max_draft: 0, ..config(64, 4, 100) });
-    s.add(seq(1, 4, 10).speculating(true)).unwrap();
+    s.add(seq(1, 4, 10).speculating(true));
     step(&mut s);
     assert_eq!(s.schedule().unwrap().items[0].max_drafts, 0, "speculation is off for the engine");
 }

@@ -8,10 +8,12 @@
 //! removed in the same step, so after every step the cache holds exactly the accepted tokens.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use llaisys_model::{Batch, Context, DecodeError, GuideEnd, Sampled, Sampler};
 use rayon::prelude::*;
 
+use crate::host::GenerateParams;
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::{Outcome, StepPlan};
 use crate::speculative::{DraftSlot, Proposer};
@@ -53,22 +55,17 @@ pub fn outcomes(outputs: &[ItemOutput]) -> Vec<Outcome> {
 #[derive(Debug)]
 pub struct Lane {
     sampler: Sampler,
-    /// For a request that may speculate: its prompt and output so far (what proposals
-    /// continue), and the tokens that end it (a run of accepted tokens stops at one).
+    /// Its checked parameters (shared with the scheduler's sequence): the tokens that end it,
+    /// at which a run of accepted proposals stops.
+    params: Arc<GenerateParams>,
+    /// For a request that speculates: its prompt and output so far (what proposals continue).
     history: Option<Vec<u32>>,
-    stop_ids: Vec<u32>,
 }
 
 impl Lane {
-    pub fn new(sampler: Sampler) -> Self {
-        Self { sampler, history: None, stop_ids: Vec::new() }
-    }
-
-    /// The request speculates: `tokens` are its prompt and what it generated so far.
-    pub fn speculating(mut self, tokens: Vec<u32>, stop_ids: Vec<u32>) -> Self {
-        self.history = Some(tokens);
-        self.stop_ids = stop_ids;
-        self
+    /// `history`: the prompt and output so far, when the request speculates.
+    pub fn new(sampler: Sampler, params: Arc<GenerateParams>, history: Option<Vec<u32>>) -> Self {
+        Self { sampler, params, history }
     }
 }
 
@@ -220,7 +217,7 @@ impl Executor {
             let logits = outputs.row(row + j).ok_or_else(|| DecodeError::Internal("missing logits row".into()))?;
             let sampled = lane.sampler.sample(logits);
             let token = sampled.token;
-            let ends = sampled.end.is_some() || lane.stop_ids.contains(&token);
+            let ends = sampled.end.is_some() || lane.params.stop_token_ids.contains(&token);
             if let Some(history) = &mut lane.history {
                 history.push(token);
             }

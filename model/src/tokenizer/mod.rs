@@ -12,7 +12,7 @@ pub use stream::IncrementalDecoder;
 use crate::error::LoadError;
 
 /// A tokenizer failure at run time (e.g. an id the vocabulary lacks).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("tokenizer: {0}")]
 pub struct TokenizerError(pub(crate) String);
 

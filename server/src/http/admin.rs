@@ -37,7 +37,7 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.is_shutting_down() {
         return ApiError::shutting_down().into_response();
     }
-    let unavailable = |why: String| ApiError { status: StatusCode::SERVICE_UNAVAILABLE, ..ApiError::internal(why) };
+    let unavailable = ApiError::unavailable;
     let mut nodes = std::collections::BTreeSet::new();
     for m in state.models.values() {
         match m.engine.replica_stats().await {
@@ -144,8 +144,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, Body413(body): Body413
         (Some(p), None) => m.tokenizer()?.encode(p).map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
         (None, Some(msgs)) => {
             // The same rendering a chat request gets.
-            let frontend = m.engine.frontend()?;
-            frontend.render_chat(&openai::messages(msgs)?, &[], req.add_generation_prompt)?
+            m.engine.frontend().render_chat(&openai::messages(msgs)?, &[], req.add_generation_prompt)?
         }
         _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
     };

@@ -1,5 +1,7 @@
 //! S3: errors as OpenAI error objects, `{"error": {"message", "type", "param", "code"}}`, with
-//! the status that says what went wrong.
+//! the status that says what went wrong. Every error also carries a stable label,
+//! `error_type` (the engine's own for engine errors), which the access log prints and
+//! `llaisys_request_errors_total` counts.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -15,20 +17,36 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds a client should wait before retrying (429, 503).
     pub retry_after: Option<u64>,
+    /// What went wrong, as a label for logs and metrics (`invalid_request`, `overloaded`, ...).
+    pub error_type: &'static str,
 }
 
+/// The label of an error response, for the access log and the error counter.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorType(pub &'static str);
+
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into(), param: None, code: None, retry_after: None }
+    fn new(status: StatusCode, error_type: &'static str, message: impl Into<String>) -> Self {
+        Self { status, message: message.into(), param: None, code: None, retry_after: None, error_type }
     }
 
     /// 400, naming the offending parameter.
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {
-        Self { param: Some(param.into()), ..Self::new(StatusCode::BAD_REQUEST, message) }
+        Self { param: Some(param.into()), ..Self::bad_request(message) }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, message)
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// 413: the body is larger than `server.max_body_bytes`.
+    pub fn too_large() -> Self {
+        let message = "the request body is larger than the server's limit (server.max_body_bytes)";
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
     }
 
     pub fn with_code(mut self, code: &'static str) -> Self {
@@ -37,16 +55,17 @@ impl ApiError {
     }
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, message).with_code("invalid_api_key")
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message).with_code("invalid_api_key")
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, message)
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
     pub fn model_not_found(model: &str, available: &str) -> Self {
         Self {
             param: Some("model".into()),
+            error_type: "unknown_model",
             ..Self::not_found(format!("The model '{model}' does not exist. Served models: {available}"))
                 .with_code("model_not_found")
         }
@@ -55,16 +74,24 @@ impl ApiError {
     pub fn overloaded(message: impl Into<String>) -> Self {
         Self {
             retry_after: Some(1),
-            ..Self::new(StatusCode::TOO_MANY_REQUESTS, message).with_code("rate_limit_exceeded")
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", message).with_code("rate_limit_exceeded")
         }
     }
 
     pub fn shutting_down() -> Self {
-        Self { retry_after: Some(5), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down") }
+        Self {
+            retry_after: Some(5),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the server is shutting down")
+        }
+    }
+
+    /// 503: nothing can serve the request now (a cluster without nodes, a stopped engine).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self { retry_after: Some(5), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message) }
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
     /// OpenAI's error `type` for the status.
@@ -96,26 +123,32 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        response.extensions_mut().insert(ErrorType(self.error_type));
         response
     }
 }
 
 impl From<EngineError> for ApiError {
+    /// Every engine error's status, by what went wrong: the request (400, 404), the server's
+    /// load or state (429, 503), or the engine itself (500).
     fn from(e: EngineError) -> Self {
-        match &e {
-            EngineError::Rejected(_) | EngineError::Admission { .. } => {
-                Self::bad_request(e.to_string()).with_code("context_length_exceeded")
-            }
-            EngineError::Sampling(_) | EngineError::Tokenizer(_) | EngineError::InvalidSession(_) => {
-                Self::bad_request(e.to_string())
-            }
-            EngineError::Decode(llaisys_model::DecodeError::InvalidInput(m)) => Self::bad_request(m.clone()),
-            EngineError::UnknownModel { name, available } => Self::model_not_found(name, available),
+        let (message, error_type) = (e.to_string(), e.error_type());
+        let error = match e {
+            EngineError::Request(r) => r.into(),
+            EngineError::NoTokenizer => Self::bad_request(message),
+            EngineError::UnknownModel { name, available } => Self::model_not_found(&name, &available.join(", ")),
             EngineError::ShuttingDown => Self::shutting_down(),
-            EngineError::Overloaded(why) => Self::overloaded(why.clone()),
-            EngineError::Request(r) => r.clone().into(),
-            _ => Self::internal(e.to_string()),
-        }
+            EngineError::Overloaded { .. } => Self::overloaded(message),
+            EngineError::NoReplica | EngineError::Stopped { .. } => Self::unavailable(message),
+            EngineError::DuplicateModel { .. }
+            | EngineError::WorkerLost { .. }
+            | EngineError::Node { .. }
+            | EngineError::Spawn { .. }
+            | EngineError::Grammar(_)
+            | EngineError::Step(_)
+            | EngineError::Detokenize(_) => Self::internal(message),
+        };
+        Self { error_type, ..error }
     }
 }
 

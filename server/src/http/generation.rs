@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
-use llaisys_actors::host::Prepared;
+use llaisys_actors::ValidRequest;
 use llaisys_actors::request::{FinishReason, ToolCallDelta, ToolCallOut};
 use llaisys_actors::{Event, Generation as EngineGeneration, Output};
 use serde_json::{Value, json};
@@ -78,15 +78,15 @@ impl Generation {
         model: Arc<ModelEntry>,
         api: Api,
         request_id: &str,
-        prepared: Prepared,
+        request: ValidRequest,
         include_usage: bool,
         echo: bool,
     ) -> Result<Self, ApiError> {
         let permit = state.admit().await?;
         let start = Instant::now();
-        let logprobs = prepared.logprobs().then_some(prepared.params().sampling.top_logprobs);
-        let n = prepared.n();
-        let merged = model.engine.submit(prepared).await?;
+        let logprobs = request.logprobs().then_some(request.params().sampling.top_logprobs);
+        let n = request.n();
+        let merged = model.engine.submit(request).await?;
         let registration = state.register(request_id, model.engine.clone(), merged.ids().to_vec());
         let tokenizer = model.tokenizer()?;
         let echo = if echo {

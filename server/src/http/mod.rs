@@ -30,7 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Limits;
 use crate::metrics::Metrics;
-use error::ApiError;
+use error::{ApiError, ErrorType};
 
 /// One served model: its engine (which holds the tokenizer, chat template, defaults and
 /// request limits) under the name clients use.
@@ -188,10 +188,7 @@ impl<S: Send + Sync> FromRequest<S> for Body413 {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         match axum::body::Bytes::from_request(req, state).await {
             Ok(bytes) => Ok(Self(bytes)),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                ..ApiError::bad_request("the request body is larger than the server's limit (server.max_body_bytes)")
-            }),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::too_large()),
             Err(e) => Err(ApiError::bad_request(format!("reading the body: {e}"))),
         }
     }
@@ -227,12 +224,7 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
     }
     api.merge(open)
         .fallback(|| async { ApiError::not_found("no such route") })
-        .method_not_allowed_fallback(|| async {
-            ApiError {
-                status: StatusCode::METHOD_NOT_ALLOWED,
-                ..ApiError::bad_request("method not allowed on this route")
-            }
-        })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(options.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), access))
         .with_state(state)
@@ -273,14 +265,19 @@ async fn access(State(state): State<Arc<AppState>>, mut req: Request, next: Next
     }
     let status = response.status().as_u16();
     let model = response.extensions().get::<ModelExt>().map(|m| m.0.clone());
+    let error = response.extensions().get::<ErrorType>().map(|e| e.0);
     let route = route_label(&path);
     state.metrics.http_response(route, status);
+    if let Some(error_type) = error {
+        state.metrics.request_error(route, error_type);
+    }
     tracing::info!(
         request_id = id,
         method = %method,
         path,
         model = model.as_deref().unwrap_or("-"),
         status,
+        error_type = error.unwrap_or("-"),
         latency_ms = start.elapsed().as_secs_f64() * 1e3,
         "http request"
     );

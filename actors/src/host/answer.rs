@@ -1,0 +1,108 @@
+//! A request's whole answer, gathered from its choices' events: the one place that adds up text,
+//! tokens, log-probabilities, tool calls, finish reasons and usage (each prompt's tokens counted
+//! once however many choices it has). `Generation::answer`, the offline engine and the HTTP
+//! server's JSON answers all gather through `AnswerBuilder`.
+
+use crate::engine::{Event, Usage};
+use crate::request::{FinishReason, ToolCallOut};
+
+/// A token's log-probability and the most likely alternatives (when asked for).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One choice's whole answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    /// One entry per token when log-probabilities were asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    /// `Error` also when the engine lost the choice without finishing it.
+    pub finish: FinishReason,
+    /// T3: the tool calls it made (their arguments exactly as streamed).
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A request's whole answer: every choice, and the token counts (each prompt counted once).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub choices: Vec<Choice>,
+    pub usage: Usage,
+}
+
+impl Answer {
+    /// The first choice's text.
+    pub fn text(&self) -> &str {
+        self.choices.first().map_or("", |c| c.text.as_str())
+    }
+}
+
+/// Gathers the events of a request's choices (numbered prompt by prompt, `n` each) into its
+/// `Answer`.
+#[derive(Debug, Clone)]
+pub struct AnswerBuilder {
+    choices: Vec<Choice>,
+    usage: Usage,
+    /// Choices per prompt.
+    n: usize,
+    /// Keep each token's log-probabilities.
+    logprobs: bool,
+}
+
+impl AnswerBuilder {
+    /// `choices` in all; a choice that never finishes ends as `Error`.
+    pub fn new(choices: usize, n: usize, logprobs: bool) -> Self {
+        let empty = Choice {
+            text: String::new(),
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            finish: FinishReason::Error,
+            tool_calls: Vec::new(),
+        };
+        Self { choices: vec![empty; choices], usage: Usage::default(), n: n.max(1), logprobs }
+    }
+
+    /// Adds one event of choice `choice`.
+    pub fn add(&mut self, choice: usize, event: Event) {
+        let Some(c) = self.choices.get_mut(choice) else { return };
+        match event {
+            Event::Token { token, text, logprob, top_logprobs, tool_call, .. } => {
+                c.text.push_str(&text);
+                if let Some(delta) = &tool_call {
+                    ToolCallOut::gather(&mut c.tool_calls, delta);
+                }
+                c.tokens.push(token);
+                if self.logprobs {
+                    c.logprobs.push(TokenLogprob { token, logprob, top: top_logprobs });
+                }
+            }
+            Event::Finished { reason, text, usage, .. } => {
+                c.text.push_str(&text);
+                c.finish = reason;
+                if choice.is_multiple_of(self.n) {
+                    self.usage.prompt_tokens += usage.prompt_tokens;
+                    self.usage.cached_tokens += usage.cached_tokens;
+                }
+                self.usage.completion_tokens += usage.completion_tokens;
+            }
+        }
+    }
+
+    /// The choices so far.
+    pub fn choices(&self) -> &[Choice] {
+        &self.choices
+    }
+
+    /// The token counts so far.
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    pub fn finish(self) -> Answer {
+        Answer { choices: self.choices, usage: self.usage }
+    }
+}

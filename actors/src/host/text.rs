@@ -1,0 +1,106 @@
+//! A model's text side: its tokenizer, chat template and generation defaults, and the grammar
+//! compiler over its vocabulary (built by the first constrained request).
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use llaisys_model::tokenizer::ChatTemplate;
+use llaisys_model::{GrammarCompiler, GrammarError, ModelInfo, Tokenizer};
+
+/// Sampling defaults from a model's `generation_config.json`, used where a request leaves a
+/// field out; OpenAI's defaults otherwise.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationDefaults {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: Option<usize>,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    /// Extra end-of-sequence ids the generation config lists.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl Default for GenerationDefaults {
+    fn default() -> Self {
+        Self { temperature: 1.0, top_p: 1.0, top_k: None, min_p: 0.0, repetition_penalty: 1.0, eos_token_ids: vec![] }
+    }
+}
+
+impl GenerationDefaults {
+    /// Reads a `generation_config.json`; an unreadable file changes nothing.
+    pub fn from_file(path: &Path) -> Self {
+        let mut d = Self::default();
+        let Ok(text) = std::fs::read_to_string(path) else { return d };
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else { return d };
+        let num = |k: &str| json.get(k).and_then(serde_json::Value::as_f64).map(|v| v as f32);
+        if let Some(t) = num("temperature") {
+            d.temperature = t;
+        }
+        if let Some(p) = num("top_p") {
+            d.top_p = p;
+        }
+        if let Some(k) = json.get("top_k").and_then(serde_json::Value::as_u64).filter(|k| *k > 0) {
+            d.top_k = Some(k as usize);
+        }
+        if let Some(m) = num("min_p") {
+            d.min_p = m;
+        }
+        if let Some(r) = num("repetition_penalty") {
+            d.repetition_penalty = r;
+        }
+        d.eos_token_ids = match json.get("eos_token_id") {
+            Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_u64()).map(|n| n as u32).collect(),
+            _ => vec![],
+        };
+        d
+    }
+}
+
+/// The tokenizer, chat template and generation defaults of a model.
+pub struct ModelText {
+    /// Shared with the scheduler actors, which decode the generated text.
+    pub(crate) tokenizer: Arc<Tokenizer>,
+    pub(crate) template: Option<ChatTemplate>,
+    pub(crate) defaults: GenerationDefaults,
+    /// T1: the model's grammar compiler, built by the first constrained request.
+    grammar: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
+}
+
+impl ModelText {
+    pub fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>, defaults: GenerationDefaults) -> Self {
+        Self { tokenizer: Arc::new(tokenizer), template, defaults, grammar: OnceLock::new() }
+    }
+
+    /// A tokenizer alone: no chat template, OpenAI's sampling defaults.
+    pub fn plain(tokenizer: Tokenizer) -> Self {
+        Self::new(tokenizer, None, GenerationDefaults::default())
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn defaults(&self) -> &GenerationDefaults {
+        &self.defaults
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// The grammar compiler over the vocabulary, padded to the logits' width (`info`); the
+    /// tokens that end a sequence are the model's and its generation config's eos ids.
+    pub(crate) fn grammar_compiler(&self, info: &ModelInfo) -> Result<Arc<GrammarCompiler>, GrammarError> {
+        self.grammar
+            .get_or_init(|| {
+                let mut eos = info.eos_token_ids.clone();
+                eos.extend(self.defaults.eos_token_ids.iter().filter(|t| !info.eos_token_ids.contains(t)));
+                let start = std::time::Instant::now();
+                let compiler = GrammarCompiler::new(&self.tokenizer, info.vocab_size, &eos).map(Arc::new);
+                tracing::info!(elapsed_ms = start.elapsed().as_millis() as u64, "grammar compiler built");
+                compiler
+            })
+            .clone()
+    }
+}

@@ -1,0 +1,106 @@
+//! T3: a chat's tools — checked against OpenAI's rules before anything is rendered or compiled,
+//! then turned into the constraint and the parsing of the answer's tool calls.
+
+use llaisys_model::{GrammarCompiler, Guidance};
+
+use super::params::GenerateParams;
+use super::request::{Options, RequestError, Tool, ToolChoice};
+use crate::request::{ToolCallTags, ToolParsing};
+
+/// The request's tool choice against its tools and constraint, before anything is rendered or
+/// compiled; whether the tools are offered to the model.
+pub(super) fn check_tool_choice(options: &Options) -> Result<bool, RequestError> {
+    let choice = options.tool_choice.clone().unwrap_or_default();
+    if let ToolChoice::Function(name) = &choice
+        && !options.tools.iter().any(|t| &t.name == name)
+    {
+        return Err(RequestError::invalid(
+            "tool_choice",
+            format!("tool_choice names {name:?}, which is not among the tools"),
+        ));
+    }
+    if options.tools.is_empty() {
+        return match choice {
+            ToolChoice::None | ToolChoice::Auto => Ok(false),
+            _ => Err(RequestError::invalid("tool_choice", "tool_choice requires tools")),
+        };
+    }
+    if choice != ToolChoice::None && options.constraint.is_some() {
+        return Err(RequestError::invalid(
+            "constraint",
+            "a constraint cannot be combined with tools unless tool_choice is none",
+        ));
+    }
+    Ok(choice != ToolChoice::None)
+}
+
+/// Tools as OpenAI allows them: names of 1–64 letters, digits, `_` and `-`, each once;
+/// parameters a JSON schema object.
+pub(super) fn check_tools(tools: &[Tool]) -> Result<(), RequestError> {
+    for (i, tool) in tools.iter().enumerate() {
+        let name_ok = (1..=64).contains(&tool.name.len())
+            && tool.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !name_ok {
+            return Err(RequestError::invalid(
+                format!("tools[{i}].function.name"),
+                format!("{:?} is not a function name (1–64 of a-z, A-Z, 0-9, _ and -)", tool.name),
+            ));
+        }
+        if tools[..i].iter().any(|t| t.name == tool.name) {
+            return Err(RequestError::invalid(
+                format!("tools[{i}].function.name"),
+                format!("{:?} is offered twice", tool.name),
+            ));
+        }
+        if !tool.parameters.is_object() {
+            return Err(RequestError::invalid(
+                format!("tools[{i}].function.parameters"),
+                "the parameters are a JSON schema object",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// T3: the constraint and parsing of a chat's tool calls (`options.tools` not empty, checked by
+/// `check_tool_choice`), with the model's grammar `compiler`.
+pub(super) fn constrain_calls(
+    params: &mut GenerateParams,
+    options: &Options,
+    compiler: &GrammarCompiler,
+) -> Result<(), RequestError> {
+    let choice = options.tool_choice.clone().unwrap_or_default();
+    let (Some(open), Some(close)) = (compiler.special_token("<tool_call>"), compiler.special_token("</tool_call>"))
+    else {
+        return Err(RequestError::invalid("tools", "this model's vocabulary has no <tool_call> tags"));
+    };
+    if choice == ToolChoice::None {
+        // A constraint's grammar decides alone (it reaches the tag only by naming it).
+        if options.constraint.is_none() {
+            params.guidance = Guidance::forbid(vec![open]);
+        }
+        return Ok(());
+    }
+    let functions: Vec<(&str, &serde_json::Value)> = options
+        .tools
+        .iter()
+        .filter(|t| match &choice {
+            ToolChoice::Function(name) => &t.name == name,
+            _ => true,
+        })
+        .map(|t| (t.name.as_str(), &t.parameters))
+        .collect();
+    let named = matches!(choice, ToolChoice::Function(_));
+    let parallel = options.parallel_tool_calls.unwrap_or(true) && !named;
+    let with_open = choice != ToolChoice::Auto;
+    let grammar = compiler
+        .tool_calls(&functions, (open, close), with_open, parallel)
+        .map_err(|e| RequestError::invalid("tools", e.0))?;
+    params.guidance = if with_open {
+        Guidance::grammar(grammar)
+    } else {
+        Guidance::after_or_opening(open, grammar, compiler.call_openers().to_vec())
+    };
+    params.tool_calls = Some(ToolParsing { tags: ToolCallTags { open, close }, finish_with_tool_calls: !named });
+    Ok(())
+}
