@@ -51,6 +51,27 @@ pub enum LoadError {
     NoLoader,
 }
 
+impl LoadError {
+    /// A short label for logs.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::Io { .. } => "io",
+            Self::Json { .. } | Self::Config { .. } => "config",
+            Self::UnknownModelType { .. } | Self::NeedsDirectory { .. } | Self::NotAModel { .. } => "model_type",
+            Self::Safetensors { .. } | Self::Gguf { .. } => "file_format",
+            Self::MissingTensors(_)
+            | Self::UnexpectedTensors(_)
+            | Self::DuplicateTensor { .. }
+            | Self::Shape { .. }
+            | Self::Dtype { .. }
+            | Self::Tensor { .. } => "weights",
+            Self::UnknownSlot(_) | Self::NoWeights(_) => "slot",
+            Self::Tokenizer { .. } => "tokenizer",
+            Self::NoLoader => "no_loader",
+        }
+    }
+}
+
 fn layer_suffix(layer: Option<usize>) -> String {
     layer.map(|l| format!(" of layer {l}")).unwrap_or_default()
 }
@@ -72,7 +93,7 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// A short label for logs and metrics.
-    pub fn kind(&self) -> &'static str {
+    pub fn error_type(&self) -> &'static str {
         match self {
             Self::NoKvSlot { .. } => "no_kv_slot",
             Self::Aborted => "aborted",

@@ -103,8 +103,20 @@ pub enum ConfigError {
     File { path: PathBuf, reason: String },
     #[error("config key `{key}` ({origin}): {reason}")]
     Key { key: String, origin: String, reason: String },
-    #[error("config: {0}")]
-    Invalid(String),
+    /// The built-in defaults do not parse (a broken build).
+    #[error("config: the built-in defaults: {0}")]
+    Defaults(#[from] toml::de::Error),
+}
+
+impl ConfigError {
+    /// A stable label for logs.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::File { .. } => "config_file",
+            Self::Key { .. } => "config_key",
+            Self::Defaults(_) => "config_defaults",
+        }
+    }
 }
 
 impl Config {
@@ -115,8 +127,7 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         settings: &[(String, String)],
     ) -> Result<Self, ConfigError> {
-        let mut table: toml::Table =
-            DEFAULT_TOML.parse().map_err(|e| ConfigError::Invalid(format!("defaults: {e}")))?;
+        let mut table: toml::Table = DEFAULT_TOML.parse()?;
         let mut sources: Vec<(String, String)> = Vec::new(); // key → where its value came from
         if let Some(path) = file {
             let text = std::fs::read_to_string(path)

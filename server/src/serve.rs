@@ -10,16 +10,34 @@ use llaisys_actors::{BuildError, Engine, EngineBuilder};
 use crate::config::Config;
 use crate::http::{AppState, HttpOptions, ModelEntry, Server};
 
+/// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
     Build(#[from] BuildError),
-    #[error("config `server.host`/`server.port`: {0}")]
-    Address(String),
+    /// A setting that does not hold a usable value, named as the configuration spells it.
+    #[error("config `{key}`: {reason}")]
+    Setting { key: &'static str, reason: String },
     #[error("listening on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+}
+
+impl ServeError {
+    /// A stable label for logs.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::Build(_) => "build",
+            Self::Setting { .. } => "setting",
+            Self::Bind { .. } => "bind",
+            Self::Cluster(e) => e.error_type(),
+        }
+    }
+}
+
+fn setting(key: &'static str) -> impl Fn(String) -> ServeError {
+    move |reason| ServeError::Setting { key, reason }
 }
 
 /// Loads the configured model and serves it: alone, or as a cluster's front when
@@ -30,7 +48,7 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
         let entry = load_entry(builder(config)?, config.model_name()).await?;
         return start_models(vec![entry], config).await;
     }
-    let listen = config.cluster_listen().map_err(ServeError::Address)?;
+    let listen = config.cluster_listen().map_err(setting("cluster.listen"))?;
     let (cookie, tls) = (config.cluster_cookie()?, config.cluster_server_tls()?);
     let (text, local) = match config.cluster.serve_local {
         true => {
@@ -52,8 +70,8 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
 
 /// The engine `config` describes, to build.
 pub fn builder(config: &Config) -> Result<EngineBuilder, ServeError> {
-    let dtype = config.weight_dtype().map_err(|e| ServeError::Address(e.to_string()))?;
-    let devices = config.devices().map_err(|e| ServeError::Address(e.to_string()))?;
+    let dtype = config.weight_dtype().map_err(setting("model.dtype"))?;
+    let devices = config.devices().map_err(setting("model.device"))?;
     let mut builder = Engine::builder()
         .model(&config.model.path)
         .dtype(dtype)
@@ -79,13 +97,35 @@ pub async fn load_entry(builder: EngineBuilder, name: String) -> Result<ModelEnt
 /// Serves already loaded models (names must differ) with `config`'s server settings and limits.
 pub async fn start_models(models: Vec<ModelEntry>, config: &Config) -> Result<Server, ServeError> {
     let state = AppState::new(models, config.limits.clone(), config.server.api_keys.clone());
-    let addr: SocketAddr = format!("{}:{}", config.server.host, config.server.port)
-        .parse()
-        .map_err(|e| ServeError::Address(format!("{}:{}: {e}", config.server.host, config.server.port)))?;
+    let addr: SocketAddr =
+        format!("{}:{}", config.server.host, config.server.port).parse().map_err(|e| ServeError::Setting {
+            key: "server.host",
+            reason: format!("{}:{}: {e}", config.server.host, config.server.port),
+        })?;
     let options = HttpOptions {
         max_body_bytes: config.server.max_body_bytes,
         grace: Duration::from_secs(config.server.shutdown_grace_secs),
         webui: config.server.webui,
     };
     Server::start(state, addr, options).await.map_err(|source| ServeError::Bind { addr, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A setting that does not hold a usable value is named as the configuration spells it
+    /// (a bad dtype was once reported as `server.host`).
+    #[test]
+    fn unusable_settings_name_their_own_key() {
+        let settings = [("model.path".to_string(), "\"m\"".to_string())];
+        let mut config = Config::load(None, std::iter::empty(), &settings).unwrap();
+        config.model.dtype = "q3_x".into();
+        let Err(e) = builder(&config) else { panic!("a bad dtype was accepted") };
+        assert!(e.to_string().starts_with("config `model.dtype`: "), "{e}");
+        config.model.dtype = "auto".into();
+        config.model.device = "tpu".into();
+        let Err(e) = builder(&config) else { panic!("a bad device was accepted") };
+        assert!(e.to_string().starts_with("config `model.device`: "), "{e}");
+    }
 }

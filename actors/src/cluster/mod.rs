@@ -113,7 +113,9 @@ pub async fn start_front(
 ) -> Result<Engine, ClusterError> {
     let server = transport::listen(&config.name, cookie, listen, tls).await?;
     let args = FrontArgs { config: config.clone(), vocab_size: frontend.info().vocab_size };
-    let (front, _) = Actor::spawn(None, FrontActor, args).await.map_err(|e| ClusterError::Actor(e.to_string()))?;
+    let (front, _) = Actor::spawn(None, FrontActor, args)
+        .await
+        .map_err(|e| ClusterError::Spawn { actor: "front's router", reason: e.to_string() })?;
     let local = match local {
         Some(engine) => Some((engine.clone(), start_node(engine, &config).await?.0)),
         None => None,
@@ -133,7 +135,9 @@ async fn start_node(
         capacity: config.capacity,
         heartbeat_interval: config.heartbeat_interval,
     };
-    Actor::spawn(None, NodeActor, args).await.map_err(|e| ClusterError::Actor(e.to_string()))
+    Actor::spawn(None, NodeActor, args)
+        .await
+        .map_err(|e| ClusterError::Spawn { actor: "node actor", reason: e.to_string() })
 }
 
 /// A worker node: its engine, its node actor and its connection to the front.

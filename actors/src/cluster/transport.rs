@@ -19,16 +19,46 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 /// The environment variable holding the cluster's cookie (when no file is given).
 pub const COOKIE_VAR: &str = "LLAISYS_CLUSTER_COOKIE";
 
+/// Why a front or a worker could not join the cluster.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("the cluster cookie: {0}")]
-    Cookie(String),
+    #[error("the cluster cookie: none given: set {COOKIE_VAR} or pass --cookie-file FILE")]
+    NoCookie,
+    #[error("the cluster cookie: reading {path}: {source}")]
+    CookieFile { path: PathBuf, source: std::io::Error },
+    #[error("the cluster cookie: {origin} is empty")]
+    EmptyCookie { origin: String },
+    /// A certificate or key file that does not read as PEM.
+    #[error("TLS: {path}: {reason}")]
+    Pem { path: PathBuf, reason: String },
+    #[error("TLS: {path} holds no certificate")]
+    NoCertificate { path: PathBuf },
+    #[error("TLS: the front's name '{name}': {reason}")]
+    ServerName { name: String, reason: String },
     #[error("TLS: {0}")]
-    Tls(String),
-    #[error("the cluster listener on {addr}: {reason}")]
-    Listen { addr: SocketAddr, reason: String },
-    #[error("cluster actor: {0}")]
-    Actor(String),
+    Rustls(#[from] tokio_rustls::rustls::Error),
+    #[error("TLS: a listener needs a certificate and key, not a certificate authority")]
+    ClientTlsOnListener,
+    #[error("the cluster listener on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("starting the cluster's {actor}: {reason}")]
+    Spawn { actor: &'static str, reason: String },
+}
+
+impl ClusterError {
+    /// A stable label for logs.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::NoCookie | Self::CookieFile { .. } | Self::EmptyCookie { .. } => "cookie",
+            Self::Pem { .. }
+            | Self::NoCertificate { .. }
+            | Self::ServerName { .. }
+            | Self::Rustls(_)
+            | Self::ClientTlsOnListener => "tls",
+            Self::Listen { .. } => "listen",
+            Self::Spawn { .. } => "spawn_failed",
+        }
+    }
 }
 
 /// The shared secret nodes authenticate with: the first line of `file`, else
@@ -37,18 +67,16 @@ pub fn read_cookie(file: Option<&Path>) -> Result<String, ClusterError> {
     let (cookie, origin) = match file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| ClusterError::Cookie(format!("reading {}: {e}", path.display())))?;
+                .map_err(|source| ClusterError::CookieFile { path: path.into(), source })?;
             (text.lines().next().unwrap_or("").trim().to_string(), path.display().to_string())
         }
         None => match std::env::var(COOKIE_VAR) {
             Ok(value) => (value.trim().to_string(), COOKIE_VAR.to_string()),
-            Err(_) => {
-                return Err(ClusterError::Cookie(format!("none given: set {COOKIE_VAR} or pass --cookie-file FILE")));
-            }
+            Err(_) => return Err(ClusterError::NoCookie),
         },
     };
     if cookie.is_empty() {
-        return Err(ClusterError::Cookie(format!("{origin} is empty")));
+        return Err(ClusterError::EmptyCookie { origin });
     }
     Ok(cookie)
 }
@@ -75,11 +103,8 @@ impl Tls {
     pub fn server(cert: &Path, key: &Path) -> Result<Self, ClusterError> {
         let certs = read_certs(cert)?;
         let key = PrivateKeyDer::from_pem_file(key)
-            .map_err(|e| ClusterError::Tls(format!("the key {}: {e}", key.display())))?;
-        let config = ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .map_err(|e| ClusterError::Tls(e.to_string()))?;
+            .map_err(|e| ClusterError::Pem { path: key.into(), reason: e.to_string() })?;
+        let config = ServerConfig::builder().with_no_client_auth().with_single_cert(certs, key)?;
         Ok(Tls::Server(TlsAcceptor::from(Arc::new(config))))
     }
 
@@ -88,22 +113,21 @@ impl Tls {
     pub fn client(ca: &Path, server_name: &str) -> Result<Self, ClusterError> {
         let mut roots = RootCertStore::empty();
         for cert in read_certs(ca)? {
-            roots.add(cert).map_err(|e| ClusterError::Tls(format!("{}: {e}", ca.display())))?;
+            roots.add(cert)?;
         }
         let config = ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
         let server_name = ServerName::try_from(server_name.to_string())
-            .map_err(|e| ClusterError::Tls(format!("the front's name '{server_name}': {e}")))?;
+            .map_err(|e| ClusterError::ServerName { name: server_name.into(), reason: e.to_string() })?;
         Ok(Tls::Client { connector: TlsConnector::from(Arc::new(config)), server_name })
     }
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ClusterError> {
-    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| ClusterError::Tls(format!("{}: {e}", path.display())))?
-        .collect();
-    let certs = certs.map_err(|e| ClusterError::Tls(format!("{}: {e}", path.display())))?;
+    let pem = |e: rustls_pki_types::pem::Error| ClusterError::Pem { path: path.into(), reason: e.to_string() };
+    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path).map_err(pem)?.collect();
+    let certs = certs.map_err(pem)?;
     if certs.is_empty() {
-        return Err(ClusterError::Tls(format!("{} holds no certificate", PathBuf::from(path).display())));
+        return Err(ClusterError::NoCertificate { path: path.into() });
     }
     Ok(certs)
 }
@@ -118,7 +142,7 @@ pub async fn listen(
 ) -> Result<ActorRef<NodeServerMessage>, ClusterError> {
     let encryption = match tls {
         Some(Tls::Server(acceptor)) => IncomingEncryptionMode::Tls(acceptor),
-        Some(Tls::Client { .. }) => return Err(ClusterError::Tls("a listener needs a certificate and key".into())),
+        Some(Tls::Client { .. }) => return Err(ClusterError::ClientTlsOnListener),
         None => {
             if !addr.ip().is_loopback() {
                 tracing::warn!(
@@ -131,7 +155,7 @@ pub async fn listen(
         }
     };
     // Check the address first: ractor_cluster's listener reports a failed bind only in its log.
-    drop(std::net::TcpListener::bind(addr).map_err(|e| ClusterError::Listen { addr, reason: e.to_string() })?);
+    drop(std::net::TcpListener::bind(addr).map_err(|source| ClusterError::Listen { addr, source })?);
     let server = NodeServer::new(
         addr.port(),
         cookie,
@@ -141,8 +165,9 @@ pub async fn listen(
         Some(NodeConnectionMode::Isolated),
     )
     .with_listen_addr(addr.ip());
-    let (server, _) =
-        Actor::spawn(None, server, ()).await.map_err(|e| ClusterError::Listen { addr, reason: e.to_string() })?;
+    let (server, _) = Actor::spawn(None, server, ())
+        .await
+        .map_err(|e| ClusterError::Spawn { actor: "node server", reason: e.to_string() })?;
     Ok(server)
 }
 

@@ -33,6 +33,21 @@ pub enum BuildError {
     Engine(#[from] EngineError),
 }
 
+impl BuildError {
+    /// A stable label for logs.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::NoModel => "no_model",
+            Self::Load { source, .. } => source.error_type(),
+            Self::DraftVocabulary { .. } => "draft_vocabulary",
+            Self::Device(_) => "device",
+            Self::OfflineDevices(_) => "offline_devices",
+            Self::Speculative(_) => "speculative",
+            Self::Engine(e) => e.error_type(),
+        }
+    }
+}
+
 /// Settings of an engine to build; `Engine::builder()` makes one.
 #[derive(Debug, Clone)]
 pub struct EngineBuilder {

@@ -118,15 +118,15 @@ struct Timing {
 
 async fn bench(args: BenchArgs) -> Result<(), CliError> {
     if args.runs == 0 {
-        return Err(CliError::Usage("--runs must be at least 1".into()));
+        return Err(CliError::usage("--runs", "must be at least 1"));
     }
     for m in &args.only {
         if !["prefill", "decode", "throughput", "soak"].contains(&m.as_str()) {
-            let msg = format!("--only: unknown measurement '{m}' (prefill, decode, throughput, soak)");
-            return Err(CliError::Usage(msg));
+            let reason = format!("unknown measurement '{m}' (prefill, decode, throughput, soak)");
+            return Err(CliError::usage("--only", reason));
         }
     }
-    let devices = DeviceSpec::parse_list(&args.device).map_err(|e| CliError::Usage(format!("--device: {e}")))?;
+    let devices = DeviceSpec::parse_list(&args.device).map_err(|e| CliError::usage("--device", e.to_string()))?;
     let defaults = EngineConfig::default();
     let max_seqs = args.max_seqs_per_step.unwrap_or(defaults.max_seqs_per_step);
     let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
@@ -155,14 +155,13 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     if let Some(draft) = &args.draft_model {
         builder = builder.draft_model(draft);
     }
-    let engine = builder.build().await.map_err(|e| CliError::Usage(e.to_string()))?;
+    let engine = builder.build().await?;
     let guidance = match &args.json_schema {
         None => Guidance::default(),
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| CliError::Usage(format!("--json-schema {}: {e}", path.display())))?;
+            let text = std::fs::read_to_string(path).map_err(|source| CliError::Read { path: path.clone(), source })?;
             let schema = serde_json::from_str(&text)
-                .map_err(|e| CliError::Usage(format!("--json-schema {}: {e}", path.display())))?;
+                .map_err(|e| CliError::usage("--json-schema", format!("{}: {e}", path.display())))?;
             let start = Instant::now();
             let guidance = engine.guidance(&Constraint::JsonSchema { schema, strict: false })?;
             eprintln!("grammar compiler and schema ready in {:.0} ms", ms(start.elapsed()));
@@ -207,11 +206,10 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
 
     let chat_prompt = match &args.chat_prompt {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| CliError::Usage(format!("--chat-prompt {}: {e}", path.display())))?;
+            let text = std::fs::read_to_string(path).map_err(|source| CliError::Read { path: path.clone(), source })?;
             let request = ChatRequest::default().user(text).temperature(0.0).max_tokens(args.decode_tokens);
-            let prepared = engine.prepare_chat(&request)?;
-            Some((prepared.prompts()[0].clone(), prepared.params().clone()))
+            let valid = engine.prepare_chat(&request)?;
+            Some((valid.prompts()[0].clone(), valid.params().clone()))
         }
         None => None,
     };
@@ -341,11 +339,8 @@ async fn run_one(
         GenerateParams { max_tokens, ignore_eos: true, guidance: guidance.clone(), ..GenerateParams::default() };
     let timing = timed(engine, prompt, params).await?;
     if timing.tokens != max_tokens {
-        return Err(CliError::Usage(format!(
-            "a benchmark request ended after {} of {max_tokens} tokens ({})",
-            timing.tokens,
-            timing.finish.map_or("no finish", |f| f.as_str())
-        )));
+        let finish = timing.finish.map_or("no finish", |f| f.as_str());
+        return Err(CliError::ShortRun { tokens: timing.tokens, max_tokens, finish });
     }
     Ok(timing)
 }
@@ -402,7 +397,7 @@ async fn concurrent(
         .collect();
     let mut timings = Vec::new();
     for task in tasks {
-        timings.push(task.await.map_err(|e| CliError::Usage(format!("benchmark task: {e}")))??);
+        timings.push(task.await.map_err(|_| CliError::GenerationFailed)??);
     }
     let wall = start.elapsed().as_secs_f64();
     let tokens: usize = timings.iter().map(|t| t.tokens).sum();

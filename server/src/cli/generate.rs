@@ -90,7 +90,7 @@ async fn generate(args: GenerateArgs) -> Result<(), CliError> {
         ..Options::default()
     };
     // The same checks and chat rendering a server or library request gets.
-    let prepared = match (&args.prompt, &args.prompt_ids) {
+    let request = match (&args.prompt, &args.prompt_ids) {
         (Some(text), _) if args.chat => {
             let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
             messages.push(ChatMessage::new("user", text));
@@ -98,11 +98,11 @@ async fn generate(args: GenerateArgs) -> Result<(), CliError> {
         }
         (Some(text), _) => engine.prepare_completion(&CompletionRequest::new(text.as_str()).options(options))?,
         (None, Some(ids)) => engine.prepare_completion(&CompletionRequest::new(ids.clone()).options(options))?,
-        (None, None) => return Err(CliError::Usage("give --prompt or --prompt-ids".into())),
+        (None, None) => return Err(CliError::usage("--prompt", "give --prompt or --prompt-ids")),
     };
-    let prompt_len = prepared.prompts()[0].len();
+    let prompt_len = request.prompts()[0].len();
     let start = Instant::now();
-    let mut stream = engine.submit(prepared).await?;
+    let mut stream = engine.submit(request).await?;
     let mut out = std::io::stdout().lock();
     let (mut ids, mut first_token) = (Vec::new(), None);
     let finish = loop {
@@ -121,7 +121,7 @@ async fn generate(args: GenerateArgs) -> Result<(), CliError> {
                 }
                 break reason;
             }
-            None => return Err(CliError::Usage("the engine ended the stream without a finish".into())),
+            None => return Err(CliError::GenerationFailed),
         }
     };
     if args.ids {
@@ -130,7 +130,7 @@ async fn generate(args: GenerateArgs) -> Result<(), CliError> {
     writeln!(out)?;
     engine.shutdown().await;
     if finish == FinishReason::Error {
-        return Err(CliError::Usage("generation failed (see the log)".into()));
+        return Err(CliError::GenerationFailed);
     }
     report(prompt_len, ids.len(), first_token.unwrap_or_default(), start.elapsed(), finish);
     Ok(())

@@ -46,10 +46,31 @@ pub enum CliError {
     Serve(#[from] llaisys_server::ServeError),
     #[error(transparent)]
     Cluster(#[from] llaisys_actors::cluster::ClusterError),
-    #[error("{0}")]
-    Usage(String),
+    /// A flag or its value that cannot be used.
+    #[error("{flag}: {reason}")]
+    Usage { flag: &'static str, reason: String },
+    #[error("reading {path}: {source}")]
+    Read { path: std::path::PathBuf, source: std::io::Error },
+    /// A forward pass of `perplexity` failed.
+    #[error("chunk {chunk}: {source}")]
+    Decode { chunk: usize, source: llaisys_model::DecodeError },
+    /// A generated answer ended with an error (the log says why).
+    #[error("generation failed (see the log)")]
+    GenerationFailed,
+    /// A benchmark request ended before its tokens (the measurement would not compare).
+    #[error("a benchmark request ended after {tokens} of {max_tokens} tokens ({finish})")]
+    ShortRun { tokens: usize, max_tokens: usize, finish: &'static str },
+    /// A worker node left its cluster by itself (the log says why).
+    #[error("the node left the cluster (see the log above)")]
+    LeftCluster,
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl CliError {
+    fn usage(flag: &'static str, reason: impl Into<String>) -> Self {
+        Self::Usage { flag, reason: reason.into() }
+    }
 }
 
 impl Cli {

@@ -35,27 +35,21 @@ const BATCH: usize = 512;
 
 pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     if args.ctx < 4 {
-        return Err(CliError::Usage("--ctx must be at least 4".into()));
+        return Err(CliError::usage("--ctx", "must be at least 4"));
     }
     let source = ModelSource::resolve(&args.model)?;
-    let text = std::fs::read_to_string(&args.file)
-        .map_err(|e| CliError::Usage(format!("reading {}: {e}", args.file.display())))?;
+    let text =
+        std::fs::read_to_string(&args.file).map_err(|source| CliError::Read { path: args.file.clone(), source })?;
     let tokens = source.tokenizer()?.encode(&text)?;
     let model = load_model(None, Some(&source), &LoadOptions { weight_dtype: args.dtype }, &Device::flex())?;
     if args.ctx > model.info().context_length {
-        return Err(CliError::Usage(format!(
-            "--ctx {} is beyond the model's context {}",
-            args.ctx,
-            model.info().context_length
-        )));
+        let reason = format!("{} is beyond the model's context {}", args.ctx, model.info().context_length);
+        return Err(CliError::usage("--ctx", reason));
     }
     let chunks = (tokens.len() / args.ctx).min(args.chunks.unwrap_or(usize::MAX));
     if chunks == 0 {
-        return Err(CliError::Usage(format!(
-            "the text has {} tokens, fewer than one chunk of {}",
-            tokens.len(),
-            args.ctx
-        )));
+        let reason = format!("the text has {} tokens, fewer than one chunk of {}", tokens.len(), args.ctx);
+        return Err(CliError::usage("--file", reason));
     }
     eprintln!("{} tokens, {chunks} chunks of {}", tokens.len(), args.ctx);
     // The engine runs passes on the compute pool; so does this (the kernels' loops start there).
@@ -87,7 +81,7 @@ fn score(
                 // Logits of positions first..ctx-1 predict tokens first + 1..ctx.
                 batch.push(t, pos as i64, &[0], pos >= first && pos + 1 < ctx);
             }
-            context.decode(&batch).map_err(|e: DecodeError| CliError::Usage(format!("chunk {c}: {e}")))?;
+            context.decode(&batch).map_err(|source: DecodeError| CliError::Decode { chunk: c, source })?;
             let outputs = context.outputs();
             for (row, &at) in outputs.output_ids().iter().enumerate() {
                 let logits = outputs.row(row).expect("a row per flagged token");

@@ -89,8 +89,9 @@ impl ModelArgs {
         }
         settings.append(&mut extra);
         for s in &self.settings {
-            let (k, v) =
-                s.split_once('=').ok_or_else(|| CliError::Usage(format!("--set {s}: expected SECTION.KEY=VALUE")))?;
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| CliError::usage("--set", format!("{s}: expected SECTION.KEY=VALUE")))?;
             settings.push((k.trim().into(), v.trim().into()));
         }
         Ok(Config::load(self.config.as_deref(), std::env::vars(), &settings)?)

@@ -32,7 +32,7 @@ pub fn run(args: WorkerArgs) -> Result<(), CliError> {
         eprintln!("llaisys: worker node '{}' leaving", cluster.name);
         worker.shutdown().await;
         match left_by_itself {
-            true => Err(CliError::Usage("the node left the cluster (see the log above)".into())),
+            true => Err(CliError::LeftCluster),
             false => Ok(()),
         }
     })

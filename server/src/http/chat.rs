@@ -53,12 +53,12 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
     options.parallel_tool_calls = req.parallel_tool_calls;
     let offers_tools = !options.tools.is_empty() && options.tool_choice != Some(ToolChoice::None);
     let request = ChatRequest::new(openai::messages(&req.messages)?).options(options);
-    let prepared = model.engine.prepare_chat(&request).map_err(|e| plan.api_error(e))?;
+    let valid = model.engine.prepare_chat(&request).map_err(|e| plan.api_error(e))?;
     plan.count_constraint(state, &model.name);
     if offers_tools {
         state.metrics.constrained_request(&model.name, "tools");
     }
-    let g = Generation::start(state, model, Api::Chat, request_id, prepared, plan.include_usage, false).await?;
+    let g = Generation::start(state, model, Api::Chat, request_id, valid, plan.include_usage, false).await?;
     Ok(if plan.stream { g.stream() } else { g.respond().await })
 }
 
@@ -104,10 +104,10 @@ async fn completion(
     }
     let plan = req.common.plan(req.common.max_tokens, logprobs)?;
     let request = CompletionRequest::batch(prompts).options(plan.options.clone());
-    let prepared = model.engine.prepare_completion(&request).map_err(|e| rename_logprobs(plan.api_error(e)))?;
+    let valid = model.engine.prepare_completion(&request).map_err(|e| rename_logprobs(plan.api_error(e)))?;
     plan.count_constraint(state, &model.name);
     let g =
-        Generation::start(state, model, Api::Completion, request_id, prepared, plan.include_usage, req.echo).await?;
+        Generation::start(state, model, Api::Completion, request_id, valid, plan.include_usage, req.echo).await?;
     Ok(if plan.stream { g.stream() } else { g.respond().await })
 }
 

@@ -13,6 +13,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 use llaisys_actors::ValidRequest;
+use llaisys_actors::host::AnswerBuilder;
 use llaisys_actors::request::{FinishReason, ToolCallDelta, ToolCallOut};
 use llaisys_actors::{Event, Generation as EngineGeneration, Output};
 use serde_json::{Value, json};
@@ -28,23 +29,19 @@ pub enum Api {
     Completion,
 }
 
-/// One choice as it accumulates.
+/// One choice's timing, for the latency metrics (its text, tokens and usage are the
+/// `AnswerBuilder`'s).
 #[derive(Default)]
-struct Choice {
-    text: String,
-    /// Chat: `logprobs.content` entries; completions: parallel lists.
-    logprobs: Vec<TokenLogprob>,
-    finish: Option<FinishReason>,
+struct Clock {
     prompt_tokens: usize,
-    completion_tokens: usize,
-    cached_tokens: usize,
     last_token: Option<Instant>,
     /// Tokens received so far (a stream dropped early never gets its usage).
     tokens_seen: usize,
-    /// T3: its tool calls as their pieces add up.
-    tool_calls: Vec<ToolCallOut>,
+    finished: bool,
 }
 
+/// A token's log-probability as OpenAI shows it: the token's text and bytes, and the same for
+/// each alternative.
 struct TokenLogprob {
     token: String,
     bytes: Vec<u8>,
@@ -62,7 +59,9 @@ pub struct Generation {
     logprobs: Option<usize>,
     include_usage: bool,
     merged: EngineGeneration,
-    choices: Vec<Choice>,
+    /// Every choice's text, tokens, tool calls, finish and usage as the events add up.
+    answer: AnswerBuilder,
+    clocks: Vec<Clock>,
     start: Instant,
     /// Echoed prompt text per prompt (completions with `echo`).
     echo: Vec<String>,
@@ -99,11 +98,12 @@ impl Generation {
         } else {
             Vec::new()
         };
-        let choices = merged
+        let clocks: Vec<Clock> = merged
             .prompts()
             .iter()
-            .flat_map(|p| (0..n).map(|_| Choice { prompt_tokens: p.len(), ..Choice::default() }))
+            .flat_map(|p| (0..n).map(|_| Clock { prompt_tokens: p.len(), ..Clock::default() }))
             .collect();
+        let answer = AnswerBuilder::new(clocks.len(), n, logprobs.is_some());
         let prefix = match api {
             Api::Chat => "chatcmpl-",
             Api::Completion => "cmpl-",
@@ -117,7 +117,8 @@ impl Generation {
             logprobs,
             include_usage,
             merged,
-            choices,
+            answer,
+            clocks,
             start,
             echo,
             n,
@@ -129,68 +130,63 @@ impl Generation {
     /// Applies one engine event; returns the text it adds to its choice, and the piece of a
     /// tool call.
     fn apply(&mut self, index: usize, event: Event) -> (String, Option<ToolCallDelta>) {
-        let model = self.model.name.clone();
-        let choice = &mut self.choices[index];
-        match event {
-            Event::Token { token, text, logprob, top_logprobs, mask_time, tool_call } => {
+        let model = &self.model.name;
+        let clock = &mut self.clocks[index];
+        let added = match &event {
+            Event::Token { text, mask_time, tool_call, .. } => {
                 let now = Instant::now();
                 if let Some(t) = mask_time {
-                    self.state.metrics.grammar_mask(&model, t);
+                    self.state.metrics.grammar_mask(model, *t);
                 }
-                match choice.last_token {
-                    None => self.state.metrics.first_token(&model, now - self.start),
-                    Some(last) => self.state.metrics.inter_token(&model, now - last),
+                match clock.last_token {
+                    None => self.state.metrics.first_token(model, now - self.start),
+                    Some(last) => self.state.metrics.inter_token(model, now - last),
                 }
-                choice.last_token = Some(now);
-                choice.tokens_seen += 1;
-                if let (Some(_), Some(tok)) = (self.logprobs, self.model.engine.tokenizer()) {
-                    let piece = |id: u32| {
-                        let bytes = tok.token_bytes(id).unwrap_or_default();
-                        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
-                    };
-                    let (token, bytes) = piece(token);
-                    let top = top_logprobs
-                        .iter()
-                        .map(|&(id, lp)| {
-                            let (text, bytes) = piece(id);
-                            (text, bytes, lp)
-                        })
-                        .collect();
-                    choice.logprobs.push(TokenLogprob { token, bytes, logprob, top });
-                }
-                choice.text.push_str(&text);
-                if let Some(delta) = &tool_call {
-                    ToolCallOut::gather(&mut choice.tool_calls, delta);
-                }
-                (text, tool_call)
+                clock.last_token = Some(now);
+                clock.tokens_seen += 1;
+                (text.clone(), tool_call.clone())
             }
             Event::Finished { reason, text, usage, queue_time } => {
-                choice.finish = Some(reason);
-                choice.prompt_tokens = usage.prompt_tokens;
-                choice.completion_tokens = usage.completion_tokens;
-                choice.cached_tokens = usage.cached_tokens;
-                choice.text.push_str(&text);
+                clock.finished = true;
                 if let Some(q) = queue_time {
-                    self.state.metrics.queue_time(&model, q);
+                    self.state.metrics.queue_time(model, *q);
                 }
                 let e2e = self.start.elapsed();
-                self.state.metrics.request_finished(&model, reason, usage.prompt_tokens, usage.completion_tokens, e2e);
-                (text, None)
+                self.state.metrics.request_finished(model, *reason, usage.prompt_tokens, usage.completion_tokens, e2e);
+                (text.clone(), None)
             }
-        }
+        };
+        self.answer.add(index, event);
+        added
     }
 
     fn usage(&self) -> Value {
-        // Each prompt counts once however many choices it has.
-        let prompt: usize = self.choices.iter().step_by(self.n).map(|c| c.prompt_tokens).sum();
-        let completion: usize = self.choices.iter().map(|c| c.completion_tokens).sum();
-        let cached: usize = self.choices.iter().step_by(self.n).map(|c| c.cached_tokens).sum();
+        let usage = self.answer.usage();
         json!({
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         })
+    }
+
+    /// Log-probabilities as OpenAI shows them (token text and bytes) for choice `i`, from its
+    /// `from`-th token on.
+    fn logprobs_of(&self, i: usize, from: usize) -> Vec<TokenLogprob> {
+        let Some(tokenizer) = self.model.engine.tokenizer() else { return Vec::new() };
+        let piece = |id: u32| {
+            let bytes = tokenizer.token_bytes(id).unwrap_or_default();
+            (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+        };
+        let choice = &self.answer.choices()[i];
+        choice.logprobs[from.min(choice.logprobs.len())..]
+            .iter()
+            .map(|t| {
+                let (token, bytes) = piece(t.token);
+                let top = t.top.iter().map(|&(id, lp)| (piece(id).0, piece(id).1, lp)).collect();
+                TokenLogprob { token, bytes, logprob: t.logprob, top }
+            })
+            .collect()
     }
 
     /// Runs to the end and answers with one JSON object.
@@ -201,23 +197,23 @@ impl Generation {
         if let Some(err) = self.failure() {
             return with_model(err.into_response(), &self.model.name);
         }
-        let choices: Vec<Value> = (0..self.choices.len())
-            .map(|i| {
-                let c = &self.choices[i];
-                let finish = finish_str(c.finish);
+        let choices: Vec<Value> = (self.answer.choices().iter().enumerate())
+            .map(|(i, c)| {
+                let finish = c.finish.as_str();
                 match self.api {
                     Api::Chat => json!({
                         "index": i,
                         "message": chat_message(&c.text, &c.tool_calls),
-                        "logprobs": self.logprobs.map(|_| chat_logprobs(&c.logprobs)),
+                        "logprobs": self.logprobs.map(|_| chat_logprobs(&self.logprobs_of(i, 0))),
                         "finish_reason": finish,
                     }),
                     Api::Completion => {
                         let echo = self.echo.get(i / self.n).map_or("", String::as_str);
+                        let logprobs = self.logprobs.map(|_| completion_logprobs(&self.logprobs_of(i, 0), echo.len()));
                         json!({
                             "index": i,
                             "text": format!("{echo}{}", c.text),
-                            "logprobs": self.logprobs.map(|_| completion_logprobs(&c.logprobs, echo.len())),
+                            "logprobs": logprobs,
                             "finish_reason": finish,
                         })
                     }
@@ -249,9 +245,10 @@ impl Generation {
         ApiError::internal(format!("generation failed in the engine (request {}); see the server log", self.id))
     }
 
-    /// The error to report if a choice failed in the engine.
+    /// The error to report if a choice failed in the engine (a choice that never finished
+    /// counts as failed).
     fn failure(&self) -> Option<ApiError> {
-        let failed = self.choices.iter().any(|c| c.finish == Some(FinishReason::Error) || c.finish.is_none());
+        let failed = self.answer.choices().iter().any(|c| c.finish == FinishReason::Error);
         failed.then(|| self.engine_error())
     }
 
@@ -310,7 +307,7 @@ impl Generation {
     pub fn stream(self) -> Response {
         let model = self.model.name.clone();
         let mut pending: VecDeque<SseEvent> = VecDeque::new();
-        for i in 0..self.choices.len() {
+        for i in 0..self.clocks.len() {
             match self.api {
                 Api::Chat => pending.push_back(self.chunk(vec![json!({
                     "index": i,
@@ -336,20 +333,20 @@ impl Generation {
                 match g.merged.next().await {
                     Some(Output { choice: i, event }) => {
                         let is_token = matches!(event, Event::Token { .. });
-                        let before = g.choices[i].logprobs.len();
+                        let before = g.answer.choices()[i].logprobs.len();
                         let (text, tool_call) = g.apply(i, event);
                         if let Some(d) = &tool_call {
                             pending.push_back(g.tool_call_delta(i, d));
                         }
-                        let finish = g.choices[i].finish;
+                        let finish = g.clocks[i].finished.then(|| g.answer.choices()[i].finish);
                         match finish {
                             Some(FinishReason::Error) => {
                                 pending.push_back(SseEvent::default().data(g.engine_error().body().to_string()));
                             }
                             Some(f) => pending.push_back(g.delta(i, &text, None, Some(f))),
                             None if is_token && (!text.is_empty() || g.logprobs.is_some()) => {
-                                let lp = g.logprobs.map(|_| &g.choices[i].logprobs[before..]);
-                                pending.push_back(g.delta(i, &text, lp, None));
+                                let lp = g.logprobs.map(|_| g.logprobs_of(i, before));
+                                pending.push_back(g.delta(i, &text, lp.as_deref(), None));
                             }
                             None => {}
                         }
@@ -376,7 +373,7 @@ impl Drop for Generation {
     /// engine streams cancels them) and counted as such.
     fn drop(&mut self) {
         let e2e = self.start.elapsed();
-        for c in self.choices.iter().filter(|c| c.finish.is_none()) {
+        for c in self.clocks.iter().filter(|c| !c.finished) {
             self.state.metrics.request_finished(
                 &self.model.name,
                 FinishReason::Abort,
@@ -399,10 +396,6 @@ fn chat_message(text: &str, calls: &[ToolCallOut]) -> Value {
         .collect();
     let content = if text.is_empty() { Value::Null } else { text.into() };
     json!({"role": "assistant", "content": content, "tool_calls": calls})
-}
-
-fn finish_str(f: Option<FinishReason>) -> Option<&'static str> {
-    f.map(|f| f.as_str())
 }
 
 fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
