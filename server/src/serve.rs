@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use llaisys_actors::cluster::{ClusterError, start_front};
-use llaisys_actors::{BuildError, Engine, EngineBuilder};
+use llaisys_actors::{BuildError, Engine, EngineBuilder, EngineError, Router};
 
 use crate::config::Config;
 use crate::http::{AppState, HttpOptions, ModelEntry, Server};
@@ -22,6 +22,8 @@ pub enum ServeError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
 }
 
 impl ServeError {
@@ -32,6 +34,7 @@ impl ServeError {
             Self::Setting { .. } => "setting",
             Self::Bind { .. } => "bind",
             Self::Cluster(e) => e.error_type(),
+            Self::Engine(e) => e.error_type(),
         }
     }
 }
@@ -65,7 +68,7 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
     // admission limit would cap the whole cluster at one node's.
     let mut config = config.clone();
     config.limits.max_concurrent_requests = tokio::sync::Semaphore::MAX_PERMITS;
-    start_models(vec![ModelEntry::new(config.model_name(), engine)], &config).await
+    start_models(vec![ModelEntry { name: config.model_name(), engine }], &config).await
 }
 
 /// The engine `config` describes, to build.
@@ -91,12 +94,16 @@ pub fn builder(config: &Config) -> Result<EngineBuilder, ServeError> {
 pub async fn load_entry(builder: EngineBuilder, name: String) -> Result<ModelEntry, ServeError> {
     let engine = builder.build().await?;
     tracing::info!(model = name, context = engine.info().context_length, "model loaded");
-    Ok(ModelEntry::new(name, engine))
+    Ok(ModelEntry { name, engine })
 }
 
 /// Serves already loaded models (names must differ) with `config`'s server settings and limits.
 pub async fn start_models(models: Vec<ModelEntry>, config: &Config) -> Result<Server, ServeError> {
-    let state = AppState::new(models, config.limits.clone(), config.server.api_keys.clone());
+    let mut engines = Router::new();
+    for ModelEntry { name, engine } in models {
+        engines.add(name, engine)?;
+    }
+    let state = AppState::new(engines, config.limits.clone(), config.server.api_keys.clone());
     let addr: SocketAddr =
         format!("{}:{}", config.server.host, config.server.port).parse().map_err(|e| ServeError::Setting {
             key: "server.host",

@@ -155,7 +155,7 @@ async fn the_demo_model_calls_get_weather_for_paris() {
     let path = demo_model();
     let settings = vec![("model.path".to_string(), format!("{path:?}")), ("server.port".into(), "0".into())];
     let s = llaisys_server::start(&Config::load(None, std::iter::empty(), &settings).unwrap()).await.unwrap();
-    let name = s.state().models.keys().next().unwrap().clone();
+    let name = s.state().engines.models().next().unwrap().to_string();
     let tools = json!([weather(), {"type": "function", "function": {"name": "get_time", "description": "Current time in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
     let body = json!({"model": name, "messages": [{"role": "user", "content": "What's the weather in Paris?"}],

@@ -68,6 +68,8 @@ pub struct Engine {
     route: Route,
     /// The model's sizes, text side and request limits: where requests are checked.
     frontend: Arc<Frontend>,
+    /// Unix time (seconds) the engine started.
+    started_at: u64,
 }
 
 /// Where an engine's requests run.
@@ -194,13 +196,18 @@ impl Engine {
                 .map_err(|e| EngineError::Spawn { actor: "placer", reason: e.to_string() })?;
             local.placer = Some(placer);
         }
-        Ok(Self { route: Route::Local(Arc::new(local)), frontend: Arc::new(frontend) })
+        Ok(Self { route: Route::Local(Arc::new(local)), frontend: Arc::new(frontend), started_at: unix_now() })
     }
 
     /// An engine checking requests with `frontend` whose requests a cluster's front routes to
     /// its nodes.
     pub(crate) fn routed(frontend: Arc<Frontend>, front: Arc<FrontParts>) -> Self {
-        Self { route: Route::Cluster(front), frontend }
+        Self { route: Route::Cluster(front), frontend, started_at: unix_now() }
+    }
+
+    /// Unix time (seconds) the engine started (OpenAI's `created` of a model).
+    pub fn started_at(&self) -> u64 {
+        self.started_at
     }
 
     /// Whether requests run on a cluster's nodes.
@@ -379,6 +386,10 @@ impl Engine {
             placer.stop(None);
         }
     }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Loads a model off the async threads, for `Engine`'s start.

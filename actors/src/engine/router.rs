@@ -34,6 +34,19 @@ impl Router {
         self.engines.keys().map(String::as_str)
     }
 
+    /// Every engine with its model name, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Engine)> {
+        self.engines.iter().map(|(name, engine)| (name.as_str(), engine))
+    }
+
+    /// The one model's name, when exactly one is served.
+    pub fn only(&self) -> Option<&str> {
+        match self.engines.len() {
+            1 => self.models().next(),
+            _ => None,
+        }
+    }
+
     /// The engine serving `model`.
     pub fn engine(&self, model: &str) -> Result<&Engine, EngineError> {
         self.engines.get(model).ok_or_else(|| EngineError::UnknownModel {

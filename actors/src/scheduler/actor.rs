@@ -60,7 +60,6 @@ struct Live {
     /// Its checked parameters (shared with its sequence), to give it a new sampler if the worker
     /// is restarted.
     params: Arc<GenerateParams>,
-    session: Option<String>,
     speculating: bool,
 }
 
@@ -85,6 +84,10 @@ pub struct SchedulerState {
     received: u64,
     /// The requests of the step the worker is running.
     in_flight: Option<Vec<RequestId>>,
+    /// KV cells in use after the worker's last step (the worker reports it with each step).
+    kv_cells_used: usize,
+    /// `Engine::stats` callers that asked while a step was in flight.
+    stats_waiting: Vec<RpcReplyPort<EngineStats>>,
     shutting_down: bool,
     shutdown_waiters: Vec<RpcReplyPort<()>>,
     finished: FinishCounts,
@@ -124,6 +127,8 @@ impl Actor for SchedulerActor {
             load: args.load,
             received: 0,
             in_flight: None,
+            kv_cells_used: 0,
+            stats_waiting: Vec::new(),
             shutting_down: false,
             shutdown_waiters: Vec::new(),
             finished: FinishCounts::default(),
@@ -175,8 +180,9 @@ impl Actor for SchedulerActor {
                 let result = state.submit(&me, *choice, events).await;
                 let _ = reply.send(result);
             }
-            ToScheduler::StepDone { plan, result, elapsed } => {
+            ToScheduler::StepDone { plan, result, elapsed, kv_used } => {
                 state.in_flight = None;
+                state.kv_cells_used = kv_used;
                 let finished = match result {
                     Ok(outputs) => {
                         let outcomes = outcomes(&outputs);
@@ -200,6 +206,7 @@ impl Actor for SchedulerActor {
                     }
                 };
                 state.end(finished);
+                state.answer_stats();
             }
             ToScheduler::Finish { id, reason, reply } => {
                 let finished = state.scheduler.finish_request(id, reason);
@@ -208,27 +215,13 @@ impl Actor for SchedulerActor {
                 }
                 state.end(finished.into_iter().collect());
             }
-            ToScheduler::Stats(reply) => {
-                let kv_cells_used = ractor::call!(state.worker, ToWorker::KvUsed).unwrap_or(0);
-                let _ = reply.send(EngineStats {
-                    running: state.scheduler.n_running(),
-                    waiting: state.scheduler.n_waiting(),
-                    kv_cells_used,
-                    kv_capacity: state.config.kv_capacity,
-                    preemptions: state.scheduler.preemptions,
-                    kv_cells_cached: state.scheduler.kv_cached(),
-                    prefix_queries: state.scheduler.prefix_queries,
-                    prefix_hits: state.scheduler.prefix_hits,
-                    finished: state.finished,
-                    sessions: state.sessions.len(),
-                    worker_restarts: state.worker_restarts,
-                    speculative: SpeculativeStats {
-                        proposer: if state.draft.is_some() { DraftModelProposer::NAME } else { NgramProposer::NAME },
-                        proposed: state.scheduler.proposed,
-                        accepted: state.scheduler.accepted,
-                    },
-                });
-            }
+            ToScheduler::Stats(reply) => match state.in_flight {
+                // The KV figure comes with the step's result: answer when it is in.
+                Some(_) => state.stats_waiting.push(reply),
+                None => {
+                    let _ = reply.send(state.stats());
+                }
+            },
             ToScheduler::Sessions(reply) => {
                 let mut infos = Vec::with_capacity(state.sessions.len());
                 for (id, actor) in &state.sessions {
@@ -245,7 +238,7 @@ impl Actor for SchedulerActor {
             }
             ToScheduler::SessionIdle { id, actor } => {
                 let current = state.sessions.get(&id).is_some_and(|a| a.get_id() == actor);
-                let busy = state.requests.values().any(|l| l.session.as_deref() == Some(id.as_str()));
+                let busy = state.scheduler.has_session_requests(&id);
                 if current && !busy {
                     state.end_session(&id, "expired");
                 }
@@ -263,6 +256,36 @@ impl Actor for SchedulerActor {
 }
 
 impl SchedulerState {
+    /// The replica's figures now.
+    fn stats(&self) -> EngineStats {
+        EngineStats {
+            running: self.scheduler.n_running(),
+            waiting: self.scheduler.n_waiting(),
+            kv_cells_used: self.kv_cells_used,
+            kv_capacity: self.config.kv_capacity,
+            preemptions: self.scheduler.preemptions,
+            kv_cells_cached: self.scheduler.kv_cached(),
+            prefix_queries: self.scheduler.prefix_queries,
+            prefix_hits: self.scheduler.prefix_hits,
+            finished: self.finished,
+            sessions: self.sessions.len(),
+            worker_restarts: self.worker_restarts,
+            speculative: SpeculativeStats {
+                proposer: if self.draft.is_some() { DraftModelProposer::NAME } else { NgramProposer::NAME },
+                proposed: self.scheduler.proposed,
+                accepted: self.scheduler.accepted,
+            },
+        }
+    }
+
+    /// Answers the stats callers that waited for the step in flight.
+    fn answer_stats(&mut self) {
+        let stats = self.stats();
+        for reply in self.stats_waiting.drain(..) {
+            let _ = reply.send(stats);
+        }
+    }
+
     fn publish_load(&self) {
         let load = ReplicaLoad {
             held: self.requests.len(),
@@ -322,7 +345,7 @@ impl SchedulerState {
         self.next_id += self.id_stride;
         // A worker that just died gets every live request's sampler when it is restarted.
         let _ = self.worker.send_message(ToWorker::AddRequest(id, Box::new(lane)));
-        self.requests.insert(id, Live { actor, events, params, session, speculating });
+        self.requests.insert(id, Live { actor, events, params, speculating });
         Ok(id)
     }
 
@@ -361,7 +384,9 @@ impl SchedulerState {
         let failed = batch.iter().filter_map(|id| self.scheduler.finish_request(*id, FinishReason::Error)).collect();
         self.end(failed);
         self.scheduler.reset_kv();
+        self.kv_cells_used = 0;
         self.worker_restarts += 1;
+        self.answer_stats();
         match self.new_worker(me).await {
             Ok(worker) => {
                 for (id, live) in &self.requests {
@@ -407,7 +432,7 @@ impl SchedulerState {
                     cached_tokens: f.cached_tokens,
                     queue_time: f.queue_time,
                 });
-                if let Some(session) = live.session.as_ref().and_then(|s| self.sessions.get(s)) {
+                if let Some(session) = f.session.as_ref().and_then(|s| self.sessions.get(s)) {
                     let _ = session.send_message(ToSession::End);
                 }
             }

@@ -109,12 +109,14 @@ pub struct Finished {
     pub cached_tokens: usize,
     /// Time from arrival to first admission (`None` if never admitted).
     pub queue_time: Option<Duration>,
+    /// The session it belonged to.
+    pub session: Option<String>,
 }
 
 impl Finished {
-    fn of(s: &Sequence, reason: FinishReason) -> Self {
+    fn of(s: &Sequence, reason: FinishReason, session: Option<String>) -> Self {
         let (cached_tokens, queue_time) = (s.cached_tokens, s.queue_time);
-        Self { id: s.id, output: s.output().to_vec(), reason, cached_tokens, queue_time }
+        Self { id: s.id, output: s.output().to_vec(), reason, cached_tokens, queue_time, session }
     }
 }
 
@@ -135,8 +137,6 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     free_seqs: Vec<SeqId>,
-    /// Cells accounted to admitted sequences (their computed tokens plus this step's).
-    kv_used: usize,
     /// Cells to free at the start of the next step.
     to_free: Vec<SeqId>,
     arrivals: u64,
@@ -166,7 +166,6 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             free_seqs: (0..MAX_SEQ as SeqId).rev().collect(),
-            kv_used: 0,
             to_free: Vec::new(),
             arrivals: 0,
             cached: Vec::new(),
@@ -231,8 +230,12 @@ impl Scheduler {
     pub fn n_running(&self) -> usize {
         self.running.len()
     }
+    /// Cells accounted to admitted sequences (their computed tokens plus this step's) and to
+    /// cached prefixes: derived from them, never stored (a cell shared by several owners counts
+    /// once per owner, so this never under-estimates what the cache holds).
     pub fn kv_used(&self) -> usize {
-        self.kv_used
+        let running: usize = self.running.iter().map(|s| s.computed + s.scheduled).sum();
+        running + self.kv_cached()
     }
 
     /// A sequence can grow to the context length, and no further than the whole cache.
@@ -241,7 +244,7 @@ impl Scheduler {
     }
 
     fn kv_free(&self) -> usize {
-        self.config.kv_capacity - self.kv_used
+        self.config.kv_capacity.saturating_sub(self.kv_used())
     }
 
     /// Builds the next step; `None` when there is nothing to run.
@@ -307,7 +310,6 @@ impl Scheduler {
             if let Some((src, len)) = hit {
                 plan.copies.push(PrefixCopy { src, dst: seq, len });
                 s.computed = len;
-                self.kv_used += len;
                 if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src) {
                     c.last_used = self.clock;
                 }
@@ -357,7 +359,6 @@ impl Scheduler {
             }
             item.max_drafts = k;
             s.scheduled += k;
-            self.kv_used += k;
             budget -= k;
         }
     }
@@ -374,7 +375,6 @@ impl Scheduler {
             sample: start + n == s.tokens.len(),
             max_drafts: 0,
         });
-        self.kv_used += n;
     }
 
     /// Whether a waiting sequence of `len` tokens can be admitted now with `hit`: a free
@@ -416,7 +416,6 @@ impl Scheduler {
         if let Some(session) = &c.session {
             tracing::debug!(session, tokens = c.tokens.len(), "session prefix evicted");
         }
-        self.kv_used -= c.tokens.len();
         free.push(c.seq);
         self.free_seqs.push(c.seq);
     }
@@ -465,7 +464,6 @@ impl Scheduler {
     fn preempt(&mut self, i: usize, plan: &mut StepPlan) {
         let mut s = self.running.remove(i);
         let seq = s.seq.take().expect("running sequences hold a seq id");
-        self.kv_used -= s.computed + s.scheduled;
         plan.items.retain(|it| it.id != s.id);
         (s.computed, s.scheduled) = (0, 0);
         s.state.transition(s.id, RequestState::Preempted).expect("running → preempted is allowed");
@@ -487,7 +485,6 @@ impl Scheduler {
         }
         self.cached.clear();
         self.to_free.clear();
-        self.kv_used = 0;
         self.free_seqs = (0..MAX_SEQ as SeqId).rev().collect();
     }
 
@@ -511,7 +508,6 @@ impl Scheduler {
             // sampled token is not (it is the next step's input).
             let accepted = outcome.tokens.len().saturating_sub(1);
             s.computed += item.tokens.len() + accepted;
-            self.kv_used -= item.max_drafts - accepted.min(item.max_drafts);
             s.scheduled = 0;
             s.tokens.extend(&outcome.tokens);
             if let Some(acceptance) = &mut s.speculation
@@ -536,11 +532,13 @@ impl Scheduler {
         let i = self.waiting.iter().position(|s| s.id == id)?;
         let mut s = self.waiting.remove(i).expect("index exists");
         s.state.transition(id, RequestState::Finished(reason)).ok()?;
-        Some(Finished::of(&s, reason))
+        let session = s.session.take();
+        Some(Finished::of(&s, reason, session))
     }
 
     fn finish(&mut self, i: usize, reason: FinishReason) -> Finished {
         let mut s = self.running.remove(i);
+        let session = s.session.clone();
         // Computed cells are valid whatever the reason, except after an error or while a step
         // that writes more of them is in flight.
         let keep = (self.config.prefix_caching || s.session.is_some())
@@ -548,7 +546,7 @@ impl Scheduler {
             && s.scheduled == 0
             && s.computed > 0;
         match s.seq.take() {
-            // Its cells stay, now as a cached prefix (still counted in `kv_used`).
+            // Its cells stay, now as a cached prefix.
             Some(seq) if keep => {
                 let tokens = s.tokens[..s.computed].to_vec();
                 self.cache(seq, tokens, s.session.take());
@@ -556,12 +554,16 @@ impl Scheduler {
             Some(seq) => {
                 self.to_free.push(seq);
                 self.free_seqs.push(seq);
-                self.kv_used -= s.computed + s.scheduled;
             }
-            None => self.kv_used -= s.computed + s.scheduled,
+            None => {}
         }
         // Stop/length only from running, which `s` is; abort/error from anywhere.
         let _ = s.state.transition(s.id, RequestState::Finished(reason));
-        Finished::of(&s, reason)
+        Finished::of(&s, reason, session)
+    }
+
+    /// Whether a queued or running request belongs to `session`.
+    pub fn has_session_requests(&self, session: &str) -> bool {
+        self.running.iter().chain(&self.waiting).any(|s| s.session.as_deref() == Some(session))
     }
 }

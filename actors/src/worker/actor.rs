@@ -43,9 +43,6 @@ impl Actor for WorkerActor {
         match msg {
             ToWorker::AddRequest(id, lane) => executor.add_request(id, *lane),
             ToWorker::RemoveRequest(id) => executor.remove_request(id),
-            ToWorker::KvUsed(reply) => {
-                let _ = reply.send(executor.context().kv().used());
-            }
             ToWorker::Execute(plan) => {
                 let mut executor = state.executor.take().ok_or("worker executor missing")?;
                 let (executor, plan, result, elapsed) = tokio::task::spawn_blocking(move || {
@@ -57,10 +54,11 @@ impl Actor for WorkerActor {
                 if let Err(DecodeError::Internal(e)) = result {
                     return Err(format!("forward pass failed: {e}").into());
                 }
+                let kv_used = executor.context().kv().used();
                 state.executor = Some(executor);
                 state
                     .scheduler
-                    .send_message(ToScheduler::StepDone { plan, result, elapsed })
+                    .send_message(ToScheduler::StepDone { plan, result, elapsed, kv_used })
                     .map_err(|_| "scheduler stopped")?;
             }
         }

@@ -1,7 +1,5 @@
 //! The worker actor's messages.
 
-use ractor::RpcReplyPort;
-
 use super::executor::Lane;
 use crate::request::RequestId;
 use crate::scheduler::StepPlan;
@@ -14,8 +12,6 @@ pub enum ToWorker {
     RemoveRequest(RequestId),
     /// Run one step off the async threads; the result goes back as `ToScheduler::StepDone`.
     Execute(StepPlan),
-    /// Sent by `Engine::stats` through the scheduler: KV cells in use.
-    KvUsed(RpcReplyPort<usize>),
 }
 
 impl ractor::Message for ToWorker {}

@@ -16,14 +16,14 @@ fn model_object(m: &ModelEntry) -> Value {
     json!({
         "id": m.name,
         "object": "model",
-        "created": m.created,
+        "created": m.engine.started_at(),
         "owned_by": "llaisys",
         "max_model_len": m.info().context_length,
     })
 }
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
-    let data: Vec<Value> = state.models.values().map(|m| model_object(m)).collect();
+    let data: Vec<Value> = state.models().map(|m| model_object(&m)).collect();
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
@@ -39,7 +39,7 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     }
     let unavailable = ApiError::unavailable;
     let mut nodes = std::collections::BTreeSet::new();
-    for m in state.models.values() {
+    for m in state.models() {
         match m.engine.replica_stats().await {
             Err(e) => return unavailable(e.to_string()).into_response(),
             // A cluster's front is healthy while some node serves.
@@ -60,10 +60,10 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let mut engines = Vec::with_capacity(state.models.len());
-    for m in state.models.values() {
-        if let Ok(replicas) = m.engine.replica_stats().await {
-            engines.push((m.name.as_str(), replicas));
+    let mut engines = Vec::new();
+    for (name, engine) in state.engines.iter() {
+        if let Ok(replicas) = engine.replica_stats().await {
+            engines.push((name, replicas));
         }
     }
     let text = state.metrics.render(&engines);
@@ -88,7 +88,7 @@ pub struct ModelQuery {
 
 pub async fn sessions(State(state): State<Arc<AppState>>, Query(q): Query<ModelQuery>) -> Result<Response, ApiError> {
     let mut data = Vec::new();
-    for m in state.models.values().filter(|m| q.model.as_deref().is_none_or(|n| n == m.name)) {
+    for m in state.models().filter(|m| q.model.as_deref().is_none_or(|n| n == m.name)) {
         for s in m.engine.sessions().await? {
             data.push(json!({
                 "id": s.id,
@@ -114,7 +114,7 @@ pub async fn delete_session(
     Query(q): Query<ModelQuery>,
 ) -> Result<Response, ApiError> {
     let mut deleted = false;
-    for m in state.models.values().filter(|m| q.model.as_deref().is_none_or(|n| n == m.name)) {
+    for m in state.models().filter(|m| q.model.as_deref().is_none_or(|n| n == m.name)) {
         deleted |= m.engine.delete_session(&id).await?;
     }
     if !deleted {

@@ -106,8 +106,7 @@ async fn completion(
     let request = CompletionRequest::batch(prompts).options(plan.options.clone());
     let valid = model.engine.prepare_completion(&request).map_err(|e| rename_logprobs(plan.api_error(e)))?;
     plan.count_constraint(state, &model.name);
-    let g =
-        Generation::start(state, model, Api::Completion, request_id, valid, plan.include_usage, req.echo).await?;
+    let g = Generation::start(state, model, Api::Completion, request_id, valid, plan.include_usage, req.echo).await?;
     Ok(if plan.stream { g.stream() } else { g.respond().await })
 }
 

@@ -10,7 +10,7 @@ mod webui;
 
 pub use generation::unix_now;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,20 +32,15 @@ use crate::config::Limits;
 use crate::metrics::Metrics;
 use error::{ApiError, ErrorType};
 
-/// One served model: its engine (which holds the tokenizer, chat template, defaults and
-/// request limits) under the name clients use.
+/// One served model as a handler holds it: its engine (which holds the tokenizer, chat
+/// template, defaults and request limits) under the name clients use. The table of served models
+/// is the `Router` (`AppState::engines`); this is a view of one of its entries.
 pub struct ModelEntry {
     pub name: String,
     pub engine: Engine,
-    /// Unix time the model was loaded (`created` in /v1/models).
-    pub created: u64,
 }
 
 impl ModelEntry {
-    pub fn new(name: String, engine: Engine) -> Self {
-        Self { name, engine, created: unix_now() }
-    }
-
     pub fn info(&self) -> &ModelInfo {
         self.engine.info()
     }
@@ -57,7 +52,7 @@ impl ModelEntry {
 
 /// Everything the handlers share.
 pub struct AppState {
-    pub models: BTreeMap<String, Arc<ModelEntry>>,
+    /// The served models by name.
     pub engines: Engines,
     pub limits: Limits,
     pub api_keys: Vec<String>,
@@ -71,18 +66,9 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(models: Vec<ModelEntry>, limits: Limits, api_keys: Vec<String>) -> Self {
-        let mut engines = Engines::new();
-        let models: BTreeMap<String, Arc<ModelEntry>> = models
-            .into_iter()
-            .map(|m| {
-                engines.add(m.name.clone(), m.engine.clone()).expect("model names are unique");
-                (m.name.clone(), Arc::new(m))
-            })
-            .collect();
+    pub fn new(engines: Engines, limits: Limits, api_keys: Vec<String>) -> Self {
         Self {
             admission: Arc::new(Semaphore::new(limits.max_concurrent_requests)),
-            models,
             engines,
             limits,
             api_keys,
@@ -96,16 +82,21 @@ impl AppState {
 
     /// The served model called `name`.
     pub fn model(&self, name: &str) -> Result<Arc<ModelEntry>, ApiError> {
-        self.engines.engine(name)?;
-        self.models.get(name).cloned().ok_or_else(|| ApiError::internal("model table out of sync"))
+        let engine = self.engines.engine(name)?.clone();
+        Ok(Arc::new(ModelEntry { name: name.into(), engine }))
+    }
+
+    /// Every served model, by name.
+    pub fn models(&self) -> impl Iterator<Item = ModelEntry> + '_ {
+        self.engines.iter().map(|(name, engine)| ModelEntry { name: name.into(), engine: engine.clone() })
     }
 
     /// The model of a request that may leave it out (tokenize, detokenize): the only one served.
     pub fn model_or_default(&self, name: Option<&str>) -> Result<Arc<ModelEntry>, ApiError> {
-        match name {
-            Some(n) => self.model(n),
-            None if self.models.len() == 1 => Ok(self.models.values().next().cloned().expect("one model")),
-            None => Err(ApiError::invalid("model", "several models are served: name one")),
+        match (name, self.engines.only()) {
+            (Some(n), _) => self.model(n),
+            (None, Some(only)) => self.model(only),
+            (None, None) => Err(ApiError::invalid("model", "several models are served: name one")),
         }
     }
 
