@@ -300,3 +300,16 @@ async fn two_engines_live_in_one_process() {
     let (tb, _, _) = collect(b.generate(request(p.ids.clone(), 20)).await.unwrap()).await;
     assert_eq!((ta.len(), tb), (4, p.greedy.clone()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_handle_stops_the_engine_and_ends_its_requests_with_abort() {
+    let engine = mock_engine(None).await;
+    let clone = engine.clone();
+    let mut stream = engine.generate(request(vec![1, 2, 3], 10_000)).await.unwrap();
+    assert!(matches!(stream.next().await, Some(Event::Token { .. })));
+    drop(engine);
+    assert!(clone.stats().await.is_ok(), "a clone keeps the engine");
+    drop(clone);
+    let (_, _, finished) = collect(stream).await;
+    assert_eq!(reason(&finished), FinishReason::Abort);
+}
