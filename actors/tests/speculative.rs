@@ -193,7 +193,7 @@ fn after_every_step_the_cache_holds_exactly_the_accepted_tokens() {
     let cfg = EngineConfig { prefix_caching: false, ..config(true) };
     let mut executor =
         Executor::new(Context::new(Box::new(flaky), cfg.kv_capacity)).with_proposer(Box::new(NgramProposer::new(1, 4)));
-    let mut scheduler = Scheduler::new(cfg.scheduler(1 << 20));
+    let mut scheduler = Scheduler::new(cfg, 1 << 20);
     for (id, prompt) in prompts.iter().enumerate() {
         let params = Arc::new(GenerateParams { max_tokens: 30, ..GenerateParams::default() });
         scheduler.add(Sequence::new(id as u64, prompt.clone(), params.clone()).speculating(true));
@@ -276,7 +276,7 @@ fn sampled_tokens_keep_their_distribution_under_speculation() {
     let histogram = |speculate: bool| {
         let proposer: Box<dyn Proposer> = Box::new(Oracle { prompt_len: prompt.len(), path: path.clone() });
         let mut executor = Executor::new(Context::new(model(), cfg.kv_capacity)).with_proposer(proposer);
-        let mut scheduler = Scheduler::new(cfg.scheduler(1 << 20));
+        let mut scheduler = Scheduler::new(cfg, 1 << 20);
         let mut counts: HashMap<u32, f64> = HashMap::new();
         for seed in 0..SEEDS {
             let params = Arc::new(GenerateParams { max_tokens: 4, ..GenerateParams::default() });

@@ -21,10 +21,41 @@ pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 pub struct Config {
     pub server: ServerConfig,
     pub model: ModelConfig,
-    pub engine: EngineSection,
-    pub speculative: SpeculativeSection,
-    pub limits: Limits,
+    /// `[engine]` and `[speculative]` deserialise into the engine's own configuration types:
+    /// each knob is defined once, there.
+    pub engine: EngineConfig,
+    pub speculative: SpeculativeConfig,
+    /// `[limits]`: what one request may ask for (the engine's checks)...
+    pub limits: RequestLimits,
+    /// ... and the server's own admission limits from the same section.
+    #[serde(skip)]
+    pub admission: AdmissionLimits,
+    /// `speculative.draft_model`: the draft model's path (empty: prompt lookup), which the
+    /// builder loads beside the model.
+    #[serde(skip)]
+    pub draft_model: PathBuf,
     pub cluster: ClusterSection,
+}
+
+/// `[limits]`' server-side keys: requests admitted to the engine at once, and waiting for it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AdmissionLimits {
+    pub max_concurrent_requests: usize,
+    pub max_queue: usize,
+}
+
+/// The keys of `[speculative]` and `[limits]` that are not the engine's, read from the same
+/// table in a second pass (each struct takes its own keys and leaves the others; `Config::load`
+/// refuses keys the defaults do not have).
+#[derive(Deserialize)]
+struct ServerKeys {
+    speculative: DraftModel,
+    limits: AdmissionLimits,
+}
+
+#[derive(Deserialize)]
+struct DraftModel {
+    draft_model: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -63,38 +94,6 @@ pub struct ModelConfig {
     pub model_type: String,
     pub dtype: String,
     pub device: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EngineSection {
-    pub kv_capacity: usize,
-    pub max_seqs_per_step: usize,
-    pub max_tokens_per_step: usize,
-    pub max_prefill_tokens_while_decoding: usize,
-    pub prefill_step_factor: f64,
-    pub prefix_caching: bool,
-    pub session_idle_timeout_secs: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SpeculativeSection {
-    pub default: bool,
-    pub draft_model: PathBuf,
-    pub max_draft: usize,
-    pub ngram_min: usize,
-    pub ngram_max: usize,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    pub max_concurrent_requests: usize,
-    pub max_queue: usize,
-    pub max_prompt_tokens: usize,
-    pub max_tokens: usize,
-    pub max_n: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -167,10 +166,14 @@ impl Config {
         }
         let source_of =
             |key: &str| sources.iter().rev().find(|(k, _)| k == key).map_or("default".into(), |(_, s)| s.clone());
-        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let key_error = |e: serde_path_to_error::Error<toml::de::Error>| {
             let key = e.path().to_string();
             ConfigError::Key { origin: source_of(&key), key, reason: e.into_inner().message().to_string() }
-        })?;
+        };
+        let table = toml::Value::Table(table);
+        let mut config: Config = serde_path_to_error::deserialize(table.clone()).map_err(key_error)?;
+        let server: ServerKeys = serde_path_to_error::deserialize(table).map_err(key_error)?;
+        (config.admission, config.draft_model) = (server.limits, server.speculative.draft_model);
         config.validate(&source_of)?;
         Ok(config)
     }
@@ -196,7 +199,7 @@ impl Config {
             ("engine.max_seqs_per_step", self.engine.max_seqs_per_step),
             ("engine.max_tokens_per_step", self.engine.max_tokens_per_step),
             ("engine.max_prefill_tokens_while_decoding", self.engine.max_prefill_tokens_while_decoding),
-            ("limits.max_concurrent_requests", self.limits.max_concurrent_requests),
+            ("limits.max_concurrent_requests", self.admission.max_concurrent_requests),
             ("limits.max_tokens", self.limits.max_tokens),
             ("limits.max_n", self.limits.max_n),
         ] {
@@ -270,8 +273,8 @@ impl Config {
             name: if c.name.is_empty() { defaults.name } else { c.name.clone() },
             heartbeat_interval: Duration::from_millis(c.heartbeat_interval_ms),
             heartbeat_timeout: Duration::from_millis(c.heartbeat_timeout_ms),
-            queue: self.limits.max_queue,
-            capacity: if c.capacity == 0 { self.limits.max_concurrent_requests } else { c.capacity },
+            queue: self.admission.max_queue,
+            capacity: if c.capacity == 0 { self.admission.max_concurrent_requests } else { c.capacity },
             placement: PlacementConfig { routing: self.routing().unwrap_or_default(), ..PlacementConfig::default() },
         }
     }
@@ -302,29 +305,12 @@ impl Config {
 
     /// What one request may ask for (the engine checks it).
     pub fn request_limits(&self) -> RequestLimits {
-        RequestLimits {
-            max_prompt_tokens: self.limits.max_prompt_tokens,
-            max_tokens: self.limits.max_tokens,
-            max_n: self.limits.max_n,
-        }
+        self.limits
     }
 
+    /// The engine's settings: `[engine]` with `[speculative]`'s.
     pub fn engine_config(&self) -> EngineConfig {
-        EngineConfig {
-            kv_capacity: self.engine.kv_capacity,
-            max_seqs_per_step: self.engine.max_seqs_per_step,
-            max_tokens_per_step: self.engine.max_tokens_per_step,
-            max_prefill_tokens_while_decoding: self.engine.max_prefill_tokens_while_decoding,
-            prefill_step_factor: self.engine.prefill_step_factor,
-            prefix_caching: self.engine.prefix_caching,
-            session_idle_timeout: Duration::from_secs(self.engine.session_idle_timeout_secs),
-            speculative: SpeculativeConfig {
-                default_on: self.speculative.default,
-                max_draft: self.speculative.max_draft,
-                ngram_min: self.speculative.ngram_min,
-                ngram_max: self.speculative.ngram_max,
-            },
-        }
+        EngineConfig { speculative: self.speculative, ..self.engine }
     }
 }
 
@@ -411,5 +397,40 @@ mod tests {
                 assert!(above.starts_with('#') || above.contains(" = "), "{section}.{key} has no comment");
             }
         }
+    }
+
+    /// The sections the engine's own types read, and the keys beside them, name the key of a
+    /// value of the wrong type; the engine's config is the sections as they are.
+    #[test]
+    fn engine_sections_deserialise_into_the_engines_types_and_name_their_keys() {
+        for (key, value) in [
+            ("engine.kv_capacity", "\"x\""),
+            ("engine.session_idle_timeout_secs", "-1"),
+            ("speculative.default", "3"),
+            ("speculative.max_draft", "\"x\""),
+            ("speculative.draft_model", "3"),
+            ("limits.max_n", "\"x\""),
+            ("limits.max_queue", "\"x\""),
+        ] {
+            let err = load(&[], &[("model.path", "m"), (key, value)]).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("config key `{key}` (command line): ")), "{key}: {err}");
+        }
+        let settings = [
+            ("model.path", "m"),
+            ("engine.kv_capacity", "100"),
+            ("engine.session_idle_timeout_secs", "7"),
+            ("speculative.default", "true"),
+            ("speculative.draft_model", "\"d.gguf\""),
+            ("limits.max_n", "3"),
+            ("limits.max_queue", "5"),
+        ];
+        let c = load(&[], &settings).unwrap();
+        let engine = c.engine_config();
+        assert_eq!(
+            (engine.kv_capacity, engine.session_idle_timeout.as_secs(), engine.speculative.default_on),
+            (100, 7, true)
+        );
+        assert_eq!((c.request_limits().max_n, c.admission.max_queue), (3, 5));
+        assert_eq!(c.draft_model, PathBuf::from("d.gguf"));
     }
 }

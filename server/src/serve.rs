@@ -67,7 +67,7 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
     // The router queues and refuses (429) by the nodes' capacities; the HTTP layer's own
     // admission limit would cap the whole cluster at one node's.
     let mut config = config.clone();
-    config.limits.max_concurrent_requests = tokio::sync::Semaphore::MAX_PERMITS;
+    config.admission.max_concurrent_requests = tokio::sync::Semaphore::MAX_PERMITS;
     start_models(vec![ModelEntry { name: config.model_name(), engine }], &config).await
 }
 
@@ -84,8 +84,8 @@ pub fn builder(config: &Config) -> Result<EngineBuilder, ServeError> {
     if !config.model.model_type.is_empty() {
         builder = builder.model_type(&config.model.model_type);
     }
-    if !config.speculative.draft_model.as_os_str().is_empty() {
-        builder = builder.draft_model(&config.speculative.draft_model);
+    if !config.draft_model.as_os_str().is_empty() {
+        builder = builder.draft_model(&config.draft_model);
     }
     Ok(builder.placement(config.cluster_config().placement))
 }
@@ -103,7 +103,7 @@ pub async fn start_models(models: Vec<ModelEntry>, config: &Config) -> Result<Se
     for ModelEntry { name, engine } in models {
         engines.add(name, engine)?;
     }
-    let state = AppState::new(engines, config.limits.clone(), config.server.api_keys.clone());
+    let state = AppState::new(engines, config.admission.clone(), config.server.api_keys.clone());
     let addr: SocketAddr =
         format!("{}:{}", config.server.host, config.server.port).parse().map_err(|e| ServeError::Setting {
             key: "server.host",

@@ -1,14 +1,17 @@
-//! The engine's sizes and budgets (the server's `[engine]` and `[speculative]` sections).
+//! The engine's sizes and budgets, defined once: the server's `[engine]` section deserialises
+//! into `EngineConfig` and its `[speculative]` section into `SpeculativeConfig`; the scheduler's
+//! policy reads them as they are.
 
 use std::time::Duration;
 
 use llaisys_model::LanguageModel;
 
-use crate::scheduler::SchedulerConfig;
 use crate::speculative::{DraftModelProposer, NgramProposer, Proposer, SpeculativeConfig};
 
-/// Sizes and budgets of one engine.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Sizes and budgets of one engine (`[engine]` in the server's config, where the idle timeout
+/// is `session_idle_timeout_secs`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
     /// KV cache cells (tokens across all sequences).
     pub kv_capacity: usize,
@@ -23,9 +26,15 @@ pub struct EngineConfig {
     /// Reuse the cells of finished requests for later prompts with the same prefix (E5).
     pub prefix_caching: bool,
     /// A session with no request for this long is ended and its cells freed (E6).
+    #[serde(rename = "session_idle_timeout_secs", deserialize_with = "seconds")]
     pub session_idle_timeout: Duration,
-    /// Speculative decoding: who speculates and how far.
+    /// Speculative decoding: who speculates and how far (its own section in the config).
+    #[serde(skip)]
     pub speculative: SpeculativeConfig,
+}
+
+fn seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    <u64 as serde::Deserialize>::deserialize(d).map(Duration::from_secs)
 }
 
 impl Default for EngineConfig {
@@ -44,20 +53,6 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// The scheduler's settings for a model of `context_length`.
-    pub fn scheduler(&self, context_length: usize) -> SchedulerConfig {
-        SchedulerConfig {
-            max_seqs_per_step: self.max_seqs_per_step,
-            max_tokens_per_step: self.max_tokens_per_step,
-            max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding,
-            prefill_step_factor: self.prefill_step_factor,
-            kv_capacity: self.kv_capacity,
-            context_length,
-            prefix_caching: self.prefix_caching,
-            max_draft: self.speculative.max_draft,
-        }
-    }
-
     /// The proposer of an engine with these settings: the draft model when one is given,
     /// otherwise prompt lookup (n-grams). It exists even when no request speculates by default,
     /// for the requests that ask.

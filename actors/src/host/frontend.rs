@@ -19,7 +19,6 @@ use crate::engine::EngineError;
 
 /// What one request may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RequestLimits {
     /// Longest prompt in tokens (0: the context length − 1).
     pub max_prompt_tokens: usize,

@@ -64,7 +64,7 @@ impl Llm {
         config: EngineConfig,
     ) -> Self {
         let info = model.info().clone();
-        let scheduler = Scheduler::new(config.scheduler(info.context_length));
+        let scheduler = Scheduler::new(config, info.context_length);
         let frontend = Frontend::new(info, text, limits, Some(config.kv_capacity));
         let vocab = model.info().vocab_size;
         let ctx = Context::new(model, config.kv_capacity);

@@ -109,7 +109,7 @@ impl Actor for SchedulerActor {
             None => None,
         };
         let worker = spawn_worker(&me, args.model, draft, &args.config).await?;
-        let scheduler = Scheduler::new(args.config.scheduler(context_length));
+        let scheduler = Scheduler::new(args.config, context_length);
         Ok(SchedulerState {
             scheduler,
             worker,

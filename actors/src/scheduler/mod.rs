@@ -12,5 +12,5 @@ mod tests;
 
 pub(crate) use actor::{IdSpace, SchedulerActor, SchedulerArgs, load_off_thread};
 pub use messages::{ReplicaLoad, Submission, ToScheduler};
-pub use policy::{Finished, Outcome, PlanItem, PrefixCopy, Scheduler, SchedulerConfig, StepPlan};
+pub use policy::{Finished, Outcome, PlanItem, PrefixCopy, Scheduler, StepPlan};
 pub use sequence::Sequence;

@@ -26,34 +26,9 @@ use llaisys_model::{Pos, SeqId};
 
 use super::cost::StepCost;
 use super::sequence::Sequence;
+use crate::engine::EngineConfig;
 use crate::request::{FinishReason, RequestId, RequestState};
 use crate::speculative::draft_len;
-
-/// Budgets and sizes the scheduler works within.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SchedulerConfig {
-    /// Most sequences in one forward pass.
-    pub max_seqs_per_step: usize,
-    /// Most tokens in one forward pass (prefill chunks are cut to fit).
-    pub max_tokens_per_step: usize,
-    /// Most prompt tokens in a step that also decodes: a step's time grows with its tokens, and
-    /// every decoding sequence waits for the whole step, so this bounds their inter-token gap
-    /// while prompts are being prefilled.
-    pub max_prefill_tokens_while_decoding: usize,
-    /// A step that decodes may take at most this many times a decode-only step of the batch of
-    /// every running and waiting sequence (up to `max_seqs_per_step`; its prefill is
-    /// sized from the learnt step cost, within `max_prefill_tokens_while_decoding`; prompts
-    /// still advance by at least `MIN_PREFILL` tokens a step). 0: no time bound.
-    pub prefill_step_factor: f64,
-    /// Cells of the worker's KV cache.
-    pub kv_capacity: usize,
-    /// The model's context length.
-    pub context_length: usize,
-    /// Keep finished sequences' cells for reuse by later requests with the same prefix.
-    pub prefix_caching: bool,
-    /// Most tokens a speculating sequence may propose in one step (0: no speculation).
-    pub max_draft: usize,
-}
 
 /// One sequence's part of a step: `tokens` at positions `start_pos..`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +108,9 @@ struct CachedPrefix {
 
 #[derive(Debug)]
 pub struct Scheduler {
-    config: SchedulerConfig,
+    config: EngineConfig,
+    /// The model's context length: no sequence grows past it.
+    context_length: usize,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     free_seqs: Vec<SeqId>,
@@ -160,9 +137,10 @@ pub struct Scheduler {
 const MIN_PREFILL: usize = 8;
 
 impl Scheduler {
-    pub fn new(config: SchedulerConfig) -> Self {
+    pub fn new(config: EngineConfig, context_length: usize) -> Self {
         Self {
             config,
+            context_length,
             waiting: VecDeque::new(),
             running: Vec::new(),
             free_seqs: (0..MAX_SEQ as SeqId).rev().collect(),
@@ -208,7 +186,7 @@ impl Scheduler {
     pub fn add(&mut self, mut seq: Sequence) {
         let prompt = seq.tokens.len();
         debug_assert!(
-            prompt > 0 && prompt < self.config.context_length && prompt < self.config.kv_capacity,
+            prompt > 0 && prompt < self.context_length && prompt < self.config.kv_capacity,
             "a sequence the frontend should have refused: {prompt} tokens"
         );
         seq.arrival = self.arrivals;
@@ -240,7 +218,7 @@ impl Scheduler {
 
     /// A sequence can grow to the context length, and no further than the whole cache.
     fn length_limit(&self) -> usize {
-        self.config.context_length.min(self.config.kv_capacity)
+        self.context_length.min(self.config.kv_capacity)
     }
 
     fn kv_free(&self) -> usize {
@@ -333,7 +311,7 @@ impl Scheduler {
     /// many as their acceptance rate pays for at this batch's step cost (`speculative`), and
     /// never past their `max_tokens` or the context.
     fn plan_drafts(&mut self, plan: &mut StepPlan, mut budget: usize) {
-        let max_draft = self.config.max_draft;
+        let max_draft = self.config.speculative.max_draft;
         if max_draft == 0 || !self.running.iter().any(|s| s.speculation.is_some()) {
             return;
         }

@@ -5,20 +5,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
+use crate::engine::EngineConfig;
 use crate::host::GenerateParams;
 use crate::request::FinishReason;
+use crate::speculative::SpeculativeConfig;
 
-fn config(tokens: usize, seqs: usize, kv: usize) -> SchedulerConfig {
-    SchedulerConfig {
+fn config(tokens: usize, seqs: usize, kv: usize) -> EngineConfig {
+    EngineConfig {
         max_seqs_per_step: seqs,
         max_tokens_per_step: tokens,
         max_prefill_tokens_while_decoding: tokens,
         prefill_step_factor: 0.0,
         kv_capacity: kv,
-        context_length: 1000,
         prefix_caching: false,
-        max_draft: 4,
+        speculative: SpeculativeConfig { max_draft: 4, ..SpeculativeConfig::default() },
+        ..EngineConfig::default()
     }
+}
+
+/// A scheduler for a model whose context is 1000 tokens.
+fn scheduler(config: EngineConfig) -> Scheduler {
+    Scheduler::new(config, 1000)
 }
 
 /// Checked parameters: `max_tokens`, and 9 ends a sequence.
@@ -51,7 +58,7 @@ fn tokens_of(plan: &StepPlan, id: u64) -> usize {
 
 #[test]
 fn a_prompt_is_prefilled_in_chunks_within_the_token_budget() {
-    let mut s = Scheduler::new(config(4, 8, 100));
+    let mut s = scheduler(config(4, 8, 100));
     s.add(seq(0, 10, 2));
     let chunks: Vec<(usize, i64, bool)> = (0..3)
         .map(|_| {
@@ -68,7 +75,7 @@ fn a_prompt_is_prefilled_in_chunks_within_the_token_budget() {
 
 #[test]
 fn while_sequences_decode_prompts_get_only_the_prefill_budget() {
-    let mut s = Scheduler::new(SchedulerConfig { max_prefill_tokens_while_decoding: 5, ..config(64, 8, 1000) });
+    let mut s = scheduler(EngineConfig { max_prefill_tokens_while_decoding: 5, ..config(64, 8, 1000) });
     s.add(seq(0, 3, 50));
     s.add(seq(1, 30, 5));
     let (plan, _) = step(&mut s);
@@ -92,13 +99,13 @@ fn while_sequences_decode_prompts_get_only_the_prefill_budget() {
 /// 2 × 13 ms and the step adds 15. Before the cost is known, the static budget applies.
 #[test]
 fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
-    let mut s = Scheduler::new(SchedulerConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
+    let mut s = scheduler(EngineConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
     s.add(seq(0, 3, 50));
     step(&mut s);
     s.add(seq(1, 40, 5));
     let (plan, _) = step(&mut s);
     assert_eq!((tokens_of(&plan, 0), tokens_of(&plan, 1)), (1, 40), "no cost learnt yet: the static budget");
-    let mut s = Scheduler::new(SchedulerConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
+    let mut s = scheduler(EngineConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
     for tokens in [43, 17, 64] {
         let item = PlanItem { id: 99, seq: 0, start_pos: 0, tokens: vec![0; tokens], sample: false, max_drafts: 0 };
         s.record_step(
@@ -119,7 +126,7 @@ fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
 
 #[test]
 fn decoding_sequences_are_not_starved_by_a_long_prompt() {
-    let mut s = Scheduler::new(config(8, 8, 1000));
+    let mut s = scheduler(config(8, 8, 1000));
     s.add(seq(0, 3, 50));
     step(&mut s); // prefill 0
     s.add(seq(1, 40, 5));
@@ -132,7 +139,7 @@ fn decoding_sequences_are_not_starved_by_a_long_prompt() {
 
 #[test]
 fn a_new_request_joins_while_others_decode() {
-    let mut s = Scheduler::new(config(64, 8, 1000));
+    let mut s = scheduler(config(64, 8, 1000));
     s.add(seq(0, 5, 100));
     s.add(seq(1, 5, 100));
     for _ in 0..3 {
@@ -146,7 +153,7 @@ fn a_new_request_joins_while_others_decode() {
 
 #[test]
 fn the_sequence_budget_caps_each_step_and_the_oldest_go_first() {
-    let mut s = Scheduler::new(config(100, 2, 1000));
+    let mut s = scheduler(config(100, 2, 1000));
     for id in 0..3 {
         s.add(seq(id, 2, 4));
     }
@@ -158,7 +165,7 @@ fn the_sequence_budget_caps_each_step_and_the_oldest_go_first() {
 #[test]
 fn under_a_tiny_cache_the_newest_is_preempted_and_everyone_still_finishes() {
     // Two prompts of 4 tokens generating 6 each need 20 cells; there are 14.
-    let mut s = Scheduler::new(config(64, 8, 14));
+    let mut s = scheduler(config(64, 8, 14));
     s.add(seq(0, 4, 6));
     s.add(seq(1, 4, 6));
     let mut finished = Vec::new();
@@ -181,7 +188,7 @@ fn under_a_tiny_cache_the_newest_is_preempted_and_everyone_still_finishes() {
 
 #[test]
 fn a_stop_token_ends_the_request_with_stop() {
-    let mut s = Scheduler::new(config(64, 8, 100));
+    let mut s = scheduler(config(64, 8, 100));
     s.add(seq(0, 3, 10));
     let plan = s.schedule().unwrap();
     let finished = postprocess(&mut s, &plan, &[Some(9)]);
@@ -193,7 +200,7 @@ fn a_stop_token_ends_the_request_with_stop() {
 
 #[test]
 fn finishing_a_request_works_from_either_queue_and_frees_its_cells() {
-    let mut s = Scheduler::new(config(64, 1, 100));
+    let mut s = scheduler(config(64, 1, 100));
     s.add(seq(0, 3, 10));
     s.add(seq(1, 3, 10));
     step(&mut s);
@@ -208,7 +215,7 @@ fn finishing_a_request_works_from_either_queue_and_frees_its_cells() {
 
 #[test]
 fn finishing_a_request_whose_step_is_in_flight_releases_its_cells() {
-    let mut s = Scheduler::new(config(64, 8, 100));
+    let mut s = scheduler(config(64, 8, 100));
     s.add(seq(0, 5, 10));
     s.add(seq(1, 3, 10));
     let plan = s.schedule().unwrap();
@@ -222,7 +229,7 @@ fn finishing_a_request_whose_step_is_in_flight_releases_its_cells() {
 
 #[test]
 fn a_sequence_that_fills_the_whole_cache_ends_with_length_instead_of_preempting_itself() {
-    let mut s = Scheduler::new(config(64, 8, 12));
+    let mut s = scheduler(config(64, 8, 12));
     s.add(seq(0, 4, 100));
     let mut finished = Vec::new();
     for _ in 0..50 {
@@ -238,7 +245,7 @@ fn a_sequence_that_fills_the_whole_cache_ends_with_length_instead_of_preempting_
 }
 
 fn caching(tokens: usize, kv: usize) -> Scheduler {
-    Scheduler::new(SchedulerConfig { prefix_caching: true, ..config(tokens, 8, kv) })
+    scheduler(EngineConfig { prefix_caching: true, ..config(tokens, 8, kv) })
 }
 
 /// Runs until every queued request finished; returns them.
@@ -341,7 +348,7 @@ fn in_session(id: u64, prompt: &[u32], session: &str) -> Sequence {
 
 #[test]
 fn a_session_pins_its_cells_without_prefix_caching_and_its_next_turn_computes_only_new_tokens() {
-    let mut s = Scheduler::new(config(64, 8, 100)); // prefix caching off
+    let mut s = scheduler(config(64, 8, 100)); // prefix caching off
     s.add(in_session(0, &[1, 2, 3, 4], "a"));
     let out = run_all(&mut s);
     assert_eq!(out[0].output, vec![7, 7]);
@@ -405,7 +412,7 @@ fn after_a_kv_reset_running_sequences_are_recomputed_and_finish() {
 
 /// Runs the prefill of a lone speculating sequence; returns the scheduler ready to decode.
 fn speculating(kv: usize, prompt: usize, max_tokens: usize) -> Scheduler {
-    let mut s = Scheduler::new(config(64, 4, kv));
+    let mut s = scheduler(config(64, 4, kv));
     s.add(seq(1, prompt, max_tokens).speculating(true));
     let (plan, _) = step(&mut s);
     assert_eq!(plan.items[0].max_drafts, 0, "a prefill chunk proposes nothing");
@@ -440,7 +447,7 @@ fn proposals_stop_short_of_max_tokens_the_budget_and_the_cache() {
     assert_eq!(plan.items[0].max_drafts, 1);
     assert_eq!(s.kv_used(), 12);
     // Another sequence holding cells: proposals take only the free ones, never preempting.
-    let mut s = Scheduler::new(config(64, 4, 20));
+    let mut s = scheduler(config(64, 4, 20));
     s.add(seq(1, 10, 50).speculating(true));
     s.add(seq(2, 7, 50));
     step(&mut s);
@@ -448,7 +455,7 @@ fn proposals_stop_short_of_max_tokens_the_budget_and_the_cache() {
     assert_eq!(plan.items.iter().map(|i| i.max_drafts).collect::<Vec<_>>(), vec![1, 0]);
     assert_eq!((s.kv_used(), s.preemptions), (20, 0));
     // A token budget of 3: the decode token and two proposals.
-    let mut s = Scheduler::new(config(3, 4, 100));
+    let mut s = scheduler(config(3, 4, 100));
     s.add(seq(1, 2, 50).speculating(true));
     step(&mut s);
     assert_eq!(s.schedule().unwrap().items[0].max_drafts, 2);
@@ -464,11 +471,14 @@ fn proposals_stop_short_of_max_tokens_the_budget_and_the_cache() {
 
 #[test]
 fn sequences_that_do_not_speculate_get_no_proposals() {
-    let mut s = Scheduler::new(config(64, 4, 100));
+    let mut s = scheduler(config(64, 4, 100));
     s.add(seq(1, 4, 10));
     step(&mut s);
     assert_eq!(s.schedule().unwrap().items[0].max_drafts, 0);
-    let mut s = Scheduler::new(SchedulerConfig { max_draft: 0, ..config(64, 4, 100) });
+    let mut s = scheduler(EngineConfig {
+        speculative: SpeculativeConfig { max_draft: 0, ..SpeculativeConfig::default() },
+        ..config(64, 4, 100)
+    });
     s.add(seq(1, 4, 10).speculating(true));
     step(&mut s);
     assert_eq!(s.schedule().unwrap().items[0].max_drafts, 0, "speculation is off for the engine");

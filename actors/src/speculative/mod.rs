@@ -49,10 +49,13 @@ pub trait Proposer: Send {
     fn forget(&mut self, id: RequestId);
 }
 
-/// Speculation settings of an engine.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Speculation settings of an engine (`[speculative]` in the server's config, where
+/// `default_on` is `default`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(default)]
 pub struct SpeculativeConfig {
     /// Speculate for requests that do not say (a request's `speculative` field decides for it).
+    #[serde(rename = "default")]
     pub default_on: bool,
     /// Most tokens proposed for one sequence in one step.
     pub max_draft: usize,

@@ -28,7 +28,7 @@ use llaisys_actors::{Engine, Router as Engines};
 use llaisys_model::{ModelInfo, Tokenizer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::config::Limits;
+use crate::config::AdmissionLimits;
 use crate::metrics::Metrics;
 use error::{ApiError, ErrorType};
 
@@ -54,7 +54,7 @@ impl ModelEntry {
 pub struct AppState {
     /// The served models by name.
     pub engines: Engines,
-    pub limits: Limits,
+    pub limits: AdmissionLimits,
     pub api_keys: Vec<String>,
     pub metrics: Metrics,
     shutting_down: AtomicBool,
@@ -66,7 +66,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(engines: Engines, limits: Limits, api_keys: Vec<String>) -> Self {
+    pub fn new(engines: Engines, limits: AdmissionLimits, api_keys: Vec<String>) -> Self {
         Self {
             admission: Arc::new(Semaphore::new(limits.max_concurrent_requests)),
             engines,
