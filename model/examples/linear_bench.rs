@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, FloatDType, Tensor};
-use llaisys_model::layers::{Linear, Weight};
+use llaisys_model::layers::Linear;
+use llaisys_model::layers::linear::{self, Matrix};
 use llaisys_model::quant::{PackedMatrix, QuantType};
 
 fn time(mut f: impl FnMut()) -> f64 {
@@ -34,11 +35,11 @@ fn main() {
         let weight: Tensor<2> = Tensor::random([out, input], Distribution::Uniform(-1.0, 1.0), &device);
         let values: Vec<f32> = weight.clone().into_data().try_to_vec().expect("f32");
         let dense = [FloatDType::F32, FloatDType::F16, FloatDType::BF16]
-            .map(|d| (format!("{d:?}"), Weight::Dense(weight.clone().cast(d))));
+            .map(|d| (format!("{d:?}"), linear::dense(weight.clone().cast(d))));
         let packed = [QuantType::Q8_0, QuantType::Q5_0, QuantType::Q4_0].map(|q| {
             (
                 q.name().to_string(),
-                Weight::Packed(Arc::new(PackedMatrix::quantize(q, out, input, &values).expect("quantizes"))),
+                linear::packed(Arc::new(PackedMatrix::quantize(q, out, input, &values).expect("quantizes"))),
             )
         });
         for (kind, weight) in dense.into_iter().chain(packed) {
@@ -47,14 +48,14 @@ fn main() {
             for &n in &rows {
                 let x: Tensor<2> = Tensor::random([n, input], Distribution::Uniform(-1.0, 1.0), &device);
                 let t = time(|| drop(linear.forward(x.clone()).into_data()));
-                let plain = match &linear.weight {
-                    Weight::Dense(w) => {
+                let plain = match linear.weight.matrix() {
+                    Matrix::Dense(w) => {
                         let dtype: FloatDType = w.dtype().into();
                         time(|| {
                             drop(x.clone().cast(dtype).matmul(w.clone().transpose()).cast(FloatDType::F32).into_data())
                         }) * 1e3
                     }
-                    Weight::Packed(_) => f64::NAN,
+                    Matrix::Packed(_) => f64::NAN,
                 };
                 println!(
                     "{out:>8} {input:>6} {n:>6} {kind:>5}  {:>10.3} {:>8.1} {:>8.1}  {plain:>10.3}",

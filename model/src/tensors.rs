@@ -10,7 +10,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use half::{bf16, f16};
 
 use crate::error::LoadError;
-use crate::layers::Weight;
+use crate::layers::{Weight, linear};
 use crate::quant::{PackedMatrix, QuantType};
 
 /// Which tensor names a source uses.
@@ -183,17 +183,17 @@ pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device:
     };
     let packing = |e: crate::quant::PackError| LoadError::Tensor { name: name.into(), reason: e.to_string() };
     let weight = match storage {
-        Storage::Dense(dtype) => Weight::Dense(Tensor::from_data(src.data(name, dtype)?, (device, dtype))),
+        Storage::Dense(dtype) => linear::dense(Tensor::from_data(src.data(name, dtype)?, (device, dtype))),
         Storage::Packed(q) => match src.blocks(name) {
             Some((stored, bytes)) if stored == q => {
-                Weight::Packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, bytes).map_err(packing)?))
+                linear::packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, bytes).map_err(packing)?))
             }
             _ => {
                 let values = src
                     .data(name, DType::F32)?
                     .try_into_vec::<f32>()
                     .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?;
-                Weight::Packed(Arc::new(PackedMatrix::quantize(q, rows, k, &values).map_err(packing)?))
+                linear::packed(Arc::new(PackedMatrix::quantize(q, rows, k, &values).map_err(packing)?))
             }
         },
     };

@@ -36,6 +36,7 @@ const ENGINE_HELP: &[(&str, &str)] = &[
     ("llaisys_spec_decode_num_rejected_tokens_total", "Proposed tokens rejected, by proposer."),
     ("llaisys_spec_decode_acceptance_rate", "Accepted over proposed tokens so far, by proposer."),
     ("llaisys_cluster_wire_bytes_total", "Cluster frame bytes this process sent and received, by direction."),
+    ("llaisys_kernel_calls_total", "Linear-layer products this process ran, by kernel (a debug figure)."),
 ];
 
 /// Figures the server counts as requests finish.
@@ -149,6 +150,10 @@ impl Metrics {
                 let index = replicas[..i].iter().filter(|o| o.node == r.node).count();
                 snapshot.engine_stats(model, index, r);
             }
+        }
+        for (kernel, calls) in llaisys_model::kernels::calls() {
+            let key = Self::key("llaisys_kernel_calls_total", &[("kernel", kernel.to_string())]);
+            snapshot.0.register_counter(&key, &METADATA).absolute(calls);
         }
         let (sent, received) = llaisys_actors::cluster::wire::bytes();
         for (direction, bytes) in [("sent", sent), ("received", received)] {

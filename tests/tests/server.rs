@@ -332,6 +332,14 @@ async fn metrics_are_prometheus_text_and_move() {
     ] {
         assert!(text.contains(name), "{name} missing");
     }
+    // The products ran on the kernels the weights chose at load, none on a fallback.
+    let ran: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("llaisys_kernel_calls_total{") && !l.contains("fallback"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(ran > 0.0, "no linear product counted");
+    assert!(text.contains("llaisys_kernel_calls_total{kernel=\"fallback\"} 0"), "a kernel fell back");
     s.shutdown().await;
 }
 

@@ -31,6 +31,7 @@ macro_rules! each_tile {
 mod attention;
 mod awake;
 mod bf16dot;
+mod calls;
 mod exp;
 mod norm_rope;
 pub(crate) mod prefetch;
@@ -43,6 +44,7 @@ use burn::backend::Flex;
 use burn::tensor::{DType, Tensor, TensorData, bf16, f16};
 
 pub use awake::with_awake_pool;
+pub use calls::{KernelCall, calls};
 pub use exp::log_sum_exp;
 
 use crate::quant::PackedMatrix;
@@ -54,14 +56,54 @@ use crate::quant::PackedMatrix;
 /// bf16), and fewer widen the weights to f32 in `xwt`.
 pub const XWT_MAX_ROWS: usize = 64;
 
-/// `x·Wᵀ + b` on the Flex backend.
+/// Whether this CPU runs the `xwt` kernel (AVX-512).
+pub fn xwt_available() -> bool {
+    pulp::x86::V4::try_new().is_some()
+}
+
+/// Whether this CPU runs the `bf16dot` kernel (AVX512-BF16).
+pub fn bf16dot_available() -> bool {
+    bf16dot::available()
+}
+
+/// `x·Wᵀ + b` on the Flex backend with the `xwt` kernel (few rows, or any rows with 16-bit
+/// weights); `None` when the tensors are not on Flex in the dtypes it takes, or the CPU lacks
+/// AVX-512.
 ///
 /// # Shapes
 /// x: [m, k] f32, weight: [n, k] f32, f16 or bf16, bias: \[n\] f32 → [m, n] f32
-pub fn linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Tensor<2>> {
+pub fn xwt_linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Tensor<2>> {
+    dense_product(x, weight, bias, |x, w, bias, m, n, k| match w.dtype() {
+        DType::F32 => xwt::run(&xwt::Product { x, w: w.as_slice::<f32>()?, bias, m, n, k }),
+        DType::F16 => xwt::run(&xwt::Product { x, w: w.as_slice::<f16>()?, bias, m, n, k }),
+        DType::BF16 => xwt::run(&xwt::Product { x, w: w.as_slice::<bf16>()?, bias, m, n, k }),
+        _ => None,
+    })
+    .inspect(|_| KernelCall::Xwt.count())
+}
+
+/// `x·Wᵀ + b` on the Flex backend with the `bf16dot` kernel (bf16 weights, activations rounded
+/// to bf16; for many rows); `None` as for `xwt_linear`, or without AVX512-BF16.
+///
+/// # Shapes
+/// x: [m, k] f32, weight: [n, k] bf16, bias: \[n\] f32 → [m, n] f32
+pub fn bf16dot_linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Tensor<2>> {
+    dense_product(x, weight, bias, |x, w, bias, m, n, k| bf16dot::run(x, w.as_slice::<bf16>()?, bias, m, n, k))
+        .inspect(|_| KernelCall::Bf16Dot.count())
+}
+
+type FlexPrimitive = <Flex as burn::backend::BackendTypes>::FloatTensorPrimitive;
+
+/// Runs `kernel` over the Flex slices of `x`, the weight and the bias.
+fn dense_product(
+    x: &Tensor<2>,
+    weight: &Tensor<2>,
+    bias: Option<&Tensor<1>>,
+    kernel: impl FnOnce(&[f32], &FlexPrimitive, Option<&[f32]>, usize, usize, usize) -> Option<Vec<f32>>,
+) -> Option<Tensor<2>> {
     let [m, k] = x.dims();
     let [n, wk] = weight.dims();
-    if (m > XWT_MAX_ROWS && weight.dtype() == DType::F32) || k != wk || x.dtype() != DType::F32 {
+    if k != wk || x.dtype() != DType::F32 {
         return None;
     }
     let device = x.device();
@@ -72,36 +114,32 @@ pub fn linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Op
         Some(_) => return None,
         None => None,
     };
-    let x = x.as_slice::<f32>()?;
     let bias = match &b {
         Some(b) => Some(b.as_slice::<f32>()?),
         None => None,
     };
-    let out = match w.dtype() {
-        DType::F32 => xwt::run(&xwt::Product { x, w: w.as_slice::<f32>()?, bias, m, n, k }),
-        DType::F16 => xwt::run(&xwt::Product { x, w: w.as_slice::<f16>()?, bias, m, n, k }),
-        DType::BF16 if m > XWT_MAX_ROWS && bf16dot::available() => {
-            bf16dot::run(x, w.as_slice::<bf16>()?, bias, m, n, k)
-        }
-        DType::BF16 => xwt::run(&xwt::Product { x, w: w.as_slice::<bf16>()?, bias, m, n, k }),
-        _ => None,
-    }?;
+    let out = kernel(x.as_slice::<f32>()?, &w, bias, m, n, k)?;
     Some(Tensor::from_data(TensorData::new(out, [m, n]), &device))
 }
 
-/// `x·Wᵀ + b` with a packed quantized weight (the quantized kernels; Flex tensors are read in
-/// place, others copied to the host).
+/// `x·Wᵀ + b` with a packed quantized weight on `kernel` (Flex tensors are read in place,
+/// others copied to the host).
 ///
 /// # Shapes
 /// x: [m, k] f32, weight: [n, k], bias: \[n\] f32 → [m, n] f32
-pub fn quantized_linear(x: &Tensor<2>, weight: &PackedMatrix, bias: Option<&Tensor<1>>) -> Tensor<2> {
+pub fn quantized_linear(
+    x: &Tensor<2>,
+    weight: &PackedMatrix,
+    kernel: crate::quant::Kernel,
+    bias: Option<&Tensor<1>>,
+) -> Tensor<2> {
     let [m, _] = x.dims();
     let device = x.device();
     let bias: Option<Vec<f32>> = bias.map(|b| host_f32(b.clone()));
     let flex = contiguous(x);
     let out = match flex.as_ref().and_then(|f| f.as_slice::<f32>()) {
-        Some(x) => crate::quant::matmul(x, m, weight, bias.as_deref()),
-        None => crate::quant::matmul(&host_f32(x.clone()), m, weight, bias.as_deref()),
+        Some(x) => crate::quant::matmul_with(kernel, x, m, weight, bias.as_deref()),
+        None => crate::quant::matmul_with(kernel, &host_f32(x.clone()), m, weight, bias.as_deref()),
     };
     Tensor::from_data(TensorData::new(out, [m, weight.rows()]), &device)
 }

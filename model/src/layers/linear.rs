@@ -1,128 +1,302 @@
+//! A linear layer `y = x·Wᵀ + b` over a weight matrix that is one trait, `LinearWeight`, chosen at
+//! load for the weight's storage and device (as mistral.rs's `QuantMethod`): dense on the CPU
+//! backend (our few-row kernels, the backend's GEMM for many rows), dense on any other Burn
+//! backend (a GPU), or packed-quantized (the quantized kernels). Each implementation picks its
+//! kernel when it is made, not per call, and counts the products it runs by kernel
+//! (`kernels::calls`), so which kernel ran is observable in `/metrics` and asserted in tests.
+
+use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 
-use crate::quant::{PackedMatrix, QuantType};
+use crate::kernels::{self, KernelCall};
+use crate::quant::{self, PackedMatrix, QuantType};
 
-/// A weight matrix [out, in] (the checkpoint's layout): a dense Burn tensor (f32, f16 or bf16)
-/// on any backend, or a packed quantized matrix for the CPU kernels. Clones share the storage.
-#[derive(Debug, Clone)]
-#[allow(clippy::large_enum_variant, reason = "a model holds a few hundred of these; a Tensor handle is 256 bytes")]
-pub enum Weight {
-    Dense(Tensor<2>),
-    Packed(Arc<PackedMatrix>),
+/// A weight matrix [out, in] (the checkpoint's layout) and how it multiplies. Clones share the
+/// storage.
+pub type Weight = Arc<dyn LinearWeight>;
+
+/// What a linear layer's weight does, whatever its storage and device.
+pub trait LinearWeight: fmt::Debug + Send + Sync {
+    /// [out, in]
+    fn dims(&self) -> [usize; 2];
+
+    /// `x·Wᵀ + b`.
+    ///
+    /// # Shapes
+    /// x: [n, in] f32, bias: \[out\] f32 → [n, out] f32
+    fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2>;
+
+    /// Rows `ids` as f32 (an embedding lookup).
+    ///
+    /// # Shapes
+    /// ids: \[n\] → [n, in]
+    fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2>;
+
+    /// The kernel a few-row product (a decode step) runs on: `xwt`, `burn_split`, `burn`,
+    /// `quant_vnni`, `quant_portable`.
+    fn kernel(&self) -> &'static str;
+
+    /// How it is stored, for logs: `bf16`, `Q5_0+Q8_0`.
+    fn describe(&self) -> String;
+
+    /// Bytes held.
+    fn size_bytes(&self) -> usize;
+
+    /// The matrix itself, for what is done at load only (stacking, replacing rows).
+    fn matrix(&self) -> Matrix<'_>;
+}
+
+/// A weight's storage.
+pub enum Matrix<'a> {
+    /// A Burn tensor (f32, f16 or bf16) on its device.
+    Dense(&'a Tensor<2>),
+    /// Quantized blocks in the layout the CPU kernels stream.
+    Packed(&'a Arc<PackedMatrix>),
+}
+
+/// A dense matrix's weight for its device: the CPU kernels on the CPU backend, Burn's ops
+/// elsewhere.
+pub fn dense(w: Tensor<2>) -> Weight {
+    let cpu = (w.device() == Device::flex())
+        .then(|| CpuKernels { avx512: kernels::xwt_available(), bf16dot: kernels::bf16dot_available() });
+    Arc::new(Dense { w, cpu })
+}
+
+/// A packed quantized matrix's weight (the CPU backend), on the fastest kernel this CPU runs.
+pub fn packed(w: Arc<PackedMatrix>) -> Weight {
+    Arc::new(Packed { w, kernel: quant::Kernel::best() })
+}
+
+/// Few-row products with at least this many outputs are split across threads when the CPU has
+/// no AVX-512 for the kernel.
+const SPLIT_MAX_ROWS: usize = 4;
+const SPLIT_MIN_OUT: usize = 256;
+
+/// x·Wᵀ with Burn's matmul: f32, or the weight's 16-bit type for 16-bit weights.
+fn burn_product(x: Tensor<2>, weight: Tensor<2>) -> Tensor<2> {
+    match weight.dtype() {
+        DType::F16 => x.cast(FloatDType::F16).matmul(weight.transpose()).cast(FloatDType::F32),
+        DType::BF16 => x.cast(FloatDType::BF16).matmul(weight.transpose()).cast(FloatDType::F32),
+        _ => x.matmul(weight.transpose()),
+    }
+}
+
+fn add_bias(y: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
+    match bias {
+        Some(b) => y + b.clone().unsqueeze::<2>(),
+        None => y,
+    }
+}
+
+/// A dense matrix (checkpoint layout, `[out, in]`: faster than a pre-transposed weight for
+/// the few-row products of decoding) on the CPU backend, or on another Burn backend (a GPU).
+#[derive(Debug)]
+struct Dense {
+    w: Tensor<2>,
+    /// On the CPU backend: what this CPU runs.
+    cpu: Option<CpuKernels>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CpuKernels {
+    /// AVX-512: few-row products (and every 16-bit one) run the `xwt` kernel.
+    avx512: bool,
+    /// AVX512-BF16: many-row bf16 products run `bf16dot`.
+    bf16dot: bool,
+}
+
+impl Dense {
+    /// On the CPU: our kernels where they apply, else the backend's GEMM.
+    fn cpu_forward(&self, cpu: CpuKernels, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
+        let [m, _] = x.dims();
+        let [out, _] = self.w.dims();
+        let dtype = self.w.dtype();
+        let many_rows = m > kernels::XWT_MAX_ROWS;
+        if cpu.avx512 && !(many_rows && dtype == DType::F32) {
+            let product = match dtype {
+                DType::BF16 if many_rows && cpu.bf16dot => kernels::bf16dot_linear(&x, &self.w, bias),
+                _ => kernels::xwt_linear(&x, &self.w, bias),
+            };
+            if let Some(y) = product {
+                return y;
+            }
+            // The kernel takes every input the model gives it: a refusal is a bug, counted.
+            KernelCall::Fallback.count();
+        }
+        let y = if !cpu.avx512 && m <= SPLIT_MAX_ROWS && out >= SPLIT_MIN_OUT && rayon::current_num_threads() > 1 {
+            // The CPU backend runs few-row products on one thread, which streams the weight at
+            // one core's memory bandwidth. Two halves of the rows on two threads stream it at
+            // the machine's.
+            KernelCall::BurnSplit.count();
+            let half = out / 2;
+            let (a, b) = rayon::join(
+                || burn_product(x.clone(), self.w.clone().narrow(0, 0, half)),
+                || burn_product(x.clone(), self.w.clone().narrow(0, half, out - half)),
+            );
+            Tensor::cat(vec![a, b], 1)
+        } else {
+            KernelCall::Burn.count();
+            burn_product(x, self.w.clone())
+        };
+        add_bias(y, bias)
+    }
+}
+
+impl LinearWeight for Dense {
+    fn dims(&self) -> [usize; 2] {
+        self.w.dims()
+    }
+
+    fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
+        match self.cpu {
+            Some(cpu) => self.cpu_forward(cpu, x, bias),
+            None => {
+                KernelCall::Burn.count();
+                add_bias(burn_product(x, self.w.clone()), bias)
+            }
+        }
+    }
+
+    fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2> {
+        let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+        let n = ids.len();
+        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), device);
+        self.w.clone().select(0, ids).cast(FloatDType::F32)
+    }
+
+    /// `burn_split` runs few-row products with at least 256 outputs; fewer take `burn`.
+    fn kernel(&self) -> &'static str {
+        match self.cpu {
+            Some(CpuKernels { avx512: true, .. }) => KernelCall::Xwt.name(),
+            Some(_) => KernelCall::BurnSplit.name(),
+            None => KernelCall::Burn.name(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("{:?}", self.w.dtype()).to_ascii_lowercase()
+    }
+
+    fn size_bytes(&self) -> usize {
+        self.w.shape().num_elements() * self.w.dtype().size()
+    }
+
+    fn matrix(&self) -> Matrix<'_> {
+        Matrix::Dense(&self.w)
+    }
+}
+
+/// A packed quantized matrix on the CPU backend.
+#[derive(Debug)]
+struct Packed {
+    w: Arc<PackedMatrix>,
+    kernel: quant::Kernel,
+}
+
+impl LinearWeight for Packed {
+    fn dims(&self) -> [usize; 2] {
+        [self.w.rows(), self.w.k()]
+    }
+
+    fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
+        match self.kernel {
+            quant::Kernel::Vnni => KernelCall::QuantVnni.count(),
+            quant::Kernel::Portable => KernelCall::QuantPortable.count(),
+        }
+        kernels::quantized_linear(&x, &self.w, self.kernel, bias)
+    }
+
+    fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2> {
+        let (n, k) = (ids.len(), self.w.k());
+        let mut out = vec![0.0f32; n * k];
+        for (row, &id) in out.chunks_exact_mut(k.max(1)).zip(ids) {
+            self.w.dequantize_row(id as usize, row);
+        }
+        Tensor::from_data(TensorData::new(out, [n, k]), device)
+    }
+
+    fn kernel(&self) -> &'static str {
+        match self.kernel {
+            quant::Kernel::Vnni => KernelCall::QuantVnni.name(),
+            quant::Kernel::Portable => KernelCall::QuantPortable.name(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mut names: Vec<&str> = self.w.formats().iter().map(|(q, _)| q.name()).collect();
+        names.dedup();
+        names.join("+")
+    }
+
+    fn size_bytes(&self) -> usize {
+        self.w.size_bytes()
+    }
+
+    fn matrix(&self) -> Matrix<'_> {
+        Matrix::Packed(&self.w)
+    }
 }
 
 /// Quantized format for a dense part stacked with packed ones, or for replacing rows of a
 /// K-quant part (K-quants are not made at load).
 const FALLBACK_QUANT: QuantType = QuantType::Q8_0;
 
-impl Weight {
-    /// [out, in]
-    pub fn dims(&self) -> [usize; 2] {
-        match self {
-            Weight::Dense(w) => w.dims(),
-            Weight::Packed(w) => [w.rows(), w.k()],
+/// The matrices stacked row-wise (one product per shared input). Dense ones stay one dense
+/// tensor; packed ones keep their formats as parts; a dense matrix stacked with packed ones is
+/// quantized to Q8_0.
+pub fn stack(weights: Vec<Weight>) -> Weight {
+    let dense: Option<Vec<Tensor<2>>> = weights
+        .iter()
+        .map(|w| match w.matrix() {
+            Matrix::Dense(t) => Some(t.clone()),
+            Matrix::Packed(_) => None,
+        })
+        .collect();
+    if let Some(dense) = dense {
+        return self::dense(Tensor::cat(dense, 0));
+    }
+    let parts = weights.iter().map(|w| match w.matrix() {
+        Matrix::Packed(p) => PackedMatrix::clone(p),
+        Matrix::Dense(t) => quantize_dense(t.clone(), FALLBACK_QUANT),
+    });
+    packed(Arc::new(PackedMatrix::stack(parts.collect()).expect("stacked weights share their input width")))
+}
+
+/// A matrix of the same kind as `like` holding `data` ([out, in]): dense in its dtype, or packed
+/// in the format of its first part.
+pub fn like(like: &Weight, data: TensorData, device: &Device) -> Weight {
+    match like.matrix() {
+        Matrix::Dense(w) => dense(Tensor::from_data(data, (device, w.dtype()))),
+        Matrix::Packed(w) => {
+            let ty = w.formats().first().map_or(FALLBACK_QUANT, |(q, _)| *q);
+            packed(Arc::new(quantize_dense(Tensor::from_data(data, device), ty)))
         }
     }
+}
 
-    /// How it is stored, for logs: `bf16`, `Q5_0+Q8_0`.
-    pub fn describe(&self) -> String {
-        match self {
-            Weight::Dense(w) => format!("{:?}", w.dtype()).to_ascii_lowercase(),
-            Weight::Packed(w) => {
-                let mut names: Vec<&str> = w.formats().iter().map(|(q, _)| q.name()).collect();
-                names.dedup();
-                names.join("+")
-            }
+/// `w` with `rows` overwritten by `data` ([rows.len(), in]) in the matrix's own dtype; for a
+/// packed matrix the rows must be one stacked part, requantized to its format.
+pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &Device) -> Weight {
+    match w.matrix() {
+        Matrix::Dense(t) => {
+            let all = 0..t.dims()[1];
+            dense(t.clone().slice_assign([rows, all], Tensor::from_data(data, (device, t.dtype()))))
         }
-    }
-
-    /// Bytes held.
-    pub fn size_bytes(&self) -> usize {
-        match self {
-            Weight::Dense(w) => w.shape().num_elements() * w.dtype().size(),
-            Weight::Packed(w) => w.size_bytes(),
-        }
-    }
-
-    /// Rows `ids` as f32 (an embedding lookup).
-    ///
-    /// # Shapes
-    /// ids: \[n\] → [n, in]
-    pub fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2> {
-        let n = ids.len();
-        match self {
-            Weight::Dense(w) => {
-                let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
-                let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), device);
-                w.clone().select(0, ids).cast(FloatDType::F32)
-            }
-            Weight::Packed(w) => {
-                let k = w.k();
-                let mut out = vec![0.0f32; n * k];
-                for (row, &id) in out.chunks_exact_mut(k.max(1)).zip(ids) {
-                    w.dequantize_row(id as usize, row);
+        Matrix::Packed(p) => {
+            let (mut start, mut ty) = (0, FALLBACK_QUANT);
+            for (q, n) in p.formats() {
+                if start == rows.start {
+                    ty = q;
                 }
-                Tensor::from_data(TensorData::new(out, [n, k]), device)
+                start += n;
             }
-        }
-    }
-
-    /// The matrices stacked row-wise (one product per shared input). Dense ones stay one dense
-    /// tensor; packed ones keep their formats as parts; a dense matrix stacked with packed ones
-    /// is quantized to Q8_0.
-    pub fn stack(weights: Vec<Weight>) -> Weight {
-        if weights.iter().all(|w| matches!(w, Weight::Dense(_))) {
-            let dense = weights.into_iter().map(|w| match w {
-                Weight::Dense(t) => t,
-                Weight::Packed(_) => unreachable!("all dense"),
-            });
-            return Weight::Dense(Tensor::cat(dense.collect(), 0));
-        }
-        let packed = weights.into_iter().map(|w| match w {
-            Weight::Packed(p) => Arc::unwrap_or_clone(p),
-            Weight::Dense(t) => quantize_dense(t, FALLBACK_QUANT),
-        });
-        Weight::Packed(Arc::new(
-            PackedMatrix::stack(packed.collect()).expect("stacked weights share their input width"),
-        ))
-    }
-
-    /// A matrix of the same kind as `self` holding `data` ([out, in]): dense in `self`'s dtype,
-    /// or packed in the format of `self`'s first part.
-    pub fn like(&self, data: TensorData, device: &Device) -> Weight {
-        match self {
-            Weight::Dense(w) => Weight::Dense(Tensor::from_data(data, (device, w.dtype()))),
-            Weight::Packed(w) => {
-                let ty = w.formats().first().map_or(FALLBACK_QUANT, |(q, _)| *q);
-                Weight::Packed(Arc::new(quantize_dense(Tensor::from_data(data, device), ty)))
-            }
-        }
-    }
-
-    /// Overwrites `rows` with `data` ([rows.len(), in]), in the matrix's own dtype; for a packed
-    /// matrix the rows must be one stacked part, requantized to its format.
-    pub fn replace_rows(&mut self, rows: Range<usize>, data: TensorData, device: &Device) {
-        match self {
-            Weight::Dense(w) => {
-                let all = 0..w.dims()[1];
-                *w = w.clone().slice_assign([rows, all], Tensor::from_data(data, (device, w.dtype())));
-            }
-            Weight::Packed(w) => {
-                let (mut start, mut ty) = (0, FALLBACK_QUANT);
-                for (q, n) in w.formats() {
-                    if start == rows.start {
-                        ty = q;
-                    }
-                    start += n;
-                }
-                let part = quantize_dense(Tensor::from_data(data, device), ty);
-                let mut updated = Arc::unwrap_or_clone(w.clone());
-                assert!(updated.replace_rows(rows.start, part), "replaced rows are one stacked part");
-                *w = Arc::new(updated);
-            }
+            let part = quantize_dense(Tensor::from_data(data, device), ty);
+            let mut updated = PackedMatrix::clone(p);
+            assert!(updated.replace_rows(rows.start, part), "replaced rows are one stacked part");
+            packed(Arc::new(updated))
         }
     }
 }
@@ -135,8 +309,7 @@ fn quantize_dense(t: Tensor<2>, ty: QuantType) -> PackedMatrix {
     PackedMatrix::quantize(ty, rows, k, &values).expect("rows of a stacked or replaced matrix fit the format")
 }
 
-/// `y = x·Wᵀ + b` with the checkpoint's `[out, in]` weight layout (faster than a pre-transposed
-/// weight for the few-row products of decoding on the CPU backend).
+/// `y = x·Wᵀ + b` with the checkpoint's `[out, in]` weight layout.
 #[derive(Debug, Clone)]
 pub struct Linear {
     pub weight: Weight,
@@ -144,53 +317,11 @@ pub struct Linear {
     pub bias: Option<Tensor<1>>,
 }
 
-/// Few-row products (decode steps) with at least this many outputs are split across threads.
-const SPLIT_MAX_ROWS: usize = 4;
-const SPLIT_MIN_OUT: usize = 256;
-
-/// x·Wᵀ in f32, or in the weight's 16-bit type for 16-bit weights.
-fn product(x: Tensor<2>, weight: Tensor<2>) -> Tensor<2> {
-    match weight.dtype() {
-        DType::F16 => x.cast(FloatDType::F16).matmul(weight.transpose()).cast(FloatDType::F32),
-        DType::BF16 => x.cast(FloatDType::BF16).matmul(weight.transpose()).cast(FloatDType::F32),
-        _ => x.matmul(weight.transpose()),
-    }
-}
-
 impl Linear {
     /// # Shapes
     /// x: [n, in] (f32) → [n, out] (f32)
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let weight = match &self.weight {
-            Weight::Packed(w) => return crate::kernels::quantized_linear(&x, w, self.bias.as_ref()),
-            Weight::Dense(w) => w,
-        };
-        if let Some(y) = crate::kernels::linear(&x, weight, self.bias.as_ref()) {
-            return y;
-        }
-        let [rows, _] = x.dims();
-        let [out, _] = weight.dims();
-        let y = if rows <= SPLIT_MAX_ROWS
-            && out >= SPLIT_MIN_OUT
-            && rayon::current_num_threads() > 1
-            && x.device() == Device::flex()
-        {
-            // Without the kernel (no AVX-512), the CPU backend runs few-row products on one
-            // thread, which streams the weight at one core's memory bandwidth. Two halves of the
-            // rows on two threads stream it at the machine's.
-            let half = out / 2;
-            let (a, b) = rayon::join(
-                || product(x.clone(), weight.clone().narrow(0, 0, half)),
-                || product(x.clone(), weight.clone().narrow(0, half, out - half)),
-            );
-            Tensor::cat(vec![a, b], 1)
-        } else {
-            product(x, weight.clone())
-        };
-        match &self.bias {
-            Some(b) => y + b.clone().unsqueeze::<2>(),
-            None => y,
-        }
+        self.weight.forward(x, self.bias.as_ref())
     }
 
     pub fn out_features(&self) -> usize {
@@ -214,8 +345,7 @@ mod tests {
         let (out, input) = (601, 48);
         let f32_weight = tensor(out, input, 7, &device);
         for (weight, tolerance) in [(f32_weight.clone(), 1e-4), (f32_weight.cast(FloatDType::F16), 2e-2)] {
-            let linear =
-                Linear { weight: Weight::Dense(weight), bias: Some(tensor(1, out, 3, &device).reshape([out])) };
+            let linear = Linear { weight: dense(weight), bias: Some(tensor(1, out, 3, &device).reshape([out])) };
             let x = tensor(crate::kernels::XWT_MAX_ROWS + 3, input, 11, &device);
             let whole = linear.forward(x.clone()).into_data().try_to_vec::<f32>().unwrap();
             for row in [0, 5, crate::kernels::XWT_MAX_ROWS + 2] {
@@ -236,25 +366,43 @@ mod tests {
         let (k, a_rows, b_rows) = (64, 20, 12);
         let a = tensor(a_rows, k, 1, &device);
         let b = tensor(b_rows, k, 2, &device);
-        let packed_a = Weight::Packed(Arc::new(quantize_dense(a.clone(), QuantType::Q8_0)));
-        let mut stacked = Weight::stack(vec![packed_a, Weight::Dense(b.clone())]);
+        let packed_a = packed(Arc::new(quantize_dense(a.clone(), QuantType::Q8_0)));
+        let stacked = stack(vec![packed_a, dense(b.clone())]);
         assert_eq!(stacked.dims(), [a_rows + b_rows, k]);
         assert_eq!(stacked.describe(), "Q8_0");
         let x = tensor(3, k, 9, &device);
         let product = |w: &Weight| Linear { weight: w.clone(), bias: None }.forward(x.clone());
-        let dense = |t: Tensor<2>| product(&Weight::Dense(t)).into_data().try_into_vec::<f32>().unwrap();
+        let dense_product = |t: Tensor<2>| product(&dense(t)).into_data().try_into_vec::<f32>().unwrap();
         let close = |got: &[f32], want: &[f32]| got.iter().zip(want).all(|(g, w)| (g - w).abs() < 0.05);
         let got = product(&stacked);
-        let (ya, yb) = (dense(a.clone()), dense(b.clone()));
+        let (ya, yb) = (dense_product(a.clone()), dense_product(b.clone()));
         let part = |y: &Tensor<2>, r: Range<usize>| {
             y.clone().narrow(1, r.start, r.len()).into_data().try_into_vec::<f32>().unwrap()
         };
         assert!(close(&part(&got, 0..a_rows), &ya) && close(&part(&got, a_rows..a_rows + b_rows), &yb));
         // Replace b's rows by a's first 12: its columns now give a's outputs.
         let replacement = a.clone().narrow(0, 0, b_rows);
-        stacked.replace_rows(a_rows..a_rows + b_rows, replacement.clone().into_data(), &device);
+        let stacked = replace_rows(&stacked, a_rows..a_rows + b_rows, replacement.clone().into_data(), &device);
         let got = product(&stacked);
-        assert!(close(&part(&got, a_rows..a_rows + b_rows), &dense(replacement)));
+        assert!(close(&part(&got, a_rows..a_rows + b_rows), &dense_product(replacement)));
         assert!(close(&part(&got, 0..a_rows), &ya));
+    }
+
+    /// The weight picks its kernel when it is made, from the CPU it runs on, and counts the
+    /// products it runs there.
+    #[test]
+    fn a_weight_runs_the_kernel_it_chose_at_load_and_counts_it() {
+        let device = Device::flex();
+        let w = tensor(300, 64, 5, &device);
+        let dense_w = dense(w.clone().cast(FloatDType::F16));
+        let expected = if kernels::xwt_available() { "xwt" } else { "burn_split" };
+        assert_eq!(dense_w.kernel(), expected);
+        let quantized = packed(Arc::new(quantize_dense(w, QuantType::Q8_0)));
+        let expected = if quant::Kernel::best() == quant::Kernel::Vnni { "quant_vnni" } else { "quant_portable" };
+        assert_eq!(quantized.kernel(), expected);
+        let calls = |name: &str| kernels::calls().into_iter().find(|(k, _)| *k == name).map_or(0, |(_, n)| n);
+        let before = calls(expected);
+        quantized.forward(tensor(2, 64, 1, &device), None);
+        assert!(calls(expected) > before, "{expected} was not counted");
     }
 }

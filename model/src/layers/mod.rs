@@ -1,13 +1,13 @@
 //! Building blocks shared by the model types: shape-documented tensor functions over Burn.
 
 mod attention;
-mod linear;
+pub mod linear;
 mod rms_norm;
 mod rope;
 mod swiglu;
 
 pub use attention::attention;
-pub use linear::{Linear, Weight};
+pub use linear::{Linear, LinearWeight, Weight};
 pub use rms_norm::RmsNorm;
 pub use rope::Rope;
 pub use swiglu::swiglu;

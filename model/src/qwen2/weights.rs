@@ -7,7 +7,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use crate::config::ModelConfig;
 use crate::error::LoadError;
-use crate::layers::{Linear, RmsNorm, Weight};
+use crate::layers::{Linear, RmsNorm, Weight, linear};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_f32, load_matrix};
 
 /// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`).
@@ -233,7 +233,7 @@ impl Weights {
         let stacked = |slots: &[Slot], biases: &[Slot], l: Option<usize>| -> Result<Linear, LoadError> {
             let weights = slots.iter().map(|&s| mat(s, l)).collect::<Result<Vec<_>, _>>()?;
             let biases = biases.iter().map(|&s| vec(s, l)).collect::<Result<Vec<_>, _>>()?;
-            Ok(Linear { weight: Weight::stack(weights), bias: (!biases.is_empty()).then(|| Tensor::cat(biases, 0)) })
+            Ok(Linear { weight: linear::stack(weights), bias: (!biases.is_empty()).then(|| Tensor::cat(biases, 0)) })
         };
         let layers = (0..c.num_hidden_layers)
             .map(|l| {
@@ -286,7 +286,7 @@ impl Weights {
                     + l.down.weight.size_bytes()
             })
             .sum();
-        layers + self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, Weight::size_bytes)
+        layers + self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, |w| w.size_bytes())
     }
 
     /// Puts `data` into `slot` of `layer`, releasing the old tensor (or, for a stacked slot,
@@ -297,11 +297,11 @@ impl Weights {
         let vec = || Tensor::<1>::from_data(data.clone(), (device, DType::F32));
         let Some(l) = layer else {
             match slot {
-                Slot::InEmbed => self.embed = self.embed.like(data, device),
+                Slot::InEmbed => self.embed = linear::like(&self.embed, data, device),
                 Slot::OutNorm => self.norm.weight = vec(),
                 _ => {
                     let like = self.lm_head.as_ref().unwrap_or(&self.embed);
-                    self.lm_head = Some(like.like(data, device));
+                    self.lm_head = Some(linear::like(like, data, device));
                 }
             }
             return;
@@ -313,16 +313,18 @@ impl Weights {
                 Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias => {
                     w.qkv.bias = w.qkv.bias.take().map(|b| b.slice_assign([rows], vec()));
                 }
-                Slot::MlpGate | Slot::MlpUp => w.gate_up.weight.replace_rows(rows, data, device),
-                _ => w.qkv.weight.replace_rows(rows, data, device),
+                Slot::MlpGate | Slot::MlpUp => {
+                    w.gate_up.weight = linear::replace_rows(&w.gate_up.weight, rows, data, device)
+                }
+                _ => w.qkv.weight = linear::replace_rows(&w.qkv.weight, rows, data, device),
             }
             return;
         }
         match slot {
             Slot::AttnNorm => w.attn_norm.weight = vec(),
-            Slot::AttnO => w.o.weight = w.o.weight.like(data, device),
+            Slot::AttnO => w.o.weight = linear::like(&w.o.weight, data, device),
             Slot::MlpNorm => w.mlp_norm.weight = vec(),
-            _ => w.down.weight = w.down.weight.like(data, device),
+            _ => w.down.weight = linear::like(&w.down.weight, data, device),
         }
     }
 }

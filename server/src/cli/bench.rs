@@ -316,6 +316,17 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
             json!({"proposer": s.proposer, "proposed": s.proposed, "accepted": s.accepted, "acceptance": round(rate * 100.0) / 100.0}),
         );
     }
+    // Which kernels the linear layers' products ran on (chosen at load for this CPU).
+    let kernels: serde_json::Map<String, serde_json::Value> = llaisys_model::kernels::calls()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| (name.to_string(), json!(n)))
+        .collect();
+    println!(
+        "linear products by kernel: {}",
+        kernels.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ")
+    );
+    report.insert("kernel_calls".into(), serde_json::Value::Object(kernels));
     let peak = rss_mb("VmHWM:");
     println!(
         "resident memory after load: {}; peak: {}",
