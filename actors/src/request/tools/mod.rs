@@ -215,7 +215,8 @@ impl Call {
         }
         let starts_value = self.depth == 1 && self.after_colon && matches!(self.value, Value::Before);
         let kind = match self.key.as_str() {
-            "name" => Value::Name,
+            // Only the first name counts: the streamed header carries it, whatever follows.
+            "name" if self.name.is_none() => Value::Name,
             "arguments" => Value::Arguments,
             _ => Value::Other,
         };
@@ -280,6 +281,8 @@ impl Call {
         }
         self.value = Value::Before;
         self.after_colon = false;
+        // A value belongs to the key before it: a stray `: value` after it belongs to none.
+        self.key.clear();
     }
 }
 

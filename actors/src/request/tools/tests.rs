@@ -85,3 +85,18 @@ fn several_calls_get_their_own_index_and_id_and_text_around_them_is_content() {
     assert_eq!(parser.route(TAGS.open), Route::Call);
     assert!(parser.made_calls());
 }
+
+/// Found by fuzzing: on malformed JSON the name must not depend on how the text is split into
+/// tokens (the streamed header carries the first name it reads): a stray `: "value"` after the
+/// name, or a second name, is not part of it.
+#[test]
+fn the_first_name_is_the_name_however_the_text_is_split() {
+    for text in ["{\"name\": \"game\": \"f\"}", "{\"name\": \"a\", \"name\": \"b\", \"arguments\": {}}"] {
+        let whole = parse(&[vec![text]]);
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let split = parse(&[chars.iter().map(String::as_str).collect()]);
+        let names = |calls: &[ToolCallOut]| calls.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&whole), names(&split), "{text}");
+        assert_eq!(names(&whole)[0], if text.contains("game") { "game" } else { "a" });
+    }
+}

@@ -1,0 +1,184 @@
+//! Fuzz targets: every part of llaisys that parses bytes a user or a file controls, each as a
+//! function of one input that must never panic (and, where the code has one, must keep an
+//! invariant). Three drivers run them:
+//!
+//! - `tests/regressions.rs` (in `cargo test`): every committed input of `corpus/TARGET/`, the
+//!   seeds and each crash ever found, as a regression case;
+//! - `llaisys-fuzz` (`src/bin`), on the stable toolchain: mutates the corpus for a given time
+//!   and saves any input that panics or hangs to `artifacts/TARGET/`;
+//! - `libfuzzer/` (cargo-fuzz, nightly only): the same targets, coverage-guided.
+//!
+//! `scripts/fuzz.sh SECONDS` runs every target for that long with the best driver the machine
+//! has.
+
+use std::io::Write;
+use std::sync::OnceLock;
+
+use llaisys_actors::request::{Route, ToolCallDelta, ToolCallOut, ToolCallParser, ToolCallTags};
+use llaisys_actors::{ChatMessage, ChatRequest, CompletionRequest, Engine, Frontend};
+use llaisys_model::tokenizer::ToolCall;
+use llaisys_model::{Device, LoadOptions, ModelSource, load_model};
+use llaisys_server::http::openai;
+
+/// A target: its name (its corpus folder) and what it does with one input.
+pub struct Target {
+    pub name: &'static str,
+    pub run: fn(&[u8]),
+}
+
+/// Every target.
+pub const TARGETS: &[Target] = &[
+    Target { name: "gguf", run: gguf },
+    Target { name: "openai_request", run: openai_request },
+    Target { name: "chat_template", run: chat_template },
+    Target { name: "tool_calls", run: tool_calls },
+];
+
+/// The target called `name`.
+pub fn target(name: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.name == name)
+}
+
+/// The tiny fixture model's frontend (tokenizer, chat template, limits; no weights): what a
+/// request's JSON and a conversation go through.
+fn frontend() -> &'static Frontend {
+    static FRONTEND: OnceLock<Frontend> = OnceLock::new();
+    FRONTEND.get_or_init(|| {
+        let path = llaisys_tests::fixture_dir("tiny-tied-f32");
+        Engine::builder().model(path).build_frontend().expect("the fixture's frontend")
+    })
+}
+
+/// A GGUF file from untrusted bytes: the reader (our own parser), then everything made from its
+/// metadata (config, tokenizer, chat template) and, when that holds, the model's weights.
+/// Errors are fine; a panic, or memory beyond the file's size times a small factor, is not.
+pub fn gguf(data: &[u8]) {
+    thread_local! {
+        static PATH: std::path::PathBuf = {
+            let thread = format!("{:?}", std::thread::current().id()).replace(|c: char| !c.is_alphanumeric(), "");
+            std::env::temp_dir().join(format!("llaisys-fuzz-{}-{thread}.gguf", std::process::id()))
+        };
+    }
+    let path = PATH.with(Clone::clone);
+    let written = std::fs::File::create(&path).and_then(|mut f| f.write_all(data));
+    written.expect("writing the input to a temporary file");
+    let Ok(file) = llaisys_model::gguf::GgufFile::open(&path) else { return };
+    for t in file.tensors() {
+        let _ = file.bytes(t);
+    }
+    if llaisys_model::gguf::model_config(&file).is_err() {
+        return;
+    }
+    let source = ModelSource::Gguf(path);
+    if let Ok(tokenizer) = source.tokenizer() {
+        let _ = tokenizer.encode("Hello, world! 你好 <|im_end|>");
+        let _ = tokenizer.decode(&[0, 1, 2, 3], false);
+    }
+    let _ = source.chat_template();
+    let _ = load_model(None, Some(&source), &LoadOptions::default(), &Device::flex());
+}
+
+/// An OpenAI request body from untrusted bytes, as the server takes it: parsed (chat and
+/// completion), translated into the engine's request, then checked and rendered by the
+/// frontend exactly as `/v1/chat/completions` and `/v1/completions` do.
+pub fn openai_request(data: &[u8]) {
+    if let Ok(req) = openai::parse_request::<openai::ChatRequest>(data) {
+        let logprobs = req.top_logprobs.filter(|k| (0..=20).contains(k)).map(|k| k as usize);
+        let plan = req.common.plan(req.max_completion_tokens.or(req.common.max_tokens), logprobs);
+        let plan = plan.and_then(|p| p.with_response_format(req.response_format.as_ref()));
+        if let (Ok(plan), Ok((tools, tool_choice)), Ok(messages)) =
+            (plan, openai::tools(&req), openai::messages(&req.messages))
+        {
+            let mut options = plan.options;
+            (options.tools, options.tool_choice, options.parallel_tool_calls) =
+                (tools, tool_choice, req.parallel_tool_calls);
+            let _ = frontend().chat(&ChatRequest::new(messages).options(options));
+        }
+    }
+    if let Ok(req) = openai::parse_request::<openai::CompletionRequest>(data) {
+        let prompts = match req.prompt {
+            openai::Prompt::Text(t) => vec![t.into()],
+            openai::Prompt::Texts(ts) => ts.into_iter().map(Into::into).collect(),
+            openai::Prompt::Ids(ids) => vec![ids.into()],
+            openai::Prompt::IdLists(lists) => lists.into_iter().map(Into::into).collect(),
+        };
+        if let Ok(plan) = req.common.plan(req.common.max_tokens, req.logprobs.map(|k| k.clamp(0, 20) as usize)) {
+            let _ = frontend().completion(&CompletionRequest::batch(prompts).options(plan.options));
+        }
+    }
+}
+
+/// A conversation from untrusted bytes through the model's chat template: messages of any role
+/// and content (control characters, template syntax, invalid tool calls), rendered and
+/// tokenized. Lines are messages: `role|content`, or `role|content|name|arguments` for a tool
+/// call.
+pub fn chat_template(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let messages: Vec<ChatMessage> = text
+        .split('\n')
+        .take(64)
+        .map(|line| {
+            let mut fields = line.splitn(4, '|');
+            let role = fields.next().unwrap_or_default();
+            let mut m = ChatMessage::new(role, fields.next().unwrap_or_default());
+            if let (Some(name), Some(arguments)) = (fields.next(), fields.next()) {
+                m.tool_calls.push(ToolCall { id: "call_0".into(), name: name.into(), arguments: arguments.into() });
+            }
+            m
+        })
+        .collect();
+    let _ = frontend().render_chat(&messages, &[], true);
+    let _ = frontend().render_chat(&messages, &[], false);
+}
+
+/// A model's tool-call output from untrusted bytes, through the streaming parser: byte 0x01
+/// opens a call, 0x02 closes it, the rest is the model's text. Invariant: the calls gathered
+/// from pieces of any size are the calls gathered from the whole text at once (what a streamed
+/// and a non-streamed answer report must be byte-identical).
+pub fn tool_calls(data: &[u8]) {
+    const TAGS: ToolCallTags = ToolCallTags { open: 1, close: 2 };
+    let text = String::from_utf8_lossy(data);
+    let run = |piece_chars: usize| -> Vec<ToolCallOut> {
+        let mut parser = ToolCallParser::new(TAGS);
+        let mut calls = Vec::new();
+        let mut gather = |delta: Option<ToolCallDelta>| {
+            if let Some(d) = delta {
+                ToolCallOut::gather(&mut calls, &d);
+            }
+        };
+        let mut pending = String::new();
+        for c in text.chars() {
+            let token = match c {
+                '\u{1}' => Some(TAGS.open),
+                '\u{2}' => Some(TAGS.close),
+                _ => None,
+            };
+            match token {
+                Some(tag) => {
+                    gather(parser.push_call_text(&std::mem::take(&mut pending)));
+                    parser.route(tag);
+                }
+                None => {
+                    if parser.route(0) == Route::Text {
+                        continue;
+                    }
+                    pending.push(c);
+                    if pending.chars().count() >= piece_chars {
+                        gather(parser.push_call_text(&std::mem::take(&mut pending)));
+                    }
+                }
+            }
+        }
+        gather(parser.push_call_text(&pending));
+        calls
+    };
+    let whole = strip_ids(run(usize::MAX));
+    for piece in [1, 2, 7] {
+        assert_eq!(strip_ids(run(piece)), whole, "pieces of {piece} characters gather other calls");
+    }
+}
+
+/// Calls without their random ids.
+fn strip_ids(calls: Vec<ToolCallOut>) -> Vec<(String, String)> {
+    calls.into_iter().map(|c| (c.name, c.arguments)).collect()
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Fuzzes everything that parses untrusted bytes (fuzz/src/lib.rs: the GGUF reader, OpenAI
+# request bodies, chat-template rendering of hostile conversations, the tool-call parser) for
+# SECONDS per target (default 60), with the best driver this machine has:
+# - libFuzzer (coverage-guided) through cargo-fuzz when a nightly toolchain and cargo-fuzz are
+#   installed (`cargo install cargo-fuzz`), unless LLAISYS_FUZZ_DRIVER=stable;
+# - otherwise the stable driver (fuzz/src/bin/llaisys-fuzz.rs), which mutates the corpus.
+# Findings are saved to fuzz/artifacts/TARGET/ and the script exits 1. Fix the bug, then copy
+# the input to fuzz/corpus/TARGET/crash-WHAT so `cargo test` keeps it as a regression case.
+# LLAISYS_FUZZ_SEED fixes the stable driver's seed (CI sets one, so its run is repeatable).
+# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(gguf openai_request chat_template tool_calls)
+if [ "${LLAISYS_FUZZ_DRIVER:-}" != stable ] && cargo +nightly --version >/dev/null 2>&1 &&
+  cargo fuzz --version >/dev/null 2>&1; then
+  status=0
+  for t in "${targets[@]}"; do
+    # libFuzzer adds what it finds to its first corpus folder: a scratch copy, not the seeds.
+    work=target/fuzz-corpus/$t
+    mkdir -p "$work" "fuzz/artifacts/$t"
+    echo "== $t: libFuzzer for $seconds s"
+    cargo +nightly fuzz run --fuzz-dir fuzz/libfuzzer "$t" "$work" "fuzz/corpus/$t" -- \
+      -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -artifact_prefix="fuzz/artifacts/$t/" -print_final_stats=1 ||
+      status=1
+  done
+  exit $status
+fi
+echo "== the stable driver: ${targets[*]} for $seconds s each"
+# The same build as `cargo test --workspace` (no second set of dependencies).
+cargo build --workspace --bin llaisys-fuzz
+status=0
+for t in "${targets[@]}"; do
+  target/debug/llaisys-fuzz "$t" "$seconds" ${LLAISYS_FUZZ_SEED:-} || status=1
+done
+exit $status
