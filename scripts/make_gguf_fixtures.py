@@ -11,8 +11,8 @@
 - tiny-kquant.gguf: a tiny random Qwen2 with 256-wide rows (K-quants need multiples of 256),
   quantized to Q4_K_M by llama.cpp's llama-quantize (set LLAMA_QUANTIZE, default
   $PEER/bin/llama-quantize from ../shared/peer/llamacpp.sh).
-- unsupported-type.gguf: tiny-tied with one matrix in IQ4_NL; llama-arch.gguf: an architecture
-  llaisys does not know.
+- unsupported-type.gguf: tiny-tied with one matrix in IQ4_NL (the files of other families and
+  architectures are scripts/make_family_fixtures.py's).
 - reference.json: for every model file, per prompt, the token ids, the last position's logits
   and 12 greedy tokens from a float64 numpy forward pass over the file's dequantized weights,
   with the smallest top-1 margin along the greedy path.
@@ -296,12 +296,6 @@ def main():
     unsupported = os.path.join(OUT, "unsupported-type.gguf")
     write_model(unsupported, tied_cfg, tied, T.Q8_0)
     patch_type(unsupported, "blk.0.attn_q.weight", T.IQ4_NL, tied["model.layers.0.self_attn.q_proj.weight"])
-    w = GGUFWriter(os.path.join(OUT, "llama-arch.gguf"), "llama")
-    w.add_block_count(1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
     tok_ids = json.load(open(os.path.join(FIXTURES, "tiny-tied-f32", "reference.json")))["prompts"]
     prompt_ids = [p["ids"] for p in tok_ids]

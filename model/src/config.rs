@@ -1,10 +1,11 @@
-//! C1: the Hugging Face `config.json` of a Qwen2-family checkpoint, validated before anything
-//! is allocated. Every error names the offending field.
+//! C1: the Hugging Face `config.json` of a checkpoint of a family the decoder serves
+//! (`crate::arch`), validated before anything is allocated. Every error names the offending field.
 
 use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use crate::arch::{self, Architecture, Bias};
 use crate::error::LoadError;
 
 /// The element type of a checkpoint's tensors (`torch_dtype`).
@@ -15,22 +16,61 @@ pub enum CheckpointDtype {
     Bf16,
 }
 
+/// How the rotary embedding's frequencies are stretched for contexts longer than training's
+/// (`rope_scaling`, or `rope_parameters` in transformers ≥ 5).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Every frequency divided by `factor` (positions interpolated).
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, a smooth blend between.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+    /// YaRN: frequencies blended between interpolated and kept by a ramp over the dimensions,
+    /// cos and sin scaled by `attention_factor` (0.1 · ln(factor) + 1 when not given).
+    Yarn {
+        factor: f64,
+        /// `None`: the config's `max_position_embeddings`.
+        original_max_position_embeddings: Option<usize>,
+        attention_factor: Option<f64>,
+        beta_fast: f64,
+        beta_slow: f64,
+    },
+    /// Each frequency divided by its own factor: a GGUF file's `rope_freqs.weight` (llama.cpp
+    /// writes Llama 3's scaling this way), \[head_dim / 2\].
+    Factors(Vec<f32>),
+}
+
 /// A validated transformer configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    pub model_type: String,
+    /// The family (`model_type`).
+    pub arch: &'static Architecture,
     pub hidden_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
-    /// Derived: `hidden_size / num_attention_heads`.
+    /// `head_dim`, or the family's default (`hidden_size / num_attention_heads` for most).
     pub head_dim: usize,
+    /// q, k and v have biases.
+    pub qkv_bias: bool,
+    /// The attention's output projection has a bias.
+    pub o_bias: bool,
+    /// q and k are RMS-normalised per head before the rotary embedding.
+    pub qk_norm: bool,
     pub intermediate_size: usize,
     pub vocab_size: usize,
     /// The context length: the largest position + 1 a sequence may use.
     pub max_position_embeddings: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
     pub torch_dtype: Option<CheckpointDtype>,
     pub bos_token_id: Option<u32>,
@@ -56,20 +96,50 @@ impl ModelConfig {
             return Err(LoadError::Json { path: "config.json".into(), reason: "not a JSON object".into() });
         };
         let f = Fields(&obj);
+        let arch = f.arch()?;
+        f.refuse_features()?;
         let hidden_size = f.usize("hidden_size")?;
         let num_attention_heads = f.usize("num_attention_heads")?;
+        let head_dim = match (f.opt_usize("head_dim")?, arch.default_head_dim) {
+            (Some(d), _) | (None, Some(d)) => d,
+            // Without a head_dim the heads split the hidden size (no heads: `validate` names it).
+            (None, None) if num_attention_heads == 0 => 0,
+            (None, None)
+                if hidden_size.is_multiple_of(num_attention_heads)
+                    && (hidden_size / num_attention_heads).is_multiple_of(2) =>
+            {
+                hidden_size / num_attention_heads
+            }
+            (None, None) => {
+                return Err(LoadError::Config {
+                    field: "hidden_size".into(),
+                    reason: format!(
+                        "{hidden_size} is not num_attention_heads ({num_attention_heads}) × an even head_dim"
+                    ),
+                });
+            }
+        };
+        let qkv_bias = match arch.qkv_bias {
+            Bias::Always => true,
+            Bias::Config => f.opt_bool("attention_bias")?.unwrap_or(false),
+        };
+        let (rope_theta, rope_scaling) = f.rope()?;
         let config = Self {
-            model_type: f.opt_str("model_type")?.unwrap_or_else(|| "qwen2".into()),
+            arch,
             hidden_size,
             num_hidden_layers: f.usize("num_hidden_layers")?,
             num_attention_heads,
             num_key_value_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
-            head_dim: hidden_size.checked_div(num_attention_heads).unwrap_or(0),
+            head_dim,
+            qkv_bias,
+            o_bias: qkv_bias && arch.o_bias_with_qkv,
+            qk_norm: arch.qk_norm,
             intermediate_size: f.usize("intermediate_size")?,
             vocab_size: f.usize("vocab_size")?,
             max_position_embeddings: f.usize("max_position_embeddings")?,
             rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
-            rope_theta: f.rope_theta()?,
+            rope_theta,
+            rope_scaling,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
             // transformers ≥ 5 writes `dtype`, earlier versions `torch_dtype`.
             torch_dtype: match f.get("torch_dtype") {
@@ -91,14 +161,11 @@ impl ModelConfig {
         if self.num_attention_heads == 0 {
             return bad("num_attention_heads", "must be > 0".into());
         }
-        if self.hidden_size == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {
-            return bad(
-                "hidden_size",
-                format!("{} is not num_attention_heads ({}) × head_dim", self.hidden_size, self.num_attention_heads),
-            );
+        if self.hidden_size == 0 {
+            return bad("hidden_size", "must be > 0".into());
         }
-        if !self.head_dim.is_multiple_of(2) {
-            return bad("hidden_size", format!("head_dim {} must be even for rotary embeddings", self.head_dim));
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return bad("head_dim", format!("{} must be even for rotary embeddings", self.head_dim));
         }
         let (heads, kv) = (self.num_attention_heads, self.num_key_value_heads);
         if kv == 0 || kv > heads || !heads.is_multiple_of(kv) {
@@ -200,33 +267,114 @@ impl Fields<'_> {
         }
     }
 
-    /// `rope_theta` at the top level (transformers < 5) or in `rope_parameters`; only the
-    /// default (unscaled) rotary embedding is implemented, so any scaling is an error.
-    fn rope_theta(&self) -> Result<f64, LoadError> {
-        if let Some(scaling) = self.get("rope_scaling") {
-            return Err(Self::err("rope_scaling", "null (rope scaling is not supported)", scaling));
+    /// The family: `model_type` (Qwen2 when missing, as older Qwen2 exports leave it out).
+    fn arch(&self) -> Result<&'static Architecture, LoadError> {
+        let name = self.opt_str("model_type")?.unwrap_or_else(|| "qwen2".into());
+        arch::find(&name).ok_or_else(|| LoadError::Config {
+            field: "model_type".into(),
+            reason: match arch::unsupported(&name) {
+                Some(needs) => format!("`{name}` needs {needs}, which llaisys does not implement yet"),
+                None => format!("`{name}` is not a family llaisys serves ({})", arch::names()),
+            },
+        })
+    }
+
+    /// Options of these families that the decoder does not implement, refused by name.
+    fn refuse_features(&self) -> Result<(), LoadError> {
+        let refuse = |field: &str, reason: &str| Err(LoadError::Config { field: field.into(), reason: reason.into() });
+        if self.opt_bool("mlp_bias")? == Some(true) {
+            return refuse("mlp_bias", "feed-forward biases are not supported");
         }
-        let Some(params) = self.get("rope_parameters") else {
-            return Ok(self.opt_f64("rope_theta")?.unwrap_or(10_000.0));
+        if self.opt_bool("use_sliding_window")? == Some(true) {
+            return refuse("use_sliding_window", "sliding-window attention is not supported");
+        }
+        if let Some(act) = self.opt_str("hidden_act")?
+            && act != "silu"
+        {
+            return refuse("hidden_act", "only `silu` (SwiGLU) is supported");
+        }
+        Ok(())
+    }
+
+    /// The rotary base and scaling: `rope_theta` and `rope_scaling` at the top level
+    /// (transformers < 5), or both in `rope_parameters`. Errors name the field as written.
+    fn rope(&self) -> Result<(f64, RopeScaling), LoadError> {
+        let (section, params) = match (self.get("rope_parameters"), self.get("rope_scaling")) {
+            (Some(p), _) => ("rope_parameters", p),
+            (None, Some(p)) => ("rope_scaling", p),
+            (None, None) => return Ok((self.opt_f64("rope_theta")?.unwrap_or(10_000.0), RopeScaling::None)),
         };
         let Value::Object(params) = params else {
-            return Err(Self::err("rope_parameters", "an object", params));
+            return Err(Self::err(section, "an object", params));
         };
         let nested = Fields(params);
-        match nested.opt_str("rope_type")?.as_deref() {
-            None | Some("default") => {}
-            Some(other) => {
-                return Err(LoadError::Config {
-                    field: "rope_parameters.rope_type".into(),
-                    reason: format!("`{other}` is not supported (only `default`)"),
-                });
-            }
+        let named = |e: LoadError| match e {
+            LoadError::Config { field, reason } => LoadError::Config { field: format!("{section}.{field}"), reason },
+            other => other,
+        };
+        let theta = nested.opt_f64("rope_theta").map_err(named)?.or(self.opt_f64("rope_theta")?).unwrap_or(10_000.0);
+        if let Some(partial) = nested.opt_f64("partial_rotary_factor").map_err(named)?
+            && partial != 1.0
+        {
+            return Err(named(LoadError::Config {
+                field: "partial_rotary_factor".into(),
+                reason: format!("{partial}: only full rotary embeddings are supported"),
+            }));
         }
-        let theta = nested.opt_f64("rope_theta").map_err(|_| LoadError::Config {
-            field: "rope_parameters.rope_theta".into(),
-            reason: "expected a number".into(),
-        })?;
-        Ok(theta.or(self.opt_f64("rope_theta")?).unwrap_or(10_000.0))
+        // `type` in older configs, `rope_type` in newer ones.
+        let kind = match nested.opt_str("rope_type").map_err(named)? {
+            Some(kind) => Some(kind),
+            None => nested.opt_str("type").map_err(named)?,
+        };
+        let factor = || -> Result<f64, LoadError> {
+            let factor = nested.opt_f64("factor").map_err(named)?;
+            match factor {
+                Some(f) if f.is_finite() && f >= 1.0 => Ok(f),
+                Some(f) => {
+                    Err(named(LoadError::Config { field: "factor".into(), reason: format!("{f} must be ≥ 1") }))
+                }
+                None => Err(named(LoadError::Config { field: "factor".into(), reason: "missing".into() })),
+            }
+        };
+        let original = || -> Result<Option<usize>, LoadError> {
+            nested.opt_usize("original_max_position_embeddings").map_err(named)
+        };
+        let scaling = match kind.as_deref() {
+            None | Some("default") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear { factor: factor()? },
+            Some("llama3") => {
+                let number = |field: &str, default: f64| -> Result<f64, LoadError> {
+                    Ok(nested.opt_f64(field).map_err(named)?.unwrap_or(default))
+                };
+                let (low, high) = (number("low_freq_factor", 1.0)?, number("high_freq_factor", 4.0)?);
+                if !(low.is_finite() && high.is_finite() && low > 0.0 && high > low) {
+                    return Err(named(LoadError::Config {
+                        field: "high_freq_factor".into(),
+                        reason: format!("{high} must be above low_freq_factor ({low}), which must be > 0"),
+                    }));
+                }
+                RopeScaling::Llama3 {
+                    factor: factor()?,
+                    low_freq_factor: low,
+                    high_freq_factor: high,
+                    original_max_position_embeddings: original()?.unwrap_or(8192),
+                }
+            }
+            Some("yarn") => RopeScaling::Yarn {
+                factor: factor()?,
+                original_max_position_embeddings: original()?,
+                attention_factor: nested.opt_f64("attention_factor").map_err(named)?,
+                beta_fast: nested.opt_f64("beta_fast").map_err(named)?.unwrap_or(32.0),
+                beta_slow: nested.opt_f64("beta_slow").map_err(named)?.unwrap_or(1.0),
+            },
+            Some(other) => {
+                return Err(named(LoadError::Config {
+                    field: "rope_type".into(),
+                    reason: format!("`{other}` is not supported (default, linear, llama3, yarn)"),
+                }));
+            }
+        };
+        Ok((theta, scaling))
     }
 
     fn dtype(&self, field: &str) -> Result<Option<CheckpointDtype>, LoadError> {
@@ -339,11 +487,58 @@ mod tests {
     }
 
     #[test]
-    fn rope_scaling_is_refused_by_name() {
-        let err = ModelConfig::from_json_str(&with("rope_scaling", r#"{"type":"yarn","factor":4.0}"#)).unwrap_err();
-        assert_eq!(field_of(err), "rope_scaling");
+    fn rope_scaling_is_read_and_unknown_kinds_are_refused_by_name() {
+        let c = ModelConfig::from_json_str(&with("rope_scaling", r#"{"type":"yarn","factor":4.0}"#)).unwrap();
+        assert!(matches!(
+            c.rope_scaling,
+            RopeScaling::Yarn { factor: 4.0, original_max_position_embeddings: None, .. }
+        ));
+        let llama3 = r#"{"rope_type":"llama3","factor":32.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+            "original_max_position_embeddings":8192,"rope_theta":500000.0}"#;
+        let c = ModelConfig::from_json_str(&with("rope_parameters", llama3)).unwrap();
+        assert_eq!(c.rope_theta, 500000.0);
+        assert!(matches!(
+            c.rope_scaling,
+            RopeScaling::Llama3 { factor: 32.0, original_max_position_embeddings: 8192, .. }
+        ));
+        let err = ModelConfig::from_json_str(&with("rope_scaling", r#"{"type":"longrope","factor":4.0}"#)).unwrap_err();
+        assert_eq!(field_of(err), "rope_scaling.rope_type");
         let err = ModelConfig::from_json_str(&with("rope_parameters", r#"{"rope_type":"yarn"}"#)).unwrap_err();
-        assert_eq!(field_of(err), "rope_parameters.rope_type");
+        assert_eq!(field_of(err), "rope_parameters.factor");
+        let err =
+            ModelConfig::from_json_str(&with("rope_parameters", r#"{"rope_type":"linear","factor":0.5}"#)).unwrap_err();
+        assert_eq!(field_of(err), "rope_parameters.factor");
+        let bad_llama3 = r#"{"rope_type":"llama3","factor":8.0,"low_freq_factor":4.0,"high_freq_factor":4.0}"#;
+        let err = ModelConfig::from_json_str(&with("rope_parameters", bad_llama3)).unwrap_err();
+        assert_eq!(field_of(err), "rope_parameters.high_freq_factor");
+    }
+
+    #[test]
+    fn families_differ_in_biases_head_size_and_norms() {
+        let qwen2 = ModelConfig::from_json_str(TINY).unwrap();
+        assert!(qwen2.qkv_bias && !qwen2.o_bias && !qwen2.qk_norm);
+        let qwen3 = ModelConfig::from_json_str(&with("model_type", r#""qwen3""#)).unwrap();
+        assert_eq!((qwen3.head_dim, qwen3.qkv_bias, qwen3.qk_norm), (128, false, true));
+        let mut v: Value = serde_json::from_str(TINY).unwrap();
+        v["model_type"] = "llama".into();
+        v["attention_bias"] = true.into();
+        v["head_dim"] = 32.into();
+        let llama = ModelConfig::from_json_str(&v.to_string()).unwrap();
+        assert_eq!((llama.head_dim, llama.qkv_bias, llama.o_bias, llama.qk_norm), (32, true, true, false));
+    }
+
+    #[test]
+    fn unsupported_families_and_features_are_named() {
+        let err = ModelConfig::from_json_str(&with("model_type", r#""qwen3_moe""#)).unwrap_err();
+        assert!(err.to_string().contains("mixture-of-experts"), "{err}");
+        let err = ModelConfig::from_json_str(&with("model_type", r#""bert""#)).unwrap_err();
+        assert!(err.to_string().contains("qwen2, qwen3, llama"), "{err}");
+        for (field, value) in [("mlp_bias", "true"), ("use_sliding_window", "true"), ("hidden_act", r#""gelu""#)] {
+            let err = ModelConfig::from_json_str(&with(field, value)).unwrap_err();
+            assert_eq!(field_of(err), field);
+        }
+        let err = ModelConfig::from_json_str(&with("head_dim", "15")).unwrap_err();
+        assert_eq!(field_of(err), "head_dim");
     }
 
     #[test]

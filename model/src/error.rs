@@ -18,6 +18,8 @@ pub enum LoadError {
     Config { field: String, reason: String },
     #[error("unknown model type `{name}`; known types: {known}")]
     UnknownModelType { name: String, known: String },
+    #[error("model type `{name}` needs {needs}, which llaisys does not implement yet; served types: {known}")]
+    UnsupportedArchitecture { name: String, needs: &'static str, known: String },
     #[error("safetensors file {path}: {reason}")]
     Safetensors { path: PathBuf, reason: String },
     #[error("missing tensors: {}", .0.join(", "))]
@@ -57,7 +59,10 @@ impl LoadError {
         match self {
             Self::Io { .. } => "io",
             Self::Json { .. } | Self::Config { .. } => "config",
-            Self::UnknownModelType { .. } | Self::NeedsDirectory { .. } | Self::NotAModel { .. } => "model_type",
+            Self::UnknownModelType { .. }
+            | Self::UnsupportedArchitecture { .. }
+            | Self::NeedsDirectory { .. }
+            | Self::NotAModel { .. } => "model_type",
             Self::Safetensors { .. } | Self::Gguf { .. } => "file_format",
             Self::MissingTensors(_)
             | Self::UnexpectedTensors(_)

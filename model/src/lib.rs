@@ -2,10 +2,12 @@
 //! safetensors or GGUF files (Q1), quantized weights and their kernels (Q2–Q5), batches (C4), the
 //! forward pass (C5), the slot/cell KV cache (C6), outputs (C7), errors (C8), tokenizer (C10). No tokio, no actors: the engine drives a [`Context`] from its worker.
 
+pub mod arch;
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod context;
+pub mod decoder;
 pub mod device;
 pub mod error;
 pub mod generate;
@@ -18,7 +20,6 @@ pub mod lm;
 pub mod mock;
 pub mod output;
 pub mod quant;
-pub mod qwen2;
 pub mod registry;
 pub mod sampling;
 pub mod source;

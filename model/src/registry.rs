@@ -1,4 +1,5 @@
-//! C2: model types by name. Adding a model type is one module and one entry in `MODEL_TYPES`.
+//! C2: model types by name. Every family of `crate::arch` loads through the shared decoder;
+//! adding a family is a file of tables in `arch/` and an entry here.
 
 use burn::tensor::Device;
 
@@ -6,7 +7,7 @@ use crate::error::LoadError;
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::source::ModelSource;
 use crate::tensors::WeightDtype;
-use crate::{mock, qwen2};
+use crate::{decoder, mock};
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -27,7 +28,9 @@ pub struct ModelType {
 }
 
 pub const MODEL_TYPES: &[ModelType] = &[
-    ModelType { name: "qwen2", load: qwen2::load, info: qwen2::info },
+    ModelType { name: "qwen2", load: decoder::load, info: decoder::info },
+    ModelType { name: "qwen3", load: decoder::load, info: decoder::info },
+    ModelType { name: "llama", load: decoder::load, info: decoder::info },
     ModelType { name: "mock", load: mock::load, info: mock::info },
 ];
 
@@ -55,8 +58,22 @@ fn model_type_of(model_type: Option<&str>, source: Option<&ModelSource>) -> Resu
             return Err(LoadError::NeedsDirectory { model_type: "(unspecified)" });
         }
     };
-    MODEL_TYPES.iter().find(|t| t.name == name).ok_or_else(|| LoadError::UnknownModelType {
-        name: name.clone(),
-        known: MODEL_TYPES.iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
+    let known = || MODEL_TYPES.iter().map(|t| t.name).collect::<Vec<_>>().join(", ");
+    MODEL_TYPES.iter().find(|t| t.name == name).ok_or_else(|| match crate::arch::unsupported(&name) {
+        Some(needs) => LoadError::UnsupportedArchitecture { name: name.clone(), needs, known: known() },
+        None => LoadError::UnknownModelType { name: name.clone(), known: known() },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family the decoder serves is a model type.
+    #[test]
+    fn every_architecture_is_registered() {
+        for arch in crate::arch::ARCHITECTURES {
+            assert!(MODEL_TYPES.iter().any(|t| t.name == arch.name), "{} has no registry entry", arch.name);
+        }
+    }
 }

@@ -3,6 +3,7 @@
 //! precision by default, or the [`WeightDtype`] asked for, dense (a Burn tensor) or packed
 //! quantized (CPU only).
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -41,8 +42,8 @@ pub trait TensorSource {
     fn stored(&self, name: &str) -> Option<Result<Stored, String>>;
     /// The tensor converted to `dtype` (F32, F16 or BF16; quantized tensors dequantized).
     fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError>;
-    /// A quantized tensor's ggml blocks as stored.
-    fn blocks(&self, _name: &str) -> Option<(QuantType, &[u8])> {
+    /// A quantized tensor's ggml blocks as stored (rows in the checkpoint's order).
+    fn blocks(&self, _name: &str) -> Option<(QuantType, Cow<'_, [u8]>)> {
         None
     }
     /// The tensor has been loaded (a memory-mapped source drops its pages).
@@ -186,7 +187,7 @@ pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device:
         Storage::Dense(dtype) => linear::dense(Tensor::from_data(src.data(name, dtype)?, (device, dtype))),
         Storage::Packed(q) => match src.blocks(name) {
             Some((stored, bytes)) if stored == q => {
-                linear::packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, bytes).map_err(packing)?))
+                linear::packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, &bytes).map_err(packing)?))
             }
             _ => {
                 let values = src

@@ -124,9 +124,13 @@ fn a_truncated_safetensors_file_names_the_file() {
 fn a_missing_directory_and_an_unknown_model_type_are_errors() {
     assert!(matches!(load_err(Path::new("/nonexistent/model")), LoadError::Io { .. }));
     let dir = copy_fixture();
-    edit_config(dir.path(), "model_type", "llama".into());
+    edit_config(dir.path(), "model_type", "bert".into());
     let err = load_err(dir.path());
-    assert!(err.to_string().contains("unknown model type `llama`; known types: qwen2, mock"), "{err}");
+    assert!(err.to_string().contains("unknown model type `bert`; known types: qwen2, qwen3, llama, mock"), "{err}");
+    edit_config(dir.path(), "model_type", "qwen3_moe".into());
+    let err = load_err(dir.path());
+    assert!(matches!(&err, LoadError::UnsupportedArchitecture { name, .. } if name == "qwen3_moe"), "{err}");
+    assert!(err.to_string().contains("mixture-of-experts"), "{err}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! GGUF fixtures against float64 references, quantization at load, and clear errors for files
 //! that are truncated, corrupt, of an unknown type or architecture.
 
+use llaisys_model::config::RopeScaling;
 use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::gguf::{GgufFile, TensorType};
 use llaisys_model::quant::{PackedMatrix, QuantType, dequantize};
@@ -10,7 +11,9 @@ use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
 use llaisys_model::{
     Batch, Context, Device, LoadError, LoadOptions, ModelConfig, ModelSource, Tokenizer, WeightDtype, load_model,
 };
-use llaisys_tests::{PromptRef, Reference, fixture_dir, gguf_fixture, gguf_references, max_abs_diff};
+use llaisys_tests::{
+    PromptRef, Reference, fixture_dir, gguf_family_references, gguf_fixture, gguf_references, max_abs_diff,
+};
 
 fn context(source: &ModelSource, weight_dtype: WeightDtype) -> Context {
     let model = load_model(None, Some(source), &LoadOptions { weight_dtype }, &Device::flex())
@@ -59,24 +62,39 @@ const CORPUS: &[&str] = &[
     "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call><|endoftext|>",
     "don't won't I'll we've they're it's I'm you'd",
     "[PAD1000] is not a token, nor is <|not_special|>",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+    "<think>\nLet me think: 12345 + 678 = 13023.\n</think>\n\nThe answer is 13023.",
     "",
 ];
 
+/// Each family's fixture: its Hugging Face directory and its GGUF file.
+const FAMILIES: [(&str, &str); 3] =
+    [("tiny-tied-f32", "tiny-tied-f32"), ("tiny-qwen3-f32", "tiny-qwen3-f32"), ("tiny-llama-f32", "tiny-llama-f32")];
+
+/// For Qwen2's and Qwen3's pre-tokenizer (`qwen2`) and Llama 3's (`llama-bpe`, with its BOS).
 #[test]
 fn the_tokenizer_from_gguf_gives_the_ids_of_tokenizer_json() {
-    let hf = Tokenizer::from_dir(&fixture_dir("tiny-tied-f32")).unwrap();
-    let from_gguf = gguf("tiny-tied-f32").tokenizer().unwrap();
-    assert_eq!(from_gguf.vocab_size(), hf.vocab_size());
-    for text in CORPUS {
-        let ids = hf.encode(text).unwrap();
-        assert_eq!(from_gguf.encode(text).unwrap(), ids, "ids of {text:?}");
-        for skip in [false, true] {
-            assert_eq!(from_gguf.decode(&ids, skip).unwrap(), hf.decode(&ids, skip).unwrap(), "decode of {text:?}");
-        }
-        for &id in &ids {
-            assert_eq!(from_gguf.token_bytes(id), hf.token_bytes(id), "bytes of token {id}");
+    for (dir, file) in FAMILIES {
+        let hf = Tokenizer::from_dir(&fixture_dir(dir)).unwrap();
+        let from_gguf = gguf(file).tokenizer().unwrap();
+        assert_eq!(from_gguf.vocab_size(), hf.vocab_size(), "{file}");
+        for text in CORPUS {
+            let ids = hf.encode(text).unwrap();
+            assert_eq!(from_gguf.encode(text).unwrap(), ids, "{file}: ids of {text:?}");
+            assert_eq!(from_gguf.encode_prompt(text).unwrap(), hf.encode_prompt(text).unwrap(), "{file}: {text:?}");
+            for skip in [false, true] {
+                let (ours, theirs) = (from_gguf.decode(&ids, skip).unwrap(), hf.decode(&ids, skip).unwrap());
+                assert_eq!(ours, theirs, "{file}: decode of {text:?}");
+            }
+            for &id in &ids {
+                assert_eq!(from_gguf.token_bytes(id), hf.token_bytes(id), "{file}: bytes of token {id}");
+            }
         }
     }
+    // The pre-tokenizers differ where they should: Qwen's normalises to NFC, Llama's does not.
+    let [qwen, llama] = ["tiny-qwen3-f32", "tiny-llama-f32"].map(|f| gguf(f).tokenizer().unwrap());
+    assert_eq!(qwen.encode("e\u{301}").unwrap(), qwen.encode("é").unwrap());
+    assert_ne!(llama.encode("e\u{301}").unwrap(), llama.encode("é").unwrap());
 }
 
 /// The demo model's GGUF against Qwen's own tokenizer.json (`scripts/fetch_demo_model.sh` and
@@ -118,6 +136,58 @@ fn the_config_and_chat_template_come_from_the_file() {
     let hf = ChatTemplate::from_dir(&fixture_dir("tiny-tied-f32")).unwrap().unwrap();
     let ours = gguf("tiny-tied-f32").chat_template().unwrap().unwrap();
     assert_eq!(ours.render(&messages, true).unwrap(), hf.render(&messages, true).unwrap());
+}
+
+/// Each family's configuration and chat template from its GGUF file equal its directory's (the
+/// rope scaling as the file writes it: Llama 3's as per-frequency factors).
+#[test]
+fn each_familys_config_and_template_come_from_its_file() {
+    for (dir, file) in FAMILIES {
+        let ours = llaisys_model::gguf::model_config(&GgufFile::open(&gguf_fixture(file)).unwrap()).unwrap();
+        let hf = ModelConfig::from_dir(&fixture_dir(dir)).unwrap();
+        assert_eq!(ours.arch, hf.arch, "{file}");
+        assert_eq!(
+            (ours.head_dim, ours.qkv_bias, ours.o_bias, ours.qk_norm, ours.tie_word_embeddings),
+            (hf.head_dim, hf.qkv_bias, hf.o_bias, hf.qk_norm, hf.tie_word_embeddings),
+            "{file}"
+        );
+        match (&ours.rope_scaling, &hf.rope_scaling) {
+            (RopeScaling::Factors(f), RopeScaling::Llama3 { .. }) => assert_eq!(f.len(), hf.head_dim / 2),
+            (ours, hf) => assert_eq!(ours, hf, "{file}"),
+        }
+        let messages = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi <3")];
+        let hf = ChatTemplate::from_dir(&fixture_dir(dir)).unwrap().unwrap();
+        let ours = gguf(file).chat_template().unwrap().unwrap();
+        assert_eq!(ours.render(&messages, true).unwrap(), hf.render(&messages, true).unwrap(), "{file}");
+    }
+}
+
+/// The other families' GGUF files, written as llama.cpp's converter writes them (Llama's q and k
+/// interleaved, its rope scaling a tensor; Qwen3's YaRN as keys): dequantized at load they
+/// match transformers run over their weights (the F32 files: the safetensors models), and Q8_0
+/// kept quantized stays within the int8-activation budget of the quantized test below.
+#[test]
+fn family_ggufs_match_transformers_over_their_weights() {
+    let references = gguf_family_references();
+    assert_eq!(references.len(), 4, "two files for each of Qwen3 and Llama");
+    for (name, reference) in references {
+        let mut dequantized = context(&gguf(&name), WeightDtype::F32);
+        let mut quantized = context(&gguf(&name), WeightDtype::Auto);
+        for (s, p) in reference.prompts.iter().enumerate() {
+            dequantized.decode(&one_sequence(&p.ids, 1, 0)).unwrap();
+            let err = max_abs_diff(dequantized.outputs().row(0).unwrap(), &p.last_logits);
+            assert!(err < 1e-3, "{name} prompt {s}: last-row logits differ by {err}");
+            let generation = greedy(&mut dequantized, 2, &p.ids, p.greedy.len(), &[]).unwrap();
+            assert_eq!(generation.tokens, p.greedy, "{name} prompt {s}: greedy tokens");
+            for seq in [1, 2] {
+                dequantized.kv_mut().seq_rm(seq, ..).unwrap();
+            }
+            let ids: Vec<u32> = p.ids.iter().chain(&p.greedy).copied().collect();
+            let errors = row_errors(&mut quantized, &mut dequantized, &ids);
+            let worst = errors.iter().fold(0.0f32, |m, e| m.max(*e));
+            assert!(worst < 0.08 && mean(&errors) < 0.05, "{name} prompt {s} kept quantized: {errors:?}");
+        }
+    }
 }
 
 /// The F32 GGUF is the safetensors model: transformers' logits and greedy tokens.
@@ -246,8 +316,10 @@ fn load_error(path: &std::path::Path) -> String {
 fn unsupported_types_and_architectures_are_named() {
     let err = load_error(&gguf_fixture("unsupported-type"));
     assert!(err.contains("blk.0.attn_q.weight") && err.contains("IQ4_NL"), "{err}");
-    let err = load_error(&gguf_fixture("llama-arch"));
-    assert!(err.contains("`llama`") && err.contains("qwen2"), "{err}");
+    let err = load_error(&gguf_fixture("qwen3moe-arch"));
+    assert!(err.contains("`qwen3moe`") && err.contains("mixture-of-experts") && err.contains("qwen3"), "{err}");
+    let err = load_error(&gguf_fixture("unknown-arch"));
+    assert!(err.contains("unknown model type `rwkv7`") && err.contains("qwen2, qwen3, llama"), "{err}");
 }
 
 #[test]

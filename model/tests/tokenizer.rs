@@ -16,14 +16,25 @@ fn template() -> ChatTemplate {
 fn tokenizer_matches_hugging_face_ids_and_round_trips() {
     for name in FIXTURES {
         let tokenizer = Tokenizer::from_dir(&fixture_dir(name)).unwrap();
+        // The references were encoded as transformers encodes a prompt (Llama's with its BOS).
+        let adds_bos = name.contains("llama");
+        let bos = tokenizer.token_to_id("<|begin_of_text|>");
+        assert_eq!(bos.is_some(), adds_bos, "{name}: only Llama's vocabulary has a BOS token");
         for p in Reference::load(name).prompts {
-            assert_eq!(tokenizer.encode(&p.text).unwrap(), p.ids, "{name}: encode {:?}", p.text);
-            assert_eq!(tokenizer.decode(&p.ids, false).unwrap(), p.text, "{name}: decode");
+            assert_eq!(tokenizer.encode_prompt(&p.text).unwrap(), p.ids, "{name}: encode {:?}", p.text);
+            let text_ids = if adds_bos { &p.ids[1..] } else { &p.ids[..] };
+            assert_eq!(tokenizer.encode(&p.text).unwrap(), text_ids, "{name}: encode without BOS {:?}", p.text);
+            assert_eq!(tokenizer.decode(text_ids, false).unwrap(), p.text, "{name}: decode");
             assert_eq!(tokenizer.decode(&p.greedy, false).unwrap(), p.greedy_text, "{name}: decode greedy");
+            if adds_bos {
+                assert_eq!(Some(p.ids[0]), bos, "{name}: a prompt starts with BOS");
+            }
         }
-        let eos = tokenizer.token_to_id("<|im_end|>").unwrap();
-        assert_eq!(tokenizer.encode("<|im_end|>").unwrap(), vec![eos], "special tokens are recognised");
+        let end = if adds_bos { "<|eot_id|>" } else { "<|im_end|>" };
+        let eos = tokenizer.token_to_id(end).unwrap();
+        assert_eq!(tokenizer.encode(end).unwrap(), vec![eos], "{name}: special tokens are recognised");
         assert_ne!(eos, 151645, "fixture special ids differ from the real model's");
+        assert_ne!(eos, 128009, "fixture special ids differ from the real model's");
     }
 }
 
@@ -129,4 +140,47 @@ fn token_bytes_concatenate_to_the_exact_text() {
     let eos = tokenizer.token_to_id("<|im_end|>").unwrap();
     assert_eq!(tokenizer.token_bytes(eos).unwrap(), b"<|im_end|>");
     assert_eq!(tokenizer.token_bytes(u32::MAX), None);
+}
+
+/// Qwen3's and Llama 3.2's own templates render as transformers 5.23's `apply_chat_template`
+/// does on these fixtures: Qwen3's drops the thinking of earlier turns (Python string methods,
+/// reversed slices, namespaces); Llama's writes the date (`strftime_now`), tools in the first
+/// user turn with `tojson(indent=4)`, the key order as the request gave it.
+#[test]
+fn qwen3_and_llama3_templates_render_like_transformers() {
+    let conversation = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+        ChatMessage::new("assistant", "<think>\nGreet back.\n</think>\n\nHello!"),
+        ChatMessage::new("user", "Weather in Paris?"),
+    ];
+    let tools = [serde_json::json!({"type": "function", "function": {"name": "get_weather",
+        "description": "Weather in a city", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}})];
+    let qwen3 = ChatTemplate::from_dir(&fixture_dir("tiny-qwen3-f32")).unwrap().unwrap();
+    assert_eq!(
+        qwen3.render(&conversation, true).unwrap(),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(
+        qwen3.render_with_tools(&conversation[1..2], &tools, true).unwrap(),
+        "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let llama = ChatTemplate::from_dir(&fixture_dir("tiny-llama-f32")).unwrap().unwrap();
+    // transformers was given date_string "26 Jul 2024"; here the template asks strftime_now.
+    let dated = |text: String| -> String {
+        let (head, tail) = text.split_once("Today Date: ").expect("the template writes the date");
+        let (date, rest) = tail.split_once('\n').unwrap();
+        let [day, month, year]: [&str; 3] = date.split(' ').collect::<Vec<_>>().try_into().unwrap();
+        assert!(day.len() == 2 && month.len() == 3 && year.len() == 4, "{date}");
+        format!("{head}Today Date: 26 Jul 2024\n{rest}")
+    };
+    assert_eq!(
+        dated(llama.render(&conversation, true).unwrap()),
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n<think>\nGreet back.\n</think>\n\nHello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWeather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+    assert_eq!(
+        dated(llama.render_with_tools(&conversation[1..2], &tools, true).unwrap()),
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"description\": \"Weather in a city\",\n        \"parameters\": {\n            \"type\": \"object\",\n            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n                \"city\"\n            ]\n        }\n    }\n}\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
 }

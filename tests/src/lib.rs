@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 3] = ["tiny-tied-f32", "tiny-untied-f32", "tiny-bf16"];
+pub const FIXTURES: [&str; 5] = ["tiny-tied-f32", "tiny-untied-f32", "tiny-bf16", "tiny-qwen3-f32", "tiny-llama-f32"];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,
 /// else `cpu`. `scripts/test-wgpu.sh` sets `gl` (Mesa's llvmpipe) in a build with the `wgpu`
@@ -139,9 +139,20 @@ pub struct GgufReference {
     pub prompts: Vec<GgufPromptRef>,
 }
 
-/// The references of every GGUF model fixture, by name.
+/// The references of every Qwen2 GGUF model fixture, by name (float64 numpy, from
+/// scripts/make_gguf_fixtures.py).
 pub fn gguf_references() -> BTreeMap<String, GgufReference> {
-    let path = fixture_dir("gguf").join("reference.json");
+    read_gguf_references("reference.json")
+}
+
+/// The references of the GGUF fixtures of the other families, by name (transformers in f32 over
+/// each file's dequantized weights, from scripts/make_family_fixtures.py).
+pub fn gguf_family_references() -> BTreeMap<String, GgufReference> {
+    read_gguf_references("family-reference.json")
+}
+
+fn read_gguf_references(file: &str) -> BTreeMap<String, GgufReference> {
+    let path = fixture_dir("gguf").join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

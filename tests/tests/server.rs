@@ -471,6 +471,58 @@ async fn gguf_files_serve_with_their_own_tokenizer_and_template() {
     }
 }
 
+/// Qwen3 and Llama 3 through the server as directories and GGUF files: a text prompt (Llama's
+/// with its BOS) continues as transformers' greedy tokens, the three prompts at once (batched)
+/// and again (their prefixes cached) and with speculation on; a chat renders the family's own
+/// template and ends on its end-of-turn token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen3_and_llama_serve_like_transformers_batched_cached_and_speculative() {
+    for (fixture, path) in [
+        ("tiny-qwen3-f32", fixture_dir("tiny-qwen3-f32")),
+        ("tiny-llama-f32", fixture_dir("tiny-llama-f32")),
+        ("tiny-qwen3-f32", gguf_fixture("tiny-qwen3-f32")),
+        ("tiny-llama-f32", gguf_fixture("tiny-llama-f32")),
+    ] {
+        let s = server_for(&path, &[("speculative.ngram_min", "1")]).await;
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let reference = Reference::load(fixture);
+        let tokenizer = Tokenizer::from_dir(&fixture_dir(fixture)).unwrap();
+        for round in 0..2 {
+            let requests = reference.prompts.iter().map(|p| {
+                let body = json!({"model": name, "prompt": p.text, "max_tokens": 20, "temperature": 0,
+                                  "ignore_eos": true, "speculative": round == 1});
+                let s = &s;
+                async move { (p, post(s, "/v1/completions", body).await) }
+            });
+            for (p, (status, r)) in futures_util::future::join_all(requests).await {
+                assert_eq!(status, 200, "{r}");
+                assert_eq!(r["usage"]["prompt_tokens"].as_u64(), Some(p.ids.len() as u64), "{name}: {:?}", p.text);
+                let want = tokenizer.decode(&p.greedy, true).unwrap();
+                assert_eq!(r["choices"][0]["text"], want, "{name} round {round}: {:?}", p.text);
+            }
+        }
+        assert!(metric(&s, "llaisys_prefix_cache_hits_total").await > 0.0, "{name}: the second round reused cells");
+        let body = json!({"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 30,
+                          "temperature": 0});
+        let (status, r) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{r}");
+        let end = if fixture.contains("llama") { "<|eot_id|>" } else { "<|im_end|>" };
+        let template = llaisys_model::tokenizer::ChatTemplate::from_dir(&fixture_dir(fixture)).unwrap().unwrap();
+        let rendered = template.render(&[llaisys_model::tokenizer::ChatMessage::new("user", "Hi")], true).unwrap();
+        let prompt_ids = tokenizer.encode(&rendered).unwrap();
+        assert_eq!(r["usage"]["prompt_tokens"].as_u64(), Some(prompt_ids.len() as u64), "{name}: {rendered:?}");
+        assert_eq!(
+            prompt_ids.iter().filter(|&&t| Some(t) == tokenizer.token_to_id("<|begin_of_text|>")).count(),
+            usize::from(fixture.contains("llama")),
+            "{name}: one BOS, from the template"
+        );
+        if r["choices"][0]["finish_reason"] == "stop" {
+            assert!(!r["choices"][0]["message"]["content"].as_str().unwrap().contains(end), "{r}");
+        }
+        s.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_library_and_the_http_api_tokenize_and_answer_a_chat_identically() {
     use llaisys_actors::{ChatRequest, Engine};

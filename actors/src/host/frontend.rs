@@ -155,7 +155,7 @@ impl Frontend {
             .map(|prompt| match prompt {
                 Prompt::Text(text) => {
                     let tokenizer = &self.text_side()?.tokenizer;
-                    Ok(tokenizer.encode(text).map_err(|e| RequestError::invalid("prompt", e.to_string()))?)
+                    Ok(tokenizer.encode_prompt(text).map_err(|e| RequestError::invalid("prompt", e.to_string()))?)
                 }
                 Prompt::Tokens(ids) => Ok(ids.clone()),
             })

@@ -1,27 +1,36 @@
 //! C1 from a GGUF file: the `{arch}.*` keys become the Hugging Face config fields they were
 //! converted from, validated by the same code as a `config.json`. Errors name the GGUF key.
+//! What a file says only through its tensors is read from them: the attention biases, and
+//! Llama 3's rope scaling (`rope_freqs.weight`).
 
 use serde_json::{Map, Value as Json, json};
 
 use super::GgufFile;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, RopeScaling};
+use crate::decoder::ROPE_FREQS;
 use crate::error::LoadError;
+use crate::tensors::TensorSource;
 
 /// Hugging Face field ← GGUF key under `{arch}.`.
-const FIELDS: [(&str, &str); 8] = [
+const FIELDS: [(&str, &str); 9] = [
     ("hidden_size", "embedding_length"),
     ("num_hidden_layers", "block_count"),
     ("num_attention_heads", "attention.head_count"),
     ("num_key_value_heads", "attention.head_count_kv"),
+    ("head_dim", "attention.key_length"),
     ("intermediate_size", "feed_forward_length"),
     ("max_position_embeddings", "context_length"),
     ("rms_norm_eps", "attention.layer_norm_rms_epsilon"),
     ("rope_theta", "rope.freq_base"),
 ];
 
-/// Control tokens that end a generation, by text (llama.cpp's end-of-generation list for the
-/// chat formats this model family uses).
-const END_OF_GENERATION: [&str; 2] = ["<|im_end|>", "<|endoftext|>"];
+/// Rope scaling keys under `{arch}.rope.scaling.`, as `rope_parameters` fields.
+const ROPE_SCALING: [(&str, &str); 4] = [
+    ("rope_type", "type"),
+    ("factor", "factor"),
+    ("original_max_position_embeddings", "original_context_length"),
+    ("attention_factor", "attn_factor"),
+];
 
 /// The architecture (`general.architecture`).
 pub fn architecture(file: &GgufFile) -> Result<String, LoadError> {
@@ -34,8 +43,10 @@ pub fn architecture(file: &GgufFile) -> Result<String, LoadError> {
 /// The model's configuration.
 pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let arch = architecture(file)?;
+    let family = crate::arch::find(&arch);
     let mut obj = Map::new();
-    obj.insert("model_type".into(), json!(arch));
+    // The family's `config.json` name (a GGUF architecture may be spelled differently).
+    obj.insert("model_type".into(), json!(family.map_or(arch.as_str(), |f| f.name)));
     for (field, key) in FIELDS {
         let key = format!("{arch}.{key}");
         let Some(v) = file.get(&key) else { continue };
@@ -50,22 +61,79 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let embed = file.tensor("token_embd.weight").ok_or_else(|| file.error("no token_embd.weight tensor"))?;
     obj.insert("vocab_size".into(), json!(embed.shape()[0]));
     obj.insert("tie_word_embeddings".into(), json!(file.tensor("output.weight").is_none()));
+    obj.insert("attention_bias".into(), json!(file.tensor("blk.0.attn_q.bias").is_some()));
+    if let Some(rope) = rope_parameters(file, &arch)? {
+        obj.insert("rope_parameters".into(), rope);
+    }
     let id = |key: &str| file.get(key).and_then(|v| v.as_u64());
     if let Some(bos) = id("tokenizer.ggml.bos_token_id") {
         obj.insert("bos_token_id".into(), json!(bos));
     }
-    obj.insert("eos_token_id".into(), json!(eos_ids(file)));
-    ModelConfig::from_json_str(&Json::Object(obj).to_string()).map_err(|e| match e {
+    let end_of_generation = family.map_or(&[][..], |f| f.end_of_generation);
+    obj.insert("eos_token_id".into(), json!(eos_ids(file, end_of_generation)));
+    let mut config = ModelConfig::from_json_str(&Json::Object(obj).to_string()).map_err(|e| match e {
         LoadError::Config { field, reason } => {
-            let key = FIELDS.iter().find(|(f, _)| *f == field).map_or(field, |(_, k)| format!("{arch}.{k}"));
+            let rope = field.strip_prefix("rope_parameters.");
+            let key = match rope.and_then(|f| ROPE_SCALING.iter().find(|(name, _)| *name == f)) {
+                Some((_, k)) => format!("{arch}.rope.scaling.{k}"),
+                None => FIELDS.iter().find(|(f, _)| *f == field).map_or(field, |(_, k)| format!("{arch}.{k}")),
+            };
             file.error(format!("{key}: {reason}"))
         }
         other => other,
-    })
+    })?;
+    if let Some(factors) = rope_freqs(file, config.head_dim)? {
+        config.rope_scaling = RopeScaling::Factors(factors);
+    }
+    let rotated = file.get(&format!("{arch}.rope.dimension_count")).and_then(|v| v.as_u64());
+    if let Some(dims) = rotated.filter(|&d| d != config.head_dim as u64) {
+        let head_dim = config.head_dim;
+        return Err(file.error(format!(
+            "{arch}.rope.dimension_count: {dims} (partial rotary embeddings of head size {head_dim} are not supported)"
+        )));
+    }
+    Ok(config)
 }
 
-/// End-of-generation ids: eos, eot, and the control tokens named in `END_OF_GENERATION`.
-fn eos_ids(file: &GgufFile) -> Vec<u64> {
+/// `{arch}.rope.scaling.*` as `rope_parameters`, `None` without a scaling type (or `none`).
+fn rope_parameters(file: &GgufFile, arch: &str) -> Result<Option<Json>, LoadError> {
+    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+    match file.get(&key("type")).map(|v| v.as_str()) {
+        None | Some(Some("none")) => return Ok(None),
+        Some(None) => return Err(file.error(format!("{}: not a string", key("type")))),
+        Some(Some(_)) => {}
+    }
+    let mut params = Map::new();
+    for (field, k) in ROPE_SCALING {
+        let Some(v) = file.get(&key(k)) else { continue };
+        let value = match field {
+            "rope_type" => v.as_str().map(|s| json!(s)),
+            "original_max_position_embeddings" => v.as_u64().map(|x| json!(x)),
+            _ => v.as_f64().map(|x| json!(x)),
+        };
+        params.insert(field.into(), value.ok_or_else(|| file.error(format!("{}: unexpected {v:?}", key(k))))?);
+    }
+    Ok(Some(Json::Object(params)))
+}
+
+/// `rope_freqs.weight`: one divisor per rotary frequency, \[head_dim / 2\].
+fn rope_freqs(file: &GgufFile, head_dim: usize) -> Result<Option<Vec<f32>>, LoadError> {
+    let Some(t) = file.tensor(ROPE_FREQS) else { return Ok(None) };
+    if t.shape() != [head_dim / 2] {
+        return Err(file.error(format!("{ROPE_FREQS}: shape {:?}, expected [{}]", t.shape(), head_dim / 2)));
+    }
+    let values = file
+        .data(ROPE_FREQS, burn::tensor::DType::F32)?
+        .try_to_vec::<f32>()
+        .map_err(|e| file.error(format!("{ROPE_FREQS}: {e:?}")))?;
+    if values.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
+        return Err(file.error(format!("{ROPE_FREQS}: every factor must be a positive number")));
+    }
+    Ok(Some(values))
+}
+
+/// End-of-generation ids: eos, eot, and the control tokens the family ends turns with.
+fn eos_ids(file: &GgufFile, end_of_generation: &[&str]) -> Vec<u64> {
     let mut ids: Vec<u64> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
         .iter()
         .filter_map(|k| file.get(k)?.as_u64())
@@ -73,7 +141,7 @@ fn eos_ids(file: &GgufFile) -> Vec<u64> {
     let tokens = file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).unwrap_or_default();
     let types = file.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()).unwrap_or_default();
     for (i, (t, ty)) in tokens.iter().zip(types).enumerate() {
-        if ty.as_i64() == Some(3) && t.as_str().is_some_and(|t| END_OF_GENERATION.contains(&t)) {
+        if ty.as_i64() == Some(3) && t.as_str().is_some_and(|t| end_of_generation.contains(&t)) {
             ids.push(i as u64);
         }
     }

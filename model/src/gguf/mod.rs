@@ -7,6 +7,7 @@ mod config;
 mod file;
 mod tokenizer;
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use burn::tensor::{DType, TensorData};
@@ -45,7 +46,8 @@ impl TensorSource for GgufFile {
 
     fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError> {
         let t = self.tensor(name).ok_or_else(|| self.error(format!("no tensor `{name}`")))?;
-        let bytes = self.bytes(t)?;
+        let bytes = self.rows_in_hf_order(t)?;
+        let bytes = &bytes[..];
         let shape = t.shape();
         let data = match (t.ty, dtype) {
             (TensorType::F16, DType::F16) => TensorData::new(le::<f16, 2>(bytes, f16::from_le_bytes), shape),
@@ -67,10 +69,10 @@ impl TensorSource for GgufFile {
         Ok(data)
     }
 
-    fn blocks(&self, name: &str) -> Option<(QuantType, &[u8])> {
+    fn blocks(&self, name: &str) -> Option<(QuantType, Cow<'_, [u8]>)> {
         let t = self.tensor(name)?;
         match t.ty {
-            TensorType::Quant(q) => Some((q, self.bytes(t).ok()?)),
+            TensorType::Quant(q) => Some((q, self.rows_in_hf_order(t).ok()?)),
             _ => None,
         }
     }
@@ -79,6 +81,53 @@ impl TensorSource for GgufFile {
         if let Some(t) = self.tensor(name) {
             self.release(t);
         }
+    }
+}
+
+impl GgufFile {
+    /// A tensor's bytes with its rows in the checkpoint's (Hugging Face's) order: llama.cpp's
+    /// converter interleaves the two halves of each q and k head for the families whose RoPE
+    /// rotates adjacent pairs (`Architecture::gguf_qk_interleaved`), and this undoes it, so the
+    /// decoder's one RoPE serves every file. Each row's bytes move whole (a quantized row is
+    /// whole blocks).
+    fn rows_in_hf_order(&self, t: &TensorInfo) -> Result<Cow<'_, [u8]>, LoadError> {
+        let bytes = self.bytes(t)?;
+        let Some(heads) = self.interleaved_heads(&t.name) else { return Ok(Cow::Borrowed(bytes)) };
+        let rows = t.shape().first().copied().unwrap_or(0);
+        if heads == 0 || rows == 0 || !rows.is_multiple_of(2 * heads) || !bytes.len().is_multiple_of(rows) {
+            return Err(self.error(format!("{}: {rows} rows do not split into {heads} heads", t.name)));
+        }
+        let (row_bytes, head_dim) = (bytes.len() / rows, rows / heads);
+        let half = head_dim / 2;
+        let mut out = Vec::with_capacity(bytes.len());
+        for r in 0..rows {
+            // Checkpoint row (head h, half j, index i) is the file's row (h, i, j).
+            let (h, j, i) = (r / head_dim, (r % head_dim) / half, r % half);
+            let from = h * head_dim + 2 * i + j;
+            out.extend_from_slice(&bytes[from * row_bytes..(from + 1) * row_bytes]);
+        }
+        Ok(Cow::Owned(out))
+    }
+
+    /// The heads of tensor `name` if its rows are interleaved (q and k weights and biases of a
+    /// family that does so).
+    fn interleaved_heads(&self, name: &str) -> Option<usize> {
+        let arch = architecture(self).ok()?;
+        if !crate::arch::find(&arch)?.gguf_qk_interleaved {
+            return None;
+        }
+        let (_, tail) = name.strip_prefix("blk.")?.split_once('.')?;
+        let key = match tail {
+            "attn_q.weight" | "attn_q.bias" => "head_count",
+            "attn_k.weight" | "attn_k.bias" => "head_count_kv",
+            _ => return None,
+        };
+        let heads = self.get(&format!("{arch}.attention.{key}")).and_then(Value::as_u64);
+        let heads = match (heads, key) {
+            (None, "head_count_kv") => self.get(&format!("{arch}.attention.head_count")).and_then(Value::as_u64),
+            (heads, _) => heads,
+        };
+        Some(heads.unwrap_or(0) as usize)
     }
 }
 

@@ -1,8 +1,10 @@
 //! The tokenizer and chat template a GGUF file carries (`tokenizer.ggml.*`,
 //! `tokenizer.chat_template`), rebuilt as the Hugging Face tokenizer they were converted from:
-//! byte-level BPE over `tokens` and `merges`, Qwen2's pre-tokenizer (NFC, its split regex,
-//! byte-level), and the control (type 3) and user-defined (type 4) tokens as added tokens, which
-//! are matched in text before BPE. Unused (type 5) tokens only pad the vocabulary to the
+//! byte-level BPE over `tokens` and `merges`, the pre-tokenizer `tokenizer.ggml.pre` names
+//! (Qwen2's: NFC, its split regex, byte-level; Llama 3's `llama-bpe`: its split regex,
+//! byte-level), the control (type 3) and user-defined (type 4) tokens as added tokens, which are
+//! matched in text before BPE, and a BOS token before each prompt when
+//! `tokenizer.ggml.add_bos_token` says so. Unused (type 5) tokens only pad the vocabulary to the
 //! embedding's rows and are left out, as the Hugging Face tokenizer has no such tokens.
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
@@ -11,15 +13,28 @@ use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use super::GgufFile;
 use crate::error::LoadError;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
-/// Qwen2's pre-tokenizer split pattern (`tokenizer.ggml.pre` = "qwen2"), as its tokenizer.json has it.
-const QWEN2_SPLIT: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// The pre-tokenizers by `tokenizer.ggml.pre`: the split pattern their tokenizer.json has, and
+/// whether it normalises to NFC first (Qwen2's does, Llama 3's has no normaliser). Numbers are
+/// one digit a piece for Qwen2, up to three for Llama 3.
+const PRE_TOKENIZERS: [(&str, &str, bool); 2] = [
+    (
+        "qwen2",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        true,
+    ),
+    (
+        "llama-bpe",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        false,
+    ),
+];
 
 /// ggml's token types.
 const CONTROL: i64 = 3;
@@ -33,11 +48,20 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
     if model != Some("gpt2") {
         return Err(bad(format!("tokenizer.ggml.model is {model:?}; only byte-level BPE (\"gpt2\") loads")));
     }
-    match file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()) {
-        Some("qwen2") => {}
-        None => tracing::warn!("{}: no tokenizer.ggml.pre; using Qwen2's pre-tokenizer", file.path().display()),
-        Some(other) => return Err(bad(format!("tokenizer.ggml.pre `{other}` is not supported (qwen2)"))),
-    }
+    let family = crate::gguf::architecture(file).ok().and_then(|a| crate::arch::find(&a));
+    let pre = match file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()) {
+        Some(pre) => pre.to_string(),
+        None => {
+            // The family's own; Qwen2's for a file of no family we serve (its tokenizer alone).
+            let pre = family.map_or("qwen2", |f| f.gguf_pre[0]);
+            tracing::warn!("{}: no tokenizer.ggml.pre; using the `{pre}` pre-tokenizer", file.path().display());
+            pre.to_string()
+        }
+    };
+    let Some(&(_, split, nfc)) = PRE_TOKENIZERS.iter().find(|(name, _, _)| *name == pre) else {
+        let known = PRE_TOKENIZERS.map(|(name, _, _)| name).join(", ");
+        return Err(bad(format!("tokenizer.ggml.pre `{pre}` is not supported ({known})")));
+    };
     let tokens = strings(file, "tokenizer.ggml.tokens")?;
     let types: Vec<i64> = match file.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
         None => vec![1; tokens.len()],
@@ -68,9 +92,11 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
         .collect();
     let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| bad(e.to_string()))?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
-    let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
+    let split = Split::new(SplitPattern::Regex(split.into()), SplitDelimiterBehavior::Isolated, false)
         .map_err(|e| bad(e.to_string()))?;
-    inner.with_normalizer(Some(NFC));
+    if nfc {
+        inner.with_normalizer(Some(NFC));
+    }
     inner.with_pre_tokenizer(Some(Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()])));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
     let added = |kind: i64, special: bool| -> Vec<AddedToken> {
@@ -83,6 +109,19 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
     };
     inner.add_special_tokens(&added(CONTROL, true));
     inner.add_tokens(&added(USER_DEFINED, false));
+    if file.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()) == Some(true) {
+        let id = file.get("tokenizer.ggml.bos_token_id").and_then(|v| v.as_u64());
+        let bos = id.and_then(|id| tokens.get(id as usize).map(|t| (t.clone(), id as u32)));
+        let (bos, id) = bos.ok_or_else(|| bad("add_bos_token is set but bos_token_id names no token".into()))?;
+        let template = TemplateProcessing::builder()
+            .try_single(vec![bos.clone(), "$A".into()])
+            .and_then(|t| t.try_pair(vec![bos.clone(), "$A".into(), format!("{bos}:1"), "$B:1".into()]))
+            .map_err(|e| bad(e.to_string()))?
+            .special_tokens(vec![(bos, id)])
+            .build()
+            .map_err(|e| bad(e.to_string()))?;
+        inner.with_post_processor(Some(template));
+    }
     Ok(Tokenizer::from_inner(inner))
 }
 

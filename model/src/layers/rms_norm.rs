@@ -1,3 +1,5 @@
+use std::ops::Range;
+
 use burn::tensor::Tensor;
 
 /// Root-mean-square layer norm: `x / sqrt(mean(x²) + eps) · w`, in f32 (one pass on the CPU
@@ -18,5 +20,72 @@ impl RmsNorm {
         }
         let rms = x.clone().square().mean_dim(1).add_scalar(self.eps).sqrt(); // [n, 1]
         (x / rms) * self.weight.clone().unsqueeze::<2>()
+    }
+
+    /// Per-head norms (Qwen3's q and k norms): the heads in each of `parts`' column ranges of
+    /// `x` normalised by that part's norm (weight \[head_dim\]); the other columns unchanged.
+    ///
+    /// # Shapes
+    /// x: [n, width], every range a multiple of head_dim within it → [n, width]
+    pub fn forward_heads<const P: usize>(
+        x: Tensor<2>,
+        parts: [(&RmsNorm, Range<usize>); P],
+        head_dim: usize,
+    ) -> Tensor<2> {
+        let [n, width] = x.dims();
+        let mut parts = parts.to_vec();
+        parts.sort_by_key(|(_, cols)| cols.start);
+        let mut pieces = Vec::with_capacity(2 * P + 1);
+        let mut at = 0;
+        for (norm, cols) in parts {
+            if cols.start > at {
+                pieces.push(x.clone().narrow(1, at, cols.start - at));
+            }
+            let heads = x.clone().narrow(1, cols.start, cols.len()).reshape([n * cols.len() / head_dim, head_dim]);
+            pieces.push(norm.forward(heads).reshape([n, cols.len()]));
+            at = cols.end;
+        }
+        if at < width {
+            pieces.push(x.narrow(1, at, width - at));
+        }
+        Tensor::cat(pieces, 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, TensorData};
+
+    /// Each head of each part is normalised on its own; columns outside the parts are kept.
+    #[test]
+    fn heads_are_normalised_one_by_one() {
+        let device = Device::flex();
+        let (n, d) = (2, 4);
+        let values: Vec<f32> = crate::kernels::test_values(n * 5 * d, 3).iter().map(|v| v * 3.0).collect();
+        let x = Tensor::<2>::from_data(TensorData::new(values.clone(), [n, 5 * d]), &device);
+        let weight = |w: Vec<f32>| RmsNorm { weight: Tensor::from_data(TensorData::new(w, [d]), &device), eps: 1e-6 };
+        let (a, b) = (weight(vec![1.0, 2.0, 0.5, -1.0]), weight(vec![0.25; 4]));
+        let got =
+            RmsNorm::forward_heads(x, [(&b, 3 * d..4 * d), (&a, 0..2 * d)], d).into_data().try_to_vec::<f32>().unwrap();
+        for row in 0..n {
+            for head in 0..5 {
+                let at = row * 5 * d + head * d;
+                let x = &values[at..at + d];
+                let scale = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() / d as f32 + 1e-6).sqrt();
+                for i in 0..d {
+                    let want = match head {
+                        0 | 1 => x[i] * scale * a.weight.clone().into_data().try_to_vec::<f32>().unwrap()[i],
+                        3 => x[i] * scale * 0.25,
+                        _ => x[i],
+                    };
+                    assert!(
+                        (got[at + i] - want).abs() < 1e-5,
+                        "row {row} head {head} dim {i}: {} vs {want}",
+                        got[at + i]
+                    );
+                }
+            }
+        }
     }
 }

@@ -3,14 +3,18 @@ use std::ops::Range;
 
 use burn::tensor::{Device, Tensor, TensorData};
 
+use crate::config::{ModelConfig, RopeScaling};
 use crate::kv::Pos;
 
-/// Rotary position embedding in the "rotate half" layout of Hugging Face's Qwen2: dimension
+/// Rotary position embedding in the "rotate half" layout of Hugging Face's models: dimension
 /// `i` of the first half pairs with `i + head_dim/2`.
 #[derive(Debug, Clone)]
 pub struct Rope {
-    /// [head_dim / 2] `theta^(−2i/head_dim)`, computed in f32 as transformers does.
+    /// [head_dim / 2] `theta^(−2i/head_dim)`, stretched as the config's scaling says, computed
+    /// in f32 as transformers does.
     inv_freq: Vec<f32>,
+    /// cos and sin are scaled by this (YaRN's attention factor; 1 otherwise).
+    attention_factor: f32,
 }
 
 /// cos and sin of every (token, frequency): [n, head_dim/2] each, on the host (for the CPU
@@ -33,21 +37,78 @@ impl RopeTables {
 }
 
 impl Rope {
+    /// Unscaled: `theta^(−2i/head_dim)`.
     pub fn new(head_dim: usize, theta: f64) -> Self {
         let inv_freq = (0..head_dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
-        Self { inv_freq }
+        Self { inv_freq, attention_factor: 1.0 }
     }
 
-    /// Tables for rotating by each of `positions` (a delta works too: rotations compose).
+    /// The config's rotary embedding, scaled as its `rope_scaling` says (transformers'
+    /// `modeling_rope_utils`, in the same f32 arithmetic).
+    pub fn from_config(c: &ModelConfig) -> Self {
+        let mut rope = Self::new(c.head_dim, c.rope_theta);
+        let d = c.head_dim as f32;
+        match &c.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => rope.inv_freq.iter_mut().for_each(|f| *f /= *factor as f32),
+            RopeScaling::Factors(factors) => rope.inv_freq.iter_mut().zip(factors).for_each(|(f, by)| *f /= by),
+            &RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                let (factor, low, high) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
+                let old = original_max_position_embeddings as f32;
+                let (low_wavelen, high_wavelen) = (old / low, old / high);
+                for f in &mut rope.inv_freq {
+                    let wavelen = 2.0 * std::f32::consts::PI / *f;
+                    let scaled = if wavelen > low_wavelen { *f / factor } else { *f };
+                    let medium = (high_wavelen..=low_wavelen).contains(&wavelen);
+                    let smooth = (old / wavelen - low) / (high - low);
+                    *f = if medium { (1.0 - smooth) * scaled / factor + smooth * scaled } else { scaled };
+                }
+            }
+            &RopeScaling::Yarn { factor, original_max_position_embeddings, attention_factor, beta_fast, beta_slow } => {
+                let base = c.rope_theta;
+                let original = original_max_position_embeddings.unwrap_or(c.max_position_embeddings) as f64;
+                let correction = |rotations: f64| {
+                    (d as f64 * (original / (rotations * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
+                };
+                let low = correction(beta_fast).floor().max(0.0) as f32;
+                let mut high = correction(beta_slow).ceil().min(d as f64 - 1.0) as f32;
+                if low == high {
+                    high += 0.001;
+                }
+                for (i, f) in rope.inv_freq.iter_mut().enumerate() {
+                    let pos_freq = (base as f32).powf((2 * i) as f32 / d);
+                    let (extrapolation, interpolation) = (1.0 / pos_freq, 1.0 / (factor as f32 * pos_freq));
+                    let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                    let keep = 1.0 - ramp;
+                    *f = interpolation * (1.0 - keep) + extrapolation * keep;
+                }
+                let default = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+                rope.attention_factor = attention_factor.unwrap_or(default) as f32;
+            }
+        }
+        rope
+    }
+
+    /// Tables for rotating to each of `positions`.
     pub fn tables(&self, positions: &[Pos], device: &Device) -> RopeTables {
+        self.tables_scaled(positions, self.attention_factor, device)
+    }
+
+    /// Tables for rotating cached keys by each of `deltas` (rotations compose; the attention
+    /// factor was applied when the keys were written).
+    pub fn shift_tables(&self, deltas: &[Pos], device: &Device) -> RopeTables {
+        self.tables_scaled(deltas, 1.0, device)
+    }
+
+    fn tables_scaled(&self, positions: &[Pos], scale: f32, device: &Device) -> RopeTables {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &p in positions {
             for &f in &self.inv_freq {
                 let angle = (p as f32 * f) as f64; // the f32 product, as transformers computes it
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push(angle.cos() as f32 * scale);
+                sin.push(angle.sin() as f32 * scale);
             }
         }
         RopeTables { cos, sin, shape: [positions.len(), 1, half], device: device.clone(), tensors: OnceCell::new() }
@@ -82,5 +143,42 @@ impl Rope {
             |cols: &Range<usize>| Rope::apply(part(cols).reshape([n, cols.len() / d, d]), t).reshape([n, cols.len()]);
         let v = q.end.max(k.end)..width;
         Tensor::cat(vec![rotate(&q), rotate(&k), part(&v)], 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(scaling: &str) -> ModelConfig {
+        let text = format!(
+            r#"{{"model_type":"llama","hidden_size":64,"num_hidden_layers":1,"num_attention_heads":4,
+            "intermediate_size":8,"vocab_size":8,"max_position_embeddings":256,"rope_theta":10000.0,
+            "rope_scaling":{scaling}}}"#
+        );
+        ModelConfig::from_json_str(&text).unwrap()
+    }
+
+    /// Linear scaling divides every frequency; Llama 3's keeps the high ones and divides the low
+    /// ones; YaRN's cos and sin carry 0.1 · ln(factor) + 1 (transformers' values for these).
+    #[test]
+    fn scalings_stretch_the_frequencies_they_should() {
+        let plain = Rope::new(16, 10_000.0);
+        let linear = Rope::from_config(&config(r#"{"type":"linear","factor":4.0}"#));
+        for (a, b) in plain.inv_freq.iter().zip(&linear.inv_freq) {
+            assert_eq!(*b, a / 4.0);
+        }
+        let llama3 = Rope::from_config(&config(
+            r#"{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":64}"#,
+        ));
+        assert_eq!(llama3.inv_freq[0], plain.inv_freq[0], "the highest frequency is kept");
+        assert_eq!(llama3.inv_freq[7], plain.inv_freq[7] / 8.0, "the lowest is divided by the factor");
+        let yarn =
+            Rope::from_config(&config(r#"{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":64}"#));
+        assert!((yarn.attention_factor - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+        let t = yarn.tables(&[0], &Device::flex());
+        assert!((t.cos[0] - yarn.attention_factor).abs() < 1e-6, "cos(0) carries the attention factor");
+        let shift = yarn.shift_tables(&[0], &Device::flex());
+        assert_eq!(shift.cos[0], 1.0, "a shift rotates keys that already carry it");
     }
 }

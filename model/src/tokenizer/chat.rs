@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use minijinja::value::Serde;
+use minijinja::value::{Kwargs, Serde};
 use minijinja::{Environment, ErrorKind, Value, context};
 
 use crate::config::read_json;
@@ -66,33 +66,110 @@ impl ChatMessage {
 
 /// Python's `json.dumps(value, ensure_ascii=False)`, as Hugging Face's `tojson` filter writes
 /// it: `", "` and `": "` separators, keys in their order.
-fn python_json(value: &serde_json::Value, out: &mut String) {
+fn python_json(value: &serde_json::Value, indent: Option<usize>, level: usize, out: &mut String) {
     use serde_json::Value as J;
+    // Python's separators: ", " inline; "," and a newline with an indent.
+    let open = |out: &mut String, bracket: char, i: usize| {
+        if i == 0 {
+            out.push(bracket);
+        } else {
+            out.push_str(if indent.is_some() { "," } else { ", " });
+        }
+        if let Some(width) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(width * (level + 1)));
+        }
+    };
+    let close = |out: &mut String, bracket: char, empty: bool| {
+        if empty {
+            out.push(if bracket == ']' { '[' } else { '{' });
+        } else if let Some(width) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(width * level));
+        }
+        out.push(bracket);
+    };
     match value {
         J::Array(items) => {
-            out.push('[');
             for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                python_json(v, out);
+                open(out, '[', i);
+                python_json(v, indent, level + 1, out);
             }
-            out.push(']');
+            close(out, ']', items.is_empty());
         }
         J::Object(map) => {
-            out.push('{');
             for (i, (k, v)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
+                open(out, '{', i);
                 out.push_str(&J::String(k.clone()).to_string());
                 out.push_str(": ");
-                python_json(v, out);
+                python_json(v, indent, level + 1, out);
             }
-            out.push('}');
+            close(out, '}', map.is_empty());
         }
         scalar => out.push_str(&scalar.to_string()),
     }
+}
+
+/// `strftime` of the time `secs` after the epoch (UTC), for the directives chat templates use
+/// (`%d %b %Y` in Llama 3's); others are kept as written.
+fn strftime(secs: u64, format: &str) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
+    let days = secs / 86_400;
+    let (h, m, sec) = (secs % 86_400 / 3600, secs % 3600 / 60, secs % 60);
+    // The civil date of a day count (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (month_name, weekday) = (MONTHS[(month - 1) as usize], DAYS[(days % 7) as usize]);
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('e') => out.push_str(&format!("{day:>2}")),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year % 100)),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('B') => out.push_str(month_name),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('H') => out.push_str(&format!("{h:02}")),
+            Some('M') => out.push_str(&format!("{m:02}")),
+            Some('S') => out.push_str(&format!("{sec:02}")),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 /// The template failed to render (it raised an exception or used something unsupported).
@@ -163,12 +240,19 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
-        env.add_filter("tojson", |value: Value| -> Result<Value, minijinja::Error> {
+        env.add_filter("tojson", |value: Value, kwargs: Kwargs| -> Result<Value, minijinja::Error> {
+            let indent: Option<usize> = kwargs.get("indent")?;
+            kwargs.assert_all_used()?;
             let json = serde_json::to_value(&value)
                 .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
             let mut out = String::new();
-            python_json(&json, &mut out);
+            python_json(&json, indent, 0, &mut out);
             Ok(Value::from_safe_string(out))
+        });
+        // transformers gives templates the current date (Llama 3's writes it into the system turn).
+        env.add_function("strftime_now", |format: String| {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            strftime(now, &format)
         });
         env.add_template_owned(NAME, source).map_err(|e| TemplateError(e.to_string()))?;
         Ok(Self { env, bos_token, eos_token })
@@ -200,5 +284,36 @@ impl ChatTemplate {
                 eos_token => self.eos_token.as_str(),
             })
             .map_err(|e| TemplateError(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Python's `strftime` gives these for the same instants.
+    #[test]
+    fn dates_format_like_python() {
+        assert_eq!(
+            strftime(1_721_952_000 + 3723, "%d %b %Y %A %a %B %H:%M:%S %y %e %%"),
+            "26 Jul 2024 Friday Fri July 01:02:03 24 26 %"
+        );
+        assert_eq!(strftime(951_782_400, "%d %b %Y %A"), "29 Feb 2000 Tuesday");
+        assert_eq!(strftime(0, "%q"), "%q");
+    }
+
+    /// Python's `json.dumps(..., indent=4, ensure_ascii=False)` gives this.
+    #[test]
+    fn tojson_indents_like_python() {
+        let value = serde_json::json!({"a": [1, {"b": []}], "c": {}, "d": "é"});
+        let mut out = String::new();
+        python_json(&value, Some(4), 0, &mut out);
+        assert_eq!(
+            out,
+            "{\n    \"a\": [\n        1,\n        {\n            \"b\": []\n        }\n    ],\n    \"c\": {},\n    \"d\": \"é\"\n}"
+        );
+        out.clear();
+        python_json(&value, None, 0, &mut out);
+        assert_eq!(out, r#"{"a": [1, {"b": []}], "c": {}, "d": "é"}"#);
     }
 }

@@ -35,9 +35,16 @@ impl Tokenizer {
     }
 
     /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) become their ids;
-    /// nothing is added (Qwen has no BOS).
+    /// nothing is added (a rendered chat carries its own BOS where the template writes one).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let enc = self.inner.encode(text, false).map_err(|e| TokenizerError(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of a raw prompt: `encode` plus what the model's tokenizer adds to each input
+    /// (Llama 3's BOS; nothing for Qwen, which has no BOS).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self.inner.encode(text, true).map_err(|e| TokenizerError(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 

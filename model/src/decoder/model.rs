@@ -1,6 +1,8 @@
-//! C5: Qwen2's batched forward pass. embedding → N × [RMSNorm → q, k, v (with bias) → RoPE →
-//! write k, v into the batch's cells → GQA attention over the visible cells → o → residual →
-//! RMSNorm → SwiGLU MLP → residual] → final RMSNorm → lm head for the flagged rows only.
+//! C5: the decoder's batched forward pass, for every served family. embedding → N × [RMSNorm →
+//! q, k, v (biases where the family has them) → per-head q/k RMSNorm (Qwen3) → RoPE (scaled as
+//! the config says) → write k, v into the batch's cells → GQA attention over the visible cells →
+//! o → residual → RMSNorm → SwiGLU MLP → residual] → final RMSNorm → lm head for the flagged
+//! rows only.
 
 use std::ops::Range;
 
@@ -14,13 +16,13 @@ use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
-use crate::layers::{Linear, Rope, attention, swiglu};
+use crate::layers::{Linear, RmsNorm, Rope, attention, swiglu};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
 use crate::tensors::TensorSource;
 
-pub struct Qwen2 {
+pub struct Decoder {
     config: ModelConfig,
     info: ModelInfo,
     weights: Weights,
@@ -35,7 +37,7 @@ pub fn load(
     opts: &LoadOptions,
     device: &Device,
 ) -> Result<Box<dyn LanguageModel>, LoadError> {
-    let source = source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2" })?;
+    let source = source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })?;
     let (config, src): (ModelConfig, Box<dyn TensorSource>) = match source {
         ModelSource::Dir(dir) => (ModelConfig::from_dir(dir)?, Box::new(Checkpoint::open(dir)?)),
         ModelSource::Gguf(path) => {
@@ -49,14 +51,15 @@ pub fn load(
         path = %source.path().display(),
         weights = %weights.describe(),
         mib = weights.matrix_bytes() >> 20,
-        "qwen2 weights loaded"
+        arch = config.arch.name,
+        "weights loaded"
     );
-    Ok(Box::new(Qwen2::new(config, weights, device)))
+    Ok(Box::new(Decoder::new(config, weights, device)))
 }
 
 /// The registry's info entry: what `load` would report, from the configuration alone.
 pub fn info(source: Option<&ModelSource>) -> Result<ModelInfo, LoadError> {
-    let config = match source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2" })? {
+    let config = match source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })? {
         ModelSource::Dir(dir) => ModelConfig::from_dir(dir)?,
         ModelSource::Gguf(path) => gguf::model_config(&GgufFile::open(path)?)?,
     };
@@ -65,7 +68,7 @@ pub fn info(source: Option<&ModelSource>) -> Result<ModelInfo, LoadError> {
 
 fn info_of(config: &ModelConfig) -> ModelInfo {
     ModelInfo {
-        model_type: "qwen2",
+        model_type: config.arch.name,
         vocab_size: config.vocab_size,
         hidden_size: config.hidden_size,
         context_length: config.max_position_embeddings,
@@ -74,10 +77,10 @@ fn info_of(config: &ModelConfig) -> ModelInfo {
     }
 }
 
-impl Qwen2 {
+impl Decoder {
     fn new(config: ModelConfig, weights: Weights, device: &Device) -> Self {
         let info = info_of(&config);
-        let rope = Rope::new(config.head_dim, config.rope_theta);
+        let rope = Rope::from_config(&config);
         Self { config, info, weights, rope, device: device.clone() }
     }
 
@@ -101,7 +104,7 @@ impl Qwen2 {
     }
 }
 
-impl LanguageModel for Qwen2 {
+impl LanguageModel for Decoder {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
@@ -130,7 +133,7 @@ impl LanguageModel for Qwen2 {
     }
 
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
-        let tables = self.rope.tables(shifts, &self.device);
+        let tables = self.rope.shift_tables(shifts, &self.device);
         for l in 0..self.config.num_hidden_layers {
             let (keys, _) = cache.read(l, shifts.len()); // [kv_heads, extent, hd]
             let rotated = Rope::apply(keys.swap_dims(0, 1), &tables).swap_dims(0, 1);
@@ -150,7 +153,7 @@ impl LanguageModel for Qwen2 {
     }
 }
 
-impl Qwen2 {
+impl Decoder {
     /// The pass itself (`LanguageModel::forward` keeps the pool awake around it).
     fn forward_awake(
         &self,
@@ -172,7 +175,10 @@ impl Qwen2 {
             if abort() {
                 return Err(DecodeError::Aborted);
             }
-            let qkv = w.qkv.forward(w.attn_norm.forward(x.clone())); // [n, (heads + 2 · kv_heads) · hd]
+            let mut qkv = w.qkv.forward(w.attn_norm.forward(x.clone())); // [n, (heads + 2 · kv_heads) · hd]
+            if let Some([q_norm, k_norm]) = &w.qk_norm {
+                qkv = RmsNorm::forward_heads(qkv, [(q_norm, q_rows.clone()), (k_norm, k_rows.clone())], hd);
+            }
             let qkv = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables);
             let part = |rows: &Range<usize>| qkv.clone().narrow(1, rows.start, rows.len());
             let q = part(&q_rows).reshape([n, heads, hd]);

@@ -1,5 +1,6 @@
-//! Qwen2's weight slots: one declarative table from checkpoint names to slots, the expected
-//! shape of each, and their loading and validation.
+//! The decoder's weight slots: one declarative table from checkpoint names (Hugging Face's and
+//! GGUF's, the same for every served family) to slots, which of them a config calls for (biases,
+//! q/k norms), the expected shape of each, and their loading and validation.
 
 use std::ops::Range;
 
@@ -10,7 +11,8 @@ use crate::error::LoadError;
 use crate::layers::{Linear, RmsNorm, Weight, linear};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_f32, load_matrix};
 
-/// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`).
+/// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`, and the
+/// slots later families add).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slot {
     InEmbed,
@@ -19,11 +21,14 @@ pub enum Slot {
     AttnNorm,
     AttnQ,
     AttnQBias,
+    AttnQNorm,
     AttnK,
     AttnKBias,
+    AttnKNorm,
     AttnV,
     AttnVBias,
     AttnO,
+    AttnOBias,
     MlpNorm,
     MlpGate,
     MlpUp,
@@ -38,15 +43,18 @@ pub const GLOBAL_SLOTS: [(Slot, &str, &str); 3] = [
 ];
 
 /// Per-layer slots and their names: under `model.layers.{i}.` (Hugging Face) and `blk.{i}.` (GGUF).
-pub const LAYER_SLOTS: [(Slot, &str, &str); 12] = [
+pub const LAYER_SLOTS: [(Slot, &str, &str); 15] = [
     (Slot::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     (Slot::AttnQ, "self_attn.q_proj.weight", "attn_q.weight"),
     (Slot::AttnQBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    (Slot::AttnQNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
     (Slot::AttnK, "self_attn.k_proj.weight", "attn_k.weight"),
     (Slot::AttnKBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    (Slot::AttnKNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
     (Slot::AttnV, "self_attn.v_proj.weight", "attn_v.weight"),
     (Slot::AttnVBias, "self_attn.v_proj.bias", "attn_v.bias"),
     (Slot::AttnO, "self_attn.o_proj.weight", "attn_output.weight"),
+    (Slot::AttnOBias, "self_attn.o_proj.bias", "attn_output.bias"),
     (Slot::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
     (Slot::MlpGate, "mlp.gate_proj.weight", "ffn_gate.weight"),
     (Slot::MlpUp, "mlp.up_proj.weight", "ffn_up.weight"),
@@ -62,11 +70,14 @@ impl Slot {
             Slot::AttnNorm => "attn_norm_w",
             Slot::AttnQ => "attn_q_w",
             Slot::AttnQBias => "attn_q_b",
+            Slot::AttnQNorm => "attn_q_norm_w",
             Slot::AttnK => "attn_k_w",
             Slot::AttnKBias => "attn_k_b",
+            Slot::AttnKNorm => "attn_k_norm_w",
             Slot::AttnV => "attn_v_w",
             Slot::AttnVBias => "attn_v_b",
             Slot::AttnO => "attn_o_w",
+            Slot::AttnOBias => "attn_o_b",
             Slot::MlpNorm => "mlp_norm_w",
             Slot::MlpGate => "mlp_gate_w",
             Slot::MlpUp => "mlp_up_w",
@@ -74,13 +85,28 @@ impl Slot {
         }
     }
 
+    /// Whether a model of config `c` has this slot.
+    pub fn present(self, c: &ModelConfig) -> bool {
+        match self {
+            Slot::OutEmbed => !c.tie_word_embeddings,
+            Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias => c.qkv_bias,
+            Slot::AttnOBias => c.o_bias,
+            Slot::AttnQNorm | Slot::AttnKNorm => c.qk_norm,
+            _ => true,
+        }
+    }
+
     /// Expected shape; linear weights are `[out, in]`.
     pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
-        let (h, kv, i, v) = (c.hidden_size, c.num_key_value_heads * c.head_dim, c.intermediate_size, c.vocab_size);
+        let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
         match self {
             Slot::InEmbed | Slot::OutEmbed => vec![v, h],
-            Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnQBias => vec![h],
-            Slot::AttnQ | Slot::AttnO => vec![h, h],
+            Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnOBias => vec![h],
+            Slot::AttnQBias => vec![q],
+            Slot::AttnQNorm | Slot::AttnKNorm => vec![c.head_dim],
+            Slot::AttnQ => vec![q, h],
+            Slot::AttnO => vec![h, q],
             Slot::AttnK | Slot::AttnV => vec![kv, h],
             Slot::AttnKBias | Slot::AttnVBias => vec![kv],
             Slot::MlpGate | Slot::MlpUp => vec![i, h],
@@ -105,10 +131,13 @@ pub fn name_of(slot: Slot, layer: Option<usize>, naming: Naming) -> String {
 pub fn expected(c: &ModelConfig, naming: Naming) -> Vec<(String, Slot, Option<usize>)> {
     let global = GLOBAL_SLOTS
         .iter()
-        .filter(|(slot, _, _)| !(c.tie_word_embeddings && *slot == Slot::OutEmbed))
+        .filter(|(slot, _, _)| slot.present(c))
         .map(move |(slot, _, _)| (name_of(*slot, None, naming), *slot, None));
     let layers = (0..c.num_hidden_layers).flat_map(move |l| {
-        LAYER_SLOTS.iter().map(move |(slot, _, _)| (name_of(*slot, Some(l), naming), *slot, Some(l)))
+        LAYER_SLOTS
+            .iter()
+            .filter(|(slot, _, _)| slot.present(c))
+            .map(move |(slot, _, _)| (name_of(*slot, Some(l), naming), *slot, Some(l)))
     });
     global.chain(layers).collect()
 }
@@ -138,6 +167,8 @@ pub fn check(c: &ModelConfig, src: &dyn TensorSource) -> Result<(), LoadError> {
         .filter(|n| !want.iter().any(|(w, _, _)| w == *n))
         // A tied checkpoint may still carry its (identical) output matrix; it is not used.
         .filter(|n| !(c.tie_word_embeddings && **n == tied_head))
+        // Llama 3's rope scaling in a GGUF file, read with the config.
+        .filter(|n| !(naming == Naming::Gguf && **n == ROPE_FREQS))
         .map(|n| n.to_string())
         .collect();
     if !unexpected.is_empty() {
@@ -160,6 +191,9 @@ pub fn check_one(c: &ModelConfig, slot: Slot, layer: Option<usize>, found: &[usi
     Ok(())
 }
 
+/// A GGUF file's per-frequency rope divisors (llama.cpp writes Llama 3's scaling as this tensor).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
 /// One decoder layer's weights. The projections that read the same input are stacked into one
 /// matrix each (q, k, v; gate, up): one product per input instead of three or two, each streaming
 /// a longer run of weight rows.
@@ -167,8 +201,11 @@ pub fn check_one(c: &ModelConfig, slot: Slot, layer: Option<usize>, found: &[usi
 pub struct LayerWeights {
     pub attn_norm: RmsNorm,
     /// q, k, v stacked (rows as `qkv_rows`): [(heads + 2 · kv_heads) · head_dim, hidden], with
-    /// their biases.
+    /// their biases if the family has them.
     pub qkv: Linear,
+    /// Per-head norms of q and k (\[head_dim\] each), applied before the rotary embedding.
+    pub qk_norm: Option<[RmsNorm; 2]>,
+    /// [hidden, heads · head_dim], with its bias if the family has one.
     pub o: Linear,
     pub mlp_norm: RmsNorm,
     /// gate, up stacked: [2 · intermediate, hidden].
@@ -196,7 +233,7 @@ pub fn stacked_rows(c: &ModelConfig, slot: Slot) -> Option<Range<usize>> {
     }
 }
 
-/// All of Qwen2's weights. With tied embeddings `lm_head` is `None`: the embedding is the head.
+/// All of a decoder's weights. With tied embeddings `lm_head` is `None`: the embedding is the head.
 #[derive(Debug, Clone)]
 pub struct Weights {
     /// [vocab, hidden]
@@ -226,13 +263,13 @@ impl Weights {
         let vec = |slot: Slot, l: Option<usize>| load_f32::<1>(src, &name_of(slot, l, naming), device);
         let norm =
             |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> { Ok(RmsNorm { weight: vec(slot, l)?, eps }) };
-        let linear = |slot: Slot, l: Option<usize>| -> Result<Linear, LoadError> {
-            Ok(Linear { weight: mat(slot, l)?, bias: None })
+        let linear = |slot: Slot, bias: Slot, l: Option<usize>| -> Result<Linear, LoadError> {
+            Ok(Linear { weight: mat(slot, l)?, bias: bias.present(c).then(|| vec(bias, l)).transpose()? })
         };
         // Matrices stacked in the order of `stacked_rows`, and their biases if they have them.
         let stacked = |slots: &[Slot], biases: &[Slot], l: Option<usize>| -> Result<Linear, LoadError> {
             let weights = slots.iter().map(|&s| mat(s, l)).collect::<Result<Vec<_>, _>>()?;
-            let biases = biases.iter().map(|&s| vec(s, l)).collect::<Result<Vec<_>, _>>()?;
+            let biases = biases.iter().filter(|s| s.present(c)).map(|&s| vec(s, l)).collect::<Result<Vec<_>, _>>()?;
             Ok(Linear { weight: linear::stack(weights), bias: (!biases.is_empty()).then(|| Tensor::cat(biases, 0)) })
         };
         let layers = (0..c.num_hidden_layers)
@@ -245,10 +282,14 @@ impl Weights {
                         &[Slot::AttnQBias, Slot::AttnKBias, Slot::AttnVBias],
                         l,
                     )?,
-                    o: linear(Slot::AttnO, l)?,
+                    qk_norm: c
+                        .qk_norm
+                        .then(|| Ok::<_, LoadError>([norm(Slot::AttnQNorm, l)?, norm(Slot::AttnKNorm, l)?]))
+                        .transpose()?,
+                    o: linear(Slot::AttnO, Slot::AttnOBias, l)?,
                     mlp_norm: norm(Slot::MlpNorm, l)?,
                     gate_up: stacked(&[Slot::MlpGate, Slot::MlpUp], &[], l)?,
-                    down: linear(Slot::MlpDown, l)?,
+                    down: Linear { weight: mat(Slot::MlpDown, l)?, bias: None },
                 })
             })
             .collect::<Result<Vec<_>, LoadError>>()?;
@@ -323,7 +364,13 @@ impl Weights {
         match slot {
             Slot::AttnNorm => w.attn_norm.weight = vec(),
             Slot::AttnO => w.o.weight = linear::like(&w.o.weight, data, device),
+            Slot::AttnOBias => w.o.bias = Some(vec()),
             Slot::MlpNorm => w.mlp_norm.weight = vec(),
+            Slot::AttnQNorm | Slot::AttnKNorm => {
+                if let Some(norms) = &mut w.qk_norm {
+                    norms[usize::from(slot == Slot::AttnKNorm)].weight = vec();
+                }
+            }
             _ => w.down.weight = linear::like(&w.down.weight, data, device),
         }
     }

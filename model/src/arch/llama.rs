@@ -1,0 +1,19 @@
+//! Llama 3.x (`LlamaForCausalLM`, GGUF `llama`): no biases unless `attention_bias`, `llama3`
+//! rope scaling (in GGUF files as a `rope_freqs.weight` tensor of per-frequency divisors), q and
+//! k interleaved per head by llama.cpp's converter, and the `llama-bpe` pre-tokenizer with a BOS
+//! token before every prompt.
+
+use super::{Architecture, Bias};
+
+pub const LLAMA: Architecture = Architecture {
+    name: "llama",
+    gguf: "llama",
+    hf_class: "LlamaForCausalLM",
+    qkv_bias: Bias::Config,
+    o_bias_with_qkv: true,
+    qk_norm: false,
+    default_head_dim: None,
+    gguf_pre: &["llama-bpe"],
+    gguf_qk_interleaved: true,
+    end_of_generation: &["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
+};

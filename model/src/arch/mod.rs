@@ -1,0 +1,103 @@
+//! Architectures: what tells one decoder-only family from another, as data the shared decoder
+//! (`crate::decoder`) reads. Each family is one file of tables (its `config.json` and GGUF names,
+//! the defaults its configs leave out, its tokenizer's pre-tokenizers) and one entry in
+//! `ARCHITECTURES`; families we know of but do not serve are named in `UNSUPPORTED`, so a file of
+//! one gets an error that says so instead of "unknown".
+
+mod llama;
+mod qwen2;
+mod qwen3;
+
+/// A decoder-only family the shared decoder serves.
+#[derive(Debug, PartialEq)]
+pub struct Architecture {
+    /// Our name, the `model_type` of its `config.json` and the model type it reports.
+    pub name: &'static str,
+    /// Its GGUF `general.architecture`.
+    pub gguf: &'static str,
+    /// Its `architectures` class in `config.json`.
+    pub hf_class: &'static str,
+    /// Whether q, k and v have biases when the config does not say (`attention_bias`).
+    pub qkv_bias: Bias,
+    /// Whether the output projection has a bias when q, k and v have one.
+    pub o_bias_with_qkv: bool,
+    /// A per-head RMSNorm of q and k before the rotary embedding (Qwen3).
+    pub qk_norm: bool,
+    /// `head_dim` when `config.json` has none; `None`: hidden size / heads.
+    pub default_head_dim: Option<usize>,
+    /// The `tokenizer.ggml.pre` values of its GGUF files (the first is assumed when a file has none).
+    pub gguf_pre: &'static [&'static str],
+    /// llama.cpp's converter interleaves each head's q and k rows for this family (its RoPE
+    /// rotates adjacent pairs); loading a GGUF file restores Hugging Face's order, so one RoPE
+    /// serves every family.
+    pub gguf_qk_interleaved: bool,
+    /// Control tokens that end a generation in its chat formats, by text (GGUF files list only
+    /// one eos id; llama.cpp matches these the same way).
+    pub end_of_generation: &'static [&'static str],
+}
+
+/// Where q, k and v biases come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bias {
+    /// Always there (Qwen2's config has no field for it).
+    Always,
+    /// As `attention_bias` says, absent when it is missing.
+    Config,
+}
+
+/// Every family the decoder serves.
+pub const ARCHITECTURES: &[&Architecture] = &[&qwen2::QWEN2, &qwen3::QWEN3, &llama::LLAMA];
+
+/// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
+/// they would need.
+pub const UNSUPPORTED: &[(&str, &str)] = &[
+    ("qwen2_moe", "a mixture-of-experts feed-forward"),
+    ("qwen2moe", "a mixture-of-experts feed-forward"),
+    ("qwen3_moe", "a mixture-of-experts feed-forward"),
+    ("qwen3moe", "a mixture-of-experts feed-forward"),
+    ("mixtral", "a mixture-of-experts feed-forward"),
+    ("deepseek_v2", "multi-head latent attention and experts"),
+    ("deepseek_v3", "multi-head latent attention and experts"),
+    ("deepseek2", "multi-head latent attention and experts"),
+    ("mistral", "sliding-window attention"),
+    ("gemma", "Gemma's norms and activations"),
+    ("gemma2", "Gemma's norms, soft-capping and sliding windows"),
+    ("gemma3", "Gemma's norms, soft-capping and sliding windows"),
+    ("phi3", "Phi-3's fused projections and long RoPE"),
+    ("qwen2_vl", "a vision encoder"),
+    ("qwen2vl", "a vision encoder"),
+    ("qwen3_next", "linear attention layers"),
+];
+
+/// The family named `name` (a `config.json` `model_type` or a GGUF architecture).
+pub fn find(name: &str) -> Option<&'static Architecture> {
+    ARCHITECTURES.iter().copied().find(|a| a.name == name || a.gguf == name)
+}
+
+/// Why family `name` is not served, if it is one we know.
+pub fn unsupported(name: &str) -> Option<&'static str> {
+    UNSUPPORTED.iter().find(|(n, _)| *n == name).map(|(_, why)| *why)
+}
+
+/// The names of the families served, for errors.
+pub fn names() -> String {
+    ARCHITECTURES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_served_families_are_not_listed_as_unsupported() {
+        for (i, a) in ARCHITECTURES.iter().enumerate() {
+            assert!(unsupported(a.name).is_none() && unsupported(a.gguf).is_none(), "{}", a.name);
+            assert!(!a.gguf_pre.is_empty(), "{}: no pre-tokenizer", a.name);
+            for b in &ARCHITECTURES[i + 1..] {
+                assert!(a.name != b.name && a.gguf != b.gguf, "{} and {}", a.name, b.name);
+            }
+        }
+        assert_eq!(find("qwen3").map(|a| a.name), Some("qwen3"));
+        assert!(find("qwen3moe").is_none() && unsupported("qwen3moe").is_some());
+    }
+}

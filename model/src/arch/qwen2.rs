@@ -1,0 +1,18 @@
+//! Qwen2 and Qwen2.5 (`Qwen2ForCausalLM`, GGUF `qwen2`): q, k and v with biases, no output
+//! bias, head size hidden / heads. Reasoning models distilled onto it (DeepSeek-R1-Distill-Qwen,
+//! QwQ) load as this family.
+
+use super::{Architecture, Bias};
+
+pub const QWEN2: Architecture = Architecture {
+    name: "qwen2",
+    gguf: "qwen2",
+    hf_class: "Qwen2ForCausalLM",
+    qkv_bias: Bias::Always,
+    o_bias_with_qkv: false,
+    qk_norm: false,
+    default_head_dim: None,
+    gguf_pre: &["qwen2"],
+    gguf_qk_interleaved: false,
+    end_of_generation: &["<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜>"],
+};

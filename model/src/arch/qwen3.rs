@@ -1,0 +1,18 @@
+//! Qwen3 dense (`Qwen3ForCausalLM`, GGUF `qwen3`): no biases unless `attention_bias`, a
+//! per-head RMSNorm of q and k before the rotary embedding, and a head size of its own (128 by
+//! default, not hidden / heads).
+
+use super::{Architecture, Bias};
+
+pub const QWEN3: Architecture = Architecture {
+    name: "qwen3",
+    gguf: "qwen3",
+    hf_class: "Qwen3ForCausalLM",
+    qkv_bias: Bias::Config,
+    o_bias_with_qkv: true,
+    qk_norm: true,
+    default_head_dim: Some(128),
+    gguf_pre: &["qwen2"],
+    gguf_qk_interleaved: false,
+    end_of_generation: &["<|im_end|>", "<|endoftext|>"],
+};

@@ -1,0 +1,8 @@
+//! The decoder every served family runs (`crate::arch` says how each differs): Qwen2/2.5,
+//! Qwen3 dense and Llama 3.x checkpoints.
+
+mod model;
+mod weights;
+
+pub use model::{Decoder, info, load};
+pub use weights::ROPE_FREQS;

