@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes everything that parses untrusted bytes (fuzz/src/lib.rs: the GGUF reader, OpenAI
-# request bodies, chat-template rendering of hostile conversations, the tool-call parser) for
+# request bodies, chat-template rendering of hostile conversations, the tool-call parser, the
+# split of a reasoning model's thinking from its answer) for
 # SECONDS per target (default 60), with the best driver this machine has:
 # - libFuzzer (coverage-guided) through cargo-fuzz when a nightly toolchain and cargo-fuzz are
 #   installed (`cargo install cargo-fuzz`), unless LLAISYS_FUZZ_DRIVER=stable;
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(gguf openai_request chat_template tool_calls)
+[ ${#targets[@]} -gt 0 ] || targets=(gguf openai_request chat_template tool_calls reasoning)
 if [ "${LLAISYS_FUZZ_DRIVER:-}" != stable ] && cargo +nightly --version >/dev/null 2>&1 &&
   cargo fuzz --version >/dev/null 2>&1; then
   status=0

@@ -50,11 +50,12 @@ export async function listModels(apiKey) {
 }
 
 // Streams one chat completion. Calls onStart(requestId from the server) once the response
-// starts, onDelta(text) per content delta in order, onToolCall(piece) per delta.tool_calls
+// starts, onDelta(text) per content delta in order, onReasoning(text) per delta of a reasoning
+// model's thinking (delta.reasoning_content), onToolCall(piece) per delta.tool_calls
 // entry ({index, id and function.name once, function.arguments in pieces}), and resolves with
 // { finishReason, usage }. Rejects with ApiError on HTTP errors, on an error inside the stream
 // and when the stream breaks off without finishing.
-export async function streamChat(body, { apiKey, requestId, signal, onStart, onDelta, onToolCall = () => {} }) {
+export async function streamChat(body, { apiKey, requestId, signal, onStart, onDelta, onReasoning = () => {}, onToolCall = () => {} }) {
   const response = await request('/v1/chat/completions', {
     method: 'POST',
     headers: headers(apiKey, { 'x-request-id': requestId }),
@@ -75,6 +76,8 @@ export async function streamChat(body, { apiKey, requestId, signal, onStart, onD
     if (chunk.error) throw new ApiError(`The generation failed: ${chunk.error.message}`, chunk.error.code || 500);
     if (chunk.usage) usage = chunk.usage;
     for (const choice of chunk.choices || []) {
+      const thinking = choice.delta?.reasoning_content ?? choice.delta?.reasoning;
+      if (thinking) onReasoning(thinking);
       if (choice.delta && choice.delta.content) onDelta(choice.delta.content);
       for (const piece of choice.delta?.tool_calls || []) onToolCall(piece);
       if (choice.finish_reason) finishReason = choice.finish_reason;

@@ -192,6 +192,12 @@ async function generate(c) {
         redrawAnswer(c, answer);
         persist(false);
       },
+      onReasoning: (text) => {
+        firstAt ??= performance.now();
+        answer.reasoning = (answer.reasoning || '') + text;
+        redrawAnswer(c, answer);
+        persist(false);
+      },
       onToolCall: (piece) => {
         firstAt ??= performance.now();
         answer.toolCalls ??= [];
@@ -458,9 +464,11 @@ function debugNode(m) {
   return details;
 }
 
-// An answer's Markdown; while it streams, a cursor at the end of its last block.
+// An answer's Markdown, below a reasoning model's thinking folded away; while it streams, a
+// cursor at the end of its last block.
 function drawAnswerBody(body, m) {
   body.innerHTML = markdown(m.content);
+  if (m.reasoning) body.prepend(reasoningNode(m));
   for (const call of m.toolCalls || []) body.append(toolCallNode(call));
   if (m.status !== 'streaming') return;
   let at = body;
@@ -468,6 +476,19 @@ function drawAnswerBody(body, m) {
     at = at.lastElementChild;
   }
   at.append(Object.assign(document.createElement('span'), { className: 'cursor' }));
+}
+
+// A reasoning model's thinking, folded (its summary says so while it is still thinking).
+function reasoningNode(m) {
+  const details = document.createElement('details');
+  details.className = 'reasoning';
+  const summary = document.createElement('summary');
+  summary.textContent = m.status === 'streaming' && !m.content && !m.toolCalls?.length ? 'Thinking…' : 'Thought';
+  const text = document.createElement('div');
+  text.className = 'reasoning-text';
+  text.textContent = m.reasoning;
+  details.append(summary, text);
+  return details;
 }
 
 // A tool call the answer made: the function's name and its arguments (pretty-printed once

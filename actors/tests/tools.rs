@@ -7,7 +7,7 @@ use llaisys_actors::{
     ChatMessage, ChatRequest, Constraint, Engine, EngineError, Event, Output, StreamExt, Tool, ToolChoice,
 };
 use llaisys_model::tokenizer::ToolCall;
-use llaisys_tests::{LongContextFixture, fixture_dir};
+use llaisys_tests::{FixtureCopy, fixture_dir};
 use serde_json::{Value, json};
 
 const TIED: &str = "tiny-tied-f32";
@@ -63,7 +63,7 @@ fn check_call(call: &ToolCallOut) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn required_named_none_and_auto_calls_hold_for_a_random_model() {
-    let fixture = LongContextFixture::new(TIED, 2048);
+    let fixture = FixtureCopy::long_context(TIED, 2048);
     let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
     let open = engine.tokenizer().unwrap().token_to_id("<tool_call>").unwrap();
 
@@ -121,7 +121,7 @@ async fn required_named_none_and_auto_calls_hold_for_a_random_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_tool_call_pieces_add_up_to_the_answer_byte_for_byte() {
-    let fixture = LongContextFixture::new(TIED, 2048);
+    let fixture = FixtureCopy::long_context(TIED, 2048);
     let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
     let request = || ask().tool_choice(ToolChoice::Required).n(3).seed(21);
     let answer = engine.chat(request()).await.unwrap().answer().await;
@@ -151,7 +151,7 @@ async fn streamed_tool_call_pieces_add_up_to_the_answer_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_history_renders_through_the_template_and_bad_tools_are_refused() {
-    let fixture = LongContextFixture::new(TIED, 2048);
+    let fixture = FixtureCopy::long_context(TIED, 2048);
     let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
     let call = ToolCall {
         id: "call_1".into(),
@@ -164,7 +164,7 @@ async fn the_history_renders_through_the_template_and_bad_tools_are_refused() {
         ChatMessage { tool_call_id: Some("call_1".into()), ..ChatMessage::new("tool", "22 degrees, sunny") },
     ];
     let frontend = engine.frontend();
-    let ids = frontend.render_chat(&history, &[weather()], true).unwrap();
+    let ids = frontend.render_chat(&history, &[weather()], &Default::default(), true).unwrap();
     let text = engine.tokenizer().unwrap().decode(&ids, false).unwrap();
     // Exactly what transformers renders (tests/fixtures/chat/README.md).
     let reference = std::fs::read_to_string(fixture_dir("chat").join("tools-history.txt")).unwrap();

@@ -14,7 +14,10 @@
 use std::io::Write;
 use std::sync::OnceLock;
 
-use llaisys_actors::request::{Route, ToolCallDelta, ToolCallOut, ToolCallParser, ToolCallTags};
+use llaisys_actors::request::{
+    Part, ReasoningParsing, ReasoningSplit, ReasoningTags, Route, ToolCallDelta, ToolCallOut, ToolCallParser,
+    ToolCallTags,
+};
 use llaisys_actors::{ChatMessage, ChatRequest, CompletionRequest, Engine, Frontend};
 use llaisys_model::tokenizer::ToolCall;
 use llaisys_model::{Device, LoadOptions, ModelSource, load_model};
@@ -32,6 +35,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "openai_request", run: openai_request },
     Target { name: "chat_template", run: chat_template },
     Target { name: "tool_calls", run: tool_calls },
+    Target { name: "reasoning", run: reasoning },
 ];
 
 /// The target called `name`.
@@ -127,8 +131,9 @@ pub fn chat_template(data: &[u8]) {
             m
         })
         .collect();
-    let _ = frontend().render_chat(&messages, &[], true);
-    let _ = frontend().render_chat(&messages, &[], false);
+    let none = serde_json::Map::new();
+    let _ = frontend().render_chat(&messages, &[], &none, true);
+    let _ = frontend().render_chat(&messages, &[], &none, false);
 }
 
 /// A model's tool-call output from untrusted bytes, through the streaming parser: byte 0x01
@@ -175,6 +180,63 @@ pub fn tool_calls(data: &[u8]) {
     let whole = strip_ids(run(usize::MAX));
     for piece in [1, 2, 7] {
         assert_eq!(strip_ids(run(piece)), whole, "pieces of {piece} characters gather other calls");
+    }
+}
+
+/// A reasoning model's output from untrusted bytes, through the thinking/answer split: the first
+/// byte's low bit says whether the prompt opened the think block, then byte 0x01 is `<think>`,
+/// 0x02 `</think>`, the rest the model's text. Invariants: the reasoning and the answer shown
+/// are the same however the text is split into tokens (a streamed and a non-streamed answer
+/// must agree), the reasoning never starts or ends with whitespace, and an answer after the
+/// thinking never starts with it.
+pub fn reasoning(data: &[u8]) {
+    const TAGS: ReasoningTags = ReasoningTags { open: 1, close: 2 };
+    let Some((&first, rest)) = data.split_first() else { return };
+    let text = String::from_utf8_lossy(rest);
+    let parsing = ReasoningParsing { tags: TAGS, starts_open: first & 1 == 1 };
+    let run = |piece_chars: usize| -> (String, String, bool) {
+        let mut split = ReasoningSplit::new(parsing);
+        let (mut reasoning, mut answer, mut closed) = (String::new(), String::new(), false);
+        let mut pending = String::new();
+        let mut flush = |split: &mut ReasoningSplit, pending: &mut String, part: Part| {
+            let piece = std::mem::take(pending);
+            match part {
+                Part::Reasoning => reasoning.push_str(&split.reasoning(&piece)),
+                Part::Answer => answer.push_str(&split.answer(&piece)),
+                Part::Tag { .. } => {}
+            }
+        };
+        let mut part = Part::Tag { closed: false };
+        for c in text.chars() {
+            let token = match c {
+                '\u{1}' => TAGS.open,
+                '\u{2}' => TAGS.close,
+                _ => 0,
+            };
+            let next = split.route(token);
+            if next != part || token != 0 {
+                flush(&mut split, &mut pending, part);
+            }
+            closed |= next == Part::Tag { closed: true };
+            part = next;
+            if token == 0 {
+                pending.push(c);
+                if pending.chars().count() >= piece_chars {
+                    flush(&mut split, &mut pending, part);
+                }
+            }
+        }
+        flush(&mut split, &mut pending, part);
+        (reasoning, answer, closed)
+    };
+    let whole = run(usize::MAX);
+    for piece in [1, 2, 7] {
+        assert_eq!(run(piece), whole, "pieces of {piece} characters split otherwise");
+    }
+    let (reasoning, answer, closed) = whole;
+    assert_eq!(reasoning.trim(), reasoning, "the reasoning keeps layout whitespace");
+    if closed {
+        assert_eq!(answer.trim_start(), answer, "the answer after the thinking keeps layout whitespace");
     }
 }
 

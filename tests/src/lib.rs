@@ -32,26 +32,45 @@ pub fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
 }
 
-/// A copy of fixture `name` whose context is `context` tokens (a tool-describing system
-/// prompt in a tiny vocabulary needs more than 256); removed when dropped.
-pub struct LongContextFixture(PathBuf);
+/// A changed copy of a fixture in a directory of its own, removed when dropped.
+pub struct FixtureCopy(PathBuf);
 
-impl LongContextFixture {
-    pub fn new(name: &str, context: usize) -> Self {
+impl FixtureCopy {
+    /// A copy of fixture `name` whose context is `context` tokens (a tool-describing system
+    /// prompt in a tiny vocabulary needs more than 256).
+    pub fn long_context(name: &str, context: usize) -> Self {
+        Self::edited(name, &format!("{context}"), |dir| {
+            edit_json(&dir.join("config.json"), |config| config["max_position_embeddings"] = context.into())
+        })
+    }
+
+    /// A copy of fixture `name` (told apart by `tag`) with the Qwen3 chat template's generation
+    /// prompt opening the think block, as DeepSeek-R1's and Qwen3-Thinking's templates do: the
+    /// model's whole output is then reasoning until it writes `</think>`.
+    pub fn thinking(name: &str) -> Self {
+        Self::edited(name, "thinking", |dir| {
+            edit_json(&dir.join("tokenizer_config.json"), |config| {
+                let template = config["chat_template"].as_str().expect("a chat template");
+                let opened = template
+                    .replace("{{- '<|im_start|>assistant\\n' }}", "{{- '<|im_start|>assistant\\n<think>\\n' }}");
+                assert_ne!(opened, template, "the template's generation prompt was not found");
+                config["chat_template"] = opened.into();
+            })
+        })
+    }
+
+    /// A copy of fixture `name` in a fresh directory, changed by `edit`.
+    fn edited(name: &str, tag: &str, edit: impl FnOnce(&std::path::Path)) -> Self {
         use std::sync::atomic::{AtomicUsize, Ordering};
         static COUNT: AtomicUsize = AtomicUsize::new(0);
         let n = COUNT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("llaisys-{name}-{context}-{}-{n}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("llaisys-{name}-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         for entry in std::fs::read_dir(fixture_dir(name)).expect("fixture") {
             let entry = entry.expect("fixture entry");
             std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
         }
-        let path = dir.join("config.json");
-        let mut config: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).expect("config")).expect("json");
-        config["max_position_embeddings"] = context.into();
-        std::fs::write(&path, config.to_string()).expect("write config");
+        edit(&dir);
         Self(dir)
     }
 
@@ -60,7 +79,14 @@ impl LongContextFixture {
     }
 }
 
-impl Drop for LongContextFixture {
+/// Rewrites the JSON file at `path` with `edit`.
+fn edit_json(path: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(path).expect("read")).expect("json");
+    edit(&mut value);
+    std::fs::write(path, value.to_string()).expect("write");
+}
+
+impl Drop for FixtureCopy {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }

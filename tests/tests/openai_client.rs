@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use llaisys_server::Config;
-use llaisys_tests::{LongContextFixture, fixture_dir};
+use llaisys_tests::{FixtureCopy, fixture_dir};
 use serde_json::Value;
 
 const FIXTURE: &str = "tiny-untied-f32";
@@ -41,7 +41,7 @@ async fn the_official_python_client_works_unchanged() {
     let server = llaisys_server::start(&Config::load(None, std::iter::empty(), &settings).unwrap()).await.unwrap();
     let base = format!("http://{}/v1", server.addr);
     // Tools need Qwen2.5's template and tags, and room for the tools in the prompt.
-    let tools_fixture = LongContextFixture::new(TOOLS_FIXTURE, 2048);
+    let tools_fixture = FixtureCopy::long_context(TOOLS_FIXTURE, 2048);
     let settings = vec![
         ("model.path".to_string(), format!("{:?}", tools_fixture.path().display().to_string())),
         ("model.name".into(), format!("{TOOLS_FIXTURE:?}")),

@@ -523,6 +523,50 @@ async fn qwen3_and_llama_serve_like_transformers_batched_cached_and_speculative(
     }
 }
 
+/// A reasoning model's thinking over HTTP: `message.reasoning_content` (and `reasoning`) with
+/// `content` null when the output never left its thinking, the streamed `delta.reasoning_content`
+/// pieces adding up to it byte for byte; `chat_template_kwargs` reach the template, and a bad
+/// one is a 400 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_comes_as_reasoning_content_streamed_or_not() {
+    let thinking = llaisys_tests::FixtureCopy::thinking("tiny-qwen3-f32");
+    let s = server_for(thinking.path(), &[]).await;
+    let body = |stream: bool| {
+        json!({"model": thinking.path().file_name().unwrap().to_string_lossy(), "messages": [{"role": "user", "content": "Hi"}],
+               "max_tokens": 10, "temperature": 0, "ignore_eos": true, "stream": stream})
+    };
+    let (status, r) = post(&s, "/v1/chat/completions", body(false)).await;
+    assert_eq!(status, 200, "{r}");
+    let message = &r["choices"][0]["message"];
+    let reasoning = message["reasoning_content"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(!reasoning.is_empty() && message["reasoning"] == message["reasoning_content"], "{r}");
+    assert!(message["content"].is_null(), "{r}");
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
+    let events = chunks(&sse(&s, "/v1/chat/completions", body(true)).await);
+    let streamed: String =
+        events.iter().filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str()).collect();
+    assert_eq!(streamed, reasoning);
+    assert!(events.iter().all(|c| c["choices"][0]["delta"]["content"].as_str().unwrap_or_default().is_empty()));
+    s.shutdown().await;
+
+    let s = server_for(&fixture_dir("tiny-qwen3-f32"), &[]).await;
+    let chat = |kwargs: Value| {
+        json!({"model": "tiny-qwen3-f32", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+               "temperature": 0, "chat_template_kwargs": kwargs})
+    };
+    let (_, on) = post(&s, "/v1/chat/completions", chat(json!({}))).await;
+    let (status, off) = post(&s, "/v1/chat/completions", chat(json!({"enable_thinking": false}))).await;
+    assert_eq!(status, 200, "{off}");
+    let tokens = |r: &Value| r["usage"]["prompt_tokens"].as_u64().unwrap();
+    // "<think>\n\n</think>\n\n" in the fixture's vocabulary.
+    assert_eq!(tokens(&off), tokens(&on) + 4, "{on} {off}");
+    let (status, err) = post(&s, "/v1/chat/completions", chat(json!({"add_generation_prompt": false}))).await;
+    assert_eq!((status, err["error"]["param"].as_str()), (400, Some("chat_template_kwargs")), "{err}");
+    let (status, err) = post(&s, "/v1/chat/completions", chat(json!(5))).await;
+    assert_eq!(status, 400, "{err}");
+    s.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_library_and_the_http_api_tokenize_and_answer_a_chat_identically() {
     use llaisys_actors::{ChatRequest, Engine};

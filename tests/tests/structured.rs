@@ -3,14 +3,14 @@
 //! the demo model calls a tool when asked.
 
 use llaisys_server::{Config, Server};
-use llaisys_tests::{LongContextFixture, demo_model};
+use llaisys_tests::{FixtureCopy, demo_model};
 use serde_json::{Value, json};
 
 const FIXTURE: &str = "tiny-tied-f32";
 
 /// A server for the fixture, with room in its context for tool descriptions.
-async fn server() -> (Server, LongContextFixture) {
-    let fixture = LongContextFixture::new(FIXTURE, 2048);
+async fn server() -> (Server, FixtureCopy) {
+    let fixture = FixtureCopy::long_context(FIXTURE, 2048);
     let all = vec![
         ("model.path".to_string(), format!("{:?}", fixture.path().display().to_string())),
         ("model.name".to_string(), format!("{FIXTURE:?}")),

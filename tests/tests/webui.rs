@@ -9,7 +9,7 @@ use std::process::Stdio;
 
 use llaisys_actors::Engine;
 use llaisys_server::{Config, load_entry, start_models};
-use llaisys_tests::{LongContextFixture, fixture_dir};
+use llaisys_tests::{FixtureCopy, fixture_dir};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
@@ -17,6 +17,7 @@ use tokio::process::Command;
 const FIXTURE: &str = "tiny-untied-f32";
 const SLOW: &str = "slow-mock";
 const TOOLS: &str = "tools-fixture";
+const THINKING: &str = "thinking-fixture";
 
 fn webui_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("webui")
@@ -56,29 +57,33 @@ async fn the_web_ui_in_headless_chromium() {
     let fixture = load_entry(builder.clone().model(fixture_dir(FIXTURE)), FIXTURE.into()).await.unwrap();
     let slow = load_entry(builder.clone().model(slow_model_dir()), SLOW.into()).await.unwrap();
     // Qwen2.5's chat template and tool-call tags, with room for the tools in the prompt.
-    let tools_dir = LongContextFixture::new("tiny-tied-f32", 2048);
-    let tools = load_entry(builder.model(tools_dir.path()), TOOLS.into()).await.unwrap();
-    let server = start_models(vec![fixture, slow, tools], &config).await.unwrap();
+    let tools_dir = FixtureCopy::long_context("tiny-tied-f32", 2048);
+    let tools = load_entry(builder.clone().model(tools_dir.path()), TOOLS.into()).await.unwrap();
+    // Qwen3's template opening the think block: the answer is all reasoning.
+    let thinking_dir = FixtureCopy::thinking("tiny-qwen3-f32");
+    let thinking = load_entry(builder.model(thinking_dir.path()), THINKING.into()).await.unwrap();
+    let server = start_models(vec![fixture, slow, tools, thinking], &config).await.unwrap();
     let url = format!("http://{}", server.addr);
 
     // The greedy answers the page must show, from the API (the streamed text is checked against
     // the non-streamed one; the fixture's greedy tokens are checked against transformers elsewhere).
+    let chat = |model: &str, prompt: &str, max_tokens: usize| {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": max_tokens});
+        let request = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&body);
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap()["choices"][0]["message"].clone() }
+    };
     let mut expected = serde_json::Map::new();
     for prompt in ["Hello there", "Tell me a story"] {
-        let body = json!({"model": FIXTURE, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 40});
-        let r: Value = reqwest::Client::new()
-            .post(format!("{url}/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let text = r["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{r}"));
+        let message = chat(FIXTURE, prompt, 40).await;
+        let text = message["content"].as_str().unwrap_or_else(|| panic!("{message}"));
         assert!(!text.is_empty());
         expected.insert(prompt.into(), text.into());
     }
+    // The reasoning model's thinking, all of its answer.
+    let message = chat(THINKING, "Think", 12).await;
+    let reasoning = message["reasoning_content"].as_str().unwrap_or_else(|| panic!("{message}"));
+    assert!(!reasoning.is_empty() && message["content"].is_null(), "{message}");
+    expected.insert("Think".into(), reasoning.into());
 
     let screenshots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/webui-screenshots");
     let mut browser = Command::new("node")
@@ -89,6 +94,7 @@ async fn the_web_ui_in_headless_chromium() {
         .env("LLAISYS_FIXTURE", FIXTURE)
         .env("LLAISYS_SLOW", SLOW)
         .env("LLAISYS_TOOLS", TOOLS)
+        .env("LLAISYS_THINKING", THINKING)
         .env("LLAISYS_SCREENSHOTS", &screenshots)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -117,5 +123,5 @@ async fn the_web_ui_in_headless_chromium() {
     }
     assert!(status.success(), "the browser test failed after {passed:?} (screenshot: {})", screenshots.display());
     assert_eq!(passed.last().map(String::as_str), Some("all"), "{passed:?}");
-    assert_eq!(passed.len(), 9, "{passed:?}");
+    assert_eq!(passed.len(), 10, "{passed:?}");
 }

@@ -2,7 +2,8 @@
 // llaisys server (started by tests/tests/webui.rs, which also computes the expected answers).
 //
 // Environment: LLAISYS_URL (the server), LLAISYS_EXPECTED (JSON {prompt: greedy answer} for the
-// fixture model), LLAISYS_FIXTURE, LLAISYS_SLOW and LLAISYS_TOOLS (model names),
+// fixture model, and the reasoning under "Think"), LLAISYS_FIXTURE, LLAISYS_SLOW, LLAISYS_TOOLS and
+// LLAISYS_THINKING (model names),
 // LLAISYS_SCREENSHOTS (a folder).
 // Protocol on stdio: prints "PASS <step>" per step; prints "STOP_SERVER" and waits for one line
 // on stdin before the server-down step. Any failure exits non-zero with the reason on stderr.
@@ -19,6 +20,7 @@ const EXPECTED = JSON.parse(process.env.LLAISYS_EXPECTED);
 const FIXTURE = process.env.LLAISYS_FIXTURE;
 const SLOW = process.env.LLAISYS_SLOW;
 const TOOLS = process.env.LLAISYS_TOOLS;
+const THINKING = process.env.LLAISYS_THINKING;
 const SHOTS = process.env.LLAISYS_SCREENSHOTS;
 mkdirSync(SHOTS, { recursive: true });
 
@@ -71,7 +73,7 @@ try {
   await page.goto(URL);
   await page.waitForFunction(() => document.querySelector('#server-status').textContent.startsWith('Connected'));
   const models = await page.locator('#set-model option').allTextContents();
-  assert.deepEqual(models.sort(), [FIXTURE, SLOW, TOOLS].sort());
+  assert.deepEqual(models.sort(), [FIXTURE, SLOW, TOOLS, THINKING].sort());
   await setField('#set-model', FIXTURE);
   await setField('#set-temperature', 0);
   await setField('#set-max-tokens', 40);
@@ -224,8 +226,28 @@ try {
   assert.equal(saved.toolCalls[0].name, 'get_weather');
   assert.deepEqual(JSON.parse(saved.toolCalls[0].arguments), args);
   await shot('desktop-tool-call');
-  await items.filter({ hasText: 'Stories' }).locator('.open').click();
   pass('tool calls are shown');
+
+  // 6c. A reasoning model: its thinking is folded above the answer, closed, and kept.
+  await page.click('#new-chat');
+  await setField('#set-model', THINKING);
+  await setField('#set-temperature', 0);
+  await setField('#set-max-tokens', 12);
+  await setField('#set-tools', '');
+  await page.click('#toggle-settings');
+  await page.fill('#input', 'Think');
+  await page.press('#input', 'Enter');
+  await finished();
+  const thought = lastAnswer().locator('details.reasoning');
+  assert.equal(await thought.count(), 1);
+  assert.equal(await thought.evaluate((d) => d.open), false, 'the thinking starts folded');
+  assert.equal((await thought.locator('summary').textContent()).trim(), 'Thought');
+  assert.equal(await thought.locator('.reasoning-text').textContent(), EXPECTED.Think);
+  assert.equal((await storedCurrent()).messages.at(-1).reasoning, EXPECTED.Think);
+  await thought.locator('summary').click();
+  await shot('desktop-reasoning');
+  await items.filter({ hasText: 'Stories' }).locator('.open').click();
+  pass('reasoning is folded above the answer');
 
   // 7. The server goes away: the error shows in the conversation, the page stays usable and the
   // history is kept.

@@ -379,7 +379,13 @@ impl FrontState {
                     let _ = reply.send(Ok(id));
                 }
                 let usage = Usage { prompt_tokens: p.request.prompt.len(), ..Usage::default() };
-                let _ = p.events.send(Event::Finished { reason, text: String::new(), usage, queue_time: None });
+                let _ = p.events.send(Event::Finished {
+                    reason,
+                    text: String::new(),
+                    reasoning: String::new(),
+                    usage,
+                    queue_time: None,
+                });
             }
         }
     }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{Event, ReplicaStats, SpeculativeStats};
 use crate::host::GenerateParams;
-use crate::request::{ToolCallTags, ToolParsing};
+use crate::request::{ReasoningParsing, ReasoningTags, ToolCallTags, ToolParsing};
 use crate::session::SessionInfo;
 
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
@@ -38,6 +38,9 @@ pub struct WireRequest {
     /// Tool calls' tags (open, close) and whether calling ends with `tool_calls`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<(u32, u32, bool)>,
+    /// Think tags (open, close) and whether the output starts inside the thinking.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<(u32, u32, bool)>,
     #[serde(default)]
     pub guidance: GuidanceSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,6 +59,7 @@ impl WireRequest {
             stop_token_ids: params.stop_token_ids.clone(),
             ignore_eos: params.ignore_eos,
             tool_calls: params.tool_calls.map(|t| (t.tags.open, t.tags.close, t.finish_with_tool_calls)),
+            reasoning: params.reasoning.map(|r| (r.tags.open, r.tags.close, r.starts_open)),
             guidance: params.guidance.spec(),
             speculative: params.speculative,
             session,
@@ -73,6 +77,10 @@ impl WireRequest {
             tool_calls: self.tool_calls.map(|(open, close, finish_with_tool_calls)| ToolParsing {
                 tags: ToolCallTags { open, close },
                 finish_with_tool_calls,
+            }),
+            reasoning: self.reasoning.map(|(open, close, starts_open)| ReasoningParsing {
+                tags: ReasoningTags { open, close },
+                starts_open,
             }),
             guidance,
             speculative: self.speculative,
@@ -270,6 +278,7 @@ mod tests {
             events: vec![Event::Finished {
                 reason: FinishReason::Length,
                 text: "é".into(),
+                reasoning: "think".into(),
                 usage: Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 1 },
                 queue_time: None,
             }],
@@ -283,6 +292,7 @@ mod tests {
         let token = |top_logprobs: Vec<(u32, f32)>, mask_time| Event::Token {
             token: 42,
             text: "hi".into(),
+            reasoning: String::new(),
             logprob: -0.5,
             top_logprobs,
             mask_time,

@@ -26,6 +26,10 @@ pub enum Event {
         /// Text this token completes (empty while a character or a possible stop string is
         /// incomplete; always empty without a tokenizer).
         text: String,
+        /// Reasoning text this token completes (a reasoning model's thinking; `text` is then
+        /// empty).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reasoning: String,
         logprob: f32,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         top_logprobs: Vec<(u32, f32)>,
@@ -40,6 +44,9 @@ pub enum Event {
         reason: FinishReason,
         /// Text held back until the end (the rest of an incomplete character or stop prefix).
         text: String,
+        /// Reasoning held back until the end (an output that ended inside its thinking).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reasoning: String,
         usage: Usage,
         /// Time from arrival to first admission (`None` if it never ran).
         queue_time: Option<Duration>,

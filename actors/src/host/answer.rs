@@ -18,6 +18,8 @@ pub struct TokenLogprob {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choice {
     pub text: String,
+    /// A reasoning model's thinking (empty for others).
+    pub reasoning: String,
     pub tokens: Vec<u32>,
     /// One entry per token when log-probabilities were asked for.
     pub logprobs: Vec<TokenLogprob>,
@@ -58,6 +60,7 @@ impl AnswerBuilder {
     pub fn new(choices: usize, n: usize, logprobs: bool) -> Self {
         let empty = Choice {
             text: String::new(),
+            reasoning: String::new(),
             tokens: Vec::new(),
             logprobs: Vec::new(),
             finish: FinishReason::Error,
@@ -70,8 +73,9 @@ impl AnswerBuilder {
     pub fn add(&mut self, choice: usize, event: Event) {
         let Some(c) = self.choices.get_mut(choice) else { return };
         match event {
-            Event::Token { token, text, logprob, top_logprobs, tool_call, .. } => {
+            Event::Token { token, text, reasoning, logprob, top_logprobs, tool_call, .. } => {
                 c.text.push_str(&text);
+                c.reasoning.push_str(&reasoning);
                 if let Some(delta) = &tool_call {
                     ToolCallOut::gather(&mut c.tool_calls, delta);
                 }
@@ -80,8 +84,9 @@ impl AnswerBuilder {
                     c.logprobs.push(TokenLogprob { token, logprob, top: top_logprobs });
                 }
             }
-            Event::Finished { reason, text, usage, .. } => {
+            Event::Finished { reason, text, reasoning, usage, .. } => {
                 c.text.push_str(&text);
+                c.reasoning.push_str(&reasoning);
                 c.finish = reason;
                 if choice.is_multiple_of(self.n) {
                     self.usage.prompt_tokens += usage.prompt_tokens;

@@ -16,6 +16,7 @@ use super::text::{GenerationDefaults, ModelText};
 use super::tools::{check_tool_choice, check_tools, constrain_calls};
 use super::validate::{Bounds, Unchecked, ValidRequest, check_prompts};
 use crate::engine::EngineError;
+use crate::request::ReasoningParsing;
 
 /// What one request may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -111,11 +112,13 @@ impl Frontend {
     }
 
     /// The prompt token ids of a conversation: roles and tool calls checked (`developer` is
-    /// `system`), then the model's chat template (which describes `tools`), then the tokenizer.
+    /// `system`), then the model's chat template (which describes `tools` and is given
+    /// `kwargs`, a request's `chat_template_kwargs`), then the tokenizer.
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],
         tools: &[Tool],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, EngineError> {
         let text = self.text_side()?;
@@ -126,9 +129,11 @@ impl Frontend {
         check_tools(tools)?;
         let tools: Vec<serde_json::Value> = tools.iter().map(Tool::to_json).collect();
         let template = text.template.as_ref().ok_or_else(|| RequestError::general("the model has no chat template"))?;
-        let rendered = template
-            .render_with_tools(&checked, &tools, add_generation_prompt)
-            .map_err(|e| RequestError::invalid("messages", e.to_string()))?;
+        let rendered = template.render_with(&checked, &tools, kwargs, add_generation_prompt).map_err(|e| {
+            let param =
+                if e.to_string().contains("chat_template_kwargs") { "chat_template_kwargs" } else { "messages" };
+            RequestError::invalid(param, e.to_string())
+        })?;
         Ok(text.tokenizer.encode(&rendered).map_err(|e| RequestError::invalid("messages", e.to_string()))?)
     }
 
@@ -136,8 +141,11 @@ impl Frontend {
     pub fn chat(&self, request: &ChatRequest) -> Result<ValidRequest, EngineError> {
         let options = &request.options;
         let offered = check_tool_choice(options)?;
-        let prompt = self.render_chat(&request.input, if offered { &options.tools } else { &[] }, true)?;
+        let tools = if offered { &options.tools[..] } else { &[] };
+        let prompt = self.render_chat(&request.input, tools, &options.chat_template_kwargs, true)?;
+        let reasoning = self.text_side()?.reasoning.map(|tags| ReasoningParsing::after(tags, &prompt));
         let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
+        unchecked.params.reasoning = reasoning;
         if !options.tools.is_empty() {
             constrain_calls(&mut unchecked.params, options, &*self.grammar_compiler()?)?;
         }
@@ -250,6 +258,7 @@ impl Frontend {
             ignore_eos: options.ignore_eos,
             guidance,
             tool_calls: None,
+            reasoning: None,
             speculative: options.speculative,
         };
         let (session, logprobs) = (options.session.clone(), options.logprobs.is_some());

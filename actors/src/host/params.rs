@@ -2,7 +2,7 @@
 
 use llaisys_model::{Guidance, SamplingParams};
 
-use crate::request::ToolParsing;
+use crate::request::{ReasoningParsing, ToolParsing};
 
 /// What to generate for each prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +17,8 @@ pub struct GenerateParams {
     pub ignore_eos: bool,
     /// T3: the output's tool calls are parsed (by their tags' ids) and streamed as such.
     pub tool_calls: Option<ToolParsing>,
+    /// A reasoning model's thinking is split from the answer (chats of models with think tags).
+    pub reasoning: Option<ReasoningParsing>,
     /// T1/T4: what the output must match (a compiled grammar: `Engine::guidance`,
     /// `Llm::guidance`); the default constrains nothing.
     pub guidance: Guidance,
@@ -35,6 +37,7 @@ impl Default for GenerateParams {
             ignore_eos: false,
             guidance: Guidance::default(),
             tool_calls: None,
+            reasoning: None,
             speculative: None,
         }
     }

@@ -85,6 +85,8 @@ pub struct Options {
     pub tool_choice: Option<ToolChoice>,
     /// Whether one answer may call several tools (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// More variables for the chat template (chats only), e.g. `{"enable_thinking": false}`.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Speculative decoding on or off for this request (default: the engine's setting). The
     /// output is the same either way; only its speed differs.
     pub speculative: Option<bool>,
@@ -193,6 +195,12 @@ impl<I> Request<I> {
     /// Speculative decoding on or off for this request.
     pub fn speculative(mut self, on: bool) -> Self {
         self.options.speculative = Some(on);
+        self
+    }
+
+    /// A variable for the chat template (e.g. `enable_thinking`, false).
+    pub fn template_kwarg(mut self, name: impl Into<String>, value: serde_json::Value) -> Self {
+        self.options.chat_template_kwargs.insert(name.into(), value);
         self
     }
 

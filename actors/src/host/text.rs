@@ -7,6 +7,8 @@ use std::sync::{Arc, OnceLock};
 use llaisys_model::tokenizer::ChatTemplate;
 use llaisys_model::{GrammarCompiler, GrammarError, ModelInfo, Tokenizer};
 
+use crate::request::ReasoningTags;
+
 /// Sampling defaults from a model's `generation_config.json`, used where a request leaves a
 /// field out; OpenAI's defaults otherwise.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,13 +65,21 @@ pub struct ModelText {
     pub(crate) tokenizer: Arc<Tokenizer>,
     pub(crate) template: Option<ChatTemplate>,
     pub(crate) defaults: GenerationDefaults,
+    /// A reasoning model's think tags (`<think>`, `</think>`, single tokens of its vocabulary):
+    /// its chats' thinking is split from the answer.
+    pub(crate) reasoning: Option<ReasoningTags>,
     /// T1: the model's grammar compiler, built by the first constrained request.
     grammar: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
 }
 
 impl ModelText {
     pub fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>, defaults: GenerationDefaults) -> Self {
-        Self { tokenizer: Arc::new(tokenizer), template, defaults, grammar: OnceLock::new() }
+        let tag = |text: &str| match tokenizer.encode(text).ok()?[..] {
+            [id] => Some(id),
+            _ => None,
+        };
+        let reasoning = tag("<think>").zip(tag("</think>")).map(|(open, close)| ReasoningTags { open, close });
+        Self { tokenizer: Arc::new(tokenizer), template, defaults, reasoning, grammar: OnceLock::new() }
     }
 
     /// A tokenizer alone: no chat template, OpenAI's sampling defaults.

@@ -4,6 +4,7 @@
 mod actor;
 mod messages;
 mod postprocess;
+mod reasoning;
 mod state;
 mod stop;
 mod text;
@@ -12,6 +13,7 @@ mod tools;
 pub(crate) use actor::{RequestActor, RequestArgs};
 pub use messages::ToRequest;
 pub use postprocess::Postprocess;
+pub use reasoning::{Part, ReasoningParsing, ReasoningSplit, ReasoningTags};
 pub use state::{FinishReason, IllegalTransition, RequestId, RequestState};
 pub use stop::{StopMatcher, StopOutcome};
 pub use text::{Piece, TextStream};

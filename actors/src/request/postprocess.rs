@@ -32,7 +32,9 @@ pub struct Postprocess {
 
 impl Postprocess {
     pub fn new(prompt_tokens: usize, params: &GenerateParams, tokenizer: Option<Arc<Tokenizer>>) -> Self {
-        let text = TextStream::new(params.stop.iter().cloned()).with_tool_calls(params.tool_calls.map(|t| t.tags));
+        let text = TextStream::new(params.stop.iter().cloned())
+            .with_reasoning(params.reasoning)
+            .with_tool_calls(params.tool_calls.map(|t| t.tags));
         Self {
             tokenizer,
             text,
@@ -62,6 +64,7 @@ impl Postprocess {
         Ok(Some(Event::Token {
             token: sampled.token,
             text: piece.text,
+            reasoning: piece.reasoning,
             logprob: sampled.logprob,
             top_logprobs: sampled.top,
             mask_time: sampled.mask_time,
@@ -88,9 +91,9 @@ impl Postprocess {
         cached_tokens: usize,
         queue_time: Option<Duration>,
     ) -> Result<Event, TokenizerError> {
-        let text = match &self.tokenizer {
+        let tail = match &self.tokenizer {
             Some(tokenizer) if !self.closed => self.text.finish(tokenizer)?,
-            _ => String::new(),
+            _ => Default::default(),
         };
         self.closed = true;
         // A stop string ends the output with `stop`, even if the engine ended it otherwise in
@@ -99,6 +102,6 @@ impl Postprocess {
         let reason = ToolParsing::finish(self.tool_calls, reason, self.text.made_tool_calls());
         let completion_tokens = completion_tokens.min(self.stopped_after.unwrap_or(usize::MAX));
         let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens, cached_tokens };
-        Ok(Event::Finished { reason, text, usage, queue_time })
+        Ok(Event::Finished { reason, text: tail.text, reasoning: tail.reasoning, usage, queue_time })
     }
 }

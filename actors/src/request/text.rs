@@ -1,18 +1,22 @@
 //! A request's output text as it streams: tokens are detokenized incrementally (never half a
-//! character) and cut at the first stop string (never any part of it); with tool calls (T3),
-//! the calls' tokens are split off into tool-call pieces. Used by the request actor and by
-//! offline generation alike.
+//! character) and cut at the first stop string (never any part of it); a reasoning model's
+//! thinking is split off first (stop strings and tool calls apply to the answer after it); with
+//! tool calls (T3), the calls' tokens are split off into tool-call pieces. Used by the request
+//! actor and by offline generation alike.
 
 use llaisys_model::Tokenizer;
 use llaisys_model::tokenizer::{IncrementalDecoder, TokenizerError};
 
+use super::reasoning::{Part, ReasoningParsing, ReasoningSplit};
 use super::stop::{StopMatcher, StopOutcome};
 use super::tools::{Route, ToolCallDelta, ToolCallParser, ToolCallTags};
 
-/// What one token adds: content text (possibly empty) or a piece of a tool call.
+/// What one token adds: content text or reasoning text (possibly empty), or a piece of a tool
+/// call.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Piece {
     pub text: String,
+    pub reasoning: String,
     pub tool_call: Option<ToolCallDelta>,
 }
 
@@ -26,6 +30,8 @@ pub struct TextStream {
     /// Whitespace after a tool call, held until text follows (the lines between calls and
     /// after the last are not content).
     held: String,
+    /// The split of thinking from the answer, and the decoder of the thinking's text.
+    reasoning: Option<(ReasoningSplit, IncrementalDecoder)>,
 }
 
 impl TextStream {
@@ -37,7 +43,14 @@ impl TextStream {
             stopped: false,
             tools: None,
             held: String::new(),
+            reasoning: None,
         }
+    }
+
+    /// Splits off a reasoning model's thinking.
+    pub fn with_reasoning(mut self, parsing: Option<ReasoningParsing>) -> Self {
+        self.reasoning = parsing.map(|p| (ReasoningSplit::new(p), IncrementalDecoder::new(true)));
+        self
     }
 
     /// Splits off tool calls marked by `tags` (stop strings apply to the content only).
@@ -61,6 +74,22 @@ impl TextStream {
         if self.stopped {
             return Ok(Piece::default());
         }
+        let mut answer = false;
+        if let Some((split, decoder)) = &mut self.reasoning {
+            let reasoning = match split.route(token) {
+                Part::Answer => {
+                    answer = true;
+                    String::new()
+                }
+                Part::Reasoning => split.reasoning(&decoder.push(tokenizer, token)?.unwrap_or_default()),
+                // The thinking's last bytes, if it ended inside a character.
+                Part::Tag { closed: true } => split.reasoning(&decoder.finish(tokenizer)?.unwrap_or_default()),
+                Part::Tag { closed: false } => String::new(),
+            };
+            if !answer {
+                return Ok(Piece { reasoning, ..Piece::default() });
+            }
+        }
         if let Some((parser, decoder)) = &mut self.tools
             && parser.route(token) == Route::Call
         {
@@ -68,9 +97,13 @@ impl TextStream {
                 return Ok(Piece::default());
             }
             let text = decoder.push(tokenizer, token)?.unwrap_or_default();
-            return Ok(Piece { text: String::new(), tool_call: parser.push_call_text(&text) });
+            return Ok(Piece { tool_call: parser.push_call_text(&text), ..Piece::default() });
         }
         let mut text = match self.decoder.push(tokenizer, token)? {
+            Some(delta) if answer => {
+                let delta = self.reasoning.as_mut().map(|(split, _)| split.answer(&delta)).unwrap_or(delta);
+                self.filter(&delta)
+            }
             Some(delta) => self.filter(&delta),
             None => String::new(),
         };
@@ -82,21 +115,29 @@ impl TextStream {
                 text.insert_str(0, &std::mem::take(&mut self.held));
             }
         }
-        Ok(Piece { text, tool_call: None })
+        Ok(Piece { text, ..Piece::default() })
     }
 
-    /// What is still held back at the end of the stream (empty once stopped).
-    pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String, TokenizerError> {
-        let mut text = String::new();
-        if !self.stopped
-            && let Some(delta) = self.decoder.finish(tokenizer)?
+    /// What is still held back at the end of the stream (nothing once stopped): the rest of
+    /// an unfinished thinking's text, or of the answer's.
+    pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<Piece, TokenizerError> {
+        let mut tail = Piece::default();
+        if self.stopped {
+            return Ok(tail);
+        }
+        if let Some((split, decoder)) = &mut self.reasoning
+            && split.thinking()
         {
-            text = self.filter(&delta);
+            tail.reasoning = split.reasoning(&decoder.finish(tokenizer)?.unwrap_or_default());
+        }
+        if let Some(delta) = self.decoder.finish(tokenizer)? {
+            let delta = self.reasoning.as_mut().map(|(split, _)| split.answer(&delta)).unwrap_or(delta);
+            tail.text = self.filter(&delta);
         }
         if !self.stopped {
-            text.push_str(&self.stops.finish());
+            tail.text.push_str(&self.stops.finish());
         }
-        Ok(text)
+        Ok(tail)
     }
 
     fn filter(&mut self, delta: &str) -> String {

@@ -206,6 +206,7 @@ fn dictionary(target: &str) -> &'static [&'static [u8]] {
             b"{\"a\": 1}",
         ],
         "tool_calls" => &[b"\x01", b"\x02", b"{", b"}", b"\"", b"\\", b":", b",", b"\"name\"", b"\"arguments\""],
+        "reasoning" => &[b"\x01", b"\x02", b"\n", b" ", b"\t", b"\n\n", b"\xc2\xa0", b"\xe3\x80\x80"],
         _ => &[],
     }
 }

@@ -272,6 +272,23 @@ impl ChatTemplate {
         tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with(messages, tools, &serde_json::Map::new(), add_generation_prompt)
+    }
+
+    /// As `render_with_tools`, with more variables for the template (a request's
+    /// `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`); they cannot replace the ones
+    /// the template is always given.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        const GIVEN: [&str; 5] = ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
+        if let Some(key) = kwargs.keys().find(|k| GIVEN.contains(&k.as_str())) {
+            return Err(TemplateError(format!("`{key}` is set by the server, not by chat_template_kwargs")));
+        }
         let template = self.env.get_template(NAME).map_err(|e| TemplateError(e.to_string()))?;
         let messages: Vec<Value> = messages.iter().map(ChatMessage::to_value).collect();
         let tools = (!tools.is_empty()).then(|| Value::from(Serde(tools)));
@@ -282,6 +299,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
+                ..Value::from(Serde(kwargs))
             })
             .map_err(|e| TemplateError(e.to_string()))
     }

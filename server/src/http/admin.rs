@@ -130,6 +130,7 @@ struct TokenizeRequest {
     messages: Option<Vec<ChatMessageIn>>,
     #[serde(default = "yes")]
     add_generation_prompt: bool,
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 fn yes() -> bool {
@@ -144,7 +145,8 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, Body413(body): Body413
         (Some(p), None) => m.tokenizer()?.encode(p).map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
         (None, Some(msgs)) => {
             // The same rendering a chat request gets.
-            m.engine.frontend().render_chat(&openai::messages(msgs)?, &[], req.add_generation_prompt)?
+            let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+            m.engine.frontend().render_chat(&openai::messages(msgs)?, &[], &kwargs, req.add_generation_prompt)?
         }
         _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
     };

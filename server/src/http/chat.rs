@@ -51,6 +51,7 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
     options.tools = tools;
     options.tool_choice = tool_choice;
     options.parallel_tool_calls = req.parallel_tool_calls;
+    options.chat_template_kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
     let offers_tools = !options.tools.is_empty() && options.tool_choice != Some(ToolChoice::None);
     let request = ChatRequest::new(openai::messages(&req.messages)?).options(options);
     let valid = model.engine.prepare_chat(&request).map_err(|e| plan.api_error(e))?;

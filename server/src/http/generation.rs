@@ -127,13 +127,13 @@ impl Generation {
         })
     }
 
-    /// Applies one engine event; returns the text it adds to its choice, and the piece of a
-    /// tool call.
-    fn apply(&mut self, index: usize, event: Event) -> (String, Option<ToolCallDelta>) {
+    /// Applies one engine event; returns what it adds to its choice: text, reasoning, a piece
+    /// of a tool call.
+    fn apply(&mut self, index: usize, event: Event) -> Added {
         let model = &self.model.name;
         let clock = &mut self.clocks[index];
         let added = match &event {
-            Event::Token { text, mask_time, tool_call, .. } => {
+            Event::Token { text, reasoning, mask_time, tool_call, .. } => {
                 let now = Instant::now();
                 if let Some(t) = mask_time {
                     self.state.metrics.grammar_mask(model, *t);
@@ -144,16 +144,16 @@ impl Generation {
                 }
                 clock.last_token = Some(now);
                 clock.tokens_seen += 1;
-                (text.clone(), tool_call.clone())
+                Added { text: text.clone(), reasoning: reasoning.clone(), tool_call: tool_call.clone() }
             }
-            Event::Finished { reason, text, usage, queue_time } => {
+            Event::Finished { reason, text, reasoning, usage, queue_time } => {
                 clock.finished = true;
                 if let Some(q) = queue_time {
                     self.state.metrics.queue_time(model, *q);
                 }
                 let e2e = self.start.elapsed();
                 self.state.metrics.request_finished(model, *reason, usage.prompt_tokens, usage.completion_tokens, e2e);
-                (text.clone(), None)
+                Added { text: text.clone(), reasoning: reasoning.clone(), tool_call: None }
             }
         };
         self.answer.add(index, event);
@@ -203,7 +203,7 @@ impl Generation {
                 match self.api {
                     Api::Chat => json!({
                         "index": i,
-                        "message": chat_message(&c.text, &c.tool_calls),
+                        "message": chat_message(&c.text, &c.reasoning, &c.tool_calls),
                         "logprobs": self.logprobs.map(|_| chat_logprobs(&self.logprobs_of(i, 0))),
                         "finish_reason": finish,
                     }),
@@ -282,6 +282,17 @@ impl Generation {
         self.chunk(vec![choice])
     }
 
+    /// The chunk of a piece of choice `i`'s reasoning, as `reasoning_content` (DeepSeek's and
+    /// vLLM's name) and `reasoning` (vLLM's newer one).
+    fn reasoning_delta(&self, i: usize, reasoning: &str) -> SseEvent {
+        self.chunk(vec![json!({
+            "index": i,
+            "delta": {"reasoning_content": reasoning, "reasoning": reasoning},
+            "logprobs": null,
+            "finish_reason": null,
+        })])
+    }
+
     /// The chunk of a piece of choice `i`'s tool call: id, type and name once (the OpenAI
     /// SDK concatenates repeated strings), then argument pieces.
     fn tool_call_delta(&self, i: usize, d: &ToolCallDelta) -> SseEvent {
@@ -334,7 +345,10 @@ impl Generation {
                     Some(Output { choice: i, event }) => {
                         let is_token = matches!(event, Event::Token { .. });
                         let before = g.answer.choices()[i].logprobs.len();
-                        let (text, tool_call) = g.apply(i, event);
+                        let Added { text, reasoning, tool_call } = g.apply(i, event);
+                        if !reasoning.is_empty() {
+                            pending.push_back(g.reasoning_delta(i, &reasoning));
+                        }
                         if let Some(d) = &tool_call {
                             pending.push_back(g.tool_call_delta(i, d));
                         }
@@ -385,17 +399,32 @@ impl Drop for Generation {
     }
 }
 
-/// A chat answer's message: content `null` when it only called tools.
-fn chat_message(text: &str, calls: &[ToolCallOut]) -> Value {
-    if calls.is_empty() {
-        return json!({"role": "assistant", "content": text});
+/// What one event adds to its choice.
+struct Added {
+    text: String,
+    reasoning: String,
+    tool_call: Option<ToolCallDelta>,
+}
+
+/// A chat answer's message: content `null` when it only called tools or only thought; a
+/// reasoning model's thinking as `reasoning_content` and `reasoning`.
+fn chat_message(text: &str, reasoning: &str, calls: &[ToolCallOut]) -> Value {
+    let mut message = json!({"role": "assistant", "content": text});
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = reasoning.into();
+        message["reasoning"] = reasoning.into();
     }
-    let calls: Vec<Value> = calls
-        .iter()
-        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-        .collect();
-    let content = if text.is_empty() { Value::Null } else { text.into() };
-    json!({"role": "assistant", "content": content, "tool_calls": calls})
+    if (!calls.is_empty() || !reasoning.is_empty()) && text.is_empty() {
+        message["content"] = Value::Null;
+    }
+    if !calls.is_empty() {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+        message["tool_calls"] = calls.into();
+    }
+    message
 }
 
 fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {

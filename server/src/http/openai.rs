@@ -158,6 +158,8 @@ pub struct ChatRequest {
     pub tool_choice: Option<ToolChoiceIn>,
     pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<ResponseFormat>,
+    /// More variables for the chat template (vLLM's extension), e.g. `{"enable_thinking": false}`.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// `tools[]`: `{"type": "function", "function": {name, description, parameters}}`.
@@ -431,6 +433,7 @@ impl CommonFields {
             tools: Vec::new(),
             tool_choice: None,
             parallel_tool_calls: None,
+            chat_template_kwargs: serde_json::Map::new(),
             speculative: self.speculative,
         };
         let include_usage = self.stream_options.as_ref().is_some_and(|o| o.include_usage);

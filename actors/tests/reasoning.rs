@@ -1,0 +1,116 @@
+//! A reasoning model's thinking on the tiny Qwen3 fixture (its chat template and `<think>`
+//! tokens): split from the answer by token id as it streams, before stop strings and tool calls,
+//! byte-identical streamed and gathered; a template that opens the think block starts the output
+//! inside it, and `enable_thinking: false` renders Qwen3's empty block.
+
+use llaisys_actors::request::{FinishReason, ReasoningParsing, ReasoningTags, TextStream, ToolCallTags};
+use llaisys_actors::{ChatRequest, Engine, Event, Output, StreamExt};
+use llaisys_model::Tokenizer;
+use llaisys_tests::{FixtureCopy, Reference, fixture_dir};
+
+const QWEN3: &str = "tiny-qwen3-f32";
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::from_dir(&fixture_dir(QWEN3)).unwrap()
+}
+
+fn tags(t: &Tokenizer) -> ReasoningTags {
+    ReasoningTags { open: t.token_to_id("<think>").unwrap(), close: t.token_to_id("</think>").unwrap() }
+}
+
+/// Streams `ids`; returns (answer text, reasoning, tool-call arguments).
+fn stream(t: &Tokenizer, ids: &[u32], starts_open: bool, stop: &str) -> (String, String, String) {
+    let tool_tags =
+        ToolCallTags { open: t.token_to_id("<tool_call>").unwrap(), close: t.token_to_id("</tool_call>").unwrap() };
+    let mut s = TextStream::new([stop.to_string()])
+        .with_reasoning(Some(ReasoningParsing { tags: tags(t), starts_open }))
+        .with_tool_calls(Some(tool_tags));
+    let (mut text, mut reasoning, mut args) = (String::new(), String::new(), String::new());
+    for &id in ids {
+        let piece = s.push(t, id).unwrap();
+        text.push_str(&piece.text);
+        reasoning.push_str(&piece.reasoning);
+        if let Some(call) = piece.tool_call {
+            args.push_str(&call.arguments);
+        }
+    }
+    let tail = s.finish(t).unwrap();
+    text.push_str(&tail.text);
+    reasoning.push_str(&tail.reasoning);
+    (text, reasoning, args)
+}
+
+#[test]
+fn thinking_splits_off_before_stop_strings_and_tool_calls() {
+    let t = tokenizer();
+    let output = "<think>\nThe user greets; call f, then stop.\n</think>\n\nHello! <tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+    let ids = t.encode(output).unwrap();
+    assert_eq!(ids.iter().filter(|&&id| id == tags(&t).open).count(), 1, "<think> is one token");
+    let (text, reasoning, args) = stream(&t, &ids, false, "stop");
+    // The stop string appears only in the thinking, which it does not cut.
+    assert_eq!(reasoning, "The user greets; call f, then stop.");
+    assert_eq!(text.trim_end(), "Hello!");
+    assert_eq!(args, "{\"x\": 1}");
+    // A stop string in the answer cuts the answer only.
+    let (text, reasoning, _) = stream(&t, &ids, false, "llo");
+    assert_eq!((text.as_str(), reasoning.as_str()), ("He", "The user greets; call f, then stop."));
+}
+
+#[test]
+fn an_output_that_never_closes_its_thinking_is_all_reasoning() {
+    let t = tokenizer();
+    let ids = t.encode("\nStill thinking about 你好 and more  ").unwrap();
+    let (text, reasoning, _) = stream(&t, &ids, true, "zz");
+    assert_eq!((text.as_str(), reasoning.as_str()), ("", "Still thinking about 你好 and more"));
+    let (text, reasoning, _) = stream(&t, &ids, false, "zz");
+    assert_eq!((text.as_str(), reasoning.as_str()), ("\nStill thinking about 你好 and more  ", ""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_that_opens_the_thinking_streams_reasoning_identical_to_the_answer() {
+    let dir = FixtureCopy::thinking(QWEN3);
+    let engine = Engine::builder().model(dir.path()).build().await.unwrap();
+    let request = || ChatRequest::default().user("Hi").max_tokens(12).ignore_eos(true).temperature(0.0);
+    let answer = engine.chat(request()).await.unwrap().answer().await;
+    let choice = &answer.choices[0];
+    assert_eq!(choice.finish, FinishReason::Length);
+    assert_eq!(choice.text, "", "the thinking never closed: no answer");
+    let t = tokenizer();
+    let want = t.decode(&choice.tokens, true).unwrap();
+    assert_eq!(choice.reasoning, want.trim(), "every token was reasoning");
+    assert!(!choice.reasoning.is_empty());
+    let mut streamed = String::new();
+    let mut generation = engine.chat(request()).await.unwrap();
+    while let Some(Output { event, .. }) = generation.next().await {
+        match event {
+            Event::Token { text, reasoning, .. } | Event::Finished { text, reasoning, .. } => {
+                assert_eq!(text, "");
+                streamed.push_str(&reasoning);
+            }
+        }
+    }
+    assert_eq!(streamed, choice.reasoning, "streamed and gathered reasoning differ");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_thinking_false_renders_the_empty_block_and_the_answer_is_content() {
+    let engine = Engine::builder().model(fixture_dir(QWEN3)).build().await.unwrap();
+    let t = tokenizer();
+    let plain = engine.frontend().chat(&ChatRequest::default().user("Hi")).unwrap();
+    let off = ChatRequest::default().user("Hi").template_kwarg("enable_thinking", false.into());
+    let valid = engine.frontend().chat(&off).unwrap();
+    let (plain, off_ids) = (&plain.prompts()[0], &valid.prompts()[0]);
+    assert_eq!(&off_ids[..plain.len()], &plain[..]);
+    assert_eq!(t.decode(&off_ids[plain.len()..], false).unwrap(), "<think>\n\n</think>\n\n");
+    assert!(!ReasoningParsing::after(tags(&t), off_ids).starts_open);
+    // The fixture's greedy answer is content, not reasoning.
+    let p = &Reference::load(QWEN3).prompts[0];
+    assert!(!p.greedy.contains(&tags(&t).open), "the fixture never thinks");
+    let answer = engine.chat(off.max_tokens(8).ignore_eos(true).temperature(0.0)).await.unwrap().answer().await;
+    assert_eq!(answer.choices[0].reasoning, "");
+    assert!(!answer.choices[0].text.is_empty());
+    // A template variable cannot replace what the server gives the template.
+    let bad = ChatRequest::default().user("Hi").template_kwarg("messages", serde_json::json!([]));
+    let err = engine.frontend().chat(&bad).unwrap_err().to_string();
+    assert!(err.contains("chat_template_kwargs"), "{err}");
+}
