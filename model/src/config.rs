@@ -47,6 +47,22 @@ pub enum RopeScaling {
     Factors(Vec<f32>),
 }
 
+/// A mixture-of-experts feed-forward (`num_experts`, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub experts: usize,
+    /// Experts each token goes through (top-k of the router's softmax).
+    pub experts_per_token: usize,
+    /// Each expert's SwiGLU width (`moe_intermediate_size`).
+    pub intermediate_size: usize,
+    /// The top-k weights are renormalised to sum to 1.
+    pub norm_topk_prob: bool,
+    /// The shared expert's width, for families that have one.
+    pub shared_intermediate_size: Option<usize>,
+    /// Layers whose feed-forward is a dense SwiGLU of `intermediate_size` instead.
+    pub dense_layers: Vec<usize>,
+}
+
 /// A validated transformer configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -72,6 +88,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
+    /// The mixture of experts of a MoE family.
+    pub moe: Option<MoeConfig>,
     pub torch_dtype: Option<CheckpointDtype>,
     pub bos_token_id: Option<u32>,
     /// `eos_token_id` may be one id or a list in the file.
@@ -121,7 +139,7 @@ impl ModelConfig {
         };
         let qkv_bias = match arch.qkv_bias {
             Bias::Always => true,
-            Bias::Config => f.opt_bool("attention_bias")?.unwrap_or(false),
+            Bias::Config { field, default } => f.opt_bool(field)?.unwrap_or(default),
         };
         let (rope_theta, rope_scaling) = f.rope()?;
         let config = Self {
@@ -141,6 +159,7 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            moe: f.moe(arch)?,
             // transformers ≥ 5 writes `dtype`, earlier versions `torch_dtype`.
             torch_dtype: match f.get("torch_dtype") {
                 Some(_) => f.dtype("torch_dtype")?,
@@ -151,6 +170,11 @@ impl ModelConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// Whether layer `l`'s feed-forward is a mixture of experts.
+    pub fn is_moe_layer(&self, l: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| !m.dense_layers.contains(&l))
     }
 
     fn validate(&self) -> Result<(), LoadError> {
@@ -188,6 +212,21 @@ impl ModelConfig {
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad("rope_theta", format!("{} must be a positive number", self.rope_theta));
+        }
+        if let Some(m) = &self.moe {
+            if m.experts == 0 {
+                return bad("num_experts", "must be > 0".into());
+            }
+            if m.experts_per_token == 0 || m.experts_per_token > m.experts {
+                let reason = format!("{} must be between 1 and num_experts ({})", m.experts_per_token, m.experts);
+                return bad("num_experts_per_tok", reason);
+            }
+            if m.intermediate_size == 0 || m.shared_intermediate_size == Some(0) {
+                return bad("moe_intermediate_size", "expert widths must be > 0".into());
+            }
+            if let Some(l) = m.dense_layers.iter().find(|&&l| l >= self.num_hidden_layers) {
+                return bad("mlp_only_layers", format!("layer {l} is beyond num_hidden_layers"));
+            }
         }
         let vocab = self.vocab_size;
         for (field, id) in self
@@ -277,6 +316,43 @@ impl Fields<'_> {
                 None => format!("`{name}` is not a family llaisys serves ({})", arch::names()),
             },
         })
+    }
+
+    /// A MoE family's experts: `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
+    /// `norm_topk_prob`, the shared expert's width, and the dense layers (`mlp_only_layers`,
+    /// and those `decoder_sparse_step` skips).
+    fn moe(&self, arch: &Architecture) -> Result<Option<MoeConfig>, LoadError> {
+        let Some(experts) = &arch.experts else { return Ok(None) };
+        let layers = self.usize("num_hidden_layers")?;
+        let step = self.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+        if step == 0 {
+            return Err(LoadError::Config { field: "decoder_sparse_step".into(), reason: "must be > 0".into() });
+        }
+        let listed: Vec<usize> = match self.get("mlp_only_layers") {
+            None => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_u64().map(|l| l as usize).ok_or_else(|| Self::err("mlp_only_layers", "layer indices", v)))
+                .collect::<Result<_, _>>()?,
+            Some(other) => return Err(Self::err("mlp_only_layers", "a list of layer indices", other)),
+        };
+        let dense_layers = (0..layers).filter(|l| listed.contains(l) || !(l + 1).is_multiple_of(step)).collect();
+        let dense_layers = if listed.iter().any(|&l| l >= layers) { listed } else { dense_layers };
+        Ok(Some(MoeConfig {
+            // transformers ≥ 5 writes `num_local_experts`, the Hub's checkpoints `num_experts`.
+            experts: match self.opt_usize("num_local_experts")? {
+                Some(n) => n,
+                None => self.usize("num_experts")?,
+            },
+            experts_per_token: self.usize("num_experts_per_tok")?,
+            intermediate_size: self.usize("moe_intermediate_size")?,
+            norm_topk_prob: self.opt_bool("norm_topk_prob")?.unwrap_or(false),
+            shared_intermediate_size: match experts.shared_expert {
+                true => Some(self.usize("shared_expert_intermediate_size")?),
+                false => None,
+            },
+            dense_layers,
+        }))
     }
 
     /// Options of these families that the decoder does not implement, refused by name.
@@ -528,11 +604,44 @@ mod tests {
     }
 
     #[test]
+    fn moe_families_read_their_experts_and_dense_layers() {
+        let mut v: Value = serde_json::from_str(TINY).unwrap();
+        v["model_type"] = "qwen3_moe".into();
+        v["num_experts"] = 8.into();
+        v["num_experts_per_tok"] = 2.into();
+        v["moe_intermediate_size"] = 32.into();
+        v["norm_topk_prob"] = true.into();
+        v["mlp_only_layers"] = serde_json::json!([1]);
+        let c = ModelConfig::from_json_str(&v.to_string()).unwrap();
+        let m = c.moe.clone().unwrap();
+        assert_eq!((m.experts, m.experts_per_token, m.intermediate_size, m.shared_intermediate_size), (8, 2, 32, None));
+        assert!(m.norm_topk_prob && c.is_moe_layer(0) && !c.is_moe_layer(1));
+        v["num_experts_per_tok"] = 9.into();
+        assert_eq!(field_of(ModelConfig::from_json_str(&v.to_string()).unwrap_err()), "num_experts_per_tok");
+        v["num_experts_per_tok"] = 2.into();
+        v["mlp_only_layers"] = serde_json::json!([5]);
+        assert_eq!(field_of(ModelConfig::from_json_str(&v.to_string()).unwrap_err()), "mlp_only_layers");
+        // Qwen2-MoE: a shared expert, q/k/v biases unless qkv_bias is false, every other layer
+        // sparse with decoder_sparse_step 2.
+        v["model_type"] = "qwen2_moe".into();
+        v["mlp_only_layers"] = serde_json::json!([]);
+        v["decoder_sparse_step"] = 2.into();
+        assert_eq!(
+            field_of(ModelConfig::from_json_str(&v.to_string()).unwrap_err()),
+            "shared_expert_intermediate_size"
+        );
+        v["shared_expert_intermediate_size"] = 48.into();
+        let c = ModelConfig::from_json_str(&v.to_string()).unwrap();
+        assert_eq!(c.moe.as_ref().unwrap().shared_intermediate_size, Some(48));
+        assert!(c.qkv_bias && !c.is_moe_layer(0) && c.is_moe_layer(1));
+    }
+
+    #[test]
     fn unsupported_families_and_features_are_named() {
-        let err = ModelConfig::from_json_str(&with("model_type", r#""qwen3_moe""#)).unwrap_err();
-        assert!(err.to_string().contains("mixture-of-experts"), "{err}");
+        let err = ModelConfig::from_json_str(&with("model_type", r#""deepseek_v3""#)).unwrap_err();
+        assert!(err.to_string().contains("latent attention"), "{err}");
         let err = ModelConfig::from_json_str(&with("model_type", r#""bert""#)).unwrap_err();
-        assert!(err.to_string().contains("qwen2, qwen3, llama"), "{err}");
+        assert!(err.to_string().contains("qwen2, qwen3, llama, qwen2_moe, qwen3_moe"), "{err}");
         for (field, value) in [("mlp_bias", "true"), ("use_sliding_window", "true"), ("hidden_act", r#""gelu""#)] {
             let err = ModelConfig::from_json_str(&with(field, value)).unwrap_err();
             assert_eq!(field_of(err), field);

@@ -31,6 +31,8 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ModelType { name: "qwen2", load: decoder::load, info: decoder::info },
     ModelType { name: "qwen3", load: decoder::load, info: decoder::info },
     ModelType { name: "llama", load: decoder::load, info: decoder::info },
+    ModelType { name: "qwen2_moe", load: decoder::load, info: decoder::info },
+    ModelType { name: "qwen3_moe", load: decoder::load, info: decoder::info },
     ModelType { name: "mock", load: mock::load, info: mock::info },
 ];
 
@@ -58,6 +60,8 @@ fn model_type_of(model_type: Option<&str>, source: Option<&ModelSource>) -> Resu
             return Err(LoadError::NeedsDirectory { model_type: "(unspecified)" });
         }
     };
+    // A GGUF architecture may be spelled otherwise than the family's name (`qwen3moe`).
+    let name = crate::arch::find(&name).map_or(name, |a| a.name.to_string());
     let known = || MODEL_TYPES.iter().map(|t| t.name).collect::<Vec<_>>().join(", ");
     MODEL_TYPES.iter().find(|t| t.name == name).ok_or_else(|| match crate::arch::unsupported(&name) {
         Some(needs) => LoadError::UnsupportedArchitecture { name: name.clone(), needs, known: known() },

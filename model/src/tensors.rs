@@ -202,6 +202,60 @@ pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device:
     Ok(weight)
 }
 
+/// Loads the experts of 3-D tensor `name` ([experts, out, in], a GGUF file's `ffn_*_exps`), each
+/// a matrix kept as `storage` (quantized experts stay in their format, sliced from the blocks).
+pub fn load_experts(
+    src: &dyn TensorSource,
+    name: &str,
+    storage: Storage,
+    device: &Device,
+) -> Result<Vec<Weight>, LoadError> {
+    let shape = src.shape(name).ok_or_else(|| LoadError::MissingTensors(vec![name.into()]))?;
+    let [experts, rows, k] = shape[..] else {
+        return Err(LoadError::Tensor {
+            name: name.into(),
+            reason: format!("expected [experts, out, in], found {shape:?}"),
+        });
+    };
+    let packing = |e: crate::quant::PackError| LoadError::Tensor { name: name.into(), reason: e.to_string() };
+    let split = |bytes: &[u8]| -> Vec<Vec<u8>> {
+        let per = bytes.len() / experts.max(1);
+        bytes.chunks_exact(per.max(1)).take(experts).map(<[u8]>::to_vec).collect()
+    };
+    let weights = match storage {
+        Storage::Dense(dtype) => {
+            let data = src.data(name, dtype)?;
+            split(data.as_bytes())
+                .into_iter()
+                .map(|bytes| {
+                    linear::dense(Tensor::from_data(
+                        TensorData::from_bytes_vec(bytes, [rows, k], dtype),
+                        (device, dtype),
+                    ))
+                })
+                .collect()
+        }
+        Storage::Packed(q) => match src.blocks(name) {
+            Some((stored, bytes)) if stored == q => split(&bytes)
+                .iter()
+                .map(|b| Ok(linear::packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, b).map_err(packing)?))))
+                .collect::<Result<Vec<_>, LoadError>>()?,
+            _ => {
+                let values = src
+                    .data(name, DType::F32)?
+                    .try_into_vec::<f32>()
+                    .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?;
+                values
+                    .chunks_exact(rows * k)
+                    .map(|v| Ok(linear::packed(Arc::new(PackedMatrix::quantize(q, rows, k, v).map_err(packing)?))))
+                    .collect::<Result<Vec<_>, LoadError>>()?
+            }
+        },
+    };
+    src.done(name);
+    Ok(weights)
+}
+
 /// Loads tensor `name` as f32 (norm weights, biases).
 pub fn load_f32<const D: usize>(src: &dyn TensorSource, name: &str, device: &Device) -> Result<Tensor<D>, LoadError> {
     let tensor = Tensor::from_data(src.data(name, DType::F32)?, (device, DType::F32));

@@ -126,11 +126,15 @@ fn a_missing_directory_and_an_unknown_model_type_are_errors() {
     let dir = copy_fixture();
     edit_config(dir.path(), "model_type", "bert".into());
     let err = load_err(dir.path());
-    assert!(err.to_string().contains("unknown model type `bert`; known types: qwen2, qwen3, llama, mock"), "{err}");
-    edit_config(dir.path(), "model_type", "qwen3_moe".into());
+    assert!(
+        err.to_string()
+            .contains("unknown model type `bert`; known types: qwen2, qwen3, llama, qwen2_moe, qwen3_moe, mock"),
+        "{err}"
+    );
+    edit_config(dir.path(), "model_type", "deepseek_v3".into());
     let err = load_err(dir.path());
-    assert!(matches!(&err, LoadError::UnsupportedArchitecture { name, .. } if name == "qwen3_moe"), "{err}");
-    assert!(err.to_string().contains("mixture-of-experts"), "{err}");
+    assert!(matches!(&err, LoadError::UnsupportedArchitecture { name, .. } if name == "deepseek_v3"), "{err}");
+    assert!(err.to_string().contains("latent attention"), "{err}");
 }
 
 #[test]

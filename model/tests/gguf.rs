@@ -68,8 +68,13 @@ const CORPUS: &[&str] = &[
 ];
 
 /// Each family's fixture: its Hugging Face directory and its GGUF file.
-const FAMILIES: [(&str, &str); 3] =
-    [("tiny-tied-f32", "tiny-tied-f32"), ("tiny-qwen3-f32", "tiny-qwen3-f32"), ("tiny-llama-f32", "tiny-llama-f32")];
+const FAMILIES: [(&str, &str); 5] = [
+    ("tiny-tied-f32", "tiny-tied-f32"),
+    ("tiny-qwen3-f32", "tiny-qwen3-f32"),
+    ("tiny-llama-f32", "tiny-llama-f32"),
+    ("tiny-qwen3moe-f32", "tiny-qwen3moe-f32"),
+    ("tiny-qwen2moe-f32", "tiny-qwen2moe-f32"),
+];
 
 /// For Qwen2's and Qwen3's pre-tokenizer (`qwen2`) and Llama 3's (`llama-bpe`, with its BOS).
 #[test]
@@ -151,6 +156,7 @@ fn each_familys_config_and_template_come_from_its_file() {
             (hf.head_dim, hf.qkv_bias, hf.o_bias, hf.qk_norm, hf.tie_word_embeddings),
             "{file}"
         );
+        assert_eq!(ours.moe, hf.moe, "{file}: experts");
         match (&ours.rope_scaling, &hf.rope_scaling) {
             (RopeScaling::Factors(f), RopeScaling::Llama3 { .. }) => assert_eq!(f.len(), hf.head_dim / 2),
             (ours, hf) => assert_eq!(ours, hf, "{file}"),
@@ -169,7 +175,7 @@ fn each_familys_config_and_template_come_from_its_file() {
 #[test]
 fn family_ggufs_match_transformers_over_their_weights() {
     let references = gguf_family_references();
-    assert_eq!(references.len(), 4, "two files for each of Qwen3 and Llama");
+    assert_eq!(references.len(), 8, "two files for each of Qwen3, Llama, Qwen3-MoE and Qwen2-MoE");
     for (name, reference) in references {
         let mut dequantized = context(&gguf(&name), WeightDtype::F32);
         let mut quantized = context(&gguf(&name), WeightDtype::Auto);
@@ -185,7 +191,14 @@ fn family_ggufs_match_transformers_over_their_weights() {
             let ids: Vec<u32> = p.ids.iter().chain(&p.greedy).copied().collect();
             let errors = row_errors(&mut quantized, &mut dequantized, &ids);
             let worst = errors.iter().fold(0.0f32, |m, e| m.max(*e));
-            assert!(worst < 0.08 && mean(&errors) < 0.05, "{name} prompt {s} kept quantized: {errors:?}");
+            // With experts, int8 activations may flip a token's choice between two near-tied
+            // experts: a jump at that position (up to 51% of the range measured on tiny-qwen3moe,
+            // whose 8 random experts are often near-tied) that attention carries a little into
+            // the next ones; at most one position in eight, and the mean stays as low.
+            let flips = errors.iter().filter(|&&e| e >= 0.08).count();
+            let (allowed, bound) = if name.contains("moe") { (errors.len() / 8, 1.0) } else { (0, 0.08) };
+            assert!(flips <= allowed && worst < bound, "{name} prompt {s} kept quantized: {errors:?}");
+            assert!(mean(&errors) < 0.05, "{name} prompt {s} kept quantized: {errors:?}");
         }
     }
 }
@@ -316,10 +329,10 @@ fn load_error(path: &std::path::Path) -> String {
 fn unsupported_types_and_architectures_are_named() {
     let err = load_error(&gguf_fixture("unsupported-type"));
     assert!(err.contains("blk.0.attn_q.weight") && err.contains("IQ4_NL"), "{err}");
-    let err = load_error(&gguf_fixture("qwen3moe-arch"));
-    assert!(err.contains("`qwen3moe`") && err.contains("mixture-of-experts") && err.contains("qwen3"), "{err}");
+    let err = load_error(&gguf_fixture("deepseek2-arch"));
+    assert!(err.contains("`deepseek2`") && err.contains("latent attention") && err.contains("qwen3_moe"), "{err}");
     let err = load_error(&gguf_fixture("unknown-arch"));
-    assert!(err.contains("unknown model type `rwkv7`") && err.contains("qwen2, qwen3, llama"), "{err}");
+    assert!(err.contains("unknown model type `rwkv7`") && err.contains("qwen2, qwen3, llama, qwen2_moe"), "{err}");
 }
 
 #[test]

@@ -8,7 +8,15 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 5] = ["tiny-tied-f32", "tiny-untied-f32", "tiny-bf16", "tiny-qwen3-f32", "tiny-llama-f32"];
+pub const FIXTURES: [&str; 7] = [
+    "tiny-tied-f32",
+    "tiny-untied-f32",
+    "tiny-bf16",
+    "tiny-qwen3-f32",
+    "tiny-llama-f32",
+    "tiny-qwen3moe-f32",
+    "tiny-qwen2moe-f32",
+];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,
 /// else `cpu`. `scripts/test-wgpu.sh` sets `gl` (Mesa's llvmpipe) in a build with the `wgpu`

@@ -471,7 +471,7 @@ async fn gguf_files_serve_with_their_own_tokenizer_and_template() {
     }
 }
 
-/// Qwen3 and Llama 3 through the server as directories and GGUF files: a text prompt (Llama's
+/// Qwen3, Llama 3 and the MoE families through the server as directories and GGUF files: a text prompt (Llama's
 /// with its BOS) continues as transformers' greedy tokens, the three prompts at once (batched)
 /// and again (their prefixes cached) and with speculation on; a chat renders the family's own
 /// template and ends on its end-of-turn token.
@@ -482,6 +482,8 @@ async fn qwen3_and_llama_serve_like_transformers_batched_cached_and_speculative(
         ("tiny-llama-f32", fixture_dir("tiny-llama-f32")),
         ("tiny-qwen3-f32", gguf_fixture("tiny-qwen3-f32")),
         ("tiny-llama-f32", gguf_fixture("tiny-llama-f32")),
+        ("tiny-qwen3moe-f32", fixture_dir("tiny-qwen3moe-f32")),
+        ("tiny-qwen2moe-f32", gguf_fixture("tiny-qwen2moe-f32")),
     ] {
         let s = server_for(&path, &[("speculative.ngram_min", "1")]).await;
         let name = path.file_stem().unwrap().to_string_lossy().to_string();

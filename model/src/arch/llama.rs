@@ -9,11 +9,12 @@ pub const LLAMA: Architecture = Architecture {
     name: "llama",
     gguf: "llama",
     hf_class: "LlamaForCausalLM",
-    qkv_bias: Bias::Config,
+    qkv_bias: Bias::Config { field: "attention_bias", default: false },
     o_bias_with_qkv: true,
     qk_norm: false,
     default_head_dim: None,
     gguf_pre: &["llama-bpe"],
     gguf_qk_interleaved: true,
     end_of_generation: &["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
+    experts: None,
 };

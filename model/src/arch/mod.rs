@@ -6,7 +6,9 @@
 
 mod llama;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
+mod qwen3moe;
 
 /// A decoder-only family the shared decoder serves.
 #[derive(Debug, PartialEq)]
@@ -34,6 +36,18 @@ pub struct Architecture {
     /// Control tokens that end a generation in its chat formats, by text (GGUF files list only
     /// one eos id; llama.cpp matches these the same way).
     pub end_of_generation: &'static [&'static str],
+    /// Its feed-forward blocks are mixtures of experts (`None`: dense SwiGLU).
+    pub experts: Option<Experts>,
+}
+
+/// How a family's mixture-of-experts blocks differ.
+#[derive(Debug, PartialEq)]
+pub struct Experts {
+    /// Every MoE block also has a shared expert, gated by a sigmoid (Qwen2-MoE).
+    pub shared_expert: bool,
+    /// Whether a GGUF file's top-k weights are renormalised to sum to 1 (GGUF files do not
+    /// say; llama.cpp decides by architecture).
+    pub gguf_norm_topk_prob: bool,
 }
 
 /// Where q, k and v biases come from.
@@ -41,21 +55,18 @@ pub struct Architecture {
 pub enum Bias {
     /// Always there (Qwen2's config has no field for it).
     Always,
-    /// As `attention_bias` says, absent when it is missing.
-    Config,
+    /// As config field `field` says, `default` when it is missing.
+    Config { field: &'static str, default: bool },
 }
 
 /// Every family the decoder serves.
-pub const ARCHITECTURES: &[&Architecture] = &[&qwen2::QWEN2, &qwen3::QWEN3, &llama::LLAMA];
+pub const ARCHITECTURES: &[&Architecture] =
+    &[&qwen2::QWEN2, &qwen3::QWEN3, &llama::LLAMA, &qwen2moe::QWEN2_MOE, &qwen3moe::QWEN3_MOE];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
 /// they would need.
 pub const UNSUPPORTED: &[(&str, &str)] = &[
-    ("qwen2_moe", "a mixture-of-experts feed-forward"),
-    ("qwen2moe", "a mixture-of-experts feed-forward"),
-    ("qwen3_moe", "a mixture-of-experts feed-forward"),
-    ("qwen3moe", "a mixture-of-experts feed-forward"),
-    ("mixtral", "a mixture-of-experts feed-forward"),
+    ("mixtral", "Mixtral's sliding-window attention and expert layout"),
     ("deepseek_v2", "multi-head latent attention and experts"),
     ("deepseek_v3", "multi-head latent attention and experts"),
     ("deepseek2", "multi-head latent attention and experts"),
@@ -98,6 +109,7 @@ mod tests {
             }
         }
         assert_eq!(find("qwen3").map(|a| a.name), Some("qwen3"));
-        assert!(find("qwen3moe").is_none() && unsupported("qwen3moe").is_some());
+        assert!(find("deepseek2").is_none() && unsupported("deepseek2").is_some());
+        assert_eq!(find("qwen3moe").map(|a| a.name), Some("qwen3_moe"));
     }
 }

@@ -15,4 +15,5 @@ pub const QWEN2: Architecture = Architecture {
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜>"],
+    experts: None,
 };

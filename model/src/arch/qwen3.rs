@@ -8,11 +8,12 @@ pub const QWEN3: Architecture = Architecture {
     name: "qwen3",
     gguf: "qwen3",
     hf_class: "Qwen3ForCausalLM",
-    qkv_bias: Bias::Config,
+    qkv_bias: Bias::Config { field: "attention_bias", default: false },
     o_bias_with_qkv: true,
     qk_norm: true,
     default_head_dim: Some(128),
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
+    experts: None,
 };

@@ -16,7 +16,7 @@ use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
-use crate::layers::{Linear, RmsNorm, Rope, attention, swiglu};
+use crate::layers::{Linear, RmsNorm, Rope, attention};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
@@ -143,6 +143,10 @@ impl LanguageModel for Decoder {
 
     fn replace_weight(&mut self, name: &str, data: TensorData) -> Result<(), LoadError> {
         let (slot, layer) = weights::slot_of(&self.config, name).ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
+        if weights::MOE_SLOTS.iter().any(|(s, _, _)| *s == slot) {
+            let reason = "the weights of a mixture of experts are not replaced in place".into();
+            return Err(LoadError::Tensor { name: name.into(), reason });
+        }
         weights::check_one(&self.config, slot, layer, data.shape().as_slice())?;
         if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
             let dtype = format!("{:?}", data.dtype());
@@ -195,8 +199,7 @@ impl Decoder {
                 }
             };
             x = x + w.o.forward(a);
-            let mlp = w.down.forward(swiglu(w.gate_up.forward(w.mlp_norm.forward(x.clone()))));
-            x = x + mlp;
+            x = x.clone() + w.ffn.forward(w.mlp_norm.forward(x));
         }
         if batch.out_rows.len() < n {
             let rows: Vec<i64> = batch.out_rows.iter().map(|&r| r as i64).collect();

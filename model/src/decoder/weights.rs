@@ -1,6 +1,7 @@
 //! The decoder's weight slots: one declarative table from checkpoint names (Hugging Face's and
 //! GGUF's, the same for every served family) to slots, which of them a config calls for (biases,
-//! q/k norms), the expected shape of each, and their loading and validation.
+//! q/k norms, dense or mixture-of-experts feed-forwards), the expected shape of each, and their
+//! loading and validation.
 
 use std::ops::Range;
 
@@ -8,8 +9,8 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use crate::config::ModelConfig;
 use crate::error::LoadError;
-use crate::layers::{Linear, RmsNorm, Weight, linear};
-use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_f32, load_matrix};
+use crate::layers::{Expert, Linear, Moe, RmsNorm, SharedExpert, Weight, linear};
+use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
 /// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`, and the
 /// slots later families add).
@@ -33,6 +34,18 @@ pub enum Slot {
     MlpGate,
     MlpUp,
     MlpDown,
+    /// A MoE block's router: [experts, hidden].
+    MoeRouter,
+    /// Each expert's matrices (one per expert in a Hugging Face checkpoint, one 3-D tensor of
+    /// all experts in a GGUF file).
+    ExpertGate,
+    ExpertUp,
+    ExpertDown,
+    /// The shared expert (Qwen2-MoE) and its sigmoid gate.
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    SharedRouter,
 }
 
 /// Model-level slots and their names: Hugging Face's, then GGUF's.
@@ -61,6 +74,19 @@ pub const LAYER_SLOTS: [(Slot, &str, &str); 15] = [
     (Slot::MlpDown, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
+/// Mixture-of-experts slots under a layer: Hugging Face's names (`{e}`: the expert's index), then
+/// GGUF's.
+pub const MOE_SLOTS: [(Slot, &str, &str); 8] = [
+    (Slot::MoeRouter, "mlp.gate.weight", "ffn_gate_inp.weight"),
+    (Slot::ExpertGate, "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
+    (Slot::ExpertUp, "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
+    (Slot::ExpertDown, "mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
+    (Slot::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+    (Slot::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+    (Slot::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+    (Slot::SharedRouter, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+];
+
 impl Slot {
     pub fn label(self) -> &'static str {
         match self {
@@ -82,6 +108,14 @@ impl Slot {
             Slot::MlpGate => "mlp_gate_w",
             Slot::MlpUp => "mlp_up_w",
             Slot::MlpDown => "mlp_down_w",
+            Slot::MoeRouter => "moe_router_w",
+            Slot::ExpertGate => "expert_gate_w",
+            Slot::ExpertUp => "expert_up_w",
+            Slot::ExpertDown => "expert_down_w",
+            Slot::SharedGate => "shared_gate_w",
+            Slot::SharedUp => "shared_up_w",
+            Slot::SharedDown => "shared_down_w",
+            Slot::SharedRouter => "shared_router_w",
         }
     }
 
@@ -92,7 +126,32 @@ impl Slot {
             Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias => c.qkv_bias,
             Slot::AttnOBias => c.o_bias,
             Slot::AttnQNorm | Slot::AttnKNorm => c.qk_norm,
+            Slot::MoeRouter | Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown => c.moe.is_some(),
+            Slot::SharedGate | Slot::SharedUp | Slot::SharedDown | Slot::SharedRouter => {
+                c.moe.as_ref().is_some_and(|m| m.shared_intermediate_size.is_some())
+            }
             _ => true,
+        }
+    }
+
+    /// Whether layer `l` of a model of config `c` has this slot (a MoE layer has no dense
+    /// feed-forward, a dense one no experts).
+    pub fn present_in(self, c: &ModelConfig, l: usize) -> bool {
+        let moe_slot = MOE_SLOTS.iter().any(|(s, _, _)| *s == self);
+        let dense_slot = matches!(self, Slot::MlpGate | Slot::MlpUp | Slot::MlpDown);
+        let moe_layer = c.is_moe_layer(l);
+        self.present(c) && (moe_layer || !moe_slot) && !(dense_slot && moe_layer)
+    }
+
+    /// The shape in checkpoints named `naming`: a GGUF file keeps all experts of a matrix in one
+    /// 3-D tensor, and may store the shared expert's gate as a vector.
+    pub fn shape_in(self, c: &ModelConfig, naming: Naming) -> Vec<usize> {
+        let experts = c.moe.as_ref().map_or(0, |m| m.experts);
+        match (self, naming) {
+            (Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown, Naming::Gguf) => {
+                [vec![experts], self.shape(c)].concat()
+            }
+            _ => self.shape(c),
         }
     }
 
@@ -111,14 +170,28 @@ impl Slot {
             Slot::AttnKBias | Slot::AttnVBias => vec![kv],
             Slot::MlpGate | Slot::MlpUp => vec![i, h],
             Slot::MlpDown => vec![h, i],
+            Slot::MoeRouter => vec![c.moe.as_ref().map_or(0, |m| m.experts), h],
+            Slot::ExpertGate | Slot::ExpertUp => vec![c.moe.as_ref().map_or(0, |m| m.intermediate_size), h],
+            Slot::ExpertDown => vec![h, c.moe.as_ref().map_or(0, |m| m.intermediate_size)],
+            Slot::SharedGate | Slot::SharedUp => vec![shared_width(c), h],
+            Slot::SharedDown => vec![h, shared_width(c)],
+            Slot::SharedRouter => vec![1, h],
         }
     }
 }
 
-/// The name of `slot` (of `layer` for per-layer slots) in `naming`, from the tables above.
+fn shared_width(c: &ModelConfig) -> usize {
+    c.moe.as_ref().and_then(|m| m.shared_intermediate_size).unwrap_or(0)
+}
+
+/// The name of `slot` (of `layer` for per-layer slots) in `naming`, from the tables above (an
+/// expert's Hugging Face name keeps `{e}`: `expert_name` fills it).
 pub fn name_of(slot: Slot, layer: Option<usize>, naming: Naming) -> String {
-    let table: &[(Slot, &str, &str)] = if layer.is_some() { &LAYER_SLOTS } else { &GLOBAL_SLOTS };
-    let (_, hf, gguf) = table.iter().find(|(s, _, _)| *s == slot).copied().unwrap_or((slot, "", ""));
+    let table: Vec<&(Slot, &str, &str)> = match layer {
+        Some(_) => LAYER_SLOTS.iter().chain(&MOE_SLOTS).collect(),
+        None => GLOBAL_SLOTS.iter().collect(),
+    };
+    let (_, hf, gguf) = table.into_iter().find(|(s, _, _)| *s == slot).copied().unwrap_or((slot, "", ""));
     match (layer, naming) {
         (Some(l), Naming::Hf) => format!("model.layers.{l}.{hf}"),
         (Some(l), Naming::Gguf) => format!("blk.{l}.{gguf}"),
@@ -127,17 +200,29 @@ pub fn name_of(slot: Slot, layer: Option<usize>, naming: Naming) -> String {
     }
 }
 
+/// Expert `e`'s Hugging Face name of an expert slot of layer `l`.
+pub fn expert_name(slot: Slot, l: usize, e: usize) -> String {
+    name_of(slot, Some(l), Naming::Hf).replace("{e}", &e.to_string())
+}
+
+fn is_expert(slot: Slot) -> bool {
+    matches!(slot, Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown)
+}
+
 /// Every tensor name the config calls for in `naming`, with its slot and layer.
 pub fn expected(c: &ModelConfig, naming: Naming) -> Vec<(String, Slot, Option<usize>)> {
     let global = GLOBAL_SLOTS
         .iter()
         .filter(|(slot, _, _)| slot.present(c))
         .map(move |(slot, _, _)| (name_of(*slot, None, naming), *slot, None));
+    let experts = c.moe.as_ref().map_or(0, |m| m.experts);
     let layers = (0..c.num_hidden_layers).flat_map(move |l| {
-        LAYER_SLOTS
-            .iter()
-            .filter(|(slot, _, _)| slot.present(c))
-            .map(move |(slot, _, _)| (name_of(*slot, Some(l), naming), *slot, Some(l)))
+        LAYER_SLOTS.iter().chain(&MOE_SLOTS).filter(move |(slot, _, _)| slot.present_in(c, l)).flat_map(
+            move |(slot, _, _)| match (is_expert(*slot), naming) {
+                (true, Naming::Hf) => (0..experts).map(|e| (expert_name(*slot, l, e), *slot, Some(l))).collect(),
+                _ => vec![(name_of(*slot, Some(l), naming), *slot, Some(l))],
+            },
+        )
     });
     global.chain(layers).collect()
 }
@@ -175,7 +260,13 @@ pub fn check(c: &ModelConfig, src: &dyn TensorSource) -> Result<(), LoadError> {
         return Err(LoadError::UnexpectedTensors(unexpected));
     }
     for (name, slot, layer) in &want {
-        check_one(c, *slot, *layer, &src.shape(name).unwrap_or_default())?;
+        let found = src.shape(name).unwrap_or_default();
+        // A GGUF file may store the shared expert's gate as a vector.
+        let vector_gate = *slot == Slot::SharedRouter && found == [c.hidden_size];
+        let expected = slot.shape_in(c, naming);
+        if found != expected && !vector_gate {
+            return Err(LoadError::Shape { slot: slot.label(), layer: *layer, expected, found });
+        }
         if let Some(Err(dtype)) = src.stored(name) {
             return Err(LoadError::Dtype { tensor: name.clone(), slot: slot.label(), layer: *layer, dtype });
         }
@@ -208,9 +299,40 @@ pub struct LayerWeights {
     /// [hidden, heads · head_dim], with its bias if the family has one.
     pub o: Linear,
     pub mlp_norm: RmsNorm,
-    /// gate, up stacked: [2 · intermediate, hidden].
-    pub gate_up: Linear,
-    pub down: Linear,
+    pub ffn: Ffn,
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug, Clone)]
+pub enum Ffn {
+    /// SwiGLU: gate, up stacked ([2 · intermediate, hidden]), then down.
+    Dense(Box<Expert>),
+    Moe(Box<Moe>),
+}
+
+impl Ffn {
+    /// # Shapes
+    /// x: [n, hidden] (normed) → [n, hidden]
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        match self {
+            Ffn::Dense(mlp) => mlp.forward(x),
+            Ffn::Moe(moe) => moe.forward(x),
+        }
+    }
+
+    /// Every matrix it multiplies by.
+    fn matrices(&self) -> Vec<&Weight> {
+        fn expert(e: &Expert) -> [&Weight; 2] {
+            [&e.gate_up.weight, &e.down.weight]
+        }
+        match self {
+            Ffn::Dense(mlp) => expert(mlp).to_vec(),
+            Ffn::Moe(moe) => {
+                let shared = moe.shared.iter().flat_map(|s| expert(&s.expert));
+                moe.experts.iter().flat_map(expert).chain(shared).chain([&moe.router.weight]).collect()
+            }
+        }
+    }
 }
 
 /// The rows of q, k and v in the stacked `qkv` matrix (and its bias), in load order.
@@ -254,12 +376,13 @@ impl Weights {
     ) -> Result<Self, LoadError> {
         let eps = c.rms_norm_eps;
         let naming = src.naming();
-        let mat = |slot: Slot, l: Option<usize>| -> Result<Weight, LoadError> {
-            let name = name_of(slot, l, naming);
-            let stored = src.stored(&name).and_then(Result::ok).unwrap_or(Stored::F32);
-            let k = src.shape(&name).and_then(|s| s.get(1).copied()).unwrap_or(0);
-            load_matrix(src, &name, dtype.storage(&name, stored, k, device)?, device)
+        let storage = |name: &str| {
+            let stored = src.stored(name).and_then(Result::ok).unwrap_or(Stored::F32);
+            let k = src.shape(name).and_then(|s| s.last().copied()).unwrap_or(0);
+            dtype.storage(name, stored, k, device)
         };
+        let named = |name: &str| -> Result<Weight, LoadError> { load_matrix(src, name, storage(name)?, device) };
+        let mat = |slot: Slot, l: Option<usize>| named(&name_of(slot, l, naming));
         let vec = |slot: Slot, l: Option<usize>| load_f32::<1>(src, &name_of(slot, l, naming), device);
         let norm =
             |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> { Ok(RmsNorm { weight: vec(slot, l)?, eps }) };
@@ -273,8 +396,8 @@ impl Weights {
             Ok(Linear { weight: linear::stack(weights), bias: (!biases.is_empty()).then(|| Tensor::cat(biases, 0)) })
         };
         let layers = (0..c.num_hidden_layers)
-            .map(|l| {
-                let l = Some(l);
+            .map(|layer| {
+                let l = Some(layer);
                 Ok(LayerWeights {
                     attn_norm: norm(Slot::AttnNorm, l)?,
                     qkv: stacked(
@@ -288,8 +411,67 @@ impl Weights {
                         .transpose()?,
                     o: linear(Slot::AttnO, Slot::AttnOBias, l)?,
                     mlp_norm: norm(Slot::MlpNorm, l)?,
-                    gate_up: stacked(&[Slot::MlpGate, Slot::MlpUp], &[], l)?,
-                    down: Linear { weight: mat(Slot::MlpDown, l)?, bias: None },
+                    ffn: match c.moe.as_ref().filter(|_| c.is_moe_layer(layer)) {
+                        None => Ffn::Dense(Box::new(Expert {
+                            gate_up: stacked(&[Slot::MlpGate, Slot::MlpUp], &[], l)?,
+                            down: Linear { weight: mat(Slot::MlpDown, l)?, bias: None },
+                        })),
+                        Some(m) => {
+                            let l = layer;
+                            // Each expert's gate, up and down, as stored: one matrix per expert, or
+                            // one 3-D tensor of all of them.
+                            let experts = |slot: Slot| -> Result<Vec<Weight>, LoadError> {
+                                match naming {
+                                    Naming::Hf => (0..m.experts).map(|e| named(&expert_name(slot, l, e))).collect(),
+                                    Naming::Gguf => {
+                                        let name = name_of(slot, Some(l), naming);
+                                        load_experts(src, &name, storage(&name)?, device)
+                                    }
+                                }
+                            };
+                            let (gates, ups, downs) =
+                                (experts(Slot::ExpertGate)?, experts(Slot::ExpertUp)?, experts(Slot::ExpertDown)?);
+                            let experts = gates
+                                .into_iter()
+                                .zip(ups)
+                                .zip(downs)
+                                .map(|((gate, up), down)| Expert {
+                                    gate_up: Linear { weight: linear::stack(vec![gate, up]), bias: None },
+                                    down: Linear { weight: down, bias: None },
+                                })
+                                .collect();
+                            // The routers are small: kept dense in f32 (llama.cpp never quantizes them).
+                            let f32_matrix = |slot: Slot, rows: usize| -> Result<Linear, LoadError> {
+                                let name = name_of(slot, Some(l), naming);
+                                let values = src.data(&name, DType::F32)?.try_into_vec::<f32>().map_err(|e| {
+                                    LoadError::Tensor { name: name.clone(), reason: format!("reading values: {e:?}") }
+                                })?;
+                                src.done(&name);
+                                let data = TensorData::new(values, [rows, c.hidden_size]);
+                                Ok(Linear {
+                                    weight: linear::dense(Tensor::from_data(data, (device, DType::F32))),
+                                    bias: None,
+                                })
+                            };
+                            let shared = match m.shared_intermediate_size {
+                                None => None,
+                                Some(_) => Some(SharedExpert {
+                                    expert: Expert {
+                                        gate_up: stacked(&[Slot::SharedGate, Slot::SharedUp], &[], Some(l))?,
+                                        down: Linear { weight: mat(Slot::SharedDown, Some(l))?, bias: None },
+                                    },
+                                    gate: f32_matrix(Slot::SharedRouter, 1)?,
+                                }),
+                            };
+                            Ffn::Moe(Box::new(Moe {
+                                router: f32_matrix(Slot::MoeRouter, m.experts)?,
+                                experts,
+                                top_k: m.experts_per_token,
+                                norm_topk_prob: m.norm_topk_prob,
+                                shared,
+                            }))
+                        }
+                    },
                 })
             })
             .collect::<Result<Vec<_>, LoadError>>()?;
@@ -304,7 +486,7 @@ impl Weights {
     /// How the matrices are kept, for logs: `bf16`, or `Q5_0+Q8_0 …` by distinct kind.
     pub fn describe(&self) -> String {
         let mut kinds: Vec<String> = Vec::new();
-        let all = self.layers.iter().flat_map(|l| [&l.qkv.weight, &l.o.weight, &l.gate_up.weight, &l.down.weight]);
+        let all = self.layers.iter().flat_map(|l| [&l.qkv.weight, &l.o.weight].into_iter().chain(l.ffn.matrices()));
         for w in std::iter::once(&self.embed).chain(self.lm_head.as_ref()).chain(all) {
             for kind in w.describe().split('+') {
                 if !kinds.iter().any(|k| k == kind) {
@@ -323,8 +505,7 @@ impl Weights {
             .map(|l| {
                 l.qkv.weight.size_bytes()
                     + l.o.weight.size_bytes()
-                    + l.gate_up.weight.size_bytes()
-                    + l.down.weight.size_bytes()
+                    + l.ffn.matrices().iter().map(|w| w.size_bytes()).sum::<usize>()
             })
             .sum();
         layers + self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, |w| w.size_bytes())
@@ -333,7 +514,7 @@ impl Weights {
     /// Puts `data` into `slot` of `layer`, releasing the old tensor (or, for a stacked slot,
     /// overwriting its rows of the stacked matrix). A matrix keeps its kind: dense in its dtype,
     /// or quantized to its format.
-    /// Precondition: the shape was checked against the config.
+    /// Precondition: the shape was checked against the config; not a MoE slot.
     pub fn replace(&mut self, c: &ModelConfig, slot: Slot, layer: Option<usize>, data: TensorData, device: &Device) {
         let vec = || Tensor::<1>::from_data(data.clone(), (device, DType::F32));
         let Some(l) = layer else {
@@ -355,7 +536,9 @@ impl Weights {
                     w.qkv.bias = w.qkv.bias.take().map(|b| b.slice_assign([rows], vec()));
                 }
                 Slot::MlpGate | Slot::MlpUp => {
-                    w.gate_up.weight = linear::replace_rows(&w.gate_up.weight, rows, data, device)
+                    if let Ffn::Dense(mlp) = &mut w.ffn {
+                        mlp.gate_up.weight = linear::replace_rows(&mlp.gate_up.weight, rows, data, device);
+                    }
                 }
                 _ => w.qkv.weight = linear::replace_rows(&w.qkv.weight, rows, data, device),
             }
@@ -371,7 +554,13 @@ impl Weights {
                     norms[usize::from(slot == Slot::AttnKNorm)].weight = vec();
                 }
             }
-            _ => w.down.weight = linear::like(&w.down.weight, data, device),
+            Slot::MlpDown => {
+                if let Ffn::Dense(mlp) = &mut w.ffn {
+                    mlp.down.weight = linear::like(&mlp.down.weight, data, device);
+                }
+            }
+            // Experts are not replaced (`Decoder::replace_weight` refuses them).
+            _ => {}
         }
     }
 }

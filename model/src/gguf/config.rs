@@ -12,7 +12,7 @@ use crate::error::LoadError;
 use crate::tensors::TensorSource;
 
 /// Hugging Face field ← GGUF key under `{arch}.`.
-const FIELDS: [(&str, &str); 9] = [
+const FIELDS: [(&str, &str); 13] = [
     ("hidden_size", "embedding_length"),
     ("num_hidden_layers", "block_count"),
     ("num_attention_heads", "attention.head_count"),
@@ -22,6 +22,10 @@ const FIELDS: [(&str, &str); 9] = [
     ("max_position_embeddings", "context_length"),
     ("rms_norm_eps", "attention.layer_norm_rms_epsilon"),
     ("rope_theta", "rope.freq_base"),
+    ("num_experts", "expert_count"),
+    ("num_experts_per_tok", "expert_used_count"),
+    ("moe_intermediate_size", "expert_feed_forward_length"),
+    ("shared_expert_intermediate_size", "expert_shared_feed_forward_length"),
 ];
 
 /// Rope scaling keys under `{arch}.rope.scaling.`, as `rope_parameters` fields.
@@ -61,7 +65,21 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let embed = file.tensor("token_embd.weight").ok_or_else(|| file.error("no token_embd.weight tensor"))?;
     obj.insert("vocab_size".into(), json!(embed.shape()[0]));
     obj.insert("tie_word_embeddings".into(), json!(file.tensor("output.weight").is_none()));
-    obj.insert("attention_bias".into(), json!(file.tensor("blk.0.attn_q.bias").is_some()));
+    let biased = file.tensor("blk.0.attn_q.bias").is_some();
+    obj.insert("attention_bias".into(), json!(biased));
+    obj.insert("qkv_bias".into(), json!(biased));
+    if let Some(experts) = family.and_then(|f| f.experts.as_ref()) {
+        obj.insert("norm_topk_prob".into(), json!(experts.gguf_norm_topk_prob));
+        // Which layers are MoE is said by their router tensors.
+        let layers = obj.get("num_hidden_layers").and_then(Json::as_u64).unwrap_or(0);
+        let dense: Vec<u64> =
+            (0..layers).filter(|l| file.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_none()).collect();
+        obj.insert("mlp_only_layers".into(), json!(dense));
+        if !obj.contains_key("intermediate_size") {
+            let width = obj.get("moe_intermediate_size").cloned().unwrap_or(json!(0));
+            obj.insert("intermediate_size".into(), width);
+        }
+    }
     if let Some(rope) = rope_parameters(file, &arch)? {
         obj.insert("rope_parameters".into(), rope);
     }

@@ -2,12 +2,14 @@
 
 mod attention;
 pub mod linear;
+mod moe;
 mod rms_norm;
 mod rope;
 mod swiglu;
 
 pub use attention::attention;
 pub use linear::{Linear, LinearWeight, Weight};
+pub use moe::{Expert, Moe, SharedExpert, expert_stats};
 pub use rms_norm::RmsNorm;
 pub use rope::Rope;
 pub use swiglu::swiglu;

@@ -327,6 +327,21 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         kernels.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ")
     );
     report.insert("kernel_calls".into(), serde_json::Value::Object(kernels));
+    // A mixture of experts: tokens routed to each expert (all layers), and expert products run
+    // (each reads its expert's weights once for all the tokens of a pass that chose it).
+    let (routed, products) = llaisys_model::layers::expert_stats();
+    if products > 0 {
+        let tokens: u64 = routed.iter().sum();
+        println!(
+            "experts: {products} expert products for {tokens} routed tokens ({:.2} tokens per expert load); tokens per expert: {}",
+            tokens as f64 / products as f64,
+            routed.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+        );
+        report.insert(
+            "experts".into(),
+            json!({"products": products, "routed_tokens": tokens, "tokens_per_expert": routed}),
+        );
+    }
     let peak = rss_mb("VmHWM:");
     println!(
         "resident memory after load: {}; peak: {}",

@@ -1,0 +1,20 @@
+//! Qwen2-MoE (`Qwen2MoeForCausalLM`, GGUF `qwen2moe`, e.g. Qwen1.5-MoE-A2.7B): Qwen2's
+//! attention (q/k/v biases unless `qkv_bias` is false) with mixture-of-experts blocks: a softmax
+//! router, the top-k experts of each token (not renormalised unless `norm_topk_prob`), and a
+//! shared expert every token passes through, scaled by the sigmoid of its own gate.
+
+use super::{Architecture, Bias, Experts};
+
+pub const QWEN2_MOE: Architecture = Architecture {
+    name: "qwen2_moe",
+    gguf: "qwen2moe",
+    hf_class: "Qwen2MoeForCausalLM",
+    qkv_bias: Bias::Config { field: "qkv_bias", default: true },
+    o_bias_with_qkv: false,
+    qk_norm: false,
+    default_head_dim: None,
+    gguf_pre: &["qwen2"],
+    gguf_qk_interleaved: false,
+    end_of_generation: &["<|im_end|>", "<|endoftext|>"],
+    experts: Some(Experts { shared_expert: true, gguf_norm_topk_prob: false }),
+};

@@ -1,0 +1,20 @@
+//! Qwen3-MoE (`Qwen3MoeForCausalLM`, GGUF `qwen3moe`): Qwen3's attention (q/k norms, its own
+//! head size) with mixture-of-experts feed-forward blocks: a softmax router, the top-k experts
+//! of each token (their weights renormalised where `norm_topk_prob` says; llama.cpp always does
+//! for this architecture), no shared expert. Layers in `mlp_only_layers` keep a dense block.
+
+use super::{Architecture, Bias, Experts};
+
+pub const QWEN3_MOE: Architecture = Architecture {
+    name: "qwen3_moe",
+    gguf: "qwen3moe",
+    hf_class: "Qwen3MoeForCausalLM",
+    qkv_bias: Bias::Config { field: "attention_bias", default: false },
+    o_bias_with_qkv: true,
+    qk_norm: true,
+    default_head_dim: Some(128),
+    gguf_pre: &["qwen2"],
+    gguf_qk_interleaved: false,
+    end_of_generation: &["<|im_end|>", "<|endoftext|>"],
+    experts: Some(Experts { shared_expert: false, gguf_norm_topk_prob: true }),
+};

@@ -1,0 +1,179 @@
+use std::sync::Mutex;
+
+use burn::tensor::{Int, Tensor, TensorData, activation::sigmoid};
+
+use super::{Linear, swiglu};
+
+/// One expert: a SwiGLU feed-forward.
+#[derive(Debug, Clone)]
+pub struct Expert {
+    /// gate, up stacked: [2 · width, hidden].
+    pub gate_up: Linear,
+    /// [hidden, width]
+    pub down: Linear,
+}
+
+impl Expert {
+    /// # Shapes
+    /// x: [m, hidden] → [m, hidden]
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        self.down.forward(swiglu(self.gate_up.forward(x)))
+    }
+}
+
+/// A shared expert every token goes through, scaled by `sigmoid(gate · x)` (Qwen2-MoE).
+#[derive(Debug, Clone)]
+pub struct SharedExpert {
+    pub expert: Expert,
+    /// [1, hidden]
+    pub gate: Linear,
+}
+
+/// A mixture-of-experts feed-forward: a softmax router picks each token's top-k experts, whose
+/// outputs are summed with the router's weights (renormalised to 1 where `norm_topk_prob`).
+/// Tokens are grouped by expert, so each expert's weights are read once per pass for all the
+/// tokens that chose it, not once per token.
+#[derive(Debug, Clone)]
+pub struct Moe {
+    /// [experts, hidden]
+    pub router: Linear,
+    pub experts: Vec<Expert>,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+    pub shared: Option<SharedExpert>,
+}
+
+/// Tokens routed to each expert index since the process started (all MoE layers summed), and
+/// expert products run: how well a pass groups its tokens.
+static ROUTED: Mutex<(Vec<u64>, u64)> = Mutex::new((Vec::new(), 0));
+
+/// Tokens routed to each expert index so far, and the expert products run for them.
+pub fn expert_stats() -> (Vec<u64>, u64) {
+    ROUTED.lock().map(|r| r.clone()).unwrap_or_default()
+}
+
+impl Moe {
+    /// # Shapes
+    /// x: [n, hidden] (normed) → [n, hidden]
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let [n, hidden] = x.dims();
+        let device = x.device();
+        let logits =
+            self.router.forward(x.clone()).into_data().convert::<f32>().try_into_vec::<f32>().unwrap_or_default();
+        let groups = self.route(&logits, n);
+        let mut out = vec![0.0f32; n * hidden];
+        let mut runs = 0;
+        for (expert, rows) in self.experts.iter().zip(&groups) {
+            if rows.is_empty() {
+                continue;
+            }
+            runs += 1;
+            let ids: Vec<i64> = rows.iter().map(|&(row, _)| row as i64).collect();
+            let len = ids.len();
+            let picked = x.clone().select(0, Tensor::<1, Int>::from_data(TensorData::new(ids, [len]), &device));
+            let y = expert.forward(picked).into_data().convert::<f32>().try_into_vec::<f32>().unwrap_or_default();
+            for (&(row, weight), y) in rows.iter().zip(y.chunks_exact(hidden)) {
+                for (o, v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(y) {
+                    *o += weight * v;
+                }
+            }
+        }
+        if let Ok(mut routed) = ROUTED.lock() {
+            let (tokens, products) = &mut *routed;
+            tokens.resize(tokens.len().max(groups.len()), 0);
+            for (count, rows) in tokens.iter_mut().zip(&groups) {
+                *count += rows.len() as u64;
+            }
+            *products += runs;
+        }
+        let routed = Tensor::<2>::from_data(TensorData::new(out, [n, hidden]), &device);
+        match &self.shared {
+            None => routed,
+            Some(shared) => routed + shared.expert.forward(x.clone()) * sigmoid(shared.gate.forward(x)),
+        }
+    }
+
+    /// Each expert's tokens (row, weight): the top-k of each row's softmax over `logits`
+    /// ([n, experts] row-major), renormalised where the config says.
+    fn route(&self, logits: &[f32], n: usize) -> Vec<Vec<(usize, f32)>> {
+        let experts = self.experts.len();
+        let mut groups: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts];
+        for (row, logits) in logits.chunks_exact(experts).take(n).enumerate() {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+            let sum: f32 = exp.iter().sum();
+            let mut order: Vec<usize> = (0..experts).collect();
+            // Highest probability first; the lower index first on a tie, as torch.topk.
+            order.sort_by(|&a, &b| exp[b].total_cmp(&exp[a]).then(a.cmp(&b)));
+            let top = &order[..self.top_k.min(experts)];
+            let picked: f32 = top.iter().map(|&e| exp[e] / sum).sum();
+            for &e in top {
+                let p = exp[e] / sum;
+                groups[e].push((row, if self.norm_topk_prob { p / picked } else { p }));
+            }
+        }
+        groups
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::linear;
+    use burn::tensor::Device;
+
+    fn matrix(rows: usize, cols: usize, seed: u32) -> Linear {
+        let values = crate::kernels::test_values(rows * cols, seed);
+        let w = Tensor::<2>::from_data(TensorData::new(values, [rows, cols]), &Device::flex());
+        Linear { weight: linear::dense(w), bias: None }
+    }
+
+    /// The grouped pass equals each token run alone through its top-k experts by hand.
+    #[test]
+    fn grouped_experts_equal_a_per_token_reference() {
+        let (hidden, width, experts, n) = (8, 6, 5, 7);
+        let expert =
+            |e: u32| Expert { gate_up: matrix(2 * width, hidden, 10 + e), down: matrix(hidden, width, 20 + e) };
+        for (norm, shared) in [(true, false), (false, true)] {
+            let moe = Moe {
+                router: matrix(experts, hidden, 3),
+                experts: (0..experts as u32).map(expert).collect(),
+                top_k: 2,
+                norm_topk_prob: norm,
+                shared: shared.then(|| SharedExpert { expert: expert(99), gate: matrix(1, hidden, 7) }),
+            };
+            let values: Vec<f32> = crate::kernels::test_values(n * hidden, 5).iter().map(|v| v * 2.0).collect();
+            let x = Tensor::<2>::from_data(TensorData::new(values.clone(), [n, hidden]), &Device::flex());
+            let got = moe.forward(x).into_data().try_into_vec::<f32>().unwrap();
+            let mut chosen = std::collections::BTreeSet::new();
+            for row in 0..n {
+                let x = Tensor::<2>::from_data(
+                    TensorData::new(values[row * hidden..(row + 1) * hidden].to_vec(), [1, hidden]),
+                    &Device::flex(),
+                );
+                let logits = moe.router.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap();
+                let sum: f32 = logits.iter().map(|l| l.exp()).sum();
+                let mut order: Vec<usize> = (0..experts).collect();
+                order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+                let top: f32 = order[..2].iter().map(|&e| logits[e].exp() / sum).sum();
+                let mut want = vec![0.0f32; hidden];
+                for &e in &order[..2] {
+                    chosen.insert(e);
+                    let p = logits[e].exp() / sum;
+                    let w = if norm { p / top } else { p };
+                    let y = moe.experts[e].forward(x.clone()).into_data().try_into_vec::<f32>().unwrap();
+                    want.iter_mut().zip(&y).for_each(|(o, y)| *o += w * y);
+                }
+                if let Some(s) = &moe.shared {
+                    let g = s.gate.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap()[0];
+                    let y = s.expert.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap();
+                    want.iter_mut().zip(&y).for_each(|(o, y)| *o += y / (1.0 + (-g).exp()));
+                }
+                for (i, (g, w)) in got[row * hidden..(row + 1) * hidden].iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() < 1e-5 * w.abs().max(1.0), "row {row} dim {i}: {g} vs {w}");
+                }
+            }
+            assert!(chosen.len() > 2, "the tokens chose different experts: {chosen:?}");
+        }
+    }
+}
