@@ -16,7 +16,7 @@ use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
-use crate::layers::{Linear, RmsNorm, Rope, attention};
+use crate::layers::{Linear, Rope, attention};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
@@ -179,11 +179,8 @@ impl Decoder {
             if abort() {
                 return Err(DecodeError::Aborted);
             }
-            let mut qkv = w.qkv.forward(w.attn_norm.forward(x.clone())); // [n, (heads + 2 · kv_heads) · hd]
-            if let Some([q_norm, k_norm]) = &w.qk_norm {
-                qkv = RmsNorm::forward_heads(qkv, [(q_norm, q_rows.clone()), (k_norm, k_rows.clone())], hd);
-            }
-            let qkv = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables);
+            let qkv = w.qkv.forward(w.attn_norm.forward(x.clone())); // [n, (heads + 2 · kv_heads) · hd]
+            let qkv = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());
             let part = |rows: &Range<usize>| qkv.clone().narrow(1, rows.start, rows.len());
             let q = part(&q_rows).reshape([n, heads, hd]);
             let k = part(&k_rows).reshape([n, kv_heads, hd]);

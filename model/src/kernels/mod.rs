@@ -186,7 +186,9 @@ pub fn rms_norm(x: &Tensor<2>, w: &Tensor<1>, eps: f64) -> Option<Tensor<2>> {
 }
 
 /// The rotary embedding of the heads of q (columns `q`) and k (columns `k`) of the stacked
-/// q/k/v projection, on the Flex backend; `cos`, `sin`: [n, d/2] each token's angles.
+/// q/k/v projection, on the Flex backend; `cos`, `sin`: [n, d/2] each token's angles. With
+/// `norms` (q's and k's \[d\] weights, epsilon), each head is RMS-normalised first, in the
+/// same pass.
 ///
 /// # Shapes
 /// qkv: [n, width] f32 → [n, width] f32, v's columns unchanged
@@ -195,8 +197,8 @@ pub fn rope_qk(
     q: Range<usize>,
     k: Range<usize>,
     d: usize,
-    cos: &[f32],
-    sin: &[f32],
+    (cos, sin): (&[f32], &[f32]),
+    norms: Option<([&Tensor<1>; 2], f64)>,
 ) -> Option<Tensor<2>> {
     let [n, width] = qkv.dims();
     if qkv.dtype() != DType::F32 {
@@ -204,7 +206,22 @@ pub fn rope_qk(
     }
     let device = qkv.device();
     let x = contiguous(qkv)?;
-    let out = norm_rope::rope_qk(x.as_slice::<f32>()?, width, q, k, d, cos, sin);
+    let weights = match norms {
+        Some(([wq, wk], eps))
+            if [wq.dtype(), wk.dtype()] == [DType::F32; 2] && wq.dims() == [d] && wk.dims() == [d] =>
+        {
+            Some((contiguous(wq)?, contiguous(wk)?, eps as f32))
+        }
+        Some(_) => return None,
+        None => None,
+    };
+    let norms = match &weights {
+        Some((wq, wk, eps)) => {
+            Some(norm_rope::HeadNorms { weights: [wq.as_slice::<f32>()?, wk.as_slice::<f32>()?], eps: *eps })
+        }
+        None => None,
+    };
+    let out = norm_rope::rope_qk(x.as_slice::<f32>()?, width, q, k, d, (cos, sin), norms);
     Some(Tensor::from_data(TensorData::new(out, [n, width]), &device))
 }
 

@@ -57,6 +57,7 @@ impl pulp::NullaryFnOnce for SumSquares<'_> {
 /// The stacked q/k/v projection's output with the heads of q (columns `q`) and of k (columns
 /// `k`) rotated (Hugging Face's rotate-half layout: dimension i pairs with i + d/2) and v as it
 /// was. `cos` and `sin` are [n, d/2]: each token's angles.
+/// With `norms`, each head of q and of k is RMS-normalised by its weights first (Qwen3).
 ///
 /// # Shapes
 /// qkv: [n, width] → [n, width]
@@ -66,8 +67,8 @@ pub fn rope_qk(
     q: std::ops::Range<usize>,
     k: std::ops::Range<usize>,
     d: usize,
-    cos: &[f32],
-    sin: &[f32],
+    (cos, sin): (&[f32], &[f32]),
+    norms: Option<HeadNorms<'_>>,
 ) -> Vec<f32> {
     let half = d / 2;
     let n = cos.len() / half.max(1);
@@ -81,8 +82,12 @@ pub fn rope_qk(
         for (r, row) in rows.chunks_mut(width).enumerate() {
             let t = task * ROWS_PER_TASK + r;
             let (cos, sin) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-            for cols in [q.clone(), k.clone()] {
+            for (part, cols) in [q.clone(), k.clone()].into_iter().enumerate() {
                 for head in row[cols].chunks_mut(d) {
+                    if let Some(HeadNorms { weights, eps }) = norms {
+                        let scale = 1.0 / (head.iter().map(|v| v * v).sum::<f32>() / d as f32 + eps).sqrt();
+                        head.iter_mut().zip(weights[part]).for_each(|(x, w)| *x = *x * scale * w);
+                    }
                     let (x1, x2) = head.split_at_mut(half);
                     for i in 0..half {
                         let (a, b) = (x1[i], x2[i]);
@@ -94,6 +99,13 @@ pub fn rope_qk(
         }
     });
     out
+}
+
+/// Per-head RMSNorms of q and k before the rotation: their weights (\[d\] each) and epsilon.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadNorms<'a> {
+    pub weights: [&'a [f32]; 2],
+    pub eps: f32,
 }
 
 #[cfg(test)]
@@ -127,7 +139,7 @@ mod tests {
         let qkv = test_values(n * width, 4);
         let angles: Vec<f32> = (0..n * d / 2).map(|i| i as f32 * 0.3).collect();
         let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| (a.cos(), a.sin())).unzip();
-        let out = rope_qk(&qkv, width, 0..heads * d, heads * d..(heads + kv) * d, d, &cos, &sin);
+        let out = rope_qk(&qkv, width, 0..heads * d, heads * d..(heads + kv) * d, d, (&cos, &sin), None);
         for t in 0..n {
             for c in 0..width {
                 let (head_c, i) = (c / d, c % d);
@@ -141,6 +153,32 @@ mod tests {
                 };
                 assert!((out[t * width + c] - want).abs() < 1e-6, "token {t} column {c}");
             }
+        }
+    }
+
+    /// With per-head norms, the pass equals normalising each head of q and k, then rotating.
+    #[test]
+    fn head_norms_then_rope_in_one_pass() {
+        let (n, d, heads, kv) = (2, 8, 2, 1);
+        let width = (heads + 2 * kv) * d;
+        let qkv: Vec<f32> = test_values(n * width, 6).iter().map(|v| v * 3.0).collect();
+        let (cos, sin): (Vec<f32>, Vec<f32>) = (0..n * d / 2).map(|i| ((i as f32).cos(), (i as f32).sin())).unzip();
+        let (wq, wk) = (test_values(d, 7), test_values(d, 8));
+        let (q, k) = (0..heads * d, heads * d..(heads + kv) * d);
+        let norms = HeadNorms { weights: [&wq, &wk], eps: 1e-6 };
+        let got = rope_qk(&qkv, width, q.clone(), k.clone(), d, (&cos, &sin), Some(norms));
+        let mut normed = qkv.clone();
+        for row in normed.chunks_mut(width) {
+            for (cols, w) in [(q.clone(), &wq), (k.clone(), &wk)] {
+                for head in row[cols].chunks_mut(d) {
+                    let scale = 1.0 / (head.iter().map(|v| v * v).sum::<f32>() / d as f32 + 1e-6).sqrt();
+                    head.iter_mut().zip(w.iter()).for_each(|(x, w)| *x = *x * scale * w);
+                }
+            }
+        }
+        let want = rope_qk(&normed, width, q, k, d, (&cos, &sin), None);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() < 1e-5, "{i}: {g} vs {w}");
         }
     }
 }

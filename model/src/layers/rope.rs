@@ -3,6 +3,7 @@ use std::ops::Range;
 
 use burn::tensor::{Device, Tensor, TensorData};
 
+use super::RmsNorm;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::kv::Pos;
 
@@ -128,15 +129,27 @@ impl Rope {
     }
 
     /// The stacked q/k/v projection's output with q's heads (columns `q`) and k's (columns `k`)
-    /// rotated, v's columns as they were.
+    /// rotated, v's columns as they were; with `norms`, q's and k's heads RMS-normalised by
+    /// them first (Qwen3), in the same pass where the CPU kernel runs.
     ///
     /// # Shapes
     /// qkv: [n, width] → [n, width]; tables for the same n tokens.
-    pub fn apply_qk(qkv: Tensor<2>, q: Range<usize>, k: Range<usize>, t: &RopeTables) -> Tensor<2> {
+    pub fn apply_qk(
+        qkv: Tensor<2>,
+        q: Range<usize>,
+        k: Range<usize>,
+        t: &RopeTables,
+        norms: Option<&[RmsNorm; 2]>,
+    ) -> Tensor<2> {
         let d = 2 * t.shape[2];
-        if let Some(y) = crate::kernels::rope_qk(&qkv, q.clone(), k.clone(), d, &t.cos, &t.sin) {
+        let weights = norms.map(|[nq, nk]| ([&nq.weight, &nk.weight], nq.eps));
+        if let Some(y) = crate::kernels::rope_qk(&qkv, q.clone(), k.clone(), d, (&t.cos, &t.sin), weights) {
             return y;
         }
+        let qkv = match norms {
+            Some([nq, nk]) => RmsNorm::forward_heads(qkv, [(nq, q.clone()), (nk, k.clone())], d),
+            None => qkv,
+        };
         let [n, width] = qkv.dims();
         let part = |cols: &Range<usize>| qkv.clone().narrow(1, cols.start, cols.len());
         let rotate =
