@@ -115,7 +115,10 @@ fn the_demo_tokenizer_matches_qwens_tokenizer_json() {
     std::fs::copy(&reference, dir.path().join("tokenizer.json")).unwrap();
     let hf = Tokenizer::from_dir(dir.path()).unwrap();
     let from_gguf = ModelSource::Gguf(demo).tokenizer().unwrap();
-    for text in CORPUS {
+    // That tokenizer.json is a later Qwen vocabulary's, with Qwen3's <think> tokens the
+    // Qwen2.5-Coder vocabulary lacks (there they are plain text).
+    assert!(from_gguf.token_to_id("<think>").is_none() && hf.token_to_id("<think>").is_some());
+    for text in CORPUS.iter().filter(|t| !t.contains("<think>")) {
         assert_eq!(from_gguf.encode(text).unwrap(), hf.encode(text).unwrap(), "ids of {text:?}");
     }
 }
