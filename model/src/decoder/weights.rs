@@ -187,11 +187,11 @@ fn shared_width(c: &ModelConfig) -> usize {
 /// The name of `slot` (of `layer` for per-layer slots) in `naming`, from the tables above (an
 /// expert's Hugging Face name keeps `{e}`: `expert_name` fills it).
 pub fn name_of(slot: Slot, layer: Option<usize>, naming: Naming) -> String {
-    let table: Vec<&(Slot, &str, &str)> = match layer {
-        Some(_) => LAYER_SLOTS.iter().chain(&MOE_SLOTS).collect(),
-        None => GLOBAL_SLOTS.iter().collect(),
+    let found = match layer {
+        Some(_) => LAYER_SLOTS.iter().chain(&MOE_SLOTS).find(|(s, _, _)| *s == slot),
+        None => GLOBAL_SLOTS.iter().find(|(s, _, _)| *s == slot),
     };
-    let (_, hf, gguf) = table.into_iter().find(|(s, _, _)| *s == slot).copied().unwrap_or((slot, "", ""));
+    let (_, hf, gguf) = found.copied().unwrap_or((slot, "", ""));
     match (layer, naming) {
         (Some(l), Naming::Hf) => format!("model.layers.{l}.{hf}"),
         (Some(l), Naming::Gguf) => format!("blk.{l}.{gguf}"),
@@ -239,8 +239,14 @@ pub fn slot_of(c: &ModelConfig, name: &str) -> Option<(Slot, Option<usize>)> {
 /// Checks every slot before anything is loaded: present, no strangers, shape and type right.
 pub fn check(c: &ModelConfig, src: &dyn TensorSource) -> Result<(), LoadError> {
     let naming = src.naming();
-    let want = expected(c, naming);
     let names = src.names();
+    // Every layer has several tensors: a layer count beyond the tensors there are is an error
+    // before millions of names are listed (a fuzzed GGUF took a minute here).
+    if c.num_hidden_layers > names.len() {
+        let reason = format!("{} layers, but the checkpoint holds {} tensors", c.num_hidden_layers, names.len());
+        return Err(LoadError::Config { field: "num_hidden_layers".into(), reason });
+    }
+    let want = expected(c, naming);
     let missing: Vec<String> =
         want.iter().filter(|(n, _, _)| !names.contains(n.as_str())).map(|(n, _, _)| n.clone()).collect();
     if !missing.is_empty() {
