@@ -224,9 +224,6 @@ impl ModelConfig {
             if m.intermediate_size == 0 || m.shared_intermediate_size == Some(0) {
                 return bad("moe_intermediate_size", "expert widths must be > 0".into());
             }
-            if let Some(l) = m.dense_layers.iter().find(|&&l| l >= self.num_hidden_layers) {
-                return bad("mlp_only_layers", format!("layer {l} is beyond num_hidden_layers"));
-            }
         }
         let vocab = self.vocab_size;
         for (field, id) in self
@@ -336,8 +333,11 @@ impl Fields<'_> {
                 .collect::<Result<_, _>>()?,
             Some(other) => return Err(Self::err("mlp_only_layers", "a list of layer indices", other)),
         };
+        if let Some(l) = listed.iter().find(|&&l| l >= layers) {
+            let reason = format!("layer {l} is beyond num_hidden_layers");
+            return Err(LoadError::Config { field: "mlp_only_layers".into(), reason });
+        }
         let dense_layers = (0..layers).filter(|l| listed.contains(l) || !(l + 1).is_multiple_of(step)).collect();
-        let dense_layers = if listed.iter().any(|&l| l >= layers) { listed } else { dense_layers };
         Ok(Some(MoeConfig {
             // transformers ≥ 5 writes `num_local_experts`, the Hub's checkpoints `num_experts`.
             experts: match self.opt_usize("num_local_experts")? {
