@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(gguf openai_request chat_template tool_calls reasoning)
+[ ${#targets[@]} -gt 0 ] || targets=(gguf openai_request dialect_request chat_template tool_calls reasoning)
 if [ "${LLAISYS_FUZZ_DRIVER:-}" != stable ] && cargo +nightly --version >/dev/null 2>&1 &&
   cargo fuzz --version >/dev/null 2>&1; then
   status=0

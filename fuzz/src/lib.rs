@@ -21,7 +21,8 @@ use llaisys_actors::request::{
 use llaisys_actors::{ChatMessage, ChatRequest, CompletionRequest, Engine, Frontend};
 use llaisys_model::tokenizer::ToolCall;
 use llaisys_model::{Device, LoadOptions, ModelSource, load_model};
-use llaisys_server::http::openai;
+use llaisys_server::http::dialect::Work;
+use llaisys_server::http::{anthropic, ollama, openai, responses};
 
 /// A target: its name (its corpus folder) and what it does with one input.
 pub struct Target {
@@ -33,6 +34,7 @@ pub struct Target {
 pub const TARGETS: &[Target] = &[
     Target { name: "gguf", run: gguf },
     Target { name: "openai_request", run: openai_request },
+    Target { name: "dialect_request", run: dialect_request },
     Target { name: "chat_template", run: chat_template },
     Target { name: "tool_calls", run: tool_calls },
     Target { name: "reasoning", run: reasoning },
@@ -109,6 +111,28 @@ pub fn openai_request(data: &[u8]) {
         if let Ok(plan) = req.common.plan(req.common.max_tokens, req.logprobs.map(|k| k.clamp(0, 20) as usize)) {
             let _ = frontend().completion(&CompletionRequest::batch(prompts).options(plan.options));
         }
+    }
+}
+
+/// A request body of the other API dialects (Anthropic's Messages, OpenAI's Responses, Ollama's
+/// chat and generate) from untrusted bytes, as their endpoints take it: parsed, translated into
+/// the engine's request, then checked and rendered by the frontend.
+pub fn dialect_request(data: &[u8]) {
+    let run = |work: Work| match work {
+        Work::Chat(request) => drop(frontend().chat(&request)),
+        Work::Completion(request) => drop(frontend().completion(&request)),
+    };
+    if let Ok(Ok(request)) = anthropic::MessagesRequest::parse(data).map(|r| r.chat_request()) {
+        run(Work::Chat(request));
+    }
+    if let Ok(Ok((request, _))) = responses::ResponsesRequest::parse(data).map(|r| r.chat_request(&[])) {
+        run(Work::Chat(request));
+    }
+    if let Ok(Ok(request)) = ollama::ChatIn::parse(data).map(|r| r.chat_request()) {
+        run(Work::Chat(request));
+    }
+    if let Ok(Ok(Some(work))) = ollama::GenerateIn::parse(data).map(|r| r.work()) {
+        run(work);
     }
 }
 

@@ -84,6 +84,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     pub shutdown_grace_secs: u64,
     pub webui: bool,
+    pub cors_origins: Vec<String>,
+    pub stored_responses: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -228,6 +230,12 @@ impl Config {
         if self.server.api_keys.iter().any(|k| k.trim().is_empty()) {
             return Err(bad("server.api_keys", "keys must not be empty"));
         }
+        if let Some(o) = self.server.cors_origins.iter().find(|o| !valid_origin(o)) {
+            return Err(bad(
+                "server.cors_origins",
+                &format!("{o:?} is not an origin: \"*\" or scheme://host[:port], without a path"),
+            ));
+        }
         Ok(())
     }
 
@@ -337,6 +345,18 @@ fn set(table: &mut toml::Table, key: &str, value: toml::Value, source: &str) -> 
     let slot = section.get_mut(name).ok_or_else(unknown)?;
     *slot = value;
     Ok(())
+}
+
+/// `*`, or an origin as browsers send it: `scheme://host[:port]`, no path, no trailing slash.
+fn valid_origin(origin: &str) -> bool {
+    if origin == "*" {
+        return true;
+    }
+    let Some((scheme, rest)) = origin.split_once("://") else { return false };
+    !scheme.is_empty()
+        && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+        && !rest.is_empty()
+        && rest.bytes().all(|b| b.is_ascii_graphic() && !b"/?#".contains(&b))
 }
 
 #[cfg(test)]

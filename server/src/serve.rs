@@ -103,7 +103,7 @@ pub async fn start_models(models: Vec<ModelEntry>, config: &Config) -> Result<Se
     for ModelEntry { name, engine } in models {
         engines.add(name, engine)?;
     }
-    let state = AppState::new(engines, config.admission.clone(), config.server.api_keys.clone());
+    let state = AppState::new(engines, config.admission.clone(), &config.server);
     let addr: SocketAddr =
         format!("{}:{}", config.server.host, config.server.port).parse().map_err(|e| ServeError::Setting {
             key: "server.host",
@@ -113,6 +113,7 @@ pub async fn start_models(models: Vec<ModelEntry>, config: &Config) -> Result<Se
         max_body_bytes: config.server.max_body_bytes,
         grace: Duration::from_secs(config.server.shutdown_grace_secs),
         webui: config.server.webui,
+        cors_origins: config.server.cors_origins.clone(),
     };
     Server::start(state, addr, options).await.map_err(|source| ServeError::Bind { addr, source })
 }

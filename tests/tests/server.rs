@@ -8,39 +8,14 @@ use llaisys_server::{Config, Server};
 use llaisys_tests::{Reference, demo_model, fixture_dir, gguf_fixture};
 use serde_json::{Value, json};
 
+mod common;
+use common::{post, server_for, sse, url};
+
 const FIXTURE: &str = "tiny-untied-f32";
 
 /// A server for the fixture with extra `section.key=value` settings.
 async fn server(settings: &[(&str, &str)]) -> Server {
     server_for(&fixture_dir(FIXTURE), settings).await
-}
-
-/// A server for the model at `path` (a directory or a GGUF file).
-async fn server_for(path: &std::path::Path, settings: &[(&str, &str)]) -> Server {
-    let mut all: Vec<(String, String)> =
-        vec![("model.path".into(), format!("{:?}", path.display().to_string())), ("server.port".into(), "0".into())];
-    all.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let config = Config::load(None, std::iter::empty(), &all).unwrap();
-    llaisys_server::start(&config).await.unwrap()
-}
-
-fn url(s: &Server, path: &str) -> String {
-    format!("http://{}{path}", s.addr)
-}
-
-async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(url(s, path)).json(&body).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-/// All `data:` payloads of an SSE response, `[DONE]` included.
-async fn sse(s: &Server, path: &str, body: Value) -> Vec<String> {
-    let r = reqwest::Client::new().post(url(s, path)).json(&body).send().await.unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    assert_eq!(r.headers()["content-type"], "text/event-stream");
-    let text = r.text().await.unwrap();
-    text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_string).collect()
 }
 
 /// The chunks' JSON (all but `[DONE]`, which must come last, once).

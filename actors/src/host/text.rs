@@ -99,6 +99,15 @@ impl ModelText {
         self.template.is_some()
     }
 
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// A reasoning model: its chats' thinking is split from the answer.
+    pub fn thinks(&self) -> bool {
+        self.reasoning.is_some()
+    }
+
     /// The grammar compiler over the vocabulary, padded to the logits' width (`info`); the
     /// tokens that end a sequence are the model's and its generation config's eos ids.
     pub(crate) fn grammar_compiler(&self, info: &ModelInfo) -> Result<Arc<GrammarCompiler>, GrammarError> {

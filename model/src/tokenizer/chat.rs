@@ -112,7 +112,7 @@ fn python_json(value: &serde_json::Value, indent: Option<usize>, level: usize, o
 
 /// `strftime` of the time `secs` after the epoch (UTC), for the directives chat templates use
 /// (`%d %b %Y` in Llama 3's); others are kept as written.
-fn strftime(secs: u64, format: &str) -> String {
+pub fn strftime(secs: u64, format: &str) -> String {
     const MONTHS: [&str; 12] = [
         "January",
         "February",
@@ -181,6 +181,7 @@ pub struct TemplateError(String);
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -254,8 +255,13 @@ impl ChatTemplate {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             strftime(now, &format)
         });
-        env.add_template_owned(NAME, source).map_err(|e| TemplateError(e.to_string()))?;
-        Ok(Self { env, bos_token, eos_token })
+        env.add_template_owned(NAME, source.clone()).map_err(|e| TemplateError(e.to_string()))?;
+        Ok(Self { env, source, bos_token, eos_token })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt` it ends where the

@@ -6,7 +6,7 @@ mod stream;
 
 use std::path::Path;
 
-pub use chat::{ChatMessage, ChatTemplate, TemplateError, ToolCall};
+pub use chat::{ChatMessage, ChatTemplate, TemplateError, ToolCall, strftime};
 pub use stream::IncrementalDecoder;
 
 use crate::error::LoadError;

@@ -1,33 +1,33 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`: OpenAI JSON translated into the
-//! engine's `ChatRequest` / `CompletionRequest`, which the engine checks and renders (the same
-//! path a host application takes); then admission and `Generation`.
+//! engine's `ChatRequest` / `CompletionRequest` (the same path a host application takes), and
+//! the answer in OpenAI's shapes: one object, or `chat.completion.chunk` / `text_completion`
+//! chunks ending with `data: [DONE]`.
 
 use std::sync::Arc;
 
 use axum::Extension;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use llaisys_actors::{ChatRequest, CompletionRequest, Prompt as EnginePrompt, ToolChoice};
+use axum::response::Response;
+use llaisys_actors::request::{FinishReason, ToolCallDelta, ToolCallOut};
+use llaisys_actors::{ChatRequest, CompletionRequest, Prompt as EnginePrompt};
+use serde_json::{Value, json};
 
-use super::error::ApiError;
-use super::generation::{Api, Generation};
+use super::dialect::{Dialect, Frame, Run, Work, endpoint};
+use super::error::{ApiError, ErrorShape};
+use super::generation::{Generation, Step, TokenLogprob};
 use super::openai::{self, Prompt};
-use super::{AppState, Body413, RequestIdExt, with_model};
+use super::{AppState, Body413, RequestIdExt};
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
     Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
-    Body413(body): Body413,
+    body: Result<Body413, ApiError>,
 ) -> Response {
-    let req: openai::ChatRequest = match openai::parse_request(&body) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
-    let name = req.common.model.clone();
-    match chat(&state, &request_id, req).await {
-        Ok(response) => response,
-        Err(e) => with_model(e.into_response(), &name),
-    }
+    let model_of = |r: &openai::ChatRequest| r.common.model.clone();
+    endpoint(ErrorShape::OpenAi, body, openai::parse_request, model_of, async |req| {
+        chat(&state, &request_id, req).await
+    })
+    .await
 }
 
 async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest) -> Result<Response, ApiError> {
@@ -47,36 +47,26 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
         .plan(req.max_completion_tokens.or(req.common.max_tokens), logprobs)?
         .with_response_format(req.response_format.as_ref())?;
     let (tools, tool_choice) = openai::tools(&req)?;
-    let mut options = plan.options.clone();
+    let mut options = plan.options;
     options.tools = tools;
     options.tool_choice = tool_choice;
     options.parallel_tool_calls = req.parallel_tool_calls;
     options.chat_template_kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
-    let offers_tools = !options.tools.is_empty() && options.tool_choice != Some(ToolChoice::None);
     let request = ChatRequest::new(openai::messages(&req.messages)?).options(options);
-    let valid = model.engine.prepare_chat(&request).map_err(|e| plan.api_error(e))?;
-    plan.count_constraint(state, &model.name);
-    if offers_tools {
-        state.metrics.constrained_request(&model.name, "tools");
-    }
-    let g = Generation::start(state, model, Api::Chat, request_id, valid, plan.include_usage, false).await?;
-    Ok(if plan.stream { g.stream() } else { g.respond().await })
+    let dialect = OpenAi { api: Api::Chat, id: String::new(), include_usage: plan.include_usage };
+    let run =
+        Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: false };
+    run.run(Work::Chat(request), dialect).await
 }
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
     Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
-    Body413(body): Body413,
+    body: Result<Body413, ApiError>,
 ) -> Response {
-    let req: openai::CompletionRequest = match openai::parse_request(&body) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
-    let name = req.common.model.clone();
-    match completion(&state, &request_id, req).await {
-        Ok(response) => response,
-        Err(e) => with_model(e.into_response(), &name),
-    }
+    let model_of = |r: &openai::CompletionRequest| r.common.model.clone();
+    let handle = async |req| completion(&state, &request_id, req).await.map_err(rename_logprobs);
+    endpoint(ErrorShape::OpenAi, body, openai::parse_request, model_of, handle).await
 }
 
 async fn completion(
@@ -104,11 +94,11 @@ async fn completion(
         return Err(ApiError::invalid("best_of", format!("best_of other than n is not supported (got {b})")));
     }
     let plan = req.common.plan(req.common.max_tokens, logprobs)?;
-    let request = CompletionRequest::batch(prompts).options(plan.options.clone());
-    let valid = model.engine.prepare_completion(&request).map_err(|e| rename_logprobs(plan.api_error(e)))?;
-    plan.count_constraint(state, &model.name);
-    let g = Generation::start(state, model, Api::Completion, request_id, valid, plan.include_usage, req.echo).await?;
-    Ok(if plan.stream { g.stream() } else { g.respond().await })
+    let request = CompletionRequest::batch(prompts).options(plan.options);
+    let dialect = OpenAi { api: Api::Completion, id: String::new(), include_usage: plan.include_usage };
+    let run =
+        Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: req.echo };
+    run.run(Work::Completion(request), dialect).await
 }
 
 /// Completions call the alternatives' count `logprobs` (chat: `top_logprobs`).
@@ -117,4 +107,251 @@ fn rename_logprobs(mut e: ApiError) -> ApiError {
         e.param = Some("logprobs".into());
     }
     e
+}
+
+/// Which of OpenAI's two generation APIs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Completion,
+}
+
+/// OpenAI's chat-completion and completion shapes.
+struct OpenAi {
+    api: Api,
+    /// `chatcmpl-…` / `cmpl-…`, set when the generation starts.
+    id: String,
+    /// `stream_options.include_usage`: a last chunk with the usage and no choices.
+    include_usage: bool,
+}
+
+impl OpenAi {
+    fn id(&mut self, g: &Generation) -> String {
+        if self.id.is_empty() {
+            let prefix = match self.api {
+                Api::Chat => "chatcmpl-",
+                Api::Completion => "cmpl-",
+            };
+            self.id = format!("{prefix}{}", g.request_id);
+        }
+        self.id.clone()
+    }
+
+    /// The fields every response object and chunk carries.
+    fn envelope(&mut self, g: &Generation, object: &str, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id(g),
+            "object": object,
+            "created": g.created,
+            "model": g.model(),
+            "system_fingerprint": null,
+            "choices": choices,
+        })
+    }
+
+    fn chunk(&mut self, g: &Generation, choices: Vec<Value>) -> Frame {
+        let object = match self.api {
+            Api::Chat => "chat.completion.chunk",
+            Api::Completion => "text_completion",
+        };
+        Frame::data(&self.envelope(g, object, choices))
+    }
+
+    /// The chunk for `text` (and this step's logprobs) of choice `i`, finishing it if `finish`.
+    fn delta(
+        &mut self,
+        g: &Generation,
+        i: usize,
+        text: &str,
+        logprobs: Option<&[TokenLogprob]>,
+        finish: Option<FinishReason>,
+    ) -> Frame {
+        let choice = match self.api {
+            Api::Chat => json!({
+                "index": i,
+                "delta": if text.is_empty() && finish.is_some() { json!({}) } else { json!({"content": text}) },
+                "logprobs": logprobs.map(chat_logprobs),
+                "finish_reason": finish.map(|f| f.as_str()),
+            }),
+            Api::Completion => json!({
+                "index": i,
+                "text": text,
+                "logprobs": logprobs.map(|l| completion_logprobs(l, 0)),
+                "finish_reason": finish.map(|f| f.as_str()),
+            }),
+        };
+        self.chunk(g, vec![choice])
+    }
+
+    /// A piece of choice `i`'s reasoning, as `reasoning_content` (DeepSeek's and vLLM's
+    /// name) and `reasoning` (vLLM's newer one).
+    fn reasoning_delta(&mut self, g: &Generation, i: usize, reasoning: &str) -> Frame {
+        let delta = json!({"reasoning_content": reasoning, "reasoning": reasoning});
+        self.chunk(g, vec![json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null})])
+    }
+
+    /// A piece of choice `i`'s tool call: id, type and name once (the OpenAI SDK concatenates
+    /// repeated strings), then argument pieces.
+    fn tool_call_delta(&mut self, g: &Generation, i: usize, d: &ToolCallDelta) -> Frame {
+        let mut function = serde_json::Map::new();
+        if let Some(name) = &d.name {
+            function.insert("name".into(), name.clone().into());
+        }
+        function.insert("arguments".into(), d.arguments.clone().into());
+        let mut call = json!({"index": d.index, "function": function});
+        if let Some(id) = &d.id {
+            call["id"] = id.clone().into();
+            call["type"] = "function".into();
+        }
+        let delta = json!({"tool_calls": [call]});
+        self.chunk(g, vec![json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null})])
+    }
+
+    fn usage(g: &Generation) -> Value {
+        let usage = g.answer().usage();
+        json!({
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        })
+    }
+}
+
+impl Dialect for OpenAi {
+    const SHAPE: ErrorShape = ErrorShape::OpenAi;
+
+    fn body(&mut self, g: &Generation) -> Value {
+        let choices: Vec<Value> = (g.answer().choices().iter().enumerate())
+            .map(|(i, c)| {
+                let finish = c.finish.as_str();
+                let logprobs = g.logprobs().map(|_| g.logprobs_of(i, 0));
+                match self.api {
+                    Api::Chat => json!({
+                        "index": i,
+                        "message": chat_message(&c.text, &c.reasoning, &c.tool_calls),
+                        "logprobs": logprobs.as_deref().map(chat_logprobs),
+                        "finish_reason": finish,
+                    }),
+                    Api::Completion => {
+                        let echo = g.echo(i).unwrap_or("");
+                        json!({
+                            "index": i,
+                            "text": format!("{echo}{}", c.text),
+                            "logprobs": logprobs.as_deref().map(|l| completion_logprobs(l, echo.len())),
+                            "finish_reason": finish,
+                        })
+                    }
+                }
+            })
+            .collect();
+        let object = match self.api {
+            Api::Chat => "chat.completion",
+            Api::Completion => "text_completion",
+        };
+        let mut body = self.envelope(g, object, choices);
+        body["usage"] = Self::usage(g);
+        body
+    }
+
+    fn open(&mut self, g: &Generation) -> Vec<Frame> {
+        (0..g.choices())
+            .filter_map(|i| match self.api {
+                Api::Chat => {
+                    let delta = json!({"role": "assistant", "content": ""});
+                    let choice = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
+                    Some(self.chunk(g, vec![choice]))
+                }
+                Api::Completion => g.echo(i).map(|echo| self.delta(g, i, echo, None, None)),
+            })
+            .collect()
+    }
+
+    fn step(&mut self, g: &Generation, step: &Step) -> Vec<Frame> {
+        let i = step.choice;
+        let mut frames = Vec::new();
+        if !step.reasoning.is_empty() {
+            frames.push(self.reasoning_delta(g, i, &step.reasoning));
+        }
+        if let Some(d) = &step.tool_call {
+            frames.push(self.tool_call_delta(g, i, d));
+        }
+        match step.finish {
+            Some(FinishReason::Error) => frames.push(Frame::data(&g.engine_error().body())),
+            Some(f) => frames.push(self.delta(g, i, &step.text, None, Some(f))),
+            None if step.token && (!step.text.is_empty() || g.logprobs().is_some()) => {
+                let lp = g.logprobs().map(|_| g.logprobs_of(i, step.logprobs_from));
+                frames.push(self.delta(g, i, &step.text, lp.as_deref(), None));
+            }
+            None => {}
+        }
+        frames
+    }
+
+    fn close(&mut self, g: &Generation) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        if self.include_usage {
+            let object = match self.api {
+                Api::Chat => "chat.completion.chunk",
+                Api::Completion => "text_completion",
+            };
+            let mut body = self.envelope(g, object, vec![]);
+            body["usage"] = Self::usage(g);
+            frames.push(Frame::data(&body));
+        }
+        frames.push(Frame { event: None, data: "[DONE]".into() });
+        frames
+    }
+}
+
+/// A chat answer's message: content `null` when it only called tools or only thought; a
+/// reasoning model's thinking as `reasoning_content` and `reasoning`.
+fn chat_message(text: &str, reasoning: &str, calls: &[ToolCallOut]) -> Value {
+    let mut message = json!({"role": "assistant", "content": text});
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = reasoning.into();
+        message["reasoning"] = reasoning.into();
+    }
+    if (!calls.is_empty() || !reasoning.is_empty()) && text.is_empty() {
+        message["content"] = Value::Null;
+    }
+    if !calls.is_empty() {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+        message["tool_calls"] = calls.into();
+    }
+    message
+}
+
+fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            json!({
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": t.bytes,
+                "top_logprobs": t.top.iter().map(|(tok, b, lp)| json!({"token": tok, "logprob": lp, "bytes": b})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({"content": content})
+}
+
+/// Completions' legacy shape; `offset` is where the generated text starts (after an echo).
+fn completion_logprobs(tokens: &[TokenLogprob], offset: usize) -> Value {
+    let mut text_offset = Vec::with_capacity(tokens.len());
+    let mut at = offset;
+    for t in tokens {
+        text_offset.push(at);
+        at += t.token.len();
+    }
+    json!({
+        "tokens": tokens.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": tokens.iter().map(|t| t.top.iter().map(|(tok, _, lp)| (tok.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "text_offset": text_offset,
+    })
 }

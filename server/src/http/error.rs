@@ -1,6 +1,7 @@
 //! S3: errors as OpenAI error objects, `{"error": {"message", "type", "param", "code"}}`, with
-//! the status that says what went wrong. Every error also carries a stable label,
-//! `error_type` (the engine's own for engine errors), which the access log prints and
+//! the status that says what went wrong; the other dialects' routes answer the same error in
+//! their own shape (`ErrorShape`). Every error also carries a stable label, `error_type` (the
+//! engine's own for engine errors), which the access log prints and
 //! `llaisys_request_errors_total` counts.
 
 use axum::Json;
@@ -19,6 +20,31 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
     /// What went wrong, as a label for logs and metrics (`invalid_request`, `overloaded`, ...).
     pub error_type: &'static str,
+}
+
+/// How a dialect writes an error object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorShape {
+    /// `{"error": {"message", "type", "param", "code"}}` (chat, completions, responses).
+    #[default]
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}` (Anthropic's Messages API).
+    Anthropic,
+    /// `{"error": "message"}` (Ollama's API).
+    Ollama,
+}
+
+impl ErrorShape {
+    /// The shape of the errors of a route.
+    pub fn of_path(path: &str) -> Self {
+        if path.starts_with("/v1/messages") {
+            Self::Anthropic
+        } else if path.starts_with("/api/") {
+            Self::Ollama
+        } else {
+            Self::OpenAi
+        }
+    }
 }
 
 /// The label of an error response, for the access log and the error counter.
@@ -108,15 +134,40 @@ impl ApiError {
         }
     }
 
-    /// The error object (also sent as an SSE event when a stream fails).
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}})
+    /// Anthropic's error `type` for the status.
+    fn anthropic_kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::BAD_REQUEST | StatusCode::METHOD_NOT_ALLOWED => "invalid_request_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            _ => "api_error",
+        }
     }
-}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, Json(self.body())).into_response();
+    /// The OpenAI error object (also sent as an SSE event when a stream fails).
+    pub fn body(&self) -> serde_json::Value {
+        self.body_in(ErrorShape::OpenAi)
+    }
+
+    /// The error object in a dialect's shape.
+    pub fn body_in(&self, shape: ErrorShape) -> serde_json::Value {
+        match shape {
+            ErrorShape::OpenAi => {
+                json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}})
+            }
+            ErrorShape::Anthropic => {
+                json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": self.message}})
+            }
+            ErrorShape::Ollama => json!({"error": self.message}),
+        }
+    }
+
+    /// The error response in a dialect's shape.
+    pub fn response_in(self, shape: ErrorShape) -> Response {
+        let mut response = (self.status, Json(self.body_in(shape))).into_response();
         if let Some(secs) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -125,6 +176,12 @@ impl IntoResponse for ApiError {
         }
         response.extensions_mut().insert(ErrorType(self.error_type));
         response
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.response_in(ErrorShape::OpenAi)
     }
 }
 

@@ -2,10 +2,15 @@
 //! logging, API keys, shutdown refusal, body limit), and the server's shared state.
 
 mod admin;
+pub mod anthropic;
 mod chat;
+mod cors;
+pub mod dialect;
 pub mod error;
 mod generation;
+pub mod ollama;
 pub mod openai;
+pub mod responses;
 mod webui;
 
 pub use generation::unix_now;
@@ -19,7 +24,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -28,9 +33,9 @@ use llaisys_actors::{Engine, Router as Engines};
 use llaisys_model::{ModelInfo, Tokenizer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::config::AdmissionLimits;
+use crate::config::{AdmissionLimits, ServerConfig};
 use crate::metrics::Metrics;
-use error::{ApiError, ErrorType};
+use error::{ApiError, ErrorShape, ErrorType};
 
 /// One served model as a handler holds it: its engine (which holds the tokenizer, chat
 /// template, defaults and request limits) under the name clients use. The table of served models
@@ -63,15 +68,18 @@ pub struct AppState {
     /// Generation requests in flight by id, for the cancel endpoint.
     requests: Mutex<HashMap<String, (Engine, Vec<RequestId>)>>,
     next_id: AtomicU64,
+    /// Stored responses of the Responses API.
+    responses: responses::ResponseStore,
 }
 
 impl AppState {
-    pub fn new(engines: Engines, limits: AdmissionLimits, api_keys: Vec<String>) -> Self {
+    pub fn new(engines: Engines, limits: AdmissionLimits, server: &ServerConfig) -> Self {
         Self {
+            api_keys: server.api_keys.clone(),
+            responses: responses::ResponseStore::new(server.stored_responses),
             admission: Arc::new(Semaphore::new(limits.max_concurrent_requests)),
             engines,
             limits,
-            api_keys,
             metrics: Metrics::new(),
             shutting_down: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
@@ -194,6 +202,8 @@ pub struct HttpOptions {
     pub grace: Duration,
     /// Serve the Web UI's files at `/`.
     pub webui: bool,
+    /// Origins whose pages may call the API (CORS; `*`: any); empty: none.
+    pub cors_origins: Vec<String>,
 }
 
 /// The routes with their middleware.
@@ -201,11 +211,22 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
+        .route("/v1/responses/{id}/input_items", get(responses::input_items))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(admin::models))
         .route("/v1/models/{model}", get(admin::model))
         .route("/v1/requests/{id}/cancel", post(admin::cancel))
         .route("/v1/sessions", get(admin::sessions))
         .route("/v1/sessions/{id}", delete(admin::delete_session))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
@@ -213,24 +234,35 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
     if options.webui {
         open = open.merge(webui::routes());
     }
-    api.merge(open)
+    let mut routes = api
+        .merge(open)
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(DefaultBodyLimit::max(options.max_body_bytes))
-        .layer(middleware::from_fn_with_state(state.clone(), access))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(options.max_body_bytes));
+    if !options.cors_origins.is_empty() {
+        let allowed = cors::Cors::new(options.cors_origins.clone());
+        routes = routes.layer(middleware::from_fn_with_state(allowed, cors::cors));
+    }
+    routes.layer(middleware::from_fn_with_state(state.clone(), access)).with_state(state)
 }
 
-/// Bearer API keys, when configured.
+/// API keys, when configured: `Authorization: Bearer KEY` (OpenAI, Ollama) or `x-api-key: KEY`
+/// (Anthropic); refusals in the route's dialect.
 async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if state.api_keys.is_empty() {
         return next.run(req).await;
     }
-    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    match given.and_then(|v| v.strip_prefix("Bearer ")) {
-        Some(key) if state.api_keys.iter().any(|k| k == key.trim()) => next.run(req).await,
-        Some(_) => ApiError::unauthorized("Incorrect API key provided.").into_response(),
-        None => ApiError::unauthorized("Missing API key: send `Authorization: Bearer KEY`.").into_response(),
+    let given = {
+        let header = |name| req.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+        let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
+        bearer.or(header(HeaderName::from_static("x-api-key"))).map(|k| k.trim().to_string())
+    };
+    let shape = ErrorShape::of_path(req.uri().path());
+    match given {
+        Some(key) if state.api_keys.contains(&key) => next.run(req).await,
+        Some(_) => ApiError::unauthorized("Incorrect API key provided.").response_in(shape),
+        None => ApiError::unauthorized("Missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`.")
+            .response_in(shape),
     }
 }
 
@@ -280,6 +312,9 @@ fn route_label(path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
+        "/v1/responses" => "/v1/responses",
+        "/v1/messages" => "/v1/messages",
+        "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
         "/v1/models" => "/v1/models",
         "/health" => "/health",
         "/metrics" => "/metrics",
@@ -287,6 +322,10 @@ fn route_label(path: &str) -> &'static str {
         "/detokenize" => "/detokenize",
         p if p.starts_with("/v1/requests/") => "/v1/requests/{id}/cancel",
         p if p.starts_with("/v1/sessions") => "/v1/sessions",
+        p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
+        "/api/chat" => "/api/chat",
+        "/api/generate" => "/api/generate",
+        p if p.starts_with("/api/") => "/api/other",
         p if p.starts_with("/v1/models/") => "/v1/models/{model}",
         p if p == "/" || p.starts_with("/ui/") => "webui",
         _ => "other",

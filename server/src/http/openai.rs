@@ -206,20 +206,23 @@ pub fn tools(req: &ChatRequest) -> Result<(Vec<Tool>, Option<ToolChoice>), ApiEr
     }
     let choice = match &req.tool_choice {
         None => None,
-        Some(ToolChoiceIn::Mode(m)) => Some(match m.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!("{other:?} is not a tool_choice (none, auto, required, or a named function)"),
-                ));
-            }
-        }),
+        Some(ToolChoiceIn::Mode(m)) => Some(tool_choice_mode(m)?),
         Some(ToolChoiceIn::Named { function }) => Some(ToolChoice::Function(function.name.clone())),
     };
     Ok((tools, choice))
+}
+
+/// A `tool_choice` given as a word (OpenAI's chat and Responses APIs).
+pub fn tool_choice_mode(mode: &str) -> Result<ToolChoice, ApiError> {
+    match mode {
+        "none" => Ok(ToolChoice::None),
+        "auto" => Ok(ToolChoice::Auto),
+        "required" => Ok(ToolChoice::Required),
+        other => Err(ApiError::invalid(
+            "tool_choice",
+            format!("{other:?} is not a tool_choice (none, auto, required, or a named function)"),
+        )),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -361,22 +364,6 @@ impl Plan {
         self.options.constraint = Some(constraint);
         self.constraint_field = Some("response_format");
         Ok(self)
-    }
-
-    /// Counts an accepted constrained request.
-    pub fn count_constraint(&self, state: &super::AppState, model: &str) {
-        if let Some(c) = &self.options.constraint {
-            state.metrics.constrained_request(model, c.kind());
-        }
-    }
-
-    /// An engine refusal, naming the request's own field for the constraint.
-    pub fn api_error(&self, e: llaisys_actors::EngineError) -> ApiError {
-        let mut e: ApiError = e.into();
-        if e.param.as_deref() == Some("constraint") {
-            e.param = self.constraint_field.map(str::to_string);
-        }
-        e
     }
 }
 

@@ -1,0 +1,525 @@
+//! The part of Ollama's API that editors and chat apps call: `/api/chat`, `/api/generate`,
+//! `/api/tags`, `/api/show`, `/api/ps` and `/api/version`. Ollama's option names
+//! (`num_predict`, `repeat_penalty`, ...), `format` (`"json"` or a schema), `think`, tools with
+//! object arguments; answers stream by default as newline-delimited JSON, the last line
+//! `done: true` with Ollama's counts and durations (nanoseconds). Errors are `{"error": ...}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use llaisys_actors::request::{FinishReason, ToolCallOut};
+use llaisys_actors::{ChatRequest, CompletionRequest, Options, Tool, ToolChoice};
+use llaisys_model::Constraint;
+use llaisys_model::tokenizer::{ChatMessage, ToolCall, strftime};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::dialect::{Dialect, Frame, Run, Transport, Work, endpoint};
+use super::error::{ApiError, ErrorShape};
+use super::generation::{Generation, Step};
+use super::openai::parse;
+use super::{AppState, Body413, ModelEntry, RequestIdExt, json_response, with_model};
+
+/// The Ollama release whose API this follows (clients check it before using newer fields such
+/// as `think`).
+const OLLAMA_VERSION: &str = "0.9.0";
+
+/// A `POST /api/chat` body.
+#[derive(Debug, Deserialize)]
+pub struct ChatIn {
+    model: String,
+    messages: Vec<MessageIn>,
+    #[serde(default)]
+    tools: Vec<ToolIn>,
+    format: Option<Value>,
+    #[serde(default)]
+    options: OptionsIn,
+    stream: Option<bool>,
+    think: Option<Value>,
+}
+
+/// A `POST /api/generate` body.
+#[derive(Debug, Deserialize)]
+pub struct GenerateIn {
+    model: String,
+    #[serde(default)]
+    prompt: String,
+    system: Option<String>,
+    suffix: Option<String>,
+    template: Option<String>,
+    context: Option<Vec<u32>>,
+    #[serde(default)]
+    raw: bool,
+    #[serde(default)]
+    images: Vec<Value>,
+    format: Option<Value>,
+    #[serde(default)]
+    options: OptionsIn,
+    stream: Option<bool>,
+    think: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageIn {
+    role: String,
+    #[serde(default)]
+    content: String,
+    #[serde(default)]
+    images: Vec<Value>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallIn>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolCallIn {
+    id: Option<String>,
+    function: FunctionCallIn,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionCallIn {
+    name: String,
+    #[serde(default)]
+    arguments: Value,
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolIn {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    function: FunctionIn,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionIn {
+    name: String,
+    description: Option<String>,
+    parameters: Option<Value>,
+}
+
+/// Ollama's `options`: the sampling and stopping ones are used; the rest (`num_ctx`,
+/// `num_gpu`, `num_thread`, `keep_alive`-like runner settings) do not apply to a server whose
+/// context and devices are set at start, and are ignored as Ollama ignores unknown ones.
+#[derive(Debug, Default, Deserialize)]
+struct OptionsIn {
+    num_predict: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ModelIn {
+    #[serde(alias = "name")]
+    model: String,
+}
+
+/// Parses a body, with errors in Ollama's shape.
+fn body_of<T: serde::de::DeserializeOwned>(body: Result<Body413, ApiError>) -> Result<T, ApiError> {
+    parse(&body?.0)
+}
+
+pub async fn version() -> Response {
+    json_response(StatusCode::OK, &json!({"version": OLLAMA_VERSION}))
+}
+
+fn rfc3339(secs: u64) -> String {
+    strftime(secs, "%Y-%m-%dT%H:%M:%SZ")
+}
+
+fn details(m: &ModelEntry) -> Value {
+    let family = m.info().model_type;
+    json!({"parent_model": "", "format": "", "family": family, "families": [family]})
+}
+
+fn listed(m: &ModelEntry) -> Value {
+    json!({
+        "name": m.name,
+        "model": m.name,
+        "modified_at": rfc3339(m.engine.started_at()),
+        "details": details(m),
+    })
+}
+
+pub async fn tags(State(state): State<Arc<AppState>>) -> Response {
+    let models: Vec<Value> = state.models().map(|m| listed(&m)).collect();
+    json_response(StatusCode::OK, &json!({"models": models}))
+}
+
+/// The running models: all of them, loaded at start and kept until the server stops.
+pub async fn ps(State(state): State<Arc<AppState>>) -> Response {
+    let models: Vec<Value> = state
+        .models()
+        .map(|m| {
+            let mut entry = listed(&m);
+            entry["expires_at"] = "9999-12-31T23:59:59Z".into();
+            entry["context_length"] = m.info().context_length.into();
+            entry
+        })
+        .collect();
+    json_response(StatusCode::OK, &json!({"models": models}))
+}
+
+pub async fn show(State(state): State<Arc<AppState>>, body: Result<Body413, ApiError>) -> Response {
+    let show = || {
+        let req: ModelIn = body_of(body)?;
+        let m = state.model(&req.model)?;
+        let info = m.info();
+        let arch = info.model_type;
+        let text = m.engine.frontend().text();
+        let template = text.and_then(|t| t.chat_template()).map_or("", |t| t.source());
+        let mut capabilities = vec!["completion"];
+        if template.contains("tools") {
+            capabilities.push("tools");
+        }
+        if text.is_some_and(|t| t.thinks()) {
+            capabilities.push("thinking");
+        }
+        let mut model_info = serde_json::Map::new();
+        model_info.insert("general.architecture".into(), arch.into());
+        model_info.insert(format!("{arch}.context_length"), info.context_length.into());
+        model_info.insert(format!("{arch}.embedding_length"), info.hidden_size.into());
+        model_info.insert(format!("{arch}.vocab_size"), info.vocab_size.into());
+        Ok::<_, ApiError>(json_response(
+            StatusCode::OK,
+            &json!({
+                "modelfile": "",
+                "parameters": "",
+                "template": template,
+                "details": details(&m),
+                "model_info": model_info,
+                "capabilities": capabilities,
+                "modified_at": rfc3339(m.engine.started_at()),
+            }),
+        ))
+    };
+    show().unwrap_or_else(|e| e.response_in(ErrorShape::Ollama))
+}
+
+pub async fn chat(
+    State(state): State<Arc<AppState>>,
+    Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
+    body: Result<Body413, ApiError>,
+) -> Response {
+    let model_of = |r: &ChatIn| r.model.clone();
+    endpoint(ErrorShape::Ollama, body, ChatIn::parse, model_of, async |req| run_chat(&state, &request_id, req).await)
+        .await
+}
+
+async fn run_chat(state: &Arc<AppState>, request_id: &str, req: ChatIn) -> Result<Response, ApiError> {
+    let model = state.model(&req.model)?;
+    let request = req.chat_request()?;
+    let dialect = Ollama { api: Api::Chat, calls_sent: 0 };
+    let stream = req.stream.unwrap_or(true);
+    let run = Run { state, request_id, model, stream, constraint_field: Some("format"), echo: false };
+    run.run(Work::Chat(request), dialect).await
+}
+
+impl ChatIn {
+    /// Parses a body (errors name the field).
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        parse(body)
+    }
+
+    /// The request in the engine's terms.
+    pub fn chat_request(&self) -> Result<ChatRequest, ApiError> {
+        let req = self;
+        let mut messages = Vec::new();
+        for (i, m) in req.messages.iter().enumerate() {
+            if !m.images.is_empty() {
+                return Err(ApiError::invalid(&format!("messages[{i}].images"), "this model takes text only"));
+            }
+            let tool_calls = (m.tool_calls.iter().enumerate())
+                .map(|(j, c)| ToolCall {
+                    id: c.id.clone().unwrap_or_else(|| format!("call_{i}_{j}")),
+                    name: c.function.name.clone(),
+                    arguments: match &c.function.arguments {
+                        Value::String(s) => s.clone(),
+                        Value::Null => "{}".into(),
+                        other => other.to_string(),
+                    },
+                })
+                .collect();
+            messages.push(ChatMessage {
+                role: m.role.clone(),
+                content: m.content.clone(),
+                tool_calls,
+                tool_call_id: None,
+            });
+        }
+        let mut tools = Vec::new();
+        for (i, t) in req.tools.iter().enumerate() {
+            if t.kind.as_deref().is_some_and(|k| k != "function") {
+                return Err(ApiError::invalid(&format!("tools[{i}].type"), "only function tools are supported"));
+            }
+            let parameters =
+                t.function.parameters.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+            tools.push(Tool { name: t.function.name.clone(), description: t.function.description.clone(), parameters });
+        }
+        let mut options = options(&req.options, req.format.as_ref(), req.think.as_ref())?;
+        options.tool_choice = (!tools.is_empty()).then_some(ToolChoice::Auto);
+        options.tools = tools;
+        Ok(ChatRequest::new(messages).options(options))
+    }
+}
+
+pub async fn generate(
+    State(state): State<Arc<AppState>>,
+    Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
+    body: Result<Body413, ApiError>,
+) -> Response {
+    let model_of = |r: &GenerateIn| r.model.clone();
+    endpoint(ErrorShape::Ollama, body, GenerateIn::parse, model_of, async |req| {
+        run_generate(&state, &request_id, req).await
+    })
+    .await
+}
+
+async fn run_generate(state: &Arc<AppState>, request_id: &str, req: GenerateIn) -> Result<Response, ApiError> {
+    let model = state.model(&req.model)?;
+    let Some(work) = req.work()? else {
+        // Ollama's way to load a model (an empty prompt): it is loaded already.
+        let body = json!({
+            "model": model.name,
+            "created_at": rfc3339(super::unix_now()),
+            "response": "",
+            "done": true,
+            "done_reason": "load",
+        });
+        return Ok(with_model(json_response(StatusCode::OK, &body), &model.name));
+    };
+    let dialect = Ollama { api: Api::Generate, calls_sent: 0 };
+    let stream = req.stream.unwrap_or(true);
+    let run = Run { state, request_id, model, stream, constraint_field: Some("format"), echo: false };
+    run.run(work, dialect).await
+}
+
+impl GenerateIn {
+    /// Parses a body (errors name the field).
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        parse(body)
+    }
+
+    /// The request in the engine's terms: the prompt in the chat template (with `system`), or
+    /// as it is (`raw`); `None` for an empty prompt, which only loads the model.
+    pub fn work(&self) -> Result<Option<Work>, ApiError> {
+        let req = self;
+        if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid("suffix", "suffix (fill-in-the-middle) is not supported"));
+        }
+        if req.template.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(ApiError::invalid(
+                "template",
+                "a per-request template is not supported: the model's own is used",
+            ));
+        }
+        if req.context.as_ref().is_some_and(|c| !c.is_empty()) {
+            return Err(ApiError::invalid("context", "context (deprecated by Ollama) is not supported: use /api/chat"));
+        }
+        if !req.images.is_empty() {
+            return Err(ApiError::invalid("images", "this model takes text only"));
+        }
+        if req.prompt.is_empty() {
+            return Ok(None);
+        }
+        let options = options(&req.options, req.format.as_ref(), req.think.as_ref())?;
+        Ok(Some(if req.raw {
+            Work::Completion(CompletionRequest::new(req.prompt.as_str()).options(options))
+        } else {
+            let mut messages = Vec::new();
+            if let Some(system) = &req.system {
+                messages.push(ChatMessage::new("system", system.clone()));
+            }
+            messages.push(ChatMessage::new("user", req.prompt.clone()));
+            Work::Chat(ChatRequest::new(messages).options(options))
+        }))
+    }
+}
+
+/// Ollama's options, `format` and `think` as the engine's options.
+fn options(o: &OptionsIn, format: Option<&Value>, think: Option<&Value>) -> Result<Options, ApiError> {
+    let max_tokens = match o.num_predict {
+        // -1: until the end; -2: fill the context. Both are the engine's default.
+        None | Some(-1 | -2) => None,
+        Some(n) if n >= 1 => Some(n as usize),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "options.num_predict",
+                format!("num_predict must be ≥ 1, -1 or -2, got {n}"),
+            ));
+        }
+    };
+    let top_k = match o.top_k {
+        None => None,
+        Some(k) if k <= 0 => Some(0),
+        Some(k) => Some(k as usize),
+    };
+    let constraint = match format {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.is_empty() => None,
+        Some(Value::String(s)) if s == "json" => Some(Constraint::JsonObject),
+        Some(schema @ Value::Object(_)) => Some(Constraint::JsonSchema { schema: schema.clone(), strict: false }),
+        Some(other) => {
+            return Err(ApiError::invalid("format", format!("format is \"json\" or a JSON schema, got {other}")));
+        }
+    };
+    let mut kwargs = serde_json::Map::new();
+    match think {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(on)) => {
+            kwargs.insert("enable_thinking".into(), (*on).into());
+        }
+        Some(Value::String(level)) if matches!(level.as_str(), "low" | "medium" | "high") => {
+            kwargs.insert("enable_thinking".into(), true.into());
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "think",
+                format!("think is true, false, \"low\", \"medium\" or \"high\", got {other}"),
+            ));
+        }
+    }
+    Ok(Options {
+        max_tokens,
+        temperature: o.temperature,
+        top_p: o.top_p,
+        top_k,
+        min_p: o.min_p,
+        repetition_penalty: o.repeat_penalty,
+        presence_penalty: o.presence_penalty,
+        frequency_penalty: o.frequency_penalty,
+        seed: o.seed.map(|s| s as u64),
+        stop: o.stop.clone().unwrap_or_default(),
+        constraint,
+        chat_template_kwargs: kwargs,
+        ..Options::default()
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Generate,
+}
+
+/// Ollama's chat and generate shapes; tool calls go out whole (Ollama's arguments are an
+/// object), when the answer finishes.
+struct Ollama {
+    api: Api,
+    calls_sent: usize,
+}
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+fn done_reason(finish: FinishReason) -> &'static str {
+    match finish {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::ToolCalls | FinishReason::Abort | FinishReason::Error => "stop",
+    }
+}
+
+fn call_json(call: &ToolCallOut, index: usize) -> Value {
+    let arguments =
+        serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| Value::String(call.arguments.clone()));
+    json!({"id": call.id, "function": {"index": index, "name": call.name, "arguments": arguments}})
+}
+
+impl Ollama {
+    /// One line (or the whole answer): text, thinking and tool calls in this API's shape.
+    fn piece(&self, g: &Generation, text: &str, thinking: &str, calls: &[Value]) -> Value {
+        let mut body = json!({"model": g.model(), "created_at": rfc3339(super::unix_now())});
+        match self.api {
+            Api::Chat => {
+                let mut message = json!({"role": "assistant", "content": text});
+                if !thinking.is_empty() {
+                    message["thinking"] = thinking.into();
+                }
+                if !calls.is_empty() {
+                    message["tool_calls"] = calls.to_vec().into();
+                }
+                body["message"] = message;
+            }
+            Api::Generate => {
+                body["response"] = text.into();
+                if !thinking.is_empty() {
+                    body["thinking"] = thinking.into();
+                }
+            }
+        }
+        body["done"] = false.into();
+        body
+    }
+
+    /// Marks `body` as the last one: finish and Ollama's counts and durations.
+    fn done(g: &Generation, body: &mut Value) {
+        let choice = &g.answer().choices()[0];
+        let usage = g.answer().usage();
+        let total = g.elapsed();
+        let prompt = g.first_token_after(0).unwrap_or(total);
+        body["done"] = true.into();
+        body["done_reason"] = done_reason(choice.finish).into();
+        body["total_duration"] = nanos(total).into();
+        body["load_duration"] = 0.into();
+        body["prompt_eval_count"] = usage.prompt_tokens.into();
+        body["prompt_eval_duration"] = nanos(prompt).into();
+        body["eval_count"] = usage.completion_tokens.into();
+        body["eval_duration"] = nanos(total.saturating_sub(prompt)).into();
+    }
+}
+
+impl Dialect for Ollama {
+    const SHAPE: ErrorShape = ErrorShape::Ollama;
+    const TRANSPORT: Transport = Transport::NdJson;
+
+    fn body(&mut self, g: &Generation) -> Value {
+        let choice = &g.answer().choices()[0];
+        let calls: Vec<Value> = choice.tool_calls.iter().enumerate().map(|(i, c)| call_json(c, i)).collect();
+        let mut body = self.piece(g, &choice.text, &choice.reasoning, &calls);
+        Self::done(g, &mut body);
+        body
+    }
+
+    fn open(&mut self, _: &Generation) -> Vec<Frame> {
+        Vec::new()
+    }
+
+    fn step(&mut self, g: &Generation, step: &Step) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        if !step.text.is_empty() || !step.reasoning.is_empty() {
+            frames.push(Frame::data(&self.piece(g, &step.text, &step.reasoning, &[])));
+        }
+        match step.finish {
+            Some(FinishReason::Error) => frames.push(Frame::data(&g.engine_error().body_in(ErrorShape::Ollama))),
+            Some(_) => {
+                let choice = &g.answer().choices()[0];
+                let calls: Vec<Value> =
+                    choice.tool_calls.iter().enumerate().skip(self.calls_sent).map(|(i, c)| call_json(c, i)).collect();
+                self.calls_sent = choice.tool_calls.len();
+                if !calls.is_empty() {
+                    frames.push(Frame::data(&self.piece(g, "", "", &calls)));
+                }
+                let mut last = self.piece(g, "", "", &[]);
+                Self::done(g, &mut last);
+                frames.push(Frame::data(&last));
+            }
+            None => {}
+        }
+        frames
+    }
+
+    fn close(&mut self, _: &Generation) -> Vec<Frame> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,539 @@
+//! The API dialects beside OpenAI chat (Responses, Anthropic Messages, Ollama) against the real
+//! server: each answers a conversation as chat completions do, streamed pieces add up to the
+//! whole answer, tools and reasoning come in each dialect's shape, stored responses continue
+//! on their cached prefix, and errors come in each dialect's shape without changing anything.
+
+use llaisys_server::Server;
+use llaisys_tests::{FixtureCopy, fixture_dir};
+use serde_json::{Value, json};
+
+mod common;
+use common::{events, get, post, server_for, url};
+
+const FIXTURE: &str = "tiny-untied-f32";
+const TOOLS_FIXTURE: &str = "tiny-tied-f32";
+
+/// The text of a Responses `response` (its message items' output text).
+fn output_text(r: &Value) -> String {
+    let items = r["output"].as_array().unwrap_or_else(|| panic!("no output: {r}"));
+    let messages = items.iter().filter(|i| i["type"] == "message");
+    messages.flat_map(|m| m["content"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap())).collect()
+}
+
+/// The text blocks of an Anthropic `message`.
+fn message_text(r: &Value) -> String {
+    let blocks = r["content"].as_array().unwrap_or_else(|| panic!("no content: {r}"));
+    blocks.iter().filter(|b| b["type"] == "text").map(|b| b["text"].as_str().unwrap()).collect()
+}
+
+/// The lines of an NDJSON response.
+async fn ndjson(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let r = reqwest::Client::new().post(url(s, path)).json(&body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.headers()["content-type"], "application/x-ndjson");
+    r.text().await.unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The named events' data as JSON, checking each event's name is its data's `type`.
+async fn typed_events(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let all = events(s, path, body).await;
+    all.into_iter()
+        .map(|(name, data)| {
+            let value: Value = serde_json::from_str(&data).unwrap();
+            assert_eq!(name.as_deref(), value["type"].as_str(), "{value}");
+            value
+        })
+        .collect()
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> impl Iterator<Item = &'a Value> {
+    let kind = kind.to_string();
+    events.iter().filter(move |e| e["type"] == kind.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dialect_gives_the_chat_completions_answer_streamed_or_not() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let (system, user) = ("You are terse.", "Hello there");
+    let (status, chat) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": FIXTURE, "max_tokens": 12, "temperature": 0,
+               "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{chat}");
+    let text = chat["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let length = chat["choices"][0]["finish_reason"] == "length";
+    let (prompt, completion) = (&chat["usage"]["prompt_tokens"], &chat["usage"]["completion_tokens"]);
+
+    // Responses.
+    let body = |stream: bool| {
+        json!({"model": FIXTURE, "max_output_tokens": 12, "temperature": 0, "instructions": system,
+               "input": user, "stream": stream, "store": false})
+    };
+    let (status, r) = post(&s, "/v1/responses", body(false)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!((r["object"].as_str(), output_text(&r)), (Some("response"), text.clone()));
+    assert_eq!(r["status"], if length { "incomplete" } else { "completed" }, "{r}");
+    assert_eq!((&r["usage"]["input_tokens"], &r["usage"]["output_tokens"]), (prompt, completion));
+    let events = typed_events(&s, "/v1/responses", body(true)).await;
+    let sequence: Vec<u64> = events.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+    assert_eq!(sequence, (0..events.len() as u64).collect::<Vec<_>>());
+    assert_eq!(events[0]["type"], "response.created");
+    let streamed: String =
+        of_type(&events, "response.output_text.delta").map(|e| e["delta"].as_str().unwrap()).collect();
+    assert_eq!(streamed, text);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], if length { "response.incomplete" } else { "response.completed" });
+    assert_eq!(output_text(&last["response"]), text);
+    assert_eq!(of_type(&events, "response.output_item.done").count(), 1);
+
+    // Anthropic Messages.
+    let body = |stream: bool| {
+        json!({"model": FIXTURE, "max_tokens": 12, "temperature": 0, "system": system,
+               "messages": [{"role": "user", "content": [{"type": "text", "text": user}]}], "stream": stream})
+    };
+    let (status, m) = post(&s, "/v1/messages", body(false)).await;
+    assert_eq!(status, 200, "{m}");
+    assert_eq!(
+        (m["type"].as_str(), m["role"].as_str(), message_text(&m)),
+        (Some("message"), Some("assistant"), text.clone())
+    );
+    assert_eq!(m["stop_reason"], if length { "max_tokens" } else { "end_turn" });
+    let input = m["usage"]["input_tokens"].as_u64().unwrap() + m["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert_eq!((Some(input), &m["usage"]["output_tokens"]), (prompt.as_u64(), completion));
+    let events = typed_events(&s, "/v1/messages", body(true)).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"message_start"));
+    assert_eq!(kinds.last(), Some(&"message_stop"));
+    assert_eq!(kinds.iter().filter(|k| **k == "message_delta").count(), 1);
+    assert_eq!(kinds.iter().filter(|k| **k == "content_block_start").count(), 1);
+    let streamed: String =
+        of_type(&events, "content_block_delta").map(|e| e["delta"]["text"].as_str().unwrap()).collect();
+    assert_eq!(streamed, text);
+    let (_, count) = post(
+        &s,
+        "/v1/messages/count_tokens",
+        json!({"model": FIXTURE, "system": system, "messages": [{"role": "user", "content": user}]}),
+    )
+    .await;
+    assert_eq!(count["input_tokens"].as_u64(), prompt.as_u64(), "{count}");
+
+    // Ollama: chat, and generate with the same system prompt and prompt.
+    let body = |stream: bool| {
+        json!({"model": FIXTURE, "stream": stream, "options": {"temperature": 0, "num_predict": 12},
+               "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+    };
+    let (status, o) = post(&s, "/api/chat", body(false)).await;
+    assert_eq!(status, 200, "{o}");
+    assert_eq!((o["message"]["content"].as_str(), o["done"].as_bool()), (Some(text.as_str()), Some(true)));
+    assert_eq!((&o["prompt_eval_count"], &o["eval_count"]), (prompt, completion));
+    assert_eq!(o["done_reason"], if length { "length" } else { "stop" });
+    let lines = ndjson(&s, "/api/chat", body(true)).await;
+    assert!(lines.iter().rev().skip(1).all(|l| l["done"] == false) && lines.last().unwrap()["done"] == true);
+    let streamed: String = lines.iter().map(|l| l["message"]["content"].as_str().unwrap()).collect();
+    assert_eq!(streamed, text);
+    let (status, g) = post(
+        &s,
+        "/api/generate",
+        json!({"model": FIXTURE, "system": system, "prompt": user, "stream": false,
+               "options": {"temperature": 0, "num_predict": 12}}),
+    )
+    .await;
+    assert_eq!((status, g["response"].as_str()), (200, Some(text.as_str())), "{g}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_responses_continue_on_their_cached_prefix_and_can_be_deleted() {
+    let s = server_for(&fixture_dir(FIXTURE), &[("server.stored_responses", "2")]).await;
+    let turn = |input: Value, previous: Option<&str>| {
+        json!({"model": FIXTURE, "max_output_tokens": 6, "temperature": 0, "input": input,
+               "previous_response_id": previous})
+    };
+    let (status, first) = post(&s, "/v1/responses", turn(json!("Hello"), None)).await;
+    assert_eq!(status, 200, "{first}");
+    let id = first["id"].as_str().unwrap();
+    assert!(id.starts_with("resp_"));
+    let (status, stored) = get(&s, &format!("/v1/responses/{id}")).await;
+    assert_eq!((status, &stored), (200, &first));
+    let (_, items) = get(&s, &format!("/v1/responses/{id}/input_items")).await;
+    assert_eq!(items["data"][0]["content"], "Hello", "{items}");
+
+    let next = json!([{"role": "user", "content": [{"type": "input_text", "text": "And again"}]}]);
+    let (status, second) = post(&s, "/v1/responses", turn(next, Some(id))).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["previous_response_id"], id);
+    // The second turn's prompt is the whole conversation, and its prefix was cached.
+    let (_, chat) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": FIXTURE, "max_tokens": 1, "messages": [
+            {"role": "user", "content": "Hello"}, {"role": "assistant", "content": output_text(&first)},
+            {"role": "user", "content": "And again"}]}),
+    )
+    .await;
+    assert_eq!(second["usage"]["input_tokens"], chat["usage"]["prompt_tokens"], "{second} {chat}");
+    let total_first = first["usage"]["total_tokens"].as_u64().unwrap();
+    let cached = second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached + 1 >= total_first, "the first turn's tokens come from the cache: {cached} of {total_first}");
+
+    // `store: false` keeps nothing; a deleted or evicted response cannot be continued.
+    let (_, unstored) =
+        post(&s, "/v1/responses", json!({"model": FIXTURE, "max_output_tokens": 2, "input": "x", "store": false}))
+            .await;
+    assert_eq!(get(&s, &format!("/v1/responses/{}", unstored["id"].as_str().unwrap())).await.0, 404);
+    let deleted = reqwest::Client::new().delete(url(&s, &format!("/v1/responses/{id}"))).send().await.unwrap();
+    assert_eq!(deleted.status().as_u16(), 200);
+    assert_eq!(get(&s, &format!("/v1/responses/{id}")).await.0, 404);
+    let (status, err) = post(&s, "/v1/responses", turn(json!("x"), Some(id))).await;
+    assert_eq!((status, err["error"]["param"].as_str()), (400, Some("previous_response_id")), "{err}");
+    // The store holds two: a third drops the oldest.
+    let second_id = second["id"].as_str().unwrap();
+    for _ in 0..2 {
+        assert_eq!(post(&s, "/v1/responses", turn(json!("y"), None)).await.0, 200);
+    }
+    assert_eq!(get(&s, &format!("/v1/responses/{second_id}")).await.0, 404);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_round_trip_in_every_dialect() {
+    let fixture = FixtureCopy::long_context(TOOLS_FIXTURE, 2048);
+    let s = server_for(fixture.path(), &[("model.name", &format!("{TOOLS_FIXTURE:?}"))]).await;
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"], "additionalProperties": false});
+    let question = "Weather in Paris?";
+    // What chat completions count for a conversation with the tool, a call and its result.
+    let chat_prompt = |arguments: &str| {
+        json!({"model": TOOLS_FIXTURE, "max_tokens": 1, "tool_choice": "none",
+               "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": schema}}],
+               "messages": [{"role": "user", "content": question},
+                            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+                            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]})
+    };
+
+    // Responses: a function_call item, then its output sent back.
+    let tools =
+        json!([{"type": "function", "name": "get_weather", "description": "Weather of a city", "parameters": schema}]);
+    let (status, r) = post(
+        &s,
+        "/v1/responses",
+        json!({"model": TOOLS_FIXTURE, "temperature": 0, "max_output_tokens": 100, "tools": tools, "tool_choice": "required", "parallel_tool_calls": false, "input": question}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let call =
+        r["output"].as_array().unwrap().iter().find(|i| i["type"] == "function_call").unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(call["name"], "get_weather");
+    assert!(call["call_id"].as_str().unwrap().starts_with("call_"));
+    let arguments: Value =
+        serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap_or_else(|e| panic!("{e}: {r}"));
+    assert!(arguments["city"].is_string(), "{call}");
+    let events = typed_events(
+        &s,
+        "/v1/responses",
+        json!({"model": TOOLS_FIXTURE, "temperature": 0, "max_output_tokens": 100, "tools": tools, "tool_choice": "required", "parallel_tool_calls": false, "input": question, "stream": true}),
+    )
+    .await;
+    let streamed: String =
+        of_type(&events, "response.function_call_arguments.delta").map(|e| e["delta"].as_str().unwrap()).collect();
+    assert_eq!(streamed, call["arguments"].as_str().unwrap(), "same seed, same call");
+    let (status, r) = post(
+        &s,
+        "/v1/responses",
+        json!({"model": TOOLS_FIXTURE, "max_output_tokens": 1, "tools": tools, "tool_choice": "none", "input": [
+            {"role": "user", "content": question},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "18 C"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let (_, chat) = post(&s, "/v1/chat/completions", chat_prompt("{\"city\": \"Paris\"}")).await;
+    assert_eq!(r["usage"]["input_tokens"], chat["usage"]["prompt_tokens"], "{r} {chat}");
+
+    // Anthropic: a tool_use block, streamed as input_json_delta, then a tool_result.
+    let tools = json!([{"name": "get_weather", "description": "Weather of a city", "input_schema": schema}]);
+    let body = |stream: bool| {
+        json!({"model": TOOLS_FIXTURE, "temperature": 0, "max_tokens": 100, "tools": tools, "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+               "messages": [{"role": "user", "content": question}], "stream": stream})
+    };
+    let (status, m) = post(&s, "/v1/messages", body(false)).await;
+    assert_eq!((status, m["stop_reason"].as_str()), (200, Some("tool_use")), "{m}");
+    let block = m["content"].as_array().unwrap().iter().find(|b| b["type"] == "tool_use").unwrap();
+    assert!(block["id"].as_str().unwrap().starts_with("toolu_") && block["input"]["city"].is_string(), "{block}");
+    let events = typed_events(&s, "/v1/messages", body(true)).await;
+    let partial: String =
+        of_type(&events, "content_block_delta").filter_map(|e| e["delta"]["partial_json"].as_str()).collect();
+    assert_eq!(serde_json::from_str::<Value>(&partial).unwrap(), block["input"]);
+    let start = of_type(&events, "content_block_start").next().unwrap();
+    assert_eq!(
+        (&start["content_block"]["type"], &start["content_block"]["name"]),
+        (&json!("tool_use"), &json!("get_weather"))
+    );
+    let (status, m) = post(
+        &s,
+        "/v1/messages",
+        json!({"model": TOOLS_FIXTURE, "max_tokens": 1, "tools": tools, "tool_choice": {"type": "none"}, "messages": [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "18 C"}]}]}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{m}");
+    let input = m["usage"]["input_tokens"].as_u64().unwrap() + m["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    let (_, chat) = post(&s, "/v1/chat/completions", chat_prompt(&json!({"city": "Paris"}).to_string())).await;
+    assert_eq!(Some(input), chat["usage"]["prompt_tokens"].as_u64(), "{m} {chat}");
+
+    // Ollama: calls with object arguments in the history, results as `tool` messages.
+    let (status, o) = post(
+        &s,
+        "/api/chat",
+        json!({"model": TOOLS_FIXTURE, "stream": false, "options": {"num_predict": 1},
+               "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": schema}}],
+               "messages": [{"role": "user", "content": question},
+                            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                            {"role": "tool", "content": "18 C"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{o}");
+    assert!(o["prompt_eval_count"].as_u64().unwrap() > 0);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_comes_as_each_dialects_thinking() {
+    let thinking = FixtureCopy::thinking("tiny-qwen3-f32");
+    let name = thinking.path().file_name().unwrap().to_string_lossy().to_string();
+    let s = server_for(thinking.path(), &[]).await;
+    let (_, chat) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": name, "max_tokens": 10, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    let reasoning = chat["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or_else(|| panic!("{chat}"));
+    assert!(!reasoning.is_empty());
+
+    let (_, m) = post(
+        &s,
+        "/v1/messages",
+        json!({"model": name, "max_tokens": 10, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!(
+        (&m["content"][0]["type"], &m["content"][0]["thinking"]),
+        (&json!("thinking"), &json!(reasoning)),
+        "{m}"
+    );
+    let events = typed_events(
+        &s,
+        "/v1/messages",
+        json!({"model": name, "max_tokens": 10, "temperature": 0, "stream": true, "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    let streamed: String =
+        of_type(&events, "content_block_delta").filter_map(|e| e["delta"]["thinking"].as_str()).collect();
+    assert_eq!(streamed, reasoning);
+
+    let (_, r) =
+        post(&s, "/v1/responses", json!({"model": name, "max_output_tokens": 10, "temperature": 0, "input": "Hi"}))
+            .await;
+    let item = &r["output"][0];
+    assert_eq!((&item["type"], &item["content"][0]["text"]), (&json!("reasoning"), &json!(reasoning)), "{r}");
+    assert!(r["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64().unwrap() > 0, "{r}");
+
+    let (_, o) = post(
+        &s,
+        "/api/chat",
+        json!({"model": name, "stream": false, "options": {"temperature": 0, "num_predict": 10}, "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!(o["message"]["thinking"], reasoning, "{o}");
+    s.shutdown().await;
+
+    // Thinking off in each dialect's words: the template closes the think block (4 more tokens).
+    let s = server_for(&fixture_dir("tiny-qwen3-f32"), &[]).await;
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    let (_, on) =
+        post(&s, "/v1/chat/completions", json!({"model": "tiny-qwen3-f32", "max_tokens": 1, "messages": user})).await;
+    let on = on["usage"]["prompt_tokens"].as_u64().unwrap();
+    let (_, m) = post(
+        &s,
+        "/v1/messages/count_tokens",
+        json!({"model": "tiny-qwen3-f32", "thinking": {"type": "disabled"}, "messages": user}),
+    )
+    .await;
+    assert_eq!(m["input_tokens"].as_u64(), Some(on + 4), "{m}");
+    let (_, r) = post(
+        &s,
+        "/v1/responses",
+        json!({"model": "tiny-qwen3-f32", "max_output_tokens": 1, "reasoning": {"effort": "none"}, "input": user}),
+    )
+    .await;
+    assert_eq!(r["usage"]["input_tokens"].as_u64(), Some(on + 4), "{r}");
+    let (_, o) = post(&s, "/api/chat", json!({"model": "tiny-qwen3-f32", "stream": false, "think": false, "options": {"num_predict": 1}, "messages": user})).await;
+    assert_eq!(o["prompt_eval_count"].as_u64(), Some(on + 4), "{o}");
+    let (_, show) = post(&s, "/api/show", json!({"model": "tiny-qwen3-f32"})).await;
+    assert!(show["capabilities"].as_array().unwrap().contains(&json!("thinking")), "{show}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_come_in_each_dialects_shape_and_change_nothing() {
+    let s = server_for(&fixture_dir(FIXTURE), &[("server.max_body_bytes", "4096")]).await;
+    let good =
+        json!({"model": FIXTURE, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]});
+    let (_, before) = post(&s, "/v1/messages", good.clone()).await;
+    let anthropic = [
+        (json!({"model": FIXTURE, "messages": []}), 400, "invalid_request_error"),
+        (json!({"model": "claude-opus", "max_tokens": 4, "messages": []}), 404, "not_found_error"),
+        (
+            json!({"model": FIXTURE, "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            json!({"model": FIXTURE, "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            json!({"model": FIXTURE, "max_tokens": 4, "tool_choice": {"type": "sometimes"}, "messages": [{"role": "user", "content": "x"}]}),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            json!({"model": FIXTURE, "max_tokens": 4, "tools": [{"type": "web_search_20250305", "name": "web_search"}], "messages": [{"role": "user", "content": "x"}]}),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            json!({"model": FIXTURE, "max_tokens": 4, "messages": [{"role": "user", "content": "x".repeat(5000)}]}),
+            413,
+            "request_too_large",
+        ),
+    ];
+    for (i, (body, status, kind)) in anthropic.into_iter().enumerate() {
+        let (got, err) = post(&s, "/v1/messages", body).await;
+        assert_eq!(
+            (got, err["type"].as_str(), err["error"]["type"].as_str()),
+            (status, Some("error"), Some(kind)),
+            "case {i}: {err}"
+        );
+        assert!(err["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "case {i}");
+    }
+    let (status, err) = post(&s, "/v1/messages/count_tokens", json!({"model": "nope", "messages": []})).await;
+    assert_eq!((status, err["error"]["type"].as_str()), (404, Some("not_found_error")));
+
+    let responses = [
+        (json!({"model": FIXTURE, "input": [{"type": "input_image", "image_url": "x"}]}), "input[0].type"),
+        (json!({"model": FIXTURE, "input": "x", "previous_response_id": "resp_nope"}), "previous_response_id"),
+        (json!({"model": FIXTURE, "input": "x", "max_output_tokens": 0}), "max_output_tokens"),
+        (json!({"model": FIXTURE, "input": "x", "tools": [{"type": "web_search"}]}), "tools[0].type"),
+        (json!({"model": FIXTURE, "input": "x", "reasoning": {"effort": "lots"}}), "reasoning.effort"),
+        (json!({"model": FIXTURE, "input": [{"role": "robot", "content": "x"}]}), "input[0].role"),
+    ];
+    for (i, (body, param)) in responses.into_iter().enumerate() {
+        let (status, err) = post(&s, "/v1/responses", body).await;
+        assert_eq!((status, err["error"]["param"].as_str()), (400, Some(param)), "case {i}: {err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error");
+    }
+    assert_eq!(get(&s, "/v1/responses/resp_nope").await.0, 404);
+
+    let ollama = [
+        (json!({"model": "llama3", "messages": []}), 404),
+        (json!({"model": FIXTURE, "messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 0}}), 400),
+        (json!({"model": FIXTURE, "messages": [{"role": "user", "content": "x"}], "format": 5}), 400),
+        (json!({"model": FIXTURE, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}), 400),
+        (json!({"model": FIXTURE, "messages": [{"role": "user", "content": "x"}], "think": "maybe"}), 400),
+    ];
+    for (i, (body, status)) in ollama.into_iter().enumerate() {
+        let (got, err) = post(&s, "/api/chat", body).await;
+        assert_eq!(got, status, "case {i}: {err}");
+        assert!(err["error"].as_str().is_some_and(|m| !m.is_empty()), "case {i}: {err}");
+    }
+    let raw = reqwest::Client::new().post(url(&s, "/api/generate")).body("{oops").send().await.unwrap();
+    assert_eq!(raw.status().as_u16(), 400);
+    assert!(raw.json::<Value>().await.unwrap()["error"].is_string());
+
+    let (status, after) = post(&s, "/v1/messages", good).await;
+    assert_eq!((status, message_text(&after)), (200, message_text(&before)), "the server still answers the same");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_taken_as_bearer_or_x_api_key_and_refused_in_the_routes_shape() {
+    let s = server_for(&fixture_dir(FIXTURE), &[("server.api_keys", r#"["sk-test"]"#)]).await;
+    let client = reqwest::Client::new();
+    let body = json!({"model": FIXTURE, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]});
+    let with_x = client.post(url(&s, "/v1/messages")).header("x-api-key", "sk-test").json(&body).send().await.unwrap();
+    assert_eq!(with_x.status().as_u16(), 200);
+    let without = client.post(url(&s, "/v1/messages")).json(&body).send().await.unwrap();
+    assert_eq!(without.status().as_u16(), 401);
+    assert_eq!(without.json::<Value>().await.unwrap()["error"]["type"], "authentication_error");
+    let tags = client.get(url(&s, "/api/tags")).header("x-api-key", "sk-wrong").send().await.unwrap();
+    assert_eq!(tags.status().as_u16(), 401);
+    assert!(tags.json::<Value>().await.unwrap()["error"].is_string(), "Ollama's shape");
+    let tags = client.get(url(&s, "/api/tags")).bearer_auth("sk-test").send().await.unwrap();
+    assert_eq!(tags.status().as_u16(), 200);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_answers_listed_origins_only() {
+    let s = server_for(&fixture_dir(FIXTURE), &[("server.cors_origins", r#"["https://app.example"]"#)]).await;
+    let client = reqwest::Client::new();
+    let preflight = |origin: &'static str| {
+        client
+            .request(reqwest::Method::OPTIONS, url(&s, "/v1/chat/completions"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "authorization, content-type")
+            .send()
+    };
+    let ok = preflight("https://app.example").await.unwrap();
+    assert_eq!(ok.status().as_u16(), 204);
+    assert_eq!(ok.headers()["access-control-allow-origin"], "https://app.example");
+    assert_eq!(ok.headers()["access-control-allow-headers"], "authorization, content-type");
+    assert!(ok.headers()["access-control-allow-methods"].to_str().unwrap().contains("POST"));
+    let other = preflight("https://evil.example").await.unwrap();
+    assert!(!other.headers().contains_key("access-control-allow-origin"));
+    let models = client.get(url(&s, "/v1/models")).header("origin", "https://app.example").send().await.unwrap();
+    assert_eq!(models.headers()["access-control-allow-origin"], "https://app.example");
+    assert_eq!(models.headers()["access-control-expose-headers"], "x-request-id, retry-after");
+    s.shutdown().await;
+
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let models = client.get(url(&s, "/v1/models")).header("origin", "https://app.example").send().await.unwrap();
+    assert!(!models.headers().contains_key("access-control-allow-origin"), "off by default");
+    s.shutdown().await;
+    let path = format!("{:?}", fixture_dir(FIXTURE).display().to_string());
+    for origin in [r#"["https://app.example/"]"#, r#"["app.example"]"#] {
+        let settings = [("model.path".to_string(), path.clone()), ("server.cors_origins".to_string(), origin.into())];
+        let bad = llaisys_server::Config::load(None, std::iter::empty(), &settings);
+        assert!(bad.is_err_and(|e| e.to_string().contains("server.cors_origins")), "{origin}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollama_lists_shows_and_reports_the_served_models() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let (_, version) = get(&s, "/api/version").await;
+    assert!(version["version"].as_str().is_some_and(|v| v.split('.').count() == 3), "{version}");
+    let (_, tags) = get(&s, "/api/tags").await;
+    assert_eq!(tags["models"][0]["name"], FIXTURE);
+    assert_eq!(tags["models"][0]["details"]["family"], "qwen2");
+    let (_, ps) = get(&s, "/api/ps").await;
+    assert_eq!(ps["models"][0]["context_length"], 256, "{ps}");
+    let (status, show) = post(&s, "/api/show", json!({"model": FIXTURE})).await;
+    assert_eq!(status, 200, "{show}");
+    assert_eq!(show["model_info"]["general.architecture"], "qwen2");
+    assert!(show["template"].as_str().unwrap().contains("im_start"), "the chat template's source");
+    assert!(show["capabilities"].as_array().unwrap().contains(&json!("completion")));
+    let (status, _) = post(&s, "/api/show", json!({"model": "nope"})).await;
+    assert_eq!(status, 404);
+    let (status, load) = post(&s, "/api/generate", json!({"model": FIXTURE})).await;
+    assert_eq!((status, load["done_reason"].as_str()), (200, Some("load")), "an empty prompt loads the model");
+    s.shutdown().await;
+}
