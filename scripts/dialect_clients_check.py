@@ -114,6 +114,18 @@ parsed = tools_oa.responses.parse(
 )
 report("responses_parse", parsed=parsed.output_parsed.model_dump() if parsed.output_parsed else None)
 
+# Embeddings: the SDK asks for base64 and decodes it itself.
+embedded = oa.embeddings.create(model=model, input=["Hello", "A cat sat on the mat"])
+floats = oa.embeddings.create(model=model, input="Hello", encoding_format="float")
+report(
+    "embeddings",
+    count=len(embedded.data),
+    dims=len(embedded.data[0].embedding),
+    same=max(abs(a - b) for a, b in zip(embedded.data[0].embedding, floats.data[0].embedding)),
+    norm=sum(x * x for x in embedded.data[1].embedding),
+    tokens=embedded.usage.prompt_tokens,
+)
+
 # --- Anthropic Messages ---
 an = anthropic.Anthropic(base_url=host, api_key="unused")
 message = an.messages.create(
@@ -178,6 +190,12 @@ report("ollama_chat", text=chat.message.content, streamed=streamed, done=chat.do
 generated = ol.generate(model=model, prompt="Hello", options=options)
 streamed = "".join(part.response for part in ol.generate(model=model, prompt="Hello", options=options, stream=True))
 report("ollama_generate", text=generated.response, streamed=streamed)
+embedded = ol.embed(model=model, input=["Hello", "A cat sat on the mat"])
+report(
+    "ollama_embed",
+    count=len(embedded.embeddings),
+    same=max(abs(a - b) for a, b in zip(embedded.embeddings[0], floats.data[0].embedding)),
+)
 report("ollama_list", names=[m.model for m in ol.list().models])
 shown = ol.show(model)
 report("ollama_show", capabilities=shown.capabilities, architecture=shown.modelinfo["general.architecture"])

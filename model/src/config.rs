@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 
 use crate::arch::{self, Architecture, Bias};
 use crate::error::LoadError;
+use crate::lm::Pooling;
 
 /// The element type of a checkpoint's tensors (`torch_dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,12 +95,32 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// `eos_token_id` may be one id or a list in the file.
     pub eos_token_ids: Vec<u32>,
+    /// How embeddings pool (`pooling`: from a sentence-transformers `1_Pooling/config.json`, or
+    /// a GGUF's `pooling_type`); `None`: not said.
+    pub pooling: Option<Pooling>,
 }
 
 impl ModelConfig {
     /// Reads and validates `DIR/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
-        Self::from_value(read_json(&dir.join("config.json"))?)
+        let mut value = read_json(&dir.join("config.json"))?;
+        // sentence-transformers says how its embeddings pool beside the checkpoint.
+        let pooling = dir.join("1_Pooling/config.json");
+        if pooling.exists() {
+            let modes = read_json(&pooling)?;
+            let on = |mode: &str| modes.get(mode).and_then(Value::as_bool) == Some(true);
+            let name = if on("pooling_mode_lasttoken") {
+                Some("last")
+            } else if on("pooling_mode_mean_tokens") {
+                Some("mean")
+            } else {
+                None
+            };
+            if let (Some(name), Value::Object(obj)) = (name, &mut value) {
+                obj.entry("pooling").or_insert(name.into());
+            }
+        }
+        Self::from_value(value)
     }
 
     /// Parses and validates the text of a `config.json`.
@@ -167,6 +188,16 @@ impl ModelConfig {
             },
             bos_token_id: f.opt_token("bos_token_id")?,
             eos_token_ids: f.token_list("eos_token_id")?,
+            pooling: match f.get("pooling") {
+                None => None,
+                Some(Value::String(name)) if Pooling::parse(name).is_some() => Pooling::parse(name),
+                Some(other) => {
+                    return Err(LoadError::Config {
+                        field: "pooling".into(),
+                        reason: format!("expected \"last\" or \"mean\", found {other}"),
+                    });
+                }
+            },
         };
         config.validate()?;
         Ok(config)

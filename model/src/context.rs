@@ -7,7 +7,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use crate::batch::{Batch, Limits, validate};
 use crate::error::DecodeError;
 use crate::kv::KvCache;
-use crate::lm::{LanguageModel, ModelInfo};
+use crate::kv::{Pos, SeqId};
+use crate::lm::{LanguageModel, ModelInfo, Pooling};
 use crate::output::Outputs;
 
 pub struct Context {
@@ -87,6 +88,71 @@ impl Context {
                 Err(e)
             }
         }
+    }
+}
+
+impl Context {
+    /// Runs `batch` for its final hidden states (embeddings): [n_outputs · hidden] f32, the
+    /// flagged rows in order. The batch's keys and values go to a scratch cache of its own size
+    /// that is dropped after, so the context's cache, its cells and its outputs are untouched
+    /// (no KV is kept; running sequences are not disturbed). Each sequence starts at position 0.
+    pub fn embed(&self, batch: &Batch) -> Result<Vec<f32>, DecodeError> {
+        let info = self.model.info();
+        let limits =
+            Limits { vocab_size: info.vocab_size, hidden_size: info.hidden_size, context_length: info.context_length };
+        let mut scratch =
+            KvCache::new(self.model.kv_layout(), batch.len().max(1), info.context_length, self.model.device());
+        let valid = validate(batch, scratch.cells(), &limits)?;
+        let placement = scratch
+            .cells()
+            .find_slots(valid.len())
+            .ok_or(DecodeError::NoKvSlot { needed: valid.len(), free: scratch.cells().free() })?;
+        scratch.cells_mut().occupy(&placement, &valid.pos, &valid.seqs);
+        let model = &self.model;
+        catch_unwind(AssertUnwindSafe(|| {
+            let hidden = model.hidden(&valid, &placement, &mut scratch, &|| false)?;
+            hidden.try_into_vec_as::<f32>().map_err(|e| DecodeError::Internal(format!("reading hidden states: {e:?}")))
+        }))
+        .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))))
+    }
+}
+
+impl Context {
+    /// One embedding per input (token ids, each its own sequence from position 0), pooled from
+    /// the final hidden states as `pooling` says, not normalised: [inputs][hidden]. The inputs
+    /// run as one batch through a scratch cache (see [`Context::embed`]); at most
+    /// [`crate::kv::MAX_SEQ`] of them.
+    pub fn embeddings(&self, inputs: &[Vec<u32>], pooling: Pooling) -> Result<Vec<Vec<f32>>, DecodeError> {
+        if inputs.len() > crate::kv::MAX_SEQ {
+            let msg = format!("{} inputs in one batch; at most {}", inputs.len(), crate::kv::MAX_SEQ);
+            return Err(DecodeError::InvalidInput(msg));
+        }
+        let mut batch = Batch::new();
+        for (seq, ids) in inputs.iter().enumerate() {
+            if ids.is_empty() {
+                return Err(DecodeError::InvalidInput(format!("input {seq} is empty")));
+            }
+            for (i, &t) in ids.iter().enumerate() {
+                let wanted = pooling == Pooling::Mean || i + 1 == ids.len();
+                batch.push(t, i as Pos, &[seq as SeqId], wanted);
+            }
+        }
+        let hidden = self.info().hidden_size;
+        let rows = self.embed(&batch)?;
+        let mut rows = rows.chunks_exact(hidden);
+        Ok(inputs
+            .iter()
+            .map(|ids| match pooling {
+                Pooling::Last => rows.next().map_or_else(Vec::new, <[f32]>::to_vec),
+                Pooling::Mean => {
+                    let mut sum = vec![0f64; hidden];
+                    for row in rows.by_ref().take(ids.len()) {
+                        sum.iter_mut().zip(row).for_each(|(s, &v)| *s += f64::from(v));
+                    }
+                    sum.iter().map(|s| (s / ids.len() as f64) as f32).collect()
+                }
+            })
+            .collect())
     }
 }
 

@@ -34,7 +34,7 @@ pub use device::{DeviceError, DeviceSpec};
 pub use error::{DecodeError, KvError, LoadError};
 pub use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd};
 pub use kv::{KvCache, Pos, PosRange, SeqId};
-pub use lm::{LanguageModel, ModelInfo};
+pub use lm::{LanguageModel, ModelInfo, Pooling};
 pub use output::{Outputs, argmax};
 pub use registry::{LoadOptions, MODEL_TYPES, load_model, model_info};
 pub use sampling::{Sampled, Sampler, SamplingParams};

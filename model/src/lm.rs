@@ -18,6 +18,30 @@ pub struct ModelInfo {
     pub context_length: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// How its embeddings pool the final hidden states (the model's files say; else `Last`).
+    pub pooling: Pooling,
+}
+
+/// How a sequence's final hidden states become one embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// The last token's (decoder embedding models: Qwen3-Embedding, gte-Qwen2, e5-mistral).
+    #[default]
+    Last,
+    /// The mean over the tokens.
+    Mean,
+}
+
+impl Pooling {
+    /// From its name (`last`, `mean`).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "last" => Some(Self::Last),
+            "mean" => Some(Self::Mean),
+            _ => None,
+        }
+    }
 }
 
 /// A causal language model over a [`KvCache`]. Weights are immutable during a forward pass;
@@ -37,6 +61,20 @@ pub trait LanguageModel: Send {
         cache: &mut KvCache,
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError>;
+
+    /// Runs one batch as `forward` does but returns the final hidden states of
+    /// `batch.out_rows` (after the last norm, before the output projection): [n_outputs,
+    /// hidden], what embeddings are pooled from. A model without them says so.
+    fn hidden(
+        &self,
+        batch: &ValidBatch<'_>,
+        placement: &Placement,
+        cache: &mut KvCache,
+        abort: &dyn Fn() -> bool,
+    ) -> Result<Tensor<2>, DecodeError> {
+        let _ = (batch, placement, cache, abort);
+        Err(DecodeError::InvalidInput("this model gives no hidden states (embeddings)".into()))
+    }
 
     /// Re-rotates cached keys after `seq_add`: `shifts` is \[extent\], the position delta of each
     /// cell (0 = unchanged).

@@ -101,6 +101,7 @@ impl Mock {
             context_length: context,
             bos_token_id: None,
             eos_token_ids: eos,
+            pooling: crate::Pooling::Last,
         }
     }
 

@@ -52,6 +52,9 @@ const REQUEST_HELP: &[(&str, &str)] = &[
     ("llaisys_request_errors_total", "Error responses by route and error type."),
     ("llaisys_constrained_requests_total", "Requests with a constraint (T1), by kind."),
     ("llaisys_grammar_mask_seconds", "Time to compute one token's grammar mask."),
+    ("llaisys_embedding_inputs_total", "Inputs embedded (embeddings and rerank)."),
+    ("llaisys_embedding_tokens_total", "Tokens embedded."),
+    ("llaisys_embedding_latency_seconds", "Time to embed one request's inputs, once admitted."),
 ];
 
 pub struct Metrics {
@@ -107,6 +110,13 @@ impl Metrics {
         self.counter("llaisys_prompt_tokens_total", &[m()], prompt as u64);
         self.counter("llaisys_generation_tokens_total", &[m()], generated as u64);
         self.histogram("llaisys_e2e_request_latency_seconds", model, e2e);
+    }
+
+    /// An embedding request answered.
+    pub fn embedded(&self, model: &str, inputs: usize, tokens: usize, latency: Duration) {
+        self.counter("llaisys_embedding_inputs_total", &[("model", model.into())], inputs as u64);
+        self.counter("llaisys_embedding_tokens_total", &[("model", model.into())], tokens as u64);
+        self.histogram("llaisys_embedding_latency_seconds", model, latency);
     }
 
     pub fn first_token(&self, model: &str, ttft: Duration) {

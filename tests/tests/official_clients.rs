@@ -162,6 +162,11 @@ async fn the_official_responses_anthropic_and_ollama_clients_work_unchanged() {
         "{r}"
     );
 
+    let e = get("embeddings");
+    assert_eq!((e["count"].as_u64(), e["dims"].as_u64()), (Some(2), Some(64)), "{e}");
+    assert!(e["same"].as_f64().unwrap() < 1e-6, "base64 decodes to the floats: {e}");
+    assert!((e["norm"].as_f64().unwrap() - 1.0).abs() < 1e-4, "{e}");
+
     let a = get("anthropic");
     assert_eq!(
         (&a["text"], a["stop_reason"].as_str(), a["output_tokens"].as_u64()),
@@ -192,6 +197,8 @@ async fn the_official_responses_anthropic_and_ollama_clients_work_unchanged() {
     );
     let o = get("ollama_generate");
     assert_eq!(&o["text"], &o["streamed"], "{o}");
+    let o = get("ollama_embed");
+    assert!(o["count"] == 2 && o["same"].as_f64().unwrap() < 1e-6, "{o}");
     assert_eq!(get("ollama_list")["names"], serde_json::json!([FIXTURE]));
     assert_eq!(get("ollama_ps")["names"], serde_json::json!([FIXTURE]));
     let o = get("ollama_show");

@@ -4,6 +4,7 @@
 //! `abort`); `shutdown` drains them first.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use llaisys_model::{Constraint, Device, Guidance, LanguageModel, LoadError, ModelInfo, Tokenizer};
 use ractor::{Actor, ActorRef};
@@ -16,8 +17,8 @@ use super::event::EventStream;
 use super::stats::{EngineStats, LOCAL_NODE, ReplicaStats};
 use crate::cluster::{FrontParts, ToFront};
 use crate::host::{
-    ChatRequest, CompletionRequest, EngineBuilder, Frontend, GenerateRequest, Generation, ModelText, RequestError,
-    RequestLimits, ValidRequest,
+    ChatRequest, CompletionRequest, EmbedRequest, Embeddings, EngineBuilder, Frontend, GenerateRequest, Generation,
+    ModelText, RequestError, RequestLimits, ValidRequest,
 };
 use crate::placement::{PlacementConfig, PlacerActor, PlacerArgs, Target, ToPlacer};
 use crate::request::{FinishReason, RequestId};
@@ -47,6 +48,8 @@ struct Local {
     replicas: Vec<Replica>,
     /// Picks each request's replica when there are several.
     placer: Option<ActorRef<ToPlacer>>,
+    /// Embedding batches go to the replicas in turn.
+    next_embed: AtomicUsize,
 }
 
 impl Drop for Local {
@@ -59,6 +62,9 @@ impl Drop for Local {
         }
     }
 }
+
+/// Most tokens one embedding batch runs with (a batch of one longer input runs alone).
+pub const EMBED_BATCH_TOKENS: usize = 2048;
 
 /// The cloneable handle to one engine: one replica of the model per device (D2), each a
 /// scheduler with its worker and KV cache; with several, a placer actor picks one per request.
@@ -165,7 +171,7 @@ impl Engine {
         let frontend = Frontend::new(info, text, limits, Some(config.kv_capacity));
         let tokenizer = frontend.shared_tokenizer();
         let stride = replicas.len() as u64;
-        let mut local = Local { replicas: Vec::new(), placer: None };
+        let mut local = Local { replicas: Vec::new(), placer: None, next_embed: AtomicUsize::new(0) };
         let mut targets = Vec::new();
         for (i, (model, spec)) in replicas.into_iter().enumerate() {
             let (load, watched) = watch::channel(ReplicaLoad { available: true, ..ReplicaLoad::default() });
@@ -279,6 +285,40 @@ impl Engine {
             streams.push(EventStream::new(id, rx));
         }
         Ok(Generation::new(streams, request))
+    }
+
+    /// Embeds each input of `request` (see [`EmbedRequest`]): checked here, then run on a
+    /// worker between its steps in batches of at most [`EMBED_BATCH_TOKENS`] tokens (so long
+    /// requests do not stall the decoding ones for long), pooled, truncated and normalised.
+    pub async fn embed(&self, request: &EmbedRequest) -> Result<Embeddings, EngineError> {
+        let valid = self.frontend.embedding(request)?;
+        let Route::Local(local) = &self.route else {
+            return Err(RequestError::general("embeddings are not served through a cluster's front yet").into());
+        };
+        let mut pooled = Vec::with_capacity(valid.inputs().len());
+        let mut batch: Vec<Vec<u32>> = Vec::new();
+        let mut tokens = 0;
+        let inputs = valid.inputs().iter();
+        for input in inputs.map(Some).chain([None]) {
+            let full = input.is_some_and(|i| {
+                !batch.is_empty()
+                    && (tokens + i.len() > EMBED_BATCH_TOKENS || batch.len() == llaisys_model::kv::MAX_SEQ)
+            });
+            if (full || input.is_none()) && !batch.is_empty() {
+                let i = local.next_embed.fetch_add(1, Ordering::Relaxed) % local.replicas.len();
+                let inputs = std::mem::take(&mut batch);
+                let scheduler = &local.replicas[i].scheduler;
+                let pooling = valid.pooling;
+                let result = ractor::call!(scheduler, |reply| ToScheduler::Embed { inputs, pooling, reply });
+                pooled.extend(result.map_err(|_| self.stopped())??);
+                tokens = 0;
+            }
+            if let Some(i) = input {
+                tokens += i.len();
+                batch.push(i.clone());
+            }
+        }
+        Ok(valid.finish(pooled))
     }
 
     /// Checks and queues a request of token ids; returns its event stream.

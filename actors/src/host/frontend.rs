@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use llaisys_model::tokenizer::ChatMessage;
 use llaisys_model::{Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, Tokenizer};
 
+use super::embed::{self, EmbedRequest, ValidEmbed};
 use super::params::GenerateParams;
 use super::request::{ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, RequestError, Tool};
 use super::text::{GenerationDefaults, ModelText};
@@ -157,20 +158,32 @@ impl Frontend {
         if request.input.is_empty() {
             return Err(RequestError::invalid("prompt", "the prompt list is empty").into());
         }
-        let prompts = request
-            .input
+        let prompts = self.prompt_ids(&request.input, "prompt")?;
+        // OpenAI's completions default to 16 tokens.
+        let unchecked = self.unchecked(prompts, &request.options, Some(16), "prompt")?;
+        self.check(unchecked, "prompt")
+    }
+
+    /// Checks an embedding request and tokenizes its text inputs as completions' prompts are.
+    pub fn embedding(&self, request: &EmbedRequest) -> Result<ValidEmbed, EngineError> {
+        let inputs = self.prompt_ids(&request.inputs, "input")?;
+        let info = &self.info;
+        Ok(embed::check(request, inputs, info.vocab_size, info.context_length, info.hidden_size, info.pooling)?)
+    }
+
+    /// Prompts as token ids: text encoded as a prompt (with the BOS token where the model's
+    /// tokenizer adds one), ids as they are; an encoding error names `param`.
+    fn prompt_ids(&self, prompts: &[Prompt], param: &str) -> Result<Vec<Vec<u32>>, EngineError> {
+        prompts
             .iter()
             .map(|prompt| match prompt {
                 Prompt::Text(text) => {
                     let tokenizer = &self.text_side()?.tokenizer;
-                    Ok(tokenizer.encode_prompt(text).map_err(|e| RequestError::invalid("prompt", e.to_string()))?)
+                    Ok(tokenizer.encode_prompt(text).map_err(|e| RequestError::invalid(param, e.to_string()))?)
                 }
                 Prompt::Tokens(ids) => Ok(ids.clone()),
             })
-            .collect::<Result<Vec<_>, EngineError>>()?;
-        // OpenAI's completions default to 16 tokens.
-        let unchecked = self.unchecked(prompts, &request.options, Some(16), "prompt")?;
-        self.check(unchecked, "prompt")
+            .collect()
     }
 
     /// Checks a request of token ids with engine parameters as they are (no defaults applied).

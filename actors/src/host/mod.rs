@@ -6,11 +6,13 @@
 //! - `frontend`: chat rendering, tokenization and defaults (`Frontend`), with `tools` (T3) and
 //!   `validate`, the checks that make a `ValidRequest`, the only request the engine runs;
 //! - `text`: a model's tokenizer, chat template and generation defaults (`ModelText`);
+//! - `embed`: embedding requests (`EmbedRequest`), checked into a `ValidEmbed`;
 //! - `generation`: a running request as a `futures::Stream` of `Output`s, or its `Answer`
 //!   (`answer`: one builder adds up every choice's events).
 
 mod answer;
 mod builder;
+mod embed;
 mod frontend;
 mod generation;
 mod params;
@@ -21,6 +23,7 @@ mod validate;
 
 pub use answer::{Answer, AnswerBuilder, Choice, TokenLogprob};
 pub use builder::{BuildError, EngineBuilder};
+pub use embed::{EmbedRequest, Embeddings, ValidEmbed};
 pub use frontend::{Frontend, MAX_TOP_LOGPROBS, RequestLimits};
 pub use generation::{Generation, Output};
 pub use params::GenerateParams;

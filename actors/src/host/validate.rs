@@ -220,6 +220,7 @@ mod tests {
             context_length,
             bos_token_id: None,
             eos_token_ids: vec![2],
+            pooling: llaisys_model::Pooling::Last,
         }
     }
 

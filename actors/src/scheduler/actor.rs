@@ -236,6 +236,22 @@ impl Actor for SchedulerActor {
             ToScheduler::DeleteSession { id, reply } => {
                 let _ = reply.send(state.end_session(&id, "deleted"));
             }
+            ToScheduler::Embed { inputs, pooling, reply } => {
+                if let Some(cause) = &state.worker_lost {
+                    let device = state.device.clone();
+                    let _ = reply.send(Err(EngineError::WorkerLost { device, restart: true, cause: cause.clone() }));
+                } else {
+                    // The worker answers the caller itself, between steps.
+                    let worker = state.worker.clone();
+                    tokio::spawn(async move {
+                        let result = ractor::call!(worker, |r| ToWorker::Embed { inputs, pooling, reply: r });
+                        let _ = reply.send(match result {
+                            Ok(pooled) => pooled.map_err(EngineError::Step),
+                            Err(_) => Err(EngineError::Stopped { actor: "worker" }),
+                        });
+                    });
+                }
+            }
             ToScheduler::SessionIdle { id, actor } => {
                 let current = state.sessions.get(&id).is_some_and(|a| a.get_id() == actor);
                 let busy = state.scheduler.has_session_requests(&id);

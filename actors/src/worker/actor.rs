@@ -43,6 +43,16 @@ impl Actor for WorkerActor {
         match msg {
             ToWorker::AddRequest(id, lane) => executor.add_request(id, *lane),
             ToWorker::RemoveRequest(id) => executor.remove_request(id),
+            ToWorker::Embed { inputs, pooling, reply } => {
+                let executor = state.executor.take().ok_or("worker executor missing")?;
+                let (executor, result) = tokio::task::spawn_blocking(move || {
+                    let result = executor.context().embeddings(&inputs, pooling);
+                    (executor, result)
+                })
+                .await?;
+                state.executor = Some(executor);
+                let _ = reply.send(result);
+            }
             ToWorker::Execute(plan) => {
                 let mut executor = state.executor.take().ok_or("worker executor missing")?;
                 let (executor, plan, result, elapsed) = tokio::task::spawn_blocking(move || {

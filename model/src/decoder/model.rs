@@ -74,6 +74,7 @@ fn info_of(config: &ModelConfig) -> ModelInfo {
         context_length: config.max_position_embeddings,
         bos_token_id: config.bos_token_id,
         eos_token_ids: config.eos_token_ids.clone(),
+        pooling: config.pooling.unwrap_or_default(),
     }
 }
 
@@ -129,7 +130,17 @@ impl LanguageModel for Decoder {
         cache: &mut KvCache,
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
-        kernels::with_awake_pool(|| self.forward_awake(batch, placement, cache, abort))
+        kernels::with_awake_pool(|| Ok(self.lm_head().forward(self.trunk(batch, placement, cache, abort)?)))
+    }
+
+    fn hidden(
+        &self,
+        batch: &ValidBatch<'_>,
+        placement: &Placement,
+        cache: &mut KvCache,
+        abort: &dyn Fn() -> bool,
+    ) -> Result<Tensor<2>, DecodeError> {
+        kernels::with_awake_pool(|| self.trunk(batch, placement, cache, abort))
     }
 
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
@@ -158,8 +169,9 @@ impl LanguageModel for Decoder {
 }
 
 impl Decoder {
-    /// The pass itself (`LanguageModel::forward` keeps the pool awake around it).
-    fn forward_awake(
+    /// The pass up to the output projection: the final norm's rows of `batch.out_rows`,
+    /// [n_outputs, hidden] (`forward` and `hidden` keep the pool awake around it).
+    fn trunk(
         &self,
         batch: &ValidBatch<'_>,
         placement: &Placement,
@@ -203,6 +215,6 @@ impl Decoder {
             let len = rows.len();
             x = x.select(0, Tensor::<1, Int>::from_data(TensorData::new(rows, [len]), &self.device));
         }
-        Ok(self.lm_head().forward(self.weights.norm.forward(x))) // [n_outputs, vocab]
+        Ok(self.weights.norm.forward(x)) // [n_outputs, hidden]
     }
 }

@@ -62,6 +62,12 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         };
         obj.insert(field.into(), number.ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}")))?);
     }
+    // llama.cpp's pooling types: 1 mean, 3 last (0 none, 2 cls and 4 rank are not decoder poolings).
+    match file.get(&format!("{arch}.pooling_type")).and_then(|v| v.as_u64()) {
+        Some(1) => drop(obj.insert("pooling".into(), json!("mean"))),
+        Some(3) => drop(obj.insert("pooling".into(), json!("last"))),
+        _ => {}
+    }
     let embed = file.tensor("token_embd.weight").ok_or_else(|| file.error("no token_embd.weight tensor"))?;
     obj.insert("vocab_size".into(), json!(embed.shape()[0]));
     obj.insert("tie_word_embeddings".into(), json!(file.tensor("output.weight").is_none()));

@@ -6,6 +6,7 @@ pub mod anthropic;
 mod chat;
 mod cors;
 pub mod dialect;
+mod embeddings;
 pub mod error;
 mod generation;
 pub mod ollama;
@@ -216,6 +217,9 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
         .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/rerank", post(embeddings::rerank))
+        .route("/rerank", post(embeddings::rerank))
         .route("/v1/models", get(admin::models))
         .route("/v1/models/{model}", get(admin::model))
         .route("/v1/requests/{id}/cancel", post(admin::cancel))
@@ -223,6 +227,8 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
         .route("/v1/sessions/{id}", delete(admin::delete_session))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
         .route("/api/tags", get(ollama::tags))
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
@@ -313,6 +319,8 @@ fn route_label(path: &str) -> &'static str {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
         "/v1/responses" => "/v1/responses",
+        "/v1/embeddings" => "/v1/embeddings",
+        "/v1/rerank" | "/rerank" => "/v1/rerank",
         "/v1/messages" => "/v1/messages",
         "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
         "/v1/models" => "/v1/models",
@@ -325,6 +333,7 @@ fn route_label(path: &str) -> &'static str {
         p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
         "/api/chat" => "/api/chat",
         "/api/generate" => "/api/generate",
+        "/api/embed" | "/api/embeddings" => "/api/embed",
         p if p.starts_with("/api/") => "/api/other",
         p if p.starts_with("/v1/models/") => "/v1/models/{model}",
         p if p == "/" || p.starts_with("/ui/") => "webui",

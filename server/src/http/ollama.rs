@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use llaisys_actors::request::{FinishReason, ToolCallOut};
-use llaisys_actors::{ChatRequest, CompletionRequest, Options, Tool, ToolChoice};
+use llaisys_actors::{ChatRequest, CompletionRequest, EmbedRequest, Options, Prompt, Tool, ToolChoice};
 use llaisys_model::Constraint;
 use llaisys_model::tokenizer::{ChatMessage, ToolCall, strftime};
 use serde::Deserialize;
@@ -119,6 +119,30 @@ struct OptionsIn {
 }
 
 #[derive(Debug, Deserialize)]
+struct EmbedIn {
+    model: String,
+    input: EmbedInput,
+    /// Ollama cuts inputs longer than the context by default.
+    truncate: Option<bool>,
+    dimensions: Option<usize>,
+}
+
+/// One text or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum EmbedInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The older `/api/embeddings`: one `prompt`.
+#[derive(Debug, Deserialize)]
+struct EmbeddingsIn {
+    model: String,
+    prompt: String,
+}
+
+#[derive(Debug, Deserialize)]
 struct ModelIn {
     #[serde(alias = "name")]
     model: String,
@@ -204,6 +228,48 @@ pub async fn show(State(state): State<Arc<AppState>>, body: Result<Body413, ApiE
         ))
     };
     show().unwrap_or_else(|e| e.response_in(ErrorShape::Ollama))
+}
+
+pub async fn embed(State(state): State<Arc<AppState>>, body: Result<Body413, ApiError>) -> Response {
+    let answer = async || {
+        let req: EmbedIn = body_of(body)?;
+        let model = state.model(&req.model)?;
+        let texts = match req.input {
+            EmbedInput::One(t) => vec![t],
+            EmbedInput::Many(ts) => ts,
+        };
+        let request = EmbedRequest {
+            inputs: texts.into_iter().map(Prompt::from).collect(),
+            dimensions: req.dimensions,
+            truncate: req.truncate.unwrap_or(true),
+            ..EmbedRequest::default()
+        };
+        let start = std::time::Instant::now();
+        let embeddings = super::embeddings::embed(&state, &model, &request).await?;
+        let total = nanos(start.elapsed());
+        let body = json!({
+            "model": model.name,
+            "embeddings": embeddings.vectors,
+            "total_duration": total,
+            "load_duration": 0,
+            "prompt_eval_count": embeddings.prompt_tokens,
+        });
+        Ok(with_model(json_response(StatusCode::OK, &body), &model.name))
+    };
+    answer().await.unwrap_or_else(|e: ApiError| e.response_in(ErrorShape::Ollama))
+}
+
+/// The older one-prompt endpoint (its vector normalised, as `/api/embed`'s are).
+pub async fn embeddings(State(state): State<Arc<AppState>>, body: Result<Body413, ApiError>) -> Response {
+    let answer = async || {
+        let req: EmbeddingsIn = body_of(body)?;
+        let model = state.model(&req.model)?;
+        let request = EmbedRequest { truncate: true, ..EmbedRequest::new(vec![Prompt::from(req.prompt)]) };
+        let mut embeddings = super::embeddings::embed(&state, &model, &request).await?;
+        let body = json!({"embedding": embeddings.vectors.pop().unwrap_or_default()});
+        Ok(with_model(json_response(StatusCode::OK, &body), &model.name))
+    };
+    answer().await.unwrap_or_else(|e: ApiError| e.response_in(ErrorShape::Ollama))
 }
 
 pub async fn chat(
