@@ -64,7 +64,7 @@ impl Drop for Local {
 }
 
 /// Most tokens one embedding batch runs with (a batch of one longer input runs alone).
-pub const EMBED_BATCH_TOKENS: usize = 2048;
+const EMBED_BATCH_TOKENS: usize = 2048;
 
 /// The cloneable handle to one engine: one replica of the model per device (D2), each a
 /// scheduler with its worker and KV cache; with several, a placer actor picks one per request.
@@ -288,7 +288,7 @@ impl Engine {
     }
 
     /// Embeds each input of `request` (see [`EmbedRequest`]): checked here, then run on a
-    /// worker between its steps in batches of at most [`EMBED_BATCH_TOKENS`] tokens (so long
+    /// worker between its steps in batches of at most 2,048 tokens (so long
     /// requests do not stall the decoding ones for long), pooled, truncated and normalised.
     pub async fn embed(&self, request: &EmbedRequest) -> Result<Embeddings, EngineError> {
         let valid = self.frontend.embedding(request)?;
