@@ -119,7 +119,7 @@ impl Context {
 
 impl Context {
     /// One embedding per input (token ids, each its own sequence from position 0), pooled from
-    /// the final hidden states as `pooling` says, not normalised: [inputs][hidden]. The inputs
+    /// the final hidden states as `pooling` says, not normalised: `[inputs][hidden]`. The inputs
     /// run as one batch through a scratch cache (see [`Context::embed`]); at most
     /// [`crate::kv::MAX_SEQ`] of them.
     pub fn embeddings(&self, inputs: &[Vec<u32>], pooling: Pooling) -> Result<Vec<Vec<f32>>, DecodeError> {
