@@ -205,3 +205,59 @@ async fn the_history_renders_through_the_template_and_bad_tools_are_refused() {
     assert_eq!(refused(ChatRequest::default().user("x").tool(not_schema)).await, "tools[0].function.parameters");
     engine.shutdown().await;
 }
+
+/// `auto`: an answer the model writes as a ```json fence or bare JSON that is exactly a call to
+/// an offered tool becomes that tool call (streamed as one piece, finish `tool_calls`); JSON
+/// naming another tool, or with a key the tool lacks, stays the text it was.
+#[test]
+fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
+    use llaisys_actors::host::AnswerBuilder;
+    use llaisys_actors::request::Postprocess;
+    let fixture = FixtureCopy::long_context(TIED, 2048);
+    let frontend = Engine::builder().model(fixture.path()).build_frontend().unwrap();
+    let valid = frontend.chat(&ask().tool_choice(ToolChoice::Auto)).unwrap();
+    let params = valid.params();
+    let tokenizer = std::sync::Arc::new(frontend.tokenizer().unwrap().clone());
+    let run = |answer: &str| {
+        let mut post = Postprocess::new(3, params, Some(tokenizer.clone()));
+        let mut builder = AnswerBuilder::new(1, 1, false);
+        let ids = tokenizer.encode(answer).unwrap();
+        let mut pieces = Vec::new();
+        for &token in &ids {
+            let sampled = llaisys_model::Sampled { token, logprob: 0.0, top: vec![], end: None, mask_time: None };
+            if let Some(event) = post.token(sampled).unwrap() {
+                if let Event::Token { tool_call: Some(d), .. } = &event {
+                    pieces.push(d.clone());
+                }
+                builder.add(0, event);
+            }
+        }
+        builder.add(0, post.finish(FinishReason::Stop, ids.len(), 0, None).unwrap());
+        (builder.finish().choices.remove(0), pieces)
+    };
+    let arguments = json!({"city": "Paris", "unit": "celsius"});
+    for answer in [
+        format!("```json\n{}\n```", json!({"name": "get_weather", "arguments": arguments})),
+        format!("{}", json!({"name": "get_weather", "arguments": arguments})),
+    ] {
+        let (choice, pieces) = run(&answer);
+        assert_eq!((choice.text.as_str(), choice.finish), ("", FinishReason::ToolCalls), "{answer}");
+        assert_eq!(choice.tool_calls.len(), 1, "{answer}");
+        let call = &choice.tool_calls[0];
+        assert_eq!(
+            (call.name.as_str(), serde_json::from_str::<Value>(&call.arguments).unwrap()),
+            ("get_weather", arguments.clone())
+        );
+        assert!(call.id.starts_with("call_") && pieces.len() == 1, "one whole piece: {pieces:?}");
+    }
+    for answer in [
+        format!("```json\n{}\n```", json!({"name": "tell_joke", "arguments": {}})),
+        format!("{}", json!({"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius", "when": "now"}})),
+        "```python\nprint('weather')\n```".to_string(),
+        "Sunny in Paris.".to_string(),
+    ] {
+        let (choice, _) = run(&answer);
+        assert_eq!((choice.text.as_str(), choice.finish), (answer.as_str(), FinishReason::Stop));
+        assert!(choice.tool_calls.is_empty());
+    }
+}

@@ -15,8 +15,8 @@ use std::io::Write;
 use std::sync::OnceLock;
 
 use llaisys_actors::request::{
-    Part, ReasoningParsing, ReasoningSplit, ReasoningTags, Route, ToolCallDelta, ToolCallOut, ToolCallParser,
-    ToolCallTags,
+    Emit, Part, ReasoningParsing, ReasoningSplit, ReasoningTags, Route, TextCallSpec, TextCallTool, TextCalls,
+    ToolCallDelta, ToolCallOut, ToolCallParser, ToolCallTags,
 };
 use llaisys_actors::{ChatMessage, ChatRequest, CompletionRequest, Engine, Frontend};
 use llaisys_model::tokenizer::ToolCall;
@@ -204,6 +204,38 @@ pub fn tool_calls(data: &[u8]) {
     let whole = strip_ids(run(usize::MAX));
     for piece in [1, 2, 7] {
         assert_eq!(strip_ids(run(piece)), whole, "pieces of {piece} characters gather other calls");
+    }
+    text_calls(&text);
+}
+
+/// The same text as an answer that may be a call written as text (`tool_choice: auto`), fed in
+/// pieces of several sizes: every split lets out the same text and calls, and when no call is
+/// recognised the text comes out unchanged.
+fn text_calls(text: &str) {
+    let schema =
+        serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+    let spec = std::sync::Arc::new(TextCallSpec { tools: vec![TextCallTool::new("get_weather", &schema)] });
+    let run = |piece_chars: usize| -> (String, Vec<(String, String)>) {
+        let mut recogniser = TextCalls::new(spec.clone());
+        let (mut out, mut calls) = (String::new(), Vec::new());
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(piece_chars.max(1)) {
+            for emit in recogniser.push(&piece.iter().collect::<String>()) {
+                match emit {
+                    Emit::Text(t) => out.push_str(&t),
+                    Emit::Call { name, arguments } => calls.push((name, arguments)),
+                }
+            }
+        }
+        out.push_str(&recogniser.finish());
+        (out, calls)
+    };
+    let whole = run(usize::MAX);
+    if whole.1.is_empty() {
+        assert_eq!(whole.0, text, "text that is no call comes out unchanged");
+    }
+    for piece in [1, 3] {
+        assert_eq!(run(piece), whole, "pieces of {piece} characters decide otherwise");
     }
 }
 

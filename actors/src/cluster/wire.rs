@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{Event, ReplicaStats, SpeculativeStats};
 use crate::host::GenerateParams;
-use crate::request::{ReasoningParsing, ReasoningTags, ToolCallTags, ToolParsing};
+use crate::request::{ReasoningParsing, ReasoningTags, TextCallSpec, ToolCallTags, ToolParsing};
 use crate::session::SessionInfo;
 
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
@@ -38,6 +38,9 @@ pub struct WireRequest {
     /// Tool calls' tags (open, close) and whether calling ends with `tool_calls`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<(u32, u32, bool)>,
+    /// The tools a call written as text may name (`tool_choice: auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_calls: Option<TextCallSpec>,
     /// Think tags (open, close) and whether the output starts inside the thinking.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<(u32, u32, bool)>,
@@ -59,6 +62,7 @@ impl WireRequest {
             stop_token_ids: params.stop_token_ids.clone(),
             ignore_eos: params.ignore_eos,
             tool_calls: params.tool_calls.map(|t| (t.tags.open, t.tags.close, t.finish_with_tool_calls)),
+            text_calls: params.text_calls.as_deref().cloned(),
             reasoning: params.reasoning.map(|r| (r.tags.open, r.tags.close, r.starts_open)),
             guidance: params.guidance.spec(),
             speculative: params.speculative,
@@ -78,6 +82,7 @@ impl WireRequest {
                 tags: ToolCallTags { open, close },
                 finish_with_tool_calls,
             }),
+            text_calls: self.text_calls.clone().map(std::sync::Arc::new),
             reasoning: self.reasoning.map(|(open, close, starts_open)| ReasoningParsing {
                 tags: ReasoningTags { open, close },
                 starts_open,

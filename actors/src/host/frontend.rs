@@ -271,6 +271,7 @@ impl Frontend {
             ignore_eos: options.ignore_eos,
             guidance,
             tool_calls: None,
+            text_calls: None,
             reasoning: None,
             speculative: options.speculative,
         };

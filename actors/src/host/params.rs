@@ -2,7 +2,9 @@
 
 use llaisys_model::{Guidance, SamplingParams};
 
-use crate::request::{ReasoningParsing, ToolParsing};
+use std::sync::Arc;
+
+use crate::request::{ReasoningParsing, TextCallSpec, ToolParsing};
 
 /// What to generate for each prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +19,9 @@ pub struct GenerateParams {
     pub ignore_eos: bool,
     /// T3: the output's tool calls are parsed (by their tags' ids) and streamed as such.
     pub tool_calls: Option<ToolParsing>,
+    /// T3 with `tool_choice: auto`: an answer that is a call written as text (a ```json fence
+    /// or bare JSON) to one of these tools becomes a tool call.
+    pub text_calls: Option<Arc<TextCallSpec>>,
     /// A reasoning model's thinking is split from the answer (chats of models with think tags).
     pub reasoning: Option<ReasoningParsing>,
     /// T1/T4: what the output must match (a compiled grammar: `Engine::guidance`,
@@ -37,6 +42,7 @@ impl Default for GenerateParams {
             ignore_eos: false,
             guidance: Guidance::default(),
             tool_calls: None,
+            text_calls: None,
             reasoning: None,
             speculative: None,
         }

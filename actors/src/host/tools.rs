@@ -5,7 +5,9 @@ use llaisys_model::{GrammarCompiler, Guidance};
 
 use super::params::GenerateParams;
 use super::request::{Options, RequestError, Tool, ToolChoice};
-use crate::request::{ToolCallTags, ToolParsing};
+use std::sync::Arc;
+
+use crate::request::{TextCallSpec, TextCallTool, ToolCallTags, ToolParsing};
 
 /// The request's tool choice against its tools and constraint, before anything is rendered or
 /// compiled; whether the tools are offered to the model.
@@ -96,11 +98,13 @@ pub(super) fn constrain_calls(
     let grammar = compiler
         .tool_calls(&functions, (open, close), with_open, parallel)
         .map_err(|e| RequestError::invalid("tools", e.0))?;
-    params.guidance = if with_open {
-        Guidance::grammar(grammar)
-    } else {
-        Guidance::after_or_opening(open, grammar, compiler.call_openers().to_vec())
-    };
+    // In `auto` the model may also write the call as text (a ```json fence, bare JSON): the
+    // output's `TextCalls` recognises one that is exactly a call to an offered tool.
+    params.guidance = if with_open { Guidance::grammar(grammar) } else { Guidance::after(open, grammar) };
     params.tool_calls = Some(ToolParsing { tags: ToolCallTags { open, close }, finish_with_tool_calls: !named });
+    if choice == ToolChoice::Auto {
+        let tools = options.tools.iter().map(|t| TextCallTool::new(&t.name, &t.parameters)).collect();
+        params.text_calls = Some(Arc::new(TextCallSpec { tools }));
+    }
     Ok(())
 }

@@ -17,4 +17,7 @@ pub use reasoning::{Part, ReasoningParsing, ReasoningSplit, ReasoningTags};
 pub use state::{FinishReason, IllegalTransition, RequestId, RequestState};
 pub use stop::{StopMatcher, StopOutcome};
 pub use text::{Piece, TextStream};
-pub use tools::{Route, ToolCallDelta, ToolCallOut, ToolCallParser, ToolCallTags, ToolParsing};
+pub use tools::{
+    Emit, Route, TextCallSpec, TextCallTool, TextCalls, ToolCallDelta, ToolCallOut, ToolCallParser, ToolCallTags,
+    ToolParsing,
+};

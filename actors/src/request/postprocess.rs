@@ -34,7 +34,8 @@ impl Postprocess {
     pub fn new(prompt_tokens: usize, params: &GenerateParams, tokenizer: Option<Arc<Tokenizer>>) -> Self {
         let text = TextStream::new(params.stop.iter().cloned())
             .with_reasoning(params.reasoning)
-            .with_tool_calls(params.tool_calls.map(|t| t.tags));
+            .with_tool_calls(params.tool_calls.map(|t| t.tags))
+            .with_text_calls(params.text_calls.clone());
         Self {
             tokenizer,
             text,

@@ -9,7 +9,7 @@ use llaisys_model::tokenizer::{IncrementalDecoder, TokenizerError};
 
 use super::reasoning::{Part, ReasoningParsing, ReasoningSplit};
 use super::stop::{StopMatcher, StopOutcome};
-use super::tools::{Route, ToolCallDelta, ToolCallParser, ToolCallTags};
+use super::tools::{Emit, Route, TextCallSpec, TextCalls, ToolCallDelta, ToolCallParser, ToolCallTags};
 
 /// What one token adds: content text or reasoning text (possibly empty), or a piece of a tool
 /// call.
@@ -32,6 +32,8 @@ pub struct TextStream {
     held: String,
     /// The split of thinking from the answer, and the decoder of the thinking's text.
     reasoning: Option<(ReasoningSplit, IncrementalDecoder)>,
+    /// The recogniser of a call written as text (`tool_choice: auto`).
+    text_calls: Option<TextCalls>,
 }
 
 impl TextStream {
@@ -44,7 +46,14 @@ impl TextStream {
             tools: None,
             held: String::new(),
             reasoning: None,
+            text_calls: None,
         }
+    }
+
+    /// Recognises an answer that is a call written as text (needs `with_tool_calls`).
+    pub fn with_text_calls(mut self, spec: Option<std::sync::Arc<TextCallSpec>>) -> Self {
+        self.text_calls = spec.map(TextCalls::new);
+        self
     }
 
     /// Splits off a reasoning model's thinking.
@@ -107,6 +116,17 @@ impl TextStream {
             Some(delta) => self.filter(&delta),
             None => String::new(),
         };
+        let mut tool_call = None;
+        if let (Some(recogniser), Some((parser, _))) = (&mut self.text_calls, &mut self.tools) {
+            let mut content = String::new();
+            for emit in recogniser.push(&text) {
+                match emit {
+                    Emit::Text(t) => content.push_str(&t),
+                    Emit::Call { name, arguments } => tool_call = Some(parser.text_call(name, arguments)),
+                }
+            }
+            text = content;
+        }
         if self.made_tool_calls() {
             if text.trim().is_empty() {
                 self.held.push_str(&text);
@@ -115,7 +135,7 @@ impl TextStream {
                 text.insert_str(0, &std::mem::take(&mut self.held));
             }
         }
-        Ok(Piece { text, ..Piece::default() })
+        Ok(Piece { text, tool_call, ..Piece::default() })
     }
 
     /// What is still held back at the end of the stream (nothing once stopped): the rest of
@@ -136,6 +156,10 @@ impl TextStream {
         }
         if !self.stopped {
             tail.text.push_str(&self.stops.finish());
+        }
+        // An answer still undecided when it ended is the text it was.
+        if let Some(recogniser) = &mut self.text_calls {
+            tail.text.insert_str(0, &recogniser.finish());
         }
         Ok(tail)
     }

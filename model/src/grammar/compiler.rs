@@ -1,10 +1,10 @@
 //! One parser factory per model (its token trie and lexer slices are built once, ~1 s for a
 //! 152k vocabulary) compiles each request's constraint into a [`Grammar`].
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{TokEnv, TokTrie};
+use llguidance::toktrie::TokEnv;
 use llguidance::{ParserFactory, TokenParser};
 use serde_json::{Value, json};
 
@@ -21,7 +21,6 @@ const JSON_WHITESPACE: &str = r"\x20|\n[\x20\x09]{0,20}";
 /// The model's grammar compiler.
 pub struct GrammarCompiler {
     factory: ParserFactory,
-    call_openers: OnceLock<Vec<u32>>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -37,7 +36,7 @@ impl GrammarCompiler {
         let env: TokEnv = Arc::new(VocabEnv::new(tokenizer.clone(), width, eos)?);
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
         factory.quiet();
-        Ok(Self { factory, call_openers: OnceLock::new() })
+        Ok(Self { factory })
     }
 
     /// Compiles `constraint`; a schema or grammar that does not compile is an error naming
@@ -124,22 +123,6 @@ impl GrammarCompiler {
         // Qwen2 models often end a call's line before the end of their turn.
         let grammar = format!("start: {first}call{more} \"\\n\"?\ncall: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n");
         self.compile_lark(grammar)
-    }
-
-    /// Tokens that begin a JSON object (`{`, `{"`) or spell a tool-call tag as text: how a
-    /// model that means to call a tool in `auto` often starts its answer instead of with its
-    /// tool-call tag. (Not a code fence: Coder models open their code answers with one.)
-    pub fn call_openers(&self) -> &[u32] {
-        self.call_openers.get_or_init(|| {
-            let trie = self.factory.tok_env().tok_trie();
-            (0..trie.vocab_size() as u32)
-                .filter(|&t| {
-                    let bytes = trie.token(t);
-                    bytes.first() != Some(&TokTrie::SPECIAL_TOKEN_MARKER)
-                        && (bytes.starts_with(b"{") || bytes.starts_with(b"<tool"))
-                })
-                .collect()
-        })
     }
 
     /// The id of special token `name` (`<tool_call>`), if the vocabulary has it.

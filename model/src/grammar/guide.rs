@@ -18,9 +18,6 @@ pub struct Guidance {
     trigger: Option<u32>,
     /// Tokens never allowed while the text is free.
     forbidden: Vec<u32>,
-    /// At the first token only, these tokens' probability goes to the trigger: an answer that
-    /// starts like a call in another format starts the call.
-    merged_into_trigger: Vec<u32>,
 }
 
 /// A [`Guidance`] before compilation, serializable: the grammar in llguidance's JSON form and
@@ -33,8 +30,6 @@ pub struct GuidanceSpec {
     pub trigger: Option<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forbidden: Vec<u32>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub merged_into_trigger: Vec<u32>,
 }
 
 impl Guidance {
@@ -46,12 +41,6 @@ impl Guidance {
     /// Free text until `trigger` is sampled; what follows it matches `grammar`.
     pub fn after(trigger: u32, grammar: Grammar) -> Self {
         Self { grammar: Some(grammar), trigger: Some(trigger), ..Self::default() }
-    }
-
-    /// As `after`, where an answer whose first token is one of `openers` starts with the
-    /// trigger instead: their probability is merged into the trigger's at the first token.
-    pub fn after_or_opening(trigger: u32, grammar: Grammar, openers: Vec<u32>) -> Self {
-        Self { merged_into_trigger: openers, ..Self::after(trigger, grammar) }
     }
 
     /// Free text without `tokens`.
@@ -66,17 +55,11 @@ impl Guidance {
             grammar: self.grammar.as_ref().map(Grammar::source),
             trigger: self.trigger,
             forbidden: self.forbidden.clone(),
-            merged_into_trigger: self.merged_into_trigger.clone(),
         }
     }
 
     pub(super) fn from_parts(grammar: Option<Grammar>, spec: &GuidanceSpec) -> Self {
-        Self {
-            grammar,
-            trigger: spec.trigger,
-            forbidden: spec.forbidden.clone(),
-            merged_into_trigger: spec.merged_into_trigger.clone(),
-        }
+        Self { grammar, trigger: spec.trigger, forbidden: spec.forbidden.clone() }
     }
 
     /// A new sequence's guide.
@@ -86,28 +69,8 @@ impl Guidance {
             (Some(g), None) => State::Active(Box::new(g.matcher())),
             (Some(g), Some(trigger)) => State::Waiting { trigger, grammar: g.clone() },
         };
-        let merged = if self.trigger.is_some() { self.merged_into_trigger.clone() } else { Vec::new() };
-        Guide { state, forbidden: self.forbidden.clone(), merged, mask: None, mask_time: None }
+        Guide { state, forbidden: self.forbidden.clone(), mask: None, mask_time: None }
     }
-}
-
-/// Moves the probability of `tokens` to `target`: its logit becomes the log of the summed
-/// exponentials, theirs -∞.
-fn merge_into(row: &mut [f32], tokens: &[u32], target: u32) {
-    let Some(&t) = row.get(target as usize) else { return };
-    let mut logits: Vec<f32> = tokens.iter().filter_map(|&i| row.get(i as usize).copied()).collect();
-    logits.push(t);
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        return;
-    }
-    let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
-    for &i in tokens {
-        if let Some(l) = row.get_mut(i as usize) {
-            *l = f32::NEG_INFINITY;
-        }
-    }
-    row[target as usize] = max + sum.ln();
 }
 
 /// Why a guide ended its sequence.
@@ -130,8 +93,6 @@ enum State {
 pub struct Guide {
     state: State,
     forbidden: Vec<u32>,
-    /// Merged into the trigger at the first token (emptied by the first token).
-    merged: Vec<u32>,
     /// The next token's mask, once computed.
     mask: Option<Result<SimpleVob, String>>,
     mask_time: Option<Duration>,
@@ -169,12 +130,12 @@ impl Guide {
 
     /// Whether the guide ever changes a logit.
     pub fn constrains_ever(&self) -> bool {
-        !matches!(self.state, State::Free) || !self.forbidden.is_empty() || !self.merged.is_empty()
+        !matches!(self.state, State::Free) || !self.forbidden.is_empty()
     }
 
     /// Whether `apply` changes the logits of the next token.
     pub fn constrains(&self) -> bool {
-        matches!(self.state, State::Active(_)) || !self.forbidden.is_empty() || !self.merged.is_empty()
+        matches!(self.state, State::Active(_)) || !self.forbidden.is_empty()
     }
 
     /// Sets every token the sequence may not produce next to -∞. `Err` if the grammar failed
@@ -202,11 +163,6 @@ impl Guide {
             }
             Some(Err(e)) => Err(e.clone()),
             None => {
-                if let State::Waiting { trigger, .. } = self.state
-                    && !self.merged.is_empty()
-                {
-                    merge_into(row, &self.merged, trigger);
-                }
                 if !matches!(self.state, State::Done) {
                     for &t in &self.forbidden {
                         if let Some(l) = row.get_mut(t as usize) {
@@ -222,7 +178,6 @@ impl Guide {
     /// Advances by the sampled `token`; `Some` when the sequence must end here.
     pub fn accept(&mut self, token: u32) -> Option<GuideEnd> {
         self.mask = None;
-        self.merged = Vec::new();
         match &mut self.state {
             State::Free | State::Done => None,
             State::Waiting { trigger, grammar } => {

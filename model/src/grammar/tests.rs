@@ -148,27 +148,3 @@ fn a_lazy_guide_is_free_until_its_trigger_and_a_forbidding_one_bans_tokens() {
     assert_eq!(row[open as usize], f32::NEG_INFINITY);
     assert_eq!(row.iter().filter(|l| l.is_infinite()).count(), 1);
 }
-
-#[test]
-fn an_answer_opening_like_a_call_opens_the_call_at_the_first_token_only() {
-    let (tokenizer, compiler) = compiler();
-    let open = compiler.special_token("<tool_call>").unwrap();
-    let brace = tokenizer.token_to_id("{").unwrap();
-    let openers = compiler.call_openers().to_vec();
-    assert!(openers.contains(&brace) && !openers.contains(&open), "{openers:?}");
-    let grammar = compiler.compile_lark(r#"start: "ok" </tool_call>"#.into()).unwrap();
-    let mut guide = Guidance::after_or_opening(open, grammar, openers.clone()).guide();
-    let mut row = vec![0.0f32; 1024];
-    row[brace as usize] = 3.0;
-    row[open as usize] = 3.0;
-    guide.apply(&mut row).unwrap();
-    // exp(3) + exp(3) + exp(0) for every other opener, now all the trigger's.
-    let expected = (2.0 * 3f32.exp() + (openers.len() - 1) as f32).ln();
-    assert!((row[open as usize] - expected).abs() < 1e-4, "{} vs {expected}", row[open as usize]);
-    assert!(openers.iter().all(|t| row[*t as usize] == f32::NEG_INFINITY));
-    // After the first token (here plain text), nothing is merged any more.
-    assert_eq!(guide.accept(tokenizer.token_to_id("a").unwrap()), None);
-    let mut row = vec![0.0f32; 1024];
-    guide.apply(&mut row).unwrap();
-    assert!(row.iter().all(|l| *l == 0.0));
-}

@@ -156,6 +156,12 @@ impl ToolCallParser {
         }
     }
 
+    /// A whole call the model wrote as text (see `TextCalls`), as one piece.
+    pub fn text_call(&mut self, name: String, arguments: String) -> ToolCallDelta {
+        self.calls += 1;
+        ToolCallDelta { index: self.calls - 1, id: Some(new_call_id()), name: Some(name), arguments }
+    }
+
     /// Reads text of the open call; the piece it completes, if any.
     pub fn push_call_text(&mut self, text: &str) -> Option<ToolCallDelta> {
         let index = self.calls.checked_sub(1)?;
@@ -294,3 +300,6 @@ fn new_call_id() -> String {
 
 #[cfg(test)]
 mod tests;
+mod text_calls;
+
+pub use text_calls::{Emit, TextCallSpec, TextCallTool, TextCalls};
