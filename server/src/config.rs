@@ -92,6 +92,7 @@ pub struct ServerConfig {
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     pub path: PathBuf,
+    pub offline: bool,
     pub name: String,
     pub model_type: String,
     pub dtype: String,
@@ -302,6 +303,9 @@ impl Config {
         if !self.model.name.is_empty() {
             return self.model.name.clone();
         }
+        if let Some(name) = crate::hub::ModelSpec::served_name(&self.model.path.to_string_lossy()) {
+            return name;
+        }
         let path = self.model.path.canonicalize().unwrap_or_else(|_| self.model.path.clone());
         let name = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
             path.file_stem()
@@ -371,7 +375,7 @@ mod tests {
 
     #[test]
     fn the_model_path_is_all_that_is_needed() {
-        let c = load(&[], &[("model.path", "models/x")]).unwrap();
+        let c = load(&[], &[("model.path", "models/x.gguf")]).unwrap();
         assert_eq!((c.server.port, c.engine.kv_capacity, c.model_name().as_str()), (8000, 8192, "x"));
         let err = load(&[], &[]).unwrap_err().to_string();
         assert!(err.contains("model.path") && err.contains("--model"), "{err}");

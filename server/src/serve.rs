@@ -24,6 +24,8 @@ pub enum ServeError {
     Cluster(#[from] ClusterError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
 }
 
 impl ServeError {
@@ -35,6 +37,7 @@ impl ServeError {
             Self::Bind { .. } => "bind",
             Self::Cluster(e) => e.error_type(),
             Self::Engine(e) => e.error_type(),
+            Self::Hub(_) => "hub",
         }
     }
 }
@@ -47,6 +50,7 @@ fn setting(key: &'static str) -> impl Fn(String) -> ServeError {
 /// `cluster.listen` is set (its requests then run on the nodes that join, and on its own model
 /// when `cluster.serve_local`; a router-only front reads no weights).
 pub async fn start(config: &Config) -> Result<Server, ServeError> {
+    let config = &with_local_model(config).await?;
     if config.cluster.listen.is_empty() {
         let entry = load_entry(builder(config)?, config.model_name()).await?;
         return start_models(vec![entry], config).await;
@@ -69,6 +73,28 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
     let mut config = config.clone();
     config.admission.max_concurrent_requests = tokio::sync::Semaphore::MAX_PERMITS;
     start_models(vec![ModelEntry { name: config.model_name(), engine }], &config).await
+}
+
+/// `config` with its model as a local path: a model given by name is resolved through the hub
+/// (downloaded once into its cache) and served under that name.
+/// The hub is the environment's (`HF_ENDPOINT`, `HF_HOME`, `HF_TOKEN`; offline with
+/// `model.offline` or `HF_HUB_OFFLINE`).
+pub async fn with_local_model(config: &Config) -> Result<Config, ServeError> {
+    with_model_from(config, &crate::hub::HubConfig::from_env(config.model.offline)).await
+}
+
+/// As [`with_local_model`], through `hub`.
+pub async fn with_model_from(config: &Config, hub: &crate::hub::HubConfig) -> Result<Config, ServeError> {
+    let spec = config.model.path.to_string_lossy().into_owned();
+    if matches!(crate::hub::ModelSpec::parse(&spec), crate::hub::ModelSpec::Path(_)) {
+        return Ok(config.clone());
+    }
+    let path = crate::hub::resolve(&spec, hub).await?;
+    tracing::info!(model = spec, path = %path.display(), "model resolved through the hub cache");
+    let mut local = config.clone();
+    local.model.name = config.model_name();
+    local.model.path = path;
+    Ok(local)
 }
 
 /// The engine `config` describes, to build.

@@ -29,7 +29,7 @@ use super::CliError;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// The model: a GGUF file, or a Hugging Face directory.
+    /// The model: a GGUF file, a Hugging Face directory, or `org/repo[:QUANT]` on the hub.
     #[arg(long)]
     model: PathBuf,
     /// Model type; default: `model_type` of config.json, or the GGUF's architecture.
@@ -148,7 +148,8 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         ..defaults.speculative
     };
     let config = EngineConfig { speculative, ..config };
-    let mut builder = Engine::builder().model(&args.model).dtype(args.dtype).devices(devices).config(config);
+    let model = super::local_model(&args.model).await?;
+    let mut builder = Engine::builder().model(&model).dtype(args.dtype).devices(devices).config(config);
     if let Some(t) = &args.model_type {
         builder = builder.model_type(t.clone());
     }

@@ -74,7 +74,8 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
 async fn generate(args: GenerateArgs) -> Result<(), CliError> {
     // The KV cache holds this one request; a longer prompt is refused with a clear error.
     let config = EngineConfig { kv_capacity: (args.max_tokens + 4096).max(8192), ..EngineConfig::default() };
-    let mut builder = Engine::builder().model(&args.model).dtype(args.dtype).device(args.device).config(config);
+    let model = super::local_model(&args.model).await?;
+    let mut builder = Engine::builder().model(&model).dtype(args.dtype).device(args.device).config(config);
     if let Some(t) = &args.model_type {
         builder = builder.model_type(t);
     }

@@ -45,6 +45,8 @@ pub enum CliError {
     #[error(transparent)]
     Serve(#[from] llaisys_server::ServeError),
     #[error(transparent)]
+    Hub(#[from] llaisys_server::hub::HubError),
+    #[error(transparent)]
     Cluster(#[from] llaisys_actors::cluster::ClusterError),
     /// A flag or its value that cannot be used.
     #[error("{flag}: {reason}")]
@@ -65,6 +67,13 @@ pub enum CliError {
     LeftCluster,
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// `--model` as a local path: a model given by name comes through the hub cache
+/// (`HF_HUB_OFFLINE=1`: the cache only).
+async fn local_model(model: &std::path::Path) -> Result<std::path::PathBuf, CliError> {
+    use llaisys_server::hub::{HubConfig, resolve};
+    Ok(resolve(&model.to_string_lossy(), &HubConfig::from_env(false)).await?)
 }
 
 impl CliError {

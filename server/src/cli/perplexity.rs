@@ -13,7 +13,7 @@ use super::CliError;
 
 #[derive(Debug, clap::Args)]
 pub struct PerplexityArgs {
-    /// The model: a GGUF file, or a Hugging Face directory.
+    /// The model: a GGUF file, a Hugging Face directory, or `org/repo[:QUANT]` on the hub.
     #[arg(long)]
     model: PathBuf,
     /// The text to score (UTF-8).
@@ -37,7 +37,9 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     if args.ctx < 4 {
         return Err(CliError::usage("--ctx", "must be at least 4"));
     }
-    let source = ModelSource::resolve(&args.model)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let model = runtime.block_on(super::local_model(&args.model))?;
+    let source = ModelSource::resolve(&model)?;
     let text =
         std::fs::read_to_string(&args.file).map_err(|source| CliError::Read { path: args.file.clone(), source })?;
     let tokens = source.tokenizer()?.encode(&text)?;

@@ -29,9 +29,13 @@ pub struct ServeArgs {
 /// What `serve` and `worker` share: the model, the config and the node's identity.
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
-    /// The model: a GGUF file, or a Hugging Face directory (sets `model.path`).
+    /// The model: a GGUF file, a Hugging Face directory, or a model on the Hugging Face hub by
+    /// name, `org/repo[:QUANT]` or `hf://org/repo/file.gguf` (sets `model.path`).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// With a model by name: use only the hub cache (`model.offline`).
+    #[arg(long)]
+    offline: bool,
     /// A TOML file overriding the defaults (only the keys it sets).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -74,6 +78,9 @@ impl ModelArgs {
         }
         if let Some(n) = &self.model_name {
             settings.push(("model.name".into(), quoted(n)));
+        }
+        if self.offline {
+            settings.push(("model.offline".into(), "true".into()));
         }
         if let Some(d) = &self.dtype {
             settings.push(("model.dtype".into(), quoted(d)));

@@ -20,6 +20,7 @@ pub fn run(args: WorkerArgs) -> Result<(), CliError> {
     let config = args.model.config(vec![("cluster.listen".into(), quoted(""))])?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
+        let config = llaisys_server::serve::with_local_model(&config).await?;
         let (cookie, tls) = (config.cluster_cookie()?, config.cluster_client_tls()?);
         let engine = llaisys_server::builder(&config)?.build().await?;
         let cluster = config.cluster_config();
