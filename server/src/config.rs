@@ -97,6 +97,17 @@ pub struct ModelConfig {
     pub model_type: String,
     pub dtype: String,
     pub device: String,
+    /// More models served beside this one (each its own engine, with these settings).
+    pub also: Vec<AlsoModel>,
+}
+
+/// A model served beside `model.path`: its path (or name on the hub) and the name clients use.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlsoModel {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub name: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -189,6 +200,12 @@ impl Config {
         };
         if self.model.path.as_os_str().is_empty() {
             return Err(bad("model.path", "no model: give --model FILE.gguf or DIR (or LLAISYS_MODEL_PATH)"));
+        }
+        if self.model.also.iter().any(|m| m.path.as_os_str().is_empty()) {
+            return Err(bad("model.also", "each model needs its path"));
+        }
+        if !self.model.also.is_empty() && !self.cluster.listen.is_empty() {
+            return Err(bad("model.also", "a cluster's front serves one model"));
         }
         self.weight_dtype().map_err(|e| bad("model.dtype", &e))?;
         self.devices().map_err(|e| bad("model.device", &e))?;
@@ -313,6 +330,14 @@ impl Config {
             path.file_name()
         };
         name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+    }
+
+    /// This config serving `also` instead of `model.path` (for the models beside it).
+    pub fn for_model(&self, also: &AlsoModel) -> Config {
+        let mut config = self.clone();
+        (config.model.path, config.model.name) = (also.path.clone(), also.name.clone());
+        config.model.also.clear();
+        config
     }
 
     /// What one request may ask for (the engine checks it).

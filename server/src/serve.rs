@@ -52,8 +52,12 @@ fn setting(key: &'static str) -> impl Fn(String) -> ServeError {
 pub async fn start(config: &Config) -> Result<Server, ServeError> {
     let config = &with_local_model(config).await?;
     if config.cluster.listen.is_empty() {
-        let entry = load_entry(builder(config)?, config.model_name()).await?;
-        return start_models(vec![entry], config).await;
+        let mut entries = vec![load_entry(builder(config)?, config.model_name()).await?];
+        for also in &config.model.also {
+            let other = with_local_model(&config.for_model(also)).await?;
+            entries.push(load_entry(builder(&other)?, other.model_name()).await?);
+        }
+        return start_models(entries, config).await;
     }
     let listen = config.cluster_listen().map_err(setting("cluster.listen"))?;
     let (cookie, tls) = (config.cluster_cookie()?, config.cluster_server_tls()?);

@@ -191,3 +191,34 @@ async fn bad_embedding_requests_get_clear_errors_and_a_generation_beside_embeddi
     assert!(stats.contains("llaisys_embedding_inputs_total"), "embeddings are counted");
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_model_and_an_embedding_model_serve_side_by_side_each_by_its_name() {
+    let embedder = fixture_dir("tiny-qwen3-f32");
+    let also = format!("[{{ path = {:?}, name = \"embedder\" }}]", embedder.display().to_string());
+    let s = server_for(&fixture_dir(FIXTURE), &[("model.also", &also)]).await;
+    let (_, models) = common::get(&s, "/v1/models").await;
+    let mut ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    ids.sort();
+    assert_eq!(ids, vec!["embedder", FIXTURE]);
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(embedder.join("embeddings.json")).unwrap()).unwrap();
+    let first = &reference["inputs"][0];
+    let (status, r) = post(&s, "/v1/embeddings", json!({"model": "embedder", "input": first["text"]})).await;
+    assert_eq!(status, 200, "{r}");
+    assert!(max_diff(&vector(&r["data"][0]["embedding"]), &vector(&first["last"])) < 1e-4);
+    let chat = json!({"model": FIXTURE, "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]});
+    assert_eq!(post(&s, "/v1/chat/completions", chat).await.0, 200);
+    s.shutdown().await;
+
+    // Two models under one name are refused at start, naming it.
+    let same = format!("[{{ path = {:?}, name = {FIXTURE:?} }}]", embedder.display().to_string());
+    let settings = [
+        ("model.path".to_string(), format!("{:?}", fixture_dir(FIXTURE).display().to_string())),
+        ("model.also".to_string(), same),
+        ("server.port".to_string(), "0".to_string()),
+    ];
+    let config = llaisys_server::Config::load(None, std::iter::empty(), &settings).unwrap();
+    let err = llaisys_server::start(&config).await.err().expect("a duplicate name is refused").to_string();
+    assert!(err.contains(FIXTURE), "{err}");
+}

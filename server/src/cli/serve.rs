@@ -30,18 +30,19 @@ pub struct ServeArgs {
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
     /// The model: a GGUF file, a Hugging Face directory, or a model on the Hugging Face hub by
-    /// name, `org/repo[:QUANT]` or `hf://org/repo/file.gguf` (sets `model.path`).
+    /// name, `org/repo[:QUANT]` or `hf://org/repo/file.gguf` (sets `model.path`). Repeated: the
+    /// others are served beside the first (`model.also`).
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Vec<PathBuf>,
     /// With a model by name: use only the hub cache (`model.offline`).
     #[arg(long)]
     offline: bool,
     /// A TOML file overriding the defaults (only the keys it sets).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// The name clients use for the model (`model.name`).
+    /// The name clients use for the model (`model.name`); repeated, for each `--model` in turn.
     #[arg(long)]
-    model_name: Option<String>,
+    model_name: Vec<String>,
     /// Weight dtype in memory (`model.dtype`): auto (the checkpoint's own), f32, f16, bf16, q8_0,
     /// q4_0, q4_1, q5_0, q5_1 (quantized at load), q4_k, q5_k, q6_k (a GGUF's, as stored).
     #[arg(long)]
@@ -73,11 +74,23 @@ impl ModelArgs {
     /// precedence.
     pub fn config(&self, mut extra: Vec<(String, String)>) -> Result<Config, CliError> {
         let mut settings: Vec<(String, String)> = Vec::new();
-        if let Some(m) = &self.model {
+        if self.model_name.len() > self.model.len().max(1) {
+            return Err(CliError::usage("--model-name", "more names than models"));
+        }
+        if let Some(m) = self.model.first() {
             settings.push(("model.path".into(), quoted(&m.display().to_string())));
         }
-        if let Some(n) = &self.model_name {
+        if let Some(n) = self.model_name.first() {
             settings.push(("model.name".into(), quoted(n)));
+        }
+        if self.model.len() > 1 {
+            let also: Vec<String> = (self.model.iter().enumerate().skip(1))
+                .map(|(i, m)| {
+                    let name = self.model_name.get(i).map_or(String::new(), |n| n.clone());
+                    format!("{{ path = {}, name = {} }}", quoted(&m.display().to_string()), quoted(&name))
+                })
+                .collect();
+            settings.push(("model.also".into(), format!("[{}]", also.join(", "))));
         }
         if self.offline {
             settings.push(("model.offline".into(), "true".into()));
@@ -124,7 +137,8 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let server = llaisys_server::start(&config).await?;
-        eprintln!("llaisys: serving '{}' on http://{}", config.model_name(), server.addr);
+        let names: Vec<String> = server.state().models().map(|m| m.name).collect();
+        eprintln!("llaisys: serving '{}' on http://{}", names.join("', '"), server.addr);
         wait_for_signal().await;
         eprintln!("llaisys: shutting down (draining in-flight requests)");
         server.shutdown().await;
