@@ -32,7 +32,7 @@ pub use config::ModelConfig;
 pub use context::Context;
 pub use device::{DeviceError, DeviceSpec};
 pub use error::{DecodeError, KvError, LoadError};
-pub use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd};
+pub use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd, ThinkBudget};
 pub use kv::{KvCache, Pos, PosRange, SeqId};
 pub use lm::{LanguageModel, ModelInfo, Pooling};
 pub use output::{Outputs, argmax};

@@ -350,6 +350,37 @@ async fn reasoning_comes_as_each_dialects_thinking() {
     )
     .await;
     assert_eq!(o["message"]["thinking"], reasoning, "{o}");
+
+    // A budget of 3 thinking tokens: the same first 3, then `</think>` forced and the answer.
+    let (status, budgeted) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": name, "max_tokens": 10, "temperature": 0, "ignore_eos": true, "thinking_token_budget": 3,
+               "logprobs": true, "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{budgeted}");
+    let short = budgeted["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or_else(|| panic!("{budgeted}"));
+    assert!(reasoning.starts_with(short) && short.len() < reasoning.len(), "{short:?} of {reasoning:?}");
+    assert!(budgeted["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()), "{budgeted}");
+    let tokens = budgeted["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    let (n, chat_short) = (tokens.len(), short.to_string());
+    assert_eq!(n, 10);
+    let (_, m) = post(
+        &s,
+        "/v1/messages",
+        json!({"model": name, "max_tokens": 10, "temperature": 0, "thinking": {"type": "enabled", "budget_tokens": 3},
+               "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!(m["content"][0]["thinking"], chat_short, "{m}");
+    let (status, err) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": name, "thinking_token_budget": -1, "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!((status, err["error"]["param"].as_str()), (400, Some("thinking_token_budget")));
     s.shutdown().await;
 
     // Thinking off in each dialect's words: the template closes the think block (4 more tokens).

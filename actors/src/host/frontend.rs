@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use llaisys_model::tokenizer::ChatMessage;
-use llaisys_model::{Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, Tokenizer};
+use llaisys_model::{Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, ThinkBudget, Tokenizer};
 
 use super::embed::{self, EmbedRequest, ValidEmbed};
 use super::params::GenerateParams;
@@ -149,6 +149,10 @@ impl Frontend {
         unchecked.params.reasoning = reasoning;
         if !options.tools.is_empty() {
             constrain_calls(&mut unchecked.params, options, &*self.grammar_compiler()?)?;
+        }
+        if let (Some(tokens), Some(r)) = (options.thinking_budget, reasoning) {
+            let budget = ThinkBudget { open: r.tags.open, close: r.tags.close, starts_open: r.starts_open, tokens };
+            unchecked.params.guidance = std::mem::take(&mut unchecked.params.guidance).with_think_budget(budget);
         }
         self.check(unchecked, "messages")
     }

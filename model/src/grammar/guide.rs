@@ -18,6 +18,20 @@ pub struct Guidance {
     trigger: Option<u32>,
     /// Tokens never allowed while the text is free.
     forbidden: Vec<u32>,
+    /// A reasoning model's thinking ends after this many tokens.
+    think_budget: Option<ThinkBudget>,
+}
+
+/// A reasoning model's budget of thinking tokens: once `tokens` have been thought (inside
+/// `open` … `close`; from the start when the prompt opened the block), `close` is the only
+/// token allowed, so the answer begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ThinkBudget {
+    pub open: u32,
+    pub close: u32,
+    /// The prompt opened the think block.
+    pub starts_open: bool,
+    pub tokens: usize,
 }
 
 /// A [`Guidance`] before compilation, serializable: the grammar in llguidance's JSON form and
@@ -30,6 +44,8 @@ pub struct GuidanceSpec {
     pub trigger: Option<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forbidden: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub think_budget: Option<ThinkBudget>,
 }
 
 impl Guidance {
@@ -48,6 +64,12 @@ impl Guidance {
         Self { forbidden: tokens, ..Self::default() }
     }
 
+    /// The same, with the thinking cut at `budget`.
+    pub fn with_think_budget(mut self, budget: ThinkBudget) -> Self {
+        self.think_budget = Some(budget);
+        self
+    }
+
     /// What crosses the network for another node to compile this constraint again
     /// (`GrammarCompiler::guidance`).
     pub fn spec(&self) -> GuidanceSpec {
@@ -55,11 +77,12 @@ impl Guidance {
             grammar: self.grammar.as_ref().map(Grammar::source),
             trigger: self.trigger,
             forbidden: self.forbidden.clone(),
+            think_budget: self.think_budget,
         }
     }
 
     pub(super) fn from_parts(grammar: Option<Grammar>, spec: &GuidanceSpec) -> Self {
-        Self { grammar, trigger: spec.trigger, forbidden: spec.forbidden.clone() }
+        Self { grammar, trigger: spec.trigger, forbidden: spec.forbidden.clone(), think_budget: spec.think_budget }
     }
 
     /// A new sequence's guide.
@@ -69,7 +92,38 @@ impl Guidance {
             (Some(g), None) => State::Active(Box::new(g.matcher())),
             (Some(g), Some(trigger)) => State::Waiting { trigger, grammar: g.clone() },
         };
-        Guide { state, forbidden: self.forbidden.clone(), mask: None, mask_time: None }
+        let think = self.think_budget.map(|budget| Think { budget, inside: budget.starts_open, used: 0, over: false });
+        Guide { state, forbidden: self.forbidden.clone(), think, mask: None, mask_time: None }
+    }
+}
+
+/// A sequence's thinking, counted against its budget.
+#[derive(Debug, Clone, Copy)]
+struct Think {
+    budget: ThinkBudget,
+    inside: bool,
+    used: usize,
+    /// The block has closed (the budget has no more to do).
+    over: bool,
+}
+
+impl Think {
+    /// The thinking must end now.
+    fn spent(&self) -> bool {
+        self.inside && self.used >= self.budget.tokens
+    }
+
+    fn accept(&mut self, token: u32) {
+        if self.over {
+            return;
+        }
+        if !self.inside {
+            self.inside = token == self.budget.open;
+        } else if token == self.budget.close {
+            (self.inside, self.over) = (false, true);
+        } else {
+            self.used += 1;
+        }
     }
 }
 
@@ -93,6 +147,8 @@ enum State {
 pub struct Guide {
     state: State,
     forbidden: Vec<u32>,
+    /// The thinking's budget and how much of it is spent.
+    think: Option<Think>,
     /// The next token's mask, once computed.
     mask: Option<Result<SimpleVob, String>>,
     mask_time: Option<Duration>,
@@ -130,17 +186,33 @@ impl Guide {
 
     /// Whether the guide ever changes a logit.
     pub fn constrains_ever(&self) -> bool {
-        !matches!(self.state, State::Free) || !self.forbidden.is_empty()
+        !matches!(self.state, State::Free) || !self.forbidden.is_empty() || self.think.is_some()
     }
 
     /// Whether `apply` changes the logits of the next token.
     pub fn constrains(&self) -> bool {
-        matches!(self.state, State::Active(_)) || !self.forbidden.is_empty()
+        matches!(self.state, State::Active(_)) || !self.forbidden.is_empty() || self.forced_close().is_some()
+    }
+
+    /// The think block's closing tag, when the budget is spent and it must come next (a grammar
+    /// that is active decides alone).
+    fn forced_close(&self) -> Option<usize> {
+        let think = self.think.filter(Think::spent)?;
+        (!matches!(self.state, State::Active(_))).then_some(think.budget.close as usize)
     }
 
     /// Sets every token the sequence may not produce next to -∞. `Err` if the grammar failed
     /// or allows nothing.
     pub fn apply(&mut self, row: &mut [f32]) -> Result<(), String> {
+        if let Some(close) = self.forced_close() {
+            if close < row.len() {
+                row.iter_mut().enumerate().filter(|(i, _)| *i != close).for_each(|(_, l)| *l = f32::NEG_INFINITY);
+                if !row[close].is_finite() {
+                    row[close] = 0.0;
+                }
+            }
+            return Ok(());
+        }
         self.prepare();
         match &self.mask {
             Some(Ok(mask)) => {
@@ -178,6 +250,9 @@ impl Guide {
     /// Advances by the sampled `token`; `Some` when the sequence must end here.
     pub fn accept(&mut self, token: u32) -> Option<GuideEnd> {
         self.mask = None;
+        if let Some(think) = &mut self.think {
+            think.accept(token);
+        }
         match &mut self.state {
             State::Free | State::Done => None,
             State::Waiting { trigger, grammar } => {

@@ -148,3 +148,36 @@ fn a_lazy_guide_is_free_until_its_trigger_and_a_forbidding_one_bans_tokens() {
     assert_eq!(row[open as usize], f32::NEG_INFINITY);
     assert_eq!(row.iter().filter(|l| l.is_infinite()).count(), 1);
 }
+
+#[test]
+fn a_spent_think_budget_allows_only_the_closing_tag_then_nothing_more() {
+    let (open, close) = (900, 901);
+    let budget = ThinkBudget { open, close, starts_open: false, tokens: 2 };
+    let mut guide = Guidance::default().with_think_budget(budget).guide();
+    let free = |guide: &mut Guide| {
+        let mut row = vec![0.0f32; 1024];
+        guide.apply(&mut row).unwrap();
+        row.iter().all(|l| *l == 0.0)
+    };
+    assert!(free(&mut guide) && !guide.constrains(), "before the block opens");
+    for token in [5, open, 6, 7] {
+        assert_eq!(guide.accept(token), None);
+    }
+    assert!(guide.constrains(), "two tokens thought: the budget is spent");
+    let mut row = vec![1.0f32; 1024];
+    guide.apply(&mut row).unwrap();
+    assert_eq!(row.iter().filter(|l| l.is_finite()).count(), 1);
+    assert_eq!(row[close as usize], 1.0, "the closing tag keeps its logit");
+    guide.accept(close);
+    assert!(free(&mut guide) && !guide.constrains(), "the answer is free");
+    guide.accept(open);
+    guide.accept(8);
+    guide.accept(9);
+    assert!(!guide.constrains(), "one block only");
+
+    // A prompt that opened the block counts from the first token.
+    let mut guide = Guidance::default().with_think_budget(ThinkBudget { starts_open: true, ..budget }).guide();
+    guide.accept(5);
+    guide.accept(6);
+    assert!(guide.constrains());
+}

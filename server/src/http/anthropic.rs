@@ -130,6 +130,8 @@ struct ToolChoiceIn {
 struct Thinking {
     #[serde(rename = "type")]
     kind: String,
+    /// With `enabled`: the most tokens thinking may take.
+    budget_tokens: Option<i64>,
 }
 
 pub async fn messages(
@@ -178,6 +180,7 @@ impl MessagesRequest {
             top_k,
             stop: req.stop_sequences.clone().unwrap_or_default(),
             chat_template_kwargs: thinking(req.thinking.as_ref())?,
+            thinking_budget: budget(req.thinking.as_ref())?,
             ..Options::default()
         };
         tools(&mut options, req.tools.as_deref(), req.tool_choice.as_ref())?;
@@ -231,6 +234,17 @@ fn tools(options: &mut Options, tools: Option<&[ToolIn]>, choice: Option<&ToolCh
     options.tool_choice = Some(mode);
     options.parallel_tool_calls = choice.disable_parallel_tool_use.then_some(false);
     Ok(())
+}
+
+/// `thinking.budget_tokens` (with `enabled`) as the thinking's budget.
+fn budget(thinking: Option<&Thinking>) -> Result<Option<usize>, ApiError> {
+    match thinking.filter(|t| t.kind == "enabled").and_then(|t| t.budget_tokens) {
+        Some(b) if b < 1 => {
+            let msg = format!("thinking.budget_tokens must be at least 1, got {b}");
+            Err(ApiError::invalid("thinking.budget_tokens", msg))
+        }
+        b => Ok(b.map(|b| b as usize)),
+    }
 }
 
 /// `thinking` as the chat template's `enable_thinking`.

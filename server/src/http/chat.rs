@@ -52,6 +52,13 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
     options.tool_choice = tool_choice;
     options.parallel_tool_calls = req.parallel_tool_calls;
     options.chat_template_kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    options.thinking_budget = match req.thinking_token_budget {
+        Some(b) if b < 0 => {
+            let msg = format!("thinking_token_budget must be at least 0, got {b}");
+            return Err(ApiError::invalid("thinking_token_budget", msg));
+        }
+        b => b.map(|b| b as usize),
+    };
     let request = ChatRequest::new(openai::messages(&req.messages)?).options(options);
     let dialect = OpenAi { api: Api::Chat, id: String::new(), include_usage: plan.include_usage };
     let run =

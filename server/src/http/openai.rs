@@ -160,6 +160,8 @@ pub struct ChatRequest {
     pub response_format: Option<ResponseFormat>,
     /// More variables for the chat template (vLLM's extension), e.g. `{"enable_thinking": false}`.
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// A reasoning model thinks at most this many tokens (vLLM's name).
+    pub thinking_token_budget: Option<i64>,
 }
 
 /// `tools[]`: `{"type": "function", "function": {name, description, parameters}}`.
@@ -421,6 +423,7 @@ impl CommonFields {
             tool_choice: None,
             parallel_tool_calls: None,
             chat_template_kwargs: serde_json::Map::new(),
+            thinking_budget: None,
             speculative: self.speculative,
         };
         let include_usage = self.stream_options.as_ref().is_some_and(|o| o.include_usage);
