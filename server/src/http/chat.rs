@@ -156,11 +156,16 @@ impl OpenAi {
         })
     }
 
-    fn chunk(&mut self, g: &Generation, choices: Vec<Value>) -> Frame {
-        let object = match self.api {
+    /// The `object` of a streamed chunk.
+    fn chunk_object(&self) -> &'static str {
+        match self.api {
             Api::Chat => "chat.completion.chunk",
             Api::Completion => "text_completion",
-        };
+        }
+    }
+
+    fn chunk(&mut self, g: &Generation, choices: Vec<Value>) -> Frame {
+        let object = self.chunk_object();
         Frame::data(&self.envelope(g, object, choices))
     }
 
@@ -298,10 +303,7 @@ impl Dialect for OpenAi {
     fn close(&mut self, g: &Generation) -> Vec<Frame> {
         let mut frames = Vec::new();
         if self.include_usage {
-            let object = match self.api {
-                Api::Chat => "chat.completion.chunk",
-                Api::Completion => "text_completion",
-            };
+            let object = self.chunk_object();
             let mut body = self.envelope(g, object, vec![]);
             body["usage"] = Self::usage(g);
             frames.push(Frame::data(&body));
