@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::batch::{Batch, Limits, validate};
 use crate::error::DecodeError;
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvDtype};
 use crate::kv::{Pos, SeqId};
 use crate::lm::{LanguageModel, ModelInfo, Pooling};
 use crate::output::Outputs;
@@ -19,10 +19,16 @@ pub struct Context {
 
 impl Context {
     /// A context whose cache holds `kv_capacity` cells (tokens, summed over sequences; shared
-    /// cells count once).
+    /// cells count once), in the device's default KV dtype.
     pub fn new(model: Box<dyn LanguageModel>, kv_capacity: usize) -> Self {
+        let dtype = KvDtype::default_for(model.device());
+        Self::with_kv_dtype(model, kv_capacity, dtype)
+    }
+
+    /// A context whose cache stores keys and values in `dtype`.
+    pub fn with_kv_dtype(model: Box<dyn LanguageModel>, kv_capacity: usize, dtype: KvDtype) -> Self {
         let info = model.info();
-        let cache = KvCache::new(model.kv_layout(), kv_capacity, info.context_length, model.device());
+        let cache = KvCache::with_dtype(model.kv_layout(), kv_capacity, info.context_length, model.device(), dtype);
         let outputs = Outputs::new(info.vocab_size);
         Self { model, cache, outputs }
     }
@@ -93,15 +99,17 @@ impl Context {
 
 impl Context {
     /// Runs `batch` for its final hidden states (embeddings): [n_outputs · hidden] f32, the
-    /// flagged rows in order. The batch's keys and values go to a scratch cache of its own size
+    /// flagged rows in order. The batch's keys and values go to a scratch f32 cache of its own size
     /// that is dropped after, so the context's cache, its cells and its outputs are untouched
     /// (no KV is kept; running sequences are not disturbed). Each sequence starts at position 0.
     pub fn embed(&self, batch: &Batch) -> Result<Vec<f32>, DecodeError> {
         let info = self.model.info();
         let limits =
             Limits { vocab_size: info.vocab_size, hidden_size: info.hidden_size, context_length: info.context_length };
-        let mut scratch =
-            KvCache::new(self.model.kv_layout(), batch.len().max(1), info.context_length, self.model.device());
+        // In f32 whatever the context's own cache holds: the scratch lives for one pass, and
+        // embeddings are compared to other runtimes' to many digits.
+        let (layout, cells, device) = (self.model.kv_layout(), batch.len().max(1), self.model.device());
+        let mut scratch = KvCache::with_dtype(layout, cells, info.context_length, device, KvDtype::F32);
         let valid = validate(batch, scratch.cells(), &limits)?;
         let placement = scratch
             .cells()

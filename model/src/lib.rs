@@ -33,7 +33,7 @@ pub use context::Context;
 pub use device::{DeviceError, DeviceSpec};
 pub use error::{DecodeError, KvError, LoadError};
 pub use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd, ThinkBudget};
-pub use kv::{KvCache, Pos, PosRange, SeqId};
+pub use kv::{KvCache, KvDtype, Pos, PosRange, SeqId};
 pub use lm::{LanguageModel, ModelInfo, Pooling};
 pub use output::{Outputs, argmax};
 pub use registry::{LoadOptions, MODEL_TYPES, load_model, model_info};

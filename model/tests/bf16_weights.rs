@@ -4,14 +4,14 @@
 //! CPU's bf16 dot products, and must stay close.
 
 use llaisys_model::generate::{greedy, one_sequence};
-use llaisys_model::{Context, Device, LoadOptions, ModelSource, WeightDtype, load_model};
+use llaisys_model::{Context, Device, KvDtype, LoadOptions, ModelSource, WeightDtype, load_model};
 use llaisys_tests::{FIXTURES, Reference, fixture_dir, max_abs_diff};
 
 fn context(name: &str, weight_dtype: WeightDtype) -> Context {
     let model =
         load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions { weight_dtype }, &Device::flex())
             .unwrap();
-    Context::new(model, 256)
+    Context::with_kv_dtype(model, 256, KvDtype::F32)
 }
 
 /// A bf16 checkpoint computes as with f32 storage (its own values; only the summation order

@@ -2,14 +2,14 @@
 //! the last token and by the mean (`scripts/make_embedding_reference.py` wrote the reference),
 //! and the same whether an input runs alone or in a batch; the context's own cache is untouched.
 
-use llaisys_model::{Batch, Context, Device, DeviceSpec, LoadOptions, ModelSource, Pooling, load_model};
+use llaisys_model::{Batch, Context, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, Pooling, load_model};
 use llaisys_tests::{fixture_dir, test_device};
 use serde_json::Value;
 
 fn context(name: &str) -> Context {
     let device: Device = test_device().parse::<DeviceSpec>().unwrap().device().unwrap();
     let model = load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &device).unwrap();
-    Context::new(model, 256)
+    Context::with_kv_dtype(model, 256, KvDtype::F32)
 }
 
 fn normalised(v: &[f32]) -> Vec<f64> {

@@ -2,7 +2,7 @@
 //! f16 rounding in the matrix products. It must stay close to the f32 reference.
 
 use llaisys_model::generate::{greedy, one_sequence};
-use llaisys_model::{Context, Device, LoadOptions, ModelSource, WeightDtype, load_model};
+use llaisys_model::{Context, Device, KvDtype, LoadOptions, ModelSource, WeightDtype, load_model};
 use llaisys_tests::{FIXTURES, Reference, fixture_dir, max_abs_diff};
 
 #[test]
@@ -10,7 +10,7 @@ fn f16_weights_stay_close_to_the_f32_reference() {
     let opts = LoadOptions { weight_dtype: WeightDtype::F16 };
     for name in FIXTURES {
         let model = load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &opts, &Device::flex()).unwrap();
-        let mut ctx = Context::new(model, 256);
+        let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
         for (s, p) in Reference::load(name).prompts.iter().enumerate() {
             ctx.decode(&one_sequence(&p.ids, s as u32, 0)).unwrap();
             let row = ctx.outputs().row(0).unwrap();

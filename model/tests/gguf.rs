@@ -9,7 +9,8 @@ use llaisys_model::gguf::{GgufFile, TensorType};
 use llaisys_model::quant::{PackedMatrix, QuantType, dequantize};
 use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
 use llaisys_model::{
-    Batch, Context, Device, LoadError, LoadOptions, ModelConfig, ModelSource, Tokenizer, WeightDtype, load_model,
+    Batch, Context, Device, KvDtype, LoadError, LoadOptions, ModelConfig, ModelSource, Tokenizer, WeightDtype,
+    load_model,
 };
 use llaisys_tests::{
     PromptRef, Reference, fixture_dir, gguf_family_references, gguf_fixture, gguf_references, max_abs_diff,
@@ -18,7 +19,7 @@ use llaisys_tests::{
 fn context(source: &ModelSource, weight_dtype: WeightDtype) -> Context {
     let model = load_model(None, Some(source), &LoadOptions { weight_dtype }, &Device::flex())
         .unwrap_or_else(|e| panic!("{}: {e}", source.path().display()));
-    Context::new(model, 256)
+    Context::with_kv_dtype(model, 256, KvDtype::F32)
 }
 
 fn gguf(name: &str) -> ModelSource {

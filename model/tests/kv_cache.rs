@@ -7,7 +7,9 @@ use llaisys_model::TensorData;
 use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::tensors::TensorSource;
-use llaisys_model::{Batch, Context, DecodeError, Device, DeviceSpec, LoadOptions, ModelSource, argmax, load_model};
+use llaisys_model::{
+    Batch, Context, DecodeError, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, argmax, load_model,
+};
 use llaisys_tests::{Reference, fixture_dir, max_abs_diff, test_device, topk_error};
 
 const FIXTURE: &str = "tiny-tied-f32";
@@ -21,7 +23,7 @@ fn device() -> Device {
 fn context(name: &str, capacity: usize) -> Context {
     let model =
         load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &device()).unwrap();
-    Context::new(model, capacity)
+    Context::with_kv_dtype(model, capacity, KvDtype::F32)
 }
 
 /// Continues `seq` greedily from `first` (already generated after position `pos - 1`).
@@ -184,7 +186,7 @@ fn an_internal_error_releases_the_placed_cells() {
         .unwrap();
     let model =
         load_model(None, Some(&ModelSource::Dir(dir.path().into())), &LoadOptions::default(), &device()).unwrap();
-    let mut ctx = Context::new(model, 16);
+    let mut ctx = Context::with_kv_dtype(model, 16, KvDtype::F32);
     ctx.decode(&one_sequence(&[1, 2, 3], 0, 0)).unwrap();
     let err = ctx.decode(&one_sequence(&[4, 13], 0, 3)).unwrap_err();
     assert!(matches!(err, DecodeError::Internal(ref m) if m.contains("injected fault")), "{err:?}");
@@ -194,7 +196,7 @@ fn an_internal_error_releases_the_placed_cells() {
 #[test]
 fn the_mock_model_reads_its_context_from_the_cache() {
     let model = load_model(Some("mock"), None, &LoadOptions::default(), &device()).unwrap();
-    let mut ctx = Context::new(model, 64);
+    let mut ctx = Context::with_kv_dtype(model, 64, KvDtype::F32);
     let first = greedy(&mut ctx, 0, &[5, 6, 7], 6, &[]).unwrap().tokens;
     assert_eq!(greedy(&mut ctx, 1, &[5, 6, 7], 6, &[]).unwrap().tokens, first, "deterministic");
     assert_ne!(greedy(&mut ctx, 2, &[5, 6, 8], 6, &[]).unwrap().tokens, first, "context-dependent");

@@ -3,7 +3,7 @@
 //! prompts interleaved as two sequences in the same batches.
 
 use llaisys_model::generate::{Finish, greedy};
-use llaisys_model::{Batch, BatchInput, Context, Device, DeviceSpec, LoadOptions, ModelSource, load_model};
+use llaisys_model::{Batch, BatchInput, Context, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, load_model};
 use llaisys_tests::{FIXTURES, PromptRef, Reference, fixture_dir, max_abs_diff, test_device, topk_error};
 
 /// Absolute tolerance on logits (f32 compute; the bf16 fixture's reference also computes in f32).
@@ -17,7 +17,7 @@ fn device() -> Device {
 fn context(name: &str) -> Context {
     let model = load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &device())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-    Context::new(model, 256)
+    Context::with_kv_dtype(model, 256, KvDtype::F32)
 }
 
 /// Checks every flagged row of the last decode against the reference top-k, by prompt position.

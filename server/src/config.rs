@@ -454,6 +454,7 @@ mod tests {
     fn engine_sections_deserialise_into_the_engines_types_and_name_their_keys() {
         for (key, value) in [
             ("engine.kv_capacity", "\"x\""),
+            ("engine.kv_dtype", "\"q4\""),
             ("engine.session_idle_timeout_secs", "-1"),
             ("speculative.default", "3"),
             ("speculative.max_draft", "\"x\""),
@@ -467,6 +468,7 @@ mod tests {
         let settings = [
             ("model.path", "m"),
             ("engine.kv_capacity", "100"),
+            ("engine.kv_dtype", "\"bf16\""),
             ("engine.session_idle_timeout_secs", "7"),
             ("speculative.default", "true"),
             ("speculative.draft_model", "\"d.gguf\""),
@@ -479,6 +481,8 @@ mod tests {
             (engine.kv_capacity, engine.session_idle_timeout.as_secs(), engine.speculative.default_on),
             (100, 7, true)
         );
+        assert_eq!(engine.kv_dtype, Some(llaisys_model::KvDtype::BF16));
+        assert_eq!(load(&[], &[("model.path", "m")]).unwrap().engine_config().kv_dtype, None, "auto");
         assert_eq!((c.request_limits().max_n, c.admission.max_queue), (3, 5));
         assert_eq!(c.draft_model, PathBuf::from("d.gguf"));
     }

@@ -25,6 +25,7 @@ const ENGINE_HELP: &[(&str, &str)] = &[
     ("llaisys_num_requests_waiting", "Requests waiting to be scheduled."),
     ("llaisys_kv_cache_usage_perc", "Fraction of KV-cache cells in use (1 = full)."),
     ("llaisys_kv_cache_cells_used", "KV-cache cells in use, cached prefixes included."),
+    ("llaisys_kv_cache_bytes", "Bytes the KV cache's keys and values hold, labelled with their dtype."),
     ("llaisys_kv_cache_cells_cached", "KV-cache cells kept for prefix reuse and sessions."),
     ("llaisys_num_sessions", "Live sessions."),
     ("llaisys_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."),
@@ -193,6 +194,9 @@ impl Snapshot {
         gauge("llaisys_num_requests_waiting", s.waiting as f64);
         gauge("llaisys_kv_cache_usage_perc", s.kv_cells_used as f64 / s.kv_capacity.max(1) as f64);
         gauge("llaisys_kv_cache_cells_used", s.kv_cells_used as f64);
+        let dtype = s.kv_dtype.map_or("unknown", |d| d.name());
+        let kv_labels = [&labels[..], &[("kv_dtype", dtype.to_string())]].concat();
+        self.0.register_gauge(&Metrics::key("llaisys_kv_cache_bytes", &kv_labels), &METADATA).set(s.kv_bytes as f64);
         gauge("llaisys_kv_cache_cells_cached", s.kv_cells_cached as f64);
         gauge("llaisys_num_sessions", s.sessions as f64);
         let spec = &s.speculative;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use llaisys_model::LanguageModel;
+use llaisys_model::{Context, KvDtype, LanguageModel};
 
 use crate::speculative::{DraftModelProposer, NgramProposer, Proposer, SpeculativeConfig};
 
@@ -15,6 +15,10 @@ use crate::speculative::{DraftModelProposer, NgramProposer, Proposer, Speculativ
 pub struct EngineConfig {
     /// KV cache cells (tokens across all sequences).
     pub kv_capacity: usize,
+    /// The KV cache's element type (`"f32"`, `"f16"`, `"bf16"`; `"auto"` or absent: the
+    /// device's default, f16 on the CPU).
+    #[serde(deserialize_with = "kv_dtype")]
+    pub kv_dtype: Option<KvDtype>,
     pub max_seqs_per_step: usize,
     pub max_tokens_per_step: usize,
     /// Most prompt tokens in a step that also decodes (bounds the decoding sequences'
@@ -33,6 +37,13 @@ pub struct EngineConfig {
     pub speculative: SpeculativeConfig,
 }
 
+fn kv_dtype<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<KvDtype>, D::Error> {
+    match <String as serde::Deserialize>::deserialize(d)?.as_str() {
+        "auto" => Ok(None),
+        s => s.parse().map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
 fn seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     <u64 as serde::Deserialize>::deserialize(d).map(Duration::from_secs)
 }
@@ -41,6 +52,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             kv_capacity: 8192,
+            kv_dtype: None,
             max_seqs_per_step: 32,
             max_tokens_per_step: 512,
             max_prefill_tokens_while_decoding: 256,
@@ -53,6 +65,12 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// A context over `model` with this engine's KV cache.
+    pub fn context(&self, model: Box<dyn LanguageModel>) -> Context {
+        let dtype = self.kv_dtype.unwrap_or_else(|| KvDtype::default_for(model.device()));
+        Context::with_kv_dtype(model, self.kv_capacity, dtype)
+    }
+
     /// The proposer of an engine with these settings: the draft model when one is given,
     /// otherwise prompt lookup (n-grams). It exists even when no request speculates by default,
     /// for the requests that ask.

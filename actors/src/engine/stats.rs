@@ -1,5 +1,7 @@
 //! The engine's figures: load, cache, counters by finish reason, speculation, per replica.
 
+use llaisys_model::KvDtype;
+
 use crate::request::FinishReason;
 
 /// A snapshot of the engine's load.
@@ -9,6 +11,11 @@ pub struct EngineStats {
     pub waiting: usize,
     pub kv_cells_used: usize,
     pub kv_capacity: usize,
+    /// The KV cache's element type, and the bytes its keys and values hold.
+    #[serde(default)]
+    pub kv_dtype: Option<KvDtype>,
+    #[serde(default)]
+    pub kv_bytes: usize,
     /// Cells kept for prefix reuse (included in `kv_cells_used`).
     pub kv_cells_cached: usize,
     pub preemptions: u64,
@@ -53,6 +60,8 @@ impl EngineStats {
         self.waiting += o.waiting;
         self.kv_cells_used += o.kv_cells_used;
         self.kv_capacity += o.kv_capacity;
+        self.kv_dtype = self.kv_dtype.or(o.kv_dtype);
+        self.kv_bytes += o.kv_bytes;
         self.kv_cells_cached += o.kv_cells_cached;
         self.preemptions += o.preemptions;
         self.prefix_queries += o.prefix_queries;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use llaisys_model::{Constraint, Context, Guidance, LanguageModel, Sampler, Tokenizer};
+use llaisys_model::{Constraint, Guidance, LanguageModel, Sampler, Tokenizer};
 
 use crate::engine::{EngineConfig, EngineError};
 use crate::host::{
@@ -67,7 +67,7 @@ impl Llm {
         let scheduler = Scheduler::new(config, info.context_length);
         let frontend = Frontend::new(info, text, limits, Some(config.kv_capacity));
         let vocab = model.info().vocab_size;
-        let ctx = Context::new(model, config.kv_capacity);
+        let ctx = config.context(model);
         let executor = Executor::new(ctx).with_proposer(config.proposer(None, vocab));
         Self { executor, scheduler, frontend, next_id: 0, speculative: config.speculative.default_on }
     }

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llaisys_model::{Context, LanguageModel, Sampler, Tokenizer};
+use llaisys_model::{KvDtype, LanguageModel, Sampler, Tokenizer};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
@@ -86,6 +86,8 @@ pub struct SchedulerState {
     in_flight: Option<Vec<RequestId>>,
     /// KV cells in use after the worker's last step (the worker reports it with each step).
     kv_cells_used: usize,
+    /// The worker's KV cache: its dtype and bytes.
+    kv_memory: (KvDtype, usize),
     /// `Engine::stats` callers that asked while a step was in flight.
     stats_waiting: Vec<RpcReplyPort<EngineStats>>,
     shutting_down: bool,
@@ -108,7 +110,7 @@ impl Actor for SchedulerActor {
             Some(load) => Some(load_draft(load).await?),
             None => None,
         };
-        let worker = spawn_worker(&me, args.model, draft, &args.config).await?;
+        let (worker, kv_memory) = spawn_worker(&me, args.model, draft, &args.config).await?;
         let scheduler = Scheduler::new(args.config, context_length);
         Ok(SchedulerState {
             scheduler,
@@ -128,6 +130,7 @@ impl Actor for SchedulerActor {
             received: 0,
             in_flight: None,
             kv_cells_used: 0,
+            kv_memory,
             stats_waiting: Vec::new(),
             shutting_down: false,
             shutdown_waiters: Vec::new(),
@@ -279,6 +282,8 @@ impl SchedulerState {
             waiting: self.scheduler.n_waiting(),
             kv_cells_used: self.kv_cells_used,
             kv_capacity: self.config.kv_capacity,
+            kv_dtype: Some(self.kv_memory.0),
+            kv_bytes: self.kv_memory.1,
             preemptions: self.scheduler.preemptions,
             kv_cells_cached: self.scheduler.kv_cached(),
             prefix_queries: self.scheduler.prefix_queries,
@@ -435,7 +440,8 @@ impl SchedulerState {
             Some(load) => Some(load_draft(load).await?),
             None => None,
         };
-        spawn_worker(me, model, draft, &self.config).await.map_err(|e| WorkerLoss::Spawn(e.to_string()))
+        let spawned = spawn_worker(me, model, draft, &self.config).await;
+        spawned.map(|(worker, _)| worker).map_err(|e| WorkerLoss::Spawn(e.to_string()))
     }
 
     /// Tells finished requests' actors and the worker; answers shutdown once all are done.
@@ -509,9 +515,11 @@ async fn spawn_worker(
     model: Box<dyn LanguageModel>,
     draft: Option<Box<dyn LanguageModel>>,
     config: &EngineConfig,
-) -> Result<ActorRef<ToWorker>, ractor::SpawnErr> {
+) -> Result<(ActorRef<ToWorker>, (KvDtype, usize)), ractor::SpawnErr> {
     let proposer = config.proposer(draft, model.info().vocab_size);
-    let executor = Executor::new(Context::new(model, config.kv_capacity)).with_proposer(proposer);
+    let context = config.context(model);
+    let kv_memory = (context.kv().dtype(), context.kv().size_bytes());
+    let executor = Executor::new(context).with_proposer(proposer);
     let args = WorkerArgs { executor, scheduler: me.clone() };
-    Ok(Actor::spawn_linked(None, WorkerActor, args, me.get_cell()).await?.0)
+    Ok((Actor::spawn_linked(None, WorkerActor, args, me.get_cell()).await?.0, kv_memory))
 }

@@ -1,28 +1,45 @@
-//! Grouped-query attention of each batch row over only the cache cells it can see, on AVX-512.
+//! Grouped-query attention of each batch row over only the cache cells it can see, on AVX-512,
+//! tiled with an online softmax (flash-attention style: no score matrix is ever held).
 //!
 //! The Burn path scores every row against every cell up to the cache's extent and masks the
-//! rest with −∞: with 16 sequences decoding, each row pays for the other 15 sequences' cells
-//! (scores, mask, exp, and the weighted sum), and the cost grows with the square of the
-//! concurrency. Here a task per (row, kv head) walks the row's visible cells only: scores
-//! against the group's query heads, softmax, then the weighted sum of the values.
+//! rest with −∞: with 16 sequences decoding, each row pays for the other 15 sequences' cells,
+//! and a long prompt's scores are a `[rows, extent]` matrix per head. Here:
+//! - **Tiles of rows.** Consecutive rows whose visible cells are each a prefix of the next
+//!   row's (a prompt's rows in a causal prefill) form a tile: their query heads of one KV head
+//!   (up to [`TILE_QUERIES`]) walk the last row's cells together, each row masked past its own
+//!   prefix. A block of 16 keys and values is widened to f32 once and used by every query of
+//!   the tile, so the cache is read once per tile rather than once per row. Rows with unrelated
+//!   cells (sequences decoding side by side) are tiles of one row each.
+//! - **Online softmax.** Per block of 16 cells: the scores, a running maximum and sum, and the
+//!   output rescaled when the maximum grows.
+//! - **Split over the context.** When the tiles × KV heads are too few to occupy the pool (a
+//!   few sequences decoding at depth), each tile's cells are split into chunks run as separate
+//!   tasks, whose partial outputs are merged by their maxima and sums.
+//!
+//! Keys and values are read in the cache's dtype (f32, f16 or bf16) and widened as loaded.
 
-use std::arch::x86_64::{__m512, __m512d};
+use std::ops::Range;
 
 use pulp::x86::V4;
 use pulp::{Simd, f32x16};
 use rayon::prelude::*;
 
 use super::exp::exp_sub_sum;
+use super::xwt::Weight;
 
 const LANES: usize = 16;
+/// Most query heads in a tile (rows × the KV head's query heads).
+const TILE_QUERIES: usize = 16;
+/// The fewest cells a chunk of a split context holds.
+const MIN_CHUNK: usize = 256;
 
 /// The operands of one layer's attention.
-pub struct Attention<'a> {
+pub struct Attention<'a, T> {
     /// [n, heads, d], rotated.
     pub q: &'a [f32],
     /// [kv_heads, capacity, d] each: the layer's whole cache; keys rotated.
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: &'a [T],
+    pub v: &'a [T],
     /// [n]: the cells each row sees (every row sees at least one).
     pub visible: &'a [Vec<u32>],
     pub heads: usize,
@@ -35,7 +52,7 @@ pub struct Attention<'a> {
 ///
 /// # Shapes
 /// returns [n, heads · d] row-major
-pub fn run(a: &Attention<'_>) -> Option<Vec<f32>> {
+pub fn run<T: Weight>(a: &Attention<'_, T>) -> Option<Vec<f32>> {
     let simd = V4::try_new()?;
     let n = a.visible.len();
     assert!(a.kv_heads > 0 && a.heads.is_multiple_of(a.kv_heads), "attention: heads must be a multiple of kv heads");
@@ -45,79 +62,189 @@ pub fn run(a: &Attention<'_>) -> Option<Vec<f32>> {
         a.visible.iter().flatten().all(|&c| (c as usize) < a.capacity),
         "attention: a visible cell lies outside the cache"
     );
+    assert!(a.visible.iter().all(|cells| !cells.is_empty()), "attention: a row sees no cell");
     let group = a.heads / a.kv_heads;
     let mut out = vec![0.0f32; n * a.heads * a.d];
     if out.is_empty() {
         return Some(out);
     }
-    // Query head h reads kv head h / group, so out[t] holds kv head g's group at [g·group·d..].
-    out.par_chunks_mut(group * a.d).enumerate().for_each(|(i, out)| {
-        simd.vectorize(RowHead { simd, a, row: i / a.kv_heads, kv_head: i % a.kv_heads, out });
-    });
+    let tiles = tiles(a.visible, (TILE_QUERIES / group).max(1));
+    let longest = tiles.iter().map(|t| a.visible[t.end - 1].len()).max().unwrap_or(0);
+    let units = tiles.len() * a.kv_heads;
+    let threads = rayon::current_num_threads();
+    let chunks = if units < 2 * threads { (2 * threads).div_ceil(units).min(longest / MIN_CHUNK).max(1) } else { 1 };
+    let tasks: Vec<Task> = tiles
+        .iter()
+        .flat_map(|rows| {
+            let cells = a.visible[rows.end - 1].len();
+            let step = cells.div_ceil(chunks).next_multiple_of(LANES);
+            (0..a.kv_heads).flat_map(move |kv_head| {
+                (0..cells).step_by(step).map(move |c0| Task {
+                    rows: rows.clone(),
+                    kv_head,
+                    cells: c0..(c0 + step).min(cells),
+                })
+            })
+        })
+        .collect();
+    let partials: Vec<Partial> = tasks.par_iter().map(|task| simd.vectorize(TileHead { simd, a, task })).collect();
+    // Merge each (tile, KV head)'s chunks into the output rows.
+    let d = a.d;
+    let mut at = 0;
+    while at < tasks.len() {
+        let (rows, kv_head) = (tasks[at].rows.clone(), tasks[at].kv_head);
+        let end = at + tasks[at..].iter().take_while(|t| t.rows == rows && t.kv_head == kv_head).count();
+        let parts = &partials[at..end];
+        for (r, row) in rows.clone().enumerate() {
+            for j in 0..group {
+                let qi = r * group + j;
+                let max = parts.iter().map(|p| p.max[qi]).fold(f32::NEG_INFINITY, f32::max);
+                let o = &mut out[(row * a.heads + kv_head * group + j) * d..][..d];
+                let mut sum = 0.0;
+                for p in parts.iter().filter(|p| p.max[qi] > f32::NEG_INFINITY) {
+                    let w = (p.max[qi] - max).exp();
+                    sum += w * p.sum[qi];
+                    for (o, x) in o.iter_mut().zip(&p.out[qi * d..(qi + 1) * d]) {
+                        *o += w * x;
+                    }
+                }
+                o.iter_mut().for_each(|o| *o /= sum);
+            }
+        }
+        at = end;
+    }
     Some(out)
 }
 
-/// One row's query heads of one kv head, as a callable that `V4::vectorize` inlines into its
-/// AVX-512 function.
-struct RowHead<'a, 'o> {
-    simd: V4,
-    a: &'a Attention<'a>,
-    row: usize,
-    kv_head: usize,
-    /// [group, d]
-    out: &'o mut [f32],
+/// Consecutive rows, each row's cells a prefix of the next row's, at most `most` rows.
+fn tiles(visible: &[Vec<u32>], most: usize) -> Vec<Range<usize>> {
+    let mut tiles = Vec::new();
+    let mut start = 0;
+    for row in 1..=visible.len() {
+        let extends = row < visible.len() && row - start < most && {
+            let (prev, next) = (&visible[row - 1], &visible[row]);
+            next.len() >= prev.len() && next[..prev.len()] == prev[..]
+        };
+        if !extends {
+            tiles.push(start..row);
+            start = row;
+        }
+    }
+    tiles
 }
 
-impl pulp::NullaryFnOnce for RowHead<'_, '_> {
-    type Output = ();
+/// One tile's query heads of one KV head over a chunk of the tile's cells (the positions in
+/// the last row's list).
+struct Task {
+    rows: Range<usize>,
+    kv_head: usize,
+    cells: Range<usize>,
+}
+
+/// The unnormalised result of a task per query head: `out = Σ e^(s − max) · v`, `sum = Σ
+/// e^(s − max)`; `max` is −∞ for a query that saw no cell of the chunk.
+struct Partial {
+    /// [queries, d]
+    out: Vec<f32>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+/// A task as a callable that `V4::vectorize` inlines into its AVX-512 function.
+struct TileHead<'a, 't, T> {
+    simd: V4,
+    a: &'a Attention<'a, T>,
+    task: &'t Task,
+}
+
+impl<T: Weight> pulp::NullaryFnOnce for TileHead<'_, '_, T> {
+    type Output = Partial;
 
     #[inline(always)]
-    fn call(self) {
-        let RowHead { simd, a, row, kv_head, out } = self;
+    fn call(self) -> Partial {
+        let TileHead { simd, a, task } = self;
         let (d, group) = (a.d, a.heads / a.kv_heads);
-        let cells = &a.visible[row];
+        let queries = task.rows.len() * group;
+        let cells = &a.visible[task.rows.end - 1];
+        // Row r of the tile sees positions [0, seen[r]) of `cells`.
+        let seen: Vec<usize> = task.rows.clone().map(|row| a.visible[row].len()).collect();
         let scale = 1.0 / (d as f32).sqrt();
-        let q = &a.q[(row * a.heads + kv_head * group) * d..][..group * d];
-        let cache = |c: u32| (kv_head * a.capacity + c as usize) * d;
-        // scores[j][i]: query head j of the group against visible cell i. Sixteen cells at a time
-        // when the head dim is 16, 32, 64 or 128 (`scores_of_16`), one at a time otherwise.
-        let mut scores = vec![0.0f32; group * cells.len()];
-        let blocked = match d {
-            16 | 32 | 64 | 128 => cells.len() / LANES * LANES,
-            _ => 0,
+        let q = |qi: usize| {
+            let (r, j) = (qi / group, qi % group);
+            &a.q[((task.rows.start + r) * a.heads + a.kv_head_first(task.kv_head) + j) * d..][..d]
         };
-        for j in 0..group {
-            let q = &q[j * d..(j + 1) * d];
-            for i0 in (0..blocked).step_by(LANES) {
-                let keys: [&[f32]; LANES] = std::array::from_fn(|t| &a.k[cache(cells[i0 + t])..][..d]);
-                let out = &mut scores[j * cells.len() + i0..][..LANES];
-                match d {
-                    16 => scores_of_16::<1>(simd, q, &keys, scale, out),
-                    32 => scores_of_16::<2>(simd, q, &keys, scale, out),
-                    64 => scores_of_16::<4>(simd, q, &keys, scale, out),
-                    _ => scores_of_16::<8>(simd, q, &keys, scale, out),
+        let cache = |c: u32| (task.kv_head * a.capacity + c as usize) * d;
+        let mut p =
+            Partial { out: vec![0.0; queries * d], max: vec![f32::NEG_INFINITY; queries], sum: vec![0.0; queries] };
+        // A block of keys and values widened to f32: [LANES, d] each.
+        let (mut keys, mut values) = (vec![0.0f32; LANES * d], vec![0.0f32; LANES * d]);
+        let mut scores = [0.0f32; LANES];
+        for b0 in task.cells.clone().step_by(LANES) {
+            let width = LANES.min(task.cells.end - b0);
+            for (t, &c) in cells[b0..b0 + width].iter().enumerate() {
+                widen(simd, &a.k[cache(c)..][..d], &mut keys[t * d..(t + 1) * d]);
+                widen(simd, &a.v[cache(c)..][..d], &mut values[t * d..(t + 1) * d]);
+            }
+            for qi in 0..queries {
+                // The cells of this block the query's row sees.
+                let valid = seen[qi / group].saturating_sub(b0).min(width);
+                if valid == 0 {
+                    continue;
+                }
+                let s = &mut scores[..valid];
+                let q = q(qi);
+                if valid == LANES && matches!(d, 16 | 32 | 64 | 128) {
+                    let keys: [&[f32]; LANES] = std::array::from_fn(|t| &keys[t * d..(t + 1) * d]);
+                    match d {
+                        16 => scores_of_16::<1>(simd, q, &keys, scale, s),
+                        32 => scores_of_16::<2>(simd, q, &keys, scale, s),
+                        64 => scores_of_16::<4>(simd, q, &keys, scale, s),
+                        _ => scores_of_16::<8>(simd, q, &keys, scale, s),
+                    }
+                } else {
+                    for (t, s) in s.iter_mut().enumerate() {
+                        *s = super::xwt::dot(simd, q, &keys[t * d..(t + 1) * d], d) * scale;
+                    }
+                }
+                let block_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let max = p.max[qi].max(block_max);
+                // Rescale what came before when the maximum grows (e^−∞ = 0 the first time).
+                let o = &mut p.out[qi * d..(qi + 1) * d];
+                if max > p.max[qi] {
+                    let shrink = (p.max[qi] - max).exp();
+                    p.sum[qi] *= shrink;
+                    o.iter_mut().for_each(|o| *o *= shrink);
+                    p.max[qi] = max;
+                }
+                p.sum[qi] += exp_sub_sum(simd, s, max);
+                for (t, &w) in s.iter().enumerate() {
+                    for (o, v) in o.iter_mut().zip(&values[t * d..(t + 1) * d]) {
+                        *o += w * v;
+                    }
                 }
             }
         }
-        for (i, &c) in cells.iter().enumerate().skip(blocked) {
-            let k = &a.k[cache(c)..][..d];
-            for j in 0..group {
-                scores[j * cells.len() + i] = super::xwt::dot(simd, &q[j * d..(j + 1) * d], k, d) * scale;
-            }
-        }
-        for j in 0..group {
-            let s = &mut scores[j * cells.len()..(j + 1) * cells.len()];
-            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum = exp_sub_sum(simd, s, max);
-            let o = &mut out[j * d..(j + 1) * d];
-            for (i, &c) in cells.iter().enumerate() {
-                let p = s[i] / sum;
-                let v = &a.v[cache(c)..][..d];
-                for (o, v) in o.iter_mut().zip(v) {
-                    *o += p * v;
-                }
-            }
-        }
+        p
+    }
+}
+
+impl<T> Attention<'_, T> {
+    /// The first query head that reads KV head `g`.
+    fn kv_head_first(&self, g: usize) -> usize {
+        g * (self.heads / self.kv_heads)
+    }
+}
+
+/// `src` widened to f32 into `dst` (the same length).
+#[inline(always)]
+fn widen<T: Weight>(simd: V4, src: &[T], dst: &mut [f32]) {
+    let (sv, st) = pulp::as_arrays::<LANES, T>(src);
+    let (dv, dt) = pulp::as_arrays_mut::<LANES, f32>(dst);
+    for (d, s) in dv.iter_mut().zip(sv) {
+        *d = pulp::cast(T::load(simd, s));
+    }
+    for (d, s) in dt.iter_mut().zip(st) {
+        *d = s.to_f32();
     }
 }
 
@@ -144,6 +271,7 @@ fn scores_of_16<const CH: usize>(simd: V4, q: &[f32], keys: &[&[f32]; LANES], sc
 /// Lane t of the result is the sum of the lanes of `v[t]`.
 #[inline(always)]
 fn reduce_16(simd: V4, v: [f32x16; LANES]) -> f32x16 {
+    use std::arch::x86_64::{__m512, __m512d};
     let f = simd.avx512f;
     // Per 128-bit lane of each pair (a, b): (a0 + a2, b0 + b2, a1 + a3, b1 + b3).
     let mut s = [simd.splat_f32s(0.0); 8];
@@ -168,11 +296,13 @@ fn reduce_16(simd: V4, v: [f32x16; LANES]) -> f32x16 {
 
 #[cfg(test)]
 mod tests {
+    use half::{bf16, f16};
+
     use super::*;
     use crate::kernels::test_values as values;
 
     /// Softmax-weighted values in f64, computed over the visible cells.
-    fn reference(a: &Attention<'_>) -> Vec<f64> {
+    fn reference<T: Weight>(a: &Attention<'_, T>) -> Vec<f64> {
         let (d, group) = (a.d, a.heads / a.kv_heads);
         let mut out = Vec::new();
         for (t, cells) in a.visible.iter().enumerate() {
@@ -182,23 +312,34 @@ mod tests {
                 let at = |c: u32| (g * a.capacity + c as usize) * d;
                 let scores: Vec<f64> = cells
                     .iter()
-                    .map(|&c| q.iter().zip(&a.k[at(c)..at(c) + d]).map(|(x, y)| *x as f64 * *y as f64).sum::<f64>())
+                    .map(|&c| {
+                        let k = &a.k[at(c)..at(c) + d];
+                        q.iter().zip(k).map(|(x, y)| *x as f64 * y.to_f32() as f64).sum::<f64>()
+                    })
                     .map(|s| s / (d as f64).sqrt())
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = weights.iter().sum();
                 for e in 0..d {
-                    out.push(cells.iter().zip(&weights).map(|(&c, w)| w / sum * a.v[at(c) + e] as f64).sum());
+                    out.push(cells.iter().zip(&weights).map(|(&c, w)| w / sum * a.v[at(c) + e].to_f32() as f64).sum());
                 }
             }
         }
         out
     }
 
+    fn check<T: Weight>(a: &Attention<'_, T>, what: &str) {
+        let got = run(a).unwrap();
+        let want = reference(a);
+        assert_eq!(got.len(), want.len());
+        let err = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max);
+        assert!(err < 1e-5, "{what}: max error {err}");
+    }
+
     /// Rows that see different, interleaved sets of cells (as sequences decoding side by side
-    /// do), head dims with and without a tail past 16 lanes, groups of 1 and 7 query heads, and
-    /// rows seeing 16 or more cells (scored sixteen at a time, with a tail).
+    /// do), head dims with and without a tail past 16 lanes, groups of 1, 2 and 7 query heads,
+    /// and rows seeing 16 or more cells (scored sixteen at a time, with a tail), in each dtype.
     #[test]
     #[cfg_attr(not(cpu_avx512), ignore = "this CPU has no AVX-512 (the kernel does not run here)")]
     fn attention_over_visible_cells_equals_the_reference() {
@@ -215,12 +356,64 @@ mod tests {
             let q = values(visible.len() * heads * d, 1);
             let k = values(kv_heads * capacity * d, 2);
             let v = values(kv_heads * capacity * d, 3);
-            let a = Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity };
-            let got = run(&a).unwrap();
-            let want = reference(&a);
-            assert_eq!(got.len(), want.len());
-            let err = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max);
-            assert!(err < 1e-5, "heads {heads}, kv heads {kv_heads}, d {d}: max error {err}");
+            let what = format!("heads {heads}, kv heads {kv_heads}, d {d}");
+            check(&Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity }, &what);
+            let (k16, v16): (Vec<f16>, Vec<f16>) =
+                (k.iter().map(|&x| f16::from_f32(x)).collect(), v.iter().map(|&x| f16::from_f32(x)).collect());
+            check(
+                &Attention { q: &q, k: &k16, v: &v16, visible: &visible, heads, kv_heads, d, capacity },
+                &format!("{what}, f16"),
+            );
+            let (kb, vb): (Vec<bf16>, Vec<bf16>) =
+                (k.iter().map(|&x| bf16::from_f32(x)).collect(), v.iter().map(|&x| bf16::from_f32(x)).collect());
+            check(
+                &Attention { q: &q, k: &kb, v: &vb, visible: &visible, heads, kv_heads, d, capacity },
+                &format!("{what}, bf16"),
+            );
         }
+    }
+
+    /// A causal prefill after a cached prefix (rows tiled together), its cells out of order and
+    /// shared with another sequence's rows, long enough for several blocks and, with one row, for
+    /// the context to be split into chunks; GQA ratios 1, 2 and 7; head dims 64 and 128.
+    #[test]
+    #[cfg_attr(not(cpu_avx512), ignore = "this CPU has no AVX-512 (the kernel does not run here)")]
+    fn tiled_and_split_attention_equals_the_reference() {
+        let capacity = 1200;
+        // A shared prefix of 700 cells, scattered: odd cells descending, then even ones.
+        let prefix: Vec<u32> = (0..700u32).map(|i| if i < 350 { 699 - 2 * i } else { 2 * (i - 350) }).collect();
+        for (heads, kv_heads, d) in [(4, 4, 64), (4, 2, 128), (14, 2, 64)] {
+            // Sequence A: 37 prompt rows after the prefix (cells 700..); sequence B: one row
+            // decoding after the prefix and 400 cells of its own; then A's prompt again (a
+            // second tile run), and B alone (split over the context).
+            let mut visible = Vec::new();
+            for t in 0..37u32 {
+                visible.push(prefix.iter().copied().chain(700..701 + t).collect::<Vec<u32>>());
+            }
+            let b: Vec<u32> = prefix.iter().copied().chain(750..1150).collect();
+            visible.push(b.clone());
+            for t in 0..3u32 {
+                visible.push(prefix.iter().copied().chain(700..701 + t).collect());
+            }
+            let q = values(visible.len() * heads * d, 5);
+            let k = values(kv_heads * capacity * d, 6);
+            let v = values(kv_heads * capacity * d, 7);
+            let what = format!("heads {heads}, kv heads {kv_heads}, d {d}");
+            check(&Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity }, &what);
+            let one = [b];
+            let q1 = &q[..heads * d];
+            check(
+                &Attention { q: q1, k: &k, v: &v, visible: &one, heads, kv_heads, d, capacity },
+                &format!("{what}, alone"),
+            );
+        }
+    }
+
+    #[test]
+    fn rows_whose_cells_extend_the_last_rows_share_a_tile() {
+        let visible = vec![vec![3, 4], vec![3, 4, 5], vec![3, 4, 5, 6], vec![1], vec![1, 2], vec![9], vec![9]];
+        assert_eq!(tiles(&visible, 8), vec![0..3, 3..5, 5..7]);
+        assert_eq!(tiles(&visible, 2), vec![0..2, 2..3, 3..5, 5..7]);
+        assert_eq!(tiles(&[vec![1, 2], vec![2, 3]], 8), vec![0..1, 1..2]);
     }
 }

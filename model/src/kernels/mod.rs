@@ -153,20 +153,32 @@ fn host_f32<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 ///
 /// # Shapes
 /// - q: [n, heads, d] f32 (rotated)
-/// - k, v: [kv_heads, capacity, d] f32: a layer's whole cache (keys rotated)
+/// - k, v: [kv_heads, capacity, d] f32, f16 or bf16 (both the same): a layer's whole cache
+///   (keys rotated)
 /// - visible: \[n\] cell indices each row sees, none empty
-/// - returns [n, heads · d]
+/// - returns [n, heads · d] f32
 pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32>]) -> Option<Tensor<2>> {
     let [n, heads, d] = q.dims();
     let [kv_heads, capacity, kd] = k.dims();
-    if kd != d || v.dims() != k.dims() || n != visible.len() || [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
+    if kd != d || v.dims() != k.dims() || n != visible.len() || q.dtype() != DType::F32 || k.dtype() != v.dtype() {
         return None;
     }
     let device = q.device();
     let q = contiguous(q)?;
     let (k, v) = (k.clone().try_into_primitive::<Flex>().ok()?, v.clone().try_into_primitive::<Flex>().ok()?);
-    let (q, k, v) = (q.as_slice::<f32>()?, k.as_slice::<f32>()?, v.as_slice::<f32>()?);
-    let out = attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity })?;
+    let q = q.as_slice::<f32>()?;
+    macro_rules! run_in {
+        ($t:ty) => {{
+            let (k, v) = (k.as_slice::<$t>()?, v.as_slice::<$t>()?);
+            attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity })
+        }};
+    }
+    let out = match k.dtype() {
+        DType::F32 => run_in!(f32),
+        DType::F16 => run_in!(f16),
+        DType::BF16 => run_in!(bf16),
+        _ => None,
+    }?;
     Some(Tensor::from_data(TensorData::new(out, [n, heads * d]), &device))
 }
 

@@ -1,7 +1,9 @@
 //! C6: the KV cache of one model instance: per-layer key and value tensors over a fixed pool of
 //! cells, plus the cell metadata. The cache never evicts by itself; capacity is set at creation.
+//! Keys and values are stored in a [`KvDtype`] (16-bit on the CPU by default) and computed
+//! with in f32: written narrowed, read widened.
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 
 use super::cells::{KvCells, Placement, Pos, PosRange, SeqId, SeqSet};
 use crate::error::KvError;
@@ -14,24 +16,108 @@ pub struct KvLayout {
     pub head_dim: usize,
 }
 
+/// The element type of the cached keys and values (llama.cpp's `--cache-type-k/v`). Attention
+/// always accumulates in f32; 16 bits halve the cache's memory and the bytes each step reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl KvDtype {
+    pub const ALL: [KvDtype; 3] = [Self::F32, Self::F16, Self::BF16];
+
+    /// The default on `device`: f16 on the CPU, whose attention kernel widens it as it loads;
+    /// f32 on other backends until their kernels take 16-bit operands (issue 31).
+    pub fn default_for(device: &Device) -> Self {
+        if *device == Device::flex() { Self::F16 } else { Self::F32 }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::BF16 => "bf16",
+        }
+    }
+    /// Bytes of one stored value.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::BF16 => 2,
+        }
+    }
+    fn float(self) -> FloatDType {
+        match self {
+            Self::F32 => FloatDType::F32,
+            Self::F16 => FloatDType::F16,
+            Self::BF16 => FloatDType::BF16,
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl serde::Serialize for KvDtype {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KvDtype {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown KV cache dtype '{s}' (f32, f16, bf16)"))
+    }
+}
+
 /// Keys and values of every layer for `capacity` cells.
 #[derive(Debug)]
 pub struct KvCache {
     cells: KvCells,
     layout: KvLayout,
-    /// [layers] each [kv_heads, capacity, head_dim]; keys are stored rotated (RoPE applied).
+    dtype: KvDtype,
+    /// [layers] each [kv_heads, capacity, head_dim] in `dtype`; keys are stored rotated (RoPE
+    /// applied).
     keys: Vec<Tensor<3>>,
-    /// [layers] each [kv_heads, capacity, head_dim].
+    /// [layers] each [kv_heads, capacity, head_dim] in `dtype`.
     values: Vec<Tensor<3>>,
     device: Device,
 }
 
 impl KvCache {
-    /// A cache of `capacity` cells for sequences whose positions stay below `n_pos`.
+    /// A cache of `capacity` cells for sequences whose positions stay below `n_pos`, in the
+    /// device's default dtype.
     pub fn new(layout: KvLayout, capacity: usize, n_pos: usize, device: &Device) -> Self {
+        Self::with_dtype(layout, capacity, n_pos, device, KvDtype::default_for(device))
+    }
+
+    /// A cache that stores its keys and values in `dtype`.
+    pub fn with_dtype(layout: KvLayout, capacity: usize, n_pos: usize, device: &Device, dtype: KvDtype) -> Self {
         let shape = [layout.kv_heads, capacity, layout.head_dim];
-        let zeros = || (0..layout.layers).map(|_| Tensor::<3>::zeros(shape, device)).collect();
-        Self { cells: KvCells::new(capacity, n_pos), layout, keys: zeros(), values: zeros(), device: device.clone() }
+        let d: DType = dtype.float().into();
+        let zeros = || (0..layout.layers).map(|_| Tensor::<3>::zeros(shape, (device, d))).collect();
+        Self {
+            cells: KvCells::new(capacity, n_pos),
+            layout,
+            dtype,
+            keys: zeros(),
+            values: zeros(),
+            device: device.clone(),
+        }
     }
 
     pub fn cells(&self) -> &KvCells {
@@ -43,6 +129,9 @@ impl KvCache {
     pub fn layout(&self) -> KvLayout {
         self.layout
     }
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
     pub fn capacity(&self) -> usize {
         self.cells.capacity()
     }
@@ -51,7 +140,7 @@ impl KvCache {
     }
     /// Bytes held by the key and value tensors.
     pub fn size_bytes(&self) -> usize {
-        2 * self.layout.layers * self.layout.kv_heads * self.capacity() * self.layout.head_dim * 4
+        2 * self.layout.layers * self.layout.kv_heads * self.capacity() * self.layout.head_dim * self.dtype.bytes()
     }
 
     // Sequence operations (C6); see `KvCells` for their contracts.
@@ -85,6 +174,7 @@ impl KvCache {
     /// `k`, `v`: [kv_heads, n_tokens, head_dim].
     pub(crate) fn write(&mut self, layer: usize, placement: &Placement, k: Tensor<3>, v: Tensor<3>) {
         let [h, _, d] = k.dims();
+        let (k, v) = (k.cast(self.dtype.float()), v.cast(self.dtype.float()));
         for (c0, t0, len) in placement.runs() {
             let (ks, vs) = if len == placement.cells.len() {
                 (k.clone(), v.clone())
@@ -96,16 +186,16 @@ impl KvCache {
         }
     }
 
-    /// Keys and values of `layer` for cells `[0, extent)`: [kv_heads, extent, head_dim] each.
+    /// Keys and values of `layer` for cells `[0, extent)`, widened to f32: [kv_heads, extent,
+    /// head_dim] each.
     pub(crate) fn read(&self, layer: usize, extent: usize) -> (Tensor<3>, Tensor<3>) {
         let [h, _, d] = self.keys[layer].dims();
-        (
-            self.keys[layer].clone().slice([0..h, 0..extent, 0..d]),
-            self.values[layer].clone().slice([0..h, 0..extent, 0..d]),
-        )
+        let read = |t: &Tensor<3>| t.clone().slice([0..h, 0..extent, 0..d]).cast(FloatDType::F32);
+        (read(&self.keys[layer]), read(&self.values[layer]))
     }
 
-    /// The whole key and value tensors of `layer`: [kv_heads, capacity, head_dim] each.
+    /// The whole key and value tensors of `layer`, as stored: [kv_heads, capacity, head_dim]
+    /// each, in the cache's dtype.
     pub(crate) fn layer(&self, layer: usize) -> (&Tensor<3>, &Tensor<3>) {
         (&self.keys[layer], &self.values[layer])
     }
@@ -113,6 +203,7 @@ impl KvCache {
     /// Replaces the keys of `layer` for cells `[0, extent)` (used to re-rotate shifted keys).
     pub(crate) fn set_keys(&mut self, layer: usize, keys: Tensor<3>) {
         let [h, extent, d] = keys.dims();
+        let keys = keys.cast(self.dtype.float());
         self.keys[layer].inplace(|t| t.slice_assign([0..h, 0..extent, 0..d], keys));
     }
 

@@ -5,5 +5,5 @@ mod cells;
 #[cfg(test)]
 mod tests;
 
-pub use cache::{KvCache, KvLayout};
+pub use cache::{KvCache, KvDtype, KvLayout};
 pub use cells::{KvCells, MAX_SEQ, Placement, Pos, PosRange, SeqId, SeqSet};

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use llaisys_actors::request::FinishReason;
 use llaisys_actors::speculative::SpeculativeConfig;
 use llaisys_actors::{ChatRequest, Constraint, Engine, EngineConfig, Event, GenerateParams, GenerateRequest, Guidance};
-use llaisys_model::{DeviceSpec, WeightDtype};
+use llaisys_model::{DeviceSpec, KvDtype, WeightDtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -43,6 +43,9 @@ pub struct BenchArgs {
     /// (`cpu,cpu`); GPUs need a build with the `wgpu` (or `cuda`) feature.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// The KV cache's element type: auto (the device's default, f16 on the CPU), f32, f16, bf16.
+    #[arg(long, default_value = "auto")]
+    kv_dtype: String,
     /// Prompt lengths of the prefill measurement.
     #[arg(long, value_delimiter = ',', default_value = "128,512")]
     prefill: Vec<usize>,
@@ -131,7 +134,12 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     let max_seqs = args.max_seqs_per_step.unwrap_or(defaults.max_seqs_per_step);
     let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let longest = args.prefill.iter().copied().chain([args.decode_prompt + args.decode_tokens]).max().unwrap_or(0);
+    let kv_dtype = match args.kv_dtype.as_str() {
+        "auto" => None,
+        s => Some(s.parse::<KvDtype>().map_err(|e| CliError::usage("--kv-dtype", e))?),
+    };
     let config = EngineConfig {
+        kv_dtype,
         kv_capacity: (most * (args.prompt_tokens + args.new_tokens)).max(longest + 1).max(defaults.kv_capacity),
         max_seqs_per_step: max_seqs,
         max_tokens_per_step: args.max_tokens_per_step.unwrap_or(defaults.max_tokens_per_step),
@@ -182,6 +190,12 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     report.insert("model".into(), json!(args.model.display().to_string()));
     report.insert("dtype".into(), json!(args.dtype.to_string()));
     report.insert("device".into(), json!(args.device));
+    report.insert("cpu".into(), json!(cpu_model()));
+    let stats = engine.stats().await?;
+    let kv_dtype = stats.kv_dtype.map_or("unknown", KvDtype::name);
+    eprintln!("KV cache: {} cells in {kv_dtype}, {:.0} MB", stats.kv_capacity, stats.kv_bytes as f64 / 1e6);
+    report.insert("kv_dtype".into(), json!(kv_dtype));
+    report.insert("kv_cache_mb".into(), json!(round(stats.kv_bytes as f64 / 1e6)));
     report.insert("runs".into(), json!(args.runs));
     let loaded = rss_mb("VmRSS:");
     report.insert("rss_after_load_mb".into(), json!(loaded.map(round)));
@@ -476,4 +490,11 @@ fn rss_mb(field: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kb: f64 = status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
+}
+
+/// The CPU's model name, as /proc/cpuinfo gives it.
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("model name"))?;
+    Some(line.split_once(':')?.1.trim().to_string())
 }

@@ -52,6 +52,10 @@ pub struct ModelArgs {
     /// two replicas).
     #[arg(long)]
     device: Option<String>,
+    /// The KV cache's element type (`engine.kv_dtype`): auto (the device's default, f16 on the
+    /// CPU), f32, f16, bf16.
+    #[arg(long)]
+    kv_dtype: Option<String>,
     /// In a cluster: a file whose first line is the shared cookie (`cluster.cookie_file`; else
     /// `LLAISYS_CLUSTER_COOKIE`).
     #[arg(long)]
@@ -100,6 +104,9 @@ impl ModelArgs {
         }
         if let Some(d) = &self.device {
             settings.push(("model.device".into(), quoted(d)));
+        }
+        if let Some(d) = &self.kv_dtype {
+            settings.push(("engine.kv_dtype".into(), quoted(d)));
         }
         if let Some(f) = &self.cookie_file {
             settings.push(("cluster.cookie_file".into(), quoted(&f.display().to_string())));
