@@ -191,32 +191,32 @@ impl<T: Weight> pulp::NullaryFnOnce for TileHead<'_, '_, T> {
                 if valid == 0 {
                     continue;
                 }
-                let s = &mut scores[..valid];
                 let q = q(qi);
-                if valid == LANES && matches!(d, 16 | 32 | 64 | 128) {
-                    let keys: [&[f32]; LANES] = std::array::from_fn(|t| &keys[t * d..(t + 1) * d]);
-                    match d {
-                        16 => scores_of_16::<1>(simd, q, &keys, scale, s),
-                        32 => scores_of_16::<2>(simd, q, &keys, scale, s),
-                        64 => scores_of_16::<4>(simd, q, &keys, scale, s),
-                        _ => scores_of_16::<8>(simd, q, &keys, scale, s),
-                    }
-                } else {
-                    for (t, s) in s.iter_mut().enumerate() {
-                        *s = super::xwt::dot(simd, q, &keys[t * d..(t + 1) * d], d) * scale;
-                    }
-                }
-                let block_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let max = p.max[qi].max(block_max);
-                // Rescale what came before when the maximum grows (e^−∞ = 0 the first time).
                 let o = &mut p.out[qi * d..(qi + 1) * d];
-                if max > p.max[qi] {
-                    let shrink = (p.max[qi] - max).exp();
-                    p.sum[qi] *= shrink;
-                    o.iter_mut().for_each(|o| *o *= shrink);
-                    p.max[qi] = max;
+                let state = (&mut p.max[qi], &mut p.sum[qi]);
+                if valid == LANES && matches!(d, 16 | 32 | 64 | 128) {
+                    match d {
+                        16 => full_block::<1>(simd, q, &keys, &values, scale, state, o),
+                        32 => full_block::<2>(simd, q, &keys, &values, scale, state, o),
+                        64 => full_block::<4>(simd, q, &keys, &values, scale, state, o),
+                        _ => full_block::<8>(simd, q, &keys, &values, scale, state, o),
+                    }
+                    continue;
                 }
-                p.sum[qi] += exp_sub_sum(simd, s, max);
+                let s = &mut scores[..valid];
+                for (t, s) in s.iter_mut().enumerate() {
+                    *s = super::xwt::dot(simd, q, &keys[t * d..(t + 1) * d], d) * scale;
+                }
+                let (max, sum) = state;
+                let new_max = s.iter().copied().fold(*max, f32::max);
+                // Rescale what came before when the maximum grows (e^−∞ = 0 the first time).
+                if new_max > *max {
+                    let shrink = (*max - new_max).exp();
+                    *sum *= shrink;
+                    o.iter_mut().for_each(|o| *o *= shrink);
+                    *max = new_max;
+                }
+                *sum += exp_sub_sum(simd, s, new_max);
                 for (t, &w) in s.iter().enumerate() {
                     for (o, v) in o.iter_mut().zip(&values[t * d..(t + 1) * d]) {
                         *o += w * v;
@@ -248,24 +248,69 @@ fn widen<T: Weight>(simd: V4, src: &[T], dst: &mut [f32]) {
     }
 }
 
-/// `q · keys[t] · scale` for sixteen keys, with the head dim `CH` vectors long: the query stays
-/// in registers, each key takes `CH` FMAs into its own accumulator, and the sixteen sums come
-/// out of one transposing reduction (45 instructions, against 8 per single dot product's).
+/// One query against a whole block of sixteen cells with the head dim `CH` vectors long: the
+/// scores, the running maximum and sum (`state`), and the output, which stays in registers
+/// while the sixteen weighted values are added.
 #[inline(always)]
-fn scores_of_16<const CH: usize>(simd: V4, q: &[f32], keys: &[&[f32]; LANES], scale: f32, out: &mut [f32]) {
+fn full_block<const CH: usize>(
+    simd: V4,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scale: f32,
+    (max, sum): (&mut f32, &mut f32),
+    o: &mut [f32],
+) {
+    let d = CH * LANES;
+    let scores = scores_of_16::<CH>(simd, q, keys, scale);
+    let new_max = max.max(simd.reduce_max_f32s(scores));
+    let (ov, _) = pulp::as_arrays_mut::<LANES, f32>(o);
+    let mut acc: [f32x16; CH] = std::array::from_fn(|c| pulp::cast(ov[c]));
+    // Rescale what came before when the maximum grows (e^−∞ = 0 the first time).
+    if new_max > *max {
+        let shrink = (*max - new_max).exp();
+        *sum *= shrink;
+        let shrink = simd.splat_f32s(shrink);
+        acc.iter_mut().for_each(|a| *a = simd.mul_f32s(*a, shrink));
+        *max = new_max;
+    }
+    let weights = super::exp::exp(simd, simd.sub_f32s(scores, simd.splat_f32s(new_max)));
+    *sum += simd.reduce_sum_f32s(weights);
+    let weights: [f32; LANES] = pulp::cast(weights);
+    // Even and odd cells into separate accumulators: twice the independent FMA chains.
+    let mut odd = [simd.splat_f32s(0.0); CH];
+    let values = pulp::as_arrays::<LANES, f32>(&values[..LANES * d]).0;
+    for t in (0..LANES).step_by(2) {
+        let (w0, w1) = (simd.splat_f32s(weights[t]), simd.splat_f32s(weights[t + 1]));
+        let (v0, v1) = (&values[t * CH..(t + 1) * CH], &values[(t + 1) * CH..(t + 2) * CH]);
+        for c in 0..CH {
+            acc[c] = simd.mul_add_f32s(w0, pulp::cast(v0[c]), acc[c]);
+            odd[c] = simd.mul_add_f32s(w1, pulp::cast(v1[c]), odd[c]);
+        }
+    }
+    for c in 0..CH {
+        ov[c] = pulp::cast(simd.add_f32s(acc[c], odd[c]));
+    }
+}
+
+/// `q · keys[t] · scale` for sixteen keys (`keys`: [16, d] with the head dim d `CH` vectors
+/// long): the query stays in registers, each key takes `CH` FMAs into its own accumulator, and
+/// the sixteen sums come out of one transposing reduction (45 instructions, against 8 per single
+/// dot product's).
+#[inline(always)]
+fn scores_of_16<const CH: usize>(simd: V4, q: &[f32], keys: &[f32], scale: f32) -> f32x16 {
     let mut qv = [simd.splat_f32s(0.0); CH];
     for (qv, q) in qv.iter_mut().zip(pulp::as_arrays::<LANES, f32>(q).0) {
         *qv = pulp::cast(*q);
     }
     let mut acc = [simd.splat_f32s(0.0); LANES];
-    for (acc, key) in acc.iter_mut().zip(keys) {
-        let key = pulp::as_arrays::<LANES, f32>(key).0;
+    let keys = pulp::as_arrays::<LANES, f32>(&keys[..LANES * CH * LANES]).0;
+    for (acc, key) in acc.iter_mut().zip(keys.chunks_exact(CH)) {
         for c in 0..CH {
             *acc = simd.mul_add_f32s(qv[c], pulp::cast(key[c]), *acc);
         }
     }
-    let sums = simd.mul_f32s(reduce_16(simd, acc), simd.splat_f32s(scale));
-    out.copy_from_slice(&pulp::cast::<f32x16, [f32; LANES]>(sums));
+    simd.mul_f32s(reduce_16(simd, acc), simd.splat_f32s(scale))
 }
 
 /// Lane t of the result is the sum of the lanes of `v[t]`.
