@@ -1,7 +1,8 @@
 //! Tool calls written as text: with `tool_choice: auto`, small models often answer a request
 //! for a tool with the call's JSON in a ```json fence, or bare, instead of between their
 //! tool-call tags. An answer that *begins* that way is held back until it is decided: a JSON
-//! object that is exactly a call to an offered tool (`{"name": ..., "arguments": {...}}`, the
+//! object that is exactly a call to an offered tool (`{"name": ..., "arguments": {...}}`, or
+//! Llama 3's `{"name": ..., "parameters": {...}}` with an optional `"type": "function"`; the
 //! name offered, the arguments an object with the tool's required keys and no key it does not
 //! have) becomes a tool call; anything else is let through as the text it was, unchanged.
 //! One call per answer; text after it streams as content.
@@ -51,11 +52,14 @@ impl TextCallSpec {
     /// one of the tools.
     pub fn call(&self, json: &str) -> Option<(String, String)> {
         let Value::Object(object) = serde_json::from_str::<Value>(json).ok()? else { return None };
-        if object.len() != 2 {
+        // `arguments` (Qwen, Hermes, OpenAI) or `parameters` (Llama 3), and nothing else but
+        // Llama's optional `"type": "function"`.
+        let typed = object.get("type").is_some_and(|t| t == "function");
+        let args = object.get("arguments").or_else(|| object.get("parameters"));
+        if object.len() != 2 + usize::from(typed) {
             return None;
         }
-        let (Some(Value::String(name)), Some(Value::Object(arguments))) = (object.get("name"), object.get("arguments"))
-        else {
+        let (Some(Value::String(name)), Some(Value::Object(arguments))) = (object.get("name"), args) else {
             return None;
         };
         let tool = self.tools.iter().find(|t| &t.name == name)?;
@@ -280,6 +284,12 @@ mod tests {
                 run("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"北京\"}}", step),
                 vec![call("北京")]
             );
+            let llama = "{\"type\": \"function\", \"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
+            assert_eq!(run(llama, step), vec![call("Oslo")], "Llama 3's JSON call");
+            assert_eq!(
+                run("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}", step),
+                vec![call("Rome")]
+            );
             assert_eq!(
                 run(&format!("{fenced}\nI asked for the weather."), step),
                 vec![call("Paris"), Emit::Text("\nI asked for the weather.".into())],
@@ -296,6 +306,8 @@ mod tests {
             "```json\n{\"name\": \"reverse_string\", \"arguments\": {\"s\": \"x\"}}\n```",
             "```json\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}\n```",
             "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"extra\": 1}",
+            "{\"type\": \"tool\", \"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"parameters\": {}}",
             "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
             "{\"a\": \"}\\\"{\"}",
             "```",
