@@ -3,6 +3,8 @@
 //! half for Q6_K's sub-blocks) let the kernels apply the weights' offsets and minimums once per
 //! block instead of once per value.
 
+use pulp::Simd;
+use pulp::x86::V4;
 use rayon::prelude::*;
 
 use super::packed::GROUP;
@@ -51,28 +53,106 @@ impl Activations {
 const ROUND: f32 = 12_582_912.0;
 
 fn quantize_row(row: &[f32], q: &mut [[i8; GROUP]], d: &mut [f32], ds: &mut [f32], dsh: &mut [[f32; 2]]) {
-    for (g, block) in row.chunks(GROUP).enumerate() {
-        let mut x = [0.0f32; GROUP];
-        x[..block.len()].copy_from_slice(block);
-        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let scale = amax / 127.0;
-        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        let mut sums = [0i32; 2];
-        for (i, (q, v)) in q[g].iter_mut().zip(&x).enumerate() {
-            // Round to nearest even by adding and taking away 1.5·2²³ (exact for |v·inv| ≤ 127):
-            // vectorizes, where `round_ties_even` is a libm call per value without SSE4.1.
-            *q = ((v * inv + ROUND) - ROUND) as i8;
-            sums[i / 16] += *q as i32;
+    match V4::try_new() {
+        Some(simd) => simd.vectorize(QuantizeRow { simd, row, q, d, ds, dsh }),
+        None => {
+            for (g, block) in row.chunks(GROUP).enumerate() {
+                let mut x = [0.0f32; GROUP];
+                x[..block.len()].copy_from_slice(block);
+                quantize_block(&x, &mut q[g], &mut d[g], &mut ds[g], &mut dsh[g]);
+            }
         }
-        d[g] = scale;
-        ds[g] = scale * (sums[0] + sums[1]) as f32;
-        dsh[g] = [scale * sums[0] as f32, scale * sums[1] as f32];
+    }
+}
+
+/// One block in plain Rust (any CPU).
+fn quantize_block(x: &[f32; GROUP], q: &mut [i8; GROUP], d: &mut f32, ds: &mut f32, dsh: &mut [f32; 2]) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale = amax / 127.0;
+    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sums = [0i32; 2];
+    for (i, (q, v)) in q.iter_mut().zip(x).enumerate() {
+        // Round to nearest even by adding and taking away 1.5·2²³ (exact for |v·inv| ≤ 127):
+        // vectorizes, where `round_ties_even` is a libm call per value without SSE4.1.
+        *q = ((v * inv + ROUND) - ROUND) as i8;
+        sums[i / 16] += *q as i32;
+    }
+    *d = scale;
+    *ds = scale * (sums[0] + sums[1]) as f32;
+    *dsh = [scale * sums[0] as f32, scale * sums[1] as f32];
+}
+
+/// A row's blocks on AVX-512: the same values as [`quantize_block`] (`vcvtps2dq` rounds to
+/// nearest even, as the 1.5·2²³ trick does), two vectors per block.
+struct QuantizeRow<'a> {
+    simd: V4,
+    row: &'a [f32],
+    q: &'a mut [[i8; GROUP]],
+    d: &'a mut [f32],
+    ds: &'a mut [f32],
+    dsh: &'a mut [[f32; 2]],
+}
+
+impl pulp::NullaryFnOnce for QuantizeRow<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        let QuantizeRow { simd, row, q, d, ds, dsh } = self;
+        let f = simd.avx512f;
+        for (g, block) in row.chunks(GROUP).enumerate() {
+            let mut x = [0.0f32; GROUP];
+            x[..block.len()].copy_from_slice(block);
+            let [x0, x1]: [pulp::f32x16; 2] = pulp::cast(x);
+            let amax = simd.reduce_max_f32s(simd.max_f32s(simd.abs_f32s(x0), simd.abs_f32s(x1)));
+            let scale = amax / 127.0;
+            let inv = simd.splat_f32s(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+            let (q0, q1) = (
+                f._mm512_cvtps_epi32(pulp::cast(simd.mul_f32s(x0, inv))),
+                f._mm512_cvtps_epi32(pulp::cast(simd.mul_f32s(x1, inv))),
+            );
+            // Exact: at most 16 · 127 in magnitude.
+            let (s0, s1) = (
+                simd.reduce_sum_f32s(pulp::cast(f._mm512_cvtepi32_ps(q0))),
+                simd.reduce_sum_f32s(pulp::cast(f._mm512_cvtepi32_ps(q1))),
+            );
+            let bytes: [[i8; 16]; 2] = [pulp::cast(f._mm512_cvtepi32_epi8(q0)), pulp::cast(f._mm512_cvtepi32_epi8(q1))];
+            q[g] = pulp::cast(bytes);
+            d[g] = scale;
+            ds[g] = scale * (s0 + s1);
+            dsh[g] = [scale * s0, scale * s1];
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX-512 path gives exactly the plain path's values, ties included.
+    #[test]
+    #[cfg_attr(not(cpu_avx512), ignore = "this CPU has no AVX-512 (only the plain path runs here)")]
+    fn the_vector_path_equals_the_plain_one() {
+        assert!(V4::try_new().is_some(), "the build saw the instructions this path needs; the run does not");
+        let mut x: Vec<f32> = crate::quant::test_values(5 * 70, 9).iter().map(|v| v * 3.0).collect();
+        // Exact halves after scaling: amax 127 makes inv 1, so 2.5 and −0.5 are ties.
+        x[..4].copy_from_slice(&[127.0, 2.5, -0.5, 1.5]);
+        let (k, groups) = (70, 3);
+        let got = Activations::quantize(&x, 5, k, groups);
+        for r in 0..5 {
+            for g in 0..groups {
+                let mut block = [0.0f32; GROUP];
+                let src = &x[r * k..(r + 1) * k];
+                let part = &src[(g * GROUP).min(k)..((g + 1) * GROUP).min(k)];
+                block[..part.len()].copy_from_slice(part);
+                let (mut q, mut d, mut ds, mut dsh) = ([0i8; GROUP], 0.0, 0.0, [0.0; 2]);
+                quantize_block(&block, &mut q, &mut d, &mut ds, &mut dsh);
+                let i = r * groups + g;
+                assert_eq!((got.q[i], got.d[i], got.ds[i], got.dsh[i]), (q, d, ds, dsh), "row {r} block {g}");
+            }
+        }
+        assert_eq!(&got.q[0][..4], &[127, 2, 0, 2], "ties round to even");
+    }
 
     /// Each value is within half a step of d · q; padding blocks are zero.
     #[test]
