@@ -38,10 +38,7 @@ pub struct EngineConfig {
 }
 
 fn kv_dtype<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<KvDtype>, D::Error> {
-    match <String as serde::Deserialize>::deserialize(d)?.as_str() {
-        "auto" => Ok(None),
-        s => s.parse().map(Some).map_err(serde::de::Error::custom),
-    }
+    KvDtype::parse_setting(&<String as serde::Deserialize>::deserialize(d)?).map_err(serde::de::Error::custom)
 }
 
 fn seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {

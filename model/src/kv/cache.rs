@@ -40,6 +40,10 @@ impl KvDtype {
             Self::BF16 => "bf16",
         }
     }
+    /// A setting's value: a dtype's name, or `auto` (`None`: the device's default).
+    pub fn parse_setting(s: &str) -> Result<Option<Self>, String> {
+        if s == "auto" { Ok(None) } else { s.parse().map(Some) }
+    }
     /// Bytes of one stored value.
     pub fn bytes(self) -> usize {
         match self {

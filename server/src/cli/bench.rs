@@ -134,10 +134,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     let max_seqs = args.max_seqs_per_step.unwrap_or(defaults.max_seqs_per_step);
     let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let longest = args.prefill.iter().copied().chain([args.decode_prompt + args.decode_tokens]).max().unwrap_or(0);
-    let kv_dtype = match args.kv_dtype.as_str() {
-        "auto" => None,
-        s => Some(s.parse::<KvDtype>().map_err(|e| CliError::usage("--kv-dtype", e))?),
-    };
+    let kv_dtype = KvDtype::parse_setting(&args.kv_dtype).map_err(|e| CliError::usage("--kv-dtype", e))?;
     let config = EngineConfig {
         kv_dtype,
         kv_capacity: (most * (args.prompt_tokens + args.new_tokens)).max(longest + 1).max(defaults.kv_capacity),
