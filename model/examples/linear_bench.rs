@@ -2,24 +2,15 @@
 //! quantized (Q8_0, Q5_0, Q4_0) weights, against Burn's plain matmul for the dense ones.
 //! `cargo run --release -p llaisys-model --example linear_bench [rows,rows,...]`
 
+mod common;
+
 use std::sync::Arc;
-use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, FloatDType, Tensor};
+use common::time;
 use llaisys_model::layers::Linear;
 use llaisys_model::layers::linear::{self, Matrix};
 use llaisys_model::quant::{PackedMatrix, QuantType};
-
-fn time(mut f: impl FnMut()) -> f64 {
-    f();
-    let start = Instant::now();
-    let mut runs = 0;
-    while start.elapsed().as_secs_f64() < 0.5 {
-        f();
-        runs += 1;
-    }
-    start.elapsed().as_secs_f64() / runs as f64
-}
 
 fn main() {
     let rows: Vec<usize> = std::env::args()

@@ -4,9 +4,12 @@
 //! 64-byte vector holds 4 consecutive values of every row, 4 bytes per 32-bit lane: exactly the
 //! operand of `vpdpbusd`, which multiplies them by 4 activation bytes broadcast to every lane and
 //! adds the 4 products into each row's lane. 4-bit values are stored two per byte (a vector of
-//! nibbles holds 8 values per row: values 8v.. in the low nibbles, 8v + 4.. in the high ones);
-//! the fifth and sixth bits of 5- and 6-bit values are bit planes, one 64-bit mask per 4 values
-//! of 16 rows, which AVX-512 turns into bytes with a masked add. Scales stay as the file has
+//! nibbles holds 8 values per row: values 8v.. in the low nibbles, 8v + 4.. in the high ones).
+//! The fifth bit of 5-bit values is a bit plane, one 64-bit mask per 4 values of 16 rows, which
+//! AVX-512 turns into bytes with a masked add. The fifth and sixth bits of 6-bit values are
+//! 2-bit fields, four per byte, in two vectors laid out like the 8-bit values': byte j of field
+//! vector h holds, at bits 2f..2f + 2, the high bits of byte j of value vector 4h + f, so a
+//! shift and a bitwise select put them in place (half the instructions of two bit planes). Scales stay as the file has
 //! them (f16 scales; 6-bit K-quant scales widened to bytes, which makes Q4_K 2.8% and Q5_K
 //! 2.3% larger than in the file), interleaved over the 16 rows.
 //!
@@ -34,7 +37,7 @@ pub(crate) struct Layout {
     pub groups: usize,
     /// Bytes of one group's values: 512 (8-bit) or 256 (nibbles).
     pub values: usize,
-    /// Bit planes per group (64 bytes each): the fifth bit, and the sixth for Q6_K.
+    /// 64-byte vectors of high bits per group: Q5's bit plane, or Q6_K's two of 2-bit fields.
     pub planes: usize,
     /// Bytes of one group's scales over the 16 rows.
     pub scales: usize,
@@ -84,11 +87,22 @@ impl Layout {
 }
 
 /// A byte buffer whose start is 64-byte aligned (a cache line: vector loads never straddle two).
+/// Buffers of a huge page or more are anonymous maps asked to be backed by transparent huge
+/// pages (`MADV_HUGEPAGE`; the kernel's default `madvise` mode gives them only when asked): a
+/// decode step streams every weight once, and with 4 KiB pages it takes a TLB miss every 4 KiB
+/// and the hardware prefetchers stop at every page's end.
 pub(crate) struct Aligned {
-    buf: Vec<u8>,
-    start: usize,
+    storage: Storage,
     len: usize,
 }
+
+enum Storage {
+    Heap { buf: Vec<u8>, start: usize },
+    Map(memmap2::MmapMut),
+}
+
+/// Buffers from this size on are mapped (a huge page).
+const MAP_FROM: usize = 2 << 20;
 
 impl Clone for Aligned {
     /// A copy aligned anew (the copy's allocation has its own offset to a cache line).
@@ -101,15 +115,29 @@ impl Clone for Aligned {
 
 impl Aligned {
     fn zeroed(len: usize) -> Self {
+        if len >= MAP_FROM
+            && let Ok(map) = memmap2::MmapMut::map_anon(len)
+        {
+            // Only a hint: where the kernel has no transparent huge pages the map keeps 4 KiB ones.
+            #[cfg(target_os = "linux")]
+            let _ = map.advise(memmap2::Advice::HugePage);
+            return Self { storage: Storage::Map(map), len };
+        }
         let buf = vec![0u8; len + 63];
         let start = buf.as_ptr().align_offset(64).min(63);
-        Self { buf, start, len }
+        Self { storage: Storage::Heap { buf, start }, len }
     }
     pub fn bytes(&self) -> &[u8] {
-        &self.buf[self.start..self.start + self.len]
+        match &self.storage {
+            Storage::Heap { buf, start } => &buf[*start..*start + self.len],
+            Storage::Map(map) => &map[..self.len],
+        }
     }
     fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[self.start..self.start + self.len]
+        match &mut self.storage {
+            Storage::Heap { buf, start } => &mut buf[*start..*start + self.len],
+            Storage::Map(map) => &mut map[..self.len],
+        }
     }
 }
 
@@ -323,14 +351,27 @@ fn write_group(l: &Layout, rec: &mut [u8], r: usize, g: usize, q: &[u8]) {
             }
         }
     }
-    for p in 0..l.planes {
-        let plane = l.plane_at(g, p);
+    if l.ty.bits() == 6 {
         for (i, &v) in q.iter().enumerate() {
-            let bit = (v >> (4 + p)) & 1;
+            let (at, shift) = high_field(l, g, r, i);
+            rec[at] |= (v >> 4) << shift;
+        }
+    } else if l.planes == 1 {
+        let plane = l.plane_at(g, 0);
+        for (i, &v) in q.iter().enumerate() {
+            let bit = (v >> 4) & 1;
             let (mask, pos) = (i / 4, r * 4 + i % 4);
             rec[plane + mask * 8 + pos / 8] |= bit << (pos % 8);
         }
     }
+}
+
+/// Where a 6-bit value's two high bits lie: the byte and the bit of row r's value i of group g.
+/// Value i sits in byte `r·4 + i % 4` of value vector u = i / 4, so its field sits in the same
+/// byte of field vector u / 4, at bit 2·(u % 4).
+fn high_field(l: &Layout, g: usize, r: usize, i: usize) -> (usize, usize) {
+    let u = i / 4;
+    (l.plane_at(g, u / 4) + r * 4 + i % 4, 2 * (u % 4))
 }
 
 /// Stores row r's scales for group g (and its super-block's, once per record).
@@ -374,11 +415,16 @@ pub(crate) fn group_values(l: &Layout, rec: &[u8], r: usize, g: usize) -> [u8; G
             }
         }
     }
-    for p in 0..l.planes {
-        let plane = l.plane_at(g, p);
+    if l.ty.bits() == 6 {
+        for (i, v) in q.iter_mut().enumerate() {
+            let (at, shift) = high_field(l, g, r, i);
+            *v |= ((rec[at] >> shift) & 3) << 4;
+        }
+    } else if l.planes == 1 {
+        let plane = l.plane_at(g, 0);
         for (i, v) in q.iter_mut().enumerate() {
             let (mask, pos) = (i / 4, r * 4 + i % 4);
-            *v |= ((rec[plane + mask * 8 + pos / 8] >> (pos % 8)) & 1) << (4 + p);
+            *v |= ((rec[plane + mask * 8 + pos / 8] >> (pos % 8)) & 1) << 4;
         }
     }
     q

@@ -40,9 +40,26 @@ macro_rules! values {
                 w[2 * v] = _mm512_and_si512(bytes, low);
                 w[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
             }
-            for p in 0..l.planes {
-                let plane = &rec[l.plane_at(g, p)..][..64];
-                let bit = _mm512_set1_epi8(0x10 << p);
+            if l.planes == 2 {
+                // Q6_K: field vector h holds bits 4-5 of value vector 4h + f at bits 2f..2f + 2 of
+                // each byte; a 16-bit shift moves them to bits 4-5 (what crosses into the next
+                // byte lands outside 4-5), and `w | (shifted & 0x30)` is one `vpternlogd` (0xF8).
+                let field = _mm512_set1_epi8(0x30);
+                for h in 0..2 {
+                    let high = load512(&rec[l.plane_at(g, h)..]);
+                    let at = |f: usize| match f {
+                        0 => _mm512_slli_epi16(high, 4),
+                        1 => _mm512_slli_epi16(high, 2),
+                        2 => high,
+                        _ => _mm512_srli_epi16(high, 2),
+                    };
+                    for f in 0..4 {
+                        w[4 * h + f] = _mm512_ternarylogic_epi32(w[4 * h + f], at(f), field, 0xF8);
+                    }
+                }
+            } else if l.planes == 1 {
+                let plane = &rec[l.plane_at(g, 0)..][..64];
+                let bit = _mm512_set1_epi8(0x10);
                 for (u, w) in w.iter_mut().enumerate() {
                     let mask = u64::from_le_bytes(plane[8 * u..8 * u + 8].try_into().expect("8 bytes"));
                     *w = _mm512_mask_add_epi8(*w, _cvtu64_mask64(mask), *w, bit);

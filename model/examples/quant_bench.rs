@@ -1,0 +1,62 @@
+//! Times the quantized x·Wᵀ on weights in a GGUF file's block formats (K-quants included, which
+//! cannot be made by quantizing at load) at a real model's shapes, and reports the bytes streamed
+//! per second, to compare with the machine's memory bandwidth.
+//! `cargo run --release -p llaisys-model --example quant_bench [rows,rows,...] [hidden,inter,vocab]`
+//! (default rows 1,4,16,512 at Qwen2.5-1.5B's shape 1536,8960,151936).
+
+mod common;
+
+use half::f16;
+use llaisys_model::quant::{self, PackedMatrix, QuantType};
+
+/// Random blocks of `ty` whose f16 scales are small finite values (random bytes elsewhere).
+fn random_blocks(ty: QuantType, rows: usize, k: usize) -> Vec<u8> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut bytes: Vec<u8> = (0..rows * quant::row_bytes(ty, k))
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 56) as u8
+        })
+        .collect();
+    let fields: &[usize] = match ty {
+        QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => &[0],
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q6K => &[208],
+    };
+    let scale = f16::from_f32(0.001).to_le_bytes();
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        for &at in fields {
+            block[at..at + 2].copy_from_slice(&scale);
+        }
+    }
+    bytes
+}
+use common::time;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let parse = |a: String| -> Vec<usize> { a.split(',').map(|r| r.parse().expect("integers")).collect() };
+    let rows = args.next().map(parse).unwrap_or_else(|| vec![1, 4, 16, 512]);
+    let shape = args.next().map(parse).unwrap_or_else(|| vec![1536, 8960, 151936]);
+    let [hidden, inter, vocab] = shape[..] else { panic!("the shape is hidden,inter,vocab") };
+    println!("{:>8} {:>6} {:>6} {:>5}  {:>10} {:>8} {:>8}", "out", "in", "rows", "type", "ms", "GB/s", "GOP/s");
+    for (out, input) in [(2 * inter, hidden), (hidden, inter), (vocab, hidden)] {
+        for ty in [QuantType::Q4K, QuantType::Q6K, QuantType::Q5K, QuantType::Q8_0, QuantType::Q4_0] {
+            let w = PackedMatrix::from_ggml(ty, out, input, &random_blocks(ty, out, input)).expect("packs");
+            let bytes = w.size_bytes() as f64;
+            for &n in &rows {
+                let x: Vec<f32> = (0..n * input).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+                let t = time(|| drop(quant::matmul(&x, n, &w, None)));
+                println!(
+                    "{out:>8} {input:>6} {n:>6} {:>5}  {:>10.3} {:>8.1} {:>8.1}",
+                    ty.name(),
+                    t * 1e3,
+                    bytes / t / 1e9,
+                    2.0 * (n * out * input) as f64 / t / 1e9
+                );
+            }
+        }
+    }
+}
