@@ -108,14 +108,14 @@ fn bad_input_is_a_clear_error_not_a_panic() {
 }
 
 /// `llaisys bench` on a fixture: every measurement asked for lands in its JSON line with the
-/// counts it was given, and an unknown measurement is a usage error.
+/// counts it was given (and each run's figure), and an unknown measurement is a usage error.
 #[test]
 fn bench_reports_every_measurement_it_is_asked_for() {
     let dir = fixture_dir("tiny-untied-f32");
     let dir = dir.to_str().unwrap();
     #[rustfmt::skip]
     let out = llaisys(&[
-        "bench", "--model", dir, "--runs", "1", "--prefill", "8", "--decode-prompt", "4", "--decode-tokens", "4",
+        "bench", "--model", dir, "--runs", "2", "--prefill", "8", "--decode-prompt", "4", "--decode-tokens", "4",
         "--concurrency", "1,3", "--prompt-tokens", "4", "--new-tokens", "3", "--soak-requests", "7",
         "--only", "prefill,decode,throughput,soak",
     ]);
@@ -123,6 +123,10 @@ fn bench_reports_every_measurement_it_is_asked_for() {
     let json: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     let positive = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x > 0.0);
     assert!(positive(&json["prefill_8_tok_s"]) && positive(&json["decode_tok_s"]), "{json}");
+    for runs in ["prefill_8_runs_tok_s", "decode_runs_tok_s"] {
+        let runs = json[runs].as_array().unwrap();
+        assert!(runs.len() == 2 && runs.iter().all(positive), "every run's figure: {json}");
+    }
     let rows = json["throughput"].as_array().unwrap();
     assert_eq!(rows.iter().map(|r| r["concurrency"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 3]);
     assert!(rows.iter().all(|r| positive(&r["tok_s"]) && positive(&r["median_ttft_ms"])), "{json}");

@@ -210,6 +210,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
                 let t = run_one(&engine, prompt(n), 1, &Guidance::default()).await?;
                 speeds.push(n as f64 / t.ttft.as_secs_f64());
             }
+            report.insert(format!("prefill_{n}_runs_tok_s"), runs_json(&speeds));
             let speed = median(&mut speeds);
             println!("{:<34} {:>12.1}", format!("prefill {n} tokens"), speed);
             report.insert(format!("prefill_{n}_tok_s"), json!(round(speed)));
@@ -237,6 +238,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
             speeds.push(t.gaps.len() as f64 / decode_time.as_secs_f64().max(1e-9));
             itls.push(ms(decode_time) / t.gaps.len().max(1) as f64);
         }
+        report.insert("decode_runs_tok_s".into(), runs_json(&speeds));
         let (speed, itl) = (median(&mut speeds), median(&mut itls));
         let label = match &chat_prompt {
             Some((p, _)) => format!("decode chat answer after {}", p.len()),
@@ -480,6 +482,11 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn round(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
+}
+
+/// Every run's figure, in the order run (the median hides a slow run; these machines have them).
+fn runs_json(speeds: &[f64]) -> serde_json::Value {
+    json!(speeds.iter().map(|&s| round(s)).collect::<Vec<_>>())
 }
 
 /// A resident-set figure of the process (`VmRSS:` now, `VmHWM:` peak), in MB; Linux only.
