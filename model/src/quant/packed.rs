@@ -9,9 +9,9 @@
 //! AVX-512 turns into bytes with a masked add. The fifth and sixth bits of 6-bit values are
 //! 2-bit fields, four per byte, in two vectors laid out like the 8-bit values': byte j of field
 //! vector h holds, at bits 2f..2f + 2, the high bits of byte j of value vector 4h + f, so a
-//! shift and a bitwise select put them in place (half the instructions of two bit planes). Scales stay as the file has
-//! them (f16 scales; 6-bit K-quant scales widened to bytes, which makes Q4_K 2.8% and Q5_K
-//! 2.3% larger than in the file), interleaved over the 16 rows.
+//! shift and a bitwise select put them in place (half the instructions of two bit planes).
+//! Scales stay as the file has them (f16 scales; 6-bit K-quant scales widened to bytes, which
+//! makes Q4_K 2.8% and Q5_K 2.3% larger than in the file), interleaved over the 16 rows.
 //!
 //! A panel is a run of records, one per chunk of the row: two 32-value groups for the 32-value
 //! formats, one 256-value super-block for the K-quants. A record is [values of every group]
@@ -356,7 +356,7 @@ fn write_group(l: &Layout, rec: &mut [u8], r: usize, g: usize, q: &[u8]) {
             let (at, shift) = high_field(l, g, r, i);
             rec[at] |= (v >> 4) << shift;
         }
-    } else if l.planes == 1 {
+    } else if l.ty.bits() == 5 {
         let plane = l.plane_at(g, 0);
         for (i, &v) in q.iter().enumerate() {
             let bit = (v >> 4) & 1;
@@ -420,7 +420,7 @@ pub(crate) fn group_values(l: &Layout, rec: &[u8], r: usize, g: usize) -> [u8; G
             let (at, shift) = high_field(l, g, r, i);
             *v |= ((rec[at] >> shift) & 3) << 4;
         }
-    } else if l.planes == 1 {
+    } else if l.ty.bits() == 5 {
         let plane = l.plane_at(g, 0);
         for (i, v) in q.iter_mut().enumerate() {
             let (mask, pos) = (i / 4, r * 4 + i % 4);

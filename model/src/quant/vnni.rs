@@ -40,7 +40,7 @@ macro_rules! values {
                 w[2 * v] = _mm512_and_si512(bytes, low);
                 w[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
             }
-            if l.planes == 2 {
+            if l.ty.bits() == 6 {
                 // Q6_K: field vector h holds bits 4-5 of value vector 4h + f at bits 2f..2f + 2 of
                 // each byte; a 16-bit shift moves them to bits 4-5 (what crosses into the next
                 // byte lands outside 4-5), and `w | (shifted & 0x30)` is one `vpternlogd` (0xF8).
@@ -57,7 +57,7 @@ macro_rules! values {
                         w[4 * h + f] = _mm512_ternarylogic_epi32(w[4 * h + f], at(f), field, 0xF8);
                     }
                 }
-            } else if l.planes == 1 {
+            } else if l.ty.bits() == 5 {
                 let plane = &rec[l.plane_at(g, 0)..][..64];
                 let bit = _mm512_set1_epi8(0x10);
                 for (u, w) in w.iter_mut().enumerate() {
