@@ -1,8 +1,9 @@
 //! Times the quantized x·Wᵀ on weights in a GGUF file's block formats (K-quants included, which
 //! cannot be made by quantizing at load) at a real model's shapes, and reports the bytes streamed
 //! per second, to compare with the machine's memory bandwidth.
-//! `cargo run --release -p llaisys-model --example quant_bench [rows,rows,...] [hidden,inter,vocab]`
-//! (default rows 1,4,16,512 at Qwen2.5-1.5B's shape 1536,8960,151936).
+//! `cargo run --release -p llaisys-model --example quant_bench [rows,rows,...] [hidden,inter,vocab]
+//! [TYPE,TYPE,...]` (default rows 1,4,16,512 at Qwen2.5-1.5B's shape 1536,8960,151936, types
+//! Q4_K,Q6_K,Q5_K,Q8_0,Q4_0).
 
 mod common;
 
@@ -41,9 +42,21 @@ fn main() {
     let rows = args.next().map(parse).unwrap_or_else(|| vec![1, 4, 16, 512]);
     let shape = args.next().map(parse).unwrap_or_else(|| vec![1536, 8960, 151936]);
     let [hidden, inter, vocab] = shape[..] else { panic!("the shape is hidden,inter,vocab") };
+    let types: Vec<QuantType> = match args.next() {
+        Some(names) => names
+            .split(',')
+            .map(|n| QuantType::ALL.into_iter().find(|t| t.name() == n).unwrap_or_else(|| panic!("no format {n}")))
+            .collect(),
+        None => vec![QuantType::Q4K, QuantType::Q6K, QuantType::Q5K, QuantType::Q8_0, QuantType::Q4_0],
+    };
     println!("{:>8} {:>6} {:>6} {:>5}  {:>10} {:>8} {:>8}", "out", "in", "rows", "type", "ms", "GB/s", "GOP/s");
     for (out, input) in [(2 * inter, hidden), (hidden, inter), (vocab, hidden)] {
-        for ty in [QuantType::Q4K, QuantType::Q6K, QuantType::Q5K, QuantType::Q8_0, QuantType::Q4_0] {
+        for &ty in &types {
+            if !ty.fits_row(input) {
+                // As llama.cpp's quantizer does, a file stores such rows in a 32-value format.
+                println!("{out:>8} {input:>6} {:>6} {:>5}  rows of {input} are not whole blocks", "-", ty.name());
+                continue;
+            }
             let w = PackedMatrix::from_ggml(ty, out, input, &random_blocks(ty, out, input)).expect("packs");
             let bytes = w.size_bytes() as f64;
             for &n in &rows {

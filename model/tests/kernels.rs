@@ -23,6 +23,7 @@ fn products_on(source: ModelSource, kernel: &str) -> u64 {
 fn a_quantized_model_runs_the_quantized_kernel_this_cpu_has() {
     let kernel = match Kernel::best() {
         Kernel::Vnni => "quant_vnni",
+        Kernel::Avx2 => "quant_avx2",
         Kernel::Portable => "quant_portable",
     };
     let products = products_on(ModelSource::Gguf(gguf_fixture("tiny-tied-q8_0")), kernel);

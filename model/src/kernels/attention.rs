@@ -1,5 +1,7 @@
-//! Grouped-query attention of each batch row over only the cache cells it can see, on AVX-512,
-//! tiled with an online softmax (flash-attention style: no score matrix is ever held).
+//! Grouped-query attention of each batch row over only the cache cells it can see, tiled with an
+//! online softmax (flash-attention style: no score matrix is ever held), on any CPU: the tiles'
+//! arithmetic is written once for AVX-512 (`V4`) and once in plain Rust (`Plain`), which LLVM
+//! vectorizes for AVX2 and FMA where the CPU has them (`V3`).
 //!
 //! The Burn path scores every row against every cell up to the cache's extent and masks the
 //! rest with −∞: with 16 sequences decoding, each row pays for the other 15 sequences' cells,
@@ -20,11 +22,11 @@
 
 use std::ops::Range;
 
-use pulp::x86::V4;
-use pulp::{Simd, f32x16};
+use pulp::x86::{V3, V4};
+use pulp::{NullaryFnOnce, Simd, f32x16};
 use rayon::prelude::*;
 
-use super::exp::exp_sub_sum;
+use super::exp::{exp_sub_sum, exp_sub_sum_plain};
 use super::xwt::Weight;
 
 const LANES: usize = 16;
@@ -48,12 +50,129 @@ pub struct Attention<'a, T> {
     pub capacity: usize,
 }
 
-/// Runs the attention on AVX-512; `None` when the CPU has no AVX-512 (the caller falls back).
+/// Runs the attention on the widest vectors this CPU has.
 ///
 /// # Shapes
 /// returns [n, heads · d] row-major
-pub fn run<T: Weight>(a: &Attention<'_, T>) -> Option<Vec<f32>> {
-    let simd = V4::try_new()?;
+pub fn run<T: Weight>(a: &Attention<'_, T>) -> Vec<f32> {
+    match V4::try_new() {
+        Some(simd) => run_on(a, simd),
+        None => run_on(a, Plain(V3::try_new())),
+    }
+}
+
+/// The vector arithmetic of a tile.
+trait Arith: Copy + Send + Sync {
+    /// Runs `f` compiled for this arithmetic's instructions.
+    fn vectorize<F: NullaryFnOnce>(self, f: F) -> F::Output;
+    /// `src` widened to f32 into `dst` (the same length).
+    fn widen<T: Weight>(self, src: &[T], dst: &mut [f32]);
+    fn dot(self, a: &[f32], b: &[f32]) -> f32;
+    /// Replaces each `x` by `e^(x − max)` and returns their sum.
+    fn exp_sub_sum(self, xs: &mut [f32], max: f32) -> f32;
+    /// One query against a whole block of 16 cells (see [`full_block`]); false where this head
+    /// dim has no such path, and the caller takes the general one.
+    #[allow(clippy::too_many_arguments)]
+    fn full_block(
+        self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scale: f32,
+        state: (&mut f32, &mut f32),
+        o: &mut [f32],
+    ) -> bool;
+}
+
+impl Arith for V4 {
+    #[inline(always)]
+    fn vectorize<F: NullaryFnOnce>(self, f: F) -> F::Output {
+        Simd::vectorize(self, f)
+    }
+    #[inline(always)]
+    fn widen<T: Weight>(self, src: &[T], dst: &mut [f32]) {
+        widen(self, src, dst)
+    }
+    #[inline(always)]
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        super::xwt::dot(self, a, b, a.len())
+    }
+    #[inline(always)]
+    fn exp_sub_sum(self, xs: &mut [f32], max: f32) -> f32 {
+        exp_sub_sum(self, xs, max)
+    }
+    #[inline(always)]
+    fn full_block(
+        self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scale: f32,
+        state: (&mut f32, &mut f32),
+        o: &mut [f32],
+    ) -> bool {
+        match q.len() {
+            16 => full_block::<1>(self, q, keys, values, scale, state, o),
+            32 => full_block::<2>(self, q, keys, values, scale, state, o),
+            64 => full_block::<4>(self, q, keys, values, scale, state, o),
+            128 => full_block::<8>(self, q, keys, values, scale, state, o),
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// Plain Rust over arrays of 8 lanes, compiled inside `V3::vectorize` (AVX2 and FMA) where the
+/// CPU has them and for the baseline x86-64 elsewhere.
+#[derive(Clone, Copy)]
+struct Plain(Option<V3>);
+
+/// Lanes of the plain arithmetic's partial sums (one AVX2 vector).
+const PLAIN_LANES: usize = 8;
+
+impl Arith for Plain {
+    #[inline(always)]
+    fn vectorize<F: NullaryFnOnce>(self, f: F) -> F::Output {
+        match self.0 {
+            Some(simd) => simd.vectorize(f),
+            None => f.call(),
+        }
+    }
+    #[inline(always)]
+    fn widen<T: Weight>(self, src: &[T], dst: &mut [f32]) {
+        T::widen_slice(src, dst)
+    }
+    #[inline(always)]
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        let (ac, at) = a.as_chunks::<PLAIN_LANES>();
+        let (bc, bt) = b.as_chunks::<PLAIN_LANES>();
+        let mut acc = [0.0f32; PLAIN_LANES];
+        for (x, y) in ac.iter().zip(bc) {
+            for l in 0..PLAIN_LANES {
+                acc[l] += x[l] * y[l];
+            }
+        }
+        acc.iter().sum::<f32>() + at.iter().zip(bt).map(|(x, y)| x * y).sum::<f32>()
+    }
+    #[inline(always)]
+    fn exp_sub_sum(self, xs: &mut [f32], max: f32) -> f32 {
+        exp_sub_sum_plain(xs, max)
+    }
+    #[inline(always)]
+    fn full_block(
+        self,
+        _q: &[f32],
+        _keys: &[f32],
+        _values: &[f32],
+        _scale: f32,
+        _state: (&mut f32, &mut f32),
+        _o: &mut [f32],
+    ) -> bool {
+        false
+    }
+}
+
+fn run_on<T: Weight, A: Arith>(a: &Attention<'_, T>, arith: A) -> Vec<f32> {
     let n = a.visible.len();
     assert!(a.kv_heads > 0 && a.heads.is_multiple_of(a.kv_heads), "attention: heads must be a multiple of kv heads");
     assert!(a.q.len() == n * a.heads * a.d, "attention: q does not match its shape");
@@ -66,7 +185,7 @@ pub fn run<T: Weight>(a: &Attention<'_, T>) -> Option<Vec<f32>> {
     let group = a.heads / a.kv_heads;
     let mut out = vec![0.0f32; n * a.heads * a.d];
     if out.is_empty() {
-        return Some(out);
+        return out;
     }
     let tiles = tiles(a.visible, (TILE_QUERIES / group).max(1));
     let longest = tiles.iter().map(|t| a.visible[t.end - 1].len()).max().unwrap_or(0);
@@ -87,7 +206,7 @@ pub fn run<T: Weight>(a: &Attention<'_, T>) -> Option<Vec<f32>> {
             })
         })
         .collect();
-    let partials: Vec<Partial> = tasks.par_iter().map(|task| simd.vectorize(TileHead { simd, a, task })).collect();
+    let partials: Vec<Partial> = tasks.par_iter().map(|task| arith.vectorize(TileHead { arith, a, task })).collect();
     // Merge each (tile, KV head)'s chunks into the output rows.
     let d = a.d;
     let mut at = 0;
@@ -113,7 +232,7 @@ pub fn run<T: Weight>(a: &Attention<'_, T>) -> Option<Vec<f32>> {
         }
         at = end;
     }
-    Some(out)
+    out
 }
 
 /// Consecutive rows, each row's cells a prefix of the next row's, at most `most` rows.
@@ -150,19 +269,20 @@ struct Partial {
     sum: Vec<f32>,
 }
 
-/// A task as a callable that `V4::vectorize` inlines into its AVX-512 function.
-struct TileHead<'a, 't, T> {
-    simd: V4,
+/// A task as a callable that `vectorize` inlines into its function compiled for the vector
+/// instructions.
+struct TileHead<'a, 't, T, A> {
+    arith: A,
     a: &'a Attention<'a, T>,
     task: &'t Task,
 }
 
-impl<T: Weight> pulp::NullaryFnOnce for TileHead<'_, '_, T> {
+impl<T: Weight, A: Arith> pulp::NullaryFnOnce for TileHead<'_, '_, T, A> {
     type Output = Partial;
 
     #[inline(always)]
     fn call(self) -> Partial {
-        let TileHead { simd, a, task } = self;
+        let TileHead { arith, a, task } = self;
         let (d, group) = (a.d, a.heads / a.kv_heads);
         let queries = task.rows.len() * group;
         let cells = &a.visible[task.rows.end - 1];
@@ -182,8 +302,8 @@ impl<T: Weight> pulp::NullaryFnOnce for TileHead<'_, '_, T> {
         for b0 in task.cells.clone().step_by(LANES) {
             let width = LANES.min(task.cells.end - b0);
             for (t, &c) in cells[b0..b0 + width].iter().enumerate() {
-                widen(simd, &a.k[cache(c)..][..d], &mut keys[t * d..(t + 1) * d]);
-                widen(simd, &a.v[cache(c)..][..d], &mut values[t * d..(t + 1) * d]);
+                arith.widen(&a.k[cache(c)..][..d], &mut keys[t * d..(t + 1) * d]);
+                arith.widen(&a.v[cache(c)..][..d], &mut values[t * d..(t + 1) * d]);
             }
             for qi in 0..queries {
                 // The cells of this block the query's row sees.
@@ -194,18 +314,12 @@ impl<T: Weight> pulp::NullaryFnOnce for TileHead<'_, '_, T> {
                 let q = q(qi);
                 let o = &mut p.out[qi * d..(qi + 1) * d];
                 let state = (&mut p.max[qi], &mut p.sum[qi]);
-                if valid == LANES && matches!(d, 16 | 32 | 64 | 128) {
-                    match d {
-                        16 => full_block::<1>(simd, q, &keys, &values, scale, state, o),
-                        32 => full_block::<2>(simd, q, &keys, &values, scale, state, o),
-                        64 => full_block::<4>(simd, q, &keys, &values, scale, state, o),
-                        _ => full_block::<8>(simd, q, &keys, &values, scale, state, o),
-                    }
+                if valid == LANES && arith.full_block(q, &keys, &values, scale, (&mut *state.0, &mut *state.1), o) {
                     continue;
                 }
                 let s = &mut scores[..valid];
                 for (t, s) in s.iter_mut().enumerate() {
-                    *s = super::xwt::dot(simd, q, &keys[t * d..(t + 1) * d], d) * scale;
+                    *s = arith.dot(q, &keys[t * d..(t + 1) * d]) * scale;
                 }
                 let (max, sum) = state;
                 let new_max = s.iter().copied().fold(*max, f32::max);
@@ -216,7 +330,7 @@ impl<T: Weight> pulp::NullaryFnOnce for TileHead<'_, '_, T> {
                     o.iter_mut().for_each(|o| *o *= shrink);
                     *max = new_max;
                 }
-                *sum += exp_sub_sum(simd, s, new_max);
+                *sum += arith.exp_sub_sum(s, new_max);
                 for (t, &w) in s.iter().enumerate() {
                     for (o, v) in o.iter_mut().zip(&values[t * d..(t + 1) * d]) {
                         *o += w * v;
@@ -374,20 +488,30 @@ mod tests {
         out
     }
 
+    /// Every arithmetic this CPU runs (AVX-512, plain Rust on AVX2, plain Rust on the baseline)
+    /// against the reference.
     fn check<T: Weight>(a: &Attention<'_, T>, what: &str) {
-        let got = run(a).unwrap();
         let want = reference(a);
-        assert_eq!(got.len(), want.len());
-        let err = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max);
-        assert!(err < 1e-5, "{what}: max error {err}");
+        let mut runs = vec![("plain", run_on(a, Plain(None)))];
+        if let Some(v3) = V3::try_new() {
+            runs.push(("plain on AVX2", run_on(a, Plain(Some(v3)))));
+        }
+        if let Some(v4) = V4::try_new() {
+            runs.push(("AVX-512", run_on(a, v4)));
+        }
+        for (arith, got) in runs {
+            assert_eq!(got.len(), want.len());
+            let err = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max);
+            assert!(err < 1e-5, "{what}, {arith}: max error {err}");
+        }
     }
 
     /// Rows that see different, interleaved sets of cells (as sequences decoding side by side
     /// do), head dims with and without a tail past 16 lanes, groups of 1, 2 and 7 query heads,
     /// and rows seeing 16 or more cells (scored sixteen at a time, with a tail), in each dtype.
     #[test]
-    #[cfg_attr(not(cpu_avx512), ignore = "this CPU has no AVX-512 (the kernel does not run here)")]
     fn attention_over_visible_cells_equals_the_reference() {
+        #[cfg(cpu_avx512)]
         assert!(V4::try_new().is_some(), "the build saw the instructions this kernel needs; the run does not");
         for (heads, kv_heads, d) in [(14, 2, 64), (4, 4, 8), (6, 2, 20), (2, 2, 16), (4, 2, 32), (2, 1, 128)] {
             let capacity = 40;
@@ -422,7 +546,6 @@ mod tests {
     /// shared with another sequence's rows, long enough for several blocks and, with one row, for
     /// the context to be split into chunks; GQA ratios 1, 2 and 7; head dims 64 and 128.
     #[test]
-    #[cfg_attr(not(cpu_avx512), ignore = "this CPU has no AVX-512 (the kernel does not run here)")]
     fn tiled_and_split_attention_equals_the_reference() {
         let capacity = 1200;
         // A shared prefix of 700 cells, scattered: odd cells descending, then even ones.

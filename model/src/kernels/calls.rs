@@ -17,18 +17,21 @@ pub enum KernelCall {
     BurnSplit,
     /// The quantized product on AVX-512 VNNI.
     QuantVnni,
+    /// The quantized product on AVX2.
+    QuantAvx2,
     /// The quantized product in portable Rust.
     QuantPortable,
     /// A kernel refused the input its weight chose it for (a bug): Burn's matmul ran instead.
     Fallback,
 }
 
-const ALL: [KernelCall; 7] = [
+const ALL: [KernelCall; 8] = [
     KernelCall::Xwt,
     KernelCall::Bf16Dot,
     KernelCall::Burn,
     KernelCall::BurnSplit,
     KernelCall::QuantVnni,
+    KernelCall::QuantAvx2,
     KernelCall::QuantPortable,
     KernelCall::Fallback,
 ];
@@ -43,6 +46,7 @@ impl KernelCall {
             Self::Burn => "burn",
             Self::BurnSplit => "burn_split",
             Self::QuantVnni => "quant_vnni",
+            Self::QuantAvx2 => "quant_avx2",
             Self::QuantPortable => "quant_portable",
             Self::Fallback => "fallback",
         }

@@ -170,7 +170,7 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32
     macro_rules! run_in {
         ($t:ty) => {{
             let (k, v) = (k.as_slice::<$t>()?, v.as_slice::<$t>()?);
-            attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity })
+            Some(attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity }))
         }};
     }
     let out = match k.dtype() {

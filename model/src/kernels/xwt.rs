@@ -29,6 +29,8 @@ pub trait Weight: Copy + Send + Sync {
     /// Sixteen consecutive elements as f32 lanes.
     fn load(simd: V4, v: &[Self; LANES]) -> f32x16;
     fn to_f32(self) -> f32;
+    /// `src` as f32 into `dst` (the same length), vectorized where the CPU can (F16C).
+    fn widen_slice(src: &[Self], dst: &mut [f32]);
 }
 
 impl Weight for f32 {
@@ -38,6 +40,9 @@ impl Weight for f32 {
     }
     fn to_f32(self) -> f32 {
         self
+    }
+    fn widen_slice(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
     }
 }
 
@@ -50,6 +55,9 @@ impl Weight for f16 {
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
     }
+    fn widen_slice(src: &[f16], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
+    }
 }
 
 impl Weight for bf16 {
@@ -61,6 +69,9 @@ impl Weight for bf16 {
     }
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
+    }
+    fn widen_slice(src: &[bf16], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
     }
 }
 

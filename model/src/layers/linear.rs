@@ -36,7 +36,7 @@ pub trait LinearWeight: fmt::Debug + Send + Sync {
     fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2>;
 
     /// The kernel a few-row product (a decode step) runs on: `xwt`, `burn_split`, `burn`,
-    /// `quant_vnni`, `quant_portable`.
+    /// `quant_vnni`, `quant_avx2`, `quant_portable`.
     fn kernel(&self) -> &'static str;
 
     /// How it is stored, for logs: `bf16`, `Q5_0+Q8_0`.
@@ -204,6 +204,7 @@ impl LinearWeight for Packed {
     fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
         match self.kernel {
             quant::Kernel::Vnni => KernelCall::QuantVnni.count(),
+            quant::Kernel::Avx2 => KernelCall::QuantAvx2.count(),
             quant::Kernel::Portable => KernelCall::QuantPortable.count(),
         }
         kernels::quantized_linear(&x, &self.w, self.kernel, bias)
@@ -221,6 +222,7 @@ impl LinearWeight for Packed {
     fn kernel(&self) -> &'static str {
         match self.kernel {
             quant::Kernel::Vnni => KernelCall::QuantVnni.name(),
+            quant::Kernel::Avx2 => KernelCall::QuantAvx2.name(),
             quant::Kernel::Portable => KernelCall::QuantPortable.name(),
         }
     }
@@ -398,7 +400,11 @@ mod tests {
         let expected = if kernels::xwt_available() { "xwt" } else { "burn_split" };
         assert_eq!(dense_w.kernel(), expected);
         let quantized = packed(Arc::new(quantize_dense(w, QuantType::Q8_0)));
-        let expected = if quant::Kernel::best() == quant::Kernel::Vnni { "quant_vnni" } else { "quant_portable" };
+        let expected = match quant::Kernel::best() {
+            quant::Kernel::Vnni => "quant_vnni",
+            quant::Kernel::Avx2 => "quant_avx2",
+            quant::Kernel::Portable => "quant_portable",
+        };
         assert_eq!(quantized.kernel(), expected);
         let calls = |name: &str| kernels::calls().into_iter().find(|(k, _)| *k == name).map_or(0, |(_, n)| n);
         let before = calls(expected);

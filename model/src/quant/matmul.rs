@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::activation::Activations;
 use super::packed::{GROUP, PANEL, PackedMatrix};
-use super::{portable, vnni};
+use super::{avx2, portable, vnni};
 use crate::kernels::split_columns;
 
 /// Which kernel runs the products.
@@ -17,6 +17,8 @@ use crate::kernels::split_columns;
 pub enum Kernel {
     /// AVX-512 VNNI (`vpdpbusd`).
     Vnni,
+    /// AVX2 (`vpmaddubsw`), for CPUs without AVX-512 VNNI.
+    Avx2,
     /// Plain Rust, any CPU.
     Portable,
 }
@@ -24,11 +26,18 @@ pub enum Kernel {
 impl Kernel {
     /// The fastest kernel this CPU runs.
     pub fn best() -> Self {
-        if vnni::available() { Self::Vnni } else { Self::Portable }
+        if vnni::available() {
+            Self::Vnni
+        } else if avx2::available() {
+            Self::Avx2
+        } else {
+            Self::Portable
+        }
     }
     pub fn available(self) -> bool {
         match self {
             Self::Vnni => vnni::available(),
+            Self::Avx2 => avx2::available(),
             Self::Portable => true,
         }
     }
@@ -69,6 +78,7 @@ pub fn matmul_with(kernel: Kernel, x: &[f32], m: usize, w: &PackedMatrix, bias: 
             let out = &mut rows[x_rows.clone()];
             match kernel {
                 Kernel::Vnni => vnni::run(part, block.panels.clone(), &acts, x_rows, out, bias),
+                Kernel::Avx2 => avx2::run(part, block.panels.clone(), &acts, x_rows, out, bias),
                 Kernel::Portable => portable::run(part, block.panels.clone(), &acts, x_rows, out, bias),
             }
         }

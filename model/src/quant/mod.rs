@@ -8,10 +8,12 @@
 //!   32-value group, so one 64-byte load feeds a dot product of 16 rows at once (at most 3%
 //!   larger than the file's blocks);
 //! - `activation.rs`: activations quantized per 32-value block to int8, as llama.cpp does;
-//! - `vnni.rs` (AVX-512 VNNI, `vpdpbusd`) and `portable.rs` (any CPU): x·Wᵀ over the packed
-//!   layout; `matmul.rs` splits a product over the rayon pool and picks the kernel.
+//! - `vnni.rs` (AVX-512 VNNI, `vpdpbusd`), `avx2.rs` (AVX2, `vpmaddubsw`) and `portable.rs` (any
+//!   CPU): x·Wᵀ over the packed layout; `matmul.rs` splits a product over the rayon pool and picks
+//!   the kernel.
 
 mod activation;
+mod avx2;
 mod ggml;
 mod matmul;
 mod packed;

@@ -5,17 +5,17 @@
 //! operand of `vpdpbusd`, which multiplies them by 4 activation bytes broadcast to every lane and
 //! adds the 4 products into each row's lane. 4-bit values are stored two per byte (a vector of
 //! nibbles holds 8 values per row: values 8v.. in the low nibbles, 8v + 4.. in the high ones).
-//! The fifth bit of 5-bit values is a bit plane, one 64-bit mask per 4 values of 16 rows, which
-//! AVX-512 turns into bytes with a masked add. The fifth and sixth bits of 6-bit values are
-//! 2-bit fields, four per byte, in two vectors laid out like the 8-bit values': byte j of field
-//! vector h holds, at bits 2f..2f + 2, the high bits of byte j of value vector 4h + f, so a
-//! shift and a bitwise select put them in place (half the instructions of two bit planes).
+//! The high bits are fields in vectors laid out like the 8-bit values': byte j of a field vector
+//! holds the high bits of byte j of several value vectors, so a shift and a bitwise select put
+//! them in place. 5-bit values have one field vector per group, bit u holding the fifth bit of
+//! value vector u; 6-bit values have two, with the fifth and sixth bits of value vector 4h + f
+//! at bits 2f..2f + 2 of field vector h.
 //! Scales stay as the file has them (f16 scales; 6-bit K-quant scales widened to bytes, which
 //! makes Q4_K 2.8% and Q5_K 2.3% larger than in the file), interleaved over the 16 rows.
 //!
 //! A panel is a run of records, one per chunk of the row: two 32-value groups for the 32-value
 //! formats, one 256-value super-block for the K-quants. A record is [values of every group]
-//! [bit planes of every group][scales of every group][super-block scales], padded to 64 bytes
+//! [high-bit fields of every group][scales of every group][super-block scales], padded to 64 bytes
 //! (only Q6_K needs padding: 3360 → 3392 bytes, +1%). Rows past the end of the matrix and
 //! groups past the end of the row are zero (scale 0).
 
@@ -37,7 +37,7 @@ pub(crate) struct Layout {
     pub groups: usize,
     /// Bytes of one group's values: 512 (8-bit) or 256 (nibbles).
     pub values: usize,
-    /// 64-byte vectors of high bits per group: Q5's bit plane, or Q6_K's two of 2-bit fields.
+    /// 64-byte vectors of high-bit fields per group: one of 1-bit fields (Q5), two of 2-bit (Q6_K).
     pub planes: usize,
     /// Bytes of one group's scales over the 16 rows.
     pub scales: usize,
@@ -357,11 +357,10 @@ fn write_group(l: &Layout, rec: &mut [u8], r: usize, g: usize, q: &[u8]) {
             rec[at] |= (v >> 4) << shift;
         }
     } else if l.ty.bits() == 5 {
-        let plane = l.plane_at(g, 0);
+        let fields = l.plane_at(g, 0);
         for (i, &v) in q.iter().enumerate() {
-            let bit = (v >> 4) & 1;
-            let (mask, pos) = (i / 4, r * 4 + i % 4);
-            rec[plane + mask * 8 + pos / 8] |= bit << (pos % 8);
+            // Value i sits in byte r·4 + i % 4 of value vector i / 4.
+            rec[fields + r * 4 + i % 4] |= ((v >> 4) & 1) << (i / 4);
         }
     }
 }
@@ -421,10 +420,9 @@ pub(crate) fn group_values(l: &Layout, rec: &[u8], r: usize, g: usize) -> [u8; G
             *v |= ((rec[at] >> shift) & 3) << 4;
         }
     } else if l.ty.bits() == 5 {
-        let plane = l.plane_at(g, 0);
+        let fields = l.plane_at(g, 0);
         for (i, v) in q.iter_mut().enumerate() {
-            let (mask, pos) = (i / 4, r * 4 + i % 4);
-            *v |= ((rec[plane + mask * 8 + pos / 8] >> (pos % 8)) & 1) << 4;
+            *v |= ((rec[fields + r * 4 + i % 4] >> (i / 4)) & 1) << 4;
         }
     }
     q

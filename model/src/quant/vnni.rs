@@ -58,11 +58,23 @@ macro_rules! values {
                     }
                 }
             } else if l.ty.bits() == 5 {
-                let plane = &rec[l.plane_at(g, 0)..][..64];
+                // Bit u of each byte of the field vector is the fifth bit of value vector u: a
+                // 16-bit shift moves it to bit 4 (what crosses into the next byte lands
+                // elsewhere), and `w | (shifted & 0x10)` is one `vpternlogd`.
+                let high = load512(&rec[l.plane_at(g, 0)..]);
                 let bit = _mm512_set1_epi8(0x10);
+                let at = |u: usize| match u {
+                    0 => _mm512_slli_epi16(high, 4),
+                    1 => _mm512_slli_epi16(high, 3),
+                    2 => _mm512_slli_epi16(high, 2),
+                    3 => _mm512_slli_epi16(high, 1),
+                    4 => high,
+                    5 => _mm512_srli_epi16(high, 1),
+                    6 => _mm512_srli_epi16(high, 2),
+                    _ => _mm512_srli_epi16(high, 3),
+                };
                 for (u, w) in w.iter_mut().enumerate() {
-                    let mask = u64::from_le_bytes(plane[8 * u..8 * u + 8].try_into().expect("8 bytes"));
-                    *w = _mm512_mask_add_epi8(*w, _cvtu64_mask64(mask), *w, bit);
+                    *w = _mm512_ternarylogic_epi32(*w, at(u), bit, 0xF8);
                 }
             }
         }

@@ -1,5 +1,5 @@
 //! Quantized products against f64 products over the dequantized weights, for every format and
-//! both kernels, over the model's shapes (896, 4864 and 151936 rows) and ragged tails.
+//! every kernel, over the model's shapes (896, 4864 and 151936 rows) and ragged tails.
 
 use half::f16;
 
@@ -124,6 +124,12 @@ fn every_format_matches_the_dequantized_product_on_the_vnni_kernel() {
 }
 
 #[test]
+#[cfg_attr(not(cpu_avx2), ignore = "this CPU has no AVX2, FMA and F16C (the kernel does not run here)")]
+fn every_format_matches_the_dequantized_product_on_the_avx2_kernel() {
+    every_format(Kernel::Avx2);
+}
+
+#[test]
 fn thirty_two_value_formats_take_the_model_shapes_on_the_portable_kernel() {
     model_shapes(Kernel::Portable);
 }
@@ -132,6 +138,12 @@ fn thirty_two_value_formats_take_the_model_shapes_on_the_portable_kernel() {
 #[cfg_attr(not(cpu_avx512_vnni), ignore = "this CPU has no AVX-512 VNNI (the kernel does not run here)")]
 fn thirty_two_value_formats_take_the_model_shapes_on_the_vnni_kernel() {
     model_shapes(Kernel::Vnni);
+}
+
+#[test]
+#[cfg_attr(not(cpu_avx2), ignore = "this CPU has no AVX2, FMA and F16C (the kernel does not run here)")]
+fn thirty_two_value_formats_take_the_model_shapes_on_the_avx2_kernel() {
+    model_shapes(Kernel::Avx2);
 }
 
 /// Stacked parts in different formats: each part's outputs land in its own columns.

@@ -1,0 +1,358 @@
+//! x·Wᵀ over the packed layout with AVX2, for CPUs without AVX-512 VNNI (Zen 2 and 3, Intel
+//! client cores, older Xeons). The layout's 64-byte vector holds 4 values of each of 16 rows;
+//! its two 32-byte halves (rows 0-7 and 8-15) are one AVX2 vector each. With no `vpdpbusd`,
+//! `vpmaddubsw` multiplies the weight bytes (unsigned) by 4 activation bytes broadcast to every
+//! lane (signed) and adds each pair of products into a 16-bit lane. Those sums stay in 16 bits
+//! over as many vectors as cannot overflow (activations lie in ±127: 8 vectors of 4-bit values,
+//! 8 · 2 · 15 · 127 < 2¹⁵; 4 of 5-bit; 2 of 6-bit), then `vpmaddwd` by ones adds the pairs into
+//! each row's 32-bit lane. 8-bit values (Q8_0) would overflow a single pair as unsigned bytes,
+//! so they are multiplied as signed values: |q| times x with q's sign, 2 · 128 · 127 < 2¹⁵.
+//! Per block the integer sums become f32 with the weights' scale and the activation's, as in
+//! `vnni.rs`. A tile is up to `ROWS` activation rows by one panel, both halves: a weight vector
+//! is unpacked once and used by every row of the tile.
+//!
+//! `unsafe` (C8: the reason). The loads and stores of vectors take raw pointers, and the AVX2
+//! functions may only run on a CPU that has those instructions. So `run` checks the features at
+//! run time before calling the `#[target_feature]` code, and every load reads from a slice whose
+//! length was checked (`load256`, `load128`, `load64`). Nothing else here is unsafe.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::QuantType;
+use super::activation::Activations;
+use super::packed::{GROUP, Layout, PANEL, Part};
+use crate::kernels::prefetch::{AHEAD, prefetch};
+
+/// Whether this CPU runs the kernel.
+pub fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+/// Most activation rows per tile: with both halves of a panel, 4 accumulators and 4 partial
+/// sums per 2 rows, next to the weight vectors, fill the 16 registers.
+const ROWS: usize = 2;
+/// Rows of a panel in one AVX2 vector.
+const HALF: usize = PANEL / 2;
+
+/// `$body` once for each listed value of `$u`, each a constant there: the value vectors' unpacking
+/// and the points where 16-bit sums widen depend on u, and a loop kept them as jumps.
+macro_rules! unroll {
+    ($u:ident in [$($n:literal),*] $body:block) => {
+        $({
+            let $u: usize = $n;
+            $body
+        })*
+    };
+}
+
+/// Same contract as `vnni::run`.
+pub(crate) fn run(
+    part: &Part,
+    panels: Range<usize>,
+    acts: &Activations,
+    x_rows: Range<usize>,
+    out: &mut [&mut [f32]],
+    bias: Option<&[f32]>,
+) {
+    assert!(available(), "the AVX2 kernel needs AVX2, FMA and F16C");
+    assert!(out.len() == x_rows.len() && x_rows.end * acts.groups <= acts.q.len(), "avx2: rows out of range");
+    assert!(part.chunks * part.layout.groups <= acts.groups, "avx2: activations shorter than the weights");
+    // SAFETY: `available()` found avx2, fma and f16c on this CPU.
+    unsafe { run_block(part, panels, acts, x_rows.start, out, bias) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn run_block(
+    part: &Part,
+    panels: Range<usize>,
+    acts: &Activations,
+    x0: usize,
+    out: &mut [&mut [f32]],
+    bias: Option<&[f32]>,
+) {
+    let l = &part.layout;
+    let first = panels.start;
+    for p in panels {
+        let col = (p - first) * PANEL;
+        let width = PANEL.min(part.rows - p * PANEL);
+        let recs = &part.data.bytes()[p * part.chunks * l.bytes..][..part.chunks * l.bytes];
+        let bias = bias.map(|b| &b[col..col + width]);
+        let mut i = 0;
+        while i < out.len() {
+            let rows = (out.len() - i).min(ROWS);
+            macro_rules! tile {
+                ($r:literal, $bits:literal) => {{
+                    let acc = panel::<$r, $bits>(l, recs, acts, x0 + i);
+                    store::<$r>(acc, &mut out[i..i + $r], col, width, bias);
+                }};
+            }
+            match (rows, l.ty.bits()) {
+                (2, 4) => tile!(2, 4),
+                (2, 5) => tile!(2, 5),
+                (2, 6) => tile!(2, 6),
+                (2, _) => tile!(2, 8),
+                (_, 4) => tile!(1, 4),
+                (_, 5) => tile!(1, 5),
+                (_, 6) => tile!(1, 6),
+                _ => tile!(1, 8),
+            }
+            i += rows;
+        }
+    }
+}
+
+/// The 16 outputs (two halves of 8) of one panel for activation rows `x0..x0 + R`, for a format
+/// of `BITS`-bit values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn panel<const R: usize, const BITS: usize>(
+    l: &Layout,
+    recs: &[u8],
+    acts: &Activations,
+    x0: usize,
+) -> [[__m256; 2]; R] {
+    // `vpmaddubsw` results added in 16 bits before they are widened (see the module's note).
+    let per_sum: usize = match BITS {
+        4 => 8,
+        5 => 4,
+        6 => 2,
+        _ => 1,
+    };
+    let ones = _mm256_set1_epi16(1);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for (c, rec) in recs.chunks_exact(l.bytes).enumerate() {
+        // The records `AHEAD` bytes on: a thread's panels lie one after another, so this runs
+        // into the next panel too.
+        prefetch(rec.as_ptr().wrapping_add(AHEAD), l.bytes);
+        for g in 0..l.groups {
+            let mut at = [0; R];
+            for (i, at) in at.iter_mut().enumerate() {
+                *at = (x0 + i) * acts.groups + c * l.groups + g;
+            }
+            // Per row and half: the 32-bit sums of the current (sub-)block, and 16-bit partials.
+            let mut sums = [[zero; 2]; R];
+            let mut partial = [[zero; 2]; R];
+            unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
+                let w = values::<BITS>(l, rec, g, u);
+                // Q8_0: |q| and q's sign, with q = stored − 128.
+                let bias = _mm256_set1_epi8(-128);
+                let signed = [_mm256_xor_si256(w[0], bias), _mm256_xor_si256(w[1], bias)];
+                let magnitude = [_mm256_abs_epi8(signed[0]), _mm256_abs_epi8(signed[1])];
+                for i in 0..R {
+                    let x = x4(&acts.q[at[i]], u);
+                    for h in 0..2 {
+                        let p = if BITS == 8 {
+                            _mm256_maddubs_epi16(magnitude[h], _mm256_sign_epi8(x, signed[h]))
+                        } else {
+                            _mm256_maddubs_epi16(w[h], x)
+                        };
+                        partial[i][h] = if u.is_multiple_of(per_sum) { p } else { _mm256_add_epi16(partial[i][h], p) };
+                        if u % per_sum == per_sum - 1 {
+                            sums[i][h] = _mm256_add_epi32(sums[i][h], _mm256_madd_epi16(partial[i][h], ones));
+                        }
+                    }
+                }
+                if BITS == 6 && u == 3 {
+                    // Q6_K: the group's first 16-value sub-block has its own scale.
+                    q6k_fold(l, rec, g, 0, &sums, acts, &at, &mut acc);
+                    sums = [[zero; 2]; R];
+                }
+            });
+            if BITS == 6 {
+                q6k_fold(l, rec, g, 1, &sums, acts, &at, &mut acc);
+            } else {
+                for h in 0..2 {
+                    // Group g's weight scale S and offset B for half h of the rows: w = S · q + B
+                    // (no B for Q8_0, whose values are multiplied as signed).
+                    let at_s = l.scales_at(g);
+                    let (s, b) = match l.ty {
+                        QuantType::Q4_1 | QuantType::Q5_1 => {
+                            (f16_to_f32(&rec[at_s + 16 * h..]), f16_to_f32(&rec[at_s + 32 + 16 * h..]))
+                        }
+                        QuantType::Q4K | QuantType::Q5K => {
+                            let sup = l.sup_at() + 16 * h;
+                            let (d, dmin) = (f16_to_f32(&rec[sup..]), f16_to_f32(&rec[sup + 32..]));
+                            let s = _mm256_mul_ps(d, u8_to_f32(&rec[at_s + HALF * h..]));
+                            let m = _mm256_mul_ps(dmin, u8_to_f32(&rec[at_s + 16 + HALF * h..]));
+                            (s, _mm256_sub_ps(_mm256_setzero_ps(), m))
+                        }
+                        ty => {
+                            let d = f16_to_f32(&rec[at_s + 16 * h..]);
+                            let offset = match ty {
+                                QuantType::Q4_0 => -8.0,
+                                QuantType::Q5_0 => -16.0,
+                                _ => 0.0, // Q8_0
+                            };
+                            (d, _mm256_mul_ps(d, _mm256_set1_ps(offset)))
+                        }
+                    };
+                    for i in 0..R {
+                        let dx = _mm256_set1_ps(acts.d[at[i]]);
+                        acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i][h]), _mm256_mul_ps(s, dx), acc[i][h]);
+                        if BITS != 8 {
+                            acc[i][h] = _mm256_fmadd_ps(b, _mm256_set1_ps(acts.ds[at[i]]), acc[i][h]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Q6_K sub-block `sb` (values 16·sb.. of group g): `w = S · (q − 32)`, so
+/// `acc += dot · S · d_x − 32 · S · (d_x · Σq_x)` over the sub-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn q6k_fold<const R: usize>(
+    l: &Layout,
+    rec: &[u8],
+    g: usize,
+    sb: usize,
+    sums: &[[__m256i; 2]; R],
+    acts: &Activations,
+    at: &[usize; R],
+    acc: &mut [[__m256; 2]; R],
+) {
+    for h in 0..2 {
+        let d = f16_to_f32(&rec[l.sup_at() + 16 * h..]);
+        let s = _mm256_mul_ps(d, i8_to_f32(&rec[l.scales_at(g) + 16 * sb + HALF * h..]));
+        let b = _mm256_mul_ps(s, _mm256_set1_ps(-32.0));
+        for i in 0..R {
+            let dx = _mm256_set1_ps(acts.d[at[i]]);
+            acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i][h]), _mm256_mul_ps(s, dx), acc[i][h]);
+            acc[i][h] = _mm256_fmadd_ps(b, _mm256_set1_ps(acts.dsh[at[i]][sb]), acc[i][h]);
+        }
+    }
+}
+
+/// Value vector u of group g (values 4u..4u + 4 of each row), both halves, as unsigned bytes.
+/// No closures here or in the callers: a closure is not compiled with the enclosing function's
+/// target features, and its intrinsics become calls.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn values<const BITS: usize>(l: &Layout, rec: &[u8], g: usize, u: usize) -> [__m256i; 2] {
+    let at = l.values_at(g);
+    if BITS == 8 {
+        return [load256(&rec[at + 64 * u..]), load256(&rec[at + 64 * u + 32..])];
+    }
+    // Nibbles: vector v holds value vector 2v in its low nibbles and 2v + 1 in its high ones.
+    let low = _mm256_set1_epi8(0x0f);
+    let mut w = [_mm256_setzero_si256(); 2];
+    for (h, w) in w.iter_mut().enumerate() {
+        let bytes = load256(&rec[at + 64 * (u / 2) + 32 * h..]);
+        let bytes = if u.is_multiple_of(2) { bytes } else { _mm256_srli_epi16(bytes, 4) };
+        *w = _mm256_and_si256(bytes, low);
+    }
+    if BITS == 6 {
+        // Field vector u / 4 holds bits 4-5 of value vector u at bits 2·(u % 4) of each byte.
+        let field = _mm256_set1_epi8(0x30);
+        for (h, w) in w.iter_mut().enumerate() {
+            let high = load256(&rec[l.plane_at(g, u / 4) + 32 * h..]);
+            let high = match u % 4 {
+                0 => _mm256_slli_epi16(high, 4),
+                1 => _mm256_slli_epi16(high, 2),
+                2 => high,
+                _ => _mm256_srli_epi16(high, 2),
+            };
+            *w = _mm256_or_si256(*w, _mm256_and_si256(high, field));
+        }
+    } else if BITS == 5 {
+        // Bit u of each byte of the field vector is the fifth bit of value vector u.
+        let bit = _mm256_set1_epi8(0x10);
+        for (h, w) in w.iter_mut().enumerate() {
+            let high = load256(&rec[l.plane_at(g, 0) + 32 * h..]);
+            let high = match u {
+                0 => _mm256_slli_epi16(high, 4),
+                1 => _mm256_slli_epi16(high, 3),
+                2 => _mm256_slli_epi16(high, 2),
+                3 => _mm256_slli_epi16(high, 1),
+                4 => high,
+                5 => _mm256_srli_epi16(high, 1),
+                6 => _mm256_srli_epi16(high, 2),
+                _ => _mm256_srli_epi16(high, 3),
+            };
+            *w = _mm256_or_si256(*w, _mm256_and_si256(high, bit));
+        }
+    }
+    w
+}
+
+/// Four activation bytes `x[4u..4u + 4]` in every 32-bit lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn x4(x: &[i8; GROUP], u: usize) -> __m256i {
+    _mm256_set1_epi32(i32::from_le_bytes([x[4 * u] as u8, x[4 * u + 1] as u8, x[4 * u + 2] as u8, x[4 * u + 3] as u8]))
+}
+
+/// Adds the bias and writes the first `width` outputs of each row at column `col`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store<const R: usize>(
+    acc: [[__m256; 2]; R],
+    out: &mut [&mut [f32]],
+    col: usize,
+    width: usize,
+    bias: Option<&[f32]>,
+) {
+    for (row, acc) in out.iter_mut().zip(acc) {
+        let mut values = [0.0f32; PANEL];
+        // SAFETY: `values` holds 16 f32: two stores of 8 (32 bytes each) at 0 and 8.
+        unsafe {
+            _mm256_storeu_ps(values.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(values.as_mut_ptr().add(HALF), acc[1]);
+        }
+        for (j, v) in values[..width].iter().enumerate() {
+            row[col + j] = v + bias.map_or(0.0, |b| b[j]);
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load256(b: &[u8]) -> __m256i {
+    let b = &b[..32];
+    // SAFETY: `b` holds 32 bytes, read unaligned.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load128(b: &[u8]) -> __m128i {
+    let b = &b[..16];
+    // SAFETY: `b` holds 16 bytes, read unaligned.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load64(b: &[u8]) -> __m128i {
+    let b = &b[..8];
+    // SAFETY: `b` holds 8 bytes, read unaligned into the low half of the vector.
+    unsafe { _mm_loadl_epi64(b.as_ptr().cast()) }
+}
+
+/// 8 f16 values (16 bytes) as f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16_to_f32(b: &[u8]) -> __m256 {
+    _mm256_cvtph_ps(load128(b))
+}
+
+/// 8 unsigned bytes as f32.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn u8_to_f32(b: &[u8]) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load64(b)))
+}
+
+/// 8 signed bytes as f32.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn i8_to_f32(b: &[u8]) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load64(b)))
+}
