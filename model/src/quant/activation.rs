@@ -4,7 +4,7 @@
 //! block instead of once per value.
 
 use pulp::Simd;
-use pulp::x86::V4;
+use pulp::x86::{V3, V4};
 use rayon::prelude::*;
 
 use super::packed::GROUP;
@@ -53,19 +53,28 @@ impl Activations {
 const ROUND: f32 = 12_582_912.0;
 
 fn quantize_row(row: &[f32], q: &mut [[i8; GROUP]], d: &mut [f32], ds: &mut [f32], dsh: &mut [[f32; 2]]) {
-    match V4::try_new() {
-        Some(simd) => simd.vectorize(QuantizeRow { simd, row, q, d, ds, dsh }),
-        None => {
-            for (g, block) in row.chunks(GROUP).enumerate() {
-                let mut x = [0.0f32; GROUP];
-                x[..block.len()].copy_from_slice(block);
-                quantize_block(&x, &mut q[g], &mut d[g], &mut ds[g], &mut dsh[g]);
-            }
-        }
+    match (V4::try_new(), V3::try_new()) {
+        (Some(simd), _) => simd.vectorize(QuantizeRow { simd, row, q, d, ds, dsh }),
+        // The plain blocks, compiled for AVX2 (LLVM vectorizes them).
+        (None, Some(simd)) => simd.vectorize(
+            #[inline(always)]
+            || quantize_row_plain(row, q, d, ds, dsh),
+        ),
+        (None, None) => quantize_row_plain(row, q, d, ds, dsh),
+    }
+}
+
+#[inline(always)]
+fn quantize_row_plain(row: &[f32], q: &mut [[i8; GROUP]], d: &mut [f32], ds: &mut [f32], dsh: &mut [[f32; 2]]) {
+    for (g, block) in row.chunks(GROUP).enumerate() {
+        let mut x = [0.0f32; GROUP];
+        x[..block.len()].copy_from_slice(block);
+        quantize_block(&x, &mut q[g], &mut d[g], &mut ds[g], &mut dsh[g]);
     }
 }
 
 /// One block in plain Rust (any CPU).
+#[inline(always)]
 fn quantize_block(x: &[f32; GROUP], q: &mut [i8; GROUP], d: &mut f32, ds: &mut f32, dsh: &mut [f32; 2]) {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let scale = amax / 127.0;
@@ -129,11 +138,18 @@ impl pulp::NullaryFnOnce for QuantizeRow<'_> {
 mod tests {
     use super::*;
 
-    /// The AVX-512 path gives exactly the plain path's values, ties included.
+    /// The vector path (AVX-512, or the plain blocks compiled for AVX2) gives exactly the plain
+    /// path's values, ties included.
     #[test]
-    #[cfg_attr(not(cpu_avx512), ignore = "this CPU has no AVX-512 (only the plain path runs here)")]
+    #[cfg_attr(
+        not(any(cpu_avx512, cpu_avx2)),
+        ignore = "this CPU has neither AVX-512 nor AVX2 (only the plain path runs here)"
+    )]
     fn the_vector_path_equals_the_plain_one() {
-        assert!(V4::try_new().is_some(), "the build saw the instructions this path needs; the run does not");
+        assert!(
+            V4::try_new().is_some() || V3::try_new().is_some(),
+            "the build saw the instructions this path needs; the run does not"
+        );
         let mut x: Vec<f32> = crate::quant::test_values(5 * 70, 9).iter().map(|v| v * 3.0).collect();
         // Exact halves after scaling: amax 127 makes inv 1, so 2.5 and −0.5 are ties.
         x[..4].copy_from_slice(&[127.0, 2.5, -0.5, 1.5]);
