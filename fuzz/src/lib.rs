@@ -68,6 +68,15 @@ pub fn gguf(data: &[u8]) {
     let path = PATH.with(Clone::clone);
     let written = std::fs::File::create(&path).and_then(|mut f| f.write_all(data));
     written.expect("writing the input to a temporary file");
+    // Removed however this input ends (a return, or a panic the driver catches): the files of
+    // earlier runs were left in the temporary folder, one per thread and process.
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = Remove(path.clone());
     let Ok(file) = llaisys_model::gguf::GgufFile::open(&path) else { return };
     for t in file.tensors() {
         let _ = file.bytes(t);
