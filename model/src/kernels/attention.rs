@@ -22,11 +22,12 @@
 
 use std::ops::Range;
 
-use pulp::x86::{V3, V4};
+use pulp::x86::V4;
 use pulp::{NullaryFnOnce, Simd, f32x16};
 use rayon::prelude::*;
 
 use super::exp::{exp_sub_sum, exp_sub_sum_plain};
+use super::plain::{self, Plain};
 use super::xwt::Weight;
 
 const LANES: usize = 16;
@@ -57,7 +58,7 @@ pub struct Attention<'a, T> {
 pub fn run<T: Weight>(a: &Attention<'_, T>) -> Vec<f32> {
     match V4::try_new() {
         Some(simd) => run_on(a, simd),
-        None => run_on(a, Plain(V3::try_new())),
+        None => run_on(a, Plain::new()),
     }
 }
 
@@ -122,21 +123,11 @@ impl Arith for V4 {
     }
 }
 
-/// Plain Rust over arrays of 8 lanes, compiled inside `V3::vectorize` (AVX2 and FMA) where the
-/// CPU has them and for the baseline x86-64 elsewhere.
-#[derive(Clone, Copy)]
-struct Plain(Option<V3>);
-
-/// Lanes of the plain arithmetic's partial sums (one AVX2 vector).
-const PLAIN_LANES: usize = 8;
-
+/// Plain Rust (see `plain.rs`): the general path for every block.
 impl Arith for Plain {
     #[inline(always)]
     fn vectorize<F: NullaryFnOnce>(self, f: F) -> F::Output {
-        match self.0 {
-            Some(simd) => simd.vectorize(f),
-            None => f.call(),
-        }
+        Plain::vectorize(self, f)
     }
     #[inline(always)]
     fn widen<T: Weight>(self, src: &[T], dst: &mut [f32]) {
@@ -144,15 +135,7 @@ impl Arith for Plain {
     }
     #[inline(always)]
     fn dot(self, a: &[f32], b: &[f32]) -> f32 {
-        let (ac, at) = a.as_chunks::<PLAIN_LANES>();
-        let (bc, bt) = b.as_chunks::<PLAIN_LANES>();
-        let mut acc = [0.0f32; PLAIN_LANES];
-        for (x, y) in ac.iter().zip(bc) {
-            for l in 0..PLAIN_LANES {
-                acc[l] += x[l] * y[l];
-            }
-        }
-        acc.iter().sum::<f32>() + at.iter().zip(bt).map(|(x, y)| x * y).sum::<f32>()
+        plain::dot(a, b)
     }
     #[inline(always)]
     fn exp_sub_sum(self, xs: &mut [f32], max: f32) -> f32 {
@@ -488,14 +471,11 @@ mod tests {
         out
     }
 
-    /// Every arithmetic this CPU runs (AVX-512, plain Rust on AVX2, plain Rust on the baseline)
-    /// against the reference.
+    /// Every arithmetic this CPU runs (AVX-512, plain Rust compiled for it, plain Rust on the
+    /// baseline) against the reference.
     fn check<T: Weight>(a: &Attention<'_, T>, what: &str) {
         let want = reference(a);
-        let mut runs = vec![("plain", run_on(a, Plain(None)))];
-        if let Some(v3) = V3::try_new() {
-            runs.push(("plain on AVX2", run_on(a, Plain(Some(v3)))));
-        }
+        let mut runs = vec![("plain", run_on(a, Plain::baseline())), ("plain for this CPU", run_on(a, Plain::new()))];
         if let Some(v4) = V4::try_new() {
             runs.push(("AVX-512", run_on(a, v4)));
         }

@@ -70,7 +70,7 @@ pub(super) fn exp_plain(x: f32) -> f32 {
 /// [`exp_sub_sum`] in plain Rust (see [`exp_plain`]).
 #[inline(always)]
 pub(super) fn exp_sub_sum_plain(xs: &mut [f32], max: f32) -> f32 {
-    const LANES: usize = 8;
+    use super::plain::LANES;
     let (head, tail) = xs.as_chunks_mut::<LANES>();
     let mut sum = [0.0f32; LANES];
     for x in head {

@@ -34,6 +34,7 @@ mod bf16dot;
 mod calls;
 mod exp;
 mod norm_rope;
+pub(crate) mod plain;
 pub(crate) mod prefetch;
 mod swiglu;
 mod xwt;

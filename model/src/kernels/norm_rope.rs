@@ -4,9 +4,11 @@
 //! the products. The norm's sum of squares runs on AVX-512, or in plain Rust compiled for AVX2
 //! where the CPU has it.
 
-use pulp::x86::{V3, V4};
+use pulp::x86::V4;
 use pulp::{Simd, f32x16};
 use rayon::prelude::*;
+
+use super::plain::{self, Plain};
 
 const LANES: usize = 16;
 /// Rows per parallel task (a few hundred thousand values).
@@ -17,19 +19,18 @@ const ROWS_PER_TASK: usize = 64;
 /// # Shapes
 /// x: [n, h], w: [h] → [n, h]
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let (v4, v3) = (V4::try_new(), V3::try_new());
+    let (v4, plain) = (V4::try_new(), Plain::new());
     let h = w.len();
     assert!(h > 0 && x.len().is_multiple_of(h), "rms_norm: x is not [n, {h}]");
     let mut out = vec![0.0f32; x.len()];
     out.par_chunks_mut(h * ROWS_PER_TASK).zip(x.par_chunks(h * ROWS_PER_TASK)).for_each(|(out, x)| {
         for (out, x) in out.chunks_mut(h).zip(x.chunks(h)) {
-            let sum = match (v4, v3) {
-                (Some(simd), _) => simd.vectorize(SumSquares { simd, x }),
-                (None, Some(simd)) => simd.vectorize(
+            let sum = match v4 {
+                Some(simd) => simd.vectorize(SumSquares { simd, x }),
+                None => plain.vectorize(
                     #[inline(always)]
-                    || sum_squares_plain(x),
+                    || plain::dot(x, x),
                 ),
-                (None, None) => sum_squares_plain(x),
             };
             let scale = 1.0 / (sum / h as f32 + eps).sqrt();
             for ((o, x), w) in out.iter_mut().zip(x).zip(w) {
@@ -38,19 +39,6 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
         }
     });
     out
-}
-
-/// `Σ x²` in plain Rust over 8 partial sums, which LLVM vectorizes.
-#[inline(always)]
-fn sum_squares_plain(x: &[f32]) -> f32 {
-    let (head, tail) = x.as_chunks::<8>();
-    let mut acc = [0.0f32; 8];
-    for v in head {
-        for l in 0..8 {
-            acc[l] += v[l] * v[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail.iter().map(|v| v * v).sum::<f32>()
 }
 
 /// `Σ x²`, as a callable that `V4::vectorize` inlines into its AVX-512 function.
@@ -135,14 +123,14 @@ mod tests {
     use crate::kernels::test_values;
 
     /// On the widest vectors this CPU has (AVX-512 on a machine that built with it), and the
-    /// plain sum of squares on its own.
+    /// plain sum of squares (`plain::dot(x, x)`) on its own.
     #[test]
     fn rms_norm_matches_an_f64_reference() {
         #[cfg(cpu_avx512)]
         assert!(V4::try_new().is_some(), "the build saw the instructions this kernel needs; the run does not");
         let row = test_values(37, 3);
         let want: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum();
-        assert!((sum_squares_plain(&row) as f64 - want).abs() < 1e-5);
+        assert!((plain::dot(&row, &row) as f64 - want).abs() < 1e-5);
         for (n, h) in [(1, 16), (3, 37), (130, 896)] {
             let x = test_values(n * h, 1);
             let w = test_values(h, 2);

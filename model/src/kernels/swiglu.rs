@@ -4,11 +4,12 @@
 //! exponential from the scalar libm; here one pass computes it with the vector exponential of
 //! `exp.rs`: on AVX-512, or in plain Rust compiled for AVX2 where the CPU has it.
 
-use pulp::x86::{V3, V4};
+use pulp::x86::V4;
 use pulp::{Simd, f32x16};
 use rayon::prelude::*;
 
 use super::exp::{exp, exp_plain};
+use super::plain::Plain;
 
 const LANES: usize = 16;
 /// Rows per parallel task: about 80 K outputs at the demo model's width, below which the
@@ -20,7 +21,7 @@ const MIN_ELEMENTS_PER_TASK: usize = 1 << 16;
 /// # Shapes
 /// gate_up: [n, 2 · width] → [n, width] row-major
 pub fn run(gate_up: &[f32], width: usize) -> Vec<f32> {
-    let (v4, v3) = (V4::try_new(), V3::try_new());
+    let (v4, plain) = (V4::try_new(), Plain::new());
     assert!(width > 0 && gate_up.len().is_multiple_of(2 * width), "swiglu: input is not [n, 2 · width]");
     let n = gate_up.len() / (2 * width);
     let mut out = vec![0.0f32; n * width];
@@ -29,13 +30,12 @@ pub fn run(gate_up: &[f32], width: usize) -> Vec<f32> {
         |(out, input)| {
             for (out, row) in out.chunks_mut(width).zip(input.chunks(2 * width)) {
                 let (gate, up) = row.split_at(width);
-                match (v4, v3) {
-                    (Some(simd), _) => simd.vectorize(Row { simd, gate, up, out }),
-                    (None, Some(simd)) => simd.vectorize(
+                match v4 {
+                    Some(simd) => simd.vectorize(Row { simd, gate, up, out }),
+                    None => plain.vectorize(
                         #[inline(always)]
                         || row_plain(gate, up, out),
                     ),
-                    (None, None) => row_plain(gate, up, out),
                 }
             }
         },

@@ -4,10 +4,11 @@
 //! block instead of once per value.
 
 use pulp::Simd;
-use pulp::x86::{V3, V4};
+use pulp::x86::V4;
 use rayon::prelude::*;
 
 use super::packed::GROUP;
+use crate::kernels::plain::Plain;
 
 /// Rows of activations, each padded with zero blocks to `groups` blocks.
 pub(crate) struct Activations {
@@ -53,14 +54,13 @@ impl Activations {
 const ROUND: f32 = 12_582_912.0;
 
 fn quantize_row(row: &[f32], q: &mut [[i8; GROUP]], d: &mut [f32], ds: &mut [f32], dsh: &mut [[f32; 2]]) {
-    match (V4::try_new(), V3::try_new()) {
-        (Some(simd), _) => simd.vectorize(QuantizeRow { simd, row, q, d, ds, dsh }),
-        // The plain blocks, compiled for AVX2 (LLVM vectorizes them).
-        (None, Some(simd)) => simd.vectorize(
+    match V4::try_new() {
+        Some(simd) => simd.vectorize(QuantizeRow { simd, row, q, d, ds, dsh }),
+        // The plain blocks, compiled for AVX2 where the CPU has it.
+        None => Plain::new().vectorize(
             #[inline(always)]
             || quantize_row_plain(row, q, d, ds, dsh),
         ),
-        (None, None) => quantize_row_plain(row, q, d, ds, dsh),
     }
 }
 
@@ -147,7 +147,7 @@ mod tests {
     )]
     fn the_vector_path_equals_the_plain_one() {
         assert!(
-            V4::try_new().is_some() || V3::try_new().is_some(),
+            V4::try_new().is_some() || pulp::x86::V3::try_new().is_some(),
             "the build saw the instructions this path needs; the run does not"
         );
         let mut x: Vec<f32> = crate::quant::test_values(5 * 70, 9).iter().map(|v| v * 3.0).collect();

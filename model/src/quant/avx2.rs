@@ -85,36 +85,23 @@ fn run_block(
         while i < out.len() {
             let rows = (out.len() - i).min(ROWS);
             macro_rules! tile {
-                ($r:literal, $bits:literal) => {{
-                    let acc = panel::<$r, $bits>(l, recs, acts, x0 + i);
+                ($r:literal) => {{
+                    let acc = match l.ty.bits() {
+                        4 => panel::<$r, 4>(l, recs, acts, x0 + i),
+                        5 => panel::<$r, 5>(l, recs, acts, x0 + i),
+                        6 => panel::<$r, 6>(l, recs, acts, x0 + i),
+                        _ => panel::<$r, 8>(l, recs, acts, x0 + i),
+                    };
                     store::<$r>(acc, &mut out[i..i + $r], col, width, bias);
                 }};
             }
-            match (rows, l.ty.bits()) {
-                (6, 4) => tile!(6, 4),
-                (6, 5) => tile!(6, 5),
-                (6, 6) => tile!(6, 6),
-                (6, _) => tile!(6, 8),
-                (5, 4) => tile!(5, 4),
-                (5, 5) => tile!(5, 5),
-                (5, 6) => tile!(5, 6),
-                (5, _) => tile!(5, 8),
-                (4, 4) => tile!(4, 4),
-                (4, 5) => tile!(4, 5),
-                (4, 6) => tile!(4, 6),
-                (4, _) => tile!(4, 8),
-                (3, 4) => tile!(3, 4),
-                (3, 5) => tile!(3, 5),
-                (3, 6) => tile!(3, 6),
-                (3, _) => tile!(3, 8),
-                (2, 4) => tile!(2, 4),
-                (2, 5) => tile!(2, 5),
-                (2, 6) => tile!(2, 6),
-                (2, _) => tile!(2, 8),
-                (_, 4) => tile!(1, 4),
-                (_, 5) => tile!(1, 5),
-                (_, 6) => tile!(1, 6),
-                _ => tile!(1, 8),
+            match rows {
+                6 => tile!(6),
+                5 => tile!(5),
+                4 => tile!(4),
+                3 => tile!(3),
+                2 => tile!(2),
+                _ => tile!(1),
             }
             i += rows;
         }
