@@ -32,7 +32,9 @@ pub use config::ModelConfig;
 pub use context::Context;
 pub use device::{DeviceError, DeviceSpec};
 pub use error::{DecodeError, KvError, LoadError};
-pub use grammar::{Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd, ThinkBudget};
+pub use grammar::{
+    Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd, ThinkStart, Thinking,
+};
 pub use kv::{KvCache, KvDtype, Pos, PosRange, SeqId};
 pub use lm::{LanguageModel, ModelInfo, Pooling};
 pub use output::{Outputs, argmax};

@@ -54,9 +54,11 @@ impl FixtureCopy {
 
     /// A copy of fixture `name` (told apart by `tag`) with the Qwen3 chat template's generation
     /// prompt opening the think block, as DeepSeek-R1's and Qwen3-Thinking's templates do: the
-    /// model's whole output is then reasoning until it writes `</think>`.
+    /// model's whole output is then reasoning until it writes `</think>`. Its context is 1024
+    /// tokens, room for a tool's description.
     pub fn thinking(name: &str) -> Self {
         Self::edited(name, "thinking", |dir| {
+            edit_json(&dir.join("config.json"), |config| config["max_position_embeddings"] = 1024.into());
             edit_json(&dir.join("tokenizer_config.json"), |config| {
                 let template = config["chat_template"].as_str().expect("a chat template");
                 let opened = template

@@ -3,6 +3,7 @@
 //! whole answer, tools and reasoning come in each dialect's shape, stored responses continue
 //! on their cached prefix, and errors come in each dialect's shape without changing anything.
 
+use llaisys_model::Tokenizer;
 use llaisys_server::Server;
 use llaisys_tests::{FixtureCopy, fixture_dir};
 use serde_json::{Value, json};
@@ -374,6 +375,40 @@ async fn reasoning_comes_as_each_dialects_thinking() {
     )
     .await;
     assert_eq!(m["content"][0]["thinking"], chat_short, "{m}");
+    // Structured outputs and required tool calls constrain the answer only: the same thinking
+    // as without them (as with `tool_choice: auto`, whose call tag starts a grammar only in the
+    // answer), then the JSON or the call.
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                        "additionalProperties": false});
+    let weather = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+                         "properties": {"city": {"type": "string", "maxLength": 4}}, "required": ["city"],
+                         "additionalProperties": false}}}]);
+    let json_schema = json!({"name": "ok", "schema": schema, "strict": true});
+    let pairs = [
+        (json!({}), json!({"response_format": {"type": "json_schema", "json_schema": json_schema}})),
+        (json!({"tools": weather, "tool_choice": "auto"}), json!({"tools": weather, "tool_choice": "required"})),
+    ];
+    for (free, constrained) in pairs {
+        let chat = |extra: Value| {
+            let mut body = json!({"model": name, "max_tokens": 100, "temperature": 0, "thinking_token_budget": 3,
+                                  "messages": [{"role": "user", "content": "Hi"}]});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            post(&s, "/v1/chat/completions", body)
+        };
+        let (_, free) = chat(free).await;
+        let (status, r) = chat(constrained).await;
+        assert_eq!(status, 200, "{r}");
+        let (choice, message) = (&r["choices"][0], &r["choices"][0]["message"]);
+        let thought = &free["choices"][0]["message"]["reasoning_content"];
+        assert!(thought.as_str().is_some_and(|t| !t.is_empty()) && message["reasoning_content"] == *thought, "{r}");
+        if let Some(content) = message["content"].as_str() {
+            let answer: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {r}"));
+            assert!(answer["ok"].is_boolean() && choice["finish_reason"] == "stop", "{r}");
+        } else {
+            assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather", "{r}");
+            assert_eq!(choice["finish_reason"], "tool_calls", "{r}");
+        }
+    }
     let (status, err) = post(
         &s,
         "/v1/chat/completions",
@@ -407,6 +442,21 @@ async fn reasoning_comes_as_each_dialects_thinking() {
     assert_eq!(o["prompt_eval_count"].as_u64(), Some(on + 4), "{o}");
     let (_, show) = post(&s, "/api/show", json!({"model": "tiny-qwen3-f32"})).await;
     assert!(show["capabilities"].as_array().unwrap().contains(&json!("thinking")), "{show}");
+    // A constraint with thinking off applies from the first token: not even a favoured
+    // `<think>` gets in. With thinking on, the first token may open the block.
+    let think = Tokenizer::from_dir(&fixture_dir("tiny-qwen3-f32")).unwrap().token_to_id("<think>").unwrap();
+    for on in [false, true] {
+        let body = json!({"model": "tiny-qwen3-f32", "max_tokens": 40, "temperature": 0, "messages": user,
+                          "logit_bias": {think.to_string(): 100}, "chat_template_kwargs": {"enable_thinking": on},
+                          "thinking_token_budget": 1, "logprobs": true,
+                          "response_format": {"type": "json_schema", "json_schema": json_schema.clone()}});
+        let (status, r) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{r}");
+        let content = r["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{r}"));
+        let answer: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {r}"));
+        assert!(answer["ok"].is_boolean(), "{r}");
+        assert_eq!(r["choices"][0]["logprobs"]["content"][0]["token"] == "<think>", on, "{r}");
+    }
     s.shutdown().await;
 }
 

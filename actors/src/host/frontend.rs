@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use llaisys_model::tokenizer::ChatMessage;
-use llaisys_model::{Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, ThinkBudget, Tokenizer};
+use llaisys_model::{
+    Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, ThinkStart, Thinking, Tokenizer,
+};
 
 use super::embed::{self, EmbedRequest, ValidEmbed};
 use super::params::GenerateParams;
@@ -150,11 +152,31 @@ impl Frontend {
         if !options.tools.is_empty() {
             constrain_calls(&mut unchecked.params, options, &*self.grammar_compiler()?)?;
         }
-        if let (Some(tokens), Some(r)) = (options.thinking_budget, reasoning) {
-            let budget = ThinkBudget { open: r.tags.open, close: r.tags.close, starts_open: r.starts_open, tokens };
-            unchecked.params.guidance = std::mem::take(&mut unchecked.params.guidance).with_think_budget(budget);
+        // A reasoning model's constraint applies to its answer, after the thinking.
+        let guidance = &mut unchecked.params.guidance;
+        if let Some(r) = reasoning
+            && (options.thinking_budget.is_some() || !guidance.is_free())
+        {
+            let start = self.think_start(r, &unchecked.prompts[0])?;
+            let thinking = Thinking { open: r.tags.open, close: r.tags.close, start, budget: options.thinking_budget };
+            *guidance = std::mem::take(guidance).after_thinking(thinking);
         }
         self.check(unchecked, "messages")
+    }
+
+    /// Where a reasoning model's output starts: inside the think block when the prompt opened
+    /// it; after it when the prompt closed it and only whitespace follows (thinking turned off,
+    /// as Qwen3's `enable_thinking: false` renders); otherwise before it, free to open it.
+    fn think_start(&self, r: ReasoningParsing, prompt: &[u32]) -> Result<ThinkStart, EngineError> {
+        if r.starts_open {
+            return Ok(ThinkStart::Inside);
+        }
+        let Some(at) = prompt.iter().rposition(|&t| t == r.tags.close) else {
+            return Ok(ThinkStart::MayOpen);
+        };
+        let after = self.text_side()?.tokenizer.decode(&prompt[at + 1..], false);
+        let closed = after.is_ok_and(|text| text.trim().is_empty());
+        Ok(if closed { ThinkStart::Closed } else { ThinkStart::MayOpen })
     }
 
     /// Checks a completion and encodes its prompts (text, or token ids as they are).

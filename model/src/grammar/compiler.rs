@@ -21,6 +21,8 @@ const JSON_WHITESPACE: &str = r"\x20|\n[\x20\x09]{0,20}";
 /// The model's grammar compiler.
 pub struct GrammarCompiler {
     factory: ParserFactory,
+    /// The tokens that are whitespace only (each grammar carries them: `Grammar::whitespace`).
+    whitespace: Arc<[u32]>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -34,9 +36,16 @@ impl GrammarCompiler {
     /// a sequence, the only ones a completed grammar allows.
     pub fn new(tokenizer: &Tokenizer, width: usize, eos: &[u32]) -> Result<Self, GrammarError> {
         let env: TokEnv = Arc::new(VocabEnv::new(tokenizer.clone(), width, eos)?);
+        let trie = env.tok_trie();
+        let whitespace = (0..trie.vocab_size() as u32)
+            .filter(|&t| {
+                let bytes = trie.token(t);
+                !bytes.is_empty() && bytes.iter().all(|b| b" \t\n\r".contains(b))
+            })
+            .collect();
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
         factory.quiet();
-        Ok(Self { factory })
+        Ok(Self { factory, whitespace })
     }
 
     /// Compiles `constraint`; a schema or grammar that does not compile is an error naming
@@ -74,7 +83,7 @@ impl GrammarCompiler {
         let source = Arc::new(top.clone());
         let mut parser = self.factory.create_parser(top).map_err(|e| GrammarError(e.to_string().trim().into()))?;
         let warnings = parser.grammar_warnings();
-        Ok(Grammar { parser: Arc::new(parser), warnings, source })
+        Ok(Grammar { parser: Arc::new(parser), warnings, source, whitespace: self.whitespace.clone() })
     }
 
     /// Compiles a constraint that crossed the network (`Guidance::spec` on another node).
@@ -157,6 +166,8 @@ pub struct Grammar {
     warnings: Vec<String>,
     /// What it was compiled from: the form another node compiles it again from.
     source: Arc<TopLevelGrammar>,
+    /// The vocabulary's whitespace-only tokens.
+    whitespace: Arc<[u32]>,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -181,6 +192,12 @@ impl Grammar {
     /// The grammar before compilation, as JSON (llguidance's serialized form).
     pub(super) fn source(&self) -> serde_json::Value {
         serde_json::to_value(&*self.source).unwrap_or_default()
+    }
+
+    /// The vocabulary's whitespace-only tokens (what a reasoning model writes between its
+    /// thinking and the answer a grammar constrains).
+    pub(super) fn whitespace(&self) -> Arc<[u32]> {
+        self.whitespace.clone()
     }
 
     pub(super) fn matcher(&self) -> llguidance::Matcher {

@@ -2,7 +2,13 @@
 //! ([`Guide`]): a mask computed before each token (on the compute pool, alongside the forward
 //! pass and the other sequences' masks), applied to the logits before every other sampling
 //! step, and advanced by the token that was sampled.
+//!
+//! A reasoning model thinks before it answers: with [`Thinking`] the constraint applies to the
+//! answer only. The think block is free text (cut at its budget, if any); the grammar, its
+//! trigger and the forbidden tokens start after its closing tag, where one whitespace token
+//! (the template's `</think>\n\n`) may come before a grammar's first.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llguidance::Matcher;
@@ -18,20 +24,32 @@ pub struct Guidance {
     trigger: Option<u32>,
     /// Tokens never allowed while the text is free.
     forbidden: Vec<u32>,
-    /// A reasoning model's thinking ends after this many tokens.
-    think_budget: Option<ThinkBudget>,
+    /// A reasoning model's think block, which the rest applies after.
+    thinking: Option<Thinking>,
 }
 
-/// A reasoning model's budget of thinking tokens: once `tokens` have been thought (inside
-/// `open` … `close`; from the start when the prompt opened the block), `close` is the only
-/// token allowed, so the answer begins.
+/// A reasoning model's think block (`open` … `close`, single tokens): free text before the
+/// answer, which is what the grammar, trigger and forbidden tokens constrain. Once `budget`
+/// tokens have been thought, `close` is the only token allowed, so the answer begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ThinkBudget {
+pub struct Thinking {
     pub open: u32,
     pub close: u32,
-    /// The prompt opened the think block.
-    pub starts_open: bool,
-    pub tokens: usize,
+    pub start: ThinkStart,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<usize>,
+}
+
+/// Where the output starts, as the prompt leaves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThinkStart {
+    /// Before the block: the first token may open it (or begin the answer; no thinking then).
+    MayOpen,
+    /// Inside the block: the prompt opened it.
+    Inside,
+    /// After the block: the prompt closed it (thinking turned off); the answer starts at once.
+    Closed,
 }
 
 /// A [`Guidance`] before compilation, serializable: the grammar in llguidance's JSON form and
@@ -45,7 +63,7 @@ pub struct GuidanceSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forbidden: Vec<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub think_budget: Option<ThinkBudget>,
+    pub thinking: Option<Thinking>,
 }
 
 impl Guidance {
@@ -64,10 +82,15 @@ impl Guidance {
         Self { forbidden: tokens, ..Self::default() }
     }
 
-    /// The same, with the thinking cut at `budget`.
-    pub fn with_think_budget(mut self, budget: ThinkBudget) -> Self {
-        self.think_budget = Some(budget);
+    /// The same, applied to a reasoning model's answer after its `thinking`.
+    pub fn after_thinking(mut self, thinking: Thinking) -> Self {
+        self.thinking = Some(thinking);
         self
+    }
+
+    /// Whether it constrains nothing (no grammar, nothing forbidden, no budget).
+    pub fn is_free(&self) -> bool {
+        self.grammar.is_none() && self.forbidden.is_empty() && self.thinking.is_none_or(|t| t.budget.is_none())
     }
 
     /// What crosses the network for another node to compile this constraint again
@@ -77,12 +100,12 @@ impl Guidance {
             grammar: self.grammar.as_ref().map(Grammar::source),
             trigger: self.trigger,
             forbidden: self.forbidden.clone(),
-            think_budget: self.think_budget,
+            thinking: self.thinking,
         }
     }
 
     pub(super) fn from_parts(grammar: Option<Grammar>, spec: &GuidanceSpec) -> Self {
-        Self { grammar, trigger: spec.trigger, forbidden: spec.forbidden.clone(), think_budget: spec.think_budget }
+        Self { grammar, trigger: spec.trigger, forbidden: spec.forbidden.clone(), thinking: spec.thinking }
     }
 
     /// A new sequence's guide.
@@ -92,38 +115,42 @@ impl Guidance {
             (Some(g), None) => State::Active(Box::new(g.matcher())),
             (Some(g), Some(trigger)) => State::Waiting { trigger, grammar: g.clone() },
         };
-        let think = self.think_budget.map(|budget| Think { budget, inside: budget.starts_open, used: 0, over: false });
-        Guide { state, forbidden: self.forbidden.clone(), think, mask: None, mask_time: None }
+        let think = self.thinking.map(|thinking| Think {
+            phase: match thinking.start {
+                ThinkStart::MayOpen => Phase::First,
+                ThinkStart::Inside => Phase::Inside,
+                ThinkStart::Closed => Phase::Answer,
+            },
+            thinking,
+            used: 0,
+        });
+        let lead = self.grammar.as_ref().map(Grammar::whitespace).unwrap_or_default();
+        Guide { state, forbidden: self.forbidden.clone(), think, lead, mask: None, mask_time: None }
     }
 }
 
-/// A sequence's thinking, counted against its budget.
+/// A sequence's place around its think block, and the thinking spent.
 #[derive(Debug, Clone, Copy)]
 struct Think {
-    budget: ThinkBudget,
-    inside: bool,
+    thinking: Thinking,
+    phase: Phase,
     used: usize,
-    /// The block has closed (the budget has no more to do).
-    over: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The first token: the open tag, or the answer's first.
+    First,
+    Inside,
+    /// Just after the closing tag: a whitespace token may come before a grammar's first.
+    Closed,
+    Answer,
 }
 
 impl Think {
     /// The thinking must end now.
     fn spent(&self) -> bool {
-        self.inside && self.used >= self.budget.tokens
-    }
-
-    fn accept(&mut self, token: u32) {
-        if self.over {
-            return;
-        }
-        if !self.inside {
-            self.inside = token == self.budget.open;
-        } else if token == self.budget.close {
-            (self.inside, self.over) = (false, true);
-        } else {
-            self.used += 1;
-        }
+        self.phase == Phase::Inside && self.thinking.budget.is_some_and(|b| self.used >= b)
     }
 }
 
@@ -147,8 +174,10 @@ enum State {
 pub struct Guide {
     state: State,
     forbidden: Vec<u32>,
-    /// The thinking's budget and how much of it is spent.
+    /// Where the sequence is around its think block.
     think: Option<Think>,
+    /// The whitespace tokens allowed between the closing tag and a grammar.
+    lead: Arc<[u32]>,
     /// The next token's mask, once computed.
     mask: Option<Result<SimpleVob, String>>,
     mask_time: Option<Duration>,
@@ -169,14 +198,27 @@ impl std::fmt::Debug for Guide {
 impl Guide {
     /// Computes the next token's mask if a grammar is active; does nothing if it is computed.
     pub fn prepare(&mut self) {
-        if self.mask.is_some() {
+        if self.mask.is_some() || self.thinking() {
             return;
         }
         if let State::Active(matcher) = &mut self.state {
             let start = Instant::now();
-            self.mask = Some(matcher.compute_mask().map_err(|e| e.to_string()));
+            let mut mask = matcher.compute_mask().map_err(|e| e.to_string());
+            if let (Ok(mask), Some(think)) = (&mut mask, self.think) {
+                match think.phase {
+                    Phase::First => mask.allow_token(think.thinking.open),
+                    Phase::Closed => self.lead.iter().for_each(|&t| mask.allow_token(t)),
+                    Phase::Inside | Phase::Answer => {}
+                }
+            }
+            self.mask = Some(mask);
             self.mask_time = Some(start.elapsed());
         }
+    }
+
+    /// Inside the think block: nothing but its budget applies.
+    fn thinking(&self) -> bool {
+        self.think.is_some_and(|t| t.phase == Phase::Inside)
     }
 
     /// Whether a grammar is (or will be, after its trigger) active.
@@ -186,19 +228,22 @@ impl Guide {
 
     /// Whether the guide ever changes a logit.
     pub fn constrains_ever(&self) -> bool {
-        !matches!(self.state, State::Free) || !self.forbidden.is_empty() || self.think.is_some()
+        !matches!(self.state, State::Free)
+            || !self.forbidden.is_empty()
+            || self.think.is_some_and(|t| t.thinking.budget.is_some())
     }
 
     /// Whether `apply` changes the logits of the next token.
     pub fn constrains(&self) -> bool {
-        matches!(self.state, State::Active(_)) || !self.forbidden.is_empty() || self.forced_close().is_some()
+        if self.thinking() {
+            return self.forced_close().is_some();
+        }
+        matches!(self.state, State::Active(_)) || !self.forbidden.is_empty()
     }
 
-    /// The think block's closing tag, when the budget is spent and it must come next (a grammar
-    /// that is active decides alone).
+    /// The think block's closing tag, when the budget is spent and it must come next.
     fn forced_close(&self) -> Option<usize> {
-        let think = self.think.filter(Think::spent)?;
-        (!matches!(self.state, State::Active(_))).then_some(think.budget.close as usize)
+        self.think.filter(Think::spent).map(|t| t.thinking.close as usize)
     }
 
     /// Sets every token the sequence may not produce next to -∞. `Err` if the grammar failed
@@ -211,6 +256,9 @@ impl Guide {
                     row[close] = 0.0;
                 }
             }
+            return Ok(());
+        }
+        if self.thinking() {
             return Ok(());
         }
         self.prepare();
@@ -251,7 +299,27 @@ impl Guide {
     pub fn accept(&mut self, token: u32) -> Option<GuideEnd> {
         self.mask = None;
         if let Some(think) = &mut self.think {
-            think.accept(token);
+            let Thinking { open, close, .. } = think.thinking;
+            match think.phase {
+                Phase::First if token == open => {
+                    think.phase = Phase::Inside;
+                    return None;
+                }
+                Phase::Inside if token == close => {
+                    think.phase = if matches!(self.state, State::Active(_)) { Phase::Closed } else { Phase::Answer };
+                    return None;
+                }
+                Phase::Inside => {
+                    think.used += 1;
+                    return None;
+                }
+                Phase::Closed if self.lead.contains(&token) => {
+                    think.phase = Phase::Answer;
+                    return None;
+                }
+                Phase::First | Phase::Closed => think.phase = Phase::Answer,
+                Phase::Answer => {}
+            }
         }
         match &mut self.state {
             State::Free | State::Done => None,

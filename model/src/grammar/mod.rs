@@ -11,7 +11,7 @@ mod guide;
 use serde::{Deserialize, Serialize};
 
 pub use compiler::{Grammar, GrammarCompiler};
-pub use guide::{Guidance, GuidanceSpec, Guide, GuideEnd, ThinkBudget};
+pub use guide::{Guidance, GuidanceSpec, Guide, GuideEnd, ThinkStart, Thinking};
 
 /// What a sequence's output must match.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -152,15 +152,15 @@ fn a_lazy_guide_is_free_until_its_trigger_and_a_forbidding_one_bans_tokens() {
 #[test]
 fn a_spent_think_budget_allows_only_the_closing_tag_then_nothing_more() {
     let (open, close) = (900, 901);
-    let budget = ThinkBudget { open, close, starts_open: false, tokens: 2 };
-    let mut guide = Guidance::default().with_think_budget(budget).guide();
+    let thinking = Thinking { open, close, start: ThinkStart::MayOpen, budget: Some(2) };
+    let mut guide = Guidance::default().after_thinking(thinking).guide();
     let free = |guide: &mut Guide| {
         let mut row = vec![0.0f32; 1024];
         guide.apply(&mut row).unwrap();
         row.iter().all(|l| *l == 0.0)
     };
     assert!(free(&mut guide) && !guide.constrains(), "before the block opens");
-    for token in [5, open, 6, 7] {
+    for token in [open, 6, 7] {
         assert_eq!(guide.accept(token), None);
     }
     assert!(guide.constrains(), "two tokens thought: the budget is spent");
@@ -175,9 +175,96 @@ fn a_spent_think_budget_allows_only_the_closing_tag_then_nothing_more() {
     guide.accept(9);
     assert!(!guide.constrains(), "one block only");
 
+    // The block opens as the first token or not at all (as the reasoning split reads it).
+    let mut guide = Guidance::default().after_thinking(thinking).guide();
+    for token in [5, open, 6, 7] {
+        guide.accept(token);
+    }
+    assert!(!guide.constrains(), "an open tag in the answer is no thinking");
+
     // A prompt that opened the block counts from the first token.
-    let mut guide = Guidance::default().with_think_budget(ThinkBudget { starts_open: true, ..budget }).guide();
+    let mut guide = Guidance::default().after_thinking(Thinking { start: ThinkStart::Inside, ..thinking }).guide();
     guide.accept(5);
     guide.accept(6);
     assert!(guide.constrains());
+}
+
+/// The tokens `apply` leaves allowed.
+fn allowed(guide: &mut Guide) -> Vec<u32> {
+    let mut row = vec![0.0f32; 1024];
+    guide.apply(&mut row).unwrap();
+    (0..1024).filter(|&t| row[t as usize] == 0.0).collect()
+}
+
+#[test]
+fn a_constraint_applies_after_the_thinking() {
+    let (tokenizer, compiler) = compiler();
+    let (open, close) = (900, 901);
+    let text = |t: &[u32]| tokenizer.decode(t, false).unwrap();
+    let blank = |t: u32| !text(&[t]).is_empty() && text(&[t]).chars().all(|c| " \t\n\r".contains(c));
+    let ws: Vec<u32> = (0..978).filter(|&t| blank(t)).collect();
+    assert!(!ws.is_empty(), "the fixture's vocabulary has whitespace tokens");
+    let json = compiler.compile(&Constraint::JsonSchema { schema: json!({"type": "object"}), strict: true }).unwrap();
+    let thinking = Thinking { open, close, start: ThinkStart::MayOpen, budget: None };
+    let mut guide = Guidance::grammar(json.clone()).after_thinking(thinking).guide();
+    // The first token: the open tag, or the grammar's first (an object's brace).
+    let first = allowed(&mut guide);
+    assert!(first.contains(&open) && !first.contains(&close) && !first.contains(&ws[0]), "{first:?}");
+    assert!(first.iter().filter(|&&t| t != open).all(|&t| text(&[t]).starts_with('{')), "{first:?}");
+    guide.accept(open);
+    // Inside: free, whatever the grammar says (even its closing brace, or more tags).
+    assert!(!guide.constrains());
+    assert_eq!(allowed(&mut guide).len(), 1024);
+    for t in [5, open, 7] {
+        assert_eq!(guide.accept(t), None);
+    }
+    guide.accept(close);
+    // Just after the close: whitespace (once, not the grammar's) or the grammar's first.
+    let lead = allowed(&mut guide);
+    assert!(lead.iter().filter(|&&t| !blank(t)).all(|&t| text(&[t]).starts_with('{')), "{lead:?}");
+    assert!(ws.iter().all(|t| lead.contains(t)) && lead.iter().any(|&t| text(&[t]) == "{"), "{lead:?}");
+    guide.accept(ws[0]);
+    let next = allowed(&mut guide);
+    assert!(next.iter().all(|&t| text(&[t]).starts_with('{')), "{next:?}");
+    let brace = *next.iter().find(|&&t| text(&[t]) == "{").unwrap();
+    assert_eq!(guide.accept(brace), None);
+    assert_eq!(guide.accept(tokenizer.token_to_id("}").unwrap()), Some(GuideEnd::Complete), "the object is complete");
+
+    // A first token that is not the open tag: no thinking, the grammar has it.
+    let mut guide = Guidance::grammar(json.clone()).after_thinking(thinking).guide();
+    guide.accept(*first.iter().find(|&&t| t != open).unwrap());
+    assert!(!allowed(&mut guide).contains(&open));
+    // A prompt that closed the block: the grammar from the first token, no tag.
+    let closed = Thinking { start: ThinkStart::Closed, ..thinking };
+    let mut guide = Guidance::grammar(json.clone()).after_thinking(closed).guide();
+    let first = allowed(&mut guide);
+    assert!(!first.contains(&open) && first.iter().all(|&t| text(&[t]).starts_with('{')), "{first:?}");
+    // Inside from the start, with a budget: the close forced, then the grammar.
+    let inside = Thinking { start: ThinkStart::Inside, budget: Some(1), ..thinking };
+    let mut guide = Guidance::grammar(json).after_thinking(inside).guide();
+    assert_eq!(allowed(&mut guide).len(), 1024);
+    guide.accept(5);
+    assert_eq!(allowed(&mut guide), vec![close]);
+    guide.accept(close);
+    assert!(allowed(&mut guide).iter().any(|&t| text(&[t]) == "{"));
+
+    // A trigger (`tool_choice: auto`) inside the thinking is text; after it, the call's grammar.
+    let call = compiler.special_token("<tool_call>").unwrap();
+    let grammar = compiler.compile_lark(r#"start: "ok" </tool_call>"#.into()).unwrap();
+    let mut guide = Guidance::after(call, grammar).after_thinking(thinking).guide();
+    for t in [open, call, 5] {
+        guide.accept(t);
+    }
+    assert_eq!(allowed(&mut guide).len(), 1024, "the tag inside the thinking starts nothing");
+    guide.accept(close);
+    guide.accept(ws[0]);
+    assert_eq!(allowed(&mut guide).len(), 1024, "free text after the thinking, until the tag");
+    guide.accept(call);
+    assert!(allowed(&mut guide).iter().all(|&t| "ok".starts_with(&text(&[t]))));
+    // Forbidden tokens (`tool_choice: none`) are allowed in the thinking, not after it.
+    let mut guide = Guidance::forbid(vec![call]).after_thinking(thinking).guide();
+    guide.accept(open);
+    assert!(allowed(&mut guide).contains(&call));
+    guide.accept(close);
+    assert!(!allowed(&mut guide).contains(&call));
 }
