@@ -19,7 +19,7 @@ pub enum ModelSource {
 
 impl ModelSource {
     /// `path` is a `.gguf` file, a Hugging Face directory, or a directory holding exactly one
-    /// `.gguf` file (and no config.json).
+    /// `.gguf` file, or the parts of one split model (and no config.json).
     pub fn resolve(path: &Path) -> Result<Self, LoadError> {
         let io = |source| LoadError::Io { path: path.into(), source };
         let meta = std::fs::metadata(path).map_err(io)?;
@@ -35,6 +35,15 @@ impl ModelSource {
             if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) && p.is_file() {
                 ggufs.push(p);
             }
+        }
+        // The parts of one split model: its first.
+        let parts: Vec<_> = ggufs.iter().filter_map(|p| gguf::split_part(p.file_name()?.to_str()?)).collect();
+        if let Some(&(prefix, _, count)) = parts.first()
+            && parts.len() == ggufs.len()
+            && count == ggufs.len()
+            && parts.iter().all(|&(p, _, c)| p == prefix && c == count)
+        {
+            return Ok(Self::Gguf(path.join(gguf::split_name(prefix, 1, count))));
         }
         match ggufs.len() {
             1 => Ok(Self::Gguf(ggufs.remove(0))),

@@ -389,3 +389,66 @@ fn a_directory_holding_one_gguf_file_is_that_model() {
     assert!(matches!(ModelSource::resolve(dir.path()), Err(LoadError::NotAModel { .. })));
     assert_eq!(ModelSource::resolve(&fixture_dir("tiny-bf16")).unwrap(), ModelSource::Dir(fixture_dir("tiny-bf16")));
 }
+
+/// Parts written by llama.cpp's `llama-gguf-split --split-max-tensors 12` from
+/// `tiny-tied-q8_0.gguf`.
+fn split_dir() -> std::path::PathBuf {
+    fixture_dir("gguf").join("split")
+}
+
+fn split_part(no: usize) -> std::path::PathBuf {
+    split_dir().join(llaisys_model::gguf::split_name("tiny-tied-q8_0", no, 3))
+}
+
+#[test]
+fn a_split_gguf_loads_from_its_first_part_as_the_whole_file() {
+    let whole = GgufFile::open(&gguf_fixture("tiny-tied-q8_0")).unwrap();
+    let split = GgufFile::open(&split_part(1)).unwrap();
+    assert_eq!(split.tensors().len(), whole.tensors().len());
+    for t in whole.tensors() {
+        let s = split.tensor(&t.name).unwrap_or_else(|| panic!("{} is in no part", t.name));
+        assert_eq!((&s.dims, s.ty), (&t.dims, t.ty));
+        assert_eq!(split.bytes(s).unwrap(), whole.bytes(t).unwrap(), "{}", t.name);
+    }
+    assert_eq!(split.get("general.architecture"), whole.get("general.architecture"));
+    let mut a = context(&gguf("tiny-tied-q8_0"), WeightDtype::Auto);
+    let mut b = context(&ModelSource::Gguf(split_part(1)), WeightDtype::Auto);
+    for ctx in [&mut a, &mut b] {
+        ctx.decode(&one_sequence(&[1, 2, 3, 4, 5], 1, 0)).unwrap();
+    }
+    assert_eq!(a.outputs().row(0).unwrap(), b.outputs().row(0).unwrap());
+    let tokenizer = ModelSource::Gguf(split_part(1)).tokenizer().unwrap();
+    assert_eq!(
+        tokenizer.encode("Hello").unwrap(),
+        ModelSource::Gguf(gguf_fixture("tiny-tied-q8_0")).tokenizer().unwrap().encode("Hello").unwrap()
+    );
+    // A directory of the parts is the model, from its first part.
+    assert_eq!(ModelSource::resolve(&split_dir()).unwrap(), ModelSource::Gguf(split_part(1)));
+}
+
+#[test]
+fn a_split_gguf_opened_elsewhere_than_its_first_part_or_missing_a_part_is_refused() {
+    let err = load_error(&split_part(2));
+    assert!(err.contains("part 2 of 3") && err.contains("-00001-of-00003.gguf"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    for no in [1, 2] {
+        std::fs::copy(split_part(no), dir.path().join(split_part(no).file_name().unwrap())).unwrap();
+    }
+    let first = dir.path().join(split_part(1).file_name().unwrap());
+    let err = load_error(&first);
+    assert!(err.contains("tiny-tied-q8_0-00003-of-00003.gguf"), "the missing part is named: {err}");
+    // Two parts of three are not a model directory.
+    assert!(matches!(ModelSource::resolve(dir.path()), Err(LoadError::NotAModel { .. })));
+    // A first part renamed cannot find the others.
+    let renamed = dir.path().join("model.gguf");
+    std::fs::rename(&first, &renamed).unwrap();
+    let err = load_error(&renamed);
+    assert!(err.contains("NAME-00001-of-00003.gguf"), "{err}");
+    // Another part in the place of part 2.
+    std::fs::rename(&renamed, &first).unwrap();
+    for (from, to) in [(3, 2), (3, 3)] {
+        std::fs::copy(split_part(from), dir.path().join(split_part(to).file_name().unwrap())).unwrap();
+    }
+    let err = load_error(&first);
+    assert!(err.contains("-00002-of-00003.gguf") && err.contains("is not part 2 of 3"), "{err}");
+}

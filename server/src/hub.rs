@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use llaisys_model::gguf::{split_name, split_part};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -206,21 +207,16 @@ impl Want {
             let files = names.iter().filter(|n| is_checkpoint_file(n)).cloned().collect();
             return Ok(Chosen { files, path: String::new() });
         }
-        let whole: Vec<&String> = ggufs.iter().copied().filter(|n| !is_split(n)).collect();
         let listing = || ggufs.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
-        let matching: Vec<&String> = match quant {
-            Some(q) => ggufs.iter().copied().filter(|n| has_quant(n, q)).collect(),
-            None if ggufs.len() == 1 => ggufs.clone(),
+        let models = gguf_models(&ggufs);
+        let matching: Vec<&Vec<String>> = match quant {
+            Some(q) => models.iter().filter(|m| has_quant(&m[0], q)).collect(),
+            None if models.len() == 1 => models.iter().collect(),
             // llama.cpp's default choice.
-            None => ggufs.iter().copied().filter(|n| has_quant(n, "Q4_K_M")).collect(),
+            None => models.iter().filter(|m| has_quant(&m[0], "Q4_K_M")).collect(),
         };
-        let file = match (matching.as_slice(), quant) {
-            ([one], _) if !is_split(one) => (*one).clone(),
-            ([one], _) => {
-                return Err(HubError::Choice(format!(
-                    "{one} of {repo} is split into parts, which are not supported yet"
-                )));
-            }
+        let files = match (matching.as_slice(), quant) {
+            ([one], _) => (*one).clone(),
             ([], Some(q)) => {
                 return Err(HubError::Choice(format!("the repo {repo} has no {q} GGUF; it has: {}", listing())));
             }
@@ -231,11 +227,12 @@ impl Want {
                 )));
             }
             (several, _) => {
-                let unsplit: Vec<&&String> = several.iter().filter(|n| whole.contains(n)).collect();
-                match unsplit.as_slice() {
+                // One whole file beside split ones of the same quantization.
+                let whole: Vec<&&Vec<String>> = several.iter().filter(|m| m.len() == 1).collect();
+                match whole.as_slice() {
                     [one] => (**one).clone(),
                     _ => {
-                        let names: Vec<&str> = several.iter().map(|s| s.as_str()).collect();
+                        let names: Vec<&str> = several.iter().map(|m| m[0].as_str()).collect();
                         return Err(HubError::Choice(format!(
                             "several files of {repo} match: {}; name one as hf://{repo}/FILE",
                             names.join(", ")
@@ -244,15 +241,38 @@ impl Want {
                 }
             }
         };
-        Ok(Chosen { files: vec![file.clone()], path: file })
+        if let Some((prefix, _, count)) = split_part(&files[0])
+            && files.len() < count
+        {
+            let missing: Vec<String> =
+                (1..=count).map(|no| split_name(prefix, no, count)).filter(|n| !files.contains(n)).collect();
+            return Err(HubError::NotFound(format!(
+                "{} of {repo} is split into {count} parts, and the repo lacks {}",
+                files[0],
+                missing.join(", ")
+            )));
+        }
+        Ok(Chosen { path: files[0].clone(), files })
     }
 }
 
-/// `-00001-of-00003.gguf`.
-fn is_split(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    lower.contains("-of-")
-        && lower.trim_end_matches(".gguf").rsplit('-').next().is_some_and(|n| n.chars().all(|c| c.is_ascii_digit()))
+/// The models among a repo's GGUF files: one whole file, or the parts of a split one (as
+/// llama.cpp's `gguf-split` names them), first part first.
+fn gguf_models(ggufs: &[&String]) -> Vec<Vec<String>> {
+    let mut models: Vec<Vec<String>> = Vec::new();
+    let mut parts: Vec<&String> = ggufs.iter().copied().filter(|n| split_part(n).is_some()).collect();
+    parts.sort_by_key(|n| split_part(n).map(|(prefix, no, count)| (prefix.to_string(), count, no)));
+    for name in parts {
+        let (prefix, _, count) = split_part(name).expect("a part");
+        match models.last_mut() {
+            Some(model) if split_part(&model[0]).is_some_and(|(p, _, c)| p == prefix && c == count) => {
+                model.push(name.clone())
+            }
+            _ => models.push(vec![name.clone()]),
+        }
+    }
+    models.extend(ggufs.iter().filter(|n| split_part(n).is_none()).map(|n| vec![(*n).clone()]));
+    models
 }
 
 /// Whether a file name carries quantization `quant` as a whole word (`Q4_K_M` is not in
@@ -546,6 +566,19 @@ mod tests {
         assert!(!has_quant("qwen2.5-0.5b-instruct-q4_k_m.gguf", "Q4_K"));
         assert!(has_quant("Model-Q8_0.gguf", "q8_0"));
         assert!(!has_quant("Model-IQ4_XS.gguf", "Q4_XS") && has_quant("Model-IQ4_XS.gguf", "IQ4_XS"));
-        assert!(is_split("big-Q4_K_M-00001-of-00003.gguf") && !is_split("small-Q4_K_M.gguf"));
+    }
+
+    #[test]
+    fn split_models_are_chosen_whole_and_an_incomplete_one_is_named() {
+        let names: Vec<String> =
+            ["big-Q4_K_M-00002-of-00002.gguf", "big-Q4_K_M-00001-of-00002.gguf", "big-Q8_0.gguf", "README.md"]
+                .map(String::from)
+                .into();
+        let chosen = Want::Quant(Some("Q4_K_M".into())).choose("o/r", &names).unwrap();
+        assert_eq!(chosen.path, "big-Q4_K_M-00001-of-00002.gguf");
+        assert_eq!(chosen.files, ["big-Q4_K_M-00001-of-00002.gguf", "big-Q4_K_M-00002-of-00002.gguf"]);
+        assert_eq!(Want::Quant(Some("Q8_0".into())).choose("o/r", &names).unwrap().files, ["big-Q8_0.gguf"]);
+        let err = Want::Quant(Some("Q4_K_M".into())).choose("o/r", &names[1..]).err().unwrap().to_string();
+        assert!(err.contains("split into 2 parts") && err.contains("big-Q4_K_M-00002-of-00002.gguf"), "{err}");
     }
 }

@@ -116,6 +116,14 @@ fn hub_repos() -> HashMap<String, Repo> {
     let one = vec![("model.gguf".to_string(), gguf("tiny-tied-f32.gguf"))];
     let claimed = HashMap::from([("model.gguf".to_string(), "0".repeat(64))]);
     repos.insert("llaisys/corrupt-GGUF".into(), Repo { files: one, claimed });
+    // Split by llama.cpp's gguf-split, named as Qwen's own GGUF repos name their parts.
+    let split = (1..=3)
+        .map(|no| {
+            let part = llaisys_model::gguf::split_name("tiny-tied-q8_0", no, 3);
+            (llaisys_model::gguf::split_name("tiny-q8_0", no, 3), gguf(&format!("split/{part}")))
+        })
+        .collect();
+    repos.insert("llaisys/split-GGUF".into(), Repo { files: split, claimed: HashMap::new() });
     let dir = fixture_dir("tiny-untied-f32");
     let mut checkpoint: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
         .unwrap()
@@ -183,6 +191,13 @@ async fn models_by_name_come_through_the_hub_cache_checked_resumed_and_offline()
     assert!(matches!(corrupt, HubError::Checksum { .. }), "{corrupt}");
     let corrupt_blobs = home.join("hub/models--llaisys--corrupt-GGUF/blobs");
     assert_eq!(std::fs::read_dir(&corrupt_blobs).unwrap().count(), 0, "nothing of a bad download is kept");
+
+    // A model split into parts: all of them are fetched, and it opens from its first.
+    let first = resolve("llaisys/split-GGUF:Q8_0", &config).await.unwrap();
+    assert!(first.ends_with("tiny-q8_0-00001-of-00003.gguf"), "{}", first.display());
+    let file = llaisys_model::gguf::GgufFile::open(&first).unwrap();
+    let whole = llaisys_model::gguf::GgufFile::open(&fixture_dir("gguf").join("tiny-tied-q8_0.gguf")).unwrap();
+    assert_eq!(file.tensors().len(), whole.tensors().len());
 
     // A checkpoint repo resolves to its snapshot directory, which loads.
     let dir = resolve("llaisys/tiny-hf", &config).await.unwrap();

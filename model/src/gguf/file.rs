@@ -2,6 +2,10 @@
 //! infos, then the aligned tensor data. The file is memory-mapped; every read is bounds-checked,
 //! so a truncated or corrupt file is an error naming what was being read, never a panic, and no
 //! count read from the file is trusted before the bytes it promises are known to be there.
+//!
+//! A model split by llama.cpp's `gguf-split` (`NAME-00001-of-00003.gguf`, ...) opens from its
+//! first part: the metadata is the first part's, the tensors are every part's, each read from
+//! its own part's map.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -158,8 +162,10 @@ pub struct TensorInfo {
     /// ggml's order: `dims[0]` is the length of a row (a weight [out, in] has dims [in, out]).
     pub dims: Vec<usize>,
     pub ty: TensorType,
-    /// Absolute byte range in the file (`None` for a type whose size is unknown here).
+    /// Absolute byte range in its part of the file (`None` for a type whose size is unknown here).
     range: Option<(usize, usize)>,
+    /// Which part of a split file holds it (0 for an unsplit one).
+    part: usize,
 }
 
 impl TensorInfo {
@@ -172,10 +178,11 @@ impl TensorInfo {
     }
 }
 
-/// An open GGUF file.
+/// An open GGUF file (all its parts, if split).
 pub struct GgufFile {
     path: PathBuf,
-    mmap: Mmap,
+    /// One map per part.
+    maps: Vec<Mmap>,
     pub version: u32,
     metadata: HashMap<String, Value>,
     tensors: Vec<TensorInfo>,
@@ -186,18 +193,50 @@ const MAGIC: &[u8; 4] = b"GGUF";
 const MAX_DEPTH: usize = 4;
 
 impl GgufFile {
+    /// Opens a GGUF file; a split one from its first part, with the others beside it.
     pub fn open(path: &Path) -> Result<Self, LoadError> {
-        let io = |source| LoadError::Io { path: path.into(), source };
-        let file = File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only and lives as long as `GgufFile`. Another process changing
-        // the file while it is mapped could change the bytes read (wrong weights) but not break
-        // memory safety here: every read is bounds-checked against the map's length and the
-        // bytes are copied out (never reinterpreted as references).
-        #[allow(unsafe_code)]
-        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (version, metadata, tensors) =
-            parse(&mmap).map_err(|reason| LoadError::Gguf { path: path.into(), reason })?;
-        Ok(Self { path: path.into(), mmap, version, metadata, tensors })
+        let (mmap, (version, metadata, mut tensors)) = open_part(path)?;
+        let error = |reason: String| LoadError::Gguf { path: path.into(), reason };
+        let split = Split::of(&metadata).map_err(error)?;
+        let mut maps = vec![mmap];
+        if let Some(split) = split.filter(|s| s.count > 1) {
+            if split.no != 0 {
+                return Err(error(format!(
+                    "this is part {} of {} of a split model; open its first part (…-00001-of-{:05}.gguf)",
+                    split.no + 1,
+                    split.count,
+                    split.count
+                )));
+            }
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let prefix = match split_part(&name) {
+                Some((prefix, 1, count)) if count == split.count => prefix,
+                _ => {
+                    let want = split_name("NAME", 1, split.count);
+                    return Err(error(format!("the first of {} parts of a split model is named {want}", split.count)));
+                }
+            };
+            for part in 1..split.count {
+                let sibling = path.with_file_name(split_name(prefix, part + 1, split.count));
+                let (mmap, (_, meta, more)) = open_part(&sibling)?;
+                let theirs = Split::of(&meta).map_err(|reason| LoadError::Gguf { path: sibling.clone(), reason })?;
+                if theirs.is_none_or(|s| s.no != part || s.count != split.count) {
+                    let reason = format!("is not part {} of {} of {}", part + 1, split.count, path.display());
+                    return Err(LoadError::Gguf { path: sibling, reason });
+                }
+                tensors.extend(more.into_iter().map(|t| TensorInfo { part, ..t }));
+                maps.push(mmap);
+            }
+            if tensors.len() != split.tensors {
+                return Err(error(format!(
+                    "its {} parts hold {} tensors; the first part says {}",
+                    split.count,
+                    tensors.len(),
+                    split.tensors
+                )));
+            }
+        }
+        Ok(Self { path: path.into(), maps, version, metadata, tensors })
     }
 
     pub fn path(&self) -> &Path {
@@ -224,7 +263,7 @@ impl GgufFile {
     /// The tensor's bytes, in place in the map.
     pub fn bytes(&self, t: &TensorInfo) -> Result<&[u8], LoadError> {
         let (start, end) = t.range.ok_or_else(|| self.unsupported(t))?;
-        Ok(&self.mmap[start..end])
+        Ok(&self.maps[t.part][start..end])
     }
 
     /// The error for a tensor whose type does not load.
@@ -249,8 +288,62 @@ impl GgufFile {
             // read the file's contents again, so nothing a borrow could see changes. The
             // caller holds no borrow of this tensor's bytes any more.
             #[allow(unsafe_code)]
-            let _ = unsafe { self.mmap.unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start) };
+            let _ = unsafe { self.maps[t.part].unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start) };
         }
+    }
+}
+
+/// The file name `gguf-split` gives part `no` (from 1) of `count`: `PREFIX-00002-of-00003.gguf`.
+pub fn split_name(prefix: &str, no: usize, count: usize) -> String {
+    format!("{prefix}-{no:05}-of-{count:05}.gguf")
+}
+
+/// A split part's file name read back: its prefix, part number (from 1) and count.
+pub fn split_part(file_name: &str) -> Option<(&str, usize, usize)> {
+    let stem = file_name.strip_suffix(".gguf").or_else(|| file_name.strip_suffix(".GGUF"))?;
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (prefix, no) = rest.rsplit_once('-')?;
+    let number = |s: &str| (s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse::<usize>().ok())?;
+    let (no, count) = (number(no)?, number(count)?);
+    (1..=count).contains(&no).then_some((prefix, no, count))
+}
+
+/// One part of a file, mapped and parsed.
+fn open_part(path: &Path) -> Result<(Mmap, Parsed), LoadError> {
+    let io = |source| LoadError::Io { path: path.into(), source };
+    let file = File::open(path).map_err(io)?;
+    // SAFETY: the map is read-only and lives as long as `GgufFile`. Another process changing
+    // the file while it is mapped could change the bytes read (wrong weights) but not break
+    // memory safety here: every read is bounds-checked against the map's length and the
+    // bytes are copied out (never reinterpreted as references).
+    #[allow(unsafe_code)]
+    let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+    let parsed = parse(&mmap).map_err(|reason| LoadError::Gguf { path: path.into(), reason })?;
+    Ok((mmap, parsed))
+}
+
+/// `gguf-split`'s keys: this part's index, the number of parts, the tensors in all of them.
+struct Split {
+    no: usize,
+    count: usize,
+    tensors: usize,
+}
+
+impl Split {
+    fn of(metadata: &HashMap<String, Value>) -> Result<Option<Self>, String> {
+        let Some(count) = metadata.get("split.count") else { return Ok(None) };
+        let number = |key: &str| {
+            let value = metadata.get(key).ok_or_else(|| format!("corrupt: split.count without {key}"))?;
+            let n = value.as_u64().ok_or_else(|| format!("corrupt: {key} is not a count"))?;
+            usize::try_from(n).map_err(|_| format!("corrupt: {key} is {n}"))
+        };
+        let count =
+            count.as_u64().filter(|&c| (1..=9999).contains(&c)).ok_or("corrupt: split.count is not 1 to 9999")?;
+        let split = Self { no: number("split.no")?, count: count as usize, tensors: number("split.tensors.count")? };
+        if split.no >= split.count {
+            return Err(format!("corrupt: split.no is {} of {} parts", split.no, split.count));
+        }
+        Ok(Some(split))
     }
 }
 
@@ -401,7 +494,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed, String> {
                 }
             }
         };
-        tensors.push(TensorInfo { name, dims, ty, range });
+        tensors.push(TensorInfo { name, dims, ty, range, part: 0 });
     }
     Ok((version, metadata, tensors))
 }

@@ -14,7 +14,7 @@ use burn::tensor::{DType, TensorData};
 use half::{bf16, f16};
 
 pub use config::{architecture, model_config};
-pub use file::{GgufFile, TensorInfo, TensorType, Value};
+pub use file::{GgufFile, TensorInfo, TensorType, Value, split_name, split_part};
 pub use tokenizer::{chat_template, tokenizer};
 
 use crate::error::LoadError;
