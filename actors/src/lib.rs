@@ -128,8 +128,8 @@ pub use engine::{
 pub use futures_util::StreamExt;
 pub use host::{
     Answer, BuildError, ChatRequest, Choice, CompletionRequest, EmbedRequest, Embeddings, EngineBuilder, Frontend,
-    GenerateParams, GenerateRequest, Generation, ModelText, Options, Output, Prompt, RequestError, RequestLimits, Tool,
-    ToolChoice, ValidRequest,
+    GenerateParams, GenerateRequest, Generation, ModelText, Options, Output, Prompt, RequestError, RequestLimits,
+    RerankRequest, Reranker, Scores, Tool, ToolChoice, ValidRequest,
 };
 pub use llaisys_model::tokenizer::ChatMessage;
 pub use llaisys_model::{Constraint, Device, DeviceSpec, Guidance, Pooling, WeightDtype};

@@ -8,7 +8,7 @@ use crate::batch::{Batch, Limits, validate};
 use crate::error::DecodeError;
 use crate::kv::{KvCache, KvDtype};
 use crate::kv::{Pos, SeqId};
-use crate::lm::{LanguageModel, ModelInfo, Pooling};
+use crate::lm::{LanguageModel, ModelInfo, Pooling, Readout};
 use crate::output::Outputs;
 
 pub struct Context {
@@ -103,6 +103,12 @@ impl Context {
     /// that is dropped after, so the context's cache, its cells and its outputs are untouched
     /// (no KV is kept; running sequences are not disturbed). Each sequence starts at position 0.
     pub fn embed(&self, batch: &Batch) -> Result<Vec<f32>, DecodeError> {
+        self.scratch_pass(batch, false)
+    }
+
+    /// The pass of [`Context::embed`], for the flagged rows' hidden states or (`logits`) their
+    /// logits, [n_outputs · vocab].
+    fn scratch_pass(&self, batch: &Batch, logits: bool) -> Result<Vec<f32>, DecodeError> {
         let info = self.model.info();
         let limits =
             Limits { vocab_size: info.vocab_size, hidden_size: info.hidden_size, context_length: info.context_length };
@@ -118,8 +124,11 @@ impl Context {
         scratch.cells_mut().occupy(&placement, &valid.pos, &valid.seqs);
         let model = &self.model;
         catch_unwind(AssertUnwindSafe(|| {
-            let hidden = model.hidden(&valid, &placement, &mut scratch, &|| false)?;
-            hidden.try_into_vec_as::<f32>().map_err(|e| DecodeError::Internal(format!("reading hidden states: {e:?}")))
+            let rows = match logits {
+                false => model.hidden(&valid, &placement, &mut scratch, &|| false)?,
+                true => model.forward(&valid, &placement, &mut scratch, &|| false)?,
+            };
+            rows.try_into_vec_as::<f32>().map_err(|e| DecodeError::Internal(format!("reading the outputs: {e:?}")))
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))))
     }
@@ -131,6 +140,17 @@ impl Context {
     /// run as one batch through a scratch cache (see [`Context::embed`]); at most
     /// [`crate::kv::MAX_SEQ`] of them.
     pub fn embeddings(&self, inputs: &[Vec<u32>], pooling: Pooling) -> Result<Vec<Vec<f32>>, DecodeError> {
+        self.readouts(inputs, &Readout::Pooled(pooling))
+    }
+
+    /// What `readout` reads out of each input (token ids, each its own sequence from position
+    /// 0), run as [`Context::embeddings`] runs them: a pooled embedding, or the logits of some
+    /// tokens after the input's last token.
+    pub fn readouts(&self, inputs: &[Vec<u32>], readout: &Readout) -> Result<Vec<Vec<f32>>, DecodeError> {
+        let pooling = match readout {
+            Readout::Pooled(pooling) => *pooling,
+            Readout::Logits(_) => Pooling::Last,
+        };
         if inputs.len() > crate::kv::MAX_SEQ {
             let msg = format!("{} inputs in one batch; at most {}", inputs.len(), crate::kv::MAX_SEQ);
             return Err(DecodeError::InvalidInput(msg));
@@ -144,6 +164,14 @@ impl Context {
                 let wanted = pooling == Pooling::Mean || i + 1 == ids.len();
                 batch.push(t, i as Pos, &[seq as SeqId], wanted);
             }
+        }
+        if let Readout::Logits(tokens) = readout {
+            let vocab = self.info().vocab_size;
+            if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(DecodeError::InvalidInput(format!("token {t} is outside the vocabulary ({vocab})")));
+            }
+            let rows = self.scratch_pass(&batch, true)?;
+            return Ok(rows.chunks_exact(vocab).map(|row| tokens.iter().map(|&t| row[t as usize]).collect()).collect());
         }
         let hidden = self.info().hidden_size;
         let rows = self.embed(&batch)?;

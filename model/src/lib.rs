@@ -36,7 +36,7 @@ pub use grammar::{
     Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd, ThinkStart, Thinking,
 };
 pub use kv::{KvCache, KvDtype, Pos, PosRange, SeqId};
-pub use lm::{LanguageModel, ModelInfo, Pooling};
+pub use lm::{LanguageModel, ModelInfo, Pooling, Readout};
 pub use output::{Outputs, argmax};
 pub use registry::{LoadOptions, MODEL_TYPES, load_model, model_info};
 pub use sampling::{Sampled, Sampler, SamplingParams};

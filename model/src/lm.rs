@@ -33,6 +33,17 @@ pub enum Pooling {
     Mean,
 }
 
+/// What a prefill-only pass reads out of each input.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Readout {
+    /// Its final hidden states, pooled: an embedding, `[hidden]`.
+    Pooled(Pooling),
+    /// The logits of these tokens after its last token (a yes/no reranker's verdict),
+    /// `[tokens]`. The caller checked that they are in the vocabulary.
+    Logits(Vec<u32>),
+}
+
 impl Pooling {
     /// From its name (`last`, `mean`).
     pub fn parse(name: &str) -> Option<Self> {

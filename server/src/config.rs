@@ -9,7 +9,7 @@ use std::time::Duration;
 use llaisys_actors::cluster::{ClusterConfig, ClusterError, Tls, read_cookie};
 use llaisys_actors::placement::{PlacementConfig, Routing};
 use llaisys_actors::speculative::SpeculativeConfig;
-use llaisys_actors::{EngineConfig, RequestLimits};
+use llaisys_actors::{EngineConfig, RequestLimits, Reranker};
 use llaisys_model::{DeviceSpec, WeightDtype};
 use serde::Deserialize;
 
@@ -97,6 +97,8 @@ pub struct ModelConfig {
     pub model_type: String,
     pub dtype: String,
     pub device: String,
+    /// `auto`, `yes_no` or `off`: whether the model scores `/v1/rerank` documents itself.
+    pub reranker: String,
     /// More models served beside this one (each its own engine, with these settings).
     pub also: Vec<AlsoModel>,
 }
@@ -307,6 +309,12 @@ impl Config {
 
     pub fn weight_dtype(&self) -> Result<WeightDtype, String> {
         self.model.dtype.parse::<WeightDtype>().map_err(|e| e.to_string())
+    }
+
+    /// `model.reranker`.
+    pub fn reranker(&self) -> Result<Reranker, String> {
+        let name = &self.model.reranker;
+        Reranker::parse(name).ok_or_else(|| format!("\"{name}\" is not auto, yes_no or off"))
     }
 
     /// `model.device` as a list of devices, one replica each.

@@ -53,7 +53,7 @@ const REQUEST_HELP: &[(&str, &str)] = &[
     ("llaisys_request_errors_total", "Error responses by route and error type."),
     ("llaisys_constrained_requests_total", "Requests with a constraint (T1), by kind."),
     ("llaisys_grammar_mask_seconds", "Time to compute one token's grammar mask."),
-    ("llaisys_embedding_inputs_total", "Inputs embedded (embeddings and rerank)."),
+    ("llaisys_embedding_inputs_total", "Inputs read as prefill-only work (embeddings, rerank's documents)."),
     ("llaisys_embedding_tokens_total", "Tokens embedded."),
     ("llaisys_embedding_latency_seconds", "Time to embed one request's inputs, once admitted."),
 ];

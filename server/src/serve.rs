@@ -105,10 +105,12 @@ pub async fn with_model_from(config: &Config, hub: &crate::hub::HubConfig) -> Re
 pub fn builder(config: &Config) -> Result<EngineBuilder, ServeError> {
     let dtype = config.weight_dtype().map_err(setting("model.dtype"))?;
     let devices = config.devices().map_err(setting("model.device"))?;
+    let reranker = config.reranker().map_err(setting("model.reranker"))?;
     let mut builder = Engine::builder()
         .model(&config.model.path)
         .dtype(dtype)
         .devices(devices)
+        .reranker(reranker)
         .config(config.engine_config())
         .limits(config.request_limits());
     if !config.model.model_type.is_empty() {

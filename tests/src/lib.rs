@@ -52,6 +52,23 @@ impl FixtureCopy {
         })
     }
 
+    /// A copy of fixture `name` in a directory named as a reranker's (`…-Reranker-…`), whose
+    /// vocabulary has "yes" and "no" as tokens of their own (added ones, in the logits' padding
+    /// rows 1000 and 1001): what a yes/no reranker needs, on random weights; its context is 1024
+    /// tokens, room for the judging prompt.
+    pub fn reranker(name: &str) -> Self {
+        Self::edited(name, "Reranker", |dir| {
+            edit_json(&dir.join("config.json"), |config| config["max_position_embeddings"] = 1024.into());
+            edit_json(&dir.join("tokenizer.json"), |tokenizer| {
+                let added = tokenizer["added_tokens"].as_array_mut().expect("added tokens");
+                for (id, word) in [(1000, "yes"), (1001, "no")] {
+                    added.push(serde_json::json!({"id": id, "content": word, "single_word": false, "lstrip": false,
+                                                  "rstrip": false, "normalized": false, "special": false}));
+                }
+            })
+        })
+    }
+
     /// A copy of fixture `name` (told apart by `tag`) with the Qwen3 chat template's generation
     /// prompt opening the think block, as DeepSeek-R1's and Qwen3-Thinking's templates do: the
     /// model's whole output is then reasoning until it writes `</think>`. Its context is 1024

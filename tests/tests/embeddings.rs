@@ -4,7 +4,7 @@
 //! beside a generation without disturbing it.
 
 use base64_check::decode;
-use llaisys_tests::fixture_dir;
+use llaisys_tests::{FixtureCopy, fixture_dir};
 use serde_json::{Value, json};
 
 mod common;
@@ -147,6 +147,92 @@ async fn rerank_orders_documents_as_the_reference_embeddings_do() {
     assert_eq!(r["results"].as_array().unwrap().len(), documents.len());
     assert!(r["results"][0].get("document").is_none());
     s.shutdown().await;
+}
+
+/// Qwen3-Reranker's judging prompt, as its model card writes it.
+fn judging_prompt(instruction: &str, query: &str, document: &str) -> String {
+    let system = "Judge whether the Document meets the requirements based on the Query and the Instruct provided. \
+                  Note that the answer can only be \"yes\" or \"no\".";
+    format!(
+        "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n<Instruct>: {instruction}\n<Query>: {query}\n\
+         <Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_yes_no_reranker_scores_documents_by_its_own_judgement() {
+    use llaisys_model::generate::one_sequence;
+    use llaisys_model::{Context, Device, KvDtype, LoadOptions, ModelSource, Tokenizer, load_model};
+    let fixture = FixtureCopy::reranker("tiny-qwen3-f32");
+    let name = fixture.path().file_name().unwrap().to_string_lossy().to_string();
+    let query = "What is the capital of France?";
+    let documents = ["Paris is the capital of France.", "Berlin is in Germany.", "fn main() {}", "十二个月"];
+    let instruction = "Given a web search query, retrieve relevant passages that answer the query";
+    // The reference: each judging prompt alone through the model, σ(yes − no) after its end.
+    let tokenizer = Tokenizer::from_dir(fixture.path()).unwrap();
+    let (yes, no) = (tokenizer.token_to_id("yes").unwrap() as usize, tokenizer.token_to_id("no").unwrap() as usize);
+    let source = ModelSource::Dir(fixture.path().into());
+    let model = load_model(None, Some(&source), &LoadOptions::default(), &Device::flex()).unwrap();
+    let mut ctx = Context::with_kv_dtype(model, 1024, KvDtype::F32);
+    let mut judge = |instruction: &str, document: &str| {
+        let ids = tokenizer.encode(&judging_prompt(instruction, query, document)).unwrap();
+        assert!(ids.contains(&(yes as u32)) && ids.contains(&(no as u32)), "the prompt names both tokens");
+        ctx.decode(&one_sequence(&ids, 1, 0)).unwrap();
+        let row = ctx.outputs().row(0).unwrap();
+        let margin = f64::from(row[yes]) - f64::from(row[no]);
+        ctx.kv_mut().seq_rm(1, ..).unwrap();
+        1.0 / (1.0 + (-margin).exp())
+    };
+    let expected: Vec<f64> = documents.iter().map(|d| judge(instruction, d)).collect();
+    let other: Vec<f64> = documents.iter().map(|d| judge("Find code", d)).collect();
+    let mut order: Vec<usize> = (0..documents.len()).collect();
+    order.sort_by(|&a, &b| expected[b].total_cmp(&expected[a]));
+
+    // A path that names a reranker: the model judges (batched; each score as alone).
+    let s = server_for(fixture.path(), &[]).await;
+    let rerank = |body: Value| post(&s, "/v1/rerank", body);
+    let (status, r) = rerank(json!({"model": name, "query": query, "documents": documents})).await;
+    assert_eq!(status, 200, "{r}");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.iter().map(|x| x["index"].as_u64().unwrap() as usize).collect::<Vec<_>>(), order, "{r}");
+    for x in results {
+        let i = x["index"].as_u64().unwrap() as usize;
+        assert!(
+            (x["relevance_score"].as_f64().unwrap() - expected[i]).abs() < 1e-5,
+            "{i}: {x} against {}",
+            expected[i]
+        );
+    }
+    let (_, r) =
+        rerank(json!({"model": name, "query": query, "documents": documents, "instruction": "Find code"})).await;
+    for x in r["results"].as_array().unwrap() {
+        let i = x["index"].as_u64().unwrap() as usize;
+        assert!((x["relevance_score"].as_f64().unwrap() - other[i]).abs() < 1e-5, "{i}: {x} against {}", other[i]);
+    }
+    let (status, r) = rerank(json!({"model": name, "query": query, "documents": ["x".repeat(5000)]})).await;
+    assert_eq!((status, r["error"]["param"].as_str()), (400, Some("documents")), "{r}");
+    s.shutdown().await;
+
+    // Told off, the same model ranks by its embeddings' cosine instead.
+    let s = server_for(fixture.path(), &[("model.reranker", "\"off\"")]).await;
+    let (_, r) = post(&s, "/v1/rerank", json!({"model": name, "query": query, "documents": documents})).await;
+    let x = &r["results"][0];
+    let i = x["index"].as_u64().unwrap() as usize;
+    assert!((x["relevance_score"].as_f64().unwrap() - expected[i]).abs() > 1e-3, "{r}");
+    s.shutdown().await;
+    // A model without the two tokens cannot be made one.
+    let settings = [
+        ("model.path".to_string(), format!("{:?}", fixture_dir("tiny-qwen3-f32").display().to_string())),
+        ("model.reranker".into(), "\"yes_no\"".into()),
+        ("server.port".into(), "0".into()),
+    ];
+    let config = llaisys_server::Config::load(None, std::iter::empty(), &settings).unwrap();
+    let err = llaisys_server::start(&config).await.err().expect("refused").to_string();
+    assert!(err.contains("cannot rerank") && err.contains("\"yes\""), "{err}");
+    let settings = [("model.path".to_string(), "\"m\"".to_string()), ("model.reranker".into(), "\"maybe\"".into())];
+    let config = llaisys_server::Config::load(None, std::iter::empty(), &settings).unwrap();
+    let err = llaisys_server::start(&config).await.err().expect("refused").to_string();
+    assert!(err.contains("model.reranker"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

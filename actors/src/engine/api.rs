@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use llaisys_model::{Constraint, Device, Guidance, LanguageModel, LoadError, ModelInfo, Tokenizer};
+use llaisys_model::{Constraint, Device, Guidance, LanguageModel, LoadError, ModelInfo, Readout, Tokenizer};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::watch;
@@ -18,7 +18,7 @@ use super::stats::{EngineStats, LOCAL_NODE, ReplicaStats};
 use crate::cluster::{FrontParts, ToFront};
 use crate::host::{
     ChatRequest, CompletionRequest, EmbedRequest, Embeddings, EngineBuilder, Frontend, GenerateRequest, Generation,
-    ModelText, RequestError, RequestLimits, ValidRequest,
+    ModelText, RequestError, RequestLimits, RerankRequest, Scores, ValidRequest,
 };
 use crate::placement::{PlacementConfig, PlacerActor, PlacerArgs, Target, ToPlacer};
 use crate::request::{FinishReason, RequestId};
@@ -292,13 +292,30 @@ impl Engine {
     /// requests do not stall the decoding ones for long), pooled, truncated and normalised.
     pub async fn embed(&self, request: &EmbedRequest) -> Result<Embeddings, EngineError> {
         let valid = self.frontend.embedding(request)?;
+        let pooled = self.read_out(valid.inputs(), Readout::Pooled(valid.pooling), "embeddings").await?;
+        Ok(valid.finish(pooled))
+    }
+
+    /// Scores each document of `request` against its query with a yes/no reranker (see
+    /// [`RerankRequest`]; `Frontend::rerank` refuses other models): its judging prompts run as
+    /// embeddings do.
+    pub async fn rerank(&self, request: &RerankRequest) -> Result<Scores, EngineError> {
+        let valid = self.frontend.rerank(request)?;
+        let readout = Readout::Logits(vec![valid.judge.no, valid.judge.yes]);
+        let logits = self.read_out(valid.inputs(), readout, "reranking").await?;
+        Ok(valid.finish(logits))
+    }
+
+    /// What `readout` reads out of each of `inputs` (checked), as prefill-only work on the
+    /// workers; `what` names the work in an error.
+    async fn read_out(&self, inputs: &[Vec<u32>], readout: Readout, what: &str) -> Result<Vec<Vec<f32>>, EngineError> {
         let Route::Local(local) = &self.route else {
-            return Err(RequestError::general("embeddings are not served through a cluster's front yet").into());
+            return Err(RequestError::general(format!("{what} is not served through a cluster's front yet")).into());
         };
-        let mut pooled = Vec::with_capacity(valid.inputs().len());
+        let mut pooled = Vec::with_capacity(inputs.len());
         let mut batch: Vec<Vec<u32>> = Vec::new();
         let mut tokens = 0;
-        let inputs = valid.inputs().iter();
+        let inputs = inputs.iter();
         for input in inputs.map(Some).chain([None]) {
             let full = input.is_some_and(|i| {
                 !batch.is_empty()
@@ -308,8 +325,8 @@ impl Engine {
                 let i = local.next_embed.fetch_add(1, Ordering::Relaxed) % local.replicas.len();
                 let inputs = std::mem::take(&mut batch);
                 let scheduler = &local.replicas[i].scheduler;
-                let pooling = valid.pooling;
-                let result = ractor::call!(scheduler, |reply| ToScheduler::Embed { inputs, pooling, reply });
+                let readout = readout.clone();
+                let result = ractor::call!(scheduler, |reply| ToScheduler::Embed { inputs, readout, reply });
                 pooled.extend(result.map_err(|_| self.stopped())??);
                 tokens = 0;
             }
@@ -318,7 +335,7 @@ impl Engine {
                 batch.push(i.clone());
             }
         }
-        Ok(valid.finish(pooled))
+        Ok(pooled)
     }
 
     /// Checks and queues a request of token ids; returns its event stream.

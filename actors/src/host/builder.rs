@@ -9,6 +9,7 @@ use llaisys_model::{
 };
 
 use super::frontend::{Frontend, RequestLimits};
+use super::rerank::Reranker;
 use super::text::{GenerationDefaults, ModelText};
 use crate::placement::PlacementConfig;
 use crate::speculative::SettingError;
@@ -23,6 +24,8 @@ pub enum BuildError {
     Load { path: String, source: LoadError },
     #[error("the draft model {path} cannot propose for this model: its vocabulary differs ({difference})")]
     DraftVocabulary { path: String, difference: String },
+    #[error("the model {path} cannot rerank: {reason}")]
+    Reranker { path: String, reason: String },
     #[error("--device: {0}")]
     Device(#[from] DeviceError),
     #[error("offline use (`build_offline`) runs on one device; {0} were given")]
@@ -40,6 +43,7 @@ impl BuildError {
             Self::NoModel => "no_model",
             Self::Load { source, .. } => source.error_type(),
             Self::DraftVocabulary { .. } => "draft_vocabulary",
+            Self::Reranker { .. } => "reranker",
             Self::Device(_) => "device",
             Self::OfflineDevices(_) => "offline_devices",
             Self::Speculative(_) => "speculative",
@@ -54,6 +58,7 @@ pub struct EngineBuilder {
     model: Option<PathBuf>,
     model_type: Option<String>,
     draft: Option<PathBuf>,
+    reranker: Reranker,
     load: LoadOptions,
     devices: Vec<DeviceSpec>,
     placement: PlacementConfig,
@@ -67,6 +72,7 @@ impl Default for EngineBuilder {
             model: None,
             model_type: None,
             draft: None,
+            reranker: Reranker::default(),
             load: LoadOptions::default(),
             devices: vec![DeviceSpec::Cpu],
             placement: PlacementConfig::default(),
@@ -89,6 +95,13 @@ impl EngineBuilder {
     /// each request's own `speculative` option.
     pub fn draft_model(mut self, path: impl AsRef<Path>) -> Self {
         self.draft = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// Whether the model scores documents itself as a yes/no reranker (`Engine::rerank`);
+    /// default: when its path names it a reranker (see [`Reranker`]).
+    pub fn reranker(mut self, reranker: Reranker) -> Self {
+        self.reranker = reranker;
         self
     }
 
@@ -187,7 +200,12 @@ impl EngineBuilder {
                 let template = source.chat_template().map_err(load_err)?;
                 let defaults =
                     source.generation_config().map(|p| GenerationDefaults::from_file(&p)).unwrap_or_default();
-                Some(ModelText::new(tokenizer, template, defaults))
+                let mut text = ModelText::new(tokenizer, template, defaults);
+                text.judge = self
+                    .reranker
+                    .resolve(self.model.as_deref(), &text)
+                    .map_err(|reason| BuildError::Reranker { path: path.clone(), reason })?;
+                Some(text)
             }
             None => None,
         };

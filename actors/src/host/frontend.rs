@@ -15,6 +15,7 @@ use llaisys_model::{
 use super::embed::{self, EmbedRequest, ValidEmbed};
 use super::params::GenerateParams;
 use super::request::{ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, RequestError, Tool};
+use super::rerank::{self, RerankRequest, ValidRerank};
 use super::text::{GenerationDefaults, ModelText};
 use super::tools::{check_tool_choice, check_tools, constrain_calls};
 use super::validate::{Bounds, Unchecked, ValidRequest, check_prompts};
@@ -195,6 +196,15 @@ impl Frontend {
         let inputs = self.prompt_ids(&request.inputs, "input")?;
         let info = &self.info;
         Ok(embed::check(request, inputs, info.vocab_size, info.context_length, info.hidden_size, info.pooling)?)
+    }
+
+    /// Checks a request for a yes/no reranker and tokenizes its judging prompts.
+    pub fn rerank(&self, request: &RerankRequest) -> Result<ValidRerank, EngineError> {
+        let text = self.text_side()?;
+        let judge = text.judge.ok_or_else(|| {
+            RequestError::invalid("model", "this model is not a yes/no reranker (it reranks with its embeddings)")
+        })?;
+        Ok(rerank::check(request, text, judge, self.info.context_length)?)
     }
 
     /// Prompts as token ids: text encoded as a prompt (with the BOS token where the model's

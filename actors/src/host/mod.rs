@@ -7,6 +7,7 @@
 //!   `validate`, the checks that make a `ValidRequest`, the only request the engine runs;
 //! - `text`: a model's tokenizer, chat template and generation defaults (`ModelText`);
 //! - `embed`: embedding requests (`EmbedRequest`), checked into a `ValidEmbed`;
+//! - `rerank`: a yes/no reranker's judging prompts (`RerankRequest`), checked into a `ValidRerank`;
 //! - `generation`: a running request as a `futures::Stream` of `Output`s, or its `Answer`
 //!   (`answer`: one builder adds up every choice's events).
 
@@ -17,6 +18,7 @@ mod frontend;
 mod generation;
 mod params;
 mod request;
+mod rerank;
 mod text;
 mod tools;
 mod validate;
@@ -30,5 +32,6 @@ pub use params::GenerateParams;
 pub use request::{
     ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, Request, RequestError, Tool, ToolChoice,
 };
+pub use rerank::{DEFAULT_INSTRUCTION, RerankRequest, Reranker, Scores, ValidRerank, YesNo};
 pub use text::{GenerationDefaults, ModelText};
 pub use validate::{ValidChoice, ValidRequest};

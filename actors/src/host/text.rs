@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use llaisys_model::tokenizer::ChatTemplate;
 use llaisys_model::{GrammarCompiler, GrammarError, ModelInfo, Tokenizer};
 
+use super::rerank::YesNo;
 use crate::request::ReasoningTags;
 
 /// Sampling defaults from a model's `generation_config.json`, used where a request leaves a
@@ -68,6 +69,8 @@ pub struct ModelText {
     /// A reasoning model's think tags (`<think>`, `</think>`, single tokens of its vocabulary):
     /// its chats' thinking is split from the answer.
     pub(crate) reasoning: Option<ReasoningTags>,
+    /// A yes/no reranker's tokens (`Reranker` decides at build).
+    pub(crate) judge: Option<YesNo>,
     /// T1: the model's grammar compiler, built by the first constrained request.
     grammar: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
 }
@@ -79,7 +82,7 @@ impl ModelText {
             _ => None,
         };
         let reasoning = tag("<think>").zip(tag("</think>")).map(|(open, close)| ReasoningTags { open, close });
-        Self { tokenizer: Arc::new(tokenizer), template, defaults, reasoning, grammar: OnceLock::new() }
+        Self { tokenizer: Arc::new(tokenizer), template, defaults, reasoning, judge: None, grammar: OnceLock::new() }
     }
 
     /// A tokenizer alone: no chat template, OpenAI's sampling defaults.
@@ -101,6 +104,11 @@ impl ModelText {
 
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.template.as_ref()
+    }
+
+    /// A yes/no reranker: it scores documents itself (`Engine::rerank`).
+    pub fn judges(&self) -> bool {
+        self.judge.is_some()
     }
 
     /// A reasoning model: its chats' thinking is split from the answer.

@@ -239,7 +239,7 @@ impl Actor for SchedulerActor {
             ToScheduler::DeleteSession { id, reply } => {
                 let _ = reply.send(state.end_session(&id, "deleted"));
             }
-            ToScheduler::Embed { inputs, pooling, reply } => {
+            ToScheduler::Embed { inputs, readout, reply } => {
                 if let Some(cause) = &state.worker_lost {
                     let device = state.device.clone();
                     let _ = reply.send(Err(EngineError::WorkerLost { device, restart: true, cause: cause.clone() }));
@@ -247,7 +247,7 @@ impl Actor for SchedulerActor {
                     // The worker answers the caller itself, between steps.
                     let worker = state.worker.clone();
                     tokio::spawn(async move {
-                        let result = ractor::call!(worker, |r| ToWorker::Embed { inputs, pooling, reply: r });
+                        let result = ractor::call!(worker, |r| ToWorker::Embed { inputs, readout, reply: r });
                         let _ = reply.send(match result {
                             Ok(pooled) => pooled.map_err(EngineError::Step),
                             Err(_) => Err(EngineError::Stopped { actor: "worker" }),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use llaisys_model::{DecodeError, Pooling};
+use llaisys_model::{DecodeError, Readout};
 use ractor::{ActorId, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -43,7 +43,7 @@ pub enum ToScheduler {
     DeleteSession { id: String, reply: RpcReplyPort<bool> },
     /// Sent by `Engine::embed`: pool these inputs' final hidden states on the worker, between
     /// steps (a scratch cache: no cell is taken).
-    Embed { inputs: Vec<Vec<u32>>, pooling: Pooling, reply: RpcReplyPort<Result<Vec<Vec<f32>>, EngineError>> },
+    Embed { inputs: Vec<Vec<u32>>, readout: Readout, reply: RpcReplyPort<Result<Vec<Vec<f32>>, EngineError>> },
     /// Sent by a session actor idle past the timeout: end it unless a request of it arrived
     /// meanwhile. `actor` tells a stale message from the session's current actor.
     SessionIdle { id: String, actor: ActorId },

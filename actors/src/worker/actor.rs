@@ -43,10 +43,10 @@ impl Actor for WorkerActor {
         match msg {
             ToWorker::AddRequest(id, lane) => executor.add_request(id, *lane),
             ToWorker::RemoveRequest(id) => executor.remove_request(id),
-            ToWorker::Embed { inputs, pooling, reply } => {
+            ToWorker::Embed { inputs, readout, reply } => {
                 let executor = state.executor.take().ok_or("worker executor missing")?;
                 let (executor, result) = tokio::task::spawn_blocking(move || {
-                    let result = executor.context().embeddings(&inputs, pooling);
+                    let result = executor.context().readouts(&inputs, &readout);
                     (executor, result)
                 })
                 .await?;

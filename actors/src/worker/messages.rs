@@ -1,6 +1,6 @@
 //! The worker actor's messages.
 
-use llaisys_model::{DecodeError, Pooling};
+use llaisys_model::{DecodeError, Readout};
 use ractor::RpcReplyPort;
 
 use super::executor::Lane;
@@ -15,9 +15,9 @@ pub enum ToWorker {
     RemoveRequest(RequestId),
     /// Run one step off the async threads; the result goes back as `ToScheduler::StepDone`.
     Execute(StepPlan),
-    /// Embed these inputs off the async threads (`Context::embeddings`); the result goes back
+    /// Read these inputs out off the async threads (`Context::readouts`); the result goes back
     /// to the caller.
-    Embed { inputs: Vec<Vec<u32>>, pooling: Pooling, reply: RpcReplyPort<Result<Vec<Vec<f32>>, DecodeError>> },
+    Embed { inputs: Vec<Vec<u32>>, readout: Readout, reply: RpcReplyPort<Result<Vec<Vec<f32>>, DecodeError>> },
 }
 
 impl ractor::Message for ToWorker {}

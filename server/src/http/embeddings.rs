@@ -1,14 +1,15 @@
 //! `POST /v1/embeddings` (OpenAI's shape: text, token-id or list input, `dimensions`,
 //! `encoding_format` float or base64; extensions `pooling` and `truncate`) and `POST /v1/rerank`
 //! (also `/rerank`; Jina's and Cohere's shape as vLLM serves it): documents scored against the
-//! query by the cosine of their embeddings.
+//! query by a yes/no reranker's own judgement (extension `instruction`), or by the cosine of
+//! their embeddings with any other model.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use llaisys_actors::{EmbedRequest, Embeddings, Pooling, Prompt as EnginePrompt};
+use llaisys_actors::{EmbedRequest, Embeddings, Pooling, Prompt as EnginePrompt, RerankRequest};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -34,6 +35,8 @@ struct RerankIn {
     documents: Vec<Document>,
     top_n: Option<usize>,
     return_documents: Option<bool>,
+    /// What relevance means (a yes/no reranker's instruction; default its trained one).
+    instruction: Option<String>,
 }
 
 /// A document: its text, or `{"text": ...}`.
@@ -123,13 +126,24 @@ pub async fn rerank(State(state): State<Arc<AppState>>, body: Result<Body413, Ap
         if req.documents.is_empty() {
             return Err(ApiError::invalid("documents", "give at least one document"));
         }
-        let mut inputs = vec![EnginePrompt::from(req.query.as_str())];
-        inputs.extend(req.documents.iter().map(|d| EnginePrompt::from(d.text())));
-        let embeddings = embed(&state, &model, &EmbedRequest::new(inputs)).await?;
-        let (query, documents) = embeddings.vectors.split_first().expect("the query's embedding");
-        let mut scored: Vec<(usize, f32)> = (documents.iter().enumerate())
-            .map(|(i, d)| (i, query.iter().zip(d).map(|(a, b)| a * b).sum::<f32>()))
-            .collect();
+        let (mut scored, tokens): (Vec<(usize, f32)>, usize) =
+            if model.engine.frontend().text().is_some_and(|t| t.judges()) {
+                let documents = req.documents.iter().map(|d| d.text().to_string()).collect();
+                let request =
+                    RerankRequest { query: req.query.clone(), documents, instruction: req.instruction.clone() };
+                let _permit = state.admit().await?;
+                let start = std::time::Instant::now();
+                let scores = model.engine.rerank(&request).await?;
+                state.metrics.embedded(&model.name, req.documents.len(), scores.prompt_tokens, start.elapsed());
+                (scores.scores.into_iter().enumerate().collect(), scores.prompt_tokens)
+            } else {
+                let mut inputs = vec![EnginePrompt::from(req.query.as_str())];
+                inputs.extend(req.documents.iter().map(|d| EnginePrompt::from(d.text())));
+                let embeddings = embed(&state, &model, &EmbedRequest::new(inputs)).await?;
+                let (query, documents) = embeddings.vectors.split_first().expect("the query's embedding");
+                let cosine = |d: &Vec<f32>| query.iter().zip(d).map(|(a, b)| a * b).sum::<f32>();
+                (documents.iter().map(cosine).enumerate().collect(), embeddings.prompt_tokens)
+            };
         scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         scored.truncate(req.top_n.unwrap_or(scored.len()));
         let results: Vec<Value> = scored
@@ -145,7 +159,7 @@ pub async fn rerank(State(state): State<Arc<AppState>>, body: Result<Body413, Ap
         let body = json!({
             "id": format!("rerank-{}", super::unix_now()),
             "model": model.name,
-            "usage": {"total_tokens": embeddings.prompt_tokens},
+            "usage": {"total_tokens": tokens},
             "results": results,
         });
         Ok(with_model(json_response(StatusCode::OK, &body), &model.name))
