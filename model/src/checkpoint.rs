@@ -69,6 +69,18 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// The shards' paths.
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.shards.iter().map(|s| s.path.clone()).collect()
+    }
+
+    /// Each tensor's values and bytes, by its stored type's name (`BF16`).
+    pub fn sizes(&self) -> impl Iterator<Item = (usize, usize, String)> + '_ {
+        self.entries.values().map(|e| (e.shape.iter().product(), e.range.1 - e.range.0, format!("{:?}", e.dtype)))
+    }
+}
+
 impl TensorSource for Checkpoint {
     fn naming(&self) -> Naming {
         Naming::Hf

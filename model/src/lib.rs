@@ -40,6 +40,6 @@ pub use lm::{LanguageModel, ModelInfo, Pooling, Readout};
 pub use output::{Outputs, argmax};
 pub use registry::{LoadOptions, MODEL_TYPES, load_model, model_info};
 pub use sampling::{Sampled, Sampler, SamplingParams};
-pub use source::ModelSource;
+pub use source::{FileSummary, ModelSource};
 pub use tensors::WeightDtype;
 pub use tokenizer::Tokenizer;

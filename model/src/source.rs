@@ -9,6 +9,22 @@ use crate::error::LoadError;
 use crate::gguf::{self, GgufFile};
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
+/// What a model's weight files hold, as a model list shows it (Ollama's `/api/tags`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileSummary {
+    /// `gguf` or `safetensors`.
+    pub format: &'static str,
+    /// The weight files, in order (a split GGUF's parts, a checkpoint's shards).
+    pub files: Vec<PathBuf>,
+    /// Their size in bytes.
+    pub bytes: u64,
+    /// Values in all tensors.
+    pub parameters: u64,
+    /// The file's type as llama.cpp names it (`Q4_K_M`), else the type most of the tensors'
+    /// bytes have (`BF16`).
+    pub quantization: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelSource {
     /// A Hugging Face model directory.
@@ -88,6 +104,42 @@ impl ModelSource {
             Self::Dir(dir) => ChatTemplate::from_dir(dir),
             Self::Gguf(path) => gguf::chat_template(&GgufFile::open(path)?),
         }
+    }
+
+    /// The weight files' summary: format, size, parameters, quantization.
+    pub fn summary(&self) -> Result<FileSummary, LoadError> {
+        // (values, bytes, type) of each tensor.
+        let (format, files, sizes, file_type): (_, _, Vec<(usize, usize, String)>, _) = match self {
+            Self::Gguf(path) => {
+                let file = GgufFile::open(path)?;
+                let sizes =
+                    file.tensors().iter().map(|t| (t.n_values(), t.byte_len().unwrap_or(0), t.ty.name())).collect();
+                ("gguf", file.parts().to_vec(), sizes, file.file_type())
+            }
+            Self::Dir(dir) => {
+                let checkpoint = crate::checkpoint::Checkpoint::open(dir)?;
+                ("safetensors", checkpoint.files(), checkpoint.sizes().collect(), None)
+            }
+        };
+        let mut bytes = 0;
+        for file in &files {
+            bytes += std::fs::metadata(file).map_err(|source| LoadError::Io { path: file.clone(), source })?.len();
+        }
+        let mut by_type: Vec<(String, usize)> = Vec::new();
+        for (_, size, ty) in &sizes {
+            match by_type.iter_mut().find(|(t, _)| t == ty) {
+                Some((_, total)) => *total += size,
+                None => by_type.push((ty.clone(), *size)),
+            }
+        }
+        let dominant = by_type.iter().max_by_key(|(_, size)| *size).map(|(t, _)| t.clone()).unwrap_or_default();
+        Ok(FileSummary {
+            format,
+            files,
+            bytes,
+            parameters: sizes.iter().map(|(n, _, _)| *n as u64).sum(),
+            quantization: file_type.map_or(dominant, str::to_string),
+        })
     }
 
     /// The directory's `generation_config.json`, if it has one (a GGUF carries none).

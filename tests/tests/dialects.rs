@@ -7,6 +7,7 @@ use llaisys_model::Tokenizer;
 use llaisys_server::Server;
 use llaisys_tests::{FixtureCopy, fixture_dir};
 use serde_json::{Value, json};
+use sha2::Digest;
 
 mod common;
 use common::{events, get, post, server_for, url};
@@ -605,16 +606,56 @@ async fn ollama_lists_shows_and_reports_the_served_models() {
     let (_, tags) = get(&s, "/api/tags").await;
     assert_eq!(tags["models"][0]["name"], FIXTURE);
     assert_eq!(tags["models"][0]["details"]["family"], "qwen2");
+    // The weight files' size, format, type, parameters, and (once worked out) their sha256.
+    // The fixture's weights are in five shards.
+    let shards: Vec<Vec<u8>> = (1..=5)
+        .map(|i| std::fs::read(fixture_dir(FIXTURE).join(format!("model-0000{i}-of-00005.safetensors"))).unwrap())
+        .collect();
+    let header = |w: &[u8]| u64::from_le_bytes(w[..8].try_into().unwrap()) as usize;
+    let parameters: usize = shards.iter().map(|w| (w.len() - 8 - header(w)) / 4).sum();
+    let weights = shards.concat();
+    let shown = match parameters {
+        n if n >= 1_000_000 => format!("{:.2}M", n as f64 / 1e6),
+        n => format!("{:.2}K", n as f64 / 1e3),
+    };
+    let entry = &tags["models"][0];
+    assert_eq!(entry["size"].as_u64(), Some(weights.len() as u64), "{tags}");
+    let details = &entry["details"];
+    assert_eq!((&details["format"], &details["quantization_level"]), (&json!("safetensors"), &json!("F32")), "{tags}");
+    assert_eq!(details["parameter_size"], shown, "{tags}");
+    let sha: String = sha2::Sha256::digest(&weights).iter().map(|b| format!("{b:02x}")).collect();
+    let mut digest = String::new();
+    for _ in 0..100 {
+        digest = get(&s, "/api/tags").await.1["models"][0]["digest"].as_str().unwrap_or_default().to_string();
+        if !digest.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(digest, sha);
     let (_, ps) = get(&s, "/api/ps").await;
     assert_eq!(ps["models"][0]["context_length"], 256, "{ps}");
+    assert_eq!(ps["models"][0]["size"], entry["size"], "{ps}");
     let (status, show) = post(&s, "/api/show", json!({"model": FIXTURE})).await;
     assert_eq!(status, 200, "{show}");
     assert_eq!(show["model_info"]["general.architecture"], "qwen2");
+    assert_eq!(show["model_info"]["general.parameter_count"].as_u64(), Some(parameters as u64), "{show}");
     assert!(show["template"].as_str().unwrap().contains("im_start"), "the chat template's source");
     assert!(show["capabilities"].as_array().unwrap().contains(&json!("completion")));
     let (status, _) = post(&s, "/api/show", json!({"model": "nope"})).await;
     assert_eq!(status, 404);
     let (status, load) = post(&s, "/api/generate", json!({"model": FIXTURE})).await;
     assert_eq!((status, load["done_reason"].as_str()), (200, Some("load")), "an empty prompt loads the model");
+    s.shutdown().await;
+
+    // A GGUF split in parts: all of them count.
+    let parts = fixture_dir("gguf").join("split");
+    let s = server_for(&parts, &[]).await;
+    let (_, tags) = get(&s, "/api/tags").await;
+    let size: u64 = std::fs::read_dir(&parts).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    let entry = &tags["models"][0];
+    assert_eq!(entry["size"].as_u64(), Some(size), "{tags}");
+    let details = &entry["details"];
+    assert_eq!((&details["format"], &details["quantization_level"]), (&json!("gguf"), &json!("Q8_0")), "{tags}");
     s.shutdown().await;
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use llaisys_model::tokenizer::ChatTemplate;
-use llaisys_model::{GrammarCompiler, GrammarError, ModelInfo, Tokenizer};
+use llaisys_model::{FileSummary, GrammarCompiler, GrammarError, ModelInfo, Tokenizer};
 
 use super::rerank::YesNo;
 use crate::request::ReasoningTags;
@@ -60,7 +60,7 @@ impl GenerationDefaults {
     }
 }
 
-/// The tokenizer, chat template and generation defaults of a model.
+/// The tokenizer, chat template and generation defaults of a model, and what its files are.
 pub struct ModelText {
     /// Shared with the scheduler actors, which decode the generated text.
     pub(crate) tokenizer: Arc<Tokenizer>,
@@ -71,6 +71,8 @@ pub struct ModelText {
     pub(crate) reasoning: Option<ReasoningTags>,
     /// A yes/no reranker's tokens (`Reranker` decides at build).
     pub(crate) judge: Option<YesNo>,
+    /// What the weight files are (format, size, parameters, quantization), when read.
+    pub(crate) files: Option<FileSummary>,
     /// T1: the model's grammar compiler, built by the first constrained request.
     grammar: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
 }
@@ -82,7 +84,15 @@ impl ModelText {
             _ => None,
         };
         let reasoning = tag("<think>").zip(tag("</think>")).map(|(open, close)| ReasoningTags { open, close });
-        Self { tokenizer: Arc::new(tokenizer), template, defaults, reasoning, judge: None, grammar: OnceLock::new() }
+        Self {
+            tokenizer: Arc::new(tokenizer),
+            template,
+            defaults,
+            reasoning,
+            judge: None,
+            files: None,
+            grammar: OnceLock::new(),
+        }
     }
 
     /// A tokenizer alone: no chat template, OpenAI's sampling defaults.
@@ -104,6 +114,11 @@ impl ModelText {
 
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.template.as_ref()
+    }
+
+    /// The weight files' format, size, parameters and quantization (what model lists show).
+    pub fn files(&self) -> Option<&FileSummary> {
+        self.files.as_ref()
     }
 
     /// A yes/no reranker: it scores documents itself (`Engine::rerank`).

@@ -176,11 +176,17 @@ impl TensorInfo {
     pub fn n_values(&self) -> usize {
         self.dims.iter().product()
     }
+    /// Bytes its data takes, when its type is known here.
+    pub fn byte_len(&self) -> Option<usize> {
+        self.range.map(|(start, end)| end - start)
+    }
 }
 
 /// An open GGUF file (all its parts, if split).
 pub struct GgufFile {
     path: PathBuf,
+    /// Every part's path, the first first (one for an unsplit file).
+    parts: Vec<PathBuf>,
     /// One map per part.
     maps: Vec<Mmap>,
     pub version: u32,
@@ -199,6 +205,7 @@ impl GgufFile {
         let error = |reason: String| LoadError::Gguf { path: path.into(), reason };
         let split = Split::of(&metadata).map_err(error)?;
         let mut maps = vec![mmap];
+        let mut parts = vec![path.to_path_buf()];
         if let Some(split) = split.filter(|s| s.count > 1) {
             if split.no != 0 {
                 return Err(error(format!(
@@ -226,6 +233,7 @@ impl GgufFile {
                 }
                 tensors.extend(more.into_iter().map(|t| TensorInfo { part, ..t }));
                 maps.push(mmap);
+                parts.push(sibling);
             }
             if tensors.len() != split.tensors {
                 return Err(error(format!(
@@ -236,11 +244,42 @@ impl GgufFile {
                 )));
             }
         }
-        Ok(Self { path: path.into(), maps, version, metadata, tensors })
+        Ok(Self { path: path.into(), parts, maps, version, metadata, tensors })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Every part's path, the first first (the file's own path when it is not split).
+    pub fn parts(&self) -> &[PathBuf] {
+        &self.parts
+    }
+
+    /// The whole file's type as llama.cpp names it (`general.file_type`: `Q4_K_M`), if known.
+    pub fn file_type(&self) -> Option<&'static str> {
+        const FILE_TYPES: [(u64, &str); 18] = [
+            (0, "F32"),
+            (1, "F16"),
+            (2, "Q4_0"),
+            (3, "Q4_1"),
+            (7, "Q8_0"),
+            (8, "Q5_0"),
+            (9, "Q5_1"),
+            (10, "Q2_K"),
+            (11, "Q3_K_S"),
+            (12, "Q3_K_M"),
+            (13, "Q3_K_L"),
+            (14, "Q4_K_S"),
+            (15, "Q4_K_M"),
+            (16, "Q5_K_S"),
+            (17, "Q5_K_M"),
+            (18, "Q6_K"),
+            (30, "IQ4_XS"),
+            (32, "BF16"),
+        ];
+        let id = self.get("general.file_type")?.as_u64()?;
+        FILE_TYPES.iter().find(|(i, _)| *i == id).map(|(_, name)| *name)
     }
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)

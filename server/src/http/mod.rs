@@ -51,6 +51,11 @@ impl ModelEntry {
         self.engine.info()
     }
 
+    /// What its weight files are, when the engine read them.
+    pub fn files(&self) -> Option<&llaisys_model::FileSummary> {
+        self.engine.frontend().text()?.files()
+    }
+
     pub fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
         self.engine.tokenizer().ok_or_else(|| ApiError::internal(format!("the model '{}' has no tokenizer", self.name)))
     }
@@ -71,11 +76,20 @@ pub struct AppState {
     next_id: AtomicU64,
     /// Stored responses of the Responses API.
     responses: responses::ResponseStore,
+    /// The models' digests, for Ollama's model lists.
+    pub digests: Arc<ollama::Digests>,
 }
 
 impl AppState {
     pub fn new(engines: Engines, limits: AdmissionLimits, server: &ServerConfig) -> Self {
+        let digests = Arc::new(ollama::Digests::default());
+        for (_, engine) in engines.iter() {
+            if let Some(files) = engine.frontend().text().and_then(|t| t.files()) {
+                digests.start(files.files.clone());
+            }
+        }
         Self {
+            digests,
             api_keys: server.api_keys.clone(),
             responses: responses::ResponseStore::new(server.stored_responses),
             admission: Arc::new(Semaphore::new(limits.max_concurrent_requests)),

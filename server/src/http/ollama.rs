@@ -163,20 +163,87 @@ fn rfc3339(secs: u64) -> String {
 
 fn details(m: &ModelEntry) -> Value {
     let family = m.info().model_type;
-    json!({"parent_model": "", "format": "", "family": family, "families": [family]})
+    let mut details = json!({"parent_model": "", "format": "", "family": family, "families": [family]});
+    if let Some(files) = m.files() {
+        details["format"] = files.format.into();
+        details["parameter_size"] = parameter_size(files.parameters).into();
+        details["quantization_level"] = files.quantization.clone().into();
+    }
+    details
 }
 
-fn listed(m: &ModelEntry) -> Value {
+/// A count as Ollama shows parameters: `494.03M`, `7.6B`.
+fn parameter_size(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.2}M", n as f64 / 1e6),
+        n => format!("{:.2}K", n as f64 / 1e3),
+    }
+}
+
+fn listed(state: &AppState, m: &ModelEntry) -> Value {
+    let files = m.files();
+    let modified = files
+        .and_then(|f| std::fs::metadata(f.files.first()?).ok()?.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(m.engine.started_at(), |d| d.as_secs());
     json!({
         "name": m.name,
         "model": m.name,
-        "modified_at": rfc3339(m.engine.started_at()),
+        "modified_at": rfc3339(modified),
+        "size": files.map_or(0, |f| f.bytes),
+        "digest": files.map(|f| state.digests.get(&f.files)).unwrap_or_default(),
         "details": details(m),
     })
 }
 
+/// The sha256 of each served model's weight files, Ollama's `digest`: worked out once, on a
+/// thread of its own at start (empty until then), over the files' bytes in order; a single file
+/// the hub cache holds is named by it already.
+#[derive(Default)]
+pub struct Digests(std::sync::Mutex<std::collections::HashMap<Vec<std::path::PathBuf>, String>>);
+
+impl Digests {
+    pub fn start(self: &Arc<Self>, files: Vec<std::path::PathBuf>) {
+        if let [file] = &files[..]
+            && let Some(name) = std::fs::read_link(file).ok().and_then(|l| Some(l.file_name()?.to_str()?.to_owned()))
+            && name.len() == 64
+            && name.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            self.0.lock().expect("digests").insert(files, name.to_ascii_lowercase());
+            return;
+        }
+        let digests = self.clone();
+        let spawned = std::thread::Builder::new().name("llaisys-digest".into()).spawn(move || {
+            use sha2::{Digest, Sha256};
+            use std::io::Read;
+            let mut sha = Sha256::new();
+            let mut buf = vec![0u8; 1 << 20];
+            for file in &files {
+                let Ok(mut f) = std::fs::File::open(file) else { return };
+                loop {
+                    match f.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => sha.update(&buf[..n]),
+                        Err(_) => return,
+                    }
+                }
+            }
+            let hex: String = sha.finalize().iter().map(|b| format!("{b:02x}")).collect();
+            digests.0.lock().expect("digests").insert(files, hex);
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(%e, "no thread to work out a model's digest");
+        }
+    }
+
+    fn get(&self, files: &[std::path::PathBuf]) -> String {
+        self.0.lock().expect("digests").get(files).cloned().unwrap_or_default()
+    }
+}
+
 pub async fn tags(State(state): State<Arc<AppState>>) -> Response {
-    let models: Vec<Value> = state.models().map(|m| listed(&m)).collect();
+    let models: Vec<Value> = state.models().map(|m| listed(&state, &m)).collect();
     json_response(StatusCode::OK, &json!({"models": models}))
 }
 
@@ -185,8 +252,9 @@ pub async fn ps(State(state): State<Arc<AppState>>) -> Response {
     let models: Vec<Value> = state
         .models()
         .map(|m| {
-            let mut entry = listed(&m);
+            let mut entry = listed(&state, &m);
             entry["expires_at"] = "9999-12-31T23:59:59Z".into();
+            entry["size_vram"] = 0.into();
             entry["context_length"] = m.info().context_length.into();
             entry
         })
@@ -214,6 +282,9 @@ pub async fn show(State(state): State<Arc<AppState>>, body: Result<Body413, ApiE
         model_info.insert(format!("{arch}.context_length"), info.context_length.into());
         model_info.insert(format!("{arch}.embedding_length"), info.hidden_size.into());
         model_info.insert(format!("{arch}.vocab_size"), info.vocab_size.into());
+        if let Some(files) = m.files() {
+            model_info.insert("general.parameter_count".into(), files.parameters.into());
+        }
         Ok::<_, ApiError>(json_response(
             StatusCode::OK,
             &json!({
