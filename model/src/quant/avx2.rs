@@ -11,6 +11,12 @@
 //! `vnni.rs`. A tile is up to `ROWS` activation rows by one panel, both halves: a weight vector
 //! is unpacked once and used by every row of the tile.
 //!
+//! K-quants with one activation scale per super-block (`Activations::shared`, as llama.cpp's
+//! Q8_K) take `panel_k`: `vpmaddwd` widens the 16-bit sums by each row's sub-block scale
+//! instead of by ones, so the super-block's eight groups add up in 32-bit integers, and the
+//! minimums (Q4_K, Q5_K) or the −32 offset (Q6_K) come from the activations' integer block sums
+//! the same way; floats are touched once per super-block, not once per group.
+//!
 //! `unsafe` (C8: the reason). The loads and stores of vectors take raw pointers, and the AVX2
 //! functions may only run on a CPU that has those instructions. So `run` checks the features at
 //! run time before calling the `#[target_feature]` code, and every load reads from a slice whose
@@ -84,12 +90,16 @@ fn run_block(
         let mut i = 0;
         while i < out.len() {
             let rows = (out.len() - i).min(ROWS);
+            let integer_scales = l.ty.is_k() && acts.shared == l.groups;
             macro_rules! tile {
                 ($r:literal) => {{
-                    let acc = match l.ty.bits() {
-                        4 => panel::<$r, 4>(l, recs, acts, x0 + i),
-                        5 => panel::<$r, 5>(l, recs, acts, x0 + i),
-                        6 => panel::<$r, 6>(l, recs, acts, x0 + i),
+                    let acc = match (l.ty.bits(), integer_scales) {
+                        (4, true) => panel_k::<$r, 4>(l, recs, acts, x0 + i),
+                        (5, true) => panel_k::<$r, 5>(l, recs, acts, x0 + i),
+                        (6, true) => panel_k::<$r, 6>(l, recs, acts, x0 + i),
+                        (4, _) => panel::<$r, 4>(l, recs, acts, x0 + i),
+                        (5, _) => panel::<$r, 5>(l, recs, acts, x0 + i),
+                        (6, _) => panel::<$r, 6>(l, recs, acts, x0 + i),
                         _ => panel::<$r, 8>(l, recs, acts, x0 + i),
                     };
                     store::<$r>(acc, &mut out[i..i + $r], col, width, bias);
@@ -206,6 +216,122 @@ fn panel<const R: usize, const BITS: usize>(
         }
     }
     acc
+}
+
+/// [`panel`] for a K-quant whose activations share one scale per super-block (see the module's
+/// note): Q4_K and Q5_K (`w = d·s·q − dmin·m`) and Q6_K (`w = d·s·(q − 32)`, a signed scale per
+/// 16-value sub-block).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn panel_k<const R: usize, const BITS: usize>(
+    l: &Layout,
+    recs: &[u8],
+    acts: &Activations,
+    x0: usize,
+) -> [[__m256; 2]; R] {
+    let per_sum: usize = match BITS {
+        4 => 8,
+        5 => 4,
+        _ => 2,
+    };
+    let signed = BITS == 6;
+    let ctrl = [pairs(0, signed), pairs(1, signed)];
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for (c, rec) in recs.chunks_exact(l.bytes).enumerate() {
+        prefetch(rec.as_ptr().wrapping_add(AHEAD), l.bytes);
+        let mut base = [0; R];
+        for (i, base) in base.iter_mut().enumerate() {
+            *base = (x0 + i) * acts.groups + c * l.groups;
+        }
+        // Per row and half: Σ over the super-block of each (sub-)block's dot times its scale,
+        // and of its offset: the minimum times the block sum (Q4_K, Q5_K), or the scale times
+        // the sub-block sum (Q6_K, for the −32).
+        let mut sumi = [[zero; 2]; R];
+        let mut offset = [[zero; 2]; R];
+        for g in 0..l.groups {
+            let at_s = l.scales_at(g);
+            let mut scale = scale_pairs::<BITS>(&rec[at_s..], &ctrl);
+            if BITS != 6 {
+                let m = scale_pairs::<BITS>(&rec[at_s + 16..], &ctrl);
+                for i in 0..R {
+                    let [s0, s1] = acts.sums[base[i] + g];
+                    let sums = _mm256_set1_epi32(i32::from(s0 as u16) | (i32::from(s1 as u16) << 16));
+                    for h in 0..2 {
+                        offset[i][h] = _mm256_add_epi32(offset[i][h], _mm256_madd_epi16(m[h], sums));
+                    }
+                }
+            }
+            let mut partial = [[zero; 2]; R];
+            unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if BITS == 6 && u.is_multiple_of(4) {
+                    // Q6_K: sub-block u / 4 of the group.
+                    if u == 4 {
+                        scale = scale_pairs::<BITS>(&rec[at_s + 16..], &ctrl);
+                    }
+                    for i in 0..R {
+                        let sum = _mm256_set1_epi32(i32::from(acts.sums[base[i] + g][u / 4] as u16));
+                        for h in 0..2 {
+                            offset[i][h] = _mm256_add_epi32(offset[i][h], _mm256_madd_epi16(scale[h], sum));
+                        }
+                    }
+                }
+                let w = values::<BITS>(l, rec, g, u);
+                for i in 0..R {
+                    let x = x4(&acts.q[base[i] + g], u);
+                    for h in 0..2 {
+                        let p = _mm256_maddubs_epi16(w[h], x);
+                        partial[i][h] = if u.is_multiple_of(per_sum) { p } else { _mm256_add_epi16(partial[i][h], p) };
+                        if u % per_sum == per_sum - 1 {
+                            sumi[i][h] = _mm256_add_epi32(sumi[i][h], _mm256_madd_epi16(partial[i][h], scale[h]));
+                        }
+                    }
+                }
+            });
+        }
+        // The super-block's floats.
+        for h in 0..2 {
+            let d = f16_to_f32(&rec[l.sup_at() + 16 * h..]);
+            let dmin = f16_to_f32(&rec[l.sup_at() + 32 * usize::from(BITS != 6) + 16 * h..]);
+            for i in 0..R {
+                let dx = _mm256_set1_ps(acts.d[base[i]]);
+                if BITS == 6 {
+                    let total = _mm256_sub_epi32(sumi[i][h], _mm256_slli_epi32(offset[i][h], 5));
+                    acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, dx), acc[i][h]);
+                } else {
+                    acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[i][h]), _mm256_mul_ps(d, dx), acc[i][h]);
+                    let m = _mm256_mul_ps(dmin, dx);
+                    acc[i][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offset[i][h]), m, acc[i][h]);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// The 16 rows' byte scales at the start of `b` as `vpmaddwd` operands, one per half: each
+/// row's 32-bit lane holds its scale in both 16-bit halves (unsigned for Q4_K and Q5_K,
+/// sign-extended for Q6_K's).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scale_pairs<const BITS: usize>(b: &[u8], ctrl: &[__m256i; 2]) -> [__m256i; 2] {
+    let rows = _mm256_broadcastsi128_si256(load128(b));
+    let (lo, hi) = (_mm256_shuffle_epi8(rows, ctrl[0]), _mm256_shuffle_epi8(rows, ctrl[1]));
+    if BITS == 6 { [_mm256_srai_epi16(lo, 8), _mm256_srai_epi16(hi, 8)] } else { [lo, hi] }
+}
+
+/// `vpshufb` controls over 16 row bytes broadcast to both 128-bit lanes: the 32-bit lane j of
+/// half h takes byte 8h + j twice, in the low byte of each 16-bit half (zero above), or, when
+/// `signed`, in the high byte (to be shifted down with its sign).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pairs(h: usize, signed: bool) -> __m256i {
+    let mut c = [0x80u8; 32];
+    for j in 0..HALF {
+        let at = 4 * j + usize::from(signed);
+        (c[at], c[at + 2]) = ((HALF * h + j) as u8, (HALF * h + j) as u8);
+    }
+    load256(&c)
 }
 
 /// Q6_K sub-block `sb` (values 16·sb.. of group g): `w = S · (q − 32)`, so

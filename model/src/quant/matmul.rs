@@ -65,7 +65,13 @@ pub fn matmul_with(kernel: Kernel, x: &[f32], m: usize, w: &PackedMatrix, bias: 
     if m == 0 || n == 0 {
         return out;
     }
-    let acts = Activations::quantize(x, m, k, w.padded_k() / GROUP);
+    // The AVX2 kernel multiplies K-quants' sub-block scales into the integer sums, which needs
+    // one activation scale per super-block.
+    let shared = match kernel == Kernel::Avx2 && w.parts.iter().all(|p| p.layout.ty.is_k()) {
+        true => w.parts[0].layout.groups,
+        false => 1,
+    };
+    let acts = Activations::quantize(x, m, k, w.padded_k() / GROUP, shared);
     let blocks = blocks(w);
     let columns: Vec<Range<usize>> = blocks.iter().map(|b| b.columns.clone()).collect();
     let pieces = split_columns(&mut out, n, &columns);

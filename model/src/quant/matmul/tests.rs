@@ -129,6 +129,36 @@ fn every_format_matches_the_dequantized_product_on_the_avx2_kernel() {
     every_format(Kernel::Avx2);
 }
 
+/// The AVX2 kernel's K-quant path that multiplies the sub-block scales into the integer sums
+/// gives the float path's outputs on the same activations (one scale per super-block), to f32
+/// rounding (the float path rounds each group's terms; 1e-4 of the output): for every tile
+/// height, both halves of ragged panels, and several super-blocks.
+#[test]
+#[cfg_attr(not(cpu_avx2), ignore = "this CPU has no AVX2, FMA and F16C (the kernel does not run here)")]
+fn avx2_integer_scales_equal_the_float_path() {
+    for ty in [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K] {
+        for m in [1, 2, 3, 4, 5, 6, 7, 13] {
+            let (n, k) = (45, 768);
+            let packed = PackedMatrix::from_ggml(ty, n, k, &random_blocks(ty, n, k, m as u64)).unwrap();
+            let x: Vec<f32> = test_values(m * k, 3 + m as u64).iter().map(|v| v * 4.0).collect();
+            let mut acts = Activations::quantize(&x, m, k, k / GROUP, 8);
+            let part = &packed.parts[0];
+            let run = |acts: &Activations| {
+                let mut out = vec![0.0f32; m * n];
+                let mut rows: Vec<&mut [f32]> = out.chunks_mut(n).collect();
+                avx2::run(part, 0..part.panels(), acts, 0..m, &mut rows, None);
+                out
+            };
+            let integer = run(&acts);
+            acts.shared = 1; // the same values, through the float path
+            let float = run(&acts);
+            for (e, (a, b)) in integer.iter().zip(&float).enumerate() {
+                assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{ty} m={m} output {e}: {a} vs {b}");
+            }
+        }
+    }
+}
+
 #[test]
 fn thirty_two_value_formats_take_the_model_shapes_on_the_portable_kernel() {
     model_shapes(Kernel::Portable);
