@@ -220,7 +220,10 @@ fn panel<const R: usize, const BITS: usize>(
 
 /// [`panel`] for a K-quant whose activations share one scale per super-block (see the module's
 /// note): Q4_K and Q5_K (`w = d·s·q − dmin·m`) and Q6_K (`w = d·s·(q − 32)`, a signed scale per
-/// 16-value sub-block).
+/// 16-value sub-block). The 32-bit sums cannot overflow: Q6_K's are the largest, each widening at
+/// most 2 · 32004 · 128 (two 16-bit partials of two vectors, times a scale of at most 128), 32 of
+/// them per super-block, 2.6·10⁸, and its offsets 16 · 128 · 2032 · 32 = 1.3·10⁸; Q4_K's reach
+/// 3.1·10⁷, Q5_K's 6.4·10⁷.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn panel_k<const R: usize, const BITS: usize>(
