@@ -99,16 +99,15 @@ fn quantize_row(row: &[f32], shared: usize, blocks: Blocks<'_>) {
 
 #[inline(always)]
 fn quantize_row_plain(row: &[f32], shared: usize, b: Blocks<'_>) {
-    let block = |g: usize| {
-        let mut x = [0.0f32; GROUP];
-        let part = &row[(g * GROUP).min(row.len())..((g + 1) * GROUP).min(row.len())];
-        x[..part.len()].copy_from_slice(part);
-        x
-    };
+    // Blocks `g..g + n` of the row as it is (the padding past its end is zero).
+    let span = |g: usize, n: usize| &row[(g * GROUP).min(row.len())..((g + n) * GROUP).min(row.len())];
     for g0 in (0..b.q.len()).step_by(shared) {
-        let amax = (g0..g0 + shared).flat_map(&block).fold(0.0f32, |m, v| m.max(v.abs()));
+        let amax = span(g0, shared).iter().fold(0.0f32, |m, v| m.max(v.abs()));
         for g in g0..g0 + shared {
-            quantize_block(&block(g), amax, &mut b.q[g], &mut b.d[g], &mut b.ds[g], &mut b.dsh[g], &mut b.sums[g]);
+            let mut x = [0.0f32; GROUP];
+            let part = span(g, 1);
+            x[..part.len()].copy_from_slice(part);
+            quantize_block(&x, amax, &mut b.q[g], &mut b.d[g], &mut b.ds[g], &mut b.dsh[g], &mut b.sums[g]);
         }
     }
 }

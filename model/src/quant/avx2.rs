@@ -128,13 +128,7 @@ fn panel<const R: usize, const BITS: usize>(
     acts: &Activations,
     x0: usize,
 ) -> [[__m256; 2]; R] {
-    // `vpmaddubsw` results added in 16 bits before they are widened (see the module's note).
-    let per_sum: usize = match BITS {
-        4 => 8,
-        5 => 4,
-        6 => 2,
-        _ => 1,
-    };
+    let per_sum = per_sum(BITS);
     let ones = _mm256_set1_epi16(1);
     let zero = _mm256_setzero_si256();
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
@@ -232,11 +226,7 @@ fn panel_k<const R: usize, const BITS: usize>(
     acts: &Activations,
     x0: usize,
 ) -> [[__m256; 2]; R] {
-    let per_sum: usize = match BITS {
-        4 => 8,
-        5 => 4,
-        _ => 2,
-    };
+    let per_sum = per_sum(BITS);
     let signed = BITS == 6;
     let ctrl = [pairs(0, signed), pairs(1, signed)];
     let zero = _mm256_setzero_si256();
@@ -310,6 +300,17 @@ fn panel_k<const R: usize, const BITS: usize>(
         }
     }
     acc
+}
+
+/// How many `vpmaddubsw` results of `bits`-bit values add up in 16 bits before they are widened
+/// (see the module's note).
+const fn per_sum(bits: usize) -> usize {
+    match bits {
+        4 => 8,
+        5 => 4,
+        6 => 2,
+        _ => 1,
+    }
 }
 
 /// The 16 rows' byte scales at the start of `b` as `vpmaddwd` operands, one per half: each
