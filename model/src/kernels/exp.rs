@@ -7,21 +7,32 @@ use pulp::{Simd, f32x16};
 
 const LANES: usize = 16;
 
+/// The inputs' range, where `e^x` is a normal f32 (see [`exp`]).
+pub(super) const MIN: f32 = -87.3;
+pub(super) const MAX: f32 = 88.3;
+/// Adding and taking away 1.5 · 2²³ rounds an f32 of magnitude below 2²² to the nearest integer.
+pub(super) const ROUND: f32 = 12_582_912.0;
+/// ln 2 in two parts: the first has 9 significant bits, so k times it is exact for |k| < 2¹⁵.
+pub(super) const LN2_HI: f32 = 0.693_359_4;
+pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
+/// The polynomial p(r), highest power first: `e^r ≈ 1 + r + r² · p(r)` for |r| ≤ ln 2 / 2.
+pub(super) const POLY: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+
 /// `e^x` per lane. Inputs are clamped to [-87.3, 88.3], where the result is a normal f32: below,
 /// `silu` takes `1 + e^x` as 1 and above it as ∞ either way.
 #[inline(always)]
 pub(super) fn exp(simd: V4, x: f32x16) -> f32x16 {
-    let x = simd.min_f32s(simd.max_f32s(x, simd.splat_f32s(-87.3)), simd.splat_f32s(88.3));
+    let x = simd.min_f32s(simd.max_f32s(x, simd.splat_f32s(MIN)), simd.splat_f32s(MAX));
     // x = k · ln 2 + r, |r| ≤ ln 2 / 2, with ln 2 in two parts so that r is exact.
     // Round to nearest by adding and taking away 1.5 · 2²³ (pulp 0.22's `round_f32x16` rounds
     // the lanes as f64s).
-    let magic = simd.splat_f32s(12_582_912.0);
+    let magic = simd.splat_f32s(ROUND);
     let k = simd.sub_f32s(simd.mul_add_f32s(x, simd.splat_f32s(std::f32::consts::LOG2_E), magic), magic);
-    let r = simd.negate_mul_add_f32x16(k, simd.splat_f32s(0.693_359_4), x);
-    let r = simd.negate_mul_add_f32x16(k, simd.splat_f32s(-2.121_944_4e-4), r);
-    let mut p = simd.splat_f32s(1.987_569_1e-4);
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
-        p = simd.mul_add_f32s(p, r, simd.splat_f32s(c));
+    let r = simd.negate_mul_add_f32x16(k, simd.splat_f32s(LN2_HI), x);
+    let r = simd.negate_mul_add_f32x16(k, simd.splat_f32s(LN2_LO), r);
+    let mut p = simd.splat_f32s(POLY[0]);
+    for c in &POLY[1..] {
+        p = simd.mul_add_f32s(p, r, simd.splat_f32s(*c));
     }
     let p = simd.add_f32s(simd.mul_add_f32s(simd.mul_f32s(p, r), r, r), simd.splat_f32s(1.0));
     // 2^k from the exponent bits: k + 127 lies in [1, 254].
@@ -53,14 +64,12 @@ pub(super) fn exp_sub_sum(simd: V4, xs: &mut [f32], max: f32) -> f32 {
 /// compiled for AVX2 and FMA, LLVM turns it into 8-lane vector code.
 #[inline(always)]
 pub(super) fn exp_plain(x: f32) -> f32 {
-    let x = x.clamp(-87.3, 88.3);
-    let magic = 12_582_912.0f32;
-    let k = (x * std::f32::consts::LOG2_E + magic) - magic;
-    // 0.693359375 has 9 significant bits: k times it is exact for |k| < 2¹⁵, so r is too.
-    let r = x - k * 0.693_359_4;
-    let r = r - k * -2.121_944_4e-4;
-    let mut p = 1.987_569_1e-4f32;
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+    let x = x.clamp(MIN, MAX);
+    let k = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = x - k * LN2_HI;
+    let r = r - k * LN2_LO;
+    let mut p = POLY[0];
+    for c in &POLY[1..] {
         p = p * r + c;
     }
     let p = p * r * r + r + 1.0;

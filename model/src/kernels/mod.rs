@@ -33,6 +33,7 @@ mod awake;
 mod bf16dot;
 mod calls;
 mod exp;
+mod f16c;
 mod norm_rope;
 pub(crate) mod plain;
 pub(crate) mod prefetch;

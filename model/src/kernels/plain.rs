@@ -25,6 +25,12 @@ impl Plain {
         Self(None)
     }
 
+    /// The AVX2 and FMA token, where the CPU has them (and this is not the baseline).
+    #[inline(always)]
+    pub(crate) fn v3(self) -> Option<V3> {
+        self.0
+    }
+
     /// Runs `f` compiled for AVX2 and FMA where the CPU has them: its body must be inlined
     /// (`#[inline(always)]` on the closure and everything it calls).
     #[inline(always)]

@@ -56,7 +56,7 @@ impl Weight for f16 {
         f16::to_f32(self)
     }
     fn widen_slice(src: &[f16], dst: &mut [f32]) {
-        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
+        super::f16c::widen(src, dst);
     }
 }
 
