@@ -39,6 +39,7 @@ pub(crate) mod plain;
 pub(crate) mod prefetch;
 mod swiglu;
 mod xwt;
+mod xwt_avx2;
 
 use std::ops::Range;
 
@@ -58,9 +59,16 @@ use crate::quant::PackedMatrix;
 /// bf16), and fewer widen the weights to f32 in `xwt`.
 pub const XWT_MAX_ROWS: usize = 64;
 
-/// Whether this CPU runs the `xwt` kernel (AVX-512).
-pub fn xwt_available() -> bool {
+/// Whether this CPU runs the `xwt` kernel on AVX-512 (few-row products, and 16-bit ones at any
+/// row count).
+pub fn xwt_avx512() -> bool {
     pulp::x86::V4::try_new().is_some()
+}
+
+/// Whether this CPU runs the `xwt` kernel for few-row products (AVX-512, or AVX2 with FMA and
+/// F16C).
+pub fn xwt_available() -> bool {
+    xwt_avx512() || xwt_avx2::available()
 }
 
 /// Whether this CPU runs the `bf16dot` kernel (AVX512-BF16).

@@ -16,6 +16,7 @@ use pulp::{Simd, f32x16};
 use rayon::prelude::*;
 
 use super::prefetch::{AHEAD, prefetch};
+use super::xwt_avx2;
 
 const LANES: usize = 16;
 /// Tile size: x rows × weight rows per inner loop (16 zmm accumulators).
@@ -24,8 +25,17 @@ const NR: usize = 4;
 /// Products of at most this many rows run one weight row per tile (see `block_product`).
 const STREAM_ROWS: usize = 4;
 
+/// A weight element's layout, for kernels that load it through a pointer (`xwt_avx2.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    F32,
+    F16,
+    Bf16,
+}
+
 /// A weight element the kernel widens to f32.
 pub trait Weight: Copy + Send + Sync {
+    const KIND: Kind;
     /// Sixteen consecutive elements as f32 lanes.
     fn load(simd: V4, v: &[Self; LANES]) -> f32x16;
     fn to_f32(self) -> f32;
@@ -34,6 +44,7 @@ pub trait Weight: Copy + Send + Sync {
 }
 
 impl Weight for f32 {
+    const KIND: Kind = Kind::F32;
     #[inline(always)]
     fn load(_simd: V4, v: &[f32; LANES]) -> f32x16 {
         pulp::cast(*v)
@@ -47,6 +58,7 @@ impl Weight for f32 {
 }
 
 impl Weight for f16 {
+    const KIND: Kind = Kind::F16;
     #[inline(always)]
     fn load(simd: V4, v: &[f16; LANES]) -> f32x16 {
         let bits: [u16; LANES] = pulp::cast(*v);
@@ -61,6 +73,7 @@ impl Weight for f16 {
 }
 
 impl Weight for bf16 {
+    const KIND: Kind = Kind::Bf16;
     #[inline(always)]
     fn load(simd: V4, v: &[bf16; LANES]) -> f32x16 {
         // A bf16 is the top half of an f32: widen each to 32 bits and shift it into place.
@@ -85,12 +98,16 @@ pub struct Product<'a, W> {
     pub k: usize,
 }
 
-/// Runs the product on AVX-512; `None` when the CPU has no AVX-512 (the caller falls back).
+/// Runs the product on AVX-512, else on AVX2 (`xwt_avx2.rs`); `None` when the CPU has neither
+/// (the caller falls back).
 ///
 /// # Shapes
 /// returns [m, n] row-major
 pub fn run<W: Weight>(p: &Product<'_, W>) -> Option<Vec<f32>> {
-    let simd = V4::try_new()?;
+    let simd = V4::try_new();
+    if simd.is_none() && !xwt_avx2::available() {
+        return None;
+    }
     assert!(p.x.len() == p.m * p.k && p.w.len() == p.n * p.k, "x·Wᵀ: operand sizes do not match their shapes");
     assert!(p.bias.is_none_or(|b| b.len() == p.n), "x·Wᵀ: bias size does not match the outputs");
     let mut out = vec![0.0f32; p.m * p.n];
@@ -98,8 +115,9 @@ pub fn run<W: Weight>(p: &Product<'_, W>) -> Option<Vec<f32>> {
         return Some(out);
     }
     let (block, pieces) = column_blocks(&mut out, p.n);
-    pieces.into_par_iter().enumerate().for_each(|(b, mut rows)| {
-        simd.vectorize(Block { simd, p, j0: b * block, rows: &mut rows });
+    pieces.into_par_iter().enumerate().for_each(|(b, mut rows)| match simd {
+        Some(simd) => simd.vectorize(Block { simd, p, j0: b * block, rows: &mut rows }),
+        None => xwt_avx2::block_product(p, b * block, &mut rows),
     });
     Some(out)
 }

@@ -505,6 +505,8 @@ mod tests {
     fn attention_over_visible_cells_equals_the_reference() {
         #[cfg(cpu_avx512)]
         assert!(V4::try_new().is_some(), "the build saw the instructions this kernel needs; the run does not");
+        #[cfg(cpu_avx2)]
+        assert!(Plain::new().v3().is_some(), "the build saw AVX2 and FMA; the run does not (no AVX2 block)");
         for (heads, kv_heads, d) in [(14, 2, 64), (4, 4, 8), (6, 2, 20), (2, 2, 16), (4, 2, 32), (2, 1, 128)] {
             let capacity = 40;
             let visible: Vec<Vec<u32>> = vec![
