@@ -29,6 +29,7 @@ macro_rules! each_tile {
 }
 
 mod attention;
+mod avx2;
 mod awake;
 mod bf16dot;
 mod calls;
@@ -76,9 +77,9 @@ pub fn bf16dot_available() -> bool {
     bf16dot::available()
 }
 
-/// `x·Wᵀ + b` on the Flex backend with the `xwt` kernel (few rows, or any rows with 16-bit
-/// weights); `None` when the tensors are not on Flex in the dtypes it takes, or the CPU lacks
-/// AVX-512.
+/// `x·Wᵀ + b` on the Flex backend with the `xwt` kernel (few rows, or on AVX-512 any rows with
+/// 16-bit weights); `None` when the tensors are not on Flex in the dtypes it takes, or the CPU
+/// has neither AVX-512 nor AVX2 with FMA and F16C.
 ///
 /// # Shapes
 /// x: [m, k] f32, weight: [n, k] f32, f16 or bf16, bias: \[n\] f32 → [m, n] f32

@@ -291,12 +291,9 @@ mod tests {
     }
 
     /// Every tile shape (rows and outputs not multiples of 4), one-row products over whole groups of
-    /// four vectors and a remainder, a k that is not a multiple of 16,
-    /// with and without bias, f32, f16 and bf16 weights: equal to an f64 reference.
-    #[test]
-    #[cfg_attr(not(cpu_avx512), ignore = "this CPU has no AVX-512 (the kernel does not run here)")]
-    fn products_equal_the_reference_for_every_tile_shape() {
-        assert!(V4::try_new().is_some(), "the build saw the instructions this kernel needs; the run does not");
+    /// four vectors and a remainder, a k that is not a multiple of 16 (or of 8),
+    /// with and without bias: `check` gets each case's product with f32, f16 and bf16 weights.
+    fn each_case(check: impl Fn(&Product<'_, f32>, &Product<'_, f16>, &Product<'_, bf16>, &str)) {
         for (m, n, k) in
             [(1, 1, 16), (1, 37, 50), (1, 20, 200), (1, 3, 1000), (3, 64, 896), (5, 102, 33), (16, 130, 128), (7, 9, 7)]
         {
@@ -306,18 +303,49 @@ mod tests {
             let wb16: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
             let bias = values(n, 3);
             for bias in [None, Some(bias.as_slice())] {
-                let p = Product { x: &x, w: &w, bias, m, n, k };
-                let got = run(&p).unwrap();
-                assert_eq!(got.len(), m * n);
-                let err = max_error(&got, &reference(&p));
-                assert!(err < 1e-4 * k as f64, "f32 m={m} n={n} k={k}: max error {err}");
-                let p = Product { x: &x, w: &w16, bias, m, n, k };
-                let err = max_error(&run(&p).unwrap(), &reference(&p));
-                assert!(err < 1e-4 * k as f64, "f16 m={m} n={n} k={k}: max error {err}");
-                let p = Product { x: &x, w: &wb16, bias, m, n, k };
-                let err = max_error(&run(&p).unwrap(), &reference(&p));
-                assert!(err < 1e-4 * k as f64, "bf16 m={m} n={n} k={k}: max error {err}");
+                check(
+                    &Product { x: &x, w: &w, bias, m, n, k },
+                    &Product { x: &x, w: &w16, bias, m, n, k },
+                    &Product { x: &x, w: &wb16, bias, m, n, k },
+                    &format!("m={m} n={n} k={k} bias={}", bias.is_some()),
+                );
             }
         }
+    }
+
+    fn assert_close<W: Weight>(got: &[f32], p: &Product<'_, W>, what: &str) {
+        assert_eq!(got.len(), p.m * p.n);
+        let err = max_error(got, &reference(p));
+        assert!(err < 1e-4 * p.k as f64, "{what}: max error {err}");
+    }
+
+    #[test]
+    #[cfg_attr(not(cpu_avx512), ignore = "this CPU has no AVX-512 (the kernel does not run here)")]
+    fn products_equal_the_reference_for_every_tile_shape() {
+        assert!(V4::try_new().is_some(), "the build saw the instructions this kernel needs; the run does not");
+        each_case(|p32, p16, pb16, what| {
+            assert_close(&run(p32).unwrap(), p32, &format!("f32 {what}"));
+            assert_close(&run(p16).unwrap(), p16, &format!("f16 {what}"));
+            assert_close(&run(pb16).unwrap(), pb16, &format!("bf16 {what}"));
+        });
+    }
+
+    /// The AVX2 kernel (`xwt_avx2.rs`) on the same cases, one block of every output, as `run`
+    /// gives it on a CPU without AVX-512.
+    #[test]
+    #[cfg_attr(not(cpu_avx2), ignore = "this CPU lacks AVX2, FMA or F16C (the kernel does not run here)")]
+    fn avx2_products_equal_the_reference() {
+        assert!(xwt_avx2::available(), "the build saw the instructions this kernel needs; the run does not");
+        fn avx2<W: Weight>(p: &Product<'_, W>) -> Vec<f32> {
+            let mut out = vec![0.0f32; p.m * p.n];
+            let mut rows: Vec<&mut [f32]> = out.chunks_mut(p.n).collect();
+            xwt_avx2::block_product(p, 0, &mut rows);
+            out
+        }
+        each_case(|p32, p16, pb16, what| {
+            assert_close(&avx2(p32), p32, &format!("f32 {what}"));
+            assert_close(&avx2(p16), p16, &format!("f16 {what}"));
+            assert_close(&avx2(pb16), pb16, &format!("bf16 {what}"));
+        });
     }
 }

@@ -62,7 +62,7 @@ pub enum Matrix<'a> {
 pub fn dense(w: Tensor<2>) -> Weight {
     let cpu = (w.device() == Device::flex()).then(|| CpuKernels {
         avx512: kernels::xwt_avx512(),
-        avx2: kernels::xwt_available(),
+        xwt: kernels::xwt_available(),
         bf16dot: kernels::bf16dot_available(),
     });
     Arc::new(Dense { w, cpu })
@@ -107,10 +107,10 @@ struct Dense {
 
 #[derive(Debug, Clone, Copy)]
 struct CpuKernels {
-    /// AVX-512: few-row products (and every 16-bit one) run the `xwt` kernel.
+    /// AVX-512: every 16-bit product (any row count) runs the `xwt` kernel too.
     avx512: bool,
-    /// AVX2, FMA and F16C (or AVX-512): few-row products run the `xwt` kernel.
-    avx2: bool,
+    /// Few-row products run the `xwt` kernel (AVX-512, or AVX2 with FMA and F16C).
+    xwt: bool,
     /// AVX512-BF16: many-row bf16 products run `bf16dot`.
     bf16dot: bool,
 }
@@ -122,7 +122,7 @@ impl Dense {
         let [out, _] = self.w.dims();
         let dtype = self.w.dtype();
         let many_rows = m > kernels::XWT_MAX_ROWS;
-        if (cpu.avx512 && !(many_rows && dtype == DType::F32)) || (cpu.avx2 && !many_rows) {
+        if (cpu.avx512 && !(many_rows && dtype == DType::F32)) || (cpu.xwt && !many_rows) {
             let product = match dtype {
                 DType::BF16 if many_rows && cpu.bf16dot => kernels::bf16dot_linear(&x, &self.w, bias),
                 _ => kernels::xwt_linear(&x, &self.w, bias),
@@ -136,7 +136,7 @@ impl Dense {
         // Few-row products compute with f32 activations, as the `xwt` kernel does: rounding a
         // decode step's activations to 16 bits moved tiny-bf16's logits by 0.56 (against 1e-3).
         let widen = !many_rows;
-        let y = if !cpu.avx2 && m <= SPLIT_MAX_ROWS && out >= SPLIT_MIN_OUT && rayon::current_num_threads() > 1 {
+        let y = if !cpu.xwt && m <= SPLIT_MAX_ROWS && out >= SPLIT_MIN_OUT && rayon::current_num_threads() > 1 {
             // The CPU backend runs few-row products on one thread, which streams the weight at
             // one core's memory bandwidth. Two halves of the rows on two threads stream it at
             // the machine's.
@@ -180,7 +180,7 @@ impl LinearWeight for Dense {
     /// `burn_split` runs few-row products with at least 256 outputs; fewer take `burn`.
     fn kernel(&self) -> &'static str {
         match self.cpu {
-            Some(CpuKernels { avx2: true, .. }) => KernelCall::Xwt.name(),
+            Some(CpuKernels { xwt: true, .. }) => KernelCall::Xwt.name(),
             Some(_) => KernelCall::BurnSplit.name(),
             None => KernelCall::Burn.name(),
         }

@@ -12,22 +12,21 @@
 //! - **Output**: up to eight vectors of it (64 values) stay in registers while the sixteen
 //!   weighted values are added; a head dim of 128 takes two passes.
 //!
-//! `unsafe` (C8: the reason). The vector loads and stores take raw pointers, and the
-//! `#[target_feature]` function may only run on a CPU with AVX2 and FMA: the caller passes
-//! pulp's `V3` token, which exists only where the CPU has both, and every load and store goes
-//! through `load`/`store` on a slice whose length they check. Nothing else here is unsafe.
+//! `unsafe` (C8: the reason). The `#[target_feature]` function may only run on a CPU with AVX2
+//! and FMA: the caller passes pulp's `V3` token, which exists only where the CPU has both. The
+//! vector loads and stores are `kernels/avx2.rs`'s, on arrays of 8 f32. Nothing else here is
+//! unsafe.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
 
 use pulp::x86::V3;
 
+use crate::kernels::avx2::{W, load, reduce_max, reduce_sum, store};
 use crate::kernels::exp::{LN2_HI, LN2_LO, MAX, MIN, POLY, ROUND};
 
 /// Cells in a block.
 const CELLS: usize = 16;
-/// f32 lanes of a vector.
-const W: usize = 8;
 
 /// [`super::full_block`]'s contract on AVX2: `q` is one query of the head dim d, `keys` and
 /// `values` are the block's 16 cells widened to f32 ([16, d] each), `state` the query's running
@@ -149,22 +148,6 @@ fn sums_of_8(v: [__m256; W]) -> __m256 {
     _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b))
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn reduce_max(v: __m256) -> f32 {
-    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn reduce_sum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-}
-
 /// `e^x` per lane, as `exp.rs` computes it.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -182,18 +165,4 @@ fn exp(x: __m256) -> __m256 {
     // 2^k from the exponent bits: k + 127 lies in [1, 254].
     let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)));
     _mm256_mul_ps(p, _mm256_castsi256_ps(bits))
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn load(v: &[f32; W]) -> __m256 {
-    // SAFETY: `v` is 8 f32, read unaligned.
-    unsafe { _mm256_loadu_ps(v.as_ptr()) }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn store(v: &mut [f32; W], x: __m256) {
-    // SAFETY: `v` is 8 f32, written unaligned.
-    unsafe { _mm256_storeu_ps(v.as_mut_ptr(), x) }
 }
