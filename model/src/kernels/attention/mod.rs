@@ -9,10 +9,10 @@
 //! and a long prompt's scores are a `[rows, extent]` matrix per head. Here:
 //! - **Tiles of rows.** Consecutive rows whose visible cells are each a prefix of the next
 //!   row's (a prompt's rows in a causal prefill) form a tile: their query heads of one KV head
-//!   (up to [`Arith::TILE_QUERIES`]) walk the last row's cells together, each row masked past its own
-//!   prefix. A block of 16 keys and values is widened to f32 once and used by every query of
-//!   the tile, so the cache is read once per tile rather than once per row. Rows with unrelated
-//!   cells (sequences decoding side by side) are tiles of one row each.
+//!   (up to [`Arith::TILE_QUERIES`]) walk the last row's cells together, each row masked past
+//!   its own prefix. A block of 16 keys and values is widened to f32 once and used by every
+//!   query of the tile, so the cache is read once per tile rather than once per row. Rows with
+//!   unrelated cells (sequences decoding side by side) are tiles of one row each.
 //! - **Online softmax.** Per block of 16 cells: the scores, a running maximum and sum, and the
 //!   output rescaled when the maximum grows.
 //! - **Split over the context.** When the tiles × KV heads are too few to occupy the pool (a
@@ -21,13 +21,13 @@
 //!
 //! Keys and values are read in the cache's dtype (f32, f16 or bf16) and widened as loaded.
 
+mod avx2;
+
 use std::ops::Range;
 
 use pulp::x86::V4;
 use pulp::{NullaryFnOnce, Simd, f32x16};
 use rayon::prelude::*;
-
-mod avx2;
 
 use super::exp::{exp_sub_sum, exp_sub_sum_plain};
 use super::plain::{self, Plain};
