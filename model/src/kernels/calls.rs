@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub enum KernelCall {
     /// AVX-512 few-row x·Wᵀ over f32, f16 or bf16 weights.
     Xwt,
+    /// AVX2 many-row x·Wᵀ over f32, f16 or bf16 weights.
+    GemmAvx2,
     /// AVX512-BF16 many-row x·Wᵀ over bf16 weights.
     Bf16Dot,
     /// Burn's matmul (the CPU backend's GEMM for many rows, or another backend's).
@@ -25,8 +27,9 @@ pub enum KernelCall {
     Fallback,
 }
 
-const ALL: [KernelCall; 8] = [
+const ALL: [KernelCall; 9] = [
     KernelCall::Xwt,
+    KernelCall::GemmAvx2,
     KernelCall::Bf16Dot,
     KernelCall::Burn,
     KernelCall::BurnSplit,
@@ -42,6 +45,7 @@ impl KernelCall {
     pub fn name(self) -> &'static str {
         match self {
             Self::Xwt => "xwt",
+            Self::GemmAvx2 => "gemm_avx2",
             Self::Bf16Dot => "bf16dot",
             Self::Burn => "burn",
             Self::BurnSplit => "burn_split",

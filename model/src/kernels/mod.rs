@@ -35,6 +35,7 @@ mod bf16dot;
 mod calls;
 mod exp;
 mod f16c;
+mod gemm_avx2;
 mod norm_rope;
 pub(crate) mod plain;
 pub(crate) mod prefetch;
@@ -54,10 +55,13 @@ pub use exp::log_sum_exp;
 use crate::quant::PackedMatrix;
 
 /// Products with f32 weights and more rows than this go to the backend's GEMM, which packs its
-/// operands and from here on is as fast (prefill). With f16 weights the kernel runs at every row
-/// count: the backend's f16 GEMM reaches 90–110 GFLOP/s at 512 rows, the kernel 175–200. With
-/// bf16 weights, more rows than this go to the bf16 dot-product kernel (activations rounded to
-/// bf16), and fewer widen the weights to f32 in `xwt`.
+/// operands and from here on is as fast (prefill). On AVX-512, with f16 weights the kernel runs
+/// at every row count: the backend's f16 GEMM reaches 90–110 GFLOP/s at 512 rows, the kernel
+/// 175–200; with bf16 weights, more rows than this go to the bf16 dot-product kernel
+/// (activations rounded to bf16), and fewer widen the weights to f32 in `xwt`. On AVX2 without
+/// AVX-512, 16-bit products of more rows than this run `gemm_avx2` (the backend widened the
+/// whole weight on every call: prefill 512 of the bf16 demo model went from 106 to 190 tok/s
+/// on a 2-core Zen 3).
 pub const XWT_MAX_ROWS: usize = 64;
 
 /// Whether this CPU runs the `xwt` kernel on AVX-512 (few-row products, and 16-bit ones at any
@@ -91,6 +95,29 @@ pub fn xwt_linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -
         _ => None,
     })
     .inspect(|_| KernelCall::Xwt.count())
+}
+
+/// Whether this CPU runs the `gemm_avx2` kernel for many-row products (AVX2 with FMA and F16C).
+pub fn gemm_avx2_available() -> bool {
+    xwt_avx2::available()
+}
+
+/// `x·Wᵀ + b` on the Flex backend with the `gemm_avx2` kernel (many rows, f32 activations);
+/// `None` as for `xwt_linear`, or without AVX2, FMA and F16C.
+///
+/// # Shapes
+/// x: [m, k] f32, weight: [n, k] f32, f16 or bf16, bias: \[n\] f32 → [m, n] f32
+pub fn gemm_avx2_linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Tensor<2>> {
+    if !gemm_avx2_available() {
+        return None;
+    }
+    dense_product(x, weight, bias, |x, w, bias, m, n, k| match w.dtype() {
+        DType::F32 => Some(gemm_avx2::run(&xwt::Product { x, w: w.as_slice::<f32>()?, bias, m, n, k })),
+        DType::F16 => Some(gemm_avx2::run(&xwt::Product { x, w: w.as_slice::<f16>()?, bias, m, n, k })),
+        DType::BF16 => Some(gemm_avx2::run(&xwt::Product { x, w: w.as_slice::<bf16>()?, bias, m, n, k })),
+        _ => None,
+    })
+    .inspect(|_| KernelCall::GemmAvx2.count())
 }
 
 /// `x·Wᵀ + b` on the Flex backend with the `bf16dot` kernel (bf16 weights, activations rounded

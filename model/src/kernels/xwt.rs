@@ -291,11 +291,15 @@ mod tests {
     }
 
     /// Every tile shape (rows and outputs not multiples of 4), one-row products over whole groups of
-    /// four vectors and a remainder, a k that is not a multiple of 16 (or of 8),
+    /// four vectors and a remainder, a k that is not a multiple of 16 (or of 8), many-row products,
     /// with and without bias: `check` gets each case's product with f32, f16 and bf16 weights.
     fn each_case(check: impl Fn(&Product<'_, f32>, &Product<'_, f16>, &Product<'_, bf16>, &str)) {
         for (m, n, k) in
             [(1, 1, 16), (1, 37, 50), (1, 20, 200), (1, 3, 1000), (3, 64, 896), (5, 102, 33), (16, 130, 128), (7, 9, 7)]
+                .into_iter()
+                // Many-row products (`gemm_avx2.rs`): row tiles of 6 and a rest, panels of 16
+                // and a rest, inputs over more than one chunk of 256 and not a multiple of 8.
+                .chain([(13, 40, 300), (70, 33, 520), (67, 16, 256)])
         {
             let x = values(m * k, 1);
             let w = values(n * k, 2);
@@ -346,6 +350,18 @@ mod tests {
             assert_close(&avx2(p32), p32, &format!("f32 {what}"));
             assert_close(&avx2(p16), p16, &format!("f16 {what}"));
             assert_close(&avx2(pb16), pb16, &format!("bf16 {what}"));
+        });
+    }
+
+    /// The AVX2 many-row kernel (`gemm_avx2.rs`) on the same cases.
+    #[test]
+    #[cfg_attr(not(cpu_avx2), ignore = "this CPU lacks AVX2, FMA or F16C (the kernel does not run here)")]
+    fn avx2_gemm_products_equal_the_reference() {
+        assert!(xwt_avx2::available(), "the build saw the instructions this kernel needs; the run does not");
+        each_case(|p32, p16, pb16, what| {
+            assert_close(&super::super::gemm_avx2::run(p32), p32, &format!("f32 {what}"));
+            assert_close(&super::super::gemm_avx2::run(p16), p16, &format!("f16 {what}"));
+            assert_close(&super::super::gemm_avx2::run(pb16), pb16, &format!("bf16 {what}"));
         });
     }
 }

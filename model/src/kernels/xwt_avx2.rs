@@ -79,7 +79,7 @@ fn dot<T: Weight>(x: &[f32], w: &[T]) -> f32 {
 /// Eight weight elements as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn widen<T: Weight>(w: &[T; W]) -> __m256 {
+pub(super) fn widen<T: Weight>(w: &[T; W]) -> __m256 {
     // SAFETY: `w` is 8 elements laid out as `T::KIND` says: 32 bytes of f32, or 16 bytes of
     // f16 or bf16, read unaligned.
     unsafe {

@@ -35,7 +35,8 @@ pub trait LinearWeight: fmt::Debug + Send + Sync {
     /// ids: \[n\] → [n, in]
     fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2>;
 
-    /// The kernel a few-row product (a decode step) runs on: `xwt`, `burn_split`, `burn`,
+    /// The kernel a few-row product (a decode step) runs on (prefill's many-row products may run
+    /// `gemm_avx2` or `bf16dot`): `xwt`, `burn_split`, `burn`,
     /// `quant_vnni`, `quant_avx2`, `quant_portable`.
     fn kernel(&self) -> &'static str;
 
@@ -63,6 +64,7 @@ pub fn dense(w: Tensor<2>) -> Weight {
     let cpu = (w.device() == Device::flex()).then(|| CpuKernels {
         avx512: kernels::xwt_avx512(),
         xwt: kernels::xwt_available(),
+        gemm_avx2: !kernels::xwt_avx512() && kernels::gemm_avx2_available(),
         bf16dot: kernels::bf16dot_available(),
     });
     Arc::new(Dense { w, cpu })
@@ -111,6 +113,8 @@ struct CpuKernels {
     avx512: bool,
     /// Few-row products run the `xwt` kernel (AVX-512, or AVX2 with FMA and F16C).
     xwt: bool,
+    /// No AVX-512 but AVX2 with FMA and F16C: many-row 16-bit products run `gemm_avx2`.
+    gemm_avx2: bool,
     /// AVX512-BF16: many-row bf16 products run `bf16dot`.
     bf16dot: bool,
 }
@@ -122,9 +126,14 @@ impl Dense {
         let [out, _] = self.w.dims();
         let dtype = self.w.dtype();
         let many_rows = m > kernels::XWT_MAX_ROWS;
-        if (cpu.avx512 && !(many_rows && dtype == DType::F32)) || (cpu.xwt && !many_rows) {
+        let sixteen_bits = matches!(dtype, DType::F16 | DType::BF16);
+        if (cpu.avx512 && !(many_rows && dtype == DType::F32))
+            || (cpu.xwt && !many_rows)
+            || (cpu.gemm_avx2 && many_rows && sixteen_bits)
+        {
             let product = match dtype {
                 DType::BF16 if many_rows && cpu.bf16dot => kernels::bf16dot_linear(&x, &self.w, bias),
+                _ if many_rows && cpu.gemm_avx2 => kernels::gemm_avx2_linear(&x, &self.w, bias),
                 _ => kernels::xwt_linear(&x, &self.w, bias),
             };
             if let Some(y) = product {
@@ -409,6 +418,19 @@ mod tests {
         let dense_w = dense(w.clone().cast(FloatDType::F16));
         let expected = if kernels::xwt_available() { "xwt" } else { "burn_split" };
         assert_eq!(dense_w.kernel(), expected);
+        let calls = |name: &str| kernels::calls().into_iter().find(|(k, _)| *k == name).map_or(0, |(_, n)| n);
+        // Many rows (prefill) of a 16-bit weight: the AVX-512 kernel at any row count, else the
+        // AVX2 GEMM, else the backend's.
+        let many = if kernels::xwt_avx512() {
+            "xwt"
+        } else if kernels::gemm_avx2_available() {
+            "gemm_avx2"
+        } else {
+            "burn"
+        };
+        let before = calls(many);
+        dense_w.forward(tensor(kernels::XWT_MAX_ROWS + 1, 64, 1, &device), None);
+        assert!(calls(many) > before, "{many} was not counted");
         let quantized = packed(Arc::new(quantize_dense(w, QuantType::Q8_0)));
         let expected = match quant::Kernel::best() {
             quant::Kernel::Vnni => "quant_vnni",
@@ -416,7 +438,6 @@ mod tests {
             quant::Kernel::Portable => "quant_portable",
         };
         assert_eq!(quantized.kernel(), expected);
-        let calls = |name: &str| kernels::calls().into_iter().find(|(k, _)| *k == name).map_or(0, |(_, n)| n);
         let before = calls(expected);
         quantized.forward(tensor(2, 64, 1, &device), None);
         assert!(calls(expected) > before, "{expected} was not counted");
