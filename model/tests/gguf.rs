@@ -452,3 +452,35 @@ fn a_split_gguf_opened_elsewhere_than_its_first_part_or_missing_a_part_is_refuse
     let err = load_error(&first);
     assert!(err.contains("-00002-of-00003.gguf") && err.contains("is not part 2 of 3"), "{err}");
 }
+
+/// Each vocabulary llama.cpp tests its tokenizer on (`models/ggml-vocab-NAME.gguf`, the real
+/// Llama 3 and Qwen2 vocabularies written by its converter, beside the texts `.inp` and the ids
+/// Hugging Face's tokenizer gives them `.out`) encodes every text to exactly those ids.
+/// `scripts/fetch_vocab_tests.sh` takes them from the llama-cpp-python source package on PyPI.
+#[test]
+#[ignore = "needs llama.cpp's vocabulary tests: scripts/fetch_vocab_tests.sh prints the folder LLAISYS_VOCAB_TESTS names"]
+fn the_vocab_tests_of_llama_cpp_pass() {
+    let dir = std::env::var("LLAISYS_VOCAB_TESTS").expect("LLAISYS_VOCAB_TESTS names the folder of ggml-vocab-*.gguf");
+    let dir = std::path::Path::new(&dir);
+    for name in ["llama-bpe", "qwen2"] {
+        let file = dir.join(format!("ggml-vocab-{name}.gguf"));
+        let tokenizer = ModelSource::Gguf(file.clone()).tokenizer().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let read = |ext: &str| {
+            std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.{ext}")))
+                .unwrap_or_else(|e| panic!("{name}.{ext}: {e}"))
+        };
+        let (inputs, outputs) = (read("inp"), read("out"));
+        let texts: Vec<&str> = inputs.split("\n__ggml_vocab_test__\n").collect();
+        let ids: Vec<Vec<u32>> =
+            outputs.lines().map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect()).collect();
+        assert!(texts.len() >= 30, "{name}: {} texts", texts.len());
+        let mut wrong = Vec::new();
+        for (text, want) in texts.iter().zip(&ids) {
+            let got = tokenizer.encode(text).unwrap();
+            if &got != want {
+                wrong.push(format!("{text:?}: {got:?}, want {want:?}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{name}: {} of {} texts differ:\n{}", wrong.len(), texts.len(), wrong.join("\n"));
+    }
+}

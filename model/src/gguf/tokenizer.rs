@@ -2,7 +2,7 @@
 //! `tokenizer.chat_template`), rebuilt as the Hugging Face tokenizer they were converted from:
 //! byte-level BPE over `tokens` and `merges`, the pre-tokenizer `tokenizer.ggml.pre` names
 //! (Qwen2's: NFC, its split regex, byte-level; Llama 3's `llama-bpe`: its split regex,
-//! byte-level), the control (type 3) and user-defined (type 4) tokens as added tokens, which are
+//! byte-level, whole pieces that are tokens kept whole), the control (type 3) and user-defined (type 4) tokens as added tokens, which are
 //! matched in text before BPE, and a BOS token before each prompt when
 //! `tokenizer.ggml.add_bos_token` says so. Unused (type 5) tokens only pad the vocabulary to the
 //! embedding's rows and are left out, as the Hugging Face tokenizer has no such tokens.
@@ -20,20 +20,31 @@ use super::GgufFile;
 use crate::error::LoadError;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
-/// The pre-tokenizers by `tokenizer.ggml.pre`: the split pattern their tokenizer.json has, and
-/// whether it normalises to NFC first (Qwen2's does, Llama 3's has no normaliser). Numbers are
-/// one digit a piece for Qwen2, up to three for Llama 3.
-const PRE_TOKENIZERS: [(&str, &str, bool); 2] = [
-    (
-        "qwen2",
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-        true,
-    ),
-    (
-        "llama-bpe",
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-        false,
-    ),
+/// How a `tokenizer.ggml.pre` splits and merges, as its tokenizer.json does.
+struct PreTokenizer {
+    name: &'static str,
+    /// The split pattern. Numbers are one digit a piece for Qwen2, up to three for Llama 3.
+    split: &'static str,
+    /// Normalised to NFC first (Qwen2's; Llama 3's has no normaliser).
+    nfc: bool,
+    /// A piece that is itself a token is that token, whatever the merges would make of it
+    /// (Llama 3's `ignore_merges`: " Việt" is one token there, four by its merges).
+    ignore_merges: bool,
+}
+
+const PRE_TOKENIZERS: [PreTokenizer; 2] = [
+    PreTokenizer {
+        name: "qwen2",
+        split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        nfc: true,
+        ignore_merges: false,
+    },
+    PreTokenizer {
+        name: "llama-bpe",
+        split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        nfc: false,
+        ignore_merges: true,
+    },
 ];
 
 /// ggml's token types.
@@ -58,8 +69,8 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
             pre.to_string()
         }
     };
-    let Some(&(_, split, nfc)) = PRE_TOKENIZERS.iter().find(|(name, _, _)| *name == pre) else {
-        let known = PRE_TOKENIZERS.map(|(name, _, _)| name).join(", ");
+    let Some(pre) = PRE_TOKENIZERS.iter().find(|p| p.name == pre) else {
+        let known = PRE_TOKENIZERS.map(|p| p.name).join(", ");
         return Err(bad(format!("tokenizer.ggml.pre `{pre}` is not supported ({known})")));
     };
     let tokens = strings(file, "tokenizer.ggml.tokens")?;
@@ -90,11 +101,15 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
         .filter(|(_, (_, ty))| **ty != UNUSED)
         .map(|(i, (t, _))| (t.clone(), i as u32))
         .collect();
-    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| bad(e.to_string()))?;
-    let mut inner = tokenizers::Tokenizer::new(bpe);
-    let split = Split::new(SplitPattern::Regex(split.into()), SplitDelimiterBehavior::Isolated, false)
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(pre.ignore_merges)
+        .build()
         .map_err(|e| bad(e.to_string()))?;
-    if nfc {
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let split = Split::new(SplitPattern::Regex(pre.split.into()), SplitDelimiterBehavior::Isolated, false)
+        .map_err(|e| bad(e.to_string()))?;
+    if pre.nfc {
         inner.with_normalizer(Some(NFC));
     }
     inner.with_pre_tokenizer(Some(Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()])));
