@@ -185,9 +185,12 @@ fn tile(
     let kc = panel.len();
     // A tile of fewer rows repeats its last row (its sums are not stored): one loop of six
     // zipped streams, which compiles without bounds checks.
-    let x: [&[f32]; MR] = std::array::from_fn(|r| &x[r.min(rows.len() - 1) * k..][..kc]);
+    let mut xr: [&[f32]; MR] = [&[]; MR];
+    for (r, xr) in xr.iter_mut().enumerate() {
+        *xr = &x[r.min(rows.len() - 1) * k..][..kc];
+    }
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    let steps = panel.iter().zip(x[0]).zip(x[1]).zip(x[2]).zip(x[3]).zip(x[4]).zip(x[5]);
+    let steps = panel.iter().zip(xr[0]).zip(xr[1]).zip(xr[2]).zip(xr[3]).zip(xr[4]).zip(xr[5]);
     for ((((((step, &x0), &x1), &x2), &x3), &x4), &x5) in steps {
         let w = [load(&step[0]), load(&step[1])];
         for (acc, x) in acc.iter_mut().zip([x0, x1, x2, x3, x4, x5]) {
@@ -196,21 +199,36 @@ fn tile(
             acc[1] = _mm256_fmadd_ps(b, w[1], acc[1]);
         }
     }
-    let mut add = [[0.0f32; W]; 2];
-    if let Some(b) = bias {
-        add.as_flattened_mut()[..b.len()].copy_from_slice(b);
-    }
-    let add = [load(&add[0]), load(&add[1])];
+    let add = match bias {
+        None => [_mm256_setzero_ps(); 2],
+        Some(b) => match b.as_chunks::<W>() {
+            ([lo, hi], []) => [load(lo), load(hi)],
+            _ => {
+                let mut add = [[0.0f32; W]; 2];
+                add.as_flattened_mut()[..b.len()].copy_from_slice(b);
+                [load(&add[0]), load(&add[1])]
+            }
+        },
+    };
     for (row, acc) in rows.iter_mut().zip(&acc) {
         let out = &mut row[cols.clone()];
-        let mut c = [[0.0f32; W]; 2];
-        if !first {
-            c.as_flattened_mut()[..out.len()].copy_from_slice(out);
+        if let [a, b] = out.as_chunks_mut::<W>().0 {
+            // A whole panel's columns, in place.
+            for (h, c) in [a, b].into_iter().enumerate() {
+                let before = if first { _mm256_setzero_ps() } else { load(c) };
+                store(c, _mm256_add_ps(_mm256_add_ps(before, add[h]), acc[h]));
+            }
+        } else {
+            // The last panel's fewer columns, through a copy.
+            let mut c = [[0.0f32; W]; 2];
+            if !first {
+                c.as_flattened_mut()[..out.len()].copy_from_slice(out);
+            }
+            for (h, c) in c.iter_mut().enumerate() {
+                let sum = _mm256_add_ps(_mm256_add_ps(load(c), add[h]), acc[h]);
+                store(c, sum);
+            }
+            out.copy_from_slice(&c.as_flattened()[..out.len()]);
         }
-        for h in 0..2 {
-            let sum = _mm256_add_ps(_mm256_add_ps(load(&c[h]), add[h]), acc[h]);
-            store(&mut c[h], sum);
-        }
-        out.copy_from_slice(&c.as_flattened()[..out.len()]);
     }
 }
