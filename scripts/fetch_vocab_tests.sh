@@ -21,7 +21,7 @@ de785bb305cc6fa9d43908ed5da337f853c0b79e971348fcfb9f0915a39c5363  ggml-vocab-qwe
 if ! (cd "$out" && echo "$sums" | sha256sum -c --quiet - >/dev/null 2>&1); then
   sdist=$work/llama_cpp_python-$version.tar.gz
   # pip prepares the package's metadata in an isolated build environment; nothing is built.
-  [ -f "$sdist" ] || python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+  [ -f "$sdist" ] || python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
     -d "$work" "llama-cpp-python==$version"
   names=$(echo "$sums" | awk '{print "llama_cpp_python-'$version'/vendor/llama.cpp/models/" $2}')
   # shellcheck disable=SC2086 # one archive member per word
