@@ -1,7 +1,8 @@
-//! `y = x·Wᵀ (+ b)` for many rows of `x` (prefill) with f32, f16 or bf16 weights, on AVX2 and
-//! FMA: the product `xwt_avx2.rs` leaves to it past `XWT_MAX_ROWS` rows. Before it, such products
-//! went to the backend's matmul, which widened the whole weight to f32 and rounded `x` to the
-//! weight's 16-bit type on every call.
+//! `y = x·Wᵀ (+ b)` for more than a few rows of `x` (prefill, batched decode) with f32, f16 or
+//! bf16 weights, on AVX2 and FMA: the products `xwt_avx2.rs` leaves to it past
+//! `XWT_AVX2_MAX_ROWS` rows. Before it, those past 64 rows went to the backend's matmul, which
+//! widened the whole weight to f32 and rounded `x` to the weight's 16-bit type on every call,
+//! and those of 9 to 64 rows to `xwt_avx2.rs`, which reads each weight vector once per row.
 //!
 //! A classic register-tiled GEMM (the BLIS structure): the weight is packed per call, a chunk
 //! of `KC` inputs at a time, into panels of `NR` = 16 outputs laid out input by input (`[KC][16]`

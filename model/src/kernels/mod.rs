@@ -64,6 +64,14 @@ use crate::quant::PackedMatrix;
 /// on a 2-core Zen 3).
 pub const XWT_MAX_ROWS: usize = 64;
 
+/// On AVX2 without AVX-512, products of more rows than this (up to `XWT_MAX_ROWS` with f32
+/// weights, any count with 16-bit ones) run `gemm_avx2` instead of `xwt`: its broadcast tile
+/// reads each weight vector once for six rows where `xwt`'s dot products read it once per row.
+/// Demo shapes, Zen 3, f16 weights: at 8 rows `xwt` is faster on two of three shapes
+/// (1.2-1.9x), at 10 rows `gemm_avx2` on all (1.1-1.6x), at 64 rows by 1.5-2.6x; f32 weights:
+/// `gemm_avx2` by 1.5-2x at 16 rows, 2-2.9x at 64.
+pub const XWT_AVX2_MAX_ROWS: usize = 8;
+
 /// Whether this CPU runs the `xwt` kernel on AVX-512 (few-row products, and 16-bit ones at any
 /// row count).
 pub fn xwt_avx512() -> bool {

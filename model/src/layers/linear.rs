@@ -113,7 +113,8 @@ struct CpuKernels {
     avx512: bool,
     /// Few-row products run the `xwt` kernel (AVX-512, or AVX2 with FMA and F16C).
     xwt: bool,
-    /// No AVX-512 but AVX2 with FMA and F16C: many-row 16-bit products run `gemm_avx2`.
+    /// No AVX-512 but AVX2 with FMA and F16C: products of more than `XWT_AVX2_MAX_ROWS` rows
+    /// run `gemm_avx2` (f32 weights up to `XWT_MAX_ROWS` rows, 16-bit ones at any count).
     gemm_avx2: bool,
     /// AVX512-BF16: many-row bf16 products run `bf16dot`.
     bf16dot: bool,
@@ -127,13 +128,11 @@ impl Dense {
         let dtype = self.w.dtype();
         let many_rows = m > kernels::XWT_MAX_ROWS;
         let sixteen_bits = matches!(dtype, DType::F16 | DType::BF16);
-        if (cpu.avx512 && !(many_rows && dtype == DType::F32))
-            || (cpu.xwt && !many_rows)
-            || (cpu.gemm_avx2 && many_rows && sixteen_bits)
-        {
+        let gemm = cpu.gemm_avx2 && m > kernels::XWT_AVX2_MAX_ROWS && (sixteen_bits || !many_rows);
+        if (cpu.avx512 && !(many_rows && dtype == DType::F32)) || (cpu.xwt && !many_rows) || gemm {
             let product = match dtype {
                 DType::BF16 if many_rows && cpu.bf16dot => kernels::bf16dot_linear(&x, &self.w, bias),
-                _ if many_rows && cpu.gemm_avx2 => kernels::gemm_avx2_linear(&x, &self.w, bias),
+                _ if gemm => kernels::gemm_avx2_linear(&x, &self.w, bias),
                 _ => kernels::xwt_linear(&x, &self.w, bias),
             };
             if let Some(y) = product {
