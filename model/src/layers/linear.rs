@@ -418,8 +418,8 @@ mod tests {
         let expected = if kernels::xwt_available() { "xwt" } else { "burn_split" };
         assert_eq!(dense_w.kernel(), expected);
         let calls = |name: &str| kernels::calls().into_iter().find(|(k, _)| *k == name).map_or(0, |(_, n)| n);
-        // Many rows (prefill) of a 16-bit weight: the AVX-512 kernel at any row count, else the
-        // AVX2 GEMM, else the backend's.
+        // Many rows (prefill), or more than a few (batched decode), of a 16-bit weight: the
+        // AVX-512 kernel at any row count, else the AVX2 GEMM, else the backend's.
         let many = if kernels::xwt_avx512() {
             "xwt"
         } else if kernels::gemm_avx2_available() {
@@ -427,9 +427,11 @@ mod tests {
         } else {
             "burn"
         };
-        let before = calls(many);
-        dense_w.forward(tensor(kernels::XWT_MAX_ROWS + 1, 64, 1, &device), None);
-        assert!(calls(many) > before, "{many} was not counted");
+        for rows in [kernels::XWT_MAX_ROWS + 1, kernels::XWT_AVX2_MAX_ROWS + 1] {
+            let before = calls(many);
+            dense_w.forward(tensor(rows, 64, 1, &device), None);
+            assert!(calls(many) > before, "{rows} rows: {many} was not counted");
+        }
         let quantized = packed(Arc::new(quantize_dense(w, QuantType::Q8_0)));
         let expected = match quant::Kernel::best() {
             quant::Kernel::Vnni => "quant_vnni",
