@@ -98,6 +98,17 @@ pub struct Product<'a, W> {
     pub k: usize,
 }
 
+impl<W> Product<'_, W> {
+    /// Panics unless the operands have the sizes their shapes say.
+    pub(super) fn check(&self) {
+        assert!(
+            self.x.len() == self.m * self.k && self.w.len() == self.n * self.k,
+            "x·Wᵀ: operand sizes do not match their shapes"
+        );
+        assert!(self.bias.is_none_or(|b| b.len() == self.n), "x·Wᵀ: bias size does not match the outputs");
+    }
+}
+
 /// Runs the product on AVX-512, else on AVX2 (`xwt_avx2.rs`); `None` when the CPU has neither
 /// (the caller falls back).
 ///
@@ -108,8 +119,7 @@ pub fn run<W: Weight>(p: &Product<'_, W>) -> Option<Vec<f32>> {
     if simd.is_none() && !xwt_avx2::available() {
         return None;
     }
-    assert!(p.x.len() == p.m * p.k && p.w.len() == p.n * p.k, "x·Wᵀ: operand sizes do not match their shapes");
-    assert!(p.bias.is_none_or(|b| b.len() == p.n), "x·Wᵀ: bias size does not match the outputs");
+    p.check();
     let mut out = vec![0.0f32; p.m * p.n];
     if p.m == 0 || p.n == 0 {
         return Some(out);

@@ -1,7 +1,7 @@
 //! `y = x·Wᵀ (+ b)` for few rows of `x` (decode steps of up to `XWT_AVX2_MAX_ROWS` sequences)
-//! with f32, f16 or bf16 weights, on AVX2 and FMA: `xwt.rs`'s product for CPUs without AVX-512. Before it, such CPUs ran these products
-//! through the backend's matmul, which widened the whole 16-bit weight to f32 on every call: a
-//! bf16 demo model decoded at 1 token/s.
+//! with f32, f16 or bf16 weights, on AVX2 and FMA: `xwt.rs`'s product for CPUs without
+//! AVX-512. Before it, such CPUs ran these products through the backend's matmul, which widened
+//! the whole 16-bit weight to f32 on every call: a bf16 demo model decoded at 1 token/s.
 //!
 //! The weight is streamed once from its storage in the checkpoint's `[out, in]` layout, eight
 //! values a load widened in registers (f16 with F16C, bf16 by a shift), each output the dot

@@ -35,8 +35,8 @@ pub trait LinearWeight: fmt::Debug + Send + Sync {
     /// ids: \[n\] → [n, in]
     fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2>;
 
-    /// The kernel a few-row product (a decode step) runs on (prefill's many-row products may run
-    /// `gemm_avx2` or `bf16dot`): `xwt`, `burn_split`, `burn`,
+    /// The kernel a few-row product (a decode step) runs on (products of more rows, prefill's or
+    /// a batched step's, may run `gemm_avx2` or `bf16dot`): `xwt`, `burn_split`, `burn`,
     /// `quant_vnni`, `quant_avx2`, `quant_portable`.
     fn kernel(&self) -> &'static str;
 
