@@ -6,6 +6,9 @@ donor GGUF (the demo model's), so both engines load it; Llama's file gets Qwen's
 which changes nothing in the products measured.
 
 Shapes (from the models' config.json):
+  qwen2.5-0.5b   the demo model's shape (Qwen2.5-0.5B): hidden 896, 24 layers, 14 heads / 2 KV of
+                 64, SwiGLU 4864, tied, q/k/v biases; for the GPU runs, which cannot carry the
+                 real file
   qwen3-0.6b     Qwen3-0.6B: hidden 1024, 28 layers, 16 heads / 8 KV of 128, SwiGLU 3072, tied
   llama-3.2-1b   Llama-3.2-1B: hidden 2048, 16 layers, 32 heads / 8 KV of 64, SwiGLU 8192, tied,
                  llama3 rope scaling (rope_freqs.weight)
@@ -13,7 +16,10 @@ Shapes (from the models' config.json):
                  128, top-8 of experts of width 768 as in the real model (so each token's work
                  per layer is the real one), but 32 experts (not 128) and 12 layers (not 48)
 
-Usage: python scripts/random_family_gguf.py DONOR.gguf OUT.gguf SHAPE
+Usage: python scripts/random_family_gguf.py DONOR.gguf OUT.gguf SHAPE [f16|bf16]
+The donor only lends its tokenizer.* fields: `--donor-only` writes a GGUF of just those (a few
+MB), which can travel where the demo model cannot:
+  python scripts/random_family_gguf.py --donor-only DEMO.gguf tokenizer.gguf
 """
 import sys
 
@@ -21,12 +27,32 @@ import numpy as np
 import gguf
 
 SHAPES = {
+    "qwen2.5-0.5b": dict(arch="qwen2", hidden=896, layers=24, heads=14, kv=2, head_dim=64, inter=4864, tied=True),
     "qwen3-0.6b": dict(arch="qwen3", hidden=1024, layers=28, heads=16, kv=8, head_dim=128, inter=3072, tied=True),
     "llama-3.2-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv=8, head_dim=64, inter=8192, tied=True),
     "qwen3-moe-mini": dict(arch="qwen3moe", hidden=2048, layers=12, heads=32, kv=4, head_dim=128, inter=6144,
                            tied=False, experts=32, used=8, expert_inter=768),
 }
+def copy_tokenizer(r, w):
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vt, val = f.types[0], f.contents()
+        {gguf.GGUFValueType.ARRAY: w.add_array, gguf.GGUFValueType.STRING: w.add_string,
+         gguf.GGUFValueType.UINT32: w.add_uint32, gguf.GGUFValueType.INT32: w.add_int32,
+         gguf.GGUFValueType.BOOL: w.add_bool}[vt](key, val)
+
+
+if sys.argv[1] == "--donor-only":
+    w = gguf.GGUFWriter(sys.argv[3], "qwen2")
+    copy_tokenizer(gguf.GGUFReader(sys.argv[2]), w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    sys.exit(0)
 donor, out, name = sys.argv[1], sys.argv[2], sys.argv[3]
+dtype = sys.argv[4] if len(sys.argv) > 4 else "f16"
 s = SHAPES[name]
 arch, hidden, layers, heads, kv, hd = s["arch"], s["hidden"], s["layers"], s["heads"], s["kv"], s["head_dim"]
 vocab = 151936
@@ -44,54 +70,63 @@ w.add_value_length(hd)
 w.add_rope_dimension_count(hd)
 w.add_rope_freq_base(500000.0 if arch == "llama" else 1e6)
 w.add_layer_norm_rms_eps(1e-6)
-w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if dtype == "bf16" else gguf.LlamaFileType.MOSTLY_F16)
 if "experts" in s:
     w.add_expert_count(s["experts"])
     w.add_expert_used_count(s["used"])
     w.add_expert_feed_forward_length(s["expert_inter"])
-for key, f in r.fields.items():
-    if not key.startswith("tokenizer."):
-        continue
-    vt, val = f.types[0], f.contents()
-    {gguf.GGUFValueType.ARRAY: w.add_array, gguf.GGUFValueType.STRING: w.add_string,
-     gguf.GGUFValueType.UINT32: w.add_uint32, gguf.GGUFValueType.INT32: w.add_int32,
-     gguf.GGUFValueType.BOOL: w.add_bool}[vt](key, val)
+copy_tokenizer(r, w)
 
 rng = np.random.default_rng(7)
-lin = lambda *shape, scale=1.0: (rng.standard_normal(shape, dtype=np.float32) * (scale / np.sqrt(shape[-1]))).astype(np.float16)
-norm = lambda n: rng.uniform(0.5, 1.5, n).astype(np.float32)
 
-w.add_tensor("token_embd.weight", rng.standard_normal((vocab, hidden), dtype=np.float32).astype(np.float16))
+
+def add(key, x):
+    """A matrix in the file's 16-bit type (f32 for vectors and the router, as llama.cpp writes)."""
+    if x.dtype == np.float32 and x.ndim > 1 and dtype == "bf16":
+        w.add_tensor(key, gguf.quants.quantize(x, gguf.GGMLQuantizationType.BF16),
+                     raw_dtype=gguf.GGMLQuantizationType.BF16)
+    elif x.dtype == np.float32 and x.ndim > 1:
+        w.add_tensor(key, x.astype(np.float16))
+    else:
+        w.add_tensor(key, x.astype(np.float32))
+
+
+lin = lambda *shape, scale=1.0: rng.standard_normal(shape, dtype=np.float32) * np.float32(scale / np.sqrt(shape[-1]))
+norm = lambda n: rng.uniform(0.5, 1.5, n).astype(np.float32)
+bias = lambda n: (rng.standard_normal(n, dtype=np.float32) * 0.25).astype(np.float32)
+
+add("token_embd.weight", rng.standard_normal((vocab, hidden), dtype=np.float32))
 if arch == "llama":  # Llama 3.2's llama3 scaling (factor 32, 1 / 4, 8192), as llama.cpp writes it
     freqs = 1.0 / (500000.0 ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
     wavelen = 2 * np.pi / freqs
     smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
     factors = np.where(wavelen < 8192 / 4.0, 1.0, np.where(wavelen > 8192 / 1.0, 32.0, 1 / ((1 - smooth) / 32.0 + smooth)))
-    w.add_tensor("rope_freqs.weight", factors.astype(np.float32))
+    add("rope_freqs.weight", factors.astype(np.float32))
 for l in range(layers):
     p = f"blk.{l}."
-    w.add_tensor(p + "attn_norm.weight", norm(hidden))
-    w.add_tensor(p + "attn_q.weight", lin(heads * hd, hidden))
-    w.add_tensor(p + "attn_k.weight", lin(kv * hd, hidden))
-    w.add_tensor(p + "attn_v.weight", lin(kv * hd, hidden))
-    if arch != "llama":
-        w.add_tensor(p + "attn_q_norm.weight", norm(hd))
-        w.add_tensor(p + "attn_k_norm.weight", norm(hd))
-    w.add_tensor(p + "attn_output.weight", lin(hidden, heads * hd, scale=4.0))
-    w.add_tensor(p + "ffn_norm.weight", norm(hidden))
+    add(p + "attn_norm.weight", norm(hidden))
+    for part, rows in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd)):
+        add(p + f"attn_{part}.weight", lin(rows, hidden))
+        if arch == "qwen2":
+            add(p + f"attn_{part}.bias", bias(rows))
+    if arch in ("qwen3", "qwen3moe"):
+        add(p + "attn_q_norm.weight", norm(hd))
+        add(p + "attn_k_norm.weight", norm(hd))
+    add(p + "attn_output.weight", lin(hidden, heads * hd, scale=4.0))
+    add(p + "ffn_norm.weight", norm(hidden))
     if "experts" in s:
         e, i = s["experts"], s["expert_inter"]
-        w.add_tensor(p + "ffn_gate_inp.weight", lin(e, hidden).astype(np.float32))
-        w.add_tensor(p + "ffn_gate_exps.weight", lin(e, i, hidden))
-        w.add_tensor(p + "ffn_up_exps.weight", lin(e, i, hidden))
-        w.add_tensor(p + "ffn_down_exps.weight", lin(e, hidden, i, scale=4.0))
+        w.add_tensor(p + "ffn_gate_inp.weight", lin(e, hidden))
+        add(p + "ffn_gate_exps.weight", lin(e, i, hidden))
+        add(p + "ffn_up_exps.weight", lin(e, i, hidden))
+        add(p + "ffn_down_exps.weight", lin(e, hidden, i, scale=4.0))
     else:
-        w.add_tensor(p + "ffn_gate.weight", lin(s["inter"], hidden))
-        w.add_tensor(p + "ffn_up.weight", lin(s["inter"], hidden))
-        w.add_tensor(p + "ffn_down.weight", lin(hidden, s["inter"], scale=4.0))
-w.add_tensor("output_norm.weight", norm(hidden))
+        add(p + "ffn_gate.weight", lin(s["inter"], hidden))
+        add(p + "ffn_up.weight", lin(s["inter"], hidden))
+        add(p + "ffn_down.weight", lin(hidden, s["inter"], scale=4.0))
+add("output_norm.weight", norm(hidden))
 if not s["tied"]:
-    w.add_tensor("output.weight", lin(vocab, hidden, scale=4.0))
+    add("output.weight", lin(vocab, hidden, scale=4.0))
 w.write_header_to_file()
 w.write_kv_data_to_file()
 w.write_tensors_to_file()

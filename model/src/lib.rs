@@ -15,6 +15,7 @@ pub mod gguf;
 pub mod grammar;
 pub mod kernels;
 pub mod kv;
+pub mod launches;
 pub mod layers;
 pub mod lm;
 pub mod mock;

@@ -97,6 +97,10 @@ pub struct BenchArgs {
     /// `--decode-tokens`), instead of random token ids. Speculation needs real text to guess.
     #[arg(long)]
     chat_prompt: Option<PathBuf>,
+    /// On a GPU, time each kernel of the decode measurement on the device (kernels then run one
+    /// at a time, so its tok/s is not the pass's): the report ranks kernels by device time.
+    #[arg(long)]
+    kernel_times: bool,
     /// Which measurements to run: prefill, decode, throughput, soak.
     #[arg(long, value_delimiter = ',', default_value = "prefill,decode,throughput")]
     only: Vec<String>,
@@ -130,6 +134,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         }
     }
     let devices = DeviceSpec::parse_list(&args.device).map_err(|e| CliError::usage("--device", e.to_string()))?;
+    let engine_on_gpu = devices.iter().any(|d| *d != DeviceSpec::Cpu);
     let defaults = EngineConfig::default();
     let max_seqs = args.max_seqs_per_step.unwrap_or(defaults.max_seqs_per_step);
     let most = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
@@ -229,12 +234,16 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     let decode_prompt = chat_prompt.as_ref().map_or(args.decode_prompt, |(p, _)| p.len());
     if only("decode") && fits(decode_prompt, args.decode_tokens) {
         let (mut speeds, mut itls) = (Vec::new(), Vec::new());
+        // GPU backends count every kernel the runtime launches (None on a CPU-only build).
+        let watch = if engine_on_gpu { llaisys_model::launches::watch(args.kernel_times) } else { None };
+        let mut steps = 0;
         for _ in 0..args.runs {
             let t = match &chat_prompt {
                 Some((p, params)) => timed(&engine, p.clone(), params.clone()).await?,
                 None => run_one(&engine, prompt(args.decode_prompt), args.decode_tokens, &Guidance::default()).await?,
             };
             let decode_time: Duration = t.gaps.iter().sum();
+            steps += t.tokens;
             speeds.push(t.gaps.len() as f64 / decode_time.as_secs_f64().max(1e-9));
             itls.push(ms(decode_time) / t.gaps.len().max(1) as f64);
         }
@@ -246,6 +255,9 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         };
         println!("{label:<34} {speed:>12.1} {:>12} {itl:>12.1}", "");
         report.insert("decode_tok_s".into(), json!(round(speed)));
+        if let Some(watch) = watch {
+            report.insert("launches".into(), launch_report(&watch.take(), steps, args.kernel_times));
+        }
     }
 
     if only("throughput") && fits(args.prompt_tokens, args.new_tokens) {
@@ -497,6 +509,34 @@ fn rss_mb(field: &str) -> Option<f64> {
 }
 
 /// The CPU's model name, as /proc/cpuinfo gives it.
+/// The decode measurement's kernel launches per step (one token each), printed and as JSON:
+/// the most launched kernels, or with `timed` the ones taking the most device time.
+fn launch_report(launches: &llaisys_model::launches::Launches, steps: usize, timed: bool) -> serde_json::Value {
+    let per_step = |n: f64| n / steps.max(1) as f64;
+    let total = launches.total();
+    println!("{:<34} {:>12.1}", "  kernel launches per decode step", per_step(total as f64));
+    let mut rows = Vec::new();
+    let mut ranked = launches.ranked();
+    if !timed {
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    }
+    let time = launches.time().as_secs_f64().max(1e-12);
+    for (kernel, n, t) in ranked.into_iter().take(if timed { 16 } else { 12 }) {
+        let us = per_step(t.as_secs_f64() * 1e6);
+        if timed {
+            let share = 100.0 * t.as_secs_f64() / time;
+            println!("    {:>7.1} / step {us:>9.1} us {share:>5.1}%  {kernel}", per_step(n as f64));
+        } else {
+            println!("    {:>7.1} / step  {kernel}", per_step(n as f64));
+        }
+        rows.push(json!({ "kernel": kernel, "per_step": round(per_step(n as f64)), "device_us_per_step": round(us) }));
+    }
+    if timed {
+        println!("    device time per step {:.1} us (kernels one at a time)", per_step(time * 1e6));
+    }
+    json!({ "per_step": round(per_step(total as f64)), "steps": steps, "timed": timed, "top": rows })
+}
+
 fn cpu_model() -> Option<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("model name"))?;

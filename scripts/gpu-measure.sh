@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 31's measurements on a lent NVIDIA machine (one short run of the device tool): a
+# random-weight GGUF of the demo shape in bf16 is written there (the real file cannot travel),
+# greedy ids on the GPU are compared with the CPU's, then batch-1 decode, prefill 512 and
+# aggregate throughput at 16 and 64 concurrent are measured through `llaisys bench` (which counts
+# kernel launches per decode step, and ranks kernels by device time with --kernel-times), with
+# the GPU's utilisation sampled alongside (a host-bound path shows as a GPU mostly idle).
+#
+# Prepared here, before the call (see .library/device/README.md for the .gl packages):
+#   cargo build --release -p llaisys-server --features wgpu --target-dir target/gpu
+#   mkdir -p .gpu && strip -o .gpu/llaisys target/gpu/release/llaisys && xz -T2 .gpu/llaisys
+#   (87 MB stripped, 16 MB as .xz: the tree that travels is limited to 64 MiB)
+#   python3 scripts/random_family_gguf.py --donor-only models/qwen2.5-coder-0.5b-instruct.gguf .gpu/tokenizer.gguf
+#   pip download --no-deps --only-binary=:all: gguf -d .gpu
+# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh [NAME[:all|:decode]...]
+# Each NAME is a build carried as .gpu/NAME.xz (default llaisys:all); `decode` measures only batch-1
+# decode (a baseline rerun on the same machine), `all` adds the kernel times, prefill 512 and
+# throughput. The CPU reference runs .gpu/llaisys.xz.
+# Every figure lands in $OUT/log.txt and $OUT/util.csv.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-measure}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+BIN=/tmp/llaisys
+xz -dc .gpu/llaisys.xz >$BIN && chmod +x $BIN
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+[ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+lscpu | grep -E 'Model name|^CPU\(s\)'
+
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/gguf-*.whl
+export PYTHONPATH=/tmp/site
+M=/tmp/r05-bf16.gguf
+time python3 scripts/random_family_gguf.py .gpu/tokenizer.gguf $M qwen2.5-0.5b bf16
+
+nvidia-smi --query-gpu=timestamp,utilization.gpu,utilization.memory,clocks.sm,power.draw \
+  --format=csv -lms 250 >"$OUT/util.csv" 2>&1 &
+smi=$!
+
+step() { echo; echo "=== $(date +%T) $*"; }
+step cpu reference
+timeout 60 $BIN generate --model $M --device cpu --prompt Hello --max-tokens 32 --ids
+for spec in "${@:-llaisys:all}"; do
+  name=${spec%%:*} what=${spec#*:}
+  BIN=/tmp/$name
+  xz -dc ".gpu/$name.xz" >"$BIN" && chmod +x "$BIN" || continue
+  dev=
+  for d in ${DEVICES:-vulkan gl}; do
+    step "$name $d generate"
+    if timeout 180 $BIN generate --model $M --device "$d" --prompt Hello --max-tokens 32 --ids; then
+      dev=$d
+      break
+    fi
+  done
+  [ -n "$dev" ] || { echo "$name: no GPU device ran"; continue; }
+  step "$name $dev decode"
+  timeout 150 $BIN bench --model $M --device "$dev" --only decode --runs 3
+  [ "$what" = decode ] && continue
+  step "$name $dev decode, each kernel timed"
+  timeout 90 $BIN bench --model $M --device "$dev" --only decode --decode-tokens 32 --runs 1 --kernel-times
+  step "$name $dev prefill 512"
+  timeout 120 $BIN bench --model $M --device "$dev" --only prefill --prefill 512 --runs 2
+  step "$name $dev throughput 16, 64"
+  timeout 200 $BIN bench --model $M --device "$dev" --only throughput --concurrency 16,64 --runs 1
+done
+step done
+kill $smi
