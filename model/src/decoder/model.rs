@@ -4,8 +4,6 @@
 //! o → residual → RMSNorm → SwiGLU MLP → residual] → final RMSNorm → lm head for the flagged
 //! rows only.
 
-use std::ops::Range;
-
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::weights::{self, Weights};
@@ -184,25 +182,27 @@ impl Decoder {
         let tables = self.rope.tables(&batch.pos, &self.device);
         let extent = cache.cells().extent();
         let visible = cache.visible(&batch.seqs, &batch.pos, extent); // [n] cells each row sees
-        let mut mask = None; // [n, extent], built only if the attention kernel cannot run
+        // [n, extent], built only if the attention kernel cannot run and some row does not see
+        // every cell below the extent (a lone sequence's decode step sees them all).
+        let mut mask = None;
         let mut x = self.embed(batch.input); // [n, hidden]
-        let [q_rows, k_rows, v_rows] = weights::qkv_rows(&self.config);
+        let [q_rows, k_rows, _] = weights::qkv_rows(&self.config);
         for (l, w) in self.weights.layers.iter().enumerate() {
             if abort() {
                 return Err(DecodeError::Aborted);
             }
             let qkv = w.qkv.forward(w.attn_norm.forward(x.clone())); // [n, (heads + 2 · kv_heads) · hd]
-            let qkv = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());
-            let part = |rows: &Range<usize>| qkv.clone().narrow(1, rows.start, rows.len());
-            let q = part(&q_rows).reshape([n, heads, hd]);
-            let k = part(&k_rows).reshape([n, kv_heads, hd]);
-            let v = part(&v_rows).reshape([n, kv_heads, hd]);
+            let [q, k, v] = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());
+            let q = q.reshape([n, heads, hd]);
+            let k = k.reshape([n, kv_heads, hd]);
+            let v = v.reshape([n, kv_heads, hd]);
             cache.write(l, placement, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
             let (keys, values) = cache.layer(l); // [kv_heads, capacity, hd]
             let a = match kernels::attention(&q, keys, values, &visible) {
                 Some(a) => a,
                 None => {
-                    let mask = mask.get_or_insert_with(|| cache.mask(&visible, extent)).clone();
+                    let all_seen = visible.iter().all(|cells| cells.len() == extent);
+                    let mask = mask.get_or_insert_with(|| (!all_seen).then(|| cache.mask(&visible, extent))).clone();
                     let (keys, values) = cache.read(l, extent); // [kv_heads, extent, hd]
                     attention(q, keys, values, mask)
                 }

@@ -19,7 +19,7 @@ pub struct Rope {
 }
 
 /// cos and sin of every (token, frequency): [n, head_dim/2] each, on the host (for the CPU
-/// kernel) and as [n, 1, head_dim/2] tensors (for the Burn ops).
+/// kernel), and for the Burn ops as [n, 1, head_dim] tensors `[cos, cos]` and `[−sin, sin]`.
 pub struct RopeTables {
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -32,8 +32,16 @@ pub struct RopeTables {
 
 impl RopeTables {
     fn tensors(&self) -> (Tensor<3>, Tensor<3>) {
-        let make = |v: &Vec<f32>| Tensor::from_data(TensorData::new(v.clone(), self.shape), &self.device);
-        self.tensors.get_or_init(|| (make(&self.cos), make(&self.sin))).clone()
+        let [n, _, half] = self.shape;
+        let make = |v: &[f32], lo_sign: f32| {
+            let mut full = Vec::with_capacity(2 * v.len());
+            for row in v.chunks(half) {
+                full.extend(row.iter().map(|x| lo_sign * x));
+                full.extend_from_slice(row);
+            }
+            Tensor::from_data(TensorData::new(full, [n, 1, 2 * half]), &self.device)
+        };
+        self.tensors.get_or_init(|| (make(&self.cos, 1.0), make(&self.sin, -1.0))).clone()
     }
 }
 
@@ -120,21 +128,43 @@ impl Rope {
     pub fn apply(x: Tensor<3>, t: &RopeTables) -> Tensor<3> {
         let [n, h, d] = x.dims();
         let half = d / 2;
-        let x1 = x.clone().slice([0..n, 0..h, 0..half]);
-        let x2 = x.slice([0..n, 0..h, half..d]);
+        // [x1·cos − x2·sin, x2·cos + x1·sin] as x·[cos, cos] + [x2, x1]·[−sin, sin]: five
+        // kernels on a GPU instead of eight, the same products and sums.
+        let swapped =
+            Tensor::cat(vec![x.clone().slice([0..n, 0..h, half..d]), x.clone().slice([0..n, 0..h, 0..half])], 2);
         let (cos, sin) = t.tensors();
-        let lo = x1.clone() * cos.clone() - x2.clone() * sin.clone();
-        let hi = x2 * cos + x1 * sin;
-        Tensor::cat(vec![lo, hi], 2)
+        x * cos + swapped * sin
     }
 
-    /// The stacked q/k/v projection's output with q's heads (columns `q`) and k's (columns `k`)
-    /// rotated, v's columns as they were; with `norms`, q's and k's heads RMS-normalised by
-    /// them first (Qwen3), in the same pass where the CPU kernel runs.
+    /// q, k and v from the stacked q/k/v projection's output: q's heads (columns `q`, first) and
+    /// k's (columns `k`, right after q's) rotated, v (the columns after k's) as it was; with
+    /// `norms`, q's and k's heads RMS-normalised by them first (Qwen3), in the same pass where
+    /// the CPU kernel runs.
     ///
     /// # Shapes
-    /// qkv: [n, width] → [n, width]; tables for the same n tokens.
+    /// qkv: [n, width] → [n, q.len()], [n, k.len()], [n, width − k.end]; tables for the same n
+    /// tokens.
     pub fn apply_qk(
+        qkv: Tensor<2>,
+        q: Range<usize>,
+        k: Range<usize>,
+        t: &RopeTables,
+        norms: Option<&[RmsNorm; 2]>,
+    ) -> [Tensor<2>; 3] {
+        assert!(q.start == 0 && q.end == k.start, "apply_qk: q's heads come first, then k's");
+        let d = 2 * t.shape[2];
+        let weights = norms.map(|[nq, nk]| ([&nq.weight, &nk.weight], nq.eps));
+        let (qk, v) = match crate::kernels::rope_qk(&qkv, q.clone(), k.clone(), d, (&t.cos, &t.sin), weights) {
+            Some(y) => (y.clone().narrow(1, 0, k.end), y),
+            None => (Self::apply_qk_ops(qkv.clone(), q.clone(), k.clone(), t, norms), qkv),
+        };
+        let width = v.dims()[1];
+        [qk.clone().narrow(1, 0, q.end), qk.narrow(1, k.start, k.len()), v.narrow(1, k.end, width - k.end)]
+    }
+
+    /// q's and k's heads of [`Self::apply_qk`], rotated through Burn's ops (any backend):
+    /// [n, k.end].
+    fn apply_qk_ops(
         qkv: Tensor<2>,
         q: Range<usize>,
         k: Range<usize>,
@@ -142,20 +172,15 @@ impl Rope {
         norms: Option<&[RmsNorm; 2]>,
     ) -> Tensor<2> {
         let d = 2 * t.shape[2];
-        let weights = norms.map(|[nq, nk]| ([&nq.weight, &nk.weight], nq.eps));
-        if let Some(y) = crate::kernels::rope_qk(&qkv, q.clone(), k.clone(), d, (&t.cos, &t.sin), weights) {
-            return y;
-        }
         let qkv = match norms {
             Some([nq, nk]) => RmsNorm::forward_heads(qkv, [(nq, q.clone()), (nk, k.clone())], d),
             None => qkv,
         };
-        let [n, width] = qkv.dims();
-        let part = |cols: &Range<usize>| qkv.clone().narrow(1, cols.start, cols.len());
-        let rotate =
-            |cols: &Range<usize>| Rope::apply(part(cols).reshape([n, cols.len() / d, d]), t).reshape([n, cols.len()]);
-        let v = q.end.max(k.end)..width;
-        Tensor::cat(vec![rotate(&q), rotate(&k), part(&v)], 1)
+        // q's heads and k's, side by side, rotated as one block: half the kernel launches of
+        // rotating each (a GPU pays host time per launch); v is never copied back beside them.
+        let n = qkv.dims()[0];
+        let qk = qkv.narrow(1, 0, k.end).reshape([n, k.end / d, d]);
+        Rope::apply(qk, t).reshape([n, k.end])
     }
 }
 
@@ -193,5 +218,46 @@ mod tests {
         assert!((t.cos[0] - yarn.attention_factor).abs() < 1e-6, "cos(0) carries the attention factor");
         let shift = yarn.shift_tables(&[0], &Device::flex());
         assert_eq!(shift.cos[0], 1.0, "a shift rotates keys that already carry it");
+    }
+
+    /// The Burn ops' rotation (the GPU path) is the rotate-half formula, head by head, with
+    /// each token's own angles; the stacked q/k/v form rotates q's and k's heads and keeps v's.
+    #[test]
+    fn the_burn_rotation_is_rotate_half() {
+        let (n, heads, d) = (3, 2, 8);
+        let device = Device::flex();
+        let rope = Rope::new(d, 10_000.0);
+        let t = rope.tables(&[0, 5, 17], &device);
+        let x: Vec<f32> = crate::kernels::test_values(n * heads * d, 4).iter().map(|v| v * 3.0).collect();
+        let got = Rope::apply(Tensor::from_data(TensorData::new(x.clone(), [n, heads, d]), &device), &t)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let half = d / 2;
+        for (at, (x, y)) in x.chunks(d).zip(got.chunks(d)).enumerate() {
+            let token = at / heads;
+            for i in 0..half {
+                let (cos, sin) = (t.cos[token * half + i], t.sin[token * half + i]);
+                assert_eq!(y[i], x[i] * cos - x[i + half] * sin, "head {at} dim {i}");
+                assert_eq!(y[i + half], x[i + half] * cos + x[i] * sin, "head {at} dim {}", i + half);
+            }
+        }
+        // q: 2 heads, k: 1, v: 1. The Burn ops rotate q's and k's heads as `apply` does; the CPU
+        // kernel's q, k and v (what `apply_qk` gives on this backend) agree, v unchanged.
+        let qkv: Vec<f32> = crate::kernels::test_values(n * 4 * d, 5);
+        let stacked = Tensor::<2>::from_data(TensorData::new(qkv.clone(), [n, 4 * d]), &device);
+        let values = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        let ops = values(Rope::apply_qk_ops(stacked.clone(), 0..2 * d, 2 * d..3 * d, &t, None));
+        let heads = Tensor::<3>::from_data(TensorData::new(qkv.clone(), [n, 4, d]), &device).slice([0..n, 0..3, 0..d]);
+        let want = values(Rope::apply(heads, &t).reshape([n, 3 * d]));
+        assert_eq!(ops, want);
+        let [q, k, v] = Rope::apply_qk(stacked, 0..2 * d, 2 * d..3 * d, &t, None).map(values);
+        for token in 0..n {
+            let (row, cols) = (&want[token * 3 * d..(token + 1) * 3 * d], |w: usize| token * w..(token + 1) * w);
+            for (g, w) in q[cols(2 * d)].iter().chain(&k[cols(d)]).zip(row) {
+                assert!((g - w).abs() < 1e-5, "the CPU kernel {g}, the Burn ops {w}");
+            }
+            assert_eq!(v[cols(d)], qkv[token * 4 * d + 3 * d..(token + 1) * 4 * d], "v is kept");
+        }
     }
 }
