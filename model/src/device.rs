@@ -9,6 +9,8 @@ use std::str::FromStr;
 
 use burn::tensor::Device;
 
+use crate::kv::KvDtype;
+
 /// One device, as named on the command line. `Display` writes the canonical spelling (the
 /// `device` label of the metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,6 +38,10 @@ pub enum DeviceError {
     Unavailable { device: String, reason: String },
     #[error("no device given")]
     Empty,
+    #[error(
+        "device '{device}' does not compute in {dtype}, so its KV cache cannot be stored so (--kv-dtype f32, or auto)"
+    )]
+    KvDtype { device: String, dtype: KvDtype },
 }
 
 impl DeviceSpec {
@@ -64,6 +70,15 @@ impl DeviceSpec {
             Self::Vulkan(index) => self.opened(wgpu::device(index, wgpu::Api::Vulkan), "wgpu"),
             Self::Gl => self.opened(wgpu::device(None, wgpu::Api::Gl), "wgpu"),
             Self::Cuda(index) => cuda::device(index).ok_or_else(|| self.not_built("cuda")),
+        }
+    }
+
+    /// Refuses a KV cache element type `device` (this spec, opened) does not compute in, which
+    /// would otherwise fail at the first forward pass (Mesa's llvmpipe has no 16-bit floats).
+    pub fn check_kv_dtype(self, device: &Device, dtype: KvDtype) -> Result<(), DeviceError> {
+        match device.supports_dtype(dtype.dtype()) {
+            true => Ok(()),
+            false => Err(DeviceError::KvDtype { device: self.to_string(), dtype }),
         }
     }
 
@@ -215,6 +230,11 @@ mod tests {
     #[test]
     fn the_cpu_always_opens_and_unbuilt_backends_name_their_feature() {
         assert_eq!(DeviceSpec::Cpu.device().unwrap(), Device::flex());
+        for dtype in KvDtype::ALL {
+            assert_eq!(DeviceSpec::Cpu.check_kv_dtype(&Device::flex(), dtype), Ok(()), "{dtype}");
+        }
+        let refused = DeviceError::KvDtype { device: "gl".into(), dtype: KvDtype::F16 }.to_string();
+        assert!(refused.contains("does not compute in f16") && refused.contains("--kv-dtype f32"), "{refused}");
         #[cfg(not(feature = "cuda"))]
         match DeviceSpec::Cuda(None).device() {
             Err(DeviceError::NotBuilt { feature, .. }) => assert_eq!(feature, "cuda"),

@@ -249,3 +249,29 @@ fn a_device_this_build_lacks_or_cannot_parse_is_a_clear_error() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// A KV cache element type the device does not compute in is refused when the engine is built,
+/// naming the setting (Mesa's llvmpipe has no 16-bit floats), instead of failing at the first
+/// forward pass; where the device has it, the engine runs with it.
+#[test]
+fn a_kv_dtype_the_device_lacks_is_a_clear_error() {
+    let device = llaisys_tests::test_device();
+    let spec: llaisys_model::DeviceSpec = device.parse().unwrap();
+    let has_f16 = spec.device().unwrap().supports_dtype(llaisys_model::KvDtype::F16.dtype());
+    let dir = fixture_dir("tiny-tied-f32");
+    let args = ["--device", &device, "--kv-dtype", "f16", "--only", "decode", "--decode-prompt", "4"];
+    let out = llaisys(
+        &[&["bench", "--model", dir.to_str().unwrap()], &args[..], &["--decode-tokens", "2", "--runs", "1"]].concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if has_f16 {
+        assert!(out.status.success(), "{stderr}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("\"kv_dtype\":\"f16\""));
+    } else {
+        assert!(
+            !out.status.success() && stderr.contains("does not compute in f16") && stderr.contains("--kv-dtype f32"),
+            "{stderr}"
+        );
+    }
+}

@@ -232,6 +232,9 @@ impl EngineBuilder {
         let mut replicas = Vec::with_capacity(self.devices.len());
         for spec in &self.devices {
             let device = spec.device()?;
+            if let Some(kv) = self.config.kv_dtype {
+                spec.check_kv_dtype(&device, kv)?;
+            }
             let (model_type, load, source, dev) =
                 (self.model_type.clone(), self.load.clone(), source.clone(), device.clone());
             let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), source.as_ref(), &load, &dev));

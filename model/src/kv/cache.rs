@@ -51,6 +51,10 @@ impl KvDtype {
             Self::F16 | Self::BF16 => 2,
         }
     }
+    /// The tensor element type.
+    pub fn dtype(self) -> DType {
+        self.float().into()
+    }
     fn float(self) -> FloatDType {
         match self {
             Self::F32 => FloatDType::F32,
