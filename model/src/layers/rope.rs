@@ -128,10 +128,9 @@ impl Rope {
     pub fn apply(x: Tensor<3>, t: &RopeTables) -> Tensor<3> {
         let [n, h, d] = x.dims();
         let half = d / 2;
-        // [x1·cos − x2·sin, x2·cos + x1·sin] as x·[cos, cos] + [x2, x1]·[−sin, sin]: five
-        // kernels on a GPU instead of eight, the same products and sums.
-        let swapped =
-            Tensor::cat(vec![x.clone().slice([0..n, 0..h, half..d]), x.clone().slice([0..n, 0..h, 0..half])], 2);
+        // [x1·cos − x2·sin, x2·cos + x1·sin] as x·[cos, cos] + [x2, x1]·[−sin, sin], the halves
+        // swapped by one flip: four kernels on a GPU instead of eight, the same products and sums.
+        let swapped = x.clone().reshape([n, h, 2, half]).flip([2]).reshape([n, h, d]);
         let (cos, sin) = t.tensors();
         x * cos + swapped * sin
     }
