@@ -201,8 +201,8 @@ impl Decoder {
             let a = match kernels::attention(&q, keys, values, &visible) {
                 Some(a) => a,
                 None => {
-                    let all_seen = visible.iter().all(|cells| cells.len() == extent);
-                    let mask = mask.get_or_insert_with(|| (!all_seen).then(|| cache.mask(&visible, extent))).clone();
+                    let partial = || visible.iter().any(|cells| cells.len() < extent);
+                    let mask = mask.get_or_insert_with(|| partial().then(|| cache.mask(&visible, extent))).clone();
                     let (keys, values) = cache.read(l, extent); // [kv_heads, extent, hd]
                     attention(q, keys, values, mask)
                 }

@@ -508,7 +508,6 @@ fn rss_mb(field: &str) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-/// The CPU's model name, as /proc/cpuinfo gives it.
 /// The decode measurement's kernel launches per step (one token each), printed and as JSON:
 /// the most launched kernels, or with `timed` the ones taking the most device time.
 fn launch_report(launches: &llaisys_model::launches::Launches, steps: usize, timed: bool) -> serde_json::Value {
@@ -516,12 +515,9 @@ fn launch_report(launches: &llaisys_model::launches::Launches, steps: usize, tim
     let total = launches.total();
     println!("{:<34} {:>12.1}", "  kernel launches per decode step", per_step(total as f64));
     let mut rows = Vec::new();
-    let mut ranked = launches.ranked();
-    if !timed {
-        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    }
     let time = launches.time().as_secs_f64().max(1e-12);
-    for (kernel, n, t) in ranked.into_iter().take(if timed { 16 } else { 12 }) {
+    // Untimed, every time is zero and `ranked` orders by launches.
+    for (kernel, n, t) in launches.ranked().into_iter().take(if timed { 16 } else { 12 }) {
         let us = per_step(t.as_secs_f64() * 1e6);
         if timed {
             let share = 100.0 * t.as_secs_f64() / time;
@@ -537,6 +533,7 @@ fn launch_report(launches: &llaisys_model::launches::Launches, steps: usize, tim
     json!({ "per_step": round(per_step(total as f64)), "steps": steps, "timed": timed, "top": rows })
 }
 
+/// The CPU's model name, as /proc/cpuinfo gives it.
 fn cpu_model() -> Option<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("model name"))?;
