@@ -11,4 +11,4 @@ XDG_RUNTIME_DIR="$(mktemp -d)"
 export XDG_RUNTIME_DIR
 # One build for both packages (the wgpu stack takes most of it).
 cargo test -p llaisys-model -p llaisys-server --features llaisys-model/wgpu,llaisys-server/wgpu \
-  --test parity --test kv_cache --test launches --test cli
+  --test parity --test kv_cache --test launches --test layer_kernels --test cli

@@ -1,7 +1,8 @@
-//! CPU kernels for the Flex backend, used where a Burn op is the bottleneck (issue 6). Each entry
-//! point takes Burn tensors, runs only when they live on Flex with a layout and dtype it handles
-//! and the CPU has the instructions it needs, and otherwise returns `None` so the caller keeps the
-//! plain Burn op: the model stays generic over the backend.
+//! CPU kernels for the Flex backend, used where a Burn op is the bottleneck (issue 6), and GPU
+//! kernels for the CubeCL backends (`gpu`, issue 31). Each entry point takes Burn tensors, runs
+//! only when they live on its backend with a layout and dtype it handles (and, on the CPU, the
+//! instructions it needs are there), and otherwise returns `None` so the caller keeps the plain
+//! Burn ops: the model stays generic over the backend.
 
 /// Runs `$tile!(R, C)` for a tile of R rows of x (≤ 4) by C weight rows (≤ 4), with R and C as
 /// literals for the const-generic tile functions.
@@ -42,6 +43,30 @@ pub(crate) mod prefetch;
 mod swiglu;
 mod xwt;
 mod xwt_avx2;
+
+/// The GPU kernels, where this build has a CubeCL backend without Burn's fusion.
+#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion")))]
+pub(crate) mod cube;
+#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion")))]
+pub(crate) use cube as gpu;
+/// No GPU kernels in this build: every entry point declines.
+#[cfg(not(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion"))))]
+pub(crate) mod gpu {
+    use burn::tensor::Tensor;
+
+    pub fn rms_norm(_: &Tensor<2>, _: &Tensor<1>, _: f64) -> Option<Tensor<2>> {
+        None
+    }
+    pub fn swiglu(_: &Tensor<2>) -> Option<Tensor<2>> {
+        None
+    }
+    pub fn rope(_: &Tensor<2>, _: usize, _: usize, _: &Tensor<3>) -> Option<Tensor<2>> {
+        None
+    }
+    pub fn softmax(_: &Tensor<3>, _: f64, _: Option<&Tensor<2>>) -> Option<Tensor<3>> {
+        None
+    }
+}
 
 use std::ops::Range;
 
@@ -228,11 +253,16 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32
     Some(Tensor::from_data(TensorData::new(out, [n, heads * d]), &device))
 }
 
-/// RMSNorm on the Flex backend: `x / sqrt(mean(x²) + eps) · w` per row.
+/// RMSNorm, `x / sqrt(mean(x²) + eps) · w` per row: the CPU kernel on the Flex backend, the
+/// GPU kernel on a CubeCL one.
 ///
 /// # Shapes
 /// x: [n, h] f32, w: \[h\] f32 → [n, h] f32
 pub fn rms_norm(x: &Tensor<2>, w: &Tensor<1>, eps: f64) -> Option<Tensor<2>> {
+    flex_rms_norm(x, w, eps).or_else(|| gpu::rms_norm(x, w, eps))
+}
+
+fn flex_rms_norm(x: &Tensor<2>, w: &Tensor<1>, eps: f64) -> Option<Tensor<2>> {
     let [n, h] = x.dims();
     if x.dtype() != DType::F32 || w.dtype() != DType::F32 || w.dims() != [h] {
         return None;
@@ -283,11 +313,35 @@ pub fn rope_qk(
     Some(Tensor::from_data(TensorData::new(out, [n, width]), &device))
 }
 
-/// `silu(gate) · up` on the Flex backend.
+/// The rotary embedding of the first `width` columns of each row (whole heads of `d`), each
+/// token by its own angles: the GPU kernel on a CubeCL backend (the CPU kernel, [`rope_qk`],
+/// reads its tables on the host).
+///
+/// # Shapes
+/// x: [n, ≥ width] f32, tables: [2, n, d/2] f32 (cos, then sin) → [n, width] f32
+pub fn rope(x: &Tensor<2>, width: usize, d: usize, tables: &Tensor<3>) -> Option<Tensor<2>> {
+    gpu::rope(x, width, d, tables)
+}
+
+/// Softmax of `scores · scale + mask` over the last dimension (row j of each leading index
+/// reads mask row j mod n): the GPU kernel on a CubeCL backend (the CPU's attention kernel
+/// never forms the scores).
+///
+/// # Shapes
+/// scores: [b, r, e] f32, mask: [n, e] f32 additive, r a multiple of n → [b, r, e] f32
+pub fn softmax(scores: &Tensor<3>, scale: f64, mask: Option<&Tensor<2>>) -> Option<Tensor<3>> {
+    gpu::softmax(scores, scale, mask)
+}
+
+/// `silu(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one.
 ///
 /// # Shapes
 /// gate_up: [n, 2 · i] f32, gate in the first half of each row → [n, i] f32
 pub fn swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
+    flex_swiglu(gate_up).or_else(|| gpu::swiglu(gate_up))
+}
+
+fn flex_swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
     let [n, width] = gate_up.dims();
     if gate_up.dtype() != DType::F32 || width == 0 || !width.is_multiple_of(2) {
         return None;

@@ -14,12 +14,17 @@ pub fn attention(q: Tensor<3>, k: Tensor<3>, v: Tensor<3>, mask: Option<Tensor<2
     let group = heads / kv_heads;
     // Query head h reads kv head h / group: [heads, n, d] = [kv_heads, group, n, d].
     let q = q.swap_dims(0, 1).reshape([kv_heads, group * n, d]);
-    let scores = q.matmul(k.swap_dims(1, 2)).mul_scalar(1.0 / (d as f64).sqrt()); // [kv_heads, group·n, extent]
-    let probs = match mask {
-        Some(mask) => softmax(scores.reshape([kv_heads, group, n, extent]) + mask.reshape([1, 1, n, extent]), 3)
-            .reshape([kv_heads, group * n, extent]),
-        None => softmax(scores, 2),
-    };
+    let scores = q.matmul(k.swap_dims(1, 2)); // [kv_heads, group·n, extent]
+    let scale = 1.0 / (d as f64).sqrt();
+    // Scaled, masked and normalised in one kernel on a GPU (six of Burn's ops otherwise).
+    let probs = crate::kernels::softmax(&scores, scale, mask.as_ref()).unwrap_or_else(|| {
+        let scores = scores.mul_scalar(scale);
+        match mask {
+            Some(mask) => softmax(scores.reshape([kv_heads, group, n, extent]) + mask.reshape([1, 1, n, extent]), 3)
+                .reshape([kv_heads, group * n, extent]),
+            None => softmax(scores, 2),
+        }
+    });
     probs
         .matmul(v) // [kv_heads, group·n, d]
         .reshape([heads, n, d])

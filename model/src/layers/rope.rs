@@ -28,6 +28,8 @@ pub struct RopeTables {
     /// The tensors, made on the Burn path's first use and shared by every layer of the pass
     /// (the CPU kernel reads the vectors and never makes them).
     tensors: OnceCell<(Tensor<3>, Tensor<3>)>,
+    /// [2, n, head_dim/2]: cos, then sin, for the GPU kernel (one upload a pass, at its first use).
+    stacked: OnceCell<Tensor<3>>,
 }
 
 impl RopeTables {
@@ -42,6 +44,14 @@ impl RopeTables {
             Tensor::from_data(TensorData::new(full, [n, 1, 2 * half]), &self.device)
         };
         self.tensors.get_or_init(|| (make(&self.cos, 1.0), make(&self.sin, -1.0))).clone()
+    }
+
+    fn stacked(&self) -> &Tensor<3> {
+        let [n, _, half] = self.shape;
+        self.stacked.get_or_init(|| {
+            let both = [self.cos.as_slice(), &self.sin].concat();
+            Tensor::from_data(TensorData::new(both, [2, n, half]), &self.device)
+        })
     }
 }
 
@@ -120,7 +130,14 @@ impl Rope {
                 sin.push(angle.sin() as f32 * scale);
             }
         }
-        RopeTables { cos, sin, shape: [positions.len(), 1, half], device: device.clone(), tensors: OnceCell::new() }
+        RopeTables {
+            cos,
+            sin,
+            shape: [positions.len(), 1, half],
+            device: device.clone(),
+            tensors: OnceCell::new(),
+            stacked: OnceCell::new(),
+        }
     }
 
     /// # Shapes
@@ -175,8 +192,12 @@ impl Rope {
             Some([nq, nk]) => RmsNorm::forward_heads(qkv, [(nq, q.clone()), (nk, k.clone())], d),
             None => qkv,
         };
-        // q's heads and k's, side by side, rotated as one block: half the kernel launches of
-        // rotating each (a GPU pays host time per launch); v is never copied back beside them.
+        // q's heads and k's, side by side, rotated as one block: one kernel on a GPU, else half
+        // the launches of rotating each (a GPU pays host time per launch); v is never copied
+        // back beside them.
+        if let Some(qk) = crate::kernels::rope(&qkv, k.end, d, t.stacked()) {
+            return qk;
+        }
         let n = qkv.dims()[0];
         let qk = qkv.narrow(1, 0, k.end).reshape([n, k.end / d, d]);
         Rope::apply(qk, t).reshape([n, k.end])

@@ -1,0 +1,165 @@
+//! The kernels themselves, in CubeCL (compiled per runtime: WGSL/SPIR-V on wgpu, CUDA C on
+//! CUDA). Every activation is f32; each kernel reads its inputs through their strides, so Burn's
+//! views (a narrowed q/k/v projection, a swapped dimension) need no copy first. Reductions run
+//! over one cube per row through shared memory (no subgroup operations, which Mesa's llvmpipe
+//! under OpenGL ES lacks).
+
+use burn::cubecl;
+use burn::cubecl::prelude::*;
+
+/// The units of a row-reducing cube (a power of two).
+pub const ROW_UNITS: usize = 128;
+
+/// Sums (or, with `max`, takes the maximum of) each unit's `value` across the cube; every unit
+/// gets the result. Leaves `shared` free for the next reduction. The halving steps are unrolled
+/// at compile time: CubeCL 0.11 fails to verify shared-memory accesses inside a runtime loop
+/// ("expected operand type cube.ptr, but found cube.index").
+#[cube]
+fn cube_reduce(mut shared: Shared<[f32]>, value: f32, #[comptime] units: usize, #[comptime] max: bool) -> f32 {
+    let unit = UNIT_POS as usize;
+    shared[unit] = value;
+    sync_cube();
+    let steps = comptime!(units.trailing_zeros() as usize);
+    #[unroll]
+    for k in 0..steps {
+        let stride = units >> (k + 1);
+        if unit < stride {
+            let mine = shared[unit];
+            let other = shared[unit + stride];
+            if comptime!(max) {
+                shared[unit] = select(other > mine, other, mine);
+            } else {
+                shared[unit] = mine + other;
+            }
+        }
+        sync_cube();
+    }
+    let total = shared[0];
+    sync_cube();
+    total
+}
+
+/// RMSNorm of row `CUBE_POS` of x: `x / sqrt(mean(x²) + eps) · w`.
+///
+/// x: [n, h] (any strides), w: \[h\], out: [n, h] contiguous; one cube per row.
+#[cube(launch)]
+pub fn rms_norm(x: &Tensor<f32>, w: &Tensor<f32>, out: &mut Tensor<f32>, eps: f32, #[comptime] units: usize) {
+    let row = CUBE_POS;
+    let h = x.shape(1);
+    let unit = UNIT_POS as usize;
+    let base = row * x.stride(0);
+    let mut sum = 0.0f32;
+    let mut i = unit;
+    while i < h {
+        let v = x[base + i * x.stride(1)];
+        sum += v * v;
+        i += units;
+    }
+    let shared = Shared::<[f32]>::new_slice(units);
+    let total = cube_reduce(shared.clone(), sum, units, false);
+    let scale = 1.0f32 / (total / f32::cast_from(h) + eps).sqrt();
+    let mut i = unit;
+    while i < h {
+        out[row * h + i] = x[base + i * x.stride(1)] * scale * w[i * w.stride(0)];
+        i += units;
+    }
+}
+
+/// `silu(gate) · up` as `gate · up / (1 + e^−gate)`, one unit per output value.
+///
+/// gate_up: [n, 2i] (any strides), gate in the first half of each row; out: [n, i] contiguous.
+#[cube(launch)]
+pub fn swiglu(gate_up: &Tensor<f32>, out: &mut Tensor<f32>) {
+    let at = ABSOLUTE_POS;
+    let i = out.shape(1);
+    if at < out.len() {
+        let (row, col) = (at / i, at % i);
+        let base = row * gate_up.stride(0);
+        let gate = gate_up[base + col * gate_up.stride(1)];
+        let up = gate_up[base + (col + i) * gate_up.stride(1)];
+        out[at] = gate * up / (1.0f32 + (-gate).exp());
+    }
+}
+
+/// The rotate-half rotary embedding of the first `out.shape(1) / d` heads of each row of x,
+/// each token by its own angles: `[x1·cos − x2·sin, x2·cos + x1·sin]`, one unit per pair.
+///
+/// x: [n, ≥ heads·d] (any strides), tables: [2, n, d/2] (cos, then sin), out: [n, heads·d]
+/// contiguous.
+#[cube(launch)]
+pub fn rope(x: &Tensor<f32>, tables: &Tensor<f32>, out: &mut Tensor<f32>, #[comptime] d: usize) {
+    let half = d / 2;
+    let width = out.shape(1);
+    let pairs_per_row = width / 2;
+    let at = ABSOLUTE_POS;
+    if at < out.shape(0) * pairs_per_row {
+        let row = at / pairs_per_row;
+        let pair = at % pairs_per_row;
+        let (head, i) = (pair / half, pair % half);
+        let lo = head * d + i;
+        let base = row * x.stride(0);
+        let x1 = x[base + lo * x.stride(1)];
+        let x2 = x[base + (lo + half) * x.stride(1)];
+        let t = row * tables.stride(1) + i * tables.stride(2);
+        let cos = tables[t];
+        let sin = tables[t + tables.stride(0)];
+        out[row * width + lo] = x1 * cos - x2 * sin;
+        out[row * width + lo + half] = x2 * cos + x1 * sin;
+    }
+}
+
+/// Softmax of `scores · scale` (plus the mask's row, with `masked`) over the last dimension,
+/// one cube per row.
+///
+/// scores: [b, r, e] (any strides), mask: [n, e] additive (0 visible, −∞ hidden; row j of each
+/// b reads mask row j mod n; any tensor without `masked`), out: [b, r, e] contiguous.
+#[cube(launch)]
+pub fn softmax(
+    scores: &Tensor<f32>,
+    mask: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] masked: bool,
+    #[comptime] units: usize,
+) {
+    let rows = scores.shape(1);
+    let e = scores.shape(2);
+    let (b, r) = (CUBE_POS / rows, CUBE_POS % rows);
+    let base = b * scores.stride(0) + r * scores.stride(1);
+    let mask_base = (r % mask.shape(0)) * mask.stride(0);
+    let unit = UNIT_POS as usize;
+    let shared = Shared::<[f32]>::new_slice(units);
+
+    // f32::MIN, not −∞: WGSL has no literal for an infinity.
+    let mut top = f32::new(-3.402_823_5e38);
+    let mut j = unit;
+    while j < e {
+        let mut s = scores[base + j * scores.stride(2)] * scale;
+        if comptime!(masked) {
+            s += mask[mask_base + j * mask.stride(1)];
+        }
+        top = select(s > top, s, top);
+        j += units;
+    }
+    let top = cube_reduce(shared.clone(), top, units, true);
+
+    let mut sum = 0.0f32;
+    let mut j = unit;
+    while j < e {
+        let mut s = scores[base + j * scores.stride(2)] * scale;
+        if comptime!(masked) {
+            s += mask[mask_base + j * mask.stride(1)];
+        }
+        let p = (s - top).exp();
+        out[CUBE_POS * e + j] = p;
+        sum += p;
+        j += units;
+    }
+    let sum = cube_reduce(shared.clone(), sum, units, false);
+    let inv = 1.0f32 / sum;
+    let mut j = unit;
+    while j < e {
+        out[CUBE_POS * e + j] *= inv;
+        j += units;
+    }
+}

@@ -1,0 +1,173 @@
+//! The layer functions on the device under test (`LLAISYS_TEST_DEVICE`: the CPU kernels on the
+//! CPU, issue 31's CubeCL kernels on a GPU backend; Mesa's llvmpipe in CI) against f64
+//! references on awkward shapes: rows not a multiple of a cube's units, GQA ratios 1, 2 and 7,
+//! head_dim 64 and 128, masked rows, strided inputs. On a GPU device each test also checks, by
+//! the runtime's launch count, that its kernel ran (and not the Burn ops it replaces).
+
+use std::sync::{Mutex, PoisonError};
+
+use llaisys_model::layers::{RmsNorm, Rope, attention, swiglu};
+use llaisys_model::{Device, DeviceSpec, Tensor, TensorData};
+use llaisys_tests::test_device;
+
+fn device() -> (DeviceSpec, Device) {
+    let spec = test_device().parse::<DeviceSpec>().unwrap();
+    (spec, spec.device().unwrap())
+}
+
+/// Deterministic values in [−scale, scale).
+fn values(len: usize, seed: u32, scale: f32) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((((i as u32 ^ seed).wrapping_mul(2654435761) >> 16) % 2000) as f32 / 1000.0 - 1.0) * scale)
+        .collect()
+}
+
+fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_into_vec::<f32>().unwrap()
+}
+
+fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((*g as f64 - w).abs() <= tol * w.abs().max(1.0), "{what}[{i}]: {g} vs {w}");
+    }
+}
+
+/// Runs `f`, then, on a GPU device, checks that a kernel whose name contains `kernel` (case and
+/// underscores ignored) was launched.
+/// One launch watch at a time in this process (a second would replace the first).
+fn ran<T>(spec: DeviceSpec, kernel: &str, f: impl FnOnce() -> T) -> T {
+    static ONE_WATCH: Mutex<()> = Mutex::new(());
+    let _one = ONE_WATCH.lock().unwrap_or_else(PoisonError::into_inner);
+    let watch = llaisys_model::launches::watch(false);
+    let out = f();
+    if let Some(watch) = watch.filter(|_| spec != DeviceSpec::Cpu) {
+        let launched = watch.take();
+        let key = |s: &str| s.to_ascii_lowercase().replace('_', "");
+        assert!(
+            launched.by_kernel.keys().any(|k| key(k).contains(&key(kernel))),
+            "no {kernel} kernel ran on {spec}: {:?}",
+            launched.by_kernel.keys().collect::<Vec<_>>()
+        );
+    }
+    out
+}
+
+#[test]
+fn rms_norm_matches_a_reference() {
+    let (spec, device) = device();
+    for (n, h) in [(1, 8), (3, 200), (2, 896), (5, 13)] {
+        let x = values(n * h, 7, 3.0);
+        let w = values(h, 11, 2.0);
+        let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(w.clone(), [h]), &device), eps: 1e-6 };
+        let input = Tensor::<2>::from_data(TensorData::new(x.clone(), [n, h]), &device);
+        let got = ran(spec, "rms_norm", || host(norm.forward(input)));
+        let mut want = Vec::with_capacity(n * h);
+        for row in x.chunks(h) {
+            let scale = 1.0 / (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / h as f64 + 1e-6).sqrt();
+            want.extend(row.iter().zip(&w).map(|(&v, &w)| v as f64 * scale * w as f64));
+        }
+        assert_close(&got, &want, 1e-5, &format!("rms_norm {n}x{h}"));
+    }
+}
+
+#[test]
+fn swiglu_matches_a_reference_on_a_strided_input() {
+    let (spec, device) = device();
+    let (n, i) = (3, 300);
+    // The stacked projection's [gate | up] as a narrowed view of a wider tensor.
+    let wide = values(n * (2 * i + 5), 3, 8.0);
+    let gate_up = Tensor::<2>::from_data(TensorData::new(wide.clone(), [n, 2 * i + 5]), &device).narrow(1, 0, 2 * i);
+    let got = ran(spec, "swiglu", || host(swiglu(gate_up)));
+    let mut want = Vec::with_capacity(n * i);
+    for row in wide.chunks(2 * i + 5) {
+        for j in 0..i {
+            let (g, u) = (row[j] as f64, row[i + j] as f64);
+            want.push(g / (1.0 + (-g).exp()) * u);
+        }
+    }
+    assert_close(&got, &want, 1e-5, "swiglu");
+}
+
+#[test]
+fn rope_rotates_q_and_k_and_keeps_v() {
+    let (spec, device) = device();
+    for (heads, kv_heads, d) in [(2, 1, 64), (7, 1, 128), (4, 4, 64)] {
+        let n = 3;
+        let positions = [0, 9, 1000];
+        let width = (heads + 2 * kv_heads) * d;
+        let x = values(n * width, 5, 2.0);
+        let rope = Rope::new(d, 1_000_000.0);
+        let tables = rope.tables(&positions, &device);
+        let qkv = Tensor::<2>::from_data(TensorData::new(x.clone(), [n, width]), &device);
+        let (q_cols, k_cols) = (0..heads * d, heads * d..(heads + kv_heads) * d);
+        let [q, k, v] = ran(spec, "rope", || Rope::apply_qk(qkv, q_cols, k_cols, &tables, None)).map(host);
+        let half = d / 2;
+        let (mut want_q, mut want_k, mut want_v) = (vec![], vec![], vec![]);
+        for (token, row) in x.chunks(width).enumerate() {
+            for head in 0..heads + kv_heads {
+                let x = &row[head * d..(head + 1) * d];
+                let mut out = vec![0.0; d];
+                for i in 0..half {
+                    let freq = 1.0 / 1_000_000f64.powf((2 * i) as f64 / d as f64);
+                    let angle = positions[token] as f64 * freq;
+                    let (cos, sin) = (angle.cos(), angle.sin());
+                    out[i] = x[i] as f64 * cos - x[i + half] as f64 * sin;
+                    out[i + half] = x[i + half] as f64 * cos + x[i] as f64 * sin;
+                }
+                if head < heads { want_q.extend(out) } else { want_k.extend(out) }
+            }
+            want_v.extend(row[(heads + kv_heads) * d..].iter().map(|&v| v as f64));
+        }
+        // f32 angles (as transformers computes them) at position 1,000: a few ulps of the angle.
+        let what = format!("rope heads {heads}/{kv_heads} d {d}");
+        assert_close(&q, &want_q, 2e-3, &format!("{what} q"));
+        assert_close(&k, &want_k, 2e-3, &format!("{what} k"));
+        assert_close(&v, &want_v, 0.0, &format!("{what} v"));
+    }
+}
+
+/// GQA attention, with and without a mask, against a reference softmax in f64.
+#[test]
+fn attention_matches_a_reference() {
+    let (spec, device) = device();
+    for (heads, kv_heads, d, n, extent, masked) in
+        [(2, 2, 64, 1, 5, false), (4, 2, 64, 3, 130, true), (7, 1, 128, 2, 300, true), (14, 2, 64, 1, 257, false)]
+    {
+        let q = values(n * heads * d, 1, 1.5);
+        let k = values(kv_heads * extent * d, 2, 1.5);
+        let v = values(kv_heads * extent * d, 3, 1.0);
+        // Row r sees the cells below extent − r·3, and every cell it sees when unmasked.
+        let sees = |r: usize, c: usize| !masked || c < extent - r * 3;
+        let mask: Vec<f32> =
+            (0..n * extent).map(|i| if sees(i / extent, i % extent) { 0.0 } else { f32::NEG_INFINITY }).collect();
+        let qt = Tensor::<3>::from_data(TensorData::new(q.clone(), [n, heads, d]), &device);
+        let kt = Tensor::<3>::from_data(TensorData::new(k.clone(), [kv_heads, extent, d]), &device);
+        let vt = Tensor::<3>::from_data(TensorData::new(v.clone(), [kv_heads, extent, d]), &device);
+        let mt = masked.then(|| Tensor::<2>::from_data(TensorData::new(mask, [n, extent]), &device));
+        let got = ran(spec, "softmax", || host(attention(qt, kt, vt, mt)));
+        let mut want = vec![0.0f64; n * heads * d];
+        for r in 0..n {
+            for h in 0..heads {
+                let kvh = h / (heads / kv_heads);
+                let qrow = &q[(r * heads + h) * d..][..d];
+                let scores: Vec<f64> = (0..extent)
+                    .map(|c| {
+                        let krow = &k[(kvh * extent + c) * d..][..d];
+                        let dot: f64 = qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        if sees(r, c) { dot / (d as f64).sqrt() } else { f64::NEG_INFINITY }
+                    })
+                    .collect();
+                let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for (c, w) in weights.iter().enumerate() {
+                    for i in 0..d {
+                        want[(r * heads + h) * d + i] += w / total * v[(kvh * extent + c) * d + i] as f64;
+                    }
+                }
+            }
+        }
+        assert_close(&got, &want, 1e-4, &format!("attention {heads}/{kv_heads} d {d} n {n} extent {extent}"));
+    }
+}
