@@ -171,3 +171,50 @@ fn attention_matches_a_reference() {
         assert_close(&got, &want, 1e-4, &format!("attention {heads}/{kv_heads} d {d} n {n} extent {extent}"));
     }
 }
+
+/// A dense linear layer's few-row product (with its bias, and a residual added) against an f64
+/// reference, for every weight type the device computes in; more rows than the few-row kernel
+/// takes go through Burn's matmul and must agree too.
+#[test]
+fn few_row_products_match_a_reference() {
+    use burn::tensor::{DType, FloatDType};
+    use llaisys_model::layers::{Linear, linear};
+    let (spec, device) = device();
+    let (k, outs) = (300, 37);
+    let w = values(outs * k, 21, 0.5);
+    let b = values(outs, 22, 1.0);
+    for (dtype, tol) in [(FloatDType::F32, 1e-4), (FloatDType::F16, 1e-2), (FloatDType::BF16, 3e-2)] {
+        if !device.supports_dtype(DType::from(dtype)) {
+            eprintln!("{spec} does not compute in {dtype:?}: its products are not checked here");
+            continue;
+        }
+        let weight = Tensor::<2>::from_data(TensorData::new(w.clone(), [outs, k]), &device).cast(dtype);
+        // The weight as stored (rounded to its type), for the reference.
+        let stored = host(weight.clone().cast(FloatDType::F32));
+        let layer = Linear {
+            weight: linear::dense(weight),
+            bias: Some(Tensor::from_data(TensorData::new(b.clone(), [outs]), &device)),
+        };
+        for n in [1, 2, 3, 4, 6] {
+            // x as a narrowed view (a row stride wider than k).
+            let xs = values(n * (k + 3), n as u32, 2.0);
+            let x = Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, k + 3]), &device).narrow(1, 0, k);
+            let r = values(n * outs, 40 + n as u32, 1.0);
+            let residual = Tensor::<2>::from_data(TensorData::new(r.clone(), [n, outs]), &device);
+            let kernel = if n <= 4 { "xwt" } else { "matmul" };
+            let got = ran(spec, kernel, || host(layer.forward_add(x.clone(), residual)));
+            let plain = host(layer.forward(x));
+            let mut want = Vec::with_capacity(n * outs);
+            for row in 0..n {
+                for o in 0..outs {
+                    let dot: f64 = (0..k).map(|i| xs[row * (k + 3) + i] as f64 * stored[o * k + i] as f64).sum();
+                    want.push(dot + b[o] as f64);
+                }
+            }
+            let what = format!("{dtype:?} weight, {n} rows");
+            assert_close(&plain, &want, tol, &what);
+            let summed: Vec<f64> = want.iter().zip(&r).map(|(w, r)| w + *r as f64).collect();
+            assert_close(&got, &summed, tol, &format!("{what}, plus a residual"));
+        }
+    }
+}

@@ -207,8 +207,8 @@ impl Decoder {
                     attention(q, keys, values, mask)
                 }
             };
-            x = x + w.o.forward(a);
-            x = x.clone() + w.ffn.forward(w.mlp_norm.forward(x));
+            x = w.o.forward_add(a, x);
+            x = w.ffn.forward_add(w.mlp_norm.forward(x.clone()), x);
         }
         if batch.out_rows.len() < n {
             let rows: Vec<i64> = batch.out_rows.iter().map(|&r| r as i64).collect();

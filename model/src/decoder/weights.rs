@@ -317,12 +317,15 @@ pub enum Ffn {
 }
 
 impl Ffn {
+    /// `residual + ffn(x)` (the layer's residual connection), the sum fused into the last
+    /// product where its kernel can.
+    ///
     /// # Shapes
-    /// x: [n, hidden] (normed) → [n, hidden]
-    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+    /// x: [n, hidden] (normed), residual: [n, hidden] → [n, hidden]
+    pub fn forward_add(&self, x: Tensor<2>, residual: Tensor<2>) -> Tensor<2> {
         match self {
-            Ffn::Dense(mlp) => mlp.forward(x),
-            Ffn::Moe(moe) => moe.forward(x),
+            Ffn::Dense(mlp) => mlp.forward_add(x, residual),
+            Ffn::Moe(moe) => residual + moe.forward(x),
         }
     }
 

@@ -15,6 +15,8 @@ pub enum KernelCall {
     Bf16Dot,
     /// Burn's matmul (the CPU backend's GEMM for many rows, or another backend's).
     Burn,
+    /// The GPU's few-row x·Wᵀ (CubeCL) over f32, f16 or bf16 weights, bias and residual fused.
+    CubeXwt,
     /// Burn's matmul split over two threads (few rows on a CPU without AVX-512).
     BurnSplit,
     /// The quantized product on AVX-512 VNNI.
@@ -27,11 +29,12 @@ pub enum KernelCall {
     Fallback,
 }
 
-const ALL: [KernelCall; 9] = [
+const ALL: [KernelCall; 10] = [
     KernelCall::Xwt,
     KernelCall::GemmAvx2,
     KernelCall::Bf16Dot,
     KernelCall::Burn,
+    KernelCall::CubeXwt,
     KernelCall::BurnSplit,
     KernelCall::QuantVnni,
     KernelCall::QuantAvx2,
@@ -48,6 +51,7 @@ impl KernelCall {
             Self::GemmAvx2 => "gemm_avx2",
             Self::Bf16Dot => "bf16dot",
             Self::Burn => "burn",
+            Self::CubeXwt => "cube_xwt",
             Self::BurnSplit => "burn_split",
             Self::QuantVnni => "quant_vnni",
             Self::QuantAvx2 => "quant_avx2",

@@ -66,6 +66,10 @@ pub(crate) mod gpu {
     pub fn softmax(_: &Tensor<3>, _: f64, _: Option<&Tensor<2>>) -> Option<Tensor<3>> {
         None
     }
+    pub const BUILT: bool = false;
+    pub fn xwt(_: &Tensor<2>, _: &Tensor<2>, _: Option<&Tensor<1>>, _: Option<&Tensor<2>>) -> Option<Tensor<2>> {
+        None
+    }
 }
 
 use std::ops::Range;
@@ -332,6 +336,24 @@ pub fn rope(x: &Tensor<2>, width: usize, d: usize, tables: &Tensor<3>) -> Option
 pub fn softmax(scores: &Tensor<3>, scale: f64, mask: Option<&Tensor<2>>) -> Option<Tensor<3>> {
     gpu::softmax(scores, scale, mask)
 }
+
+/// `x·Wᵀ + b + residual` for a few rows (a decode step) with a dense weight (f32, f16 or bf16,
+/// read in its own type): the GPU kernel on a CubeCL backend, one launch where Burn's ops take
+/// the casts, the product, the bias and the sum (the CPU's products are the weights' own).
+///
+/// # Shapes
+/// x: [n, k] f32, w: [out, k], bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
+pub fn gpu_xwt(
+    x: &Tensor<2>,
+    w: &Tensor<2>,
+    bias: Option<&Tensor<1>>,
+    residual: Option<&Tensor<2>>,
+) -> Option<Tensor<2>> {
+    gpu::xwt(x, w, bias, residual)
+}
+
+/// Whether this build has the GPU kernels (a CubeCL backend, without Burn's fusion).
+pub const GPU_KERNELS: bool = gpu::BUILT;
 
 /// `silu(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one.
 ///

@@ -29,6 +29,14 @@ pub trait LinearWeight: fmt::Debug + Send + Sync {
     /// x: [n, in] f32, bias: \[out\] f32 → [n, out] f32
     fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2>;
 
+    /// `residual + x·Wᵀ + b` (a residual connection), in one kernel where the weight's has one.
+    ///
+    /// # Shapes
+    /// x: [n, in] f32, bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
+    fn forward_add(&self, x: Tensor<2>, bias: Option<&Tensor<1>>, residual: Tensor<2>) -> Tensor<2> {
+        residual + self.forward(x, bias)
+    }
+
     /// Rows `ids` as f32 (an embedding lookup).
     ///
     /// # Shapes
@@ -121,6 +129,20 @@ struct CpuKernels {
 }
 
 impl Dense {
+    /// On another device (a GPU): its few-row kernel where it runs, else Burn's matmul.
+    fn device_forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>, residual: Option<Tensor<2>>) -> Tensor<2> {
+        if let Some(y) = kernels::gpu_xwt(&x, &self.w, bias, residual.as_ref()) {
+            KernelCall::CubeXwt.count();
+            return y;
+        }
+        KernelCall::Burn.count();
+        let y = add_bias(burn_product(x, self.w.clone(), false), bias);
+        match residual {
+            Some(r) => r + y,
+            None => y,
+        }
+    }
+
     /// On the CPU: our kernels where they apply, else the backend's GEMM.
     fn cpu_forward(&self, cpu: CpuKernels, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
         let [m, _] = x.dims();
@@ -171,10 +193,14 @@ impl LinearWeight for Dense {
     fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
         match self.cpu {
             Some(cpu) => self.cpu_forward(cpu, x, bias),
-            None => {
-                KernelCall::Burn.count();
-                add_bias(burn_product(x, self.w.clone(), false), bias)
-            }
+            None => self.device_forward(x, bias, None),
+        }
+    }
+
+    fn forward_add(&self, x: Tensor<2>, bias: Option<&Tensor<1>>, residual: Tensor<2>) -> Tensor<2> {
+        match self.cpu {
+            Some(cpu) => residual + self.cpu_forward(cpu, x, bias),
+            None => self.device_forward(x, bias, Some(residual)),
         }
     }
 
@@ -190,6 +216,7 @@ impl LinearWeight for Dense {
         match self.cpu {
             Some(CpuKernels { xwt: true, .. }) => KernelCall::Xwt.name(),
             Some(_) => KernelCall::BurnSplit.name(),
+            None if kernels::GPU_KERNELS => KernelCall::CubeXwt.name(),
             None => KernelCall::Burn.name(),
         }
     }
@@ -342,6 +369,14 @@ impl Linear {
     /// x: [n, in] (f32) → [n, out] (f32)
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         self.weight.forward(x, self.bias.as_ref())
+    }
+
+    /// `residual + x·Wᵀ + b`: a residual connection, one kernel on a GPU for a decode step.
+    ///
+    /// # Shapes
+    /// x: [n, in] (f32), residual: [n, out] (f32) → [n, out] (f32)
+    pub fn forward_add(&self, x: Tensor<2>, residual: Tensor<2>) -> Tensor<2> {
+        self.weight.forward_add(x, self.bias.as_ref(), residual)
     }
 
     pub fn out_features(&self) -> usize {

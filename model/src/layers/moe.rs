@@ -19,6 +19,14 @@ impl Expert {
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         self.down.forward(swiglu(self.gate_up.forward(x)))
     }
+
+    /// `residual + forward(x)`, the sum in the down projection's kernel where it has one.
+    ///
+    /// # Shapes
+    /// x: [m, hidden], residual: [m, hidden] → [m, hidden]
+    pub fn forward_add(&self, x: Tensor<2>, residual: Tensor<2>) -> Tensor<2> {
+        self.down.forward_add(swiglu(self.gate_up.forward(x)), residual)
+    }
 }
 
 /// A shared expert every token goes through, scaled by `sigmoid(gate · x)` (Qwen2-MoE).

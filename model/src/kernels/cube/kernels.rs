@@ -163,3 +163,82 @@ pub fn softmax(
         j += units;
     }
 }
+
+/// The most rows of x a [`xwt`] launch takes (a decode step's few rows).
+pub const XWT_ROWS: usize = 4;
+
+/// `y = x·Wᵀ + b + residual` for up to [`XWT_ROWS`] rows: cube `CUBE_POS` computes output column
+/// o of every row, its units striding along k (adjacent units read adjacent weights), each row's
+/// partial sums reduced across the cube. The weight is read in its own type (f32, f16, bf16) and
+/// widened: no cast of x or of the product, no separate bias or residual add.
+///
+/// x: [rows, k] (any strides), w: [out, k] (any strides), bias: \[out\] (read with
+/// `has_bias`), residual: [rows, out] (read with `has_residual`), out: [rows, out] contiguous.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt<W: Float>(
+    x: &Tensor<f32>,
+    w: &Tensor<W>,
+    bias: &Tensor<f32>,
+    residual: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    #[comptime] rows: usize,
+    #[comptime] units: usize,
+    #[comptime] has_bias: bool,
+    #[comptime] has_residual: bool,
+) {
+    let o = CUBE_POS;
+    let outs = out.shape(1);
+    if o >= outs {
+        terminate!();
+    }
+    let k_len = x.shape(1);
+    let unit = UNIT_POS as usize;
+    let (xs0, xs1) = (x.stride(0), x.stride(1));
+    let w_row = o * w.stride(0);
+    let mut a0 = 0.0f32;
+    let mut a1 = 0.0f32;
+    let mut a2 = 0.0f32;
+    let mut a3 = 0.0f32;
+    let mut k = unit;
+    while k < k_len {
+        let wv = f32::cast_from(w[w_row + k * w.stride(1)]);
+        let xk = k * xs1;
+        a0 += x[xk] * wv;
+        if comptime!(rows > 1) {
+            a1 += x[xs0 + xk] * wv;
+        }
+        if comptime!(rows > 2) {
+            a2 += x[2 * xs0 + xk] * wv;
+        }
+        if comptime!(rows > 3) {
+            a3 += x[3 * xs0 + xk] * wv;
+        }
+        k += units;
+    }
+    let shared = Shared::<[f32]>::new_slice(units);
+    let mut sums = Array::<f32>::new(XWT_ROWS);
+    sums[0] = cube_reduce(shared.clone(), a0, units, false);
+    if comptime!(rows > 1) {
+        sums[1] = cube_reduce(shared.clone(), a1, units, false);
+    }
+    if comptime!(rows > 2) {
+        sums[2] = cube_reduce(shared.clone(), a2, units, false);
+    }
+    if comptime!(rows > 3) {
+        sums[3] = cube_reduce(shared.clone(), a3, units, false);
+    }
+    if unit == 0 {
+        #[unroll]
+        for r in 0..rows {
+            let mut y = sums[r];
+            if comptime!(has_bias) {
+                y += bias[o * bias.stride(0)];
+            }
+            if comptime!(has_residual) {
+                y += residual[r * residual.stride(0) + o * residual.stride(1)];
+            }
+            out[r * outs + o] = y;
+        }
+    }
+}

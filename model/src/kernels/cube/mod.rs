@@ -8,17 +8,30 @@
 
 mod kernels;
 
+use std::sync::OnceLock;
+
 use burn::backend::{BackendTypes, Cube};
-use burn::cubecl::prelude::{CubeCount, CubeDim};
+use burn::cubecl::ir::features::TypeUsage;
+use burn::cubecl::prelude::{CubeCount, CubeDim, Scalar};
 use burn::tensor::{DType, Shape, Tensor};
 
 use kernels::ROW_UNITS;
 
+/// This build has the GPU kernels.
+pub const BUILT: bool = true;
+
 type CubeTensor = <Cube as BackendTypes>::FloatTensorPrimitive;
 
-/// The CubeCL tensor of `x` where it is one in f32 rows.
+/// Whether the kernels run: `LLAISYS_GPU_KERNELS=off` leaves every layer to Burn's ops (to
+/// compare the two on a device, or to step around a kernel a driver miscompiles).
+fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| !std::env::var("LLAISYS_GPU_KERNELS").is_ok_and(|v| matches!(v.as_str(), "off" | "0")))
+}
+
+/// The CubeCL tensor of `x` where it is one in f32 rows (and the kernels are on).
 fn cube<const D: usize>(x: &Tensor<D>) -> Option<CubeTensor> {
-    if x.dtype() != DType::F32 {
+    if x.dtype() != DType::F32 || !enabled() {
         return None;
     }
     let t = x.clone().try_into_primitive::<Cube>().ok()?;
@@ -45,9 +58,17 @@ fn elementwise(count: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(x, y, 1), CubeDim::new_1d(UNITS as u32))
 }
 
-/// One cube per row.
+/// One cube per row (at most 65,535 rows).
 fn per_row(rows: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(rows as u32, 1, 1), CubeDim::new_1d(ROW_UNITS as u32))
+}
+
+/// At least `count` cubes of [`ROW_UNITS`] units, on two grid dimensions past 65,535 (the
+/// kernel stops the cubes past `count`).
+fn cubes(count: usize) -> (CubeCount, CubeDim) {
+    let count = count.max(1) as u32;
+    let (x, y) = (count.min(65_535), count.div_ceil(65_535));
+    (CubeCount::Static(x, y, 1), CubeDim::new_1d(ROW_UNITS as u32))
 }
 
 /// RMSNorm, `x / sqrt(mean(x²) + eps) · w` per row.
@@ -150,5 +171,66 @@ pub fn softmax(scores: &Tensor<3>, scale: f64, mask: Option<&Tensor<2>>) -> Opti
         mask.is_some(),
         ROW_UNITS,
     );
+    Some(tensor(out))
+}
+
+/// `x·Wᵀ + b + residual` for a few rows (a decode step), the weight read in its own type.
+///
+/// # Shapes
+/// x: [n ≤ 4, k] f32, w: [out, k] f32, f16 or bf16, bias: \[out\] f32, residual: [n, out] f32
+/// → [n, out] f32
+pub fn xwt(x: &Tensor<2>, w: &Tensor<2>, bias: Option<&Tensor<1>>, residual: Option<&Tensor<2>>) -> Option<Tensor<2>> {
+    let [n, k] = x.dims();
+    let [outs, wk] = w.dims();
+    if n == 0 || n > kernels::XWT_ROWS || wk != k || k == 0 || outs == 0 {
+        return None;
+    }
+    if bias.is_some_and(|b| b.dims() != [outs]) || residual.is_some_and(|r| r.dims() != [n, outs]) {
+        return None;
+    }
+    let x = cube(x)?;
+    let wt = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
+    // An absent bias or residual is a placeholder argument the kernel never reads.
+    let (has_bias, has_residual) = (bias.is_some(), residual.is_some());
+    let bias = match bias {
+        Some(b) => cube(b)?,
+        None => x.clone(),
+    };
+    let residual = match residual {
+        Some(r) => cube(r)?,
+        None => x.clone(),
+    };
+    let out = empty(&x, [n, outs]);
+    let (count, dim) = cubes(outs);
+    let client = x.client.clone();
+    macro_rules! launch {
+        ($w:ty) => {{
+            // A 16-bit weight is widened in the kernel: the device must read and convert it.
+            let uses = <$w as Scalar>::supported_uses(&client);
+            if !uses.contains(TypeUsage::Buffer) || !uses.contains(TypeUsage::Conversion) {
+                return None;
+            }
+            kernels::xwt::launch::<$w>(
+                &client,
+                count,
+                dim,
+                x.into_tensor_arg(),
+                wt.into_tensor_arg(),
+                bias.into_tensor_arg(),
+                residual.into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                n,
+                ROW_UNITS,
+                has_bias,
+                has_residual,
+            )
+        }};
+    }
+    match wt.dtype {
+        DType::F32 => launch!(f32),
+        DType::F16 => launch!(half::f16),
+        DType::BF16 => launch!(half::bf16),
+        _ => return None,
+    }
     Some(tensor(out))
 }
