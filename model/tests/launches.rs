@@ -12,10 +12,12 @@ use llaisys_tests::{Reference, fixture_dir, test_device};
 /// kernel by kernel; 42 after q's and k's heads were rotated as one block, SwiGLU written as
 /// gate·up / (1 + e^−gate) and the mask left out where every row sees every cell; 17.5 with the
 /// CubeCL kernels for RMSNorm, SwiGLU, RoPE and attention's softmax (kernels::cube); 14.5 with
-/// the few-row product taking the bias and the residual sum into its kernel. The demo
+/// the few-row product taking the bias and the residual sum into its kernel; 12.5 with cell
+/// attention (each row over its visible cells through a table: no scores over the extent, no
+/// mask). The demo
 /// shape on an H100 took 65.5 before all of these, its 16-bit weights adding casts. Issue 31's
 /// target is about 12.
-const BUDGET_PER_LAYER: f64 = 15.0;
+const BUDGET_PER_LAYER: f64 = 13.0;
 
 #[test]
 #[cfg_attr(

@@ -218,3 +218,63 @@ fn few_row_products_match_a_reference() {
         }
     }
 }
+
+/// Attention over a layer's whole cache through each row's visible cells (out of order, shared
+/// between rows, one cell alone, more cells than a cube has units), as the decoder calls it,
+/// against an f64 reference; on every KV type the device computes in.
+#[test]
+fn cell_attention_matches_a_reference() {
+    use burn::tensor::{DType, FloatDType};
+    use llaisys_model::kernels::{CellTable, attention as cell_attention};
+    let (spec, device) = device();
+    let capacity = 400;
+    for (heads, kv_heads, d) in [(2, 2, 64), (4, 2, 128), (7, 1, 64)] {
+        let visible: Vec<Vec<u32>> = vec![
+            vec![5],
+            (0..300).rev().map(|c| (c * 7 % 400) as u32).collect(),
+            vec![399, 0, 17, 5, 200, 201],
+            (100..400).collect(),
+        ];
+        let n = visible.len();
+        let q = values(n * heads * d, 31, 1.5);
+        let k = values(kv_heads * capacity * d, 32, 1.5);
+        let v = values(kv_heads * capacity * d, 33, 1.0);
+        for (dtype, tol) in [(FloatDType::F32, 1e-4), (FloatDType::F16, 1e-2), (FloatDType::BF16, 3e-2)] {
+            if !device.supports_dtype(DType::from(dtype)) {
+                continue;
+            }
+            let kt = Tensor::<3>::from_data(TensorData::new(k.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
+            let vt = Tensor::<3>::from_data(TensorData::new(v.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
+            let (ks, vs) = (host(kt.clone().cast(FloatDType::F32)), host(vt.clone().cast(FloatDType::F32)));
+            let qt = Tensor::<3>::from_data(TensorData::new(q.clone(), [n, heads, d]), &device);
+            let cells = CellTable::new(visible.clone(), &device);
+            let got = ran(spec, "cell_attention", || {
+                host(cell_attention(&qt, &kt, &vt, &cells).expect("an attention kernel runs on the test device"))
+            });
+            let mut want = vec![0.0f64; n * heads * d];
+            for (r, seen) in visible.iter().enumerate() {
+                for h in 0..heads {
+                    let kvh = h / (heads / kv_heads);
+                    let qrow = &q[(r * heads + h) * d..][..d];
+                    let scores: Vec<f64> = seen
+                        .iter()
+                        .map(|&c| {
+                            let krow = &ks[(kvh * capacity + c as usize) * d..][..d];
+                            qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / (d as f64).sqrt()
+                        })
+                        .collect();
+                    let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    for (&c, w) in seen.iter().zip(&weights) {
+                        for i in 0..d {
+                            want[(r * heads + h) * d + i] +=
+                                w / total * vs[(kvh * capacity + c as usize) * d + i] as f64;
+                        }
+                    }
+                }
+            }
+            assert_close(&got, &want, tol, &format!("cell attention {heads}/{kv_heads} d {d}, {dtype:?} cache"));
+        }
+    }
+}

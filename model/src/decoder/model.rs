@@ -181,7 +181,7 @@ impl Decoder {
             (self.config.num_attention_heads, self.config.num_key_value_heads, self.config.head_dim);
         let tables = self.rope.tables(&batch.pos, &self.device);
         let extent = cache.cells().extent();
-        let visible = cache.visible(&batch.seqs, &batch.pos, extent); // [n] cells each row sees
+        let cells = kernels::CellTable::new(cache.visible(&batch.seqs, &batch.pos, extent), &self.device); // [n] cells each row sees
         // [n, extent], built only if the attention kernel cannot run and some row does not see
         // every cell below the extent (a lone sequence's decode step sees them all).
         let mut mask = None;
@@ -198,11 +198,12 @@ impl Decoder {
             let v = v.reshape([n, kv_heads, hd]);
             cache.write(l, placement, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
             let (keys, values) = cache.layer(l); // [kv_heads, capacity, hd]
-            let a = match kernels::attention(&q, keys, values, &visible) {
+            let a = match kernels::attention(&q, keys, values, &cells) {
                 Some(a) => a,
                 None => {
+                    let visible = &cells.visible;
                     let partial = || visible.iter().any(|cells| cells.len() < extent);
-                    let mask = mask.get_or_insert_with(|| partial().then(|| cache.mask(&visible, extent))).clone();
+                    let mask = mask.get_or_insert_with(|| partial().then(|| cache.mask(visible, extent))).clone();
                     let (keys, values) = cache.read(l, extent); // [kv_heads, extent, hd]
                     attention(q, keys, values, mask)
                 }

@@ -52,7 +52,7 @@ pub(crate) use cube as gpu;
 /// No GPU kernels in this build: every entry point declines.
 #[cfg(not(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion"))))]
 pub(crate) mod gpu {
-    use burn::tensor::Tensor;
+    use burn::tensor::{Int, Tensor};
 
     pub fn rms_norm(_: &Tensor<2>, _: &Tensor<1>, _: f64) -> Option<Tensor<2>> {
         None
@@ -66,16 +66,20 @@ pub(crate) mod gpu {
     pub fn softmax(_: &Tensor<3>, _: f64, _: Option<&Tensor<2>>) -> Option<Tensor<3>> {
         None
     }
+    pub fn attention(_: &Tensor<3>, _: &Tensor<3>, _: &Tensor<3>, _: &Tensor<2, Int>) -> Option<Tensor<2>> {
+        None
+    }
     pub const BUILT: bool = false;
     pub fn xwt(_: &Tensor<2>, _: &Tensor<2>, _: Option<&Tensor<1>>, _: Option<&Tensor<2>>) -> Option<Tensor<2>> {
         None
     }
 }
 
+use std::cell::OnceCell;
 use std::ops::Range;
 
 use burn::backend::Flex;
-use burn::tensor::{DType, Tensor, TensorData, bf16, f16};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData, bf16, f16};
 
 pub use awake::with_awake_pool;
 pub use calls::{KernelCall, calls};
@@ -224,15 +228,53 @@ fn host_f32<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.cast(burn::tensor::FloatDType::F32).into_data().try_into_vec::<f32>().expect("f32 after the cast")
 }
 
-/// Attention of each row over only the cells it sees, on the Flex backend.
+/// The cells each row of a pass sees, for the attention kernels: on the host for the CPU's, and
+/// for the GPU's as one [n, 1 + width] i32 table (each row's count, then its cells), uploaded at
+/// its first use and shared by every layer of the pass.
+pub struct CellTable {
+    /// \[n\] cell indices each row sees, none empty.
+    pub visible: Vec<Vec<u32>>,
+    device: Device,
+    table: OnceCell<Tensor<2, Int>>,
+}
+
+impl CellTable {
+    pub fn new(visible: Vec<Vec<u32>>, device: &Device) -> Self {
+        Self { visible, device: device.clone(), table: OnceCell::new() }
+    }
+
+    fn table(&self) -> &Tensor<2, Int> {
+        self.table.get_or_init(|| {
+            let width = 1 + self.visible.iter().map(Vec::len).max().unwrap_or(0);
+            let mut rows = vec![0i32; self.visible.len() * width];
+            for (row, cells) in rows.chunks_mut(width).zip(&self.visible) {
+                row[0] = cells.len() as i32;
+                for (slot, &cell) in row[1..].iter_mut().zip(cells) {
+                    *slot = cell as i32;
+                }
+            }
+            Tensor::from_data(TensorData::new(rows, [self.visible.len(), width]), &self.device)
+        })
+    }
+}
+
+/// Attention of each row over only the cells it sees: the CPU kernel on the Flex backend, the
+/// GPU kernel on a CubeCL one.
 ///
 /// # Shapes
 /// - q: [n, heads, d] f32 (rotated)
 /// - k, v: [kv_heads, capacity, d] f32, f16 or bf16 (both the same): a layer's whole cache
 ///   (keys rotated)
-/// - visible: \[n\] cell indices each row sees, none empty
+/// - cells: n rows
 /// - returns [n, heads · d] f32
-pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32>]) -> Option<Tensor<2>> {
+pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &CellTable) -> Option<Tensor<2>> {
+    if q.device() == Device::flex() {
+        return flex_attention(q, k, v, &cells.visible);
+    }
+    gpu::attention(q, k, v, cells.table())
+}
+
+fn flex_attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32>]) -> Option<Tensor<2>> {
     let [n, heads, d] = q.dims();
     let [kv_heads, capacity, kd] = k.dims();
     if kd != d || v.dims() != k.dims() || n != visible.len() || q.dtype() != DType::F32 || k.dtype() != v.dtype() {

@@ -242,3 +242,79 @@ pub fn xwt<W: Float>(
         }
     }
 }
+
+/// Attention of query head `CUBE_POS % heads` of row `CUBE_POS / heads` over only the cells that
+/// row sees, read through its row of the cell table (no mask over the cache's extent): scores
+/// into `scratch`, softmax, then each unit one output dimension over the probabilities. Query
+/// head h reads KV head h / (heads / kv_heads).
+///
+/// q: [n, heads, d] (any strides), k, v: [kv_heads, capacity, d] (a layer's cache, any float
+/// type, keys rotated), cells: [n, 1 + width] (the row's count, then its cells), scratch:
+/// [n·heads, ≥ width], out: [n, heads·d] contiguous.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn cell_attention<K: Float>(
+    q: &Tensor<f32>,
+    k: &Tensor<K>,
+    v: &Tensor<K>,
+    cells: &Tensor<i32>,
+    scratch: &mut Tensor<f32>,
+    out: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] units: usize,
+) {
+    let heads = q.shape(1);
+    let d = q.shape(2);
+    let (row, head) = (CUBE_POS / heads, CUBE_POS % heads);
+    let kv_head = head / (heads / k.shape(0));
+    let table = row * cells.stride(0);
+    let count = usize::cast_from(cells[table]);
+    let s_base = CUBE_POS * scratch.stride(0);
+    let q_base = row * q.stride(0) + head * q.stride(1);
+    let unit = UNIT_POS as usize;
+
+    let mut top = f32::new(-3.402_823_5e38);
+    let mut j = unit;
+    while j < count {
+        let cell = usize::cast_from(cells[table + (1 + j) * cells.stride(1)]);
+        let key = kv_head * k.stride(0) + cell * k.stride(1);
+        let mut dot = 0.0f32;
+        let mut i = 0;
+        while i < d {
+            dot += q[q_base + i * q.stride(2)] * f32::cast_from(k[key + i * k.stride(2)]);
+            i += 1;
+        }
+        let s = dot * scale;
+        scratch[s_base + j] = s;
+        top = select(s > top, s, top);
+        j += units;
+    }
+    let shared = Shared::<[f32]>::new_slice(units);
+    let top = cube_reduce(shared.clone(), top, units, true);
+    // Each unit rescales the scores it wrote itself.
+    let mut sum = 0.0f32;
+    let mut j = unit;
+    while j < count {
+        let p = (scratch[s_base + j] - top).exp();
+        scratch[s_base + j] = p;
+        sum += p;
+        j += units;
+    }
+    let sum = cube_reduce(shared.clone(), sum, units, false);
+    // Every unit reads every probability from here on.
+    sync_storage();
+    let inv = 1.0f32 / sum;
+    let mut i = unit;
+    while i < d {
+        let mut acc = 0.0f32;
+        let mut j = 0;
+        while j < count {
+            let cell = usize::cast_from(cells[table + (1 + j) * cells.stride(1)]);
+            acc +=
+                scratch[s_base + j] * f32::cast_from(v[kv_head * v.stride(0) + cell * v.stride(1) + i * v.stride(2)]);
+            j += 1;
+        }
+        out[(row * heads + head) * d + i] = acc * inv;
+        i += units;
+    }
+}

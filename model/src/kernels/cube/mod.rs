@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use burn::backend::{BackendTypes, Cube};
 use burn::cubecl::ir::features::TypeUsage;
 use burn::cubecl::prelude::{CubeCount, CubeDim, Scalar};
-use burn::tensor::{DType, Shape, Tensor};
+use burn::tensor::{DType, Int, Shape, Tensor};
 
 use kernels::ROW_UNITS;
 
@@ -227,6 +227,63 @@ pub fn xwt(x: &Tensor<2>, w: &Tensor<2>, bias: Option<&Tensor<1>>, residual: Opt
         }};
     }
     match wt.dtype {
+        DType::F32 => launch!(f32),
+        DType::F16 => launch!(half::f16),
+        DType::BF16 => launch!(half::bf16),
+        _ => return None,
+    }
+    Some(tensor(out))
+}
+
+/// Attention of each row over only the cells it sees, through a cell table made by
+/// [`crate::kernels::CellTable`].
+///
+/// # Shapes
+/// - q: [n, heads, d] f32 (rotated)
+/// - k, v: [kv_heads, capacity, d] f32, f16 or bf16 (both the same): a layer's whole cache
+/// - cells: [n, 1 + width] i32: each row's count of visible cells, then the cells (none empty)
+/// - returns [n, heads · d] f32
+pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, Int>) -> Option<Tensor<2>> {
+    let [n, heads, d] = q.dims();
+    let [kv_heads, _, kd] = k.dims();
+    let [rows, width] = cells.dims();
+    if kd != d || v.dims() != k.dims() || rows != n || width < 2 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return None;
+    }
+    if k.dtype() != v.dtype() || n * heads > 65_535 {
+        return None;
+    }
+    let qt = cube(q)?;
+    let kt = k.clone().try_into_primitive::<Cube>().ok().filter(|t| !t.meta.is_tiled())?;
+    let vt = v.clone().try_into_primitive::<Cube>().ok().filter(|t| !t.meta.is_tiled())?;
+    let table = cells.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
+    let scratch = empty(&qt, [n * heads, width - 1]);
+    let out = empty(&qt, [n, heads * d]);
+    let (count, dim) = per_row(n * heads);
+    let client = qt.client.clone();
+    let scale = 1.0 / (d as f32).sqrt();
+    macro_rules! launch {
+        ($k:ty) => {{
+            let uses = <$k as Scalar>::supported_uses(&client);
+            if !uses.contains(TypeUsage::Buffer) || !uses.contains(TypeUsage::Conversion) {
+                return None;
+            }
+            kernels::cell_attention::launch::<$k>(
+                &client,
+                count,
+                dim,
+                qt.into_tensor_arg(),
+                kt.into_tensor_arg(),
+                vt.into_tensor_arg(),
+                table.into_tensor_arg(),
+                scratch.into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                scale,
+                ROW_UNITS,
+            )
+        }};
+    }
+    match kt.dtype {
         DType::F32 => launch!(f32),
         DType::F16 => launch!(half::f16),
         DType::BF16 => launch!(half::bf16),
