@@ -10,6 +10,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use crate::batch::{BatchInput, ValidBatch};
 use crate::config::read_json;
 use crate::error::{DecodeError, LoadError};
+use crate::kernels::CellTable;
 use crate::kv::{KvCache, KvLayout, Placement, Pos, SeqSet};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
@@ -143,7 +144,7 @@ impl LanguageModel for Mock {
         }
         let n = ids.len();
         let kv = Tensor::<3>::from_data(TensorData::new(ids, [1, n, 1]), &self.device);
-        cache.write(0, placement, kv.clone(), kv);
+        cache.write(0, &CellTable::new(placement.clone(), Vec::new(), &self.device), kv.clone(), kv);
         let extent = cache.cells().extent();
         let (keys, _) = cache.read(0, extent);
         let stored = keys.try_into_vec_as::<f32>().map_err(|e| DecodeError::Internal(format!("{e:?}")))?;

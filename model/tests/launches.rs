@@ -14,10 +14,12 @@ use llaisys_tests::{Reference, fixture_dir, test_device};
 /// CubeCL kernels for RMSNorm, SwiGLU, RoPE and attention's softmax (kernels::cube); 14.5 with
 /// the few-row product taking the bias and the residual sum into its kernel; 12.5 with cell
 /// attention (each row over its visible cells through a table: no scores over the extent, no
-/// mask). The demo
+/// mask); 11.5 with keys and values written into their cells in one kernel (the fixture's two
+/// layers carry the head's share: the output projection, the final norm, the embedding rows).
+/// The demo
 /// shape on an H100 took 65.5 before all of these, its 16-bit weights adding casts. Issue 31's
 /// target is about 12.
-const BUDGET_PER_LAYER: f64 = 13.0;
+const BUDGET_PER_LAYER: f64 = 12.0;
 
 #[test]
 #[cfg_attr(

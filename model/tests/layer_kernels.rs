@@ -226,6 +226,7 @@ fn few_row_products_match_a_reference() {
 fn cell_attention_matches_a_reference() {
     use burn::tensor::{DType, FloatDType};
     use llaisys_model::kernels::{CellTable, attention as cell_attention};
+    use llaisys_model::kv::Placement;
     let (spec, device) = device();
     let capacity = 400;
     for (heads, kv_heads, d) in [(2, 2, 64), (4, 2, 128), (7, 1, 64)] {
@@ -247,7 +248,7 @@ fn cell_attention_matches_a_reference() {
             let vt = Tensor::<3>::from_data(TensorData::new(v.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
             let (ks, vs) = (host(kt.clone().cast(FloatDType::F32)), host(vt.clone().cast(FloatDType::F32)));
             let qt = Tensor::<3>::from_data(TensorData::new(q.clone(), [n, heads, d]), &device);
-            let cells = CellTable::new(visible.clone(), &device);
+            let cells = CellTable::new(Placement { cells: Vec::new() }, visible.clone(), &device);
             let got = ran(spec, "cell_attention", || {
                 host(cell_attention(&qt, &kt, &vt, &cells).expect("an attention kernel runs on the test device"))
             });
@@ -275,6 +276,61 @@ fn cell_attention_matches_a_reference() {
                 }
             }
             assert_close(&got, &want, tol, &format!("cell attention {heads}/{kv_heads} d {d}, {dtype:?} cache"));
+        }
+    }
+}
+
+/// Keys and values written into their cells of a layer's cache in one launch on a GPU, in the
+/// cache's type, the other cells unchanged; on the CPU the kernel declines (the cache's slice
+/// assignments write there) and gives the caches back as they were.
+#[test]
+fn kv_writes_land_in_their_cells() {
+    use burn::tensor::{DType, FloatDType};
+    use llaisys_model::kernels::{CellTable, kv_write};
+    use llaisys_model::kv::Placement;
+    let (spec, device) = device();
+    let (kv_heads, capacity, d, n) = (3, 50, 64, 4);
+    let slots = vec![7, 3, 49, 8];
+    let k = values(kv_heads * n * d, 51, 1.0);
+    let v = values(kv_heads * n * d, 52, 1.0);
+    for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
+        if !device.supports_dtype(DType::from(dtype)) {
+            continue;
+        }
+        let old = values(kv_heads * capacity * d, 53, 1.0);
+        let cache =
+            || Tensor::<3>::from_data(TensorData::new(old.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
+        let kt = Tensor::<3>::from_data(TensorData::new(k.clone(), [kv_heads, n, d]), &device);
+        let vt = Tensor::<3>::from_data(TensorData::new(v.clone(), [kv_heads, n, d]), &device);
+        let cells = CellTable::new(Placement { cells: slots.clone() }, Vec::new(), &device);
+        let stored = host(cache().cast(FloatDType::F32));
+        let mut caches = [cache(), cache()];
+        let written = kv_write(&mut caches, [&kt, &vt], &cells);
+        let [kc, vc] = caches;
+        if spec == DeviceSpec::Cpu {
+            assert!(!written, "the CPU's caches are written by slice assignment");
+            assert_eq!((host(kc.cast(FloatDType::F32)), host(vc.cast(FloatDType::F32))), (stored.clone(), stored));
+            continue;
+        }
+        assert!(written, "the kv write kernel declined on {spec}");
+        for (cache, new) in [(host(kc.cast(FloatDType::F32)), &k), (host(vc.cast(FloatDType::F32)), &v)] {
+            for h in 0..kv_heads {
+                for cell in 0..capacity {
+                    let at = (h * capacity + cell) * d;
+                    let want: Vec<f32> = match slots.iter().position(|&s| s == cell) {
+                        Some(t) => {
+                            let row = &new[(h * n + t) * d..][..d];
+                            host(
+                                Tensor::<1>::from_data(TensorData::new(row.to_vec(), [d]), &device)
+                                    .cast(dtype)
+                                    .cast(FloatDType::F32),
+                            )
+                        }
+                        None => stored[at..at + d].to_vec(),
+                    };
+                    assert_eq!(cache[at..at + d], want[..], "{dtype:?} head {h} cell {cell}");
+                }
+            }
         }
     }
 }

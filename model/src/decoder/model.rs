@@ -181,7 +181,9 @@ impl Decoder {
             (self.config.num_attention_heads, self.config.num_key_value_heads, self.config.head_dim);
         let tables = self.rope.tables(&batch.pos, &self.device);
         let extent = cache.cells().extent();
-        let cells = kernels::CellTable::new(cache.visible(&batch.seqs, &batch.pos, extent), &self.device); // [n] cells each row sees
+        // Where each row's key and value go, and the cells each row sees.
+        let cells =
+            kernels::CellTable::new(placement.clone(), cache.visible(&batch.seqs, &batch.pos, extent), &self.device);
         // [n, extent], built only if the attention kernel cannot run and some row does not see
         // every cell below the extent (a lone sequence's decode step sees them all).
         let mut mask = None;
@@ -196,7 +198,7 @@ impl Decoder {
             let q = q.reshape([n, heads, hd]);
             let k = k.reshape([n, kv_heads, hd]);
             let v = v.reshape([n, kv_heads, hd]);
-            cache.write(l, placement, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
+            cache.write(l, &cells, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
             let (keys, values) = cache.layer(l); // [kv_heads, capacity, hd]
             let a = match kernels::attention(&q, keys, values, &cells) {
                 Some(a) => a,

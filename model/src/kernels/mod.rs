@@ -69,6 +69,9 @@ pub(crate) mod gpu {
     pub fn attention(_: &Tensor<3>, _: &Tensor<3>, _: &Tensor<3>, _: &Tensor<2, Int>) -> Option<Tensor<2>> {
         None
     }
+    pub fn kv_write(_: &mut [Tensor<3>; 2], _: [&Tensor<3>; 2], _: &Tensor<1, Int>) -> bool {
+        false
+    }
     pub const BUILT: bool = false;
     pub fn xwt(_: &Tensor<2>, _: &Tensor<2>, _: Option<&Tensor<1>>, _: Option<&Tensor<2>>) -> Option<Tensor<2>> {
         None
@@ -85,6 +88,7 @@ pub use awake::with_awake_pool;
 pub use calls::{KernelCall, calls};
 pub use exp::log_sum_exp;
 
+use crate::kv::Placement;
 use crate::quant::PackedMatrix;
 
 /// Products with f32 weights and more rows than this go to the backend's GEMM, which packs its
@@ -228,19 +232,31 @@ fn host_f32<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.cast(burn::tensor::FloatDType::F32).into_data().try_into_vec::<f32>().expect("f32 after the cast")
 }
 
-/// The cells each row of a pass sees, for the attention kernels: on the host for the CPU's, and
-/// for the GPU's as one [n, 1 + width] i32 table (each row's count, then its cells), uploaded at
-/// its first use and shared by every layer of the pass.
+/// A pass's cells: where each row's key and value are written and the cells each row sees. On
+/// the host for the CPU's kernels; for the GPU's, as device tables uploaded at their first use
+/// and shared by every layer of the pass: \[n\] i32 write slots, and [n, 1 + width] i32 (each
+/// row's count of visible cells, then the cells).
 pub struct CellTable {
-    /// \[n\] cell indices each row sees, none empty.
+    /// Where each row's key and value go.
+    pub placement: Placement,
+    /// \[n\] cell indices each row sees, none empty (none given: a pass that only writes).
     pub visible: Vec<Vec<u32>>,
     device: Device,
+    slots: OnceCell<Tensor<1, Int>>,
     table: OnceCell<Tensor<2, Int>>,
 }
 
 impl CellTable {
-    pub fn new(visible: Vec<Vec<u32>>, device: &Device) -> Self {
-        Self { visible, device: device.clone(), table: OnceCell::new() }
+    pub fn new(placement: Placement, visible: Vec<Vec<u32>>, device: &Device) -> Self {
+        Self { placement, visible, device: device.clone(), slots: OnceCell::new(), table: OnceCell::new() }
+    }
+
+    fn slots(&self) -> &Tensor<1, Int> {
+        self.slots.get_or_init(|| {
+            let slots: Vec<i32> = self.placement.cells.iter().map(|&c| c as i32).collect();
+            let n = slots.len();
+            Tensor::from_data(TensorData::new(slots, [n]), &self.device)
+        })
     }
 
     fn table(&self) -> &Tensor<2, Int> {
@@ -256,6 +272,16 @@ impl CellTable {
             Tensor::from_data(TensorData::new(rows, [self.visible.len(), width]), &self.device)
         })
     }
+}
+
+/// Writes a batch's keys and values into their cells of a layer's cache, in place, in one
+/// launch on a GPU (the CPU's slice assignments are the caller's): false, the caches unchanged,
+/// where it declines.
+///
+/// # Shapes
+/// caches: [kv_heads, capacity, d] each; new: [kv_heads, n, d] f32 each
+pub fn kv_write(caches: &mut [Tensor<3>; 2], new: [&Tensor<3>; 2], cells: &CellTable) -> bool {
+    GPU_KERNELS && cells.device != Device::flex() && gpu::kv_write(caches, new, cells.slots())
 }
 
 /// Attention of each row over only the cells it sees: the CPU kernel on the Flex backend, the

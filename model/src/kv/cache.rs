@@ -5,8 +5,9 @@
 
 use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 
-use super::cells::{KvCells, Placement, Pos, PosRange, SeqId, SeqSet};
+use super::cells::{KvCells, Pos, PosRange, SeqId, SeqSet};
 use crate::error::KvError;
+use crate::kernels::{self, CellTable};
 
 /// The shape of what a model caches per token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,9 +179,17 @@ impl KvCache {
         self.cells.dump()
     }
 
-    /// Writes a batch's keys and values of `layer` into its placed cells.
+    /// Writes a batch's keys and values of `layer` into the cells `cells` places them in: one
+    /// kernel on a GPU, else a slice assignment per run of consecutive cells.
     /// `k`, `v`: [kv_heads, n_tokens, head_dim].
-    pub(crate) fn write(&mut self, layer: usize, placement: &Placement, k: Tensor<3>, v: Tensor<3>) {
+    pub(crate) fn write(&mut self, layer: usize, cells: &CellTable, k: Tensor<3>, v: Tensor<3>) {
+        let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
+        let written = kernels::kv_write(&mut caches, [&k, &v], cells);
+        [self.keys[layer], self.values[layer]] = caches;
+        if written {
+            return;
+        }
+        let placement = &cells.placement;
         let [h, _, d] = k.dims();
         let (k, v) = (k.cast(self.dtype.float()), v.cast(self.dtype.float()));
         for (c0, t0, len) in placement.runs() {

@@ -318,3 +318,29 @@ pub fn cell_attention<K: Float>(
         i += units;
     }
 }
+
+/// Writes a batch's keys and values into their cells of a layer's cache, in the cache's type:
+/// `cache[h, slots[t], i] = new[h, t, i]` for keys and values at once, one unit per value.
+///
+/// k_new, v_new: [kv_heads, n, d] (any strides), k_cache, v_cache: [kv_heads, capacity, d],
+/// slots: \[n\] the cell of each token.
+#[cube(launch)]
+pub fn kv_write<C: Float>(
+    k_new: &Tensor<f32>,
+    v_new: &Tensor<f32>,
+    k_cache: &mut Tensor<C>,
+    v_cache: &mut Tensor<C>,
+    slots: &Tensor<i32>,
+) {
+    let (n, d) = (k_new.shape(1), k_new.shape(2));
+    let at = ABSOLUTE_POS;
+    if at < k_new.shape(0) * n * d {
+        let (h, rest) = (at / (n * d), at % (n * d));
+        let (t, i) = (rest / d, rest % d);
+        let cell = usize::cast_from(slots[t * slots.stride(0)]);
+        let kc = h * k_cache.stride(0) + cell * k_cache.stride(1) + i * k_cache.stride(2);
+        let vc = h * v_cache.stride(0) + cell * v_cache.stride(1) + i * v_cache.stride(2);
+        k_cache[kc] = C::cast_from(k_new[h * k_new.stride(0) + t * k_new.stride(1) + i * k_new.stride(2)]);
+        v_cache[vc] = C::cast_from(v_new[h * v_new.stride(0) + t * v_new.stride(1) + i * v_new.stride(2)]);
+    }
+}

@@ -291,3 +291,73 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
     }
     Some(tensor(out))
 }
+
+/// Writes keys and values into their cells of a layer's cache, in place; false (the caches as
+/// they were) where the kernel declines: one of them shared with another tensor, a layout or
+/// type it does not take.
+///
+/// # Shapes
+/// - caches: [kv_heads, capacity, d] each, f32, f16 or bf16 (both the same)
+/// - new: [kv_heads, n, d] f32 each
+/// - slots: \[n\] i32, the cell of each token
+pub fn kv_write(caches: &mut [Tensor<3>; 2], new: [&Tensor<3>; 2], slots: &Tensor<1, Int>) -> bool {
+    let [kc, vc] = caches;
+    let [kn, vn] = new;
+    let [h, n, d] = kn.dims();
+    let [ch, _, cd] = kc.dims();
+    if vn.dims() != [h, n, d] || vc.dims() != kc.dims() || ch != h || cd != d || slots.dims() != [n] {
+        return false;
+    }
+    if kc.dtype() != vc.dtype() || !matches!(kc.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+        return false;
+    }
+    let (Some(kn), Some(vn)) = (cube(kn), cube(vn)) else {
+        return false;
+    };
+    let Some(slots) = slots.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32) else {
+        return false;
+    };
+    let (Ok(kt), Ok(vt)) = (kc.clone().try_into_primitive::<Cube>(), vc.clone().try_into_primitive::<Cube>()) else {
+        return false;
+    };
+    if kt.meta.is_tiled() || vt.meta.is_tiled() {
+        return false;
+    }
+    let client = kn.client.clone();
+    let uses = match kt.dtype {
+        DType::F16 => <half::f16 as Scalar>::supported_uses(&client),
+        DType::BF16 => <half::bf16 as Scalar>::supported_uses(&client),
+        _ => <f32 as Scalar>::supported_uses(&client),
+    };
+    if !uses.contains(TypeUsage::Buffer) || !uses.contains(TypeUsage::Conversion) {
+        return false;
+    }
+    // Written in place, so only a cache no other tensor shares: the caches' own references go
+    // first, and come back as the primitives whatever happens.
+    drop((kc.extract(), vc.extract()));
+    let mutable = kt.handle.can_mut() && vt.handle.can_mut();
+    if mutable {
+        let (count, dim) = elementwise(h * n * d);
+        macro_rules! launch {
+            ($c:ty) => {
+                kernels::kv_write::launch::<$c>(
+                    &client,
+                    count,
+                    dim,
+                    kn.into_tensor_arg(),
+                    vn.into_tensor_arg(),
+                    kt.clone().into_tensor_arg(),
+                    vt.clone().into_tensor_arg(),
+                    slots.into_tensor_arg(),
+                )
+            };
+        }
+        match kt.dtype {
+            DType::F16 => launch!(half::f16),
+            DType::BF16 => launch!(half::bf16),
+            _ => launch!(f32),
+        }
+    }
+    (*kc, *vc) = (tensor(kt), tensor(vt));
+    mutable
+}
