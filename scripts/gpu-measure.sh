@@ -12,10 +12,11 @@
 #   (87 MB stripped, 16 MB as .xz: the tree that travels is limited to 64 MiB)
 #   python3 scripts/random_family_gguf.py --donor-only models/qwen2.5-coder-0.5b-instruct.gguf .gpu/tokenizer.gguf
 #   pip download --no-deps --only-binary=:all: gguf -d .gpu
-# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh [NAME[:all|:decode]...]
-# Each NAME is a build carried as .gpu/NAME.xz (default llaisys:all); `decode` measures only batch-1
-# decode (a baseline rerun on the same machine), `all` adds the kernel times, prefill 512 and
-# throughput. The CPU reference runs .gpu/llaisys.xz.
+# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh [NAME[:all|:decode|:burn]...]
+# Each NAME is a build carried as .gpu/NAME.xz (default llaisys:all llaisys:burn); `decode`
+# measures only batch-1 decode (a baseline rerun on the same machine), `burn` the same with
+# LLAISYS_GPU_KERNELS=off (Burn's ops instead of llaisys' CubeCL kernels, the same binary), `all`
+# adds the kernel times, prefill 512 and throughput. The CPU reference runs .gpu/llaisys.xz.
 # Every figure lands in $OUT/log.txt and $OUT/util.csv.
 set -u
 cd "$(dirname "$0")/.."
@@ -45,8 +46,11 @@ smi=$!
 step() { echo; echo "=== $(date +%T) $*"; }
 step cpu reference
 timeout 60 $BIN generate --model $M --device cpu --prompt Hello --max-tokens 32 --ids
-for spec in "${@:-llaisys:all}"; do
+specs=("$@")
+[ ${#specs[@]} -gt 0 ] || specs=(llaisys:all llaisys:burn)
+for spec in "${specs[@]}"; do
   name=${spec%%:*} what=${spec#*:}
+  if [ "$what" = burn ]; then export LLAISYS_GPU_KERNELS=off; else unset LLAISYS_GPU_KERNELS; fi
   BIN=/tmp/$name
   xz -dc ".gpu/$name.xz" >"$BIN" && chmod +x "$BIN" || continue
   dev=
@@ -60,7 +64,7 @@ for spec in "${@:-llaisys:all}"; do
   [ -n "$dev" ] || { echo "$name: no GPU device ran"; continue; }
   step "$name $dev decode"
   timeout 150 $BIN bench --model $M --device "$dev" --only decode --runs 3
-  [ "$what" = decode ] && continue
+  [ "$what" = all ] || continue
   step "$name $dev decode, each kernel timed"
   timeout 90 $BIN bench --model $M --device "$dev" --only decode --decode-tokens 32 --runs 1 --kernel-times
   step "$name $dev prefill 512"
