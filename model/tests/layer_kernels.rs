@@ -220,22 +220,27 @@ fn few_row_products_match_a_reference() {
 }
 
 /// Attention over a layer's whole cache through each row's visible cells (out of order, shared
-/// between rows, one cell alone, more cells than a cube has units), as the decoder calls it,
-/// against an f64 reference; on every KV type the device computes in.
+/// between rows, one cell alone, more cells than a cube has units, and rows long enough for the
+/// GPU kernel to split them over several cubes beside rows with none in the later splits), as
+/// the decoder calls it, against an f64 reference; on every KV type the device computes in.
 #[test]
 fn cell_attention_matches_a_reference() {
     use burn::tensor::{DType, FloatDType};
     use llaisys_model::kernels::{CellTable, attention as cell_attention};
     use llaisys_model::kv::Placement;
     let (spec, device) = device();
-    let capacity = 400;
-    for (heads, kv_heads, d) in [(2, 2, 64), (4, 2, 128), (7, 1, 64)] {
-        let visible: Vec<Vec<u32>> = vec![
-            vec![5],
-            (0..300).rev().map(|c| (c * 7 % 400) as u32).collect(),
-            vec![399, 0, 17, 5, 200, 201],
-            (100..400).collect(),
-        ];
+    let capacity = 1200;
+    let short: Vec<Vec<u32>> =
+        vec![vec![5], (0..200).rev().map(|c| (c * 7 % 400) as u32).collect(), vec![399, 0, 17, 5, 200, 201]];
+    let long: Vec<Vec<u32>> = vec![
+        vec![5],
+        (0..300).rev().map(|c| (c * 7 % 1200) as u32).collect(),
+        vec![1199, 0, 17, 5, 200, 201],
+        (100..1100).collect(),
+    ];
+    for (heads, kv_heads, d, visible) in
+        [(2, 2, 64, &short), (4, 2, 128, &long), (7, 1, 64, &long), (7, 1, 128, &short)]
+    {
         let n = visible.len();
         let q = values(n * heads * d, 31, 1.5);
         let k = values(kv_heads * capacity * d, 32, 1.5);
@@ -248,8 +253,10 @@ fn cell_attention_matches_a_reference() {
             let vt = Tensor::<3>::from_data(TensorData::new(v.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
             let (ks, vs) = (host(kt.clone().cast(FloatDType::F32)), host(vt.clone().cast(FloatDType::F32)));
             let qt = Tensor::<3>::from_data(TensorData::new(q.clone(), [n, heads, d]), &device);
-            let cells = CellTable::new(Placement { cells: Vec::new() }, visible.clone(), &device);
-            let got = ran(spec, "cell_attention", || {
+            let cells = CellTable::new(Placement { cells: Vec::new() }, visible.to_vec(), &device);
+            // The GPU kernel splits rows of more than 256 cells and merges the splits.
+            let kernel = if visible.iter().any(|cells| cells.len() > 256) { "merge_splits" } else { "cell_attention" };
+            let got = ran(spec, kernel, || {
                 host(cell_attention(&qt, &kt, &vt, &cells).expect("an attention kernel runs on the test device"))
             });
             let mut want = vec![0.0f64; n * heads * d];

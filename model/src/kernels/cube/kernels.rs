@@ -243,14 +243,22 @@ pub fn xwt<W: Float>(
     }
 }
 
-/// Attention of query head `CUBE_POS % heads` of row `CUBE_POS / heads` over only the cells that
-/// row sees, read through its row of the cell table (no mask over the cache's extent): scores
-/// into `scratch`, softmax, then each unit one output dimension over the probabilities. Query
-/// head h reads KV head h / (heads / kv_heads).
+/// Cells a split of [`cell_attention`] covers (a row seeing more is split across cubes, and the
+/// splits merged by [`merge_splits`]).
+pub const SPLIT_CELLS: usize = 256;
+
+/// Attention of query head h of row r over only the cells that row sees, read through its row
+/// of the cell table (no mask over the cache's extent): scores into `scratch`, softmax, then
+/// each unit one output dimension over the probabilities. Query head h reads KV head
+/// h / (heads / kv_heads). Cube `CUBE_POS` is (r · heads + h) · splits + s: with `split`, it
+/// covers the row's cells [s · SPLIT_CELLS, (s + 1) · SPLIT_CELLS) and writes, unnormalised, its
+/// part for [`merge_splits`] (the largest score m, Σ e^(score − m), then Σ e^(score − m) · v);
+/// without, the row's cells are one split and `out` gets the attention itself.
 ///
 /// q: [n, heads, d] (any strides), k, v: [kv_heads, capacity, d] (a layer's cache, any float
 /// type, keys rotated), cells: [n, 1 + width] (the row's count, then its cells), scratch:
-/// [n·heads, ≥ width], out: [n, heads·d] contiguous.
+/// [n·heads·splits, ≥ the cells a split covers], out: [n, heads·d] contiguous, or with `split`
+/// [n·heads·splits, 2 + d].
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn cell_attention<K: Float>(
@@ -261,21 +269,27 @@ pub fn cell_attention<K: Float>(
     scratch: &mut Tensor<f32>,
     out: &mut Tensor<f32>,
     scale: f32,
+    splits: usize,
+    #[comptime] split: bool,
     #[comptime] units: usize,
 ) {
     let heads = q.shape(1);
     let d = q.shape(2);
-    let (row, head) = (CUBE_POS / heads, CUBE_POS % heads);
+    let (row_head, part) = (CUBE_POS / splits, CUBE_POS % splits);
+    let (row, head) = (row_head / heads, row_head % heads);
     let kv_head = head / (heads / k.shape(0));
     let table = row * cells.stride(0);
     let count = usize::cast_from(cells[table]);
+    // Without `split` there is one split and the row sees at most SPLIT_CELLS cells: all of them.
+    let first = part * SPLIT_CELLS;
+    let end = select(first + SPLIT_CELLS < count, first + SPLIT_CELLS, count);
     let s_base = CUBE_POS * scratch.stride(0);
     let q_base = row * q.stride(0) + head * q.stride(1);
     let unit = UNIT_POS as usize;
 
     let mut top = f32::new(-3.402_823_5e38);
-    let mut j = unit;
-    while j < count {
+    let mut j = first + unit;
+    while j < end {
         let cell = usize::cast_from(cells[table + (1 + j) * cells.stride(1)]);
         let key = kv_head * k.stride(0) + cell * k.stride(1);
         let mut dot = 0.0f32;
@@ -285,7 +299,7 @@ pub fn cell_attention<K: Float>(
             i += 1;
         }
         let s = dot * scale;
-        scratch[s_base + j] = s;
+        scratch[s_base + j - first] = s;
         top = select(s > top, s, top);
         j += units;
     }
@@ -293,28 +307,72 @@ pub fn cell_attention<K: Float>(
     let top = cube_reduce(shared.clone(), top, units, true);
     // Each unit rescales the scores it wrote itself.
     let mut sum = 0.0f32;
-    let mut j = unit;
-    while j < count {
-        let p = (scratch[s_base + j] - top).exp();
-        scratch[s_base + j] = p;
+    let mut j = first + unit;
+    while j < end {
+        let p = (scratch[s_base + j - first] - top).exp();
+        scratch[s_base + j - first] = p;
         sum += p;
         j += units;
     }
     let sum = cube_reduce(shared.clone(), sum, units, false);
     // Every unit reads every probability from here on.
     sync_storage();
-    let inv = 1.0f32 / sum;
+    let part_row = CUBE_POS * out.stride(0);
+    if comptime!(split) && unit == 0 {
+        out[part_row] = top;
+        out[part_row + 1] = sum;
+    }
     let mut i = unit;
     while i < d {
         let mut acc = 0.0f32;
-        let mut j = 0;
-        while j < count {
+        let mut j = first;
+        while j < end {
             let cell = usize::cast_from(cells[table + (1 + j) * cells.stride(1)]);
-            acc +=
-                scratch[s_base + j] * f32::cast_from(v[kv_head * v.stride(0) + cell * v.stride(1) + i * v.stride(2)]);
+            acc += scratch[s_base + j - first]
+                * f32::cast_from(v[kv_head * v.stride(0) + cell * v.stride(1) + i * v.stride(2)]);
             j += 1;
         }
-        out[(row * heads + head) * d + i] = acc * inv;
+        if comptime!(split) {
+            out[part_row + 2 + i] = acc;
+        } else {
+            out[row_head * d + i] = acc / sum;
+        }
+        i += units;
+    }
+}
+
+/// Merges the splits [`cell_attention`] wrote for (row, head) `CUBE_POS`: with M the largest of
+/// their maxima, `Σ e^(m − M) · acc / Σ e^(m − M) · sum`; one unit per output dimension.
+///
+/// parts: [n·heads·splits, 2 + d], out: [n, heads·d] contiguous.
+#[cube(launch)]
+pub fn merge_splits(parts: &Tensor<f32>, out: &mut Tensor<f32>, splits: usize, #[comptime] units: usize) {
+    let d = parts.shape(1) - 2;
+    let first = CUBE_POS * splits;
+    let mut top = f32::new(-3.402_823_5e38);
+    let mut s = 0;
+    while s < splits {
+        let m = parts[(first + s) * parts.stride(0)];
+        top = select(m > top, m, top);
+        s += 1;
+    }
+    let mut total = 0.0f32;
+    let mut s = 0;
+    while s < splits {
+        let row = (first + s) * parts.stride(0);
+        total += parts[row + 1] * (parts[row] - top).exp();
+        s += 1;
+    }
+    let mut i = UNIT_POS as usize;
+    while i < d {
+        let mut acc = 0.0f32;
+        let mut s = 0;
+        while s < splits {
+            let row = (first + s) * parts.stride(0);
+            acc += parts[row + 2 + i] * (parts[row] - top).exp();
+            s += 1;
+        }
+        out[CUBE_POS * d + i] = acc / total;
         i += units;
     }
 }

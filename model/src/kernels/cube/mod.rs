@@ -236,7 +236,9 @@ pub fn xwt(x: &Tensor<2>, w: &Tensor<2>, bias: Option<&Tensor<1>>, residual: Opt
 }
 
 /// Attention of each row over only the cells it sees, through a cell table made by
-/// [`crate::kernels::CellTable`].
+/// [`crate::kernels::CellTable`]: one launch, or where a row sees more than
+/// [`kernels::SPLIT_CELLS`] cells, its cells split across cubes and a second launch merging them
+/// (a long context keeps the device busy at batch 1).
 ///
 /// # Shapes
 /// - q: [n, heads, d] f32 (rotated)
@@ -250,16 +252,19 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
     if kd != d || v.dims() != k.dims() || rows != n || width < 2 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         return None;
     }
-    if k.dtype() != v.dtype() || n * heads > 65_535 {
+    let splits = (width - 1).div_ceil(kernels::SPLIT_CELLS);
+    if k.dtype() != v.dtype() || n * heads * splits > 65_535 {
         return None;
     }
     let qt = cube(q)?;
     let kt = k.clone().try_into_primitive::<Cube>().ok().filter(|t| !t.meta.is_tiled())?;
     let vt = v.clone().try_into_primitive::<Cube>().ok().filter(|t| !t.meta.is_tiled())?;
     let table = cells.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
-    let scratch = empty(&qt, [n * heads, width - 1]);
+    let split = splits > 1;
+    let scratch = empty(&qt, [n * heads * splits, (width - 1).min(kernels::SPLIT_CELLS)]);
     let out = empty(&qt, [n, heads * d]);
-    let (count, dim) = per_row(n * heads);
+    let parts = if split { empty(&qt, [n * heads * splits, 2 + d]) } else { out.clone() };
+    let (count, dim) = per_row(n * heads * splits);
     let client = qt.client.clone();
     let scale = 1.0 / (d as f32).sqrt();
     macro_rules! launch {
@@ -277,8 +282,10 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
                 vt.into_tensor_arg(),
                 table.into_tensor_arg(),
                 scratch.into_tensor_arg(),
-                out.clone().into_tensor_arg(),
+                parts.clone().into_tensor_arg(),
                 scale,
+                splits,
+                split,
                 ROW_UNITS,
             )
         }};
@@ -288,6 +295,18 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
         DType::F16 => launch!(half::f16),
         DType::BF16 => launch!(half::bf16),
         _ => return None,
+    }
+    if split {
+        let (count, dim) = per_row(n * heads);
+        kernels::merge_splits::launch(
+            &client,
+            count,
+            dim,
+            parts.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            splits,
+            ROW_UNITS,
+        );
     }
     Some(tensor(out))
 }
