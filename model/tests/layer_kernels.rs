@@ -172,17 +172,20 @@ fn attention_matches_a_reference() {
     }
 }
 
-/// A dense linear layer's few-row product (with its bias, and a residual added) against an f64
-/// reference, for every weight type the device computes in; more rows than the few-row kernel
-/// takes go through Burn's matmul and must agree too.
+/// A dense linear layer's few-row product, its input as given, RMS-normalised or SwiGLU-gated
+/// first, with its bias and a residual added, against an f64 reference, for every weight type
+/// the device computes in; more rows than the few-row kernel takes go through Burn's matmul and
+/// must agree too.
 #[test]
 fn few_row_products_match_a_reference() {
     use burn::tensor::{DType, FloatDType};
-    use llaisys_model::layers::{Linear, linear};
+    use llaisys_model::layers::{Linear, Pre, linear};
     let (spec, device) = device();
     let (k, outs) = (300, 37);
     let w = values(outs * k, 21, 0.5);
     let b = values(outs, 22, 1.0);
+    let g = values(k, 23, 1.5);
+    let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(g.clone(), [k]), &device), eps: 1e-6 };
     for (dtype, tol) in [(FloatDType::F32, 1e-4), (FloatDType::F16, 1e-2), (FloatDType::BF16, 3e-2)] {
         if !device.supports_dtype(DType::from(dtype)) {
             eprintln!("{spec} does not compute in {dtype:?}: its products are not checked here");
@@ -195,26 +198,41 @@ fn few_row_products_match_a_reference() {
             weight: linear::dense(weight),
             bias: Some(Tensor::from_data(TensorData::new(b.clone(), [outs]), &device)),
         };
-        for n in [1, 2, 3, 4, 6] {
-            // x as a narrowed view (a row stride wider than k).
-            let xs = values(n * (k + 3), n as u32, 2.0);
-            let x = Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, k + 3]), &device).narrow(1, 0, k);
-            let r = values(n * outs, 40 + n as u32, 1.0);
-            let residual = Tensor::<2>::from_data(TensorData::new(r.clone(), [n, outs]), &device);
-            let kernel = if n <= 4 { "xwt" } else { "matmul" };
-            let got = ran(spec, kernel, || host(layer.forward_add(x.clone(), residual)));
-            let plain = host(layer.forward(x));
-            let mut want = Vec::with_capacity(n * outs);
-            for row in 0..n {
-                for o in 0..outs {
-                    let dot: f64 = (0..k).map(|i| xs[row * (k + 3) + i] as f64 * stored[o * k + i] as f64).sum();
-                    want.push(dot + b[o] as f64);
+        for (pre, name) in [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated")] {
+            let width = if name == "gated" { 2 * k } else { k };
+            for n in [1, 2, 3, 4, 6] {
+                // x as a narrowed view (a row stride wider than its width).
+                let xs = values(n * (width + 3), n as u32, 2.0);
+                let x =
+                    Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, width + 3]), &device).narrow(1, 0, width);
+                let r = values(n * outs, 40 + n as u32, 1.0);
+                let residual = Tensor::<2>::from_data(TensorData::new(r.clone(), [n, outs]), &device);
+                let kernel = if n <= 4 { "xwt" } else { "matmul" };
+                let got = ran(spec, kernel, || host(layer.forward_with(x.clone(), pre, Some(residual))));
+                let plain = host(layer.forward_with(x, pre, None));
+                let mut want = Vec::with_capacity(n * outs);
+                for row in xs.chunks(width + 3) {
+                    let input: Vec<f64> = match name {
+                        "plain" => row[..k].iter().map(|&v| v as f64).collect(),
+                        "normed" => {
+                            let ss = row[..k].iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+                            let scale = 1.0 / (ss / k as f64 + 1e-6).sqrt();
+                            row[..k].iter().zip(&g).map(|(&v, &g)| v as f64 * scale * g as f64).collect()
+                        }
+                        _ => {
+                            (0..k).map(|i| row[i] as f64 / (1.0 + (-row[i] as f64).exp()) * row[k + i] as f64).collect()
+                        }
+                    };
+                    for o in 0..outs {
+                        let dot: f64 = input.iter().zip(&stored[o * k..(o + 1) * k]).map(|(a, &w)| a * w as f64).sum();
+                        want.push(dot + b[o] as f64);
+                    }
                 }
+                let what = format!("{dtype:?} weight, {name} input, {n} rows");
+                assert_close(&plain, &want, tol, &what);
+                let summed: Vec<f64> = want.iter().zip(&r).map(|(w, r)| w + *r as f64).collect();
+                assert_close(&got, &summed, tol, &format!("{what}, plus a residual"));
             }
-            let what = format!("{dtype:?} weight, {n} rows");
-            assert_close(&plain, &want, tol, &what);
-            let summed: Vec<f64> = want.iter().zip(&r).map(|(w, r)| w + *r as f64).collect();
-            assert_close(&got, &summed, tol, &format!("{what}, plus a residual"));
         }
     }
 }

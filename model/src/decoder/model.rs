@@ -14,7 +14,7 @@ use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
-use crate::layers::{Linear, Rope, attention};
+use crate::layers::{Linear, Pre, Rope, attention};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
@@ -193,7 +193,7 @@ impl Decoder {
             if abort() {
                 return Err(DecodeError::Aborted);
             }
-            let qkv = w.qkv.forward(w.attn_norm.forward(x.clone())); // [n, (heads + 2 · kv_heads) · hd]
+            let qkv = w.qkv.forward_with(x.clone(), w.attn_norm.pre(), None); // [n, (heads + 2 · kv_heads) · hd]
             let [q, k, v] = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());
             let q = q.reshape([n, heads, hd]);
             let k = k.reshape([n, kv_heads, hd]);
@@ -210,8 +210,8 @@ impl Decoder {
                     attention(q, keys, values, mask)
                 }
             };
-            x = w.o.forward_add(a, x);
-            x = w.ffn.forward_add(w.mlp_norm.forward(x.clone()), x);
+            x = w.o.forward_with(a, Pre::Plain, Some(x));
+            x = w.ffn.forward_residual(&w.mlp_norm, x);
         }
         if batch.out_rows.len() < n {
             let rows: Vec<i64> = batch.out_rows.iter().map(|&r| r as i64).collect();

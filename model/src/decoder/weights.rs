@@ -317,15 +317,15 @@ pub enum Ffn {
 }
 
 impl Ffn {
-    /// `residual + ffn(x)` (the layer's residual connection), the sum fused into the last
-    /// product where its kernel can.
+    /// `x + ffn(norm(x))`: the layer's feed-forward and its residual connection, the norm and
+    /// the sum fused into the products where their kernels can.
     ///
     /// # Shapes
-    /// x: [n, hidden] (normed), residual: [n, hidden] → [n, hidden]
-    pub fn forward_add(&self, x: Tensor<2>, residual: Tensor<2>) -> Tensor<2> {
+    /// x: [n, hidden] → [n, hidden]
+    pub fn forward_residual(&self, norm: &RmsNorm, x: Tensor<2>) -> Tensor<2> {
         match self {
-            Ffn::Dense(mlp) => mlp.forward_add(x, residual),
-            Ffn::Moe(moe) => residual + moe.forward(x),
+            Ffn::Dense(mlp) => mlp.forward_with(x.clone(), norm.pre(), Some(x)),
+            Ffn::Moe(moe) => x.clone() + moe.forward(norm.forward(x)),
         }
     }
 

@@ -73,7 +73,13 @@ pub(crate) mod gpu {
         false
     }
     pub const BUILT: bool = false;
-    pub fn xwt(_: &Tensor<2>, _: &Tensor<2>, _: Option<&Tensor<1>>, _: Option<&Tensor<2>>) -> Option<Tensor<2>> {
+    pub fn xwt(
+        _: &Tensor<2>,
+        _: super::Pre<'_>,
+        _: &Tensor<2>,
+        _: Option<&Tensor<1>>,
+        _: Option<&Tensor<2>>,
+    ) -> Option<Tensor<2>> {
         None
     }
 }
@@ -405,19 +411,33 @@ pub fn softmax(scores: &Tensor<3>, scale: f64, mask: Option<&Tensor<2>>) -> Opti
     gpu::softmax(scores, scale, mask)
 }
 
-/// `x·Wᵀ + b + residual` for a few rows (a decode step) with a dense weight (f32, f16 or bf16,
-/// read in its own type): the GPU kernel on a CubeCL backend, one launch where Burn's ops take
-/// the casts, the product, the bias and the sum (the CPU's products are the weights' own).
+/// What a product's input goes through first, inside the GPU's few-row kernel where it runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Pre<'a> {
+    /// Nothing.
+    Plain,
+    /// RMSNorm by this \[k\] weight.
+    Norm { weight: &'a Tensor<1>, eps: f64 },
+    /// SwiGLU's `silu(gate) · up` over a stacked [gate | up] input of twice the weight's inputs.
+    SwiGlu,
+}
+
+/// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step) with a dense weight (f32, f16 or
+/// bf16, read in its own type): the GPU kernel on a CubeCL backend, one launch where Burn's
+/// ops take the norm or the gate, the casts, the product, the bias and the sum (the CPU's
+/// products are the weights' own).
 ///
 /// # Shapes
-/// x: [n, k] f32, w: [out, k], bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
+/// x: [n, k] f32 ([n, 2k] under `Pre::SwiGlu`), w: [out, k], bias: \[out\] f32, residual:
+/// [n, out] f32 → [n, out] f32
 pub fn gpu_xwt(
     x: &Tensor<2>,
+    pre: Pre<'_>,
     w: &Tensor<2>,
     bias: Option<&Tensor<1>>,
     residual: Option<&Tensor<2>>,
 ) -> Option<Tensor<2>> {
-    gpu::xwt(x, w, bias, residual)
+    gpu::xwt(x, pre, w, bias, residual)
 }
 
 /// Whether this build has the GPU kernels (a CubeCL backend, without Burn's fusion).

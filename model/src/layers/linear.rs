@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 
+use super::{RmsNorm, swiglu};
+pub use crate::kernels::Pre;
 use crate::kernels::{self, KernelCall};
 use crate::quant::{self, PackedMatrix, QuantType};
 
@@ -29,12 +31,20 @@ pub trait LinearWeight: fmt::Debug + Send + Sync {
     /// x: [n, in] f32, bias: \[out\] f32 → [n, out] f32
     fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2>;
 
-    /// `residual + x·Wᵀ + b` (a residual connection), in one kernel where the weight's has one.
+    /// `pre(x)·Wᵀ + b (+ residual)`: the input's norm or gate before the product and a residual
+    /// connection after it, in one kernel where the weight's device has one, else apart.
     ///
     /// # Shapes
-    /// x: [n, in] f32, bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
-    fn forward_add(&self, x: Tensor<2>, bias: Option<&Tensor<1>>, residual: Tensor<2>) -> Tensor<2> {
-        residual + self.forward(x, bias)
+    /// x: [n, in] f32 ([n, 2 · in] under `Pre::SwiGlu`), bias: \[out\] f32, residual: [n, out]
+    /// f32 → [n, out] f32
+    fn forward_with(
+        &self,
+        x: Tensor<2>,
+        pre: Pre<'_>,
+        bias: Option<&Tensor<1>>,
+        residual: Option<Tensor<2>>,
+    ) -> Tensor<2> {
+        add_residual(self.forward(pre.apply(x), bias), residual)
     }
 
     /// Rows `ids` as f32 (an embedding lookup).
@@ -99,6 +109,28 @@ fn burn_product(x: Tensor<2>, weight: Tensor<2>, widen: bool) -> Tensor<2> {
     }
 }
 
+fn add_residual(y: Tensor<2>, residual: Option<Tensor<2>>) -> Tensor<2> {
+    match residual {
+        Some(r) => r + y,
+        None => y,
+    }
+}
+
+impl Pre<'_> {
+    /// The input as the product reads it: normed, gated, or as it is (the layers' own kernels or
+    /// Burn's ops, where a product's kernel does not take it in).
+    ///
+    /// # Shapes
+    /// x: [n, k] ([n, 2k] under `SwiGlu`) → [n, k]
+    pub fn apply(self, x: Tensor<2>) -> Tensor<2> {
+        match self {
+            Pre::Plain => x,
+            Pre::Norm { weight, eps } => RmsNorm { weight: weight.clone(), eps }.forward(x),
+            Pre::SwiGlu => swiglu(x),
+        }
+    }
+}
+
 fn add_bias(y: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
     match bias {
         Some(b) => y + b.clone().unsqueeze::<2>(),
@@ -130,17 +162,19 @@ struct CpuKernels {
 
 impl Dense {
     /// On another device (a GPU): its few-row kernel where it runs, else Burn's matmul.
-    fn device_forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>, residual: Option<Tensor<2>>) -> Tensor<2> {
-        if let Some(y) = kernels::gpu_xwt(&x, &self.w, bias, residual.as_ref()) {
+    fn device_forward(
+        &self,
+        x: Tensor<2>,
+        pre: Pre<'_>,
+        bias: Option<&Tensor<1>>,
+        residual: Option<Tensor<2>>,
+    ) -> Tensor<2> {
+        if let Some(y) = kernels::gpu_xwt(&x, pre, &self.w, bias, residual.as_ref()) {
             KernelCall::CubeXwt.count();
             return y;
         }
         KernelCall::Burn.count();
-        let y = add_bias(burn_product(x, self.w.clone(), false), bias);
-        match residual {
-            Some(r) => r + y,
-            None => y,
-        }
+        add_residual(add_bias(burn_product(pre.apply(x), self.w.clone(), false), bias), residual)
     }
 
     /// On the CPU: our kernels where they apply, else the backend's GEMM.
@@ -193,14 +227,20 @@ impl LinearWeight for Dense {
     fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
         match self.cpu {
             Some(cpu) => self.cpu_forward(cpu, x, bias),
-            None => self.device_forward(x, bias, None),
+            None => self.device_forward(x, Pre::Plain, bias, None),
         }
     }
 
-    fn forward_add(&self, x: Tensor<2>, bias: Option<&Tensor<1>>, residual: Tensor<2>) -> Tensor<2> {
+    fn forward_with(
+        &self,
+        x: Tensor<2>,
+        pre: Pre<'_>,
+        bias: Option<&Tensor<1>>,
+        residual: Option<Tensor<2>>,
+    ) -> Tensor<2> {
         match self.cpu {
-            Some(cpu) => residual + self.cpu_forward(cpu, x, bias),
-            None => self.device_forward(x, bias, Some(residual)),
+            Some(cpu) => add_residual(self.cpu_forward(cpu, pre.apply(x), bias), residual),
+            None => self.device_forward(x, pre, bias, residual),
         }
     }
 
@@ -371,12 +411,13 @@ impl Linear {
         self.weight.forward(x, self.bias.as_ref())
     }
 
-    /// `residual + x·Wᵀ + b`: a residual connection, one kernel on a GPU for a decode step.
+    /// `pre(x)·Wᵀ + b (+ residual)`: the input's norm or SwiGLU gate and a residual connection
+    /// around the product, one kernel on a GPU for a decode step.
     ///
     /// # Shapes
-    /// x: [n, in] (f32), residual: [n, out] (f32) → [n, out] (f32)
-    pub fn forward_add(&self, x: Tensor<2>, residual: Tensor<2>) -> Tensor<2> {
-        self.weight.forward_add(x, self.bias.as_ref(), residual)
+    /// x: [n, in] (f32; [n, 2 · in] under `Pre::SwiGlu`), residual: [n, out] (f32) → [n, out] (f32)
+    pub fn forward_with(&self, x: Tensor<2>, pre: Pre<'_>, residual: Option<Tensor<2>>) -> Tensor<2> {
+        self.weight.forward_with(x, pre, self.bias.as_ref(), residual)
     }
 
     pub fn out_features(&self) -> usize {

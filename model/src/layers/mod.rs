@@ -8,7 +8,7 @@ mod rope;
 mod swiglu;
 
 pub use attention::attention;
-pub use linear::{Linear, LinearWeight, Weight};
+pub use linear::{Linear, LinearWeight, Pre, Weight};
 pub use moe::{Expert, Moe, SharedExpert, expert_stats};
 pub use rms_norm::RmsNorm;
 pub use rope::Rope;

@@ -2,7 +2,8 @@ use std::sync::Mutex;
 
 use burn::tensor::{Int, Tensor, TensorData, activation::sigmoid};
 
-use super::{Linear, swiglu};
+use super::Linear;
+use super::linear::Pre;
 
 /// One expert: a SwiGLU feed-forward.
 #[derive(Debug, Clone)]
@@ -17,15 +18,16 @@ impl Expert {
     /// # Shapes
     /// x: [m, hidden] → [m, hidden]
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        self.down.forward(swiglu(self.gate_up.forward(x)))
+        self.forward_with(x, Pre::Plain, None)
     }
 
-    /// `residual + forward(x)`, the sum in the down projection's kernel where it has one.
+    /// `residual + self(pre(x))`: the input's norm in the gate/up product and SwiGLU's gate and
+    /// the residual sum in the down product, where their kernels take them (a GPU's decode step).
     ///
     /// # Shapes
     /// x: [m, hidden], residual: [m, hidden] → [m, hidden]
-    pub fn forward_add(&self, x: Tensor<2>, residual: Tensor<2>) -> Tensor<2> {
-        self.down.forward_add(swiglu(self.gate_up.forward(x)), residual)
+    pub fn forward_with(&self, x: Tensor<2>, pre: Pre<'_>, residual: Option<Tensor<2>>) -> Tensor<2> {
+        self.down.forward_with(self.gate_up.forward_with(x, pre, None), Pre::SwiGlu, residual)
     }
 }
 

@@ -22,6 +22,11 @@ impl RmsNorm {
         (x / rms) * self.weight.clone().unsqueeze::<2>()
     }
 
+    /// This norm as a product's input step ([`crate::layers::Linear::forward_with`]).
+    pub fn pre(&self) -> crate::kernels::Pre<'_> {
+        crate::kernels::Pre::Norm { weight: &self.weight, eps: self.eps }
+    }
+
     /// Per-head norms (Qwen3's q and k norms): the heads in each of `parts`' column ranges of
     /// `x` normalised by that part's norm (weight \[head_dim\]); the other columns unchanged.
     ///

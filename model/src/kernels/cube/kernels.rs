@@ -167,23 +167,75 @@ pub fn softmax(
 /// The most rows of x a [`xwt`] launch takes (a decode step's few rows).
 pub const XWT_ROWS: usize = 4;
 
-/// `y = x·Wᵀ + b + residual` for up to [`XWT_ROWS`] rows: cube `CUBE_POS` computes output column
-/// o of every row, its units striding along k (adjacent units read adjacent weights), each row's
-/// partial sums reduced across the cube. The weight is read in its own type (f32, f16, bf16) and
-/// widened: no cast of x or of the product, no separate bias or residual add.
+/// What [`xwt`] does to x before the product: nothing; RMSNorm it (each row's scale computed
+/// by every cube, the norm's weight applied per input); or SwiGLU's gate over a stacked
+/// [gate | up] x of twice the weight's inputs.
+pub const PRE_PLAIN: u32 = 0;
+pub const PRE_NORM: u32 = 1;
+pub const PRE_SWIGLU: u32 = 2;
+
+/// `1 / sqrt(mean(x[row]²) + eps)`, reduced across the cube (every unit gets it).
+#[cube]
+fn rms_scale(x: &Tensor<f32>, row: usize, eps: f32, shared: Shared<[f32]>, #[comptime] units: usize) -> f32 {
+    let k_len = x.shape(1);
+    let base = row * x.stride(0);
+    let mut ss = 0.0f32;
+    let mut k = UNIT_POS as usize;
+    while k < k_len {
+        let v = x[base + k * x.stride(1)];
+        ss += v * v;
+        k += units;
+    }
+    let total = cube_reduce(shared, ss, units, false);
+    1.0f32 / (total / f32::cast_from(k_len) + eps).sqrt()
+}
+
+/// Input k of row `row` of [`xwt`]'s product, after its `pre`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn xwt_input(
+    x: &Tensor<f32>,
+    row: usize,
+    k: usize,
+    k_len: usize,
+    norm: &Tensor<f32>,
+    scale: f32,
+    #[comptime] pre: u32,
+) -> f32 {
+    let at = row * x.stride(0);
+    let mut v = x[at + k * x.stride(1)];
+    if comptime!(pre == PRE_NORM) {
+        v = v * scale * norm[k * norm.stride(0)];
+    }
+    if comptime!(pre == PRE_SWIGLU) {
+        let up = x[at + (k + k_len) * x.stride(1)];
+        v = v * up / (1.0f32 + (-v).exp());
+    }
+    v
+}
+
+/// `y = pre(x)·Wᵀ + b + residual` for up to [`XWT_ROWS`] rows: cube `CUBE_POS` computes output
+/// column o of every row, its units striding along k (adjacent units read adjacent weights),
+/// each row's partial sums reduced across the cube. The weight is read in its own type (f32,
+/// f16, bf16) and widened: no cast of x or of the product, no separate norm, gate, bias or
+/// residual kernel.
 ///
-/// x: [rows, k] (any strides), w: [out, k] (any strides), bias: \[out\] (read with
-/// `has_bias`), residual: [rows, out] (read with `has_residual`), out: [rows, out] contiguous.
+/// x: [rows, k] (any strides; [rows, 2k] with `PRE_SWIGLU`), w: [out, k] (any strides), norm:
+/// \[k\] (read with `PRE_NORM`), bias: \[out\] (read with `has_bias`), residual: [rows, out] (read
+/// with `has_residual`), out: [rows, out] contiguous.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn xwt<W: Float>(
     x: &Tensor<f32>,
     w: &Tensor<W>,
+    norm: &Tensor<f32>,
     bias: &Tensor<f32>,
     residual: &Tensor<f32>,
     out: &mut Tensor<f32>,
+    eps: f32,
     #[comptime] rows: usize,
     #[comptime] units: usize,
+    #[comptime] pre: u32,
     #[comptime] has_bias: bool,
     #[comptime] has_residual: bool,
 ) {
@@ -192,9 +244,25 @@ pub fn xwt<W: Float>(
     if o >= outs {
         terminate!();
     }
-    let k_len = x.shape(1);
+    let k_len = w.shape(1);
     let unit = UNIT_POS as usize;
-    let (xs0, xs1) = (x.stride(0), x.stride(1));
+    let shared = Shared::<[f32]>::new_slice(units);
+    let mut s0 = f32::new(1.0);
+    let mut s1 = f32::new(1.0);
+    let mut s2 = f32::new(1.0);
+    let mut s3 = f32::new(1.0);
+    if comptime!(pre == PRE_NORM) {
+        s0 = rms_scale(x, 0, eps, shared.clone(), units);
+        if comptime!(rows > 1) {
+            s1 = rms_scale(x, 1, eps, shared.clone(), units);
+        }
+        if comptime!(rows > 2) {
+            s2 = rms_scale(x, 2, eps, shared.clone(), units);
+        }
+        if comptime!(rows > 3) {
+            s3 = rms_scale(x, 3, eps, shared.clone(), units);
+        }
+    }
     let w_row = o * w.stride(0);
     let mut a0 = 0.0f32;
     let mut a1 = 0.0f32;
@@ -203,20 +271,18 @@ pub fn xwt<W: Float>(
     let mut k = unit;
     while k < k_len {
         let wv = f32::cast_from(w[w_row + k * w.stride(1)]);
-        let xk = k * xs1;
-        a0 += x[xk] * wv;
+        a0 += xwt_input(x, 0, k, k_len, norm, s0, pre) * wv;
         if comptime!(rows > 1) {
-            a1 += x[xs0 + xk] * wv;
+            a1 += xwt_input(x, 1, k, k_len, norm, s1, pre) * wv;
         }
         if comptime!(rows > 2) {
-            a2 += x[2 * xs0 + xk] * wv;
+            a2 += xwt_input(x, 2, k, k_len, norm, s2, pre) * wv;
         }
         if comptime!(rows > 3) {
-            a3 += x[3 * xs0 + xk] * wv;
+            a3 += xwt_input(x, 3, k, k_len, norm, s3, pre) * wv;
         }
         k += units;
     }
-    let shared = Shared::<[f32]>::new_slice(units);
     let mut sums = Array::<f32>::new(XWT_ROWS);
     sums[0] = cube_reduce(shared.clone(), a0, units, false);
     if comptime!(rows > 1) {

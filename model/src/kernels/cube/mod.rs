@@ -17,6 +17,8 @@ use burn::tensor::{DType, Int, Shape, Tensor};
 
 use kernels::ROW_UNITS;
 
+use super::Pre;
+
 /// This build has the GPU kernels.
 pub const BUILT: bool = true;
 
@@ -174,15 +176,22 @@ pub fn softmax(scores: &Tensor<3>, scale: f64, mask: Option<&Tensor<2>>) -> Opti
     Some(tensor(out))
 }
 
-/// `x·Wᵀ + b + residual` for a few rows (a decode step), the weight read in its own type.
+/// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step), the weight read in its own type.
 ///
 /// # Shapes
-/// x: [n ≤ 4, k] f32, w: [out, k] f32, f16 or bf16, bias: \[out\] f32, residual: [n, out] f32
-/// → [n, out] f32
-pub fn xwt(x: &Tensor<2>, w: &Tensor<2>, bias: Option<&Tensor<1>>, residual: Option<&Tensor<2>>) -> Option<Tensor<2>> {
-    let [n, k] = x.dims();
-    let [outs, wk] = w.dims();
-    if n == 0 || n > kernels::XWT_ROWS || wk != k || k == 0 || outs == 0 {
+/// x: [n ≤ 4, k] f32 ([n, 2k] under `Pre::SwiGlu`), w: [out, k] f32, f16 or bf16, bias: \[out\]
+/// f32, residual: [n, out] f32 → [n, out] f32
+pub fn xwt(
+    x: &Tensor<2>,
+    pre: Pre<'_>,
+    w: &Tensor<2>,
+    bias: Option<&Tensor<1>>,
+    residual: Option<&Tensor<2>>,
+) -> Option<Tensor<2>> {
+    let [n, width] = x.dims();
+    let [outs, k] = w.dims();
+    let inputs = if matches!(pre, Pre::SwiGlu) { 2 * k } else { k };
+    if n == 0 || n > kernels::XWT_ROWS || width != inputs || k == 0 || outs == 0 {
         return None;
     }
     if bias.is_some_and(|b| b.dims() != [outs]) || residual.is_some_and(|r| r.dims() != [n, outs]) {
@@ -190,8 +199,14 @@ pub fn xwt(x: &Tensor<2>, w: &Tensor<2>, bias: Option<&Tensor<1>>, residual: Opt
     }
     let x = cube(x)?;
     let wt = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
-    // An absent bias or residual is a placeholder argument the kernel never reads.
+    // An absent norm, bias or residual is a placeholder argument the kernel never reads.
     let (has_bias, has_residual) = (bias.is_some(), residual.is_some());
+    let (code, norm, eps) = match pre {
+        Pre::Plain => (kernels::PRE_PLAIN, x.clone(), 0.0),
+        Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
+        Pre::Norm { .. } => return None,
+        Pre::SwiGlu => (kernels::PRE_SWIGLU, x.clone(), 0.0),
+    };
     let bias = match bias {
         Some(b) => cube(b)?,
         None => x.clone(),
@@ -216,11 +231,14 @@ pub fn xwt(x: &Tensor<2>, w: &Tensor<2>, bias: Option<&Tensor<1>>, residual: Opt
                 dim,
                 x.into_tensor_arg(),
                 wt.into_tensor_arg(),
+                norm.into_tensor_arg(),
                 bias.into_tensor_arg(),
                 residual.into_tensor_arg(),
                 out.clone().into_tensor_arg(),
+                eps,
                 n,
                 ROW_UNITS,
+                code,
                 has_bias,
                 has_residual,
             )
