@@ -33,6 +33,38 @@ fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
     }
 }
 
+/// `v` as stored in `dtype`, read back as f32.
+fn rounded(v: &[f32], dtype: burn::tensor::FloatDType, device: &Device) -> Vec<f32> {
+    let t = Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), device);
+    host(t.cast(dtype).cast(burn::tensor::FloatDType::F32))
+}
+
+/// A layer's cache ([heads, capacity, d], as f32) after a write: the cell `slots[t]` of head h
+/// holds `new(t, h)` (within an f32 rounding), every other cell what it held before.
+fn assert_cells(
+    cache: &[f32],
+    stored: &[f32],
+    slots: &[usize],
+    (heads, capacity, d): (usize, usize, usize),
+    new: impl Fn(usize, usize) -> Vec<f32>,
+    what: &str,
+) {
+    for h in 0..heads {
+        for cell in 0..capacity {
+            let at = (h * capacity + cell) * d;
+            let want = match slots.iter().position(|&s| s == cell) {
+                Some(t) => new(t, h),
+                None => stored[at..at + d].to_vec(),
+            };
+            let got = &cache[at..at + d];
+            assert!(
+                got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-6 * w.abs().max(1.0)),
+                "{what} head {h} cell {cell}: {got:?} vs {want:?}"
+            );
+        }
+    }
+}
+
 /// Runs `f`, then, on a GPU device, checks that a kernel whose name contains `kernel` (case and
 /// underscores ignored) was launched.
 /// One launch watch at a time in this process (a second would replace the first).
@@ -56,7 +88,8 @@ fn ran<T>(spec: DeviceSpec, kernel: &str, f: impl FnOnce() -> T) -> T {
 #[test]
 fn rms_norm_matches_a_reference() {
     let (spec, device) = device();
-    for (n, h) in [(1, 8), (3, 200), (2, 896), (5, 13)] {
+    // 66,000 rows: more cubes than one grid dimension holds.
+    for (n, h) in [(1, 8), (3, 200), (2, 896), (5, 13), (66_000, 4)] {
         let x = values(n * h, 7, 3.0);
         let w = values(h, 11, 2.0);
         let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(w.clone(), [h]), &device), eps: 1e-6 };
@@ -338,24 +371,57 @@ fn kv_writes_land_in_their_cells() {
             continue;
         }
         assert!(written, "the kv write kernel declined on {spec}");
-        for (cache, new) in [(host(kc.cast(FloatDType::F32)), &k), (host(vc.cast(FloatDType::F32)), &v)] {
-            for h in 0..kv_heads {
-                for cell in 0..capacity {
-                    let at = (h * capacity + cell) * d;
-                    let want: Vec<f32> = match slots.iter().position(|&s| s == cell) {
-                        Some(t) => {
-                            let row = &new[(h * n + t) * d..][..d];
-                            host(
-                                Tensor::<1>::from_data(TensorData::new(row.to_vec(), [d]), &device)
-                                    .cast(dtype)
-                                    .cast(FloatDType::F32),
-                            )
-                        }
-                        None => stored[at..at + d].to_vec(),
-                    };
-                    assert_eq!(cache[at..at + d], want[..], "{dtype:?} head {h} cell {cell}");
-                }
-            }
+        let (kc, vc) = (host(kc.cast(FloatDType::F32)), host(vc.cast(FloatDType::F32)));
+        let round = |v: &[f32]| rounded(v, dtype, &device);
+        let layout = (kv_heads, capacity, d);
+        assert_cells(&kc, &stored, &slots, layout, |t, h| round(&k[(h * n + t) * d..][..d]), &format!("{dtype:?} k"));
+        assert_cells(&vc, &stored, &slots, layout, |t, h| round(&v[(h * n + t) * d..][..d]), &format!("{dtype:?} v"));
+    }
+}
+
+/// RoPE and the KV write as one GPU launch: q's heads come back rotated, k's rotated and v's
+/// as they were land in their cells, in the cache's type, the other cells unchanged; on the
+/// CPU it declines and writes nothing.
+#[test]
+fn rope_and_the_kv_write_in_one_launch() {
+    use burn::tensor::{DType, FloatDType};
+    use llaisys_model::kernels::{CellTable, rope_kv_write};
+    use llaisys_model::kv::Placement;
+    let (spec, device) = device();
+    let (heads, kv_heads, d, n, capacity) = (7, 1, 64, 3, 20);
+    let positions = [4, 0, 300];
+    let slots = vec![19, 2, 3];
+    let width = (heads + 2 * kv_heads) * d;
+    let x = values(n * width, 61, 2.0);
+    let rope = Rope::new(d, 10_000.0);
+    let tables = rope.tables(&positions, &device);
+    for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
+        if !device.supports_dtype(DType::from(dtype)) {
+            continue;
         }
+        let old = values(kv_heads * capacity * d, 62, 1.0);
+        let cache =
+            || Tensor::<3>::from_data(TensorData::new(old.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
+        let stored = host(cache().cast(FloatDType::F32));
+        let mut caches = [cache(), cache()];
+        let cells = CellTable::new(Placement { cells: slots.clone() }, Vec::new(), &device);
+        let qkv = Tensor::<2>::from_data(TensorData::new(x.clone(), [n, width]), &device);
+        let q = ran(spec, "rope_kv", || rope_kv_write(&qkv, heads, d, tables.stacked(), &mut caches, &cells));
+        let [kc, vc] = caches.map(|c| host(c.cast(FloatDType::F32)));
+        if spec == DeviceSpec::Cpu {
+            assert!(q.is_none(), "the CPU rotates with its own kernel and writes by slice assignment");
+            assert_eq!((kc, vc), (stored.clone(), stored));
+            continue;
+        }
+        let q = host(q.unwrap_or_else(|| panic!("the RoPE + KV write kernel declined on {spec}")));
+        // The reference: the layer's own rotation (checked above against f64) and the write.
+        let [want_q, want_k, want_v] =
+            Rope::apply_qk(qkv, 0..heads * d, heads * d..(heads + kv_heads) * d, &tables, None).map(host);
+        assert_close(&q, &want_q.iter().map(|&v| v as f64).collect::<Vec<_>>(), 1e-6, "q");
+        let round = |v: &[f32]| rounded(v, dtype, &device);
+        let layout = (kv_heads, capacity, d);
+        let row = |new: &[f32], t: usize, h: usize| round(&new[(t * kv_heads + h) * d..][..d]);
+        assert_cells(&kc, &stored, &slots, layout, |t, h| row(&want_k, t, h), &format!("{dtype:?} k"));
+        assert_cells(&vc, &stored, &slots, layout, |t, h| row(&want_v, t, h), &format!("{dtype:?} v"));
     }
 }

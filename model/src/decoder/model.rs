@@ -128,7 +128,12 @@ impl LanguageModel for Decoder {
         cache: &mut KvCache,
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
-        kernels::with_awake_pool(|| Ok(self.lm_head().forward(self.trunk(batch, placement, cache, abort)?)))
+        // The final norm inside the output projection's kernel where it has one (a GPU's decode
+        // step), else apart.
+        let norm = self.weights.norm.pre();
+        kernels::with_awake_pool(|| {
+            Ok(self.lm_head().forward_with(self.trunk(batch, placement, cache, abort)?, norm, None))
+        })
     }
 
     fn hidden(
@@ -138,7 +143,7 @@ impl LanguageModel for Decoder {
         cache: &mut KvCache,
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
-        kernels::with_awake_pool(|| self.trunk(batch, placement, cache, abort))
+        kernels::with_awake_pool(|| Ok(self.weights.norm.forward(self.trunk(batch, placement, cache, abort)?)))
     }
 
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
@@ -167,8 +172,8 @@ impl LanguageModel for Decoder {
 }
 
 impl Decoder {
-    /// The pass up to the output projection: the final norm's rows of `batch.out_rows`,
-    /// [n_outputs, hidden] (`forward` and `hidden` keep the pool awake around it).
+    /// The pass up to the final norm: the rows of `batch.out_rows`, [n_outputs, hidden]
+    /// (`forward` and `hidden` norm them and keep the pool awake around it).
     fn trunk(
         &self,
         batch: &ValidBatch<'_>,
@@ -187,6 +192,7 @@ impl Decoder {
         // [n, extent], built only if the attention kernel cannot run and some row does not see
         // every cell below the extent (a lone sequence's decode step sees them all).
         let mut mask = None;
+        let on_gpu = kernels::GPU_KERNELS && self.device != Device::flex();
         let mut x = self.embed(batch.input); // [n, hidden]
         let [q_rows, k_rows, _] = weights::qkv_rows(&self.config);
         for (l, w) in self.weights.layers.iter().enumerate() {
@@ -194,11 +200,22 @@ impl Decoder {
                 return Err(DecodeError::Aborted);
             }
             let qkv = w.qkv.forward_with(x.clone(), w.attn_norm.pre(), None); // [n, (heads + 2 · kv_heads) · hd]
-            let [q, k, v] = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());
+            // RoPE and the KV write in one kernel on a GPU (without per-head norms), else apart.
+            let fused = match w.qk_norm {
+                None if on_gpu => cache.write_rotated(l, &cells, &qkv, heads, tables.stacked()),
+                _ => None,
+            };
+            let q = match fused {
+                Some(q) => q,
+                None => {
+                    let [q, k, v] = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());
+                    let k = k.reshape([n, kv_heads, hd]);
+                    let v = v.reshape([n, kv_heads, hd]);
+                    cache.write(l, &cells, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
+                    q
+                }
+            };
             let q = q.reshape([n, heads, hd]);
-            let k = k.reshape([n, kv_heads, hd]);
-            let v = v.reshape([n, kv_heads, hd]);
-            cache.write(l, &cells, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
             let (keys, values) = cache.layer(l); // [kv_heads, capacity, hd]
             let a = match kernels::attention(&q, keys, values, &cells) {
                 Some(a) => a,
@@ -218,6 +235,6 @@ impl Decoder {
             let len = rows.len();
             x = x.select(0, Tensor::<1, Int>::from_data(TensorData::new(rows, [len]), &self.device));
         }
-        Ok(self.weights.norm.forward(x)) // [n_outputs, hidden]
+        Ok(x) // [n_outputs, hidden], before the final norm
     }
 }

@@ -72,6 +72,16 @@ pub(crate) mod gpu {
     pub fn kv_write(_: &mut [Tensor<3>; 2], _: [&Tensor<3>; 2], _: &Tensor<1, Int>) -> bool {
         false
     }
+    pub fn rope_kv(
+        _: &Tensor<2>,
+        _: usize,
+        _: usize,
+        _: &Tensor<3>,
+        _: &mut [Tensor<3>; 2],
+        _: &Tensor<1, Int>,
+    ) -> Option<Tensor<2>> {
+        None
+    }
     pub const BUILT: bool = false;
     pub fn xwt(
         _: &Tensor<2>,
@@ -288,6 +298,28 @@ impl CellTable {
 /// caches: [kv_heads, capacity, d] each; new: [kv_heads, n, d] f32 each
 pub fn kv_write(caches: &mut [Tensor<3>; 2], new: [&Tensor<3>; 2], cells: &CellTable) -> bool {
     GPU_KERNELS && cells.device != Device::flex() && gpu::kv_write(caches, new, cells.slots())
+}
+
+/// RoPE and the KV write as one GPU launch: q's heads rotated (returned), k's rotated and v's
+/// copied into their cells of a layer's cache, in place, from the stacked q/k/v projection;
+/// `None`, nothing written, where it declines (the CPU: its kernel rotates, slice assignments
+/// write).
+///
+/// # Shapes
+/// qkv: [n, (heads + 2 · kv_heads) · d] f32, tables: [2, n, d/2] f32 (cos, sin), caches:
+/// [kv_heads, capacity, d] each → q: [n, heads · d] f32
+pub fn rope_kv_write(
+    qkv: &Tensor<2>,
+    heads: usize,
+    d: usize,
+    tables: &Tensor<3>,
+    caches: &mut [Tensor<3>; 2],
+    cells: &CellTable,
+) -> Option<Tensor<2>> {
+    if !GPU_KERNELS || cells.device == Device::flex() {
+        return None;
+    }
+    gpu::rope_kv(qkv, heads, d, tables, caches, cells.slots())
 }
 
 /// Attention of each row over only the cells it sees: the CPU kernel on the Flex backend, the

@@ -203,6 +203,24 @@ impl KvCache {
         }
     }
 
+    /// RoPE and the write of `layer`'s keys and values in one GPU launch, from the stacked q/k/v
+    /// projection `qkv` ([n, (heads + 2 · kv_heads) · head_dim]; `tables` [2, n, head_dim/2] cos
+    /// and sin): q's heads rotated, [n, heads · head_dim]; `None`, nothing written, where the
+    /// kernel declines (the caller rotates and calls [`Self::write`]).
+    pub(crate) fn write_rotated(
+        &mut self,
+        layer: usize,
+        cells: &CellTable,
+        qkv: &Tensor<2>,
+        heads: usize,
+        tables: &Tensor<3>,
+    ) -> Option<Tensor<2>> {
+        let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
+        let q = kernels::rope_kv_write(qkv, heads, self.layout.head_dim, tables, &mut caches, cells);
+        [self.keys[layer], self.values[layer]] = caches;
+        q
+    }
+
     /// Keys and values of `layer` for cells `[0, extent)`, widened to f32: [kv_heads, extent,
     /// head_dim] each.
     pub(crate) fn read(&self, layer: usize, extent: usize) -> (Tensor<3>, Tensor<3>) {

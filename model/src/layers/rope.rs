@@ -46,7 +46,8 @@ impl RopeTables {
         self.tensors.get_or_init(|| (make(&self.cos, 1.0), make(&self.sin, -1.0))).clone()
     }
 
-    fn stacked(&self) -> &Tensor<3> {
+    /// [2, n, head_dim/2]: cos, then sin (the GPU kernels' table).
+    pub fn stacked(&self) -> &Tensor<3> {
         let [n, _, half] = self.shape;
         self.stacked.get_or_init(|| {
             let both = [self.cos.as_slice(), &self.sin].concat();

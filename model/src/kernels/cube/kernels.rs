@@ -45,6 +45,9 @@ fn cube_reduce(mut shared: Shared<[f32]>, value: f32, #[comptime] units: usize, 
 #[cube(launch)]
 pub fn rms_norm(x: &Tensor<f32>, w: &Tensor<f32>, out: &mut Tensor<f32>, eps: f32, #[comptime] units: usize) {
     let row = CUBE_POS;
+    if row >= x.shape(0) {
+        terminate!();
+    }
     let h = x.shape(1);
     let unit = UNIT_POS as usize;
     let base = row * x.stride(0);
@@ -124,6 +127,9 @@ pub fn softmax(
 ) {
     let rows = scores.shape(1);
     let e = scores.shape(2);
+    if CUBE_POS >= scores.shape(0) * rows {
+        terminate!();
+    }
     let (b, r) = (CUBE_POS / rows, CUBE_POS % rows);
     let base = b * scores.stride(0) + r * scores.stride(1);
     let mask_base = (r % mask.shape(0)) * mask.stride(0);
@@ -341,6 +347,9 @@ pub fn cell_attention<K: Float>(
 ) {
     let heads = q.shape(1);
     let d = q.shape(2);
+    if CUBE_POS >= q.shape(0) * heads * splits {
+        terminate!();
+    }
     let (row_head, part) = (CUBE_POS / splits, CUBE_POS % splits);
     let (row, head) = (row_head / heads, row_head % heads);
     let kv_head = head / (heads / k.shape(0));
@@ -414,6 +423,9 @@ pub fn cell_attention<K: Float>(
 #[cube(launch)]
 pub fn merge_splits(parts: &Tensor<f32>, out: &mut Tensor<f32>, splits: usize, #[comptime] units: usize) {
     let d = parts.shape(1) - 2;
+    if CUBE_POS * d >= out.len() {
+        terminate!();
+    }
     let first = CUBE_POS * splits;
     let mut top = f32::new(-3.402_823_5e38);
     let mut s = 0;
@@ -466,5 +478,59 @@ pub fn kv_write<C: Float>(
         let vc = h * v_cache.stride(0) + cell * v_cache.stride(1) + i * v_cache.stride(2);
         k_cache[kc] = C::cast_from(k_new[h * k_new.stride(0) + t * k_new.stride(1) + i * k_new.stride(2)]);
         v_cache[vc] = C::cast_from(v_new[h * v_new.stride(0) + t * v_new.stride(1) + i * v_new.stride(2)]);
+    }
+}
+
+/// The rotary embedding of q's heads into `q_out` and of k's heads into their cells of a layer's
+/// cache, and v's heads copied into theirs, from the stacked q/k/v projection: one unit per pair
+/// of values (a rotated pair, or two of v's). `cache[h, slots[t], i]`, in the cache's type.
+///
+/// qkv: [n, (heads + 2 · kv_heads) · d] (any strides; q's heads, k's, v's), tables: [2, n, d/2]
+/// (cos, sin), q_out: [n, heads · d] contiguous, k_cache, v_cache: [kv_heads, capacity, d],
+/// slots: \[n\].
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv<C: Float>(
+    qkv: &Tensor<f32>,
+    tables: &Tensor<f32>,
+    q_out: &mut Tensor<f32>,
+    k_cache: &mut Tensor<C>,
+    v_cache: &mut Tensor<C>,
+    slots: &Tensor<i32>,
+    #[comptime] d: usize,
+) {
+    let half = d / 2;
+    let heads = q_out.shape(1) / d;
+    let kv_heads = k_cache.shape(0);
+    let pairs = (heads + 2 * kv_heads) * half;
+    let at = ABSOLUTE_POS;
+    if at < qkv.shape(0) * pairs {
+        let (row, pair) = (at / pairs, at % pairs);
+        let (head, i) = (pair / half, pair % half);
+        let base = row * qkv.stride(0);
+        let lo = head * d + i;
+        let x1 = qkv[base + lo * qkv.stride(1)];
+        let x2 = qkv[base + (lo + half) * qkv.stride(1)];
+        let slot = usize::cast_from(slots[row * slots.stride(0)]);
+        if head < heads + kv_heads {
+            let t = row * tables.stride(1) + i * tables.stride(2);
+            let cos = tables[t];
+            let sin = tables[t + tables.stride(0)];
+            let (y1, y2) = (x1 * cos - x2 * sin, x2 * cos + x1 * sin);
+            if head < heads {
+                q_out[row * heads * d + lo] = y1;
+                q_out[row * heads * d + lo + half] = y2;
+            } else {
+                let c = (head - heads) * k_cache.stride(0) + slot * k_cache.stride(1);
+                let step = k_cache.stride(2);
+                k_cache[c + i * step] = C::cast_from(y1);
+                k_cache[c + (i + half) * step] = C::cast_from(y2);
+            }
+        } else {
+            let c = (head - heads - kv_heads) * v_cache.stride(0) + slot * v_cache.stride(1);
+            let step = v_cache.stride(2);
+            v_cache[c + i * step] = C::cast_from(x1);
+            v_cache[c + (i + half) * step] = C::cast_from(x2);
+        }
     }
 }

@@ -60,16 +60,11 @@ fn elementwise(count: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(x, y, 1), CubeDim::new_1d(UNITS as u32))
 }
 
-/// One cube per row (at most 65,535 rows).
+/// One cube of [`ROW_UNITS`] units per row, on two grid dimensions past 65,535 (the kernels
+/// stop the cubes past `rows`).
 fn per_row(rows: usize) -> (CubeCount, CubeDim) {
-    (CubeCount::Static(rows as u32, 1, 1), CubeDim::new_1d(ROW_UNITS as u32))
-}
-
-/// At least `count` cubes of [`ROW_UNITS`] units, on two grid dimensions past 65,535 (the
-/// kernel stops the cubes past `count`).
-fn cubes(count: usize) -> (CubeCount, CubeDim) {
-    let count = count.max(1) as u32;
-    let (x, y) = (count.min(65_535), count.div_ceil(65_535));
+    let rows = rows.max(1) as u32;
+    let (x, y) = (rows.min(65_535), rows.div_ceil(65_535));
     (CubeCount::Static(x, y, 1), CubeDim::new_1d(ROW_UNITS as u32))
 }
 
@@ -79,7 +74,7 @@ fn cubes(count: usize) -> (CubeCount, CubeDim) {
 /// x: [n, h] f32, w: \[h\] f32 → [n, h] f32
 pub fn rms_norm(x: &Tensor<2>, w: &Tensor<1>, eps: f64) -> Option<Tensor<2>> {
     let [n, h] = x.dims();
-    if w.dims() != [h] || n == 0 || n > 65_535 {
+    if w.dims() != [h] || n == 0 {
         return None;
     }
     let (x, w) = (cube(x)?, cube(w)?);
@@ -146,7 +141,7 @@ pub fn rope(x: &Tensor<2>, width: usize, d: usize, tables: &Tensor<3>) -> Option
 /// scores: [b, r, e] f32, mask: [n, e] f32 additive with r a multiple of n → [b, r, e] f32
 pub fn softmax(scores: &Tensor<3>, scale: f64, mask: Option<&Tensor<2>>) -> Option<Tensor<3>> {
     let [b, r, e] = scores.dims();
-    if b * r == 0 || b * r > 65_535 || e == 0 {
+    if b * r == 0 || e == 0 {
         return None;
     }
     if let Some(mask) = mask {
@@ -216,7 +211,7 @@ pub fn xwt(
         None => x.clone(),
     };
     let out = empty(&x, [n, outs]);
-    let (count, dim) = cubes(outs);
+    let (count, dim) = per_row(outs);
     let client = x.client.clone();
     macro_rules! launch {
         ($w:ty) => {{
@@ -271,7 +266,7 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
         return None;
     }
     let splits = (width - 1).div_ceil(kernels::SPLIT_CELLS);
-    if k.dtype() != v.dtype() || n * heads * splits > 65_535 {
+    if k.dtype() != v.dtype() {
         return None;
     }
     let qt = cube(q)?;
@@ -329,23 +324,63 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
     Some(tensor(out))
 }
 
+/// Runs `launch` on a layer's two caches, which it writes in place: false, the caches as they
+/// were, where they are not CubeCL tensors in rows of a float type the device reads and
+/// converts, or another tensor shares them. The caches' own references go before the launch (a
+/// buffer written in place must have no other owner) and come back as the primitives after.
+fn in_place(caches: &mut [Tensor<3>; 2], launch: impl FnOnce(&CubeTensor, &CubeTensor)) -> bool {
+    let [kc, vc] = caches;
+    if kc.dtype() != vc.dtype() || kc.dims() != vc.dims() {
+        return false;
+    }
+    let (Ok(kt), Ok(vt)) = (kc.clone().try_into_primitive::<Cube>(), vc.clone().try_into_primitive::<Cube>()) else {
+        return false;
+    };
+    if kt.meta.is_tiled() || vt.meta.is_tiled() || !enabled() {
+        return false;
+    }
+    let uses = match kt.dtype {
+        DType::F32 => <f32 as Scalar>::supported_uses(&kt.client),
+        DType::F16 => <half::f16 as Scalar>::supported_uses(&kt.client),
+        DType::BF16 => <half::bf16 as Scalar>::supported_uses(&kt.client),
+        _ => return false,
+    };
+    if !uses.contains(TypeUsage::Buffer) || !uses.contains(TypeUsage::Conversion) {
+        return false;
+    }
+    drop((kc.extract(), vc.extract()));
+    let mutable = kt.handle.can_mut() && vt.handle.can_mut();
+    if mutable {
+        launch(&kt, &vt);
+    }
+    (*kc, *vc) = (tensor(kt), tensor(vt));
+    mutable
+}
+
+/// Launches `$kernel::launch::<C>(client, count, dim, $args..)` with C the cache's element type.
+macro_rules! launch_in {
+    ($dtype:expr, $kernel:path, $client:expr, $count:expr, $dim:expr, $($arg:expr),* $(,)?) => {{
+        use $kernel as kernel;
+        match $dtype {
+            DType::F16 => kernel::launch::<half::f16>($client, $count, $dim, $($arg),*),
+            DType::BF16 => kernel::launch::<half::bf16>($client, $count, $dim, $($arg),*),
+            _ => kernel::launch::<f32>($client, $count, $dim, $($arg),*),
+        }
+    }};
+}
+
 /// Writes keys and values into their cells of a layer's cache, in place; false (the caches as
-/// they were) where the kernel declines: one of them shared with another tensor, a layout or
-/// type it does not take.
+/// they were) where the kernel declines ([`in_place`]).
 ///
 /// # Shapes
 /// - caches: [kv_heads, capacity, d] each, f32, f16 or bf16 (both the same)
 /// - new: [kv_heads, n, d] f32 each
 /// - slots: \[n\] i32, the cell of each token
 pub fn kv_write(caches: &mut [Tensor<3>; 2], new: [&Tensor<3>; 2], slots: &Tensor<1, Int>) -> bool {
-    let [kc, vc] = caches;
     let [kn, vn] = new;
     let [h, n, d] = kn.dims();
-    let [ch, _, cd] = kc.dims();
-    if vn.dims() != [h, n, d] || vc.dims() != kc.dims() || ch != h || cd != d || slots.dims() != [n] {
-        return false;
-    }
-    if kc.dtype() != vc.dtype() || !matches!(kc.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+    let [ch, _, cd] = caches[0].dims();
+    if vn.dims() != [h, n, d] || ch != h || cd != d || slots.dims() != [n] {
         return false;
     }
     let (Some(kn), Some(vn)) = (cube(kn), cube(vn)) else {
@@ -354,47 +389,67 @@ pub fn kv_write(caches: &mut [Tensor<3>; 2], new: [&Tensor<3>; 2], slots: &Tenso
     let Some(slots) = slots.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32) else {
         return false;
     };
-    let (Ok(kt), Ok(vt)) = (kc.clone().try_into_primitive::<Cube>(), vc.clone().try_into_primitive::<Cube>()) else {
-        return false;
-    };
-    if kt.meta.is_tiled() || vt.meta.is_tiled() {
-        return false;
+    let (count, dim) = elementwise(h * n * d);
+    in_place(caches, |kt, vt| {
+        launch_in!(
+            kt.dtype,
+            kernels::kv_write,
+            &kt.client,
+            count,
+            dim,
+            kn.into_tensor_arg(),
+            vn.into_tensor_arg(),
+            kt.clone().into_tensor_arg(),
+            vt.clone().into_tensor_arg(),
+            slots.into_tensor_arg(),
+        )
+    })
+}
+
+/// q's heads rotated, and k's rotated and v's copied into their cells of a layer's cache (in
+/// place, [`in_place`]), from the stacked q/k/v projection: one launch for RoPE and the KV
+/// write. `None`, nothing written, where it declines.
+///
+/// # Shapes
+/// - qkv: [n, (heads + 2 · kv_heads) · d] f32 (q's heads, k's, v's)
+/// - tables: [2, n, d/2] f32 (cos, sin)
+/// - caches: [kv_heads, capacity, d] each; slots: \[n\] i32
+/// - returns q: [n, heads · d] f32
+pub fn rope_kv(
+    qkv: &Tensor<2>,
+    heads: usize,
+    d: usize,
+    tables: &Tensor<3>,
+    caches: &mut [Tensor<3>; 2],
+    slots: &Tensor<1, Int>,
+) -> Option<Tensor<2>> {
+    let [n, width] = qkv.dims();
+    let [kv_heads, _, cd] = caches[0].dims();
+    if d == 0 || !d.is_multiple_of(2) || cd != d || width != (heads + 2 * kv_heads) * d {
+        return None;
     }
-    let client = kn.client.clone();
-    let uses = match kt.dtype {
-        DType::F16 => <half::f16 as Scalar>::supported_uses(&client),
-        DType::BF16 => <half::bf16 as Scalar>::supported_uses(&client),
-        _ => <f32 as Scalar>::supported_uses(&client),
-    };
-    if !uses.contains(TypeUsage::Buffer) || !uses.contains(TypeUsage::Conversion) {
-        return false;
+    if tables.dims() != [2, n, d / 2] || slots.dims() != [n] {
+        return None;
     }
-    // Written in place, so only a cache no other tensor shares: the caches' own references go
-    // first, and come back as the primitives whatever happens.
-    drop((kc.extract(), vc.extract()));
-    let mutable = kt.handle.can_mut() && vt.handle.can_mut();
-    if mutable {
-        let (count, dim) = elementwise(h * n * d);
-        macro_rules! launch {
-            ($c:ty) => {
-                kernels::kv_write::launch::<$c>(
-                    &client,
-                    count,
-                    dim,
-                    kn.into_tensor_arg(),
-                    vn.into_tensor_arg(),
-                    kt.clone().into_tensor_arg(),
-                    vt.clone().into_tensor_arg(),
-                    slots.into_tensor_arg(),
-                )
-            };
-        }
-        match kt.dtype {
-            DType::F16 => launch!(half::f16),
-            DType::BF16 => launch!(half::bf16),
-            _ => launch!(f32),
-        }
-    }
-    (*kc, *vc) = (tensor(kt), tensor(vt));
-    mutable
+    let (x, tables) = (cube(qkv)?, cube(tables)?);
+    let slots = slots.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
+    let q = empty(&x, [n, heads * d]);
+    let (count, dim) = elementwise(n * width / 2);
+    let written = in_place(caches, |kt, vt| {
+        launch_in!(
+            kt.dtype,
+            kernels::rope_kv,
+            &kt.client,
+            count,
+            dim,
+            x.into_tensor_arg(),
+            tables.into_tensor_arg(),
+            q.clone().into_tensor_arg(),
+            kt.clone().into_tensor_arg(),
+            vt.clone().into_tensor_arg(),
+            slots.into_tensor_arg(),
+            d,
+        )
+    });
+    written.then(|| tensor(q))
 }
