@@ -53,6 +53,31 @@ fn tensor<const D: usize>(t: CubeTensor) -> Tensor<D> {
     Tensor::from_primitive::<Cube>(t)
 }
 
+/// Whether a kernel can read `dtype` (f32, f16 or bf16) in its buffers and widen it to f32 on
+/// `client`'s device; false for any other type.
+fn converts(dtype: DType, client: &burn::cubecl::client::Client) -> bool {
+    let uses = match dtype {
+        DType::F32 => <f32 as Scalar>::supported_uses(client),
+        DType::F16 => <half::f16 as Scalar>::supported_uses(client),
+        DType::BF16 => <half::bf16 as Scalar>::supported_uses(client),
+        _ => return false,
+    };
+    uses.contains(TypeUsage::Buffer) && uses.contains(TypeUsage::Conversion)
+}
+
+/// Launches `$kernel::launch::<C>(client, count, dim, $args..)` with C the float type `$dtype`
+/// names (f32, f16 or bf16; check it with [`converts`] first).
+macro_rules! launch_in {
+    ($dtype:expr, $kernel:path, $client:expr, $count:expr, $dim:expr, $($arg:expr),* $(,)?) => {{
+        use $kernel as kernel;
+        match $dtype {
+            DType::F16 => kernel::launch::<half::f16>($client, $count, $dim, $($arg),*),
+            DType::BF16 => kernel::launch::<half::bf16>($client, $count, $dim, $($arg),*),
+            _ => kernel::launch::<f32>($client, $count, $dim, $($arg),*),
+        }
+    }};
+}
+
 /// Cubes for one unit per value of `count`, in a grid a device accepts (at most 65,535 cubes
 /// along a dimension).
 fn elementwise(count: usize) -> (CubeCount, CubeDim) {
@@ -215,38 +240,29 @@ pub fn xwt(
     let out = empty(&x, [n, outs]);
     let (count, dim) = per_row(outs);
     let client = x.client.clone();
-    macro_rules! launch {
-        ($w:ty) => {{
-            // A 16-bit weight is widened in the kernel: the device must read and convert it.
-            let uses = <$w as Scalar>::supported_uses(&client);
-            if !uses.contains(TypeUsage::Buffer) || !uses.contains(TypeUsage::Conversion) {
-                return None;
-            }
-            kernels::xwt::launch::<$w>(
-                &client,
-                count,
-                dim,
-                x.into_tensor_arg(),
-                wt.into_tensor_arg(),
-                norm.into_tensor_arg(),
-                bias.into_tensor_arg(),
-                residual.into_tensor_arg(),
-                out.clone().into_tensor_arg(),
-                eps,
-                n,
-                ROW_UNITS,
-                code,
-                has_bias,
-                has_residual,
-            )
-        }};
+    // A 16-bit weight is widened in the kernel: the device must read and convert it.
+    if !converts(wt.dtype, &client) {
+        return None;
     }
-    match wt.dtype {
-        DType::F32 => launch!(f32),
-        DType::F16 => launch!(half::f16),
-        DType::BF16 => launch!(half::bf16),
-        _ => return None,
-    }
+    launch_in!(
+        wt.dtype,
+        kernels::xwt,
+        &client,
+        count,
+        dim,
+        x.into_tensor_arg(),
+        wt.into_tensor_arg(),
+        norm.into_tensor_arg(),
+        bias.into_tensor_arg(),
+        residual.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        eps,
+        n,
+        ROW_UNITS,
+        code,
+        has_bias,
+        has_residual,
+    );
     Some(tensor(out))
 }
 
@@ -282,35 +298,26 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
     let (count, dim) = per_row(n * heads * splits);
     let client = qt.client.clone();
     let scale = 1.0 / (d as f32).sqrt();
-    macro_rules! launch {
-        ($k:ty) => {{
-            let uses = <$k as Scalar>::supported_uses(&client);
-            if !uses.contains(TypeUsage::Buffer) || !uses.contains(TypeUsage::Conversion) {
-                return None;
-            }
-            kernels::cell_attention::launch::<$k>(
-                &client,
-                count,
-                dim,
-                qt.into_tensor_arg(),
-                kt.into_tensor_arg(),
-                vt.into_tensor_arg(),
-                table.into_tensor_arg(),
-                scratch.into_tensor_arg(),
-                parts.clone().into_tensor_arg(),
-                scale,
-                splits,
-                split,
-                ROW_UNITS,
-            )
-        }};
+    if !converts(kt.dtype, &client) {
+        return None;
     }
-    match kt.dtype {
-        DType::F32 => launch!(f32),
-        DType::F16 => launch!(half::f16),
-        DType::BF16 => launch!(half::bf16),
-        _ => return None,
-    }
+    launch_in!(
+        kt.dtype,
+        kernels::cell_attention,
+        &client,
+        count,
+        dim,
+        qt.into_tensor_arg(),
+        kt.into_tensor_arg(),
+        vt.into_tensor_arg(),
+        table.into_tensor_arg(),
+        scratch.into_tensor_arg(),
+        parts.clone().into_tensor_arg(),
+        scale,
+        splits,
+        split,
+        ROW_UNITS,
+    );
     if split {
         let (count, dim) = per_row(n * heads);
         kernels::merge_splits::launch(
@@ -338,16 +345,7 @@ fn in_place(caches: &mut [Tensor<3>; 2], launch: impl FnOnce(&CubeTensor, &CubeT
     let (Ok(kt), Ok(vt)) = (kc.clone().try_into_primitive::<Cube>(), vc.clone().try_into_primitive::<Cube>()) else {
         return false;
     };
-    if kt.meta.is_tiled() || vt.meta.is_tiled() || !enabled() {
-        return false;
-    }
-    let uses = match kt.dtype {
-        DType::F32 => <f32 as Scalar>::supported_uses(&kt.client),
-        DType::F16 => <half::f16 as Scalar>::supported_uses(&kt.client),
-        DType::BF16 => <half::bf16 as Scalar>::supported_uses(&kt.client),
-        _ => return false,
-    };
-    if !uses.contains(TypeUsage::Buffer) || !uses.contains(TypeUsage::Conversion) {
+    if kt.meta.is_tiled() || vt.meta.is_tiled() || !enabled() || !converts(kt.dtype, &kt.client) {
         return false;
     }
     drop((kc.extract(), vc.extract()));
@@ -357,18 +355,6 @@ fn in_place(caches: &mut [Tensor<3>; 2], launch: impl FnOnce(&CubeTensor, &CubeT
     }
     (*kc, *vc) = (tensor(kt), tensor(vt));
     mutable
-}
-
-/// Launches `$kernel::launch::<C>(client, count, dim, $args..)` with C the cache's element type.
-macro_rules! launch_in {
-    ($dtype:expr, $kernel:path, $client:expr, $count:expr, $dim:expr, $($arg:expr),* $(,)?) => {{
-        use $kernel as kernel;
-        match $dtype {
-            DType::F16 => kernel::launch::<half::f16>($client, $count, $dim, $($arg),*),
-            DType::BF16 => kernel::launch::<half::bf16>($client, $count, $dim, $($arg),*),
-            _ => kernel::launch::<f32>($client, $count, $dim, $($arg),*),
-        }
-    }};
 }
 
 /// Writes keys and values into their cells of a layer's cache, in place; false (the caches as
