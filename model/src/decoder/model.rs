@@ -192,7 +192,6 @@ impl Decoder {
         // [n, extent], built only if the attention kernel cannot run and some row does not see
         // every cell below the extent (a lone sequence's decode step sees them all).
         let mut mask = None;
-        let on_gpu = kernels::GPU_KERNELS && self.device != Device::flex();
         let mut x = self.embed(batch.input); // [n, hidden]
         let [q_rows, k_rows, _] = weights::qkv_rows(&self.config);
         for (l, w) in self.weights.layers.iter().enumerate() {
@@ -202,7 +201,7 @@ impl Decoder {
             let qkv = w.qkv.forward_with(x.clone(), w.attn_norm.pre(), None); // [n, (heads + 2 · kv_heads) · hd]
             // RoPE and the KV write in one kernel on a GPU (without per-head norms), else apart.
             let fused = match w.qk_norm {
-                None if on_gpu => cache.write_rotated(l, &cells, &qkv, heads, tables.stacked()),
+                None if cells.on_gpu() => cache.write_rotated(l, &cells, &qkv, heads, tables.stacked()),
                 _ => None,
             };
             let q = match fused {

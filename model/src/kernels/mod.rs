@@ -267,6 +267,12 @@ impl CellTable {
         Self { placement, visible, device: device.clone(), slots: OnceCell::new(), table: OnceCell::new() }
     }
 
+    /// Whether the pass runs where the GPU kernels may (a build with them, a device not the CPU):
+    /// elsewhere the GPU-only steps are not tried at all.
+    pub fn on_gpu(&self) -> bool {
+        GPU_KERNELS && self.device != Device::flex()
+    }
+
     fn slots(&self) -> &Tensor<1, Int> {
         self.slots.get_or_init(|| {
             let slots: Vec<i32> = self.placement.cells.iter().map(|&c| c as i32).collect();
@@ -297,7 +303,7 @@ impl CellTable {
 /// # Shapes
 /// caches: [kv_heads, capacity, d] each; new: [kv_heads, n, d] f32 each
 pub fn kv_write(caches: &mut [Tensor<3>; 2], new: [&Tensor<3>; 2], cells: &CellTable) -> bool {
-    GPU_KERNELS && cells.device != Device::flex() && gpu::kv_write(caches, new, cells.slots())
+    cells.on_gpu() && gpu::kv_write(caches, new, cells.slots())
 }
 
 /// RoPE and the KV write as one GPU launch: q's heads rotated (returned), k's rotated and v's
@@ -316,7 +322,7 @@ pub fn rope_kv_write(
     caches: &mut [Tensor<3>; 2],
     cells: &CellTable,
 ) -> Option<Tensor<2>> {
-    if !GPU_KERNELS || cells.device == Device::flex() {
+    if !cells.on_gpu() {
         return None;
     }
     gpu::rope_kv(qkv, heads, d, tables, caches, cells.slots())

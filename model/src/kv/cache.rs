@@ -183,11 +183,13 @@ impl KvCache {
     /// kernel on a GPU, else a slice assignment per run of consecutive cells.
     /// `k`, `v`: [kv_heads, n_tokens, head_dim].
     pub(crate) fn write(&mut self, layer: usize, cells: &CellTable, k: Tensor<3>, v: Tensor<3>) {
-        let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
-        let written = kernels::kv_write(&mut caches, [&k, &v], cells);
-        [self.keys[layer], self.values[layer]] = caches;
-        if written {
-            return;
+        if cells.on_gpu() {
+            let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
+            let written = kernels::kv_write(&mut caches, [&k, &v], cells);
+            [self.keys[layer], self.values[layer]] = caches;
+            if written {
+                return;
+            }
         }
         let placement = &cells.placement;
         let [h, _, d] = k.dims();
