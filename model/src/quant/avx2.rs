@@ -91,16 +91,18 @@ fn run_block(
         while i < out.len() {
             let rows = (out.len() - i).min(ROWS);
             let integer_scales = l.ty.is_k() && acts.shared == l.groups;
+            // The panel comes from memory for its first tile; the later tiles find it cached.
+            let fetch = i == 0;
             macro_rules! tile {
                 ($r:literal) => {{
                     let acc = match (l.ty.bits(), integer_scales) {
-                        (4, true) => panel_k::<$r, 4>(l, recs, acts, x0 + i),
-                        (5, true) => panel_k::<$r, 5>(l, recs, acts, x0 + i),
-                        (6, true) => panel_k::<$r, 6>(l, recs, acts, x0 + i),
-                        (4, _) => panel::<$r, 4>(l, recs, acts, x0 + i),
-                        (5, _) => panel::<$r, 5>(l, recs, acts, x0 + i),
-                        (6, _) => panel::<$r, 6>(l, recs, acts, x0 + i),
-                        _ => panel::<$r, 8>(l, recs, acts, x0 + i),
+                        (4, true) => panel_k::<$r, 4>(l, recs, acts, x0 + i, fetch),
+                        (5, true) => panel_k::<$r, 5>(l, recs, acts, x0 + i, fetch),
+                        (6, true) => panel_k::<$r, 6>(l, recs, acts, x0 + i, fetch),
+                        (4, _) => panel::<$r, 4>(l, recs, acts, x0 + i, fetch),
+                        (5, _) => panel::<$r, 5>(l, recs, acts, x0 + i, fetch),
+                        (6, _) => panel::<$r, 6>(l, recs, acts, x0 + i, fetch),
+                        _ => panel::<$r, 8>(l, recs, acts, x0 + i, fetch),
                     };
                     store::<$r>(acc, &mut out[i..i + $r], col, width, bias);
                 }};
@@ -127,19 +129,20 @@ fn panel<const R: usize, const BITS: usize>(
     recs: &[u8],
     acts: &Activations,
     x0: usize,
+    fetch: bool,
 ) -> [[__m256; 2]; R] {
     let per_sum = per_sum(BITS);
     let ones = _mm256_set1_epi16(1);
     let zero = _mm256_setzero_si256();
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    // The records `AHEAD` bytes on (a thread's panels lie one after another, so this runs into
-    // the next panel too), a piece per group: asked for a whole record at once (37 cache lines of
-    // Q4_K), the requests queued behind each other and the K-quants streamed 19-24 GB/s from
-    // DRAM where Q4_0 streamed 32; spread over the groups, Q4_K and Q6_K stream 33 (Zen 3).
+    // With `fetch`, the records `AHEAD` bytes on (a thread's panels lie one after another, so
+    // this runs into the next panel too), a piece every four value vectors: asked for a whole
+    // record at once (37 cache lines of Q4_K), the requests queued behind each other and the
+    // 1.5B head streamed from DRAM at 19-24 GB/s in the K-quants and 30 in Q8_0; a piece per
+    // group gave 33 for the K-quants, a piece per half group 33-36 for every format (Zen 3).
     let piece = prefetch_piece(l);
     for (c, rec) in recs.chunks_exact(l.bytes).enumerate() {
         for g in 0..l.groups {
-            prefetch(rec.as_ptr().wrapping_add(AHEAD + g * piece), piece);
             let mut at = [0; R];
             for (i, at) in at.iter_mut().enumerate() {
                 *at = (x0 + i) * acts.groups + c * l.groups + g;
@@ -148,6 +151,9 @@ fn panel<const R: usize, const BITS: usize>(
             let mut sums = [[zero; 2]; R];
             let mut partial = [[zero; 2]; R];
             unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if fetch && u.is_multiple_of(4) {
+                    prefetch(rec.as_ptr().wrapping_add(AHEAD + (2 * g + u / 4) * piece), piece);
+                }
                 let w = values::<BITS>(l, rec, g, u);
                 // Q8_0: |q| and q's sign, with q = stored − 128.
                 let bias = _mm256_set1_epi8(-128);
@@ -228,6 +234,7 @@ fn panel_k<const R: usize, const BITS: usize>(
     recs: &[u8],
     acts: &Activations,
     x0: usize,
+    fetch: bool,
 ) -> [[__m256; 2]; R] {
     let per_sum = per_sum(BITS);
     let signed = BITS == 6;
@@ -246,7 +253,6 @@ fn panel_k<const R: usize, const BITS: usize>(
         let mut sumi = [[zero; 2]; R];
         let mut offset = [[zero; 2]; R];
         for g in 0..l.groups {
-            prefetch(rec.as_ptr().wrapping_add(AHEAD + g * piece), piece);
             let at_s = l.scales_at(g);
             let mut scale = scale_pairs::<BITS>(&rec[at_s..], &ctrl);
             if BITS != 6 {
@@ -261,6 +267,9 @@ fn panel_k<const R: usize, const BITS: usize>(
             }
             let mut partial = [[zero; 2]; R];
             unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if fetch && u.is_multiple_of(4) {
+                    prefetch(rec.as_ptr().wrapping_add(AHEAD + (2 * g + u / 4) * piece), piece);
+                }
                 if BITS == 6 && u.is_multiple_of(4) {
                     // Q6_K: sub-block u / 4 of the group.
                     if u == 4 {
@@ -306,9 +315,10 @@ fn panel_k<const R: usize, const BITS: usize>(
     acc
 }
 
-/// Bytes of a record prefetched with each of its groups: whole cache lines that cover the record.
+/// Bytes of a record prefetched with each half of each of its groups: whole cache lines that
+/// cover the record.
 fn prefetch_piece(l: &Layout) -> usize {
-    (l.bytes / l.groups).next_multiple_of(64)
+    (l.bytes / (2 * l.groups)).next_multiple_of(64)
 }
 
 /// How many `vpmaddubsw` results of `bits`-bit values add up in 16 bits before they are widened
