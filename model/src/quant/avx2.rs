@@ -152,7 +152,7 @@ fn panel<const R: usize, const BITS: usize>(
             let mut partial = [[zero; 2]; R];
             unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
                 if fetch && u.is_multiple_of(4) {
-                    prefetch(rec.as_ptr().wrapping_add(AHEAD + (2 * g + u / 4) * piece), piece);
+                    prefetch_ahead(rec, piece, g, u);
                 }
                 let w = values::<BITS>(l, rec, g, u);
                 // Q8_0: |q| and q's sign, with q = stored − 128.
@@ -268,7 +268,7 @@ fn panel_k<const R: usize, const BITS: usize>(
             let mut partial = [[zero; 2]; R];
             unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
                 if fetch && u.is_multiple_of(4) {
-                    prefetch(rec.as_ptr().wrapping_add(AHEAD + (2 * g + u / 4) * piece), piece);
+                    prefetch_ahead(rec, piece, g, u);
                 }
                 if BITS == 6 && u.is_multiple_of(4) {
                     // Q6_K: sub-block u / 4 of the group.
@@ -319,6 +319,13 @@ fn panel_k<const R: usize, const BITS: usize>(
 /// cover the record.
 fn prefetch_piece(l: &Layout) -> usize {
     (l.bytes / (2 * l.groups)).next_multiple_of(64)
+}
+
+/// Asks for the piece of the record `AHEAD` bytes on from `rec` that goes with value vectors
+/// u..u + 4 of group g (see `panel`).
+#[inline(always)]
+fn prefetch_ahead(rec: &[u8], piece: usize, g: usize, u: usize) {
+    prefetch(rec.as_ptr().wrapping_add(AHEAD + (2 * g + u / 4) * piece), piece);
 }
 
 /// How many `vpmaddubsw` results of `bits`-bit values add up in 16 bits before they are widened
