@@ -297,17 +297,15 @@ impl<T: Weight, A: Arith> pulp::NullaryFnOnce for TileHead<'_, '_, T, A> {
         for b0 in task.cells.clone().step_by(LANES) {
             let width = LANES.min(task.cells.end - b0);
             let block = &cells[b0..b0 + width];
-            if block.windows(2).all(|p| p[1] == p[0] + 1) {
-                // Consecutive cells (a sequence's own cells mostly are) lie one after another
-                // in the cache: one call each for the keys and values, not one per cell.
-                let n = width * d;
-                arith.widen(&a.k[cache(block[0])..][..n], &mut keys[..n]);
-                arith.widen(&a.v[cache(block[0])..][..n], &mut values[..n]);
-            } else {
-                for (t, &c) in block.iter().enumerate() {
-                    arith.widen(&a.k[cache(c)..][..d], &mut keys[t * d..(t + 1) * d]);
-                    arith.widen(&a.v[cache(c)..][..d], &mut values[t * d..(t + 1) * d]);
-                }
+            // A run of consecutive cells (a sequence's own cells mostly are) lies in one piece
+            // of the cache: one call each for its keys and values, not one per cell.
+            let mut t = 0;
+            while t < width {
+                let run = 1 + block[t..].windows(2).take_while(|p| p[1] == p[0] + 1).count();
+                let (from, to) = (cache(block[t]), t * d..(t + run) * d);
+                arith.widen(&a.k[from..][..run * d], &mut keys[to.clone()]);
+                arith.widen(&a.v[from..][..run * d], &mut values[to]);
+                t += run;
             }
             for qi in 0..queries {
                 // The cells of this block the query's row sees.
