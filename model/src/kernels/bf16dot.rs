@@ -18,8 +18,11 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m512, __m512bh, __m512i, _mm512_dpbf16_ps, _mm512_loadu_si512, _mm512_reduce_add_ps, _mm512_setzero_ps,
+    __m512, __m512bh, __m512i, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_fmadd_ps, _mm512_loadu_si512,
+    _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_setzero_ps,
 };
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use burn::tensor::bf16;
 use rayon::prelude::*;
@@ -37,6 +40,70 @@ const X_CHUNK_BYTES: usize = 256 << 10;
 /// Whether this CPU runs the kernel.
 pub fn available() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+}
+
+/// Whether `vdpbf16ps` multiplies pairs of bf16 at more than 1.25 times the rate f32 FMAs
+/// multiply f32 on this CPU: timed once per process, a few hundred microseconds. Where it does
+/// (Zen 4 and 5 run both at one or two instructions a cycle, and a `vdpbf16ps` does twice the
+/// products), this kernel beats the f32 GEMM (`gemm.rs`) on widened weights; where it does not
+/// (an Emerald Rapids Xeon retires half a `vdpbf16ps` a cycle against two FMAs: the GEMM ran
+/// prefill 512 of the bf16 demo model at 285 tok/s, this kernel at 177), the GEMM is faster.
+pub fn outpaces_fma() -> bool {
+    static OUTPACES: OnceLock<bool> = OnceLock::new();
+    *OUTPACES.get_or_init(|| {
+        if !available() {
+            return false;
+        }
+        // The best of five alternating tries of each, so that a preemption does not decide.
+        let (mut dp, mut fma) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..5 {
+            // SAFETY: `available()` found avx512f and avx512bf16 on this CPU.
+            dp = dp.min(unsafe { timed(dp_stream) });
+            fma = fma.min(unsafe { timed(fma_stream) });
+        }
+        // A `vdpbf16ps` does 32 products, an FMA 16.
+        fma / 16.0 > 1.25 * dp / 32.0
+    })
+}
+
+/// Instructions of each stream.
+const STREAM: usize = 16 * 4096;
+
+/// Seconds `stream` takes.
+///
+/// # Safety
+/// `stream`'s target features are on this CPU.
+unsafe fn timed(stream: unsafe fn(f32) -> f32) -> f64 {
+    let start = Instant::now();
+    // SAFETY: the caller's.
+    std::hint::black_box(unsafe { stream(std::hint::black_box(1.0)) });
+    start.elapsed().as_secs_f64()
+}
+
+/// `STREAM` `vdpbf16ps` over 16 independent sums (more than its latency times its throughput).
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn dp_stream(v: f32) -> f32 {
+    let x: __m512bh = _mm512_cvtne2ps_pbh(_mm512_set1_ps(v), _mm512_set1_ps(v));
+    let mut acc = [_mm512_setzero_ps(); 16];
+    for _ in 0..STREAM / 16 {
+        for a in &mut acc {
+            *a = _mm512_dpbf16_ps(*a, x, x);
+        }
+    }
+    acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
+}
+
+/// `STREAM` f32 FMAs over 16 independent sums.
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn fma_stream(v: f32) -> f32 {
+    let x = _mm512_set1_ps(v);
+    let mut acc = [_mm512_setzero_ps(); 16];
+    for _ in 0..STREAM / 16 {
+        for a in &mut acc {
+            *a = _mm512_fmadd_ps(*a, x, x);
+        }
+    }
+    acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
 }
 
 /// `x·Wᵀ + b`; `None` when the CPU lacks AVX512-BF16 (the caller falls back).

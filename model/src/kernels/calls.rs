@@ -11,6 +11,8 @@ pub enum KernelCall {
     Xwt,
     /// AVX2 many-row x·Wᵀ over f32, f16 or bf16 weights.
     GemmAvx2,
+    /// AVX-512 many-row x·Wᵀ over f16 or bf16 weights.
+    GemmAvx512,
     /// AVX512-BF16 many-row x·Wᵀ over bf16 weights.
     Bf16Dot,
     /// Burn's matmul (the CPU backend's GEMM for many rows, or another backend's).
@@ -29,9 +31,10 @@ pub enum KernelCall {
     Fallback,
 }
 
-const ALL: [KernelCall; 10] = [
+const ALL: [KernelCall; 11] = [
     KernelCall::Xwt,
     KernelCall::GemmAvx2,
+    KernelCall::GemmAvx512,
     KernelCall::Bf16Dot,
     KernelCall::Burn,
     KernelCall::CubeXwt,
@@ -49,6 +52,7 @@ impl KernelCall {
         match self {
             Self::Xwt => "xwt",
             Self::GemmAvx2 => "gemm_avx2",
+            Self::GemmAvx512 => "gemm_avx512",
             Self::Bf16Dot => "bf16dot",
             Self::Burn => "burn",
             Self::CubeXwt => "cube_xwt",

@@ -36,7 +36,7 @@ mod bf16dot;
 mod calls;
 mod exp;
 mod f16c;
-mod gemm_avx2;
+mod gemm;
 mod norm_rope;
 pub(crate) mod plain;
 pub(crate) mod prefetch;
@@ -108,13 +108,14 @@ use crate::kv::Placement;
 use crate::quant::PackedMatrix;
 
 /// Products with f32 weights and more rows than this go to the backend's GEMM, which packs its
-/// operands and from here on is as fast (prefill). On AVX-512, with f16 weights the kernel runs
-/// at every row count: the backend's f16 GEMM reaches 90–110 GFLOP/s at 512 rows, the kernel
-/// 175–200; with bf16 weights, more rows than this go to the bf16 dot-product kernel
-/// (activations rounded to bf16), and fewer widen the weights to f32 in `xwt`. On AVX2 without
-/// AVX-512, 16-bit products of more rows than this run `gemm_avx2` (the backend widened the
-/// whole weight on every call: prefill 512 of the bf16 demo model went from 106 to 190 tok/s
-/// on a 2-core Zen 3).
+/// operands and from here on is as fast (prefill). With 16-bit weights, more rows than this run
+/// the packed GEMM (`gemm.rs`, AVX-512 or AVX2 tiles; bf16 ones `bf16dot` instead where its
+/// `vdpbf16ps` outpaces f32 FMAs), fewer `xwt`'s dot products on AVX-512. Demo shapes on an
+/// Emerald Rapids Xeon: at 64 rows the two are even, at 128 the GEMM is 1.4-1.7x faster, at 32
+/// rows 0.8-1.1x, at 16 0.5-0.9x (it packs the weight on every call). Prefill 512 of the bf16
+/// demo model: 177 tok/s on `bf16dot`, 285 on the AVX-512 GEMM. On AVX2 without AVX-512 the
+/// backend widened the whole weight on every call: 106 tok/s there, 190 on the AVX2 GEMM
+/// (a 2-core Zen 3).
 pub const XWT_MAX_ROWS: usize = 64;
 
 /// On AVX2 without AVX-512, products of more rows than this (up to `XWT_MAX_ROWS` with f32
@@ -142,6 +143,11 @@ pub fn bf16dot_available() -> bool {
     bf16dot::available()
 }
 
+/// Whether `bf16dot` outpaces the f32 GEMM on this CPU (see `bf16dot::outpaces_fma`).
+pub fn bf16dot_outpaces_fma() -> bool {
+    bf16dot::outpaces_fma()
+}
+
 /// `x·Wᵀ + b` on the Flex backend with the `xwt` kernel (few rows, or on AVX-512 any rows with
 /// 16-bit weights); `None` when the tensors are not on Flex in the dtypes it takes, or the CPU
 /// has neither AVX-512 nor AVX2 with FMA and F16C.
@@ -158,27 +164,27 @@ pub fn xwt_linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -
     .inspect(|_| KernelCall::Xwt.count())
 }
 
-/// Whether this CPU runs the `gemm_avx2` kernel for many-row products (AVX2 with FMA and F16C).
-pub fn gemm_avx2_available() -> bool {
-    xwt_avx2::available()
-}
+pub use gemm::Isa as GemmIsa;
 
-/// `x·Wᵀ + b` on the Flex backend with the `gemm_avx2` kernel (many rows, f32 activations);
-/// `None` as for `xwt_linear`, or without AVX2, FMA and F16C.
+/// `x·Wᵀ + b` on the Flex backend with the packed GEMM on `isa` (many rows, f32 activations);
+/// `None` as for `xwt_linear`, or where the CPU lacks `isa`'s instructions.
 ///
 /// # Shapes
 /// x: [m, k] f32, weight: [n, k] f32, f16 or bf16, bias: \[n\] f32 → [m, n] f32
-pub fn gemm_avx2_linear(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Tensor<2>> {
-    if !gemm_avx2_available() {
+pub fn gemm_linear(isa: GemmIsa, x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Tensor<2>> {
+    if !isa.available() {
         return None;
     }
     dense_product(x, weight, bias, |x, w, bias, m, n, k| match w.dtype() {
-        DType::F32 => Some(gemm_avx2::run(&xwt::Product { x, w: w.as_slice::<f32>()?, bias, m, n, k })),
-        DType::F16 => Some(gemm_avx2::run(&xwt::Product { x, w: w.as_slice::<f16>()?, bias, m, n, k })),
-        DType::BF16 => Some(gemm_avx2::run(&xwt::Product { x, w: w.as_slice::<bf16>()?, bias, m, n, k })),
+        DType::F32 => Some(gemm::run(&xwt::Product { x, w: w.as_slice::<f32>()?, bias, m, n, k }, isa)),
+        DType::F16 => Some(gemm::run(&xwt::Product { x, w: w.as_slice::<f16>()?, bias, m, n, k }, isa)),
+        DType::BF16 => Some(gemm::run(&xwt::Product { x, w: w.as_slice::<bf16>()?, bias, m, n, k }, isa)),
         _ => None,
     })
-    .inspect(|_| KernelCall::GemmAvx2.count())
+    .inspect(|_| match isa {
+        GemmIsa::Avx2 => KernelCall::GemmAvx2.count(),
+        GemmIsa::Avx512 => KernelCall::GemmAvx512.count(),
+    })
 }
 
 /// `x·Wᵀ + b` on the Flex backend with the `bf16dot` kernel (bf16 weights, activations rounded

@@ -282,6 +282,7 @@ pub(super) fn store<const R: usize, const C: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::gemm::{self, Isa};
     use crate::kernels::test_values as values;
 
     fn reference<W: Weight>(p: &Product<'_, W>) -> Vec<f64> {
@@ -307,9 +308,10 @@ mod tests {
         for (m, n, k) in
             [(1, 1, 16), (1, 37, 50), (1, 20, 200), (1, 3, 1000), (3, 64, 896), (5, 102, 33), (16, 130, 128), (7, 9, 7)]
                 .into_iter()
-                // Many-row products (`gemm_avx2.rs`): row tiles of 6 and a rest, panels of 16
-                // and a rest, inputs over more than one chunk of 256 and not a multiple of 8.
-                .chain([(13, 40, 300), (70, 33, 520), (67, 16, 256)])
+                // Many-row products (`gemm.rs`): row tiles of 6 or 12 and a rest, panels of 16
+                // or 32 and a rest, inputs over more than one chunk (128 or 256) and not a
+                // multiple of 8.
+                .chain([(13, 40, 300), (70, 33, 520), (67, 16, 256), (25, 70, 130)])
         {
             let x = values(m * k, 1);
             let w = values(n * k, 2);
@@ -363,15 +365,26 @@ mod tests {
         });
     }
 
-    /// The AVX2 many-row kernel (`gemm_avx2.rs`) on the same cases.
+    /// The many-row kernel (`gemm.rs`) on AVX2 on the same cases.
     #[test]
     #[cfg_attr(not(cpu_avx2), ignore = "this CPU lacks AVX2, FMA or F16C (the kernel does not run here)")]
     fn avx2_gemm_products_equal_the_reference() {
-        assert!(xwt_avx2::available(), "the build saw the instructions this kernel needs; the run does not");
+        gemm_products_equal_the_reference(Isa::Avx2);
+    }
+
+    /// The many-row kernel (`gemm.rs`) on AVX-512 on the same cases.
+    #[test]
+    #[cfg_attr(not(cpu_avx512), ignore = "this CPU has no AVX-512 (the kernel does not run here)")]
+    fn avx512_gemm_products_equal_the_reference() {
+        gemm_products_equal_the_reference(Isa::Avx512);
+    }
+
+    fn gemm_products_equal_the_reference(isa: Isa) {
+        assert!(isa.available(), "the build saw the instructions this kernel needs; the run does not");
         each_case(|p32, p16, pb16, what| {
-            assert_close(&super::super::gemm_avx2::run(p32), p32, &format!("f32 {what}"));
-            assert_close(&super::super::gemm_avx2::run(p16), p16, &format!("f16 {what}"));
-            assert_close(&super::super::gemm_avx2::run(pb16), pb16, &format!("bf16 {what}"));
+            assert_close(&gemm::run(p32, isa), p32, &format!("f32 {what}"));
+            assert_close(&gemm::run(p16, isa), p16, &format!("f16 {what}"));
+            assert_close(&gemm::run(pb16, isa), pb16, &format!("bf16 {what}"));
         });
     }
 }

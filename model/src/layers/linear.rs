@@ -13,7 +13,7 @@ use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 
 use super::{RmsNorm, swiglu};
 pub use crate::kernels::Pre;
-use crate::kernels::{self, KernelCall};
+use crate::kernels::{self, GemmIsa, KernelCall};
 use crate::quant::{self, PackedMatrix, QuantType};
 
 /// A weight matrix [out, in] (the checkpoint's layout) and how it multiplies. Clones share the
@@ -54,7 +54,7 @@ pub trait LinearWeight: fmt::Debug + Send + Sync {
     fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2>;
 
     /// The kernel a few-row product (a decode step) runs on (products of more rows, prefill's or
-    /// a batched step's, may run `gemm_avx2` or `bf16dot`): `xwt`, `burn_split`, `burn`,
+    /// a batched step's, may run `gemm_avx512` or `gemm_avx2`): `xwt`, `burn_split`, `burn`,
     /// `quant_vnni`, `quant_avx2`, `quant_portable`.
     fn kernel(&self) -> &'static str;
 
@@ -82,8 +82,8 @@ pub fn dense(w: Tensor<2>) -> Weight {
     let cpu = (w.device() == Device::flex()).then(|| CpuKernels {
         avx512: kernels::xwt_avx512(),
         xwt: kernels::xwt_available(),
-        gemm_avx2: !kernels::xwt_avx512() && kernels::gemm_avx2_available(),
-        bf16dot: kernels::bf16dot_available(),
+        gemm: [GemmIsa::Avx512, GemmIsa::Avx2].into_iter().find(|isa| isa.available()),
+        bf16dot: kernels::bf16dot_available() && kernels::bf16dot_outpaces_fma(),
     });
     Arc::new(Dense { w, cpu })
 }
@@ -153,11 +153,25 @@ struct CpuKernels {
     avx512: bool,
     /// Few-row products run the `xwt` kernel (AVX-512, or AVX2 with FMA and F16C).
     xwt: bool,
-    /// No AVX-512 but AVX2 with FMA and F16C: products of more than `XWT_AVX2_MAX_ROWS` rows
-    /// run `gemm_avx2` (f32 weights up to `XWT_MAX_ROWS` rows, 16-bit ones at any count).
-    gemm_avx2: bool,
-    /// AVX512-BF16: many-row bf16 products run `bf16dot`.
+    /// The packed GEMM's instructions (`kernels::gemm_linear`): on AVX-512, 16-bit products of
+    /// more than `XWT_MAX_ROWS` rows; on AVX2 alone, products of more than `XWT_AVX2_MAX_ROWS`
+    /// rows (f32 weights up to `XWT_MAX_ROWS` rows, 16-bit ones at any count).
+    gemm: Option<GemmIsa>,
+    /// AVX512-BF16 where `vdpbf16ps` outpaces f32 FMAs (AMD's Zen 4 and 5; not Intel's Xeons):
+    /// bf16 products of more than `XWT_MAX_ROWS` rows run `bf16dot` instead of the GEMM.
     bf16dot: bool,
+}
+
+impl CpuKernels {
+    /// The GEMM's instructions where a product of `m` rows of a weight of `dtype` runs on it.
+    fn gemm_for(&self, m: usize, dtype: DType) -> Option<GemmIsa> {
+        let many_rows = m > kernels::XWT_MAX_ROWS;
+        let sixteen_bits = matches!(dtype, DType::F16 | DType::BF16);
+        self.gemm.filter(|isa| match isa {
+            GemmIsa::Avx512 => many_rows && sixteen_bits,
+            GemmIsa::Avx2 => m > kernels::XWT_AVX2_MAX_ROWS && (sixteen_bits || !many_rows),
+        })
+    }
 }
 
 impl Dense {
@@ -183,13 +197,12 @@ impl Dense {
         let [out, _] = self.w.dims();
         let dtype = self.w.dtype();
         let many_rows = m > kernels::XWT_MAX_ROWS;
-        let sixteen_bits = matches!(dtype, DType::F16 | DType::BF16);
-        let gemm = cpu.gemm_avx2 && m > kernels::XWT_AVX2_MAX_ROWS && (sixteen_bits || !many_rows);
-        if (cpu.avx512 && !(many_rows && dtype == DType::F32)) || (cpu.xwt && !many_rows) || gemm {
-            let product = match dtype {
-                DType::BF16 if many_rows && cpu.bf16dot => kernels::bf16dot_linear(&x, &self.w, bias),
-                _ if gemm => kernels::gemm_avx2_linear(&x, &self.w, bias),
-                _ => kernels::xwt_linear(&x, &self.w, bias),
+        let gemm = cpu.gemm_for(m, dtype);
+        if (cpu.avx512 && !(many_rows && dtype == DType::F32)) || (cpu.xwt && !many_rows) || gemm.is_some() {
+            let product = match gemm {
+                _ if many_rows && dtype == DType::BF16 && cpu.bf16dot => kernels::bf16dot_linear(&x, &self.w, bias),
+                Some(isa) => kernels::gemm_linear(isa, &x, &self.w, bias),
+                None => kernels::xwt_linear(&x, &self.w, bias),
             };
             if let Some(y) = product {
                 return y;
@@ -494,19 +507,19 @@ mod tests {
         let expected = if kernels::xwt_available() { "xwt" } else { "burn_split" };
         assert_eq!(dense_w.kernel(), expected);
         let calls = |name: &str| kernels::calls().into_iter().find(|(k, _)| *k == name).map_or(0, |(_, n)| n);
-        // Many rows (prefill), or more than a few (batched decode), of a 16-bit weight: the
-        // AVX-512 kernel at any row count, else the AVX2 GEMM, else the backend's.
-        let many = if kernels::xwt_avx512() {
-            "xwt"
-        } else if kernels::gemm_avx2_available() {
-            "gemm_avx2"
+        // Many rows (prefill) of a 16-bit weight: the AVX-512 GEMM, else the AVX2 one, else the
+        // backend's; more than a few (batched decode): `xwt` on AVX-512, else the AVX2 GEMM.
+        let (many, some) = if kernels::GemmIsa::Avx512.available() {
+            ("gemm_avx512", "xwt")
+        } else if kernels::GemmIsa::Avx2.available() {
+            ("gemm_avx2", "gemm_avx2")
         } else {
-            "burn"
+            ("burn", "burn")
         };
-        for rows in [kernels::XWT_MAX_ROWS + 1, kernels::XWT_AVX2_MAX_ROWS + 1] {
-            let before = calls(many);
+        for (rows, kernel) in [(kernels::XWT_MAX_ROWS + 1, many), (kernels::XWT_AVX2_MAX_ROWS + 1, some)] {
+            let before = calls(kernel);
             dense_w.forward(tensor(rows, 64, 1, &device), None);
-            assert!(calls(many) > before, "{rows} rows: {many} was not counted");
+            assert!(calls(kernel) > before, "{rows} rows: {kernel} was not counted");
         }
         let quantized = packed(Arc::new(quantize_dense(w, QuantType::Q8_0)));
         let expected = match quant::Kernel::best() {
