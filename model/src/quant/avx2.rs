@@ -28,8 +28,7 @@ use std::ops::Range;
 
 use super::QuantType;
 use super::activation::Activations;
-use super::packed::{GROUP, Layout, PANEL, Part};
-use crate::kernels::prefetch::{AHEAD, prefetch};
+use super::packed::{GROUP, Layout, PANEL, Part, prefetch_ahead, prefetch_piece};
 
 /// Whether this CPU runs the kernel.
 pub fn available() -> bool {
@@ -313,19 +312,6 @@ fn panel_k<const R: usize, const BITS: usize>(
         }
     }
     acc
-}
-
-/// Bytes of a record prefetched with each half of each of its groups: whole cache lines that
-/// cover the record.
-fn prefetch_piece(l: &Layout) -> usize {
-    (l.bytes / (2 * l.groups)).next_multiple_of(64)
-}
-
-/// Asks for the piece of the record `AHEAD` bytes on from `rec` that goes with value vectors
-/// u..u + 4 of group g (see `panel`).
-#[inline(always)]
-fn prefetch_ahead(rec: &[u8], piece: usize, g: usize, u: usize) {
-    prefetch(rec.as_ptr().wrapping_add(AHEAD + (2 * g + u / 4) * piece), piece);
 }
 
 /// How many `vpmaddubsw` results of `bits`-bit values add up in 16 bits before they are widened

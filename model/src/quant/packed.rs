@@ -23,6 +23,7 @@ use half::f16;
 
 use super::QuantType;
 use super::ggml::{self, Params};
+use crate::kernels::prefetch::{AHEAD, prefetch};
 
 /// Weight rows per panel.
 pub(crate) const PANEL: usize = 16;
@@ -451,6 +452,19 @@ pub(crate) fn params(l: &Layout, rec: &[u8], r: usize, g: usize) -> Params {
             Params::K6 { d: get16(sup + 2 * r), sc }
         }
     }
+}
+
+/// Bytes of a record prefetched with each half of each of its groups: whole cache lines that
+/// cover the record.
+pub(crate) fn prefetch_piece(l: &Layout) -> usize {
+    (l.bytes / (2 * l.groups)).next_multiple_of(64)
+}
+
+/// Asks for the piece of the record `AHEAD` bytes on from `rec` that goes with value vectors
+/// u..u + 4 of group g (see `avx2::panel`).
+#[inline(always)]
+pub(crate) fn prefetch_ahead(rec: &[u8], piece: usize, g: usize, u: usize) {
+    prefetch(rec.as_ptr().wrapping_add(AHEAD + (2 * g + u / 4) * piece), piece);
 }
 
 #[cfg(test)]
