@@ -6,7 +6,8 @@
 # models/.download/, with a link to the GGUF there for ../shared/peer/llamacpp.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/models/qwen2.5-coder-0.5b-instruct.gguf}
+# Absolute, so that the link below resolves from models/.download/.
+out=$(realpath -m "${1:-$root/models/qwen2.5-coder-0.5b-instruct.gguf}")
 sha=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 work=$root/models/.download
 link=$work/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
@@ -29,5 +30,5 @@ if ! ok "$out"; then
     mv "$out.part" "$out"
   fi
 fi
-[ -e "$link" ] || ln -s "$out" "$link"
+ln -sfn "$out" "$link" # (again where an earlier run left it dangling)
 echo "demo model ready: $out"
