@@ -436,6 +436,23 @@ fn proposals_reserve_cells_and_rejected_ones_are_given_back() {
     assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.clone()), (13, vec![8]), "computed = 13");
 }
 
+/// Prompts waiting to be prefilled turn proposals off (each proposed token adds to the steps
+/// they wait through); they come back once the prompts are in.
+#[test]
+fn waiting_prompts_turn_proposals_off_until_they_are_prefilled() {
+    let mut s = speculating(400, 10, 50);
+    s.add(seq(2, 150, 5));
+    let drafts = |plan: &StepPlan| plan.items.iter().find(|i| i.id == 1).expect("decoding").max_drafts;
+    // 150 prompt tokens, at most 63 a step beside the decode token: three steps of prefill.
+    for _ in 0..3 {
+        let (plan, _) = step(&mut s);
+        assert!(tokens_of(&plan, 2) > 1);
+        assert_eq!(drafts(&plan), 0, "a prompt is still being prefilled");
+    }
+    let (plan, _) = step(&mut s);
+    assert_eq!((tokens_of(&plan, 2), drafts(&plan)), (1, 4), "the prompt is in: proposals again");
+}
+
 #[test]
 fn proposals_stop_short_of_max_tokens_the_budget_and_the_cache() {
     // Two tokens left to generate after the first: at most one proposal.
