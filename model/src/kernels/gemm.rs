@@ -5,7 +5,7 @@
 //! widened the whole weight to f32 and rounded `x` to the weight's 16-bit type on every call;
 //! the second ran dot products (`xwt`'s 4×4 tiles, or `bf16dot`'s `vdpbf16ps`, which on an
 //! Intel Xeon (Emerald Rapids) retires half an instruction a cycle where an f32 FMA retires two:
-//! 32 bf16 products against 32 f32 ones a cycle).
+//! 16 bf16 products a cycle against 32 f32 ones).
 //!
 //! A classic register-tiled GEMM (the BLIS structure): the weight is packed per call, a chunk
 //! of inputs at a time, into panels of `NR` outputs laid out input by input (`[KC][NR]` f32,
@@ -222,7 +222,7 @@ fn tile_avx2(
     k: usize,
     panel: &[Step<2>],
     rows: &mut [&mut [f32]],
-    cols: std::ops::Range<usize>,
+    cols: Range<usize>,
     first: bool,
     bias: Option<&[f32]>,
 ) {

@@ -138,12 +138,8 @@ pub fn xwt_available() -> bool {
     xwt_avx512() || xwt_avx2::available()
 }
 
-/// Whether this CPU runs the `bf16dot` kernel (AVX512-BF16).
-pub fn bf16dot_available() -> bool {
-    bf16dot::available()
-}
-
-/// Whether `bf16dot` outpaces the f32 GEMM on this CPU (see `bf16dot::outpaces_fma`).
+/// Whether this CPU runs the `bf16dot` kernel (AVX512-BF16) and it outpaces the f32 GEMM
+/// there (see `bf16dot::outpaces_fma`).
 pub fn bf16dot_outpaces_fma() -> bool {
     bf16dot::outpaces_fma()
 }

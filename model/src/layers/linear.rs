@@ -83,7 +83,7 @@ pub fn dense(w: Tensor<2>) -> Weight {
         avx512: kernels::xwt_avx512(),
         xwt: kernels::xwt_available(),
         gemm: [GemmIsa::Avx512, GemmIsa::Avx2].into_iter().find(|isa| isa.available()),
-        bf16dot: kernels::bf16dot_available() && kernels::bf16dot_outpaces_fma(),
+        bf16dot: kernels::bf16dot_outpaces_fma(),
     });
     Arc::new(Dense { w, cpu })
 }
