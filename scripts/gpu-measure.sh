@@ -12,12 +12,17 @@
 #   (87 MB stripped, 16 MB as .xz: the tree that travels is limited to 64 MiB)
 #   python3 scripts/random_family_gguf.py --donor-only models/qwen2.5-coder-0.5b-instruct.gguf .gpu/tokenizer.gguf
 #   pip download --no-deps --only-binary=:all: gguf -d .gpu
+#   optionally the kernels' tests: cargo test -p llaisys-model --features wgpu --test layer_kernels
+#   --no-run, then strip that binary and xz it to .gpu/layer_kernels.xz
 # Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh [NAME[:all|:decode|:burn]...]
 # Each NAME is a build carried as .gpu/NAME.xz (default llaisys:all llaisys:burn); `decode`
 # measures only batch-1 decode (a baseline rerun on the same machine), `burn` the same with
 # LLAISYS_GPU_KERNELS=off (Burn's ops instead of llaisys' CubeCL kernels, the same binary), `all`
 # adds the kernel times, prefill 512 and throughput. The CPU reference runs .gpu/llaisys.xz.
-# Every figure lands in $OUT/log.txt and $OUT/util.csv.
+# DECODE_TOKENS (default 128) sets the batch-1 decode's length: the GPU raises its clocks over
+# the first second or two of work (345 MHz idle, 1,980 at full speed), so a short decode is
+# measured partly at low clocks; alternate builds (new:decode old:decode new:decode ...) to
+# compare them. Every figure lands in $OUT/log.txt and $OUT/util.csv, the clocks with it.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-measure}
@@ -56,21 +61,28 @@ for spec in "${specs[@]}"; do
   dev=
   for d in ${DEVICES:-vulkan gl}; do
     step "$name $d generate"
-    if timeout 180 $BIN generate --model $M --device "$d" --prompt Hello --max-tokens 32 --ids; then
+    if timeout 120 $BIN generate --model $M --device "$d" --prompt Hello --max-tokens 32 --ids; then
       dev=$d
       break
     fi
   done
   [ -n "$dev" ] || { echo "$name: no GPU device ran"; continue; }
   step "$name $dev decode"
-  timeout 150 $BIN bench --model $M --device "$dev" --only decode --runs 3
+  timeout 90 $BIN bench --model $M --device "$dev" --only decode --runs 3 --decode-tokens "${DECODE_TOKENS:-128}"
   [ "$what" = all ] || continue
   step "$name $dev decode, each kernel timed"
-  timeout 90 $BIN bench --model $M --device "$dev" --only decode --decode-tokens 32 --runs 1 --kernel-times
+  timeout 60 $BIN bench --model $M --device "$dev" --only decode --decode-tokens 32 --runs 1 --kernel-times
   step "$name $dev prefill 512"
-  timeout 120 $BIN bench --model $M --device "$dev" --only prefill --prefill 512 --runs 2
+  timeout 60 $BIN bench --model $M --device "$dev" --only prefill --prefill 512 --runs 2
   step "$name $dev throughput 16, 64"
-  timeout 200 $BIN bench --model $M --device "$dev" --only throughput --concurrency 16,64 --runs 1
+  timeout 150 $BIN bench --model $M --device "$dev" --only throughput --concurrency 16,64 --runs 1
 done
+if [ -f .gpu/layer_kernels.xz ]; then
+  # The kernels' own tests (model/tests/layer_kernels.rs, built with the wgpu feature) on the
+  # GPU, where f16 and bf16 weights and caches are checked too (llvmpipe has f32 alone).
+  step "layer kernels against their references on vulkan"
+  xz -dc .gpu/layer_kernels.xz >/tmp/layer_kernels && chmod +x /tmp/layer_kernels
+  LLAISYS_TEST_DEVICE=vulkan timeout 120 /tmp/layer_kernels --test-threads 1
+fi
 step done
 kill $smi

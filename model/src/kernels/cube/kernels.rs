@@ -180,20 +180,61 @@ pub const PRE_PLAIN: u32 = 0;
 pub const PRE_NORM: u32 = 1;
 pub const PRE_SWIGLU: u32 = 2;
 
-/// `1 / sqrt(mean(x[row]²) + eps)`, reduced across the cube (every unit gets it).
+/// Lanes that share one output column of [`xwt`], striding along k together (a power of two).
+pub const XWT_LANES: usize = 32;
+/// Output columns of one [`xwt`] cube: its units are `XWT_OUTS` groups of [`XWT_LANES`].
+pub const XWT_OUTS: usize = 8;
+/// The units of an [`xwt`] cube.
+pub const XWT_UNITS: usize = XWT_LANES * XWT_OUTS;
+
+/// Sums each of `rows` values over the `span` consecutive units that hold them (all of the
+/// cube's `units`, or one group of lanes), every row in the same halving steps (one barrier a
+/// step, whatever the row count): row r's sum over the span starting at unit u lands in
+/// `shared[r · units + u]`. `shared` holds `XWT_ROWS · units` values; the caller syncs before
+/// it writes `shared` again. Unrolled at compile time, as [`cube_reduce`] is.
 #[cube]
-fn rms_scale(x: &Tensor<f32>, row: usize, eps: f32, shared: Shared<[f32]>, #[comptime] units: usize) -> f32 {
-    let k_len = x.shape(1);
-    let base = row * x.stride(0);
-    let mut ss = 0.0f32;
-    let mut k = UNIT_POS as usize;
-    while k < k_len {
-        let v = x[base + k * x.stride(1)];
-        ss += v * v;
-        k += units;
+#[allow(clippy::too_many_arguments)]
+fn reduce_rows(
+    mut shared: Shared<[f32]>,
+    v0: f32,
+    v1: f32,
+    v2: f32,
+    v3: f32,
+    #[comptime] rows: usize,
+    #[comptime] units: usize,
+    #[comptime] span: usize,
+) {
+    let unit = UNIT_POS as usize;
+    shared[unit] = v0;
+    if comptime!(rows > 1) {
+        shared[units + unit] = v1;
     }
-    let total = cube_reduce(shared, ss, units, false);
-    1.0f32 / (total / f32::cast_from(k_len) + eps).sqrt()
+    if comptime!(rows > 2) {
+        shared[2 * units + unit] = v2;
+    }
+    if comptime!(rows > 3) {
+        shared[3 * units + unit] = v3;
+    }
+    sync_cube();
+    let lane = unit % span;
+    let steps = comptime!(span.trailing_zeros() as usize);
+    #[unroll]
+    for k in 0..steps {
+        let stride = span >> (k + 1);
+        if lane < stride {
+            shared[unit] += shared[unit + stride];
+            if comptime!(rows > 1) {
+                shared[units + unit] += shared[units + unit + stride];
+            }
+            if comptime!(rows > 2) {
+                shared[2 * units + unit] += shared[2 * units + unit + stride];
+            }
+            if comptime!(rows > 3) {
+                shared[3 * units + unit] += shared[3 * units + unit + stride];
+            }
+        }
+        sync_cube();
+    }
 }
 
 /// Input k of row `row` of [`xwt`]'s product, after its `pre`.
@@ -220,11 +261,39 @@ fn xwt_input(
     v
 }
 
-/// `y = pre(x)·Wᵀ + b + residual` for up to [`XWT_ROWS`] rows: cube `CUBE_POS` computes output
-/// column o of every row, its units striding along k (adjacent units read adjacent weights),
-/// each row's partial sums reduced across the cube. The weight is read in its own type (f32,
-/// f16, bf16) and widened: no cast of x or of the product, no separate norm, gate, bias or
-/// residual kernel.
+/// Each row's inputs k, k + [`XWT_LANES`], k + 2·XWT_LANES, k + 3·XWT_LANES (after `pre`)
+/// times the four weights `w0..w3` there, summed.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn xwt_four(
+    x: &Tensor<f32>,
+    row: usize,
+    k: usize,
+    k_len: usize,
+    norm: &Tensor<f32>,
+    scale: f32,
+    w0: f32,
+    w1: f32,
+    w2: f32,
+    w3: f32,
+    #[comptime] pre: u32,
+) -> f32 {
+    xwt_input(x, row, k, k_len, norm, scale, pre) * w0
+        + xwt_input(x, row, k + XWT_LANES, k_len, norm, scale, pre) * w1
+        + xwt_input(x, row, k + 2 * XWT_LANES, k_len, norm, scale, pre) * w2
+        + xwt_input(x, row, k + 3 * XWT_LANES, k_len, norm, scale, pre) * w3
+}
+
+/// `y = pre(x)·Wᵀ + b + residual` for up to [`XWT_ROWS`] rows. A cube computes [`XWT_OUTS`]
+/// output columns, each by a group of [`XWT_LANES`] units striding along k (adjacent lanes read
+/// adjacent weights, four loads in flight each), every row's partial sums reduced within the
+/// group in one set of halving steps; under `PRE_NORM` the whole cube first reduces each row's
+/// squares once for its columns. The weight is read in its own type (f32, f16, bf16) and
+/// widened: no cast of x or of the product, no separate norm, gate, bias or residual kernel.
+///
+/// On an H100 (demo shape, bf16) the first version, one column per 128-unit cube with a
+/// cube-wide reduction per row and per column, took 45 µs a launch: its cubes were too small
+/// to keep the memory busy and spent their time in barriers.
 ///
 /// x: [rows, k] (any strides; [rows, 2k] with `PRE_SWIGLU`), w: [out, k] (any strides), norm:
 /// \[k\] (read with `PRE_NORM`), bias: \[out\] (read with `has_bias`), residual: [rows, out] (read
@@ -240,43 +309,88 @@ pub fn xwt<W: Float>(
     out: &mut Tensor<f32>,
     eps: f32,
     #[comptime] rows: usize,
-    #[comptime] units: usize,
     #[comptime] pre: u32,
     #[comptime] has_bias: bool,
     #[comptime] has_residual: bool,
 ) {
-    let o = CUBE_POS;
-    let outs = out.shape(1);
-    if o >= outs {
-        terminate!();
-    }
-    let k_len = w.shape(1);
     let unit = UNIT_POS as usize;
-    let shared = Shared::<[f32]>::new_slice(units);
+    let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
+    let outs = out.shape(1);
+    let o = CUBE_POS * XWT_OUTS + group;
+    let k_len = w.shape(1);
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    // Every unit takes part in the reductions, also those of columns past the last: theirs
+    // read nothing.
     let mut s0 = f32::new(1.0);
     let mut s1 = f32::new(1.0);
     let mut s2 = f32::new(1.0);
     let mut s3 = f32::new(1.0);
     if comptime!(pre == PRE_NORM) {
-        s0 = rms_scale(x, 0, eps, shared.clone(), units);
+        let mut q0 = 0.0f32;
+        let mut q1 = 0.0f32;
+        let mut q2 = 0.0f32;
+        let mut q3 = 0.0f32;
+        let mut k = unit;
+        while k < k_len {
+            let v = x[k * x.stride(1)];
+            q0 += v * v;
+            if comptime!(rows > 1) {
+                let v = x[x.stride(0) + k * x.stride(1)];
+                q1 += v * v;
+            }
+            if comptime!(rows > 2) {
+                let v = x[2 * x.stride(0) + k * x.stride(1)];
+                q2 += v * v;
+            }
+            if comptime!(rows > 3) {
+                let v = x[3 * x.stride(0) + k * x.stride(1)];
+                q3 += v * v;
+            }
+            k += XWT_UNITS;
+        }
+        reduce_rows(shared.clone(), q0, q1, q2, q3, rows, XWT_UNITS, XWT_UNITS);
+        let len = f32::cast_from(k_len);
+        s0 = 1.0f32 / (shared[0] / len + eps).sqrt();
         if comptime!(rows > 1) {
-            s1 = rms_scale(x, 1, eps, shared.clone(), units);
+            s1 = 1.0f32 / (shared[XWT_UNITS] / len + eps).sqrt();
         }
         if comptime!(rows > 2) {
-            s2 = rms_scale(x, 2, eps, shared.clone(), units);
+            s2 = 1.0f32 / (shared[2 * XWT_UNITS] / len + eps).sqrt();
         }
         if comptime!(rows > 3) {
-            s3 = rms_scale(x, 3, eps, shared.clone(), units);
+            s3 = 1.0f32 / (shared[3 * XWT_UNITS] / len + eps).sqrt();
         }
+        sync_cube();
     }
+    let end = select(o < outs, k_len, 0);
     let w_row = o * w.stride(0);
+    let ws = w.stride(1);
     let mut a0 = 0.0f32;
     let mut a1 = 0.0f32;
     let mut a2 = 0.0f32;
     let mut a3 = 0.0f32;
-    let mut k = unit;
-    while k < k_len {
-        let wv = f32::cast_from(w[w_row + k * w.stride(1)]);
+    let mut k = lane;
+    // Four weights loaded before any is used, so each lane keeps four reads in flight.
+    while k + 3 * XWT_LANES < end {
+        let at = w_row + k * ws;
+        let w0 = f32::cast_from(w[at]);
+        let w1 = f32::cast_from(w[at + XWT_LANES * ws]);
+        let w2 = f32::cast_from(w[at + 2 * XWT_LANES * ws]);
+        let w3 = f32::cast_from(w[at + 3 * XWT_LANES * ws]);
+        a0 += xwt_four(x, 0, k, k_len, norm, s0, w0, w1, w2, w3, pre);
+        if comptime!(rows > 1) {
+            a1 += xwt_four(x, 1, k, k_len, norm, s1, w0, w1, w2, w3, pre);
+        }
+        if comptime!(rows > 2) {
+            a2 += xwt_four(x, 2, k, k_len, norm, s2, w0, w1, w2, w3, pre);
+        }
+        if comptime!(rows > 3) {
+            a3 += xwt_four(x, 3, k, k_len, norm, s3, w0, w1, w2, w3, pre);
+        }
+        k += 4 * XWT_LANES;
+    }
+    while k < end {
+        let wv = f32::cast_from(w[w_row + k * ws]);
         a0 += xwt_input(x, 0, k, k_len, norm, s0, pre) * wv;
         if comptime!(rows > 1) {
             a1 += xwt_input(x, 1, k, k_len, norm, s1, pre) * wv;
@@ -287,23 +401,13 @@ pub fn xwt<W: Float>(
         if comptime!(rows > 3) {
             a3 += xwt_input(x, 3, k, k_len, norm, s3, pre) * wv;
         }
-        k += units;
+        k += XWT_LANES;
     }
-    let mut sums = Array::<f32>::new(XWT_ROWS);
-    sums[0] = cube_reduce(shared.clone(), a0, units, false);
-    if comptime!(rows > 1) {
-        sums[1] = cube_reduce(shared.clone(), a1, units, false);
-    }
-    if comptime!(rows > 2) {
-        sums[2] = cube_reduce(shared.clone(), a2, units, false);
-    }
-    if comptime!(rows > 3) {
-        sums[3] = cube_reduce(shared.clone(), a3, units, false);
-    }
-    if unit == 0 {
+    reduce_rows(shared.clone(), a0, a1, a2, a3, rows, XWT_UNITS, XWT_LANES);
+    if lane == 0 && o < outs {
         #[unroll]
         for r in 0..rows {
-            let mut y = sums[r];
+            let mut y = shared[r * XWT_UNITS + unit];
             if comptime!(has_bias) {
                 y += bias[o * bias.stride(0)];
             }
@@ -316,16 +420,23 @@ pub fn xwt<W: Float>(
 }
 
 /// Cells a split of [`cell_attention`] covers (a row seeing more is split across cubes, and the
-/// splits merged by [`merge_splits`]).
+/// splits merged by [`merge_splits`]), and the units of its cube: one cell each for the scores.
 pub const SPLIT_CELLS: usize = 256;
 
 /// Attention of query head h of row r over only the cells that row sees, read through its row
-/// of the cell table (no mask over the cache's extent): scores into `scratch`, softmax, then
-/// each unit one output dimension over the probabilities. Query head h reads KV head
-/// h / (heads / kv_heads). Cube `CUBE_POS` is (r · heads + h) · splits + s: with `split`, it
-/// covers the row's cells [s · SPLIT_CELLS, (s + 1) · SPLIT_CELLS) and writes, unnormalised, its
-/// part for [`merge_splits`] (the largest score m, Σ e^(score − m), then Σ e^(score − m) · v);
-/// without, the row's cells are one split and `out` gets the attention itself.
+/// of the cell table (no mask over the cache's extent). Query head h reads KV head
+/// h / (heads / kv_heads). Cube `CUBE_POS` is (r · heads + h) · splits + s, of [`SPLIT_CELLS`]
+/// units: with `split`, it covers the row's cells [s · SPLIT_CELLS, (s + 1) · SPLIT_CELLS) and
+/// writes, unnormalised, its part for [`merge_splits`] (the largest score m, Σ e^(score − m),
+/// then Σ e^(score − m) · v); without, the row's cells are one split and `out` gets the attention
+/// itself.
+///
+/// Each unit scores one cell (q staged in shared memory, the d products unrolled so a unit's key
+/// reads are all in flight at once); then, for the weighted sum of values, the units are
+/// `SPLIT_CELLS / d` parts of d (one output dimension each, adjacent units reading adjacent
+/// values), each part over every `parts`-th cell, the parts summed through shared memory. On an
+/// H100 the first version (128 units, the scores' d reads and the values' cells one after
+/// another per unit) took 91 µs a launch at 128 to 256 cells.
 ///
 /// q: [n, heads, d] (any strides), k, v: [kv_heads, capacity, d] (a layer's cache, any float
 /// type, keys rotated), cells: [n, 1 + width] (the row's count, then its cells), scratch:
@@ -343,10 +454,10 @@ pub fn cell_attention<K: Float>(
     scale: f32,
     splits: usize,
     #[comptime] split: bool,
-    #[comptime] units: usize,
+    #[comptime] d: usize,
 ) {
+    let units = comptime!(SPLIT_CELLS);
     let heads = q.shape(1);
-    let d = q.shape(2);
     if CUBE_POS >= q.shape(0) * heads * splits {
         terminate!();
     }
@@ -362,34 +473,33 @@ pub fn cell_attention<K: Float>(
     let q_base = row * q.stride(0) + head * q.stride(1);
     let unit = UNIT_POS as usize;
 
-    let mut top = f32::new(-3.402_823_5e38);
-    let mut j = first + unit;
-    while j < end {
+    // The host declines heads wider than a cube (d ≤ SPLIT_CELLS).
+    let mut q_shared = Shared::<[f32]>::new_slice(d);
+    if unit < d {
+        q_shared[unit] = q[q_base + unit * q.stride(2)];
+    }
+    sync_cube();
+
+    let j = first + unit;
+    let mut score = f32::new(-3.402_823_5e38);
+    if j < end {
         let cell = usize::cast_from(cells[table + (1 + j) * cells.stride(1)]);
         let key = kv_head * k.stride(0) + cell * k.stride(1);
         let mut dot = 0.0f32;
-        let mut i = 0;
-        while i < d {
-            dot += q[q_base + i * q.stride(2)] * f32::cast_from(k[key + i * k.stride(2)]);
-            i += 1;
+        #[unroll]
+        for i in 0..d {
+            dot += q_shared[i] * f32::cast_from(k[key + i * k.stride(2)]);
         }
-        let s = dot * scale;
-        scratch[s_base + j - first] = s;
-        top = select(s > top, s, top);
-        j += units;
+        score = dot * scale;
     }
-    let shared = Shared::<[f32]>::new_slice(units);
-    let top = cube_reduce(shared.clone(), top, units, true);
-    // Each unit rescales the scores it wrote itself.
-    let mut sum = 0.0f32;
-    let mut j = first + unit;
-    while j < end {
-        let p = (scratch[s_base + j - first] - top).exp();
-        scratch[s_base + j - first] = p;
-        sum += p;
-        j += units;
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let top = cube_reduce(shared.clone(), score, units, true);
+    let mut p = 0.0f32;
+    if j < end {
+        p = (score - top).exp();
+        scratch[s_base + unit] = p;
     }
-    let sum = cube_reduce(shared.clone(), sum, units, false);
+    let sum = cube_reduce(shared.clone(), p, units, false);
     // Every unit reads every probability from here on.
     sync_storage();
     let part_row = CUBE_POS * out.stride(0);
@@ -397,22 +507,32 @@ pub fn cell_attention<K: Float>(
         out[part_row] = top;
         out[part_row + 1] = sum;
     }
-    let mut i = unit;
-    while i < d {
-        let mut acc = 0.0f32;
-        let mut j = first;
+    // The units as `parts` slices of d: slice s sums the cells first + s, first + s + parts, ...
+    let parts = comptime!(SPLIT_CELLS / d);
+    let (i, slice) = (unit % d, unit / d);
+    let mut acc = 0.0f32;
+    if slice < parts {
+        let at = kv_head * v.stride(0) + i * v.stride(2);
+        let mut j = first + slice;
         while j < end {
             let cell = usize::cast_from(cells[table + (1 + j) * cells.stride(1)]);
-            acc += scratch[s_base + j - first]
-                * f32::cast_from(v[kv_head * v.stride(0) + cell * v.stride(1) + i * v.stride(2)]);
-            j += 1;
+            acc += scratch[s_base + j - first] * f32::cast_from(v[at + cell * v.stride(1)]);
+            j += parts;
+        }
+    }
+    shared[unit] = acc;
+    sync_cube();
+    if slice == 0 {
+        let mut total = 0.0f32;
+        #[unroll]
+        for p in 0..parts {
+            total += shared[p * d + i];
         }
         if comptime!(split) {
-            out[part_row + 2 + i] = acc;
+            out[part_row + 2 + i] = total;
         } else {
-            out[row_head * d + i] = acc / sum;
+            out[row_head * d + i] = total / sum;
         }
-        i += units;
     }
 }
 

@@ -87,12 +87,17 @@ fn elementwise(count: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(x, y, 1), CubeDim::new_1d(UNITS as u32))
 }
 
-/// One cube of [`ROW_UNITS`] units per row, on two grid dimensions past 65,535 (the kernels
-/// stop the cubes past `rows`).
+/// `count` cubes of `units` units, on two grid dimensions past 65,535 (the kernels stop the
+/// cubes past `count`).
+fn cubes(count: usize, units: usize) -> (CubeCount, CubeDim) {
+    let count = count.max(1) as u32;
+    let (x, y) = (count.min(65_535), count.div_ceil(65_535));
+    (CubeCount::Static(x, y, 1), CubeDim::new_1d(units as u32))
+}
+
+/// One cube of [`ROW_UNITS`] units per row.
 fn per_row(rows: usize) -> (CubeCount, CubeDim) {
-    let rows = rows.max(1) as u32;
-    let (x, y) = (rows.min(65_535), rows.div_ceil(65_535));
-    (CubeCount::Static(x, y, 1), CubeDim::new_1d(ROW_UNITS as u32))
+    cubes(rows, ROW_UNITS)
 }
 
 /// RMSNorm, `x / sqrt(mean(x²) + eps) · w` per row.
@@ -238,7 +243,7 @@ pub fn xwt(
         None => x.clone(),
     };
     let out = empty(&x, [n, outs]);
-    let (count, dim) = per_row(outs);
+    let (count, dim) = cubes(outs.div_ceil(kernels::XWT_OUTS), kernels::XWT_UNITS);
     let client = x.client.clone();
     // A 16-bit weight is widened in the kernel: the device must read and convert it.
     if !converts(wt.dtype, &client) {
@@ -258,7 +263,6 @@ pub fn xwt(
         out.clone().into_tensor_arg(),
         eps,
         n,
-        ROW_UNITS,
         code,
         has_bias,
         has_residual,
@@ -283,6 +287,10 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
     if kd != d || v.dims() != k.dims() || rows != n || width < 2 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         return None;
     }
+    // A cube's units share out a head's dimensions.
+    if d == 0 || d > kernels::SPLIT_CELLS {
+        return None;
+    }
     let splits = (width - 1).div_ceil(kernels::SPLIT_CELLS);
     if k.dtype() != v.dtype() {
         return None;
@@ -295,7 +303,7 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
     let scratch = empty(&qt, [n * heads * splits, (width - 1).min(kernels::SPLIT_CELLS)]);
     let out = empty(&qt, [n, heads * d]);
     let parts = if split { empty(&qt, [n * heads * splits, 2 + d]) } else { out.clone() };
-    let (count, dim) = per_row(n * heads * splits);
+    let (count, dim) = cubes(n * heads * splits, kernels::SPLIT_CELLS);
     let client = qt.client.clone();
     let scale = 1.0 / (d as f32).sqrt();
     if !converts(kt.dtype, &client) {
@@ -316,7 +324,7 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
         scale,
         splits,
         split,
-        ROW_UNITS,
+        d,
     );
     if split {
         let (count, dim) = per_row(n * heads);
