@@ -425,3 +425,86 @@ fn rope_and_the_kv_write_in_one_launch() {
         assert_cells(&vc, &stored, &slots, layout, |t, h| row(&want_v, t, h), &format!("{dtype:?} v"));
     }
 }
+
+/// A decode step's q/k/v projection (the attention norm and the bias applied) with RoPE and the
+/// KV write in one launch on a GPU, against the projection and the RoPE + KV write launched
+/// apart (each checked above): the same q, the same keys and values in the rows' cells, every
+/// other cell unchanged; for weights and caches of every type the device computes in, a GQA
+/// ratio of 7 and of 1, head_dim 64 and 128, one row and four. On the CPU it declines and
+/// writes nothing.
+#[test]
+fn the_projection_rope_and_kv_write_in_one_launch() {
+    use burn::tensor::{DType, FloatDType};
+    use llaisys_model::kernels::{CellTable, project_rope_kv_write, rope_kv_write};
+    use llaisys_model::kv::Placement;
+    use llaisys_model::layers::{Linear, linear};
+    let (spec, device) = device();
+    let (k, capacity) = (300, 20);
+    let g = values(k, 71, 1.5);
+    let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(g, [k]), &device), eps: 1e-6 };
+    for (heads, kv_heads, d, slots) in [(7, 1, 64, vec![19, 2, 3, 7]), (2, 2, 128, vec![5])] {
+        let n = slots.len();
+        let width = (heads + 2 * kv_heads) * d;
+        let positions: Vec<i64> = [4, 0, 300, 17][..n].to_vec();
+        let tables = Rope::new(d, 10_000.0).tables(&positions, &device);
+        let x = Tensor::<2>::from_data(TensorData::new(values(n * k, 72, 2.0), [n, k]), &device);
+        let w = values(width * k, 73, 0.5);
+        let b = values(width, 74, 1.0);
+        for (dtype, tol) in [(FloatDType::F32, 1e-5), (FloatDType::F16, 1e-2), (FloatDType::BF16, 3e-2)] {
+            if !device.supports_dtype(DType::from(dtype)) {
+                continue;
+            }
+            let qkv = Linear {
+                weight: linear::dense(
+                    Tensor::<2>::from_data(TensorData::new(w.clone(), [width, k]), &device).cast(dtype),
+                ),
+                bias: Some(Tensor::from_data(TensorData::new(b.clone(), [width]), &device)),
+            };
+            let dense = match qkv.weight.matrix() {
+                linear::Matrix::Dense(w) => w.clone(),
+                linear::Matrix::Packed(_) => unreachable!("a dense weight"),
+            };
+            let old = values(kv_heads * capacity * d, 75, 1.0);
+            let cache =
+                || Tensor::<3>::from_data(TensorData::new(old.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
+            let stored = host(cache().cast(FloatDType::F32));
+            let cells = CellTable::new(Placement { cells: slots.clone() }, Vec::new(), &device);
+            let mut fused = [cache(), cache()];
+            let q = ran(spec, "xwt_rope_kv", || {
+                project_rope_kv_write(
+                    &x,
+                    norm.pre(),
+                    &dense,
+                    qkv.bias.as_ref(),
+                    heads,
+                    d,
+                    tables.stacked(),
+                    &mut fused,
+                    &cells,
+                )
+            });
+            let [kc, vc] = fused.map(|c| host(c.cast(FloatDType::F32)));
+            if spec == DeviceSpec::Cpu {
+                assert!(q.is_none(), "the CPU projects, rotates and writes apart");
+                assert_eq!((kc, vc), (stored.clone(), stored));
+                continue;
+            }
+            let q = host(q.unwrap_or_else(|| panic!("the projection + RoPE + KV write kernel declined on {spec}")));
+            let mut apart = [cache(), cache()];
+            let projected = qkv.forward_with(x.clone(), norm.pre(), None);
+            let want_q = host(rope_kv_write(&projected, heads, d, tables.stacked(), &mut apart, &cells).unwrap());
+            let [want_k, want_v] = apart.map(|c| host(c.cast(FloatDType::F32)));
+            let what = format!("{heads}/{kv_heads} d {d}, {n} rows, {dtype:?}");
+            let wide = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
+            assert_close(&q, &wide(&want_q), 1e-5, &format!("{what}: q"));
+            assert_close(&kc, &wide(&want_k), tol, &format!("{what}: keys"));
+            assert_close(&vc, &wide(&want_v), tol, &format!("{what}: values"));
+            // The cells no row writes keep what they held.
+            for (at, (&k, &s)) in kc.iter().zip(&stored).enumerate() {
+                if !slots.contains(&(at / d % capacity)) {
+                    assert_eq!(k, s, "{what}: key {at} changed");
+                }
+            }
+        }
+    }
+}

@@ -83,6 +83,20 @@ pub(crate) mod gpu {
         None
     }
     pub const BUILT: bool = false;
+    #[allow(clippy::too_many_arguments)]
+    pub fn xwt_rope_kv(
+        _: &Tensor<2>,
+        _: super::Pre<'_>,
+        _: &Tensor<2>,
+        _: Option<&Tensor<1>>,
+        _: usize,
+        _: usize,
+        _: &Tensor<3>,
+        _: &mut [Tensor<3>; 2],
+        _: &Tensor<1, Int>,
+    ) -> Option<Tensor<2>> {
+        None
+    }
     pub fn xwt(
         _: &Tensor<2>,
         _: super::Pre<'_>,
@@ -328,6 +342,33 @@ pub fn rope_kv_write(
         return None;
     }
     gpu::rope_kv(qkv, heads, d, tables, caches, cells.slots())
+}
+
+/// The stacked q/k/v projection of a decode step's few rows (its norm and bias applied) with
+/// RoPE and the KV write, as one GPU launch: q's heads rotated (returned), k's rotated and v's
+/// copied into their cells of a layer's cache, in place; `None`, nothing written, where it
+/// declines (the CPU, more than four rows, a quantized weight: the caller projects, then
+/// [`rope_kv_write`]).
+///
+/// # Shapes
+/// x: [n, k] f32, w: [(heads + 2 · kv_heads) · d, k] dense, bias: that many f32, tables:
+/// [2, n, d/2] f32 (cos, sin), caches: [kv_heads, capacity, d] each → q: [n, heads · d] f32
+#[allow(clippy::too_many_arguments)]
+pub fn project_rope_kv_write(
+    x: &Tensor<2>,
+    pre: Pre<'_>,
+    w: &Tensor<2>,
+    bias: Option<&Tensor<1>>,
+    heads: usize,
+    d: usize,
+    tables: &Tensor<3>,
+    caches: &mut [Tensor<3>; 2],
+    cells: &CellTable,
+) -> Option<Tensor<2>> {
+    if !cells.on_gpu() {
+        return None;
+    }
+    gpu::xwt_rope_kv(x, pre, w, bias, heads, d, tables, caches, cells.slots())
 }
 
 /// Attention of each row over only the cells it sees: the CPU kernel on the Flex backend, the

@@ -7,7 +7,9 @@ use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 
 use super::cells::{KvCells, Pos, PosRange, SeqId, SeqSet};
 use crate::error::KvError;
-use crate::kernels::{self, CellTable};
+use crate::kernels::{self, CellTable, KernelCall, Pre};
+use crate::layers::Linear;
+use crate::layers::linear::Matrix;
 
 /// The shape of what a model caches per token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +222,34 @@ impl KvCache {
         let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
         let q = kernels::rope_kv_write(qkv, heads, self.layout.head_dim, tables, &mut caches, cells);
         [self.keys[layer], self.values[layer]] = caches;
+        q
+    }
+
+    /// The q/k/v projection of `x` by `qkv` (after `pre`), RoPE and the write of `layer`'s keys
+    /// and values in one GPU launch: q's heads rotated, [n, heads · head_dim]; `None`, nothing
+    /// written, where the kernel declines (a quantized weight, more rows than a decode step's:
+    /// the caller projects, then [`Self::write_rotated`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn project_rotated(
+        &mut self,
+        layer: usize,
+        cells: &CellTable,
+        x: &Tensor<2>,
+        pre: Pre<'_>,
+        qkv: &Linear,
+        heads: usize,
+        tables: &Tensor<3>,
+    ) -> Option<Tensor<2>> {
+        let Matrix::Dense(w) = qkv.weight.matrix() else {
+            return None;
+        };
+        let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
+        let d = self.layout.head_dim;
+        let q = kernels::project_rope_kv_write(x, pre, w, qkv.bias.as_ref(), heads, d, tables, &mut caches, cells);
+        [self.keys[layer], self.values[layer]] = caches;
+        if q.is_some() {
+            KernelCall::CubeXwt.count();
+        }
         q
     }
 

@@ -284,43 +284,26 @@ fn xwt_four(
         + xwt_input(x, row, k + 3 * XWT_LANES, k_len, norm, scale, pre) * w3
 }
 
-/// `y = pre(x)·Wᵀ + b + residual` for up to [`XWT_ROWS`] rows. A cube computes [`XWT_OUTS`]
-/// output columns, each by a group of [`XWT_LANES`] units striding along k (adjacent lanes read
-/// adjacent weights, four loads in flight each), every row's partial sums reduced within the
-/// group in one set of halving steps; under `PRE_NORM` the whole cube first reduces each row's
-/// squares once for its columns. The weight is read in its own type (f32, f16, bf16) and
-/// widened: no cast of x or of the product, no separate norm, gate, bias or residual kernel.
-///
-/// On an H100 (demo shape, bf16) the first version, one column per 128-unit cube with a
-/// cube-wide reduction per row and per column, took 45 µs a launch: its cubes were too small
-/// to keep the memory busy and spent their time in barriers.
-///
-/// x: [rows, k] (any strides; [rows, 2k] with `PRE_SWIGLU`), w: [out, k] (any strides), norm:
-/// \[k\] (read with `PRE_NORM`), bias: \[out\] (read with `has_bias`), residual: [rows, out] (read
-/// with `has_residual`), out: [rows, out] contiguous.
-#[cube(launch)]
+/// Column `o` of `pre(x)·Wᵀ` for every row, by this unit's group of [`XWT_LANES`] lanes (the
+/// cube's [`XWT_OUTS`] groups each computing one column; `o` past the weight's rows computes
+/// nothing but takes part in the barriers): row r's sum lands in `shared[r · XWT_UNITS + u]`
+/// for the group's first unit u. Under `PRE_NORM` the whole cube first reduces each row's
+/// squares once for its columns. Every lane keeps four weight reads in flight.
+#[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn xwt<W: Float>(
+fn xwt_column<W: Float>(
     x: &Tensor<f32>,
     w: &Tensor<W>,
     norm: &Tensor<f32>,
-    bias: &Tensor<f32>,
-    residual: &Tensor<f32>,
-    out: &mut Tensor<f32>,
+    shared: Shared<[f32]>,
+    o: usize,
     eps: f32,
     #[comptime] rows: usize,
     #[comptime] pre: u32,
-    #[comptime] has_bias: bool,
-    #[comptime] has_residual: bool,
 ) {
     let unit = UNIT_POS as usize;
-    let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
-    let outs = out.shape(1);
-    let o = CUBE_POS * XWT_OUTS + group;
+    let lane = unit % XWT_LANES;
     let k_len = w.shape(1);
-    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    // Every unit takes part in the reductions, also those of columns past the last: theirs
-    // read nothing.
     let mut s0 = f32::new(1.0);
     let mut s1 = f32::new(1.0);
     let mut s2 = f32::new(1.0);
@@ -362,7 +345,7 @@ pub fn xwt<W: Float>(
         }
         sync_cube();
     }
-    let end = select(o < outs, k_len, 0);
+    let end = select(o < w.shape(0), k_len, 0);
     let w_row = o * w.stride(0);
     let ws = w.stride(1);
     let mut a0 = 0.0f32;
@@ -370,7 +353,7 @@ pub fn xwt<W: Float>(
     let mut a2 = 0.0f32;
     let mut a3 = 0.0f32;
     let mut k = lane;
-    // Four weights loaded before any is used, so each lane keeps four reads in flight.
+    // Four weights loaded before any is used.
     while k + 3 * XWT_LANES < end {
         let at = w_row + k * ws;
         let w0 = f32::cast_from(w[at]);
@@ -403,7 +386,41 @@ pub fn xwt<W: Float>(
         }
         k += XWT_LANES;
     }
-    reduce_rows(shared.clone(), a0, a1, a2, a3, rows, XWT_UNITS, XWT_LANES);
+    reduce_rows(shared, a0, a1, a2, a3, rows, XWT_UNITS, XWT_LANES);
+}
+
+/// `y = pre(x)·Wᵀ + b + residual` for up to [`XWT_ROWS`] rows, [`XWT_OUTS`] output columns a
+/// cube ([`xwt_column`]). The weight is read in its own type (f32, f16, bf16) and widened: no
+/// cast of x or of the product, no separate norm, gate, bias or residual kernel.
+///
+/// On an H100 (demo shape, bf16) the first version, one column per 128-unit cube with a
+/// cube-wide reduction per row and per column, spent its time in barriers; this one took the
+/// batch-1 decode from 204-205 to 225-236 tok/s (with the attention below).
+///
+/// x: [rows, k] (any strides; [rows, 2k] with `PRE_SWIGLU`), w: [out, k] (any strides), norm:
+/// \[k\] (read with `PRE_NORM`), bias: \[out\] (read with `has_bias`), residual: [rows, out] (read
+/// with `has_residual`), out: [rows, out] contiguous.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt<W: Float>(
+    x: &Tensor<f32>,
+    w: &Tensor<W>,
+    norm: &Tensor<f32>,
+    bias: &Tensor<f32>,
+    residual: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    eps: f32,
+    #[comptime] rows: usize,
+    #[comptime] pre: u32,
+    #[comptime] has_bias: bool,
+    #[comptime] has_residual: bool,
+) {
+    let unit = UNIT_POS as usize;
+    let outs = out.shape(1);
+    let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
+    let o = CUBE_POS * XWT_OUTS + group;
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    xwt_column(x, w, norm, shared.clone(), o, eps, rows, pre);
     if lane == 0 && o < outs {
         #[unroll]
         for r in 0..rows {
@@ -415,6 +432,62 @@ pub fn xwt<W: Float>(
                 y += residual[r * residual.stride(0) + o * residual.stride(1)];
             }
             out[r * outs + o] = y;
+        }
+    }
+}
+
+/// The stacked q/k/v projection of up to [`XWT_ROWS`] rows with RoPE and the KV write in the
+/// same launch: [`xwt_column`]'s product (with the attention norm and the bias), each cube's
+/// [`XWT_OUTS`] columns being four rotary pairs (column i of a head and column i + d/2, groups
+/// g and g + 4), so the first unit of group g < 4 holds both halves of a pair and writes q's
+/// heads rotated into `q_out`, k's rotated and v's as they are into their cells of a layer's
+/// cache (`cache[h, slots[t], i]`, in the cache's type), as [`rope_kv`] does after the plain
+/// product. One launch where the two took two.
+///
+/// x: [rows, k] (any strides), w: [(heads + 2 · kv_heads) · d, k] (any strides), norm: \[k\]
+/// (read with `PRE_NORM`), bias: [(heads + 2 · kv_heads) · d] (read with `has_bias`), tables:
+/// [2, rows, d/2] (cos, sin), q_out: [rows, heads · d] contiguous, k_cache, v_cache:
+/// [kv_heads, capacity, d], slots: \[rows\].
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt_rope_kv<W: Float, C: Float>(
+    x: &Tensor<f32>,
+    w: &Tensor<W>,
+    norm: &Tensor<f32>,
+    bias: &Tensor<f32>,
+    tables: &Tensor<f32>,
+    q_out: &mut Tensor<f32>,
+    k_cache: &mut Tensor<C>,
+    v_cache: &mut Tensor<C>,
+    slots: &Tensor<i32>,
+    eps: f32,
+    #[comptime] rows: usize,
+    #[comptime] pre: u32,
+    #[comptime] has_bias: bool,
+    #[comptime] d: usize,
+) {
+    let half = comptime!(d / 2);
+    let pairs_per_cube = comptime!(XWT_OUTS / 2);
+    let unit = UNIT_POS as usize;
+    let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
+    let pair = CUBE_POS * pairs_per_cube + group % pairs_per_cube;
+    let (head, i) = (pair / half, pair % half);
+    let lo = head * d + i;
+    let o = select(group < pairs_per_cube, lo, lo + half);
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    xwt_column(x, w, norm, shared.clone(), o, eps, rows, pre);
+    if lane == 0 && group < pairs_per_cube && lo < w.shape(0) {
+        let partner = unit + pairs_per_cube * XWT_LANES;
+        #[unroll]
+        for r in 0..rows {
+            let mut x1 = shared[r * XWT_UNITS + unit];
+            let mut x2 = shared[r * XWT_UNITS + partner];
+            if comptime!(has_bias) {
+                x1 += bias[lo * bias.stride(0)];
+                x2 += bias[(lo + half) * bias.stride(0)];
+            }
+            let slot = usize::cast_from(slots[r * slots.stride(0)]);
+            rotate_store(x1, x2, r, head, i, slot, tables, q_out, k_cache, v_cache, d);
         }
     }
 }
@@ -632,25 +705,50 @@ pub fn rope_kv<C: Float>(
         let x1 = qkv[base + lo * qkv.stride(1)];
         let x2 = qkv[base + (lo + half) * qkv.stride(1)];
         let slot = usize::cast_from(slots[row * slots.stride(0)]);
-        if head < heads + kv_heads {
-            let t = row * tables.stride(1) + i * tables.stride(2);
-            let cos = tables[t];
-            let sin = tables[t + tables.stride(0)];
-            let (y1, y2) = (x1 * cos - x2 * sin, x2 * cos + x1 * sin);
-            if head < heads {
-                q_out[row * heads * d + lo] = y1;
-                q_out[row * heads * d + lo + half] = y2;
-            } else {
-                let c = (head - heads) * k_cache.stride(0) + slot * k_cache.stride(1);
-                let step = k_cache.stride(2);
-                k_cache[c + i * step] = C::cast_from(y1);
-                k_cache[c + (i + half) * step] = C::cast_from(y2);
-            }
+        rotate_store(x1, x2, row, head, i, slot, tables, q_out, k_cache, v_cache, d);
+    }
+}
+
+/// Stores pair i of head `head` of row `row`'s stacked q/k/v projection (x1 at i, x2 at
+/// i + d/2): q's heads rotated into `q_out`, k's rotated into cell `slot` of the key cache, v's
+/// as they are into that cell of the value cache (in the cache's type).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn rotate_store<C: Float>(
+    x1: f32,
+    x2: f32,
+    row: usize,
+    head: usize,
+    i: usize,
+    slot: usize,
+    tables: &Tensor<f32>,
+    q_out: &mut Tensor<f32>,
+    k_cache: &mut Tensor<C>,
+    v_cache: &mut Tensor<C>,
+    #[comptime] d: usize,
+) {
+    let half = d / 2;
+    let heads = q_out.shape(1) / d;
+    let kv_heads = k_cache.shape(0);
+    let lo = head * d + i;
+    if head < heads + kv_heads {
+        let t = row * tables.stride(1) + i * tables.stride(2);
+        let cos = tables[t];
+        let sin = tables[t + tables.stride(0)];
+        let (y1, y2) = (x1 * cos - x2 * sin, x2 * cos + x1 * sin);
+        if head < heads {
+            q_out[row * heads * d + lo] = y1;
+            q_out[row * heads * d + lo + half] = y2;
         } else {
-            let c = (head - heads - kv_heads) * v_cache.stride(0) + slot * v_cache.stride(1);
-            let step = v_cache.stride(2);
-            v_cache[c + i * step] = C::cast_from(x1);
-            v_cache[c + (i + half) * step] = C::cast_from(x2);
+            let c = (head - heads) * k_cache.stride(0) + slot * k_cache.stride(1);
+            let step = k_cache.stride(2);
+            k_cache[c + i * step] = C::cast_from(y1);
+            k_cache[c + (i + half) * step] = C::cast_from(y2);
         }
+    } else {
+        let c = (head - heads - kv_heads) * v_cache.stride(0) + slot * v_cache.stride(1);
+        let step = v_cache.stride(2);
+        v_cache[c + i * step] = C::cast_from(x1);
+        v_cache[c + (i + half) * step] = C::cast_from(x2);
     }
 }

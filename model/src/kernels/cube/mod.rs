@@ -270,6 +270,101 @@ pub fn xwt(
     Some(tensor(out))
 }
 
+/// The stacked q/k/v projection of a few rows (a decode step), its norm and bias applied, with
+/// RoPE and the KV write in the same launch: q's heads rotated (returned), k's rotated and v's
+/// copied into their cells of a layer's cache, in place ([`in_place`]). `None`, nothing
+/// written, where it declines (more rows than [`kernels::XWT_ROWS`], a weight or cache type the
+/// device does not read, a shape it does not take).
+///
+/// # Shapes
+/// - x: [n ≤ 4, k] f32; w: [(heads + 2 · kv_heads) · d, k] f32, f16 or bf16; bias: that many f32
+/// - tables: [2, n, d/2] f32 (cos, sin); caches: [kv_heads, capacity, d] each; slots: \[n\] i32
+/// - returns q: [n, heads · d] f32
+#[allow(clippy::too_many_arguments)]
+pub fn xwt_rope_kv(
+    x: &Tensor<2>,
+    pre: Pre<'_>,
+    w: &Tensor<2>,
+    bias: Option<&Tensor<1>>,
+    heads: usize,
+    d: usize,
+    tables: &Tensor<3>,
+    caches: &mut [Tensor<3>; 2],
+    slots: &Tensor<1, Int>,
+) -> Option<Tensor<2>> {
+    let [n, k] = x.dims();
+    let [width, wk] = w.dims();
+    let [kv_heads, _, cd] = caches[0].dims();
+    if n == 0 || n > kernels::XWT_ROWS || k == 0 || wk != k || d < 2 || !d.is_multiple_of(2) || cd != d {
+        return None;
+    }
+    if width != (heads + 2 * kv_heads) * d || tables.dims() != [2, n, d / 2] || slots.dims() != [n] {
+        return None;
+    }
+    if bias.is_some_and(|b| b.dims() != [width]) {
+        return None;
+    }
+    let xt = cube(x)?;
+    let wt = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
+    if !converts(wt.dtype, &xt.client) {
+        return None;
+    }
+    let (code, norm, eps) = match pre {
+        Pre::Plain => (kernels::PRE_PLAIN, xt.clone(), 0.0),
+        Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
+        _ => return None,
+    };
+    let has_bias = bias.is_some();
+    let bias = match bias {
+        Some(b) => cube(b)?,
+        None => xt.clone(),
+    };
+    let tables = cube(tables)?;
+    let slots = slots.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
+    let q = empty(&xt, [n, heads * d]);
+    let pairs_per_cube = kernels::XWT_OUTS / 2;
+    let (count, dim) = cubes((width / 2).div_ceil(pairs_per_cube), kernels::XWT_UNITS);
+    let written = in_place(caches, |kc, vc| {
+        macro_rules! launch {
+            ($w:ty) => {{
+                use kernels::xwt_rope_kv as kernel;
+                let args = (
+                    xt.into_tensor_arg(),
+                    wt.into_tensor_arg(),
+                    norm.into_tensor_arg(),
+                    bias.into_tensor_arg(),
+                    tables.into_tensor_arg(),
+                    q.clone().into_tensor_arg(),
+                    kc.clone().into_tensor_arg(),
+                    vc.clone().into_tensor_arg(),
+                    slots.into_tensor_arg(),
+                );
+                let client = &kc.client;
+                match kc.dtype {
+                    DType::F16 => kernel::launch::<$w, half::f16>(
+                        client, count, dim, args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                        eps, n, code, has_bias, d,
+                    ),
+                    DType::BF16 => kernel::launch::<$w, half::bf16>(
+                        client, count, dim, args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                        eps, n, code, has_bias, d,
+                    ),
+                    _ => kernel::launch::<$w, f32>(
+                        client, count, dim, args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                        eps, n, code, has_bias, d,
+                    ),
+                }
+            }};
+        }
+        match wt.dtype {
+            DType::F16 => launch!(half::f16),
+            DType::BF16 => launch!(half::bf16),
+            _ => launch!(f32),
+        }
+    });
+    written.then(|| tensor(q))
+}
+
 /// Attention of each row over only the cells it sees, through a cell table made by
 /// [`crate::kernels::CellTable`]: one launch, or where a row sees more than
 /// [`kernels::SPLIT_CELLS`] cells, its cells split across cubes and a second launch merging them
