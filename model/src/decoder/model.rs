@@ -14,6 +14,7 @@ use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
+use crate::layers::linear::Matrix;
 use crate::layers::{Linear, Pre, Rope, attention};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
@@ -201,24 +202,26 @@ impl Decoder {
             // On a GPU (without per-head norms): a decode step's projection, RoPE and KV write in
             // one kernel; else the projection, then RoPE and the KV write in one kernel; else apart.
             let gpu_rope = w.qk_norm.is_none() && cells.on_gpu();
-            let projected = gpu_rope
-                .then(|| cache.project_rotated(l, &cells, &x, w.attn_norm.pre(), &w.qkv, heads, tables.stacked()))
-                .flatten();
+            let projected = match w.qkv.weight.matrix() {
+                Matrix::Dense(m) if gpu_rope => {
+                    let (pre, bias) = (w.attn_norm.pre(), w.qkv.bias.as_ref());
+                    cache.project_rotated(l, &cells, &x, pre, m, bias, heads, tables.stacked())
+                }
+                _ => None,
+            };
             let q = match projected {
                 Some(q) => q,
                 None => {
                     let qkv = w.qkv.forward_with(x.clone(), w.attn_norm.pre(), None); // [n, (heads + 2 · kv_heads) · hd]
-                    match gpu_rope.then(|| cache.write_rotated(l, &cells, &qkv, heads, tables.stacked())).flatten() {
-                        Some(q) => q,
-                        None => {
-                            let [q, k, v] =
-                                Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());
-                            let k = k.reshape([n, kv_heads, hd]);
-                            let v = v.reshape([n, kv_heads, hd]);
-                            cache.write(l, &cells, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
-                            q
-                        }
-                    }
+                    let rotated = gpu_rope.then(|| cache.write_rotated(l, &cells, &qkv, heads, tables.stacked()));
+                    rotated.flatten().unwrap_or_else(|| {
+                        let [q, k, v] =
+                            Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());
+                        let k = k.reshape([n, kv_heads, hd]);
+                        let v = v.reshape([n, kv_heads, hd]);
+                        cache.write(l, &cells, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
+                        q
+                    })
                 }
             };
             let q = q.reshape([n, heads, hd]);

@@ -368,7 +368,11 @@ pub fn project_rope_kv_write(
     if !cells.on_gpu() {
         return None;
     }
-    gpu::xwt_rope_kv(x, pre, w, bias, heads, d, tables, caches, cells.slots())
+    let q = gpu::xwt_rope_kv(x, pre, w, bias, heads, d, tables, caches, cells.slots());
+    if q.is_some() {
+        KernelCall::CubeXwt.count();
+    }
+    q
 }
 
 /// Attention of each row over only the cells it sees: the CPU kernel on the Flex backend, the

@@ -7,9 +7,7 @@ use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 
 use super::cells::{KvCells, Pos, PosRange, SeqId, SeqSet};
 use crate::error::KvError;
-use crate::kernels::{self, CellTable, KernelCall, Pre};
-use crate::layers::Linear;
-use crate::layers::linear::Matrix;
+use crate::kernels::{self, CellTable, Pre};
 
 /// The shape of what a model caches per token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,10 +223,10 @@ impl KvCache {
         q
     }
 
-    /// The q/k/v projection of `x` by `qkv` (after `pre`), RoPE and the write of `layer`'s keys
-    /// and values in one GPU launch: q's heads rotated, [n, heads · head_dim]; `None`, nothing
-    /// written, where the kernel declines (a quantized weight, more rows than a decode step's:
-    /// the caller projects, then [`Self::write_rotated`]).
+    /// The q/k/v projection of `x` by the dense weight `w` (after `pre`, plus `bias`), RoPE and
+    /// the write of `layer`'s keys and values in one GPU launch: q's heads rotated, [n, heads ·
+    /// head_dim]; `None`, nothing written, where the kernel declines (more rows than a decode
+    /// step's: the caller projects, then [`Self::write_rotated`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn project_rotated(
         &mut self,
@@ -236,20 +234,15 @@ impl KvCache {
         cells: &CellTable,
         x: &Tensor<2>,
         pre: Pre<'_>,
-        qkv: &Linear,
+        w: &Tensor<2>,
+        bias: Option<&Tensor<1>>,
         heads: usize,
         tables: &Tensor<3>,
     ) -> Option<Tensor<2>> {
-        let Matrix::Dense(w) = qkv.weight.matrix() else {
-            return None;
-        };
         let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
         let d = self.layout.head_dim;
-        let q = kernels::project_rope_kv_write(x, pre, w, qkv.bias.as_ref(), heads, d, tables, &mut caches, cells);
+        let q = kernels::project_rope_kv_write(x, pre, w, bias, heads, d, tables, &mut caches, cells);
         [self.keys[layer], self.values[layer]] = caches;
-        if q.is_some() {
-            KernelCall::CubeXwt.count();
-        }
         q
     }
 

@@ -66,14 +66,15 @@ fn converts(dtype: DType, client: &burn::cubecl::client::Client) -> bool {
 }
 
 /// Launches `$kernel::launch::<C>(client, count, dim, $args..)` with C the float type `$dtype`
-/// names (f32, f16 or bf16; check it with [`converts`] first).
+/// names (f32, f16 or bf16; check it with [`converts`] first); `$kernel[T, ..]` puts the given
+/// types before C (`launch::<T, .., C>`).
 macro_rules! launch_in {
-    ($dtype:expr, $kernel:path, $client:expr, $count:expr, $dim:expr, $($arg:expr),* $(,)?) => {{
+    ($dtype:expr, $kernel:path $([$($lead:ty),*])?, $client:expr, $count:expr, $dim:expr, $($arg:expr),* $(,)?) => {{
         use $kernel as kernel;
         match $dtype {
-            DType::F16 => kernel::launch::<half::f16>($client, $count, $dim, $($arg),*),
-            DType::BF16 => kernel::launch::<half::bf16>($client, $count, $dim, $($arg),*),
-            _ => kernel::launch::<f32>($client, $count, $dim, $($arg),*),
+            DType::F16 => kernel::launch::<$($($lead,)*)? half::f16>($client, $count, $dim, $($arg),*),
+            DType::BF16 => kernel::launch::<$($($lead,)*)? half::bf16>($client, $count, $dim, $($arg),*),
+            _ => kernel::launch::<$($($lead,)*)? f32>($client, $count, $dim, $($arg),*),
         }
     }};
 }
@@ -203,6 +204,54 @@ pub fn softmax(scores: &Tensor<3>, scale: f64, mask: Option<&Tensor<2>>) -> Opti
     Some(tensor(out))
 }
 
+/// The arguments of a few-row product kernel ([`kernels::xwt`]'s `xwt_column`): x, the weight
+/// (read in its own type), the norm's weight, the `pre` code and eps, the bias. An absent norm
+/// or bias is a placeholder argument the kernel never reads.
+struct Product {
+    x: CubeTensor,
+    w: CubeTensor,
+    norm: CubeTensor,
+    code: u32,
+    eps: f32,
+    bias: CubeTensor,
+    has_bias: bool,
+}
+
+impl Product {
+    /// `None` where the kernel does not take them: no rows or more than [`kernels::XWT_ROWS`],
+    /// x not as wide as `pre` reads for the weight, a bias not one per output, tensors not
+    /// CubeCL rows in f32, a weight type the device does not read and widen.
+    fn new(x: &Tensor<2>, pre: Pre<'_>, w: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Self> {
+        let [n, width] = x.dims();
+        let [outs, k] = w.dims();
+        let inputs = if matches!(pre, Pre::SwiGlu) { 2 * k } else { k };
+        if n == 0 || n > kernels::XWT_ROWS || width != inputs || k == 0 || outs == 0 {
+            return None;
+        }
+        if bias.is_some_and(|b| b.dims() != [outs]) {
+            return None;
+        }
+        let x = cube(x)?;
+        let w = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
+        // A 16-bit weight is widened in the kernel: the device must read and convert it.
+        if !converts(w.dtype, &x.client) {
+            return None;
+        }
+        let (code, norm, eps) = match pre {
+            Pre::Plain => (kernels::PRE_PLAIN, x.clone(), 0.0),
+            Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
+            Pre::Norm { .. } => return None,
+            Pre::SwiGlu => (kernels::PRE_SWIGLU, x.clone(), 0.0),
+        };
+        let bias = match bias {
+            Some(b) => Some(cube(b)?),
+            None => None,
+        };
+        let (has_bias, bias) = (bias.is_some(), bias.unwrap_or_else(|| x.clone()));
+        Some(Self { x, w, norm, code, eps, bias, has_bias })
+    }
+}
+
 /// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step), the weight read in its own type.
 ///
 /// # Shapes
@@ -215,56 +264,37 @@ pub fn xwt(
     bias: Option<&Tensor<1>>,
     residual: Option<&Tensor<2>>,
 ) -> Option<Tensor<2>> {
-    let [n, width] = x.dims();
-    let [outs, k] = w.dims();
-    let inputs = if matches!(pre, Pre::SwiGlu) { 2 * k } else { k };
-    if n == 0 || n > kernels::XWT_ROWS || width != inputs || k == 0 || outs == 0 {
+    let [n, _] = x.dims();
+    let [outs, _] = w.dims();
+    if residual.is_some_and(|r| r.dims() != [n, outs]) {
         return None;
     }
-    if bias.is_some_and(|b| b.dims() != [outs]) || residual.is_some_and(|r| r.dims() != [n, outs]) {
-        return None;
-    }
-    let x = cube(x)?;
-    let wt = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
-    // An absent norm, bias or residual is a placeholder argument the kernel never reads.
-    let (has_bias, has_residual) = (bias.is_some(), residual.is_some());
-    let (code, norm, eps) = match pre {
-        Pre::Plain => (kernels::PRE_PLAIN, x.clone(), 0.0),
-        Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
-        Pre::Norm { .. } => return None,
-        Pre::SwiGlu => (kernels::PRE_SWIGLU, x.clone(), 0.0),
-    };
-    let bias = match bias {
-        Some(b) => cube(b)?,
-        None => x.clone(),
-    };
+    let p = Product::new(x, pre, w, bias)?;
+    // An absent residual is a placeholder argument the kernel never reads.
+    let has_residual = residual.is_some();
     let residual = match residual {
         Some(r) => cube(r)?,
-        None => x.clone(),
+        None => p.x.clone(),
     };
-    let out = empty(&x, [n, outs]);
+    let out = empty(&p.x, [n, outs]);
     let (count, dim) = cubes(outs.div_ceil(kernels::XWT_OUTS), kernels::XWT_UNITS);
-    let client = x.client.clone();
-    // A 16-bit weight is widened in the kernel: the device must read and convert it.
-    if !converts(wt.dtype, &client) {
-        return None;
-    }
+    let client = p.x.client.clone();
     launch_in!(
-        wt.dtype,
+        p.w.dtype,
         kernels::xwt,
         &client,
         count,
         dim,
-        x.into_tensor_arg(),
-        wt.into_tensor_arg(),
-        norm.into_tensor_arg(),
-        bias.into_tensor_arg(),
+        p.x.into_tensor_arg(),
+        p.w.into_tensor_arg(),
+        p.norm.into_tensor_arg(),
+        p.bias.into_tensor_arg(),
         residual.into_tensor_arg(),
         out.clone().into_tensor_arg(),
-        eps,
+        p.eps,
         n,
-        code,
-        has_bias,
+        p.code,
+        p.has_bias,
         has_residual,
     );
     Some(tensor(out))
@@ -273,8 +303,8 @@ pub fn xwt(
 /// The stacked q/k/v projection of a few rows (a decode step), its norm and bias applied, with
 /// RoPE and the KV write in the same launch: q's heads rotated (returned), k's rotated and v's
 /// copied into their cells of a layer's cache, in place ([`in_place`]). `None`, nothing
-/// written, where it declines (more rows than [`kernels::XWT_ROWS`], a weight or cache type the
-/// device does not read, a shape it does not take).
+/// written, where it declines (what [`Product::new`] declines, a cache type the device does not
+/// read, a shape it does not take).
 ///
 /// # Shapes
 /// - x: [n ≤ 4, k] f32; w: [(heads + 2 · kv_heads) · d, k] f32, f16 or bf16; bias: that many f32
@@ -292,71 +322,51 @@ pub fn xwt_rope_kv(
     caches: &mut [Tensor<3>; 2],
     slots: &Tensor<1, Int>,
 ) -> Option<Tensor<2>> {
-    let [n, k] = x.dims();
-    let [width, wk] = w.dims();
+    let [n, _] = x.dims();
+    let [width, _] = w.dims();
     let [kv_heads, _, cd] = caches[0].dims();
-    if n == 0 || n > kernels::XWT_ROWS || k == 0 || wk != k || d < 2 || !d.is_multiple_of(2) || cd != d {
+    if d < 2 || !d.is_multiple_of(2) || cd != d || width != (heads + 2 * kv_heads) * d {
         return None;
     }
-    if width != (heads + 2 * kv_heads) * d || tables.dims() != [2, n, d / 2] || slots.dims() != [n] {
+    if tables.dims() != [2, n, d / 2] || slots.dims() != [n] {
         return None;
     }
-    if bias.is_some_and(|b| b.dims() != [width]) {
-        return None;
-    }
-    let xt = cube(x)?;
-    let wt = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
-    if !converts(wt.dtype, &xt.client) {
-        return None;
-    }
-    let (code, norm, eps) = match pre {
-        Pre::Plain => (kernels::PRE_PLAIN, xt.clone(), 0.0),
-        Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
-        _ => return None,
-    };
-    let has_bias = bias.is_some();
-    let bias = match bias {
-        Some(b) => cube(b)?,
-        None => xt.clone(),
-    };
+    let p = Product::new(x, pre, w, bias)?;
     let tables = cube(tables)?;
     let slots = slots.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
-    let q = empty(&xt, [n, heads * d]);
+    let q = empty(&p.x, [n, heads * d]);
     let pairs_per_cube = kernels::XWT_OUTS / 2;
     let (count, dim) = cubes((width / 2).div_ceil(pairs_per_cube), kernels::XWT_UNITS);
     let written = in_place(caches, |kc, vc| {
+        let w_dtype = p.w.dtype;
+        let args = (p.x.into_tensor_arg(), p.w.into_tensor_arg(), p.norm.into_tensor_arg(), p.bias.into_tensor_arg());
+        // The weight's type, then the cache's.
         macro_rules! launch {
-            ($w:ty) => {{
-                use kernels::xwt_rope_kv as kernel;
-                let args = (
-                    xt.into_tensor_arg(),
-                    wt.into_tensor_arg(),
-                    norm.into_tensor_arg(),
-                    bias.into_tensor_arg(),
+            ($w:ty) => {
+                launch_in!(
+                    kc.dtype,
+                    kernels::xwt_rope_kv[$w],
+                    &kc.client,
+                    count,
+                    dim,
+                    args.0,
+                    args.1,
+                    args.2,
+                    args.3,
                     tables.into_tensor_arg(),
                     q.clone().into_tensor_arg(),
                     kc.clone().into_tensor_arg(),
                     vc.clone().into_tensor_arg(),
                     slots.into_tensor_arg(),
-                );
-                let client = &kc.client;
-                match kc.dtype {
-                    DType::F16 => kernel::launch::<$w, half::f16>(
-                        client, count, dim, args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
-                        eps, n, code, has_bias, d,
-                    ),
-                    DType::BF16 => kernel::launch::<$w, half::bf16>(
-                        client, count, dim, args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
-                        eps, n, code, has_bias, d,
-                    ),
-                    _ => kernel::launch::<$w, f32>(
-                        client, count, dim, args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
-                        eps, n, code, has_bias, d,
-                    ),
-                }
-            }};
+                    p.eps,
+                    n,
+                    p.code,
+                    p.has_bias,
+                    d,
+                )
+            };
         }
-        match wt.dtype {
+        match w_dtype {
             DType::F16 => launch!(half::f16),
             DType::BF16 => launch!(half::bf16),
             _ => launch!(f32),
