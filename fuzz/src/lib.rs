@@ -223,7 +223,8 @@ pub fn tool_calls(data: &[u8]) {
 fn text_calls(text: &str) {
     let schema =
         serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
-    let spec = std::sync::Arc::new(TextCallSpec { tools: vec![TextCallTool::new("get_weather", &schema)] });
+    let spec =
+        std::sync::Arc::new(TextCallSpec { tools: vec![TextCallTool::new("get_weather", &schema)], grounds: None });
     let run = |piece_chars: usize| -> (String, Vec<(String, String)>) {
         let mut recogniser = TextCalls::new(spec.clone());
         let (mut out, mut calls) = (String::new(), Vec::new());

@@ -151,7 +151,7 @@ impl Frontend {
         let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
         unchecked.params.reasoning = reasoning;
         if !options.tools.is_empty() {
-            constrain_calls(&mut unchecked.params, options, &*self.grammar_compiler()?)?;
+            constrain_calls(&mut unchecked.params, options, &request.input, &*self.grammar_compiler()?)?;
         }
         // A reasoning model's constraint applies to its answer, after the thinking.
         let guidance = &mut unchecked.params.guidance;

@@ -1,6 +1,7 @@
 //! T3: a chat's tools — checked against OpenAI's rules before anything is rendered or compiled,
 //! then turned into the constraint and the parsing of the answer's tool calls.
 
+use llaisys_model::tokenizer::ChatMessage;
 use llaisys_model::{GrammarCompiler, Guidance};
 
 use super::params::GenerateParams;
@@ -65,10 +66,12 @@ pub(super) fn check_tools(tools: &[Tool]) -> Result<(), RequestError> {
 }
 
 /// T3: the constraint and parsing of a chat's tool calls (`options.tools` not empty, checked by
-/// `check_tool_choice`), with the model's grammar `compiler`.
+/// `check_tool_choice`), with the model's grammar `compiler`; `messages` are the conversation a
+/// call written as text must draw an argument from.
 pub(super) fn constrain_calls(
     params: &mut GenerateParams,
     options: &Options,
+    messages: &[ChatMessage],
     compiler: &GrammarCompiler,
 ) -> Result<(), RequestError> {
     let choice = options.tool_choice.clone().unwrap_or_default();
@@ -104,7 +107,21 @@ pub(super) fn constrain_calls(
     params.tool_calls = Some(ToolParsing { tags: ToolCallTags { open, close }, finish_with_tool_calls: !named });
     if choice == ToolChoice::Auto {
         let tools = options.tools.iter().map(|t| TextCallTool::new(&t.name, &t.parameters)).collect();
-        params.text_calls = Some(Arc::new(TextCallSpec { tools }));
+        params.text_calls = Some(Arc::new(TextCallSpec { tools, grounds: Some(conversation_text(messages)) }));
     }
     Ok(())
+}
+
+/// The conversation's words, lowercased: every message's text and earlier calls' arguments.
+fn conversation_text(messages: &[ChatMessage]) -> String {
+    let mut text = String::new();
+    for m in messages {
+        text.push_str(&m.content.to_lowercase());
+        text.push('\n');
+        for call in &m.tool_calls {
+            text.push_str(&call.arguments.to_lowercase());
+            text.push('\n');
+        }
+    }
+    text
 }

@@ -4,8 +4,13 @@
 //! object that is exactly a call to an offered tool (`{"name": ..., "arguments": {...}}`, or
 //! Llama 3's `{"name": ..., "parameters": {...}}` with an optional `"type": "function"`; the
 //! name offered, the arguments an object with the tool's required keys and no key it does not
-//! have) becomes a tool call; anything else is let through as the text it was, unchanged.
-//! One call per answer; text after it streams as content.
+//! have, and, when the conversation is given, one of its argument values drawn from it) becomes a
+//! tool call; anything else is let through as the text it was, unchanged. One call per answer;
+//! text after it streams as content.
+//!
+//! The last condition is for precision: a model that answers "Hello!" or "What is 17 times
+//! 23?" with a call's JSON invents its arguments (`{"city": "London"}`), while a call the
+//! conversation asked for carries something of it (a city, an amount, an address).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -14,6 +19,11 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TextCallSpec {
     pub tools: Vec<TextCallTool>,
+    /// The conversation's text, lowercased: a call counts only when one of its argument values
+    /// (a string of two characters or more, or a number) appears in it, or it has none. `None`:
+    /// not checked.
+    #[serde(default)]
+    pub grounds: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,7 +75,36 @@ impl TextCallSpec {
         let tool = self.tools.iter().find(|t| &t.name == name)?;
         let required = tool.required.iter().all(|k| arguments.contains_key(k));
         let known = tool.properties.as_ref().is_none_or(|p| arguments.keys().all(|k| p.contains(k)));
-        (required && known).then(|| (name.clone(), Value::Object(arguments.clone()).to_string()))
+        let arguments = Value::Object(arguments.clone());
+        (required && known && self.grounded(&arguments)).then(|| (name.clone(), arguments.to_string()))
+    }
+
+    /// Whether one of the arguments' values comes from the conversation (or there is none).
+    fn grounded(&self, arguments: &Value) -> bool {
+        let Some(conversation) = &self.grounds else { return true };
+        let mut values = Vec::new();
+        leaf_values(arguments, &mut values);
+        values.is_empty() || values.iter().any(|v| conversation.contains(v.as_str()))
+    }
+}
+
+/// The string (two characters or more, trimmed, lowercased) and number values under `value`.
+fn leaf_values(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => {
+            let s = s.trim().to_lowercase();
+            if s.chars().count() >= 2 {
+                out.push(s);
+            }
+        }
+        Value::Number(n) => match n.as_f64() {
+            // `100.0` as the conversation would write it.
+            Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => out.push(format!("{}", f as i64)),
+            _ => out.push(n.to_string()),
+        },
+        Value::Array(items) => items.iter().for_each(|v| leaf_values(v, out)),
+        Value::Object(fields) => fields.values().for_each(|v| leaf_values(v, out)),
+        Value::Bool(_) | Value::Null => {}
     }
 }
 
@@ -239,7 +278,7 @@ mod tests {
 
     fn recogniser() -> TextCalls {
         let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
-        TextCalls::new(Arc::new(TextCallSpec { tools: vec![TextCallTool::new("get_weather", &schema)] }))
+        TextCalls::new(Arc::new(TextCallSpec { tools: vec![TextCallTool::new("get_weather", &schema)], grounds: None }))
     }
 
     /// Feeds `text` in pieces of `step` bytes (at char boundaries); everything let out, in order.
@@ -318,6 +357,31 @@ mod tests {
                 assert_eq!(run(text, step), expected, "{text:?} in steps of {step}");
             }
         }
+    }
+
+    #[test]
+    fn a_call_must_draw_an_argument_from_the_conversation_when_it_is_given() {
+        let schema = json!({"type": "object", "properties": {"amount": {"type": "number"}, "to": {"type": "string"},
+            "city": {"type": "string"}, "flags": {"type": "array"}}});
+        let spec = |conversation: &str| TextCallSpec {
+            tools: vec![TextCallTool::new("f", &schema)],
+            grounds: Some(conversation.to_lowercase()),
+        };
+        let call = |conversation: &str, arguments: Value| {
+            spec(conversation).call(&json!({"name": "f", "arguments": arguments}).to_string()).is_some()
+        };
+        assert!(call("Weather in PARIS?", json!({"city": "Paris"})), "any case");
+        assert!(call("北京今天天气怎么样？", json!({"city": "北京"})));
+        assert!(!call("Hello!", json!({"city": "London"})), "an invented city");
+        assert!(!call("What is the capital of France?", json!({"city": "Paris"})));
+        assert!(call("Convert 100 USD to euros", json!({"amount": 100.0, "to": "EUR"})), "one value is enough");
+        assert!(call("Convert 2.5 dollars", json!({"amount": 2.5})));
+        assert!(!call("Convert some dollars", json!({"amount": 100, "to": "EUR"})));
+        assert!(call("anything", json!({})), "nothing to check");
+        assert!(call("anything", json!({"city": " x "})), "one letter says nothing either way");
+        assert!(call("ping Oslo", json!({"flags": [true, {"city": "oslo"}]})), "values at any depth");
+        let unchecked = TextCallSpec { grounds: None, ..spec("") };
+        assert!(unchecked.call(r#"{"name": "f", "arguments": {"city": "London"}}"#).is_some());
     }
 
     #[test]
