@@ -230,6 +230,59 @@ fn a_front_and_two_workers_answer_like_one_server() {
     assert!(metric(&m, "llaisys_num_requests_running", "w3").is_none(), "{m}");
 }
 
+/// Embeddings and rerank through a router-only front run on a node: the vectors equal
+/// transformers' float64 reference (as on one server), the ranking the reference's, and a
+/// request sent while no node serves waits for one to join.
+#[test]
+fn embeddings_and_rerank_run_on_the_nodes() {
+    let name = "tiny-untied-f32";
+    let model = fixture_dir(name);
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("embeddings.json")).unwrap()).unwrap();
+    let inputs = reference["inputs"].as_array().unwrap().clone();
+    let texts: Vec<String> = inputs.iter().map(|i| i["text"].as_str().unwrap().to_string()).collect();
+    let vector =
+        |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+    let cluster = free_port();
+    let (_front, addr) = front(&model, cluster, &["--set", "cluster.serve_local=false"]);
+    // Asked before any node joined, the front holds the work until one can run it.
+    let early = {
+        let (addr, texts) = (addr.clone(), texts.clone());
+        std::thread::spawn(move || post(&addr, "/v1/embeddings", serde_json::json!({"model": name, "input": texts})))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let _w1 = worker(&model, cluster, "w1", COOKIE, &[]);
+    let early = early.join().unwrap();
+    for pooling in ["last", "mean"] {
+        let r = if pooling == "last" {
+            early.clone()
+        } else {
+            post(&addr, "/v1/embeddings", serde_json::json!({"model": name, "input": texts, "pooling": pooling}))
+        };
+        let data = r["data"].as_array().unwrap_or_else(|| panic!("{r}"));
+        assert_eq!(data.len(), inputs.len(), "{r}");
+        for (i, (got, want)) in data.iter().zip(&inputs).enumerate() {
+            let (got, want) = (vector(&got["embedding"]), vector(&want[pooling]));
+            let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(got.len() == want.len() && err < 1e-4, "{pooling} input {i}: {err}");
+        }
+    }
+    // A model without a reranker head ranks by the cosine of the embeddings.
+    let q = vector(&inputs[0]["last"]);
+    let mut expected: Vec<usize> = (0..inputs.len() - 1).collect();
+    let score = |i: usize| -> f64 { vector(&inputs[i + 1]["last"]).iter().zip(&q).map(|(a, b)| a * b).sum() };
+    expected.sort_by(|a, b| score(*b).total_cmp(&score(*a)));
+    let body = serde_json::json!({"model": name, "query": texts[0], "documents": texts[1..]});
+    let r = post(&addr, "/v1/rerank", body);
+    let order: Vec<usize> = r["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"))
+        .iter()
+        .map(|x| x["index"].as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(order, expected, "{r}");
+}
+
 /// Streams a completion and returns (whether it ended with [DONE], its finish reasons, and
 /// whether an error came).
 fn stream(addr: &str, body: serde_json::Value) -> (bool, Vec<String>, bool) {

@@ -10,6 +10,9 @@
 //!   the queue is full too, it is refused (`EngineError::Overloaded`, HTTP 429).
 //! - When a node leaves, its requests that streamed nothing go back to the head of the queue
 //!   (and run elsewhere); the others end with `FinishReason::Error`.
+//! - Read-outs (embeddings, a reranker's verdicts) queue beside the requests and go whole to
+//!   the node with room and the fewest in flight; one whose node leaves runs again elsewhere
+//!   (nothing of it streamed).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -27,6 +30,7 @@ use crate::placement::{Load, Placement};
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::Submission;
 use crate::session::SessionInfo;
+use llaisys_model::Readout;
 
 /// To the front's router.
 pub enum ToFront {
@@ -37,6 +41,12 @@ pub enum ToFront {
     Cancel {
         id: RequestId,
         reply: RpcReplyPort<bool>,
+    },
+    /// `Engine::embed` and `Engine::rerank` on the front: prefill-only work for one node.
+    ReadOut {
+        inputs: Vec<Vec<u32>>,
+        readout: Readout,
+        reply: RpcReplyPort<Result<Vec<Vec<f32>>, EngineError>>,
     },
     /// Every node's replicas, from their last reports.
     Stats(RpcReplyPort<Vec<ReplicaStats>>),
@@ -91,6 +101,14 @@ struct Pending {
     cancelled: bool,
 }
 
+/// A read-out the front holds: queued (`node` none) or running on a node.
+struct PendingReadOut {
+    inputs: Vec<Vec<u32>>,
+    readout: Readout,
+    reply: RpcReplyPort<Result<Vec<Vec<f32>>, EngineError>>,
+    node: Option<String>,
+}
+
 pub struct FrontState {
     config: ClusterConfig,
     vocab_size: usize,
@@ -100,6 +118,8 @@ pub struct FrontState {
     placement: Placement<String>,
     pending: HashMap<RequestId, Pending>,
     queue: VecDeque<RequestId>,
+    read_outs: HashMap<RequestId, PendingReadOut>,
+    read_queue: VecDeque<RequestId>,
     next_id: RequestId,
     shutdown: Option<RpcReplyPort<()>>,
     draining: bool,
@@ -122,6 +142,8 @@ impl Actor for FrontActor {
             refused: HashSet::new(),
             pending: HashMap::new(),
             queue: VecDeque::new(),
+            read_outs: HashMap::new(),
+            read_queue: VecDeque::new(),
             next_id: 0,
             shutdown: None,
             draining: false,
@@ -151,6 +173,7 @@ impl Actor for FrontActor {
             }
             ToFront::Node(Received::Unreadable(why)) => tracing::warn!("unreadable cluster message: {why}"),
             ToFront::Submit(submission) => state.submit(submission),
+            ToFront::ReadOut { inputs, readout, reply } => state.read_out(inputs, readout, reply),
             ToFront::Cancel { id, reply } => {
                 let _ = reply.send(state.cancel(id));
             }
@@ -170,6 +193,11 @@ impl Actor for FrontActor {
                 state.draining = true;
                 for id in std::mem::take(&mut state.queue) {
                     state.finish(id, FinishReason::Abort);
+                }
+                for id in std::mem::take(&mut state.read_queue) {
+                    if let Some(r) = state.read_outs.remove(&id) {
+                        let _ = r.reply.send(Err(EngineError::ShuttingDown));
+                    }
                 }
                 state.shutdown = Some(reply);
                 state.check_drained();
@@ -241,6 +269,13 @@ impl FrontState {
                 self.dispatch();
             }
             FromNode::Events { id, events } => self.events(&from, id, events),
+            FromNode::ReadOut { id, result } => {
+                if self.read_outs.get(&id).is_some_and(|r| r.node.as_deref() == Some(from.as_str())) {
+                    let r = self.take_read_out(id).expect("held");
+                    let _ = r.reply.send(result.map_err(|refusal| refused(&from, refusal)));
+                }
+                self.dispatch();
+            }
         }
     }
 
@@ -300,6 +335,29 @@ impl FrontState {
         }
     }
 
+    fn read_out(
+        &mut self,
+        inputs: Vec<Vec<u32>>,
+        readout: Readout,
+        reply: RpcReplyPort<Result<Vec<Vec<f32>>, EngineError>>,
+    ) {
+        if self.draining {
+            let _ = reply.send(Err(EngineError::ShuttingDown));
+            return;
+        }
+        let queued = self.queue.len() + self.read_queue.len();
+        if !self.nodes.values().any(Node::has_room) && queued >= self.config.queue {
+            let nodes = self.nodes.values().filter(|n| n.live()).count();
+            let _ = reply.send(Err(EngineError::Overloaded { nodes, queued }));
+            return;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.read_outs.insert(id, PendingReadOut { inputs, readout, reply, node: None });
+        self.read_queue.push_back(id);
+        self.dispatch();
+    }
+
     fn submit(&mut self, submission: Submission) {
         let Submission { choice, events, reply } = submission;
         if self.draining {
@@ -325,8 +383,13 @@ impl FrontState {
         }
     }
 
-    /// Sends queued requests, oldest first, while a node has room.
+    /// Sends queued requests, then read-outs, oldest first, while a node has room.
     fn dispatch(&mut self) {
+        self.dispatch_requests();
+        self.dispatch_read_outs();
+    }
+
+    fn dispatch_requests(&mut self) {
         while let Some(&id) = self.queue.front() {
             let loads: Vec<(String, Load)> = self
                 .nodes
@@ -350,6 +413,33 @@ impl FrontState {
                 self.remove(&name, "it cannot be reached");
             }
         }
+    }
+
+    /// Each queued read-out goes whole to the node with room and the fewest in flight.
+    fn dispatch_read_outs(&mut self) {
+        while let Some(&id) = self.read_queue.front() {
+            let least = self.nodes.iter().filter(|(_, n)| n.has_room()).min_by_key(|(_, n)| n.in_flight);
+            let Some(name) = least.map(|(name, _)| name.clone()) else { return };
+            self.read_queue.pop_front();
+            let node = self.nodes.get_mut(&name).expect("a known node");
+            node.in_flight += 1;
+            let r = self.read_outs.get_mut(&id).expect("a queued read-out is held");
+            r.node = Some(name.clone());
+            let msg = FromFront::ReadOut { id, inputs: r.inputs.clone(), readout: r.readout.clone() };
+            if !send(&node.actor, &self.config.name, msg) {
+                self.remove(&name, "it cannot be reached");
+            }
+        }
+    }
+
+    /// A read-out leaves the front's books; its node's slot is free again.
+    fn take_read_out(&mut self, id: RequestId) -> Option<PendingReadOut> {
+        let r = self.read_outs.remove(&id)?;
+        if let Some(node) = r.node.as_ref().and_then(|n| self.nodes.get_mut(n)) {
+            node.in_flight = node.in_flight.saturating_sub(1);
+        }
+        self.check_drained();
+        Some(r)
     }
 
     /// A request leaves the front's books; its node's slot is free again.
@@ -407,6 +497,15 @@ impl FrontState {
                 self.queue.push_front(id);
             }
         }
+        // Read-outs streamed nothing: they run again elsewhere.
+        let mut read_outs: Vec<RequestId> =
+            self.read_outs.iter().filter(|(_, r)| r.node.as_deref() == Some(name)).map(|(id, _)| *id).collect();
+        read_outs.sort_unstable_by(|a, b| b.cmp(a));
+        for id in read_outs {
+            self.read_outs.get_mut(&id).expect("held").node = None;
+            self.read_queue.push_front(id);
+            retried += 1;
+        }
         tracing::warn!(node = name, retried, failed, in_flight = node.in_flight, "node removed: {why}");
         self.dispatch();
     }
@@ -460,10 +559,21 @@ impl FrontState {
         for id in gone {
             self.cancel(id);
         }
+        // Read-outs whose caller went away before a node took them.
+        let read_outs = &mut self.read_outs;
+        self.read_queue.retain(|id| {
+            let gone = read_outs.get(id).is_none_or(|r| r.reply.is_closed());
+            if gone {
+                read_outs.remove(id);
+            }
+            !gone
+        });
+        self.check_drained();
     }
 
     fn check_drained(&mut self) {
         if self.pending.is_empty()
+            && self.read_outs.is_empty()
             && let Some(reply) = self.shutdown.take()
         {
             let _ = reply.send(());

@@ -86,6 +86,7 @@ impl Actor for NodeActor {
                 FromFront::DeleteSession { id } => {
                     let _ = state.args.engine.delete_session(&id).await;
                 }
+                FromFront::ReadOut { id, inputs, readout } => state.read_out(id, inputs, readout),
             },
             ToNode::Front(Received::Foreign { from, version }) => {
                 let why = format!(
@@ -174,6 +175,20 @@ impl NodeState {
             let _ = myself.send_message(ToNode::Done(id));
         });
         self.running.insert(id, Running { cancel: Some(cancel), task });
+    }
+}
+
+impl NodeState {
+    /// Runs a read-out on the engine's workers and sends its vectors (or why not) back. Nothing
+    /// streams and nothing stays, so there is nothing to cancel: a front that went away drops
+    /// the answer.
+    fn read_out(&mut self, id: u64, inputs: Vec<Vec<u32>>, readout: llaisys_model::Readout) {
+        let Some(front) = self.front.clone() else { return };
+        let (name, engine) = (self.args.name.clone(), self.args.engine.clone());
+        tokio::spawn(async move {
+            let result = engine.read_out(&inputs, readout).await.map_err(|e| refusal(&e));
+            let _ = front.send_message(message(&name, FromNode::ReadOut { id, result }));
+        });
     }
 }
 

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use llaisys_model::{GuidanceSpec, SamplingParams};
+use llaisys_model::{GuidanceSpec, Readout, SamplingParams};
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use serde::{Deserialize, Serialize};
 
@@ -19,8 +19,8 @@ use crate::request::{ReasoningParsing, ReasoningTags, TextCallSpec, ToolCallTags
 use crate::session::SessionInfo;
 
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
-/// out its empty fields.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// out its empty fields; 3: read-outs (embeddings, rerank).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// A request as it crosses the network: everything a checked choice holds, the constraint
 /// before compilation (the node checks it again against its own model and cache).
@@ -136,14 +136,33 @@ pub enum FromNode {
         id: u64,
         events: Vec<Event>,
     },
+    /// What a read-out gave, one vector per input, or why it failed.
+    ReadOut {
+        id: u64,
+        result: Result<Vec<Vec<f32>>, Refusal>,
+    },
 }
 
 /// From the front to a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum FromFront {
-    Submit { id: u64, request: Box<WireRequest> },
-    Cancel { id: u64 },
-    DeleteSession { id: String },
+    Submit {
+        id: u64,
+        request: Box<WireRequest>,
+    },
+    Cancel {
+        id: u64,
+    },
+    DeleteSession {
+        id: String,
+    },
+    /// Prefill-only work (embeddings, a reranker's verdicts): the checked inputs and what to
+    /// read out of each.
+    ReadOut {
+        id: u64,
+        inputs: Vec<Vec<u32>>,
+        readout: Readout,
+    },
 }
 
 /// A frame of this version (`Header` was read first).
@@ -288,6 +307,22 @@ mod tests {
                 queue_time: None,
             }],
         };
+        let SerializedMessage::Cast { args, .. } = encode("n1", &msg).unwrap() else { panic!("not a cast") };
+        assert_eq!(parse::<FromNode>(&args), Received::Message { from: "n1".into(), msg });
+    }
+
+    #[test]
+    fn a_read_out_and_its_vectors_round_trip() {
+        let msg = FromFront::ReadOut {
+            id: 3,
+            inputs: vec![vec![1, 2], vec![3]],
+            readout: Readout::Pooled(llaisys_model::Pooling::Mean),
+        };
+        let SerializedMessage::Cast { args, .. } = encode("front", &msg).unwrap() else { panic!("not a cast") };
+        assert_eq!(parse::<FromFront>(&args), Received::Message { from: "front".into(), msg });
+        // Every f32 comes back as it was.
+        let vectors = vec![vec![0.1f32, -1.0e-7, 3.402_823_5e38, 1.0 / 3.0], vec![f32::MIN_POSITIVE]];
+        let msg = FromNode::ReadOut { id: 3, result: Ok(vectors) };
         let SerializedMessage::Cast { args, .. } = encode("n1", &msg).unwrap() else { panic!("not a cast") };
         assert_eq!(parse::<FromNode>(&args), Received::Message { from: "n1".into(), msg });
     }

@@ -292,7 +292,7 @@ impl Engine {
     /// requests do not stall the decoding ones for long), pooled, truncated and normalised.
     pub async fn embed(&self, request: &EmbedRequest) -> Result<Embeddings, EngineError> {
         let valid = self.frontend.embedding(request)?;
-        let pooled = self.read_out(valid.inputs(), Readout::Pooled(valid.pooling), "embeddings").await?;
+        let pooled = self.read_out(valid.inputs(), Readout::Pooled(valid.pooling)).await?;
         Ok(valid.finish(pooled))
     }
 
@@ -302,15 +302,21 @@ impl Engine {
     pub async fn rerank(&self, request: &RerankRequest) -> Result<Scores, EngineError> {
         let valid = self.frontend.rerank(request)?;
         let readout = Readout::Logits(vec![valid.judge.no, valid.judge.yes]);
-        let logits = self.read_out(valid.inputs(), readout, "reranking").await?;
+        let logits = self.read_out(valid.inputs(), readout).await?;
         Ok(valid.finish(logits))
     }
 
     /// What `readout` reads out of each of `inputs` (checked), as prefill-only work on the
-    /// workers; `what` names the work in an error.
-    async fn read_out(&self, inputs: &[Vec<u32>], readout: Readout, what: &str) -> Result<Vec<Vec<f32>>, EngineError> {
-        let Route::Local(local) = &self.route else {
-            return Err(RequestError::general(format!("{what} is not served through a cluster's front yet")).into());
+    /// workers, or on a cluster's nodes (the front sends the whole list to one node, which
+    /// batches it as here).
+    pub(crate) async fn read_out(&self, inputs: &[Vec<u32>], readout: Readout) -> Result<Vec<Vec<f32>>, EngineError> {
+        let local = match &self.route {
+            Route::Local(local) => local,
+            Route::Cluster(parts) => {
+                let inputs = inputs.to_vec();
+                let result = ractor::call!(parts.front, |reply| ToFront::ReadOut { inputs, readout, reply });
+                return result.map_err(|_| self.stopped())?;
+            }
         };
         let mut pooled = Vec::with_capacity(inputs.len());
         let mut batch: Vec<Vec<u32>> = Vec::new();
