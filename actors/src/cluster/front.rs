@@ -435,20 +435,22 @@ impl FrontState {
     /// A read-out leaves the front's books; its node's slot is free again.
     fn take_read_out(&mut self, id: RequestId) -> Option<PendingReadOut> {
         let r = self.read_outs.remove(&id)?;
-        if let Some(node) = r.node.as_ref().and_then(|n| self.nodes.get_mut(n)) {
+        self.free_slot(r.node.as_deref());
+        Some(r)
+    }
+
+    /// Work that ran on `node` left the front's books.
+    fn free_slot(&mut self, node: Option<&str>) {
+        if let Some(node) = node.and_then(|n| self.nodes.get_mut(n)) {
             node.in_flight = node.in_flight.saturating_sub(1);
         }
         self.check_drained();
-        Some(r)
     }
 
     /// A request leaves the front's books; its node's slot is free again.
     fn take(&mut self, id: RequestId) -> Option<Pending> {
         let p = self.pending.remove(&id)?;
-        if let Some(node) = p.node.as_ref().and_then(|n| self.nodes.get_mut(n)) {
-            node.in_flight = node.in_flight.saturating_sub(1);
-        }
-        self.check_drained();
+        self.free_slot(p.node.as_deref());
         Some(p)
     }
 
