@@ -20,8 +20,8 @@ use serde_json::Value;
 pub struct TextCallSpec {
     pub tools: Vec<TextCallTool>,
     /// The conversation's text, lowercased: a call counts only when one of its argument values
-    /// (a string of two characters or more, or a number) appears in it, or it has none. `None`:
-    /// not checked.
+    /// (a string of two characters or more, or one of its words of four or more, or a number)
+    /// appears in it, or it has none. `None`: not checked.
     #[serde(default)]
     pub grounds: Option<String>,
 }
@@ -88,11 +88,16 @@ impl TextCallSpec {
     }
 }
 
-/// The string (two characters or more, trimmed, lowercased) and number values under `value`.
+/// The string (two characters or more, trimmed, lowercased; and their words of four or more)
+/// and number values under `value`.
 fn leaf_values(value: &Value, out: &mut Vec<String>) {
     match value {
         Value::String(s) => {
             let s = s.trim().to_lowercase();
+            // A text the model wrote in its own words (a search query) counts by any of its
+            // longer words.
+            let words = s.split(|c: char| !c.is_alphanumeric()).filter(|w| w.chars().count() >= 4 && w.len() < s.len());
+            out.extend(words.map(str::to_string));
             if s.chars().count() >= 2 {
                 out.push(s);
             }
@@ -377,6 +382,11 @@ mod tests {
         assert!(call("Convert 100 USD to euros", json!({"amount": 100.0, "to": "EUR"})), "one value is enough");
         assert!(call("Convert 2.5 dollars", json!({"amount": 2.5})));
         assert!(!call("Convert some dollars", json!({"amount": 100, "to": "EUR"})));
+        assert!(call("Search the web for the latest Rust release", json!({"to": "latest Rust release notes"})));
+        assert!(
+            !call("What is the capital of France?", json!({"to": "the weather in London"})),
+            "short words do not count"
+        );
         assert!(call("anything", json!({})), "nothing to check");
         assert!(call("anything", json!({"city": " x "})), "one letter says nothing either way");
         assert!(call("ping Oslo", json!({"flags": [true, {"city": "oslo"}]})), "values at any depth");
