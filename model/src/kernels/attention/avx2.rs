@@ -12,6 +12,12 @@
 //! - **Output**: up to eight vectors of it (64 values) stay in registers while the sixteen
 //!   weighted values are added; a head dim of 128 takes two passes.
 //!
+//!
+//! [`lanes`] is `lanes.rs`'s path on AVX2: a prefill tile's query heads eight to a vector, one
+//! per lane, so a block's scores are broadcast-key FMAs with nothing summed across lanes, and
+//! the softmax and output are vectors over the queries; the scores are made in two halves of
+//! eight cells (sixteen registers).
+//!
 //! `unsafe` (C8: the reason). The `#[target_feature]` function may only run on a CPU with AVX2
 //! and FMA: the caller passes pulp's `V3` token, which exists only where the CPU has both. The
 //! vector loads and stores are `kernels/avx2.rs`'s, on arrays of 8 f32. Nothing else here is
@@ -22,8 +28,12 @@ use std::arch::x86_64::*;
 
 use pulp::x86::V3;
 
+use super::lanes::Lanes;
+use super::{Attention, Partial, Task, load_block};
 use crate::kernels::avx2::{W, load, reduce_max, reduce_sum, store};
 use crate::kernels::exp::{LN2_HI, LN2_LO, MAX, MIN, POLY, ROUND};
+use crate::kernels::plain::Plain;
+use crate::kernels::xwt::Weight;
 
 /// Cells in a block.
 const CELLS: usize = 16;
@@ -165,4 +175,94 @@ fn exp(x: __m256) -> __m256 {
     // 2^k from the exponent bits: k + 127 lies in [1, 254].
     let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)));
     _mm256_mul_ps(p, _mm256_castsi256_ps(bits))
+}
+
+/// The task with the tile's queries along the lanes, for head dims of 16, 32, 64 and 128; `None`
+/// for the others (the caller goes query by query). `plain` widens the blocks.
+pub(super) fn lanes<T: Weight>(_cpu: V3, plain: Plain, a: &Attention<'_, T>, task: &Task) -> Option<Partial> {
+    // SAFETY (each arm): the `V3` token exists only where the CPU has AVX2 and FMA.
+    Some(match a.d {
+        16 => unsafe { lanes_d::<T, 16>(plain, a, task) },
+        32 => unsafe { lanes_d::<T, 32>(plain, a, task) },
+        64 => unsafe { lanes_d::<T, 64>(plain, a, task) },
+        128 => unsafe { lanes_d::<T, 128>(plain, a, task) },
+        _ => return None,
+    })
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn lanes_d<T: Weight, const D: usize>(plain: Plain, a: &Attention<'_, T>, task: &Task) -> Partial {
+    let cells = &a.visible[task.rows.end - 1];
+    let Lanes { vectors, qt, seen, fewest, mut ot, mut max, mut sum, .. } = Lanes::<W>::new(a, task, D);
+    let (mut keys, mut values) = (vec![0.0f32; CELLS * D], vec![0.0f32; CELLS * D]);
+    let minus_infinity = _mm256_set1_ps(f32::NEG_INFINITY);
+    for b0 in task.cells.clone().step_by(CELLS) {
+        let width = CELLS.min(task.cells.end - b0);
+        load_block(plain, a, task.kv_head, &cells[b0..b0 + width], &mut keys, &mut values);
+        let (k_rows, _) = keys.as_chunks::<D>();
+        let (v_rows, _) = values.as_chunks::<D>();
+        for v in 0..vectors {
+            let q = &qt[v * D..(v + 1) * D];
+            let mut s = [_mm256_setzero_ps(); CELLS];
+            for half in 0..2 {
+                let mut acc = [_mm256_setzero_ps(); W];
+                for (k, q) in q.iter().enumerate() {
+                    let qk = load(q);
+                    for (t, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm256_fmadd_ps(_mm256_set1_ps(k_rows[half * W + t][k]), qk, *acc);
+                    }
+                }
+                s[half * W..(half + 1) * W].copy_from_slice(&acc);
+            }
+            // Lane masks of the cells each query sees, where some lane does not see them all.
+            let masked = width < CELLS || fewest[v] < b0 + CELLS;
+            let mut visible = [_mm256_setzero_ps(); CELLS];
+            if masked {
+                let seen = load(&seen[v]);
+                for (t, m) in visible.iter_mut().enumerate().take(width) {
+                    *m = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_set1_ps((b0 + t) as f32), seen);
+                }
+                for (s, m) in s.iter_mut().zip(&visible) {
+                    *s = _mm256_blendv_ps(minus_infinity, *s, *m);
+                }
+            }
+            let block_max = s.iter().fold(minus_infinity, |m, x| _mm256_max_ps(m, *x));
+            let old = load(&max[v]);
+            let new = _mm256_max_ps(old, block_max);
+            // A lane that has seen no cell yet keeps −∞ and 0; its weights are measured from 0
+            // and masked to 0.
+            let reference = _mm256_and_ps(new, _mm256_cmp_ps::<_CMP_NEQ_OQ>(new, minus_infinity));
+            let shrink = exp(_mm256_sub_ps(old, reference));
+            let mut weights = [[0.0f32; W]; CELLS];
+            let mut total = _mm256_mul_ps(load(&sum[v]), shrink);
+            for (t, w) in weights.iter_mut().enumerate() {
+                let mut wt = exp(_mm256_sub_ps(s[t], reference));
+                if masked {
+                    wt = _mm256_and_ps(wt, visible[t]);
+                }
+                total = _mm256_add_ps(total, wt);
+                store(w, wt);
+            }
+            store(&mut sum[v], total);
+            store(&mut max[v], new);
+            // The output transposed, eight dimensions at a time in registers.
+            let o = &mut ot[v * D..(v + 1) * D];
+            for c in (0..D).step_by(W) {
+                let mut acc = [_mm256_setzero_ps(); W];
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm256_mul_ps(load(&o[c + j]), shrink);
+                }
+                for (t, w) in weights.iter().enumerate() {
+                    let wt = load(w);
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm256_fmadd_ps(_mm256_set1_ps(v_rows[t][c + j]), wt, *acc);
+                    }
+                }
+                for (j, acc) in acc.iter().enumerate() {
+                    store(&mut o[c + j], *acc);
+                }
+            }
+        }
+    }
+    Lanes::<W>::partial(&ot, &max, &sum, task.rows.len() * (a.heads / a.kv_heads), D)
 }

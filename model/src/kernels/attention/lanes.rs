@@ -42,43 +42,13 @@ const OUT_CHUNK: usize = 8;
 
 #[inline(always)]
 fn tile_d<T: Weight, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task) -> Partial {
-    let group = a.heads / a.kv_heads;
-    let queries = task.rows.len() * group;
-    let vectors = queries.div_ceil(LANES);
     let cells = &a.visible[task.rows.end - 1];
-    let scale = 1.0 / (D as f32).sqrt();
-    // The queries transposed and scaled, [vectors, D, LANES]; each lane's count of visible cells
-    // (positions in `cells`; 0 for the padding lanes of the last vector).
-    let mut qt = vec![[0.0f32; LANES]; vectors * D];
-    let mut seen = vec![[0.0f32; LANES]; vectors];
-    for qi in 0..queries {
-        let row = task.rows.start + qi / group;
-        let q = &a.q[(row * a.heads + a.kv_head_first(task.kv_head) + qi % group) * D..][..D];
-        let (v, lane) = (qi / LANES, qi % LANES);
-        for (k, &x) in q.iter().enumerate() {
-            qt[v * D + k][lane] = x * scale;
-        }
-        seen[v][lane] = a.visible[row].len() as f32;
-    }
-    // The fewest cells a vector's lanes see: blocks below it need no mask.
-    let fewest: Vec<usize> = (0..vectors)
-        .map(|v| {
-            let lanes = (queries - v * LANES).min(LANES);
-            seen[v][..lanes].iter().fold(f32::INFINITY, |m, &s| m.min(s)) as usize
-        })
-        .collect();
-    // The running state per vector: the output transposed [D, LANES], the maxima and sums.
-    let mut ot = vec![[0.0f32; LANES]; vectors * D];
-    let mut max = vec![[f32::NEG_INFINITY; LANES]; vectors];
-    let mut sum = vec![[0.0f32; LANES]; vectors];
+    let Lanes { vectors, qt, seen, fewest, mut ot, mut max, mut sum, .. } = Lanes::<LANES>::new(a, task, D);
     let (mut keys, mut values) = (vec![0.0f32; LANES * D], vec![0.0f32; LANES * D]);
     let f = simd.avx512f;
     for b0 in task.cells.clone().step_by(LANES) {
         let width = LANES.min(task.cells.end - b0);
         load_block(simd, a, task.kv_head, &cells[b0..b0 + width], &mut keys, &mut values);
-        // Cells past a short block: masked, and zero so that nothing but 0 is ever added.
-        keys[width * D..].fill(0.0);
-        values[width * D..].fill(0.0);
         let (k_rows, _) = keys.as_chunks::<D>();
         let (v_rows, _) = values.as_chunks::<D>();
         for v in 0..vectors {
@@ -133,15 +103,67 @@ fn tile_d<T: Weight, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task
             }
         }
     }
-    // Back to one row of D per query.
-    let mut p = Partial { out: vec![0.0; queries * D], max: vec![0.0; queries], sum: vec![0.0; queries] };
-    for qi in 0..queries {
-        let (v, lane) = (qi / LANES, qi % LANES);
-        for k in 0..D {
-            p.out[qi * D + k] = ot[v * D + k][lane];
+    Lanes::<LANES>::partial(&ot, &max, &sum, task.rows.len() * (a.heads / a.kv_heads), D)
+}
+
+/// A task's queries laid out for a lanes path of `L` lanes, and its running state.
+pub(super) struct Lanes<const L: usize> {
+    pub vectors: usize,
+    /// The queries transposed and scaled by `1/√d`: `[vectors, d]` of `L` lanes.
+    pub qt: Vec<[f32; L]>,
+    /// Each lane's count of visible cells (positions in the last row's list; 0 for the padding
+    /// lanes of the last vector).
+    pub seen: Vec<[f32; L]>,
+    /// The fewest cells a vector's real lanes see: blocks below it need no mask.
+    pub fewest: Vec<usize>,
+    /// The output transposed, `[vectors, d]` of `L` lanes; the maxima and sums per vector.
+    pub ot: Vec<[f32; L]>,
+    pub max: Vec<[f32; L]>,
+    pub sum: Vec<[f32; L]>,
+}
+
+impl<const L: usize> Lanes<L> {
+    pub(super) fn new<T>(a: &Attention<'_, T>, task: &Task, d: usize) -> Self {
+        let group = a.heads / a.kv_heads;
+        let queries = task.rows.len() * group;
+        let vectors = queries.div_ceil(L);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut qt = vec![[0.0f32; L]; vectors * d];
+        let mut seen = vec![[0.0f32; L]; vectors];
+        for qi in 0..queries {
+            let row = task.rows.start + qi / group;
+            let q = &a.q[(row * a.heads + a.kv_head_first(task.kv_head) + qi % group) * d..][..d];
+            let (v, lane) = (qi / L, qi % L);
+            for (k, &x) in q.iter().enumerate() {
+                qt[v * d + k][lane] = x * scale;
+            }
+            seen[v][lane] = a.visible[row].len() as f32;
         }
-        p.max[qi] = max[v][lane];
-        p.sum[qi] = sum[v][lane];
+        let fewest = (0..vectors)
+            .map(|v| seen[v][..(queries - v * L).min(L)].iter().fold(f32::INFINITY, |m, &s| m.min(s)) as usize)
+            .collect();
+        Self {
+            vectors,
+            qt,
+            seen,
+            fewest,
+            ot: vec![[0.0; L]; vectors * d],
+            max: vec![[f32::NEG_INFINITY; L]; vectors],
+            sum: vec![[0.0; L]; vectors],
+        }
     }
-    p
+
+    /// The state back as one row of `d` per query.
+    pub(super) fn partial(ot: &[[f32; L]], max: &[[f32; L]], sum: &[[f32; L]], queries: usize, d: usize) -> Partial {
+        let mut p = Partial { out: vec![0.0; queries * d], max: vec![0.0; queries], sum: vec![0.0; queries] };
+        for qi in 0..queries {
+            let (v, lane) = (qi / L, qi % L);
+            for k in 0..d {
+                p.out[qi * d + k] = ot[v * d + k][lane];
+            }
+            p.max[qi] = max[v][lane];
+            p.sum[qi] = sum[v][lane];
+        }
+        p
+    }
 }
