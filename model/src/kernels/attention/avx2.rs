@@ -12,7 +12,6 @@
 //! - **Output**: up to eight vectors of it (64 values) stay in registers while the sixteen
 //!   weighted values are added; a head dim of 128 takes two passes.
 //!
-//!
 //! [`lanes`] is `lanes.rs`'s path on AVX2: a prefill tile's query heads eight to a vector, one
 //! per lane, so a block's scores are broadcast-key FMAs with nothing summed across lanes, and
 //! the softmax and output are vectors over the queries; the scores are made in two halves of
@@ -193,7 +192,7 @@ pub(super) fn lanes<T: Weight>(_cpu: V3, plain: Plain, a: &Attention<'_, T>, tas
 #[target_feature(enable = "avx2,fma")]
 fn lanes_d<T: Weight, const D: usize>(plain: Plain, a: &Attention<'_, T>, task: &Task) -> Partial {
     let cells = &a.visible[task.rows.end - 1];
-    let Lanes { vectors, qt, seen, fewest, mut ot, mut max, mut sum, .. } = Lanes::<W>::new(a, task, D);
+    let mut l = Lanes::<W>::new(a, task, D);
     let (mut keys, mut values) = (vec![0.0f32; CELLS * D], vec![0.0f32; CELLS * D]);
     let minus_infinity = _mm256_set1_ps(f32::NEG_INFINITY);
     for b0 in task.cells.clone().step_by(CELLS) {
@@ -201,8 +200,8 @@ fn lanes_d<T: Weight, const D: usize>(plain: Plain, a: &Attention<'_, T>, task: 
         load_block(plain, a, task.kv_head, &cells[b0..b0 + width], &mut keys, &mut values);
         let (k_rows, _) = keys.as_chunks::<D>();
         let (v_rows, _) = values.as_chunks::<D>();
-        for v in 0..vectors {
-            let q = &qt[v * D..(v + 1) * D];
+        for v in 0..l.vectors {
+            let q = &l.qt[v * D..(v + 1) * D];
             let mut s = [_mm256_setzero_ps(); CELLS];
             for half in 0..2 {
                 let mut acc = [_mm256_setzero_ps(); W];
@@ -215,10 +214,10 @@ fn lanes_d<T: Weight, const D: usize>(plain: Plain, a: &Attention<'_, T>, task: 
                 s[half * W..(half + 1) * W].copy_from_slice(&acc);
             }
             // Lane masks of the cells each query sees, where some lane does not see them all.
-            let masked = width < CELLS || fewest[v] < b0 + CELLS;
+            let masked = width < CELLS || l.fewest[v] < b0 + CELLS;
             let mut visible = [_mm256_setzero_ps(); CELLS];
             if masked {
-                let seen = load(&seen[v]);
+                let seen = load(&l.seen[v]);
                 for (t, m) in visible.iter_mut().enumerate().take(width) {
                     *m = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_set1_ps((b0 + t) as f32), seen);
                 }
@@ -227,14 +226,14 @@ fn lanes_d<T: Weight, const D: usize>(plain: Plain, a: &Attention<'_, T>, task: 
                 }
             }
             let block_max = s.iter().fold(minus_infinity, |m, x| _mm256_max_ps(m, *x));
-            let old = load(&max[v]);
+            let old = load(&l.max[v]);
             let new = _mm256_max_ps(old, block_max);
             // A lane that has seen no cell yet keeps −∞ and 0; its weights are measured from 0
             // and masked to 0.
             let reference = _mm256_and_ps(new, _mm256_cmp_ps::<_CMP_NEQ_OQ>(new, minus_infinity));
             let shrink = exp(_mm256_sub_ps(old, reference));
             let mut weights = [[0.0f32; W]; CELLS];
-            let mut total = _mm256_mul_ps(load(&sum[v]), shrink);
+            let mut total = _mm256_mul_ps(load(&l.sum[v]), shrink);
             for (t, w) in weights.iter_mut().enumerate() {
                 let mut wt = exp(_mm256_sub_ps(s[t], reference));
                 if masked {
@@ -243,10 +242,10 @@ fn lanes_d<T: Weight, const D: usize>(plain: Plain, a: &Attention<'_, T>, task: 
                 total = _mm256_add_ps(total, wt);
                 store(w, wt);
             }
-            store(&mut sum[v], total);
-            store(&mut max[v], new);
+            store(&mut l.sum[v], total);
+            store(&mut l.max[v], new);
             // The output transposed, eight dimensions at a time in registers.
-            let o = &mut ot[v * D..(v + 1) * D];
+            let o = &mut l.ot[v * D..(v + 1) * D];
             for c in (0..D).step_by(W) {
                 let mut acc = [_mm256_setzero_ps(); W];
                 for (j, acc) in acc.iter_mut().enumerate() {
@@ -264,5 +263,5 @@ fn lanes_d<T: Weight, const D: usize>(plain: Plain, a: &Attention<'_, T>, task: 
             }
         }
     }
-    Lanes::<W>::partial(&ot, &max, &sum, task.rows.len() * (a.heads / a.kv_heads), D)
+    l.into_partial()
 }

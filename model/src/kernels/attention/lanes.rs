@@ -43,7 +43,7 @@ const OUT_CHUNK: usize = 8;
 #[inline(always)]
 fn tile_d<T: Weight, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task) -> Partial {
     let cells = &a.visible[task.rows.end - 1];
-    let Lanes { vectors, qt, seen, fewest, mut ot, mut max, mut sum, .. } = Lanes::<LANES>::new(a, task, D);
+    let mut l = Lanes::<LANES>::new(a, task, D);
     let (mut keys, mut values) = (vec![0.0f32; LANES * D], vec![0.0f32; LANES * D]);
     let f = simd.avx512f;
     for b0 in task.cells.clone().step_by(LANES) {
@@ -51,8 +51,8 @@ fn tile_d<T: Weight, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task
         load_block(simd, a, task.kv_head, &cells[b0..b0 + width], &mut keys, &mut values);
         let (k_rows, _) = keys.as_chunks::<D>();
         let (v_rows, _) = values.as_chunks::<D>();
-        for v in 0..vectors {
-            let q = &qt[v * D..(v + 1) * D];
+        for v in 0..l.vectors {
+            let q = &l.qt[v * D..(v + 1) * D];
             let mut s = [simd.splat_f32s(0.0); LANES];
             for k in 0..D {
                 let qk: f32x16 = pulp::cast(q[k]);
@@ -61,10 +61,10 @@ fn tile_d<T: Weight, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task
                 }
             }
             // Lane masks of the cells each query sees, where some lane does not see them all.
-            let masked = width < LANES || fewest[v] < b0 + LANES;
+            let masked = width < LANES || l.fewest[v] < b0 + LANES;
             let mut visible = [u16::MAX; LANES];
             if masked {
-                let seen: __m512 = pulp::cast(seen[v]);
+                let seen: __m512 = pulp::cast(l.seen[v]);
                 for (t, m) in visible.iter_mut().enumerate() {
                     let position = f._mm512_set1_ps((b0 + t) as f32);
                     *m = if t < width { f._mm512_cmp_ps_mask::<_CMP_LT_OQ>(position, seen) } else { 0 };
@@ -73,7 +73,7 @@ fn tile_d<T: Weight, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task
                 }
             }
             let block_max = s.iter().fold(simd.splat_f32s(f32::NEG_INFINITY), |m, x| simd.max_f32s(m, *x));
-            let old: f32x16 = pulp::cast(max[v]);
+            let old: f32x16 = pulp::cast(l.max[v]);
             let new = simd.max_f32s(old, block_max);
             // A lane that has seen no cell yet keeps −∞ as its maximum and 0 as its sum; its
             // weights are measured from 0 and masked to 0.
@@ -81,15 +81,15 @@ fn tile_d<T: Weight, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task
             let reference: f32x16 = pulp::cast(f._mm512_maskz_mov_ps(finite, pulp::cast(new)));
             let shrink = super::super::exp::exp(simd, simd.sub_f32s(old, reference));
             let mut weights = [simd.splat_f32s(0.0); LANES];
-            let mut total = simd.mul_f32s(pulp::cast(sum[v]), shrink);
+            let mut total = simd.mul_f32s(pulp::cast(l.sum[v]), shrink);
             for t in 0..LANES {
                 let w = super::super::exp::exp(simd, simd.sub_f32s(s[t], reference));
                 weights[t] = if masked { pulp::cast(f._mm512_maskz_mov_ps(visible[t], pulp::cast(w))) } else { w };
                 total = simd.add_f32s(total, weights[t]);
             }
-            sum[v] = pulp::cast(total);
-            max[v] = pulp::cast(new);
-            let o = &mut ot[v * D..(v + 1) * D];
+            l.sum[v] = pulp::cast(total);
+            l.max[v] = pulp::cast(new);
+            let o = &mut l.ot[v * D..(v + 1) * D];
             for c in (0..D).step_by(OUT_CHUNK) {
                 let mut acc: [f32x16; OUT_CHUNK] = std::array::from_fn(|j| simd.mul_f32s(pulp::cast(o[c + j]), shrink));
                 for t in 0..LANES {
@@ -103,11 +103,14 @@ fn tile_d<T: Weight, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task
             }
         }
     }
-    Lanes::<LANES>::partial(&ot, &max, &sum, task.rows.len() * (a.heads / a.kv_heads), D)
+    l.into_partial()
 }
 
 /// A task's queries laid out for a lanes path of `L` lanes, and its running state.
 pub(super) struct Lanes<const L: usize> {
+    /// Query heads in the tile, and the head dim.
+    queries: usize,
+    d: usize,
     pub vectors: usize,
     /// The queries transposed and scaled by `1/√d`: `[vectors, d]` of `L` lanes.
     pub qt: Vec<[f32; L]>,
@@ -143,6 +146,8 @@ impl<const L: usize> Lanes<L> {
             .map(|v| seen[v][..(queries - v * L).min(L)].iter().fold(f32::INFINITY, |m, &s| m.min(s)) as usize)
             .collect();
         Self {
+            queries,
+            d,
             vectors,
             qt,
             seen,
@@ -154,7 +159,8 @@ impl<const L: usize> Lanes<L> {
     }
 
     /// The state back as one row of `d` per query.
-    pub(super) fn partial(ot: &[[f32; L]], max: &[[f32; L]], sum: &[[f32; L]], queries: usize, d: usize) -> Partial {
+    pub(super) fn into_partial(self) -> Partial {
+        let Self { queries, d, ot, max, sum, .. } = self;
         let mut p = Partial { out: vec![0.0; queries * d], max: vec![0.0; queries], sum: vec![0.0; queries] };
         for qi in 0..queries {
             let (v, lane) = (qi / L, qi % L);

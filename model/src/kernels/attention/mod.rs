@@ -99,7 +99,7 @@ trait Arith: Copy + Send + Sync {
 impl Arith for V4 {
     /// Sixteen rows: for the lanes path, a whole number of vectors whatever the group (seven
     /// for Qwen2.5's 7), each block widened once for all of them. On an Emerald Rapids Xeon
-    /// (2 cores) the demo model's 16,384-token prefill ran at 155 tok/s so, against 74 with
+    /// (2 cores) the demo model's 16,384-token prefill ran at 155 tok/s, against 74 with
     /// tiles of 16 query heads scored query by query; 4,096 tokens 288 against 193.
     fn tile_rows(self, _group: usize) -> usize {
         LANES
