@@ -176,9 +176,7 @@ impl NodeState {
         });
         self.running.insert(id, Running { cancel: Some(cancel), task });
     }
-}
 
-impl NodeState {
     /// Runs a read-out on the engine's workers and sends its vectors (or why not) back. Nothing
     /// streams and nothing stays, so there is nothing to cancel: a front that went away drops
     /// the answer.
