@@ -121,7 +121,7 @@ impl LanguageModel for Decoder {
         &self.device
     }
 
-    /// The pool's threads spin for the pass's parallel loops (`kernels::with_awake_pool`).
+    /// On the CPU the pool's threads spin for the pass's parallel loops (`kernels::with_awake_pool`).
     fn forward(
         &self,
         batch: &ValidBatch<'_>,
@@ -132,7 +132,7 @@ impl LanguageModel for Decoder {
         // The final norm inside the output projection's kernel where it has one (a GPU's decode
         // step), else apart.
         let norm = self.weights.norm.pre();
-        kernels::with_awake_pool(|| {
+        kernels::with_awake_pool(&self.device, || {
             Ok(self.lm_head().forward_with(self.trunk(batch, placement, cache, abort)?, norm, None))
         })
     }
@@ -144,7 +144,9 @@ impl LanguageModel for Decoder {
         cache: &mut KvCache,
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
-        kernels::with_awake_pool(|| Ok(self.weights.norm.forward(self.trunk(batch, placement, cache, abort)?)))
+        kernels::with_awake_pool(&self.device, || {
+            Ok(self.weights.norm.forward(self.trunk(batch, placement, cache, abort)?))
+        })
     }
 
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {

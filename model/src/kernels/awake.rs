@@ -7,13 +7,16 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use burn::tensor::Device;
 use rayon::Yield;
 
-/// Runs `f`, a forward pass, with the pool's other threads spinning for its work. Only on a
-/// thread of the pool (the engine runs its steps there); elsewhere it just runs `f`.
-pub fn with_awake_pool<R>(f: impl FnOnce() -> R) -> R {
+/// Runs `f`, a forward pass on `device`, with the pool's other threads spinning for its work.
+/// Only for the CPU and on a thread of the pool (the engine runs its steps there); elsewhere it
+/// just runs `f`: a GPU's pass leaves the pool idle, and spinning threads would take the cores
+/// that the launching thread and the GPU runtime's own threads need.
+pub fn with_awake_pool<R>(device: &Device, f: impl FnOnce() -> R) -> R {
     let owner = rayon::current_thread_index();
-    if owner.is_none() || rayon::current_num_threads() < 2 {
+    if owner.is_none() || rayon::current_num_threads() < 2 || *device != Device::flex() {
         return f();
     }
     let stop = AtomicBool::new(false);
@@ -58,12 +61,13 @@ mod tests {
     fn passes_run_their_loops_and_a_panic_ends_the_spinning() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
         for _ in 0..50 {
-            let sum = pool.install(|| with_awake_pool(|| (0..10_000u64).into_par_iter().sum::<u64>()));
+            let sum = pool.install(|| with_awake_pool(&Device::flex(), || (0..10_000u64).into_par_iter().sum::<u64>()));
             assert_eq!(sum, 49_995_000);
         }
-        let result = pool.install(|| catch_unwind(AssertUnwindSafe(|| with_awake_pool(|| panic!("boom")))));
+        let result =
+            pool.install(|| catch_unwind(AssertUnwindSafe(|| with_awake_pool(&Device::flex(), || panic!("boom")))));
         assert!(result.is_err());
-        assert_eq!(pool.install(|| with_awake_pool(|| 7)), 7);
-        assert_eq!(with_awake_pool(|| 8), 8, "outside the pool it just runs");
+        assert_eq!(pool.install(|| with_awake_pool(&Device::flex(), || 7)), 7);
+        assert_eq!(with_awake_pool(&Device::flex(), || 8), 8, "outside the pool it just runs");
     }
 }
