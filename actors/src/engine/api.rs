@@ -24,6 +24,7 @@ use crate::placement::{PlacementConfig, PlacerActor, PlacerArgs, Target, ToPlace
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::{IdSpace, ReplicaLoad, SchedulerActor, SchedulerArgs, Submission, ToScheduler, load_off_thread};
 use crate::session::SessionInfo;
+use crate::worker::read_out;
 
 /// Loads an instance of the model: at start, and again when a failed worker is replaced.
 pub type ModelLoader = Arc<dyn Fn() -> Result<Box<dyn LanguageModel>, LoadError> + Send + Sync>;
@@ -62,9 +63,6 @@ impl Drop for Local {
         }
     }
 }
-
-/// Most tokens one embedding batch runs with (a batch of one longer input runs alone).
-const EMBED_BATCH_TOKENS: usize = 2048;
 
 /// The cloneable handle to one engine: one replica of the model per device (D2), each a
 /// scheduler with its worker and KV cache; with several, a placer actor picks one per request.
@@ -288,8 +286,9 @@ impl Engine {
     }
 
     /// Embeds each input of `request` (see [`EmbedRequest`]): checked here, then run on a
-    /// worker between its steps in batches of at most 2,048 tokens (so long
-    /// requests do not stall the decoding ones for long), pooled, truncated and normalised.
+    /// worker between its steps in passes of at most 2,048 tokens (so long requests do not
+    /// stall the decoding ones for long; short ones share a pass with other requests' inputs),
+    /// pooled, truncated and normalised.
     pub async fn embed(&self, request: &EmbedRequest) -> Result<Embeddings, EngineError> {
         let valid = self.frontend.embedding(request)?;
         let pooled = self.read_out(valid.inputs(), Readout::Pooled(valid.pooling)).await?;
@@ -323,10 +322,7 @@ impl Engine {
         let mut tokens = 0;
         let inputs = inputs.iter();
         for input in inputs.map(Some).chain([None]) {
-            let full = input.is_some_and(|i| {
-                !batch.is_empty()
-                    && (tokens + i.len() > EMBED_BATCH_TOKENS || batch.len() == llaisys_model::kv::MAX_SEQ)
-            });
+            let full = input.is_some_and(|i| !read_out::has_room(batch.len(), tokens, i.len()));
             if (full || input.is_none()) && !batch.is_empty() {
                 let i = local.next_embed.fetch_add(1, Ordering::Relaxed) % local.replicas.len();
                 let inputs = std::mem::take(&mut batch);

@@ -9,6 +9,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::executor::Executor;
 use super::messages::ToWorker;
+use super::read_out::{Job, Queue};
 use crate::scheduler::ToScheduler;
 
 pub struct WorkerActor;
@@ -17,6 +18,11 @@ pub struct WorkerState {
     /// `None` only while a step runs on its blocking thread.
     executor: Option<Executor>,
     scheduler: ActorRef<ToScheduler>,
+    /// Prefill-only work waiting for a pass between steps.
+    read_outs: Queue,
+    /// Whether a `ToWorker::ReadOut` is in the mailbox (one at a time, so the jobs that arrive
+    /// meanwhile join the pass it runs).
+    read_out_due: bool,
 }
 
 pub struct WorkerArgs {
@@ -30,12 +36,17 @@ impl Actor for WorkerActor {
     type Arguments = WorkerArgs;
 
     async fn pre_start(&self, _: ActorRef<ToWorker>, args: WorkerArgs) -> Result<WorkerState, ActorProcessingErr> {
-        Ok(WorkerState { executor: Some(args.executor), scheduler: args.scheduler })
+        Ok(WorkerState {
+            executor: Some(args.executor),
+            scheduler: args.scheduler,
+            read_outs: Queue::default(),
+            read_out_due: false,
+        })
     }
 
     async fn handle(
         &self,
-        _: ActorRef<ToWorker>,
+        myself: ActorRef<ToWorker>,
         msg: ToWorker,
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
@@ -44,14 +55,29 @@ impl Actor for WorkerActor {
             ToWorker::AddRequest(id, lane) => executor.add_request(id, *lane),
             ToWorker::RemoveRequest(id) => executor.remove_request(id),
             ToWorker::Embed { inputs, readout, reply } => {
-                let executor = state.executor.take().ok_or("worker executor missing")?;
-                let (executor, result) = tokio::task::spawn_blocking(move || {
-                    let result = executor.context().readouts(&inputs, &readout);
-                    (executor, result)
-                })
-                .await?;
-                state.executor = Some(executor);
-                let _ = reply.send(result);
+                state.read_outs.push(Job { inputs, readout, reply });
+                if !state.read_out_due {
+                    myself.send_message(ToWorker::ReadOut)?;
+                    state.read_out_due = true;
+                }
+            }
+            ToWorker::ReadOut => {
+                state.read_out_due = false;
+                if let Some(pass) = state.read_outs.next_pass() {
+                    let executor = state.executor.take().ok_or("worker executor missing")?;
+                    tracing::debug!(jobs = pass.jobs(), "read-out pass");
+                    let executor = tokio::task::spawn_blocking(move || {
+                        pass.run(executor.context());
+                        executor
+                    })
+                    .await?;
+                    state.executor = Some(executor);
+                }
+                // What is left (and what arrived during the pass) goes after the steps queued now.
+                if !state.read_outs.is_empty() {
+                    myself.send_message(ToWorker::ReadOut)?;
+                    state.read_out_due = true;
+                }
             }
             ToWorker::Execute(plan) => {
                 let mut executor = state.executor.take().ok_or("worker executor missing")?;

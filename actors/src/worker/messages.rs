@@ -15,9 +15,12 @@ pub enum ToWorker {
     RemoveRequest(RequestId),
     /// Run one step off the async threads; the result goes back as `ToScheduler::StepDone`.
     Execute(StepPlan),
-    /// Read these inputs out off the async threads (`Context::readouts`); the result goes back
-    /// to the caller.
+    /// Read these inputs out (`Context::readouts`), in a pass between steps that other callers'
+    /// inputs may share; the result goes back to the caller.
     Embed { inputs: Vec<Vec<u32>>, readout: Readout, reply: RpcReplyPort<Result<Vec<Vec<f32>>, DecodeError>> },
+    /// Run the next pass of the queued read-outs off the async threads (the worker sends it to
+    /// itself).
+    ReadOut,
 }
 
 impl ractor::Message for ToWorker {}

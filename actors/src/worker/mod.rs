@@ -5,6 +5,7 @@
 mod actor;
 mod executor;
 mod messages;
+pub(crate) mod read_out;
 
 pub(crate) use actor::{WorkerActor, WorkerArgs};
 pub use executor::{Executor, ItemOutput, Lane, outcomes};
