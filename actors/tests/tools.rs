@@ -224,7 +224,7 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
         let ids = tokenizer.encode(answer).unwrap();
         let mut pieces = Vec::new();
         for &token in &ids {
-            let sampled = llaisys_model::Sampled { token, logprob: 0.0, top: vec![], end: None, mask_time: None };
+            let sampled = llaisys_model::Sampled { token, logprob: None, top: vec![], end: None, mask_time: None };
             if let Some(event) = post.token(sampled).unwrap() {
                 if let Event::Token { tool_call: Some(d), .. } = &event {
                     pieces.push(d.clone());

@@ -9,7 +9,8 @@ use crate::error::DecodeError;
 use crate::kv::{KvCache, KvDtype};
 use crate::kv::{Pos, SeqId};
 use crate::lm::{LanguageModel, ModelInfo, Pooling, Readout};
-use crate::output::Outputs;
+use crate::output::{Outputs, argmax};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 pub struct Context {
     model: Box<dyn LanguageModel>,
@@ -64,6 +65,19 @@ impl Context {
     /// (invalid input, no KV slot, abort, internal — a panic inside the backend included) the
     /// cache's cells are as before and the previous outputs are cleared.
     pub fn decode_with_abort(&mut self, batch: &Batch, abort: &dyn Fn() -> bool) -> Result<(), DecodeError> {
+        self.decode_picking(batch, abort, &[])
+    }
+
+    /// Runs one batch as [`Context::decode_with_abort`] does, but the output rows `r` with
+    /// `greedy[r]` (missing: false) hold only their largest logit's index
+    /// ([`Outputs::picked`]), found on the model's device: on a GPU only those tokens come back,
+    /// not rows of the vocabulary's size.
+    pub fn decode_picking(
+        &mut self,
+        batch: &Batch,
+        abort: &dyn Fn() -> bool,
+        greedy: &[bool],
+    ) -> Result<(), DecodeError> {
         self.outputs.clear();
         let info = self.model.info();
         let limits =
@@ -81,12 +95,12 @@ impl Context {
         let (model, cache) = (&self.model, &mut self.cache);
         let result = catch_unwind(AssertUnwindSafe(|| {
             let logits = model.forward(&valid, &placement, cache, abort)?;
-            logits.try_into_vec_as::<f32>().map_err(|e| DecodeError::Internal(format!("reading logits: {e:?}")))
+            read_rows(logits, greedy)
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))));
         match result {
-            Ok(logits) => {
-                self.outputs.set(&logits, &valid.out_rows);
+            Ok((logits, picked)) => {
+                self.outputs.set(&logits, &picked, &valid.out_rows);
                 Ok(())
             }
             Err(e) => {
@@ -95,6 +109,50 @@ impl Context {
             }
         }
     }
+}
+
+/// Reads back a pass's logits, [n, vocab]: the rows `r` with `greedy[r]` as the index of their
+/// largest value (found on the tensor's device), the others whole, in order.
+fn read_rows(logits: Tensor<2>, greedy: &[bool]) -> Result<(Vec<f32>, Vec<Option<u32>>), DecodeError> {
+    let [n, vocab] = logits.dims();
+    let read = |e| DecodeError::Internal(format!("reading logits: {e:?}"));
+    let picks: Vec<usize> = (0..n).filter(|&r| greedy.get(r) == Some(&true)).collect();
+    if picks.is_empty() {
+        return Ok((logits.try_into_vec_as::<f32>().map_err(read)?, vec![None; n]));
+    }
+    let mut picked = vec![None; n];
+    let device = logits.device();
+    if device == Device::flex() {
+        // On the CPU the rows are in memory already: pick there, keep the others.
+        let mut all = logits.try_into_vec_as::<f32>().map_err(read)?;
+        for &r in &picks {
+            picked[r] = argmax(&all[r * vocab..(r + 1) * vocab]);
+        }
+        let mut kept = 0;
+        for r in (0..n).filter(|r| picked[*r].is_none()) {
+            all.copy_within(r * vocab..(r + 1) * vocab, kept * vocab);
+            kept += 1;
+        }
+        all.truncate(kept * vocab);
+        return Ok((all, picked));
+    }
+    let index = |rows: &[usize]| {
+        let ids: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        Tensor::<1, Int>::from_data(TensorData::new(ids, [rows.len()]), &device)
+    };
+    let full: Vec<usize> = (0..n).filter(|r| !picks.contains(r)).collect();
+    let best = match picks.len() == n {
+        true => logits.clone().argmax(1),
+        false => logits.clone().select(0, index(&picks)).argmax(1),
+    };
+    for (&r, token) in picks.iter().zip(best.try_into_vec_as::<i64>().map_err(read)?) {
+        picked[r] = Some(token as u32);
+    }
+    let rows = match full.is_empty() {
+        true => Vec::new(),
+        false => logits.select(0, index(&full)).try_into_vec_as::<f32>().map_err(read)?,
+    };
+    Ok((rows, picked))
 }
 
 impl Context {

@@ -1,14 +1,25 @@
 //! C7: the logits of a forward pass's flagged tokens. The buffers belong to the context and
 //! are reused from pass to pass.
 
-/// Logits rows of the last successful forward pass.
+/// Logits rows of the last successful forward pass, or for rows that asked only for their best
+/// token ([`Context::decode_picking`](crate::Context::decode_picking)), that token.
 #[derive(Debug, Clone, Default)]
 pub struct Outputs {
     vocab: usize,
-    /// [n_outputs, vocab] row-major.
+    /// [rows with logits, vocab] row-major.
     logits: Vec<f32>,
     /// [n_outputs] the batch index of each row.
     rows: Vec<usize>,
+    /// [n_outputs] what each row holds.
+    kinds: Vec<Row>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Row {
+    /// Its logits, the k-th row of `logits`.
+    Logits(usize),
+    /// The index of its largest logit.
+    Picked(u32),
 }
 
 impl Outputs {
@@ -16,21 +27,31 @@ impl Outputs {
         Self { vocab, ..Self::default() }
     }
 
-    /// Replaces the contents, reusing the buffers' capacity.
-    pub(crate) fn set(&mut self, logits: &[f32], rows: &[usize]) {
-        debug_assert_eq!(logits.len(), rows.len() * self.vocab);
-        self.logits.clear();
+    /// Replaces the contents: the rows where `picked` is `Some` hold that token, the others in
+    /// order the rows of `logits`.
+    pub(crate) fn set(&mut self, logits: &[f32], picked: &[Option<u32>], rows: &[usize]) {
+        debug_assert_eq!(picked.len(), rows.len());
+        debug_assert_eq!(logits.len(), picked.iter().filter(|p| p.is_none()).count() * self.vocab);
+        self.clear();
         self.logits.extend_from_slice(logits);
-        self.rows.clear();
         self.rows.extend_from_slice(rows);
+        let mut k = 0;
+        self.kinds.extend(picked.iter().map(|p| match p {
+            Some(token) => Row::Picked(*token),
+            None => {
+                k += 1;
+                Row::Logits(k - 1)
+            }
+        }));
     }
 
     pub(crate) fn clear(&mut self) {
         self.logits.clear();
         self.rows.clear();
+        self.kinds.clear();
     }
 
-    /// Number of logits rows (the number of flagged tokens).
+    /// Number of output rows (the number of flagged tokens).
     pub fn n_outputs(&self) -> usize {
         self.rows.len()
     }
@@ -38,13 +59,19 @@ impl Outputs {
     pub fn output_ids(&self) -> &[usize] {
         &self.rows
     }
-    /// All rows, [n_outputs, vocab] row-major.
-    pub fn logits(&self) -> &[f32] {
-        &self.logits
-    }
-    /// The `row`-th logits row.
+    /// The `row`-th row's logits (`None` past the rows, or for a row that holds a picked token).
     pub fn row(&self, row: usize) -> Option<&[f32]> {
-        self.logits.get(row * self.vocab..(row + 1) * self.vocab)
+        match self.kinds.get(row)? {
+            Row::Logits(k) => self.logits.get(k * self.vocab..(k + 1) * self.vocab),
+            Row::Picked(_) => None,
+        }
+    }
+    /// The token picked for the `row`-th row, if it asked for only that.
+    pub fn picked(&self, row: usize) -> Option<u32> {
+        match self.kinds.get(row)? {
+            Row::Picked(token) => Some(*token),
+            Row::Logits(_) => None,
+        }
     }
     /// The logits of batch token `i`, if it was flagged (`llama_get_logits_ith`).
     pub fn logits_ith(&self, i: usize) -> Option<&[f32]> {
@@ -70,11 +97,24 @@ mod tests {
     #[test]
     fn rows_map_to_batch_indices() {
         let mut out = Outputs::new(2);
-        out.set(&[1.0, 2.0, 3.0, 4.0], &[0, 3]);
+        out.set(&[1.0, 2.0, 3.0, 4.0], &[None, None], &[0, 3]);
         assert_eq!((out.n_outputs(), out.output_ids()), (2, &[0, 3][..]));
         assert_eq!(out.logits_ith(3), Some(&[3.0, 4.0][..]));
         assert_eq!(out.logits_ith(1), None);
         assert_eq!(out.row(2), None);
+        assert_eq!(out.picked(0), None);
+    }
+
+    #[test]
+    fn picked_rows_hold_a_token_and_the_others_their_logits() {
+        let mut out = Outputs::new(2);
+        out.set(&[5.0, 6.0], &[Some(1), None, Some(0)], &[0, 1, 2]);
+        assert_eq!((out.row(0), out.picked(0)), (None, Some(1)));
+        assert_eq!((out.row(1), out.picked(1)), (Some(&[5.0, 6.0][..]), None));
+        assert_eq!((out.row(2), out.picked(2)), (None, Some(0)));
+        assert_eq!(out.logits_ith(1), Some(&[5.0, 6.0][..]));
+        out.set(&[1.0, 2.0], &[None], &[4]);
+        assert_eq!((out.n_outputs(), out.picked(0), out.row(0)), (1, None, Some(&[1.0, 2.0][..])));
     }
 
     #[test]

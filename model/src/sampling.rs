@@ -36,6 +36,11 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// How many alternatives with their log-probabilities to report per token (0 = none).
     pub top_logprobs: usize,
+    /// Report each sampled token's log-probability (implied by `top_logprobs` > 0). Without it
+    /// a greedy sequence with nothing else to apply needs only its row's best token, which a
+    /// GPU finds where the logits are (see [`Sampler::picks_greedily`]).
+    #[serde(default)]
+    pub logprobs: bool,
 }
 
 impl Default for SamplingParams {
@@ -51,6 +56,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             seed: None,
             top_logprobs: 0,
+            logprobs: false,
         }
     }
 }
@@ -105,14 +111,20 @@ impl SamplingParams {
     fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == Some(1)
     }
+
+    /// Whether sampled tokens' log-probabilities are reported.
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs || self.top_logprobs > 0
+    }
 }
 
 /// One chosen token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    /// Log-probability of `token` under the raw distribution.
-    pub logprob: f32,
+    /// Log-probability of `token` under the raw distribution, where the parameters ask for it
+    /// ([`SamplingParams::wants_logprobs`]).
+    pub logprob: Option<f32>,
     /// The `top_logprobs` most likely tokens with their log-probabilities, best first.
     pub top: Vec<(u32, f32)>,
     /// Set when the sequence's constraint ends it with this token.
@@ -215,8 +227,30 @@ impl Sampler {
             end = end.or_else(|| guide.accept(token));
             mask_time = guide.take_mask_time();
         }
-        let (logprob, top) = raw_logprobs(logits, token, self.params.top_logprobs);
+        let (logprob, top) = match self.params.wants_logprobs() {
+            true => {
+                let (logprob, top) = raw_logprobs(logits, token, self.params.top_logprobs);
+                (Some(logprob), top)
+            }
+            false => (None, Vec::new()),
+        };
         Sampled { token, logprob, top, end, mask_time }
+    }
+
+    /// Whether this sequence's next token is its row's best one and nothing else of the row is
+    /// needed: greedy, no bias or penalty, no constraint, no log-probabilities. Such a row's
+    /// token can be picked where the logits are ([`Sampler::picked`]) instead of read back.
+    pub fn picks_greedily(&self) -> bool {
+        self.params.is_greedy() && !self.adjusts_logits() && self.guide.is_none() && !self.params.wants_logprobs()
+    }
+
+    /// Records `token`, the best of its row, picked for a sequence that [`picks_greedily`].
+    ///
+    /// [`picks_greedily`]: Sampler::picks_greedily
+    pub fn picked(&mut self, token: u32) -> Sampled {
+        debug_assert!(self.picks_greedily());
+        *self.generated.entry(token).or_default() += 1;
+        Sampled { token, logprob: None, top: Vec::new(), end: None, mask_time: None }
     }
 
     /// Whether logit bias or a penalty changes the logits before the choice.

@@ -265,3 +265,37 @@ fn a_token_in_several_sequences_is_stored_once_and_seen_by_each() {
     assert_eq!(continue_greedy(&mut ctx, 4, first, n as i64, 6), p.greedy[..6]);
     assert_eq!(continue_greedy(&mut ctx, 5, first, n as i64, 6), p.greedy[..6]);
 }
+
+/// Rows that ask only for their best token get the index of the largest logit of the row a
+/// plain pass reads back (on a GPU, found there); the other rows keep their logits, in order.
+#[test]
+fn picked_rows_hold_the_best_token_of_the_row_they_replace() {
+    let prompts = &Reference::load(FIXTURE).prompts;
+    let batch = || {
+        let mut batch = Batch::new();
+        for (seq, p) in prompts.iter().take(3).enumerate() {
+            for (i, &t) in p.ids.iter().enumerate() {
+                batch.push(t, i as i64, &[seq as u32], true);
+            }
+        }
+        batch
+    };
+    let mut plain = context(FIXTURE, 256);
+    plain.decode(&batch()).unwrap();
+    let n = plain.outputs().n_outputs();
+    for greedy in [vec![true; n], (0..n).map(|r| r % 3 != 1).collect::<Vec<_>>(), vec![false; 2]] {
+        let mut ctx = context(FIXTURE, 256);
+        ctx.decode_picking(&batch(), &|| false, &greedy).unwrap();
+        assert_eq!(ctx.outputs().n_outputs(), n);
+        for r in 0..n {
+            let whole = plain.outputs().row(r).unwrap();
+            match greedy.get(r) == Some(&true) {
+                true => assert_eq!((ctx.outputs().picked(r), ctx.outputs().row(r)), (argmax(whole), None), "row {r}"),
+                false => {
+                    assert_eq!(ctx.outputs().picked(r), None);
+                    assert!(max_abs_diff(ctx.outputs().row(r).unwrap(), whole) < TOL, "row {r}");
+                }
+            }
+        }
+    }
+}

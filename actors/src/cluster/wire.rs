@@ -19,8 +19,9 @@ use crate::request::{ReasoningParsing, ReasoningTags, TextCallSpec, ToolCallTags
 use crate::session::SessionInfo;
 
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
-/// out its empty fields; 3: read-outs (embeddings, rerank).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// out its empty fields; 3: read-outs (embeddings, rerank); 4: a token's log-probability only
+/// where the request asked for it.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// A request as it crosses the network: everything a checked choice holds, the constraint
 /// before compilation (the node checks it again against its own model and cache).
@@ -329,20 +330,20 @@ mod tests {
 
     #[test]
     fn a_token_event_carries_only_what_it_has() {
-        let token = |top_logprobs: Vec<(u32, f32)>, mask_time| Event::Token {
+        let token = |logprob, top_logprobs: Vec<(u32, f32)>, mask_time| Event::Token {
             token: 42,
             text: "hi".into(),
             reasoning: String::new(),
-            logprob: -0.5,
+            logprob,
             top_logprobs,
             mask_time,
             tool_call: None,
         };
-        let plain = token(vec![], None);
+        let plain = token(None, vec![], None);
         let json = serde_json::to_string(&plain).unwrap();
-        assert_eq!(json, r#"{"Token":{"token":42,"text":"hi","logprob":-0.5}}"#);
+        assert_eq!(json, r#"{"Token":{"token":42,"text":"hi"}}"#);
         assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), plain);
-        let full = token(vec![(1, -1.0), (2, -2.0)], Some(std::time::Duration::from_micros(30)));
+        let full = token(Some(-0.5), vec![(1, -1.0), (2, -2.0)], Some(std::time::Duration::from_micros(30)));
         let json = serde_json::to_string(&full).unwrap();
         assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), full);
     }

@@ -30,7 +30,9 @@ pub enum Event {
         /// empty).
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reasoning: String,
-        logprob: f32,
+        /// The token's log-probability, where the request asked for it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprob: Option<f32>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         top_logprobs: Vec<(u32, f32)>,
         /// How long this token's grammar mask took (constrained requests only).

@@ -80,7 +80,8 @@ impl AnswerBuilder {
                     ToolCallOut::gather(&mut c.tool_calls, delta);
                 }
                 c.tokens.push(token);
-                if self.logprobs {
+                // A request that asks for log-probabilities gets them with every token.
+                if let (true, Some(logprob)) = (self.logprobs, logprob) {
                     c.logprobs.push(TokenLogprob { token, logprob, top: top_logprobs });
                 }
             }

@@ -235,7 +235,7 @@ impl Frontend {
         params: GenerateParams,
         session: Option<String>,
     ) -> Result<ValidRequest, EngineError> {
-        let logprobs = params.sampling.top_logprobs > 0;
+        let logprobs = params.sampling.wants_logprobs();
         self.check(Unchecked { prompts, params, n: 1, session, logprobs }, "prompt")
     }
 
@@ -335,6 +335,7 @@ fn sampling(options: &Options, defaults: &GenerationDefaults, top_logprobs: usiz
         logit_bias,
         seed: options.seed,
         top_logprobs,
+        logprobs: options.logprobs.is_some(),
     }
 }
 

@@ -137,15 +137,18 @@ impl Executor {
         // Per item: the index of its first logits row among the outputs (rows come in batch
         // order: an item that samples has one for its last token and one per proposal).
         let mut rows = Vec::with_capacity(plan.items.len());
-        let mut n_rows = 0;
+        // Per output row: whether its sequence needs only the row's best token (picked on the
+        // model's device instead of reading the row back).
+        let mut greedy = Vec::new();
         for (item, drafts) in plan.items.iter().zip(&drafts) {
             for (k, &token) in item.tokens.iter().enumerate() {
                 let last = k + 1 == item.tokens.len();
                 batch.push(token, item.start_pos + k as i64, &[item.seq], item.sample && last);
             }
-            rows.push(n_rows);
+            rows.push(greedy.len());
             if item.sample {
-                n_rows += 1 + drafts.len();
+                let picks = self.lanes.get(&item.id).is_some_and(|l| l.sampler.picks_greedily());
+                greedy.extend(std::iter::repeat_n(picks, 1 + drafts.len()));
             }
             for (k, &token) in drafts.iter().enumerate() {
                 batch.push(token, item.start_pos + (item.tokens.len() + k) as i64, &[item.seq], true);
@@ -161,7 +164,10 @@ impl Executor {
             .map(|(_, l)| &mut l.sampler)
             .collect();
         let ctx = &mut self.ctx;
-        let (decoded, ()) = rayon::join(|| ctx.decode(&batch), || guided.par_iter_mut().for_each(|s| s.prepare()));
+        let (decoded, ()) = rayon::join(
+            || ctx.decode_picking(&batch, &|| false, &greedy),
+            || guided.par_iter_mut().for_each(|s| s.prepare()),
+        );
         decoded?;
         let mut outputs = Vec::with_capacity(plan.items.len());
         for ((item, drafts), row) in plan.items.iter().zip(&drafts).zip(rows) {
@@ -214,8 +220,11 @@ impl Executor {
         let outputs = self.ctx.outputs();
         let mut out = ItemOutput { proposed: drafts.len(), ..ItemOutput::default() };
         for j in 0..=drafts.len() {
-            let logits = outputs.row(row + j).ok_or_else(|| DecodeError::Internal("missing logits row".into()))?;
-            let sampled = lane.sampler.sample(logits);
+            let sampled = match (outputs.picked(row + j), outputs.row(row + j)) {
+                (Some(token), _) => lane.sampler.picked(token),
+                (None, Some(logits)) => lane.sampler.sample(logits),
+                (None, None) => return Err(DecodeError::Internal("missing logits row".into())),
+            };
             let token = sampled.token;
             let ends = sampled.end.is_some() || lane.params.stop_token_ids.contains(&token);
             if let Some(history) = &mut lane.history {

@@ -119,7 +119,7 @@ fn logprobs_are_the_raw_log_softmax_with_the_best_alternatives() {
     let mut s = Sampler::new(params(|p| (p.top_logprobs, p.logit_bias) = (2, vec![(0, 50.0)])), &[]);
     let out = s.sample(&logits_of(&probs));
     assert_eq!(out.token, 0);
-    assert!((out.logprob - 0.1f32.ln()).abs() < 1e-5, "raw, unbiased distribution");
+    assert!((out.logprob.unwrap() - 0.1f32.ln()).abs() < 1e-5, "raw, unbiased distribution");
     assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
     assert!((out.top[0].1 - 0.6f32.ln()).abs() < 1e-5);
 }
@@ -142,4 +142,29 @@ fn out_of_range_parameters_are_named() {
         edit(&mut p);
         assert_eq!(p.validate(1000).unwrap_err().param, param);
     }
+}
+
+#[test]
+fn logprobs_only_when_asked_and_greedy_rows_can_be_picked_elsewhere() {
+    let row = logits_of(&[0.1, 0.6, 0.3]);
+    let mut s = Sampler::new(params(|_| {}), &[]);
+    assert!(s.picks_greedily());
+    let out = s.sample(&row);
+    assert_eq!((out.token, out.logprob, out.top.len()), (1, None, 0), "nothing asked: no log-probability");
+    assert_eq!(s.picked(1).token, 1);
+    let mut s = Sampler::new(params(|p| p.logprobs = true), &[]);
+    assert!(!s.picks_greedily(), "log-probabilities need the whole row");
+    assert!((s.sample(&row).logprob.unwrap() - 0.6f32.ln()).abs() < 1e-5);
+    for (what, edit) in [
+        ("sampling", (|p| p.temperature = 0.7) as fn(&mut SamplingParams)),
+        ("alternatives", |p| p.top_logprobs = 1),
+        ("a penalty", |p| p.repetition_penalty = 1.1),
+        ("a bias", |p| p.logit_bias = vec![(0, 1.0)]),
+    ] {
+        assert!(!Sampler::new(params(edit), &[]).picks_greedily(), "{what}");
+    }
+    // A frequency penalty counts picked tokens as it counts sampled ones.
+    let mut s = Sampler::new(params(|_| {}), &[]);
+    s.picked(1);
+    assert_eq!(s.generated.get(&1), Some(&1));
 }
