@@ -3,14 +3,15 @@
 //! GGUF fixtures against float64 references, quantization at load, and clear errors for files
 //! that are truncated, corrupt, of an unknown type or architecture.
 
+use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::config::RopeScaling;
 use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::gguf::{GgufFile, TensorType};
 use llaisys_model::quant::{PackedMatrix, QuantType, dequantize};
 use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
 use llaisys_model::{
-    Batch, Context, Device, KvDtype, LoadError, LoadOptions, ModelConfig, ModelSource, Tokenizer, WeightDtype,
-    load_model,
+    Batch, Context, Device, KvDtype, LoadError, LoadOptions, ModelConfig, ModelSource, TensorData, Tokenizer,
+    WeightDtype, load_model,
 };
 use llaisys_tests::{
     PromptRef, Reference, fixture_dir, gguf_family_references, gguf_fixture, gguf_references, max_abs_diff,
@@ -482,5 +483,50 @@ fn the_vocab_tests_of_llama_cpp_pass() {
             }
         }
         assert!(wrong.is_empty(), "{name}: {} of {} texts differ:\n{}", wrong.len(), texts.len(), wrong.join("\n"));
+    }
+}
+
+/// A mixture of experts' weights are replaced in place like the dense ones: by one expert's
+/// Hugging Face name, or by a GGUF name holding every expert of a matrix; the router and the
+/// shared expert too. Zeroing a slot changes the logits; putting the checkpoint's tensor back
+/// restores them (it would not, had it landed on another expert's or another part's rows).
+#[test]
+fn a_mixture_of_experts_weight_is_replaced_in_place() {
+    use llaisys_model::tensors::TensorSource;
+    let ids: Vec<u32> = (0..12).map(|i| 40 + 37 * i).collect();
+    let hf = ["mlp.gate.weight", "mlp.experts.1.gate_proj.weight", "mlp.experts.2.up_proj.weight"]
+        .into_iter()
+        .chain(["mlp.experts.3.down_proj.weight", "mlp.shared_expert.gate_proj.weight"])
+        .chain(["mlp.shared_expert.up_proj.weight", "mlp.shared_expert.down_proj.weight"])
+        .chain(["mlp.shared_expert_gate.weight"])
+        .map(|s| format!("model.layers.0.{s}"));
+    let gguf_names = ["gate_inp", "gate_exps", "up_exps", "down_exps", "gate_shexp", "up_shexp", "down_shexp"]
+        .into_iter()
+        .chain(["gate_inp_shexp"])
+        .map(|s| format!("blk.0.ffn_{s}.weight"));
+    let dir = ModelSource::Dir(fixture_dir("tiny-qwen2moe-f32"));
+    let file = gguf("tiny-qwen2moe-f32");
+    let checkpoint = Checkpoint::open(&fixture_dir("tiny-qwen2moe-f32")).unwrap();
+    let gguf_file = GgufFile::open(&gguf_fixture("tiny-qwen2moe-f32")).unwrap();
+    let sources: [(&ModelSource, &dyn TensorSource, Vec<String>); 2] =
+        [(&dir, &checkpoint, hf.collect()), (&file, &gguf_file, gguf_names.collect())];
+    for (source, tensors, names) in sources {
+        let mut ctx = context(source, WeightDtype::Auto);
+        let before = all_rows(&mut ctx, 0, &ids);
+        let diff = |ctx: &mut Context| {
+            ctx.kv_mut().seq_rm(0, ..).unwrap();
+            let rows = all_rows(ctx, 0, &ids);
+            rows.iter().zip(&before).map(|(a, b)| max_abs_diff(a, b)).fold(0.0f32, f32::max)
+        };
+        for name in names {
+            let original = tensors.data(&name, burn::tensor::DType::F32).unwrap();
+            let zeros = TensorData::new(vec![0f32; original.num_elements()], original.shape().clone());
+            ctx.model_mut().replace_weight(&name, zeros).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(diff(&mut ctx) > 1e-3, "{name}: the zeroed slot is used");
+            ctx.model_mut().replace_weight(&name, original).unwrap();
+            assert!(diff(&mut ctx) < 1e-5, "{name}: the restored slot gives the logits before");
+        }
+        let err = ctx.model_mut().replace_weight("blk.0.ffn_up_exps.weight", TensorData::new(vec![0f32; 6], [2, 3]));
+        assert!(err.unwrap_err().to_string().contains("layer 0"), "a wrong shape names the slot and layer");
     }
 }

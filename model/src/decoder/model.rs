@@ -19,6 +19,7 @@ use crate::layers::{Linear, Pre, Rope, attention};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
+use crate::tensors::Naming;
 use crate::tensors::TensorSource;
 
 pub struct Decoder {
@@ -159,17 +160,45 @@ impl LanguageModel for Decoder {
     }
 
     fn replace_weight(&mut self, name: &str, data: TensorData) -> Result<(), LoadError> {
-        let (slot, layer) = weights::slot_of(&self.config, name).ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
-        if weights::MOE_SLOTS.iter().any(|(s, _, _)| *s == slot) {
-            let reason = "the weights of a mixture of experts are not replaced in place".into();
-            return Err(LoadError::Tensor { name: name.into(), reason });
-        }
-        weights::check_one(&self.config, slot, layer, data.shape().as_slice())?;
+        let c = &self.config;
+        let (slot, layer) = weights::slot_of(c, name).ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
         if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
             let dtype = format!("{:?}", data.dtype());
             return Err(LoadError::Dtype { tensor: name.into(), slot: slot.label(), layer, dtype });
         }
-        self.weights.replace(&self.config, slot, layer, data, &self.device);
+        let (Some(l), true) = (layer, weights::MOE_SLOTS.iter().any(|(s, _, _)| *s == slot)) else {
+            weights::check_one(c, slot, layer, data.shape().as_slice())?;
+            self.weights.replace(c, slot, layer, data, &self.device);
+            return Ok(());
+        };
+        // A mixture of experts' slot: one expert's matrix (Hugging Face names it), all of them as
+        // one 3-D tensor (a GGUF file's name), or the router or shared expert.
+        let experts = c.moe.as_ref().map_or(0, |m| m.experts);
+        let shape = slot.shape(c);
+        let found = data.shape().as_slice().to_vec();
+        let values = |data: TensorData| {
+            let reason = |e| format!("reading values: {e:?}");
+            data.convert::<f32>()
+                .try_into_vec::<f32>()
+                .map_err(|e| LoadError::Tensor { name: name.into(), reason: reason(e) })
+        };
+        if found.len() == 3 && found == slot.shape_in(c, Naming::Gguf) {
+            let values = values(data)?;
+            let per = shape.iter().product::<usize>();
+            for (e, part) in values.chunks_exact(per).enumerate() {
+                let part = TensorData::new(part.to_vec(), shape.clone());
+                self.weights.replace_moe(c, slot, l, e, part, &self.device);
+            }
+            return Ok(());
+        }
+        // A GGUF file may store the shared expert's gate as a vector.
+        let data = match (slot, found.as_slice()) {
+            (weights::Slot::SharedRouter, [h]) if *h == c.hidden_size => TensorData::new(values(data)?, shape.clone()),
+            _ => data,
+        };
+        weights::check_one(c, slot, layer, data.shape().as_slice())?;
+        let expert = (0..experts).find(|&e| weights::expert_name(slot, l, e) == name).unwrap_or(0);
+        self.weights.replace_moe(c, slot, l, expert, data, &self.device);
         Ok(())
     }
 }

@@ -523,7 +523,7 @@ impl Weights {
     /// Puts `data` into `slot` of `layer`, releasing the old tensor (or, for a stacked slot,
     /// overwriting its rows of the stacked matrix). A matrix keeps its kind: dense in its dtype,
     /// or quantized to its format.
-    /// Precondition: the shape was checked against the config; not a MoE slot.
+    /// Precondition: the shape was checked against the config; not a MoE slot (`replace_moe`).
     pub fn replace(&mut self, c: &ModelConfig, slot: Slot, layer: Option<usize>, data: TensorData, device: &Device) {
         let vec = || Tensor::<1>::from_data(data.clone(), (device, DType::F32));
         let Some(l) = layer else {
@@ -568,7 +568,38 @@ impl Weights {
                     mlp.down.weight = linear::like(&mlp.down.weight, data, device);
                 }
             }
-            // Experts are not replaced (`Decoder::replace_weight` refuses them).
+            // A mixture of experts' slots: `replace_moe`.
+            _ => {}
+        }
+    }
+
+    /// Puts `data` ([rows, cols] as `Slot::shape` says) into a mixture-of-experts slot of
+    /// `layer`: its router, its shared expert, or expert `expert`'s matrix (gate and up rows of
+    /// the stacked gate/up). Precondition: the shape was checked.
+    pub fn replace_moe(
+        &mut self,
+        c: &ModelConfig,
+        slot: Slot,
+        layer: usize,
+        expert: usize,
+        data: TensorData,
+        device: &Device,
+    ) {
+        let Ffn::Moe(moe) = &mut self.layers[layer].ffn else { return };
+        let width = c.moe.as_ref().map_or(0, |m| m.intermediate_size);
+        let shared = shared_width(c);
+        let gate_up = |e: &mut Expert, rows: Range<usize>, data| {
+            e.gate_up.weight = linear::replace_rows(&e.gate_up.weight, rows, data, device);
+        };
+        match (slot, moe.experts.get_mut(expert), moe.shared.as_mut()) {
+            (Slot::MoeRouter, _, _) => moe.router.weight = linear::like(&moe.router.weight, data, device),
+            (Slot::ExpertGate, Some(e), _) => gate_up(e, 0..width, data),
+            (Slot::ExpertUp, Some(e), _) => gate_up(e, width..2 * width, data),
+            (Slot::ExpertDown, Some(e), _) => e.down.weight = linear::like(&e.down.weight, data, device),
+            (Slot::SharedGate, _, Some(s)) => gate_up(&mut s.expert, 0..shared, data),
+            (Slot::SharedUp, _, Some(s)) => gate_up(&mut s.expert, shared..2 * shared, data),
+            (Slot::SharedDown, _, Some(s)) => s.expert.down.weight = linear::like(&s.expert.down.weight, data, device),
+            (Slot::SharedRouter, _, Some(s)) => s.gate.weight = linear::like(&s.gate.weight, data, device),
             _ => {}
         }
     }
