@@ -283,6 +283,46 @@ fn embeddings_and_rerank_run_on_the_nodes() {
     assert_eq!(order, expected, "{r}");
 }
 
+/// A read-out whose node stops answering runs again on another: nothing of it was streamed, so
+/// the caller gets the whole answer, as one node would give it, once the heartbeat has removed
+/// the stalled node.
+#[test]
+fn a_read_out_on_a_node_that_stalls_runs_again_on_another() {
+    let name = "tiny-untied-f32";
+    let model = fixture_dir(name);
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("embeddings.json")).unwrap()).unwrap();
+    let inputs = reference["inputs"].as_array().unwrap().clone();
+    let texts: Vec<String> = inputs.iter().map(|i| i["text"].as_str().unwrap().to_string()).collect();
+    let cluster = free_port();
+    let timeouts = ["--set", "cluster.heartbeat_interval_ms=200", "--set", "cluster.heartbeat_timeout_ms=1500"];
+    let mut front_args = timeouts.to_vec();
+    front_args.extend(["--set", "cluster.serve_local=false"]);
+    let (_front, addr) = front(&model, cluster, &front_args);
+    let w1 = worker(&model, cluster, "w1", COOKIE, &timeouts);
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1"]));
+    assert!(ok, "the worker did not join: {m}");
+    // The only node stalls; the read-out goes to it, then to the node that joins after.
+    w1.signal("-STOP");
+    let pending = {
+        let (addr, texts) = (addr.clone(), texts.clone());
+        std::thread::spawn(move || post(&addr, "/v1/embeddings", serde_json::json!({"model": name, "input": texts})))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let _w2 = worker(&model, cluster, "w2", COOKIE, &timeouts);
+    let r = pending.join().unwrap();
+    let data = r["data"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(data.len(), inputs.len(), "{r}");
+    for (i, (got, want)) in data.iter().zip(&inputs).enumerate() {
+        let got: Vec<f64> = got["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let want: Vec<f64> = want["last"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(got.len() == want.len() && err < 1e-4, "input {i}: {err}");
+    }
+    let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| !joined(m, &["w1"]) && joined(m, &["w2"]));
+    assert!(ok, "the stalled node was not removed: {m}");
+}
+
 /// Streams a completion and returns (whether it ended with [DONE], its finish reasons, and
 /// whether an error came).
 fn stream(addr: &str, body: serde_json::Value) -> (bool, Vec<String>, bool) {
