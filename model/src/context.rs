@@ -4,13 +4,14 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
 use crate::batch::{Batch, Limits, validate};
 use crate::error::DecodeError;
 use crate::kv::{KvCache, KvDtype};
 use crate::kv::{Pos, SeqId};
 use crate::lm::{LanguageModel, ModelInfo, Pooling, Readout};
 use crate::output::{Outputs, argmax};
-use burn::tensor::{Device, Int, Tensor, TensorData};
 
 pub struct Context {
     model: Box<dyn LanguageModel>,
@@ -116,7 +117,8 @@ impl Context {
 fn read_rows(logits: Tensor<2>, greedy: &[bool]) -> Result<(Vec<f32>, Vec<Option<u32>>), DecodeError> {
     let [n, vocab] = logits.dims();
     let read = |e| DecodeError::Internal(format!("reading logits: {e:?}"));
-    let picks: Vec<usize> = (0..n).filter(|&r| greedy.get(r) == Some(&true)).collect();
+    let wants_pick = |r: &usize| greedy.get(*r) == Some(&true);
+    let picks: Vec<usize> = (0..n).filter(wants_pick).collect();
     if picks.is_empty() {
         return Ok((logits.try_into_vec_as::<f32>().map_err(read)?, vec![None; n]));
     }
@@ -140,7 +142,7 @@ fn read_rows(logits: Tensor<2>, greedy: &[bool]) -> Result<(Vec<f32>, Vec<Option
         let ids: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
         Tensor::<1, Int>::from_data(TensorData::new(ids, [rows.len()]), &device)
     };
-    let full: Vec<usize> = (0..n).filter(|r| !picks.contains(r)).collect();
+    let full: Vec<usize> = (0..n).filter(|r| !wants_pick(r)).collect();
     let best = match picks.len() == n {
         true => logits.clone().argmax(1),
         false => logits.clone().select(0, index(&picks)).argmax(1),
