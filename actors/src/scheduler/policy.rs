@@ -128,12 +128,8 @@ pub struct Scheduler {
     /// Speculation: tokens proposed and accepted so far.
     pub proposed: u64,
     pub accepted: u64,
-    /// Learnt from the steps that ran (`record_step`): all of them, and those with no prompt
-    /// tokens (decoding and proposed tokens only). A prompt's tokens go through the batched
-    /// products at a fraction of what one more decoding row costs on a compute-bound device, so
-    /// the proposals are priced by the decoding steps alone.
+    /// Learnt from the steps that ran (`record_step`).
     cost: StepCost,
-    decode_cost: StepCost,
 }
 
 /// Prompt tokens a step that decodes takes at least, whatever the time bound: prompts waiting
@@ -158,7 +154,6 @@ impl Scheduler {
             proposed: 0,
             accepted: 0,
             cost: StepCost::default(),
-            decode_cost: StepCost::default(),
         }
     }
 
@@ -169,9 +164,6 @@ impl Scheduler {
         let tokens = plan.items.iter().map(|i| i.tokens.len()).sum::<usize>() + proposed;
         if tokens > 0 {
             self.cost.record(tokens, elapsed.as_secs_f64());
-            if plan.items.iter().all(|i| i.tokens.len() == 1) {
-                self.decode_cost.record(tokens, elapsed.as_secs_f64());
-            }
         }
     }
 
@@ -332,7 +324,7 @@ impl Scheduler {
         let sampling = plan.items.iter().filter(|i| i.sample).count();
         let tokens: usize = plan.items.iter().map(|i| i.tokens.len()).sum();
         // A token's share of the step, times the tokens the step yields anyway.
-        let threshold = match self.decode_cost.fit().or_else(|| self.cost.fit()) {
+        let threshold = match self.cost.fit() {
             Some((a, b)) => sampling as f64 * b / (a + b * tokens as f64),
             None => 0.0,
         };

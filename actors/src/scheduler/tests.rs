@@ -453,36 +453,6 @@ fn waiting_prompts_turn_proposals_off_until_they_are_prefilled() {
     assert_eq!((tokens_of(&plan, 2), drafts(&plan)), (1, 4), "the prompt is in: proposals again");
 }
 
-/// Proposals are priced by what one more token costs a step that only decodes, not by the
-/// cheaper prompt tokens of the batched products: a device where prompt tokens cost 2 ms and
-/// decoding rows 8 ms (beside 10 ms a step) gets one proposal at the prior rate, not three.
-#[test]
-fn proposals_are_priced_by_the_decoding_steps() {
-    let learnt = |decode_steps: bool| {
-        let mut s = speculating(100, 10, 50);
-        let record = |s: &mut Scheduler, tokens: usize, per_token: u64, prompt: bool| {
-            let rows = if prompt { vec![tokens] } else { vec![1; tokens] };
-            let items = rows
-                .into_iter()
-                .map(|n| PlanItem { id: 99, seq: 0, start_pos: 0, tokens: vec![0; n], sample: !prompt, max_drafts: 0 })
-                .collect();
-            let elapsed = Duration::from_millis(10 + per_token * tokens as u64);
-            s.record_step(&StepPlan { items, ..StepPlan::default() }, &[], elapsed);
-        };
-        for tokens in [300, 40, 500, 120] {
-            record(&mut s, tokens, 2, true);
-        }
-        if decode_steps {
-            for tokens in [1, 3, 2, 5, 1] {
-                record(&mut s, tokens, 8, false);
-            }
-        }
-        s.schedule().unwrap().items[0].max_drafts
-    };
-    assert_eq!(learnt(false), 3, "only prompt steps: a token's share of a step is 2/12");
-    assert_eq!(learnt(true), 1, "a decoding token's share is 8/18");
-}
-
 #[test]
 fn proposals_stop_short_of_max_tokens_the_budget_and_the_cache() {
     // Two tokens left to generate after the first: at most one proposal.
