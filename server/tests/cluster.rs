@@ -230,6 +230,31 @@ fn a_front_and_two_workers_answer_like_one_server() {
     assert!(metric(&m, "llaisys_num_requests_running", "w3").is_none(), "{m}");
 }
 
+/// The embeddings fixture's reference: its inputs (text and transformers' float64 vectors per
+/// pooling) and their texts.
+fn embedding_reference(model: &Path) -> (Vec<serde_json::Value>, Vec<String>) {
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("embeddings.json")).unwrap()).unwrap();
+    let inputs = reference["inputs"].as_array().unwrap().clone();
+    let texts = inputs.iter().map(|i| i["text"].as_str().unwrap().to_string()).collect();
+    (inputs, texts)
+}
+
+fn vector(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// An embeddings answer `r` holds the reference's `pooling` vectors of every input, within 1e-4.
+fn assert_embeddings(r: &serde_json::Value, inputs: &[serde_json::Value], pooling: &str) {
+    let data = r["data"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(data.len(), inputs.len(), "{r}");
+    for (i, (got, want)) in data.iter().zip(inputs).enumerate() {
+        let (got, want) = (vector(&got["embedding"]), vector(&want[pooling]));
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(got.len() == want.len() && err < 1e-4, "{pooling} input {i}: {err}");
+    }
+}
+
 /// Embeddings and rerank through a router-only front run on a node: the vectors equal
 /// transformers' float64 reference (as on one server), the ranking the reference's, and a
 /// request sent while no node serves waits for one to join.
@@ -237,12 +262,7 @@ fn a_front_and_two_workers_answer_like_one_server() {
 fn embeddings_and_rerank_run_on_the_nodes() {
     let name = "tiny-untied-f32";
     let model = fixture_dir(name);
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(model.join("embeddings.json")).unwrap()).unwrap();
-    let inputs = reference["inputs"].as_array().unwrap().clone();
-    let texts: Vec<String> = inputs.iter().map(|i| i["text"].as_str().unwrap().to_string()).collect();
-    let vector =
-        |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+    let (inputs, texts) = embedding_reference(&model);
     let cluster = free_port();
     let (_front, addr) = front(&model, cluster, &["--set", "cluster.serve_local=false"]);
     // Asked before any node joined, the front holds the work until one can run it.
@@ -259,13 +279,7 @@ fn embeddings_and_rerank_run_on_the_nodes() {
         } else {
             post(&addr, "/v1/embeddings", serde_json::json!({"model": name, "input": texts, "pooling": pooling}))
         };
-        let data = r["data"].as_array().unwrap_or_else(|| panic!("{r}"));
-        assert_eq!(data.len(), inputs.len(), "{r}");
-        for (i, (got, want)) in data.iter().zip(&inputs).enumerate() {
-            let (got, want) = (vector(&got["embedding"]), vector(&want[pooling]));
-            let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            assert!(got.len() == want.len() && err < 1e-4, "{pooling} input {i}: {err}");
-        }
+        assert_embeddings(&r, &inputs, pooling);
     }
     // A model without a reranker head ranks by the cosine of the embeddings.
     let q = vector(&inputs[0]["last"]);
@@ -290,10 +304,7 @@ fn embeddings_and_rerank_run_on_the_nodes() {
 fn a_read_out_on_a_node_that_stalls_runs_again_on_another() {
     let name = "tiny-untied-f32";
     let model = fixture_dir(name);
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(model.join("embeddings.json")).unwrap()).unwrap();
-    let inputs = reference["inputs"].as_array().unwrap().clone();
-    let texts: Vec<String> = inputs.iter().map(|i| i["text"].as_str().unwrap().to_string()).collect();
+    let (inputs, texts) = embedding_reference(&model);
     let cluster = free_port();
     let timeouts = ["--set", "cluster.heartbeat_interval_ms=200", "--set", "cluster.heartbeat_timeout_ms=1500"];
     let mut front_args = timeouts.to_vec();
@@ -310,15 +321,7 @@ fn a_read_out_on_a_node_that_stalls_runs_again_on_another() {
     };
     std::thread::sleep(Duration::from_millis(300));
     let _w2 = worker(&model, cluster, "w2", COOKIE, &timeouts);
-    let r = pending.join().unwrap();
-    let data = r["data"].as_array().unwrap_or_else(|| panic!("{r}"));
-    assert_eq!(data.len(), inputs.len(), "{r}");
-    for (i, (got, want)) in data.iter().zip(&inputs).enumerate() {
-        let got: Vec<f64> = got["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-        let want: Vec<f64> = want["last"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-        assert!(got.len() == want.len() && err < 1e-4, "input {i}: {err}");
-    }
+    assert_embeddings(&pending.join().unwrap(), &inputs, "last");
     let (ok, m) = metrics_until(&addr, Duration::from_secs(10), |m| !joined(m, &["w1"]) && joined(m, &["w2"]));
     assert!(ok, "the stalled node was not removed: {m}");
 }

@@ -19,8 +19,7 @@ use crate::layers::{Linear, Pre, Rope, attention};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
-use crate::tensors::Naming;
-use crate::tensors::TensorSource;
+use crate::tensors::{Naming, TensorSource};
 
 pub struct Decoder {
     config: ModelConfig,
