@@ -598,10 +598,11 @@ async fn speculative_requests_answer_as_plain_ones_and_are_counted() {
                "speculative": speculative, "stream": stream})
     };
     // Prompt lookup from 1-grams, and the fixture as its own draft model, whose greedy proposals
-    // are all the target's own tokens; speculation off by default: each request decides.
+    // are all the target's own tokens; speculation off by default: each request decides. The
+    // proposals are of fixed length: this tiny model's steps are too short for a learnt cost.
     let draft = format!("{:?}", fixture_dir(FIXTURE).display().to_string());
     for settings in [("speculative.ngram_min", "1"), ("speculative.draft_model", draft.as_str())] {
-        let s = server(&[settings]).await;
+        let s = server(&[settings, ("speculative.adaptive", "false")]).await;
         let (_, plain) = post(&s, "/v1/completions", body(false, false)).await;
         assert_eq!(metric(&s, "llaisys_spec_decode_num_draft_tokens_total").await, 0.0);
         let (_, fast) = post(&s, "/v1/completions", body(true, false)).await;
@@ -612,20 +613,9 @@ async fn speculative_requests_answer_as_plain_ones_and_are_counted() {
             .map(|c| c["choices"][0]["text"].as_str().unwrap_or_default().to_string())
             .collect();
         assert_eq!(streamed, plain["choices"][0]["text"].as_str().unwrap(), "{settings:?}");
-        // How far a sequence proposes follows the step cost the engine learns from timings, which
-        // on this tiny model are mostly noise: a request may propose little or nothing, so a few
-        // more run (each answering as plain) until the draft model has had a proposal accepted.
         // Whether the random fixture's greedy answer copies its prompt, as prompt lookup guesses,
         // depends on the CPU's rounding, so only the draft model is held to acceptances.
         let lookup = settings.0 == "speculative.ngram_min";
-        for _ in 0..5 {
-            let counter = if lookup { "draft" } else { "accepted" };
-            if metric(&s, &format!("llaisys_spec_decode_num_{counter}_tokens_total")).await > 0.0 {
-                break;
-            }
-            let (_, again) = post(&s, "/v1/completions", body(true, false)).await;
-            assert_eq!(again["choices"][0]["text"], plain["choices"][0]["text"], "{settings:?}");
-        }
         let proposed = metric(&s, "llaisys_spec_decode_num_draft_tokens_total").await;
         let accepted = metric(&s, "llaisys_spec_decode_num_accepted_tokens_total").await;
         let rejected = metric(&s, "llaisys_spec_decode_num_rejected_tokens_total").await;

@@ -128,9 +128,17 @@ pub struct Scheduler {
     /// Speculation: tokens proposed and accepted so far.
     pub proposed: u64,
     pub accepted: u64,
-    /// Learnt from the steps that ran (`record_step`).
+    /// Learnt from the steps that ran (`record_step`): all of them, and those with no prompt
+    /// tokens (decoding and proposed tokens only). A prompt's tokens go through the batched
+    /// products at a fraction of what one more decoding row costs on a compute-bound device, so
+    /// proposals are priced by the decoding steps where those pin a token's cost down.
     cost: StepCost,
+    decode_cost: StepCost,
 }
+
+/// Most relative standard error of a decoding token's learnt cost for proposals to be priced
+/// by it rather than by all steps.
+const DECODE_FIT_ERROR: f64 = 0.25;
 
 /// Prompt tokens a step that decodes takes at least, whatever the time bound: prompts waiting
 /// behind decoding sequences still advance.
@@ -154,6 +162,7 @@ impl Scheduler {
             proposed: 0,
             accepted: 0,
             cost: StepCost::default(),
+            decode_cost: StepCost::default(),
         }
     }
 
@@ -164,6 +173,9 @@ impl Scheduler {
         let tokens = plan.items.iter().map(|i| i.tokens.len()).sum::<usize>() + proposed;
         if tokens > 0 {
             self.cost.record(tokens, elapsed.as_secs_f64());
+            if plan.items.iter().all(|i| i.tokens.len() == 1) {
+                self.decode_cost.record(tokens, elapsed.as_secs_f64());
+            }
         }
     }
 
@@ -323,8 +335,10 @@ impl Scheduler {
         }
         let sampling = plan.items.iter().filter(|i| i.sample).count();
         let tokens: usize = plan.items.iter().map(|i| i.tokens.len()).sum();
-        // A token's share of the step, times the tokens the step yields anyway.
-        let threshold = match self.cost.fit() {
+        // A token's share of the step, times the tokens the step yields anyway; nothing while no
+        // cost is learnt, or when the lengths are fixed (`SpeculativeConfig::adaptive`).
+        let fit = self.decode_cost.fit_within(DECODE_FIT_ERROR).or_else(|| self.cost.fit());
+        let threshold = match fit.filter(|_| self.config.speculative.adaptive) {
             Some((a, b)) => sampling as f64 * b / (a + b * tokens as f64),
             None => 0.0,
         };

@@ -412,7 +412,11 @@ fn after_a_kv_reset_running_sequences_are_recomputed_and_finish() {
 
 /// Runs the prefill of a lone speculating sequence; returns the scheduler ready to decode.
 fn speculating(kv: usize, prompt: usize, max_tokens: usize) -> Scheduler {
-    let mut s = scheduler(config(64, 4, kv));
+    speculating_with(config(64, 4, kv), prompt, max_tokens)
+}
+
+fn speculating_with(config: EngineConfig, prompt: usize, max_tokens: usize) -> Scheduler {
+    let mut s = scheduler(config);
     s.add(seq(1, prompt, max_tokens).speculating(true));
     let (plan, _) = step(&mut s);
     assert_eq!(plan.items[0].max_drafts, 0, "a prefill chunk proposes nothing");
@@ -451,6 +455,67 @@ fn waiting_prompts_turn_proposals_off_until_they_are_prefilled() {
     }
     let (plan, _) = step(&mut s);
     assert_eq!((tokens_of(&plan, 2), drafts(&plan)), (1, 4), "the prompt is in: proposals again");
+}
+
+/// Records a step of `rows` (prompt chunks, or decoding rows of one token) that took `ms`.
+fn record(s: &mut Scheduler, rows: &[usize], ms: f64) {
+    let items = rows
+        .iter()
+        .map(|&n| PlanItem { id: 99, seq: 0, start_pos: 0, tokens: vec![0; n], sample: n == 1, max_drafts: 0 })
+        .collect();
+    s.record_step(&StepPlan { items, ..StepPlan::default() }, &[], Duration::from_secs_f64(ms / 1e3));
+}
+
+/// Steps of prompt chunks at 10 ms a step plus 2 ms a token.
+fn prompt_steps(s: &mut Scheduler) {
+    for tokens in [300, 40, 500, 120] {
+        record(s, &[tokens], 10.0 + 2.0 * tokens as f64);
+    }
+}
+
+/// Proposals are priced by what one more token costs a step that only decodes, not by the
+/// cheaper prompt tokens of the batched products: a device where prompt tokens cost 2 ms and
+/// decoding rows 8 ms (beside 10 ms a step) gets one proposal at the prior rate, not three.
+#[test]
+fn proposals_are_priced_by_the_decoding_steps() {
+    let mut s = speculating(100, 10, 50);
+    prompt_steps(&mut s);
+    assert_eq!(s.schedule().unwrap().items[0].max_drafts, 3, "only prompt steps: a token's share of a step is 2/12");
+    let mut s = speculating(100, 10, 50);
+    prompt_steps(&mut s);
+    for rows in [1, 3, 2, 5, 1] {
+        record(&mut s, &vec![1; rows], 10.0 + 8.0 * rows as f64);
+    }
+    assert_eq!(s.schedule().unwrap().items[0].max_drafts, 1, "a decoding token's share is 8/18");
+}
+
+/// Decoding steps whose jitter hides what a token costs (a small model, whose steps are short
+/// beside the machine's noise) do not price proposals: the fit over all steps does, as before
+/// any decoding step was seen.
+#[test]
+fn decoding_steps_lost_in_jitter_do_not_price_proposals() {
+    let mut s = speculating(100, 10, 50);
+    prompt_steps(&mut s);
+    for (rows, jitter) in [(1, 6.0), (3, -7.0), (2, 5.0), (5, -8.0), (1, -4.0), (4, 7.0), (2, -6.0)] {
+        record(&mut s, &vec![1; rows], 10.0 + 2.0 * rows as f64 + jitter);
+    }
+    assert_eq!(s.schedule().unwrap().items[0].max_drafts, 3);
+}
+
+/// With `adaptive` off every speculating sequence proposes `max_draft` tokens, even where the
+/// learnt cost says a proposed token does not pay.
+#[test]
+fn fixed_proposal_lengths_ignore_the_learnt_cost() {
+    let compute_bound = |adaptive: bool| {
+        let spec = SpeculativeConfig { max_draft: 4, adaptive, ..SpeculativeConfig::default() };
+        let mut s = speculating_with(EngineConfig { speculative: spec, ..config(64, 4, 100) }, 10, 50);
+        for rows in [1, 3, 2, 5, 1, 4] {
+            record(&mut s, &vec![1; rows], 0.1 + 20.0 * rows as f64);
+        }
+        s.schedule().unwrap().items[0].max_drafts
+    };
+    assert_eq!(compute_bound(true), 0, "each token costs a whole step's worth: none pays");
+    assert_eq!(compute_bound(false), 4);
 }
 
 #[test]

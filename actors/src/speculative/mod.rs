@@ -59,6 +59,10 @@ pub struct SpeculativeConfig {
     pub default_on: bool,
     /// Most tokens proposed for one sequence in one step.
     pub max_draft: usize,
+    /// Fit each sequence's proposals to its acceptance rate and the step's learnt cost (up to
+    /// `max_draft`; none where they would not pay). Off: `max_draft` tokens every step, as
+    /// vLLM's `num_speculative_tokens`, whatever they cost.
+    pub adaptive: bool,
     /// Prompt lookup matches the last `ngram_max` down to `ngram_min` tokens.
     pub ngram_min: usize,
     pub ngram_max: usize,
@@ -66,7 +70,7 @@ pub struct SpeculativeConfig {
 
 impl Default for SpeculativeConfig {
     fn default() -> Self {
-        Self { default_on: false, max_draft: 8, ngram_min: 2, ngram_max: 4 }
+        Self { default_on: false, max_draft: 8, adaptive: true, ngram_min: 2, ngram_max: 4 }
     }
 }
 
