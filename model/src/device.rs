@@ -74,9 +74,14 @@ impl DeviceSpec {
     }
 
     /// Refuses a KV cache element type `device` (this spec, opened) does not compute in, which
-    /// would otherwise fail at the first forward pass (Mesa's llvmpipe has no 16-bit floats).
+    /// would otherwise fail at the first forward pass (Mesa's llvmpipe has no 16-bit floats),
+    /// and q8_0 off the CPU (only the CPU's attention reads its blocks).
     pub fn check_kv_dtype(self, device: &Device, dtype: KvDtype) -> Result<(), DeviceError> {
-        match device.supports_dtype(dtype.dtype()) {
+        let computes = match dtype {
+            KvDtype::Q8_0 => self.is_cpu(),
+            _ => device.supports_dtype(dtype.dtype()),
+        };
+        match computes {
             true => Ok(()),
             false => Err(DeviceError::KvDtype { device: self.to_string(), dtype }),
         }
@@ -233,6 +238,7 @@ mod tests {
         for dtype in KvDtype::ALL {
             assert_eq!(DeviceSpec::Cpu.check_kv_dtype(&Device::flex(), dtype), Ok(()), "{dtype}");
         }
+        assert!(DeviceSpec::Gl.check_kv_dtype(&Device::flex(), KvDtype::Q8_0).is_err(), "q8_0 is the CPU's only");
         let refused = DeviceError::KvDtype { device: "gl".into(), dtype: KvDtype::F16 }.to_string();
         assert!(refused.contains("does not compute in f16") && refused.contains("--kv-dtype f32"), "{refused}");
         #[cfg(not(feature = "cuda"))]

@@ -1,12 +1,13 @@
-//! 16-bit KV caches (f16, the CPU's default, and bf16): half the cache's bytes, logits close to
-//! the f32 cache's, greedy tokens identical on every fixture, and the sequence operations
-//! (copies, shifts, removal and recomputation) behave as on an f32 cache.
+//! 16-bit KV caches (f16, the CPU's default, and bf16) and q8_0 (the CPU's): half the cache's
+//! bytes (q8_0: 17/32 of that), logits close to the f32 cache's, greedy tokens identical on
+//! every fixture, and the sequence operations (copies, shifts, removal and recomputation)
+//! behave as on an f32 cache.
 
 use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::{Context, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, argmax, load_model};
 use llaisys_tests::{FIXTURES, Reference, fixture_dir, max_abs_diff, test_device};
 
-const SIXTEEN: [KvDtype; 2] = [KvDtype::F16, KvDtype::BF16];
+const NARROW: [KvDtype; 3] = [KvDtype::F16, KvDtype::BF16, KvDtype::Q8_0];
 
 fn device() -> Device {
     test_device().parse::<DeviceSpec>().unwrap().device().unwrap()
@@ -19,12 +20,14 @@ fn context(name: &str, capacity: usize, dtype: KvDtype) -> Context {
 }
 
 /// The largest logit error allowed, as a share of the logit scale: f16 keeps 11 significant
-/// bits, bf16 8. Measured over every fixture's prompts: at most 0.08% (f16) and 0.75% (bf16).
+/// bits, bf16 8, q8_0 about 7 relative to its block's largest value. Measured over every
+/// fixture's prompts: at most 0.08% (f16), 0.75% (bf16) and 1.4% (q8_0).
 fn tolerance(dtype: KvDtype) -> f32 {
     match dtype {
         KvDtype::F32 => 1e-4,
         KvDtype::F16 => 4e-3,
         KvDtype::BF16 => 3e-2,
+        KvDtype::Q8_0 => 2.5e-2,
     }
 }
 
@@ -42,37 +45,62 @@ fn the_cpu_default_is_f16_and_takes_half_the_bytes_of_f32() {
     for dtype in KvDtype::ALL {
         assert_eq!(dtype.name().parse::<KvDtype>(), Ok(dtype));
     }
-    assert!("q4".parse::<KvDtype>().unwrap_err().contains("f32, f16, bf16"));
+    assert!("q4".parse::<KvDtype>().unwrap_err().contains("f32, f16, bf16, q8_0"));
+}
+
+/// q8_0 holds 32 values in 34 bytes: 17/32 of f16's bytes where the head dim is a multiple of
+/// 32 (tiny-qwen3's 32); a shorter row pads its one block.
+#[test]
+fn a_q8_0_cache_takes_17_32_of_sixteen_bits() {
+    let bytes = |name, dtype| context(name, 100, dtype).kv().size_bytes();
+    assert_eq!(bytes("tiny-qwen3-f32", KvDtype::Q8_0) * 32, bytes("tiny-qwen3-f32", KvDtype::F16) * 17);
+    // Head dim 16: one block of 34 bytes against 32.
+    assert_eq!(bytes("tiny-tied-f32", KvDtype::Q8_0) * 16, bytes("tiny-tied-f32", KvDtype::F16) * 17);
 }
 
 /// Every fixture's prompts: logits within the dtype's share of the scale of the f32 reference,
-/// and the reference's greedy tokens.
+/// and the reference's greedy tokens. q8_0 may part from them, but only at a step where the
+/// f32 cache's two best logits lie within its error of each other (on these random fixtures it
+/// did in 3 of 21 prompts).
 #[test]
-fn sixteen_bit_caches_keep_every_fixtures_logits_close_and_greedy_tokens_identical() {
+fn narrow_caches_keep_every_fixtures_logits_close_and_greedy_tokens_identical() {
     for name in FIXTURES {
-        for dtype in SIXTEEN {
+        for dtype in NARROW {
             let mut ctx = context(name, 256, dtype);
             for (s, p) in Reference::load(name).prompts.iter().enumerate() {
                 ctx.decode(&one_sequence(&p.ids, s as u32, 0)).unwrap();
                 let row = ctx.outputs().row(0).unwrap();
-                let (err, scale) = (max_abs_diff(row, &p.last_logits), scale(&p.last_logits));
-                assert!(err < tolerance(dtype) * scale, "{name} {dtype} prompt {s}: error {err}, scale {scale}");
+                let (err, size) = (max_abs_diff(row, &p.last_logits), scale(&p.last_logits));
+                assert!(err < tolerance(dtype) * size, "{name} {dtype} prompt {s}: error {err}, scale {size}");
                 let tokens = greedy(&mut ctx, 100 + s as u32, &p.ids, p.greedy.len(), &[]).unwrap().tokens;
-                assert_eq!(tokens, p.greedy, "{name} {dtype} prompt {s}: greedy tokens");
+                let Some(i) = tokens.iter().zip(&p.greedy).position(|(a, b)| a != b) else { continue };
+                assert_eq!(dtype, KvDtype::Q8_0, "{name} {dtype} prompt {s}: greedy token {i} differs");
+                // The f32 cache's logits where the q8_0 one chose otherwise.
+                let mut exact = context(name, 256, KvDtype::F32);
+                let path: Vec<u32> = p.ids.iter().chain(&p.greedy[..i]).copied().collect();
+                exact.decode(&one_sequence(&path, 0, 0)).unwrap();
+                let row = exact.outputs().row(0).unwrap();
+                let margin = row[p.greedy[i] as usize] - row[tokens[i] as usize];
+                assert!(
+                    margin < tolerance(dtype) * scale(row),
+                    "{name} prompt {s}: q8_0 chose {} over {} at token {i}, {margin} below it",
+                    tokens[i],
+                    p.greedy[i]
+                );
             }
         }
     }
 }
 
 /// A copied sequence and its source continue alike; a shifted cache (keys re-rotated through
-/// the 16-bit store) decodes like the prompt computed at the shifted positions; a removed tail
+/// the narrow store) decodes like the prompt computed at the shifted positions; a removed tail
 /// recomputes to the same logits.
 #[test]
-fn sequence_operations_work_on_sixteen_bit_caches() {
+fn sequence_operations_work_on_narrow_caches() {
     let name = "tiny-tied-f32";
     let p = &Reference::load(name).prompts[0];
     let n = p.ids.len() as i64;
-    for dtype in SIXTEEN {
+    for dtype in NARROW {
         let tol = tolerance(dtype) * scale(&p.last_logits);
         // Copy.
         let mut ctx = context(name, 128, dtype);

@@ -174,7 +174,8 @@ fn perplexity_scores_a_text_the_same_through_either_file() {
 
 /// `llaisys perplexity --reference`: a model against itself drifts by nothing and always agrees
 /// on the top token; quantized files of the same weights drift, Q4_0 further than Q8_0; another
-/// model drifts further still.
+/// model drifts further still. `--kv-dtype` sets the model's cache: against itself with the
+/// reference's f16 cache, f32 drifts a little and q8_0 more.
 #[test]
 fn perplexity_measures_the_kl_divergence_from_a_reference() {
     let dir = tempfile::tempdir().unwrap();
@@ -182,8 +183,8 @@ fn perplexity_measures_the_kl_divergence_from_a_reference() {
     std::fs::write(&text, "Paris is the capital of France. def add(a, b): return a + b\n".repeat(16)).unwrap();
     let text = text.to_str().unwrap();
     let base = llaisys_tests::gguf_fixture("tiny-tied-f32");
-    let kld = |model: &str| {
-        let args = ["perplexity", "--model", model, "--file", text, "--ctx", "64", "--reference"];
+    let kld_with = |model: &str, kv: &str| {
+        let args = ["perplexity", "--model", model, "--file", text, "--ctx", "64", "--kv-dtype", kv, "--reference"];
         let out = llaisys(&[&args[..], &[base.to_str().unwrap()]].concat());
         let report = stdout(&out);
         let field = |prefix: &str| -> f64 {
@@ -192,8 +193,15 @@ fn perplexity_measures_the_kl_divergence_from_a_reference() {
         };
         (field("KL divergence mean "), field("same top token "))
     };
+    let kld = |model: &str| kld_with(model, "auto");
     let (same, top) = kld(base.to_str().unwrap());
     assert!(same < 1e-9 && top == 100.0, "a model against itself: {same} {top}");
+    let (f32_cache, _) = kld_with(base.to_str().unwrap(), "f32");
+    let (q8_cache, _) = kld_with(base.to_str().unwrap(), "q8_0");
+    assert!(0.0 < f32_cache && f32_cache < q8_cache && q8_cache < 0.01, "KV caches: f32 {f32_cache}, q8_0 {q8_cache}");
+    let out = llaisys(&["perplexity", "--model", base.to_str().unwrap(), "--file", text, "--kv-dtype", "q4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--kv-dtype") && err.contains("q8_0"), "{err}");
     let (q8, _) = kld(llaisys_tests::gguf_fixture("tiny-tied-q8_0").to_str().unwrap());
     let (q4, _) = kld(llaisys_tests::gguf_fixture("tiny-tied-q4_0").to_str().unwrap());
     // (Four bits drift far on a model of 64-value rows: KL 3.9 against Q8_0's 0.013.)

@@ -37,6 +37,7 @@ mod calls;
 mod exp;
 mod f16c;
 mod gemm;
+pub(crate) mod kv_q8;
 mod norm_rope;
 pub(crate) mod plain;
 pub(crate) mod prefetch;
@@ -380,21 +381,26 @@ pub fn project_rope_kv_write(
 ///
 /// # Shapes
 /// - q: [n, heads, d] f32 (rotated)
-/// - k, v: [kv_heads, capacity, d] f32, f16 or bf16 (both the same): a layer's whole cache
-///   (keys rotated)
+/// - k, v: [kv_heads, capacity, d] f32, f16 or bf16 (both the same), or q8_0 blocks in f16
+///   words ([kv_heads, capacity, kv_q8::row_words(d)], with `q8`; the CPU only; see `kv_q8`
+///   for their rotation): a layer's whole cache (keys with RoPE applied)
 /// - cells: n rows
 /// - returns [n, heads · d] f32
-pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &CellTable) -> Option<Tensor<2>> {
+pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, q8: bool, cells: &CellTable) -> Option<Tensor<2>> {
     if q.device() == Device::flex() {
-        return flex_attention(q, k, v, &cells.visible);
+        return flex_attention(q, k, v, q8, &cells.visible);
+    }
+    if q8 {
+        return None;
     }
     gpu::attention(q, k, v, cells.table())
 }
 
-fn flex_attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u32>]) -> Option<Tensor<2>> {
+fn flex_attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, q8: bool, visible: &[Vec<u32>]) -> Option<Tensor<2>> {
     let [n, heads, d] = q.dims();
     let [kv_heads, capacity, kd] = k.dims();
-    if kd != d || v.dims() != k.dims() || n != visible.len() || q.dtype() != DType::F32 || k.dtype() != v.dtype() {
+    let row = if q8 { kv_q8::row_words(d) } else { d };
+    if kd != row || v.dims() != k.dims() || n != visible.len() || q.dtype() != DType::F32 || k.dtype() != v.dtype() {
         return None;
     }
     let device = q.device();
@@ -408,6 +414,16 @@ fn flex_attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, visible: &[Vec<u3
         }};
     }
     let out = match k.dtype() {
+        DType::F16 if q8 => {
+            // The stored rows are rotated: so are the queries, and the output is rotated back.
+            let (k, v) = (kv_q8::as_blocks(k.as_slice::<f16>()?), kv_q8::as_blocks(v.as_slice::<f16>()?));
+            let mut rotated = q.to_vec();
+            kv_q8::rotate(&mut rotated, d);
+            let q = &rotated;
+            let mut out = attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity });
+            kv_q8::rotate(&mut out, d);
+            Some(out)
+        }
         DType::F32 => run_in!(f32),
         DType::F16 => run_in!(f16),
         DType::BF16 => run_in!(bf16),

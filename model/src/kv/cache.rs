@@ -1,13 +1,14 @@
 //! C6: the KV cache of one model instance: per-layer key and value tensors over a fixed pool of
 //! cells, plus the cell metadata. The cache never evicts by itself; capacity is set at creation.
-//! Keys and values are stored in a [`KvDtype`] (16-bit on the CPU by default) and computed
-//! with in f32: written narrowed, read widened.
+//! Keys and values are stored in a [`KvDtype`] (16-bit on the CPU by default, or q8_0 blocks)
+//! and computed with in f32: written narrowed, read widened.
 
 use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
+use half::f16;
 
 use super::cells::{KvCells, Pos, PosRange, SeqId, SeqSet};
 use crate::error::KvError;
-use crate::kernels::{self, CellTable, Pre};
+use crate::kernels::{self, CellTable, Pre, kv_q8};
 
 /// The shape of what a model caches per token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,16 +19,18 @@ pub struct KvLayout {
 }
 
 /// The element type of the cached keys and values (llama.cpp's `--cache-type-k/v`). Attention
-/// always accumulates in f32; 16 bits halve the cache's memory and the bytes each step reads.
+/// always accumulates in f32; 16 bits halve the cache's memory and the bytes each step reads,
+/// q8_0 (blocks of 32 bytes and an f16 scale, the CPU only) takes 53% of 16 bits'.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KvDtype {
     F32,
     F16,
     BF16,
+    Q8_0,
 }
 
 impl KvDtype {
-    pub const ALL: [KvDtype; 3] = [Self::F32, Self::F16, Self::BF16];
+    pub const ALL: [KvDtype; 4] = [Self::F32, Self::F16, Self::BF16, Self::Q8_0];
 
     /// The default on `device`: f16 on the CPU, whose attention kernel widens it as it loads;
     /// f32 on other backends until their kernels take 16-bit operands (issue 31).
@@ -39,27 +42,28 @@ impl KvDtype {
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::BF16 => "bf16",
+            Self::Q8_0 => "q8_0",
         }
     }
     /// A setting's value: a dtype's name, or `auto` (`None`: the device's default).
     pub fn parse_setting(s: &str) -> Result<Option<Self>, String> {
         if s == "auto" { Ok(None) } else { s.parse().map(Some) }
     }
-    /// Bytes of one stored value.
-    pub fn bytes(self) -> usize {
+    /// Stored elements of a cell's row of `d` values (q8_0: its blocks' 16-bit words).
+    fn width(self, d: usize) -> usize {
         match self {
-            Self::F32 => 4,
-            Self::F16 | Self::BF16 => 2,
+            Self::Q8_0 => kv_q8::row_words(d),
+            _ => d,
         }
     }
-    /// The tensor element type.
+    /// The element type of the cache's tensors (q8_0 keeps its blocks in f16 words).
     pub fn dtype(self) -> DType {
         self.float().into()
     }
     fn float(self) -> FloatDType {
         match self {
             Self::F32 => FloatDType::F32,
-            Self::F16 => FloatDType::F16,
+            Self::F16 | Self::Q8_0 => FloatDType::F16,
             Self::BF16 => FloatDType::BF16,
         }
     }
@@ -89,7 +93,7 @@ impl std::str::FromStr for KvDtype {
         Self::ALL
             .into_iter()
             .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown KV cache dtype '{s}' (f32, f16, bf16)"))
+            .ok_or_else(|| format!("unknown KV cache dtype '{s}' (f32, f16, bf16, q8_0)"))
     }
 }
 
@@ -99,10 +103,10 @@ pub struct KvCache {
     cells: KvCells,
     layout: KvLayout,
     dtype: KvDtype,
-    /// [layers] each [kv_heads, capacity, head_dim] in `dtype`; keys are stored rotated (RoPE
-    /// applied).
+    /// [layers] each [kv_heads, capacity, head_dim] in `dtype` (q8_0: [kv_heads, capacity,
+    /// kv_q8::row_words(head_dim)] f16 words); keys are stored rotated (RoPE applied).
     keys: Vec<Tensor<3>>,
-    /// [layers] each [kv_heads, capacity, head_dim] in `dtype`.
+    /// [layers] each as `keys`.
     values: Vec<Tensor<3>>,
     device: Device,
 }
@@ -116,7 +120,7 @@ impl KvCache {
 
     /// A cache that stores its keys and values in `dtype`.
     pub fn with_dtype(layout: KvLayout, capacity: usize, n_pos: usize, device: &Device, dtype: KvDtype) -> Self {
-        let shape = [layout.kv_heads, capacity, layout.head_dim];
+        let shape = [layout.kv_heads, capacity, dtype.width(layout.head_dim)];
         let d: DType = dtype.float().into();
         let zeros = || (0..layout.layers).map(|_| Tensor::<3>::zeros(shape, (device, d))).collect();
         Self {
@@ -149,7 +153,8 @@ impl KvCache {
     }
     /// Bytes held by the key and value tensors.
     pub fn size_bytes(&self) -> usize {
-        2 * self.layout.layers * self.layout.kv_heads * self.capacity() * self.layout.head_dim * self.dtype.bytes()
+        let row = self.dtype.width(self.layout.head_dim) * self.dtype.dtype().size();
+        2 * self.layout.layers * self.layout.kv_heads * self.capacity() * row
     }
 
     // Sequence operations (C6); see `KvCells` for their contracts.
@@ -183,7 +188,7 @@ impl KvCache {
     /// kernel on a GPU, else a slice assignment per run of consecutive cells.
     /// `k`, `v`: [kv_heads, n_tokens, head_dim].
     pub(crate) fn write(&mut self, layer: usize, cells: &CellTable, k: Tensor<3>, v: Tensor<3>) {
-        if cells.on_gpu() {
+        if cells.on_gpu() && self.dtype != KvDtype::Q8_0 {
             let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
             let written = kernels::kv_write(&mut caches, [&k, &v], cells);
             [self.keys[layer], self.values[layer]] = caches;
@@ -192,8 +197,8 @@ impl KvCache {
             }
         }
         let placement = &cells.placement;
+        let (k, v) = (self.stored(k), self.stored(v));
         let [h, _, d] = k.dims();
-        let (k, v) = (k.cast(self.dtype.float()), v.cast(self.dtype.float()));
         for (c0, t0, len) in placement.runs() {
             let (ks, vs) = if len == placement.cells.len() {
                 (k.clone(), v.clone())
@@ -217,6 +222,9 @@ impl KvCache {
         heads: usize,
         tables: &Tensor<3>,
     ) -> Option<Tensor<2>> {
+        if self.dtype == KvDtype::Q8_0 {
+            return None;
+        }
         let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
         let q = kernels::rope_kv_write(qkv, heads, self.layout.head_dim, tables, &mut caches, cells);
         [self.keys[layer], self.values[layer]] = caches;
@@ -239,6 +247,9 @@ impl KvCache {
         heads: usize,
         tables: &Tensor<3>,
     ) -> Option<Tensor<2>> {
+        if self.dtype == KvDtype::Q8_0 {
+            return None;
+        }
         let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
         let d = self.layout.head_dim;
         let q = kernels::project_rope_kv_write(x, pre, w, bias, heads, d, tables, &mut caches, cells);
@@ -249,22 +260,41 @@ impl KvCache {
     /// Keys and values of `layer` for cells `[0, extent)`, widened to f32: [kv_heads, extent,
     /// head_dim] each.
     pub(crate) fn read(&self, layer: usize, extent: usize) -> (Tensor<3>, Tensor<3>) {
-        let [h, _, d] = self.keys[layer].dims();
-        let read = |t: &Tensor<3>| t.clone().slice([0..h, 0..extent, 0..d]).cast(FloatDType::F32);
+        let [h, _, w] = self.keys[layer].dims();
+        let d = self.layout.head_dim;
+        let read = |t: &Tensor<3>| {
+            let stored = t.clone().slice([0..h, 0..extent, 0..w]);
+            if self.dtype != KvDtype::Q8_0 {
+                return stored.cast(FloatDType::F32);
+            }
+            let words = stored.into_data().try_into_vec::<f16>().expect("a q8_0 cache holds f16 words");
+            Tensor::from_data(TensorData::new(kv_q8::dequantize_rows(&words, d), [h, extent, d]), &self.device)
+        };
         (read(&self.keys[layer]), read(&self.values[layer]))
     }
 
+    /// f32 keys or values [kv_heads, n, head_dim] as the cache stores them.
+    fn stored(&self, x: Tensor<3>) -> Tensor<3> {
+        if self.dtype != KvDtype::Q8_0 {
+            return x.cast(self.dtype.float());
+        }
+        let [h, n, d] = x.dims();
+        let values = x.into_data().convert::<f32>().try_into_vec::<f32>().expect("converted to f32");
+        let words = kv_q8::quantize_rows(&values, d);
+        Tensor::from_data(TensorData::new(words, [h, n, kv_q8::row_words(d)]), (&self.device, DType::F16))
+    }
+
     /// The whole key and value tensors of `layer`, as stored: [kv_heads, capacity, head_dim]
-    /// each, in the cache's dtype.
+    /// each, in the cache's dtype (q8_0: its blocks' words).
     pub(crate) fn layer(&self, layer: usize) -> (&Tensor<3>, &Tensor<3>) {
         (&self.keys[layer], &self.values[layer])
     }
 
     /// Replaces the keys of `layer` for cells `[0, extent)` (used to re-rotate shifted keys).
     pub(crate) fn set_keys(&mut self, layer: usize, keys: Tensor<3>) {
-        let [h, extent, d] = keys.dims();
-        let keys = keys.cast(self.dtype.float());
-        self.keys[layer].inplace(|t| t.slice_assign([0..h, 0..extent, 0..d], keys));
+        let keys = self.stored(keys);
+        let [h, extent, w] = keys.dims();
+        self.keys[layer].inplace(|t| t.slice_assign([0..h, 0..extent, 0..w], keys));
     }
 
     /// [n_tokens] the cells below `extent` each token sees, in cell order.

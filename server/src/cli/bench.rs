@@ -43,7 +43,8 @@ pub struct BenchArgs {
     /// (`cpu,cpu`); GPUs need a build with the `wgpu` (or `cuda`) feature.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// The KV cache's element type: auto (the device's default, f16 on the CPU), f32, f16, bf16.
+    /// The KV cache's element type: auto (the device's default, f16 on the CPU), f32, f16, bf16,
+    /// q8_0 (the CPU only).
     #[arg(long, default_value = "auto")]
     kv_dtype: String,
     /// Prompt lengths of the prefill measurement.

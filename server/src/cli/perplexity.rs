@@ -9,14 +9,15 @@
 //! model's next-token distribution from the reference's is measured, with how often both put the
 //! same token first: the figures `llama-perplexity --kl-divergence` reports, so a quantized
 //! file's drift can be set beside llama.cpp's on the same file. The reference runs in the same
-//! process, so no logits are written to disk.
+//! process, so no logits are written to disk. `--kv-dtype` sets the model's KV cache type: with
+//! the same file as the reference, the KL divergence is what the cache's type costs.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use llaisys_model::kernels::log_sum_exp;
 use llaisys_model::{
-    Batch, Context, DecodeError, Device, LanguageModel, LoadOptions, ModelSource, WeightDtype, load_model,
+    Batch, Context, DecodeError, Device, KvDtype, LanguageModel, LoadOptions, ModelSource, WeightDtype, load_model,
 };
 
 use super::CliError;
@@ -45,6 +46,10 @@ pub struct PerplexityArgs {
     /// The reference's weight dtype in memory.
     #[arg(long, default_value = "auto")]
     reference_dtype: WeightDtype,
+    /// The model's KV cache element type (see `llaisys serve --help`; the reference's is the
+    /// CPU's default, f16): with the same file as the reference, what the cache's type costs.
+    #[arg(long, default_value = "auto")]
+    kv_dtype: String,
 }
 
 /// Tokens per forward pass.
@@ -54,6 +59,7 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     if args.ctx < 4 {
         return Err(CliError::usage("--ctx", "must be at least 4"));
     }
+    let kv_dtype = KvDtype::parse_setting(&args.kv_dtype).map_err(|reason| CliError::usage("--kv-dtype", reason))?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let text =
         std::fs::read_to_string(&args.file).map_err(|source| CliError::Read { path: args.file.clone(), source })?;
@@ -91,7 +97,7 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     }
     eprintln!("{} tokens, {chunks} chunks of {}", tokens.len(), args.ctx);
     // The engine runs passes on the compute pool; so does this (the kernels' loops start there).
-    let scores = rayon::scope(|_| score(model, reference, &tokens, args.ctx, chunks))?;
+    let scores = rayon::scope(|_| score(model, kv_dtype, reference, &tokens, args.ctx, chunks))?;
     println!(
         "perplexity {:.4} over {} tokens ({chunks} chunks of {})",
         (scores.nll / scores.count as f64).exp(),
@@ -192,12 +198,16 @@ fn argmax(row: &[f32]) -> usize {
 /// second half of each.
 fn score(
     model: Box<dyn LanguageModel>,
+    kv_dtype: Option<KvDtype>,
     reference: Option<Box<dyn LanguageModel>>,
     tokens: &[u32],
     ctx: usize,
     chunks: usize,
 ) -> Result<Scores, CliError> {
-    let mut context = Context::new(model, ctx);
+    let mut context = match kv_dtype {
+        Some(dtype) => Context::with_kv_dtype(model, ctx, dtype),
+        None => Context::new(model, ctx),
+    };
     let mut reference = reference.map(|r| Context::new(r, ctx));
     let first = ctx / 2;
     let mut scores = Scores::default();

@@ -53,7 +53,7 @@ pub struct ModelArgs {
     #[arg(long)]
     device: Option<String>,
     /// The KV cache's element type (`engine.kv_dtype`): auto (the device's default, f16 on the
-    /// CPU), f32, f16, bf16.
+    /// CPU), f32, f16, bf16, q8_0 (the CPU only).
     #[arg(long)]
     kv_dtype: Option<String>,
     /// In a cluster: a file whose first line is the shared cookie (`cluster.cookie_file`; else

@@ -27,12 +27,12 @@ use std::arch::x86_64::*;
 
 use pulp::x86::V3;
 
+use super::Stored;
 use super::lanes::Lanes;
 use super::{Attention, Partial, Task, load_block};
 use crate::kernels::avx2::{W, load, reduce_max, reduce_sum, store};
 use crate::kernels::exp::{LN2_HI, LN2_LO, MAX, MIN, POLY, ROUND};
 use crate::kernels::plain::Plain;
-use crate::kernels::xwt::Weight;
 
 /// Cells in a block.
 const CELLS: usize = 16;
@@ -178,7 +178,7 @@ fn exp(x: __m256) -> __m256 {
 
 /// The task with the tile's queries along the lanes, for head dims of 16, 32, 64 and 128; `None`
 /// for the others (the caller goes query by query). `plain` widens the blocks.
-pub(super) fn lanes<T: Weight>(_cpu: V3, plain: Plain, a: &Attention<'_, T>, task: &Task) -> Option<Partial> {
+pub(super) fn lanes<T: Stored>(_cpu: V3, plain: Plain, a: &Attention<'_, T>, task: &Task) -> Option<Partial> {
     // SAFETY (each arm): the `V3` token exists only where the CPU has AVX2 and FMA.
     Some(match a.d {
         16 => unsafe { lanes_d::<T, 16>(plain, a, task) },
@@ -190,7 +190,7 @@ pub(super) fn lanes<T: Weight>(_cpu: V3, plain: Plain, a: &Attention<'_, T>, tas
 }
 
 #[target_feature(enable = "avx2,fma")]
-fn lanes_d<T: Weight, const D: usize>(plain: Plain, a: &Attention<'_, T>, task: &Task) -> Partial {
+fn lanes_d<T: Stored, const D: usize>(plain: Plain, a: &Attention<'_, T>, task: &Task) -> Partial {
     let cells = &a.visible[task.rows.end - 1];
     let mut l = Lanes::<W>::new(a, task, D);
     let (mut keys, mut values) = (vec![0.0f32; CELLS * D], vec![0.0f32; CELLS * D]);

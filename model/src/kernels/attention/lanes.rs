@@ -21,13 +21,13 @@ use std::arch::x86_64::{__m512, _CMP_LT_OQ, _CMP_NEQ_OQ};
 use pulp::x86::V4;
 use pulp::{Simd, f32x16};
 
+use super::Stored;
 use super::{Attention, LANES, Partial, Task, load_block};
-use crate::kernels::xwt::Weight;
 
 /// The task with the tile's queries along the lanes, for head dims of 16, 32, 64 and 128; `None`
 /// for the others (the caller takes the per-query path).
 #[inline(always)]
-pub(super) fn tile<T: Weight>(simd: V4, a: &Attention<'_, T>, task: &Task) -> Option<Partial> {
+pub(super) fn tile<T: Stored>(simd: V4, a: &Attention<'_, T>, task: &Task) -> Option<Partial> {
     Some(match a.d {
         16 => tile_d::<T, 16>(simd, a, task),
         32 => tile_d::<T, 32>(simd, a, task),
@@ -41,7 +41,7 @@ pub(super) fn tile<T: Weight>(simd: V4, a: &Attention<'_, T>, task: &Task) -> Op
 const OUT_CHUNK: usize = 8;
 
 #[inline(always)]
-fn tile_d<T: Weight, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task) -> Partial {
+fn tile_d<T: Stored, const D: usize>(simd: V4, a: &Attention<'_, T>, task: &Task) -> Partial {
     let cells = &a.visible[task.rows.end - 1];
     let mut l = Lanes::<LANES>::new(a, task, D);
     let (mut keys, mut values) = (vec![0.0f32; LANES * D], vec![0.0f32; LANES * D]);

@@ -22,7 +22,8 @@
 //!   few sequences decoding at depth), each tile's cells are split into chunks run as separate
 //!   tasks, whose partial outputs are merged by their maxima and sums.
 //!
-//! Keys and values are read in the cache's dtype (f32, f16 or bf16) and widened as loaded.
+//! Keys and values are read in the cache's dtype (f32, f16, bf16 or q8_0 blocks, [`Stored`])
+//! and widened as loaded.
 
 mod avx2;
 mod lanes;
@@ -34,6 +35,7 @@ use pulp::{NullaryFnOnce, Simd, f32x16};
 use rayon::prelude::*;
 
 use super::exp::{exp_sub_sum, exp_sub_sum_plain};
+use super::kv_q8::{self, Block};
 use super::plain::{self, Plain};
 use super::xwt::Weight;
 
@@ -45,7 +47,8 @@ const MIN_CHUNK: usize = 256;
 pub struct Attention<'a, T> {
     /// [n, heads, d], rotated.
     pub q: &'a [f32],
-    /// [kv_heads, capacity, d] each: the layer's whole cache; keys rotated.
+    /// [kv_heads, capacity, row] each (`row` = [`Stored::row_len`] of d): the layer's whole
+    /// cache; keys rotated.
     pub k: &'a [T],
     pub v: &'a [T],
     /// [n]: the cells each row sees (every row sees at least one).
@@ -60,25 +63,72 @@ pub struct Attention<'a, T> {
 ///
 /// # Shapes
 /// returns [n, heads · d] row-major
-pub fn run<T: Weight>(a: &Attention<'_, T>) -> Vec<f32> {
+pub fn run<T: Stored>(a: &Attention<'_, T>) -> Vec<f32> {
     match V4::try_new() {
         Some(simd) => run_on(a, simd),
         None => run_on(a, Plain::new()),
     }
 }
 
+/// What a cache holds a cell's row of `d` values in: a value each (f32, f16, bf16), or q8_0
+/// blocks of 32.
+pub(super) trait Stored: Copy + Send + Sync {
+    /// Elements of a row of `d` values.
+    fn row_len(d: usize) -> usize;
+    /// Whole rows (`row_len(d)` elements each) widened to f32 into `dst` ([rows, d]).
+    fn widen_rows<A: Arith>(arith: A, src: &[Self], d: usize, dst: &mut [f32]);
+    /// Value `e` of a row.
+    #[cfg(test)]
+    fn value(row: &[Self], e: usize) -> f32;
+}
+
+impl<T: Weight> Stored for T {
+    fn row_len(d: usize) -> usize {
+        d
+    }
+    #[inline(always)]
+    fn widen_rows<A: Arith>(arith: A, src: &[T], _d: usize, dst: &mut [f32]) {
+        arith.widen(src, dst)
+    }
+    #[cfg(test)]
+    fn value(row: &[T], e: usize) -> f32 {
+        row[e].to_f32()
+    }
+}
+
+impl Stored for Block {
+    fn row_len(d: usize) -> usize {
+        kv_q8::blocks(d)
+    }
+    #[inline(always)]
+    fn widen_rows<A: Arith>(arith: A, src: &[Block], d: usize, dst: &mut [f32]) {
+        if d.is_multiple_of(kv_q8::VALUES) {
+            arith.widen_q8(src, dst) // the rows' blocks are one run of values
+        } else {
+            kv_q8::widen_rows(src, d, dst)
+        }
+    }
+    #[cfg(test)]
+    fn value(row: &[Block], e: usize) -> f32 {
+        let block = &row[e / kv_q8::VALUES];
+        kv_q8::scale(block) * kv_q8::bytes(block)[e % kv_q8::VALUES] as f32
+    }
+}
+
 /// The vector arithmetic of a tile.
-trait Arith: Copy + Send + Sync {
+pub(super) trait Arith: Copy + Send + Sync {
     /// Most rows in a tile whose KV head has `group` query heads: each block of cells is
     /// widened once per tile.
     fn tile_rows(self, group: usize) -> usize;
     /// The whole task with its queries along the vector lanes, where this arithmetic has such a
     /// path for the tile; `None`: query by query.
-    fn lanes<T: Weight>(self, a: &Attention<'_, T>, task: &Task) -> Option<Partial>;
+    fn lanes<T: Stored>(self, a: &Attention<'_, T>, task: &Task) -> Option<Partial>;
     /// Runs `f` compiled for this arithmetic's instructions.
     fn vectorize<F: NullaryFnOnce>(self, f: F) -> F::Output;
     /// `src` widened to f32 into `dst` (the same length).
     fn widen<T: Weight>(self, src: &[T], dst: &mut [f32]);
+    /// q8_0 blocks widened to f32 into `dst` (32 values a block).
+    fn widen_q8(self, src: &[Block], dst: &mut [f32]);
     fn dot(self, a: &[f32], b: &[f32]) -> f32;
     /// Replaces each `x` by `e^(x − max)` and returns their sum.
     fn exp_sub_sum(self, xs: &mut [f32], max: f32) -> f32;
@@ -105,7 +155,7 @@ impl Arith for V4 {
         LANES
     }
     #[inline(always)]
-    fn lanes<T: Weight>(self, a: &Attention<'_, T>, task: &Task) -> Option<Partial> {
+    fn lanes<T: Stored>(self, a: &Attention<'_, T>, task: &Task) -> Option<Partial> {
         if task.rows.len() * (a.heads / a.kv_heads) < LANES {
             return None;
         }
@@ -118,6 +168,10 @@ impl Arith for V4 {
     #[inline(always)]
     fn widen<T: Weight>(self, src: &[T], dst: &mut [f32]) {
         widen(self, src, dst)
+    }
+    #[inline(always)]
+    fn widen_q8(self, src: &[Block], dst: &mut [f32]) {
+        widen_q8(self, src, dst)
     }
     #[inline(always)]
     fn dot(self, a: &[f32], b: &[f32]) -> f32 {
@@ -163,7 +217,7 @@ impl Arith for Plain {
         }
     }
     #[inline(always)]
-    fn lanes<T: Weight>(self, a: &Attention<'_, T>, task: &Task) -> Option<Partial> {
+    fn lanes<T: Stored>(self, a: &Attention<'_, T>, task: &Task) -> Option<Partial> {
         let cpu = self.v3()?;
         if task.rows.len() * (a.heads / a.kv_heads) < super::avx2::W {
             return None;
@@ -177,6 +231,12 @@ impl Arith for Plain {
     #[inline(always)]
     fn widen<T: Weight>(self, src: &[T], dst: &mut [f32]) {
         T::widen_slice(src, dst)
+    }
+    #[inline(always)]
+    fn widen_q8(self, src: &[Block], dst: &mut [f32]) {
+        for (block, dst) in src.iter().zip(dst.chunks_exact_mut(kv_q8::VALUES)) {
+            kv_q8::widen(block, dst);
+        }
     }
     #[inline(always)]
     fn dot(self, a: &[f32], b: &[f32]) -> f32 {
@@ -203,11 +263,12 @@ impl Arith for Plain {
     }
 }
 
-fn run_on<T: Weight, A: Arith>(a: &Attention<'_, T>, arith: A) -> Vec<f32> {
+fn run_on<T: Stored, A: Arith>(a: &Attention<'_, T>, arith: A) -> Vec<f32> {
     let n = a.visible.len();
     assert!(a.kv_heads > 0 && a.heads.is_multiple_of(a.kv_heads), "attention: heads must be a multiple of kv heads");
     assert!(a.q.len() == n * a.heads * a.d, "attention: q does not match its shape");
-    assert!(a.k.len() == a.kv_heads * a.capacity * a.d && a.v.len() == a.k.len(), "attention: k, v do not match");
+    let row = T::row_len(a.d);
+    assert!(a.k.len() == a.kv_heads * a.capacity * row && a.v.len() == a.k.len(), "attention: k, v do not match");
     assert!(
         a.visible.iter().flatten().all(|&c| (c as usize) < a.capacity),
         "attention: a visible cell lies outside the cache"
@@ -285,7 +346,7 @@ fn tiles(visible: &[Vec<u32>], most: usize) -> Vec<Range<usize>> {
 
 /// One tile's query heads of one KV head over a chunk of the tile's cells (the positions in
 /// the last row's list).
-struct Task {
+pub(super) struct Task {
     rows: Range<usize>,
     kv_head: usize,
     cells: Range<usize>,
@@ -293,7 +354,7 @@ struct Task {
 
 /// The unnormalised result of a task per query head: `out = Σ e^(s − max) · v`, `sum = Σ
 /// e^(s − max)`; `max` is −∞ for a query that saw no cell of the chunk.
-struct Partial {
+pub(super) struct Partial {
     /// [queries, d]
     out: Vec<f32>,
     max: Vec<f32>,
@@ -308,7 +369,7 @@ struct TileHead<'a, 't, T, A> {
     task: &'t Task,
 }
 
-impl<T: Weight, A: Arith> pulp::NullaryFnOnce for TileHead<'_, '_, T, A> {
+impl<T: Stored, A: Arith> pulp::NullaryFnOnce for TileHead<'_, '_, T, A> {
     type Output = Partial;
 
     #[inline(always)]
@@ -376,7 +437,7 @@ impl<T: Weight, A: Arith> pulp::NullaryFnOnce for TileHead<'_, '_, T, A> {
 /// rows of `keys` and `values` ([LANES, d] each); the rows past them are zeroed (the lanes
 /// paths read a whole block, masked, and must add nothing but 0 from there).
 #[inline(always)]
-fn load_block<T: Weight, A: Arith>(
+fn load_block<T: Stored, A: Arith>(
     arith: A,
     a: &Attention<'_, T>,
     kv_head: usize,
@@ -384,16 +445,16 @@ fn load_block<T: Weight, A: Arith>(
     keys: &mut [f32],
     values: &mut [f32],
 ) {
-    let d = a.d;
-    let cache = |c: u32| (kv_head * a.capacity + c as usize) * d;
+    let (d, row) = (a.d, T::row_len(a.d));
+    let cache = |c: u32| (kv_head * a.capacity + c as usize) * row;
     // A run of consecutive cells (a sequence's own cells mostly are) lies in one piece of the
     // cache: one call each for its keys and values, not one per cell.
     let mut t = 0;
     while t < block.len() {
         let run = 1 + block[t..].windows(2).take_while(|p| p[1] == p[0] + 1).count();
         let (from, to) = (cache(block[t]), t * d..(t + run) * d);
-        arith.widen(&a.k[from..][..run * d], &mut keys[to.clone()]);
-        arith.widen(&a.v[from..][..run * d], &mut values[to]);
+        T::widen_rows(arith, &a.k[from..][..run * row], d, &mut keys[to.clone()]);
+        T::widen_rows(arith, &a.v[from..][..run * row], d, &mut values[to]);
         t += run;
     }
     keys[block.len() * d..].fill(0.0);
@@ -404,6 +465,22 @@ impl<T> Attention<'_, T> {
     /// The first query head that reads KV head `g`.
     fn kv_head_first(&self, g: usize) -> usize {
         g * (self.heads / self.kv_heads)
+    }
+}
+
+/// q8_0 blocks widened to f32 into `dst` (32 values a block): sixteen bytes sign-extended to
+/// 32 bits, converted and scaled at a time.
+#[inline(always)]
+fn widen_q8(simd: V4, src: &[Block], dst: &mut [f32]) {
+    use std::arch::x86_64::__m128i;
+    let f = simd.avx512f;
+    for (block, dst) in src.iter().zip(dst.chunks_exact_mut(kv_q8::VALUES)) {
+        let scale = f._mm512_set1_ps(kv_q8::scale(block));
+        let q: [__m128i; 2] = pulp::cast(kv_q8::bytes(block));
+        let dst = pulp::as_arrays_mut::<LANES, f32>(dst).0;
+        for (dst, q) in dst.iter_mut().zip(q) {
+            *dst = pulp::cast(f._mm512_mul_ps(scale, f._mm512_cvtepi32_ps(f._mm512_cvtepi8_epi32(q))));
+        }
     }
 }
 
@@ -519,19 +596,19 @@ mod tests {
     use crate::kernels::test_values as values;
 
     /// Softmax-weighted values in f64, computed over the visible cells.
-    fn reference<T: Weight>(a: &Attention<'_, T>) -> Vec<f64> {
-        let (d, group) = (a.d, a.heads / a.kv_heads);
+    fn reference<T: Stored>(a: &Attention<'_, T>) -> Vec<f64> {
+        let (d, group, row) = (a.d, a.heads / a.kv_heads, T::row_len(a.d));
         let mut out = Vec::new();
         for (t, cells) in a.visible.iter().enumerate() {
             for h in 0..a.heads {
                 let g = h / group;
                 let q = &a.q[(t * a.heads + h) * d..][..d];
-                let at = |c: u32| (g * a.capacity + c as usize) * d;
+                let at = |c: u32| (g * a.capacity + c as usize) * row;
                 let scores: Vec<f64> = cells
                     .iter()
                     .map(|&c| {
-                        let k = &a.k[at(c)..at(c) + d];
-                        q.iter().zip(k).map(|(x, y)| *x as f64 * y.to_f32() as f64).sum::<f64>()
+                        let k = &a.k[at(c)..][..row];
+                        q.iter().enumerate().map(|(e, x)| *x as f64 * T::value(k, e) as f64).sum::<f64>()
                     })
                     .map(|s| s / (d as f64).sqrt())
                     .collect();
@@ -539,7 +616,8 @@ mod tests {
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = weights.iter().sum();
                 for e in 0..d {
-                    out.push(cells.iter().zip(&weights).map(|(&c, w)| w / sum * a.v[at(c) + e].to_f32() as f64).sum());
+                    let v = |c: u32| T::value(&a.v[at(c)..][..row], e) as f64;
+                    out.push(cells.iter().zip(&weights).map(|(&c, w)| w / sum * v(c)).sum());
                 }
             }
         }
@@ -548,7 +626,7 @@ mod tests {
 
     /// Every arithmetic this CPU runs (AVX-512, plain Rust compiled for it, plain Rust on the
     /// baseline) against the reference.
-    fn check<T: Weight>(a: &Attention<'_, T>, what: &str) {
+    fn check<T: Stored>(a: &Attention<'_, T>, what: &str) {
         let want = reference(a);
         let mut runs = vec![("plain", run_on(a, Plain::baseline())), ("plain for this CPU", run_on(a, Plain::new()))];
         if let Some(v4) = V4::try_new() {
@@ -562,8 +640,9 @@ mod tests {
     }
 
     /// Rows that see different, interleaved sets of cells (as sequences decoding side by side
-    /// do), head dims with and without a tail past 16 lanes, groups of 1, 2 and 7 query heads,
-    /// and rows seeing 16 or more cells (scored sixteen at a time, with a tail), in each dtype.
+    /// do), head dims with and without a tail past 16 lanes (and past a q8_0 block), groups of
+    /// 1, 2 and 7 query heads, and rows seeing 16 or more cells (scored sixteen at a time, with
+    /// a tail), in each dtype.
     #[test]
     fn attention_over_visible_cells_equals_the_reference() {
         #[cfg(cpu_avx512)]
@@ -595,6 +674,12 @@ mod tests {
             check(
                 &Attention { q: &q, k: &kb, v: &vb, visible: &visible, heads, kv_heads, d, capacity },
                 &format!("{what}, bf16"),
+            );
+            let (kq, vq) = (kv_q8::quantize_rows(&k, d), kv_q8::quantize_rows(&v, d));
+            let (k, v) = (kv_q8::as_blocks(&kq), kv_q8::as_blocks(&vq));
+            check(
+                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity },
+                &format!("{what}, q8_0"),
             );
         }
     }
@@ -631,6 +716,16 @@ mod tests {
             check(
                 &Attention { q: q1, k: &k, v: &v, visible: &one, heads, kv_heads, d, capacity },
                 &format!("{what}, alone"),
+            );
+            let (kq, vq) = (kv_q8::quantize_rows(&k, d), kv_q8::quantize_rows(&v, d));
+            let (k, v) = (kv_q8::as_blocks(&kq), kv_q8::as_blocks(&vq));
+            check(
+                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity },
+                &format!("{what}, q8_0"),
+            );
+            check(
+                &Attention { q: q1, k, v, visible: &one, heads, kv_heads, d, capacity },
+                &format!("{what}, q8_0 alone"),
             );
         }
     }
