@@ -104,7 +104,8 @@ pub struct KvCache {
     layout: KvLayout,
     dtype: KvDtype,
     /// [layers] each [kv_heads, capacity, head_dim] in `dtype` (q8_0: [kv_heads, capacity,
-    /// kv_q8::row_words(head_dim)] f16 words); keys are stored rotated (RoPE applied).
+    /// kv_q8::row_words(head_dim)] f16 words holding each row through `kv_q8`'s rotation); keys
+    /// are stored with RoPE applied.
     keys: Vec<Tensor<3>>,
     /// [layers] each as `keys`.
     values: Vec<Tensor<3>>,
@@ -198,15 +199,15 @@ impl KvCache {
         }
         let placement = &cells.placement;
         let (k, v) = (self.stored(k), self.stored(v));
-        let [h, _, d] = k.dims();
+        let [h, _, w] = k.dims();
         for (c0, t0, len) in placement.runs() {
             let (ks, vs) = if len == placement.cells.len() {
                 (k.clone(), v.clone())
             } else {
-                (k.clone().slice([0..h, t0..t0 + len, 0..d]), v.clone().slice([0..h, t0..t0 + len, 0..d]))
+                (k.clone().slice([0..h, t0..t0 + len, 0..w]), v.clone().slice([0..h, t0..t0 + len, 0..w]))
             };
-            self.keys[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..d], ks));
-            self.values[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..d], vs));
+            self.keys[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..w], ks));
+            self.values[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..w], vs));
         }
     }
 
