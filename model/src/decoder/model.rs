@@ -13,7 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
-use crate::kv::{KvCache, KvDtype, KvLayout, Placement, Pos};
+use crate::kv::{KvCache, KvLayout, Placement, Pos};
 use crate::layers::linear::Matrix;
 use crate::layers::{Linear, Pre, Rope, attention};
 use crate::lm::{LanguageModel, ModelInfo};
@@ -255,8 +255,7 @@ impl Decoder {
                 }
             };
             let q = q.reshape([n, heads, hd]);
-            let (keys, values) = cache.layer(l); // [kv_heads, capacity, hd] (q8_0: its blocks' words)
-            let a = match kernels::attention(&q, keys, values, cache.dtype() == KvDtype::Q8_0, &cells) {
+            let a = match cache.attention(l, &q, &cells) {
                 Some(a) => a,
                 None => {
                     let visible = &cells.visible;

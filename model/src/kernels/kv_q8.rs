@@ -55,7 +55,7 @@ pub fn bytes(block: &Block) -> [i8; VALUES] {
 
 /// The block's values widened into `out` (up to 32).
 #[inline(always)]
-pub fn widen(block: &Block, out: &mut [f32]) {
+fn widen(block: &Block, out: &mut [f32]) {
     let scale = scale(block);
     for (o, q) in out.iter_mut().zip(bytes(block)) {
         *o = scale * q as f32;

@@ -285,10 +285,12 @@ impl KvCache {
         Tensor::from_data(TensorData::new(words, [h, n, kv_q8::row_words(d)]), (&self.device, DType::F16))
     }
 
-    /// The whole key and value tensors of `layer`, as stored: [kv_heads, capacity, head_dim]
-    /// each, in the cache's dtype (q8_0: its blocks' words).
-    pub(crate) fn layer(&self, layer: usize) -> (&Tensor<3>, &Tensor<3>) {
-        (&self.keys[layer], &self.values[layer])
+    /// Attention of `q` ([n, heads, head_dim], RoPE applied) over the cells of `layer` each row
+    /// of `cells` sees, by the device's kernel reading the cache as stored: [n, heads ·
+    /// head_dim]; `None` where no kernel takes it (the caller reads the cache widened).
+    pub(crate) fn attention(&self, layer: usize, q: &Tensor<3>, cells: &CellTable) -> Option<Tensor<2>> {
+        let q8 = self.dtype == KvDtype::Q8_0;
+        kernels::attention(q, &self.keys[layer], &self.values[layer], q8, cells)
     }
 
     /// Replaces the keys of `layer` for cells `[0, extent)` (used to re-rotate shifted keys).

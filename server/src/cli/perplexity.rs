@@ -204,10 +204,8 @@ fn score(
     ctx: usize,
     chunks: usize,
 ) -> Result<Scores, CliError> {
-    let mut context = match kv_dtype {
-        Some(dtype) => Context::with_kv_dtype(model, ctx, dtype),
-        None => Context::new(model, ctx),
-    };
+    let kv_dtype = kv_dtype.unwrap_or_else(|| KvDtype::default_for(model.device()));
+    let mut context = Context::with_kv_dtype(model, ctx, kv_dtype);
     let mut reference = reference.map(|r| Context::new(r, ctx));
     let first = ctx / 2;
     let mut scores = Scores::default();

@@ -234,9 +234,7 @@ impl Arith for Plain {
     }
     #[inline(always)]
     fn widen_q8(self, src: &[Block], dst: &mut [f32]) {
-        for (block, dst) in src.iter().zip(dst.chunks_exact_mut(kv_q8::VALUES)) {
-            kv_q8::widen(block, dst);
-        }
+        kv_q8::widen_rows(src, kv_q8::VALUES, dst)
     }
     #[inline(always)]
     fn dot(self, a: &[f32], b: &[f32]) -> f32 {
