@@ -4,7 +4,8 @@
 
 use llaisys_actors::request::{FinishReason, ToolCallOut};
 use llaisys_actors::{
-    ChatMessage, ChatRequest, Constraint, Engine, EngineError, Event, Output, StreamExt, Tool, ToolChoice,
+    ChatMessage, ChatRequest, Constraint, Engine, EngineError, Event, GenerateParams, GenerateRequest, Output,
+    StreamExt, Tool, ToolChoice, Usage,
 };
 use llaisys_model::tokenizer::ToolCall;
 use llaisys_tests::{FixtureCopy, fixture_dir};
@@ -225,14 +226,20 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
         let mut pieces = Vec::new();
         for &token in &ids {
             let sampled = llaisys_model::Sampled { token, logprob: None, top: vec![], end: None, mask_time: None };
-            if let Some(event) = post.token(sampled).unwrap() {
+            for event in post.token(sampled).unwrap() {
                 if let Event::Token { tool_call: Some(d), .. } = &event {
                     pieces.push(d.clone());
                 }
                 builder.add(0, event);
             }
+            // Nobody starts it over here: a rejected call is let out as text.
+            if post.retry().is_some() {
+                post.not_restarted();
+            }
         }
-        builder.add(0, post.finish(FinishReason::Stop, ids.len(), 0, None).unwrap());
+        for event in post.finish(FinishReason::Stop, ids.len(), 0, None).unwrap() {
+            builder.add(0, event);
+        }
         (builder.finish().choices.remove(0), pieces)
     };
     let arguments = json!({"city": "Paris", "unit": "celsius"});
@@ -259,5 +266,84 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
         let (choice, _) = run(&answer);
         assert_eq!((choice.text.as_str(), choice.finish), (answer.as_str(), FinishReason::Stop));
         assert!(choice.tool_calls.is_empty());
+    }
+}
+
+/// The call written as text that no tool fits: a city nobody named.
+const ATLANTIS: &str = r#"{"name": "get_weather", "arguments": {"city": "Atlantis", "unit": "celsius"}}"#;
+
+/// A first attempt forced (by a regex in place of the chat's guidance) to answer with
+/// `ATLANTIS`, then `tail` (a regex).
+fn rejected_first_attempt(frontend: &llaisys_actors::Frontend, tail: &str) -> (Vec<u32>, GenerateParams) {
+    let valid = frontend.chat(&ask().tool_choice(ToolChoice::Auto).max_tokens(200)).unwrap();
+    let mut params = valid.params().clone();
+    assert!(params.text_retry.is_some(), "auto answers a rejected call again");
+    let pattern = format!("{}{tail}", regex_escape(ATLANTIS));
+    params.guidance = frontend.guidance(&Constraint::Regex { pattern }).unwrap();
+    (valid.prompts()[0].clone(), params)
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars().map(|c| if "{}[]().*+?|\\^$".contains(c) { format!("\\{c}") } else { c.to_string() }).collect()
+}
+
+/// A choice's streamed text, token events and usage.
+async fn streamed(engine: &Engine, prompt: &[u32], params: GenerateParams) -> (String, usize, Usage, FinishReason) {
+    let mut stream = engine.generate(GenerateRequest::new(prompt.to_vec(), params)).await.unwrap();
+    let (mut text, mut tokens) = (String::new(), 0);
+    loop {
+        match stream.next().await.expect("the stream ends with Finished") {
+            Event::Token { text: t, tool_call, .. } => {
+                assert!(tool_call.is_none());
+                text.push_str(&t);
+                tokens += 1;
+            }
+            Event::Finished { text: t, usage, reason, .. } => {
+                text.push_str(&t);
+                return (text, tokens, usage, reason);
+            }
+        }
+    }
+}
+
+/// What a second attempt may be: no call, nothing of the first, and not opening as JSON.
+fn check_second_attempt(text: &str) {
+    assert!(!text.contains("Atlantis") && !text.contains("get_weather"), "{text:?}");
+    assert!(!text.starts_with(['{', '[', '`', ' ', '\n']), "{text:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_is_a_call_no_tool_fits_is_answered_again_as_text() {
+    let fixture = FixtureCopy::long_context(TIED, 2048);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let (prompt, params) = rejected_first_attempt(engine.frontend(), "[a-z ]{30,40}");
+    for seed in 0..3 {
+        let mut params = params.clone();
+        (params.sampling.temperature, params.sampling.seed) = (1.0, Some(seed));
+        let (text, tokens, usage, reason) = streamed(&engine, &prompt, params).await;
+        assert!(matches!(reason, FinishReason::Stop | FinishReason::Length), "{reason:?}");
+        check_second_attempt(&text);
+        assert_eq!(tokens, usage.completion_tokens, "the first attempt's tokens are not shown");
+    }
+    // A first attempt that ended in the step that decided it cannot be started over: its text
+    // is the answer, whole.
+    let (prompt, params) = rejected_first_attempt(engine.frontend(), "");
+    let (text, tokens, usage, reason) = streamed(&engine, &prompt, params).await;
+    assert_eq!((text.as_str(), reason), (ATLANTIS, FinishReason::Stop));
+    assert_eq!(tokens, usage.completion_tokens);
+    let stats = engine.stats().await.unwrap();
+    assert_eq!((stats.running, stats.waiting), (0, 0), "nothing left behind");
+    engine.shutdown().await;
+
+    // The offline engine steps itself: it starts over even an attempt that just ended.
+    let mut llm = Engine::builder().model(fixture.path()).build_offline().unwrap();
+    for tail in ["[a-z ]{30,40}", ""] {
+        let (prompt, mut params) = rejected_first_attempt(llm.frontend(), tail);
+        (params.sampling.temperature, params.sampling.seed) = (1.0, Some(7));
+        let out = llm.generate(&[prompt], &params).unwrap().remove(0);
+        assert!(out.tool_calls.is_empty());
+        check_second_attempt(out.text.as_deref().unwrap());
+        let shown = llm.tokenizer().unwrap().decode(&out.tokens, true).unwrap();
+        assert!(!shown.contains("Atlantis"), "the first attempt's tokens are not shown: {shown:?}");
     }
 }

@@ -232,7 +232,7 @@ fn text_calls(text: &str) {
         for piece in chars.chunks(piece_chars.max(1)) {
             for emit in recogniser.push(&piece.iter().collect::<String>()) {
                 match emit {
-                    Emit::Text(t) => out.push_str(&t),
+                    Emit::Text(t) | Emit::Rejected(t) => out.push_str(&t),
                     Emit::Call { name, arguments } => calls.push((name, arguments)),
                 }
             }

@@ -168,12 +168,19 @@ async fn the_demo_model_calls_get_weather_for_paris() {
     assert_eq!(call["name"], "get_weather", "{r}");
     let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
     assert_eq!(args["city"], "Paris", "{r}");
-    // Greeted, it answers with a call's JSON for a city it invents: that is text, not a call.
+    // Greeted, it first answers with a call's JSON for a tool nobody offered: that is no call,
+    // and the answer is generated again as text, streamed or not.
     let body = json!({"model": name, "messages": [{"role": "user", "content": "Hello!"}],
         "tools": tools, "temperature": 0, "max_tokens": 40});
-    let (_, r) = post(&s, "/v1/chat/completions", body).await;
+    let (_, r) = post(&s, "/v1/chat/completions", body.clone()).await;
     assert!(r["choices"][0]["message"]["tool_calls"].is_null(), "{r}");
     assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.starts_with("Hello") && !text.contains('{'), "{r}");
+    let mut stream = body;
+    stream["stream"] = json!(true);
+    let (pieces, finish) = streamed(&s, stream).await;
+    assert_eq!((pieces.as_str(), finish.as_str()), (text, "stop"), "streamed pieces add up to the same answer");
     // Asked for a poem it answers in text.
     let body = json!({"model": name, "messages": [{"role": "user", "content": "Write a haiku about the sea."}],
         "tools": tools, "temperature": 0, "max_tokens": 40});

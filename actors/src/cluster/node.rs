@@ -200,9 +200,10 @@ async fn run(
     mut cancelled: oneshot::Receiver<()>,
 ) {
     let send = |msg| front.send_message(message(name, msg)).is_ok();
-    let generate = match compile(engine, &request.guidance) {
-        Ok(guidance) => {
-            let params = request.params(guidance);
+    let retry = request.text_retry.as_ref().map(|spec| compile(engine, spec)).transpose();
+    let generate = match compile(engine, &request.guidance).and_then(|g| Ok((g, retry?))) {
+        Ok((guidance, text_retry)) => {
+            let params = request.params(guidance, text_retry);
             engine.generate(GenerateRequest { prompt: request.prompt, params, session: request.session }).await
         }
         Err(e) => Err(e),

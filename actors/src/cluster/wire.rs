@@ -42,6 +42,9 @@ pub struct WireRequest {
     /// The tools a call written as text may name (`tool_choice: auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_calls: Option<TextCallSpec>,
+    /// The guidance of a second attempt after a rejected call written as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_retry: Option<GuidanceSpec>,
     /// Think tags (open, close) and whether the output starts inside the thinking.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<(u32, u32, bool)>,
@@ -64,6 +67,7 @@ impl WireRequest {
             ignore_eos: params.ignore_eos,
             tool_calls: params.tool_calls.map(|t| (t.tags.open, t.tags.close, t.finish_with_tool_calls)),
             text_calls: params.text_calls.as_deref().cloned(),
+            text_retry: params.text_retry.as_ref().map(llaisys_model::Guidance::spec),
             reasoning: params.reasoning.map(|r| (r.tags.open, r.tags.close, r.starts_open)),
             guidance: params.guidance.spec(),
             speculative: params.speculative,
@@ -71,8 +75,13 @@ impl WireRequest {
         }
     }
 
-    /// The parameters on the node, with the constraint compiled there (`guidance`).
-    pub fn params(&self, guidance: llaisys_model::Guidance) -> GenerateParams {
+    /// The parameters on the node, with the constraints compiled there (`guidance`, and
+    /// `text_retry` from the spec of the same name).
+    pub fn params(
+        &self,
+        guidance: llaisys_model::Guidance,
+        text_retry: Option<llaisys_model::Guidance>,
+    ) -> GenerateParams {
         GenerateParams {
             max_tokens: self.max_tokens,
             sampling: self.sampling.clone(),
@@ -84,6 +93,7 @@ impl WireRequest {
                 finish_with_tool_calls,
             }),
             text_calls: self.text_calls.clone().map(std::sync::Arc::new),
+            text_retry,
             reasoning: self.reasoning.map(|(open, close, starts_open)| ReasoningParsing {
                 tags: ReasoningTags { open, close },
                 starts_open,
@@ -368,7 +378,13 @@ mod tests {
         let wire = WireRequest::new(vec![1, 2, 3], &params, Some("s".into()));
         let json = serde_json::to_string(&wire).unwrap();
         let back: WireRequest = serde_json::from_str(&json).unwrap();
-        assert_eq!(back.params(Default::default()), params);
+        assert_eq!(back.params(Default::default(), None), params);
         assert_eq!(back.session.as_deref(), Some("s"));
+        // A second attempt's guidance crosses as its spec, compiled again on the node.
+        let retry = llaisys_model::Guidance::forbid(vec![1]).not_opening_with(vec![4, 5]);
+        params.text_retry = Some(retry.clone());
+        let json = serde_json::to_string(&WireRequest::new(vec![1, 2, 3], &params, None)).unwrap();
+        let back: WireRequest = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.text_retry, Some(retry.spec()));
     }
 }

@@ -154,13 +154,15 @@ impl Frontend {
             constrain_calls(&mut unchecked.params, options, &request.input, &*self.grammar_compiler()?)?;
         }
         // A reasoning model's constraint applies to its answer, after the thinking.
-        let guidance = &mut unchecked.params.guidance;
+        let params = &mut unchecked.params;
         if let Some(r) = reasoning
-            && (options.thinking_budget.is_some() || !guidance.is_free())
+            && (options.thinking_budget.is_some() || !params.guidance.is_free())
         {
             let start = self.think_start(r, &unchecked.prompts[0])?;
             let thinking = Thinking { open: r.tags.open, close: r.tags.close, start, budget: options.thinking_budget };
-            *guidance = std::mem::take(guidance).after_thinking(thinking);
+            for guidance in std::iter::once(&mut params.guidance).chain(&mut params.text_retry) {
+                *guidance = std::mem::take(guidance).after_thinking(thinking);
+            }
         }
         self.check(unchecked, "messages")
     }
@@ -308,6 +310,7 @@ impl Frontend {
             guidance,
             tool_calls: None,
             text_calls: None,
+            text_retry: None,
             reasoning: None,
             speculative: options.speculative,
         };

@@ -22,6 +22,12 @@ pub struct GenerateParams {
     /// T3 with `tool_choice: auto`: an answer that is a call written as text (a ```json fence
     /// or bare JSON) to one of these tools becomes a tool call.
     pub text_calls: Option<Arc<TextCallSpec>>,
+    /// With `text_calls`: the guidance of the one second attempt made when the answer began
+    /// as a call written as text that is not one (a tool not offered, arguments that do not
+    /// fit it or that nothing in the conversation asked for). The held-back text is dropped
+    /// and the answer generated again as text that cannot begin as JSON or a code fence, and
+    /// calls nothing. `None`: such an answer is the text it was.
+    pub text_retry: Option<Guidance>,
     /// A reasoning model's thinking is split from the answer (chats of models with think tags).
     pub reasoning: Option<ReasoningParsing>,
     /// T1/T4: what the output must match (a compiled grammar: `Engine::guidance`,
@@ -30,6 +36,15 @@ pub struct GenerateParams {
     /// Speculative decoding for this request; `None`: the engine's default. The tokens are the
     /// same either way (greedy: identical; sampled: the same distribution).
     pub speculative: Option<bool>,
+}
+
+impl GenerateParams {
+    /// The parameters of the second attempt at an answer whose call written as text was
+    /// rejected (`text_retry`), if there is one.
+    pub fn retried(&self) -> Option<GenerateParams> {
+        let guidance = self.text_retry.clone()?;
+        Some(GenerateParams { guidance, tool_calls: None, text_calls: None, text_retry: None, ..self.clone() })
+    }
 }
 
 impl Default for GenerateParams {
@@ -43,6 +58,7 @@ impl Default for GenerateParams {
             guidance: Guidance::default(),
             tool_calls: None,
             text_calls: None,
+            text_retry: None,
             reasoning: None,
             speculative: None,
         }

@@ -108,6 +108,9 @@ pub(super) fn constrain_calls(
     if choice == ToolChoice::Auto {
         let tools = options.tools.iter().map(|t| TextCallTool::new(&t.name, &t.parameters)).collect();
         params.text_calls = Some(Arc::new(TextCallSpec { tools, grounds: Some(conversation_text(messages)) }));
+        // A rejected call written as text is answered again, as text (it is held back, so the
+        // client never saw it): small models write a made-up call for a greeting or a sum.
+        params.text_retry = Some(Guidance::forbid(vec![open]).not_opening_with(compiler.json_openers()));
     }
     Ok(())
 }

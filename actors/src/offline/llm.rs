@@ -47,6 +47,9 @@ struct Job {
     choice: usize,
     output: Postprocess,
     finished: Option<Finished>,
+    /// Its prompt and session, kept when its answer may be started over
+    /// (`GenerateParams::text_retry`).
+    origin: Option<(Vec<u32>, Option<String>)>,
 }
 
 impl Llm {
@@ -142,8 +145,9 @@ impl Llm {
             for (choice, ValidChoice { prompt, params, session }) in choices.into_iter().enumerate() {
                 let id = base + jobs.len() as RequestId;
                 let output = Postprocess::new(prompt.len(), &params, tokenizer.clone());
+                let origin = params.text_retry.is_some().then(|| (prompt.clone(), session.clone()));
                 self.add(id, prompt, params, session);
-                jobs.push(Job { request: r, choice, output, finished: None });
+                jobs.push(Job { request: r, choice, output, finished: None, origin });
             }
         }
         self.next_id += jobs.len() as RequestId;
@@ -158,8 +162,9 @@ impl Llm {
         for (k, mut job) in jobs.into_iter().enumerate() {
             self.executor.remove_request(base + k as RequestId);
             let f = job.finished.ok_or(llaisys_model::DecodeError::Internal(format!("choice {k} never finished")))?;
-            let event = job.output.finish(f.reason, f.output.len(), f.cached_tokens, f.queue_time)?;
-            answers[job.request].add(job.choice, event);
+            for event in job.output.finish(f.reason, f.output.len(), f.cached_tokens, f.queue_time)? {
+                answers[job.request].add(job.choice, event);
+            }
         }
         Ok(answers.into_iter().map(AnswerBuilder::finish).collect())
     }
@@ -171,17 +176,38 @@ impl Llm {
             let outputs = self.executor.execute(&plan)?;
             let outcomes = outcomes(&outputs);
             self.scheduler.record_step(&plan, &outcomes, start.elapsed());
+            let mut retries = Vec::new();
             for (item, output) in plan.items.iter().zip(outputs) {
                 let job = &mut jobs[(item.id - base) as usize];
                 for sampled in output.sampled {
-                    if let Some(event) = job.output.token(sampled)? {
+                    for event in job.output.token(sampled)? {
                         answers[job.request].add(job.choice, event);
+                    }
+                    if let Some(params) = job.output.retry() {
+                        retries.push((item.id, params));
                     }
                 }
             }
             for f in self.scheduler.postprocess(&plan, &outcomes) {
                 let job = (f.id - base) as usize;
                 jobs[job].finished = Some(f);
+            }
+            // An answer that was a call written as text no tool fits is started over once the
+            // step is in, as the scheduler actor does, even if its first attempt just finished.
+            for (id, params) in retries {
+                let job = &mut jobs[(id - base) as usize];
+                let failed = job.finished.as_ref().is_some_and(|f| f.reason == FinishReason::Error);
+                match &job.origin {
+                    Some((prompt, session)) if !failed => {
+                        let speculating = params.speculative.unwrap_or(self.speculative);
+                        self.executor.remove_request(id);
+                        self.executor.add_request(id, self.lane(prompt, params.clone()));
+                        self.scheduler.restart(id, prompt.clone(), session.clone(), params.clone(), speculating);
+                        job.finished = None;
+                        job.output.restarted(&params);
+                    }
+                    _ => job.output.not_restarted(),
+                }
             }
             // A stop string ends its sequence at the next step, as the request actor's does.
             for (k, job) in jobs.iter_mut().enumerate() {
@@ -197,9 +223,15 @@ impl Llm {
     fn add(&mut self, id: RequestId, prompt: Vec<u32>, params: Arc<GenerateParams>, session: Option<String>) {
         let speculating = params.speculative.unwrap_or(self.speculative);
         let seq = Sequence::new(id, prompt, params.clone()).in_session(session).speculating(speculating);
-        let sampler = Sampler::new(params.sampling.clone(), &seq.tokens).guided(&params.guidance);
-        let lane = Lane::new(sampler, params, speculating.then(|| seq.tokens.clone()));
+        let lane = self.lane(&seq.tokens, params);
         self.scheduler.add(seq);
         self.executor.add_request(id, lane);
+    }
+
+    /// The sampler and proposer history of a request of `prompt`.
+    fn lane(&self, prompt: &[u32], params: Arc<GenerateParams>) -> Lane {
+        let speculating = params.speculative.unwrap_or(self.speculative);
+        let sampler = Sampler::new(params.sampling.clone(), prompt).guided(&params.guidance);
+        Lane::new(sampler, params, speculating.then(|| prompt.to_vec()))
     }
 }

@@ -10,6 +10,9 @@ use super::FinishReason;
 pub enum ToRequest {
     /// A token sampled for this request.
     Token(Sampled),
+    /// The answer to the actor's `ToScheduler::Retry`: whether the request was started over
+    /// (every token before this message is the first attempt's), or had already ended.
+    Restarted(bool),
     /// The request ended; the actor sends its last events and stops.
     Finished { reason: FinishReason, completion_tokens: usize, cached_tokens: usize, queue_time: Option<Duration> },
 }

@@ -28,6 +28,15 @@ pub struct Postprocess {
     stopped_after: Option<usize>,
     /// No more events but the finish: a stop string matched, or `close` was called.
     closed: bool,
+    /// The parameters of a second attempt after a rejected call written as text
+    /// (`GenerateParams::text_retry`), until it is made.
+    retry: Option<Arc<GenerateParams>>,
+    /// The rejected call's text while its second attempt is being started.
+    rejected: Option<String>,
+    /// Token events held back with their text: while a call written as text is undecided,
+    /// and after it was rejected until the answer is started over (then they are dropped, so
+    /// the client sees nothing of the first attempt: no text, tokens or log-probabilities).
+    held: Vec<Event>,
 }
 
 impl Postprocess {
@@ -35,7 +44,7 @@ impl Postprocess {
         let text = TextStream::new(params.stop.iter().cloned())
             .with_reasoning(params.reasoning)
             .with_tool_calls(params.tool_calls.map(|t| t.tags))
-            .with_text_calls(params.text_calls.clone());
+            .with_text_calls(params.text_calls.clone(), params.text_retry.is_some());
         Self {
             tokenizer,
             text,
@@ -44,15 +53,45 @@ impl Postprocess {
             received: 0,
             stopped_after: None,
             closed: false,
+            retry: params.retried().map(Arc::new),
+            rejected: None,
+            held: Vec::new(),
         }
     }
 
-    /// The event of a sampled token; `None` once the output has ended. After the token that
-    /// completes a stop string, `stopped()` is true and the engine should end the sequence.
-    pub fn token(&mut self, sampled: Sampled) -> Result<Option<Event>, TokenizerError> {
+    /// After a token: when the answer so far was a call written as text that was rejected
+    /// (kept back, never shown), the parameters to generate it again with. The owner restarts
+    /// the choice from its prompt with them and calls `restarted`, or, if the choice has
+    /// ended, `not_restarted`. Once per choice.
+    pub fn retry(&mut self) -> Option<Arc<GenerateParams>> {
+        if self.rejected.is_some() || self.retry.is_none() {
+            return None;
+        }
+        self.rejected = Some(self.text.take_rejected()?);
+        self.retry.take()
+    }
+
+    /// The choice was restarted with `params` (from `retry`): the output starts over.
+    pub fn restarted(&mut self, params: &GenerateParams) {
+        *self = Self::new(self.prompt_tokens, params, self.tokenizer.take());
+    }
+
+    /// The choice could not be restarted: the rejected call's text comes out after all, with
+    /// the next events.
+    pub fn not_restarted(&mut self) {
+        if let Some(text) = self.rejected.take() {
+            self.text.give_back(text);
+        }
+    }
+
+    /// The events a sampled token lets out: its own, after any held back; none once the
+    /// output has ended, or while an answer written as a call is undecided. After the token
+    /// that completes a stop string, `stopped()` is true and the engine should end the
+    /// sequence.
+    pub fn token(&mut self, sampled: Sampled) -> Result<Vec<Event>, TokenizerError> {
         self.received += 1;
         if self.closed {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let piece = match &self.tokenizer {
             Some(tokenizer) => self.text.push(tokenizer, sampled.token)?,
@@ -62,7 +101,7 @@ impl Postprocess {
             self.stopped_after = Some(self.received);
             self.closed = true;
         }
-        Ok(Some(Event::Token {
+        self.held.push(Event::Token {
             token: sampled.token,
             text: piece.text,
             reasoning: piece.reasoning,
@@ -70,7 +109,11 @@ impl Postprocess {
             top_logprobs: sampled.top,
             mask_time: sampled.mask_time,
             tool_call: piece.tool_call,
-        }))
+        });
+        if self.text.undecided() || self.text.has_rejected() || self.rejected.is_some() {
+            return Ok(Vec::new());
+        }
+        Ok(std::mem::take(&mut self.held))
     }
 
     /// Whether a stop string has ended the text.
@@ -82,16 +125,19 @@ impl Postprocess {
     /// no held-back text.
     pub fn close(&mut self) {
         self.closed = true;
+        self.held.clear();
     }
 
-    /// The last event of a choice the engine ended for `reason` after `completion_tokens`.
+    /// The last events of a choice the engine ended for `reason` after `completion_tokens`:
+    /// any held back, then the finish.
     pub fn finish(
         &mut self,
         reason: FinishReason,
         completion_tokens: usize,
         cached_tokens: usize,
         queue_time: Option<Duration>,
-    ) -> Result<Event, TokenizerError> {
+    ) -> Result<Vec<Event>, TokenizerError> {
+        self.not_restarted();
         let tail = match &self.tokenizer {
             Some(tokenizer) if !self.closed => self.text.finish(tokenizer)?,
             _ => Default::default(),
@@ -103,6 +149,8 @@ impl Postprocess {
         let reason = ToolParsing::finish(self.tool_calls, reason, self.text.made_tool_calls());
         let completion_tokens = completion_tokens.min(self.stopped_after.unwrap_or(usize::MAX));
         let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens, cached_tokens };
-        Ok(Event::Finished { reason, text: tail.text, reasoning: tail.reasoning, usage, queue_time })
+        let mut events = std::mem::take(&mut self.held);
+        events.push(Event::Finished { reason, text: tail.text, reasoning: tail.reasoning, usage, queue_time });
+        Ok(events)
     }
 }

@@ -34,6 +34,13 @@ pub struct TextStream {
     reasoning: Option<(ReasoningSplit, IncrementalDecoder)>,
     /// The recogniser of a call written as text (`tool_choice: auto`).
     text_calls: Option<TextCalls>,
+    /// Whether a rejected call written as text is kept back for a second attempt
+    /// (`rejected`) instead of coming out as text.
+    retry: bool,
+    /// The text of a rejected call, kept back.
+    rejected: Option<String>,
+    /// A rejected call's text given back, let out before the next text.
+    given_back: String,
 }
 
 impl TextStream {
@@ -47,13 +54,42 @@ impl TextStream {
             held: String::new(),
             reasoning: None,
             text_calls: None,
+            retry: false,
+            rejected: None,
+            given_back: String::new(),
         }
     }
 
-    /// Recognises an answer that is a call written as text (needs `with_tool_calls`).
-    pub fn with_text_calls(mut self, spec: Option<std::sync::Arc<TextCallSpec>>) -> Self {
+    /// Recognises an answer that is a call written as text (needs `with_tool_calls`); with
+    /// `retry`, an answer shaped as a call that is not one is kept back (`take_rejected`).
+    pub fn with_text_calls(mut self, spec: Option<std::sync::Arc<TextCallSpec>>, retry: bool) -> Self {
         self.text_calls = spec.map(TextCalls::new);
+        self.retry = retry;
         self
+    }
+
+    /// The text of a call written as text that was rejected and kept back, once: the answer
+    /// is to be generated again, or, given back with `give_back`, let out after all.
+    pub fn take_rejected(&mut self) -> Option<String> {
+        self.rejected.take()
+    }
+
+    /// Whether a rejected call's text is kept back.
+    pub fn has_rejected(&self) -> bool {
+        self.rejected.is_some()
+    }
+
+    /// Whether the answer so far may be a call written as text, not decided yet (its text is
+    /// held back).
+    pub fn undecided(&self) -> bool {
+        !self.stopped && self.text_calls.as_ref().is_some_and(TextCalls::holding)
+    }
+
+    /// Lets out `text` (a rejected call's that could not be answered again) before whatever
+    /// comes next.
+    pub fn give_back(&mut self, text: String) {
+        self.given_back = text;
+        self.retry = false;
     }
 
     /// Splits off a reasoning model's thinking.
@@ -122,10 +158,15 @@ impl TextStream {
             for emit in recogniser.push(&text) {
                 match emit {
                     Emit::Text(t) => content.push_str(&t),
+                    Emit::Rejected(t) if self.retry => self.rejected = Some(t),
+                    Emit::Rejected(t) => content.push_str(&t),
                     Emit::Call { name, arguments } => tool_call = Some(parser.text_call(name, arguments)),
                 }
             }
             text = content;
+        }
+        if !self.given_back.is_empty() {
+            text.insert_str(0, &std::mem::take(&mut self.given_back));
         }
         if self.made_tool_calls() {
             if text.trim().is_empty() {
@@ -161,6 +202,7 @@ impl TextStream {
         if let Some(recogniser) = &mut self.text_calls {
             tail.text.insert_str(0, &recogniser.finish());
         }
+        tail.text.insert_str(0, &std::mem::take(&mut self.given_back));
         Ok(tail)
     }
 

@@ -53,6 +53,13 @@ pub struct IdSpace {
 }
 
 /// A request the engine is serving.
+/// A request actor's `ToScheduler::Retry`.
+struct Retry {
+    id: RequestId,
+    params: Arc<GenerateParams>,
+    actor: ActorRef<ToRequest>,
+}
+
 struct Live {
     actor: ActorRef<ToRequest>,
     /// A clone of the client's channel, to notice a dropped stream even before the first token.
@@ -61,6 +68,9 @@ struct Live {
     /// is restarted.
     params: Arc<GenerateParams>,
     speculating: bool,
+    /// Its prompt and session, kept when its answer may be started over
+    /// (`GenerateParams::text_retry`), even after its first attempt finished.
+    origin: Option<(Vec<u32>, Option<String>)>,
 }
 
 pub struct SchedulerState {
@@ -90,6 +100,9 @@ pub struct SchedulerState {
     kv_memory: (KvDtype, usize),
     /// `Engine::stats` callers that asked while a step was in flight.
     stats_waiting: Vec<RpcReplyPort<EngineStats>>,
+    /// Restarts asked for while their request was in the step in flight: made once it is in,
+    /// so that the prompt's cells are kept.
+    retries: Vec<Retry>,
     shutting_down: bool,
     shutdown_waiters: Vec<RpcReplyPort<()>>,
     finished: FinishCounts,
@@ -132,6 +145,7 @@ impl Actor for SchedulerActor {
             kv_cells_used: 0,
             kv_memory,
             stats_waiting: Vec::new(),
+            retries: Vec::new(),
             shutting_down: false,
             shutdown_waiters: Vec::new(),
             finished: FinishCounts::default(),
@@ -208,8 +222,24 @@ impl Actor for SchedulerActor {
                             .collect()
                     }
                 };
-                state.end(finished);
+                // A request whose actor asked to start it over while this step ran is not ended,
+                // even if its first attempt just finished (a call's closing brace is often
+                // followed by the end of the turn).
+                let retries = std::mem::take(&mut state.retries);
+                let again = |f: &Finished| f.reason != FinishReason::Error && retries.iter().any(|r| r.id == f.id);
+                state.end(finished.into_iter().filter(|f| !again(f)).collect());
+                for retry in retries {
+                    state.restart(retry);
+                }
                 state.answer_stats();
+            }
+            ToScheduler::Retry { id, params, actor } => {
+                let retry = Retry { id, params, actor };
+                if state.in_flight.as_ref().is_some_and(|ids| ids.contains(&id)) {
+                    state.retries.push(retry);
+                } else {
+                    state.restart(retry);
+                }
             }
             ToScheduler::Finish { id, reason, reply } => {
                 let finished = state.scheduler.finish_request(id, reason);
@@ -352,6 +382,7 @@ impl SchedulerState {
             return Err(e);
         }
         let speculating = params.speculative.unwrap_or(self.config.speculative.default_on);
+        let origin = params.text_retry.is_some().then(|| (prompt.clone(), session.clone()));
         let seq = Sequence::new(id, prompt, params.clone()).in_session(session.clone()).speculating(speculating);
         let sampler = Sampler::new(params.sampling.clone(), &seq.tokens).guided(&params.guidance);
         let lane = Lane::new(sampler, params.clone(), speculating.then(|| seq.tokens.clone()));
@@ -366,8 +397,28 @@ impl SchedulerState {
         self.next_id += self.id_stride;
         // A worker that just died gets every live request's sampler when it is restarted.
         let _ = self.worker.send_message(ToWorker::AddRequest(id, Box::new(lane)));
-        self.requests.insert(id, Live { actor, events, params, speculating });
+        self.requests.insert(id, Live { actor, events, params, speculating, origin });
         Ok(id)
+    }
+
+    /// Starts a request over from its prompt with new parameters, if it has not ended, and
+    /// tells its actor whether it did.
+    fn restart(&mut self, Retry { id, params, actor }: Retry) {
+        let live = self.requests.get_mut(&id);
+        let restarted = match live.and_then(|l| Some((l.origin.clone()?, l))) {
+            Some(((prompt, session), live)) => {
+                live.params = params.clone();
+                let sampler = Sampler::new(params.sampling.clone(), &prompt).guided(&params.guidance);
+                let lane = Lane::new(sampler, params.clone(), live.speculating.then(|| prompt.clone()));
+                self.scheduler.restart(id, prompt, session, params, live.speculating);
+                let _ = self.worker.send_message(ToWorker::RemoveRequest(id));
+                let _ = self.worker.send_message(ToWorker::AddRequest(id, Box::new(lane)));
+                tracing::info!(request_id = id, "answer started over: it was a call written as text that no tool fits");
+                true
+            }
+            None => false,
+        };
+        let _ = actor.send_message(ToRequest::Restarted(restarted));
     }
 
     /// The session's actor, started if the session is new.
@@ -404,6 +455,9 @@ impl SchedulerState {
         tracing::error!(error = failure, failed_requests = batch.len(), "worker failed; restarting it");
         let failed = batch.iter().filter_map(|id| self.scheduler.finish_request(*id, FinishReason::Error)).collect();
         self.end(failed);
+        for retry in std::mem::take(&mut self.retries) {
+            self.restart(retry);
+        }
         self.scheduler.reset_kv();
         self.kv_cells_used = 0;
         self.worker_restarts += 1;

@@ -1,15 +1,16 @@
 //! The scheduler actor's messages, and what a replica publishes about itself.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use llaisys_model::{DecodeError, Readout};
-use ractor::{ActorId, RpcReplyPort};
+use ractor::{ActorId, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::policy::StepPlan;
 use crate::engine::{EngineError, EngineStats, Event};
-use crate::host::ValidChoice;
-use crate::request::{FinishReason, RequestId};
+use crate::host::{GenerateParams, ValidChoice};
+use crate::request::{FinishReason, RequestId, ToRequest};
 use crate::session::SessionInfo;
 use crate::worker::ItemOutput;
 
@@ -32,6 +33,10 @@ pub enum ToScheduler {
     /// Sent by a request actor (a stop string matched, or its client went away) and by
     /// `Engine::cancel`: end the request at the next step. Replies whether it was known.
     Finish { id: RequestId, reason: FinishReason, reply: Option<RpcReplyPort<bool>> },
+    /// Sent by a request actor whose answer was a rejected call written as text: start the
+    /// request over from its prompt with `params` (`GenerateParams::text_retry`), and answer
+    /// `actor` with `ToRequest::Restarted`.
+    Retry { id: RequestId, params: Arc<GenerateParams>, actor: ActorRef<ToRequest> },
     /// Sent by `Engine::stats`.
     Stats(RpcReplyPort<EngineStats>),
     /// Sent by `Engine::shutdown`: refuse new requests; reply once every request has finished.

@@ -19,6 +19,7 @@
 //! and are freed when the session is released (deleted or expired).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use llaisys_model::kv::MAX_SEQ;
@@ -27,6 +28,7 @@ use llaisys_model::{Pos, SeqId};
 use super::cost::StepCost;
 use super::sequence::Sequence;
 use crate::engine::EngineConfig;
+use crate::host::GenerateParams;
 use crate::request::{FinishReason, RequestId, RequestState};
 use crate::speculative::draft_len;
 
@@ -532,6 +534,36 @@ impl Scheduler {
         s.state.transition(id, RequestState::Finished(reason)).ok()?;
         let session = s.session.take();
         Some(Finished::of(&s, reason, session))
+    }
+
+    /// Queues request `id` again, first in line, from `prompt` with `params` (its answer is to
+    /// be generated again). If it is still queued or running, that first attempt is dropped
+    /// without a word, its computed cells kept as a cached prefix as a finished sequence's are;
+    /// either way its prompt is found among the cached prefixes (prefix caching or a session).
+    pub fn restart(
+        &mut self,
+        id: RequestId,
+        prompt: Vec<u32>,
+        session: Option<String>,
+        params: Arc<GenerateParams>,
+        speculating: bool,
+    ) {
+        let first = self.running.iter().chain(&self.waiting).find(|s| s.id == id);
+        let kept = first.map(|s| (s.arrival, s.queued_at, s.queue_time));
+        if kept.is_some() {
+            let _ = self.finish_request(id, FinishReason::Abort);
+        }
+        let mut seq = Sequence::new(id, prompt, params).in_session(session).speculating(speculating);
+        match kept {
+            Some((arrival, queued_at, queue_time)) => {
+                (seq.arrival, seq.queued_at, seq.queue_time) = (arrival, queued_at, queue_time);
+            }
+            None => {
+                seq.arrival = self.arrivals;
+                self.arrivals += 1;
+            }
+        }
+        self.waiting.push_front(seq);
     }
 
     fn finish(&mut self, i: usize, reason: FinishReason) -> Finished {

@@ -320,6 +320,33 @@ fn cached_prefixes_are_evicted_least_recently_used_before_anyone_is_preempted() 
 }
 
 #[test]
+fn a_restarted_request_starts_over_from_its_cached_prompt_with_its_new_parameters() {
+    let mut s = caching(64, 100);
+    s.add(with_prompt(0, &[1, 2, 3, 4], 10));
+    s.add(with_prompt(1, &[8, 8, 8], 10));
+    for _ in 0..3 {
+        step(&mut s);
+    }
+    assert_eq!(s.tokens_of(0).map(|(_, out)| out.len()), Some(3));
+    s.restart(0, vec![1, 2, 3, 4], None, params(5), false);
+    assert_eq!(s.tokens_of(0), Some((&[1, 2, 3, 4][..], &[][..])), "its output is gone");
+    assert_eq!(s.n_running() + s.n_waiting(), 2, "not twice");
+    let (plan, _) = step(&mut s);
+    let item = plan.items.iter().find(|i| i.id == 0).expect("back in the next step");
+    assert_eq!((item.start_pos, item.tokens.clone(), item.sample), (3, vec![4], true), "the prompt's cells were kept");
+    assert_eq!(plan.copies.first().map(|c| c.len), Some(3));
+    let out = run_all(&mut s);
+    let restarted = out.iter().find(|f| f.id == 0).unwrap();
+    assert_eq!((restarted.output.len(), restarted.reason), (5, FinishReason::Length), "the new max_tokens");
+    assert_eq!(out.iter().find(|f| f.id == 1).map(|f| f.output.len()), Some(10), "the other is untouched");
+    // A request that had just finished is queued again the same way.
+    s.restart(0, vec![1, 2, 3, 4], None, params(2), false);
+    let (plan, _) = step(&mut s);
+    assert_eq!((plan.items[0].id, plan.items[0].tokens.clone()), (0, vec![4]));
+    assert_eq!(run_all(&mut s).iter().map(|f| (f.id, f.output.len())).collect::<Vec<_>>(), vec![(0, 2)]);
+}
+
+#[test]
 fn an_aborted_request_keeps_its_computed_cells_but_not_a_step_in_flight() {
     let mut s = caching(64, 100);
     s.add(with_prompt(0, &[1, 2, 3], 10));

@@ -23,6 +23,9 @@ pub struct GrammarCompiler {
     factory: ParserFactory,
     /// The tokens that are whitespace only (each grammar carries them: `Grammar::whitespace`).
     whitespace: Arc<[u32]>,
+    /// The tokens an answer written as JSON or in a code fence begins with, and the ends of a
+    /// sequence (`json_openers`).
+    openers: Arc<[u32]>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -37,15 +40,23 @@ impl GrammarCompiler {
     pub fn new(tokenizer: &Tokenizer, width: usize, eos: &[u32]) -> Result<Self, GrammarError> {
         let env: TokEnv = Arc::new(VocabEnv::new(tokenizer.clone(), width, eos)?);
         let trie = env.tok_trie();
-        let whitespace = (0..trie.vocab_size() as u32)
+        let blank = |b: &u8| b" \t\n\r".contains(b);
+        let whitespace: Arc<[u32]> = (0..trie.vocab_size() as u32)
             .filter(|&t| {
                 let bytes = trie.token(t);
-                !bytes.is_empty() && bytes.iter().all(|b| b" \t\n\r".contains(b))
+                !bytes.is_empty() && bytes.iter().all(blank)
             })
             .collect();
+        let json = (0..trie.vocab_size() as u32).filter(|&t| {
+            let bytes = trie.token(t);
+            !trie.is_special_token(t) && bytes.iter().find(|b| !blank(b)).is_some_and(|b| b"{[`".contains(b))
+        });
+        let mut openers: Vec<u32> = json.chain(whitespace.iter().copied()).chain(eos.iter().copied()).collect();
+        openers.sort_unstable();
+        openers.dedup();
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
         factory.quiet();
-        Ok(Self { factory, whitespace })
+        Ok(Self { factory, whitespace, openers: openers.into() })
     }
 
     /// Compiles `constraint`; a schema or grammar that does not compile is an error naming
@@ -132,6 +143,14 @@ impl GrammarCompiler {
         // Qwen2 models often end a call's line before the end of their turn.
         let grammar = format!("start: {first}call{more} \"\\n\"?\ncall: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n");
         self.compile_lark(grammar)
+    }
+
+    /// The tokens an answer may not begin with when it must not be a call written as text
+    /// (`Guidance::not_opening_with`): those that open a JSON object or array or a code fence
+    /// (after any whitespace), whitespace alone (so that one does not come a token later),
+    /// and the ends of a sequence (an empty answer).
+    pub fn json_openers(&self) -> Vec<u32> {
+        self.openers.to_vec()
     }
 
     /// The id of special token `name` (`<tool_call>`), if the vocabulary has it.

@@ -24,6 +24,9 @@ pub struct Guidance {
     trigger: Option<u32>,
     /// Tokens never allowed while the text is free.
     forbidden: Vec<u32>,
+    /// Tokens the answer may not begin with (a second attempt at an answer that must not be
+    /// a call written as JSON: `GrammarCompiler::json_openers`).
+    opening: Vec<u32>,
     /// A reasoning model's think block, which the rest applies after.
     thinking: Option<Thinking>,
 }
@@ -62,6 +65,8 @@ pub struct GuidanceSpec {
     pub trigger: Option<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forbidden: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub opening: Vec<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<Thinking>,
 }
@@ -82,6 +87,12 @@ impl Guidance {
         Self { forbidden: tokens, ..Self::default() }
     }
 
+    /// The same, and the answer may not begin with any of `tokens`.
+    pub fn not_opening_with(mut self, tokens: Vec<u32>) -> Self {
+        self.opening = tokens;
+        self
+    }
+
     /// The same, applied to a reasoning model's answer after its `thinking`.
     pub fn after_thinking(mut self, thinking: Thinking) -> Self {
         self.thinking = Some(thinking);
@@ -90,7 +101,10 @@ impl Guidance {
 
     /// Whether it constrains nothing (no grammar, nothing forbidden, no budget).
     pub fn is_free(&self) -> bool {
-        self.grammar.is_none() && self.forbidden.is_empty() && self.thinking.is_none_or(|t| t.budget.is_none())
+        self.grammar.is_none()
+            && self.forbidden.is_empty()
+            && self.opening.is_empty()
+            && self.thinking.is_none_or(|t| t.budget.is_none())
     }
 
     /// What crosses the network for another node to compile this constraint again
@@ -100,12 +114,19 @@ impl Guidance {
             grammar: self.grammar.as_ref().map(Grammar::source),
             trigger: self.trigger,
             forbidden: self.forbidden.clone(),
+            opening: self.opening.clone(),
             thinking: self.thinking,
         }
     }
 
     pub(super) fn from_parts(grammar: Option<Grammar>, spec: &GuidanceSpec) -> Self {
-        Self { grammar, trigger: spec.trigger, forbidden: spec.forbidden.clone(), thinking: spec.thinking }
+        Self {
+            grammar,
+            trigger: spec.trigger,
+            forbidden: spec.forbidden.clone(),
+            opening: spec.opening.clone(),
+            thinking: spec.thinking,
+        }
     }
 
     /// A new sequence's guide.
@@ -125,7 +146,16 @@ impl Guidance {
             used: 0,
         });
         let lead = self.grammar.as_ref().map(Grammar::whitespace).unwrap_or_default();
-        Guide { state, forbidden: self.forbidden.clone(), think, lead, mask: None, mask_time: None }
+        Guide {
+            state,
+            forbidden: self.forbidden.clone(),
+            opening: self.opening.clone(),
+            begun: false,
+            think,
+            lead,
+            mask: None,
+            mask_time: None,
+        }
     }
 }
 
@@ -174,6 +204,10 @@ enum State {
 pub struct Guide {
     state: State,
     forbidden: Vec<u32>,
+    /// Tokens the answer may not begin with.
+    opening: Vec<u32>,
+    /// Whether the answer has begun (a token after any think block).
+    begun: bool,
     /// Where the sequence is around its think block.
     think: Option<Think>,
     /// The whitespace tokens allowed between the closing tag and a grammar.
@@ -230,6 +264,7 @@ impl Guide {
     pub fn constrains_ever(&self) -> bool {
         !matches!(self.state, State::Free)
             || !self.forbidden.is_empty()
+            || !self.opening.is_empty()
             || self.think.is_some_and(|t| t.thinking.budget.is_some())
     }
 
@@ -238,7 +273,12 @@ impl Guide {
         if self.thinking() {
             return self.forced_close().is_some();
         }
-        matches!(self.state, State::Active(_)) || !self.forbidden.is_empty()
+        matches!(self.state, State::Active(_)) || !self.forbidden.is_empty() || self.opens()
+    }
+
+    /// The next token begins the answer, and some tokens may not.
+    fn opens(&self) -> bool {
+        !self.begun && !self.opening.is_empty() && self.think.is_none_or(|t| t.phase != Phase::Inside)
     }
 
     /// The think block's closing tag, when the budget is spent and it must come next.
@@ -283,11 +323,11 @@ impl Guide {
             }
             Some(Err(e)) => Err(e.clone()),
             None => {
-                if !matches!(self.state, State::Done) {
-                    for &t in &self.forbidden {
-                        if let Some(l) = row.get_mut(t as usize) {
-                            *l = f32::NEG_INFINITY;
-                        }
+                let opening = if self.opens() { &self.opening[..] } else { &[] };
+                let forbidden = if matches!(self.state, State::Done) { &[] } else { &self.forbidden[..] };
+                for &t in forbidden.iter().chain(opening) {
+                    if let Some(l) = row.get_mut(t as usize) {
+                        *l = f32::NEG_INFINITY;
                     }
                 }
                 Ok(())
@@ -321,6 +361,7 @@ impl Guide {
                 Phase::Answer => {}
             }
         }
+        self.begun = true;
         match &mut self.state {
             State::Free | State::Done => None,
             State::Waiting { trigger, grammar } => {

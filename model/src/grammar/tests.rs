@@ -150,6 +150,41 @@ fn a_lazy_guide_is_free_until_its_trigger_and_a_forbidding_one_bans_tokens() {
 }
 
 #[test]
+fn an_answer_that_may_not_open_as_json_is_free_after_its_first_token() {
+    let (tokenizer, compiler) = compiler();
+    let text = |t: u32| tokenizer.decode(&[t], false).unwrap();
+    let openers = compiler.json_openers();
+    let im_end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    assert!(openers.contains(&im_end), "an empty answer is no answer");
+    for t in 0..978u32 {
+        let s = text(t);
+        let blank = [' ', '\t', '\n', '\r'];
+        let after = s.trim_start_matches(blank);
+        let opens = after.starts_with(['{', '[', '`']) || (!s.is_empty() && after.is_empty());
+        if opens && compiler.special_token(&s).is_none_or(|id| id != t) {
+            assert!(openers.contains(&t), "{s:?} opens JSON, a fence or blank space");
+        }
+        if !opens && t != im_end {
+            assert!(!openers.contains(&t), "{s:?} does not");
+        }
+    }
+    let open = compiler.special_token("<tool_call>").unwrap();
+    let mut guide = Guidance::forbid(vec![open]).not_opening_with(openers.clone()).guide();
+    let banned = |guide: &mut Guide| {
+        let mut row = vec![0.0; 1024];
+        guide.apply(&mut row).unwrap();
+        (0..1024u32).filter(|&t| row[t as usize] == f32::NEG_INFINITY).collect::<Vec<_>>()
+    };
+    let first = banned(&mut guide);
+    assert!(first.contains(&open) && openers.iter().all(|t| first.contains(t)));
+    assert_eq!(first.len(), openers.len() + 1);
+    let hello = tokenizer.encode("Hello").unwrap()[0];
+    assert!(!openers.contains(&hello));
+    assert_eq!(guide.accept(hello), None);
+    assert_eq!(banned(&mut guide), vec![open], "after its first token the answer may be anything but a call");
+}
+
+#[test]
 fn a_spent_think_budget_allows_only_the_closing_tag_then_nothing_more() {
     let (open, close) = (900, 901);
     let thinking = Thinking { open, close, start: ThinkStart::MayOpen, budget: Some(2) };

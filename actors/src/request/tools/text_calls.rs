@@ -117,7 +117,14 @@ fn leaf_values(value: &Value, out: &mut Vec<String>) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Emit {
     Text(String),
-    Call { name: String, arguments: String },
+    Call {
+        name: String,
+        arguments: String,
+    },
+    /// The answer began with an object shaped as a call (`name` and `arguments` or
+    /// `parameters`) that is not one of the offered tools' calls: its text, which the owner
+    /// may answer again (`GenerateParams::text_retry`) or let out as it was.
+    Rejected(String),
 }
 
 /// Longest answer held back while undecided; beyond it, it is text.
@@ -137,6 +144,11 @@ impl TextCalls {
         Self { spec, held: String::new(), through: false }
     }
 
+    /// Whether answer text is held back, undecided.
+    pub fn holding(&self) -> bool {
+        !self.through && !self.held.is_empty()
+    }
+
     /// Feeds answer text; what can be let out now.
     pub fn push(&mut self, text: &str) -> Vec<Emit> {
         if self.through {
@@ -146,6 +158,15 @@ impl TextCalls {
         match self.decide() {
             Decision::Wait if self.held.len() <= MAX_HELD => Vec::new(),
             Decision::Wait | Decision::Text => self.let_through(),
+            Decision::Rejected { end } => {
+                let rest = self.held.split_off(end);
+                self.through = true;
+                let mut out = vec![Emit::Rejected(std::mem::take(&mut self.held))];
+                if !rest.is_empty() {
+                    out.push(Emit::Text(rest));
+                }
+                out
+            }
             Decision::Call { end, name, arguments } => {
                 // One call per answer: what follows it is content.
                 let rest = self.held.split_off(end);
@@ -218,8 +239,10 @@ impl TextCalls {
 
     /// The call of the object at `[from, to)`, consumed through `end`.
     fn call(&self, from: usize, to: usize, end: usize) -> Decision {
-        match self.spec.call(&self.held[from..to]) {
+        let json = &self.held[from..to];
+        match self.spec.call(json) {
             Some((name, arguments)) => Decision::Call { end, name, arguments },
+            None if call_shaped(json) => Decision::Rejected { end },
             None => Decision::Text,
         }
     }
@@ -263,7 +286,23 @@ impl TextCalls {
 enum Decision {
     Wait,
     Text,
-    Call { end: usize, name: String, arguments: String },
+    /// A complete object shaped as a call, not an acceptable one, consumed through `end`.
+    Rejected {
+        end: usize,
+    },
+    Call {
+        end: usize,
+        name: String,
+        arguments: String,
+    },
+}
+
+/// Whether `json` is an object naming a function with its arguments (or Llama 3's
+/// parameters): a call, acceptable or not, rather than JSON the answer is made of.
+fn call_shaped(json: &str) -> bool {
+    let Ok(Value::Object(object)) = serde_json::from_str::<Value>(json) else { return false };
+    matches!(object.get("name"), Some(Value::String(_)))
+        && (object.contains_key("arguments") || object.contains_key("parameters"))
 }
 
 enum Scan {
@@ -347,19 +386,33 @@ mod tests {
         for text in [
             "Hello! How can I help?",
             "```python\nprint('hi')\n```",
-            "```json\n{\"name\": \"reverse_string\", \"arguments\": {\"s\": \"x\"}}\n```",
-            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}\n```",
-            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"extra\": 1}",
-            "{\"type\": \"tool\", \"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
-            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"parameters\": {}}",
             "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
             "{\"a\": \"}\\\"{\"}",
+            "{\"name\": \"Ada\", \"age\": 36}",
             "```",
             "   ",
         ] {
             for step in [1, 4, 100] {
                 let expected = if text.is_empty() { vec![] } else { vec![Emit::Text(text.into())] };
                 assert_eq!(run(text, step), expected, "{text:?} in steps of {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_no_tool_fits_is_rejected_whole_and_what_follows_is_text() {
+        for call in [
+            "```json\n{\"name\": \"reverse_string\", \"arguments\": {\"s\": \"x\"}}\n```",
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}\n```",
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"extra\": 1}",
+            "{\"type\": \"tool\", \"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"parameters\": {}}",
+        ] {
+            for step in [1, 4, 100] {
+                let text = format!("{call}\nDone.");
+                let out = run(&text, step);
+                assert_eq!(out[0], Emit::Rejected(call.into()), "{call:?} in steps of {step}");
+                assert_eq!(out[1..], [Emit::Text("\nDone.".into())], "{call:?} in steps of {step}");
             }
         }
     }
