@@ -333,6 +333,7 @@ async fn an_answer_that_is_a_call_no_tool_fits_is_answered_again_as_text() {
     assert_eq!(tokens, usage.completion_tokens);
     let stats = engine.stats().await.unwrap();
     assert_eq!((stats.running, stats.waiting), (0, 0), "nothing left behind");
+    assert_eq!(stats.text_call_retries, 3, "the three that were started over");
     engine.shutdown().await;
 
     // The offline engine steps itself: it starts over even an attempt that just ended.

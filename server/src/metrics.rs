@@ -32,6 +32,10 @@ const ENGINE_HELP: &[(&str, &str)] = &[
     ("llaisys_prefix_cache_hits_total", "Prompt tokens found in the prefix cache."),
     ("llaisys_num_preemptions_total", "Sequences preempted for lack of KV cells."),
     ("llaisys_worker_restarts_total", "Failed workers replaced."),
+    (
+        "llaisys_text_call_retries_total",
+        "Answers generated again: they were a tool call written as text that no offered tool fits.",
+    ),
     ("llaisys_spec_decode_num_draft_tokens_total", "Tokens proposed for speculative decoding, by proposer."),
     ("llaisys_spec_decode_num_accepted_tokens_total", "Proposed tokens accepted, by proposer."),
     ("llaisys_spec_decode_num_rejected_tokens_total", "Proposed tokens rejected, by proposer."),
@@ -205,6 +209,7 @@ impl Snapshot {
             ("llaisys_prefix_cache_hits_total", s.prefix_hits),
             ("llaisys_num_preemptions_total", s.preemptions),
             ("llaisys_worker_restarts_total", s.worker_restarts),
+            ("llaisys_text_call_retries_total", s.text_call_retries),
         ] {
             self.0.register_counter(&Metrics::key(name, &labels), &METADATA).absolute(value);
         }

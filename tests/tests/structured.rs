@@ -181,6 +181,7 @@ async fn the_demo_model_calls_get_weather_for_paris() {
     stream["stream"] = json!(true);
     let (pieces, finish) = streamed(&s, stream).await;
     assert_eq!((pieces.as_str(), finish.as_str()), (text, "stop"), "streamed pieces add up to the same answer");
+    assert_eq!(metric(&s, "llaisys_text_call_retries_total").await, 2.0);
     // Asked for a poem it answers in text.
     let body = json!({"model": name, "messages": [{"role": "user", "content": "Write a haiku about the sea."}],
         "tools": tools, "temperature": 0, "max_tokens": 40});

@@ -27,6 +27,10 @@ pub struct EngineStats {
     pub sessions: usize,
     /// Times a failed worker was replaced.
     pub worker_restarts: u64,
+    /// Answers started over because they were a call written as text that no tool fits
+    /// (`GenerateParams::text_retry`).
+    #[serde(default)]
+    pub text_call_retries: u64,
     pub speculative: SpeculativeStats,
 }
 
@@ -69,6 +73,7 @@ impl EngineStats {
         self.finished.add(&o.finished);
         self.sessions += o.sessions;
         self.worker_restarts += o.worker_restarts;
+        self.text_call_retries += o.text_call_retries;
         self.speculative.proposer = o.speculative.proposer;
         self.speculative.proposed += o.speculative.proposed;
         self.speculative.accepted += o.speculative.accepted;

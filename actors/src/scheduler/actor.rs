@@ -81,6 +81,8 @@ pub struct SchedulerState {
     /// Why the worker could not be restarted; the engine then refuses requests.
     worker_lost: Option<WorkerLoss>,
     worker_restarts: u64,
+    /// Answers started over (`restart`).
+    text_call_retries: u64,
     requests: HashMap<RequestId, Live>,
     sessions: HashMap<String, ActorRef<ToSession>>,
     tokenizer: Option<Arc<Tokenizer>>,
@@ -132,6 +134,7 @@ impl Actor for SchedulerActor {
             draft: args.draft,
             worker_lost: None,
             worker_restarts: 0,
+            text_call_retries: 0,
             requests: HashMap::new(),
             sessions: HashMap::new(),
             tokenizer: args.tokenizer,
@@ -321,6 +324,7 @@ impl SchedulerState {
             finished: self.finished,
             sessions: self.sessions.len(),
             worker_restarts: self.worker_restarts,
+            text_call_retries: self.text_call_retries,
             speculative: SpeculativeStats {
                 proposer: if self.draft.is_some() { DraftModelProposer::NAME } else { NgramProposer::NAME },
                 proposed: self.scheduler.proposed,
@@ -413,6 +417,7 @@ impl SchedulerState {
                 self.scheduler.restart(id, prompt, session, params, live.speculating);
                 let _ = self.worker.send_message(ToWorker::RemoveRequest(id));
                 let _ = self.worker.send_message(ToWorker::AddRequest(id, Box::new(lane)));
+                self.text_call_retries += 1;
                 tracing::info!(request_id = id, "answer started over: it was a call written as text that no tool fits");
                 true
             }
