@@ -3,8 +3,9 @@
 # random-weight GGUF of the demo shape in bf16 is written there (the real file cannot travel),
 # greedy ids on the GPU are compared with the CPU's, then batch-1 decode, prefill 512 and
 # aggregate throughput at 16 and 64 concurrent are measured through `llaisys bench` (which counts
-# kernel launches per decode step, and ranks kernels by device time with --kernel-times), with
-# the GPU's utilisation sampled alongside (a host-bound path shows as a GPU mostly idle).
+# kernel launches and host↔device transfers per decode step, and ranks kernels by device time with
+# --kernel-times), with the GPU's utilisation sampled alongside (a host-bound path shows as a GPU
+# mostly idle).
 #
 # Prepared here, before the call (see .library/device/README.md for the .gl packages):
 #   cargo build --release -p llaisys-server --features wgpu --target-dir target/gpu

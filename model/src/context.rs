@@ -2,6 +2,7 @@
 //! unit a worker owns. `decode` validates, places, runs and either commits a whole batch or
 //! leaves the cache exactly as it was.
 
+use crate::transfers;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -120,13 +121,13 @@ fn read_rows(logits: Tensor<2>, greedy: &[bool]) -> Result<(Vec<f32>, Vec<Option
     let wants_pick = |r: &usize| greedy.get(*r) == Some(&true);
     let picks: Vec<usize> = (0..n).filter(wants_pick).collect();
     if picks.is_empty() {
-        return Ok((logits.try_into_vec_as::<f32>().map_err(read)?, vec![None; n]));
+        return Ok((transfers::read(logits).map_err(read)?, vec![None; n]));
     }
     let mut picked = vec![None; n];
     let device = logits.device();
     if device == Device::flex() {
         // On the CPU the rows are in memory already: pick there, keep the others.
-        let mut all = logits.try_into_vec_as::<f32>().map_err(read)?;
+        let mut all = transfers::read::<2, _, f32>(logits).map_err(read)?;
         for &r in &picks {
             picked[r] = argmax(&all[r * vocab..(r + 1) * vocab]);
         }
@@ -140,19 +141,19 @@ fn read_rows(logits: Tensor<2>, greedy: &[bool]) -> Result<(Vec<f32>, Vec<Option
     }
     let index = |rows: &[usize]| {
         let ids: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
-        Tensor::<1, Int>::from_data(TensorData::new(ids, [rows.len()]), &device)
+        transfers::upload::<1, Int>(TensorData::new(ids, [rows.len()]), &device)
     };
     let full: Vec<usize> = (0..n).filter(|r| !wants_pick(r)).collect();
     let best = match picks.len() == n {
         true => logits.clone().argmax(1),
         false => logits.clone().select(0, index(&picks)).argmax(1),
     };
-    for (&r, token) in picks.iter().zip(best.try_into_vec_as::<i64>().map_err(read)?) {
+    for (&r, token) in picks.iter().zip(transfers::read::<2, _, i64>(best).map_err(read)?) {
         picked[r] = Some(token as u32);
     }
     let rows = match full.is_empty() {
         true => Vec::new(),
-        false => logits.select(0, index(&full)).try_into_vec_as::<f32>().map_err(read)?,
+        false => transfers::read(logits.select(0, index(&full))).map_err(read)?,
     };
     Ok((rows, picked))
 }
@@ -188,7 +189,7 @@ impl Context {
                 false => model.hidden(&valid, &placement, &mut scratch, &|| false)?,
                 true => model.forward(&valid, &placement, &mut scratch, &|| false)?,
             };
-            rows.try_into_vec_as::<f32>().map_err(|e| DecodeError::Internal(format!("reading the outputs: {e:?}")))
+            transfers::read(rows).map_err(|e| DecodeError::Internal(format!("reading the outputs: {e:?}")))
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))))
     }

@@ -26,6 +26,7 @@ pub mod sampling;
 pub mod source;
 pub mod tensors;
 pub mod tokenizer;
+pub mod transfers;
 
 pub use batch::{Batch, BatchInput};
 pub use burn::tensor::{Device, Tensor, TensorData};

@@ -1,9 +1,10 @@
 //! Issue 31's launch budget: the kernels a GPU backend launches for one decode step, counted by
 //! the runtime itself (CubeCL's launch observer, `llaisys_model::launches`) on the device under
-//! test. On a GPU every launch costs host time (about 23 µs each through wgpu/Vulkan on an H100,
+//! test, and the step's host↔device transfers (`llaisys_model::transfers`). On a GPU every launch costs host time (about 23 µs each through wgpu/Vulkan on an H100,
 //! measured), so this count bounds batch-1 decode speed; it must not grow unnoticed.
 
 use llaisys_model::generate::one_sequence;
+use llaisys_model::transfers::{self, Transfers};
 use llaisys_model::{Context, DeviceSpec, KvDtype, LoadOptions, ModelSource, load_model};
 use llaisys_tests::{Reference, fixture_dir, test_device};
 
@@ -27,6 +28,10 @@ use llaisys_tests::{Reference, fixture_dir, test_device};
 /// last fusion.
 const BUDGET_PER_LAYER: f64 = 6.0;
 
+/// Host-to-device transfers of one decode step (`llaisys_model::transfers`): the token ids,
+/// the write slots, the cell table and the RoPE table, each once a pass.
+const UPLOADS_PER_STEP: u64 = 4;
+
 #[test]
 #[cfg_attr(
     not(any(feature = "wgpu", feature = "cuda")),
@@ -46,15 +51,21 @@ fn a_decode_step_stays_within_its_launch_budget() {
     ctx.decode(&one_sequence(&[next], 0, prompt.len() as i64)).unwrap();
     let watch = llaisys_model::launches::watch(false).expect("a GPU build watches launches");
     let next = llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
+    transfers::take();
     ctx.decode(&one_sequence(&[next], 0, prompt.len() as i64 + 1)).unwrap();
     llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
     let launches = watch.take();
+    let moved = transfers::take();
+    eprintln!("{spec}: transfers in one decode step: {moved:?}");
     let per_layer = launches.total() as f64 / layers;
     let top: Vec<String> = launches.ranked().iter().map(|(k, n, _)| format!("{n} {k}")).collect();
     eprintln!("{spec}: {} launches in one decode step, {per_layer:.1} per layer: {}", launches.total(), top.join(", "));
     if spec == DeviceSpec::Cpu {
         assert_eq!(launches.total(), 0, "the CPU backend launches no GPU kernels");
+        assert_eq!(moved, Transfers::default(), "nothing moves between host and device on the CPU");
     } else {
+        // The step's inputs (token ids, write slots, cell table, RoPE table) up, its logits down.
+        assert_eq!((moved.uploads, moved.readbacks), (UPLOADS_PER_STEP, 1), "{moved:?}");
         assert!(launches.total() > 0, "a step on {spec} launched no kernel the runtime saw");
         assert!(
             per_layer <= BUDGET_PER_LAYER,

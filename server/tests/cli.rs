@@ -314,3 +314,29 @@ fn a_kv_dtype_the_device_lacks_is_a_clear_error() {
         );
     }
 }
+
+/// `llaisys bench --device ...` on a GPU reports the decode step's kernel launches and its
+/// host↔device transfers, counted where they are made: greedy decoding reads back only each
+/// step's picked id (its argmax is found on the device), not the logits.
+#[test]
+fn bench_on_a_gpu_counts_launches_and_transfers_per_decode_step() {
+    let device = llaisys_tests::test_device();
+    let dir = fixture_dir("tiny-tied-f32");
+    let args = ["--device", &device, "--only", "decode", "--decode-prompt", "4", "--decode-tokens", "8", "--runs", "1"];
+    let out = llaisys(&[&["bench", "--model", dir.to_str().unwrap()], &args[..]].concat());
+    let (text, stderr) = (stdout(&out), String::from_utf8_lossy(&out.stderr).to_string());
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let on_gpu = cfg!(any(feature = "wgpu", feature = "cuda")) && device != "cpu";
+    if !on_gpu {
+        assert!(json["launches"].is_null() && json["transfers"].is_null(), "nothing to count on the CPU: {json}");
+        return;
+    }
+    assert!(json["launches"]["per_step"].as_f64().is_some_and(|n| n > 0.0), "{json}");
+    let moved = &json["transfers"];
+    let per_step = |key: &str| moved[key].as_f64().unwrap_or_else(|| panic!("{key}: {json}"));
+    // Each pass uploads its inputs; the prompt's pass is among the steps.
+    assert!(per_step("uploads_per_step") >= 4.0, "{json}");
+    assert!((1.0..=1.2).contains(&per_step("readbacks_per_step")), "one read a step: {json}");
+    assert!(per_step("readback_bytes_per_step") <= 16.0, "an id, not 1,024 logits: {json}");
+}

@@ -98,7 +98,7 @@ impl Decoder {
         match input {
             BatchInput::Tokens(ids) => self.weights.embed.rows(ids, &self.device),
             BatchInput::Embeddings { values, dim } => {
-                Tensor::from_data(TensorData::new(values.clone(), [values.len() / dim, *dim]), &self.device)
+                crate::transfers::upload(TensorData::new(values.clone(), [values.len() / dim, *dim]), &self.device)
             }
         }
     }

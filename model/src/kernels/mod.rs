@@ -262,7 +262,7 @@ pub fn quantized_linear(
 
 /// A tensor's values as f32 on the host.
 fn host_f32<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.cast(burn::tensor::FloatDType::F32).into_data().try_into_vec::<f32>().expect("f32 after the cast")
+    crate::transfers::read(t.cast(burn::tensor::FloatDType::F32)).expect("f32 after the cast")
 }
 
 /// A pass's cells: where each row's key and value are written and the cells each row sees. On
@@ -294,7 +294,7 @@ impl CellTable {
         self.slots.get_or_init(|| {
             let slots: Vec<i32> = self.placement.cells.iter().map(|&c| c as i32).collect();
             let n = slots.len();
-            Tensor::from_data(TensorData::new(slots, [n]), &self.device)
+            crate::transfers::upload(TensorData::new(slots, [n]), &self.device)
         })
     }
 
@@ -308,7 +308,7 @@ impl CellTable {
                     *slot = cell as i32;
                 }
             }
-            Tensor::from_data(TensorData::new(rows, [self.visible.len(), width]), &self.device)
+            crate::transfers::upload(TensorData::new(rows, [self.visible.len(), width]), &self.device)
         })
     }
 }

@@ -315,6 +315,6 @@ impl KvCache {
                 mask[t * extent + c as usize] = 0.0;
             }
         }
-        Tensor::from_data(TensorData::new(mask, [visible.len(), extent]), &self.device)
+        crate::transfers::upload(TensorData::new(mask, [visible.len(), extent]), &self.device)
     }
 }

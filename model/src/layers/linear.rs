@@ -260,7 +260,7 @@ impl LinearWeight for Dense {
     fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2> {
         let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
         let n = ids.len();
-        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), device);
+        let ids: Tensor<1, Int> = crate::transfers::upload(TensorData::new(ids, [n]), device);
         self.w.clone().select(0, ids).cast(FloatDType::F32)
     }
 

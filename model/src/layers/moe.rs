@@ -1,5 +1,6 @@
 use std::sync::Mutex;
 
+use crate::transfers;
 use burn::tensor::{Int, Tensor, TensorData, activation::sigmoid};
 
 use super::Linear;
@@ -68,8 +69,7 @@ impl Moe {
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         let [n, hidden] = x.dims();
         let device = x.device();
-        let logits =
-            self.router.forward(x.clone()).into_data().convert::<f32>().try_into_vec::<f32>().unwrap_or_default();
+        let logits: Vec<f32> = transfers::read(self.router.forward(x.clone())).unwrap_or_default();
         let groups = self.route(&logits, n);
         let mut out = vec![0.0f32; n * hidden];
         let mut runs = 0;
@@ -80,8 +80,8 @@ impl Moe {
             runs += 1;
             let ids: Vec<i64> = rows.iter().map(|&(row, _)| row as i64).collect();
             let len = ids.len();
-            let picked = x.clone().select(0, Tensor::<1, Int>::from_data(TensorData::new(ids, [len]), &device));
-            let y = expert.forward(picked).into_data().convert::<f32>().try_into_vec::<f32>().unwrap_or_default();
+            let picked = x.clone().select(0, transfers::upload::<1, Int>(TensorData::new(ids, [len]), &device));
+            let y: Vec<f32> = transfers::read(expert.forward(picked)).unwrap_or_default();
             for (&(row, weight), y) in rows.iter().zip(y.chunks_exact(hidden)) {
                 for (o, v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(y) {
                     *o += weight * v;
@@ -96,7 +96,7 @@ impl Moe {
             }
             *products += runs;
         }
-        let routed = Tensor::<2>::from_data(TensorData::new(out, [n, hidden]), &device);
+        let routed: Tensor<2> = transfers::upload(TensorData::new(out, [n, hidden]), &device);
         match &self.shared {
             None => routed,
             Some(shared) => routed + shared.expert.forward(x.clone()) * sigmoid(shared.gate.forward(x)),

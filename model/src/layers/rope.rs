@@ -41,7 +41,7 @@ impl RopeTables {
                 full.extend(row.iter().map(|x| lo_sign * x));
                 full.extend_from_slice(row);
             }
-            Tensor::from_data(TensorData::new(full, [n, 1, 2 * half]), &self.device)
+            crate::transfers::upload(TensorData::new(full, [n, 1, 2 * half]), &self.device)
         };
         self.tensors.get_or_init(|| (make(&self.cos, 1.0), make(&self.sin, -1.0))).clone()
     }
@@ -51,7 +51,7 @@ impl RopeTables {
         let [n, _, half] = self.shape;
         self.stacked.get_or_init(|| {
             let both = [self.cos.as_slice(), &self.sin].concat();
-            Tensor::from_data(TensorData::new(both, [2, n, half]), &self.device)
+            crate::transfers::upload(TensorData::new(both, [2, n, half]), &self.device)
         })
     }
 }

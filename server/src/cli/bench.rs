@@ -237,6 +237,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         let (mut speeds, mut itls) = (Vec::new(), Vec::new());
         // GPU backends count every kernel the runtime launches (None on a CPU-only build).
         let watch = if engine_on_gpu { llaisys_model::launches::watch(args.kernel_times) } else { None };
+        llaisys_model::transfers::take();
         let mut steps = 0;
         for _ in 0..args.runs {
             let t = match &chat_prompt {
@@ -258,6 +259,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         report.insert("decode_tok_s".into(), json!(round(speed)));
         if let Some(watch) = watch {
             report.insert("launches".into(), launch_report(&watch.take(), steps, args.kernel_times));
+            report.insert("transfers".into(), transfer_report(&llaisys_model::transfers::take(), steps));
         }
     }
 
@@ -532,6 +534,20 @@ fn launch_report(launches: &llaisys_model::launches::Launches, steps: usize, tim
         println!("    device time per step {:.1} us (kernels one at a time)", per_step(time * 1e6));
     }
     json!({ "per_step": round(per_step(total as f64)), "steps": steps, "timed": timed, "top": rows })
+}
+
+/// The decode measurement's host↔device transfers per step, printed and as JSON (the prefill of
+/// each run's prompt is among them, spread over its steps).
+fn transfer_report(moved: &llaisys_model::transfers::Transfers, steps: usize) -> serde_json::Value {
+    let per_step = |n: u64| n as f64 / steps.max(1) as f64;
+    let (up, down) = (per_step(moved.uploads), per_step(moved.readbacks));
+    let (up_b, down_b) = (per_step(moved.upload_bytes), per_step(moved.readback_bytes));
+    println!("{:<34} {up:>12.1} {:>12} {up_b:>12.0}", "  uploads per decode step (bytes)", "");
+    println!("{:<34} {down:>12.1} {:>12} {down_b:>12.0}", "  readbacks per decode step (bytes)", "");
+    json!({
+        "uploads_per_step": round(up), "upload_bytes_per_step": round(up_b),
+        "readbacks_per_step": round(down), "readback_bytes_per_step": round(down_b),
+    })
 }
 
 /// The CPU's model name, as /proc/cpuinfo gives it.
