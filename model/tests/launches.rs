@@ -32,28 +32,43 @@ const BUDGET_PER_LAYER: f64 = 6.0;
 /// the write slots, the cell table and the RoPE table, each once a pass.
 const UPLOADS_PER_STEP: u64 = 4;
 
+/// Launches and transfers are counted process-wide: one test counts at a time.
+static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Fixture `name` on the test device after its first prompt and one decode step (a first step
+/// compiles its kernels; the next is the one a served step looks like): the device, the context
+/// and the position of the next token.
+fn after_a_decode_step(name: &str) -> (DeviceSpec, Context, i64) {
+    let spec = test_device().parse::<DeviceSpec>().unwrap();
+    let device = spec.device().unwrap();
+    let model = load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &device).unwrap();
+    let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
+    let prompt = &Reference::load(name).prompts[0].ids;
+    ctx.decode(&one_sequence(prompt, 0, 0)).unwrap();
+    decode_one(&mut ctx, prompt.len() as i64);
+    (spec, ctx, prompt.len() as i64 + 1)
+}
+
+/// Decodes the last output's greedy token at `pos` and picks the next one; the transfers counted
+/// before it are dropped, so that `transfers::take` after it counts this step alone.
+fn decode_one(ctx: &mut Context, pos: i64) {
+    let next = llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
+    transfers::take();
+    ctx.decode(&one_sequence(&[next], 0, pos)).unwrap();
+    llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
+}
+
 #[test]
 #[cfg_attr(
     not(any(feature = "wgpu", feature = "cuda")),
     ignore = "counts a GPU backend's launches: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
 )]
 fn a_decode_step_stays_within_its_launch_budget() {
-    let spec = test_device().parse::<DeviceSpec>().unwrap();
-    let device = spec.device().unwrap();
-    let name = "tiny-tied-f32";
-    let model = load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions::default(), &device).unwrap();
-    let layers = model.kv_layout().layers as f64;
-    let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
-    let prompt = &Reference::load(name).prompts[0].ids;
-    ctx.decode(&one_sequence(prompt, 0, 0)).unwrap();
-    let next = llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
-    // A first decode step compiles its kernels; the second is the one a served step looks like.
-    ctx.decode(&one_sequence(&[next], 0, prompt.len() as i64)).unwrap();
+    let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let (spec, mut ctx, at) = after_a_decode_step("tiny-tied-f32");
+    let layers = ctx.model().kv_layout().layers as f64;
     let watch = llaisys_model::launches::watch(false).expect("a GPU build watches launches");
-    let next = llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
-    transfers::take();
-    ctx.decode(&one_sequence(&[next], 0, prompt.len() as i64 + 1)).unwrap();
-    llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
+    decode_one(&mut ctx, at);
     let launches = watch.take();
     let moved = transfers::take();
     eprintln!("{spec}: transfers in one decode step: {moved:?}");
@@ -71,5 +86,28 @@ fn a_decode_step_stays_within_its_launch_budget() {
             per_layer <= BUDGET_PER_LAYER,
             "{per_layer:.1} launches per layer, over the budget of {BUDGET_PER_LAYER}"
         );
+    }
+}
+
+/// A MoE layer groups its tokens by expert on the host, from its router's scores: on a GPU that
+/// is the layer's one read back (the experts' outputs are weighed and added on the device), so a
+/// decode step of the two-MoE-layer fixture reads back three times: two routers and the logits.
+#[test]
+#[cfg_attr(
+    not(any(feature = "wgpu", feature = "cuda")),
+    ignore = "counts a GPU backend's transfers: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
+)]
+fn a_moe_decode_step_reads_back_only_its_routers_scores() {
+    let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let (spec, mut ctx, at) = after_a_decode_step("tiny-qwen2moe-f32");
+    decode_one(&mut ctx, at);
+    let moved = transfers::take();
+    eprintln!("{spec}: transfers in one MoE decode step: {moved:?}");
+    if spec == DeviceSpec::Cpu {
+        assert_eq!(moved, Transfers::default());
+    } else {
+        assert_eq!(moved.readbacks, 3, "{moved:?}");
+        // The step's four inputs, and each layer's two experts' rows and weights.
+        assert_eq!(moved.uploads, UPLOADS_PER_STEP + 2 * 2 * 2, "{moved:?}");
     }
 }

@@ -1,7 +1,7 @@
 use std::sync::Mutex;
 
 use crate::transfers;
-use burn::tensor::{Int, Tensor, TensorData, activation::sigmoid};
+use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData, activation::sigmoid};
 
 use super::Linear;
 use super::linear::Pre;
@@ -43,7 +43,8 @@ pub struct SharedExpert {
 /// A mixture-of-experts feed-forward: a softmax router picks each token's top-k experts, whose
 /// outputs are summed with the router's weights (renormalised to 1 where `norm_topk_prob`).
 /// Tokens are grouped by expert, so each expert's weights are read once per pass for all the
-/// tokens that chose it, not once per token.
+/// tokens that chose it, not once per token. The grouping needs the router's scores on the host:
+/// on a GPU, the layer's one read back; the experts' outputs stay on the device.
 #[derive(Debug, Clone)]
 pub struct Moe {
     /// [experts, hidden]
@@ -69,10 +70,13 @@ impl Moe {
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         let [n, hidden] = x.dims();
         let device = x.device();
+        // The router's scores come to the host to group the tokens by expert: on a GPU, the
+        // layer's one read back.
         let logits: Vec<f32> = transfers::read(self.router.forward(x.clone())).unwrap_or_default();
         let groups = self.route(&logits, n);
-        let mut out = vec![0.0f32; n * hidden];
         let mut runs = 0;
+        let mut on_host = (device == Device::flex()).then(|| vec![0.0f32; n * hidden]);
+        let mut on_device = None;
         for (expert, rows) in self.experts.iter().zip(&groups) {
             if rows.is_empty() {
                 continue;
@@ -80,11 +84,25 @@ impl Moe {
             runs += 1;
             let ids: Vec<i64> = rows.iter().map(|&(row, _)| row as i64).collect();
             let len = ids.len();
-            let picked = x.clone().select(0, transfers::upload::<1, Int>(TensorData::new(ids, [len]), &device));
-            let y: Vec<f32> = transfers::read(expert.forward(picked)).unwrap_or_default();
-            for (&(row, weight), y) in rows.iter().zip(y.chunks_exact(hidden)) {
-                for (o, v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(y) {
-                    *o += weight * v;
+            let ids: Tensor<1, Int> = transfers::upload(TensorData::new(ids, [len]), &device);
+            let y = expert.forward(x.clone().select(0, ids.clone()));
+            match &mut on_host {
+                // On the CPU the outputs are in memory: weigh and add them there.
+                Some(out) => {
+                    let y: Vec<f32> = transfers::read(y).unwrap_or_default();
+                    for (&(row, weight), y) in rows.iter().zip(y.chunks_exact(hidden)) {
+                        for (o, v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(y) {
+                            *o += weight * v;
+                        }
+                    }
+                }
+                // On a GPU they stay there: weighed and added into their rows on the device,
+                // so an expert costs two small uploads and no read back.
+                None => {
+                    let weights: Vec<f32> = rows.iter().map(|&(_, w)| w).collect();
+                    let weights: Tensor<2> = transfers::upload(TensorData::new(weights, [len, 1]), &device);
+                    let sum = on_device.take().unwrap_or_else(|| Tensor::<2>::zeros([n, hidden], &device));
+                    on_device = Some(sum.select_assign(0, ids, y * weights, IndexingUpdateOp::Add));
                 }
             }
         }
@@ -96,7 +114,10 @@ impl Moe {
             }
             *products += runs;
         }
-        let routed: Tensor<2> = transfers::upload(TensorData::new(out, [n, hidden]), &device);
+        let routed: Tensor<2> = match on_host {
+            Some(out) => transfers::upload(TensorData::new(out, [n, hidden]), &device),
+            None => on_device.unwrap_or_else(|| Tensor::zeros([n, hidden], &device)),
+        };
         match &self.shared {
             None => routed,
             Some(shared) => routed + shared.expert.forward(x.clone()) * sigmoid(shared.gate.forward(x)),
