@@ -71,8 +71,9 @@ impl Moe {
         let [n, hidden] = x.dims();
         let device = x.device();
         // The router's scores come to the host to group the tokens by expert: on a GPU, the
-        // layer's one read back.
-        let logits: Vec<f32> = transfers::read(self.router.forward(x.clone())).unwrap_or_default();
+        // layer's one read back. A failed read fails the pass (its panic is the pass's error),
+        // rather than routing nothing.
+        let logits: Vec<f32> = transfers::read(self.router.forward(x.clone())).expect("reading the router's scores");
         let groups = self.route(&logits, n);
         let mut runs = 0;
         let mut on_host = (device == Device::flex()).then(|| vec![0.0f32; n * hidden]);
@@ -89,7 +90,7 @@ impl Moe {
             match &mut on_host {
                 // On the CPU the outputs are in memory: weigh and add them there.
                 Some(out) => {
-                    let y: Vec<f32> = transfers::read(y).unwrap_or_default();
+                    let y: Vec<f32> = transfers::read(y).expect("reading an expert's output");
                     for (&(row, weight), y) in rows.iter().zip(y.chunks_exact(hidden)) {
                         for (o, v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(y) {
                             *o += weight * v;
