@@ -219,7 +219,7 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
     let valid = frontend.chat(&ask().tool_choice(ToolChoice::Auto)).unwrap();
     let params = valid.params();
     let tokenizer = std::sync::Arc::new(frontend.tokenizer().unwrap().clone());
-    let run = |answer: &str| {
+    let run_with = |params: &GenerateParams, answer: &str| {
         let mut post = Postprocess::new(3, params, Some(tokenizer.clone()));
         let mut builder = AnswerBuilder::new(1, 1, false);
         let ids = tokenizer.encode(answer).unwrap();
@@ -242,6 +242,7 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
         }
         (builder.finish().choices.remove(0), pieces)
     };
+    let run = |answer: &str| run_with(params, answer);
     let arguments = json!({"city": "Paris", "unit": "celsius"});
     for answer in [
         format!("```json\n{}\n```", json!({"name": "get_weather", "arguments": arguments})),
@@ -266,6 +267,20 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
         let (choice, _) = run(&answer);
         assert_eq!((choice.text.as_str(), choice.finish), (answer.as_str(), FinishReason::Stop));
         assert!(choice.tool_calls.is_empty());
+    }
+    // A stop string that ends the answer while a call written as text is undecided: the text
+    // before it comes out, as any text before a stop string does.
+    let stopping = GenerateParams { stop: vec!["STOP".into()], ..params.clone() };
+    for (answer, shown) in [
+        ("{\"name\": \"get_weather\", \"argu STOP ments\"}", "{\"name\": \"get_weather\", \"argu "),
+        (
+            "```json\n{\"name\": \"tell_joke\", \"arguments\": {}}\n```STOP",
+            "```json\n{\"name\": \"tell_joke\", \"arguments\": {}}\n```",
+        ),
+        ("```jsonSTOP", "```json"),
+    ] {
+        let (choice, _) = run_with(&stopping, answer);
+        assert_eq!((choice.text.as_str(), choice.finish), (shown, FinishReason::Stop), "{answer:?}");
     }
 }
 

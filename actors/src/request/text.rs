@@ -155,13 +155,19 @@ impl TextStream {
         let mut tool_call = None;
         if let (Some(recogniser), Some((parser, _))) = (&mut self.text_calls, &mut self.tools) {
             let mut content = String::new();
+            // A stop string ends the answer here: nothing is answered again, and what is still
+            // undecided is the text it was.
+            let retry = self.retry && !self.stopped;
             for emit in recogniser.push(&text) {
                 match emit {
                     Emit::Text(t) => content.push_str(&t),
-                    Emit::Rejected(t) if self.retry => self.rejected = Some(t),
+                    Emit::Rejected(t) if retry => self.rejected = Some(t),
                     Emit::Rejected(t) => content.push_str(&t),
                     Emit::Call { name, arguments } => tool_call = Some(parser.text_call(name, arguments)),
                 }
+            }
+            if self.stopped {
+                content.push_str(&recogniser.finish());
             }
             text = content;
         }
