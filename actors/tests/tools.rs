@@ -238,6 +238,9 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
             }
         }
         for event in post.finish(FinishReason::Stop, ids.len(), 0, None).unwrap() {
+            if let Event::Token { tool_call: Some(d), .. } = &event {
+                pieces.push(d.clone());
+            }
             builder.add(0, event);
         }
         (builder.finish().choices.remove(0), pieces)
@@ -247,6 +250,8 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
     for answer in [
         format!("```json\n{}\n```", json!({"name": "get_weather", "arguments": arguments})),
         format!("{}", json!({"name": "get_weather", "arguments": arguments})),
+        // Ended before its closing fence.
+        format!("```json\n{}\n", json!({"name": "get_weather", "arguments": arguments})),
     ] {
         let (choice, pieces) = run(&answer);
         assert_eq!((choice.text.as_str(), choice.finish), ("", FinishReason::ToolCalls), "{answer}");

@@ -237,7 +237,12 @@ fn text_calls(text: &str) {
                 }
             }
         }
-        out.push_str(&recogniser.finish());
+        for emit in recogniser.finish() {
+            match emit {
+                Emit::Text(t) | Emit::Rejected(t) => out.push_str(&t),
+                Emit::Call { name, arguments } => calls.push((name, arguments)),
+            }
+        }
         (out, calls)
     };
     let whole = run(usize::MAX);

@@ -138,10 +138,22 @@ impl Postprocess {
         queue_time: Option<Duration>,
     ) -> Result<Vec<Event>, TokenizerError> {
         self.not_restarted();
-        let tail = match &self.tokenizer {
+        let mut tail = match &self.tokenizer {
             Some(tokenizer) if !self.closed => self.text.finish(tokenizer)?,
             _ => Default::default(),
         };
+        // A call decided at the end goes with the last of the answer's tokens, held back while
+        // it was undecided.
+        if let Some(call) = tail.tool_call.take() {
+            let last = self.held.iter_mut().rev().find_map(|e| match e {
+                Event::Token { tool_call, .. } => Some(tool_call),
+                _ => None,
+            });
+            debug_assert!(last.is_some(), "an undecided answer's tokens are held back");
+            if let Some(slot) = last {
+                *slot = Some(call);
+            }
+        }
         self.closed = true;
         // A stop string ends the output with `stop`, even if the engine ended it otherwise in
         // the same step.

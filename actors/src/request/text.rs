@@ -167,7 +167,12 @@ impl TextStream {
                 }
             }
             if self.stopped {
-                content.push_str(&recogniser.finish());
+                for emit in recogniser.finish() {
+                    match emit {
+                        Emit::Text(t) | Emit::Rejected(t) => content.push_str(&t),
+                        Emit::Call { name, arguments } => tool_call = Some(parser.text_call(name, arguments)),
+                    }
+                }
             }
             text = content;
         }
@@ -204,9 +209,17 @@ impl TextStream {
         if !self.stopped {
             tail.text.push_str(&self.stops.finish());
         }
-        // An answer still undecided when it ended is the text it was.
-        if let Some(recogniser) = &mut self.text_calls {
-            tail.text.insert_str(0, &recogniser.finish());
+        // An answer still undecided when it ended is decided now: a fenced call whose closing
+        // fence never came is a call; anything else is the text it was.
+        if let (Some(recogniser), Some((parser, _))) = (&mut self.text_calls, &mut self.tools) {
+            let mut held = String::new();
+            for emit in recogniser.finish() {
+                match emit {
+                    Emit::Text(t) | Emit::Rejected(t) => held.push_str(&t),
+                    Emit::Call { name, arguments } => tail.tool_call = Some(parser.text_call(name, arguments)),
+                }
+            }
+            tail.text.insert_str(0, &held);
         }
         tail.text.insert_str(0, &std::mem::take(&mut self.given_back));
         Ok(tail)

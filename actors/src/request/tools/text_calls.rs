@@ -155,7 +155,7 @@ impl TextCalls {
             return if text.is_empty() { Vec::new() } else { vec![Emit::Text(text.into())] };
         }
         self.held.push_str(text);
-        match self.decide() {
+        match self.decide(false) {
             Decision::Wait if self.held.len() <= MAX_HELD => Vec::new(),
             Decision::Wait | Decision::Text => self.let_through(),
             Decision::Rejected { end } => {
@@ -181,10 +181,17 @@ impl TextCalls {
         }
     }
 
-    /// The end of the answer: whatever is still held is text.
-    pub fn finish(&mut self) -> String {
-        self.through = true;
-        std::mem::take(&mut self.held)
+    /// The end of the answer: a call in a fence whose closing fence never came is a call (the
+    /// answer ended there instead); whatever else is still held is text.
+    pub fn finish(&mut self) -> Vec<Emit> {
+        if !self.through
+            && let Decision::Call { name, arguments, .. } = self.decide(true)
+        {
+            self.held.clear();
+            self.through = true;
+            return vec![Emit::Call { name, arguments }];
+        }
+        self.let_through()
     }
 
     fn let_through(&mut self) -> Vec<Emit> {
@@ -193,8 +200,9 @@ impl TextCalls {
         if held.is_empty() { Vec::new() } else { vec![Emit::Text(held)] }
     }
 
-    /// Whether the held text is a call, may still become one, or is text.
-    fn decide(&self) -> Decision {
+    /// Whether the held text is a call, may still become one, or is text; `ended`: no more text
+    /// comes (a fence's closing ticks may be missing).
+    fn decide(&self, ended: bool) -> Decision {
         let start = self.held.len() - self.held.trim_start().len();
         let body = &self.held[start..];
         if body.len() < 3 && "```".starts_with(body) {
@@ -217,7 +225,7 @@ impl TextCalls {
                     let after = &self.held[end..];
                     let trimmed = after.trim_start();
                     if trimmed.len() < 3 && "```".starts_with(trimmed) {
-                        Decision::Wait
+                        if ended { self.call(object_at, end, self.held.len()) } else { Decision::Wait }
                     } else if trimmed.starts_with("```") {
                         let close = end + (after.len() - trimmed.len()) + 3;
                         self.call(object_at, end, close)
@@ -338,10 +346,7 @@ mod tests {
             out.extend(r.push(&text[at..end]));
             at = end;
         }
-        let tail = r.finish();
-        if !tail.is_empty() {
-            out.push(Emit::Text(tail));
-        }
+        out.extend(r.finish());
         // Adjacent text pieces joined, so the splits do not matter.
         let mut joined: Vec<Emit> = Vec::new();
         for e in out {
@@ -378,6 +383,10 @@ mod tests {
                 vec![call("Paris"), Emit::Text("\nI asked for the weather.".into())],
                 "text after the call is content"
             );
+            for unclosed in ["", "\n", "\n``"] {
+                let answer = format!("{}{unclosed}", fenced.strip_suffix("\n```").unwrap());
+                assert_eq!(run(&answer, step), vec![call("Paris")], "ended before its closing fence: {answer:?}");
+            }
         }
     }
 
