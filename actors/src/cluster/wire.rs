@@ -381,7 +381,7 @@ mod tests {
         assert_eq!(back.params(Default::default(), None), params);
         assert_eq!(back.session.as_deref(), Some("s"));
         // A second attempt's guidance crosses as its spec, compiled again on the node.
-        let retry = llaisys_model::Guidance::forbid(vec![1]).not_opening_with(vec![4, 5]);
+        let retry = llaisys_model::Guidance::forbid(vec![1]).not_opening_with(vec![4, 5].into());
         params.text_retry = Some(retry.clone());
         let json = serde_json::to_string(&WireRequest::new(vec![1, 2, 3], &params, None)).unwrap();
         let back: WireRequest = serde_json::from_str(&json).unwrap();

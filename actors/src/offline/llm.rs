@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use llaisys_model::{Constraint, Guidance, LanguageModel, Sampler, Tokenizer};
+use llaisys_model::{Constraint, Guidance, LanguageModel, Tokenizer};
 
 use crate::engine::{EngineConfig, EngineError};
 use crate::host::{
@@ -201,7 +201,7 @@ impl Llm {
                     Some((prompt, session)) if !failed => {
                         let speculating = params.speculative.unwrap_or(self.speculative);
                         self.executor.remove_request(id);
-                        self.executor.add_request(id, self.lane(prompt, params.clone()));
+                        self.executor.add_request(id, Lane::fresh(prompt, params.clone(), speculating));
                         self.scheduler.restart(id, prompt.clone(), session.clone(), params.clone(), speculating);
                         job.finished = None;
                         job.output.restarted(&params);
@@ -223,15 +223,8 @@ impl Llm {
     fn add(&mut self, id: RequestId, prompt: Vec<u32>, params: Arc<GenerateParams>, session: Option<String>) {
         let speculating = params.speculative.unwrap_or(self.speculative);
         let seq = Sequence::new(id, prompt, params.clone()).in_session(session).speculating(speculating);
-        let lane = self.lane(&seq.tokens, params);
+        let lane = Lane::fresh(&seq.tokens, params, speculating);
         self.scheduler.add(seq);
         self.executor.add_request(id, lane);
-    }
-
-    /// The sampler and proposer history of a request of `prompt`.
-    fn lane(&self, prompt: &[u32], params: Arc<GenerateParams>) -> Lane {
-        let speculating = params.speculative.unwrap_or(self.speculative);
-        let sampler = Sampler::new(params.sampling.clone(), prompt).guided(&params.guidance);
-        Lane::new(sampler, params, speculating.then(|| prompt.to_vec()))
     }
 }

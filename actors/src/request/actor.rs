@@ -14,7 +14,7 @@ use super::postprocess::Postprocess;
 use super::{FinishReason, RequestId};
 use crate::engine::Event;
 use crate::host::GenerateParams;
-use crate::scheduler::ToScheduler;
+use crate::scheduler::{Retry, ToScheduler};
 
 pub struct RequestActor;
 
@@ -109,7 +109,8 @@ impl RequestState {
                     } else if self.output.stopped() {
                         self.end(FinishReason::Stop);
                     } else if let Some(params) = self.output.retry() {
-                        let retry = ToScheduler::Retry { id: self.id, params: params.clone(), actor: me.clone() };
+                        let retry =
+                            ToScheduler::Retry(Retry { id: self.id, params: params.clone(), actor: me.clone() });
                         if self.scheduler.send_message(retry).is_ok() {
                             self.retrying = Some((params, Vec::new()));
                         } else {

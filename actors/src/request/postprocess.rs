@@ -64,10 +64,7 @@ impl Postprocess {
     /// the choice from its prompt with them and calls `restarted`, or, if the choice has
     /// ended, `not_restarted`. Once per choice.
     pub fn retry(&mut self) -> Option<Arc<GenerateParams>> {
-        if self.rejected.is_some() || self.retry.is_none() {
-            return None;
-        }
-        self.rejected = Some(self.text.take_rejected()?);
+        self.rejected.as_ref()?;
         self.retry.take()
     }
 
@@ -110,7 +107,10 @@ impl Postprocess {
             mask_time: sampled.mask_time,
             tool_call: piece.tool_call,
         });
-        if self.text.undecided() || self.text.has_rejected() || self.rejected.is_some() {
+        if let Some(text) = self.text.take_rejected() {
+            self.rejected = Some(text);
+        }
+        if self.text.undecided() || self.rejected.is_some() {
             return Ok(Vec::new());
         }
         Ok(std::mem::take(&mut self.held))

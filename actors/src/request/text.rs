@@ -74,11 +74,6 @@ impl TextStream {
         self.rejected.take()
     }
 
-    /// Whether a rejected call's text is kept back.
-    pub fn has_rejected(&self) -> bool {
-        self.rejected.is_some()
-    }
-
     /// Whether the answer so far may be a call written as text, not decided yet (its text is
     /// held back).
     pub fn undecided(&self) -> bool {
@@ -154,27 +149,14 @@ impl TextStream {
         };
         let mut tool_call = None;
         if let (Some(recogniser), Some((parser, _))) = (&mut self.text_calls, &mut self.tools) {
-            let mut content = String::new();
-            // A stop string ends the answer here: nothing is answered again, and what is still
-            // undecided is the text it was.
-            let retry = self.retry && !self.stopped;
-            for emit in recogniser.push(&text) {
-                match emit {
-                    Emit::Text(t) => content.push_str(&t),
-                    Emit::Rejected(t) if retry => self.rejected = Some(t),
-                    Emit::Rejected(t) => content.push_str(&t),
-                    Emit::Call { name, arguments } => tool_call = Some(parser.text_call(name, arguments)),
-                }
-            }
+            let mut emits = recogniser.push(&text);
+            // A stop string ends the answer here: what is still undecided is decided now, and
+            // nothing is answered again.
             if self.stopped {
-                for emit in recogniser.finish() {
-                    match emit {
-                        Emit::Text(t) | Emit::Rejected(t) => content.push_str(&t),
-                        Emit::Call { name, arguments } => tool_call = Some(parser.text_call(name, arguments)),
-                    }
-                }
+                emits.extend(recogniser.finish());
             }
-            text = content;
+            let keep = (self.retry && !self.stopped).then_some(&mut self.rejected);
+            (text, tool_call) = gather(emits, parser, keep);
         }
         if !self.given_back.is_empty() {
             text.insert_str(0, &std::mem::take(&mut self.given_back));
@@ -212,14 +194,9 @@ impl TextStream {
         // An answer still undecided when it ended is decided now: a fenced call whose closing
         // fence never came is a call; anything else is the text it was.
         if let (Some(recogniser), Some((parser, _))) = (&mut self.text_calls, &mut self.tools) {
-            let mut held = String::new();
-            for emit in recogniser.finish() {
-                match emit {
-                    Emit::Text(t) | Emit::Rejected(t) => held.push_str(&t),
-                    Emit::Call { name, arguments } => tail.tool_call = Some(parser.text_call(name, arguments)),
-                }
-            }
+            let (held, call) = gather(recogniser.finish(), parser, None);
             tail.text.insert_str(0, &held);
+            tail.tool_call = call;
         }
         tail.text.insert_str(0, &std::mem::take(&mut self.given_back));
         Ok(tail)
@@ -234,4 +211,22 @@ impl TextStream {
             }
         }
     }
+}
+
+/// The text and the call of the recogniser's `emits`; a rejected call's text is kept in `keep`
+/// when given (the answer is to be generated again), else it is text.
+fn gather(
+    emits: Vec<Emit>,
+    parser: &mut ToolCallParser,
+    mut keep: Option<&mut Option<String>>,
+) -> (String, Option<ToolCallDelta>) {
+    let (mut text, mut call) = (String::new(), None);
+    for emit in emits {
+        match (emit, keep.as_deref_mut()) {
+            (Emit::Rejected(t), Some(kept)) => *kept = Some(t),
+            (Emit::Text(t) | Emit::Rejected(t), _) => text.push_str(&t),
+            (Emit::Call { name, arguments }, _) => call = Some(parser.text_call(name, arguments)),
+        }
+    }
+    (text, call)
 }

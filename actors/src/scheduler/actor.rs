@@ -14,7 +14,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
-use super::messages::{ReplicaLoad, Submission, ToScheduler};
+use super::messages::{ReplicaLoad, Retry, Submission, ToScheduler};
 use super::policy::{Finished, Scheduler};
 use super::sequence::Sequence;
 use crate::engine::{
@@ -53,13 +53,6 @@ pub struct IdSpace {
 }
 
 /// A request the engine is serving.
-/// A request actor's `ToScheduler::Retry`.
-struct Retry {
-    id: RequestId,
-    params: Arc<GenerateParams>,
-    actor: ActorRef<ToRequest>,
-}
-
 struct Live {
     actor: ActorRef<ToRequest>,
     /// A clone of the client's channel, to notice a dropped stream even before the first token.
@@ -236,9 +229,8 @@ impl Actor for SchedulerActor {
                 }
                 state.answer_stats();
             }
-            ToScheduler::Retry { id, params, actor } => {
-                let retry = Retry { id, params, actor };
-                if state.in_flight.as_ref().is_some_and(|ids| ids.contains(&id)) {
+            ToScheduler::Retry(retry) => {
+                if state.in_flight.as_ref().is_some_and(|ids| ids.contains(&retry.id)) {
                     state.retries.push(retry);
                 } else {
                     state.restart(retry);
@@ -388,8 +380,7 @@ impl SchedulerState {
         let speculating = params.speculative.unwrap_or(self.config.speculative.default_on);
         let origin = params.text_retry.is_some().then(|| (prompt.clone(), session.clone()));
         let seq = Sequence::new(id, prompt, params.clone()).in_session(session.clone()).speculating(speculating);
-        let sampler = Sampler::new(params.sampling.clone(), &seq.tokens).guided(&params.guidance);
-        let lane = Lane::new(sampler, params.clone(), speculating.then(|| seq.tokens.clone()));
+        let lane = Lane::fresh(&seq.tokens, params.clone(), speculating);
         tracing::info!(
             request_id = id,
             prompt_tokens = seq.prompt_len,
@@ -412,8 +403,7 @@ impl SchedulerState {
         let restarted = match live.and_then(|l| Some((l.origin.clone()?, l))) {
             Some(((prompt, session), live)) => {
                 live.params = params.clone();
-                let sampler = Sampler::new(params.sampling.clone(), &prompt).guided(&params.guidance);
-                let lane = Lane::new(sampler, params.clone(), live.speculating.then(|| prompt.clone()));
+                let lane = Lane::fresh(&prompt, params.clone(), live.speculating);
                 self.scheduler.restart(id, prompt, session, params, live.speculating);
                 let _ = self.worker.send_message(ToWorker::RemoveRequest(id));
                 let _ = self.worker.send_message(ToWorker::AddRequest(id, Box::new(lane)));

@@ -36,7 +36,7 @@ pub enum ToScheduler {
     /// Sent by a request actor whose answer was a rejected call written as text: start the
     /// request over from its prompt with `params` (`GenerateParams::text_retry`), and answer
     /// `actor` with `ToRequest::Restarted`.
-    Retry { id: RequestId, params: Arc<GenerateParams>, actor: ActorRef<ToRequest> },
+    Retry(Retry),
     /// Sent by `Engine::stats`.
     Stats(RpcReplyPort<EngineStats>),
     /// Sent by `Engine::shutdown`: refuse new requests; reply once every request has finished.
@@ -52,6 +52,13 @@ pub enum ToScheduler {
     /// Sent by a session actor idle past the timeout: end it unless a request of it arrived
     /// meanwhile. `actor` tells a stale message from the session's current actor.
     SessionIdle { id: String, actor: ActorId },
+}
+
+/// A request actor's `ToScheduler::Retry`.
+pub struct Retry {
+    pub id: RequestId,
+    pub params: Arc<GenerateParams>,
+    pub actor: ActorRef<ToRequest>,
 }
 
 /// What a replica's scheduler publishes after each message it handles.

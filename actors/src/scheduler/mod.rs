@@ -11,6 +11,6 @@ mod sequence;
 mod tests;
 
 pub(crate) use actor::{IdSpace, SchedulerActor, SchedulerArgs, load_off_thread};
-pub use messages::{ReplicaLoad, Submission, ToScheduler};
+pub use messages::{ReplicaLoad, Retry, Submission, ToScheduler};
 pub use policy::{Finished, Outcome, PlanItem, PrefixCopy, Scheduler, StepPlan};
 pub use sequence::Sequence;

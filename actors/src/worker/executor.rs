@@ -67,6 +67,13 @@ impl Lane {
     pub fn new(sampler: Sampler, params: Arc<GenerateParams>, history: Option<Vec<u32>>) -> Self {
         Self { sampler, params, history }
     }
+
+    /// A request's lane before its first token: its sampler over `prompt`, guided as `params`
+    /// say, and the prompt as its history when it `speculates`.
+    pub fn fresh(prompt: &[u32], params: Arc<GenerateParams>, speculates: bool) -> Self {
+        let sampler = Sampler::new(params.sampling.clone(), prompt).guided(&params.guidance);
+        Self::new(sampler, params, speculates.then(|| prompt.to_vec()))
+    }
 }
 
 pub struct Executor {

@@ -149,8 +149,8 @@ impl GrammarCompiler {
     /// (`Guidance::not_opening_with`): those that open a JSON object or array or a code fence
     /// (after any whitespace), whitespace alone (so that one does not come a token later),
     /// and the ends of a sequence (an empty answer).
-    pub fn json_openers(&self) -> Vec<u32> {
-        self.openers.to_vec()
+    pub fn json_openers(&self) -> Arc<[u32]> {
+        self.openers.clone()
     }
 
     /// The id of special token `name` (`<tool_call>`), if the vocabulary has it.

@@ -26,7 +26,7 @@ pub struct Guidance {
     forbidden: Vec<u32>,
     /// Tokens the answer may not begin with (a second attempt at an answer that must not be
     /// a call written as JSON: `GrammarCompiler::json_openers`).
-    opening: Vec<u32>,
+    opening: Arc<[u32]>,
     /// A reasoning model's think block, which the rest applies after.
     thinking: Option<Thinking>,
 }
@@ -88,7 +88,7 @@ impl Guidance {
     }
 
     /// The same, and the answer may not begin with any of `tokens`.
-    pub fn not_opening_with(mut self, tokens: Vec<u32>) -> Self {
+    pub fn not_opening_with(mut self, tokens: Arc<[u32]>) -> Self {
         self.opening = tokens;
         self
     }
@@ -114,7 +114,7 @@ impl Guidance {
             grammar: self.grammar.as_ref().map(Grammar::source),
             trigger: self.trigger,
             forbidden: self.forbidden.clone(),
-            opening: self.opening.clone(),
+            opening: self.opening.to_vec(),
             thinking: self.thinking,
         }
     }
@@ -124,7 +124,7 @@ impl Guidance {
             grammar,
             trigger: spec.trigger,
             forbidden: spec.forbidden.clone(),
-            opening: spec.opening.clone(),
+            opening: spec.opening.as_slice().into(),
             thinking: spec.thinking,
         }
     }
@@ -205,7 +205,7 @@ pub struct Guide {
     state: State,
     forbidden: Vec<u32>,
     /// Tokens the answer may not begin with.
-    opening: Vec<u32>,
+    opening: Arc<[u32]>,
     /// Whether the answer has begun (a token after any think block).
     begun: bool,
     /// Where the sequence is around its think block.
