@@ -1,7 +1,7 @@
 //! C3/Q1/Q4/Q6: where a model's tensors come from (a safetensors checkpoint or a GGUF file, both
 //! [`TensorSource`]s) and how each weight matrix is kept in memory: the checkpoint's own
-//! precision by default, or the [`WeightDtype`] asked for, dense (a Burn tensor) or packed
-//! quantized (CPU only).
+//! precision by default, or the [`WeightDtype`] asked for, dense (a Burn tensor), packed
+//! quantized (the CPU) or in ggml's blocks (a GPU whose kernels read the format).
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -11,8 +11,10 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use half::{bf16, f16};
 
 use crate::error::LoadError;
+use crate::kernels;
 use crate::layers::{Weight, linear};
-use crate::quant::{PackedMatrix, QuantType};
+use crate::quant::device::{self as blocks, DeviceRows};
+use crate::quant::{self, PackedMatrix, QuantType};
 
 /// Which tensor names a source uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,11 +114,23 @@ impl std::fmt::Display for WeightDtype {
 pub enum Storage {
     Dense(DType),
     Packed(QuantType),
+    /// ggml's blocks on a GPU (`quant::device`).
+    Blocks(QuantType),
 }
 
 /// Whether packed quantized matrices can serve `device` (the kernels run on the CPU backend).
 fn packed_runs_on(device: &Device) -> bool {
     *device == Device::flex()
+}
+
+/// Whether `q` can stay in its blocks on `device` (a GPU whose kernels read it).
+fn blocks_run_on(q: QuantType, device: &Device) -> bool {
+    blocks::takes(q) && kernels::blocks_run_on(device)
+}
+
+/// The dense type a GPU's many-row products dequantize blocks to.
+fn blocks_dense(device: &Device) -> DType {
+    float_on(device, &[DType::F16])
 }
 
 /// The first of `preferred` that `device` computes in, else f32 (a GPU without 16-bit floats
@@ -146,11 +160,10 @@ impl WeightDtype {
             (Self::Bf16, _) => Storage::Dense(supported(name, DType::BF16, device)?),
             (Self::Auto, Stored::F16) => Storage::Dense(float_on(device, &[DType::F16])),
             (Self::Auto, Stored::Bf16) => Storage::Dense(float_on(device, &[DType::BF16, DType::F16])),
-            (Self::Auto, Stored::Quant(q)) => match packed_runs_on(device) {
-                true => Storage::Packed(q),
-                // Other backends compute in floats: dequantize to 16 bits where they can.
-                false => Storage::Dense(float_on(device, &[DType::F16])),
-            },
+            (Self::Auto, Stored::Quant(q)) if packed_runs_on(device) => Storage::Packed(q),
+            (Self::Auto, Stored::Quant(q)) if blocks_run_on(q, device) => Storage::Blocks(q),
+            // A format the GPU's kernels do not read: dequantized to 16 bits where it can.
+            (Self::Auto, Stored::Quant(_)) => Storage::Dense(float_on(device, &[DType::F16])),
             (Self::Quant(q), stored) => {
                 if stored != Stored::Quant(q) && q.is_k() {
                     return bad(format!(
@@ -163,10 +176,17 @@ impl WeightDtype {
                         q.block_values()
                     ));
                 }
-                if !packed_runs_on(device) {
-                    return bad(format!("{q} weights run on the CPU only"));
+                if packed_runs_on(device) {
+                    Storage::Packed(q)
+                } else if blocks_run_on(q, device) {
+                    Storage::Blocks(q)
+                } else {
+                    let formats: Vec<String> = blocks::FORMATS.iter().map(|f| f.name().to_ascii_lowercase()).collect();
+                    return bad(format!(
+                        "{q} weights run on the CPU, and on a GPU (with its kernels on) in {}",
+                        formats.join(", ")
+                    ));
                 }
-                Storage::Packed(q)
             }
         };
         Ok(storage)
@@ -197,9 +217,41 @@ pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device:
                 linear::packed(Arc::new(PackedMatrix::quantize(q, rows, k, &values).map_err(packing)?))
             }
         },
+        Storage::Blocks(q) => {
+            let part = match src.blocks(name) {
+                Some((stored, bytes)) if stored == q => upload_blocks(name, q, rows, k, &bytes, device)?,
+                _ => upload_blocks(name, q, rows, k, &quantized(src, name, q)?, device)?,
+            };
+            linear::blocks(vec![part], blocks_dense(device))
+        }
     };
     src.done(name);
     Ok(weight)
+}
+
+/// Tensor `name` quantized to `q` on the host (ggml's blocks).
+fn quantized(src: &dyn TensorSource, name: &str, q: QuantType) -> Result<Vec<u8>, LoadError> {
+    let bad = |reason: String| LoadError::Tensor { name: name.into(), reason };
+    let values =
+        src.data(name, DType::F32)?.try_into_vec::<f32>().map_err(|e| bad(format!("reading values: {e:?}")))?;
+    let mut bytes = Vec::new();
+    quant::quantize(q, &values, &mut bytes).ok_or_else(|| bad(format!("{q} cannot be made at load")))?;
+    Ok(bytes)
+}
+
+/// ggml blocks of a `rows` × `k` matrix on `device`.
+fn upload_blocks(
+    name: &str,
+    q: QuantType,
+    rows: usize,
+    k: usize,
+    bytes: &[u8],
+    device: &Device,
+) -> Result<DeviceRows, LoadError> {
+    DeviceRows::upload(q, rows, k, bytes, device).ok_or_else(|| LoadError::Tensor {
+        name: name.into(),
+        reason: format!("{} bytes are not {rows} rows of {k} values in {q}", bytes.len()),
+    })
 }
 
 /// Loads the experts of 3-D tensor `name` ([experts, out, in], a GGUF file's `ffn_*_exps`), each
@@ -251,6 +303,16 @@ pub fn load_experts(
                     .collect::<Result<Vec<_>, LoadError>>()?
             }
         },
+        Storage::Blocks(q) => {
+            let bytes = match src.blocks(name) {
+                Some((stored, bytes)) if stored == q => bytes.into_owned(),
+                _ => quantized(src, name, q)?,
+            };
+            split(&bytes)
+                .iter()
+                .map(|b| Ok(linear::blocks(vec![upload_blocks(name, q, rows, k, b, device)?], blocks_dense(device))))
+                .collect::<Result<Vec<_>, LoadError>>()?
+        }
     };
     src.done(name);
     Ok(weights)

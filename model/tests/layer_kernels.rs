@@ -6,6 +6,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
+use burn::tensor::DType;
 use llaisys_model::layers::{RmsNorm, Rope, attention, swiglu};
 use llaisys_model::{Device, DeviceSpec, Tensor, TensorData};
 use llaisys_tests::test_device;
@@ -205,6 +206,20 @@ fn attention_matches_a_reference() {
     }
 }
 
+/// The k inputs a product reads from `row` in f64: as given (`plain`), RMS-normalised by `g`
+/// (`normed`), or SwiGLU-gated from [gate | up] (`gated`).
+fn product_input(row: &[f32], how: &str, k: usize, g: &[f32]) -> Vec<f64> {
+    match how {
+        "plain" => row[..k].iter().map(|&v| v as f64).collect(),
+        "normed" => {
+            let ss = row[..k].iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+            let scale = 1.0 / (ss / k as f64 + 1e-6).sqrt();
+            row[..k].iter().zip(g).map(|(&v, &g)| v as f64 * scale * g as f64).collect()
+        }
+        _ => (0..k).map(|i| row[i] as f64 / (1.0 + (-row[i] as f64).exp()) * row[k + i] as f64).collect(),
+    }
+}
+
 /// A dense linear layer's few-row product, its input as given, RMS-normalised or SwiGLU-gated
 /// first, with its bias and a residual added, against an f64 reference, for every weight type
 /// the device computes in; more rows than the few-row kernel takes go through Burn's matmul and
@@ -245,17 +260,7 @@ fn few_row_products_match_a_reference() {
                 let plain = host(layer.forward_with(x, pre, None));
                 let mut want = Vec::with_capacity(n * outs);
                 for row in xs.chunks(width + 3) {
-                    let input: Vec<f64> = match name {
-                        "plain" => row[..k].iter().map(|&v| v as f64).collect(),
-                        "normed" => {
-                            let ss = row[..k].iter().map(|&v| v as f64 * v as f64).sum::<f64>();
-                            let scale = 1.0 / (ss / k as f64 + 1e-6).sqrt();
-                            row[..k].iter().zip(&g).map(|(&v, &g)| v as f64 * scale * g as f64).collect()
-                        }
-                        _ => {
-                            (0..k).map(|i| row[i] as f64 / (1.0 + (-row[i] as f64).exp()) * row[k + i] as f64).collect()
-                        }
-                    };
+                    let input = product_input(row, name, k, &g);
                     for o in 0..outs {
                         let dot: f64 = input.iter().zip(&stored[o * k..(o + 1) * k]).map(|(a, &w)| a * w as f64).sum();
                         want.push(dot + b[o] as f64);
@@ -462,7 +467,7 @@ fn the_projection_rope_and_kv_write_in_one_launch() {
             };
             let dense = match qkv.weight.matrix() {
                 linear::Matrix::Dense(w) => w.clone(),
-                linear::Matrix::Packed(_) => unreachable!("a dense weight"),
+                _ => unreachable!("a dense weight"),
             };
             let old = values(kv_heads * capacity * d, 75, 1.0);
             let cache =
@@ -504,6 +509,173 @@ fn the_projection_rope_and_kv_write_in_one_launch() {
                 if !slots.contains(&(at / d % capacity)) {
                     assert_eq!(k, s, "{what}: key {at} changed");
                 }
+            }
+        }
+    }
+}
+
+/// A `rows` × `k` matrix of random ggml blocks of `ty` whose scales are small and of either
+/// sign (one of them an f16 subnormal), as `(bytes, the values ggml dequantizes them to)`.
+fn random_blocks(ty: llaisys_model::quant::QuantType, rows: usize, k: usize, seed: u32) -> (Vec<u8>, Vec<f32>) {
+    use half::f16;
+    use llaisys_model::quant::{QuantType, dequantize, row_bytes};
+    let len = rows * row_bytes(ty, k);
+    let mut bytes: Vec<u8> = (0..len as u32).map(|i| ((i ^ seed).wrapping_mul(2654435761) >> 13) as u8).collect();
+    for (b, block) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
+        let scale = |i: usize| {
+            let s = values(1, (b * 4 + i) as u32 ^ seed, 0.02)[0];
+            // The second block's first scale is a subnormal f16 (about 3e-5).
+            if b == 1 && i == 0 { f16::from_bits(0x8200) } else { f16::from_f32(s) }
+        };
+        let mut set = |at: usize, i: usize| block[at..at + 2].copy_from_slice(&scale(i).to_le_bytes());
+        match ty {
+            QuantType::Q4K => {
+                set(0, 0);
+                set(2, 1);
+            }
+            QuantType::Q6K => set(208, 0),
+            _ => set(0, 0),
+        }
+    }
+    let mut want = vec![0.0f32; rows * k];
+    dequantize(ty, &bytes, &mut want);
+    (bytes, want)
+}
+
+/// Whether the device under test keeps quantized weights in their blocks (a GPU's kernels).
+fn blocks_run(spec: DeviceSpec, device: &Device) -> bool {
+    let runs = llaisys_model::kernels::blocks_run_on(device);
+    if !runs {
+        eprintln!("{spec} does not keep quantized weights in blocks: the CPU's packed kernels are tested in quant");
+    }
+    runs
+}
+
+/// Quantized weights on a GPU, in ggml's blocks: rows looked up (an embedding) and whole
+/// matrices dequantized (what prefill's products read) equal ggml's dequantization, in every
+/// format the kernels read, one block's scale an f16 subnormal; a stacked matrix of three
+/// formats, one of them quantized at load from f32 rows, reads each part in its own.
+#[test]
+fn quantized_rows_dequantize_as_ggml_does() {
+    use llaisys_model::layers::linear;
+    use llaisys_model::quant::QuantType;
+    use llaisys_model::quant::device::{DeviceRows, FORMATS};
+    let (spec, device) = device();
+    if !blocks_run(spec, &device) {
+        return;
+    }
+    let k = 512;
+    let close = |got: &[f32], want: &[f32], what: &str| {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 1e-6 * w.abs() + 1e-30, "{what}[{i}]: {g} vs {w}");
+        }
+    };
+    let mut parts = Vec::new();
+    for (t, ty) in FORMATS.into_iter().enumerate() {
+        let rows = 21;
+        let (bytes, want) = random_blocks(ty, rows, k, 100 + t as u32);
+        let part = DeviceRows::upload(ty, rows, k, &bytes, &device).unwrap();
+        let weight = linear::blocks(vec![part.clone()], DType::F32);
+        assert_eq!(weight.dims(), [rows, k]);
+        assert_eq!(weight.describe(), ty.name());
+        let ids = [0u32, 20, 1, 1, 7];
+        let got = ran(spec, "dequantize", || host(weight.rows(&ids, &device)));
+        let picked: Vec<f32> = ids.iter().flat_map(|&r| want[r as usize * k..(r as usize + 1) * k].to_vec()).collect();
+        close(&got, &picked, &format!("{ty} rows"));
+        if matches!(ty, QuantType::Q4K | QuantType::Q6K) {
+            parts.push((weight, want));
+        }
+    }
+    // Q4_K, Q6_K and an f32 matrix stacked (the f32 one quantized to Q8_0 at the stacking).
+    let dense = values(5 * k, 9, 1.0);
+    let (dense_weight, mut q8) = {
+        let t = Tensor::<2>::from_data(TensorData::new(dense.clone(), [5, k]), &device);
+        let mut bytes = Vec::new();
+        llaisys_model::quant::quantize(QuantType::Q8_0, &dense, &mut bytes).unwrap();
+        let mut back = vec![0.0f32; 5 * k];
+        llaisys_model::quant::dequantize(QuantType::Q8_0, &bytes, &mut back);
+        (linear::dense(t), back)
+    };
+    let (weights, mut want): (Vec<_>, Vec<Vec<f32>>) = parts.into_iter().unzip();
+    let stacked = linear::stack(weights.into_iter().chain([dense_weight]).collect());
+    assert_eq!(stacked.describe(), "Q4_K+Q6_K+Q8_0");
+    want.push(std::mem::take(&mut q8));
+    let want = want.concat();
+    let all: Vec<u32> = (0..47).collect();
+    close(&host(stacked.rows(&all, &device)), &want, "stacked rows");
+
+    // Rows replaced (a weight slot's update): the Q6_K part's rows 3..7 requantized to Q8_0 (no
+    // K-quant is made at load), the parts around them as they were.
+    let new = values(4 * k, 10, 1.0);
+    let mut bytes = Vec::new();
+    llaisys_model::quant::quantize(QuantType::Q8_0, &new, &mut bytes).unwrap();
+    let mut back = vec![0.0f32; 4 * k];
+    llaisys_model::quant::dequantize(QuantType::Q8_0, &bytes, &mut back);
+    let replaced = linear::replace_rows(&stacked, 24..28, TensorData::new(new, [4, k]), &device);
+    assert_eq!(replaced.describe(), "Q4_K+Q6_K+Q8_0+Q6_K+Q8_0");
+    let mut want = want;
+    want[24 * k..28 * k].copy_from_slice(&back);
+    close(&host(replaced.rows(&all, &device)), &want, "replaced rows");
+    assert_eq!(replaced.size_bytes(), stacked.size_bytes() - 4 * (k / 256) * 212 + 4 * (k / 32) * 36);
+}
+
+/// A quantized weight's few-row product (a decode step: read in its blocks by `xwt_q`), its
+/// input as given, RMS-normalised or SwiGLU-gated first, with its bias and a residual added,
+/// against an f64 reference over ggml's dequantized values, in every format the kernels read
+/// and for a matrix stacked from two formats (one launch a part); more rows dequantize the
+/// matrix on the device for Burn's matmul and must agree too.
+#[test]
+fn quantized_products_match_a_reference() {
+    use llaisys_model::layers::{Linear, Pre, linear};
+    use llaisys_model::quant::QuantType;
+    use llaisys_model::quant::device::{DeviceRows, FORMATS};
+    let (spec, device) = device();
+    if !blocks_run(spec, &device) {
+        return;
+    }
+    let k = 256;
+    let g = values(k, 23, 1.5);
+    let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(g.clone(), [k]), &device), eps: 1e-6 };
+    let mut cases: Vec<(String, Vec<(QuantType, usize)>)> =
+        FORMATS.into_iter().map(|ty| (ty.name().to_string(), vec![(ty, 37)])).collect();
+    cases.push(("Q4_K+Q6_K".into(), vec![(QuantType::Q4K, 16), (QuantType::Q6K, 11)]));
+    for (case, (name, shape)) in cases.into_iter().enumerate() {
+        let mut stored = Vec::new();
+        let weights: Vec<_> = shape
+            .iter()
+            .enumerate()
+            .map(|(p, &(ty, rows))| {
+                let (bytes, want) = random_blocks(ty, rows, k, 300 + (10 * case + p) as u32);
+                stored.extend(want);
+                linear::blocks(vec![DeviceRows::upload(ty, rows, k, &bytes, &device).unwrap()], DType::F32)
+            })
+            .collect();
+        let outs = shape.iter().map(|(_, rows)| rows).sum::<usize>();
+        let b = values(outs, 22, 1.0);
+        let layer = Linear {
+            weight: linear::stack(weights),
+            bias: Some(Tensor::from_data(TensorData::new(b.clone(), [outs]), &device)),
+        };
+        assert_eq!(layer.weight.describe(), name);
+        for (pre, how) in [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated")] {
+            let width = if how == "gated" { 2 * k } else { k };
+            for n in [1, 2, 3, 4, 6] {
+                let xs = values(n * (width + 3), n as u32, 2.0);
+                let x =
+                    Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, width + 3]), &device).narrow(1, 0, width);
+                let r = values(n * outs, 40 + n as u32, 1.0);
+                let residual = Tensor::<2>::from_data(TensorData::new(r.clone(), [n, outs]), &device);
+                let kernel = if n <= 4 { "xwt_q" } else { "dequantize" };
+                let got = ran(spec, kernel, || host(layer.forward_with(x.clone(), pre, Some(residual))));
+                let mut want = Vec::with_capacity(n * outs);
+                for (i, row) in xs.chunks(width + 3).enumerate() {
+                    let input = product_input(row, how, k, &g);
+                    for o in 0..outs {
+                        let dot: f64 = input.iter().zip(&stored[o * k..(o + 1) * k]).map(|(a, &w)| a * w as f64).sum();
+                        want.push(dot + b[o] as f64 + r[i * outs + o] as f64);
+                    }
+                }
+                assert_close(&got, &want, 1e-4, &format!("{name} weight, {how} input, {n} rows, plus a residual"));
             }
         }
     }

@@ -166,3 +166,53 @@ fn embeddings_as_input_give_the_same_logits_as_their_tokens() {
     let err = max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits);
     assert!(err < TOL, "embedding input differs from token input by {err}");
 }
+
+/// The quantized GGUF fixtures (Q8_0, Q4_0, Q5_0, and Q4_K_M's Q4_K and Q6_K; on a GPU also the
+/// Q8_0 Qwen3, Llama and MoE files) on the device under test, loaded as they are: on a GPU they
+/// stay in their blocks (the products read them, `cube_xwt_q`), so the last prompt row's logits
+/// are a reference forward pass's over the dequantized weights to f32 tolerance, and so are the
+/// greedy tokens. On the CPU the packed
+/// kernels quantize activations to int8 as llama.cpp does (`tests/gguf.rs` holds them to that
+/// budget): 8% of the logits' range here.
+#[test]
+fn quantized_ggufs_match_the_reference_over_their_dequantized_weights() {
+    use llaisys_model::generate::one_sequence;
+    use llaisys_tests::{gguf_family_references, gguf_fixture, gguf_references};
+    let device = device();
+    let blocks = llaisys_model::kernels::blocks_run_on(&device);
+    let product_calls =
+        || llaisys_model::kernels::calls().into_iter().find(|(k, _)| *k == "cube_xwt_q").map(|(_, n)| n);
+    let before = product_calls();
+    // The Qwen2 fixtures' references are float64 numpy; the other families' (Qwen3, Llama and
+    // the MoEs in Q8_0) transformers in f32, checked on a GPU (`tests/gguf.rs` checks the CPU's).
+    let qwen2 = gguf_references().into_iter().filter(|(name, _)| !name.ends_with("f32"));
+    let families = gguf_family_references().into_iter().filter(|(name, _)| blocks && name.ends_with("q8_0"));
+    for (name, reference) in qwen2.chain(families) {
+        let source = ModelSource::Gguf(gguf_fixture(&name));
+        let model = load_model(None, Some(&source), &LoadOptions::default(), &device).unwrap();
+        let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
+        for (s, p) in reference.prompts.iter().enumerate() {
+            let seq = s as u32;
+            ctx.decode(&one_sequence(&p.ids, seq, 0)).unwrap();
+            let row = ctx.outputs().row(0).unwrap();
+            let range = p.last_logits.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let err = max_abs_diff(row, &p.last_logits);
+            eprintln!(
+                "{name} prompt {s}: last row within {:.2e} of the range (margin {:.3})",
+                err / range,
+                p.min_margin
+            );
+            if !blocks {
+                assert!(err < 0.08 * range, "{name} prompt {s}: {err} of {range}");
+                continue;
+            }
+            assert!(err < (1e-4 * range).max(1e-3), "{name} prompt {s}: logits differ by {err} (range {range})");
+            ctx.kv_mut().seq_rm(seq, ..).unwrap();
+            let generation = greedy(&mut ctx, seq + 10, &p.ids, p.greedy.len(), &[]).unwrap();
+            assert_eq!(generation.tokens, p.greedy, "{name} prompt {s}");
+        }
+    }
+    if blocks {
+        assert!(product_calls() > before, "no product read its blocks");
+    }
+}

@@ -19,6 +19,8 @@ pub enum KernelCall {
     Burn,
     /// The GPU's few-row x·Wᵀ (CubeCL) over f32, f16 or bf16 weights, bias and residual fused.
     CubeXwt,
+    /// The GPU's few-row x·Wᵀ (CubeCL) over quantized weights read in their ggml blocks.
+    CubeXwtQ,
     /// Burn's matmul split over two threads (few rows on a CPU without AVX-512).
     BurnSplit,
     /// The quantized product on AVX-512 VNNI.
@@ -31,13 +33,14 @@ pub enum KernelCall {
     Fallback,
 }
 
-const ALL: [KernelCall; 11] = [
+const ALL: [KernelCall; 12] = [
     KernelCall::Xwt,
     KernelCall::GemmAvx2,
     KernelCall::GemmAvx512,
     KernelCall::Bf16Dot,
     KernelCall::Burn,
     KernelCall::CubeXwt,
+    KernelCall::CubeXwtQ,
     KernelCall::BurnSplit,
     KernelCall::QuantVnni,
     KernelCall::QuantAvx2,
@@ -56,6 +59,7 @@ impl KernelCall {
             Self::Bf16Dot => "bf16dot",
             Self::Burn => "burn",
             Self::CubeXwt => "cube_xwt",
+            Self::CubeXwtQ => "cube_xwt_q",
             Self::BurnSplit => "burn_split",
             Self::QuantVnni => "quant_vnni",
             Self::QuantAvx2 => "quant_avx2",

@@ -84,6 +84,27 @@ pub(crate) mod gpu {
         None
     }
     pub const BUILT: bool = false;
+    pub fn enabled() -> bool {
+        false
+    }
+    pub fn xwt_q(
+        _: &Tensor<2>,
+        _: super::Pre<'_>,
+        _: &[crate::quant::device::DeviceRows],
+        _: usize,
+        _: Option<&Tensor<1>>,
+        _: Option<&Tensor<2>>,
+    ) -> Option<Tensor<2>> {
+        None
+    }
+    pub fn dequantize(
+        _: &[crate::quant::device::DeviceRows],
+        _: usize,
+        _: Option<&Tensor<1, Int>>,
+        _: burn::tensor::DType,
+    ) -> Option<Tensor<2>> {
+        None
+    }
     #[allow(clippy::too_many_arguments)]
     pub fn xwt_rope_kv(
         _: &Tensor<2>,
@@ -121,6 +142,7 @@ pub use exp::log_sum_exp;
 
 use crate::kv::Placement;
 use crate::quant::PackedMatrix;
+use crate::quant::device::DeviceRows;
 
 /// Products with f32 weights and more rows than this go to the backend's GEMM, which packs its
 /// operands and from here on is as fast (prefill). With 16-bit weights, more rows than this run
@@ -543,6 +565,38 @@ pub fn gpu_xwt(
 
 /// Whether this build has the GPU kernels (a CubeCL backend, without Burn's fusion).
 pub const GPU_KERNELS: bool = gpu::BUILT;
+
+/// Whether quantized weights can stay in their ggml blocks on `device`: a GPU whose kernels
+/// read them (this build has them, `LLAISYS_GPU_KERNELS` does not turn them off).
+pub fn blocks_run_on(device: &Device) -> bool {
+    GPU_KERNELS && *device != Device::flex() && gpu::enabled()
+}
+
+/// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step) with a quantized weight on a GPU,
+/// read in its blocks (`quant::device`): one launch a part of the stacked matrix.
+///
+/// # Shapes
+/// x: [n ≤ 4, k] f32 ([n, 2k] under `Pre::SwiGlu`), parts: rows of k values, out of them in
+/// all, bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
+pub fn gpu_xwt_q(
+    x: &Tensor<2>,
+    pre: Pre<'_>,
+    parts: &[DeviceRows],
+    k: usize,
+    bias: Option<&Tensor<1>>,
+    residual: Option<&Tensor<2>>,
+) -> Option<Tensor<2>> {
+    gpu::xwt_q(x, pre, parts, k, bias, residual)
+}
+
+/// A quantized matrix on a GPU as floats of `dtype` (f32, f16 or bf16), dequantized there: all
+/// its rows (the parts stacked), or with `ids` (i32) those rows of a one-part matrix.
+///
+/// # Shapes
+/// parts: rows of k values, ids: \[n\] → [rows or n, k]
+pub fn gpu_dequantize(parts: &[DeviceRows], k: usize, ids: Option<&Tensor<1, Int>>, dtype: DType) -> Option<Tensor<2>> {
+    gpu::dequantize(parts, k, ids, dtype)
+}
 
 /// `silu(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one.
 ///

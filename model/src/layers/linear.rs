@@ -1,7 +1,8 @@
 //! A linear layer `y = x·Wᵀ + b` over a weight matrix that is one trait, `LinearWeight`, chosen at
 //! load for the weight's storage and device (as mistral.rs's `QuantMethod`): dense on the CPU
 //! backend (our few-row kernels, the backend's GEMM for many rows), dense on any other Burn
-//! backend (a GPU), or packed-quantized (the quantized kernels). Each implementation picks its
+//! backend (a GPU), packed-quantized (the CPU's quantized kernels), or quantized in its ggml
+//! blocks on a GPU (`quant::device`). Each implementation picks its
 //! kernel when it is made, not per call, and counts the products it runs by kernel
 //! (`kernels::calls`), so which kernel ran is observable in `/metrics` and asserted in tests.
 
@@ -14,6 +15,7 @@ use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use super::{RmsNorm, swiglu};
 pub use crate::kernels::Pre;
 use crate::kernels::{self, GemmIsa, KernelCall};
+use crate::quant::device::DeviceRows;
 use crate::quant::{self, PackedMatrix, QuantType};
 
 /// A weight matrix [out, in] (the checkpoint's layout) and how it multiplies. Clones share the
@@ -74,6 +76,9 @@ pub enum Matrix<'a> {
     Dense(&'a Tensor<2>),
     /// Quantized blocks in the layout the CPU kernels stream.
     Packed(&'a Arc<PackedMatrix>),
+    /// Quantized blocks on a GPU, in parts of one format each (stacked in order), and the dense
+    /// type its many-row products dequantize it to.
+    Blocks(&'a [DeviceRows], DType),
 }
 
 /// A dense matrix's weight for its device: the CPU kernels on the CPU backend, Burn's ops
@@ -91,6 +96,13 @@ pub fn dense(w: Tensor<2>) -> Weight {
 /// A packed quantized matrix's weight (the CPU backend), on the fastest kernel this CPU runs.
 pub fn packed(w: Arc<PackedMatrix>) -> Weight {
     Arc::new(Packed { w, kernel: quant::Kernel::best() })
+}
+
+/// A quantized matrix on a GPU, in its ggml blocks (parts of one format each, stacked in row
+/// order), with the dense type its many-row products dequantize it to.
+pub fn blocks(parts: Vec<DeviceRows>, dense: DType) -> Weight {
+    assert!(!parts.is_empty() && parts.iter().all(|p| p.k == parts[0].k), "parts of one matrix share their width");
+    Arc::new(Blocks { parts, dense })
 }
 
 /// Few-row products with at least this many outputs are split across threads when the CPU has
@@ -340,33 +352,131 @@ impl LinearWeight for Packed {
     }
 }
 
+/// A quantized matrix on a GPU, kept in its ggml blocks (`quant::device`, within 6% of the
+/// file's size): a decode step's few-row products read the blocks in the product kernel
+/// (`cube_xwt_q`); more rows (prefill) dequantize them on the device to `dense` (16 bits where
+/// the device has them) for Burn's matmul, as a dense weight of that type would run.
+#[derive(Debug)]
+struct Blocks {
+    parts: Vec<DeviceRows>,
+    dense: DType,
+}
+
+impl Blocks {
+    fn k(&self) -> usize {
+        self.parts[0].k
+    }
+}
+
+/// A matrix in blocks on a GPU as `dtype`, dequantized there.
+fn dequantized(parts: &[DeviceRows], dtype: DType) -> Tensor<2> {
+    // Blocks are only made where the kernels run (`kernels::blocks_run_on`): a refusal is a bug.
+    kernels::gpu_dequantize(parts, parts[0].k, None, dtype).expect("the device dequantizes its blocks")
+}
+
+impl LinearWeight for Blocks {
+    fn dims(&self) -> [usize; 2] {
+        [self.parts.iter().map(DeviceRows::rows).sum(), self.k()]
+    }
+
+    fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
+        self.forward_with(x, Pre::Plain, bias, None)
+    }
+
+    fn forward_with(
+        &self,
+        x: Tensor<2>,
+        pre: Pre<'_>,
+        bias: Option<&Tensor<1>>,
+        residual: Option<Tensor<2>>,
+    ) -> Tensor<2> {
+        if let Some(y) = kernels::gpu_xwt_q(&x, pre, &self.parts, self.k(), bias, residual.as_ref()) {
+            KernelCall::CubeXwtQ.count();
+            return y;
+        }
+        KernelCall::Burn.count();
+        let w = dequantized(&self.parts, self.dense);
+        add_residual(add_bias(burn_product(pre.apply(x), w, false), bias), residual)
+    }
+
+    fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2> {
+        let n = ids.len();
+        let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        let ids: Tensor<1, Int> = crate::transfers::upload(TensorData::new(ids, [n]), device);
+        if let Some(rows) = kernels::gpu_dequantize(&self.parts, self.k(), Some(&ids), DType::F32) {
+            return rows;
+        }
+        // Stacked parts: gathered from the whole matrix.
+        dequantized(&self.parts, DType::F32).select(0, ids)
+    }
+
+    fn kernel(&self) -> &'static str {
+        KernelCall::CubeXwtQ.name()
+    }
+
+    fn describe(&self) -> String {
+        let mut names: Vec<&str> = self.parts.iter().map(|p| p.ty.name()).collect();
+        names.dedup();
+        names.join("+")
+    }
+
+    fn size_bytes(&self) -> usize {
+        self.parts.iter().map(DeviceRows::size_bytes).sum()
+    }
+
+    fn matrix(&self) -> Matrix<'_> {
+        Matrix::Blocks(&self.parts, self.dense)
+    }
+}
+
 /// Quantized format for a dense part stacked with packed ones, or for replacing rows of a
 /// K-quant part (K-quants are not made at load).
 const FALLBACK_QUANT: QuantType = QuantType::Q8_0;
 
 /// The matrices stacked row-wise (one product per shared input). Dense ones stay one dense
-/// tensor; packed ones keep their formats as parts; a dense matrix stacked with packed ones is
-/// quantized to Q8_0.
+/// tensor; packed ones keep their formats as parts, and so do blocks on a GPU; a dense matrix
+/// stacked with quantized ones is quantized to Q8_0.
 pub fn stack(weights: Vec<Weight>) -> Weight {
     let dense: Option<Vec<Tensor<2>>> = weights
         .iter()
         .map(|w| match w.matrix() {
             Matrix::Dense(t) => Some(t.clone()),
-            Matrix::Packed(_) => None,
+            _ => None,
         })
         .collect();
     if let Some(dense) = dense {
         return self::dense(Tensor::cat(dense, 0));
     }
+    let on_gpu = weights.iter().find_map(|w| match w.matrix() {
+        Matrix::Blocks(_, dtype) => Some(dtype),
+        _ => None,
+    });
+    if let Some(dtype) = on_gpu {
+        let parts: Option<Vec<DeviceRows>> = weights
+            .iter()
+            .map(|w| match w.matrix() {
+                Matrix::Blocks(parts, _) => Some(parts.to_vec()),
+                Matrix::Dense(t) => device_rows(t.clone(), FALLBACK_QUANT).map(|p| vec![p]),
+                Matrix::Packed(_) => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(|parts| parts.concat());
+        return match parts {
+            Some(parts) => blocks(merged(parts), dtype),
+            // A dense part whose rows are not whole Q8_0 blocks: all of it dense.
+            None => self::dense(Tensor::cat(weights.iter().map(|w| dense_of(w, dtype)).collect(), 0)),
+        };
+    }
     let parts = weights.iter().map(|w| match w.matrix() {
         Matrix::Packed(p) => PackedMatrix::clone(p),
         Matrix::Dense(t) => quantize_dense(t.clone(), FALLBACK_QUANT),
+        Matrix::Blocks(..) => unreachable!("blocks were stacked above"),
     });
     packed(Arc::new(PackedMatrix::stack(parts.collect()).expect("stacked weights share their input width")))
 }
 
-/// A matrix of the same kind as `like` holding `data` ([out, in]): dense in its dtype, or packed
-/// in the format of its first part.
+/// A matrix of the same kind as `like` holding `data` ([out, in]): dense in its dtype, or
+/// quantized in the format of its first part (packed, or blocks on a GPU).
 pub fn like(like: &Weight, data: TensorData, device: &Device) -> Weight {
     match like.matrix() {
         Matrix::Dense(w) => dense(Tensor::from_data(data, (device, w.dtype()))),
@@ -374,11 +484,19 @@ pub fn like(like: &Weight, data: TensorData, device: &Device) -> Weight {
             let ty = w.formats().first().map_or(FALLBACK_QUANT, |(q, _)| *q);
             packed(Arc::new(quantize_dense(Tensor::from_data(data, device), ty)))
         }
+        Matrix::Blocks(parts, dtype) => {
+            let t = Tensor::from_data(data, (device, DType::F32));
+            match device_rows(t.clone(), parts[0].ty) {
+                Some(part) => blocks(vec![part], dtype),
+                None => dense(t.cast(FloatDType::from(dtype))),
+            }
+        }
     }
 }
 
 /// `w` with `rows` overwritten by `data` ([rows.len(), in]) in the matrix's own dtype; for a
-/// packed matrix the rows must be one stacked part, requantized to its format.
+/// packed matrix the rows must be one stacked part, requantized to its format; blocks on a GPU
+/// are requantized to the format of the part where the rows start.
 pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &Device) -> Weight {
     match w.matrix() {
         Matrix::Dense(t) => {
@@ -398,7 +516,80 @@ pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &D
             assert!(updated.replace_rows(rows.start, part), "replaced rows are one stacked part");
             packed(Arc::new(updated))
         }
+        Matrix::Blocks(parts, dtype) => {
+            let t = Tensor::from_data(data, (device, DType::F32));
+            let (mut start, mut ty) = (0, FALLBACK_QUANT);
+            for p in parts {
+                if (start..start + p.rows()).contains(&rows.start) {
+                    ty = p.ty;
+                }
+                start += p.rows();
+            }
+            let Some(new) = device_rows(t.clone(), ty) else {
+                let all = 0..w.dims()[1];
+                return dense(dense_of(w, dtype).slice_assign([rows, all], t.cast(FloatDType::from(dtype))));
+            };
+            // The parts' rows before and after `rows`, and the new part between them.
+            let (mut kept, mut start) = (Vec::new(), 0);
+            for p in parts {
+                let end = start + p.rows();
+                let before = start..end.min(rows.start);
+                let after = start.max(rows.end)..end;
+                if before.start == start && !before.is_empty() {
+                    kept.push(narrowed(p, 0..before.len()));
+                }
+                if (start..end).contains(&rows.start) {
+                    kept.push(new.clone());
+                }
+                if !after.is_empty() {
+                    kept.push(narrowed(p, after.start - start..after.end - start));
+                }
+                start = end;
+            }
+            blocks(merged(kept), dtype)
+        }
     }
+}
+
+/// Rows `range` of a part.
+fn narrowed(p: &DeviceRows, range: Range<usize>) -> DeviceRows {
+    DeviceRows { words: p.words.clone().narrow(0, range.start, range.len()), ..p.clone() }
+}
+
+/// Adjacent parts of one format as one (one launch each in a product).
+fn merged(parts: Vec<DeviceRows>) -> Vec<DeviceRows> {
+    let mut out: Vec<DeviceRows> = Vec::with_capacity(parts.len());
+    for p in parts {
+        match out.last_mut() {
+            Some(last) if last.ty == p.ty => last.words = Tensor::cat(vec![last.words.clone(), p.words], 0),
+            _ => out.push(p),
+        }
+    }
+    out
+}
+
+/// A weight as a dense matrix of `dtype` (blocks dequantized on their device).
+fn dense_of(w: &Weight, dtype: DType) -> Tensor<2> {
+    match w.matrix() {
+        Matrix::Dense(t) => t.clone().cast(FloatDType::from(dtype)),
+        Matrix::Blocks(parts, _) => dequantized(parts, dtype),
+        Matrix::Packed(_) => unreachable!("packed matrices are the CPU's, blocks a GPU's"),
+    }
+}
+
+/// A dense matrix quantized on the host to `ty` (Q8_0 for a K-quant, which is not made at load)
+/// and put on its device as blocks; `None` where its rows are not whole blocks.
+fn device_rows(t: Tensor<2>, ty: QuantType) -> Option<DeviceRows> {
+    let ty = if ty.is_k() { FALLBACK_QUANT } else { ty };
+    let [rows, k] = t.dims();
+    if !ty.fits_row(k) {
+        return None;
+    }
+    let device = t.device();
+    let values = t.cast(FloatDType::F32).into_data().try_into_vec::<f32>().ok()?;
+    let mut bytes = Vec::new();
+    quant::quantize(ty, &values, &mut bytes)?;
+    DeviceRows::upload(ty, rows, k, &bytes, &device)
 }
 
 /// A dense matrix quantized to `ty` (Q8_0 when `ty` is a K-quant, which is not made at load).

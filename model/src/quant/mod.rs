@@ -1,4 +1,4 @@
-//! Q2–Q5: quantized weight matrices on the CPU.
+//! Q2–Q5: quantized weight matrices (on the CPU; on a GPU through `device.rs`).
 //!
 //! - `ggml.rs`: ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) as they lie
 //!   in a GGUF file, decoded and dequantized exactly as ggml does;
@@ -7,6 +7,7 @@
 //! - `packed.rs`: [`PackedMatrix`], the layout the kernels stream: 16 weight rows interleaved per
 //!   32-value group, so one 64-byte load feeds a dot product of 16 rows at once (at most 3%
 //!   larger than the file's blocks);
+//! - `device.rs`: ggml's blocks padded to whole 32-bit words, as the GPU kernels read them;
 //! - `activation.rs`: activations quantized per 32-value block to int8, as llama.cpp does;
 //! - `vnni.rs` (AVX-512 VNNI, `vpdpbusd`), `avx2.rs` (AVX2, `vpmaddubsw`) and `portable.rs` (any
 //!   CPU): x·Wᵀ over the packed layout; `matmul.rs` splits a product over the rayon pool and picks
@@ -14,6 +15,7 @@
 
 mod activation;
 mod avx2;
+pub mod device;
 mod ggml;
 mod matmul;
 mod packed;

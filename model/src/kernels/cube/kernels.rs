@@ -284,26 +284,18 @@ fn xwt_four(
         + xwt_input(x, row, k + 3 * XWT_LANES, k_len, norm, scale, pre) * w3
 }
 
-/// Column `o` of `pre(x)·Wᵀ` for every row, by this unit's group of [`XWT_LANES`] lanes (the
-/// cube's [`XWT_OUTS`] groups each computing one column; `o` past the weight's rows computes
-/// nothing but takes part in the barriers): row r's sum lands in `shared[r · XWT_UNITS + u]`
-/// for the group's first unit u. Under `PRE_NORM` the whole cube first reduces each row's
-/// squares once for its columns. Every lane keeps four weight reads in flight.
+/// Under `PRE_NORM`, each row's RMSNorm scale `1 / sqrt(mean(x²) + eps)` over its first
+/// `k_len` inputs, the squares reduced once by the whole cube (`shared` free again after);
+/// otherwise ones.
 #[cube]
-#[allow(clippy::too_many_arguments)]
-fn xwt_column<W: Float>(
+fn norm_scales(
     x: &Tensor<f32>,
-    w: &Tensor<W>,
-    norm: &Tensor<f32>,
     shared: Shared<[f32]>,
-    o: usize,
+    k_len: usize,
     eps: f32,
     #[comptime] rows: usize,
     #[comptime] pre: u32,
-) {
-    let unit = UNIT_POS as usize;
-    let lane = unit % XWT_LANES;
-    let k_len = w.shape(1);
+) -> (f32, f32, f32, f32) {
     let mut s0 = f32::new(1.0);
     let mut s1 = f32::new(1.0);
     let mut s2 = f32::new(1.0);
@@ -313,7 +305,7 @@ fn xwt_column<W: Float>(
         let mut q1 = 0.0f32;
         let mut q2 = 0.0f32;
         let mut q3 = 0.0f32;
-        let mut k = unit;
+        let mut k = UNIT_POS as usize;
         while k < k_len {
             let v = x[k * x.stride(1)];
             q0 += v * v;
@@ -345,6 +337,30 @@ fn xwt_column<W: Float>(
         }
         sync_cube();
     }
+    (s0, s1, s2, s3)
+}
+
+/// Column `o` of `pre(x)·Wᵀ` for every row, by this unit's group of [`XWT_LANES`] lanes (the
+/// cube's [`XWT_OUTS`] groups each computing one column; `o` past the weight's rows computes
+/// nothing but takes part in the barriers): row r's sum lands in `shared[r · XWT_UNITS + u]`
+/// for the group's first unit u. Under `PRE_NORM` the whole cube first reduces each row's
+/// squares once for its columns. Every lane keeps four weight reads in flight.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn xwt_column<W: Float>(
+    x: &Tensor<f32>,
+    w: &Tensor<W>,
+    norm: &Tensor<f32>,
+    shared: Shared<[f32]>,
+    o: usize,
+    eps: f32,
+    #[comptime] rows: usize,
+    #[comptime] pre: u32,
+) {
+    let unit = UNIT_POS as usize;
+    let lane = unit % XWT_LANES;
+    let k_len = w.shape(1);
+    let (s0, s1, s2, s3) = norm_scales(x, shared.clone(), k_len, eps, rows, pre);
     let end = select(o < w.shape(0), k_len, 0);
     let w_row = o * w.stride(0);
     let ws = w.stride(1);
@@ -422,17 +438,36 @@ pub fn xwt<W: Float>(
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
     xwt_column(x, w, norm, shared.clone(), o, eps, rows, pre);
     if lane == 0 && o < outs {
-        #[unroll]
-        for r in 0..rows {
-            let mut y = shared[r * XWT_UNITS + unit];
-            if comptime!(has_bias) {
-                y += bias[o * bias.stride(0)];
-            }
-            if comptime!(has_residual) {
-                y += residual[r * residual.stride(0) + o * residual.stride(1)];
-            }
-            out[r * outs + o] = y;
+        store_column(shared, bias, residual, out, o, rows, has_bias, has_residual);
+    }
+}
+
+/// Output column `o` of every row from the sums [`reduce_rows`] left in `shared` for this
+/// unit's group, plus its bias and residual.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_column(
+    shared: Shared<[f32]>,
+    bias: &Tensor<f32>,
+    residual: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    o: usize,
+    #[comptime] rows: usize,
+    #[comptime] has_bias: bool,
+    #[comptime] has_residual: bool,
+) {
+    let unit = UNIT_POS as usize;
+    let outs = out.shape(1);
+    #[unroll]
+    for r in 0..rows {
+        let mut y = shared[r * XWT_UNITS + unit];
+        if comptime!(has_bias) {
+            y += bias[o * bias.stride(0)];
         }
+        if comptime!(has_residual) {
+            y += residual[r * residual.stride(0) + o * residual.stride(1)];
+        }
+        out[r * outs + o] = y;
     }
 }
 
@@ -488,6 +523,289 @@ pub fn xwt_rope_kv<W: Float, C: Float>(
             }
             let slot = usize::cast_from(slots[r * slots.stride(0)]);
             rotate_store(x1, x2, r, head, i, slot, tables, q_out, k_cache, v_cache, d);
+        }
+    }
+}
+
+/// The block formats [`xwt_q`] and [`dequantize`] read, by their ggml type ids, in the device
+/// layout of `quant::device` (each block padded to whole 32-bit words).
+pub const Q4_0: u32 = 2;
+pub const Q5_0: u32 = 6;
+pub const Q8_0: u32 = 8;
+pub const Q4_K: u32 = 12;
+pub const Q6_K: u32 = 14;
+
+/// Values a lane decodes at a time: half a 32-value block, a sixteenth of a K-quant's.
+pub const CHUNK: usize = 16;
+
+/// 32-bit words of one block of `format` (as `quant::device::block_words`).
+const fn block_words(format: u32) -> usize {
+    match format {
+        Q8_0 => 9,
+        Q4_0 => 5,
+        Q5_0 => 6,
+        Q4_K => 36,
+        _ => 53,
+    }
+}
+
+/// [`CHUNK`]s of one block of `format`.
+const fn block_chunks(format: u32) -> usize {
+    match format {
+        Q4_K | Q6_K => 16,
+        _ => 2,
+    }
+}
+
+/// The f32 value of the f16 in the low 16 bits of `bits` (subnormals included; WGSL under
+/// OpenGL ES has no 16-bit type to convert through). The blocks' scales are never infinite.
+#[cube]
+fn half_to_f32(bits: u32) -> f32 {
+    let magnitude = bits & 0x7fff;
+    // Exponent rebased from 15 to 127, mantissa moved up to f32's 23 bits.
+    let normal = f32::reinterpret((magnitude << 13) + 0x3800_0000);
+    let tiny = f32::cast_from(magnitude) * 5.960_464_5e-8;
+    let v = select(magnitude < 0x400, tiny, normal);
+    select((bits & 0x8000) != 0, -v, v)
+}
+
+/// Byte `i` (0..4) of a little-endian word.
+#[cube]
+fn byte_of(word: u32, #[comptime] i: usize) -> u32 {
+    (word >> comptime!(8 * i as u32)) & 0xff
+}
+
+/// Byte `i` of the words of `w` from `at` (little-endian).
+#[cube]
+fn word_byte(w: &Tensor<u32>, at: usize, i: usize) -> u32 {
+    (w[at + i / 4] >> (8 * u32::cast_from(i % 4))) & 0xff
+}
+
+/// Chunk `c` (values `CHUNK · c ..`) of row `row` of a quantized matrix `w` ([rows, words a
+/// row], the device layout): its 16 values as the integers of the format in `q[0..16]`, and in
+/// `q[16]`, `q[17]` the a and b that make them weights, `w_t = a · q_t − b`, with ggml's
+/// arithmetic (Q8_0, Q4_0, Q5_0: `d · (q − offset)`; Q4_K: `(d · sc) · q − dmin · m` of its
+/// 32-value group; Q6_K: `(d · sc) · (q − 32)` of its 16-value group).
+#[cube]
+fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] format: u32) {
+    let per_block = comptime!(block_chunks(format));
+    let (block, cc) = (c / per_block, c % per_block);
+    let base = row * w.stride(0) + block * comptime!(block_words(format));
+    if comptime!(format == Q8_0) {
+        // [d, pad] then 32 signed bytes: this chunk's 16 from word 1 + 4 · cc.
+        let at = base + 1 + 4 * cc;
+        #[unroll]
+        for j in 0..4 {
+            let word = w[at + j];
+            #[unroll]
+            for i in 0..4 {
+                q[4 * j + i] = f32::cast_from(byte_of(word, i) ^ 0x80) - 128.0;
+            }
+        }
+        q[16] = half_to_f32(w[base]);
+        q[17] = 0.0;
+    }
+    if comptime!(format == Q4_0 || format == Q5_0) {
+        // [d, pad] (Q5_0: the fifth bits' word), then 16 bytes: value i's low nibble in byte
+        // i, value 16 + i's high one in byte i.
+        let nibbles = comptime!(if format == Q4_0 { 1 } else { 2 });
+        let shift = 4 * u32::cast_from(cc);
+        let mut high = 0u32;
+        if comptime!(format == Q5_0) {
+            high = w[base + 1] >> (16 * u32::cast_from(cc));
+        }
+        #[unroll]
+        for j in 0..4 {
+            let word = w[base + nibbles + j];
+            #[unroll]
+            for i in 0..4 {
+                let t = comptime!(4 * j + i);
+                let mut v = (byte_of(word, i) >> shift) & 0xf;
+                if comptime!(format == Q5_0) {
+                    v |= ((high >> comptime!(t as u32)) & 1) << 4;
+                }
+                q[t] = f32::cast_from(v);
+            }
+        }
+        let offset = comptime!(if format == Q4_0 { 8.0f32 } else { 16.0f32 });
+        let d = half_to_f32(w[base]);
+        // d · (q − offset) as a · q − b would round differently: fold the offset into q.
+        #[unroll]
+        for t in 0..16 {
+            q[t] -= offset;
+        }
+        q[16] = d;
+        q[17] = 0.0;
+    }
+    if comptime!(format == Q4_K) {
+        // [d | dmin], 12 bytes of 6-bit scales and mins, then 128 bytes of nibbles in four
+        // 32-byte parts: part j holds values 64j.. in its low nibbles, 64j + 32.. in its high.
+        let head = w[base];
+        let g = cc / 2;
+        // Group g < 4: bytes g and g + 4 hold its scale and min; g ≥ 4: byte g + 4 holds their
+        // low four bits, bytes g − 4 and g their top two.
+        let scales = base + 1;
+        let mut sc = word_byte(w, scales, g) & 0x3f;
+        let mut m = word_byte(w, scales, g + 4) & 0x3f;
+        if g >= 4 {
+            let low = word_byte(w, scales, g + 4);
+            sc = (low & 0xf) | ((word_byte(w, scales, g - 4) >> 6) << 4);
+            m = (low >> 4) | ((word_byte(w, scales, g) >> 6) << 4);
+        }
+        let (part, quarter) = (cc / 4, cc % 4);
+        let at = base + 4 + 8 * part + 4 * (quarter % 2);
+        let shift = select(quarter >= 2, 4u32, 0u32);
+        #[unroll]
+        for j in 0..4 {
+            let word = w[at + j];
+            #[unroll]
+            for i in 0..4 {
+                q[4 * j + i] = f32::cast_from((byte_of(word, i) >> shift) & 0xf);
+            }
+        }
+        q[16] = half_to_f32(head) * f32::cast_from(sc);
+        q[17] = half_to_f32(head >> 16) * f32::cast_from(m);
+    }
+    if comptime!(format == Q6_K) {
+        // 128 bytes of low nibbles (two halves of 64: half h holds values 128h.. low, 128h + 64..
+        // high), 64 bytes of top bits (two halves of 32: bits 2s of byte i of half h go to
+        // value 128h + 32s + i), 16 signed scales (one per chunk), then [d, pad].
+        let (half, r) = (cc / 8, (cc % 8) * 16);
+        let low_at = base + 16 * half + (r % 64) / 4;
+        let top_at = base + 32 + 8 * half + (r % 32) / 4;
+        let low_shift = select(r >= 64, 4u32, 0u32);
+        let top_shift = 2 * u32::cast_from(r / 32);
+        #[unroll]
+        for j in 0..4 {
+            let low = w[low_at + j];
+            let top = w[top_at + j];
+            #[unroll]
+            for i in 0..4 {
+                let v = ((byte_of(low, i) >> low_shift) & 0xf) | (((byte_of(top, i) >> top_shift) & 3) << 4);
+                q[4 * j + i] = f32::cast_from(v) - 32.0;
+            }
+        }
+        let sc = word_byte(w, base + 48, cc);
+        let sc = f32::cast_from(sc) - select(sc >= 128, 256.0f32, 0.0f32);
+        q[16] = half_to_f32(w[base + 52]) * sc;
+        q[17] = 0.0;
+    }
+}
+
+/// Row `row`'s 16 inputs from `k` (after `pre`) dotted with the chunk [`chunk`] left in `q`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn chunk_dot(
+    x: &Tensor<f32>,
+    row: usize,
+    k: usize,
+    k_len: usize,
+    norm: &Tensor<f32>,
+    scale: f32,
+    q: &Array<f32>,
+    #[comptime] pre: u32,
+    #[comptime] format: u32,
+) -> f32 {
+    let mut dot = 0.0f32;
+    let mut sum = 0.0f32;
+    #[unroll]
+    for t in 0..16 {
+        let v = xwt_input(x, row, k + t, k_len, norm, scale, pre);
+        dot += q[t] * v;
+        if comptime!(format == Q4_K) {
+            sum += v;
+        }
+    }
+    let mut y = q[16] * dot;
+    if comptime!(format == Q4_K) {
+        y -= q[17] * sum;
+    }
+    y
+}
+
+/// [`xwt`] over a quantized weight read in its blocks ([`chunk`]: each lane decodes 16 values
+/// at a time, its group's 32 lanes reading adjacent chunks of one weight row), for one part of
+/// a stacked matrix: its columns are the output's from `col0` (the bias's and residual's too).
+///
+/// x: [rows, k] (any strides; [rows, 2k] with `PRE_SWIGLU`), w: [part rows, words a row],
+/// norm, bias, residual, out: as [`xwt`]'s (out: [rows, all outputs]).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt_q(
+    x: &Tensor<f32>,
+    w: &Tensor<u32>,
+    norm: &Tensor<f32>,
+    bias: &Tensor<f32>,
+    residual: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    eps: f32,
+    col0: usize,
+    #[comptime] rows: usize,
+    #[comptime] pre: u32,
+    #[comptime] has_bias: bool,
+    #[comptime] has_residual: bool,
+    #[comptime] format: u32,
+) {
+    let unit = UNIT_POS as usize;
+    let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
+    let o = CUBE_POS * XWT_OUTS + group;
+    let k_len = if comptime!(pre == PRE_SWIGLU) { x.shape(1) / 2 } else { x.shape(1) };
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    let (s0, s1, s2, s3) = norm_scales(x, shared.clone(), k_len, eps, rows, pre);
+    let chunks = select(o < w.shape(0), k_len / CHUNK, 0);
+    let mut q = Array::<f32>::new(18usize);
+    let mut a0 = 0.0f32;
+    let mut a1 = 0.0f32;
+    let mut a2 = 0.0f32;
+    let mut a3 = 0.0f32;
+    let mut c = lane;
+    while c < chunks {
+        chunk(w, o, c, &mut q, format);
+        let k = c * CHUNK;
+        a0 += chunk_dot(x, 0, k, k_len, norm, s0, &q, pre, format);
+        if comptime!(rows > 1) {
+            a1 += chunk_dot(x, 1, k, k_len, norm, s1, &q, pre, format);
+        }
+        if comptime!(rows > 2) {
+            a2 += chunk_dot(x, 2, k, k_len, norm, s2, &q, pre, format);
+        }
+        if comptime!(rows > 3) {
+            a3 += chunk_dot(x, 3, k, k_len, norm, s3, &q, pre, format);
+        }
+        c += XWT_LANES;
+    }
+    reduce_rows(shared.clone(), a0, a1, a2, a3, rows, XWT_UNITS, XWT_LANES);
+    if lane == 0 && o < w.shape(0) {
+        store_column(shared, bias, residual, out, col0 + o, rows, has_bias, has_residual);
+    }
+}
+
+/// A quantized matrix's rows as floats, one unit per [`CHUNK`]: every row of `w` into rows
+/// `row0..` of out, or with `gather` row `ids[r]` of `w` into row r (an embedding lookup).
+///
+/// w: [rows, words a row], ids: \[n\] (read with `gather`), out: [≥ rows, k] contiguous.
+#[cube(launch)]
+pub fn dequantize<C: Float>(
+    w: &Tensor<u32>,
+    ids: &Tensor<i32>,
+    out: &mut Tensor<C>,
+    row0: usize,
+    #[comptime] gather: bool,
+    #[comptime] format: u32,
+) {
+    let k = out.shape(1);
+    let per_row = k / CHUNK;
+    let rows = if comptime!(gather) { ids.shape(0) } else { w.shape(0) };
+    let at = ABSOLUTE_POS;
+    if at < rows * per_row {
+        let (r, c) = (at / per_row, at % per_row);
+        let source = if comptime!(gather) { usize::cast_from(ids[r * ids.stride(0)]) } else { r };
+        let mut q = Array::<f32>::new(18usize);
+        chunk(w, source, c, &mut q, format);
+        let base = (row0 + r) * k + c * CHUNK;
+        #[unroll]
+        for t in 0..16 {
+            out[base + t] = C::cast_from(q[16] * q[t] - q[17]);
         }
     }
 }

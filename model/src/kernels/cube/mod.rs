@@ -1,7 +1,8 @@
-//! GPU kernels for the CubeCL backends (issue 31), so that a dense layer's decode step is six
+//! GPU kernels for the CubeCL backends (issue 31), so that a dense layer's decode step is five
 //! launches where Burn's ops took sixty: the few-row product with its input's norm or gate and
-//! its bias and residual (`xwt`), RoPE with the KV write (`rope_kv`), cell attention (split and
-//! merged past 256 cells); and RMSNorm, SwiGLU, RoPE, the KV write and a scaled, masked softmax
+//! its bias and residual (`xwt`; over quantized blocks, `xwt_q`), the q/k/v projection with RoPE
+//! and the KV write (`xwt_rope_kv`), cell attention (split and merged past 256 cells); quantized
+//! blocks dequantized (`dequantize`: prefill's products, embedding rows); and RMSNorm, SwiGLU, RoPE, the KV write and a scaled, masked softmax
 //! alone, for the paths those do not take. Like the CPU kernels beside them, each entry point
 //! takes Burn tensors, runs only where they live on a CubeCL device (wgpu or CUDA) in f32 and in
 //! rows (not a matmul's storage tiles), and otherwise declines so the caller keeps the Burn ops.
@@ -20,6 +21,8 @@ use burn::tensor::{DType, Int, Shape, Tensor};
 use kernels::ROW_UNITS;
 
 use super::Pre;
+use crate::quant::QuantType;
+use crate::quant::device::DeviceRows;
 
 /// This build has the GPU kernels.
 pub const BUILT: bool = true;
@@ -28,7 +31,7 @@ type CubeTensor = <Cube as BackendTypes>::FloatTensorPrimitive;
 
 /// Whether the kernels run: `LLAISYS_GPU_KERNELS=off` leaves every layer to Burn's ops (to
 /// compare the two on a device, or to step around a kernel a driver miscompiles).
-fn enabled() -> bool {
+pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| !std::env::var("LLAISYS_GPU_KERNELS").is_ok_and(|v| matches!(v.as_str(), "off" | "0")))
 }
@@ -204,12 +207,11 @@ pub fn softmax(scores: &Tensor<3>, scale: f64, mask: Option<&Tensor<2>>) -> Opti
     Some(tensor(out))
 }
 
-/// The arguments of a few-row product kernel ([`kernels::xwt`]'s `xwt_column`): x, the weight
-/// (read in its own type), the norm's weight, the `pre` code and eps, the bias. An absent norm
-/// or bias is a placeholder argument the kernel never reads.
+/// The arguments of a few-row product kernel ([`kernels::xwt`]'s `xwt_column`, [`kernels::xwt_q`])
+/// besides its weight: x, the norm's weight, the `pre` code and eps, the bias. An absent norm or
+/// bias is a placeholder argument the kernel never reads.
 struct Product {
     x: CubeTensor,
-    w: CubeTensor,
     norm: CubeTensor,
     code: u32,
     eps: f32,
@@ -218,12 +220,11 @@ struct Product {
 }
 
 impl Product {
-    /// `None` where the kernel does not take them: no rows or more than [`kernels::XWT_ROWS`],
-    /// x not as wide as `pre` reads for the weight, a bias not one per output, tensors not
-    /// CubeCL rows in f32, a weight type the device does not read and widen.
-    fn new(x: &Tensor<2>, pre: Pre<'_>, w: &Tensor<2>, bias: Option<&Tensor<1>>) -> Option<Self> {
+    /// `None` where the kernel does not take them, for a weight of `outs` rows of `k`: no rows
+    /// or more than [`kernels::XWT_ROWS`], x not as wide as `pre` reads, a bias not one per
+    /// output, tensors not CubeCL rows in f32.
+    fn new(x: &Tensor<2>, pre: Pre<'_>, [outs, k]: [usize; 2], bias: Option<&Tensor<1>>) -> Option<Self> {
         let [n, width] = x.dims();
-        let [outs, k] = w.dims();
         let inputs = if matches!(pre, Pre::SwiGlu) { 2 * k } else { k };
         if n == 0 || n > kernels::XWT_ROWS || width != inputs || k == 0 || outs == 0 {
             return None;
@@ -232,11 +233,6 @@ impl Product {
             return None;
         }
         let x = cube(x)?;
-        let w = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
-        // A 16-bit weight is widened in the kernel: the device must read and convert it.
-        if !converts(w.dtype, &x.client) {
-            return None;
-        }
         let (code, norm, eps) = match pre {
             Pre::Plain => (kernels::PRE_PLAIN, x.clone(), 0.0),
             Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
@@ -248,7 +244,22 @@ impl Product {
             None => None,
         };
         let (has_bias, bias) = (bias.is_some(), bias.unwrap_or_else(|| x.clone()));
-        Some(Self { x, w, norm, code, eps, bias, has_bias })
+        Some(Self { x, norm, code, eps, bias, has_bias })
+    }
+
+    /// A dense weight as the kernels read it: CubeCL rows of a type the device reads and widens.
+    fn weight(&self, w: &Tensor<2>) -> Option<CubeTensor> {
+        let w = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
+        converts(w.dtype, &self.x.client).then_some(w)
+    }
+
+    /// `residual` as the kernels read it ([n, outs]), or a placeholder they never read.
+    fn residual(&self, residual: Option<&Tensor<2>>, outs: usize) -> Option<(CubeTensor, bool)> {
+        match residual {
+            Some(r) if r.dims() == [self.x.meta.shape()[0], outs] => Some((cube(r)?, true)),
+            Some(_) => None,
+            None => Some((self.x.clone(), false)),
+        }
     }
 }
 
@@ -266,27 +277,20 @@ pub fn xwt(
 ) -> Option<Tensor<2>> {
     let [n, _] = x.dims();
     let [outs, _] = w.dims();
-    if residual.is_some_and(|r| r.dims() != [n, outs]) {
-        return None;
-    }
-    let p = Product::new(x, pre, w, bias)?;
-    // An absent residual is a placeholder argument the kernel never reads.
-    let has_residual = residual.is_some();
-    let residual = match residual {
-        Some(r) => cube(r)?,
-        None => p.x.clone(),
-    };
+    let p = Product::new(x, pre, w.dims(), bias)?;
+    let w = p.weight(w)?;
+    let (residual, has_residual) = p.residual(residual, outs)?;
     let out = empty(&p.x, [n, outs]);
     let (count, dim) = cubes(outs.div_ceil(kernels::XWT_OUTS), kernels::XWT_UNITS);
     let client = p.x.client.clone();
     launch_in!(
-        p.w.dtype,
+        w.dtype,
         kernels::xwt,
         &client,
         count,
         dim,
         p.x.into_tensor_arg(),
-        p.w.into_tensor_arg(),
+        w.into_tensor_arg(),
         p.norm.into_tensor_arg(),
         p.bias.into_tensor_arg(),
         residual.into_tensor_arg(),
@@ -331,15 +335,16 @@ pub fn xwt_rope_kv(
     if tables.dims() != [2, n, d / 2] || slots.dims() != [n] {
         return None;
     }
-    let p = Product::new(x, pre, w, bias)?;
+    let p = Product::new(x, pre, w.dims(), bias)?;
+    let w = p.weight(w)?;
     let tables = cube(tables)?;
     let slots = slots.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
     let q = empty(&p.x, [n, heads * d]);
     let pairs_per_cube = kernels::XWT_OUTS / 2;
     let (count, dim) = cubes((width / 2).div_ceil(pairs_per_cube), kernels::XWT_UNITS);
     let written = in_place(caches, |kc, vc| {
-        let w_dtype = p.w.dtype;
-        let args = (p.x.into_tensor_arg(), p.w.into_tensor_arg(), p.norm.into_tensor_arg(), p.bias.into_tensor_arg());
+        let w_dtype = w.dtype;
+        let args = (p.x.into_tensor_arg(), w.into_tensor_arg(), p.norm.into_tensor_arg(), p.bias.into_tensor_arg());
         // The weight's type, then the cache's.
         macro_rules! launch {
             ($w:ty) => {
@@ -373,6 +378,130 @@ pub fn xwt_rope_kv(
         }
     });
     written.then(|| tensor(q))
+}
+
+/// The kernels' code for a quantized format they read.
+fn format(ty: QuantType) -> Option<u32> {
+    match ty {
+        QuantType::Q8_0 => Some(kernels::Q8_0),
+        QuantType::Q4_0 => Some(kernels::Q4_0),
+        QuantType::Q5_0 => Some(kernels::Q5_0),
+        QuantType::Q4K => Some(kernels::Q4_K),
+        QuantType::Q6K => Some(kernels::Q6_K),
+        _ => None,
+    }
+}
+
+/// Each part's format code and words as the kernels read them (rows of `k` values).
+fn block_parts(parts: &[DeviceRows], k: usize) -> Option<Vec<(u32, CubeTensor)>> {
+    if !enabled() || k == 0 || !k.is_multiple_of(kernels::CHUNK) {
+        return None;
+    }
+    parts
+        .iter()
+        .map(|part| {
+            let words = part.words.clone().try_into_primitive::<Cube>().ok()?;
+            let fits = part.k == k && words.dtype == DType::U32 && words.is_contiguous();
+            Some((format(part.ty)?, words)).filter(|_| fits)
+        })
+        .collect()
+}
+
+/// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step) with a quantized weight read in
+/// its blocks: one launch a part (stacked parts of different formats), each writing its columns.
+///
+/// # Shapes
+/// x: [n ≤ 4, k] f32 ([n, 2k] under `Pre::SwiGlu`), parts: rows of k values stacked into
+/// `out` rows, bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
+pub fn xwt_q(
+    x: &Tensor<2>,
+    pre: Pre<'_>,
+    parts: &[DeviceRows],
+    k: usize,
+    bias: Option<&Tensor<1>>,
+    residual: Option<&Tensor<2>>,
+) -> Option<Tensor<2>> {
+    let [n, _] = x.dims();
+    let outs = parts.iter().map(DeviceRows::rows).sum();
+    let p = Product::new(x, pre, [outs, k], bias)?;
+    let (residual, has_residual) = p.residual(residual, outs)?;
+    let parts = block_parts(parts, k)?;
+    let out = empty(&p.x, [n, outs]);
+    let client = p.x.client.clone();
+    let mut col0 = 0;
+    for (format, words) in parts {
+        let rows = words.meta.shape()[0];
+        let (count, dim) = cubes(rows.div_ceil(kernels::XWT_OUTS), kernels::XWT_UNITS);
+        kernels::xwt_q::launch(
+            &client,
+            count,
+            dim,
+            p.x.clone().into_tensor_arg(),
+            words.into_tensor_arg(),
+            p.norm.clone().into_tensor_arg(),
+            p.bias.clone().into_tensor_arg(),
+            residual.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            p.eps,
+            col0,
+            n,
+            p.code,
+            p.has_bias,
+            has_residual,
+            format,
+        );
+        col0 += rows;
+    }
+    Some(tensor(out))
+}
+
+/// A quantized matrix's rows as floats of `dtype` (f32, f16 or bf16): all of them (the parts
+/// stacked), or with `ids` rows `ids` (an embedding lookup).
+///
+/// # Shapes
+/// parts: rows of k values; ids: \[n\] i32 → [rows or n, k]
+pub fn dequantize(parts: &[DeviceRows], k: usize, ids: Option<&Tensor<1, Int>>, dtype: DType) -> Option<Tensor<2>> {
+    let blocks = block_parts(parts, k)?;
+    let (_, first) = blocks.first()?;
+    let client = first.client.clone();
+    if !converts(dtype, &client) || (ids.is_some() && blocks.len() != 1) {
+        return None;
+    }
+    let (gather, ids) = match ids {
+        Some(ids) => (true, ids.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?),
+        // A placeholder the kernel never reads.
+        None => {
+            let handle = client.empty(size_of::<i32>());
+            (
+                false,
+                CubeTensor::new_contiguous(client.clone(), first.device.clone(), Shape::new([1]), handle, DType::I32),
+            )
+        }
+    };
+    let rows = if gather { ids.meta.shape()[0] } else { parts.iter().map(DeviceRows::rows).sum() };
+    let shape = Shape::new([rows, k]);
+    let handle = client.empty(rows * k * dtype.size());
+    let out = CubeTensor::new_contiguous(client.clone(), first.device.clone(), shape, handle, dtype);
+    let mut row0 = 0;
+    for (format, words) in blocks {
+        let part_rows = if gather { rows } else { words.meta.shape()[0] };
+        let (count, dim) = elementwise(part_rows * k / kernels::CHUNK);
+        launch_in!(
+            dtype,
+            kernels::dequantize,
+            &client,
+            count,
+            dim,
+            words.into_tensor_arg(),
+            ids.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            row0,
+            gather,
+            format,
+        );
+        row0 += part_rows;
+    }
+    Some(tensor(out))
 }
 
 /// Attention of each row over only the cells it sees, through a cell table made by
