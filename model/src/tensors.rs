@@ -13,7 +13,7 @@ use half::{bf16, f16};
 use crate::error::LoadError;
 use crate::kernels;
 use crate::layers::{Weight, linear};
-use crate::quant::device::{self as blocks, DeviceRows};
+use crate::quant::device::DeviceRows;
 use crate::quant::{self, PackedMatrix, QuantType};
 
 /// Which tensor names a source uses.
@@ -123,11 +123,6 @@ fn packed_runs_on(device: &Device) -> bool {
     *device == Device::flex()
 }
 
-/// Whether `q` can stay in its blocks on `device` (a GPU whose kernels read it).
-fn blocks_run_on(q: QuantType, device: &Device) -> bool {
-    blocks::takes(q) && kernels::blocks_run_on(device)
-}
-
 /// The dense type a GPU's many-row products dequantize blocks to.
 fn blocks_dense(device: &Device) -> DType {
     float_on(device, &[DType::F16])
@@ -161,8 +156,9 @@ impl WeightDtype {
             (Self::Auto, Stored::F16) => Storage::Dense(float_on(device, &[DType::F16])),
             (Self::Auto, Stored::Bf16) => Storage::Dense(float_on(device, &[DType::BF16, DType::F16])),
             (Self::Auto, Stored::Quant(q)) if packed_runs_on(device) => Storage::Packed(q),
-            (Self::Auto, Stored::Quant(q)) if blocks_run_on(q, device) => Storage::Blocks(q),
-            // A format the GPU's kernels do not read: dequantized to 16 bits where it can.
+            (Self::Auto, Stored::Quant(q)) if kernels::blocks_run_on(device) => Storage::Blocks(q),
+            // A GPU without its kernels (`LLAISYS_GPU_KERNELS=off`): dequantized to 16 bits
+            // where it can.
             (Self::Auto, Stored::Quant(_)) => Storage::Dense(float_on(device, &[DType::F16])),
             (Self::Quant(q), stored) => {
                 if stored != Stored::Quant(q) && q.is_k() {
@@ -178,14 +174,10 @@ impl WeightDtype {
                 }
                 if packed_runs_on(device) {
                     Storage::Packed(q)
-                } else if blocks_run_on(q, device) {
+                } else if kernels::blocks_run_on(device) {
                     Storage::Blocks(q)
                 } else {
-                    let formats: Vec<String> = blocks::FORMATS.iter().map(|f| f.name().to_ascii_lowercase()).collect();
-                    return bad(format!(
-                        "{q} weights run on the CPU, and on a GPU (with its kernels on) in {}",
-                        formats.join(", ")
-                    ));
+                    return bad(format!("{q} weights run on the CPU, or on a GPU with its kernels on"));
                 }
             }
         };

@@ -529,7 +529,8 @@ fn random_blocks(ty: llaisys_model::quant::QuantType, rows: usize, k: usize, see
         };
         let mut set = |at: usize, i: usize| block[at..at + 2].copy_from_slice(&scale(i).to_le_bytes());
         match ty {
-            QuantType::Q4K => {
+            // A scale and a min (or offset).
+            QuantType::Q4K | QuantType::Q5K | QuantType::Q4_1 | QuantType::Q5_1 => {
                 set(0, 0);
                 set(2, 1);
             }
@@ -553,13 +554,13 @@ fn blocks_run(spec: DeviceSpec, device: &Device) -> bool {
 
 /// Quantized weights on a GPU, in ggml's blocks: rows looked up (an embedding) and whole
 /// matrices dequantized (what prefill's products read) equal ggml's dequantization, in every
-/// format the kernels read, one block's scale an f16 subnormal; a stacked matrix of three
+/// format, one block's scale an f16 subnormal; a stacked matrix of three
 /// formats, one of them quantized at load from f32 rows, reads each part in its own.
 #[test]
 fn quantized_rows_dequantize_as_ggml_does() {
     use llaisys_model::layers::linear;
     use llaisys_model::quant::QuantType;
-    use llaisys_model::quant::device::{DeviceRows, FORMATS};
+    use llaisys_model::quant::device::DeviceRows;
     let (spec, device) = device();
     if !blocks_run(spec, &device) {
         return;
@@ -571,7 +572,7 @@ fn quantized_rows_dequantize_as_ggml_does() {
         }
     };
     let mut parts = Vec::new();
-    for (t, ty) in FORMATS.into_iter().enumerate() {
+    for (t, ty) in QuantType::ALL.into_iter().enumerate() {
         let rows = 21;
         let (bytes, want) = random_blocks(ty, rows, k, 100 + t as u32);
         let part = DeviceRows::upload(ty, rows, k, &bytes, &device).unwrap();
@@ -621,14 +622,13 @@ fn quantized_rows_dequantize_as_ggml_does() {
 
 /// A quantized weight's few-row product (a decode step: read in its blocks by `xwt_q`), its
 /// input as given, RMS-normalised or SwiGLU-gated first, with its bias and a residual added,
-/// against an f64 reference over ggml's dequantized values, in every format the kernels read
-/// and for a matrix stacked from two formats (one launch a part); more rows dequantize the
+/// against an f64 reference over ggml's dequantized values, in every format and for a matrix stacked from two formats (one launch a part); more rows dequantize the
 /// matrix on the device for Burn's matmul and must agree too.
 #[test]
 fn quantized_products_match_a_reference() {
     use llaisys_model::layers::{Linear, Pre, linear};
     use llaisys_model::quant::QuantType;
-    use llaisys_model::quant::device::{DeviceRows, FORMATS};
+    use llaisys_model::quant::device::DeviceRows;
     let (spec, device) = device();
     if !blocks_run(spec, &device) {
         return;
@@ -637,7 +637,7 @@ fn quantized_products_match_a_reference() {
     let g = values(k, 23, 1.5);
     let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(g.clone(), [k]), &device), eps: 1e-6 };
     let mut cases: Vec<(String, Vec<(QuantType, usize)>)> =
-        FORMATS.into_iter().map(|ty| (ty.name().to_string(), vec![(ty, 37)])).collect();
+        QuantType::ALL.into_iter().map(|ty| (ty.name().to_string(), vec![(ty, 37)])).collect();
     cases.push(("Q4_K+Q6_K".into(), vec![(QuantType::Q4K, 16), (QuantType::Q6K, 11)]));
     for (case, (name, shape)) in cases.into_iter().enumerate() {
         let mut stored = Vec::new();

@@ -1,22 +1,13 @@
-//! Quantized matrices as the GPU kernels read them (issue 31): ggml's blocks as a GGUF file
-//! stores them, each block padded to whole 32-bit words so that every field a kernel reads
-//! starts on a word. Q8_0, Q4_0 and Q5_0 get two bytes after their f16 scale (their values
-//! then start on a word), Q6_K two at its end; Q4_K needs none. A file's bytes thus keep their
-//! size on the device, within 6% (Q8_0, 36 bytes a block for 34).
+//! Quantized matrices as the GPU kernels read them (issue 31), in every format a GGUF file
+//! holds: ggml's blocks as the file stores them, each block padded to whole 32-bit words so
+//! that every field a kernel reads starts on a word. Q8_0, Q4_0 and Q5_0 get two bytes after
+//! their f16 scale (their values then start on a word), Q6_K two at its end; Q4_1, Q5_1, Q4_K
+//! and Q5_K need none. A file's bytes thus keep their size on the device, within 6% (Q8_0, 36
+//! bytes a block for 34).
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::QuantType;
-
-/// The formats the device kernels read: what llama.cpp's Q8_0 and Q4_K_M files are made of
-/// (Q4_K_M falls back to Q5_0 and Q8_0 for rows that are not whole 256-value blocks), and
-/// Q4_0. The others are dequantized to 16 bits at load on a GPU.
-pub const FORMATS: [QuantType; 5] = [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q5_0, QuantType::Q4K, QuantType::Q6K];
-
-/// Whether the device kernels read `ty`.
-pub fn takes(ty: QuantType) -> bool {
-    FORMATS.contains(&ty)
-}
 
 /// The bytes inserted after the first `at` of each block of `ty` to pad it to whole words:
 /// `(at, count)`.
@@ -39,9 +30,9 @@ pub fn row_words(ty: QuantType, k: usize) -> usize {
 }
 
 /// A matrix's ggml blocks (`rows` rows of `k` values, rows in order) as device words, row after
-/// row; `None` where the device does not read `ty` or the bytes are not that many blocks.
+/// row; `None` where the bytes are not that many blocks of rows of `k` values.
 pub fn words(ty: QuantType, rows: usize, k: usize, bytes: &[u8]) -> Option<Vec<u32>> {
-    if !takes(ty) || !ty.fits_row(k) || bytes.len() != rows * super::row_bytes(ty, k) {
+    if !ty.fits_row(k) || bytes.len() != rows * super::row_bytes(ty, k) {
         return None;
     }
     let (at, pad) = padding(ty);
@@ -89,10 +80,10 @@ mod tests {
     /// scale in word 0 and its values from word 1; Q6_K's scale in its last word.
     #[test]
     fn blocks_pad_to_words_with_their_fields_in_place() {
-        for ty in FORMATS {
+        for ty in QuantType::ALL {
             assert_eq!((ty.block_bytes() + padding(ty).1) % 4, 0, "{ty}");
         }
-        assert_eq!([9, 5, 6, 36, 53], FORMATS.map(block_words));
+        assert_eq!([9, 5, 5, 6, 6, 36, 44, 53], QuantType::ALL.map(block_words));
         let mut q8 = vec![0u8; 34];
         q8[..2].copy_from_slice(&[0x11, 0x22]);
         for (i, b) in q8[2..].iter_mut().enumerate() {
@@ -105,7 +96,6 @@ mod tests {
         let mut q6 = vec![0u8; 210];
         q6[208..].copy_from_slice(&[0x33, 0x44]);
         assert_eq!(words(QuantType::Q6K, 1, 256, &q6).unwrap()[52], 0x4433);
-        assert!(words(QuantType::Q4_1, 1, 32, &[0; 20]).is_none(), "not read by the kernels");
         assert!(words(QuantType::Q8_0, 2, 32, &q8).is_none(), "one block short");
     }
 }

@@ -530,9 +530,12 @@ pub fn xwt_rope_kv<W: Float, C: Float>(
 /// The block formats [`xwt_q`] and [`dequantize`] read, by their ggml type ids, in the device
 /// layout of `quant::device` (each block padded to whole 32-bit words).
 pub const Q4_0: u32 = 2;
+pub const Q4_1: u32 = 3;
 pub const Q5_0: u32 = 6;
+pub const Q5_1: u32 = 7;
 pub const Q8_0: u32 = 8;
 pub const Q4_K: u32 = 12;
+pub const Q5_K: u32 = 13;
 pub const Q6_K: u32 = 14;
 
 /// Values a lane decodes at a time: half a 32-value block, a sixteenth of a K-quant's.
@@ -542,17 +545,24 @@ pub const CHUNK: usize = 16;
 const fn block_words(format: u32) -> usize {
     match format {
         Q8_0 => 9,
-        Q4_0 => 5,
-        Q5_0 => 6,
+        Q4_0 | Q4_1 => 5,
+        Q5_0 | Q5_1 => 6,
         Q4_K => 36,
+        Q5_K => 44,
         _ => 53,
     }
+}
+
+/// Whether `format`'s weights are `a · q − b` with a b of their own (a min or offset), so a
+/// product sums its inputs too.
+const fn has_min(format: u32) -> bool {
+    matches!(format, Q4_1 | Q5_1 | Q4_K | Q5_K)
 }
 
 /// [`CHUNK`]s of one block of `format`.
 const fn block_chunks(format: u32) -> usize {
     match format {
-        Q4_K | Q6_K => 16,
+        Q4_K | Q5_K | Q6_K => 16,
         _ => 2,
     }
 }
@@ -584,8 +594,9 @@ fn word_byte(w: &Tensor<u32>, at: usize, i: usize) -> u32 {
 /// Chunk `c` (values `CHUNK · c ..`) of row `row` of a quantized matrix `w` ([rows, words a
 /// row], the device layout): its 16 values as the integers of the format in `q[0..16]`, and in
 /// `q[16]`, `q[17]` the a and b that make them weights, `w_t = a · q_t − b`, with ggml's
-/// arithmetic (Q8_0, Q4_0, Q5_0: `d · (q − offset)`; Q4_K: `(d · sc) · q − dmin · m` of its
-/// 32-value group; Q6_K: `(d · sc) · (q − 32)` of its 16-value group).
+/// arithmetic (Q8_0, Q4_0, Q5_0: `d · (q − offset)`; Q4_1, Q5_1: `d · q + m`; Q4_K, Q5_K:
+/// `(d · sc) · q − dmin · m` of its 32-value group; Q6_K: `(d · sc) · (q − 32)` of its
+/// 16-value group).
 #[cube]
 fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] format: u32) {
     let per_block = comptime!(block_chunks(format));
@@ -605,13 +616,14 @@ fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] 
         q[16] = half_to_f32(w[base]);
         q[17] = 0.0;
     }
-    if comptime!(format == Q4_0 || format == Q5_0) {
-        // [d, pad] (Q5_0: the fifth bits' word), then 16 bytes: value i's low nibble in byte
-        // i, value 16 + i's high one in byte i.
-        let nibbles = comptime!(if format == Q4_0 { 1 } else { 2 });
+    if comptime!(format == Q4_0 || format == Q5_0 || format == Q4_1 || format == Q5_1) {
+        // [d, pad] (Q4_1, Q5_1: [d, m]), Q5's fifth bits' word, then 16 bytes: value i's low
+        // nibble in byte i, value 16 + i's high one in byte i.
+        let five = comptime!(format == Q5_0 || format == Q5_1);
+        let nibbles = comptime!(if five { 2 } else { 1 });
         let shift = 4 * u32::cast_from(cc);
         let mut high = 0u32;
-        if comptime!(format == Q5_0) {
+        if comptime!(five) {
             high = w[base + 1] >> (16 * u32::cast_from(cc));
         }
         #[unroll]
@@ -621,25 +633,29 @@ fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] 
             for i in 0..4 {
                 let t = comptime!(4 * j + i);
                 let mut v = (byte_of(word, i) >> shift) & 0xf;
-                if comptime!(format == Q5_0) {
+                if comptime!(five) {
                     v |= ((high >> comptime!(t as u32)) & 1) << 4;
                 }
                 q[t] = f32::cast_from(v);
             }
         }
-        let offset = comptime!(if format == Q4_0 { 8.0f32 } else { 16.0f32 });
-        let d = half_to_f32(w[base]);
-        // d · (q − offset) as a · q − b would round differently: fold the offset into q.
-        #[unroll]
-        for t in 0..16 {
-            q[t] -= offset;
+        q[16] = half_to_f32(w[base]);
+        if comptime!(has_min(format)) {
+            q[17] = -half_to_f32(w[base] >> 16);
+        } else {
+            let offset = comptime!(if format == Q4_0 { 8.0f32 } else { 16.0f32 });
+            // d · (q − offset) as a · q − b would round differently: the offset goes into q.
+            #[unroll]
+            for t in 0..16 {
+                q[t] -= offset;
+            }
+            q[17] = 0.0;
         }
-        q[16] = d;
-        q[17] = 0.0;
     }
-    if comptime!(format == Q4_K) {
-        // [d | dmin], 12 bytes of 6-bit scales and mins, then 128 bytes of nibbles in four
-        // 32-byte parts: part j holds values 64j.. in its low nibbles, 64j + 32.. in its high.
+    if comptime!(format == Q4_K || format == Q5_K) {
+        // [d | dmin], 12 bytes of 6-bit scales and mins, (Q5_K: 32 bytes of fifth bits, bit g
+        // of byte i for value 32g + i,) then 128 bytes of nibbles in four 32-byte parts: part
+        // j holds values 64j.. in its low nibbles, 64j + 32.. in its high.
         let head = w[base];
         let g = cc / 2;
         // Group g < 4: bytes g and g + 4 hold its scale and min; g ≥ 4: byte g + 4 holds their
@@ -653,14 +669,25 @@ fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] 
             m = (low >> 4) | ((word_byte(w, scales, g) >> 6) << 4);
         }
         let (part, quarter) = (cc / 4, cc % 4);
-        let at = base + 4 + 8 * part + 4 * (quarter % 2);
+        let nibbles = comptime!(if format == Q5_K { 12 } else { 4 });
+        let at = base + nibbles + 8 * part + 4 * (quarter % 2);
         let shift = select(quarter >= 2, 4u32, 0u32);
+        let fifth_at = base + 4 + 4 * (cc % 2);
+        let fifth = u32::cast_from(g);
         #[unroll]
         for j in 0..4 {
             let word = w[at + j];
+            let mut top = 0u32;
+            if comptime!(format == Q5_K) {
+                top = w[fifth_at + j];
+            }
             #[unroll]
             for i in 0..4 {
-                q[4 * j + i] = f32::cast_from((byte_of(word, i) >> shift) & 0xf);
+                let mut v = (byte_of(word, i) >> shift) & 0xf;
+                if comptime!(format == Q5_K) {
+                    v |= ((byte_of(top, i) >> fifth) & 1) << 4;
+                }
+                q[4 * j + i] = f32::cast_from(v);
             }
         }
         q[16] = half_to_f32(head) * f32::cast_from(sc);
@@ -712,12 +739,12 @@ fn chunk_dot(
     for t in 0..16 {
         let v = xwt_input(x, row, k + t, k_len, norm, scale, pre);
         dot += q[t] * v;
-        if comptime!(format == Q4_K) {
+        if comptime!(has_min(format)) {
             sum += v;
         }
     }
     let mut y = q[16] * dot;
-    if comptime!(format == Q4_K) {
+    if comptime!(has_min(format)) {
         y -= q[17] * sum;
     }
     y

@@ -380,15 +380,17 @@ pub fn xwt_rope_kv(
     written.then(|| tensor(q))
 }
 
-/// The kernels' code for a quantized format they read.
-fn format(ty: QuantType) -> Option<u32> {
+/// The kernels' code for a quantized format.
+fn format(ty: QuantType) -> u32 {
     match ty {
-        QuantType::Q8_0 => Some(kernels::Q8_0),
-        QuantType::Q4_0 => Some(kernels::Q4_0),
-        QuantType::Q5_0 => Some(kernels::Q5_0),
-        QuantType::Q4K => Some(kernels::Q4_K),
-        QuantType::Q6K => Some(kernels::Q6_K),
-        _ => None,
+        QuantType::Q8_0 => kernels::Q8_0,
+        QuantType::Q4_0 => kernels::Q4_0,
+        QuantType::Q4_1 => kernels::Q4_1,
+        QuantType::Q5_0 => kernels::Q5_0,
+        QuantType::Q5_1 => kernels::Q5_1,
+        QuantType::Q4K => kernels::Q4_K,
+        QuantType::Q5K => kernels::Q5_K,
+        QuantType::Q6K => kernels::Q6_K,
     }
 }
 
@@ -402,7 +404,7 @@ fn block_parts(parts: &[DeviceRows], k: usize) -> Option<Vec<(u32, CubeTensor)>>
         .map(|part| {
             let words = part.words.clone().try_into_primitive::<Cube>().ok()?;
             let fits = part.k == k && words.dtype == DType::U32 && words.is_contiguous();
-            Some((format(part.ty)?, words)).filter(|_| fits)
+            Some((format(part.ty), words)).filter(|_| fits)
         })
         .collect()
 }
