@@ -202,32 +202,34 @@ pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device:
                 linear::packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, &bytes).map_err(packing)?))
             }
             _ => {
-                let values = src
-                    .data(name, DType::F32)?
-                    .try_into_vec::<f32>()
-                    .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?;
+                let values = f32_values(src, name)?;
                 linear::packed(Arc::new(PackedMatrix::quantize(q, rows, k, &values).map_err(packing)?))
             }
         },
         Storage::Blocks(q) => {
-            let part = match src.blocks(name) {
-                Some((stored, bytes)) if stored == q => upload_blocks(name, q, rows, k, &bytes, device)?,
-                _ => upload_blocks(name, q, rows, k, &quantized(src, name, q)?, device)?,
+            let bytes = match src.blocks(name) {
+                Some((stored, bytes)) if stored == q => bytes,
+                _ => Cow::Owned(quantized(src, name, q)?),
             };
-            linear::blocks(vec![part], blocks_dense(device))
+            linear::blocks(vec![upload_blocks(name, q, rows, k, &bytes, device)?], blocks_dense(device))
         }
     };
     src.done(name);
     Ok(weight)
 }
 
+/// Tensor `name`'s values as f32 (quantized ones dequantized).
+fn f32_values(src: &dyn TensorSource, name: &str) -> Result<Vec<f32>, LoadError> {
+    src.data(name, DType::F32)?
+        .try_into_vec::<f32>()
+        .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })
+}
+
 /// Tensor `name` quantized to `q` on the host (ggml's blocks).
 fn quantized(src: &dyn TensorSource, name: &str, q: QuantType) -> Result<Vec<u8>, LoadError> {
-    let bad = |reason: String| LoadError::Tensor { name: name.into(), reason };
-    let values =
-        src.data(name, DType::F32)?.try_into_vec::<f32>().map_err(|e| bad(format!("reading values: {e:?}")))?;
     let mut bytes = Vec::new();
-    quant::quantize(q, &values, &mut bytes).ok_or_else(|| bad(format!("{q} cannot be made at load")))?;
+    quant::quantize(q, &f32_values(src, name)?, &mut bytes)
+        .ok_or_else(|| LoadError::Tensor { name: name.into(), reason: format!("{q} cannot be made at load") })?;
     Ok(bytes)
 }
 
@@ -285,10 +287,7 @@ pub fn load_experts(
                 .map(|b| Ok(linear::packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, b).map_err(packing)?))))
                 .collect::<Result<Vec<_>, LoadError>>()?,
             _ => {
-                let values = src
-                    .data(name, DType::F32)?
-                    .try_into_vec::<f32>()
-                    .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?;
+                let values = f32_values(src, name)?;
                 values
                     .chunks_exact(rows * k)
                     .map(|v| Ok(linear::packed(Arc::new(PackedMatrix::quantize(q, rows, k, v).map_err(packing)?))))

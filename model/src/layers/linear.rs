@@ -518,33 +518,31 @@ pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &D
         }
         Matrix::Blocks(parts, dtype) => {
             let t = Tensor::from_data(data, (device, DType::F32));
-            let (mut start, mut ty) = (0, FALLBACK_QUANT);
-            for p in parts {
-                if (start..start + p.rows()).contains(&rows.start) {
-                    ty = p.ty;
-                }
-                start += p.rows();
-            }
-            let Some(new) = device_rows(t.clone(), ty) else {
+            // Each part's rows of the matrix.
+            let spans: Vec<Range<usize>> = parts
+                .iter()
+                .scan(0, |start, p| {
+                    *start += p.rows();
+                    Some(*start - p.rows()..*start)
+                })
+                .collect();
+            let first = spans.iter().position(|s| s.contains(&rows.start)).expect("replaced rows are in the matrix");
+            let Some(new) = device_rows(t.clone(), parts[first].ty) else {
                 let all = 0..w.dims()[1];
                 return dense(dense_of(w, dtype).slice_assign([rows, all], t.cast(FloatDType::from(dtype))));
             };
             // The parts' rows before and after `rows`, and the new part between them.
-            let (mut kept, mut start) = (Vec::new(), 0);
-            for p in parts {
-                let end = start + p.rows();
-                let before = start..end.min(rows.start);
-                let after = start.max(rows.end)..end;
-                if before.start == start && !before.is_empty() {
-                    kept.push(narrowed(p, 0..before.len()));
+            let mut kept = Vec::new();
+            for (i, (p, span)) in parts.iter().zip(&spans).enumerate() {
+                if rows.start > span.start {
+                    kept.push(narrowed(p, 0..span.end.min(rows.start) - span.start));
                 }
-                if (start..end).contains(&rows.start) {
+                if i == first {
                     kept.push(new.clone());
                 }
-                if !after.is_empty() {
-                    kept.push(narrowed(p, after.start - start..after.end - start));
+                if rows.end < span.end {
+                    kept.push(narrowed(p, rows.end.max(span.start) - span.start..span.len()));
                 }
-                start = end;
             }
             blocks(merged(kept), dtype)
         }

@@ -36,13 +36,17 @@ pub fn words(ty: QuantType, rows: usize, k: usize, bytes: &[u8]) -> Option<Vec<u
         return None;
     }
     let (at, pad) = padding(ty);
-    let mut padded = Vec::with_capacity(rows * row_words(ty, k) * 4);
+    let mut words = Vec::with_capacity(rows * row_words(ty, k));
+    // One block padded at a time (at most 212 bytes), not the whole matrix copied first.
+    let mut padded = Vec::with_capacity(block_words(ty) * 4);
     for block in bytes.chunks_exact(ty.block_bytes()) {
+        padded.clear();
         padded.extend_from_slice(&block[..at]);
         padded.extend(std::iter::repeat_n(0u8, pad));
         padded.extend_from_slice(&block[at..]);
+        words.extend(padded.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])));
     }
-    Some(padded.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect())
+    Some(words)
 }
 
 /// Rows of a quantized matrix on a device, all in one format: [rows, `row_words`] u32 words.

@@ -60,7 +60,7 @@ impl QuantType {
     }
 
     /// ggml's type id (`ggml_type`), as GGUF stores it.
-    pub fn ggml_id(self) -> u32 {
+    pub const fn ggml_id(self) -> u32 {
         match self {
             Self::Q4_0 => 2,
             Self::Q4_1 => 3,

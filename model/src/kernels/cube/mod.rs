@@ -2,8 +2,8 @@
 //! launches where Burn's ops took sixty: the few-row product with its input's norm or gate and
 //! its bias and residual (`xwt`; over quantized blocks, `xwt_q`), the q/k/v projection with RoPE
 //! and the KV write (`xwt_rope_kv`), cell attention (split and merged past 256 cells); quantized
-//! blocks dequantized (`dequantize`: prefill's products, embedding rows); and RMSNorm, SwiGLU, RoPE, the KV write and a scaled, masked softmax
-//! alone, for the paths those do not take. Like the CPU kernels beside them, each entry point
+//! blocks dequantized (`dequantize`: prefill's products, embedding rows); and RMSNorm, SwiGLU,
+//! RoPE, the KV write and a scaled, masked softmax alone, for the paths those do not take. Like the CPU kernels beside them, each entry point
 //! takes Burn tensors, runs only where they live on a CubeCL device (wgpu or CUDA) in f32 and in
 //! rows (not a matmul's storage tiles), and otherwise declines so the caller keeps the Burn ops.
 //! Built with Burn's `fusion`, the tensors are fusion handles and these kernels stand aside
@@ -380,19 +380,17 @@ pub fn xwt_rope_kv(
     written.then(|| tensor(q))
 }
 
-/// The kernels' code for a quantized format.
-fn format(ty: QuantType) -> u32 {
-    match ty {
-        QuantType::Q8_0 => kernels::Q8_0,
-        QuantType::Q4_0 => kernels::Q4_0,
-        QuantType::Q4_1 => kernels::Q4_1,
-        QuantType::Q5_0 => kernels::Q5_0,
-        QuantType::Q5_1 => kernels::Q5_1,
-        QuantType::Q4K => kernels::Q4_K,
-        QuantType::Q5K => kernels::Q5_K,
-        QuantType::Q6K => kernels::Q6_K,
-    }
-}
+// The kernels name a format by its ggml type id.
+const _: () = assert!(
+    QuantType::Q8_0.ggml_id() == kernels::Q8_0
+        && QuantType::Q4_0.ggml_id() == kernels::Q4_0
+        && QuantType::Q4_1.ggml_id() == kernels::Q4_1
+        && QuantType::Q5_0.ggml_id() == kernels::Q5_0
+        && QuantType::Q5_1.ggml_id() == kernels::Q5_1
+        && QuantType::Q4K.ggml_id() == kernels::Q4_K
+        && QuantType::Q5K.ggml_id() == kernels::Q5_K
+        && QuantType::Q6K.ggml_id() == kernels::Q6_K
+);
 
 /// Each part's format code and words as the kernels read them (rows of `k` values).
 fn block_parts(parts: &[DeviceRows], k: usize) -> Option<Vec<(u32, CubeTensor)>> {
@@ -404,7 +402,7 @@ fn block_parts(parts: &[DeviceRows], k: usize) -> Option<Vec<(u32, CubeTensor)>>
         .map(|part| {
             let words = part.words.clone().try_into_primitive::<Cube>().ok()?;
             let fits = part.k == k && words.dtype == DType::U32 && words.is_contiguous();
-            Some((format(part.ty), words)).filter(|_| fits)
+            Some((part.ty.ggml_id(), words)).filter(|_| fits)
         })
         .collect()
 }
