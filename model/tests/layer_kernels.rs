@@ -41,13 +41,14 @@ fn rounded(v: &[f32], dtype: burn::tensor::FloatDType, device: &Device) -> Vec<f
 }
 
 /// A layer's cache ([heads, capacity, d], as f32) after a write: the cell `slots[t]` of head h
-/// holds `new(t, h)` (within an f32 rounding), every other cell what it held before.
+/// holds `new(t, h)` (within `tol`, relative), every other cell what it held before.
 fn assert_cells(
     cache: &[f32],
     stored: &[f32],
     slots: &[usize],
     (heads, capacity, d): (usize, usize, usize),
     new: impl Fn(usize, usize) -> Vec<f32>,
+    tol: f32,
     what: &str,
 ) {
     for h in 0..heads {
@@ -59,7 +60,7 @@ fn assert_cells(
             };
             let got = &cache[at..at + d];
             assert!(
-                got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-6 * w.abs().max(1.0)),
+                got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= tol * w.abs().max(1.0)),
                 "{what} head {h} cell {cell}: {got:?} vs {want:?}"
             );
         }
@@ -379,55 +380,78 @@ fn kv_writes_land_in_their_cells() {
         let (kc, vc) = (host(kc.cast(FloatDType::F32)), host(vc.cast(FloatDType::F32)));
         let round = |v: &[f32]| rounded(v, dtype, &device);
         let layout = (kv_heads, capacity, d);
-        assert_cells(&kc, &stored, &slots, layout, |t, h| round(&k[(h * n + t) * d..][..d]), &format!("{dtype:?} k"));
-        assert_cells(&vc, &stored, &slots, layout, |t, h| round(&v[(h * n + t) * d..][..d]), &format!("{dtype:?} v"));
+        let (k_at, v_at) = (
+            |t: usize, h: usize| round(&k[(h * n + t) * d..][..d]),
+            |t: usize, h: usize| round(&v[(h * n + t) * d..][..d]),
+        );
+        assert_cells(&kc, &stored, &slots, layout, k_at, 1e-6, &format!("{dtype:?} k"));
+        assert_cells(&vc, &stored, &slots, layout, v_at, 1e-6, &format!("{dtype:?} v"));
     }
 }
 
 /// RoPE and the KV write as one GPU launch: q's heads come back rotated, k's rotated and v's
-/// as they were land in their cells, in the cache's type, the other cells unchanged; on the
-/// CPU it declines and writes nothing.
+/// as they were land in their cells, in the cache's type, the other cells unchanged; with
+/// per-head norms (Qwen3's), q's and k's heads normalised first. On the CPU it declines and
+/// writes nothing.
 #[test]
 fn rope_and_the_kv_write_in_one_launch() {
     use burn::tensor::{DType, FloatDType};
     use llaisys_model::kernels::{CellTable, rope_kv_write};
     use llaisys_model::kv::Placement;
     let (spec, device) = device();
-    let (heads, kv_heads, d, n, capacity) = (7, 1, 64, 3, 20);
+    let (n, capacity) = (3, 20);
     let positions = [4, 0, 300];
     let slots = vec![19, 2, 3];
-    let width = (heads + 2 * kv_heads) * d;
-    let x = values(n * width, 61, 2.0);
-    let rope = Rope::new(d, 10_000.0);
-    let tables = rope.tables(&positions, &device);
-    for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
-        if !device.supports_dtype(DType::from(dtype)) {
-            continue;
+    for (heads, kv_heads, d, normed) in [(7, 1, 64, false), (7, 1, 64, true), (4, 2, 128, true), (2, 2, 80, true)] {
+        let width = (heads + 2 * kv_heads) * d;
+        let x = values(n * width, 61, 2.0);
+        let rope = Rope::new(d, 10_000.0);
+        let tables = rope.tables(&positions, &device);
+        let norm = |seed| RmsNorm {
+            weight: Tensor::from_data(TensorData::new(values(d, seed, 1.5), [d]), &device),
+            eps: 1e-6,
+        };
+        let norms = normed.then(|| [norm(63), norm(64)]);
+        for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
+            if !device.supports_dtype(DType::from(dtype)) {
+                continue;
+            }
+            let what = format!("{heads}/{kv_heads} d {d}{}, {dtype:?}", if normed { " normed" } else { "" });
+            let old = values(kv_heads * capacity * d, 62, 1.0);
+            let cache =
+                || Tensor::<3>::from_data(TensorData::new(old.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
+            let stored = host(cache().cast(FloatDType::F32));
+            let mut caches = [cache(), cache()];
+            let cells = CellTable::new(Placement { cells: slots.clone() }, Vec::new(), &device);
+            let qkv = Tensor::<2>::from_data(TensorData::new(x.clone(), [n, width]), &device);
+            let qk = norms.as_ref().map(RmsNorm::qk);
+            let q = ran(spec, "rope_kv", || rope_kv_write(&qkv, heads, d, tables.stacked(), qk, &mut caches, &cells));
+            let [kc, vc] = caches.map(|c| host(c.cast(FloatDType::F32)));
+            if spec == DeviceSpec::Cpu {
+                assert!(q.is_none(), "the CPU rotates with its own kernel and writes by slice assignment");
+                assert_eq!((kc, vc), (stored.clone(), stored));
+                continue;
+            }
+            let q = host(q.unwrap_or_else(|| panic!("{what}: the RoPE + KV write kernel declined on {spec}")));
+            // The reference: the layer's own norms and rotation (checked above against f64) and
+            // the write.
+            let qk_rows = [0..heads * d, heads * d..(heads + kv_heads) * d];
+            let [q_rows, k_rows] = qk_rows;
+            let [want_q, want_k, want_v] = Rope::apply_qk(qkv, q_rows, k_rows, &tables, norms.as_ref()).map(host);
+            assert_close(&q, &want_q.iter().map(|&v| v as f64).collect::<Vec<_>>(), 1e-5, &format!("{what}: q"));
+            let round = |v: &[f32]| rounded(v, dtype, &device);
+            let layout = (kv_heads, capacity, d);
+            let row = |new: &[f32], t: usize, h: usize| round(&new[(t * kv_heads + h) * d..][..d]);
+            // Normalised heads may round either way in a 16-bit cache: one step of its type.
+            let tol = match dtype {
+                _ if !normed => 1e-6,
+                FloatDType::F16 => 1e-3,
+                FloatDType::BF16 => 8e-3,
+                _ => 1e-5,
+            };
+            assert_cells(&kc, &stored, &slots, layout, |t, h| row(&want_k, t, h), tol, &format!("{what}: k"));
+            assert_cells(&vc, &stored, &slots, layout, |t, h| row(&want_v, t, h), tol, &format!("{what}: v"));
         }
-        let old = values(kv_heads * capacity * d, 62, 1.0);
-        let cache =
-            || Tensor::<3>::from_data(TensorData::new(old.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
-        let stored = host(cache().cast(FloatDType::F32));
-        let mut caches = [cache(), cache()];
-        let cells = CellTable::new(Placement { cells: slots.clone() }, Vec::new(), &device);
-        let qkv = Tensor::<2>::from_data(TensorData::new(x.clone(), [n, width]), &device);
-        let q = ran(spec, "rope_kv", || rope_kv_write(&qkv, heads, d, tables.stacked(), &mut caches, &cells));
-        let [kc, vc] = caches.map(|c| host(c.cast(FloatDType::F32)));
-        if spec == DeviceSpec::Cpu {
-            assert!(q.is_none(), "the CPU rotates with its own kernel and writes by slice assignment");
-            assert_eq!((kc, vc), (stored.clone(), stored));
-            continue;
-        }
-        let q = host(q.unwrap_or_else(|| panic!("the RoPE + KV write kernel declined on {spec}")));
-        // The reference: the layer's own rotation (checked above against f64) and the write.
-        let [want_q, want_k, want_v] =
-            Rope::apply_qk(qkv, 0..heads * d, heads * d..(heads + kv_heads) * d, &tables, None).map(host);
-        assert_close(&q, &want_q.iter().map(|&v| v as f64).collect::<Vec<_>>(), 1e-6, "q");
-        let round = |v: &[f32]| rounded(v, dtype, &device);
-        let layout = (kv_heads, capacity, d);
-        let row = |new: &[f32], t: usize, h: usize| round(&new[(t * kv_heads + h) * d..][..d]);
-        assert_cells(&kc, &stored, &slots, layout, |t, h| row(&want_k, t, h), &format!("{dtype:?} k"));
-        assert_cells(&vc, &stored, &slots, layout, |t, h| row(&want_v, t, h), &format!("{dtype:?} v"));
     }
 }
 
@@ -440,19 +464,11 @@ fn rope_and_the_kv_write_in_one_launch() {
 #[test]
 fn the_projection_rope_and_kv_write_in_one_launch() {
     use burn::tensor::{DType, FloatDType};
-    use llaisys_model::kernels::{CellTable, project_rope_kv_write, rope_kv_write};
-    use llaisys_model::kv::Placement;
     use llaisys_model::layers::{Linear, linear};
     let (spec, device) = device();
-    let (k, capacity) = (300, 20);
-    let g = values(k, 71, 1.5);
-    let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(g, [k]), &device), eps: 1e-6 };
+    let k = 300;
     for (heads, kv_heads, d, slots) in [(7, 1, 64, vec![19, 2, 3, 7]), (2, 2, 128, vec![5])] {
-        let n = slots.len();
         let width = (heads + 2 * kv_heads) * d;
-        let positions: Vec<i64> = [4, 0, 300, 17][..n].to_vec();
-        let tables = Rope::new(d, 10_000.0).tables(&positions, &device);
-        let x = Tensor::<2>::from_data(TensorData::new(values(n * k, 72, 2.0), [n, k]), &device);
         let w = values(width * k, 73, 0.5);
         let b = values(width, 74, 1.0);
         for (dtype, tol) in [(FloatDType::F32, 1e-5), (FloatDType::F16, 1e-2), (FloatDType::BF16, 3e-2)] {
@@ -465,53 +481,140 @@ fn the_projection_rope_and_kv_write_in_one_launch() {
                 ),
                 bias: Some(Tensor::from_data(TensorData::new(b.clone(), [width]), &device)),
             };
-            let dense = match qkv.weight.matrix() {
-                linear::Matrix::Dense(w) => w.clone(),
-                _ => unreachable!("a dense weight"),
-            };
-            let old = values(kv_heads * capacity * d, 75, 1.0);
-            let cache =
-                || Tensor::<3>::from_data(TensorData::new(old.clone(), [kv_heads, capacity, d]), &device).cast(dtype);
-            let stored = host(cache().cast(FloatDType::F32));
-            let cells = CellTable::new(Placement { cells: slots.clone() }, Vec::new(), &device);
-            let mut fused = [cache(), cache()];
-            let q = ran(spec, "xwt_rope_kv", || {
-                project_rope_kv_write(
-                    &x,
-                    norm.pre(),
-                    &dense,
-                    qkv.bias.as_ref(),
-                    heads,
-                    d,
-                    tables.stacked(),
-                    &mut fused,
-                    &cells,
-                )
-            });
-            let [kc, vc] = fused.map(|c| host(c.cast(FloatDType::F32)));
-            if spec == DeviceSpec::Cpu {
-                assert!(q.is_none(), "the CPU projects, rotates and writes apart");
-                assert_eq!((kc, vc), (stored.clone(), stored));
-                continue;
-            }
-            let q = host(q.unwrap_or_else(|| panic!("the projection + RoPE + KV write kernel declined on {spec}")));
-            let mut apart = [cache(), cache()];
-            let projected = qkv.forward_with(x.clone(), norm.pre(), None);
-            let want_q = host(rope_kv_write(&projected, heads, d, tables.stacked(), &mut apart, &cells).unwrap());
-            let [want_k, want_v] = apart.map(|c| host(c.cast(FloatDType::F32)));
-            let what = format!("{heads}/{kv_heads} d {d}, {n} rows, {dtype:?}");
-            let wide = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
-            assert_close(&q, &wide(&want_q), 1e-5, &format!("{what}: q"));
-            assert_close(&kc, &wide(&want_k), tol, &format!("{what}: keys"));
-            assert_close(&vc, &wide(&want_v), tol, &format!("{what}: values"));
-            // The cells no row writes keep what they held.
-            for (at, (&k, &s)) in kc.iter().zip(&stored).enumerate() {
-                if !slots.contains(&(at / d % capacity)) {
-                    assert_eq!(k, s, "{what}: key {at} changed");
-                }
+            let what = format!("{heads}/{kv_heads} d {d}, {} rows, {dtype:?}", slots.len());
+            let fused =
+                projected_apart_and_fused(spec, &device, &qkv, (heads, kv_heads, d), &slots, dtype, "xwt_rope_kv");
+            if let Some(([q, kc, vc], [want_q, want_k, want_v])) = fused {
+                let wide = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
+                assert_close(&q, &wide(&want_q), 1e-5, &format!("{what}: q"));
+                assert_close(&kc, &wide(&want_k), tol, &format!("{what}: keys"));
+                assert_close(&vc, &wide(&want_v), tol, &format!("{what}: values"));
             }
         }
     }
+}
+
+/// The fused projection of [`the_projection_rope_and_kv_write_in_one_launch`] over a quantized
+/// weight read in its blocks (a launch a part, each whole heads): Q4_K's q and k with Q6_K's v
+/// (as in Q4_K_M files), Q8_0 alone, against `xwt_q`'s projection and the RoPE + KV write
+/// apart. A part that splits a head is declined, nothing written.
+#[test]
+fn a_quantized_projection_rope_and_kv_write_in_one_launch() {
+    use burn::tensor::FloatDType;
+    use llaisys_model::kernels::{CellTable, project_rope_kv_write};
+    use llaisys_model::kv::Placement;
+    use llaisys_model::layers::{Linear, Pre, linear};
+    use llaisys_model::quant::QuantType;
+    use llaisys_model::quant::device::DeviceRows;
+    let (spec, device) = device();
+    if !blocks_run(spec, &device) {
+        return;
+    }
+    let k = 256;
+    let parts = |shape: &[(QuantType, usize)], seed: u32| {
+        let parts = shape.iter().enumerate().map(|(p, &(ty, rows))| {
+            let (bytes, _) = random_blocks(ty, rows, k, seed + p as u32);
+            linear::blocks(vec![DeviceRows::upload(ty, rows, k, &bytes, &device).unwrap()], DType::F32)
+        });
+        linear::stack(parts.collect())
+    };
+    for (heads, kv_heads, d, shape) in [
+        (7, 1, 64, vec![(QuantType::Q4K, 8 * 64), (QuantType::Q6K, 64)]),
+        (2, 2, 128, vec![(QuantType::Q8_0, 6 * 128)]),
+    ] {
+        let width = (heads + 2 * kv_heads) * d;
+        let qkv = Linear {
+            weight: parts(&shape, 500 + d as u32),
+            bias: Some(Tensor::from_data(TensorData::new(values(width, 74, 1.0), [width]), &device)),
+        };
+        let slots = vec![19, 2, 3, 7];
+        let what = format!("{heads}/{kv_heads} d {d}, {}", qkv.weight.describe());
+        let (got, want) = projected_apart_and_fused(
+            spec,
+            &device,
+            &qkv,
+            (heads, kv_heads, d),
+            &slots,
+            FloatDType::F32,
+            "xwt_rope_kv_q",
+        )
+        .unwrap_or_else(|| panic!("{what}: declined"));
+        for ((got, want), part) in got.iter().zip(&want).zip(["q", "keys", "values"]) {
+            let wide: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+            assert_close(got, &wide, 1e-5, &format!("{what}: {part}"));
+        }
+    }
+    // Parts of 96 rows split the heads of 64: declined, the caches as they were.
+    let (heads, kv_heads, d) = (1, 1, 64);
+    let qkv = parts(&[(QuantType::Q8_0, 96), (QuantType::Q4_0, 96)], 600);
+    let x = Tensor::<2>::from_data(TensorData::new(values(k, 72, 2.0), [1, k]), &device);
+    let tables = Rope::new(d, 10_000.0).tables(&[3], &device);
+    let cache =
+        || Tensor::<3>::from_data(TensorData::new(values(kv_heads * 20 * d, 75, 1.0), [kv_heads, 20, d]), &device);
+    let mut caches = [cache(), cache()];
+    let cells = CellTable::new(Placement { cells: vec![4] }, Vec::new(), &device);
+    let gpu = qkv.matrix().gpu().unwrap();
+    let q = project_rope_kv_write(&x, Pre::Plain, gpu, None, heads, d, tables.stacked(), &mut caches, &cells);
+    assert!(q.is_none(), "parts that split a head are declined");
+    assert_eq!(caches.map(host), [cache(), cache()].map(host), "a declined launch writes nothing");
+}
+
+/// q, a layer's keys and its values, as f32.
+type QKeysValues = [Vec<f32>; 3];
+
+/// The q/k/v projection `qkv` of a row per slot after an RMSNorm, with RoPE and the
+/// KV write, on the device under test: fused into one launch (`kernel`, checked to run), and
+/// apart (the layer's product, then the RoPE + KV write): `Some(([q, keys, values] fused, the
+/// same apart))` as f32, with the cells no row writes checked unchanged; `None` on the CPU,
+/// where the fused kernel declines (and is checked to write nothing).
+fn projected_apart_and_fused(
+    spec: DeviceSpec,
+    device: &Device,
+    qkv: &llaisys_model::layers::Linear,
+    (heads, kv_heads, d): (usize, usize, usize),
+    slots: &[usize],
+    dtype: burn::tensor::FloatDType,
+    kernel: &str,
+) -> Option<(QKeysValues, QKeysValues)> {
+    use burn::tensor::FloatDType;
+    use llaisys_model::kernels::{CellTable, project_rope_kv_write, rope_kv_write};
+    use llaisys_model::kv::Placement;
+    let [width, k] = qkv.weight.dims();
+    let capacity = 20;
+    let n = slots.len();
+    let g = values(k, 71, 1.5);
+    let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(g, [k]), device), eps: 1e-6 };
+    let positions: Vec<i64> = [4, 0, 300, 17][..n].to_vec();
+    let tables = Rope::new(d, 10_000.0).tables(&positions, device);
+    let x = Tensor::<2>::from_data(TensorData::new(values(n * k, 72, 2.0), [n, k]), device);
+    assert_eq!(width, (heads + 2 * kv_heads) * d);
+    let old = values(kv_heads * capacity * d, 75, 1.0);
+    let cache = || Tensor::<3>::from_data(TensorData::new(old.clone(), [kv_heads, capacity, d]), device).cast(dtype);
+    let stored = host(cache().cast(FloatDType::F32));
+    let cells = CellTable::new(Placement { cells: slots.to_vec() }, Vec::new(), device);
+    let mut fused = [cache(), cache()];
+    let gpu = qkv.weight.matrix().gpu().expect("a weight the GPU reads");
+    let q = ran(spec, kernel, || {
+        project_rope_kv_write(&x, norm.pre(), gpu, qkv.bias.as_ref(), heads, d, tables.stacked(), &mut fused, &cells)
+    });
+    let [kc, vc] = fused.map(|c| host(c.cast(FloatDType::F32)));
+    if spec == DeviceSpec::Cpu {
+        assert!(q.is_none(), "the CPU projects, rotates and writes apart");
+        assert_eq!((kc, vc), (stored.clone(), stored));
+        return None;
+    }
+    let q = host(q?);
+    let mut apart = [cache(), cache()];
+    let projected = qkv.forward_with(x, norm.pre(), None);
+    let want_q = host(rope_kv_write(&projected, heads, d, tables.stacked(), None, &mut apart, &cells).unwrap());
+    let [want_k, want_v] = apart.map(|c| host(c.cast(FloatDType::F32)));
+    // The cells no row writes keep what they held.
+    for (at, (&k, &s)) in kc.iter().zip(&stored).enumerate() {
+        if !slots.contains(&(at / d % capacity)) {
+            assert_eq!(k, s, "key {at} changed");
+        }
+    }
+    Some(([q, kc, vc], [want_q, want_k, want_v]))
 }
 
 /// A `rows` × `k` matrix of random ggml blocks of `ty` whose scales are small and of either

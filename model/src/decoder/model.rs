@@ -14,8 +14,7 @@ use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
-use crate::layers::linear::Matrix;
-use crate::layers::{Linear, Pre, Rope, attention};
+use crate::layers::{Linear, Pre, RmsNorm, Rope, attention};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
@@ -229,11 +228,13 @@ impl Decoder {
             if abort() {
                 return Err(DecodeError::Aborted);
             }
-            // On a GPU (without per-head norms): a decode step's projection, RoPE and KV write in
-            // one kernel; else the projection, then RoPE and the KV write in one kernel; else apart.
-            let gpu_rope = w.qk_norm.is_none() && cells.on_gpu();
-            let projected = match w.qkv.weight.matrix() {
-                Matrix::Dense(m) if gpu_rope => {
+            // On a GPU: a decode step's projection, RoPE and KV write in one kernel (without
+            // per-head norms, which need a head's whole projection); else the projection, then the
+            // norms, RoPE and the KV write in one kernel; else apart.
+            let on_gpu = cells.on_gpu();
+            let norms = w.qk_norm.as_ref().map(RmsNorm::qk);
+            let projected = match w.qkv.weight.matrix().gpu() {
+                Some(m) if on_gpu && norms.is_none() => {
                     let (pre, bias) = (w.attn_norm.pre(), w.qkv.bias.as_ref());
                     cache.project_rotated(l, &cells, &x, pre, m, bias, heads, tables.stacked())
                 }
@@ -243,7 +244,7 @@ impl Decoder {
                 Some(q) => q,
                 None => {
                     let qkv = w.qkv.forward_with(x.clone(), w.attn_norm.pre(), None); // [n, (heads + 2 · kv_heads) · hd]
-                    let rotated = gpu_rope.then(|| cache.write_rotated(l, &cells, &qkv, heads, tables.stacked()));
+                    let rotated = on_gpu.then(|| cache.write_rotated(l, &cells, &qkv, heads, tables.stacked(), norms));
                     rotated.flatten().unwrap_or_else(|| {
                         let [q, k, v] =
                             Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());

@@ -78,6 +78,7 @@ pub(crate) mod gpu {
         _: usize,
         _: usize,
         _: &Tensor<3>,
+        _: Option<super::QkNorms<'_>>,
         _: &mut [Tensor<3>; 2],
         _: &Tensor<1, Int>,
     ) -> Option<Tensor<2>> {
@@ -109,7 +110,7 @@ pub(crate) mod gpu {
     pub fn xwt_rope_kv(
         _: &Tensor<2>,
         _: super::Pre<'_>,
-        _: &Tensor<2>,
+        _: super::GpuWeight<'_>,
         _: Option<&Tensor<1>>,
         _: usize,
         _: usize,
@@ -345,42 +346,65 @@ pub fn kv_write(caches: &mut [Tensor<3>; 2], new: [&Tensor<3>; 2], cells: &CellT
     cells.on_gpu() && gpu::kv_write(caches, new, cells.slots())
 }
 
+/// Per-head RMSNorms (Qwen3's q and k norms): q's and k's \[head_dim\] weights, and epsilon.
+pub type QkNorms<'a> = ([&'a Tensor<1>; 2], f64);
+
 /// RoPE and the KV write as one GPU launch: q's heads rotated (returned), k's rotated and v's
-/// copied into their cells of a layer's cache, in place, from the stacked q/k/v projection;
-/// `None`, nothing written, where it declines (the CPU: its kernel rotates, slice assignments
-/// write).
+/// copied into their cells of a layer's cache, in place, from the stacked q/k/v projection, with
+/// `norms` q's and k's heads RMS-normalised first; `None`, nothing written, where it declines
+/// (the CPU: its kernel rotates, slice assignments write).
 ///
 /// # Shapes
-/// qkv: [n, (heads + 2 · kv_heads) · d] f32, tables: [2, n, d/2] f32 (cos, sin), caches:
-/// [kv_heads, capacity, d] each → q: [n, heads · d] f32
+/// qkv: [n, (heads + 2 · kv_heads) · d] f32, tables: [2, n, d/2] f32 (cos, sin), norms: \[d\]
+/// f32 each, caches: [kv_heads, capacity, d] each → q: [n, heads · d] f32
 pub fn rope_kv_write(
     qkv: &Tensor<2>,
     heads: usize,
     d: usize,
     tables: &Tensor<3>,
+    norms: Option<QkNorms<'_>>,
     caches: &mut [Tensor<3>; 2],
     cells: &CellTable,
 ) -> Option<Tensor<2>> {
     if !cells.on_gpu() {
         return None;
     }
-    gpu::rope_kv(qkv, heads, d, tables, caches, cells.slots())
+    gpu::rope_kv(qkv, heads, d, tables, norms, caches, cells.slots())
+}
+
+/// A weight as the GPU's few-row products read it.
+#[derive(Clone, Copy)]
+pub enum GpuWeight<'a> {
+    /// f32, f16 or bf16 rows.
+    Dense(&'a Tensor<2>),
+    /// Quantized blocks (`quant::device`), in parts stacked in order.
+    Blocks(&'a [DeviceRows]),
+}
+
+impl GpuWeight<'_> {
+    /// [rows, values a row]; `None` for blocks without parts.
+    pub fn dims(&self) -> Option<[usize; 2]> {
+        match self {
+            Self::Dense(w) => Some(w.dims()),
+            Self::Blocks(parts) => Some([parts.iter().map(DeviceRows::rows).sum(), parts.first()?.k]),
+        }
+    }
 }
 
 /// The stacked q/k/v projection of a decode step's few rows (its norm and bias applied) with
-/// RoPE and the KV write, as one GPU launch: q's heads rotated (returned), k's rotated and v's
-/// copied into their cells of a layer's cache, in place; `None`, nothing written, where it
-/// declines (the CPU, more than four rows, a quantized weight: the caller projects, then
+/// RoPE and the KV write, as one GPU launch (a quantized weight: one a part): q's heads rotated
+/// (returned), k's rotated and v's copied into their cells of a layer's cache, in place; `None`,
+/// nothing written, where it declines (the CPU, more than four rows: the caller projects, then
 /// [`rope_kv_write`]).
 ///
 /// # Shapes
-/// x: [n, k] f32, w: [(heads + 2 · kv_heads) · d, k] dense, bias: that many f32, tables:
-/// [2, n, d/2] f32 (cos, sin), caches: [kv_heads, capacity, d] each → q: [n, heads · d] f32
+/// x: [n, k] f32, w: [(heads + 2 · kv_heads) · d, k], bias: that many f32, tables: [2, n, d/2]
+/// f32 (cos, sin), caches: [kv_heads, capacity, d] each → q: [n, heads · d] f32
 #[allow(clippy::too_many_arguments)]
 pub fn project_rope_kv_write(
     x: &Tensor<2>,
     pre: Pre<'_>,
-    w: &Tensor<2>,
+    w: GpuWeight<'_>,
     bias: Option<&Tensor<1>>,
     heads: usize,
     d: usize,
@@ -391,11 +415,12 @@ pub fn project_rope_kv_write(
     if !cells.on_gpu() {
         return None;
     }
-    let q = gpu::xwt_rope_kv(x, pre, w, bias, heads, d, tables, caches, cells.slots());
-    if q.is_some() {
-        KernelCall::CubeXwt.count();
+    let q = gpu::xwt_rope_kv(x, pre, w, bias, heads, d, tables, caches, cells.slots())?;
+    match w {
+        GpuWeight::Dense(_) => KernelCall::CubeXwt.count(),
+        GpuWeight::Blocks(_) => KernelCall::CubeXwtQ.count(),
     }
-    q
+    Some(q)
 }
 
 /// Attention of each row over only the cells it sees: the CPU kernel on the Flex backend, the
@@ -487,7 +512,7 @@ pub fn rope_qk(
     k: Range<usize>,
     d: usize,
     (cos, sin): (&[f32], &[f32]),
-    norms: Option<([&Tensor<1>; 2], f64)>,
+    norms: Option<QkNorms<'_>>,
 ) -> Option<Tensor<2>> {
     let [n, width] = qkv.dims();
     if qkv.dtype() != DType::F32 {

@@ -8,7 +8,7 @@ use half::f16;
 
 use super::cells::{KvCells, Pos, PosRange, SeqId, SeqSet};
 use crate::error::KvError;
-use crate::kernels::{self, CellTable, Pre, kv_q8};
+use crate::kernels::{self, CellTable, GpuWeight, Pre, QkNorms, kv_q8};
 
 /// The shape of what a model caches per token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,8 +213,9 @@ impl KvCache {
 
     /// RoPE and the write of `layer`'s keys and values in one GPU launch, from the stacked q/k/v
     /// projection `qkv` ([n, (heads + 2 · kv_heads) · head_dim]; `tables` [2, n, head_dim/2] cos
-    /// and sin): q's heads rotated, [n, heads · head_dim]; `None`, nothing written, where the
-    /// kernel declines (the caller rotates and calls [`Self::write`]).
+    /// and sin), with `norms` q's and k's heads normalised first: q's heads rotated, [n, heads ·
+    /// head_dim]; `None`, nothing written, where the kernel declines (the caller rotates and
+    /// calls [`Self::write`]).
     pub(crate) fn write_rotated(
         &mut self,
         layer: usize,
@@ -222,17 +223,18 @@ impl KvCache {
         qkv: &Tensor<2>,
         heads: usize,
         tables: &Tensor<3>,
+        norms: Option<QkNorms<'_>>,
     ) -> Option<Tensor<2>> {
         if self.dtype == KvDtype::Q8_0 {
             return None;
         }
         let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
-        let q = kernels::rope_kv_write(qkv, heads, self.layout.head_dim, tables, &mut caches, cells);
+        let q = kernels::rope_kv_write(qkv, heads, self.layout.head_dim, tables, norms, &mut caches, cells);
         [self.keys[layer], self.values[layer]] = caches;
         q
     }
 
-    /// The q/k/v projection of `x` by the dense weight `w` (after `pre`, plus `bias`), RoPE and
+    /// The q/k/v projection of `x` by the weight `w` (after `pre`, plus `bias`), RoPE and
     /// the write of `layer`'s keys and values in one GPU launch: q's heads rotated, [n, heads ·
     /// head_dim]; `None`, nothing written, where the kernel declines (more rows than a decode
     /// step's: the caller projects, then [`Self::write_rotated`]).
@@ -243,7 +245,7 @@ impl KvCache {
         cells: &CellTable,
         x: &Tensor<2>,
         pre: Pre<'_>,
-        w: &Tensor<2>,
+        w: GpuWeight<'_>,
         bias: Option<&Tensor<1>>,
         heads: usize,
         tables: &Tensor<3>,

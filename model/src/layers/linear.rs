@@ -81,6 +81,17 @@ pub enum Matrix<'a> {
     Blocks(&'a [DeviceRows], DType),
 }
 
+impl<'a> Matrix<'a> {
+    /// This matrix as the GPU's few-row products read it; `None` for the CPU's packed blocks.
+    pub fn gpu(self) -> Option<kernels::GpuWeight<'a>> {
+        match self {
+            Matrix::Dense(w) => Some(kernels::GpuWeight::Dense(w)),
+            Matrix::Blocks(parts, _) => Some(kernels::GpuWeight::Blocks(parts)),
+            Matrix::Packed(_) => None,
+        }
+    }
+}
+
 /// A dense matrix's weight for its device: the CPU kernels on the CPU backend, Burn's ops
 /// elsewhere.
 pub fn dense(w: Tensor<2>) -> Weight {

@@ -27,6 +27,12 @@ impl RmsNorm {
         crate::kernels::Pre::Norm { weight: &self.weight, eps: self.eps }
     }
 
+    /// q's and k's per-head norms as the kernels take them.
+    pub fn qk(norms: &[RmsNorm; 2]) -> crate::kernels::QkNorms<'_> {
+        let [q, k] = norms;
+        ([&q.weight, &k.weight], q.eps)
+    }
+
     /// Per-head norms (Qwen3's q and k norms): the heads in each of `parts`' column ranges of
     /// `x` normalised by that part's norm (weight \[head_dim\]); the other columns unchanged.
     ///

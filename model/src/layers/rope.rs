@@ -170,7 +170,7 @@ impl Rope {
     ) -> [Tensor<2>; 3] {
         assert!(q.start == 0 && q.end == k.start, "apply_qk: q's heads come first, then k's");
         let d = 2 * t.shape[2];
-        let weights = norms.map(|[nq, nk]| ([&nq.weight, &nk.weight], nq.eps));
+        let weights = norms.map(RmsNorm::qk);
         let (qk, v) = match crate::kernels::rope_qk(&qkv, q.clone(), k.clone(), d, (&t.cos, &t.sin), weights) {
             Some(y) => (y.clone().narrow(1, 0, k.end), y),
             None => (Self::apply_qk_ops(qkv.clone(), q.clone(), k.clone(), t, norms), qkv),

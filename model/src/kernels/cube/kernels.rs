@@ -501,29 +501,69 @@ pub fn xwt_rope_kv<W: Float, C: Float>(
     #[comptime] has_bias: bool,
     #[comptime] d: usize,
 ) {
+    let (head, i, o) = rope_pair(d);
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    xwt_column(x, w, norm, shared.clone(), o, eps, rows, pre);
+    if pair_owner() && head * d + i < w.shape(0) {
+        rotate_columns(shared, bias, tables, q_out, k_cache, v_cache, slots, head, i, rows, has_bias, d);
+    }
+}
+
+/// This unit's rotary pair in [`xwt_rope_kv`]'s layout (each cube's [`XWT_OUTS`] columns four
+/// pairs: column i of a head in group g < 4, column i + d/2 in group g + 4): its head, i, and
+/// the column its group computes.
+#[cube]
+fn rope_pair(#[comptime] d: usize) -> (usize, usize, usize) {
     let half = comptime!(d / 2);
     let pairs_per_cube = comptime!(XWT_OUTS / 2);
-    let unit = UNIT_POS as usize;
-    let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
+    let group = UNIT_POS as usize / XWT_LANES;
     let pair = CUBE_POS * pairs_per_cube + group % pairs_per_cube;
     let (head, i) = (pair / half, pair % half);
     let lo = head * d + i;
-    let o = select(group < pairs_per_cube, lo, lo + half);
-    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    xwt_column(x, w, norm, shared.clone(), o, eps, rows, pre);
-    if lane == 0 && group < pairs_per_cube && lo < w.shape(0) {
-        let partner = unit + pairs_per_cube * XWT_LANES;
-        #[unroll]
-        for r in 0..rows {
-            let mut x1 = shared[r * XWT_UNITS + unit];
-            let mut x2 = shared[r * XWT_UNITS + partner];
-            if comptime!(has_bias) {
-                x1 += bias[lo * bias.stride(0)];
-                x2 += bias[(lo + half) * bias.stride(0)];
-            }
-            let slot = usize::cast_from(slots[r * slots.stride(0)]);
-            rotate_store(x1, x2, r, head, i, slot, tables, q_out, k_cache, v_cache, d);
+    (head, i, select(group < pairs_per_cube, lo, lo + half))
+}
+
+/// Whether this unit stores its pair ([`rope_pair`]): the first lane of a group of the first
+/// half, which holds column i and reads column i + d/2 from its partner.
+#[cube]
+fn pair_owner() -> bool {
+    let unit = UNIT_POS as usize;
+    let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
+    lane == 0 && group < comptime!(XWT_OUTS / 2)
+}
+
+/// The rotary pair (i, i + d/2) of head `head` of every row from the sums a product left in
+/// `shared` ([`xwt_rope_kv`]'s layout: this unit's group holds column i, the group
+/// `XWT_OUTS / 2` further on column i + d/2), plus their bias, stored by [`rotate_store`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn rotate_columns<C: Float>(
+    shared: Shared<[f32]>,
+    bias: &Tensor<f32>,
+    tables: &Tensor<f32>,
+    q_out: &mut Tensor<f32>,
+    k_cache: &mut Tensor<C>,
+    v_cache: &mut Tensor<C>,
+    slots: &Tensor<i32>,
+    head: usize,
+    i: usize,
+    #[comptime] rows: usize,
+    #[comptime] has_bias: bool,
+    #[comptime] d: usize,
+) {
+    let unit = UNIT_POS as usize;
+    let partner = unit + comptime!(XWT_OUTS / 2) * XWT_LANES;
+    let lo = head * d + i;
+    #[unroll]
+    for r in 0..rows {
+        let mut x1 = shared[r * XWT_UNITS + unit];
+        let mut x2 = shared[r * XWT_UNITS + partner];
+        if comptime!(has_bias) {
+            x1 += bias[lo * bias.stride(0)];
+            x2 += bias[(lo + comptime!(d / 2)) * bias.stride(0)];
         }
+        let slot = usize::cast_from(slots[r * slots.stride(0)]);
+        rotate_store(x1, x2, r, head, i, slot, tables, q_out, k_cache, v_cache, d);
     }
 }
 
@@ -750,34 +790,23 @@ fn chunk_dot(
     y
 }
 
-/// [`xwt`] over a quantized weight read in its blocks ([`chunk`]: each lane decodes 16 values
-/// at a time, its group's 32 lanes reading adjacent chunks of one weight row), for one part of
-/// a stacked matrix: its columns are the output's from `col0` (the bias's and residual's too).
-///
-/// x: [rows, k] (any strides; [rows, 2k] with `PRE_SWIGLU`), w: [part rows, words a row],
-/// norm, bias, residual, out: as [`xwt`]'s (out: [rows, all outputs]).
-#[cube(launch)]
+/// [`xwt_column`] over a quantized weight read in its blocks ([`chunk`]: each lane decodes 16
+/// values at a time, its group's 32 lanes reading adjacent chunks of weight row `o`).
+#[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn xwt_q(
+fn xwt_q_column(
     x: &Tensor<f32>,
     w: &Tensor<u32>,
     norm: &Tensor<f32>,
-    bias: &Tensor<f32>,
-    residual: &Tensor<f32>,
-    out: &mut Tensor<f32>,
+    shared: Shared<[f32]>,
+    o: usize,
     eps: f32,
-    col0: usize,
     #[comptime] rows: usize,
     #[comptime] pre: u32,
-    #[comptime] has_bias: bool,
-    #[comptime] has_residual: bool,
     #[comptime] format: u32,
 ) {
-    let unit = UNIT_POS as usize;
-    let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
-    let o = CUBE_POS * XWT_OUTS + group;
+    let lane = UNIT_POS as usize % XWT_LANES;
     let k_len = if comptime!(pre == PRE_SWIGLU) { x.shape(1) / 2 } else { x.shape(1) };
-    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
     let (s0, s1, s2, s3) = norm_scales(x, shared.clone(), k_len, eps, rows, pre);
     let chunks = select(o < w.shape(0), k_len / CHUNK, 0);
     let mut q = Array::<f32>::new(18usize);
@@ -801,9 +830,72 @@ pub fn xwt_q(
         }
         c += XWT_LANES;
     }
-    reduce_rows(shared.clone(), a0, a1, a2, a3, rows, XWT_UNITS, XWT_LANES);
+    reduce_rows(shared, a0, a1, a2, a3, rows, XWT_UNITS, XWT_LANES);
+}
+
+/// [`xwt`] over a quantized weight read in its blocks ([`xwt_q_column`]), for one part of a
+/// stacked matrix: its columns are the output's from `col0` (the bias's and residual's too).
+///
+/// x: [rows, k] (any strides; [rows, 2k] with `PRE_SWIGLU`), w: [part rows, words a row],
+/// norm, bias, residual, out: as [`xwt`]'s (out: [rows, all outputs]).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt_q(
+    x: &Tensor<f32>,
+    w: &Tensor<u32>,
+    norm: &Tensor<f32>,
+    bias: &Tensor<f32>,
+    residual: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    eps: f32,
+    col0: usize,
+    #[comptime] rows: usize,
+    #[comptime] pre: u32,
+    #[comptime] has_bias: bool,
+    #[comptime] has_residual: bool,
+    #[comptime] format: u32,
+) {
+    let unit = UNIT_POS as usize;
+    let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
+    let o = CUBE_POS * XWT_OUTS + group;
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    xwt_q_column(x, w, norm, shared.clone(), o, eps, rows, pre, format);
     if lane == 0 && o < w.shape(0) {
         store_column(shared, bias, residual, out, col0 + o, rows, has_bias, has_residual);
+    }
+}
+
+/// [`xwt_rope_kv`] over one part of a quantized q/k/v matrix read in its blocks
+/// ([`xwt_q_column`]): the part's rows are whole heads, from head `head0` of the stack (a part
+/// a launch, each rotating and storing its heads).
+///
+/// x: [rows, k] (any strides), w: [part rows, words a row], the rest as [`xwt_rope_kv`]'s (bias
+/// over the whole stack).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt_rope_kv_q<C: Float>(
+    x: &Tensor<f32>,
+    w: &Tensor<u32>,
+    norm: &Tensor<f32>,
+    bias: &Tensor<f32>,
+    tables: &Tensor<f32>,
+    q_out: &mut Tensor<f32>,
+    k_cache: &mut Tensor<C>,
+    v_cache: &mut Tensor<C>,
+    slots: &Tensor<i32>,
+    eps: f32,
+    head0: usize,
+    #[comptime] rows: usize,
+    #[comptime] pre: u32,
+    #[comptime] has_bias: bool,
+    #[comptime] d: usize,
+    #[comptime] format: u32,
+) {
+    let (head, i, o) = rope_pair(d);
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    xwt_q_column(x, w, norm, shared.clone(), o, eps, rows, pre, format);
+    if pair_owner() && head * d + i < w.shape(0) {
+        rotate_columns(shared, bias, tables, q_out, k_cache, v_cache, slots, head0 + head, i, rows, has_bias, d);
     }
 }
 
@@ -1020,35 +1112,64 @@ pub fn kv_write<C: Float>(
 }
 
 /// The rotary embedding of q's heads into `q_out` and of k's heads into their cells of a layer's
-/// cache, and v's heads copied into theirs, from the stacked q/k/v projection: one unit per pair
-/// of values (a rotated pair, or two of v's). `cache[h, slots[t], i]`, in the cache's type.
+/// cache, and v's heads copied into theirs, from the stacked q/k/v projection: one cube per head
+/// of a row, unit i of its `units` (d/2 rounded up to a power of two) the pair (i, i + d/2).
+/// With `normed`, q's and k's heads are first normalised by RMSNorm over the head (weights
+/// `q_norm`, `k_norm`: Qwen3's per-head norms), the cube reducing each head's squares.
+/// `cache[h, slots[t], i]`, in the cache's type.
 ///
 /// qkv: [n, (heads + 2 · kv_heads) · d] (any strides; q's heads, k's, v's), tables: [2, n, d/2]
-/// (cos, sin), q_out: [n, heads · d] contiguous, k_cache, v_cache: [kv_heads, capacity, d],
-/// slots: \[n\].
+/// (cos, sin), q_norm, k_norm: \[d\] (read with `normed`), q_out: [n, heads · d] contiguous,
+/// k_cache, v_cache: [kv_heads, capacity, d], slots: \[n\].
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv<C: Float>(
     qkv: &Tensor<f32>,
     tables: &Tensor<f32>,
+    q_norm: &Tensor<f32>,
+    k_norm: &Tensor<f32>,
     q_out: &mut Tensor<f32>,
     k_cache: &mut Tensor<C>,
     v_cache: &mut Tensor<C>,
     slots: &Tensor<i32>,
+    eps: f32,
     #[comptime] d: usize,
+    #[comptime] units: usize,
+    #[comptime] normed: bool,
 ) {
-    let half = d / 2;
+    let half = comptime!(d / 2);
     let heads = q_out.shape(1) / d;
     let kv_heads = k_cache.shape(0);
-    let pairs = (heads + 2 * kv_heads) * half;
-    let at = ABSOLUTE_POS;
-    if at < qkv.shape(0) * pairs {
-        let (row, pair) = (at / pairs, at % pairs);
-        let (head, i) = (pair / half, pair % half);
-        let base = row * qkv.stride(0);
-        let lo = head * d + i;
-        let x1 = qkv[base + lo * qkv.stride(1)];
-        let x2 = qkv[base + (lo + half) * qkv.stride(1)];
+    let per_row = heads + 2 * kv_heads;
+    if CUBE_POS >= qkv.shape(0) * per_row {
+        terminate!();
+    }
+    let (row, head) = (CUBE_POS / per_row, CUBE_POS % per_row);
+    let i = UNIT_POS as usize;
+    let live = i < half;
+    let base = row * qkv.stride(0);
+    let lo = head * d + i;
+    let mut x1 = 0.0f32;
+    let mut x2 = 0.0f32;
+    if live {
+        x1 = qkv[base + lo * qkv.stride(1)];
+        x2 = qkv[base + (lo + half) * qkv.stride(1)];
+    }
+    if comptime!(normed) {
+        let shared = Shared::<[f32]>::new_slice(units);
+        let total = cube_reduce(shared, x1 * x1 + x2 * x2, units, false);
+        if live && head < heads + kv_heads {
+            let scale = 1.0f32 / (total / f32::cast_from(d) + eps).sqrt();
+            if head < heads {
+                x1 = x1 * scale * q_norm[i * q_norm.stride(0)];
+                x2 = x2 * scale * q_norm[(i + half) * q_norm.stride(0)];
+            } else {
+                x1 = x1 * scale * k_norm[i * k_norm.stride(0)];
+                x2 = x2 * scale * k_norm[(i + half) * k_norm.stride(0)];
+            }
+        }
+    }
+    if live {
         let slot = usize::cast_from(slots[row * slots.stride(0)]);
         rotate_store(x1, x2, row, head, i, slot, tables, q_out, k_cache, v_cache, d);
     }

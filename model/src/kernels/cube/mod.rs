@@ -1,7 +1,8 @@
 //! GPU kernels for the CubeCL backends (issue 31), so that a dense layer's decode step is five
 //! launches where Burn's ops took sixty: the few-row product with its input's norm or gate and
 //! its bias and residual (`xwt`; over quantized blocks, `xwt_q`), the q/k/v projection with RoPE
-//! and the KV write (`xwt_rope_kv`), cell attention (split and merged past 256 cells); quantized
+//! and the KV write (`xwt_rope_kv`, `xwt_rope_kv_q`; with per-head q/k norms, the projection
+//! then `rope_kv`), cell attention (split and merged past 256 cells); quantized
 //! blocks dequantized (`dequantize`: prefill's products, embedding rows); and RMSNorm, SwiGLU,
 //! RoPE, the KV write and a scaled, masked softmax alone, for the paths those do not take. Like the CPU kernels beside them, each entry point
 //! takes Burn tensors, runs only where they live on a CubeCL device (wgpu or CUDA) in f32 and in
@@ -20,7 +21,7 @@ use burn::tensor::{DType, Int, Shape, Tensor};
 
 use kernels::ROW_UNITS;
 
-use super::Pre;
+use super::{GpuWeight, Pre, QkNorms};
 use crate::quant::QuantType;
 use crate::quant::device::DeviceRows;
 
@@ -98,6 +99,9 @@ fn cubes(count: usize, units: usize) -> (CubeCount, CubeDim) {
     let (x, y) = (count.min(65_535), count.div_ceil(65_535));
     (CubeCount::Static(x, y, 1), CubeDim::new_1d(units as u32))
 }
+
+/// The most units a cube may have on every device (wgpu's default limit).
+const MAX_UNITS: usize = 256;
 
 /// One cube of [`ROW_UNITS`] units per row.
 fn per_row(rows: usize) -> (CubeCount, CubeDim) {
@@ -306,19 +310,21 @@ pub fn xwt(
 
 /// The stacked q/k/v projection of a few rows (a decode step), its norm and bias applied, with
 /// RoPE and the KV write in the same launch: q's heads rotated (returned), k's rotated and v's
-/// copied into their cells of a layer's cache, in place ([`in_place`]). `None`, nothing
-/// written, where it declines (what [`Product::new`] declines, a cache type the device does not
-/// read, a shape it does not take).
+/// copied into their cells of a layer's cache, in place ([`in_place`]). A quantized weight takes
+/// a launch a part, each part whole heads. `None`, nothing written, where it declines (what
+/// [`Product::new`] declines, a cache type the device does not read, a shape it does not take,
+/// a part that splits a head).
 ///
 /// # Shapes
-/// - x: [n ≤ 4, k] f32; w: [(heads + 2 · kv_heads) · d, k] f32, f16 or bf16; bias: that many f32
+/// - x: [n ≤ 4, k] f32; w: [(heads + 2 · kv_heads) · d, k] f32, f16, bf16 or blocks; bias: that
+///   many f32
 /// - tables: [2, n, d/2] f32 (cos, sin); caches: [kv_heads, capacity, d] each; slots: \[n\] i32
 /// - returns q: [n, heads · d] f32
 #[allow(clippy::too_many_arguments)]
 pub fn xwt_rope_kv(
     x: &Tensor<2>,
     pre: Pre<'_>,
-    w: &Tensor<2>,
+    w: GpuWeight<'_>,
     bias: Option<&Tensor<1>>,
     heads: usize,
     d: usize,
@@ -327,54 +333,100 @@ pub fn xwt_rope_kv(
     slots: &Tensor<1, Int>,
 ) -> Option<Tensor<2>> {
     let [n, _] = x.dims();
-    let [width, _] = w.dims();
     let [kv_heads, _, cd] = caches[0].dims();
-    if d < 2 || !d.is_multiple_of(2) || cd != d || width != (heads + 2 * kv_heads) * d {
+    let width = (heads + 2 * kv_heads) * d;
+    let [outs, k] = w.dims()?;
+    if d < 2 || !d.is_multiple_of(2) || cd != d || outs != width {
         return None;
     }
     if tables.dims() != [2, n, d / 2] || slots.dims() != [n] {
         return None;
     }
-    let p = Product::new(x, pre, w.dims(), bias)?;
-    let w = p.weight(w)?;
+    let p = Product::new(x, pre, [outs, k], bias)?;
+    /// The weight as the kernels read it.
+    enum Source {
+        Dense(Box<CubeTensor>),
+        Blocks(Vec<(u32, CubeTensor)>),
+    }
+    let source = match w {
+        GpuWeight::Dense(w) => Source::Dense(Box::new(p.weight(w)?)),
+        GpuWeight::Blocks(parts) if parts.iter().all(|part| part.rows().is_multiple_of(d)) => {
+            Source::Blocks(block_parts(parts, k)?)
+        }
+        GpuWeight::Blocks(_) => return None,
+    };
     let tables = cube(tables)?;
     let slots = slots.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
     let q = empty(&p.x, [n, heads * d]);
     let pairs_per_cube = kernels::XWT_OUTS / 2;
-    let (count, dim) = cubes((width / 2).div_ceil(pairs_per_cube), kernels::XWT_UNITS);
-    let written = in_place(caches, |kc, vc| {
-        let w_dtype = w.dtype;
-        let args = (p.x.into_tensor_arg(), w.into_tensor_arg(), p.norm.into_tensor_arg(), p.bias.into_tensor_arg());
-        // The weight's type, then the cache's.
-        macro_rules! launch {
-            ($w:ty) => {
+    let written = in_place(caches, |kc, vc| match source {
+        Source::Dense(w) => {
+            let (count, dim) = cubes((width / 2).div_ceil(pairs_per_cube), kernels::XWT_UNITS);
+            let w_dtype = w.dtype;
+            let args =
+                (p.x.into_tensor_arg(), (*w).into_tensor_arg(), p.norm.into_tensor_arg(), p.bias.into_tensor_arg());
+            // The weight's type, then the cache's.
+            macro_rules! launch {
+                ($w:ty) => {
+                    launch_in!(
+                        kc.dtype,
+                        kernels::xwt_rope_kv[$w],
+                        &kc.client,
+                        count,
+                        dim,
+                        args.0,
+                        args.1,
+                        args.2,
+                        args.3,
+                        tables.into_tensor_arg(),
+                        q.clone().into_tensor_arg(),
+                        kc.clone().into_tensor_arg(),
+                        vc.clone().into_tensor_arg(),
+                        slots.into_tensor_arg(),
+                        p.eps,
+                        n,
+                        p.code,
+                        p.has_bias,
+                        d,
+                    )
+                };
+            }
+            match w_dtype {
+                DType::F16 => launch!(half::f16),
+                DType::BF16 => launch!(half::bf16),
+                _ => launch!(f32),
+            }
+        }
+        Source::Blocks(parts) => {
+            let mut head0 = 0;
+            for (format, words) in parts {
+                let rows = words.meta.shape()[0];
+                let (count, dim) = cubes((rows / 2).div_ceil(pairs_per_cube), kernels::XWT_UNITS);
                 launch_in!(
                     kc.dtype,
-                    kernels::xwt_rope_kv[$w],
+                    kernels::xwt_rope_kv_q,
                     &kc.client,
                     count,
                     dim,
-                    args.0,
-                    args.1,
-                    args.2,
-                    args.3,
-                    tables.into_tensor_arg(),
+                    p.x.clone().into_tensor_arg(),
+                    words.into_tensor_arg(),
+                    p.norm.clone().into_tensor_arg(),
+                    p.bias.clone().into_tensor_arg(),
+                    tables.clone().into_tensor_arg(),
                     q.clone().into_tensor_arg(),
                     kc.clone().into_tensor_arg(),
                     vc.clone().into_tensor_arg(),
-                    slots.into_tensor_arg(),
+                    slots.clone().into_tensor_arg(),
                     p.eps,
+                    head0,
                     n,
                     p.code,
                     p.has_bias,
                     d,
-                )
-            };
-        }
-        match w_dtype {
-            DType::F16 => launch!(half::f16),
-            DType::BF16 => launch!(half::bf16),
-            _ => launch!(f32),
+                    format,
+                );
+                head0 += rows / d;
+            }
         }
     });
     written.then(|| tensor(q))
@@ -638,11 +690,12 @@ pub fn kv_write(caches: &mut [Tensor<3>; 2], new: [&Tensor<3>; 2], slots: &Tenso
 
 /// q's heads rotated, and k's rotated and v's copied into their cells of a layer's cache (in
 /// place, [`in_place`]), from the stacked q/k/v projection: one launch for RoPE and the KV
-/// write. `None`, nothing written, where it declines.
+/// write, with `norms` q's and k's heads RMS-normalised first (Qwen3's per-head norms). `None`,
+/// nothing written, where it declines.
 ///
 /// # Shapes
 /// - qkv: [n, (heads + 2 · kv_heads) · d] f32 (q's heads, k's, v's)
-/// - tables: [2, n, d/2] f32 (cos, sin)
+/// - tables: [2, n, d/2] f32 (cos, sin); norms: \[d\] f32 each
 /// - caches: [kv_heads, capacity, d] each; slots: \[n\] i32
 /// - returns q: [n, heads · d] f32
 pub fn rope_kv(
@@ -650,12 +703,15 @@ pub fn rope_kv(
     heads: usize,
     d: usize,
     tables: &Tensor<3>,
+    norms: Option<QkNorms<'_>>,
     caches: &mut [Tensor<3>; 2],
     slots: &Tensor<1, Int>,
 ) -> Option<Tensor<2>> {
     let [n, width] = qkv.dims();
     let [kv_heads, _, cd] = caches[0].dims();
-    if d == 0 || !d.is_multiple_of(2) || cd != d || width != (heads + 2 * kv_heads) * d {
+    // A cube's units take a head's pairs.
+    let units = (d / 2).next_power_of_two();
+    if d == 0 || !d.is_multiple_of(2) || cd != d || width != (heads + 2 * kv_heads) * d || units > MAX_UNITS {
         return None;
     }
     if tables.dims() != [2, n, d / 2] || slots.dims() != [n] {
@@ -663,8 +719,13 @@ pub fn rope_kv(
     }
     let (x, tables) = (cube(qkv)?, cube(tables)?);
     let slots = slots.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
+    let (normed, [q_norm, k_norm], eps) = match norms {
+        Some(([qn, kn], _)) if qn.dims() != [d] || kn.dims() != [d] => return None,
+        Some(([qn, kn], eps)) => (true, [cube(qn)?, cube(kn)?], eps as f32),
+        None => (false, [x.clone(), x.clone()], 0.0),
+    };
     let q = empty(&x, [n, heads * d]);
-    let (count, dim) = elementwise(n * width / 2);
+    let (count, dim) = cubes(n * (heads + 2 * kv_heads), units);
     let written = in_place(caches, |kt, vt| {
         launch_in!(
             kt.dtype,
@@ -674,11 +735,16 @@ pub fn rope_kv(
             dim,
             x.into_tensor_arg(),
             tables.into_tensor_arg(),
+            q_norm.into_tensor_arg(),
+            k_norm.into_tensor_arg(),
             q.clone().into_tensor_arg(),
             kt.clone().into_tensor_arg(),
             vt.clone().into_tensor_arg(),
             slots.into_tensor_arg(),
+            eps,
             d,
+            units,
+            normed,
         )
     });
     written.then(|| tensor(q))
