@@ -23,6 +23,25 @@ impl Launches {
     pub fn time(&self) -> Duration {
         self.by_kernel.values().map(|(_, t)| *t).sum()
     }
+    /// Adds `other`'s launches and times to these.
+    pub fn add(&mut self, other: Launches) {
+        for (kernel, (n, t)) in other.by_kernel {
+            let e = self.by_kernel.entry(kernel).or_default();
+            e.0 += n;
+            e.1 += t;
+        }
+    }
+    /// Takes `other`'s launches and times from these (down to none), dropping the kernels left
+    /// with no launch: what a measured window launched beyond a part of it measured apart.
+    pub fn subtract(&mut self, other: &Launches) {
+        for (kernel, (n, t)) in &other.by_kernel {
+            if let Some(e) = self.by_kernel.get_mut(kernel) {
+                e.0 = e.0.saturating_sub(*n);
+                e.1 = e.1.saturating_sub(*t);
+            }
+        }
+        self.by_kernel.retain(|_, (n, _)| *n > 0);
+    }
     /// Kernels by device time, then by launches, most first.
     pub fn ranked(&self) -> Vec<(&str, u64, Duration)> {
         let mut rows: Vec<_> = self.by_kernel.iter().map(|(k, &(n, t))| (k.as_str(), n, t)).collect();
@@ -107,4 +126,27 @@ impl Watch {
 #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
 pub fn watch(_timed: bool) -> Option<Watch> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launches(rows: &[(&str, u64)]) -> Launches {
+        Launches { by_kernel: rows.iter().map(|&(k, n)| (k.to_string(), (n, Duration::from_micros(n)))).collect() }
+    }
+
+    /// A window's launches less a part of it measured apart (bench's decode steps without their
+    /// prompt's prefill): each kernel's count and time taken down to none, the kernels the part
+    /// alone launched dropped; runs added kernel by kernel.
+    #[test]
+    fn windows_add_and_subtract_by_kernel() {
+        let mut total = launches(&[("Xwt", 10), ("Matmul", 3)]);
+        total.add(launches(&[("Xwt", 5), ("Rope", 2)]));
+        assert_eq!(total.total(), 20);
+        total.subtract(&launches(&[("Matmul", 3), ("Rope", 1), ("Dequantize", 4)]));
+        let mut rows = total.ranked();
+        rows.sort();
+        assert_eq!(rows, [("Rope", 1, Duration::from_micros(1)), ("Xwt", 15, Duration::from_micros(15))]);
+    }
 }

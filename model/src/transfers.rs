@@ -26,6 +26,28 @@ pub struct Transfers {
     pub readback_bytes: u64,
 }
 
+impl Transfers {
+    /// These and `other`'s, added.
+    pub fn plus(self, other: Transfers) -> Transfers {
+        Transfers {
+            uploads: self.uploads + other.uploads,
+            upload_bytes: self.upload_bytes + other.upload_bytes,
+            readbacks: self.readbacks + other.readbacks,
+            readback_bytes: self.readback_bytes + other.readback_bytes,
+        }
+    }
+    /// These less `other`'s (down to none): what a measured window moved beyond a part of it
+    /// measured apart.
+    pub fn minus(self, other: Transfers) -> Transfers {
+        Transfers {
+            uploads: self.uploads.saturating_sub(other.uploads),
+            upload_bytes: self.upload_bytes.saturating_sub(other.upload_bytes),
+            readbacks: self.readbacks.saturating_sub(other.readbacks),
+            readback_bytes: self.readback_bytes.saturating_sub(other.readback_bytes),
+        }
+    }
+}
+
 /// The transfers counted so far, and resets the counts.
 pub fn take() -> Transfers {
     let swap = |c: &AtomicU64| c.swap(0, Ordering::Relaxed);

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use llaisys_actors::request::FinishReason;
 use llaisys_actors::speculative::SpeculativeConfig;
 use llaisys_actors::{ChatRequest, Constraint, Engine, EngineConfig, Event, GenerateParams, GenerateRequest, Guidance};
+use llaisys_model::transfers::Transfers;
 use llaisys_model::{DeviceSpec, KvDtype, WeightDtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -235,17 +236,38 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     let decode_prompt = chat_prompt.as_ref().map_or(args.decode_prompt, |(p, _)| p.len());
     if only("decode") && fits(decode_prompt, args.decode_tokens) {
         let (mut speeds, mut itls) = (Vec::new(), Vec::new());
-        // GPU backends count every kernel the runtime launches (None on a CPU-only build).
+        // GPU backends count every kernel the runtime launches (None on a CPU-only build). A
+        // run's first token comes from its prompt's prefill: each run is preceded by a prefill
+        // alone of a prompt as long (one token), whose launches and transfers are taken from
+        // the run's, so that what is reported is its decode steps'.
         let watch = if engine_on_gpu { llaisys_model::launches::watch(args.kernel_times) } else { None };
-        llaisys_model::transfers::take();
+        let (mut launched, mut moved) = (llaisys_model::launches::Launches::default(), Transfers::default());
         let mut steps = 0;
         for _ in 0..args.runs {
+            let mut prefill = None;
+            if let Some(watch) = &watch {
+                watch.take();
+                llaisys_model::transfers::take();
+                match &chat_prompt {
+                    Some((p, params)) => {
+                        timed(&engine, p.clone(), GenerateParams { max_tokens: 1, ..params.clone() }).await?
+                    }
+                    None => run_one(&engine, prompt(args.decode_prompt), 1, &Guidance::default()).await?,
+                };
+                prefill = Some((watch.take(), llaisys_model::transfers::take()));
+            }
             let t = match &chat_prompt {
                 Some((p, params)) => timed(&engine, p.clone(), params.clone()).await?,
                 None => run_one(&engine, prompt(args.decode_prompt), args.decode_tokens, &Guidance::default()).await?,
             };
+            if let (Some(watch), Some((prefill_launches, prefill_moved))) = (&watch, prefill) {
+                let mut run = watch.take();
+                run.subtract(&prefill_launches);
+                launched.add(run);
+                moved = moved.plus(llaisys_model::transfers::take().minus(prefill_moved));
+            }
             let decode_time: Duration = t.gaps.iter().sum();
-            steps += t.tokens;
+            steps += t.gaps.len();
             speeds.push(t.gaps.len() as f64 / decode_time.as_secs_f64().max(1e-9));
             itls.push(ms(decode_time) / t.gaps.len().max(1) as f64);
         }
@@ -257,9 +279,9 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         };
         println!("{label:<34} {speed:>12.1} {:>12} {itl:>12.1}", "");
         report.insert("decode_tok_s".into(), json!(round(speed)));
-        if let Some(watch) = watch {
-            report.insert("launches".into(), launch_report(&watch.take(), steps, args.kernel_times));
-            report.insert("transfers".into(), transfer_report(&llaisys_model::transfers::take(), steps));
+        if watch.is_some() {
+            report.insert("launches".into(), launch_report(&launched, steps, args.kernel_times));
+            report.insert("transfers".into(), transfer_report(&moved, steps));
         }
     }
 
@@ -536,8 +558,8 @@ fn launch_report(launches: &llaisys_model::launches::Launches, steps: usize, tim
     json!({ "per_step": round(per_step(total as f64)), "steps": steps, "timed": timed, "top": rows })
 }
 
-/// The decode measurement's host↔device transfers per step, printed and as JSON (the prefill of
-/// each run's prompt is among them, spread over its steps).
+/// The decode measurement's host↔device transfers per step (its prompts' prefills taken out),
+/// printed and as JSON.
 fn transfer_report(moved: &llaisys_model::transfers::Transfers, steps: usize) -> serde_json::Value {
     let per_step = |n: u64| n as f64 / steps.max(1) as f64;
     let (up, down) = (per_step(moved.uploads), per_step(moved.readbacks));
