@@ -211,7 +211,7 @@ pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device:
                 Some((stored, bytes)) if stored == q => bytes,
                 _ => Cow::Owned(quantized(src, name, q)?),
             };
-            linear::blocks(vec![upload_blocks(name, q, rows, k, &bytes, device)?], blocks_dense(device))
+            linear::blocks(upload_blocks(name, q, rows, k, &bytes, device)?, blocks_dense(device))
         }
     };
     src.done(name);
@@ -241,8 +241,10 @@ fn upload_blocks(
     k: usize,
     bytes: &[u8],
     device: &Device,
-) -> Result<DeviceRows, LoadError> {
-    DeviceRows::upload(q, rows, k, bytes, device).ok_or_else(|| LoadError::Tensor {
+) -> Result<Vec<DeviceRows>, LoadError> {
+    // A matrix larger than the device's largest buffer goes in parts.
+    let per_part = quant::device::part_rows(q, k, blocks_dense(device).size(), kernels::buffer_limit(device));
+    DeviceRows::upload_parts(q, rows, k, bytes, per_part, device).ok_or_else(|| LoadError::Tensor {
         name: name.into(),
         reason: format!("{} bytes are not {rows} rows of {k} values in {q}", bytes.len()),
     })
@@ -301,7 +303,7 @@ pub fn load_experts(
             };
             split(&bytes)
                 .iter()
-                .map(|b| Ok(linear::blocks(vec![upload_blocks(name, q, rows, k, b, device)?], blocks_dense(device))))
+                .map(|b| Ok(linear::blocks(upload_blocks(name, q, rows, k, b, device)?, blocks_dense(device))))
                 .collect::<Result<Vec<_>, LoadError>>()?
         }
     };

@@ -707,6 +707,12 @@ fn quantized_rows_dequantize_as_ggml_does() {
     let want = want.concat();
     let all: Vec<u32> = (0..47).collect();
     close(&host(stacked.rows(&all, &device)), &want, "stacked rows");
+    // Rows of every part, out of order and repeated: each from the part that holds it, in one
+    // launch a part.
+    let ids = [46u32, 0, 30, 17, 46, 5, 21];
+    let got = ran(spec, "dequantize", || host(stacked.rows(&ids, &device)));
+    let picked: Vec<f32> = ids.iter().flat_map(|&r| want[r as usize * k..(r as usize + 1) * k].to_vec()).collect();
+    close(&got, &picked, "rows of stacked parts");
 
     // Rows replaced (a weight slot's update): the Q6_K part's rows 3..7 requantized to Q8_0 (no
     // K-quant is made at load), the parts around them as they were.

@@ -216,3 +216,36 @@ fn quantized_ggufs_match_the_reference_over_their_dequantized_weights() {
         assert!(product_calls() > before, "no product read its blocks");
     }
 }
+
+/// The demo model's GGUF (`LLAISYS_TEST_MODEL`) on the device under test, as the file stores
+/// it: its prompt's rows all at once (on a GPU, prefill's products over dequantized weights; the
+/// embedding and output matrix, 544 MB as f32, a product a part where the device's buffers are
+/// smaller, as llvmpipe's 128 MiB are) agree with the last row decoded alone (a decode step's
+/// products over the blocks), and the greedy token is the same. On llvmpipe the two agree within
+/// f32 rounding; on the CPU, whose many-row and few-row kernels round activations apart, within
+/// its int8 noise.
+#[test]
+#[ignore = "needs the demo model: scripts/test-demo-model.sh (the CPU) and scripts/test-wgpu.sh (llvmpipe) run it"]
+fn the_demo_model_prefill_rows_agree_with_a_decode_step() {
+    let spec = test_device().parse::<DeviceSpec>().unwrap();
+    let path = std::path::PathBuf::from(llaisys_tests::demo_model());
+    let model = load_model(None, Some(&ModelSource::Gguf(path)), &LoadOptions::default(), &device()).unwrap();
+    let prompt = [785u32, 6722, 315, 9625, 374, 12095, 13];
+    let mut ctx = Context::with_kv_dtype(model, 64, KvDtype::F32);
+    // The prompt in sequence `seq`: the last row's logits.
+    let mut decode = |seq: u32, outputs: bool| {
+        let mut batch = Batch::new();
+        for (i, &t) in prompt.iter().enumerate() {
+            batch.push(t, i as i64, &[seq], outputs || i + 1 == prompt.len());
+        }
+        ctx.decode(&batch).unwrap();
+        ctx.outputs().logits_ith(prompt.len() - 1).unwrap().to_vec()
+    };
+    let (all_rows, last_row) = (decode(0, true), decode(1, false));
+    let range = last_row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v.abs()));
+    let diff = max_abs_diff(&all_rows, &last_row);
+    let tol = if spec == DeviceSpec::Cpu { 0.02 } else { 1e-4 };
+    eprintln!("{spec}: the last row's logits, all rows against it alone: {diff} of {range}");
+    assert!(diff <= tol * range, "{spec}: {diff} apart, over {tol} of the logits' range {range}");
+    assert_eq!(llaisys_model::argmax(&all_rows), llaisys_model::argmax(&last_row));
+}

@@ -84,6 +84,9 @@ pub(crate) mod gpu {
     ) -> Option<Tensor<2>> {
         None
     }
+    pub fn buffer_limit(_: &burn::tensor::Device) -> Option<u64> {
+        None
+    }
     pub const BUILT: bool = false;
     pub fn enabled() -> bool {
         false
@@ -597,6 +600,22 @@ pub fn blocks_run_on(device: &Device) -> bool {
     GPU_KERNELS && *device != Device::flex() && gpu::enabled()
 }
 
+/// The largest buffer `device` allocates, in bytes: a GPU's (asked of its runtime once per
+/// device), `u64::MAX` for the CPU or where the runtime does not say.
+pub fn buffer_limit(device: &Device) -> u64 {
+    static LIMITS: std::sync::Mutex<Vec<(Device, u64)>> = std::sync::Mutex::new(Vec::new());
+    if *device == Device::flex() {
+        return u64::MAX;
+    }
+    let mut limits = LIMITS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, limit)) = limits.iter().find(|(d, _)| d == device) {
+        return *limit;
+    }
+    let limit = gpu::buffer_limit(device).unwrap_or(u64::MAX);
+    limits.push((device.clone(), limit));
+    limit
+}
+
 /// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step) with a quantized weight on a GPU,
 /// read in its blocks (`quant::device`): one launch a part of the stacked matrix.
 ///
@@ -615,7 +634,7 @@ pub fn gpu_xwt_q(
 }
 
 /// A quantized matrix on a GPU as floats of `dtype` (f32, f16 or bf16), dequantized there: all
-/// its rows (the parts stacked), or with `ids` (i32) those rows of a one-part matrix.
+/// its rows (the parts stacked), or with `ids` (i32) those rows (each from the part that holds it).
 ///
 /// # Shapes
 /// parts: rows of k values, ids: \[n\] → [rows or n, k]

@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::slice;
 use std::sync::Arc;
 
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
@@ -15,7 +16,7 @@ use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use super::{RmsNorm, swiglu};
 pub use crate::kernels::Pre;
 use crate::kernels::{self, GemmIsa, KernelCall};
-use crate::quant::device::DeviceRows;
+use crate::quant::device::{DeviceRows, part_rows};
 use crate::quant::{self, PackedMatrix, QuantType};
 
 /// A weight matrix [out, in] (the checkpoint's layout) and how it multiplies. Clones share the
@@ -406,8 +407,17 @@ impl LinearWeight for Blocks {
             return y;
         }
         KernelCall::Burn.count();
-        let w = dequantized(&self.parts, self.dense);
-        add_residual(add_bias(burn_product(pre.apply(x), w, false), bias), residual)
+        let x = pre.apply(x);
+        let [rows, k] = self.dims();
+        let y = if (rows * k * self.dense.size()) as u64 <= kernels::buffer_limit(&x.device()) {
+            burn_product(x, dequantized(&self.parts, self.dense), false)
+        } else {
+            // Dequantized whole, the matrix would not fit one buffer: a product a part.
+            let parts =
+                self.parts.iter().map(|p| burn_product(x.clone(), dequantized(slice::from_ref(p), self.dense), false));
+            Tensor::cat(parts.collect(), 1)
+        };
+        add_residual(add_bias(y, bias), residual)
     }
 
     fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2> {
@@ -417,7 +427,7 @@ impl LinearWeight for Blocks {
         if let Some(rows) = kernels::gpu_dequantize(&self.parts, self.k(), Some(&ids), DType::F32) {
             return rows;
         }
-        // Stacked parts: gathered from the whole matrix.
+        // Where the kernel declines: gathered from the whole matrix.
         dequantized(&self.parts, DType::F32).select(0, ids)
     }
 
@@ -473,7 +483,7 @@ pub fn stack(weights: Vec<Weight>) -> Weight {
             .collect::<Option<Vec<_>>>()
             .map(|parts| parts.concat());
         return match parts {
-            Some(parts) => blocks(merged(parts), dtype),
+            Some(parts) => blocks(merged(parts, dtype), dtype),
             // A dense part whose rows are not whole Q8_0 blocks: all of it dense.
             None => self::dense(Tensor::cat(weights.iter().map(|w| dense_of(w, dtype)).collect(), 0)),
         };
@@ -555,7 +565,7 @@ pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &D
                     kept.push(narrowed(p, rows.end.max(span.start) - span.start..span.len()));
                 }
             }
-            blocks(merged(kept), dtype)
+            blocks(merged(kept, dtype), dtype)
         }
     }
 }
@@ -565,12 +575,19 @@ fn narrowed(p: &DeviceRows, range: Range<usize>) -> DeviceRows {
     DeviceRows { words: p.words.clone().narrow(0, range.start, range.len()), ..p.clone() }
 }
 
-/// Adjacent parts of one format as one (one launch each in a product).
-fn merged(parts: Vec<DeviceRows>) -> Vec<DeviceRows> {
+/// Adjacent parts of one format as one (one launch each in a product), where the part still
+/// fits the device's largest buffer ([`part_rows`]; `dense`: the type it dequantizes to).
+fn merged(parts: Vec<DeviceRows>, dense: DType) -> Vec<DeviceRows> {
+    let Some(first) = parts.first() else {
+        return parts;
+    };
+    let limit = kernels::buffer_limit(&first.words.device());
     let mut out: Vec<DeviceRows> = Vec::with_capacity(parts.len());
     for p in parts {
         match out.last_mut() {
-            Some(last) if last.ty == p.ty => last.words = Tensor::cat(vec![last.words.clone(), p.words], 0),
+            Some(last) if last.ty == p.ty && last.rows() + p.rows() <= part_rows(p.ty, p.k, dense.size(), limit) => {
+                last.words = Tensor::cat(vec![last.words.clone(), p.words], 0)
+            }
             _ => out.push(p),
         }
     }

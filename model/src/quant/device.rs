@@ -49,6 +49,14 @@ pub fn words(ty: QuantType, rows: usize, k: usize, bytes: &[u8]) -> Option<Vec<u
     Some(words)
 }
 
+/// The most rows of `k` values in `ty` one part of a matrix holds so that the part fits a device
+/// buffer of `limit` bytes, both as blocks and dequantized to floats of `dense_size` bytes (what
+/// a many-row product reads): at least one.
+pub fn part_rows(ty: QuantType, k: usize, dense_size: usize, limit: u64) -> usize {
+    let row = (row_words(ty, k) * 4).max(k * dense_size).max(1) as u64;
+    usize::try_from(limit / row).unwrap_or(usize::MAX).max(1)
+}
+
 /// Rows of a quantized matrix on a device, all in one format: [rows, `row_words`] u32 words.
 #[derive(Debug, Clone)]
 pub struct DeviceRows {
@@ -64,6 +72,30 @@ impl DeviceRows {
         let words = words(ty, rows, k, bytes)?;
         let data = TensorData::new(words, [rows, row_words(ty, k)]);
         Some(Self { ty, k, words: Tensor::from_data(data, (device, DType::U32)) })
+    }
+
+    /// [`Self::upload`] in parts of at most `per_part` rows (a matrix larger than the device's
+    /// largest buffer: [`part_rows`]).
+    pub fn upload_parts(
+        ty: QuantType,
+        rows: usize,
+        k: usize,
+        bytes: &[u8],
+        per_part: usize,
+        device: &Device,
+    ) -> Option<Vec<Self>> {
+        let row_bytes = super::row_bytes(ty, k);
+        if bytes.len() != rows * row_bytes {
+            return None;
+        }
+        let per_part = per_part.max(1);
+        (0..rows.max(1))
+            .step_by(per_part)
+            .map(|r0| {
+                let n = per_part.min(rows - r0);
+                Self::upload(ty, n, k, &bytes[r0 * row_bytes..(r0 + n) * row_bytes], device)
+            })
+            .collect()
     }
 
     pub fn rows(&self) -> usize {
@@ -101,5 +133,28 @@ mod tests {
         q6[208..].copy_from_slice(&[0x33, 0x44]);
         assert_eq!(words(QuantType::Q6K, 1, 256, &q6).unwrap()[52], 0x4433);
         assert!(words(QuantType::Q8_0, 2, 32, &q8).is_none(), "one block short");
+    }
+
+    /// A matrix larger than the device's largest buffer goes in parts that fit it, as blocks and
+    /// dequantized: the demo model's embedding (151,936 rows of 896 in Q8_0, 1,008 bytes a row
+    /// in blocks, 3,584 in f32) takes five parts of 128 MiB on llvmpipe; the parts hold the rows
+    /// in order.
+    #[test]
+    fn large_matrices_go_in_parts_that_fit_a_buffer() {
+        let mib = 1 << 20;
+        assert_eq!(part_rows(QuantType::Q8_0, 896, 4, 128 * mib), 37_449);
+        assert_eq!(151_936usize.div_ceil(part_rows(QuantType::Q8_0, 896, 4, 128 * mib)), 5);
+        assert_eq!(part_rows(QuantType::Q8_0, 896, 2, 128 * mib), 128 * mib as usize / 1_792);
+        assert_eq!(part_rows(QuantType::Q4K, 256, 2, 1), 1, "at least a row");
+        assert_eq!(part_rows(QuantType::Q4K, 256, 2, u64::MAX), (u64::MAX / 512) as usize, "no limit");
+        let (rows, k) = (10, 64);
+        let bytes: Vec<u8> = (0..rows * super::super::row_bytes(QuantType::Q8_0, k)).map(|i| (i * 7) as u8).collect();
+        let device = Device::flex();
+        let whole = DeviceRows::upload(QuantType::Q8_0, rows, k, &bytes, &device).unwrap();
+        let parts = DeviceRows::upload_parts(QuantType::Q8_0, rows, k, &bytes, 4, &device).unwrap();
+        assert_eq!(parts.iter().map(DeviceRows::rows).collect::<Vec<_>>(), [4, 4, 2]);
+        let joined = Tensor::cat(parts.into_iter().map(|p| p.words).collect(), 0);
+        assert_eq!(joined.into_data(), whole.words.into_data());
+        assert!(DeviceRows::upload_parts(QuantType::Q8_0, rows + 1, k, &bytes, 4, &device).is_none());
     }
 }

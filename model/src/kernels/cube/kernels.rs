@@ -900,7 +900,9 @@ pub fn xwt_rope_kv_q<C: Float>(
 }
 
 /// A quantized matrix's rows as floats, one unit per [`CHUNK`]: every row of `w` into rows
-/// `row0..` of out, or with `gather` row `ids[r]` of `w` into row r (an embedding lookup).
+/// `row0..` of out, or with `gather` row `ids[r]` into row r (an embedding lookup) for the ids
+/// this part holds, `w` being the matrix's rows from `row0` (the other rows left to the other
+/// parts' launches).
 ///
 /// w: [rows, words a row], ids: \[n\] (read with `gather`), out: [≥ rows, k] contiguous.
 #[cube(launch)]
@@ -918,13 +920,22 @@ pub fn dequantize<C: Float>(
     let at = ABSOLUTE_POS;
     if at < rows * per_row {
         let (r, c) = (at / per_row, at % per_row);
-        let source = if comptime!(gather) { usize::cast_from(ids[r * ids.stride(0)]) } else { r };
-        let mut q = Array::<f32>::new(18usize);
-        chunk(w, source, c, &mut q, format);
-        let base = (row0 + r) * k + c * CHUNK;
-        #[unroll]
-        for t in 0..16 {
-            out[base + t] = C::cast_from(q[16] * q[t] - q[17]);
+        let mut source = r;
+        let mut target = row0 + r;
+        if comptime!(gather) {
+            let id = usize::cast_from(ids[r * ids.stride(0)]);
+            // Past the part's rows: another part's (the subtraction wraps below row0).
+            source = id - row0;
+            target = r;
+        }
+        if source < w.shape(0) {
+            let mut q = Array::<f32>::new(18usize);
+            chunk(w, source, c, &mut q, format);
+            let base = target * k + c * CHUNK;
+            #[unroll]
+            for t in 0..16 {
+                out[base + t] = C::cast_from(q[16] * q[t] - q[17]);
+            }
         }
     }
 }

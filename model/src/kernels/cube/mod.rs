@@ -100,6 +100,12 @@ fn cubes(count: usize, units: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(x, y, 1), CubeDim::new_1d(units as u32))
 }
 
+/// The largest buffer `device` allocates, in bytes, as its runtime says (`None` off CubeCL).
+pub fn buffer_limit(device: &burn::tensor::Device) -> Option<u64> {
+    let t = Tensor::<1>::empty([1], device).try_into_primitive::<Cube>().ok()?;
+    Some(t.client.properties().memory.max_page_size)
+}
+
 /// The most units a cube may have on every device (wgpu's default limit).
 const MAX_UNITS: usize = 256;
 
@@ -516,7 +522,7 @@ pub fn dequantize(parts: &[DeviceRows], k: usize, ids: Option<&Tensor<1, Int>>, 
     let blocks = block_parts(parts, k)?;
     let (_, first) = blocks.first()?;
     let client = first.client.clone();
-    if !converts(dtype, &client) || (ids.is_some() && blocks.len() != 1) {
+    if !converts(dtype, &client) {
         return None;
     }
     let (gather, ids) = match ids {
@@ -534,10 +540,11 @@ pub fn dequantize(parts: &[DeviceRows], k: usize, ids: Option<&Tensor<1, Int>>, 
     let shape = Shape::new([rows, k]);
     let handle = client.empty(rows * k * dtype.size());
     let out = CubeTensor::new_contiguous(client.clone(), first.device.clone(), shape, handle, dtype);
+    // Each part's first row, in the matrix and (stacking them all) in out.
     let mut row0 = 0;
     for (format, words) in blocks {
-        let part_rows = if gather { rows } else { words.meta.shape()[0] };
-        let (count, dim) = elementwise(part_rows * k / kernels::CHUNK);
+        let part_rows = words.meta.shape()[0];
+        let (count, dim) = elementwise(if gather { rows } else { part_rows } * k / kernels::CHUNK);
         launch_in!(
             dtype,
             kernels::dequantize,
