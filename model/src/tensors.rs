@@ -243,8 +243,7 @@ fn upload_blocks(
     device: &Device,
 ) -> Result<Vec<DeviceRows>, LoadError> {
     // A matrix larger than the device's largest buffer goes in parts.
-    let per_part = quant::device::part_rows(q, k, blocks_dense(device).size(), kernels::buffer_limit(device));
-    DeviceRows::upload_parts(q, rows, k, bytes, per_part, device).ok_or_else(|| LoadError::Tensor {
+    linear::upload_fitting(q, rows, k, bytes, blocks_dense(device), device).ok_or_else(|| LoadError::Tensor {
         name: name.into(),
         reason: format!("{} bytes are not {rows} rows of {k} values in {q}", bytes.len()),
     })

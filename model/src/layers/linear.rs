@@ -477,7 +477,7 @@ pub fn stack(weights: Vec<Weight>) -> Weight {
             .iter()
             .map(|w| match w.matrix() {
                 Matrix::Blocks(parts, _) => Some(parts.to_vec()),
-                Matrix::Dense(t) => device_rows(t.clone(), FALLBACK_QUANT).map(|p| vec![p]),
+                Matrix::Dense(t) => device_rows(t.clone(), FALLBACK_QUANT, dtype),
                 Matrix::Packed(_) => None,
             })
             .collect::<Option<Vec<_>>>()
@@ -507,8 +507,8 @@ pub fn like(like: &Weight, data: TensorData, device: &Device) -> Weight {
         }
         Matrix::Blocks(parts, dtype) => {
             let t = Tensor::from_data(data, (device, DType::F32));
-            match device_rows(t.clone(), parts[0].ty) {
-                Some(part) => blocks(vec![part], dtype),
+            match device_rows(t.clone(), parts[0].ty, dtype) {
+                Some(parts) => blocks(parts, dtype),
                 None => dense(t.cast(FloatDType::from(dtype))),
             }
         }
@@ -548,7 +548,7 @@ pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &D
                 })
                 .collect();
             let first = spans.iter().position(|s| s.contains(&rows.start)).expect("replaced rows are in the matrix");
-            let Some(new) = device_rows(t.clone(), parts[first].ty) else {
+            let Some(new) = device_rows(t.clone(), parts[first].ty, dtype) else {
                 let all = 0..w.dims()[1];
                 return dense(dense_of(w, dtype).slice_assign([rows, all], t.cast(FloatDType::from(dtype))));
             };
@@ -559,7 +559,7 @@ pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &D
                     kept.push(narrowed(p, 0..span.end.min(rows.start) - span.start));
                 }
                 if i == first {
-                    kept.push(new.clone());
+                    kept.extend(new.iter().cloned());
                 }
                 if rows.end < span.end {
                     kept.push(narrowed(p, rows.end.max(span.start) - span.start..span.len()));
@@ -604,8 +604,9 @@ fn dense_of(w: &Weight, dtype: DType) -> Tensor<2> {
 }
 
 /// A dense matrix quantized on the host to `ty` (Q8_0 for a K-quant, which is not made at load)
-/// and put on its device as blocks; `None` where its rows are not whole blocks.
-fn device_rows(t: Tensor<2>, ty: QuantType) -> Option<DeviceRows> {
+/// and put on its device as blocks, in parts that fit its largest buffer as blocks and as `dense`
+/// ([`part_rows`]); `None` where its rows are not whole blocks.
+fn device_rows(t: Tensor<2>, ty: QuantType, dense: DType) -> Option<Vec<DeviceRows>> {
     let ty = if ty.is_k() { FALLBACK_QUANT } else { ty };
     let [rows, k] = t.dims();
     if !ty.fits_row(k) {
@@ -615,7 +616,22 @@ fn device_rows(t: Tensor<2>, ty: QuantType) -> Option<DeviceRows> {
     let values = t.cast(FloatDType::F32).into_data().try_into_vec::<f32>().ok()?;
     let mut bytes = Vec::new();
     quant::quantize(ty, &values, &mut bytes)?;
-    DeviceRows::upload(ty, rows, k, &bytes, &device)
+    upload_fitting(ty, rows, k, &bytes, dense, &device)
+}
+
+/// `rows` ggml rows of `k` values in `ty` put on `device`, in parts that fit its largest buffer
+/// as blocks and dequantized to `dense` ([`part_rows`]); `None` where the bytes are not those
+/// rows.
+pub(crate) fn upload_fitting(
+    ty: QuantType,
+    rows: usize,
+    k: usize,
+    bytes: &[u8],
+    dense: DType,
+    device: &Device,
+) -> Option<Vec<DeviceRows>> {
+    let per_part = part_rows(ty, k, dense.size(), kernels::buffer_limit(device));
+    DeviceRows::upload_parts(ty, rows, k, bytes, per_part, device)
 }
 
 /// A dense matrix quantized to `ty` (Q8_0 when `ty` is a K-quant, which is not made at load).
