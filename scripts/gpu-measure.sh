@@ -1,29 +1,29 @@
 #!/usr/bin/env bash
-# Issue 31's measurements on a lent NVIDIA machine (one short run of the device tool): a
-# random-weight GGUF of the demo shape in bf16 is written there (the real file cannot travel),
-# greedy ids on the GPU are compared with the CPU's, then batch-1 decode, prefill 512 and
-# aggregate throughput at 16 and 64 concurrent are measured through `llaisys bench` (which counts
-# kernel launches and host↔device transfers per decode step, and ranks kernels by device time with
-# --kernel-times), with the GPU's utilisation sampled alongside (a host-bound path shows as a GPU
-# mostly idle).
+# Issue 31's measurements on a lent NVIDIA machine, as one short run of the device tool.
+# Random-weight GGUFs of real shapes are written there (the real files cannot travel): the demo
+# model's shape in bf16, Q4_K_M and Q8_0, and Qwen3-0.6B's in Q4_K_M (quantized files as random
+# blocks, scripts/random_family_gguf.py). For each, greedy ids on the GPU are compared with the
+# CPU's and batch-1 decode is measured through `llaisys bench` (which counts kernel launches and
+# host↔device transfers per decode step, and ranks kernels by device time with --kernel-times);
+# the first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, and decode
+# with an f16 KV cache. The GPU's utilisation is sampled alongside (a host-bound path shows as a
+# GPU mostly idle). While the files are written, the kernels' and the whole models' tests run on
+# the GPU (f16 and bf16 there too: llvmpipe has f32 alone).
 #
 # Prepared here, before the call (see .library/device/README.md for the .gl packages):
-#   cargo build --release -p llaisys-server --features wgpu --target-dir target/gpu
-#   mkdir -p .gpu && strip -o .gpu/llaisys target/gpu/release/llaisys && xz -T2 .gpu/llaisys
+#   cargo build --release -p llaisys-server --features wgpu
+#   mkdir -p .gpu && strip -o .gpu/llaisys target/release/llaisys && xz -T2 .gpu/llaisys
 #   (87 MB stripped, 16 MB as .xz: the tree that travels is limited to 64 MiB)
 #   python3 scripts/random_family_gguf.py --donor-only models/qwen2.5-coder-0.5b-instruct.gguf .gpu/tokenizer.gguf
 #   pip download --no-deps --only-binary=:all: gguf -d .gpu
-#   optionally the kernels' tests: cargo test -p llaisys-model --features wgpu --test layer_kernels
-#   --no-run, then strip that binary and xz it to .gpu/layer_kernels.xz
-# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh [NAME[:all|:decode|:burn]...]
-# Each NAME is a build carried as .gpu/NAME.xz (default llaisys:all llaisys:burn); `decode`
-# measures only batch-1 decode (a baseline rerun on the same machine), `burn` the same with
-# LLAISYS_GPU_KERNELS=off (Burn's ops instead of llaisys' CubeCL kernels, the same binary), `all`
-# adds the kernel times, prefill 512 and throughput. The CPU reference runs .gpu/llaisys.xz.
-# DECODE_TOKENS (default 128) sets the batch-1 decode's length: the GPU raises its clocks over
-# the first second or two of work (345 MHz idle, 1,980 at full speed), so a short decode is
-# measured partly at low clocks; alternate builds (new:decode old:decode new:decode ...) to
-# compare them. Every figure lands in $OUT/log.txt and $OUT/util.csv, the clocks with it.
+#   optionally tests, each stripped and xz'd to .gpu/NAME.xz (NAME: layer_kernels, parity,
+#   launches): cargo test --release -p llaisys-model --features wgpu --test NAME --no-run
+# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh
+# Environment: MODELS (NAME:SHAPE:TYPE ..., the first measured in full), DECODE_TOKENS (default
+# 512: the GPU raises its clocks from 345 MHz over the first second or two of work, so a short
+# decode is measured partly at low clocks), BURN=1 adds batch-1 decode with Burn's ops alone
+# (LLAISYS_GPU_KERNELS=off, the same binary). Every figure lands in $OUT/log.txt, the GPU's
+# utilisation and clocks in $OUT/util.csv.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-measure}
@@ -39,51 +39,62 @@ egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 [ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
 lscpu | grep -E 'Model name|^CPU\(s\)'
+step() { echo; echo "=== $(date +%T) $*"; }
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/gguf-*.whl
 export PYTHONPATH=/tmp/site
-M=/tmp/r05-bf16.gguf
-time python3 scripts/random_family_gguf.py .gpu/tokenizer.gguf $M qwen2.5-0.5b bf16
+declare -A gen
+read -r -a models <<<"${MODELS:-r05-bf16:qwen2.5-0.5b:bf16 r05-q4km:qwen2.5-0.5b:q4_k_m r05-q8:qwen2.5-0.5b:q8_0 q3-q4km:qwen3-0.6b:q4_k_m}"
+for m in "${models[@]}"; do
+  IFS=: read -r name shape type <<<"$m"
+  (python3 scripts/random_family_gguf.py .gpu/tokenizer.gguf "/tmp/$name.gguf.part" "$shape" "$type" \
+    && mv "/tmp/$name.gguf.part" "/tmp/$name.gguf") >"/tmp/$name.gen.log" 2>&1 &
+  gen[$name]=$!
+done
 
 nvidia-smi --query-gpu=timestamp,utilization.gpu,utilization.memory,clocks.sm,power.draw \
   --format=csv -lms 250 >"$OUT/util.csv" 2>&1 &
 smi=$!
 
-step() { echo; echo "=== $(date +%T) $*"; }
-step cpu reference
-timeout 60 $BIN generate --model $M --device cpu --prompt Hello --max-tokens 32 --ids
-specs=("$@")
-[ ${#specs[@]} -gt 0 ] || specs=(llaisys:all llaisys:burn)
-for spec in "${specs[@]}"; do
-  name=${spec%%:*} what=${spec#*:}
-  if [ "$what" = burn ]; then export LLAISYS_GPU_KERNELS=off; else unset LLAISYS_GPU_KERNELS; fi
-  BIN=/tmp/$name
-  xz -dc ".gpu/$name.xz" >"$BIN" && chmod +x "$BIN" || continue
-  dev=
-  for d in ${DEVICES:-vulkan gl}; do
-    step "$name $d generate"
-    if timeout 120 $BIN generate --model $M --device "$d" --prompt Hello --max-tokens 32 --ids; then
-      dev=$d
-      break
-    fi
-  done
-  [ -n "$dev" ] || { echo "$name: no GPU device ran"; continue; }
-  step "$name $dev decode"
-  timeout 90 $BIN bench --model $M --device "$dev" --only decode --runs 3 --decode-tokens "${DECODE_TOKENS:-128}"
-  [ "$what" = all ] || continue
-  step "$name $dev decode, each kernel timed"
-  timeout 60 $BIN bench --model $M --device "$dev" --only decode --decode-tokens 32 --runs 1 --kernel-times
-  step "$name $dev prefill 512"
-  timeout 60 $BIN bench --model $M --device "$dev" --only prefill --prefill 512 --runs 2
-  step "$name $dev throughput 16, 64"
-  timeout 150 $BIN bench --model $M --device "$dev" --only throughput --concurrency 16,64 --runs 1
+# The tests find their fixtures under the path they were built in.
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+for t in layer_kernels parity launches; do
+  [ -f ".gpu/$t.xz" ] || continue
+  step "test $t on vulkan"
+  xz -dc ".gpu/$t.xz" >"/tmp/$t" && chmod +x "/tmp/$t"
+  LLAISYS_TEST_DEVICE=vulkan timeout 150 "/tmp/$t" --test-threads 1
 done
-if [ -f .gpu/layer_kernels.xz ]; then
-  # The kernels' own tests (model/tests/layer_kernels.rs, built with the wgpu feature) on the
-  # GPU, where f16 and bf16 weights and caches are checked too (llvmpipe has f32 alone).
-  step "layer kernels against their references on vulkan"
-  xz -dc .gpu/layer_kernels.xz >/tmp/layer_kernels && chmod +x /tmp/layer_kernels
-  LLAISYS_TEST_DEVICE=vulkan timeout 120 /tmp/layer_kernels --test-threads 1
-fi
+
+ids() {  # ids DEVICE MODEL: greedy ids of 32 tokens after "Hello"
+  timeout 120 $BIN generate --model "$2" --device "$1" --prompt Hello --max-tokens 32 --ids
+}
+first=1
+for m in "${models[@]}"; do
+  IFS=: read -r name shape type <<<"$m"
+  M=/tmp/$name.gguf
+  wait "${gen[$name]}"
+  [ -f "$M" ] || { cat "/tmp/$name.gen.log"; continue; }
+  step "$name ($shape $type): greedy ids, cpu then vulkan"
+  ids cpu "$M" >"/tmp/$name.cpu.ids"
+  ids vulkan "$M" >"/tmp/$name.gpu.ids"
+  cat "/tmp/$name.cpu.ids" "/tmp/$name.gpu.ids"
+  if cmp -s "/tmp/$name.cpu.ids" "/tmp/$name.gpu.ids"; then echo "$name: ids equal"; else echo "$name: IDS DIFFER"; fi
+  step "$name decode ${DECODE_TOKENS:-512} tokens"
+  timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 3 --decode-tokens "${DECODE_TOKENS:-512}"
+  step "$name decode, each kernel timed"
+  timeout 60 $BIN bench --model "$M" --device vulkan --only decode --decode-tokens 32 --runs 1 --kernel-times
+  if [ -n "${BURN:-}" ]; then
+    step "$name decode with Burn's ops alone"
+    LLAISYS_GPU_KERNELS=off timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 1 --decode-tokens 128
+  fi
+  [ $first = 1 ] || continue
+  first=0
+  step "$name decode, f16 KV cache"
+  timeout 90 $BIN bench --model "$M" --device vulkan --kv-dtype f16 --only decode --runs 3 --decode-tokens "${DECODE_TOKENS:-512}"
+  step "$name prefill 512"
+  timeout 60 $BIN bench --model "$M" --device vulkan --only prefill --prefill 512 --runs 2
+  step "$name throughput 16, 64"
+  timeout 150 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16,64 --runs 1
+done
 step done
 kill $smi

@@ -16,7 +16,12 @@ Shapes (from the models' config.json):
                  128, top-8 of experts of width 768 as in the real model (so each token's work
                  per layer is the real one), but 32 experts (not 128) and 12 layers (not 48)
 
-Usage: python scripts/random_family_gguf.py DONOR.gguf OUT.gguf SHAPE [f16|bf16]
+Usage: python scripts/random_family_gguf.py DONOR.gguf OUT.gguf SHAPE [f16|bf16|q8_0|q4_k_m]
+q8_0 and q4_k_m write ggml blocks of random quants directly (no peer's llama-quantize, for a
+machine that has none, like the lent GPU one): each matrix's scales are set so its values have
+the spread the 16-bit files' have. q4_k_m follows llama-quantize's mix: Q4_K, with Q6_K for the
+embedding and for attn_v and ffn_down in a third of the layers and the first and last eighth,
+and Q5_0 / Q8_0 where a row's length is not a multiple of 256 (the demo shape's 896).
 The donor only lends its tokenizer.* fields: `--donor-only` writes a GGUF of just those (a few
 MB), which can travel where the demo model cannot:
   python scripts/random_family_gguf.py --donor-only DEMO.gguf tokenizer.gguf
@@ -70,7 +75,8 @@ w.add_value_length(hd)
 w.add_rope_dimension_count(hd)
 w.add_rope_freq_base(500000.0 if arch == "llama" else 1e6)
 w.add_layer_norm_rms_eps(1e-6)
-w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if dtype == "bf16" else gguf.LlamaFileType.MOSTLY_F16)
+w.add_file_type({"bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                 "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}.get(dtype, gguf.LlamaFileType.MOSTLY_F16))
 if "experts" in s:
     w.add_expert_count(s["experts"])
     w.add_expert_used_count(s["used"])
@@ -80,9 +86,50 @@ copy_tokenizer(r, w)
 rng = np.random.default_rng(7)
 
 
+Q = gguf.GGMLQuantizationType
+# Per block: (the f16 scale's byte offset, the f16 min's offset or None, min / scale to centre
+# the values on zero) for the formats random blocks are written in.
+SCALES = {Q.Q8_0: (0, None, 0), Q.Q5_0: (0, None, 0), Q.Q6_K: (208, None, 0), Q.Q4_K: (0, 2, 7.5)}
+
+
+def block_type(key, cols):
+    """The type llama-quantize's Q4_K_M (or Q8_0) mix gives this matrix."""
+    if dtype == "q8_0":
+        return Q.Q8_0
+    layer = int(key.split(".")[1]) if key.startswith("blk.") else -1
+    more = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+    six = key == "token_embd.weight" or key == "output.weight" or (
+        more and (key.endswith("attn_v.weight") or key.endswith("ffn_down.weight")))
+    if cols % 256:
+        return Q.Q8_0 if six else Q.Q5_0
+    return Q.Q6_K if six else Q.Q4_K
+
+
+def random_blocks(key, x):
+    """x's shape in random blocks whose values spread as x's do (the values themselves unused)."""
+    qt = block_type(key, x.shape[-1])
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    rows = int(np.prod(x.shape[:-1]))
+    raw = rng.integers(0, 256, (rows, x.shape[-1] // block * size), dtype=np.uint8)
+    blocks = raw.reshape(rows, -1, size)
+    at, min_at, ratio = SCALES[qt]
+
+    def set_scales(d):
+        blocks[:, :, at:at + 2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+        if min_at is not None:
+            blocks[:, :, min_at:min_at + 2] = np.frombuffer(np.float16(d * ratio).tobytes(), np.uint8)
+
+    set_scales(1e-3)
+    probe = gguf.quants.dequantize(raw[:64], qt)
+    set_scales(1e-3 * float(x.std()) / float(probe.std()))
+    w.add_tensor(key, raw.reshape(*x.shape[:-1], -1), raw_dtype=qt)
+
+
 def add(key, x):
-    """A matrix in the file's 16-bit type (f32 for vectors and the router, as llama.cpp writes)."""
-    if x.dtype == np.float32 and x.ndim > 1 and dtype == "bf16":
+    """A matrix in the file's type (f32 for vectors and the router, as llama.cpp writes)."""
+    if x.dtype == np.float32 and x.ndim > 1 and dtype in ("q8_0", "q4_k_m"):
+        random_blocks(key, x)
+    elif x.dtype == np.float32 and x.ndim > 1 and dtype == "bf16":
         w.add_tensor(key, gguf.quants.quantize(x, gguf.GGMLQuantizationType.BF16),
                      raw_dtype=gguf.GGMLQuantizationType.BF16)
     elif x.dtype == np.float32 and x.ndim > 1:
