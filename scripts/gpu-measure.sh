@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Issue 31's measurements on a lent NVIDIA machine, as one short run of the device tool.
 # Random-weight GGUFs of real shapes are written there (the real files cannot travel): the demo
-# model's shape in bf16, Q4_K_M and Q8_0, and Qwen3-0.6B's in Q4_K_M (quantized files as random
-# blocks, scripts/random_family_gguf.py). For each, greedy ids on the GPU are compared with the
-# CPU's and batch-1 decode is measured through `llaisys bench` (which counts kernel launches and
-# host↔device transfers per decode step, and ranks kernels by device time with --kernel-times);
-# the first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, and decode
-# with an f16 KV cache. The GPU's utilisation is sampled alongside (a host-bound path shows as a
-# GPU mostly idle). While the files are written, the kernels' and the whole models' tests run on
-# the GPU (f16 and bf16 there too: llvmpipe has f32 alone).
+# model's shape in bf16, Q4_K_M and Q8_0, Qwen3-0.6B's in Q4_K_M and qwen3-moe-mini's (an MoE) in
+# Q4_K_M; the quantized ones as random blocks (scripts/random_family_gguf.py). For each, greedy
+# ids on the GPU are compared with the CPU's and batch-1 decode is measured through `llaisys
+# bench` (which counts kernel launches and host↔device transfers per decode step, and ranks
+# kernels by device time with --kernel-times). The first file also gets prefill 512, aggregate
+# throughput at 16 and 64 concurrent, and greedy ids and decode with an f16 KV cache (the GPUs'
+# default stays f32 until that has run on one). The GPU's utilisation is sampled alongside (a
+# host-bound path shows as a GPU mostly idle). While the files are written, the kernels' and the
+# whole models' tests run on the GPU (f16 and bf16 there too: llvmpipe has f32 alone).
 #
 # Prepared here, before the call (see .library/device/README.md for the .gl packages):
 #   cargo build --release -p llaisys-server --features wgpu
@@ -18,7 +19,9 @@
 #   pip download --no-deps --only-binary=:all: gguf -d .gpu
 #   optionally tests, each stripped and xz'd to .gpu/NAME.xz (NAME: layer_kernels, parity,
 #   launches): cargo test --release -p llaisys-model --features wgpu --test NAME --no-run
-# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh
+# On a fresh 2-core machine the release build takes about 31 minutes and the tests' about 20
+# more (they rebuild the GPU stack with other features): start them first thing in a session.
+# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh   (about 6-8 minutes)
 # Environment: MODELS (NAME:SHAPE:TYPE ..., the first measured in full), DECODE_TOKENS (default
 # 512: the GPU raises its clocks from 345 MHz over the first second or two of work, so a short
 # decode is measured partly at low clocks), BURN=1 adds batch-1 decode with Burn's ops alone
@@ -44,7 +47,7 @@ step() { echo; echo "=== $(date +%T) $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/gguf-*.whl
 export PYTHONPATH=/tmp/site
 declare -A gen
-read -r -a models <<<"${MODELS:-r05-bf16:qwen2.5-0.5b:bf16 r05-q4km:qwen2.5-0.5b:q4_k_m r05-q8:qwen2.5-0.5b:q8_0 q3-q4km:qwen3-0.6b:q4_k_m}"
+read -r -a models <<<"${MODELS:-r05-bf16:qwen2.5-0.5b:bf16 r05-q4km:qwen2.5-0.5b:q4_k_m r05-q8:qwen2.5-0.5b:q8_0 q3-q4km:qwen3-0.6b:q4_k_m moe-q4km:qwen3-moe-mini:q4_k_m}"
 for m in "${models[@]}"; do
   IFS=: read -r name shape type <<<"$m"
   (python3 scripts/random_family_gguf.py .gpu/tokenizer.gguf "/tmp/$name.gguf.part" "$shape" "$type" \
@@ -65,8 +68,8 @@ for t in layer_kernels parity launches; do
   LLAISYS_TEST_DEVICE=vulkan timeout 150 "/tmp/$t" --test-threads 1
 done
 
-ids() {  # ids DEVICE MODEL: greedy ids of 32 tokens after "Hello"
-  timeout 120 $BIN generate --model "$2" --device "$1" --prompt Hello --max-tokens 32 --ids
+ids() {  # ids DEVICE MODEL [ARGS]: greedy ids of 32 tokens after "Hello"
+  timeout 120 $BIN generate --model "$2" --device "$1" --prompt Hello --max-tokens 32 --ids "${@:3}"
 }
 first=1
 for m in "${models[@]}"; do
@@ -89,6 +92,9 @@ for m in "${models[@]}"; do
   fi
   [ $first = 1 ] || continue
   first=0
+  step "$name greedy ids, f16 KV cache"
+  ids vulkan "$M" --kv-dtype f16 | tee "/tmp/$name.f16.ids"
+  if cmp -s "/tmp/$name.cpu.ids" "/tmp/$name.f16.ids"; then echo "$name f16 KV: ids equal"; else echo "$name f16 KV: IDS DIFFER"; fi
   step "$name decode, f16 KV cache"
   timeout 90 $BIN bench --model "$M" --device vulkan --kv-dtype f16 --only decode --runs 3 --decode-tokens "${DECODE_TOKENS:-512}"
   step "$name prefill 512"

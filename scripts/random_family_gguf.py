@@ -99,7 +99,7 @@ def block_type(key, cols):
     layer = int(key.split(".")[1]) if key.startswith("blk.") else -1
     more = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
     six = key == "token_embd.weight" or key == "output.weight" or (
-        more and (key.endswith("attn_v.weight") or key.endswith("ffn_down.weight")))
+        more and key.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")))
     if cols % 256:
         return Q.Q8_0 if six else Q.Q5_0
     return Q.Q6_K if six else Q.Q4_K
@@ -138,11 +138,30 @@ def add(key, x):
         w.add_tensor(key, x.astype(np.float32))
 
 
-lin = lambda *shape, scale=1.0: rng.standard_normal(shape, dtype=np.float32) * np.float32(scale / np.sqrt(shape[-1]))
+class Spread:
+    """A matrix's shape and spread with no values: all random blocks need (a 16-bit file's
+    values would take minutes and gigabytes for the MoE shape)."""
+    dtype, ndim = np.float32, 2
+
+    def __init__(self, shape, std):
+        self.shape, self._std = shape, std
+
+    def std(self):
+        return self._std
+
+
+def normal(shape, std):
+    if dtype in ("q8_0", "q4_k_m"):
+        return Spread(shape, std)
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+
+
+lin = lambda *shape, scale=1.0: normal(shape, scale / np.sqrt(shape[-1]))
+router = lambda *shape: rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
 norm = lambda n: rng.uniform(0.5, 1.5, n).astype(np.float32)
 bias = lambda n: (rng.standard_normal(n, dtype=np.float32) * 0.25).astype(np.float32)
 
-add("token_embd.weight", rng.standard_normal((vocab, hidden), dtype=np.float32))
+add("token_embd.weight", normal((vocab, hidden), 1.0))
 if arch == "llama":  # Llama 3.2's llama3 scaling (factor 32, 1 / 4, 8192), as llama.cpp writes it
     freqs = 1.0 / (500000.0 ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
     wavelen = 2 * np.pi / freqs
@@ -163,7 +182,7 @@ for l in range(layers):
     add(p + "ffn_norm.weight", norm(hidden))
     if "experts" in s:
         e, i = s["experts"], s["expert_inter"]
-        w.add_tensor(p + "ffn_gate_inp.weight", lin(e, hidden))
+        w.add_tensor(p + "ffn_gate_inp.weight", router(e, hidden))
         add(p + "ffn_gate_exps.weight", lin(e, i, hidden))
         add(p + "ffn_up_exps.weight", lin(e, i, hidden))
         add(p + "ffn_down_exps.weight", lin(e, hidden, i, scale=4.0))

@@ -9,6 +9,7 @@ use llaisys_actors::{
     ChatMessage, ChatRequest, CompletionRequest, DeviceSpec, Engine, EngineConfig, Event, Options, StreamExt,
     WeightDtype,
 };
+use llaisys_model::KvDtype;
 
 use super::CliError;
 
@@ -64,6 +65,10 @@ pub struct GenerateArgs {
     /// the `wgpu` or `cuda` feature).
     #[arg(long, default_value = "cpu")]
     device: DeviceSpec,
+    /// The KV cache's element type: auto (the device's default, f16 on the CPU), f32, f16, bf16,
+    /// q8_0 (the CPU only).
+    #[arg(long, default_value = "auto")]
+    kv_dtype: String,
 }
 
 pub fn run(args: GenerateArgs) -> Result<(), CliError> {
@@ -73,7 +78,8 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
 
 async fn generate(args: GenerateArgs) -> Result<(), CliError> {
     // The KV cache holds this one request; a longer prompt is refused with a clear error.
-    let config = EngineConfig { kv_capacity: (args.max_tokens + 4096).max(8192), ..EngineConfig::default() };
+    let kv_dtype = KvDtype::parse_setting(&args.kv_dtype).map_err(|e| CliError::usage("--kv-dtype", e))?;
+    let config = EngineConfig { kv_capacity: (args.max_tokens + 4096).max(8192), kv_dtype, ..EngineConfig::default() };
     let model = super::local_model(&args.model).await?;
     let mut builder = Engine::builder().model(&model).dtype(args.dtype).device(args.device).config(config);
     if let Some(t) = &args.model_type {
