@@ -87,7 +87,7 @@ impl Moe {
 
     /// One row (a batch-1 decode step): each chosen expert takes it whole, so it runs on x itself
     /// and its output is weighed by a scalar: no row ids or weights to upload, no gather or
-    /// scatter (on a GPU, two launches and two uploads fewer an expert than the grouped pass).
+    /// scatter (on a GPU, a launch and two uploads fewer an expert than the grouped pass).
     /// The sum runs in the experts' order, as the grouped pass's does.
     fn one_row(experts: &[Expert], groups: &[Vec<(usize, f32)>], x: Tensor<2>) -> Tensor<2> {
         let mut sum: Option<Tensor<2>> = None;
