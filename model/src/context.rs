@@ -12,7 +12,7 @@ use crate::error::DecodeError;
 use crate::kv::{KvCache, KvDtype};
 use crate::kv::{Pos, SeqId};
 use crate::lm::{LanguageModel, ModelInfo, Pooling, Readout};
-use crate::output::{Outputs, argmax};
+use crate::output::{Outputs, argmax, argmax_rows};
 
 pub struct Context {
     model: Box<dyn LanguageModel>,
@@ -139,21 +139,21 @@ fn read_rows(logits: Tensor<2>, greedy: &[bool]) -> Result<(Vec<f32>, Vec<Option
         all.truncate(kept * vocab);
         return Ok((all, picked));
     }
-    let index = |rows: &[usize]| {
-        let ids: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
-        transfers::upload::<1, Int>(TensorData::new(ids, [rows.len()]), &device)
-    };
-    let full: Vec<usize> = (0..n).filter(|r| !wants_pick(r)).collect();
-    let best = match picks.len() == n {
-        true => logits.clone().argmax(1),
-        false => logits.clone().select(0, index(&picks)).argmax(1),
-    };
-    for (&r, token) in picks.iter().zip(transfers::read::<2, _, i64>(best).map_err(read)?) {
-        picked[r] = Some(token as u32);
+    // Every row's pick on the device (one id each to read back, where the rows the picks skip
+    // would take an upload to leave out), then the rows wanted whole.
+    let best = argmax_rows(&logits);
+    for (r, token) in transfers::read::<1, _, i32>(best).map_err(read)?.into_iter().enumerate() {
+        if wants_pick(&r) {
+            picked[r] = Some(token as u32);
+        }
     }
+    let full: Vec<i64> = (0..n).filter(|r| !wants_pick(r)).map(|r| r as i64).collect();
     let rows = match full.is_empty() {
         true => Vec::new(),
-        false => transfers::read(logits.select(0, index(&full))).map_err(read)?,
+        false => {
+            let index = transfers::upload::<1, Int>(TensorData::new(full.clone(), [full.len()]), &device);
+            transfers::read(logits.select(0, index)).map_err(read)?
+        }
     };
     Ok((rows, picked))
 }

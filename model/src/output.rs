@@ -1,6 +1,8 @@
 //! C7: the logits of a forward pass's flagged tokens. The buffers belong to the context and
 //! are reused from pass to pass.
 
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
 /// Logits rows of the last successful forward pass, or for rows that asked only for their best
 /// token ([`Context::decode_picking`](crate::Context::decode_picking)), that token.
 #[derive(Debug, Clone, Default)]
@@ -88,6 +90,24 @@ pub fn argmax(row: &[f32]) -> Option<u32> {
     // branchy pass: the lm head's rows are 151,936 long.
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     (!row.is_empty()).then(|| row.iter().position(|&v| v == max).unwrap_or(0) as u32)
+}
+
+/// Each row's [`argmax`] on the tensor's device, so that only the indices need to come back:
+/// the GPU kernel where it runs (`kernels::gpu_argmax`, two launches), on the CPU [`argmax`]
+/// itself over the rows in memory, elsewhere Burn's op.
+///
+/// # Shapes
+/// logits: [n, vocab] f32 → \[n\]
+pub fn argmax_rows(logits: &Tensor<2>) -> Tensor<1, Int> {
+    let [n, vocab] = logits.dims();
+    let device = logits.device();
+    if device == Device::flex()
+        && let Ok(rows) = crate::transfers::read::<2, _, f32>(logits.clone())
+    {
+        let picks: Vec<i64> = (0..n).map(|r| argmax(&rows[r * vocab..(r + 1) * vocab]).unwrap_or(0) as i64).collect();
+        return Tensor::from_data(TensorData::new(picks, [n]), &device);
+    }
+    crate::kernels::gpu_argmax(logits).unwrap_or_else(|| logits.clone().argmax(1).reshape([n]))
 }
 
 #[cfg(test)]

@@ -789,3 +789,40 @@ fn quantized_products_match_a_reference() {
         }
     }
 }
+
+/// Greedy decoding's pick on the device (`output::argmax_rows`; on a GPU the two-launch kernel)
+/// against the host's `argmax`: rows shorter than a chunk, and long enough that a merging unit
+/// takes several chunks; the maximum at the first and the last index, repeated across chunks
+/// and within one unit's stride (the first wins), beside NaN and −∞; a strided view.
+#[test]
+fn argmax_rows_take_the_first_largest_value() {
+    use llaisys_model::output::argmax_rows;
+    let (spec, device) = device();
+    for (n, vocab) in [(1, 7), (3, 1000), (3, 151_936), (2, 1024 * 130 + 5)] {
+        let mut x = values(n * (vocab + 2), vocab as u32, 4.0);
+        // Where index i of row r is in x: the view starts at column 1 of rows of vocab + 2.
+        let at = |r: usize, i: usize| r * (vocab + 2) + 1 + i;
+        // Row 0: its largest value first; row 1: last and, as large, in the middle twice (one
+        // unit's stride apart); row 2: in two chunks, twice in one unit's stride and at two
+        // units of the first chunk, with NaN and −∞ before.
+        x[at(0, 0)] = 9.0;
+        if n > 1 {
+            x[at(1, vocab - 1)] = 9.5;
+            x[at(1, vocab / 2)] = 9.5;
+            x[at(1, vocab / 2 + 128)] = 9.5;
+        }
+        if n > 2 {
+            x[at(2, 10)] = f32::NAN;
+            x[at(2, 20)] = f32::NEG_INFINITY;
+            for i in [vocab - 3, 900, 514, 130].into_iter().chain((vocab > 1100).then_some(1026)) {
+                x[at(2, i)] = 8.0;
+            }
+        }
+        let input = Tensor::<2>::from_data(TensorData::new(x.clone(), [n, vocab + 2]), &device).narrow(1, 1, vocab);
+        let got: Vec<i64> =
+            ran(spec, "argmax_chunks", || argmax_rows(&input)).into_data().convert::<i64>().try_into_vec().unwrap();
+        let want: Vec<i64> =
+            (0..n).map(|r| llaisys_model::argmax(&x[at(r, 0)..at(r, vocab)]).unwrap() as i64).collect();
+        assert_eq!(got, want, "{n} rows of {vocab}");
+    }
+}

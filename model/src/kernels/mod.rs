@@ -87,6 +87,9 @@ pub(crate) mod gpu {
     pub fn buffer_limit(_: &burn::tensor::Device) -> Option<u64> {
         None
     }
+    pub fn argmax(_: &Tensor<2>) -> Option<Tensor<1, Int>> {
+        None
+    }
     pub const BUILT: bool = false;
     pub fn enabled() -> bool {
         false
@@ -640,6 +643,15 @@ pub fn gpu_xwt_q(
 /// parts: rows of k values, ids: \[n\] → [rows or n, k]
 pub fn gpu_dequantize(parts: &[DeviceRows], k: usize, ids: Option<&Tensor<1, Int>>, dtype: DType) -> Option<Tensor<2>> {
     gpu::dequantize(parts, k, ids, dtype)
+}
+
+/// The index of each row's largest value on a GPU (the first on ties, never NaN or −∞) in two
+/// launches, so that greedy decoding reads back one id a row.
+///
+/// # Shapes
+/// x: [n, vocab] f32 → \[n\] i32
+pub fn gpu_argmax(x: &Tensor<2>) -> Option<Tensor<1, Int>> {
+    gpu::argmax(x)
 }
 
 /// `silu(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one.

@@ -1229,3 +1229,91 @@ fn rotate_store<C: Float>(
         v_cache[c + (i + half) * step] = C::cast_from(x2);
     }
 }
+
+/// Logits a cube of [`argmax_chunks`] scans.
+pub const ARGMAX_CHUNK: usize = 1024;
+
+/// Stands for "no index" in [`argmax_chunks`]' and [`argmax_merge`]'s (value, index) pairs,
+/// where indices are f32 (exact up to 2^24).
+const NO_INDEX: f32 = 1.0e30;
+
+/// Whether (v, i) comes before (best, best_i) in an argmax: a larger value, or the same value
+/// at a smaller index (so the first maximum wins). NaN never does.
+#[cube]
+fn argmax_before(v: f32, i: f32, best: f32, best_i: f32) -> bool {
+    v > best || (v == best && i < best_i)
+}
+
+/// The smallest `best_i` across the cube of the units whose `best` is `top` (the cube's
+/// largest; their first maxima), to every unit. Leaves `shared` free.
+#[cube]
+fn first_index(shared: Shared<[f32]>, best: f32, best_i: f32, top: f32, #[comptime] units: usize) -> f32 {
+    let mine = select(best == top, best_i, f32::new(NO_INDEX));
+    // The smallest as the largest negated.
+    -cube_reduce(shared, -mine, units, true)
+}
+
+/// Greedy decoding's first step: the largest value of each [`ARGMAX_CHUNK`] logits of a row
+/// and the index of its first occurrence, one cube a (row, chunk). NaN is never picked; values
+/// at or below −f32::MAX only where nothing else is.
+///
+/// x: [n, vocab] (any strides), parts: [n · chunks, 2] contiguous (value, index as f32), with
+/// `chunks` vocab / ARGMAX_CHUNK rounded up.
+#[cube(launch)]
+pub fn argmax_chunks(x: &Tensor<f32>, parts: &mut Tensor<f32>, chunks: usize, #[comptime] units: usize) {
+    let vocab = x.shape(1);
+    let at = CUBE_POS;
+    if at >= x.shape(0) * chunks {
+        terminate!();
+    }
+    let (row, chunk) = (at / chunks, at % chunks);
+    let base = row * x.stride(0);
+    let end = select(chunk * ARGMAX_CHUNK + ARGMAX_CHUNK < vocab, chunk * ARGMAX_CHUNK + ARGMAX_CHUNK, vocab);
+    let mut best = f32::new(-3.402_823_5e38);
+    let mut best_i = f32::new(NO_INDEX);
+    let mut i = chunk * ARGMAX_CHUNK + UNIT_POS as usize;
+    while i < end {
+        let v = x[base + i * x.stride(1)];
+        let take = argmax_before(v, f32::cast_from(i), best, best_i);
+        best = select(take, v, best);
+        best_i = select(take, f32::cast_from(i), best_i);
+        i += units;
+    }
+    let shared = Shared::<[f32]>::new_slice(units);
+    let top = cube_reduce(shared.clone(), best, units, true);
+    let first = first_index(shared, best, best_i, top, units);
+    if UNIT_POS == 0 {
+        parts[at * 2] = top;
+        parts[at * 2 + 1] = first;
+    }
+}
+
+/// Greedy decoding's second step: each row's first largest value among its chunks'
+/// ([`argmax_chunks`]), its index into `out` (0 where the row had no value above −f32::MAX);
+/// one cube a row.
+///
+/// parts: [n · chunks, 2] (value, index), out: \[n\] i32.
+#[cube(launch)]
+pub fn argmax_merge(parts: &Tensor<f32>, out: &mut Tensor<i32>, chunks: usize, #[comptime] units: usize) {
+    let row = CUBE_POS;
+    if row >= out.len() {
+        terminate!();
+    }
+    let mut best = f32::new(-3.402_823_5e38);
+    let mut best_i = f32::new(NO_INDEX);
+    let mut c = UNIT_POS as usize;
+    while c < chunks {
+        let at = (row * chunks + c) * 2;
+        let (v, i) = (parts[at], parts[at + 1]);
+        let take = argmax_before(v, i, best, best_i);
+        best = select(take, v, best);
+        best_i = select(take, i, best_i);
+        c += units;
+    }
+    let shared = Shared::<[f32]>::new_slice(units);
+    let top = cube_reduce(shared.clone(), best, units, true);
+    let first = first_index(shared, best, best_i, top, units);
+    if UNIT_POS == 0 {
+        out[row] = select(first < f32::new(NO_INDEX), i32::cast_from(first), 0i32);
+    }
+}

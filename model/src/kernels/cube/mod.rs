@@ -756,3 +756,43 @@ pub fn rope_kv(
     });
     written.then(|| tensor(q))
 }
+
+/// The index of each row's largest value (the first on ties; NaN and −∞ never), in two
+/// launches: one cube a [`kernels::ARGMAX_CHUNK`] of a row, then one a row merging its chunks.
+/// `None` past 2^24 columns (the kernels carry indices as f32).
+///
+/// # Shapes
+/// x: [n, vocab] f32 → \[n\] i32
+pub fn argmax(x: &Tensor<2>) -> Option<Tensor<1, Int>> {
+    let [n, vocab] = x.dims();
+    if n == 0 || vocab == 0 || vocab > 1 << 24 {
+        return None;
+    }
+    let x = cube(x)?;
+    let chunks = vocab.div_ceil(kernels::ARGMAX_CHUNK);
+    let parts = empty(&x, [n * chunks, 2]);
+    let client = x.client.clone();
+    let handle = client.empty(n * size_of::<i32>());
+    let out = CubeTensor::new_contiguous(client.clone(), x.device.clone(), Shape::new([n]), handle, DType::I32);
+    let (count, dim) = per_row(n * chunks);
+    kernels::argmax_chunks::launch(
+        &client,
+        count,
+        dim,
+        x.into_tensor_arg(),
+        parts.clone().into_tensor_arg(),
+        chunks,
+        ROW_UNITS,
+    );
+    let (count, dim) = per_row(n);
+    kernels::argmax_merge::launch(
+        &client,
+        count,
+        dim,
+        parts.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        chunks,
+        ROW_UNITS,
+    );
+    Some(Tensor::from_primitive::<Cube>(out))
+}
