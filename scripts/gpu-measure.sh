@@ -3,11 +3,11 @@
 # Random-weight GGUFs of real shapes are written there (the real files cannot travel): the demo
 # model's shape in bf16, Q4_K_M and Q8_0, Qwen3-0.6B's in Q4_K_M and qwen3-moe-mini's (an MoE) in
 # Q4_K_M; the quantized ones as random blocks (scripts/random_family_gguf.py). For each, greedy
-# ids on the GPU are compared with the CPU's and batch-1 decode is measured through `llaisys
-# bench` (which counts kernel launches and host↔device transfers per decode step, and ranks
-# kernels by device time with --kernel-times). The first file also gets prefill 512, aggregate
-# throughput at 16 and 64 concurrent, and greedy ids and decode with an f16 KV cache (the GPUs'
-# default stays f32 until that has run on one). The GPU's utilisation is sampled alongside (a
+# ids on the GPU are compared with the CPU's (where they differ, again with Burn's ops alone) and
+# batch-1 decode is measured through `llaisys bench` (which counts kernel launches and
+# host↔device transfers per decode step, and ranks kernels by device time with --kernel-times).
+# The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, and greedy
+# ids and decode with an f32 KV cache (the default, f16, runs everywhere else). The GPU's utilisation is sampled alongside (a
 # host-bound path shows as a GPU mostly idle). While the files are written, the kernels' and the
 # whole models' tests run on the GPU (f16 and bf16 there too: llvmpipe has f32 alone).
 #
@@ -81,7 +81,12 @@ for m in "${models[@]}"; do
   ids cpu "$M" >"/tmp/$name.cpu.ids"
   ids vulkan "$M" >"/tmp/$name.gpu.ids"
   cat "/tmp/$name.cpu.ids" "/tmp/$name.gpu.ids"
-  if cmp -s "/tmp/$name.cpu.ids" "/tmp/$name.gpu.ids"; then echo "$name: ids equal"; else echo "$name: IDS DIFFER"; fi
+  if cmp -s "/tmp/$name.cpu.ids" "/tmp/$name.gpu.ids"; then echo "$name: ids equal"; else
+    echo "$name: IDS DIFFER"
+    # The kernels' or not: Burn's ops alone, over the blocks dequantized at load.
+    LLAISYS_GPU_KERNELS=off ids vulkan "$M" | tee "/tmp/$name.burn.ids"
+    if cmp -s "/tmp/$name.cpu.ids" "/tmp/$name.burn.ids"; then echo "$name, Burn's ops: ids equal"; else echo "$name, Burn's ops: IDS DIFFER"; fi
+  fi
   step "$name decode ${DECODE_TOKENS:-512} tokens"
   timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 3 --decode-tokens "${DECODE_TOKENS:-512}"
   step "$name decode, each kernel timed"
@@ -92,11 +97,11 @@ for m in "${models[@]}"; do
   fi
   [ $first = 1 ] || continue
   first=0
-  step "$name greedy ids, f16 KV cache"
-  ids vulkan "$M" --kv-dtype f16 | tee "/tmp/$name.f16.ids"
-  if cmp -s "/tmp/$name.cpu.ids" "/tmp/$name.f16.ids"; then echo "$name f16 KV: ids equal"; else echo "$name f16 KV: IDS DIFFER"; fi
-  step "$name decode, f16 KV cache"
-  timeout 90 $BIN bench --model "$M" --device vulkan --kv-dtype f16 --only decode --runs 3 --decode-tokens "${DECODE_TOKENS:-512}"
+  step "$name greedy ids, f32 KV cache (the default is f16)"
+  ids vulkan "$M" --kv-dtype f32 | tee "/tmp/$name.f32.ids"
+  if cmp -s "/tmp/$name.cpu.ids" "/tmp/$name.f32.ids"; then echo "$name f32 KV: ids equal"; else echo "$name f32 KV: IDS DIFFER"; fi
+  step "$name decode, f32 KV cache"
+  timeout 90 $BIN bench --model "$M" --device vulkan --kv-dtype f32 --only decode --runs 3 --decode-tokens "${DECODE_TOKENS:-512}"
   step "$name prefill 512"
   timeout 60 $BIN bench --model "$M" --device vulkan --only prefill --prefill 512 --runs 2
   step "$name throughput 16, 64"

@@ -32,10 +32,14 @@ pub enum KvDtype {
 impl KvDtype {
     pub const ALL: [KvDtype; 4] = [Self::F32, Self::F16, Self::BF16, Self::Q8_0];
 
-    /// The default on `device`: f16 on the CPU, whose attention kernel widens it as it loads;
-    /// f32 on other backends until their kernels take 16-bit operands (issue 31).
+    /// The default on `device`: f16 (as llama.cpp's) where the device computes in it: the CPU,
+    /// whose attention kernel widens it as it loads, and a GPU with 16-bit floats, whose KV
+    /// write stores it and cell attention widens it (half the bytes a step reads from the
+    /// cache; on an H200 the greedy tokens of 640 positions were those of an f32 cache); f32
+    /// on a GPU without (Mesa's llvmpipe through GL).
     pub fn default_for(device: &Device) -> Self {
-        if *device == Device::flex() { Self::F16 } else { Self::F32 }
+        let f16 = *device == Device::flex() || device.supports_dtype(DType::F16);
+        if f16 { Self::F16 } else { Self::F32 }
     }
     pub fn name(self) -> &'static str {
         match self {

@@ -52,8 +52,8 @@ pub struct ModelArgs {
     /// two replicas).
     #[arg(long)]
     device: Option<String>,
-    /// The KV cache's element type (`engine.kv_dtype`): auto (the device's default, f16 on the
-    /// CPU), f32, f16, bf16, q8_0 (the CPU only).
+    /// The KV cache's element type (`engine.kv_dtype`): auto (the device's default: f16, or f32
+    /// on a GPU without f16 buffers), f32, f16, bf16, q8_0 (the CPU only).
     #[arg(long)]
     kv_dtype: Option<String>,
     /// In a cluster: a file whose first line is the shared cookie (`cluster.cookie_file`; else
