@@ -151,7 +151,8 @@ fn read_rows(logits: Tensor<2>, greedy: &[bool]) -> Result<(Vec<f32>, Vec<Option
     let rows = match full.is_empty() {
         true => Vec::new(),
         false => {
-            let index = transfers::upload::<1, Int>(TensorData::new(full.clone(), [full.len()]), &device);
+            let len = full.len();
+            let index = transfers::upload::<1, Int>(TensorData::new(full, [len]), &device);
             transfers::read(logits.select(0, index)).map_err(read)?
         }
     };

@@ -7,6 +7,9 @@
 use burn::cubecl;
 use burn::cubecl::prelude::*;
 
+/// The lowest finite f32 (−f32::MAX): where a running maximum starts.
+const LOWEST: f32 = -3.402_823_5e38;
+
 /// The units of a row-reducing cube (a power of two).
 pub const ROW_UNITS: usize = 128;
 
@@ -137,7 +140,7 @@ pub fn softmax(
     let shared = Shared::<[f32]>::new_slice(units);
 
     // f32::MIN, not −∞: WGSL has no literal for an infinity.
-    let mut top = f32::new(-3.402_823_5e38);
+    let mut top = f32::new(LOWEST);
     let mut j = unit;
     while j < e {
         let mut s = scores[base + j * scores.stride(2)] * scale;
@@ -1002,7 +1005,7 @@ pub fn cell_attention<K: Float>(
     sync_cube();
 
     let j = first + unit;
-    let mut score = f32::new(-3.402_823_5e38);
+    let mut score = f32::new(LOWEST);
     if j < end {
         let cell = usize::cast_from(cells[table + (1 + j) * cells.stride(1)]);
         let key = kv_head * k.stride(0) + cell * k.stride(1);
@@ -1068,7 +1071,7 @@ pub fn merge_splits(parts: &Tensor<f32>, out: &mut Tensor<f32>, splits: usize, #
         terminate!();
     }
     let first = CUBE_POS * splits;
-    let mut top = f32::new(-3.402_823_5e38);
+    let mut top = f32::new(LOWEST);
     let mut s = 0;
     while s < splits {
         let m = parts[(first + s) * parts.stride(0)];
@@ -1269,7 +1272,7 @@ pub fn argmax_chunks(x: &Tensor<f32>, parts: &mut Tensor<f32>, chunks: usize, #[
     let (row, chunk) = (at / chunks, at % chunks);
     let base = row * x.stride(0);
     let end = select(chunk * ARGMAX_CHUNK + ARGMAX_CHUNK < vocab, chunk * ARGMAX_CHUNK + ARGMAX_CHUNK, vocab);
-    let mut best = f32::new(-3.402_823_5e38);
+    let mut best = f32::new(LOWEST);
     let mut best_i = f32::new(NO_INDEX);
     let mut i = chunk * ARGMAX_CHUNK + UNIT_POS as usize;
     while i < end {
@@ -1299,7 +1302,7 @@ pub fn argmax_merge(parts: &Tensor<f32>, out: &mut Tensor<i32>, chunks: usize, #
     if row >= out.len() {
         terminate!();
     }
-    let mut best = f32::new(-3.402_823_5e38);
+    let mut best = f32::new(LOWEST);
     let mut best_i = f32::new(NO_INDEX);
     let mut c = UNIT_POS as usize;
     while c < chunks {

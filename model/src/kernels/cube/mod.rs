@@ -48,9 +48,14 @@ fn cube<const D: usize>(x: &Tensor<D>) -> Option<CubeTensor> {
 
 /// A new contiguous f32 tensor of `shape` on `like`'s device (its values unset).
 fn empty(like: &CubeTensor, shape: impl Into<Shape>) -> CubeTensor {
+    empty_as(like, shape, DType::F32)
+}
+
+/// A new contiguous tensor of `shape` and `dtype` on `like`'s device (its values unset).
+fn empty_as(like: &CubeTensor, shape: impl Into<Shape>, dtype: DType) -> CubeTensor {
     let shape = shape.into();
-    let handle = like.client.empty(shape.num_elements() * size_of::<f32>());
-    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, DType::F32)
+    let handle = like.client.empty(shape.num_elements() * dtype.size());
+    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, dtype)
 }
 
 fn tensor<const D: usize>(t: CubeTensor) -> Tensor<D> {
@@ -528,18 +533,10 @@ pub fn dequantize(parts: &[DeviceRows], k: usize, ids: Option<&Tensor<1, Int>>, 
     let (gather, ids) = match ids {
         Some(ids) => (true, ids.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?),
         // A placeholder the kernel never reads.
-        None => {
-            let handle = client.empty(size_of::<i32>());
-            (
-                false,
-                CubeTensor::new_contiguous(client.clone(), first.device.clone(), Shape::new([1]), handle, DType::I32),
-            )
-        }
+        None => (false, empty_as(first, [1], DType::I32)),
     };
     let rows = if gather { ids.meta.shape()[0] } else { parts.iter().map(DeviceRows::rows).sum() };
-    let shape = Shape::new([rows, k]);
-    let handle = client.empty(rows * k * dtype.size());
-    let out = CubeTensor::new_contiguous(client.clone(), first.device.clone(), shape, handle, dtype);
+    let out = empty_as(first, [rows, k], dtype);
     // Each part's first row, in the matrix and (stacking them all) in out.
     let mut row0 = 0;
     for (format, words) in blocks {
@@ -771,9 +768,8 @@ pub fn argmax(x: &Tensor<2>) -> Option<Tensor<1, Int>> {
     let x = cube(x)?;
     let chunks = vocab.div_ceil(kernels::ARGMAX_CHUNK);
     let parts = empty(&x, [n * chunks, 2]);
+    let out = empty_as(&x, [n], DType::I32);
     let client = x.client.clone();
-    let handle = client.empty(n * size_of::<i32>());
-    let out = CubeTensor::new_contiguous(client.clone(), x.device.clone(), Shape::new([n]), handle, DType::I32);
     let (count, dim) = per_row(n * chunks);
     kernels::argmax_chunks::launch(
         &client,
