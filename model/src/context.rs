@@ -12,7 +12,7 @@ use crate::error::DecodeError;
 use crate::kv::{KvCache, KvDtype};
 use crate::kv::{Pos, SeqId};
 use crate::lm::{LanguageModel, ModelInfo, Pooling, Readout};
-use crate::output::{Outputs, argmax, argmax_rows};
+use crate::output::{Outputs, Read, RowNeed, argmax, argmax_rows};
 
 pub struct Context {
     model: Box<dyn LanguageModel>,
@@ -70,15 +70,15 @@ impl Context {
         self.decode_picking(batch, abort, &[])
     }
 
-    /// Runs one batch as [`Context::decode_with_abort`] does, but the output rows `r` with
-    /// `greedy[r]` (missing: false) hold only their largest logit's index
-    /// ([`Outputs::picked`]), found on the model's device: on a GPU only those tokens come back,
-    /// not rows of the vocabulary's size.
+    /// Runs one batch as [`Context::decode_with_abort`] does, but output row `r` holds what
+    /// `needs[r]` asks for (missing: [`RowNeed::Whole`]): its largest logit's index
+    /// ([`Outputs::picked`]) or its best candidates ([`Outputs::top`]), found on the model's
+    /// device, so that on a GPU only those come back, not rows of the vocabulary's size.
     pub fn decode_picking(
         &mut self,
         batch: &Batch,
         abort: &dyn Fn() -> bool,
-        greedy: &[bool],
+        needs: &[RowNeed],
     ) -> Result<(), DecodeError> {
         self.outputs.clear();
         let info = self.model.info();
@@ -97,12 +97,12 @@ impl Context {
         let (model, cache) = (&self.model, &mut self.cache);
         let result = catch_unwind(AssertUnwindSafe(|| {
             let logits = model.forward(&valid, &placement, cache, abort)?;
-            read_rows(logits, greedy)
+            read_rows(logits, needs)
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))));
         match result {
-            Ok((logits, picked)) => {
-                self.outputs.set(&logits, &picked, &valid.out_rows);
+            Ok((logits, reads)) => {
+                self.outputs.set(&logits, &reads, &valid.out_rows);
                 Ok(())
             }
             Err(e) => {
@@ -113,50 +113,71 @@ impl Context {
     }
 }
 
-/// Reads back a pass's logits, [n, vocab]: the rows `r` with `greedy[r]` as the index of their
-/// largest value (found on the tensor's device), the others whole, in order.
-fn read_rows(logits: Tensor<2>, greedy: &[bool]) -> Result<(Vec<f32>, Vec<Option<u32>>), DecodeError> {
+/// Reads back a pass's logits, [n, vocab], each row `r` as `needs[r]` asks: on a GPU the
+/// candidates of the rows that sample with top-k (or, without any, each row's best) found
+/// there, then the rows wanted whole, in order; on the CPU every row, the best of those that
+/// want only it picked here.
+fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<(Vec<f32>, Vec<Read>), DecodeError> {
     let [n, vocab] = logits.dims();
     let read = |e| DecodeError::Internal(format!("reading logits: {e:?}"));
-    let wants_pick = |r: &usize| greedy.get(*r) == Some(&true);
-    let picks: Vec<usize> = (0..n).filter(wants_pick).collect();
-    if picks.is_empty() {
-        return Ok((transfers::read(logits).map_err(read)?, vec![None; n]));
-    }
-    let mut picked = vec![None; n];
+    let need = |r: usize| needs.get(r).copied().unwrap_or_default();
+    let mut reads = vec![Read::Logits; n];
     let device = logits.device();
     if device == Device::flex() {
-        // On the CPU the rows are in memory already: pick there, keep the others.
+        // On the CPU the rows are in memory already: pick there, keep the others (a sampler
+        // selects its top-k from a row as fast as a kernel would).
         let mut all = transfers::read::<2, _, f32>(logits).map_err(read)?;
-        for &r in &picks {
-            picked[r] = argmax(&all[r * vocab..(r + 1) * vocab]);
-        }
         let mut kept = 0;
-        for r in (0..n).filter(|r| picked[*r].is_none()) {
-            all.copy_within(r * vocab..(r + 1) * vocab, kept * vocab);
-            kept += 1;
+        for (r, read) in reads.iter_mut().enumerate() {
+            let row = r * vocab..(r + 1) * vocab;
+            match need(r) {
+                RowNeed::Best => *read = Read::Picked(argmax(&all[row]).unwrap_or(0)),
+                _ => {
+                    all.copy_within(row, kept * vocab);
+                    kept += 1;
+                }
+            }
         }
         all.truncate(kept * vocab);
-        return Ok((all, picked));
+        return Ok((all, reads));
     }
-    // Every row's pick on the device (one id each to read back, where the rows the picks skip
-    // would take an upload to leave out), then the rows wanted whole.
-    let best = argmax_rows(&logits);
-    for (r, token) in transfers::read::<1, _, i32>(best).map_err(read)?.into_iter().enumerate() {
-        if wants_pick(&r) {
-            picked[r] = Some(token as u32);
+    let k = (0..n).filter_map(|r| if let RowNeed::Top(k) = need(r) { Some(k) } else { None }).max();
+    if let Some((k, top)) = k.and_then(|k| Some((k, crate::kernels::gpu_top_k(&logits, k)?))) {
+        // A row's first candidate is its best: greedy rows take it from the same readback.
+        let pairs = transfers::read::<3, _, f32>(top).map_err(read)?;
+        for (r, read) in reads.iter_mut().enumerate() {
+            // Past the row's values the index is 1e30: no token.
+            let mut candidates = pairs[r * k * 2..(r + 1) * k * 2]
+                .chunks_exact(2)
+                .filter(|pair| pair[1] < vocab as f32)
+                .map(|pair| (pair[1] as u32, pair[0]));
+            match need(r) {
+                RowNeed::Best => *read = Read::Picked(candidates.next().map_or(0, |c| c.0)),
+                RowNeed::Top(k) => *read = Read::Top(candidates.take(k).collect()),
+                RowNeed::Whole => {}
+            }
+        }
+    } else if (0..n).any(|r| need(r) == RowNeed::Best) {
+        // Every row's pick (one id each to read back, where leaving out the rows that do not
+        // want it would take an upload).
+        let best = argmax_rows(&logits);
+        for (r, token) in transfers::read::<1, _, i32>(best).map_err(read)?.into_iter().enumerate() {
+            if need(r) == RowNeed::Best {
+                reads[r] = Read::Picked(token as u32);
+            }
         }
     }
-    let full: Vec<i64> = (0..n).filter(|r| !wants_pick(r)).map(|r| r as i64).collect();
-    let rows = match full.is_empty() {
-        true => Vec::new(),
-        false => {
-            let len = full.len();
-            let index = transfers::upload::<1, Int>(TensorData::new(full, [len]), &device);
+    // The rows wanted whole, and those that sample where no kernel found their candidates.
+    let whole: Vec<i64> = (0..n).filter(|r| reads[*r] == Read::Logits).map(|r| r as i64).collect();
+    let rows = match whole.len() {
+        0 => Vec::new(),
+        len if len == n => transfers::read(logits).map_err(read)?,
+        len => {
+            let index = transfers::upload::<1, Int>(TensorData::new(whole, [len]), &device);
             transfers::read(logits.select(0, index)).map_err(read)?
         }
     };
-    Ok((rows, picked))
+    Ok((rows, reads))
 }
 
 impl Context {

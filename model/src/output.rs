@@ -3,13 +3,41 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-/// Logits rows of the last successful forward pass, or for rows that asked only for their best
-/// token ([`Context::decode_picking`](crate::Context::decode_picking)), that token.
+/// What a pass brings back of one output row ([`Context::decode_picking`]).
+///
+/// [`Context::decode_picking`]: crate::Context::decode_picking
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowNeed {
+    /// Its logits, all of them.
+    #[default]
+    Whole,
+    /// The index of its largest logit only (greedy decoding), found on the model's device.
+    Best,
+    /// Its `k` largest logits with their tokens, best first (sampling with top-k and nothing
+    /// else that reads the row), found on a GPU; where the logits are in host memory already
+    /// (the CPU), or no kernel runs, the whole row.
+    Top(usize),
+}
+
+/// What a pass read back of one output row, for [`Outputs::set`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Read {
+    /// The next row of the logits read.
+    Logits,
+    Picked(u32),
+    /// (token, logit) best first.
+    Top(Vec<(u32, f32)>),
+}
+
+/// Logits rows of the last successful forward pass or, for rows that asked for less
+/// ([`RowNeed`]), their best token or their best candidates.
 #[derive(Debug, Clone, Default)]
 pub struct Outputs {
     vocab: usize,
     /// [rows with logits, vocab] row-major.
     logits: Vec<f32>,
+    /// The candidates of the rows that hold some, one row after the other.
+    candidates: Vec<(u32, f32)>,
     /// [n_outputs] the batch index of each row.
     rows: Vec<usize>,
     /// [n_outputs] what each row holds.
@@ -22,6 +50,8 @@ enum Row {
     Logits(usize),
     /// The index of its largest logit.
     Picked(u32),
+    /// Its best candidates, `candidates[from..to]`.
+    Top(usize, usize),
 }
 
 impl Outputs {
@@ -29,26 +59,35 @@ impl Outputs {
         Self { vocab, ..Self::default() }
     }
 
-    /// Replaces the contents: the rows where `picked` is `Some` hold that token, the others in
-    /// order the rows of `logits`.
-    pub(crate) fn set(&mut self, logits: &[f32], picked: &[Option<u32>], rows: &[usize]) {
-        debug_assert_eq!(picked.len(), rows.len());
-        debug_assert_eq!(logits.len(), picked.iter().filter(|p| p.is_none()).count() * self.vocab);
+    /// Replaces the contents: row `r` (batch index `rows[r]`) holds what `reads[r]` says, the
+    /// rows read whole in order the rows of `logits`.
+    pub(crate) fn set(&mut self, logits: &[f32], reads: &[Read], rows: &[usize]) {
+        debug_assert_eq!(reads.len(), rows.len());
+        debug_assert_eq!(logits.len(), reads.iter().filter(|r| **r == Read::Logits).count() * self.vocab);
         self.clear();
         self.logits.extend_from_slice(logits);
         self.rows.extend_from_slice(rows);
         let mut k = 0;
-        self.kinds.extend(picked.iter().map(|p| match p {
-            Some(token) => Row::Picked(*token),
-            None => {
-                k += 1;
-                Row::Logits(k - 1)
-            }
-        }));
+        for read in reads {
+            let kind = match read {
+                Read::Logits => {
+                    k += 1;
+                    Row::Logits(k - 1)
+                }
+                Read::Picked(token) => Row::Picked(*token),
+                Read::Top(candidates) => {
+                    let from = self.candidates.len();
+                    self.candidates.extend_from_slice(candidates);
+                    Row::Top(from, self.candidates.len())
+                }
+            };
+            self.kinds.push(kind);
+        }
     }
 
     pub(crate) fn clear(&mut self) {
         self.logits.clear();
+        self.candidates.clear();
         self.rows.clear();
         self.kinds.clear();
     }
@@ -61,18 +100,27 @@ impl Outputs {
     pub fn output_ids(&self) -> &[usize] {
         &self.rows
     }
-    /// The `row`-th row's logits (`None` past the rows, or for a row that holds a picked token).
+    /// The `row`-th row's logits (`None` past the rows, or for a row that holds less).
     pub fn row(&self, row: usize) -> Option<&[f32]> {
         match self.kinds.get(row)? {
             Row::Logits(k) => self.logits.get(k * self.vocab..(k + 1) * self.vocab),
-            Row::Picked(_) => None,
+            _ => None,
         }
     }
-    /// The token picked for the `row`-th row, if it asked for only that.
+    /// The token picked for the `row`-th row, if it asked for only that ([`RowNeed::Best`]).
     pub fn picked(&self, row: usize) -> Option<u32> {
         match self.kinds.get(row)? {
             Row::Picked(token) => Some(*token),
-            Row::Logits(_) => None,
+            _ => None,
+        }
+    }
+    /// The `row`-th row's best (token, logit) pairs, best first, if it asked for them
+    /// ([`RowNeed::Top`]) and they were found on the device (fewer than asked where the row has
+    /// fewer values that are neither NaN nor −∞).
+    pub fn top(&self, row: usize) -> Option<&[(u32, f32)]> {
+        match self.kinds.get(row)? {
+            Row::Top(from, to) => self.candidates.get(*from..*to),
+            _ => None,
         }
     }
     /// The logits of batch token `i`, if it was flagged (`llama_get_logits_ith`).
@@ -117,7 +165,7 @@ mod tests {
     #[test]
     fn rows_map_to_batch_indices() {
         let mut out = Outputs::new(2);
-        out.set(&[1.0, 2.0, 3.0, 4.0], &[None, None], &[0, 3]);
+        out.set(&[1.0, 2.0, 3.0, 4.0], &[Read::Logits, Read::Logits], &[0, 3]);
         assert_eq!((out.n_outputs(), out.output_ids()), (2, &[0, 3][..]));
         assert_eq!(out.logits_ith(3), Some(&[3.0, 4.0][..]));
         assert_eq!(out.logits_ith(1), None);
@@ -126,15 +174,19 @@ mod tests {
     }
 
     #[test]
-    fn picked_rows_hold_a_token_and_the_others_their_logits() {
+    fn rows_hold_a_token_candidates_or_their_logits() {
         let mut out = Outputs::new(2);
-        out.set(&[5.0, 6.0], &[Some(1), None, Some(0)], &[0, 1, 2]);
-        assert_eq!((out.row(0), out.picked(0)), (None, Some(1)));
-        assert_eq!((out.row(1), out.picked(1)), (Some(&[5.0, 6.0][..]), None));
-        assert_eq!((out.row(2), out.picked(2)), (None, Some(0)));
-        assert_eq!(out.logits_ith(1), Some(&[5.0, 6.0][..]));
-        out.set(&[1.0, 2.0], &[None], &[4]);
-        assert_eq!((out.n_outputs(), out.picked(0), out.row(0)), (1, None, Some(&[1.0, 2.0][..])));
+        let reads =
+            [Read::Picked(1), Read::Top(vec![(1, 0.5), (0, 0.25)]), Read::Logits, Read::Picked(0), Read::Top(vec![])];
+        out.set(&[5.0, 6.0], &reads, &[0, 1, 2, 3, 4]);
+        assert_eq!((out.row(0), out.picked(0), out.top(0)), (None, Some(1), None));
+        assert_eq!((out.row(1), out.picked(1), out.top(1)), (None, None, Some(&[(1, 0.5), (0, 0.25)][..])));
+        assert_eq!((out.row(2), out.picked(2), out.top(2)), (Some(&[5.0, 6.0][..]), None, None));
+        assert_eq!((out.row(3), out.picked(3)), (None, Some(0)));
+        assert_eq!(out.top(4), Some(&[][..]));
+        assert_eq!(out.logits_ith(2), Some(&[5.0, 6.0][..]));
+        out.set(&[1.0, 2.0], &[Read::Logits], &[4]);
+        assert_eq!((out.n_outputs(), out.picked(0), out.top(0), out.row(0)), (1, None, None, Some(&[1.0, 2.0][..])));
     }
 
     #[test]

@@ -12,6 +12,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::grammar::{Guidance, Guide, GuideEnd};
+use crate::output::RowNeed;
+
+/// The largest top-k whose candidates are found on a GPU ([`Sampler::need`]) instead of the row
+/// coming back: each takes a pass over the logits there. Qwen3's default is 20, Ollama's 40,
+/// Hugging Face's 50.
+pub const TOP_K_ON_DEVICE: usize = 64;
 
 /// How to pick tokens for one sequence. `Default` is greedy with no penalties.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -37,8 +43,8 @@ pub struct SamplingParams {
     /// How many alternatives with their log-probabilities to report per token (0 = none).
     pub top_logprobs: usize,
     /// Report each sampled token's log-probability (implied by `top_logprobs` > 0). Without it
-    /// a greedy sequence with nothing else to apply needs only its row's best token, which a
-    /// GPU finds where the logits are (see [`Sampler::picks_greedily`]).
+    /// a sequence with nothing else to apply needs only its row's best token (greedy) or best
+    /// candidates (top-k), which a GPU finds where the logits are (see [`Sampler::need`]).
     #[serde(default)]
     pub logprobs: bool,
 }
@@ -147,6 +153,8 @@ pub struct Sampler {
     generated: HashMap<u32, u32>,
     /// Scratch: the processed row, reused between steps.
     scratch: Vec<f32>,
+    /// Scratch of a draw: its candidates as rank keys, then ranked.
+    draw: DrawScratch,
 }
 
 impl Sampler {
@@ -159,7 +167,15 @@ impl Sampler {
         let mut prompt = prompt.to_vec();
         prompt.sort_unstable();
         prompt.dedup();
-        Self { params, guide: None, rng, prompt, generated: HashMap::new(), scratch: Vec::new() }
+        Self {
+            params,
+            guide: None,
+            rng,
+            prompt,
+            generated: HashMap::new(),
+            scratch: Vec::new(),
+            draw: DrawScratch::default(),
+        }
     }
 
     /// The same sampler, constrained by `guidance`.
@@ -216,8 +232,10 @@ impl Sampler {
                 end = Some(GuideEnd::Failed(e));
             }
             self.apply_bias_and_penalties(&mut row);
-            let token =
-                if self.params.is_greedy() { crate::output::argmax(&row).unwrap_or(0) } else { self.draw(&row) };
+            let token = match self.params.is_greedy() {
+                true => crate::output::argmax(&row).unwrap_or(0),
+                false => self.draw(row.iter().enumerate().map(|(i, &l)| (i as u32, l))),
+            };
             self.scratch = row;
             token
         };
@@ -237,18 +255,41 @@ impl Sampler {
         Sampled { token, logprob, top, end, mask_time }
     }
 
-    /// Whether this sequence's next token is its row's best one and nothing else of the row is
-    /// needed: greedy, no bias or penalty, no constraint, no log-probabilities. Such a row's
-    /// token can be picked where the logits are ([`Sampler::picked`]) instead of read back.
-    pub fn picks_greedily(&self) -> bool {
-        self.params.is_greedy() && !self.adjusts_logits() && self.guide.is_none() && !self.params.wants_logprobs()
+    /// What the next token needs of its logits row. [`RowNeed::Best`]: greedy with no bias or
+    /// penalty, no constraint and no log-probabilities; the token comes to [`Sampler::picked`].
+    /// [`RowNeed::Top`]: sampled with a top-k of at most [`TOP_K_ON_DEVICE`] and nothing else
+    /// of the row needed; the candidates come to [`Sampler::sample_top`]. Otherwise the whole
+    /// row, to [`Sampler::sample`].
+    pub fn need(&self) -> RowNeed {
+        if self.adjusts_logits() || self.guide.is_some() || self.params.wants_logprobs() {
+            return RowNeed::Whole;
+        }
+        match self.params.top_k {
+            _ if self.params.is_greedy() => RowNeed::Best,
+            Some(k) if k <= TOP_K_ON_DEVICE => RowNeed::Top(k),
+            _ => RowNeed::Whole,
+        }
     }
 
-    /// Records `token`, the best of its row, picked for a sequence that [`picks_greedily`].
-    ///
-    /// [`picks_greedily`]: Sampler::picks_greedily
+    /// Records `token`, the best of its row, picked for a sequence whose [`Sampler::need`] is
+    /// [`RowNeed::Best`].
     pub fn picked(&mut self, token: u32) -> Sampled {
-        debug_assert!(self.picks_greedily());
+        debug_assert_eq!(self.need(), RowNeed::Best);
+        self.record(token)
+    }
+
+    /// Samples from `candidates`, the (token, logit) pairs of the row's largest logits (at least
+    /// top-k of them where the row has that many), for a sequence whose [`Sampler::need`] is
+    /// [`RowNeed::Top`]: the token [`Sampler::sample`] draws from the whole row with the same
+    /// random stream.
+    pub fn sample_top(&mut self, candidates: &[(u32, f32)]) -> Sampled {
+        debug_assert!(matches!(self.need(), RowNeed::Top(_)));
+        let token = self.draw(candidates.iter().copied());
+        self.record(token)
+    }
+
+    /// Counts `token` for the penalties: a token chosen with nothing else to report.
+    fn record(&mut self, token: u32) -> Sampled {
         *self.generated.entry(token).or_default() += 1;
         Sampled { token, logprob: None, top: Vec::new(), end: None, mask_time: None }
     }
@@ -285,45 +326,140 @@ impl Sampler {
         }
     }
 
-    /// Temperature, top-k, min-p, top-p, then one draw from what remains.
-    fn draw(&mut self, row: &[f32]) -> u32 {
+    /// Temperature, top-k, min-p, top-p, then one draw from what remains of `logits`, (token,
+    /// logit) pairs: a whole row, or its best candidates. Masses add up in f64, so that the
+    /// token drawn does not hang on the order they are added in (in f32, 150,000 small
+    /// probabilities summed in two orders moved a draw by thousands of tokens).
+    fn draw(&mut self, logits: impl Iterator<Item = (u32, f32)> + Clone) -> u32 {
         let p = &self.params;
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        // Candidates as (token, unnormalised probability), most likely first after sorting.
-        let mut cands: Vec<(u32, f32)> = row
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, ((l - max) / p.temperature).exp()))
-            .filter(|c| c.1 > 0.0)
-            .collect();
-        let by_prob = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if let Some(k) = p.top_k.filter(|k| *k < cands.len()) {
-            cands.select_nth_unstable_by(k - 1, by_prob);
-            cands.truncate(k);
+        let max = logits.clone().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        let keys = &mut self.draw.keys;
+        keys.clear();
+        keys.extend(logits.filter_map(|(token, l)| {
+            let w = ((l - max) / p.temperature).exp();
+            (w > 0.0).then(|| rank_key(token, w))
+        }));
+        if let Some(k) = p.top_k.filter(|k| *k < keys.len()) {
+            keys.select_nth_unstable(k - 1);
+            keys.truncate(k);
         }
         if p.min_p > 0.0 {
             // The best candidate has probability exp(0) = 1 before normalisation.
-            cands.retain(|c| c.1 >= p.min_p);
+            keys.retain(|k| unkey(*k).1 >= p.min_p);
         }
-        cands.sort_unstable_by(by_prob);
+        let mut ranked = Ranked::new(keys, &mut self.draw.ranked, &mut self.draw.starts);
+        let mut len = ranked.len();
+        let mut total: f64 = ranked.total();
         if p.top_p < 1.0 {
-            let total: f32 = cands.iter().map(|c| c.1).sum();
             let mut mass = 0.0;
-            let keep = cands.iter().position(|c| {
-                mass += c.1;
-                mass >= p.top_p * total
-            });
-            cands.truncate(keep.map_or(cands.len(), |i| i + 1));
+            len = (0..len)
+                .position(|i| {
+                    mass += f64::from(ranked.get(i).1);
+                    mass >= f64::from(p.top_p) * total
+                })
+                .map_or(len, |i| i + 1);
+            total = mass;
         }
-        let total: f32 = cands.iter().map(|c| c.1).sum();
-        let mut u = self.rng.random::<f32>() * total;
-        for &(token, w) in &cands {
-            if u < w {
+        let mut u = f64::from(self.rng.random::<f32>()) * total;
+        for i in 0..len {
+            let (token, w) = ranked.get(i);
+            if u < f64::from(w) {
                 return token;
             }
-            u -= w;
+            u -= f64::from(w);
         }
-        cands.last().map_or(0, |c| c.0)
+        len.checked_sub(1).map_or(0, |i| ranked.get(i).0)
+    }
+}
+
+/// A draw's buffers, kept by its sampler from token to token (a whole row's candidates are
+/// 1.2 MB).
+#[derive(Debug, Default)]
+struct DrawScratch {
+    keys: Vec<u64>,
+    ranked: Vec<u64>,
+    starts: Vec<u32>,
+}
+
+/// A candidate (token, unnormalised probability in (0, 1]) as one word that sorts most likely
+/// first, then the smaller token: the probability's bits inverted above the token (positive
+/// floats' bits order as their values).
+fn rank_key(token: u32, p: f32) -> u64 {
+    (u64::from(!p.to_bits()) << 32) | u64::from(token)
+}
+
+fn unkey(key: u64) -> (u32, f32) {
+    (key as u32, f32::from_bits(!((key >> 32) as u32)))
+}
+
+/// Candidates in rank-key order as far as a walk reads them: counted into buckets of
+/// probabilities (16 an octave, in order), each bucket sorted when the walk first reaches
+/// it, so that a draw that stops among the first few hundred of a whole row's 150,000 sorts
+/// those alone (sorting every candidate took 11-12 ms a token at the vocabulary's size, on a
+/// 2-core Xeon; about 3 ms now, most of it the exponentials).
+struct Ranked<'a> {
+    items: &'a mut [u64],
+    /// Where each bucket starts in `items`, and its end last.
+    starts: &'a [u32],
+    /// `items[..sorted]` is in order; it ends where `bucket` does.
+    sorted: usize,
+    bucket: usize,
+}
+
+impl<'a> Ranked<'a> {
+    /// A key's bucket is its top bits past this many (its probability's exponent and first
+    /// four mantissa bits).
+    const SHIFT: u32 = 19;
+    /// The bucket of probability 1 (the largest; smaller ones come after).
+    const FIRST: u32 = !1.0f32.to_bits() >> Self::SHIFT;
+    const BUCKETS: usize = (u32::MAX >> Self::SHIFT) as usize - Self::FIRST as usize + 1;
+
+    fn bucket(key: u64) -> usize {
+        (((key >> 32) as u32 >> Self::SHIFT).saturating_sub(Self::FIRST) as usize).min(Self::BUCKETS - 1)
+    }
+
+    /// `keys` counted into `ranked` by bucket (a counting sort), `starts` their bounds.
+    fn new(keys: &[u64], ranked: &'a mut Vec<u64>, starts: &'a mut Vec<u32>) -> Self {
+        starts.clear();
+        starts.resize(Self::BUCKETS + 1, 0);
+        for &key in keys {
+            starts[Self::bucket(key) + 1] += 1;
+        }
+        for b in 0..Self::BUCKETS {
+            starts[b + 1] += starts[b];
+        }
+        ranked.clear();
+        ranked.resize(keys.len(), 0);
+        let mut next = starts.clone();
+        for &key in keys {
+            let at = &mut next[Self::bucket(key)];
+            ranked[*at as usize] = key;
+            *at += 1;
+        }
+        Self { items: ranked, starts, sorted: 0, bucket: 0 }
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// The sum of every candidate's probability.
+    fn total(&self) -> f64 {
+        self.items.iter().map(|k| f64::from(unkey(*k).1)).sum()
+    }
+
+    /// The `i`-th best; precondition: `i < len()`.
+    fn get(&mut self, i: usize) -> (u32, f32) {
+        debug_assert!(i < self.len());
+        while i >= self.sorted {
+            while self.starts[self.bucket + 1] as usize <= self.sorted {
+                self.bucket += 1;
+            }
+            let end = self.starts[self.bucket + 1] as usize;
+            self.items[self.sorted..end].sort_unstable();
+            self.sorted = end;
+        }
+        unkey(self.items[i])
     }
 }
 

@@ -8,7 +8,7 @@ use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::tensors::TensorSource;
 use llaisys_model::{
-    Batch, Context, DecodeError, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, argmax, load_model,
+    Batch, Context, DecodeError, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, RowNeed, argmax, load_model,
 };
 use llaisys_tests::{Reference, fixture_dir, max_abs_diff, test_device, topk_error};
 
@@ -267,9 +267,11 @@ fn a_token_in_several_sequences_is_stored_once_and_seen_by_each() {
 }
 
 /// Rows that ask only for their best token get the index of the largest logit of the row a
-/// plain pass reads back (on a GPU, found there); the other rows keep their logits, in order.
+/// plain pass reads back (on a GPU, found there); rows that ask for their top-k get, on a GPU,
+/// that row's k largest logits with their tokens (on the CPU the row itself); the other rows
+/// keep their logits, in order.
 #[test]
-fn picked_rows_hold_the_best_token_of_the_row_they_replace() {
+fn picked_rows_hold_the_best_token_or_candidates_of_the_row_they_replace() {
     let prompts = &Reference::load(FIXTURE).prompts;
     let batch = || {
         let mut batch = Batch::new();
@@ -280,21 +282,44 @@ fn picked_rows_hold_the_best_token_of_the_row_they_replace() {
         }
         batch
     };
+    let on_cpu = test_device().parse::<DeviceSpec>().unwrap() == DeviceSpec::Cpu;
     let mut plain = context(FIXTURE, 256);
     plain.decode(&batch()).unwrap();
     let n = plain.outputs().n_outputs();
-    for greedy in [vec![true; n], (0..n).map(|r| r % 3 != 1).collect::<Vec<_>>(), vec![false; 2]] {
+    let mixed = |r: usize| [RowNeed::Best, RowNeed::Whole, RowNeed::Top(5)][r % 3];
+    for needs in [
+        vec![RowNeed::Best; n],
+        (0..n).map(mixed).collect::<Vec<_>>(),
+        (0..n).map(|r| RowNeed::Top(1 + r % 7)).collect(),
+        vec![RowNeed::Whole; 2],
+    ] {
         let mut ctx = context(FIXTURE, 256);
-        ctx.decode_picking(&batch(), &|| false, &greedy).unwrap();
-        assert_eq!(ctx.outputs().n_outputs(), n);
+        ctx.decode_picking(&batch(), &|| false, &needs).unwrap();
+        let out = ctx.outputs();
+        assert_eq!(out.n_outputs(), n);
         for r in 0..n {
             let whole = plain.outputs().row(r).unwrap();
-            match greedy.get(r) == Some(&true) {
-                true => assert_eq!((ctx.outputs().picked(r), ctx.outputs().row(r)), (argmax(whole), None), "row {r}"),
-                false => {
-                    assert_eq!(ctx.outputs().picked(r), None);
-                    assert!(max_abs_diff(ctx.outputs().row(r).unwrap(), whole) < TOL, "row {r}");
+            let need = needs.get(r).copied().unwrap_or_default();
+            if need == RowNeed::Best {
+                assert_eq!((out.picked(r), out.row(r), out.top(r)), (argmax(whole), None, None), "row {r}");
+                continue;
+            }
+            assert_eq!(out.picked(r), None);
+            match (need, out.top(r)) {
+                (RowNeed::Top(k), Some(top)) => {
+                    assert!(!on_cpu, "the CPU keeps a sampled row whole");
+                    let mut best: Vec<u32> = (0..whole.len() as u32).collect();
+                    best.sort_by(|a, b| whole[*b as usize].total_cmp(&whole[*a as usize]).then(a.cmp(b)));
+                    let tokens: Vec<u32> = top.iter().map(|c| c.0).collect();
+                    assert_eq!(tokens, best[..k], "row {r}: the {k} best tokens, best first");
+                    assert!(top.iter().all(|(t, v)| (whole[*t as usize] - v).abs() < TOL), "row {r}");
+                    assert_eq!(out.row(r), None);
                 }
+                (RowNeed::Top(_), None) => {
+                    assert!(on_cpu, "row {r}: a GPU finds a top-k row's candidates");
+                    assert!(max_abs_diff(out.row(r).unwrap(), whole) < TOL, "row {r}");
+                }
+                _ => assert!(max_abs_diff(out.row(r).unwrap(), whole) < TOL, "row {r}"),
             }
         }
     }

@@ -5,7 +5,7 @@
 
 use llaisys_model::generate::one_sequence;
 use llaisys_model::transfers::{self, Transfers};
-use llaisys_model::{Context, DeviceSpec, KvDtype, LoadOptions, ModelSource, load_model};
+use llaisys_model::{Context, DeviceSpec, KvDtype, LoadOptions, ModelSource, RowNeed, load_model};
 use llaisys_tests::{Reference, fixture_dir, gguf_family_references, gguf_fixture, gguf_references, test_device};
 
 /// Launches per layer of one decode step. On the tiny fixture under Mesa's llvmpipe, counted
@@ -71,7 +71,7 @@ fn decode_one(ctx: &mut Context, pos: i64) {
         None => llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap(),
     };
     transfers::take();
-    ctx.decode_picking(&one_sequence(&[next], 0, pos), &|| false, &[true]).unwrap();
+    ctx.decode_picking(&one_sequence(&[next], 0, pos), &|| false, &[RowNeed::Best]).unwrap();
     assert!(ctx.outputs().picked(0).is_some(), "the step picked its token");
 }
 
@@ -163,5 +163,33 @@ fn a_moe_decode_step_reads_back_only_its_routers_scores() {
         // The step's four inputs alone: a one-row pass runs each chosen expert on the row as it
         // is and weighs its output by a scalar (no rows or weights to upload).
         assert_eq!(moved.uploads, UPLOADS_PER_STEP, "{moved:?}");
+    }
+}
+
+/// A sampled step with top-k reads back the row's k candidates (a value and an index each, as
+/// f32), not the vocabulary's logits, in two launches more than a greedy step's pick: one
+/// readback of 8·k bytes. On the CPU the row stays whole (nothing moves).
+#[test]
+#[cfg_attr(
+    not(any(feature = "wgpu", feature = "cuda")),
+    ignore = "counts a GPU backend's transfers: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
+)]
+fn a_top_k_step_reads_back_its_candidates_only() {
+    const K: usize = 20;
+    let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let (spec, mut ctx, at) = after_a_decode_step("tiny-tied-f32");
+    transfers::take();
+    let watch = llaisys_model::launches::watch(false).expect("a GPU build watches launches");
+    ctx.decode_picking(&one_sequence(&[1], 0, at), &|| false, &[RowNeed::Top(K)]).unwrap();
+    let (launches, moved) = (watch.take(), transfers::take());
+    eprintln!("{spec}: a top-{K} step: {} launches, {moved:?}", launches.total());
+    if spec == DeviceSpec::Cpu {
+        assert_eq!(moved, Transfers::default());
+        assert_eq!(ctx.outputs().top(0), None, "the CPU keeps the row whole");
+    } else {
+        assert_eq!((moved.uploads, moved.readbacks, moved.readback_bytes), (UPLOADS_PER_STEP, 1, 8 * K as u64));
+        assert_eq!(ctx.outputs().top(0).map(<[_]>::len), Some(K));
+        let kernels = launches.by_kernel.keys().map(|k| k.to_ascii_lowercase().replace('_', "")).collect::<Vec<_>>();
+        assert!(kernels.iter().any(|k| k.contains("topk")), "{kernels:?}");
     }
 }

@@ -826,3 +826,44 @@ fn argmax_rows_take_the_first_largest_value() {
         assert_eq!(got, want, "{n} rows of {vocab}");
     }
 }
+
+/// Sampling's candidates on the device (`kernels::gpu_top_k`, two launches) against a sort on
+/// the host: each row's k largest values best first, the smaller index first among equal ones
+/// (the test values repeat: a row of 151,936 holds each about 76 times), NaN and −∞ never, +∞
+/// first; k past the row's values padded with (−f32::MAX, 1e30); rows shorter than a chunk and
+/// over several; a strided view. No kernel on the CPU (its rows are in memory already).
+#[test]
+fn top_k_rows_take_the_largest_values_best_first() {
+    use llaisys_model::kernels::gpu_top_k;
+    let (spec, device) = device();
+    for (n, vocab, k) in [(1, 7, 10), (3, 1000, 5), (3, 151_936, 64), (2, 4096 * 3 + 5, 20)] {
+        let mut x = values(n * (vocab + 2), vocab as u32, 4.0);
+        let at = |r: usize, i: usize| r * (vocab + 2) + 1 + i;
+        x[at(0, vocab / 2)] = f32::NAN;
+        x[at(0, vocab - 1)] = f32::NEG_INFINITY;
+        if n > 1 {
+            x[at(1, vocab - 1)] = f32::INFINITY;
+            x[at(1, 3)] = 100.0;
+            x[at(1, vocab / 3)] = 100.0;
+        }
+        let input = Tensor::<2>::from_data(TensorData::new(x.clone(), [n, vocab + 2]), &device).narrow(1, 1, vocab);
+        let Some(top) = ran(spec, "top_k", || gpu_top_k(&input, k)) else {
+            assert_eq!(spec, DeviceSpec::Cpu, "no top-k kernel ran on {spec}");
+            return;
+        };
+        assert_eq!(top.dims(), [n, k, 2]);
+        let got = host(top);
+        for r in 0..n {
+            let row = &x[at(r, 0)..at(r, vocab)];
+            let mut order: Vec<usize> = (0..vocab).filter(|&i| row[i] > f32::NEG_INFINITY).collect();
+            order.sort_by(|a, b| row[*b].total_cmp(&row[*a]).then(a.cmp(b)));
+            let want: Vec<f32> = (0..k)
+                .flat_map(|t| match order.get(t) {
+                    Some(&i) => [row[i], i as f32],
+                    None => [f32::MIN, 1.0e30],
+                })
+                .collect();
+            assert_eq!(got[r * k * 2..(r + 1) * k * 2], want[..], "row {r} of {n} × {vocab}, k = {k}");
+        }
+    }
+}

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llaisys_model::{Batch, Context, DecodeError, GuideEnd, Sampled, Sampler};
+use llaisys_model::{Batch, Context, DecodeError, GuideEnd, RowNeed, Sampled, Sampler};
 use rayon::prelude::*;
 
 use crate::host::GenerateParams;
@@ -144,18 +144,18 @@ impl Executor {
         // Per item: the index of its first logits row among the outputs (rows come in batch
         // order: an item that samples has one for its last token and one per proposal).
         let mut rows = Vec::with_capacity(plan.items.len());
-        // Per output row: whether its sequence needs only the row's best token (picked on the
-        // model's device instead of reading the row back).
-        let mut greedy = Vec::new();
+        // Per output row: what its sequence needs of it (on a GPU, a greedy row's best token or a
+        // top-k row's candidates are found there instead of the row coming back).
+        let mut needs = Vec::new();
         for (item, drafts) in plan.items.iter().zip(&drafts) {
             for (k, &token) in item.tokens.iter().enumerate() {
                 let last = k + 1 == item.tokens.len();
                 batch.push(token, item.start_pos + k as i64, &[item.seq], item.sample && last);
             }
-            rows.push(greedy.len());
+            rows.push(needs.len());
             if item.sample {
-                let picks = self.lanes.get(&item.id).is_some_and(|l| l.sampler.picks_greedily());
-                greedy.extend(std::iter::repeat_n(picks, 1 + drafts.len()));
+                let need = self.lanes.get(&item.id).map_or(RowNeed::Whole, |l| l.sampler.need());
+                needs.extend(std::iter::repeat_n(need, 1 + drafts.len()));
             }
             for (k, &token) in drafts.iter().enumerate() {
                 batch.push(token, item.start_pos + (item.tokens.len() + k) as i64, &[item.seq], true);
@@ -172,7 +172,7 @@ impl Executor {
             .collect();
         let ctx = &mut self.ctx;
         let (decoded, ()) = rayon::join(
-            || ctx.decode_picking(&batch, &|| false, &greedy),
+            || ctx.decode_picking(&batch, &|| false, &needs),
             || guided.par_iter_mut().for_each(|s| s.prepare()),
         );
         decoded?;
@@ -227,10 +227,14 @@ impl Executor {
         let outputs = self.ctx.outputs();
         let mut out = ItemOutput { proposed: drafts.len(), ..ItemOutput::default() };
         for j in 0..=drafts.len() {
-            let sampled = match (outputs.picked(row + j), outputs.row(row + j)) {
-                (Some(token), _) => lane.sampler.picked(token),
-                (None, Some(logits)) => lane.sampler.sample(logits),
-                (None, None) => return Err(DecodeError::Internal("missing logits row".into())),
+            let sampled = if let Some(token) = outputs.picked(row + j) {
+                lane.sampler.picked(token)
+            } else if let Some(candidates) = outputs.top(row + j) {
+                lane.sampler.sample_top(candidates)
+            } else if let Some(logits) = outputs.row(row + j) {
+                lane.sampler.sample(logits)
+            } else {
+                return Err(DecodeError::Internal("missing logits row".into()));
             };
             let token = sampled.token;
             let ends = sampled.end.is_some() || lane.params.stop_token_ids.contains(&token);

@@ -90,6 +90,9 @@ pub(crate) mod gpu {
     pub fn argmax(_: &Tensor<2>) -> Option<Tensor<1, Int>> {
         None
     }
+    pub fn top_k(_: &Tensor<2>, _: usize) -> Option<Tensor<3>> {
+        None
+    }
     pub const BUILT: bool = false;
     pub fn enabled() -> bool {
         false
@@ -652,6 +655,16 @@ pub fn gpu_dequantize(parts: &[DeviceRows], k: usize, ids: Option<&Tensor<1, Int
 /// x: [n, vocab] f32 → \[n\] i32
 pub fn gpu_argmax(x: &Tensor<2>) -> Option<Tensor<1, Int>> {
     gpu::argmax(x)
+}
+
+/// Each row's `k` largest values with their indices on a GPU, best first (the first index
+/// among equal values; never NaN or −∞), in two launches, so that a sampled row reads back `k`
+/// candidates instead of the vocabulary. Past a row's values: (−f32::MAX, 1e30).
+///
+/// # Shapes
+/// x: [n, vocab] f32 → [n, k, 2] f32 (value, index)
+pub fn gpu_top_k(x: &Tensor<2>, k: usize) -> Option<Tensor<3>> {
+    gpu::top_k(x, k)
 }
 
 /// `silu(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one.

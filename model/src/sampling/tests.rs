@@ -148,23 +148,121 @@ fn out_of_range_parameters_are_named() {
 fn logprobs_only_when_asked_and_greedy_rows_can_be_picked_elsewhere() {
     let row = logits_of(&[0.1, 0.6, 0.3]);
     let mut s = Sampler::new(params(|_| {}), &[]);
-    assert!(s.picks_greedily());
+    assert_eq!(s.need(), RowNeed::Best);
     let out = s.sample(&row);
     assert_eq!((out.token, out.logprob, out.top.len()), (1, None, 0), "nothing asked: no log-probability");
     assert_eq!(s.picked(1).token, 1);
     let mut s = Sampler::new(params(|p| p.logprobs = true), &[]);
-    assert!(!s.picks_greedily(), "log-probabilities need the whole row");
+    assert_eq!(s.need(), RowNeed::Whole, "log-probabilities need the whole row");
     assert!((s.sample(&row).logprob.unwrap() - 0.6f32.ln()).abs() < 1e-5);
     for (what, edit) in [
-        ("sampling", (|p| p.temperature = 0.7) as fn(&mut SamplingParams)),
+        ("sampling without top-k", (|p| p.temperature = 0.7) as fn(&mut SamplingParams)),
+        ("a top-k past the device's", |p| (p.temperature, p.top_k) = (0.7, Some(TOP_K_ON_DEVICE + 1))),
         ("alternatives", |p| p.top_logprobs = 1),
         ("a penalty", |p| p.repetition_penalty = 1.1),
         ("a bias", |p| p.logit_bias = vec![(0, 1.0)]),
+        ("top-k with a penalty", |p| (p.temperature, p.top_k, p.presence_penalty) = (0.7, Some(5), 0.5)),
+        ("top-k with log-probabilities", |p| (p.temperature, p.top_k, p.logprobs) = (0.7, Some(5), true)),
     ] {
-        assert!(!Sampler::new(params(edit), &[]).picks_greedily(), "{what}");
+        assert_eq!(Sampler::new(params(edit), &[]).need(), RowNeed::Whole, "{what}");
     }
+    let top = params(|p| (p.temperature, p.top_k, p.top_p) = (0.7, Some(TOP_K_ON_DEVICE), 0.9));
+    assert_eq!(Sampler::new(top, &[]).need(), RowNeed::Top(TOP_K_ON_DEVICE));
     // A frequency penalty counts picked tokens as it counts sampled ones.
     let mut s = Sampler::new(params(|_| {}), &[]);
     s.picked(1);
     assert_eq!(s.generated.get(&1), Some(&1));
+}
+
+/// A sequence sampling with top-k draws the same tokens from its row's best candidates (what a
+/// GPU finds) as from the whole row, seed for seed, whatever else applies after top-k
+/// (temperature, min-p, top-p), and counts them the same.
+#[test]
+fn sampling_from_the_best_candidates_draws_what_the_whole_row_does() {
+    // 300 logits, some equal, a NaN and a −∞ among them.
+    let mut row: Vec<f32> = (0..300u32).map(|i| ((i * 7919) % 300) as f32 / 40.0 - 3.0).collect();
+    row[17] = f32::NAN;
+    row[23] = f32::NEG_INFINITY;
+    row[150] = row[151];
+    let candidates = |k: usize| {
+        let mut order: Vec<u32> = (0..row.len() as u32).filter(|&i| row[i as usize] > f32::NEG_INFINITY).collect();
+        order.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+        order.into_iter().take(k).map(|i| (i, row[i as usize])).collect::<Vec<_>>()
+    };
+    for (k, temperature, min_p, top_p) in
+        [(1, 0.5, 0.0, 1.0), (5, 1.0, 0.0, 1.0), (20, 0.7, 0.0, 0.8), (64, 1.3, 0.05, 0.95)]
+    {
+        for seed in 0..50 {
+            let p = params(|p| {
+                (p.top_k, p.temperature, p.min_p, p.top_p, p.seed) = (Some(k), temperature, min_p, top_p, Some(seed))
+            });
+            let (mut whole, mut top) = (Sampler::new(p.clone(), &[]), Sampler::new(p, &[]));
+            for step in 0..3 {
+                let want = whole.sample(&row).token;
+                let got = match top.need() {
+                    RowNeed::Top(k) => top.sample_top(&candidates(k)).token,
+                    RowNeed::Best => top.picked(candidates(1)[0].0).token,
+                    RowNeed::Whole => panic!("top-k {k} needs only candidates"),
+                };
+                assert_eq!(got, want, "top-k {k}, seed {seed}, step {step}");
+            }
+            assert_eq!(top.generated, whole.generated);
+        }
+    }
+}
+
+/// The draw as a whole sort of the candidates would make it (the sampler ranks only as far as
+/// its walk goes): temperature, top-k, min-p, top-p, then the token at `u01` of the mass.
+fn sorted_draw(row: &[f32], p: &SamplingParams, u01: f32) -> u32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut cands: Vec<(u32, f32)> = row
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, ((l - max) / p.temperature).exp()))
+        .filter(|c| c.1 > 0.0)
+        .collect();
+    cands.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    cands.truncate(p.top_k.unwrap_or(usize::MAX));
+    cands.retain(|c| c.1 >= p.min_p);
+    let total: f64 = cands.iter().map(|c| f64::from(c.1)).sum();
+    let mut mass = 0.0;
+    let keep = cands.iter().position(|c| {
+        mass += f64::from(c.1);
+        mass >= f64::from(p.top_p) * total
+    });
+    cands.truncate(keep.map_or(cands.len(), |i| i + 1));
+    let mut u = f64::from(u01) * cands.iter().map(|c| f64::from(c.1)).sum::<f64>();
+    for &(token, w) in &cands {
+        if u < f64::from(w) {
+            return token;
+        }
+        u -= f64::from(w);
+    }
+    cands.last().map_or(0, |c| c.0)
+}
+
+/// Over a row of 40,000 logits (past what is sorted at once), the sampler draws, seed for seed,
+/// the token a whole sort would: walks that stop early, and flat distributions (a high
+/// temperature) whose walk goes thousands deep, with each truncation.
+#[test]
+fn ranking_only_as_far_as_the_walk_goes_draws_what_a_sort_would() {
+    let row: Vec<f32> = (0..40_000u32)
+        .map(|i| ((i.wrapping_mul(2654435761) >> 16) % 1000) as f32 / 100.0 - 5.0 + (i % 997 == 0) as u8 as f32 * 6.0)
+        .collect();
+    let cases: [fn(&mut SamplingParams); 5] = [
+        |p| p.temperature = 1.0,
+        |p| (p.temperature, p.top_p) = (0.7, 0.9),
+        |p| (p.temperature, p.top_p, p.min_p) = (1.5, 0.95, 0.01),
+        |p| (p.temperature, p.top_k) = (1.0, Some(500)),
+        |p| (p.temperature, p.top_k, p.top_p) = (3.0, Some(20_000), 0.99),
+    ];
+    for (case, edit) in cases.into_iter().enumerate() {
+        for seed in 0..20 {
+            let mut p = params(edit);
+            p.seed = Some(seed);
+            let u01 = StdRng::seed_from_u64(seed).random::<f32>();
+            let want = sorted_draw(&row, &p, u01);
+            assert_eq!(Sampler::new(p, &[]).sample(&row).token, want, "case {case}, seed {seed}");
+        }
+    }
 }

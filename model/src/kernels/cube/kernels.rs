@@ -1236,8 +1236,11 @@ fn rotate_store<C: Float>(
 /// Logits a cube of [`argmax_chunks`] scans.
 pub const ARGMAX_CHUNK: usize = 1024;
 
-/// Stands for "no index" in [`argmax_chunks`]' and [`argmax_merge`]'s (value, index) pairs,
-/// where indices are f32 (exact up to 2^24).
+/// Logits a cube of [`top_k`]'s first launch scans.
+pub const TOP_K_CHUNK: usize = 4096;
+
+/// Stands for "no index" in the selections' (value, index) pairs, where indices are f32 (exact
+/// up to 2^24).
 const NO_INDEX: f32 = 1.0e30;
 
 /// Whether (v, i) comes before (best, best_i) in an argmax: a larger value, or the same value
@@ -1247,13 +1250,52 @@ fn argmax_before(v: f32, i: f32, best: f32, best_i: f32) -> bool {
     v > best || (v == best && i < best_i)
 }
 
-/// The smallest `best_i` across the cube of the units whose `best` is `top` (the cube's
-/// largest; their first maxima), to every unit. Leaves `shared` free.
+/// Whether (v, i) is still to come once (prev, prev_i) is taken in a top-k's order: a smaller
+/// value, or the same value at a larger index.
 #[cube]
-fn first_index(shared: Shared<[f32]>, best: f32, best_i: f32, top: f32, #[comptime] units: usize) -> f32 {
+fn comes_after(v: f32, i: f32, prev: f32, prev_i: f32) -> bool {
+    v < prev || (v == prev && i > prev_i)
+}
+
+/// One pass of a selection, to every unit of the cube: the first largest of `count` candidates
+/// (argmax order) among those that come after (prev, prev_i), or all of them on the `first`
+/// pass; (−f32::MAX, NO_INDEX) where none is left. Candidate c is, with `pairs`, the (value,
+/// index) pair `input[2 (start + c)]`, `input[2 (start + c) + 1]`; else the value
+/// `input[base + (start + c) · stride]` at index start + c. Leaves `shared` free.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn best_after(
+    input: &Tensor<f32>,
+    base: usize,
+    stride: usize,
+    start: usize,
+    count: usize,
+    prev: f32,
+    prev_i: f32,
+    first: bool,
+    shared: Shared<[f32]>,
+    #[comptime] pairs: bool,
+    #[comptime] units: usize,
+) -> (f32, f32) {
+    let mut best = f32::new(LOWEST);
+    let mut best_i = f32::new(NO_INDEX);
+    let mut c = UNIT_POS as usize;
+    while c < count {
+        let (v, i) = if comptime!(pairs) {
+            (input[(start + c) * 2], input[(start + c) * 2 + 1])
+        } else {
+            (input[base + (start + c) * stride], f32::cast_from(start + c))
+        };
+        let take = (first || comes_after(v, i, prev, prev_i)) && argmax_before(v, i, best, best_i);
+        best = select(take, v, best);
+        best_i = select(take, i, best_i);
+        c += units;
+    }
+    // The cube's largest, then the smallest index of the units holding it (their first
+    // maxima), the smallest as the largest negated.
+    let top = cube_reduce(shared.clone(), best, units, true);
     let mine = select(best == top, best_i, f32::new(NO_INDEX));
-    // The smallest as the largest negated.
-    -cube_reduce(shared, -mine, units, true)
+    (top, -cube_reduce(shared, -mine, units, true))
 }
 
 /// Greedy decoding's first step: the largest value of each [`ARGMAX_CHUNK`] logits of a row
@@ -1264,27 +1306,15 @@ fn first_index(shared: Shared<[f32]>, best: f32, best_i: f32, top: f32, #[compti
 /// `chunks` vocab / ARGMAX_CHUNK rounded up.
 #[cube(launch)]
 pub fn argmax_chunks(x: &Tensor<f32>, parts: &mut Tensor<f32>, chunks: usize, #[comptime] units: usize) {
-    let vocab = x.shape(1);
     let at = CUBE_POS;
     if at >= x.shape(0) * chunks {
         terminate!();
     }
-    let (row, chunk) = (at / chunks, at % chunks);
-    let base = row * x.stride(0);
-    let end = select(chunk * ARGMAX_CHUNK + ARGMAX_CHUNK < vocab, chunk * ARGMAX_CHUNK + ARGMAX_CHUNK, vocab);
-    let mut best = f32::new(LOWEST);
-    let mut best_i = f32::new(NO_INDEX);
-    let mut i = chunk * ARGMAX_CHUNK + UNIT_POS as usize;
-    while i < end {
-        let v = x[base + i * x.stride(1)];
-        let take = argmax_before(v, f32::cast_from(i), best, best_i);
-        best = select(take, v, best);
-        best_i = select(take, f32::cast_from(i), best_i);
-        i += units;
-    }
+    let (row, start) = (at / chunks, (at % chunks) * ARGMAX_CHUNK);
+    let count = select(start + ARGMAX_CHUNK < x.shape(1), ARGMAX_CHUNK, x.shape(1) - start);
     let shared = Shared::<[f32]>::new_slice(units);
-    let top = cube_reduce(shared.clone(), best, units, true);
-    let first = first_index(shared, best, best_i, top, units);
+    let (top, first) =
+        best_after(x, row * x.stride(0), x.stride(1), start, count, 0.0, 0.0, true, shared, false, units);
     if UNIT_POS == 0 {
         parts[at * 2] = top;
         parts[at * 2 + 1] = first;
@@ -1302,21 +1332,55 @@ pub fn argmax_merge(parts: &Tensor<f32>, out: &mut Tensor<i32>, chunks: usize, #
     if row >= out.len() {
         terminate!();
     }
-    let mut best = f32::new(LOWEST);
-    let mut best_i = f32::new(NO_INDEX);
-    let mut c = UNIT_POS as usize;
-    while c < chunks {
-        let at = (row * chunks + c) * 2;
-        let (v, i) = (parts[at], parts[at + 1]);
-        let take = argmax_before(v, i, best, best_i);
-        best = select(take, v, best);
-        best_i = select(take, i, best_i);
-        c += units;
-    }
     let shared = Shared::<[f32]>::new_slice(units);
-    let top = cube_reduce(shared.clone(), best, units, true);
-    let first = first_index(shared, best, best_i, top, units);
+    let (_, first) = best_after(parts, 0, 0, row * chunks, chunks, 0.0, 0.0, true, shared, true, units);
     if UNIT_POS == 0 {
         out[row] = select(first < f32::new(NO_INDEX), i32::cast_from(first), 0i32);
+    }
+}
+
+/// The `k` largest values of each part of a row, best first (the smaller index first among
+/// equal ones), with their indices; one cube a part, one pass over the part a value taken,
+/// each pass taking the best of what comes after the last. NaN and −∞ are never taken; past a
+/// part's values the pairs are (−f32::MAX, NO_INDEX). Sampling's candidates in two launches:
+/// - the logits (`pairs` false), x: [n, vocab] (any strides), a part each [`TOP_K_CHUNK`] of a
+///   row: out [n · chunks · k, 2] contiguous (value, index as f32), with `chunks` vocab /
+///   TOP_K_CHUNK rounded up;
+/// - those (`pairs`), a part each row's `chunks · k` pairs: out [n, k, 2].
+#[cube(launch)]
+pub fn top_k(
+    input: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    chunks: usize,
+    k: usize,
+    #[comptime] pairs: bool,
+    #[comptime] units: usize,
+) {
+    let at = CUBE_POS;
+    if at * k * 2 >= out.len() {
+        terminate!();
+    }
+    let mut base = 0;
+    let mut stride = 0;
+    let mut start = at * chunks * k;
+    let mut count = chunks * k;
+    if comptime!(!pairs) {
+        base = (at / chunks) * input.stride(0);
+        stride = input.stride(1);
+        start = (at % chunks) * TOP_K_CHUNK;
+        count = select(start + TOP_K_CHUNK < input.shape(1), TOP_K_CHUNK, input.shape(1) - start);
+    }
+    let shared = Shared::<[f32]>::new_slice(units);
+    let mut prev = f32::new(LOWEST);
+    let mut prev_i = f32::new(NO_INDEX);
+    for t in 0..k {
+        let (top, first) =
+            best_after(input, base, stride, start, count, prev, prev_i, t == 0, shared.clone(), pairs, units);
+        if UNIT_POS == 0 {
+            out[(at * k + t) * 2] = top;
+            out[(at * k + t) * 2 + 1] = first;
+        }
+        prev = top;
+        prev_i = first;
     }
 }

@@ -792,3 +792,29 @@ pub fn argmax(x: &Tensor<2>) -> Option<Tensor<1, Int>> {
     );
     Some(Tensor::from_primitive::<Cube>(out))
 }
+
+/// Each row's `k` largest values, best first (the first index first among equal values; NaN
+/// and −∞ never), with their indices, in two launches of [`kernels::top_k`]: one cube a
+/// [`kernels::TOP_K_CHUNK`] of a row taking its `k` best, then one a row taking the `k` best of
+/// those. Past a row's values the pairs are (−f32::MAX, 1e30). `None` for k = 0, k over a
+/// chunk, or past 2^24 columns.
+///
+/// # Shapes
+/// x: [n, vocab] f32 → [n, k, 2] f32 (value, index)
+pub fn top_k(x: &Tensor<2>, k: usize) -> Option<Tensor<3>> {
+    let [n, vocab] = x.dims();
+    if n == 0 || vocab == 0 || vocab > 1 << 24 || k == 0 || k > kernels::TOP_K_CHUNK {
+        return None;
+    }
+    let x = cube(x)?;
+    let chunks = vocab.div_ceil(kernels::TOP_K_CHUNK);
+    let parts = empty(&x, [n * chunks * k, 2]);
+    let out = empty(&x, [n, k, 2]);
+    let client = x.client.clone();
+    for (input, output, cubes, pairs) in [(x, &parts, n * chunks, false), (parts.clone(), &out, n, true)] {
+        let (count, dim) = per_row(cubes);
+        let (input, output) = (input.into_tensor_arg(), output.clone().into_tensor_arg());
+        kernels::top_k::launch(&client, count, dim, input, output, chunks, k, pairs, ROW_UNITS);
+    }
+    Some(tensor(out))
+}
