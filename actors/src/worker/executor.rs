@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llaisys_model::{Batch, Context, DecodeError, GuideEnd, RowNeed, Sampled, Sampler};
+use llaisys_model::{Batch, Context, DecodeError, GuideEnd, Outputs, RowNeed, Sampled, Sampler};
 use rayon::prelude::*;
 
 use crate::host::GenerateParams;
@@ -176,13 +176,30 @@ impl Executor {
             || guided.par_iter_mut().for_each(|s| s.prepare()),
         );
         decoded?;
+        // Each sampling item's rows go to its own lane, the lanes in parallel on the compute pool
+        // (a draw from a whole row is milliseconds on the CPU).
+        let mut lanes: HashMap<RequestId, &mut Lane> =
+            self.lanes.iter_mut().filter(|(id, _)| sampling.contains(id)).map(|(id, l)| (*id, l)).collect();
+        let mut jobs = Vec::with_capacity(sampling.len());
+        for (k, item) in plan.items.iter().enumerate().filter(|(_, i)| i.sample) {
+            let lane = lanes.remove(&item.id);
+            jobs.push((k, lane.ok_or_else(|| DecodeError::Internal(format!("request {} has no sampler", item.id)))?));
+        }
+        let outputs = self.ctx.outputs();
+        let done: Vec<(usize, ItemOutput)> = jobs
+            .into_par_iter()
+            .map(|(k, lane)| verify(lane, outputs, &drafts[k], rows[k]).map(|o| (k, o)))
+            .collect::<Result<_, _>>()?;
+        let mut sampled = vec![None; plan.items.len()];
+        for (k, output) in done {
+            sampled[k] = Some(output);
+        }
         let mut outputs = Vec::with_capacity(plan.items.len());
-        for ((item, drafts), row) in plan.items.iter().zip(&drafts).zip(rows) {
-            if !item.sample {
+        for ((item, drafts), output) in plan.items.iter().zip(&drafts).zip(sampled) {
+            let Some(output) = output else {
                 outputs.push(ItemOutput::default());
                 continue;
-            }
-            let output = self.verify(item.id, drafts, row)?;
+            };
             // The proposals after the accepted ones leave the cache now.
             let kept = item.tokens.len() + output.sampled.len() - 1;
             if kept < item.tokens.len() + drafts.len() {
@@ -218,36 +235,34 @@ impl Executor {
         }
         drafts
     }
+}
 
-    /// Samples an item's logits rows from output row `row` on, in order, while the sampled token is
-    /// the proposed one; stops early where the request ends (a stop token, its constraint).
-    fn verify(&mut self, id: RequestId, drafts: &[u32], row: usize) -> Result<ItemOutput, DecodeError> {
-        let lane =
-            self.lanes.get_mut(&id).ok_or_else(|| DecodeError::Internal(format!("request {id} has no sampler")))?;
-        let outputs = self.ctx.outputs();
-        let mut out = ItemOutput { proposed: drafts.len(), ..ItemOutput::default() };
-        for j in 0..=drafts.len() {
-            let sampled = if let Some(token) = outputs.picked(row + j) {
-                lane.sampler.picked(token)
-            } else if let Some(candidates) = outputs.top(row + j) {
-                lane.sampler.sample_top(candidates)
-            } else if let Some(logits) = outputs.row(row + j) {
-                lane.sampler.sample(logits)
-            } else {
-                return Err(DecodeError::Internal("missing logits row".into()));
-            };
-            let token = sampled.token;
-            let ends = sampled.end.is_some() || lane.params.stop_token_ids.contains(&token);
-            if let Some(history) = &mut lane.history {
-                history.push(token);
-            }
-            out.sampled.push(sampled);
-            let accepted = drafts.get(j) == Some(&token);
-            out.accepted += usize::from(accepted);
-            if ends || !accepted {
-                break;
-            }
+/// Samples an item's logits rows from output row `row` on with its lane, in order, while the
+/// sampled token is the proposed one; stops early where the request ends (a stop token, its
+/// constraint).
+fn verify(lane: &mut Lane, outputs: &Outputs, drafts: &[u32], row: usize) -> Result<ItemOutput, DecodeError> {
+    let mut out = ItemOutput { proposed: drafts.len(), ..ItemOutput::default() };
+    for j in 0..=drafts.len() {
+        let sampled = if let Some(token) = outputs.picked(row + j) {
+            lane.sampler.picked(token)
+        } else if let Some(candidates) = outputs.top(row + j) {
+            lane.sampler.sample_top(candidates)
+        } else if let Some(logits) = outputs.row(row + j) {
+            lane.sampler.sample(logits)
+        } else {
+            return Err(DecodeError::Internal("missing logits row".into()));
+        };
+        let token = sampled.token;
+        let ends = sampled.end.is_some() || lane.params.stop_token_ids.contains(&token);
+        if let Some(history) = &mut lane.history {
+            history.push(token);
         }
-        Ok(out)
+        out.sampled.push(sampled);
+        let accepted = drafts.get(j) == Some(&token);
+        out.accepted += usize::from(accepted);
+        if ends || !accepted {
+            break;
+        }
     }
+    Ok(out)
 }
