@@ -340,3 +340,31 @@ fn bench_on_a_gpu_counts_launches_and_transfers_per_decode_step() {
     assert!((1.0..=1.2).contains(&per_step("readbacks_per_step")), "one read a step: {json}");
     assert!(per_step("readback_bytes_per_step") <= 16.0, "an id, not 1,024 logits: {json}");
 }
+
+/// `llaisys bench --temperature ... --top-k K` samples its decode requests (the JSON says how);
+/// on a GPU each step reads back the row's K candidates (8·K bytes), not its logits. A sampling
+/// parameter out of range is a usage error naming the flags.
+#[test]
+fn bench_samples_when_asked_and_a_gpu_reads_back_only_the_candidates() {
+    let device = llaisys_tests::test_device();
+    let dir = fixture_dir("tiny-tied-f32");
+    #[rustfmt::skip]
+    let args = [
+        "--device", &device, "--only", "decode", "--decode-prompt", "4", "--decode-tokens", "8", "--runs", "1",
+        "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9",
+    ];
+    let out = llaisys(&[&["bench", "--model", dir.to_str().unwrap()], &args[..]].concat());
+    let (text, stderr) = (stdout(&out), String::from_utf8_lossy(&out.stderr).to_string());
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let sampling = &json["sampling"];
+    assert!(sampling["top_k"] == 20 && (sampling["temperature"].as_f64().unwrap() - 0.8).abs() < 1e-6, "{json}");
+    if cfg!(any(feature = "wgpu", feature = "cuda")) && device != "cpu" {
+        let bytes = json["transfers"]["readback_bytes_per_step"].as_f64().unwrap();
+        // 160 bytes a decode step; the prompt's pass (a step of its own) reads as much.
+        assert!((150.0..=170.0).contains(&bytes), "20 candidates, not 1,024 logits: {json}");
+    }
+    let bad = llaisys(&["bench", "--model", dir.to_str().unwrap(), "--top-p", "2", "--only", "decode"]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.contains("--top-p") && stderr.contains("top_p"), "{stderr}");
+}

@@ -21,7 +21,7 @@ use llaisys_actors::request::FinishReason;
 use llaisys_actors::speculative::SpeculativeConfig;
 use llaisys_actors::{ChatRequest, Constraint, Engine, EngineConfig, Event, GenerateParams, GenerateRequest, Guidance};
 use llaisys_model::transfers::Transfers;
-use llaisys_model::{DeviceSpec, KvDtype, WeightDtype};
+use llaisys_model::{DeviceSpec, KvDtype, SamplingParams, WeightDtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -103,6 +103,16 @@ pub struct BenchArgs {
     /// at a time, so its tok/s is not the pass's): the report ranks kernels by device time.
     #[arg(long)]
     kernel_times: bool,
+    /// Sampling of the decode and throughput requests: 0 = greedy (the default); above 0,
+    /// `--top-k`, `--top-p` and `--min-p` apply as in a request (each request seeded by `--seed`).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
     /// Which measurements to run: prefill, decode, throughput, soak.
     #[arg(long, value_delimiter = ',', default_value = "prefill,decode,throughput")]
     only: Vec<String>,
@@ -182,17 +192,38 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         }
     };
     let info = engine.info().clone();
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        seed: Some(args.seed),
+        ..SamplingParams::default()
+    };
+    sampling
+        .validate(info.vocab_size)
+        .map_err(|e| CliError::usage("--temperature, --top-k, --top-p, --min-p", e.to_string()))?;
+    // The decode measurement's requests, and the throughput measurement's (constrained where
+    // asked); the others (warm-up, prefill) greedy.
+    let sampled = GenerateParams { sampling, ..GenerateParams::default() };
+    let throughput = GenerateParams { guidance, ..sampled.clone() };
+    let greedy = GenerateParams::default();
     let mut rng = StdRng::seed_from_u64(args.seed);
     let vocab = info.vocab_size as u32;
     let mut prompt = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
     let fits = |prompt: usize, new: usize| prompt + new <= info.context_length;
 
     eprintln!("warming up");
-    run_one(&engine, prompt(16), 4, &Guidance::default()).await?;
+    run_one(&engine, prompt(16), 4, &greedy).await?;
 
     let mut report = serde_json::Map::new();
     report.insert("model".into(), json!(args.model.display().to_string()));
     report.insert("dtype".into(), json!(args.dtype.to_string()));
+    let s = &sampled.sampling;
+    report.insert(
+        "sampling".into(),
+        json!({"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p}),
+    );
     report.insert("device".into(), json!(args.device));
     report.insert("cpu".into(), json!(cpu_model()));
     let stats = engine.stats().await?;
@@ -214,7 +245,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
             }
             let mut speeds = Vec::new();
             for _ in 0..args.runs {
-                let t = run_one(&engine, prompt(n), 1, &Guidance::default()).await?;
+                let t = run_one(&engine, prompt(n), 1, &greedy).await?;
                 speeds.push(n as f64 / t.ttft.as_secs_f64());
             }
             report.insert(format!("prefill_{n}_runs_tok_s"), runs_json(&speeds));
@@ -252,13 +283,13 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
                     Some((p, params)) => {
                         timed(&engine, p.clone(), GenerateParams { max_tokens: 1, ..params.clone() }).await?
                     }
-                    None => run_one(&engine, prompt(args.decode_prompt), 1, &Guidance::default()).await?,
+                    None => run_one(&engine, prompt(args.decode_prompt), 1, &greedy).await?,
                 };
                 prefill = Some((watch.take(), llaisys_model::transfers::take()));
             }
             let t = match &chat_prompt {
                 Some((p, params)) => timed(&engine, p.clone(), params.clone()).await?,
-                None => run_one(&engine, prompt(args.decode_prompt), args.decode_tokens, &Guidance::default()).await?,
+                None => run_one(&engine, prompt(args.decode_prompt), args.decode_tokens, &sampled).await?,
             };
             if let (Some(watch), Some((prefill_launches, prefill_moved))) = (&watch, prefill) {
                 let mut run = watch.take();
@@ -291,7 +322,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
             let mut results = Vec::new();
             for _ in 0..args.runs {
                 let prompts: Vec<Vec<u32>> = (0..c).map(|_| prompt(args.prompt_tokens)).collect();
-                results.push(concurrent(&engine, prompts, args.new_tokens, &guidance).await?);
+                results.push(concurrent(&engine, prompts, args.new_tokens, &throughput).await?);
             }
             let pick = |f: fn(&Concurrent) -> f64| median(&mut results.iter().map(f).collect::<Vec<_>>());
             let row = json!({
@@ -330,7 +361,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         let (mut done, mut after_tenth) = (0, None);
         while done < args.soak_requests {
             let wave = most.min(args.soak_requests - done);
-            concurrent(&engine, (0..wave).map(|_| prompt(16)).collect(), 8, &Guidance::default()).await?;
+            concurrent(&engine, (0..wave).map(|_| prompt(16)).collect(), 8, &greedy).await?;
             done += wave;
             if after_tenth.is_none() && done >= args.soak_requests / 10 {
                 after_tenth = rss_mb("VmRSS:");
@@ -405,15 +436,15 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// One request of `prompt`, generating exactly `max_tokens` tokens.
+/// One request of `prompt` sampled and constrained as `shape` says, generating exactly
+/// `max_tokens` tokens.
 async fn run_one(
     engine: &Engine,
     prompt: Vec<u32>,
     max_tokens: usize,
-    guidance: &Guidance,
+    shape: &GenerateParams,
 ) -> Result<Timing, CliError> {
-    let params =
-        GenerateParams { max_tokens, ignore_eos: true, guidance: guidance.clone(), ..GenerateParams::default() };
+    let params = GenerateParams { max_tokens, ignore_eos: true, ..shape.clone() };
     let timing = timed(engine, prompt, params).await?;
     if timing.tokens != max_tokens {
         let finish = timing.finish.map_or("no finish", |f| f.as_str());
@@ -462,14 +493,14 @@ async fn concurrent(
     engine: &Engine,
     prompts: Vec<Vec<u32>>,
     new_tokens: usize,
-    guidance: &Guidance,
+    shape: &GenerateParams,
 ) -> Result<Concurrent, CliError> {
     let start = Instant::now();
     let tasks: Vec<_> = prompts
         .into_iter()
         .map(|p| {
-            let (engine, guidance) = (engine.clone(), guidance.clone());
-            tokio::spawn(async move { run_one(&engine, p, new_tokens, &guidance).await })
+            let (engine, shape) = (engine.clone(), shape.clone());
+            tokio::spawn(async move { run_one(&engine, p, new_tokens, &shape).await })
         })
         .collect();
     let mut timings = Vec::new();
