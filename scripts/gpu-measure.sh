@@ -6,8 +6,9 @@
 # ids on the GPU are compared with the CPU's (where they differ, again with Burn's ops alone) and
 # batch-1 decode is measured through `llaisys bench` (which counts kernel launches and
 # host↔device transfers per decode step, and ranks kernels by device time with --kernel-times).
-# The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, and greedy
-# ids and decode with an f32 KV cache (the default, f16, runs everywhere else). The GPU's utilisation is sampled alongside (a
+# The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, greedy
+# ids and decode with an f32 KV cache (the default, f16, runs everywhere else), and decode and
+# 64 concurrent sampled with top-k 20 (each row's candidates found on the device). The GPU's utilisation is sampled alongside (a
 # host-bound path shows as a GPU mostly idle). While the files are written, the kernels' and the
 # whole models' tests run on the GPU (f16 and bf16 there too: llvmpipe has f32 alone).
 #
@@ -106,6 +107,9 @@ for m in "${models[@]}"; do
   timeout 60 $BIN bench --model "$M" --device vulkan --only prefill --prefill 512 --runs 2
   step "$name throughput 16, 64"
   timeout 150 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16,64 --runs 1
+  step "$name sampled with top-k 20 (the candidates found on the device): decode, then 64 concurrent"
+  timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens 256 --temperature 0.7 --top-k 20
+  timeout 120 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 64 --runs 1 --temperature 0.7 --top-k 20
 done
 step done
 kill $smi
