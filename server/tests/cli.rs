@@ -358,7 +358,7 @@ fn bench_samples_when_asked_and_a_gpu_reads_back_only_the_candidates() {
     assert!(out.status.success(), "{stderr}");
     let json: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     let sampling = &json["sampling"];
-    assert!(sampling["top_k"] == 20 && (sampling["temperature"].as_f64().unwrap() - 0.8).abs() < 1e-6, "{json}");
+    assert!(sampling["top_k"] == 20 && sampling["temperature"] == 0.8 && sampling["top_p"] == 0.9, "{json}");
     if cfg!(any(feature = "wgpu", feature = "cuda")) && device != "cpu" {
         let bytes = json["transfers"]["readback_bytes_per_step"].as_f64().unwrap();
         // 160 bytes a decode step; the prompt's pass (a step of its own) reads as much.

@@ -219,10 +219,12 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     let mut report = serde_json::Map::new();
     report.insert("model".into(), json!(args.model.display().to_string()));
     report.insert("dtype".into(), json!(args.dtype.to_string()));
+    // As typed (0.8, not the f32's 0.800000011920929 widened).
+    let typed = |v: f32| v.to_string().parse::<f64>().unwrap_or(f64::NAN);
     let s = &sampled.sampling;
     report.insert(
         "sampling".into(),
-        json!({"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p}),
+        json!({"temperature": typed(s.temperature), "top_k": s.top_k, "top_p": typed(s.top_p), "min_p": typed(s.min_p)}),
     );
     report.insert("device".into(), json!(args.device));
     report.insert("cpu".into(), json!(cpu_model()));
