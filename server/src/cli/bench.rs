@@ -285,7 +285,7 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
                     Some((p, params)) => {
                         timed(&engine, p.clone(), GenerateParams { max_tokens: 1, ..params.clone() }).await?
                     }
-                    None => run_one(&engine, prompt(args.decode_prompt), 1, &greedy).await?,
+                    None => run_one(&engine, prompt(args.decode_prompt), 1, &sampled).await?,
                 };
                 prefill = Some((watch.take(), llaisys_model::transfers::take()));
             }
