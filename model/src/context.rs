@@ -13,6 +13,7 @@ use crate::kv::{KvCache, KvDtype};
 use crate::kv::{Pos, SeqId};
 use crate::lm::{LanguageModel, ModelInfo, Pooling, Readout};
 use crate::output::{Outputs, Read, RowNeed, argmax, argmax_rows};
+use crate::sampling::TOP_K_ON_DEVICE;
 
 pub struct Context {
     model: Box<dyn LanguageModel>,
@@ -101,8 +102,8 @@ impl Context {
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))));
         match result {
-            Ok((logits, reads)) => {
-                self.outputs.set(&logits, &reads, &valid.out_rows);
+            Ok((logits, reads, device_rows)) => {
+                self.outputs.set(&logits, &reads, &valid.out_rows, device_rows);
                 Ok(())
             }
             Err(e) => {
@@ -114,10 +115,11 @@ impl Context {
 }
 
 /// Reads back a pass's logits, [n, vocab], each row `r` as `needs[r]` asks: on a GPU the
-/// candidates of the rows that sample with top-k (or, without any, each row's best) found
-/// there, then the rows wanted whole, in order; on the CPU every row, the best of those that
-/// want only it picked here.
-fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<(Vec<f32>, Vec<Read>), DecodeError> {
+/// candidates of the rows that sample (with their masses where asked) found there, or without
+/// any, each row's best, then the rows wanted whole, in order; on the CPU every row, the best
+/// of those that want only it picked here. The logits tensor comes back too where a row with a
+/// mass may still have to be read whole.
+fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeError> {
     let [n, vocab] = logits.dims();
     let read = |e| DecodeError::Internal(format!("reading logits: {e:?}"));
     let need = |r: usize| needs.get(r).copied().unwrap_or_default();
@@ -139,24 +141,39 @@ fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<(Vec<f32>, Vec<Read
             }
         }
         all.truncate(kept * vocab);
-        return Ok((all, reads));
+        return Ok((all, reads, None));
     }
-    let k = (0..n).filter_map(|r| if let RowNeed::Top(k) = need(r) { Some(k) } else { None }).max();
-    if let Some((k, top)) = k.and_then(|k| Some((k, crate::kernels::gpu_top_k(&logits, k)?))) {
+    let k = (0..n)
+        .filter_map(|r| match need(r) {
+            RowNeed::Top(k) => Some(k),
+            RowNeed::Draw(_) => Some(TOP_K_ON_DEVICE),
+            _ => None,
+        })
+        .max();
+    // A temperature a row where some row wants its mass (0 for the others: no mass taken).
+    let temps: Option<Vec<f32>> = (0..n)
+        .any(|r| matches!(need(r), RowNeed::Draw(_)))
+        .then(|| (0..n).map(|r| if let RowNeed::Draw(t) = need(r) { t } else { 0.0 }).collect());
+    let mut device_rows = None;
+    if let Some((k, top)) = k.and_then(|k| Some((k, crate::kernels::gpu_top_k(&logits, k, temps.as_deref())?))) {
         // A row's first candidate is its best: greedy rows take it from the same readback.
         let pairs = transfers::read::<3, _, f32>(top).map_err(read)?;
+        let width = k + usize::from(temps.is_some());
         for (r, read) in reads.iter_mut().enumerate() {
+            let row = &pairs[r * width * 2..(r + 1) * width * 2];
             // Past the row's values the index is 1e30: no token.
-            let mut candidates = pairs[r * k * 2..(r + 1) * k * 2]
+            let mut candidates = row[..k * 2]
                 .chunks_exact(2)
                 .filter(|pair| pair[1] < vocab as f32)
                 .map(|pair| (pair[1] as u32, pair[0]));
             match need(r) {
                 RowNeed::Best => *read = Read::Picked(candidates.next().map_or(0, |c| c.0)),
-                RowNeed::Top(k) => *read = Read::Top(candidates.take(k).collect()),
+                RowNeed::Top(k) => *read = Read::Top(candidates.take(k).collect(), None),
+                RowNeed::Draw(_) => *read = Read::Top(candidates.collect(), Some(row[k * 2])),
                 RowNeed::Whole => {}
             }
         }
+        device_rows = temps.is_some().then(|| logits.clone());
     } else if (0..n).any(|r| need(r) == RowNeed::Best) {
         // Every row's pick (one id each to read back, where leaving out the rows that do not
         // want it would take an upload).
@@ -177,8 +194,12 @@ fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<(Vec<f32>, Vec<Read
             transfers::read(logits.select(0, index)).map_err(read)?
         }
     };
-    Ok((rows, reads))
+    Ok((rows, reads, device_rows))
 }
+
+/// What [`read_rows`] brings back: the rows read whole, what each row holds, and the pass's
+/// logits where a row may still be read whole.
+type ReadRows = (Vec<f32>, Vec<Read>, Option<Tensor<2>>);
 
 impl Context {
     /// Runs `batch` for its final hidden states (embeddings): [n_outputs · hidden] f32, the

@@ -3,10 +3,12 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use crate::error::DecodeError;
+
 /// What a pass brings back of one output row ([`Context::decode_picking`]).
 ///
 /// [`Context::decode_picking`]: crate::Context::decode_picking
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum RowNeed {
     /// Its logits, all of them.
     #[default]
@@ -17,6 +19,15 @@ pub enum RowNeed {
     /// else that reads the row), found on a GPU; where the logits are in host memory already
     /// (the CPU), or no kernel runs, the whole row.
     Top(usize),
+    /// Its [`TOP_K_ON_DEVICE`] largest logits with their tokens and the row's probability mass
+    /// at this temperature, Σ exp((l − max) / t) (sampling without a top-k and nothing else that
+    /// reads the row): a draw from the row mostly falls among the best candidates, which the
+    /// mass tells ([`Sampler::sample_top`]); where it does not, the row is read after all
+    /// ([`Outputs::fetch_row`]). Found on a GPU; elsewhere the whole row, as for `Top`.
+    ///
+    /// [`TOP_K_ON_DEVICE`]: crate::sampling::TOP_K_ON_DEVICE
+    /// [`Sampler::sample_top`]: crate::Sampler::sample_top
+    Draw(f32),
 }
 
 /// What a pass read back of one output row, for [`Outputs::set`].
@@ -25,8 +36,8 @@ pub(crate) enum Read {
     /// The next row of the logits read.
     Logits,
     Picked(u32),
-    /// (token, logit) best first.
-    Top(Vec<(u32, f32)>),
+    /// (token, logit) best first, and the row's mass where it was asked for ([`RowNeed::Draw`]).
+    Top(Vec<(u32, f32)>, Option<f32>),
 }
 
 /// Logits rows of the last successful forward pass or, for rows that asked for less
@@ -42,6 +53,9 @@ pub struct Outputs {
     rows: Vec<usize>,
     /// [n_outputs] what each row holds.
     kinds: Vec<Row>,
+    /// The pass's logits on the device, [n_outputs, vocab], kept while a row that holds
+    /// candidates and a mass may still be read whole ([`Outputs::fetch_row`]).
+    device_rows: Option<Tensor<2>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,8 +64,8 @@ enum Row {
     Logits(usize),
     /// The index of its largest logit.
     Picked(u32),
-    /// Its best candidates, `candidates[from..to]`.
-    Top(usize, usize),
+    /// Its best candidates, `candidates[from..to]`, and its mass where it was asked for.
+    Top(usize, usize, Option<f32>),
 }
 
 impl Outputs {
@@ -60,8 +74,9 @@ impl Outputs {
     }
 
     /// Replaces the contents: row `r` (batch index `rows[r]`) holds what `reads[r]` says, the
-    /// rows read whole in order the rows of `logits`.
-    pub(crate) fn set(&mut self, logits: &[f32], reads: &[Read], rows: &[usize]) {
+    /// rows read whole in order the rows of `logits`; `device_rows`: the pass's logits on the
+    /// device, where a row may have to be read after all.
+    pub(crate) fn set(&mut self, logits: &[f32], reads: &[Read], rows: &[usize], device_rows: Option<Tensor<2>>) {
         debug_assert_eq!(reads.len(), rows.len());
         debug_assert_eq!(logits.len(), reads.iter().filter(|r| **r == Read::Logits).count() * self.vocab);
         self.clear();
@@ -75,14 +90,15 @@ impl Outputs {
                     Row::Logits(k - 1)
                 }
                 Read::Picked(token) => Row::Picked(*token),
-                Read::Top(candidates) => {
+                Read::Top(candidates, mass) => {
                     let from = self.candidates.len();
                     self.candidates.extend_from_slice(candidates);
-                    Row::Top(from, self.candidates.len())
+                    Row::Top(from, self.candidates.len(), *mass)
                 }
             };
             self.kinds.push(kind);
         }
+        self.device_rows = device_rows;
     }
 
     pub(crate) fn clear(&mut self) {
@@ -90,6 +106,7 @@ impl Outputs {
         self.candidates.clear();
         self.rows.clear();
         self.kinds.clear();
+        self.device_rows = None;
     }
 
     /// Number of output rows (the number of flagged tokens).
@@ -119,9 +136,30 @@ impl Outputs {
     /// fewer values that are neither NaN nor −∞).
     pub fn top(&self, row: usize) -> Option<&[(u32, f32)]> {
         match self.kinds.get(row)? {
-            Row::Top(from, to) => self.candidates.get(*from..*to),
+            Row::Top(from, to, _) => self.candidates.get(*from..*to),
             _ => None,
         }
+    }
+    /// The `row`-th row's probability mass at the temperature it was asked for, Σ exp((l −
+    /// max) / t) over its logits, if it asked for it ([`RowNeed::Draw`]) and holds candidates.
+    pub fn mass(&self, row: usize) -> Option<f32> {
+        match self.kinds.get(row)? {
+            Row::Top(_, _, mass) => *mass,
+            _ => None,
+        }
+    }
+    /// The `row`-th row's logits, read from the device now: for a row that holds candidates
+    /// and a mass ([`RowNeed::Draw`]) whose draw did not fall among them. One readback; the
+    /// row is on the device until the next pass.
+    pub fn fetch_row(&self, row: usize) -> Result<Vec<f32>, DecodeError> {
+        if let Some(logits) = self.row(row) {
+            return Ok(logits.to_vec());
+        }
+        let Some(rows) = self.device_rows.as_ref().filter(|_| row < self.rows.len()) else {
+            return Err(DecodeError::Internal(format!("output row {row} is not on the device")));
+        };
+        let one = rows.clone().slice([row..row + 1, 0..self.vocab]);
+        crate::transfers::read::<2, _, f32>(one).map_err(|e| DecodeError::Internal(format!("reading logits: {e:?}")))
     }
     /// The logits of batch token `i`, if it was flagged (`llama_get_logits_ith`).
     pub fn logits_ith(&self, i: usize) -> Option<&[f32]> {
@@ -165,7 +203,7 @@ mod tests {
     #[test]
     fn rows_map_to_batch_indices() {
         let mut out = Outputs::new(2);
-        out.set(&[1.0, 2.0, 3.0, 4.0], &[Read::Logits, Read::Logits], &[0, 3]);
+        out.set(&[1.0, 2.0, 3.0, 4.0], &[Read::Logits, Read::Logits], &[0, 3], None);
         assert_eq!((out.n_outputs(), out.output_ids()), (2, &[0, 3][..]));
         assert_eq!(out.logits_ith(3), Some(&[3.0, 4.0][..]));
         assert_eq!(out.logits_ith(1), None);
@@ -176,16 +214,23 @@ mod tests {
     #[test]
     fn rows_hold_a_token_candidates_or_their_logits() {
         let mut out = Outputs::new(2);
-        let reads =
-            [Read::Picked(1), Read::Top(vec![(1, 0.5), (0, 0.25)]), Read::Logits, Read::Picked(0), Read::Top(vec![])];
-        out.set(&[5.0, 6.0], &reads, &[0, 1, 2, 3, 4]);
+        let reads = [
+            Read::Picked(1),
+            Read::Top(vec![(1, 0.5), (0, 0.25)], None),
+            Read::Logits,
+            Read::Picked(0),
+            Read::Top(vec![], Some(2.5)),
+        ];
+        out.set(&[5.0, 6.0], &reads, &[0, 1, 2, 3, 4], None);
         assert_eq!((out.row(0), out.picked(0), out.top(0)), (None, Some(1), None));
         assert_eq!((out.row(1), out.picked(1), out.top(1)), (None, None, Some(&[(1, 0.5), (0, 0.25)][..])));
         assert_eq!((out.row(2), out.picked(2), out.top(2)), (Some(&[5.0, 6.0][..]), None, None));
         assert_eq!((out.row(3), out.picked(3)), (None, Some(0)));
-        assert_eq!(out.top(4), Some(&[][..]));
+        assert_eq!((out.top(4), out.mass(4), out.mass(1), out.mass(2)), (Some(&[][..]), Some(2.5), None, None));
+        assert_eq!(out.fetch_row(2).unwrap(), [5.0, 6.0]);
+        assert!(out.fetch_row(4).is_err(), "no logits on a device to read the row from");
         assert_eq!(out.logits_ith(2), Some(&[5.0, 6.0][..]));
-        out.set(&[1.0, 2.0], &[Read::Logits], &[4]);
+        out.set(&[1.0, 2.0], &[Read::Logits], &[4], None);
         assert_eq!((out.n_outputs(), out.picked(0), out.top(0), out.row(0)), (1, None, None, Some(&[1.0, 2.0][..])));
     }
 

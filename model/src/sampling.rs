@@ -155,6 +155,9 @@ pub struct Sampler {
     scratch: Vec<f32>,
     /// Scratch of a draw: its candidates as rank keys, then ranked.
     draw: DrawScratch,
+    /// The uniform number of a draw from candidates that fell past them
+    /// ([`Sampler::sample_top`] gave `None`), for the draw from the whole row that follows.
+    pending: Option<f32>,
 }
 
 impl Sampler {
@@ -175,6 +178,7 @@ impl Sampler {
             generated: HashMap::new(),
             scratch: Vec::new(),
             draw: DrawScratch::default(),
+            pending: None,
         }
     }
 
@@ -234,7 +238,8 @@ impl Sampler {
             self.apply_bias_and_penalties(&mut row);
             let token = match self.params.is_greedy() {
                 true => crate::output::argmax(&row).unwrap_or(0),
-                false => self.draw(row.iter().enumerate().map(|(i, &l)| (i as u32, l))),
+                // Without a mass the candidates are the whole row: always a token.
+                false => self.draw(row.iter().enumerate().map(|(i, &l)| (i as u32, l)), None).unwrap_or(0),
             };
             self.scratch = row;
             token
@@ -258,7 +263,9 @@ impl Sampler {
     /// What the next token needs of its logits row. [`RowNeed::Best`]: greedy with no bias or
     /// penalty, no constraint and no log-probabilities; the token comes to [`Sampler::picked`].
     /// [`RowNeed::Top`]: sampled with a top-k of at most [`TOP_K_ON_DEVICE`] and nothing else
-    /// of the row needed; the candidates come to [`Sampler::sample_top`]. Otherwise the whole
+    /// of the row needed; the candidates come to [`Sampler::sample_top`]. [`RowNeed::Draw`]:
+    /// the same without a top-k; the candidates and the row's mass come to
+    /// [`Sampler::sample_top`], which may want the whole row after all. Otherwise the whole
     /// row, to [`Sampler::sample`].
     pub fn need(&self) -> RowNeed {
         if self.adjusts_logits() || self.guide.is_some() || self.params.wants_logprobs() {
@@ -267,7 +274,8 @@ impl Sampler {
         match self.params.top_k {
             _ if self.params.is_greedy() => RowNeed::Best,
             Some(k) if k <= TOP_K_ON_DEVICE => RowNeed::Top(k),
-            _ => RowNeed::Whole,
+            None => RowNeed::Draw(self.params.temperature),
+            Some(_) => RowNeed::Whole,
         }
     }
 
@@ -278,14 +286,17 @@ impl Sampler {
         self.record(token)
     }
 
-    /// Samples from `candidates`, the (token, logit) pairs of the row's largest logits (at least
-    /// top-k of them where the row has that many), for a sequence whose [`Sampler::need`] is
-    /// [`RowNeed::Top`]: the token [`Sampler::sample`] draws from the whole row with the same
-    /// random stream.
-    pub fn sample_top(&mut self, candidates: &[(u32, f32)]) -> Sampled {
-        debug_assert!(matches!(self.need(), RowNeed::Top(_)));
-        let token = self.draw(candidates.iter().copied());
-        self.record(token)
+    /// Samples from `candidates`, the (token, logit) pairs of the row's largest logits, best
+    /// first, for a sequence whose [`Sampler::need`] is [`RowNeed::Top`] (at least top-k of
+    /// them where the row has that many; `mass` `None`) or [`RowNeed::Draw`] (`mass` the row's
+    /// Σ exp((l − max) / t)): the token [`Sampler::sample`] draws from the whole row with the
+    /// same random stream. `None` where that token may lie past the candidates (the draw, the
+    /// min-p set or the top-p nucleus reaches past them): then [`Sampler::sample`] takes the
+    /// whole row, with the same random number.
+    pub fn sample_top(&mut self, candidates: &[(u32, f32)], mass: Option<f32>) -> Option<Sampled> {
+        debug_assert!(matches!(self.need(), RowNeed::Top(_) | RowNeed::Draw(_)));
+        let token = self.draw(candidates.iter().copied(), mass.map(f64::from))?;
+        Some(self.record(token))
     }
 
     /// Counts `token` for the penalties: a token chosen with nothing else to report.
@@ -327,48 +338,79 @@ impl Sampler {
     }
 
     /// Temperature, top-k, min-p, top-p, then one draw from what remains of `logits`, (token,
-    /// logit) pairs: a whole row, or its best candidates. Masses add up in f64, so that the
-    /// token drawn does not hang on the order they are added in (in f32, 150,000 small
-    /// probabilities summed in two orders moved a draw by thousands of tokens).
-    fn draw(&mut self, logits: impl Iterator<Item = (u32, f32)> + Clone) -> u32 {
+    /// logit) pairs: a whole row, or its best candidates, then with `mass` (Σ exp((l − max) /
+    /// t) over the row) where they are not all that top-k leaves. Masses add up in f64, so that
+    /// the token drawn does not hang on the order they are added in (in f32, 150,000 small
+    /// probabilities summed in two orders moved a draw by thousands of tokens). `None` where
+    /// the token may be past the candidates; a uniform number drawn is then kept for the next
+    /// draw (from the whole row).
+    fn draw(&mut self, logits: impl Iterator<Item = (u32, f32)> + Clone, mass: Option<f64>) -> Option<u32> {
         let p = &self.params;
         let max = logits.clone().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let keys = &mut self.draw.keys;
         keys.clear();
+        let mut given = 0;
         keys.extend(logits.filter_map(|(token, l)| {
+            given += 1;
             let w = ((l - max) / p.temperature).exp();
             (w > 0.0).then(|| rank_key(token, w))
         }));
+        // Whether tokens past the candidates can still be drawn: they are the best of a longer
+        // row (a mass given), none of them too unlikely to count, and nothing below cuts the
+        // row within them.
+        let mut open = mass.is_some() && keys.len() == given;
         if let Some(k) = p.top_k.filter(|k| *k < keys.len()) {
             keys.select_nth_unstable(k - 1);
             keys.truncate(k);
+            open = false;
         }
         if p.min_p > 0.0 {
             // The best candidate has probability exp(0) = 1 before normalisation.
+            let before = keys.len();
             keys.retain(|k| unkey(*k).1 >= p.min_p);
+            if open && keys.len() == before {
+                return None;
+            }
+            open = false;
         }
         let mut ranked = Ranked::new(keys, &mut self.draw.ranked, &mut self.draw.starts);
         let mut len = ranked.len();
-        let mut total: f64 = ranked.total();
-        if p.top_p < 1.0 {
-            let mut mass = 0.0;
-            len = (0..len)
-                .position(|i| {
-                    mass += f64::from(ranked.get(i).1);
-                    mass >= f64::from(p.top_p) * total
-                })
-                .map_or(len, |i| i + 1);
-            total = mass;
+        let mut total: f64 = match mass {
+            Some(mass) if open => mass,
+            _ => ranked.total(),
+        };
+        if open && !(total.is_finite() && total > 0.0) {
+            return None;
         }
-        let mut u = f64::from(self.rng.random::<f32>()) * total;
+        if p.top_p < 1.0 {
+            let mut nucleus = 0.0;
+            match (0..len).position(|i| {
+                nucleus += f64::from(ranked.get(i).1);
+                nucleus >= f64::from(p.top_p) * total
+            }) {
+                Some(i) => {
+                    len = i + 1;
+                    open = false;
+                }
+                None if open => return None,
+                None => {}
+            }
+            total = nucleus;
+        }
+        let r = self.pending.take().unwrap_or_else(|| self.rng.random::<f32>());
+        let mut u = f64::from(r) * total;
         for i in 0..len {
             let (token, w) = ranked.get(i);
             if u < f64::from(w) {
-                return token;
+                return Some(token);
             }
             u -= f64::from(w);
         }
-        len.checked_sub(1).map_or(0, |i| ranked.get(i).0)
+        if open {
+            self.pending = Some(r);
+            return None;
+        }
+        Some(len.checked_sub(1).map_or(0, |i| ranked.get(i).0))
     }
 }
 

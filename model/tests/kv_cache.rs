@@ -6,6 +6,7 @@ use burn::tensor::DType;
 use llaisys_model::TensorData;
 use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::generate::{greedy, one_sequence};
+use llaisys_model::sampling::TOP_K_ON_DEVICE;
 use llaisys_model::tensors::TensorSource;
 use llaisys_model::{
     Batch, Context, DecodeError, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, RowNeed, argmax, load_model,
@@ -291,6 +292,7 @@ fn picked_rows_hold_the_best_token_or_candidates_of_the_row_they_replace() {
         vec![RowNeed::Best; n],
         (0..n).map(mixed).collect::<Vec<_>>(),
         (0..n).map(|r| RowNeed::Top(1 + r % 7)).collect(),
+        (0..n).map(|r| [RowNeed::Draw(0.8), RowNeed::Best, RowNeed::Top(3), RowNeed::Draw(1.5)][r % 4]).collect(),
         vec![RowNeed::Whole; 2],
     ] {
         let mut ctx = context(FIXTURE, 256);
@@ -315,8 +317,22 @@ fn picked_rows_hold_the_best_token_or_candidates_of_the_row_they_replace() {
                     assert!(top.iter().all(|(t, v)| (whole[*t as usize] - v).abs() < TOL), "row {r}");
                     assert_eq!(out.row(r), None);
                 }
-                (RowNeed::Top(_), None) => {
-                    assert!(on_cpu, "row {r}: a GPU finds a top-k row's candidates");
+                (RowNeed::Draw(t), Some(top)) => {
+                    assert!(!on_cpu, "the CPU keeps a sampled row whole");
+                    let mut best: Vec<u32> = (0..whole.len() as u32).collect();
+                    best.sort_by(|a, b| whole[*b as usize].total_cmp(&whole[*a as usize]).then(a.cmp(b)));
+                    let k = TOP_K_ON_DEVICE.min(whole.len());
+                    assert_eq!(top.iter().map(|c| c.0).collect::<Vec<_>>(), best[..k], "row {r}: the best tokens");
+                    let max = whole[best[0] as usize];
+                    let want: f64 = whole.iter().map(|&l| f64::from((l - max) / t).exp()).sum();
+                    let mass = f64::from(out.mass(r).expect("a draw row's mass"));
+                    assert!((mass - want).abs() < 1e-3 * want, "row {r}: mass {mass}, want {want}");
+                    // The row itself, where a draw falls past the candidates.
+                    assert!(max_abs_diff(&out.fetch_row(r).unwrap(), whole) < TOL, "row {r}");
+                    assert_eq!(out.row(r), None);
+                }
+                (RowNeed::Top(_) | RowNeed::Draw(_), None) => {
+                    assert!(on_cpu, "row {r}: a GPU finds a sampled row's candidates");
                     assert!(max_abs_diff(out.row(r).unwrap(), whole) < TOL, "row {r}");
                 }
                 _ => assert!(max_abs_diff(out.row(r).unwrap(), whole) < TOL, "row {r}"),

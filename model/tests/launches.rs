@@ -193,3 +193,37 @@ fn a_top_k_step_reads_back_its_candidates_only() {
         assert!(kernels.iter().any(|k| k.contains("topk")), "{kernels:?}");
     }
 }
+
+/// A sampled step without a top-k reads back the row's 64 best candidates and its mass at the
+/// row's temperature (one upload more, the temperatures; one readback of 8·65 bytes), and the
+/// row itself only when asked after (a draw past the candidates): one readback of the
+/// vocabulary's logits. On the CPU the row stays whole (nothing moves).
+#[test]
+#[cfg_attr(
+    not(any(feature = "wgpu", feature = "cuda")),
+    ignore = "counts a GPU backend's transfers: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
+)]
+fn a_draw_step_reads_back_candidates_and_a_mass_and_the_row_only_when_asked() {
+    use llaisys_model::sampling::TOP_K_ON_DEVICE;
+    let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let (spec, mut ctx, at) = after_a_decode_step("tiny-tied-f32");
+    transfers::take();
+    ctx.decode_picking(&one_sequence(&[1], 0, at), &|| false, &[RowNeed::Draw(0.8)]).unwrap();
+    let moved = transfers::take();
+    eprintln!("{spec}: a draw step: {moved:?}");
+    let out = ctx.outputs();
+    if spec == DeviceSpec::Cpu {
+        assert_eq!(moved, Transfers::default());
+        assert_eq!((out.top(0), out.mass(0)), (None, None), "the CPU keeps the row whole");
+        return;
+    }
+    let pairs = TOP_K_ON_DEVICE as u64 + 1;
+    assert_eq!((moved.uploads, moved.readbacks, moved.readback_bytes), (UPLOADS_PER_STEP + 1, 1, 8 * pairs));
+    assert_eq!(out.top(0).map(<[_]>::len), Some(TOP_K_ON_DEVICE));
+    assert!(out.mass(0).is_some_and(|m| m >= 1.0), "the best token alone weighs 1: {:?}", out.mass(0));
+    let row = out.fetch_row(0).unwrap();
+    let fetched = transfers::take();
+    assert_eq!(row.len(), out.vocab());
+    assert_eq!((fetched.uploads, fetched.readbacks, fetched.readback_bytes), (0, 1, 4 * out.vocab() as u64));
+    assert_eq!(out.top(0).unwrap()[0].0, llaisys_model::argmax(&row).unwrap(), "the row read is the step's");
+}

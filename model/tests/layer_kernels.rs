@@ -831,7 +831,9 @@ fn argmax_rows_take_the_first_largest_value() {
 /// the host: each row's k largest values best first, the smaller index first among equal ones
 /// (the test values repeat: a row of 151,936 holds each about 76 times), NaN and −∞ never, +∞
 /// first; k past the row's values padded with (−f32::MAX, 1e30); rows shorter than a chunk and
-/// over several; a strided view. No kernel on the CPU (its rows are in memory already).
+/// over several; a strided view. With a temperature a row, the same candidates and each row's
+/// mass Σ exp((l − max) / t) (0 at t = 0, not finite where the row holds +∞). No kernel on the
+/// CPU (its rows are in memory already).
 #[test]
 fn top_k_rows_take_the_largest_values_best_first() {
     use llaisys_model::kernels::gpu_top_k;
@@ -847,7 +849,7 @@ fn top_k_rows_take_the_largest_values_best_first() {
             x[at(1, vocab / 3)] = 100.0;
         }
         let input = Tensor::<2>::from_data(TensorData::new(x.clone(), [n, vocab + 2]), &device).narrow(1, 1, vocab);
-        let Some(top) = ran(spec, "top_k", || gpu_top_k(&input, k)) else {
+        let Some(top) = ran(spec, "top_k", || gpu_top_k(&input, k, None)) else {
             assert_eq!(spec, DeviceSpec::Cpu, "no top-k kernel ran on {spec}");
             return;
         };
@@ -864,6 +866,25 @@ fn top_k_rows_take_the_largest_values_best_first() {
                 })
                 .collect();
             assert_eq!(got[r * k * 2..(r + 1) * k * 2], want[..], "row {r} of {n} × {vocab}, k = {k}");
+        }
+        let temps: Vec<f32> = (0..n).map(|r| [0.7, 1.0, 0.0][r % 3]).collect();
+        let with_mass = host(gpu_top_k(&input, k, Some(&temps)).expect("the kernel ran without a mass"));
+        assert_eq!(with_mass.len(), n * (k + 1) * 2);
+        for r in 0..n {
+            let pairs = &with_mass[r * (k + 1) * 2..(r + 1) * (k + 1) * 2];
+            assert_eq!(pairs[..k * 2], got[r * k * 2..(r + 1) * k * 2], "row {r}: the candidates with a mass");
+            let (mass, row) = (pairs[k * 2], &x[at(r, 0)..at(r, vocab)]);
+            let max = row.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+            let what = format!("row {r} of {n} × {vocab} at t = {}: mass {mass}", temps[r]);
+            if temps[r] == 0.0 {
+                assert_eq!(mass, 0.0, "{what}");
+            } else if max == f32::INFINITY {
+                assert!(!mass.is_finite(), "{what}");
+            } else {
+                let want: f64 =
+                    row.iter().filter(|v| !v.is_nan()).map(|&v| f64::from((v - max) / temps[r]).exp()).sum();
+                assert!((f64::from(mass) - want).abs() <= 1e-4 * want, "{what}, want {want}");
+            }
         }
     }
 }

@@ -246,7 +246,11 @@ fn verify(lane: &mut Lane, outputs: &Outputs, drafts: &[u32], row: usize) -> Res
         let sampled = if let Some(token) = outputs.picked(row + j) {
             lane.sampler.picked(token)
         } else if let Some(candidates) = outputs.top(row + j) {
-            lane.sampler.sample_top(candidates)
+            // A draw past the candidates reads the row after all (rarely: they hold most of it).
+            match lane.sampler.sample_top(candidates, outputs.mass(row + j)) {
+                Some(sampled) => sampled,
+                None => lane.sampler.sample(&outputs.fetch_row(row + j)?),
+            }
         } else if let Some(logits) = outputs.row(row + j) {
             lane.sampler.sample(logits)
         } else {

@@ -90,7 +90,7 @@ pub(crate) mod gpu {
     pub fn argmax(_: &Tensor<2>) -> Option<Tensor<1, Int>> {
         None
     }
-    pub fn top_k(_: &Tensor<2>, _: usize) -> Option<Tensor<3>> {
+    pub fn top_k(_: &Tensor<2>, _: usize, _: Option<&[f32]>) -> Option<Tensor<3>> {
         None
     }
     pub const BUILT: bool = false;
@@ -659,12 +659,15 @@ pub fn gpu_argmax(x: &Tensor<2>) -> Option<Tensor<1, Int>> {
 
 /// Each row's `k` largest values with their indices on a GPU, best first (the first index
 /// among equal values; never NaN or −∞), in two launches, so that a sampled row reads back `k`
-/// candidates instead of the vocabulary. Past a row's values: (−f32::MAX, 1e30).
+/// candidates instead of the vocabulary. Past a row's values: (−f32::MAX, 1e30). With `temps`
+/// (a temperature a row, uploaded), each row's probability mass at its temperature follows its
+/// candidates as a last pair (Σ exp((l − max) / t) over the row's values but NaN; 0 where t ≤ 0),
+/// so that a sampler without a top-k can tell whether its draw falls among the candidates.
 ///
 /// # Shapes
-/// x: [n, vocab] f32 → [n, k, 2] f32 (value, index)
-pub fn gpu_top_k(x: &Tensor<2>, k: usize) -> Option<Tensor<3>> {
-    gpu::top_k(x, k)
+/// x: [n, vocab] f32, temps: \[n\] → [n, k (+ 1 with temps), 2] f32 (value, index)
+pub fn gpu_top_k(x: &Tensor<2>, k: usize, temps: Option<&[f32]>) -> Option<Tensor<3>> {
+    gpu::top_k(x, k, temps)
 }
 
 /// `silu(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one.

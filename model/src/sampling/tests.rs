@@ -156,8 +156,10 @@ fn logprobs_only_when_asked_and_greedy_rows_can_be_picked_elsewhere() {
     assert_eq!(s.need(), RowNeed::Whole, "log-probabilities need the whole row");
     assert!((s.sample(&row).logprob.unwrap() - 0.6f32.ln()).abs() < 1e-5);
     for (what, edit) in [
-        ("sampling without top-k", (|p| p.temperature = 0.7) as fn(&mut SamplingParams)),
-        ("a top-k past the device's", |p| (p.temperature, p.top_k) = (0.7, Some(TOP_K_ON_DEVICE + 1))),
+        (
+            "a top-k past the device's",
+            (|p| (p.temperature, p.top_k) = (0.7, Some(TOP_K_ON_DEVICE + 1))) as fn(&mut SamplingParams),
+        ),
         ("alternatives", |p| p.top_logprobs = 1),
         ("a penalty", |p| p.repetition_penalty = 1.1),
         ("a bias", |p| p.logit_bias = vec![(0, 1.0)]),
@@ -168,6 +170,8 @@ fn logprobs_only_when_asked_and_greedy_rows_can_be_picked_elsewhere() {
     }
     let top = params(|p| (p.temperature, p.top_k, p.top_p) = (0.7, Some(TOP_K_ON_DEVICE), 0.9));
     assert_eq!(Sampler::new(top, &[]).need(), RowNeed::Top(TOP_K_ON_DEVICE));
+    let draw = params(|p| (p.temperature, p.top_p, p.min_p) = (0.7, 0.9, 0.1));
+    assert_eq!(Sampler::new(draw, &[]).need(), RowNeed::Draw(0.7), "sampling without a top-k");
     // A frequency penalty counts picked tokens as it counts sampled ones.
     let mut s = Sampler::new(params(|_| {}), &[]);
     s.picked(1);
@@ -200,15 +204,59 @@ fn sampling_from_the_best_candidates_draws_what_the_whole_row_does() {
             for step in 0..3 {
                 let want = whole.sample(&row).token;
                 let got = match top.need() {
-                    RowNeed::Top(k) => top.sample_top(&candidates(k)).token,
+                    RowNeed::Top(k) => top.sample_top(&candidates(k), None).expect("top-k's candidates suffice").token,
                     RowNeed::Best => top.picked(candidates(1)[0].0).token,
-                    RowNeed::Whole => panic!("top-k {k} needs only candidates"),
+                    need => panic!("top-k {k} needs only candidates, not {need:?}"),
                 };
                 assert_eq!(got, want, "top-k {k}, seed {seed}, step {step}");
             }
             assert_eq!(top.generated, whole.generated);
         }
     }
+}
+
+/// A sequence sampling without a top-k draws from its row's best candidates and the row's mass
+/// (what a GPU finds) the token it draws from the whole row, seed for seed, or says it needs the
+/// row, and then draws that token from it with the same random number: under plain
+/// temperature, min-p, top-p and both, on a row flat enough that 64 candidates often do not
+/// hold the draw.
+#[test]
+fn sampling_from_candidates_and_the_mass_draws_what_the_whole_row_does_or_asks_for_it() {
+    let mut row: Vec<f32> = (0..2000u32).map(|i| ((i * 7919) % 2000) as f32 / 300.0 - 3.0).collect();
+    row[17] = f32::NAN;
+    row[23] = f32::NEG_INFINITY;
+    row[1500] = row[1501];
+    let mut order: Vec<u32> = (0..row.len() as u32).filter(|&i| row[i as usize] > f32::NEG_INFINITY).collect();
+    order.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+    let candidates: Vec<(u32, f32)> = order.iter().take(TOP_K_ON_DEVICE).map(|&i| (i, row[i as usize])).collect();
+    let max = candidates[0].1;
+    let (mut drawn, mut fetched) = (0, 0);
+    for (temperature, min_p, top_p) in
+        [(1.0, 0.0, 1.0), (0.3, 0.0, 1.0), (0.7, 0.0, 0.9), (1.0, 0.3, 1.0), (0.5, 0.1, 0.6), (3.0, 0.0, 0.5)]
+    {
+        let mass: f64 = row.iter().map(|&l| f64::from(((l - max) / temperature).exp())).filter(|w| *w > 0.0).sum();
+        for seed in 0..50 {
+            let p = params(|p| (p.temperature, p.min_p, p.top_p, p.seed) = (temperature, min_p, top_p, Some(seed)));
+            let (mut whole, mut top) = (Sampler::new(p.clone(), &[]), Sampler::new(p, &[]));
+            assert_eq!(top.need(), RowNeed::Draw(temperature));
+            for step in 0..3 {
+                let want = whole.sample(&row).token;
+                let got = match top.sample_top(&candidates, Some(mass as f32)) {
+                    Some(sampled) => {
+                        drawn += 1;
+                        sampled.token
+                    }
+                    None => {
+                        fetched += 1;
+                        top.sample(&row).token
+                    }
+                };
+                assert_eq!(got, want, "T {temperature}, min-p {min_p}, top-p {top_p}, seed {seed}, step {step}");
+            }
+            assert_eq!(top.generated, whole.generated);
+        }
+    }
+    assert!(drawn > 100 && fetched > 100, "both ways taken: {drawn} drawn from candidates, {fetched} rows read");
 }
 
 /// The draw as a whole sort of the candidates would make it (the sampler ranks only as far as

@@ -1347,25 +1347,41 @@ pub fn argmax_merge(parts: &Tensor<f32>, out: &mut Tensor<i32>, chunks: usize, #
 ///   row: out [n · chunks · k, 2] contiguous (value, index as f32), with `chunks` vocab /
 ///   TOP_K_CHUNK rounded up;
 /// - those (`pairs`), a part each row's `chunks · k` pairs: out [n, k, 2].
+///
+/// With `mass`, each row's probability mass at its temperature `temps[row]` comes too, Σ
+/// exp((l − max) / t) over its values (NaN left out; 0 where t ≤ 0): the first launch writes
+/// each part's, about the part's largest value, to `masses` [n · chunks]; the second adds them
+/// up about the row's largest into a last pair (mass, 0) of each row, out [n, k + 1, 2].
+/// Without it `masses` and `temps` are not read.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn top_k(
     input: &Tensor<f32>,
     out: &mut Tensor<f32>,
+    masses: &mut Tensor<f32>,
+    temps: &Tensor<f32>,
     chunks: usize,
     k: usize,
     #[comptime] pairs: bool,
+    #[comptime] mass: bool,
     #[comptime] units: usize,
 ) {
     let at = CUBE_POS;
-    if at * k * 2 >= out.len() {
+    let mut width = k;
+    if comptime!(mass && pairs) {
+        width = k + 1;
+    }
+    if at * width * 2 >= out.len() {
         terminate!();
     }
     let mut base = 0;
     let mut stride = 0;
     let mut start = at * chunks * k;
     let mut count = chunks * k;
+    let mut row = at;
     if comptime!(!pairs) {
-        base = (at / chunks) * input.stride(0);
+        row = at / chunks;
+        base = row * input.stride(0);
         stride = input.stride(1);
         start = (at % chunks) * TOP_K_CHUNK;
         count = select(start + TOP_K_CHUNK < input.shape(1), TOP_K_CHUNK, input.shape(1) - start);
@@ -1373,14 +1389,46 @@ pub fn top_k(
     let shared = Shared::<[f32]>::new_slice(units);
     let mut prev = f32::new(LOWEST);
     let mut prev_i = f32::new(NO_INDEX);
+    let mut head = f32::new(LOWEST);
     for t in 0..k {
         let (top, first) =
             best_after(input, base, stride, start, count, prev, prev_i, t == 0, shared.clone(), pairs, units);
         if UNIT_POS == 0 {
-            out[(at * k + t) * 2] = top;
-            out[(at * k + t) * 2 + 1] = first;
+            out[(at * width + t) * 2] = top;
+            out[(at * width + t) * 2 + 1] = first;
         }
+        head = select(t == 0, top, head);
         prev = top;
         prev_i = first;
+    }
+    if comptime!(mass) {
+        let temp = temps[row];
+        let mut sum = 0.0f32;
+        let mut c = UNIT_POS as usize;
+        let mut terms = count;
+        if comptime!(pairs) {
+            terms = chunks;
+        }
+        if temp > 0.0 {
+            while c < terms {
+                // Each part's mass about its own largest value, then those about the row's.
+                let (v, w) = if comptime!(pairs) {
+                    (input[(at * chunks + c) * k * 2], masses[at * chunks + c])
+                } else {
+                    (input[base + (start + c) * stride], 1.0f32)
+                };
+                sum += select(v <= head, w * ((v - head) / temp).exp(), 0.0f32);
+                c += units;
+            }
+        }
+        let total = cube_reduce(shared, sum, units, false);
+        if UNIT_POS == 0 {
+            if comptime!(pairs) {
+                out[(at * width + k) * 2] = total;
+                out[(at * width + k) * 2 + 1] = 0.0f32;
+            } else {
+                masses[at] = total;
+            }
+        }
     }
 }

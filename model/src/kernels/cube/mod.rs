@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use burn::backend::{BackendTypes, Cube};
 use burn::cubecl::ir::features::TypeUsage;
 use burn::cubecl::prelude::{CubeCount, CubeDim, Scalar};
-use burn::tensor::{DType, Int, Shape, Tensor};
+use burn::tensor::{DType, Float, Int, Shape, Tensor, TensorData};
 
 use kernels::ROW_UNITS;
 
@@ -796,25 +796,40 @@ pub fn argmax(x: &Tensor<2>) -> Option<Tensor<1, Int>> {
 /// Each row's `k` largest values, best first (the first index first among equal values; NaN
 /// and −∞ never), with their indices, in two launches of [`kernels::top_k`]: one cube a
 /// [`kernels::TOP_K_CHUNK`] of a row taking its `k` best, then one a row taking the `k` best of
-/// those. Past a row's values the pairs are (−f32::MAX, 1e30). `None` for k = 0, k over a
-/// chunk, or past 2^24 columns.
+/// those. Past a row's values the pairs are (−f32::MAX, 1e30). With `temps` (a temperature a
+/// row, uploaded), each row's mass at its temperature in a last pair (mass, 0). `None` for k =
+/// 0, k over a chunk, past 2^24 columns, or temperatures not one a row.
 ///
 /// # Shapes
-/// x: [n, vocab] f32 → [n, k, 2] f32 (value, index)
-pub fn top_k(x: &Tensor<2>, k: usize) -> Option<Tensor<3>> {
+/// x: [n, vocab] f32, temps: \[n\] → [n, k (+ 1 with temps), 2] f32 (value, index)
+pub fn top_k(x: &Tensor<2>, k: usize, temps: Option<&[f32]>) -> Option<Tensor<3>> {
     let [n, vocab] = x.dims();
     if n == 0 || vocab == 0 || vocab > 1 << 24 || k == 0 || k > kernels::TOP_K_CHUNK {
         return None;
     }
+    if temps.is_some_and(|t| t.len() != n) {
+        return None;
+    }
+    let device = x.device();
     let x = cube(x)?;
     let chunks = vocab.div_ceil(kernels::TOP_K_CHUNK);
     let parts = empty(&x, [n * chunks * k, 2]);
-    let out = empty(&x, [n, k, 2]);
+    let mass = temps.is_some();
+    let out = empty(&x, [n, k + usize::from(mass), 2]);
+    let (masses, temps) = match temps {
+        Some(temps) => {
+            let temps = crate::transfers::upload::<1, Float>(TensorData::new(temps.to_vec(), [n]), &device);
+            (empty(&x, [n * chunks]), temps.try_into_primitive::<Cube>().ok()?)
+        }
+        // Not read: any buffers.
+        None => (empty(&x, [1]), empty(&x, [1])),
+    };
     let client = x.client.clone();
     for (input, output, cubes, pairs) in [(x, &parts, n * chunks, false), (parts.clone(), &out, n, true)] {
         let (count, dim) = per_row(cubes);
         let (input, output) = (input.into_tensor_arg(), output.clone().into_tensor_arg());
-        kernels::top_k::launch(&client, count, dim, input, output, chunks, k, pairs, ROW_UNITS);
+        let (m, t) = (masses.clone().into_tensor_arg(), temps.clone().into_tensor_arg());
+        kernels::top_k::launch(&client, count, dim, input, output, m, t, chunks, k, pairs, mass, ROW_UNITS);
     }
     Some(tensor(out))
 }
