@@ -8,8 +8,10 @@
 # host↔device transfers per decode step, and ranks kernels by device time with --kernel-times).
 # The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, greedy
 # ids and decode with an f32 KV cache (the default, f16, runs everywhere else), and decode and
-# 64 concurrent sampled with top-k 20 (each row's candidates found on the device). The GPU's utilisation is sampled alongside (a
-# host-bound path shows as a GPU mostly idle). While the files are written, the kernels' and the
+# 64 concurrent sampled with top-k 20 (each row's candidates found on the device), and with
+# temperature 1 alone (OpenAI's default: 64 candidates and the row's mass found there, the row
+# read only where a draw falls past them; the bench's readbacks a step say how often). The GPU's
+# utilisation is sampled alongside (a host-bound path shows as a GPU mostly idle). While the files are written, the kernels' and the
 # whole models' tests run on the GPU (f16 and bf16 there too: llvmpipe has f32 alone).
 #
 # Prepared here, before the call (see .library/device/README.md for the .gl packages):
@@ -110,6 +112,9 @@ for m in "${models[@]}"; do
   step "$name sampled with top-k 20 (the candidates found on the device): decode, then 64 concurrent"
   timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens 256 --temperature 0.7 --top-k 20
   timeout 120 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 64 --runs 1 --temperature 0.7 --top-k 20
+  step "$name sampled with temperature 1 alone (candidates and mass on the device): decode, then 64 concurrent"
+  timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens 256 --temperature 1
+  timeout 120 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 64 --runs 1 --temperature 1
 done
 step done
 kill $smi
