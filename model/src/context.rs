@@ -117,8 +117,8 @@ impl Context {
 /// Reads back a pass's logits, [n, vocab], each row `r` as `needs[r]` asks: on a GPU the
 /// candidates of the rows that sample (with their masses where asked) found there, or without
 /// any, each row's best, then the rows wanted whole, in order; on the CPU every row, the best
-/// of those that want only it picked here. The logits tensor comes back too where a row with a
-/// mass may still have to be read whole.
+/// of those that want only it picked here. The logits tensor comes back too where a row with
+/// candidates may still have to be read whole.
 fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeError> {
     let [n, vocab] = logits.dims();
     let read = |e| DecodeError::Internal(format!("reading logits: {e:?}"));
@@ -173,7 +173,8 @@ fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeErr
                 RowNeed::Whole => {}
             }
         }
-        device_rows = temps.is_some().then(|| logits.clone());
+        // Kept for the rows whose draw falls past their candidates (`Outputs::fetch_row`).
+        device_rows = Some(logits.clone());
     } else if (0..n).any(|r| need(r) == RowNeed::Best) {
         // Every row's pick (one id each to read back, where leaving out the rows that do not
         // want it would take an upload).

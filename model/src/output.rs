@@ -16,7 +16,9 @@ pub enum RowNeed {
     /// The index of its largest logit only (greedy decoding), found on the model's device.
     Best,
     /// Its `k` largest logits with their tokens, best first (sampling with top-k and nothing
-    /// else that reads the row), found on a GPU; where the logits are in host memory already
+    /// else that reads the row, or penalties that only lower logits, which the sampler applies
+    /// to the candidates, then reading the row only where they are not enough:
+    /// [`Outputs::fetch_row`]), found on a GPU; where the logits are in host memory already
     /// (the CPU), or no kernel runs, the whole row.
     Top(usize),
     /// Its [`TOP_K_ON_DEVICE`] largest logits with their tokens and the row's probability mass
@@ -54,7 +56,7 @@ pub struct Outputs {
     /// [n_outputs] what each row holds.
     kinds: Vec<Row>,
     /// The pass's logits on the device, [n_outputs, vocab], kept while a row that holds
-    /// candidates and a mass may still be read whole ([`Outputs::fetch_row`]).
+    /// candidates may still be read whole ([`Outputs::fetch_row`]).
     device_rows: Option<Tensor<2>>,
 }
 
@@ -149,8 +151,10 @@ impl Outputs {
         }
     }
     /// The `row`-th row's logits, read from the device now: for a row that holds candidates
-    /// and a mass ([`RowNeed::Draw`]) whose draw did not fall among them. One readback; the
-    /// row is on the device until the next pass.
+    /// ([`RowNeed::Top`], [`RowNeed::Draw`]) whose sampler cannot choose among them
+    /// ([`Sampler::sample_top`]). One readback; the row is on the device until the next pass.
+    ///
+    /// [`Sampler::sample_top`]: crate::Sampler::sample_top
     pub fn fetch_row(&self, row: usize) -> Result<Vec<f32>, DecodeError> {
         if let Some(logits) = self.row(row) {
             return Ok(logits.to_vec());

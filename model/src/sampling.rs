@@ -158,6 +158,8 @@ pub struct Sampler {
     /// The uniform number of a draw from candidates that fell past them
     /// ([`Sampler::sample_top`] gave `None`), for the draw from the whole row that follows.
     pending: Option<f32>,
+    /// Scratch: candidates with the bias and penalties applied.
+    adjusted: Vec<(u32, f32)>,
 }
 
 impl Sampler {
@@ -179,6 +181,7 @@ impl Sampler {
             scratch: Vec::new(),
             draw: DrawScratch::default(),
             pending: None,
+            adjusted: Vec::new(),
         }
     }
 
@@ -267,15 +270,23 @@ impl Sampler {
     /// the same without a top-k; the candidates and the row's mass come to
     /// [`Sampler::sample_top`], which may want the whole row after all. Otherwise the whole
     /// row, to [`Sampler::sample`].
+    ///
+    /// Logit bias and penalties that only lower logits (Hugging Face's and Qwen's repetition
+    /// penalty, OpenAI's penalties when positive, negative biases) keep a greedy or top-k row on
+    /// the device: it brings back [`TOP_K_ON_DEVICE`] candidates, the sampler adjusts those,
+    /// and the tokens past them, lowered or not, stay below the last one.
     pub fn need(&self) -> RowNeed {
-        if self.adjusts_logits() || self.guide.is_some() || self.params.wants_logprobs() {
+        if self.guide.is_some() || self.params.wants_logprobs() {
             return RowNeed::Whole;
         }
-        match self.params.top_k {
-            _ if self.params.is_greedy() => RowNeed::Best,
-            Some(k) if k <= TOP_K_ON_DEVICE => RowNeed::Top(k),
-            None => RowNeed::Draw(self.params.temperature),
-            Some(_) => RowNeed::Whole,
+        match (self.adjusts_logits(), self.params.top_k) {
+            (false, _) if self.params.is_greedy() => RowNeed::Best,
+            (false, Some(k)) if k <= TOP_K_ON_DEVICE => RowNeed::Top(k),
+            (false, None) => RowNeed::Draw(self.params.temperature),
+            (true, k) if self.only_lowers() && (self.params.is_greedy() || k.is_some_and(|k| k <= TOP_K_ON_DEVICE)) => {
+                RowNeed::Top(TOP_K_ON_DEVICE)
+            }
+            _ => RowNeed::Whole,
         }
     }
 
@@ -293,16 +304,89 @@ impl Sampler {
     /// same random stream. `None` where that token may lie past the candidates (the draw, the
     /// min-p set or the top-p nucleus reaches past them): then [`Sampler::sample`] takes the
     /// whole row, with the same random number.
+    ///
+    /// With logit bias or penalties (that only lower logits), `candidates` are the row's
+    /// [`TOP_K_ON_DEVICE`] best before them; `None` also where fewer than the top-k (or, greedy,
+    /// not the best) of them stay above the last one once adjusted: a token past them might be
+    /// among those.
     pub fn sample_top(&mut self, candidates: &[(u32, f32)], mass: Option<f32>) -> Option<Sampled> {
         debug_assert!(matches!(self.need(), RowNeed::Top(_) | RowNeed::Draw(_)));
-        let token = self.draw(candidates.iter().copied(), mass.map(f64::from))?;
-        Some(self.record(token))
+        if !self.adjusts_logits() {
+            let token = self.draw(candidates.iter().copied(), mass.map(f64::from))?;
+            return Some(self.record(token));
+        }
+        // Every token past the candidates is at or below the last one, before and after.
+        let floor = candidates.last().filter(|_| candidates.len() >= TOP_K_ON_DEVICE).map(|c| c.1);
+        let mut adjusted = std::mem::take(&mut self.adjusted);
+        adjusted.clear();
+        adjusted.extend(candidates.iter().map(|&(token, l)| (token, self.adjusted(token, l))));
+        let token = self.draw_adjusted(&adjusted, floor);
+        self.adjusted = adjusted;
+        Some(self.record(token?))
+    }
+
+    /// [`Sampler::sample_top`]'s choice among `adjusted` candidates, all the row's tokens that
+    /// can be chosen when `floor` is `None`, else the best of it before adjusting, each other
+    /// token at or below `floor`: the best (greedy) or a draw from the top-k where those are
+    /// above `floor` (strictly, and their probabilities above its, so that no tie with a token
+    /// past them can change the order).
+    fn draw_adjusted(&mut self, adjusted: &[(u32, f32)], floor: Option<f32>) -> Option<u32> {
+        let best = adjusted
+            .iter()
+            .copied()
+            .filter(|c| !c.1.is_nan())
+            .reduce(|a, b| if b.1 > a.1 || (b.1 == a.1 && b.0 < a.0) { b } else { a });
+        if self.params.is_greedy() {
+            let (token, l) = best?;
+            return (floor.is_none_or(|floor| l > floor)).then_some(token);
+        }
+        match (floor, self.params.top_k) {
+            (Some(floor), Some(k)) => {
+                let max = best?.1;
+                let w = |l: f32| ((l - max) / self.params.temperature).exp();
+                if adjusted.iter().filter(|c| w(c.1) > w(floor)).count() < k {
+                    return None;
+                }
+            }
+            // Without a top-k a draw can reach past them.
+            (Some(_), None) => return None,
+            (None, _) => {}
+        }
+        self.draw(adjusted.iter().copied(), None)
     }
 
     /// Counts `token` for the penalties: a token chosen with nothing else to report.
     fn record(&mut self, token: u32) -> Sampled {
         *self.generated.entry(token).or_default() += 1;
         Sampled { token, logprob: None, top: Vec::new(), end: None, mask_time: None }
+    }
+
+    /// `logit` of `token` as [`Sampler::apply_bias_and_penalties`] changes it in a row.
+    fn adjusted(&self, token: u32, mut logit: f32) -> f32 {
+        let p = &self.params;
+        for &(t, bias) in &p.logit_bias {
+            if t == token {
+                logit += bias;
+            }
+        }
+        let count = self.generated.get(&token).copied().unwrap_or(0);
+        if p.repetition_penalty != 1.0 && (count > 0 || self.prompt.binary_search(&token).is_ok()) {
+            logit = if logit > 0.0 { logit / p.repetition_penalty } else { logit * p.repetition_penalty };
+        }
+        if count > 0 {
+            logit -= p.presence_penalty + p.frequency_penalty * count as f32;
+        }
+        logit
+    }
+
+    /// Whether the bias and penalties never raise a logit (so that a row's best tokens before
+    /// them hold its best after).
+    fn only_lowers(&self) -> bool {
+        let p = &self.params;
+        p.repetition_penalty >= 1.0
+            && p.presence_penalty >= 0.0
+            && p.frequency_penalty >= 0.0
+            && p.logit_bias.iter().all(|b| b.1 <= 0.0)
     }
 
     /// Whether logit bias or a penalty changes the logits before the choice.

@@ -342,8 +342,9 @@ fn bench_on_a_gpu_counts_launches_and_transfers_per_decode_step() {
 }
 
 /// `llaisys bench --temperature ... --top-k K` samples its decode requests (the JSON says how);
-/// on a GPU each step reads back the row's K candidates (8·K bytes), not its logits. A sampling
-/// parameter out of range is a usage error naming the flags.
+/// on a GPU each step reads back the row's K candidates (8·K bytes), not its logits; without a
+/// top-k, or with a repetition penalty, 64 candidates (and the row's mass), and the row only
+/// where they cannot decide. A sampling parameter out of range is a usage error naming the flags.
 #[test]
 fn bench_samples_when_asked_and_a_gpu_reads_back_only_the_candidates() {
     let device = llaisys_tests::test_device();
@@ -363,6 +364,19 @@ fn bench_samples_when_asked_and_a_gpu_reads_back_only_the_candidates() {
         let bytes = json["transfers"]["readback_bytes_per_step"].as_f64().unwrap();
         // 160 bytes a decode step; the prompt's pass (a step of its own) reads as much.
         assert!((150.0..=170.0).contains(&bytes), "20 candidates, not 1,024 logits: {json}");
+    }
+    for extra in
+        [&["--temperature", "0.8"][..], &["--temperature", "0.8", "--top-k", "20", "--repetition-penalty", "1.1"]]
+    {
+        let out = llaisys(&[&["bench", "--model", dir.to_str().unwrap()], &args[..10], extra].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let json: serde_json::Value = serde_json::from_str(stdout(&out).lines().last().unwrap()).unwrap();
+        assert_eq!(json["sampling"]["repetition_penalty"], if extra.len() > 2 { 1.1 } else { 1.0 }, "{json}");
+        if cfg!(any(feature = "wgpu", feature = "cuda")) && device != "cpu" {
+            let bytes = json["transfers"]["readback_bytes_per_step"].as_f64().unwrap();
+            // 64 candidates (and a mass): 512 or 520 bytes a step, a row of 4,096 where read.
+            assert!((510.0..4096.0).contains(&bytes), "{extra:?}: candidates, rows rarely: {json}");
+        }
     }
     let bad = llaisys(&["bench", "--model", dir.to_str().unwrap(), "--top-p", "2", "--only", "decode"]);
     let stderr = String::from_utf8_lossy(&bad.stderr);

@@ -246,7 +246,8 @@ fn verify(lane: &mut Lane, outputs: &Outputs, drafts: &[u32], row: usize) -> Res
         let sampled = if let Some(token) = outputs.picked(row + j) {
             lane.sampler.picked(token)
         } else if let Some(candidates) = outputs.top(row + j) {
-            // A draw past the candidates reads the row after all (rarely: they hold most of it).
+            // Where the candidates cannot decide (a draw past them, or penalties that may have
+            // brought a token past them among the best), the row is read after all.
             match lane.sampler.sample_top(candidates, outputs.mass(row + j)) {
                 Some(sampled) => sampled,
                 None => lane.sampler.sample(&outputs.fetch_row(row + j)?),

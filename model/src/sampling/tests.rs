@@ -161,15 +161,28 @@ fn logprobs_only_when_asked_and_greedy_rows_can_be_picked_elsewhere() {
             (|p| (p.temperature, p.top_k) = (0.7, Some(TOP_K_ON_DEVICE + 1))) as fn(&mut SamplingParams),
         ),
         ("alternatives", |p| p.top_logprobs = 1),
-        ("a penalty", |p| p.repetition_penalty = 1.1),
-        ("a bias", |p| p.logit_bias = vec![(0, 1.0)]),
-        ("top-k with a penalty", |p| (p.temperature, p.top_k, p.presence_penalty) = (0.7, Some(5), 0.5)),
+        ("a bias that raises a logit", |p| p.logit_bias = vec![(0, 1.0)]),
+        ("a repetition penalty under 1", |p| p.repetition_penalty = 0.9),
+        ("a negative presence penalty", |p| (p.temperature, p.top_k, p.presence_penalty) = (0.7, Some(5), -0.5)),
+        ("a penalty without a top-k", |p| (p.temperature, p.repetition_penalty) = (0.7, 1.1)),
+        ("a penalty with a top-k past the device's", |p| {
+            (p.temperature, p.top_k, p.repetition_penalty) = (0.7, Some(TOP_K_ON_DEVICE + 1), 1.1)
+        }),
         ("top-k with log-probabilities", |p| (p.temperature, p.top_k, p.logprobs) = (0.7, Some(5), true)),
     ] {
         assert_eq!(Sampler::new(params(edit), &[]).need(), RowNeed::Whole, "{what}");
     }
     let top = params(|p| (p.temperature, p.top_k, p.top_p) = (0.7, Some(TOP_K_ON_DEVICE), 0.9));
     assert_eq!(Sampler::new(top, &[]).need(), RowNeed::Top(TOP_K_ON_DEVICE));
+    for (what, edit) in [
+        ("greedy with a penalty", (|p| p.repetition_penalty = 1.1) as fn(&mut SamplingParams)),
+        ("greedy with a negative bias", |p| p.logit_bias = vec![(0, -1.0)]),
+        ("top-k with penalties", |p| {
+            (p.temperature, p.top_k, p.presence_penalty, p.frequency_penalty) = (0.7, Some(5), 0.5, 0.1)
+        }),
+    ] {
+        assert_eq!(Sampler::new(params(edit), &[]).need(), RowNeed::Top(TOP_K_ON_DEVICE), "{what}");
+    }
     let draw = params(|p| (p.temperature, p.top_p, p.min_p) = (0.7, 0.9, 0.1));
     assert_eq!(Sampler::new(draw, &[]).need(), RowNeed::Draw(0.7), "sampling without a top-k");
     // A frequency penalty counts picked tokens as it counts sampled ones.
@@ -257,6 +270,57 @@ fn sampling_from_candidates_and_the_mass_draws_what_the_whole_row_does_or_asks_f
         }
     }
     assert!(drawn > 100 && fetched > 100, "both ways taken: {drawn} drawn from candidates, {fetched} rows read");
+}
+
+/// A sequence that is greedy or samples with a top-k under penalties and biases that only lower
+/// logits picks from its row's 64 best candidates (before those) the token it picks from the
+/// whole row, seed for seed and step after step as its penalties grow, or says it needs the row
+/// (a token past them might now be among the best) and picks that token from it.
+#[test]
+fn penalties_that_only_lower_logits_choose_among_the_candidates_or_ask_for_the_row() {
+    let row: Vec<f32> = (0..1000u32).map(|i| ((i * 7919) % 1000) as f32 / 50.0 - 8.0).collect();
+    let mut order: Vec<u32> = (0..row.len() as u32).collect();
+    order.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+    let candidates: Vec<(u32, f32)> = order.iter().take(TOP_K_ON_DEVICE).map(|&i| (i, row[i as usize])).collect();
+    let some_best: Vec<u32> = order.iter().copied().step_by(3).take(12).collect();
+    let all_best: Vec<u32> = order[..TOP_K_ON_DEVICE].to_vec();
+    let (mut chosen, mut fetched) = (0, 0);
+    type Case = (f32, Option<usize>, f32, f32, f32, Vec<(u32, f32)>);
+    let cases: Vec<(&[u32], Case)> = vec![
+        (&some_best, (0.0, None, 1.3, 0.0, 0.0, vec![])),
+        (&[], (0.0, None, 1.0, 0.0, 0.0, all_best.iter().map(|&t| (t, -100.0)).collect())),
+        (&some_best, (0.8, Some(20), 1.05, 0.0, 0.0, vec![])),
+        (&[], (1.2, Some(64), 1.0, 0.5, 0.3, vec![(order[0], -2.0)])),
+        (&all_best[..60], (0.7, Some(5), 2.0, 0.0, 0.0, vec![])),
+        (&all_best[..40], (0.0, None, 1.0, 0.0, 1.5, vec![(order[3], -0.1)])),
+    ];
+    for (prompt, (temperature, top_k, repetition, presence, frequency, bias)) in cases {
+        for seed in 0..20 {
+            let p = params(|p| {
+                (p.temperature, p.top_k, p.top_p, p.seed) = (temperature, top_k, 0.9, Some(seed));
+                (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) = (repetition, presence, frequency);
+                p.logit_bias = bias.clone();
+            });
+            let (mut whole, mut top) = (Sampler::new(p.clone(), prompt), Sampler::new(p, prompt));
+            assert_eq!(top.need(), RowNeed::Top(TOP_K_ON_DEVICE));
+            for step in 0..6 {
+                let want = whole.sample(&row).token;
+                let got = match top.sample_top(&candidates, None) {
+                    Some(sampled) => {
+                        chosen += 1;
+                        sampled.token
+                    }
+                    None => {
+                        fetched += 1;
+                        top.sample(&row).token
+                    }
+                };
+                assert_eq!(got, want, "T {temperature}, top-k {top_k:?}, rep {repetition}, seed {seed}, step {step}");
+            }
+            assert_eq!(top.generated, whole.generated);
+        }
+    }
+    assert!(chosen > 100 && fetched > 100, "both ways taken: {chosen} chosen among candidates, {fetched} rows read");
 }
 
 /// The draw as a whole sort of the candidates would make it (the sampler ranks only as far as

@@ -104,7 +104,8 @@ pub struct BenchArgs {
     #[arg(long)]
     kernel_times: bool,
     /// Sampling of the decode and throughput requests: 0 = greedy (the default); above 0,
-    /// `--top-k`, `--top-p` and `--min-p` apply as in a request (each request seeded by `--seed`).
+    /// `--top-k`, `--top-p` and `--min-p` apply as in a request (each request seeded by `--seed`);
+    /// `--repetition-penalty` (1 = off) at any temperature.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
     #[arg(long)]
@@ -113,6 +114,8 @@ pub struct BenchArgs {
     top_p: f32,
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
     /// Which measurements to run: prefill, decode, throughput, soak.
     #[arg(long, value_delimiter = ',', default_value = "prefill,decode,throughput")]
     only: Vec<String>,
@@ -197,12 +200,13 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         top_k: args.top_k,
         top_p: args.top_p,
         min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
         seed: Some(args.seed),
         ..SamplingParams::default()
     };
-    sampling
-        .validate(info.vocab_size)
-        .map_err(|e| CliError::usage("--temperature, --top-k, --top-p, --min-p", e.to_string()))?;
+    sampling.validate(info.vocab_size).map_err(|e| {
+        CliError::usage("--temperature, --top-k, --top-p, --min-p, --repetition-penalty", e.to_string())
+    })?;
     // The decode measurement's requests, and the throughput measurement's (constrained where
     // asked); the others (warm-up, prefill) greedy.
     let sampled = GenerateParams { sampling, ..GenerateParams::default() };
@@ -224,7 +228,13 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     let s = &sampled.sampling;
     report.insert(
         "sampling".into(),
-        json!({"temperature": typed(s.temperature), "top_k": s.top_k, "top_p": typed(s.top_p), "min_p": typed(s.min_p)}),
+        json!({
+            "temperature": typed(s.temperature),
+            "top_k": s.top_k,
+            "top_p": typed(s.top_p),
+            "min_p": typed(s.min_p),
+            "repetition_penalty": typed(s.repetition_penalty),
+        }),
     );
     report.insert("device".into(), json!(args.device));
     report.insert("cpu".into(), json!(cpu_model()));
