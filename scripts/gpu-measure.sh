@@ -8,11 +8,12 @@
 # host↔device transfers per decode step, and ranks kernels by device time with --kernel-times).
 # The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, greedy
 # ids and decode with an f32 KV cache (the default, f16, runs everywhere else), and decode and
-# 64 concurrent sampled with top-k 20 (each row's candidates found on the device), and with
-# temperature 1 alone (OpenAI's default: 64 candidates and the row's mass found there, the row
-# read only where a draw falls past them; the bench's readbacks a step say how often). The GPU's
-# utilisation is sampled alongside (a host-bound path shows as a GPU mostly idle). While the files are written, the kernels' and the
-# whole models' tests run on the GPU (f16 and bf16 there too: llvmpipe has f32 alone).
+# 64 concurrent sampled: as Qwen2.5's generation defaults (top-k 20 with a repetition penalty:
+# each row's 64 candidates found on the device) and with temperature 1 alone (OpenAI's default:
+# 64 candidates and the row's mass found there); in both the row is read only where they cannot
+# decide, and the bench's readbacks a step say how often. The GPU's utilisation is sampled
+# alongside (a host-bound path shows as a GPU mostly idle). While the files are written, the
+# kernels' and the whole models' tests run on the GPU (f16 and bf16 there too: llvmpipe has f32 alone).
 #
 # Prepared here, before the call (see .library/device/README.md for the .gl packages):
 #   cargo build --release -p llaisys-server --features wgpu
@@ -109,9 +110,10 @@ for m in "${models[@]}"; do
   timeout 60 $BIN bench --model "$M" --device vulkan --only prefill --prefill 512 --runs 2
   step "$name throughput 16, 64"
   timeout 150 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16,64 --runs 1
-  step "$name sampled with top-k 20 (the candidates found on the device): decode, then 64 concurrent"
-  timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens 256 --temperature 0.7 --top-k 20
-  timeout 120 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 64 --runs 1 --temperature 0.7 --top-k 20
+  step "$name sampled as Qwen2.5's generation defaults (top-k 20, top-p 0.8, repetition penalty 1.05: 64 candidates on the device): decode, then 64 concurrent"
+  QWEN=(--temperature 0.7 --top-k 20 --top-p 0.8 --repetition-penalty 1.05)
+  timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens 256 "${QWEN[@]}"
+  timeout 120 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 64 --runs 1 "${QWEN[@]}"
   step "$name sampled with temperature 1 alone (candidates and mass on the device): decode, then 64 concurrent"
   timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens 256 --temperature 1
   timeout 120 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 64 --runs 1 --temperature 1
