@@ -272,9 +272,9 @@ impl Sampler {
     /// row, to [`Sampler::sample`].
     ///
     /// Logit bias and penalties that only lower logits (Hugging Face's and Qwen's repetition
-    /// penalty, OpenAI's penalties when positive, negative biases) keep a greedy or top-k row on
-    /// the device: it brings back [`TOP_K_ON_DEVICE`] candidates, the sampler adjusts those,
-    /// and the tokens past them, lowered or not, stay below the last one.
+    /// penalty, OpenAI's penalties when positive, negative biases) keep a greedy row, or one with
+    /// a top-k under [`TOP_K_ON_DEVICE`], on the device: it brings back that many candidates,
+    /// the sampler adjusts those, and the tokens past them, lowered or not, stay below the last.
     pub fn need(&self) -> RowNeed {
         if self.guide.is_some() || self.params.wants_logprobs() {
             return RowNeed::Whole;
@@ -283,7 +283,8 @@ impl Sampler {
             (false, _) if self.params.is_greedy() => RowNeed::Best,
             (false, Some(k)) if k <= TOP_K_ON_DEVICE => RowNeed::Top(k),
             (false, None) => RowNeed::Draw(self.params.temperature),
-            (true, k) if self.only_lowers() && (self.params.is_greedy() || k.is_some_and(|k| k <= TOP_K_ON_DEVICE)) => {
+            // Under the device's count: the last candidate is the floor the top-k must clear.
+            (true, k) if self.only_lowers() && (self.params.is_greedy() || k.is_some_and(|k| k < TOP_K_ON_DEVICE)) => {
                 RowNeed::Top(TOP_K_ON_DEVICE)
             }
             _ => RowNeed::Whole,

@@ -165,8 +165,8 @@ fn logprobs_only_when_asked_and_greedy_rows_can_be_picked_elsewhere() {
         ("a repetition penalty under 1", |p| p.repetition_penalty = 0.9),
         ("a negative presence penalty", |p| (p.temperature, p.top_k, p.presence_penalty) = (0.7, Some(5), -0.5)),
         ("a penalty without a top-k", |p| (p.temperature, p.repetition_penalty) = (0.7, 1.1)),
-        ("a penalty with a top-k past the device's", |p| {
-            (p.temperature, p.top_k, p.repetition_penalty) = (0.7, Some(TOP_K_ON_DEVICE + 1), 1.1)
+        ("a penalty with the device's top-k or more", |p| {
+            (p.temperature, p.top_k, p.repetition_penalty) = (0.7, Some(TOP_K_ON_DEVICE), 1.1)
         }),
         ("top-k with log-probabilities", |p| (p.temperature, p.top_k, p.logprobs) = (0.7, Some(5), true)),
     ] {
@@ -290,7 +290,7 @@ fn penalties_that_only_lower_logits_choose_among_the_candidates_or_ask_for_the_r
         (&some_best, (0.0, None, 1.3, 0.0, 0.0, vec![])),
         (&[], (0.0, None, 1.0, 0.0, 0.0, all_best.iter().map(|&t| (t, -100.0)).collect())),
         (&some_best, (0.8, Some(20), 1.05, 0.0, 0.0, vec![])),
-        (&[], (1.2, Some(64), 1.0, 0.5, 0.3, vec![(order[0], -2.0)])),
+        (&[], (1.2, Some(48), 1.0, 0.5, 0.3, vec![(order[0], -2.0)])),
         (&all_best[..60], (0.7, Some(5), 2.0, 0.0, 0.0, vec![])),
         (&all_best[..40], (0.0, None, 1.0, 0.0, 1.5, vec![(order[3], -0.1)])),
     ];
