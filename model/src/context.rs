@@ -12,7 +12,7 @@ use crate::error::DecodeError;
 use crate::kv::{KvCache, KvDtype};
 use crate::kv::{Pos, SeqId};
 use crate::lm::{LanguageModel, ModelInfo, Pooling, Readout};
-use crate::output::{Outputs, Read, RowNeed, argmax, argmax_rows};
+use crate::output::{Outputs, Read, RowNeed, argmax, argmax_rows, unread};
 use crate::sampling::TOP_K_ON_DEVICE;
 
 pub struct Context {
@@ -121,14 +121,13 @@ impl Context {
 /// candidates may still have to be read whole.
 fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeError> {
     let [n, vocab] = logits.dims();
-    let read = |e| DecodeError::Internal(format!("reading logits: {e:?}"));
     let need = |r: usize| needs.get(r).copied().unwrap_or_default();
     let mut reads = vec![Read::Logits; n];
     let device = logits.device();
     if device == Device::flex() {
         // On the CPU the rows are in memory already: pick there, keep the others (a sampler
         // selects its top-k from a row as fast as a kernel would).
-        let mut all = transfers::read::<2, _, f32>(logits).map_err(read)?;
+        let mut all = transfers::read::<2, _, f32>(logits).map_err(unread)?;
         let mut kept = 0;
         for (r, read) in reads.iter_mut().enumerate() {
             let row = r * vocab..(r + 1) * vocab;
@@ -157,7 +156,7 @@ fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeErr
     let mut device_rows = None;
     if let Some((k, top)) = k.and_then(|k| Some((k, crate::kernels::gpu_top_k(&logits, k, temps.as_deref())?))) {
         // A row's first candidate is its best: greedy rows take it from the same readback.
-        let pairs = transfers::read::<3, _, f32>(top).map_err(read)?;
+        let pairs = transfers::read::<3, _, f32>(top).map_err(unread)?;
         let width = k + usize::from(temps.is_some());
         for (r, read) in reads.iter_mut().enumerate() {
             let row = &pairs[r * width * 2..(r + 1) * width * 2];
@@ -179,7 +178,7 @@ fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeErr
         // Every row's pick (one id each to read back, where leaving out the rows that do not
         // want it would take an upload).
         let best = argmax_rows(&logits);
-        for (r, token) in transfers::read::<1, _, i32>(best).map_err(read)?.into_iter().enumerate() {
+        for (r, token) in transfers::read::<1, _, i32>(best).map_err(unread)?.into_iter().enumerate() {
             if need(r) == RowNeed::Best {
                 reads[r] = Read::Picked(token as u32);
             }
@@ -189,10 +188,10 @@ fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeErr
     let whole: Vec<i64> = (0..n).filter(|r| reads[*r] == Read::Logits).map(|r| r as i64).collect();
     let rows = match whole.len() {
         0 => Vec::new(),
-        len if len == n => transfers::read(logits).map_err(read)?,
+        len if len == n => transfers::read(logits).map_err(unread)?,
         len => {
             let index = transfers::upload::<1, Int>(TensorData::new(whole, [len]), &device);
-            transfers::read(logits.select(0, index)).map_err(read)?
+            transfers::read(logits.select(0, index)).map_err(unread)?
         }
     };
     Ok((rows, reads, device_rows))

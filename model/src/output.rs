@@ -163,7 +163,7 @@ impl Outputs {
             return Err(DecodeError::Internal(format!("output row {row} is not on the device")));
         };
         let one = rows.clone().slice([row..row + 1, 0..self.vocab]);
-        crate::transfers::read::<2, _, f32>(one).map_err(|e| DecodeError::Internal(format!("reading logits: {e:?}")))
+        crate::transfers::read::<2, _, f32>(one).map_err(unread)
     }
     /// The logits of batch token `i`, if it was flagged (`llama_get_logits_ith`).
     pub fn logits_ith(&self, i: usize) -> Option<&[f32]> {
@@ -172,6 +172,11 @@ impl Outputs {
     pub fn vocab(&self) -> usize {
         self.vocab
     }
+}
+
+/// A readback of a pass's logits (or what was found of them) that failed.
+pub(crate) fn unread(e: burn::tensor::TensorReadError) -> DecodeError {
+    DecodeError::Internal(format!("reading logits: {e:?}"))
 }
 
 /// Index of the largest value (the first one on ties); `None` for an empty row.

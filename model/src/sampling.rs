@@ -158,8 +158,6 @@ pub struct Sampler {
     /// The uniform number of a draw from candidates that fell past them
     /// ([`Sampler::sample_top`] gave `None`), for the draw from the whole row that follows.
     pending: Option<f32>,
-    /// Scratch: candidates with the bias and penalties applied.
-    adjusted: Vec<(u32, f32)>,
 }
 
 impl Sampler {
@@ -181,7 +179,6 @@ impl Sampler {
             scratch: Vec::new(),
             draw: DrawScratch::default(),
             pending: None,
-            adjusted: Vec::new(),
         }
     }
 
@@ -318,12 +315,9 @@ impl Sampler {
         }
         // Every token past the candidates is at or below the last one, before and after.
         let floor = candidates.last().filter(|_| candidates.len() >= TOP_K_ON_DEVICE).map(|c| c.1);
-        let mut adjusted = std::mem::take(&mut self.adjusted);
-        adjusted.clear();
-        adjusted.extend(candidates.iter().map(|&(token, l)| (token, self.adjusted(token, l))));
-        let token = self.draw_adjusted(&adjusted, floor);
-        self.adjusted = adjusted;
-        Some(self.record(token?))
+        let adjusted: Vec<(u32, f32)> = candidates.iter().map(|&(token, l)| (token, self.adjusted(token, l))).collect();
+        let token = self.draw_adjusted(&adjusted, floor)?;
+        Some(self.record(token))
     }
 
     /// [`Sampler::sample_top`]'s choice among `adjusted` candidates, all the row's tokens that
@@ -364,20 +358,12 @@ impl Sampler {
 
     /// `logit` of `token` as [`Sampler::apply_bias_and_penalties`] changes it in a row.
     fn adjusted(&self, token: u32, mut logit: f32) -> f32 {
-        let p = &self.params;
-        for &(t, bias) in &p.logit_bias {
+        for &(t, bias) in &self.params.logit_bias {
             if t == token {
                 logit += bias;
             }
         }
-        let count = self.generated.get(&token).copied().unwrap_or(0);
-        if p.repetition_penalty != 1.0 && (count > 0 || self.prompt.binary_search(&token).is_ok()) {
-            logit = if logit > 0.0 { logit / p.repetition_penalty } else { logit * p.repetition_penalty };
-        }
-        if count > 0 {
-            logit -= p.presence_penalty + p.frequency_penalty * count as f32;
-        }
-        logit
+        self.penalized(token, logit)
     }
 
     /// Whether the bias and penalties never raise a logit (so that a row's best tokens before
@@ -404,22 +390,32 @@ impl Sampler {
         for &(token, bias) in &p.logit_bias {
             row[token as usize] += bias;
         }
-        if p.repetition_penalty != 1.0 {
-            let seen = self
-                .prompt
-                .iter()
-                .copied()
-                .chain(self.generated.keys().copied().filter(|t| self.prompt.binary_search(t).is_err()));
-            for t in seen {
-                let l = &mut row[t as usize];
-                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
-            }
+        // The tokens a penalty can reach: the generated ones, and the prompt's under a
+        // repetition penalty; each once.
+        let repeats = p.repetition_penalty != 1.0;
+        let prompt = if repeats { &self.prompt[..] } else { &[] };
+        let seen = prompt
+            .iter()
+            .copied()
+            .chain(self.generated.keys().copied().filter(|t| !repeats || self.prompt.binary_search(t).is_err()));
+        for t in seen {
+            row[t as usize] = self.penalized(t, row[t as usize]);
         }
-        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            for (&t, &count) in &self.generated {
-                row[t as usize] -= p.presence_penalty + p.frequency_penalty * count as f32;
-            }
+    }
+
+    /// `logit` of `token` (its bias added) under the repetition, presence and frequency
+    /// penalties, for a row ([`Sampler::apply_bias_and_penalties`]) or a candidate
+    /// ([`Sampler::adjusted`]).
+    fn penalized(&self, token: u32, mut logit: f32) -> f32 {
+        let p = &self.params;
+        let count = self.generated.get(&token).copied().unwrap_or(0);
+        if p.repetition_penalty != 1.0 && (count > 0 || self.prompt.binary_search(&token).is_ok()) {
+            logit = if logit > 0.0 { logit / p.repetition_penalty } else { logit * p.repetition_penalty };
         }
+        if count > 0 {
+            logit -= p.presence_penalty + p.frequency_penalty * count as f32;
+        }
+        logit
     }
 
     /// Temperature, top-k, min-p, top-p, then one draw from what remains of `logits`, (token,

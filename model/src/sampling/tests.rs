@@ -201,11 +201,8 @@ fn sampling_from_the_best_candidates_draws_what_the_whole_row_does() {
     row[17] = f32::NAN;
     row[23] = f32::NEG_INFINITY;
     row[150] = row[151];
-    let candidates = |k: usize| {
-        let mut order: Vec<u32> = (0..row.len() as u32).filter(|&i| row[i as usize] > f32::NEG_INFINITY).collect();
-        order.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
-        order.into_iter().take(k).map(|i| (i, row[i as usize])).collect::<Vec<_>>()
-    };
+    let order = best_first(&row);
+    let candidates = |k: usize| order.iter().take(k).map(|&i| (i, row[i as usize])).collect::<Vec<_>>();
     for (k, temperature, min_p, top_p) in
         [(1, 0.5, 0.0, 1.0), (5, 1.0, 0.0, 1.0), (20, 0.7, 0.0, 0.8), (64, 1.3, 0.05, 0.95)]
     {
@@ -239,11 +236,10 @@ fn sampling_from_candidates_and_the_mass_draws_what_the_whole_row_does_or_asks_f
     row[17] = f32::NAN;
     row[23] = f32::NEG_INFINITY;
     row[1500] = row[1501];
-    let mut order: Vec<u32> = (0..row.len() as u32).filter(|&i| row[i as usize] > f32::NEG_INFINITY).collect();
-    order.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+    let order = best_first(&row);
     let candidates: Vec<(u32, f32)> = order.iter().take(TOP_K_ON_DEVICE).map(|&i| (i, row[i as usize])).collect();
     let max = candidates[0].1;
-    let (mut drawn, mut fetched) = (0, 0);
+    let mut ways = Ways::default();
     for (temperature, min_p, top_p) in
         [(1.0, 0.0, 1.0), (0.3, 0.0, 1.0), (0.7, 0.0, 0.9), (1.0, 0.3, 1.0), (0.5, 0.1, 0.6), (3.0, 0.0, 0.5)]
     {
@@ -254,22 +250,13 @@ fn sampling_from_candidates_and_the_mass_draws_what_the_whole_row_does_or_asks_f
             assert_eq!(top.need(), RowNeed::Draw(temperature));
             for step in 0..3 {
                 let want = whole.sample(&row).token;
-                let got = match top.sample_top(&candidates, Some(mass as f32)) {
-                    Some(sampled) => {
-                        drawn += 1;
-                        sampled.token
-                    }
-                    None => {
-                        fetched += 1;
-                        top.sample(&row).token
-                    }
-                };
+                let got = ways.choose(&mut top, &candidates, Some(mass as f32), &row);
                 assert_eq!(got, want, "T {temperature}, min-p {min_p}, top-p {top_p}, seed {seed}, step {step}");
             }
             assert_eq!(top.generated, whole.generated);
         }
     }
-    assert!(drawn > 100 && fetched > 100, "both ways taken: {drawn} drawn from candidates, {fetched} rows read");
+    assert!(ways.candidates > 100 && ways.rows > 100, "both ways taken: {ways:?}");
 }
 
 /// A sequence that is greedy or samples with a top-k under penalties and biases that only lower
@@ -279,12 +266,11 @@ fn sampling_from_candidates_and_the_mass_draws_what_the_whole_row_does_or_asks_f
 #[test]
 fn penalties_that_only_lower_logits_choose_among_the_candidates_or_ask_for_the_row() {
     let row: Vec<f32> = (0..1000u32).map(|i| ((i * 7919) % 1000) as f32 / 50.0 - 8.0).collect();
-    let mut order: Vec<u32> = (0..row.len() as u32).collect();
-    order.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+    let order = best_first(&row);
     let candidates: Vec<(u32, f32)> = order.iter().take(TOP_K_ON_DEVICE).map(|&i| (i, row[i as usize])).collect();
     let some_best: Vec<u32> = order.iter().copied().step_by(3).take(12).collect();
     let all_best: Vec<u32> = order[..TOP_K_ON_DEVICE].to_vec();
-    let (mut chosen, mut fetched) = (0, 0);
+    let mut ways = Ways::default();
     type Case = (f32, Option<usize>, f32, f32, f32, Vec<(u32, f32)>);
     let cases: Vec<(&[u32], Case)> = vec![
         (&some_best, (0.0, None, 1.3, 0.0, 0.0, vec![])),
@@ -305,22 +291,45 @@ fn penalties_that_only_lower_logits_choose_among_the_candidates_or_ask_for_the_r
             assert_eq!(top.need(), RowNeed::Top(TOP_K_ON_DEVICE));
             for step in 0..6 {
                 let want = whole.sample(&row).token;
-                let got = match top.sample_top(&candidates, None) {
-                    Some(sampled) => {
-                        chosen += 1;
-                        sampled.token
-                    }
-                    None => {
-                        fetched += 1;
-                        top.sample(&row).token
-                    }
-                };
+                let got = ways.choose(&mut top, &candidates, None, &row);
                 assert_eq!(got, want, "T {temperature}, top-k {top_k:?}, rep {repetition}, seed {seed}, step {step}");
             }
             assert_eq!(top.generated, whole.generated);
         }
     }
-    assert!(chosen > 100 && fetched > 100, "both ways taken: {chosen} chosen among candidates, {fetched} rows read");
+    assert!(ways.candidates > 100 && ways.rows > 100, "both ways taken: {ways:?}");
+}
+
+/// The tokens of `row` best first (the smaller first among equal logits), NaN and −∞ left out:
+/// the order of a GPU's candidates.
+fn best_first(row: &[f32]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..row.len() as u32).filter(|&i| row[i as usize] > f32::NEG_INFINITY).collect();
+    order.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+    order
+}
+
+/// How many tokens a sampler chose among its candidates, and how many from the row read after.
+#[derive(Debug, Default)]
+struct Ways {
+    candidates: usize,
+    rows: usize,
+}
+
+impl Ways {
+    /// The executor's choice: among `candidates` (with `mass`), or, where they cannot decide,
+    /// from the whole `row`.
+    fn choose(&mut self, s: &mut Sampler, candidates: &[(u32, f32)], mass: Option<f32>, row: &[f32]) -> u32 {
+        match s.sample_top(candidates, mass) {
+            Some(sampled) => {
+                self.candidates += 1;
+                sampled.token
+            }
+            None => {
+                self.rows += 1;
+                s.sample(row).token
+            }
+        }
+    }
 }
 
 /// The draw as a whole sort of the candidates would make it (the sampler ranks only as far as
