@@ -248,6 +248,52 @@ fn a_stacked_weight_slot_is_replaced_in_its_own_rows() {
     }
 }
 
+/// A mixture of experts' matrices replaced (a GGUF file's 3-D tensor: all of a layer's experts
+/// at once) are what the next pass uses, and on a GPU they are stacked again, so a decode step
+/// still routes its row there (the `cube_experts` products run); the tensor put back gives the
+/// logits before.
+#[test]
+fn replaced_experts_are_used_and_routed_on_the_device_again() {
+    use llaisys_model::gguf::GgufFile;
+    use llaisys_tests::gguf_fixture;
+    let name = "tiny-qwen2moe-f32";
+    let device = device();
+    let on_gpu = llaisys_model::kernels::blocks_run_on(&device);
+    let source = ModelSource::Gguf(gguf_fixture(name));
+    let model = load_model(None, Some(&source), &LoadOptions::default(), &device).unwrap();
+    let mut ctx = Context::with_kv_dtype(model, 64, KvDtype::F32);
+    let file = GgufFile::open(&gguf_fixture(name)).unwrap();
+    let routed = || {
+        let calls = llaisys_model::kernels::calls();
+        calls.iter().find(|(k, _)| *k == "cube_experts").map_or(0, |(_, n)| *n)
+    };
+    // The last row of a prompt decoded a token a step (each step one row: routed on a GPU), and
+    // the experts' products that ran there.
+    let steps = |ctx: &mut Context| -> (Vec<f32>, u64) {
+        let before = routed();
+        ctx.kv_mut().seq_rm(0, ..).unwrap();
+        for (i, t) in [40u32, 77, 114, 151].into_iter().enumerate() {
+            ctx.decode(&one_sequence(&[t], 0, i as i64)).unwrap();
+        }
+        (ctx.outputs().row(0).unwrap().to_vec(), routed() - before)
+    };
+    let (before, products) = steps(&mut ctx);
+    // Two products (gate/up, down) a layer a step, for both layers.
+    let want = if on_gpu { 2 * 2 * 4 } else { 0 };
+    assert_eq!(products, want, "a decode step's experts run on the device where it routes them");
+    for tensor in ["blk.1.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight"] {
+        let original = file.data(tensor, DType::F32).unwrap();
+        let zeros = TensorData::new(vec![0f32; original.num_elements()], original.shape().clone());
+        ctx.model_mut().replace_weight(tensor, zeros).unwrap();
+        let (zeroed, products) = steps(&mut ctx);
+        assert!(max_abs_diff(&zeroed, &before) > 1e-3, "{tensor}: the zeroed experts are used");
+        assert_eq!(products, want, "{tensor}: the replaced experts are routed on the device again");
+        ctx.model_mut().replace_weight(tensor, original).unwrap();
+        let (restored, _) = steps(&mut ctx);
+        assert!(max_abs_diff(&restored, &before) < 1e-5, "{tensor}: the restored experts give the logits before");
+    }
+}
+
 #[test]
 fn a_token_in_several_sequences_is_stored_once_and_seen_by_each() {
     let p = &Reference::load(FIXTURE).prompts[2];

@@ -888,3 +888,167 @@ fn top_k_rows_take_the_largest_values_best_first() {
         }
     }
 }
+
+/// A mixture of experts' feed-forward against an f64 reference: each row's top-k experts by the
+/// router's softmax (renormalised or not), their SwiGLU outputs weighed and summed, a shared
+/// expert scaled by its sigmoid gate, the layer's norm before and a residual after. On a GPU the experts are stacked and a decode step's few
+/// rows (one pair an expert or fewer) are routed and run there (`moe_route`, `xwt_experts`,
+/// `moe_combine`; nothing read back), more rows on the host; over dense f32, f16 and bf16
+/// experts (the 16-bit types where the device computes in them) and quantized ones (Q8_0, and
+/// Q4_K with Q6_K down products).
+#[test]
+fn experts_routed_on_the_device_match_a_reference() {
+    use burn::tensor::FloatDType;
+    use llaisys_model::layers::{Expert, ExpertStacks, Linear, Moe, Pre, SharedExpert, linear};
+    use llaisys_model::quant::QuantType;
+    use llaisys_model::quant::device::DeviceRows;
+    let (spec, device) = device();
+    let on_gpu = llaisys_model::kernels::blocks_run_on(&device);
+    // (name, hidden, width, experts, top_k, gate/up storage, down storage): None is dense f32.
+    type Storage = Option<Result<FloatDType, QuantType>>;
+    let mut cases: Vec<(&str, usize, usize, usize, usize, Storage, Storage)> =
+        vec![("f32, 7 experts, top 2", 40, 24, 7, 2, None, None), ("f32, 9 experts, top 3", 72, 40, 9, 3, None, None)];
+    if on_gpu {
+        cases.push(("bf16, 8 experts, top 2", 64, 48, 8, 2, Some(Ok(FloatDType::BF16)), Some(Ok(FloatDType::BF16))));
+        cases.push(("f16, 4 experts, top 2", 48, 64, 4, 2, Some(Ok(FloatDType::F16)), Some(Ok(FloatDType::F16))));
+        cases.push(("Q8_0, 6 experts, top 2", 64, 96, 6, 2, Some(Err(QuantType::Q8_0)), Some(Err(QuantType::Q8_0))));
+        cases.push((
+            "Q4_K/Q6_K, 5 experts, top 1",
+            256,
+            256,
+            5,
+            1,
+            Some(Err(QuantType::Q4K)),
+            Some(Err(QuantType::Q6K)),
+        ));
+    }
+    for (case, &(name, hidden, width, experts, top_k, gu_storage, d_storage)) in cases.iter().enumerate() {
+        let sixteen = match gu_storage {
+            Some(Ok(dtype)) if dtype != FloatDType::F32 => Some(dtype),
+            _ => None,
+        };
+        if sixteen.is_some_and(|dtype| !device.supports_dtype(DType::from(dtype))) {
+            eprintln!("{spec} does not compute in {sixteen:?}: {name} is not checked here");
+            continue;
+        }
+        let seed = 1000 * (case as u32 + 1);
+        // A matrix in its storage, and the values it holds (as the kernels read them).
+        let matrix =
+            |rows: usize, k: usize, seed: u32, storage: Storage| -> (llaisys_model::layers::Weight, Vec<f32>) {
+                match storage {
+                    None | Some(Ok(FloatDType::F32)) => {
+                        let v = values(rows * k, seed, 0.3);
+                        (linear::dense(Tensor::from_data(TensorData::new(v.clone(), [rows, k]), &device)), v)
+                    }
+                    Some(Ok(dtype)) => {
+                        let v = rounded(&values(rows * k, seed, 0.3), dtype, &device);
+                        let t = Tensor::<2>::from_data(TensorData::new(v.clone(), [rows, k]), &device).cast(dtype);
+                        (linear::dense(t), v)
+                    }
+                    Some(Err(ty)) => {
+                        let (bytes, v) = random_blocks(ty, rows, k, seed);
+                        let part = DeviceRows::upload(ty, rows, k, &bytes, &device).unwrap();
+                        (linear::blocks(vec![part], DType::F32), v)
+                    }
+                }
+            };
+        let mut reference = Vec::new();
+        let expert = |e: u32, (gate, up, down): &mut (Vec<f32>, Vec<f32>, Vec<f32>)| {
+            let (g, gv) = matrix(width, hidden, seed + 3 * e, gu_storage);
+            let (u, uv) = matrix(width, hidden, seed + 3 * e + 1, gu_storage);
+            let (d, dv) = matrix(hidden, width, seed + 3 * e + 2, d_storage);
+            (*gate, *up, *down) = (gv, uv, dv);
+            Expert {
+                gate_up: Linear { weight: linear::stack(vec![g, u]), bias: None },
+                down: Linear { weight: d, bias: None },
+            }
+        };
+        let mut all = Vec::new();
+        for e in 0..experts as u32 {
+            let mut m = Default::default();
+            all.push(expert(e, &mut m));
+            reference.push(m);
+        }
+        let mut shared_ref = Default::default();
+        let shared_expert = expert(99, &mut shared_ref);
+        let (router, router_v) = matrix(experts, hidden, seed + 500, None);
+        let (gate, gate_v) = matrix(1, hidden, seed + 501, None);
+        let (all, stacks) = ExpertStacks::build(all);
+        assert_eq!(stacks.is_some(), on_gpu, "{name}: the experts are stacked where the device routes them");
+        // The layer's RMSNorm before the experts, inside their products where they run on the
+        // device (with the residual, in the cases without the router's renormalisation).
+        let g = values(hidden, seed + 88, 1.5);
+        let rms = RmsNorm { weight: Tensor::from_data(TensorData::new(g.clone(), [hidden]), &device), eps: 1e-6 };
+        for norm in [true, false] {
+            let moe = Moe {
+                router: Linear { weight: router.clone(), bias: None },
+                experts: all.clone(),
+                top_k,
+                norm_topk_prob: norm,
+                shared: (!norm).then(|| SharedExpert {
+                    expert: shared_expert.clone(),
+                    gate: Linear { weight: gate.clone(), bias: None },
+                }),
+                stacks: stacks.clone(),
+            };
+            for n in [1, 2, 5] {
+                let xs = values(n * hidden, seed + n as u32, 2.0);
+                let x = Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, hidden]), &device);
+                // The residual connection in the same pass, in the cases with the layer's norm.
+                let r = values(n * hidden, seed + 77, 1.0);
+                let residual =
+                    (!norm).then(|| Tensor::<2>::from_data(TensorData::new(r.clone(), [n, hidden]), &device));
+                let routed_here = on_gpu && n * top_k <= experts;
+                let pre = if norm { Pre::Plain } else { rms.pre() };
+                let run = || host(moe.forward_with(x, pre, residual));
+                let got = if routed_here { ran(spec, "moe_route", run) } else { run() };
+                let mut want = Vec::with_capacity(n * hidden);
+                for row in xs.chunks(hidden) {
+                    let dot = |m: &[f32], o: usize, input: &[f64]| -> f64 {
+                        input.iter().zip(&m[o * input.len()..(o + 1) * input.len()]).map(|(a, &w)| a * w as f64).sum()
+                    };
+                    let x64 = product_input(row, if norm { "plain" } else { "normed" }, hidden, &g);
+                    let run = |(gv, uv, dv): &(Vec<f32>, Vec<f32>, Vec<f32>)| -> Vec<f64> {
+                        let h: Vec<f64> = (0..width)
+                            .map(|i| {
+                                let (g, u) = (dot(gv, i, &x64), dot(uv, i, &x64));
+                                g / (1.0 + (-g).exp()) * u
+                            })
+                            .collect();
+                        (0..hidden).map(|o| dot(dv, o, &h)).collect()
+                    };
+                    let logits: Vec<f64> = (0..experts).map(|e| dot(&router_v, e, &x64)).collect();
+                    let max = logits.iter().copied().fold(f64::MIN, f64::max);
+                    let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                    let mut order: Vec<usize> = (0..experts).collect();
+                    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+                    let p = |e: usize| (logits[e] - max).exp() / sum;
+                    let picked: f64 = order[..top_k].iter().map(|&e| p(e)).sum();
+                    let mut out = vec![0.0f64; hidden];
+                    for &e in &order[..top_k] {
+                        let w = if norm { p(e) / picked } else { p(e) };
+                        out.iter_mut().zip(run(&reference[e])).for_each(|(o, y)| *o += w * y);
+                    }
+                    if !norm {
+                        let g = dot(&gate_v, 0, &x64);
+                        out.iter_mut().zip(run(&shared_ref)).for_each(|(o, y)| *o += y / (1.0 + (-g).exp()));
+                    }
+                    want.extend(out);
+                }
+                if !norm {
+                    want.iter_mut().zip(&r).for_each(|(w, r)| *w += *r as f64);
+                }
+                let how = if routed_here { "on the device" } else { "on the host" };
+                // Within f32's rounding of the largest output (the quantized experts' outputs
+                // reach 1e6 and cancel to values near 0); the host's many-row products round the
+                // activations to a 16-bit weight's type.
+                let tol = if sixteen.is_some() && !routed_here { 3e-2 } else { 1e-5 };
+                let scale = want.iter().fold(1.0f64, |m, w| m.max(w.abs()));
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let what = format!("{name}, norm {norm}, {n} rows routed {how}");
+                    assert!((*g as f64 - w).abs() <= tol * scale, "{what}[{i}]: {g} vs {w} (largest {scale})");
+                }
+            }
+        }
+    }
+}

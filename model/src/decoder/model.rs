@@ -187,6 +187,7 @@ impl LanguageModel for Decoder {
                 let part = TensorData::new(part.to_vec(), shape.clone());
                 self.weights.replace_moe(c, slot, l, e, part, &self.device);
             }
+            self.weights.restack_moe(l);
             return Ok(());
         }
         // A GGUF file may store the shared expert's gate as a vector.

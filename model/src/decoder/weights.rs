@@ -9,7 +9,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use crate::config::ModelConfig;
 use crate::error::LoadError;
-use crate::layers::{Expert, Linear, Moe, RmsNorm, SharedExpert, Weight, linear};
+use crate::layers::{Expert, ExpertStacks, Linear, Moe, RmsNorm, SharedExpert, Weight, linear};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
 /// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`, and the
@@ -325,7 +325,7 @@ impl Ffn {
     pub fn forward_residual(&self, norm: &RmsNorm, x: Tensor<2>) -> Tensor<2> {
         match self {
             Ffn::Dense(mlp) => mlp.forward_with(x.clone(), norm.pre(), Some(x)),
-            Ffn::Moe(moe) => x.clone() + moe.forward(norm.forward(x)),
+            Ffn::Moe(moe) => moe.forward_with(x.clone(), norm.pre(), Some(x)),
         }
     }
 
@@ -449,6 +449,8 @@ impl Weights {
                                     down: Linear { weight: down, bias: None },
                                 })
                                 .collect();
+                            // On a GPU, stacked for routing there.
+                            let (experts, stacks) = ExpertStacks::build(experts);
                             // The routers are small: kept dense in f32 (llama.cpp never quantizes them).
                             let f32_matrix = |slot: Slot, rows: usize| -> Result<Linear, LoadError> {
                                 let name = name_of(slot, Some(l), naming);
@@ -478,6 +480,7 @@ impl Weights {
                                 top_k: m.experts_per_token,
                                 norm_topk_prob: m.norm_topk_prob,
                                 shared,
+                                stacks,
                             }))
                         }
                     },
@@ -586,6 +589,10 @@ impl Weights {
         device: &Device,
     ) {
         let Ffn::Moe(moe) = &mut self.layers[layer].ffn else { return };
+        if matches!(slot, Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown) {
+            // The stacks hold the old rows: the layer routes on the host until `restack_moe`.
+            moe.stacks = None;
+        }
         let width = c.moe.as_ref().map_or(0, |m| m.intermediate_size);
         let shared = shared_width(c);
         let gate_up = |e: &mut Expert, rows: Range<usize>, data| {
@@ -601,6 +608,16 @@ impl Weights {
             (Slot::SharedDown, _, Some(s)) => s.expert.down.weight = linear::like(&s.expert.down.weight, data, device),
             (Slot::SharedRouter, _, Some(s)) => s.gate.weight = linear::like(&s.gate.weight, data, device),
             _ => {}
+        }
+    }
+
+    /// Stacks layer `layer`'s experts again after [`Self::replace_moe`] replaced them (all of
+    /// them: a copy of the layer's experts each time), so a GPU routes them on the device again.
+    pub fn restack_moe(&mut self, layer: usize) {
+        let Ffn::Moe(moe) = &mut self.layers[layer].ffn else { return };
+        if moe.stacks.is_none() {
+            let (experts, stacks) = ExpertStacks::build(std::mem::take(&mut moe.experts));
+            (moe.experts, moe.stacks) = (experts, stacks);
         }
     }
 }

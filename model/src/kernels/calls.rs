@@ -21,6 +21,9 @@ pub enum KernelCall {
     CubeXwt,
     /// The GPU's few-row x·Wᵀ (CubeCL) over quantized weights read in their ggml blocks.
     CubeXwtQ,
+    /// The GPU's products of a mixture of experts' chosen experts, routed on the device (two a
+    /// layer: the gate/up and the down products of every row's experts).
+    CubeExperts,
     /// Burn's matmul split over two threads (few rows on a CPU without AVX-512).
     BurnSplit,
     /// The quantized product on AVX-512 VNNI.
@@ -33,7 +36,7 @@ pub enum KernelCall {
     Fallback,
 }
 
-const ALL: [KernelCall; 12] = [
+const ALL: [KernelCall; 13] = [
     KernelCall::Xwt,
     KernelCall::GemmAvx2,
     KernelCall::GemmAvx512,
@@ -41,6 +44,7 @@ const ALL: [KernelCall; 12] = [
     KernelCall::Burn,
     KernelCall::CubeXwt,
     KernelCall::CubeXwtQ,
+    KernelCall::CubeExperts,
     KernelCall::BurnSplit,
     KernelCall::QuantVnni,
     KernelCall::QuantAvx2,
@@ -60,6 +64,7 @@ impl KernelCall {
             Self::Burn => "burn",
             Self::CubeXwt => "cube_xwt",
             Self::CubeXwtQ => "cube_xwt_q",
+            Self::CubeExperts => "cube_experts",
             Self::BurnSplit => "burn_split",
             Self::QuantVnni => "quant_vnni",
             Self::QuantAvx2 => "quant_avx2",

@@ -93,6 +93,20 @@ pub(crate) mod gpu {
     pub fn top_k(_: &Tensor<2>, _: usize, _: Option<&[f32]>) -> Option<Tensor<3>> {
         None
     }
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe(
+        _: &Tensor<2>,
+        _: super::Pre<'_>,
+        _: &Tensor<2>,
+        _: usize,
+        _: bool,
+        _: super::GpuWeight<'_>,
+        _: super::GpuWeight<'_>,
+        _: Option<(&Tensor<2>, &Tensor<2>)>,
+        _: Option<&Tensor<2>>,
+    ) -> Option<Tensor<2>> {
+        None
+    }
     pub const BUILT: bool = false;
     pub fn enabled() -> bool {
         false
@@ -596,6 +610,39 @@ pub fn gpu_xwt(
 ) -> Option<Tensor<2>> {
     gpu::xwt(x, pre, w, bias, residual)
 }
+
+/// A mixture of experts' feed-forward for a decode step's few rows routed on a GPU, over
+/// `pre(x)` (x as it is, or normed inside the experts' first product): each row's `top_k`
+/// experts chosen from the router's `logits` there, run over the experts' matrices
+/// stacked (`gate_up`: each expert's gate rows then its up rows; `down`: each expert's rows)
+/// and weighed, and the shared expert's output added, scaled by `sigmoid(gate)`, and the
+/// residual: four launches and no read back. `None` where it declines (the CPU, a stack the
+/// kernels do not read).
+///
+/// # Shapes
+/// x: [n, h] f32, logits: [n, experts] f32 (of pre(x)), gate_up: [experts · 2 · width, h], down:
+/// [experts · h, width], shared: ([n, h], [n, 1]) f32, residual: [n, h] f32 → [n, h] f32
+#[allow(clippy::too_many_arguments)]
+pub fn gpu_moe(
+    x: &Tensor<2>,
+    pre: Pre<'_>,
+    logits: &Tensor<2>,
+    top_k: usize,
+    norm: bool,
+    [gate_up, down]: [GpuWeight<'_>; 2],
+    shared: Option<(&Tensor<2>, &Tensor<2>)>,
+    residual: Option<&Tensor<2>>,
+) -> Option<Tensor<2>> {
+    let y = gpu::moe(x, pre, logits, top_k, norm, gate_up, down, shared, residual)?;
+    // Its two products: the gate/up and the down.
+    KernelCall::CubeExperts.count();
+    KernelCall::CubeExperts.count();
+    Some(y)
+}
+
+/// The most rows the GPU's few-row products take with their input's norm or gate inside (more
+/// rows are normed or gated first, a launch of their own).
+pub const GPU_XWT_ROWS: usize = 4;
 
 /// Whether this build has the GPU kernels (a CubeCL backend, without Burn's fusion).
 pub const GPU_KERNELS: bool = gpu::BUILT;

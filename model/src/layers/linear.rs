@@ -496,6 +496,58 @@ pub fn stack(weights: Vec<Weight>) -> Weight {
     packed(Arc::new(PackedMatrix::stack(parts.collect()).expect("stacked weights share their input width")))
 }
 
+/// Matrices of one storage stacked in one buffer on a GPU whose kernels run (for kernels that
+/// index rows across them: a mixture of experts routed on the device): dense of one type, or
+/// quantized blocks of one format, one part each. `None` on the CPU, for mixed storage or
+/// formats, or where the stack would pass the device's largest buffer.
+pub fn stack_rows(weights: &[Weight]) -> Option<Weight> {
+    let first = weights.first()?;
+    let k = first.dims()[1];
+    if weights.iter().any(|w| w.dims()[1] != k) {
+        return None;
+    }
+    match first.matrix() {
+        Matrix::Dense(t) => {
+            let (device, dtype) = (t.device(), t.dtype());
+            let tensors: Vec<Tensor<2>> = weights
+                .iter()
+                .map(|w| match w.matrix() {
+                    Matrix::Dense(t) if t.dtype() == dtype => Some(t.clone()),
+                    _ => None,
+                })
+                .collect::<Option<_>>()?;
+            let rows: usize = tensors.iter().map(|t| t.dims()[0]).sum();
+            let fits = (rows * k * dtype.size()) as u64 <= kernels::buffer_limit(&device);
+            (kernels::blocks_run_on(&device) && fits).then(|| dense(Tensor::cat(tensors, 0)))
+        }
+        Matrix::Blocks([part], dense_type) => {
+            let (ty, device) = (part.ty, part.words.device());
+            let words: Vec<Tensor<2, Int>> = weights
+                .iter()
+                .map(|w| match w.matrix() {
+                    Matrix::Blocks([p], _) if p.ty == ty => Some(p.words.clone()),
+                    _ => None,
+                })
+                .collect::<Option<_>>()?;
+            let rows: usize = words.iter().map(|w| w.dims()[0]).sum();
+            let fits = (rows * quant::device::row_words(ty, k) * 4) as u64 <= kernels::buffer_limit(&device);
+            let stacked = || DeviceRows { words: Tensor::cat(words, 0), ..part.clone() };
+            (kernels::blocks_run_on(&device) && fits).then(|| blocks(vec![stacked()], dense_type))
+        }
+        _ => None,
+    }
+}
+
+/// Rows `rows` of a matrix [`stack_rows`] made, as a weight of its own that shares the stack's
+/// buffer (a copy where the device's buffer offsets cannot start at the first row).
+pub fn row_view(stack: &Weight, rows: Range<usize>) -> Weight {
+    match stack.matrix() {
+        Matrix::Dense(t) => dense(t.clone().narrow(0, rows.start, rows.len())),
+        Matrix::Blocks([part], dense_type) => blocks(vec![narrowed(part, rows)], dense_type),
+        _ => unreachable!("stacks are one buffer on a GPU"),
+    }
+}
+
 /// A matrix of the same kind as `like` holding `data` ([out, in]): dense in its dtype, or
 /// quantized in the format of its first part (packed, or blocks on a GPU).
 pub fn like(like: &Weight, data: TensorData, device: &Device) -> Weight {

@@ -1,10 +1,10 @@
 use std::sync::Mutex;
 
-use crate::transfers;
+use crate::{kernels, transfers};
 use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData, activation::sigmoid};
 
-use super::Linear;
-use super::linear::Pre;
+use super::linear::{self, Pre};
+use super::{Linear, Weight};
 
 /// One expert: a SwiGLU feed-forward.
 #[derive(Debug, Clone)]
@@ -42,21 +42,64 @@ pub struct SharedExpert {
 
 /// A mixture-of-experts feed-forward: a softmax router picks each token's top-k experts, whose
 /// outputs are summed with the router's weights (renormalised to 1 where `norm_topk_prob`).
-/// Tokens are grouped by expert, so each expert's weights are read once per pass for all the
-/// tokens that chose it, not once per token. The grouping needs the router's scores on the host:
-/// on a GPU, the layer's one read back; the experts' outputs stay on the device.
+///
+/// Two routes. On the host, tokens are grouped by expert, so each expert's weights are read once
+/// per pass for all the tokens that chose it, not once per token; the grouping needs the router's
+/// scores on the host, on a GPU a read back (a wait for the device) every layer. On a GPU with
+/// the experts' matrices [`stacked`](ExpertStacks), a decode step's few rows are routed there
+/// instead (`kernels::gpu_moe`): each (row, expert) pair reads its expert's matrices, nothing
+/// comes back, and the step runs to its logits without waiting.
 #[derive(Debug, Clone)]
 pub struct Moe {
     /// [experts, hidden]
     pub router: Linear,
+    /// Each expert's matrices: on a GPU with `stacks`, views of its rows of them.
     pub experts: Vec<Expert>,
     pub top_k: usize,
     pub norm_topk_prob: bool,
     pub shared: Option<SharedExpert>,
+    /// The experts' matrices in one buffer each, where the device routes on its own.
+    pub stacks: Option<ExpertStacks>,
+}
+
+/// All experts' matrices of a layer stacked, one buffer each (on a GPU, for routing there):
+/// expert e's gate/up rows from `e · 2 · width`, its down rows from `e · hidden`.
+#[derive(Debug, Clone)]
+pub struct ExpertStacks {
+    /// [experts · 2 · width, hidden]: each expert's gate rows, then its up rows.
+    pub gate_up: Weight,
+    /// [experts · hidden, width]
+    pub down: Weight,
+}
+
+impl ExpertStacks {
+    /// On a GPU whose kernels route experts, `experts`' matrices stacked, and the experts as views
+    /// of their rows (no second copy where the device's buffer offsets allow one; at the
+    /// experts' sizes of real models they do); elsewhere, or where the stacks cannot be one
+    /// buffer each of one format (quantized parts of several formats, a stack over the device's
+    /// largest buffer), the experts as they are and no stacks.
+    pub fn build(experts: Vec<Expert>) -> (Vec<Expert>, Option<Self>) {
+        let gate_up: Vec<Weight> = experts.iter().map(|e| e.gate_up.weight.clone()).collect();
+        let down: Vec<Weight> = experts.iter().map(|e| e.down.weight.clone()).collect();
+        let (Some(gate_up), Some(down)) = (linear::stack_rows(&gate_up), linear::stack_rows(&down)) else {
+            return (experts, None);
+        };
+        let ([gu_rows, _], [d_rows, _]) = (gate_up.dims(), down.dims());
+        let (gu, d) = (gu_rows / experts.len().max(1), d_rows / experts.len().max(1));
+        let experts = (0..experts.len())
+            .map(|e| Expert {
+                gate_up: Linear { weight: linear::row_view(&gate_up, e * gu..(e + 1) * gu), bias: None },
+                down: Linear { weight: linear::row_view(&down, e * d..(e + 1) * d), bias: None },
+            })
+            .collect();
+        (experts, Some(Self { gate_up, down }))
+    }
 }
 
 /// Tokens routed to each expert index since the process started (all MoE layers summed), and
-/// expert products run: how well a pass groups its tokens.
+/// expert products run: how well a pass groups its tokens. Host-routed passes only: a pass
+/// routed on a GPU never brings its choice back (its products count as `cube_experts` among
+/// `kernels::calls`).
 static ROUTED: Mutex<(Vec<u64>, u64)> = Mutex::new((Vec::new(), 0));
 
 /// Tokens routed to each expert index so far, and the expert products run for them.
@@ -68,21 +111,72 @@ impl Moe {
     /// # Shapes
     /// x: [n, hidden] (normed) → [n, hidden]
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        self.forward_with(x, Pre::Plain, None)
+    }
+
+    /// `residual + self(pre(x))`. Routed on a GPU ([`Self::routes_on_device`]), the residual is
+    /// added in the experts' last kernel, and a few rows (as many as the few-row products take
+    /// with their norm) are normed inside each product that reads them (the router's, the shared
+    /// expert's, the routed experts' gate/up); otherwise x is normed once first.
+    ///
+    /// # Shapes
+    /// x: [n, hidden], residual: [n, hidden] → [n, hidden]
+    pub fn forward_with(&self, x: Tensor<2>, pre: Pre<'_>, residual: Option<Tensor<2>>) -> Tensor<2> {
         let n = x.dims()[0];
+        let on_device = self.routes_on_device(n);
+        let inside = on_device && n <= kernels::GPU_XWT_ROWS;
+        let (x, pre) = if inside { (x, pre) } else { (pre.apply(x), Pre::Plain) };
+        let logits = self.router.forward_with(x.clone(), pre, None);
+        let shared = self.shared.as_ref().map(|s| {
+            let gate = s.gate.forward_with(x.clone(), pre, None);
+            (s.expert.forward_with(x.clone(), pre, None), gate)
+        });
+        if let Some(stacks) = self.stacks.as_ref().filter(|_| on_device) {
+            let stacks = [stacks.gate_up.matrix().gpu(), stacks.down.matrix().gpu()];
+            let shared = shared.as_ref().map(|(y, g)| (y, g));
+            if let [Some(gate_up), Some(down)] = stacks
+                && let Some(y) = kernels::gpu_moe(
+                    &x,
+                    pre,
+                    &logits,
+                    self.top_k,
+                    self.norm_topk_prob,
+                    [gate_up, down],
+                    shared,
+                    residual.as_ref(),
+                )
+            {
+                return y;
+            }
+        }
+        let x = pre.apply(x);
         // The router's scores come to the host to group the tokens by expert: on a GPU, the
         // layer's one read back. A failed read fails the pass (its panic is the pass's error),
         // rather than routing nothing.
-        let logits: Vec<f32> = transfers::read(self.router.forward(x.clone())).expect("reading the router's scores");
+        let logits: Vec<f32> = transfers::read(logits).expect("reading the router's scores");
         let groups = self.route(&logits, n);
         self.count(&groups);
         let routed = match n {
-            1 => Self::one_row(&self.experts, &groups, x.clone()),
-            _ => Self::grouped(&self.experts, &groups, x.clone()),
+            1 => Self::one_row(&self.experts, &groups, x),
+            _ => Self::grouped(&self.experts, &groups, x),
         };
-        match &self.shared {
+        let y = match shared {
             None => routed,
-            Some(shared) => routed + shared.expert.forward(x.clone()) * sigmoid(shared.gate.forward(x)),
+            Some((y, gate)) => routed + y * sigmoid(gate),
+        };
+        match residual {
+            Some(r) => r + y,
+            None => y,
         }
+    }
+
+    /// Whether a pass of `n` rows is routed on the GPU (`kernels::gpu_moe`): where the experts
+    /// are stacked there and the rows are few. Each (row, expert) pair reads its expert's
+    /// matrices whole, so past one pair an expert on average the host's grouping (each expert's
+    /// weights read once for all its rows) reads fewer weights than the wait for the router's
+    /// scores costs.
+    pub fn routes_on_device(&self, n: usize) -> bool {
+        self.stacks.is_some() && n * self.top_k <= self.experts.len()
     }
 
     /// One row (a batch-1 decode step): each chosen expert takes it whole, so it runs on x itself
@@ -203,6 +297,7 @@ mod tests {
                 top_k: 2,
                 norm_topk_prob: norm,
                 shared: shared.then(|| SharedExpert { expert: expert(99), gate: matrix(1, hidden, 7) }),
+                stacks: None,
             };
             let values: Vec<f32> = crate::kernels::test_values(n * hidden, 5).iter().map(|v| v * 2.0).collect();
             let x = Tensor::<2>::from_data(TensorData::new(values.clone(), [n, hidden]), &Device::flex());

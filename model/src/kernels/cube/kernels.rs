@@ -174,7 +174,7 @@ pub fn softmax(
 }
 
 /// The most rows of x a [`xwt`] launch takes (a decode step's few rows).
-pub const XWT_ROWS: usize = 4;
+pub const XWT_ROWS: usize = crate::kernels::GPU_XWT_ROWS;
 
 /// What [`xwt`] does to x before the product: nothing; RMSNorm it (each row's scale computed
 /// by every cube, the norm's weight applied per input); or SwiGLU's gate over a stacked
@@ -294,6 +294,7 @@ fn xwt_four(
 fn norm_scales(
     x: &Tensor<f32>,
     shared: Shared<[f32]>,
+    row0: usize,
     k_len: usize,
     eps: f32,
     #[comptime] rows: usize,
@@ -309,19 +310,20 @@ fn norm_scales(
         let mut q2 = 0.0f32;
         let mut q3 = 0.0f32;
         let mut k = UNIT_POS as usize;
+        let at = row0 * x.stride(0);
         while k < k_len {
-            let v = x[k * x.stride(1)];
+            let v = x[at + k * x.stride(1)];
             q0 += v * v;
             if comptime!(rows > 1) {
-                let v = x[x.stride(0) + k * x.stride(1)];
+                let v = x[at + x.stride(0) + k * x.stride(1)];
                 q1 += v * v;
             }
             if comptime!(rows > 2) {
-                let v = x[2 * x.stride(0) + k * x.stride(1)];
+                let v = x[at + 2 * x.stride(0) + k * x.stride(1)];
                 q2 += v * v;
             }
             if comptime!(rows > 3) {
-                let v = x[3 * x.stride(0) + k * x.stride(1)];
+                let v = x[at + 3 * x.stride(0) + k * x.stride(1)];
                 q3 += v * v;
             }
             k += XWT_UNITS;
@@ -343,7 +345,7 @@ fn norm_scales(
     (s0, s1, s2, s3)
 }
 
-/// Column `o` of `pre(x)·Wᵀ` for every row, by this unit's group of [`XWT_LANES`] lanes (the
+/// Column `o` of `pre(x)·Wᵀ` for rows `row0..row0 + rows`, by this unit's group of [`XWT_LANES`] lanes (the
 /// cube's [`XWT_OUTS`] groups each computing one column; `o` past the weight's rows computes
 /// nothing but takes part in the barriers): row r's sum lands in `shared[r · XWT_UNITS + u]`
 /// for the group's first unit u. Under `PRE_NORM` the whole cube first reduces each row's
@@ -355,6 +357,7 @@ fn xwt_column<W: Float>(
     w: &Tensor<W>,
     norm: &Tensor<f32>,
     shared: Shared<[f32]>,
+    row0: usize,
     o: usize,
     eps: f32,
     #[comptime] rows: usize,
@@ -363,7 +366,7 @@ fn xwt_column<W: Float>(
     let unit = UNIT_POS as usize;
     let lane = unit % XWT_LANES;
     let k_len = w.shape(1);
-    let (s0, s1, s2, s3) = norm_scales(x, shared.clone(), k_len, eps, rows, pre);
+    let (s0, s1, s2, s3) = norm_scales(x, shared.clone(), row0, k_len, eps, rows, pre);
     let end = select(o < w.shape(0), k_len, 0);
     let w_row = o * w.stride(0);
     let ws = w.stride(1);
@@ -379,29 +382,29 @@ fn xwt_column<W: Float>(
         let w1 = f32::cast_from(w[at + XWT_LANES * ws]);
         let w2 = f32::cast_from(w[at + 2 * XWT_LANES * ws]);
         let w3 = f32::cast_from(w[at + 3 * XWT_LANES * ws]);
-        a0 += xwt_four(x, 0, k, k_len, norm, s0, w0, w1, w2, w3, pre);
+        a0 += xwt_four(x, row0, k, k_len, norm, s0, w0, w1, w2, w3, pre);
         if comptime!(rows > 1) {
-            a1 += xwt_four(x, 1, k, k_len, norm, s1, w0, w1, w2, w3, pre);
+            a1 += xwt_four(x, row0 + 1, k, k_len, norm, s1, w0, w1, w2, w3, pre);
         }
         if comptime!(rows > 2) {
-            a2 += xwt_four(x, 2, k, k_len, norm, s2, w0, w1, w2, w3, pre);
+            a2 += xwt_four(x, row0 + 2, k, k_len, norm, s2, w0, w1, w2, w3, pre);
         }
         if comptime!(rows > 3) {
-            a3 += xwt_four(x, 3, k, k_len, norm, s3, w0, w1, w2, w3, pre);
+            a3 += xwt_four(x, row0 + 3, k, k_len, norm, s3, w0, w1, w2, w3, pre);
         }
         k += 4 * XWT_LANES;
     }
     while k < end {
         let wv = f32::cast_from(w[w_row + k * ws]);
-        a0 += xwt_input(x, 0, k, k_len, norm, s0, pre) * wv;
+        a0 += xwt_input(x, row0, k, k_len, norm, s0, pre) * wv;
         if comptime!(rows > 1) {
-            a1 += xwt_input(x, 1, k, k_len, norm, s1, pre) * wv;
+            a1 += xwt_input(x, row0 + 1, k, k_len, norm, s1, pre) * wv;
         }
         if comptime!(rows > 2) {
-            a2 += xwt_input(x, 2, k, k_len, norm, s2, pre) * wv;
+            a2 += xwt_input(x, row0 + 2, k, k_len, norm, s2, pre) * wv;
         }
         if comptime!(rows > 3) {
-            a3 += xwt_input(x, 3, k, k_len, norm, s3, pre) * wv;
+            a3 += xwt_input(x, row0 + 3, k, k_len, norm, s3, pre) * wv;
         }
         k += XWT_LANES;
     }
@@ -439,7 +442,7 @@ pub fn xwt<W: Float>(
     let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
     let o = CUBE_POS * XWT_OUTS + group;
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    xwt_column(x, w, norm, shared.clone(), o, eps, rows, pre);
+    xwt_column(x, w, norm, shared.clone(), 0, o, eps, rows, pre);
     if lane == 0 && o < outs {
         store_column(shared, bias, residual, out, o, rows, has_bias, has_residual);
     }
@@ -506,7 +509,7 @@ pub fn xwt_rope_kv<W: Float, C: Float>(
 ) {
     let (head, i, o) = rope_pair(d);
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    xwt_column(x, w, norm, shared.clone(), o, eps, rows, pre);
+    xwt_column(x, w, norm, shared.clone(), 0, o, eps, rows, pre);
     if pair_owner() && head * d + i < w.shape(0) {
         rotate_columns(shared, bias, tables, q_out, k_cache, v_cache, slots, head, i, rows, has_bias, d);
     }
@@ -802,6 +805,7 @@ fn xwt_q_column(
     w: &Tensor<u32>,
     norm: &Tensor<f32>,
     shared: Shared<[f32]>,
+    row0: usize,
     o: usize,
     eps: f32,
     #[comptime] rows: usize,
@@ -810,7 +814,7 @@ fn xwt_q_column(
 ) {
     let lane = UNIT_POS as usize % XWT_LANES;
     let k_len = if comptime!(pre == PRE_SWIGLU) { x.shape(1) / 2 } else { x.shape(1) };
-    let (s0, s1, s2, s3) = norm_scales(x, shared.clone(), k_len, eps, rows, pre);
+    let (s0, s1, s2, s3) = norm_scales(x, shared.clone(), row0, k_len, eps, rows, pre);
     let chunks = select(o < w.shape(0), k_len / CHUNK, 0);
     let mut q = Array::<f32>::new(18usize);
     let mut a0 = 0.0f32;
@@ -821,15 +825,15 @@ fn xwt_q_column(
     while c < chunks {
         chunk(w, o, c, &mut q, format);
         let k = c * CHUNK;
-        a0 += chunk_dot(x, 0, k, k_len, norm, s0, &q, pre, format);
+        a0 += chunk_dot(x, row0, k, k_len, norm, s0, &q, pre, format);
         if comptime!(rows > 1) {
-            a1 += chunk_dot(x, 1, k, k_len, norm, s1, &q, pre, format);
+            a1 += chunk_dot(x, row0 + 1, k, k_len, norm, s1, &q, pre, format);
         }
         if comptime!(rows > 2) {
-            a2 += chunk_dot(x, 2, k, k_len, norm, s2, &q, pre, format);
+            a2 += chunk_dot(x, row0 + 2, k, k_len, norm, s2, &q, pre, format);
         }
         if comptime!(rows > 3) {
-            a3 += chunk_dot(x, 3, k, k_len, norm, s3, &q, pre, format);
+            a3 += chunk_dot(x, row0 + 3, k, k_len, norm, s3, &q, pre, format);
         }
         c += XWT_LANES;
     }
@@ -862,7 +866,7 @@ pub fn xwt_q(
     let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
     let o = CUBE_POS * XWT_OUTS + group;
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    xwt_q_column(x, w, norm, shared.clone(), o, eps, rows, pre, format);
+    xwt_q_column(x, w, norm, shared.clone(), 0, o, eps, rows, pre, format);
     if lane == 0 && o < w.shape(0) {
         store_column(shared, bias, residual, out, col0 + o, rows, has_bias, has_residual);
     }
@@ -896,7 +900,7 @@ pub fn xwt_rope_kv_q<C: Float>(
 ) {
     let (head, i, o) = rope_pair(d);
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    xwt_q_column(x, w, norm, shared.clone(), o, eps, rows, pre, format);
+    xwt_q_column(x, w, norm, shared.clone(), 0, o, eps, rows, pre, format);
     if pair_owner() && head * d + i < w.shape(0) {
         rotate_columns(shared, bias, tables, q_out, k_cache, v_cache, slots, head0 + head, i, rows, has_bias, d);
     }
@@ -1431,4 +1435,189 @@ pub fn top_k(
             }
         }
     }
+}
+
+/// A mixture-of-experts router's choice for each row of its logits, one cube a row: the
+/// `top_k` largest logits (the smaller index first among equal ones, as `torch.topk`), their
+/// experts' indices into `ids` and their softmax probabilities into `weights` (over all the
+/// row's logits; renormalised to sum to 1 with `norm`). The choice the host makes from the same
+/// logits (`Moe::route`), without bringing them back.
+///
+/// logits: [n, experts] (any strides), ids: [n, top_k] i32 contiguous, weights: [n, top_k] f32
+/// contiguous.
+#[cube(launch)]
+pub fn moe_route(
+    logits: &Tensor<f32>,
+    ids: &mut Tensor<i32>,
+    weights: &mut Tensor<f32>,
+    #[comptime] top_k: usize,
+    #[comptime] norm: bool,
+    #[comptime] units: usize,
+) {
+    let row = CUBE_POS;
+    if row >= logits.shape(0) {
+        terminate!();
+    }
+    let (base, stride, experts) = (row * logits.stride(0), logits.stride(1), logits.shape(1));
+    let shared = Shared::<[f32]>::new_slice(units);
+    let mut top = f32::new(LOWEST);
+    let mut e = UNIT_POS as usize;
+    while e < experts {
+        let v = logits[base + e * stride];
+        top = select(v > top, v, top);
+        e += units;
+    }
+    let top = cube_reduce(shared.clone(), top, units, true);
+    let mut sum = 0.0f32;
+    let mut e = UNIT_POS as usize;
+    while e < experts {
+        sum += (logits[base + e * stride] - top).exp();
+        e += units;
+    }
+    let sum = cube_reduce(shared.clone(), sum, units, false);
+    let mut prev = f32::new(LOWEST);
+    let mut prev_i = f32::new(NO_INDEX);
+    let mut picked = 0.0f32;
+    for t in 0..top_k {
+        let (v, i) = best_after(logits, base, stride, 0, experts, prev, prev_i, t == 0, shared.clone(), false, units);
+        let found = i < f32::new(NO_INDEX);
+        let p = select(found, (v - top).exp() / sum, 0.0f32);
+        if UNIT_POS == 0 {
+            ids[row * top_k + t] = select(found, i32::cast_from(i), 0i32);
+            weights[row * top_k + t] = p;
+        }
+        picked += p;
+        prev = v;
+        prev_i = i;
+    }
+    if comptime!(norm) {
+        let writes = UNIT_POS == 0 && picked > 0.0;
+        if writes {
+            for t in 0..top_k {
+                weights[row * top_k + t] /= picked;
+            }
+        }
+    }
+}
+
+/// Each (row, slot) pair's product with the expert [`moe_route`] chose for it, over all the
+/// experts' matrices stacked (expert e's rows from `e · outs`, outs the output's width), as
+/// [`xwt`]'s product of one row: one cube a pair and [`XWT_OUTS`] columns (cube c: pair
+/// c / blocks, its block of columns c mod blocks, `blocks` the output's width over XWT_OUTS
+/// rounded up). The pair reads row `pair / x_div` of x (the
+/// layer's input, `x_div` its top-k, for the gate/up product, under `PRE_NORM` the layer's
+/// norm; the pair's own row, `x_div` 1, for the down product under `PRE_SWIGLU`).
+///
+/// x: [rows, k] (any strides; [rows, 2k] with `PRE_SWIGLU`), w: [experts · outs, k] (any
+/// strides), norm: \[k\] (read with `PRE_NORM`), ids: [pairs] contiguous, out: [pairs, outs]
+/// contiguous.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt_experts<W: Float>(
+    x: &Tensor<f32>,
+    w: &Tensor<W>,
+    norm: &Tensor<f32>,
+    ids: &Tensor<i32>,
+    out: &mut Tensor<f32>,
+    x_div: usize,
+    blocks: usize,
+    eps: f32,
+    #[comptime] pre: u32,
+) {
+    if CUBE_POS / blocks >= ids.len() {
+        terminate!();
+    }
+    let (pair, o, w_row) = expert_column(ids, out.shape(1), blocks);
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    xwt_column(x, w, norm, shared.clone(), pair / x_div, w_row, eps, 1usize, pre);
+    store_pair(shared, out, pair, o);
+}
+
+/// [`xwt_experts`] over experts' matrices in quantized blocks of one format ([`xwt_q_column`]).
+///
+/// x, norm, ids, out: as [`xwt_experts`]'s; w: [experts · outs, words a row].
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt_q_experts(
+    x: &Tensor<f32>,
+    w: &Tensor<u32>,
+    norm: &Tensor<f32>,
+    ids: &Tensor<i32>,
+    out: &mut Tensor<f32>,
+    x_div: usize,
+    blocks: usize,
+    eps: f32,
+    #[comptime] pre: u32,
+    #[comptime] format: u32,
+) {
+    if CUBE_POS / blocks >= ids.len() {
+        terminate!();
+    }
+    let (pair, o, w_row) = expert_column(ids, out.shape(1), blocks);
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    xwt_q_column(x, w, norm, shared.clone(), pair / x_div, w_row, eps, 1usize, pre, format);
+    store_pair(shared, out, pair, o);
+}
+
+/// This unit's pair and output column in [`xwt_experts`]' layout (cube c: pair c / blocks; its
+/// group's column of the block c mod blocks), and the column's row of the stacked weight (the
+/// pair's expert's rows from `expert · outs`).
+#[cube]
+fn expert_column(ids: &Tensor<i32>, outs: usize, blocks: usize) -> (usize, usize, usize) {
+    let (pair, block) = (CUBE_POS / blocks, CUBE_POS % blocks);
+    let o = block * XWT_OUTS + UNIT_POS as usize / XWT_LANES;
+    let expert = usize::cast_from(ids[pair]);
+    (pair, o, expert * outs + o)
+}
+
+/// Column `o` of pair `pair` from the sum [`reduce_rows`] left in `shared` for this unit's
+/// group, by the group's first unit.
+#[cube]
+fn store_pair(shared: Shared<[f32]>, out: &mut Tensor<f32>, pair: usize, o: usize) {
+    let (unit, outs) = (UNIT_POS as usize, out.shape(1));
+    let lane = unit % XWT_LANES;
+    if lane == 0 && o < outs {
+        out[pair * outs + o] = shared[unit];
+    }
+}
+
+/// The experts' outputs of each row weighed by the router and summed, in the order of its
+/// slots, plus (with `shared`) the shared expert's output scaled by `sigmoid(gate)` and (with
+/// `has_residual`) the residual; one unit a value.
+///
+/// y: [n · top_k, h] contiguous, weights: [n, top_k] contiguous, shared_y, residual: [n, h] (any
+/// strides), gate: [n, 1] (any strides), out: [n, h] contiguous.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine(
+    y: &Tensor<f32>,
+    weights: &Tensor<f32>,
+    shared_y: &Tensor<f32>,
+    gate: &Tensor<f32>,
+    residual: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    #[comptime] top_k: usize,
+    #[comptime] shared: bool,
+    #[comptime] has_residual: bool,
+) {
+    let at = ABSOLUTE_POS;
+    if at >= out.len() {
+        terminate!();
+    }
+    let h = out.shape(1);
+    let (row, c) = (at / h, at % h);
+    let mut sum = 0.0f32;
+    #[unroll]
+    for t in 0..top_k {
+        let pair = row * top_k + t;
+        sum += weights[pair] * y[pair * h + c];
+    }
+    if comptime!(shared) {
+        let g = gate[row * gate.stride(0)];
+        sum += shared_y[row * shared_y.stride(0) + c * shared_y.stride(1)] / (1.0f32 + (-g).exp());
+    }
+    if comptime!(has_residual) {
+        sum += residual[row * residual.stride(0) + c * residual.stride(1)];
+    }
+    out[at] = sum;
 }

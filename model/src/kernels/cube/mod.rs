@@ -833,3 +833,161 @@ pub fn top_k(x: &Tensor<2>, k: usize, temps: Option<&[f32]>) -> Option<Tensor<3>
     }
     Some(tensor(out))
 }
+
+/// A stack of experts' matrices as [`kernels::xwt_experts`] or [`kernels::xwt_q_experts`] read
+/// it: dense rows of a type the device widens, or blocks of one format in one part.
+enum ExpertStack {
+    Dense(CubeTensor),
+    Blocks(u32, CubeTensor),
+}
+
+impl ExpertStack {
+    /// `None` where the kernels do not take `w` (over `k` inputs): blocks in several parts,
+    /// rows the device does not read.
+    fn new(w: GpuWeight<'_>, k: usize, client: &burn::cubecl::client::Client) -> Option<Self> {
+        match w {
+            GpuWeight::Dense(t) => {
+                let t = t.clone().try_into_primitive::<Cube>().ok().filter(|t| !t.meta.is_tiled())?;
+                converts(t.dtype, client).then_some(Self::Dense(t))
+            }
+            GpuWeight::Blocks([part]) => {
+                let (format, words) = block_parts(std::slice::from_ref(part), k)?.pop()?;
+                Some(Self::Blocks(format, words))
+            }
+            GpuWeight::Blocks(_) => None,
+        }
+    }
+
+    /// Each pair's product with its expert's matrix: [pairs, outs], the pair reading row
+    /// `pair / x_div` of x after `pre` (its code, and the norm's weight and eps: x and 0 where
+    /// it has none).
+    fn products(
+        self,
+        x: &CubeTensor,
+        ids: &CubeTensor,
+        outs: usize,
+        x_div: usize,
+        pre: (u32, &CubeTensor, f32),
+    ) -> CubeTensor {
+        let (code, norm, eps) = pre;
+        let pairs = ids.meta.shape().num_elements();
+        let out = empty(x, [pairs, outs]);
+        let blocks = outs.div_ceil(kernels::XWT_OUTS);
+        let (count, dim) = cubes(blocks * pairs, kernels::XWT_UNITS);
+        let (xa, na) = (x.clone().into_tensor_arg(), norm.clone().into_tensor_arg());
+        let (ia, oa) = (ids.clone().into_tensor_arg(), out.clone().into_tensor_arg());
+        match self {
+            Self::Dense(w) => {
+                let wa = w.clone().into_tensor_arg();
+                launch_in!(
+                    w.dtype,
+                    kernels::xwt_experts,
+                    &x.client,
+                    count,
+                    dim,
+                    xa,
+                    wa,
+                    na,
+                    ia,
+                    oa,
+                    x_div,
+                    blocks,
+                    eps,
+                    code
+                )
+            }
+            Self::Blocks(format, words) => {
+                let wa = words.into_tensor_arg();
+                kernels::xwt_q_experts::launch(
+                    &x.client, count, dim, xa, wa, na, ia, oa, x_div, blocks, eps, code, format,
+                )
+            }
+        }
+        out
+    }
+}
+
+/// A mixture of experts' feed-forward for a few rows without the router's scores leaving the
+/// device: each row's `top_k` experts chosen from `logits` ([`kernels::moe_route`]), each (row,
+/// slot) pair run through its expert's gate/up product (of `pre(x)`: x as it is or normed, the
+/// norm inside the product) and its down product under SwiGLU's gate
+/// ([`kernels::xwt_experts`]: the experts' matrices stacked, expert e's rows from e times a
+/// matrix's), and the pairs' outputs weighed and summed with the shared expert's, scaled by
+/// `sigmoid(gate)`, and the residual ([`kernels::moe_combine`]). Four launches, nothing read
+/// back. `None` where it declines (shapes, a stack in several parts, tensors not CubeCL rows in
+/// f32).
+///
+/// # Shapes
+/// - x: [n, h] f32, pre: plain or a norm's, logits: [n, experts] f32 (of pre(x))
+/// - gate_up: [experts · 2 · width, h] (each expert's gate rows, then its up rows), down:
+///   [experts · h, width]
+/// - shared: the shared expert's output [n, h] f32 and its gate's [n, 1] f32; residual: [n, h]
+/// - returns [n, h] f32
+#[allow(clippy::too_many_arguments)]
+pub fn moe(
+    x: &Tensor<2>,
+    pre: Pre<'_>,
+    logits: &Tensor<2>,
+    top_k: usize,
+    norm: bool,
+    gate_up: GpuWeight<'_>,
+    down: GpuWeight<'_>,
+    shared: Option<(&Tensor<2>, &Tensor<2>)>,
+    residual: Option<&Tensor<2>>,
+) -> Option<Tensor<2>> {
+    let [n, h] = x.dims();
+    let [ln, experts] = logits.dims();
+    let ([gu_rows, gu_k], [d_rows, width]) = (gate_up.dims()?, down.dims()?);
+    let fits = ln == n && n > 0 && h > 0 && width > 0 && (1..=experts).contains(&top_k);
+    if !fits || gu_k != h || gu_rows != experts * 2 * width || d_rows != experts * h || experts >= 1 << 24 {
+        return None;
+    }
+    if shared.is_some_and(|(y, g)| y.dims() != [n, h] || g.dims() != [n, 1])
+        || residual.is_some_and(|r| r.dims() != [n, h])
+    {
+        return None;
+    }
+    let (x, logits) = (cube(x)?, cube(logits)?);
+    let (code, norm_weight, eps) = match pre {
+        // x stands in for the norm's weight, never read.
+        Pre::Plain => (kernels::PRE_PLAIN, x.clone(), 0.0),
+        Pre::Norm { weight, eps } if weight.dims() == [h] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
+        _ => return None,
+    };
+    let gate_up = ExpertStack::new(gate_up, h, &x.client)?;
+    let down = ExpertStack::new(down, width, &x.client)?;
+    let (shared_y, gate) = match shared {
+        Some((y, g)) => (cube(y)?, cube(g)?),
+        // Not read.
+        None => (x.clone(), x.clone()),
+    };
+    let res = match residual {
+        Some(r) => cube(r)?,
+        None => x.clone(),
+    };
+    let client = x.client.clone();
+    let ids = empty_as(&x, [n, top_k], DType::I32);
+    let weights = empty(&x, [n, top_k]);
+    let (count, dim) = cubes(n, 64);
+    let (la, ia, wa) = (logits.into_tensor_arg(), ids.clone().into_tensor_arg(), weights.clone().into_tensor_arg());
+    kernels::moe_route::launch(&client, count, dim, la, ia, wa, top_k, norm, 64);
+    let gate_up = gate_up.products(&x, &ids, 2 * width, top_k, (code, &norm_weight, eps));
+    let y = down.products(&gate_up, &ids, h, 1, (kernels::PRE_SWIGLU, &gate_up, 0.0));
+    let out = empty(&x, [n, h]);
+    let (count, dim) = elementwise(n * h);
+    kernels::moe_combine::launch(
+        &client,
+        count,
+        dim,
+        y.into_tensor_arg(),
+        weights.into_tensor_arg(),
+        shared_y.into_tensor_arg(),
+        gate.into_tensor_arg(),
+        res.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        top_k,
+        shared.is_some(),
+        residual.is_some(),
+    );
+    Some(tensor(out))
+}
