@@ -5,7 +5,8 @@
 # Q4_K_M; the quantized ones as random blocks (scripts/random_family_gguf.py). For each, greedy
 # ids on the GPU are compared with the CPU's (where they differ, again with Burn's ops alone) and
 # batch-1 decode is measured through `llaisys bench` (which counts kernel launches and
-# host↔device transfers per decode step, and ranks kernels by device time with --kernel-times).
+# host↔device transfers per decode step, and ranks kernels by device time with --kernel-times;
+# the MoE's batch-1 steps route their experts on the device: no readback before the logits).
 # The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, greedy
 # ids and decode with an f32 KV cache (the default, f16, runs everywhere else), and decode and
 # 64 concurrent sampled: as Qwen2.5's generation defaults (top-k 20 with a repetition penalty:
