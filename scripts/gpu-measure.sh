@@ -100,6 +100,12 @@ for m in "${models[@]}"; do
     step "$name decode with Burn's ops alone"
     LLAISYS_GPU_KERNELS=off timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 1 --decode-tokens 128
   fi
+  if [ "$shape" = qwen3-moe-mini ]; then
+    # 4 rows of 8 experts each are 32 pairs, at most one an expert: routed on the device; 16
+    # rows group on the host (a readback a layer).
+    step "$name throughput 4 (experts routed on the device), 16 (on the host)"
+    timeout 120 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 4,16 --runs 1
+  fi
   [ $first = 1 ] || continue
   first=0
   step "$name greedy ids, f32 KV cache (the default is f16)"
