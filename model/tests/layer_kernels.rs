@@ -973,8 +973,19 @@ fn experts_routed_on_the_device_match_a_reference() {
         let shared_expert = expert(99, &mut shared_ref);
         let (router, router_v) = matrix(experts, hidden, seed + 500, None);
         let (gate, gate_v) = matrix(1, hidden, seed + 501, None);
+        let watch = llaisys_model::launches::watch(false);
         let (all, stacks) = ExpertStacks::build(all);
         assert_eq!(stacks.is_some(), on_gpu, "{name}: the experts are stacked where the device routes them");
+        if let Some(watch) = watch.filter(|_| on_gpu) {
+            // Each expert's matrices (whole multiples of 256 bytes here, as a real model's are:
+            // the device's buffer alignment divides that) are views of its rows of the stacks:
+            // the stacking copies, no slice does (an expert of 8,200 bytes is copied on
+            // llvmpipe).
+            let launched = watch.take();
+            let copies: Vec<_> =
+                launched.by_kernel.keys().filter(|k| k.to_ascii_lowercase().contains("slicekernel")).collect();
+            assert!(copies.is_empty(), "{name}: the experts' views were copied: {copies:?}");
+        }
         // The layer's RMSNorm before the experts, inside their products where they run on the
         // device (with the residual, in the cases without the router's renormalisation).
         let g = values(hidden, seed + 88, 1.5);
