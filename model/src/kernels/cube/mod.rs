@@ -248,12 +248,7 @@ impl Product {
             return None;
         }
         let x = cube(x)?;
-        let (code, norm, eps) = match pre {
-            Pre::Plain => (kernels::PRE_PLAIN, x.clone(), 0.0),
-            Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
-            Pre::Norm { .. } => return None,
-            Pre::SwiGlu => (kernels::PRE_SWIGLU, x.clone(), 0.0),
-        };
+        let (code, norm, eps) = pre_args(pre, &x, k)?;
         let bias = match bias {
             Some(b) => Some(cube(b)?),
             None => None,
@@ -262,10 +257,9 @@ impl Product {
         Some(Self { x, norm, code, eps, bias, has_bias })
     }
 
-    /// A dense weight as the kernels read it: CubeCL rows of a type the device reads and widens.
+    /// A dense weight as the kernels read it ([`dense_weight`]).
     fn weight(&self, w: &Tensor<2>) -> Option<CubeTensor> {
-        let w = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
-        converts(w.dtype, &self.x.client).then_some(w)
+        dense_weight(w, &self.x.client)
     }
 
     /// `residual` as the kernels read it ([n, outs]), or a placeholder they never read.
@@ -276,6 +270,24 @@ impl Product {
             None => Some((self.x.clone(), false)),
         }
     }
+}
+
+/// `pre`'s code for the product kernels, the norm's weight (x, never read, where it has none)
+/// and its eps; `None` for a norm not of the `k` inputs.
+fn pre_args(pre: Pre<'_>, x: &CubeTensor, k: usize) -> Option<(u32, CubeTensor, f32)> {
+    Some(match pre {
+        Pre::Plain => (kernels::PRE_PLAIN, x.clone(), 0.0),
+        Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
+        Pre::Norm { .. } => return None,
+        Pre::SwiGlu => (kernels::PRE_SWIGLU, x.clone(), 0.0),
+    })
+}
+
+/// A dense weight as the kernels read it: CubeCL rows of a type `client`'s device reads and
+/// widens.
+fn dense_weight(w: &Tensor<2>, client: &burn::cubecl::client::Client) -> Option<CubeTensor> {
+    let w = w.clone().try_into_primitive::<Cube>().ok().filter(|w| !w.meta.is_tiled())?;
+    converts(w.dtype, client).then_some(w)
 }
 
 /// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step), the weight read in its own type.
@@ -846,10 +858,7 @@ impl ExpertStack {
     /// rows the device does not read.
     fn new(w: GpuWeight<'_>, k: usize, client: &burn::cubecl::client::Client) -> Option<Self> {
         match w {
-            GpuWeight::Dense(t) => {
-                let t = t.clone().try_into_primitive::<Cube>().ok().filter(|t| !t.meta.is_tiled())?;
-                converts(t.dtype, client).then_some(Self::Dense(t))
-            }
+            GpuWeight::Dense(t) => Some(Self::Dense(dense_weight(t, client)?)),
             GpuWeight::Blocks([part]) => {
                 let (format, words) = block_parts(std::slice::from_ref(part), k)?.pop()?;
                 Some(Self::Blocks(format, words))
@@ -948,12 +957,10 @@ pub fn moe(
         return None;
     }
     let (x, logits) = (cube(x)?, cube(logits)?);
-    let (code, norm_weight, eps) = match pre {
-        // x stands in for the norm's weight, never read.
-        Pre::Plain => (kernels::PRE_PLAIN, x.clone(), 0.0),
-        Pre::Norm { weight, eps } if weight.dims() == [h] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
-        _ => return None,
-    };
+    if matches!(pre, Pre::SwiGlu) {
+        return None;
+    }
+    let (code, norm_weight, eps) = pre_args(pre, &x, h)?;
     let gate_up = ExpertStack::new(gate_up, h, &x.client)?;
     let down = ExpertStack::new(down, width, &x.client)?;
     let (shared_y, gate) = match shared {
