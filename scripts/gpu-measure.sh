@@ -6,7 +6,7 @@
 # ids on the GPU are compared with the CPU's (where they differ, again with Burn's ops alone) and
 # batch-1 decode is measured through `llaisys bench` (which counts kernel launches and
 # host↔device transfers per decode step, and ranks kernels by device time with --kernel-times;
-# the MoE's batch-1 steps route their experts on the device: no readback before the logits).
+# the MoE's decode steps route their experts on the device: no readback before the logits).
 # The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, greedy
 # ids and decode with an f32 KV cache (the default, f16, runs everywhere else), and decode and
 # 64 concurrent sampled: as Qwen2.5's generation defaults (top-k 20 with a repetition penalty:
@@ -101,10 +101,10 @@ for m in "${models[@]}"; do
     LLAISYS_GPU_KERNELS=off timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 1 --decode-tokens 128
   fi
   if [ "$shape" = qwen3-moe-mini ]; then
-    # 4 rows of 8 experts each are 32 pairs, at most one an expert: routed on the device; 16
-    # rows group on the host (a readback a layer).
-    step "$name throughput 4 (experts routed on the device), 16 (on the host)"
-    timeout 120 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 4,16 --runs 1
+    # 4 rows of 8 experts each are 32 pairs, at most one an expert: a pair at a time on the
+    # device; 16 and 64 rows grouped by expert on the device (at most 16 pairs an expert).
+    step "$name throughput 4 (experts a pair at a time on the device), 16 and 64 (grouped on the device)"
+    timeout 150 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 4,16,64 --runs 1
   fi
   [ $first = 1 ] || continue
   first=0

@@ -171,6 +171,58 @@ fn a_moe_decode_step_routes_on_the_device_and_reads_back_its_token_only() {
     }
 }
 
+/// Three sequences decoding together through the two-MoE-layer fixture (4 experts, top 2): six
+/// (row, expert) pairs, more than one an expert, are grouped by expert on the device
+/// (`moe_group`, `moe_gather`, `xwt_grouped`), so the step still reads back its three picked
+/// tokens alone (one read back), where grouping on the host read back each layer's router
+/// scores first.
+#[test]
+#[cfg_attr(
+    not(any(feature = "wgpu", feature = "cuda")),
+    ignore = "counts a GPU backend's transfers: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
+)]
+fn a_batched_moe_step_groups_its_experts_on_the_device() {
+    let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let name = "tiny-qwen2moe-f32";
+    let prompt = Reference::load(name).prompts[0].ids.clone();
+    let spec = test_device().parse::<DeviceSpec>().unwrap();
+    let device = spec.device().unwrap();
+    let source = ModelSource::Dir(fixture_dir(name));
+    let model = load_model(None, Some(&source), &LoadOptions::default(), &device).unwrap();
+    let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
+    // The prompt's cells shared by three sequences, then two steps of one token each: the
+    // first compiles the kernels, the second is counted.
+    let mut batch = llaisys_model::Batch::new();
+    for (i, &token) in prompt.iter().enumerate() {
+        batch.push(token, i as i64, &[0, 1, 2], i + 1 == prompt.len());
+    }
+    ctx.decode(&batch).unwrap();
+    let step = |ctx: &mut Context, pos: i64, tokens: [u32; 3]| {
+        let mut batch = llaisys_model::Batch::new();
+        for (seq, token) in tokens.into_iter().enumerate() {
+            batch.push(token, pos, &[seq as u32], true);
+        }
+        ctx.decode_picking(&batch, &|| false, &[RowNeed::Best; 3]).unwrap();
+    };
+    let pos = prompt.len() as i64;
+    step(&mut ctx, pos, [1, 2, 3]);
+    transfers::take();
+    let watch = llaisys_model::launches::watch(false).expect("a GPU build watches launches");
+    step(&mut ctx, pos + 1, [4, 5, 6]);
+    let (launches, moved) = (watch.take(), transfers::take());
+    eprintln!("{spec}: transfers in one 3-row MoE decode step: {moved:?}");
+    let top: Vec<String> = launches.ranked().iter().map(|(k, n, _)| format!("{n} {k}")).collect();
+    eprintln!("{spec}: {} launches: {}", launches.total(), top.join(", "));
+    assert!((0..3).all(|row| ctx.outputs().picked(row).is_some()), "each row picked its token");
+    if spec != DeviceSpec::Cpu {
+        assert_eq!((moved.uploads, moved.readbacks), (UPLOADS_PER_STEP, 1), "{moved:?}");
+        let kernels = launches.by_kernel.keys().map(|k| k.to_ascii_lowercase().replace('_', "")).collect::<Vec<_>>();
+        for kernel in ["moeroute", "moegroup", "moegather", "xwtgrouped", "moecombine"] {
+            assert!(kernels.iter().any(|k| k.contains(kernel)), "no {kernel} launched: {kernels:?}");
+        }
+    }
+}
+
 /// A sampled step with top-k reads back the row's k candidates (a value and an index each, as
 /// f32), not the vocabulary's logits, in two launches more than a greedy step's pick: one
 /// readback of 8·k bytes. On the CPU the row stays whole (nothing moves).

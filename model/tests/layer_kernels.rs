@@ -71,6 +71,11 @@ fn assert_cells(
 /// underscores ignored) was launched.
 /// One launch watch at a time in this process (a second would replace the first).
 fn ran<T>(spec: DeviceSpec, kernel: &str, f: impl FnOnce() -> T) -> T {
+    ran_all(spec, &[kernel], f)
+}
+
+/// [`ran`] for each of `kernels`.
+fn ran_all<T>(spec: DeviceSpec, kernels: &[&str], f: impl FnOnce() -> T) -> T {
     static ONE_WATCH: Mutex<()> = Mutex::new(());
     let _one = ONE_WATCH.lock().unwrap_or_else(PoisonError::into_inner);
     let watch = llaisys_model::launches::watch(false);
@@ -78,11 +83,13 @@ fn ran<T>(spec: DeviceSpec, kernel: &str, f: impl FnOnce() -> T) -> T {
     if let Some(watch) = watch.filter(|_| spec != DeviceSpec::Cpu) {
         let launched = watch.take();
         let key = |s: &str| s.to_ascii_lowercase().replace('_', "");
-        assert!(
-            launched.by_kernel.keys().any(|k| key(k).contains(&key(kernel))),
-            "no {kernel} kernel ran on {spec}: {:?}",
-            launched.by_kernel.keys().collect::<Vec<_>>()
-        );
+        for kernel in kernels {
+            assert!(
+                launched.by_kernel.keys().any(|k| key(k).contains(&key(kernel))),
+                "no {kernel} kernel ran on {spec}: {:?}",
+                launched.by_kernel.keys().collect::<Vec<_>>()
+            );
+        }
     }
     out
 }
@@ -891,11 +898,12 @@ fn top_k_rows_take_the_largest_values_best_first() {
 
 /// A mixture of experts' feed-forward against an f64 reference: each row's top-k experts by the
 /// router's softmax (renormalised or not), their SwiGLU outputs weighed and summed, a shared
-/// expert scaled by its sigmoid gate, the layer's norm before and a residual after. On a GPU the experts are stacked and a decode step's few
-/// rows (one pair an expert or fewer) are routed and run there (`moe_route`, `xwt_experts`,
-/// `moe_combine`; nothing read back), more rows on the host; over dense f32, f16 and bf16
-/// experts (the 16-bit types where the device computes in them) and quantized ones (Q8_0, and
-/// Q4_K with Q6_K down products).
+/// expert scaled by its sigmoid gate, the layer's norm before and a residual after. On a GPU
+/// the experts are stacked and a decode step's rows are routed and run there, nothing read
+/// back: one pair an expert or fewer a pair at a time (`moe_route`, `xwt_experts`,
+/// `moe_combine`), more grouped by expert (`moe_group`, `moe_gather`, `xwt_grouped`), a
+/// prompt's many rows on the host; over dense f32, f16 and bf16 experts (the 16-bit types where
+/// the device computes in them) and quantized ones (Q8_0, and Q4_K with Q6_K down products).
 #[test]
 fn experts_routed_on_the_device_match_a_reference() {
     use burn::tensor::FloatDType;
@@ -1002,17 +1010,25 @@ fn experts_routed_on_the_device_match_a_reference() {
                 }),
                 stacks: stacks.clone(),
             };
-            for n in [1, 2, 5] {
+            // 13 rows group on the device in every case, 60 on the host where that is more
+            // than 16 pairs an expert.
+            for n in [1, 2, 5, 13, 60] {
                 let xs = values(n * hidden, seed + n as u32, 2.0);
                 let x = Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, hidden]), &device);
                 // The residual connection in the same pass, in the cases with the layer's norm.
                 let r = values(n * hidden, seed + 77, 1.0);
                 let residual =
                     (!norm).then(|| Tensor::<2>::from_data(TensorData::new(r.clone(), [n, hidden]), &device));
-                let routed_here = on_gpu && n * top_k <= experts;
+                let pairs = n * top_k;
+                let routed_here = on_gpu && pairs <= 16 * experts;
+                assert_eq!(moe.routes_on_device(n), routed_here, "{name}, {n} rows");
                 let pre = if norm { Pre::Plain } else { rms.pre() };
                 let run = || host(moe.forward_with(x, pre, residual));
-                let got = if routed_here { ran(spec, "moe_route", run) } else { run() };
+                let got = match pairs <= experts {
+                    _ if !routed_here => run(),
+                    true => ran_all(spec, &["moe_route", "experts", "moe_combine"], run),
+                    false => ran_all(spec, &["moe_route", "moe_group", "moe_gather", "grouped", "moe_combine"], run),
+                };
                 let mut want = Vec::with_capacity(n * hidden);
                 for row in xs.chunks(hidden) {
                     let dot = |m: &[f32], o: usize, input: &[f64]| -> f64 {
@@ -1049,7 +1065,11 @@ fn experts_routed_on_the_device_match_a_reference() {
                 if !norm {
                     want.iter_mut().zip(&r).for_each(|(w, r)| *w += *r as f64);
                 }
-                let how = if routed_here { "on the device" } else { "on the host" };
+                let how = match pairs <= experts {
+                    _ if !routed_here => "on the host",
+                    true => "on the device, a pair at a time",
+                    false => "on the device, grouped by expert",
+                };
                 // Within f32's rounding of the largest output (the quantized experts' outputs
                 // reach 1e6 and cancel to values near 0); the host's many-row products round the
                 // activations to a 16-bit weight's type.

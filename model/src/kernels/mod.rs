@@ -611,13 +611,14 @@ pub fn gpu_xwt(
     gpu::xwt(x, pre, w, bias, residual)
 }
 
-/// A mixture of experts' feed-forward for a decode step's few rows routed on a GPU, over
-/// `pre(x)` (x as it is, or normed inside the experts' first product): each row's `top_k`
-/// experts chosen from the router's `logits` there, run over the experts' matrices
-/// stacked (`gate_up`: each expert's gate rows then its up rows; `down`: each expert's rows)
-/// and weighed, and the shared expert's output added, scaled by `sigmoid(gate)`, and the
-/// residual: four launches and no read back. `None` where it declines (the CPU, a stack the
-/// kernels do not read).
+/// A mixture of experts' feed-forward for a decode step's rows routed on a GPU, over `pre(x)`
+/// (x as it is, or normed on the device): each row's `top_k` experts chosen from the router's
+/// `logits` there, run over the experts' matrices stacked (`gate_up`: each expert's gate rows
+/// then its up rows; `down`: each expert's rows), a pair at a time or grouped by expert there
+/// (past one pair an expert), and weighed, and the shared expert's output added, scaled by
+/// `sigmoid(gate)`, and the residual: four or six launches and no read back. `None` where it
+/// declines (the CPU, a stack the kernels do not read, more than
+/// [`GPU_MOE_PAIRS_PER_EXPERT`] pairs an expert).
 ///
 /// # Shapes
 /// x: [n, h] f32, logits: [n, experts] f32 (of pre(x)), gate_up: [experts · 2 · width, h], down:
@@ -643,6 +644,13 @@ pub fn gpu_moe(
 /// The most rows the GPU's few-row products take with their input's norm or gate inside (more
 /// rows are normed or gated first, a launch of their own).
 pub const GPU_XWT_ROWS: usize = 4;
+
+/// Above this many (row, expert) pairs an expert on average, a GPU's experts group their rows
+/// on the host (`Moe`'s grouped pass, a read back of the router's scores): Burn's tiled
+/// products read each expert's matrices once for all its rows, where the device's grouped
+/// products read them once a chunk of four rows. A prompt's prefill groups on the host; a
+/// decode batch (up to 64 rows of top-8 of 128 experts, as Qwen3-30B-A3B) on the device.
+pub const GPU_MOE_PAIRS_PER_EXPERT: usize = 16;
 
 /// Whether this build has the GPU kernels (a CubeCL backend, without Burn's fusion).
 pub const GPU_KERNELS: bool = gpu::BUILT;

@@ -46,9 +46,10 @@ pub struct SharedExpert {
 /// Two routes. On the host, tokens are grouped by expert, so each expert's weights are read once
 /// per pass for all the tokens that chose it, not once per token; the grouping needs the router's
 /// scores on the host, on a GPU a read back (a wait for the device) every layer. On a GPU with
-/// the experts' matrices [`stacked`](ExpertStacks), a decode step's few rows are routed there
-/// instead (`kernels::gpu_moe`): each (row, expert) pair reads its expert's matrices, nothing
-/// comes back, and the step runs to its logits without waiting.
+/// the experts' matrices [`stacked`](ExpertStacks), a decode step's rows are routed there
+/// instead (`kernels::gpu_moe`): each (row, expert) pair reads its expert's matrices, or past
+/// one pair an expert the pairs are grouped by expert there; nothing comes back, and the step
+/// runs to its logits without waiting.
 #[derive(Debug, Clone)]
 pub struct Moe {
     /// [experts, hidden]
@@ -117,13 +118,15 @@ impl Moe {
     /// `residual + self(pre(x))`. Routed on a GPU ([`Self::routes_on_device`]), the residual is
     /// added in the experts' last kernel, and a few rows (as many as the few-row products take
     /// with their norm) are normed inside each product that reads them (the router's, the shared
-    /// expert's, the routed experts' gate/up); otherwise x is normed once first.
+    /// expert's, the routed experts' gate/up or their gathered rows); otherwise x is normed once
+    /// first.
     ///
     /// # Shapes
     /// x: [n, hidden], residual: [n, hidden] → [n, hidden]
     pub fn forward_with(&self, x: Tensor<2>, pre: Pre<'_>, residual: Option<Tensor<2>>) -> Tensor<2> {
         let n = x.dims()[0];
         let on_device = self.routes_on_device(n);
+        // The few-row products take the norm inside; the device's routing, its gathered rows'.
         let inside = on_device && n <= kernels::GPU_XWT_ROWS;
         let (x, pre) = if inside { (x, pre) } else { (pre.apply(x), Pre::Plain) };
         let logits = self.router.forward_with(x.clone(), pre, None);
@@ -171,12 +174,13 @@ impl Moe {
     }
 
     /// Whether a pass of `n` rows is routed on the GPU (`kernels::gpu_moe`): where the experts
-    /// are stacked there and the rows are few. Each (row, expert) pair reads its expert's
-    /// matrices whole, so past one pair an expert on average the host's grouping (each expert's
-    /// weights read once for all its rows) reads fewer weights than the wait for the router's
-    /// scores costs.
+    /// are stacked there and the rows are a decode step's, at most
+    /// [`kernels::GPU_MOE_PAIRS_PER_EXPERT`] (row, expert) pairs an expert on average. The
+    /// device reads a chosen expert's matrices once a pair (one pair an expert or fewer) or
+    /// once a chunk of four of its pairs; a prompt's many rows read them once on the host's
+    /// grouping, for the wait on the router's scores.
     pub fn routes_on_device(&self, n: usize) -> bool {
-        self.stacks.is_some() && n * self.top_k <= self.experts.len()
+        self.stacks.is_some() && n * self.top_k <= kernels::GPU_MOE_PAIRS_PER_EXPERT * self.experts.len()
     }
 
     /// One row (a batch-1 decode step): each chosen expert takes it whole, so it runs on x itself

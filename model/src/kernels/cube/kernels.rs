@@ -1559,6 +1559,210 @@ pub fn xwt_q_experts(
     store_pair(shared, out, pair, o);
 }
 
+/// The rows of a chunk of [`xwt_grouped`]: each expert's (row, slot) pairs take whole chunks
+/// of this many rows in the grouped layout ([`moe_group`]), the last one padded.
+pub const MOE_CHUNK: usize = XWT_ROWS;
+
+/// The (row, slot) pairs of [`moe_route`]'s choice grouped by expert, for products that read
+/// each chosen expert's matrices once a chunk of [`MOE_CHUNK`] of its pairs rather than once a
+/// pair ([`xwt_grouped`]): expert e's pairs, in pair order, take chunks `starts[e]` to
+/// `starts[e + 1]` of the grouped layout, its last chunk padded. One cube of `units`:
+/// each unit counts its experts' pairs (unit u: experts u, u + units, ...), one sums their
+/// chunks, then each writes its experts' pairs.
+///
+/// Writes `slots[pair]` (the pair's row of the layout), `rows[r]` (row r's row of x: pair /
+/// `top_k`; −1 for padding), `chunks[c]` (chunk c's expert, −1 past the last chunk used) and
+/// `starts` ([experts + 1]: each expert's first chunk).
+///
+/// ids: [pairs] i32 (each pair's expert, row-major [n, top_k]), slots: [pairs], rows: [chunks ·
+/// MOE_CHUNK], chunks, starts: i32 contiguous.
+#[cube(launch)]
+pub fn moe_group(
+    ids: &Tensor<i32>,
+    slots: &mut Tensor<i32>,
+    rows: &mut Tensor<i32>,
+    chunks: &mut Tensor<i32>,
+    starts: &mut Tensor<i32>,
+    top_k: usize,
+    #[comptime] units: usize,
+) {
+    let (pairs, experts) = (ids.len(), starts.len() - 1);
+    let mut e = UNIT_POS as usize;
+    while e < experts {
+        let mut count = 0usize;
+        for p in 0..pairs {
+            count += select(usize::cast_from(ids[p]) == e, 1usize, 0usize);
+        }
+        starts[e + 1] = i32::cast_from(count.div_ceil(MOE_CHUNK));
+        e += units;
+    }
+    sync_storage();
+    if UNIT_POS == 0 {
+        starts[0] = 0i32;
+        for e in 0..experts {
+            starts[e + 1] += starts[e];
+        }
+    }
+    sync_storage();
+    let mut e = UNIT_POS as usize;
+    while e < experts {
+        let (first, end) = (usize::cast_from(starts[e]), usize::cast_from(starts[e + 1]));
+        let mut at = first * MOE_CHUNK;
+        for p in 0..pairs {
+            if usize::cast_from(ids[p]) == e {
+                slots[p] = i32::cast_from(at);
+                rows[at] = i32::cast_from(p / top_k);
+                at += 1;
+            }
+        }
+        while at < end * MOE_CHUNK {
+            rows[at] = -1i32;
+            at += 1;
+        }
+        for c in first..end {
+            chunks[c] = i32::cast_from(e);
+        }
+        e += units;
+    }
+    let mut c = usize::cast_from(starts[experts]) + UNIT_POS as usize;
+    while c < chunks.len() {
+        chunks[c] = -1i32;
+        c += units;
+    }
+}
+
+/// Row r of x for [`moe_group`]'s layout (`rows[r]` of x; zeros for padding; chunks past the
+/// last used left unset), normed with `norm`: `x / sqrt(mean(x²) + eps) · w`. One cube a row.
+///
+/// x: [n, h] (any strides), w: \[h\] (read with `norm`), rows: [out rows] i32, chunks: [out rows
+/// / MOE_CHUNK] i32, out: [out rows, h] contiguous.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn moe_gather(
+    x: &Tensor<f32>,
+    w: &Tensor<f32>,
+    rows: &Tensor<i32>,
+    chunks: &Tensor<i32>,
+    out: &mut Tensor<f32>,
+    eps: f32,
+    #[comptime] norm: bool,
+    #[comptime] units: usize,
+) {
+    let r = CUBE_POS;
+    if r >= out.shape(0) || chunks[r / MOE_CHUNK] < 0 {
+        terminate!();
+    }
+    let (h, unit) = (out.shape(1), UNIT_POS as usize);
+    let from = rows[r];
+    if from < 0 {
+        let mut i = unit;
+        while i < h {
+            out[r * h + i] = 0.0f32;
+            i += units;
+        }
+        terminate!();
+    }
+    let base = usize::cast_from(from) * x.stride(0);
+    let mut scale = f32::new(1.0);
+    if comptime!(norm) {
+        let mut sum = 0.0f32;
+        let mut i = unit;
+        while i < h {
+            let v = x[base + i * x.stride(1)];
+            sum += v * v;
+            i += units;
+        }
+        let shared = Shared::<[f32]>::new_slice(units);
+        let total = cube_reduce(shared, sum, units, false);
+        scale = 1.0f32 / (total / f32::cast_from(h) + eps).sqrt();
+    }
+    let mut i = unit;
+    while i < h {
+        let mut v = x[base + i * x.stride(1)];
+        if comptime!(norm) {
+            v = v * scale * w[i * w.stride(0)];
+        }
+        out[r * h + i] = v;
+        i += units;
+    }
+}
+
+/// Each chunk of [`moe_group`]'s layout through its expert's matrix, read once for the chunk's
+/// [`MOE_CHUNK`] rows (padding rows too): as [`xwt`] over rows `chunk · MOE_CHUNK` on, one cube
+/// a chunk and [`XWT_OUTS`] columns (cube c: chunk c / blocks, its block of columns c mod
+/// blocks), the weight's rows from `expert · outs`. Chunks without an expert are skipped.
+///
+/// x: [chunks · MOE_CHUNK, k] (any strides; [.., 2k] with `PRE_SWIGLU`), w: [experts · outs, k]
+/// (any strides), norm: read with `PRE_NORM` (unused here), chunks: [chunks] i32, out: [chunks ·
+/// MOE_CHUNK, outs] contiguous.
+#[cube(launch)]
+pub fn xwt_grouped<W: Float>(
+    x: &Tensor<f32>,
+    w: &Tensor<W>,
+    norm: &Tensor<f32>,
+    chunks: &Tensor<i32>,
+    out: &mut Tensor<f32>,
+    blocks: usize,
+    #[comptime] pre: u32,
+) {
+    let chunk = CUBE_POS / blocks;
+    if chunk >= chunks.len() || chunks[chunk] < 0 {
+        terminate!();
+    }
+    let (o, w_row) = chunk_column(chunks, out.shape(1), blocks);
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    xwt_column(x, w, norm, shared.clone(), chunk * MOE_CHUNK, w_row, 0.0f32, MOE_CHUNK, pre);
+    store_chunk(shared, out, chunk, o);
+}
+
+/// [`xwt_grouped`] over experts' matrices in quantized blocks of one format ([`xwt_q_column`]).
+///
+/// x, norm, chunks, out: as [`xwt_grouped`]'s; w: [experts · outs, words a row].
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt_q_grouped(
+    x: &Tensor<f32>,
+    w: &Tensor<u32>,
+    norm: &Tensor<f32>,
+    chunks: &Tensor<i32>,
+    out: &mut Tensor<f32>,
+    blocks: usize,
+    #[comptime] pre: u32,
+    #[comptime] format: u32,
+) {
+    let chunk = CUBE_POS / blocks;
+    if chunk >= chunks.len() || chunks[chunk] < 0 {
+        terminate!();
+    }
+    let (o, w_row) = chunk_column(chunks, out.shape(1), blocks);
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    xwt_q_column(x, w, norm, shared.clone(), chunk * MOE_CHUNK, w_row, 0.0f32, MOE_CHUNK, pre, format);
+    store_chunk(shared, out, chunk, o);
+}
+
+/// This unit's output column in [`xwt_grouped`]'s layout (its group's column of the block
+/// CUBE_POS mod blocks) and the column's row of the stacked weight (the chunk's expert's rows
+/// from `expert · outs`).
+#[cube]
+fn chunk_column(chunks: &Tensor<i32>, outs: usize, blocks: usize) -> (usize, usize) {
+    let (chunk, block) = (CUBE_POS / blocks, CUBE_POS % blocks);
+    let o = block * XWT_OUTS + UNIT_POS as usize / XWT_LANES;
+    (o, usize::cast_from(chunks[chunk]) * outs + o)
+}
+
+/// Column `o` of a chunk's rows from the sums [`reduce_rows`] left in `shared` for this
+/// unit's group, by the group's first unit.
+#[cube]
+fn store_chunk(shared: Shared<[f32]>, out: &mut Tensor<f32>, chunk: usize, o: usize) {
+    let (unit, outs) = (UNIT_POS as usize, out.shape(1));
+    if unit % XWT_LANES == 0 && o < outs {
+        #[unroll]
+        for r in 0..MOE_CHUNK {
+            out[(chunk * MOE_CHUNK + r) * outs + o] = shared[r * XWT_UNITS + unit];
+        }
+    }
+}
+
 /// This unit's pair and output column in [`xwt_experts`]' layout (cube c: pair c / blocks; its
 /// group's column of the block c mod blocks), and the column's row of the stacked weight (the
 /// pair's expert's rows from `expert · outs`).
@@ -1583,15 +1787,18 @@ fn store_pair(shared: Shared<[f32]>, out: &mut Tensor<f32>, pair: usize, o: usiz
 
 /// The experts' outputs of each row weighed by the router and summed, in the order of its
 /// slots, plus (with `shared`) the shared expert's output scaled by `sigmoid(gate)` and (with
-/// `has_residual`) the residual; one unit a value.
+/// `has_residual`) the residual; one unit a value. A pair's output is row `pair` of y, or with
+/// `grouped` row `slots[pair]` ([`moe_group`]'s layout).
 ///
-/// y: [n · top_k, h] contiguous, weights: [n, top_k] contiguous, shared_y, residual: [n, h] (any
-/// strides), gate: [n, 1] (any strides), out: [n, h] contiguous.
+/// y: [n · top_k (or the grouped layout's rows), h] contiguous, weights: [n, top_k] contiguous,
+/// slots: [n · top_k] i32 (read with `grouped`), shared_y, residual: [n, h] (any strides), gate:
+/// [n, 1] (any strides), out: [n, h] contiguous.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     y: &Tensor<f32>,
     weights: &Tensor<f32>,
+    slots: &Tensor<i32>,
     shared_y: &Tensor<f32>,
     gate: &Tensor<f32>,
     residual: &Tensor<f32>,
@@ -1599,6 +1806,7 @@ pub fn moe_combine(
     #[comptime] top_k: usize,
     #[comptime] shared: bool,
     #[comptime] has_residual: bool,
+    #[comptime] grouped: bool,
 ) {
     let at = ABSOLUTE_POS;
     if at >= out.len() {
@@ -1610,7 +1818,11 @@ pub fn moe_combine(
     #[unroll]
     for t in 0..top_k {
         let pair = row * top_k + t;
-        sum += weights[pair] * y[pair * h + c];
+        let mut y_row = pair;
+        if comptime!(grouped) {
+            y_row = usize::cast_from(slots[pair]);
+        }
+        sum += weights[pair] * y[y_row * h + c];
     }
     if comptime!(shared) {
         let g = gate[row * gate.stride(0)];

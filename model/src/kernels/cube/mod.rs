@@ -867,27 +867,23 @@ impl ExpertStack {
         }
     }
 
-    /// Each pair's product with its expert's matrix: [pairs, outs], the pair reading row
-    /// `pair / x_div` of x after `pre` (its code, and the norm's weight and eps: x and 0 where
-    /// it has none).
-    fn products(
-        self,
-        x: &CubeTensor,
-        ids: &CubeTensor,
-        outs: usize,
-        x_div: usize,
-        pre: (u32, &CubeTensor, f32),
-    ) -> CubeTensor {
+    /// Each pair's product with its expert's matrix, or each chunk's (a launch either way):
+    /// [pairs, outs] (the pair reading row `pair / x_div` of x), or [rows of x, outs] in
+    /// [`kernels::moe_group`]'s layout (chunk c's rows through `chunks[c]`'s matrix); x after
+    /// `pre` (its code, and the norm's weight and eps: x and 0 where it has none).
+    fn products(self, x: &CubeTensor, route: ExpertRoute<'_>, outs: usize, pre: (u32, &CubeTensor, f32)) -> CubeTensor {
         let (code, norm, eps) = pre;
-        let pairs = ids.meta.shape().num_elements();
-        let out = empty(x, [pairs, outs]);
         let blocks = outs.div_ceil(kernels::XWT_OUTS);
-        let (count, dim) = cubes(blocks * pairs, kernels::XWT_UNITS);
-        let (xa, na) = (x.clone().into_tensor_arg(), norm.clone().into_tensor_arg());
-        let (ia, oa) = (ids.clone().into_tensor_arg(), out.clone().into_tensor_arg());
-        match self {
-            Self::Dense(w) => {
-                let wa = w.clone().into_tensor_arg();
+        let (rows, units) = match route {
+            ExpertRoute::Pairs { ids, .. } => (ids.meta.shape().num_elements(), ids.meta.shape().num_elements()),
+            ExpertRoute::Chunks(chunks) => (x.meta.shape()[0], chunks.meta.shape().num_elements()),
+        };
+        let out = empty(x, [rows, outs]);
+        let (count, dim) = cubes(blocks * units, kernels::XWT_UNITS);
+        let (xa, na, oa) = (x.clone().into_tensor_arg(), norm.clone().into_tensor_arg(), out.clone().into_tensor_arg());
+        match (self, route) {
+            (Self::Dense(w), ExpertRoute::Pairs { ids, x_div }) => {
+                let (wa, ia) = (w.clone().into_tensor_arg(), ids.clone().into_tensor_arg());
                 launch_in!(
                     w.dtype,
                     kernels::xwt_experts,
@@ -905,26 +901,73 @@ impl ExpertStack {
                     code
                 )
             }
-            Self::Blocks(format, words) => {
-                let wa = words.into_tensor_arg();
+            (Self::Blocks(format, words), ExpertRoute::Pairs { ids, x_div }) => {
+                let (wa, ia) = (words.into_tensor_arg(), ids.clone().into_tensor_arg());
                 kernels::xwt_q_experts::launch(
                     &x.client, count, dim, xa, wa, na, ia, oa, x_div, blocks, eps, code, format,
                 )
+            }
+            (Self::Dense(w), ExpertRoute::Chunks(chunks)) => {
+                let (wa, ca) = (w.clone().into_tensor_arg(), chunks.clone().into_tensor_arg());
+                launch_in!(w.dtype, kernels::xwt_grouped, &x.client, count, dim, xa, wa, na, ca, oa, blocks, code)
+            }
+            (Self::Blocks(format, words), ExpertRoute::Chunks(chunks)) => {
+                let (wa, ca) = (words.into_tensor_arg(), chunks.clone().into_tensor_arg());
+                kernels::xwt_q_grouped::launch(&x.client, count, dim, xa, wa, na, ca, oa, blocks, code, format)
             }
         }
         out
     }
 }
 
-/// A mixture of experts' feed-forward for a few rows without the router's scores leaving the
-/// device: each row's `top_k` experts chosen from `logits` ([`kernels::moe_route`]), each (row,
-/// slot) pair run through its expert's gate/up product (of `pre(x)`: x as it is or normed, the
-/// norm inside the product) and its down product under SwiGLU's gate
-/// ([`kernels::xwt_experts`]: the experts' matrices stacked, expert e's rows from e times a
-/// matrix's), and the pairs' outputs weighed and summed with the shared expert's, scaled by
-/// `sigmoid(gate)`, and the residual ([`kernels::moe_combine`]). Four launches, nothing read
-/// back. `None` where it declines (shapes, a stack in several parts, tensors not CubeCL rows in
-/// f32).
+/// How [`ExpertStack::products`] reads its rows' experts: a pair's (`ids[pair]`, its row of x
+/// `pair / x_div`), or a chunk's of [`kernels::moe_group`]'s layout.
+#[derive(Clone, Copy)]
+enum ExpertRoute<'a> {
+    Pairs { ids: &'a CubeTensor, x_div: usize },
+    Chunks(&'a CubeTensor),
+}
+
+/// The (row, slot) pairs of `ids` ([n, top_k]: each pair's expert of `experts`) grouped by
+/// expert on the device ([`kernels::moe_group`]) and x's rows gathered in that order, after
+/// `pre` (a norm's code, weight and eps, or plain) ([`kernels::moe_gather`]): two launches.
+/// Returns the gathered rows ([chunks · MOE_CHUNK, h]), each chunk's expert ([chunks]: −1 for
+/// chunks not used) and each pair's row of the gathered rows ([n · top_k]).
+fn group(x: &CubeTensor, ids: &CubeTensor, experts: usize, pre: (u32, &CubeTensor, f32)) -> [CubeTensor; 3] {
+    let (code, norm, eps) = pre;
+    let (shape, pairs) = (x.meta.shape(), ids.meta.shape().num_elements());
+    let (h, top_k) = (shape[1], pairs / shape[0]);
+    // Every expert's pairs in whole chunks: at most the pairs' chunks plus a padded one for
+    // each expert chosen.
+    let chunks = (pairs + (kernels::MOE_CHUNK - 1) * experts.min(pairs)).div_ceil(kernels::MOE_CHUNK);
+    let rows = chunks * kernels::MOE_CHUNK;
+    let i32s = |len| empty_as(x, [len], DType::I32);
+    let (slots, order, experts_of, starts) = (i32s(pairs), i32s(rows), i32s(chunks), i32s(experts + 1));
+    let [ia, sa, oa, ea, sta] = [ids, &slots, &order, &experts_of, &starts].map(|t| t.clone().into_tensor_arg());
+    let (one, units) = cubes(1, MAX_UNITS);
+    kernels::moe_group::launch(&x.client, one, units, ia, sa, oa, ea, sta, top_k, MAX_UNITS);
+    let xs = empty(x, [rows, h]);
+    let (count, dim) = per_row(rows);
+    let [xa, na, oa, ea, xsa] = [x, norm, &order, &experts_of, &xs].map(|t| t.clone().into_tensor_arg());
+    let normed = code == kernels::PRE_NORM;
+    kernels::moe_gather::launch(&x.client, count, dim, xa, na, oa, ea, xsa, eps, normed, ROW_UNITS);
+    [xs, experts_of, slots]
+}
+
+/// A mixture of experts' feed-forward for a decode step's rows without the router's scores
+/// leaving the device: each row's `top_k` experts chosen from `logits` ([`kernels::moe_route`]),
+/// its (row, slot) pairs run through their experts' gate/up products (of `pre(x)`: x as it is
+/// or normed) and down products under SwiGLU's gate (the experts' matrices stacked, expert e's
+/// rows from e times a matrix's), and the pairs' outputs weighed and summed with the shared
+/// expert's, scaled by `sigmoid(gate)`, and the residual ([`kernels::moe_combine`]).
+///
+/// Two ways through the experts. With a pair an expert or fewer, each pair reads its expert's
+/// matrices ([`kernels::xwt_experts`], the norm inside): four launches. With more, the pairs
+/// are grouped by expert on the device ([`kernels::moe_group`]), x's rows gathered (and normed)
+/// in that order ([`kernels::moe_gather`]), and each chosen expert's matrices read once a
+/// chunk of its pairs ([`kernels::xwt_grouped`]): six launches. Nothing read back either way.
+/// `None` where it declines (shapes, more than [`crate::kernels::GPU_MOE_PAIRS_PER_EXPERT`] pairs an expert, a
+/// stack in several parts, tensors not CubeCL rows in f32).
 ///
 /// # Shapes
 /// - x: [n, h] f32, pre: plain or a norm's, logits: [n, experts] f32 (of pre(x))
@@ -948,7 +991,13 @@ pub fn moe(
     let [ln, experts] = logits.dims();
     let ([gu_rows, gu_k], [d_rows, width]) = (gate_up.dims()?, down.dims()?);
     let fits = ln == n && n > 0 && h > 0 && width > 0 && (1..=experts).contains(&top_k);
-    if !fits || gu_k != h || gu_rows != experts * 2 * width || d_rows != experts * h || experts >= 1 << 24 {
+    if !fits
+        || n * top_k > crate::kernels::GPU_MOE_PAIRS_PER_EXPERT * experts
+        || gu_k != h
+        || gu_rows != experts * 2 * width
+        || d_rows != experts * h
+        || experts >= 1 << 24
+    {
         return None;
     }
     if shared.is_some_and(|(y, g)| y.dims() != [n, h] || g.dims() != [n, 1])
@@ -978,8 +1027,17 @@ pub fn moe(
     let (count, dim) = cubes(n, 64);
     let (la, ia, wa) = (logits.into_tensor_arg(), ids.clone().into_tensor_arg(), weights.clone().into_tensor_arg());
     kernels::moe_route::launch(&client, count, dim, la, ia, wa, top_k, norm, 64);
-    let gate_up = gate_up.products(&x, &ids, 2 * width, top_k, (code, &norm_weight, eps));
-    let y = down.products(&gate_up, &ids, h, 1, (kernels::PRE_SWIGLU, &gate_up, 0.0));
+    let pairs = n * top_k;
+    let (y, slots) = if pairs <= experts {
+        let route = |x_div| ExpertRoute::Pairs { ids: &ids, x_div };
+        let gate_up = gate_up.products(&x, route(top_k), 2 * width, (code, &norm_weight, eps));
+        (down.products(&gate_up, route(1), h, (kernels::PRE_SWIGLU, &gate_up, 0.0)), ids.clone())
+    } else {
+        let [xs, experts_of, slots] = group(&x, &ids, experts, (code, &norm_weight, eps));
+        let route = ExpertRoute::Chunks(&experts_of);
+        let gate_up = gate_up.products(&xs, route, 2 * width, (kernels::PRE_PLAIN, &xs, 0.0));
+        (down.products(&gate_up, route, h, (kernels::PRE_SWIGLU, &gate_up, 0.0)), slots)
+    };
     let out = empty(&x, [n, h]);
     let (count, dim) = elementwise(n * h);
     kernels::moe_combine::launch(
@@ -988,6 +1046,7 @@ pub fn moe(
         dim,
         y.into_tensor_arg(),
         weights.into_tensor_arg(),
+        slots.into_tensor_arg(),
         shared_y.into_tensor_arg(),
         gate.into_tensor_arg(),
         res.into_tensor_arg(),
@@ -995,6 +1054,7 @@ pub fn moe(
         top_k,
         shared.is_some(),
         residual.is_some(),
+        pairs > experts,
     );
     Some(tensor(out))
 }
