@@ -105,6 +105,14 @@ for m in "${models[@]}"; do
     # device; 16 and 64 rows grouped by expert on the device (at most 16 pairs an expert).
     step "$name throughput 4 (experts a pair at a time on the device), 16 and 64 (grouped on the device)"
     timeout 150 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 4,16,64 --runs 1
+    # Where the device's grouping stops paying (LLAISYS_GPU_MOE_GROUPED, pairs an expert): 16
+    # rows grouped on the host, and a prefill of 512 (128 pairs an expert) on the device, each
+    # against the default's figure above or below.
+    step "$name throughput 16, grouped on the host"
+    LLAISYS_GPU_MOE_GROUPED=0 timeout 90 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16 --runs 1
+    step "$name prefill 512 on the host's grouping (the default), then on the device's"
+    timeout 60 $BIN bench --model "$M" --device vulkan --only prefill --prefill 512 --runs 2
+    LLAISYS_GPU_MOE_GROUPED=1000 timeout 60 $BIN bench --model "$M" --device vulkan --only prefill --prefill 512 --runs 2
   fi
   [ $first = 1 ] || continue
   first=0

@@ -1011,7 +1011,7 @@ fn experts_routed_on_the_device_match_a_reference() {
                 stacks: stacks.clone(),
             };
             // 13 rows group on the device in every case, 60 on the host where that is more
-            // than 16 pairs an expert.
+            // than 16 pairs an expert (`LLAISYS_GPU_MOE_GROUPED` unset).
             for n in [1, 2, 5, 13, 60] {
                 let xs = values(n * hidden, seed + n as u32, 2.0);
                 let x = Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, hidden]), &device);
@@ -1020,7 +1020,8 @@ fn experts_routed_on_the_device_match_a_reference() {
                 let residual =
                     (!norm).then(|| Tensor::<2>::from_data(TensorData::new(r.clone(), [n, hidden]), &device));
                 let pairs = n * top_k;
-                let routed_here = on_gpu && pairs <= 16 * experts;
+                let grouped = llaisys_model::kernels::gpu_moe_pairs_per_expert().max(1);
+                let routed_here = on_gpu && pairs <= grouped * experts;
                 assert_eq!(moe.routes_on_device(n), routed_here, "{name}, {n} rows");
                 let pre = if norm { Pre::Plain } else { rms.pre() };
                 let run = || host(moe.forward_with(x, pre, residual));

@@ -618,7 +618,7 @@ pub fn gpu_xwt(
 /// (past one pair an expert), and weighed, and the shared expert's output added, scaled by
 /// `sigmoid(gate)`, and the residual: four or six launches and no read back. `None` where it
 /// declines (the CPU, a stack the kernels do not read, more than
-/// [`GPU_MOE_PAIRS_PER_EXPERT`] pairs an expert).
+/// [`gpu_moe_pairs_per_expert`] pairs an expert).
 ///
 /// # Shapes
 /// x: [n, h] f32, logits: [n, experts] f32 (of pre(x)), gate_up: [experts · 2 · width, h], down:
@@ -649,8 +649,22 @@ pub const GPU_XWT_ROWS: usize = 4;
 /// on the host (`Moe`'s grouped pass, a read back of the router's scores): Burn's tiled
 /// products read each expert's matrices once for all its rows, where the device's grouped
 /// products read them once a chunk of four rows. A prompt's prefill groups on the host; a
-/// decode batch (up to 64 rows of top-8 of 128 experts, as Qwen3-30B-A3B) on the device.
+/// decode batch (up to 256 rows of top-8 of 128 experts, as Qwen3-30B-A3B) on the device. Not
+/// measured on a GPU yet: `LLAISYS_GPU_MOE_GROUPED=N` sets it ([`gpu_moe_pairs_per_expert`]).
 pub const GPU_MOE_PAIRS_PER_EXPERT: usize = 16;
+
+/// The most (row, expert) pairs an expert on average that a GPU's experts group on the device:
+/// `LLAISYS_GPU_MOE_GROUPED` where it is a number (0: past one pair an expert, on the host;
+/// a large one: prefill too, on the device), else [`GPU_MOE_PAIRS_PER_EXPERT`]. Read once.
+pub fn gpu_moe_pairs_per_expert() -> usize {
+    static PAIRS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAIRS.get_or_init(|| {
+        std::env::var("LLAISYS_GPU_MOE_GROUPED")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(GPU_MOE_PAIRS_PER_EXPERT)
+    })
+}
 
 /// Whether this build has the GPU kernels (a CubeCL backend, without Burn's fusion).
 pub const GPU_KERNELS: bool = gpu::BUILT;

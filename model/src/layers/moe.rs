@@ -175,12 +175,13 @@ impl Moe {
 
     /// Whether a pass of `n` rows is routed on the GPU (`kernels::gpu_moe`): where the experts
     /// are stacked there and the rows are a decode step's, at most
-    /// [`kernels::GPU_MOE_PAIRS_PER_EXPERT`] (row, expert) pairs an expert on average. The
+    /// [`kernels::gpu_moe_pairs_per_expert`] (row, expert) pairs an expert on average. The
     /// device reads a chosen expert's matrices once a pair (one pair an expert or fewer) or
     /// once a chunk of four of its pairs; a prompt's many rows read them once on the host's
     /// grouping, for the wait on the router's scores.
     pub fn routes_on_device(&self, n: usize) -> bool {
-        self.stacks.is_some() && n * self.top_k <= kernels::GPU_MOE_PAIRS_PER_EXPERT * self.experts.len()
+        self.stacks.is_some()
+            && n * self.top_k <= self.experts.len().saturating_mul(kernels::gpu_moe_pairs_per_expert().max(1))
     }
 
     /// One row (a batch-1 decode step): each chosen expert takes it whole, so it runs on x itself

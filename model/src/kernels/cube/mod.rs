@@ -966,7 +966,7 @@ fn group(x: &CubeTensor, ids: &CubeTensor, experts: usize, pre: (u32, &CubeTenso
 /// are grouped by expert on the device ([`kernels::moe_group`]), x's rows gathered (and normed)
 /// in that order ([`kernels::moe_gather`]), and each chosen expert's matrices read once a
 /// chunk of its pairs ([`kernels::xwt_grouped`]): six launches. Nothing read back either way.
-/// `None` where it declines (shapes, more than [`crate::kernels::GPU_MOE_PAIRS_PER_EXPERT`] pairs an expert, a
+/// `None` where it declines (shapes, more than [`crate::kernels::gpu_moe_pairs_per_expert`] pairs an expert, a
 /// stack in several parts, tensors not CubeCL rows in f32).
 ///
 /// # Shapes
@@ -992,7 +992,7 @@ pub fn moe(
     let ([gu_rows, gu_k], [d_rows, width]) = (gate_up.dims()?, down.dims()?);
     let fits = ln == n && n > 0 && h > 0 && width > 0 && (1..=experts).contains(&top_k);
     if !fits
-        || n * top_k > crate::kernels::GPU_MOE_PAIRS_PER_EXPERT * experts
+        || n * top_k > experts.saturating_mul(crate::kernels::gpu_moe_pairs_per_expert().max(1))
         || gu_k != h
         || gu_rows != experts * 2 * width
         || d_rows != experts * h
