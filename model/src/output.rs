@@ -187,6 +187,42 @@ pub fn argmax(row: &[f32]) -> Option<u32> {
     (!row.is_empty()).then(|| row.iter().position(|&v| v == max).unwrap_or(0) as u32)
 }
 
+/// The `k` largest values of `row` with their indices, best first, the smaller index first
+/// among equal ones, NaN and −∞ left out (fewer than `k` where the row has fewer others): the
+/// candidates a GPU's top-k kernel finds, here for a row in host memory. One pass that skips
+/// 16 values at a time below the k-th best so far, in place of ranking the whole row.
+pub fn top_logits(row: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let k = k.min(row.len());
+    // Pruned back to k whenever it holds this many.
+    let cap = 4 * k.max(16);
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(cap + 16);
+    if k == 0 {
+        return best;
+    }
+    // Every value kept is above the floor: once k are known, the k-th best of them (a later
+    // equal value has a larger index, so it comes after them).
+    let mut floor = f32::NEG_INFINITY;
+    for (c, chunk) in row.chunks(16).enumerate() {
+        if chunk.iter().copied().fold(f32::NEG_INFINITY, f32::max) <= floor {
+            continue;
+        }
+        for (i, &v) in chunk.iter().enumerate() {
+            if v > floor {
+                best.push(((c * 16 + i) as u32, v));
+            }
+        }
+        if best.len() >= cap {
+            best.select_nth_unstable_by(k - 1, order);
+            best.truncate(k);
+            floor = best[k - 1].1;
+        }
+    }
+    best.sort_unstable_by(order);
+    best.truncate(k);
+    best
+}
+
 /// Each row's [`argmax`] on the tensor's device, so that only the indices need to come back:
 /// the GPU kernel where it runs (`kernels::gpu_argmax`, two launches), on the CPU [`argmax`]
 /// itself over the rows in memory, elsewhere Burn's op.
@@ -241,6 +277,33 @@ mod tests {
         assert_eq!(out.logits_ith(2), Some(&[5.0, 6.0][..]));
         out.set(&[1.0, 2.0], &[Read::Logits], &[4], None);
         assert_eq!((out.n_outputs(), out.picked(0), out.top(0), out.row(0)), (1, None, None, Some(&[1.0, 2.0][..])));
+    }
+
+    /// The host's top-k ranks as a sort of the whole row would, ties by index, NaN and −∞ out,
+    /// over rows long enough to prune many times, rising rows (each chunk above the floor)
+    /// and rows of few distinct values.
+    #[test]
+    fn top_logits_equal_a_sort_of_the_row() {
+        let sorted = |row: &[f32], k: usize| {
+            let mut all: Vec<(u32, f32)> =
+                row.iter().enumerate().filter(|(_, v)| **v > f32::NEG_INFINITY).map(|(i, &v)| (i as u32, v)).collect();
+            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            all.truncate(k);
+            all
+        };
+        let mut noisy: Vec<f32> = crate::kernels::test_values(10_007, 4).iter().map(|v| v * 20.0).collect();
+        noisy[3] = f32::NAN;
+        noisy[9000] = f32::NAN;
+        noisy[77] = f32::NEG_INFINITY;
+        let rising: Vec<f32> = (0..5000).map(|i| i as f32 * 0.01).collect();
+        let few: Vec<f32> = (0..3000u32).map(|i| (i * 7919 % 13) as f32).collect();
+        let short = [1.0f32, f32::NAN, f32::NEG_INFINITY, 2.0];
+        for row in [&noisy[..], &rising, &few, &short] {
+            for k in [1, 2, 5, 20, 64, 500, 20_000] {
+                assert_eq!(top_logits(row, k), sorted(row, k), "k {k}, row of {}", row.len());
+            }
+        }
+        assert!(top_logits(&noisy, 0).is_empty());
     }
 
     #[test]

@@ -236,10 +236,15 @@ impl Sampler {
                 end = Some(GuideEnd::Failed(e));
             }
             self.apply_bias_and_penalties(&mut row);
-            let token = match self.params.is_greedy() {
-                true => crate::output::argmax(&row).unwrap_or(0),
-                // Without a mass the candidates are the whole row: always a token.
-                false => self.draw(row.iter().enumerate().map(|(i, &l)| (i as u32, l)), None).unwrap_or(0),
+            let token = match (self.params.is_greedy(), self.params.top_k) {
+                (true, _) => crate::output::argmax(&row).unwrap_or(0),
+                // What top-k leaves are the row's k best logits, as a GPU finds them: the draw
+                // weighs those alone. Without a mass they are all there is: always a token.
+                (false, Some(k)) if k < row.len() => {
+                    let best = crate::output::top_logits(&row, k);
+                    self.draw(best.iter().copied(), None).unwrap_or(0)
+                }
+                (false, _) => self.draw_row(&row),
             };
             self.scratch = row;
             token
@@ -419,23 +424,43 @@ impl Sampler {
     }
 
     /// Temperature, top-k, min-p, top-p, then one draw from what remains of `logits`, (token,
-    /// logit) pairs: a whole row, or its best candidates, then with `mass` (Σ exp((l − max) /
-    /// t) over the row) where they are not all that top-k leaves. Masses add up in f64, so that
+    /// logit) pairs: a row's best candidates (a whole row goes through [`Sampler::draw_row`]),
+    /// then with `mass` (Σ exp((l − max) / t) over the row) where they are not all that top-k
+    /// leaves. Each weighs `kernels::draw_weight`, on either path. Masses add up in f64, so that
     /// the token drawn does not hang on the order they are added in (in f32, 150,000 small
     /// probabilities summed in two orders moved a draw by thousands of tokens). `None` where
     /// the token may be past the candidates; a uniform number drawn is then kept for the next
     /// draw (from the whole row).
     fn draw(&mut self, logits: impl Iterator<Item = (u32, f32)> + Clone, mass: Option<f64>) -> Option<u32> {
-        let p = &self.params;
+        let t = self.params.temperature;
         let max = logits.clone().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let keys = &mut self.draw.keys;
         keys.clear();
         let mut given = 0;
         keys.extend(logits.filter_map(|(token, l)| {
             given += 1;
-            let w = ((l - max) / p.temperature).exp();
+            let w = crate::kernels::draw_weight(l, max, t);
             (w > 0.0).then(|| rank_key(token, w))
         }));
+        self.draw_keys(given, mass)
+    }
+
+    /// [`Sampler::draw`] from a whole row (no mass: always a token), its weights computed a
+    /// vector at a time (the same values, `kernels::draw_weights`).
+    fn draw_row(&mut self, row: &[f32]) -> u32 {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let DrawScratch { keys, weights, .. } = &mut self.draw;
+        crate::kernels::draw_weights(row, max, self.params.temperature, weights);
+        keys.clear();
+        keys.extend(weights.iter().enumerate().filter(|(_, w)| **w > 0.0).map(|(i, &w)| rank_key(i as u32, w)));
+        self.draw_keys(row.len(), None).unwrap_or(0)
+    }
+
+    /// The rest of [`Sampler::draw`] over its candidates' rank keys (`self.draw.keys`), `given`
+    /// of them before those that weigh nothing were left out.
+    fn draw_keys(&mut self, given: usize, mass: Option<f64>) -> Option<u32> {
+        let p = &self.params;
+        let keys = &mut self.draw.keys;
         // Whether tokens past the candidates can still be drawn: they are the best of a longer
         // row (a mass given), none of them too unlikely to count, and nothing below cuts the
         // row within them.
@@ -499,6 +524,8 @@ impl Sampler {
 /// 1.2 MB).
 #[derive(Debug, Default)]
 struct DrawScratch {
+    /// A whole row's weights, before they become keys.
+    weights: Vec<f32>,
     keys: Vec<u64>,
     ranked: Vec<u64>,
     starts: Vec<u32>,
@@ -586,21 +613,12 @@ impl<'a> Ranked<'a> {
     }
 }
 
-/// log-softmax of `logits` at `token`, and the `n` best tokens with theirs.
+/// log-softmax of `logits` at `token`, and the `n` best tokens with theirs (the smaller token
+/// first among equal logits; NaN and −∞ left out).
 fn raw_logprobs(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
     let log_z = crate::kernels::log_sum_exp(logits);
-    let mut top: Vec<(u32, f32)> = Vec::new();
-    if n > 0 {
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
-        let n = n.min(idx.len());
-        if n < idx.len() {
-            idx.select_nth_unstable_by(n - 1, cmp);
-        }
-        idx.truncate(n);
-        idx.sort_unstable_by(cmp);
-        top = idx.into_iter().map(|t| (t, logits[t as usize] - log_z)).collect();
-    }
+    let mut top = crate::output::top_logits(logits, n);
+    top.iter_mut().for_each(|(_, l)| *l -= log_z);
     (logits[token as usize] - log_z, top)
 }
 

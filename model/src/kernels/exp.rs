@@ -96,6 +96,44 @@ pub(super) fn exp_sub_sum_plain(xs: &mut [f32], max: f32) -> f32 {
     total
 }
 
+/// A sampler's unnormalised probability of logit `l`, `e^((l − max) / t)`, as [`exp_plain`]
+/// computes it, and 0 where the exponent is below −87.3 (so −∞, a masked token, and NaN weigh
+/// nothing). Plain IEEE operations (no fused multiply-add, which Rust never contracts to): the
+/// same value for one candidate as for a whole row's [`draw_weights`], in every build and on
+/// every CPU, so that a draw among a row's best candidates equals the draw from the row.
+#[inline(always)]
+pub fn draw_weight(l: f32, max: f32, t: f32) -> f32 {
+    let x = (l - max) / t;
+    if x >= MIN { exp_plain(x) } else { 0.0 }
+}
+
+/// [`draw_weight`] of each logit of `row` into `out` (its length `row`'s): compiled for
+/// AVX-512 or AVX2 where the CPU has them, so that LLVM computes 16 or 8 at a time (the
+/// vocabulary's 151,936 through libm's `expf` one at a time were most of a sampled token's
+/// draw).
+pub fn draw_weights(row: &[f32], max: f32, t: f32, out: &mut Vec<f32>) {
+    out.clear();
+    out.resize(row.len(), 0.0);
+    match V4::try_new() {
+        Some(simd) => simd.vectorize(
+            #[inline(always)]
+            || weigh(row, max, t, out),
+        ),
+        None => super::plain::Plain::new().vectorize(
+            #[inline(always)]
+            || weigh(row, max, t, out),
+        ),
+    }
+}
+
+/// [`draw_weights`]' loop, inlined into the function compiled for the CPU's vectors.
+#[inline(always)]
+fn weigh(row: &[f32], max: f32, t: f32, out: &mut [f32]) {
+    for (w, &l) in out.iter_mut().zip(row) {
+        *w = draw_weight(l, max, t);
+    }
+}
+
 /// `ln Σ e^x` over `row` (−∞ for an empty row): the normaliser of log-probabilities.
 pub fn log_sum_exp(row: &[f32]) -> f32 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -166,5 +204,31 @@ mod tests {
         let want: f64 = xs.iter().map(|x| (*x as f64 - 3.0).exp()).sum();
         assert!((exp_sub_sum_plain(&mut xs, 3.0) as f64 - want).abs() < 1e-6);
         assert!((xs[2] - 1.0).abs() < 1e-7);
+    }
+
+    /// A row's weights equal each value's own, bit for bit (however the row's loop is
+    /// compiled), are within libm's rounding of `e^((l − max) / t)`, and are 0 for −∞, NaN and
+    /// exponents below −87.3.
+    #[test]
+    fn a_rows_draw_weights_equal_each_values_own() {
+        let mut row: Vec<f32> = crate::kernels::test_values(1003, 9).iter().map(|v| v * 40.0).collect();
+        row[5] = f32::NEG_INFINITY;
+        row[6] = f32::NAN;
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for t in [0.3f32, 0.7, 1.0, 2.5] {
+            let mut out = Vec::new();
+            draw_weights(&row, max, t, &mut out);
+            assert_eq!(out.len(), row.len());
+            for (i, (&w, &l)) in out.iter().zip(&row).enumerate() {
+                assert_eq!(w.to_bits(), draw_weight(l, max, t).to_bits(), "t {t}, value {i}");
+                // The exponent as the f32 arithmetic rounds it.
+                let x = f64::from((l - max) / t);
+                if l.is_nan() || x < f64::from(MIN) {
+                    assert_eq!(w, 0.0, "t {t}, value {i}: {l}");
+                } else {
+                    assert!((f64::from(w) - x.exp()).abs() <= 1e-6 * x.exp(), "t {t}, value {i}: {w} vs {}", x.exp());
+                }
+            }
+        }
     }
 }
