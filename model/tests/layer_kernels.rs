@@ -916,6 +916,10 @@ fn experts_routed_on_the_device_match_a_reference() {
     type Storage = Option<Result<FloatDType, QuantType>>;
     let mut cases: Vec<(&str, usize, usize, usize, usize, Storage, Storage)> =
         vec![("f32, 7 experts, top 2", 40, 24, 7, 2, None, None), ("f32, 9 experts, top 3", 72, 40, 9, 3, None, None)];
+    // More experts than the grouping kernel's units, and a router that sends most rows to one
+    // expert (many chunks of it).
+    cases.push(("f32, 300 experts, top 2", 32, 16, 300, 2, None, None));
+    cases.push(("f32, 6 experts, top 2, skewed", 32, 16, 6, 2, None, None));
     if on_gpu {
         cases.push(("bf16, 8 experts, top 2", 64, 48, 8, 2, Some(Ok(FloatDType::BF16)), Some(Ok(FloatDType::BF16))));
         cases.push(("f16, 4 experts, top 2", 48, 64, 4, 2, Some(Ok(FloatDType::F16)), Some(Ok(FloatDType::F16))));
@@ -979,7 +983,14 @@ fn experts_routed_on_the_device_match_a_reference() {
         }
         let mut shared_ref = Default::default();
         let shared_expert = expert(99, &mut shared_ref);
-        let (router, router_v) = matrix(experts, hidden, seed + 500, None);
+        let (mut router, mut router_v) = matrix(experts, hidden, seed + 500, None);
+        if name.ends_with("skewed") {
+            // Expert 0's logit is 3 · Σx: far above the others' (about ±1) for about half the
+            // rows.
+            router_v[..hidden].iter_mut().for_each(|w| *w = 3.0);
+            let t = Tensor::<2>::from_data(TensorData::new(router_v.clone(), [experts, hidden]), &device);
+            router = linear::dense(t);
+        }
         let (gate, gate_v) = matrix(1, hidden, seed + 501, None);
         let watch = llaisys_model::launches::watch(false);
         let (all, stacks) = ExpertStacks::build(all);
@@ -1012,7 +1023,13 @@ fn experts_routed_on_the_device_match_a_reference() {
             };
             // 13 rows group on the device in every case, 60 on the host where that is more
             // than 16 pairs an expert (`LLAISYS_GPU_MOE_GROUPED` unset).
-            for n in [1, 2, 5, 13, 60] {
+            let rows: &[usize] = match experts {
+                // Up to 16 pairs an expert: grouped on the device.
+                300 => &[1, 13, 200, 2400],
+                _ if name.ends_with("skewed") => &[5, 13, 40],
+                _ => &[1, 2, 5, 13, 60],
+            };
+            for &n in rows {
                 let xs = values(n * hidden, seed + n as u32, 2.0);
                 let x = Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, hidden]), &device);
                 // The residual connection in the same pass, in the cases with the layer's norm.
