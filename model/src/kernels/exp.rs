@@ -96,7 +96,7 @@ pub(super) fn exp_sub_sum_plain(xs: &mut [f32], max: f32) -> f32 {
     total
 }
 
-/// A sampler's unnormalised probability of logit `l`, `e^((l − max) / t)`, as [`exp_plain`]
+/// A sampler's unnormalised probability of logit `l`, `e^((l − max) / t)`, as `exp_plain`
 /// computes it, and 0 where the exponent is below −87.3 (so −∞, a masked token, and NaN weigh
 /// nothing). Plain IEEE operations (no fused multiply-add, which Rust never contracts to): the
 /// same value for one candidate as for a whole row's [`draw_weights`], in every build and on
