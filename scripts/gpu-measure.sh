@@ -26,7 +26,8 @@
 #   launches): cargo test --release -p llaisys-model --features wgpu --test NAME --no-run
 # On a fresh 2-core machine the release build takes about 31 minutes and the tests' about 20
 # more (they rebuild the GPU stack with other features): start them first thing in a session.
-# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh   (about 6-8 minutes)
+# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh   (about 6-8 minutes, and up to
+# 3.5 more for the MoE file's grouping comparisons, which run last: a tight budget cuts those)
 # Environment: MODELS (NAME:SHAPE:TYPE ..., the first measured in full), DECODE_TOKENS (default
 # 512: the GPU raises its clocks from 345 MHz over the first second or two of work, so a short
 # decode is measured partly at low clocks), BURN=1 adds batch-1 decode with Burn's ops alone
