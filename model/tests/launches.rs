@@ -53,13 +53,27 @@ fn gguf_after_a_decode_step(name: &str) -> (DeviceSpec, Context, i64) {
 }
 
 fn from_source(source: ModelSource, prompt: &[u32]) -> (DeviceSpec, Context, i64) {
-    let spec = test_device().parse::<DeviceSpec>().unwrap();
-    let device = spec.device().unwrap();
-    let model = load_model(None, Some(&source), &LoadOptions::default(), &device).unwrap();
-    let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
+    let (spec, mut ctx) = loaded(&source);
     ctx.decode(&one_sequence(prompt, 0, 0)).unwrap();
     decode_one(&mut ctx, prompt.len() as i64);
     (spec, ctx, prompt.len() as i64 + 1)
+}
+
+/// The model of `source` on the test device, with an empty f32 KV cache of 256 cells.
+fn loaded(source: &ModelSource) -> (DeviceSpec, Context) {
+    let spec = test_device().parse::<DeviceSpec>().unwrap();
+    let device = spec.device().unwrap();
+    let model = load_model(None, Some(source), &LoadOptions::default(), &device).unwrap();
+    (spec, Context::with_kv_dtype(model, 256, KvDtype::F32))
+}
+
+/// Asserts that a kernel whose name contains each of `kernels` (case and underscores ignored)
+/// was among `launches`.
+fn assert_launched(launches: &llaisys_model::launches::Launches, kernels: &[&str]) {
+    let names = launches.by_kernel.keys().map(|k| k.to_ascii_lowercase().replace('_', "")).collect::<Vec<_>>();
+    for kernel in kernels {
+        assert!(names.iter().any(|k| k.contains(kernel)), "no {kernel} launched: {names:?}");
+    }
 }
 
 /// Decodes the last output's greedy token at `pos` and picks the next one on the device, as a
@@ -164,10 +178,7 @@ fn a_moe_decode_step_routes_on_the_device_and_reads_back_its_token_only() {
     let (launches, moved) = (watch.take(), transfers::take());
     eprintln!("{spec}: transfers in one MoE decode step: {moved:?}");
     if spec != DeviceSpec::Cpu {
-        let kernels = launches.by_kernel.keys().map(|k| k.to_ascii_lowercase().replace('_', "")).collect::<Vec<_>>();
-        for kernel in ["moeroute", "xwtexperts", "moecombine"] {
-            assert!(kernels.iter().any(|k| k.contains(kernel)), "no {kernel} launched: {kernels:?}");
-        }
+        assert_launched(&launches, &["moeroute", "xwtexperts", "moecombine"]);
     }
 }
 
@@ -185,11 +196,7 @@ fn a_batched_moe_step_groups_its_experts_on_the_device() {
     let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let name = "tiny-qwen2moe-f32";
     let prompt = Reference::load(name).prompts[0].ids.clone();
-    let spec = test_device().parse::<DeviceSpec>().unwrap();
-    let device = spec.device().unwrap();
-    let source = ModelSource::Dir(fixture_dir(name));
-    let model = load_model(None, Some(&source), &LoadOptions::default(), &device).unwrap();
-    let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
+    let (spec, mut ctx) = loaded(&ModelSource::Dir(fixture_dir(name)));
     // The prompt's cells shared by three sequences, then two steps of one token each: the
     // first compiles the kernels, the second is counted.
     let mut batch = llaisys_model::Batch::new();
@@ -216,10 +223,7 @@ fn a_batched_moe_step_groups_its_experts_on_the_device() {
     assert!((0..3).all(|row| ctx.outputs().picked(row).is_some()), "each row picked its token");
     if spec != DeviceSpec::Cpu {
         assert_eq!((moved.uploads, moved.readbacks), (UPLOADS_PER_STEP, 1), "{moved:?}");
-        let kernels = launches.by_kernel.keys().map(|k| k.to_ascii_lowercase().replace('_', "")).collect::<Vec<_>>();
-        for kernel in ["moeroute", "moegroup", "moegather", "xwtgrouped", "moecombine"] {
-            assert!(kernels.iter().any(|k| k.contains(kernel)), "no {kernel} launched: {kernels:?}");
-        }
+        assert_launched(&launches, &["moeroute", "moegroup", "moegather", "xwtgrouped", "moecombine"]);
     }
 }
 
@@ -246,8 +250,7 @@ fn a_top_k_step_reads_back_its_candidates_only() {
     } else {
         assert_eq!((moved.uploads, moved.readbacks, moved.readback_bytes), (UPLOADS_PER_STEP, 1, 8 * K as u64));
         assert_eq!(ctx.outputs().top(0).map(<[_]>::len), Some(K));
-        let kernels = launches.by_kernel.keys().map(|k| k.to_ascii_lowercase().replace('_', "")).collect::<Vec<_>>();
-        assert!(kernels.iter().any(|k| k.contains("topk")), "{kernels:?}");
+        assert_launched(&launches, &["topk"]);
     }
 }
 

@@ -1037,7 +1037,7 @@ fn experts_routed_on_the_device_match_a_reference() {
                 let residual =
                     (!norm).then(|| Tensor::<2>::from_data(TensorData::new(r.clone(), [n, hidden]), &device));
                 let pairs = n * top_k;
-                let grouped = llaisys_model::kernels::gpu_moe_pairs_per_expert().max(1);
+                let grouped = llaisys_model::kernels::gpu_moe_pairs_per_expert();
                 let routed_here = on_gpu && pairs <= grouped * experts;
                 assert_eq!(moe.routes_on_device(n), routed_here, "{name}, {n} rows");
                 let pre = if norm { Pre::Plain } else { rms.pre() };

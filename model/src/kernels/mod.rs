@@ -617,8 +617,7 @@ pub fn gpu_xwt(
 /// then its up rows; `down`: each expert's rows), a pair at a time or grouped by expert there
 /// (past one pair an expert), and weighed, and the shared expert's output added, scaled by
 /// `sigmoid(gate)`, and the residual: four or six launches and no read back. `None` where it
-/// declines (the CPU, a stack the kernels do not read, more than
-/// [`gpu_moe_pairs_per_expert`] pairs an expert).
+/// declines (the CPU, a stack the kernels do not read).
 ///
 /// # Shapes
 /// x: [n, h] f32, logits: [n, experts] f32 (of pre(x)), gate_up: [experts · 2 · width, h], down:
@@ -653,16 +652,15 @@ pub const GPU_XWT_ROWS: usize = 4;
 /// measured on a GPU yet: `LLAISYS_GPU_MOE_GROUPED=N` sets it ([`gpu_moe_pairs_per_expert`]).
 pub const GPU_MOE_PAIRS_PER_EXPERT: usize = 16;
 
-/// The most (row, expert) pairs an expert on average that a GPU's experts group on the device:
-/// `LLAISYS_GPU_MOE_GROUPED` where it is a number (0: past one pair an expert, on the host;
-/// a large one: prefill too, on the device), else [`GPU_MOE_PAIRS_PER_EXPERT`]. Read once.
+/// The most (row, expert) pairs an expert on average that a GPU's experts route on the device:
+/// `LLAISYS_GPU_MOE_GROUPED` where it is a number, else [`GPU_MOE_PAIRS_PER_EXPERT`]; at least
+/// 1 (0 and 1: past one pair an expert, on the host; a large one: prefill too, on the device).
+/// Read once.
 pub fn gpu_moe_pairs_per_expert() -> usize {
     static PAIRS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *PAIRS.get_or_init(|| {
-        std::env::var("LLAISYS_GPU_MOE_GROUPED")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(GPU_MOE_PAIRS_PER_EXPERT)
+        let pairs = std::env::var("LLAISYS_GPU_MOE_GROUPED").ok().and_then(|v| v.trim().parse().ok());
+        pairs.unwrap_or(GPU_MOE_PAIRS_PER_EXPERT).max(1)
     })
 }
 

@@ -181,7 +181,7 @@ impl Moe {
     /// grouping, for the wait on the router's scores.
     pub fn routes_on_device(&self, n: usize) -> bool {
         self.stacks.is_some()
-            && n * self.top_k <= self.experts.len().saturating_mul(kernels::gpu_moe_pairs_per_expert().max(1))
+            && n * self.top_k <= self.experts.len().saturating_mul(kernels::gpu_moe_pairs_per_expert())
     }
 
     /// One row (a batch-1 decode step): each chosen expert takes it whole, so it runs on x itself

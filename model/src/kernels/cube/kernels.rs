@@ -52,23 +52,30 @@ pub fn rms_norm(x: &Tensor<f32>, w: &Tensor<f32>, out: &mut Tensor<f32>, eps: f3
         terminate!();
     }
     let h = x.shape(1);
-    let unit = UNIT_POS as usize;
     let base = row * x.stride(0);
+    let scale = rms_scale(x, base, eps, units);
+    let mut i = UNIT_POS as usize;
+    while i < h {
+        out[row * h + i] = x[base + i * x.stride(1)] * scale * w[i * w.stride(0)];
+        i += units;
+    }
+}
+
+/// RMSNorm's scale `1 / sqrt(mean(x²) + eps)` of the row of x from `base`, reduced by the
+/// whole cube of `units` (every unit gets it).
+#[cube]
+fn rms_scale(x: &Tensor<f32>, base: usize, eps: f32, #[comptime] units: usize) -> f32 {
+    let h = x.shape(1);
     let mut sum = 0.0f32;
-    let mut i = unit;
+    let mut i = UNIT_POS as usize;
     while i < h {
         let v = x[base + i * x.stride(1)];
         sum += v * v;
         i += units;
     }
     let shared = Shared::<[f32]>::new_slice(units);
-    let total = cube_reduce(shared.clone(), sum, units, false);
-    let scale = 1.0f32 / (total / f32::cast_from(h) + eps).sqrt();
-    let mut i = unit;
-    while i < h {
-        out[row * h + i] = x[base + i * x.stride(1)] * scale * w[i * w.stride(0)];
-        i += units;
-    }
+    let total = cube_reduce(shared, sum, units, false);
+    1.0f32 / (total / f32::cast_from(h) + eps).sqrt()
 }
 
 /// `silu(gate) · up` as `gate · up / (1 + e^−gate)`, one unit per output value.
@@ -1527,10 +1534,10 @@ pub fn xwt_experts<W: Float>(
     if CUBE_POS / blocks >= ids.len() {
         terminate!();
     }
-    let (pair, o, w_row) = expert_column(ids, out.shape(1), blocks);
+    let (pair, o, w_row) = table_column(ids, out.shape(1), blocks);
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
     xwt_column(x, w, norm, shared.clone(), pair / x_div, w_row, eps, 1usize, pre);
-    store_pair(shared, out, pair, o);
+    store_rows(shared, out, pair, o, 1usize);
 }
 
 /// [`xwt_experts`] over experts' matrices in quantized blocks of one format ([`xwt_q_column`]).
@@ -1553,10 +1560,10 @@ pub fn xwt_q_experts(
     if CUBE_POS / blocks >= ids.len() {
         terminate!();
     }
-    let (pair, o, w_row) = expert_column(ids, out.shape(1), blocks);
+    let (pair, o, w_row) = table_column(ids, out.shape(1), blocks);
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
     xwt_q_column(x, w, norm, shared.clone(), pair / x_div, w_row, eps, 1usize, pre, format);
-    store_pair(shared, out, pair, o);
+    store_rows(shared, out, pair, o, 1usize);
 }
 
 /// The rows of a chunk of [`xwt_grouped`]: each expert's (row, slot) pairs take whole chunks
@@ -1665,16 +1672,7 @@ pub fn moe_gather(
     let base = usize::cast_from(from) * x.stride(0);
     let mut scale = f32::new(1.0);
     if comptime!(norm) {
-        let mut sum = 0.0f32;
-        let mut i = unit;
-        while i < h {
-            let v = x[base + i * x.stride(1)];
-            sum += v * v;
-            i += units;
-        }
-        let shared = Shared::<[f32]>::new_slice(units);
-        let total = cube_reduce(shared, sum, units, false);
-        scale = 1.0f32 / (total / f32::cast_from(h) + eps).sqrt();
+        scale = rms_scale(x, base, eps, units);
     }
     let mut i = unit;
     while i < h {
@@ -1709,10 +1707,10 @@ pub fn xwt_grouped<W: Float>(
     if chunk >= chunks.len() || chunks[chunk] < 0 {
         terminate!();
     }
-    let (o, w_row) = chunk_column(chunks, out.shape(1), blocks);
+    let (_, o, w_row) = table_column(chunks, out.shape(1), blocks);
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
     xwt_column(x, w, norm, shared.clone(), chunk * MOE_CHUNK, w_row, 0.0f32, MOE_CHUNK, pre);
-    store_chunk(shared, out, chunk, o);
+    store_rows(shared, out, chunk * MOE_CHUNK, o, MOE_CHUNK);
 }
 
 /// [`xwt_grouped`] over experts' matrices in quantized blocks of one format ([`xwt_q_column`]).
@@ -1734,54 +1732,34 @@ pub fn xwt_q_grouped(
     if chunk >= chunks.len() || chunks[chunk] < 0 {
         terminate!();
     }
-    let (o, w_row) = chunk_column(chunks, out.shape(1), blocks);
+    let (_, o, w_row) = table_column(chunks, out.shape(1), blocks);
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
     xwt_q_column(x, w, norm, shared.clone(), chunk * MOE_CHUNK, w_row, 0.0f32, MOE_CHUNK, pre, format);
-    store_chunk(shared, out, chunk, o);
+    store_rows(shared, out, chunk * MOE_CHUNK, o, MOE_CHUNK);
 }
 
-/// This unit's output column in [`xwt_grouped`]'s layout (its group's column of the block
-/// CUBE_POS mod blocks) and the column's row of the stacked weight (the chunk's expert's rows
-/// from `expert · outs`).
+/// This unit's entry and output column in [`xwt_experts`]' layout (cube c: entry c / blocks of
+/// `table`, a pair or a chunk of [`xwt_grouped`]; its group's column of the block c mod
+/// blocks), and the column's row of the stacked weight (the entry's expert's rows from
+/// `expert · outs`).
 #[cube]
-fn chunk_column(chunks: &Tensor<i32>, outs: usize, blocks: usize) -> (usize, usize) {
-    let (chunk, block) = (CUBE_POS / blocks, CUBE_POS % blocks);
+fn table_column(table: &Tensor<i32>, outs: usize, blocks: usize) -> (usize, usize, usize) {
+    let (entry, block) = (CUBE_POS / blocks, CUBE_POS % blocks);
     let o = block * XWT_OUTS + UNIT_POS as usize / XWT_LANES;
-    (o, usize::cast_from(chunks[chunk]) * outs + o)
+    let expert = usize::cast_from(table[entry]);
+    (entry, o, expert * outs + o)
 }
 
-/// Column `o` of a chunk's rows from the sums [`reduce_rows`] left in `shared` for this
-/// unit's group, by the group's first unit.
+/// Column `o` of rows `row0..row0 + rows` from the sums [`reduce_rows`] left in `shared` for
+/// this unit's group, by the group's first unit.
 #[cube]
-fn store_chunk(shared: Shared<[f32]>, out: &mut Tensor<f32>, chunk: usize, o: usize) {
+fn store_rows(shared: Shared<[f32]>, out: &mut Tensor<f32>, row0: usize, o: usize, #[comptime] rows: usize) {
     let (unit, outs) = (UNIT_POS as usize, out.shape(1));
     if unit % XWT_LANES == 0 && o < outs {
         #[unroll]
-        for r in 0..MOE_CHUNK {
-            out[(chunk * MOE_CHUNK + r) * outs + o] = shared[r * XWT_UNITS + unit];
+        for r in 0..rows {
+            out[(row0 + r) * outs + o] = shared[r * XWT_UNITS + unit];
         }
-    }
-}
-
-/// This unit's pair and output column in [`xwt_experts`]' layout (cube c: pair c / blocks; its
-/// group's column of the block c mod blocks), and the column's row of the stacked weight (the
-/// pair's expert's rows from `expert · outs`).
-#[cube]
-fn expert_column(ids: &Tensor<i32>, outs: usize, blocks: usize) -> (usize, usize, usize) {
-    let (pair, block) = (CUBE_POS / blocks, CUBE_POS % blocks);
-    let o = block * XWT_OUTS + UNIT_POS as usize / XWT_LANES;
-    let expert = usize::cast_from(ids[pair]);
-    (pair, o, expert * outs + o)
-}
-
-/// Column `o` of pair `pair` from the sum [`reduce_rows`] left in `shared` for this unit's
-/// group, by the group's first unit.
-#[cube]
-fn store_pair(shared: Shared<[f32]>, out: &mut Tensor<f32>, pair: usize, o: usize) {
-    let (unit, outs) = (UNIT_POS as usize, out.shape(1));
-    let lane = unit % XWT_LANES;
-    if lane == 0 && o < outs {
-        out[pair * outs + o] = shared[unit];
     }
 }
 

@@ -875,7 +875,11 @@ impl ExpertStack {
         let (code, norm, eps) = pre;
         let blocks = outs.div_ceil(kernels::XWT_OUTS);
         let (rows, units) = match route {
-            ExpertRoute::Pairs { ids, .. } => (ids.meta.shape().num_elements(), ids.meta.shape().num_elements()),
+            // A pair's cube writes its own row.
+            ExpertRoute::Pairs { ids, .. } => {
+                let pairs = ids.meta.shape().num_elements();
+                (pairs, pairs)
+            }
             ExpertRoute::Chunks(chunks) => (x.meta.shape()[0], chunks.meta.shape().num_elements()),
         };
         let out = empty(x, [rows, outs]);
@@ -966,8 +970,8 @@ fn group(x: &CubeTensor, ids: &CubeTensor, experts: usize, pre: (u32, &CubeTenso
 /// are grouped by expert on the device ([`kernels::moe_group`]), x's rows gathered (and normed)
 /// in that order ([`kernels::moe_gather`]), and each chosen expert's matrices read once a
 /// chunk of its pairs ([`kernels::xwt_grouped`]): six launches. Nothing read back either way.
-/// `None` where it declines (shapes, more than [`crate::kernels::gpu_moe_pairs_per_expert`] pairs an expert, a
-/// stack in several parts, tensors not CubeCL rows in f32).
+/// `None` where it declines (shapes, a stack in several parts, tensors not CubeCL rows in f32).
+/// How many rows are worth routing here is the caller's choice (`Moe::routes_on_device`).
 ///
 /// # Shapes
 /// - x: [n, h] f32, pre: plain or a norm's, logits: [n, experts] f32 (of pre(x))
@@ -991,13 +995,7 @@ pub fn moe(
     let [ln, experts] = logits.dims();
     let ([gu_rows, gu_k], [d_rows, width]) = (gate_up.dims()?, down.dims()?);
     let fits = ln == n && n > 0 && h > 0 && width > 0 && (1..=experts).contains(&top_k);
-    if !fits
-        || n * top_k > experts.saturating_mul(crate::kernels::gpu_moe_pairs_per_expert().max(1))
-        || gu_k != h
-        || gu_rows != experts * 2 * width
-        || d_rows != experts * h
-        || experts >= 1 << 24
-    {
+    if !fits || gu_k != h || gu_rows != experts * 2 * width || d_rows != experts * h || experts >= 1 << 24 {
         return None;
     }
     if shared.is_some_and(|(y, g)| y.dims() != [n, h] || g.dims() != [n, 1])
