@@ -12,7 +12,7 @@ use crate::error::DecodeError;
 use crate::kv::{KvCache, KvDtype};
 use crate::kv::{Pos, SeqId};
 use crate::lm::{LanguageModel, ModelInfo, Pooling, Readout};
-use crate::output::{Outputs, Read, RowNeed, argmax, argmax_rows, unread};
+use crate::output::{Outputs, Read, RowAsk, RowNeed, argmax, argmax_rows, unread};
 use crate::sampling::TOP_K_ON_DEVICE;
 
 pub struct Context {
@@ -72,20 +72,25 @@ impl Context {
     }
 
     /// Runs one batch as [`Context::decode_with_abort`] does, but output row `r` holds what
-    /// `needs[r]` asks for (missing: [`RowNeed::Whole`]): its largest logit's index
-    /// ([`Outputs::picked`]) or its best candidates ([`Outputs::top`]), found on the model's
-    /// device, so that on a GPU only those come back, not rows of the vocabulary's size.
+    /// `asks[r]` asks for (missing: [`RowNeed::Whole`]): its largest logit's index
+    /// ([`Outputs::picked`]) or its best candidates ([`Outputs::top`]) with the logits of its
+    /// watched tokens ([`Outputs::watched`]), found on the model's device, so that on a GPU
+    /// only those come back, not rows of the vocabulary's size.
     pub fn decode_picking(
         &mut self,
         batch: &Batch,
         abort: &dyn Fn() -> bool,
-        needs: &[RowNeed],
+        asks: &[RowAsk],
     ) -> Result<(), DecodeError> {
         self.outputs.clear();
         let info = self.model.info();
         let limits =
             Limits { vocab_size: info.vocab_size, hidden_size: info.hidden_size, context_length: info.context_length };
         let valid = validate(batch, self.cache.cells(), &limits)?;
+        if let Some(t) = asks.iter().flat_map(|a| &a.watch).find(|t| **t as usize >= limits.vocab_size) {
+            let msg = format!("watched token {t} is not below the vocabulary size {}", limits.vocab_size);
+            return Err(DecodeError::InvalidInput(msg));
+        }
         let placement = self
             .cache
             .cells()
@@ -98,7 +103,7 @@ impl Context {
         let (model, cache) = (&self.model, &mut self.cache);
         let result = catch_unwind(AssertUnwindSafe(|| {
             let logits = model.forward(&valid, &placement, cache, abort)?;
-            read_rows(logits, needs)
+            read_rows(logits, asks)
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))));
         match result {
@@ -114,14 +119,14 @@ impl Context {
     }
 }
 
-/// Reads back a pass's logits, [n, vocab], each row `r` as `needs[r]` asks: on a GPU the
-/// candidates of the rows that sample (with their masses where asked) found there, or without
-/// any, each row's best, then the rows wanted whole, in order; on the CPU every row, the best
-/// of those that want only it picked here. The logits tensor comes back too where a row with
-/// candidates may still have to be read whole.
-fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeError> {
+/// Reads back a pass's logits, [n, vocab], each row `r` as `asks[r]` asks: on a GPU the
+/// candidates of the rows that sample (with their masses where asked, and their watched
+/// tokens' logits) found there, or without any, each row's best, then the rows wanted whole,
+/// in order; on the CPU every row, the best of those that want only it picked here. The
+/// logits tensor comes back too where a row with candidates may still have to be read whole.
+fn read_rows(logits: Tensor<2>, asks: &[RowAsk]) -> Result<ReadRows, DecodeError> {
     let [n, vocab] = logits.dims();
-    let need = |r: usize| needs.get(r).copied().unwrap_or_default();
+    let need = |r: usize| asks.get(r).map(|a| a.need).unwrap_or_default();
     let mut reads = vec![Read::Logits; n];
     let device = logits.device();
     if device == Device::flex() {
@@ -155,9 +160,25 @@ fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeErr
         .then(|| (0..n).map(|r| if let RowNeed::Draw(t) = need(r) { t } else { 0.0 }).collect());
     let mut device_rows = None;
     if let Some((k, top)) = k.and_then(|k| Some((k, crate::kernels::gpu_top_k(&logits, k, temps.as_deref())?))) {
-        // A row's first candidate is its best: greedy rows take it from the same readback.
-        let pairs = transfers::read::<3, _, f32>(top).map_err(unread)?;
         let width = k + usize::from(temps.is_some());
+        // The watched tokens of the rows that take candidates, gathered there and read back
+        // behind the candidates: one readback.
+        let watch = |r: usize| match (need(r), asks.get(r)) {
+            (RowNeed::Top(_) | RowNeed::Draw(_), Some(ask)) => &ask.watch[..],
+            _ => &[],
+        };
+        let index: Vec<i64> =
+            (0..n).flat_map(|r| watch(r).iter().map(move |&t| (r * vocab + t as usize) as i64)).collect();
+        let top = top.reshape([n * width * 2]);
+        let read = match index.len() {
+            0 => top,
+            len => {
+                let index = transfers::upload::<1, Int>(TensorData::new(index, [len]), &device);
+                Tensor::cat(vec![top, logits.clone().reshape([n * vocab]).select(0, index)], 0)
+            }
+        };
+        let all = transfers::read::<1, _, f32>(read).map_err(unread)?;
+        let (pairs, mut gathered) = all.split_at(n * width * 2);
         for (r, read) in reads.iter_mut().enumerate() {
             let row = &pairs[r * width * 2..(r + 1) * width * 2];
             // Past the row's values the index is 1e30: no token.
@@ -167,8 +188,15 @@ fn read_rows(logits: Tensor<2>, needs: &[RowNeed]) -> Result<ReadRows, DecodeErr
                 .map(|pair| (pair[1] as u32, pair[0]));
             match need(r) {
                 RowNeed::Best => *read = Read::Picked(candidates.next().map_or(0, |c| c.0)),
-                RowNeed::Top(k) => *read = Read::Top(candidates.take(k).collect(), None),
-                RowNeed::Draw(_) => *read = Read::Top(candidates.collect(), Some(row[k * 2])),
+                RowNeed::Top(_) | RowNeed::Draw(_) => {
+                    let (values, rest) = gathered.split_at(watch(r).len());
+                    gathered = rest;
+                    let watched = watch(r).iter().copied().zip(values.iter().copied()).collect();
+                    *read = match need(r) {
+                        RowNeed::Top(k) => Read::Top(candidates.take(k).collect(), None, watched),
+                        _ => Read::Top(candidates.collect(), Some(row[k * 2]), watched),
+                    };
+                }
                 RowNeed::Whole => {}
             }
         }

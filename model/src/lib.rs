@@ -39,7 +39,7 @@ pub use grammar::{
 };
 pub use kv::{KvCache, KvDtype, Pos, PosRange, SeqId};
 pub use lm::{LanguageModel, ModelInfo, Pooling, Readout};
-pub use output::{Outputs, RowNeed, argmax, top_logits};
+pub use output::{Outputs, RowAsk, RowNeed, argmax, top_logits};
 pub use registry::{LoadOptions, MODEL_TYPES, load_model, model_info};
 pub use sampling::{Sampled, Sampler, SamplingParams};
 pub use source::{FileSummary, ModelSource};

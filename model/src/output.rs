@@ -32,14 +32,34 @@ pub enum RowNeed {
     Draw(f32),
 }
 
+/// What a pass brings back of one output row ([`Context::decode_picking`]): what [`RowNeed`]
+/// says and, beside a row's candidates (`Top`, `Draw`), the logits of the `watch` tokens, the
+/// ones its sampler's bias and penalties change ([`Sampler::watch`]), so that it can adjust
+/// them and the row's mass without the row ([`Outputs::watched`]).
+///
+/// [`Context::decode_picking`]: crate::Context::decode_picking
+/// [`Sampler::watch`]: crate::Sampler::watch
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RowAsk {
+    pub need: RowNeed,
+    pub watch: Vec<u32>,
+}
+
+impl From<RowNeed> for RowAsk {
+    fn from(need: RowNeed) -> Self {
+        Self { need, watch: Vec::new() }
+    }
+}
+
 /// What a pass read back of one output row, for [`Outputs::set`].
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Read {
     /// The next row of the logits read.
     Logits,
     Picked(u32),
-    /// (token, logit) best first, and the row's mass where it was asked for ([`RowNeed::Draw`]).
-    Top(Vec<(u32, f32)>, Option<f32>),
+    /// (token, logit) best first, the row's mass where it was asked for ([`RowNeed::Draw`]),
+    /// and the (token, logit) pairs of its watched tokens ([`RowAsk::watch`]).
+    Top(Vec<(u32, f32)>, Option<f32>, Vec<(u32, f32)>),
 }
 
 /// Logits rows of the last successful forward pass or, for rows that asked for less
@@ -51,6 +71,8 @@ pub struct Outputs {
     logits: Vec<f32>,
     /// The candidates of the rows that hold some, one row after the other.
     candidates: Vec<(u32, f32)>,
+    /// The watched tokens' logits of the rows that hold candidates, one row after the other.
+    watched: Vec<(u32, f32)>,
     /// [n_outputs] the batch index of each row.
     rows: Vec<usize>,
     /// [n_outputs] what each row holds.
@@ -66,8 +88,9 @@ enum Row {
     Logits(usize),
     /// The index of its largest logit.
     Picked(u32),
-    /// Its best candidates, `candidates[from..to]`, and its mass where it was asked for.
-    Top(usize, usize, Option<f32>),
+    /// Its best candidates, `candidates[from..to]`, its mass where it was asked for, and its
+    /// watched tokens' logits, `watched[from..to]`.
+    Top(usize, usize, Option<f32>, usize, usize),
 }
 
 impl Outputs {
@@ -92,10 +115,11 @@ impl Outputs {
                     Row::Logits(k - 1)
                 }
                 Read::Picked(token) => Row::Picked(*token),
-                Read::Top(candidates, mass) => {
-                    let from = self.candidates.len();
+                Read::Top(candidates, mass, watched) => {
+                    let (from, watched_from) = (self.candidates.len(), self.watched.len());
                     self.candidates.extend_from_slice(candidates);
-                    Row::Top(from, self.candidates.len(), *mass)
+                    self.watched.extend_from_slice(watched);
+                    Row::Top(from, self.candidates.len(), *mass, watched_from, self.watched.len())
                 }
             };
             self.kinds.push(kind);
@@ -106,6 +130,7 @@ impl Outputs {
     pub(crate) fn clear(&mut self) {
         self.logits.clear();
         self.candidates.clear();
+        self.watched.clear();
         self.rows.clear();
         self.kinds.clear();
         self.device_rows = None;
@@ -138,7 +163,7 @@ impl Outputs {
     /// fewer values that are neither NaN nor −∞).
     pub fn top(&self, row: usize) -> Option<&[(u32, f32)]> {
         match self.kinds.get(row)? {
-            Row::Top(from, to, _) => self.candidates.get(*from..*to),
+            Row::Top(from, to, ..) => self.candidates.get(*from..*to),
             _ => None,
         }
     }
@@ -146,8 +171,16 @@ impl Outputs {
     /// max) / t) over its logits, if it asked for it ([`RowNeed::Draw`]) and holds candidates.
     pub fn mass(&self, row: usize) -> Option<f32> {
         match self.kinds.get(row)? {
-            Row::Top(_, _, mass) => *mass,
+            Row::Top(_, _, mass, ..) => *mass,
             _ => None,
+        }
+    }
+    /// The `row`-th row's (token, logit) pairs of the tokens it was asked to watch
+    /// ([`RowAsk::watch`]), in the order asked, if it holds candidates (empty otherwise).
+    pub fn watched(&self, row: usize) -> &[(u32, f32)] {
+        match self.kinds.get(row) {
+            Some(Row::Top(.., from, to)) => self.watched.get(*from..*to).unwrap_or_default(),
+            _ => &[],
         }
     }
     /// The `row`-th row's logits, read from the device now: for a row that holds candidates
@@ -261,10 +294,10 @@ mod tests {
         let mut out = Outputs::new(2);
         let reads = [
             Read::Picked(1),
-            Read::Top(vec![(1, 0.5), (0, 0.25)], None),
+            Read::Top(vec![(1, 0.5), (0, 0.25)], None, vec![]),
             Read::Logits,
             Read::Picked(0),
-            Read::Top(vec![], Some(2.5)),
+            Read::Top(vec![], Some(2.5), vec![(1, 6.0), (0, 5.0)]),
         ];
         out.set(&[5.0, 6.0], &reads, &[0, 1, 2, 3, 4], None);
         assert_eq!((out.row(0), out.picked(0), out.top(0)), (None, Some(1), None));
@@ -272,6 +305,7 @@ mod tests {
         assert_eq!((out.row(2), out.picked(2), out.top(2)), (Some(&[5.0, 6.0][..]), None, None));
         assert_eq!((out.row(3), out.picked(3)), (None, Some(0)));
         assert_eq!((out.top(4), out.mass(4), out.mass(1), out.mass(2)), (Some(&[][..]), Some(2.5), None, None));
+        assert_eq!((out.watched(4), out.watched(1), out.watched(2)), (&[(1, 6.0), (0, 5.0)][..], &[][..], &[][..]));
         assert_eq!(out.fetch_row(2).unwrap(), [5.0, 6.0]);
         assert!(out.fetch_row(4).is_err(), "no logits on a device to read the row from");
         assert_eq!(out.logits_ith(2), Some(&[5.0, 6.0][..]));

@@ -273,24 +273,43 @@ impl Sampler {
     /// [`Sampler::sample_top`], which may want the whole row after all. Otherwise the whole
     /// row, to [`Sampler::sample`].
     ///
-    /// Logit bias and penalties that only lower logits (Hugging Face's and Qwen's repetition
-    /// penalty, OpenAI's penalties when positive, negative biases) keep a greedy row, or one with
-    /// a top-k under [`TOP_K_ON_DEVICE`], on the device: it brings back that many candidates,
-    /// the sampler adjusts those, and the tokens past them, lowered or not, stay below the last.
+    /// Logit bias and penalties keep a greedy row, one with a top-k under [`TOP_K_ON_DEVICE`],
+    /// or one without a top-k, on the device: it brings back that many candidates and the
+    /// logits of the tokens they change ([`Sampler::watch`]); the sampler adjusts those (and
+    /// the mass), and every other token is as it was, at or below the last candidate.
     pub fn need(&self) -> RowNeed {
         if self.guide.is_some() || self.params.wants_logprobs() {
             return RowNeed::Whole;
         }
-        match (self.adjusts_logits(), self.params.top_k) {
-            (false, _) if self.params.is_greedy() => RowNeed::Best,
-            (false, Some(k)) if k <= TOP_K_ON_DEVICE => RowNeed::Top(k),
-            (false, None) => RowNeed::Draw(self.params.temperature),
+        let adjusts = self.adjusts_logits();
+        match self.params.top_k {
+            _ if self.params.is_greedy() => match adjusts {
+                false => RowNeed::Best,
+                true => RowNeed::Top(TOP_K_ON_DEVICE),
+            },
+            Some(k) if !adjusts && k <= TOP_K_ON_DEVICE => RowNeed::Top(k),
             // Under the device's count: the last candidate is the floor the top-k must clear.
-            (true, k) if self.only_lowers() && (self.params.is_greedy() || k.is_some_and(|k| k < TOP_K_ON_DEVICE)) => {
-                RowNeed::Top(TOP_K_ON_DEVICE)
-            }
+            Some(k) if adjusts && k < TOP_K_ON_DEVICE => RowNeed::Top(TOP_K_ON_DEVICE),
+            None => RowNeed::Draw(self.params.temperature),
             _ => RowNeed::Whole,
         }
+    }
+
+    /// The tokens whose logits the logit bias and penalties change, sorted, each once (none
+    /// where nothing changes them): a row that samples from candidates brings theirs back too
+    /// ([`RowAsk::watch`](crate::RowAsk::watch)) for [`Sampler::sample_top`].
+    pub fn watch(&self) -> Vec<u32> {
+        let p = &self.params;
+        let mut tokens: Vec<u32> = p.logit_bias.iter().map(|b| b.0).collect();
+        if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            tokens.extend(self.generated.keys());
+        }
+        if p.repetition_penalty != 1.0 {
+            tokens.extend(&self.prompt);
+        }
+        tokens.sort_unstable();
+        tokens.dedup();
+        tokens
     }
 
     /// Records `token`, the best of its row, picked for a sequence whose [`Sampler::need`] is
@@ -308,11 +327,17 @@ impl Sampler {
     /// min-p set or the top-p nucleus reaches past them): then [`Sampler::sample`] takes the
     /// whole row, with the same random number.
     ///
-    /// With logit bias or penalties (that only lower logits), `candidates` are the row's
-    /// [`TOP_K_ON_DEVICE`] best before them; `None` also where fewer than the top-k (or, greedy,
-    /// not the best) of them stay above the last one once adjusted: a token past them might be
-    /// among those.
-    pub fn sample_top(&mut self, candidates: &[(u32, f32)], mass: Option<f32>) -> Option<Sampled> {
+    /// With logit bias or penalties, `candidates` are the row's [`TOP_K_ON_DEVICE`] best before
+    /// them, and `watched` the (token, logit) pairs, before them, of [`Sampler::watch`]'s tokens
+    /// (more do no harm); `None` also where one of those is missing, or where too few tokens stay
+    /// above the last candidate once adjusted for the choice to be made among them (every
+    /// other token is at or below it), or the mass would lose its precision to the adjustment.
+    pub fn sample_top(
+        &mut self,
+        candidates: &[(u32, f32)],
+        mass: Option<f32>,
+        watched: &[(u32, f32)],
+    ) -> Option<Sampled> {
         debug_assert!(matches!(self.need(), RowNeed::Top(_) | RowNeed::Draw(_)));
         if !self.adjusts_logits() {
             let token = self.draw(candidates.iter().copied(), mass.map(f64::from))?;
@@ -320,8 +345,20 @@ impl Sampler {
         }
         // Every token past the candidates is at or below the last one, before and after.
         let floor = candidates.last().filter(|_| candidates.len() >= TOP_K_ON_DEVICE).map(|c| c.1);
-        let adjusted: Vec<(u32, f32)> = candidates.iter().map(|&(token, l)| (token, self.adjusted(token, l))).collect();
-        let token = self.draw_adjusted(&adjusted, floor)?;
+        let mut raw: Vec<(u32, f32)> = candidates.iter().chain(watched).copied().collect();
+        raw.sort_unstable_by_key(|c| c.0);
+        raw.dedup_by_key(|c| c.0);
+        // Without a floor the candidates are all the row's tokens that can be chosen.
+        if floor.is_some() && self.watch().iter().any(|t| raw.binary_search_by_key(t, |c| c.0).is_err()) {
+            return None;
+        }
+        let adjusted: Vec<(u32, f32)> = raw.iter().map(|&(token, l)| (token, self.adjusted(token, l))).collect();
+        let token = match (floor, mass) {
+            (Some(floor), Some(mass)) if self.params.top_k.is_none() && !self.params.is_greedy() => {
+                self.draw_adjusted_mass(&raw, &adjusted, candidates[0].1, mass, floor)?
+            }
+            _ => self.draw_adjusted(&adjusted, floor)?,
+        };
         Some(self.record(token))
     }
 
@@ -348,11 +385,46 @@ impl Sampler {
                     return None;
                 }
             }
-            // Without a top-k a draw can reach past them.
+            // Without a top-k (and a mass) a draw can reach past them.
             (Some(_), None) => return None,
             (None, _) => {}
         }
         self.draw(adjusted.iter().copied(), None)
+    }
+
+    /// [`Sampler::sample_top`]'s draw without a top-k: the row's candidates and watched tokens,
+    /// `raw` before the bias and penalties and `adjusted` after (in the same order), `max` the
+    /// row's largest logit before, `mass` its Σ exp((l − max) / t) before, every other token
+    /// at or below `floor` and unchanged. The draw walks the tokens whose probabilities stay
+    /// above the floor's (the row's best, in order, once adjusted) against the adjusted mass:
+    /// the unchanged tokens' share of `mass` rescaled to the new best, plus the adjusted ones'.
+    /// `None` where it falls past them, or where the unchanged share is too small a difference
+    /// of `mass` (a device's f32 sum) to hold its digits.
+    fn draw_adjusted_mass(
+        &mut self,
+        raw: &[(u32, f32)],
+        adjusted: &[(u32, f32)],
+        max: f32,
+        mass: f32,
+        floor: f32,
+    ) -> Option<u32> {
+        let t = self.params.temperature;
+        let best = adjusted.iter().map(|c| c.1).filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+        if best <= floor {
+            return None;
+        }
+        let w = |l: f32, max: f32| f64::from(crate::kernels::draw_weight(l, max, t));
+        let changed: f64 = raw.iter().map(|c| w(c.1, max)).sum();
+        let scale = (f64::from(max - best) / f64::from(t)).exp();
+        let unchanged = scale * (f64::from(mass) - changed).max(0.0);
+        let total = unchanged + adjusted.iter().map(|c| w(c.1, best)).sum::<f64>();
+        // The mass's rounding, about 1e-6 of it, is to stay under 1e-4 of the total.
+        if !(total.is_finite() && scale * f64::from(mass) <= 100.0 * total) {
+            return None;
+        }
+        let above = w(floor, best);
+        let drawn = adjusted.iter().copied().filter(|c| w(c.1, best) > above);
+        self.draw(drawn, Some(total))
     }
 
     /// Counts `token` for the penalties: a token chosen with nothing else to report.
@@ -369,16 +441,6 @@ impl Sampler {
             }
         }
         self.penalized(token, logit)
-    }
-
-    /// Whether the bias and penalties never raise a logit (so that a row's best tokens before
-    /// them hold its best after).
-    fn only_lowers(&self) -> bool {
-        let p = &self.params;
-        p.repetition_penalty >= 1.0
-            && p.presence_penalty >= 0.0
-            && p.frequency_penalty >= 0.0
-            && p.logit_bias.iter().all(|b| b.1 <= 0.0)
     }
 
     /// Whether logit bias or a penalty changes the logits before the choice.

@@ -9,7 +9,8 @@ use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::sampling::TOP_K_ON_DEVICE;
 use llaisys_model::tensors::TensorSource;
 use llaisys_model::{
-    Batch, Context, DecodeError, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, RowNeed, argmax, load_model,
+    Batch, Context, DecodeError, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, RowAsk, RowNeed, argmax,
+    load_model,
 };
 use llaisys_tests::{Reference, fixture_dir, max_abs_diff, test_device, topk_error};
 
@@ -315,8 +316,9 @@ fn a_token_in_several_sequences_is_stored_once_and_seen_by_each() {
 
 /// Rows that ask only for their best token get the index of the largest logit of the row a
 /// plain pass reads back (on a GPU, found there); rows that ask for their top-k get, on a GPU,
-/// that row's k largest logits with their tokens (on the CPU the row itself); the other rows
-/// keep their logits, in order.
+/// that row's k largest logits with their tokens and the logits of the tokens they watch (on
+/// the CPU the row itself); the other rows keep their logits, in order. A watched token past
+/// the vocabulary is refused before the pass, and the cache is as it was.
 #[test]
 fn picked_rows_hold_the_best_token_or_candidates_of_the_row_they_replace() {
     let prompts = &Reference::load(FIXTURE).prompts;
@@ -341,13 +343,28 @@ fn picked_rows_hold_the_best_token_or_candidates_of_the_row_they_replace() {
         (0..n).map(|r| [RowNeed::Draw(0.8), RowNeed::Best, RowNeed::Top(3), RowNeed::Draw(1.5)][r % 4]).collect(),
         vec![RowNeed::Whole; 2],
     ] {
+        let vocab = plain.outputs().vocab() as u32;
+        // Some rows watch tokens (in any order, repeated, among the best or not), some none.
+        let watch = |r: usize| match r % 3 {
+            0 => vec![vocab - 1, r as u32, 3, 3],
+            1 => vec![],
+            _ => vec![(r * 17) as u32 % vocab],
+        };
+        let asks: Vec<RowAsk> = needs.iter().enumerate().map(|(r, &need)| RowAsk { need, watch: watch(r) }).collect();
         let mut ctx = context(FIXTURE, 256);
-        ctx.decode_picking(&batch(), &|| false, &needs).unwrap();
+        ctx.decode_picking(&batch(), &|| false, &asks).unwrap();
         let out = ctx.outputs();
         assert_eq!(out.n_outputs(), n);
         for r in 0..n {
             let whole = plain.outputs().row(r).unwrap();
             let need = needs.get(r).copied().unwrap_or_default();
+            if out.top(r).is_some() {
+                let watched: Vec<u32> = out.watched(r).iter().map(|c| c.0).collect();
+                assert_eq!(watched, watch(r), "row {r}: its watched tokens, in the order asked");
+                assert!(out.watched(r).iter().all(|(t, v)| (whole[*t as usize] - v).abs() < TOL), "row {r}");
+            } else {
+                assert!(out.watched(r).is_empty(), "row {r}: nothing watched without candidates");
+            }
             if need == RowNeed::Best {
                 assert_eq!((out.picked(r), out.row(r), out.top(r)), (argmax(whole), None, None), "row {r}");
                 continue;
@@ -385,4 +402,9 @@ fn picked_rows_hold_the_best_token_or_candidates_of_the_row_they_replace() {
             }
         }
     }
+    let mut ctx = context(FIXTURE, 256);
+    let past = RowAsk { need: RowNeed::Top(3), watch: vec![1, plain.outputs().vocab() as u32] };
+    let err = ctx.decode_picking(&batch(), &|| false, &[past]).unwrap_err();
+    assert!(matches!(&err, DecodeError::InvalidInput(m) if m.contains("watched token")), "{err:?}");
+    assert_eq!(ctx.kv().used(), 0, "a refused batch leaves the cache as it was");
 }

@@ -85,7 +85,7 @@ fn decode_one(ctx: &mut Context, pos: i64) {
         None => llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap(),
     };
     transfers::take();
-    ctx.decode_picking(&one_sequence(&[next], 0, pos), &|| false, &[RowNeed::Best]).unwrap();
+    ctx.decode_picking(&one_sequence(&[next], 0, pos), &|| false, &[RowNeed::Best.into()]).unwrap();
     assert!(ctx.outputs().picked(0).is_some(), "the step picked its token");
 }
 
@@ -209,7 +209,8 @@ fn a_batched_moe_step_groups_its_experts_on_the_device() {
         for (seq, token) in tokens.into_iter().enumerate() {
             batch.push(token, pos, &[seq as u32], true);
         }
-        ctx.decode_picking(&batch, &|| false, &[RowNeed::Best; 3]).unwrap();
+        ctx.decode_picking(&batch, &|| false, &[RowNeed::Best.into(), RowNeed::Best.into(), RowNeed::Best.into()])
+            .unwrap();
     };
     let pos = prompt.len() as i64;
     step(&mut ctx, pos, [1, 2, 3]);
@@ -241,7 +242,7 @@ fn a_top_k_step_reads_back_its_candidates_only() {
     let (spec, mut ctx, at) = after_a_decode_step("tiny-tied-f32");
     transfers::take();
     let watch = llaisys_model::launches::watch(false).expect("a GPU build watches launches");
-    ctx.decode_picking(&one_sequence(&[1], 0, at), &|| false, &[RowNeed::Top(K)]).unwrap();
+    ctx.decode_picking(&one_sequence(&[1], 0, at), &|| false, &[RowNeed::Top(K).into()]).unwrap();
     let (launches, moved) = (watch.take(), transfers::take());
     eprintln!("{spec}: a top-{K} step: {} launches, {moved:?}", launches.total());
     if spec == DeviceSpec::Cpu {
@@ -268,7 +269,7 @@ fn a_draw_step_reads_back_candidates_and_a_mass_and_the_row_only_when_asked() {
     let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let (spec, mut ctx, at) = after_a_decode_step("tiny-tied-f32");
     transfers::take();
-    ctx.decode_picking(&one_sequence(&[1], 0, at), &|| false, &[RowNeed::Draw(0.8)]).unwrap();
+    ctx.decode_picking(&one_sequence(&[1], 0, at), &|| false, &[RowNeed::Draw(0.8).into()]).unwrap();
     let moved = transfers::take();
     eprintln!("{spec}: a draw step: {moved:?}");
     let out = ctx.outputs();

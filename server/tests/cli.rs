@@ -343,8 +343,9 @@ fn bench_on_a_gpu_counts_launches_and_transfers_per_decode_step() {
 
 /// `llaisys bench --temperature ... --top-k K` samples its decode requests (the JSON says how);
 /// on a GPU each step reads back the row's K candidates (8·K bytes), not its logits; without a
-/// top-k, or with a repetition penalty, 64 candidates (and the row's mass), and the row only
-/// where they cannot decide. A sampling parameter out of range is a usage error naming the flags.
+/// top-k, or with penalties (with a top-k or without), 64 candidates (and the row's mass, and
+/// the logits of the tokens the penalties change), and the row only where they cannot decide.
+/// A sampling parameter out of range is a usage error naming the flags.
 #[test]
 fn bench_samples_when_asked_and_a_gpu_reads_back_only_the_candidates() {
     let device = llaisys_tests::test_device();
@@ -365,16 +366,24 @@ fn bench_samples_when_asked_and_a_gpu_reads_back_only_the_candidates() {
         // 160 bytes a decode step; the prompt's pass (a step of its own) reads as much.
         assert!((150.0..=170.0).contains(&bytes), "20 candidates, not 1,024 logits: {json}");
     }
-    for extra in
-        [&["--temperature", "0.8"][..], &["--temperature", "0.8", "--top-k", "20", "--repetition-penalty", "1.1"]]
-    {
+    for extra in [
+        &["--temperature", "0.8"][..],
+        &["--temperature", "0.8", "--top-k", "20", "--repetition-penalty", "1.1"],
+        &["--temperature", "0.8", "--repetition-penalty", "1.1"],
+        &["--temperature", "0.8", "--presence-penalty", "0.5", "--frequency-penalty", "-0.3"],
+    ] {
         let out = llaisys(&[&["bench", "--model", dir.to_str().unwrap()], &args[..10], extra].concat());
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let json: serde_json::Value = serde_json::from_str(stdout(&out).lines().last().unwrap()).unwrap();
-        assert_eq!(json["sampling"]["repetition_penalty"], if extra.len() > 2 { 1.1 } else { 1.0 }, "{json}");
+        let flag = |name: &str| extra.iter().position(|f| *f == name).map(|i| extra[i + 1].parse::<f64>().unwrap());
+        for (param, off) in [("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)] {
+            let want = flag(&format!("--{}", param.replace('_', "-"))).unwrap_or(off);
+            assert_eq!(json["sampling"][param], want, "{extra:?}: {json}");
+        }
         if cfg!(any(feature = "wgpu", feature = "cuda")) && device != "cpu" {
             let bytes = json["transfers"]["readback_bytes_per_step"].as_f64().unwrap();
-            // 64 candidates (and a mass): 512 or 520 bytes a step, a row of 4,096 where read.
+            // 64 candidates (and a mass): 512 or 520 bytes a step, 4 more a watched token (the
+            // prompt's and the output's, under a penalty), a row of 4,096 where read.
             assert!((510.0..4096.0).contains(&bytes), "{extra:?}: candidates, rows rarely: {json}");
         }
     }

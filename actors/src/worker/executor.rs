@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llaisys_model::{Batch, Context, DecodeError, GuideEnd, Outputs, RowNeed, Sampled, Sampler};
+use llaisys_model::{Batch, Context, DecodeError, GuideEnd, Outputs, RowAsk, RowNeed, Sampled, Sampler};
 use rayon::prelude::*;
 
 use crate::host::GenerateParams;
@@ -145,17 +145,27 @@ impl Executor {
         // order: an item that samples has one for its last token and one per proposal).
         let mut rows = Vec::with_capacity(plan.items.len());
         // Per output row: what its sequence needs of it (on a GPU, a greedy row's best token or a
-        // top-k row's candidates are found there instead of the row coming back).
-        let mut needs = Vec::new();
+        // top-k row's candidates are found there instead of the row coming back), and the
+        // tokens whose logits its bias and penalties change: those its sampler watches, and the
+        // proposals (a proposal's row is sampled once the ones before it are counted).
+        let mut asks = Vec::new();
         for (item, drafts) in plan.items.iter().zip(&drafts) {
             for (k, &token) in item.tokens.iter().enumerate() {
                 let last = k + 1 == item.tokens.len();
                 batch.push(token, item.start_pos + k as i64, &[item.seq], item.sample && last);
             }
-            rows.push(needs.len());
+            rows.push(asks.len());
             if item.sample {
-                let need = self.lanes.get(&item.id).map_or(RowNeed::Whole, |l| l.sampler.need());
-                needs.extend(std::iter::repeat_n(need, 1 + drafts.len()));
+                let ask = self.lanes.get(&item.id).map_or(RowAsk::from(RowNeed::Whole), |l| {
+                    let mut watch = l.sampler.watch();
+                    if !watch.is_empty() {
+                        watch.extend(drafts);
+                        watch.sort_unstable();
+                        watch.dedup();
+                    }
+                    RowAsk { need: l.sampler.need(), watch }
+                });
+                asks.extend(std::iter::repeat_n(ask, 1 + drafts.len()));
             }
             for (k, &token) in drafts.iter().enumerate() {
                 batch.push(token, item.start_pos + (item.tokens.len() + k) as i64, &[item.seq], true);
@@ -172,7 +182,7 @@ impl Executor {
             .collect();
         let ctx = &mut self.ctx;
         let (decoded, ()) = rayon::join(
-            || ctx.decode_picking(&batch, &|| false, &needs),
+            || ctx.decode_picking(&batch, &|| false, &asks),
             || guided.par_iter_mut().for_each(|s| s.prepare()),
         );
         decoded?;
@@ -248,7 +258,7 @@ fn verify(lane: &mut Lane, outputs: &Outputs, drafts: &[u32], row: usize) -> Res
         } else if let Some(candidates) = outputs.top(row + j) {
             // Where the candidates cannot decide (a draw past them, or penalties that may have
             // brought a token past them among the best), the row is read after all.
-            match lane.sampler.sample_top(candidates, outputs.mass(row + j)) {
+            match lane.sampler.sample_top(candidates, outputs.mass(row + j), outputs.watched(row + j)) {
                 Some(sampled) => sampled,
                 None => lane.sampler.sample(&outputs.fetch_row(row + j)?),
             }

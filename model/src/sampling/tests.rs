@@ -161,10 +161,6 @@ fn logprobs_only_when_asked_and_greedy_rows_can_be_picked_elsewhere() {
             (|p| (p.temperature, p.top_k) = (0.7, Some(TOP_K_ON_DEVICE + 1))) as fn(&mut SamplingParams),
         ),
         ("alternatives", |p| p.top_logprobs = 1),
-        ("a bias that raises a logit", |p| p.logit_bias = vec![(0, 1.0)]),
-        ("a repetition penalty under 1", |p| p.repetition_penalty = 0.9),
-        ("a negative presence penalty", |p| (p.temperature, p.top_k, p.presence_penalty) = (0.7, Some(5), -0.5)),
-        ("a penalty without a top-k", |p| (p.temperature, p.repetition_penalty) = (0.7, 1.1)),
         ("a penalty with the device's top-k or more", |p| {
             (p.temperature, p.top_k, p.repetition_penalty) = (0.7, Some(TOP_K_ON_DEVICE), 1.1)
         }),
@@ -180,11 +176,34 @@ fn logprobs_only_when_asked_and_greedy_rows_can_be_picked_elsewhere() {
         ("top-k with penalties", |p| {
             (p.temperature, p.top_k, p.presence_penalty, p.frequency_penalty) = (0.7, Some(5), 0.5, 0.1)
         }),
+        ("greedy with a bias that raises a logit", |p| p.logit_bias = vec![(0, 1.0)]),
+        ("greedy with a repetition penalty under 1", |p| p.repetition_penalty = 0.9),
+        ("top-k with a negative presence penalty", |p| {
+            (p.temperature, p.top_k, p.presence_penalty) = (0.7, Some(5), -0.5)
+        }),
     ] {
         assert_eq!(Sampler::new(params(edit), &[]).need(), RowNeed::Top(TOP_K_ON_DEVICE), "{what}");
     }
     let draw = params(|p| (p.temperature, p.top_p, p.min_p) = (0.7, 0.9, 0.1));
     assert_eq!(Sampler::new(draw, &[]).need(), RowNeed::Draw(0.7), "sampling without a top-k");
+    let penalized = params(|p| (p.temperature, p.repetition_penalty) = (0.7, 1.1));
+    assert_eq!(Sampler::new(penalized, &[]).need(), RowNeed::Draw(0.7), "a penalty without a top-k");
+    // What a sampler watches: the biased tokens, the generated ones under a penalty, the
+    // prompt's under a repetition penalty; nothing where no logit changes.
+    let mut s = Sampler::new(params(|p| p.logit_bias = vec![(9, -1.0), (2, 1.0)]), &[5, 1]);
+    s.record(7);
+    assert_eq!(s.watch(), [2, 9], "a bias alone");
+    let mut s = Sampler::new(params(|p| p.presence_penalty = 0.5), &[5, 1]);
+    s.record(7);
+    s.record(3);
+    s.record(7);
+    assert_eq!(s.watch(), [3, 7], "generated tokens");
+    let mut s = Sampler::new(params(|p| (p.repetition_penalty, p.logit_bias) = (1.1, vec![(4, -2.0)])), &[5, 1, 5]);
+    s.record(7);
+    assert_eq!(s.watch(), [1, 4, 5, 7], "prompt, generated and biased tokens");
+    let mut s = Sampler::new(params(|_| {}), &[5, 1]);
+    s.record(7);
+    assert!(s.watch().is_empty(), "nothing changes the logits");
     // A frequency penalty counts picked tokens as it counts sampled ones.
     let mut s = Sampler::new(params(|_| {}), &[]);
     s.picked(1);
@@ -214,7 +233,9 @@ fn sampling_from_the_best_candidates_draws_what_the_whole_row_does() {
             for step in 0..3 {
                 let want = whole.sample(&row).token;
                 let got = match top.need() {
-                    RowNeed::Top(k) => top.sample_top(&candidates(k), None).expect("top-k's candidates suffice").token,
+                    RowNeed::Top(k) => {
+                        top.sample_top(&candidates(k), None, &[]).expect("top-k's candidates suffice").token
+                    }
                     RowNeed::Best => top.picked(candidates(1)[0].0).token,
                     need => panic!("top-k {k} needs only candidates, not {need:?}"),
                 };
@@ -259,17 +280,22 @@ fn sampling_from_candidates_and_the_mass_draws_what_the_whole_row_does_or_asks_f
     assert!(ways.candidates > 100 && ways.rows > 100, "both ways taken: {ways:?}");
 }
 
-/// A sequence that is greedy or samples with a top-k under penalties and biases that only lower
-/// logits picks from its row's 64 best candidates (before those) the token it picks from the
-/// whole row, seed for seed and step after step as its penalties grow, or says it needs the row
-/// (a token past them might now be among the best) and picks that token from it.
+/// A sequence under logit bias and penalties, lowering or raising logits, greedy, with a top-k
+/// or without one (then with the row's mass), picks from its row's 64 best candidates (before
+/// those) and the logits of the tokens it watches the token it picks from the whole row, seed
+/// for seed and step after step as its penalties grow, or says it needs the row (a token past
+/// them might now be among the best, or the draw falls past them) and picks that token from it.
 #[test]
-fn penalties_that_only_lower_logits_choose_among_the_candidates_or_ask_for_the_row() {
+fn penalties_choose_among_the_candidates_and_watched_tokens_or_ask_for_the_row() {
     let row: Vec<f32> = (0..1000u32).map(|i| ((i * 7919) % 1000) as f32 / 50.0 - 8.0).collect();
     let order = best_first(&row);
     let candidates: Vec<(u32, f32)> = order.iter().take(TOP_K_ON_DEVICE).map(|&i| (i, row[i as usize])).collect();
     let some_best: Vec<u32> = order.iter().copied().step_by(3).take(12).collect();
     let all_best: Vec<u32> = order[..TOP_K_ON_DEVICE].to_vec();
+    let mass_at = |t: f32| {
+        let max = row[order[0] as usize];
+        row.iter().map(|&l| f64::from(((l - max) / t).exp())).sum::<f64>() as f32
+    };
     let mut ways = Ways::default();
     type Case = (f32, Option<usize>, f32, f32, f32, Vec<(u32, f32)>);
     let cases: Vec<(&[u32], Case)> = vec![
@@ -279,6 +305,16 @@ fn penalties_that_only_lower_logits_choose_among_the_candidates_or_ask_for_the_r
         (&[], (1.2, Some(48), 1.0, 0.5, 0.3, vec![(order[0], -2.0)])),
         (&all_best[..60], (0.7, Some(5), 2.0, 0.0, 0.0, vec![])),
         (&all_best[..40], (0.0, None, 1.0, 0.0, 1.5, vec![(order[3], -0.1)])),
+        // Raising: a token far past the candidates brought to the top, a repetition penalty
+        // under 1, a negative presence penalty.
+        (&[], (0.0, None, 1.0, 0.0, 0.0, vec![(order[500], 25.0)])),
+        (&some_best, (0.0, None, 0.8, 0.0, 0.0, vec![])),
+        (&[], (0.9, Some(10), 1.0, -1.0, 0.0, vec![(order[300], 9.0)])),
+        // Without a top-k: the candidates, the watched tokens and the adjusted mass.
+        (&some_best, (1.0, None, 1.1, 0.3, 0.2, vec![])),
+        (&[], (0.7, None, 1.0, 0.0, 0.0, vec![(order[0], -5.0), (order[100], 2.5)])),
+        (&all_best[..50], (0.4, None, 1.5, 0.0, 0.0, vec![])),
+        (&[], (2.0, None, 1.0, -0.5, 0.5, vec![(order[900], 15.0)])),
     ];
     for (prompt, (temperature, top_k, repetition, presence, frequency, bias)) in cases {
         for seed in 0..20 {
@@ -288,16 +324,29 @@ fn penalties_that_only_lower_logits_choose_among_the_candidates_or_ask_for_the_r
                 p.logit_bias = bias.clone();
             });
             let (mut whole, mut top) = (Sampler::new(p.clone(), prompt), Sampler::new(p, prompt));
-            assert_eq!(top.need(), RowNeed::Top(TOP_K_ON_DEVICE));
+            let mass = match top.need() {
+                RowNeed::Top(k) => {
+                    assert!(k == TOP_K_ON_DEVICE && (temperature == 0.0 || top_k.is_some()));
+                    None
+                }
+                RowNeed::Draw(t) => {
+                    assert!(t == temperature && top_k.is_none());
+                    Some(mass_at(t))
+                }
+                need => panic!("penalties need candidates, not {need:?}"),
+            };
             for step in 0..6 {
                 let want = whole.sample(&row).token;
-                let got = ways.choose(&mut top, &candidates, None, &row);
+                let got = ways.choose(&mut top, &candidates, mass, &row);
                 assert_eq!(got, want, "T {temperature}, top-k {top_k:?}, rep {repetition}, seed {seed}, step {step}");
             }
             assert_eq!(top.generated, whole.generated);
         }
     }
-    assert!(ways.candidates > 100 && ways.rows > 100, "both ways taken: {ways:?}");
+    assert!(ways.candidates > 300 && ways.rows > 100, "both ways taken: {ways:?}");
+    // A watched token left out: the candidates cannot tell where it went.
+    let mut s = Sampler::new(params(|p| p.logit_bias = vec![(order[500], 25.0)]), &[]);
+    assert_eq!(s.sample_top(&candidates, None, &[]), None);
 }
 
 /// The tokens of `row` best first (the smaller first among equal logits), NaN and −∞ left out:
@@ -316,10 +365,11 @@ struct Ways {
 }
 
 impl Ways {
-    /// The executor's choice: among `candidates` (with `mass`), or, where they cannot decide,
-    /// from the whole `row`.
+    /// The executor's choice: among `candidates` (with `mass`, and the watched tokens' logits),
+    /// or, where they cannot decide, from the whole `row`.
     fn choose(&mut self, s: &mut Sampler, candidates: &[(u32, f32)], mass: Option<f32>, row: &[f32]) -> u32 {
-        match s.sample_top(candidates, mass) {
+        let watched: Vec<(u32, f32)> = s.watch().iter().map(|&t| (t, row[t as usize])).collect();
+        match s.sample_top(candidates, mass, &watched) {
             Some(sampled) => {
                 self.candidates += 1;
                 sampled.token

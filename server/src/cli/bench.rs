@@ -105,7 +105,8 @@ pub struct BenchArgs {
     kernel_times: bool,
     /// Sampling of the decode and throughput requests: 0 = greedy (the default); above 0,
     /// `--top-k`, `--top-p` and `--min-p` apply as in a request (each request seeded by `--seed`);
-    /// `--repetition-penalty` (1 = off) at any temperature.
+    /// `--repetition-penalty` (1 = off), `--presence-penalty` and `--frequency-penalty` (0 =
+    /// off) at any temperature.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
     #[arg(long)]
@@ -116,6 +117,10 @@ pub struct BenchArgs {
     min_p: f32,
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
     /// Which measurements to run: prefill, decode, throughput, soak.
     #[arg(long, value_delimiter = ',', default_value = "prefill,decode,throughput")]
     only: Vec<String>,
@@ -201,11 +206,15 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         top_p: args.top_p,
         min_p: args.min_p,
         repetition_penalty: args.repetition_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
         seed: Some(args.seed),
         ..SamplingParams::default()
     };
     sampling.validate(info.vocab_size).map_err(|e| {
-        CliError::usage("--temperature, --top-k, --top-p, --min-p, --repetition-penalty", e.to_string())
+        let flags = "--temperature, --top-k, --top-p, --min-p, --repetition-penalty, --presence-penalty, \
+                     --frequency-penalty";
+        CliError::usage(flags, e.to_string())
     })?;
     // The decode measurement's requests, and the throughput measurement's (constrained where
     // asked); the others (warm-up, prefill) greedy.
@@ -234,6 +243,8 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
             "top_p": typed(s.top_p),
             "min_p": typed(s.min_p),
             "repetition_penalty": typed(s.repetition_penalty),
+            "presence_penalty": typed(s.presence_penalty),
+            "frequency_penalty": typed(s.frequency_penalty),
         }),
     );
     report.insert("device".into(), json!(args.device));
