@@ -216,7 +216,7 @@ pub(crate) fn unread(e: burn::tensor::TensorReadError) -> DecodeError {
 pub fn argmax(row: &[f32]) -> Option<u32> {
     // Two passes that vectorize (the largest value, then where it first is) instead of one
     // branchy pass: the lm head's rows are 151,936 long.
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = crate::kernels::row_max(row);
     (!row.is_empty()).then(|| row.iter().position(|&v| v == max).unwrap_or(0) as u32)
 }
 

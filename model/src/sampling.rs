@@ -508,14 +508,33 @@ impl Sampler {
     }
 
     /// [`Sampler::draw`] from a whole row (no mass: always a token), its weights computed a
-    /// vector at a time (the same values, `kernels::draw_weights`).
+    /// vector at a time (the same values, `kernels::draw_weights`). Only the tokens the walk
+    /// can reach are ranked: those at least [`ROW_FLOORS`]' first floor (the best weighs 1)
+    /// are walked against the whole row's total; where the walk (or the top-p nucleus) runs
+    /// past them, with the same random number, those at least the next floor, and so on to
+    /// every token. A walk over the tokens above a floor is the first part of the walk over
+    /// them all, so the token drawn is the one a ranking of the whole row gives.
     fn draw_row(&mut self, row: &[f32]) -> u32 {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let DrawScratch { keys, weights, .. } = &mut self.draw;
-        crate::kernels::draw_weights(row, max, self.params.temperature, weights);
-        keys.clear();
-        keys.extend(weights.iter().enumerate().filter(|(_, w)| **w > 0.0).map(|(i, &w)| rank_key(i as u32, w)));
-        self.draw_keys(row.len(), None).unwrap_or(0)
+        let p = &self.params;
+        let max = crate::kernels::row_max(row);
+        let DrawScratch { keys, weights, ranked, starts } = &mut self.draw;
+        crate::kernels::draw_weights(row, max, p.temperature, weights);
+        // Min-p keeps the tokens at least this heavy; none that weigh nothing.
+        let least = p.min_p;
+        let total = crate::kernels::weights_total(weights, least);
+        let r = self.pending.take().unwrap_or_else(|| self.rng.random::<f32>());
+        for floor in ROW_FLOORS {
+            let floor = floor.max(least);
+            keys.clear();
+            crate::kernels::weights_at_least(weights, floor, |i, w| keys.push(rank_key(i as u32, w)));
+            // Under the floor lie more of min-p's tokens, until the floor is min-p's own.
+            let open = floor > least;
+            let mut ranked = Ranked::new(keys, ranked, starts);
+            if let Some(token) = walk(p, &mut ranked, total, open, r) {
+                return token;
+            }
+        }
+        unreachable!("the last floor is min-p's: a walk over all its tokens draws one")
     }
 
     /// The rest of [`Sampler::draw`] over its candidates' rank keys (`self.draw.keys`), `given`
@@ -542,44 +561,61 @@ impl Sampler {
             open = false;
         }
         let mut ranked = Ranked::new(keys, &mut self.draw.ranked, &mut self.draw.starts);
-        let mut len = ranked.len();
-        let mut total: f64 = match mass {
+        let total: f64 = match mass {
             Some(mass) if open => mass,
             _ => ranked.total(),
         };
-        if open && !(total.is_finite() && total > 0.0) {
-            return None;
-        }
-        if p.top_p < 1.0 {
-            let mut nucleus = 0.0;
-            match (0..len).position(|i| {
-                nucleus += f64::from(ranked.get(i).1);
-                nucleus >= f64::from(p.top_p) * total
-            }) {
-                Some(i) => {
-                    len = i + 1;
-                    open = false;
-                }
-                None if open => return None,
-                None => {}
-            }
-            total = nucleus;
-        }
         let r = self.pending.take().unwrap_or_else(|| self.rng.random::<f32>());
-        let mut u = f64::from(r) * total;
-        for i in 0..len {
-            let (token, w) = ranked.get(i);
-            if u < f64::from(w) {
-                return Some(token);
-            }
-            u -= f64::from(w);
-        }
-        if open {
+        let token = walk(p, &mut ranked, total, open, r);
+        if token.is_none() {
             self.pending = Some(r);
-            return None;
         }
-        Some(len.checked_sub(1).map_or(0, |i| ranked.get(i).0))
+        token
     }
+}
+
+/// The floors of a whole row's walks ([`Sampler::draw_row`]), probabilities relative to the
+/// best token's: the first holds the walk on most steps (the tokens within 5.5 · t nats of the
+/// best), the second all but at most 151,936 · 2⁻²⁴ (1%) of the best's mass, the last every
+/// token.
+const ROW_FLOORS: [f32; 3] = [1.0 / 256.0, 1.0 / 16_777_216.0, 0.0];
+
+/// The end of a draw: top-p's nucleus of `ranked` (the candidates left, most likely first)
+/// against `total`, then the token at `r` of its mass. `open`: tokens past the candidates
+/// count in `total` and may be drawn, so `None` where the nucleus or the draw reaches past
+/// them; else always a token.
+fn walk(p: &SamplingParams, ranked: &mut Ranked<'_>, mut total: f64, mut open: bool, r: f32) -> Option<u32> {
+    let mut len = ranked.len();
+    if open && !(total.is_finite() && total > 0.0) {
+        return None;
+    }
+    if p.top_p < 1.0 {
+        let mut nucleus = 0.0;
+        match (0..len).position(|i| {
+            nucleus += f64::from(ranked.get(i).1);
+            nucleus >= f64::from(p.top_p) * total
+        }) {
+            Some(i) => {
+                len = i + 1;
+                open = false;
+            }
+            None if open => return None,
+            None => {}
+        }
+        total = nucleus;
+    }
+    let mut u = f64::from(r) * total;
+    for i in 0..len {
+        let (token, w) = ranked.get(i);
+        if u < f64::from(w) {
+            return Some(token);
+        }
+        u -= f64::from(w);
+    }
+    if open {
+        return None;
+    }
+    Some(len.checked_sub(1).map_or(0, |i| ranked.get(i).0))
 }
 
 /// A draw's buffers, kept by its sampler from token to token (a whole row's candidates are

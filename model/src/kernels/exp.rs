@@ -65,7 +65,8 @@ pub(super) fn exp_sub_sum(simd: V4, xs: &mut [f32], max: f32) -> f32 {
 #[inline(always)]
 pub(super) fn exp_plain(x: f32) -> f32 {
     let x = x.clamp(MIN, MAX);
-    let k = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let rounded = x * std::f32::consts::LOG2_E + ROUND;
+    let k = rounded - ROUND;
     let r = x - k * LN2_HI;
     let r = r - k * LN2_LO;
     let mut p = POLY[0];
@@ -73,7 +74,10 @@ pub(super) fn exp_plain(x: f32) -> f32 {
         p = p * r + c;
     }
     let p = p * r * r + r + 1.0;
-    p * f32::from_bits(((k as i32 + 127) << 23) as u32)
+    // k as an integer from the bits of k + 1.5 · 2²³ (one unit a step there): `k as i32`, a
+    // saturating conversion, kept LLVM from vectorizing the loops this is inlined into.
+    let k = (rounded.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    p * f32::from_bits((k.wrapping_add(127) << 23) as u32)
 }
 
 /// [`exp_sub_sum`] in plain Rust (see [`exp_plain`]).
@@ -134,9 +138,104 @@ fn weigh(row: &[f32], max: f32, t: f32, out: &mut [f32]) {
     }
 }
 
+/// The largest value of `row`, NaN left out (−∞ for an empty row or one of NaN alone): a
+/// logits row's, which its weights and log-probabilities are taken relative to. Sixteen
+/// running maxima, compiled for the CPU's vectors as [`draw_weights`] is (a fold of `f32::max`
+/// ran a value at a time).
+pub fn row_max(row: &[f32]) -> f32 {
+    match V4::try_new() {
+        Some(simd) => simd.vectorize(
+            #[inline(always)]
+            || max_of(row),
+        ),
+        None => super::plain::Plain::new().vectorize(
+            #[inline(always)]
+            || max_of(row),
+        ),
+    }
+}
+
+/// [`row_max`]'s loop.
+#[inline(always)]
+fn max_of(row: &[f32]) -> f32 {
+    let mut maxima = [f32::NEG_INFINITY; LANES];
+    let (lanes, tail) = row.as_chunks::<LANES>();
+    for lane in lanes {
+        for (m, &v) in maxima.iter_mut().zip(lane) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    maxima.iter().chain(tail).copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Σ of the weights at least `floor` (a whole row's [`draw_weights`]), in f64: eight partial
+/// sums, compiled for the CPU's vectors as [`draw_weights`] is.
+pub fn weights_total(weights: &[f32], floor: f32) -> f64 {
+    match V4::try_new() {
+        Some(simd) => simd.vectorize(
+            #[inline(always)]
+            || sum_at_least(weights, floor),
+        ),
+        None => super::plain::Plain::new().vectorize(
+            #[inline(always)]
+            || sum_at_least(weights, floor),
+        ),
+    }
+}
+
+/// [`weights_total`]' loop.
+#[inline(always)]
+fn sum_at_least(weights: &[f32], floor: f32) -> f64 {
+    let mut sums = [0.0f64; 8];
+    let (lanes, tail) = weights.as_chunks::<8>();
+    for lane in lanes {
+        for (sum, &w) in sums.iter_mut().zip(lane) {
+            *sum += if w >= floor { f64::from(w) } else { 0.0 };
+        }
+    }
+    let tail: f64 = tail.iter().filter(|w| **w >= floor).map(|&w| f64::from(w)).sum();
+    sums.iter().sum::<f64>() + tail
+}
+
+/// Calls `f(i, w)` for each weight `w` of `weights` (a whole row's [`draw_weights`]) at least
+/// `floor` and above 0, in order: the tokens a draw's walk reaches first. Sixteen at a time are
+/// passed over where none is (their largest found with vectors, compiled as [`draw_weights`]).
+pub fn weights_at_least(weights: &[f32], floor: f32, f: impl FnMut(usize, f32)) {
+    match V4::try_new() {
+        Some(simd) => simd.vectorize(
+            #[inline(always)]
+            || each_at_least(weights, floor, f),
+        ),
+        None => super::plain::Plain::new().vectorize(
+            #[inline(always)]
+            || each_at_least(weights, floor, f),
+        ),
+    }
+}
+
+/// [`weights_at_least`]' loop.
+#[inline(always)]
+fn each_at_least(weights: &[f32], floor: f32, mut f: impl FnMut(usize, f32)) {
+    let (chunks, tail) = weights.as_chunks::<LANES>();
+    let mut each = |at: usize, values: &[f32]| {
+        for (j, &w) in values.iter().enumerate() {
+            if w >= floor && w > 0.0 {
+                f(at + j, w);
+            }
+        }
+    };
+    for (c, chunk) in chunks.iter().enumerate() {
+        let top = chunk.iter().fold(0.0f32, |m, &w| if w > m { w } else { m });
+        if top >= floor && top > 0.0 {
+            each(c * LANES, chunk);
+        }
+    }
+    each(chunks.len() * LANES, tail);
+}
+
 /// `ln Σ e^x` over `row` (−∞ for an empty row): the normaliser of log-probabilities.
 pub fn log_sum_exp(row: &[f32]) -> f32 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = row_max(row);
     if !max.is_finite() {
         return max;
     }
@@ -173,6 +272,35 @@ impl pulp::NullaryFnOnce for SumExp<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A row's maximum, its weights' total and the weights at least a floor, each against a
+    /// value at a time: rows of every length around the lanes, NaN, −∞ and a maximum in the tail.
+    #[test]
+    fn row_max_total_and_heavy_weights_equal_plain_loops() {
+        for n in [0, 1, 7, 8, 15, 16, 17, 33, 1000, 151_936] {
+            let mut row: Vec<f32> = crate::kernels::test_values(n, 7).iter().map(|v| v * 10.0).collect();
+            if n > 3 {
+                row[1] = f32::NAN;
+                row[2] = f32::NEG_INFINITY;
+                row[n - 1] = 50.0;
+            }
+            let want = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(row_max(&row).to_bits(), want.to_bits(), "max of {n}");
+            let mut weights = Vec::new();
+            draw_weights(&row, want, 0.7, &mut weights);
+            for floor in [0.0, 1e-9, 1.0 / 256.0, 0.5, 1.0] {
+                let sum: f64 = weights.iter().filter(|w| **w >= floor).map(|&w| f64::from(w)).sum();
+                let total = weights_total(&weights, floor);
+                assert!((total - sum).abs() <= 1e-12 * sum.max(1.0), "{n} at {floor}: {total} vs {sum}");
+                let mut heavy = Vec::new();
+                weights_at_least(&weights, floor, |i, w| heavy.push((i, w)));
+                let want: Vec<(usize, f32)> =
+                    weights.iter().copied().enumerate().filter(|(_, w)| *w >= floor && *w > 0.0).collect();
+                assert_eq!(heavy, want, "{n} at {floor}");
+            }
+        }
+        assert!(row_max(&[f32::NAN, f32::NAN]) == f32::NEG_INFINITY);
+    }
 
     #[test]
     fn log_sum_exp_matches_an_f64_reference() {

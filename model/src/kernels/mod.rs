@@ -162,7 +162,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData, bf16, f16};
 
 pub use awake::with_awake_pool;
 pub use calls::{KernelCall, calls};
-pub use exp::{draw_weight, draw_weights, log_sum_exp};
+pub use exp::{draw_weight, draw_weights, log_sum_exp, row_max, weights_at_least, weights_total};
 
 use crate::kv::Placement;
 use crate::quant::PackedMatrix;

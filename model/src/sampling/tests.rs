@@ -437,3 +437,34 @@ fn ranking_only_as_far_as_the_walk_goes_draws_what_a_sort_would() {
         }
     }
 }
+
+/// A whole row's draw ranks the tokens above a floor first and goes below it only where its
+/// walk or the nucleus reaches past them: seed for seed, with random numbers that end the walk
+/// among the best, past the first floor, and past the second (a tail that holds under 1% of the
+/// mass, each of its tokens below 2⁻²⁴ of the best), it draws what a sort of the row would.
+#[test]
+fn a_whole_rows_draw_past_each_floor_draws_what_a_sort_would() {
+    let noise = crate::kernels::test_values(150_000, 5);
+    // The best at 17 over 150,000 tokens near 0, and some between.
+    let mut peaked: Vec<f32> = noise.iter().map(|v| v * 0.5).collect();
+    for (i, l) in [(10, 17.0), (20_000, 16.0), (77_777, 12.5), (149_999, 11.0), (5, 10.0)] {
+        peaked[i] = l;
+    }
+    let flat: Vec<f32> = noise.iter().map(|v| v * 4.0).collect();
+    let cases: [fn(&mut SamplingParams); 4] = [
+        |p| p.temperature = 1.0,
+        |p| (p.temperature, p.top_p) = (1.0, 0.999),
+        |p| (p.temperature, p.min_p) = (1.0, 1e-9),
+        |p| (p.temperature, p.top_p, p.min_p) = (0.9, 0.95, 0.001),
+    ];
+    for (r, row) in [&peaked, &flat].into_iter().enumerate() {
+        for (case, edit) in cases.iter().enumerate() {
+            for u01 in [0.0, 0.3, 0.9, 0.99, 0.995, 0.9999, 1.0 - f32::EPSILON / 2.0] {
+                let mut s = Sampler::new(params(edit), &[]);
+                s.pending = Some(u01);
+                let want = sorted_draw(row, &params(edit), u01);
+                assert_eq!(s.sample(row).token, want, "row {r}, case {case}, at {u01}");
+            }
+        }
+    }
+}
