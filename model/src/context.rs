@@ -71,6 +71,12 @@ impl Context {
         self.decode_picking(batch, abort, &[])
     }
 
+    /// Whether a pass's sampled rows can bring back less than their logits ([`RowAsk`]): on a
+    /// GPU; on the CPU the rows are in memory, and read whole.
+    pub fn finds_candidates(&self) -> bool {
+        *self.model.device() != Device::flex()
+    }
+
     /// Runs one batch as [`Context::decode_with_abort`] does, but output row `r` holds what
     /// `asks[r]` asks for (missing: [`RowNeed::Whole`]): its largest logit's index
     /// ([`Outputs::picked`]) or its best candidates ([`Outputs::top`]) with the logits of its

@@ -145,10 +145,11 @@ impl Executor {
         // order: an item that samples has one for its last token and one per proposal).
         let mut rows = Vec::with_capacity(plan.items.len());
         // Per output row: what its sequence needs of it (on a GPU, a greedy row's best token or a
-        // top-k row's candidates are found there instead of the row coming back), and the
+        // top-k row's candidates are found there instead of the row coming back), and there the
         // tokens whose logits its bias and penalties change: those its sampler watches, and the
         // proposals (a proposal's row is sampled once the ones before it are counted).
         let mut asks = Vec::new();
+        let candidates = self.ctx.finds_candidates();
         for (item, drafts) in plan.items.iter().zip(&drafts) {
             for (k, &token) in item.tokens.iter().enumerate() {
                 let last = k + 1 == item.tokens.len();
@@ -157,7 +158,7 @@ impl Executor {
             rows.push(asks.len());
             if item.sample {
                 let ask = self.lanes.get(&item.id).map_or(RowAsk::from(RowNeed::Whole), |l| {
-                    let mut watch = l.sampler.watch();
+                    let mut watch = if candidates { l.sampler.watch() } else { Vec::new() };
                     if !watch.is_empty() {
                         watch.extend(drafts);
                         watch.sort_unstable();
