@@ -11,8 +11,9 @@
 # ids and decode with an f32 KV cache (the default, f16, runs everywhere else), and decode and
 # 64 concurrent sampled: as Qwen2.5's generation defaults (top-k 20 with a repetition penalty:
 # each row's 64 candidates found on the device) and with temperature 1 alone (OpenAI's default:
-# 64 candidates and the row's mass found there); in both the row is read only where they cannot
-# decide, and the bench's readbacks a step say how often. The GPU's utilisation is sampled
+# 64 candidates and the row's mass found there) and with OpenAI's presence and frequency
+# penalties (the same, and the logits of the tokens they change); in each the row is read only
+# where they cannot decide, and the bench's readbacks a step say how often. The GPU's utilisation is sampled
 # alongside (a host-bound path shows as a GPU mostly idle). While the files are written, the
 # kernels' and the whole models' tests run on the GPU (f16 and bf16 there too: llvmpipe has f32 alone).
 #
@@ -26,7 +27,7 @@
 #   launches): cargo test --release -p llaisys-model --features wgpu --test NAME --no-run
 # On a fresh 2-core machine the release build takes about 31 minutes and the tests' about 20
 # more (they rebuild the GPU stack with other features): start them first thing in a session.
-# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh   (about 6-8 minutes, and up to
+# Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh   (about 7-9 minutes, and up to
 # 3.5 more for the MoE file's grouping comparisons, which run last: a tight budget cuts those)
 # Environment: MODELS (NAME:SHAPE:TYPE ..., the first measured in full), DECODE_TOKENS (default
 # 512: the GPU raises its clocks from 345 MHz over the first second or two of work, so a short
@@ -133,6 +134,10 @@ for m in "${models[@]}"; do
   step "$name sampled with temperature 1 alone (candidates and mass on the device): decode, then 64 concurrent"
   timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens 256 --temperature 1
   timeout 120 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 64 --runs 1 --temperature 1
+  step "$name sampled with OpenAI's penalties, no top-k (candidates, mass and the penalised tokens' logits on the device): decode, then 64 concurrent"
+  OPENAI=(--temperature 1 --presence-penalty 0.5 --frequency-penalty 0.3)
+  timeout 60 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens 256 "${OPENAI[@]}"
+  timeout 90 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 64 --runs 1 "${OPENAI[@]}"
 done
 step done
 kill $smi
