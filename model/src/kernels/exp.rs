@@ -118,16 +118,10 @@ pub fn draw_weight(l: f32, max: f32, t: f32) -> f32 {
 pub fn draw_weights(row: &[f32], max: f32, t: f32, out: &mut Vec<f32>) {
     out.clear();
     out.resize(row.len(), 0.0);
-    match V4::try_new() {
-        Some(simd) => simd.vectorize(
-            #[inline(always)]
-            || weigh(row, max, t, out),
-        ),
-        None => super::plain::Plain::new().vectorize(
-            #[inline(always)]
-            || weigh(row, max, t, out),
-        ),
-    }
+    widest(
+        #[inline(always)]
+        || weigh(row, max, t, out),
+    )
 }
 
 /// [`draw_weights`]' loop, inlined into the function compiled for the CPU's vectors.
@@ -138,21 +132,26 @@ fn weigh(row: &[f32], max: f32, t: f32, out: &mut [f32]) {
     }
 }
 
+/// Runs `f`, plain Rust over arrays of lanes, compiled for AVX-512 where the CPU has it, else
+/// as [`Plain::vectorize`](super::plain::Plain::vectorize) runs it: its body must be inlined
+/// (`#[inline(always)]` on the closure and everything it calls).
+#[inline(always)]
+fn widest<F: pulp::NullaryFnOnce>(f: F) -> F::Output {
+    match V4::try_new() {
+        Some(simd) => simd.vectorize(f),
+        None => super::plain::Plain::new().vectorize(f),
+    }
+}
+
 /// The largest value of `row`, NaN left out (−∞ for an empty row or one of NaN alone): a
 /// logits row's, which its weights and log-probabilities are taken relative to. Sixteen
 /// running maxima, compiled for the CPU's vectors as [`draw_weights`] is (a fold of `f32::max`
 /// ran a value at a time).
 pub fn row_max(row: &[f32]) -> f32 {
-    match V4::try_new() {
-        Some(simd) => simd.vectorize(
-            #[inline(always)]
-            || max_of(row),
-        ),
-        None => super::plain::Plain::new().vectorize(
-            #[inline(always)]
-            || max_of(row),
-        ),
-    }
+    widest(
+        #[inline(always)]
+        || max_of(row),
+    )
 }
 
 /// [`row_max`]'s loop.
@@ -171,16 +170,10 @@ fn max_of(row: &[f32]) -> f32 {
 /// Σ of the weights at least `floor` (a whole row's [`draw_weights`]), in f64: eight partial
 /// sums, compiled for the CPU's vectors as [`draw_weights`] is.
 pub fn weights_total(weights: &[f32], floor: f32) -> f64 {
-    match V4::try_new() {
-        Some(simd) => simd.vectorize(
-            #[inline(always)]
-            || sum_at_least(weights, floor),
-        ),
-        None => super::plain::Plain::new().vectorize(
-            #[inline(always)]
-            || sum_at_least(weights, floor),
-        ),
-    }
+    widest(
+        #[inline(always)]
+        || sum_at_least(weights, floor),
+    )
 }
 
 /// [`weights_total`]' loop.
@@ -201,16 +194,10 @@ fn sum_at_least(weights: &[f32], floor: f32) -> f64 {
 /// `floor` and above 0, in order: the tokens a draw's walk reaches first. Sixteen at a time are
 /// passed over where none is (their largest found with vectors, compiled as [`draw_weights`]).
 pub fn weights_at_least(weights: &[f32], floor: f32, f: impl FnMut(usize, f32)) {
-    match V4::try_new() {
-        Some(simd) => simd.vectorize(
-            #[inline(always)]
-            || each_at_least(weights, floor, f),
-        ),
-        None => super::plain::Plain::new().vectorize(
-            #[inline(always)]
-            || each_at_least(weights, floor, f),
-        ),
-    }
+    widest(
+        #[inline(always)]
+        || each_at_least(weights, floor, f),
+    )
 }
 
 /// [`weights_at_least`]' loop.
