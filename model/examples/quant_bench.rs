@@ -7,34 +7,9 @@
 
 mod common;
 
-use half::f16;
 use llaisys_model::quant::{self, PackedMatrix, QuantType};
 
-/// Random blocks of `ty` whose f16 scales are small finite values (random bytes elsewhere).
-fn random_blocks(ty: QuantType, rows: usize, k: usize) -> Vec<u8> {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut bytes: Vec<u8> = (0..rows * quant::row_bytes(ty, k))
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 56) as u8
-        })
-        .collect();
-    let fields: &[usize] = match ty {
-        QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q6K => &[208],
-    };
-    let scale = f16::from_f32(0.001).to_le_bytes();
-    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
-        for &at in fields {
-            block[at..at + 2].copy_from_slice(&scale);
-        }
-    }
-    bytes
-}
-use common::time;
+use common::{random_blocks, time};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -57,7 +32,7 @@ fn main() {
                 println!("{out:>8} {input:>6} {:>6} {:>5}  rows of {input} are not whole blocks", "-", ty.name());
                 continue;
             }
-            let w = PackedMatrix::from_ggml(ty, out, input, &random_blocks(ty, out, input)).expect("packs");
+            let w = PackedMatrix::from_ggml(ty, out, input, &random_blocks(ty, out, input, 0)).expect("packs");
             let bytes = w.size_bytes() as f64;
             for &n in &rows {
                 let x: Vec<f32> = (0..n * input).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();

@@ -2,6 +2,9 @@
 
 use std::time::Instant;
 
+use half::f16;
+use llaisys_model::quant::{self, QuantType};
+
 /// Seconds per call of `f`: one warm-up call, then as many as fit in half a second.
 pub fn time(mut f: impl FnMut()) -> f64 {
     f();
@@ -12,4 +15,30 @@ pub fn time(mut f: impl FnMut()) -> f64 {
         runs += 1;
     }
     start.elapsed().as_secs_f64() / runs as f64
+}
+
+/// Random blocks of `ty` whose f16 scales are small finite values (random bytes elsewhere).
+#[allow(dead_code)] // not every example uses it
+pub fn random_blocks(ty: QuantType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
+    let mut bytes: Vec<u8> = (0..rows * quant::row_bytes(ty, k))
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 56) as u8
+        })
+        .collect();
+    let fields: &[usize] = match ty {
+        QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => &[0],
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q6K => &[208],
+    };
+    let scale = f16::from_f32(0.001).to_le_bytes();
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        for &at in fields {
+            block[at..at + 2].copy_from_slice(&scale);
+        }
+    }
+    bytes
 }

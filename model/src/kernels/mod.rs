@@ -745,6 +745,14 @@ pub fn swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
     flex_swiglu(gate_up).or_else(|| gpu::swiglu(gate_up))
 }
 
+/// `silu(gate) · up` on the host, for rows already there.
+///
+/// # Shapes
+/// gate_up: [n, 2 · width] row-major → [n, width]
+pub(crate) fn swiglu_host(gate_up: &[f32], width: usize) -> Vec<f32> {
+    swiglu::run(gate_up, width)
+}
+
 fn flex_swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
     let [n, width] = gate_up.dims();
     if gate_up.dtype() != DType::F32 || width == 0 || !width.is_multiple_of(2) {

@@ -324,11 +324,7 @@ impl LinearWeight for Packed {
     }
 
     fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
-        match self.kernel {
-            quant::Kernel::Vnni => KernelCall::QuantVnni.count(),
-            quant::Kernel::Avx2 => KernelCall::QuantAvx2.count(),
-            quant::Kernel::Portable => KernelCall::QuantPortable.count(),
-        }
+        packed_call(self.kernel).count();
         kernels::quantized_linear(&x, &self.w, self.kernel, bias)
     }
 
@@ -342,11 +338,7 @@ impl LinearWeight for Packed {
     }
 
     fn kernel(&self) -> &'static str {
-        match self.kernel {
-            quant::Kernel::Vnni => KernelCall::QuantVnni.name(),
-            quant::Kernel::Avx2 => KernelCall::QuantAvx2.name(),
-            quant::Kernel::Portable => KernelCall::QuantPortable.name(),
-        }
+        packed_call(self.kernel).name()
     }
 
     fn describe(&self) -> String {
@@ -362,6 +354,38 @@ impl LinearWeight for Packed {
     fn matrix(&self) -> Matrix<'_> {
         Matrix::Packed(&self.w)
     }
+}
+
+/// The call a packed product counts as.
+fn packed_call(kernel: quant::Kernel) -> KernelCall {
+    match kernel {
+        quant::Kernel::Vnni => KernelCall::QuantVnni,
+        quant::Kernel::Avx2 => KernelCall::QuantAvx2,
+        quant::Kernel::Portable => KernelCall::QuantPortable,
+    }
+}
+
+/// `xᵢ·Wᵢᵀ` for several products in one parallel loop of the CPU's packed kernels
+/// ([`quant::matmul_each`]): the experts of a decode step. `None`, with nothing run, unless every
+/// weight is a packed matrix (the CPU backend's quantized weights) without a bias.
+///
+/// # Shapes
+/// each x: [m, in] row-major (m = x.len() / in) → [m, out] row-major
+pub fn packed_products(products: &[(&Linear, &[f32])]) -> Option<Vec<Vec<f32>>> {
+    let kernel = quant::Kernel::best();
+    let products: Vec<quant::Product<'_>> = products
+        .iter()
+        .map(|&(linear, x)| match linear.weight.matrix() {
+            Matrix::Packed(w) if linear.bias.is_none() => {
+                Some(quant::Product { x, m: x.len() / w.k().max(1), w, bias: None })
+            }
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    for _ in &products {
+        packed_call(kernel).count();
+    }
+    Some(quant::matmul_each(kernel, &products))
 }
 
 /// A quantized matrix on a GPU, kept in its ggml blocks (`quant::device`, within 6% of the

@@ -159,9 +159,10 @@ impl Moe {
         let logits: Vec<f32> = transfers::read(logits).expect("reading the router's scores");
         let groups = self.route(&logits, n);
         self.count(&groups);
-        let routed = match n {
-            1 => Self::one_row(&self.experts, &groups, x),
-            _ => Self::grouped(&self.experts, &groups, x),
+        let routed = match Self::packed_on_host(&self.experts, &groups, &x) {
+            Some(routed) => routed,
+            None if n == 1 => Self::one_row(&self.experts, &groups, x),
+            None => Self::grouped(&self.experts, &groups, x),
         };
         let y = match shared {
             None => routed,
@@ -182,6 +183,54 @@ impl Moe {
     pub fn routes_on_device(&self, n: usize) -> bool {
         self.stacks.is_some()
             && n * self.top_k <= self.experts.len().saturating_mul(kernels::gpu_moe_pairs_per_expert())
+    }
+
+    /// On the CPU with packed (quantized) experts: the chosen experts' gate/up products in one
+    /// parallel loop, then their down products in another (`linear::packed_products`), rather
+    /// than two loops an expert; each expert's rows gathered (a single row taken as it is), and
+    /// the outputs weighed and added on the host in the experts' order, as [`Self::grouped`] and
+    /// [`Self::one_row`] add them. `None` elsewhere: another device, or an expert's matrix dense
+    /// or with a bias.
+    fn packed_on_host(experts: &[Expert], groups: &[Vec<(usize, f32)>], x: &Tensor<2>) -> Option<Tensor<2>> {
+        let packed = |l: &Linear| l.bias.is_none() && matches!(l.weight.matrix(), linear::Matrix::Packed(_));
+        let chosen: Vec<(&Expert, &[(usize, f32)])> = experts
+            .iter()
+            .zip(groups)
+            .filter(|(_, rows)| !rows.is_empty())
+            .map(|(e, rows)| (e, rows.as_slice()))
+            .collect();
+        if x.device() != Device::flex() || !chosen.iter().all(|(e, _)| packed(&e.gate_up) && packed(&e.down)) {
+            return None;
+        }
+        let [n, hidden] = x.dims();
+        let x: Vec<f32> = transfers::read(x.clone()).ok()?;
+        let inputs: Vec<Vec<f32>> = match n {
+            1 => Vec::new(),
+            _ => chosen
+                .iter()
+                .map(|(_, rows)| {
+                    rows.iter().flat_map(|&(row, _)| &x[row * hidden..(row + 1) * hidden]).copied().collect()
+                })
+                .collect(),
+        };
+        let input = |i: usize| inputs.get(i).map_or(x.as_slice(), Vec::as_slice);
+        let products: Vec<(&Linear, &[f32])> =
+            chosen.iter().enumerate().map(|(i, (e, _))| (&e.gate_up, input(i))).collect();
+        let gate_up = linear::packed_products(&products)?;
+        let gated: Vec<Vec<f32>> =
+            chosen.iter().zip(&gate_up).map(|((e, _), g)| kernels::swiglu_host(g, e.down.weight.dims()[1])).collect();
+        let products: Vec<(&Linear, &[f32])> =
+            chosen.iter().zip(&gated).map(|((e, _), g)| (&e.down, g.as_slice())).collect();
+        let down = linear::packed_products(&products)?;
+        let mut out = vec![0.0f32; n * hidden];
+        for ((_, rows), y) in chosen.iter().zip(&down) {
+            for (&(row, weight), y) in rows.iter().zip(y.chunks_exact(hidden)) {
+                for (o, v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(y) {
+                    *o += weight * v;
+                }
+            }
+        }
+        Some(Tensor::from_data(TensorData::new(out, [n, hidden]), &Device::flex()))
     }
 
     /// One row (a batch-1 decode step): each chosen expert takes it whole, so it runs on x itself
@@ -288,13 +337,27 @@ mod tests {
         Linear { weight: linear::dense(w), bias: None }
     }
 
+    /// A packed (quantized, the CPU's) matrix.
+    fn packed(rows: usize, cols: usize, seed: u32) -> Linear {
+        let values = crate::kernels::test_values(rows * cols, seed);
+        let w = crate::quant::PackedMatrix::quantize(crate::quant::QuantType::Q8_0, rows, cols, &values).unwrap();
+        Linear { weight: linear::packed(std::sync::Arc::new(w)), bias: None }
+    }
+
     /// The grouped pass, and the one-row pass on each row alone, equal each token run through its
-    /// top-k experts by hand.
+    /// top-k experts by hand: with dense experts, and with packed ones (whose products run
+    /// together on the host: `packed_on_host`).
     #[test]
     fn grouped_experts_equal_a_per_token_reference() {
-        let (hidden, width, experts, n) = (8, 6, 5, 7);
-        let expert =
-            |e: u32| Expert { gate_up: matrix(2 * width, hidden, 10 + e), down: matrix(hidden, width, 20 + e) };
+        for (hidden, width, make) in [(8, 6, matrix as fn(usize, usize, u32) -> Linear), (64, 32, packed)] {
+            experts_equal_a_per_token_reference(hidden, width, make);
+        }
+    }
+
+    fn experts_equal_a_per_token_reference(hidden: usize, width: usize, make: fn(usize, usize, u32) -> Linear) {
+        let (experts, n) = (5, 7);
+        let expert = |e: u32| Expert { gate_up: make(2 * width, hidden, 10 + e), down: make(hidden, width, 20 + e) };
+        let packed = matches!(expert(0).down.weight.matrix(), linear::Matrix::Packed(_));
         for (norm, shared) in [(true, false), (false, true)] {
             let moe = Moe {
                 router: matrix(experts, hidden, 3),
@@ -306,6 +369,14 @@ mod tests {
             };
             let values: Vec<f32> = crate::kernels::test_values(n * hidden, 5).iter().map(|v| v * 2.0).collect();
             let x = Tensor::<2>::from_data(TensorData::new(values.clone(), [n, hidden]), &Device::flex());
+            let groups = moe.route(&moe.router.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap(), n);
+            let on_host = Moe::packed_on_host(&moe.experts, &groups, &x);
+            assert_eq!(on_host.is_some(), packed, "the host's route");
+            if let Some(on_host) = on_host {
+                // The same products as the grouped pass runs one expert at a time, bit for bit.
+                let bits = |t: Tensor<2>| t.into_data().iter::<f32>().map(f32::to_bits).collect::<Vec<_>>();
+                assert_eq!(bits(on_host), bits(Moe::grouped(&moe.experts, &groups, x.clone())));
+            }
             let got = moe.forward(x).into_data().try_into_vec::<f32>().unwrap();
             let mut chosen = std::collections::BTreeSet::new();
             for row in 0..n {
@@ -331,8 +402,10 @@ mod tests {
                     let y = s.expert.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap();
                     want.iter_mut().zip(&y).for_each(|(o, y)| *o += y / (1.0 + (-g).exp()));
                 }
+                // A quantized product's sums run in another order over several rows than over one.
+                let tolerance = if packed { 1e-4 } else { 1e-5 };
                 for (i, (g, w)) in got[row * hidden..(row + 1) * hidden].iter().zip(&want).enumerate() {
-                    assert!((g - w).abs() < 1e-5 * w.abs().max(1.0), "row {row} dim {i}: {g} vs {w}");
+                    assert!((g - w).abs() < tolerance * w.abs().max(1.0), "row {row} dim {i}: {g} vs {w}");
                 }
                 // The row alone (the one-row pass, a batch-1 decode step's) gives the same.
                 let alone = moe.forward(x).into_data().try_into_vec::<f32>().unwrap();

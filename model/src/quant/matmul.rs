@@ -58,60 +58,101 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, bias: Option<&[f32]>) -> Ve
 
 /// `x·Wᵀ + b` with `kernel`. Panics if this CPU cannot run it (see [`Kernel::available`]).
 pub fn matmul_with(kernel: Kernel, x: &[f32], m: usize, w: &PackedMatrix, bias: Option<&[f32]>) -> Vec<f32> {
-    let (n, k) = (w.rows(), w.k());
-    assert!(x.len() == m * k, "quantized x·Wᵀ: x has {} values for [{m}, {k}]", x.len());
-    assert!(bias.is_none_or(|b| b.len() == n), "quantized x·Wᵀ: bias size does not match the outputs");
-    let mut out = vec![0.0f32; m * n];
-    if m == 0 || n == 0 {
-        return out;
+    let mut outs = matmul_each(kernel, &[Product { x, m, w, bias }]);
+    outs.pop().expect("one product, one output")
+}
+
+/// One product of [`matmul_each`]: `x·Wᵀ + b`.
+///
+/// # Shapes
+/// x: [m, k], w: [n, k], bias: \[n\] → [m, n] row-major
+#[derive(Clone, Copy)]
+pub struct Product<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub w: &'a PackedMatrix,
+    pub bias: Option<&'a [f32]>,
+}
+
+/// Several products in one parallel loop over all their weights' blocks, each output as
+/// [`matmul_with`] gives it. A decode step's experts are small matrices (under 2 MiB each):
+/// run one by one, each pays for the pool's fork and join, and each thread's weight stream stops
+/// and restarts at every product's end; together, the threads stream the experts back to back.
+/// Panics if this CPU cannot run `kernel` (see [`Kernel::available`]).
+pub fn matmul_each(kernel: Kernel, products: &[Product<'_>]) -> Vec<Vec<f32>> {
+    for &Product { x, m, w, bias } in products {
+        let k = w.k();
+        assert!(x.len() == m * k, "quantized x·Wᵀ: x has {} values for [{m}, {k}]", x.len());
+        assert!(bias.is_none_or(|b| b.len() == w.rows()), "quantized x·Wᵀ: bias size does not match the outputs");
     }
-    // The AVX2 kernel multiplies K-quants' sub-block scales into the integer sums, which needs
-    // one activation scale per super-block.
-    let shared = match kernel == Kernel::Avx2 && w.parts.iter().all(|p| p.layout.ty.is_k()) {
-        true => w.parts[0].layout.groups,
-        false => 1,
-    };
-    let acts = Activations::quantize(x, m, k, w.padded_k() / GROUP, shared);
-    let blocks = blocks(w);
-    let columns: Vec<Range<usize>> = blocks.iter().map(|b| b.columns.clone()).collect();
-    let pieces = split_columns(&mut out, n, &columns);
-    let chunk_rows = (CHUNK_BYTES / (acts.groups * (GROUP + 16))).clamp(8, 256);
-    blocks.into_par_iter().zip(pieces).for_each(|(block, mut rows)| {
+    let mut outs: Vec<Vec<f32>> = products.iter().map(|p| vec![0.0f32; p.m * p.w.rows()]).collect();
+    let acts: Vec<Activations> = products
+        .iter()
+        .map(|&Product { x, m, w, .. }| {
+            // The AVX2 kernel multiplies K-quants' sub-block scales into the integer sums, which
+            // needs one activation scale per super-block.
+            let shared = match kernel == Kernel::Avx2 && w.parts.iter().all(|p| p.layout.ty.is_k()) {
+                true => w.parts[0].layout.groups,
+                false => 1,
+            };
+            Activations::quantize(x, m, w.k(), w.padded_k() / GROUP, shared)
+        })
+        .collect();
+    let blocks = blocks(products);
+    let mut tasks = Vec::with_capacity(blocks.len());
+    for (i, out) in outs.iter_mut().enumerate() {
+        let mine: Vec<&Block> = blocks.iter().filter(|b| b.product == i).collect();
+        let columns: Vec<Range<usize>> = mine.iter().map(|b| b.columns.clone()).collect();
+        tasks.extend(mine.into_iter().zip(split_columns(out, products[i].w.rows(), &columns)));
+    }
+    tasks.into_par_iter().for_each(|(block, mut rows)| {
+        let Product { m, w, bias, .. } = products[block.product];
+        let acts = &acts[block.product];
         let part = &w.parts[block.part];
         let bias = bias.map(|b| &b[block.columns.start..block.columns.end]);
+        let chunk_rows = (CHUNK_BYTES / (acts.groups * (GROUP + 16))).clamp(8, 256);
         for x0 in (0..m).step_by(chunk_rows) {
             let x_rows = x0..(x0 + chunk_rows).min(m);
             let out = &mut rows[x_rows.clone()];
             match kernel {
-                Kernel::Vnni => vnni::run(part, block.panels.clone(), &acts, x_rows, out, bias),
-                Kernel::Avx2 => avx2::run(part, block.panels.clone(), &acts, x_rows, out, bias),
-                Kernel::Portable => portable::run(part, block.panels.clone(), &acts, x_rows, out, bias),
+                Kernel::Vnni => vnni::run(part, block.panels.clone(), acts, x_rows, out, bias),
+                Kernel::Avx2 => avx2::run(part, block.panels.clone(), acts, x_rows, out, bias),
+                Kernel::Portable => portable::run(part, block.panels.clone(), acts, x_rows, out, bias),
             }
         }
     });
-    out
+    outs
 }
 
-/// A run of panels of one part, and the output columns they fill.
+/// A run of panels of one part of one product's weight, and the output columns they fill.
 struct Block {
+    product: usize,
     part: usize,
     panels: Range<usize>,
     columns: Range<usize>,
 }
 
-/// The panels of every part split into blocks, in column order.
-fn blocks(w: &PackedMatrix) -> Vec<Block> {
-    let total: usize = w.parts.iter().map(|p| p.panels()).sum();
+/// The panels of every part of every product split into blocks, in each product's column order:
+/// about [`BLOCKS_PER_THREAD`] a thread in all, shared out by each part's work (its panels times
+/// its product's rows), and at least one a part. A product without rows or outputs has none.
+fn blocks(products: &[Product<'_>]) -> Vec<Block> {
+    let work = |p: &Product<'_>, panels: usize| panels * p.m;
+    let total: usize = products.iter().flat_map(|p| p.w.parts.iter().map(move |part| work(p, part.panels()))).sum();
     let target = (rayon::current_num_threads() * BLOCKS_PER_THREAD).max(1);
     let mut blocks = Vec::new();
-    for (i, part) in w.parts.iter().enumerate() {
-        let panels = part.panels();
-        let n_blocks = (panels * target).div_ceil(total).max(1);
-        let step = panels.div_ceil(n_blocks).max(1);
-        for p0 in (0..panels).step_by(step) {
-            let p1 = (p0 + step).min(panels);
-            let columns = part.col0 + p0 * PANEL..part.col0 + (p1 * PANEL).min(part.rows);
-            blocks.push(Block { part: i, panels: p0..p1, columns });
+    for (product, p) in products.iter().enumerate() {
+        for (i, part) in p.w.parts.iter().enumerate() {
+            let panels = part.panels();
+            if p.m == 0 || panels == 0 {
+                continue;
+            }
+            let n_blocks = (work(p, panels) * target).div_ceil(total).max(1);
+            let step = panels.div_ceil(n_blocks).max(1);
+            for p0 in (0..panels).step_by(step) {
+                let p1 = (p0 + step).min(panels);
+                let columns = part.col0 + p0 * PANEL..part.col0 + (p1 * PANEL).min(part.rows);
+                blocks.push(Block { product, part: i, panels: p0..p1, columns });
+            }
         }
     }
     blocks

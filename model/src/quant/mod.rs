@@ -24,7 +24,7 @@ mod quantize;
 mod vnni;
 
 pub use ggml::{dequantize, row_bytes};
-pub use matmul::{Kernel, matmul, matmul_with};
+pub use matmul::{Kernel, Product, matmul, matmul_each, matmul_with};
 pub use packed::{PackError, PackedMatrix};
 pub use quantize::quantize;
 

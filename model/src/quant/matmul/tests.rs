@@ -204,6 +204,45 @@ fn stacked_parts_keep_their_formats_and_columns() {
     }
 }
 
+/// Several products in one loop ([`matmul_each`]) give each product's own output, bit for bit:
+/// formats and widths that differ, a stacked matrix of two formats, a bias, no rows, one row
+/// (a decode step's experts), and more rows than a chunk of activations; on every kernel here.
+#[test]
+fn products_run_together_equal_each_run_alone() {
+    let single = |ty: QuantType, rows: usize, k: usize, seed: u64| {
+        PackedMatrix::from_ggml(ty, rows, k, &random_blocks(ty, rows, k, seed)).unwrap()
+    };
+    let stacked =
+        PackedMatrix::stack(vec![single(QuantType::Q4K, 40, 512, 1), single(QuantType::Q8_0, 23, 512, 2)]).unwrap();
+    let weights = [
+        (single(QuantType::Q4K, 1536, 256, 3), 1),
+        (single(QuantType::Q6K, 256, 768, 4), 1),
+        (stacked, 3),
+        (single(QuantType::Q5_0, 37, 64, 5), 0),
+        (single(QuantType::Q8_0, 200, 256, 6), 300),
+        (single(QuantType::Q4K, 16, 256, 7), 1),
+    ];
+    let inputs: Vec<Vec<f32>> =
+        weights.iter().enumerate().map(|(i, (w, m))| test_values(m * w.k(), 40 + i as u64)).collect();
+    let bias = test_values(63, 8);
+    let products: Vec<Product<'_>> = weights
+        .iter()
+        .zip(&inputs)
+        .enumerate()
+        .map(|(i, ((w, m), x))| Product { x, m: *m, w, bias: (i == 2).then_some(bias.as_slice()) })
+        .collect();
+    for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Vnni].into_iter().filter(|k| k.available()) {
+        let together = matmul_each(kernel, &products);
+        assert_eq!(together.len(), products.len());
+        for (i, (p, got)) in products.iter().zip(&together).enumerate() {
+            let alone = matmul_with(kernel, p.x, p.m, p.w, p.bias);
+            assert_eq!(got.len(), p.m * p.w.rows(), "{kernel:?} product {i}");
+            assert!(got.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "{kernel:?} product {i}");
+        }
+    }
+    assert!(matmul_each(Kernel::Portable, &[]).is_empty());
+}
+
 /// In-situ quantization: a product with quantized weights is close to the f32 product.
 #[test]
 fn quantized_f32_weights_multiply_close_to_the_originals() {
