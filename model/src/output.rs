@@ -78,7 +78,7 @@ pub struct Outputs {
     /// [n_outputs] what each row holds.
     kinds: Vec<Row>,
     /// The pass's logits on the device, [n_outputs, vocab], kept while a row that holds
-    /// candidates may still be read whole ([`Outputs::fetch_row`]).
+    /// candidates may still be read whole ([`Outputs::fetch_rows`]).
     device_rows: Option<Tensor<2>>,
 }
 
@@ -186,17 +186,47 @@ impl Outputs {
     /// The `row`-th row's logits, read from the device now: for a row that holds candidates
     /// ([`RowNeed::Top`], [`RowNeed::Draw`]) whose sampler cannot choose among them
     /// ([`Sampler::sample_top`]). One readback; the row is on the device until the next pass.
+    /// [`Outputs::fetch_rows`] reads several in one.
     ///
     /// [`Sampler::sample_top`]: crate::Sampler::sample_top
     pub fn fetch_row(&self, row: usize) -> Result<Vec<f32>, DecodeError> {
-        if let Some(logits) = self.row(row) {
-            return Ok(logits.to_vec());
+        let mut rows = self.fetch_rows(&[row])?;
+        rows.pop().ok_or_else(|| DecodeError::Internal(format!("output row {row} was not read")))
+    }
+    /// The logits of each of `rows` (output rows, in that order, repeats allowed), as
+    /// [`Outputs::fetch_row`] reads them, those not in host memory read from the device in one
+    /// readback (with one upload of their indices where there are several): the rows of a
+    /// step's sequences whose candidates could not decide, read together.
+    pub fn fetch_rows(&self, rows: &[usize]) -> Result<Vec<Vec<f32>>, DecodeError> {
+        let missing: Vec<usize> = rows.iter().copied().filter(|&r| self.row(r).is_none()).collect();
+        let mut read = Vec::new();
+        if let Some(&first) = missing.first() {
+            let Some(logits) = self.device_rows.as_ref() else {
+                return Err(DecodeError::Internal(format!("output row {first} is not on the device")));
+            };
+            if let Some(&past) = missing.iter().find(|&&r| r >= self.rows.len()) {
+                return Err(DecodeError::Internal(format!("output row {past} is past the pass's {}", self.rows.len())));
+            }
+            let picked = match missing[..] {
+                [row] => logits.clone().slice([row..row + 1, 0..self.vocab]),
+                _ => {
+                    let ids: Vec<i64> = missing.iter().map(|&r| r as i64).collect();
+                    let ids: Tensor<1, Int> =
+                        crate::transfers::upload(TensorData::new(ids, [missing.len()]), &logits.device());
+                    logits.clone().select(0, ids)
+                }
+            };
+            read = crate::transfers::read::<2, _, f32>(picked).map_err(unread)?;
         }
-        let Some(rows) = self.device_rows.as_ref().filter(|_| row < self.rows.len()) else {
-            return Err(DecodeError::Internal(format!("output row {row} is not on the device")));
-        };
-        let one = rows.clone().slice([row..row + 1, 0..self.vocab]);
-        crate::transfers::read::<2, _, f32>(one).map_err(unread)
+        let mut read = read.chunks_exact(self.vocab.max(1));
+        rows.iter()
+            .map(|&r| match self.row(r) {
+                Some(logits) => Ok(logits.to_vec()),
+                None => {
+                    read.next().map(<[f32]>::to_vec).ok_or_else(|| DecodeError::Internal("logits rows missing".into()))
+                }
+            })
+            .collect()
     }
     /// The logits of batch token `i`, if it was flagged (`llama_get_logits_ith`).
     pub fn logits_ith(&self, i: usize) -> Option<&[f32]> {
@@ -308,6 +338,9 @@ mod tests {
         assert_eq!((out.watched(4), out.watched(1), out.watched(2)), (&[(1, 6.0), (0, 5.0)][..], &[][..], &[][..]));
         assert_eq!(out.fetch_row(2).unwrap(), [5.0, 6.0]);
         assert!(out.fetch_row(4).is_err(), "no logits on a device to read the row from");
+        assert_eq!(out.fetch_rows(&[2, 2]).unwrap(), [[5.0, 6.0], [5.0, 6.0]]);
+        assert!(out.fetch_rows(&[2, 1]).is_err(), "row 1 holds candidates and nothing is on a device");
+        assert!(out.fetch_rows(&[]).unwrap().is_empty());
         assert_eq!(out.logits_ith(2), Some(&[5.0, 6.0][..]));
         out.set(&[1.0, 2.0], &[Read::Logits], &[4], None);
         assert_eq!((out.n_outputs(), out.picked(0), out.top(0), out.row(0)), (1, None, None, Some(&[1.0, 2.0][..])));

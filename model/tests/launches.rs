@@ -5,7 +5,7 @@
 
 use llaisys_model::generate::one_sequence;
 use llaisys_model::transfers::{self, Transfers};
-use llaisys_model::{Context, DeviceSpec, KvDtype, LoadOptions, ModelSource, RowNeed, load_model};
+use llaisys_model::{Batch, Context, DeviceSpec, KvDtype, LoadOptions, ModelSource, RowNeed, load_model};
 use llaisys_tests::{Reference, fixture_dir, gguf_family_references, gguf_fixture, gguf_references, test_device};
 
 /// Launches per layer of one decode step. On the tiny fixture under Mesa's llvmpipe, counted
@@ -287,4 +287,20 @@ fn a_draw_step_reads_back_candidates_and_a_mass_and_the_row_only_when_asked() {
     assert_eq!(row.len(), out.vocab());
     assert_eq!((fetched.uploads, fetched.readbacks, fetched.readback_bytes), (0, 1, 4 * out.vocab() as u64));
     assert_eq!(out.top(0).unwrap()[0].0, llaisys_model::argmax(&row).unwrap(), "the row read is the step's");
+
+    // Several rows whose draws fall past their candidates: read together, one readback (and
+    // one upload, their indices), each the row a read of its own gives.
+    let mut batch = Batch::new();
+    for (k, token) in [3, 1, 4].into_iter().enumerate() {
+        batch.push(token, at + 1 + k as i64, &[0], true);
+    }
+    ctx.decode_picking(&batch, &|| false, &vec![RowNeed::Draw(0.8).into(); 3]).unwrap();
+    let out = ctx.outputs();
+    transfers::take();
+    let rows = out.fetch_rows(&[2, 0]).unwrap();
+    let fetched = transfers::take();
+    assert_eq!((fetched.uploads, fetched.readbacks, fetched.readback_bytes), (1, 1, 2 * 4 * out.vocab() as u64));
+    assert_eq!(rows, [out.fetch_row(2).unwrap(), out.fetch_row(0).unwrap()]);
+    assert_ne!(rows[0], rows[1], "two different rows");
+    assert!(out.fetch_rows(&[3]).is_err(), "past the pass's rows");
 }

@@ -341,6 +341,34 @@ fn bench_on_a_gpu_counts_launches_and_transfers_per_decode_step() {
     assert!(per_step("readback_bytes_per_step") <= 16.0, "an id, not 1,024 logits: {json}");
 }
 
+/// Concurrent requests sampled at a high temperature (10) without a top-k: on a GPU most rows' draws
+/// fall past their 64 candidates and the rows are read whole, and a step's such rows are read
+/// together, one readback for all of them (a readback each made it more than one a token).
+#[test]
+fn a_steps_rows_read_whole_come_back_in_one_readback() {
+    let device = llaisys_tests::test_device();
+    let dir = fixture_dir("tiny-tied-f32");
+    #[rustfmt::skip]
+    let out = llaisys(&[
+        "bench", "--model", dir.to_str().unwrap(), "--device", &device, "--only", "throughput",
+        "--concurrency", "8", "--prompt-tokens", "4", "--new-tokens", "8", "--runs", "1", "--temperature", "10",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_str(stdout(&out).lines().last().unwrap()).unwrap();
+    let row = &json["throughput"][0];
+    assert_eq!(row["concurrency"], 8, "{json}");
+    if cfg!(any(feature = "wgpu", feature = "cuda")) && device != "cpu" {
+        let (readbacks, bytes) =
+            (row["readbacks_per_token"].as_f64().unwrap(), row["readback_bytes_per_token"].as_f64().unwrap());
+        // Rows of 1,024 logits (4,096 bytes) came back for most tokens, in a readback or two a
+        // step of eight tokens (and the prompts' passes').
+        assert!(bytes > 2048.0, "rows were read whole: {json}");
+        assert!(readbacks < 0.6, "one readback for a step's rows: {json}");
+    } else {
+        assert!(row.get("readbacks_per_token").is_none(), "{json}");
+    }
+}
+
 /// `llaisys bench --temperature ... --top-k K` samples its decode requests (the JSON says how);
 /// on a GPU each step reads back the row's K candidates (8·K bytes), not its logits; without a
 /// top-k, or with penalties (with a top-k or without), 64 candidates (and the row's mass, and

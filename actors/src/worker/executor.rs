@@ -197,13 +197,35 @@ impl Executor {
             jobs.push((k, lane.ok_or_else(|| DecodeError::Internal(format!("request {} has no sampler", item.id)))?));
         }
         let outputs = self.ctx.outputs();
-        let done: Vec<(usize, ItemOutput)> = jobs
-            .into_par_iter()
-            .map(|(k, lane)| verify(lane, outputs, &drafts[k], rows[k]).map(|o| (k, o)))
-            .collect::<Result<_, _>>()?;
+        // A lane whose candidates cannot decide stops at that row; the rows all such lanes stop
+        // at are read from the device in one readback, and those lanes go on from there.
         let mut sampled = vec![None; plan.items.len()];
-        for (k, output) in done {
-            sampled[k] = Some(output);
+        let mut pending: Vec<Verifying<'_>> = jobs
+            .into_iter()
+            .map(|(k, lane)| Verifying { k, lane, out: ItemOutput { proposed: drafts[k].len(), ..Default::default() } })
+            .collect();
+        let mut fetched = HashMap::new();
+        while !pending.is_empty() {
+            let verified: Vec<(Verifying<'_>, Option<usize>)> = pending
+                .into_par_iter()
+                .map(|mut v| {
+                    verify(v.lane, outputs, &drafts[v.k], rows[v.k], &fetched, &mut v.out).map(|stop| (v, stop))
+                })
+                .collect::<Result<_, _>>()?;
+            let mut stops = Vec::new();
+            pending = Vec::new();
+            for (v, stop) in verified {
+                match stop {
+                    Some(row) => {
+                        stops.push(row);
+                        pending.push(v);
+                    }
+                    None => sampled[v.k] = Some(v.out),
+                }
+            }
+            if !stops.is_empty() {
+                fetched.extend(stops.iter().copied().zip(outputs.fetch_rows(&stops)?));
+            }
         }
         let mut outputs = Vec::with_capacity(plan.items.len());
         for ((item, drafts), output) in plan.items.iter().zip(&drafts).zip(sampled) {
@@ -248,20 +270,36 @@ impl Executor {
     }
 }
 
+/// An item's lane while its rows are sampled, and what it has sampled so far.
+struct Verifying<'a> {
+    k: usize,
+    lane: &'a mut Lane,
+    out: ItemOutput,
+}
+
 /// Samples an item's logits rows from output row `row` on with its lane, in order, while the
 /// sampled token is the proposed one; stops early where the request ends (a stop token, its
-/// constraint).
-fn verify(lane: &mut Lane, outputs: &Outputs, drafts: &[u32], row: usize) -> Result<ItemOutput, DecodeError> {
-    let mut out = ItemOutput { proposed: drafts.len(), ..ItemOutput::default() };
-    for j in 0..=drafts.len() {
+/// constraint). Goes on after the rows already in `out`; returns the output row where it stopped
+/// because the row's candidates cannot decide (a draw past them, or penalties that may have
+/// brought a token past them among the best) and the row is not among the `fetched` ones: the
+/// caller reads it and calls again. `None` once the item is done.
+fn verify(
+    lane: &mut Lane,
+    outputs: &Outputs,
+    drafts: &[u32],
+    row: usize,
+    fetched: &HashMap<usize, Vec<f32>>,
+    out: &mut ItemOutput,
+) -> Result<Option<usize>, DecodeError> {
+    for j in out.sampled.len()..=drafts.len() {
         let sampled = if let Some(token) = outputs.picked(row + j) {
             lane.sampler.picked(token)
+        } else if let Some(logits) = fetched.get(&(row + j)) {
+            lane.sampler.sample(logits)
         } else if let Some(candidates) = outputs.top(row + j) {
-            // Where the candidates cannot decide (a draw past them, or penalties that may have
-            // brought a token past them among the best), the row is read after all.
             match lane.sampler.sample_top(candidates, outputs.mass(row + j), outputs.watched(row + j)) {
                 Some(sampled) => sampled,
-                None => lane.sampler.sample(&outputs.fetch_row(row + j)?),
+                None => return Ok(Some(row + j)),
             }
         } else if let Some(logits) = outputs.row(row + j) {
             lane.sampler.sample(logits)
@@ -280,5 +318,5 @@ fn verify(lane: &mut Lane, outputs: &Outputs, drafts: &[u32], row: usize) -> Res
             break;
         }
     }
-    Ok(out)
+    Ok(None)
 }

@@ -343,12 +343,16 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         let mut rows = Vec::new();
         for &c in &args.concurrency {
             let mut results = Vec::new();
+            // On a GPU, the transfers of the runs (their prefills included) per generated token.
+            llaisys_model::transfers::take();
             for _ in 0..args.runs {
                 let prompts: Vec<Vec<u32>> = (0..c).map(|_| prompt(args.prompt_tokens)).collect();
                 results.push(concurrent(&engine, prompts, args.new_tokens, &throughput).await?);
             }
+            let moved = llaisys_model::transfers::take();
+            let generated = results.iter().map(|r| r.tokens).sum::<usize>().max(1) as f64;
             let pick = |f: fn(&Concurrent) -> f64| median(&mut results.iter().map(f).collect::<Vec<_>>());
-            let row = json!({
+            let mut row = json!({
                 "concurrency": c,
                 "tok_s": round(pick(|r| r.tok_s)),
                 "mean_ttft_ms": round(pick(|r| r.mean_ttft_ms)),
@@ -359,6 +363,10 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
                 "mask_p50_us": pick(|r| r.mask_p50_us).round(),
                 "mask_p99_us": pick(|r| r.mask_p99_us).round(),
             });
+            if engine_on_gpu {
+                row["readbacks_per_token"] = json!((moved.readbacks as f64 / generated * 100.0).round() / 100.0);
+                row["readback_bytes_per_token"] = json!((moved.readback_bytes as f64 / generated).round());
+            }
             println!(
                 "{:<34} {:>12.1} {:>12.0} {:>12.1} {:>12.1}",
                 format!("{c} concurrent ({}+{} tokens)", args.prompt_tokens, args.new_tokens),
@@ -367,6 +375,15 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
                 row["mean_itl_ms"].as_f64().unwrap_or_default(),
                 row["p99_itl_ms"].as_f64().unwrap_or_default(),
             );
+            if engine_on_gpu {
+                println!(
+                    "{:<34} {:>12.2} {:>12} {:>12.0}",
+                    "  readbacks per token (bytes)",
+                    row["readbacks_per_token"].as_f64().unwrap_or_default(),
+                    "",
+                    row["readback_bytes_per_token"].as_f64().unwrap_or_default(),
+                );
+            }
             if args.json_schema.is_some() {
                 println!(
                     "{:<34} p50 {:.0} us, p99 {:.0} us",
@@ -501,6 +518,8 @@ async fn timed(engine: &Engine, prompt: Vec<u32>, params: GenerateParams) -> Res
 }
 
 struct Concurrent {
+    /// Tokens generated.
+    tokens: usize,
     tok_s: f64,
     mean_ttft_ms: f64,
     median_ttft_ms: f64,
@@ -543,6 +562,7 @@ async fn concurrent(
     masks.sort_by(f64::total_cmp);
     let quantile = |q: f64| masks.get(((masks.len() as f64 * q) as usize).min(masks.len().saturating_sub(1))).copied();
     Ok(Concurrent {
+        tokens,
         tok_s: tokens as f64 / wall,
         mean_ttft_ms: mean(&ttfts),
         median_ttft_ms: median(&mut ttfts),
