@@ -1,6 +1,8 @@
 //! C7: the logits of a forward pass's flagged tokens. The buffers belong to the context and
 //! are reused from pass to pass.
 
+use std::ops::Range;
+
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::error::DecodeError;
@@ -82,15 +84,20 @@ pub struct Outputs {
     device_rows: Option<Tensor<2>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Row {
     /// Its logits, the k-th row of `logits`.
     Logits(usize),
     /// The index of its largest logit.
     Picked(u32),
-    /// Its best candidates, `candidates[from..to]`, its mass where it was asked for, and its
-    /// watched tokens' logits, `watched[from..to]`.
-    Top(usize, usize, Option<f32>, usize, usize),
+    /// Its best candidates, its mass where it was asked for, and its watched tokens' logits.
+    Top {
+        /// Its range of `candidates`.
+        candidates: Range<usize>,
+        mass: Option<f32>,
+        /// Its range of `watched`.
+        watched: Range<usize>,
+    },
 }
 
 impl Outputs {
@@ -119,7 +126,11 @@ impl Outputs {
                     let (from, watched_from) = (self.candidates.len(), self.watched.len());
                     self.candidates.extend_from_slice(candidates);
                     self.watched.extend_from_slice(watched);
-                    Row::Top(from, self.candidates.len(), *mass, watched_from, self.watched.len())
+                    Row::Top {
+                        candidates: from..self.candidates.len(),
+                        mass: *mass,
+                        watched: watched_from..self.watched.len(),
+                    }
                 }
             };
             self.kinds.push(kind);
@@ -163,7 +174,7 @@ impl Outputs {
     /// fewer values that are neither NaN nor −∞).
     pub fn top(&self, row: usize) -> Option<&[(u32, f32)]> {
         match self.kinds.get(row)? {
-            Row::Top(from, to, ..) => self.candidates.get(*from..*to),
+            Row::Top { candidates, .. } => self.candidates.get(candidates.clone()),
             _ => None,
         }
     }
@@ -171,7 +182,7 @@ impl Outputs {
     /// max) / t) over its logits, if it asked for it ([`RowNeed::Draw`]) and holds candidates.
     pub fn mass(&self, row: usize) -> Option<f32> {
         match self.kinds.get(row)? {
-            Row::Top(_, _, mass, ..) => *mass,
+            Row::Top { mass, .. } => *mass,
             _ => None,
         }
     }
@@ -179,7 +190,7 @@ impl Outputs {
     /// ([`RowAsk::watch`]), in the order asked, if it holds candidates (empty otherwise).
     pub fn watched(&self, row: usize) -> &[(u32, f32)] {
         match self.kinds.get(row) {
-            Some(Row::Top(.., from, to)) => self.watched.get(*from..*to).unwrap_or_default(),
+            Some(Row::Top { watched, .. }) => self.watched.get(watched.clone()).unwrap_or_default(),
             _ => &[],
         }
     }

@@ -299,17 +299,19 @@ impl Sampler {
     /// where nothing changes them): a row that samples from candidates brings theirs back too
     /// ([`RowAsk::watch`](crate::RowAsk::watch)) for [`Sampler::sample_top`].
     pub fn watch(&self) -> Vec<u32> {
-        let p = &self.params;
-        let mut tokens: Vec<u32> = p.logit_bias.iter().map(|b| b.0).collect();
-        if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            tokens.extend(self.generated.keys());
-        }
-        if p.repetition_penalty != 1.0 {
-            tokens.extend(&self.prompt);
-        }
+        let mut tokens: Vec<u32> = self.watched_tokens().collect();
         tokens.sort_unstable();
         tokens.dedup();
         tokens
+    }
+
+    /// [`Sampler::watch`]'s tokens, unsorted, some more than once.
+    fn watched_tokens(&self) -> impl Iterator<Item = u32> + '_ {
+        let p = &self.params;
+        let penalised = p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        let generated = penalised.then(|| self.generated.keys()).into_iter().flatten();
+        let prompt: &[u32] = if p.repetition_penalty != 1.0 { &self.prompt } else { &[] };
+        p.logit_bias.iter().map(|b| b.0).chain(generated.copied()).chain(prompt.iter().copied())
     }
 
     /// Records `token`, the best of its row, picked for a sequence whose [`Sampler::need`] is
@@ -349,7 +351,7 @@ impl Sampler {
         raw.sort_unstable_by_key(|c| c.0);
         raw.dedup_by_key(|c| c.0);
         // Without a floor the candidates are all the row's tokens that can be chosen.
-        if floor.is_some() && self.watch().iter().any(|t| raw.binary_search_by_key(t, |c| c.0).is_err()) {
+        if floor.is_some() && self.watched_tokens().any(|t| raw.binary_search_by_key(&t, |c| c.0).is_err()) {
             return None;
         }
         let adjusted: Vec<(u32, f32)> = raw.iter().map(|&(token, l)| (token, self.adjusted(token, l))).collect();
