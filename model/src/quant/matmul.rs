@@ -86,18 +86,25 @@ pub fn matmul_each(kernel: Kernel, products: &[Product<'_>]) -> Vec<Vec<f32>> {
         assert!(bias.is_none_or(|b| b.len() == w.rows()), "quantized x·Wᵀ: bias size does not match the outputs");
     }
     let mut outs: Vec<Vec<f32>> = products.iter().map(|p| vec![0.0f32; p.m * p.w.rows()]).collect();
-    let acts: Vec<Activations> = products
-        .iter()
-        .map(|&Product { x, m, w, .. }| {
-            // The AVX2 kernel multiplies K-quants' sub-block scales into the integer sums, which
-            // needs one activation scale per super-block.
-            let shared = match kernel == Kernel::Avx2 && w.parts.iter().all(|p| p.layout.ty.is_k()) {
-                true => w.parts[0].layout.groups,
-                false => 1,
-            };
-            Activations::quantize(x, m, w.k(), w.padded_k() / GROUP, shared)
-        })
-        .collect();
+    // Each product's activations, quantized once for the products that share an input and a
+    // quantization (a decode step's experts all read the same row into their gate/up products).
+    let mut quantized: Vec<Quantized<'_>> = Vec::new();
+    let mut acts_of = Vec::with_capacity(products.len());
+    for &Product { x, m, w, .. } in products {
+        // The AVX2 kernel multiplies K-quants' sub-block scales into the integer sums, which
+        // needs one activation scale per super-block.
+        let shared = match kernel == Kernel::Avx2 && w.parts.iter().all(|p| p.layout.ty.is_k()) {
+            true => w.parts[0].layout.groups,
+            false => 1,
+        };
+        let (k, groups) = (w.k(), w.padded_k() / GROUP);
+        let same = |q: &Quantized<'_>| std::ptr::eq(q.x, x) && (q.k, q.groups, q.shared) == (k, groups, shared);
+        let at = quantized.iter().position(same).unwrap_or_else(|| {
+            quantized.push(Quantized { x, k, groups, shared, acts: Activations::quantize(x, m, k, groups, shared) });
+            quantized.len() - 1
+        });
+        acts_of.push(at);
+    }
     let blocks = blocks(products);
     let mut tasks = Vec::with_capacity(blocks.len());
     for (i, out) in outs.iter_mut().enumerate() {
@@ -107,7 +114,7 @@ pub fn matmul_each(kernel: Kernel, products: &[Product<'_>]) -> Vec<Vec<f32>> {
     }
     tasks.into_par_iter().for_each(|(block, mut rows)| {
         let Product { m, w, bias, .. } = products[block.product];
-        let acts = &acts[block.product];
+        let acts = &quantized[acts_of[block.product]].acts;
         let part = &w.parts[block.part];
         let bias = bias.map(|b| &b[block.columns.start..block.columns.end]);
         let chunk_rows = (CHUNK_BYTES / (acts.groups * (GROUP + 16))).clamp(8, 256);
@@ -122,6 +129,15 @@ pub fn matmul_each(kernel: Kernel, products: &[Product<'_>]) -> Vec<Vec<f32>> {
         }
     });
     outs
+}
+
+/// One input's activations as [`matmul_each`] quantized them, with what they were quantized for.
+struct Quantized<'a> {
+    x: &'a [f32],
+    k: usize,
+    groups: usize,
+    shared: usize,
+    acts: Activations,
 }
 
 /// A run of panels of one part of one product's weight, and the output columns they fill.

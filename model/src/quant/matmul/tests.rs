@@ -206,7 +206,8 @@ fn stacked_parts_keep_their_formats_and_columns() {
 
 /// Several products in one loop ([`matmul_each`]) give each product's own output, bit for bit:
 /// formats and widths that differ, a stacked matrix of two formats, a bias, no rows, one row
-/// (a decode step's experts), and more rows than a chunk of activations; on every kernel here.
+/// (a decode step's experts), more rows than a chunk of activations, and products that read the
+/// same input; on every kernel here.
 #[test]
 fn products_run_together_equal_each_run_alone() {
     let single = |ty: QuantType, rows: usize, k: usize, seed: u64| {
@@ -225,12 +226,17 @@ fn products_run_together_equal_each_run_alone() {
     let inputs: Vec<Vec<f32>> =
         weights.iter().enumerate().map(|(i, (w, m))| test_values(m * w.k(), 40 + i as u64)).collect();
     let bias = test_values(63, 8);
-    let products: Vec<Product<'_>> = weights
+    let mut products: Vec<Product<'_>> = weights
         .iter()
         .zip(&inputs)
         .enumerate()
         .map(|(i, ((w, m), x))| Product { x, m: *m, w, bias: (i == 2).then_some(bias.as_slice()) })
         .collect();
+    // Two more on the first product's input (quantized once for those that quantize it alike:
+    // not the AVX2 kernel's Q8_0 beside its K-quants).
+    let (q4k, q8) = (single(QuantType::Q4K, 48, 256, 9), single(QuantType::Q8_0, 48, 256, 10));
+    products.push(Product { w: &q4k, ..products[0] });
+    products.push(Product { w: &q8, ..products[0] });
     for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Vnni].into_iter().filter(|k| k.available()) {
         let together = matmul_each(kernel, &products);
         assert_eq!(together.len(), products.len());
