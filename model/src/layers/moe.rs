@@ -185,12 +185,14 @@ impl Moe {
             && n * self.top_k <= self.experts.len().saturating_mul(kernels::gpu_moe_pairs_per_expert())
     }
 
-    /// On the CPU with packed (quantized) experts: the chosen experts' gate/up products in one
-    /// parallel loop, then their down products in another (`linear::packed_products`), rather
-    /// than two loops an expert; each expert's rows gathered (a single row taken as it is), and
-    /// the outputs weighed and added on the host in the experts' order, as [`Self::grouped`] and
-    /// [`Self::one_row`] add them. `None` elsewhere: another device, or an expert's matrix dense
-    /// or with a bias.
+    /// On the CPU with packed (quantized) experts, a decode step's rows (at most
+    /// [`kernels::XWT_MAX_ROWS`]): the chosen experts' gate/up products in one parallel loop,
+    /// then their down products in another (`linear::packed_products`), rather than two loops an
+    /// expert; each expert's rows gathered (a single row taken as it is), and the outputs weighed
+    /// and added on the host in the experts' order, as [`Self::grouped`] and [`Self::one_row`]
+    /// add them. `None` elsewhere: another device, an expert's matrix dense or with a bias, or a
+    /// prompt's rows, whose experts take many rows each and ran 5-15% slower this way
+    /// (`qwen3-moe-mini`, prefill 512, Zen 4).
     fn packed_on_host(experts: &[Expert], groups: &[Vec<(usize, f32)>], x: &Tensor<2>) -> Option<Tensor<2>> {
         let packed = |l: &Linear| l.bias.is_none() && matches!(l.weight.matrix(), linear::Matrix::Packed(_));
         let chosen: Vec<(&Expert, &[(usize, f32)])> = experts
@@ -199,17 +201,23 @@ impl Moe {
             .filter(|(_, rows)| !rows.is_empty())
             .map(|(e, rows)| (e, rows.as_slice()))
             .collect();
-        if x.device() != Device::flex() || !chosen.iter().all(|(e, _)| packed(&e.gate_up) && packed(&e.down)) {
+        let [n, hidden] = x.dims();
+        let decode = n <= kernels::XWT_MAX_ROWS;
+        if !decode || x.device() != Device::flex() || !chosen.iter().all(|(e, _)| packed(&e.gate_up) && packed(&e.down))
+        {
             return None;
         }
-        let [n, hidden] = x.dims();
         let x: Vec<f32> = transfers::read(x.clone()).ok()?;
         let inputs: Vec<Vec<f32>> = match n {
             1 => Vec::new(),
             _ => chosen
                 .iter()
                 .map(|(_, rows)| {
-                    rows.iter().flat_map(|&(row, _)| &x[row * hidden..(row + 1) * hidden]).copied().collect()
+                    let mut input = Vec::with_capacity(rows.len() * hidden);
+                    for &(row, _) in *rows {
+                        input.extend_from_slice(&x[row * hidden..(row + 1) * hidden]);
+                    }
+                    input
                 })
                 .collect(),
         };
@@ -372,6 +380,10 @@ mod tests {
             let groups = moe.route(&moe.router.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap(), n);
             let on_host = Moe::packed_on_host(&moe.experts, &groups, &x);
             assert_eq!(on_host.is_some(), packed, "the host's route");
+            // A prompt's rows take the grouped pass.
+            let long = Tensor::<2>::zeros([kernels::XWT_MAX_ROWS + 1, hidden], &Device::flex());
+            let long_groups = moe.route(&vec![0.0; (kernels::XWT_MAX_ROWS + 1) * experts], kernels::XWT_MAX_ROWS + 1);
+            assert!(Moe::packed_on_host(&moe.experts, &long_groups, &long).is_none());
             if let Some(on_host) = on_host {
                 // The same products as the grouped pass runs one expert at a time, bit for bit.
                 let bits = |t: Tensor<2>| t.into_data().iter::<f32>().map(f32::to_bits).collect::<Vec<_>>();
