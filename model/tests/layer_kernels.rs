@@ -907,7 +907,7 @@ fn top_k_rows_take_the_largest_values_best_first() {
 #[test]
 fn experts_routed_on_the_device_match_a_reference() {
     use burn::tensor::FloatDType;
-    use llaisys_model::layers::{Expert, ExpertStacks, Linear, Moe, Pre, SharedExpert, linear};
+    use llaisys_model::layers::{Expert, ExpertStacks, Linear, Moe, Pre, linear};
     use llaisys_model::quant::QuantType;
     use llaisys_model::quant::device::DeviceRows;
     let (spec, device) = device();
@@ -920,6 +920,8 @@ fn experts_routed_on_the_device_match_a_reference() {
     // expert (many chunks of it).
     cases.push(("f32, 300 experts, top 2", 32, 16, 300, 2, None, None));
     cases.push(("f32, 6 experts, top 2, skewed", 32, 16, 6, 2, None, None));
+    // More pairs a row than a cube's groups: the down products sum a row's pairs in passes.
+    cases.push(("f32, 24 experts, top 10", 32, 16, 24, 10, None, None));
     if on_gpu {
         cases.push(("bf16, 8 experts, top 2", 64, 48, 8, 2, Some(Ok(FloatDType::BF16)), Some(Ok(FloatDType::BF16))));
         cases.push(("f16, 4 experts, top 2", 48, 64, 4, 2, Some(Ok(FloatDType::F16)), Some(Ok(FloatDType::F16))));
@@ -991,7 +993,11 @@ fn experts_routed_on_the_device_match_a_reference() {
             let t = Tensor::<2>::from_data(TensorData::new(router_v.clone(), [experts, hidden]), &device);
             router = linear::dense(t);
         }
-        let (gate, gate_v) = matrix(1, hidden, seed + 501, None);
+        let (_, gate_v) = matrix(1, hidden, seed + 501, None);
+        // With a shared expert, its gate's row after the router's.
+        let gated =
+            Tensor::<2>::from_data(TensorData::new([&router_v[..], &gate_v].concat(), [experts + 1, hidden]), &device);
+        let gated = linear::dense(gated);
         let watch = llaisys_model::launches::watch(false);
         let (all, stacks) = ExpertStacks::build(all);
         assert_eq!(stacks.is_some(), on_gpu, "{name}: the experts are stacked where the device routes them");
@@ -1011,14 +1017,11 @@ fn experts_routed_on_the_device_match_a_reference() {
         let rms = RmsNorm { weight: Tensor::from_data(TensorData::new(g.clone(), [hidden]), &device), eps: 1e-6 };
         for norm in [true, false] {
             let moe = Moe {
-                router: Linear { weight: router.clone(), bias: None },
+                router: Linear { weight: if norm { router.clone() } else { gated.clone() }, bias: None },
                 experts: all.clone(),
                 top_k,
                 norm_topk_prob: norm,
-                shared: (!norm).then(|| SharedExpert {
-                    expert: shared_expert.clone(),
-                    gate: Linear { weight: gate.clone(), bias: None },
-                }),
+                shared: (!norm).then(|| shared_expert.clone()),
                 stacks: stacks.clone(),
             };
             // 13 rows group on the device in every case, 60 on the host where that is more
@@ -1044,7 +1047,7 @@ fn experts_routed_on_the_device_match_a_reference() {
                 let run = || host(moe.forward_with(x, pre, residual));
                 let got = match pairs <= experts {
                     _ if !routed_here => run(),
-                    true => ran_all(spec, &["moe_route", "experts", "moe_combine"], run),
+                    true => ran_all(spec, &["moe_route", "experts", "experts_sum"], run),
                     false => ran_all(spec, &["moe_route", "moe_group", "moe_gather", "grouped", "moe_combine"], run),
                 };
                 let mut want = Vec::with_capacity(n * hidden);

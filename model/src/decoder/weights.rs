@@ -9,7 +9,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use crate::config::ModelConfig;
 use crate::error::LoadError;
-use crate::layers::{Expert, ExpertStacks, Linear, Moe, RmsNorm, SharedExpert, Weight, linear};
+use crate::layers::{Expert, ExpertStacks, Linear, Moe, RmsNorm, Weight, linear};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
 /// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`, and the
@@ -337,7 +337,7 @@ impl Ffn {
         match self {
             Ffn::Dense(mlp) => expert(mlp).to_vec(),
             Ffn::Moe(moe) => {
-                let shared = moe.shared.iter().flat_map(|s| expert(&s.expert));
+                let shared = moe.shared.iter().flat_map(expert);
                 moe.experts.iter().flat_map(expert).chain(shared).chain([&moe.router.weight]).collect()
             }
         }
@@ -451,31 +451,33 @@ impl Weights {
                                 .collect();
                             // On a GPU, stacked for routing there.
                             let (experts, stacks) = ExpertStacks::build(experts);
-                            // The routers are small: kept dense in f32 (llama.cpp never quantizes them).
-                            let f32_matrix = |slot: Slot, rows: usize| -> Result<Linear, LoadError> {
+                            // The routers are small: kept dense in f32 (llama.cpp never quantizes them),
+                            // the shared expert's gate's row after the router's (one product).
+                            let mut routers = vec![Slot::MoeRouter];
+                            routers.extend(m.shared_intermediate_size.map(|_| Slot::SharedRouter));
+                            let mut values = Vec::with_capacity((m.experts + 1) * c.hidden_size);
+                            for &slot in &routers {
                                 let name = name_of(slot, Some(l), naming);
-                                let values = src.data(&name, DType::F32)?.try_into_vec::<f32>().map_err(|e| {
+                                let data = src.data(&name, DType::F32)?.try_into_vec::<f32>().map_err(|e| {
                                     LoadError::Tensor { name: name.clone(), reason: format!("reading values: {e:?}") }
                                 })?;
                                 src.done(&name);
-                                let data = TensorData::new(values, [rows, c.hidden_size]);
-                                Ok(Linear {
-                                    weight: linear::dense(Tensor::from_data(data, (device, DType::F32))),
-                                    bias: None,
-                                })
-                            };
+                                values.extend(data);
+                            }
+                            let rows = values.len() / c.hidden_size;
+                            let router = TensorData::new(values, [rows, c.hidden_size]);
                             let shared = match m.shared_intermediate_size {
                                 None => None,
-                                Some(_) => Some(SharedExpert {
-                                    expert: Expert {
-                                        gate_up: stacked(&[Slot::SharedGate, Slot::SharedUp], &[], Some(l))?,
-                                        down: Linear { weight: mat(Slot::SharedDown, Some(l))?, bias: None },
-                                    },
-                                    gate: f32_matrix(Slot::SharedRouter, 1)?,
+                                Some(_) => Some(Expert {
+                                    gate_up: stacked(&[Slot::SharedGate, Slot::SharedUp], &[], Some(l))?,
+                                    down: Linear { weight: mat(Slot::SharedDown, Some(l))?, bias: None },
                                 }),
                             };
                             Ffn::Moe(Box::new(Moe {
-                                router: f32_matrix(Slot::MoeRouter, m.experts)?,
+                                router: Linear {
+                                    weight: linear::dense(Tensor::from_data(router, (device, DType::F32))),
+                                    bias: None,
+                                },
                                 experts,
                                 top_k: m.experts_per_token,
                                 norm_topk_prob: m.norm_topk_prob,
@@ -599,14 +601,19 @@ impl Weights {
             e.gate_up.weight = linear::replace_rows(&e.gate_up.weight, rows, data, device);
         };
         match (slot, moe.experts.get_mut(expert), moe.shared.as_mut()) {
-            (Slot::MoeRouter, _, _) => moe.router.weight = linear::like(&moe.router.weight, data, device),
+            (Slot::MoeRouter, _, _) => {
+                moe.router.weight = linear::replace_rows(&moe.router.weight, 0..moe.experts.len(), data, device);
+            }
             (Slot::ExpertGate, Some(e), _) => gate_up(e, 0..width, data),
             (Slot::ExpertUp, Some(e), _) => gate_up(e, width..2 * width, data),
             (Slot::ExpertDown, Some(e), _) => e.down.weight = linear::like(&e.down.weight, data, device),
-            (Slot::SharedGate, _, Some(s)) => gate_up(&mut s.expert, 0..shared, data),
-            (Slot::SharedUp, _, Some(s)) => gate_up(&mut s.expert, shared..2 * shared, data),
-            (Slot::SharedDown, _, Some(s)) => s.expert.down.weight = linear::like(&s.expert.down.weight, data, device),
-            (Slot::SharedRouter, _, Some(s)) => s.gate.weight = linear::like(&s.gate.weight, data, device),
+            (Slot::SharedGate, _, Some(s)) => gate_up(s, 0..shared, data),
+            (Slot::SharedUp, _, Some(s)) => gate_up(s, shared..2 * shared, data),
+            (Slot::SharedDown, _, Some(s)) => s.down.weight = linear::like(&s.down.weight, data, device),
+            (Slot::SharedRouter, _, Some(_)) => {
+                let row = moe.experts.len();
+                moe.router.weight = linear::replace_rows(&moe.router.weight, row..row + 1, data, device);
+            }
             _ => {}
         }
     }

@@ -102,7 +102,7 @@ pub(crate) mod gpu {
         _: bool,
         _: super::GpuWeight<'_>,
         _: super::GpuWeight<'_>,
-        _: Option<(&Tensor<2>, &Tensor<2>)>,
+        _: Option<&Tensor<2>>,
         _: Option<&Tensor<2>>,
     ) -> Option<Tensor<2>> {
         None
@@ -613,27 +613,28 @@ pub fn gpu_xwt(
 
 /// A mixture of experts' feed-forward for a decode step's rows routed on a GPU, over `pre(x)`
 /// (x as it is, or normed on the device): each row's `top_k` experts chosen from the router's
-/// `logits` there, run over the experts' matrices stacked (`gate_up`: each expert's gate rows
+/// `scores` there, run over the experts' matrices stacked (`gate_up`: each expert's gate rows
 /// then its up rows; `down`: each expert's rows), a pair at a time or grouped by expert there
 /// (past one pair an expert), and weighed, and the shared expert's output added, scaled by
-/// `sigmoid(gate)`, and the residual: four or six launches and no read back. `None` where it
-/// declines (the CPU, a stack the kernels do not read).
+/// `sigmoid` of its gate (the scores' last column), and the residual: three or six launches
+/// and no read back. `None` where it declines (the CPU, a stack the kernels do not read).
 ///
 /// # Shapes
-/// x: [n, h] f32, logits: [n, experts] f32 (of pre(x)), gate_up: [experts · 2 · width, h], down:
-/// [experts · h, width], shared: ([n, h], [n, 1]) f32, residual: [n, h] f32 → [n, h] f32
+/// x: [n, h] f32, scores: [n, experts] f32 (of pre(x)), or [n, experts + 1] with a shared
+/// expert's gate, gate_up: [experts · 2 · width, h], down: [experts · h, width], shared: [n, h]
+/// f32, residual: [n, h] f32 → [n, h] f32
 #[allow(clippy::too_many_arguments)]
 pub fn gpu_moe(
     x: &Tensor<2>,
     pre: Pre<'_>,
-    logits: &Tensor<2>,
+    scores: &Tensor<2>,
     top_k: usize,
     norm: bool,
     [gate_up, down]: [GpuWeight<'_>; 2],
-    shared: Option<(&Tensor<2>, &Tensor<2>)>,
+    shared: Option<&Tensor<2>>,
     residual: Option<&Tensor<2>>,
 ) -> Option<Tensor<2>> {
-    let y = gpu::moe(x, pre, logits, top_k, norm, gate_up, down, shared, residual)?;
+    let y = gpu::moe(x, pre, scores, top_k, norm, gate_up, down, shared, residual)?;
     // Its two products: the gate/up and the down.
     KernelCall::CubeExperts.count();
     KernelCall::CubeExperts.count();

@@ -9,7 +9,7 @@ mod swiglu;
 
 pub use attention::attention;
 pub use linear::{Linear, LinearWeight, Pre, Weight};
-pub use moe::{Expert, ExpertStacks, Moe, SharedExpert, expert_stats};
+pub use moe::{Expert, ExpertStacks, Moe, expert_stats};
 pub use rms_norm::RmsNorm;
 pub use rope::Rope;
 pub use swiglu::swiglu;

@@ -32,14 +32,6 @@ impl Expert {
     }
 }
 
-/// A shared expert every token goes through, scaled by `sigmoid(gate · x)` (Qwen2-MoE).
-#[derive(Debug, Clone)]
-pub struct SharedExpert {
-    pub expert: Expert,
-    /// [1, hidden]
-    pub gate: Linear,
-}
-
 /// A mixture-of-experts feed-forward: a softmax router picks each token's top-k experts, whose
 /// outputs are summed with the router's weights (renormalised to 1 where `norm_topk_prob`).
 ///
@@ -52,13 +44,16 @@ pub struct SharedExpert {
 /// runs to its logits without waiting.
 #[derive(Debug, Clone)]
 pub struct Moe {
-    /// [experts, hidden]
+    /// The router's rows, [experts, hidden], then where there is a shared expert its gate's row
+    /// ([1, hidden]): one product for both.
     pub router: Linear,
     /// Each expert's matrices: on a GPU with `stacks`, views of its rows of them.
     pub experts: Vec<Expert>,
     pub top_k: usize,
     pub norm_topk_prob: bool,
-    pub shared: Option<SharedExpert>,
+    /// A shared expert every token goes through, scaled by `sigmoid(gate · x)` (Qwen2-MoE), its
+    /// gate the router's last row.
+    pub shared: Option<Expert>,
     /// The experts' matrices in one buffer each, where the device routes on its own.
     pub stacks: Option<ExpertStacks>,
 }
@@ -129,23 +124,21 @@ impl Moe {
         // The few-row products take the norm inside; the device's routing, its gathered rows'.
         let inside = on_device && n <= kernels::GPU_XWT_ROWS;
         let (x, pre) = if inside { (x, pre) } else { (pre.apply(x), Pre::Plain) };
-        let logits = self.router.forward_with(x.clone(), pre, None);
-        let shared = self.shared.as_ref().map(|s| {
-            let gate = s.gate.forward_with(x.clone(), pre, None);
-            (s.expert.forward_with(x.clone(), pre, None), gate)
-        });
+        // The router's scores and the shared expert's gate, in one product.
+        let experts = self.experts.len();
+        let scores = self.router.forward_with(x.clone(), pre, None);
+        let shared = self.shared.as_ref().map(|s| s.forward_with(x.clone(), pre, None));
         if let Some(stacks) = self.stacks.as_ref().filter(|_| on_device) {
             let stacks = [stacks.gate_up.matrix().gpu(), stacks.down.matrix().gpu()];
-            let shared = shared.as_ref().map(|(y, g)| (y, g));
             if let [Some(gate_up), Some(down)] = stacks
                 && let Some(y) = kernels::gpu_moe(
                     &x,
                     pre,
-                    &logits,
+                    &scores,
                     self.top_k,
                     self.norm_topk_prob,
                     [gate_up, down],
-                    shared,
+                    shared.as_ref(),
                     residual.as_ref(),
                 )
             {
@@ -154,10 +147,10 @@ impl Moe {
         }
         let x = pre.apply(x);
         // The router's scores come to the host to group the tokens by expert: on a GPU, the
-        // layer's one read back. A failed read fails the pass (its panic is the pass's error),
-        // rather than routing nothing.
-        let logits: Vec<f32> = transfers::read(logits).expect("reading the router's scores");
-        let groups = self.route(&logits, n);
+        // layer's one read back (the shared expert's gate with them). A failed read fails the
+        // pass (its panic is the pass's error), rather than routing nothing.
+        let read: Vec<f32> = transfers::read(scores.clone()).expect("reading the router's scores");
+        let groups = self.route(&read, n);
         self.count(&groups);
         let routed = match Self::packed_on_host(&self.experts, &groups, &x) {
             Some(routed) => routed,
@@ -166,7 +159,7 @@ impl Moe {
         };
         let y = match shared {
             None => routed,
-            Some((y, gate)) => routed + y * sigmoid(gate),
+            Some(y) => routed + y * sigmoid(scores.narrow(1, experts, 1)),
         };
         match residual {
             Some(r) => r + y,
@@ -310,12 +303,15 @@ impl Moe {
         }
     }
 
-    /// Each expert's tokens (row, weight): the top-k of each row's softmax over `logits`
-    /// ([n, experts] row-major), renormalised where the config says.
-    fn route(&self, logits: &[f32], n: usize) -> Vec<Vec<(usize, f32)>> {
+    /// Each expert's tokens (row, weight): the top-k of each row's softmax over its experts'
+    /// scores (the first of each row of `scores`, the router's [n, experts (+ 1 with a shared
+    /// expert's gate)] row-major), renormalised where the config says.
+    fn route(&self, scores: &[f32], n: usize) -> Vec<Vec<(usize, f32)>> {
         let experts = self.experts.len();
+        let width = experts + usize::from(self.shared.is_some());
         let mut groups: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts];
-        for (row, logits) in logits.chunks_exact(experts).take(n).enumerate() {
+        for (row, scores) in scores.chunks_exact(width).take(n).enumerate() {
+            let logits = &scores[..experts];
             let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
             let sum: f32 = exp.iter().sum();
@@ -368,11 +364,11 @@ mod tests {
         let packed = matches!(expert(0).down.weight.matrix(), linear::Matrix::Packed(_));
         for (norm, shared) in [(true, false), (false, true)] {
             let moe = Moe {
-                router: matrix(experts, hidden, 3),
+                router: matrix(experts + usize::from(shared), hidden, 3),
                 experts: (0..experts as u32).map(expert).collect(),
                 top_k: 2,
                 norm_topk_prob: norm,
-                shared: shared.then(|| SharedExpert { expert: expert(99), gate: matrix(1, hidden, 7) }),
+                shared: shared.then(|| expert(99)),
                 stacks: None,
             };
             let values: Vec<f32> = crate::kernels::test_values(n * hidden, 5).iter().map(|v| v * 2.0).collect();
@@ -382,7 +378,8 @@ mod tests {
             assert_eq!(on_host.is_some(), packed, "the host's route");
             // A prompt's rows take the grouped pass.
             let long = Tensor::<2>::zeros([kernels::XWT_MAX_ROWS + 1, hidden], &Device::flex());
-            let long_groups = moe.route(&vec![0.0; (kernels::XWT_MAX_ROWS + 1) * experts], kernels::XWT_MAX_ROWS + 1);
+            let width = experts + usize::from(shared);
+            let long_groups = moe.route(&vec![0.0; (kernels::XWT_MAX_ROWS + 1) * width], kernels::XWT_MAX_ROWS + 1);
             assert!(Moe::packed_on_host(&moe.experts, &long_groups, &long).is_none());
             if let Some(on_host) = on_host {
                 // The same products as the grouped pass runs one expert at a time, bit for bit.
@@ -396,7 +393,8 @@ mod tests {
                     TensorData::new(values[row * hidden..(row + 1) * hidden].to_vec(), [1, hidden]),
                     &Device::flex(),
                 );
-                let logits = moe.router.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap();
+                let scores = moe.router.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap();
+                let logits = &scores[..experts];
                 let sum: f32 = logits.iter().map(|l| l.exp()).sum();
                 let mut order: Vec<usize> = (0..experts).collect();
                 order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
@@ -410,8 +408,9 @@ mod tests {
                     want.iter_mut().zip(&y).for_each(|(o, y)| *o += w * y);
                 }
                 if let Some(s) = &moe.shared {
-                    let g = s.gate.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap()[0];
-                    let y = s.expert.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap();
+                    // The shared expert's gate: the router's last row.
+                    let g = scores[experts];
+                    let y = s.forward(x.clone()).into_data().try_into_vec::<f32>().unwrap();
                     want.iter_mut().zip(&y).for_each(|(o, y)| *o += y / (1.0 + (-g).exp()));
                 }
                 // A quantized product's sums run in another order over several rows than over one.

@@ -591,6 +591,10 @@ pub const Q4_K: u32 = 12;
 pub const Q5_K: u32 = 13;
 pub const Q6_K: u32 = 14;
 
+/// Not a block format: a kernel that reads weights dense or in blocks reads them dense (ggml's
+/// id of f32; f16 and bf16 rows too).
+pub const DENSE: u32 = 0;
+
 /// Values a lane decodes at a time: half a 32-value block, a sixteenth of a K-quant's.
 pub const CHUNK: usize = 16;
 
@@ -1444,19 +1448,21 @@ pub fn top_k(
     }
 }
 
-/// A mixture-of-experts router's choice for each row of its logits, one cube a row: the
-/// `top_k` largest logits (the smaller index first among equal ones, as `torch.topk`), their
-/// experts' indices into `ids` and their softmax probabilities into `weights` (over all the
-/// row's logits; renormalised to sum to 1 with `norm`). The choice the host makes from the same
-/// logits (`Moe::route`), without bringing them back.
+/// A mixture-of-experts router's choice for each row of its logits (the first `experts` of
+/// each row of `logits`), one cube a row: the `top_k` largest logits (the smaller index first
+/// among equal ones, as `torch.topk`), their experts' indices into `ids` and their softmax
+/// probabilities into `weights` (over all the row's logits; renormalised to sum to 1 with
+/// `norm`). The choice the host makes from the same logits (`Moe::route`), without bringing
+/// them back.
 ///
-/// logits: [n, experts] (any strides), ids: [n, top_k] i32 contiguous, weights: [n, top_k] f32
-/// contiguous.
+/// logits: [n, ≥ experts] (any strides), ids: [n, top_k] i32 contiguous, weights: [n, top_k]
+/// f32 contiguous.
 #[cube(launch)]
 pub fn moe_route(
     logits: &Tensor<f32>,
     ids: &mut Tensor<i32>,
     weights: &mut Tensor<f32>,
+    experts: usize,
     #[comptime] top_k: usize,
     #[comptime] norm: bool,
     #[comptime] units: usize,
@@ -1465,7 +1471,7 @@ pub fn moe_route(
     if row >= logits.shape(0) {
         terminate!();
     }
-    let (base, stride, experts) = (row * logits.stride(0), logits.stride(1), logits.shape(1));
+    let (base, stride) = (row * logits.stride(0), logits.stride(1));
     let shared = Shared::<[f32]>::new_slice(units);
     let mut top = f32::new(LOWEST);
     let mut e = UNIT_POS as usize;
@@ -1511,9 +1517,9 @@ pub fn moe_route(
 /// experts' matrices stacked (expert e's rows from `e · outs`, outs the output's width), as
 /// [`xwt`]'s product of one row: one cube a pair and [`XWT_OUTS`] columns (cube c: pair
 /// c / blocks, its block of columns c mod blocks, `blocks` the output's width over XWT_OUTS
-/// rounded up). The pair reads row `pair / x_div` of x (the
-/// layer's input, `x_div` its top-k, for the gate/up product, under `PRE_NORM` the layer's
-/// norm; the pair's own row, `x_div` 1, for the down product under `PRE_SWIGLU`).
+/// rounded up). The pair reads row `pair / x_div` of x (for the gate/up product, the layer's
+/// input, `x_div` its top-k, under `PRE_NORM` the layer's norm; the down products run in
+/// [`xwt_experts_sum`]).
 ///
 /// x: [rows, k] (any strides; [rows, 2k] with `PRE_SWIGLU`), w: [experts · outs, k] (any
 /// strides), norm: \[k\] (read with `PRE_NORM`), ids: [pairs] contiguous, out: [pairs, outs]
@@ -1564,6 +1570,127 @@ pub fn xwt_q_experts(
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
     xwt_q_column(x, w, norm, shared.clone(), pair / x_div, w_row, eps, 1usize, pre, format);
     store_rows(shared, out, pair, o, 1usize);
+}
+
+/// The down products of [`xwt_experts`]' pair route with their weighted sum in the same launch,
+/// in place of the pairs' outputs and [`moe_combine`]: a cube's [`XWT_OUTS`] groups are `slots`
+/// of a row's pairs (its top-k, up to XWT_OUTS) for each of `XWT_OUTS / slots` output columns,
+/// so the group of slot 0 sums its column's pairs in slot order, as `moe_combine` does, then
+/// adds the shared expert's and the residual ([`moe_finish`]). Past XWT_OUTS pairs a row, a
+/// cube takes one column and its pairs in passes of XWT_OUTS. Cube c: row c / blocks, its
+/// block of columns c mod blocks (`blocks` the output's width over the columns a cube rounded
+/// up). Each pair reads its own row of x under `PRE_SWIGLU`, and the weights dense (`w`, with
+/// `format` [`DENSE`]) or in quantized blocks of one format (`words`, [`xwt_q_column`]).
+///
+/// x: [n · top_k, 2 · width] (any strides), w: [experts · h, width] (any strides), words:
+/// [experts · h, words a row], ids, weights: [n · top_k] contiguous, shared_y, gate, residual:
+/// as [`moe_combine`]'s, out: [n, h] contiguous.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn xwt_experts_sum<W: Float>(
+    x: &Tensor<f32>,
+    w: &Tensor<W>,
+    words: &Tensor<u32>,
+    ids: &Tensor<i32>,
+    weights: &Tensor<f32>,
+    shared_y: &Tensor<f32>,
+    gate: &Tensor<f32>,
+    gate_col: usize,
+    residual: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    blocks: usize,
+    #[comptime] top_k: usize,
+    #[comptime] has_shared: bool,
+    #[comptime] has_residual: bool,
+    #[comptime] format: u32,
+) {
+    let slots = comptime!(top_k.min(XWT_OUTS));
+    if CUBE_POS / blocks >= out.shape(0) {
+        terminate!();
+    }
+    let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
+    let mut sum = 0.0f32;
+    #[unroll]
+    for pass in 0..comptime!(top_k.div_ceil(slots)) {
+        if comptime!(format == DENSE) {
+            let (pair, w_row) = sum_slot(ids, out.shape(1), w.shape(0), blocks, pass, top_k);
+            xwt_column(x, w, x, shared.clone(), pair, w_row, 0.0f32, 1usize, PRE_SWIGLU);
+        } else {
+            let (pair, w_row) = sum_slot(ids, out.shape(1), words.shape(0), blocks, pass, top_k);
+            xwt_q_column(x, words, x, shared.clone(), pair, w_row, 0.0f32, 1usize, PRE_SWIGLU, format);
+        }
+        sum = sum_slots(shared.clone(), weights, sum, out.shape(1), blocks, pass, top_k);
+    }
+    let h = out.shape(1);
+    let (row, slot, o, has) = sum_layout(h, blocks, top_k);
+    let lane = UNIT_POS as usize % XWT_LANES;
+    if has && slot == 0 && lane == 0 {
+        out[row * h + o] = moe_finish(sum, row, o, shared_y, gate, gate_col, residual, has_shared, has_residual);
+    }
+}
+
+/// This unit's group's slot, output column and whether it has one, in [`xwt_experts_sum`]'s
+/// layout: (row, slot in its pass, column, the column is the output's).
+#[cube]
+fn sum_layout(outs: usize, blocks: usize, #[comptime] top_k: usize) -> (usize, usize, usize, bool) {
+    let slots = comptime!(top_k.min(XWT_OUTS));
+    let cols = comptime!(XWT_OUTS / slots);
+    let (row, block, group) = (CUBE_POS / blocks, CUBE_POS % blocks, UNIT_POS as usize / XWT_LANES);
+    let (slot, col) = (group % slots, group / slots);
+    let o = block * cols + col;
+    (row, slot, o, col < cols && o < outs)
+}
+
+/// The pair this unit's group reads in pass `pass` of [`xwt_experts_sum`] and the row of the
+/// stacked weight for its column (its pair's expert's, from `expert · outs`; `w_rows`, which
+/// computes nothing, for a group without a pair or a column).
+#[cube]
+fn sum_slot(
+    ids: &Tensor<i32>,
+    outs: usize,
+    w_rows: usize,
+    blocks: usize,
+    #[comptime] pass: usize,
+    #[comptime] top_k: usize,
+) -> (usize, usize) {
+    let slots = comptime!(top_k.min(XWT_OUTS));
+    let (row, slot, o, has) = sum_layout(outs, blocks, top_k);
+    let t = pass * slots + slot;
+    let reads = has && t < top_k;
+    let pair = row * top_k + select(reads, t, 0usize);
+    let expert = usize::cast_from(ids[pair]);
+    (pair, select(reads, expert * outs + o, w_rows))
+}
+
+/// `sum` plus this pass's pairs of the column (the sums [`reduce_rows`] left in `shared`, each
+/// weighed by the router), in slot order, by the column's first group's first unit (the
+/// others keep `sum`); then a barrier, so the next pass may write `shared`.
+#[cube]
+fn sum_slots(
+    shared: Shared<[f32]>,
+    weights: &Tensor<f32>,
+    sum: f32,
+    outs: usize,
+    blocks: usize,
+    #[comptime] pass: usize,
+    #[comptime] top_k: usize,
+) -> f32 {
+    let slots = comptime!(top_k.min(XWT_OUTS));
+    let (row, slot, _, has) = sum_layout(outs, blocks, top_k);
+    let unit = UNIT_POS as usize;
+    let mut sum = sum;
+    let lane = unit % XWT_LANES;
+    if has && slot == 0 && lane == 0 {
+        #[unroll]
+        for s in 0..slots {
+            let t = comptime!(pass * slots + s);
+            if comptime!(t < top_k) {
+                sum += weights[row * top_k + t] * shared[unit + s * XWT_LANES];
+            }
+        }
+    }
+    sync_cube();
+    sum
 }
 
 /// The rows of a chunk of [`xwt_grouped`]: each expert's (row, slot) pairs take whole chunks
@@ -1763,14 +1890,14 @@ fn store_rows(shared: Shared<[f32]>, out: &mut Tensor<f32>, row0: usize, o: usiz
     }
 }
 
-/// The experts' outputs of each row weighed by the router and summed, in the order of its
-/// slots, plus (with `shared`) the shared expert's output scaled by `sigmoid(gate)` and (with
-/// `has_residual`) the residual; one unit a value. A pair's output is row `pair` of y, or with
-/// `grouped` row `slots[pair]` ([`moe_group`]'s layout).
+/// The grouped experts' outputs of each row ([`moe_group`]'s layout: pair p's is row
+/// `slots[p]` of y) weighed by the router and summed, in the order of its slots, with
+/// [`moe_finish`]'s terms; one unit a value. (The pair route sums in its down product,
+/// [`xwt_experts_sum`].)
 ///
-/// y: [n · top_k (or the grouped layout's rows), h] contiguous, weights: [n, top_k] contiguous,
-/// slots: [n · top_k] i32 (read with `grouped`), shared_y, residual: [n, h] (any strides), gate:
-/// [n, 1] (any strides), out: [n, h] contiguous.
+/// y: [the grouped layout's rows, h] contiguous, weights: [n, top_k] contiguous, slots: [n ·
+/// top_k] i32, shared_y, residual: [n, h] (any strides), gate: [n, > gate_col] (any strides;
+/// its column `gate_col` read), out: [n, h] contiguous.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
@@ -1779,12 +1906,12 @@ pub fn moe_combine(
     slots: &Tensor<i32>,
     shared_y: &Tensor<f32>,
     gate: &Tensor<f32>,
+    gate_col: usize,
     residual: &Tensor<f32>,
     out: &mut Tensor<f32>,
     #[comptime] top_k: usize,
     #[comptime] shared: bool,
     #[comptime] has_residual: bool,
-    #[comptime] grouped: bool,
 ) {
     let at = ABSOLUTE_POS;
     if at >= out.len() {
@@ -1796,18 +1923,34 @@ pub fn moe_combine(
     #[unroll]
     for t in 0..top_k {
         let pair = row * top_k + t;
-        let mut y_row = pair;
-        if comptime!(grouped) {
-            y_row = usize::cast_from(slots[pair]);
-        }
-        sum += weights[pair] * y[y_row * h + c];
+        sum += weights[pair] * y[usize::cast_from(slots[pair]) * h + c];
     }
+    out[at] = moe_finish(sum, row, c, shared_y, gate, gate_col, residual, shared, has_residual);
+}
+
+/// Column `c` of row `row` of a mixture's output from its experts' weighed `sum`: plus (with
+/// `shared`) the shared expert's output scaled by `sigmoid` of the row's `gate_col` of `gate`,
+/// and (with `has_residual`) the residual.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn moe_finish(
+    sum: f32,
+    row: usize,
+    c: usize,
+    shared_y: &Tensor<f32>,
+    gate: &Tensor<f32>,
+    gate_col: usize,
+    residual: &Tensor<f32>,
+    #[comptime] shared: bool,
+    #[comptime] has_residual: bool,
+) -> f32 {
+    let mut sum = sum;
     if comptime!(shared) {
-        let g = gate[row * gate.stride(0)];
+        let g = gate[row * gate.stride(0) + gate_col * gate.stride(1)];
         sum += shared_y[row * shared_y.stride(0) + c * shared_y.stride(1)] / (1.0f32 + (-g).exp());
     }
     if comptime!(has_residual) {
         sum += residual[row * residual.stride(0) + c * residual.stride(1)];
     }
-    out[at] = sum;
+    sum
 }

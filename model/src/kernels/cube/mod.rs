@@ -924,6 +924,65 @@ impl ExpertStack {
     }
 }
 
+impl ExpertStack {
+    /// The pairs' down products of x's rows (pair p's, under SwiGLU's gate) weighed by the
+    /// router and summed into each row's output with `tail`'s terms, in one launch
+    /// ([`kernels::xwt_experts_sum`]): [n, outs], n the pairs over `top_k`.
+    fn summed(self, x: &CubeTensor, ids: &CubeTensor, weights: &CubeTensor, outs: usize, tail: &Tail) -> CubeTensor {
+        let top_k = tail.top_k;
+        let n = ids.meta.shape().num_elements() / top_k;
+        let columns = kernels::XWT_OUTS / top_k.min(kernels::XWT_OUTS);
+        let blocks = outs.div_ceil(columns);
+        let out = empty(x, [n, outs]);
+        let (count, dim) = cubes(n * blocks, kernels::XWT_UNITS);
+        let [xa, ia, wta, sa, ga, ra, oa] =
+            [x, ids, weights, &tail.shared_y, &tail.gate, &tail.residual, &out].map(|t| t.clone().into_tensor_arg());
+        let (shared, residual, gate_col) = (tail.has_shared, tail.has_residual, tail.gate_col);
+        // The kind of weight the kernel does not read: a stand-in of the other type.
+        let (w, words, format) = match self {
+            Self::Dense(w) => (w, empty_as(x, [1], DType::U32), kernels::DENSE),
+            Self::Blocks(format, words) => (x.clone(), words, format),
+        };
+        let (dtype, wa, words) = (w.dtype, w.into_tensor_arg(), words.into_tensor_arg());
+        launch_in!(
+            dtype,
+            kernels::xwt_experts_sum,
+            &x.client,
+            count,
+            dim,
+            xa,
+            wa,
+            words,
+            ia,
+            wta,
+            sa,
+            ga,
+            gate_col,
+            ra,
+            oa,
+            blocks,
+            top_k,
+            shared,
+            residual,
+            format
+        );
+        out
+    }
+}
+
+/// What a mixture adds to its experts' weighed sum: the shared expert's output scaled by
+/// `sigmoid` of column `gate_col` of `gate` (with `has_shared`), and the residual (with
+/// `has_residual`); tensors not read stand in for those without (x).
+struct Tail {
+    top_k: usize,
+    shared_y: CubeTensor,
+    gate: CubeTensor,
+    gate_col: usize,
+    residual: CubeTensor,
+    has_shared: bool,
+    has_residual: bool,
+}
+
 /// How [`ExpertStack::products`] reads its rows' experts: a pair's (`ids[pair]`, its row of x
 /// `pair / x_div`), or a chunk's of [`kernels::moe_group`]'s layout.
 #[derive(Clone, Copy)]
@@ -959,83 +1018,95 @@ fn group(x: &CubeTensor, ids: &CubeTensor, experts: usize, pre: (u32, &CubeTenso
 }
 
 /// A mixture of experts' feed-forward for a decode step's rows without the router's scores
-/// leaving the device: each row's `top_k` experts chosen from `logits` ([`kernels::moe_route`]),
+/// leaving the device: each row's `top_k` experts chosen from its router's scores
+/// ([`kernels::moe_route`]),
 /// its (row, slot) pairs run through their experts' gate/up products (of `pre(x)`: x as it is
 /// or normed) and down products under SwiGLU's gate (the experts' matrices stacked, expert e's
 /// rows from e times a matrix's), and the pairs' outputs weighed and summed with the shared
-/// expert's, scaled by `sigmoid(gate)`, and the residual ([`kernels::moe_combine`]).
+/// expert's, scaled by `sigmoid` of its gate (the scores' last column), and the residual.
 ///
 /// Two ways through the experts. With a pair an expert or fewer, each pair reads its expert's
-/// matrices ([`kernels::xwt_experts`], the norm inside): four launches. With more, the pairs
+/// matrices ([`kernels::xwt_experts`], the norm inside), and the down products sum each row's
+/// pairs in their launch ([`kernels::xwt_experts_sum`]): three launches. With more, the pairs
 /// are grouped by expert on the device ([`kernels::moe_group`]), x's rows gathered (and normed)
-/// in that order ([`kernels::moe_gather`]), and each chosen expert's matrices read once a
-/// chunk of its pairs ([`kernels::xwt_grouped`]): six launches. Nothing read back either way.
+/// in that order ([`kernels::moe_gather`]), each chosen expert's matrices read once a chunk of
+/// its pairs ([`kernels::xwt_grouped`]), and the outputs summed ([`kernels::moe_combine`]): six
+/// launches. Nothing read back either way.
 /// `None` where it declines (shapes, a stack in several parts, tensors not CubeCL rows in f32).
 /// How many rows are worth routing here is the caller's choice (`Moe::routes_on_device`).
 ///
 /// # Shapes
-/// - x: [n, h] f32, pre: plain or a norm's, logits: [n, experts] f32 (of pre(x))
+/// - x: [n, h] f32, pre: plain or a norm's, scores: [n, experts] f32 (of pre(x)), or [n,
+///   experts + 1] with the shared expert's gate last
 /// - gate_up: [experts · 2 · width, h] (each expert's gate rows, then its up rows), down:
 ///   [experts · h, width]
-/// - shared: the shared expert's output [n, h] f32 and its gate's [n, 1] f32; residual: [n, h]
+/// - shared: the shared expert's output [n, h] f32; residual: [n, h]
 /// - returns [n, h] f32
 #[allow(clippy::too_many_arguments)]
 pub fn moe(
     x: &Tensor<2>,
     pre: Pre<'_>,
-    logits: &Tensor<2>,
+    scores: &Tensor<2>,
     top_k: usize,
     norm: bool,
     gate_up: GpuWeight<'_>,
     down: GpuWeight<'_>,
-    shared: Option<(&Tensor<2>, &Tensor<2>)>,
+    shared: Option<&Tensor<2>>,
     residual: Option<&Tensor<2>>,
 ) -> Option<Tensor<2>> {
     let [n, h] = x.dims();
-    let [ln, experts] = logits.dims();
     let ([gu_rows, gu_k], [d_rows, width]) = (gate_up.dims()?, down.dims()?);
-    let fits = ln == n && n > 0 && h > 0 && width > 0 && (1..=experts).contains(&top_k);
+    let experts = d_rows.checked_div(h).unwrap_or(0);
+    let fits = scores.dims() == [n, experts + usize::from(shared.is_some())]
+        && n > 0
+        && width > 0
+        && (1..=experts).contains(&top_k);
     if !fits || gu_k != h || gu_rows != experts * 2 * width || d_rows != experts * h || experts >= 1 << 24 {
         return None;
     }
-    if shared.is_some_and(|(y, g)| y.dims() != [n, h] || g.dims() != [n, 1])
-        || residual.is_some_and(|r| r.dims() != [n, h])
-    {
+    if shared.is_some_and(|y| y.dims() != [n, h]) || residual.is_some_and(|r| r.dims() != [n, h]) {
         return None;
     }
-    let (x, logits) = (cube(x)?, cube(logits)?);
+    let (x, scores) = (cube(x)?, cube(scores)?);
     if matches!(pre, Pre::SwiGlu) {
         return None;
     }
     let (code, norm_weight, eps) = pre_args(pre, &x, h)?;
     let gate_up = ExpertStack::new(gate_up, h, &x.client)?;
     let down = ExpertStack::new(down, width, &x.client)?;
-    let (shared_y, gate) = match shared {
-        Some((y, g)) => (cube(y)?, cube(g)?),
+    let shared_y = match shared {
+        Some(y) => cube(y)?,
         // Not read.
-        None => (x.clone(), x.clone()),
+        None => x.clone(),
     };
-    let res = match residual {
+    let residual_t = match residual {
         Some(r) => cube(r)?,
         None => x.clone(),
+    };
+    let tail = Tail {
+        top_k,
+        shared_y,
+        gate: scores.clone(),
+        gate_col: experts,
+        residual: residual_t,
+        has_shared: shared.is_some(),
+        has_residual: residual.is_some(),
     };
     let client = x.client.clone();
     let ids = empty_as(&x, [n, top_k], DType::I32);
     let weights = empty(&x, [n, top_k]);
     let (count, dim) = cubes(n, 64);
-    let (la, ia, wa) = (logits.into_tensor_arg(), ids.clone().into_tensor_arg(), weights.clone().into_tensor_arg());
-    kernels::moe_route::launch(&client, count, dim, la, ia, wa, top_k, norm, 64);
-    let pairs = n * top_k;
-    let (y, slots) = if pairs <= experts {
-        let route = |x_div| ExpertRoute::Pairs { ids: &ids, x_div };
-        let gate_up = gate_up.products(&x, route(top_k), 2 * width, (code, &norm_weight, eps));
-        (down.products(&gate_up, route(1), h, (kernels::PRE_SWIGLU, &gate_up, 0.0)), ids.clone())
-    } else {
-        let [xs, experts_of, slots] = group(&x, &ids, experts, (code, &norm_weight, eps));
-        let route = ExpertRoute::Chunks(&experts_of);
-        let gate_up = gate_up.products(&xs, route, 2 * width, (kernels::PRE_PLAIN, &xs, 0.0));
-        (down.products(&gate_up, route, h, (kernels::PRE_SWIGLU, &gate_up, 0.0)), slots)
-    };
+    let (sa, ia, wa) = (scores.into_tensor_arg(), ids.clone().into_tensor_arg(), weights.clone().into_tensor_arg());
+    kernels::moe_route::launch(&client, count, dim, sa, ia, wa, experts, top_k, norm, 64);
+    if n * top_k <= experts {
+        let route = ExpertRoute::Pairs { ids: &ids, x_div: top_k };
+        let gate_up = gate_up.products(&x, route, 2 * width, (code, &norm_weight, eps));
+        return Some(tensor(down.summed(&gate_up, &ids, &weights, h, &tail)));
+    }
+    let [xs, experts_of, slots] = group(&x, &ids, experts, (code, &norm_weight, eps));
+    let route = ExpertRoute::Chunks(&experts_of);
+    let gate_up = gate_up.products(&xs, route, 2 * width, (kernels::PRE_PLAIN, &xs, 0.0));
+    let y = down.products(&gate_up, route, h, (kernels::PRE_SWIGLU, &gate_up, 0.0));
     let out = empty(&x, [n, h]);
     let (count, dim) = elementwise(n * h);
     kernels::moe_combine::launch(
@@ -1045,14 +1116,14 @@ pub fn moe(
         y.into_tensor_arg(),
         weights.into_tensor_arg(),
         slots.into_tensor_arg(),
-        shared_y.into_tensor_arg(),
-        gate.into_tensor_arg(),
-        res.into_tensor_arg(),
+        tail.shared_y.into_tensor_arg(),
+        tail.gate.into_tensor_arg(),
+        tail.gate_col,
+        tail.residual.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         top_k,
-        shared.is_some(),
-        residual.is_some(),
-        pairs > experts,
+        tail.has_shared,
+        tail.has_residual,
     );
     Some(tensor(out))
 }
