@@ -183,6 +183,20 @@ fn a_moe_decode_step_routes_on_the_device_and_reads_back_its_token_only() {
         let names: Vec<&String> = launches.by_kernel.keys().collect();
         assert!(!names.iter().any(|k| k.contains("combine")), "the down products sum the pairs: {names:?}");
     }
+    // One expert's matrix replaced by its Hugging Face name (halved): the layer's experts are
+    // stacked again, so the next step still routes on the device and reads back its token alone.
+    use llaisys_model::tensors::TensorSource;
+    let name = "model.layers.0.mlp.experts.1.down_proj.weight";
+    let checkpoint = llaisys_model::checkpoint::Checkpoint::open(&fixture_dir("tiny-qwen2moe-f32")).unwrap();
+    let data = checkpoint.data(name, burn::tensor::DType::F32).unwrap();
+    let halved: Vec<f32> = data.iter::<f32>().map(|v| v * 0.5).collect();
+    let halved = burn::tensor::TensorData::new(halved, data.shape().clone());
+    ctx.model_mut().replace_weight(name, halved).unwrap();
+    decode_one(&mut ctx, at + 1);
+    let moved = transfers::take();
+    if spec != DeviceSpec::Cpu {
+        assert_eq!((moved.uploads, moved.readbacks), (UPLOADS_PER_STEP, 1), "after the replacement: {moved:?}");
+    }
 }
 
 /// Three sequences decoding together through the two-MoE-layer fixture (4 experts, top 2): six
