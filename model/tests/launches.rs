@@ -199,6 +199,51 @@ fn a_moe_decode_step_routes_on_the_device_and_reads_back_its_token_only() {
     }
 }
 
+/// Experts replaced by their Hugging Face names on a GPU are written into their rows of the
+/// layer's stacks (in place: the experts' views let go of them first), so the device's route
+/// reads the new weights: a prompt (grouped on the device) and a decode step after the
+/// replacements give the logits the CPU gives with the same replacements.
+#[test]
+#[cfg_attr(
+    not(any(feature = "wgpu", feature = "cuda")),
+    ignore = "checks a GPU's expert stacks: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
+)]
+fn replaced_experts_are_written_into_the_devices_stacks() {
+    use llaisys_model::tensors::TensorSource;
+    let name = "tiny-qwen2moe-f32";
+    let prompt = Reference::load(name).prompts[0].ids.clone();
+    let checkpoint = llaisys_model::checkpoint::Checkpoint::open(&fixture_dir(name)).unwrap();
+    // Expert 1's down matrix halved, expert 2's up matrix negated (layer 1), expert 0's gate
+    // matrix scaled (layer 0).
+    let changes = [
+        ("model.layers.0.mlp.experts.1.down_proj.weight", 0.5f32),
+        ("model.layers.1.mlp.experts.2.up_proj.weight", -1.0),
+        ("model.layers.0.mlp.experts.0.gate_proj.weight", 1.5),
+    ];
+    let last_logits = |spec: DeviceSpec| -> Vec<f32> {
+        let device = spec.device().unwrap();
+        let source = ModelSource::Dir(fixture_dir(name));
+        let model = load_model(None, Some(&source), &LoadOptions::default(), &device).unwrap();
+        let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
+        for (tensor, scale) in changes {
+            let data = checkpoint.data(tensor, burn::tensor::DType::F32).unwrap();
+            let values: Vec<f32> = data.iter::<f32>().map(|v| v * scale).collect();
+            let data = burn::tensor::TensorData::new(values, data.shape().clone());
+            ctx.model_mut().replace_weight(tensor, data).unwrap();
+        }
+        ctx.decode(&one_sequence(&prompt, 0, 0)).unwrap();
+        let next = llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
+        ctx.decode(&one_sequence(&[next], 0, prompt.len() as i64)).unwrap();
+        ctx.outputs().row(0).unwrap().to_vec()
+    };
+    let spec = test_device().parse::<DeviceSpec>().unwrap();
+    let (here, cpu) = (last_logits(spec), last_logits(DeviceSpec::Cpu));
+    let scale = cpu.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let diff = here.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    eprintln!("{spec}: logits after replacing experts within {diff:.2e} of the CPU's (scale {scale:.2})");
+    assert!(diff <= 1e-4 * scale.max(1.0), "{spec}: {diff} from the CPU's logits");
+}
+
 /// Three sequences decoding together through the two-MoE-layer fixture (4 experts, top 2): six
 /// (row, expert) pairs, more than one an expert, are grouped by expert on the device
 /// (`moe_group`, `moe_gather`, `xwt_grouped`), so the step still reads back its three picked

@@ -198,8 +198,8 @@ impl LanguageModel for Decoder {
         weights::check_one(c, slot, layer, data.shape().as_slice())?;
         let expert = (0..experts).find(|&e| weights::expert_name(slot, l, e) == name).unwrap_or(0);
         self.weights.replace_moe(c, slot, l, expert, data, &self.device);
-        // One expert's matrix (a copy of the layer's stacks on a GPU, so it routes there still;
-        // a GGUF name's 3-D tensor replaces all of them for one copy).
+        // Written into the layer's stacks on a GPU where they take the rows; otherwise stacked
+        // again where the experts still share one storage (a copy of the layer's experts).
         self.weights.restack_moe(l);
         Ok(())
     }

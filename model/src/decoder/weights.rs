@@ -580,7 +580,10 @@ impl Weights {
 
     /// Puts `data` ([rows, cols] as `Slot::shape` says) into a mixture-of-experts slot of
     /// `layer`: its router, its shared expert, or expert `expert`'s matrix (gate and up rows of
-    /// the stacked gate/up). Precondition: the shape was checked.
+    /// the stacked gate/up). On a GPU whose kernels route the layer, an expert's matrix is
+    /// written into its rows of the layer's stacks, in place ([`ExpertStacks::with_rows`]); where
+    /// the stacks cannot take it (blocks of a K-quant format) they are dropped, and the layer
+    /// routes on the host until [`Self::restack_moe`]. Precondition: the shape was checked.
     pub fn replace_moe(
         &mut self,
         c: &ModelConfig,
@@ -591,11 +594,29 @@ impl Weights {
         device: &Device,
     ) {
         let Ffn::Moe(moe) = &mut self.layers[layer].ffn else { return };
-        if matches!(slot, Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown) {
-            // The stacks hold the old rows: the layer routes on the host until `restack_moe`.
-            moe.stacks = None;
-        }
         let width = c.moe.as_ref().map_or(0, |m| m.intermediate_size);
+        let in_stack = match slot {
+            Slot::ExpertGate => Some((false, 2 * width * expert..2 * width * expert + width)),
+            Slot::ExpertUp => Some((false, 2 * width * expert + width..2 * width * (expert + 1))),
+            Slot::ExpertDown => Some((true, c.hidden_size * expert..c.hidden_size * (expert + 1))),
+            _ => None,
+        };
+        if let Some((down, rows)) = in_stack.filter(|_| expert < moe.experts.len())
+            && let Some(stacks) = moe.stacks.take()
+        {
+            // The experts' views let go of the stacks first, so the rows are written in place.
+            let experts = std::mem::take(&mut moe.experts).len();
+            match stacks.with_rows(down, rows, data.clone(), device) {
+                Ok(stacks) => {
+                    moe.experts = stacks.views(experts);
+                    moe.stacks = Some(stacks);
+                    return;
+                }
+                // Rows the stack cannot take (a K-quant's): the expert's own matrix changes
+                // below, and the layer routes on the host until `restack_moe` stacks it.
+                Err(stacks) => moe.experts = stacks.views(experts),
+            }
+        }
         let shared = shared_width(c);
         let gate_up = |e: &mut Expert, rows: Range<usize>, data| {
             e.gate_up.weight = linear::replace_rows(&e.gate_up.weight, rows, data, device);
@@ -618,8 +639,9 @@ impl Weights {
         }
     }
 
-    /// Stacks layer `layer`'s experts again after [`Self::replace_moe`] replaced them (all of
-    /// them: a copy of the layer's experts each time), so a GPU routes them on the device again.
+    /// Stacks layer `layer`'s experts again where [`Self::replace_moe`] dropped the stacks (all
+    /// of them: a copy of the layer's experts), so a GPU routes them on the device again where
+    /// they still share one storage.
     pub fn restack_moe(&mut self, layer: usize) {
         let Ffn::Moe(moe) = &mut self.layers[layer].ffn else { return };
         if moe.stacks.is_none() {

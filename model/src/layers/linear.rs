@@ -591,6 +591,34 @@ pub fn like(like: &Weight, data: TensorData, device: &Device) -> Weight {
     }
 }
 
+/// A stack of one buffer ([`stack_rows`]) with `rows` overwritten by `data` ([rows.len(), in]):
+/// dense rows in the stack's type, or blocks quantized to the stack's format. Taking `w` lets the
+/// write land in place where nothing else holds the buffer (a copy of the stack otherwise).
+/// `Err(w)` where the stack cannot take the rows as they are: blocks of a K-quant format, which
+/// is not made at load, or of several parts.
+pub fn write_rows(w: Weight, rows: Range<usize>, data: TensorData, device: &Device) -> Result<Weight, Weight> {
+    let (t, part, dense_type) = match w.matrix() {
+        Matrix::Dense(t) => (Some(t.clone()), None, t.dtype()),
+        Matrix::Blocks([part], dense_type) if !part.ty.is_k() => (None, Some(part.clone()), dense_type),
+        _ => return Err(w),
+    };
+    if let Some(t) = t {
+        drop(w);
+        let all = 0..t.dims()[1];
+        let dtype = t.dtype();
+        return Ok(dense(t.slice_assign([rows, all], Tensor::from_data(data, (device, dtype)))));
+    }
+    let part = part.expect("blocks when not dense");
+    let new = device_rows(Tensor::from_data(data, (device, DType::F32)), part.ty, dense_type);
+    let Some([new]) = new.map(<[DeviceRows; 1]>::try_from).and_then(Result::ok).filter(|[n]| n.ty == part.ty) else {
+        return Err(w);
+    };
+    drop(w);
+    let all = 0..part.words.dims()[1];
+    let words = part.words.clone().slice_assign([rows, all], new.words);
+    Ok(blocks(vec![DeviceRows { words, ..part }], dense_type))
+}
+
 /// `w` with `rows` overwritten by `data` ([rows.len(), in]) in the matrix's own dtype; for a
 /// packed matrix the rows must be one stacked part, requantized to its format; blocks on a GPU
 /// are requantized to the format of the part where the rows start.

@@ -1,3 +1,4 @@
+use std::ops::Range;
 use std::sync::Mutex;
 
 use crate::{kernels, transfers};
@@ -80,15 +81,38 @@ impl ExpertStacks {
         let (Some(gate_up), Some(down)) = (linear::stack_rows(&gate_up), linear::stack_rows(&down)) else {
             return (experts, None);
         };
-        let ([gu_rows, _], [d_rows, _]) = (gate_up.dims(), down.dims());
-        let (gu, d) = (gu_rows / experts.len().max(1), d_rows / experts.len().max(1));
-        let experts = (0..experts.len())
+        let stacks = Self { gate_up, down };
+        (stacks.views(experts.len()), Some(stacks))
+    }
+
+    /// The `experts` experts as views of their rows of the stacks.
+    pub fn views(&self, experts: usize) -> Vec<Expert> {
+        let ([gu_rows, _], [d_rows, _]) = (self.gate_up.dims(), self.down.dims());
+        let (gu, d) = (gu_rows / experts.max(1), d_rows / experts.max(1));
+        (0..experts)
             .map(|e| Expert {
-                gate_up: Linear { weight: linear::row_view(&gate_up, e * gu..(e + 1) * gu), bias: None },
-                down: Linear { weight: linear::row_view(&down, e * d..(e + 1) * d), bias: None },
+                gate_up: Linear { weight: linear::row_view(&self.gate_up, e * gu..(e + 1) * gu), bias: None },
+                down: Linear { weight: linear::row_view(&self.down, e * d..(e + 1) * d), bias: None },
             })
-            .collect();
-        (experts, Some(Self { gate_up, down }))
+            .collect()
+    }
+
+    /// The stacks with `rows` of the gate/up stack (or with `down`, of the down stack) replaced
+    /// by `data` ([`linear::write_rows`]: in place where the experts' views have let go of the
+    /// stack); `Err(self)` unchanged where the stack cannot take them.
+    pub fn with_rows(self, down: bool, rows: Range<usize>, data: TensorData, device: &Device) -> Result<Self, Self> {
+        let Self { gate_up, down: down_stack } = self;
+        if down {
+            match linear::write_rows(down_stack, rows, data, device) {
+                Ok(down_stack) => Ok(Self { gate_up, down: down_stack }),
+                Err(down_stack) => Err(Self { gate_up, down: down_stack }),
+            }
+        } else {
+            match linear::write_rows(gate_up, rows, data, device) {
+                Ok(gate_up) => Ok(Self { gate_up, down: down_stack }),
+                Err(gate_up) => Err(Self { gate_up, down: down_stack }),
+            }
+        }
     }
 }
 
