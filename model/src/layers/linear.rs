@@ -597,26 +597,29 @@ pub fn like(like: &Weight, data: TensorData, device: &Device) -> Weight {
 /// `Err(w)` where the stack cannot take the rows as they are: blocks of a K-quant format, which
 /// is not made at load, or of several parts.
 pub fn write_rows(w: Weight, rows: Range<usize>, data: TensorData, device: &Device) -> Result<Weight, Weight> {
-    let (t, part, dense_type) = match w.matrix() {
-        Matrix::Dense(t) => (Some(t.clone()), None, t.dtype()),
-        Matrix::Blocks([part], dense_type) if !part.ty.is_k() => (None, Some(part.clone()), dense_type),
-        _ => return Err(w),
-    };
-    if let Some(t) = t {
-        drop(w);
-        let all = 0..t.dims()[1];
-        let dtype = t.dtype();
-        return Ok(dense(t.slice_assign([rows, all], Tensor::from_data(data, (device, dtype)))));
+    match w.matrix() {
+        Matrix::Dense(t) => {
+            let t = t.clone();
+            // `t` is the buffer's one holder now: the assignment writes it in place.
+            drop(w);
+            let (all, dtype) = (0..t.dims()[1], t.dtype());
+            Ok(dense(t.slice_assign([rows, all], Tensor::from_data(data, (device, dtype)))))
+        }
+        Matrix::Blocks([part], dense_type) if !part.ty.is_k() => {
+            let new = device_rows(Tensor::from_data(data, (device, DType::F32)), part.ty, dense_type);
+            let Some([new]) = new.map(<[DeviceRows; 1]>::try_from).and_then(Result::ok).filter(|[n]| n.ty == part.ty)
+            else {
+                return Err(w);
+            };
+            let DeviceRows { ty, k, words } = part.clone();
+            // `words` is the buffer's one holder now: the assignment writes it in place.
+            drop(w);
+            let all = 0..words.dims()[1];
+            let words = words.slice_assign([rows, all], new.words);
+            Ok(blocks(vec![DeviceRows { ty, k, words }], dense_type))
+        }
+        _ => Err(w),
     }
-    let part = part.expect("blocks when not dense");
-    let new = device_rows(Tensor::from_data(data, (device, DType::F32)), part.ty, dense_type);
-    let Some([new]) = new.map(<[DeviceRows; 1]>::try_from).and_then(Result::ok).filter(|[n]| n.ty == part.ty) else {
-        return Err(w);
-    };
-    drop(w);
-    let all = 0..part.words.dims()[1];
-    let words = part.words.clone().slice_assign([rows, all], new.words);
-    Ok(blocks(vec![DeviceRows { words, ..part }], dense_type))
 }
 
 /// `w` with `rows` overwritten by `data` ([rows.len(), in]) in the matrix's own dtype; for a
