@@ -1608,89 +1608,51 @@ pub fn xwt_experts_sum<W: Float>(
     if CUBE_POS / blocks >= out.shape(0) {
         terminate!();
     }
+    let h = out.shape(1);
+    let cols = comptime!(XWT_OUTS / slots);
+    // This unit's group: slot `slot` of row `row`'s pairs in each pass, for output column `o`
+    // (`has`: a column of the output).
+    let (row, block, group) = (CUBE_POS / blocks, CUBE_POS % blocks, UNIT_POS as usize / XWT_LANES);
+    let (slot, col) = (group % slots, group / slots);
+    let o = block * cols + col;
+    let has = col < cols && o < h;
+    // The group that sums its column: slot 0's, by its first unit.
+    let lane = UNIT_POS as usize % XWT_LANES;
+    let sums = has && slot == 0 && lane == 0;
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
     let mut sum = 0.0f32;
     #[unroll]
     for pass in 0..comptime!(top_k.div_ceil(slots)) {
+        let t = pass * slots + slot;
+        let reads = has && t < top_k;
+        let pair = row * top_k + select(reads, t, 0usize);
+        let expert = usize::cast_from(ids[pair]);
+        // A group without a pair or a column reads past the weight's rows: it computes nothing
+        // but takes part in the barriers.
         if comptime!(format == DENSE) {
-            let (pair, w_row) = sum_slot(ids, out.shape(1), w.shape(0), blocks, pass, top_k);
+            let w_row = select(reads, expert * h + o, w.shape(0));
             xwt_column(x, w, x, shared.clone(), pair, w_row, 0.0f32, 1usize, PRE_SWIGLU);
         } else {
-            let (pair, w_row) = sum_slot(ids, out.shape(1), words.shape(0), blocks, pass, top_k);
+            let w_row = select(reads, expert * h + o, words.shape(0));
             xwt_q_column(x, words, x, shared.clone(), pair, w_row, 0.0f32, 1usize, PRE_SWIGLU, format);
         }
-        sum = sum_slots(shared.clone(), weights, sum, out.shape(1), blocks, pass, top_k);
-    }
-    let h = out.shape(1);
-    let (row, slot, o, has) = sum_layout(h, blocks, top_k);
-    let lane = UNIT_POS as usize % XWT_LANES;
-    if has && slot == 0 && lane == 0 {
-        out[row * h + o] = moe_finish(sum, row, o, shared_y, gate, gate_col, residual, has_shared, has_residual);
-    }
-}
-
-/// This unit's group's slot, output column and whether it has one, in [`xwt_experts_sum`]'s
-/// layout: (row, slot in its pass, column, the column is the output's).
-#[cube]
-fn sum_layout(outs: usize, blocks: usize, #[comptime] top_k: usize) -> (usize, usize, usize, bool) {
-    let slots = comptime!(top_k.min(XWT_OUTS));
-    let cols = comptime!(XWT_OUTS / slots);
-    let (row, block, group) = (CUBE_POS / blocks, CUBE_POS % blocks, UNIT_POS as usize / XWT_LANES);
-    let (slot, col) = (group % slots, group / slots);
-    let o = block * cols + col;
-    (row, slot, o, col < cols && o < outs)
-}
-
-/// The pair this unit's group reads in pass `pass` of [`xwt_experts_sum`] and the row of the
-/// stacked weight for its column (its pair's expert's, from `expert · outs`; `w_rows`, which
-/// computes nothing, for a group without a pair or a column).
-#[cube]
-fn sum_slot(
-    ids: &Tensor<i32>,
-    outs: usize,
-    w_rows: usize,
-    blocks: usize,
-    #[comptime] pass: usize,
-    #[comptime] top_k: usize,
-) -> (usize, usize) {
-    let slots = comptime!(top_k.min(XWT_OUTS));
-    let (row, slot, o, has) = sum_layout(outs, blocks, top_k);
-    let t = pass * slots + slot;
-    let reads = has && t < top_k;
-    let pair = row * top_k + select(reads, t, 0usize);
-    let expert = usize::cast_from(ids[pair]);
-    (pair, select(reads, expert * outs + o, w_rows))
-}
-
-/// `sum` plus this pass's pairs of the column (the sums [`reduce_rows`] left in `shared`, each
-/// weighed by the router), in slot order, by the column's first group's first unit (the
-/// others keep `sum`); then a barrier, so the next pass may write `shared`.
-#[cube]
-fn sum_slots(
-    shared: Shared<[f32]>,
-    weights: &Tensor<f32>,
-    sum: f32,
-    outs: usize,
-    blocks: usize,
-    #[comptime] pass: usize,
-    #[comptime] top_k: usize,
-) -> f32 {
-    let slots = comptime!(top_k.min(XWT_OUTS));
-    let (row, slot, _, has) = sum_layout(outs, blocks, top_k);
-    let unit = UNIT_POS as usize;
-    let mut sum = sum;
-    let lane = unit % XWT_LANES;
-    if has && slot == 0 && lane == 0 {
-        #[unroll]
-        for s in 0..slots {
-            let t = comptime!(pass * slots + s);
-            if comptime!(t < top_k) {
-                sum += weights[row * top_k + t] * shared[unit + s * XWT_LANES];
+        // This pass's pairs of the column, weighed by the router, in slot order (the sums
+        // `reduce_rows` left at each group's first unit); then a barrier, so the next pass may
+        // write `shared`.
+        if sums {
+            #[unroll]
+            for s in 0..slots {
+                let t = comptime!(pass * slots + s);
+                if comptime!(t < top_k) {
+                    sum += weights[row * top_k + t] * shared[UNIT_POS as usize + s * XWT_LANES];
+                }
             }
         }
+        sync_cube();
     }
-    sync_cube();
-    sum
+    if sums {
+        out[row * h + o] = moe_finish(sum, row, o, shared_y, gate, gate_col, residual, has_shared, has_residual);
+    }
 }
 
 /// The rows of a chunk of [`xwt_grouped`]: each expert's (row, slot) pairs take whole chunks

@@ -927,10 +927,9 @@ impl ExpertStack {
 impl ExpertStack {
     /// The pairs' down products of x's rows (pair p's, under SwiGLU's gate) weighed by the
     /// router and summed into each row's output with `tail`'s terms, in one launch
-    /// ([`kernels::xwt_experts_sum`]): [n, outs], n the pairs over `top_k`.
+    /// ([`kernels::xwt_experts_sum`]): [n, outs] (ids, weights: [n, top_k]).
     fn summed(self, x: &CubeTensor, ids: &CubeTensor, weights: &CubeTensor, outs: usize, tail: &Tail) -> CubeTensor {
-        let top_k = tail.top_k;
-        let n = ids.meta.shape().num_elements() / top_k;
+        let [n, top_k] = [0, 1].map(|d| ids.meta.shape()[d]);
         let columns = kernels::XWT_OUTS / top_k.min(kernels::XWT_OUTS);
         let blocks = outs.div_ceil(columns);
         let out = empty(x, [n, outs]);
@@ -974,7 +973,6 @@ impl ExpertStack {
 /// `sigmoid` of column `gate_col` of `gate` (with `has_shared`), and the residual (with
 /// `has_residual`); tensors not read stand in for those without (x).
 struct Tail {
-    top_k: usize,
     shared_y: CubeTensor,
     gate: CubeTensor,
     gate_col: usize,
@@ -1084,7 +1082,6 @@ pub fn moe(
         None => x.clone(),
     };
     let tail = Tail {
-        top_k,
         shared_y,
         gate: scores.clone(),
         gate_col: experts,
