@@ -868,15 +868,15 @@ impl ExpertStack {
     }
 
     /// Each pair's product with its expert's matrix, or each chunk's (a launch either way):
-    /// [pairs, outs] (the pair reading row `pair / x_div` of x), or [rows of x, outs] in
-    /// [`kernels::moe_group`]'s layout (chunk c's rows through `chunks[c]`'s matrix); x after
-    /// `pre` (its code, and the norm's weight and eps: x and 0 where it has none).
+    /// [pairs, outs] (pair p of the [n, top_k] ids reading row p / top_k of x), or [rows of x,
+    /// outs] in [`kernels::moe_group`]'s layout (chunk c's rows through `chunks[c]`'s matrix);
+    /// x after `pre` (its code, and the norm's weight and eps: x and 0 where it has none).
     fn products(self, x: &CubeTensor, route: ExpertRoute<'_>, outs: usize, pre: (u32, &CubeTensor, f32)) -> CubeTensor {
         let (code, norm, eps) = pre;
         let blocks = outs.div_ceil(kernels::XWT_OUTS);
         let (rows, units) = match route {
             // A pair's cube writes its own row.
-            ExpertRoute::Pairs { ids, .. } => {
+            ExpertRoute::Pairs(ids) => {
                 let pairs = ids.meta.shape().num_elements();
                 (pairs, pairs)
             }
@@ -886,7 +886,8 @@ impl ExpertStack {
         let (count, dim) = cubes(blocks * units, kernels::XWT_UNITS);
         let (xa, na, oa) = (x.clone().into_tensor_arg(), norm.clone().into_tensor_arg(), out.clone().into_tensor_arg());
         match (self, route) {
-            (Self::Dense(w), ExpertRoute::Pairs { ids, x_div }) => {
+            (Self::Dense(w), ExpertRoute::Pairs(ids)) => {
+                let x_div = ids.meta.shape()[1];
                 let (wa, ia) = (w.clone().into_tensor_arg(), ids.clone().into_tensor_arg());
                 launch_in!(
                     w.dtype,
@@ -905,7 +906,8 @@ impl ExpertStack {
                     code
                 )
             }
-            (Self::Blocks(format, words), ExpertRoute::Pairs { ids, x_div }) => {
+            (Self::Blocks(format, words), ExpertRoute::Pairs(ids)) => {
+                let x_div = ids.meta.shape()[1];
                 let (wa, ia) = (words.into_tensor_arg(), ids.clone().into_tensor_arg());
                 kernels::xwt_q_experts::launch(
                     &x.client, count, dim, xa, wa, na, ia, oa, x_div, blocks, eps, code, format,
@@ -981,11 +983,11 @@ struct Tail {
     has_residual: bool,
 }
 
-/// How [`ExpertStack::products`] reads its rows' experts: a pair's (`ids[pair]`, its row of x
-/// `pair / x_div`), or a chunk's of [`kernels::moe_group`]'s layout.
+/// How [`ExpertStack::products`] reads its rows' experts: a pair's (`ids[pair]` of the [n, top_k]
+/// ids, its row of x `pair / top_k`), or a chunk's of [`kernels::moe_group`]'s layout.
 #[derive(Clone, Copy)]
 enum ExpertRoute<'a> {
-    Pairs { ids: &'a CubeTensor, x_div: usize },
+    Pairs(&'a CubeTensor),
     Chunks(&'a CubeTensor),
 }
 
@@ -1096,7 +1098,7 @@ pub fn moe(
     let (sa, ia, wa) = (scores.into_tensor_arg(), ids.clone().into_tensor_arg(), weights.clone().into_tensor_arg());
     kernels::moe_route::launch(&client, count, dim, sa, ia, wa, experts, top_k, norm, 64);
     if n * top_k <= experts {
-        let route = ExpertRoute::Pairs { ids: &ids, x_div: top_k };
+        let route = ExpertRoute::Pairs(&ids);
         let gate_up = gate_up.products(&x, route, 2 * width, (code, &norm_weight, eps));
         return Some(tensor(down.summed(&gate_up, &ids, &weights, h, &tail)));
     }
