@@ -10,9 +10,20 @@ use crate::tensors::WeightDtype;
 use crate::{decoder, mock};
 
 /// How to load a model.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub weight_dtype: WeightDtype,
+    /// On a GPU, record a decode step's launches as a graph the second time its shape comes
+    /// and replay it from then on (`decoder::replay`). On by default; the environment variable
+    /// `LLAISYS_GPU_GRAPHS=off` turns the default off.
+    pub step_graphs: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        let off = std::env::var("LLAISYS_GPU_GRAPHS").is_ok_and(|v| matches!(v.as_str(), "off" | "0"));
+        Self { weight_dtype: WeightDtype::default(), step_graphs: !off }
+    }
 }
 
 pub type LoadFn = fn(Option<&ModelSource>, &LoadOptions, &Device) -> Result<Box<dyn LanguageModel>, LoadError>;

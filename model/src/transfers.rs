@@ -59,6 +59,23 @@ pub fn take() -> Transfers {
     }
 }
 
+thread_local! {
+    /// Transfers this thread made (uploads and readbacks): a recorded step checks it made none.
+    static HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many transfers this thread has made so far.
+pub(crate) fn on_this_thread() -> u64 {
+    HERE.with(|c| c.get())
+}
+
+/// Counts an upload of `bytes` written into a buffer in place (a replayed step's inputs).
+pub(crate) fn wrote(bytes: usize) {
+    UPLOADS.fetch_add(1, Ordering::Relaxed);
+    UPLOAD_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    HERE.with(|c| c.set(c.get() + 1));
+}
+
 fn on_gpu(device: &Device) -> bool {
     *device != Device::flex()
 }
@@ -66,8 +83,7 @@ fn on_gpu(device: &Device) -> bool {
 /// `data` as a tensor on `device`: an upload when that is not the CPU.
 pub fn upload<const D: usize, K: Basic>(data: TensorData, device: &Device) -> Tensor<D, K> {
     if on_gpu(device) {
-        UPLOADS.fetch_add(1, Ordering::Relaxed);
-        UPLOAD_BYTES.fetch_add(data.bytes().len() as u64, Ordering::Relaxed);
+        wrote(data.bytes().len());
     }
     Tensor::from_data(data, device)
 }
@@ -78,6 +94,7 @@ pub fn read<const D: usize, K: Basic, E: Element>(tensor: Tensor<D, K>) -> Resul
     let values = tensor.try_into_vec_as::<E>()?;
     if gpu {
         READBACKS.fetch_add(1, Ordering::Relaxed);
+        HERE.with(|c| c.set(c.get() + 1));
         READBACK_BYTES.fetch_add(std::mem::size_of_val(values.as_slice()) as u64, Ordering::Relaxed);
     }
     Ok(values)

@@ -8,9 +8,13 @@ use llaisys_model::{Context, Device, KvDtype, LoadOptions, ModelSource, WeightDt
 use llaisys_tests::{FIXTURES, Reference, fixture_dir, max_abs_diff};
 
 fn context(name: &str, weight_dtype: WeightDtype) -> Context {
-    let model =
-        load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &LoadOptions { weight_dtype }, &Device::flex())
-            .unwrap();
+    let model = load_model(
+        None,
+        Some(&ModelSource::Dir(fixture_dir(name))),
+        &LoadOptions { weight_dtype, ..Default::default() },
+        &Device::flex(),
+    )
+    .unwrap();
     Context::with_kv_dtype(model, 256, KvDtype::F32)
 }
 

@@ -7,7 +7,7 @@ use llaisys_tests::{FIXTURES, Reference, fixture_dir, max_abs_diff};
 
 #[test]
 fn f16_weights_stay_close_to_the_f32_reference() {
-    let opts = LoadOptions { weight_dtype: WeightDtype::F16 };
+    let opts = LoadOptions { weight_dtype: WeightDtype::F16, ..Default::default() };
     for name in FIXTURES {
         let model = load_model(None, Some(&ModelSource::Dir(fixture_dir(name))), &opts, &Device::flex()).unwrap();
         let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);

@@ -18,7 +18,7 @@ use llaisys_tests::{
 };
 
 fn context(source: &ModelSource, weight_dtype: WeightDtype) -> Context {
-    let model = load_model(None, Some(source), &LoadOptions { weight_dtype }, &Device::flex())
+    let model = load_model(None, Some(source), &LoadOptions { weight_dtype, ..Default::default() }, &Device::flex())
         .unwrap_or_else(|e| panic!("{}: {e}", source.path().display()));
     Context::with_kv_dtype(model, 256, KvDtype::F32)
 }
@@ -314,10 +314,15 @@ fn safetensors_quantized_at_load_beat_ggmls_reference_quantizer() {
         eprintln!("{ty}: mean error {:.4} of the range", mean(&errors));
         assert!(errors.iter().all(|e| e.is_finite() && *e < 1.0), "{ty}: {errors:?}");
     }
-    let err = load_model(None, Some(&dir), &LoadOptions { weight_dtype: "q4_k".parse().unwrap() }, &Device::flex())
-        .err()
-        .expect("K-quants are not made at load")
-        .to_string();
+    let err = load_model(
+        None,
+        Some(&dir),
+        &LoadOptions { weight_dtype: "q4_k".parse().unwrap(), ..Default::default() },
+        &Device::flex(),
+    )
+    .err()
+    .expect("K-quants are not made at load")
+    .to_string();
     assert!(err.contains("Q4_K") && err.contains("cannot be made at load"), "{err}");
 }
 

@@ -59,11 +59,14 @@ fn from_source(source: ModelSource, prompt: &[u32]) -> (DeviceSpec, Context, i64
     (spec, ctx, prompt.len() as i64 + 1)
 }
 
-/// The model of `source` on the test device, with an empty f32 KV cache of 256 cells.
+/// The model of `source` on the test device, its steps run plainly (not replayed), with an
+/// empty f32 KV cache of 256 cells.
 fn loaded(source: &ModelSource) -> (DeviceSpec, Context) {
     let spec = test_device().parse::<DeviceSpec>().unwrap();
     let device = spec.device().unwrap();
-    let model = load_model(None, Some(source), &LoadOptions::default(), &device).unwrap();
+    // Plain steps: a replayed one launches nothing from the host (`tests/replay.rs`).
+    let opts = LoadOptions { step_graphs: false, ..LoadOptions::default() };
+    let model = load_model(None, Some(source), &opts, &device).unwrap();
     (spec, Context::with_kv_dtype(model, 256, KvDtype::F32))
 }
 
@@ -223,7 +226,9 @@ fn replaced_experts_are_written_into_the_devices_stacks() {
     ];
     let last_logits = |spec: DeviceSpec, source: &ModelSource| -> Vec<f32> {
         let device = spec.device().unwrap();
-        let model = load_model(None, Some(source), &LoadOptions::default(), &device).unwrap();
+        // Plain steps: a replayed one launches nothing from the host (`tests/replay.rs`).
+        let opts = LoadOptions { step_graphs: false, ..LoadOptions::default() };
+        let model = load_model(None, Some(source), &opts, &device).unwrap();
         let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
         for (tensor, scale) in changes {
             let data = checkpoint.data(tensor, burn::tensor::DType::F32).unwrap();

@@ -2,6 +2,7 @@
 //! Qwen3 dense and Llama 3.x checkpoints.
 
 mod model;
+mod replay;
 mod weights;
 
 pub use model::{Decoder, info, load};

@@ -6,6 +6,7 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
+use super::replay::{Plan, StepGraphs};
 use super::weights::{self, Weights};
 use crate::batch::{BatchInput, ValidBatch};
 use crate::checkpoint::Checkpoint;
@@ -14,7 +15,7 @@ use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
-use crate::layers::{Linear, Pre, RmsNorm, Rope, attention};
+use crate::layers::{Linear, Pre, RmsNorm, Rope, RopeTables, attention};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
@@ -26,6 +27,8 @@ pub struct Decoder {
     weights: Weights,
     rope: Rope,
     device: Device,
+    /// Decode steps recorded and replayed on a GPU.
+    graphs: StepGraphs,
 }
 
 /// The registry entry: loads the configuration and the weights of a Hugging Face directory or a
@@ -52,7 +55,7 @@ pub fn load(
         arch = config.arch.name,
         "weights loaded"
     );
-    Ok(Box::new(Decoder::new(config, weights, device)))
+    Ok(Box::new(Decoder::new(config, weights, device, opts.step_graphs)))
 }
 
 /// The registry's info entry: what `load` would report, from the configuration alone.
@@ -77,10 +80,10 @@ fn info_of(config: &ModelConfig) -> ModelInfo {
 }
 
 impl Decoder {
-    fn new(config: ModelConfig, weights: Weights, device: &Device) -> Self {
+    fn new(config: ModelConfig, weights: Weights, device: &Device, graphs: bool) -> Self {
         let info = info_of(&config);
         let rope = Rope::from_config(&config);
-        Self { config, info, weights, rope, device: device.clone() }
+        Self { config, info, weights, rope, device: device.clone(), graphs: StepGraphs::new(graphs) }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -121,6 +124,8 @@ impl LanguageModel for Decoder {
     }
 
     /// On the CPU the pool's threads spin for the pass's parallel loops (`kernels::with_awake_pool`).
+    /// On a GPU a decode step of a shape seen before is replayed from its recorded graph
+    /// (`replay`).
     fn forward(
         &self,
         batch: &ValidBatch<'_>,
@@ -131,8 +136,26 @@ impl LanguageModel for Decoder {
         // The final norm inside the output projection's kernel where it has one (a GPU's decode
         // step), else apart.
         let norm = self.weights.norm.pre();
+        let logits = |x, tables, cells, cache: &mut KvCache| {
+            Ok(self.lm_head().forward_with(self.trunk(batch, x, tables, cells, cache, abort)?, norm, None))
+        };
         kernels::with_awake_pool(&self.device, || {
-            Ok(self.lm_head().forward_with(self.trunk(batch, placement, cache, abort)?, norm, None))
+            let (tables, cells) = self.tables(batch, placement, cache);
+            let plan = match batch.input {
+                BatchInput::Tokens(ids) => self.graphs.begin(ids, batch, &cells, &tables, cache, &self.device),
+                BatchInput::Embeddings { .. } => Plan::Plain,
+            };
+            match plan {
+                Plan::Plain => logits(self.embed(batch.input), tables, cells, cache),
+                Plan::Replayed(logits) => Ok(*logits),
+                Plan::Record(inputs, key) => self.graphs.record(key, inputs, |inputs| {
+                    let (tables, cells) = self.tables(batch, placement, cache);
+                    let tables = tables.preset(inputs.rope.clone());
+                    let cells = cells.preset(inputs.slots.clone(), inputs.table.clone());
+                    let x = self.weights.embed.rows_at(&inputs.ids).unwrap_or_else(|| self.embed(batch.input));
+                    logits(x, tables, cells, cache)
+                }),
+            }
         })
     }
 
@@ -144,7 +167,8 @@ impl LanguageModel for Decoder {
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
         kernels::with_awake_pool(&self.device, || {
-            Ok(self.weights.norm.forward(self.trunk(batch, placement, cache, abort)?))
+            let (tables, cells) = self.tables(batch, placement, cache);
+            Ok(self.weights.norm.forward(self.trunk(batch, self.embed(batch.input), tables, cells, cache, abort)?))
         })
     }
 
@@ -158,6 +182,8 @@ impl LanguageModel for Decoder {
     }
 
     fn replace_weight(&mut self, name: &str, data: TensorData) -> Result<(), LoadError> {
+        // The graphs read the weights' buffers, which a replacement may move.
+        self.graphs.clear();
         let c = &self.config;
         let (slot, layer) = weights::slot_of(c, name).ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
         if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
@@ -206,27 +232,39 @@ impl LanguageModel for Decoder {
 }
 
 impl Decoder {
-    /// The pass up to the final norm: the rows of `batch.out_rows`, [n_outputs, hidden]
-    /// (`forward` and `hidden` norm them and keep the pool awake around it).
-    fn trunk(
+    /// A pass's RoPE tables and cell table (where each row's key and value go, and the cells
+    /// each row sees), uploaded at their first use unless preset.
+    fn tables(
         &self,
         batch: &ValidBatch<'_>,
         placement: &Placement,
+        cache: &KvCache,
+    ) -> (RopeTables, kernels::CellTable) {
+        let tables = self.rope.tables(&batch.pos, &self.device);
+        let extent = cache.cells().extent();
+        let visible = cache.visible(&batch.seqs, &batch.pos, extent);
+        (tables, kernels::CellTable::new(placement.clone(), visible, &self.device))
+    }
+
+    /// The pass up to the final norm from its input rows `x` ([n, hidden]): the rows of
+    /// `batch.out_rows`, [n_outputs, hidden] (`forward` and `hidden` norm them and keep the pool
+    /// awake around it).
+    fn trunk(
+        &self,
+        batch: &ValidBatch<'_>,
+        mut x: Tensor<2>,
+        tables: RopeTables,
+        cells: kernels::CellTable,
         cache: &mut KvCache,
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
         let n = batch.len();
         let (heads, kv_heads, hd) =
             (self.config.num_attention_heads, self.config.num_key_value_heads, self.config.head_dim);
-        let tables = self.rope.tables(&batch.pos, &self.device);
         let extent = cache.cells().extent();
-        // Where each row's key and value go, and the cells each row sees.
-        let cells =
-            kernels::CellTable::new(placement.clone(), cache.visible(&batch.seqs, &batch.pos, extent), &self.device);
         // [n, extent], built only if the attention kernel cannot run and some row does not see
         // every cell below the extent (a lone sequence's decode step sees them all).
         let mut mask = None;
-        let mut x = self.embed(batch.input); // [n, hidden]
         let [q_rows, k_rows, _] = weights::qkv_rows(&self.config);
         for (l, w) in self.weights.layers.iter().enumerate() {
             if abort() {

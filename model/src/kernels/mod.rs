@@ -55,6 +55,43 @@ pub(crate) use cube as gpu;
 pub(crate) mod gpu {
     use burn::tensor::{Int, Tensor};
 
+    /// No graphs to capture: [`graph::Recorder::prepare`] never starts one.
+    pub mod graph {
+        use burn::tensor::Tensor;
+        use burn::tensor::kind::Basic;
+
+        /// Every tensor kind.
+        pub trait OnCube: Basic {}
+        impl<K: Basic> OnCube for K {}
+
+        pub struct Recorder;
+        pub struct Captured;
+        impl Recorder {
+            pub fn prepare<const D: usize, K: OnCube>(_: &Tensor<D, K>) -> Option<Recorder> {
+                None
+            }
+            pub fn record(&mut self) -> bool {
+                false
+            }
+            pub fn finish(self) -> Option<Captured> {
+                None
+            }
+            pub fn discard(self) {}
+        }
+        impl Captured {
+            /// # Safety
+            /// Nothing to replay.
+            #[allow(unsafe_code)]
+            pub unsafe fn replay(&self) -> bool {
+                false
+            }
+        }
+        pub fn hold<const D: usize, K: OnCube>(_: &Tensor<D, K>) {}
+        pub fn write<const D: usize, K: OnCube>(_: &Tensor<D, K>, _: &[f64]) -> bool {
+            false
+        }
+    }
+
     pub fn rms_norm(_: &Tensor<2>, _: &Tensor<1>, _: f64) -> Option<Tensor<2>> {
         None
     }
@@ -163,6 +200,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData, bf16, f16};
 pub use awake::with_awake_pool;
 pub use calls::{KernelCall, calls};
 pub use exp::{draw_weight, draw_weights, log_sum_exp, row_max, weights_at_least, weights_total};
+pub(crate) use gpu::graph;
 
 use crate::kv::Placement;
 use crate::quant::PackedMatrix;
@@ -336,9 +374,40 @@ impl CellTable {
         GPU_KERNELS && self.device != Device::flex()
     }
 
+    /// The write slots as the kernels read them.
+    pub fn slot_values(&self) -> Vec<i32> {
+        self.placement.cells.iter().map(|&c| c as i32).collect()
+    }
+
+    /// The table's least width: each row's count, then the most cells a row sees.
+    pub fn width(&self) -> usize {
+        1 + self.visible.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// The table as the kernels read it, `width` (at least [`Self::width`]) wide: each row's
+    /// count, then its cells, then zeros.
+    pub fn table_values(&self, width: usize) -> Vec<i32> {
+        let mut rows = vec![0i32; self.visible.len() * width];
+        for (row, cells) in rows.chunks_mut(width).zip(&self.visible) {
+            row[0] = cells.len() as i32;
+            for (slot, &cell) in row[1..].iter_mut().zip(cells) {
+                *slot = cell as i32;
+            }
+        }
+        rows
+    }
+
+    /// This table with its device tensors given (a replayed step's buffers, written already
+    /// with [`Self::slot_values`] and [`Self::table_values`]) instead of uploaded.
+    pub fn preset(self, slots: Tensor<1, Int>, table: Tensor<2, Int>) -> Self {
+        let _ = self.slots.set(slots);
+        let _ = self.table.set(table);
+        self
+    }
+
     fn slots(&self) -> &Tensor<1, Int> {
         self.slots.get_or_init(|| {
-            let slots: Vec<i32> = self.placement.cells.iter().map(|&c| c as i32).collect();
+            let slots = self.slot_values();
             let n = slots.len();
             crate::transfers::upload(TensorData::new(slots, [n]), &self.device)
         })
@@ -346,14 +415,8 @@ impl CellTable {
 
     fn table(&self) -> &Tensor<2, Int> {
         self.table.get_or_init(|| {
-            let width = 1 + self.visible.iter().map(Vec::len).max().unwrap_or(0);
-            let mut rows = vec![0i32; self.visible.len() * width];
-            for (row, cells) in rows.chunks_mut(width).zip(&self.visible) {
-                row[0] = cells.len() as i32;
-                for (slot, &cell) in row[1..].iter_mut().zip(cells) {
-                    *slot = cell as i32;
-                }
-            }
+            let width = self.width();
+            let rows = self.table_values(width);
             crate::transfers::upload(TensorData::new(rows, [self.visible.len(), width]), &self.device)
         })
     }

@@ -114,7 +114,13 @@ pub struct KvCache {
     /// [layers] each as `keys`.
     values: Vec<Tensor<3>>,
     device: Device,
+    /// Which buffers `keys` and `values` are: this cache's own number, and how many times a
+    /// write may have put a new buffer in their place (a replayed step records them).
+    buffers: (u64, u64),
 }
+
+/// The next cache's number.
+static CACHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl KvCache {
     /// A cache of `capacity` cells for sequences whose positions stay below `n_pos`, in the
@@ -135,7 +141,14 @@ impl KvCache {
             keys: zeros(),
             values: zeros(),
             device: device.clone(),
+            buffers: (CACHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed), 0),
         }
+    }
+
+    /// Which buffers the cache's layers are in: equal between two calls only if no write
+    /// between them may have replaced one (what a recorded step relies on).
+    pub(crate) fn buffers(&self) -> (u64, u64) {
+        self.buffers
     }
 
     pub fn cells(&self) -> &KvCells {
@@ -201,6 +214,8 @@ impl KvCache {
                 return;
             }
         }
+        // Slice assignments copy a buffer another tensor shares.
+        self.buffers.1 += 1;
         let placement = &cells.placement;
         let (k, v) = (self.stored(k), self.stored(v));
         let [h, _, w] = k.dims();
@@ -301,6 +316,7 @@ impl KvCache {
 
     /// Replaces the keys of `layer` for cells `[0, extent)` (used to re-rotate shifted keys).
     pub(crate) fn set_keys(&mut self, layer: usize, keys: Tensor<3>) {
+        self.buffers.1 += 1;
         let keys = self.stored(keys);
         let [h, extent, w] = keys.dims();
         self.keys[layer].inplace(|t| t.slice_assign([0..h, 0..extent, 0..w], keys));

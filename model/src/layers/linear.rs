@@ -56,6 +56,16 @@ pub trait LinearWeight: fmt::Debug + Send + Sync {
     /// ids: \[n\] → [n, in]
     fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2>;
 
+    /// Rows `ids` as f32, the ids on the device already (a replayed step's input), every tensor
+    /// made on the way held for a recording under way (`graph::hold`): `None` where the weight
+    /// has no such path (the CPU's blocks, a kernel that declines).
+    ///
+    /// # Shapes
+    /// ids: \[n\] → [n, in]
+    fn rows_at(&self, _ids: &Tensor<1, Int>) -> Option<Tensor<2>> {
+        None
+    }
+
     /// The kernel a few-row product (a decode step) runs on (products of more rows, prefill's or
     /// a batched step's, may run `gemm_avx512` or `gemm_avx2`): `xwt`, `burn_split`, `burn`,
     /// `quant_vnni`, `quant_avx2`, `quant_portable`.
@@ -285,7 +295,15 @@ impl LinearWeight for Dense {
         let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
         let n = ids.len();
         let ids: Tensor<1, Int> = crate::transfers::upload(TensorData::new(ids, [n]), device);
-        self.w.clone().select(0, ids).cast(FloatDType::F32)
+        self.rows_at(&ids).expect("a dense weight gathers its rows")
+    }
+
+    fn rows_at(&self, ids: &Tensor<1, Int>) -> Option<Tensor<2>> {
+        let rows = self.w.clone().select(0, ids.clone());
+        kernels::graph::hold(&rows);
+        let rows = rows.cast(FloatDType::F32);
+        kernels::graph::hold(&rows);
+        Some(rows)
     }
 
     /// `burn_split` runs few-row products with at least 256 outputs; fewer take `burn`.
@@ -448,11 +466,12 @@ impl LinearWeight for Blocks {
         let n = ids.len();
         let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let ids: Tensor<1, Int> = crate::transfers::upload(TensorData::new(ids, [n]), device);
-        if let Some(rows) = kernels::gpu_dequantize(&self.parts, self.k(), Some(&ids), DType::F32) {
-            return rows;
-        }
         // Where the kernel declines: gathered from the whole matrix.
-        dequantized(&self.parts, DType::F32).select(0, ids)
+        self.rows_at(&ids).unwrap_or_else(|| dequantized(&self.parts, DType::F32).select(0, ids))
+    }
+
+    fn rows_at(&self, ids: &Tensor<1, Int>) -> Option<Tensor<2>> {
+        kernels::gpu_dequantize(&self.parts, self.k(), Some(ids), DType::F32)
     }
 
     fn kernel(&self) -> &'static str {

@@ -11,5 +11,5 @@ pub use attention::attention;
 pub use linear::{Linear, LinearWeight, Pre, Weight};
 pub use moe::{Expert, ExpertStacks, Moe, expert_stats};
 pub use rms_norm::RmsNorm;
-pub use rope::Rope;
+pub use rope::{Rope, RopeTables};
 pub use swiglu::swiglu;

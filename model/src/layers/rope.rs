@@ -50,9 +50,25 @@ impl RopeTables {
     pub fn stacked(&self) -> &Tensor<3> {
         let [n, _, half] = self.shape;
         self.stacked.get_or_init(|| {
-            let both = [self.cos.as_slice(), &self.sin].concat();
-            crate::transfers::upload(TensorData::new(both, [2, n, half]), &self.device)
+            crate::transfers::upload(TensorData::new(self.stacked_values(), [2, n, half]), &self.device)
         })
+    }
+
+    /// Half a head's dimensions: the tables' last dimension.
+    pub fn half(&self) -> usize {
+        self.shape[2]
+    }
+
+    /// [`Self::stacked`]'s values: cos, then sin.
+    pub fn stacked_values(&self) -> Vec<f32> {
+        [self.cos.as_slice(), &self.sin].concat()
+    }
+
+    /// These tables with [`Self::stacked`] given (a replayed step's buffer, written already with
+    /// [`Self::stacked_values`]) instead of uploaded.
+    pub fn preset(self, stacked: Tensor<3>) -> Self {
+        let _ = self.stacked.set(stacked);
+        self
     }
 }
 

@@ -120,7 +120,8 @@ fn load(
     let model = runtime.block_on(super::local_model(path))?;
     let source = ModelSource::resolve(&model)?;
     let tokens = source.tokenizer()?.encode(text)?;
-    let model = load_model(None, Some(&source), &LoadOptions { weight_dtype: dtype }, &Device::flex())?;
+    let model =
+        load_model(None, Some(&source), &LoadOptions { weight_dtype: dtype, ..Default::default() }, &Device::flex())?;
     Ok((model, tokens))
 }
 

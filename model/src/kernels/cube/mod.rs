@@ -10,6 +10,7 @@
 //! Built with Burn's `fusion`, the tensors are fusion handles and these kernels stand aside
 //! (Burn fuses the element-wise chains itself).
 
+pub mod graph;
 mod kernels;
 
 use std::sync::OnceLock;
@@ -55,7 +56,9 @@ fn empty(like: &CubeTensor, shape: impl Into<Shape>) -> CubeTensor {
 fn empty_as(like: &CubeTensor, shape: impl Into<Shape>, dtype: DType) -> CubeTensor {
     let shape = shape.into();
     let handle = like.client.empty(shape.num_elements() * dtype.size());
-    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, dtype)
+    let t = CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, dtype);
+    graph::hold_primitive(&t);
+    t
 }
 
 fn tensor<const D: usize>(t: CubeTensor) -> Tensor<D> {

@@ -1,0 +1,262 @@
+//! Decode steps replayed on a GPU (issue 31): a step of a shape seen before is recorded once as
+//! a graph of its launches (`kernels::graph`), and each later step of that shape writes its
+//! inputs (token ids, write slots, the cell table, the RoPE table) into the graph's own buffers
+//! and replays it. Batch-1 decode on a GPU is bound by the host's cost per launch, which a
+//! replay pays once, at the recording.
+//!
+//! A shape is the step's rows, its cell table's width (rounded up to a power of two, so a
+//! sequence's steps share a graph until its cells pass the next one) and the thread it runs on
+//! (a graph replays on the stream it was recorded on, and streams are per thread). A step is
+//! recorded only when its warm-up run (the step itself, run plainly just before) made no
+//! transfer besides its inputs: a read-back inside a step (a mixture of experts routed on the
+//! host, a quantized KV cache) or an upload (a mask) cannot be recorded, and its shape is not
+//! tried again. The graphs are dropped when a buffer they read may have moved: the KV cache's
+//! ([`KvCache::buffers`]), or the weights' (`Decoder::replace_weight`).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::thread::{self, ThreadId};
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use crate::batch::ValidBatch;
+use crate::kernels::CellTable;
+use crate::kernels::graph::{self, Captured, Recorder};
+use crate::kv::KvCache;
+use crate::layers::RopeTables;
+use crate::transfers;
+
+/// The most graphs kept (each holds its step's buffers, the logits' [rows, vocab] among them).
+const MAX_GRAPHS: usize = 16;
+
+/// The narrowest cell table a graph is recorded for (its width less the count column).
+const MIN_CELLS: usize = 64;
+
+/// The step shapes of one model, and their graphs.
+pub(super) struct StepGraphs {
+    on: bool,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The KV cache the graphs read, as [`KvCache::buffers`] names its buffers.
+    cache: Option<(u64, u64)>,
+    shapes: HashMap<Shape, Entry>,
+    /// Graphs recorded so far: the oldest goes first past [`MAX_GRAPHS`].
+    recorded: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Shape {
+    rows: usize,
+    width: usize,
+    thread: ThreadId,
+}
+
+enum Entry {
+    /// Run once, plainly: the next step of this shape is recorded.
+    Seen,
+    /// Recorded (the number says when).
+    Ready(Box<Step>, u64),
+    /// Not recordable: run plainly from now on.
+    Refused,
+}
+
+/// The device buffers a recorded step reads its inputs from.
+pub(super) struct Inputs {
+    pub ids: Tensor<1, Int>,
+    pub slots: Tensor<1, Int>,
+    pub table: Tensor<2, Int>,
+    pub rope: Tensor<3>,
+}
+
+struct Step {
+    captured: Captured,
+    inputs: Inputs,
+    /// [rows, vocab] logits, written by each replay.
+    output: Tensor<2>,
+}
+
+/// What [`StepGraphs::begin`] says to do with a step.
+pub(super) enum Plan {
+    /// Run it plainly.
+    Plain,
+    /// Its logits, replayed.
+    Replayed(Box<Tensor<2>>),
+    /// Record it: run it with these inputs, through [`StepGraphs::record`].
+    Record(Box<Inputs>, Key),
+}
+
+/// A shape being recorded.
+pub(super) struct Key(Shape);
+
+impl StepGraphs {
+    pub fn new(on: bool) -> Self {
+        Self { on, state: Mutex::new(State::default()) }
+    }
+
+    /// Drops every graph (the weights they read were replaced).
+    pub fn clear(&mut self) {
+        *self.state.get_mut().unwrap_or_else(|e| e.into_inner()) = State::default();
+    }
+
+    /// What to do with `batch`, a step whose ids are `ids`, placed as `cells` says, on `device`,
+    /// over `cache`; a step of a recorded shape is replayed here.
+    pub fn begin(
+        &self,
+        ids: &[u32],
+        batch: &ValidBatch<'_>,
+        cells: &CellTable,
+        tables: &RopeTables,
+        cache: &KvCache,
+        device: &Device,
+    ) -> Plan {
+        let rows = ids.len();
+        if !self.on || !cells.on_gpu() || batch.out_rows.len() != rows || rows == 0 {
+            return Plan::Plain;
+        }
+        let width = 1 + (cells.width() - 1).max(MIN_CELLS).next_power_of_two();
+        let shape = Shape { rows, width, thread: thread::current().id() };
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.cache != Some(cache.buffers()) {
+            *state = State { cache: Some(cache.buffers()), ..State::default() };
+        }
+        let values = || Values::of(ids, cells, tables, width);
+        match state.shapes.get(&shape) {
+            None => {
+                state.shapes.insert(shape, Entry::Seen);
+                Plan::Plain
+            }
+            Some(Entry::Refused) => Plan::Plain,
+            Some(Entry::Seen) => {
+                let values = values();
+                let inputs = Inputs {
+                    ids: transfers::upload(TensorData::new(values.ids, [rows]), device),
+                    slots: transfers::upload(TensorData::new(values.slots, [rows]), device),
+                    table: transfers::upload(TensorData::new(values.table, [rows, width]), device),
+                    rope: transfers::upload(TensorData::new(values.rope, [2, rows, tables.half()]), device),
+                };
+                Plan::Record(Box::new(inputs), Key(shape))
+            }
+            Some(Entry::Ready(step, _)) => {
+                let written = values().write(&step.inputs);
+                // SAFETY (the module allows this one call, and the one in `record`): the graph's buffers are held by `step`, the weights and the cache by
+                // the model and the caller (unchanged, or `cache.buffers()` and `clear` would
+                // have dropped it), and the shape is this thread's.
+                #[allow(unsafe_code)]
+                let replayed = written && unsafe { step.captured.replay() };
+                match replayed {
+                    true => Plan::Replayed(Box::new(step.output.clone())),
+                    false => {
+                        state.shapes.insert(shape, Entry::Refused);
+                        Plan::Plain
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records the step of `key` (see [`Plan::Record`]): `run` runs it with `inputs` (the trunk
+    /// and the output projection), once plainly (the warm-up), once recorded; then the graph
+    /// replays. Its logits, from the replay, or from a plain run where recording was refused.
+    pub fn record<E>(
+        &self,
+        key: Key,
+        inputs: Box<Inputs>,
+        mut run: impl FnMut(&Inputs) -> Result<Tensor<2>, E>,
+    ) -> Result<Tensor<2>, E> {
+        let shape = key.0;
+        let refuse = |state: &mut State, why: &str| {
+            tracing::debug!(rows = shape.rows, width = shape.width, why, "a decode step's graph was not recorded");
+            state.shapes.insert(shape, Entry::Refused);
+        };
+        let Some(mut recorder) = Recorder::prepare(&inputs.rope) else {
+            refuse(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()), "the runtime records no graph");
+            return run(&inputs);
+        };
+        let before = transfers::on_this_thread();
+        let warm = run(&inputs)?;
+        if transfers::on_this_thread() != before {
+            recorder.discard();
+            refuse(
+                &mut self.state.lock().unwrap_or_else(|e| e.into_inner()),
+                "the step moves data to or from the host",
+            );
+            return Ok(warm);
+        }
+        drop(warm);
+        let recorded = match recorder.record() {
+            true => run(&inputs)?,
+            false => {
+                recorder.discard();
+                refuse(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()), "the recording did not start");
+                return run(&inputs);
+            }
+        };
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(captured) = recorder.finish() else {
+            refuse(&mut state, "the runtime did not seal the recording");
+            drop(state);
+            return run(&inputs);
+        };
+        // SAFETY: as in `begin`; the recording's buffers are held by `captured`.
+        #[allow(unsafe_code)]
+        let replayed = unsafe { captured.replay() };
+        if !replayed {
+            refuse(&mut state, "the first replay failed");
+            drop(state);
+            return run(&inputs);
+        }
+        state.recorded += 1;
+        let at = state.recorded;
+        if state.shapes.values().filter(|e| matches!(e, Entry::Ready(..))).count() >= MAX_GRAPHS {
+            let oldest = state
+                .shapes
+                .iter()
+                .filter_map(|(s, e)| if let Entry::Ready(_, at) = e { Some((*at, *s)) } else { None })
+                .min_by_key(|(at, _)| *at);
+            if let Some((_, s)) = oldest {
+                state.shapes.insert(s, Entry::Seen);
+            }
+        }
+        state
+            .shapes
+            .insert(shape, Entry::Ready(Box::new(Step { captured, inputs: *inputs, output: recorded.clone() }), at));
+        Ok(recorded)
+    }
+}
+
+/// A step's inputs on the host, as the kernels read them.
+struct Values {
+    ids: Vec<i32>,
+    slots: Vec<i32>,
+    table: Vec<i32>,
+    rope: Vec<f32>,
+}
+
+impl Values {
+    fn of(ids: &[u32], cells: &CellTable, tables: &RopeTables, width: usize) -> Values {
+        Values {
+            ids: ids.iter().map(|&t| t as i32).collect(),
+            slots: cells.slot_values(),
+            table: cells.table_values(width),
+            rope: tables.stacked_values(),
+        }
+    }
+
+    /// Writes these into `inputs`' buffers: false where one does not take them.
+    fn write(&self, inputs: &Inputs) -> bool {
+        let ints = |v: &[i32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        let written = [
+            graph::write(&inputs.ids, &ints(&self.ids)),
+            graph::write(&inputs.slots, &ints(&self.slots)),
+            graph::write(&inputs.table, &ints(&self.table)),
+            graph::write(&inputs.rope, &self.rope.iter().map(|&x| x as f64).collect::<Vec<_>>()),
+        ];
+        for bytes in [self.ids.len(), self.slots.len(), self.table.len(), self.rope.len()] {
+            transfers::wrote(bytes * 4);
+        }
+        written.iter().all(|&w| w)
+    }
+}

@@ -1,0 +1,143 @@
+//! CubeCL's graph capture, for replaying a decode step (issue 31): a step's launches recorded
+//! once and re-run from prebuilt state, so the host's cost per launch (pipeline lookup, binding,
+//! the launch's uniforms; about 25 µs each through wgpu on an H100) is paid at capture, not on
+//! every step. The step's inputs live in persistent buffers written in place ([`write`])
+//! between replays.
+//!
+//! A replay re-runs the recorded kernels on the raw buffers they were captured with, so every
+//! buffer the step allocated must outlive the graph: while a [`Recorder`] runs, every tensor the
+//! kernels here allocate (`empty_as`), and every tensor the caller passes to [`hold`] (the
+//! results of Burn's ops in the step), is held, and the graph keeps those of its recording.
+
+use std::cell::RefCell;
+
+use burn::backend::Cube;
+use burn::cubecl::bytes::Bytes;
+use burn::cubecl::client::Graph;
+use burn::tensor::kind::Basic;
+use burn::tensor::{BackendPrimitive, DType, Tensor};
+
+use super::CubeTensor;
+
+/// A tensor kind (float or int) whose CubeCL primitive is a [`CubeTensor`].
+pub trait OnCube: Basic + BackendPrimitive<Cube, Primitive = CubeTensor> {}
+impl<K: Basic + BackendPrimitive<Cube, Primitive = CubeTensor>> OnCube for K {}
+
+thread_local! {
+    /// The tensors a recording on this thread allocated, while one runs.
+    static HELD: RefCell<Option<Vec<CubeTensor>>> = const { RefCell::new(None) };
+}
+
+/// Holds `t` for the recording under way on this thread, if any.
+pub(super) fn hold_primitive(t: &CubeTensor) {
+    HELD.with(|held| {
+        if let Some(held) = held.borrow_mut().as_mut() {
+            held.push(t.clone());
+        }
+    });
+}
+
+/// Holds `t` (a result of Burn's ops inside a recorded step) for the recording under way on
+/// this thread, if any; nothing otherwise.
+pub fn hold<const D: usize, K: OnCube>(t: &Tensor<D, K>) {
+    let recording = HELD.with(|held| held.borrow().is_some());
+    if recording && let Ok(p) = t.clone().try_into_primitive::<Cube>() {
+        hold_primitive(&p);
+    }
+}
+
+fn take_held() -> Vec<CubeTensor> {
+    HELD.with(|held| held.borrow_mut().take()).unwrap_or_default()
+}
+
+/// A capture in the making on one device, from [`Recorder::prepare`]: the caller runs the step
+/// once (the warm-up, which executes), calls [`Recorder::record`], runs it again (recorded, not
+/// executed), then [`Recorder::finish`]. Dropped before that, it ends the capture and discards
+/// it, so the device's stream is never left capturing.
+pub struct Recorder {
+    client: burn::cubecl::client::Client,
+    /// Prepared or recording, not ended yet.
+    open: bool,
+}
+
+impl Recorder {
+    /// Starts a capture on the device `like` lives on (on this thread's stream): `None` off
+    /// CubeCL, or where the runtime refuses (a backend without graphs, a capture under way).
+    pub fn prepare<const D: usize, K: OnCube>(like: &Tensor<D, K>) -> Option<Recorder> {
+        let client = like.clone().try_into_primitive::<Cube>().ok()?.client;
+        client.graph_prepare().ok()?;
+        HELD.with(|held| *held.borrow_mut() = Some(Vec::new()));
+        Some(Recorder { client, open: true })
+    }
+
+    /// Opens the recording window after the warm-up: the warm-up's tensors go back to the pool
+    /// (the recording takes them again, in the same order), and launches are recorded from here.
+    pub fn record(&mut self) -> bool {
+        drop(take_held());
+        HELD.with(|held| *held.borrow_mut() = Some(Vec::new()));
+        self.client.start_capture().is_ok()
+    }
+
+    /// The recorded graph, with every tensor the recording allocated; `None` where the runtime
+    /// refused to seal it (an upload, a readback or an allocation the pool could not serve
+    /// inside the window).
+    pub fn finish(mut self) -> Option<Captured> {
+        let held = take_held();
+        let graph = self.client.stop_capture();
+        self.open = false;
+        Some(Captured { graph: graph.ok()?, _held: held })
+    }
+}
+
+impl Recorder {
+    /// Ends the capture and discards it (as dropping it does).
+    pub fn discard(self) {}
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        drop(take_held());
+        if self.open {
+            // Ends the capture, prepared or recording, and discards it.
+            let _ = self.client.stop_capture();
+        }
+    }
+}
+
+/// A recorded step and the buffers it allocated.
+pub struct Captured {
+    graph: Graph,
+    _held: Vec<CubeTensor>,
+}
+
+impl Captured {
+    /// Re-runs the recorded launches, after their inputs were [written](write).
+    ///
+    /// # Safety
+    /// Every buffer the recording read (the weights, the KV cache, the inputs) is still
+    /// allocated and unchanged in place, and this is the thread (the stream) it was recorded on.
+    #[allow(unsafe_code)]
+    pub unsafe fn replay(&self) -> bool {
+        // SAFETY: the caller's guarantees; the recording's own allocations are held here.
+        unsafe { self.graph.replay() }.is_ok()
+    }
+}
+
+/// Writes `values` into `t`'s buffer in place, as its dtype stores them (f32, i32 or i64):
+/// false where `t` is not a contiguous CubeCL tensor of that many values.
+pub fn write<const D: usize, K: OnCube>(t: &Tensor<D, K>, values: &[f64]) -> bool {
+    let Ok(p) = t.clone().try_into_primitive::<Cube>() else {
+        return false;
+    };
+    if p.meta.is_tiled() || p.meta.num_elements() != values.len() || !p.is_contiguous() {
+        return false;
+    }
+    let bytes: Vec<u8> = match p.dtype {
+        DType::F32 => values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
+        DType::I32 => values.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
+        DType::I64 => values.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect(),
+        _ => return false,
+    };
+    p.client.write(&p.handle, Bytes::from_bytes_vec(bytes));
+    true
+}
