@@ -6,7 +6,9 @@
 # ids on the GPU are compared with the CPU's (where they differ, again with Burn's ops alone) and
 # batch-1 decode is measured through `llaisys bench` (which counts kernel launches and
 # host↔device transfers per decode step, and ranks kernels by device time with --kernel-times;
-# the MoE's decode steps route their experts on the device: no readback before the logits).
+# the MoE's decode steps route their experts on the device: no readback before the logits),
+# with decode steps replayed from their recorded graphs (the default) and without
+# (LLAISYS_GPU_GRAPHS=off).
 # The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, greedy
 # ids and decode with an f32 KV cache (the default, f16, runs everywhere else), and decode and
 # 64 concurrent sampled: as Qwen2.5's generation defaults (top-k 20 with a repetition penalty:
@@ -94,10 +96,12 @@ for m in "${models[@]}"; do
     LLAISYS_GPU_KERNELS=off ids vulkan "$M" | tee "/tmp/$name.burn.ids"
     if cmp -s "/tmp/$name.cpu.ids" "/tmp/$name.burn.ids"; then echo "$name, Burn's ops: ids equal"; else echo "$name, Burn's ops: IDS DIFFER"; fi
   fi
-  step "$name decode ${DECODE_TOKENS:-512} tokens"
+  step "$name decode ${DECODE_TOKENS:-512} tokens (steps replayed from their recorded graphs)"
   timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 3 --decode-tokens "${DECODE_TOKENS:-512}"
-  step "$name decode, each kernel timed"
-  timeout 60 $BIN bench --model "$M" --device vulkan --only decode --decode-tokens 32 --runs 1 --kernel-times
+  step "$name decode ${DECODE_TOKENS:-512} tokens, graphs off (every launch from the host)"
+  LLAISYS_GPU_GRAPHS=off timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens "${DECODE_TOKENS:-512}"
+  step "$name decode, each kernel timed (graphs off: a replay launches nothing to time)"
+  LLAISYS_GPU_GRAPHS=off timeout 60 $BIN bench --model "$M" --device vulkan --only decode --decode-tokens 32 --runs 1 --kernel-times
   if [ -n "${BURN:-}" ]; then
     step "$name decode with Burn's ops alone"
     LLAISYS_GPU_KERNELS=off timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 1 --decode-tokens 128

@@ -1,11 +1,18 @@
 //! Issue 31: decode steps recorded as a graph and replayed on a GPU (`LoadOptions::step_graphs`)
 //! give the logits the same steps give run plainly, across the changes a replayed step must
 //! follow: new token ids, positions and cells every step, two sequences in one step, a
-//! sequence's cells passing 64 and 128 (a wider cell table: a new graph), a sequence removed (a
-//! one-row step again). And they are replays: a replayed step launches nothing from the host.
+//! sequence's cells passing 64 and 128 (a wider cell table: a new graph), a weight replaced (the
+//! graphs read the old one's buffer: they are dropped), a sequence removed (a one-row step
+//! again). And they are replays: a replayed step launches nothing from the host.
 
+use std::collections::HashSet;
+
+use burn::tensor::DType;
+use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::generate::one_sequence;
-use llaisys_model::{Batch, Context, KvDtype, LoadOptions, ModelSource, argmax, load_model};
+use llaisys_model::launches::Launches;
+use llaisys_model::tensors::TensorSource;
+use llaisys_model::{Batch, Context, KvDtype, LoadOptions, ModelSource, TensorData, argmax, load_model};
 use llaisys_tests::{Reference, fixture_dir, gguf_fixture, test_device};
 
 /// Decode steps of each run.
@@ -21,16 +28,36 @@ fn context(source: &ModelSource, step_graphs: bool) -> Context {
     Context::with_kv_dtype(model, 640, KvDtype::F32)
 }
 
+/// The kernels a plain decode step may launch. A recording holds what the GPU kernels allocate
+/// and the embedding's gather (Burn's `SelectKernel`), nothing else: a kernel of Burn's in the
+/// step would allocate what a replay then writes after the pool has handed it on. One that is
+/// not here is either a new GPU kernel (add it) or Burn's (hold its output with
+/// `kernels::graph::hold`, then add it).
+const RECORDABLE: &[&str] = &[
+    "SelectKernel",
+    "Dequantize",
+    "Xwt",
+    "XwtQ",
+    "XwtRopeKv",
+    "XwtRopeKvQ",
+    "RopeKv",
+    "CellAttention",
+    "MergeSplits",
+    "MoeRoute",
+    "XwtExperts",
+    "XwtExpertsSum",
+];
+
 /// One step of `rows` (sequence, token, position) with every row's logits: the logits, row by
 /// row, and the launches the step made.
-fn step(ctx: &mut Context, rows: &[(u32, u32, i64)]) -> (Vec<Vec<f32>>, u64) {
+fn step(ctx: &mut Context, rows: &[(u32, u32, i64)]) -> (Vec<Vec<f32>>, Launches) {
     let mut batch = Batch::new();
     for &(seq, token, pos) in rows {
         batch.push(token, pos, &[seq], true);
     }
     let watch = llaisys_model::launches::watch(false).expect("a GPU build watches launches");
     ctx.decode(&batch).unwrap();
-    let launched = watch.take().total();
+    let launched = watch.take();
     let logits = (0..rows.len()).map(|r| ctx.outputs().row(r).unwrap().to_vec()).collect();
     (logits, launched)
 }
@@ -41,8 +68,9 @@ fn apart(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter().flatten().zip(b.iter().flatten()).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
-/// Runs the same greedy decode on `source` with and without graphs and compares every step.
-fn check(source: ModelSource, prompts: [&[u32]; 2]) {
+/// Runs the same greedy decode on `source` with and without graphs and compares every step;
+/// half-way, `replace` (a weight's name and values) replaces a weight in both.
+fn check(source: ModelSource, prompts: [&[u32]; 2], replace: Option<(&str, TensorData)>) {
     let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let (mut plain, mut replayed) = (context(&source, false), context(&source, true));
     let mut next = [0u32; 2];
@@ -54,11 +82,23 @@ fn check(source: ModelSource, prompts: [&[u32]; 2]) {
     }
     let mut pos = prompts.map(|p| p.len() as i64);
     let mut replays = 0;
+    let mut launched = HashSet::new();
+    // Tensors made between the replayed steps and kept, of the sizes a step's buffers have: a
+    // replay that wrote memory the pool has handed on would change them. (The recording holds
+    // its buffers, and CubeCL allocates nothing on a page a live graph touched.)
+    let info = replayed.model().info().clone();
+    let device = replayed.model().device().clone();
+    let mut kept = Vec::new();
     assert!(prompts.iter().all(|p| p.len() + STEPS <= 256), "the prompts leave room for the steps");
     // Both sequences together past 64 and 128 cells each, then the first alone (the fixtures'
     // context is 256 positions).
     for i in 0..STEPS {
         let two = i < STEPS - 10;
+        if let Some((name, data)) = replace.as_ref().filter(|_| i == STEPS / 2) {
+            for ctx in [&mut plain, &mut replayed] {
+                ctx.model_mut().replace_weight(name, data.clone()).unwrap();
+            }
+        }
         if i == STEPS - 10 {
             for ctx in [&mut plain, &mut replayed] {
                 ctx.kv_mut().seq_rm(1, ..).unwrap();
@@ -67,10 +107,14 @@ fn check(source: ModelSource, prompts: [&[u32]; 2]) {
         let rows: Vec<(u32, u32, i64)> = (0..if two { 2 } else { 1 }).map(|s| (s as u32, next[s], pos[s])).collect();
         let (want, plain_launches) = step(&mut plain, &rows);
         let (got, launches) = step(&mut replayed, &rows);
+        for size in [info.hidden_size, info.vocab_size].map(|s| s * rows.len()) {
+            kept.push(llaisys_model::Tensor::<1>::full([size], i as f32, &device));
+        }
         let d = apart(&want, &got);
         assert!(d <= 1e-5, "step {i} ({} rows): the replayed logits are {d} apart from the plain ones", rows.len());
-        assert!(plain_launches > 0, "a plain step launches its kernels");
-        if launches == 0 {
+        assert!(plain_launches.total() > 0, "a plain step launches its kernels");
+        launched.extend(plain_launches.by_kernel.into_keys());
+        if launches.total() == 0 {
             replays += 1;
         }
         for (s, row) in want.iter().enumerate() {
@@ -79,8 +123,15 @@ fn check(source: ModelSource, prompts: [&[u32]; 2]) {
         }
     }
     // Every step but the first two of each shape (run plainly, then recorded): two rows in
-    // tables of 64, 128 and 256 cells, one row in 256.
-    assert!(replays >= STEPS - 8, "{replays} of {STEPS} steps replayed");
+    // tables of 64, 128 and 256 cells (and once more after the replacement), one row in 256.
+    assert!(replays >= STEPS - 10, "{replays} of {STEPS} steps replayed");
+    for (k, t) in kept.into_iter().enumerate() {
+        let want = (k / 2) as f32;
+        let values = t.into_data().try_to_vec::<f32>().unwrap();
+        assert!(values.iter().all(|&v| v == want), "a tensor made after step {} was written by a replay", k / 2);
+    }
+    let unknown: Vec<_> = launched.iter().filter(|k| !RECORDABLE.contains(&k.as_str())).collect();
+    assert!(unknown.is_empty(), "a decode step launched {unknown:?}, which a recording may not hold");
 }
 
 #[test]
@@ -91,7 +142,12 @@ fn check(source: ModelSource, prompts: [&[u32]; 2]) {
 fn replayed_steps_give_the_plain_steps_logits() {
     for name in ["tiny-tied-f32", "tiny-qwen3-f32", "tiny-qwen2moe-f32"] {
         let prompts = Reference::load(name).prompts;
-        check(ModelSource::Dir(fixture_dir(name)), [&prompts[0].ids, &prompts[1].ids]);
+        // Layer 1's attention output halved.
+        let weight = "model.layers.1.self_attn.o_proj.weight";
+        let original = Checkpoint::open(&fixture_dir(name)).unwrap().data(weight, DType::F32).unwrap();
+        let halved: Vec<f32> = original.try_to_vec::<f32>().unwrap().iter().map(|x| x * 0.5).collect();
+        let halved = TensorData::new(halved, original.shape().clone());
+        check(ModelSource::Dir(fixture_dir(name)), [&prompts[0].ids, &prompts[1].ids], Some((weight, halved)));
     }
 }
 
@@ -102,5 +158,5 @@ fn replayed_steps_give_the_plain_steps_logits() {
 )]
 fn replayed_quantized_steps_give_the_plain_steps_logits() {
     let prompts = Reference::load("tiny-tied-f32").prompts;
-    check(ModelSource::Gguf(gguf_fixture("tiny-kquant")), [&prompts[0].ids, &prompts[1].ids]);
+    check(ModelSource::Gguf(gguf_fixture("tiny-kquant")), [&prompts[0].ids, &prompts[1].ids], None);
 }

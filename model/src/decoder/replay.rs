@@ -4,14 +4,18 @@
 //! and replays it. Batch-1 decode on a GPU is bound by the host's cost per launch, which a
 //! replay pays once, at the recording.
 //!
-//! A shape is the step's rows, its cell table's width (rounded up to a power of two, so a
-//! sequence's steps share a graph until its cells pass the next one) and the thread it runs on
-//! (a graph replays on the stream it was recorded on, and streams are per thread). A step is
-//! recorded only when its warm-up run (the step itself, run plainly just before) made no
-//! transfer besides its inputs: a read-back inside a step (a mixture of experts routed on the
-//! host, a quantized KV cache) or an upload (a mask) cannot be recorded, and its shape is not
-//! tried again. The graphs are dropped when a buffer they read may have moved: the KV cache's
-//! ([`KvCache::buffers`]), or the weights' (`Decoder::replace_weight`).
+//! A shape is the step's rows (one to `kernels::GPU_XWT_ROWS`, where every launch is one of
+//! the GPU kernels), its cell table's width (rounded up to a power of two from 64, so a
+//! sequence's steps share a graph until its cells pass the next one), the thread it runs on (a
+//! graph replays on the stream it was recorded on, and streams are per thread) and its KV
+//! cache. A step is recorded only when its warm-up run (the step itself, run plainly just
+//! before) made no transfer besides its inputs: a read-back inside a step (a mixture of experts
+//! routed on the host, a q8_0 KV cache) or an upload (a mask) cannot be recorded, and its shape
+//! is not tried again. A cache's graphs are dropped when its buffers may have moved
+//! ([`KvCache::buffers`]), all of them when a weight is replaced (`Decoder::replace_weight`).
+//!
+//! The recording holds every buffer the step allocates (`kernels::graph`), so a replay never
+//! writes memory the pool has given to something else since.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -20,14 +24,17 @@ use std::thread::{self, ThreadId};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::batch::ValidBatch;
-use crate::kernels::CellTable;
 use crate::kernels::graph::{self, Captured, Recorder};
+use crate::kernels::{self, CellTable};
 use crate::kv::KvCache;
 use crate::layers::RopeTables;
 use crate::transfers;
 
 /// The most graphs kept (each holds its step's buffers, the logits' [rows, vocab] among them).
 const MAX_GRAPHS: usize = 16;
+
+/// The most shapes remembered (their graphs aside).
+const MAX_SHAPES: usize = 256;
 
 /// The narrowest cell table a graph is recorded for (its width less the count column).
 const MIN_CELLS: usize = 64;
@@ -40,8 +47,9 @@ pub(super) struct StepGraphs {
 
 #[derive(Default)]
 struct State {
-    /// The KV cache the graphs read, as [`KvCache::buffers`] names its buffers.
-    cache: Option<(u64, u64)>,
+    /// The KV caches the graphs read: each one's buffers, as [`KvCache::buffers`] last named
+    /// them.
+    caches: HashMap<u64, u64>,
     shapes: HashMap<Shape, Entry>,
     /// Graphs recorded so far: the oldest goes first past [`MAX_GRAPHS`].
     recorded: u64,
@@ -52,6 +60,8 @@ struct Shape {
     rows: usize,
     width: usize,
     thread: ThreadId,
+    /// The KV cache's number ([`KvCache::buffers`]).
+    cache: u64,
 }
 
 enum Entry {
@@ -113,14 +123,23 @@ impl StepGraphs {
         device: &Device,
     ) -> Plan {
         let rows = ids.len();
-        if !self.on || !cells.on_gpu() || batch.out_rows.len() != rows || rows == 0 {
+        // Up to the few-row products' rows, where every launch of the step is one of the GPU
+        // kernels (which hold what they allocate) or the embedding's gather (held): past them
+        // Burn's matmul allocates what nothing holds.
+        let few = (1..=kernels::GPU_XWT_ROWS).contains(&rows);
+        if !self.on || !few || !cells.on_gpu() || batch.out_rows.len() != rows {
             return Plan::Plain;
         }
         let width = 1 + (cells.width() - 1).max(MIN_CELLS).next_power_of_two();
-        let shape = Shape { rows, width, thread: thread::current().id() };
+        let (cache_id, generation) = cache.buffers();
+        let shape = Shape { rows, width, thread: thread::current().id(), cache: cache_id };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.cache != Some(cache.buffers()) {
-            *state = State { cache: Some(cache.buffers()), ..State::default() };
+        if state.caches.insert(cache_id, generation).is_some_and(|g| g != generation) {
+            state.shapes.retain(|s, _| s.cache != cache_id);
+        }
+        if state.shapes.len() > MAX_SHAPES {
+            // Shapes of caches gone, most likely: the graphs stay, to their limit.
+            state.shapes.retain(|_, e| matches!(e, Entry::Ready(..)));
         }
         let values = || Values::of(ids, cells, tables, width);
         match state.shapes.get(&shape) {
@@ -141,9 +160,9 @@ impl StepGraphs {
             }
             Some(Entry::Ready(step, _)) => {
                 let written = values().write(&step.inputs);
-                // SAFETY (the module allows this one call, and the one in `record`): the graph's buffers are held by `step`, the weights and the cache by
-                // the model and the caller (unchanged, or `cache.buffers()` and `clear` would
-                // have dropped it), and the shape is this thread's.
+                // SAFETY: the graph's buffers are held by `step`, the weights' and the cache's by
+                // the model and the caller (unchanged, or `cache.buffers()` or `clear` would
+                // have dropped the graph), and the shape is this thread's, so its stream's.
                 #[allow(unsafe_code)]
                 let replayed = written && unsafe { step.captured.replay() };
                 match replayed {
@@ -247,15 +266,14 @@ impl Values {
 
     /// Writes these into `inputs`' buffers: false where one does not take them.
     fn write(&self, inputs: &Inputs) -> bool {
-        let ints = |v: &[i32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
         let written = [
-            graph::write(&inputs.ids, &ints(&self.ids)),
-            graph::write(&inputs.slots, &ints(&self.slots)),
-            graph::write(&inputs.table, &ints(&self.table)),
-            graph::write(&inputs.rope, &self.rope.iter().map(|&x| x as f64).collect::<Vec<_>>()),
+            graph::write_ints(&inputs.ids, &self.ids),
+            graph::write_ints(&inputs.slots, &self.slots),
+            graph::write_ints(&inputs.table, &self.table),
+            graph::write_f32(&inputs.rope, &self.rope),
         ];
-        for bytes in [self.ids.len(), self.slots.len(), self.table.len(), self.rope.len()] {
-            transfers::wrote(bytes * 4);
+        for values in [self.ids.len(), self.slots.len(), self.table.len(), self.rope.len()] {
+            transfers::wrote(values * 4);
         }
         written.iter().all(|&w| w)
     }

@@ -1,13 +1,15 @@
 //! CubeCL's graph capture, for replaying a decode step (issue 31): a step's launches recorded
 //! once and re-run from prebuilt state, so the host's cost per launch (pipeline lookup, binding,
 //! the launch's uniforms; about 25 µs each through wgpu on an H100) is paid at capture, not on
-//! every step. The step's inputs live in persistent buffers written in place ([`write`])
+//! every step. The step's inputs live in persistent buffers written in place ([`write_ints`], [`write_f32`])
 //! between replays.
 //!
 //! A replay re-runs the recorded kernels on the raw buffers they were captured with, so every
 //! buffer the step allocated must outlive the graph: while a [`Recorder`] runs, every tensor the
 //! kernels here allocate (`empty_as`), and every tensor the caller passes to [`hold`] (the
-//! results of Burn's ops in the step), is held, and the graph keeps those of its recording.
+//! results of Burn's ops in the step), is held, and the graph keeps those of its recording, as
+//! CubeCL's `Graph::replay` asks. (CubeCL also carves no new allocation from a page a live
+//! graph touched, which `tests/replay.rs` checks end to end.)
 
 use std::cell::RefCell;
 
@@ -123,20 +125,40 @@ impl Captured {
     }
 }
 
-/// Writes `values` into `t`'s buffer in place, as its dtype stores them (f32, i32 or i64):
-/// false where `t` is not a contiguous CubeCL tensor of that many values.
-pub fn write<const D: usize, K: OnCube>(t: &Tensor<D, K>, values: &[f64]) -> bool {
+/// Writes `values` into `t`'s buffer in place: false where `t` is not a contiguous CubeCL f32
+/// tensor of that many values.
+pub fn write_f32<const D: usize, K: OnCube>(t: &Tensor<D, K>, values: &[f32]) -> bool {
+    write(t, values.len(), |dtype| match dtype {
+        DType::F32 => Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        _ => None,
+    })
+}
+
+/// Writes `values` into `t`'s buffer in place, as its integer type stores them (i32 or i64):
+/// false where `t` is not a contiguous CubeCL tensor of that many integers.
+pub fn write_ints<const D: usize, K: OnCube>(t: &Tensor<D, K>, values: &[i32]) -> bool {
+    write(t, values.len(), |dtype| match dtype {
+        DType::I32 => Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        DType::I64 => Some(values.iter().flat_map(|&v| i64::from(v).to_le_bytes()).collect()),
+        _ => None,
+    })
+}
+
+/// Writes the bytes `encode` makes for `t`'s dtype (`None`: not one it takes) into `t`'s
+/// buffer, where `t` is a contiguous CubeCL tensor of `len` values.
+fn write<const D: usize, K: OnCube>(
+    t: &Tensor<D, K>,
+    len: usize,
+    encode: impl FnOnce(DType) -> Option<Vec<u8>>,
+) -> bool {
     let Ok(p) = t.clone().try_into_primitive::<Cube>() else {
         return false;
     };
-    if p.meta.is_tiled() || p.meta.num_elements() != values.len() || !p.is_contiguous() {
+    if p.meta.is_tiled() || p.meta.num_elements() != len || !p.is_contiguous() {
         return false;
     }
-    let bytes: Vec<u8> = match p.dtype {
-        DType::F32 => values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
-        DType::I32 => values.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
-        DType::I64 => values.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect(),
-        _ => return false,
+    let Some(bytes) = encode(p.dtype) else {
+        return false;
     };
     p.client.write(&p.handle, Bytes::from_bytes_vec(bytes));
     true
