@@ -18,7 +18,7 @@
 //! writes memory the pool has given to something else since.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::thread::{self, ThreadId};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -106,6 +106,10 @@ impl StepGraphs {
         Self { on, state: Mutex::new(State::default()) }
     }
 
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Drops every graph (the weights they read were replaced).
     pub fn clear(&mut self) {
         *self.state.get_mut().unwrap_or_else(|e| e.into_inner()) = State::default();
@@ -133,7 +137,7 @@ impl StepGraphs {
         let width = 1 + (cells.width() - 1).max(MIN_CELLS).next_power_of_two();
         let (cache_id, generation) = cache.buffers();
         let shape = Shape { rows, width, thread: thread::current().id(), cache: cache_id };
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state();
         if state.caches.insert(cache_id, generation).is_some_and(|g| g != generation) {
             state.shapes.retain(|s, _| s.cache != cache_id);
         }
@@ -191,17 +195,14 @@ impl StepGraphs {
             state.shapes.insert(shape, Entry::Refused);
         };
         let Some(mut recorder) = Recorder::prepare(&inputs.rope) else {
-            refuse(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()), "the runtime records no graph");
+            refuse(&mut self.state(), "the runtime records no graph");
             return run(&inputs);
         };
         let before = transfers::on_this_thread();
         let warm = run(&inputs)?;
         if transfers::on_this_thread() != before {
             recorder.discard();
-            refuse(
-                &mut self.state.lock().unwrap_or_else(|e| e.into_inner()),
-                "the step moves data to or from the host",
-            );
+            refuse(&mut self.state(), "the step moves data to or from the host");
             return Ok(warm);
         }
         drop(warm);
@@ -209,11 +210,11 @@ impl StepGraphs {
             true => run(&inputs)?,
             false => {
                 recorder.discard();
-                refuse(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()), "the recording did not start");
+                refuse(&mut self.state(), "the recording did not start");
                 return run(&inputs);
             }
         };
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state();
         let Some(captured) = recorder.finish() else {
             refuse(&mut state, "the runtime did not seal the recording");
             drop(state);

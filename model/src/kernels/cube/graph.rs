@@ -1,8 +1,8 @@
 //! CubeCL's graph capture, for replaying a decode step (issue 31): a step's launches recorded
 //! once and re-run from prebuilt state, so the host's cost per launch (pipeline lookup, binding,
 //! the launch's uniforms; about 25 µs each through wgpu on an H100) is paid at capture, not on
-//! every step. The step's inputs live in persistent buffers written in place ([`write_ints`], [`write_f32`])
-//! between replays.
+//! every step. The step's inputs live in persistent buffers written in place between replays
+//! ([`write_ints`], [`write_f32`]).
 //!
 //! A replay re-runs the recorded kernels on the raw buffers they were captured with, so every
 //! buffer the step allocated must outlive the graph: while a [`Recorder`] runs, every tensor the
@@ -89,9 +89,7 @@ impl Recorder {
         self.open = false;
         Some(Captured { graph: graph.ok()?, _held: held })
     }
-}
 
-impl Recorder {
     /// Ends the capture and discards it (as dropping it does).
     pub fn discard(self) {}
 }
@@ -113,7 +111,8 @@ pub struct Captured {
 }
 
 impl Captured {
-    /// Re-runs the recorded launches, after their inputs were [written](write).
+    /// Re-runs the recorded launches, after their inputs were written ([`write_ints`],
+    /// [`write_f32`]).
     ///
     /// # Safety
     /// Every buffer the recording read (the weights, the KV cache, the inputs) is still
