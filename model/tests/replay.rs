@@ -123,8 +123,10 @@ fn check(source: ModelSource, prompts: [&[u32]; 2], replace: Option<(&str, Tenso
         }
     }
     // Every step but the first two of each shape (run plainly, then recorded): two rows in
-    // tables of 64, 128 and 256 cells (and once more after the replacement), one row in 256.
-    assert!(replays >= STEPS - 10, "{replays} of {STEPS} steps replayed");
+    // tables of 64, 128 and 256 cells (and once more after the replacement), one row in 256;
+    // and two more for each recording the runtime refused and the next step made (on llvmpipe
+    // about one run in ten has one).
+    assert!(replays >= STEPS - 16, "{replays} of {STEPS} steps replayed");
     for (k, t) in kept.into_iter().enumerate() {
         let want = (k / 2) as f32;
         let values = t.into_data().try_to_vec::<f32>().unwrap();

@@ -11,7 +11,7 @@
 //! cache. A step is recorded only when its warm-up run (the step itself, run plainly just
 //! before) made no transfer besides its inputs: a read-back inside a step (a mixture of experts
 //! routed on the host, a q8_0 KV cache) or an upload (a mask) cannot be recorded, and its shape
-//! is not tried again. A cache's graphs are dropped when its buffers may have moved
+//! is not tried again; one the runtime refused to record is tried again, up to three times. A cache's graphs are dropped when its buffers may have moved
 //! ([`KvCache::buffers`]), all of them when a weight is replaced (`Decoder::replace_weight`).
 //!
 //! The recording holds every buffer the step allocates (`kernels::graph`), so a replay never
@@ -32,6 +32,9 @@ use crate::transfers;
 
 /// The most graphs kept (each holds its step's buffers, the logits' [rows, vocab] among them).
 const MAX_GRAPHS: usize = 16;
+
+/// The runtime's failures to record a shape before it is run plainly for good.
+const TRIES: u8 = 3;
 
 /// The most shapes remembered (their graphs aside).
 const MAX_SHAPES: usize = 256;
@@ -65,8 +68,9 @@ struct Shape {
 }
 
 enum Entry {
-    /// Run once, plainly: the next step of this shape is recorded.
-    Seen,
+    /// Run plainly: the next step of this shape is recorded. The runtime's failures to record
+    /// or replay it so far.
+    Seen(u8),
     /// Recorded (the number says when).
     Ready(Box<Step>, u64),
     /// Not recordable: run plainly from now on.
@@ -98,8 +102,8 @@ pub(super) enum Plan {
     Record(Box<Inputs>, Key),
 }
 
-/// A shape being recorded.
-pub(super) struct Key(Shape);
+/// A shape being recorded, and its failures so far.
+pub(super) struct Key(Shape, u8);
 
 impl StepGraphs {
     pub fn new(on: bool) -> Self {
@@ -148,11 +152,11 @@ impl StepGraphs {
         let values = || Values::of(ids, cells, tables, width);
         match state.shapes.get(&shape) {
             None => {
-                state.shapes.insert(shape, Entry::Seen);
+                state.shapes.insert(shape, Entry::Seen(0));
                 Plan::Plain
             }
             Some(Entry::Refused) => Plan::Plain,
-            Some(Entry::Seen) => {
+            Some(&Entry::Seen(failures)) => {
                 let values = values();
                 let inputs = Inputs {
                     ids: transfers::upload(TensorData::new(values.ids, [rows]), device),
@@ -160,7 +164,7 @@ impl StepGraphs {
                     table: transfers::upload(TensorData::new(values.table, [rows, width]), device),
                     rope: transfers::upload(TensorData::new(values.rope, [2, rows, tables.half()]), device),
                 };
-                Plan::Record(Box::new(inputs), Key(shape))
+                Plan::Record(Box::new(inputs), Key(shape, failures))
             }
             Some(Entry::Ready(step, _)) => {
                 let written = values().write(&step.inputs);
@@ -189,20 +193,26 @@ impl StepGraphs {
         inputs: Box<Inputs>,
         mut run: impl FnMut(&Inputs) -> Result<Tensor<2>, E>,
     ) -> Result<Tensor<2>, E> {
-        let shape = key.0;
-        let refuse = |state: &mut State, why: &str| {
+        let Key(shape, failures) = key;
+        // The runtime's refusals may pass (an allocation the pool could not serve then): the
+        // shape is tried again, up to `TRIES` times. A step that moves data is refused for good.
+        let refuse = |state: &mut State, why: &str, again: bool| {
             tracing::debug!(rows = shape.rows, width = shape.width, why, "a decode step's graph was not recorded");
-            state.shapes.insert(shape, Entry::Refused);
+            let entry = match failures + 1 {
+                f if again && f < TRIES => Entry::Seen(f),
+                _ => Entry::Refused,
+            };
+            state.shapes.insert(shape, entry);
         };
         let Some(mut recorder) = Recorder::prepare(&inputs.rope) else {
-            refuse(&mut self.state(), "the runtime records no graph");
+            refuse(&mut self.state(), "the runtime records no graph", true);
             return run(&inputs);
         };
         let before = transfers::on_this_thread();
         let warm = run(&inputs)?;
         if transfers::on_this_thread() != before {
             recorder.discard();
-            refuse(&mut self.state(), "the step moves data to or from the host");
+            refuse(&mut self.state(), "the step moves data to or from the host", false);
             return Ok(warm);
         }
         drop(warm);
@@ -210,13 +220,13 @@ impl StepGraphs {
             true => run(&inputs)?,
             false => {
                 recorder.discard();
-                refuse(&mut self.state(), "the recording did not start");
+                refuse(&mut self.state(), "the recording did not start", true);
                 return run(&inputs);
             }
         };
         let mut state = self.state();
         let Some(captured) = recorder.finish() else {
-            refuse(&mut state, "the runtime did not seal the recording");
+            refuse(&mut state, "the runtime did not seal the recording", true);
             drop(state);
             return run(&inputs);
         };
@@ -224,7 +234,7 @@ impl StepGraphs {
         #[allow(unsafe_code)]
         let replayed = unsafe { captured.replay() };
         if !replayed {
-            refuse(&mut state, "the first replay failed");
+            refuse(&mut state, "the first replay failed", true);
             drop(state);
             return run(&inputs);
         }
@@ -237,7 +247,7 @@ impl StepGraphs {
                 .filter_map(|(s, e)| if let Entry::Ready(_, at) = e { Some((*at, *s)) } else { None })
                 .min_by_key(|(at, _)| *at);
             if let Some((_, s)) = oldest {
-                state.shapes.insert(s, Entry::Seen);
+                state.shapes.insert(s, Entry::Seen(0));
             }
         }
         state

@@ -334,7 +334,8 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         println!("{label:<34} {speed:>12.1} {:>12} {itl:>12.1}", "");
         report.insert("decode_tok_s".into(), json!(round(speed)));
         if watch.is_some() {
-            report.insert("launches".into(), launch_report(&launched, steps, args.kernel_times));
+            let replayed = llaisys_model::LoadOptions::default().step_graphs;
+            report.insert("launches".into(), launch_report(&launched, steps, args.kernel_times, replayed));
             report.insert("transfers".into(), transfer_report(&moved, steps));
         }
     }
@@ -608,11 +609,22 @@ fn rss_mb(field: &str) -> Option<f64> {
 }
 
 /// The decode measurement's kernel launches per step (one token each), printed and as JSON:
-/// the most launched kernels, or with `timed` the ones taking the most device time.
-fn launch_report(launches: &llaisys_model::launches::Launches, steps: usize, timed: bool) -> serde_json::Value {
+/// the most launched kernels, or with `timed` the ones taking the most device time; `replayed`
+/// where steps replay their recorded graphs (whose launches the host does not make).
+fn launch_report(
+    launches: &llaisys_model::launches::Launches,
+    steps: usize,
+    timed: bool,
+    replayed: bool,
+) -> serde_json::Value {
     let per_step = |n: f64| n / steps.max(1) as f64;
     let total = launches.total();
     println!("{:<34} {:>12.1}", "  kernel launches per decode step", per_step(total as f64));
+    if replayed {
+        println!(
+            "    (a step replaying its recorded graph launches nothing from the host; LLAISYS_GPU_GRAPHS=off counts a plain step's)"
+        );
+    }
     let mut rows = Vec::new();
     let time = launches.time().as_secs_f64().max(1e-12);
     // Untimed, every time is zero and `ranked` orders by launches.
@@ -629,7 +641,7 @@ fn launch_report(launches: &llaisys_model::launches::Launches, steps: usize, tim
     if timed {
         println!("    device time per step {:.1} us (kernels one at a time)", per_step(time * 1e6));
     }
-    json!({ "per_step": round(per_step(total as f64)), "steps": steps, "timed": timed, "top": rows })
+    json!({ "per_step": round(per_step(total as f64)), "steps": steps, "timed": timed, "step_graphs": replayed, "top": rows })
 }
 
 /// The decode measurement's host↔device transfers per step (its prompts' prefills taken out),
