@@ -31,9 +31,10 @@ impl Context {
 
     /// A context whose cache stores keys and values in `dtype`.
     pub fn with_kv_dtype(model: Box<dyn LanguageModel>, kv_capacity: usize, dtype: KvDtype) -> Self {
-        let info = model.info();
-        let cache = KvCache::with_dtype(model.kv_layout(), kv_capacity, info.context_length, model.device(), dtype);
-        let outputs = Outputs::new(info.vocab_size);
+        let (info, stream) = (model.info(), model.stream());
+        let cache = stream
+            .enter(|| KvCache::with_dtype(model.kv_layout(), kv_capacity, info.context_length, model.device(), dtype));
+        let outputs = Outputs::new(info.vocab_size, stream);
         Self { model, cache, outputs }
     }
 
@@ -108,8 +109,7 @@ impl Context {
         self.cache.cells_mut().occupy(&placement, &valid.pos, &valid.seqs);
         let (model, cache) = (&self.model, &mut self.cache);
         let result = catch_unwind(AssertUnwindSafe(|| {
-            let logits = model.forward(&valid, &placement, cache, abort)?;
-            read_rows(logits, asks)
+            model.stream().enter(|| read_rows(model.forward(&valid, &placement, cache, abort)?, asks))
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))));
         match result {
@@ -253,7 +253,9 @@ impl Context {
         // In f32 whatever the context's own cache holds: the scratch lives for one pass, and
         // embeddings are compared to other runtimes' to many digits.
         let (layout, cells, device) = (self.model.kv_layout(), batch.len().max(1), self.model.device());
-        let mut scratch = KvCache::with_dtype(layout, cells, info.context_length, device, KvDtype::F32);
+        let stream = self.model.stream();
+        let mut scratch =
+            stream.enter(|| KvCache::with_dtype(layout, cells, info.context_length, device, KvDtype::F32));
         let valid = validate(batch, scratch.cells(), &limits)?;
         let placement = scratch
             .cells()
@@ -266,7 +268,8 @@ impl Context {
                 false => model.hidden(&valid, &placement, &mut scratch, &|| false)?,
                 true => model.forward(&valid, &placement, &mut scratch, &|| false)?,
             };
-            transfers::read(rows).map_err(|e| DecodeError::Internal(format!("reading the outputs: {e:?}")))
+            let read = stream.enter(|| transfers::read(rows));
+            read.map_err(|e| DecodeError::Internal(format!("reading the outputs: {e:?}")))
         }))
         .unwrap_or_else(|panic| Err(DecodeError::Internal(panic_message(&panic))))
     }

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use burn::tensor::Device;
+use burn::tensor::{Device, StreamId};
 
 use crate::kv::KvDtype;
 
@@ -96,6 +96,41 @@ impl DeviceSpec {
             Some(Ok(device)) => Ok(device),
             Some(Err(reason)) => Err(DeviceError::Unavailable { device: self.to_string(), reason }),
             None => Err(self.not_built(feature)),
+        }
+    }
+}
+
+/// The one device stream a model's work goes to, whichever thread submits it.
+///
+/// CubeCL gives each thread a stream of its own, and a launch that binds a buffer made on
+/// another stream first submits that stream's queued work and its own, has its own wait for the
+/// other's, and keeps the buffer until then (on wgpu: queue submits at that launch). A model whose
+/// weights were loaded on one thread, whose KV cache was made on a second and whose steps ran
+/// on the compute pool's threads (the server's worker) paid that at every launch binding a
+/// weight (on llvmpipe, a step of the two-layer fixture: 14 launches, 25 bindings another stream
+/// had not synchronised, 12 flushes of other streams). So a model
+/// makes one stream at load ([`DeviceStream::for_device`]), and it and its [`Context`] enter it
+/// for everything they put on the device or read back from it: its buffers are all the
+/// stream's own, and its recorded steps replay on the stream they were recorded on.
+///
+/// On the CPU there is none: [`DeviceStream::enter`] just runs its closure.
+///
+/// [`Context`]: crate::Context
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct DeviceStream(Option<StreamId>);
+
+impl DeviceStream {
+    /// A new stream on a GPU device; none on the CPU.
+    pub fn for_device(device: &Device) -> Self {
+        Self((*device != Device::flex()).then(StreamId::allocate))
+    }
+
+    /// Runs `f` with this stream as the thread's current one (the thread's own again after,
+    /// an unwind included).
+    pub fn enter<R>(self, f: impl FnOnce() -> R) -> R {
+        match self.0 {
+            Some(id) => id.executes(f),
+            None => f(),
         }
     }
 }

@@ -32,7 +32,7 @@ pub use batch::{Batch, BatchInput};
 pub use burn::tensor::{Device, Tensor, TensorData};
 pub use config::ModelConfig;
 pub use context::Context;
-pub use device::{DeviceError, DeviceSpec};
+pub use device::{DeviceError, DeviceSpec, DeviceStream};
 pub use error::{DecodeError, KvError, LoadError};
 pub use grammar::{
     Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd, ThinkStart, Thinking,

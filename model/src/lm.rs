@@ -4,6 +4,7 @@
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::batch::ValidBatch;
+use crate::device::DeviceStream;
 use crate::error::{DecodeError, LoadError};
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
 
@@ -61,6 +62,12 @@ pub trait LanguageModel: Send {
     fn info(&self) -> &ModelInfo;
     fn kv_layout(&self) -> KvLayout;
     fn device(&self) -> &Device;
+    /// The device stream the model's work goes to ([`DeviceStream`]): its own on a GPU, where
+    /// it enters the stream in each call, and its [`Context`](crate::Context) around the rest
+    /// (the KV cache, reading outputs back). None by default.
+    fn stream(&self) -> DeviceStream {
+        DeviceStream::default()
+    }
 
     /// Runs one batch (C5). Writes the batch's keys and values into the placed cells (already
     /// occupied in the cache's metadata) and returns the logits of `batch.out_rows`:

@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use crate::device::DeviceStream;
 use crate::error::DecodeError;
 
 /// What a pass brings back of one output row ([`Context::decode_picking`]).
@@ -82,6 +83,8 @@ pub struct Outputs {
     /// The pass's logits on the device, [n_outputs, vocab], kept while a row that holds
     /// candidates may still be read whole ([`Outputs::fetch_rows`]).
     device_rows: Option<Tensor<2>>,
+    /// The model's stream, which reads those rows.
+    stream: DeviceStream,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -101,8 +104,9 @@ enum Row {
 }
 
 impl Outputs {
-    pub(crate) fn new(vocab: usize) -> Self {
-        Self { vocab, ..Self::default() }
+    /// Rows of `vocab` logits, of a model whose device work goes to `stream`.
+    pub(crate) fn new(vocab: usize, stream: DeviceStream) -> Self {
+        Self { vocab, stream, ..Self::default() }
     }
 
     /// Replaces the contents: row `r` (batch index `rows[r]`) holds what `reads[r]` says, the
@@ -227,7 +231,7 @@ impl Outputs {
                     logits.clone().select(0, ids)
                 }
             };
-            read = crate::transfers::read::<2, _, f32>(picked).map_err(unread)?;
+            read = self.stream.enter(|| crate::transfers::read::<2, _, f32>(picked)).map_err(unread)?;
         }
         let mut read = read.chunks_exact(self.vocab.max(1));
         rows.iter()
@@ -321,7 +325,7 @@ mod tests {
 
     #[test]
     fn rows_map_to_batch_indices() {
-        let mut out = Outputs::new(2);
+        let mut out = Outputs::new(2, DeviceStream::default());
         out.set(&[1.0, 2.0, 3.0, 4.0], &[Read::Logits, Read::Logits], &[0, 3], None);
         assert_eq!((out.n_outputs(), out.output_ids()), (2, &[0, 3][..]));
         assert_eq!(out.logits_ith(3), Some(&[3.0, 4.0][..]));
@@ -332,7 +336,7 @@ mod tests {
 
     #[test]
     fn rows_hold_a_token_candidates_or_their_logits() {
-        let mut out = Outputs::new(2);
+        let mut out = Outputs::new(2, DeviceStream::default());
         let reads = [
             Read::Picked(1),
             Read::Top(vec![(1, 0.5), (0, 0.25)], None, vec![]),

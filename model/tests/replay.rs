@@ -3,7 +3,9 @@
 //! follow: new token ids, positions and cells every step, two sequences in one step, a
 //! sequence's cells passing 64 and 128 (a wider cell table: a new graph), a weight replaced (the
 //! graphs read the old one's buffer: they are dropped), a sequence removed (a one-row step
-//! again). And they are replays: a replayed step launches nothing from the host.
+//! again). And they are replays: a replayed step launches nothing from the host, whichever
+//! thread runs it (each replayed step here runs on a thread of its own, as the server's steps
+//! run on the compute pool's threads: a model's device work stays on its one stream).
 
 use std::collections::HashSet;
 
@@ -106,7 +108,7 @@ fn check(source: ModelSource, prompts: [&[u32]; 2], replace: Option<(&str, Tenso
         }
         let rows: Vec<(u32, u32, i64)> = (0..if two { 2 } else { 1 }).map(|s| (s as u32, next[s], pos[s])).collect();
         let (want, plain_launches) = step(&mut plain, &rows);
-        let (got, launches) = step(&mut replayed, &rows);
+        let (got, launches) = std::thread::scope(|s| s.spawn(|| step(&mut replayed, &rows)).join().unwrap());
         for size in [info.hidden_size, info.vocab_size].map(|s| s * rows.len()) {
             kept.push(llaisys_model::Tensor::<1>::full([size], i as f32, &device));
         }

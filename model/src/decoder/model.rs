@@ -11,6 +11,7 @@ use super::weights::{self, Weights};
 use crate::batch::{BatchInput, ValidBatch};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::device::DeviceStream;
 use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
@@ -27,6 +28,8 @@ pub struct Decoder {
     weights: Weights,
     rope: Rope,
     device: Device,
+    /// Where all of its device work goes, whichever thread calls (on a GPU).
+    stream: DeviceStream,
     /// Decode steps recorded and replayed on a GPU.
     graphs: StepGraphs,
 }
@@ -47,7 +50,8 @@ pub fn load(
         }
     };
     weights::check(&config, src.as_ref())?;
-    let weights = Weights::load(&config, src.as_ref(), opts.weight_dtype, device)?;
+    let stream = DeviceStream::for_device(device);
+    let weights = stream.enter(|| Weights::load(&config, src.as_ref(), opts.weight_dtype, device))?;
     tracing::info!(
         path = %source.path().display(),
         weights = %weights.describe(),
@@ -55,7 +59,7 @@ pub fn load(
         arch = config.arch.name,
         "weights loaded"
     );
-    Ok(Box::new(Decoder::new(config, weights, device, opts.step_graphs)))
+    Ok(Box::new(Decoder::new(config, weights, device, stream, opts.step_graphs)))
 }
 
 /// The registry's info entry: what `load` would report, from the configuration alone.
@@ -80,10 +84,10 @@ fn info_of(config: &ModelConfig) -> ModelInfo {
 }
 
 impl Decoder {
-    fn new(config: ModelConfig, weights: Weights, device: &Device, graphs: bool) -> Self {
+    fn new(config: ModelConfig, weights: Weights, device: &Device, stream: DeviceStream, graphs: bool) -> Self {
         let info = info_of(&config);
         let rope = Rope::from_config(&config);
-        Self { config, info, weights, rope, device: device.clone(), graphs: StepGraphs::new(graphs) }
+        Self { config, info, weights, rope, device: device.clone(), stream, graphs: StepGraphs::new(graphs) }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -123,6 +127,10 @@ impl LanguageModel for Decoder {
         &self.device
     }
 
+    fn stream(&self) -> DeviceStream {
+        self.stream
+    }
+
     /// On the CPU the pool's threads spin for the pass's parallel loops (`kernels::with_awake_pool`).
     /// On a GPU a decode step of a shape seen before is replayed from its recorded graph
     /// (`replay`).
@@ -139,7 +147,7 @@ impl LanguageModel for Decoder {
         let logits = |x, tables, cells, cache: &mut KvCache| {
             Ok(self.lm_head().forward_with(self.trunk(batch, x, tables, cells, cache, abort)?, norm, None))
         };
-        kernels::with_awake_pool(&self.device, || {
+        let pass = || {
             let (tables, cells) = self.tables(batch, placement, cache);
             let plan = match batch.input {
                 BatchInput::Tokens(ids) => self.graphs.begin(ids, batch, &cells, &tables, cache, &self.device),
@@ -156,7 +164,8 @@ impl LanguageModel for Decoder {
                     logits(x, tables, cells, cache)
                 }),
             }
-        })
+        };
+        self.stream.enter(|| kernels::with_awake_pool(&self.device, pass))
     }
 
     fn hidden(
@@ -166,24 +175,35 @@ impl LanguageModel for Decoder {
         cache: &mut KvCache,
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
-        kernels::with_awake_pool(&self.device, || {
+        let pass = || {
             let (tables, cells) = self.tables(batch, placement, cache);
             Ok(self.weights.norm.forward(self.trunk(batch, self.embed(batch.input), tables, cells, cache, abort)?))
-        })
+        };
+        self.stream.enter(|| kernels::with_awake_pool(&self.device, pass))
     }
 
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
-        let tables = self.rope.shift_tables(shifts, &self.device);
-        for l in 0..self.config.num_hidden_layers {
-            let (keys, _) = cache.read(l, shifts.len()); // [kv_heads, extent, hd]
-            let rotated = Rope::apply(keys.swap_dims(0, 1), &tables).swap_dims(0, 1);
-            cache.set_keys(l, rotated);
-        }
+        self.stream.enter(|| {
+            let tables = self.rope.shift_tables(shifts, &self.device);
+            for l in 0..self.config.num_hidden_layers {
+                let (keys, _) = cache.read(l, shifts.len()); // [kv_heads, extent, hd]
+                let rotated = Rope::apply(keys.swap_dims(0, 1), &tables).swap_dims(0, 1);
+                cache.set_keys(l, rotated);
+            }
+        })
     }
 
     fn replace_weight(&mut self, name: &str, data: TensorData) -> Result<(), LoadError> {
         // The graphs read the weights' buffers, which a replacement may move.
         self.graphs.clear();
+        let stream = self.stream;
+        stream.enter(|| self.replace_here(name, data))
+    }
+}
+
+impl Decoder {
+    /// [`LanguageModel::replace_weight`], on the model's stream.
+    fn replace_here(&mut self, name: &str, data: TensorData) -> Result<(), LoadError> {
         let c = &self.config;
         let (slot, layer) = weights::slot_of(c, name).ok_or_else(|| LoadError::UnknownSlot(name.into()))?;
         if !matches!(data.dtype(), DType::F32 | DType::F16 | DType::BF16) {
@@ -229,9 +249,7 @@ impl LanguageModel for Decoder {
         self.weights.restack_moe(l);
         Ok(())
     }
-}
 
-impl Decoder {
     /// A pass's RoPE tables and cell table (where each row's key and value go, and the cells
     /// each row sees), uploaded at their first use unless preset.
     fn tables(

@@ -6,9 +6,9 @@
 //!
 //! A shape is the step's rows (one to `kernels::GPU_XWT_ROWS`, where every launch is one of
 //! the GPU kernels), its cell table's width (rounded up to a power of two from 64, so a
-//! sequence's steps share a graph until its cells pass the next one), the thread it runs on (a
-//! graph replays on the stream it was recorded on, and streams are per thread) and its KV
-//! cache. A step is recorded only when its warm-up run (the step itself, run plainly just
+//! sequence's steps share a graph until its cells pass the next one) and its KV cache. Every
+//! step runs on the model's own stream (`DeviceStream`), whichever thread runs it, so a graph
+//! replays on the stream it was recorded on. A step is recorded only when its warm-up run (the step itself, run plainly just
 //! before) made no transfer besides its inputs: a read-back inside a step (a mixture of experts
 //! routed on the host, a q8_0 KV cache) or an upload (a mask) cannot be recorded, and its shape
 //! is not tried again; one the runtime refused to record is tried again, up to three times. A cache's graphs are dropped when its buffers may have moved
@@ -19,7 +19,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::thread::{self, ThreadId};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
@@ -62,7 +61,6 @@ struct State {
 struct Shape {
     rows: usize,
     width: usize,
-    thread: ThreadId,
     /// The KV cache's number ([`KvCache::buffers`]).
     cache: u64,
 }
@@ -140,7 +138,7 @@ impl StepGraphs {
         }
         let width = 1 + (cells.width() - 1).max(MIN_CELLS).next_power_of_two();
         let (cache_id, generation) = cache.buffers();
-        let shape = Shape { rows, width, thread: thread::current().id(), cache: cache_id };
+        let shape = Shape { rows, width, cache: cache_id };
         let mut state = self.state();
         if state.caches.insert(cache_id, generation).is_some_and(|g| g != generation) {
             state.shapes.retain(|s, _| s.cache != cache_id);
@@ -170,12 +168,22 @@ impl StepGraphs {
                 let written = values().write(&step.inputs);
                 // SAFETY: the graph's buffers are held by `step`, the weights' and the cache's by
                 // the model and the caller (unchanged, or `cache.buffers()` or `clear` would
-                // have dropped the graph), and the shape is this thread's, so its stream's.
+                // have dropped the graph), and every step runs on the model's stream, the
+                // recording's (`Decoder::forward`), its input writes and its outputs' reads too.
                 #[allow(unsafe_code)]
-                let replayed = written && unsafe { step.captured.replay() };
+                let replayed = match written {
+                    true => unsafe { step.captured.replay() },
+                    false => Err("its inputs could not be written".into()),
+                };
                 match replayed {
-                    true => Plan::Replayed(Box::new(step.output.clone())),
-                    false => {
+                    Ok(()) => Plan::Replayed(Box::new(step.output.clone())),
+                    Err(why) => {
+                        tracing::debug!(
+                            rows,
+                            width,
+                            why,
+                            "a decode step's graph did not replay; run plainly from now on"
+                        );
                         state.shapes.insert(shape, Entry::Refused);
                         Plan::Plain
                     }
@@ -204,9 +212,12 @@ impl StepGraphs {
             };
             state.shapes.insert(shape, entry);
         };
-        let Some(mut recorder) = Recorder::prepare(&inputs.rope) else {
-            refuse(&mut self.state(), "the runtime records no graph", true);
-            return run(&inputs);
+        let mut recorder = match Recorder::prepare(&inputs.rope) {
+            Ok(recorder) => recorder,
+            Err(e) => {
+                refuse(&mut self.state(), &format!("the runtime records no graph: {e}"), true);
+                return run(&inputs);
+            }
         };
         let before = transfers::on_this_thread();
         let warm = run(&inputs)?;
@@ -217,24 +228,26 @@ impl StepGraphs {
         }
         drop(warm);
         let recorded = match recorder.record() {
-            true => run(&inputs)?,
-            false => {
+            Ok(()) => run(&inputs)?,
+            Err(e) => {
                 recorder.discard();
-                refuse(&mut self.state(), "the recording did not start", true);
+                refuse(&mut self.state(), &format!("the recording did not start: {e}"), true);
                 return run(&inputs);
             }
         };
         let mut state = self.state();
-        let Some(captured) = recorder.finish() else {
-            refuse(&mut state, "the runtime did not seal the recording", true);
-            drop(state);
-            return run(&inputs);
+        let captured = match recorder.finish() {
+            Ok(captured) => captured,
+            Err(e) => {
+                refuse(&mut state, &format!("the runtime did not seal the recording: {e}"), true);
+                drop(state);
+                return run(&inputs);
+            }
         };
         // SAFETY: as in `begin`; the recording's buffers are held by `captured`.
         #[allow(unsafe_code)]
-        let replayed = unsafe { captured.replay() };
-        if !replayed {
-            refuse(&mut state, "the first replay failed", true);
+        if let Err(e) = unsafe { captured.replay() } {
+            refuse(&mut state, &format!("the first replay failed: {e}"), true);
             drop(state);
             return run(&inputs);
         }

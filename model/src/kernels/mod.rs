@@ -67,14 +67,14 @@ pub(crate) mod gpu {
         pub struct Recorder;
         pub struct Captured;
         impl Recorder {
-            pub fn prepare<const D: usize, K: OnCube>(_: &Tensor<D, K>) -> Option<Recorder> {
-                None
+            pub fn prepare<const D: usize, K: OnCube>(_: &Tensor<D, K>) -> Result<Recorder, String> {
+                Err("no GPU kernels in this build".into())
             }
-            pub fn record(&mut self) -> bool {
-                false
+            pub fn record(&mut self) -> Result<(), String> {
+                Err("no GPU kernels in this build".into())
             }
-            pub fn finish(self) -> Option<Captured> {
-                None
+            pub fn finish(self) -> Result<Captured, String> {
+                Err("no GPU kernels in this build".into())
             }
             pub fn discard(self) {}
         }
@@ -82,8 +82,8 @@ pub(crate) mod gpu {
             /// # Safety
             /// Nothing to replay.
             #[allow(unsafe_code)]
-            pub unsafe fn replay(&self) -> bool {
-                false
+            pub unsafe fn replay(&self) -> Result<(), String> {
+                Err("no GPU kernels in this build".into())
             }
         }
         pub fn hold<const D: usize, K: OnCube>(_: &Tensor<D, K>) {}

@@ -63,31 +63,31 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Starts a capture on the device `like` lives on (on this thread's stream): `None` off
-    /// CubeCL, or where the runtime refuses (a backend without graphs, a capture under way).
-    pub fn prepare<const D: usize, K: OnCube>(like: &Tensor<D, K>) -> Option<Recorder> {
-        let client = like.clone().try_into_primitive::<Cube>().ok()?.client;
-        client.graph_prepare().ok()?;
+    /// Starts a capture on the device `like` lives on (on the current stream), or says why
+    /// not: off CubeCL, or the runtime refused (a backend without graphs, a capture under way).
+    pub fn prepare<const D: usize, K: OnCube>(like: &Tensor<D, K>) -> Result<Recorder, String> {
+        let client = like.clone().try_into_primitive::<Cube>().map_err(|_| "not a CubeCL tensor".to_string())?.client;
+        client.graph_prepare().map_err(|e| e.to_string())?;
         HELD.with(|held| *held.borrow_mut() = Some(Vec::new()));
-        Some(Recorder { client, open: true })
+        Ok(Recorder { client, open: true })
     }
 
     /// Opens the recording window after the warm-up: the warm-up's tensors go back to the pool
     /// (the recording takes them again, in the same order), and launches are recorded from here.
-    pub fn record(&mut self) -> bool {
+    pub fn record(&mut self) -> Result<(), String> {
         drop(take_held());
         HELD.with(|held| *held.borrow_mut() = Some(Vec::new()));
-        self.client.start_capture().is_ok()
+        self.client.start_capture().map_err(|e| e.to_string())
     }
 
-    /// The recorded graph, with every tensor the recording allocated; `None` where the runtime
-    /// refused to seal it (an upload, a readback or an allocation the pool could not serve
+    /// The recorded graph, with every tensor the recording allocated; or the runtime's reason
+    /// for not sealing it (an upload, a readback or an allocation the pool could not serve
     /// inside the window).
-    pub fn finish(mut self) -> Option<Captured> {
+    pub fn finish(mut self) -> Result<Captured, String> {
         let held = take_held();
         let graph = self.client.stop_capture();
         self.open = false;
-        Some(Captured { graph: graph.ok()?, _held: held })
+        Ok(Captured { graph: graph.map_err(|e| e.to_string())?, _held: held })
     }
 
     /// Ends the capture and discards it (as dropping it does).
@@ -116,11 +116,11 @@ impl Captured {
     ///
     /// # Safety
     /// Every buffer the recording read (the weights, the KV cache, the inputs) is still
-    /// allocated and unchanged in place, and this is the thread (the stream) it was recorded on.
+    /// allocated and unchanged in place, and this runs on the stream it was recorded on (the current one).
     #[allow(unsafe_code)]
-    pub unsafe fn replay(&self) -> bool {
+    pub unsafe fn replay(&self) -> Result<(), String> {
         // SAFETY: the caller's guarantees; the recording's own allocations are held here.
-        unsafe { self.graph.replay() }.is_ok()
+        unsafe { self.graph.replay() }.map_err(|e| e.to_string())
     }
 }
 
