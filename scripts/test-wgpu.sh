@@ -15,7 +15,7 @@ wgpu_tests=(cargo test -p llaisys-model -p llaisys-server --features llaisys-mod
 # waiting 6 s ("Could not lock adapter context"), and on llvmpipe a test in another thread can
 # hold it that long (a fresh-clone run failed so once); the context serialises their GPU work
 # anyway.
-"${wgpu_tests[@]}" --test parity --test kv_cache --test launches --test layer_kernels --test replay --test cli -- --test-threads 1
+"${wgpu_tests[@]}" --test parity --test kv_cache --test launches --test layer_kernels --test replay --test streams --test cli -- --test-threads 1
 # The demo model's GGUF, where scripts/test-demo-model.sh fetched it (CI runs that first): its
 # embedding and output matrix are larger than llvmpipe's largest buffer.
 demo=models/qwen2.5-coder-0.5b-instruct.gguf

@@ -222,7 +222,7 @@ impl Outputs {
             if let Some(&past) = missing.iter().find(|&&r| r >= self.rows.len()) {
                 return Err(DecodeError::Internal(format!("output row {past} is past the pass's {}", self.rows.len())));
             }
-            let picked = match missing[..] {
+            let picked = || match missing[..] {
                 [row] => logits.clone().slice([row..row + 1, 0..self.vocab]),
                 _ => {
                     let ids: Vec<i64> = missing.iter().map(|&r| r as i64).collect();
@@ -231,7 +231,7 @@ impl Outputs {
                     logits.clone().select(0, ids)
                 }
             };
-            read = self.stream.enter(|| crate::transfers::read::<2, _, f32>(picked)).map_err(unread)?;
+            read = self.stream.enter(|| crate::transfers::read::<2, _, f32>(picked())).map_err(unread)?;
         }
         let mut read = read.chunks_exact(self.vocab.max(1));
         rows.iter()
