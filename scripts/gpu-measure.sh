@@ -9,7 +9,8 @@
 # the MoE's decode steps route their experts on the device: no readback before the logits),
 # with decode steps replayed from their recorded graphs (the default) and without
 # (LLAISYS_GPU_GRAPHS=off).
-# The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent, greedy
+# The first file also gets prefill 512, aggregate throughput at 16 and 64 concurrent (and at 16
+# with its kernels timed: the H200 spent about 45 ms a 16-row step against 9 a one-row one), greedy
 # ids and decode with an f32 KV cache (the default, f16, runs everywhere else), and decode and
 # 64 concurrent sampled: as Qwen2.5's generation defaults (top-k 20 with a repetition penalty:
 # each row's 64 candidates found on the device) and with temperature 1 alone (OpenAI's default:
@@ -131,6 +132,8 @@ for m in "${models[@]}"; do
   timeout 60 $BIN bench --model "$M" --device vulkan --only prefill --prefill 512 --runs 2
   step "$name throughput 16, 64"
   timeout 150 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16,64 --runs 1
+  step "$name throughput 16, kernels timed one at a time (graphs off, so every launch is timed): where a 16-row step's time goes"
+  LLAISYS_GPU_GRAPHS=off timeout 90 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16 --runs 1 --kernel-times
   step "$name sampled as Qwen2.5's generation defaults (top-k 20, top-p 0.8, repetition penalty 1.05: 64 candidates on the device): decode, then 64 concurrent"
   QWEN=(--temperature 0.7 --top-k 20 --top-p 0.8 --repetition-penalty 1.05)
   timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 2 --decode-tokens 256 "${QWEN[@]}"

@@ -99,8 +99,9 @@ pub struct BenchArgs {
     /// `--decode-tokens`), instead of random token ids. Speculation needs real text to guess.
     #[arg(long)]
     chat_prompt: Option<PathBuf>,
-    /// On a GPU, time each kernel of the decode measurement on the device (kernels then run one
-    /// at a time, so its tok/s is not the pass's): the report ranks kernels by device time.
+    /// On a GPU, time each kernel of the decode and throughput measurements on the device
+    /// (kernels then run one at a time, so their tok/s is not the pass's): the reports rank
+    /// kernels by device time.
     #[arg(long)]
     kernel_times: bool,
     /// Sampling of the decode and throughput requests: 0 = greedy (the default); above 0,
@@ -335,7 +336,8 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         report.insert("decode_tok_s".into(), json!(round(speed)));
         if watch.is_some() {
             let replayed = llaisys_model::LoadOptions::default().step_graphs;
-            report.insert("launches".into(), launch_report(&launched, steps, args.kernel_times, replayed));
+            let launches = launch_report(&launched, steps, "decode step", args.kernel_times, replayed);
+            report.insert("launches".into(), launches);
             report.insert("transfers".into(), transfer_report(&moved, steps));
         }
     }
@@ -344,7 +346,9 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
         let mut rows = Vec::new();
         for &c in &args.concurrency {
             let mut results = Vec::new();
-            // On a GPU, the transfers of the runs (their prefills included) per generated token.
+            // On a GPU, the launches and transfers of the runs (their prefills included) per
+            // generated token.
+            let watch = if engine_on_gpu { llaisys_model::launches::watch(args.kernel_times) } else { None };
             llaisys_model::transfers::take();
             for _ in 0..args.runs {
                 let prompts: Vec<Vec<u32>> = (0..c).map(|_| prompt(args.prompt_tokens)).collect();
@@ -384,6 +388,11 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
                     "",
                     row["readback_bytes_per_token"].as_f64().unwrap_or_default(),
                 );
+            }
+            if let Some(watch) = &watch {
+                let replayed = llaisys_model::LoadOptions::default().step_graphs;
+                row["launches"] =
+                    launch_report(&watch.take(), generated as usize, "token", args.kernel_times, replayed);
             }
             if args.json_schema.is_some() {
                 println!(
@@ -611,15 +620,17 @@ fn rss_mb(field: &str) -> Option<f64> {
 /// The decode measurement's kernel launches per step (one token each), printed and as JSON:
 /// the most launched kernels, or with `timed` the ones taking the most device time; `replayed`
 /// where steps replay their recorded graphs (whose launches the host does not make).
+/// `launches` over `steps` (decode steps, or generated tokens: `unit`), printed and as JSON.
 fn launch_report(
     launches: &llaisys_model::launches::Launches,
     steps: usize,
+    unit: &str,
     timed: bool,
     replayed: bool,
 ) -> serde_json::Value {
     let per_step = |n: f64| n / steps.max(1) as f64;
     let total = launches.total();
-    println!("{:<34} {:>12.1}", "  kernel launches per decode step", per_step(total as f64));
+    println!("{:<34} {:>12.1}", format!("  kernel launches per {unit}"), per_step(total as f64));
     if replayed {
         println!(
             "    (a step replaying its recorded graph launches nothing from the host; LLAISYS_GPU_GRAPHS=off counts a plain step's)"
@@ -632,16 +643,19 @@ fn launch_report(
         let us = per_step(t.as_secs_f64() * 1e6);
         if timed {
             let share = 100.0 * t.as_secs_f64() / time;
-            println!("    {:>7.1} / step {us:>9.1} us {share:>5.1}%  {kernel}", per_step(n as f64));
+            println!("    {:>7.1} / {unit} {us:>9.1} us {share:>5.1}%  {kernel}", per_step(n as f64));
         } else {
-            println!("    {:>7.1} / step  {kernel}", per_step(n as f64));
+            println!("    {:>7.1} / {unit}  {kernel}", per_step(n as f64));
         }
         rows.push(json!({ "kernel": kernel, "per_step": round(per_step(n as f64)), "device_us_per_step": round(us) }));
     }
     if timed {
-        println!("    device time per step {:.1} us (kernels one at a time)", per_step(time * 1e6));
+        println!("    device time per {unit} {:.1} us (kernels one at a time)", per_step(time * 1e6));
     }
-    json!({ "per_step": round(per_step(total as f64)), "steps": steps, "timed": timed, "step_graphs": replayed, "top": rows })
+    json!({
+        "per": unit, "per_step": round(per_step(total as f64)), "steps": steps, "timed": timed,
+        "step_graphs": replayed, "top": rows,
+    })
 }
 
 /// The decode measurement's host↔device transfers per step (its prompts' prefills taken out),
