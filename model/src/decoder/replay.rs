@@ -4,18 +4,22 @@
 //! and replays it. Batch-1 decode on a GPU is bound by the host's cost per launch, which a
 //! replay pays once, at the recording.
 //!
-//! A shape is the step's rows (one to `kernels::GPU_XWT_ROWS`, where every launch is one of
-//! the GPU kernels), its cell table's width (rounded up to a power of two from 64, so a
-//! sequence's steps share a graph until its cells pass the next one) and its KV cache. Every
-//! step runs on the model's own stream (`DeviceStream`), whichever thread runs it, so a graph
-//! replays on the stream it was recorded on. A step is recorded only when its warm-up run (the step itself, run plainly just
+//! A shape is the step's rows (one to [`MAX_ROWS`], every row's logits wanted: a decode step),
+//! its cell table's width (rounded up to a power of two from 64, so a sequence's steps share a
+//! graph until its cells pass the next one) and its KV cache. Every step runs on the model's own
+//! stream (`DeviceStream`), whichever thread runs it, so a graph replays on the stream it was
+//! recorded on. A step is recorded only when its warm-up run (the step itself, run plainly just
 //! before) made no transfer besides its inputs: a read-back inside a step (a mixture of experts
 //! routed on the host, a q8_0 KV cache) or an upload (a mask) cannot be recorded, and its shape
-//! is not tried again; one the runtime refused to record is tried again, up to three times. A cache's graphs are dropped when its buffers may have moved
-//! ([`KvCache::buffers`]), all of them when a weight is replaced (`Decoder::replace_weight`).
+//! is not tried again; one the runtime refused to record is tried again, up to three times. A
+//! cache's graphs are dropped when its buffers may have moved ([`KvCache::buffers`]), all of
+//! them when a weight is replaced (`Decoder::replace_weight`).
 //!
-//! The recording holds every buffer the step allocates (`kernels::graph`), so a replay never
-//! writes memory the pool has given to something else since.
+//! A replay writes the buffers the recording was given, so none may have been handed to
+//! something else since: CubeCL guards every page a recording touched for the graph's life
+//! (nothing new is carved from it, nothing on it moves), whichever op allocated there (our
+//! kernels, Burn's matmul past the few-row products' rows), and the recording holds what our
+//! kernels allocate besides (`kernels::graph`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -23,14 +27,18 @@ use std::sync::{Mutex, MutexGuard};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::batch::ValidBatch;
+use crate::kernels::CellTable;
 use crate::kernels::graph::{self, Captured, Recorder};
-use crate::kernels::{self, CellTable};
 use crate::kv::KvCache;
 use crate::layers::RopeTables;
 use crate::transfers;
 
 /// The most graphs kept (each holds its step's buffers, the logits' [rows, vocab] among them).
 const MAX_GRAPHS: usize = 16;
+
+/// The most rows of a recorded step (a graph holds its step's memory: at 64 rows the demo
+/// model's logits are 39 MB of it).
+const MAX_ROWS: usize = 64;
 
 /// The runtime's failures to record a shape before it is run plainly for good.
 const TRIES: u8 = 3;
@@ -129,11 +137,7 @@ impl StepGraphs {
         device: &Device,
     ) -> Plan {
         let rows = ids.len();
-        // Up to the few-row products' rows, where every launch of the step is one of the GPU
-        // kernels (which hold what they allocate) or the embedding's gather (held): past them
-        // Burn's matmul allocates what nothing holds.
-        let few = (1..=kernels::GPU_XWT_ROWS).contains(&rows);
-        if !self.on || !few || !cells.on_gpu() || batch.out_rows.len() != rows {
+        if !self.on || !(1..=MAX_ROWS).contains(&rows) || !cells.on_gpu() || batch.out_rows.len() != rows {
             return Plan::Plain;
         }
         let width = 1 + (cells.width() - 1).max(MIN_CELLS).next_power_of_two();

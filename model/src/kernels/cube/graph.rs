@@ -4,12 +4,15 @@
 //! every step. The step's inputs live in persistent buffers written in place between replays
 //! ([`write_ints`], [`write_f32`]).
 //!
-//! A replay re-runs the recorded kernels on the raw buffers they were captured with, so every
-//! buffer the step allocated must outlive the graph: while a [`Recorder`] runs, every tensor the
-//! kernels here allocate (`empty_as`), and every tensor the caller passes to [`hold`] (the
-//! results of Burn's ops in the step), is held, and the graph keeps those of its recording, as
-//! CubeCL's `Graph::replay` asks. (CubeCL also carves no new allocation from a page a live
-//! graph touched, which `tests/replay.rs` checks end to end.)
+//! A replay re-runs the recorded kernels on the raw buffers they were captured with, so no
+//! buffer the step was given may be handed to anything else while the graph lives. CubeCL sees
+//! to the memory of its pools: a sealed graph guards every page its recording touched, and
+//! nothing new is carved from a guarded page nor anything on it moved (`PageGuard`), whichever
+//! op allocated there (Burn's matmul in a step of many rows among them); `tests/replay.rs`
+//! checks it end to end with tensors made between replays. Besides, while a [`Recorder`] runs,
+//! every tensor the kernels here allocate (`empty_as`), and every tensor the caller passes to
+//! [`hold`] (the embedding's gather), is held by the graph, as `Graph::replay`'s liveness
+//! contract words it.
 
 use std::cell::RefCell;
 
@@ -67,7 +70,7 @@ impl Recorder {
     /// not: off CubeCL, or the runtime refused (a backend without graphs, a capture under way).
     pub fn prepare<const D: usize, K: OnCube>(like: &Tensor<D, K>) -> Result<Recorder, String> {
         let client = like.clone().try_into_primitive::<Cube>().map_err(|_| "not a CubeCL tensor".to_string())?.client;
-        client.graph_prepare().map_err(|e| e.to_string())?;
+        client.graph_prepare().map_err(|e| format!("{e:?}"))?;
         HELD.with(|held| *held.borrow_mut() = Some(Vec::new()));
         Ok(Recorder { client, open: true })
     }
@@ -75,9 +78,14 @@ impl Recorder {
     /// Opens the recording window after the warm-up: the warm-up's tensors go back to the pool
     /// (the recording takes them again, in the same order), and launches are recorded from here.
     pub fn record(&mut self) -> Result<(), String> {
-        drop(take_held());
+        // The warm-up's tensors go back to the pool once the window is open: before it, the
+        // runtime may release the pages they alone held (a dequantized matrix's own), which
+        // the recording, allowed no new page, would then lack.
+        let warm = take_held();
         HELD.with(|held| *held.borrow_mut() = Some(Vec::new()));
-        self.client.start_capture().map_err(|e| e.to_string())
+        let started = self.client.start_capture().map_err(|e| format!("{e:?}"));
+        drop(warm);
+        started
     }
 
     /// The recorded graph, with every tensor the recording allocated; or the runtime's reason
@@ -87,7 +95,7 @@ impl Recorder {
         let held = take_held();
         let graph = self.client.stop_capture();
         self.open = false;
-        Ok(Captured { graph: graph.map_err(|e| e.to_string())?, _held: held })
+        Ok(Captured { graph: graph.map_err(|e| format!("{e:?}"))?, _held: held })
     }
 
     /// Ends the capture and discards it (as dropping it does).
@@ -120,7 +128,7 @@ impl Captured {
     #[allow(unsafe_code)]
     pub unsafe fn replay(&self) -> Result<(), String> {
         // SAFETY: the caller's guarantees; the recording's own allocations are held here.
-        unsafe { self.graph.replay() }.map_err(|e| e.to_string())
+        unsafe { self.graph.replay() }.map_err(|e| format!("{e:?}"))
     }
 }
 
