@@ -1,7 +1,7 @@
 //! Issue 31: decode steps recorded as a graph and replayed on a GPU (`LoadOptions::step_graphs`)
 //! give the logits the same steps give run plainly, across the changes a replayed step must
 //! follow: new token ids, positions and cells every step, six sequences in one step (past the
-//! few-row products' four: Burn's matmul in the graph), a sequence's cells passing 64 and 128
+//! few-row products' four: Burn's matmul in the graph; four of a quantized file), a sequence's cells passing 64 and 128
 //! (a wider cell table: a new graph), a weight replaced (the graphs read the old one's buffer:
 //! they are dropped), sequences removed (two rows, then one). And they are replays: a replayed step launches nothing from the host, whichever
 //! thread runs it (each replayed step here runs on a thread of its own, as the server's steps
@@ -17,9 +17,6 @@ use llaisys_tests::{Reference, fixture_dir, gguf_fixture, test_device};
 
 /// Decode steps of each run.
 const STEPS: usize = 230;
-
-/// Sequences decoded together (the prompts taken in turn).
-const SEQS: usize = 6;
 
 /// Launches are counted process-wide: one test counts at a time.
 static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -51,20 +48,21 @@ fn apart(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter().flatten().zip(b.iter().flatten()).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
-/// Runs the same greedy decode on `source` with and without graphs and compares every step;
-/// half-way, `replace` (a weight's name and values) replaces a weight in both.
-fn check(source: ModelSource, prompts: [&[u32]; 2], replace: Option<(&str, TensorData)>) {
+/// Runs the same greedy decode of `seqs` sequences (the two prompts in turn) on `source` with
+/// and without graphs and compares every step; half-way, `replace` (a weight's name and
+/// values) replaces a weight in both.
+fn check(source: ModelSource, prompts: [&[u32]; 2], seqs: usize, replace: Option<(&str, TensorData)>) {
     let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let (mut plain, mut replayed) = (context(&source, false), context(&source, true));
-    let prompts: [&[u32]; SEQS] = std::array::from_fn(|s| prompts[s % 2]);
-    let mut next = [0u32; SEQS];
+    let prompts: Vec<&[u32]> = (0..seqs).map(|s| prompts[s % 2]).collect();
+    let mut next = vec![0u32; seqs];
     for (seq, prompt) in prompts.iter().enumerate() {
         for ctx in [&mut plain, &mut replayed] {
             ctx.decode(&one_sequence(prompt, seq as u32, 0)).unwrap();
         }
         next[seq] = argmax(plain.outputs().row(0).unwrap()).unwrap();
     }
-    let mut pos = prompts.map(|p| p.len() as i64);
+    let mut pos: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
     let mut replays = 0;
     // Tensors made between the replayed steps and kept, of the sizes a step's buffers have: a
     // replay that wrote memory the pool has handed on would change them. (The recording holds
@@ -76,8 +74,8 @@ fn check(source: ModelSource, prompts: [&[u32]; 2], replace: Option<(&str, Tenso
     // Every sequence together past 64 and 128 cells each, then the first two, then the first
     // alone (the fixtures' context is 256 positions).
     for i in 0..STEPS {
-        let seqs = match i {
-            i if i < STEPS - 20 => SEQS,
+        let rows = match i {
+            i if i < STEPS - 20 => seqs,
             i if i < STEPS - 10 => 2,
             _ => 1,
         };
@@ -88,12 +86,12 @@ fn check(source: ModelSource, prompts: [&[u32]; 2], replace: Option<(&str, Tenso
         }
         if i == STEPS - 20 || i == STEPS - 10 {
             for ctx in [&mut plain, &mut replayed] {
-                for seq in seqs..SEQS {
+                for seq in rows..seqs {
                     ctx.kv_mut().seq_rm(seq as u32, ..).unwrap();
                 }
             }
         }
-        let rows: Vec<(u32, u32, i64)> = (0..seqs).map(|s| (s as u32, next[s], pos[s])).collect();
+        let rows: Vec<(u32, u32, i64)> = (0..rows).map(|s| (s as u32, next[s], pos[s])).collect();
         let (want, plain_launches) = step(&mut plain, &rows);
         let (got, launches) = std::thread::scope(|s| s.spawn(|| step(&mut replayed, &rows)).join().unwrap());
         for size in [info.hidden_size, info.vocab_size].map(|s| s * rows.len()) {
@@ -110,7 +108,7 @@ fn check(source: ModelSource, prompts: [&[u32]; 2], replace: Option<(&str, Tenso
             pos[s] += 1;
         }
     }
-    // Every step but the first two of each shape (run plainly, then recorded): six rows in
+    // Every step but the first two of each shape (run plainly, then recorded): all the rows in
     // tables of 64, 128 and 256 cells (and once more after the replacement), two and one row in
     // 256; and two more for each recording the runtime refused and the next step made (on
     // llvmpipe about one run in ten has one).
@@ -135,7 +133,8 @@ fn replayed_steps_give_the_plain_steps_logits() {
         let original = Checkpoint::open(&fixture_dir(name)).unwrap().data(weight, DType::F32).unwrap();
         let halved: Vec<f32> = original.try_to_vec::<f32>().unwrap().iter().map(|x| x * 0.5).collect();
         let halved = TensorData::new(halved, original.shape().clone());
-        check(ModelSource::Dir(fixture_dir(name)), [&prompts[0].ids, &prompts[1].ids], Some((weight, halved)));
+        // Six rows: past the few-row products' four, Burn's matmuls in the graph.
+        check(ModelSource::Dir(fixture_dir(name)), [&prompts[0].ids, &prompts[1].ids], 6, Some((weight, halved)));
     }
 }
 
@@ -146,5 +145,6 @@ fn replayed_steps_give_the_plain_steps_logits() {
 )]
 fn replayed_quantized_steps_give_the_plain_steps_logits() {
     let prompts = Reference::load("tiny-tied-f32").prompts;
-    check(ModelSource::Gguf(gguf_fixture("tiny-kquant")), [&prompts[0].ids, &prompts[1].ids], None);
+    // Four rows: past them a product dequantizes its blocks each step, which no graph records.
+    check(ModelSource::Gguf(gguf_fixture("tiny-kquant")), [&prompts[0].ids, &prompts[1].ids], 4, None);
 }

@@ -6,7 +6,7 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
-use super::replay::{Plan, StepGraphs};
+use super::replay::{self, Plan, StepGraphs};
 use super::weights::{self, Weights};
 use crate::batch::{BatchInput, ValidBatch};
 use crate::checkpoint::Checkpoint;
@@ -87,7 +87,12 @@ impl Decoder {
     fn new(config: ModelConfig, weights: Weights, device: &Device, stream: DeviceStream, graphs: bool) -> Self {
         let info = info_of(&config);
         let rope = Rope::from_config(&config);
-        Self { config, info, weights, rope, device: device.clone(), stream, graphs: StepGraphs::new(graphs) }
+        // A graph keeps the memory its step was given: where a product of many rows dequantizes
+        // a matrix of blocks each step (the output projection's among them, hundreds of MB),
+        // only steps of the few-row products' rows are recorded.
+        let rows = if weights.blocks_on_device() { kernels::GPU_XWT_ROWS } else { replay::MAX_ROWS };
+        let graphs = StepGraphs::new(graphs, rows);
+        Self { config, info, weights, rope, device: device.clone(), stream, graphs }
     }
 
     pub fn config(&self) -> &ModelConfig {

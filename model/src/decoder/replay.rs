@@ -4,7 +4,9 @@
 //! and replays it. Batch-1 decode on a GPU is bound by the host's cost per launch, which a
 //! replay pays once, at the recording.
 //!
-//! A shape is the step's rows (one to [`MAX_ROWS`], every row's logits wanted: a decode step),
+//! A shape is the step's rows (one to [`MAX_ROWS`], every row's logits wanted: a decode step;
+//! up to the few-row products' four where a matrix is in quantized blocks, whose products of
+//! more rows dequantize it each step, memory a graph would keep),
 //! its cell table's width (rounded up to a power of two from 64, so a sequence's steps share a
 //! graph until its cells pass the next one) and its KV cache. Every step runs on the model's own
 //! stream (`DeviceStream`), whichever thread runs it, so a graph replays on the stream it was
@@ -38,7 +40,7 @@ const MAX_GRAPHS: usize = 16;
 
 /// The most rows of a recorded step (a graph holds its step's memory: at 64 rows the demo
 /// model's logits are 39 MB of it).
-const MAX_ROWS: usize = 64;
+pub(super) const MAX_ROWS: usize = 64;
 
 /// The runtime's failures to record a shape before it is run plainly for good.
 const TRIES: u8 = 3;
@@ -52,6 +54,8 @@ const MIN_CELLS: usize = 64;
 /// The step shapes of one model, and their graphs.
 pub(super) struct StepGraphs {
     on: bool,
+    /// The most rows of a step recorded.
+    max_rows: usize,
     state: Mutex<State>,
 }
 
@@ -112,8 +116,9 @@ pub(super) enum Plan {
 pub(super) struct Key(Shape, u8);
 
 impl StepGraphs {
-    pub fn new(on: bool) -> Self {
-        Self { on, state: Mutex::new(State::default()) }
+    /// Graphs of steps of up to `max_rows` rows (at most [`MAX_ROWS`]), where `on`.
+    pub fn new(on: bool, max_rows: usize) -> Self {
+        Self { on, max_rows: max_rows.min(MAX_ROWS), state: Mutex::new(State::default()) }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -137,7 +142,7 @@ impl StepGraphs {
         device: &Device,
     ) -> Plan {
         let rows = ids.len();
-        if !self.on || !(1..=MAX_ROWS).contains(&rows) || !cells.on_gpu() || batch.out_rows.len() != rows {
+        if !self.on || !(1..=self.max_rows).contains(&rows) || !cells.on_gpu() || batch.out_rows.len() != rows {
             return Plan::Plain;
         }
         let width = 1 + (cells.width() - 1).max(MIN_CELLS).next_power_of_two();

@@ -497,11 +497,22 @@ impl Weights {
         })
     }
 
+    /// Every matrix.
+    fn all(&self) -> impl Iterator<Item = &Weight> {
+        let layers = self.layers.iter().flat_map(|l| [&l.qkv.weight, &l.o.weight].into_iter().chain(l.ffn.matrices()));
+        std::iter::once(&self.embed).chain(self.lm_head.as_ref()).chain(layers)
+    }
+
+    /// Whether a matrix is kept in quantized blocks on a GPU (whose products of many rows
+    /// dequantize it each time).
+    pub fn blocks_on_device(&self) -> bool {
+        self.all().any(|w| matches!(w.matrix(), linear::Matrix::Blocks(..)))
+    }
+
     /// How the matrices are kept, for logs: `bf16`, or `Q5_0+Q8_0 …` by distinct kind.
     pub fn describe(&self) -> String {
         let mut kinds: Vec<String> = Vec::new();
-        let all = self.layers.iter().flat_map(|l| [&l.qkv.weight, &l.o.weight].into_iter().chain(l.ffn.matrices()));
-        for w in std::iter::once(&self.embed).chain(self.lm_head.as_ref()).chain(all) {
+        for w in self.all() {
             for kind in w.describe().split('+') {
                 if !kinds.iter().any(|k| k == kind) {
                     kinds.push(kind.to_string());
