@@ -27,7 +27,7 @@
 #   python3 scripts/random_family_gguf.py --donor-only models/qwen2.5-coder-0.5b-instruct.gguf .gpu/tokenizer.gguf
 #   pip download --no-deps --only-binary=:all: gguf -d .gpu
 #   optionally tests, each stripped and xz'd to .gpu/NAME.xz (NAME: layer_kernels, parity,
-#   launches): cargo test --release -p llaisys-model --features wgpu --test NAME --no-run
+#   launches, replay, streams: a model's work on one stream, checked by CubeCL's streaming log): cargo test --release -p llaisys-model --features wgpu --test NAME --no-run
 # On a fresh 2-core machine the release build takes about 31 minutes and the tests' about 20
 # more (they rebuild the GPU stack with other features): start them first thing in a session.
 # Run there (carry .gl and .gpu):  bash scripts/gpu-measure.sh   (about 7-9 minutes, and up to
@@ -71,7 +71,7 @@ smi=$!
 
 # The tests find their fixtures under the path they were built in.
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-for t in layer_kernels parity launches; do
+for t in layer_kernels parity launches replay streams; do
   [ -f ".gpu/$t.xz" ] || continue
   step "test $t on vulkan"
   xz -dc ".gpu/$t.xz" >"/tmp/$t" && chmod +x "/tmp/$t"
