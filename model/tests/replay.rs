@@ -148,3 +148,31 @@ fn replayed_quantized_steps_give_the_plain_steps_logits() {
     // Four rows: past them a product dequantizes its blocks each step, which no graph records.
     check(ModelSource::Gguf(gguf_fixture("tiny-kquant")), [&prompts[0].ids, &prompts[1].ids], 4, None);
 }
+
+#[test]
+#[cfg_attr(
+    not(any(feature = "wgpu", feature = "cuda")),
+    ignore = "replays a GPU backend's graphs: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
+)]
+fn quantized_steps_of_more_than_four_rows_are_not_recorded() {
+    let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let source = ModelSource::Gguf(gguf_fixture("tiny-kquant"));
+    let prompts = Reference::load("tiny-tied-f32").prompts;
+    let mut ctx = context(&source, true);
+    let mut rows: Vec<(u32, u32, i64)> = Vec::new();
+    for seq in 0..6u32 {
+        let prompt = &prompts[seq as usize % 2].ids;
+        ctx.decode(&one_sequence(prompt, seq, 0)).unwrap();
+        rows.push((seq, argmax(ctx.outputs().row(0).unwrap()).unwrap(), prompt.len() as i64));
+    }
+    // A shape's third step would replay were it recorded (the first runs plainly, the second
+    // is recorded).
+    for i in 0..6 {
+        let (logits, launches) = step(&mut ctx, &rows);
+        assert!(launches.total() > 0, "six-row step {i} of a quantized model replayed a graph");
+        for (row, logits) in rows.iter_mut().zip(&logits) {
+            row.1 = argmax(logits).unwrap();
+            row.2 += 1;
+        }
+    }
+}
