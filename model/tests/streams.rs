@@ -10,7 +10,8 @@ use std::thread;
 
 use llaisys_model::generate::one_sequence;
 use llaisys_model::{
-    Batch, Context, DeviceSpec, KvDtype, LoadOptions, ModelSource, Pooling, RowAsk, RowNeed, Tensor, argmax, load_model,
+    Batch, Context, Device, DeviceSpec, KvDtype, LoadOptions, ModelSource, Pooling, RowAsk, RowNeed, Tensor, argmax,
+    load_model,
 };
 use llaisys_tests::{Reference, fixture_dir, gguf_fixture, test_device};
 
@@ -40,8 +41,7 @@ fn crossings(log: &Path) -> Vec<String> {
 /// step: greedy decode steps (one and two rows), a step whose row is read back whole after its
 /// candidates, a context shift (keys rotated on the device) and embeddings.
 /// `reference`: the fixture whose prompts it runs.
-fn run_on_many_threads(source: ModelSource, reference: &str, step_graphs: bool) {
-    let device = test_device().parse::<DeviceSpec>().unwrap().device().unwrap();
+fn run_on_many_threads(device: &Device, source: ModelSource, reference: &str, step_graphs: bool) {
     let opts = LoadOptions { step_graphs, ..LoadOptions::default() };
     let model = {
         let device = device.clone();
@@ -104,6 +104,7 @@ fn a_models_work_stays_on_its_stream_whichever_thread_does_it() {
     let dir = tempfile::tempdir().unwrap();
     let log: PathBuf = dir.path().join("streaming.log");
     log_streams(&log);
+    let device = test_device().parse::<DeviceSpec>().unwrap().device().unwrap();
 
     for (name, source, reference) in [
         ("tiny-tied-f32", ModelSource::Dir(fixture_dir("tiny-tied-f32")), "tiny-tied-f32"),
@@ -111,7 +112,7 @@ fn a_models_work_stays_on_its_stream_whichever_thread_does_it() {
         ("tiny-kquant", ModelSource::Gguf(gguf_fixture("tiny-kquant")), "tiny-tied-f32"),
     ] {
         for step_graphs in [false, true] {
-            run_on_many_threads(source.clone(), reference, step_graphs);
+            run_on_many_threads(&device, source.clone(), reference, step_graphs);
             let crossed = crossings(&log);
             assert!(
                 crossed.is_empty(),
@@ -123,7 +124,6 @@ fn a_models_work_stays_on_its_stream_whichever_thread_does_it() {
     }
 
     // The log does name a crossing: a tensor made on this thread's stream, added to on another's.
-    let device = test_device().parse::<DeviceSpec>().unwrap().device().unwrap();
     let here = Tensor::<1>::full([1024], 1.0, &device);
     let sum =
         thread::scope(|s| s.spawn(|| (here.clone() + 1.0).into_data().try_to_vec::<f32>().unwrap()).join()).unwrap();

@@ -524,16 +524,7 @@ impl Weights {
 
     /// Bytes held by the weight matrices.
     pub fn matrix_bytes(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                l.qkv.weight.size_bytes()
-                    + l.o.weight.size_bytes()
-                    + l.ffn.matrices().iter().map(|w| w.size_bytes()).sum::<usize>()
-            })
-            .sum();
-        layers + self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, |w| w.size_bytes())
+        self.all().map(|w| w.size_bytes()).sum()
     }
 
     /// Puts `data` into `slot` of `layer`, releasing the old tensor (or, for a stacked slot,
