@@ -132,6 +132,9 @@ for m in "${models[@]}"; do
   timeout 60 $BIN bench --model "$M" --device vulkan --only prefill --prefill 512 --runs 2
   step "$name throughput 16, 64"
   timeout 150 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16,64 --runs 1
+  step "$name throughput 16 and 64 with the few-row products at 4 rows (past them Burn's matmul, blocks dequantized each step), then at 64 (the default is 16)"
+  LLAISYS_GPU_FUSED_ROWS=4 timeout 150 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16,64 --runs 1
+  LLAISYS_GPU_FUSED_ROWS=64 timeout 150 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 64 --runs 1
   step "$name throughput 16, kernels timed one at a time (graphs off, so every launch is timed): where a 16-row step's time goes"
   LLAISYS_GPU_GRAPHS=off timeout 90 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16 --runs 1 --kernel-times
   step "$name sampled as Qwen2.5's generation defaults (top-k 20, top-p 0.8, repetition penalty 1.05: 64 candidates on the device): decode, then 64 concurrent"

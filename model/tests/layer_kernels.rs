@@ -7,6 +7,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use burn::tensor::DType;
+use llaisys_model::kernels::gpu_fused_rows;
 use llaisys_model::layers::{RmsNorm, Rope, attention, swiglu};
 use llaisys_model::{Device, DeviceSpec, Tensor, TensorData};
 use llaisys_tests::test_device;
@@ -228,9 +229,20 @@ fn product_input(row: &[f32], how: &str, k: usize, g: &[f32]) -> Vec<f64> {
     }
 }
 
+/// Row counts for the few-row products: each a cube's four rows or fewer, two and three chunks
+/// (the last partial), the most they take ([`gpu_fused_rows`]) and one more (Burn's matmul).
+fn few_rows() -> Vec<usize> {
+    let most = gpu_fused_rows();
+    let mut rows = vec![1, 2, 3, 4, 6, 9, most, most + 1];
+    rows.sort_unstable();
+    rows.dedup();
+    rows
+}
+
 /// A dense linear layer's few-row product, its input as given, RMS-normalised or SwiGLU-gated
 /// first, with its bias and a residual added, against an f64 reference, for every weight type
-/// the device computes in; more rows than the few-row kernel takes go through Burn's matmul and
+/// the device computes in: one to four rows (a cube's), several chunks of four with a partial
+/// last one, and the most the kernel takes; more rows than that go through Burn's matmul and
 /// must agree too.
 #[test]
 fn few_row_products_match_a_reference() {
@@ -256,14 +268,14 @@ fn few_row_products_match_a_reference() {
         };
         for (pre, name) in [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated")] {
             let width = if name == "gated" { 2 * k } else { k };
-            for n in [1, 2, 3, 4, 6] {
+            for n in few_rows() {
                 // x as a narrowed view (a row stride wider than its width).
                 let xs = values(n * (width + 3), n as u32, 2.0);
                 let x =
                     Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, width + 3]), &device).narrow(1, 0, width);
                 let r = values(n * outs, 40 + n as u32, 1.0);
                 let residual = Tensor::<2>::from_data(TensorData::new(r.clone(), [n, outs]), &device);
-                let kernel = if n <= 4 { "xwt" } else { "matmul" };
+                let kernel = if n <= gpu_fused_rows() { "xwt" } else { "matmul" };
                 let got = ran(spec, kernel, || host(layer.forward_with(x.clone(), pre, Some(residual))));
                 let plain = host(layer.forward_with(x, pre, None));
                 let mut want = Vec::with_capacity(n * outs);
@@ -466,15 +478,17 @@ fn rope_and_the_kv_write_in_one_launch() {
 /// KV write in one launch on a GPU, against the projection and the RoPE + KV write launched
 /// apart (each checked above): the same q, the same keys and values in the rows' cells, every
 /// other cell unchanged; for weights and caches of every type the device computes in, a GQA
-/// ratio of 7 and of 1, head_dim 64 and 128, one row and four. On the CPU it declines and
-/// writes nothing.
+/// ratio of 7 and of 1, head_dim 64 and 128, one row, four, and nine (three chunks of a cube's
+/// rows). On the CPU it declines and writes nothing.
 #[test]
 fn the_projection_rope_and_kv_write_in_one_launch() {
     use burn::tensor::{DType, FloatDType};
     use llaisys_model::layers::{Linear, linear};
     let (spec, device) = device();
     let k = 300;
-    for (heads, kv_heads, d, slots) in [(7, 1, 64, vec![19, 2, 3, 7]), (2, 2, 128, vec![5])] {
+    for (heads, kv_heads, d, slots) in
+        [(7, 1, 64, vec![19, 2, 3, 7]), (2, 2, 128, vec![5]), (2, 1, 64, vec![19, 2, 3, 7, 11, 0, 5, 13, 16])]
+    {
         let width = (heads + 2 * kv_heads) * d;
         let w = values(width * k, 73, 0.5);
         let b = values(width, 74, 1.0);
@@ -503,8 +517,9 @@ fn the_projection_rope_and_kv_write_in_one_launch() {
 
 /// The fused projection of [`the_projection_rope_and_kv_write_in_one_launch`] over a quantized
 /// weight read in its blocks (a launch a part, each whole heads): Q4_K's q and k with Q6_K's v
-/// (as in Q4_K_M files), Q8_0 alone, against `xwt_q`'s projection and the RoPE + KV write
-/// apart. A part that splits a head is declined, nothing written.
+/// (as in Q4_K_M files) for four rows, Q8_0 alone for six (two chunks of a cube's rows),
+/// against `xwt_q`'s projection and the RoPE + KV write apart. A part that splits a head is
+/// declined, nothing written.
 #[test]
 fn a_quantized_projection_rope_and_kv_write_in_one_launch() {
     use burn::tensor::FloatDType;
@@ -525,17 +540,16 @@ fn a_quantized_projection_rope_and_kv_write_in_one_launch() {
         });
         linear::stack(parts.collect())
     };
-    for (heads, kv_heads, d, shape) in [
-        (7, 1, 64, vec![(QuantType::Q4K, 8 * 64), (QuantType::Q6K, 64)]),
-        (2, 2, 128, vec![(QuantType::Q8_0, 6 * 128)]),
+    for (heads, kv_heads, d, shape, slots) in [
+        (7, 1, 64, vec![(QuantType::Q4K, 8 * 64), (QuantType::Q6K, 64)], vec![19, 2, 3, 7]),
+        (2, 2, 128, vec![(QuantType::Q8_0, 6 * 128)], vec![19, 2, 3, 7, 11, 0]),
     ] {
         let width = (heads + 2 * kv_heads) * d;
         let qkv = Linear {
             weight: parts(&shape, 500 + d as u32),
             bias: Some(Tensor::from_data(TensorData::new(values(width, 74, 1.0), [width]), &device)),
         };
-        let slots = vec![19, 2, 3, 7];
-        let what = format!("{heads}/{kv_heads} d {d}, {}", qkv.weight.describe());
+        let what = format!("{heads}/{kv_heads} d {d}, {}, {} rows", qkv.weight.describe(), slots.len());
         let (got, want) = projected_apart_and_fused(
             spec,
             &device,
@@ -591,7 +605,7 @@ fn projected_apart_and_fused(
     let n = slots.len();
     let g = values(k, 71, 1.5);
     let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(g, [k]), device), eps: 1e-6 };
-    let positions: Vec<i64> = [4, 0, 300, 17][..n].to_vec();
+    let positions: Vec<i64> = (0..n).map(|r| [4, 0, 300, 17][r % 4] + r as i64).collect();
     let tables = Rope::new(d, 10_000.0).tables(&positions, device);
     let x = Tensor::<2>::from_data(TensorData::new(values(n * k, 72, 2.0), [n, k]), device);
     assert_eq!(width, (heads + 2 * kv_heads) * d);
@@ -738,7 +752,9 @@ fn quantized_rows_dequantize_as_ggml_does() {
 
 /// A quantized weight's few-row product (a decode step: read in its blocks by `xwt_q`), its
 /// input as given, RMS-normalised or SwiGLU-gated first, with its bias and a residual added,
-/// against an f64 reference over ggml's dequantized values, in every format and for a matrix stacked from two formats (one launch a part); more rows dequantize the
+/// against an f64 reference over ggml's dequantized values, in every format and for a matrix
+/// stacked from two formats (one launch a part), on the row counts of
+/// [`few_row_products_match_a_reference`]; more rows than the kernel takes dequantize the
 /// matrix on the device for Burn's matmul and must agree too.
 #[test]
 fn quantized_products_match_a_reference() {
@@ -775,13 +791,13 @@ fn quantized_products_match_a_reference() {
         assert_eq!(layer.weight.describe(), name);
         for (pre, how) in [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated")] {
             let width = if how == "gated" { 2 * k } else { k };
-            for n in [1, 2, 3, 4, 6] {
+            for n in few_rows() {
                 let xs = values(n * (width + 3), n as u32, 2.0);
                 let x =
                     Tensor::<2>::from_data(TensorData::new(xs.clone(), [n, width + 3]), &device).narrow(1, 0, width);
                 let r = values(n * outs, 40 + n as u32, 1.0);
                 let residual = Tensor::<2>::from_data(TensorData::new(r.clone(), [n, outs]), &device);
-                let kernel = if n <= 4 { "xwt_q" } else { "dequantize" };
+                let kernel = if n <= gpu_fused_rows() { "xwt_q" } else { "dequantize" };
                 let got = ran(spec, kernel, || host(layer.forward_with(x.clone(), pre, Some(residual))));
                 let mut want = Vec::with_capacity(n * outs);
                 for (i, row) in xs.chunks(width + 3).enumerate() {

@@ -1,7 +1,8 @@
 //! Issue 31: decode steps recorded as a graph and replayed on a GPU (`LoadOptions::step_graphs`)
 //! give the logits the same steps give run plainly, across the changes a replayed step must
-//! follow: new token ids, positions and cells every step, six sequences in one step (past the
-//! few-row products' four: Burn's matmul in the graph; four of a quantized file), a sequence's cells passing 64 and 128
+//! follow: new token ids, positions and cells every step, six sequences in one step (two chunks
+//! of the few-row products' four rows a cube, the last partial; a quantized file's too), more
+//! than the few-row products take (Burn's matmul in the graph), a sequence's cells passing 64 and 128
 //! (a wider cell table: a new graph), a weight replaced (the graphs read the old one's buffer:
 //! they are dropped), sequences removed (two rows, then one). And they are replays: a replayed step launches nothing from the host, whichever
 //! thread runs it (each replayed step here runs on a thread of its own, as the server's steps
@@ -21,11 +22,12 @@ const STEPS: usize = 230;
 /// Launches are counted process-wide: one test counts at a time.
 static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn context(source: &ModelSource, step_graphs: bool) -> Context {
+/// A context for `seqs` sequences of up to 256 positions (the fixtures' context).
+fn context(source: &ModelSource, step_graphs: bool, seqs: usize) -> Context {
     let device = test_device().parse::<llaisys_model::DeviceSpec>().unwrap().device().unwrap();
     let opts = LoadOptions { step_graphs, ..LoadOptions::default() };
     let model = load_model(None, Some(source), &opts, &device).unwrap();
-    Context::with_kv_dtype(model, 1600, KvDtype::F32)
+    Context::with_kv_dtype(model, 256 * seqs.max(6), KvDtype::F32)
 }
 
 /// One step of `rows` (sequence, token, position) with every row's logits: the logits, row by
@@ -53,7 +55,7 @@ fn apart(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 /// values) replaces a weight in both.
 fn check(source: ModelSource, prompts: [&[u32]; 2], seqs: usize, replace: Option<(&str, TensorData)>) {
     let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
-    let (mut plain, mut replayed) = (context(&source, false), context(&source, true));
+    let (mut plain, mut replayed) = (context(&source, false, seqs), context(&source, true, seqs));
     let prompts: Vec<&[u32]> = (0..seqs).map(|s| prompts[s % 2]).collect();
     let mut next = vec![0u32; seqs];
     for (seq, prompt) in prompts.iter().enumerate() {
@@ -133,7 +135,7 @@ fn replayed_steps_give_the_plain_steps_logits() {
         let original = Checkpoint::open(&fixture_dir(name)).unwrap().data(weight, DType::F32).unwrap();
         let halved: Vec<f32> = original.try_to_vec::<f32>().unwrap().iter().map(|x| x * 0.5).collect();
         let halved = TensorData::new(halved, original.shape().clone());
-        // Six rows: past the few-row products' four, Burn's matmuls in the graph.
+        // Six rows: two chunks of the few-row products' four a cube.
         check(ModelSource::Dir(fixture_dir(name)), [&prompts[0].ids, &prompts[1].ids], 6, Some((weight, halved)));
     }
 }
@@ -143,10 +145,11 @@ fn replayed_steps_give_the_plain_steps_logits() {
     not(any(feature = "wgpu", feature = "cuda")),
     ignore = "replays a GPU backend's graphs: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
 )]
-fn replayed_quantized_steps_give_the_plain_steps_logits() {
+fn replayed_steps_of_more_rows_than_the_few_row_products_take() {
     let prompts = Reference::load("tiny-tied-f32").prompts;
-    // Four rows: past them a product dequantizes its blocks each step, which no graph records.
-    check(ModelSource::Gguf(gguf_fixture("tiny-kquant")), [&prompts[0].ids, &prompts[1].ids], 4, None);
+    // Burn's matmuls (and the norm, RoPE and KV write launched apart) in the graph.
+    let seqs = llaisys_model::kernels::gpu_fused_rows() + 2;
+    check(ModelSource::Dir(fixture_dir("tiny-tied-f32")), [&prompts[0].ids, &prompts[1].ids], seqs, None);
 }
 
 #[test]
@@ -154,13 +157,26 @@ fn replayed_quantized_steps_give_the_plain_steps_logits() {
     not(any(feature = "wgpu", feature = "cuda")),
     ignore = "replays a GPU backend's graphs: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
 )]
-fn quantized_steps_of_more_than_four_rows_are_not_recorded() {
+fn replayed_quantized_steps_give_the_plain_steps_logits() {
+    let prompts = Reference::load("tiny-tied-f32").prompts;
+    // Six rows: two chunks of the few-row products' four a cube, the blocks read in the kernels.
+    check(ModelSource::Gguf(gguf_fixture("tiny-kquant")), [&prompts[0].ids, &prompts[1].ids], 6, None);
+}
+
+#[test]
+#[cfg_attr(
+    not(any(feature = "wgpu", feature = "cuda")),
+    ignore = "replays a GPU backend's graphs: build with --features wgpu and run on a device (scripts/test-wgpu.sh)"
+)]
+fn quantized_steps_of_more_rows_than_the_few_row_products_take_are_not_recorded() {
     let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let source = ModelSource::Gguf(gguf_fixture("tiny-kquant"));
     let prompts = Reference::load("tiny-tied-f32").prompts;
-    let mut ctx = context(&source, true);
+    // Past the few-row products' rows each product dequantizes its blocks, which no graph keeps.
+    let seqs = llaisys_model::kernels::gpu_fused_rows() as u32 + 1;
+    let mut ctx = context(&source, true, seqs as usize);
     let mut rows: Vec<(u32, u32, i64)> = Vec::new();
-    for seq in 0..6u32 {
+    for seq in 0..seqs {
         let prompt = &prompts[seq as usize % 2].ids;
         ctx.decode(&one_sequence(prompt, seq, 0)).unwrap();
         rows.push((seq, argmax(ctx.outputs().row(0).unwrap()).unwrap(), prompt.len() as i64));
@@ -169,7 +185,7 @@ fn quantized_steps_of_more_than_four_rows_are_not_recorded() {
     // is recorded).
     for i in 0..6 {
         let (logits, launches) = step(&mut ctx, &rows);
-        assert!(launches.total() > 0, "six-row step {i} of a quantized model replayed a graph");
+        assert!(launches.total() > 0, "{seqs}-row step {i} of a quantized model replayed a graph");
         for (row, logits) in rows.iter_mut().zip(&logits) {
             row.1 = argmax(logits).unwrap();
             row.2 += 1;

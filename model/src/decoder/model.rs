@@ -87,10 +87,10 @@ impl Decoder {
     fn new(config: ModelConfig, weights: Weights, device: &Device, stream: DeviceStream, graphs: bool) -> Self {
         let info = info_of(&config);
         let rope = Rope::from_config(&config);
-        // A graph keeps the memory its step was given: where a product of many rows dequantizes
-        // a matrix of blocks each step (the output projection's among them, hundreds of MB),
-        // only steps of the few-row products' rows are recorded.
-        let rows = if weights.blocks_on_device() { kernels::GPU_XWT_ROWS } else { replay::MAX_ROWS };
+        // A graph keeps the memory its step was given: where a product of more rows than the
+        // few-row kernels take dequantizes a matrix of blocks each step (the output
+        // projection's among them, hundreds of MB), only steps they take are recorded.
+        let rows = if weights.blocks_on_device() { kernels::gpu_fused_rows() } else { replay::MAX_ROWS };
         let graphs = StepGraphs::new(graphs, rows);
         Self { config, info, weights, rope, device: device.clone(), stream, graphs }
     }

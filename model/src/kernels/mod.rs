@@ -483,8 +483,8 @@ impl GpuWeight<'_> {
 /// The stacked q/k/v projection of a decode step's few rows (its norm and bias applied) with
 /// RoPE and the KV write, as one GPU launch (a quantized weight: one a part): q's heads rotated
 /// (returned), k's rotated and v's copied into their cells of a layer's cache, in place; `None`,
-/// nothing written, where it declines (the CPU, more than four rows: the caller projects, then
-/// [`rope_kv_write`]).
+/// nothing written, where it declines (the CPU, more rows than [`gpu_fused_rows`]: the caller
+/// projects, then [`rope_kv_write`]).
 ///
 /// # Shapes
 /// x: [n, k] f32, w: [(heads + 2 · kv_heads) · d, k], bias: that many f32, tables: [2, n, d/2]
@@ -659,7 +659,7 @@ pub enum Pre<'a> {
     SwiGlu,
 }
 
-/// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step) with a dense weight (f32, f16 or
+/// `pre(x)·Wᵀ + b + residual` for a decode step's rows (up to [`gpu_fused_rows`]) with a dense weight (f32, f16 or
 /// bf16, read in its own type): the GPU kernel on a CubeCL backend, one launch where Burn's
 /// ops take the norm or the gate, the casts, the product, the bias and the sum (the CPU's
 /// products are the weights' own).
@@ -707,9 +707,32 @@ pub fn gpu_moe(
     Some(y)
 }
 
-/// The most rows the GPU's few-row products take with their input's norm or gate inside (more
-/// rows are normed or gated first, a launch of their own).
+/// The rows one cube of the GPU's few-row products takes (each keeps this many sums a lane);
+/// a launch of more rows gives each chunk of four its own cubes.
 pub const GPU_XWT_ROWS: usize = 4;
+
+/// The most rows the GPU's few-row products take (a decode step): the weight read in its own
+/// type or its blocks, the input's norm or gate, the bias, the residual and (the q/k/v
+/// projection) RoPE and the KV write inside, a launch or one a part. More rows (a prompt) take
+/// Burn's matmul, a quantized matrix dequantized for it first, and the norm, RoPE and KV write
+/// launched apart.
+///
+/// Each chunk of [`GPU_XWT_ROWS`] rows reads the weight again, from the cache where its
+/// neighbour cubes just read it: at 16 rows a quantized matrix's blocks are read four times
+/// (Q4_K: about 2.3 bytes a weight), where dequantizing it to f16 writes and reads 4 bytes a
+/// weight besides reading the blocks once, and keeps that memory. Not measured on a GPU yet:
+/// `LLAISYS_GPU_FUSED_ROWS=N` sets it ([`gpu_fused_rows`]).
+pub const GPU_FUSED_ROWS: usize = 16;
+
+/// The most rows the GPU's few-row products take: `LLAISYS_GPU_FUSED_ROWS` where it is a number
+/// from 1 to 64, else [`GPU_FUSED_ROWS`]. Read once.
+pub fn gpu_fused_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        let rows = std::env::var("LLAISYS_GPU_FUSED_ROWS").ok().and_then(|v| v.trim().parse().ok());
+        rows.filter(|r| (1..=64).contains(r)).unwrap_or(GPU_FUSED_ROWS)
+    })
+}
 
 /// Above this many (row, expert) pairs an expert on average, a GPU's experts group their rows
 /// on the host (`Moe`'s grouped pass, a read back of the router's scores): Burn's tiled
@@ -756,11 +779,12 @@ pub fn buffer_limit(device: &Device) -> u64 {
     limit
 }
 
-/// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step) with a quantized weight on a GPU,
-/// read in its blocks (`quant::device`): one launch a part of the stacked matrix.
+/// `pre(x)·Wᵀ + b + residual` for a decode step's rows (up to [`gpu_fused_rows`]) with a
+/// quantized weight on a GPU, read in its blocks (`quant::device`): one launch a part of the
+/// stacked matrix.
 ///
 /// # Shapes
-/// x: [n ≤ 4, k] f32 ([n, 2k] under `Pre::SwiGlu`), parts: rows of k values, out of them in
+/// x: [n, k] f32 ([n, 2k] under `Pre::SwiGlu`), parts: rows of k values, out of them in
 /// all, bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
 pub fn gpu_xwt_q(
     x: &Tensor<2>,

@@ -146,7 +146,7 @@ impl Moe {
         let n = x.dims()[0];
         let on_device = self.routes_on_device(n);
         // The few-row products take the norm inside; the device's routing, its gathered rows'.
-        let inside = on_device && n <= kernels::GPU_XWT_ROWS;
+        let inside = on_device && n <= kernels::gpu_fused_rows();
         let (x, pre) = if inside { (x, pre) } else { (pre.apply(x), Pre::Plain) };
         // The router's scores and the shared expert's gate, in one product.
         let experts = self.experts.len();

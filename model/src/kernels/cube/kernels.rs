@@ -180,8 +180,26 @@ pub fn softmax(
     }
 }
 
-/// The most rows of x a [`xwt`] launch takes (a decode step's few rows).
+/// The rows of x one cube of [`xwt`] (and the other few-row products) takes: a launch of more
+/// rows gives each chunk of this many its own cubes ([`product_cube`]).
 pub const XWT_ROWS: usize = crate::kernels::GPU_XWT_ROWS;
+
+/// This cube's place in a few-row product of `n` rows: (its block of [`XWT_OUTS`] columns, the
+/// first of its [`XWT_ROWS`] rows). The chunks of rows of one block are adjacent cubes, so the
+/// weights a block reads again for each chunk are still in the cache.
+#[cube]
+fn product_cube(n: usize) -> (usize, usize) {
+    let chunks = n.div_ceil(XWT_ROWS);
+    (CUBE_POS / chunks, (CUBE_POS % chunks) * XWT_ROWS)
+}
+
+/// Row `row` of x, or its last where x has fewer (a launch's last chunk of rows computes the
+/// rows it lacks from the last one, and stores nothing for them).
+#[cube]
+fn row_at(x: &Tensor<f32>, row: usize) -> usize {
+    let last = x.shape(0) - 1;
+    select(row < last, row, last)
+}
 
 /// What [`xwt`] does to x before the product: nothing; RMSNorm it (each row's scale computed
 /// by every cube, the norm's weight applied per input); or SwiGLU's gate over a stacked
@@ -318,19 +336,21 @@ fn norm_scales(
         let mut q3 = 0.0f32;
         let mut k = UNIT_POS as usize;
         let at = row0 * x.stride(0);
+        let (at1, at2, at3) =
+            (row_at(x, row0 + 1) * x.stride(0), row_at(x, row0 + 2) * x.stride(0), row_at(x, row0 + 3) * x.stride(0));
         while k < k_len {
             let v = x[at + k * x.stride(1)];
             q0 += v * v;
             if comptime!(rows > 1) {
-                let v = x[at + x.stride(0) + k * x.stride(1)];
+                let v = x[at1 + k * x.stride(1)];
                 q1 += v * v;
             }
             if comptime!(rows > 2) {
-                let v = x[at + 2 * x.stride(0) + k * x.stride(1)];
+                let v = x[at2 + k * x.stride(1)];
                 q2 += v * v;
             }
             if comptime!(rows > 3) {
-                let v = x[at + 3 * x.stride(0) + k * x.stride(1)];
+                let v = x[at3 + k * x.stride(1)];
                 q3 += v * v;
             }
             k += XWT_UNITS;
@@ -352,9 +372,10 @@ fn norm_scales(
     (s0, s1, s2, s3)
 }
 
-/// Column `o` of `pre(x)·Wᵀ` for rows `row0..row0 + rows`, by this unit's group of [`XWT_LANES`] lanes (the
-/// cube's [`XWT_OUTS`] groups each computing one column; `o` past the weight's rows computes
-/// nothing but takes part in the barriers): row r's sum lands in `shared[r · XWT_UNITS + u]`
+/// Column `o` of `pre(x)·Wᵀ` for rows `row0..row0 + rows` (those past x's rows: its last
+/// again, [`row_at`]), by this unit's group of [`XWT_LANES`] lanes (the cube's [`XWT_OUTS`]
+/// groups each computing one column; `o` past the weight's rows computes nothing but takes
+/// part in the barriers): row r's sum lands in `shared[r · XWT_UNITS + u]`
 /// for the group's first unit u. Under `PRE_NORM` the whole cube first reduces each row's
 /// squares once for its columns. Every lane keeps four weight reads in flight.
 #[cube]
@@ -377,6 +398,7 @@ fn xwt_column<W: Float>(
     let end = select(o < w.shape(0), k_len, 0);
     let w_row = o * w.stride(0);
     let ws = w.stride(1);
+    let (r1, r2, r3) = (row_at(x, row0 + 1), row_at(x, row0 + 2), row_at(x, row0 + 3));
     let mut a0 = 0.0f32;
     let mut a1 = 0.0f32;
     let mut a2 = 0.0f32;
@@ -391,13 +413,13 @@ fn xwt_column<W: Float>(
         let w3 = f32::cast_from(w[at + 3 * XWT_LANES * ws]);
         a0 += xwt_four(x, row0, k, k_len, norm, s0, w0, w1, w2, w3, pre);
         if comptime!(rows > 1) {
-            a1 += xwt_four(x, row0 + 1, k, k_len, norm, s1, w0, w1, w2, w3, pre);
+            a1 += xwt_four(x, r1, k, k_len, norm, s1, w0, w1, w2, w3, pre);
         }
         if comptime!(rows > 2) {
-            a2 += xwt_four(x, row0 + 2, k, k_len, norm, s2, w0, w1, w2, w3, pre);
+            a2 += xwt_four(x, r2, k, k_len, norm, s2, w0, w1, w2, w3, pre);
         }
         if comptime!(rows > 3) {
-            a3 += xwt_four(x, row0 + 3, k, k_len, norm, s3, w0, w1, w2, w3, pre);
+            a3 += xwt_four(x, r3, k, k_len, norm, s3, w0, w1, w2, w3, pre);
         }
         k += 4 * XWT_LANES;
     }
@@ -405,21 +427,22 @@ fn xwt_column<W: Float>(
         let wv = f32::cast_from(w[w_row + k * ws]);
         a0 += xwt_input(x, row0, k, k_len, norm, s0, pre) * wv;
         if comptime!(rows > 1) {
-            a1 += xwt_input(x, row0 + 1, k, k_len, norm, s1, pre) * wv;
+            a1 += xwt_input(x, r1, k, k_len, norm, s1, pre) * wv;
         }
         if comptime!(rows > 2) {
-            a2 += xwt_input(x, row0 + 2, k, k_len, norm, s2, pre) * wv;
+            a2 += xwt_input(x, r2, k, k_len, norm, s2, pre) * wv;
         }
         if comptime!(rows > 3) {
-            a3 += xwt_input(x, row0 + 3, k, k_len, norm, s3, pre) * wv;
+            a3 += xwt_input(x, r3, k, k_len, norm, s3, pre) * wv;
         }
         k += XWT_LANES;
     }
     reduce_rows(shared, a0, a1, a2, a3, rows, XWT_UNITS, XWT_LANES);
 }
 
-/// `y = pre(x)·Wᵀ + b + residual` for up to [`XWT_ROWS`] rows, [`XWT_OUTS`] output columns a
-/// cube ([`xwt_column`]). The weight is read in its own type (f32, f16, bf16) and widened: no
+/// `y = pre(x)·Wᵀ + b + residual` for a decode step's rows, [`XWT_OUTS`] output columns of
+/// [`XWT_ROWS`] rows a cube ([`xwt_column`], [`product_cube`]; `rows`: the chunks' rows, fewer
+/// than [`XWT_ROWS`] only where x has no more). The weight is read in its own type (f32, f16, bf16) and widened: no
 /// cast of x or of the product, no separate norm, gate, bias or residual kernel.
 ///
 /// On an H100 (demo shape, bf16) the first version, one column per 128-unit cube with a
@@ -447,16 +470,17 @@ pub fn xwt<W: Float>(
     let unit = UNIT_POS as usize;
     let outs = out.shape(1);
     let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
-    let o = CUBE_POS * XWT_OUTS + group;
+    let (block, row0) = product_cube(x.shape(0));
+    let o = block * XWT_OUTS + group;
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    xwt_column(x, w, norm, shared.clone(), 0, o, eps, rows, pre);
+    xwt_column(x, w, norm, shared.clone(), row0, o, eps, rows, pre);
     if lane == 0 && o < outs {
-        store_column(shared, bias, residual, out, o, rows, has_bias, has_residual);
+        store_column(shared, bias, residual, out, row0, o, rows, has_bias, has_residual);
     }
 }
 
-/// Output column `o` of every row from the sums [`reduce_rows`] left in `shared` for this
-/// unit's group, plus its bias and residual.
+/// Output column `o` of rows `row0..row0 + rows` (those out has) from the sums
+/// [`reduce_rows`] left in `shared` for this unit's group, plus its bias and residual.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn store_column(
@@ -464,6 +488,7 @@ fn store_column(
     bias: &Tensor<f32>,
     residual: &Tensor<f32>,
     out: &mut Tensor<f32>,
+    row0: usize,
     o: usize,
     #[comptime] rows: usize,
     #[comptime] has_bias: bool,
@@ -473,19 +498,22 @@ fn store_column(
     let outs = out.shape(1);
     #[unroll]
     for r in 0..rows {
-        let mut y = shared[r * XWT_UNITS + unit];
-        if comptime!(has_bias) {
-            y += bias[o * bias.stride(0)];
+        let row = row0 + r;
+        if row < out.shape(0) {
+            let mut y = shared[r * XWT_UNITS + unit];
+            if comptime!(has_bias) {
+                y += bias[o * bias.stride(0)];
+            }
+            if comptime!(has_residual) {
+                y += residual[row * residual.stride(0) + o * residual.stride(1)];
+            }
+            out[row * outs + o] = y;
         }
-        if comptime!(has_residual) {
-            y += residual[r * residual.stride(0) + o * residual.stride(1)];
-        }
-        out[r * outs + o] = y;
     }
 }
 
-/// The stacked q/k/v projection of up to [`XWT_ROWS`] rows with RoPE and the KV write in the
-/// same launch: [`xwt_column`]'s product (with the attention norm and the bias), each cube's
+/// The stacked q/k/v projection of a decode step's rows with RoPE and the KV write in the
+/// same launch ([`XWT_ROWS`] rows a cube, as [`xwt`]): [`xwt_column`]'s product (with the attention norm and the bias), each cube's
 /// [`XWT_OUTS`] columns being four rotary pairs (column i of a head and column i + d/2, groups
 /// g and g + 4), so the first unit of group g < 4 holds both halves of a pair and writes q's
 /// heads rotated into `q_out`, k's rotated and v's as they are into their cells of a layer's
@@ -514,23 +542,24 @@ pub fn xwt_rope_kv<W: Float, C: Float>(
     #[comptime] has_bias: bool,
     #[comptime] d: usize,
 ) {
-    let (head, i, o) = rope_pair(d);
+    let (block, row0) = product_cube(x.shape(0));
+    let (head, i, o) = rope_pair(block, d);
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    xwt_column(x, w, norm, shared.clone(), 0, o, eps, rows, pre);
+    xwt_column(x, w, norm, shared.clone(), row0, o, eps, rows, pre);
     if pair_owner() && head * d + i < w.shape(0) {
-        rotate_columns(shared, bias, tables, q_out, k_cache, v_cache, slots, head, i, rows, has_bias, d);
+        rotate_columns(shared, bias, tables, q_out, k_cache, v_cache, slots, row0, head, i, rows, has_bias, d);
     }
 }
 
-/// This unit's rotary pair in [`xwt_rope_kv`]'s layout (each cube's [`XWT_OUTS`] columns four
+/// This unit's rotary pair in [`xwt_rope_kv`]'s layout (each block of [`XWT_OUTS`] columns four
 /// pairs: column i of a head in group g < 4, column i + d/2 in group g + 4): its head, i, and
 /// the column its group computes.
 #[cube]
-fn rope_pair(#[comptime] d: usize) -> (usize, usize, usize) {
+fn rope_pair(block: usize, #[comptime] d: usize) -> (usize, usize, usize) {
     let half = comptime!(d / 2);
     let pairs_per_cube = comptime!(XWT_OUTS / 2);
     let group = UNIT_POS as usize / XWT_LANES;
-    let pair = CUBE_POS * pairs_per_cube + group % pairs_per_cube;
+    let pair = block * pairs_per_cube + group % pairs_per_cube;
     let (head, i) = (pair / half, pair % half);
     let lo = head * d + i;
     (head, i, select(group < pairs_per_cube, lo, lo + half))
@@ -545,8 +574,8 @@ fn pair_owner() -> bool {
     lane == 0 && group < comptime!(XWT_OUTS / 2)
 }
 
-/// The rotary pair (i, i + d/2) of head `head` of every row from the sums a product left in
-/// `shared` ([`xwt_rope_kv`]'s layout: this unit's group holds column i, the group
+/// The rotary pair (i, i + d/2) of head `head` of rows `row0..row0 + rows` (those slots has)
+/// from the sums a product left in `shared` ([`xwt_rope_kv`]'s layout: this unit's group holds column i, the group
 /// `XWT_OUTS / 2` further on column i + d/2), plus their bias, stored by [`rotate_store`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
@@ -558,6 +587,7 @@ fn rotate_columns<C: Float>(
     k_cache: &mut Tensor<C>,
     v_cache: &mut Tensor<C>,
     slots: &Tensor<i32>,
+    row0: usize,
     head: usize,
     i: usize,
     #[comptime] rows: usize,
@@ -569,14 +599,17 @@ fn rotate_columns<C: Float>(
     let lo = head * d + i;
     #[unroll]
     for r in 0..rows {
-        let mut x1 = shared[r * XWT_UNITS + unit];
-        let mut x2 = shared[r * XWT_UNITS + partner];
-        if comptime!(has_bias) {
-            x1 += bias[lo * bias.stride(0)];
-            x2 += bias[(lo + comptime!(d / 2)) * bias.stride(0)];
+        let row = row0 + r;
+        if row < slots.shape(0) {
+            let mut x1 = shared[r * XWT_UNITS + unit];
+            let mut x2 = shared[r * XWT_UNITS + partner];
+            if comptime!(has_bias) {
+                x1 += bias[lo * bias.stride(0)];
+                x2 += bias[(lo + comptime!(d / 2)) * bias.stride(0)];
+            }
+            let slot = usize::cast_from(slots[row * slots.stride(0)]);
+            rotate_store(x1, x2, row, head, i, slot, tables, q_out, k_cache, v_cache, d);
         }
-        let slot = usize::cast_from(slots[r * slots.stride(0)]);
-        rotate_store(x1, x2, r, head, i, slot, tables, q_out, k_cache, v_cache, d);
     }
 }
 
@@ -827,6 +860,7 @@ fn xwt_q_column(
     let k_len = if comptime!(pre == PRE_SWIGLU) { x.shape(1) / 2 } else { x.shape(1) };
     let (s0, s1, s2, s3) = norm_scales(x, shared.clone(), row0, k_len, eps, rows, pre);
     let chunks = select(o < w.shape(0), k_len / CHUNK, 0);
+    let (r1, r2, r3) = (row_at(x, row0 + 1), row_at(x, row0 + 2), row_at(x, row0 + 3));
     let mut q = Array::<f32>::new(18usize);
     let mut a0 = 0.0f32;
     let mut a1 = 0.0f32;
@@ -838,13 +872,13 @@ fn xwt_q_column(
         let k = c * CHUNK;
         a0 += chunk_dot(x, row0, k, k_len, norm, s0, &q, pre, format);
         if comptime!(rows > 1) {
-            a1 += chunk_dot(x, row0 + 1, k, k_len, norm, s1, &q, pre, format);
+            a1 += chunk_dot(x, r1, k, k_len, norm, s1, &q, pre, format);
         }
         if comptime!(rows > 2) {
-            a2 += chunk_dot(x, row0 + 2, k, k_len, norm, s2, &q, pre, format);
+            a2 += chunk_dot(x, r2, k, k_len, norm, s2, &q, pre, format);
         }
         if comptime!(rows > 3) {
-            a3 += chunk_dot(x, row0 + 3, k, k_len, norm, s3, &q, pre, format);
+            a3 += chunk_dot(x, r3, k, k_len, norm, s3, &q, pre, format);
         }
         c += XWT_LANES;
     }
@@ -875,11 +909,12 @@ pub fn xwt_q(
 ) {
     let unit = UNIT_POS as usize;
     let (group, lane) = (unit / XWT_LANES, unit % XWT_LANES);
-    let o = CUBE_POS * XWT_OUTS + group;
+    let (block, row0) = product_cube(x.shape(0));
+    let o = block * XWT_OUTS + group;
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    xwt_q_column(x, w, norm, shared.clone(), 0, o, eps, rows, pre, format);
+    xwt_q_column(x, w, norm, shared.clone(), row0, o, eps, rows, pre, format);
     if lane == 0 && o < w.shape(0) {
-        store_column(shared, bias, residual, out, col0 + o, rows, has_bias, has_residual);
+        store_column(shared, bias, residual, out, row0, col0 + o, rows, has_bias, has_residual);
     }
 }
 
@@ -909,11 +944,12 @@ pub fn xwt_rope_kv_q<C: Float>(
     #[comptime] d: usize,
     #[comptime] format: u32,
 ) {
-    let (head, i, o) = rope_pair(d);
+    let (block, row0) = product_cube(x.shape(0));
+    let (head, i, o) = rope_pair(block, d);
     let shared = Shared::<[f32]>::new_slice(comptime!(XWT_ROWS * XWT_UNITS));
-    xwt_q_column(x, w, norm, shared.clone(), 0, o, eps, rows, pre, format);
+    xwt_q_column(x, w, norm, shared.clone(), row0, o, eps, rows, pre, format);
     if pair_owner() && head * d + i < w.shape(0) {
-        rotate_columns(shared, bias, tables, q_out, k_cache, v_cache, slots, head0 + head, i, rows, has_bias, d);
+        rotate_columns(shared, bias, tables, q_out, k_cache, v_cache, slots, row0, head0 + head, i, rows, has_bias, d);
     }
 }
 

@@ -239,12 +239,12 @@ struct Product {
 
 impl Product {
     /// `None` where the kernel does not take them, for a weight of `outs` rows of `k`: no rows
-    /// or more than [`kernels::XWT_ROWS`], x not as wide as `pre` reads, a bias not one per
-    /// output, tensors not CubeCL rows in f32.
+    /// or more than [`crate::kernels::gpu_fused_rows`], x not as wide as `pre` reads, a bias not
+    /// one per output, tensors not CubeCL rows in f32.
     fn new(x: &Tensor<2>, pre: Pre<'_>, [outs, k]: [usize; 2], bias: Option<&Tensor<1>>) -> Option<Self> {
         let [n, width] = x.dims();
         let inputs = if matches!(pre, Pre::SwiGlu) { 2 * k } else { k };
-        if n == 0 || n > kernels::XWT_ROWS || width != inputs || k == 0 || outs == 0 {
+        if n == 0 || n > crate::kernels::gpu_fused_rows() || width != inputs || k == 0 || outs == 0 {
             return None;
         }
         if bias.is_some_and(|b| b.dims() != [outs]) {
@@ -258,6 +258,18 @@ impl Product {
         };
         let (has_bias, bias) = (bias.is_some(), bias.unwrap_or_else(|| x.clone()));
         Some(Self { x, norm, code, eps, bias, has_bias })
+    }
+
+    /// The rows a cube takes (the kernels' `rows`): [`kernels::XWT_ROWS`], fewer where x has
+    /// no more.
+    fn cube_rows(&self) -> usize {
+        self.x.meta.shape()[0].min(kernels::XWT_ROWS)
+    }
+
+    /// The launch for `blocks` blocks of output columns: a cube a block and chunk of
+    /// [`kernels::XWT_ROWS`] rows (the kernels' `product_cube`).
+    fn grid(&self, blocks: usize) -> (CubeCount, CubeDim) {
+        cubes(blocks * self.x.meta.shape()[0].div_ceil(kernels::XWT_ROWS), kernels::XWT_UNITS)
     }
 
     /// A dense weight as the kernels read it ([`dense_weight`]).
@@ -293,10 +305,10 @@ fn dense_weight(w: &Tensor<2>, client: &burn::cubecl::client::Client) -> Option<
     converts(w.dtype, client).then_some(w)
 }
 
-/// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step), the weight read in its own type.
+/// `pre(x)·Wᵀ + b + residual` for a decode step's rows, the weight read in its own type.
 ///
 /// # Shapes
-/// x: [n ≤ 4, k] f32 ([n, 2k] under `Pre::SwiGlu`), w: [out, k] f32, f16 or bf16, bias: \[out\]
+/// x: [n ≤ [`crate::kernels::gpu_fused_rows`], k] f32 ([n, 2k] under `Pre::SwiGlu`), w: [out, k] f32, f16 or bf16, bias: \[out\]
 /// f32, residual: [n, out] f32 → [n, out] f32
 pub fn xwt(
     x: &Tensor<2>,
@@ -311,7 +323,8 @@ pub fn xwt(
     let w = p.weight(w)?;
     let (residual, has_residual) = p.residual(residual, outs)?;
     let out = empty(&p.x, [n, outs]);
-    let (count, dim) = cubes(outs.div_ceil(kernels::XWT_OUTS), kernels::XWT_UNITS);
+    let (count, dim) = p.grid(outs.div_ceil(kernels::XWT_OUTS));
+    let rows = p.cube_rows();
     let client = p.x.client.clone();
     launch_in!(
         w.dtype,
@@ -326,7 +339,7 @@ pub fn xwt(
         residual.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         p.eps,
-        n,
+        rows,
         p.code,
         p.has_bias,
         has_residual,
@@ -334,7 +347,7 @@ pub fn xwt(
     Some(tensor(out))
 }
 
-/// The stacked q/k/v projection of a few rows (a decode step), its norm and bias applied, with
+/// The stacked q/k/v projection of a decode step's rows, its norm and bias applied, with
 /// RoPE and the KV write in the same launch: q's heads rotated (returned), k's rotated and v's
 /// copied into their cells of a layer's cache, in place ([`in_place`]). A quantized weight takes
 /// a launch a part, each part whole heads. `None`, nothing written, where it declines (what
@@ -342,7 +355,7 @@ pub fn xwt(
 /// a part that splits a head).
 ///
 /// # Shapes
-/// - x: [n ≤ 4, k] f32; w: [(heads + 2 · kv_heads) · d, k] f32, f16, bf16 or blocks; bias: that
+/// - x: [n ≤ [`crate::kernels::gpu_fused_rows`], k] f32; w: [(heads + 2 · kv_heads) · d, k] f32, f16, bf16 or blocks; bias: that
 ///   many f32
 /// - tables: [2, n, d/2] f32 (cos, sin); caches: [kv_heads, capacity, d] each; slots: \[n\] i32
 /// - returns q: [n, heads · d] f32
@@ -385,9 +398,10 @@ pub fn xwt_rope_kv(
     let slots = slots.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
     let q = empty(&p.x, [n, heads * d]);
     let pairs_per_cube = kernels::XWT_OUTS / 2;
+    let rows = p.cube_rows();
     let written = in_place(caches, |kc, vc| match source {
         Source::Dense(w) => {
-            let (count, dim) = cubes((width / 2).div_ceil(pairs_per_cube), kernels::XWT_UNITS);
+            let (count, dim) = p.grid((width / 2).div_ceil(pairs_per_cube));
             let w_dtype = w.dtype;
             let args =
                 (p.x.into_tensor_arg(), (*w).into_tensor_arg(), p.norm.into_tensor_arg(), p.bias.into_tensor_arg());
@@ -410,7 +424,7 @@ pub fn xwt_rope_kv(
                         vc.clone().into_tensor_arg(),
                         slots.into_tensor_arg(),
                         p.eps,
-                        n,
+                        rows,
                         p.code,
                         p.has_bias,
                         d,
@@ -426,8 +440,8 @@ pub fn xwt_rope_kv(
         Source::Blocks(parts) => {
             let mut head0 = 0;
             for (format, words) in parts {
-                let rows = words.meta.shape()[0];
-                let (count, dim) = cubes((rows / 2).div_ceil(pairs_per_cube), kernels::XWT_UNITS);
+                let part_rows = words.meta.shape()[0];
+                let (count, dim) = p.grid((part_rows / 2).div_ceil(pairs_per_cube));
                 launch_in!(
                     kc.dtype,
                     kernels::xwt_rope_kv_q,
@@ -445,13 +459,13 @@ pub fn xwt_rope_kv(
                     slots.clone().into_tensor_arg(),
                     p.eps,
                     head0,
-                    n,
+                    rows,
                     p.code,
                     p.has_bias,
                     d,
                     format,
                 );
-                head0 += rows / d;
+                head0 += part_rows / d;
             }
         }
     });
@@ -485,11 +499,11 @@ fn block_parts(parts: &[DeviceRows], k: usize) -> Option<Vec<(u32, CubeTensor)>>
         .collect()
 }
 
-/// `pre(x)·Wᵀ + b + residual` for a few rows (a decode step) with a quantized weight read in
-/// its blocks: one launch a part (stacked parts of different formats), each writing its columns.
+/// `pre(x)·Wᵀ + b + residual` for a decode step's rows with a quantized weight read in its
+/// blocks: one launch a part (stacked parts of different formats), each writing its columns.
 ///
 /// # Shapes
-/// x: [n ≤ 4, k] f32 ([n, 2k] under `Pre::SwiGlu`), parts: rows of k values stacked into
+/// x: [n ≤ [`crate::kernels::gpu_fused_rows`], k] f32 ([n, 2k] under `Pre::SwiGlu`), parts: rows of k values stacked into
 /// `out` rows, bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
 pub fn xwt_q(
     x: &Tensor<2>,
@@ -506,10 +520,11 @@ pub fn xwt_q(
     let parts = block_parts(parts, k)?;
     let out = empty(&p.x, [n, outs]);
     let client = p.x.client.clone();
+    let rows = p.cube_rows();
     let mut col0 = 0;
     for (format, words) in parts {
-        let rows = words.meta.shape()[0];
-        let (count, dim) = cubes(rows.div_ceil(kernels::XWT_OUTS), kernels::XWT_UNITS);
+        let part_rows = words.meta.shape()[0];
+        let (count, dim) = p.grid(part_rows.div_ceil(kernels::XWT_OUTS));
         kernels::xwt_q::launch(
             &client,
             count,
@@ -522,13 +537,13 @@ pub fn xwt_q(
             out.clone().into_tensor_arg(),
             p.eps,
             col0,
-            n,
+            rows,
             p.code,
             p.has_bias,
             has_residual,
             format,
         );
-        col0 += rows;
+        col0 += part_rows;
     }
     Some(tensor(out))
 }
