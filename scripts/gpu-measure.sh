@@ -107,6 +107,12 @@ for m in "${models[@]}"; do
     step "$name decode with Burn's ops alone"
     LLAISYS_GPU_KERNELS=off timeout 90 $BIN bench --model "$M" --device vulkan --only decode --runs 1 --decode-tokens 128
   fi
+  if [ "$type" = q4_k_m ] && [ "$shape" = qwen2.5-0.5b ]; then
+    # Quantized blocks: past the few-row products' rows, each product dequantizes its matrix.
+    step "$name throughput 16: the few-row products' 16 rows (the default), then 4 (past them, blocks dequantized each step)"
+    timeout 90 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16 --runs 1
+    LLAISYS_GPU_FUSED_ROWS=4 timeout 90 $BIN bench --model "$M" --device vulkan --only throughput --concurrency 16 --runs 1
+  fi
   if [ "$shape" = qwen3-moe-mini ]; then
     # 4 rows of 8 experts each are 32 pairs, at most one an expert: a pair at a time on the
     # device; 16 and 64 rows grouped by expert on the device (at most 16 pairs an expert).
