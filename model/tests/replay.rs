@@ -2,8 +2,8 @@
 //! give the logits the same steps give run plainly, across the changes a replayed step must
 //! follow: new token ids, positions and cells every step, six sequences in one step (two chunks
 //! of the few-row products' four rows a cube, the last partial; a quantized file's too), more
-//! than the few-row products take (Burn's matmul in the graph), a sequence's cells passing 64 and 128
-//! (a wider cell table: a new graph), a weight replaced (the graphs read the old one's buffer:
+//! than the few-row products take (Burn's matmul in the graph), a sequence's cells passing 64
+//! and 128 (a wider cell table: a new graph), a weight replaced (the graphs read the old one's buffer:
 //! they are dropped), sequences removed (two rows, then one). And they are replays: a replayed step launches nothing from the host, whichever
 //! thread runs it (each replayed step here runs on a thread of its own, as the server's steps
 //! run on the compute pool's threads: a model's device work stays on its one stream).
@@ -27,7 +27,7 @@ fn context(source: &ModelSource, step_graphs: bool, seqs: usize) -> Context {
     let device = test_device().parse::<llaisys_model::DeviceSpec>().unwrap().device().unwrap();
     let opts = LoadOptions { step_graphs, ..LoadOptions::default() };
     let model = load_model(None, Some(source), &opts, &device).unwrap();
-    Context::with_kv_dtype(model, 256 * seqs.max(6), KvDtype::F32)
+    Context::with_kv_dtype(model, 256 * seqs, KvDtype::F32)
 }
 
 /// One step of `rows` (sequence, token, position) with every row's logits: the logits, row by

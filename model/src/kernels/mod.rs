@@ -659,8 +659,8 @@ pub enum Pre<'a> {
     SwiGlu,
 }
 
-/// `pre(x)·Wᵀ + b + residual` for a decode step's rows (up to [`gpu_fused_rows`]) with a dense weight (f32, f16 or
-/// bf16, read in its own type): the GPU kernel on a CubeCL backend, one launch where Burn's
+/// `pre(x)·Wᵀ + b + residual` for a decode step's rows (up to [`gpu_fused_rows`]) with a dense
+/// weight (f32, f16 or bf16, read in its own type): the GPU kernel on a CubeCL backend, one launch where Burn's
 /// ops take the norm or the gate, the casts, the product, the bias and the sum (the CPU's
 /// products are the weights' own).
 ///

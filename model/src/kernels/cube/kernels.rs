@@ -442,8 +442,9 @@ fn xwt_column<W: Float>(
 
 /// `y = pre(x)·Wᵀ + b + residual` for a decode step's rows, [`XWT_OUTS`] output columns of
 /// [`XWT_ROWS`] rows a cube ([`xwt_column`], [`product_cube`]; `rows`: the chunks' rows, fewer
-/// than [`XWT_ROWS`] only where x has no more). The weight is read in its own type (f32, f16, bf16) and widened: no
-/// cast of x or of the product, no separate norm, gate, bias or residual kernel.
+/// than [`XWT_ROWS`] only where x has no more). The weight is read in its own type (f32, f16,
+/// bf16) and widened: no cast of x or of the product, no separate norm, gate, bias or residual
+/// kernel.
 ///
 /// On an H100 (demo shape, bf16) the first version, one column per 128-unit cube with a
 /// cube-wide reduction per row and per column, spent its time in barriers; this one took the
@@ -513,8 +514,8 @@ fn store_column(
 }
 
 /// The stacked q/k/v projection of a decode step's rows with RoPE and the KV write in the
-/// same launch ([`XWT_ROWS`] rows a cube, as [`xwt`]): [`xwt_column`]'s product (with the attention norm and the bias), each cube's
-/// [`XWT_OUTS`] columns being four rotary pairs (column i of a head and column i + d/2, groups
+/// same launch ([`XWT_ROWS`] rows a cube, as [`xwt`]): [`xwt_column`]'s product (with the
+/// attention norm and the bias), each cube's [`XWT_OUTS`] columns being four rotary pairs (column i of a head and column i + d/2, groups
 /// g and g + 4), so the first unit of group g < 4 holds both halves of a pair and writes q's
 /// heads rotated into `q_out`, k's rotated and v's as they are into their cells of a layer's
 /// cache (`cache[h, slots[t], i]`, in the cache's type), as [`rope_kv`] does after the plain
@@ -575,8 +576,9 @@ fn pair_owner() -> bool {
 }
 
 /// The rotary pair (i, i + d/2) of head `head` of rows `row0..row0 + rows` (those slots has)
-/// from the sums a product left in `shared` ([`xwt_rope_kv`]'s layout: this unit's group holds column i, the group
-/// `XWT_OUTS / 2` further on column i + d/2), plus their bias, stored by [`rotate_store`].
+/// from the sums a product left in `shared` ([`xwt_rope_kv`]'s layout: this unit's group holds
+/// column i, the group `XWT_OUTS / 2` further on column i + d/2), plus their bias, stored by
+/// [`rotate_store`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn rotate_columns<C: Float>(
