@@ -11,11 +11,28 @@ XDG_RUNTIME_DIR="$(mktemp -d)"
 export XDG_RUNTIME_DIR
 # One build for both packages (the wgpu stack takes most of it).
 wgpu_tests=(cargo test -p llaisys-model -p llaisys-server --features llaisys-model/wgpu,llaisys-server/wgpu)
-# One test at a time: wgpu's GL backend keeps one EGL context behind a lock that panics after
-# waiting 6 s ("Could not lock adapter context"), and on llvmpipe a test in another thread can
-# hold it that long (a fresh-clone run failed so once); the context serialises their GPU work
-# anyway.
-"${wgpu_tests[@]}" --test parity --test kv_cache --test launches --test layer_kernels --test replay --test streams --test cli -- --test-threads 1
+# One test at a time in a process: wgpu's GL backend keeps one EGL context behind a lock that
+# panics after waiting 6 s ("Could not lock adapter context"), and on llvmpipe a test in another
+# thread can hold it that long (a fresh-clone run failed so once); the context serialises their
+# GPU work anyway.
+"${wgpu_tests[@]}" --no-run
+# Two processes side by side, one a core: on llvmpipe these tests spend most of their time
+# compiling shaders (LLVM, on the thread that launches the kernel; 14 of the 22 minutes a fresh
+# run took here were layer_kernels'), and Mesa's shader cache is shared between processes. The
+# quantized products (the slowest test) and the replays run beside the rest.
+one=("${wgpu_tests[@]}" --test layer_kernels -- --test-threads 1 quantized_products)
+two=("${wgpu_tests[@]}" --test replay -- --test-threads 1)
+lane=$(mktemp)
+("${one[@]}" && "${two[@]}") > "$lane" 2>&1 &
+beside=$!
+status=0
+"${wgpu_tests[@]}" --test layer_kernels -- --test-threads 1 --skip quantized_products || status=1
+"${wgpu_tests[@]}" --test parity --test kv_cache --test launches --test streams --test cli -- --test-threads 1 ||
+  status=1
+wait "$beside" || status=1
+echo "== beside them: layer_kernels' quantized products, then the replays"
+cat "$lane"
+[ "$status" = 0 ]
 # The demo model's GGUF, where scripts/test-demo-model.sh fetched it (CI runs that first): its
 # embedding and output matrix are larger than llvmpipe's largest buffer.
 demo=models/qwen2.5-coder-0.5b-instruct.gguf
