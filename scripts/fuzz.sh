@@ -36,7 +36,7 @@ echo "== the stable driver: ${targets[*]} for $seconds s each"
 # so it resolves other features and builds most of the tree again (6m43s in a fresh-clone run).
 cargo test --workspace --no-run
 # One target a core at a time (the driver runs on one thread); each one's report printed whole
-# when it ends.
+# when it ends. `running` holds a (pid, target) pair a job, oldest first.
 logs=$(mktemp -d)
 running=()
 status=0
