@@ -15,7 +15,10 @@ wgpu_tests=(cargo test -p llaisys-model -p llaisys-server --features llaisys-mod
 # panics after waiting 6 s ("Could not lock adapter context"), and on llvmpipe a test in another
 # thread can hold it that long (a fresh-clone run failed so once); the context serialises their
 # GPU work anyway.
-"${wgpu_tests[@]}" --no-run
+# Only the test binaries run below (the packages' others, their unit tests and examples took
+# about 3 CPU minutes more to build, the model's unit tests last of all).
+"${wgpu_tests[@]}" --test layer_kernels --test replay --test parity --test kv_cache --test launches \
+  --test streams --test cli --no-run
 # Two processes side by side, one a core: on llvmpipe these tests spend most of their time
 # compiling shaders (LLVM, on the thread that launches the kernel; 14 of the 22 minutes a fresh
 # run took here were layer_kernels'), and Mesa's shader cache is shared between processes. The
