@@ -24,7 +24,7 @@ def unit_graph(args):
     env = dict(os.environ, RUSTC_BOOTSTRAP="1")
     out = subprocess.run(
         ["cargo", "test", "--no-run", "-Z", "unstable-options", "--unit-graph", *args],
-        env=env, check=True, capture_output=True, text=True,
+        env=env, check=True, stdout=subprocess.PIPE, text=True,
     ).stdout
     return json.loads(out)["units"]
 

@@ -17,8 +17,8 @@ wgpu_tests=(cargo test -p llaisys-model -p llaisys-server --features llaisys-mod
 # GPU work anyway.
 # Only the test binaries run below (the packages' others, their unit tests and examples took
 # about 3 CPU minutes more to build, the model's unit tests last of all).
-"${wgpu_tests[@]}" --test layer_kernels --test replay --test parity --test kv_cache --test launches \
-  --test streams --test cli --no-run
+rest=(--test parity --test kv_cache --test launches --test streams --test cli)
+"${wgpu_tests[@]}" --test layer_kernels --test replay "${rest[@]}" --no-run
 # Two processes side by side, one a core: on llvmpipe these tests spend most of their time
 # compiling shaders (LLVM, on the thread that launches the kernel; 14 of the 22 minutes a fresh
 # run took here were layer_kernels'), and Mesa's shader cache is shared between processes. The
@@ -30,8 +30,7 @@ lane=$(mktemp)
 beside=$!
 status=0
 "${wgpu_tests[@]}" --test layer_kernels -- --test-threads 1 --skip quantized_products || status=1
-"${wgpu_tests[@]}" --test parity --test kv_cache --test launches --test streams --test cli -- --test-threads 1 ||
-  status=1
+"${wgpu_tests[@]}" "${rest[@]}" -- --test-threads 1 || status=1
 wait "$beside" || status=1
 echo "== beside them: layer_kernels' quantized products, then the replays"
 cat "$lane"
