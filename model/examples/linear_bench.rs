@@ -46,7 +46,7 @@ fn main() {
                             drop(x.clone().cast(dtype).matmul(w.clone().transpose()).cast(FloatDType::F32).into_data())
                         }) * 1e3
                     }
-                    Matrix::Packed(_) | Matrix::Blocks(..) => f64::NAN,
+                    Matrix::Packed(_) | Matrix::Blocks(..) | Matrix::DenseParts(_) => f64::NAN,
                 };
                 println!(
                     "{out:>8} {input:>6} {n:>6} {kind:>5}  {:>10.3} {:>8.1} {:>8.1}  {plain:>10.3}",

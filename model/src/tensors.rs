@@ -196,7 +196,8 @@ pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device:
     };
     let packing = |e: crate::quant::PackError| LoadError::Tensor { name: name.into(), reason: e.to_string() };
     let weight = match storage {
-        Storage::Dense(dtype) => linear::dense(Tensor::from_data(src.data(name, dtype)?, (device, dtype))),
+        // A matrix larger than the device's largest buffer goes in parts.
+        Storage::Dense(dtype) => linear::dense_fitting(src.data(name, dtype)?, dtype, device),
         Storage::Packed(q) => match src.blocks(name) {
             Some((stored, bytes)) if stored == q => {
                 linear::packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, &bytes).map_err(packing)?))
@@ -274,12 +275,7 @@ pub fn load_experts(
             let data = src.data(name, dtype)?;
             split(data.as_bytes())
                 .into_iter()
-                .map(|bytes| {
-                    linear::dense(Tensor::from_data(
-                        TensorData::from_bytes_vec(bytes, [rows, k], dtype),
-                        (device, dtype),
-                    ))
-                })
+                .map(|bytes| linear::dense_fitting(TensorData::from_bytes_vec(bytes, [rows, k], dtype), dtype, device))
                 .collect()
         }
         Storage::Packed(q) => match src.blocks(name) {

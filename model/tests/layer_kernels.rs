@@ -295,6 +295,55 @@ fn few_row_products_match_a_reference() {
     }
 }
 
+/// A dense matrix kept in row parts (as one larger than its GPU's largest buffer is) multiplies,
+/// gathers rows and takes replaced rows as the same matrix kept whole: parts of 10 rows with a
+/// partial last one, rows looked up across them out of order and twice, a replacement that
+/// spans three parts, and a stack with a matrix kept whole.
+#[test]
+fn a_dense_matrix_in_parts_works_as_one() {
+    use llaisys_model::layers::{Linear, Pre, Weight, linear};
+    let (_, device) = device();
+    let (k, outs) = (300, 37);
+    let w = values(outs * k, 31, 0.5);
+    let data = || TensorData::new(w.clone(), [outs, k]);
+    let whole = linear::dense_parts(data(), DType::F32, &device, outs);
+    let parts = linear::dense_parts(data(), DType::F32, &device, 10);
+    assert_eq!((whole.describe(), parts.describe()), ("f32".to_string(), "f32 in 4 parts".to_string()));
+    assert_eq!(parts.dims(), [outs, k]);
+    let norm = RmsNorm { weight: Tensor::from_data(TensorData::new(values(k, 33, 1.5), [k]), &device), eps: 1e-6 };
+    let check = |whole: &Weight, parts: &Weight, what: &str| {
+        let outs = whole.dims()[0];
+        let bias = Tensor::<1>::from_data(TensorData::new(values(outs, 32, 1.0), [outs]), &device);
+        for n in [1, 3, 9] {
+            let x = Tensor::<2>::from_data(TensorData::new(values(n * k, n as u32, 2.0), [n, k]), &device);
+            for pre in [Pre::Plain, norm.pre()] {
+                let layer = |weight: &Weight| Linear { weight: weight.clone(), bias: Some(bias.clone()) };
+                let want: Vec<f64> =
+                    host(layer(whole).forward_with(x.clone(), pre, None)).iter().map(|&v| v as f64).collect();
+                let got = host(layer(parts).forward_with(x.clone(), pre, None));
+                assert_close(&got, &want, 1e-5, &format!("{what}: {n} rows"));
+            }
+        }
+        let ids = [36, 0, 10, 9, 20, 36, 19, 30];
+        let (got, want) = (host(parts.rows(&ids, &device)), host(whole.rows(&ids, &device)));
+        assert_eq!(got.len(), ids.len() * k, "{what}: rows {ids:?}");
+        for (i, id) in ids.iter().enumerate() {
+            assert!(got[i * k..(i + 1) * k] == want[i * k..(i + 1) * k], "{what}: row {id} (lookup {i}) differs");
+        }
+    };
+    check(&whole, &parts, "as loaded");
+    // Rows 8..23 replaced: the end of the first part, all of the second, the start of the third.
+    let new = values(15 * k, 34, 0.5);
+    let replace = |weight| linear::replace_rows(weight, 8..23, TensorData::new(new.clone(), [15, k]), &device);
+    let (whole, parts) = (replace(&whole), replace(&parts));
+    assert_eq!(parts.describe(), "f32 in 4 parts");
+    check(&whole, &parts, "with rows replaced");
+    let more = linear::dense_parts(TensorData::new(values(5 * k, 35, 0.5), [5, k]), DType::F32, &device, 5);
+    let (whole, parts) = (linear::stack(vec![whole, more.clone()]), linear::stack(vec![parts, more]));
+    assert_eq!(parts.dims(), [outs + 5, k]);
+    check(&whole, &parts, "stacked");
+}
+
 /// Attention over a layer's whole cache through each row's visible cells (out of order, shared
 /// between rows, one cell alone, more cells than a cube has units, and rows long enough for the
 /// GPU kernel to split them over several cubes beside rows with none in the later splits), as

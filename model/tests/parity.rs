@@ -249,3 +249,36 @@ fn the_demo_model_prefill_rows_agree_with_a_decode_step() {
     assert!(diff <= tol * range, "{spec}: {diff} apart, over {tol} of the logits' range {range}");
     assert_eq!(llaisys_model::argmax(&all_rows), llaisys_model::argmax(&last_row));
 }
+
+/// The demo model's GGUF dequantized to f32 (`--dtype f32`) on a GPU device agrees with the
+/// same on the CPU: dense, its embedding and output matrix (544 MB) are larger than llvmpipe's
+/// largest buffer (128 MiB), so that device keeps them in row parts (a product a part, a row
+/// lookup across them), in prefill, in decode steps and in their replays. The prompt's last
+/// logits agree within f32 rounding, and so do five greedy tokens.
+#[test]
+#[ignore = "needs the demo model and a GPU device: scripts/test-wgpu.sh runs it on llvmpipe"]
+fn gpu_demo_model_in_f32_agrees_with_the_cpu() {
+    let spec = test_device().parse::<DeviceSpec>().unwrap();
+    assert_ne!(spec, DeviceSpec::Cpu, "run it on a GPU device (LLAISYS_TEST_DEVICE)");
+    let path = std::path::PathBuf::from(llaisys_tests::demo_model());
+    let options = LoadOptions { weight_dtype: llaisys_model::WeightDtype::F32, ..LoadOptions::default() };
+    let prompt = [785u32, 6722, 315, 9625, 374, 12095, 13];
+    let run = |device: &Device| {
+        let model = load_model(None, Some(&ModelSource::Gguf(path.clone())), &options, device).unwrap();
+        let mut ctx = Context::with_kv_dtype(model, 64, KvDtype::F32);
+        let mut batch = Batch::new();
+        for (i, &t) in prompt.iter().enumerate() {
+            batch.push(t, i as i64, &[0], i + 1 == prompt.len());
+        }
+        ctx.decode(&batch).unwrap();
+        let logits = ctx.outputs().logits_ith(prompt.len() - 1).unwrap().to_vec();
+        (logits, greedy(&mut ctx, 1, &prompt, 5, &[]).unwrap().tokens)
+    };
+    let (want, want_ids) = run(&Device::flex());
+    let (got, got_ids) = run(&device());
+    let range = want.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v.abs()));
+    let diff = max_abs_diff(&got, &want);
+    eprintln!("{spec}: the prompt's last logits {diff} from the CPU's, of {range}; greedy {got_ids:?}");
+    assert!(diff <= 1e-4 * range, "{spec}: {diff} from the CPU's logits, over 1e-4 of their range {range}");
+    assert_eq!(got_ids, want_ids, "{spec}: greedy tokens");
+}

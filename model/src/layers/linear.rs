@@ -1,10 +1,11 @@
 //! A linear layer `y = x·Wᵀ + b` over a weight matrix that is one trait, `LinearWeight`, chosen at
 //! load for the weight's storage and device (as mistral.rs's `QuantMethod`): dense on the CPU
 //! backend (our few-row kernels, the backend's GEMM for many rows), dense on any other Burn
-//! backend (a GPU), packed-quantized (the CPU's quantized kernels), or quantized in its ggml
-//! blocks on a GPU (`quant::device`). Each implementation picks its
-//! kernel when it is made, not per call, and counts the products it runs by kernel
-//! (`kernels::calls`), so which kernel ran is observable in `/metrics` and asserted in tests.
+//! backend (a GPU; in row parts where it passes the device's largest buffer), packed-quantized
+//! (the CPU's quantized kernels), or quantized in its ggml blocks on a GPU (`quant::device`).
+//! Each implementation picks its kernel when it is made, not per call, and counts the products
+//! it runs by kernel (`kernels::calls`), so which kernel ran is observable in `/metrics` and
+//! asserted in tests.
 
 use std::fmt;
 use std::ops::Range;
@@ -85,6 +86,9 @@ pub trait LinearWeight: fmt::Debug + Send + Sync {
 pub enum Matrix<'a> {
     /// A Burn tensor (f32, f16 or bf16) on its device.
     Dense(&'a Tensor<2>),
+    /// A dense matrix larger than its device's largest buffer: row parts that fit it, stacked in
+    /// order.
+    DenseParts(&'a [Tensor<2>]),
     /// Quantized blocks in the layout the CPU kernels stream.
     Packed(&'a Arc<PackedMatrix>),
     /// Quantized blocks on a GPU, in parts of one format each (stacked in order), and the dense
@@ -98,7 +102,7 @@ impl<'a> Matrix<'a> {
         match self {
             Matrix::Dense(w) => Some(kernels::GpuWeight::Dense(w)),
             Matrix::Blocks(parts, _) => Some(kernels::GpuWeight::Blocks(parts)),
-            Matrix::Packed(_) => None,
+            Matrix::Packed(_) | Matrix::DenseParts(_) => None,
         }
     }
 }
@@ -113,6 +117,79 @@ pub fn dense(w: Tensor<2>) -> Weight {
         bf16dot: kernels::bf16dot_outpaces_fma(),
     });
     Arc::new(Dense { w, cpu })
+}
+
+/// A dense matrix of `dtype` on `device` from `data` ([out, in], any float type): one tensor
+/// where it fits the device's largest buffer, else in row parts that do ([`dense_parts`]).
+pub fn dense_fitting(data: TensorData, dtype: DType, device: &Device) -> Weight {
+    let row = (data.shape()[1] * dtype.size()).max(1) as u64;
+    let rows = usize::try_from(kernels::buffer_limit(device) / row).unwrap_or(usize::MAX).max(1);
+    dense_parts(data, dtype, device, rows)
+}
+
+/// A dense matrix of `dtype` on `device` from `data` ([out, in], any float type), in parts of at
+/// most `rows` rows: one tensor where the matrix has no more.
+pub fn dense_parts(data: TensorData, dtype: DType, device: &Device, rows: usize) -> Weight {
+    let out = data.shape()[0];
+    if out <= rows {
+        return dense(Tensor::from_data(data, (device, dtype)));
+    }
+    let parts = (0..out)
+        .step_by(rows.max(1))
+        .map(|start| Tensor::from_data(data_rows(&data, start..(start + rows).min(out)), (device, dtype)))
+        .collect();
+    in_parts(parts)
+}
+
+/// Rows `rows` of a matrix's values ([out, in]).
+fn data_rows(data: &TensorData, rows: Range<usize>) -> TensorData {
+    let k = data.shape()[1];
+    let width = k * data.dtype().size();
+    let bytes = data.as_bytes()[rows.start * width..rows.end * width].to_vec();
+    TensorData::from_bytes_vec(bytes, [rows.len(), k], data.dtype())
+}
+
+/// Dense row parts stacked in order as one weight (the one part's own weight where there is one).
+fn in_parts(mut tensors: Vec<Tensor<2>>) -> Weight {
+    if tensors.len() == 1 {
+        return dense(tensors.remove(0));
+    }
+    let parts = tensors.iter().map(|t| dense(t.clone())).collect();
+    Arc::new(DenseParts { tensors, parts })
+}
+
+/// Dense matrices of one width stacked row-wise: one tensor where the stack fits the device's
+/// largest buffer, else neighbours joined into parts that do.
+fn stacked_dense(pieces: Vec<Tensor<2>>) -> Weight {
+    let limit = kernels::buffer_limit(&pieces[0].device());
+    let bytes = |t: &Tensor<2>| (t.shape().num_elements() * t.dtype().size()) as u64;
+    let mut groups: Vec<(u64, Vec<Tensor<2>>)> = Vec::new();
+    for t in pieces {
+        match groups.last_mut() {
+            Some((size, group)) if *size + bytes(&t) <= limit => {
+                *size += bytes(&t);
+                group.push(t);
+            }
+            _ => groups.push((bytes(&t), vec![t])),
+        }
+    }
+    in_parts(groups.into_iter().map(|(_, g)| if g.len() == 1 { g[0].clone() } else { Tensor::cat(g, 0) }).collect())
+}
+
+/// A dense weight's tensors, in row order (`None` for quantized weights).
+fn dense_pieces(w: &Weight) -> Option<Vec<Tensor<2>>> {
+    match w.matrix() {
+        Matrix::Dense(t) => Some(vec![t.clone()]),
+        Matrix::DenseParts(parts) => Some(parts.to_vec()),
+        Matrix::Packed(_) | Matrix::Blocks(..) => None,
+    }
+}
+
+/// Ids for a row lookup on `device`.
+fn ids_on(ids: &[u32], device: &Device) -> Tensor<1, Int> {
+    let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    let n = ids.len();
+    crate::transfers::upload(TensorData::new(ids, [n]), device)
 }
 
 /// A packed quantized matrix's weight (the CPU backend), on the fastest kernel this CPU runs.
@@ -292,10 +369,7 @@ impl LinearWeight for Dense {
     }
 
     fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2> {
-        let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
-        let n = ids.len();
-        let ids: Tensor<1, Int> = crate::transfers::upload(TensorData::new(ids, [n]), device);
-        self.rows_at(&ids).expect("a dense weight gathers its rows")
+        self.rows_at(&ids_on(ids, device)).expect("a dense weight gathers its rows")
     }
 
     fn rows_at(&self, ids: &Tensor<1, Int>) -> Option<Tensor<2>> {
@@ -326,6 +400,82 @@ impl LinearWeight for Dense {
 
     fn matrix(&self) -> Matrix<'_> {
         Matrix::Dense(&self.w)
+    }
+}
+
+/// A dense matrix on a GPU larger than the device's largest buffer, in row parts that fit it
+/// (Qwen's embedding and output matrix in f32, 544 MB, on Mesa's llvmpipe, whose buffers hold
+/// 128 MiB): a product a part, their outputs side by side; a row lookup gathers from every part
+/// and keeps each row from the part that holds it.
+#[derive(Debug)]
+struct DenseParts {
+    tensors: Vec<Tensor<2>>,
+    /// Each of `tensors` as a weight (sharing its buffer).
+    parts: Vec<Weight>,
+}
+
+impl LinearWeight for DenseParts {
+    fn dims(&self) -> [usize; 2] {
+        [self.parts.iter().map(|p| p.dims()[0]).sum(), self.parts[0].dims()[1]]
+    }
+
+    fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
+        let outputs: Vec<Tensor<2>> = self.parts.iter().map(|p| p.forward(x.clone(), None)).collect();
+        outputs.iter().for_each(kernels::graph::hold);
+        let y = Tensor::cat(outputs, 1);
+        kernels::graph::hold(&y);
+        add_bias(y, bias)
+    }
+
+    fn rows(&self, ids: &[u32], device: &Device) -> Tensor<2> {
+        self.rows_at(&ids_on(ids, device)).expect("dense parts gather their rows")
+    }
+
+    fn rows_at(&self, ids: &Tensor<1, Int>) -> Option<Tensor<2>> {
+        use kernels::graph::hold;
+        let ([n], k) = (ids.dims(), self.dims()[1]);
+        let mut out: Option<Tensor<2>> = None;
+        let mut start = 0i64;
+        for part in &self.parts {
+            let len = part.dims()[0] as i64;
+            // Every id's row of this part, clamped into it; kept where the id is in the part.
+            let shifted = ids.clone().sub_scalar(start);
+            hold(&shifted);
+            let local = shifted.clamp(0, len - 1);
+            hold(&local);
+            let rows = part.rows_at(&local)?;
+            out = Some(match out {
+                None => rows,
+                Some(out) => {
+                    let (from, below) = (ids.clone().greater_equal_elem(start), ids.clone().lower_elem(start + len));
+                    hold(&from);
+                    hold(&below);
+                    let inside = from.bool_and(below);
+                    hold(&inside);
+                    let kept = out.mask_where(inside.unsqueeze_dim::<2>(1).expand([n, k]), rows);
+                    hold(&kept);
+                    kept
+                }
+            });
+            start += len;
+        }
+        out
+    }
+
+    fn kernel(&self) -> &'static str {
+        self.parts[0].kernel()
+    }
+
+    fn describe(&self) -> String {
+        format!("{} in {} parts", self.parts[0].describe(), self.parts.len())
+    }
+
+    fn size_bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.size_bytes()).sum()
+    }
+
+    fn matrix(&self) -> Matrix<'_> {
+        Matrix::DenseParts(&self.tensors)
     }
 }
 
@@ -501,15 +651,9 @@ const FALLBACK_QUANT: QuantType = QuantType::Q8_0;
 /// tensor; packed ones keep their formats as parts, and so do blocks on a GPU; a dense matrix
 /// stacked with quantized ones is quantized to Q8_0.
 pub fn stack(weights: Vec<Weight>) -> Weight {
-    let dense: Option<Vec<Tensor<2>>> = weights
-        .iter()
-        .map(|w| match w.matrix() {
-            Matrix::Dense(t) => Some(t.clone()),
-            _ => None,
-        })
-        .collect();
+    let dense: Option<Vec<Vec<Tensor<2>>>> = weights.iter().map(dense_pieces).collect();
     if let Some(dense) = dense {
-        return self::dense(Tensor::cat(dense, 0));
+        return stacked_dense(dense.concat());
     }
     let on_gpu = weights.iter().find_map(|w| match w.matrix() {
         Matrix::Blocks(_, dtype) => Some(dtype),
@@ -521,6 +665,11 @@ pub fn stack(weights: Vec<Weight>) -> Weight {
             .map(|w| match w.matrix() {
                 Matrix::Blocks(parts, _) => Some(parts.to_vec()),
                 Matrix::Dense(t) => device_rows(t.clone(), FALLBACK_QUANT, dtype),
+                Matrix::DenseParts(ts) => ts
+                    .iter()
+                    .map(|t| device_rows(t.clone(), FALLBACK_QUANT, dtype))
+                    .collect::<Option<Vec<_>>>()
+                    .map(|parts| parts.concat()),
                 Matrix::Packed(_) => None,
             })
             .collect::<Option<Vec<_>>>()
@@ -528,13 +677,13 @@ pub fn stack(weights: Vec<Weight>) -> Weight {
         return match parts {
             Some(parts) => blocks(merged(parts, dtype), dtype),
             // A dense part whose rows are not whole Q8_0 blocks: all of it dense.
-            None => self::dense(Tensor::cat(weights.iter().map(|w| dense_of(w, dtype)).collect(), 0)),
+            None => stacked_dense(weights.iter().map(|w| dense_of(w, dtype)).collect()),
         };
     }
     let parts = weights.iter().map(|w| match w.matrix() {
         Matrix::Packed(p) => PackedMatrix::clone(p),
         Matrix::Dense(t) => quantize_dense(t.clone(), FALLBACK_QUANT),
-        Matrix::Blocks(..) => unreachable!("blocks were stacked above"),
+        Matrix::Blocks(..) | Matrix::DenseParts(_) => unreachable!("a GPU's matrices were stacked above"),
     });
     packed(Arc::new(PackedMatrix::stack(parts.collect()).expect("stacked weights share their input width")))
 }
@@ -595,7 +744,8 @@ pub fn row_view(stack: &Weight, rows: Range<usize>) -> Weight {
 /// quantized in the format of its first part (packed, or blocks on a GPU).
 pub fn like(like: &Weight, data: TensorData, device: &Device) -> Weight {
     match like.matrix() {
-        Matrix::Dense(w) => dense(Tensor::from_data(data, (device, w.dtype()))),
+        Matrix::Dense(w) | Matrix::DenseParts([w, ..]) => dense_fitting(data, w.dtype(), device),
+        Matrix::DenseParts([]) => unreachable!("dense parts are at least two"),
         Matrix::Packed(w) => {
             let ty = w.formats().first().map_or(FALLBACK_QUANT, |(q, _)| *q);
             packed(Arc::new(quantize_dense(Tensor::from_data(data, device), ty)))
@@ -649,6 +799,20 @@ pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &D
         Matrix::Dense(t) => {
             let all = 0..t.dims()[1];
             dense(t.clone().slice_assign([rows, all], Tensor::from_data(data, (device, t.dtype()))))
+        }
+        Matrix::DenseParts(parts) => {
+            let mut start = 0;
+            let parts = parts.iter().map(|t| {
+                let span = start..start + t.dims()[0];
+                start = span.end;
+                let (from, to) = (rows.start.max(span.start), rows.end.min(span.end));
+                if from >= to {
+                    return t.clone();
+                }
+                let new = Tensor::from_data(data_rows(&data, from - rows.start..to - rows.start), (device, t.dtype()));
+                t.clone().slice_assign([from - span.start..to - span.start, 0..t.dims()[1]], new)
+            });
+            in_parts(parts.collect())
         }
         Matrix::Packed(p) => {
             let (mut start, mut ty) = (0, FALLBACK_QUANT);
@@ -724,6 +888,9 @@ fn merged(parts: Vec<DeviceRows>, dense: DType) -> Vec<DeviceRows> {
 fn dense_of(w: &Weight, dtype: DType) -> Tensor<2> {
     match w.matrix() {
         Matrix::Dense(t) => t.clone().cast(FloatDType::from(dtype)),
+        Matrix::DenseParts(parts) => {
+            Tensor::cat(parts.iter().map(|t| t.clone().cast(FloatDType::from(dtype))).collect(), 0)
+        }
         Matrix::Blocks(parts, _) => dequantized(parts, dtype),
         Matrix::Packed(_) => unreachable!("packed matrices are the CPU's, blocks a GPU's"),
     }
