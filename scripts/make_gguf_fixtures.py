@@ -11,6 +11,9 @@
 - tiny-kquant.gguf: a tiny random Qwen2 with 256-wide rows (K-quants need multiples of 256),
   quantized to Q4_K_M by llama.cpp's llama-quantize (set LLAMA_QUANTIZE, default
   $PEER/bin/llama-quantize from ../shared/peer/llamacpp.sh).
+- kquants.gguf: two matrices of tiny-kquant's f32 model (`<name>`, f32) and the same matrices as
+  llama-quantize makes them in Q4_K, Q5_K and Q6_K (`<name>.Q4_K`, ...; `--pure`, no importance
+  matrix), for comparing llaisys's K-quant quantizer with llama.cpp's.
 - unsupported-type.gguf: tiny-tied with one matrix in IQ4_NL (the files of other families and
   architectures are scripts/make_family_fixtures.py's).
 - reference.json: for every model file, per prompt, the token ids, the last position's logits
@@ -290,6 +293,7 @@ def main():
     write_model(f32_path, kcfg, kt, T.F32)
     subprocess.run([quantizer, f32_path, os.path.join(OUT, "tiny-kquant.gguf"), "Q4_K_M"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    write_kquants(os.path.join(OUT, "kquants.gguf"), f32_path, quantizer)
     os.remove(f32_path)
     models["tiny-kquant"] = "tiny-kquant.gguf"
     # One matrix in a type llaisys does not load.
@@ -303,6 +307,28 @@ def main():
     json.dump(refs, open(os.path.join(OUT, "reference.json"), "w"), indent=0)
     for name, r in refs.items():
         print(name, "min margin", min(p["min_margin"] for p in r["prompts"]))
+
+
+def write_kquants(path, f32_path, quantizer):
+    """Two matrices of the f32 model at `f32_path`, and as llama-quantize makes them in each K-quant."""
+    names = ["blk.0.attn_k.weight", "blk.1.attn_v.weight"]
+    f32 = {t.name: np.array(t.data) for t in GGUFReader(f32_path).tensors if t.name in names}
+    w = GGUFWriter(path, "kquants")
+    for name in names:
+        w.add_tensor(name, f32[name].astype(np.float32))
+    for qtype in [T.Q4_K, T.Q5_K, T.Q6_K]:
+        out = f32_path + "." + qtype.name
+        subprocess.run([quantizer, "--pure", f32_path, out, qtype.name], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for t in GGUFReader(out).tensors:
+            if t.name in names:
+                assert t.tensor_type == qtype, (t.name, t.tensor_type)
+                w.add_tensor(f"{t.name}.{qtype.name}", np.array(t.data), raw_dtype=qtype)
+        os.remove(out)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def patch_type(path, name, qtype, arr):

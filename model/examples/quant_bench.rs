@@ -1,5 +1,5 @@
-//! Times the quantized x·Wᵀ on weights in a GGUF file's block formats (K-quants included, which
-//! cannot be made by quantizing at load) at a real model's shapes, and reports the bytes streamed
+//! Times the quantized x·Wᵀ on weights in a GGUF file's block formats (K-quants included; random
+//! blocks, not quantized values) at a real model's shapes, and reports the bytes streamed
 //! per second, to compare with the machine's memory bandwidth.
 //! `cargo run --release -p llaisys-model --example quant_bench [rows,rows,...] [hidden,inter,vocab]
 //! [TYPE,TYPE,...]` (default rows 1,4,16,512 at Qwen2.5-1.5B's shape 1536,8960,151936, types

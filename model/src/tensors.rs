@@ -160,12 +160,13 @@ impl WeightDtype {
             // A GPU without its kernels (`LLAISYS_GPU_KERNELS=off`): dequantized to 16 bits
             // where it can.
             (Self::Auto, Stored::Quant(_)) => Storage::Dense(float_on(device, &[DType::F16])),
-            (Self::Quant(q), stored) => {
-                if stored != Stored::Quant(q) && q.is_k() {
-                    return bad(format!(
-                        "{q} cannot be made at load (quantizing at load makes Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1)"
-                    ));
-                }
+            (Self::Quant(q), _) => {
+                // A K-quant's rows are 256-value blocks; a tensor whose rows are not takes the
+                // 32-value format llama.cpp falls back to for it.
+                let q = match q.k_fallback() {
+                    Some(fallback) if !q.fits_row(k) => fallback,
+                    _ => q,
+                };
                 if !q.fits_row(k) {
                     return bad(format!(
                         "{q} stores rows in blocks of {} values; this tensor's rows have {k}",
@@ -229,8 +230,10 @@ fn f32_values(src: &dyn TensorSource, name: &str) -> Result<Vec<f32>, LoadError>
 /// Tensor `name` quantized to `q` on the host (ggml's blocks).
 fn quantized(src: &dyn TensorSource, name: &str, q: QuantType) -> Result<Vec<u8>, LoadError> {
     let mut bytes = Vec::new();
-    quant::quantize(q, &f32_values(src, name)?, &mut bytes)
-        .ok_or_else(|| LoadError::Tensor { name: name.into(), reason: format!("{q} cannot be made at load") })?;
+    quant::quantize(q, &f32_values(src, name)?, &mut bytes).ok_or_else(|| LoadError::Tensor {
+        name: name.into(),
+        reason: format!("its values are not whole {q} blocks"),
+    })?;
     Ok(bytes)
 }
 

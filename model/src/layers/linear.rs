@@ -643,8 +643,7 @@ impl LinearWeight for Blocks {
     }
 }
 
-/// Quantized format for a dense part stacked with packed ones, or for replacing rows of a
-/// K-quant part (K-quants are not made at load).
+/// Quantized format for a dense part stacked with quantized ones.
 const FALLBACK_QUANT: QuantType = QuantType::Q8_0;
 
 /// The matrices stacked row-wise (one product per shared input). Dense ones stay one dense
@@ -750,21 +749,17 @@ pub fn like(like: &Weight, data: TensorData, device: &Device) -> Weight {
             let ty = w.formats().first().map_or(FALLBACK_QUANT, |(q, _)| *q);
             packed(Arc::new(quantize_dense(Tensor::from_data(data, device), ty)))
         }
-        Matrix::Blocks(parts, dtype) => {
-            let t = Tensor::from_data(data, (device, DType::F32));
-            match device_rows(t.clone(), parts[0].ty, dtype) {
-                Some(parts) => blocks(parts, dtype),
-                None => dense(t.cast(FloatDType::from(dtype))),
-            }
-        }
+        Matrix::Blocks(parts, dtype) => match host_blocks(&data, parts[0].ty, dtype, device) {
+            Some(parts) => blocks(parts, dtype),
+            None => dense_fitting(data, dtype, device),
+        },
     }
 }
 
 /// A stack of one buffer ([`stack_rows`]) with `rows` overwritten by `data` ([rows.len(), in]):
 /// dense rows in the stack's type, or blocks quantized to the stack's format. Taking `w` lets the
 /// write land in place where nothing else holds the buffer (a copy of the stack otherwise).
-/// `Err(w)` where the stack cannot take the rows as they are: blocks of a K-quant format, which
-/// is not made at load, or of several parts.
+/// `Err(w)` where the stack cannot take the rows as they are: blocks of several parts.
 pub fn write_rows(w: Weight, rows: Range<usize>, data: TensorData, device: &Device) -> Result<Weight, Weight> {
     match w.matrix() {
         Matrix::Dense(t) => {
@@ -774,8 +769,8 @@ pub fn write_rows(w: Weight, rows: Range<usize>, data: TensorData, device: &Devi
             let (all, dtype) = (0..t.dims()[1], t.dtype());
             Ok(dense(t.slice_assign([rows, all], Tensor::from_data(data, (device, dtype)))))
         }
-        Matrix::Blocks([part], dense_type) if !part.ty.is_k() => {
-            let new = device_rows(Tensor::from_data(data, (device, DType::F32)), part.ty, dense_type);
+        Matrix::Blocks([part], dense_type) => {
+            let new = host_blocks(&data, part.ty, dense_type, device);
             let Some([new]) = new.map(<[DeviceRows; 1]>::try_from).and_then(Result::ok).filter(|[n]| n.ty == part.ty)
             else {
                 return Err(w);
@@ -828,7 +823,6 @@ pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &D
             packed(Arc::new(updated))
         }
         Matrix::Blocks(parts, dtype) => {
-            let t = Tensor::from_data(data, (device, DType::F32));
             // Each part's rows of the matrix.
             let spans: Vec<Range<usize>> = parts
                 .iter()
@@ -838,9 +832,9 @@ pub fn replace_rows(w: &Weight, rows: Range<usize>, data: TensorData, device: &D
                 })
                 .collect();
             let first = spans.iter().position(|s| s.contains(&rows.start)).expect("replaced rows are in the matrix");
-            let Some(new) = device_rows(t.clone(), parts[first].ty, dtype) else {
-                let all = 0..w.dims()[1];
-                return dense(dense_of(w, dtype).slice_assign([rows, all], t.cast(FloatDType::from(dtype))));
+            let Some(new) = host_blocks(&data, parts[first].ty, dtype, device) else {
+                let (all, new) = (0..w.dims()[1], Tensor::from_data(data, (device, dtype)));
+                return dense(dense_of(w, dtype).slice_assign([rows, all], new));
             };
             // The parts' rows before and after `rows`, and the new part between them.
             let mut kept = Vec::new();
@@ -896,20 +890,24 @@ fn dense_of(w: &Weight, dtype: DType) -> Tensor<2> {
     }
 }
 
-/// A dense matrix quantized on the host to `ty` (Q8_0 for a K-quant, which is not made at load)
-/// and put on its device as blocks, in parts that fit its largest buffer as blocks and as `dense`
-/// ([`part_rows`]); `None` where its rows are not whole blocks.
-fn device_rows(t: Tensor<2>, ty: QuantType, dense: DType) -> Option<Vec<DeviceRows>> {
-    let ty = if ty.is_k() { FALLBACK_QUANT } else { ty };
-    let [rows, k] = t.dims();
+/// `data` ([out, in], any float type) quantized on the host to `ty` and put on `device` as
+/// blocks, in parts that fit its largest buffer as blocks and as `dense` ([`part_rows`]); `None`
+/// where its rows are not whole blocks.
+fn host_blocks(data: &TensorData, ty: QuantType, dense: DType, device: &Device) -> Option<Vec<DeviceRows>> {
+    let (rows, k) = (data.shape()[0], data.shape()[1]);
     if !ty.fits_row(k) {
         return None;
     }
-    let device = t.device();
-    let values = t.cast(FloatDType::F32).into_data().try_into_vec::<f32>().ok()?;
+    let values: Vec<f32> = data.iter::<f32>().collect();
     let mut bytes = Vec::new();
     quant::quantize(ty, &values, &mut bytes)?;
-    upload_fitting(ty, rows, k, &bytes, dense, &device)
+    upload_fitting(ty, rows, k, &bytes, dense, device)
+}
+
+/// A dense matrix on a GPU read back and put there as blocks ([`host_blocks`]).
+fn device_rows(t: Tensor<2>, ty: QuantType, dense: DType) -> Option<Vec<DeviceRows>> {
+    let device = t.device();
+    host_blocks(&t.into_data(), ty, dense, &device)
 }
 
 /// `rows` ggml rows of `k` values in `ty` put on `device`, in parts that fit its largest buffer
@@ -927,9 +925,8 @@ pub(crate) fn upload_fitting(
     DeviceRows::upload_parts(ty, rows, k, bytes, per_part, device)
 }
 
-/// A dense matrix quantized to `ty` (Q8_0 when `ty` is a K-quant, which is not made at load).
+/// A dense matrix quantized to `ty`.
 fn quantize_dense(t: Tensor<2>, ty: QuantType) -> PackedMatrix {
-    let ty = if ty.is_k() { FALLBACK_QUANT } else { ty };
     let [rows, k] = t.dims();
     let values = t.cast(FloatDType::F32).into_data().try_into_vec::<f32>().expect("f32 after the cast");
     PackedMatrix::quantize(ty, rows, k, &values).expect("rows of a stacked or replaced matrix fit the format")

@@ -2,8 +2,8 @@
 //!
 //! - `ggml.rs`: ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) as they lie
 //!   in a GGUF file, decoded and dequantized exactly as ggml does;
-//! - `quantize.rs`: f32 rows to the 32-value block formats, the scale chosen to minimise the
-//!   squared error (in-situ quantization of safetensors checkpoints, Q4);
+//! - `quantize.rs`: f32 rows to every one of those formats, the scales chosen to minimise the
+//!   squared error (in-situ quantization at load, Q4, and of replaced weights);
 //! - `packed.rs`: [`PackedMatrix`], the layout the kernels stream: 16 weight rows interleaved per
 //!   32-value group, so one 64-byte load feeds a dot product of 16 rows at once (at most 3%
 //!   larger than the file's blocks);
@@ -98,6 +98,18 @@ impl QuantType {
 
     pub fn is_k(self) -> bool {
         matches!(self, Self::Q4K | Self::Q5K | Self::Q6K)
+    }
+
+    /// For a K-quant, the 32-value format llama.cpp stores a tensor in when its rows are not
+    /// whole 256-value blocks (`llama-quantize`'s fallback): Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0
+    /// for Q6_K.
+    pub fn k_fallback(self) -> Option<Self> {
+        match self {
+            Self::Q4K => Some(Self::Q5_0),
+            Self::Q5K => Some(Self::Q5_1),
+            Self::Q6K => Some(Self::Q8_0),
+            _ => None,
+        }
     }
 
     /// Bits of each stored value.

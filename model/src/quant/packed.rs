@@ -194,8 +194,6 @@ pub enum PackError {
     Size { ty: QuantType, rows: usize, k: usize, expected: usize, found: usize },
     #[error("stacked matrices must have the same row length: {0} and {1}")]
     Width(usize, usize),
-    #[error("{ty} cannot be produced by quantizing at load (it takes 32-value block formats)")]
-    NotQuantizable { ty: QuantType },
 }
 
 impl PackedMatrix {
@@ -212,18 +210,15 @@ impl PackedMatrix {
         Ok(Self { parts: vec![part], k })
     }
 
-    /// Quantizes `rows` rows of `k` f32 values to `ty` (a 32-value block format) and packs them.
+    /// Quantizes `rows` rows of `k` f32 values to `ty` and packs them.
     pub fn quantize(ty: QuantType, rows: usize, k: usize, values: &[f32]) -> Result<Self, PackError> {
-        if ty.is_k() {
-            return Err(PackError::NotQuantizable { ty });
-        }
         if !ty.fits_row(k) {
             return Err(PackError::RowLength { ty, block: ty.block_values(), k });
         }
         assert_eq!(values.len(), rows * k, "quantize: {} values for [{rows}, {k}]", values.len());
         let mut bytes = Vec::with_capacity(ggml::row_bytes(ty, k) * rows);
         for row in values.chunks_exact(k) {
-            super::quantize(ty, row, &mut bytes).expect("32-value formats quantize");
+            super::quantize(ty, row, &mut bytes).expect("rows of whole blocks quantize");
         }
         Self::from_ggml(ty, rows, k, &bytes)
     }
