@@ -217,9 +217,7 @@ impl PackedMatrix {
         }
         assert_eq!(values.len(), rows * k, "quantize: {} values for [{rows}, {k}]", values.len());
         let mut bytes = Vec::with_capacity(ggml::row_bytes(ty, k) * rows);
-        for row in values.chunks_exact(k) {
-            super::quantize(ty, row, &mut bytes).expect("rows of whole blocks quantize");
-        }
+        super::quantize(ty, values, &mut bytes).expect("rows of whole blocks quantize");
         Self::from_ggml(ty, rows, k, &bytes)
     }
 

@@ -11,15 +11,45 @@
 //! again with the scales as stored.
 
 use half::f16;
+use rayon::prelude::*;
 
 use super::QuantType;
 
-/// Quantizes `values` (a whole number of `ty`'s blocks) into its ggml layout, appended to `out`.
-/// `None` where the values are not whole blocks.
+/// Blocks a task of the rayon pool quantizes.
+const BLOCKS_PER_TASK: usize = 256;
+
+/// Quantizes `values` (a whole number of `ty`'s blocks) into its ggml layout, appended to `out`,
+/// in tasks of 256 blocks over the rayon pool. `None` where the values are not
+/// whole blocks.
 pub fn quantize(ty: QuantType, values: &[f32], out: &mut Vec<u8>) -> Option<()> {
     if !values.len().is_multiple_of(ty.block_values()) {
         return None;
     }
+    let tasks: Vec<Vec<u8>> = values
+        .par_chunks(ty.block_values() * BLOCKS_PER_TASK)
+        .map(|values| {
+            let mut out = Vec::with_capacity(values.len() / ty.block_values() * ty.block_bytes());
+            blocks(ty, values, &mut out);
+            out
+        })
+        .collect();
+    out.reserve(tasks.iter().map(Vec::len).sum());
+    tasks.iter().for_each(|t| out.extend_from_slice(t));
+    Some(())
+}
+
+/// `v` clamped to `[lo, hi]` and rounded to the nearest integer (ties to even), in inline
+/// arithmetic: `f32::round` is a libm call on the baseline x86-64 target, a third of the
+/// quantizer's time.
+#[inline]
+fn round_in(v: f32, lo: f32, hi: f32) -> f32 {
+    // Adding 1.5 · 2^23 leaves no bits below the units (|v| < 2^22 after the clamp).
+    const MAGIC: f32 = 12_582_912.0;
+    (v.clamp(lo, hi) + MAGIC) - MAGIC
+}
+
+/// [`quantize`] on one task's whole blocks.
+fn blocks(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
     if ty.is_k() {
         for block in values.chunks_exact(256) {
             let block: &[f32; 256] = block.try_into().expect("chunks of 256");
@@ -28,7 +58,7 @@ pub fn quantize(ty: QuantType, values: &[f32], out: &mut Vec<u8>) -> Option<()> 
                 _ => kmin_block(block, ty, out),
             }
         }
-        return Some(());
+        return;
     }
     for block in values.chunks_exact(32) {
         let block: &[f32; 32] = block.try_into().expect("chunks of 32");
@@ -60,7 +90,6 @@ pub fn quantize(ty: QuantType, values: &[f32], out: &mut Vec<u8>) -> Option<()> 
             }
         }
     }
-    Some(())
 }
 
 /// ggml's 32-value nibble packing: value i low, value i + 16 high.
@@ -92,7 +121,7 @@ fn symmetric(x: &[f32; 32], neg: i32, pos: i32) -> (f16, [i32; 32]) {
         if dq == 0.0 || !dq.is_finite() {
             return;
         }
-        let q: [i32; 32] = std::array::from_fn(|i| ((x[i] / dq).round() as i32).clamp(-neg, pos));
+        let q: [i32; 32] = std::array::from_fn(|i| round_in(x[i] / dq, -neg as f32, pos as f32) as i32);
         let err: f32 = x.iter().zip(&q).map(|(&v, &q)| (v - dq * q as f32).powi(2)).sum();
         if err < best.0 {
             *best = (err, d16, q);
@@ -117,21 +146,19 @@ fn symmetric(x: &[f32; 32], neg: i32, pos: i32) -> (f16, [i32; 32]) {
 fn affine(x: &[f32; 32], top: i32) -> (f16, f16, [u8; 32]) {
     let (lo, hi) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
     let mut best = (f32::INFINITY, f16::ZERO, f16::from_f32(lo), [0u8; 32]);
-    let consider =
-        |d: f32, m: f32, best: &mut (f32, f16, f16, [u8; 32])| {
-            let (d16, m16) = (f16::from_f32(d), f16::from_f32(m));
-            let (dq, mq) = (d16.to_f32(), m16.to_f32());
-            if !dq.is_finite() || !mq.is_finite() {
-                return;
-            }
-            let q: [u8; 32] = std::array::from_fn(|i| {
-                if dq == 0.0 { 0 } else { ((x[i] - mq) / dq).round().clamp(0.0, top as f32) as u8 }
-            });
-            let err: f32 = x.iter().zip(&q).map(|(&v, &q)| (v - (dq * q as f32 + mq)).powi(2)).sum();
-            if err < best.0 {
-                *best = (err, d16, m16, q);
-            }
-        };
+    let consider = |d: f32, m: f32, best: &mut (f32, f16, f16, [u8; 32])| {
+        let (d16, m16) = (f16::from_f32(d), f16::from_f32(m));
+        let (dq, mq) = (d16.to_f32(), m16.to_f32());
+        if !dq.is_finite() || !mq.is_finite() {
+            return;
+        }
+        let q: [u8; 32] =
+            std::array::from_fn(|i| if dq == 0.0 { 0 } else { round_in((x[i] - mq) / dq, 0.0, top as f32) as u8 });
+        let err: f32 = x.iter().zip(&q).map(|(&v, &q)| (v - (dq * q as f32 + mq)).powi(2)).sum();
+        if err < best.0 {
+            *best = (err, d16, m16, q);
+        }
+    };
     if hi <= lo {
         consider(0.0, lo, &mut best);
         return (best.1, best.2, best.3);
@@ -161,7 +188,7 @@ fn affine(x: &[f32; 32], top: i32) -> (f16, f16, [u8; 32]) {
 fn fit_error<const N: usize>(x: &[f32; N], scale: f32, offset: f32, lo: i32, hi: i32) -> (f32, [i32; N]) {
     let q: [i32; N] = std::array::from_fn(|i| match scale {
         0.0 => lo,
-        _ => (((x[i] - offset) / scale).round() as i32).clamp(lo, hi),
+        _ => round_in((x[i] - offset) / scale, lo as f32, hi as f32) as i32,
     });
     let err = x.iter().zip(&q).map(|(&v, &q)| (v - (scale * q as f32 + offset)).powi(2)).sum();
     (err, q)
