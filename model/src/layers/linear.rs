@@ -128,14 +128,14 @@ pub fn dense_fitting(data: TensorData, dtype: DType, device: &Device) -> Weight 
 }
 
 /// A dense matrix of `dtype` on `device` from `data` ([out, in], any float type), in parts of at
-/// most `rows` rows: one tensor where the matrix has no more.
+/// most `rows` rows (at least one): one tensor where the matrix has no more.
 pub fn dense_parts(data: TensorData, dtype: DType, device: &Device, rows: usize) -> Weight {
-    let out = data.shape()[0];
+    let (out, rows) = (data.shape()[0], rows.max(1));
     if out <= rows {
         return dense(Tensor::from_data(data, (device, dtype)));
     }
     let parts = (0..out)
-        .step_by(rows.max(1))
+        .step_by(rows)
         .map(|start| Tensor::from_data(data_rows(&data, start..(start + rows).min(out)), (device, dtype)))
         .collect();
     in_parts(parts)
@@ -663,10 +663,9 @@ pub fn stack(weights: Vec<Weight>) -> Weight {
             .iter()
             .map(|w| match w.matrix() {
                 Matrix::Blocks(parts, _) => Some(parts.to_vec()),
-                Matrix::Dense(t) => device_rows(t.clone(), FALLBACK_QUANT, dtype),
-                Matrix::DenseParts(ts) => ts
-                    .iter()
-                    .map(|t| device_rows(t.clone(), FALLBACK_QUANT, dtype))
+                Matrix::Dense(_) | Matrix::DenseParts(_) => dense_pieces(w)?
+                    .into_iter()
+                    .map(|t| device_rows(t, FALLBACK_QUANT, dtype))
                     .collect::<Option<Vec<_>>>()
                     .map(|parts| parts.concat()),
                 Matrix::Packed(_) => None,

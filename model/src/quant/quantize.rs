@@ -108,9 +108,31 @@ fn fifth_bits(q: &[u8; 32]) -> [u8; 4] {
 const STEPS: i32 = 12;
 const STEP: f32 = 0.1;
 
+/// The value of `x` with the largest magnitude (the first of equals), 0 for none.
+fn extreme(x: &[f32]) -> f32 {
+    x.iter().copied().fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m })
+}
+
+/// Least squares of `x ≈ s · q` for the integers `q`: s = Σ x q / Σ q² (`None` where all are 0).
+fn scale_fit(x: &[f32], q: &[i32]) -> Option<f32> {
+    let (sxq, sqq) = x.iter().zip(q).fold((0.0f32, 0.0f32), |(a, b), (&v, &q)| (a + v * q as f32, b + (q * q) as f32));
+    (sqq > 0.0).then(|| sxq / sqq)
+}
+
+/// Least squares of `x ≈ s · q + offset` for the 32 integers `q`: `(s, offset)` (`None` where
+/// the integers do not determine them).
+fn affine_fit(x: &[f32; 32], q: impl IntoIterator<Item = f32>) -> Option<(f32, f32)> {
+    let (sq, sqq, sx, sxq) = x
+        .iter()
+        .zip(q)
+        .fold((0.0f32, 0.0f32, 0.0f32, 0.0f32), |(a, b, c, e), (&v, q)| (a + q, b + q * q, c + v, e + v * q));
+    let det = 32.0 * sqq - sq * sq;
+    (det > 0.0).then(|| ((32.0 * sxq - sq * sx) / det, (sqq * sx - sq * sxq) / det))
+}
+
 /// `w ≈ d · q` with integer q in `[-neg, pos]`: the f16 scale with the least squared error.
 fn symmetric(x: &[f32; 32], neg: i32, pos: i32) -> (f16, [i32; 32]) {
-    let max = x.iter().copied().fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+    let max = extreme(x);
     let mut best = (f32::INFINITY, f16::ZERO, [0i32; 32]);
     if max == 0.0 {
         return (best.1, best.2);
@@ -121,8 +143,7 @@ fn symmetric(x: &[f32; 32], neg: i32, pos: i32) -> (f16, [i32; 32]) {
         if dq == 0.0 || !dq.is_finite() {
             return;
         }
-        let q: [i32; 32] = std::array::from_fn(|i| round_in(x[i] / dq, -neg as f32, pos as f32) as i32);
-        let err: f32 = x.iter().zip(&q).map(|(&v, &q)| (v - dq * q as f32).powi(2)).sum();
+        let (err, q) = fit_error(x, dq, 0.0, -neg, pos);
         if err < best.0 {
             *best = (err, d16, q);
         }
@@ -133,11 +154,9 @@ fn symmetric(x: &[f32; 32], neg: i32, pos: i32) -> (f16, [i32; 32]) {
         consider(max / -(neg as f32 + t), &mut best);
         consider(max / (pos as f32 + t), &mut best);
     }
-    // Least squares for the chosen integers: d = Σ x q / Σ q².
-    let (sxq, sqq) =
-        x.iter().zip(&best.2).fold((0.0f32, 0.0f32), |(a, b), (&v, &q)| (a + v * q as f32, b + (q * q) as f32));
-    if sqq > 0.0 {
-        consider(sxq / sqq, &mut best);
+    // Least squares for the chosen integers.
+    if let Some(d) = scale_fit(x, &best.2) {
+        consider(d, &mut best);
     }
     (best.1, best.2)
 }
@@ -152,11 +171,9 @@ fn affine(x: &[f32; 32], top: i32) -> (f16, f16, [u8; 32]) {
         if !dq.is_finite() || !mq.is_finite() {
             return;
         }
-        let q: [u8; 32] =
-            std::array::from_fn(|i| if dq == 0.0 { 0 } else { round_in((x[i] - mq) / dq, 0.0, top as f32) as u8 });
-        let err: f32 = x.iter().zip(&q).map(|(&v, &q)| (v - (dq * q as f32 + mq)).powi(2)).sum();
+        let (err, q) = fit_error(x, dq, mq, 0, top);
         if err < best.0 {
-            *best = (err, d16, m16, q);
+            *best = (err, d16, m16, q.map(|q| q as u8));
         }
     };
     if hi <= lo {
@@ -167,16 +184,7 @@ fn affine(x: &[f32; 32], top: i32) -> (f16, f16, [u8; 32]) {
         let d = (hi - lo) / (top as f32 + k as f32 * STEP);
         consider(d, lo, &mut best);
         // Least squares of (d, m) for the integers this scale picks.
-        let q = best.3;
-        let n = 32.0f32;
-        let (sq, sqq, sx, sxq) = x.iter().zip(&q).fold((0.0f32, 0.0f32, 0.0f32, 0.0f32), |(a, b, c, e), (&v, &q)| {
-            let q = q as f32;
-            (a + q, b + q * q, c + v, e + v * q)
-        });
-        let det = n * sqq - sq * sq;
-        if det > 0.0 {
-            let d = (n * sxq - sq * sx) / det;
-            let m = (sqq * sx - sq * sxq) / det;
+        if let Some((d, m)) = affine_fit(x, best.3.map(f32::from)) {
             consider(d, m, &mut best);
         }
     }
@@ -217,27 +225,24 @@ fn kmin_group(x: &[f32; 32], top: i32) -> (f32, f32) {
         // Least squares of (s, m) for the integers this scale picks; m = 0 where it would be
         // negative.
         let q = fit_error(x, s, lo, 0, top).1;
-        let (sq, sqq, sx, sxq) = x.iter().zip(&q).fold((0.0f32, 0.0f32, 0.0f32, 0.0f32), |(a, b, c, e), (&v, &q)| {
-            let q = q as f32;
-            (a + q, b + q * q, c + v, e + v * q)
-        });
-        let det = 32.0 * sqq - sq * sq;
-        if det > 0.0 {
-            let (s, offset) = ((32.0 * sxq - sq * sx) / det, (sqq * sx - sq * sxq) / det);
-            match offset <= 0.0 {
-                true => consider(s, -offset, &mut best),
-                false if sqq > 0.0 => consider(sxq / sqq, 0.0, &mut best),
-                false => {}
+        match affine_fit(x, q.map(|q| q as f32)) {
+            Some((s, offset)) if offset <= 0.0 => consider(s, -offset, &mut best),
+            Some(_) => {
+                if let Some(s) = scale_fit(x, &q) {
+                    consider(s, 0.0, &mut best);
+                }
             }
+            None => {}
         }
     }
     (best.1, best.2)
 }
 
-/// The integer of `step`s nearest `v` in `[0, 63]`, and its neighbours (the ones in range).
-fn six_bit_candidates(v: f32, step: f32) -> impl Iterator<Item = u8> {
-    let at = if step > 0.0 { (v / step).round().clamp(0.0, 63.0) as i32 } else { 0 };
-    (at - 1..=at + 1).filter(|c| (0..=63).contains(c)).map(|c| c as u8)
+/// The integer of `step`s nearest `v` in `[lo, hi]` (0 where the step is 0), and its
+/// neighbours in that range: a stored scale's candidates.
+fn neighbours(v: f32, step: f32, lo: i32, hi: i32) -> impl Iterator<Item = i32> {
+    let at = if step != 0.0 { (v / step).round().clamp(lo as f32, hi as f32) as i32 } else { 0 };
+    (at - 1..=at + 1).filter(move |c| (lo..=hi).contains(c))
 }
 
 /// A Q4_K or Q5_K block: `d`, `dmin`, the 12 bytes of 6-bit scales and mins, (Q5_K) the fifth
@@ -252,15 +257,15 @@ fn kmin_block(x: &[f32; 256], ty: QuantType, out: &mut Vec<u8>) {
     let (mut sc, mut m, mut q) = ([0u8; 8], [0u8; 8], [0u8; 256]);
     for (g, (group, &(s, min))) in groups.iter().zip(&fits).enumerate() {
         let mut best = (f32::INFINITY, 0, 0, [0i32; 32]);
-        for c in six_bit_candidates(s, df) {
-            for n in six_bit_candidates(min, dminf) {
+        for c in neighbours(s, df, 0, 63) {
+            for n in neighbours(min, dminf, 0, 63) {
                 let (err, ints) = fit_error(group, df * c as f32, -(dminf * n as f32), 0, top);
                 if err < best.0 {
                     best = (err, c, n, ints);
                 }
             }
         }
-        (sc[g], m[g]) = (best.1, best.2);
+        (sc[g], m[g]) = (best.1 as u8, best.2 as u8);
         for (q, &v) in q[32 * g..].iter_mut().zip(&best.3) {
             *q = v as u8;
         }
@@ -291,7 +296,7 @@ fn kmin_block(x: &[f32; 256], ty: QuantType, out: &mut Vec<u8>) {
 /// One 16-value group of a Q6_K block: `w ≈ s · q` with q in `[−32, 31]`, the scale with the
 /// least squared error among those around the group's extreme value, refined by least squares.
 fn k6_group(x: &[f32; 16]) -> f32 {
-    let max = x.iter().copied().fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+    let max = extreme(x);
     if max == 0.0 {
         return 0.0;
     }
@@ -307,11 +312,8 @@ fn k6_group(x: &[f32; 16]) -> f32 {
         // The extreme value maps to −32 (ggml's choice) or to +31, give or take.
         for s in [max / -(32.0 + t), max / (31.0 + t)] {
             consider(s, &mut best);
-            let q = fit_error(x, s, 0.0, -32, 31).1;
-            let (sxq, sqq) =
-                x.iter().zip(&q).fold((0.0f32, 0.0f32), |(a, b), (&v, &q)| (a + v * q as f32, b + (q * q) as f32));
-            if sqq > 0.0 {
-                consider(sxq / sqq, &mut best);
+            if let Some(s) = scale_fit(x, &fit_error(x, s, 0.0, -32, 31).1) {
+                consider(s, &mut best);
             }
         }
     }
@@ -322,15 +324,14 @@ fn k6_group(x: &[f32; 16]) -> f32 {
 fn k6_block(x: &[f32; 256], out: &mut Vec<u8>) {
     let groups: [&[f32; 16]; 16] = std::array::from_fn(|g| x[16 * g..16 * (g + 1)].try_into().expect("16 values"));
     let scales = groups.map(k6_group);
-    let max = scales.iter().copied().fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+    let max = extreme(&scales);
     // The largest scale maps to −128, the end of the signed range with the most room.
     let d = f16::from_f32(max / -128.0);
     let df = d.to_f32();
     let (mut sc, mut q) = ([0i8; 16], [0u8; 256]);
     for (g, (group, &s)) in groups.iter().zip(&scales).enumerate() {
-        let at = if df != 0.0 { (s / df).round().clamp(-128.0, 127.0) as i32 } else { 0 };
         let mut best = (f32::INFINITY, 0, [0i32; 16]);
-        for c in (at - 1..=at + 1).filter(|c| (-128..=127).contains(c)) {
+        for c in neighbours(s, df, -128, 127) {
             let (err, ints) = fit_error(group, df * c as f32, 0.0, -32, 31);
             if err < best.0 {
                 best = (err, c, ints);
