@@ -20,6 +20,7 @@
 //! groups past the end of the row are zero (scale 0).
 
 use half::f16;
+use rayon::prelude::*;
 
 use super::QuantType;
 use super::ggml::{self, Params};
@@ -299,18 +300,17 @@ impl PackedMatrix {
 }
 
 /// Packs `rows` rows (ggml bytes of row r from `row`) into panels.
-fn pack<'a>(ty: QuantType, rows: usize, k: usize, row: impl Fn(usize) -> &'a [u8]) -> Part {
+fn pack<'a>(ty: QuantType, rows: usize, k: usize, row: impl Fn(usize) -> &'a [u8] + Sync) -> Part {
     let layout = Layout::of(ty);
     let chunks = k.div_ceil(layout.chunk());
-    let panels = rows.div_ceil(PANEL);
-    let mut data = Aligned::zeroed(panels * chunks * layout.bytes);
+    let mut data = Aligned::zeroed(rows.div_ceil(PANEL) * chunks * layout.bytes);
     let (bv, bb) = (ty.block_values(), ty.block_bytes());
-    let out = data.bytes_mut();
-    for p in 0..panels {
+    // Panels are independent: a task of the rayon pool each.
+    data.bytes_mut().par_chunks_mut(chunks * layout.bytes).enumerate().for_each(|(p, panel)| {
         for r in 0..PANEL.min(rows - p * PANEL) {
             let src = row(p * PANEL + r);
             for c in 0..chunks {
-                let rec = &mut out[(p * chunks + c) * layout.bytes..][..layout.bytes];
+                let rec = &mut panel[c * layout.bytes..][..layout.bytes];
                 let mut block = None;
                 for g in 0..layout.groups {
                     let at = c * layout.chunk() + g * GROUP; // value index in the row
@@ -327,7 +327,7 @@ fn pack<'a>(ty: QuantType, rows: usize, k: usize, row: impl Fn(usize) -> &'a [u8
                 }
             }
         }
-    }
+    });
     Part { layout, rows, col0: 0, chunks, data }
 }
 

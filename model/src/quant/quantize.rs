@@ -2,13 +2,19 @@
 //! K-quants Q4_K, Q5_K, Q6_K), for quantizing a checkpoint at load or a replaced weight.
 //!
 //! ggml's reference quantizers take the scale from the block's extreme value. Here each block
-//! (each 32- or 16-value group of a K-quant block) tries a range of scales around that one and
-//! keeps the scale (and, for Q4_1 / Q5_1 / Q4_K / Q5_K, the offset) whose values give the
-//! smallest squared error, refined by a least-squares fit of the scale to the chosen integers
-//! (what llama.cpp's `make_qx_quants` does for its importance-weighted quantizers). A K-quant
-//! block then rounds its groups' scales to integers of one f16 super-scale (6 bits, or 8 signed
-//! for Q6_K), tries the neighbours of each rounded scale and offset, and quantizes the values
-//! again with the scales as stored.
+//! (each 32- or 16-value group of a K-quant block) tries a range of scales around that one: each
+//! candidate picks the nearest integers, the scale (and, for Q4_1 / Q5_1 / Q4_K / Q5_K, the
+//! offset) is refitted to those integers by least squares (as llama.cpp's `make_qx_quants` does),
+//! and the fit that leaves the least squared error is kept. The sums of the pass that picks a
+//! candidate's integers give its fit and its error in closed form, so a candidate costs one pass
+//! over the values, and eight candidates share it, a vector lane each. A K-quant block then rounds
+//! its groups' scales to integers of one f16 super-scale (6 bits, or 8 signed for Q6_K), tries
+//! the neighbours of each rounded scale and offset, and quantizes the values again with the
+//! scales as stored.
+//!
+//! `unsafe` (C8: the reason). `blocks` calls the AVX2 build of the searches only after checking
+//! at run time that the CPU has AVX2; nothing else here is unsafe.
+#![allow(unsafe_code)]
 
 use half::f16;
 use rayon::prelude::*;
@@ -38,24 +44,48 @@ pub fn quantize(ty: QuantType, values: &[f32], out: &mut Vec<u8>) -> Option<()> 
     Some(())
 }
 
-/// `v` clamped to `[lo, hi]` and rounded to the nearest integer (ties to even), in inline
-/// arithmetic: `f32::round` is a libm call on the baseline x86-64 target, a third of the
-/// quantizer's time.
-#[inline]
+/// Adding 1.5 · 2^23 to an f32 under 2^22 in magnitude leaves no bits below the units:
+/// subtracting it again rounds to the nearest integer, ties to even.
+const MAGIC: f32 = 12_582_912.0;
+
+/// `v` clamped to `[lo, hi]` (`lo` for a NaN) and rounded to the nearest integer (ties to even),
+/// in inline arithmetic: `f32::round` is a libm call on the baseline x86-64 target.
+#[inline(always)]
 fn round_in(v: f32, lo: f32, hi: f32) -> f32 {
-    // Adding 1.5 · 2^23 leaves no bits below the units (|v| < 2^22 after the clamp).
-    const MAGIC: f32 = 12_582_912.0;
-    (v.clamp(lo, hi) + MAGIC) - MAGIC
+    (v.max(lo).min(hi) + MAGIC) - MAGIC
 }
 
-/// [`quantize`] on one task's whole blocks.
+/// [`quantize`] on one task's whole blocks, compiled for AVX2 where the CPU has it. The searches
+/// below are inlined into both versions, whose [`Pick`]s do the same operations in the same
+/// order (and Rust never fuses a multiply and an add), so both give the same bytes.
 fn blocks(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked on the line above.
+        return unsafe { blocks_avx2(ty, values, out) };
+    }
+    blocks_in::<Portable>(ty, values, out)
+}
+
+/// [`blocks_in`] in 256-bit vectors.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn blocks_avx2(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
+    blocks_in::<Avx2>(ty, values, out)
+}
+
+/// The work of [`blocks`], inlined into each of its versions.
+#[inline(always)]
+fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
     if ty.is_k() {
         for block in values.chunks_exact(256) {
             let block: &[f32; 256] = block.try_into().expect("chunks of 256");
             match ty {
-                QuantType::Q6K => k6_block(block, out),
-                _ => kmin_block(block, ty, out),
+                QuantType::Q6K => k6_block::<P>(block, out),
+                _ => kmin_block::<P>(block, ty, out),
             }
         }
         return;
@@ -64,14 +94,14 @@ fn blocks(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
         let block: &[f32; 32] = block.try_into().expect("chunks of 32");
         match ty {
             QuantType::Q8_0 => {
-                let (d, q) = symmetric(block, 127, 127);
+                let (d, q) = symmetric::<P>(block, 127, 127);
                 out.extend_from_slice(&d.to_le_bytes());
-                out.extend(q.iter().map(|&q| q as i8 as u8));
+                out.extend(q.iter().map(|&q| q as i32 as i8 as u8));
             }
             QuantType::Q4_0 | QuantType::Q5_0 => {
                 let half = if ty == QuantType::Q4_0 { 8 } else { 16 };
-                let (d, q) = symmetric(block, half, half - 1);
-                let q = q.map(|q| (q + half) as u8);
+                let (d, q) = symmetric::<P>(block, half, half - 1);
+                let q = q.map(|q| (q as i32 + half) as u8);
                 out.extend_from_slice(&d.to_le_bytes());
                 if ty == QuantType::Q5_0 {
                     out.extend_from_slice(&fifth_bits(&q));
@@ -80,7 +110,8 @@ fn blocks(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
             }
             _ => {
                 let top = if ty == QuantType::Q4_1 { 15 } else { 31 };
-                let (d, m, q) = affine(block, top);
+                let (d, m, q) = affine::<P>(block, top);
+                let q = q.map(|q| q as u8);
                 out.extend_from_slice(&d.to_le_bytes());
                 out.extend_from_slice(&m.to_le_bytes());
                 if ty == QuantType::Q5_1 {
@@ -93,11 +124,13 @@ fn blocks(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
 }
 
 /// ggml's 32-value nibble packing: value i low, value i + 16 high.
+#[inline(always)]
 fn nibbles(q: &[u8; 32]) -> [u8; 16] {
     std::array::from_fn(|i| (q[i] & 0x0f) | ((q[i + 16] & 0x0f) << 4))
 }
 
 /// The fifth bits of 32 values as a little-endian u32 (bit i for value i).
+#[inline(always)]
 fn fifth_bits(q: &[u8; 32]) -> [u8; 4] {
     let bits = q.iter().enumerate().fold(0u32, |acc, (i, &q)| acc | (((q >> 4) & 1) as u32) << i);
     bits.to_le_bytes()
@@ -109,130 +142,257 @@ const STEPS: i32 = 12;
 const STEP: f32 = 0.1;
 
 /// The value of `x` with the largest magnitude (the first of equals), 0 for none.
+#[inline(always)]
 fn extreme(x: &[f32]) -> f32 {
     x.iter().copied().fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m })
 }
 
-/// Least squares of `x ≈ s · q` for the integers `q`: s = Σ x q / Σ q² (`None` where all are 0).
-fn scale_fit(x: &[f32], q: &[i32]) -> Option<f32> {
-    let (sxq, sqq) = x.iter().zip(q).fold((0.0f32, 0.0f32), |(a, b), (&v, &q)| (a + v * q as f32, b + (q * q) as f32));
-    (sqq > 0.0).then(|| sxq / sqq)
+/// Σ x q, Σ q² and Σ q of a group's values `x` and the integers `q` a candidate scale picks for
+/// them: all a least-squares fit of a scale (and offset) to those integers needs, and the
+/// squared error that fit removes from Σ x², so a candidate is scored in the one pass that picks
+/// its integers.
+#[derive(Clone, Copy)]
+struct Sums {
+    xq: f32,
+    qq: f32,
+    q: f32,
 }
 
-/// Least squares of `x ≈ s · q + offset` for the 32 integers `q`: `(s, offset)` (`None` where
-/// the integers do not determine them).
-fn affine_fit(x: &[f32; 32], q: impl IntoIterator<Item = f32>) -> Option<(f32, f32)> {
-    let (sq, sqq, sx, sxq) = x
-        .iter()
-        .zip(q)
-        .fold((0.0f32, 0.0f32, 0.0f32, 0.0f32), |(a, b, c, e), (&v, q)| (a + q, b + q * q, c + v, e + v * q));
-    let det = 32.0 * sqq - sq * sq;
-    (det > 0.0).then(|| ((32.0 * sxq - sq * sx) / det, (sqq * sx - sq * sxq) / det))
+/// Candidates a pass scores side by side, a vector lane each.
+const LANES: usize = 8;
+
+/// How a search picks the integers of eight candidate scales at once: the integers nearest
+/// `(x − offset) / scale` in `[lo, hi]` for each scale, a vector lane each, and their [`Sums`].
+/// Lanes, not values, fill the vector registers, so a group of 16 or 32 values needs no
+/// horizontal sums. The searches are generic over it, so [`blocks`] builds them once a way.
+trait Pick {
+    fn pick<const N: usize>(x: &[f32; N], scales: &[f32; LANES], offset: f32, lo: i32, hi: i32) -> [Sums; LANES];
 }
 
-/// `w ≈ d · q` with integer q in `[-neg, pos]`: the f16 scale with the least squared error.
-fn symmetric(x: &[f32; 32], neg: i32, pos: i32) -> (f16, [i32; 32]) {
-    let max = extreme(x);
-    let mut best = (f32::INFINITY, f16::ZERO, [0i32; 32]);
-    if max == 0.0 {
-        return (best.1, best.2);
+/// Arrays of eight lanes, for any CPU.
+struct Portable;
+
+impl Pick for Portable {
+    #[inline(always)]
+    fn pick<const N: usize>(x: &[f32; N], scales: &[f32; LANES], offset: f32, lo: i32, hi: i32) -> [Sums; LANES] {
+        let inv: [f32; LANES] = std::array::from_fn(|j| 1.0 / scales[j]);
+        let (lo, hi) = (lo as f32, hi as f32);
+        let (mut xq, mut qq, mut sq) = ([0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES]);
+        for &v in x {
+            let t = v - offset;
+            for j in 0..LANES {
+                let q = round_in(t * inv[j], lo, hi);
+                xq[j] += v * q;
+                qq[j] += q * q;
+                sq[j] += q;
+            }
+        }
+        std::array::from_fn(|j| Sums { xq: xq[j], qq: qq[j], q: sq[j] })
     }
-    let consider = |d: f32, best: &mut (f32, f16, [i32; 32])| {
-        let d16 = f16::from_f32(d);
-        let dq = d16.to_f32();
-        if dq == 0.0 || !dq.is_finite() {
-            return;
-        }
-        let (err, q) = fit_error(x, dq, 0.0, -neg, pos);
-        if err < best.0 {
-            *best = (err, d16, q);
-        }
-    };
-    // The extreme value maps to −neg (ggml's choice for Q4_0/Q5_0) or to +pos, give or take.
-    for k in -STEPS..=STEPS {
+}
+
+/// AVX2 vectors: chosen only by [`blocks`], after checking that the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Pick for Avx2 {
+    #[inline(always)]
+    fn pick<const N: usize>(x: &[f32; N], scales: &[f32; LANES], offset: f32, lo: i32, hi: i32) -> [Sums; LANES] {
+        // SAFETY: `Avx2` searches run only in `blocks_avx2`, which `blocks` calls on a CPU with
+        // AVX2.
+        unsafe { pick_avx2(x, scales, offset, lo, hi) }
+    }
+}
+
+/// [`Portable`]'s arithmetic in AVX2 vectors, operation for operation, so both give the same
+/// bits (the clamp's `max` then `min` take `lo` for a NaN in either).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pick_avx2<const N: usize>(x: &[f32; N], scales: &[f32; LANES], offset: f32, lo: i32, hi: i32) -> [Sums; LANES] {
+    use std::arch::x86_64::*;
+    // SAFETY: `scales` is 8 f32, read unaligned.
+    let inv = _mm256_div_ps(_mm256_set1_ps(1.0), unsafe { _mm256_loadu_ps(scales.as_ptr()) });
+    let (lo, hi, magic) = (_mm256_set1_ps(lo as f32), _mm256_set1_ps(hi as f32), _mm256_set1_ps(MAGIC));
+    let (mut xq, mut qq, mut sq) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+    for &v in x {
+        let t = _mm256_set1_ps(v - offset);
+        let clamped = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(t, inv), lo), hi);
+        let q = _mm256_sub_ps(_mm256_add_ps(clamped, magic), magic);
+        xq = _mm256_add_ps(xq, _mm256_mul_ps(_mm256_set1_ps(v), q));
+        qq = _mm256_add_ps(qq, _mm256_mul_ps(q, q));
+        sq = _mm256_add_ps(sq, q);
+    }
+    let mut out = [[0.0f32; LANES]; 3];
+    for (out, v) in out.iter_mut().zip([xq, qq, sq]) {
+        // SAFETY: `out` is 8 f32, written unaligned.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+    }
+    std::array::from_fn(|j| Sums { xq: out[0][j], qq: out[1][j], q: out[2][j] })
+}
+
+impl Sums {
+    /// Least squares of `x ≈ s · q`: `(s, the squared error removed)`; `None` where every q is 0.
+    #[inline(always)]
+    fn scale(self) -> Option<(f32, f32)> {
+        (self.qq > 0.0).then(|| (self.xq / self.qq, self.xq * self.xq / self.qq))
+    }
+
+    /// Least squares of `x ≈ s · q + offset` over `n` values summing to `sx`: `(s, offset, the
+    /// squared error removed)`; `None` where the integers do not determine both.
+    #[inline(always)]
+    fn affine(self, n: f32, sx: f32) -> Option<(f32, f32, f32)> {
+        let det = n * self.qq - self.q * self.q;
+        (det > 0.0).then(|| {
+            let s = (n * self.xq - self.q * sx) / det;
+            let offset = (self.qq * sx - self.q * self.xq) / det;
+            (s, offset, s * self.xq + offset * sx)
+        })
+    }
+}
+
+/// The candidate scales of a symmetric search: the extreme value `max` mapped to `−neg` (ggml's
+/// choice for Q4_0 / Q5_0 / Q6_K) or to `+pos`, give or take `STEPS` steps; the last repeated to
+/// whole groups of lanes.
+#[inline(always)]
+fn symmetric_candidates(max: f32, neg: i32, pos: i32) -> [f32; 7 * LANES] {
+    let mut scales = [0.0; 7 * LANES];
+    for (i, k) in (-STEPS..=STEPS).enumerate() {
         let t = k as f32 * STEP;
-        consider(max / -(neg as f32 + t), &mut best);
-        consider(max / (pos as f32 + t), &mut best);
+        scales[2 * i] = max / -(neg as f32 + t);
+        scales[2 * i + 1] = max / (pos as f32 + t);
     }
-    // Least squares for the chosen integers.
-    if let Some(d) = scale_fit(x, &best.2) {
-        consider(d, &mut best);
-    }
-    (best.1, best.2)
+    let last = 2 * (2 * STEPS as usize + 1);
+    let repeat = scales[last - 1];
+    scales[last..].fill(repeat);
+    scales
 }
 
-/// `w ≈ d · q + m` with integer q in `[0, top]`: the f16 pair with the least squared error.
-fn affine(x: &[f32; 32], top: i32) -> (f16, f16, [u8; 32]) {
+/// The candidate scales of an affine search: the range `hi − lo` mapped onto `top + step·k`
+/// levels, the last repeated to whole groups of lanes.
+#[inline(always)]
+fn affine_candidates(lo: f32, hi: f32, top: i32) -> [f32; 4 * LANES] {
+    let mut scales = [0.0; 4 * LANES];
+    for (i, k) in (-STEPS..=STEPS).enumerate() {
+        scales[i] = (hi - lo) / (top as f32 + k as f32 * STEP);
+    }
+    let last = 2 * STEPS as usize + 1;
+    let repeat = scales[last - 1];
+    scales[last..].fill(repeat);
+    scales
+}
+
+/// The least-squares scale of the integers that fit `x` best among the symmetric candidates
+/// (0 for a group of zeros).
+#[inline(always)]
+fn symmetric_scale<P: Pick, const N: usize>(x: &[f32; N], neg: i32, pos: i32) -> f32 {
+    let max = extreme(x);
+    if max == 0.0 {
+        return 0.0;
+    }
+    let mut best = (f32::NEG_INFINITY, 0.0);
+    for scales in symmetric_candidates(max, neg, pos).chunks_exact(LANES) {
+        for sums in P::pick(x, scales.try_into().expect("8 lanes"), 0.0, -neg, pos) {
+            if let Some((s, removed)) = sums.scale()
+                && removed > best.0
+                && s.is_finite()
+            {
+                best = (removed, s);
+            }
+        }
+    }
+    best.1
+}
+
+/// `w ≈ d · q` with integer q in `[-neg, pos]`: the best candidate's scale as an f16, and the
+/// integers it picks.
+#[inline(always)]
+fn symmetric<P: Pick>(x: &[f32; 32], neg: i32, pos: i32) -> (f16, [f32; 32]) {
+    let d = to_f16(symmetric_scale::<P, 32>(x, neg, pos));
+    (d, fit(x, d.to_f32(), 0.0, -neg, pos).1)
+}
+
+/// `v` as an f16, kept finite (the largest f16 where it would overflow).
+#[inline(always)]
+fn to_f16(v: f32) -> f16 {
+    f16::from_f32(v.clamp(f16::MIN.to_f32(), f16::MAX.to_f32()))
+}
+
+/// `w ≈ d · q + m` with integer q in `[0, top]`: scales mapping the block's range onto
+/// `top + step·k` levels from its minimum, each refined by least squares for the integers it
+/// picks; the best pair as f16s, and the integers they pick.
+#[inline(always)]
+fn affine<P: Pick>(x: &[f32; 32], top: i32) -> (f16, f16, [f32; 32]) {
     let (lo, hi) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
-    let mut best = (f32::INFINITY, f16::ZERO, f16::from_f32(lo), [0u8; 32]);
-    let consider = |d: f32, m: f32, best: &mut (f32, f16, f16, [u8; 32])| {
-        let (d16, m16) = (f16::from_f32(d), f16::from_f32(m));
-        let (dq, mq) = (d16.to_f32(), m16.to_f32());
-        if !dq.is_finite() || !mq.is_finite() {
-            return;
-        }
-        let (err, q) = fit_error(x, dq, mq, 0, top);
-        if err < best.0 {
-            *best = (err, d16, m16, q.map(|q| q as u8));
-        }
-    };
-    if hi <= lo {
-        consider(0.0, lo, &mut best);
-        return (best.1, best.2, best.3);
-    }
-    for k in -STEPS..=STEPS {
-        let d = (hi - lo) / (top as f32 + k as f32 * STEP);
-        consider(d, lo, &mut best);
-        // Least squares of (d, m) for the integers this scale picks.
-        if let Some((d, m)) = affine_fit(x, best.3.map(f32::from)) {
-            consider(d, m, &mut best);
+    let sx = x.iter().sum();
+    let mut best = (f32::NEG_INFINITY, 0.0, lo);
+    if hi > lo {
+        for scales in affine_candidates(lo, hi, top).chunks_exact(LANES) {
+            for sums in P::pick(x, scales.try_into().expect("8 lanes"), lo, 0, top) {
+                if let Some((d, m, removed)) = sums.affine(32.0, sx)
+                    && removed > best.0
+                    && d.is_finite()
+                    && m.is_finite()
+                {
+                    best = (removed, d, m);
+                }
+            }
         }
     }
-    (best.1, best.2, best.3)
+    let (d, m) = (to_f16(best.1), to_f16(best.2));
+    (d, m, fit(x, d.to_f32(), m.to_f32(), 0, top).1)
 }
 
 /// Squared error of `x` against `scale · q + offset` with q the nearest integer in `[lo, hi]`
-/// (q = lo where the scale is 0), and the integers.
-fn fit_error<const N: usize>(x: &[f32; N], scale: f32, offset: f32, lo: i32, hi: i32) -> (f32, [i32; N]) {
-    let q: [i32; N] = std::array::from_fn(|i| match scale {
-        0.0 => lo,
-        _ => round_in((x[i] - offset) / scale, lo as f32, hi as f32) as i32,
-    });
-    let err = x.iter().zip(&q).map(|(&v, &q)| (v - (scale * q as f32 + offset)).powi(2)).sum();
-    (err, q)
+/// (q = 0 clamped into the range where the scale is 0), and the integers (as `f32`): a stored
+/// scale's. The values are taken eight at a time into eight partial sums, so the loop runs in
+/// vector registers; its callers inline it, and drop the integers where they only need the
+/// error.
+#[inline(always)]
+fn fit<const N: usize>(x: &[f32; N], scale: f32, offset: f32, lo: i32, hi: i32) -> (f32, [f32; N]) {
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    let (lo, hi) = (lo as f32, hi as f32);
+    let (mut q, mut sums) = ([0.0f32; N], [0.0f32; 8]);
+    for (x, q) in x.chunks_exact(8).zip(q.chunks_exact_mut(8)) {
+        for j in 0..8 {
+            q[j] = round_in((x[j] - offset) * inv, lo, hi);
+            let e = x[j] - (scale * q[j] + offset);
+            sums[j] += e * e;
+        }
+    }
+    (sums.iter().sum(), q)
 }
 
 /// One 32-value group of a Q4_K / Q5_K block: `w ≈ s · q − m` with q in `[0, top]`, s ≥ 0 and
-/// m ≥ 0 (the format stores both unsigned): the pair with the least squared error among scales
-/// around the group's range, each refined by least squares for the integers it picks.
-fn kmin_group(x: &[f32; 32], top: i32) -> (f32, f32) {
+/// m ≥ 0 (the format stores both unsigned). Scales map the group's range (with 0 in it) onto
+/// `top + step·k` levels; each is refined by least squares for the integers it picks (with m = 0
+/// where the unconstrained offset would be positive), and the pair removing the most squared
+/// error is kept.
+#[inline(always)]
+fn kmin_group<P: Pick>(x: &[f32; 32], top: i32) -> (f32, f32) {
     let (lo, hi) = x.iter().fold((0.0f32, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
-    let mut best = (fit_error(x, 0.0, lo, 0, top).0, 0.0, -lo);
+    let sx: f32 = x.iter().sum();
+    // s = 0, every value at lo: Σ x² − Σ (x − lo)².
+    let mut best = (2.0 * lo * sx - 32.0 * lo * lo, 0.0, -lo);
     if hi <= lo {
         return (best.1, best.2);
     }
-    let consider = |s: f32, m: f32, best: &mut (f32, f32, f32)| {
-        if s.is_finite() && m.is_finite() && s >= 0.0 && m >= 0.0 {
-            let err = fit_error(x, s, -m, 0, top).0;
-            if err < best.0 {
-                *best = (err, s, m);
+    for scales in affine_candidates(lo, hi, top).chunks_exact(LANES) {
+        for sums in P::pick(x, scales.try_into().expect("8 lanes"), lo, 0, top) {
+            let fitted = match sums.affine(32.0, sx) {
+                Some((s, offset, removed)) if offset <= 0.0 => Some((removed, s, -offset)),
+                Some(_) => sums.scale().map(|(s, removed)| (removed, s, 0.0)),
+                None => None,
+            };
+            if let Some((removed, s, m)) = fitted
+                && removed > best.0
+                && s >= 0.0
+                && s.is_finite()
+                && m.is_finite()
+            {
+                best = (removed, s, m);
             }
-        }
-    };
-    for k in -STEPS..=STEPS {
-        let s = (hi - lo) / (top as f32 + k as f32 * STEP);
-        consider(s, -lo, &mut best);
-        // Least squares of (s, m) for the integers this scale picks; m = 0 where it would be
-        // negative.
-        let q = fit_error(x, s, lo, 0, top).1;
-        match affine_fit(x, q.map(|q| q as f32)) {
-            Some((s, offset)) if offset <= 0.0 => consider(s, -offset, &mut best),
-            Some(_) => {
-                if let Some(s) = scale_fit(x, &q) {
-                    consider(s, 0.0, &mut best);
-                }
-            }
-            None => {}
         }
     }
     (best.1, best.2)
@@ -240,6 +400,7 @@ fn kmin_group(x: &[f32; 32], top: i32) -> (f32, f32) {
 
 /// The integer of `step`s nearest `v` in `[lo, hi]` (0 where the step is 0), and its
 /// neighbours in that range: a stored scale's candidates.
+#[inline(always)]
 fn neighbours(v: f32, step: f32, lo: i32, hi: i32) -> impl Iterator<Item = i32> {
     let at = if step != 0.0 { (v / step).round().clamp(lo as f32, hi as f32) as i32 } else { 0 };
     (at - 1..=at + 1).filter(move |c| (lo..=hi).contains(c))
@@ -247,19 +408,25 @@ fn neighbours(v: f32, step: f32, lo: i32, hi: i32) -> impl Iterator<Item = i32> 
 
 /// A Q4_K or Q5_K block: `d`, `dmin`, the 12 bytes of 6-bit scales and mins, (Q5_K) the fifth
 /// bits, the nibbles.
-fn kmin_block(x: &[f32; 256], ty: QuantType, out: &mut Vec<u8>) {
+#[inline(always)]
+fn kmin_block<P: Pick>(x: &[f32; 256], ty: QuantType, out: &mut Vec<u8>) {
     let top = if ty == QuantType::Q4K { 15 } else { 31 };
     let groups: [&[f32; 32]; 8] = std::array::from_fn(|g| x[32 * g..32 * (g + 1)].try_into().expect("32 values"));
-    let fits = groups.map(|g| kmin_group(g, top));
+    // A loop, not `groups.map`: the closure would be compiled without AVX2, and the searches
+    // inlined into it too.
+    let mut fits = [(0.0, 0.0); 8];
+    for (fit, group) in fits.iter_mut().zip(groups) {
+        *fit = kmin_group::<P>(group, top);
+    }
     let (max_s, max_m) = fits.iter().fold((0.0f32, 0.0f32), |(a, b), &(s, m)| (a.max(s), b.max(m)));
     let (d, dmin) = (f16::from_f32(max_s / 63.0), f16::from_f32(max_m / 63.0));
     let (df, dminf) = (d.to_f32(), dmin.to_f32());
     let (mut sc, mut m, mut q) = ([0u8; 8], [0u8; 8], [0u8; 256]);
     for (g, (group, &(s, min))) in groups.iter().zip(&fits).enumerate() {
-        let mut best = (f32::INFINITY, 0, 0, [0i32; 32]);
+        let mut best = (f32::INFINITY, 0, 0, [0.0f32; 32]);
         for c in neighbours(s, df, 0, 63) {
             for n in neighbours(min, dminf, 0, 63) {
-                let (err, ints) = fit_error(group, df * c as f32, -(dminf * n as f32), 0, top);
+                let (err, ints) = fit(group, df * c as f32, -(dminf * n as f32), 0, top);
                 if err < best.0 {
                     best = (err, c, n, ints);
                 }
@@ -293,53 +460,37 @@ fn kmin_block(x: &[f32; 256], ty: QuantType, out: &mut Vec<u8>) {
     }
 }
 
-/// One 16-value group of a Q6_K block: `w ≈ s · q` with q in `[−32, 31]`, the scale with the
-/// least squared error among those around the group's extreme value, refined by least squares.
-fn k6_group(x: &[f32; 16]) -> f32 {
-    let max = extreme(x);
-    if max == 0.0 {
-        return 0.0;
-    }
-    let mut best = (f32::INFINITY, 0.0);
-    let consider = |s: f32, best: &mut (f32, f32)| {
-        let err = fit_error(x, s, 0.0, -32, 31).0;
-        if s.is_finite() && err < best.0 {
-            *best = (err, s);
-        }
-    };
-    for k in -STEPS..=STEPS {
-        let t = k as f32 * STEP;
-        // The extreme value maps to −32 (ggml's choice) or to +31, give or take.
-        for s in [max / -(32.0 + t), max / (31.0 + t)] {
-            consider(s, &mut best);
-            if let Some(s) = scale_fit(x, &fit_error(x, s, 0.0, -32, 31).1) {
-                consider(s, &mut best);
-            }
-        }
-    }
-    best.1
+/// One 16-value group of a Q6_K block: `w ≈ s · q` with q in `[−32, 31]`, the least-squares scale
+/// of the best symmetric candidate.
+#[inline(always)]
+fn k6_group<P: Pick>(x: &[f32; 16]) -> f32 {
+    symmetric_scale::<P, 16>(x, 32, 31)
 }
 
 /// A Q6_K block: the low four bits, the top two bits, 16 signed 8-bit scales, `d`.
-fn k6_block(x: &[f32; 256], out: &mut Vec<u8>) {
+#[inline(always)]
+fn k6_block<P: Pick>(x: &[f32; 256], out: &mut Vec<u8>) {
     let groups: [&[f32; 16]; 16] = std::array::from_fn(|g| x[16 * g..16 * (g + 1)].try_into().expect("16 values"));
-    let scales = groups.map(k6_group);
+    let mut scales = [0.0; 16];
+    for (scale, group) in scales.iter_mut().zip(groups) {
+        *scale = k6_group::<P>(group);
+    }
     let max = extreme(&scales);
     // The largest scale maps to −128, the end of the signed range with the most room.
     let d = f16::from_f32(max / -128.0);
     let df = d.to_f32();
     let (mut sc, mut q) = ([0i8; 16], [0u8; 256]);
     for (g, (group, &s)) in groups.iter().zip(&scales).enumerate() {
-        let mut best = (f32::INFINITY, 0, [0i32; 16]);
+        let mut best = (f32::INFINITY, 0, [0.0f32; 16]);
         for c in neighbours(s, df, -128, 127) {
-            let (err, ints) = fit_error(group, df * c as f32, 0.0, -32, 31);
+            let (err, ints) = fit(group, df * c as f32, 0.0, -32, 31);
             if err < best.0 {
                 best = (err, c, ints);
             }
         }
         sc[g] = best.1 as i8;
         for (q, &v) in q[16 * g..].iter_mut().zip(&best.2) {
-            *q = (v + 32) as u8;
+            *q = (v as i32 + 32) as u8;
         }
     }
     // ql: two halves of 64 bytes, half h holding values 128h.. in its low nibbles and
@@ -477,6 +628,25 @@ mod tests {
                 }
             };
             assert!(rms_error(ty, &x) < 1e-6, "{ty}: rms error {}", rms_error(ty, &x));
+        }
+    }
+
+    /// The AVX2 build of the searches gives the portable build's bytes in every format, on
+    /// ordinary, constant, zero and one-signed blocks (on a CPU without AVX2 both calls take the
+    /// portable build).
+    #[test]
+    fn every_build_gives_the_same_bytes() {
+        let mut x: Vec<f32> =
+            test_values(256 * 64, 8).iter().enumerate().map(|(i, v)| v * (1.0 + (i / 32 % 5) as f32)).collect();
+        x[..256].fill(0.0);
+        x[256..512].fill(-0.3);
+        x[512..768].iter_mut().for_each(|v| *v = v.abs() + 0.5);
+        x[768..1024].iter_mut().for_each(|v| *v = -v.abs() * 1e-6);
+        for ty in QuantType::ALL {
+            let (mut dispatched, mut portable) = (Vec::new(), Vec::new());
+            blocks(ty, &x, &mut dispatched);
+            blocks_in::<Portable>(ty, &x, &mut portable);
+            assert!(dispatched == portable, "{ty}: the builds differ");
         }
     }
 
