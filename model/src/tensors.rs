@@ -75,9 +75,12 @@ pub enum WeightDtype {
     /// bf16: exact for bf16 checkpoints such as Qwen2.5's. Decode steps widen it to f32;
     /// prefill uses the CPU's bf16 dot products (activations rounded to bf16, as llama.cpp does).
     Bf16,
-    /// A quantized format: tensors stored in it stay as they are; others are quantized at load
-    /// (to the 32-value formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
+    /// A quantized format: tensors stored in it stay as they are; others are quantized at load.
     Quant(QuantType),
+    /// llama.cpp's mixes of K-quants, `q4_k_m` and `q5_k_m` (the base type given): the base for
+    /// most matrices, Q6_K for the output head and for the value and down projections of some
+    /// layers (`Slot::mixed` chooses a matrix's type, as `llama-quantize` does).
+    Mixed(QuantType),
 }
 
 impl std::str::FromStr for WeightDtype {
@@ -88,9 +91,12 @@ impl std::str::FromStr for WeightDtype {
             "f32" | "float32" => Ok(Self::F32),
             "f16" | "float16" => Ok(Self::F16),
             "bf16" | "bfloat16" => Ok(Self::Bf16),
+            "q4_k_m" => Ok(Self::Mixed(QuantType::Q4K)),
+            "q5_k_m" => Ok(Self::Mixed(QuantType::Q5K)),
             other => other.parse().map(Self::Quant).map_err(|_| {
                 format!(
-                    "unknown weight dtype `{s}` (auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)"
+                    "unknown weight dtype `{s}` (auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, \
+                     q6_k, q4_k_m, q5_k_m)"
                 )
             }),
         }
@@ -105,6 +111,7 @@ impl std::fmt::Display for WeightDtype {
             Self::F16 => f.write_str("f16"),
             Self::Bf16 => f.write_str("bf16"),
             Self::Quant(q) => f.write_str(&q.name().to_ascii_lowercase()),
+            Self::Mixed(q) => write!(f, "{}_m", q.name().to_ascii_lowercase()),
         }
     }
 }
@@ -160,7 +167,8 @@ impl WeightDtype {
             // A GPU without its kernels (`LLAISYS_GPU_KERNELS=off`): dequantized to 16 bits
             // where it can.
             (Self::Auto, Stored::Quant(_)) => Storage::Dense(float_on(device, &[DType::F16])),
-            (Self::Quant(q), _) => {
+            // A mix's matrix takes the type `Slot::mixed` gives it; its base where none did.
+            (Self::Quant(q) | Self::Mixed(q), _) => {
                 // A K-quant's rows are 256-value blocks; a tensor whose rows are not takes the
                 // 32-value format llama.cpp falls back to for it.
                 let q = match q.k_fallback() {

@@ -10,6 +10,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::layers::{Expert, ExpertStacks, Linear, Moe, RmsNorm, Weight, linear};
+use crate::quant::QuantType;
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
 /// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`, and the
@@ -176,6 +177,38 @@ impl Slot {
             Slot::SharedGate | Slot::SharedUp => vec![shared_width(c), h],
             Slot::SharedDown => vec![h, shared_width(c)],
             Slot::SharedRouter => vec![1, h],
+        }
+    }
+
+    /// The weight type of this slot's matrix (in `layer`) under `dtype`: a mix's per-matrix
+    /// choice, `dtype` itself otherwise.
+    pub fn dtype(self, dtype: WeightDtype, layer: Option<usize>, c: &ModelConfig) -> WeightDtype {
+        match dtype {
+            WeightDtype::Mixed(base) => WeightDtype::Quant(self.mixed(base, layer, c)),
+            other => other,
+        }
+    }
+
+    /// `llama-quantize`'s choice for this slot's matrix in its `Q4_K_M` / `Q5_K_M` mix of base
+    /// `base`: Q6_K for the output head (the embedding where it is tied), and for the value and
+    /// down projections (every expert's and the shared one's) of the first and last eighth of
+    /// the layers and every third between; with eight experts, Q8_0 for the key and value
+    /// projections and (`Q4_K_M`) Q5_K for the output one; `base` for the rest. A K-quant that
+    /// does not fit a matrix's rows falls back as `WeightDtype::storage` says.
+    fn mixed(self, base: QuantType, layer: Option<usize>, c: &ModelConfig) -> QuantType {
+        let layers = c.num_hidden_layers;
+        // Which layers get more bits (llama.cpp's `use_more_bits`).
+        let more_bits = |l: usize| l < layers / 8 || l >= 7 * layers / 8 || (l - layers / 8) % 3 == 2;
+        let eight_experts = c.moe.as_ref().is_some_and(|m| m.experts == 8);
+        match (self, layer) {
+            (Slot::OutEmbed, _) => QuantType::Q6K,
+            (Slot::InEmbed, _) if c.tie_word_embeddings => QuantType::Q6K,
+            (Slot::AttnK | Slot::AttnV, _) if eight_experts => QuantType::Q8_0,
+            (Slot::AttnV | Slot::MlpDown | Slot::ExpertDown | Slot::SharedDown, Some(l)) if more_bits(l) => {
+                QuantType::Q6K
+            }
+            (Slot::AttnO, _) if eight_experts && base == QuantType::Q4K => QuantType::Q5K,
+            _ => base,
         }
     }
 }
@@ -385,13 +418,15 @@ impl Weights {
     ) -> Result<Self, LoadError> {
         let eps = c.rms_norm_eps;
         let naming = src.naming();
-        let storage = |name: &str| {
+        let storage = |name: &str, slot: Slot, l: Option<usize>| {
             let stored = src.stored(name).and_then(Result::ok).unwrap_or(Stored::F32);
             let k = src.shape(name).and_then(|s| s.last().copied()).unwrap_or(0);
-            dtype.storage(name, stored, k, device)
+            slot.dtype(dtype, l, c).storage(name, stored, k, device)
         };
-        let named = |name: &str| -> Result<Weight, LoadError> { load_matrix(src, name, storage(name)?, device) };
-        let mat = |slot: Slot, l: Option<usize>| named(&name_of(slot, l, naming));
+        let named = |name: &str, slot: Slot, l: Option<usize>| -> Result<Weight, LoadError> {
+            load_matrix(src, name, storage(name, slot, l)?, device)
+        };
+        let mat = |slot: Slot, l: Option<usize>| named(&name_of(slot, l, naming), slot, l);
         let vec = |slot: Slot, l: Option<usize>| load_f32::<1>(src, &name_of(slot, l, naming), device);
         let norm =
             |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> { Ok(RmsNorm { weight: vec(slot, l)?, eps }) };
@@ -431,10 +466,12 @@ impl Weights {
                             // one 3-D tensor of all of them.
                             let experts = |slot: Slot| -> Result<Vec<Weight>, LoadError> {
                                 match naming {
-                                    Naming::Hf => (0..m.experts).map(|e| named(&expert_name(slot, l, e))).collect(),
+                                    Naming::Hf => {
+                                        (0..m.experts).map(|e| named(&expert_name(slot, l, e), slot, Some(l))).collect()
+                                    }
                                     Naming::Gguf => {
                                         let name = name_of(slot, Some(l), naming);
-                                        load_experts(src, &name, storage(&name)?, device)
+                                        load_experts(src, &name, storage(&name, slot, Some(l))?, device)
                                     }
                                 }
                             };
@@ -650,5 +687,59 @@ impl Weights {
             let (experts, stacks) = ExpertStacks::build(std::mem::take(&mut moe.experts));
             (moe.experts, moe.stacks) = (experts, stacks);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(model_type: &str, extra: &str) -> ModelConfig {
+        ModelConfig::from_json_str(&format!(
+            r#"{{"model_type":"{model_type}","hidden_size":64,"num_hidden_layers":24,"num_attention_heads":4,
+            "intermediate_size":8,"vocab_size":8,"max_position_embeddings":256{extra}}}"#
+        ))
+        .unwrap()
+    }
+
+    /// `q4_k_m` gives each matrix of a 24-layer model the type llama-quantize (the peer's
+    /// llama.cpp) gave the demo model's F16 GGUF for `Q4_K_M`, before its row fallbacks: Q6_K for
+    /// the value and down projections of layers 0-2, 5, 8, ..., 20-23 and for the output head
+    /// (the embedding where tied), Q4_K elsewhere; eight experts move k and v to Q8_0 and the
+    /// output projection to Q5_K; `q5_k_m` has Q5_K for a base.
+    #[test]
+    fn a_k_quant_mix_chooses_each_matrix_as_llama_quantize_does() {
+        let (q4, q5, q6) = (QuantType::Q4K, QuantType::Q5K, QuantType::Q6K);
+        let more_bits = [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23];
+        let dense = config("qwen2", r#","tie_word_embeddings":false"#);
+        for l in 0..24 {
+            let sensitive = if more_bits.contains(&l) { q6 } else { q4 };
+            for slot in [Slot::AttnV, Slot::MlpDown] {
+                assert_eq!(slot.mixed(q4, Some(l), &dense), sensitive, "{slot:?} of layer {l}");
+            }
+            for slot in [Slot::AttnQ, Slot::AttnK, Slot::AttnO, Slot::MlpGate, Slot::MlpUp] {
+                assert_eq!(slot.mixed(q4, Some(l), &dense), q4, "{slot:?} of layer {l}");
+            }
+            let sensitive = if more_bits.contains(&l) { q6 } else { q5 };
+            assert_eq!(Slot::AttnV.mixed(q5, Some(l), &dense), sensitive);
+        }
+        assert_eq!(Slot::OutEmbed.mixed(q4, None, &dense), q6);
+        assert_eq!(Slot::InEmbed.mixed(q4, None, &dense), q4);
+        let tied = config("qwen2", r#","tie_word_embeddings":true"#);
+        assert_eq!(Slot::InEmbed.mixed(q4, None, &tied), q6, "a tied embedding is the output head");
+
+        let moe = config("qwen3_moe", r#","num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":8"#);
+        assert_eq!(Slot::AttnK.mixed(q4, Some(3), &moe), QuantType::Q8_0);
+        assert_eq!(Slot::AttnV.mixed(q4, Some(0), &moe), QuantType::Q8_0);
+        assert_eq!(Slot::AttnO.mixed(q4, Some(3), &moe), q5);
+        assert_eq!(Slot::ExpertDown.mixed(q4, Some(0), &moe), q6);
+        assert_eq!(Slot::ExpertDown.mixed(q4, Some(3), &moe), q4);
+        assert_eq!(Slot::ExpertGate.mixed(q4, Some(0), &moe), q4);
+
+        let dtype: WeightDtype = "Q4_K_M".parse().unwrap();
+        assert_eq!(dtype, WeightDtype::Mixed(q4));
+        assert_eq!(dtype.to_string(), "q4_k_m");
+        assert_eq!(Slot::MlpDown.dtype(dtype, Some(0), &dense), WeightDtype::Quant(q6));
+        assert_eq!(Slot::MlpDown.dtype(WeightDtype::Bf16, Some(0), &dense), WeightDtype::Bf16);
     }
 }

@@ -58,8 +58,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     ignore_eos: bool,
     /// Weight dtype in memory: auto (the checkpoint's own), f32, f16, bf16, or a quantized
-    /// format (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k), quantized at load where stored
-    /// otherwise.
+    /// format (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, or llama.cpp's mixes q4_k_m,
+    /// q5_k_m), quantized at load where stored otherwise.
     #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
     /// The device: cpu, wgpu, vulkan, gl, cuda (an index as in vulkan:1; GPUs need a build with
