@@ -137,7 +137,7 @@ fn fifth_bits(q: &[u8; 32]) -> [u8; 4] {
 }
 
 /// Scale candidates per block: the extreme value divided by `levels + step·k` for k in
-/// `-STEPS..=STEPS`.
+/// `-STEPS..STEPS` (whole groups of `LANES`).
 const STEPS: i32 = 12;
 const STEP: f32 = 0.1;
 
@@ -253,33 +253,26 @@ impl Sums {
 }
 
 /// The candidate scales of a symmetric search: the extreme value `max` mapped to `−neg` (ggml's
-/// choice for Q4_0 / Q5_0 / Q6_K) or to `+pos`, give or take `STEPS` steps; the last repeated to
-/// whole groups of lanes.
+/// choice for Q4_0 / Q5_0 / Q6_K) or to `+pos`, give or take `STEPS` steps (six groups of lanes).
 #[inline(always)]
-fn symmetric_candidates(max: f32, neg: i32, pos: i32) -> [f32; 7 * LANES] {
-    let mut scales = [0.0; 7 * LANES];
-    for (i, k) in (-STEPS..=STEPS).enumerate() {
+fn symmetric_candidates(max: f32, neg: i32, pos: i32) -> [f32; 6 * LANES] {
+    let mut scales = [0.0; 6 * LANES];
+    for (i, k) in (-STEPS..STEPS).enumerate() {
         let t = k as f32 * STEP;
         scales[2 * i] = max / -(neg as f32 + t);
         scales[2 * i + 1] = max / (pos as f32 + t);
     }
-    let last = 2 * (2 * STEPS as usize + 1);
-    let repeat = scales[last - 1];
-    scales[last..].fill(repeat);
     scales
 }
 
 /// The candidate scales of an affine search: the range `hi − lo` mapped onto `top + step·k`
-/// levels, the last repeated to whole groups of lanes.
+/// levels (three groups of lanes).
 #[inline(always)]
-fn affine_candidates(lo: f32, hi: f32, top: i32) -> [f32; 4 * LANES] {
-    let mut scales = [0.0; 4 * LANES];
-    for (i, k) in (-STEPS..=STEPS).enumerate() {
+fn affine_candidates(lo: f32, hi: f32, top: i32) -> [f32; 3 * LANES] {
+    let mut scales = [0.0; 3 * LANES];
+    for (i, k) in (-STEPS..STEPS).enumerate() {
         scales[i] = (hi - lo) / (top as f32 + k as f32 * STEP);
     }
-    let last = 2 * STEPS as usize + 1;
-    let repeat = scales[last - 1];
-    scales[last..].fill(repeat);
     scales
 }
 
