@@ -353,6 +353,23 @@ fn safetensors_quantized_at_load_beat_ggmls_reference_quantizer() {
     assert_eq!(logits("q4_k"), logits("q5_0"), "Q4_K on 64-value rows: the Q5_0 model");
 }
 
+/// `q4_k_m` on a file llama-quantize made as Q4_K_M (tiny-kquant: Q6_K for the tied embedding
+/// and layer 1's value and down projections, Q4_K elsewhere) keeps every matrix as stored, each
+/// being already the type the mix gives it, so it is the file's model exactly; `q4_k` requantizes
+/// the Q6_K matrices, and is not.
+#[test]
+fn a_q4_k_m_file_loaded_as_q4_k_m_keeps_every_matrix() {
+    let source = gguf("tiny-kquant");
+    let logits = |dtype: &str| {
+        let mut ctx = context(&source, dtype.parse().unwrap());
+        ctx.decode(&one_sequence(&[1, 2, 3, 4, 5], 1, 0)).unwrap();
+        ctx.outputs().row(0).unwrap().to_vec()
+    };
+    let stored = logits("auto");
+    assert!(logits("q4_k_m") == stored, "q4_k_m changed a matrix of a Q4_K_M file");
+    assert!(logits("q4_k") != stored, "q4_k kept the Q6_K matrices");
+}
+
 fn load_error(path: &std::path::Path) -> String {
     let source = ModelSource::resolve(path);
     let result = source.and_then(|s| load_model(None, Some(&s), &LoadOptions::default(), &Device::flex()).map(|_| ()));
