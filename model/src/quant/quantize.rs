@@ -643,6 +643,26 @@ mod tests {
         }
     }
 
+    /// A checkpoint with non-finite, huge or tiny values quantizes without a panic, in blocks
+    /// of the right size, and the blocks without such values decode as before.
+    #[test]
+    fn non_finite_values_do_not_panic() {
+        let clean: Vec<f32> = test_values(512, 9);
+        let mut x = clean.clone();
+        for (i, v) in [(3, f32::NAN), (40, f32::INFINITY), (100, f32::NEG_INFINITY), (101, f32::MAX), (102, 1e-30)] {
+            x[i] = v;
+        }
+        for ty in QuantType::ALL {
+            let (mut bytes, mut reference) = (Vec::new(), Vec::new());
+            quantize(ty, &x, &mut bytes).unwrap();
+            quantize(ty, &clean, &mut reference).unwrap();
+            assert_eq!(bytes.len(), reference.len(), "{ty}");
+            // Values 256.. share no block with the odd ones.
+            let half = bytes.len() / 2;
+            assert_eq!(bytes[half..], reference[half..], "{ty}");
+        }
+    }
+
     /// Constant and all-zero blocks quantize exactly.
     #[test]
     fn degenerate_blocks_are_exact() {
