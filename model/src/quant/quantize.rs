@@ -137,7 +137,7 @@ fn fifth_bits(q: &[u8; 32]) -> [u8; 4] {
 }
 
 /// Scale candidates per block: the extreme value divided by `levels + step·k` for k in
-/// `-STEPS..STEPS` (whole groups of `LANES`).
+/// `-STEPS..STEPS` (whole groups of `LANES`: 48 symmetric, 24 affine).
 const STEPS: i32 = 12;
 const STEP: f32 = 0.1;
 
@@ -252,28 +252,30 @@ impl Sums {
     }
 }
 
-/// The candidate scales of a symmetric search: the extreme value `max` mapped to `−neg` (ggml's
-/// choice for Q4_0 / Q5_0 / Q6_K) or to `+pos`, give or take `STEPS` steps (six groups of lanes).
+/// The candidate scales of a symmetric search, in groups of lanes: the extreme value `max`
+/// mapped to `−neg` (ggml's choice for Q4_0 / Q5_0 / Q6_K) or to `+pos`, give or take `STEPS`
+/// steps.
 #[inline(always)]
-fn symmetric_candidates(max: f32, neg: i32, pos: i32) -> [f32; 6 * LANES] {
-    let mut scales = [0.0; 6 * LANES];
+fn symmetric_candidates(max: f32, neg: i32, pos: i32) -> [[f32; LANES]; 6] {
+    let mut groups = [[0.0; LANES]; 6];
+    let scales = groups.as_flattened_mut();
     for (i, k) in (-STEPS..STEPS).enumerate() {
         let t = k as f32 * STEP;
         scales[2 * i] = max / -(neg as f32 + t);
         scales[2 * i + 1] = max / (pos as f32 + t);
     }
-    scales
+    groups
 }
 
-/// The candidate scales of an affine search: the range `hi − lo` mapped onto `top + step·k`
-/// levels (three groups of lanes).
+/// The candidate scales of an affine search, in groups of lanes: the range `hi − lo` mapped onto
+/// `top + step·k` levels.
 #[inline(always)]
-fn affine_candidates(lo: f32, hi: f32, top: i32) -> [f32; 3 * LANES] {
-    let mut scales = [0.0; 3 * LANES];
-    for (i, k) in (-STEPS..STEPS).enumerate() {
-        scales[i] = (hi - lo) / (top as f32 + k as f32 * STEP);
+fn affine_candidates(lo: f32, hi: f32, top: i32) -> [[f32; LANES]; 3] {
+    let mut groups = [[0.0; LANES]; 3];
+    for (scale, k) in groups.as_flattened_mut().iter_mut().zip(-STEPS..STEPS) {
+        *scale = (hi - lo) / (top as f32 + k as f32 * STEP);
     }
-    scales
+    groups
 }
 
 /// The least-squares scale of the integers that fit `x` best among the symmetric candidates
@@ -285,8 +287,8 @@ fn symmetric_scale<P: Pick, const N: usize>(x: &[f32; N], neg: i32, pos: i32) ->
         return 0.0;
     }
     let mut best = (f32::NEG_INFINITY, 0.0);
-    for scales in symmetric_candidates(max, neg, pos).chunks_exact(LANES) {
-        for sums in P::pick(x, scales.try_into().expect("8 lanes"), 0.0, -neg, pos) {
+    for scales in &symmetric_candidates(max, neg, pos) {
+        for sums in P::pick(x, scales, 0.0, -neg, pos) {
             if let Some((s, removed)) = sums.scale()
                 && removed > best.0
                 && s.is_finite()
@@ -321,8 +323,8 @@ fn affine<P: Pick>(x: &[f32; 32], top: i32) -> (f16, f16, [f32; 32]) {
     let sx = x.iter().sum();
     let mut best = (f32::NEG_INFINITY, 0.0, lo);
     if hi > lo {
-        for scales in affine_candidates(lo, hi, top).chunks_exact(LANES) {
-            for sums in P::pick(x, scales.try_into().expect("8 lanes"), lo, 0, top) {
+        for scales in &affine_candidates(lo, hi, top) {
+            for sums in P::pick(x, scales, lo, 0, top) {
                 if let Some((d, m, removed)) = sums.affine(32.0, sx)
                     && removed > best.0
                     && d.is_finite()
@@ -371,8 +373,8 @@ fn kmin_group<P: Pick>(x: &[f32; 32], top: i32) -> (f32, f32) {
     if hi <= lo {
         return (best.1, best.2);
     }
-    for scales in affine_candidates(lo, hi, top).chunks_exact(LANES) {
-        for sums in P::pick(x, scales.try_into().expect("8 lanes"), lo, 0, top) {
+    for scales in &affine_candidates(lo, hi, top) {
+        for sums in P::pick(x, scales, lo, 0, top) {
             let fitted = match sums.affine(32.0, sx) {
                 Some((s, offset, removed)) if offset <= 0.0 => Some((removed, s, -offset)),
                 Some(_) => sums.scale().map(|(s, removed)| (removed, s, 0.0)),
