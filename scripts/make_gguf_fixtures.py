@@ -2,7 +2,8 @@
 """Build the GGUF test fixtures under tests/fixtures/gguf/ (CI never runs this: the files are committed).
 
 - blocks.gguf: for each quantized type llaisys loads (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
-  Q6_K), a tensor of random blocks (random bytes, every f16 scale replaced by a finite value)
+  Q6_K, and Q2_K, Q3_K, IQ4_NL, IQ4_XS, which it converts at load), a tensor of random blocks
+  (random bytes, every f16 scale replaced by a finite value)
   named after the type, and `<TYPE>.f32`: the same values dequantized by ggml's numpy reference
   (PyPI `gguf`, `gguf.quants.dequantize`). Dequantization must match it bit for bit.
 - tiny-tied-f32.gguf, tiny-tied-q8_0.gguf, tiny-tied-q4_0.gguf, tiny-untied-q5_0.gguf: the
@@ -14,7 +15,7 @@
 - kquants.gguf: two matrices of tiny-kquant's f32 model (`<name>`, f32) and the same matrices as
   llama-quantize makes them in Q4_K, Q5_K and Q6_K (`<name>.Q4_K`, ...; `--pure`, no importance
   matrix), for comparing llaisys's K-quant quantizer with llama.cpp's.
-- unsupported-type.gguf: tiny-tied with one matrix in IQ4_NL (the files of other families and
+- unsupported-type.gguf: tiny-tied with one matrix in MXFP4 (the files of other families and
   architectures are scripts/make_family_fixtures.py's).
 - reference.json: for every model file, per prompt, the token ids, the last position's logits
   and 12 greedy tokens from a float64 numpy forward pass over the file's dequantized weights,
@@ -160,7 +161,8 @@ def random_blocks(qtype, n_blocks, rng):
     size = gguf.GGML_QUANT_SIZES[qtype][1]
     raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
     fields = {T.Q8_0: [0], T.Q4_0: [0], T.Q5_0: [0], T.Q4_1: [0, 2], T.Q5_1: [0, 2],
-              T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}[qtype]
+              T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
+              T.IQ4_NL: [0], T.IQ4_XS: [0]}[qtype]
     for at in fields:
         scale = (rng.uniform(0.002, 0.05, n_blocks) * rng.choice([-1, 1], n_blocks)).astype(np.float16)
         raw[:, at:at + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
@@ -170,7 +172,8 @@ def random_blocks(qtype, n_blocks, rng):
 def write_blocks(path):
     rng = np.random.default_rng(7)
     w = GGUFWriter(path, "blocks")
-    for qtype in [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]:
+    for qtype in [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
+                  T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]:
         block = gguf.GGML_QUANT_SIZES[qtype][0]
         rows, per_row = 3, max(1, 512 // block)
         raw = random_blocks(qtype, rows * per_row, rng).reshape(rows, -1)
@@ -299,7 +302,7 @@ def main():
     # One matrix in a type llaisys does not load.
     unsupported = os.path.join(OUT, "unsupported-type.gguf")
     write_model(unsupported, tied_cfg, tied, T.Q8_0)
-    patch_type(unsupported, "blk.0.attn_q.weight", T.IQ4_NL, tied["model.layers.0.self_attn.q_proj.weight"])
+    patch_type(unsupported, "blk.0.attn_q.weight", T.MXFP4, tied["model.layers.0.self_attn.q_proj.weight"])
 
     tok_ids = json.load(open(os.path.join(FIXTURES, "tiny-tied-f32", "reference.json")))["prompts"]
     prompt_ids = [p["ids"] for p in tok_ids]

@@ -31,8 +31,9 @@ pub enum LoadError {
     #[error("slot {slot}{}: expected shape {expected:?}, found {found:?}", layer_suffix(*.layer))]
     Shape { slot: &'static str, layer: Option<usize>, expected: Vec<usize>, found: Vec<usize> },
     #[error(
-        "tensor `{tensor}` (slot {slot}{}): type {dtype} does not load (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
-        layer_suffix(*.layer)
+        "tensor `{tensor}` (slot {slot}{}): type {dtype} does not load ({})",
+        layer_suffix(*.layer),
+        crate::quant::loadable_types()
     )]
     Dtype { tensor: String, slot: &'static str, layer: Option<usize>, dtype: String },
     #[error("tensor `{name}`: {reason}")]

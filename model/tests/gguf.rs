@@ -7,7 +7,8 @@ use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::config::RopeScaling;
 use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::gguf::{GgufFile, TensorType};
-use llaisys_model::quant::{PackedMatrix, QuantType, dequantize};
+use llaisys_model::quant::{Foreign, PackedMatrix, QuantType, dequantize};
+use llaisys_model::tensors::{Stored, TensorSource};
 use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
 use llaisys_model::{
     Batch, Context, Device, KvDtype, LoadError, LoadOptions, ModelConfig, ModelSource, TensorData, Tokenizer,
@@ -27,15 +28,19 @@ fn gguf(name: &str) -> ModelSource {
     ModelSource::Gguf(gguf_fixture(name))
 }
 
+/// The values of f32 tensor `name` of `file`.
+fn f32_tensor(file: &GgufFile, name: &str) -> Vec<f32> {
+    let t = file.tensor(name).unwrap_or_else(|| panic!("no tensor {name}"));
+    file.bytes(t).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
 #[test]
 fn every_quantized_type_dequantizes_bit_exact_to_ggml_and_through_the_packed_layout() {
     let file = GgufFile::open(&gguf_fixture("blocks")).unwrap();
     for ty in QuantType::ALL {
         let t = file.tensor(ty.name()).unwrap_or_else(|| panic!("no {ty} tensor"));
         assert_eq!(t.ty, TensorType::Quant(ty));
-        let want_t = file.tensor(&format!("{}.f32", ty.name())).unwrap();
-        let want: Vec<f32> =
-            file.bytes(want_t).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let want = f32_tensor(&file, &format!("{}.f32", ty.name()));
         let mut got = vec![0.0f32; t.n_values()];
         dequantize(ty, file.bytes(t).unwrap(), &mut got);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -50,6 +55,47 @@ fn every_quantized_type_dequantizes_bit_exact_to_ggml_and_through_the_packed_lay
     }
 }
 
+/// The formats converted at load (Q2_K, Q3_K, IQ4_NL, IQ4_XS) dequantize bit-exact to ggml's
+/// reference (`blocks.gguf`: random blocks and `gguf.quants.dequantize`'s values), and load as
+/// their targets: Q3_K and IQ4_NL with every weight bit-identical through the packed layout,
+/// IQ4_XS within its block scales' f16 rounding, Q2_K requantized within a fraction of its step.
+#[test]
+fn converted_types_dequantize_as_ggml_and_load_as_their_targets() {
+    let file = GgufFile::open(&gguf_fixture("blocks")).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for ty in Foreign::ALL {
+        let t = file.tensor(ty.name()).unwrap_or_else(|| panic!("no {ty} tensor"));
+        assert_eq!(t.ty, TensorType::Foreign(ty));
+        let want = f32_tensor(&file, &format!("{}.f32", ty.name()));
+        let mut got = vec![0.0f32; t.n_values()];
+        ty.dequantize(file.bytes(t).unwrap(), &mut got).unwrap();
+        assert_eq!(bits(&got), bits(&want), "{ty}: dequantized values differ from gguf.quants.dequantize");
+
+        let target = ty.target();
+        assert_eq!(file.stored(ty.name()).unwrap().unwrap(), Stored::Quant(target), "{ty}");
+        let (stored, blocks) = file.blocks(ty.name()).unwrap();
+        assert_eq!(stored, target);
+        let [rows, k] = t.shape()[..] else { panic!("{ty} is not a matrix") };
+        let packed = PackedMatrix::from_ggml(target, rows, k, &blocks).unwrap();
+        let mut loaded = vec![0.0f32; rows * k];
+        for (r, row) in loaded.chunks_exact_mut(k).enumerate() {
+            packed.dequantize_row(r, row);
+        }
+        let rms = (loaded.iter().zip(&want).map(|(a, b)| (a - b).powi(2)).sum::<f32>() / want.len() as f32).sqrt();
+        let mean_abs = want.iter().map(|w| w.abs()).sum::<f32>() / want.len() as f32;
+        eprintln!("{ty} as {target}: rms change {rms:.3e} (mean |w| {mean_abs:.3e})");
+        match ty {
+            Foreign::Q3K | Foreign::Iq4Nl => assert_eq!(bits(&loaded), bits(&want), "{ty} loaded as {target}"),
+            Foreign::Iq4Xs => {
+                for (l, w) in loaded.iter().zip(&want) {
+                    assert!((l - w).abs() <= w.abs() * 2f32.powi(-11), "{ty}: {l} for {w}");
+                }
+            }
+            Foreign::Q2K => assert!(rms > 0.0 && rms < 0.05 * mean_abs, "{ty}: rms change {rms}"),
+        }
+    }
+}
+
 /// The K-quants made at load (Q4_K, Q5_K, Q6_K) are at least as close to the weights as
 /// llama.cpp's quantizer makes them (`llama-quantize --pure`, no importance matrix), on two of
 /// tiny-kquant's f32 matrices (`kquants.gguf`, made by scripts/make_gguf_fixtures.py).
@@ -59,9 +105,7 @@ fn k_quants_made_at_load_are_as_close_as_llama_cpps() {
     let rms =
         |a: &[f32], b: &[f32]| (a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f32>() / a.len() as f32).sqrt();
     for name in ["blk.0.attn_k.weight", "blk.1.attn_v.weight"] {
-        let t = file.tensor(name).unwrap();
-        let x: Vec<f32> =
-            file.bytes(t).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let x = f32_tensor(&file, name);
         for ty in [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K] {
             let theirs = file.tensor(&format!("{name}.{}", ty.name())).unwrap();
             assert_eq!(theirs.ty, TensorType::Quant(ty));
@@ -382,7 +426,7 @@ fn load_error(path: &std::path::Path) -> String {
 #[test]
 fn unsupported_types_and_architectures_are_named() {
     let err = load_error(&gguf_fixture("unsupported-type"));
-    assert!(err.contains("blk.0.attn_q.weight") && err.contains("IQ4_NL"), "{err}");
+    assert!(err.contains("blk.0.attn_q.weight") && err.contains("MXFP4") && err.contains("Q3_K"), "{err}");
     let err = load_error(&gguf_fixture("deepseek2-arch"));
     assert!(err.contains("`deepseek2`") && err.contains("latent attention") && err.contains("qwen3_moe"), "{err}");
     let err = load_error(&gguf_fixture("unknown-arch"));

@@ -46,6 +46,11 @@ pub fn load(
         ModelSource::Dir(dir) => (ModelConfig::from_dir(dir)?, Box::new(Checkpoint::open(dir)?)),
         ModelSource::Gguf(path) => {
             let file = GgufFile::open(path)?;
+            let conversions = file.conversions();
+            if !conversions.is_empty() {
+                // The kernels do not run these formats: the model takes more memory than the file.
+                tracing::info!(conversions = conversions.join(", "), "tensors converted at load");
+            }
             (gguf::model_config(&file)?, Box::new(file))
         }
     };

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::error::LoadError;
-use crate::quant::{QuantType, row_bytes};
+use crate::quant::{Foreign, QuantType, row_bytes};
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +91,8 @@ pub enum TensorType {
     F16,
     BF16,
     Quant(QuantType),
+    /// A ggml type loaded converted to one the kernels run (`Foreign::target`).
+    Foreign(Foreign),
     /// A ggml type llaisys does not load (its id).
     Other(u32),
 }
@@ -101,25 +103,24 @@ impl TensorType {
             0 => Self::F32,
             1 => Self::F16,
             30 => Self::BF16,
-            id => QuantType::from_ggml_id(id).map_or(Self::Other(id), Self::Quant),
+            id => QuantType::from_ggml_id(id)
+                .map(Self::Quant)
+                .or_else(|| Foreign::from_ggml_id(id).map(Self::Foreign))
+                .unwrap_or(Self::Other(id)),
         }
     }
 
     /// ggml's name of the type.
     pub fn name(self) -> String {
-        const OTHER: [(u32, &str); 16] = [
+        const OTHER: [(u32, &str); 12] = [
             (9, "Q8_1"),
-            (10, "Q2_K"),
-            (11, "Q3_K"),
             (15, "Q8_K"),
             (16, "IQ2_XXS"),
             (17, "IQ2_XS"),
             (18, "IQ3_XXS"),
             (19, "IQ1_S"),
-            (20, "IQ4_NL"),
             (21, "IQ3_S"),
             (22, "IQ2_S"),
-            (23, "IQ4_XS"),
             (29, "IQ1_M"),
             (34, "TQ1_0"),
             (35, "TQ2_0"),
@@ -130,6 +131,7 @@ impl TensorType {
             Self::F16 => "F16".into(),
             Self::BF16 => "BF16".into(),
             Self::Quant(q) => q.name().into(),
+            Self::Foreign(f) => f.name().into(),
             Self::Other(id) => {
                 OTHER.iter().find(|(i, _)| *i == id).map_or(format!("type {id}"), |(_, n)| n.to_string())
             }
@@ -144,6 +146,7 @@ impl TensorType {
             Self::F32 => values.checked_mul(4),
             Self::F16 | Self::BF16 => values.checked_mul(2),
             Self::Quant(q) if q.fits_row(row) => rows.checked_mul(row_bytes(q, row)),
+            Self::Foreign(f) if f.fits_row(row) => rows.checked_mul(row / f.block_values() * f.block_bytes()),
             _ => None,
         }
     }
@@ -308,10 +311,10 @@ impl GgufFile {
     /// The error for a tensor whose type does not load.
     pub fn unsupported(&self, t: &TensorInfo) -> LoadError {
         self.error(format!(
-            "tensor `{}` has type {}, which llaisys does not load (F32, F16, BF16, {})",
+            "tensor `{}` has type {}, which llaisys does not load ({})",
             t.name,
             t.ty,
-            QuantType::ALL.map(QuantType::name).join(", ")
+            crate::quant::loadable_types()
         ))
     }
 

@@ -19,7 +19,7 @@ pub use file::{GgufFile, TensorInfo, TensorType, Value, split_name, split_part};
 pub use tokenizer::{chat_template, tokenizer};
 
 use crate::error::LoadError;
-use crate::quant::{self, QuantType};
+use crate::quant::{self, Foreign, QuantType};
 use crate::tensors::{Naming, Stored, TensorSource, convert};
 
 impl TensorSource for GgufFile {
@@ -41,6 +41,8 @@ impl TensorSource for GgufFile {
             TensorType::F16 => Ok(Stored::F16),
             TensorType::BF16 => Ok(Stored::Bf16),
             TensorType::Quant(q) => Ok(Stored::Quant(q)),
+            // Converted at load: stored, as far as loading goes, in the format it becomes.
+            TensorType::Foreign(f) => Ok(Stored::Quant(f.target())),
             other => Err(other.name()),
         })
     }
@@ -61,6 +63,11 @@ impl TensorSource for GgufFile {
                 quant::dequantize(q, bytes, &mut values);
                 convert(values, shape, dtype)
             }
+            (TensorType::Foreign(f), _) => {
+                let mut values = vec![0.0f32; t.n_values()];
+                f.dequantize(bytes, &mut values).ok_or_else(|| self.unsupported(t))?;
+                convert(values, shape, dtype)
+            }
             (TensorType::Other(_), _) => return Err(self.unsupported(t)),
         };
         Ok(data)
@@ -70,6 +77,7 @@ impl TensorSource for GgufFile {
         let t = self.tensor(name)?;
         match t.ty {
             TensorType::Quant(q) => Some((q, self.rows_in_hf_order(t).ok()?)),
+            TensorType::Foreign(f) => Some((f.target(), Cow::Owned(f.convert(&self.rows_in_hf_order(t).ok()?)?))),
             _ => None,
         }
     }
@@ -82,6 +90,19 @@ impl TensorSource for GgufFile {
 }
 
 impl GgufFile {
+    /// The tensors this file holds in formats converted at load, by format: `Q3_K → Q6_K
+    /// (exact): 24 tensors`, one entry per format; empty when there are none.
+    pub fn conversions(&self) -> Vec<String> {
+        Foreign::ALL
+            .into_iter()
+            .filter_map(|f| {
+                let n = self.tensors().iter().filter(|t| t.ty == TensorType::Foreign(f)).count();
+                let how = if f.exact() { "exact" } else { "requantized" };
+                (n > 0).then(|| format!("{f} → {} ({how}): {n} tensors", f.target()))
+            })
+            .collect()
+    }
+
     /// A tensor's bytes with its rows in the checkpoint's (Hugging Face's) order: llama.cpp's
     /// converter interleaves the two halves of each q and k head for the families whose RoPE
     /// rotates adjacent pairs (`Architecture::gguf_qk_interleaved`), and this undoes it, so the

@@ -2,6 +2,8 @@
 //!
 //! - `ggml.rs`: ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) as they lie
 //!   in a GGUF file, decoded and dequantized exactly as ggml does;
+//! - `foreign.rs`: the GGUF formats the kernels do not run (Q2_K, Q3_K, IQ4_NL, IQ4_XS),
+//!   dequantized as ggml does and converted at load to ones they do;
 //! - `quantize.rs`: f32 rows to every one of those formats, the scales chosen to minimise the
 //!   squared error (in-situ quantization at load, Q4, and of replaced weights);
 //! - `packed.rs`: [`PackedMatrix`], the layout the kernels stream: 16 weight rows interleaved per
@@ -16,6 +18,7 @@
 mod activation;
 mod avx2;
 pub mod device;
+mod foreign;
 mod ggml;
 mod matmul;
 mod packed;
@@ -23,10 +26,20 @@ mod portable;
 mod quantize;
 mod vnni;
 
+pub use foreign::Foreign;
 pub use ggml::{dequantize, row_bytes};
 pub use matmul::{Kernel, Product, matmul, matmul_each, matmul_with};
 pub use packed::{PackError, PackedMatrix};
 pub use quantize::quantize;
+
+/// The tensor types a file may hold, as errors list them.
+pub fn loadable_types() -> String {
+    format!(
+        "F32, F16, BF16, {}; {} converted at load",
+        QuantType::ALL.map(QuantType::name).join(", "),
+        Foreign::ALL.map(Foreign::name).join(", ")
+    )
+}
 
 /// A quantized block format (ggml's names and type ids).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

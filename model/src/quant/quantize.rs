@@ -488,6 +488,12 @@ fn k6_block<P: Pick>(x: &[f32; 256], out: &mut Vec<u8>) {
             *q = (v as i32 + 32) as u8;
         }
     }
+    write_q6k(&q, &sc, d, out);
+}
+
+/// Appends a Q6_K block: values `q` (0..64, the weight `d · sc[i / 16] · (q − 32)`), its 16
+/// sub-block scales and `d`.
+pub(super) fn write_q6k(q: &[u8; 256], sc: &[i8; 16], d: f16, out: &mut Vec<u8>) {
     // ql: two halves of 64 bytes, half h holding values 128h.. in its low nibbles and
     // 128h + 64.. in its high ones; qh: two halves of 32 bytes, bits 2s..2s+2 of byte i of half
     // h the top bits of value 128h + 32s + i.
