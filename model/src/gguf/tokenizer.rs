@@ -22,7 +22,10 @@ use crate::tokenizer::{ChatTemplate, Tokenizer};
 
 /// How a `tokenizer.ggml.pre` splits and merges, as its tokenizer.json does.
 struct PreTokenizer {
-    name: &'static str,
+    /// The `tokenizer.ggml.pre` values that name it: its own first, then those llama.cpp treats
+    /// as the same (`llama-vocab.cpp`: DeepSeek-R1-Distill-Qwen's files say `deepseek-r1-qwen`,
+    /// older Llama 3 files `llama3` or `llama-v3`).
+    names: &'static [&'static str],
     /// The split pattern. Numbers are one digit a piece for Qwen2, up to three for Llama 3.
     split: &'static str,
     /// Normalised to NFC first (Qwen2's; Llama 3's has no normaliser).
@@ -34,13 +37,13 @@ struct PreTokenizer {
 
 const PRE_TOKENIZERS: [PreTokenizer; 2] = [
     PreTokenizer {
-        name: "qwen2",
+        names: &["qwen2", "deepseek-r1-qwen"],
         split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         nfc: true,
         ignore_merges: false,
     },
     PreTokenizer {
-        name: "llama-bpe",
+        names: &["llama-bpe", "llama3", "llama-v3"],
         split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         nfc: false,
         ignore_merges: true,
@@ -69,8 +72,8 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
             pre.to_string()
         }
     };
-    let Some(pre) = PRE_TOKENIZERS.iter().find(|p| p.name == pre) else {
-        let known = PRE_TOKENIZERS.map(|p| p.name).join(", ");
+    let Some(pre) = PRE_TOKENIZERS.iter().find(|p| p.names.contains(&pre.as_str())) else {
+        let known = PRE_TOKENIZERS.map(|p| p.names.join(", ")).join(", ");
         return Err(bad(format!("tokenizer.ggml.pre `{pre}` is not supported ({known})")));
     };
     let tokens = strings(file, "tokenizer.ggml.tokens")?;
