@@ -15,6 +15,9 @@
 - kquants.gguf: two matrices of tiny-kquant's f32 model (`<name>`, f32) and the same matrices as
   llama-quantize makes them in Q4_K, Q5_K and Q6_K (`<name>.Q4_K`, ...; `--pure`, no importance
   matrix), for comparing llaisys's K-quant quantizer with llama.cpp's.
+- tiny-kquant.imatrix.gguf, tiny-kquant.imatrix.dat: importance matrices of tiny-kquant's f32
+  model over a few paragraphs (`CALIBRATION`), by llama.cpp's llama-imatrix (set LLAMA_IMATRIX,
+  default $PEER/bin/llama-imatrix) in its GGUF and its older .dat format.
 - unsupported-type.gguf: tiny-tied with one matrix in MXFP4 (the files of other families and
   architectures are scripts/make_family_fixtures.py's).
 - pre-deepseek-r1-qwen.gguf, pre-llama3.gguf: the tokenizer metadata (no tensors) of
@@ -300,6 +303,7 @@ def main():
     subprocess.run([quantizer, f32_path, os.path.join(OUT, "tiny-kquant.gguf"), "Q4_K_M"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     write_kquants(os.path.join(OUT, "kquants.gguf"), f32_path, quantizer)
+    write_imatrices(f32_path, os.path.join(OUT, "tiny-kquant.imatrix"))
     os.remove(f32_path)
     models["tiny-kquant"] = "tiny-kquant.gguf"
     # One matrix in a type llaisys does not load.
@@ -338,6 +342,25 @@ def write_kquants(path, f32_path, quantizer):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+CALIBRATION = "\n\n".join(PROMPTS * 4) + """
+The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
+fn main() { println!("{}", (1..10).map(|i| i * i).sum::<u32>()); }
+Une phrase en français, ein deutscher Satz, 一个中文句子。
+"""
+
+
+def write_imatrices(f32_path, prefix):
+    """llama-imatrix over CALIBRATION for the model at `f32_path`: `prefix.gguf` and `prefix.dat`."""
+    imatrix = os.environ.get("LLAMA_IMATRIX") or os.path.expanduser("~/.cache/llaisys-peer/bin/llama-imatrix")
+    text = prefix + ".txt.tmp"
+    with open(text, "w") as f:
+        f.write(CALIBRATION)
+    for fmt in ["gguf", "dat"]:
+        subprocess.run([imatrix, "-m", f32_path, "-f", text, "-o", f"{prefix}.{fmt}", "--output-format", fmt,
+                        "-c", "64", "-t", "1"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.remove(text)
 
 
 def write_tokenizer_only(src, dst, pre):

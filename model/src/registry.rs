@@ -1,6 +1,8 @@
 //! C2: model types by name. Every family of `crate::arch` loads through the shared decoder;
 //! adding a family is a file of tables in `arch/` and an entry here.
 
+use std::path::PathBuf;
+
 use burn::tensor::Device;
 
 use crate::error::LoadError;
@@ -17,12 +19,15 @@ pub struct LoadOptions {
     /// and replay it from then on (`decoder::replay`). On by default; the environment variable
     /// `LLAISYS_GPU_GRAPHS=off` turns the default off.
     pub step_graphs: bool,
+    /// An importance matrix (llama.cpp's `llama-imatrix` file, GGUF or `.dat`) that weights the
+    /// errors of the matrices quantized at load.
+    pub imatrix: Option<PathBuf>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
         let off = std::env::var("LLAISYS_GPU_GRAPHS").is_ok_and(|v| matches!(v.as_str(), "off" | "0"));
-        Self { weight_dtype: WeightDtype::default(), step_graphs: !off }
+        Self { weight_dtype: WeightDtype::default(), step_graphs: !off, imatrix: None }
     }
 }
 

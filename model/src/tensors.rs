@@ -194,8 +194,15 @@ impl WeightDtype {
     }
 }
 
-/// Loads matrix `name` ([out, in]) of `src` as `storage`.
-pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device: &Device) -> Result<Weight, LoadError> {
+/// Loads matrix `name` ([out, in]) of `src` as `storage`; quantized at load, its columns' errors
+/// weighted by `importance` (one value per column) where given.
+pub fn load_matrix(
+    src: &dyn TensorSource,
+    name: &str,
+    storage: Storage,
+    importance: Option<&[f32]>,
+    device: &Device,
+) -> Result<Weight, LoadError> {
     let shape = src.shape(name).ok_or_else(|| LoadError::MissingTensors(vec![name.into()]))?;
     let [rows, k] = shape[..] else {
         return Err(LoadError::Tensor {
@@ -203,6 +210,7 @@ pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device:
             reason: format!("expected a matrix, found shape {shape:?}"),
         });
     };
+    check_importance(name, importance, k)?;
     let packing = |e: crate::quant::PackError| LoadError::Tensor { name: name.into(), reason: e.to_string() };
     let weight = match storage {
         // A matrix larger than the device's largest buffer goes in parts.
@@ -213,13 +221,14 @@ pub fn load_matrix(src: &dyn TensorSource, name: &str, storage: Storage, device:
             }
             _ => {
                 let values = f32_values(src, name)?;
-                linear::packed(Arc::new(PackedMatrix::quantize(q, rows, k, &values).map_err(packing)?))
+                let packed = PackedMatrix::quantize_weighted(q, rows, k, &values, importance).map_err(packing)?;
+                linear::packed(Arc::new(packed))
             }
         },
         Storage::Blocks(q) => {
             let bytes = match src.blocks(name) {
                 Some((stored, bytes)) if stored == q => bytes,
-                _ => Cow::Owned(quantized(src, name, q)?),
+                _ => Cow::Owned(quantized(src, name, q, importance)?),
             };
             linear::blocks(upload_blocks(name, q, rows, k, &bytes, device)?, blocks_dense(device))
         }
@@ -235,10 +244,31 @@ fn f32_values(src: &dyn TensorSource, name: &str) -> Result<Vec<f32>, LoadError>
         .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })
 }
 
-/// Tensor `name` quantized to `q` on the host (ggml's blocks).
-fn quantized(src: &dyn TensorSource, name: &str, q: QuantType) -> Result<Vec<u8>, LoadError> {
+/// The error for an importance vector that is not one value per column of rows of `k` (an
+/// importance matrix made for another model).
+fn check_importance(name: &str, importance: Option<&[f32]>, k: usize) -> Result<(), LoadError> {
+    match importance {
+        Some(imp) if imp.len() != k => Err(LoadError::Tensor {
+            name: name.into(),
+            reason: format!(
+                "the importance matrix holds {} values for it, its rows {k} (was it made for another model?)",
+                imp.len()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Tensor `name` quantized to `q` on the host (ggml's blocks), its columns weighted by
+/// `importance` where given.
+fn quantized(
+    src: &dyn TensorSource,
+    name: &str,
+    q: QuantType,
+    importance: Option<&[f32]>,
+) -> Result<Vec<u8>, LoadError> {
     let mut bytes = Vec::new();
-    quant::quantize(q, &f32_values(src, name)?, &mut bytes).ok_or_else(|| LoadError::Tensor {
+    quant::quantize_weighted(q, &f32_values(src, name)?, importance, &mut bytes).ok_or_else(|| LoadError::Tensor {
         name: name.into(),
         reason: format!("its values are not whole {q} blocks"),
     })?;
@@ -262,11 +292,14 @@ fn upload_blocks(
 }
 
 /// Loads the experts of 3-D tensor `name` ([experts, out, in], a GGUF file's `ffn_*_exps`), each
-/// a matrix kept as `storage` (quantized experts stay in their format, sliced from the blocks).
+/// a matrix kept as `storage` (quantized experts stay in their format, sliced from the blocks);
+/// quantized at load, each expert's columns weighted by its run of `importance` where given
+/// (`experts · in` values, expert after expert).
 pub fn load_experts(
     src: &dyn TensorSource,
     name: &str,
     storage: Storage,
+    importance: Option<&[f32]>,
     device: &Device,
 ) -> Result<Vec<Weight>, LoadError> {
     let shape = src.shape(name).ok_or_else(|| LoadError::MissingTensors(vec![name.into()]))?;
@@ -276,6 +309,8 @@ pub fn load_experts(
             reason: format!("expected [experts, out, in], found {shape:?}"),
         });
     };
+    check_importance(name, importance, experts * k)?;
+    let expert_importance = |e: usize| importance.map(|imp| &imp[e * k..(e + 1) * k]);
     let packing = |e: crate::quant::PackError| LoadError::Tensor { name: name.into(), reason: e.to_string() };
     let split = |bytes: &[u8]| -> Vec<Vec<u8>> {
         let per = bytes.len() / experts.max(1);
@@ -298,14 +333,32 @@ pub fn load_experts(
                 let values = f32_values(src, name)?;
                 values
                     .chunks_exact(rows * k)
-                    .map(|v| Ok(linear::packed(Arc::new(PackedMatrix::quantize(q, rows, k, v).map_err(packing)?))))
+                    .enumerate()
+                    .map(|(e, v)| {
+                        let packed = PackedMatrix::quantize_weighted(q, rows, k, v, expert_importance(e));
+                        Ok(linear::packed(Arc::new(packed.map_err(packing)?)))
+                    })
                     .collect::<Result<Vec<_>, LoadError>>()?
             }
         },
         Storage::Blocks(q) => {
             let bytes = match src.blocks(name) {
                 Some((stored, bytes)) if stored == q => bytes.into_owned(),
-                _ => quantized(src, name, q)?,
+                _ if importance.is_none() => quantized(src, name, q, None)?,
+                _ => {
+                    // Each expert's blocks weighted by its own importances.
+                    let values = f32_values(src, name)?;
+                    let mut bytes = Vec::new();
+                    for (e, v) in values.chunks_exact(rows * k).enumerate() {
+                        quant::quantize_weighted(q, v, expert_importance(e), &mut bytes).ok_or_else(|| {
+                            LoadError::Tensor {
+                                name: name.into(),
+                                reason: format!("its values are not whole {q} blocks"),
+                            }
+                        })?;
+                    }
+                    bytes
+                }
             };
             split(&bytes)
                 .iter()

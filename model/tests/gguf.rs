@@ -7,7 +7,7 @@ use llaisys_model::checkpoint::Checkpoint;
 use llaisys_model::config::RopeScaling;
 use llaisys_model::generate::{greedy, one_sequence};
 use llaisys_model::gguf::{GgufFile, TensorType};
-use llaisys_model::quant::{Foreign, PackedMatrix, QuantType, dequantize};
+use llaisys_model::quant::{Foreign, Imatrix, PackedMatrix, QuantType, dequantize};
 use llaisys_model::tensors::{Stored, TensorSource};
 use llaisys_model::tokenizer::{ChatMessage, ChatTemplate};
 use llaisys_model::{
@@ -431,6 +431,53 @@ fn a_q4_k_m_file_loaded_as_q4_k_m_keeps_every_matrix() {
     let stored = logits("auto");
     assert!(logits("q4_k_m") == stored, "q4_k_m changed a matrix of a Q4_K_M file");
     assert!(logits("q4_k") != stored, "q4_k kept the Q6_K matrices");
+}
+
+/// An importance matrix made by llama.cpp's llama-imatrix for tiny-kquant
+/// (`tiny-kquant.imatrix.gguf`, and the same run as `.dat`) reads alike in both formats, and
+/// weights the matrices quantized at load: the logits change with it, and the same file gives
+/// the same logits. One made for another model, or a file that is no importance matrix, is a
+/// clear error.
+#[test]
+fn an_importance_matrix_weights_the_matrices_quantized_at_load() {
+    let gguf_path = gguf_fixture("tiny-kquant.imatrix");
+    let dat_path = gguf_path.with_extension("dat");
+    let (from_gguf, from_dat) = (Imatrix::open(&gguf_path).unwrap(), Imatrix::open(&dat_path).unwrap());
+    assert_eq!(from_gguf.len(), from_dat.len());
+    let q = from_gguf.get("blk.0.attn_q.weight").unwrap();
+    assert_eq!(q.len(), 256);
+    assert!(q.iter().any(|&v| v != q[0]), "every column has the same importance");
+    for (a, b) in q.iter().zip(from_dat.get("blk.0.attn_q.weight").unwrap()) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{a} in GGUF, {b} in .dat");
+    }
+
+    let run = |source: &ModelSource, imatrix: Option<&std::path::Path>| -> Result<Vec<f32>, LoadError> {
+        let opts = LoadOptions {
+            weight_dtype: "q5_k".parse().unwrap(),
+            imatrix: imatrix.map(Into::into),
+            ..Default::default()
+        };
+        let mut ctx =
+            Context::with_kv_dtype(load_model(None, Some(source), &opts, &Device::flex())?, 256, KvDtype::F32);
+        ctx.decode(&one_sequence(&[1, 2, 3, 4, 5], 1, 0)).unwrap();
+        Ok(ctx.outputs().row(0).unwrap().to_vec())
+    };
+    let source = gguf("tiny-kquant");
+    let plain = run(&source, None).unwrap();
+    let weighted = run(&source, Some(&gguf_path)).unwrap();
+    assert!(weighted != plain, "the importance matrix changed nothing");
+    assert!(run(&source, Some(&gguf_path)).unwrap() == weighted, "the same importance matrix, other logits");
+    let err = max_abs_diff(&run(&source, Some(&dat_path)).unwrap(), &weighted);
+    assert!(err < 0.05, "the .dat file's logits are {err} from the GGUF file's");
+
+    // tiny-tied's rows are 64 wide: the matrices' names match, their sizes do not.
+    let err = run(&gguf("tiny-tied-f32"), Some(&gguf_path)).unwrap_err().to_string();
+    assert!(err.contains("importance matrix holds 256 values") && err.contains("blk.0."), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.imatrix");
+    std::fs::write(&junk, b"\x02\x00\x00\x00 not an imatrix").unwrap();
+    let err = run(&source, Some(&junk)).unwrap_err().to_string();
+    assert!(err.contains("junk.imatrix") && err.contains("imatrix"), "{err}");
 }
 
 fn load_error(path: &std::path::Path) -> String {

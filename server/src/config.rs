@@ -96,6 +96,8 @@ pub struct ModelConfig {
     pub name: String,
     pub model_type: String,
     pub dtype: String,
+    /// An importance matrix for the matrices `dtype` quantizes at load (empty: none).
+    pub imatrix: PathBuf,
     pub device: String,
     /// `auto`, `yes_no` or `off`: whether the model scores `/v1/rerank` documents itself.
     pub reranker: String,
@@ -210,6 +212,9 @@ impl Config {
             return Err(bad("model.also", "a cluster's front serves one model"));
         }
         self.weight_dtype().map_err(|e| bad("model.dtype", &e))?;
+        if !self.model.imatrix.as_os_str().is_empty() && !self.model.imatrix.is_file() {
+            return Err(bad("model.imatrix", &format!("no file {}", self.model.imatrix.display())));
+        }
         self.devices().map_err(|e| bad("model.device", &e))?;
         let factor = self.engine.prefill_step_factor;
         if !(factor == 0.0 || (factor.is_finite() && factor > 1.0)) {
@@ -345,6 +350,8 @@ impl Config {
         let mut config = self.clone();
         (config.model.path, config.model.name) = (also.path.clone(), also.name.clone());
         config.model.also.clear();
+        // The importance matrix is the main model's.
+        config.model.imatrix = PathBuf::new();
         config
     }
 
@@ -440,6 +447,8 @@ mod tests {
         assert!(err.contains("server.prot") && err.contains("no such key"), "{err}");
         let err = load(&[], &[("model.path", "m"), ("model.dtype", "f8")]).unwrap_err().to_string();
         assert!(err.contains("model.dtype"), "{err}");
+        let err = load(&[], &[("model.path", "m"), ("model.imatrix", "\"no/such.imatrix\"")]).unwrap_err().to_string();
+        assert!(err.contains("model.imatrix") && err.contains("no/such.imatrix"), "{err}");
         let err = load(&[], &[("model.path", "m"), ("server.port", "70000")]).unwrap_err().to_string();
         assert!(err.contains("server.port"), "{err}");
     }

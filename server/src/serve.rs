@@ -116,6 +116,9 @@ pub fn builder(config: &Config) -> Result<EngineBuilder, ServeError> {
     if !config.model.model_type.is_empty() {
         builder = builder.model_type(&config.model.model_type);
     }
+    if !config.model.imatrix.as_os_str().is_empty() {
+        builder = builder.imatrix(&config.model.imatrix);
+    }
     if !config.draft_model.as_os_str().is_empty() {
         builder = builder.draft_model(&config.draft_model);
     }

@@ -117,6 +117,13 @@ impl EngineBuilder {
         self
     }
 
+    /// An importance matrix (llama.cpp's `llama-imatrix` file) weighting the errors of the
+    /// matrices the dtype quantizes at load (the model's only, not a draft model's).
+    pub fn imatrix(mut self, path: impl Into<PathBuf>) -> Self {
+        self.load.imatrix = Some(path.into());
+        self
+    }
+
     /// The device the model runs on (default: the CPU).
     pub fn device(mut self, device: DeviceSpec) -> Self {
         self.devices = vec![device];
@@ -239,7 +246,8 @@ impl EngineBuilder {
                 (self.model_type.clone(), self.load.clone(), source.clone(), device.clone());
             let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), source.as_ref(), &load, &dev));
             let draft = draft.clone().map(|source| {
-                let load = self.load.clone();
+                // The importance matrix is the main model's.
+                let load = LoadOptions { imatrix: None, ..self.load.clone() };
                 let device = device.clone();
                 Arc::new(move || load_model(None, Some(&source), &load, &device)) as ModelLoader
             });

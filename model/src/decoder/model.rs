@@ -18,6 +18,7 @@ use crate::kernels;
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
 use crate::layers::{Linear, Pre, RmsNorm, Rope, RopeTables, attention};
 use crate::lm::{LanguageModel, ModelInfo};
+use crate::quant::Imatrix;
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
 use crate::tensors::{Naming, TensorSource};
@@ -56,7 +57,11 @@ pub fn load(
     };
     weights::check(&config, src.as_ref())?;
     let stream = DeviceStream::for_device(device);
-    let weights = stream.enter(|| Weights::load(&config, src.as_ref(), opts.weight_dtype, device))?;
+    let imatrix = opts.imatrix.as_deref().map(Imatrix::open).transpose()?;
+    if let Some(m) = &imatrix {
+        tracing::info!(path = %m.path().display(), entries = m.len(), "importance matrix for quantizing at load");
+    }
+    let weights = stream.enter(|| Weights::load(&config, src.as_ref(), opts.weight_dtype, imatrix.as_ref(), device))?;
     tracing::info!(
         path = %source.path().display(),
         weights = %weights.describe(),

@@ -10,7 +10,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::layers::{Expert, ExpertStacks, Linear, Moe, RmsNorm, Weight, linear};
-use crate::quant::QuantType;
+use crate::quant::{Imatrix, QuantType};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
 /// A weight slot (the names of the original C interface's `LlaisysQwen2Weights`, and the
@@ -409,11 +409,14 @@ pub struct Weights {
 }
 
 impl Weights {
-    /// Loads every slot, each matrix kept as `dtype` decides for it. Precondition: `check` passed.
+    /// Loads every slot, each matrix kept as `dtype` decides for it; a matrix quantized at load
+    /// has its columns weighted by `imatrix`'s entry for it, where it has one. Precondition:
+    /// `check` passed.
     pub fn load(
         c: &ModelConfig,
         src: &dyn TensorSource,
         dtype: WeightDtype,
+        imatrix: Option<&Imatrix>,
         device: &Device,
     ) -> Result<Self, LoadError> {
         let eps = c.rms_norm_eps;
@@ -423,10 +426,12 @@ impl Weights {
             let k = src.shape(name).and_then(|s| s.last().copied()).unwrap_or(0);
             slot.dtype(dtype, l, c).storage(name, stored, k, device)
         };
-        let named = |name: &str, slot: Slot, l: Option<usize>| -> Result<Weight, LoadError> {
-            load_matrix(src, name, storage(name, slot, l)?, device)
+        // An importance matrix names matrices as GGUF files do, whatever the source's naming.
+        let importance = |slot: Slot, l: Option<usize>| imatrix.and_then(|m| m.get(&name_of(slot, l, Naming::Gguf)));
+        let named = |name: &str, slot: Slot, l: Option<usize>, importance: Option<&[f32]>| {
+            load_matrix(src, name, storage(name, slot, l)?, importance, device)
         };
-        let mat = |slot: Slot, l: Option<usize>| named(&name_of(slot, l, naming), slot, l);
+        let mat = |slot: Slot, l: Option<usize>| named(&name_of(slot, l, naming), slot, l, importance(slot, l));
         let vec = |slot: Slot, l: Option<usize>| load_f32::<1>(src, &name_of(slot, l, naming), device);
         let norm =
             |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> { Ok(RmsNorm { weight: vec(slot, l)?, eps }) };
@@ -467,11 +472,22 @@ impl Weights {
                             let experts = |slot: Slot| -> Result<Vec<Weight>, LoadError> {
                                 match naming {
                                     Naming::Hf => {
-                                        (0..m.experts).map(|e| named(&expert_name(slot, l, e), slot, Some(l))).collect()
+                                        // The importances of all the experts, one after another.
+                                        let all = importance(slot, Some(l));
+                                        let per = all.map_or(0, |a| a.len() / m.experts);
+                                        let of = |e: usize| {
+                                            all.map(|a| {
+                                                if per * m.experts == a.len() { &a[e * per..(e + 1) * per] } else { a }
+                                            })
+                                        };
+                                        (0..m.experts)
+                                            .map(|e| named(&expert_name(slot, l, e), slot, Some(l), of(e)))
+                                            .collect()
                                     }
                                     Naming::Gguf => {
                                         let name = name_of(slot, Some(l), naming);
-                                        load_experts(src, &name, storage(&name, slot, Some(l))?, device)
+                                        let storage = storage(&name, slot, Some(l))?;
+                                        load_experts(src, &name, storage, importance(slot, Some(l)), device)
                                     }
                                 }
                             };

@@ -5,7 +5,8 @@
 //! - `foreign.rs`: the GGUF formats the kernels do not run (Q2_K, Q3_K, IQ4_NL, IQ4_XS),
 //!   dequantized as ggml does and converted at load to ones they do;
 //! - `quantize.rs`: f32 rows to every one of those formats, the scales chosen to minimise the
-//!   squared error (in-situ quantization at load, Q4, and of replaced weights);
+//!   squared error (in-situ quantization at load, Q4, and of replaced weights), weighted by an
+//!   importance matrix (`imatrix.rs`, llama.cpp's files) where one is given;
 //! - `packed.rs`: [`PackedMatrix`], the layout the kernels stream: 16 weight rows interleaved per
 //!   32-value group, so one 64-byte load feeds a dot product of 16 rows at once (at most 3%
 //!   larger than the file's blocks);
@@ -20,6 +21,7 @@ mod avx2;
 pub mod device;
 mod foreign;
 mod ggml;
+mod imatrix;
 mod matmul;
 mod packed;
 mod portable;
@@ -28,9 +30,10 @@ mod vnni;
 
 pub use foreign::Foreign;
 pub use ggml::{dequantize, row_bytes};
+pub use imatrix::Imatrix;
 pub use matmul::{Kernel, Product, matmul, matmul_each, matmul_with};
 pub use packed::{PackError, PackedMatrix};
-pub use quantize::quantize;
+pub use quantize::{quantize, quantize_weighted};
 
 /// The tensor types a file may hold, as errors list them.
 pub fn loadable_types() -> String {

@@ -213,12 +213,25 @@ impl PackedMatrix {
 
     /// Quantizes `rows` rows of `k` f32 values to `ty` and packs them.
     pub fn quantize(ty: QuantType, rows: usize, k: usize, values: &[f32]) -> Result<Self, PackError> {
+        Self::quantize_weighted(ty, rows, k, values, None)
+    }
+
+    /// [`PackedMatrix::quantize`] with each column's error weighted by `importance` (`k` values;
+    /// see [`super::quantize_weighted`]).
+    pub fn quantize_weighted(
+        ty: QuantType,
+        rows: usize,
+        k: usize,
+        values: &[f32],
+        importance: Option<&[f32]>,
+    ) -> Result<Self, PackError> {
         if !ty.fits_row(k) {
             return Err(PackError::RowLength { ty, block: ty.block_values(), k });
         }
         assert_eq!(values.len(), rows * k, "quantize: {} values for [{rows}, {k}]", values.len());
+        assert!(importance.is_none_or(|i| i.len() == k), "quantize: importance of another row length");
         let mut bytes = Vec::with_capacity(ggml::row_bytes(ty, k) * rows);
-        super::quantize(ty, values, &mut bytes).expect("rows of whole blocks quantize");
+        super::quantize_weighted(ty, values, importance, &mut bytes).expect("rows of whole blocks quantize");
         Self::from_ggml(ty, rows, k, &bytes)
     }
 

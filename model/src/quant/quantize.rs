@@ -28,20 +28,59 @@ const BLOCKS_PER_TASK: usize = 256;
 /// in tasks of 256 blocks over the rayon pool. `None` where the values are not
 /// whole blocks.
 pub fn quantize(ty: QuantType, values: &[f32], out: &mut Vec<u8>) -> Option<()> {
-    if !values.len().is_multiple_of(ty.block_values()) {
+    quantize_weighted(ty, values, None, out)
+}
+
+/// [`quantize`] with an importance vector (`importance[j]`: how much column j's error counts, a
+/// row's column j being `values[r · k + j]` for `k = importance.len()`; llama.cpp's imatrix, the
+/// mean square of the activations each column multiplies): each value's squared error is
+/// weighted by `importance[j] · √(σ² + x²)`, as llama.cpp's quantizers weight it, σ² the mean
+/// square of the row (of the 256-value block, doubled, for the K-quants). `None` where the
+/// values are not whole blocks or whole rows of `k`, or `k` is not whole blocks.
+pub fn quantize_weighted(ty: QuantType, values: &[f32], importance: Option<&[f32]>, out: &mut Vec<u8>) -> Option<()> {
+    let bv = ty.block_values();
+    if !values.len().is_multiple_of(bv) {
         return None;
     }
+    let weights = match importance {
+        None => None,
+        Some(imp) if imp.is_empty() || !imp.len().is_multiple_of(bv) || !values.len().is_multiple_of(imp.len()) => {
+            return None;
+        }
+        Some(imp) => Some(weights(ty, values, imp)),
+    };
+    let task = bv * BLOCKS_PER_TASK;
     let tasks: Vec<Vec<u8>> = values
-        .par_chunks(ty.block_values() * BLOCKS_PER_TASK)
-        .map(|values| {
-            let mut out = Vec::with_capacity(values.len() / ty.block_values() * ty.block_bytes());
-            blocks(ty, values, &mut out);
+        .par_chunks(task)
+        .enumerate()
+        .map(|(t, values)| {
+            let mut out = Vec::with_capacity(values.len() / bv * ty.block_bytes());
+            let w = weights.as_ref().map(|w| &w[t * task..t * task + values.len()]);
+            blocks(ty, values, w, &mut out);
             out
         })
         .collect();
     out.reserve(tasks.iter().map(Vec::len).sum());
     tasks.iter().for_each(|t| out.extend_from_slice(t));
     Some(())
+}
+
+/// Each value's weight in the squared error: `importance[j] · √(σ² + x²)` (see
+/// [`quantize_weighted`]).
+fn weights(ty: QuantType, values: &[f32], importance: &[f32]) -> Vec<f32> {
+    let k = importance.len();
+    let mut w = vec![0.0f32; values.len()];
+    w.par_chunks_mut(k).zip(values.par_chunks(k)).for_each(|(w, row)| {
+        let span = if ty.is_k() { 256 } else { k };
+        for ((w, x), imp) in w.chunks_mut(span).zip(row.chunks(span)).zip(importance.chunks(span)) {
+            let sum: f32 = x.iter().map(|v| v * v).sum();
+            let sigma2 = if ty.is_k() { 2.0 * sum / 256.0 } else { sum / k as f32 };
+            for ((w, &x), &imp) in w.iter_mut().zip(x).zip(imp) {
+                *w = imp * (sigma2 + x * x).sqrt();
+            }
+        }
+    });
+    w
 }
 
 /// Adding 1.5 · 2^23 to an f32 under 2^22 in magnitude leaves no bits below the units:
@@ -58,13 +97,13 @@ fn round_in(v: f32, lo: f32, hi: f32) -> f32 {
 /// [`quantize`] on one task's whole blocks, compiled for AVX2 where the CPU has it. The searches
 /// below are inlined into both versions, whose [`Pick`]s do the same operations in the same
 /// order (and Rust never fuses a multiply and an add), so both give the same bytes.
-fn blocks(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
+fn blocks(ty: QuantType, values: &[f32], weights: Option<&[f32]>, out: &mut Vec<u8>) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2, checked on the line above.
-        return unsafe { blocks_avx2(ty, values, out) };
+        return unsafe { blocks_avx2(ty, values, weights, out) };
     }
-    blocks_in::<Portable>(ty, values, out)
+    blocks_in::<Portable>(ty, values, weights, out)
 }
 
 /// [`blocks_in`] in 256-bit vectors.
@@ -73,34 +112,38 @@ fn blocks(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
 /// The CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn blocks_avx2(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
-    blocks_in::<Avx2>(ty, values, out)
+unsafe fn blocks_avx2(ty: QuantType, values: &[f32], weights: Option<&[f32]>, out: &mut Vec<u8>) {
+    blocks_in::<Avx2>(ty, values, weights, out)
 }
 
 /// The work of [`blocks`], inlined into each of its versions.
 #[inline(always)]
-fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
+fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], weights: Option<&[f32]>, out: &mut Vec<u8>) {
+    let bv = ty.block_values();
+    let weight = |i: usize| weights.map(|w| &w[i * bv..(i + 1) * bv]);
     if ty.is_k() {
-        for block in values.chunks_exact(256) {
+        for (i, block) in values.chunks_exact(256).enumerate() {
             let block: &[f32; 256] = block.try_into().expect("chunks of 256");
+            let w: Option<&[f32; 256]> = weight(i).map(|w| w.try_into().expect("256 weights"));
             match ty {
-                QuantType::Q6K => k6_block::<P>(block, out),
-                _ => kmin_block::<P>(block, ty, out),
+                QuantType::Q6K => k6_block::<P>(block, w, out),
+                _ => kmin_block::<P>(block, w, ty, out),
             }
         }
         return;
     }
-    for block in values.chunks_exact(32) {
+    for (i, block) in values.chunks_exact(32).enumerate() {
         let block: &[f32; 32] = block.try_into().expect("chunks of 32");
+        let w: Option<&[f32; 32]> = weight(i).map(|w| w.try_into().expect("32 weights"));
         match ty {
             QuantType::Q8_0 => {
-                let (d, q) = symmetric::<P>(block, 127, 127);
+                let (d, q) = symmetric::<P>(block, w, 127, 127);
                 out.extend_from_slice(&d.to_le_bytes());
                 out.extend(q.iter().map(|&q| q as i32 as i8 as u8));
             }
             QuantType::Q4_0 | QuantType::Q5_0 => {
                 let half = if ty == QuantType::Q4_0 { 8 } else { 16 };
-                let (d, q) = symmetric::<P>(block, half, half - 1);
+                let (d, q) = symmetric::<P>(block, w, half, half - 1);
                 let q = q.map(|q| (q as i32 + half) as u8);
                 out.extend_from_slice(&d.to_le_bytes());
                 if ty == QuantType::Q5_0 {
@@ -110,7 +153,7 @@ fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], out: &mut Vec<u8>) {
             }
             _ => {
                 let top = if ty == QuantType::Q4_1 { 15 } else { 31 };
-                let (d, m, q) = affine::<P>(block, top);
+                let (d, m, q) = affine::<P>(block, w, top);
                 let q = q.map(|q| q as u8);
                 out.extend_from_slice(&d.to_le_bytes());
                 out.extend_from_slice(&m.to_le_bytes());
@@ -148,7 +191,7 @@ fn extreme(x: &[f32]) -> f32 {
 }
 
 /// Σ x q, Σ q² and Σ q of a group's values `x` and the integers `q` a candidate scale picks for
-/// them: all a least-squares fit of a scale (and offset) to those integers needs, and the
+/// them (each term times the value's weight, where there are weights): all a least-squares fit of a scale (and offset) to those integers needs, and the
 /// squared error that fit removes from Σ x², so a candidate is scored in the one pass that picks
 /// its integers.
 #[derive(Clone, Copy)]
@@ -162,11 +205,22 @@ struct Sums {
 const LANES: usize = 8;
 
 /// How a search picks the integers of eight candidate scales at once: the integers nearest
-/// `(x − offset) / scale` in `[lo, hi]` for each scale, a vector lane each, and their [`Sums`].
+/// `(x − offset) / scale` in `[lo, hi]` for each scale, a vector lane each, and their [`Sums`]
+/// (each value's terms times its weight `w`, where there are weights).
 /// Lanes, not values, fill the vector registers, so a group of 16 or 32 values needs no
 /// horizontal sums. The searches are generic over it, so [`blocks`] builds them once a way.
 trait Pick {
-    fn pick<const N: usize>(x: &[f32; N], scales: &[f32; LANES], offset: f32, lo: i32, hi: i32) -> [Sums; LANES];
+    fn pick<const N: usize>(x: &[f32; N], w: Option<&[f32; N]>, grid: Grid) -> [Sums; LANES];
+}
+
+/// Eight candidate scales, the offset subtracted before dividing by them, and the integers'
+/// range.
+#[derive(Clone, Copy)]
+struct Grid<'a> {
+    scales: &'a [f32; LANES],
+    offset: f32,
+    lo: i32,
+    hi: i32,
 }
 
 /// Arrays of eight lanes, for any CPU.
@@ -174,17 +228,34 @@ struct Portable;
 
 impl Pick for Portable {
     #[inline(always)]
-    fn pick<const N: usize>(x: &[f32; N], scales: &[f32; LANES], offset: f32, lo: i32, hi: i32) -> [Sums; LANES] {
+    fn pick<const N: usize>(x: &[f32; N], w: Option<&[f32; N]>, grid: Grid) -> [Sums; LANES] {
+        let Grid { scales, offset, lo, hi } = grid;
         let inv: [f32; LANES] = std::array::from_fn(|j| 1.0 / scales[j]);
         let (lo, hi) = (lo as f32, hi as f32);
         let (mut xq, mut qq, mut sq) = ([0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES]);
-        for &v in x {
-            let t = v - offset;
-            for j in 0..LANES {
-                let q = round_in(t * inv[j], lo, hi);
-                xq[j] += v * q;
-                qq[j] += q * q;
-                sq[j] += q;
+        match w {
+            None => {
+                for &v in x {
+                    let t = v - offset;
+                    for j in 0..LANES {
+                        let q = round_in(t * inv[j], lo, hi);
+                        xq[j] += v * q;
+                        qq[j] += q * q;
+                        sq[j] += q;
+                    }
+                }
+            }
+            Some(w) => {
+                for (&v, &w) in x.iter().zip(w) {
+                    let (t, wv) = (v - offset, w * v);
+                    for j in 0..LANES {
+                        let q = round_in(t * inv[j], lo, hi);
+                        let wq = w * q;
+                        xq[j] += wv * q;
+                        qq[j] += wq * q;
+                        sq[j] += wq;
+                    }
+                }
             }
         }
         std::array::from_fn(|j| Sums { xq: xq[j], qq: qq[j], q: sq[j] })
@@ -198,10 +269,10 @@ struct Avx2;
 #[cfg(target_arch = "x86_64")]
 impl Pick for Avx2 {
     #[inline(always)]
-    fn pick<const N: usize>(x: &[f32; N], scales: &[f32; LANES], offset: f32, lo: i32, hi: i32) -> [Sums; LANES] {
+    fn pick<const N: usize>(x: &[f32; N], w: Option<&[f32; N]>, grid: Grid) -> [Sums; LANES] {
         // SAFETY: `Avx2` searches run only in `blocks_avx2`, which `blocks` calls on a CPU with
         // AVX2.
-        unsafe { pick_avx2(x, scales, offset, lo, hi) }
+        unsafe { pick_avx2(x, w, grid) }
     }
 }
 
@@ -210,19 +281,35 @@ impl Pick for Avx2 {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2")]
-fn pick_avx2<const N: usize>(x: &[f32; N], scales: &[f32; LANES], offset: f32, lo: i32, hi: i32) -> [Sums; LANES] {
+fn pick_avx2<const N: usize>(x: &[f32; N], w: Option<&[f32; N]>, grid: Grid) -> [Sums; LANES] {
+    let Grid { scales, offset, lo, hi } = grid;
     use std::arch::x86_64::*;
     // SAFETY: `scales` is 8 f32, read unaligned.
     let inv = _mm256_div_ps(_mm256_set1_ps(1.0), unsafe { _mm256_loadu_ps(scales.as_ptr()) });
     let (lo, hi, magic) = (_mm256_set1_ps(lo as f32), _mm256_set1_ps(hi as f32), _mm256_set1_ps(MAGIC));
     let (mut xq, mut qq, mut sq) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
-    for &v in x {
-        let t = _mm256_set1_ps(v - offset);
-        let clamped = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(t, inv), lo), hi);
-        let q = _mm256_sub_ps(_mm256_add_ps(clamped, magic), magic);
-        xq = _mm256_add_ps(xq, _mm256_mul_ps(_mm256_set1_ps(v), q));
-        qq = _mm256_add_ps(qq, _mm256_mul_ps(q, q));
-        sq = _mm256_add_ps(sq, q);
+    match w {
+        None => {
+            for &v in x {
+                let t = _mm256_set1_ps(v - offset);
+                let clamped = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(t, inv), lo), hi);
+                let q = _mm256_sub_ps(_mm256_add_ps(clamped, magic), magic);
+                xq = _mm256_add_ps(xq, _mm256_mul_ps(_mm256_set1_ps(v), q));
+                qq = _mm256_add_ps(qq, _mm256_mul_ps(q, q));
+                sq = _mm256_add_ps(sq, q);
+            }
+        }
+        Some(w) => {
+            for (&v, &w) in x.iter().zip(w) {
+                let t = _mm256_set1_ps(v - offset);
+                let clamped = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(t, inv), lo), hi);
+                let q = _mm256_sub_ps(_mm256_add_ps(clamped, magic), magic);
+                let wq = _mm256_mul_ps(_mm256_set1_ps(w), q);
+                xq = _mm256_add_ps(xq, _mm256_mul_ps(_mm256_set1_ps(w * v), q));
+                qq = _mm256_add_ps(qq, _mm256_mul_ps(wq, q));
+                sq = _mm256_add_ps(sq, wq);
+            }
+        }
     }
     let mut out = [[0.0f32; LANES]; 3];
     for (out, v) in out.iter_mut().zip([xq, qq, sq]) {
@@ -239,8 +326,9 @@ impl Sums {
         (self.qq > 0.0).then(|| (self.xq / self.qq, self.xq * self.xq / self.qq))
     }
 
-    /// Least squares of `x ≈ s · q + offset` over `n` values summing to `sx`: `(s, offset, the
-    /// squared error removed)`; `None` where the integers do not determine both.
+    /// Least squares of `x ≈ s · q + offset` over values of total weight `n` (their count, where
+    /// they have no weights) whose weighted sum is `sx`: `(s, offset, the squared error
+    /// removed)`; `None` where the integers do not determine both.
     #[inline(always)]
     fn affine(self, n: f32, sx: f32) -> Option<(f32, f32, f32)> {
         let det = n * self.qq - self.q * self.q;
@@ -281,14 +369,14 @@ fn affine_candidates(lo: f32, hi: f32, top: i32) -> [[f32; LANES]; 3] {
 /// The least-squares scale of the integers that fit `x` best among the symmetric candidates
 /// (0 for a group of zeros).
 #[inline(always)]
-fn symmetric_scale<P: Pick, const N: usize>(x: &[f32; N], neg: i32, pos: i32) -> f32 {
+fn symmetric_scale<P: Pick, const N: usize>(x: &[f32; N], w: Option<&[f32; N]>, neg: i32, pos: i32) -> f32 {
     let max = extreme(x);
     if max == 0.0 {
         return 0.0;
     }
     let mut best = (f32::NEG_INFINITY, 0.0);
     for scales in &symmetric_candidates(max, neg, pos) {
-        for sums in P::pick(x, scales, 0.0, -neg, pos) {
+        for sums in P::pick(x, w, Grid { scales, offset: 0.0, lo: -neg, hi: pos }) {
             if let Some((s, removed)) = sums.scale()
                 && removed > best.0
                 && s.is_finite()
@@ -303,9 +391,9 @@ fn symmetric_scale<P: Pick, const N: usize>(x: &[f32; N], neg: i32, pos: i32) ->
 /// `w ≈ d · q` with integer q in `[-neg, pos]`: the best candidate's scale as an f16, and the
 /// integers it picks.
 #[inline(always)]
-fn symmetric<P: Pick>(x: &[f32; 32], neg: i32, pos: i32) -> (f16, [f32; 32]) {
-    let d = to_f16(symmetric_scale::<P, 32>(x, neg, pos));
-    (d, fit(x, d.to_f32(), 0.0, -neg, pos).1)
+fn symmetric<P: Pick>(x: &[f32; 32], w: Option<&[f32; 32]>, neg: i32, pos: i32) -> (f16, [f32; 32]) {
+    let d = to_f16(symmetric_scale::<P, 32>(x, w, neg, pos));
+    (d, fit(x, w, d.to_f32(), 0.0, -neg, pos).1)
 }
 
 /// `v` as an f16, kept finite (the largest f16 where it would overflow).
@@ -318,14 +406,14 @@ fn to_f16(v: f32) -> f16 {
 /// `top + step·k` levels from its minimum, each refined by least squares for the integers it
 /// picks; the best pair as f16s, and the integers they pick.
 #[inline(always)]
-fn affine<P: Pick>(x: &[f32; 32], top: i32) -> (f16, f16, [f32; 32]) {
+fn affine<P: Pick>(x: &[f32; 32], w: Option<&[f32; 32]>, top: i32) -> (f16, f16, [f32; 32]) {
     let (lo, hi) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
-    let sx = x.iter().sum();
+    let (n, sx) = weighted_sums(x, w);
     let mut best = (f32::NEG_INFINITY, 0.0, lo);
     if hi > lo {
         for scales in &affine_candidates(lo, hi, top) {
-            for sums in P::pick(x, scales, lo, 0, top) {
-                if let Some((d, m, removed)) = sums.affine(32.0, sx)
+            for sums in P::pick(x, w, Grid { scales, offset: lo, lo: 0, hi: top }) {
+                if let Some((d, m, removed)) = sums.affine(n, sx)
                     && removed > best.0
                     && d.is_finite()
                     && m.is_finite()
@@ -336,24 +424,45 @@ fn affine<P: Pick>(x: &[f32; 32], top: i32) -> (f16, f16, [f32; 32]) {
         }
     }
     let (d, m) = (to_f16(best.1), to_f16(best.2));
-    (d, m, fit(x, d.to_f32(), m.to_f32(), 0, top).1)
+    (d, m, fit(x, w, d.to_f32(), m.to_f32(), 0, top).1)
 }
 
-/// Squared error of `x` against `scale · q + offset` with q the nearest integer in `[lo, hi]`
-/// (q = 0 clamped into the range where the scale is 0), and the integers (as `f32`): a stored
+/// The total weight of a group's values (their count where they have none) and their weighted
+/// sum.
+#[inline(always)]
+fn weighted_sums<const N: usize>(x: &[f32; N], w: Option<&[f32; N]>) -> (f32, f32) {
+    match w {
+        None => (N as f32, x.iter().sum()),
+        Some(w) => (w.iter().sum(), x.iter().zip(w).map(|(x, w)| w * x).sum()),
+    }
+}
+
+/// Squared error of `x` (each value's times its weight, where there are weights) against
+/// `scale · q + offset` with q the nearest integer in `[lo, hi]` (q = 0 clamped into the range
+/// where the scale is 0), and the integers (as `f32`): a stored
 /// scale's. The values are taken eight at a time into eight partial sums, so the loop runs in
 /// vector registers; its callers inline it, and drop the integers where they only need the
 /// error.
 #[inline(always)]
-fn fit<const N: usize>(x: &[f32; N], scale: f32, offset: f32, lo: i32, hi: i32) -> (f32, [f32; N]) {
+fn fit<const N: usize>(
+    x: &[f32; N],
+    w: Option<&[f32; N]>,
+    scale: f32,
+    offset: f32,
+    lo: i32,
+    hi: i32,
+) -> (f32, [f32; N]) {
     let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
     let (lo, hi) = (lo as f32, hi as f32);
     let (mut q, mut sums) = ([0.0f32; N], [0.0f32; 8]);
-    for (x, q) in x.chunks_exact(8).zip(q.chunks_exact_mut(8)) {
+    for (i, (x, q)) in x.chunks_exact(8).zip(q.chunks_exact_mut(8)).enumerate() {
         for j in 0..8 {
             q[j] = round_in((x[j] - offset) * inv, lo, hi);
             let e = x[j] - (scale * q[j] + offset);
-            sums[j] += e * e;
+            sums[j] += match w {
+                None => e * e,
+                Some(w) => w[8 * i + j] * e * e,
+            };
         }
     }
     (sums.iter().sum(), q)
@@ -365,17 +474,17 @@ fn fit<const N: usize>(x: &[f32; N], scale: f32, offset: f32, lo: i32, hi: i32) 
 /// where the unconstrained offset would be positive), and the pair removing the most squared
 /// error is kept.
 #[inline(always)]
-fn kmin_group<P: Pick>(x: &[f32; 32], top: i32) -> (f32, f32) {
+fn kmin_group<P: Pick>(x: &[f32; 32], w: Option<&[f32; 32]>, top: i32) -> (f32, f32) {
     let (lo, hi) = x.iter().fold((0.0f32, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
-    let sx: f32 = x.iter().sum();
-    // s = 0, every value at lo: Σ x² − Σ (x − lo)².
-    let mut best = (2.0 * lo * sx - 32.0 * lo * lo, 0.0, -lo);
+    let (n, sx) = weighted_sums(x, w);
+    // s = 0, every value at lo: Σ x² − Σ (x − lo)² (weighted).
+    let mut best = (2.0 * lo * sx - n * lo * lo, 0.0, -lo);
     if hi <= lo {
         return (best.1, best.2);
     }
     for scales in &affine_candidates(lo, hi, top) {
-        for sums in P::pick(x, scales, lo, 0, top) {
-            let fitted = match sums.affine(32.0, sx) {
+        for sums in P::pick(x, w, Grid { scales, offset: lo, lo: 0, hi: top }) {
+            let fitted = match sums.affine(n, sx) {
                 Some((s, offset, removed)) if offset <= 0.0 => Some((removed, s, -offset)),
                 Some(_) => sums.scale().map(|(s, removed)| (removed, s, 0.0)),
                 None => None,
@@ -404,14 +513,16 @@ fn neighbours(v: f32, step: f32, lo: i32, hi: i32) -> impl Iterator<Item = i32> 
 /// A Q4_K or Q5_K block: `d`, `dmin`, the 12 bytes of 6-bit scales and mins, (Q5_K) the fifth
 /// bits, the nibbles.
 #[inline(always)]
-fn kmin_block<P: Pick>(x: &[f32; 256], ty: QuantType, out: &mut Vec<u8>) {
+fn kmin_block<P: Pick>(x: &[f32; 256], w: Option<&[f32; 256]>, ty: QuantType, out: &mut Vec<u8>) {
     let top = if ty == QuantType::Q4K { 15 } else { 31 };
     let groups: [&[f32; 32]; 8] = std::array::from_fn(|g| x[32 * g..32 * (g + 1)].try_into().expect("32 values"));
+    let weights: [Option<&[f32; 32]>; 8] =
+        std::array::from_fn(|g| w.map(|w| w[32 * g..32 * (g + 1)].try_into().expect("32 weights")));
     // A loop, not `groups.map`: the closure would be compiled without AVX2, and the searches
     // inlined into it too.
     let mut fits = [(0.0, 0.0); 8];
-    for (fit, group) in fits.iter_mut().zip(groups) {
-        *fit = kmin_group::<P>(group, top);
+    for ((fit, group), w) in fits.iter_mut().zip(groups).zip(weights) {
+        *fit = kmin_group::<P>(group, w, top);
     }
     let (max_s, max_m) = fits.iter().fold((0.0f32, 0.0f32), |(a, b), &(s, m)| (a.max(s), b.max(m)));
     let (d, dmin) = (f16::from_f32(max_s / 63.0), f16::from_f32(max_m / 63.0));
@@ -421,7 +532,7 @@ fn kmin_block<P: Pick>(x: &[f32; 256], ty: QuantType, out: &mut Vec<u8>) {
         let mut best = (f32::INFINITY, 0, 0, [0.0f32; 32]);
         for c in neighbours(s, df, 0, 63) {
             for n in neighbours(min, dminf, 0, 63) {
-                let (err, ints) = fit(group, df * c as f32, -(dminf * n as f32), 0, top);
+                let (err, ints) = fit(group, weights[g], df * c as f32, -(dminf * n as f32), 0, top);
                 if err < best.0 {
                     best = (err, c, n, ints);
                 }
@@ -458,17 +569,19 @@ fn kmin_block<P: Pick>(x: &[f32; 256], ty: QuantType, out: &mut Vec<u8>) {
 /// One 16-value group of a Q6_K block: `w ≈ s · q` with q in `[−32, 31]`, the least-squares scale
 /// of the best symmetric candidate.
 #[inline(always)]
-fn k6_group<P: Pick>(x: &[f32; 16]) -> f32 {
-    symmetric_scale::<P, 16>(x, 32, 31)
+fn k6_group<P: Pick>(x: &[f32; 16], w: Option<&[f32; 16]>) -> f32 {
+    symmetric_scale::<P, 16>(x, w, 32, 31)
 }
 
 /// A Q6_K block: the low four bits, the top two bits, 16 signed 8-bit scales, `d`.
 #[inline(always)]
-fn k6_block<P: Pick>(x: &[f32; 256], out: &mut Vec<u8>) {
+fn k6_block<P: Pick>(x: &[f32; 256], w: Option<&[f32; 256]>, out: &mut Vec<u8>) {
     let groups: [&[f32; 16]; 16] = std::array::from_fn(|g| x[16 * g..16 * (g + 1)].try_into().expect("16 values"));
+    let weights: [Option<&[f32; 16]>; 16] =
+        std::array::from_fn(|g| w.map(|w| w[16 * g..16 * (g + 1)].try_into().expect("16 weights")));
     let mut scales = [0.0; 16];
-    for (scale, group) in scales.iter_mut().zip(groups) {
-        *scale = k6_group::<P>(group);
+    for ((scale, group), w) in scales.iter_mut().zip(groups).zip(weights) {
+        *scale = k6_group::<P>(group, w);
     }
     let max = extreme(&scales);
     // The largest scale maps to −128, the end of the signed range with the most room.
@@ -478,7 +591,7 @@ fn k6_block<P: Pick>(x: &[f32; 256], out: &mut Vec<u8>) {
     for (g, (group, &s)) in groups.iter().zip(&scales).enumerate() {
         let mut best = (f32::INFINITY, 0, [0.0f32; 16]);
         for c in neighbours(s, df, -128, 127) {
-            let (err, ints) = fit(group, df * c as f32, 0.0, -32, 31);
+            let (err, ints) = fit(group, weights[g], df * c as f32, 0.0, -32, 31);
             if err < best.0 {
                 best = (err, c, ints);
             }
@@ -643,12 +756,56 @@ mod tests {
         x[256..512].fill(-0.3);
         x[512..768].iter_mut().for_each(|v| *v = v.abs() + 0.5);
         x[768..1024].iter_mut().for_each(|v| *v = -v.abs() * 1e-6);
+        let importance: Vec<f32> = test_values(256, 3).iter().map(|v| v.abs() * 4.0).collect();
         for ty in QuantType::ALL {
-            let (mut dispatched, mut portable) = (Vec::new(), Vec::new());
-            blocks(ty, &x, &mut dispatched);
-            blocks_in::<Portable>(ty, &x, &mut portable);
-            assert!(dispatched == portable, "{ty}: the builds differ");
+            for w in [None, Some(weights(ty, &x, &importance))] {
+                let (mut dispatched, mut portable) = (Vec::new(), Vec::new());
+                blocks(ty, &x, w.as_deref(), &mut dispatched);
+                blocks_in::<Portable>(ty, &x, w.as_deref(), &mut portable);
+                assert!(dispatched == portable, "{ty} (weighted: {}): the builds differ", w.is_some());
+            }
         }
+    }
+
+    /// With an importance vector, the error where it is large falls: each format's error
+    /// weighted by the importance is lower than the unweighted quantization's, and the error on
+    /// the important columns lower than on the others. Ones everywhere give the unweighted bytes'
+    /// weighted error, within rounding.
+    #[test]
+    fn importance_moves_the_error_to_the_columns_that_matter_less() {
+        let k = 512;
+        let x: Vec<f32> =
+            test_values(k * 16, 21).iter().enumerate().map(|(i, v)| v * (1.0 + (i % 7) as f32 * 0.3)).collect();
+        // Every fourth column matters 100 times more.
+        let importance: Vec<f32> = (0..k).map(|j| if j % 4 == 0 { 100.0 } else { 1.0 }).collect();
+        for ty in QuantType::ALL {
+            let decode = |importance: Option<&[f32]>| {
+                let mut bytes = Vec::new();
+                quantize_weighted(ty, &x, importance, &mut bytes).unwrap();
+                let mut back = vec![0.0f32; x.len()];
+                dequantize(ty, &bytes, &mut back);
+                back
+            };
+            let (plain, weighted) = (decode(None), decode(Some(&importance)));
+            // Squared errors on the important columns and on the rest.
+            let split = |back: &[f32]| {
+                let (mut hot, mut cold) = (0.0f64, 0.0f64);
+                for (i, (b, x)) in back.iter().zip(&x).enumerate() {
+                    let e = f64::from(b - x).powi(2);
+                    if i % k % 4 == 0 { hot += e } else { cold += e }
+                }
+                (hot, cold)
+            };
+            let ((hot_plain, cold_plain), (hot_w, cold_w)) = (split(&plain), split(&weighted));
+            let cost = |(hot, cold): (f64, f64)| 100.0 * hot + cold;
+            eprintln!(
+                "{ty}: important columns {hot_plain:.3e} -> {hot_w:.3e}, others {cold_plain:.3e} -> {cold_w:.3e}"
+            );
+            assert!(cost((hot_w, cold_w)) < cost((hot_plain, cold_plain)), "{ty}: the weighted error did not fall");
+            assert!(hot_w < hot_plain, "{ty}: the important columns' error did not fall");
+        }
+        assert!(quantize_weighted(QuantType::Q4K, &x, Some(&importance[..100]), &mut Vec::new()).is_none());
+        assert!(quantize_weighted(QuantType::Q8_0, &x[..k + 32], Some(&importance), &mut Vec::new()).is_none());
     }
 
     /// A checkpoint with non-finite, huge or tiny values quantizes without a panic, in blocks

@@ -40,6 +40,10 @@ pub struct BenchArgs {
     /// q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m (quantized at load where stored otherwise).
     #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
+    /// An importance matrix weighting the errors of the matrices `--dtype` quantizes at load (see
+    /// `llaisys generate --help`).
+    #[arg(long)]
+    imatrix: Option<PathBuf>,
     /// Devices, one replica each: cpu, wgpu, vulkan, gl, cuda (an index as in vulkan:1), as a list
     /// (`cpu,cpu`); GPUs need a build with the `wgpu` (or `cuda`) feature.
     #[arg(long, default_value = "cpu")]
@@ -181,6 +185,9 @@ async fn bench(args: BenchArgs) -> Result<(), CliError> {
     let config = EngineConfig { speculative, ..config };
     let model = super::local_model(&args.model).await?;
     let mut builder = Engine::builder().model(&model).dtype(args.dtype).devices(devices).config(config);
+    if let Some(m) = &args.imatrix {
+        builder = builder.imatrix(m);
+    }
     if let Some(t) = &args.model_type {
         builder = builder.model_type(t.clone());
     }

@@ -62,6 +62,10 @@ pub struct GenerateArgs {
     /// q5_k_m), quantized at load where stored otherwise.
     #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
+    /// An importance matrix (llama.cpp's `llama-imatrix` file, GGUF or .dat) weighting the errors
+    /// of the matrices `--dtype` quantizes at load.
+    #[arg(long)]
+    imatrix: Option<PathBuf>,
     /// The device: cpu, wgpu, vulkan, gl, cuda (an index as in vulkan:1; GPUs need a build with
     /// the `wgpu` or `cuda` feature).
     #[arg(long, default_value = "cpu")]
@@ -83,6 +87,9 @@ async fn generate(args: GenerateArgs) -> Result<(), CliError> {
     let config = EngineConfig { kv_capacity: (args.max_tokens + 4096).max(8192), kv_dtype, ..EngineConfig::default() };
     let model = super::local_model(&args.model).await?;
     let mut builder = Engine::builder().model(&model).dtype(args.dtype).device(args.device).config(config);
+    if let Some(m) = &args.imatrix {
+        builder = builder.imatrix(m);
+    }
     if let Some(t) = &args.model_type {
         builder = builder.model_type(t);
     }

@@ -39,6 +39,10 @@ pub struct PerplexityArgs {
     /// Weight dtype in memory (see `llaisys serve --help`).
     #[arg(long, default_value = "auto")]
     dtype: WeightDtype,
+    /// An importance matrix weighting the errors of the matrices `--dtype` quantizes at load (see
+    /// `llaisys generate --help`; the model's only, not the reference's).
+    #[arg(long)]
+    imatrix: Option<PathBuf>,
     /// A reference model with the same vocabulary (normally the same weights in BF16 or F32):
     /// also report the KL divergence of the model's next-token distributions from its.
     #[arg(long)]
@@ -63,7 +67,7 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let text =
         std::fs::read_to_string(&args.file).map_err(|source| CliError::Read { path: args.file.clone(), source })?;
-    let (model, tokens) = load(&runtime, &args.model, args.dtype, &text)?;
+    let (model, tokens) = load(&runtime, &args.model, args.dtype, args.imatrix.clone(), &text)?;
     if args.ctx > model.info().context_length {
         let reason = format!("{} is beyond the model's context {}", args.ctx, model.info().context_length);
         return Err(CliError::usage("--ctx", reason));
@@ -71,7 +75,7 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     let reference = match &args.reference {
         None => None,
         Some(path) => {
-            let (reference, ref_tokens) = load(&runtime, path, args.reference_dtype, &text)?;
+            let (reference, ref_tokens) = load(&runtime, path, args.reference_dtype, None, &text)?;
             if ref_tokens != tokens {
                 return Err(CliError::usage(
                     "--reference",
@@ -115,13 +119,14 @@ fn load(
     runtime: &tokio::runtime::Runtime,
     path: &std::path::Path,
     dtype: WeightDtype,
+    imatrix: Option<PathBuf>,
     text: &str,
 ) -> Result<(Box<dyn LanguageModel>, Vec<u32>), CliError> {
     let model = runtime.block_on(super::local_model(path))?;
     let source = ModelSource::resolve(&model)?;
     let tokens = source.tokenizer()?.encode(text)?;
-    let model =
-        load_model(None, Some(&source), &LoadOptions { weight_dtype: dtype, ..Default::default() }, &Device::flex())?;
+    let options = LoadOptions { weight_dtype: dtype, imatrix, ..Default::default() };
+    let model = load_model(None, Some(&source), &options, &Device::flex())?;
     Ok((model, tokens))
 }
 

@@ -48,6 +48,10 @@ pub struct ModelArgs {
     /// at load where stored otherwise).
     #[arg(long)]
     dtype: Option<String>,
+    /// An importance matrix (`model.imatrix`; llama.cpp's `llama-imatrix` file, GGUF or .dat)
+    /// weighting the errors of the matrices `--dtype` quantizes at load.
+    #[arg(long)]
+    imatrix: Option<PathBuf>,
     /// Devices (`model.device`), one replica of the model each: cpu, wgpu, vulkan, gl, cuda (a
     /// GPU index as in vulkan:1), as a comma-separated list (`cpu,vulkan:0`; a device twice is
     /// two replicas).
@@ -102,6 +106,9 @@ impl ModelArgs {
         }
         if let Some(d) = &self.dtype {
             settings.push(("model.dtype".into(), quoted(d)));
+        }
+        if let Some(m) = &self.imatrix {
+            settings.push(("model.imatrix".into(), quoted(&m.display().to_string())));
         }
         if let Some(d) = &self.device {
             settings.push(("model.device".into(), quoted(d)));

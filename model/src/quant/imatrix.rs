@@ -1,0 +1,174 @@
+//! Importance matrices as llama.cpp's `llama-imatrix` writes them: for each weight matrix (by its
+//! GGUF name), the mean square of the activations each input column met over a calibration text.
+//! Quantizing at load weights each column's error by it (`quantize_weighted`), as
+//! `llama-quantize --imatrix` does.
+//!
+//! Two file formats: GGUF (llama.cpp's default since 2025: tensors `NAME.in_sum2`, the sums of
+//! squares, and `NAME.counts`, how many activations each expert's sums hold) and the older
+//! `.dat` (a count of entries, then per entry its name, the number of calls, and the values
+//! already divided by the calls' chunks, as `i32` lengths and `f32` values, little-endian).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::error::LoadError;
+use crate::gguf::{GgufFile, TensorType};
+
+/// An importance matrix: per GGUF tensor name, one value per input column (per expert, one after
+/// another, for a tensor of experts).
+#[derive(Debug, Clone, Default)]
+pub struct Imatrix {
+    path: PathBuf,
+    entries: HashMap<String, Vec<f32>>,
+}
+
+impl Imatrix {
+    /// Reads a GGUF or `.dat` importance matrix.
+    pub fn open(path: &Path) -> Result<Self, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Io { path: path.into(), source })?;
+        let entries = if bytes.starts_with(b"GGUF") { from_gguf(path)? } else { from_dat(&bytes) };
+        let entries = entries.map_err(|reason| LoadError::Gguf { path: path.into(), reason })?;
+        if entries.is_empty() {
+            return Err(LoadError::Gguf { path: path.into(), reason: "the importance matrix has no entries".into() });
+        }
+        if let Some((name, _)) = entries.iter().find(|(_, v)| v.iter().any(|x| !x.is_finite() || *x < 0.0)) {
+            let reason = format!("the importance of `{name}` holds a negative or non-finite value");
+            return Err(LoadError::Gguf { path: path.into(), reason });
+        }
+        Ok(Self { path: path.into(), entries })
+    }
+
+    /// The file it was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How many matrices it has importances for.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The importances of matrix `name` (its GGUF name: `blk.0.attn_q.weight`), if it has them.
+    pub fn get(&self, name: &str) -> Option<&[f32]> {
+        self.entries.get(name).map(Vec::as_slice)
+    }
+}
+
+/// GGUF: `NAME.in_sum2` divided by `NAME.counts`, each expert's run of sums by its count (a
+/// count of 0, an expert no token reached, gives ones, as llama.cpp does).
+fn from_gguf(path: &Path) -> Result<Result<HashMap<String, Vec<f32>>, String>, LoadError> {
+    let file = GgufFile::open(path)?;
+    let f32s = |name: &str| -> Result<Option<Vec<f32>>, String> {
+        let Some(t) = file.tensor(name) else { return Ok(None) };
+        if t.ty != TensorType::F32 {
+            return Err(format!("`{name}` is {}, not F32", t.ty));
+        }
+        let bytes = file.bytes(t).map_err(|e| e.to_string())?;
+        Ok(Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+    };
+    let mut entries = HashMap::new();
+    for t in file.tensors() {
+        let Some(name) = t.name.strip_suffix(".in_sum2") else { continue };
+        let result = (|| {
+            let sums = f32s(&t.name)?.unwrap_or_default();
+            let counts = f32s(&format!("{name}.counts"))?.ok_or_else(|| format!("`{name}` has sums but no counts"))?;
+            if counts.is_empty() || sums.is_empty() || !sums.len().is_multiple_of(counts.len()) {
+                return Err(format!("`{name}`: {} sums for {} counts", sums.len(), counts.len()));
+            }
+            let per = sums.len() / counts.len();
+            let values = sums
+                .chunks_exact(per)
+                .zip(&counts)
+                .flat_map(|(sums, &count)| {
+                    let count = count.round();
+                    sums.iter().map(move |&s| if count > 0.0 { s / count } else { 1.0 })
+                })
+                .collect();
+            Ok(values)
+        })();
+        match result {
+            Ok(values) => entries.insert(name.to_string(), values),
+            Err(reason) => return Ok(Err(reason)),
+        };
+    }
+    Ok(Ok(entries))
+}
+
+/// The `.dat` format: the values divided by their number of calls.
+fn from_dat(bytes: &[u8]) -> Result<HashMap<String, Vec<f32>>, String> {
+    let mut r = Reader { bytes, at: 0 };
+    let n = r.i32()?;
+    if n < 1 {
+        return Err(format!("not a GGUF file, nor an imatrix .dat file ({n} entries)"));
+    }
+    let mut entries = HashMap::new();
+    for _ in 0..n {
+        let len = usize::try_from(r.i32()?).map_err(|_| "a negative name length")?;
+        let name = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| "a name that is not UTF-8")?;
+        let calls = r.i32()?;
+        let values = usize::try_from(r.i32()?).ok().filter(|&v| v > 0).ok_or(format!("`{name}` has no values"))?;
+        let raw = r.take(values.checked_mul(4).ok_or("a length overflows")?)?;
+        let divide = if calls > 0 { calls as f32 } else { 1.0 };
+        let values = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) / divide).collect();
+        entries.insert(name, values);
+    }
+    Ok(entries)
+}
+
+/// Little-endian fields read in order, each checked against the end.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        let end = self.at.checked_add(n).filter(|&end| end <= self.bytes.len()).ok_or_else(|| {
+            format!(
+                "not a GGUF file, and truncated as an imatrix .dat file at byte {} ({} bytes)",
+                self.at,
+                self.bytes.len()
+            )
+        })?;
+        let piece = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(piece)
+    }
+
+    fn i32(&mut self) -> Result<i32, String> {
+        self.take(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dat(entries: &[(&str, i32, &[f32])]) -> Vec<u8> {
+        let mut b = (entries.len() as i32).to_le_bytes().to_vec();
+        for (name, calls, values) in entries {
+            b.extend((name.len() as i32).to_le_bytes());
+            b.extend(name.as_bytes());
+            b.extend(calls.to_le_bytes());
+            b.extend((values.len() as i32).to_le_bytes());
+            values.iter().for_each(|v| b.extend(v.to_le_bytes()));
+        }
+        b
+    }
+
+    #[test]
+    fn dat_files_divide_by_their_calls_and_truncation_is_an_error() {
+        let bytes = dat(&[("blk.0.attn_q.weight", 4, &[4.0, 8.0]), ("blk.0.ffn_down.weight", 0, &[3.0])]);
+        let m = from_dat(&bytes).unwrap();
+        assert_eq!(m["blk.0.attn_q.weight"], [1.0, 2.0]);
+        assert_eq!(m["blk.0.ffn_down.weight"], [3.0]);
+        for cut in 0..bytes.len() {
+            assert!(from_dat(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(from_dat(&dat(&[("x", 1, &[])])).is_err());
+    }
+}
