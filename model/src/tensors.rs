@@ -228,7 +228,11 @@ pub fn load_matrix(
         Storage::Blocks(q) => {
             let bytes = match src.blocks(name) {
                 Some((stored, bytes)) if stored == q => bytes,
-                _ => Cow::Owned(quantized(src, name, q, importance)?),
+                _ => {
+                    let mut bytes = Vec::new();
+                    quantized(name, &f32_values(src, name)?, q, importance, &mut bytes)?;
+                    Cow::Owned(bytes)
+                }
             };
             linear::blocks(upload_blocks(name, q, rows, k, &bytes, device)?, blocks_dense(device))
         }
@@ -259,20 +263,17 @@ fn check_importance(name: &str, importance: Option<&[f32]>, k: usize) -> Result<
     }
 }
 
-/// Tensor `name` quantized to `q` on the host (ggml's blocks), its columns weighted by
-/// `importance` where given.
+/// `values` of tensor `name` quantized to `q` on the host (ggml's blocks) and appended to
+/// `bytes`, their columns weighted by `importance` where given.
 fn quantized(
-    src: &dyn TensorSource,
     name: &str,
+    values: &[f32],
     q: QuantType,
     importance: Option<&[f32]>,
-) -> Result<Vec<u8>, LoadError> {
-    let mut bytes = Vec::new();
-    quant::quantize_weighted(q, &f32_values(src, name)?, importance, &mut bytes).ok_or_else(|| LoadError::Tensor {
-        name: name.into(),
-        reason: format!("its values are not whole {q} blocks"),
-    })?;
-    Ok(bytes)
+    bytes: &mut Vec<u8>,
+) -> Result<(), LoadError> {
+    quant::quantize_weighted(q, values, importance, bytes)
+        .ok_or_else(|| LoadError::Tensor { name: name.into(), reason: format!("its values are not whole {q} blocks") })
 }
 
 /// ggml blocks of a `rows` × `k` matrix on `device`.
@@ -344,18 +345,11 @@ pub fn load_experts(
         Storage::Blocks(q) => {
             let bytes = match src.blocks(name) {
                 Some((stored, bytes)) if stored == q => bytes.into_owned(),
-                _ if importance.is_none() => quantized(src, name, q, None)?,
                 _ => {
                     // Each expert's blocks weighted by its own importances.
-                    let values = f32_values(src, name)?;
                     let mut bytes = Vec::new();
-                    for (e, v) in values.chunks_exact(rows * k).enumerate() {
-                        quant::quantize_weighted(q, v, expert_importance(e), &mut bytes).ok_or_else(|| {
-                            LoadError::Tensor {
-                                name: name.into(),
-                                reason: format!("its values are not whole {q} blocks"),
-                            }
-                        })?;
+                    for (e, v) in f32_values(src, name)?.chunks_exact(rows * k).enumerate() {
+                        quantized(name, v, q, expert_importance(e), &mut bytes)?;
                     }
                     bytes
                 }

@@ -142,57 +142,53 @@ impl Foreign {
         Some(())
     }
 
-    /// Whole blocks of this format as blocks of `target()`, the same number of values; `None`
-    /// where `bytes` is not whole blocks. Q2_K's weights are requantized, the others' blocks
-    /// rewritten.
+    /// Whole blocks of this format as blocks of `target()`, the same number of values, in tasks
+    /// of 256 blocks over the rayon pool; `None` where `bytes` is not whole blocks. Q2_K's
+    /// weights are requantized, the others' blocks rewritten.
     pub fn convert(self, bytes: &[u8]) -> Option<Vec<u8>> {
         let bb = self.block_bytes();
         if !bytes.len().is_multiple_of(bb) {
             return None;
         }
-        if self == Self::Q2K {
-            let mut values = vec![0.0f32; bytes.len() / bb * self.block_values()];
-            self.dequantize(bytes, &mut values)?;
-            let mut out = Vec::new();
-            super::quantize(self.target(), &values, &mut out)?;
-            return Some(out);
-        }
+        let t = self.target();
         let tasks: Vec<Vec<u8>> = bytes
             .par_chunks(BLOCKS_PER_TASK * bb)
             .map(|blocks| {
-                let mut out = Vec::with_capacity(blocks.len() / bb * self.target_bytes_per_block());
-                for b in blocks.chunks_exact(bb) {
-                    self.convert_block(b, &mut out);
-                }
+                let n = blocks.len() / bb * self.block_values();
+                let mut out = Vec::with_capacity(n / t.block_values() * t.block_bytes());
+                self.convert_blocks(blocks, n, &mut out);
                 out
             })
             .collect();
         Some(tasks.concat())
     }
 
-    /// Bytes of `target()` one block of this format becomes.
-    fn target_bytes_per_block(self) -> usize {
-        let t = self.target();
-        self.block_values() / t.block_values() * t.block_bytes()
-    }
-
-    /// Appends block `b` (exact conversions and IQ4_XS) in `target()`'s layout.
-    fn convert_block(self, b: &[u8], out: &mut Vec<u8>) {
+    /// Appends whole `blocks` (holding `n` values) in `target()`'s layout.
+    fn convert_blocks(self, blocks: &[u8], n: usize, out: &mut Vec<u8>) {
+        let bb = self.block_bytes();
         match self {
-            Self::Q3K => {
-                // q − 4 over 0..8 is (q + 28) − 32 over 28..36: Q6_K's values, its scales and d.
-                let q: [u8; 256] = std::array::from_fn(|v| q3k_value(b, v) + 28);
-                let sc: [i8; 16] = std::array::from_fn(|s| q3k_scale(b, s));
-                super::quantize::write_q6k(&q, &sc, f16::from_le_bytes([b[108], b[109]]), out);
+            Self::Q2K => {
+                let mut values = vec![0.0f32; n];
+                self.dequantize(blocks, &mut values).expect("whole blocks");
+                super::quantize(self.target(), &values, out).expect("whole blocks of the target");
             }
-            Self::Iq4Nl => write_q8_0(&b[0..2], &b[2..18], out),
-            Self::Iq4Xs => {
-                for g in 0..8 {
-                    let d = f16::from_f32(iq4xs_scale(b, g)).to_le_bytes();
-                    write_q8_0(&d, &b[8 + 16 * g..24 + 16 * g], out);
+            Self::Q3K => {
+                for b in blocks.chunks_exact(bb) {
+                    // q − 4 over 0..8 is (q + 28) − 32 over 28..36: Q6_K's values, scales and d.
+                    let q: [u8; 256] = std::array::from_fn(|v| q3k_value(b, v) + 28);
+                    let sc: [i8; 16] = std::array::from_fn(|s| q3k_scale(b, s));
+                    super::quantize::write_q6k(&q, &sc, f16::from_le_bytes([b[108], b[109]]), out);
                 }
             }
-            Self::Q2K => unreachable!("Q2_K is requantized, not converted block by block"),
+            Self::Iq4Nl => blocks.chunks_exact(bb).for_each(|b| write_q8_0(&b[0..2], &b[2..18], out)),
+            Self::Iq4Xs => {
+                for b in blocks.chunks_exact(bb) {
+                    for g in 0..8 {
+                        let d = f16::from_f32(iq4xs_scale(b, g)).to_le_bytes();
+                        write_q8_0(&d, &b[8 + 16 * g..24 + 16 * g], out);
+                    }
+                }
+            }
         }
     }
 }

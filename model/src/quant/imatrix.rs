@@ -9,6 +9,7 @@
 //! already divided by the calls' chunks, as `i32` lengths and `f32` values, little-endian).
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::LoadError;
@@ -25,15 +26,20 @@ pub struct Imatrix {
 impl Imatrix {
     /// Reads a GGUF or `.dat` importance matrix.
     pub fn open(path: &Path) -> Result<Self, LoadError> {
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Io { path: path.into(), source })?;
-        let entries = if bytes.starts_with(b"GGUF") { from_gguf(path)? } else { from_dat(&bytes) };
-        let entries = entries.map_err(|reason| LoadError::Gguf { path: path.into(), reason })?;
+        let io = |source| LoadError::Io { path: path.into(), source };
+        let mut magic = Vec::with_capacity(4);
+        std::fs::File::open(path).and_then(|f| f.take(4).read_to_end(&mut magic)).map_err(io)?;
+        let is_gguf = magic == b"GGUF";
+        // A GGUF file is memory-mapped by its reader; only a .dat file is read whole.
+        let entries =
+            if is_gguf { from_gguf(&GgufFile::open(path)?) } else { from_dat(&std::fs::read(path).map_err(io)?) };
+        let bad = |reason: String| LoadError::Gguf { path: path.into(), reason };
+        let entries = entries.map_err(bad)?;
         if entries.is_empty() {
-            return Err(LoadError::Gguf { path: path.into(), reason: "the importance matrix has no entries".into() });
+            return Err(bad("the importance matrix has no entries".into()));
         }
         if let Some((name, _)) = entries.iter().find(|(_, v)| v.iter().any(|x| !x.is_finite() || *x < 0.0)) {
-            let reason = format!("the importance of `{name}` holds a negative or non-finite value");
-            return Err(LoadError::Gguf { path: path.into(), reason });
+            return Err(bad(format!("the importance of `{name}` holds a negative or non-finite value")));
         }
         Ok(Self { path: path.into(), entries })
     }
@@ -60,8 +66,7 @@ impl Imatrix {
 
 /// GGUF: `NAME.in_sum2` divided by `NAME.counts`, each expert's run of sums by its count (a
 /// count of 0, an expert no token reached, gives ones, as llama.cpp does).
-fn from_gguf(path: &Path) -> Result<Result<HashMap<String, Vec<f32>>, String>, LoadError> {
-    let file = GgufFile::open(path)?;
+fn from_gguf(file: &GgufFile) -> Result<HashMap<String, Vec<f32>>, String> {
     let f32s = |name: &str| -> Result<Option<Vec<f32>>, String> {
         let Some(t) = file.tensor(name) else { return Ok(None) };
         if t.ty != TensorType::F32 {
@@ -73,29 +78,23 @@ fn from_gguf(path: &Path) -> Result<Result<HashMap<String, Vec<f32>>, String>, L
     let mut entries = HashMap::new();
     for t in file.tensors() {
         let Some(name) = t.name.strip_suffix(".in_sum2") else { continue };
-        let result = (|| {
-            let sums = f32s(&t.name)?.unwrap_or_default();
-            let counts = f32s(&format!("{name}.counts"))?.ok_or_else(|| format!("`{name}` has sums but no counts"))?;
-            if counts.is_empty() || sums.is_empty() || !sums.len().is_multiple_of(counts.len()) {
-                return Err(format!("`{name}`: {} sums for {} counts", sums.len(), counts.len()));
-            }
-            let per = sums.len() / counts.len();
-            let values = sums
-                .chunks_exact(per)
-                .zip(&counts)
-                .flat_map(|(sums, &count)| {
-                    let count = count.round();
-                    sums.iter().map(move |&s| if count > 0.0 { s / count } else { 1.0 })
-                })
-                .collect();
-            Ok(values)
-        })();
-        match result {
-            Ok(values) => entries.insert(name.to_string(), values),
-            Err(reason) => return Ok(Err(reason)),
-        };
+        let sums = f32s(&t.name)?.unwrap_or_default();
+        let counts = f32s(&format!("{name}.counts"))?.ok_or_else(|| format!("`{name}` has sums but no counts"))?;
+        if counts.is_empty() || sums.is_empty() || !sums.len().is_multiple_of(counts.len()) {
+            return Err(format!("`{name}`: {} sums for {} counts", sums.len(), counts.len()));
+        }
+        let per = sums.len() / counts.len();
+        let values = sums
+            .chunks_exact(per)
+            .zip(&counts)
+            .flat_map(|(sums, &count)| {
+                let count = count.round();
+                sums.iter().map(move |&s| if count > 0.0 { s / count } else { 1.0 })
+            })
+            .collect();
+        entries.insert(name.to_string(), values);
     }
-    Ok(Ok(entries))
+    Ok(entries)
 }
 
 /// The `.dat` format: the values divided by their number of calls.
