@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Build the GGUF test fixtures under tests/fixtures/gguf/ (CI never runs this: the files are committed).
 
-- blocks.gguf: for each quantized type llaisys loads (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
-  Q6_K, and Q2_K, Q3_K, IQ4_NL, IQ4_XS, which it converts at load), a tensor of random blocks
+- blocks.gguf: for each quantized type llaisys loads (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
+  Q4_K, Q5_K, Q6_K, and IQ4_NL, IQ4_XS, which it converts at load), a tensor of random blocks
   (random bytes, every f16 scale replaced by a finite value)
   named after the type, and `<TYPE>.f32`: the same values dequantized by ggml's numpy reference
   (PyPI `gguf`, `gguf.quants.dequantize`). Dequantization must match it bit for bit.
@@ -13,8 +13,8 @@
   quantized to Q4_K_M by llama.cpp's llama-quantize (set LLAMA_QUANTIZE, default
   $PEER/bin/llama-quantize from ../shared/peer/llamacpp.sh).
 - kquants.gguf: two matrices of tiny-kquant's f32 model (`<name>`, f32) and the same matrices as
-  llama-quantize makes them in Q4_K, Q5_K and Q6_K (`<name>.Q4_K`, ...; `--pure`, no importance
-  matrix), for comparing llaisys's K-quant quantizer with llama.cpp's.
+  llama-quantize makes them in Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (`<name>.Q4_K`, ...; `--pure`,
+  no importance matrix), for comparing llaisys's K-quant quantizer with llama.cpp's.
 - tiny-kquant.imatrix.gguf, tiny-kquant.imatrix.dat: importance matrices of tiny-kquant's f32
   model over a few paragraphs (`CALIBRATION`), by llama.cpp's llama-imatrix (set LLAMA_IMATRIX,
   default $PEER/bin/llama-imatrix) in its GGUF and its older .dat format.
@@ -329,7 +329,7 @@ def write_kquants(path, f32_path, quantizer):
     w = GGUFWriter(path, "kquants")
     for name in names:
         w.add_tensor(name, f32[name].astype(np.float32))
-    for qtype in [T.Q4_K, T.Q5_K, T.Q6_K]:
+    for qtype in [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]:
         out = f32_path + "." + qtype.name
         subprocess.run([quantizer, "--pure", f32_path, out, qtype.name], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -77,9 +77,10 @@ pub enum WeightDtype {
     Bf16,
     /// A quantized format: tensors stored in it stay as they are; others are quantized at load.
     Quant(QuantType),
-    /// llama.cpp's mixes of K-quants, `q4_k_m` and `q5_k_m` (the base type given): the base for
-    /// most matrices, Q6_K for the output head and for the value and down projections of some
-    /// layers (`Slot::mixed` chooses a matrix's type, as `llama-quantize` does).
+    /// llama.cpp's mixes of K-quants, `q3_k_m`, `q4_k_m` and `q5_k_m` (the base type given): the
+    /// base for most matrices, Q6_K for the output head, more bits for the value and down
+    /// projections of some layers (`Slot::mixed` chooses a matrix's type, as `llama-quantize`
+    /// does).
     Mixed(QuantType),
 }
 
@@ -91,13 +92,12 @@ impl std::str::FromStr for WeightDtype {
             "f32" | "float32" => Ok(Self::F32),
             "f16" | "float16" => Ok(Self::F16),
             "bf16" | "bfloat16" => Ok(Self::Bf16),
+            "q3_k_m" => Ok(Self::Mixed(QuantType::Q3K)),
             "q4_k_m" => Ok(Self::Mixed(QuantType::Q4K)),
             "q5_k_m" => Ok(Self::Mixed(QuantType::Q5K)),
             other => other.parse().map(Self::Quant).map_err(|_| {
-                format!(
-                    "unknown weight dtype `{s}` (auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, \
-                     q6_k, q4_k_m, q5_k_m)"
-                )
+                let quants = QuantType::ALL.map(|q| q.name().to_ascii_lowercase()).join(", ");
+                format!("unknown weight dtype `{s}` (auto, f32, f16, bf16, {quants}, q3_k_m, q4_k_m, q5_k_m)")
             }),
         }
     }

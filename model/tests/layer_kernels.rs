@@ -691,7 +691,7 @@ fn projected_apart_and_fused(
 /// sign (one of them an f16 subnormal), as `(bytes, the values ggml dequantizes them to)`.
 fn random_blocks(ty: llaisys_model::quant::QuantType, rows: usize, k: usize, seed: u32) -> (Vec<u8>, Vec<f32>) {
     use half::f16;
-    use llaisys_model::quant::{QuantType, dequantize, row_bytes};
+    use llaisys_model::quant::{dequantize, row_bytes};
     let len = rows * row_bytes(ty, k);
     let mut bytes: Vec<u8> = (0..len as u32).map(|i| ((i ^ seed).wrapping_mul(2654435761) >> 13) as u8).collect();
     for (b, block) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
@@ -700,15 +700,9 @@ fn random_blocks(ty: llaisys_model::quant::QuantType, rows: usize, k: usize, see
             // The second block's first scale is a subnormal f16 (about 3e-5).
             if b == 1 && i == 0 { f16::from_bits(0x8200) } else { f16::from_f32(s) }
         };
-        let mut set = |at: usize, i: usize| block[at..at + 2].copy_from_slice(&scale(i).to_le_bytes());
-        match ty {
-            // A scale and a min (or offset).
-            QuantType::Q4K | QuantType::Q5K | QuantType::Q4_1 | QuantType::Q5_1 => {
-                set(0, 0);
-                set(2, 1);
-            }
-            QuantType::Q6K => set(208, 0),
-            _ => set(0, 0),
+        // A scale and, where the format has one, a min.
+        for (i, &at) in ty.f16_fields().iter().enumerate() {
+            block[at..at + 2].copy_from_slice(&scale(i).to_le_bytes());
         }
     }
     let mut want = vec![0.0f32; rows * k];

@@ -29,11 +29,7 @@ pub fn random_blocks(ty: QuantType, rows: usize, k: usize, seed: u64) -> Vec<u8>
             (state >> 56) as u8
         })
         .collect();
-    let fields: &[usize] = match ty {
-        QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q6K => &[208],
-    };
+    let fields = ty.f16_fields();
     let scale = f16::from_f32(0.001).to_le_bytes();
     for block in bytes.chunks_exact_mut(ty.block_bytes()) {
         for &at in fields {

@@ -189,12 +189,15 @@ impl Slot {
         }
     }
 
-    /// `llama-quantize`'s choice for this slot's matrix in its `Q4_K_M` / `Q5_K_M` mix of base
-    /// `base`: Q6_K for the output head (the embedding where it is tied), and for the value and
-    /// down projections (every expert's and the shared one's) of the first and last eighth of
-    /// the layers and every third between; with eight experts, Q8_0 for the key and value
-    /// projections and (`Q4_K_M`) Q5_K for the output one; `base` for the rest. A K-quant that
-    /// does not fit a matrix's rows falls back as `WeightDtype::storage` says.
+    /// `llama-quantize`'s choice for this slot's matrix in its `Q3_K_M` / `Q4_K_M` / `Q5_K_M` mix
+    /// of base `base`: Q6_K for the output head (the embedding where it is tied); with eight
+    /// experts, Q8_0 for the key and value projections and (`Q3_K_M`, `Q4_K_M`) Q5_K for the
+    /// output one. `Q4_K_M` and `Q5_K_M`: Q6_K for the value and down projections (every
+    /// expert's and the shared one's) of the first and last eighth of the layers and every third
+    /// between. `Q3_K_M`: Q5_K for the value projections of the first two layers and the down
+    /// projections of the first sixteenth, Q4_K for the other value and down projections and the
+    /// output projection. `base` for the rest. A K-quant that does not fit a matrix's rows falls
+    /// back as `WeightDtype::storage` says.
     fn mixed(self, base: QuantType, layer: Option<usize>, c: &ModelConfig) -> QuantType {
         let layers = c.num_hidden_layers;
         // Which layers get more bits (llama.cpp's `use_more_bits`).
@@ -204,6 +207,23 @@ impl Slot {
             (Slot::OutEmbed, _) => QuantType::Q6K,
             (Slot::InEmbed, _) if c.tie_word_embeddings => QuantType::Q6K,
             (Slot::AttnK | Slot::AttnV, _) if eight_experts => QuantType::Q8_0,
+            (Slot::AttnV, Some(l)) if base == QuantType::Q3K => {
+                if l < 2 {
+                    QuantType::Q5K
+                } else {
+                    QuantType::Q4K
+                }
+            }
+            (Slot::MlpDown | Slot::ExpertDown | Slot::SharedDown, Some(l)) if base == QuantType::Q3K => {
+                if l < layers / 16 { QuantType::Q5K } else { QuantType::Q4K }
+            }
+            (Slot::AttnO, _) if base == QuantType::Q3K => {
+                if eight_experts {
+                    QuantType::Q5K
+                } else {
+                    QuantType::Q4K
+                }
+            }
             (Slot::AttnV | Slot::MlpDown | Slot::ExpertDown | Slot::SharedDown, Some(l)) if more_bits(l) => {
                 QuantType::Q6K
             }
@@ -751,6 +771,24 @@ mod tests {
         assert_eq!(Slot::ExpertDown.mixed(q4, Some(0), &moe), q6);
         assert_eq!(Slot::ExpertDown.mixed(q4, Some(3), &moe), q4);
         assert_eq!(Slot::ExpertGate.mixed(q4, Some(0), &moe), q4);
+
+        // Q3_K_M (checked against llama-quantize's Q3_K_M of the demo model's F16: ffn_down Q5_K in
+        // layer 0 and Q4_K after, attn_v Q5_K in layers 0-1 and Q4_K after, attn_output Q4_K,
+        // before the 896-wide rows' fallbacks).
+        let q3 = QuantType::Q3K;
+        for l in 0..24 {
+            let first = |n: usize, hi: QuantType| if l < n { hi } else { q4 };
+            assert_eq!(Slot::MlpDown.mixed(q3, Some(l), &dense), first(1, q5), "ffn_down of layer {l}");
+            assert_eq!(Slot::AttnV.mixed(q3, Some(l), &dense), first(2, q5), "attn_v of layer {l}");
+            assert_eq!(Slot::AttnO.mixed(q3, Some(l), &dense), q4);
+            for slot in [Slot::AttnQ, Slot::AttnK, Slot::MlpGate, Slot::MlpUp] {
+                assert_eq!(slot.mixed(q3, Some(l), &dense), q3, "{slot:?} of layer {l}");
+            }
+        }
+        assert_eq!(Slot::OutEmbed.mixed(q3, None, &dense), q6);
+        assert_eq!(Slot::AttnO.mixed(q3, Some(3), &moe), q5);
+        assert_eq!(Slot::AttnK.mixed(q3, Some(3), &moe), QuantType::Q8_0);
+        assert_eq!("q3_k_m".parse::<WeightDtype>().unwrap(), WeightDtype::Mixed(q3));
 
         let dtype: WeightDtype = "Q4_K_M".parse().unwrap();
         assert_eq!(dtype, WeightDtype::Mixed(q4));

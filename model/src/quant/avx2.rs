@@ -4,7 +4,8 @@
 //! `vpmaddubsw` multiplies the weight bytes (unsigned) by 4 activation bytes broadcast to every
 //! lane (signed) and adds each pair of products into a 16-bit lane. Those sums stay in 16 bits
 //! over as many vectors as cannot overflow (activations lie in ±127: 8 vectors of 4-bit values,
-//! 8 · 2 · 15 · 127 < 2¹⁵; 4 of 5-bit; 2 of 6-bit), then `vpmaddwd` by ones adds the pairs into
+//! 8 · 2 · 15 · 127 < 2¹⁵; 4 of 5-bit; 2 of 6-bit; the 4 of a 16-value sub-block of 2- and 3-bit
+//! values, whose scales change with each), then `vpmaddwd` by ones adds the pairs into
 //! each row's 32-bit lane. 8-bit values (Q8_0) would overflow a single pair as unsigned bytes,
 //! so they are multiplied as signed values: |q| times x with q's sign, 2 · 128 · 127 < 2¹⁵.
 //! Per block the integer sums become f32 with the weights' scale and the activation's, as in
@@ -95,9 +96,13 @@ fn run_block(
             macro_rules! tile {
                 ($r:literal) => {{
                     let acc = match (l.ty.bits(), integer_scales) {
+                        (2, true) => panel_k::<$r, 2>(l, recs, acts, x0 + i, fetch),
+                        (3, true) => panel_k::<$r, 3>(l, recs, acts, x0 + i, fetch),
                         (4, true) => panel_k::<$r, 4>(l, recs, acts, x0 + i, fetch),
                         (5, true) => panel_k::<$r, 5>(l, recs, acts, x0 + i, fetch),
                         (6, true) => panel_k::<$r, 6>(l, recs, acts, x0 + i, fetch),
+                        (2, _) => panel::<$r, 2>(l, recs, acts, x0 + i, fetch),
+                        (3, _) => panel::<$r, 3>(l, recs, acts, x0 + i, fetch),
                         (4, _) => panel::<$r, 4>(l, recs, acts, x0 + i, fetch),
                         (5, _) => panel::<$r, 5>(l, recs, acts, x0 + i, fetch),
                         (6, _) => panel::<$r, 6>(l, recs, acts, x0 + i, fetch),
@@ -172,14 +177,14 @@ fn panel<const R: usize, const BITS: usize>(
                         }
                     }
                 }
-                if BITS == 6 && u == 3 {
-                    // Q6_K: the group's first 16-value sub-block has its own scale.
-                    q6k_fold(l, rec, g, 0, &sums, acts, &at, &mut acc);
+                if sub_blocks(BITS) && u == 3 {
+                    // Q2_K, Q3_K, Q6_K: the group's first 16-value sub-block has its own scale.
+                    sub_block_fold::<R, BITS>(l, rec, g, 0, &sums, acts, &at, &mut acc);
                     sums = [[zero; 2]; R];
                 }
             });
-            if BITS == 6 {
-                q6k_fold(l, rec, g, 1, &sums, acts, &at, &mut acc);
+            if sub_blocks(BITS) {
+                sub_block_fold::<R, BITS>(l, rec, g, 1, &sums, acts, &at, &mut acc);
             } else {
                 for h in 0..2 {
                     // Group g's weight scale S and offset B for half h of the rows: w = S · q + B
@@ -221,11 +226,13 @@ fn panel<const R: usize, const BITS: usize>(
 }
 
 /// [`panel`] for a K-quant whose activations share one scale per super-block (see the module's
-/// note): Q4_K and Q5_K (`w = d·s·q − dmin·m`) and Q6_K (`w = d·s·(q − 32)`, a signed scale per
-/// 16-value sub-block). The 32-bit sums cannot overflow: Q6_K's are the largest, each widening at
+/// note): Q4_K and Q5_K (`w = d·s·q − dmin·m`, per 32-value group), Q2_K (the same per 16-value
+/// sub-block) and Q6_K and Q3_K (`w = d·s·(q − 32)` or `(q − 4)`, a signed scale per 16-value
+/// sub-block). The 32-bit sums cannot overflow: Q6_K's are the largest, each widening at
 /// most 2 · 32004 · 128 (two 16-bit partials of two vectors, times a scale of at most 128), 32 of
 /// them per super-block, 2.6·10⁸, and its offsets 16 · 128 · 2032 · 32 = 1.3·10⁸; Q4_K's reach
-/// 3.1·10⁷, Q5_K's 6.4·10⁷.
+/// 3.1·10⁷, Q5_K's 6.4·10⁷, Q3_K's 16 · 2 · 7112 · 32 = 7.3·10⁶, Q2_K's 16 · 2 · 3048 · 15 =
+/// 1.5·10⁶.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn panel_k<const R: usize, const BITS: usize>(
@@ -236,7 +243,7 @@ fn panel_k<const R: usize, const BITS: usize>(
     fetch: bool,
 ) -> [[__m256; 2]; R] {
     let per_sum = per_sum(BITS);
-    let signed = BITS == 6;
+    let signed = signed_scales(BITS);
     let ctrl = [pairs(0, signed), pairs(1, signed)];
     let zero = _mm256_setzero_si256();
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
@@ -254,7 +261,7 @@ fn panel_k<const R: usize, const BITS: usize>(
         for g in 0..l.groups {
             let at_s = l.scales_at(g);
             let mut scale = scale_pairs::<BITS>(&rec[at_s..], &ctrl);
-            if BITS != 6 {
+            if !sub_blocks(BITS) {
                 let m = scale_pairs::<BITS>(&rec[at_s + 16..], &ctrl);
                 for i in 0..R {
                     let [s0, s1] = acts.sums[base[i] + g];
@@ -269,15 +276,22 @@ fn panel_k<const R: usize, const BITS: usize>(
                 if fetch && u.is_multiple_of(4) {
                     prefetch_ahead(rec, piece, g, u);
                 }
-                if BITS == 6 && u.is_multiple_of(4) {
-                    // Q6_K: sub-block u / 4 of the group.
+                if sub_blocks(BITS) && u.is_multiple_of(4) {
+                    // Sub-block u / 4 of the group: its scale, and the scale (Q6_K, Q3_K) or the
+                    // minimum (Q2_K, whose byte holds both) times the sub-block sum.
                     if u == 4 {
                         scale = scale_pairs::<BITS>(&rec[at_s + 16..], &ctrl);
+                    }
+                    let mut by = scale;
+                    if BITS == 2 {
+                        by = [_mm256_srli_epi16(scale[0], 4), _mm256_srli_epi16(scale[1], 4)];
+                        let low = _mm256_set1_epi16(0x0f);
+                        scale = [_mm256_and_si256(scale[0], low), _mm256_and_si256(scale[1], low)];
                     }
                     for i in 0..R {
                         let sum = _mm256_set1_epi32(i32::from(acts.sums[base[i] + g][u / 4] as u16));
                         for h in 0..2 {
-                            offset[i][h] = _mm256_add_epi32(offset[i][h], _mm256_madd_epi16(scale[h], sum));
+                            offset[i][h] = _mm256_add_epi32(offset[i][h], _mm256_madd_epi16(by[h], sum));
                         }
                     }
                 }
@@ -297,11 +311,13 @@ fn panel_k<const R: usize, const BITS: usize>(
         // The super-block's floats.
         for h in 0..2 {
             let d = f16_to_f32(&rec[l.sup_at() + 16 * h..]);
-            let dmin = f16_to_f32(&rec[l.sup_at() + 32 * usize::from(BITS != 6) + 16 * h..]);
+            let dmin = f16_to_f32(&rec[l.sup_at() + 32 * usize::from(!signed) + 16 * h..]);
             for i in 0..R {
                 let dx = _mm256_set1_ps(acts.d[base[i]]);
-                if BITS == 6 {
-                    let total = _mm256_sub_epi32(sumi[i][h], _mm256_slli_epi32(offset[i][h], 5));
+                if signed {
+                    // The offset: 32 = 2⁵ (Q6_K), 4 = 2² (Q3_K).
+                    let shift = _mm_cvtsi32_si128(if BITS == 6 { 5 } else { 2 });
+                    let total = _mm256_sub_epi32(sumi[i][h], _mm256_sll_epi32(offset[i][h], shift));
                     acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, dx), acc[i][h]);
                 } else {
                     acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[i][h]), _mm256_mul_ps(d, dx), acc[i][h]);
@@ -315,9 +331,11 @@ fn panel_k<const R: usize, const BITS: usize>(
 }
 
 /// How many `vpmaddubsw` results of `bits`-bit values add up in 16 bits before they are widened
-/// (see the module's note).
+/// (see the module's note): Q2_K's and Q3_K's could add up far more, but their scales change
+/// with every 16-value sub-block (4 vectors).
 const fn per_sum(bits: usize) -> usize {
     match bits {
+        2 | 3 => 4,
         4 => 8,
         5 => 4,
         6 => 2,
@@ -325,15 +343,27 @@ const fn per_sum(bits: usize) -> usize {
     }
 }
 
+/// Whether the K-quant of `bits`-bit values scales each 16-value sub-block on its own (Q2_K,
+/// Q3_K, Q6_K: no other format of those widths exists).
+const fn sub_blocks(bits: usize) -> bool {
+    matches!(bits, 2 | 3 | 6)
+}
+
+/// Whether the K-quant of `bits`-bit values has signed scales and a fixed offset (Q3_K, Q6_K)
+/// rather than unsigned scales and minimums.
+const fn signed_scales(bits: usize) -> bool {
+    matches!(bits, 3 | 6)
+}
+
 /// The 16 rows' byte scales at the start of `b` as `vpmaddwd` operands, one per half: each
-/// row's 32-bit lane holds its scale in both 16-bit halves (unsigned for Q4_K and Q5_K,
-/// sign-extended for Q6_K's).
+/// row's 32-bit lane holds its scale in both 16-bit halves (unsigned for Q2_K, Q4_K and Q5_K,
+/// sign-extended for Q3_K's and Q6_K's).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn scale_pairs<const BITS: usize>(b: &[u8], ctrl: &[__m256i; 2]) -> [__m256i; 2] {
     let rows = _mm256_broadcastsi128_si256(load128(b));
     let (lo, hi) = (_mm256_shuffle_epi8(rows, ctrl[0]), _mm256_shuffle_epi8(rows, ctrl[1]));
-    if BITS == 6 { [_mm256_srai_epi16(lo, 8), _mm256_srai_epi16(hi, 8)] } else { [lo, hi] }
+    if signed_scales(BITS) { [_mm256_srai_epi16(lo, 8), _mm256_srai_epi16(hi, 8)] } else { [lo, hi] }
 }
 
 /// `vpshufb` controls over 16 row bytes broadcast to both 128-bit lanes: the 32-bit lane j of
@@ -350,12 +380,13 @@ fn pairs(h: usize, signed: bool) -> __m256i {
     load256(&c)
 }
 
-/// Q6_K sub-block `sb` (values 16·sb.. of group g): `w = S · (q − 32)`, so
-/// `acc += dot · S · d_x − 32 · S · (d_x · Σq_x)` over the sub-block.
+/// Sub-block `sb` (values 16·sb.. of group g) of Q6_K or Q3_K, `w = S · (q − offset)`, or of
+/// Q2_K, `w = S · q − M`: `acc += dot · S · d_x + B · (d_x · Σq_x)` over the sub-block, with
+/// `B = −offset · S` or `−M`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-fn q6k_fold<const R: usize>(
+fn sub_block_fold<const R: usize, const BITS: usize>(
     l: &Layout,
     rec: &[u8],
     g: usize,
@@ -367,8 +398,18 @@ fn q6k_fold<const R: usize>(
 ) {
     for h in 0..2 {
         let d = f16_to_f32(&rec[l.sup_at() + 16 * h..]);
-        let s = _mm256_mul_ps(d, i8_to_f32(&rec[l.scales_at(g) + 16 * sb + HALF * h..]));
-        let b = _mm256_mul_ps(s, _mm256_set1_ps(-32.0));
+        let bytes = &rec[l.scales_at(g) + 16 * sb + HALF * h..];
+        let (s, b) = if BITS == 2 {
+            // Q2_K's byte: the scale in its low nibble, the minimum in its high one.
+            let byte = _mm256_cvtepu8_epi32(load64(bytes));
+            let sc = _mm256_cvtepi32_ps(_mm256_and_si256(byte, _mm256_set1_epi32(0x0f)));
+            let m = _mm256_cvtepi32_ps(_mm256_srli_epi32(byte, 4));
+            let dmin = f16_to_f32(&rec[l.sup_at() + 32 + 16 * h..]);
+            (_mm256_mul_ps(d, sc), _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, m)))
+        } else {
+            let s = _mm256_mul_ps(d, i8_to_f32(bytes));
+            (s, _mm256_mul_ps(s, _mm256_set1_ps(if BITS == 6 { -32.0 } else { -4.0 })))
+        };
         for i in 0..R {
             let dx = _mm256_set1_ps(acts.d[at[i]]);
             acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i][h]), _mm256_mul_ps(s, dx), acc[i][h]);
@@ -387,46 +428,61 @@ fn values<const BITS: usize>(l: &Layout, rec: &[u8], g: usize, u: usize) -> [__m
     if BITS == 8 {
         return [load256(&rec[at + 64 * u..]), load256(&rec[at + 64 * u + 32..])];
     }
-    // Nibbles: vector v holds value vector 2v in its low nibbles and 2v + 1 in its high ones.
-    let low = _mm256_set1_epi8(0x0f);
     let mut w = [_mm256_setzero_si256(); 2];
-    for (h, w) in w.iter_mut().enumerate() {
-        let bytes = load256(&rec[at + 64 * (u / 2) + 32 * h..]);
-        let bytes = if u.is_multiple_of(2) { bytes } else { _mm256_srli_epi16(bytes, 4) };
-        *w = _mm256_and_si256(bytes, low);
+    if BITS <= 3 {
+        // The low two bits: vector u / 4 holds value vector u at bits 2·(u % 4) of each byte.
+        let low = _mm256_set1_epi8(3);
+        for (h, w) in w.iter_mut().enumerate() {
+            let bytes = load256(&rec[at + 64 * (u / 4) + 32 * h..]);
+            *w = _mm256_and_si256(shift_bits(bytes, 2 * (u % 4), 0), low);
+        }
+    } else {
+        // Nibbles: vector v holds value vector 2v in its low nibbles and 2v + 1 in its high ones.
+        let low = _mm256_set1_epi8(0x0f);
+        for (h, w) in w.iter_mut().enumerate() {
+            let bytes = load256(&rec[at + 64 * (u / 2) + 32 * h..]);
+            *w = _mm256_and_si256(shift_bits(bytes, 4 * (u % 2), 0), low);
+        }
     }
     if BITS == 6 {
         // Field vector u / 4 holds bits 4-5 of value vector u at bits 2·(u % 4) of each byte.
         let field = _mm256_set1_epi8(0x30);
         for (h, w) in w.iter_mut().enumerate() {
             let high = load256(&rec[l.plane_at(g, u / 4) + 32 * h..]);
-            let high = match u % 4 {
-                0 => _mm256_slli_epi16(high, 4),
-                1 => _mm256_slli_epi16(high, 2),
-                2 => high,
-                _ => _mm256_srli_epi16(high, 2),
-            };
-            *w = _mm256_or_si256(*w, _mm256_and_si256(high, field));
+            *w = _mm256_or_si256(*w, _mm256_and_si256(shift_bits(high, 2 * (u % 4), 4), field));
         }
-    } else if BITS == 5 {
-        // Bit u of each byte of the field vector is the fifth bit of value vector u.
-        let bit = _mm256_set1_epi8(0x10);
+    } else if BITS == 3 || BITS == 5 {
+        // Bit u of each byte of the field vector is the top bit (the third, or the fifth) of
+        // value vector u.
+        let bit = _mm256_set1_epi8(1 << (BITS - 1));
         for (h, w) in w.iter_mut().enumerate() {
             let high = load256(&rec[l.plane_at(g, 0) + 32 * h..]);
-            let high = match u {
-                0 => _mm256_slli_epi16(high, 4),
-                1 => _mm256_slli_epi16(high, 3),
-                2 => _mm256_slli_epi16(high, 2),
-                3 => _mm256_slli_epi16(high, 1),
-                4 => high,
-                5 => _mm256_srli_epi16(high, 1),
-                6 => _mm256_srli_epi16(high, 2),
-                _ => _mm256_srli_epi16(high, 3),
-            };
-            *w = _mm256_or_si256(*w, _mm256_and_si256(high, bit));
+            *w = _mm256_or_si256(*w, _mm256_and_si256(shift_bits(high, u, BITS - 1), bit));
         }
     }
     w
+}
+
+/// `v` shifted so that each byte's bit `from` lands on bit `to` (a 16-bit shift: the bits that
+/// cross into the neighbouring byte land elsewhere, and the caller masks what it wants). Both
+/// are constants where it is inlined, so the match is one shift.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn shift_bits(v: __m256i, from: usize, to: usize) -> __m256i {
+    match to as isize - from as isize {
+        4 => _mm256_slli_epi16(v, 4),
+        3 => _mm256_slli_epi16(v, 3),
+        2 => _mm256_slli_epi16(v, 2),
+        1 => _mm256_slli_epi16(v, 1),
+        0 => v,
+        -1 => _mm256_srli_epi16(v, 1),
+        -2 => _mm256_srli_epi16(v, 2),
+        -3 => _mm256_srli_epi16(v, 3),
+        -4 => _mm256_srli_epi16(v, 4),
+        -5 => _mm256_srli_epi16(v, 5),
+        -6 => _mm256_srli_epi16(v, 6),
+        _ => _mm256_srli_epi16(v, 7),
+    }
 }
 
 /// Four activation bytes `x[4u..4u + 4]` in every 32-bit lane.

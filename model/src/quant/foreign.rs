@@ -1,20 +1,14 @@
-//! ggml formats a GGUF file may hold that llaisys's kernels do not compute in: Q2_K and Q3_K
-//! (Qwen's own `q2_k` and `q3_k_m` files), IQ4_XS and IQ4_NL (its fallback for rows that are
+//! ggml formats a GGUF file may hold that llaisys's kernels do not compute in: IQ4_XS (many
+//! publishers' 4-bit files) and IQ4_NL (its fallback, and Q2_K's and Q3_K's, for rows that are
 //! not whole 256-value blocks). Each is dequantized exactly as ggml does (`dequantize`), and
 //! converted at load to a format the kernels run (`convert`, the format `target` names):
 //!
-//! - Q3_K → Q6_K, exactly: both are `d · sc · (q − offset)` over 16-value sub-blocks with signed
-//!   scales, and a 3-bit value is a 6-bit one; every weight comes out bit-identical.
 //! - IQ4_NL → Q8_0, exactly: its 16 levels are signed bytes, its scale is Q8_0's.
 //! - IQ4_XS → Q8_0: the levels as IQ4_NL's, each 32-value block's scale `d · (ls − 32)` rounded
 //!   to f16 (relative error at most 2⁻¹¹ per block, exact where the scale is an f16).
-//! - Q2_K → Q5_K, requantized: its per-16 offsets have no exact form in a format the kernels run,
-//!   so its weights are quantized again, the only lossy conversion here. Qwen2.5-0.5B's ffn_down
-//!   in Q2_K (`llama-quantize --pure`): KL divergence from F16 0.2843 against llama.cpp's 0.2830
-//!   on the file as it is (0.2898 with Q4_K as the target).
 //!
-//! The targets take more memory than the file (Q3_K 3.44 bits a weight → Q6_K 6.56, IQ4_XS
-//! 4.25 → Q8_0 8.5, Q2_K 2.63 → Q5_K 5.5): the file's model, runnable, at a larger size.
+//! The target takes twice the memory of the file (IQ4_XS 4.25 bits a weight → Q8_0 8.5): the
+//! file's model, runnable, at a larger size.
 
 use half::f16;
 use rayon::prelude::*;
@@ -24,8 +18,6 @@ use super::QuantType;
 /// A ggml format converted at load (ggml's names and type ids).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Foreign {
-    Q2K,
-    Q3K,
     Iq4Nl,
     Iq4Xs,
 }
@@ -37,13 +29,11 @@ const IQ4_LEVELS: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 2
 const BLOCKS_PER_TASK: usize = 256;
 
 impl Foreign {
-    pub const ALL: [Foreign; 4] = [Self::Q2K, Self::Q3K, Self::Iq4Nl, Self::Iq4Xs];
+    pub const ALL: [Foreign; 2] = [Self::Iq4Nl, Self::Iq4Xs];
 
     /// ggml's name (`Q3_K`).
     pub fn name(self) -> &'static str {
         match self {
-            Self::Q2K => "Q2_K",
-            Self::Q3K => "Q3_K",
             Self::Iq4Nl => "IQ4_NL",
             Self::Iq4Xs => "IQ4_XS",
         }
@@ -52,8 +42,6 @@ impl Foreign {
     /// ggml's type id, as GGUF stores it.
     pub const fn ggml_id(self) -> u32 {
         match self {
-            Self::Q2K => 10,
-            Self::Q3K => 11,
             Self::Iq4Nl => 20,
             Self::Iq4Xs => 23,
         }
@@ -63,19 +51,17 @@ impl Foreign {
         Self::ALL.into_iter().find(|t| t.ggml_id() == id)
     }
 
-    /// Values per block: 256, or 32 for IQ4_NL.
+    /// Values per block: 32 for IQ4_NL, 256 for IQ4_XS.
     pub fn block_values(self) -> usize {
         match self {
             Self::Iq4Nl => 32,
-            _ => 256,
+            Self::Iq4Xs => 256,
         }
     }
 
     /// Bytes per block in ggml's layout.
     pub fn block_bytes(self) -> usize {
         match self {
-            Self::Q2K => 84,
-            Self::Q3K => 110,
             Self::Iq4Nl => 18,
             Self::Iq4Xs => 136,
         }
@@ -88,16 +74,12 @@ impl Foreign {
 
     /// The format the kernels run this one's tensors in.
     pub fn target(self) -> QuantType {
-        match self {
-            Self::Q2K => QuantType::Q5K,
-            Self::Q3K => QuantType::Q6K,
-            Self::Iq4Nl | Self::Iq4Xs => QuantType::Q8_0,
-        }
+        QuantType::Q8_0
     }
 
     /// Whether `convert` gives every weight bit-identical.
     pub fn exact(self) -> bool {
-        matches!(self, Self::Q3K | Self::Iq4Nl)
+        self == Self::Iq4Nl
     }
 
     /// Dequantizes whole blocks with ggml's arithmetic: `bytes` holds `out.len() / block_values`
@@ -109,20 +91,6 @@ impl Foreign {
         }
         for (b, out) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(bv)) {
             match self {
-                Self::Q2K => {
-                    let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
-                    for (v, o) in out.iter_mut().enumerate() {
-                        let sc = b[v / 16];
-                        let (dl, ml) = (d * (sc & 0x0f) as f32, dmin * (sc >> 4) as f32);
-                        *o = dl * q2k_value(b, v) as f32 - ml;
-                    }
-                }
-                Self::Q3K => {
-                    let d = f16_at(b, 108);
-                    for (v, o) in out.iter_mut().enumerate() {
-                        *o = d * q3k_scale(b, v / 16) as f32 * (q3k_value(b, v) as i32 - 4) as f32;
-                    }
-                }
                 Self::Iq4Nl => {
                     let d = f16_at(b, 0);
                     for (v, o) in out.iter_mut().enumerate() {
@@ -143,8 +111,7 @@ impl Foreign {
     }
 
     /// Whole blocks of this format as blocks of `target()`, the same number of values, in tasks
-    /// of 256 blocks over the rayon pool; `None` where `bytes` is not whole blocks. Q2_K's
-    /// weights are requantized, the others' blocks rewritten.
+    /// of 256 blocks over the rayon pool; `None` where `bytes` is not whole blocks.
     pub fn convert(self, bytes: &[u8]) -> Option<Vec<u8>> {
         let bb = self.block_bytes();
         if !bytes.len().is_multiple_of(bb) {
@@ -156,30 +123,17 @@ impl Foreign {
             .map(|blocks| {
                 let n = blocks.len() / bb * self.block_values();
                 let mut out = Vec::with_capacity(n / t.block_values() * t.block_bytes());
-                self.convert_blocks(blocks, n, &mut out);
+                self.convert_blocks(blocks, &mut out);
                 out
             })
             .collect();
         Some(tasks.concat())
     }
 
-    /// Appends whole `blocks` (holding `n` values) in `target()`'s layout.
-    fn convert_blocks(self, blocks: &[u8], n: usize, out: &mut Vec<u8>) {
+    /// Appends whole `blocks` in `target()`'s layout.
+    fn convert_blocks(self, blocks: &[u8], out: &mut Vec<u8>) {
         let bb = self.block_bytes();
         match self {
-            Self::Q2K => {
-                let mut values = vec![0.0f32; n];
-                self.dequantize(blocks, &mut values).expect("whole blocks");
-                super::quantize(self.target(), &values, out).expect("whole blocks of the target");
-            }
-            Self::Q3K => {
-                for b in blocks.chunks_exact(bb) {
-                    // q − 4 over 0..8 is (q + 28) − 32 over 28..36: Q6_K's values, scales and d.
-                    let q: [u8; 256] = std::array::from_fn(|v| q3k_value(b, v) + 28);
-                    let sc: [i8; 16] = std::array::from_fn(|s| q3k_scale(b, s));
-                    super::quantize::write_q6k(&q, &sc, f16::from_le_bytes([b[108], b[109]]), out);
-                }
-            }
             Self::Iq4Nl => blocks.chunks_exact(bb).for_each(|b| write_q8_0(&b[0..2], &b[2..18], out)),
             Self::Iq4Xs => {
                 for b in blocks.chunks_exact(bb) {
@@ -201,31 +155,6 @@ impl std::fmt::Display for Foreign {
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-/// Q2_K (`scales[16] qs[64] d dmin`): value v's 2 bits, at bits 2j of byte 32n + l of `qs` for
-/// v = 128n + 32j + l.
-fn q2k_value(b: &[u8], v: usize) -> u8 {
-    let (n, j, l) = (v / 128, (v % 128) / 32, v % 32);
-    (b[16 + 32 * n + l] >> (2 * j)) & 3
-}
-
-/// Q3_K (`hmask[32] qs[64] scales[12] d`): value v (0..8) for v = 128n + 32j + l, its low two
-/// bits at bits 2j of byte 32n + l of `qs`, its third at bit 4n + j of `hmask[l]`.
-fn q3k_value(b: &[u8], v: usize) -> u8 {
-    let (n, j, l) = (v / 128, (v % 128) / 32, v % 32);
-    let low = (b[32 + 32 * n + l] >> (2 * j)) & 3;
-    let high = (b[l] >> (4 * n + j)) & 1;
-    low | (high << 2)
-}
-
-/// Q3_K's signed scale of sub-block s (6 bits, less 32): its low four bits in the low (s < 8) or
-/// high nibble of byte s % 8 of the 12 scale bytes, its top two at bits 2(s / 4) of byte 8 + s % 4.
-fn q3k_scale(b: &[u8], s: usize) -> i8 {
-    let sc = &b[96..108];
-    let low = if s < 8 { sc[s] & 0x0f } else { sc[s - 8] >> 4 };
-    let high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
-    (low | (high << 4)) as i8 - 32
 }
 
 /// Level of value v of a 32-value IQ4 group (`qs`: 16 bytes, v in the low nibble of byte v,
@@ -258,22 +187,15 @@ mod tests {
     fn random_blocks(ty: Foreign, n: usize, seed: u64) -> Vec<u8> {
         let values = crate::quant::test_values(n * ty.block_bytes(), seed);
         let mut bytes: Vec<u8> = values.iter().map(|v| ((v + 1.0) * 128.0) as u8).collect();
-        let scales: &[usize] = match ty {
-            Foreign::Q2K => &[80, 82],
-            Foreign::Q3K => &[108],
-            Foreign::Iq4Nl | Foreign::Iq4Xs => &[0],
-        };
         for (i, block) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
-            for &at in scales {
-                let d = f16::from_f32(0.001 + 0.0007 * (i % 13) as f32);
-                block[at..at + 2].copy_from_slice(&d.to_le_bytes());
-            }
+            let d = f16::from_f32(0.001 + 0.0007 * (i % 13) as f32);
+            block[..2].copy_from_slice(&d.to_le_bytes());
         }
         bytes
     }
 
-    /// Q3_K and IQ4_NL become their targets with every weight bit-identical; IQ4_XS within its
-    /// scales' f16 rounding; Q2_K closer to its weights than Q2_K's own step.
+    /// IQ4_NL becomes its target with every weight bit-identical; IQ4_XS within its scales' f16
+    /// rounding.
     #[test]
     fn conversions_keep_the_weights() {
         for ty in Foreign::ALL {
@@ -286,7 +208,7 @@ mod tests {
             let mut got = vec![0.0f32; want.len()];
             dequantize(ty.target(), &converted, &mut got);
             match ty {
-                Foreign::Q3K | Foreign::Iq4Nl => {
+                Foreign::Iq4Nl => {
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{ty}");
                 }
@@ -295,24 +217,8 @@ mod tests {
                         assert!((g - w).abs() <= w.abs() * 2f32.powi(-11), "{ty}: {g} for {w}");
                     }
                 }
-                Foreign::Q2K => {
-                    // A weight moves by far less than Q2_K's own step (a third of a sub-block's
-                    // range).
-                    let err = got.iter().zip(&want).map(|(g, w)| (g - w).powi(2)).sum::<f32>() / want.len() as f32;
-                    let range = want.chunks(16).map(extreme_range).sum::<f32>() / (want.len() / 16) as f32;
-                    assert!(
-                        err.sqrt() < range / 3.0 / 4.0,
-                        "{ty}: rms {} against a sub-block range {range}",
-                        err.sqrt()
-                    );
-                }
             }
         }
-    }
-
-    fn extreme_range(s: &[f32]) -> f32 {
-        let (lo, hi) = s.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        hi - lo
     }
 
     /// Bytes that are not whole blocks are refused, never read past.

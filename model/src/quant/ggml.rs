@@ -16,8 +16,10 @@ pub(crate) enum Params {
     Min { d: f16, m: f16 },
     /// `w = (d · sc[g]) · q − (dmin · m[g])` for 32-value group g (Q4_K, Q5_K).
     KMin { d: f16, dmin: f16, sc: [u8; 8], m: [u8; 8] },
-    /// `w = (d · sc[h]) · (q − 32)` for 16-value sub-block h (Q6_K).
-    K6 { d: f16, sc: [i8; 16] },
+    /// `w = (d · sc[h]) · q − (dmin · m[h])` for 16-value sub-block h (Q2_K).
+    KMin16 { d: f16, dmin: f16, sc: [u8; 16], m: [u8; 16] },
+    /// `w = (d · sc[h]) · (q − offset)` for 16-value sub-block h (Q6_K: 32, Q3_K: 4).
+    KSigned { d: f16, sc: [i8; 16], offset: u8 },
 }
 
 /// One block: its values as unsigned integers (`q[..block_values]`; Q8_0's are `q + 128`).
@@ -106,6 +108,33 @@ pub(crate) fn decode(ty: QuantType, b: &[u8]) -> Decoded {
             let (sc, m) = k_scales(&b[4..16]);
             Params::KMin { d: f16_at(b, 0), dmin: f16_at(b, 2), sc, m }
         }
+        QuantType::Q2K => {
+            // scales[16] (sub-block h's scale in the low nibble of byte h, its min in the high
+            // one), qs[64], d, dmin: value 128n + 32j + l's two bits at bits 2j of qs[32n + l].
+            for (v, q) in q.iter_mut().enumerate() {
+                let (n, j, l) = (v / 128, (v % 128) / 32, v % 32);
+                *q = (b[16 + 32 * n + l] >> (2 * j)) & 3;
+            }
+            let sc = std::array::from_fn(|h| b[h] & 0x0f);
+            let m = std::array::from_fn(|h| b[h] >> 4);
+            Params::KMin16 { d: f16_at(b, 80), dmin: f16_at(b, 82), sc, m }
+        }
+        QuantType::Q3K => {
+            // hmask[32], qs[64], scales[12], d: value v = 128n + 32j + l (0..8) has its low two
+            // bits at bits 2j of qs[32n + l], its third at bit 4n + j of hmask[l]. Sub-block h's
+            // 6-bit scale (less 32): its low four bits in the low (h < 8) or high nibble of
+            // scales[h % 8], its top two at bits 2(h / 4) of scales[8 + h % 4].
+            for (v, q) in q.iter_mut().enumerate() {
+                let (n, j, l) = (v / 128, (v % 128) / 32, v % 32);
+                *q = ((b[32 + 32 * n + l] >> (2 * j)) & 3) | (((b[l] >> (4 * n + j)) & 1) << 2);
+            }
+            let s = &b[96..108];
+            let sc = std::array::from_fn(|h| {
+                let low = if h < 8 { s[h] & 0x0f } else { s[h - 8] >> 4 };
+                ((low | (((s[8 + h % 4] >> (2 * (h / 4))) & 3) << 4)) as i8) - 32
+            });
+            Params::KSigned { d: f16_at(b, 108), sc, offset: 4 }
+        }
         QuantType::Q6K => {
             // ql: 128 bytes in two halves of 64: half h holds values 128h.. in its low nibbles
             // and 128h + 64.. in its high ones. qh: 64 bytes in two halves of 32: bits 2s..2s+2
@@ -126,7 +155,7 @@ pub(crate) fn decode(ty: QuantType, b: &[u8]) -> Decoded {
             for (s, &byte) in sc.iter_mut().zip(&b[192..208]) {
                 *s = byte as i8;
             }
-            Params::K6 { d: f16_at(b, 208), sc }
+            Params::KSigned { d: f16_at(b, 208), sc, offset: 32 }
         }
     };
     Decoded { q, params }
@@ -142,7 +171,11 @@ pub(crate) fn weight(q: u8, params: &Params, i: usize) -> f32 {
             let g = i / 32;
             d.to_f32() * sc[g] as f32 * q as f32 - dmin.to_f32() * m[g] as f32
         }
-        Params::K6 { d, sc } => d.to_f32() * sc[i / 16] as f32 * (q as i32 - 32) as f32,
+        Params::KMin16 { d, dmin, sc, m } => {
+            let h = i / 16;
+            d.to_f32() * sc[h] as f32 * q as f32 - dmin.to_f32() * m[h] as f32
+        }
+        Params::KSigned { d, sc, offset } => d.to_f32() * sc[i / 16] as f32 * (q as i32 - offset as i32) as f32,
     }
 }
 

@@ -122,8 +122,10 @@ pub fn matmul_each(kernel: Kernel, products: &[Product<'_>]) -> Vec<Vec<f32>> {
             let x_rows = x0..(x0 + chunk_rows).min(m);
             let out = &mut rows[x_rows.clone()];
             match kernel {
-                Kernel::Vnni => vnni::run(part, block.panels.clone(), acts, x_rows, out, bias),
-                Kernel::Avx2 => avx2::run(part, block.panels.clone(), acts, x_rows, out, bias),
+                Kernel::Vnni if vnni::runs(part.layout.ty) => {
+                    vnni::run(part, block.panels.clone(), acts, x_rows, out, bias)
+                }
+                Kernel::Vnni | Kernel::Avx2 => avx2::run(part, block.panels.clone(), acts, x_rows, out, bias),
                 Kernel::Portable => portable::run(part, block.panels.clone(), acts, x_rows, out, bias),
             }
         }

@@ -1,9 +1,9 @@
 //! Q2–Q5: quantized weight matrices (on the CPU; on a GPU through `device.rs`).
 //!
-//! - `ggml.rs`: ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) as they lie
-//!   in a GGUF file, decoded and dequantized exactly as ggml does;
-//! - `foreign.rs`: the GGUF formats the kernels do not run (Q2_K, Q3_K, IQ4_NL, IQ4_XS),
-//!   dequantized as ggml does and converted at load to ones they do;
+//! - `ggml.rs`: ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+//!   Q6_K) as they lie in a GGUF file, decoded and dequantized exactly as ggml does;
+//! - `foreign.rs`: the GGUF formats the kernels do not run (IQ4_NL, IQ4_XS), dequantized as ggml
+//!   does and converted at load to one they do;
 //! - `quantize.rs`: f32 rows to every one of those formats, the scales chosen to minimise the
 //!   squared error (in-situ quantization at load, Q4, and of replaced weights), weighted by an
 //!   importance matrix (`imatrix.rs`, llama.cpp's files) where one is given;
@@ -52,14 +52,26 @@ pub enum QuantType {
     Q4_1,
     Q5_0,
     Q5_1,
+    Q2K,
+    Q3K,
     Q4K,
     Q5K,
     Q6K,
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 8] =
-        [Self::Q8_0, Self::Q4_0, Self::Q4_1, Self::Q5_0, Self::Q5_1, Self::Q4K, Self::Q5K, Self::Q6K];
+    pub const ALL: [QuantType; 10] = [
+        Self::Q8_0,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q2K,
+        Self::Q3K,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+    ];
 
     /// ggml's name (`Q4_K`).
     pub fn name(self) -> &'static str {
@@ -69,6 +81,8 @@ impl QuantType {
             Self::Q4_1 => "Q4_1",
             Self::Q5_0 => "Q5_0",
             Self::Q5_1 => "Q5_1",
+            Self::Q2K => "Q2_K",
+            Self::Q3K => "Q3_K",
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
@@ -83,6 +97,8 @@ impl QuantType {
             Self::Q5_0 => 6,
             Self::Q5_1 => 7,
             Self::Q8_0 => 8,
+            Self::Q2K => 10,
+            Self::Q3K => 11,
             Self::Q4K => 12,
             Self::Q5K => 13,
             Self::Q6K => 14,
@@ -106,21 +122,42 @@ impl QuantType {
             Self::Q4_1 => 20,
             Self::Q5_0 => 22,
             Self::Q5_1 => 24,
+            Self::Q2K => 84,
+            Self::Q3K => 110,
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
         }
     }
 
+    /// Byte offsets of the f16 fields of a block in ggml's layout: its scale (`d`) and, where
+    /// it has one, its minimum (`m` or `dmin`).
+    pub fn f16_fields(self) -> &'static [usize] {
+        match self {
+            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 => &[0],
+            Self::Q4_1 | Self::Q5_1 | Self::Q4K | Self::Q5K => &[0, 2],
+            Self::Q2K => &[80, 82],
+            Self::Q3K => &[108],
+            Self::Q6K => &[208],
+        }
+    }
+
     pub fn is_k(self) -> bool {
-        matches!(self, Self::Q4K | Self::Q5K | Self::Q6K)
+        matches!(self, Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K)
+    }
+
+    /// Whether each 16-value sub-block has its own scale (Q2_K, Q3_K, Q6_K), not each 32-value
+    /// group.
+    pub(crate) fn sub_blocks(self) -> bool {
+        matches!(self, Self::Q2K | Self::Q3K | Self::Q6K)
     }
 
     /// For a K-quant, the 32-value format llama.cpp stores a tensor in when its rows are not
     /// whole 256-value blocks (`llama-quantize`'s fallback): Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0
-    /// for Q6_K.
+    /// for Q6_K, Q4_0 for Q2_K and Q3_K.
     pub fn k_fallback(self) -> Option<Self> {
         match self {
+            Self::Q2K | Self::Q3K => Some(Self::Q4_0),
             Self::Q4K => Some(Self::Q5_0),
             Self::Q5K => Some(Self::Q5_1),
             Self::Q6K => Some(Self::Q8_0),
@@ -132,6 +169,8 @@ impl QuantType {
     pub(crate) fn bits(self) -> usize {
         match self {
             Self::Q8_0 => 8,
+            Self::Q2K => 2,
+            Self::Q3K => 3,
             Self::Q4_0 | Self::Q4_1 | Self::Q4K => 4,
             Self::Q5_0 | Self::Q5_1 | Self::Q5K => 5,
             Self::Q6K => 6,

@@ -3,7 +3,6 @@
 
 use std::ops::Range;
 
-use super::QuantType;
 use super::activation::Activations;
 use super::ggml::Params;
 use super::packed::{self, GROUP, PANEL, Part};
@@ -19,7 +18,7 @@ pub(crate) fn run(
 ) {
     let l = &part.layout;
     let first = panels.start;
-    let halves = l.ty == QuantType::Q6K; // two 16-value sub-blocks per group, each with its scale
+    let halves = l.ty.sub_blocks(); // two 16-value sub-blocks per group, each with its scale
     let mut acc = vec![[0.0f32; PANEL]; x_rows.len()];
     for p in panels {
         let col = (p - first) * PANEL;
@@ -67,9 +66,13 @@ fn scale_offset(params: &Params, g: usize) -> [(f32, f32); 2] {
         }
         Params::Min { d, m } => [(d.to_f32(), m.to_f32()); 2],
         Params::KMin { d, dmin, sc, m } => [(d.to_f32() * sc[g] as f32, -(dmin.to_f32() * m[g] as f32)); 2],
-        Params::K6 { d, sc } => std::array::from_fn(|h| {
+        Params::KMin16 { d, dmin, sc, m } => std::array::from_fn(|h| {
+            let h = 2 * g + h;
+            (d.to_f32() * sc[h] as f32, -(dmin.to_f32() * m[h] as f32))
+        }),
+        Params::KSigned { d, sc, offset } => std::array::from_fn(|h| {
             let s = d.to_f32() * sc[2 * g + h] as f32;
-            (s, -32.0 * s)
+            (s, -(offset as f32) * s)
         }),
     }
 }

@@ -1,5 +1,6 @@
 //! Q4: f32 values to ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and the 256-value
-//! K-quants Q4_K, Q5_K, Q6_K), for quantizing a checkpoint at load or a replaced weight.
+//! K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), for quantizing a checkpoint at load or a replaced
+//! weight.
 //!
 //! ggml's reference quantizers take the scale from the block's extreme value. Here each block
 //! (each 32- or 16-value group of a K-quant block) tries a range of scales around that one: each
@@ -8,7 +9,8 @@
 //! and the fit that leaves the least squared error is kept. The sums of the pass that picks a
 //! candidate's integers give its fit and its error in closed form, so a candidate costs one pass
 //! over the values, and eight candidates share it, a vector lane each. A K-quant block then rounds
-//! its groups' scales to integers of one f16 super-scale (6 bits, or 8 signed for Q6_K), tries
+//! its groups' scales to integers of one f16 super-scale (6 bits, 4 for Q2_K, 6 signed for Q3_K,
+//! 8 signed for Q6_K), tries
 //! the neighbours of each rounded scale and offset, and quantizes the values again with the
 //! scales as stored.
 //!
@@ -126,7 +128,8 @@ fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], weights: Option<&[f32]>, ou
             let block: &[f32; 256] = block.try_into().expect("chunks of 256");
             let w: Option<&[f32; 256]> = weight(i).map(|w| w.try_into().expect("256 weights"));
             match ty {
-                QuantType::Q6K => k6_block::<P>(block, w, out),
+                QuantType::Q3K | QuantType::Q6K => signed_block::<P>(block, w, ty, out),
+                QuantType::Q2K => q2k_block::<P>(block, w, out),
                 _ => kmin_block::<P>(block, w, ty, out),
             }
         }
@@ -468,13 +471,13 @@ fn fit<const N: usize>(
     (sums.iter().sum(), q)
 }
 
-/// One 32-value group of a Q4_K / Q5_K block: `w ≈ s · q − m` with q in `[0, top]`, s ≥ 0 and
+/// One 32-value group of a Q4_K / Q5_K block (16-value, Q2_K): `w ≈ s · q − m` with q in `[0, top]`, s ≥ 0 and
 /// m ≥ 0 (the format stores both unsigned). Scales map the group's range (with 0 in it) onto
 /// `top + step·k` levels; each is refined by least squares for the integers it picks (with m = 0
 /// where the unconstrained offset would be positive), and the pair removing the most squared
 /// error is kept.
 #[inline(always)]
-fn kmin_group<P: Pick>(x: &[f32; 32], w: Option<&[f32; 32]>, top: i32) -> (f32, f32) {
+fn kmin_group<P: Pick, const N: usize>(x: &[f32; N], w: Option<&[f32; N]>, top: i32) -> (f32, f32) {
     let (lo, hi) = x.iter().fold((0.0f32, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
     let (n, sx) = weighted_sums(x, w);
     // s = 0, every value at lo: Σ x² − Σ (x − lo)² (weighted).
@@ -522,7 +525,7 @@ fn kmin_block<P: Pick>(x: &[f32; 256], w: Option<&[f32; 256]>, ty: QuantType, ou
     // inlined into it too.
     let mut fits = [(0.0, 0.0); 8];
     for ((fit, group), w) in fits.iter_mut().zip(groups).zip(weights) {
-        *fit = kmin_group::<P>(group, w, top);
+        *fit = kmin_group::<P, 32>(group, w, top);
     }
     let (max_s, max_m) = fits.iter().fold((0.0f32, 0.0f32), |(a, b), &(s, m)| (a.max(s), b.max(m)));
     let (d, dmin) = (f16::from_f32(max_s / 63.0), f16::from_f32(max_m / 63.0));
@@ -566,47 +569,108 @@ fn kmin_block<P: Pick>(x: &[f32; 256], w: Option<&[f32; 256]>, ty: QuantType, ou
     }
 }
 
-/// One 16-value group of a Q6_K block: `w ≈ s · q` with q in `[−32, 31]`, the least-squares scale
-/// of the best symmetric candidate.
+/// A 256-value block's 16 sub-blocks of 16 values, and their weights.
+#[allow(clippy::type_complexity)]
 #[inline(always)]
-fn k6_group<P: Pick>(x: &[f32; 16], w: Option<&[f32; 16]>) -> f32 {
-    symmetric_scale::<P, 16>(x, w, 32, 31)
+fn sub_blocks<'a>(x: &'a [f32; 256], w: Option<&'a [f32; 256]>) -> ([&'a [f32; 16]; 16], [Option<&'a [f32; 16]>; 16]) {
+    let groups = std::array::from_fn(|g| x[16 * g..16 * (g + 1)].try_into().expect("16 values"));
+    let weights = std::array::from_fn(|g| w.map(|w| w[16 * g..16 * (g + 1)].try_into().expect("16 weights")));
+    (groups, weights)
 }
 
-/// A Q6_K block: the low four bits, the top two bits, 16 signed 8-bit scales, `d`.
+/// A Q6_K or Q3_K block: `w ≈ d · sc · q` over 16-value sub-blocks, with q in `[−32, 31]` and
+/// signed 8-bit scales (Q6_K) or q in `[−4, 3]` and 6-bit ones (Q3_K). Each sub-block's scale is
+/// the least-squares scale of its best symmetric candidate; the largest maps to the scales'
+/// negative end, the one with the most room.
 #[inline(always)]
-fn k6_block<P: Pick>(x: &[f32; 256], w: Option<&[f32; 256]>, out: &mut Vec<u8>) {
-    let groups: [&[f32; 16]; 16] = std::array::from_fn(|g| x[16 * g..16 * (g + 1)].try_into().expect("16 values"));
-    let weights: [Option<&[f32; 16]>; 16] =
-        std::array::from_fn(|g| w.map(|w| w[16 * g..16 * (g + 1)].try_into().expect("16 weights")));
+fn signed_block<P: Pick>(x: &[f32; 256], w: Option<&[f32; 256]>, ty: QuantType, out: &mut Vec<u8>) {
+    let (neg, scale_neg) = if ty == QuantType::Q6K { (32, 128) } else { (4, 32) };
+    let (groups, weights) = sub_blocks(x, w);
     let mut scales = [0.0; 16];
     for ((scale, group), w) in scales.iter_mut().zip(groups).zip(weights) {
-        *scale = k6_group::<P>(group, w);
+        *scale = symmetric_scale::<P, 16>(group, w, neg, neg - 1);
     }
-    let max = extreme(&scales);
-    // The largest scale maps to −128, the end of the signed range with the most room.
-    let d = f16::from_f32(max / -128.0);
+    let d = f16::from_f32(extreme(&scales) / -(scale_neg as f32));
     let df = d.to_f32();
     let (mut sc, mut q) = ([0i8; 16], [0u8; 256]);
     for (g, (group, &s)) in groups.iter().zip(&scales).enumerate() {
         let mut best = (f32::INFINITY, 0, [0.0f32; 16]);
-        for c in neighbours(s, df, -128, 127) {
-            let (err, ints) = fit(group, weights[g], df * c as f32, 0.0, -32, 31);
+        for c in neighbours(s, df, -scale_neg, scale_neg - 1) {
+            let (err, ints) = fit(group, weights[g], df * c as f32, 0.0, -neg, neg - 1);
             if err < best.0 {
                 best = (err, c, ints);
             }
         }
         sc[g] = best.1 as i8;
         for (q, &v) in q[16 * g..].iter_mut().zip(&best.2) {
-            *q = (v as i32 + 32) as u8;
+            *q = (v as i32 + neg) as u8;
         }
     }
-    write_q6k(&q, &sc, d, out);
+    if ty == QuantType::Q6K {
+        write_q6k(&q, &sc, d, out);
+    } else {
+        write_q3k(&q, &sc, d, out);
+    }
+}
+
+/// Appends a Q3_K block: values `q` (0..8, the weight `d · sc[i / 16] · (q − 4)`), its 16
+/// sub-block scales (−32..32) and `d`.
+fn write_q3k(q: &[u8; 256], sc: &[i8; 16], d: f16, out: &mut Vec<u8>) {
+    // hmask: bit 4n + j of byte l the third bit of value 128n + 32j + l; qs: bits 2j of byte
+    // 32n + l its low two bits; 12 bytes of 6-bit scales (stored + 32): low four bits in the low
+    // (h < 8) or high nibble of byte h % 8, top two at bits 2(h / 4) of byte 8 + h % 4.
+    let at = |n: usize, j: usize, l: usize| q[128 * n + 32 * j + l];
+    out.extend((0..32).map(|l| (0..8).fold(0u8, |b, nj| b | (((at(nj / 4, nj % 4, l) >> 2) & 1) << nj))));
+    for n in 0..2 {
+        out.extend((0..32).map(|l| (0..4).fold(0u8, |b, j| b | ((at(n, j, l) & 3) << (2 * j)))));
+    }
+    let stored: [u8; 16] = std::array::from_fn(|h| (sc[h] as i32 + 32) as u8);
+    out.extend((0..8).map(|i| (stored[i] & 0x0f) | ((stored[i + 8] & 0x0f) << 4)));
+    out.extend((0..4).map(|i| (0..4).fold(0u8, |b, k| b | ((stored[4 * k + i] >> 4) << (2 * k)))));
+    out.extend_from_slice(&d.to_le_bytes());
+}
+
+/// A Q2_K block: `w ≈ d · sc · q − dmin · m` over 16-value sub-blocks with q in `[0, 3]` and
+/// 4-bit scales and mins: 16 bytes of `sc | m << 4`, the values' two bits, `d`, `dmin`.
+#[inline(always)]
+fn q2k_block<P: Pick>(x: &[f32; 256], w: Option<&[f32; 256]>, out: &mut Vec<u8>) {
+    let (groups, weights) = sub_blocks(x, w);
+    // A loop, not `groups.map`: see `kmin_block`.
+    let mut fits = [(0.0, 0.0); 16];
+    for ((fit, group), w) in fits.iter_mut().zip(groups).zip(weights) {
+        *fit = kmin_group::<P, 16>(group, w, 3);
+    }
+    let (max_s, max_m) = fits.iter().fold((0.0f32, 0.0f32), |(a, b), &(s, m)| (a.max(s), b.max(m)));
+    let (d, dmin) = (f16::from_f32(max_s / 15.0), f16::from_f32(max_m / 15.0));
+    let (df, dminf) = (d.to_f32(), dmin.to_f32());
+    let (mut scales, mut q) = ([0u8; 16], [0u8; 256]);
+    for (g, (group, &(s, min))) in groups.iter().zip(&fits).enumerate() {
+        let mut best = (f32::INFINITY, 0, 0, [0.0f32; 16]);
+        for c in neighbours(s, df, 0, 15) {
+            for n in neighbours(min, dminf, 0, 15) {
+                let (err, ints) = fit(group, weights[g], df * c as f32, -(dminf * n as f32), 0, 3);
+                if err < best.0 {
+                    best = (err, c, n, ints);
+                }
+            }
+        }
+        scales[g] = best.1 as u8 | ((best.2 as u8) << 4);
+        for (q, &v) in q[16 * g..].iter_mut().zip(&best.3) {
+            *q = v as u8;
+        }
+    }
+    out.extend_from_slice(&scales);
+    // Bits 2j of byte 32n + l: value 128n + 32j + l.
+    for n in 0..2 {
+        out.extend((0..32).map(|l| (0..4).fold(0u8, |b, j| b | (q[128 * n + 32 * j + l] << (2 * j)))));
+    }
+    out.extend_from_slice(&d.to_le_bytes());
+    out.extend_from_slice(&dmin.to_le_bytes());
 }
 
 /// Appends a Q6_K block: values `q` (0..64, the weight `d · sc[i / 16] · (q − 32)`), its 16
 /// sub-block scales and `d`.
-pub(super) fn write_q6k(q: &[u8; 256], sc: &[i8; 16], d: f16, out: &mut Vec<u8>) {
+fn write_q6k(q: &[u8; 256], sc: &[i8; 16], d: f16, out: &mut Vec<u8>) {
     // ql: two halves of 64 bytes, half h holding values 128h.. in its low nibbles and
     // 128h + 64.. in its high ones; qh: two halves of 32 bytes, bits 2s..2s+2 of byte i of half
     // h the top bits of value 128h + 32s + i.
@@ -691,10 +755,14 @@ mod tests {
     fn k_quant_blocks_round_trip_within_their_resolution() {
         let x: Vec<f32> =
             test_values(256 * 64, 6).iter().enumerate().map(|(i, v)| v * (1.0 + (i / 32 % 7) as f32)).collect();
-        let errors = [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K].map(|ty| rms_error(ty, &x));
-        eprintln!("Q4_K, Q5_K, Q6_K rms error: {errors:?}; Q4_0 {}", rms_error(QuantType::Q4_0, &x));
-        assert!(errors[0] < 0.3 && errors[1] < errors[0] / 1.6 && errors[2] < errors[1] / 1.6, "{errors:?}");
-        assert!(errors[0] < rms_error(QuantType::Q4_0, &x), "Q4_K {} against Q4_0", errors[0]);
+        let errors = [QuantType::Q2K, QuantType::Q3K, QuantType::Q4K, QuantType::Q5K, QuantType::Q6K]
+            .map(|ty| rms_error(ty, &x));
+        eprintln!("Q2_K .. Q6_K rms error: {errors:?}; Q4_0 {}", rms_error(QuantType::Q4_0, &x));
+        assert!(errors[2] < 0.3, "{errors:?}");
+        for pair in errors.windows(2) {
+            assert!(pair[1] < pair[0] / 1.6, "{errors:?}");
+        }
+        assert!(errors[2] < rms_error(QuantType::Q4_0, &x), "Q4_K {} against Q4_0", errors[2]);
     }
 
     /// Blocks whose values a K-quant holds exactly (random integers under random stored scales,
@@ -703,40 +771,62 @@ mod tests {
     fn representable_k_quant_blocks_come_back_exactly() {
         let r = test_values(4096, 7);
         let int = |i: usize, n: u32| ((r[i % r.len()] + 1.0) / 2.0 * n as f32).floor().min(n as f32 - 1.0) as i32;
-        for (ty, block) in [(QuantType::Q4K, 0), (QuantType::Q5K, 1), (QuantType::Q6K, 2), (QuantType::Q4K, 3)] {
+        let cases = [(QuantType::Q4K, 0), (QuantType::Q5K, 1), (QuantType::Q6K, 2), (QuantType::Q4K, 3)];
+        let cases = cases.into_iter().chain([(QuantType::Q3K, 4), (QuantType::Q2K, 5), (QuantType::Q3K, 6)]);
+        for (ty, block) in cases {
             let seed = block * 1000;
-            let top = if ty == QuantType::Q4K { 16 } else { 32 };
             let x: Vec<f32> = match ty {
-                QuantType::Q6K => {
+                QuantType::Q3K | QuantType::Q6K => {
                     let d = f16::from_f32(0.01).to_f32();
-                    // One scale at −128, so the super-scale comes out as above.
-                    let sc: Vec<i32> = (0..16).map(|g| if g == 9 { -128 } else { int(seed + g, 255) - 127 }).collect();
+                    let (neg, scale_neg) = if ty == QuantType::Q6K { (32, 128) } else { (4, 32) };
+                    // One scale at the negative end, so the super-scale comes out as above.
+                    let sc: Vec<i32> =
+                        (0..16)
+                            .map(|g| {
+                                if g == 9 {
+                                    -scale_neg
+                                } else {
+                                    int(seed + g, 2 * scale_neg as u32 - 1) - scale_neg + 1
+                                }
+                            })
+                            .collect();
                     (0..256)
                         .map(|i| {
-                            // Every group spans −32..31, so its fit is the stored one.
+                            // Every group spans −neg..neg − 1, so its fit is the stored one.
                             let q = match i % 16 {
-                                0 => -32,
-                                1 => 31,
-                                _ => int(seed + 50 + i, 64) - 32,
+                                0 => -neg,
+                                1 => neg - 1,
+                                _ => int(seed + 50 + i, 2 * neg as u32) - neg,
                             };
                             d * sc[i / 16] as f32 * q as f32
                         })
                         .collect()
                 }
                 _ => {
+                    // Q2_K: 16-value groups of 4 levels, 4-bit scales and mins; Q4_K, Q5_K: 32-value
+                    // groups, 6-bit scales and mins.
+                    let (size, levels, most) = match ty {
+                        QuantType::Q2K => (16, 4, 15),
+                        QuantType::Q4K => (32, 16, 63),
+                        _ => (32, 32, 63),
+                    };
                     let (d, dmin) = (f16::from_f32(0.02).to_f32(), f16::from_f32(0.005).to_f32());
-                    // One scale at 63 and one min at 63, so the super-scales come out as above.
-                    let sc: Vec<i32> = (0..8).map(|g| if g == 3 { 63 } else { 1 + int(seed + g, 62) }).collect();
-                    let m: Vec<i32> = (0..8).map(|g| if g == 5 { 63 } else { int(seed + 20 + g, 64) }).collect();
+                    // One scale and one min at the most, so the super-scales come out as above.
+                    let sc: Vec<i32> = (0..256 / size)
+                        .map(|g| if g == 3 { most } else { 1 + int(seed + g, most as u32 - 1) })
+                        .collect();
+                    let m: Vec<i32> = (0..256 / size)
+                        .map(|g| if g == 5 { most } else { int(seed + 20 + g, most as u32 + 1) })
+                        .collect();
                     (0..256)
                         .map(|i| {
-                            // Every group spans 0..top, so its fit is the stored one.
-                            let q = match i % 32 {
+                            // Every group spans 0..levels, so its fit is the stored one.
+                            let q = match i % size {
                                 0 => 0,
-                                1 => top - 1,
-                                _ => int(seed + 50 + i, top as u32),
+                                1 => levels - 1,
+                                _ => int(seed + 50 + i, levels as u32),
                             };
-                            d * sc[i / 32] as f32 * q as f32 - dmin * m[i / 32] as f32
+                            d * sc[i / size] as f32 * q as f32 - dmin * m[i / size] as f32
                         })
                         .collect()
                 }

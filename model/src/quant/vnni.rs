@@ -88,6 +88,13 @@ pub fn available() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
+/// Whether the kernel runs parts in `ty`: Q2_K and Q3_K go to the AVX2 kernel (every CPU with
+/// AVX-512 VNNI has AVX2): their 2-bit fields are not written here, since the machines this
+/// project is tested on have no AVX-512 to check them on.
+pub(crate) fn runs(ty: QuantType) -> bool {
+    ty.bits() >= 4
+}
+
 /// Most activation rows per tile (accumulators held in registers).
 const ROWS: usize = 8;
 

@@ -622,6 +622,8 @@ pub const Q4_1: u32 = 3;
 pub const Q5_0: u32 = 6;
 pub const Q5_1: u32 = 7;
 pub const Q8_0: u32 = 8;
+pub const Q2_K: u32 = 10;
+pub const Q3_K: u32 = 11;
 pub const Q4_K: u32 = 12;
 pub const Q5_K: u32 = 13;
 pub const Q6_K: u32 = 14;
@@ -639,6 +641,8 @@ const fn block_words(format: u32) -> usize {
         Q8_0 => 9,
         Q4_0 | Q4_1 => 5,
         Q5_0 | Q5_1 => 6,
+        Q2_K => 21,
+        Q3_K => 28,
         Q4_K => 36,
         Q5_K => 44,
         _ => 53,
@@ -648,13 +652,13 @@ const fn block_words(format: u32) -> usize {
 /// Whether `format`'s weights are `a · q − b` with a b of their own (a min or offset), so a
 /// product sums its inputs too.
 const fn has_min(format: u32) -> bool {
-    matches!(format, Q4_1 | Q5_1 | Q4_K | Q5_K)
+    matches!(format, Q4_1 | Q5_1 | Q2_K | Q4_K | Q5_K)
 }
 
 /// [`CHUNK`]s of one block of `format`.
 const fn block_chunks(format: u32) -> usize {
     match format {
-        Q4_K | Q5_K | Q6_K => 16,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => 16,
         _ => 2,
     }
 }
@@ -687,8 +691,8 @@ fn word_byte(w: &Tensor<u32>, at: usize, i: usize) -> u32 {
 /// row], the device layout): its 16 values as the integers of the format in `q[0..16]`, and in
 /// `q[16]`, `q[17]` the a and b that make them weights, `w_t = a · q_t − b`, with ggml's
 /// arithmetic (Q8_0, Q4_0, Q5_0: `d · (q − offset)`; Q4_1, Q5_1: `d · q + m`; Q4_K, Q5_K:
-/// `(d · sc) · q − dmin · m` of its 32-value group; Q6_K: `(d · sc) · (q − 32)` of its
-/// 16-value group).
+/// `(d · sc) · q − dmin · m` of its 32-value group, Q2_K of its 16-value group; Q6_K:
+/// `(d · sc) · (q − 32)` of its 16-value group, Q3_K `(d · sc) · (q − 4)`).
 #[cube]
 fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] format: u32) {
     let per_block = comptime!(block_chunks(format));
@@ -784,6 +788,51 @@ fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] 
         }
         q[16] = half_to_f32(head) * f32::cast_from(sc);
         q[17] = half_to_f32(head >> 16) * f32::cast_from(m);
+    }
+    if comptime!(format == Q2_K || format == Q3_K) {
+        // Value 128n + 32j + l has its low two bits at bits 2j of byte 32n + l of qs; chunk cc
+        // is values 128n + 32j + 16(cc % 2) ... Q2_K: [16 bytes of scale | min << 4, one per
+        // chunk][qs: 64 bytes][d | dmin]. Q3_K: [hmask: 32 bytes, the third bit of value
+        // 128n + 32j + l at bit 4n + j of byte l][qs][12 bytes of 6-bit scales][d, pad].
+        let (n, j) = (cc / 8, (cc % 8) / 2);
+        let l_words = 4 * (cc % 2);
+        let three = comptime!(format == Q3_K);
+        let qs_at = base + comptime!(if format == Q3_K { 8usize } else { 4usize }) + 8 * n + l_words;
+        let shift = 2 * u32::cast_from(j);
+        let third = u32::cast_from(4 * n + j);
+        #[unroll]
+        for i in 0..4 {
+            let word = w[qs_at + i];
+            let mut high = 0u32;
+            if comptime!(three) {
+                high = w[base + l_words + i];
+            }
+            #[unroll]
+            for b in 0..4 {
+                let mut v = (byte_of(word, b) >> shift) & 3;
+                if comptime!(three) {
+                    v |= ((byte_of(high, b) >> third) & 1) << 2;
+                }
+                q[4 * i + b] = f32::cast_from(v);
+            }
+        }
+        if comptime!(three) {
+            // Chunk cc's scale (stored + 32): its low four bits in the low (cc < 8) or high
+            // nibble of byte cc % 8, its top two at bits 2(cc / 4) of byte 8 + cc % 4.
+            let low = (word_byte(w, base + 24, cc % 8) >> select(cc >= 8, 4u32, 0u32)) & 0xf;
+            let top = (word_byte(w, base + 24, 8 + cc % 4) >> (2 * u32::cast_from(cc / 4))) & 3;
+            #[unroll]
+            for t in 0..16 {
+                q[t] -= 4.0;
+            }
+            q[16] = half_to_f32(w[base + 27]) * (f32::cast_from(low | (top << 4)) - 32.0);
+            q[17] = 0.0;
+        } else {
+            let sc = word_byte(w, base, cc);
+            let head = w[base + 20];
+            q[16] = half_to_f32(head) * f32::cast_from(sc & 0xf);
+            q[17] = half_to_f32(head >> 16) * f32::cast_from(sc >> 4);
+        }
     }
     if comptime!(format == Q6_K) {
         // 128 bytes of low nibbles (two halves of 64: half h holds values 128h.. low, 128h + 64..

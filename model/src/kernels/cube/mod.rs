@@ -479,6 +479,8 @@ const _: () = assert!(
         && QuantType::Q4_1.ggml_id() == kernels::Q4_1
         && QuantType::Q5_0.ggml_id() == kernels::Q5_0
         && QuantType::Q5_1.ggml_id() == kernels::Q5_1
+        && QuantType::Q2K.ggml_id() == kernels::Q2_K
+        && QuantType::Q3K.ggml_id() == kernels::Q3_K
         && QuantType::Q4K.ggml_id() == kernels::Q4_K
         && QuantType::Q5K.ggml_id() == kernels::Q5_K
         && QuantType::Q6K.ggml_id() == kernels::Q6_K

@@ -14,11 +14,7 @@ pub(crate) fn random_blocks(ty: QuantType, rows: usize, k: usize, seed: u64) -> 
     let mut bytes: Vec<u8> = noise.iter().map(|v| ((v + 1.0) * 127.9) as u8).collect();
     let scales = test_values(n / ty.block_bytes() * 2, seed + 1);
     let scale = |i: usize, lo: f32| f16::from_f32((lo + 0.05 * scales[i].abs()) * scales[i].signum());
-    let fields: &[usize] = match ty {
-        QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q6K => &[208],
-    };
+    let fields = ty.f16_fields();
     for (b, block) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
         for (f, &at) in fields.iter().enumerate() {
             let mut v = scale(2 * b + f, 0.002);
@@ -136,7 +132,7 @@ fn every_format_matches_the_dequantized_product_on_the_avx2_kernel() {
 #[test]
 #[cfg_attr(not(cpu_avx2), ignore = "this CPU has no AVX2, FMA and F16C (the kernel does not run here)")]
 fn avx2_integer_scales_equal_the_float_path() {
-    for ty in [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K] {
+    for ty in QuantType::ALL.into_iter().filter(|ty| ty.is_k()) {
         for m in [1, 2, 3, 4, 5, 6, 7, 13] {
             let (n, k) = (45, 768);
             let packed = PackedMatrix::from_ggml(ty, n, k, &random_blocks(ty, n, k, m as u64)).unwrap();
