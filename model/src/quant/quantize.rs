@@ -31,9 +31,9 @@ const BLOCKS_PER_TASK: usize = 256;
 /// `√(σ² + x²)`, σ² the mean square of its 256 values (doubled for the K-quants): what
 /// llama.cpp's quantizers weight by with an importance matrix of ones. Plain squared error keeps
 /// the largest weights less well, and they matter more: on the demo model (KL divergence from
-/// F16 over DESIGN.md) `q4_0` went from 0.1439 to 0.1055 with these weights (llama-quantize's
-/// `Q4_0` 0.1296), `q3_k_m` from 0.0814 to 0.0597 (0.0702), `q4_k_m` from 0.00499 to 0.00493
-/// (0.00493). `None` where the values are not whole blocks.
+/// F16 over DESIGN.md) `q4_0` went from 0.1439 to 0.1037 with these weights (llama-quantize's
+/// `Q4_0` 0.1296), `q3_k_m` from 0.0814 to 0.0570 (0.0702), `q4_k` from 0.01205 to 0.01148
+/// (0.01184), `q4_k_m` stayed at 0.0050 (0.00493). `None` where the values are not whole blocks.
 pub fn quantize(ty: QuantType, values: &[f32], out: &mut Vec<u8>) -> Option<()> {
     quantize_weighted(ty, values, None, out)
 }
@@ -54,14 +54,15 @@ pub fn quantize_weighted(ty: QuantType, values: &[f32], importance: Option<&[f32
     {
         return None;
     }
-    let weights = weights(ty, values, importance);
+    let spans = Spans::of(ty, values, importance);
     let task = bv * BLOCKS_PER_TASK;
     let tasks: Vec<Vec<u8>> = values
         .par_chunks(task)
         .enumerate()
         .map(|(t, values)| {
             let mut out = Vec::with_capacity(values.len() / bv * ty.block_bytes());
-            blocks(ty, values, Some(&weights[t * task..t * task + values.len()]), &mut out);
+            // Each task weighs its own values: no copy of the whole matrix.
+            blocks(ty, values, Some(&spans.weights(t * task, values)), &mut out);
             out
         })
         .collect();
@@ -70,29 +71,59 @@ pub fn quantize_weighted(ty: QuantType, values: &[f32], importance: Option<&[f32
     Some(())
 }
 
-/// Each value's weight in the squared error: `importance[j] · √(σ² + x²)`, or `√(σ² + x²)`
-/// without an importance vector (see [`quantize`] and [`quantize_weighted`]). A span of zeros
-/// (σ² = 0) weighs each value 1, so its fit is still defined.
-fn weights(ty: QuantType, values: &[f32], importance: Option<&[f32]>) -> Vec<f32> {
-    // Rows of `k` values; σ² over spans of `span` values.
-    let k = importance.map_or(256.min(values.len()), <[f32]>::len);
-    let span = if ty.is_k() { 256 } else { k };
-    let mut w = vec![0.0f32; values.len()];
-    w.par_chunks_mut(k).zip(values.par_chunks(k)).for_each(|(w, row)| {
-        for (s, (w, x)) in w.chunks_mut(span).zip(row.chunks(span)).enumerate() {
-            let sum: f32 = x.iter().map(|v| v * v).sum();
-            let sigma2 = if ty.is_k() { 2.0 * sum / 256.0 } else { sum / x.len() as f32 };
-            if sum == 0.0 || !sigma2.is_finite() {
-                w.fill(1.0);
-                continue;
+/// What each value's weight in the squared error is made of: `importance[j] · √(σ² + x²)`, or
+/// `√(σ² + x²)` without an importance vector (see [`quantize`] and [`quantize_weighted`]), σ²
+/// taken per span of values (a K-quant's 256-value block, a row of `importance.len()` values,
+/// or 256 values without an importance vector). A span of zeros (σ² = 0) weighs each value 1,
+/// so its fit is still defined.
+struct Spans<'a> {
+    importance: Option<&'a [f32]>,
+    span: usize,
+    /// Each span's σ², NaN for a span weighed by ones.
+    sigma2: Vec<f32>,
+}
+
+impl<'a> Spans<'a> {
+    fn of(ty: QuantType, values: &[f32], importance: Option<&'a [f32]>) -> Self {
+        let span = match importance {
+            _ if ty.is_k() => 256,
+            Some(imp) => imp.len(),
+            None => 256,
+        };
+        let sigma2 = values
+            .par_chunks(span)
+            .map(|x| {
+                let sum: f32 = x.iter().map(|v| v * v).sum();
+                let sigma2 = if ty.is_k() { 2.0 * sum / 256.0 } else { sum / x.len() as f32 };
+                if sum == 0.0 || !sigma2.is_finite() { f32::NAN } else { sigma2 }
+            })
+            .collect();
+        Self { importance, span, sigma2 }
+    }
+
+    /// The weights of `values`, which start at value `at` of the matrix.
+    fn weights(&self, at: usize, values: &[f32]) -> Vec<f32> {
+        let (mut i, mut rest, mut w) = (at, values, Vec::with_capacity(values.len()));
+        while !rest.is_empty() {
+            // The rest of the span value i is in.
+            let (x, tail) = rest.split_at((self.span - i % self.span).min(rest.len()));
+            let sigma2 = self.sigma2[i / self.span];
+            if sigma2.is_nan() {
+                w.extend(std::iter::repeat_n(1.0, x.len()));
+            } else {
+                let imp = |j: usize| self.importance.map_or(1.0, |imp| imp[j % imp.len()]);
+                w.extend(x.iter().enumerate().map(|(j, &x)| imp(i + j) * (sigma2 + x * x).sqrt()));
             }
-            for (j, (w, &x)) in w.iter_mut().zip(x).enumerate() {
-                let imp = importance.map_or(1.0, |imp| imp[s * span + j]);
-                *w = imp * (sigma2 + x * x).sqrt();
-            }
+            (i, rest) = (i + x.len(), tail);
         }
-    });
-    w
+        w
+    }
+}
+
+/// Every value's weight (see [`Spans`]).
+#[cfg(test)]
+fn weights(ty: QuantType, values: &[f32], importance: Option<&[f32]>) -> Vec<f32> {
+    Spans::of(ty, values, importance).weights(0, values)
 }
 
 /// Adding 1.5 · 2^23 to an f32 under 2^22 in magnitude leaves no bits below the units:
