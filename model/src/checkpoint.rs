@@ -65,8 +65,27 @@ impl Checkpoint {
             }
             shards.push(Shard { path, file, mmap, data_start: 8 + header_len });
         }
-        Ok(Self { shards, entries })
+        Ok(Self { shards, entries: language_model(entries) })
     }
+}
+
+/// A multimodal checkpoint's language model (Qwen3.5's: `model.language_model.` beside
+/// `model.visual.` and a multi-token-prediction head `mtp.`) under the names a text model's
+/// tensors have (`model.`); the vision tower and the extra heads are not served, so not listed.
+/// A text model's entries are returned as they are.
+fn language_model(entries: HashMap<String, Entry>) -> HashMap<String, Entry> {
+    const TEXT: &str = "model.language_model.";
+    if !entries.keys().any(|n| n.starts_with(TEXT)) {
+        return entries;
+    }
+    entries
+        .into_iter()
+        .filter_map(|(name, e)| match name.strip_prefix(TEXT) {
+            Some(rest) => Some((format!("model.{rest}"), e)),
+            None if name.starts_with("model.") || name.starts_with("mtp.") => None,
+            None => Some((name, e)),
+        })
+        .collect()
 }
 
 impl Checkpoint {

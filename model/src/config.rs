@@ -64,6 +64,38 @@ pub struct MoeConfig {
     pub dense_layers: Vec<usize>,
 }
 
+/// Qwen3.5's gated DeltaNet linear attention (`linear_*` fields, `layer_types`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearAttention {
+    /// Per layer: whether it is a linear-attention layer (the others attend in full).
+    pub layers: Vec<bool>,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    /// The causal convolution's width over q, k and v (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+}
+
+impl LinearAttention {
+    /// The channels the convolution runs over: q's and k's heads, then v's.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// Rows of the stacked input projection: q, k, v (before the convolution), the output gate
+    /// z (one per value), then β and α (one per value head).
+    pub fn in_rows(&self) -> usize {
+        self.conv_dim() + self.value_heads * self.value_dim + 2 * self.value_heads
+    }
+
+    /// The floats one sequence's state holds in each linear layer: the convolution's last
+    /// `conv_kernel - 1` inputs and each value head's [key_dim, value_dim] memory.
+    pub fn state_floats(&self) -> (usize, usize) {
+        (self.conv_dim() * (self.conv_kernel - 1), self.value_heads * self.key_dim * self.value_dim)
+    }
+}
+
 /// A validated transformer configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -88,6 +120,17 @@ pub struct ModelConfig {
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
+    /// The leading dimensions of each head the rotary embedding turns (`partial_rotary_factor`
+    /// of `head_dim`; all of them for most families).
+    pub rotary_dim: usize,
+    /// Each full-attention head's output is multiplied by a sigmoid gate, its rows after the
+    /// head's query rows in `q_proj` (Qwen3.5).
+    pub attn_output_gate: bool,
+    /// RMSNorm weights are stored less 1: the norm multiplies by 1 + weight (Qwen3.5's
+    /// checkpoints; llama.cpp's converter adds the 1).
+    pub zero_centred_norms: bool,
+    /// Qwen3.5's linear-attention layers, where the family has them.
+    pub linear: Option<LinearAttention>,
     pub tie_word_embeddings: bool,
     /// The mixture of experts of a MoE family.
     pub moe: Option<MoeConfig>,
@@ -131,11 +174,25 @@ impl ModelConfig {
     }
 
     fn from_value(value: Value) -> Result<Self, LoadError> {
-        let Value::Object(obj) = value else {
+        let Value::Object(top) = value else {
             return Err(LoadError::Json { path: "config.json".into(), reason: "not a JSON object".into() });
         };
+        let arch = Fields(&top).arch()?;
+        // A multimodal checkpoint's language model has its own config (`text_config`).
+        let obj = match top.get("text_config") {
+            Some(Value::Object(text)) => {
+                let mut text = text.clone();
+                for field in ["tie_word_embeddings", "torch_dtype", "dtype"] {
+                    if let (false, Some(v)) = (text.contains_key(field), top.get(field)) {
+                        text.insert(field.into(), v.clone());
+                    }
+                }
+                text
+            }
+            Some(other) => return Err(Fields::err("text_config", "an object", other)),
+            None => top.clone(),
+        };
         let f = Fields(&obj);
-        let arch = f.arch()?;
         f.refuse_features()?;
         let hidden_size = f.usize("hidden_size")?;
         let num_attention_heads = f.usize("num_attention_heads")?;
@@ -162,7 +219,8 @@ impl ModelConfig {
             Bias::Always => true,
             Bias::Config { field, default } => f.opt_bool(field)?.unwrap_or(default),
         };
-        let (rope_theta, rope_scaling) = f.rope()?;
+        let (rope_theta, rope_scaling, partial_rotary) = f.rope()?;
+        let rotary_dim = ((head_dim as f64 * partial_rotary).round() as usize) & !1;
         let config = Self {
             arch,
             hidden_size,
@@ -179,6 +237,10 @@ impl ModelConfig {
             rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
+            rotary_dim,
+            attn_output_gate: arch.gated_delta_net && f.opt_bool("attn_output_gate")?.unwrap_or(true),
+            zero_centred_norms: arch.gated_delta_net,
+            linear: f.linear(arch)?,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
             moe: f.moe(arch)?,
             // transformers ≥ 5 writes `dtype`, earlier versions `torch_dtype`.
@@ -201,6 +263,16 @@ impl ModelConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// Whether layer `l` is a linear-attention layer (Qwen3.5's gated DeltaNet).
+    pub fn is_linear_layer(&self, l: usize) -> bool {
+        self.linear.as_ref().is_some_and(|a| a.layers.get(l) == Some(&true))
+    }
+
+    /// The layers that attend in full, in order: those with keys and values in the cache.
+    pub fn attention_layers(&self) -> usize {
+        (0..self.num_hidden_layers).filter(|&l| !self.is_linear_layer(l)).count()
     }
 
     /// Whether layer `l`'s feed-forward is a mixture of experts.
@@ -241,6 +313,29 @@ impl ModelConfig {
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
             return bad("rms_norm_eps", format!("{} must be a positive number", self.rms_norm_eps));
         }
+        if self.rotary_dim == 0 || self.rotary_dim > self.head_dim {
+            return bad("partial_rotary_factor", format!("turns {} of head_dim {}", self.rotary_dim, self.head_dim));
+        }
+        if let Some(a) = &self.linear {
+            if a.layers.len() != self.num_hidden_layers {
+                let reason = format!("{} entries for {} layers", a.layers.len(), self.num_hidden_layers);
+                return bad("layer_types", reason);
+            }
+            if a.key_heads == 0 || a.value_heads == 0 || !a.value_heads.is_multiple_of(a.key_heads) {
+                let reason =
+                    format!("{} must be > 0 and a multiple of linear_num_key_heads ({})", a.value_heads, a.key_heads);
+                return bad("linear_num_value_heads", reason);
+            }
+            for (field, value) in [
+                ("linear_key_head_dim", a.key_dim),
+                ("linear_value_head_dim", a.value_dim),
+                ("linear_conv_kernel_dim", a.conv_kernel),
+            ] {
+                if value == 0 {
+                    return bad(field, "must be > 0".into());
+                }
+            }
+        }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad("rope_theta", format!("{} must be a positive number", self.rope_theta));
         }
@@ -268,6 +363,15 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// A `partial_rotary_factor` (1 when not given), in (0, 1].
+fn partial_factor(value: Option<f64>, field: &str) -> Result<f64, LoadError> {
+    match value {
+        None => Ok(1.0),
+        Some(p) if p > 0.0 && p <= 1.0 => Ok(p),
+        Some(p) => Err(LoadError::Config { field: field.into(), reason: format!("{p} must be in (0, 1]") }),
     }
 }
 
@@ -386,6 +490,39 @@ impl Fields<'_> {
         }))
     }
 
+    /// Qwen3.5's linear attention: `layer_types` (or every `full_attention_interval`-th layer in
+    /// full, 4 when neither is given) and the `linear_*` sizes, with transformers' defaults.
+    fn linear(&self, arch: &Architecture) -> Result<Option<LinearAttention>, LoadError> {
+        if !arch.gated_delta_net {
+            return Ok(None);
+        }
+        let layers = self.usize("num_hidden_layers")?;
+        let kinds = match self.get("layer_types") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v.as_str() {
+                    Some("linear_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(Self::err("layer_types", "\"linear_attention\" or \"full_attention\"", v)),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(other) => return Err(Self::err("layer_types", "a list", other)),
+            None => {
+                let every = self.opt_usize("full_attention_interval")?.unwrap_or(4).max(1);
+                (0..layers).map(|l| !(l + 1).is_multiple_of(every)).collect()
+            }
+        };
+        let size = |field: &str, default: usize| Ok::<_, LoadError>(self.opt_usize(field)?.unwrap_or(default));
+        Ok(Some(LinearAttention {
+            layers: kinds,
+            key_heads: size("linear_num_key_heads", 16)?,
+            value_heads: size("linear_num_value_heads", 32)?,
+            key_dim: size("linear_key_head_dim", 128)?,
+            value_dim: size("linear_value_head_dim", 128)?,
+            conv_kernel: size("linear_conv_kernel_dim", 4)?,
+        }))
+    }
+
     /// Options of these families that the decoder does not implement, refused by name.
     fn refuse_features(&self) -> Result<(), LoadError> {
         let refuse = |field: &str, reason: &str| Err(LoadError::Config { field: field.into(), reason: reason.into() });
@@ -405,11 +542,15 @@ impl Fields<'_> {
 
     /// The rotary base and scaling: `rope_theta` and `rope_scaling` at the top level
     /// (transformers < 5), or both in `rope_parameters`. Errors name the field as written.
-    fn rope(&self) -> Result<(f64, RopeScaling), LoadError> {
+    fn rope(&self) -> Result<(f64, RopeScaling, f64), LoadError> {
+        let top_partial = self.opt_f64("partial_rotary_factor")?;
         let (section, params) = match (self.get("rope_parameters"), self.get("rope_scaling")) {
             (Some(p), _) => ("rope_parameters", p),
             (None, Some(p)) => ("rope_scaling", p),
-            (None, None) => return Ok((self.opt_f64("rope_theta")?.unwrap_or(10_000.0), RopeScaling::None)),
+            (None, None) => {
+                let theta = self.opt_f64("rope_theta")?.unwrap_or(10_000.0);
+                return Ok((theta, RopeScaling::None, partial_factor(top_partial, "partial_rotary_factor")?));
+            }
         };
         let Value::Object(params) = params else {
             return Err(Self::err(section, "an object", params));
@@ -420,14 +561,10 @@ impl Fields<'_> {
             other => other,
         };
         let theta = nested.opt_f64("rope_theta").map_err(named)?.or(self.opt_f64("rope_theta")?).unwrap_or(10_000.0);
-        if let Some(partial) = nested.opt_f64("partial_rotary_factor").map_err(named)?
-            && partial != 1.0
-        {
-            return Err(named(LoadError::Config {
-                field: "partial_rotary_factor".into(),
-                reason: format!("{partial}: only full rotary embeddings are supported"),
-            }));
-        }
+        let partial = match nested.opt_f64("partial_rotary_factor").map_err(named)? {
+            Some(p) => partial_factor(Some(p), &format!("{section}.partial_rotary_factor"))?,
+            None => partial_factor(top_partial, "partial_rotary_factor")?,
+        };
         // `type` in older configs, `rope_type` in newer ones.
         let kind = match nested.opt_str("rope_type").map_err(named)? {
             Some(kind) => Some(kind),
@@ -481,7 +618,7 @@ impl Fields<'_> {
                 }));
             }
         };
-        Ok((theta, scaling))
+        Ok((theta, scaling, partial))
     }
 
     fn dtype(&self, field: &str) -> Result<Option<CheckpointDtype>, LoadError> {
@@ -679,6 +816,42 @@ mod tests {
         }
         let err = ModelConfig::from_json_str(&with("head_dim", "15")).unwrap_err();
         assert_eq!(field_of(err), "head_dim");
+    }
+
+    /// Qwen3.5's released layout: the language model's config under `text_config` (its own
+    /// `model_type` `qwen3_5_text` also names the family), rotary on a quarter of each head,
+    /// every fourth layer in full attention when `layer_types` is not given; bad linear sizes
+    /// are errors naming their field.
+    #[test]
+    fn a_qwen35_config_is_read_from_its_text_config() {
+        let text = r#""model_type":"qwen3_5_text","hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,
+            "num_key_value_heads":2,"head_dim":32,"intermediate_size":8,"vocab_size":8,"max_position_embeddings":256,
+            "linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":16,"linear_value_head_dim":16,
+            "rope_parameters":{"rope_type":"default","rope_theta":1e7,"partial_rotary_factor":0.25,
+            "mrope_section":[2,1,1],"mrope_interleaved":true}"#;
+        let nested = format!(r#"{{"model_type":"qwen3_5","tie_word_embeddings":true,"text_config":{{{text}}}}}"#);
+        for json in [nested, format!("{{{text}}}")] {
+            let c = ModelConfig::from_json_str(&json).unwrap();
+            assert_eq!(
+                (c.arch.name, c.rotary_dim, c.attn_output_gate, c.zero_centred_norms),
+                ("qwen3_5", 8, true, true)
+            );
+            let a = c.linear.as_ref().unwrap();
+            assert_eq!(a.layers, [true, true, true, false, true, true, true, false]);
+            assert_eq!((a.conv_dim(), a.in_rows(), a.state_floats()), (128, 128 + 64 + 8, (128 * 3, 4 * 16 * 16)));
+            assert_eq!((c.attention_layers(), c.is_linear_layer(3), c.is_linear_layer(4)), (2, false, true));
+        }
+        let c = ModelConfig::from_json_str(&format!(r#"{{"model_type":"qwen3_5","text_config":{{{text}}}}}"#)).unwrap();
+        assert!(!c.tie_word_embeddings);
+        let bad = text.replace(r#""linear_num_value_heads":4"#, r#""linear_num_value_heads":3"#);
+        let err = ModelConfig::from_json_str(&format!("{{{bad}}}")).unwrap_err();
+        assert!(matches!(&err, LoadError::Config { field, .. } if field == "linear_num_value_heads"), "{err}");
+        let bad = text.replace(r#""num_hidden_layers":8"#, r#""num_hidden_layers":8,"layer_types":["full_attention"]"#);
+        let err = ModelConfig::from_json_str(&format!("{{{bad}}}")).unwrap_err();
+        assert!(matches!(&err, LoadError::Config { field, .. } if field == "layer_types"), "{err}");
+        let bad = text.replace("0.25", "1.5");
+        let err = ModelConfig::from_json_str(&format!("{{{bad}}}")).unwrap_err();
+        assert!(err.to_string().contains("partial_rotary_factor"), "{err}");
     }
 
     #[test]

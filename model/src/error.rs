@@ -122,10 +122,13 @@ pub enum KvError {
     EmptyRange,
     #[error("internal KV cache error")]
     Internal,
+    /// Part of a linear-attention layer's state: it holds a sequence's tokens all together.
+    #[error("a linear-attention state cannot be cut back, copied in part or shifted")]
+    PartialState,
 }
 
 /// The numeric status codes of the original C interface: 0 OK, 1 OUT_OF_SLOTS, 2 INVALID_SEQ,
-/// 3 INVALID_POS, 4 EMPTY_RANGE, 5 INTERNAL.
+/// 3 INVALID_POS, 4 EMPTY_RANGE, 5 INTERNAL; and 6 PARTIAL_STATE (llaisys's own).
 pub fn kv_status_code(result: Result<(), KvError>) -> i32 {
     match result {
         Ok(()) => 0,
@@ -134,5 +137,6 @@ pub fn kv_status_code(result: Result<(), KvError>) -> i32 {
         Err(KvError::InvalidPos) => 3,
         Err(KvError::EmptyRange) => 4,
         Err(KvError::Internal) => 5,
+        Err(KvError::PartialState) => 6,
     }
 }

@@ -103,6 +103,7 @@ impl Mock {
             bos_token_id: None,
             eos_token_ids: eos,
             pooling: crate::Pooling::Last,
+            recurrent: false,
         }
     }
 
@@ -118,7 +119,7 @@ impl LanguageModel for Mock {
         &self.info
     }
     fn kv_layout(&self) -> KvLayout {
-        KvLayout { layers: 1, kv_heads: 1, head_dim: 1 }
+        KvLayout { layers: 1, kv_heads: 1, head_dim: 1, recurrent: None }
     }
     fn device(&self) -> &Device {
         &self.device

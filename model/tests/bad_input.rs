@@ -127,8 +127,9 @@ fn a_missing_directory_and_an_unknown_model_type_are_errors() {
     edit_config(dir.path(), "model_type", "bert".into());
     let err = load_err(dir.path());
     assert!(
-        err.to_string()
-            .contains("unknown model type `bert`; known types: qwen2, qwen3, llama, qwen2_moe, qwen3_moe, mock"),
+        err.to_string().contains(
+            "unknown model type `bert`; known types: qwen2, qwen3, llama, qwen2_moe, qwen3_moe, qwen3_5, mock"
+        ),
         "{err}"
     );
     edit_config(dir.path(), "model_type", "deepseek_v3".into());

@@ -282,3 +282,34 @@ fn gpu_demo_model_in_f32_agrees_with_the_cpu() {
     assert!(diff <= 1e-4 * range, "{spec}: {diff} from the CPU's logits, over 1e-4 of their range {range}");
     assert_eq!(got_ids, want_ids, "{spec}: greedy tokens");
 }
+
+/// Qwen3.5's linear-attention state moves with its sequence: copied whole to another sequence it
+/// continues there as transformers does; a copy of part of it, or cutting it back, is refused and
+/// changes nothing (the sequence still continues as transformers does).
+#[test]
+fn a_linear_attention_state_is_copied_whole_and_never_in_part() {
+    let name = "tiny-qwen35-f32";
+    let reference = Reference::load(name);
+    let p = &reference.prompts[0];
+    let mut ctx = context(name);
+    let mut batch = Batch::new();
+    for (i, &t) in p.ids.iter().enumerate() {
+        batch.push(t, i as i64, &[0], i + 1 == p.ids.len());
+    }
+    ctx.decode(&batch).unwrap();
+    let first = llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
+    let len = p.ids.len() as i64;
+    let partial = Err(llaisys_model::KvError::PartialState);
+    assert_eq!(ctx.kv_mut().seq_cp(0, 2, 0..len - 1), partial);
+    assert_eq!(ctx.kv_mut().seq_rm(0, 3..), partial);
+    assert_eq!(ctx.kv_mut().seq_add(0, 1.., -1), partial);
+    assert_eq!(ctx.kv().seq_pos_max(2), None, "nothing was copied");
+    ctx.kv_mut().seq_cp(0, 1, 0..len).unwrap();
+    let tokens = decode_together(&mut ctx, &[0, 1], &[p, p], vec![first, first], p.greedy.len());
+    assert_eq!(tokens[0], p.greedy, "the original");
+    assert_eq!(tokens[1], p.greedy, "the copy");
+    // A sequence removed whole starts again from nothing.
+    ctx.kv_mut().seq_rm(1, ..).unwrap();
+    let generation = greedy(&mut ctx, 1, &p.ids, p.greedy.len(), &[]).unwrap();
+    assert_eq!(generation.tokens, p.greedy);
+}

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 7] = [
+pub const FIXTURES: [&str; 8] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -16,6 +16,7 @@ pub const FIXTURES: [&str; 7] = [
     "tiny-llama-f32",
     "tiny-qwen3moe-f32",
     "tiny-qwen2moe-f32",
+    "tiny-qwen35-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

@@ -113,13 +113,13 @@ impl Actor for SchedulerActor {
         me: ActorRef<ToScheduler>,
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
-        let context_length = args.model.info().context_length;
+        let (context_length, recurrent) = (args.model.info().context_length, args.model.info().recurrent);
         let draft = match &args.draft {
             Some(load) => Some(load_draft(load).await?),
             None => None,
         };
         let (worker, kv_memory) = spawn_worker(&me, args.model, draft, &args.config).await?;
-        let scheduler = Scheduler::new(args.config, context_length);
+        let scheduler = Scheduler::new(args.config, context_length).with_recurrent(recurrent);
         Ok(SchedulerState {
             scheduler,
             worker,

@@ -136,6 +136,8 @@ pub struct Scheduler {
     /// proposals are priced by the decoding steps where those pin a token's cost down.
     cost: StepCost,
     decode_cost: StepCost,
+    /// The model keeps a state per sequence that cannot be cut back (`with_recurrent`).
+    recurrent: bool,
 }
 
 /// Most relative standard error of a decoding token's learnt cost for proposals to be priced
@@ -165,7 +167,16 @@ impl Scheduler {
             accepted: 0,
             cost: StepCost::default(),
             decode_cost: StepCost::default(),
+            recurrent: false,
         }
+    }
+
+    /// For a model whose linear-attention layers keep a state per sequence (`ModelInfo::recurrent`):
+    /// a cached sequence is reused only whole (its state cannot be cut back to a shorter
+    /// prefix), and nothing speculates (rejected proposals could not be taken back out of it).
+    pub fn with_recurrent(mut self, recurrent: bool) -> Self {
+        self.recurrent = recurrent;
+        self
     }
 
     /// A step of `plan` ran in `elapsed` (it teaches the step cost); `outcomes` count its
@@ -326,7 +337,7 @@ impl Scheduler {
     /// never past their `max_tokens` or the context; none while prompts wait to be prefilled.
     fn plan_drafts(&mut self, plan: &mut StepPlan, mut budget: usize) {
         let max_draft = self.config.speculative.max_draft;
-        if max_draft == 0 || !self.running.iter().any(|s| s.speculation.is_some()) {
+        if max_draft == 0 || self.recurrent || !self.running.iter().any(|s| s.speculation.is_some()) {
             return;
         }
         // Prompts queued or part-way through their prefill would wait through the proposals'
@@ -392,8 +403,12 @@ impl Scheduler {
         self.cached
             .iter()
             .filter(|c| self.config.prefix_caching || (session.is_some() && c.session.as_deref() == session))
-            .map(|c| (c.seq, c.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1)))
-            .filter(|(_, len)| *len > 0)
+            .map(|c| {
+                let common = c.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
+                (c.seq, common, common == c.tokens.len())
+            })
+            .filter(|&(_, len, whole)| len > 0 && (whole || !self.recurrent))
+            .map(|(seq, len, _)| (seq, len))
             .max_by_key(|(_, len)| *len)
     }
 

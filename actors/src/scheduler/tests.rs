@@ -592,3 +592,29 @@ fn sequences_that_do_not_speculate_get_no_proposals() {
     step(&mut s);
     assert_eq!(s.schedule().unwrap().items[0].max_drafts, 0, "speculation is off for the engine");
 }
+
+/// A model with linear attention (`with_recurrent`) reuses a cached sequence only whole: a
+/// prompt sharing part of one computes everything, a prompt extending all of one copies it; and
+/// its sequences never propose tokens.
+#[test]
+fn a_recurrent_model_reuses_only_whole_sequences_and_never_speculates() {
+    let mut s = scheduler(EngineConfig { prefix_caching: true, ..config(64, 8, 100) }).with_recurrent(true);
+    s.add(with_prompt(0, &[1, 2, 3, 4, 5, 6], 2));
+    run_all(&mut s);
+    // The first request's computed tokens: its prompt and the first output token (7).
+    s.add(with_prompt(1, &[1, 2, 3, 4, 50, 60], 2));
+    let (plan, _) = step(&mut s);
+    assert!(plan.copies.is_empty(), "a part of a state is not reused: {plan:?}");
+    assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.len()), (0, 6));
+    run_all(&mut s);
+    s.add(with_prompt(2, &[1, 2, 3, 4, 5, 6, 7, 8], 2));
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.copies.first().map(|c| c.len), Some(7), "the whole sequence continues: {plan:?}");
+    assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.clone()), (7, vec![8]));
+
+    let mut s = scheduler(config(64, 4, 100)).with_recurrent(true);
+    s.add(seq(1, 10, 50).speculating(true));
+    step(&mut s);
+    let plan = s.schedule().unwrap();
+    assert_eq!(plan.items[0].max_drafts, 0, "nothing speculates");
+}

@@ -17,4 +17,5 @@ pub const LLAMA: Architecture = Architecture {
     gguf_qk_interleaved: true,
     end_of_generation: &["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
     experts: None,
+    gated_delta_net: false,
 };

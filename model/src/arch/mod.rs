@@ -8,6 +8,7 @@ mod llama;
 mod qwen2;
 mod qwen2moe;
 mod qwen3;
+mod qwen35;
 mod qwen3moe;
 
 /// A decoder-only family the shared decoder serves.
@@ -38,6 +39,9 @@ pub struct Architecture {
     pub end_of_generation: &'static [&'static str],
     /// Its feed-forward blocks are mixtures of experts (`None`: dense SwiGLU).
     pub experts: Option<Experts>,
+    /// Qwen3.5's hybrid: gated DeltaNet linear-attention layers among full-attention ones
+    /// (`layer_types`), an output gate on the full attention, zero-centred RMSNorms.
+    pub gated_delta_net: bool,
 }
 
 /// How a family's mixture-of-experts blocks differ.
@@ -61,7 +65,7 @@ pub enum Bias {
 
 /// Every family the decoder serves.
 pub const ARCHITECTURES: &[&Architecture] =
-    &[&qwen2::QWEN2, &qwen3::QWEN3, &llama::LLAMA, &qwen2moe::QWEN2_MOE, &qwen3moe::QWEN3_MOE];
+    &[&qwen2::QWEN2, &qwen3::QWEN3, &llama::LLAMA, &qwen2moe::QWEN2_MOE, &qwen3moe::QWEN3_MOE, &qwen35::QWEN3_5];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
 /// they would need.
@@ -77,12 +81,16 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("phi3", "Phi-3's fused projections and long RoPE"),
     ("qwen2_vl", "a vision encoder"),
     ("qwen2vl", "a vision encoder"),
-    ("qwen3_next", "linear attention layers"),
+    ("qwen3_next", "Qwen3-Next's fused projections and experts beside its linear attention layers"),
+    ("qwen3_5_moe", "experts beside Qwen3.5's linear attention layers"),
+    ("qwen35moe", "experts beside Qwen3.5's linear attention layers"),
 ];
 
-/// The family named `name` (a `config.json` `model_type` or a GGUF architecture).
+/// The family named `name` (a `config.json` `model_type`, the text model's own within a
+/// multimodal one, `qwen3_5_text`, or a GGUF architecture).
 pub fn find(name: &str) -> Option<&'static Architecture> {
-    ARCHITECTURES.iter().copied().find(|a| a.name == name || a.gguf == name)
+    let text = name.strip_suffix("_text").unwrap_or(name);
+    ARCHITECTURES.iter().copied().find(|a| a.name == name || a.name == text || a.gguf == name)
 }
 
 /// Why family `name` is not served, if it is one we know.

@@ -16,4 +16,5 @@ pub const QWEN2: Architecture = Architecture {
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜>"],
     experts: None,
+    gated_delta_net: false,
 };

@@ -16,4 +16,5 @@ pub const QWEN3: Architecture = Architecture {
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
     experts: None,
+    gated_delta_net: false,
 };

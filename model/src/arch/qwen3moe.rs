@@ -17,4 +17,5 @@ pub const QWEN3_MOE: Architecture = Architecture {
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
     experts: Some(Experts { shared_expert: false, gguf_norm_topk_prob: true }),
+    gated_delta_net: false,
 };

@@ -1,13 +1,15 @@
 //! C5: the decoder's batched forward pass, for every served family. embedding → N × [RMSNorm →
 //! q, k, v (biases where the family has them) → per-head q/k RMSNorm (Qwen3) → RoPE (scaled as
 //! the config says) → write k, v into the batch's cells → GQA attention over the visible cells →
-//! o → residual → RMSNorm → SwiGLU MLP → residual] → final RMSNorm → lm head for the flagged
-//! rows only.
+//! o (times a sigmoid gate per head: Qwen3.5) → residual → RMSNorm → SwiGLU MLP → residual]
+//! → final RMSNorm → lm head for the flagged rows only. A linear-attention layer (Qwen3.5's gated
+//! DeltaNet) has its stacked input projection → `DeltaNet` over each sequence's state in the
+//! cache → output projection in place of the attention.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::replay::{self, Plan, StepGraphs};
-use super::weights::{self, Weights};
+use super::weights::{self, Reordered, Weights};
 use crate::batch::{BatchInput, ValidBatch};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -15,7 +17,7 @@ use crate::device::DeviceStream;
 use crate::error::{DecodeError, LoadError};
 use crate::gguf::{self, GgufFile};
 use crate::kernels;
-use crate::kv::{KvCache, KvLayout, Placement, Pos};
+use crate::kv::{KvCache, KvLayout, Placement, Pos, RecurrentLayout};
 use crate::layers::{Linear, Pre, RmsNorm, Rope, RopeTables, attention};
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::quant::Imatrix;
@@ -55,6 +57,11 @@ pub fn load(
             (gguf::model_config(&file)?, Box::new(file))
         }
     };
+    // Rows the kernels take in another order than the checkpoint holds them (Qwen3.5's q and k).
+    let src: Box<dyn TensorSource> = match (src.naming(), weights::row_orders(&config)) {
+        (Naming::Hf, orders) if !orders.is_empty() => Box::new(Reordered { inner: src, orders }),
+        _ => src,
+    };
     weights::check(&config, src.as_ref())?;
     let stream = DeviceStream::for_device(device);
     let imatrix = opts.imatrix.as_deref().map(Imatrix::open).transpose()?;
@@ -90,6 +97,7 @@ fn info_of(config: &ModelConfig) -> ModelInfo {
         bos_token_id: config.bos_token_id,
         eos_token_ids: config.eos_token_ids.clone(),
         pooling: config.pooling.unwrap_or_default(),
+        recurrent: config.linear.is_some(),
     }
 }
 
@@ -101,7 +109,8 @@ impl Decoder {
         // few-row kernels take dequantizes a matrix of blocks each step (the output
         // projection's among them, hundreds of MB), only steps they take are recorded.
         let rows = if weights.blocks_on_device() { kernels::gpu_fused_rows() } else { replay::MAX_ROWS };
-        let graphs = StepGraphs::new(graphs, rows);
+        // A linear-attention layer's recurrence runs on the host: nothing to record.
+        let graphs = StepGraphs::new(graphs && config.linear.is_none(), rows);
         Self { config, info, weights, rope, device: device.clone(), stream, graphs }
     }
 
@@ -131,10 +140,15 @@ impl LanguageModel for Decoder {
     }
 
     fn kv_layout(&self) -> KvLayout {
+        let c = &self.config;
         KvLayout {
-            layers: self.config.num_hidden_layers,
-            kv_heads: self.config.num_key_value_heads,
-            head_dim: self.config.head_dim,
+            layers: c.attention_layers(),
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            recurrent: c.linear.as_ref().map(|a| {
+                let (conv, memory) = a.state_floats();
+                RecurrentLayout { layers: c.num_hidden_layers - c.attention_layers(), conv, memory }
+            }),
         }
     }
 
@@ -200,7 +214,7 @@ impl LanguageModel for Decoder {
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
         self.stream.enter(|| {
             let tables = self.rope.shift_tables(shifts, &self.device);
-            for l in 0..self.config.num_hidden_layers {
+            for l in 0..self.config.attention_layers() {
                 let (keys, _) = cache.read(l, shifts.len()); // [kv_heads, extent, hd]
                 let rotated = Rope::apply(keys.swap_dims(0, 1), &tables).swap_dims(0, 1);
                 cache.set_keys(l, rotated);
@@ -299,14 +313,37 @@ impl Decoder {
         // every cell below the extent (a lone sequence's decode step sees them all).
         let mut mask = None;
         let [q_rows, k_rows, _] = weights::qkv_rows(&self.config);
-        for (l, w) in self.weights.layers.iter().enumerate() {
-            if abort() {
+        // The output gate's rows, before q's (Qwen3.5).
+        let gate_rows = weights::gate_rows(&self.config);
+        // A model with linear attention: the batch's rows by sequence, checked against their
+        // states, which each linear layer moves on.
+        let groups = match cache.recurrent() {
+            Some(r) => Some(r.rows(&batch.seqs, &batch.pos)?),
+            None => None,
+        };
+        // Layers with keys and values are numbered apart from the linear ones in the cache.
+        let (mut kv_layer, mut linear_layer) = (0, 0);
+        for w in &self.weights.layers {
+            // A stop part way would leave the linear layers' states between two tokens.
+            if abort() && (groups.is_none() || kv_layer + linear_layer == 0) {
                 return Err(DecodeError::Aborted);
             }
+            if let (Some(delta), Some(groups)) = (&w.delta, &groups) {
+                let proj = w.qkv.forward_with(x.clone(), w.attn_norm.pre(), None);
+                let states = cache.recurrent().map(|r| r.layer(linear_layer, groups)).unwrap_or_default();
+                let mixed = delta.forward(proj, states)?;
+                x = w.o.forward_with(mixed, Pre::Plain, Some(x));
+                x = w.ffn.forward_residual(&w.mlp_norm, x);
+                linear_layer += 1;
+                continue;
+            }
+            let l = kv_layer;
+            kv_layer += 1;
+            let mut gate = None;
             // On a GPU: a decode step's projection, RoPE and KV write in one kernel (without
             // per-head norms, which need a head's whole projection); else the projection, then the
             // norms, RoPE and the KV write in one kernel; else apart.
-            let on_gpu = cells.on_gpu();
+            let on_gpu = cells.on_gpu() && gate_rows == 0;
             let norms = w.qk_norm.as_ref().map(RmsNorm::qk);
             let projected = match w.qkv.weight.matrix().gpu() {
                 Some(m) if on_gpu && norms.is_none() => {
@@ -319,6 +356,14 @@ impl Decoder {
                 Some(q) => q,
                 None => {
                     let qkv = w.qkv.forward_with(x.clone(), w.attn_norm.pre(), None); // [n, (heads + 2 · kv_heads) · hd]
+                    let qkv = match gate_rows {
+                        0 => qkv,
+                        g => {
+                            let width = qkv.dims()[1];
+                            gate = Some(qkv.clone().narrow(1, 0, g));
+                            qkv.narrow(1, g, width - g)
+                        }
+                    };
                     let rotated = on_gpu.then(|| cache.write_rotated(l, &cells, &qkv, heads, tables.stacked(), norms));
                     rotated.flatten().unwrap_or_else(|| {
                         let [q, k, v] =
@@ -341,8 +386,15 @@ impl Decoder {
                     attention(q, keys, values, mask)
                 }
             };
+            let a = match gate.take() {
+                Some(g) => a * burn::tensor::activation::sigmoid(g),
+                None => a,
+            };
             x = w.o.forward_with(a, Pre::Plain, Some(x));
             x = w.ffn.forward_residual(&w.mlp_norm, x);
+        }
+        if let (Some(groups), Some(r)) = (&groups, cache.recurrent()) {
+            r.advance(groups);
         }
         if batch.out_rows.len() < n {
             let rows: Vec<i64> = batch.out_rows.iter().map(|&r| r as i64).collect();

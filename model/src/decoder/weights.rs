@@ -9,7 +9,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use crate::config::ModelConfig;
 use crate::error::LoadError;
-use crate::layers::{Expert, ExpertStacks, Linear, Moe, RmsNorm, Weight, linear};
+use crate::layers::{DeltaNet, Expert, ExpertStacks, Linear, Moe, RmsNorm, Weight, linear};
 use crate::quant::{Imatrix, QuantType};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
@@ -47,6 +47,19 @@ pub enum Slot {
     SharedUp,
     SharedDown,
     SharedRouter,
+    /// A gated DeltaNet layer's (Qwen3.5's linear attention): its stacked q, k, v projection
+    /// (before the convolution), the output gate z's, β's and α's projections, the depthwise
+    /// convolution ([channels, 1, width]), the time step's bias, log A, the gated norm's weight
+    /// (one head's width) and the output projection.
+    LinQkv,
+    LinZ,
+    LinBeta,
+    LinAlpha,
+    LinConv,
+    LinDtBias,
+    LinALog,
+    LinNorm,
+    LinOut,
 }
 
 /// Model-level slots and their names: Hugging Face's, then GGUF's.
@@ -73,6 +86,20 @@ pub const LAYER_SLOTS: [(Slot, &str, &str); 15] = [
     (Slot::MlpGate, "mlp.gate_proj.weight", "ffn_gate.weight"),
     (Slot::MlpUp, "mlp.up_proj.weight", "ffn_up.weight"),
     (Slot::MlpDown, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+/// A linear-attention layer's slots in place of the attention's (Qwen3.5): Hugging Face's names,
+/// then GGUF's.
+pub const LINEAR_SLOTS: [(Slot, &str, &str); 9] = [
+    (Slot::LinQkv, "linear_attn.in_proj_qkv.weight", "attn_qkv.weight"),
+    (Slot::LinZ, "linear_attn.in_proj_z.weight", "attn_gate.weight"),
+    (Slot::LinBeta, "linear_attn.in_proj_b.weight", "ssm_beta.weight"),
+    (Slot::LinAlpha, "linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
+    (Slot::LinConv, "linear_attn.conv1d.weight", "ssm_conv1d.weight"),
+    (Slot::LinDtBias, "linear_attn.dt_bias", "ssm_dt.bias"),
+    (Slot::LinALog, "linear_attn.A_log", "ssm_a"),
+    (Slot::LinNorm, "linear_attn.norm.weight", "ssm_norm.weight"),
+    (Slot::LinOut, "linear_attn.out_proj.weight", "ssm_out.weight"),
 ];
 
 /// Mixture-of-experts slots under a layer: Hugging Face's names (`{e}`: the expert's index), then
@@ -117,6 +144,15 @@ impl Slot {
             Slot::SharedUp => "shared_up_w",
             Slot::SharedDown => "shared_down_w",
             Slot::SharedRouter => "shared_router_w",
+            Slot::LinQkv => "lin_qkv_w",
+            Slot::LinZ => "lin_z_w",
+            Slot::LinBeta => "lin_beta_w",
+            Slot::LinAlpha => "lin_alpha_w",
+            Slot::LinConv => "lin_conv_w",
+            Slot::LinDtBias => "lin_dt_b",
+            Slot::LinALog => "lin_a_log",
+            Slot::LinNorm => "lin_norm_w",
+            Slot::LinOut => "lin_out_w",
         }
     }
 
@@ -131,6 +167,7 @@ impl Slot {
             Slot::SharedGate | Slot::SharedUp | Slot::SharedDown | Slot::SharedRouter => {
                 c.moe.as_ref().is_some_and(|m| m.shared_intermediate_size.is_some())
             }
+            _ if self.is_linear() => c.linear.is_some(),
             _ => true,
         }
     }
@@ -141,7 +178,15 @@ impl Slot {
         let moe_slot = MOE_SLOTS.iter().any(|(s, _, _)| *s == self);
         let dense_slot = matches!(self, Slot::MlpGate | Slot::MlpUp | Slot::MlpDown);
         let moe_layer = c.is_moe_layer(l);
-        self.present(c) && (moe_layer || !moe_slot) && !(dense_slot && moe_layer)
+        // A linear-attention layer has its slots instead of the attention's.
+        let attention_slot = LAYER_SLOTS[1..11].iter().any(|(s, _, _)| *s == self);
+        let mixer = if c.is_linear_layer(l) { !attention_slot } else { !self.is_linear() };
+        self.present(c) && (moe_layer || !moe_slot) && !(dense_slot && moe_layer) && mixer
+    }
+
+    /// A linear-attention layer's slot.
+    fn is_linear(self) -> bool {
+        LINEAR_SLOTS.iter().any(|(s, _, _)| *s == self)
     }
 
     /// The shape in checkpoints named `naming`: a GGUF file keeps all experts of a matrix in one
@@ -160,7 +205,19 @@ impl Slot {
     pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
         let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
         let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let lin = c.linear.as_ref();
+        let (conv, width) = lin.map_or((0, 0), |a| (a.conv_dim(), a.conv_kernel));
+        let (value_heads, values) = lin.map_or((0, 0), |a| (a.value_heads, a.value_heads * a.value_dim));
         match self {
+            Slot::LinQkv => vec![conv, h],
+            Slot::LinZ => vec![values, h],
+            Slot::LinBeta | Slot::LinAlpha => vec![value_heads, h],
+            Slot::LinConv => vec![conv, 1, width],
+            Slot::LinDtBias | Slot::LinALog => vec![value_heads],
+            Slot::LinNorm => vec![lin.map_or(0, |a| a.value_dim)],
+            Slot::LinOut => vec![h, values],
+            // With an output gate, each head's gate rows follow its query rows.
+            Slot::AttnQ if c.attn_output_gate => vec![2 * q, h],
             Slot::InEmbed | Slot::OutEmbed => vec![v, h],
             Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnOBias => vec![h],
             Slot::AttnQBias => vec![q],
@@ -241,7 +298,7 @@ fn shared_width(c: &ModelConfig) -> usize {
 /// expert's Hugging Face name keeps `{e}`: `expert_name` fills it).
 pub fn name_of(slot: Slot, layer: Option<usize>, naming: Naming) -> String {
     let found = match layer {
-        Some(_) => LAYER_SLOTS.iter().chain(&MOE_SLOTS).find(|(s, _, _)| *s == slot),
+        Some(_) => LAYER_SLOTS.iter().chain(&MOE_SLOTS).chain(&LINEAR_SLOTS).find(|(s, _, _)| *s == slot),
         None => GLOBAL_SLOTS.iter().find(|(s, _, _)| *s == slot),
     };
     let (_, hf, gguf) = found.copied().unwrap_or((slot, "", ""));
@@ -270,12 +327,15 @@ pub fn expected(c: &ModelConfig, naming: Naming) -> Vec<(String, Slot, Option<us
         .map(move |(slot, _, _)| (name_of(*slot, None, naming), *slot, None));
     let experts = c.moe.as_ref().map_or(0, |m| m.experts);
     let layers = (0..c.num_hidden_layers).flat_map(move |l| {
-        LAYER_SLOTS.iter().chain(&MOE_SLOTS).filter(move |(slot, _, _)| slot.present_in(c, l)).flat_map(
-            move |(slot, _, _)| match (is_expert(*slot), naming) {
+        LAYER_SLOTS
+            .iter()
+            .chain(&MOE_SLOTS)
+            .chain(&LINEAR_SLOTS)
+            .filter(move |(slot, _, _)| slot.present_in(c, l))
+            .flat_map(move |(slot, _, _)| match (is_expert(*slot), naming) {
                 (true, Naming::Hf) => (0..experts).map(|e| (expert_name(*slot, l, e), *slot, Some(l))).collect(),
                 _ => vec![(name_of(*slot, Some(l), naming), *slot, Some(l))],
-            },
-        )
+            })
     });
     global.chain(layers).collect()
 }
@@ -341,6 +401,108 @@ pub fn check_one(c: &ModelConfig, slot: Slot, layer: Option<usize>, found: &[usi
     Ok(())
 }
 
+/// Where each of a head's dimensions comes from (new index → checkpoint's) so that a partial
+/// rotary embedding's pairs, `i` and `i + rotary/2` of the first `rotary` dimensions, become
+/// `i` and `i + head_dim/2` (the layout the RoPE kernels turn); the unturned dimensions fill the
+/// rest in order. q and k are reordered alike, so their products are unchanged.
+pub fn rotary_order(head_dim: usize, rotary: usize) -> Vec<usize> {
+    let (half, r) = (head_dim / 2, rotary / 2);
+    let mut rest = rotary..head_dim;
+    (0..head_dim)
+        .map(|d| match d {
+            d if d < r => d,
+            d if d >= half && d < half + r => d - half + r,
+            _ => rest.next().unwrap_or(0),
+        })
+        .collect()
+}
+
+/// The tensors whose rows a Hugging Face checkpoint of config `c` holds in another order than
+/// the kernels take, with the order (new row → stored row): q and k (and their biases and
+/// norms) for a partial rotary embedding (`rotary_order`), and `q_proj`'s rows with an output
+/// gate, where each head's gate rows follow its query rows: all gates first, then the queries.
+pub fn row_orders(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    if c.rotary_dim == c.head_dim && !c.attn_output_gate {
+        return Vec::new();
+    }
+    let (hd, heads, kv_heads) = (c.head_dim, c.num_attention_heads, c.num_key_value_heads);
+    let dims = rotary_order(hd, c.rotary_dim);
+    let per_head = if c.attn_output_gate { 2 * hd } else { hd };
+    let mut q: Vec<usize> = Vec::with_capacity(heads * per_head);
+    if c.attn_output_gate {
+        q.extend((0..heads).flat_map(|h| (0..hd).map(move |d| h * per_head + hd + d)));
+    }
+    q.extend((0..heads).flat_map(|h| dims.iter().map(move |&d| h * per_head + d)));
+    let k: Vec<usize> = (0..kv_heads).flat_map(|h| dims.iter().map(move |&d| h * hd + d)).collect();
+    let mut orders = Vec::new();
+    for l in (0..c.num_hidden_layers).filter(|&l| !c.is_linear_layer(l)) {
+        let l = Some(l);
+        for (slot, order) in [
+            (Slot::AttnQ, &q),
+            (Slot::AttnQBias, &q),
+            (Slot::AttnK, &k),
+            (Slot::AttnKBias, &k),
+            (Slot::AttnQNorm, &dims),
+            (Slot::AttnKNorm, &dims),
+        ] {
+            if slot.present(c) {
+                orders.push((name_of(slot, l, Naming::Hf), order.clone()));
+            }
+        }
+    }
+    orders
+}
+
+/// `data`'s rows (its first dimension) in `order` (new row → old row).
+pub fn reorder_rows(data: TensorData, order: &[usize]) -> Result<TensorData, LoadError> {
+    let shape = data.shape().as_slice().to_vec();
+    let dtype = data.dtype();
+    let values = data
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| LoadError::Tensor { name: String::new(), reason: format!("reading values: {e:?}") })?;
+    let width = values.len() / shape[0].max(1);
+    let rows: Vec<f32> = order.iter().flat_map(|&r| values[r * width..(r + 1) * width].iter().copied()).collect();
+    Ok(crate::tensors::convert(rows, shape, dtype))
+}
+
+/// A checkpoint read with some tensors' rows in another order (`row_orders`).
+pub struct Reordered {
+    pub inner: Box<dyn TensorSource>,
+    pub orders: Vec<(String, Vec<usize>)>,
+}
+
+impl TensorSource for Reordered {
+    fn naming(&self) -> Naming {
+        self.inner.naming()
+    }
+    fn names(&self) -> std::collections::BTreeSet<&str> {
+        self.inner.names()
+    }
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.inner.shape(name)
+    }
+    fn stored(&self, name: &str) -> Option<Result<Stored, String>> {
+        self.inner.stored(name)
+    }
+    fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError> {
+        let data = self.inner.data(name, dtype)?;
+        match self.orders.iter().find(|(n, _)| n == name) {
+            Some((_, order)) => reorder_rows(data, order).map_err(|e| match e {
+                LoadError::Tensor { reason, .. } => LoadError::Tensor { name: name.into(), reason },
+                other => other,
+            }),
+            None => Ok(data),
+        }
+    }
+    fn blocks(&self, name: &str) -> Option<(QuantType, std::borrow::Cow<'_, [u8]>)> {
+        if self.orders.iter().any(|(n, _)| n == name) { None } else { self.inner.blocks(name) }
+    }
+    fn done(&self, name: &str) {
+        self.inner.done(name)
+    }
+}
+
 /// A GGUF file's per-frequency rope divisors (llama.cpp writes Llama 3's scaling as this tensor).
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
@@ -359,6 +521,9 @@ pub struct LayerWeights {
     pub o: Linear,
     pub mlp_norm: RmsNorm,
     pub ffn: Ffn,
+    /// A linear-attention layer's token mixer (Qwen3.5): then `qkv` is its stacked input
+    /// projection (`LinearAttention::in_rows`), `o` its output projection, and `qk_norm` none.
+    pub delta: Option<Box<DeltaNet>>,
 }
 
 /// A layer's feed-forward block.
@@ -397,16 +562,36 @@ impl Ffn {
     }
 }
 
-/// The rows of q, k and v in the stacked `qkv` matrix (and its bias), in load order.
+/// The rows of q, k and v in the stacked `qkv` matrix (and its bias), in load order, after the
+/// output gate's rows where the family has one (`gate_rows`).
 pub fn qkv_rows(c: &ModelConfig) -> [Range<usize>; 3] {
     let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
     [0..q, q..q + kv, q + kv..q + 2 * kv]
 }
 
+/// The output gate's rows, first in the stacked `qkv` (their `q_proj` rows loaded first:
+/// `row_orders`); 0 without a gate.
+pub fn gate_rows(c: &ModelConfig) -> usize {
+    if c.attn_output_gate { c.num_attention_heads * c.head_dim } else { 0 }
+}
+
 /// The rows of a stacked matrix (or of its bias) that hold `slot`, for the slots that are stacked.
 pub fn stacked_rows(c: &ModelConfig, slot: Slot) -> Option<Range<usize>> {
-    let [q, k, v] = qkv_rows(c);
+    let shift = |r: Range<usize>| r.start + gate_rows(c)..r.end + gate_rows(c);
+    let [q, k, v] = qkv_rows(c).map(shift);
+    let q = q.start - gate_rows(c)..q.end;
     let i = c.intermediate_size;
+    if let Some(a) = &c.linear {
+        let (conv, values, heads) = (a.conv_dim(), a.value_heads * a.value_dim, a.value_heads);
+        let at = |start: usize, len: usize| Some(start..start + len);
+        match slot {
+            Slot::LinQkv => return at(0, conv),
+            Slot::LinZ => return at(conv, values),
+            Slot::LinBeta => return at(conv + values, heads),
+            Slot::LinAlpha => return at(conv + values + heads, heads),
+            _ => {}
+        }
+    }
     match slot {
         Slot::AttnQ | Slot::AttnQBias => Some(q),
         Slot::AttnK | Slot::AttnKBias => Some(k),
@@ -453,8 +638,18 @@ impl Weights {
         };
         let mat = |slot: Slot, l: Option<usize>| named(&name_of(slot, l, naming), slot, l, importance(slot, l));
         let vec = |slot: Slot, l: Option<usize>| load_f32::<1>(src, &name_of(slot, l, naming), device);
-        let norm =
-            |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> { Ok(RmsNorm { weight: vec(slot, l)?, eps }) };
+        // Zero-centred norms (Qwen3.5's checkpoints) multiply by 1 + weight; a GGUF file has the 1.
+        let centre = if c.zero_centred_norms && naming == Naming::Hf { 1.0 } else { 0.0 };
+        let norm = |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> {
+            Ok(RmsNorm { weight: vec(slot, l)?.add_scalar(centre), eps })
+        };
+        // A small tensor's values on the host (the linear attention's).
+        let host = |slot: Slot, l: Option<usize>| -> Result<Vec<f32>, LoadError> {
+            let name = name_of(slot, l, naming);
+            let data = src.data(&name, DType::F32)?.try_into_vec::<f32>();
+            src.done(&name);
+            data.map_err(|e| LoadError::Tensor { name, reason: format!("reading values: {e:?}") })
+        };
         let linear = |slot: Slot, bias: Slot, l: Option<usize>| -> Result<Linear, LoadError> {
             Ok(Linear { weight: mat(slot, l)?, bias: bias.present(c).then(|| vec(bias, l)).transpose()? })
         };
@@ -467,18 +662,44 @@ impl Weights {
         let layers = (0..c.num_hidden_layers)
             .map(|layer| {
                 let l = Some(layer);
+                let attn_norm = norm(Slot::AttnNorm, l)?;
+                let (qkv, qk_norm, o, delta) = match c.linear.as_ref().filter(|_| c.is_linear_layer(layer)) {
+                    Some(a) => {
+                        let qkv = stacked(&[Slot::LinQkv, Slot::LinZ, Slot::LinBeta, Slot::LinAlpha], &[], l)?;
+                        let delta = DeltaNet {
+                            key_heads: a.key_heads,
+                            value_heads: a.value_heads,
+                            key_dim: a.key_dim,
+                            value_dim: a.value_dim,
+                            kernel: a.conv_kernel,
+                            conv: host(Slot::LinConv, l)?,
+                            dt_bias: host(Slot::LinDtBias, l)?,
+                            decay_rate: host(Slot::LinALog, l)?.into_iter().map(|a| -a.exp()).collect(),
+                            norm: host(Slot::LinNorm, l)?,
+                            eps: eps as f32,
+                        };
+                        let o = Linear { weight: mat(Slot::LinOut, l)?, bias: None };
+                        (qkv, None, o, Some(Box::new(delta)))
+                    }
+                    None => {
+                        let qkv = stacked(
+                            &[Slot::AttnQ, Slot::AttnK, Slot::AttnV],
+                            &[Slot::AttnQBias, Slot::AttnKBias, Slot::AttnVBias],
+                            l,
+                        )?;
+                        let qk_norm = c
+                            .qk_norm
+                            .then(|| Ok::<_, LoadError>([norm(Slot::AttnQNorm, l)?, norm(Slot::AttnKNorm, l)?]))
+                            .transpose()?;
+                        (qkv, qk_norm, linear(Slot::AttnO, Slot::AttnOBias, l)?, None)
+                    }
+                };
                 Ok(LayerWeights {
-                    attn_norm: norm(Slot::AttnNorm, l)?,
-                    qkv: stacked(
-                        &[Slot::AttnQ, Slot::AttnK, Slot::AttnV],
-                        &[Slot::AttnQBias, Slot::AttnKBias, Slot::AttnVBias],
-                        l,
-                    )?,
-                    qk_norm: c
-                        .qk_norm
-                        .then(|| Ok::<_, LoadError>([norm(Slot::AttnQNorm, l)?, norm(Slot::AttnKNorm, l)?]))
-                        .transpose()?,
-                    o: linear(Slot::AttnO, Slot::AttnOBias, l)?,
+                    attn_norm,
+                    qkv,
+                    qk_norm,
+                    o,
+                    delta,
                     mlp_norm: norm(Slot::MlpNorm, l)?,
                     ffn: match c.moe.as_ref().filter(|_| c.is_moe_layer(layer)) {
                         None => Ffn::Dense(Box::new(Expert {
@@ -609,7 +830,7 @@ impl Weights {
         let Some(l) = layer else {
             match slot {
                 Slot::InEmbed => self.embed = linear::like(&self.embed, data, device),
-                Slot::OutNorm => self.norm.weight = vec(),
+                Slot::OutNorm => self.norm.weight = vec().add_scalar(if c.zero_centred_norms { 1.0 } else { 0.0 }),
                 _ => {
                     let like = self.lm_head.as_ref().unwrap_or(&self.embed);
                     self.lm_head = Some(linear::like(like, data, device));
@@ -624,6 +845,9 @@ impl Weights {
                 Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias => {
                     w.qkv.bias = w.qkv.bias.take().map(|b| b.slice_assign([rows], vec()));
                 }
+                Slot::LinQkv | Slot::LinZ | Slot::LinBeta | Slot::LinAlpha => {
+                    w.qkv.weight = linear::replace_rows(&w.qkv.weight, rows, data, device)
+                }
                 Slot::MlpGate | Slot::MlpUp => {
                     if let Ffn::Dense(mlp) = &mut w.ffn {
                         mlp.gate_up.weight = linear::replace_rows(&mlp.gate_up.weight, rows, data, device);
@@ -633,14 +857,26 @@ impl Weights {
             }
             return;
         }
+        let host = || data.clone().convert::<f32>().try_into_vec::<f32>().unwrap_or_default();
+        if let Some(delta) = &mut w.delta {
+            match slot {
+                Slot::LinConv => delta.conv = host(),
+                Slot::LinDtBias => delta.dt_bias = host(),
+                Slot::LinALog => delta.decay_rate = host().into_iter().map(|a| -a.exp()).collect(),
+                Slot::LinNorm => delta.norm = host(),
+                _ => {}
+            }
+        }
+        let centre = if c.zero_centred_norms { 1.0 } else { 0.0 };
         match slot {
-            Slot::AttnNorm => w.attn_norm.weight = vec(),
+            Slot::LinOut => w.o.weight = linear::like(&w.o.weight, data, device),
+            Slot::AttnNorm => w.attn_norm.weight = vec().add_scalar(centre),
             Slot::AttnO => w.o.weight = linear::like(&w.o.weight, data, device),
             Slot::AttnOBias => w.o.bias = Some(vec()),
-            Slot::MlpNorm => w.mlp_norm.weight = vec(),
+            Slot::MlpNorm => w.mlp_norm.weight = vec().add_scalar(centre),
             Slot::AttnQNorm | Slot::AttnKNorm => {
                 if let Some(norms) = &mut w.qk_norm {
-                    norms[usize::from(slot == Slot::AttnKNorm)].weight = vec();
+                    norms[usize::from(slot == Slot::AttnKNorm)].weight = vec().add_scalar(centre);
                 }
             }
             Slot::MlpDown => {
@@ -729,6 +965,17 @@ impl Weights {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A partial rotary embedding's pairs land half a head apart; a full one keeps the order.
+    #[test]
+    fn the_rotary_order_puts_each_pair_half_a_head_apart() {
+        assert_eq!(rotary_order(8, 8), (0..8).collect::<Vec<_>>());
+        // Rotary over 4 of 8: pairs (0, 2) and (1, 3) go to (0, 4) and (1, 5); 4..8 fill the rest.
+        assert_eq!(rotary_order(8, 4), vec![0, 1, 4, 5, 2, 3, 6, 7]);
+        let mut sorted = rotary_order(32, 8);
+        sorted.sort();
+        assert_eq!(sorted, (0..32).collect::<Vec<_>>(), "a permutation");
+    }
 
     fn config(model_type: &str, extra: &str) -> ModelConfig {
         ModelConfig::from_json_str(&format!(

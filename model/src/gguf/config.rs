@@ -48,6 +48,11 @@ pub fn architecture(file: &GgufFile) -> Result<String, LoadError> {
 pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let arch = architecture(file)?;
     let family = crate::arch::find(&arch);
+    if family.is_some_and(|f| f.gated_delta_net) {
+        let reason = "its GGUF files are not read yet (their linear-attention tensors and keys); \
+                      load the Hugging Face checkpoint, which --dtype quantizes at load";
+        return Err(LoadError::Config { field: "general.architecture".into(), reason: format!("`{arch}`: {reason}") });
+    }
     let mut obj = Map::new();
     // The family's `config.json` name (a GGUF architecture may be spelled differently).
     obj.insert("model_type".into(), json!(family.map_or(arch.as_str(), |f| f.name)));

@@ -7,15 +7,19 @@ use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 use half::f16;
 
 use super::cells::{KvCells, Pos, PosRange, SeqId, SeqSet};
+use super::recurrent::{Recurrent, RecurrentLayout};
 use crate::error::KvError;
 use crate::kernels::{self, CellTable, GpuWeight, Pre, QkNorms, kv_q8};
 
 /// The shape of what a model caches per token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
+    /// Layers with keys and values (a hybrid model's full-attention layers).
     pub layers: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// The linear-attention layers' per-sequence state, for a model that has them.
+    pub recurrent: Option<RecurrentLayout>,
 }
 
 /// The element type of the cached keys and values (llama.cpp's `--cache-type-k/v`). Attention
@@ -117,6 +121,8 @@ pub struct KvCache {
     /// Which buffers `keys` and `values` are: this cache's own number, and how many times a
     /// write may have put a new buffer in their place (a replayed step records them).
     buffers: (u64, u64),
+    /// The linear-attention layers' states, for a model that has them.
+    recurrent: Option<Recurrent>,
 }
 
 /// The next cache's number.
@@ -142,6 +148,7 @@ impl KvCache {
             values: zeros(),
             device: device.clone(),
             buffers: (CACHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed), 0),
+            recurrent: layout.recurrent.map(Recurrent::new),
         }
     }
 
@@ -175,17 +182,44 @@ impl KvCache {
         2 * self.layout.layers * self.layout.kv_heads * self.capacity() * row
     }
 
-    // Sequence operations (C6); see `KvCells` for their contracts.
+    /// The linear-attention layers' states, for a model that has them.
+    pub fn recurrent(&mut self) -> Option<&mut Recurrent> {
+        self.recurrent.as_mut()
+    }
+
+    // Sequence operations (C6); see `KvCells` for their contracts, and `Recurrent` for what
+    // a model with linear attention refuses (then nothing changes).
     pub fn seq_rm(&mut self, seq: SeqId, range: impl Into<PosRange>) -> Result<(), KvError> {
-        self.cells.seq_rm(seq, range)
+        let range = range.into();
+        let drop_state = self.recurrent.as_ref().map(|r| r.check_rm(seq, range)).transpose()?;
+        self.cells.seq_rm(seq, range)?;
+        if let (Some(true), Some(r)) = (drop_state, &mut self.recurrent) {
+            r.remove(seq);
+        }
+        Ok(())
     }
     pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, range: impl Into<PosRange>) -> Result<(), KvError> {
-        self.cells.seq_cp(src, dst, range)
+        let range = range.into();
+        if let Some(r) = &self.recurrent {
+            r.check_cp(src, range)?;
+        }
+        self.cells.seq_cp(src, dst, range)?;
+        if let Some(r) = &mut self.recurrent {
+            r.copy(src, dst);
+        }
+        Ok(())
     }
     pub fn seq_keep(&mut self, seq: SeqId) -> Result<(), KvError> {
-        self.cells.seq_keep(seq)
+        self.cells.seq_keep(seq)?;
+        if let Some(r) = &mut self.recurrent {
+            r.keep(seq);
+        }
+        Ok(())
     }
     pub fn seq_add(&mut self, seq: SeqId, range: impl Into<PosRange>, delta: Pos) -> Result<(), KvError> {
+        if let Some(r) = &self.recurrent {
+            r.check_add(seq)?;
+        }
         self.cells.seq_add(seq, range, delta)
     }
     pub fn seq_pos_max(&self, seq: SeqId) -> Option<Pos> {
@@ -196,6 +230,9 @@ impl KvCache {
     }
     pub fn clear(&mut self) {
         self.cells.clear();
+        if let Some(r) = &mut self.recurrent {
+            r.clear();
+        }
     }
     /// One line per used cell: `cell → (seq ids, pos)`.
     pub fn dump(&self) -> String {

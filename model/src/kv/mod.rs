@@ -2,8 +2,10 @@
 
 mod cache;
 mod cells;
+mod recurrent;
 #[cfg(test)]
 mod tests;
 
 pub use cache::{KvCache, KvDtype, KvLayout};
 pub use cells::{KvCells, MAX_SEQ, Placement, Pos, PosRange, SeqId, SeqSet};
+pub use recurrent::{LayerState, Recurrent, RecurrentLayout, RowGroups};

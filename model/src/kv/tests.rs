@@ -172,3 +172,27 @@ fn dump_lists_cells_with_owners_and_positions() {
     cells.seq_cp(3, 5, ..).unwrap();
     assert_eq!(cells.dump(), "kv cells: 1/4 used\n0 → ({3, 5}, 7)\n");
 }
+
+/// A linear-attention state takes a sequence's tokens only in order: a row that skips or repeats
+/// a position is refused and makes no state; a row in two sequences is refused.
+#[test]
+fn recurrent_rows_continue_their_state() {
+    use super::{Recurrent, RecurrentLayout, SeqSet};
+    let mut r = Recurrent::new(RecurrentLayout { layers: 2, conv: 3, memory: 4 });
+    let one = |s| SeqSet::single(s);
+    assert!(r.rows(&[one(0), one(0)], &[1, 2]).is_err(), "a new sequence starts at 0");
+    assert_eq!(r.size_bytes(), 0);
+    let groups = r.rows(&[one(0), one(1), one(0)], &[0, 0, 1]).unwrap();
+    assert_eq!(r.layer(1, &groups).iter().map(|s| s.rows.to_vec()).collect::<Vec<_>>(), [vec![0, 2], vec![1]]);
+    r.advance(&groups);
+    assert!(r.rows(&[one(0)], &[3]).is_err(), "position 2 comes next");
+    assert!(r.rows(&[one(0)], &[2]).is_ok());
+    let mut both = one(0);
+    both.insert(1);
+    assert!(r.rows(&[both], &[2]).is_err());
+    assert_eq!(r.check_rm(0, (2..).into()), Ok(false), "nothing of it there");
+    assert_eq!(r.check_rm(0, (1..).into()), Err(KvError::PartialState));
+    assert_eq!(r.check_rm(0, (..).into()), Ok(true));
+    assert_eq!(r.check_cp(0, (0..1).into()), Err(KvError::PartialState));
+    assert_eq!(r.check_cp(0, (0..2).into()), Ok(()));
+}

@@ -1,6 +1,7 @@
 //! Building blocks shared by the model types: shape-documented tensor functions over Burn.
 
 mod attention;
+mod delta_net;
 pub mod linear;
 mod moe;
 mod rms_norm;
@@ -8,6 +9,7 @@ mod rope;
 mod swiglu;
 
 pub use attention::attention;
+pub use delta_net::DeltaNet;
 pub use linear::{Linear, LinearWeight, Pre, Weight};
 pub use moe::{Expert, ExpertStacks, Moe, expert_stats};
 pub use rms_norm::RmsNorm;

@@ -81,9 +81,14 @@ impl Rope {
 
     /// The config's rotary embedding, scaled as its `rope_scaling` says (transformers'
     /// `modeling_rope_utils`, in the same f32 arithmetic).
+    ///
+    /// With a partial rotary embedding (Qwen3.5's), the loaded q and k rows are ordered so the
+    /// turned dimensions' pairs are `i` and `i + head_dim/2` (`decoder::weights::rotary_order`),
+    /// and the other dimensions get frequency 0: cos 1, sin 0, the same kernels either way.
     pub fn from_config(c: &ModelConfig) -> Self {
-        let mut rope = Self::new(c.head_dim, c.rope_theta);
-        let d = c.head_dim as f32;
+        let mut rope = Self::new(c.rotary_dim, c.rope_theta);
+        rope.inv_freq.resize(c.head_dim / 2, 0.0);
+        let d = c.rotary_dim as f32;
         match &c.rope_scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => rope.inv_freq.iter_mut().for_each(|f| *f /= *factor as f32),
@@ -111,7 +116,7 @@ impl Rope {
                 if low == high {
                     high += 0.001;
                 }
-                for (i, f) in rope.inv_freq.iter_mut().enumerate() {
+                for (i, f) in rope.inv_freq.iter_mut().enumerate().take(c.rotary_dim / 2) {
                     let pos_freq = (base as f32).powf((2 * i) as f32 / d);
                     let (extrapolation, interpolation) = (1.0 / pos_freq, 1.0 / (factor as f32 * pos_freq));
                     let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);

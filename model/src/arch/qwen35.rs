@@ -1,0 +1,24 @@
+//! Qwen3.5 dense (`Qwen3_5ForConditionalGeneration`'s language model, or `Qwen3_5ForCausalLM`):
+//! Qwen3's attention with a sigmoid output gate per head (stored after each head's query rows
+//! in `q_proj`) and rotary on part of each head, between gated DeltaNet linear-attention layers
+//! (`layer_types`), with zero-centred RMSNorms (they multiply by 1 + weight). Its released
+//! checkpoints nest the text model's config under `text_config` and its tensors under
+//! `model.language_model.`, beside a vision tower and a multi-token-prediction head, which a text
+//! server leaves unread.
+
+use super::{Architecture, Bias};
+
+pub const QWEN3_5: Architecture = Architecture {
+    name: "qwen3_5",
+    gguf: "qwen35",
+    hf_class: "Qwen3_5ForConditionalGeneration",
+    qkv_bias: Bias::Config { field: "attention_bias", default: false },
+    o_bias_with_qkv: true,
+    qk_norm: true,
+    default_head_dim: Some(256),
+    gguf_pre: &["qwen35"],
+    gguf_qk_interleaved: false,
+    end_of_generation: &["<|im_end|>", "<|endoftext|>"],
+    experts: None,
+    gated_delta_net: true,
+};
