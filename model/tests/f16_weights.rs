@@ -17,8 +17,11 @@ fn f16_weights_stay_close_to_the_f32_reference() {
             let scale = p.last_logits.iter().fold(0f32, |m, v| m.max(v.abs()));
             let err = max_abs_diff(row, &p.last_logits);
             let tokens = greedy(&mut ctx, s as u32, &p.ids, p.greedy.len(), &[]).unwrap().tokens;
-            // Measured: at most 1.3e-3 of the logit scale on these fixtures.
-            assert!(err < 3e-3 * scale, "{name} prompt {s}: error {err} at logit scale {scale}");
+            // Measured: at most 1.3e-3 of the logit scale on these fixtures, but 1.2e-2 on the
+            // Qwen3.5-MoE one's first prompt, where transformers over the same f16-rounded weights
+            // moves as far (0.466 at scale 38.9: a top-2 routing near a tie).
+            let bound = if name == "tiny-qwen35moe-f32" { 1.5e-2 } else { 3e-3 };
+            assert!(err < bound * scale, "{name} prompt {s}: error {err} at logit scale {scale}");
             assert_eq!(tokens, p.greedy, "{name} prompt {s}: greedy tokens with f16 weights");
         }
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 8] = [
+pub const FIXTURES: [&str; 9] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -17,6 +17,7 @@ pub const FIXTURES: [&str; 8] = [
     "tiny-qwen3moe-f32",
     "tiny-qwen2moe-f32",
     "tiny-qwen35-f32",
+    "tiny-qwen35moe-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

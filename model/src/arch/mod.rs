@@ -9,6 +9,7 @@ mod qwen2;
 mod qwen2moe;
 mod qwen3;
 mod qwen35;
+mod qwen35moe;
 mod qwen3moe;
 
 /// A decoder-only family the shared decoder serves.
@@ -52,6 +53,9 @@ pub struct Experts {
     /// Whether a GGUF file's top-k weights are renormalised to sum to 1 (GGUF files do not
     /// say; llama.cpp decides by architecture).
     pub gguf_norm_topk_prob: bool,
+    /// The router always renormalises its top-k weights, whatever the config says (Qwen3.5-MoE,
+    /// whose configs have no `norm_topk_prob`).
+    pub norm_topk_always: bool,
 }
 
 /// Where q, k and v biases come from.
@@ -64,8 +68,15 @@ pub enum Bias {
 }
 
 /// Every family the decoder serves.
-pub const ARCHITECTURES: &[&Architecture] =
-    &[&qwen2::QWEN2, &qwen3::QWEN3, &llama::LLAMA, &qwen2moe::QWEN2_MOE, &qwen3moe::QWEN3_MOE, &qwen35::QWEN3_5];
+pub const ARCHITECTURES: &[&Architecture] = &[
+    &qwen2::QWEN2,
+    &qwen3::QWEN3,
+    &llama::LLAMA,
+    &qwen2moe::QWEN2_MOE,
+    &qwen3moe::QWEN3_MOE,
+    &qwen35::QWEN3_5,
+    &qwen35moe::QWEN3_5_MOE,
+];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
 /// they would need.
@@ -82,8 +93,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("qwen2_vl", "a vision encoder"),
     ("qwen2vl", "a vision encoder"),
     ("qwen3_next", "Qwen3-Next's fused projections and experts beside its linear attention layers"),
-    ("qwen3_5_moe", "experts beside Qwen3.5's linear attention layers"),
-    ("qwen35moe", "experts beside Qwen3.5's linear attention layers"),
 ];
 
 /// The family named `name` (a `config.json` `model_type`, the text model's own within a

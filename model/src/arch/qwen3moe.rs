@@ -16,6 +16,6 @@ pub const QWEN3_MOE: Architecture = Architecture {
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
-    experts: Some(Experts { shared_expert: false, gguf_norm_topk_prob: true }),
+    experts: Some(Experts { shared_expert: false, gguf_norm_topk_prob: true, norm_topk_always: false }),
     gated_delta_net: false,
 };
