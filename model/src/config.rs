@@ -83,12 +83,6 @@ impl LinearAttention {
         2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
     }
 
-    /// Rows of the stacked input projection: q, k, v (before the convolution), the output gate
-    /// z (one per value), then β and α (one per value head).
-    pub fn in_rows(&self) -> usize {
-        self.conv_dim() + self.value_heads * self.value_dim + 2 * self.value_heads
-    }
-
     /// The floats one sequence's state holds in each linear layer: the convolution's last
     /// `conv_kernel - 1` inputs and each value head's [key_dim, value_dim] memory.
     pub fn state_floats(&self) -> (usize, usize) {
@@ -127,7 +121,7 @@ pub struct ModelConfig {
     /// head's query rows in `q_proj` (Qwen3.5).
     pub attn_output_gate: bool,
     /// RMSNorm weights are stored less 1: the norm multiplies by 1 + weight (Qwen3.5's
-    /// checkpoints; llama.cpp's converter adds the 1).
+    /// checkpoints; llama.cpp's converter adds the 1, so a reader of its files leaves this false).
     pub zero_centred_norms: bool,
     /// Qwen3.5's linear-attention layers, where the family has them.
     pub linear: Option<LinearAttention>,
@@ -220,6 +214,7 @@ impl ModelConfig {
             Bias::Config { field, default } => f.opt_bool(field)?.unwrap_or(default),
         };
         let (rope_theta, rope_scaling, partial_rotary) = f.rope()?;
+        let moe = f.moe(arch)?;
         let rotary_dim = ((head_dim as f64 * partial_rotary).round() as usize) & !1;
         let config = Self {
             arch,
@@ -232,7 +227,7 @@ impl ModelConfig {
             o_bias: qkv_bias && arch.o_bias_with_qkv,
             qk_norm: arch.qk_norm,
             // A model whose every layer is a mixture of experts has no dense width (Qwen3.5-MoE).
-            intermediate_size: match (f.opt_usize("intermediate_size")?, f.moe(arch)?) {
+            intermediate_size: match (f.opt_usize("intermediate_size")?, &moe) {
                 (Some(n), _) => n,
                 (None, Some(m)) if m.dense_layers.is_empty() => 0,
                 (None, _) => {
@@ -249,7 +244,7 @@ impl ModelConfig {
             zero_centred_norms: arch.gated_delta_net,
             linear: f.linear(arch)?,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            moe: f.moe(arch)?,
+            moe,
             // transformers ≥ 5 writes `dtype`, earlier versions `torch_dtype`.
             torch_dtype: match f.get("torch_dtype") {
                 Some(_) => f.dtype("torch_dtype")?,
@@ -270,6 +265,12 @@ impl ModelConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// What a loaded RMSNorm weight gets added: 1 where the checkpoint stores it less 1
+    /// (`zero_centred_norms`), else 0.
+    pub fn norm_offset(&self) -> f32 {
+        if self.zero_centred_norms { 1.0 } else { 0.0 }
     }
 
     /// Whether layer `l` is a linear-attention layer (Qwen3.5's gated DeltaNet).
@@ -846,7 +847,7 @@ mod tests {
             );
             let a = c.linear.as_ref().unwrap();
             assert_eq!(a.layers, [true, true, true, false, true, true, true, false]);
-            assert_eq!((a.conv_dim(), a.in_rows(), a.state_floats()), (128, 128 + 64 + 8, (128 * 3, 4 * 16 * 16)));
+            assert_eq!((a.conv_dim(), a.state_floats()), (128, (128 * 3, 4 * 16 * 16)));
             assert_eq!((c.attention_layers(), c.is_linear_layer(3), c.is_linear_layer(4)), (2, false, true));
         }
         let c = ModelConfig::from_json_str(&format!(r#"{{"model_type":"qwen3_5","text_config":{{{text}}}}}"#)).unwrap();

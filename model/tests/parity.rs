@@ -313,3 +313,37 @@ fn a_linear_attention_state_is_copied_whole_and_never_in_part() {
     let generation = greedy(&mut ctx, 1, &p.ids, p.greedy.len(), &[]).unwrap();
     assert_eq!(generation.tokens, p.greedy);
 }
+
+/// Qwen3.5's weights replaced by their checkpoint names with the checkpoint's own values (q and k,
+/// which loading reorders, their norms, the linear attention's projections, convolution and
+/// norms) leave its outputs as transformers' (a replacement is reordered as loading was).
+#[test]
+fn qwen35_weights_replaced_with_their_own_values_keep_the_outputs() {
+    use llaisys_model::tensors::TensorSource;
+    let name = "tiny-qwen35-f32";
+    let checkpoint = llaisys_model::checkpoint::Checkpoint::open(&fixture_dir(name)).unwrap();
+    let mut ctx = context(name);
+    let replaced = [
+        "model.layers.3.self_attn.q_proj.weight",
+        "model.layers.3.self_attn.k_proj.weight",
+        "model.layers.3.self_attn.q_norm.weight",
+        "model.layers.3.self_attn.k_norm.weight",
+        "model.layers.3.input_layernorm.weight",
+        "model.layers.0.linear_attn.in_proj_qkv.weight",
+        "model.layers.0.linear_attn.in_proj_a.weight",
+        "model.layers.0.linear_attn.conv1d.weight",
+        "model.layers.0.linear_attn.A_log",
+        "model.layers.0.linear_attn.norm.weight",
+        "model.norm.weight",
+    ];
+    for tensor in replaced {
+        let data = checkpoint.data(tensor, burn::tensor::DType::F32).unwrap();
+        ctx.model_mut().replace_weight(tensor, data).unwrap_or_else(|e| panic!("{tensor}: {e}"));
+    }
+    let p = &Reference::load(name).prompts[0];
+    let generation = greedy(&mut ctx, 0, &p.ids, p.greedy.len(), &[]).unwrap();
+    assert_eq!(generation.tokens, p.greedy);
+    ctx.decode(&llaisys_model::generate::one_sequence(&p.ids, 1, 0)).unwrap();
+    let last = max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits);
+    assert!(last < TOL, "last-row error {last}");
+}

@@ -241,6 +241,12 @@ impl Decoder {
         }
         let (Some(l), true) = (layer, weights::MOE_SLOTS.iter().any(|(s, _, _)| *s == slot)) else {
             weights::check_one(c, slot, layer, data.shape().as_slice())?;
+            // Rows the loaded model keeps in another order (Qwen3.5's q and k), as loading put them.
+            let hf = weights::name_of(slot, layer, Naming::Hf);
+            let data = match weights::row_orders(c).into_iter().find(|(n, _)| *n == hf) {
+                Some((_, order)) => weights::reorder_rows(name, data, &order)?,
+                None => data,
+            };
             self.weights.replace(c, slot, layer, data, &self.device);
             return Ok(());
         };

@@ -218,6 +218,7 @@ impl Slot {
             Slot::LinOut => vec![h, values],
             // With an output gate, each head's gate rows follow its query rows.
             Slot::AttnQ if c.attn_output_gate => vec![2 * q, h],
+            Slot::AttnQBias if c.attn_output_gate => vec![2 * q],
             Slot::InEmbed | Slot::OutEmbed => vec![v, h],
             Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnOBias => vec![h],
             Slot::AttnQBias => vec![q],
@@ -454,13 +455,13 @@ pub fn row_orders(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 }
 
 /// `data`'s rows (its first dimension) in `order` (new row → old row).
-pub fn reorder_rows(data: TensorData, order: &[usize]) -> Result<TensorData, LoadError> {
+pub fn reorder_rows(name: &str, data: TensorData, order: &[usize]) -> Result<TensorData, LoadError> {
     let shape = data.shape().as_slice().to_vec();
     let dtype = data.dtype();
     let values = data
         .convert::<f32>()
         .try_into_vec::<f32>()
-        .map_err(|e| LoadError::Tensor { name: String::new(), reason: format!("reading values: {e:?}") })?;
+        .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?;
     let width = values.len() / shape[0].max(1);
     let rows: Vec<f32> = order.iter().flat_map(|&r| values[r * width..(r + 1) * width].iter().copied()).collect();
     Ok(crate::tensors::convert(rows, shape, dtype))
@@ -488,10 +489,7 @@ impl TensorSource for Reordered {
     fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError> {
         let data = self.inner.data(name, dtype)?;
         match self.orders.iter().find(|(n, _)| n == name) {
-            Some((_, order)) => reorder_rows(data, order).map_err(|e| match e {
-                LoadError::Tensor { reason, .. } => LoadError::Tensor { name: name.into(), reason },
-                other => other,
-            }),
+            Some((_, order)) => reorder_rows(name, data, order),
             None => Ok(data),
         }
     }
@@ -522,7 +520,8 @@ pub struct LayerWeights {
     pub mlp_norm: RmsNorm,
     pub ffn: Ffn,
     /// A linear-attention layer's token mixer (Qwen3.5): then `qkv` is its stacked input
-    /// projection (`LinearAttention::in_rows`), `o` its output projection, and `qk_norm` none.
+    /// projection (q, k, v | z | β | α: `stacked_rows`), `o` its output projection, and
+    /// `qk_norm` none.
     pub delta: Option<Box<DeltaNet>>,
 }
 
@@ -638,10 +637,8 @@ impl Weights {
         };
         let mat = |slot: Slot, l: Option<usize>| named(&name_of(slot, l, naming), slot, l, importance(slot, l));
         let vec = |slot: Slot, l: Option<usize>| load_f32::<1>(src, &name_of(slot, l, naming), device);
-        // Zero-centred norms (Qwen3.5's checkpoints) multiply by 1 + weight; a GGUF file has the 1.
-        let centre = if c.zero_centred_norms && naming == Naming::Hf { 1.0 } else { 0.0 };
         let norm = |slot: Slot, l: Option<usize>| -> Result<RmsNorm, LoadError> {
-            Ok(RmsNorm { weight: vec(slot, l)?.add_scalar(centre), eps })
+            Ok(RmsNorm { weight: vec(slot, l)?.add_scalar(c.norm_offset()), eps })
         };
         // A small tensor's values on the host (the linear attention's).
         let host = |slot: Slot, l: Option<usize>| -> Result<Vec<f32>, LoadError> {
@@ -830,7 +827,7 @@ impl Weights {
         let Some(l) = layer else {
             match slot {
                 Slot::InEmbed => self.embed = linear::like(&self.embed, data, device),
-                Slot::OutNorm => self.norm.weight = vec().add_scalar(if c.zero_centred_norms { 1.0 } else { 0.0 }),
+                Slot::OutNorm => self.norm.weight = vec().add_scalar(c.norm_offset()),
                 _ => {
                     let like = self.lm_head.as_ref().unwrap_or(&self.embed);
                     self.lm_head = Some(linear::like(like, data, device));
@@ -867,7 +864,7 @@ impl Weights {
                 _ => {}
             }
         }
-        let centre = if c.zero_centred_norms { 1.0 } else { 0.0 };
+        let centre = c.norm_offset();
         match slot {
             Slot::LinOut => w.o.weight = linear::like(&w.o.weight, data, device),
             Slot::AttnNorm => w.attn_norm.weight = vec().add_scalar(centre),

@@ -56,10 +56,6 @@ impl Recurrent {
         Self { layout, states: BTreeMap::new() }
     }
 
-    pub fn layout(&self) -> RecurrentLayout {
-        self.layout
-    }
-
     /// Bytes the states of the sequences now held take.
     pub fn size_bytes(&self) -> usize {
         self.states.len() * self.layout.layers * (self.layout.conv + self.layout.memory) * 4

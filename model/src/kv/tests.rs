@@ -177,7 +177,7 @@ fn dump_lists_cells_with_owners_and_positions() {
 /// a position is refused and makes no state; a row in two sequences is refused.
 #[test]
 fn recurrent_rows_continue_their_state() {
-    use super::{Recurrent, RecurrentLayout, SeqSet};
+    use super::{Recurrent, RecurrentLayout};
     let mut r = Recurrent::new(RecurrentLayout { layers: 2, conv: 3, memory: 4 });
     let one = |s| SeqSet::single(s);
     assert!(r.rows(&[one(0), one(0)], &[1, 2]).is_err(), "a new sequence starts at 0");
