@@ -122,8 +122,9 @@ pub enum KvError {
     EmptyRange,
     #[error("internal KV cache error")]
     Internal,
-    /// Part of a linear-attention layer's state: it holds a sequence's tokens all together.
-    #[error("a linear-attention state cannot be cut back, copied in part or shifted")]
+    /// Part of a linear-attention layer's state: it holds a sequence's tokens all together, and
+    /// goes back only to a checkpoint.
+    #[error("a linear-attention state cannot be cut back or copied in part except to a checkpoint, nor shifted")]
     PartialState,
 }
 

@@ -21,8 +21,8 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
     /// How its embeddings pool the final hidden states (the model's files say; else `Last`).
     pub pooling: Pooling,
-    /// Linear-attention layers keep a state per sequence (Qwen3.5) that cannot be cut back to an
-    /// earlier position: a sequence reuses another's cache only whole, and never speculates.
+    /// Linear-attention layers keep a state per sequence (Qwen3.5) that goes back only to a
+    /// checkpoint: a sequence reuses another's cache whole or up to one, and never speculates.
     pub recurrent: bool,
 }
 

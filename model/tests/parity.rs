@@ -285,29 +285,54 @@ fn gpu_demo_model_in_f32_agrees_with_the_cpu() {
 
 /// Qwen3.5's linear-attention state moves with its sequence: copied whole to another sequence it
 /// continues there as transformers does; a copy of part of it, or cutting it back, is refused and
-/// changes nothing (the sequence still continues as transformers does).
+/// changes nothing (the sequence still continues as transformers does) unless it ends at a
+/// checkpoint (kept now, or on the way through a pass when asked ahead): then the copy, and the
+/// sequence cut back to it, continue as transformers does.
 #[test]
-fn a_linear_attention_state_is_copied_whole_and_never_in_part() {
+fn a_linear_attention_state_is_copied_whole_or_to_a_checkpoint() {
     let name = "tiny-qwen35-f32";
     let reference = Reference::load(name);
     let p = &reference.prompts[0];
     let mut ctx = context(name);
+    let len = p.ids.len() as i64;
+    // Asked ahead: kept part way through the prompt's pass, a token short of its end.
+    ctx.kv_mut().seq_checkpoint(0, len - 1);
     let mut batch = Batch::new();
     for (i, &t) in p.ids.iter().enumerate() {
         batch.push(t, i as i64, &[0], i + 1 == p.ids.len());
     }
     ctx.decode(&batch).unwrap();
     let first = llaisys_model::argmax(ctx.outputs().row(0).unwrap()).unwrap();
-    let len = p.ids.len() as i64;
     let partial = Err(llaisys_model::KvError::PartialState);
-    assert_eq!(ctx.kv_mut().seq_cp(0, 2, 0..len - 1), partial);
+    assert_eq!(ctx.kv_mut().seq_cp(0, 2, 0..len - 2), partial);
     assert_eq!(ctx.kv_mut().seq_rm(0, 3..), partial);
     assert_eq!(ctx.kv_mut().seq_add(0, 1.., -1), partial);
     assert_eq!(ctx.kv().seq_pos_max(2), None, "nothing was copied");
+    // From the checkpoint a token short, the prompt's last token gives transformers' logits.
+    ctx.kv_mut().seq_cp(0, 2, 0..len - 1).unwrap();
+    let mut last = Batch::new();
+    last.push(p.ids[p.ids.len() - 1], len - 1, &[2], true);
+    ctx.decode(&last).unwrap();
+    let diff = max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits);
+    assert!(diff < 1e-3, "from the checkpoint: {diff} from transformers' last logits");
+    ctx.kv_mut().seq_rm(2, ..).unwrap();
+    // Kept now: the prompt's end.
+    let held = ctx.kv().size_bytes();
+    ctx.kv_mut().seq_checkpoint(0, len);
+    assert!(ctx.kv().size_bytes() > held, "a checkpoint is counted in the cache's size");
     ctx.kv_mut().seq_cp(0, 1, 0..len).unwrap();
     let tokens = decode_together(&mut ctx, &[0, 1], &[p, p], vec![first, first], p.greedy.len());
     assert_eq!(tokens[0], p.greedy, "the original");
     assert_eq!(tokens[1], p.greedy, "the copy");
+    // Both went on past the checkpoint: the prompt's part of either is still to be had from it.
+    assert_eq!(ctx.kv_mut().seq_cp(1, 3, 0..len - 2), partial, "only at a checkpoint");
+    assert_eq!(ctx.kv_mut().seq_rm(1, len + 1..), partial, "only from a checkpoint");
+    ctx.kv_mut().seq_cp(1, 3, 0..len).unwrap();
+    ctx.kv_mut().seq_rm(0, len..).unwrap();
+    assert_eq!(ctx.kv().seq_pos_max(0), Some(len - 1));
+    let tokens = decode_together(&mut ctx, &[0, 3], &[p, p], vec![first, first], p.greedy.len());
+    assert_eq!(tokens[0], p.greedy, "cut back to its checkpoint");
+    assert_eq!(tokens[1], p.greedy, "copied from a copy's inherited checkpoint");
     // A sequence removed whole starts again from nothing.
     ctx.kv_mut().seq_rm(1, ..).unwrap();
     let generation = greedy(&mut ctx, 1, &p.ids, p.greedy.len(), &[]).unwrap();

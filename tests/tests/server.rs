@@ -480,9 +480,10 @@ async fn qwen3_and_llama_serve_like_transformers_batched_cached_and_speculative(
                 assert_eq!(r["choices"][0]["text"], want, "{name} round {round}: {:?}", p.text);
             }
         }
-        // Qwen3.5's linear-attention state is reused only whole: the same prompts again are not.
+        // The second round reused the first's cells (Qwen3.5's states from the checkpoints kept
+        // a token short of each prompt's end) and still continued as transformers.
         let hits = metric(&s, "llaisys_prefix_cache_hits_total").await;
-        assert_eq!(hits > 0.0, !fixture.contains("qwen35"), "{name}: the second round reused cells ({hits})");
+        assert!(hits > 0.0, "{name}: the second round reused no cells");
         let body = json!({"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 30,
                           "temperature": 0});
         let (status, r) = post(&s, "/v1/chat/completions", body).await;
@@ -498,7 +499,7 @@ async fn qwen3_and_llama_serve_like_transformers_batched_cached_and_speculative(
             "{name}: one BOS, from the template"
         );
         if r["choices"][0]["finish_reason"] == "stop" {
-            assert!(!r["choices"][0]["message"]["content"].as_str().unwrap().contains(end), "{r}");
+            assert!(!r["choices"][0]["message"]["content"].as_str().unwrap_or_default().contains(end), "{r}");
         }
         s.shutdown().await;
     }

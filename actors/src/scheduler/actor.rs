@@ -91,7 +91,7 @@ pub struct SchedulerState {
     in_flight: Option<Vec<RequestId>>,
     /// KV cells in use after the worker's last step (the worker reports it with each step).
     kv_cells_used: usize,
-    /// The worker's KV cache: its dtype and bytes.
+    /// The worker's KV cache: its dtype and bytes (as of the last step).
     kv_memory: (KvDtype, usize),
     /// `Engine::stats` callers that asked while a step was in flight.
     stats_waiting: Vec<RpcReplyPort<EngineStats>>,
@@ -193,9 +193,10 @@ impl Actor for SchedulerActor {
                 let result = state.submit(&me, *choice, events).await;
                 let _ = reply.send(result);
             }
-            ToScheduler::StepDone { plan, result, elapsed, kv_used } => {
+            ToScheduler::StepDone { plan, result, elapsed, kv_used, kv_bytes } => {
                 state.in_flight = None;
                 state.kv_cells_used = kv_used;
+                state.kv_memory.1 = kv_bytes;
                 let finished = match result {
                     Ok(outputs) => {
                         let outcomes = outcomes(&outputs);

@@ -28,8 +28,15 @@ pub enum ToScheduler {
     /// Replies with its id, or why it was refused (shutting down, no worker).
     Submit(Submission),
     /// Sent by the worker when a step ran; carries what each plan item produced, how long the
-    /// step took and the KV cells in use after it (what `Engine::stats` reports).
-    StepDone { plan: StepPlan, result: Result<Vec<ItemOutput>, DecodeError>, elapsed: Duration, kv_used: usize },
+    /// step took, and the KV cells in use and the cache's bytes after it (what `Engine::stats`
+    /// reports; the bytes move with a model's linear-attention states).
+    StepDone {
+        plan: StepPlan,
+        result: Result<Vec<ItemOutput>, DecodeError>,
+        elapsed: Duration,
+        kv_used: usize,
+        kv_bytes: usize,
+    },
     /// Sent by a request actor (a stop string matched, or its client went away) and by
     /// `Engine::cancel`: end the request at the next step. Replies whether it was known.
     Finish { id: RequestId, reason: FinishReason, reply: Option<RpcReplyPort<bool>> },

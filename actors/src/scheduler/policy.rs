@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use llaisys_model::kv::MAX_SEQ;
+use llaisys_model::kv::{MAX_SEQ, push_checkpoint};
 use llaisys_model::{Pos, SeqId};
 
 use super::cost::StepCost;
@@ -44,6 +44,10 @@ pub struct PlanItem {
     /// Most proposed tokens the worker may add after `tokens` (cells and budget are reserved
     /// for them); 0 for an item that does not speculate.
     pub max_drafts: usize,
+    /// Keep a copy of the sequence's linear-attention state once it holds this many tokens (a
+    /// model that has one; the item's tokens reach a token short of the prompt's end): the same
+    /// prompt again, or a later one that extends it, goes on from there.
+    pub checkpoint: Option<usize>,
 }
 
 /// What a plan item produced, as the scheduler needs it.
@@ -106,6 +110,9 @@ struct CachedPrefix {
     last_used: u64,
     /// The session that pins it.
     session: Option<String>,
+    /// Lengths at which a model with linear attention kept a copy of its state: it can be
+    /// reused up to one of them, or whole.
+    checkpoints: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -172,8 +179,9 @@ impl Scheduler {
     }
 
     /// For a model whose linear-attention layers keep a state per sequence (`ModelInfo::recurrent`):
-    /// a cached sequence is reused only whole (its state cannot be cut back to a shorter
-    /// prefix), and nothing speculates (rejected proposals could not be taken back out of it).
+    /// a cached sequence is reused whole or up to a checkpoint (its state cannot be cut back to
+    /// any other prefix; one is kept a token short of each prompt's end, `PlanItem::checkpoint`), and
+    /// nothing speculates (rejected proposals could not be taken back out of it).
     pub fn with_recurrent(mut self, recurrent: bool) -> Self {
         self.recurrent = recurrent;
         self
@@ -269,7 +277,7 @@ impl Scheduler {
                 i += 1; // a prompt waiting for prefill budget
                 continue;
             }
-            while self.kv_free() < need && self.evict_lru(None, &mut plan) {}
+            while self.kv_free() < need && self.evict_lru(None, &mut plan.free) {}
             while self.kv_free() < need && i < self.running.len() {
                 let victim = self.running.len() - 1; // the newest; possibly `i` itself
                 self.preempt(victim, &mut plan);
@@ -291,11 +299,11 @@ impl Scheduler {
             let Some(front) = self.waiting.front() else { break };
             let len = front.tokens.len();
             let mut hit = self.longest_prefix(&front.tokens, front.session.as_deref());
-            while !self.fits(len, hit, budget_here) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan) {}
+            while !self.fits(len, hit, budget_here) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan.free) {}
             if !self.fits(len, hit, budget_here) && hit.is_some() {
                 // Even alone with its prefix it does not fit: compute it all instead.
                 hit = None;
-                while !self.fits(len, None, budget_here) && self.evict_lru(None, &mut plan) {}
+                while !self.fits(len, None, budget_here) && self.evict_lru(None, &mut plan.free) {}
             }
             if !self.fits(len, hit, budget_here) {
                 break;
@@ -315,6 +323,8 @@ impl Scheduler {
                 s.computed = len;
                 if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src) {
                     c.last_used = self.clock;
+                    // The copy takes the checkpoints up to where it ends (`KvCache::seq_cp`).
+                    s.checkpoints = c.checkpoints.iter().copied().filter(|&p| p <= len).collect();
                 }
             }
             // The state machine allows waiting/preempted → running; anything else is a bug.
@@ -378,6 +388,7 @@ impl Scheduler {
         let s = &mut self.running[i];
         s.scheduled = n;
         let start = s.computed;
+        let keep = s.prompt_len - 1;
         plan.items.push(PlanItem {
             id: s.id,
             seq: s.seq.expect("running sequences hold a seq id"),
@@ -385,6 +396,7 @@ impl Scheduler {
             tokens: s.tokens[start..start + n].to_vec(),
             sample: start + n == s.tokens.len(),
             max_drafts: 0,
+            checkpoint: (self.recurrent && keep > start && keep <= start + n).then_some(keep),
         });
     }
 
@@ -397,31 +409,37 @@ impl Scheduler {
     }
 
     /// The cached prefix sharing the most leading tokens with `tokens`, leaving at least one
-    /// token to compute (its logits give the next token): `(seq, shared length)`. Without
-    /// prefix caching only the request's own session's prefix is looked at.
+    /// token to compute (its logits give the next token): `(seq, shared length)`; for a model
+    /// with linear attention, up to the last of its checkpoints within them, or all of it.
+    /// Without prefix caching only the request's own session's prefix is looked at.
     fn longest_prefix(&self, tokens: &[u32], session: Option<&str>) -> Option<(SeqId, usize)> {
         self.cached
             .iter()
             .filter(|c| self.config.prefix_caching || (session.is_some() && c.session.as_deref() == session))
             .map(|c| {
                 let common = c.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
-                (c.seq, common, common == c.tokens.len())
+                let usable = if self.recurrent {
+                    let points = c.checkpoints.iter().copied().chain([c.tokens.len()]);
+                    points.filter(|&p| p <= common).max().unwrap_or(0)
+                } else {
+                    common
+                };
+                (c.seq, usable)
             })
-            .filter(|&(_, len, whole)| len > 0 && (whole || !self.recurrent))
-            .map(|(seq, len, _)| (seq, len))
+            .filter(|&(_, len)| len > 0)
             .max_by_key(|(_, len)| *len)
     }
 
-    /// Evicts the least recently used cached prefix other than `keep`, unpinned ones first;
-    /// false when none is left.
-    fn evict_lru(&mut self, keep: Option<SeqId>, plan: &mut StepPlan) -> bool {
+    /// Evicts the least recently used cached prefix other than `keep` (its cells freed in the
+    /// step whose free list is `free`), unpinned ones first; false when none is left.
+    fn evict_lru(&mut self, keep: Option<SeqId>, free: &mut Vec<SeqId>) -> bool {
         let Some(i) = (0..self.cached.len())
             .filter(|&i| Some(self.cached[i].seq) != keep)
             .min_by_key(|&i| (self.cached[i].session.is_some(), self.cached[i].last_used))
         else {
             return false;
         };
-        self.drop_cached(i, &mut plan.free);
+        self.drop_cached(i, free);
         true
     }
 
@@ -455,7 +473,7 @@ impl Scheduler {
     /// Keeps a finished sequence's cells as a cached prefix. Prefixes it extends are dropped
     /// (their cells are shared with it), except those pinned by another session; the session's
     /// previous pin, if not extended, stays cached unpinned.
-    fn cache(&mut self, seq: SeqId, tokens: Vec<u32>, session: Option<String>) {
+    fn cache(&mut self, seq: SeqId, tokens: Vec<u32>, session: Option<String>, checkpoints: Vec<usize>) {
         let mut i = 0;
         while i < self.cached.len() {
             let c = &mut self.cached[i];
@@ -472,7 +490,15 @@ impl Scheduler {
             }
             i += 1;
         }
-        self.cached.push(CachedPrefix { seq, tokens, last_used: self.clock, session });
+        self.cached.push(CachedPrefix { seq, tokens, last_used: self.clock, session, checkpoints });
+        // A model with linear attention holds each cached sequence's state (and checkpoints) in
+        // host memory besides its cells: their number is bounded on its own.
+        if self.recurrent {
+            let mut free = std::mem::take(&mut self.to_free);
+            let keep = (self.config.cached_states > 0).then_some(seq);
+            while self.cached.len() > self.config.cached_states && self.evict_lru(keep, &mut free) {}
+            self.to_free = free;
+        }
     }
 
     /// Frees a running sequence's cells and puts it back at the head of the queue.
@@ -481,6 +507,7 @@ impl Scheduler {
         let seq = s.seq.take().expect("running sequences hold a seq id");
         plan.items.retain(|it| it.id != s.id);
         (s.computed, s.scheduled) = (0, 0);
+        s.checkpoints.clear();
         s.state.transition(s.id, RequestState::Preempted).expect("running → preempted is allowed");
         plan.free.push(seq);
         self.free_seqs.push(seq);
@@ -495,6 +522,7 @@ impl Scheduler {
         running.sort_by_key(|s| std::cmp::Reverse(s.arrival));
         for mut s in running {
             (s.seq, s.computed, s.scheduled) = (None, 0, 0);
+            s.checkpoints.clear();
             s.state.transition(s.id, RequestState::Preempted).expect("running → preempted is allowed");
             self.waiting.push_front(s);
         }
@@ -524,6 +552,9 @@ impl Scheduler {
             let accepted = outcome.tokens.len().saturating_sub(1);
             s.computed += item.tokens.len() + accepted;
             s.scheduled = 0;
+            if let Some(len) = item.checkpoint {
+                push_checkpoint(&mut s.checkpoints, len, |p| *p);
+            }
             s.tokens.extend(&outcome.tokens);
             if let Some(acceptance) = &mut s.speculation
                 && item.max_drafts > 0
@@ -594,7 +625,8 @@ impl Scheduler {
             // Its cells stay, now as a cached prefix.
             Some(seq) if keep => {
                 let tokens = s.tokens[..s.computed].to_vec();
-                self.cache(seq, tokens, s.session.take());
+                let checkpoints = std::mem::take(&mut s.checkpoints);
+                self.cache(seq, tokens, s.session.take(), checkpoints);
             }
             Some(seq) => {
                 self.to_free.push(seq);

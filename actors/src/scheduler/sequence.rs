@@ -34,6 +34,9 @@ pub struct Sequence {
     pub(super) arrival: u64,
     /// Prompt tokens found in the prefix cache when it was (last) admitted.
     pub(super) cached_tokens: usize,
+    /// Lengths at which the model keeps a copy of its linear-attention state
+    /// (`PlanItem::checkpoint`, under `push_checkpoint`'s rule, as the KV cache does).
+    pub(super) checkpoints: Vec<usize>,
     pub(super) queued_at: Instant,
     /// Time from arrival to first admission.
     pub(super) queue_time: Option<Duration>,
@@ -57,6 +60,7 @@ impl Sequence {
             scheduled: 0,
             arrival: 0,
             cached_tokens: 0,
+            checkpoints: Vec::new(),
             queued_at: Instant::now(),
             queue_time: None,
         }

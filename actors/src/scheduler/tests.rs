@@ -107,7 +107,15 @@ fn the_prefill_of_a_decoding_step_follows_the_learnt_step_cost() {
     assert_eq!((tokens_of(&plan, 0), tokens_of(&plan, 1)), (1, 40), "no cost learnt yet: the static budget");
     let mut s = scheduler(EngineConfig { prefill_step_factor: 2.0, ..config(64, 8, 1000) });
     for tokens in [43, 17, 64] {
-        let item = PlanItem { id: 99, seq: 0, start_pos: 0, tokens: vec![0; tokens], sample: false, max_drafts: 0 };
+        let item = PlanItem {
+            id: 99,
+            seq: 0,
+            start_pos: 0,
+            tokens: vec![0; tokens],
+            sample: false,
+            max_drafts: 0,
+            checkpoint: None,
+        };
         s.record_step(
             &StepPlan { items: vec![item], ..StepPlan::default() },
             &[],
@@ -488,7 +496,15 @@ fn waiting_prompts_turn_proposals_off_until_they_are_prefilled() {
 fn record(s: &mut Scheduler, rows: &[usize], ms: f64) {
     let items = rows
         .iter()
-        .map(|&n| PlanItem { id: 99, seq: 0, start_pos: 0, tokens: vec![0; n], sample: n == 1, max_drafts: 0 })
+        .map(|&n| PlanItem {
+            id: 99,
+            seq: 0,
+            start_pos: 0,
+            tokens: vec![0; n],
+            sample: n == 1,
+            max_drafts: 0,
+            checkpoint: None,
+        })
         .collect();
     s.record_step(&StepPlan { items, ..StepPlan::default() }, &[], Duration::from_secs_f64(ms / 1e3));
 }
@@ -593,28 +609,66 @@ fn sequences_that_do_not_speculate_get_no_proposals() {
     assert_eq!(s.schedule().unwrap().items[0].max_drafts, 0, "speculation is off for the engine");
 }
 
-/// A model with linear attention (`with_recurrent`) reuses a cached sequence only whole: a
-/// prompt sharing part of one computes everything, a prompt extending all of one copies it; and
-/// its sequences never propose tokens.
+/// A model with linear attention (`with_recurrent`) reuses a cached sequence whole or up to a
+/// checkpoint, kept a token short of each prompt's end (and taken by a copy up to where it
+/// ends): a prompt sharing less than that computes everything, one extending all of a sequence
+/// copies it, one sharing a prompt copies up to a token short of that prompt's end, as does the
+/// same prompt again; and its sequences never propose tokens.
 #[test]
-fn a_recurrent_model_reuses_only_whole_sequences_and_never_speculates() {
+fn a_recurrent_model_reuses_whole_sequences_or_up_to_checkpoints_and_never_speculates() {
     let mut s = scheduler(EngineConfig { prefix_caching: true, ..config(64, 8, 100) }).with_recurrent(true);
     s.add(with_prompt(0, &[1, 2, 3, 4, 5, 6], 2));
-    run_all(&mut s);
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.items[0].checkpoint, Some(5), "kept a token short of the prompt's end");
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.items[0].checkpoint, None, "decoding keeps none");
     // The first request's computed tokens: its prompt and the first output token (7).
     s.add(with_prompt(1, &[1, 2, 3, 4, 50, 60], 2));
     let (plan, _) = step(&mut s);
-    assert!(plan.copies.is_empty(), "a part of a state is not reused: {plan:?}");
+    assert!(plan.copies.is_empty(), "a part of a state short of a checkpoint is not reused: {plan:?}");
     assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.len()), (0, 6));
     run_all(&mut s);
     s.add(with_prompt(2, &[1, 2, 3, 4, 5, 6, 7, 8], 2));
     let (plan, _) = step(&mut s);
     assert_eq!(plan.copies.first().map(|c| c.len), Some(7), "the whole sequence continues: {plan:?}");
     assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.clone()), (7, vec![8]));
+    assert_eq!(plan.items[0].checkpoint, None, "the copy holds 7 already");
+    run_all(&mut s);
+    // Request 2's sequence replaced request 0's (it extends it) and kept its checkpoint at 5.
+    s.add(with_prompt(3, &[1, 2, 3, 4, 5, 6, 99, 100], 2));
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.copies.first().map(|c| c.len), Some(5), "up to the first prompt's checkpoint: {plan:?}");
+    assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.clone()), (5, vec![6, 99, 100]));
+    assert_eq!(plan.items[0].checkpoint, Some(7), "asked for part way through the item");
+    run_all(&mut s);
+    s.add(with_prompt(4, &[1, 2, 3, 4, 5, 6, 99, 100], 2));
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.copies.first().map(|c| c.len), Some(7), "the same prompt again: {plan:?}");
+    assert_eq!(s.prefix_hits, 7 + 5 + 7);
 
     let mut s = scheduler(config(64, 4, 100)).with_recurrent(true);
     s.add(seq(1, 10, 50).speculating(true));
     step(&mut s);
     let plan = s.schedule().unwrap();
     assert_eq!(plan.items[0].max_drafts, 0, "nothing speculates");
+}
+
+/// A model with linear attention keeps at most `cached_states` finished sequences (each holds a
+/// state in host memory), the least recently used going first; a model without keeps them all.
+#[test]
+fn a_recurrent_model_caches_at_most_its_states_bound() {
+    for recurrent in [true, false] {
+        let config = EngineConfig { prefix_caching: true, cached_states: 2, ..config(64, 8, 100) };
+        let mut s = scheduler(config).with_recurrent(recurrent);
+        for id in 0..3 {
+            s.add(with_prompt(id, &[10 * id as u32 + 1, 2, 3], 1));
+            run_all(&mut s);
+        }
+        let want = if recurrent { 2 } else { 3 };
+        assert_eq!(s.kv_cached(), want * 3, "recurrent {recurrent}");
+        // The oldest went: its prompt again is computed whole.
+        s.add(with_prompt(9, &[1, 2, 3, 4], 1));
+        let (plan, _) = step(&mut s);
+        assert_eq!(plan.copies.is_empty(), recurrent, "recurrent {recurrent}: {plan:?}");
+    }
 }

@@ -90,11 +90,11 @@ impl Actor for WorkerActor {
                 if let Err(DecodeError::Internal(e)) = result {
                     return Err(format!("forward pass failed: {e}").into());
                 }
-                let kv_used = executor.context().kv().used();
+                let (kv_used, kv_bytes) = (executor.context().kv().used(), executor.context().kv().size_bytes());
                 state.executor = Some(executor);
                 state
                     .scheduler
-                    .send_message(ToScheduler::StepDone { plan, result, elapsed, kv_used })
+                    .send_message(ToScheduler::StepDone { plan, result, elapsed, kv_used, kv_bytes })
                     .map_err(|_| "scheduler stopped")?;
             }
         }

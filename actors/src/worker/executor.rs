@@ -136,6 +136,11 @@ impl Executor {
                 .seq_cp(copy.src, copy.dst, 0..copy.len as i64)
                 .map_err(internal(format!("reusing the prefix of sequence {}", copy.src)))?;
         }
+        for item in &plan.items {
+            if let Some(len) = item.checkpoint {
+                self.ctx.kv_mut().seq_checkpoint(item.seq, len as i64);
+            }
+        }
         if plan.items.is_empty() {
             return Ok(Vec::new());
         }

@@ -176,10 +176,12 @@ impl KvCache {
     pub fn used(&self) -> usize {
         self.cells.used()
     }
-    /// Bytes held by the key and value tensors.
+    /// Bytes held by the key and value tensors, and by the linear-attention states of the
+    /// sequences now held (with their checkpoints).
     pub fn size_bytes(&self) -> usize {
         let row = self.dtype.width(self.layout.head_dim) * self.dtype.dtype().size();
-        2 * self.layout.layers * self.layout.kv_heads * self.capacity() * row
+        let states = self.recurrent.as_ref().map_or(0, Recurrent::size_bytes);
+        2 * self.layout.layers * self.layout.kv_heads * self.capacity() * row + states
     }
 
     /// The linear-attention layers' states, for a model that has them.
@@ -191,23 +193,29 @@ impl KvCache {
     // a model with linear attention refuses (then nothing changes).
     pub fn seq_rm(&mut self, seq: SeqId, range: impl Into<PosRange>) -> Result<(), KvError> {
         let range = range.into();
-        let drop_state = self.recurrent.as_ref().map(|r| r.check_rm(seq, range)).transpose()?;
+        let cut = self.recurrent.as_ref().map(|r| r.check_rm(seq, range)).transpose()?;
         self.cells.seq_rm(seq, range)?;
-        if let (Some(true), Some(r)) = (drop_state, &mut self.recurrent) {
-            r.remove(seq);
+        if let (Some(cut), Some(r)) = (cut, &mut self.recurrent) {
+            r.cut(seq, cut);
         }
         Ok(())
     }
     pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, range: impl Into<PosRange>) -> Result<(), KvError> {
         let range = range.into();
-        if let Some(r) = &self.recurrent {
-            r.check_cp(src, range)?;
-        }
+        let state = self.recurrent.as_ref().map(|r| r.check_cp(src, range)).transpose()?.flatten();
         self.cells.seq_cp(src, dst, range)?;
-        if let Some(r) = &mut self.recurrent {
-            r.copy(src, dst);
+        if let (Some(len), Some(r)) = (state, &mut self.recurrent) {
+            r.copy(src, dst, len);
         }
         Ok(())
+    }
+    /// Keeps a copy of `seq`'s linear-attention state once it holds `len` tokens (now, or in
+    /// the pass that gets it there), for `seq_rm` and `seq_cp` to go back to
+    /// (`Recurrent::checkpoint`); nothing for a model without one.
+    pub fn seq_checkpoint(&mut self, seq: SeqId, len: Pos) {
+        if let Some(r) = &mut self.recurrent {
+            r.checkpoint(seq, len);
+        }
     }
     pub fn seq_keep(&mut self, seq: SeqId) -> Result<(), KvError> {
         self.cells.seq_keep(seq)?;

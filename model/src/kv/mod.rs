@@ -8,4 +8,6 @@ mod tests;
 
 pub use cache::{KvCache, KvDtype, KvLayout};
 pub use cells::{KvCells, MAX_SEQ, Placement, Pos, PosRange, SeqId, SeqSet};
-pub use recurrent::{LayerState, Recurrent, RecurrentLayout, RowGroups};
+pub use recurrent::{
+    Keep, LayerState, MAX_CHECKPOINTS, Recurrent, RecurrentLayout, RowGroups, StateCut, push_checkpoint,
+};

@@ -190,9 +190,60 @@ fn recurrent_rows_continue_their_state() {
     let mut both = one(0);
     both.insert(1);
     assert!(r.rows(&[both], &[2]).is_err());
-    assert_eq!(r.check_rm(0, (2..).into()), Ok(false), "nothing of it there");
+    use super::StateCut;
+    assert_eq!(r.check_rm(0, (2..).into()), Ok(StateCut::Keep), "nothing of it there");
     assert_eq!(r.check_rm(0, (1..).into()), Err(KvError::PartialState));
-    assert_eq!(r.check_rm(0, (..).into()), Ok(true));
+    assert_eq!(r.check_rm(0, (..).into()), Ok(StateCut::Drop));
     assert_eq!(r.check_cp(0, (0..1).into()), Err(KvError::PartialState));
-    assert_eq!(r.check_cp(0, (0..2).into()), Ok(()));
+    assert_eq!(r.check_cp(0, (0..2).into()), Ok(Some(2)));
+    assert_eq!(r.check_cp(5, (0..1).into()), Ok(None), "no state to copy");
+}
+
+/// Checkpoints: a sequence keeps its latest `MAX_CHECKPOINTS`, goes back only to one of them,
+/// and a copy takes those up to where it ends.
+#[test]
+fn recurrent_checkpoints_are_the_points_to_go_back_to() {
+    use super::{MAX_CHECKPOINTS, Recurrent, RecurrentLayout, StateCut};
+    let mut r = Recurrent::new(RecurrentLayout { layers: 1, conv: 1, memory: 1 });
+    let one = SeqSet::single(0);
+    let take = |r: &mut Recurrent, pos: Pos| {
+        let groups = r.rows(&[one], &[pos]).unwrap();
+        r.advance(&groups);
+        r.checkpoint(0, pos + 1);
+    };
+    for pos in 0..MAX_CHECKPOINTS as Pos + 2 {
+        take(&mut r, pos);
+    }
+    // After 6 tokens: checkpoints at 3, 4, 5, 6 (1 and 2 went).
+    let len = MAX_CHECKPOINTS as Pos + 2;
+    assert_eq!(r.size_bytes(), (1 + MAX_CHECKPOINTS) * 2 * 4);
+    assert_eq!(r.check_rm(0, (2..).into()), Err(KvError::PartialState), "replaced by later ones");
+    assert_eq!(r.check_rm(0, (3..).into()), Ok(StateCut::Restore(3)));
+    assert_eq!(r.check_rm(0, (3..5).into()), Err(KvError::PartialState), "the tokens after it stay");
+    assert_eq!(r.check_cp(0, (0..4).into()), Ok(Some(4)));
+    assert_eq!(r.check_cp(0, (1..4).into()), Err(KvError::PartialState), "from its start only");
+    r.copy(0, 1, 4);
+    assert_eq!(r.check_rm(1, (3..).into()), Ok(StateCut::Restore(3)), "inherited");
+    assert_eq!(r.check_rm(1, (5..).into()), Ok(StateCut::Keep), "the copy holds 4 tokens");
+    r.cut(0, StateCut::Restore(4));
+    assert!(r.rows(&[one], &[4]).is_ok(), "position 4 comes next");
+    assert_eq!(r.check_cp(0, (0..len).into()), Ok(Some(4)), "the copy ends where the state does");
+    assert_eq!(r.check_rm(0, (5..).into()), Ok(StateCut::Keep), "later checkpoints went");
+    // Asked ahead: filled by the pass whose rows reach it, handed to each layer with the row
+    // after which it is taken.
+    r.checkpoint(0, 6);
+    let groups = r.rows(&[one, one, one], &[4, 5, 6]).unwrap();
+    let keeps: Vec<_> = r.layer(0, &groups).iter().map(|s| s.keep.as_ref().map(|k| k.after)).collect();
+    assert_eq!(keeps, [Some(2)]);
+    r.advance(&groups);
+    assert_eq!(r.check_rm(0, (6..).into()), Ok(StateCut::Restore(6)));
+    let groups = r.rows(&[one], &[7]).unwrap();
+    assert!(r.layer(0, &groups)[0].keep.is_none(), "taken once");
+    r.checkpoint(0, 5);
+    assert_eq!(r.check_rm(0, (5..).into()), Err(KvError::PartialState), "a length it is past: nothing kept");
+    let mut positions = Vec::new();
+    for pos in [1, 2, 2, 3, 4, 5] {
+        super::push_checkpoint(&mut positions, pos, |p| *p);
+    }
+    assert_eq!(positions, [2, 3, 4, 5], "the scheduler's record follows the same rule");
 }

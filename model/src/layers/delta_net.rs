@@ -66,11 +66,14 @@ impl DeltaNet {
             .par_iter_mut()
             .map(|s| {
                 let mut out = Vec::with_capacity(s.rows.len() * c);
-                for &row in s.rows {
+                for (t, &row) in s.rows.iter().enumerate() {
                     let start = out.len();
                     out.resize(start + c, 0.0);
                     self.convolve(&x[row * width..row * width + c], s.conv, &mut out[start..]);
                     self.normalise_qk(&mut out[start..]);
+                    if let Some(keep) = s.keep.as_mut().filter(|k| k.after == t + 1) {
+                        keep.conv.copy_from_slice(s.conv);
+                    }
                 }
                 out
             })
@@ -80,13 +83,19 @@ impl DeltaNet {
         let kd = self.key_heads * dk;
         let mut tasks = Vec::new();
         for (i, s) in states.iter_mut().enumerate() {
-            for (h, memory) in s.memory.chunks_mut(dk * dv).enumerate() {
-                tasks.push((i, h, s.rows, memory));
+            // Each head's part of a checkpoint to fill on the way, and after which row.
+            let mut keep: Vec<(usize, Option<&mut [f32]>)> = match &mut s.keep {
+                Some(k) => k.memory.chunks_mut(dk * dv).map(|m| (k.after, Some(m))).collect(),
+                None => Vec::new(),
+            };
+            keep.resize_with(self.value_heads, || (0, None));
+            for ((h, memory), keep) in s.memory.chunks_mut(dk * dv).enumerate().zip(keep) {
+                tasks.push((i, h, s.rows, memory, keep));
             }
         }
         let heads: Vec<(usize, usize, Vec<f32>)> = tasks
             .into_par_iter()
-            .map(|(i, h, rows, memory)| {
+            .map(|(i, h, rows, memory, (after, mut keep))| {
                 let kh = h / group;
                 let mut o = vec![0.0f32; rows.len() * dv];
                 let mut kv = vec![0.0f32; dv];
@@ -99,6 +108,11 @@ impl DeltaNet {
                     let decay = (self.decay_rate[h] * softplus(alpha + self.dt_bias[h])).exp();
                     let beta = 1.0 / (1.0 + (-beta).exp());
                     delta_step(memory, q, k, v, decay, beta, &mut kv, &mut o[t * dv..(t + 1) * dv]);
+                    if t + 1 == after
+                        && let Some(keep) = keep.as_mut()
+                    {
+                        keep.copy_from_slice(memory);
+                    }
                 }
                 (i, h, o)
             })
