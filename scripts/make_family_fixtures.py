@@ -30,7 +30,9 @@ reference outputs (CI never runs this: the generated files are committed).
   saved as Qwen's released checkpoints are (Qwen3_5ForConditionalGeneration): config.json nests the
   text model's config under text_config, the tensors are under model.language_model., and a vision
   tower and multi-token-prediction head sit beside it (one small tensor each, which a text server
-  skips). Qwen3's chat template. tests/fixtures/tiny-qwen35moe-f32: the same with Qwen3.5-MoE's
+  skips). Qwen3.5's chat template (scripts/qwen35_chat_template.jinja, from its released
+  tokenizer_config.json: tool calls as XML elements, thinking on unless enable_thinking is false).
+  tests/fixtures/tiny-qwen35moe-f32: the same with Qwen3.5-MoE's
   blocks in every layer (4 experts of width 32, top-2 always renormalised, a shared expert of
   width 64 under its sigmoid gate), untied, as Qwen3_5MoeForConditionalGeneration.
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
@@ -191,10 +193,15 @@ def qwen35_config(config_class, sp, **extra):
         attn_implementation="eager", **extra)
 
 
+def qwen35_tokenizer_config(sp):
+    """Qwen3's tokenizer settings with Qwen3.5's chat template (tool calls as XML elements)."""
+    return dict(QWEN3["tokenizer_config"](sp), chat_template=template("qwen35_chat_template.jinja"))
+
+
 QWEN35 = dict(
     name="tiny-qwen35-f32", arch="qwen35",
     config=lambda sp: qwen35_config(Qwen3_5TextConfig, sp, intermediate_size=128, tie_word_embeddings=True),
-    model=Qwen3_5ForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=QWEN3["tokenizer_config"],
+    model=Qwen3_5ForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=qwen35_tokenizer_config,
     add_special=False,
 )
 
@@ -203,7 +210,7 @@ QWEN35_MOE = dict(
     config=lambda sp: qwen35_config(
         Qwen3_5MoeTextConfig, sp, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
         num_experts_per_tok=2, tie_word_embeddings=False),
-    model=Qwen3_5MoeForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=QWEN3["tokenizer_config"],
+    model=Qwen3_5MoeForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=qwen35_tokenizer_config,
     add_special=False,
 )
 

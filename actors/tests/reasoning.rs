@@ -3,7 +3,7 @@
 //! byte-identical streamed and gathered; a template that opens the think block starts the output
 //! inside it, and `enable_thinking: false` renders Qwen3's empty block.
 
-use llaisys_actors::request::{FinishReason, ReasoningParsing, ReasoningTags, TextStream, ToolCallTags};
+use llaisys_actors::request::{FinishReason, ReasoningParsing, ReasoningTags, TextStream, ToolCallTags, ToolParsing};
 use llaisys_actors::{ChatRequest, Engine, Event, Output, StreamExt};
 use llaisys_model::Tokenizer;
 use llaisys_tests::{FixtureCopy, Reference, fixture_dir};
@@ -24,7 +24,7 @@ fn stream(t: &Tokenizer, ids: &[u32], starts_open: bool, stop: &str) -> (String,
         ToolCallTags { open: t.token_to_id("<tool_call>").unwrap(), close: t.token_to_id("</tool_call>").unwrap() };
     let mut s = TextStream::new([stop.to_string()])
         .with_reasoning(Some(ReasoningParsing { tags: tags(t), starts_open }))
-        .with_tool_calls(Some(tool_tags));
+        .with_tool_calls(Some(&ToolParsing::json(tool_tags, true)));
     let (mut text, mut reasoning, mut args) = (String::new(), String::new(), String::new());
     for &id in ids {
         let piece = s.push(t, id).unwrap();

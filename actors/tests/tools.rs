@@ -1,6 +1,7 @@
 //! T3 on the tiny random fixture (Qwen2.5's chat template and tool-call tags): calls are
 //! constrained to the tools' schemas, parsed by token id, streamed as pieces that add up to
-//! the collected answer; the history's calls and results render through the template.
+//! the collected answer; the history's calls and results render through the template. The same
+//! on the Qwen3.5 fixture, whose template writes calls as XML elements.
 
 use llaisys_actors::request::{FinishReason, ToolCallOut};
 use llaisys_actors::{
@@ -32,6 +33,20 @@ fn time() -> Tool {
         "Current time in a zone",
         json!({"type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}}, "required": ["zone"], "additionalProperties": false}),
     )
+}
+
+/// A user turn, an assistant turn calling `get_weather` (Paris, celsius), and the tool's result.
+fn weather_history() -> Vec<ChatMessage> {
+    let call = ToolCall {
+        id: "call_1".into(),
+        name: "get_weather".into(),
+        arguments: r#"{"city": "Paris", "unit": "celsius"}"#.into(),
+    };
+    vec![
+        ChatMessage::new("user", "Weather in Paris?"),
+        ChatMessage { tool_calls: vec![call], ..ChatMessage::new("assistant", "") },
+        ChatMessage { tool_call_id: Some("call_1".into()), ..ChatMessage::new("tool", "22 degrees, sunny") },
+    ]
 }
 
 fn ask() -> ChatRequest {
@@ -120,6 +135,54 @@ async fn required_named_none_and_auto_calls_hold_for_a_random_model() {
     engine.shutdown().await;
 }
 
+/// Qwen3.5's template writes calls as XML elements: the model is held to them (each parameter as
+/// its schema says: text within its length, one of its choices, JSON within its bounds), they
+/// come out as OpenAI's calls with JSON arguments, streamed in pieces that add up to the collected
+/// answer; the history's calls render through the template as transformers renders them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen35_calls_are_xml_elements_held_to_the_schemas_and_read_as_json() {
+    let fixture = FixtureCopy::long_context("tiny-qwen35-f32", 4096);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let tokenizer = engine.tokenizer().unwrap();
+    let request = |seed: u64| {
+        let mut r = ask().tool_choice(ToolChoice::Required).n(3).seed(seed).max_tokens(200);
+        r.options.parallel_tool_calls = Some(false);
+        r.options.chat_template_kwargs.insert("enable_thinking".into(), json!(false));
+        r
+    };
+    let answer = engine.chat(request(31)).await.unwrap().answer().await;
+    for c in &answer.choices {
+        assert_eq!((c.finish, c.tool_calls.len()), (FinishReason::ToolCalls, 1), "{c:?}");
+        check_call(&c.tool_calls[0]);
+        let written = tokenizer.decode(&c.tokens, false).unwrap();
+        assert!(written.contains("\n<function=get_") && written.contains("</function>\n"), "{written:?}");
+        assert!(written.contains("<parameter="), "every tool here has a required parameter: {written:?}");
+    }
+    let named = request(32).tool_choice(ToolChoice::Function("get_time".into()));
+    for c in engine.chat(named).await.unwrap().answer().await.choices {
+        assert_eq!((c.finish, c.tool_calls.len(), c.tool_calls[0].name.as_str()), (FinishReason::Stop, 1, "get_time"));
+        check_call(&c.tool_calls[0]);
+    }
+
+    let mut stream = engine.chat(request(31)).await.unwrap();
+    let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); 3];
+    while let Some(Output { choice, event }) = stream.next().await {
+        if let Event::Token { tool_call: Some(delta), .. } = event {
+            ToolCallOut::gather(&mut calls[choice], &delta);
+        }
+    }
+    for (i, c) in answer.choices.iter().enumerate() {
+        let strip =
+            |calls: &[ToolCallOut]| calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>();
+        assert_eq!(strip(&calls[i]), strip(&c.tool_calls), "choice {i}: same seed, same calls, same bytes");
+    }
+
+    let ids = engine.frontend().render_chat(&weather_history(), &[weather()], &Default::default(), true).unwrap();
+    let reference = std::fs::read_to_string(fixture_dir("chat").join("qwen35-tools-history.txt")).unwrap();
+    assert_eq!(tokenizer.decode(&ids, false).unwrap(), reference);
+    engine.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_tool_call_pieces_add_up_to_the_answer_byte_for_byte() {
     let fixture = FixtureCopy::long_context(TIED, 2048);
@@ -154,16 +217,7 @@ async fn streamed_tool_call_pieces_add_up_to_the_answer_byte_for_byte() {
 async fn the_history_renders_through_the_template_and_bad_tools_are_refused() {
     let fixture = FixtureCopy::long_context(TIED, 2048);
     let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
-    let call = ToolCall {
-        id: "call_1".into(),
-        name: "get_weather".into(),
-        arguments: r#"{"city": "Paris", "unit": "celsius"}"#.into(),
-    };
-    let history = vec![
-        ChatMessage::new("user", "Weather in Paris?"),
-        ChatMessage { tool_calls: vec![call.clone()], ..ChatMessage::new("assistant", "") },
-        ChatMessage { tool_call_id: Some("call_1".into()), ..ChatMessage::new("tool", "22 degrees, sunny") },
-    ];
+    let history = weather_history();
     let frontend = engine.frontend();
     let ids = frontend.render_chat(&history, &[weather()], &Default::default(), true).unwrap();
     let text = engine.tokenizer().unwrap().decode(&ids, false).unwrap();

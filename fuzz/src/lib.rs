@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use llaisys_actors::request::{
     Emit, Part, ReasoningParsing, ReasoningSplit, ReasoningTags, Route, TextCallSpec, TextCallTool, TextCalls,
-    ToolCallDelta, ToolCallOut, ToolCallParser, ToolCallTags,
+    ToolCallDelta, ToolCallOut, ToolCallParser, ToolCallTags, ToolParsing, XmlTools,
 };
 use llaisys_actors::{ChatMessage, ChatRequest, CompletionRequest, Engine, Frontend};
 use llaisys_model::tokenizer::ToolCall;
@@ -169,15 +169,26 @@ pub fn chat_template(data: &[u8]) {
     let _ = frontend().render_chat(&messages, &[], &none, false);
 }
 
-/// A model's tool-call output from untrusted bytes, through the streaming parser: byte 0x01
-/// opens a call, 0x02 closes it, the rest is the model's text. Invariant: the calls gathered
-/// from pieces of any size are the calls gathered from the whole text at once (what a streamed
-/// and a non-streamed answer report must be byte-identical).
+/// A model's tool-call output from untrusted bytes, through the streaming parser, in both call
+/// syntaxes (JSON, and Qwen3.5's XML for a tool with a text and an integer parameter): byte
+/// 0x01 opens a call, 0x02 closes it, the rest is the model's text. Invariant: the calls
+/// gathered from pieces of any size are the calls gathered from the whole text at once (what a
+/// streamed and a non-streamed answer report must be byte-identical).
 pub fn tool_calls(data: &[u8]) {
     const TAGS: ToolCallTags = ToolCallTags { open: 1, close: 2 };
     let text = String::from_utf8_lossy(data);
+    let schema = serde_json::json!({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}});
+    let xml = std::sync::Arc::new(XmlTools::new(&[("get_weather", &schema)]));
+    for parsing in [ToolParsing::json(TAGS, true), ToolParsing { xml: Some(xml), ..ToolParsing::json(TAGS, true) }] {
+        parse_calls(&text, &parsing);
+    }
+    text_calls(&text);
+}
+
+fn parse_calls(text: &str, parsing: &ToolParsing) {
+    const TAGS: ToolCallTags = ToolCallTags { open: 1, close: 2 };
     let run = |piece_chars: usize| -> Vec<ToolCallOut> {
-        let mut parser = ToolCallParser::new(TAGS);
+        let mut parser = ToolCallParser::new(parsing);
         let mut calls = Vec::new();
         let mut gather = |delta: Option<ToolCallDelta>| {
             if let Some(d) = delta {
@@ -214,7 +225,6 @@ pub fn tool_calls(data: &[u8]) {
     for piece in [1, 2, 7] {
         assert_eq!(strip_ids(run(piece)), whole, "pieces of {piece} characters gather other calls");
     }
-    text_calls(&text);
 }
 
 /// The same text as an answer that may be a call written as text (`tool_choice: auto`), fed in

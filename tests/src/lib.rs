@@ -50,7 +50,11 @@ impl FixtureCopy {
     /// prompt in a tiny vocabulary needs more than 256).
     pub fn long_context(name: &str, context: usize) -> Self {
         Self::edited(name, &format!("{context}"), |dir| {
-            edit_json(&dir.join("config.json"), |config| config["max_position_embeddings"] = context.into())
+            edit_json(&dir.join("config.json"), |config| {
+                // A multimodal checkpoint's language model has its own config (Qwen3.5's).
+                let text = if config.get("text_config").is_some() { &mut config["text_config"] } else { config };
+                text["max_position_embeddings"] = context.into()
+            })
         })
     }
 

@@ -15,13 +15,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{Event, ReplicaStats, SpeculativeStats};
 use crate::host::GenerateParams;
-use crate::request::{ReasoningParsing, ReasoningTags, TextCallSpec, ToolCallTags, ToolParsing};
+use crate::request::{ReasoningParsing, ReasoningTags, TextCallSpec, ToolCallTags, ToolParsing, XmlTools};
 use crate::session::SessionInfo;
 
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
 /// out its empty fields; 3: read-outs (embeddings, rerank); 4: a token's log-probability only
-/// where the request asked for it.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// where the request asked for it; 5: tool calls written as XML, with their tools' parameters.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// A request as it crosses the network: everything a checked choice holds, the constraint
 /// before compilation (the node checks it again against its own model and cache).
@@ -39,6 +39,9 @@ pub struct WireRequest {
     /// Tool calls' tags (open, close) and whether calling ends with `tool_calls`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<(u32, u32, bool)>,
+    /// With `tool_calls`: the calls are XML elements, read with what these tools say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xml_calls: Option<XmlTools>,
     /// The tools a call written as text may name (`tool_choice: auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_calls: Option<TextCallSpec>,
@@ -65,7 +68,8 @@ impl WireRequest {
             stop: params.stop.clone(),
             stop_token_ids: params.stop_token_ids.clone(),
             ignore_eos: params.ignore_eos,
-            tool_calls: params.tool_calls.map(|t| (t.tags.open, t.tags.close, t.finish_with_tool_calls)),
+            tool_calls: params.tool_calls.as_ref().map(|t| (t.tags.open, t.tags.close, t.finish_with_tool_calls)),
+            xml_calls: params.tool_calls.as_ref().and_then(|t| t.xml.as_deref().cloned()),
             text_calls: params.text_calls.as_deref().cloned(),
             text_retry: params.text_retry.as_ref().map(llaisys_model::Guidance::spec),
             reasoning: params.reasoning.map(|r| (r.tags.open, r.tags.close, r.starts_open)),
@@ -90,6 +94,7 @@ impl WireRequest {
             ignore_eos: self.ignore_eos,
             tool_calls: self.tool_calls.map(|(open, close, finish_with_tool_calls)| ToolParsing {
                 tags: ToolCallTags { open, close },
+                xml: self.xml_calls.clone().map(std::sync::Arc::new),
                 finish_with_tool_calls,
             }),
             text_calls: self.text_calls.clone().map(std::sync::Arc::new),
@@ -373,8 +378,12 @@ mod tests {
     fn a_request_keeps_its_parameters_across() {
         let mut params = GenerateParams { max_tokens: 9, stop: vec!["\n".into()], ..GenerateParams::default() };
         params.sampling.seed = Some(5);
-        params.tool_calls =
-            Some(ToolParsing { tags: ToolCallTags { open: 1, close: 2 }, finish_with_tool_calls: true });
+        let xml = XmlTools::new(&[("f", &serde_json::json!({"properties": {"n": {"type": "integer"}}}))]);
+        params.tool_calls = Some(ToolParsing {
+            tags: ToolCallTags { open: 1, close: 2 },
+            xml: Some(std::sync::Arc::new(xml)),
+            finish_with_tool_calls: true,
+        });
         let wire = WireRequest::new(vec![1, 2, 3], &params, Some("s".into()));
         let json = serde_json::to_string(&wire).unwrap();
         let back: WireRequest = serde_json::from_str(&json).unwrap();

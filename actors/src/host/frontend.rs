@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use llaisys_model::tokenizer::ChatMessage;
 use llaisys_model::{
-    Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, ThinkStart, Thinking, Tokenizer,
+    CallSyntax, Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, ThinkStart, Thinking, Tokenizer,
 };
 
 use super::embed::{self, EmbedRequest, ValidEmbed};
@@ -151,7 +151,8 @@ impl Frontend {
         let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
         unchecked.params.reasoning = reasoning;
         if !options.tools.is_empty() {
-            constrain_calls(&mut unchecked.params, options, &request.input, &*self.grammar_compiler()?)?;
+            let syntax = self.text_side()?.template.as_ref().map_or(CallSyntax::Json, |t| t.call_syntax());
+            constrain_calls(&mut unchecked.params, options, &request.input, syntax, &*self.grammar_compiler()?)?;
         }
         // A reasoning model's constraint applies to its answer, after the thinking.
         let params = &mut unchecked.params;

@@ -2,13 +2,13 @@
 //! then turned into the constraint and the parsing of the answer's tool calls.
 
 use llaisys_model::tokenizer::ChatMessage;
-use llaisys_model::{GrammarCompiler, Guidance};
+use llaisys_model::{CallSyntax, GrammarCompiler, Guidance};
 
 use super::params::GenerateParams;
 use super::request::{Options, RequestError, Tool, ToolChoice};
 use std::sync::Arc;
 
-use crate::request::{TextCallSpec, TextCallTool, ToolCallTags, ToolParsing};
+use crate::request::{TextCallSpec, TextCallTool, ToolCallTags, ToolParsing, XmlTools};
 
 /// The request's tool choice against its tools and constraint, before anything is rendered or
 /// compiled; whether the tools are offered to the model.
@@ -66,12 +66,13 @@ pub(super) fn check_tools(tools: &[Tool]) -> Result<(), RequestError> {
 }
 
 /// T3: the constraint and parsing of a chat's tool calls (`options.tools` not empty, checked by
-/// `check_tool_choice`), with the model's grammar `compiler`; `messages` are the conversation a
-/// call written as text must draw an argument from.
+/// `check_tool_choice`) in the model's `syntax`, with its grammar `compiler`; `messages` are the
+/// conversation a call written as text must draw an argument from.
 pub(super) fn constrain_calls(
     params: &mut GenerateParams,
     options: &Options,
     messages: &[ChatMessage],
+    syntax: CallSyntax,
     compiler: &GrammarCompiler,
 ) -> Result<(), RequestError> {
     let choice = options.tool_choice.clone().unwrap_or_default();
@@ -99,12 +100,13 @@ pub(super) fn constrain_calls(
     let parallel = options.parallel_tool_calls.unwrap_or(true) && !named;
     let with_open = choice != ToolChoice::Auto;
     let grammar = compiler
-        .tool_calls(&functions, (open, close), with_open, parallel)
+        .tool_calls(&functions, (open, close), syntax, with_open, parallel)
         .map_err(|e| RequestError::invalid("tools", e.0))?;
     // In `auto` the model may also write the call as text (a ```json fence, bare JSON): the
     // output's `TextCalls` recognises one that is exactly a call to an offered tool.
     params.guidance = if with_open { Guidance::grammar(grammar) } else { Guidance::after(open, grammar) };
-    params.tool_calls = Some(ToolParsing { tags: ToolCallTags { open, close }, finish_with_tool_calls: !named });
+    let xml = (syntax == CallSyntax::Xml).then(|| Arc::new(XmlTools::new(&functions)));
+    params.tool_calls = Some(ToolParsing { tags: ToolCallTags { open, close }, xml, finish_with_tool_calls: !named });
     if choice == ToolChoice::Auto {
         let tools = options.tools.iter().map(|t| TextCallTool::new(&t.name, &t.parameters)).collect();
         params.text_calls = Some(Arc::new(TextCallSpec { tools, grounds: Some(conversation_text(messages)) }));

@@ -19,5 +19,5 @@ pub use stop::{StopMatcher, StopOutcome};
 pub use text::{Piece, TextStream};
 pub use tools::{
     Emit, Route, TextCallSpec, TextCallTool, TextCalls, ToolCallDelta, ToolCallOut, ToolCallParser, ToolCallTags,
-    ToolParsing,
+    ToolParsing, XmlTools,
 };

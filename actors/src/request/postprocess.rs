@@ -43,12 +43,12 @@ impl Postprocess {
     pub fn new(prompt_tokens: usize, params: &GenerateParams, tokenizer: Option<Arc<Tokenizer>>) -> Self {
         let text = TextStream::new(params.stop.iter().cloned())
             .with_reasoning(params.reasoning)
-            .with_tool_calls(params.tool_calls.map(|t| t.tags))
+            .with_tool_calls(params.tool_calls.as_ref())
             .with_text_calls(params.text_calls.clone(), params.text_retry.is_some());
         Self {
             tokenizer,
             text,
-            tool_calls: params.tool_calls,
+            tool_calls: params.tool_calls.clone(),
             prompt_tokens,
             received: 0,
             stopped_after: None,
@@ -158,7 +158,7 @@ impl Postprocess {
         // A stop string ends the output with `stop`, even if the engine ended it otherwise in
         // the same step.
         let reason = if self.stopped() { FinishReason::Stop } else { reason };
-        let reason = ToolParsing::finish(self.tool_calls, reason, self.text.made_tool_calls());
+        let reason = ToolParsing::finish(self.tool_calls.as_ref(), reason, self.text.made_tool_calls());
         let completion_tokens = completion_tokens.min(self.stopped_after.unwrap_or(usize::MAX));
         let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens, cached_tokens };
         let mut events = std::mem::take(&mut self.held);

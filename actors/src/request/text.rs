@@ -9,7 +9,7 @@ use llaisys_model::tokenizer::{IncrementalDecoder, TokenizerError};
 
 use super::reasoning::{Part, ReasoningParsing, ReasoningSplit};
 use super::stop::{StopMatcher, StopOutcome};
-use super::tools::{Emit, Route, TextCallSpec, TextCalls, ToolCallDelta, ToolCallParser, ToolCallTags};
+use super::tools::{Emit, Route, TextCallSpec, TextCalls, ToolCallDelta, ToolCallParser, ToolParsing};
 
 /// What one token adds: content text or reasoning text (possibly empty), or a piece of a tool
 /// call.
@@ -93,9 +93,9 @@ impl TextStream {
         self
     }
 
-    /// Splits off tool calls marked by `tags` (stop strings apply to the content only).
-    pub fn with_tool_calls(mut self, tags: Option<ToolCallTags>) -> Self {
-        self.tools = tags.map(|t| (ToolCallParser::new(t), IncrementalDecoder::new(true)));
+    /// Splits off tool calls as `parsing` says (stop strings apply to the content only).
+    pub fn with_tool_calls(mut self, parsing: Option<&ToolParsing>) -> Self {
+        self.tools = parsing.map(|p| (ToolCallParser::new(p), IncrementalDecoder::new(true)));
         self
     }
 

@@ -8,6 +8,7 @@ use llguidance::toktrie::TokEnv;
 use llguidance::{ParserFactory, TokenParser};
 use serde_json::{Value, json};
 
+use super::calls::{CallSyntax, calls_grammar};
 use super::env::VocabEnv;
 use super::guide::{Guidance, GuidanceSpec};
 use super::{Constraint, GrammarError, regex_escape};
@@ -110,39 +111,25 @@ impl GrammarCompiler {
         Ok(Guidance::from_parts(grammar, spec))
     }
 
-    /// T3: Qwen2's tool calls, `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`, for
-    /// `functions` (each name with its parameters' schema). `with_open`: the grammar starts
-    /// with the opening tag (a required or named call); otherwise just after it (the model
-    /// opened a call by itself). `parallel`: more calls may follow, each on its own line.
+    /// T3: tool calls to `functions` (each name with its parameters' schema) between the
+    /// model's tags, in the syntax its template writes them (`CallSyntax`): Qwen2's
+    /// `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`, or Qwen3.5's
+    /// `<tool_call>\n<function=N>\n<parameter=P>\nV\n</parameter>\n</function>\n</tool_call>`.
+    /// `with_open`: the grammar starts with the opening tag (a required or named call);
+    /// otherwise just after it (the model opened a call by itself). `parallel`: more calls may
+    /// follow, each on its own line.
     pub fn tool_calls(
         &self,
         functions: &[(&str, &Value)],
         tags: (u32, u32),
+        syntax: CallSyntax,
         with_open: bool,
         parallel: bool,
     ) -> Result<Grammar, GrammarError> {
         let (open, close) = tags;
-        let calls: Vec<Value> = functions
-            .iter()
-            .map(|(name, parameters)| {
-                json!({
-                    "type": "object",
-                    "properties": {"name": {"const": name}, "arguments": parameters},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": false
-                })
-            })
-            .collect();
-        // The arguments exactly as the template writes them (Python's json.dumps separators):
-        // what the model was trained on, and no room for runaway whitespace.
-        let options =
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": true});
-        let schema = json!({"anyOf": calls, "x-guidance": options});
         let first = if with_open { format!("<[{open}]> ") } else { String::new() };
         let more = if parallel { format!(" (\"\\n\" <[{open}]> call)*") } else { String::new() };
-        // Qwen2 models often end a call's line before the end of their turn.
-        let grammar = format!("start: {first}call{more} \"\\n\"?\ncall: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n");
-        self.compile_lark(grammar)
+        self.compile_lark(calls_grammar(functions, syntax, &first, &more, close))
     }
 
     /// The tokens an answer may not begin with when it must not be a call written as text

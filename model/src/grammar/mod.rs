@@ -4,12 +4,14 @@
 //! carries it as [`Guidance`]; each of its sequences drives a [`Guide`] from it: a token mask
 //! before every sampling step, the sampled token after it.
 
+mod calls;
 mod compiler;
 mod env;
 mod guide;
 
 use serde::{Deserialize, Serialize};
 
+pub use calls::{CallSyntax, written_as_text};
 pub use compiler::{Grammar, GrammarCompiler};
 pub use guide::{Guidance, GuidanceSpec, Guide, GuideEnd, ThinkStart, Thinking};
 

@@ -8,6 +8,7 @@ use minijinja::{Environment, ErrorKind, Value, context};
 
 use crate::config::read_json;
 use crate::error::LoadError;
+use crate::grammar::CallSyntax;
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -262,6 +263,14 @@ impl ChatTemplate {
     /// The template's Jinja source.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// How the template writes an assistant's tool calls (and so how the model writes them):
+    /// XML elements where it spells out `<function=` and `<parameter=` (Qwen3.5, Qwen3-Coder),
+    /// else a JSON object.
+    pub fn call_syntax(&self) -> CallSyntax {
+        let xml = self.source.contains("<function=") && self.source.contains("<parameter=");
+        if xml { CallSyntax::Xml } else { CallSyntax::Json }
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt` it ends where the

@@ -1,7 +1,11 @@
 //! T3: a choice's tool calls, parsed as they stream. The tags (`<tool_call>`, `</tool_call>`)
 //! are single tokens recognised by id (decoding drops them as special); between them the text
 //! `{"name": ..., "arguments": ...}` goes through a one-pass JSON scanner that hands out the
-//! name once and the arguments in pieces, exactly the bytes the model wrote, never re-parsed.
+//! name once and the arguments in pieces, exactly the bytes the model wrote, never re-parsed;
+//! a model whose template writes calls as XML elements (Qwen3.5) has them read by `XmlCall`,
+//! the arguments handed out as JSON one parameter at a time.
+
+use std::sync::Arc;
 
 use rand::distr::Alphanumeric;
 
@@ -60,17 +64,25 @@ impl ToolCallOut {
 }
 
 /// How a request's output carries tool calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolParsing {
     pub tags: ToolCallTags,
+    /// Calls between the tags are XML elements (`CallSyntax::Xml`), read with what the offered
+    /// tools say of their parameters; `None`: a JSON object.
+    pub xml: Option<Arc<XmlTools>>,
     /// Finish with `tool_calls` when the output called tools (not for a named `tool_choice`,
     /// which OpenAI ends with `stop`).
     pub finish_with_tool_calls: bool,
 }
 
 impl ToolParsing {
+    /// Calls in JSON between `tags`.
+    pub fn json(tags: ToolCallTags, finish_with_tool_calls: bool) -> Self {
+        Self { tags, xml: None, finish_with_tool_calls }
+    }
+
     /// The finish reason of an output that ended for `reason`, having called tools or not.
-    pub fn finish(parsing: Option<Self>, reason: FinishReason, called: bool) -> FinishReason {
+    pub fn finish(parsing: Option<&Self>, reason: FinishReason, called: bool) -> FinishReason {
         match parsing {
             Some(p) if called && reason == FinishReason::Stop && p.finish_with_tool_calls => FinishReason::ToolCalls,
             _ => reason,
@@ -97,7 +109,14 @@ enum Value {
     Other,
 }
 
-/// The call being read.
+/// The call being read, in its syntax.
+#[derive(Debug, Clone)]
+enum Scan {
+    Json(Call),
+    Xml(XmlCall),
+}
+
+/// A call in JSON being read.
 #[derive(Debug, Clone, Default)]
 struct Call {
     depth: usize,
@@ -114,21 +133,23 @@ struct Call {
     arguments_done: bool,
     /// Argument text not yet handed out (held until the name is known).
     pending: String,
-    header_sent: bool,
 }
 
 /// Splits a choice's output into content and tool calls.
 #[derive(Debug, Clone)]
 pub struct ToolCallParser {
     tags: ToolCallTags,
-    call: Option<Call>,
+    xml: Option<Arc<XmlTools>>,
+    call: Option<Scan>,
+    /// Whether the open call's id and name went out.
+    header_sent: bool,
     /// Calls opened so far.
     calls: usize,
 }
 
 impl ToolCallParser {
-    pub fn new(tags: ToolCallTags) -> Self {
-        Self { tags, call: None, calls: 0 }
+    pub fn new(parsing: &ToolParsing) -> Self {
+        Self { tags: parsing.tags, xml: parsing.xml.clone(), call: None, header_sent: false, calls: 0 }
     }
 
     /// Whether the choice has opened a call.
@@ -143,7 +164,11 @@ impl ToolCallParser {
     /// Where `token` belongs; a tag opens or closes a call.
     pub fn route(&mut self, token: u32) -> Route {
         if token == self.tags.open && self.call.is_none() {
-            self.call = Some(Call::default());
+            self.call = Some(match self.xml {
+                Some(_) => Scan::Xml(XmlCall::default()),
+                None => Scan::Json(Call::default()),
+            });
+            self.header_sent = false;
             self.calls += 1;
             Route::Call
         } else if token == self.tags.close && self.call.is_some() {
@@ -165,18 +190,23 @@ impl ToolCallParser {
     /// Reads text of the open call; the piece it completes, if any.
     pub fn push_call_text(&mut self, text: &str) -> Option<ToolCallDelta> {
         let index = self.calls.checked_sub(1)?;
-        let call = self.call.as_mut()?;
-        for c in text.chars() {
-            call.scan(c);
-        }
+        let (name, pending) = match self.call.as_mut()? {
+            Scan::Json(call) => {
+                text.chars().for_each(|c| call.scan(c));
+                (&call.name, &mut call.pending)
+            }
+            Scan::Xml(call) => {
+                call.scan(text, self.xml.as_deref()?);
+                (&call.name, &mut call.pending)
+            }
+        };
         let mut delta = ToolCallDelta { index, ..ToolCallDelta::default() };
-        if !call.header_sent {
-            let name = call.name.clone()?;
-            call.header_sent = true;
+        if !self.header_sent {
+            delta.name = Some(name.clone()?);
             delta.id = Some(new_call_id());
-            delta.name = Some(name);
+            self.header_sent = true;
         }
-        delta.arguments = std::mem::take(&mut call.pending);
+        delta.arguments = std::mem::take(pending);
         (delta.id.is_some() || !delta.arguments.is_empty()).then_some(delta)
     }
 }
@@ -301,5 +331,8 @@ fn new_call_id() -> String {
 #[cfg(test)]
 mod tests;
 mod text_calls;
+mod xml;
 
 pub use text_calls::{Emit, TextCallSpec, TextCallTool, TextCalls};
+use xml::XmlCall;
+pub use xml::XmlTools;

@@ -4,7 +4,11 @@ const TAGS: ToolCallTags = ToolCallTags { open: 1, close: 2 };
 
 /// The calls of `<tool_call>` + `pieces` + `</tool_call>` for each call, pieces as tokens' text.
 fn parse(calls: &[Vec<&str>]) -> Vec<ToolCallOut> {
-    let mut parser = ToolCallParser::new(TAGS);
+    parse_with(&ToolParsing::json(TAGS, true), calls)
+}
+
+fn parse_with(parsing: &ToolParsing, calls: &[Vec<&str>]) -> Vec<ToolCallOut> {
+    let mut parser = ToolCallParser::new(parsing);
     let mut out: Vec<ToolCallOut> = Vec::new();
     for pieces in calls {
         assert_eq!(parser.route(TAGS.open), Route::Call);
@@ -78,7 +82,7 @@ fn several_calls_get_their_own_index_and_id_and_text_around_them_is_content() {
     assert_eq!(calls[2].arguments, "{\"a\": 1}");
     let ids: std::collections::HashSet<&str> = calls.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids.len(), 3);
-    let mut parser = ToolCallParser::new(TAGS);
+    let mut parser = ToolCallParser::new(&ToolParsing::json(TAGS, true));
     assert_eq!(parser.route(100), Route::Text);
     assert!(!parser.made_calls());
     assert_eq!(parser.route(TAGS.close), Route::Text, "a stray closing tag is text (dropped as special)");
@@ -99,4 +103,53 @@ fn the_first_name_is_the_name_however_the_text_is_split() {
         assert_eq!(names(&whole), names(&split), "{text}");
         assert_eq!(names(&whole)[0], if text.contains("game") { "game" } else { "a" });
     }
+}
+
+/// Qwen3.5's calls as its template writes them, for a tool with a text, an integer, a choice,
+/// an object and a boolean parameter.
+const XML_CASES: &[(&str, &str, &str)] = &[
+    (
+        "\n<function=get_weather>\n<parameter=city>\nNew \"York\"\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n",
+        "get_weather",
+        "{\"city\": \"New \\\"York\\\"\", \"days\": 3}",
+    ),
+    (
+        "\n<function=get_weather>\n<parameter=city>\nline one\n</parameter> is not the end\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n",
+        "get_weather",
+        "{\"city\": \"line one\\n</parameter> is not the end\", \"unit\": \"celsius\"}",
+    ),
+    (
+        "\n<function=get_weather>\n<parameter=filter>\n{\"a\": [1, 2]}\n</parameter>\n<parameter=fresh>\nTrue\n</parameter>\n<parameter=city>\n42\n</parameter>\n</function>\n",
+        "get_weather",
+        "{\"filter\": {\"a\": [1, 2]}, \"fresh\": true, \"city\": \"42\"}",
+    ),
+    ("\n<function=noop>\n</function>\n", "noop", "{}"),
+    ("\n<function=noop>\n<parameter=extra>\n\n</parameter>\n</function>\n", "noop", "{\"extra\": \"\"}"),
+];
+
+fn xml_parsing() -> ToolParsing {
+    let weather = serde_json::json!({"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+        "filter": {"type": "object"}, "fresh": {"type": "boolean"}}});
+    let noop = serde_json::json!({"type": "object"});
+    let xml = XmlTools::new(&[("get_weather", &weather), ("noop", &noop)]);
+    ToolParsing { xml: Some(std::sync::Arc::new(xml)), ..ToolParsing::json(TAGS, true) }
+}
+
+/// An XML call gives its name, and its arguments as a JSON object: text parameters quoted (a
+/// `</parameter>` not on a line of its own is part of the value), the others as written (Python's
+/// `True` as JSON's), parameters the tool does not list as text; the same however it is split.
+#[test]
+fn xml_calls_give_their_name_and_arguments_as_json_however_split() {
+    let parsing = xml_parsing();
+    for (text, name, arguments) in XML_CASES {
+        let calls = parse_with(&parsing, &[vec![text]]);
+        assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), (*name, *arguments), "{text}");
+        serde_json::from_str::<serde_json::Value>(&calls[0].arguments).unwrap();
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let split = parse_with(&parsing, &[chars.iter().map(String::as_str).collect()]);
+        assert_eq!((split[0].name.as_str(), split[0].arguments.as_str()), (*name, *arguments), "{text}");
+    }
+    let two = parse_with(&parsing, &[vec![XML_CASES[3].0], vec![XML_CASES[0].0]]);
+    assert_eq!(two.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["noop", "get_weather"]);
 }

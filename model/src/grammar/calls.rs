@@ -1,0 +1,156 @@
+//! T3: the grammar of tool calls between a model's `<tool_call>` tags, in the syntax its chat
+//! template writes them: Qwen2's and Qwen3's JSON object, or Qwen3.5's (and Qwen3-Coder's) XML
+//! elements, each parameter's value as the template writes it (text as it is, anything else as
+//! JSON).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// How a model writes a tool call between its tags (its chat template says which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum CallSyntax {
+    /// `{"name": N, "arguments": A}` on a line of its own (Qwen2, Qwen3).
+    #[default]
+    Json,
+    /// `<function=N>`, then `<parameter=P>`, the value on lines of its own, `</parameter>` per
+    /// argument, then `</function>` (Qwen3.5, Qwen3-Coder).
+    Xml,
+}
+
+/// Whether an XML call writes a parameter of this schema as text (its value as it is, a string
+/// argument) rather than as JSON: a string type (alone or among others), or strings to choose
+/// from. What the grammar makes the model write and what the parser reads back agree on it.
+pub fn written_as_text(schema: &Value) -> bool {
+    let strings = |v: &Value| v.as_array().is_some_and(|e| !e.is_empty() && e.iter().all(Value::is_string));
+    match schema.get("type") {
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(types)) => types.iter().any(|t| t == "string"),
+        _ => schema.get("enum").is_some_and(strings) || schema.get("const").is_some_and(Value::is_string),
+    }
+}
+
+/// The Lark grammar of calls to `functions` (each name with its parameters' schema) in
+/// `syntax`: `first` opens the first call (or nothing when the model opened it), `more` the
+/// part after a call that allows another, `close` the closing tag's id.
+pub(super) fn calls_grammar(
+    functions: &[(&str, &Value)],
+    syntax: CallSyntax,
+    first: &str,
+    more: &str,
+    close: u32,
+) -> String {
+    // Qwen2 models often end a call's line before the end of their turn.
+    let start = format!("start: {first}call{more} \"\\n\"?\n");
+    match syntax {
+        CallSyntax::Json => {
+            let calls: Vec<Value> = functions
+                .iter()
+                .map(|(name, parameters)| {
+                    json!({
+                        "type": "object",
+                        "properties": {"name": {"const": name}, "arguments": parameters},
+                        "required": ["name", "arguments"],
+                        "additionalProperties": false
+                    })
+                })
+                .collect();
+            let schema = json!({"anyOf": calls, "x-guidance": template_json()});
+            format!("{start}call: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n")
+        }
+        CallSyntax::Xml => {
+            let names: Vec<String> = (0..functions.len()).map(|f| format!("f{f}")).collect();
+            let mut g = format!("{start}call: \"\\n\" ({}) \"\\n\" <[{close}]>\n", names.join(" | "));
+            for (f, (name, parameters)) in functions.iter().enumerate() {
+                g += &xml_function(f, name, parameters);
+            }
+            g
+        }
+    }
+}
+
+/// JSON as the template writes it (Python's json.dumps separators): what the model was trained
+/// on, and no room for runaway whitespace.
+fn template_json() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": true})
+}
+
+/// Rule `f{f}`: a call of `name` in XML, its parameters in the schema's order, the required
+/// ones always written.
+fn xml_function(f: usize, name: &str, parameters: &Value) -> String {
+    let lit = |s: &str| Value::from(s).to_string();
+    let properties = parameters.get("properties").and_then(Value::as_object);
+    let required: Vec<&str> =
+        parameters.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+    let mut body = vec![lit(&format!("<function={name}>\n"))];
+    let mut rules = String::new();
+    for (p, (param, schema)) in properties.into_iter().flatten().enumerate() {
+        let rule = format!("f{f}_{p}");
+        let optional = if required.contains(&param.as_str()) { "" } else { "?" };
+        body.push(format!("{rule}{optional}"));
+        let open = lit(&format!("<parameter={param}>\n"));
+        let end = lit("\n</parameter>\n");
+        rules += &if written_as_text(schema) {
+            match text_choices(schema) {
+                Some(choices) => format!(
+                    "{rule}: {open} ({}) {end}\n",
+                    choices.iter().map(|c| lit(c)).collect::<Vec<_>>().join(" | ")
+                ),
+                None => format!("{rule}: {open} {rule}_text\n{rule}_text[suffix={end}]: /{}/\n", text_regex(schema)),
+            }
+        } else {
+            let mut schema = schema.clone();
+            if let Value::Object(map) = &mut schema {
+                map.insert("x-guidance".into(), template_json());
+            }
+            format!("{rule}: {open} %json {schema} {end}\n")
+        };
+    }
+    body.push(lit("</function>"));
+    format!("f{f}: {}\n{rules}", body.join(" "))
+}
+
+/// The strings a text parameter is one of (`enum`, `const`), if it is.
+fn text_choices(schema: &Value) -> Option<Vec<&str>> {
+    if let Some(c) = schema.get("const").and_then(Value::as_str) {
+        return Some(vec![c]);
+    }
+    let choices: Vec<&str> = schema.get("enum")?.as_array()?.iter().filter_map(Value::as_str).collect();
+    (!choices.is_empty()).then_some(choices)
+}
+
+/// A free text parameter's value as a regex (inside Lark's `/.../`): its `pattern` (anchored at
+/// both ends, as a JSON grammar reads it), else any text within its length bounds.
+fn text_regex(schema: &Value) -> String {
+    let regex = match schema.get("pattern").and_then(Value::as_str) {
+        Some(p) => format!("(?:{})", p.strip_prefix('^').unwrap_or(p).strip_suffix('$').unwrap_or(p)),
+        None => {
+            let bound = |key| schema.get(key).and_then(Value::as_u64);
+            match (bound("minLength"), bound("maxLength")) {
+                (None, None) => "(?s:.*)".to_string(),
+                (min, max) => {
+                    format!("(?s:.{{{},{}}})", min.unwrap_or(0), max.map_or(String::new(), |m| m.to_string()))
+                }
+            }
+        }
+    };
+    regex.replace('/', "\\/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_parameters_are_strings_or_choices_of_strings() {
+        assert!(written_as_text(&json!({"type": "string", "maxLength": 3})));
+        assert!(written_as_text(&json!({"type": ["string", "null"]})));
+        assert!(written_as_text(&json!({"enum": ["a", "b"]})));
+        assert!(written_as_text(&json!({"const": "x"})));
+        assert!(!written_as_text(&json!({"type": "integer"})));
+        assert!(!written_as_text(&json!({"enum": ["a", 1]})));
+        assert!(!written_as_text(&json!({"anyOf": [{"type": "string"}]})));
+        assert!(!written_as_text(&json!({})));
+        assert_eq!(text_regex(&json!({"maxLength": 8})), "(?s:.{0,8})");
+        assert_eq!(text_regex(&json!({"pattern": "^a/b$"})), "(?:a\\/b)");
+    }
+}
