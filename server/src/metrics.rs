@@ -25,7 +25,10 @@ const ENGINE_HELP: &[(&str, &str)] = &[
     ("llaisys_num_requests_waiting", "Requests waiting to be scheduled."),
     ("llaisys_kv_cache_usage_perc", "Fraction of KV-cache cells in use (1 = full)."),
     ("llaisys_kv_cache_cells_used", "KV-cache cells in use, cached prefixes included."),
-    ("llaisys_kv_cache_bytes", "Bytes the KV cache's keys and values hold, labelled with their dtype."),
+    (
+        "llaisys_kv_cache_bytes",
+        "Bytes the KV cache holds (keys and values, labelled with their dtype, and linear-attention states).",
+    ),
     ("llaisys_kv_cache_cells_cached", "KV-cache cells kept for prefix reuse and sessions."),
     ("llaisys_num_sessions", "Live sessions."),
     ("llaisys_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."),
