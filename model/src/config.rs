@@ -75,6 +75,10 @@ pub struct LinearAttention {
     pub value_dim: usize,
     /// The causal convolution's width over q, k and v (`linear_conv_kernel_dim`).
     pub conv_kernel: usize,
+    /// The tensors are as llama.cpp's converter writes them (a GGUF file): value heads in tiled
+    /// order (head `h` reads key head `h % key_heads`, not `h / (value_heads / key_heads)`) in
+    /// every tensor that has them, and `A` stored as −exp(A_log).
+    pub gguf_layout: bool,
 }
 
 impl LinearAttention {
@@ -529,6 +533,7 @@ impl Fields<'_> {
             key_dim: size("linear_key_head_dim", 128)?,
             value_dim: size("linear_value_head_dim", 128)?,
             conv_kernel: size("linear_conv_kernel_dim", 4)?,
+            gguf_layout: false,
         }))
     }
 

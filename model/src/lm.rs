@@ -101,6 +101,8 @@ pub trait LanguageModel: Send {
     /// cell (0 = unchanged).
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]);
 
-    /// Replaces the weight stored under checkpoint name `name`; the old tensor is released.
+    /// Replaces the weight stored under checkpoint name `name` (either naming) with values as
+    /// the checkpoint the model was loaded from holds them (a Qwen3.5 GGUF file's linear
+    /// attention in llama.cpp's layout, its norms with 1 added); the old tensor is released.
     fn replace_weight(&mut self, name: &str, data: TensorData) -> Result<(), LoadError>;
 }

@@ -38,6 +38,10 @@ pub struct Architecture {
     /// Control tokens that end a generation in its chat formats, by text (GGUF files list only
     /// one eos id; llama.cpp matches these the same way).
     pub end_of_generation: &'static [&'static str],
+    /// Its GGUF files' names for tensors the decoder knows by another GGUF name: (the decoder's
+    /// name in a block, the family's), e.g. Qwen3.5's `post_attention_norm.weight` for
+    /// `ffn_norm.weight`.
+    pub gguf_aliases: &'static [(&'static str, &'static str)],
     /// Its feed-forward blocks are mixtures of experts (`None`: dense SwiGLU).
     pub experts: Option<Experts>,
     /// Qwen3.5's hybrid: gated DeltaNet linear-attention layers among full-attention ones

@@ -15,6 +15,7 @@ pub const QWEN2: Architecture = Architecture {
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜>"],
+    gguf_aliases: &[],
     experts: None,
     gated_delta_net: false,
 };

@@ -15,6 +15,7 @@ pub const QWEN3: Architecture = Architecture {
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
+    gguf_aliases: &[],
     experts: None,
     gated_delta_net: false,
 };

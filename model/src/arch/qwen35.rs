@@ -4,7 +4,10 @@
 //! (`layer_types`), with zero-centred RMSNorms (they multiply by 1 + weight). Its released
 //! checkpoints nest the text model's config under `text_config` and its tensors under
 //! `model.language_model.`, beside a vision tower and a multi-token-prediction head, which a text
-//! server leaves unread.
+//! server leaves unread. Its GGUF files (llama.cpp's `qwen35`) hold the linear attention in the
+//! converter's layout (`LinearAttention::gguf_layout`), the norms with 1 added, the
+//! post-attention norm as `post_attention_norm`, and the multi-token-prediction head as blocks
+//! after the model's (`nextn_predict_layers`), which are not read.
 
 use super::{Architecture, Bias};
 
@@ -19,6 +22,7 @@ pub const QWEN3_5: Architecture = Architecture {
     gguf_pre: &["qwen35"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
+    gguf_aliases: &[("ffn_norm.weight", "post_attention_norm.weight")],
     experts: None,
     gated_delta_net: true,
 };

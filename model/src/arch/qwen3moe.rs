@@ -16,6 +16,7 @@ pub const QWEN3_MOE: Architecture = Architecture {
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
+    gguf_aliases: &[],
     experts: Some(Experts { shared_expert: false, gguf_norm_topk_prob: true, norm_topk_always: false }),
     gated_delta_net: false,
 };

@@ -58,10 +58,8 @@ pub fn load(
         }
     };
     // Rows the kernels take in another order than the checkpoint holds them (Qwen3.5's q and k).
-    let src: Box<dyn TensorSource> = match (src.naming(), weights::row_orders(&config)) {
-        (Naming::Hf, orders) if !orders.is_empty() => Box::new(Reordered { inner: src, orders }),
-        _ => src,
-    };
+    let orders = weights::row_orders(&config, src.naming());
+    let src: Box<dyn TensorSource> = if orders.is_empty() { src } else { Box::new(Reordered { inner: src, orders }) };
     weights::check(&config, src.as_ref())?;
     let stream = DeviceStream::for_device(device);
     let imatrix = opts.imatrix.as_deref().map(Imatrix::open).transpose()?;
@@ -243,7 +241,7 @@ impl Decoder {
             weights::check_one(c, slot, layer, data.shape().as_slice())?;
             // Rows the loaded model keeps in another order (Qwen3.5's q and k), as loading put them.
             let hf = weights::name_of(slot, layer, Naming::Hf);
-            let data = match weights::row_orders(c).into_iter().find(|(n, _)| *n == hf) {
+            let data = match weights::row_orders(c, Naming::Hf).into_iter().find(|(n, _)| *n == hf) {
                 Some((_, order)) => weights::reorder_rows(name, data, &order)?,
                 None => data,
             };

@@ -190,13 +190,16 @@ impl Slot {
     }
 
     /// The shape in checkpoints named `naming`: a GGUF file keeps all experts of a matrix in one
-    /// 3-D tensor, and may store the shared expert's gate as a vector.
+    /// 3-D tensor, may store the shared expert's gate as a vector, and stores the linear
+    /// attention's convolution as [channels, kernel].
     pub fn shape_in(self, c: &ModelConfig, naming: Naming) -> Vec<usize> {
         let experts = c.moe.as_ref().map_or(0, |m| m.experts);
         match (self, naming) {
             (Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown, Naming::Gguf) => {
                 [vec![experts], self.shape(c)].concat()
             }
+            // llama.cpp's converter squeezes the convolution's middle dimension.
+            (Slot::LinConv, Naming::Gguf) => self.shape(c).into_iter().filter(|&d| d != 1).collect(),
             _ => self.shape(c),
         }
     }
@@ -289,6 +292,12 @@ impl Slot {
             _ => base,
         }
     }
+}
+
+/// A linear-attention layer's log-decay rates from its `A` tensor: −exp(A_log) in a Hugging
+/// Face checkpoint, stored so in a GGUF file.
+fn decay_rate(a: &crate::config::LinearAttention, stored: Vec<f32>) -> Vec<f32> {
+    if a.gguf_layout { stored } else { stored.into_iter().map(|a| -a.exp()).collect() }
 }
 
 fn shared_width(c: &ModelConfig) -> usize {
@@ -396,7 +405,7 @@ pub fn check(c: &ModelConfig, src: &dyn TensorSource) -> Result<(), LoadError> {
 
 pub fn check_one(c: &ModelConfig, slot: Slot, layer: Option<usize>, found: &[usize]) -> Result<(), LoadError> {
     let expected = slot.shape(c);
-    if found != expected.as_slice() {
+    if found != expected.as_slice() && found != slot.shape_in(c, Naming::Gguf).as_slice() {
         return Err(LoadError::Shape { slot: slot.label(), layer, expected, found: found.to_vec() });
     }
     Ok(())
@@ -418,11 +427,12 @@ pub fn rotary_order(head_dim: usize, rotary: usize) -> Vec<usize> {
         .collect()
 }
 
-/// The tensors whose rows a Hugging Face checkpoint of config `c` holds in another order than
-/// the kernels take, with the order (new row → stored row): q and k (and their biases and
-/// norms) for a partial rotary embedding (`rotary_order`), and `q_proj`'s rows with an output
-/// gate, where each head's gate rows follow its query rows: all gates first, then the queries.
-pub fn row_orders(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+/// The tensors (named as in `naming`) whose rows a checkpoint of config `c` holds in another
+/// order than the kernels take, with the order (new row → stored row): q and k (and their
+/// biases and norms) for a partial rotary embedding (`rotary_order`), and `q_proj`'s rows with
+/// an output gate, where each head's gate rows follow its query rows: all gates first, then the
+/// queries. A GGUF file holds them as the Hugging Face checkpoint it was converted from does.
+pub fn row_orders(c: &ModelConfig, naming: Naming) -> Vec<(String, Vec<usize>)> {
     if c.rotary_dim == c.head_dim && !c.attn_output_gate {
         return Vec::new();
     }
@@ -447,7 +457,7 @@ pub fn row_orders(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             (Slot::AttnKNorm, &dims),
         ] {
             if slot.present(c) {
-                orders.push((name_of(slot, l, Naming::Hf), order.clone()));
+                orders.push((name_of(slot, l, naming), order.clone()));
             }
         }
     }
@@ -493,8 +503,16 @@ impl TensorSource for Reordered {
             None => Ok(data),
         }
     }
+    /// A quantized matrix's rows move whole (a row is whole blocks).
     fn blocks(&self, name: &str) -> Option<(QuantType, std::borrow::Cow<'_, [u8]>)> {
-        if self.orders.iter().any(|(n, _)| n == name) { None } else { self.inner.blocks(name) }
+        let (q, bytes) = self.inner.blocks(name)?;
+        let Some((_, order)) = self.orders.iter().find(|(n, _)| n == name) else { return Some((q, bytes)) };
+        let row = bytes.len().checked_div(order.len())?;
+        if row * order.len() != bytes.len() {
+            return None;
+        }
+        let moved = order.iter().flat_map(|&from| &bytes[from * row..(from + 1) * row]).copied().collect();
+        Some((q, std::borrow::Cow::Owned(moved)))
     }
     fn done(&self, name: &str) {
         self.inner.done(name)
@@ -669,9 +687,10 @@ impl Weights {
                             key_dim: a.key_dim,
                             value_dim: a.value_dim,
                             kernel: a.conv_kernel,
+                            tiled: a.gguf_layout,
                             conv: host(Slot::LinConv, l)?,
                             dt_bias: host(Slot::LinDtBias, l)?,
-                            decay_rate: host(Slot::LinALog, l)?.into_iter().map(|a| -a.exp()).collect(),
+                            decay_rate: decay_rate(a, host(Slot::LinALog, l)?),
                             norm: host(Slot::LinNorm, l)?,
                             eps: eps as f32,
                         };
@@ -859,7 +878,11 @@ impl Weights {
             match slot {
                 Slot::LinConv => delta.conv = host(),
                 Slot::LinDtBias => delta.dt_bias = host(),
-                Slot::LinALog => delta.decay_rate = host().into_iter().map(|a| -a.exp()).collect(),
+                Slot::LinALog => {
+                    if let Some(a) = &c.linear {
+                        delta.decay_rate = decay_rate(a, host());
+                    }
+                }
                 Slot::LinNorm => delta.norm = host(),
                 _ => {}
             }

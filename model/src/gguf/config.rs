@@ -48,11 +48,6 @@ pub fn architecture(file: &GgufFile) -> Result<String, LoadError> {
 pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let arch = architecture(file)?;
     let family = crate::arch::find(&arch);
-    if family.is_some_and(|f| f.gated_delta_net) {
-        let reason = "its GGUF files are not read yet (their linear-attention tensors and keys); \
-                      load the Hugging Face checkpoint, which --dtype quantizes at load";
-        return Err(LoadError::Config { field: "general.architecture".into(), reason: format!("`{arch}`: {reason}") });
-    }
     let mut obj = Map::new();
     // The family's `config.json` name (a GGUF architecture may be spelled differently).
     obj.insert("model_type".into(), json!(family.map_or(arch.as_str(), |f| f.name)));
@@ -66,6 +61,9 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
             v.as_u64().map(|x| json!(x))
         };
         obj.insert(field.into(), number.ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}")))?);
+    }
+    if family.is_some_and(|f| f.gated_delta_net) {
+        linear_attention(file, &arch, &mut obj)?;
     }
     // llama.cpp's pooling types: 1 mean, 3 last (0 none, 2 cls and 4 rank are not decoder poolings).
     match file.get(&format!("{arch}.pooling_type")).and_then(|v| v.as_u64()) {
@@ -94,6 +92,7 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     if let Some(rope) = rope_parameters(file, &arch)? {
         obj.insert("rope_parameters".into(), rope);
     }
+
     let id = |key: &str| file.get(key).and_then(|v| v.as_u64());
     if let Some(bos) = id("tokenizer.ggml.bos_token_id") {
         obj.insert("bos_token_id".into(), json!(bos));
@@ -115,13 +114,59 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         config.rope_scaling = RopeScaling::Factors(factors);
     }
     let rotated = file.get(&format!("{arch}.rope.dimension_count")).and_then(|v| v.as_u64());
-    if let Some(dims) = rotated.filter(|&d| d != config.head_dim as u64) {
+    if let Some(dims) = rotated.filter(|&d| d as usize != config.rotary_dim) {
         let head_dim = config.head_dim;
         return Err(file.error(format!(
-            "{arch}.rope.dimension_count: {dims} (partial rotary embeddings of head size {head_dim} are not supported)"
+            "{arch}.rope.dimension_count: {dims} (partial rotary embeddings of head size {head_dim} are not supported \
+             for this family)"
         )));
     }
+    // The converter added 1 to the zero-centred norms, and wrote the linear attention's tensors
+    // in its own layout.
+    config.zero_centred_norms = false;
+    if let Some(linear) = &mut config.linear {
+        linear.gguf_layout = true;
+    }
     Ok(config)
+}
+
+/// Qwen3.5's linear attention from `{arch}.ssm.*` (as llama.cpp's converter writes it) into the
+/// `linear_*` fields, its full-attention layers from `full_attention_interval`, the rotated part
+/// of each head from `rope.dimension_count`; a multi-token-prediction head's blocks
+/// (`nextn_predict_layers`, after the model's) are not layers of the model.
+fn linear_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
+    let number = |key: &str| -> Result<Option<u64>, LoadError> {
+        let key = format!("{arch}.{key}");
+        file.get(&key)
+            .map(|v| v.as_u64().ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}"))))
+            .transpose()
+    };
+    let nextn = number("nextn_predict_layers")?.unwrap_or(0);
+    if let Some(blocks) = obj.get("num_hidden_layers").and_then(Json::as_u64) {
+        let layers = blocks.checked_sub(nextn).ok_or_else(|| {
+            file.error(format!("{arch}.nextn_predict_layers: {nextn}, more than the {blocks} blocks"))
+        })?;
+        obj.insert("num_hidden_layers".into(), json!(layers));
+    }
+    let (value_heads, inner) = (number("ssm.time_step_rank")?, number("ssm.inner_size")?);
+    let fields = [
+        ("linear_conv_kernel_dim", number("ssm.conv_kernel")?),
+        ("linear_key_head_dim", number("ssm.state_size")?),
+        ("linear_num_key_heads", number("ssm.group_count")?),
+        ("linear_num_value_heads", value_heads),
+        ("linear_value_head_dim", inner.zip(value_heads).and_then(|(i, h)| i.checked_div(h))),
+        ("full_attention_interval", number("full_attention_interval")?),
+    ];
+    for (field, value) in fields {
+        if let Some(v) = value {
+            obj.insert(field.into(), json!(v));
+        }
+    }
+    let head_dim = obj.get("head_dim").and_then(Json::as_u64);
+    if let (Some(rotated), Some(head_dim)) = (number("rope.dimension_count")?, head_dim.filter(|&d| d > 0)) {
+        obj.insert("partial_rotary_factor".into(), json!(rotated as f64 / head_dim as f64));
+    }
+    Ok(())
 }
 
 /// `{arch}.rope.scaling.*` as `rope_parameters`, `None` without a scaling type (or `none`).

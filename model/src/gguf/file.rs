@@ -195,6 +195,9 @@ pub struct GgufFile {
     pub version: u32,
     metadata: HashMap<String, Value>,
     tensors: Vec<TensorInfo>,
+    /// Per tensor, its name as the decoder knows it, or `None` for one it does not read
+    /// (`GgufFile::served`, made at first use).
+    pub(super) served: std::sync::OnceLock<Vec<Option<String>>>,
 }
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -247,7 +250,7 @@ impl GgufFile {
                 )));
             }
         }
-        Ok(Self { path: path.into(), parts, maps, version, metadata, tensors })
+        Ok(Self { path: path.into(), parts, maps, version, metadata, tensors, served: Default::default() })
     }
 
     pub fn path(&self) -> &Path {

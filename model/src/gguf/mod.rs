@@ -28,15 +28,15 @@ impl TensorSource for GgufFile {
     }
 
     fn names(&self) -> BTreeSet<&str> {
-        self.tensors().iter().map(|t| t.name.as_str()).collect()
+        self.served().iter().flatten().map(String::as_str).collect()
     }
 
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.tensor(name).map(TensorInfo::shape)
+        self.served_tensor(name).map(TensorInfo::shape)
     }
 
     fn stored(&self, name: &str) -> Option<Result<Stored, String>> {
-        Some(match self.tensor(name)?.ty {
+        Some(match self.served_tensor(name)?.ty {
             TensorType::F32 => Ok(Stored::F32),
             TensorType::F16 => Ok(Stored::F16),
             TensorType::BF16 => Ok(Stored::Bf16),
@@ -48,7 +48,7 @@ impl TensorSource for GgufFile {
     }
 
     fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError> {
-        let t = self.tensor(name).ok_or_else(|| self.error(format!("no tensor `{name}`")))?;
+        let t = self.served_tensor(name).ok_or_else(|| self.error(format!("no tensor `{name}`")))?;
         let bytes = self.rows_in_hf_order(t)?;
         let bytes = &bytes[..];
         let shape = t.shape();
@@ -74,7 +74,7 @@ impl TensorSource for GgufFile {
     }
 
     fn blocks(&self, name: &str) -> Option<(QuantType, Cow<'_, [u8]>)> {
-        let t = self.tensor(name)?;
+        let t = self.served_tensor(name)?;
         match t.ty {
             TensorType::Quant(q) => Some((q, self.rows_in_hf_order(t).ok()?)),
             TensorType::Foreign(f) => Some((f.target(), Cow::Owned(f.convert(&self.rows_in_hf_order(t).ok()?)?))),
@@ -83,13 +83,49 @@ impl TensorSource for GgufFile {
     }
 
     fn done(&self, name: &str) {
-        if let Some(t) = self.tensor(name) {
+        if let Some(t) = self.served_tensor(name) {
             self.release(t);
         }
     }
 }
 
 impl GgufFile {
+    /// Per tensor, the name the decoder knows it by (`TensorSource`'s names): its own, or the
+    /// decoder's for a family's alias (`Architecture::gguf_aliases`); `None` for the blocks of a
+    /// multi-token-prediction head after the model's (`{arch}.nextn_predict_layers`), which are
+    /// not read.
+    fn served(&self) -> &[Option<String>] {
+        self.served.get_or_init(|| {
+            let arch = architecture(self).ok();
+            let family = arch.as_deref().and_then(crate::arch::find);
+            let aliases = family.map_or(&[][..], |f| f.gguf_aliases);
+            let key = |k: &str| arch.as_ref().and_then(|a| self.get(&format!("{a}.{k}"))).and_then(Value::as_u64);
+            let blocks = match key("nextn_predict_layers") {
+                Some(n) if n > 0 => key("block_count").map(|b| b.saturating_sub(n)),
+                _ => None,
+            };
+            let serve = |name: &str| {
+                let Some((block, tail)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.')) else {
+                    return Some(name.to_string());
+                };
+                if blocks.zip(block.parse::<u64>().ok()).is_some_and(|(blocks, b)| b >= blocks) {
+                    return None;
+                }
+                match aliases.iter().find(|(_, theirs)| *theirs == tail) {
+                    Some((ours, _)) => Some(format!("blk.{block}.{ours}")),
+                    None => Some(name.to_string()),
+                }
+            };
+            self.tensors().iter().map(|t| serve(&t.name)).collect()
+        })
+    }
+
+    /// The tensor the decoder knows as `name`.
+    fn served_tensor(&self, name: &str) -> Option<&TensorInfo> {
+        let i = self.served().iter().position(|n| n.as_deref() == Some(name))?;
+        self.tensors().get(i)
+    }
+
     /// The tensors this file holds in formats converted at load, by format: `Q3_K → Q6_K
     /// (exact): 24 tensors`, one entry per format; empty when there are none.
     pub fn conversions(&self) -> Vec<String> {

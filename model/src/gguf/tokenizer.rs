@@ -35,10 +35,17 @@ struct PreTokenizer {
     ignore_merges: bool,
 }
 
-const PRE_TOKENIZERS: [PreTokenizer; 2] = [
+const PRE_TOKENIZERS: [PreTokenizer; 3] = [
     PreTokenizer {
         names: &["qwen2", "deepseek-r1-qwen"],
         split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        nfc: true,
+        ignore_merges: false,
+    },
+    // Qwen3.5's: Qwen2's with combining marks (\p{M}) kept with the letters before them.
+    PreTokenizer {
+        names: &["qwen35"],
+        split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         nfc: true,
         ignore_merges: false,
     },

@@ -21,6 +21,10 @@ use crate::kv::LayerState;
 pub struct DeltaNet {
     pub key_heads: usize,
     pub value_heads: usize,
+    /// Value heads in llama.cpp's tiled order (head `h` reads key head `h % key_heads`), as
+    /// its converter writes every tensor that has them; else grouped by key head (head `h`
+    /// reads key head `h / (value_heads / key_heads)`), as Hugging Face's checkpoints are.
+    pub tiled: bool,
     pub key_dim: usize,
     pub value_dim: usize,
     /// The convolution's width.
@@ -96,7 +100,7 @@ impl DeltaNet {
         let heads: Vec<(usize, usize, Vec<f32>)> = tasks
             .into_par_iter()
             .map(|(i, h, rows, memory, (after, mut keep))| {
-                let kh = h / group;
+                let kh = if self.tiled { h % self.key_heads } else { h / group };
                 let mut o = vec![0.0f32; rows.len() * dv];
                 let mut kv = vec![0.0f32; dv];
                 for (t, &row) in rows.iter().enumerate() {
@@ -242,6 +246,7 @@ mod tests {
         let net = DeltaNet {
             key_heads: 1,
             value_heads: 1,
+            tiled: false,
             key_dim: 1,
             value_dim: 1,
             kernel: 3,
