@@ -183,6 +183,37 @@ async fn qwen35_calls_are_xml_elements_held_to_the_schemas_and_read_as_json() {
     engine.shutdown().await;
 }
 
+/// Llama 3.x writes a call as its whole answer, `{"name": ..., "parameters": ...}`, with no tags:
+/// required and named calls are held to that and to the schemas and come out as OpenAI's calls;
+/// `auto` is free (nothing to hold a grammar back until); the history's call renders as the
+/// template writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_calls_are_the_whole_answer_held_to_the_schemas() {
+    let fixture = FixtureCopy::long_context("tiny-llama-f32", 4096);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let tokenizer = engine.tokenizer().unwrap();
+    let answer = engine.chat(ask().tool_choice(ToolChoice::Required).n(3).seed(41)).await.unwrap().answer().await;
+    for c in &answer.choices {
+        assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (FinishReason::ToolCalls, 1, ""), "{c:?}");
+        check_call(&c.tool_calls[0]);
+        let written = tokenizer.decode(&c.tokens, true).unwrap();
+        assert!(written.starts_with("{\"name\": \"get_") && written.contains("\"parameters\": {"), "{written:?}");
+    }
+    let named = ask().tool_choice(ToolChoice::Function("get_time".into())).n(2).seed(42);
+    for c in engine.chat(named).await.unwrap().answer().await.choices {
+        assert_eq!((c.finish, c.tool_calls.len(), c.tool_calls[0].name.as_str()), (FinishReason::Stop, 1, "get_time"));
+        check_call(&c.tool_calls[0]);
+    }
+    for c in engine.chat(ask().max_tokens(8).n(2).seed(43)).await.unwrap().answer().await.choices {
+        assert!(matches!(c.finish, FinishReason::Stop | FinishReason::Length), "{c:?}");
+    }
+    let ids = engine.frontend().render_chat(&weather_history(), &[weather()], &Default::default(), true).unwrap();
+    let rendered = tokenizer.decode(&ids, false).unwrap();
+    let call = "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}<|eot_id|>";
+    assert!(rendered.contains(call), "{rendered}");
+    engine.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_tool_call_pieces_add_up_to_the_answer_byte_for_byte() {
     let fixture = FixtureCopy::long_context(TIED, 2048);

@@ -36,9 +36,10 @@ pub struct WireRequest {
     pub stop_token_ids: Vec<u32>,
     #[serde(default)]
     pub ignore_eos: bool,
-    /// Tool calls' tags (open, close) and whether calling ends with `tool_calls`.
+    /// Tool calls' tags (open, close; none: calls are recognised in the text) and whether
+    /// calling ends with `tool_calls`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<(u32, u32, bool)>,
+    pub tool_calls: Option<(Option<(u32, u32)>, bool)>,
     /// With `tool_calls`: the calls are XML elements, read with what these tools say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xml_calls: Option<XmlTools>,
@@ -68,7 +69,10 @@ impl WireRequest {
             stop: params.stop.clone(),
             stop_token_ids: params.stop_token_ids.clone(),
             ignore_eos: params.ignore_eos,
-            tool_calls: params.tool_calls.as_ref().map(|t| (t.tags.open, t.tags.close, t.finish_with_tool_calls)),
+            tool_calls: params
+                .tool_calls
+                .as_ref()
+                .map(|t| (t.tags.map(|t| (t.open, t.close)), t.finish_with_tool_calls)),
             xml_calls: params.tool_calls.as_ref().and_then(|t| t.xml.as_deref().cloned()),
             text_calls: params.text_calls.as_deref().cloned(),
             text_retry: params.text_retry.as_ref().map(llaisys_model::Guidance::spec),
@@ -92,8 +96,8 @@ impl WireRequest {
             stop: self.stop.clone(),
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
-            tool_calls: self.tool_calls.map(|(open, close, finish_with_tool_calls)| ToolParsing {
-                tags: ToolCallTags { open, close },
+            tool_calls: self.tool_calls.map(|(tags, finish_with_tool_calls)| ToolParsing {
+                tags: tags.map(|(open, close)| ToolCallTags { open, close }),
                 xml: self.xml_calls.clone().map(std::sync::Arc::new),
                 finish_with_tool_calls,
             }),
@@ -380,7 +384,7 @@ mod tests {
         params.sampling.seed = Some(5);
         let xml = XmlTools::new(&[("f", &serde_json::json!({"properties": {"n": {"type": "integer"}}}))]);
         params.tool_calls = Some(ToolParsing {
-            tags: ToolCallTags { open: 1, close: 2 },
+            tags: Some(ToolCallTags { open: 1, close: 2 }),
             xml: Some(std::sync::Arc::new(xml)),
             finish_with_tool_calls: true,
         });

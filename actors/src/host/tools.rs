@@ -76,13 +76,17 @@ pub(super) fn constrain_calls(
     compiler: &GrammarCompiler,
 ) -> Result<(), RequestError> {
     let choice = options.tool_choice.clone().unwrap_or_default();
-    let (Some(open), Some(close)) = (compiler.special_token("<tool_call>"), compiler.special_token("</tool_call>"))
-    else {
+    let tags = compiler.special_token("<tool_call>").zip(compiler.special_token("</tool_call>"));
+    if tags.is_none() && syntax != CallSyntax::Bare {
         return Err(RequestError::invalid("tools", "this model's vocabulary has no <tool_call> tags"));
-    };
+    }
+    let open = tags.map(|(open, _)| open);
     if choice == ToolChoice::None {
-        // A constraint's grammar decides alone (it reaches the tag only by naming it).
-        if options.constraint.is_none() {
+        // A constraint's grammar decides alone (it reaches the tag only by naming it). With no
+        // tags there is nothing to forbid: the tools are not shown to the model.
+        if options.constraint.is_none()
+            && let Some(open) = open
+        {
             params.guidance = Guidance::forbid(vec![open]);
         }
         return Ok(());
@@ -100,19 +104,34 @@ pub(super) fn constrain_calls(
     let parallel = options.parallel_tool_calls.unwrap_or(true) && !named;
     let with_open = choice != ToolChoice::Auto;
     let grammar = compiler
-        .tool_calls(&functions, (open, close), syntax, with_open, parallel)
+        .tool_calls(&functions, tags, syntax, with_open, parallel)
         .map_err(|e| RequestError::invalid("tools", e.0))?;
-    // In `auto` the model may also write the call as text (a ```json fence, bare JSON): the
-    // output's `TextCalls` recognises one that is exactly a call to an offered tool.
-    params.guidance = if with_open { Guidance::grammar(grammar) } else { Guidance::after(open, grammar) };
     let xml = (syntax == CallSyntax::Xml).then(|| Arc::new(XmlTools::new(&functions)));
-    params.tool_calls = Some(ToolParsing { tags: ToolCallTags { open, close }, xml, finish_with_tool_calls: !named });
+    let tags = tags.map(|(open, close)| ToolCallTags { open, close });
+    params.tool_calls = Some(ToolParsing { tags, xml, finish_with_tool_calls: !named });
+    let text_calls = |grounds| {
+        let tools = functions.iter().map(|(name, parameters)| TextCallTool::new(name, parameters)).collect();
+        Some(Arc::new(TextCallSpec { tools, grounds }))
+    };
+    params.guidance = match (with_open, open) {
+        (true, _) => Guidance::grammar(grammar),
+        (false, Some(open)) => Guidance::after(open, grammar),
+        // Llama's calls have no tag to hold a grammar back until: `auto` is free.
+        (false, None) => Guidance::default(),
+    };
+    if with_open && syntax == CallSyntax::Bare {
+        // The grammar makes the answer one call, which is read from the text.
+        params.text_calls = text_calls(None);
+    }
     if choice == ToolChoice::Auto {
-        let tools = options.tools.iter().map(|t| TextCallTool::new(&t.name, &t.parameters)).collect();
-        params.text_calls = Some(Arc::new(TextCallSpec { tools, grounds: Some(conversation_text(messages)) }));
+        // In `auto` the model may also write the call as text (a ```json fence, bare JSON, and
+        // Llama's calls always): the output's `TextCalls` recognises one that is exactly a call
+        // to an offered tool.
+        params.text_calls = text_calls(Some(conversation_text(messages)));
         // A rejected call written as text is answered again, as text (it is held back, so the
         // client never saw it): small models write a made-up call for a greeting or a sum.
-        params.text_retry = Some(Guidance::forbid(vec![open]).not_opening_with(compiler.json_openers()));
+        params.text_retry =
+            Some(Guidance::forbid(open.into_iter().collect()).not_opening_with(compiler.json_openers()));
     }
     Ok(())
 }

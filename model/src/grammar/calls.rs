@@ -1,7 +1,7 @@
-//! T3: the grammar of tool calls between a model's `<tool_call>` tags, in the syntax its chat
-//! template writes them: Qwen2's and Qwen3's JSON object, or Qwen3.5's (and Qwen3-Coder's) XML
+//! T3: the grammar of tool calls in the syntax a model's chat template writes them: between its
+//! `<tool_call>` tags, Qwen2's and Qwen3's JSON object or Qwen3.5's (and Qwen3-Coder's) XML
 //! elements, each parameter's value as the template writes it (text as it is, anything else as
-//! JSON).
+//! JSON); or, for Llama 3.x, the whole answer one JSON object with the call's `parameters`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -15,6 +15,8 @@ pub enum CallSyntax {
     /// `<function=N>`, then `<parameter=P>`, the value on lines of its own, `</parameter>` per
     /// argument, then `</function>` (Qwen3.5, Qwen3-Coder).
     Xml,
+    /// No tags: the answer is one call, `{"name": N, "parameters": A}` (Llama 3.1–3.3).
+    Bare,
 }
 
 /// Whether an XML call writes a parameter of this schema as text (its value as it is, a string
@@ -29,9 +31,26 @@ pub fn written_as_text(schema: &Value) -> bool {
     }
 }
 
-/// The Lark grammar of calls to `functions` (each name with its parameters' schema) in
-/// `syntax`: `first` opens the first call (or nothing when the model opened it), `more` the
-/// part after a call that allows another, `close` the closing tag's id.
+/// The Lark grammar of an answer that is one call to one of `functions` (each name with its
+/// parameters' schema), with no tags (`CallSyntax::Bare`).
+pub(super) fn bare_call_grammar(functions: &[(&str, &Value)]) -> String {
+    let calls: Vec<Value> = functions
+        .iter()
+        .map(|(name, parameters)| {
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": name}, "parameters": parameters},
+                "required": ["name", "parameters"],
+                "additionalProperties": false
+            })
+        })
+        .collect();
+    format!("start: %json {}\n", json!({"anyOf": calls, "x-guidance": template_json()}))
+}
+
+/// The Lark grammar of calls to `functions` (each name with its parameters' schema) between
+/// tags, in `syntax`: `first` opens the first call (or nothing when the model opened it), `more`
+/// the part after a call that allows another, `close` the closing tag's id.
 pub(super) fn calls_grammar(
     functions: &[(&str, &Value)],
     syntax: CallSyntax,
@@ -42,7 +61,7 @@ pub(super) fn calls_grammar(
     // Qwen2 models often end a call's line before the end of their turn.
     let start = format!("start: {first}call{more} \"\\n\"?\n");
     match syntax {
-        CallSyntax::Json => {
+        CallSyntax::Json | CallSyntax::Bare => {
             let calls: Vec<Value> = functions
                 .iter()
                 .map(|(name, parameters)| {

@@ -8,7 +8,7 @@ use llguidance::toktrie::TokEnv;
 use llguidance::{ParserFactory, TokenParser};
 use serde_json::{Value, json};
 
-use super::calls::{CallSyntax, calls_grammar};
+use super::calls::{CallSyntax, bare_call_grammar, calls_grammar};
 use super::env::VocabEnv;
 use super::guide::{Guidance, GuidanceSpec};
 use super::{Constraint, GrammarError, regex_escape};
@@ -114,19 +114,25 @@ impl GrammarCompiler {
     /// T3: tool calls to `functions` (each name with its parameters' schema) between the
     /// model's tags, in the syntax its template writes them (`CallSyntax`): Qwen2's
     /// `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`, or Qwen3.5's
-    /// `<tool_call>\n<function=N>\n<parameter=P>\nV\n</parameter>\n</function>\n</tool_call>`.
+    /// `<tool_call>\n<function=N>\n<parameter=P>\nV\n</parameter>\n</function>\n</tool_call>`;
+    /// or Llama 3.x's answer that is one call, `{"name": N, "parameters": A}`, with no tags.
     /// `with_open`: the grammar starts with the opening tag (a required or named call);
     /// otherwise just after it (the model opened a call by itself). `parallel`: more calls may
-    /// follow, each on its own line.
+    /// follow, each on its own line (not in Llama's, which makes one call at a time).
     pub fn tool_calls(
         &self,
         functions: &[(&str, &Value)],
-        tags: (u32, u32),
+        tags: Option<(u32, u32)>,
         syntax: CallSyntax,
         with_open: bool,
         parallel: bool,
     ) -> Result<Grammar, GrammarError> {
-        let (open, close) = tags;
+        if syntax == CallSyntax::Bare {
+            return self.compile_lark(bare_call_grammar(functions));
+        }
+        let Some((open, close)) = tags else {
+            return Err(GrammarError("this model's vocabulary has no <tool_call> tags".into()));
+        };
         let first = if with_open { format!("<[{open}]> ") } else { String::new() };
         let more = if parallel { format!(" (\"\\n\" <[{open}]> call)*") } else { String::new() };
         self.compile_lark(calls_grammar(functions, syntax, &first, &more, close))

@@ -266,11 +266,18 @@ impl ChatTemplate {
     }
 
     /// How the template writes an assistant's tool calls (and so how the model writes them):
-    /// XML elements where it spells out `<function=` and `<parameter=` (Qwen3.5, Qwen3-Coder),
-    /// else a JSON object.
+    /// XML elements where it spells out `<function=` and `<parameter=` (Qwen3.5, Qwen3-Coder); a
+    /// JSON object between `<tool_call>` tags where it has them (Qwen2, Qwen3); else, where it
+    /// writes a call's `"parameters"`, the answer as one JSON object (Llama 3.x).
     pub fn call_syntax(&self) -> CallSyntax {
-        let xml = self.source.contains("<function=") && self.source.contains("<parameter=");
-        if xml { CallSyntax::Xml } else { CallSyntax::Json }
+        let has = |s: &str| self.source.contains(s);
+        if has("<function=") && has("<parameter=") {
+            CallSyntax::Xml
+        } else if !has("<tool_call>") && has("\"parameters\"") {
+            CallSyntax::Bare
+        } else {
+            CallSyntax::Json
+        }
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt` it ends where the

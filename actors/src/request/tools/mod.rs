@@ -66,7 +66,9 @@ impl ToolCallOut {
 /// How a request's output carries tool calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolParsing {
-    pub tags: ToolCallTags,
+    /// `None`: the model writes calls with no tags (Llama 3.x, `CallSyntax::Bare`); they are
+    /// recognised in the text (`TextCalls`).
+    pub tags: Option<ToolCallTags>,
     /// Calls between the tags are XML elements (`CallSyntax::Xml`), read with what the offered
     /// tools say of their parameters; `None`: a JSON object.
     pub xml: Option<Arc<XmlTools>>,
@@ -78,7 +80,7 @@ pub struct ToolParsing {
 impl ToolParsing {
     /// Calls in JSON between `tags`.
     pub fn json(tags: ToolCallTags, finish_with_tool_calls: bool) -> Self {
-        Self { tags, xml: None, finish_with_tool_calls }
+        Self { tags: Some(tags), xml: None, finish_with_tool_calls }
     }
 
     /// The finish reason of an output that ended for `reason`, having called tools or not.
@@ -138,7 +140,7 @@ struct Call {
 /// Splits a choice's output into content and tool calls.
 #[derive(Debug, Clone)]
 pub struct ToolCallParser {
-    tags: ToolCallTags,
+    tags: Option<ToolCallTags>,
     xml: Option<Arc<XmlTools>>,
     call: Option<Scan>,
     /// Whether the open call's id and name went out.
@@ -158,12 +160,13 @@ impl ToolCallParser {
     }
 
     pub fn is_tag(&self, token: u32) -> bool {
-        token == self.tags.open || token == self.tags.close
+        self.tags.is_some_and(|t| token == t.open || token == t.close)
     }
 
-    /// Where `token` belongs; a tag opens or closes a call.
+    /// Where `token` belongs; a tag opens or closes a call (with no tags, all is text).
     pub fn route(&mut self, token: u32) -> Route {
-        if token == self.tags.open && self.call.is_none() {
+        let Some(tags) = self.tags else { return Route::Text };
+        if token == tags.open && self.call.is_none() {
             self.call = Some(match self.xml {
                 Some(_) => Scan::Xml(XmlCall::default()),
                 None => Scan::Json(Call::default()),
@@ -171,7 +174,7 @@ impl ToolCallParser {
             self.header_sent = false;
             self.calls += 1;
             Route::Call
-        } else if token == self.tags.close && self.call.is_some() {
+        } else if token == tags.close && self.call.is_some() {
             self.call = None;
             Route::Call
         } else if self.call.is_some() {
