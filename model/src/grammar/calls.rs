@@ -31,21 +31,27 @@ pub fn written_as_text(schema: &Value) -> bool {
     }
 }
 
-/// The Lark grammar of an answer that is one call to one of `functions` (each name with its
-/// parameters' schema), with no tags (`CallSyntax::Bare`).
-pub(super) fn bare_call_grammar(functions: &[(&str, &Value)]) -> String {
+/// The schema of a JSON call to one of `functions`: `{"name": N, key: A}` with A held to N's
+/// parameters' schema, written as the template writes JSON.
+fn json_call(functions: &[(&str, &Value)], key: &str) -> Value {
     let calls: Vec<Value> = functions
         .iter()
         .map(|(name, parameters)| {
             json!({
                 "type": "object",
-                "properties": {"name": {"const": name}, "parameters": parameters},
-                "required": ["name", "parameters"],
+                "properties": {"name": {"const": name}, key: parameters},
+                "required": ["name", key],
                 "additionalProperties": false
             })
         })
         .collect();
-    format!("start: %json {}\n", json!({"anyOf": calls, "x-guidance": template_json()}))
+    json!({"anyOf": calls, "x-guidance": template_json()})
+}
+
+/// The Lark grammar of an answer that is one call to one of `functions` (each name with its
+/// parameters' schema), with no tags (`CallSyntax::Bare`).
+pub(super) fn bare_call_grammar(functions: &[(&str, &Value)]) -> String {
+    format!("start: %json {}\n", json_call(functions, "parameters"))
 }
 
 /// The Lark grammar of calls to `functions` (each name with its parameters' schema) between
@@ -62,18 +68,7 @@ pub(super) fn calls_grammar(
     let start = format!("start: {first}call{more} \"\\n\"?\n");
     match syntax {
         CallSyntax::Json | CallSyntax::Bare => {
-            let calls: Vec<Value> = functions
-                .iter()
-                .map(|(name, parameters)| {
-                    json!({
-                        "type": "object",
-                        "properties": {"name": {"const": name}, "arguments": parameters},
-                        "required": ["name", "arguments"],
-                        "additionalProperties": false
-                    })
-                })
-                .collect();
-            let schema = json!({"anyOf": calls, "x-guidance": template_json()});
+            let schema = json_call(functions, "arguments");
             format!("{start}call: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n")
         }
         CallSyntax::Xml => {
