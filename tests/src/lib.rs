@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 9] = [
+pub const FIXTURES: [&str; 10] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -18,6 +18,7 @@ pub const FIXTURES: [&str; 9] = [
     "tiny-qwen2moe-f32",
     "tiny-qwen35-f32",
     "tiny-qwen35moe-f32",
+    "tiny-qwen3next-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

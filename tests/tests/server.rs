@@ -462,6 +462,7 @@ async fn qwen3_and_llama_serve_like_transformers_batched_cached_and_speculative(
         ("tiny-qwen35-f32", fixture_dir("tiny-qwen35-f32")),
         ("tiny-qwen35moe-f32", fixture_dir("tiny-qwen35moe-f32")),
         ("tiny-qwen35-f32", gguf_fixture("tiny-qwen35-f32")),
+        ("tiny-qwen3next-f32", fixture_dir("tiny-qwen3next-f32")),
     ] {
         let s = server_for(&path, &[("speculative.ngram_min", "1")]).await;
         let name = path.file_stem().unwrap().to_string_lossy().to_string();

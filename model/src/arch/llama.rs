@@ -19,4 +19,6 @@ pub const LLAMA: Architecture = Architecture {
     gguf_aliases: &[],
     experts: None,
     gated_delta_net: false,
+    fused_linear_projections: false,
+    gguf_tiled_value_heads: false,
 };

@@ -11,6 +11,7 @@ mod qwen3;
 mod qwen35;
 mod qwen35moe;
 mod qwen3moe;
+mod qwen3next;
 
 /// A decoder-only family the shared decoder serves.
 #[derive(Debug, PartialEq)]
@@ -47,6 +48,13 @@ pub struct Architecture {
     /// Qwen3.5's hybrid: gated DeltaNet linear-attention layers among full-attention ones
     /// (`layer_types`), an output gate on the full attention, zero-centred RMSNorms.
     pub gated_delta_net: bool,
+    /// Its checkpoints fuse the linear attention's input projections per key head (Qwen3-Next's
+    /// `in_proj_qkvz`, `in_proj_ba`; its GGUF files keep `ssm_ba`): read as the separate
+    /// projections (`weights::split_rows`).
+    pub fused_linear_projections: bool,
+    /// Its GGUF files hold the linear attention's value heads in llama.cpp's tiled order (its
+    /// converter reorders Qwen3.5's, not Qwen3-Next's).
+    pub gguf_tiled_value_heads: bool,
 }
 
 /// How a family's mixture-of-experts blocks differ.
@@ -80,6 +88,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &qwen3moe::QWEN3_MOE,
     &qwen35::QWEN3_5,
     &qwen35moe::QWEN3_5_MOE,
+    &qwen3next::QWEN3_NEXT,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
@@ -96,7 +105,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("phi3", "Phi-3's fused projections and long RoPE"),
     ("qwen2_vl", "a vision encoder"),
     ("qwen2vl", "a vision encoder"),
-    ("qwen3_next", "Qwen3-Next's fused projections and experts beside its linear attention layers"),
 ];
 
 /// The family named `name` (a `config.json` `model_type`, the text model's own within a

@@ -19,4 +19,6 @@ pub const QWEN2_MOE: Architecture = Architecture {
     gguf_aliases: &[],
     experts: Some(Experts { shared_expert: true, gguf_norm_topk_prob: false, norm_topk_always: false }),
     gated_delta_net: false,
+    fused_linear_projections: false,
+    gguf_tiled_value_heads: false,
 };

@@ -18,4 +18,6 @@ pub const QWEN3: Architecture = Architecture {
     gguf_aliases: &[],
     experts: None,
     gated_delta_net: false,
+    fused_linear_projections: false,
+    gguf_tiled_value_heads: false,
 };

@@ -25,4 +25,6 @@ pub const QWEN3_5: Architecture = Architecture {
     gguf_aliases: &[("ffn_norm.weight", "post_attention_norm.weight")],
     experts: None,
     gated_delta_net: true,
+    fused_linear_projections: false,
+    gguf_tiled_value_heads: true,
 };

@@ -58,7 +58,13 @@ pub fn load(
         }
     };
     // Rows the kernels take in another order than the checkpoint holds them (Qwen3.5's q and k).
-    let orders = weights::row_orders(&config, src.naming());
+    // and tensors it holds fused (Qwen3-Next's linear attention).
+    let naming = src.naming();
+    let orders: Vec<(String, String, Vec<usize>)> = weights::row_orders(&config, naming)
+        .into_iter()
+        .map(|(name, order)| (name.clone(), name, order))
+        .chain(weights::split_rows(&config, naming))
+        .collect();
     let src: Box<dyn TensorSource> = if orders.is_empty() { src } else { Box::new(Reordered { inner: src, orders }) };
     weights::check(&config, src.as_ref())?;
     let stream = DeviceStream::for_device(device);

@@ -466,21 +466,71 @@ pub fn row_orders(c: &ModelConfig, naming: Naming) -> Vec<(String, Vec<usize>)> 
 
 /// `data`'s rows (its first dimension) in `order` (new row → old row).
 pub fn reorder_rows(name: &str, data: TensorData, order: &[usize]) -> Result<TensorData, LoadError> {
-    let shape = data.shape().as_slice().to_vec();
+    let mut shape = data.shape().as_slice().to_vec();
     let dtype = data.dtype();
     let values = data
         .convert::<f32>()
         .try_into_vec::<f32>()
         .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?;
     let width = values.len() / shape[0].max(1);
+    if order.iter().any(|&r| r >= shape[0]) {
+        return Err(LoadError::Tensor {
+            name: name.into(),
+            reason: format!("has {} rows, fewer than its layout", shape[0]),
+        });
+    }
     let rows: Vec<f32> = order.iter().flat_map(|&r| values[r * width..(r + 1) * width].iter().copied()).collect();
+    shape[0] = order.len();
     Ok(crate::tensors::convert(rows, shape, dtype))
 }
 
-/// A checkpoint read with some tensors' rows in another order (`row_orders`).
+/// The tensors (named as in `naming`) that a checkpoint of config `c` fuses, as (the decoder's
+/// tensor, the stored one, its rows: new row → stored row): Qwen3-Next's linear attention keeps
+/// per key head its q, k rows and its value heads' v and z rows in `in_proj_qkvz`, their β and α
+/// rows in `in_proj_ba` (a GGUF file splits q, k, v and z, and keeps `ssm_ba`).
+pub fn split_rows(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
+    let Some(a) = c.linear.as_ref().filter(|_| c.arch.fused_linear_projections) else { return Vec::new() };
+    let (nk, dk, dv) = (a.key_heads, a.key_dim, a.value_dim);
+    let per = a.value_heads / nk.max(1);
+    let group = 2 * dk + 2 * per * dv;
+    let part = |start: usize, len: usize, stride: usize| -> Vec<usize> {
+        (0..nk).flat_map(|g| (0..len).map(move |i| g * stride + start + i)).collect()
+    };
+    let qkv = [part(0, dk, group), part(dk, dk, group), part(2 * dk, per * dv, group)].concat();
+    let z = part(2 * dk + per * dv, per * dv, group);
+    let (beta, alpha) = (part(0, per, 2 * per), part(per, per, 2 * per));
+    let mut out = Vec::new();
+    for l in (0..c.num_hidden_layers).filter(|&l| c.is_linear_layer(l)) {
+        let name = |slot| name_of(slot, Some(l), naming);
+        let (qkvz, ba) = match naming {
+            Naming::Hf => (
+                Some(format!("model.layers.{l}.linear_attn.in_proj_qkvz.weight")),
+                format!("model.layers.{l}.linear_attn.in_proj_ba.weight"),
+            ),
+            Naming::Gguf => (None, format!("blk.{l}.ssm_ba.weight")),
+        };
+        if let Some(qkvz) = qkvz {
+            out.push((name(Slot::LinQkv), qkvz.clone(), qkv.clone()));
+            out.push((name(Slot::LinZ), qkvz, z.clone()));
+        }
+        out.push((name(Slot::LinBeta), ba.clone(), beta.clone()));
+        out.push((name(Slot::LinAlpha), ba, alpha.clone()));
+    }
+    out
+}
+
+/// A checkpoint read with some tensors made of another's rows: a tensor's rows in another order
+/// (`row_orders`), or part of a fused tensor (`split_rows`), which then is not listed itself.
 pub struct Reordered {
     pub inner: Box<dyn TensorSource>,
-    pub orders: Vec<(String, Vec<usize>)>,
+    /// (the tensor, the stored tensor its rows come from, which: new row → stored row)
+    pub orders: Vec<(String, String, Vec<usize>)>,
+}
+
+impl Reordered {
+    fn find(&self, name: &str) -> Option<(&str, &[usize])> {
+        self.orders.iter().find(|(n, _, _)| n == name).map(|(_, from, order)| (from.as_str(), order.as_slice()))
+    }
 }
 
 impl TensorSource for Reordered {
@@ -488,34 +538,57 @@ impl TensorSource for Reordered {
         self.inner.naming()
     }
     fn names(&self) -> std::collections::BTreeSet<&str> {
-        self.inner.names()
+        let mut names = self.inner.names();
+        // A part of a fused tensor is listed where the fused one is, in its place.
+        let parts: Vec<(&str, &str)> = self
+            .orders
+            .iter()
+            .filter(|(name, from, _)| name != from && names.contains(from.as_str()))
+            .map(|(name, from, _)| (name.as_str(), from.as_str()))
+            .collect();
+        for (name, from) in parts {
+            names.remove(from);
+            names.insert(name);
+        }
+        names
     }
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.inner.shape(name)
+        match self.find(name) {
+            Some((from, order)) => {
+                let mut shape = self.inner.shape(from)?;
+                *shape.first_mut()? = order.len();
+                Some(shape)
+            }
+            None => self.inner.shape(name),
+        }
     }
     fn stored(&self, name: &str) -> Option<Result<Stored, String>> {
-        self.inner.stored(name)
+        self.inner.stored(self.find(name).map_or(name, |(from, _)| from))
     }
     fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError> {
-        let data = self.inner.data(name, dtype)?;
-        match self.orders.iter().find(|(n, _)| n == name) {
-            Some((_, order)) => reorder_rows(name, data, order),
-            None => Ok(data),
+        match self.find(name) {
+            Some((from, order)) => reorder_rows(name, self.inner.data(from, dtype)?, order),
+            None => self.inner.data(name, dtype),
         }
     }
     /// A quantized matrix's rows move whole (a row is whole blocks).
     fn blocks(&self, name: &str) -> Option<(QuantType, std::borrow::Cow<'_, [u8]>)> {
-        let (q, bytes) = self.inner.blocks(name)?;
-        let Some((_, order)) = self.orders.iter().find(|(n, _)| n == name) else { return Some((q, bytes)) };
-        let row = bytes.len().checked_div(order.len())?;
-        if row * order.len() != bytes.len() {
+        let Some((from, order)) = self.find(name) else { return self.inner.blocks(name) };
+        let (q, bytes) = self.inner.blocks(from)?;
+        let rows = *self.inner.shape(from)?.first()?;
+        let row = bytes.len().checked_div(rows)?;
+        if row * rows != bytes.len() || order.iter().any(|&r| r >= rows) {
             return None;
         }
         let moved = order.iter().flat_map(|&from| &bytes[from * row..(from + 1) * row]).copied().collect();
         Some((q, std::borrow::Cow::Owned(moved)))
     }
     fn done(&self, name: &str) {
-        self.inner.done(name)
+        // A fused tensor is read more than once; it is released with the whole checkpoint.
+        match self.find(name) {
+            Some((from, _)) if from != name => {}
+            _ => self.inner.done(name),
+        }
     }
 }
 
@@ -687,7 +760,7 @@ impl Weights {
                             key_dim: a.key_dim,
                             value_dim: a.value_dim,
                             kernel: a.conv_kernel,
-                            tiled: a.gguf_layout,
+                            tiled: a.gguf_layout && c.arch.gguf_tiled_value_heads,
                             conv: host(Slot::LinConv, l)?,
                             dt_bias: host(Slot::LinDtBias, l)?,
                             decay_rate: decay_rate(a, host(Slot::LinALog, l)?),
