@@ -45,8 +45,9 @@ pub struct PlanItem {
     /// for them); 0 for an item that does not speculate.
     pub max_drafts: usize,
     /// Keep a copy of the sequence's linear-attention state once it holds this many tokens (a
-    /// model that has one; the item's tokens reach a token short of the prompt's end): the same
-    /// prompt again, or a later one that extends it, goes on from there.
+    /// model that has one; the item's tokens reach a token short of the prompt's end, or end a
+    /// chunk of a long prompt `CHECKPOINT_EVERY` tokens past the last copy): the same prompt
+    /// again, or a later one that extends it or shares its start, goes on from there.
     pub checkpoint: Option<usize>,
 }
 
@@ -150,6 +151,11 @@ pub struct Scheduler {
 /// Most relative standard error of a decoding token's learnt cost for proposals to be priced
 /// by it rather than by all steps.
 const DECODE_FIT_ERROR: f64 = 0.25;
+
+/// A model with linear attention keeps a copy of a sequence's state at the end of a prompt's
+/// chunk once it is this many tokens past its last one (besides a token short of the prompt's
+/// end).
+const CHECKPOINT_EVERY: usize = 512;
 
 /// Prompt tokens a step that decodes takes at least, whatever the time bound: prompts waiting
 /// behind decoding sequences still advance.
@@ -388,7 +394,16 @@ impl Scheduler {
         let s = &mut self.running[i];
         s.scheduled = n;
         let start = s.computed;
-        let keep = s.prompt_len - 1;
+        let (end, keep) = (start + n, s.prompt_len - 1);
+        let last = s.checkpoints.last().copied().unwrap_or(0);
+        let checkpoint = match self.recurrent {
+            false => None,
+            true if keep > start && keep <= end => Some(keep),
+            // Along a long prompt too, so that another prompt sharing its start (a system
+            // prompt) goes on from there.
+            true if end < keep && end >= last + CHECKPOINT_EVERY => Some(end),
+            true => None,
+        };
         plan.items.push(PlanItem {
             id: s.id,
             seq: s.seq.expect("running sequences hold a seq id"),
@@ -396,7 +411,7 @@ impl Scheduler {
             tokens: s.tokens[start..start + n].to_vec(),
             sample: start + n == s.tokens.len(),
             max_drafts: 0,
-            checkpoint: (self.recurrent && keep > start && keep <= start + n).then_some(keep),
+            checkpoint,
         });
     }
 

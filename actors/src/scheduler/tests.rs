@@ -672,3 +672,22 @@ fn a_recurrent_model_caches_at_most_its_states_bound() {
         assert_eq!(plan.copies.is_empty(), recurrent, "recurrent {recurrent}: {plan:?}");
     }
 }
+
+/// Along a long prompt a recurrent model keeps a checkpoint at the end of a chunk every
+/// `CHECKPOINT_EVERY` tokens: another prompt sharing its start (a system prompt) reuses it.
+#[test]
+fn a_long_prompt_keeps_checkpoints_along_it_for_prompts_sharing_its_start() {
+    let config = EngineConfig { prefix_caching: true, ..config(512, 8, 4000) };
+    let mut s = Scheduler::new(config, 4096).with_recurrent(true);
+    let system: Vec<u32> = (1..=1200).collect();
+    s.add(with_prompt(0, &system, 1));
+    let checkpoints: Vec<Option<usize>> = (0..3).map(|_| step(&mut s).0.items[0].checkpoint).collect();
+    assert_eq!(checkpoints, [Some(512), Some(1024), Some(1199)]);
+    run_all(&mut s);
+    let mut other = system[..700].to_vec();
+    other.extend([5000, 5001]);
+    s.add(with_prompt(1, &other, 1));
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.copies.first().map(|c| c.len), Some(512), "{plan:?}");
+    assert_eq!((plan.items[0].start_pos, plan.items[0].tokens.len()), (512, 190));
+}
