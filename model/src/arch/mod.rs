@@ -5,6 +5,7 @@
 //! one gets an error that says so instead of "unknown".
 
 mod llama;
+mod mistral;
 mod qwen2;
 mod qwen2moe;
 mod qwen3;
@@ -55,6 +56,9 @@ pub struct Architecture {
     /// Its GGUF files hold the linear attention's value heads in llama.cpp's tiled order (its
     /// converter reorders Qwen3.5's, not Qwen3-Next's).
     pub gguf_tiled_value_heads: bool,
+    /// Its attention always keeps to the config's `sliding_window` when one is set (Mistral):
+    /// the context is capped at the window, within which that is full attention.
+    pub window_caps_context: bool,
 }
 
 /// How a family's mixture-of-experts blocks differ.
@@ -89,6 +93,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &qwen35::QWEN3_5,
     &qwen35moe::QWEN3_5_MOE,
     &qwen3next::QWEN3_NEXT,
+    &mistral::MISTRAL,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
@@ -98,7 +103,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("deepseek_v2", "multi-head latent attention and experts"),
     ("deepseek_v3", "multi-head latent attention and experts"),
     ("deepseek2", "multi-head latent attention and experts"),
-    ("mistral", "sliding-window attention"),
     ("gemma", "Gemma's norms and activations"),
     ("gemma2", "Gemma's norms, soft-capping and sliding windows"),
     ("gemma3", "Gemma's norms, soft-capping and sliding windows"),

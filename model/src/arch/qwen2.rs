@@ -20,4 +20,5 @@ pub const QWEN2: Architecture = Architecture {
     gated_delta_net: false,
     fused_linear_projections: false,
     gguf_tiled_value_heads: false,
+    window_caps_context: false,
 };

@@ -27,4 +27,5 @@ pub const QWEN3_5: Architecture = Architecture {
     gated_delta_net: true,
     fused_linear_projections: false,
     gguf_tiled_value_heads: true,
+    window_caps_context: false,
 };
