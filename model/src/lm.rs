@@ -21,9 +21,10 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
     /// How its embeddings pool the final hidden states (the model's files say; else `Last`).
     pub pooling: Pooling,
-    /// Linear-attention layers keep a state per sequence (Qwen3.5) that goes back only to a
-    /// checkpoint: a sequence reuses another's cache whole or up to one, and never speculates.
-    pub recurrent: bool,
+    /// Bytes of one sequence's state in the linear-attention layers (Qwen3.5), each of its
+    /// checkpoints as many; 0 for a model without. Such a state goes back only to a checkpoint:
+    /// a sequence reuses another's cache whole or up to one, and never speculates.
+    pub state_bytes: usize,
 }
 
 /// How a sequence's final hidden states become one embedding.

@@ -103,7 +103,7 @@ impl Mock {
             bos_token_id: None,
             eos_token_ids: eos,
             pooling: crate::Pooling::Last,
-            recurrent: false,
+            state_bytes: 0,
         }
     }
 

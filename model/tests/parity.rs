@@ -295,6 +295,7 @@ fn a_linear_attention_state_is_copied_whole_or_to_a_checkpoint() {
     let p = &reference.prompts[0];
     let mut ctx = context(name);
     let len = p.ids.len() as i64;
+    let empty = ctx.kv().size_bytes();
     // Asked ahead: kept part way through the prompt's pass, a token short of its end.
     ctx.kv_mut().seq_checkpoint(0, len - 1);
     let mut batch = Batch::new();
@@ -318,8 +319,9 @@ fn a_linear_attention_state_is_copied_whole_or_to_a_checkpoint() {
     ctx.kv_mut().seq_rm(2, ..).unwrap();
     // Kept now: the prompt's end.
     let held = ctx.kv().size_bytes();
+    assert_eq!(held - empty, 2 * ctx.info().state_bytes, "a state and its checkpoint, as ModelInfo says");
     ctx.kv_mut().seq_checkpoint(0, len);
-    assert!(ctx.kv().size_bytes() > held, "a checkpoint is counted in the cache's size");
+    assert_eq!(ctx.kv().size_bytes() - held, ctx.info().state_bytes, "a checkpoint is counted in the cache's size");
     ctx.kv_mut().seq_cp(0, 1, 0..len).unwrap();
     let tokens = decode_together(&mut ctx, &[0, 1], &[p, p], vec![first, first], p.greedy.len());
     assert_eq!(tokens[0], p.greedy, "the original");

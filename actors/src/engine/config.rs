@@ -29,10 +29,11 @@ pub struct EngineConfig {
     pub prefill_step_factor: f64,
     /// Reuse the cells of finished requests for later prompts with the same prefix (E5).
     pub prefix_caching: bool,
-    /// For a model with linear attention (Qwen3.5): the most finished sequences kept for reuse
-    /// (sessions' included), each holding its state and up to `MAX_CHECKPOINTS` copies of it in
-    /// host memory besides its cells; the least recently used go first.
-    pub cached_states: usize,
+    /// For a model with linear attention (Qwen3.5): the most MiB the finished sequences kept for
+    /// reuse (sessions' included) may hold in states and their checkpoints (up to
+    /// `MAX_CHECKPOINTS` a sequence), in host memory besides their cells; the least recently used
+    /// go first.
+    pub cached_state_mb: usize,
     /// A session with no request for this long is ended and its cells freed (E6).
     #[serde(rename = "session_idle_timeout_secs", deserialize_with = "seconds")]
     pub session_idle_timeout: Duration,
@@ -59,7 +60,7 @@ impl Default for EngineConfig {
             max_prefill_tokens_while_decoding: 256,
             prefill_step_factor: 2.0,
             prefix_caching: true,
-            cached_states: 16,
+            cached_state_mb: 2048,
             session_idle_timeout: Duration::from_secs(600),
             speculative: SpeculativeConfig::default(),
         }

@@ -221,7 +221,7 @@ mod tests {
             bos_token_id: None,
             eos_token_ids: vec![2],
             pooling: llaisys_model::Pooling::Last,
-            recurrent: false,
+            state_bytes: 0,
         }
     }
 

@@ -67,7 +67,7 @@ impl Llm {
         config: EngineConfig,
     ) -> Self {
         let info = model.info().clone();
-        let scheduler = Scheduler::new(config, info.context_length).with_recurrent(info.recurrent);
+        let scheduler = Scheduler::new(config, info.context_length).with_states(info.state_bytes);
         let frontend = Frontend::new(info, text, limits, Some(config.kv_capacity));
         let vocab = model.info().vocab_size;
         let ctx = config.context(model);

@@ -113,13 +113,13 @@ impl Actor for SchedulerActor {
         me: ActorRef<ToScheduler>,
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
-        let (context_length, recurrent) = (args.model.info().context_length, args.model.info().recurrent);
+        let (context_length, state_bytes) = (args.model.info().context_length, args.model.info().state_bytes);
         let draft = match &args.draft {
             Some(load) => Some(load_draft(load).await?),
             None => None,
         };
         let (worker, kv_memory) = spawn_worker(&me, args.model, draft, &args.config).await?;
-        let scheduler = Scheduler::new(args.config, context_length).with_recurrent(recurrent);
+        let scheduler = Scheduler::new(args.config, context_length).with_states(state_bytes);
         Ok(SchedulerState {
             scheduler,
             worker,

@@ -144,8 +144,10 @@ pub struct Scheduler {
     /// proposals are priced by the decoding steps where those pin a token's cost down.
     cost: StepCost,
     decode_cost: StepCost,
-    /// The model keeps a state per sequence that cannot be cut back (`with_recurrent`).
+    /// The model keeps a state per sequence that cannot be cut back (`with_states`).
     recurrent: bool,
+    /// Bytes of one such state (and of each of its checkpoints).
+    state_bytes: usize,
 }
 
 /// Most relative standard error of a decoding token's learnt cost for proposals to be priced
@@ -181,16 +183,23 @@ impl Scheduler {
             cost: StepCost::default(),
             decode_cost: StepCost::default(),
             recurrent: false,
+            state_bytes: 0,
         }
     }
 
-    /// For a model whose linear-attention layers keep a state per sequence (`ModelInfo::recurrent`):
+    /// For a model whose linear-attention layers keep a state per sequence of `state_bytes`
+    /// (`ModelInfo::state_bytes`; 0: none):
     /// a cached sequence is reused whole or up to a checkpoint (its state cannot be cut back to
     /// any other prefix; one is kept a token short of each prompt's end, `PlanItem::checkpoint`), and
     /// nothing speculates (rejected proposals could not be taken back out of it).
-    pub fn with_recurrent(mut self, recurrent: bool) -> Self {
-        self.recurrent = recurrent;
+    pub fn with_states(mut self, state_bytes: usize) -> Self {
+        (self.recurrent, self.state_bytes) = (state_bytes > 0, state_bytes);
         self
+    }
+
+    /// Bytes the cached sequences' states and checkpoints hold (a model with linear attention).
+    fn cached_state_bytes(&self) -> usize {
+        self.cached.iter().map(|c| (1 + c.checkpoints.len()) * self.state_bytes).sum()
     }
 
     /// A step of `plan` ran in `elapsed` (it teaches the step cost); `outcomes` count its
@@ -507,11 +516,14 @@ impl Scheduler {
         }
         self.cached.push(CachedPrefix { seq, tokens, last_used: self.clock, session, checkpoints });
         // A model with linear attention holds each cached sequence's state (and checkpoints) in
-        // host memory besides its cells: their number is bounded on its own.
+        // host memory besides its cells: their bytes are bounded on their own (the newest stays
+        // if it fits alone).
         if self.recurrent {
             let mut free = std::mem::take(&mut self.to_free);
-            let keep = (self.config.cached_states > 0).then_some(seq);
-            while self.cached.len() > self.config.cached_states && self.evict_lru(keep, &mut free) {}
+            let budget = self.config.cached_state_mb.saturating_mul(1 << 20);
+            let newest = (1 + self.cached.last().map_or(0, |c| c.checkpoints.len())) * self.state_bytes;
+            let keep = (newest <= budget).then_some(seq);
+            while self.cached_state_bytes() > budget && self.evict_lru(keep, &mut free) {}
             self.to_free = free;
         }
     }

@@ -10,6 +10,9 @@ use crate::host::GenerateParams;
 use crate::request::FinishReason;
 use crate::speculative::SpeculativeConfig;
 
+/// Bytes of a recurrent model's state in these tests.
+const STATE: usize = 1 << 20;
+
 fn config(tokens: usize, seqs: usize, kv: usize) -> EngineConfig {
     EngineConfig {
         max_seqs_per_step: seqs,
@@ -609,14 +612,14 @@ fn sequences_that_do_not_speculate_get_no_proposals() {
     assert_eq!(s.schedule().unwrap().items[0].max_drafts, 0, "speculation is off for the engine");
 }
 
-/// A model with linear attention (`with_recurrent`) reuses a cached sequence whole or up to a
+/// A model with linear attention (`with_states`) reuses a cached sequence whole or up to a
 /// checkpoint, kept a token short of each prompt's end (and taken by a copy up to where it
 /// ends): a prompt sharing less than that computes everything, one extending all of a sequence
 /// copies it, one sharing a prompt copies up to a token short of that prompt's end, as does the
 /// same prompt again; and its sequences never propose tokens.
 #[test]
 fn a_recurrent_model_reuses_whole_sequences_or_up_to_checkpoints_and_never_speculates() {
-    let mut s = scheduler(EngineConfig { prefix_caching: true, ..config(64, 8, 100) }).with_recurrent(true);
+    let mut s = scheduler(EngineConfig { prefix_caching: true, ..config(64, 8, 100) }).with_states(STATE);
     s.add(with_prompt(0, &[1, 2, 3, 4, 5, 6], 2));
     let (plan, _) = step(&mut s);
     assert_eq!(plan.items[0].checkpoint, Some(5), "kept a token short of the prompt's end");
@@ -646,20 +649,21 @@ fn a_recurrent_model_reuses_whole_sequences_or_up_to_checkpoints_and_never_specu
     assert_eq!(plan.copies.first().map(|c| c.len), Some(7), "the same prompt again: {plan:?}");
     assert_eq!(s.prefix_hits, 7 + 5 + 7);
 
-    let mut s = scheduler(config(64, 4, 100)).with_recurrent(true);
+    let mut s = scheduler(config(64, 4, 100)).with_states(STATE);
     s.add(seq(1, 10, 50).speculating(true));
     step(&mut s);
     let plan = s.schedule().unwrap();
     assert_eq!(plan.items[0].max_drafts, 0, "nothing speculates");
 }
 
-/// A model with linear attention keeps at most `cached_states` finished sequences (each holds a
-/// state in host memory), the least recently used going first; a model without keeps them all.
+/// A model with linear attention keeps finished sequences while their states and checkpoints fit
+/// `cached_state_mb`, the least recently used going first; a model without keeps them all.
 #[test]
 fn a_recurrent_model_caches_at_most_its_states_bound() {
     for recurrent in [true, false] {
-        let config = EngineConfig { prefix_caching: true, cached_states: 2, ..config(64, 8, 100) };
-        let mut s = scheduler(config).with_recurrent(recurrent);
+        // Each sequence here holds a state and its prompt's checkpoint: 2 MiB; room for two.
+        let config = EngineConfig { prefix_caching: true, cached_state_mb: 5, ..config(64, 8, 100) };
+        let mut s = scheduler(config).with_states(if recurrent { STATE } else { 0 });
         for id in 0..3 {
             s.add(with_prompt(id, &[10 * id as u32 + 1, 2, 3], 1));
             run_all(&mut s);
@@ -678,7 +682,7 @@ fn a_recurrent_model_caches_at_most_its_states_bound() {
 #[test]
 fn a_long_prompt_keeps_checkpoints_along_it_for_prompts_sharing_its_start() {
     let config = EngineConfig { prefix_caching: true, ..config(512, 8, 4000) };
-    let mut s = Scheduler::new(config, 4096).with_recurrent(true);
+    let mut s = Scheduler::new(config, 4096).with_states(STATE);
     let system: Vec<u32> = (1..=1200).collect();
     s.add(with_prompt(0, &system, 1));
     let checkpoints: Vec<Option<usize>> = (0..3).map(|_| step(&mut s).0.items[0].checkpoint).collect();

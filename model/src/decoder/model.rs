@@ -101,7 +101,10 @@ fn info_of(config: &ModelConfig) -> ModelInfo {
         bos_token_id: config.bos_token_id,
         eos_token_ids: config.eos_token_ids.clone(),
         pooling: config.pooling.unwrap_or_default(),
-        recurrent: config.linear.is_some(),
+        state_bytes: config.linear.as_ref().map_or(0, |a| {
+            let (conv, memory) = a.state_floats();
+            (config.num_hidden_layers - config.attention_layers()) * (conv + memory) * 4
+        }),
     }
 }
 
