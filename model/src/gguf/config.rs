@@ -12,7 +12,7 @@ use crate::error::LoadError;
 use crate::tensors::TensorSource;
 
 /// Hugging Face field ← GGUF key under `{arch}.`.
-const FIELDS: [(&str, &str); 13] = [
+const FIELDS: [(&str, &str); 18] = [
     ("hidden_size", "embedding_length"),
     ("num_hidden_layers", "block_count"),
     ("num_attention_heads", "attention.head_count"),
@@ -26,6 +26,12 @@ const FIELDS: [(&str, &str); 13] = [
     ("num_experts_per_tok", "expert_used_count"),
     ("moe_intermediate_size", "expert_feed_forward_length"),
     ("shared_expert_intermediate_size", "expert_shared_feed_forward_length"),
+    // Qwen3.5's and Qwen3-Next's linear attention (`linear_attention` derives the rest).
+    ("linear_conv_kernel_dim", "ssm.conv_kernel"),
+    ("linear_key_head_dim", "ssm.state_size"),
+    ("linear_num_key_heads", "ssm.group_count"),
+    ("linear_num_value_heads", "ssm.time_step_rank"),
+    ("full_attention_interval", "full_attention_interval"),
 ];
 
 /// Rope scaling keys under `{arch}.rope.scaling.`, as `rope_parameters` fields.
@@ -130,10 +136,10 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     Ok(config)
 }
 
-/// Qwen3.5's linear attention from `{arch}.ssm.*` (as llama.cpp's converter writes it) into the
-/// `linear_*` fields, its full-attention layers from `full_attention_interval`, the rotated part
-/// of each head from `rope.dimension_count`; a multi-token-prediction head's blocks
-/// (`nextn_predict_layers`, after the model's) are not layers of the model.
+/// What Qwen3.5's linear attention needs beyond the keys `FIELDS` maps: each value head's size
+/// from `ssm.inner_size` over the value heads, the rotated part of each head from
+/// `rope.dimension_count`; a multi-token-prediction head's blocks (`nextn_predict_layers`, after
+/// the model's) are not layers of the model.
 fn linear_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
     let number = |key: &str| -> Result<Option<u64>, LoadError> {
         let key = format!("{arch}.{key}");
@@ -148,19 +154,9 @@ fn linear_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) ->
         })?;
         obj.insert("num_hidden_layers".into(), json!(layers));
     }
-    let (value_heads, inner) = (number("ssm.time_step_rank")?, number("ssm.inner_size")?);
-    let fields = [
-        ("linear_conv_kernel_dim", number("ssm.conv_kernel")?),
-        ("linear_key_head_dim", number("ssm.state_size")?),
-        ("linear_num_key_heads", number("ssm.group_count")?),
-        ("linear_num_value_heads", value_heads),
-        ("linear_value_head_dim", inner.zip(value_heads).and_then(|(i, h)| i.checked_div(h))),
-        ("full_attention_interval", number("full_attention_interval")?),
-    ];
-    for (field, value) in fields {
-        if let Some(v) = value {
-            obj.insert(field.into(), json!(v));
-        }
+    let value_heads = obj.get("linear_num_value_heads").and_then(Json::as_u64);
+    if let Some(dim) = number("ssm.inner_size")?.zip(value_heads).and_then(|(i, h)| i.checked_div(h)) {
+        obj.insert("linear_value_head_dim".into(), json!(dim));
     }
     let head_dim = obj.get("head_dim").and_then(Json::as_u64);
     if let (Some(rotated), Some(head_dim)) = (number("rope.dimension_count")?, head_dim.filter(|&d| d > 0)) {
