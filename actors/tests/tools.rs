@@ -5,7 +5,7 @@
 
 use llaisys_actors::request::{FinishReason, ToolCallOut};
 use llaisys_actors::{
-    ChatMessage, ChatRequest, Constraint, Engine, EngineError, Event, GenerateParams, GenerateRequest, Output,
+    Answer, ChatMessage, ChatRequest, Constraint, Engine, EngineError, Event, GenerateParams, GenerateRequest, Output,
     StreamExt, Tool, ToolChoice, Usage,
 };
 use llaisys_model::tokenizer::ToolCall;
@@ -164,18 +164,7 @@ async fn qwen35_calls_are_xml_elements_held_to_the_schemas_and_read_as_json() {
         check_call(&c.tool_calls[0]);
     }
 
-    let mut stream = engine.chat(request(31)).await.unwrap();
-    let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); 3];
-    while let Some(Output { choice, event }) = stream.next().await {
-        if let Event::Token { tool_call: Some(delta), .. } = event {
-            ToolCallOut::gather(&mut calls[choice], &delta);
-        }
-    }
-    for (i, c) in answer.choices.iter().enumerate() {
-        let strip =
-            |calls: &[ToolCallOut]| calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>();
-        assert_eq!(strip(&calls[i]), strip(&c.tool_calls), "choice {i}: same seed, same calls, same bytes");
-    }
+    streamed_calls_add_up_to(&engine, request(31), &answer).await;
 
     let ids = engine.frontend().render_chat(&weather_history(), &[weather()], &Default::default(), true).unwrap();
     let reference = std::fs::read_to_string(fixture_dir("chat").join("qwen35-tools-history.txt")).unwrap();
@@ -220,9 +209,17 @@ async fn streamed_tool_call_pieces_add_up_to_the_answer_byte_for_byte() {
     let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
     let request = || ask().tool_choice(ToolChoice::Required).n(3).seed(21);
     let answer = engine.chat(request()).await.unwrap().answer().await;
-    let mut stream = engine.chat(request()).await.unwrap();
-    let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); 3];
-    let mut finishes = [None; 3];
+    streamed_calls_add_up_to(&engine, request(), &answer).await;
+    engine.shutdown().await;
+}
+
+/// `request` streamed: each choice's call pieces (no text beside them, a call's id and name once,
+/// first) add up byte for byte to `answer`'s calls, and it finishes as `answer` did.
+async fn streamed_calls_add_up_to(engine: &Engine, request: ChatRequest, answer: &Answer) {
+    let n = answer.choices.len();
+    let mut stream = engine.chat(request).await.unwrap();
+    let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); n];
+    let mut finishes = vec![None; n];
     while let Some(Output { choice, event }) = stream.next().await {
         match event {
             Event::Token { tool_call: Some(delta), text, .. } => {
@@ -241,7 +238,6 @@ async fn streamed_tool_call_pieces_add_up_to_the_answer_byte_for_byte() {
             |calls: &[ToolCallOut]| calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>();
         assert_eq!(strip(&calls[i]), strip(&c.tool_calls), "choice {i}: same seed, same calls, same bytes");
     }
-    engine.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
