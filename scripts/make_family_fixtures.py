@@ -73,6 +73,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2Mo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as base  # noqa: E402
+from make_gguf_fixtures import add_vocab  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
@@ -405,23 +406,6 @@ def gguf_tensors(model):
             yield gguf_name(name), arr.reshape(-1)
         else:
             yield gguf_name(name), arr
-
-
-def add_vocab(w, tok_json, vocab, pre):
-    """A byte-level BPE tokenizer.json as llama.cpp's converter writes it (`pre`: its pre-tokenizer's
-    name); the ids no token has are unused padding."""
-    tokens = [f"[PAD{i}]" for i in range(vocab)]
-    types = [gguf.TokenType.UNUSED] * vocab
-    for t, i in tok_json["model"]["vocab"].items():
-        tokens[i], types[i] = t, gguf.TokenType.NORMAL
-    for a in tok_json["added_tokens"]:
-        tokens[a["id"]] = a["content"]
-        types[a["id"]] = gguf.TokenType.CONTROL if a["special"] else gguf.TokenType.USER_DEFINED
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]])
 
 
 def write_gguf(path, spec, model, tok_json, specials, qtype):

@@ -109,24 +109,30 @@ def gguf_name(hf):
     return f"blk.{layer}.{HF_TO_GGUF[rest]}"
 
 
+def add_vocab(w, tok_json, vocab, pre):
+    """A byte-level BPE tokenizer.json as llama.cpp's converter writes it (`pre`: its pre-tokenizer's
+    name); the ids no token has are unused padding. Returns the tokens, by id."""
+    tokens = [f"[PAD{i}]" for i in range(vocab)]
+    types = [gguf.TokenType.UNUSED] * vocab
+    for t, i in tok_json["model"]["vocab"].items():
+        tokens[i], types[i] = t, gguf.TokenType.NORMAL
+    for a in tok_json["added_tokens"]:
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = gguf.TokenType.CONTROL if a["special"] else gguf.TokenType.USER_DEFINED
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]])
+    return tokens
+
+
 def tokenizer_metadata(w, vocab_size):
     """The fixtures' trimmed Qwen tokenizer (tests/fixtures/tiny-tied-f32) as tokenizer.ggml.*."""
     d = os.path.join(FIXTURES, "tiny-tied-f32")
     tok = json.load(open(os.path.join(d, "tokenizer.json"), encoding="utf-8"))
     cfg = json.load(open(os.path.join(d, "tokenizer_config.json"), encoding="utf-8"))
-    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
-    types = [gguf.TokenType.UNUSED] * vocab_size
-    for t, i in tok["model"]["vocab"].items():
-        tokens[i], types[i] = t, gguf.TokenType.NORMAL
-    for a in tok["added_tokens"]:
-        tokens[a["id"]] = a["content"]
-        types[a["id"]] = gguf.TokenType.CONTROL if a["special"] else gguf.TokenType.USER_DEFINED
-    ids = {t: i for i, t in enumerate(tokens)}
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([" ".join(m) for m in tok["model"]["merges"]])
+    ids = {t: i for i, t in enumerate(add_vocab(w, tok, vocab_size, "qwen2"))}
     w.add_eos_token_id(ids[cfg["eos_token"]])
     w.add_bos_token_id(ids["<|endoftext|>"])
     w.add_pad_token_id(ids["<|endoftext|>"])
