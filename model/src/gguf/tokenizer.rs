@@ -1,15 +1,34 @@
 //! The tokenizer and chat template a GGUF file carries (`tokenizer.ggml.*`,
-//! `tokenizer.chat_template`), rebuilt as the Hugging Face tokenizer they were converted from:
-//! byte-level BPE over `tokens` and `merges`, the pre-tokenizer `tokenizer.ggml.pre` names
-//! (Qwen2's: NFC, its split regex, byte-level; Llama 3's `llama-bpe`: its split regex,
-//! byte-level, whole pieces that are tokens kept whole), the control (type 3) and user-defined (type 4) tokens as added tokens, which are
-//! matched in text before BPE, and a BOS token before each prompt when
-//! `tokenizer.ggml.add_bos_token` says so. Unused (type 5) tokens only pad the vocabulary to the
-//! embedding's rows and are left out, as the Hugging Face tokenizer has no such tokens.
+//! `tokenizer.chat_template`), rebuilt as the Hugging Face tokenizer they were converted from,
+//! so that it gives llama.cpp's ids:
+//!
+//! - `tokenizer.ggml.model` `gpt2`: byte-level BPE over `tokens` and `merges`, under the
+//!   pre-tokenizer `tokenizer.ggml.pre` names (Qwen2's: NFC, its split regex; Llama 3's
+//!   `llama-bpe` and Mistral Nemo's `tekken`: their split regexes, whole pieces that are tokens
+//!   kept whole).
+//! - `llama`: SentencePiece BPE (Llama 2, Mistral 7B): `tokens` merged pairwise, the pair whose
+//!   piece has the highest of `scores` first, as llama.cpp and sentencepiece do (Hugging Face's
+//!   conversion: every split of a piece into two pieces is a merge, ranked by the piece's
+//!   score); spaces as `▁`, and one written before each text between special tokens (llama.cpp's
+//!   `add_space_prefix`, Hugging Face's legacy Llama tokenizer); characters no piece holds as
+//!   their bytes' `<0xXX>` pieces.
+//!
+//! Either way the control (type 3) and user-defined (type 4) tokens are added tokens, matched in
+//! text first, and a BOS token goes before each prompt when `tokenizer.ggml.add_bos_token` says
+//! so (when it is missing: as llama.cpp decides, for SentencePiece, Llama 3 and Tekken files).
+//! Unused (type 5) tokens only pad the vocabulary to the embedding's rows and are left out, as
+//! the Hugging Face tokenizer has no such tokens.
 
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::normalizers::prepend::Prepend;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::normalizers::unicode::NFC;
+use tokenizers::normalizers::utils::Sequence as NormalizerSequence;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
@@ -33,42 +52,118 @@ struct PreTokenizer {
     /// A piece that is itself a token is that token, whatever the merges would make of it
     /// (Llama 3's `ignore_merges`: " Việt" is one token there, four by its merges).
     ignore_merges: bool,
+    /// A BOS token before each prompt when the file does not say (llama.cpp's default for it).
+    add_bos: bool,
 }
 
-const PRE_TOKENIZERS: [PreTokenizer; 3] = [
+const PRE_TOKENIZERS: [PreTokenizer; 4] = [
     PreTokenizer {
         names: &["qwen2", "deepseek-r1-qwen"],
         split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         nfc: true,
         ignore_merges: false,
+        add_bos: false,
     },
-    // Qwen3.5's: Qwen2's with combining marks (\p{M}) kept with the letters before them.
+    // Qwen3.5's: Qwen2's with combining marks (\p{M}) kept with the letters before them, and no
+    // NFC (llama.cpp's vocabulary test: "e\u{301}" is two tokens).
     PreTokenizer {
         names: &["qwen35"],
         split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-        nfc: true,
+        nfc: false,
         ignore_merges: false,
+        add_bos: false,
     },
     PreTokenizer {
         names: &["llama-bpe", "llama3", "llama-v3"],
         split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         nfc: false,
         ignore_merges: true,
+        add_bos: true,
+    },
+    // Mistral Nemo's and later Mistral models' (Tekken): a word is a run of capitals then of
+    // lower-case letters, or the other way round; numbers one digit a piece.
+    PreTokenizer {
+        names: &["tekken"],
+        split: r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        nfc: false,
+        ignore_merges: true,
+        add_bos: true,
     },
 ];
 
 /// ggml's token types.
+const UNKNOWN: i64 = 2;
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 const UNUSED: i64 = 5;
+const NORMAL: i64 = 1;
+
+/// SentencePiece's space.
+const SPACE: &str = "\u{2581}";
 
 /// The file's tokenizer.
 pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
     let bad = |reason: String| file.error(format!("tokenizer: {reason}"));
-    let model = file.get("tokenizer.ggml.model").and_then(|v| v.as_str());
-    if model != Some("gpt2") {
-        return Err(bad(format!("tokenizer.ggml.model is {model:?}; only byte-level BPE (\"gpt2\") loads")));
+    let tokens = strings(file, "tokenizer.ggml.tokens")?;
+    let types: Vec<i64> = match file.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
+        None => vec![NORMAL; tokens.len()],
+        Some(a) => a
+            .iter()
+            .map(|v| v.as_i64().ok_or_else(|| bad("token_type holds a non-integer".into())))
+            .collect::<Result<_, _>>()?,
+    };
+    if types.len() != tokens.len() {
+        return Err(bad(format!("{} tokens but {} token types", tokens.len(), types.len())));
     }
+    // Added tokens stay in the model's vocabulary too, so they keep the file's ids wherever
+    // they lie (the added vocabulary takes a token's id from the model when it is there).
+    let vocab: Vocab = tokens
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .filter(|(_, (_, ty))| **ty != UNUSED)
+        .map(|(i, (t, _))| (t.clone(), i as u32))
+        .collect();
+    let model = file.get("tokenizer.ggml.model").and_then(|v| v.as_str());
+    let (mut inner, add_bos) = match model {
+        Some("gpt2") => byte_level_bpe(file, vocab)?,
+        Some("llama") => sentencepiece(file, vocab, &tokens, &types)?,
+        _ => {
+            return Err(bad(format!(
+                "tokenizer.ggml.model is {model:?}; byte-level BPE (\"gpt2\") and SentencePiece BPE (\"llama\") load"
+            )));
+        }
+    };
+    let added = |kinds: &[i64], special: bool| -> Vec<AddedToken> {
+        tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, ty)| kinds.contains(ty))
+            .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
+            .collect()
+    };
+    inner.add_special_tokens(&added(&[CONTROL, UNKNOWN], true));
+    inner.add_tokens(&added(&[USER_DEFINED], false));
+    if file.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(add_bos) {
+        let id = file.get("tokenizer.ggml.bos_token_id").and_then(|v| v.as_u64());
+        let bos = id.and_then(|id| tokens.get(id as usize).map(|t| (t.clone(), id as u32)));
+        let (bos, id) = bos.ok_or_else(|| bad("add_bos_token is set but bos_token_id names no token".into()))?;
+        let template = TemplateProcessing::builder()
+            .try_single(vec![bos.clone(), "$A".into()])
+            .and_then(|t| t.try_pair(vec![bos.clone(), "$A".into(), format!("{bos}:1"), "$B:1".into()]))
+            .map_err(|e| bad(e.to_string()))?
+            .special_tokens(vec![(bos, id)])
+            .build()
+            .map_err(|e| bad(e.to_string()))?;
+        inner.with_post_processor(Some(template));
+    }
+    Ok(Tokenizer::from_inner(inner))
+}
+
+/// Byte-level BPE (`gpt2`) under the file's pre-tokenizer; with whether it adds a BOS token by
+/// default.
+fn byte_level_bpe(file: &GgufFile, vocab: Vocab) -> Result<(tokenizers::Tokenizer, bool), LoadError> {
+    let bad = |reason: String| file.error(format!("tokenizer: {reason}"));
     let family = crate::gguf::architecture(file).ok().and_then(|a| crate::arch::find(&a));
     let pre = match file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()) {
         Some(pre) => pre.to_string(),
@@ -83,17 +178,6 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
         let known = PRE_TOKENIZERS.map(|p| p.names.join(", ")).join(", ");
         return Err(bad(format!("tokenizer.ggml.pre `{pre}` is not supported ({known})")));
     };
-    let tokens = strings(file, "tokenizer.ggml.tokens")?;
-    let types: Vec<i64> = match file.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
-        None => vec![1; tokens.len()],
-        Some(a) => a
-            .iter()
-            .map(|v| v.as_i64().ok_or_else(|| bad("token_type holds a non-integer".into())))
-            .collect::<Result<_, _>>()?,
-    };
-    if types.len() != tokens.len() {
-        return Err(bad(format!("{} tokens but {} token types", tokens.len(), types.len())));
-    }
     let merges = strings(file, "tokenizer.ggml.merges")?
         .into_iter()
         .map(|m| {
@@ -102,15 +186,6 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
                 .ok_or_else(|| bad(format!("merge `{m}` has no space")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    // Added tokens stay in the model's vocabulary too, so they keep the file's ids wherever
-    // they lie (the added vocabulary takes a token's id from the model when it is there).
-    let vocab: Vocab = tokens
-        .iter()
-        .zip(&types)
-        .enumerate()
-        .filter(|(_, (_, ty))| **ty != UNUSED)
-        .map(|(i, (t, _))| (t.clone(), i as u32))
-        .collect();
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .ignore_merges(pre.ignore_merges)
@@ -124,30 +199,65 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
     }
     inner.with_pre_tokenizer(Some(Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()])));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
-    let added = |kind: i64, special: bool| -> Vec<AddedToken> {
-        tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, ty)| **ty == kind)
-            .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
-            .collect()
-    };
-    inner.add_special_tokens(&added(CONTROL, true));
-    inner.add_tokens(&added(USER_DEFINED, false));
-    if file.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()) == Some(true) {
-        let id = file.get("tokenizer.ggml.bos_token_id").and_then(|v| v.as_u64());
-        let bos = id.and_then(|id| tokens.get(id as usize).map(|t| (t.clone(), id as u32)));
-        let (bos, id) = bos.ok_or_else(|| bad("add_bos_token is set but bos_token_id names no token".into()))?;
-        let template = TemplateProcessing::builder()
-            .try_single(vec![bos.clone(), "$A".into()])
-            .and_then(|t| t.try_pair(vec![bos.clone(), "$A".into(), format!("{bos}:1"), "$B:1".into()]))
-            .map_err(|e| bad(e.to_string()))?
-            .special_tokens(vec![(bos, id)])
-            .build()
-            .map_err(|e| bad(e.to_string()))?;
-        inner.with_post_processor(Some(template));
+    Ok((inner, pre.add_bos))
+}
+
+/// SentencePiece BPE (`llama`): merges from the pieces' scores, `▁` for spaces, byte fallback;
+/// it adds a BOS token by default.
+fn sentencepiece(
+    file: &GgufFile,
+    vocab: Vocab,
+    tokens: &[String],
+    types: &[i64],
+) -> Result<(tokenizers::Tokenizer, bool), LoadError> {
+    let bad = |reason: String| file.error(format!("tokenizer: {reason}"));
+    let scores: Vec<f32> = file
+        .get("tokenizer.ggml.scores")
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| bad("tokenizer.ggml.scores: missing, or not an array".into()))?
+        .iter()
+        .map(|v| v.as_f64().map(|x| x as f32).ok_or_else(|| bad("tokenizer.ggml.scores holds a non-number".into())))
+        .collect::<Result<_, _>>()?;
+    if scores.len() != tokens.len() {
+        return Err(bad(format!("{} tokens but {} scores", tokens.len(), scores.len())));
     }
-    Ok(Tokenizer::from_inner(inner))
+    // Every split of a normal piece into two pieces merges into it; the higher the piece's
+    // score, the sooner (ties: the piece's id, then the halves' ids).
+    let mut merges: Vec<(f32, u32, u32, u32)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        if types[id] != NORMAL {
+            continue;
+        }
+        for (at, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(at);
+            if let (Some(&l), Some(&r)) = (vocab.get(left), vocab.get(right)) {
+                merges.push((scores[id], id as u32, l, r));
+            }
+        }
+    }
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2, a.3).cmp(&(b.1, b.2, b.3))));
+    let merges =
+        merges.into_iter().map(|(_, _, l, r)| (tokens[l as usize].clone(), tokens[r as usize].clone())).collect();
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true).fuse_unk(true);
+    if let Some(unk) = tokens.iter().zip(types).find(|(_, ty)| **ty == UNKNOWN) {
+        builder = builder.unk_token(unk.0.clone());
+    }
+    let mut inner = tokenizers::Tokenizer::new(builder.build().map_err(|e| bad(e.to_string()))?);
+    let space_prefix = file.get("tokenizer.ggml.add_space_prefix").and_then(|v| v.as_bool()).unwrap_or(true);
+    let replace = Replace::new(" ", SPACE).map_err(|e| bad(e.to_string()))?;
+    let mut normalizers = vec![replace.into()];
+    let mut decoders = vec![
+        Replace::new(SPACE, " ").map_err(|e| bad(e.to_string()))?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    if space_prefix {
+        normalizers.insert(0, Prepend::new(SPACE.into()).into());
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    inner.with_normalizer(Some(NormalizerSequence::new(normalizers)));
+    inner.with_decoder(Some(DecoderSequence::new(decoders)));
+    Ok((inner, true))
 }
 
 /// The file's chat template, `None` if it has none.

@@ -50,9 +50,15 @@ impl TokenizerEnv for VocabEnv {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        match std::str::from_utf8(s).ok().and_then(|text| self.tokenizer.encode(text).ok()) {
+        let exact = self.tokenizer.encodes_fragments_exactly();
+        match std::str::from_utf8(s).ok().filter(|_| exact).and_then(|text| self.tokenizer.encode(text).ok()) {
             Some(ids) => ids,
+            // Bytes that are no text, or a SentencePiece tokenizer (which writes a space first).
             None => self.trie.greedy_tokenize(s),
         }
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        self.tokenizer.encodes_fragments_exactly()
     }
 }

@@ -19,6 +19,59 @@ pub struct TokenizerError(pub(crate) String);
 #[derive(Clone)]
 pub struct Tokenizer {
     pub(crate) inner: tokenizers::Tokenizer,
+    pieces: Pieces,
+}
+
+/// How the vocabulary's pieces spell bytes, read from the decoder that turns them back into text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pieces {
+    /// GPT-2's byte-level alphabet (Qwen, Llama 3): every byte is one character.
+    ByteLevel,
+    /// SentencePiece's (Llama 2, Mistral): text as it is with `▁` for a space, and bytes no piece
+    /// holds as `<0xXX>` pieces.
+    Metaspace,
+    /// Any other: a piece is its own text.
+    Text,
+}
+
+impl Pieces {
+    fn of(inner: &tokenizers::Tokenizer) -> Self {
+        use tokenizers::DecoderWrapper as D;
+        fn find(d: &D, ty: &impl Fn(&D) -> bool) -> bool {
+            match d {
+                D::Sequence(s) => s.get_decoders().iter().any(|d| find(d, ty)),
+                d => ty(d),
+            }
+        }
+        let Some(decoder) = inner.get_decoder() else { return Self::Text };
+        if find(decoder, &|d| matches!(d, D::ByteLevel(_))) {
+            Self::ByteLevel
+        } else if find(decoder, &|d| matches!(d, D::Metaspace(_) | D::ByteFallback(_))) {
+            Self::Metaspace
+        } else {
+            Self::Text
+        }
+    }
+
+    /// The bytes `piece`, a piece of the model's vocabulary, stands for.
+    fn bytes(self, piece: String) -> Vec<u8> {
+        match self {
+            Self::ByteLevel => {
+                piece.chars().map(byte_of_char).collect::<Option<Vec<u8>>>().unwrap_or_else(|| piece.into_bytes())
+            }
+            Self::Metaspace => match fallback_byte(&piece) {
+                Some(byte) => vec![byte],
+                None => piece.replace('\u{2581}', " ").into_bytes(),
+            },
+            Self::Text => piece.into_bytes(),
+        }
+    }
+}
+
+/// The byte of a byte-fallback piece, `<0x0A>`.
+fn fallback_byte(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
 }
 
 impl Tokenizer {
@@ -27,11 +80,18 @@ impl Tokenizer {
         let path = dir.join("tokenizer.json");
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| LoadError::Tokenizer { path: path.clone(), reason: e.to_string() })?;
-        Ok(Self { inner })
+        Ok(Self::from_inner(inner))
     }
 
     pub(crate) fn from_inner(inner: tokenizers::Tokenizer) -> Self {
-        Self { inner }
+        Self { pieces: Pieces::of(&inner), inner }
+    }
+
+    /// Whether `encode` gives tokens whose bytes are exactly the text's. A SentencePiece tokenizer
+    /// writes a space before a text (`▁` before its first word), so a fragment tokenized alone
+    /// is not the same bytes.
+    pub fn encodes_fragments_exactly(&self) -> bool {
+        self.pieces == Pieces::ByteLevel
     }
 
     /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) become their ids;
@@ -57,15 +117,16 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
-    /// The exact bytes token `id` stands for (a byte-level BPE token may be part of a UTF-8
-    /// character); `None` if the vocabulary lacks it.
+    /// The exact bytes token `id` stands for (a byte-level BPE token, or a byte-fallback piece,
+    /// may be part of a UTF-8 character; a SentencePiece piece's `▁` is a space); `None` if the
+    /// vocabulary lacks it.
     pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
         let piece = self.inner.id_to_token(id)?;
-        let byte_level: Option<Vec<u8>> = piece.chars().map(byte_of_char).collect();
-        // Added tokens (`<|im_end|>`) are plain text; BPE pieces use GPT-2's byte alphabet.
+        // Added tokens (`<|im_end|>`, `[INST]`) are plain text; the model's pieces are spelled
+        // in its own way.
         let added = self.inner.get_added_vocabulary();
         let special = added.is_special_token(&piece) || added.get_added_tokens_decoder().contains_key(&id);
-        Some(if special { piece.into_bytes() } else { byte_level.unwrap_or_else(|| piece.into_bytes()) })
+        Some(if special { piece.into_bytes() } else { self.pieces.bytes(piece) })
     }
 
     /// Vocabulary size including added tokens.
