@@ -58,9 +58,11 @@ fn ask() -> ChatRequest {
         .max_tokens(120)
 }
 
-/// A call's arguments against its tool's schema.
+/// A call's id (OpenAI's, or Mistral's nine letters and digits) and its arguments against its
+/// tool's schema.
 fn check_call(call: &ToolCallOut) {
-    assert!(call.id.starts_with("call_"), "{call:?}");
+    let mistral = call.id.len() == 9 && call.id.chars().all(|c| c.is_ascii_alphanumeric());
+    assert!(call.id.starts_with("call_") || mistral, "{call:?}");
     let args: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| panic!("{e}: {call:?}"));
     let map = args.as_object().unwrap();
     match call.name.as_str() {
@@ -203,6 +205,64 @@ async fn llama_calls_are_the_whole_answer_held_to_the_schemas() {
     engine.shutdown().await;
 }
 
+/// Mistral writes `[TOOL_CALLS]`, then its calls as a JSON array, to the end of its turn (no
+/// closing tag): required, parallel and named calls are held to that and to the schemas, come
+/// out as OpenAI's calls with ids of nine letters and digits (which its template insists on),
+/// and stream in pieces that add up to the collected answer; the history's calls render with
+/// such ids whatever the client's were (the last nine letters and digits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistral_calls_are_a_json_array_after_tool_calls_held_to_the_schemas() {
+    let fixture = FixtureCopy::long_context("tiny-mistral-f32", 4096);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let tokenizer = engine.tokenizer().unwrap();
+    let request = |seed: u64, parallel: bool| {
+        let mut r = ask().tool_choice(ToolChoice::Required).n(3).seed(seed).max_tokens(200);
+        r.options.parallel_tool_calls = Some(parallel);
+        r
+    };
+    let nine = |id: &str| id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric());
+    let answer = engine.chat(request(51, false)).await.unwrap().answer().await;
+    for c in &answer.choices {
+        assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (FinishReason::ToolCalls, 1, ""), "{c:?}");
+        check_call(&c.tool_calls[0]);
+        assert!(nine(&c.tool_calls[0].id), "{:?}", c.tool_calls[0].id);
+        let written = tokenizer.decode(&c.tokens, false).unwrap();
+        assert!(written.starts_with("[TOOL_CALLS]") && written.contains("[{\"name\": \"get_"), "{written:?}");
+        assert!(written.ends_with("}}]</s>") || written.ends_with("}}]"), "{written:?}");
+    }
+    // Random weights go on calling until the length runs out: every call before the last is
+    // whole and valid.
+    let mut several = 0;
+    for c in engine.chat(request(52, true).n(4)).await.unwrap().answer().await.choices {
+        let whole = match c.finish {
+            FinishReason::ToolCalls => c.tool_calls.len(),
+            FinishReason::Length => c.tool_calls.len() - 1,
+            _ => panic!("{c:?}"),
+        };
+        c.tool_calls[..whole].iter().for_each(check_call);
+        several += usize::from(whole > 1);
+    }
+    assert!(several > 0, "parallel calls: one array holds several");
+    let named = request(53, false).tool_choice(ToolChoice::Function("get_time".into()));
+    for c in engine.chat(named).await.unwrap().answer().await.choices {
+        assert_eq!((c.finish, c.tool_calls.len(), c.tool_calls[0].name.as_str()), (FinishReason::Stop, 1, "get_time"));
+        check_call(&c.tool_calls[0]);
+    }
+    streamed_calls_add_up_to(&engine, request(51, false), &answer).await;
+
+    // The tokenizer (legacy SentencePiece, as llama.cpp's) writes a space at the start of each
+    // text after a special token: decoded, the prompt shows it.
+    let ids = engine.frontend().render_chat(&weather_history(), &[weather()], &Default::default(), true).unwrap();
+    let rendered = tokenizer.decode(&ids, false).unwrap();
+    let call = "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}, \"id\": \"0000call1\"}]</s>";
+    assert!(rendered.contains(call), "{rendered}");
+    let result = "[TOOL_RESULTS] {\"content\": 22 degrees, sunny, \"call_id\": \"0000call1\"}[/TOOL_RESULTS]";
+    assert!(rendered.contains(result), "{rendered}");
+    assert!(rendered.starts_with("<s>[AVAILABLE_TOOLS] [{\"type\": \"function\""), "{rendered}");
+    assert!(rendered.contains("[/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]"), "{rendered}");
+    engine.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_tool_call_pieces_add_up_to_the_answer_byte_for_byte() {
     let fixture = FixtureCopy::long_context(TIED, 2048);
@@ -222,13 +282,14 @@ async fn streamed_calls_add_up_to(engine: &Engine, request: ChatRequest, answer:
     let mut finishes = vec![None; n];
     while let Some(Output { choice, event }) = stream.next().await {
         match event {
-            Event::Token { tool_call: Some(delta), text, .. } => {
-                assert!(text.is_empty());
-                let known = calls[choice].len();
-                assert_eq!(delta.id.is_some(), delta.index == known, "id and name come once, first");
-                ToolCallOut::gather(&mut calls[choice], &delta);
+            Event::Token { tool_calls, text, .. } => {
+                assert!(text.is_empty() || tool_calls.is_empty());
+                for delta in tool_calls {
+                    let known = calls[choice].len();
+                    assert_eq!(delta.id.is_some(), delta.index == known, "id and name come once, first");
+                    ToolCallOut::gather(&mut calls[choice], &delta);
+                }
             }
-            Event::Token { .. } => {}
             Event::Finished { reason, .. } => finishes[choice] = Some(reason),
         }
     }
@@ -308,8 +369,8 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
         for &token in &ids {
             let sampled = llaisys_model::Sampled { token, logprob: None, top: vec![], end: None, mask_time: None };
             for event in post.token(sampled).unwrap() {
-                if let Event::Token { tool_call: Some(d), .. } = &event {
-                    pieces.push(d.clone());
+                if let Event::Token { tool_calls, .. } = &event {
+                    pieces.extend(tool_calls.iter().cloned());
                 }
                 builder.add(0, event);
             }
@@ -319,8 +380,8 @@ fn a_call_written_as_text_is_a_call_only_when_it_is_exactly_one_of_the_tools() {
             }
         }
         for event in post.finish(FinishReason::Stop, ids.len(), 0, None).unwrap() {
-            if let Event::Token { tool_call: Some(d), .. } = &event {
-                pieces.push(d.clone());
+            if let Event::Token { tool_calls, .. } = &event {
+                pieces.extend(tool_calls.iter().cloned());
             }
             builder.add(0, event);
         }
@@ -394,8 +455,8 @@ async fn streamed(engine: &Engine, prompt: &[u32], params: GenerateParams) -> (S
     let (mut text, mut tokens) = (String::new(), 0);
     loop {
         match stream.next().await.expect("the stream ends with Finished") {
-            Event::Token { text: t, tool_call, .. } => {
-                assert!(tool_call.is_none());
+            Event::Token { text: t, tool_calls, .. } => {
+                assert!(tool_calls.is_empty());
                 text.push_str(&t);
                 tokens += 1;
             }

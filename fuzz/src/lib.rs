@@ -169,29 +169,33 @@ pub fn chat_template(data: &[u8]) {
     let _ = frontend().render_chat(&messages, &[], &none, false);
 }
 
-/// A model's tool-call output from untrusted bytes, through the streaming parser, in both call
-/// syntaxes (JSON, and Qwen3.5's XML for a tool with a text and an integer parameter): byte
-/// 0x01 opens a call, 0x02 closes it, the rest is the model's text. Invariant: the calls
+/// A model's tool-call output from untrusted bytes, through the streaming parser, in every call
+/// syntax (JSON, Qwen3.5's XML for a tool with a text and an integer parameter, and Mistral's
+/// array after an open tag with no closing tag): byte 0x01 opens a call (the array), 0x02 closes
+/// it where there is a closing tag, the rest is the model's text. Invariant: the calls
 /// gathered from pieces of any size are the calls gathered from the whole text at once (what a
 /// streamed and a non-streamed answer report must be byte-identical).
 pub fn tool_calls(data: &[u8]) {
-    const TAGS: ToolCallTags = ToolCallTags { open: 1, close: 2 };
+    const TAGS: ToolCallTags = ToolCallTags { open: 1, close: Some(2) };
     let text = String::from_utf8_lossy(data);
     let schema = serde_json::json!({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}});
     let xml = std::sync::Arc::new(XmlTools::new(&[("get_weather", &schema)]));
-    for parsing in [ToolParsing::json(TAGS, true), ToolParsing { xml: Some(xml), ..ToolParsing::json(TAGS, true) }] {
+    let array = ToolParsing::json(ToolCallTags { open: 1, close: None }, true);
+    for parsing in
+        [ToolParsing::json(TAGS, true), ToolParsing { xml: Some(xml), ..ToolParsing::json(TAGS, true) }, array]
+    {
         parse_calls(&text, &parsing);
     }
     text_calls(&text);
 }
 
 fn parse_calls(text: &str, parsing: &ToolParsing) {
-    const TAGS: ToolCallTags = ToolCallTags { open: 1, close: 2 };
+    const TAGS: ToolCallTags = ToolCallTags { open: 1, close: Some(2) };
     let run = |piece_chars: usize| -> Vec<ToolCallOut> {
         let mut parser = ToolCallParser::new(parsing);
         let mut calls = Vec::new();
-        let mut gather = |delta: Option<ToolCallDelta>| {
-            if let Some(d) = delta {
+        let mut gather = |deltas: Vec<ToolCallDelta>| {
+            for d in deltas {
                 ToolCallOut::gather(&mut calls, &d);
             }
         };
@@ -199,7 +203,7 @@ fn parse_calls(text: &str, parsing: &ToolParsing) {
         for c in text.chars() {
             let token = match c {
                 '\u{1}' => Some(TAGS.open),
-                '\u{2}' => Some(TAGS.close),
+                '\u{2}' => TAGS.close,
                 _ => None,
             };
             match token {

@@ -49,13 +49,16 @@ pub struct FixtureCopy(PathBuf);
 
 impl FixtureCopy {
     /// A copy of fixture `name` whose context is `context` tokens (a tool-describing system
-    /// prompt in a tiny vocabulary needs more than 256).
+    /// prompt in a tiny vocabulary needs more than 256), a sliding window as long (Mistral's).
     pub fn long_context(name: &str, context: usize) -> Self {
         Self::edited(name, &format!("{context}"), |dir| {
             edit_json(&dir.join("config.json"), |config| {
                 // A multimodal checkpoint's language model has its own config (Qwen3.5's).
                 let text = if config.get("text_config").is_some() { &mut config["text_config"] } else { config };
-                text["max_position_embeddings"] = context.into()
+                text["max_position_embeddings"] = context.into();
+                if text.get("sliding_window").is_some_and(|w| !w.is_null()) {
+                    text["sliding_window"] = context.into();
+                }
             })
         })
     }

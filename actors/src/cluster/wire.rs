@@ -20,8 +20,9 @@ use crate::session::SessionInfo;
 
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
 /// out its empty fields; 3: read-outs (embeddings, rerank); 4: a token's log-probability only
-/// where the request asked for it; 5: tool calls written as XML, with their tools' parameters.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// where the request asked for it; 5: tool calls written as XML, with their tools' parameters;
+/// 6: tool-call tags with no closing tag (Mistral's array of calls).
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// A request as it crosses the network: everything a checked choice holds, the constraint
 /// before compilation (the node checks it again against its own model and cache).
@@ -39,7 +40,7 @@ pub struct WireRequest {
     /// Tool calls' tags (open, close; none: calls are recognised in the text) and whether
     /// calling ends with `tool_calls`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<(Option<(u32, u32)>, bool)>,
+    pub tool_calls: Option<(Option<ToolCallTags>, bool)>,
     /// With `tool_calls`: the calls are XML elements, read with what these tools say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xml_calls: Option<XmlTools>,
@@ -69,10 +70,7 @@ impl WireRequest {
             stop: params.stop.clone(),
             stop_token_ids: params.stop_token_ids.clone(),
             ignore_eos: params.ignore_eos,
-            tool_calls: params
-                .tool_calls
-                .as_ref()
-                .map(|t| (t.tags.map(|t| (t.open, t.close)), t.finish_with_tool_calls)),
+            tool_calls: params.tool_calls.as_ref().map(|t| (t.tags, t.finish_with_tool_calls)),
             xml_calls: params.tool_calls.as_ref().and_then(|t| t.xml.as_deref().cloned()),
             text_calls: params.text_calls.as_deref().cloned(),
             text_retry: params.text_retry.as_ref().map(llaisys_model::Guidance::spec),
@@ -97,7 +95,7 @@ impl WireRequest {
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
             tool_calls: self.tool_calls.map(|(tags, finish_with_tool_calls)| ToolParsing {
-                tags: tags.map(|(open, close)| ToolCallTags { open, close }),
+                tags,
                 xml: self.xml_calls.clone().map(std::sync::Arc::new),
                 finish_with_tool_calls,
             }),
@@ -356,7 +354,7 @@ mod tests {
             logprob,
             top_logprobs,
             mask_time,
-            tool_call: None,
+            tool_calls: Vec::new(),
         };
         let plain = token(None, vec![], None);
         let json = serde_json::to_string(&plain).unwrap();
@@ -384,7 +382,7 @@ mod tests {
         params.sampling.seed = Some(5);
         let xml = XmlTools::new(&[("f", &serde_json::json!({"properties": {"n": {"type": "integer"}}}))]);
         params.tool_calls = Some(ToolParsing {
-            tags: Some(ToolCallTags { open: 1, close: 2 }),
+            tags: Some(ToolCallTags { open: 1, close: Some(2) }),
             xml: Some(std::sync::Arc::new(xml)),
             finish_with_tool_calls: true,
         });

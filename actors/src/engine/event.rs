@@ -38,9 +38,10 @@ pub enum Event {
         /// How long this token's grammar mask took (constrained requests only).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mask_time: Option<Duration>,
-        /// T3: the piece of a tool call this token completes (its `text` is then empty).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tool_call: Option<ToolCallDelta>,
+        /// T3: the pieces of tool calls this token completes (its `text` is then empty): one,
+        /// or two where it ends a call of an array and begins the next.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCallDelta>,
     },
     Finished {
         reason: FinishReason,

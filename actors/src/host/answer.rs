@@ -73,10 +73,10 @@ impl AnswerBuilder {
     pub fn add(&mut self, choice: usize, event: Event) {
         let Some(c) = self.choices.get_mut(choice) else { return };
         match event {
-            Event::Token { token, text, reasoning, logprob, top_logprobs, tool_call, .. } => {
+            Event::Token { token, text, reasoning, logprob, top_logprobs, tool_calls, .. } => {
                 c.text.push_str(&text);
                 c.reasoning.push_str(&reasoning);
-                if let Some(delta) = &tool_call {
+                for delta in &tool_calls {
                     ToolCallOut::gather(&mut c.tool_calls, delta);
                 }
                 c.tokens.push(token);

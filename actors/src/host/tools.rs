@@ -76,9 +76,18 @@ pub(super) fn constrain_calls(
     compiler: &GrammarCompiler,
 ) -> Result<(), RequestError> {
     let choice = options.tool_choice.clone().unwrap_or_default();
-    let tags = compiler.special_token("<tool_call>").zip(compiler.special_token("</tool_call>"));
-    if tags.is_none() && syntax != CallSyntax::Bare {
-        return Err(RequestError::invalid("tools", "this model's vocabulary has no <tool_call> tags"));
+    let tags = match syntax.tags() {
+        Some((open, close)) => {
+            let open = compiler.special_token(open);
+            match close {
+                Some(close) => open.zip(compiler.special_token(close)).map(|(o, c)| (o, Some(c))),
+                None => open.map(|o| (o, None)),
+            }
+        }
+        None => None,
+    };
+    if let (None, Some((open, _))) = (tags, syntax.tags()) {
+        return Err(RequestError::invalid("tools", format!("this model's vocabulary has no {open} tag")));
     }
     let open = tags.map(|(open, _)| open);
     if choice == ToolChoice::None {

@@ -105,7 +105,7 @@ impl Postprocess {
             logprob: sampled.logprob,
             top_logprobs: sampled.top,
             mask_time: sampled.mask_time,
-            tool_call: piece.tool_call,
+            tool_calls: piece.tool_calls,
         });
         if let Some(text) = self.text.take_rejected() {
             self.rejected = Some(text);
@@ -144,14 +144,14 @@ impl Postprocess {
         };
         // A call decided at the end goes with the last of the answer's tokens, held back while
         // it was undecided.
-        if let Some(call) = tail.tool_call.take() {
+        if !tail.tool_calls.is_empty() {
             let last = self.held.iter_mut().rev().find_map(|e| match e {
-                Event::Token { tool_call, .. } => Some(tool_call),
+                Event::Token { tool_calls, .. } => Some(tool_calls),
                 _ => None,
             });
             debug_assert!(last.is_some(), "an undecided answer's tokens are held back");
             if let Some(slot) = last {
-                *slot = Some(call);
+                slot.append(&mut tail.tool_calls);
             }
         }
         self.closed = true;

@@ -11,13 +11,13 @@ use super::reasoning::{Part, ReasoningParsing, ReasoningSplit};
 use super::stop::{StopMatcher, StopOutcome};
 use super::tools::{Emit, Route, TextCallSpec, TextCalls, ToolCallDelta, ToolCallParser, ToolParsing};
 
-/// What one token adds: content text or reasoning text (possibly empty), or a piece of a tool
-/// call.
+/// What one token adds: content text or reasoning text (possibly empty), or pieces of tool
+/// calls (two where the token ends one call of an array and begins the next).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Piece {
     pub text: String,
     pub reasoning: String,
-    pub tool_call: Option<ToolCallDelta>,
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 #[derive(Debug, Clone)]
@@ -137,7 +137,7 @@ impl TextStream {
                 return Ok(Piece::default());
             }
             let text = decoder.push(tokenizer, token)?.unwrap_or_default();
-            return Ok(Piece { tool_call: parser.push_call_text(&text), ..Piece::default() });
+            return Ok(Piece { tool_calls: parser.push_call_text(&text), ..Piece::default() });
         }
         let mut text = match self.decoder.push(tokenizer, token)? {
             Some(delta) if answer => {
@@ -147,7 +147,7 @@ impl TextStream {
             Some(delta) => self.filter(&delta),
             None => String::new(),
         };
-        let mut tool_call = None;
+        let mut tool_calls = Vec::new();
         if let (Some(recogniser), Some((parser, _))) = (&mut self.text_calls, &mut self.tools) {
             let mut emits = recogniser.push(&text);
             // A stop string ends the answer here: what is still undecided is decided now, and
@@ -156,7 +156,7 @@ impl TextStream {
                 emits.extend(recogniser.finish());
             }
             let keep = (self.retry && !self.stopped).then_some(&mut self.rejected);
-            (text, tool_call) = gather(emits, parser, keep);
+            (text, tool_calls) = gather(emits, parser, keep);
         }
         if !self.given_back.is_empty() {
             text.insert_str(0, &std::mem::take(&mut self.given_back));
@@ -169,7 +169,7 @@ impl TextStream {
                 text.insert_str(0, &std::mem::take(&mut self.held));
             }
         }
-        Ok(Piece { text, tool_call, ..Piece::default() })
+        Ok(Piece { text, tool_calls, ..Piece::default() })
     }
 
     /// What is still held back at the end of the stream (nothing once stopped): the rest of
@@ -194,9 +194,9 @@ impl TextStream {
         // An answer still undecided when it ended is decided now: a fenced call whose closing
         // fence never came is a call; anything else is the text it was.
         if let (Some(recogniser), Some((parser, _))) = (&mut self.text_calls, &mut self.tools) {
-            let (held, call) = gather(recogniser.finish(), parser, None);
+            let (held, calls) = gather(recogniser.finish(), parser, None);
             tail.text.insert_str(0, &held);
-            tail.tool_call = call;
+            tail.tool_calls = calls;
         }
         tail.text.insert_str(0, &std::mem::take(&mut self.given_back));
         Ok(tail)
@@ -219,14 +219,14 @@ fn gather(
     emits: Vec<Emit>,
     parser: &mut ToolCallParser,
     mut keep: Option<&mut Option<String>>,
-) -> (String, Option<ToolCallDelta>) {
-    let (mut text, mut call) = (String::new(), None);
+) -> (String, Vec<ToolCallDelta>) {
+    let (mut text, mut calls) = (String::new(), Vec::new());
     for emit in emits {
         match (emit, keep.as_deref_mut()) {
             (Emit::Rejected(t), Some(kept)) => *kept = Some(t),
             (Emit::Text(t) | Emit::Rejected(t), _) => text.push_str(&t),
-            (Emit::Call { name, arguments }, _) => call = Some(parser.text_call(name, arguments)),
+            (Emit::Call { name, arguments }, _) => calls.push(parser.text_call(name, arguments)),
         }
     }
-    (text, call)
+    (text, calls)
 }

@@ -17,6 +17,36 @@ pub enum CallSyntax {
     Xml,
     /// No tags: the answer is one call, `{"name": N, "parameters": A}` (Llama 3.1–3.3).
     Bare,
+    /// `[TOOL_CALLS]`, then the calls as a JSON array of `{"name": N, "arguments": A}` to the
+    /// end of the turn (Mistral).
+    JsonArray,
+}
+
+impl CallSyntax {
+    /// The special tokens that open and close a call (by text); `None`: calls have no tags.
+    /// A syntax with no closing tag writes its calls to the end of the turn.
+    pub fn tags(self) -> Option<(&'static str, Option<&'static str>)> {
+        match self {
+            Self::Json | Self::Xml => Some(("<tool_call>", Some("</tool_call>"))),
+            Self::JsonArray => Some(("[TOOL_CALLS]", None)),
+            Self::Bare => None,
+        }
+    }
+
+    /// A call's id as the template must see it in the history: Mistral's templates take only
+    /// ids of nine letters and digits, so another id becomes its last nine letters and digits,
+    /// zeros before fewer (vLLM keeps a longer id's last nine characters); the same id always
+    /// becomes the same, so a call and its result still pair. The others take any id.
+    pub fn history_id(self, id: &str) -> String {
+        match self {
+            Self::JsonArray => {
+                let kept: Vec<char> = id.chars().filter(char::is_ascii_alphanumeric).collect();
+                let last: String = kept[kept.len().saturating_sub(9)..].iter().collect();
+                format!("{last:0>9}")
+            }
+            _ => id.to_string(),
+        }
+    }
 }
 
 /// Whether an XML call writes a parameter of this schema as text (its value as it is, a string
@@ -54,6 +84,15 @@ pub(super) fn bare_call_grammar(functions: &[(&str, &Value)]) -> String {
     format!("start: %json {}\n", json_call(functions, "parameters"))
 }
 
+/// The Lark grammar of Mistral's calls to `functions` (each name with its parameters' schema): a
+/// JSON array of calls after `first` (the `[TOOL_CALLS]` tag, or nothing when the model wrote
+/// it), more than one if `parallel`. A SentencePiece vocabulary writes a space before the array.
+pub(super) fn call_array_grammar(functions: &[(&str, &Value)], first: &str, parallel: bool) -> String {
+    let more = if parallel { " (\", \" call)*" } else { "" };
+    let schema = json_call(functions, "arguments");
+    format!("start: {first}\" \"? \"[\" call{more} \"]\"\ncall: %json {schema}\n")
+}
+
 /// The Lark grammar of calls to `functions` (each name with its parameters' schema) between
 /// tags, in `syntax`: `first` opens the first call (or nothing when the model opened it), `more`
 /// the part after a call that allows another, `close` the closing tag's id.
@@ -67,7 +106,7 @@ pub(super) fn calls_grammar(
     // Qwen2 models often end a call's line before the end of their turn.
     let start = format!("start: {first}call{more} \"\\n\"?\n");
     match syntax {
-        CallSyntax::Json | CallSyntax::Bare => {
+        CallSyntax::Json | CallSyntax::Bare | CallSyntax::JsonArray => {
             let schema = json_call(functions, "arguments");
             format!("{start}call: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n")
         }

@@ -8,7 +8,7 @@ use llguidance::toktrie::TokEnv;
 use llguidance::{ParserFactory, TokenParser};
 use serde_json::{Value, json};
 
-use super::calls::{CallSyntax, bare_call_grammar, calls_grammar};
+use super::calls::{CallSyntax, bare_call_grammar, call_array_grammar, calls_grammar};
 use super::env::VocabEnv;
 use super::guide::{Guidance, GuidanceSpec};
 use super::{Constraint, GrammarError, regex_escape};
@@ -122,7 +122,7 @@ impl GrammarCompiler {
     pub fn tool_calls(
         &self,
         functions: &[(&str, &Value)],
-        tags: Option<(u32, u32)>,
+        tags: Option<(u32, Option<u32>)>,
         syntax: CallSyntax,
         with_open: bool,
         parallel: bool,
@@ -130,10 +130,14 @@ impl GrammarCompiler {
         if syntax == CallSyntax::Bare {
             return self.compile_lark(bare_call_grammar(functions));
         }
-        let Some((open, close)) = tags else {
-            return Err(GrammarError("this model's vocabulary has no <tool_call> tags".into()));
-        };
+        let missing =
+            || GrammarError(format!("this model's vocabulary has no {} tag", syntax.tags().map_or("", |t| t.0)));
+        let (open, close) = tags.ok_or_else(missing)?;
         let first = if with_open { format!("<[{open}]> ") } else { String::new() };
+        if syntax == CallSyntax::JsonArray {
+            return self.compile_lark(call_array_grammar(functions, &first, parallel));
+        }
+        let close = close.ok_or_else(missing)?;
         let more = if parallel { format!(" (\"\\n\" <[{open}]> call)*") } else { String::new() };
         self.compile_lark(calls_grammar(functions, syntax, &first, &more, close))
     }

@@ -35,8 +35,8 @@ impl ChatMessage {
     }
 
     /// The message as the template sees it: tool calls with parsed arguments (Hugging Face's
-    /// templates print them with `tojson`).
-    fn to_value(&self) -> Value {
+    /// templates print them with `tojson`), their ids as `syntax` takes them.
+    fn to_value(&self, syntax: CallSyntax) -> Value {
         let mut pairs =
             vec![("role", Value::from(self.role.as_str())), ("content", Value::from(self.content.as_str()))];
         if !self.tool_calls.is_empty() {
@@ -50,7 +50,7 @@ impl ChatMessage {
                     let function =
                         Value::from_pairs([("name", Value::from(c.name.as_str())), ("arguments", arguments)]);
                     Value::from_pairs([
-                        ("id", Value::from(c.id.as_str())),
+                        ("id", Value::from(syntax.history_id(&c.id))),
                         ("type", Value::from("function")),
                         ("function", function),
                     ])
@@ -59,7 +59,7 @@ impl ChatMessage {
             pairs.push(("tool_calls", Value::from(calls)));
         }
         if let Some(id) = &self.tool_call_id {
-            pairs.push(("tool_call_id", Value::from(id.as_str())));
+            pairs.push(("tool_call_id", Value::from(syntax.history_id(id))));
         }
         Value::from_pairs(pairs)
     }
@@ -266,12 +266,15 @@ impl ChatTemplate {
     }
 
     /// How the template writes an assistant's tool calls (and so how the model writes them):
-    /// XML elements where it spells out `<function=` and `<parameter=` (Qwen3.5, Qwen3-Coder); a
-    /// JSON object between `<tool_call>` tags where it has them (Qwen2, Qwen3); else, where it
-    /// writes a call's `"parameters"`, the answer as one JSON object (Llama 3.x).
+    /// a JSON array after `[TOOL_CALLS]` where it writes that tag (Mistral); XML elements where
+    /// it spells out `<function=` and `<parameter=` (Qwen3.5, Qwen3-Coder); a JSON object
+    /// between `<tool_call>` tags where it has them (Qwen2, Qwen3); else, where it writes a
+    /// call's `"parameters"`, the answer as one JSON object (Llama 3.x).
     pub fn call_syntax(&self) -> CallSyntax {
         let has = |s: &str| self.source.contains(s);
-        if has("<function=") && has("<parameter=") {
+        if has("[TOOL_CALLS]") {
+            CallSyntax::JsonArray
+        } else if has("<function=") && has("<parameter=") {
             CallSyntax::Xml
         } else if !has("<tool_call>") && has("\"parameters\"") {
             CallSyntax::Bare
@@ -312,7 +315,8 @@ impl ChatTemplate {
             return Err(TemplateError(format!("`{key}` is set by the server, not by chat_template_kwargs")));
         }
         let template = self.env.get_template(NAME).map_err(|e| TemplateError(e.to_string()))?;
-        let messages: Vec<Value> = messages.iter().map(ChatMessage::to_value).collect();
+        let syntax = self.call_syntax();
+        let messages: Vec<Value> = messages.iter().map(|m| m.to_value(syntax)).collect();
         let tools = (!tools.is_empty()).then(|| Value::from(Serde(tools)));
         template
             .render(context! {

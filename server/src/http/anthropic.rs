@@ -513,7 +513,7 @@ impl Dialect for Messages {
             self.enter(Open::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}), &mut frames);
             frames.push(self.delta(json!({"type": "thinking_delta", "thinking": step.reasoning})));
         }
-        if let Some(d) = &step.tool_call {
+        for d in &step.tool_calls {
             if let (Some(id), Some(name)) = (&d.id, &d.name) {
                 self.leave(&mut frames);
                 let block = json!({"type": "tool_use", "id": tool_use_id(id), "name": name, "input": {}});

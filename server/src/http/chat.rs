@@ -285,7 +285,7 @@ impl Dialect for OpenAi {
         if !step.reasoning.is_empty() {
             frames.push(self.reasoning_delta(g, i, &step.reasoning));
         }
-        if let Some(d) = &step.tool_call {
+        for d in &step.tool_calls {
             frames.push(self.tool_call_delta(g, i, d));
         }
         match step.finish {

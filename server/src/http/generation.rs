@@ -51,8 +51,8 @@ pub struct Step {
     pub text: String,
     /// A reasoning model's thinking.
     pub reasoning: String,
-    /// A piece of a tool call.
-    pub tool_call: Option<ToolCallDelta>,
+    /// Pieces of tool calls.
+    pub tool_calls: Vec<ToolCallDelta>,
     /// The choice finished with this reason (`Error`: the engine failed it).
     pub finish: Option<FinishReason>,
     /// The event was a generated token (not the finish).
@@ -185,7 +185,7 @@ impl Generation {
         let clock = &mut self.clocks[choice];
         let logprobs_from = self.answer.choices()[choice].logprobs.len();
         let step = match &event {
-            Event::Token { text, reasoning, mask_time, tool_call, .. } => {
+            Event::Token { text, reasoning, mask_time, tool_calls, .. } => {
                 let now = Instant::now();
                 if let Some(t) = mask_time {
                     metrics.grammar_mask(model, *t);
@@ -204,7 +204,7 @@ impl Generation {
                     choice,
                     text: text.clone(),
                     reasoning: reasoning.clone(),
-                    tool_call: tool_call.clone(),
+                    tool_calls: tool_calls.clone(),
                     finish: None,
                     token: true,
                     logprobs_from,
@@ -221,7 +221,7 @@ impl Generation {
                     choice,
                     text: text.clone(),
                     reasoning: reasoning.clone(),
-                    tool_call: None,
+                    tool_calls: Vec::new(),
                     finish: Some(*reason),
                     token: false,
                     logprobs_from,

@@ -729,7 +729,7 @@ impl Dialect for Responses {
             fields["content_index"] = 0.into();
             frames.push(self.event("response.reasoning_text.delta", fields));
         }
-        if let Some(d) = &step.tool_call {
+        for d in &step.tool_calls {
             if let (Some(id), Some(name)) = (&d.id, &d.name) {
                 self.leave(&mut frames);
                 let call = ToolCallOut { id: id.clone(), name: name.clone(), arguments: String::new() };

@@ -3,7 +3,8 @@
 //! `{"name": ..., "arguments": ...}` goes through a one-pass JSON scanner that hands out the
 //! name once and the arguments in pieces, exactly the bytes the model wrote, never re-parsed;
 //! a model whose template writes calls as XML elements (Qwen3.5) has them read by `XmlCall`,
-//! the arguments handed out as JSON one parameter at a time.
+//! the arguments handed out as JSON one parameter at a time; Mistral's calls, a JSON array after
+//! `[TOOL_CALLS]` with no closing tag, are its objects read one after another by the same scanner.
 
 use std::sync::Arc;
 
@@ -14,10 +15,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// A model's tool-call tags (Qwen2: `<tool_call>` = 151657, `</tool_call>` = 151658).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ToolCallTags {
     pub open: u32,
-    pub close: u32,
+    /// `None`: the open tag is followed by a JSON array of calls that runs to the end of the
+    /// output (Mistral's `[TOOL_CALLS]`).
+    pub close: Option<u32>,
 }
 
 /// One piece of a tool call (OpenAI's `delta.tool_calls[]`): `id` and `name` come once, in
@@ -147,11 +150,13 @@ pub struct ToolCallParser {
     header_sent: bool,
     /// Calls opened so far.
     calls: usize,
+    /// Inside a JSON array of calls (a tag with no closing tag opened it).
+    in_array: bool,
 }
 
 impl ToolCallParser {
     pub fn new(parsing: &ToolParsing) -> Self {
-        Self { tags: parsing.tags, xml: parsing.xml.clone(), call: None, header_sent: false, calls: 0 }
+        Self { tags: parsing.tags, xml: parsing.xml.clone(), call: None, header_sent: false, calls: 0, in_array: false }
     }
 
     /// Whether the choice has opened a call.
@@ -160,12 +165,17 @@ impl ToolCallParser {
     }
 
     pub fn is_tag(&self, token: u32) -> bool {
-        self.tags.is_some_and(|t| token == t.open || token == t.close)
+        self.tags.is_some_and(|t| token == t.open || Some(token) == t.close)
     }
 
-    /// Where `token` belongs; a tag opens or closes a call (with no tags, all is text).
+    /// Where `token` belongs; a tag opens or closes a call (with no tags, all is text). A tag
+    /// with no closing tag opens an array of calls that takes the rest of the output.
     pub fn route(&mut self, token: u32) -> Route {
         let Some(tags) = self.tags else { return Route::Text };
+        if tags.close.is_none() {
+            self.in_array |= token == tags.open;
+            return if self.in_array { Route::Call } else { Route::Text };
+        }
         if token == tags.open && self.call.is_none() {
             self.call = Some(match self.xml {
                 Some(_) => Scan::Xml(XmlCall::default()),
@@ -174,7 +184,7 @@ impl ToolCallParser {
             self.header_sent = false;
             self.calls += 1;
             Route::Call
-        } else if token == tags.close && self.call.is_some() {
+        } else if Some(token) == tags.close && self.call.is_some() {
             self.call = None;
             Route::Call
         } else if self.call.is_some() {
@@ -187,27 +197,84 @@ impl ToolCallParser {
     /// A whole call the model wrote as text (see `TextCalls`), as one piece.
     pub fn text_call(&mut self, name: String, arguments: String) -> ToolCallDelta {
         self.calls += 1;
-        ToolCallDelta { index: self.calls - 1, id: Some(new_call_id()), name: Some(name), arguments }
+        ToolCallDelta { index: self.calls - 1, id: Some(self.new_call_id()), name: Some(name), arguments }
     }
 
-    /// Reads text of the open call; the piece it completes, if any.
-    pub fn push_call_text(&mut self, text: &str) -> Option<ToolCallDelta> {
-        let index = self.calls.checked_sub(1)?;
-        let (name, pending) = match self.call.as_mut()? {
-            Scan::Json(call) => {
-                text.chars().for_each(|c| call.scan(c));
-                (&call.name, &mut call.pending)
-            }
+    /// A new call's id: OpenAI's `call_` and 24 letters and digits; nine letters and digits
+    /// for Mistral's array syntax, whose template refuses other ids when the call comes back in
+    /// the history.
+    fn new_call_id(&self) -> String {
+        let array = self.tags.is_some_and(|t| t.close.is_none());
+        let tail: String =
+            StdRng::from_os_rng().sample_iter(&Alphanumeric).take(if array { 9 } else { 24 }).map(char::from).collect();
+        if array { tail } else { format!("call_{tail}") }
+    }
+
+    /// Reads text of the open call; the pieces it completes (one at most between tags; in an
+    /// array, the end of one call and the start of the next may share a piece of text).
+    pub fn push_call_text(&mut self, text: &str) -> Vec<ToolCallDelta> {
+        if self.tags.is_some_and(|t| t.close.is_none()) {
+            return self.push_array_text(text);
+        }
+        let piece = self.piece(|scan, xml| match scan {
+            Scan::Json(call) => text.chars().for_each(|c| call.scan(c)),
             Scan::Xml(call) => {
-                call.scan(text, self.xml.as_deref()?);
-                (&call.name, &mut call.pending)
+                if let Some(xml) = xml {
+                    call.scan(text, xml);
+                }
             }
+        });
+        piece.into_iter().collect()
+    }
+
+    /// Reads text of an array of calls: each object in it is a call, read as between tags.
+    fn push_array_text(&mut self, text: &str) -> Vec<ToolCallDelta> {
+        let mut out = Vec::new();
+        for c in text.chars() {
+            match &mut self.call {
+                Some(Scan::Json(call)) => {
+                    call.scan(c);
+                    if call.depth == 0 {
+                        out.extend(self.piece(|_, _| ()));
+                        self.call = None;
+                    }
+                }
+                // Between calls: `[`, `, ` (a space before the array); after `]` the output is
+                // text again.
+                _ if c == ']' => self.in_array = false,
+                _ if c != '{' || !self.in_array => {}
+                _ => {
+                    let mut call = Call::default();
+                    call.scan(c);
+                    self.call = Some(Scan::Json(call));
+                    self.header_sent = false;
+                    self.calls += 1;
+                }
+            }
+        }
+        if self.call.is_some() {
+            out.extend(self.piece(|_, _| ()));
+        }
+        out
+    }
+
+    /// The piece of the open call that `read` (given the call and the XML tools) completes.
+    fn piece(&mut self, read: impl FnOnce(&mut Scan, Option<&XmlTools>)) -> Option<ToolCallDelta> {
+        let index = self.calls.checked_sub(1)?;
+        let scan = self.call.as_mut()?;
+        read(scan, self.xml.as_deref());
+        let (name, pending) = match scan {
+            Scan::Json(call) => (&call.name, &mut call.pending),
+            Scan::Xml(call) => (&call.name, &mut call.pending),
         };
         let mut delta = ToolCallDelta { index, ..ToolCallDelta::default() };
         if !self.header_sent {
             delta.name = Some(name.clone()?);
-            delta.id = Some(new_call_id());
+            let pending = std::mem::take(pending);
+            delta.id = Some(self.new_call_id());
             self.header_sent = true;
+            delta.arguments = pending;
+            return Some(delta);
         }
         delta.arguments = std::mem::take(pending);
         (delta.id.is_some() || !delta.arguments.is_empty()).then_some(delta)
@@ -323,12 +390,6 @@ impl Call {
         // A value belongs to the key before it: a stray `: value` after it belongs to none.
         self.key.clear();
     }
-}
-
-/// OpenAI's call ids: `call_` and 24 letters and digits.
-fn new_call_id() -> String {
-    let tail: String = StdRng::from_os_rng().sample_iter(&Alphanumeric).take(24).map(char::from).collect();
-    format!("call_{tail}")
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 use super::*;
 
-const TAGS: ToolCallTags = ToolCallTags { open: 1, close: 2 };
+const TAGS: ToolCallTags = ToolCallTags { open: 1, close: Some(2) };
 
 /// The calls of `<tool_call>` + `pieces` + `</tool_call>` for each call, pieces as tokens' text.
 fn parse(calls: &[Vec<&str>]) -> Vec<ToolCallOut> {
@@ -14,7 +14,7 @@ fn parse_with(parsing: &ToolParsing, calls: &[Vec<&str>]) -> Vec<ToolCallOut> {
         assert_eq!(parser.route(TAGS.open), Route::Call);
         for piece in pieces {
             assert_eq!(parser.route(100), Route::Call);
-            if let Some(delta) = parser.push_call_text(piece) {
+            for delta in parser.push_call_text(piece) {
                 if delta.id.is_some() {
                     assert_eq!(delta.index, out.len(), "a call's header comes once, in order");
                     out.push(ToolCallOut::default());
@@ -24,7 +24,7 @@ fn parse_with(parsing: &ToolParsing, calls: &[Vec<&str>]) -> Vec<ToolCallOut> {
                 out[delta.index].add(&delta);
             }
         }
-        assert_eq!(parser.route(TAGS.close), Route::Call);
+        assert_eq!(parser.route(2), Route::Call);
     }
     assert_eq!(parser.route(100), Route::Text);
     out
@@ -85,7 +85,7 @@ fn several_calls_get_their_own_index_and_id_and_text_around_them_is_content() {
     let mut parser = ToolCallParser::new(&ToolParsing::json(TAGS, true));
     assert_eq!(parser.route(100), Route::Text);
     assert!(!parser.made_calls());
-    assert_eq!(parser.route(TAGS.close), Route::Text, "a stray closing tag is text (dropped as special)");
+    assert_eq!(parser.route(2), Route::Text, "a stray closing tag is text (dropped as special)");
     assert_eq!(parser.route(TAGS.open), Route::Call);
     assert!(parser.made_calls());
 }
@@ -126,6 +126,36 @@ const XML_CASES: &[(&str, &str, &str)] = &[
     ("\n<function=noop>\n</function>\n", "noop", "{}"),
     ("\n<function=noop>\n<parameter=extra>\n\n</parameter>\n</function>\n", "noop", "{\"extra\": \"\"}"),
 ];
+
+/// Mistral's calls: `[TOOL_CALLS]`, then a JSON array of calls and no closing tag. Each object
+/// is a call with its exact argument bytes and an id of nine letters and digits, however the
+/// text is split (a piece that ends one call and begins the next included); text after the
+/// array is content again.
+#[test]
+fn an_array_of_calls_after_an_open_tag_gives_each_call_however_split() {
+    let parsing = ToolParsing::json(ToolCallTags { open: 1, close: None }, true);
+    let text = " [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par}]is\", \"n\": [1, {\"d\": null}]}}, {\"name\": \"noop\", \"arguments\": {}}]";
+    let want = [("get_weather", "{\"city\": \"Par}]is\", \"n\": [1, {\"d\": null}]}"), ("noop", "{}")];
+    let chars: Vec<char> = text.chars().collect();
+    for width in (1..=12).chain([chars.len()]) {
+        let mut parser = ToolCallParser::new(&parsing);
+        assert_eq!(parser.route(7), Route::Text, "before the tag, text");
+        assert_eq!(parser.route(1), Route::Call);
+        assert!(parser.is_tag(1) && !parser.is_tag(2));
+        let mut calls: Vec<ToolCallOut> = Vec::new();
+        for piece in chars.chunks(width) {
+            assert_eq!(parser.route(100), Route::Call);
+            for delta in parser.push_call_text(&piece.iter().collect::<String>()) {
+                assert_eq!(delta.id.is_some(), delta.index == calls.len(), "a call's header comes once, first");
+                ToolCallOut::gather(&mut calls, &delta);
+            }
+        }
+        let got: Vec<(&str, &str)> = calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect();
+        assert_eq!(got, want, "pieces of {width}");
+        assert!(calls.iter().all(|c| c.id.len() == 9 && c.id.chars().all(|c| c.is_ascii_alphanumeric())));
+        assert_eq!(parser.route(100), Route::Text, "after the array, text");
+    }
+}
 
 fn xml_parsing() -> ToolParsing {
     let weather = serde_json::json!({"type": "object", "properties": {
