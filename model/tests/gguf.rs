@@ -434,6 +434,25 @@ fn a_mistral_gguf_is_llama_with_a_sentencepiece_tokenizer() {
     assert_eq!(a.render(&messages, true).unwrap(), "<s>[INST]Be brief.\n\nHi <3[/INST]");
 }
 
+/// GGUF files written by llama.cpp's own converter (`scripts/convert_fixtures_with_llamacpp.sh`:
+/// the convert_hf_to_gguf.py of the llama.cpp that llama-cpp-python 0.3.36 vendors) from the
+/// safetensors fixtures, beside those the fixture scripts write by transcribing it: each gives
+/// transformers' logits and greedy tokens, and encodes its prompts to the fixture's ids.
+#[test]
+fn ggufs_written_by_llama_cpps_converter_match_transformers() {
+    for name in ["tiny-qwen35-f32", "tiny-qwen35moe-f32", "tiny-qwen3next-f32", "tiny-mistral-f32", "tiny-llama-f32"] {
+        let source = ModelSource::Gguf(fixture_dir("gguf").join("converted").join(format!("{name}.gguf")));
+        let model = load_model(None, Some(&source), &LoadOptions::default(), &Device::flex())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
+        let tokenizer = source.tokenizer().unwrap();
+        for (s, p) in Reference::load(name).prompts.iter().enumerate() {
+            check_prompt(&mut ctx, s as u32, p);
+            assert_eq!(tokenizer.encode_prompt(&p.text).unwrap(), p.ids, "{name}: {:?}", p.text);
+        }
+    }
+}
+
 /// Qwen3.5 in Q8_0: its q and k rows, which loading reorders (partial rotary, the output gate),
 /// move whole as quantized rows; kept quantized it stays within the int8-activation budget of
 /// its dequantized self. The recurrence carries int8 activations' errors along the sequence: measured, positions up to

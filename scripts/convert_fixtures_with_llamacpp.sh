@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Converts the family fixtures with llama.cpp's own converter (convert_hf_to_gguf.py of the
+# llama.cpp that PyPI's llama-cpp-python 0.3.36 vendors, the peer's), into
+# tests/fixtures/gguf/converted/: GGUF files as users get them, beside the ones
+# scripts/make_family_fixtures.py writes by its transcription of that converter. The fixtures'
+# byte-level tokenizers are synthetic, so no hash in the converter's table names their
+# pre-tokenizer: a copy of the converter is patched to take it from FORCE_PRE instead of
+# refusing. Nothing of llama.cpp is kept in the project, only the files it writes.
+# Needs: python3 with torch, transformers, safetensors, sentencepiece, numpy (as the fixture
+# scripts). Usage: scripts/convert_fixtures_with_llamacpp.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$root/models/.download
+version=0.3.36
+sdist=$work/llama_cpp_python-$version.tar.gz
+mkdir -p "$work"
+[ -f "$sdist" ] || python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+  -d "$work" "llama-cpp-python==$version"
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+tar -xzf "$sdist" -C "$src" --strip-components=2 \
+  "llama_cpp_python-$version/vendor/llama.cpp/convert_hf_to_gguf.py" \
+  "llama_cpp_python-$version/vendor/llama.cpp/conversion" \
+  "llama_cpp_python-$version/vendor/llama.cpp/gguf-py"
+python3 - "$src/llama.cpp/conversion/base.py" <<'PY'
+import sys
+path = sys.argv[1]
+s = open(path).read()
+refuse = '            raise NotImplementedError("BPE pre-tokenizer was not recognized - update get_vocab_base_pre()")'
+assert s.count(refuse) == 1, "the converter changed: its refusal of an unknown pre-tokenizer is not where it was"
+s = s.replace(refuse, '            res = __import__("os").environ.get("FORCE_PRE")\n            if res is None:\n    ' + refuse)
+open(path, "w").write(s)
+PY
+out=$root/tests/fixtures/gguf/converted
+mkdir -p "$out"
+# fixture, pre-tokenizer, converter options (Qwen3.5's checkpoints carry a stub MTP head: left out)
+for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp tiny-qwen3next-f32:qwen2:--no-mtp \
+            tiny-mistral-f32:default: tiny-llama-f32:llama-bpe:; do
+  IFS=: read -r name pre opts <<<"$spec"
+  # shellcheck disable=SC2086 # opts is one flag or none
+  FORCE_PRE=$pre PYTHONPATH=$src/llama.cpp/gguf-py python3 "$src/llama.cpp/convert_hf_to_gguf.py" \
+    "$root/tests/fixtures/$name" --outfile "$out/$name.gguf" --outtype f32 $opts >/dev/null 2>&1 \
+    || { echo "$name: the converter failed" >&2; exit 1; }
+  echo "$out/$name.gguf"
+done
