@@ -7,11 +7,15 @@
 //! S ← S·decay + k ⊗ β(v − Sᵀk), o = Sᵀq; o is RMS-normalised per head and gated by silu(z).
 //!
 //! The recurrence runs on the host, in f32, sequence by sequence in token order and in parallel
-//! over sequences and value heads; its state lives in the cache (`kv::Recurrent`). On a GPU the
-//! projection's rows come back for it and its output goes up again (counted transfers).
+//! over sequences and value heads, compiled for AVX-512 or AVX2 where the CPU has them; its
+//! state lives in the cache (`kv::Recurrent`). On a GPU the projection's rows come back for it
+//! and its output goes up again (counted transfers).
 
 use burn::tensor::{Tensor, TensorData};
+use pulp::x86::V4;
 use rayon::prelude::*;
+
+use crate::kernels::plain::Plain;
 
 use crate::error::DecodeError;
 use crate::kv::LayerState;
@@ -84,7 +88,6 @@ impl DeltaNet {
             .collect();
         // The recurrence, per (sequence, value head).
         let group = self.value_heads / self.key_heads;
-        let kd = self.key_heads * dk;
         let mut tasks = Vec::new();
         for (i, s) in states.iter_mut().enumerate() {
             // Each head's part of a checkpoint to fill on the way, and after which row.
@@ -97,26 +100,26 @@ impl DeltaNet {
                 tasks.push((i, h, s.rows, memory, keep));
             }
         }
+        let (v4, plain) = (V4::try_new(), Plain::new());
         let heads: Vec<(usize, usize, Vec<f32>)> = tasks
             .into_par_iter()
-            .map(|(i, h, rows, memory, (after, mut keep))| {
+            .map(|(i, h, rows, memory, (after, keep))| {
                 let kh = if self.tiled { h % self.key_heads } else { h / group };
                 let mut o = vec![0.0f32; rows.len() * dv];
-                let mut kv = vec![0.0f32; dv];
-                for (t, &row) in rows.iter().enumerate() {
-                    let m = &mixed[i][t * c..(t + 1) * c];
-                    let (q, k) = (&m[kh * dk..(kh + 1) * dk], &m[kd + kh * dk..kd + (kh + 1) * dk]);
-                    let v = &m[2 * kd + h * dv..2 * kd + (h + 1) * dv];
-                    let xr = &x[row * width..(row + 1) * width];
-                    let (beta, alpha) = (xr[c + vd + h], xr[c + vd + self.value_heads + h]);
-                    let decay = (self.decay_rate[h] * softplus(alpha + self.dt_bias[h])).exp();
-                    let beta = 1.0 / (1.0 + (-beta).exp());
-                    delta_step(memory, q, k, v, decay, beta, &mut kv, &mut o[t * dv..(t + 1) * dv]);
-                    if t + 1 == after
-                        && let Some(keep) = keep.as_mut()
-                    {
-                        keep.copy_from_slice(memory);
-                    }
+                let run = HeadTokens {
+                    net: self,
+                    mixed: &mixed[i],
+                    x,
+                    width,
+                    rows,
+                    head: (h, kh),
+                    memory,
+                    keep: keep.map(|k| (after, k)),
+                    o: &mut o,
+                };
+                match v4 {
+                    Some(simd) => simd.vectorize(run),
+                    None => plain.vectorize(run),
                 }
                 (i, h, o)
             })
@@ -174,14 +177,64 @@ impl DeltaNet {
     }
 }
 
+/// One value head's tokens of one sequence, as a callable that the vectorizing functions
+/// (`V4::vectorize`, `Plain::vectorize`) inline: the steps' loops run along a memory row, which
+/// LLVM turns into the widest vectors the CPU has (the same operations in the same order on
+/// any CPU, so the same result).
+struct HeadTokens<'a> {
+    net: &'a DeltaNet,
+    /// The sequence's convolved rows ([tokens, channels]).
+    mixed: &'a [f32],
+    /// The projection's rows ([n, width]) and the sequence's rows among them.
+    x: &'a [f32],
+    width: usize,
+    rows: &'a [usize],
+    /// The value head and its key head.
+    head: (usize, usize),
+    memory: &'a mut [f32],
+    /// A checkpoint of the memory to fill after that many tokens.
+    keep: Option<(usize, &'a mut [f32])>,
+    /// [tokens, value_dim]
+    o: &'a mut [f32],
+}
+
+impl pulp::NullaryFnOnce for HeadTokens<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        let HeadTokens { net, mixed, x, width, rows, head: (h, kh), memory, mut keep, o } = self;
+        let (c, vd, dk, dv) = (net.channels(), net.values(), net.key_dim, net.value_dim);
+        let kd = net.key_heads * dk;
+        let mut kv = vec![0.0f32; dv];
+        for (t, &row) in rows.iter().enumerate() {
+            let m = &mixed[t * c..(t + 1) * c];
+            let (q, k) = (&m[kh * dk..(kh + 1) * dk], &m[kd + kh * dk..kd + (kh + 1) * dk]);
+            let v = &m[2 * kd + h * dv..2 * kd + (h + 1) * dv];
+            let xr = &x[row * width..(row + 1) * width];
+            let (beta, alpha) = (xr[c + vd + h], xr[c + vd + net.value_heads + h]);
+            let decay = (net.decay_rate[h] * softplus(alpha + net.dt_bias[h])).exp();
+            let beta = 1.0 / (1.0 + (-beta).exp());
+            delta_step(memory, q, k, v, decay, beta, &mut kv, &mut o[t * dv..(t + 1) * dv]);
+            if let Some((after, keep)) = keep.as_mut()
+                && t + 1 == *after
+            {
+                keep.copy_from_slice(memory);
+            }
+        }
+    }
+}
+
 /// torch's softplus: ln(1 + eˣ), x itself above 20.
 fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
 /// One token of one value head: `memory` ([key_dim, value_dim]) decays, learns `v` for key `k`
-/// at rate `beta`, and is read by `q` into `o`. `kv`: scratch of value_dim.
+/// at rate `beta`, and is read by `q` into `o`. `kv`: scratch of value_dim. Inlined into its
+/// caller's vectorized function.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn delta_step(
     memory: &mut [f32],
     q: &[f32],
