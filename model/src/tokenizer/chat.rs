@@ -65,6 +65,49 @@ impl ChatMessage {
     }
 }
 
+/// `source` with every backslash that ends a line inside a string literal of a tag dropped with
+/// its line break: Jinja2 reads a string literal as Python does (a line continuation), where
+/// minijinja would keep both. Mistral Small 3.x's templates break their default system message
+/// so. In the text between tags a backslash is text, and stays.
+fn join_continued_lines(source: &str) -> String {
+    let b = source.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let (mut i, mut tag, mut quote) = (0, false, None::<u8>);
+    while i < b.len() {
+        let (c, next) = (b[i], b.get(i + 1).copied());
+        match (tag, quote, next) {
+            (false, _, Some(n @ (b'{' | b'%'))) if c == b'{' => {
+                tag = true;
+                out.extend([c, n]);
+                i += 2;
+                continue;
+            }
+            (true, None, Some(b'}')) if c == b'}' || c == b'%' => {
+                tag = false;
+                out.extend([c, b'}']);
+                i += 2;
+                continue;
+            }
+            (true, None, _) if c == b'"' || c == b'\'' => quote = Some(c),
+            (true, Some(_), Some(b'\n')) if c == b'\\' => {
+                i += 2;
+                continue;
+            }
+            (true, Some(_), Some(n)) if c == b'\\' => {
+                out.extend([c, n]);
+                i += 2;
+                continue;
+            }
+            (true, Some(q), _) if c == q => quote = None,
+            _ => {}
+        }
+        out.push(c);
+        i += 1;
+    }
+    // Only ASCII bytes were dropped, so the rest is still UTF-8.
+    String::from_utf8(out).unwrap_or_else(|_| source.to_string())
+}
+
 /// Python's `json.dumps(value, ensure_ascii=False)`, as Hugging Face's `tojson` filter writes
 /// it: `", "` and `": "` separators, keys in their order.
 fn python_json(value: &serde_json::Value, indent: Option<usize>, level: usize, out: &mut String) {
@@ -256,7 +299,7 @@ impl ChatTemplate {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             strftime(now, &format)
         });
-        env.add_template_owned(NAME, source.clone()).map_err(|e| TemplateError(e.to_string()))?;
+        env.add_template_owned(NAME, join_continued_lines(&source)).map_err(|e| TemplateError(e.to_string()))?;
         Ok(Self { env, source, bos_token, eos_token })
     }
 
@@ -334,6 +377,17 @@ impl ChatTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backslash that ends a line inside a tag's string literal continues the line, as in
+    /// Jinja2 (Mistral Small 3.1's default system message): "Paris.\⏎Your" renders "Paris.Your".
+    /// Escapes stay escapes, and between tags a backslash and its line break are text.
+    #[test]
+    fn a_string_literal_continues_over_a_backslash_line_break() {
+        let source = "{%- set m = \"Paris.\\\nYour \\\"x\\\" and \\\\\" %}{{ m }}|a\\\nb|{{ 'c\\\nd' }}";
+        let t = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "Paris.Your \"x\" and \\|a\\\nb|cd");
+        assert_eq!(t.source(), source, "the source as given");
+    }
 
     /// Python's `strftime` gives these for the same instants.
     #[test]
