@@ -76,19 +76,14 @@ pub(super) fn constrain_calls(
     compiler: &GrammarCompiler,
 ) -> Result<(), RequestError> {
     let choice = options.tool_choice.clone().unwrap_or_default();
+    let token = |name: &str| {
+        let missing = || RequestError::invalid("tools", format!("this model's vocabulary has no {name} tag"));
+        compiler.special_token(name).ok_or_else(missing)
+    };
     let tags = match syntax.tags() {
-        Some((open, close)) => {
-            let open = compiler.special_token(open);
-            match close {
-                Some(close) => open.zip(compiler.special_token(close)).map(|(o, c)| (o, Some(c))),
-                None => open.map(|o| (o, None)),
-            }
-        }
+        Some((open, close)) => Some((token(open)?, close.map(token).transpose()?)),
         None => None,
     };
-    if let (None, Some((open, _))) = (tags, syntax.tags()) {
-        return Err(RequestError::invalid("tools", format!("this model's vocabulary has no {open} tag")));
-    }
     let open = tags.map(|(open, _)| open);
     if choice == ToolChoice::None {
         // A constraint's grammar decides alone (it reaches the tag only by naming it). With no

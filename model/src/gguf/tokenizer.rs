@@ -37,7 +37,7 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use super::GgufFile;
 use crate::error::LoadError;
-use crate::tokenizer::{ChatTemplate, Tokenizer};
+use crate::tokenizer::{ChatTemplate, SPM_SPACE as SPACE, Tokenizer};
 
 /// How a `tokenizer.ggml.pre` splits and merges, as its tokenizer.json does.
 struct PreTokenizer {
@@ -97,9 +97,6 @@ const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 const UNUSED: i64 = 5;
 const NORMAL: i64 = 1;
-
-/// SentencePiece's space.
-const SPACE: &str = "\u{2581}";
 
 /// The file's tokenizer.
 pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {

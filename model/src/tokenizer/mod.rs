@@ -61,12 +61,15 @@ impl Pieces {
             }
             Self::Metaspace => match fallback_byte(&piece) {
                 Some(byte) => vec![byte],
-                None => piece.replace('\u{2581}', " ").into_bytes(),
+                None => piece.replace(SPM_SPACE, " ").into_bytes(),
             },
             Self::Text => piece.into_bytes(),
         }
     }
 }
+
+/// SentencePiece's space, `▁`.
+pub(crate) const SPM_SPACE: &str = "\u{2581}";
 
 /// The byte of a byte-fallback piece, `<0x0A>`.
 fn fallback_byte(piece: &str) -> Option<u8> {

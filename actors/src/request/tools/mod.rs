@@ -172,7 +172,7 @@ impl ToolCallParser {
     /// with no closing tag opens an array of calls that takes the rest of the output.
     pub fn route(&mut self, token: u32) -> Route {
         let Some(tags) = self.tags else { return Route::Text };
-        if tags.close.is_none() {
+        if self.array() {
             self.in_array |= token == tags.open;
             return if self.in_array { Route::Call } else { Route::Text };
         }
@@ -204,16 +204,21 @@ impl ToolCallParser {
     /// for Mistral's array syntax, whose template refuses other ids when the call comes back in
     /// the history.
     fn new_call_id(&self) -> String {
-        let array = self.tags.is_some_and(|t| t.close.is_none());
+        let array = self.array();
         let tail: String =
             StdRng::from_os_rng().sample_iter(&Alphanumeric).take(if array { 9 } else { 24 }).map(char::from).collect();
         if array { tail } else { format!("call_{tail}") }
     }
 
+    /// Whether calls are a JSON array after the open tag (a tag with no closing tag).
+    fn array(&self) -> bool {
+        self.tags.is_some_and(|t| t.close.is_none())
+    }
+
     /// Reads text of the open call; the pieces it completes (one at most between tags; in an
     /// array, the end of one call and the start of the next may share a piece of text).
     pub fn push_call_text(&mut self, text: &str) -> Vec<ToolCallDelta> {
-        if self.tags.is_some_and(|t| t.close.is_none()) {
+        if self.array() {
             return self.push_array_text(text);
         }
         let piece = self.piece(|scan, xml| match scan {
