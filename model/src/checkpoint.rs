@@ -89,6 +89,27 @@ fn language_model(entries: HashMap<String, Entry>) -> HashMap<String, Entry> {
 }
 
 impl Checkpoint {
+    /// The checkpoint with its family's tensors under the decoder's names
+    /// (`Architecture::hf_aliases`: under `model.layers.{l}.`, `{e}` an expert's index).
+    pub fn aliased(mut self, aliases: &[(&str, &str)]) -> Self {
+        if aliases.is_empty() {
+            return self;
+        }
+        self.entries = self
+            .entries
+            .into_iter()
+            .map(|(name, e)| {
+                let ours = name.strip_prefix("model.layers.").and_then(|rest| {
+                    let (layer, tail) = rest.split_once('.')?;
+                    let ours = aliases.iter().find_map(|(ours, theirs)| alias_of(tail, ours, theirs))?;
+                    Some(format!("model.layers.{layer}.{ours}"))
+                });
+                (ours.unwrap_or(name), e)
+            })
+            .collect();
+        self
+    }
+
     /// The shards' paths.
     pub fn files(&self) -> Vec<PathBuf> {
         self.shards.iter().map(|s| s.path.clone()).collect()
@@ -97,6 +118,18 @@ impl Checkpoint {
     /// Each tensor's values and bytes, by its stored type's name (`BF16`).
     pub fn sizes(&self) -> impl Iterator<Item = (usize, usize, String)> + '_ {
         self.entries.values().map(|e| (e.shape.iter().product(), e.range.1 - e.range.0, format!("{:?}", e.dtype)))
+    }
+}
+
+/// `tail` under the decoder's name `ours` if it is the family's `theirs`, whose `{e}` (if any)
+/// stands for an expert's index.
+fn alias_of(tail: &str, ours: &str, theirs: &str) -> Option<String> {
+    match theirs.split_once("{e}") {
+        None => (tail == theirs).then(|| ours.to_string()),
+        Some((before, after)) => {
+            let e = tail.strip_prefix(before)?.strip_suffix(after)?;
+            (!e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())).then(|| ours.replace("{e}", e))
+        }
     }
 }
 
@@ -187,4 +220,30 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
         files.insert(dir.join(name));
     }
     Ok(files.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::alias_of;
+
+    #[test]
+    fn aliases_match_whole_names_and_expert_indices() {
+        let (ours, theirs) = ("mlp.experts.{e}.gate_proj.weight", "block_sparse_moe.experts.{e}.w1.weight");
+        assert_eq!(
+            alias_of("block_sparse_moe.experts.17.w1.weight", ours, theirs).as_deref(),
+            Some("mlp.experts.17.gate_proj.weight")
+        );
+        for other in [
+            "block_sparse_moe.experts..w1.weight",
+            "block_sparse_moe.experts.1x.w1.weight",
+            "block_sparse_moe.experts.1.w2.weight",
+        ] {
+            assert_eq!(alias_of(other, ours, theirs), None, "{other}");
+        }
+        assert_eq!(
+            alias_of("block_sparse_moe.gate.weight", "mlp.gate.weight", "block_sparse_moe.gate.weight").as_deref(),
+            Some("mlp.gate.weight")
+        );
+        assert_eq!(alias_of("block_sparse_moe.gate.bias", "mlp.gate.weight", "block_sparse_moe.gate.weight"), None);
+    }
 }

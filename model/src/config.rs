@@ -494,7 +494,7 @@ impl Fields<'_> {
                 None => self.usize("num_experts")?,
             },
             experts_per_token: self.usize("num_experts_per_tok")?,
-            intermediate_size: self.usize("moe_intermediate_size")?,
+            intermediate_size: self.usize(experts.width)?,
             norm_topk_prob: experts.norm_topk_always || self.opt_bool("norm_topk_prob")?.unwrap_or(false),
             shared_intermediate_size: match experts.shared_expert {
                 true => Some(self.usize("shared_expert_intermediate_size")?),

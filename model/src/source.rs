@@ -87,7 +87,7 @@ impl ModelSource {
                     reason: "missing: pass the model type explicitly".into(),
                 })
             }
-            Self::Gguf(path) => gguf::architecture(&GgufFile::open(path)?),
+            Self::Gguf(path) => gguf::model_type(&GgufFile::open(path)?),
         }
     }
 

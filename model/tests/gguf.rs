@@ -434,13 +434,44 @@ fn a_mistral_gguf_is_llama_with_a_sentencepiece_tokenizer() {
     assert_eq!(a.render(&messages, true).unwrap(), "<s>[INST]Be brief.\n\nHi <3[/INST]");
 }
 
+/// Mixtral's GGUF files say `llama`, with experts (`llama.expert_count`) as wide as
+/// `feed_forward_length`: tiny-mixtral-f32's, written as llama.cpp's converter writes it, is
+/// served as Mixtral (q and k back in Hugging Face's order, the stacked experts split, top-2
+/// renormalised) with the safetensors checkpoint's configuration, transformers' logits and
+/// greedy tokens; a `llama` file without experts stays Llama.
+#[test]
+fn a_llama_gguf_with_experts_is_mixtral() {
+    let name = "tiny-mixtral-f32";
+    let file = GgufFile::open(&gguf_fixture(name)).unwrap();
+    let (ours, hf) =
+        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    assert_eq!((ours.arch.name, hf.arch.name), ("mixtral", "mixtral"));
+    assert_eq!(ours.moe, hf.moe);
+    let moe = hf.moe.as_ref().unwrap();
+    assert_eq!((moe.experts, moe.experts_per_token, moe.intermediate_size, moe.norm_topk_prob), (8, 2, 32, true));
+    assert_eq!(ModelSource::Gguf(gguf_fixture(name)).model_type().unwrap(), "mixtral");
+    assert_eq!(ModelSource::Gguf(gguf_fixture("tiny-mistral-f32")).model_type().unwrap(), "llama");
+    let mut ctx = context(&gguf(name), WeightDtype::Auto);
+    for (s, p) in Reference::load(name).prompts.iter().enumerate() {
+        check_prompt(&mut ctx, s as u32, p);
+    }
+}
+
 /// GGUF files written by llama.cpp's own converter (`scripts/convert_fixtures_with_llamacpp.sh`:
 /// the convert_hf_to_gguf.py of the llama.cpp that llama-cpp-python 0.3.36 vendors) from the
 /// safetensors fixtures, beside those the fixture scripts write by transcribing it: each gives
 /// transformers' logits and greedy tokens, and encodes its prompts to the fixture's ids.
 #[test]
 fn ggufs_written_by_llama_cpps_converter_match_transformers() {
-    for name in ["tiny-qwen35-f32", "tiny-qwen35moe-f32", "tiny-qwen3next-f32", "tiny-mistral-f32", "tiny-llama-f32"] {
+    let fixtures = [
+        "tiny-qwen35-f32",
+        "tiny-qwen35moe-f32",
+        "tiny-qwen3next-f32",
+        "tiny-mistral-f32",
+        "tiny-mixtral-f32",
+        "tiny-llama-f32",
+    ];
+    for name in fixtures {
         let source = ModelSource::Gguf(fixture_dir("gguf").join("converted").join(format!("{name}.gguf")));
         let model = load_model(None, Some(&source), &LoadOptions::default(), &Device::flex())
             .unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 11] = [
+pub const FIXTURES: [&str; 12] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -20,6 +20,7 @@ pub const FIXTURES: [&str; 11] = [
     "tiny-qwen35moe-f32",
     "tiny-qwen3next-f32",
     "tiny-mistral-f32",
+    "tiny-mixtral-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

@@ -17,6 +17,7 @@ pub const LLAMA: Architecture = Architecture {
     gguf_qk_interleaved: true,
     end_of_generation: &["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
     gguf_aliases: &[],
+    hf_aliases: &[],
     experts: None,
     gated_delta_net: false,
     fused_linear_projections: false,

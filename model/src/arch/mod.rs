@@ -6,6 +6,7 @@
 
 mod llama;
 mod mistral;
+mod mixtral;
 mod qwen2;
 mod qwen2moe;
 mod qwen3;
@@ -44,6 +45,10 @@ pub struct Architecture {
     /// name in a block, the family's), e.g. Qwen3.5's `post_attention_norm.weight` for
     /// `ffn_norm.weight`.
     pub gguf_aliases: &'static [(&'static str, &'static str)],
+    /// Its checkpoints' names for tensors the decoder knows by another Hugging Face name, under
+    /// `model.layers.{l}.`: (the decoder's, the family's), `{e}` standing for an expert's index
+    /// (Mixtral's `block_sparse_moe.experts.{e}.w1.weight` for `mlp.experts.{e}.gate_proj.weight`).
+    pub hf_aliases: &'static [(&'static str, &'static str)],
     /// Its feed-forward blocks are mixtures of experts (`None`: dense SwiGLU).
     pub experts: Option<Experts>,
     /// Qwen3.5's hybrid: gated DeltaNet linear-attention layers among full-attention ones
@@ -72,6 +77,9 @@ pub struct Experts {
     /// The router always renormalises its top-k weights, whatever the config says (Qwen3.5-MoE,
     /// whose configs have no `norm_topk_prob`).
     pub norm_topk_always: bool,
+    /// The config field of each expert's SwiGLU width (`moe_intermediate_size`; Mixtral's
+    /// experts are `intermediate_size` wide).
+    pub width: &'static str,
 }
 
 /// Where q, k and v biases come from.
@@ -94,12 +102,12 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &qwen35moe::QWEN3_5_MOE,
     &qwen3next::QWEN3_NEXT,
     &mistral::MISTRAL,
+    &mixtral::MIXTRAL,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
 /// they would need.
 pub const UNSUPPORTED: &[(&str, &str)] = &[
-    ("mixtral", "Mixtral's sliding-window attention and expert layout"),
     ("deepseek_v2", "multi-head latent attention and experts"),
     ("deepseek_v3", "multi-head latent attention and experts"),
     ("deepseek2", "multi-head latent attention and experts"),
@@ -112,10 +120,18 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
 ];
 
 /// The family named `name` (a `config.json` `model_type`, the text model's own within a
-/// multimodal one, `qwen3_5_text`, or a GGUF architecture).
+/// multimodal one, `qwen3_5_text`, or a GGUF architecture: for a GGUF file, `find_gguf`).
 pub fn find(name: &str) -> Option<&'static Architecture> {
     let text = name.strip_suffix("_text").unwrap_or(name);
-    ARCHITECTURES.iter().copied().find(|a| a.name == name || a.name == text || a.gguf == name)
+    let by_name = ARCHITECTURES.iter().copied().find(|a| a.name == name || a.name == text);
+    by_name.or_else(|| find_gguf(name, false))
+}
+
+/// The family of a GGUF file of architecture `arch`, which has experts or not (`{arch}.expert_count`):
+/// Mixtral's files say `llama` too.
+pub fn find_gguf(arch: &str, experts: bool) -> Option<&'static Architecture> {
+    let of_arch = || ARCHITECTURES.iter().copied().filter(|a| a.gguf == arch);
+    of_arch().find(|a| a.experts.is_some() == experts).or_else(|| of_arch().next())
 }
 
 /// Why family `name` is not served, if it is one we know.
@@ -138,11 +154,17 @@ mod tests {
             assert!(unsupported(a.name).is_none() && unsupported(a.gguf).is_none(), "{}", a.name);
             assert!(!a.gguf_pre.is_empty(), "{}: no pre-tokenizer", a.name);
             for b in &ARCHITECTURES[i + 1..] {
-                assert!(a.name != b.name && a.gguf != b.gguf, "{} and {}", a.name, b.name);
+                let same_files = a.gguf == b.gguf && a.experts.is_some() == b.experts.is_some();
+                assert!(a.name != b.name && !same_files, "{} and {}", a.name, b.name);
             }
         }
         assert_eq!(find("qwen3").map(|a| a.name), Some("qwen3"));
         assert!(find("deepseek2").is_none() && unsupported("deepseek2").is_some());
         assert_eq!(find("qwen3moe").map(|a| a.name), Some("qwen3_moe"));
+        // A `llama` GGUF file is Llama's, or Mixtral's when it has experts.
+        assert_eq!(find("llama").map(|a| a.name), Some("llama"));
+        assert_eq!(find_gguf("llama", false).map(|a| a.name), Some("llama"));
+        assert_eq!(find_gguf("llama", true).map(|a| a.name), Some("mixtral"));
+        assert_eq!(find_gguf("qwen3moe", true).map(|a| a.name), Some("qwen3_moe"));
     }
 }

@@ -16,6 +16,7 @@ pub const QWEN3: Architecture = Architecture {
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
     gguf_aliases: &[],
+    hf_aliases: &[],
     experts: None,
     gated_delta_net: false,
     fused_linear_projections: false,

@@ -23,6 +23,7 @@ pub const QWEN3_5: Architecture = Architecture {
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
     gguf_aliases: &[("ffn_norm.weight", "post_attention_norm.weight")],
+    hf_aliases: &[],
     experts: None,
     gated_delta_net: true,
     fused_linear_projections: false,

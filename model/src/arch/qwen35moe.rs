@@ -11,6 +11,11 @@ pub const QWEN3_5_MOE: Architecture = Architecture {
     name: "qwen3_5_moe",
     gguf: "qwen35moe",
     hf_class: "Qwen3_5MoeForConditionalGeneration",
-    experts: Some(Experts { shared_expert: true, gguf_norm_topk_prob: true, norm_topk_always: true }),
+    experts: Some(Experts {
+        shared_expert: true,
+        gguf_norm_topk_prob: true,
+        norm_topk_always: true,
+        width: "moe_intermediate_size",
+    }),
     ..QWEN3_5
 };

@@ -15,7 +15,12 @@ pub const QWEN3_NEXT: Architecture = Architecture {
     gguf: "qwen3next",
     hf_class: "Qwen3NextForCausalLM",
     gguf_pre: &["qwen2"],
-    experts: Some(Experts { shared_expert: true, gguf_norm_topk_prob: true, norm_topk_always: false }),
+    experts: Some(Experts {
+        shared_expert: true,
+        gguf_norm_topk_prob: true,
+        norm_topk_always: false,
+        width: "moe_intermediate_size",
+    }),
     fused_linear_projections: true,
     gguf_tiled_value_heads: false,
     ..QWEN3_5_MOE

@@ -46,7 +46,11 @@ pub fn load(
 ) -> Result<Box<dyn LanguageModel>, LoadError> {
     let source = source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })?;
     let (config, src): (ModelConfig, Box<dyn TensorSource>) = match source {
-        ModelSource::Dir(dir) => (ModelConfig::from_dir(dir)?, Box::new(Checkpoint::open(dir)?)),
+        ModelSource::Dir(dir) => {
+            let config = ModelConfig::from_dir(dir)?;
+            let checkpoint = Checkpoint::open(dir)?.aliased(config.arch.hf_aliases);
+            (config, Box::new(checkpoint))
+        }
         ModelSource::Gguf(path) => {
             let file = GgufFile::open(path)?;
             let conversions = file.conversions();

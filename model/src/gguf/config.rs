@@ -6,6 +6,7 @@
 use serde_json::{Map, Value as Json, json};
 
 use super::GgufFile;
+use crate::arch::Architecture;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::decoder::ROPE_FREQS;
 use crate::error::LoadError;
@@ -50,10 +51,24 @@ pub fn architecture(file: &GgufFile) -> Result<String, LoadError> {
         .ok_or_else(|| file.error("general.architecture: missing, or not a string"))
 }
 
+/// The family the file is served as: its architecture's, or for a `llama` file with experts
+/// (`llama.expert_count`), Mixtral's; `None` for an architecture not served.
+pub fn family(file: &GgufFile) -> Option<&'static Architecture> {
+    let arch = architecture(file).ok()?;
+    let experts = file.get(&format!("{arch}.expert_count")).and_then(|v| v.as_u64()).is_some_and(|n| n > 0);
+    crate::arch::find_gguf(&arch, experts)
+}
+
+/// The model type the file is loaded as: its family's name (`mixtral` for a `llama` file with
+/// experts), else its architecture as written.
+pub fn model_type(file: &GgufFile) -> Result<String, LoadError> {
+    Ok(family(file).map_or(architecture(file)?, |f| f.name.to_string()))
+}
+
 /// The model's configuration.
 pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let arch = architecture(file)?;
-    let family = crate::arch::find(&arch);
+    let family = family(file);
     let mut obj = Map::new();
     // The family's `config.json` name (a GGUF architecture may be spelled differently).
     obj.insert("model_type".into(), json!(family.map_or(arch.as_str(), |f| f.name)));

@@ -14,7 +14,7 @@ use burn::tensor::{DType, TensorData};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-pub use config::{architecture, model_config};
+pub use config::{architecture, family, model_config, model_type};
 pub use file::{GgufFile, TensorInfo, TensorType, Value, split_name, split_part};
 pub use tokenizer::{chat_template, tokenizer};
 
@@ -97,7 +97,7 @@ impl GgufFile {
     fn served(&self) -> &[Option<String>] {
         self.served.get_or_init(|| {
             let arch = architecture(self).ok();
-            let family = arch.as_deref().and_then(crate::arch::find);
+            let family = family(self);
             let aliases = family.map_or(&[][..], |f| f.gguf_aliases);
             let key = |k: &str| arch.as_ref().and_then(|a| self.get(&format!("{a}.{k}"))).and_then(Value::as_u64);
             let blocks = match key("nextn_predict_layers") {
@@ -167,7 +167,7 @@ impl GgufFile {
     /// family that does so).
     fn interleaved_heads(&self, name: &str) -> Option<usize> {
         let arch = architecture(self).ok()?;
-        if !crate::arch::find(&arch)?.gguf_qk_interleaved {
+        if !family(self)?.gguf_qk_interleaved {
             return None;
         }
         let (_, tail) = name.strip_prefix("blk.")?.split_once('.')?;

@@ -161,7 +161,7 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
 /// default.
 fn byte_level_bpe(file: &GgufFile, vocab: Vocab) -> Result<(tokenizers::Tokenizer, bool), LoadError> {
     let bad = |reason: String| file.error(format!("tokenizer: {reason}"));
-    let family = crate::gguf::architecture(file).ok().and_then(|a| crate::arch::find(&a));
+    let family = crate::gguf::family(file);
     let pre = match file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()) {
         Some(pre) => pre.to_string(),
         None => {
