@@ -57,7 +57,10 @@ reference outputs (CI never runs this: the generated files are committed).
   tokenizer as tokenizer.ggml.model llama: pieces, scores and token types).
 - tests/fixtures/tiny-mixtral-f32: a random MixtralForCausalLM, 8 experts of width 32, top-2
   (always renormalised), no sliding window, saved in the Hub's layout (block_sparse_moe.gate,
-  block_sparse_moe.experts.{e}.w1/w2/w3), with tiny-mistral-f32's tokenizer and chat template; a
+  block_sparse_moe.experts.{e}.w1/w2/w3), a tokenizer made as tiny-mistral-f32's with Mistral Small
+  3.x's control tokens ([SYSTEM_PROMPT], [ARGS], [CALL_ID], ...) and Mistral Small 3.2's chat
+  template (scripts/mistral_small_chat_template.jinja, as llama.cpp's models/templates keeps it:
+  tool calls as [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}); a
   seed whose greedy tokens survive f16 and bf16 rounding and whose routers have no near tie
   between a token's second and third expert (routing_margin: a flipped expert under a narrow KV
   cache moves the logits past the cache's own tolerance).
@@ -164,6 +167,10 @@ def llama_tokenizer():
 
 MISTRAL_CONTROLS = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
                     "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
+# Mistral Small 3.x's control tokens (its tokenizer's v13), in its order.
+MISTRAL_V13_CONTROLS = ["[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+                        "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]",
+                        "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]", "[ARGS]", "[CALL_ID]"]
 # Texts whose ids sentencepiece itself gives (tiny-mistral-f32/sentencepiece.json): plain text only,
 # as sentencepiece reads no special tokens in text.
 SPM_TEXTS = [
@@ -181,8 +188,9 @@ SPM_TEXTS = [
 ]
 
 
-def spm_model():
-    """A SentencePiece BPE model laid out as Mistral 7B v0.3's, trained on standard-library docstrings."""
+def spm_model(controls):
+    """A SentencePiece BPE model laid out as Mistral 7B v0.3's (with `controls` after <unk>, <s>
+    and </s>), trained on standard-library docstrings."""
     import importlib
     import sentencepiece as spm
     names = ["argparse", "collections", "functools", "itertools", "json", "logging", "os", "pathlib", "re",
@@ -199,7 +207,7 @@ def spm_model():
         f.write("\n".join(docs))
     spm.SentencePieceTrainer.train(
         input=os.path.join(work, "corpus.txt"), model_prefix=os.path.join(work, "m"), vocab_size=base.VOCAB,
-        model_type="bpe", byte_fallback=True, control_symbols=MISTRAL_CONTROLS, unk_id=0, bos_id=1, eos_id=2,
+        model_type="bpe", byte_fallback=True, control_symbols=controls, unk_id=0, bos_id=1, eos_id=2,
         pad_id=-1, normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True,
         split_digits=True, allow_whitespace_only_pieces=True, num_threads=1, minloglevel=2)
     return spm.SentencePieceProcessor(model_file=os.path.join(work, "m.model"))
@@ -219,8 +227,8 @@ def spm_merges(sp):
     return [[m[4], m[5]] for m in merges]
 
 
-def mistral_tokenizer():
-    sp = spm_model()
+def mistral_tokenizer(controls=MISTRAL_CONTROLS):
+    sp = spm_model(controls)
     n = sp.get_piece_size()
     pieces = [sp.id_to_piece(i) for i in range(n)]
     special = [i for i in range(n) if sp.is_control(i) or sp.is_unknown(i)]
@@ -401,7 +409,9 @@ MIXTRAL = dict(
         max_position_embeddings=base.MAX_POS, sliding_window=None, rms_norm_eps=1e-5, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, router_jitter_noise=0.0,
         bos_token_id=sp["<s>"], eos_token_id=sp["</s>"], attn_implementation="eager"),
-    model=MixtralForCausalLM, tokenizer=mistral_tokenizer, tokenizer_config=MISTRAL["tokenizer_config"],
+    model=MixtralForCausalLM, tokenizer=lambda: mistral_tokenizer(MISTRAL_V13_CONTROLS),
+    tokenizer_config=lambda sp: dict(MISTRAL["tokenizer_config"](sp),
+                                     chat_template=template("mistral_small_chat_template.jinja")),
     add_special=True, gguf_arch="llama", robust_greedy=True, robust_routing=True,
 )
 
@@ -455,16 +465,26 @@ def scale_weights(model):
 
 @torch.no_grad()
 def rounding_keeps_greedy(model, refs):
-    """Whether the model's weights rounded to f16, and to bf16, give the same greedy tokens with
-    clear margins still: the f16, bf16 and narrow-KV tests ask the same tokens of every fixture,
-    and a seed with a near tie along a prompt's continuation (for its logits' scale) fails them."""
+    """Whether the model's weights rounded to f16, and to bf16, and its keys and values so rounded
+    (as a 16-bit KV cache holds them), give the same greedy tokens with clear margins still: the
+    f16, bf16 and narrow-KV tests ask the same tokens of every fixture, and a seed with a near tie
+    along a prompt's continuation (for its logits' scale) fails them."""
+    def round_output(dtype):
+        return lambda _module, _inputs, out: out.to(dtype).float()
+
     for dtype in (torch.float16, torch.bfloat16):
-        rounded = copy.deepcopy(model)
-        for p in rounded.parameters():
-            p.copy_(p.to(dtype).float())
-        again = [base.reference(rounded, r["ids"]) for r in refs]
-        if not all(a["greedy"] == r["greedy"] and a["min_margin"] >= base.MIN_MARGIN for a, r in zip(again, refs)):
-            return False
+        for where in ("weights", "kv"):
+            rounded = copy.deepcopy(model)
+            if where == "weights":
+                for p in rounded.parameters():
+                    p.copy_(p.to(dtype).float())
+            else:
+                for layer in rounded.model.layers:
+                    layer.self_attn.k_proj.register_forward_hook(round_output(dtype))
+                    layer.self_attn.v_proj.register_forward_hook(round_output(dtype))
+            again = [base.reference(rounded, r["ids"]) for r in refs]
+            if not all(a["greedy"] == r["greedy"] and a["min_margin"] >= base.MIN_MARGIN for a, r in zip(again, refs)):
+                return False
     return True
 
 

@@ -20,7 +20,7 @@ fn tags(t: &Tokenizer) -> ReasoningTags {
 
 /// Streams `ids`; returns (answer text, reasoning, tool-call arguments).
 fn stream(t: &Tokenizer, ids: &[u32], starts_open: bool, stop: &str) -> (String, String, String) {
-    let tool_tags = ToolCallTags { open: t.token_to_id("<tool_call>").unwrap(), close: t.token_to_id("</tool_call>") };
+    let tool_tags = ToolCallTags::pair(t.token_to_id("<tool_call>").unwrap(), t.token_to_id("</tool_call>").unwrap());
     let mut s = TextStream::new([stop.to_string()])
         .with_reasoning(Some(ReasoningParsing { tags: tags(t), starts_open }))
         .with_tool_calls(Some(&ToolParsing::json(tool_tags, true)));

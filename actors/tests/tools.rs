@@ -58,10 +58,22 @@ fn ask() -> ChatRequest {
         .max_tokens(120)
 }
 
+/// `ask()` with a call required, `n` 3 and room for several calls.
+fn required(seed: u64, parallel: bool) -> ChatRequest {
+    let mut r = ask().tool_choice(ToolChoice::Required).n(3).seed(seed).max_tokens(200);
+    r.options.parallel_tool_calls = Some(parallel);
+    r
+}
+
+/// Mistral's call ids.
+fn nine_letters_and_digits(id: &str) -> bool {
+    id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
 /// A call's id (OpenAI's, or Mistral's nine letters and digits) and its arguments against its
 /// tool's schema.
 fn check_call(call: &ToolCallOut) {
-    let mistral = call.id.len() == 9 && call.id.chars().all(|c| c.is_ascii_alphanumeric());
+    let mistral = nine_letters_and_digits(&call.id);
     assert!(call.id.starts_with("call_") || mistral, "{call:?}");
     let args: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| panic!("{e}: {call:?}"));
     let map = args.as_object().unwrap();
@@ -215,17 +227,11 @@ async fn mistral_calls_are_a_json_array_after_tool_calls_held_to_the_schemas() {
     let fixture = FixtureCopy::long_context("tiny-mistral-f32", 4096);
     let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
     let tokenizer = engine.tokenizer().unwrap();
-    let request = |seed: u64, parallel: bool| {
-        let mut r = ask().tool_choice(ToolChoice::Required).n(3).seed(seed).max_tokens(200);
-        r.options.parallel_tool_calls = Some(parallel);
-        r
-    };
-    let nine = |id: &str| id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric());
-    let answer = engine.chat(request(51, false)).await.unwrap().answer().await;
+    let answer = engine.chat(required(51, false)).await.unwrap().answer().await;
     for c in &answer.choices {
         assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (FinishReason::ToolCalls, 1, ""), "{c:?}");
         check_call(&c.tool_calls[0]);
-        assert!(nine(&c.tool_calls[0].id), "{:?}", c.tool_calls[0].id);
+        assert!(nine_letters_and_digits(&c.tool_calls[0].id), "{:?}", c.tool_calls[0].id);
         let written = tokenizer.decode(&c.tokens, false).unwrap();
         assert!(written.starts_with("[TOOL_CALLS]") && written.contains("[{\"name\": \"get_"), "{written:?}");
         assert!(written.ends_with("}}]</s>") || written.ends_with("}}]"), "{written:?}");
@@ -233,7 +239,7 @@ async fn mistral_calls_are_a_json_array_after_tool_calls_held_to_the_schemas() {
     // Random weights go on calling until the length runs out: every call before the last is
     // whole and valid.
     let mut several = 0;
-    for c in engine.chat(request(52, true).n(4)).await.unwrap().answer().await.choices {
+    for c in engine.chat(required(52, true).n(4)).await.unwrap().answer().await.choices {
         let whole = match c.finish {
             FinishReason::ToolCalls => c.tool_calls.len(),
             FinishReason::Length => c.tool_calls.len() - 1,
@@ -243,12 +249,12 @@ async fn mistral_calls_are_a_json_array_after_tool_calls_held_to_the_schemas() {
         several += usize::from(whole > 1);
     }
     assert!(several > 0, "parallel calls: one array holds several");
-    let named = request(53, false).tool_choice(ToolChoice::Function("get_time".into()));
+    let named = required(53, false).tool_choice(ToolChoice::Function("get_time".into()));
     for c in engine.chat(named).await.unwrap().answer().await.choices {
         assert_eq!((c.finish, c.tool_calls.len(), c.tool_calls[0].name.as_str()), (FinishReason::Stop, 1, "get_time"));
         check_call(&c.tool_calls[0]);
     }
-    streamed_calls_add_up_to(&engine, request(51, false), &answer).await;
+    streamed_calls_add_up_to(&engine, required(51, false), &answer).await;
 
     // The tokenizer (legacy SentencePiece, as llama.cpp's) writes a space at the start of each
     // text after a special token: decoded, the prompt shows it.
@@ -261,6 +267,67 @@ async fn mistral_calls_are_a_json_array_after_tool_calls_held_to_the_schemas() {
     assert!(rendered.starts_with("<s>[AVAILABLE_TOOLS] [{\"type\": \"function\""), "{rendered}");
     assert!(rendered.contains("[/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]"), "{rendered}");
     engine.shutdown().await;
+}
+
+/// Mistral Small 3.2 writes each call as `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`, one after
+/// another to the end of its turn (Devstral and Magistral leave out the id): required, parallel
+/// and named calls are held to that and to the schemas (the id nine letters and digits), come
+/// out as OpenAI's calls with ids of their own, and stream in pieces that add up to the
+/// collected answer; the history's calls render so, with ids its template takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistral_small_calls_are_a_name_then_args_held_to_the_schemas() {
+    let with_ids = FixtureCopy::long_context("tiny-mixtral-f32", 4096);
+    let without_ids = FixtureCopy::template_edited("tiny-mixtral-f32", 4096, "{{- '[CALL_ID]' + tool_call.id }}", "");
+    for (fixture, ids) in [(&with_ids, true), (&without_ids, false)] {
+        let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+        let tokenizer = engine.tokenizer().unwrap();
+        let answer = engine.chat(required(61, false)).await.unwrap().answer().await;
+        for c in &answer.choices {
+            assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (FinishReason::ToolCalls, 1, ""), "{c:?}");
+            check_call(&c.tool_calls[0]);
+            assert!(nine_letters_and_digits(&c.tool_calls[0].id), "{:?}", c.tool_calls[0].id);
+            let written = tokenizer.decode(&c.tokens, false).unwrap();
+            let name = &c.tool_calls[0].name;
+            assert!(written.starts_with("[TOOL_CALLS]") && written.contains(name.as_str()), "{written:?}");
+            assert_eq!(written.contains("[CALL_ID]"), ids, "{written:?}");
+            let args = written.split_once("[ARGS]").map(|(_, a)| a.trim_start().trim_end_matches("</s>"));
+            assert_eq!(args, Some(c.tool_calls[0].arguments.as_str()), "{written:?}");
+        }
+        // This fixture ends its turn after one call: with the tag favoured, it makes several
+        // (until the length runs out, or it ends anyway), every call before a cut one whole and
+        // valid.
+        let mut parallel = required(62, true);
+        parallel.options.logit_bias = vec![(tokenizer.token_to_id("[TOOL_CALLS]").unwrap(), 100.0)];
+        for c in engine.chat(parallel).await.unwrap().answer().await.choices {
+            let whole = match c.finish {
+                FinishReason::ToolCalls => c.tool_calls.len(),
+                FinishReason::Length => c.tool_calls.len().saturating_sub(1),
+                _ => panic!("{c:?}"),
+            };
+            assert!(whole > 1, "{c:?}");
+            c.tool_calls[..whole].iter().for_each(check_call);
+        }
+        let named = required(63, false).tool_choice(ToolChoice::Function("get_time".into()));
+        for c in engine.chat(named).await.unwrap().answer().await.choices {
+            assert_eq!(
+                (c.finish, c.tool_calls.len(), c.tool_calls[0].name.as_str()),
+                (FinishReason::Stop, 1, "get_time")
+            );
+            check_call(&c.tool_calls[0]);
+        }
+        streamed_calls_add_up_to(&engine, required(61, false), &answer).await;
+
+        let ids_of = engine.frontend().render_chat(&weather_history(), &[weather()], &Default::default(), true);
+        let rendered = tokenizer.decode(&ids_of.unwrap(), false).unwrap();
+        let id = if ids { "[CALL_ID] 0000call1" } else { "" };
+        let call = format!("[TOOL_CALLS] get_weather{id}[ARGS] {{\"city\": \"Paris\", \"unit\": \"celsius\"}}</s>");
+        assert!(rendered.contains(&call), "{rendered}");
+        assert!(
+            rendered.contains("[TOOL_RESULTS] 0000call1[TOOL_CONTENT] 22 degrees, sunny[/TOOL_RESULTS]"),
+            "{rendered}"
+        );
+        engine.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

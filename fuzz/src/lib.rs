@@ -170,19 +170,21 @@ pub fn chat_template(data: &[u8]) {
 }
 
 /// A model's tool-call output from untrusted bytes, through the streaming parser, in every call
-/// syntax (JSON, Qwen3.5's XML for a tool with a text and an integer parameter, and Mistral's
-/// array after an open tag with no closing tag): byte 0x01 opens a call (the array), 0x02 closes
-/// it where there is a closing tag, the rest is the model's text. Invariant: the calls
+/// syntax (JSON, Qwen3.5's XML for a tool with a text and an integer parameter, Mistral's
+/// array after an open tag with no closing tag, and Mistral's `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`):
+/// byte 0x01 opens a call (the array), 0x02 closes it where there is a closing tag, 0x03 and 0x04
+/// are `[ARGS]` and `[CALL_ID]`, the rest is the model's text. Invariant: the calls
 /// gathered from pieces of any size are the calls gathered from the whole text at once (what a
 /// streamed and a non-streamed answer report must be byte-identical).
 pub fn tool_calls(data: &[u8]) {
-    const TAGS: ToolCallTags = ToolCallTags { open: 1, close: Some(2) };
+    const TAGS: ToolCallTags = ToolCallTags::pair(1, 2);
     let text = String::from_utf8_lossy(data);
     let schema = serde_json::json!({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}});
     let xml = std::sync::Arc::new(XmlTools::new(&[("get_weather", &schema)]));
-    let array = ToolParsing::json(ToolCallTags { open: 1, close: None }, true);
+    let array = ToolParsing::json(ToolCallTags::array(1), true);
+    let named = ToolParsing::json(ToolCallTags { args: Some(3), call_id: Some(4), ..ToolCallTags::array(1) }, true);
     for parsing in
-        [ToolParsing::json(TAGS, true), ToolParsing { xml: Some(xml), ..ToolParsing::json(TAGS, true) }, array]
+        [ToolParsing::json(TAGS, true), ToolParsing { xml: Some(xml), ..ToolParsing::json(TAGS, true) }, array, named]
     {
         parse_calls(&text, &parsing);
     }
@@ -190,7 +192,7 @@ pub fn tool_calls(data: &[u8]) {
 }
 
 fn parse_calls(text: &str, parsing: &ToolParsing) {
-    const TAGS: ToolCallTags = ToolCallTags { open: 1, close: Some(2) };
+    const TAGS: ToolCallTags = ToolCallTags::pair(1, 2);
     let run = |piece_chars: usize| -> Vec<ToolCallOut> {
         let mut parser = ToolCallParser::new(parsing);
         let mut calls = Vec::new();
@@ -204,6 +206,8 @@ fn parse_calls(text: &str, parsing: &ToolParsing) {
             let token = match c {
                 '\u{1}' => Some(TAGS.open),
                 '\u{2}' => TAGS.close,
+                '\u{3}' => Some(3),
+                '\u{4}' => Some(4),
                 _ => None,
             };
             match token {

@@ -52,14 +52,17 @@ impl FixtureCopy {
     /// A copy of fixture `name` whose context is `context` tokens (a tool-describing system
     /// prompt in a tiny vocabulary needs more than 256), a sliding window as long (Mistral's).
     pub fn long_context(name: &str, context: usize) -> Self {
-        Self::edited(name, &format!("{context}"), |dir| {
-            edit_json(&dir.join("config.json"), |config| {
-                // A multimodal checkpoint's language model has its own config (Qwen3.5's).
-                let text = if config.get("text_config").is_some() { &mut config["text_config"] } else { config };
-                text["max_position_embeddings"] = context.into();
-                if text.get("sliding_window").is_some_and(|w| !w.is_null()) {
-                    text["sliding_window"] = context.into();
-                }
+        Self::edited(name, &format!("{context}"), |dir| widen_context(dir, context))
+    }
+
+    /// As `long_context`, with `from` in the chat template replaced by `to` (it must be there).
+    pub fn template_edited(name: &str, context: usize, from: &str, to: &str) -> Self {
+        Self::edited(name, "template", |dir| {
+            widen_context(dir, context);
+            edit_json(&dir.join("tokenizer_config.json"), |config| {
+                let template = config["chat_template"].as_str().expect("a chat template");
+                assert!(template.contains(from), "{from:?} is not in {name}'s template");
+                config["chat_template"] = template.replace(from, to).into();
             })
         })
     }
@@ -116,6 +119,18 @@ impl FixtureCopy {
     pub fn path(&self) -> &std::path::Path {
         &self.0
     }
+}
+
+/// Makes the fixture copy in `dir` a model of `context` tokens, a sliding window as long.
+fn widen_context(dir: &std::path::Path, context: usize) {
+    edit_json(&dir.join("config.json"), |config| {
+        // A multimodal checkpoint's language model has its own config (Qwen3.5's).
+        let text = if config.get("text_config").is_some() { &mut config["text_config"] } else { config };
+        text["max_position_embeddings"] = context.into();
+        if text.get("sliding_window").is_some_and(|w| !w.is_null()) {
+            text["sliding_window"] = context.into();
+        }
+    })
 }
 
 /// Rewrites the JSON file at `path` with `edit`.

@@ -21,8 +21,9 @@ use crate::session::SessionInfo;
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
 /// out its empty fields; 3: read-outs (embeddings, rerank); 4: a token's log-probability only
 /// where the request asked for it; 5: tool calls written as XML, with their tools' parameters;
-/// 6: tool-call tags with no closing tag (Mistral's array of calls).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 6: tool-call tags with no closing tag (Mistral's array of calls); 7: Mistral's `[ARGS]` and
+/// `[CALL_ID]` tags.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// A request as it crosses the network: everything a checked choice holds, the constraint
 /// before compilation (the node checks it again against its own model and cache).
@@ -382,7 +383,7 @@ mod tests {
         params.sampling.seed = Some(5);
         let xml = XmlTools::new(&[("f", &serde_json::json!({"properties": {"n": {"type": "integer"}}}))]);
         params.tool_calls = Some(ToolParsing {
-            tags: Some(ToolCallTags { open: 1, close: Some(2) }),
+            tags: Some(ToolCallTags::pair(1, 2)),
             xml: Some(std::sync::Arc::new(xml)),
             finish_with_tool_calls: true,
         });

@@ -8,7 +8,7 @@ use super::params::GenerateParams;
 use super::request::{Options, RequestError, Tool, ToolChoice};
 use std::sync::Arc;
 
-use crate::request::{TextCallSpec, TextCallTool, ToolCallTags, ToolParsing, XmlTools};
+use crate::request::{TextCallSpec, TextCallTool, ToolParsing, XmlTools};
 
 /// The request's tool choice against its tools and constraint, before anything is rendered or
 /// compiled; whether the tools are offered to the model.
@@ -80,11 +80,8 @@ pub(super) fn constrain_calls(
         let missing = || RequestError::invalid("tools", format!("this model's vocabulary has no {name} tag"));
         compiler.special_token(name).ok_or_else(missing)
     };
-    let tags = match syntax.tags() {
-        Some((open, close)) => Some((token(open)?, close.map(token).transpose()?)),
-        None => None,
-    };
-    let open = tags.map(|(open, _)| open);
+    let tags = syntax.tags().map(|tags| tags.try_map(token)).transpose()?;
+    let open = tags.map(|t| t.open);
     if choice == ToolChoice::None {
         // A constraint's grammar decides alone (it reaches the tag only by naming it). With no
         // tags there is nothing to forbid: the tools are not shown to the model.
@@ -111,7 +108,6 @@ pub(super) fn constrain_calls(
         .tool_calls(&functions, tags, syntax, with_open, parallel)
         .map_err(|e| RequestError::invalid("tools", e.0))?;
     let xml = (syntax == CallSyntax::Xml).then(|| Arc::new(XmlTools::new(&functions)));
-    let tags = tags.map(|(open, close)| ToolCallTags { open, close });
     params.tool_calls = Some(ToolParsing { tags, xml, finish_with_tool_calls: !named });
     let text_calls = |grounds| {
         let tools = functions.iter().map(|(name, parameters)| TextCallTool::new(name, parameters)).collect();

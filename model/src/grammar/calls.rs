@@ -1,7 +1,9 @@
 //! T3: the grammar of tool calls in the syntax a model's chat template writes them: between its
 //! `<tool_call>` tags, Qwen2's and Qwen3's JSON object or Qwen3.5's (and Qwen3-Coder's) XML
 //! elements, each parameter's value as the template writes it (text as it is, anything else as
-//! JSON); or, for Llama 3.x, the whole answer one JSON object with the call's `parameters`.
+//! JSON); or, for Llama 3.x, the whole answer one JSON object with the call's `parameters`;
+//! Mistral's, after `[TOOL_CALLS]`, a JSON array of calls (7B v0.3, Nemo) or each call's name,
+//! then `[ARGS]` and its arguments (Mistral Small 3.2, Devstral, Magistral).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -18,17 +20,66 @@ pub enum CallSyntax {
     /// No tags: the answer is one call, `{"name": N, "parameters": A}` (Llama 3.1–3.3).
     Bare,
     /// `[TOOL_CALLS]`, then the calls as a JSON array of `{"name": N, "arguments": A}` to the
-    /// end of the turn (Mistral).
+    /// end of the turn (Mistral 7B v0.3, Nemo).
     JsonArray,
+    /// `[TOOL_CALLS]N[ARGS]A` per call, one after another to the end of the turn, with
+    /// `[CALL_ID]` and the call's id between the name and `[ARGS]` where `ids` (Mistral Small
+    /// 3.2; Devstral and Magistral write none).
+    Named { ids: bool },
+}
+
+/// A syntax's special tokens, by text (`CallSyntax::tags`) or by id in a vocabulary
+/// ([`ToolCallTags`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallTags<T> {
+    /// Opens a call (or Mistral's array of calls).
+    pub open: T,
+    /// Closes a call; `None`: the calls run to the end of the turn.
+    pub close: Option<T>,
+    /// Ends a call's name and begins its arguments (Mistral's `[ARGS]`).
+    pub args: Option<T>,
+    /// Precedes a call's id, after its name (Mistral Small 3.2's `[CALL_ID]`).
+    pub call_id: Option<T>,
+}
+
+/// A syntax's special tokens as ids in a model's vocabulary.
+pub type ToolCallTags = CallTags<u32>;
+
+impl ToolCallTags {
+    /// Calls between `open` and `close` tags.
+    pub const fn pair(open: u32, close: u32) -> Self {
+        Self { open, close: Some(close), args: None, call_id: None }
+    }
+
+    /// An array of calls after `open`, to the end of the turn.
+    pub const fn array(open: u32) -> Self {
+        Self { open, close: None, args: None, call_id: None }
+    }
+}
+
+impl<T> CallTags<T> {
+    /// The same tags as `U`s (a vocabulary's ids), or the first error `f` gives.
+    pub fn try_map<U, E>(self, mut f: impl FnMut(T) -> Result<U, E>) -> Result<CallTags<U>, E> {
+        Ok(CallTags {
+            open: f(self.open)?,
+            close: self.close.map(&mut f).transpose()?,
+            args: self.args.map(&mut f).transpose()?,
+            call_id: self.call_id.map(&mut f).transpose()?,
+        })
+    }
 }
 
 impl CallSyntax {
-    /// The special tokens that open and close a call (by text); `None`: calls have no tags.
-    /// A syntax with no closing tag writes its calls to the end of the turn.
-    pub fn tags(self) -> Option<(&'static str, Option<&'static str>)> {
+    /// The special tokens of its calls (by text); `None`: calls have no tags. A syntax with no
+    /// closing tag writes its calls to the end of the turn.
+    pub fn tags(self) -> Option<CallTags<&'static str>> {
+        let mistral = CallTags { open: "[TOOL_CALLS]", close: None, args: None, call_id: None };
         match self {
-            Self::Json | Self::Xml => Some(("<tool_call>", Some("</tool_call>"))),
-            Self::JsonArray => Some(("[TOOL_CALLS]", None)),
+            Self::Json | Self::Xml => Some(CallTags { open: "<tool_call>", close: Some("</tool_call>"), ..mistral }),
+            Self::JsonArray => Some(mistral),
+            Self::Named { ids } => {
+                Some(CallTags { args: Some("[ARGS]"), call_id: ids.then_some("[CALL_ID]"), ..mistral })
+            }
             Self::Bare => None,
         }
     }
@@ -39,7 +90,7 @@ impl CallSyntax {
     /// becomes the same, so a call and its result still pair. The others take any id.
     pub fn history_id(self, id: &str) -> String {
         match self {
-            Self::JsonArray => {
+            Self::JsonArray | Self::Named { .. } => {
                 let kept: Vec<char> = id.chars().filter(char::is_ascii_alphanumeric).collect();
                 let last: String = kept[kept.len().saturating_sub(9)..].iter().collect();
                 format!("{last:0>9}")
@@ -93,6 +144,37 @@ pub(super) fn call_array_grammar(functions: &[(&str, &Value)], first: &str, para
     format!("start: {first}\" \"? \"[\" call{more} \"]\"\ncall: %json {schema}\n")
 }
 
+/// The Lark grammar of Mistral's newer calls to `functions` (each name with its parameters'
+/// schema): after `first` (the tag, or nothing when the model wrote it), a name (a SentencePiece
+/// vocabulary may write a space before it), `[CALL_ID]` and nine letters and digits where the
+/// syntax has ids, `[ARGS]` and the arguments as the template writes JSON; each further call,
+/// if `parallel`, opened by the tag again.
+pub(super) fn named_calls_grammar(
+    functions: &[(&str, &Value)],
+    tags: ToolCallTags,
+    first: &str,
+    parallel: bool,
+) -> String {
+    let more = if parallel { format!(" (<[{}]> call)*", tags.open) } else { String::new() };
+    let id = tags.call_id.map_or(String::new(), |t| format!(" <[{t}]> /[a-zA-Z0-9]{{9}}/"));
+    let args = tags.args.map_or(String::new(), |t| format!(" <[{t}]>"));
+    let names: Vec<String> = (0..functions.len()).map(|f| format!("f{f}")).collect();
+    let mut g = format!(
+        "start: {first}call{more}
+call: {}
+",
+        names.join(" | ")
+    );
+    for (f, (name, parameters)) in functions.iter().enumerate() {
+        let mut schema = (*parameters).clone();
+        if let Value::Object(map) = &mut schema {
+            map.insert("x-guidance".into(), template_json());
+        }
+        g += &format!("f{f}: \" \"? {}{id}{args} %json {schema}\n", Value::from(*name));
+    }
+    g
+}
+
 /// The Lark grammar of calls to `functions` (each name with its parameters' schema) between
 /// tags, in `syntax`: `first` opens the first call (or nothing when the model opened it), `more`
 /// the part after a call that allows another, `close` the closing tag's id.
@@ -106,7 +188,7 @@ pub(super) fn calls_grammar(
     // Qwen2 models often end a call's line before the end of their turn.
     let start = format!("start: {first}call{more} \"\\n\"?\n");
     match syntax {
-        CallSyntax::Json | CallSyntax::Bare | CallSyntax::JsonArray => {
+        CallSyntax::Json | CallSyntax::Bare | CallSyntax::JsonArray | CallSyntax::Named { .. } => {
             let schema = json_call(functions, "arguments");
             format!("{start}call: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n")
         }

@@ -8,7 +8,9 @@ use llguidance::toktrie::TokEnv;
 use llguidance::{ParserFactory, TokenParser};
 use serde_json::{Value, json};
 
-use super::calls::{CallSyntax, bare_call_grammar, call_array_grammar, calls_grammar};
+use super::calls::{
+    CallSyntax, ToolCallTags, bare_call_grammar, call_array_grammar, calls_grammar, named_calls_grammar,
+};
 use super::env::VocabEnv;
 use super::guide::{Guidance, GuidanceSpec};
 use super::{Constraint, GrammarError, regex_escape};
@@ -115,14 +117,15 @@ impl GrammarCompiler {
     /// model's tags, in the syntax its template writes them (`CallSyntax`): Qwen2's
     /// `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`, or Qwen3.5's
     /// `<tool_call>\n<function=N>\n<parameter=P>\nV\n</parameter>\n</function>\n</tool_call>`;
-    /// or Llama 3.x's answer that is one call, `{"name": N, "parameters": A}`, with no tags.
+    /// or Llama 3.x's answer that is one call, `{"name": N, "parameters": A}`, with no tags; or
+    /// Mistral's after `[TOOL_CALLS]`, an array or each call's name and `[ARGS]`.
     /// `with_open`: the grammar starts with the opening tag (a required or named call);
     /// otherwise just after it (the model opened a call by itself). `parallel`: more calls may
     /// follow, each on its own line (not in Llama's, which makes one call at a time).
     pub fn tool_calls(
         &self,
         functions: &[(&str, &Value)],
-        tags: Option<(u32, Option<u32>)>,
+        tags: Option<ToolCallTags>,
         syntax: CallSyntax,
         with_open: bool,
         parallel: bool,
@@ -131,11 +134,16 @@ impl GrammarCompiler {
             return self.compile_lark(bare_call_grammar(functions));
         }
         let missing =
-            || GrammarError(format!("this model's vocabulary has no {} tag", syntax.tags().map_or("", |t| t.0)));
-        let (open, close) = tags.ok_or_else(missing)?;
+            || GrammarError(format!("this model's vocabulary has no {} tag", syntax.tags().map_or("", |t| t.open)));
+        let tags = tags.ok_or_else(missing)?;
+        let (open, close) = (tags.open, tags.close);
         let first = if with_open { format!("<[{open}]> ") } else { String::new() };
-        if syntax == CallSyntax::JsonArray {
-            return self.compile_lark(call_array_grammar(functions, &first, parallel));
+        match syntax {
+            CallSyntax::JsonArray => return self.compile_lark(call_array_grammar(functions, &first, parallel)),
+            CallSyntax::Named { .. } => {
+                return self.compile_lark(named_calls_grammar(functions, tags, &first, parallel));
+            }
+            _ => {}
         }
         let close = close.ok_or_else(missing)?;
         let more = if parallel { format!(" (\"\\n\" <[{open}]> call)*") } else { String::new() };

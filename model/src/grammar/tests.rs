@@ -303,3 +303,70 @@ fn a_constraint_applies_after_the_thinking() {
     guide.accept(close);
     assert!(!allowed(&mut guide).contains(&call));
 }
+
+/// Mistral Small 3.2's calls (tiny-mixtral-f32's vocabulary, with its control tokens):
+/// `[TOOL_CALLS]`, a tool's name, `[CALL_ID]` and nine letters and digits, `[ARGS]` and
+/// arguments held to that tool's schema, as often as `parallel` allows; without ids, no
+/// `[CALL_ID]`. Uniform sampling reaches every branch: both tools, one call and several.
+#[test]
+fn mistral_named_calls_give_a_name_an_id_and_schema_arguments_per_tag() {
+    let tokenizer = Tokenizer::from_dir(&llaisys_tests::fixture_dir("tiny-mixtral-f32")).unwrap();
+    let eos = tokenizer.token_to_id("</s>").unwrap();
+    let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size(), &[eos]).unwrap();
+    let id = |t: &str| compiler.special_token(t).unwrap();
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+                         "required": ["city"], "additionalProperties": false});
+    let time = json!({"type": "object", "properties": {"zone": {"type": "integer", "minimum": -99, "maximum": 99}},
+                      "required": ["zone"], "additionalProperties": false});
+    let functions = [("get_weather", &weather), ("get_time", &time)];
+    for ids in [true, false] {
+        let syntax = CallSyntax::Named { ids };
+        let tags = syntax.tags().unwrap().try_map(|t| compiler.special_token(t).ok_or(t)).unwrap();
+        assert_eq!((tags.args, tags.call_id.is_some()), (Some(id("[ARGS]")), ids));
+        let grammar = compiler.tool_calls(&functions, Some(tags), syntax, true, true).unwrap();
+        let (mut names, mut most) = (std::collections::BTreeSet::new(), 0);
+        for seed in 0..40 {
+            let params = SamplingParams { temperature: 1.0, seed: Some(seed), ..SamplingParams::default() };
+            let mut sampler = Sampler::new(params, &[]).guided(&Guidance::grammar(grammar.clone()));
+            let logits = vec![0.0; tokenizer.vocab_size()];
+            let mut tokens = Vec::new();
+            while tokens.len() < 300 {
+                let s = sampler.sample(&logits);
+                tokens.push(s.token);
+                if s.end.is_some() {
+                    break;
+                }
+            }
+            let text = tokenizer.decode(&tokens, false).unwrap();
+            let calls: Vec<&str> = text.trim_end_matches("</s>").split("[TOOL_CALLS]").skip(1).collect();
+            assert!(text.starts_with("[TOOL_CALLS]") && !calls.is_empty(), "{text:?}");
+            for call in &calls {
+                let (head, args) = call.split_once("[ARGS]").unwrap_or_else(|| panic!("{text:?}"));
+                let name = match head.split_once("[CALL_ID]") {
+                    Some((name, id)) => {
+                        assert!(ids && id.trim_start().len() == 9, "{text:?}");
+                        assert!(id.trim_start().chars().all(|c| c.is_ascii_alphanumeric()), "{text:?}");
+                        name
+                    }
+                    None => {
+                        assert!(!ids, "{text:?}");
+                        head
+                    }
+                };
+                let args: serde_json::Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+                match name.trim_start() {
+                    "get_weather" => assert!(args["city"].as_str().is_some_and(|c| c.chars().count() <= 6), "{text:?}"),
+                    // JSON's `-0` reads as a float.
+                    "get_time" => {
+                        assert!(args["zone"].as_f64().is_some_and(|z| z.fract() == 0.0 && z.abs() <= 99.0), "{text:?}")
+                    }
+                    other => panic!("{other:?} in {text:?}"),
+                }
+                names.insert(name.trim_start().to_string());
+            }
+            most = most.max(calls.len());
+        }
+        assert_eq!(names.len(), 2);
+        assert!(most > 1, "several calls");
+    }
+}

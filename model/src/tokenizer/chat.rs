@@ -309,13 +309,17 @@ impl ChatTemplate {
     }
 
     /// How the template writes an assistant's tool calls (and so how the model writes them):
-    /// a JSON array after `[TOOL_CALLS]` where it writes that tag (Mistral); XML elements where
+    /// after `[TOOL_CALLS]`, each call's name and `[ARGS]` where it writes `[ARGS]` (with
+    /// `[CALL_ID]` and an id between where it writes that: Mistral Small 3.2), else a JSON
+    /// array where it writes that tag (Mistral 7B v0.3, Nemo); XML elements where
     /// it spells out `<function=` and `<parameter=` (Qwen3.5, Qwen3-Coder); a JSON object
     /// between `<tool_call>` tags where it has them (Qwen2, Qwen3); else, where it writes a
     /// call's `"parameters"`, the answer as one JSON object (Llama 3.x).
     pub fn call_syntax(&self) -> CallSyntax {
         let has = |s: &str| self.source.contains(s);
-        if has("[TOOL_CALLS]") {
+        if has("[TOOL_CALLS]") && has("[ARGS]") {
+            CallSyntax::Named { ids: has("[CALL_ID]") }
+        } else if has("[TOOL_CALLS]") {
             CallSyntax::JsonArray
         } else if has("<function=") && has("<parameter=") {
             CallSyntax::Xml

@@ -4,7 +4,9 @@
 //! name once and the arguments in pieces, exactly the bytes the model wrote, never re-parsed;
 //! a model whose template writes calls as XML elements (Qwen3.5) has them read by `XmlCall`,
 //! the arguments handed out as JSON one parameter at a time; Mistral's calls, a JSON array after
-//! `[TOOL_CALLS]` with no closing tag, are its objects read one after another by the same scanner.
+//! `[TOOL_CALLS]` with no closing tag, are its objects read one after another by the same scanner;
+//! Mistral's newer ones, `[TOOL_CALLS]name[ARGS]{...}` per call, have the name read up to
+//! `[ARGS]` (an id after `[CALL_ID]` skipped) and the arguments handed out as written.
 
 use std::sync::Arc;
 
@@ -14,14 +16,10 @@ use super::FinishReason;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// A model's tool-call tags (Qwen2: `<tool_call>` = 151657, `</tool_call>` = 151658).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ToolCallTags {
-    pub open: u32,
-    /// `None`: the open tag is followed by a JSON array of calls that runs to the end of the
-    /// output (Mistral's `[TOOL_CALLS]`).
-    pub close: Option<u32>,
-}
+/// A model's tool-call tags (Qwen2: `<tool_call>` = 151657, `</tool_call>` = 151658); with no
+/// closing tag, Mistral's `[TOOL_CALLS]`: a JSON array of calls after it, or with `[ARGS]`, each
+/// call's name and arguments.
+pub use llaisys_model::ToolCallTags;
 
 /// One piece of a tool call (OpenAI's `delta.tool_calls[]`): `id` and `name` come once, in
 /// the call's first piece; `arguments` are appended.
@@ -119,6 +117,75 @@ enum Value {
 enum Scan {
     Json(Call),
     Xml(XmlCall),
+    Named(NamedCall),
+}
+
+/// Where a call in Mistral's `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Part {
+    #[default]
+    Name,
+    Id,
+    Arguments,
+}
+
+/// A call in Mistral's `[TOOL_CALLS]name[ARGS]{...}` being read.
+#[derive(Debug, Clone, Default)]
+struct NamedCall {
+    part: Part,
+    /// The name's text as written (trimmed when `[CALL_ID]` or `[ARGS]` ends it).
+    name_raw: String,
+    name: Option<String>,
+    /// The arguments' JSON value: nesting, and whether in a string (after a backslash).
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+    /// The value is complete: what follows is not the call's.
+    done: bool,
+    /// Argument text not yet handed out.
+    pending: String,
+}
+
+impl NamedCall {
+    /// A tag: `[CALL_ID]` or `[ARGS]` ends the name.
+    fn tag(&mut self, part: Part) {
+        if self.part == Part::Name {
+            self.name = Some(self.name_raw.trim().to_string());
+        }
+        self.part = part;
+    }
+
+    /// Reads text: the name's, an id's (skipped), or the arguments' up to the end of their value.
+    fn scan(&mut self, text: &str) {
+        for c in text.chars() {
+            match self.part {
+                Part::Name => self.name_raw.push(c),
+                Part::Id => {}
+                Part::Arguments if self.done || (self.depth == 0 && c.is_whitespace()) => {}
+                Part::Arguments => {
+                    self.pending.push(c);
+                    if self.in_string {
+                        (self.escaped, self.in_string) = match (self.escaped, c) {
+                            (true, _) => (false, true),
+                            (false, '\\') => (true, true),
+                            (false, '"') => (false, false),
+                            _ => (false, true),
+                        };
+                    } else {
+                        match c {
+                            '"' => self.in_string = true,
+                            '{' | '[' => self.depth += 1,
+                            '}' | ']' => self.depth = self.depth.saturating_sub(1),
+                            _ => {}
+                        }
+                    }
+                    // A value ends with its last bracket (a scalar, which no schema gives
+                    // arguments, runs to the next tag).
+                    self.done = self.depth == 0 && !self.in_string && matches!(c, '}' | ']');
+                }
+            }
+        }
+    }
 }
 
 /// A call in JSON being read.
@@ -165,13 +232,16 @@ impl ToolCallParser {
     }
 
     pub fn is_tag(&self, token: u32) -> bool {
-        self.tags.is_some_and(|t| token == t.open || Some(token) == t.close)
+        self.tags.is_some_and(|t| [Some(t.open), t.close, t.args, t.call_id].contains(&Some(token)))
     }
 
     /// Where `token` belongs; a tag opens or closes a call (with no tags, all is text). A tag
     /// with no closing tag opens an array of calls that takes the rest of the output.
     pub fn route(&mut self, token: u32) -> Route {
         let Some(tags) = self.tags else { return Route::Text };
+        if tags.args.is_some() {
+            return self.route_named(token, tags);
+        }
         if self.array() {
             self.in_array |= token == tags.open;
             return if self.in_array { Route::Call } else { Route::Text };
@@ -194,6 +264,28 @@ impl ToolCallParser {
         }
     }
 
+    /// `route` in Mistral's `[TOOL_CALLS]name[ARGS]{...}`: the open tag starts a call (ending
+    /// the one before), `[CALL_ID]` and `[ARGS]` end its name; after its arguments' value the
+    /// output is text until the next call.
+    fn route_named(&mut self, token: u32, tags: ToolCallTags) -> Route {
+        if token == tags.open {
+            self.call = Some(Scan::Named(NamedCall::default()));
+            self.header_sent = false;
+            self.calls += 1;
+            return Route::Call;
+        }
+        let Some(Scan::Named(call)) = &mut self.call else { return Route::Text };
+        if Some(token) == tags.args {
+            call.tag(Part::Arguments);
+        } else if Some(token) == tags.call_id && call.part == Part::Name {
+            call.tag(Part::Id);
+        } else if call.done {
+            self.call = None;
+            return Route::Text;
+        }
+        Route::Call
+    }
+
     /// A whole call the model wrote as text (see `TextCalls`), as one piece.
     pub fn text_call(&mut self, name: String, arguments: String) -> ToolCallDelta {
         self.calls += 1;
@@ -201,8 +293,8 @@ impl ToolCallParser {
     }
 
     /// A new call's id: OpenAI's `call_` and 24 letters and digits; nine letters and digits
-    /// for Mistral's array syntax, whose template refuses other ids when the call comes back in
-    /// the history.
+    /// for Mistral's syntaxes (no closing tag), whose templates refuse other ids when the call
+    /// comes back in the history.
     fn new_call_id(&self) -> String {
         let array = self.array();
         let tail: String =
@@ -210,7 +302,7 @@ impl ToolCallParser {
         if array { tail } else { format!("call_{tail}") }
     }
 
-    /// Whether calls are a JSON array after the open tag (a tag with no closing tag).
+    /// Whether calls run to the end of the turn (Mistral's: a tag with no closing tag).
     fn array(&self) -> bool {
         self.tags.is_some_and(|t| t.close.is_none())
     }
@@ -218,7 +310,7 @@ impl ToolCallParser {
     /// Reads text of the open call; the pieces it completes (one at most between tags; in an
     /// array, the end of one call and the start of the next may share a piece of text).
     pub fn push_call_text(&mut self, text: &str) -> Vec<ToolCallDelta> {
-        if self.array() {
+        if self.array() && !matches!(self.call, Some(Scan::Named(_))) {
             return self.push_array_text(text);
         }
         let piece = self.piece(|scan, xml| match scan {
@@ -228,6 +320,7 @@ impl ToolCallParser {
                     call.scan(text, xml);
                 }
             }
+            Scan::Named(call) => call.scan(text),
         });
         piece.into_iter().collect()
     }
@@ -271,6 +364,7 @@ impl ToolCallParser {
         let (name, pending) = match scan {
             Scan::Json(call) => (&call.name, &mut call.pending),
             Scan::Xml(call) => (&call.name, &mut call.pending),
+            Scan::Named(call) => (&call.name, &mut call.pending),
         };
         let mut delta = ToolCallDelta { index, ..ToolCallDelta::default() };
         if !self.header_sent {

@@ -1,6 +1,6 @@
 use super::*;
 
-const TAGS: ToolCallTags = ToolCallTags { open: 1, close: Some(2) };
+const TAGS: ToolCallTags = ToolCallTags::pair(1, 2);
 
 /// The calls of `<tool_call>` + `pieces` + `</tool_call>` for each call, pieces as tokens' text.
 fn parse(calls: &[Vec<&str>]) -> Vec<ToolCallOut> {
@@ -133,7 +133,7 @@ const XML_CASES: &[(&str, &str, &str)] = &[
 /// array is content again.
 #[test]
 fn an_array_of_calls_after_an_open_tag_gives_each_call_however_split() {
-    let parsing = ToolParsing::json(ToolCallTags { open: 1, close: None }, true);
+    let parsing = ToolParsing::json(ToolCallTags::array(1), true);
     let text = " [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par}]is\", \"n\": [1, {\"d\": null}]}}, {\"name\": \"noop\", \"arguments\": {}}]";
     let want = [("get_weather", "{\"city\": \"Par}]is\", \"n\": [1, {\"d\": null}]}"), ("noop", "{}")];
     let chars: Vec<char> = text.chars().collect();
@@ -154,6 +154,70 @@ fn an_array_of_calls_after_an_open_tag_gives_each_call_however_split() {
         assert_eq!(got, want, "pieces of {width}");
         assert!(calls.iter().all(|c| c.id.len() == 9 && c.id.chars().all(|c| c.is_ascii_alphanumeric())));
         assert_eq!(parser.route(100), Route::Text, "after the array, text");
+    }
+}
+
+/// Mistral's newer calls: `[TOOL_CALLS]name[ARGS]{...}` per call (Small 3.2 with `[CALL_ID]`
+/// and an id between), no closing tag. Each gives its name (without the space a SentencePiece
+/// vocabulary writes before it) and its exact argument bytes, however split; an id the model
+/// wrote is not the call's (the call gets its own nine letters and digits); text after a call's
+/// arguments is nobody's until the next call.
+#[test]
+fn named_calls_after_an_open_tag_give_each_call_however_split() {
+    const OPEN: u32 = 1;
+    const ARGS: u32 = 3;
+    const ID: u32 = 4;
+    let parsing =
+        ToolParsing::json(ToolCallTags { args: Some(ARGS), call_id: Some(ID), ..ToolCallTags::array(OPEN) }, true);
+    // (token, text) in order; a tag's text is empty.
+    let args = "{\"city\": \"Par}]is\", \"n\": [1, {\"d\": \"\\\"}\"}]}";
+    let output = [
+        (OPEN, ""),
+        (0, " get_"),
+        (0, "weather"),
+        (ID, ""),
+        (0, "a1B2c3D4e"),
+        (ARGS, ""),
+        (0, args),
+        (0, "\n"),
+        (OPEN, ""),
+        (0, "noop"),
+        (ARGS, ""),
+        (0, "{}"),
+    ];
+    let want = [("get_weather", args), ("noop", "{}")];
+    for width in (1..=12).chain([usize::MAX]) {
+        let mut parser = ToolCallParser::new(&parsing);
+        assert_eq!(parser.route(7), Route::Text, "before the tag, text");
+        assert!([OPEN, ARGS, ID].iter().all(|&t| parser.is_tag(t)) && !parser.is_tag(2));
+        let mut calls: Vec<ToolCallOut> = Vec::new();
+        let mut after = Vec::new();
+        for &(token, text) in &output {
+            if token != 0 {
+                assert_eq!(parser.route(token), Route::Call);
+                continue;
+            }
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(width.min(chars.len()).max(1)) {
+                if parser.route(100) == Route::Text {
+                    after.push(piece.iter().collect::<String>());
+                    continue;
+                }
+                for delta in parser.push_call_text(&piece.iter().collect::<String>()) {
+                    assert_eq!(delta.id.is_some(), delta.index == calls.len(), "a call's header comes once, first");
+                    ToolCallOut::gather(&mut calls, &delta);
+                }
+            }
+        }
+        let got: Vec<(&str, &str)> = calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect();
+        assert_eq!(got, want, "pieces of {width}");
+        assert!(
+            calls
+                .iter()
+                .all(|c| c.id.len() == 9 && c.id != "a1B2c3D4e" && c.id.chars().all(|c| c.is_ascii_alphanumeric()))
+        );
+        assert_eq!(after, ["\n"], "pieces of {width}: after the first call's arguments, text");
+        assert!(parser.made_calls());
     }
 }
 
