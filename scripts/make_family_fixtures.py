@@ -58,7 +58,7 @@ reference outputs (CI never runs this: the generated files are committed).
 - tests/fixtures/tiny-mixtral-f32: a random MixtralForCausalLM, 8 experts of width 32, top-2
   (always renormalised), no sliding window, saved in the Hub's layout (block_sparse_moe.gate,
   block_sparse_moe.experts.{e}.w1/w2/w3), a tokenizer made as tiny-mistral-f32's with Mistral Small
-  3.x's control tokens ([SYSTEM_PROMPT], [ARGS], [CALL_ID], ...) and Mistral Small 3.2's chat
+  3.x's control tokens ([SYSTEM_PROMPT], [ARGS], [CALL_ID], [THINK], ...) and Mistral Small 3.2's chat
   template (scripts/mistral_small_chat_template.jinja, as llama.cpp's models/templates keeps it:
   tool calls as [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}); a
   seed whose greedy tokens survive f16 and bf16 rounding and whose routers have no near tie
@@ -170,7 +170,8 @@ MISTRAL_CONTROLS = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[
 # Mistral Small 3.x's control tokens (its tokenizer's v13), in its order.
 MISTRAL_V13_CONTROLS = ["[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
                         "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]",
-                        "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]", "[ARGS]", "[CALL_ID]"]
+                        "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]", "[ARGS]", "[CALL_ID]", "[THINK]",
+                        "[/THINK]"]
 # Texts whose ids sentencepiece itself gives (tiny-mistral-f32/sentencepiece.json): plain text only,
 # as sentencepiece reads no special tokens in text.
 SPM_TEXTS = [

@@ -1,9 +1,12 @@
 //! A reasoning model's thinking on the tiny Qwen3 fixture (its chat template and `<think>`
 //! tokens): split from the answer by token id as it streams, before stop strings and tool calls,
 //! byte-identical streamed and gathered; a template that opens the think block starts the output
-//! inside it, and `enable_thinking: false` renders Qwen3's empty block.
+//! inside it, and `enable_thinking: false` renders Qwen3's empty block. Mistral's `[THINK]` tags on
+//! tiny-mixtral-f32 (Mistral Small 3.x's control tokens).
 
-use llaisys_actors::request::{FinishReason, ReasoningParsing, ReasoningTags, TextStream, ToolCallTags, ToolParsing};
+use llaisys_actors::request::{
+    FinishReason, ReasoningParsing, ReasoningTags, TextStream, ToolCallOut, ToolCallTags, ToolParsing,
+};
 use llaisys_actors::{ChatRequest, Engine, Event, Output, StreamExt};
 use llaisys_model::Tokenizer;
 use llaisys_tests::{FixtureCopy, Reference, fixture_dir};
@@ -89,6 +92,43 @@ async fn a_template_that_opens_the_thinking_streams_reasoning_identical_to_the_a
         }
     }
     assert_eq!(streamed, choice.reasoning, "streamed and gathered reasoning differ");
+}
+
+/// Magistral's and Ministral 3's thinking is `[THINK]` ... `[/THINK]` (control tokens of their
+/// vocabulary): a prompt that opens it (tiny-mixtral-f32, Mistral Small 3.x's control tokens, its
+/// template's generation prompt edited to open it) makes the output reasoning until the model
+/// closes it, the answer content after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistral_think_tags_split_the_reasoning_from_the_answer() {
+    let dir = FixtureCopy::template_edited("tiny-mixtral-f32", 4096, "{{- '[/INST]' }}", "{{- '[/INST][THINK]' }}");
+    let engine = Engine::builder().model(dir.path()).build().await.unwrap();
+    let t = engine.tokenizer().unwrap();
+    let request = || ChatRequest::default().user("Hi").max_tokens(12).ignore_eos(true).temperature(0.0);
+    let answer = engine.chat(request()).await.unwrap().answer().await;
+    let choice = &answer.choices[0];
+    assert_eq!((choice.finish, choice.text.as_str()), (FinishReason::Length, ""), "the thinking never closed");
+    assert_eq!(choice.reasoning, t.decode(&choice.tokens, true).unwrap().trim());
+    assert!(!choice.reasoning.is_empty());
+    engine.shutdown().await;
+
+    // Thinking the model opens and closes itself, then an answer and Mistral Small 3.2's call.
+    let [open, close, calls, args] =
+        ["[THINK]", "[/THINK]", "[TOOL_CALLS]", "[ARGS]"].map(|s| t.token_to_id(s).unwrap());
+    let output = "[THINK]Plan: greet, then call f.[/THINK]Sure.[TOOL_CALLS]f[ARGS]{\"x\": 1}";
+    let ids = t.encode(output).unwrap();
+    let tools = ToolCallTags { args: Some(args), ..ToolCallTags::array(calls) };
+    let mut s = TextStream::new(Vec::<String>::new())
+        .with_reasoning(Some(ReasoningParsing::after(ReasoningTags { open, close }, &[])))
+        .with_tool_calls(Some(&ToolParsing::json(tools, true)));
+    let (mut text, mut reasoning, mut called) = (String::new(), String::new(), Vec::new());
+    for &id in &ids {
+        let piece = s.push(t, id).unwrap();
+        text.push_str(&piece.text);
+        reasoning.push_str(&piece.reasoning);
+        piece.tool_calls.iter().for_each(|d| ToolCallOut::gather(&mut called, d));
+    }
+    assert_eq!((reasoning.trim(), text.trim()), ("Plan: greet, then call f.", "Sure."));
+    assert_eq!((called.len(), called[0].name.as_str(), called[0].arguments.as_str()), (1, "f", "{\"x\": 1}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,8 +66,8 @@ pub struct ModelText {
     pub(crate) tokenizer: Arc<Tokenizer>,
     pub(crate) template: Option<ChatTemplate>,
     pub(crate) defaults: GenerationDefaults,
-    /// A reasoning model's think tags (`<think>`, `</think>`, single tokens of its vocabulary):
-    /// its chats' thinking is split from the answer.
+    /// A reasoning model's think tags (`<think>` and `</think>`, or Magistral's `[THINK]` and
+    /// `[/THINK]`: single tokens of its vocabulary): its chats' thinking is split from the answer.
     pub(crate) reasoning: Option<ReasoningTags>,
     /// A yes/no reranker's tokens (`Reranker` decides at build).
     pub(crate) judge: Option<YesNo>,
@@ -83,7 +83,10 @@ impl ModelText {
             [id] => Some(id),
             _ => None,
         };
-        let reasoning = tag("<think>").zip(tag("</think>")).map(|(open, close)| ReasoningTags { open, close });
+        let pair = |open, close| tag(open).zip(tag(close));
+        let reasoning = pair("<think>", "</think>")
+            .or_else(|| pair("[THINK]", "[/THINK]"))
+            .map(|(open, close)| ReasoningTags { open, close });
         Self {
             tokenizer: Arc::new(tokenizer),
             template,
