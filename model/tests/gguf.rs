@@ -457,6 +457,36 @@ fn a_llama_gguf_with_experts_is_mixtral() {
     }
 }
 
+/// Ministral 3's GGUF files (`mistral3`): Llama's layout, YaRN with its `yarn_log_multiplier`
+/// (`mscale_all_dim`, `mscale` taken as 1) and its query scaling as
+/// `attention.temperature_scale`: tiny-ministral3-f32's reads as the checkpoint's configuration
+/// (the same attention factor and query scaling) and gives transformers' logits and greedy
+/// tokens, whose later positions (past the original context of 32) have their queries scaled.
+#[test]
+fn a_mistral3_gguf_is_ministral3_with_its_yarn_and_query_scaling() {
+    let name = "tiny-ministral3-f32";
+    let file = GgufFile::open(&gguf_fixture(name)).unwrap();
+    let (ours, hf) =
+        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    assert_eq!((ours.arch.name, hf.arch.name), ("ministral3", "ministral3"));
+    let factor = |c: &ModelConfig| match c.rope_scaling {
+        RopeScaling::Yarn { attention_factor, factor, .. } => (attention_factor.map(|a| a as f32), factor),
+        _ => panic!("{:?}", c.rope_scaling),
+    };
+    assert_eq!(factor(&ours), factor(&hf));
+    let want = (1.0 + 0.1 * 16f64.ln()) / (1.0 + 0.05 * 16f64.ln());
+    assert!(factor(&hf).0.is_some_and(|a| (a as f64 - want).abs() < 1e-6));
+    let scaling = hf.query_scaling.unwrap();
+    assert_eq!((scaling.beta, scaling.original), (0.5, 32));
+    assert_eq!(ours.query_scaling, hf.query_scaling);
+    let reference = Reference::load(name);
+    assert!(reference.prompts.iter().any(|p| p.ids.len() + p.greedy.len() > 32), "the prompts reach past 32");
+    let mut ctx = context(&gguf(name), WeightDtype::Auto);
+    for (s, p) in reference.prompts.iter().enumerate() {
+        check_prompt(&mut ctx, s as u32, p);
+    }
+}
+
 /// GGUF files written by llama.cpp's own converter (`scripts/convert_fixtures_with_llamacpp.sh`:
 /// the convert_hf_to_gguf.py of the llama.cpp that llama-cpp-python 0.3.36 vendors) from the
 /// safetensors fixtures, beside those the fixture scripts write by transcribing it: each gives
@@ -469,6 +499,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-qwen3next-f32",
         "tiny-mistral-f32",
         "tiny-mixtral-f32",
+        "tiny-ministral3-f32",
         "tiny-llama-f32",
     ];
     for name in fixtures {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 12] = [
+pub const FIXTURES: [&str; 13] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -21,6 +21,7 @@ pub const FIXTURES: [&str; 12] = [
     "tiny-qwen3next-f32",
     "tiny-mistral-f32",
     "tiny-mixtral-f32",
+    "tiny-ministral3-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

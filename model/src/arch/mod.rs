@@ -5,6 +5,7 @@
 //! one gets an error that says so instead of "unknown".
 
 mod llama;
+mod ministral3;
 mod mistral;
 mod mixtral;
 mod qwen2;
@@ -103,6 +104,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &qwen3next::QWEN3_NEXT,
     &mistral::MISTRAL,
     &mixtral::MIXTRAL,
+    &ministral3::MINISTRAL3,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what

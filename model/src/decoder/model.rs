@@ -120,8 +120,10 @@ impl Decoder {
         // few-row kernels take dequantizes a matrix of blocks each step (the output
         // projection's among them, hundreds of MB), only steps they take are recorded.
         let rows = if weights.blocks_on_device() { kernels::gpu_fused_rows() } else { replay::MAX_ROWS };
-        // A linear-attention layer's recurrence runs on the host: nothing to record.
-        let graphs = StepGraphs::new(graphs && config.linear.is_none(), rows);
+        // A linear-attention layer's recurrence runs on the host: nothing to record. Nor are the
+        // steps of a model whose queries are scaled past a position (Ministral 3): a step
+        // recorded before it would replay without the scaling after it.
+        let graphs = StepGraphs::new(graphs && config.linear.is_none() && config.query_scaling.is_none(), rows);
         Self { config, info, weights, rope, device: device.clone(), stream, graphs }
     }
 
@@ -338,6 +340,13 @@ impl Decoder {
             Some(r) => Some(r.rows(&batch.seqs, &batch.pos)?),
             None => None,
         };
+        // Ministral 3's queries past the original context, scaled by their position ([n, 1, 1]);
+        // nothing to do in a pass that stays below it.
+        let query_scales = self.config.query_scaling.filter(|s| batch.pos.iter().any(|&p| p >= s.original as Pos));
+        let query_scales = query_scales.map(|s| -> Tensor<3> {
+            let factors: Vec<f32> = batch.pos.iter().map(|&p| s.at(p)).collect();
+            crate::transfers::upload(TensorData::new(factors, [n, 1, 1]), &self.device)
+        });
         // Layers with keys and values are numbered apart from the linear ones in the cache.
         let (mut kv_layer, mut linear_layer) = (0, 0);
         for w in &self.weights.layers {
@@ -393,6 +402,10 @@ impl Decoder {
                 }
             };
             let q = q.reshape([n, heads, hd]);
+            let q = match &query_scales {
+                Some(scales) => q * scales.clone(),
+                None => q,
+            };
             let a = match cache.attention(l, &q, &cells) {
                 Some(a) => a,
                 None => {

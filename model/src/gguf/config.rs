@@ -36,11 +36,15 @@ const FIELDS: [(&str, &str); 18] = [
 ];
 
 /// Rope scaling keys under `{arch}.rope.scaling.`, as `rope_parameters` fields.
-const ROPE_SCALING: [(&str, &str); 4] = [
+const ROPE_SCALING: [(&str, &str); 7] = [
     ("rope_type", "type"),
     ("factor", "factor"),
     ("original_max_position_embeddings", "original_context_length"),
     ("attention_factor", "attn_factor"),
+    // YaRN's `mscale_all_dim` (llama.cpp takes `mscale` as 1 beside it, as its converter does).
+    ("mscale_all_dim", "yarn_log_multiplier"),
+    ("beta_fast", "yarn_beta_fast"),
+    ("beta_slow", "yarn_beta_slow"),
 ];
 
 /// The architecture (`general.architecture`).
@@ -197,6 +201,15 @@ fn rope_parameters(file: &GgufFile, arch: &str) -> Result<Option<Json>, LoadErro
             _ => v.as_f64().map(|x| json!(x)),
         };
         params.insert(field.into(), value.ok_or_else(|| file.error(format!("{}: unexpected {v:?}", key(k))))?);
+    }
+    if params.contains_key("mscale_all_dim") {
+        params.insert("mscale".into(), json!(1.0));
+    }
+    // Ministral 3's query scaling past the original context (`llama_4_scaling_beta`).
+    let temperature = format!("{arch}.attention.temperature_scale");
+    if let Some(v) = file.get(&temperature) {
+        let beta = v.as_f64().ok_or_else(|| file.error(format!("{temperature}: expected a number, found {v:?}")))?;
+        params.insert("llama_4_scaling_beta".into(), json!(beta));
     }
     Ok(Some(Json::Object(params)))
 }
