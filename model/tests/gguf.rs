@@ -487,6 +487,40 @@ fn a_mistral3_gguf_is_ministral3_with_its_yarn_and_query_scaling() {
     }
 }
 
+/// Phi-3's GGUF files (`phi3`): q, k and v fused in `attn_qkv` and gate and up in `ffn_up` (read
+/// as the separate projections, Phi-4-mini's partial rotary embedding from
+/// `rope.dimension_count`), LongRoPE as `rope_factors_short`/`_long` with
+/// `rope.scaling.attn_factor`: tiny-phi3-f32's reads as its checkpoint's configuration and
+/// gives transformers' logits and greedy tokens, short factors within its original context of
+/// 32 and long ones past it (transformers' rule, by a pass's last position).
+#[test]
+fn a_phi3_gguf_reads_its_fused_projections_and_longrope() {
+    let name = "tiny-phi3-f32";
+    let file = GgufFile::open(&gguf_fixture(name)).unwrap();
+    let (ours, hf) =
+        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    assert_eq!((ours.arch.name, hf.arch.name), ("phi3", "phi3"));
+    assert_eq!((ours.rotary_dim, hf.rotary_dim, hf.head_dim), (12, 12, 16));
+    let longrope = |c: &ModelConfig| match &c.rope_scaling {
+        RopeScaling::LongRope { short, long, original, attention_factor } => {
+            (short.clone(), long.clone(), *original, *attention_factor as f32)
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(longrope(&ours), longrope(&hf));
+    let (short, _, original, factor) = longrope(&hf);
+    assert_eq!((short.len(), original), (6, 32));
+    assert!((factor as f64 - (1.0 + 8f64.ln() / 32f64.ln()).sqrt()).abs() < 1e-6);
+    let reference = Reference::load(name);
+    // A prompt within the original context whose greedy tokens go past it, and one past it.
+    assert!(reference.prompts.iter().any(|p| p.ids.len() < 32 && p.ids.len() + p.greedy.len() > 32));
+    assert!(reference.prompts.iter().any(|p| p.ids.len() > 32));
+    let mut ctx = context(&gguf(name), WeightDtype::Auto);
+    for (s, p) in reference.prompts.iter().enumerate() {
+        check_prompt(&mut ctx, s as u32, p);
+    }
+}
+
 /// GGUF files written by llama.cpp's own converter (`scripts/convert_fixtures_with_llamacpp.sh`:
 /// the convert_hf_to_gguf.py of the llama.cpp that llama-cpp-python 0.3.36 vendors) from the
 /// safetensors fixtures, beside those the fixture scripts write by transcribing it: each gives
@@ -500,6 +534,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-mistral-f32",
         "tiny-mixtral-f32",
         "tiny-ministral3-f32",
+        "tiny-phi3-f32",
         "tiny-llama-f32",
     ];
     for name in fixtures {

@@ -86,6 +86,13 @@ fn uneven_chunks_give_the_same_logits() {
         let reference = Reference::load(name);
         let mut ctx = context(name);
         for (s, p) in reference.prompts.iter().enumerate() {
+            // LongRoPE turns a forward by the long factors when it reaches past the original
+            // context (transformers' rule, by the forward's last position): chunks of a prompt
+            // that passes it turn by the short ones until one reaches past, unlike the whole
+            // prompt's forward, which the reference is (tiny-phi3-f32's is 32 positions).
+            if name == "tiny-phi3-f32" && p.ids.len() > 32 {
+                continue;
+            }
             let seq = s as u32;
             let mut start = 0;
             for len in [3, 1, 5, 2].into_iter().chain(std::iter::repeat(7)) {

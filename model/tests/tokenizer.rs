@@ -20,7 +20,7 @@ fn tokenizer_matches_hugging_face_ids_and_round_trips() {
         // with their BOS).
         let (bos, end) = match name {
             n if n.contains("llama") => (Some("<|begin_of_text|>"), "<|eot_id|>"),
-            n if ["mistral", "mixtral", "ministral"].iter().any(|m| n.contains(m)) => (Some("<s>"), "</s>"),
+            n if ["mistral", "mixtral", "ministral", "phi3"].iter().any(|m| n.contains(m)) => (Some("<s>"), "</s>"),
             _ => (None, "<|im_end|>"),
         };
         let adds_bos = bos.is_some();

@@ -8,6 +8,7 @@ mod llama;
 mod ministral3;
 mod mistral;
 mod mixtral;
+mod phi3;
 mod qwen2;
 mod qwen2moe;
 mod qwen3;
@@ -59,6 +60,9 @@ pub struct Architecture {
     /// `in_proj_qkvz`, `in_proj_ba`; its GGUF files keep `ssm_ba`): read as the separate
     /// projections (`weights::split_rows`).
     pub fused_linear_projections: bool,
+    /// Its checkpoints fuse q, k and v in `qkv_proj` and gate and up in `gate_up_proj` (Phi-3;
+    /// its GGUF files keep `attn_qkv` and `ffn_up` so): read as the separate projections.
+    pub fused_qkv_gate_up: bool,
     /// Its GGUF files hold the linear attention's value heads in llama.cpp's tiled order (its
     /// converter reorders Qwen3.5's, not Qwen3-Next's).
     pub gguf_tiled_value_heads: bool,
@@ -105,6 +109,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &mistral::MISTRAL,
     &mixtral::MIXTRAL,
     &ministral3::MINISTRAL3,
+    &phi3::PHI3,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
@@ -116,7 +121,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("gemma", "Gemma's norms and activations"),
     ("gemma2", "Gemma's norms, soft-capping and sliding windows"),
     ("gemma3", "Gemma's norms, soft-capping and sliding windows"),
-    ("phi3", "Phi-3's fused projections and long RoPE"),
     ("qwen2_vl", "a vision encoder"),
     ("qwen2vl", "a vision encoder"),
 ];

@@ -27,6 +27,7 @@ pub const QWEN3_5: Architecture = Architecture {
     experts: None,
     gated_delta_net: true,
     fused_linear_projections: false,
+    fused_qkv_gate_up: false,
     gguf_tiled_value_heads: true,
     window_caps_context: false,
 };

@@ -26,6 +26,7 @@ pub const QWEN3_MOE: Architecture = Architecture {
     }),
     gated_delta_net: false,
     fused_linear_projections: false,
+    fused_qkv_gate_up: false,
     gguf_tiled_value_heads: false,
     window_caps_context: false,
 };

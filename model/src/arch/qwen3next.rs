@@ -22,6 +22,7 @@ pub const QWEN3_NEXT: Architecture = Architecture {
         width: "moe_intermediate_size",
     }),
     fused_linear_projections: true,
+    fused_qkv_gate_up: false,
     gguf_tiled_value_heads: false,
     ..QWEN3_5_MOE
 };

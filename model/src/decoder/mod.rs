@@ -6,4 +6,4 @@ mod replay;
 mod weights;
 
 pub use model::{Decoder, info, load};
-pub use weights::ROPE_FREQS;
+pub use weights::{ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ROPE_FREQS};

@@ -64,11 +64,7 @@ pub fn load(
     // Rows the kernels take in another order than the checkpoint holds them (Qwen3.5's q and k).
     // and tensors it holds fused (Qwen3-Next's linear attention).
     let naming = src.naming();
-    let orders: Vec<(String, String, Vec<usize>)> = weights::row_orders(&config, naming)
-        .into_iter()
-        .map(|(name, order)| (name.clone(), name, order))
-        .chain(weights::split_rows(&config, naming))
-        .collect();
+    let orders = weights::reorderings(&config, naming);
     let src: Box<dyn TensorSource> = if orders.is_empty() { src } else { Box::new(Reordered { inner: src, orders }) };
     weights::check(&config, src.as_ref())?;
     let stream = DeviceStream::for_device(device);
@@ -306,7 +302,7 @@ impl Decoder {
         placement: &Placement,
         cache: &KvCache,
     ) -> (RopeTables, kernels::CellTable) {
-        let tables = self.rope.tables(&batch.pos, &self.device);
+        let tables = self.rope.tables_in(&batch.pos, &batch.seqs, &self.device);
         let extent = cache.cells().extent();
         let visible = cache.visible(&batch.seqs, &batch.pos, extent);
         (tables, kernels::CellTable::new(placement.clone(), visible, &self.device))

@@ -381,8 +381,8 @@ pub fn check(c: &ModelConfig, src: &dyn TensorSource) -> Result<(), LoadError> {
         .filter(|n| !want.iter().any(|(w, _, _)| w == *n))
         // A tied checkpoint may still carry its (identical) output matrix; it is not used.
         .filter(|n| !(c.tie_word_embeddings && **n == tied_head))
-        // Llama 3's rope scaling in a GGUF file, read with the config.
-        .filter(|n| !(naming == Naming::Gguf && **n == ROPE_FREQS))
+        // Llama 3's and Phi-3's rope scaling in a GGUF file, read with the config.
+        .filter(|n| !(naming == Naming::Gguf && [ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT].contains(n)))
         .map(|n| n.to_string())
         .collect();
     if !unexpected.is_empty() {
@@ -484,11 +484,35 @@ pub fn reorder_rows(name: &str, data: TensorData, order: &[usize]) -> Result<Ten
     Ok(crate::tensors::convert(rows, shape, dtype))
 }
 
+/// Every tensor read from other rows than its own ([`Reordered`]'s orders): `row_orders` and
+/// `split_rows`, a tensor in both taken from the fused one in the reordered order (Phi-4-mini's
+/// q and k: fused, and partly rotated).
+pub fn reorderings(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
+    let splits = split_rows(c, naming);
+    let mut out: Vec<(String, String, Vec<usize>)> = row_orders(c, naming)
+        .into_iter()
+        .map(|(name, order)| match splits.iter().find(|(n, _, _)| *n == name) {
+            Some((_, from, rows)) => {
+                let composed = order.iter().map(|&r| rows.get(r).copied().unwrap_or(usize::MAX)).collect();
+                (name, from.clone(), composed)
+            }
+            None => (name.clone(), name, order),
+        })
+        .collect();
+    let split_only: Vec<_> = splits.into_iter().filter(|(n, _, _)| !out.iter().any(|(o, _, _)| o == n)).collect();
+    out.extend(split_only);
+    out
+}
+
 /// The tensors (named as in `naming`) that a checkpoint of config `c` fuses, as (the decoder's
 /// tensor, the stored one, its rows: new row → stored row): Qwen3-Next's linear attention keeps
 /// per key head its q, k rows and its value heads' v and z rows in `in_proj_qkvz`, their β and α
-/// rows in `in_proj_ba` (a GGUF file splits q, k, v and z, and keeps `ssm_ba`).
+/// rows in `in_proj_ba` (a GGUF file splits q, k, v and z, and keeps `ssm_ba`); Phi-3 keeps q, k
+/// and v in `qkv_proj` (GGUF `attn_qkv`), gate and up in `gate_up_proj` (GGUF `ffn_up`).
 pub fn split_rows(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
+    if c.arch.fused_qkv_gate_up {
+        return fused_qkv_gate_up(c, naming);
+    }
     let Some(a) = c.linear.as_ref().filter(|_| c.arch.fused_linear_projections) else { return Vec::new() };
     let (nk, dk, dv) = (a.key_heads, a.key_dim, a.value_dim);
     let per = a.value_heads / nk.max(1);
@@ -519,6 +543,30 @@ pub fn split_rows(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<u
     out
 }
 
+/// Phi-3's fused projections: q, k and v one after another in `qkv_proj`, gate then up in
+/// `gate_up_proj`.
+fn fused_qkv_gate_up(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
+    let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+    let ff = c.intermediate_size;
+    let mut out = Vec::new();
+    for l in 0..c.num_hidden_layers {
+        let name = |slot| name_of(slot, Some(l), naming);
+        let (qkv, gate_up) = match naming {
+            Naming::Hf => (
+                format!("model.layers.{l}.self_attn.qkv_proj.weight"),
+                format!("model.layers.{l}.mlp.gate_up_proj.weight"),
+            ),
+            Naming::Gguf => (format!("blk.{l}.attn_qkv.weight"), format!("blk.{l}.ffn_up.weight")),
+        };
+        out.push((name(Slot::AttnQ), qkv.clone(), (0..q).collect()));
+        out.push((name(Slot::AttnK), qkv.clone(), (q..q + kv).collect()));
+        out.push((name(Slot::AttnV), qkv, (q + kv..q + 2 * kv).collect()));
+        out.push((name(Slot::MlpGate), gate_up.clone(), (0..ff).collect()));
+        out.push((name(Slot::MlpUp), gate_up, (ff..2 * ff).collect()));
+    }
+    out
+}
+
 /// A checkpoint read with some tensors made of another's rows: a tensor's rows in another order
 /// (`row_orders`), or part of a fused tensor (`split_rows`), which then is not listed itself.
 pub struct Reordered {
@@ -538,17 +586,19 @@ impl TensorSource for Reordered {
         self.inner.naming()
     }
     fn names(&self) -> std::collections::BTreeSet<&str> {
-        let mut names = self.inner.names();
-        // A part of a fused tensor is listed where the fused one is, in its place.
-        let parts: Vec<(&str, &str)> = self
-            .orders
-            .iter()
-            .filter(|(name, from, _)| name != from && names.contains(from.as_str()))
-            .map(|(name, from, _)| (name.as_str(), from.as_str()))
-            .collect();
-        for (name, from) in parts {
-            names.remove(from);
-            names.insert(name);
+        let stored = self.inner.names();
+        let mut names = stored.clone();
+        // A part of a fused tensor is listed where the fused one is, in its place (a part may
+        // have the fused tensor's name: Phi-3's GGUF `ffn_up`, gate and up).
+        for (name, from, _) in &self.orders {
+            if name != from && stored.contains(from.as_str()) {
+                names.remove(from.as_str());
+            }
+        }
+        for (name, from, _) in &self.orders {
+            if stored.contains(from.as_str()) {
+                names.insert(name.as_str());
+            }
         }
         names
     }
@@ -585,8 +635,9 @@ impl TensorSource for Reordered {
     }
     fn done(&self, name: &str) {
         // A fused tensor is read more than once; it is released with the whole checkpoint.
+        let fused = |stored: &str| self.orders.iter().any(|(n, from, _)| from == stored && n != from);
         match self.find(name) {
-            Some((from, _)) if from != name => {}
+            Some((from, _)) if from != name || fused(from) => {}
             _ => self.inner.done(name),
         }
     }
@@ -594,6 +645,10 @@ impl TensorSource for Reordered {
 
 /// A GGUF file's per-frequency rope divisors (llama.cpp writes Llama 3's scaling as this tensor).
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// A GGUF file's LongRoPE factors (Phi-3's), past and within the original context.
+pub const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+pub const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
 
 /// One decoder layer's weights. The projections that read the same input are stacked into one
 /// matrix each (q, k, v; gate, up): one product per input instead of three or two, each streaming

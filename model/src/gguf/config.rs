@@ -8,12 +8,12 @@ use serde_json::{Map, Value as Json, json};
 use super::GgufFile;
 use crate::arch::Architecture;
 use crate::config::{ModelConfig, RopeScaling};
-use crate::decoder::ROPE_FREQS;
+use crate::decoder::{ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ROPE_FREQS};
 use crate::error::LoadError;
 use crate::tensors::TensorSource;
 
 /// Hugging Face field ← GGUF key under `{arch}.`.
-const FIELDS: [(&str, &str); 18] = [
+const FIELDS: [(&str, &str); 19] = [
     ("hidden_size", "embedding_length"),
     ("num_hidden_layers", "block_count"),
     ("num_attention_heads", "attention.head_count"),
@@ -33,6 +33,8 @@ const FIELDS: [(&str, &str); 18] = [
     ("linear_num_key_heads", "ssm.group_count"),
     ("linear_num_value_heads", "ssm.time_step_rank"),
     ("full_attention_interval", "full_attention_interval"),
+    // Phi-3's (0: none).
+    ("sliding_window", "attention.sliding_window"),
 ];
 
 /// Rope scaling keys under `{arch}.rope.scaling.`, as `rope_parameters` fields.
@@ -89,6 +91,17 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     }
     if family.is_some_and(|f| f.gated_delta_net) {
         linear_attention(file, &arch, &mut obj)?;
+    } else if family.is_some_and(|f| !f.gguf_qk_interleaved) {
+        // A partial rotary embedding (Phi-4-mini's): the rotated part of each head.
+        let rotated = file.get(&format!("{arch}.rope.dimension_count")).and_then(|v| v.as_u64());
+        let number = |k: &str| obj.get(k).and_then(Json::as_u64);
+        let head_dim =
+            number("head_dim").or_else(|| Some(number("hidden_size")? / number("num_attention_heads")?.max(1)));
+        if let (Some(rotated), Some(head_dim)) = (rotated, head_dim.filter(|&d| d > 0))
+            && rotated < head_dim
+        {
+            obj.insert("partial_rotary_factor".into(), json!(rotated as f64 / head_dim as f64));
+        }
     }
     // llama.cpp's pooling types: 1 mean, 3 last (0 none, 2 cls and 4 rank are not decoder poolings).
     match file.get(&format!("{arch}.pooling_type")).and_then(|v| v.as_u64()) {
@@ -137,6 +150,9 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     })?;
     if let Some(factors) = rope_freqs(file, config.head_dim)? {
         config.rope_scaling = RopeScaling::Factors(factors);
+    }
+    if let Some(longrope) = long_rope(file, &arch, &config)? {
+        config.rope_scaling = longrope;
     }
     let rotated = file.get(&format!("{arch}.rope.dimension_count")).and_then(|v| v.as_u64());
     if let Some(dims) = rotated.filter(|&d| d as usize != config.rotary_dim) {
@@ -214,18 +230,41 @@ fn rope_parameters(file: &GgufFile, arch: &str) -> Result<Option<Json>, LoadErro
     Ok(Some(Json::Object(params)))
 }
 
+/// Phi-3's LongRoPE: `rope_factors_long.weight` and `rope_factors_short.weight`, \[rotary_dim /
+/// 2\] each, switched past `rope.scaling.original_context_length`, cos and sin scaled by
+/// `rope.scaling.attn_factor` (the converter writes √(1 + ln(factor) / ln(original)) there).
+fn long_rope(file: &GgufFile, arch: &str, c: &ModelConfig) -> Result<Option<RopeScaling>, LoadError> {
+    let half = c.rotary_dim / 2;
+    let (Some(short), Some(long)) = (factors(file, ROPE_FACTORS_SHORT, half)?, factors(file, ROPE_FACTORS_LONG, half)?)
+    else {
+        return Ok(None);
+    };
+    let key = format!("{arch}.rope.scaling.original_context_length");
+    let original = file.get(&key).and_then(|v| v.as_u64()).filter(|&o| o >= 2);
+    let original =
+        original.ok_or_else(|| file.error(format!("{key}: missing, or below 2 (LongRoPE needs it)")))? as usize;
+    let attention_factor =
+        file.get(&format!("{arch}.rope.scaling.attn_factor")).and_then(|v| v.as_f64()).unwrap_or(1.0);
+    Ok(Some(RopeScaling::LongRope { short, long, original, attention_factor }))
+}
+
 /// `rope_freqs.weight`: one divisor per rotary frequency, \[head_dim / 2\].
 fn rope_freqs(file: &GgufFile, head_dim: usize) -> Result<Option<Vec<f32>>, LoadError> {
-    let Some(t) = file.tensor(ROPE_FREQS) else { return Ok(None) };
-    if t.shape() != [head_dim / 2] {
-        return Err(file.error(format!("{ROPE_FREQS}: shape {:?}, expected [{}]", t.shape(), head_dim / 2)));
+    factors(file, ROPE_FREQS, head_dim / 2)
+}
+
+/// Tensor `name` of `len` positive factors, if the file has it.
+fn factors(file: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f32>>, LoadError> {
+    let Some(t) = file.tensor(name) else { return Ok(None) };
+    if t.shape() != [len] {
+        return Err(file.error(format!("{name}: shape {:?}, expected [{len}]", t.shape())));
     }
     let values = file
-        .data(ROPE_FREQS, burn::tensor::DType::F32)?
+        .data(name, burn::tensor::DType::F32)?
         .try_to_vec::<f32>()
-        .map_err(|e| file.error(format!("{ROPE_FREQS}: {e:?}")))?;
+        .map_err(|e| file.error(format!("{name}: {e:?}")))?;
     if values.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
-        return Err(file.error(format!("{ROPE_FREQS}: every factor must be a positive number")));
+        return Err(file.error(format!("{name}: every factor must be a positive number")));
     }
     Ok(Some(values))
 }

@@ -5,7 +5,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use super::RmsNorm;
 use crate::config::{ModelConfig, RopeScaling};
-use crate::kv::Pos;
+use crate::kv::{Pos, SeqSet};
 
 /// Rotary position embedding in the "rotate half" layout of Hugging Face's models: dimension
 /// `i` of the first half pairs with `i + head_dim/2`.
@@ -16,6 +16,9 @@ pub struct Rope {
     inv_freq: Vec<f32>,
     /// cos and sin are scaled by this (YaRN's attention factor; 1 otherwise).
     attention_factor: f32,
+    /// LongRoPE's frequencies past the original context, and that context: a pass whose last
+    /// position reaches it rotates by these instead (transformers' rule).
+    long: Option<(Vec<f32>, Pos)>,
 }
 
 /// cos and sin of every (token, frequency): [n, head_dim/2] each, on the host (for the CPU
@@ -76,7 +79,7 @@ impl Rope {
     /// Unscaled: `theta^(−2i/head_dim)`.
     pub fn new(head_dim: usize, theta: f64) -> Self {
         let inv_freq = (0..head_dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
-        Self { inv_freq, attention_factor: 1.0 }
+        Self { inv_freq, attention_factor: 1.0, long: None }
     }
 
     /// The config's rotary embedding, scaled as its `rope_scaling` says (transformers'
@@ -105,6 +108,19 @@ impl Rope {
                     *f = if medium { (1.0 - smooth) * scaled / factor + smooth * scaled } else { scaled };
                 }
             }
+            RopeScaling::LongRope { short, long, original, attention_factor } => {
+                // 1 / (factor · θ^(2i/d)), in f32 as transformers computes it.
+                let theta = c.rope_theta as f32;
+                let scaled = |factors: &[f32]| -> Vec<f32> {
+                    let mut f: Vec<f32> =
+                        factors.iter().enumerate().map(|(i, by)| 1.0 / (by * theta.powf((2 * i) as f32 / d))).collect();
+                    f.resize(c.head_dim / 2, 0.0);
+                    f
+                };
+                rope.inv_freq = scaled(short);
+                rope.long = Some((scaled(long), *original as Pos));
+                rope.attention_factor = *attention_factor as f32;
+            }
             &RopeScaling::Yarn { factor, original_max_position_embeddings, attention_factor, beta_fast, beta_slow } => {
                 let base = c.rope_theta;
                 let original = original_max_position_embeddings.unwrap_or(c.max_position_embeddings) as f64;
@@ -132,7 +148,34 @@ impl Rope {
 
     /// Tables for rotating to each of `positions`.
     pub fn tables(&self, positions: &[Pos], device: &Device) -> RopeTables {
-        self.tables_scaled(positions, self.attention_factor, device)
+        self.tables_in(positions, &[], device)
+    }
+
+    /// Tables for rotating to each of `positions`, the rows of sequences `seqs` (one set a row;
+    /// empty: one sequence): with LongRoPE, a sequence's rows turn by the long frequencies when
+    /// its last position in the pass reaches past the original context (transformers' rule for
+    /// a forward of one sequence, decided per sequence so a row's rotation does not depend on
+    /// the other sequences of its batch).
+    pub fn tables_in(&self, positions: &[Pos], seqs: &[SeqSet], device: &Device) -> RopeTables {
+        let Some((long, original)) = &self.long else {
+            return Self::tables_of(&[&self.inv_freq], &[], positions, self.attention_factor, device);
+        };
+        let mut last: Vec<(SeqSet, Pos)> = Vec::new();
+        for (i, &p) in positions.iter().enumerate() {
+            let set = seqs.get(i).copied().unwrap_or_default();
+            match last.iter_mut().find(|(s, _)| *s == set) {
+                Some((_, max)) => *max = (*max).max(p),
+                None => last.push((set, p)),
+            }
+        }
+        let choice: Vec<usize> = (0..positions.len())
+            .map(|i| {
+                let set = seqs.get(i).copied().unwrap_or_default();
+                let max = last.iter().find(|(s, _)| *s == set).map_or(0, |(_, m)| *m);
+                usize::from(max >= *original)
+            })
+            .collect();
+        Self::tables_of(&[&self.inv_freq, long], &choice, positions, self.attention_factor, device)
     }
 
     /// Tables for rotating cached keys by each of `deltas` (rotations compose; the attention
@@ -142,11 +185,29 @@ impl Rope {
     }
 
     fn tables_scaled(&self, positions: &[Pos], scale: f32, device: &Device) -> RopeTables {
-        let half = self.inv_freq.len();
+        Self::tables_of(&[&self.inv_freq], &[], positions, scale, device)
+    }
+
+    /// Row `i` turns by `frequencies[choice[i]]` (the first when `choice` is empty).
+    fn tables_of(
+        frequencies: &[&[f32]],
+        choice: &[usize],
+        positions: &[Pos],
+        scale: f32,
+        device: &Device,
+    ) -> RopeTables {
+        let half = frequencies[0].len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
-        for &p in positions {
-            for &f in &self.inv_freq {
+        for (i, &p) in positions.iter().enumerate() {
+            for &f in frequencies[choice.get(i).copied().unwrap_or(0)] {
+                // The dimensions a partial rotary embedding leaves alone (frequency 0) pass
+                // through unscaled: the attention factor scales the rotated part only.
+                if f == 0.0 {
+                    cos.push(1.0);
+                    sin.push(0.0);
+                    continue;
+                }
                 let angle = (p as f32 * f) as f64; // the f32 product, as transformers computes it
                 cos.push(angle.cos() as f32 * scale);
                 sin.push(angle.sin() as f32 * scale);
