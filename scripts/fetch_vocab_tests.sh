@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches llama.cpp's tokenizer tests for the vocabularies llaisys reads from GGUF files: the
-# real Llama 3 (`llama-bpe`), Qwen2, Qwen3.5 (`qwen35`) and Llama 2 (`llama-spm`, SentencePiece)
-# vocabularies as llama.cpp's converter writes them
+# real Llama 3 (`llama-bpe`), Qwen2, Qwen3.5 (`qwen35`), Llama 2 (`llama-spm`, SentencePiece) and
+# Phi-3 (`phi-3`: Llama 2's with its added tokens, in a `phi3` file) vocabularies as llama.cpp's
+# converter writes them
 # (models/ggml-vocab-NAME.gguf), each with its test texts (.inp) and the ids Hugging Face's
 # tokenizer gives them (.out). They come from the llama-cpp-python source package on PyPI,
 # which vendors llama.cpp, and are checked against their sha256.
@@ -24,7 +25,10 @@ de785bb305cc6fa9d43908ed5da337f853c0b79e971348fcfb9f0915a39c5363  ggml-vocab-qwe
 5efe225820325303857d0a087a8d59216f0d1e9a9e31133e7a5b44c3c4e1e9ca  ggml-vocab-qwen35.gguf.out
 16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69  ggml-vocab-llama-spm.gguf
 be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-llama-spm.gguf.inp
-ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29  ggml-vocab-llama-spm.gguf.out"
+ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29  ggml-vocab-llama-spm.gguf.out
+967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326  ggml-vocab-phi-3.gguf
+be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-phi-3.gguf.inp
+ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29  ggml-vocab-phi-3.gguf.out"
 if ! (cd "$out" && echo "$sums" | sha256sum -c --quiet - >/dev/null 2>&1); then
   sdist=$work/llama_cpp_python-$version.tar.gz
   # pip prepares the package's metadata in an isolated build environment; nothing is built.

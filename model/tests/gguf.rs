@@ -883,16 +883,16 @@ fn a_split_gguf_opened_elsewhere_than_its_first_part_or_missing_a_part_is_refuse
 }
 
 /// Each vocabulary llama.cpp tests its tokenizer on (`models/ggml-vocab-NAME.gguf`, the real
-/// Llama 3, Qwen2, Qwen3.5 and Llama 2 (SentencePiece) vocabularies written by its converter,
-/// beside the texts `.inp` and the ids
-/// Hugging Face's tokenizer gives them `.out`) encodes every text to exactly those ids.
+/// Llama 3, Qwen2, Qwen3.5, Llama 2 (SentencePiece) and Phi-3 (Llama 2's with added tokens)
+/// vocabularies written by its converter, beside the texts `.inp` and the ids Hugging Face's
+/// tokenizer gives them `.out`) encodes every text to exactly those ids.
 /// `scripts/fetch_vocab_tests.sh` takes them from the llama-cpp-python source package on PyPI.
 #[test]
 #[ignore = "needs llama.cpp's vocabulary tests: scripts/fetch_vocab_tests.sh prints the folder LLAISYS_VOCAB_TESTS names"]
 fn the_vocab_tests_of_llama_cpp_pass() {
     let dir = std::env::var("LLAISYS_VOCAB_TESTS").expect("LLAISYS_VOCAB_TESTS names the folder of ggml-vocab-*.gguf");
     let dir = std::path::Path::new(&dir);
-    for name in ["llama-bpe", "qwen2", "qwen35", "llama-spm"] {
+    for name in ["llama-bpe", "qwen2", "qwen35", "llama-spm", "phi-3"] {
         let file = dir.join(format!("ggml-vocab-{name}.gguf"));
         let tokenizer = ModelSource::Gguf(file.clone()).tokenizer().unwrap_or_else(|e| panic!("{name}: {e}"));
         let read = |ext: &str| {
