@@ -16,8 +16,8 @@ pub struct Rope {
     inv_freq: Vec<f32>,
     /// cos and sin are scaled by this (YaRN's attention factor; 1 otherwise).
     attention_factor: f32,
-    /// LongRoPE's frequencies past the original context, and that context: a pass whose last
-    /// position reaches it rotates by these instead (transformers' rule).
+    /// LongRoPE's frequencies past the original context, and that context: a sequence whose last
+    /// position in a pass reaches it turns that pass's rows by these instead (`tables_in`).
     long: Option<(Vec<f32>, Pos)>,
 }
 
