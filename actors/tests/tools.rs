@@ -5,8 +5,8 @@
 
 use llaisys_actors::request::{FinishReason, ToolCallOut};
 use llaisys_actors::{
-    Answer, ChatMessage, ChatRequest, Constraint, Engine, EngineError, Event, GenerateParams, GenerateRequest, Output,
-    StreamExt, Tool, ToolChoice, Usage,
+    Answer, ChatMessage, ChatRequest, Choice, Constraint, Engine, EngineError, Event, GenerateParams, GenerateRequest,
+    Output, StreamExt, Tool, ToolChoice, Usage,
 };
 use llaisys_model::tokenizer::ToolCall;
 use llaisys_tests::{FixtureCopy, fixture_dir};
@@ -68,6 +68,26 @@ fn required(seed: u64, parallel: bool) -> ChatRequest {
 /// Mistral's call ids.
 fn nine_letters_and_digits(id: &str) -> bool {
     id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+/// A required, not parallel, Mistral call: the answer is one valid call with a Mistral id.
+fn one_mistral_call(c: &Choice) -> &ToolCallOut {
+    assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (FinishReason::ToolCalls, 1, ""), "{c:?}");
+    check_call(&c.tool_calls[0]);
+    assert!(nine_letters_and_digits(&c.tool_calls[0].id), "{:?}", c.tool_calls[0].id);
+    &c.tool_calls[0]
+}
+
+/// The calls of an answer that may have run out of length mid-call (then with a call begun):
+/// every call before a cut one is whole and valid; how many that is.
+fn whole_calls(c: &Choice) -> usize {
+    let whole = match c.finish {
+        FinishReason::ToolCalls => c.tool_calls.len(),
+        FinishReason::Length if !c.tool_calls.is_empty() => c.tool_calls.len() - 1,
+        _ => panic!("{c:?}"),
+    };
+    c.tool_calls[..whole].iter().for_each(check_call);
+    whole
 }
 
 /// A call's id (OpenAI's, or Mistral's nine letters and digits) and its arguments against its
@@ -229,9 +249,7 @@ async fn mistral_calls_are_a_json_array_after_tool_calls_held_to_the_schemas() {
     let tokenizer = engine.tokenizer().unwrap();
     let answer = engine.chat(required(51, false)).await.unwrap().answer().await;
     for c in &answer.choices {
-        assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (FinishReason::ToolCalls, 1, ""), "{c:?}");
-        check_call(&c.tool_calls[0]);
-        assert!(nine_letters_and_digits(&c.tool_calls[0].id), "{:?}", c.tool_calls[0].id);
+        one_mistral_call(c);
         let written = tokenizer.decode(&c.tokens, false).unwrap();
         assert!(written.starts_with("[TOOL_CALLS]") && written.contains("[{\"name\": \"get_"), "{written:?}");
         assert!(written.ends_with("}}]</s>") || written.ends_with("}}]"), "{written:?}");
@@ -240,13 +258,7 @@ async fn mistral_calls_are_a_json_array_after_tool_calls_held_to_the_schemas() {
     // whole and valid.
     let mut several = 0;
     for c in engine.chat(required(52, true).n(4)).await.unwrap().answer().await.choices {
-        let whole = match c.finish {
-            FinishReason::ToolCalls => c.tool_calls.len(),
-            FinishReason::Length => c.tool_calls.len() - 1,
-            _ => panic!("{c:?}"),
-        };
-        c.tool_calls[..whole].iter().for_each(check_call);
-        several += usize::from(whole > 1);
+        several += usize::from(whole_calls(&c) > 1);
     }
     assert!(several > 0, "parallel calls: one array holds several");
     let named = required(53, false).tool_choice(ToolChoice::Function("get_time".into()));
@@ -290,17 +302,14 @@ async fn mistral_small_calls_are_a_name_then_args_held_to_the_schemas() {
         let tokenizer = engine.tokenizer().unwrap();
         let answer = engine.chat(required(61, false)).await.unwrap().answer().await;
         for c in &answer.choices {
-            assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (FinishReason::ToolCalls, 1, ""), "{c:?}");
-            check_call(&c.tool_calls[0]);
-            assert!(nine_letters_and_digits(&c.tool_calls[0].id), "{:?}", c.tool_calls[0].id);
+            let call = one_mistral_call(c);
             let written = tokenizer.decode(&c.tokens, false).unwrap();
             // After a closed thinking, the one whitespace token the grammar allows there.
             let written = written.strip_prefix("[THINK][/THINK]").map_or(written.as_str(), str::trim_start);
-            let name = &c.tool_calls[0].name;
-            assert!(written.starts_with("[TOOL_CALLS]") && written.contains(name.as_str()), "{written:?}");
+            assert!(written.starts_with("[TOOL_CALLS]") && written.contains(call.name.as_str()), "{written:?}");
             assert_eq!(written.contains("[CALL_ID]"), ids, "{written:?}");
             let args = written.split_once("[ARGS]").map(|(_, a)| a.trim_start().trim_end_matches("</s>"));
-            assert_eq!(args, Some(c.tool_calls[0].arguments.as_str()), "{written:?}");
+            assert_eq!(args, Some(call.arguments.as_str()), "{written:?}");
         }
         // This fixture ends its turn after one call: with the tag favoured, it makes several
         // (until the length runs out, or it ends anyway), every call before a cut one whole and
@@ -308,13 +317,7 @@ async fn mistral_small_calls_are_a_name_then_args_held_to_the_schemas() {
         let mut parallel = required(62, true);
         parallel.options.logit_bias = vec![(tokenizer.token_to_id("[TOOL_CALLS]").unwrap(), 100.0)];
         for c in engine.chat(parallel).await.unwrap().answer().await.choices {
-            let whole = match c.finish {
-                FinishReason::ToolCalls => c.tool_calls.len(),
-                FinishReason::Length => c.tool_calls.len().saturating_sub(1),
-                _ => panic!("{c:?}"),
-            };
-            assert!(whole > 1, "{c:?}");
-            c.tool_calls[..whole].iter().for_each(check_call);
+            assert!(whole_calls(&c) > 1, "{c:?}");
         }
         let named = required(63, false).tool_choice(ToolChoice::Function("get_time".into()));
         for c in engine.chat(named).await.unwrap().answer().await.choices {
