@@ -58,6 +58,13 @@ pub enum RopeScaling {
     },
 }
 
+/// YaRN's attention factor for stretch `factor` with multiplier `mscale` (transformers'
+/// `get_mscale`): 0.1 · mscale · ln(factor) + 1, 1 for a factor of at most 1. With multiplier 1
+/// it is the factor a config that gives none gets.
+pub fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
+    if factor <= 1.0 { 1.0 } else { 0.1 * mscale * factor.ln() + 1.0 }
+}
+
 /// Llama 4's attention temperature (Ministral 3's `llama_4_scaling_beta`): each query, after the
 /// rotary embedding, multiplied by 1 + β · ln(1 + ⌊position / original⌋): 1 below `original`
 /// (the YaRN scaling's `original_max_position_embeddings`), more the further past it.
@@ -687,10 +694,9 @@ impl Fields<'_> {
                             nested.opt_f64("mscale").map_err(named)?,
                             nested.opt_f64("mscale_all_dim").map_err(named)?,
                         );
-                        let mscale = |f: f64, m: f64| if f <= 1.0 { 1.0 } else { 0.1 * m * f.ln() + 1.0 };
                         match (m, all) {
                             (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
-                                Some(mscale(factor()?, m) / mscale(factor()?, all))
+                                Some(yarn_mscale(factor()?, m) / yarn_mscale(factor()?, all))
                             }
                             _ => None,
                         }

@@ -4,7 +4,7 @@ use std::ops::Range;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::RmsNorm;
-use crate::config::{ModelConfig, RopeScaling};
+use crate::config::{ModelConfig, RopeScaling, yarn_mscale};
 use crate::kv::{Pos, SeqSet};
 
 /// Rotary position embedding in the "rotate half" layout of Hugging Face's models: dimension
@@ -139,8 +139,7 @@ impl Rope {
                     let keep = 1.0 - ramp;
                     *f = interpolation * (1.0 - keep) + extrapolation * keep;
                 }
-                let default = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
-                rope.attention_factor = attention_factor.unwrap_or(default) as f32;
+                rope.attention_factor = attention_factor.unwrap_or_else(|| yarn_mscale(factor, 1.0)) as f32;
             }
         }
         rope
