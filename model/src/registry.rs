@@ -56,6 +56,8 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ModelType { name: "mixtral", load: decoder::load, info: decoder::info },
     ModelType { name: "ministral3", load: decoder::load, info: decoder::info },
     ModelType { name: "phi3", load: decoder::load, info: decoder::info },
+    ModelType { name: "gemma3", load: decoder::load, info: decoder::info },
+    ModelType { name: "gemma2", load: decoder::load, info: decoder::info },
     ModelType { name: "mock", load: mock::load, info: mock::info },
 ];
 

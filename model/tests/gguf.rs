@@ -358,6 +358,21 @@ fn qwen35_ggufs_match_transformers_like_their_safetensors_models() {
     assert_ne!(qwen35.encode("e\u{301}").unwrap(), qwen35.encode("é").unwrap());
 }
 
+/// The fixture's texts (`sentencepiece.json`) encode to the ids sentencepiece itself gave them,
+/// by each of `tokenizers`.
+fn sentencepiece_ids(name: &str, tokenizers: [&Tokenizer; 2]) {
+    let spm: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixture_dir(name).join("sentencepiece.json")).unwrap()).unwrap();
+    assert!(spm.len() >= 10);
+    for t in &spm {
+        let (text, ids) = (t["text"].as_str().unwrap(), t["ids"].as_array().unwrap());
+        let ids: Vec<u32> = ids.iter().map(|i| i.as_u64().unwrap() as u32).collect();
+        for tokenizer in tokenizers {
+            assert_eq!(tokenizer.encode(text).unwrap(), ids, "{name}: {text:?}: sentencepiece's ids");
+        }
+    }
+}
+
 /// Mistral 7B's GGUF files say `llama` and carry a SentencePiece tokenizer
 /// (`tokenizer.ggml.model` `llama`: pieces, scores, types): tiny-mistral-f32's, written as
 /// llama.cpp's converter writes it, is served as Llama with transformers' logits and greedy
@@ -387,15 +402,7 @@ fn a_mistral_gguf_is_llama_with_a_sentencepiece_tokenizer() {
     for p in &reference.prompts {
         assert_eq!(from_gguf.encode_prompt(&p.text).unwrap(), p.ids, "{:?}: BOS first", p.text);
     }
-    let spm: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(fixture_dir(name).join("sentencepiece.json")).unwrap()).unwrap();
-    assert!(spm.len() >= 10);
-    for t in &spm {
-        let (text, ids) = (t["text"].as_str().unwrap(), t["ids"].as_array().unwrap());
-        let ids: Vec<u32> = ids.iter().map(|i| i.as_u64().unwrap() as u32).collect();
-        assert_eq!(from_gguf.encode(text).unwrap(), ids, "{text:?}: sentencepiece's ids");
-        assert_eq!(from_json.encode(text).unwrap(), ids, "{text:?}: sentencepiece's ids");
-    }
+    sentencepiece_ids(name, [&from_gguf, &from_json]);
     let chat = [
         "<s>[INST]What is 2 + 2?[/INST]4</s>",
         "[AVAILABLE_TOOLS][{\"type\": \"function\"}][/AVAILABLE_TOOLS][INST] Hi[/INST]",
@@ -521,6 +528,62 @@ fn a_phi3_gguf_reads_its_fused_projections_and_longrope() {
     }
 }
 
+/// Gemma 3's GGUF files (`gemma3`): its norms with 1 added, the feed-forward's input norm as
+/// `ffn_norm` and the attention's and feed-forward's output norms as `post_attention_norm` and
+/// `post_ffw_norm`, every sixth layer global (llama.cpp's pattern: the file does not say), the
+/// local layers rotated by llama.cpp's default base (the fixture's file has no
+/// `rope.freq_base_swa`; the converter's has, `ggufs_written_by_llama_cpps_converter_match_transformers`)
+/// and the global ones scaled linearly, a SentencePiece vocabulary written without a space
+/// before the text: tiny-gemma3-f32's reads as the checkpoint's configuration and gives
+/// transformers' logits and greedy tokens (its prompts and continuations longer than the
+/// window of 16), sentencepiece's ids and the checkpoint's chat.
+#[test]
+fn a_gemma3_gguf_reads_its_local_layers_norms_and_vocabulary() {
+    let name = "tiny-gemma3-f32";
+    let file = GgufFile::open(&gguf_fixture(name)).unwrap();
+    let (ours, hf) =
+        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    assert_eq!((ours.arch.name, hf.arch.name), ("gemma3", "gemma3"));
+    let sliding = hf.sliding.as_ref().unwrap();
+    assert_eq!((sliding.window, sliding.rope_theta), (16, 10_000.0));
+    assert_eq!(sliding.layers, [true, true, true, true, true, false]);
+    assert_eq!(ours.sliding, hf.sliding);
+    assert_eq!(hf.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    assert_eq!((ours.rope_scaling.clone(), ours.rope_theta), (hf.rope_scaling.clone(), hf.rope_theta));
+    assert_eq!((ours.attention_scalar, hf.attention_scalar), (Some(32.0), Some(32.0)));
+    assert_eq!((ours.activation, ours.embedding_scale, ours.sandwich_norms), (hf.activation, hf.embedding_scale, true));
+    assert!(hf.zero_centred_norms && !ours.zero_centred_norms, "the converter added the norms' 1");
+    let reference = Reference::load(name);
+    assert!(reference.prompts.iter().all(|p| p.ids.len() + p.greedy.len() > 16), "past the window");
+    let mut ctx = context(&gguf(name), WeightDtype::Auto);
+    for (s, p) in reference.prompts.iter().enumerate() {
+        check_prompt(&mut ctx, s as u32, p);
+    }
+
+    let from_gguf = gguf(name).tokenizer().unwrap();
+    let from_json = Tokenizer::from_dir(&fixture_dir(name)).unwrap();
+    sentencepiece_ids(name, [&from_gguf, &from_json]);
+    for text in CORPUS.iter().chain(&["<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"]) {
+        let ids = from_json.encode(text).unwrap();
+        assert_eq!(from_gguf.encode(text).unwrap(), ids, "ids of {text:?}");
+        assert_eq!(from_gguf.encode_prompt(text).unwrap(), from_json.encode_prompt(text).unwrap(), "{text:?}");
+        assert_eq!(from_gguf.decode(&ids, false).unwrap(), from_json.decode(&ids, false).unwrap(), "{text:?}");
+    }
+    // No space is written before the text.
+    let ids = from_gguf.encode("Hi").unwrap();
+    let bytes: Vec<u8> = ids.iter().flat_map(|&id| from_gguf.token_bytes(id).unwrap()).collect();
+    assert_eq!(bytes, b"Hi");
+
+    let messages = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi <3")];
+    let (a, b) =
+        (gguf(name).chat_template().unwrap().unwrap(), ChatTemplate::from_dir(&fixture_dir(name)).unwrap().unwrap());
+    assert_eq!(a.render(&messages, true).unwrap(), b.render(&messages, true).unwrap());
+    assert_eq!(
+        a.render(&messages, true).unwrap(),
+        "<bos><start_of_turn>user\nBe brief.\n\nHi <3<end_of_turn>\n<start_of_turn>model\n"
+    );
+}
+
 /// GGUF files written by llama.cpp's own converter (`scripts/convert_fixtures_with_llamacpp.sh`:
 /// the convert_hf_to_gguf.py of the llama.cpp that llama-cpp-python 0.3.36 vendors) from the
 /// safetensors fixtures, beside those the fixture scripts write by transcribing it: each gives
@@ -535,6 +598,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-mixtral-f32",
         "tiny-ministral3-f32",
         "tiny-phi3-f32",
+        "tiny-gemma3-f32",
         "tiny-llama-f32",
     ];
     for name in fixtures {

@@ -7,6 +7,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use burn::tensor::DType;
+use llaisys_model::arch::Activation;
 use llaisys_model::kernels::gpu_fused_rows;
 use llaisys_model::layers::{RmsNorm, Rope, attention, swiglu};
 use llaisys_model::{Device, DeviceSpec, Tensor, TensorData};
@@ -114,22 +115,33 @@ fn rms_norm_matches_a_reference() {
     }
 }
 
+/// SwiGLU (the device's kernel) and GeGLU (Gemma's; Burn's ops on a GPU).
 #[test]
-fn swiglu_matches_a_reference_on_a_strided_input() {
+fn swiglu_and_geglu_match_a_reference_on_a_strided_input() {
     let (spec, device) = device();
     let (n, i) = (3, 300);
     // The stacked projection's [gate | up] as a narrowed view of a wider tensor.
     let wide = values(n * (2 * i + 5), 3, 8.0);
-    let gate_up = Tensor::<2>::from_data(TensorData::new(wide.clone(), [n, 2 * i + 5]), &device).narrow(1, 0, 2 * i);
-    let got = ran(spec, "swiglu", || host(swiglu(gate_up)));
-    let mut want = Vec::with_capacity(n * i);
-    for row in wide.chunks(2 * i + 5) {
-        for j in 0..i {
-            let (g, u) = (row[j] as f64, row[i + j] as f64);
-            want.push(g / (1.0 + (-g).exp()) * u);
+    for act in [Activation::Silu, Activation::GeluTanh] {
+        let gate_up =
+            Tensor::<2>::from_data(TensorData::new(wide.clone(), [n, 2 * i + 5]), &device).narrow(1, 0, 2 * i);
+        let run = || host(swiglu(gate_up, act));
+        let got = if act == Activation::Silu { ran(spec, "swiglu", run) } else { run() };
+        let mut want = Vec::with_capacity(n * i);
+        for row in wide.chunks(2 * i + 5) {
+            for j in 0..i {
+                let (g, u) = (row[j] as f64, row[i + j] as f64);
+                let gated = match act {
+                    Activation::Silu => g / (1.0 + (-g).exp()),
+                    Activation::GeluTanh => {
+                        0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+                    }
+                };
+                want.push(gated * u);
+            }
         }
+        assert_close(&got, &want, 1e-5, &format!("{act:?}"));
     }
-    assert_close(&got, &want, 1e-5, "swiglu");
 }
 
 #[test]
@@ -170,13 +182,18 @@ fn rope_rotates_q_and_k_and_keeps_v() {
     }
 }
 
-/// GQA attention, with and without a mask, against a reference softmax in f64.
+/// GQA attention, with and without a mask, and with soft-capped scores (Gemma 2's), against a
+/// reference softmax in f64.
 #[test]
 fn attention_matches_a_reference() {
     let (spec, device) = device();
-    for (heads, kv_heads, d, n, extent, masked) in
-        [(2, 2, 64, 1, 5, false), (4, 2, 64, 3, 130, true), (7, 1, 128, 2, 300, true), (14, 2, 64, 1, 257, false)]
-    {
+    for (heads, kv_heads, d, n, extent, masked, softcap) in [
+        (2, 2, 64, 1, 5, false, None),
+        (4, 2, 64, 3, 130, true, None),
+        (7, 1, 128, 2, 300, true, None),
+        (14, 2, 64, 1, 257, false, None),
+        (4, 2, 64, 3, 130, true, Some(0.5)),
+    ] {
         let q = values(n * heads * d, 1, 1.5);
         let k = values(kv_heads * extent * d, 2, 1.5);
         let v = values(kv_heads * extent * d, 3, 1.0);
@@ -188,7 +205,9 @@ fn attention_matches_a_reference() {
         let kt = Tensor::<3>::from_data(TensorData::new(k.clone(), [kv_heads, extent, d]), &device);
         let vt = Tensor::<3>::from_data(TensorData::new(v.clone(), [kv_heads, extent, d]), &device);
         let mt = masked.then(|| Tensor::<2>::from_data(TensorData::new(mask, [n, extent]), &device));
-        let got = ran(spec, "softmax", || host(attention(qt, kt, vt, mt)));
+        // Capped scores take Burn's ops, not the fused softmax.
+        let run = || host(attention(qt, kt, vt, mt, softcap));
+        let got = if softcap.is_none() { ran(spec, "softmax", run) } else { run() };
         let mut want = vec![0.0f64; n * heads * d];
         for r in 0..n {
             for h in 0..heads {
@@ -198,7 +217,9 @@ fn attention_matches_a_reference() {
                     .map(|c| {
                         let krow = &k[(kvh * extent + c) * d..][..d];
                         let dot: f64 = qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        if sees(r, c) { dot / (d as f64).sqrt() } else { f64::NEG_INFINITY }
+                        let s = dot / (d as f64).sqrt();
+                        let s = softcap.map_or(s, |cap| cap * (s / cap).tanh());
+                        if sees(r, c) { s } else { f64::NEG_INFINITY }
                     })
                     .collect();
                 let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -211,7 +232,8 @@ fn attention_matches_a_reference() {
                 }
             }
         }
-        assert_close(&got, &want, 1e-4, &format!("attention {heads}/{kv_heads} d {d} n {n} extent {extent}"));
+        let what = format!("attention {heads}/{kv_heads} d {d} n {n} extent {extent} cap {softcap:?}");
+        assert_close(&got, &want, 1e-4, &what);
     }
 }
 
@@ -1034,6 +1056,7 @@ fn experts_routed_on_the_device_match_a_reference() {
             Expert {
                 gate_up: Linear { weight: linear::stack(vec![g, u]), bias: None },
                 down: Linear { weight: d, bias: None },
+                activation: Activation::Silu,
             }
         };
         let mut all = Vec::new();

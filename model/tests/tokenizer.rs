@@ -16,10 +16,11 @@ fn template() -> ChatTemplate {
 fn tokenizer_matches_hugging_face_ids_and_round_trips() {
     for name in FIXTURES {
         let tokenizer = Tokenizer::from_dir(&fixture_dir(name)).unwrap();
-        // The references were encoded as transformers encodes a prompt (Llama's and Mistral's
-        // with their BOS).
+        // The references were encoded as transformers encodes a prompt (Llama's, Mistral's and
+        // Gemma's with their BOS).
         let (bos, end) = match name {
             n if n.contains("llama") => (Some("<|begin_of_text|>"), "<|eot_id|>"),
+            n if n.contains("gemma") => (Some("<bos>"), "<end_of_turn>"),
             n if ["mistral", "mixtral", "ministral", "phi3"].iter().any(|m| n.contains(m)) => (Some("<s>"), "</s>"),
             _ => (None, "<|im_end|>"),
         };

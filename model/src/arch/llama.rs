@@ -3,7 +3,7 @@
 //! k interleaved per head by llama.cpp's converter, and the `llama-bpe` pre-tokenizer with a BOS
 //! token before every prompt.
 
-use super::{Architecture, Bias};
+use super::{Activation, Architecture, Bias};
 
 pub const LLAMA: Architecture = Architecture {
     name: "llama",
@@ -13,6 +13,7 @@ pub const LLAMA: Architecture = Architecture {
     o_bias_with_qkv: true,
     qk_norm: false,
     default_head_dim: None,
+    config_defaults: &[],
     gguf_pre: &["llama-bpe"],
     gguf_qk_interleaved: true,
     end_of_generation: &["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
@@ -24,4 +25,10 @@ pub const LLAMA: Architecture = Architecture {
     fused_qkv_gate_up: false,
     gguf_tiled_value_heads: false,
     window_caps_context: false,
+    zero_centred_norms: false,
+    scaled_embedding: false,
+    tied_embeddings: false,
+    sandwich_norms: false,
+    activation: Activation::Silu,
+    local_layers: None,
 };

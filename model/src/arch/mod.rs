@@ -4,6 +4,8 @@
 //! `ARCHITECTURES`; families we know of but do not serve are named in `UNSUPPORTED`, so a file of
 //! one gets an error that says so instead of "unknown".
 
+mod gemma2;
+mod gemma3;
 mod llama;
 mod ministral3;
 mod mistral;
@@ -16,6 +18,8 @@ mod qwen35;
 mod qwen35moe;
 mod qwen3moe;
 mod qwen3next;
+
+pub use crate::config::Activation;
 
 /// A decoder-only family the shared decoder serves.
 #[derive(Debug, PartialEq)]
@@ -34,6 +38,9 @@ pub struct Architecture {
     pub qk_norm: bool,
     /// `head_dim` when `config.json` has none; `None`: hidden size / heads.
     pub default_head_dim: Option<usize>,
+    /// Fields its configs may leave out, with transformers' defaults for them (Gemma 3's
+    /// multimodal checkpoints give their text model's sizes and little else).
+    pub config_defaults: &'static [(&'static str, f64)],
     /// The `tokenizer.ggml.pre` values of its GGUF files (the first is assumed when a file has none).
     pub gguf_pre: &'static [&'static str],
     /// llama.cpp's converter interleaves each head's q and k rows for this family (its RoPE
@@ -69,6 +76,34 @@ pub struct Architecture {
     /// Its attention always keeps to the config's `sliding_window` when one is set (Mistral):
     /// the context is capped at the window, within which that is full attention.
     pub window_caps_context: bool,
+    /// Its checkpoints store RMSNorm weights less 1: the norm multiplies by 1 + weight (Qwen3.5's,
+    /// Gemma's; llama.cpp's converter adds the 1 back).
+    pub zero_centred_norms: bool,
+    /// The token embeddings are multiplied by √hidden_size before the first layer (Gemma).
+    pub scaled_embedding: bool,
+    /// The output projection is the embedding when the config does not say
+    /// (`tie_word_embeddings`: transformers' default for the family).
+    pub tied_embeddings: bool,
+    /// The attention's and the feed-forward's outputs are RMS-normalised before their residual
+    /// sums (Gemma 2 and 3's `post_attention_layernorm` and `post_feedforward_layernorm`; the
+    /// feed-forward's input norm is then `pre_feedforward_layernorm`).
+    pub sandwich_norms: bool,
+    /// The feed-forward's gate when the config names none (`hidden_act`; Gemma's
+    /// `hidden_activation`).
+    pub activation: Activation,
+    /// Gemma's local layers, which attend over a sliding window only, where the family has them.
+    pub local_layers: Option<LocalLayers>,
+}
+
+/// Where a family's local layers are when its config does not list them, and how they rotate.
+#[derive(Debug, PartialEq)]
+pub struct LocalLayers {
+    /// With a `sliding_window` and no `layer_types`, every layer but each `pattern`-th is local
+    /// (transformers' `sliding_window_pattern`, which a config may give).
+    pub pattern: usize,
+    /// Their rotary base when the config gives none (`rope_local_base_freq`); `None`: the global
+    /// layers'.
+    pub rope_theta: Option<f64>,
 }
 
 /// How a family's mixture-of-experts blocks differ.
@@ -110,6 +145,8 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &mixtral::MIXTRAL,
     &ministral3::MINISTRAL3,
     &phi3::PHI3,
+    &gemma3::GEMMA3,
+    &gemma2::GEMMA2,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
@@ -118,9 +155,9 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("deepseek_v2", "multi-head latent attention and experts"),
     ("deepseek_v3", "multi-head latent attention and experts"),
     ("deepseek2", "multi-head latent attention and experts"),
-    ("gemma", "Gemma's norms and activations"),
-    ("gemma2", "Gemma's norms, soft-capping and sliding windows"),
-    ("gemma3", "Gemma's norms, soft-capping and sliding windows"),
+    ("gemma", "Gemma's first layout (served: Gemma 2 and 3)"),
+    ("gemma3n", "per-layer inputs, AltUp and shared key-value layers"),
+    ("gemma4", "Gemma 4's layers"),
     ("qwen2_vl", "a vision encoder"),
     ("qwen2vl", "a vision encoder"),
 ];

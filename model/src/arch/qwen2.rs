@@ -2,7 +2,7 @@
 //! bias, head size hidden / heads. Reasoning models distilled onto it (DeepSeek-R1-Distill-Qwen,
 //! QwQ) load as this family.
 
-use super::{Architecture, Bias};
+use super::{Activation, Architecture, Bias};
 
 pub const QWEN2: Architecture = Architecture {
     name: "qwen2",
@@ -12,6 +12,7 @@ pub const QWEN2: Architecture = Architecture {
     o_bias_with_qkv: false,
     qk_norm: false,
     default_head_dim: None,
+    config_defaults: &[],
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜>"],
@@ -23,4 +24,10 @@ pub const QWEN2: Architecture = Architecture {
     fused_qkv_gate_up: false,
     gguf_tiled_value_heads: false,
     window_caps_context: false,
+    zero_centred_norms: false,
+    scaled_embedding: false,
+    tied_embeddings: false,
+    sandwich_norms: false,
+    activation: Activation::Silu,
+    local_layers: None,
 };

@@ -3,7 +3,7 @@
 //! router, the top-k experts of each token (not renormalised unless `norm_topk_prob`), and a
 //! shared expert every token passes through, scaled by the sigmoid of its own gate.
 
-use super::{Architecture, Bias, Experts};
+use super::{Activation, Architecture, Bias, Experts};
 
 pub const QWEN2_MOE: Architecture = Architecture {
     name: "qwen2_moe",
@@ -13,6 +13,7 @@ pub const QWEN2_MOE: Architecture = Architecture {
     o_bias_with_qkv: false,
     qk_norm: false,
     default_head_dim: None,
+    config_defaults: &[],
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
@@ -29,4 +30,10 @@ pub const QWEN2_MOE: Architecture = Architecture {
     fused_qkv_gate_up: false,
     gguf_tiled_value_heads: false,
     window_caps_context: false,
+    zero_centred_norms: false,
+    scaled_embedding: false,
+    tied_embeddings: false,
+    sandwich_norms: false,
+    activation: Activation::Silu,
+    local_layers: None,
 };

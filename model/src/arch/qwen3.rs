@@ -2,7 +2,7 @@
 //! per-head RMSNorm of q and k before the rotary embedding, and a head size of its own (128 by
 //! default, not hidden / heads).
 
-use super::{Architecture, Bias};
+use super::{Activation, Architecture, Bias};
 
 pub const QWEN3: Architecture = Architecture {
     name: "qwen3",
@@ -12,6 +12,7 @@ pub const QWEN3: Architecture = Architecture {
     o_bias_with_qkv: true,
     qk_norm: true,
     default_head_dim: Some(128),
+    config_defaults: &[],
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
@@ -23,4 +24,10 @@ pub const QWEN3: Architecture = Architecture {
     fused_qkv_gate_up: false,
     gguf_tiled_value_heads: false,
     window_caps_context: false,
+    zero_centred_norms: false,
+    scaled_embedding: false,
+    tied_embeddings: false,
+    sandwich_norms: false,
+    activation: Activation::Silu,
+    local_layers: None,
 };

@@ -9,7 +9,7 @@
 //! post-attention norm as `post_attention_norm`, and the multi-token-prediction head as blocks
 //! after the model's (`nextn_predict_layers`), which are not read.
 
-use super::{Architecture, Bias};
+use super::{Activation, Architecture, Bias};
 
 pub const QWEN3_5: Architecture = Architecture {
     name: "qwen3_5",
@@ -19,6 +19,7 @@ pub const QWEN3_5: Architecture = Architecture {
     o_bias_with_qkv: true,
     qk_norm: true,
     default_head_dim: Some(256),
+    config_defaults: &[],
     gguf_pre: &["qwen35"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
@@ -30,4 +31,10 @@ pub const QWEN3_5: Architecture = Architecture {
     fused_qkv_gate_up: false,
     gguf_tiled_value_heads: true,
     window_caps_context: false,
+    zero_centred_norms: true,
+    scaled_embedding: false,
+    tied_embeddings: false,
+    sandwich_norms: false,
+    activation: Activation::Silu,
+    local_layers: None,
 };

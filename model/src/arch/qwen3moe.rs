@@ -3,7 +3,7 @@
 //! of each token (their weights renormalised where `norm_topk_prob` says; llama.cpp always does
 //! for this architecture), no shared expert. Layers in `mlp_only_layers` keep a dense block.
 
-use super::{Architecture, Bias, Experts};
+use super::{Activation, Architecture, Bias, Experts};
 
 pub const QWEN3_MOE: Architecture = Architecture {
     name: "qwen3_moe",
@@ -13,6 +13,7 @@ pub const QWEN3_MOE: Architecture = Architecture {
     o_bias_with_qkv: true,
     qk_norm: true,
     default_head_dim: Some(128),
+    config_defaults: &[],
     gguf_pre: &["qwen2"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|im_end|>", "<|endoftext|>"],
@@ -29,4 +30,10 @@ pub const QWEN3_MOE: Architecture = Architecture {
     fused_qkv_gate_up: false,
     gguf_tiled_value_heads: false,
     window_caps_context: false,
+    zero_centred_norms: false,
+    scaled_embedding: false,
+    tied_embeddings: false,
+    sandwich_norms: false,
+    activation: Activation::Silu,
+    local_layers: None,
 };

@@ -30,6 +30,8 @@ pub struct Decoder {
     info: ModelInfo,
     weights: Weights,
     rope: Rope,
+    /// The local layers' (Gemma's sliding-window layers), where the model has them.
+    local_rope: Option<Rope>,
     device: Device,
     /// Where all of its device work goes, whichever thread calls (on a GPU).
     stream: DeviceStream,
@@ -112,15 +114,19 @@ impl Decoder {
     fn new(config: ModelConfig, weights: Weights, device: &Device, stream: DeviceStream, graphs: bool) -> Self {
         let info = info_of(&config);
         let rope = Rope::from_config(&config);
+        let local_rope = Rope::local(&config);
         // A graph keeps the memory its step was given: where a product of more rows than the
         // few-row kernels take dequantizes a matrix of blocks each step (the output
         // projection's among them, hundreds of MB), only steps they take are recorded.
         let rows = if weights.blocks_on_device() { kernels::gpu_fused_rows() } else { replay::MAX_ROWS };
         // A linear-attention layer's recurrence runs on the host: nothing to record. Nor are the
         // steps of a model whose queries are scaled past a position (Ministral 3): a step
-        // recorded before it would replay without the scaling after it.
-        let graphs = StepGraphs::new(graphs && config.linear.is_none() && config.query_scaling.is_none(), rows);
-        Self { config, info, weights, rope, device: device.clone(), stream, graphs }
+        // recorded before it would replay without the scaling after it. Nor are those of a model
+        // with local layers (a second cell table, not among a replay's inputs) or soft-capped
+        // attention scores (Gemma 2's: Burn's ops and an uploaded mask, no kernel).
+        let plain = config.linear.is_none() && config.query_scaling.is_none() && config.sliding.is_none();
+        let graphs = StepGraphs::new(graphs && plain && config.attention_softcap.is_none(), rows);
+        Self { config, info, weights, rope, local_rope, device: device.clone(), stream, graphs }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -183,7 +189,14 @@ impl LanguageModel for Decoder {
         // step), else apart.
         let norm = self.weights.norm.pre();
         let logits = |x, tables, cells, cache: &mut KvCache| {
-            Ok(self.lm_head().forward_with(self.trunk(batch, x, tables, cells, cache, abort)?, norm, None))
+            let local = self.local_tables(batch, placement, cache);
+            let logits =
+                self.lm_head().forward_with(self.trunk(batch, x, tables, cells, local, cache, abort)?, norm, None);
+            // Gemma 2's soft-capped logits.
+            Ok(match self.config.logit_softcap {
+                Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),
+                None => logits,
+            })
         };
         let pass = || {
             let (tables, cells) = self.tables(batch, placement, cache);
@@ -215,17 +228,27 @@ impl LanguageModel for Decoder {
     ) -> Result<Tensor<2>, DecodeError> {
         let pass = || {
             let (tables, cells) = self.tables(batch, placement, cache);
-            Ok(self.weights.norm.forward(self.trunk(batch, self.embed(batch.input), tables, cells, cache, abort)?))
+            let local = self.local_tables(batch, placement, cache);
+            let x = self.trunk(batch, self.embed(batch.input), tables, cells, local, cache, abort)?;
+            Ok(self.weights.norm.forward(x))
         };
         self.stream.enter(|| kernels::with_awake_pool(&self.device, pass))
     }
 
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
         self.stream.enter(|| {
+            let c = &self.config;
             let tables = self.rope.shift_tables(shifts, &self.device);
-            for l in 0..self.config.attention_layers() {
+            let local = self.local_rope.as_ref().map(|r| r.shift_tables(shifts, &self.device));
+            // The layers with keys, by their index among all layers.
+            let attending = (0..c.num_hidden_layers).filter(|&i| !c.is_linear_layer(i));
+            for (l, i) in attending.enumerate() {
+                let tables = match &local {
+                    Some(local) if c.is_local_layer(i) => local,
+                    _ => &tables,
+                };
                 let (keys, _) = cache.read(l, shifts.len()); // [kv_heads, extent, hd]
-                let rotated = Rope::apply(keys.swap_dims(0, 1), &tables).swap_dims(0, 1);
+                let rotated = Rope::apply(keys.swap_dims(0, 1), tables).swap_dims(0, 1);
                 cache.set_keys(l, rotated);
             }
         })
@@ -304,29 +327,54 @@ impl Decoder {
     ) -> (RopeTables, kernels::CellTable) {
         let tables = self.rope.tables_in(&batch.pos, &batch.seqs, &self.device);
         let extent = cache.cells().extent();
-        let visible = cache.visible(&batch.seqs, &batch.pos, extent);
+        let visible = cache.visible(&batch.seqs, &batch.pos, extent, None);
         (tables, kernels::CellTable::new(placement.clone(), visible, &self.device))
+    }
+
+    /// The local layers' RoPE tables and cell table (each row seeing only the cells of its last
+    /// `sliding_window` positions), where the model has such layers.
+    fn local_tables(
+        &self,
+        batch: &ValidBatch<'_>,
+        placement: &Placement,
+        cache: &KvCache,
+    ) -> Option<(RopeTables, kernels::CellTable)> {
+        let (rope, sliding) = (self.local_rope.as_ref()?, self.config.sliding.as_ref()?);
+        let tables = rope.tables_in(&batch.pos, &batch.seqs, &self.device);
+        let extent = cache.cells().extent();
+        let visible = cache.visible(&batch.seqs, &batch.pos, extent, Some(sliding.window));
+        Some((tables, kernels::CellTable::new(placement.clone(), visible, &self.device)))
     }
 
     /// The pass up to the final norm from its input rows `x` ([n, hidden]): the rows of
     /// `batch.out_rows`, [n_outputs, hidden] (`forward` and `hidden` norm them and keep the pool
-    /// awake around it).
+    /// awake around it). `local`: the local layers' tables (`local_tables`).
+    #[allow(clippy::too_many_arguments)]
     fn trunk(
         &self,
         batch: &ValidBatch<'_>,
         mut x: Tensor<2>,
         tables: RopeTables,
         cells: kernels::CellTable,
+        local: Option<(RopeTables, kernels::CellTable)>,
         cache: &mut KvCache,
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
         let n = batch.len();
-        let (heads, kv_heads, hd) =
-            (self.config.num_attention_heads, self.config.num_key_value_heads, self.config.head_dim);
+        let c = &self.config;
+        let (heads, kv_heads, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let extent = cache.cells().extent();
-        // [n, extent], built only if the attention kernel cannot run and some row does not see
-        // every cell below the extent (a lone sequence's decode step sees them all).
-        let mut mask = None;
+        // Gemma's embeddings are scaled (token rows only: given embeddings are taken as they are).
+        if let (Some(scale), BatchInput::Tokens(_)) = (c.embedding_scale, batch.input) {
+            x = x.mul_scalar(scale);
+        }
+        // Scores scaled by `query_pre_attn_scalar`^−½ where the kernels scale by head_dim^−½: the
+        // queries times the ratio's root.
+        let q_factor = c.attention_scalar.map(|s| (hd as f64 / s).sqrt()).filter(|&f| f != 1.0);
+        // [n, extent], global layers' then local ones', built only if the attention kernel cannot
+        // run and some row does not see every cell below the extent (a lone sequence's decode
+        // step sees them all).
+        let mut masks: [Option<Option<Tensor<2>>>; 2] = [None, None];
         let [q_rows, k_rows, _] = weights::qkv_rows(&self.config);
         // The output gate's rows, before q's (Qwen3.5).
         let gate_rows = weights::gate_rows(&self.config);
@@ -345,7 +393,7 @@ impl Decoder {
         });
         // Layers with keys and values are numbered apart from the linear ones in the cache.
         let (mut kv_layer, mut linear_layer) = (0, 0);
-        for w in &self.weights.layers {
+        for (i, w) in self.weights.layers.iter().enumerate() {
             // A stop part way would leave the linear layers' states between two tokens.
             if abort() && (groups.is_none() || kv_layer + linear_layer == 0) {
                 return Err(DecodeError::Aborted);
@@ -361,6 +409,11 @@ impl Decoder {
             }
             let l = kv_layer;
             kv_layer += 1;
+            // A local layer's own rotation and window.
+            let (tables, cells, mask) = match &local {
+                Some((tables, cells)) if c.is_local_layer(i) => (tables, cells, &mut masks[1]),
+                _ => (&tables, &cells, &mut masks[0]),
+            };
             let mut gate = None;
             // On a GPU: a decode step's projection, RoPE and KV write in one kernel (without
             // per-head norms, which need a head's whole projection); else the projection, then the
@@ -370,7 +423,7 @@ impl Decoder {
             let projected = match w.qkv.weight.matrix().gpu() {
                 Some(m) if on_gpu && norms.is_none() => {
                     let (pre, bias) = (w.attn_norm.pre(), w.qkv.bias.as_ref());
-                    cache.project_rotated(l, &cells, &x, pre, m, bias, heads, tables.stacked())
+                    cache.project_rotated(l, cells, &x, pre, m, bias, heads, tables.stacked())
                 }
                 _ => None,
             };
@@ -386,13 +439,12 @@ impl Decoder {
                             qkv.narrow(1, g, width - g)
                         }
                     };
-                    let rotated = on_gpu.then(|| cache.write_rotated(l, &cells, &qkv, heads, tables.stacked(), norms));
+                    let rotated = on_gpu.then(|| cache.write_rotated(l, cells, &qkv, heads, tables.stacked(), norms));
                     rotated.flatten().unwrap_or_else(|| {
-                        let [q, k, v] =
-                            Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), &tables, w.qk_norm.as_ref());
+                        let [q, k, v] = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), tables, w.qk_norm.as_ref());
                         let k = k.reshape([n, kv_heads, hd]);
                         let v = v.reshape([n, kv_heads, hd]);
-                        cache.write(l, &cells, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
+                        cache.write(l, cells, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
                         q
                     })
                 }
@@ -402,22 +454,39 @@ impl Decoder {
                 Some(scales) => q * scales.clone(),
                 None => q,
             };
-            let a = match cache.attention(l, &q, &cells) {
+            let q = match q_factor {
+                Some(f) => q.mul_scalar(f),
+                None => q,
+            };
+            // Soft-capped scores (Gemma 2's) are Burn's ops: the kernels do not cap.
+            let kernel = match c.attention_softcap {
+                None => cache.attention(l, &q, cells),
+                Some(_) => None,
+            };
+            let a = match kernel {
                 Some(a) => a,
                 None => {
                     let visible = &cells.visible;
                     let partial = || visible.iter().any(|cells| cells.len() < extent);
                     let mask = mask.get_or_insert_with(|| partial().then(|| cache.mask(visible, extent))).clone();
                     let (keys, values) = cache.read(l, extent); // [kv_heads, extent, hd]
-                    attention(q, keys, values, mask)
+                    attention(q, keys, values, mask, c.attention_softcap)
                 }
             };
             let a = match gate.take() {
                 Some(g) => a * burn::tensor::activation::sigmoid(g),
                 None => a,
             };
-            x = w.o.forward_with(a, Pre::Plain, Some(x));
-            x = w.ffn.forward_residual(&w.mlp_norm, x);
+            // Gemma's outputs are normed before their residual sums; others' sums are fused into
+            // the products.
+            x = match &w.post_norms {
+                Some([after_attention, _]) => x + after_attention.forward(w.o.forward_with(a, Pre::Plain, None)),
+                None => w.o.forward_with(a, Pre::Plain, Some(x)),
+            };
+            x = match &w.post_norms {
+                Some([_, after_ffn]) => x.clone() + after_ffn.forward(w.ffn.forward_with(&w.mlp_norm, x, None)),
+                None => w.ffn.forward_residual(&w.mlp_norm, x),
+            };
         }
         if let (Some(groups), Some(r)) = (&groups, cache.recurrent()) {
             r.advance(groups);

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::error::LoadError;
 use crate::layers::{DeltaNet, Expert, ExpertStacks, Linear, Moe, RmsNorm, Weight, linear};
 use crate::quant::{Imatrix, QuantType};
@@ -35,6 +35,9 @@ pub enum Slot {
     MlpGate,
     MlpUp,
     MlpDown,
+    /// The norms of the attention's and the feed-forward's outputs (Gemma 2 and 3).
+    PostAttnNorm,
+    PostFfnNorm,
     /// A MoE block's router: [experts, hidden].
     MoeRouter,
     /// Each expert's matrices (one per expert in a Hugging Face checkpoint, one 3-D tensor of
@@ -70,7 +73,7 @@ pub const GLOBAL_SLOTS: [(Slot, &str, &str); 3] = [
 ];
 
 /// Per-layer slots and their names: under `model.layers.{i}.` (Hugging Face) and `blk.{i}.` (GGUF).
-pub const LAYER_SLOTS: [(Slot, &str, &str); 15] = [
+pub const LAYER_SLOTS: [(Slot, &str, &str); 17] = [
     (Slot::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     (Slot::AttnQ, "self_attn.q_proj.weight", "attn_q.weight"),
     (Slot::AttnQBias, "self_attn.q_proj.bias", "attn_q.bias"),
@@ -86,6 +89,10 @@ pub const LAYER_SLOTS: [(Slot, &str, &str); 15] = [
     (Slot::MlpGate, "mlp.gate_proj.weight", "ffn_gate.weight"),
     (Slot::MlpUp, "mlp.up_proj.weight", "ffn_up.weight"),
     (Slot::MlpDown, "mlp.down_proj.weight", "ffn_down.weight"),
+    // Gemma's `post_attention_layernorm` is served under this name (`Architecture::hf_aliases`):
+    // Llama's, the MLP's input norm, holds its `pre_feedforward_layernorm`.
+    (Slot::PostAttnNorm, "post_attention_norm.weight", "post_attention_norm.weight"),
+    (Slot::PostFfnNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
 ];
 
 /// A linear-attention layer's slots in place of the attention's (Qwen3.5): Hugging Face's names,
@@ -136,6 +143,8 @@ impl Slot {
             Slot::MlpGate => "mlp_gate_w",
             Slot::MlpUp => "mlp_up_w",
             Slot::MlpDown => "mlp_down_w",
+            Slot::PostAttnNorm => "attn_post_norm_w",
+            Slot::PostFfnNorm => "mlp_post_norm_w",
             Slot::MoeRouter => "moe_router_w",
             Slot::ExpertGate => "expert_gate_w",
             Slot::ExpertUp => "expert_up_w",
@@ -163,6 +172,7 @@ impl Slot {
             Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias => c.qkv_bias,
             Slot::AttnOBias => c.o_bias,
             Slot::AttnQNorm | Slot::AttnKNorm => c.qk_norm,
+            Slot::PostAttnNorm | Slot::PostFfnNorm => c.sandwich_norms,
             Slot::MoeRouter | Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown => c.moe.is_some(),
             Slot::SharedGate | Slot::SharedUp | Slot::SharedDown | Slot::SharedRouter => {
                 c.moe.as_ref().is_some_and(|m| m.shared_intermediate_size.is_some())
@@ -224,6 +234,7 @@ impl Slot {
             Slot::AttnQBias if c.attn_output_gate => vec![2 * q],
             Slot::InEmbed | Slot::OutEmbed => vec![v, h],
             Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnOBias => vec![h],
+            Slot::PostAttnNorm | Slot::PostFfnNorm => vec![h],
             Slot::AttnQBias => vec![q],
             Slot::AttnQNorm | Slot::AttnKNorm => vec![c.head_dim],
             Slot::AttnQ => vec![q, h],
@@ -664,6 +675,9 @@ pub struct LayerWeights {
     /// [hidden, heads · head_dim], with its bias if the family has one.
     pub o: Linear,
     pub mlp_norm: RmsNorm,
+    /// The norms of the attention's and the feed-forward's outputs, before their residual sums
+    /// (Gemma 2 and 3).
+    pub post_norms: Option<[RmsNorm; 2]>,
     pub ffn: Ffn,
     /// A linear-attention layer's token mixer (Qwen3.5): then `qkv` is its stacked input
     /// projection (q, k, v | z | β | α: `stacked_rows`), `o` its output projection, and
@@ -686,9 +700,18 @@ impl Ffn {
     /// # Shapes
     /// x: [n, hidden] → [n, hidden]
     pub fn forward_residual(&self, norm: &RmsNorm, x: Tensor<2>) -> Tensor<2> {
+        self.forward_with(norm, x.clone(), Some(x))
+    }
+
+    /// `residual + ffn(norm(x))`, the norm and the sum fused into the products where their
+    /// kernels can.
+    ///
+    /// # Shapes
+    /// x: [n, hidden], residual: [n, hidden] → [n, hidden]
+    pub fn forward_with(&self, norm: &RmsNorm, x: Tensor<2>, residual: Option<Tensor<2>>) -> Tensor<2> {
         match self {
-            Ffn::Dense(mlp) => mlp.forward_with(x.clone(), norm.pre(), Some(x)),
-            Ffn::Moe(moe) => moe.forward_with(x.clone(), norm.pre(), Some(x)),
+            Ffn::Dense(mlp) => mlp.forward_with(x, norm.pre(), residual),
+            Ffn::Moe(moe) => moe.forward_with(x, norm.pre(), residual),
         }
     }
 
@@ -838,6 +861,10 @@ impl Weights {
                         (qkv, qk_norm, linear(Slot::AttnO, Slot::AttnOBias, l)?, None)
                     }
                 };
+                let post_norms = c
+                    .sandwich_norms
+                    .then(|| Ok::<_, LoadError>([norm(Slot::PostAttnNorm, l)?, norm(Slot::PostFfnNorm, l)?]))
+                    .transpose()?;
                 Ok(LayerWeights {
                     attn_norm,
                     qkv,
@@ -845,10 +872,12 @@ impl Weights {
                     o,
                     delta,
                     mlp_norm: norm(Slot::MlpNorm, l)?,
+                    post_norms,
                     ffn: match c.moe.as_ref().filter(|_| c.is_moe_layer(layer)) {
                         None => Ffn::Dense(Box::new(Expert {
                             gate_up: stacked(&[Slot::MlpGate, Slot::MlpUp], &[], l)?,
                             down: Linear { weight: mat(Slot::MlpDown, l)?, bias: None },
+                            activation: c.activation,
                         })),
                         Some(m) => {
                             let l = layer;
@@ -885,6 +914,7 @@ impl Weights {
                                 .map(|((gate, up), down)| Expert {
                                     gate_up: Linear { weight: linear::stack(vec![gate, up]), bias: None },
                                     down: Linear { weight: down, bias: None },
+                                    activation: Activation::Silu,
                                 })
                                 .collect();
                             // On a GPU, stacked for routing there.
@@ -909,6 +939,7 @@ impl Weights {
                                 Some(_) => Some(Expert {
                                     gate_up: stacked(&[Slot::SharedGate, Slot::SharedUp], &[], Some(l))?,
                                     down: Linear { weight: mat(Slot::SharedDown, Some(l))?, bias: None },
+                                    activation: Activation::Silu,
                                 }),
                             };
                             Ffn::Moe(Box::new(Moe {
@@ -1022,6 +1053,11 @@ impl Weights {
             Slot::AttnO => w.o.weight = linear::like(&w.o.weight, data, device),
             Slot::AttnOBias => w.o.bias = Some(vec()),
             Slot::MlpNorm => w.mlp_norm.weight = vec().add_scalar(centre),
+            Slot::PostAttnNorm | Slot::PostFfnNorm => {
+                if let Some(norms) = &mut w.post_norms {
+                    norms[usize::from(slot == Slot::PostFfnNorm)].weight = vec().add_scalar(centre);
+                }
+            }
             Slot::AttnQNorm | Slot::AttnKNorm => {
                 if let Some(norms) = &mut w.qk_norm {
                     norms[usize::from(slot == Slot::AttnKNorm)].weight = vec().add_scalar(centre);

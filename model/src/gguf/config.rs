@@ -89,6 +89,9 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         };
         obj.insert(field.into(), number.ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}")))?);
     }
+    if family.is_some_and(|f| f.local_layers.is_some()) {
+        gemma(file, &arch, &mut obj)?;
+    }
     if family.is_some_and(|f| f.gated_delta_net) {
         linear_attention(file, &arch, &mut obj)?;
     } else if family.is_some_and(|f| !f.gguf_qk_interleaved) {
@@ -169,6 +172,78 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         linear.gguf_layout = true;
     }
     Ok(config)
+}
+
+/// What llama.cpp assumes of a Gemma file where it says nothing (its `load_arch_hparams`): by
+/// architecture, the sliding window, the attention's and the logits' soft-caps (0: none), and
+/// the block count of its 27B model, whose queries are scaled by (hidden / heads)^−½ where the
+/// others' are by head_dim^−½ (the configs' `query_pre_attn_scalar`, which GGUF files do not
+/// carry).
+const GEMMA_DEFAULTS: [(&str, u64, f64, f64, u64); 2] = [("gemma2", 4096, 50.0, 30.0, 46), ("gemma3", 0, 0.0, 0.0, 62)];
+
+/// What Gemma's layers need beyond the keys `FIELDS` maps: which layers are local
+/// (`attention.sliding_window_pattern`, a period or a flag per layer, else the family's period),
+/// their rotary base (`rope.freq_base_swa`), the soft-caps, and the query scale.
+fn gemma(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
+    let Some(&(_, window, attention_cap, logit_cap, blocks_27b)) = GEMMA_DEFAULTS.iter().find(|d| d.0 == arch) else {
+        return Ok(());
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    let float = |k: &str| -> Result<Option<f64>, LoadError> {
+        file.get(&key(k))
+            .map(|v| v.as_f64().ok_or_else(|| file.error(format!("{}: expected a number, found {v:?}", key(k)))))
+            .transpose()
+    };
+    if window > 0 {
+        obj.entry("sliding_window").or_insert(json!(window));
+    }
+    match file.get(&key("attention.sliding_window_pattern")) {
+        None => {}
+        Some(v) => match (v.as_u64(), v.as_array()) {
+            (Some(period), _) => drop(obj.insert("sliding_window_pattern".into(), json!(period))),
+            (None, Some(flags)) => {
+                let kinds = flags
+                    .iter()
+                    .map(|f| match f.as_bool() {
+                        Some(true) => Ok("sliding_attention"),
+                        Some(false) => Ok("full_attention"),
+                        None => {
+                            Err(file.error(format!("{}: holds a non-boolean", key("attention.sliding_window_pattern"))))
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                obj.insert("layer_types".into(), json!(kinds));
+            }
+            _ => {
+                return Err(file.error(format!(
+                    "{}: expected a number or flags, found {v:?}",
+                    key("attention.sliding_window_pattern")
+                )));
+            }
+        },
+    }
+    if let Some(theta) = float("rope.freq_base_swa")? {
+        obj.insert("rope_local_base_freq".into(), json!((theta as f32).to_string().parse::<f64>().unwrap_or(theta)));
+    }
+    for (field, k, default) in [
+        ("attn_logit_softcapping", "attn_logit_softcapping", attention_cap),
+        ("final_logit_softcapping", "final_logit_softcapping", logit_cap),
+    ] {
+        let cap = float(k)?.unwrap_or(default);
+        if cap > 0.0 {
+            obj.insert(field.into(), json!(cap));
+        }
+    }
+    let number = |k: &str| obj.get(k).and_then(Json::as_u64);
+    let per_head = number("hidden_size").zip(number("num_attention_heads")).and_then(|(h, n)| h.checked_div(n));
+    let scalar = match number("num_hidden_layers") {
+        Some(blocks) if blocks == blocks_27b => per_head,
+        _ => number("head_dim").or(per_head),
+    };
+    if let Some(scalar) = scalar.filter(|&s| s > 0) {
+        obj.insert("query_pre_attn_scalar".into(), json!(scalar));
+    }
+    Ok(())
 }
 
 /// What Qwen3.5's linear attention needs beyond the keys `FIELDS` maps: each value head's size
@@ -269,7 +344,9 @@ fn factors(file: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f32>>, 
     Ok(Some(values))
 }
 
-/// End-of-generation ids: eos, eot, and the control tokens the family ends turns with.
+/// End-of-generation ids: eos, eot, and the control tokens the family ends turns with (or
+/// user-defined ones of that text: llama.cpp takes them as control tokens, as some Gemma files
+/// type `<end_of_turn>` so).
 fn eos_ids(file: &GgufFile, end_of_generation: &[&str]) -> Vec<u64> {
     let mut ids: Vec<u64> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
         .iter()
@@ -278,7 +355,7 @@ fn eos_ids(file: &GgufFile, end_of_generation: &[&str]) -> Vec<u64> {
     let tokens = file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).unwrap_or_default();
     let types = file.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()).unwrap_or_default();
     for (i, (t, ty)) in tokens.iter().zip(types).enumerate() {
-        if ty.as_i64() == Some(3) && t.as_str().is_some_and(|t| end_of_generation.contains(&t)) {
+        if matches!(ty.as_i64(), Some(3 | 4)) && t.as_str().is_some_and(|t| end_of_generation.contains(&t)) {
             ids.push(i as u64);
         }
     }

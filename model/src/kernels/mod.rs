@@ -45,6 +45,8 @@ mod swiglu;
 mod xwt;
 mod xwt_avx2;
 
+pub(crate) use swiglu::{GELU_CUBE, GELU_SCALE};
+
 /// The GPU kernels, where this build has a CubeCL backend without Burn's fusion.
 #[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion")))]
 pub(crate) mod cube;
@@ -205,6 +207,7 @@ pub use calls::{KernelCall, calls};
 pub use exp::{draw_weight, draw_weights, log_sum_exp, row_max, weights_at_least, weights_total};
 pub(crate) use gpu::graph;
 
+use crate::config::Activation;
 use crate::kv::Placement;
 use crate::quant::PackedMatrix;
 use crate::quant::device::DeviceRows;
@@ -657,6 +660,8 @@ pub enum Pre<'a> {
     Norm { weight: &'a Tensor<1>, eps: f64 },
     /// SwiGLU's `silu(gate) · up` over a stacked [gate | up] input of twice the weight's inputs.
     SwiGlu,
+    /// GeGLU's `gelu_tanh(gate) · up` likewise (Gemma's); the GPU's products do not take it in.
+    GeGlu,
 }
 
 /// `pre(x)·Wᵀ + b + residual` for a decode step's rows (up to [`gpu_fused_rows`]) with a dense
@@ -828,12 +833,13 @@ pub fn gpu_top_k(x: &Tensor<2>, k: usize, temps: Option<&[f32]>) -> Option<Tenso
     gpu::top_k(x, k, temps)
 }
 
-/// `silu(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one.
+/// `act(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one
+/// (SwiGLU's only).
 ///
 /// # Shapes
 /// gate_up: [n, 2 · i] f32, gate in the first half of each row → [n, i] f32
-pub fn swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
-    flex_swiglu(gate_up).or_else(|| gpu::swiglu(gate_up))
+pub fn swiglu(gate_up: &Tensor<2>, act: Activation) -> Option<Tensor<2>> {
+    flex_swiglu(gate_up, act).or_else(|| if act == Activation::Silu { gpu::swiglu(gate_up) } else { None })
 }
 
 /// `silu(gate) · up` on the host, for rows already there.
@@ -841,17 +847,17 @@ pub fn swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
 /// # Shapes
 /// gate_up: [n, 2 · width] row-major → [n, width]
 pub(crate) fn swiglu_host(gate_up: &[f32], width: usize) -> Vec<f32> {
-    swiglu::run(gate_up, width)
+    swiglu::run(gate_up, width, Activation::Silu)
 }
 
-fn flex_swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
+fn flex_swiglu(gate_up: &Tensor<2>, act: Activation) -> Option<Tensor<2>> {
     let [n, width] = gate_up.dims();
     if gate_up.dtype() != DType::F32 || width == 0 || !width.is_multiple_of(2) {
         return None;
     }
     let device = gate_up.device();
     let x = contiguous(gate_up)?;
-    let out = swiglu::run(x.as_slice::<f32>()?, width / 2);
+    let out = swiglu::run(x.as_slice::<f32>()?, width / 2, act);
     Some(Tensor::from_data(TensorData::new(out, [n, width / 2]), &device))
 }
 

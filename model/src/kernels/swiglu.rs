@@ -1,4 +1,7 @@
-//! SwiGLU's gate, `silu(gate) · up`, over the stacked gate/up projection's output.
+//! The feed-forward's gate over the stacked gate/up projection's output: SwiGLU's
+//! `silu(gate) · up`, or GeGLU's `gelu_tanh(gate) · up` (Gemma's), both `g · σ(t) · up`: t = g
+//! for silu, and since ½(1 + tanh z) = σ(2z), t = 2√(2/π) · (g + 0.044715 g³) for GELU's tanh
+//! approximation.
 //!
 //! The Burn ops take three passes and two intermediate tensors (sigmoid, product), with the
 //! exponential from the scalar libm; here one pass computes it with the vector exponential of
@@ -10,17 +13,23 @@ use rayon::prelude::*;
 
 use super::exp::{exp, exp_plain};
 use super::plain::Plain;
+use crate::config::Activation;
 
 const LANES: usize = 16;
 /// Rows per parallel task: about 80 K outputs at the demo model's width, below which the
 /// pool's overhead outweighs the split.
 const MIN_ELEMENTS_PER_TASK: usize = 1 << 16;
 
-/// `silu(gate) · up` for each row of `gate_up` (`[gate | up]`, each `width` long).
+/// GELU's tanh approximation as a sigmoid's argument: 2√(2/π) (in f32), and the cube's
+/// coefficient.
+pub(crate) const GELU_SCALE: f32 = 1.595_769_2;
+pub(crate) const GELU_CUBE: f32 = 0.044_715;
+
+/// `act(gate) · up` for each row of `gate_up` (`[gate | up]`, each `width` long).
 ///
 /// # Shapes
 /// gate_up: [n, 2 · width] → [n, width] row-major
-pub fn run(gate_up: &[f32], width: usize) -> Vec<f32> {
+pub fn run(gate_up: &[f32], width: usize, act: Activation) -> Vec<f32> {
     let (v4, plain) = (V4::try_new(), Plain::new());
     assert!(width > 0 && gate_up.len().is_multiple_of(2 * width), "swiglu: input is not [n, 2 · width]");
     let n = gate_up.len() / (2 * width);
@@ -31,10 +40,10 @@ pub fn run(gate_up: &[f32], width: usize) -> Vec<f32> {
             for (out, row) in out.chunks_mut(width).zip(input.chunks(2 * width)) {
                 let (gate, up) = row.split_at(width);
                 match v4 {
-                    Some(simd) => simd.vectorize(Row { simd, gate, up, out }),
+                    Some(simd) => simd.vectorize(Row { simd, gate, up, out, act }),
                     None => plain.vectorize(
                         #[inline(always)]
-                        || row_plain(gate, up, out),
+                        || row_plain(gate, up, out, act),
                     ),
                 }
             }
@@ -43,11 +52,20 @@ pub fn run(gate_up: &[f32], width: usize) -> Vec<f32> {
     out
 }
 
+/// The sigmoid's argument for gate `g`.
+#[inline(always)]
+fn arg(g: f32, act: Activation) -> f32 {
+    match act {
+        Activation::Silu => g,
+        Activation::GeluTanh => GELU_SCALE * (g + GELU_CUBE * g * g * g),
+    }
+}
+
 /// One row in plain Rust with [`exp_plain`], which LLVM vectorizes.
 #[inline(always)]
-fn row_plain(gate: &[f32], up: &[f32], out: &mut [f32]) {
+fn row_plain(gate: &[f32], up: &[f32], out: &mut [f32], act: Activation) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *o = g / (1.0 + exp_plain(-g)) * u;
+        *o = g / (1.0 + exp_plain(-arg(g, act))) * u;
     }
 }
 
@@ -57,6 +75,7 @@ struct Row<'a> {
     gate: &'a [f32],
     up: &'a [f32],
     out: &'a mut [f32],
+    act: Activation,
 }
 
 impl pulp::NullaryFnOnce for Row<'_> {
@@ -64,19 +83,26 @@ impl pulp::NullaryFnOnce for Row<'_> {
 
     #[inline(always)]
     fn call(self) {
-        let Row { simd, gate, up, out } = self;
+        let Row { simd, gate, up, out, act } = self;
         let (gv, gt) = pulp::as_arrays::<LANES, f32>(gate);
         let (uv, ut) = pulp::as_arrays::<LANES, f32>(up);
         let (ov, ot) = pulp::as_arrays_mut::<LANES, f32>(out);
         let one = simd.splat_f32s(1.0);
+        let (scale, cube) = (simd.splat_f32s(GELU_SCALE), simd.splat_f32s(GELU_CUBE));
         for ((g, u), o) in gv.iter().zip(uv).zip(ov.iter_mut()) {
             let g: f32x16 = pulp::cast(*g);
-            let e = exp(simd, simd.sub_f32s(simd.splat_f32s(0.0), g));
-            let silu = simd.div_f32s(g, simd.add_f32s(one, e));
-            *o = pulp::cast(simd.mul_f32s(silu, pulp::cast(*u)));
+            let t = match act {
+                Activation::Silu => g,
+                Activation::GeluTanh => {
+                    simd.mul_f32s(scale, simd.mul_add_f32s(simd.mul_f32s(cube, simd.mul_f32s(g, g)), g, g))
+                }
+            };
+            let e = exp(simd, simd.sub_f32s(simd.splat_f32s(0.0), t));
+            let gated = simd.div_f32s(g, simd.add_f32s(one, e));
+            *o = pulp::cast(simd.mul_f32s(gated, pulp::cast(*u)));
         }
         for ((g, u), o) in gt.iter().zip(ut).zip(ot.iter_mut()) {
-            *o = g / (1.0 + (-g).exp()) * u;
+            *o = g / (1.0 + (-arg(*g, act)).exp()) * u;
         }
     }
 }
@@ -85,24 +111,37 @@ impl pulp::NullaryFnOnce for Row<'_> {
 mod tests {
     use super::*;
 
-    fn reference(gate_up: &[f32], width: usize) -> Vec<f32> {
+    /// In f64, GELU as transformers writes it (`gelu_pytorch_tanh`: ½ g (1 + tanh z)).
+    fn reference(gate_up: &[f32], width: usize, act: Activation) -> Vec<f32> {
+        let gate = |g: f64| match act {
+            Activation::Silu => g / (1.0 + (-g).exp()),
+            Activation::GeluTanh => {
+                0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+            }
+        };
         gate_up
             .chunks(2 * width)
             .flat_map(|row| {
                 let (g, u) = row.split_at(width);
-                g.iter().zip(u).map(|(&g, &u)| (g as f64 / (1.0 + (-g as f64).exp()) * u as f64) as f32)
+                g.iter().zip(u).map(|(&g, &u)| (gate(g as f64) * u as f64) as f32)
             })
             .collect()
     }
 
     /// Every width's vector part and scalar tail, against an f64 reference, across the range
-    /// where the exponential is computed and beyond its clamp on both sides.
+    /// where the exponential is computed and beyond its clamp on both sides, for both gates.
     /// On the widest vectors this CPU has (AVX-512 on a machine that built with it); the plain
     /// row is checked on its own below.
     #[test]
-    fn swiglu_matches_an_f64_reference() {
+    fn swiglu_and_geglu_match_an_f64_reference() {
         #[cfg(cpu_avx512)]
         assert!(V4::try_new().is_some(), "the build saw the instructions this kernel needs; the run does not");
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            check(act);
+        }
+    }
+
+    fn check(act: Activation) {
         for (n, width) in [(1, 16), (3, 37), (5, 4864), (40, 2000)] {
             let values = crate::kernels::test_values(n * 2 * width, 5);
             // Gates from -100 to 100; ups in [-1, 1).
@@ -113,25 +152,28 @@ mod tests {
                     g.iter().map(|g| g * 100.0).chain(u.iter().copied()).collect::<Vec<_>>()
                 })
                 .collect();
-            let got = run(&gate_up, width);
-            let want = reference(&gate_up, width);
+            let got = run(&gate_up, width, act);
+            let want = reference(&gate_up, width, act);
             let mut plain = vec![0.0f32; n * width];
             for (o, row) in plain.chunks_mut(width).zip(gate_up.chunks(2 * width)) {
-                row_plain(&row[..width], &row[width..], o);
+                row_plain(&row[..width], &row[width..], o, act);
             }
             for (i, (g, w)) in plain.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 2e-6 * w.abs().max(1e-3), "plain, n {n} width {width} [{i}]: {g} vs {w}");
+                assert!(
+                    (g - w).abs() <= 2e-6 * w.abs().max(1e-3),
+                    "{act:?} plain, n {n} width {width} [{i}]: {g} vs {w}"
+                );
             }
             assert_eq!(got.len(), n * width);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 2e-6 * w.abs().max(1e-3), "n {n} width {width} [{i}]: {g} vs {w}");
+                assert!((g - w).abs() <= 2e-6 * w.abs().max(1e-3), "{act:?} n {n} width {width} [{i}]: {g} vs {w}");
             }
         }
-        // The exponential near 0, where silu's slope matters most.
+        // The exponential near 0, where the gates' slopes matter most.
         let gate_up: Vec<f32> = (0..64).map(|i| (i as f32 - 16.0) / 8.0).collect();
-        let (got, want) = (run(&gate_up, 32), reference(&gate_up, 32));
+        let (got, want) = (run(&gate_up, 32, act), reference(&gate_up, 32, act));
         for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-6), "{g} vs {w}");
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-6), "{act:?}: {g} vs {w}");
         }
     }
 }

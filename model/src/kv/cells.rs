@@ -170,6 +170,12 @@ impl KvCells {
     pub fn is_visible(&self, i: usize, seqs: &SeqSet, pos: Pos) -> bool {
         self.seq[i].intersects(seqs) && self.pos[i] <= pos
     }
+    /// Whether a token at `pos` of a layer that attends over its last `window` positions only
+    /// (a local layer's sliding window) sees cell `i`, which it would see in full
+    /// ([`Self::is_visible`]): the cell's position is one of them.
+    pub fn in_window(&self, i: usize, pos: Pos, window: usize) -> bool {
+        self.pos[i] > pos.saturating_sub(window as Pos)
+    }
 
     /// Largest position of `seq`, `None` when it owns no cell (the C interface's −1).
     pub fn seq_pos_max(&self, seq: SeqId) -> Option<Pos> {

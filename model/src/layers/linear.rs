@@ -15,6 +15,7 @@ use std::sync::Arc;
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 
 use super::{RmsNorm, swiglu};
+use crate::config::Activation;
 pub use crate::kernels::Pre;
 use crate::kernels::{self, GemmIsa, KernelCall};
 use crate::quant::device::{DeviceRows, part_rows};
@@ -237,7 +238,8 @@ impl Pre<'_> {
         match self {
             Pre::Plain => x,
             Pre::Norm { weight, eps } => RmsNorm { weight: weight.clone(), eps }.forward(x),
-            Pre::SwiGlu => swiglu(x),
+            Pre::SwiGlu => swiglu(x, Activation::Silu),
+            Pre::GeGlu => swiglu(x, Activation::GeluTanh),
         }
     }
 }

@@ -6,14 +6,18 @@ use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData, activation
 
 use super::linear::{self, Pre};
 use super::{Linear, Weight};
+use crate::config::Activation;
 
-/// One expert: a SwiGLU feed-forward.
+/// One expert, or a dense layer's feed-forward: a gated feed-forward (SwiGLU; a dense one's may
+/// be Gemma's GeGLU).
 #[derive(Debug, Clone)]
 pub struct Expert {
     /// gate, up stacked: [2 · width, hidden].
     pub gate_up: Linear,
     /// [hidden, width]
     pub down: Linear,
+    /// The gate (an expert's: SwiGLU, which the routed paths assume).
+    pub activation: Activation,
 }
 
 impl Expert {
@@ -23,13 +27,17 @@ impl Expert {
         self.forward_with(x, Pre::Plain, None)
     }
 
-    /// `residual + self(pre(x))`: the input's norm in the gate/up product and SwiGLU's gate and
-    /// the residual sum in the down product, where their kernels take them (a GPU's decode step).
+    /// `residual + self(pre(x))`: the input's norm in the gate/up product and the gate and the
+    /// residual sum in the down product, where their kernels take them (a GPU's decode step).
     ///
     /// # Shapes
     /// x: [m, hidden], residual: [m, hidden] → [m, hidden]
     pub fn forward_with(&self, x: Tensor<2>, pre: Pre<'_>, residual: Option<Tensor<2>>) -> Tensor<2> {
-        self.down.forward_with(self.gate_up.forward_with(x, pre, None), Pre::SwiGlu, residual)
+        let gate = match self.activation {
+            Activation::Silu => Pre::SwiGlu,
+            Activation::GeluTanh => Pre::GeGlu,
+        };
+        self.down.forward_with(self.gate_up.forward_with(x, pre, None), gate, residual)
     }
 }
 
@@ -93,6 +101,7 @@ impl ExpertStacks {
             .map(|e| Expert {
                 gate_up: Linear { weight: linear::row_view(&self.gate_up, e * gu..(e + 1) * gu), bias: None },
                 down: Linear { weight: linear::row_view(&self.down, e * d..(e + 1) * d), bias: None },
+                activation: Activation::Silu,
             })
             .collect()
     }
@@ -384,7 +393,11 @@ mod tests {
 
     fn experts_equal_a_per_token_reference(hidden: usize, width: usize, make: fn(usize, usize, u32) -> Linear) {
         let (experts, n) = (5, 7);
-        let expert = |e: u32| Expert { gate_up: make(2 * width, hidden, 10 + e), down: make(hidden, width, 20 + e) };
+        let expert = |e: u32| Expert {
+            gate_up: make(2 * width, hidden, 10 + e),
+            down: make(hidden, width, 20 + e),
+            activation: Activation::Silu,
+        };
         let packed = matches!(expert(0).down.weight.matrix(), linear::Matrix::Packed(_));
         for (norm, shared) in [(true, false), (false, true)] {
             let moe = Moe {

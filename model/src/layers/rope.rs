@@ -89,6 +89,17 @@ impl Rope {
     /// turned dimensions' pairs are `i` and `i + head_dim/2` (`decoder::weights::rotary_order`),
     /// and the other dimensions get frequency 0: cos 1, sin 0, the same kernels either way.
     pub fn from_config(c: &ModelConfig) -> Self {
+        Self::scaled(c)
+    }
+
+    /// The local layers' rotary embedding (Gemma's sliding-window layers), where the model has
+    /// them: their own base, unscaled.
+    pub fn local(c: &ModelConfig) -> Option<Self> {
+        let s = c.sliding.as_ref()?;
+        Some(Self::scaled(&ModelConfig { rope_theta: s.rope_theta, rope_scaling: RopeScaling::None, ..c.clone() }))
+    }
+
+    fn scaled(c: &ModelConfig) -> Self {
         let mut rope = Self::new(c.rotary_dim, c.rope_theta);
         rope.inv_freq.resize(c.head_dim / 2, 0.0);
         let d = c.rotary_dim as f32;

@@ -295,6 +295,7 @@ fn pre_args(pre: Pre<'_>, x: &CubeTensor, k: usize) -> Option<(u32, CubeTensor, 
         Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
         Pre::Norm { .. } => return None,
         Pre::SwiGlu => (kernels::PRE_SWIGLU, x.clone(), 0.0),
+        Pre::GeGlu => return None,
     })
 }
 
@@ -1088,7 +1089,7 @@ pub fn moe(
         return None;
     }
     let (x, scores) = (cube(x)?, cube(scores)?);
-    if matches!(pre, Pre::SwiGlu) {
+    if matches!(pre, Pre::SwiGlu | Pre::GeGlu) {
         return None;
     }
     let (code, norm_weight, eps) = pre_args(pre, &x, h)?;
