@@ -404,7 +404,10 @@ fn cell_attention_matches_a_reference() {
             // The GPU kernel splits rows of more than 256 cells and merges the splits.
             let kernel = if visible.iter().any(|cells| cells.len() > 256) { "merge_splits" } else { "cell_attention" };
             let got = ran(spec, kernel, || {
-                host(cell_attention(&qt, &kt, &vt, false, &cells).expect("an attention kernel runs on the test device"))
+                host(
+                    cell_attention(&qt, &kt, &vt, false, &cells, None)
+                        .expect("an attention kernel runs on the test device"),
+                )
             });
             let mut want = vec![0.0f64; n * heads * d];
             for (r, seen) in visible.iter().enumerate() {

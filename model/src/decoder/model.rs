@@ -123,7 +123,7 @@ impl Decoder {
         // steps of a model whose queries are scaled past a position (Ministral 3): a step
         // recorded before it would replay without the scaling after it. Nor are those of a model
         // with local layers (a second cell table, not among a replay's inputs) or soft-capped
-        // attention scores (Gemma 2's: Burn's ops and an uploaded mask, no kernel).
+        // attention scores (Gemma 2's: on a GPU, Burn's ops and an uploaded mask, no kernel).
         let plain = config.linear.is_none() && config.query_scaling.is_none() && config.sliding.is_none();
         let graphs = StepGraphs::new(graphs && plain && config.attention_softcap.is_none(), rows);
         Self { config, info, weights, rope, local_rope, device: device.clone(), stream, graphs }
@@ -458,12 +458,9 @@ impl Decoder {
                 Some(f) => q.mul_scalar(f),
                 None => q,
             };
-            // Soft-capped scores (Gemma 2's) are Burn's ops: the kernels do not cap.
-            let kernel = match c.attention_softcap {
-                None => cache.attention(l, &q, cells),
-                Some(_) => None,
-            };
-            let a = match kernel {
+            // Soft-capped scores (Gemma 2's): the CPU's kernel caps them, a GPU's does not (then
+            // Burn's ops).
+            let a = match cache.attention(l, &q, cells, c.attention_softcap) {
                 Some(a) => a,
                 None => {
                     let visible = &cells.visible;

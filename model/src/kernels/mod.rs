@@ -525,17 +525,33 @@ pub fn project_rope_kv_write(
 ///   for their rotation): a layer's whole cache (keys with RoPE applied)
 /// - cells: n rows
 /// - returns [n, heads · d] f32
-pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, q8: bool, cells: &CellTable) -> Option<Tensor<2>> {
+pub fn attention(
+    q: &Tensor<3>,
+    k: &Tensor<3>,
+    v: &Tensor<3>,
+    q8: bool,
+    cells: &CellTable,
+    softcap: Option<f64>,
+) -> Option<Tensor<2>> {
+    let softcap = softcap.map(|cap| cap as f32);
     if q.device() == Device::flex() {
-        return flex_attention(q, k, v, q8, &cells.visible);
+        return flex_attention(q, k, v, q8, &cells.visible, softcap);
     }
-    if q8 {
+    // The GPU's kernel does not cap scores.
+    if q8 || softcap.is_some() {
         return None;
     }
     gpu::attention(q, k, v, cells.table())
 }
 
-fn flex_attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, q8: bool, visible: &[Vec<u32>]) -> Option<Tensor<2>> {
+fn flex_attention(
+    q: &Tensor<3>,
+    k: &Tensor<3>,
+    v: &Tensor<3>,
+    q8: bool,
+    visible: &[Vec<u32>],
+    softcap: Option<f32>,
+) -> Option<Tensor<2>> {
     let [n, heads, d] = q.dims();
     let [kv_heads, capacity, kd] = k.dims();
     let row = if q8 { kv_q8::row_words(d) } else { d };
@@ -549,7 +565,7 @@ fn flex_attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, q8: bool, visible
     macro_rules! run_in {
         ($t:ty) => {{
             let (k, v) = (k.as_slice::<$t>()?, v.as_slice::<$t>()?);
-            Some(attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity }))
+            Some(attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity, softcap }))
         }};
     }
     let out = match k.dtype() {
@@ -559,7 +575,8 @@ fn flex_attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, q8: bool, visible
             let mut rotated = q.to_vec();
             kv_q8::rotate(&mut rotated, d);
             let q = &rotated;
-            let mut out = attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity });
+            let mut out =
+                attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity, softcap });
             kv_q8::rotate(&mut out, d);
             Some(out)
         }

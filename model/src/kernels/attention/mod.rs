@@ -57,6 +57,9 @@ pub struct Attention<'a, T> {
     pub kv_heads: usize,
     pub d: usize,
     pub capacity: usize,
+    /// Each scaled score s becomes `cap · tanh(s / cap)` (Gemma 2's soft-capping): the general
+    /// path only, query by query.
+    pub softcap: Option<f32>,
 }
 
 /// Runs the attention on the widest vectors this CPU has.
@@ -373,7 +376,9 @@ impl<T: Stored, A: Arith> pulp::NullaryFnOnce for TileHead<'_, '_, T, A> {
     #[inline(always)]
     fn call(self) -> Partial {
         let TileHead { arith, a, task } = self;
-        if let Some(p) = arith.lanes(a, task) {
+        if a.softcap.is_none()
+            && let Some(p) = arith.lanes(a, task)
+        {
             return p;
         }
         let (d, group) = (a.d, a.heads / a.kv_heads);
@@ -403,12 +408,16 @@ impl<T: Stored, A: Arith> pulp::NullaryFnOnce for TileHead<'_, '_, T, A> {
                 let q = q(qi);
                 let o = &mut p.out[qi * d..(qi + 1) * d];
                 let state = (&mut p.max[qi], &mut p.sum[qi]);
-                if valid == LANES && arith.full_block(q, &keys, &values, scale, (&mut *state.0, &mut *state.1), o) {
+                let full = valid == LANES && a.softcap.is_none();
+                if full && arith.full_block(q, &keys, &values, scale, (&mut *state.0, &mut *state.1), o) {
                     continue;
                 }
                 let s = &mut scores[..valid];
                 for (t, s) in s.iter_mut().enumerate() {
                     *s = arith.dot(q, &keys[t * d..(t + 1) * d]) * scale;
+                }
+                if let Some(cap) = a.softcap {
+                    s.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
                 }
                 let (max, sum) = state;
                 let new_max = s.iter().copied().fold(*max, f32::max);
@@ -609,6 +618,7 @@ mod tests {
                         q.iter().enumerate().map(|(e, x)| *x as f64 * T::value(k, e) as f64).sum::<f64>()
                     })
                     .map(|s| s / (d as f64).sqrt())
+                    .map(|s| a.softcap.map_or(s, |cap| cap as f64 * (s / cap as f64).tanh()))
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
@@ -660,23 +670,29 @@ mod tests {
             let k = values(kv_heads * capacity * d, 2);
             let v = values(kv_heads * capacity * d, 3);
             let what = format!("heads {heads}, kv heads {kv_heads}, d {d}");
-            check(&Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity }, &what);
+            check(
+                &Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
+                &what,
+            );
+            // Soft-capped scores (Gemma 2's), at a cap the scores reach.
+            let softcap = Some(0.5);
+            check(&Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity, softcap }, &what);
             let (k16, v16): (Vec<f16>, Vec<f16>) =
                 (k.iter().map(|&x| f16::from_f32(x)).collect(), v.iter().map(|&x| f16::from_f32(x)).collect());
             check(
-                &Attention { q: &q, k: &k16, v: &v16, visible: &visible, heads, kv_heads, d, capacity },
+                &Attention { q: &q, k: &k16, v: &v16, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
                 &format!("{what}, f16"),
             );
             let (kb, vb): (Vec<bf16>, Vec<bf16>) =
                 (k.iter().map(|&x| bf16::from_f32(x)).collect(), v.iter().map(|&x| bf16::from_f32(x)).collect());
             check(
-                &Attention { q: &q, k: &kb, v: &vb, visible: &visible, heads, kv_heads, d, capacity },
+                &Attention { q: &q, k: &kb, v: &vb, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
                 &format!("{what}, bf16"),
             );
             let (kq, vq) = (kv_q8::quantize_rows(&k, d), kv_q8::quantize_rows(&v, d));
             let (k, v) = (kv_q8::as_blocks(&kq), kv_q8::as_blocks(&vq));
             check(
-                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity },
+                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
                 &format!("{what}, q8_0"),
             );
         }
@@ -708,21 +724,24 @@ mod tests {
             let k = values(kv_heads * capacity * d, 6);
             let v = values(kv_heads * capacity * d, 7);
             let what = format!("heads {heads}, kv heads {kv_heads}, d {d}");
-            check(&Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity }, &what);
+            check(
+                &Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
+                &what,
+            );
             let one = [b];
             let q1 = &q[..heads * d];
             check(
-                &Attention { q: q1, k: &k, v: &v, visible: &one, heads, kv_heads, d, capacity },
+                &Attention { q: q1, k: &k, v: &v, visible: &one, heads, kv_heads, d, capacity, softcap: None },
                 &format!("{what}, alone"),
             );
             let (kq, vq) = (kv_q8::quantize_rows(&k, d), kv_q8::quantize_rows(&v, d));
             let (k, v) = (kv_q8::as_blocks(&kq), kv_q8::as_blocks(&vq));
             check(
-                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity },
+                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
                 &format!("{what}, q8_0"),
             );
             check(
-                &Attention { q: q1, k, v, visible: &one, heads, kv_heads, d, capacity },
+                &Attention { q: q1, k, v, visible: &one, heads, kv_heads, d, capacity, softcap: None },
                 &format!("{what}, q8_0 alone"),
             );
         }
