@@ -15,6 +15,9 @@ Shapes (from the models' config.json):
   qwen3-moe-mini Qwen3-30B-A3B's block shape scaled to fit: hidden 2048, 32 heads / 4 KV of
                  128, top-8 of experts of width 768 as in the real model (so each token's work
                  per layer is the real one), but 32 experts (not 128) and 12 layers (not 48)
+  gemma3-1b      Gemma 3 1B: hidden 1152, 26 layers, 4 heads / 1 KV of 256, GeGLU 6912, tied,
+                 q/k norms and post-attention / post-feed-forward norms, five local layers over a
+                 window of 512 for each global one (the donor's vocabulary, not Gemma's 262,144)
 
 Usage: python scripts/random_family_gguf.py DONOR.gguf OUT.gguf SHAPE [f16|bf16|q8_0|q4_k_m]
 q8_0 and q4_k_m write ggml blocks of random quants directly (no peer's llama-quantize, for a
@@ -37,6 +40,8 @@ SHAPES = {
     "llama-3.2-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv=8, head_dim=64, inter=8192, tied=True),
     "qwen3-moe-mini": dict(arch="qwen3moe", hidden=2048, layers=12, heads=32, kv=4, head_dim=128, inter=6144,
                            tied=False, experts=32, used=8, expert_inter=768),
+    "gemma3-1b": dict(arch="gemma3", hidden=1152, layers=26, heads=4, kv=1, head_dim=256, inter=6912, tied=True,
+                      window=512),
 }
 def copy_tokenizer(r, w):
     for key, f in r.fields.items():
@@ -77,6 +82,8 @@ w.add_rope_freq_base(500000.0 if arch == "llama" else 1e6)
 w.add_layer_norm_rms_eps(1e-6)
 w.add_file_type({"bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
                  "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}.get(dtype, gguf.LlamaFileType.MOSTLY_F16))
+if "window" in s:
+    w.add_sliding_window(s["window"])
 if "experts" in s:
     w.add_expert_count(s["experts"])
     w.add_expert_used_count(s["used"])
@@ -175,11 +182,14 @@ for l in range(layers):
         add(p + f"attn_{part}.weight", lin(rows, hidden))
         if arch == "qwen2":
             add(p + f"attn_{part}.bias", bias(rows))
-    if arch in ("qwen3", "qwen3moe"):
+    if arch in ("qwen3", "qwen3moe", "gemma3"):
         add(p + "attn_q_norm.weight", norm(hd))
         add(p + "attn_k_norm.weight", norm(hd))
     add(p + "attn_output.weight", lin(hidden, heads * hd, scale=4.0))
     add(p + "ffn_norm.weight", norm(hidden))
+    if arch == "gemma3":
+        add(p + "post_attention_norm.weight", norm(hidden))
+        add(p + "post_ffw_norm.weight", norm(hidden))
     if "experts" in s:
         e, i = s["experts"], s["expert_inter"]
         w.add_tensor(p + "ffn_gate_inp.weight", router(e, hidden))
