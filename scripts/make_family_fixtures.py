@@ -98,12 +98,13 @@ reference outputs (CI never runs this: the generated files are committed).
   query_pre_attn_scalar 24 against a head size of 32; the same tokenizer, Gemma 2's chat template
   (scripts/gemma2_chat_template.jinja, as llama.cpp's models/templates keeps it). No GGUF file: llama.cpp reads
   the query scale from the head size (or the 27B's block count), not from the file.
-- tests/fixtures/gguf/pre-tekken.gguf: tiny-llama-f32.gguf's tokenizer metadata (no tensors) with
-  `tokenizer.ggml.pre` `tekken` (Mistral Nemo's) and no `add_bos_token` (llama.cpp adds a BOS for
-  Tekken when the key is missing); pre-tekken.json: the ids Hugging Face's tokenizers gives some
-  texts over the same vocabulary under Tekken's pre-tokenizer (its split regex from Nemo's
-  tokenizer.json, as llama.cpp's llama-vocab.cpp quotes it; byte-level; whole pieces kept) with
-  a BOS first.
+- tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf: tiny-llama-f32.gguf's tokenizer metadata
+  (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k: Phi-4-mini's) or `dbrx`
+  (cl100k: Phi-4's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
+  the others), and merges across the boundaries the splits draw differently ranked first (PRE_MERGES);
+  pre-*.json: the ids Hugging Face's tokenizers gives some texts over the same vocabulary under each split
+  (Tekken's from Nemo's tokenizer.json and o200k's from Phi-4-mini's, as llama.cpp's llama-vocab.cpp quotes
+  them; byte-level) with a BOS first where llama.cpp adds one.
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
@@ -1106,15 +1107,68 @@ TEKKEN_TEXTS = [
 ]
 
 
-def tekken_fixture():
+# o200k's split, as Phi-4-mini's tokenizer.json has it (and llama.cpp quotes it for `gpt-4o`).
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+# Merges ranked first in the pre-tokenizer fixtures, each across a boundary some of the splits
+# draw: an apostrophe within a word (o200k keeps "don't" whole), a change of case (Llama 3's and
+# cl100k's words run across it), three digits (Tekken's numbers are one digit a piece).
+PRE_MERGES = [("n", "'"), ("n'", "t"), ("l", "C"), ("1", "2"), ("12", "3")]
+
+
+def pre_fixture(pre, split, ignore_merges, bos):
+    """pre-PRE.gguf: tiny-llama-f32.gguf's tokenizer metadata with `tokenizer.ggml.pre` PRE, no
+    `add_bos_token` (llama.cpp's default for PRE applies) and PRE_MERGES first; pre-PRE.json: the
+    ids Hugging Face's tokenizers gives some texts over the same vocabulary under PRE's split,
+    with its `ignore_merges`, and a BOS first where llama.cpp adds one by default."""
     src = os.path.join(GGUF_OUT, "tiny-llama-f32.gguf")
-    write_tokenizer_only(src, os.path.join(GGUF_OUT, "pre-tekken.gguf"), "tekken", drop=("tokenizer.ggml.add_bos_token",))
+    r = GGUFReader(src)
+    tokens = list(r.fields["tokenizer.ggml.tokens"].contents())
+    types = list(r.fields["tokenizer.ggml.token_type"].contents())
+    merges = [" ".join(m) for m in PRE_MERGES] + list(r.fields["tokenizer.ggml.merges"].contents())
+    added = ["".join(m) for m in PRE_MERGES]
+    tokens, types = tokens + added, types + [gguf.TokenType.NORMAL] * len(added)
+    w = GGUFWriter(os.path.join(GGUF_OUT, f"pre-{pre}.gguf"), r.fields["general.architecture"].contents())
+    for field in r.fields.values():
+        name = field.name
+        if name.startswith("GGUF.") or name == "general.architecture" or name == "tokenizer.ggml.add_bos_token":
+            continue
+        if name == "tokenizer.ggml.pre":
+            w.add_string(name, pre)
+        elif name == "tokenizer.ggml.tokens":
+            w.add_token_list(tokens)
+        elif name == "tokenizer.ggml.token_type":
+            w.add_token_types(types)
+        elif name == "tokenizer.ggml.merges":
+            w.add_token_merges(merges)
+        else:
+            w.add_key_value(name, field.contents(), field.types[0],
+                            field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     tok = json.load(open(os.path.join(FIXTURES, "tiny-llama-f32", "tokenizer.json"), encoding="utf-8"))
-    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": TEKKEN_SPLIT}
+    for t in added:
+        tok["model"]["vocab"][t] = len(tokens) - len(added) + added.index(t)
+    tok["model"]["merges"] = [list(m) for m in PRE_MERGES] + tok["model"]["merges"]
+    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": split}
+    tok["model"]["ignore_merges"] = ignore_merges
+    if not bos:
+        tok["post_processor"] = None
     hf = Tokenizer.from_str(json.dumps(tok))
     refs = [{"text": t, "ids": hf.encode(t, add_special_tokens=True).ids} for t in TEKKEN_TEXTS]
-    json.dump(refs, open(os.path.join(GGUF_OUT, "pre-tekken.json"), "w", encoding="utf-8"), ensure_ascii=False, indent=0)
-    print("pre-tekken:", [len(r["ids"]) for r in refs])
+    json.dump(refs, open(os.path.join(GGUF_OUT, f"pre-{pre}.json"), "w", encoding="utf-8"), ensure_ascii=False, indent=0)
+    print(f"pre-{pre}:", [len(r["ids"]) for r in refs])
+
+
+def tekken_fixture():
+    pre_fixture("tekken", TEKKEN_SPLIT, True, True)
+    pre_fixture("gpt-4o", GPT4O_SPLIT, False, False)
+    pre_fixture("dbrx", LLAMA_SPLIT, False, False)
 
 
 def write_arch_only(path, arch):

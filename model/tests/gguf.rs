@@ -195,23 +195,36 @@ fn pre_tokenizer_aliases_tokenize_as_the_family_does() {
     }
 }
 
-/// Mistral Nemo's `tekken` pre-tokenizer (a word is a run of capitals then of lower-case letters
-/// or the other way round, digits one a piece, `/` kept after punctuation), with llama.cpp's
-/// BOS where the file has no `add_bos_token`: `pre-tekken.gguf` (tiny-llama's vocabulary)
-/// gives the ids Hugging Face's tokenizers gives under Nemo's pre-tokenizer (`pre-tekken.json`).
-/// (This tiny vocabulary has no merges across a case change or of digits, so its ids are Llama
-/// 3's too: the test holds the regex and the BOS, not a real Tekken vocabulary.)
+/// Pre-tokenizers over tiny-llama's vocabulary with merges across the boundaries they draw
+/// differently ranked first (an apostrophe within a word, a change of case, three digits):
+/// Mistral Nemo's `tekken` (a word is a run of capitals then of lower-case letters or the
+/// other way round, digits one a piece, `/` kept after punctuation; llama.cpp's BOS where the
+/// file has no `add_bos_token`), o200k's `gpt-4o` (Phi-4-mini's: Tekken's words with English
+/// contractions kept on them, up to three digits; no BOS) and cl100k's `dbrx` (Phi-4's: Llama
+/// 3's split without its BOS): each `pre-NAME.gguf` gives the ids Hugging Face's tokenizers
+/// gives under that split (`pre-NAME.json`), and the three differ. The regexes and defaults are
+/// held here, not real vocabularies (llama.cpp ships no test of these).
 #[test]
-fn the_tekken_pre_tokenizer_gives_hugging_faces_ids() {
-    let tokenizer = gguf("pre-tekken").tokenizer().unwrap();
-    let path = gguf_fixture("pre-tekken").with_extension("json");
-    let refs: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    assert!(refs.len() >= 8);
-    for r in &refs {
-        let text = r["text"].as_str().unwrap();
-        let ids: Vec<u32> = r["ids"].as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as u32).collect();
-        assert_eq!(tokenizer.encode_prompt(text).unwrap(), ids, "{text:?}");
+fn the_tekken_gpt4o_and_dbrx_pre_tokenizers_give_hugging_faces_ids() {
+    let mut all = Vec::new();
+    for pre in ["pre-tekken", "pre-gpt-4o", "pre-dbrx"] {
+        let tokenizer = gguf(pre).tokenizer().unwrap();
+        let path = gguf_fixture(pre).with_extension("json");
+        let refs: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert!(refs.len() >= 8);
+        let mut ids_of_pre = Vec::new();
+        for r in &refs {
+            let text = r["text"].as_str().unwrap();
+            let ids: Vec<u32> = r["ids"].as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as u32).collect();
+            assert_eq!(tokenizer.encode_prompt(text).unwrap(), ids, "{pre}: {text:?}");
+            ids_of_pre.push(ids);
+        }
+        all.push(ids_of_pre);
     }
+    // Without the BOS Tekken adds, each split still gives ids of its own.
+    let unbos =
+        |ids: &Vec<Vec<u32>>| ids.iter().map(|i| i.iter().skip(1).copied().collect::<Vec<_>>()).collect::<Vec<_>>();
+    assert!(unbos(&all[0]) != all[1] && unbos(&all[0]) != all[2] && all[1] != all[2]);
 }
 
 /// The demo model's GGUF against Qwen's own tokenizer.json (`scripts/fetch_demo_model.sh` and

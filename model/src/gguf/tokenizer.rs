@@ -5,7 +5,7 @@
 //! - `tokenizer.ggml.model` `gpt2`: byte-level BPE over `tokens` and `merges`, under the
 //!   pre-tokenizer `tokenizer.ggml.pre` names (Qwen2's: NFC, its split regex; Llama 3's
 //!   `llama-bpe` and Mistral Nemo's `tekken`: their split regexes, whole pieces that are tokens
-//!   kept whole).
+//!   kept whole; cl100k's `dbrx` (Phi-4's) and o200k's `gpt-4o` (Phi-4-mini's): theirs).
 //! - `llama`: SentencePiece BPE (Llama 2, Mistral 7B): `tokens` merged pairwise, the pair whose
 //!   piece has the highest of `scores` first, as llama.cpp and sentencepiece do (Hugging Face's
 //!   conversion: every split of a piece into two pieces is a merge, ranked by the piece's
@@ -56,7 +56,10 @@ struct PreTokenizer {
     add_bos: bool,
 }
 
-const PRE_TOKENIZERS: [PreTokenizer; 4] = [
+/// Llama 3's split (and cl100k's): contractions, words, numbers up to three digits a piece.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+const PRE_TOKENIZERS: [PreTokenizer; 6] = [
     PreTokenizer {
         names: &["qwen2", "deepseek-r1-qwen"],
         split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
@@ -75,10 +78,28 @@ const PRE_TOKENIZERS: [PreTokenizer; 4] = [
     },
     PreTokenizer {
         names: &["llama-bpe", "llama3", "llama-v3"],
-        split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        split: LLAMA3_SPLIT,
         nfc: false,
         ignore_merges: true,
         add_bos: true,
+    },
+    // cl100k's (`dbrx`: DBRX's and Phi-4's, whose vocabulary is the same; `smaug-bpe`): Llama 3's
+    // split without its whole-piece rule or BOS (llama.cpp's reading).
+    PreTokenizer {
+        names: &["dbrx", "smaug-bpe"],
+        split: LLAMA3_SPLIT,
+        nfc: false,
+        ignore_merges: false,
+        add_bos: false,
+    },
+    // OpenAI's o200k (`gpt-4o`: Phi-4-mini's; Llama 4's `llama4`): Tekken's words with English
+    // contractions kept on them, numbers up to three digits a piece.
+    PreTokenizer {
+        names: &["gpt-4o", "llama4"],
+        split: r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        nfc: false,
+        ignore_merges: false,
+        add_bos: false,
     },
     // Mistral Nemo's and later Mistral models' (Tekken): a word is a run of capitals then of
     // lower-case letters, or the other way round; numbers one digit a piece.
