@@ -1,10 +1,13 @@
-//! C5: the decoder's batched forward pass, for every served family. embedding → N × [RMSNorm →
-//! q, k, v (biases where the family has them) → per-head q/k RMSNorm (Qwen3) → RoPE (scaled as
-//! the config says) → write k, v into the batch's cells → GQA attention over the visible cells →
-//! o (times a sigmoid gate per head: Qwen3.5) → residual → RMSNorm → SwiGLU MLP → residual]
-//! → final RMSNorm → lm head for the flagged rows only. A linear-attention layer (Qwen3.5's gated
-//! DeltaNet) has its stacked input projection → `DeltaNet` over each sequence's state in the
-//! cache → output projection in place of the attention.
+//! C5: the decoder's batched forward pass, for every served family. embedding (× √hidden: Gemma)
+//! → N × [RMSNorm → q, k, v (biases where the family has them) → per-head q/k RMSNorm (Qwen3,
+//! Gemma 3) → RoPE (scaled as the config says; a local layer's by its own base) → write k, v
+//! into the batch's cells → GQA attention over the visible cells (a local layer's: those within
+//! its sliding window; scores soft-capped: Gemma 2) → o (times a sigmoid gate per head: Qwen3.5)
+//! → RMSNorm (Gemma) → residual → RMSNorm → SwiGLU or GeGLU MLP → RMSNorm (Gemma) → residual]
+//! → final RMSNorm → lm head for the flagged rows only (logits soft-capped: Gemma 2). A
+//! linear-attention layer (Qwen3.5's gated DeltaNet) has its stacked input projection →
+//! `DeltaNet` over each sequence's state in the cache → output projection in place of the
+//! attention.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
@@ -188,8 +191,8 @@ impl LanguageModel for Decoder {
         // The final norm inside the output projection's kernel where it has one (a GPU's decode
         // step), else apart.
         let norm = self.weights.norm.pre();
-        let logits = |x, tables, cells, cache: &mut KvCache| {
-            let local = self.local_tables(batch, placement, cache);
+        let logits = |x, tables, cells: kernels::CellTable, cache: &mut KvCache| {
+            let local = self.local_tables(batch, &cells, cache);
             let logits =
                 self.lm_head().forward_with(self.trunk(batch, x, tables, cells, local, cache, abort)?, norm, None);
             // Gemma 2's soft-capped logits.
@@ -228,7 +231,7 @@ impl LanguageModel for Decoder {
     ) -> Result<Tensor<2>, DecodeError> {
         let pass = || {
             let (tables, cells) = self.tables(batch, placement, cache);
-            let local = self.local_tables(batch, placement, cache);
+            let local = self.local_tables(batch, &cells, cache);
             let x = self.trunk(batch, self.embed(batch.input), tables, cells, local, cache, abort)?;
             Ok(self.weights.norm.forward(x))
         };
@@ -327,23 +330,22 @@ impl Decoder {
     ) -> (RopeTables, kernels::CellTable) {
         let tables = self.rope.tables_in(&batch.pos, &batch.seqs, &self.device);
         let extent = cache.cells().extent();
-        let visible = cache.visible(&batch.seqs, &batch.pos, extent, None);
+        let visible = cache.visible(&batch.seqs, &batch.pos, extent);
         (tables, kernels::CellTable::new(placement.clone(), visible, &self.device))
     }
 
-    /// The local layers' RoPE tables and cell table (each row seeing only the cells of its last
-    /// `sliding_window` positions), where the model has such layers.
+    /// The local layers' RoPE tables and cell table, where the model has such layers: the pass's
+    /// `cells` with each row seeing only those of its last `sliding_window` positions.
     fn local_tables(
         &self,
         batch: &ValidBatch<'_>,
-        placement: &Placement,
+        cells: &kernels::CellTable,
         cache: &KvCache,
     ) -> Option<(RopeTables, kernels::CellTable)> {
         let (rope, sliding) = (self.local_rope.as_ref()?, self.config.sliding.as_ref()?);
         let tables = rope.tables_in(&batch.pos, &batch.seqs, &self.device);
-        let extent = cache.cells().extent();
-        let visible = cache.visible(&batch.seqs, &batch.pos, extent, Some(sliding.window));
-        Some((tables, kernels::CellTable::new(placement.clone(), visible, &self.device)))
+        let visible = cache.within_window(&cells.visible, &batch.pos, sliding.window);
+        Some((tables, kernels::CellTable::new(cells.placement.clone(), visible, &self.device)))
     }
 
     /// The pass up to the final norm from its input rows `x` ([n, hidden]): the rows of

@@ -373,12 +373,19 @@ impl KvCache {
         self.keys[layer].inplace(|t| t.slice_assign([0..h, 0..extent, 0..w], keys));
     }
 
-    /// [n_tokens] the cells below `extent` each token sees, in cell order; with `window`, only
-    /// those of its last `window` positions (a local layer's).
-    pub(crate) fn visible(&self, seqs: &[SeqSet], pos: &[Pos], extent: usize, window: Option<usize>) -> Vec<Vec<u32>> {
-        let near = |c, p| window.is_none_or(|w| self.cells.in_window(c, p, w));
-        let sees = move |set, p| (0..extent).filter(move |&c| self.cells.is_visible(c, set, p) && near(c, p));
-        seqs.iter().zip(pos).map(|(set, &p)| sees(set, p).map(|c| c as u32).collect()).collect()
+    /// [n_tokens] the cells below `extent` each token sees, in cell order.
+    pub(crate) fn visible(&self, seqs: &[SeqSet], pos: &[Pos], extent: usize) -> Vec<Vec<u32>> {
+        let sees = |set, p| (0..extent).filter(move |&c| self.cells.is_visible(c, set, p)).map(|c| c as u32);
+        seqs.iter().zip(pos).map(|(set, &p)| sees(set, p).collect()).collect()
+    }
+
+    /// `visible` ([`Self::visible`]: each token's cells) narrowed to those of each token's last
+    /// `window` positions (a local layer's).
+    pub(crate) fn within_window(&self, visible: &[Vec<u32>], pos: &[Pos], window: usize) -> Vec<Vec<u32>> {
+        let near = |cells: &[u32], p: Pos| -> Vec<u32> {
+            cells.iter().copied().filter(|&c| self.cells.in_window(c as usize, p, window)).collect()
+        };
+        visible.iter().zip(pos).map(|(cells, &p)| near(cells, p)).collect()
     }
 
     /// Additive attention mask [n_tokens, extent] from [`Self::visible`]: 0 where a token sees

@@ -648,16 +648,18 @@ mod tests {
     }
 
     /// Rows that see different, interleaved sets of cells (as sequences decoding side by side
-    /// do), head dims with and without a tail past 16 lanes (and past a q8_0 block), groups of
-    /// 1, 2 and 7 query heads, and rows seeing 16 or more cells (scored sixteen at a time, with
-    /// a tail), in each dtype.
+    /// do), head dims with and without a tail past 16 lanes (and past a q8_0 block; Gemma's 256),
+    /// groups of 1, 2, 4 and 7 query heads, and rows seeing 16 or more cells (scored sixteen at a
+    /// time, with a tail), in each dtype.
     #[test]
     fn attention_over_visible_cells_equals_the_reference() {
         #[cfg(cpu_avx512)]
         assert!(V4::try_new().is_some(), "the build saw the instructions this kernel needs; the run does not");
         #[cfg(cpu_avx2)]
         assert!(Plain::new().v3().is_some(), "the build saw AVX2 and FMA; the run does not (no AVX2 block)");
-        for (heads, kv_heads, d) in [(14, 2, 64), (4, 4, 8), (6, 2, 20), (2, 2, 16), (4, 2, 32), (2, 1, 128)] {
+        for (heads, kv_heads, d) in
+            [(14, 2, 64), (4, 4, 8), (6, 2, 20), (2, 2, 16), (4, 2, 32), (2, 1, 128), (4, 1, 256)]
+        {
             let capacity = 40;
             let visible: Vec<Vec<u32>> = vec![
                 (0..40).step_by(2).collect(),
