@@ -369,7 +369,8 @@ fn a_dense_matrix_in_parts_works_as_one() {
 /// Attention over a layer's whole cache through each row's visible cells (out of order, shared
 /// between rows, one cell alone, more cells than a cube has units, and rows long enough for the
 /// GPU kernel to split them over several cubes beside rows with none in the later splits), as
-/// the decoder calls it, against an f64 reference; on every KV type the device computes in.
+/// the decoder calls it, against an f64 reference, with and without soft-capped scores (Gemma
+/// 2's); on every KV type the device computes in.
 #[test]
 fn cell_attention_matches_a_reference() {
     use burn::tensor::{DType, FloatDType};
@@ -385,9 +386,14 @@ fn cell_attention_matches_a_reference() {
         vec![1199, 0, 17, 5, 200, 201],
         (100..1100).collect(),
     ];
-    for (heads, kv_heads, d, visible) in
-        [(2, 2, 64, &short), (4, 2, 128, &long), (7, 1, 64, &long), (7, 1, 128, &short)]
-    {
+    for (heads, kv_heads, d, visible, softcap) in [
+        (2, 2, 64, &short, None),
+        (4, 2, 128, &long, None),
+        (7, 1, 64, &long, None),
+        (7, 1, 128, &short, None),
+        (2, 2, 64, &short, Some(0.5)),
+        (4, 2, 128, &long, Some(0.5)),
+    ] {
         let n = visible.len();
         let q = values(n * heads * d, 31, 1.5);
         let k = values(kv_heads * capacity * d, 32, 1.5);
@@ -405,7 +411,7 @@ fn cell_attention_matches_a_reference() {
             let kernel = if visible.iter().any(|cells| cells.len() > 256) { "merge_splits" } else { "cell_attention" };
             let got = ran(spec, kernel, || {
                 host(
-                    cell_attention(&qt, &kt, &vt, false, &cells, None)
+                    cell_attention(&qt, &kt, &vt, false, &cells, softcap)
                         .expect("an attention kernel runs on the test device"),
                 )
             });
@@ -418,7 +424,9 @@ fn cell_attention_matches_a_reference() {
                         .iter()
                         .map(|&c| {
                             let krow = &ks[(kvh * capacity + c as usize) * d..][..d];
-                            qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / (d as f64).sqrt()
+                            let s = qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>()
+                                / (d as f64).sqrt();
+                            softcap.map_or(s, |cap| cap * (s / cap).tanh())
                         })
                         .collect();
                     let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -432,7 +440,8 @@ fn cell_attention_matches_a_reference() {
                     }
                 }
             }
-            assert_close(&got, &want, tol, &format!("cell attention {heads}/{kv_heads} d {d}, {dtype:?} cache"));
+            let what = format!("cell attention {heads}/{kv_heads} d {d}, {dtype:?} cache, cap {softcap:?}");
+            assert_close(&got, &want, tol, &what);
         }
     }
 }

@@ -125,10 +125,9 @@ impl Decoder {
         // A linear-attention layer's recurrence runs on the host: nothing to record. Nor are the
         // steps of a model whose queries are scaled past a position (Ministral 3): a step
         // recorded before it would replay without the scaling after it. Nor are those of a model
-        // with local layers (a second cell table, not among a replay's inputs) or soft-capped
-        // attention scores (Gemma 2's: on a GPU, Burn's ops and an uploaded mask, no kernel).
+        // with local layers (a second cell table, not among a replay's inputs).
         let plain = config.linear.is_none() && config.query_scaling.is_none() && config.sliding.is_none();
-        let graphs = StepGraphs::new(graphs && plain && config.attention_softcap.is_none(), rows);
+        let graphs = StepGraphs::new(graphs && plain, rows);
         Self { config, info, weights, rope, local_rope, device: device.clone(), stream, graphs }
     }
 
@@ -460,8 +459,7 @@ impl Decoder {
                 Some(f) => q.mul_scalar(f),
                 None => q,
             };
-            // Soft-capped scores (Gemma 2's): the CPU's kernel caps them, a GPU's does not (then
-            // Burn's ops).
+            // Soft-capped scores (Gemma 2's) are capped by the kernels too.
             let a = match cache.attention(l, &q, cells, c.attention_softcap) {
                 Some(a) => a,
                 None => {

@@ -109,7 +109,13 @@ pub(crate) mod gpu {
     pub fn softmax(_: &Tensor<3>, _: f64, _: Option<&Tensor<2>>) -> Option<Tensor<3>> {
         None
     }
-    pub fn attention(_: &Tensor<3>, _: &Tensor<3>, _: &Tensor<3>, _: &Tensor<2, Int>) -> Option<Tensor<2>> {
+    pub fn attention(
+        _: &Tensor<3>,
+        _: &Tensor<3>,
+        _: &Tensor<3>,
+        _: &Tensor<2, Int>,
+        _: Option<f32>,
+    ) -> Option<Tensor<2>> {
         None
     }
     pub fn kv_write(_: &mut [Tensor<3>; 2], _: [&Tensor<3>; 2], _: &Tensor<1, Int>) -> bool {
@@ -537,11 +543,10 @@ pub fn attention(
     if q.device() == Device::flex() {
         return flex_attention(q, k, v, q8, &cells.visible, softcap);
     }
-    // The GPU's kernel does not cap scores.
-    if q8 || softcap.is_some() {
+    if q8 {
         return None;
     }
-    gpu::attention(q, k, v, cells.table())
+    gpu::attention(q, k, v, cells.table(), softcap)
 }
 
 fn flex_attention(

@@ -1067,7 +1067,7 @@ pub const SPLIT_CELLS: usize = 256;
 /// q: [n, heads, d] (any strides), k, v: [kv_heads, capacity, d] (a layer's cache, any float
 /// type, keys rotated), cells: [n, 1 + width] (the row's count, then its cells), scratch:
 /// [n·heads·splits, ≥ the cells a split covers], out: [n, heads·d] contiguous, or with `split`
-/// [n·heads·splits, 2 + d].
+/// [n·heads·splits, 2 + d]. With `softcap` > 0 each score s is `softcap · tanh(s / softcap)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn cell_attention<K: Float>(
@@ -1078,6 +1078,7 @@ pub fn cell_attention<K: Float>(
     scratch: &mut Tensor<f32>,
     out: &mut Tensor<f32>,
     scale: f32,
+    softcap: f32,
     splits: usize,
     #[comptime] split: bool,
     #[comptime] d: usize,
@@ -1117,6 +1118,10 @@ pub fn cell_attention<K: Float>(
             dot += q_shared[i] * f32::cast_from(k[key + i * k.stride(2)]);
         }
         score = dot * scale;
+        // Gemma 2's soft-capped scores (0: none).
+        if softcap > 0.0 {
+            score = (score / softcap).tanh() * softcap;
+        }
     }
     let mut shared = Shared::<[f32]>::new_slice(units);
     let top = cube_reduce(shared.clone(), score, units, true);

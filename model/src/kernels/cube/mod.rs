@@ -603,7 +603,15 @@ pub fn dequantize(parts: &[DeviceRows], k: usize, ids: Option<&Tensor<1, Int>>, 
 /// - k, v: [kv_heads, capacity, d] f32, f16 or bf16 (both the same): a layer's whole cache
 /// - cells: [n, 1 + width] i32: each row's count of visible cells, then the cells (none empty)
 /// - returns [n, heads · d] f32
-pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, Int>) -> Option<Tensor<2>> {
+///
+/// With `softcap`, each scaled score s is `cap · tanh(s / cap)` (Gemma 2's).
+pub fn attention(
+    q: &Tensor<3>,
+    k: &Tensor<3>,
+    v: &Tensor<3>,
+    cells: &Tensor<2, Int>,
+    softcap: Option<f32>,
+) -> Option<Tensor<2>> {
     let [n, heads, d] = q.dims();
     let [kv_heads, _, kd] = k.dims();
     let [rows, width] = cells.dims();
@@ -645,6 +653,7 @@ pub fn attention(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, cells: &Tensor<2, 
         scratch.into_tensor_arg(),
         parts.clone().into_tensor_arg(),
         scale,
+        softcap.unwrap_or(0.0),
         splits,
         split,
         d,
