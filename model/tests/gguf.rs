@@ -597,6 +597,29 @@ fn a_gemma3_gguf_reads_its_local_layers_norms_and_vocabulary() {
     );
 }
 
+/// What a Gemma GGUF file leaves to llama.cpp's defaults, and its 27B's query scale: a `gemma2`
+/// file with no window, soft-caps or pattern reads as Gemma 2 (a window of 4,096, caps 50 and
+/// 30, the first layer local); a `gemma3` file of 62 blocks scales its queries by
+/// (hidden / heads)^−½ (llama.cpp's 27B), takes its local layers from flags, their base from
+/// `rope.freq_base_swa`, and its logit soft-cap.
+#[test]
+fn gemma_ggufs_read_llama_cpps_defaults_and_the_27bs_query_scale() {
+    let read = |name| llaisys_model::gguf::model_config(&GgufFile::open(&gguf_fixture(name)).unwrap()).unwrap();
+    let g2 = read("gemma2-config");
+    let s = g2.sliding.as_ref().unwrap();
+    assert_eq!((g2.arch.name, s.window, s.rope_theta), ("gemma2", 4096, 10_000.0));
+    assert_eq!(s.layers, [true, false, true, false]);
+    assert_eq!((g2.attention_softcap, g2.logit_softcap, g2.attention_scalar), (Some(50.0), Some(30.0), Some(32.0)));
+    assert!(g2.tie_word_embeddings && g2.sandwich_norms && !g2.zero_centred_norms);
+    assert_eq!(g2.embedding_scale, Some(8.0));
+    let g3 = read("gemma3-27b-config");
+    let s = g3.sliding.as_ref().unwrap();
+    assert_eq!((g3.arch.name, s.window, s.rope_theta), ("gemma3", 16, 20_000.0));
+    assert_eq!(s.layers, (0..62).map(|l| l % 3 != 2).collect::<Vec<_>>());
+    assert_eq!((g3.attention_scalar, g3.head_dim), (Some(16.0), 32));
+    assert_eq!((g3.attention_softcap, g3.logit_softcap), (None, Some(25.0)));
+}
+
 /// GGUF files written by llama.cpp's own converter (`scripts/convert_fixtures_with_llamacpp.sh`:
 /// the convert_hf_to_gguf.py of the llama.cpp that llama-cpp-python 0.3.36 vendors) from the
 /// safetensors fixtures, beside those the fixture scripts write by transcribing it: each gives
