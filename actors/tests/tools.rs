@@ -426,6 +426,21 @@ async fn the_history_renders_through_the_template_and_bad_tools_are_refused() {
     let not_schema = Tool::new("f", "d", json!("object"));
     assert_eq!(refused(ChatRequest::default().user("x").tool(not_schema)).await, "tools[0].function.parameters");
     engine.shutdown().await;
+
+    // A template that does not describe tools (Gemma 3's) would drop them unseen: refused, and
+    // the same chat without them is answered.
+    let gemma = Engine::builder().model(fixture_dir("tiny-gemma3-f32")).build().await.unwrap();
+    match gemma.chat(ChatRequest::default().user("x").tool(weather()).max_tokens(2)).await {
+        Err(EngineError::Request(e)) => {
+            assert_eq!(e.param.as_deref(), Some("tools"));
+            assert!(e.message.contains("does not describe tools"), "{}", e.message);
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("tools the template drops were accepted"),
+    }
+    let answer = gemma.chat(ChatRequest::default().user("x").max_tokens(2)).await.unwrap().answer().await;
+    assert_eq!(answer.usage.completion_tokens, 2);
+    gemma.shutdown().await;
 }
 
 /// `auto`: an answer the model writes as a ```json fence or bare JSON that is exactly a call to

@@ -138,6 +138,13 @@ impl Frontend {
                 if e.to_string().contains("chat_template_kwargs") { "chat_template_kwargs" } else { "messages" };
             RequestError::invalid(param, e.to_string())
         })?;
+        // A template that does not describe tools (Gemma's, Phi-3's) would drop them unseen.
+        let without = || template.render_with(&checked, &[], kwargs, add_generation_prompt);
+        if !tools.is_empty() && without().is_ok_and(|plain| plain == rendered) {
+            let reason = "the model's chat template does not describe tools, so the model would not see them; \
+                          describe them in a message instead";
+            return Err(RequestError::invalid("tools", reason).into());
+        }
         Ok(text.tokenizer.encode(&rendered).map_err(|e| RequestError::invalid("messages", e.to_string()))?)
     }
 
