@@ -238,8 +238,10 @@ fn attention_matches_a_reference() {
 }
 
 /// The k inputs a product reads from `row` in f64: as given (`plain`), RMS-normalised by `g`
-/// (`normed`), or SwiGLU-gated from [gate | up] (`gated`).
+/// (`normed`), or SwiGLU- or GeGLU-gated from [gate | up] (`gated`, `gelu-gated`: transformers'
+/// `gelu_pytorch_tanh`).
 fn product_input(row: &[f32], how: &str, k: usize, g: &[f32]) -> Vec<f64> {
+    let gelu = |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
     match how {
         "plain" => row[..k].iter().map(|&v| v as f64).collect(),
         "normed" => {
@@ -247,6 +249,7 @@ fn product_input(row: &[f32], how: &str, k: usize, g: &[f32]) -> Vec<f64> {
             let scale = 1.0 / (ss / k as f64 + 1e-6).sqrt();
             row[..k].iter().zip(g).map(|(&v, &g)| v as f64 * scale * g as f64).collect()
         }
+        "gelu-gated" => (0..k).map(|i| gelu(row[i] as f64) * row[k + i] as f64).collect(),
         _ => (0..k).map(|i| row[i] as f64 / (1.0 + (-row[i] as f64).exp()) * row[k + i] as f64).collect(),
     }
 }
@@ -288,8 +291,10 @@ fn few_row_products_match_a_reference() {
             weight: linear::dense(weight),
             bias: Some(Tensor::from_data(TensorData::new(b.clone(), [outs]), &device)),
         };
-        for (pre, name) in [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated")] {
-            let width = if name == "gated" { 2 * k } else { k };
+        for (pre, name) in
+            [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated"), (Pre::GeGlu, "gelu-gated")]
+        {
+            let width = if name.ends_with("gated") { 2 * k } else { k };
             for n in few_rows() {
                 // x as a narrowed view (a row stride wider than its width).
                 let xs = values(n * (width + 3), n as u32, 2.0);
@@ -828,7 +833,8 @@ fn quantized_rows_dequantize_as_ggml_does() {
 }
 
 /// A quantized weight's few-row product (a decode step: read in its blocks by `xwt_q`), its
-/// input as given, RMS-normalised or SwiGLU-gated first, with its bias and a residual added,
+/// input as given, RMS-normalised or SwiGLU-gated first (GeGLU-gated for the first format only:
+/// each gate is another shader for every format), with its bias and a residual added,
 /// against an f64 reference over ggml's dequantized values, in every format and for a matrix
 /// stacked from two formats (one launch a part), on the row counts of
 /// [`few_row_products_match_a_reference`]; more rows than the kernel takes dequantize the
@@ -866,8 +872,11 @@ fn quantized_products_match_a_reference() {
             bias: Some(Tensor::from_data(TensorData::new(b.clone(), [outs]), &device)),
         };
         assert_eq!(layer.weight.describe(), name);
-        for (pre, how) in [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated")] {
-            let width = if how == "gated" { 2 * k } else { k };
+        let gelu = (case == 0).then_some((Pre::GeGlu, "gelu-gated"));
+        for (pre, how) in
+            [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated")].into_iter().chain(gelu)
+        {
+            let width = if how.ends_with("gated") { 2 * k } else { k };
             for n in few_rows() {
                 let xs = values(n * (width + 3), n as u32, 2.0);
                 let x =

@@ -100,7 +100,7 @@ pub(crate) mod gpu {
     pub fn rms_norm(_: &Tensor<2>, _: &Tensor<1>, _: f64) -> Option<Tensor<2>> {
         None
     }
-    pub fn swiglu(_: &Tensor<2>) -> Option<Tensor<2>> {
+    pub fn swiglu(_: &Tensor<2>, _: crate::config::Activation) -> Option<Tensor<2>> {
         None
     }
     pub fn rope(_: &Tensor<2>, _: usize, _: usize, _: &Tensor<3>) -> Option<Tensor<2>> {
@@ -682,7 +682,7 @@ pub enum Pre<'a> {
     Norm { weight: &'a Tensor<1>, eps: f64 },
     /// SwiGLU's `silu(gate) · up` over a stacked [gate | up] input of twice the weight's inputs.
     SwiGlu,
-    /// GeGLU's `gelu_tanh(gate) · up` likewise (Gemma's); the GPU's products do not take it in.
+    /// GeGLU's `gelu_tanh(gate) · up` likewise (Gemma's).
     GeGlu,
 }
 
@@ -855,13 +855,12 @@ pub fn gpu_top_k(x: &Tensor<2>, k: usize, temps: Option<&[f32]>) -> Option<Tenso
     gpu::top_k(x, k, temps)
 }
 
-/// `act(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one
-/// (SwiGLU's only).
+/// `act(gate) · up`: the CPU kernel on the Flex backend, the GPU kernel on a CubeCL one.
 ///
 /// # Shapes
 /// gate_up: [n, 2 · i] f32, gate in the first half of each row → [n, i] f32
 pub fn swiglu(gate_up: &Tensor<2>, act: Activation) -> Option<Tensor<2>> {
-    flex_swiglu(gate_up, act).or_else(|| if act == Activation::Silu { gpu::swiglu(gate_up) } else { None })
+    flex_swiglu(gate_up, act).or_else(|| gpu::swiglu(gate_up, act))
 }
 
 /// `silu(gate) · up` on the host, for rows already there.

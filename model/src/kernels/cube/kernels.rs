@@ -7,6 +7,8 @@
 use burn::cubecl;
 use burn::cubecl::prelude::*;
 
+use crate::kernels::{GELU_CUBE, GELU_SCALE};
+
 /// The lowest finite f32 (−f32::MAX): where a running maximum starts.
 const LOWEST: f32 = -3.402_823_5e38;
 
@@ -78,11 +80,13 @@ fn rms_scale(x: &Tensor<f32>, base: usize, eps: f32, #[comptime] units: usize) -
     1.0f32 / (total / f32::cast_from(h) + eps).sqrt()
 }
 
-/// `silu(gate) · up` as `gate · up / (1 + e^−gate)`, one unit per output value.
+/// `silu(gate) · up` as `gate · up / (1 + e^−gate)`, or with `gelu` GeGLU's
+/// `gelu_tanh(gate) · up` as `gate · up / (1 + e^−t)`, t = 2√(2/π) (gate + 0.044715 gate³); one
+/// unit per output value.
 ///
 /// gate_up: [n, 2i] (any strides), gate in the first half of each row; out: [n, i] contiguous.
 #[cube(launch)]
-pub fn swiglu(gate_up: &Tensor<f32>, out: &mut Tensor<f32>) {
+pub fn swiglu(gate_up: &Tensor<f32>, out: &mut Tensor<f32>, #[comptime] gelu: bool) {
     let at = ABSOLUTE_POS;
     let i = out.shape(1);
     if at < out.len() {
@@ -90,7 +94,11 @@ pub fn swiglu(gate_up: &Tensor<f32>, out: &mut Tensor<f32>) {
         let base = row * gate_up.stride(0);
         let gate = gate_up[base + col * gate_up.stride(1)];
         let up = gate_up[base + (col + i) * gate_up.stride(1)];
-        out[at] = gate * up / (1.0f32 + (-gate).exp());
+        let mut t = gate;
+        if comptime!(gelu) {
+            t = f32::new(GELU_SCALE) * (gate + f32::new(GELU_CUBE) * gate * gate * gate);
+        }
+        out[at] = gate * up / (1.0f32 + (-t).exp());
     }
 }
 
@@ -207,6 +215,8 @@ fn row_at(x: &Tensor<f32>, row: usize) -> usize {
 pub const PRE_PLAIN: u32 = 0;
 pub const PRE_NORM: u32 = 1;
 pub const PRE_SWIGLU: u32 = 2;
+/// GeGLU's `gelu_tanh(gate) · up` as `gate · up / (1 + e^−t)`, t = 2√(2/π) (gate + 0.044715 gate³).
+pub const PRE_GEGLU: u32 = 3;
 
 /// Lanes that share one output column of [`xwt`], striding along k together (a power of two).
 pub const XWT_LANES: usize = 32;
@@ -285,6 +295,11 @@ fn xwt_input(
     if comptime!(pre == PRE_SWIGLU) {
         let up = x[at + (k + k_len) * x.stride(1)];
         v = v * up / (1.0f32 + (-v).exp());
+    }
+    if comptime!(pre == PRE_GEGLU) {
+        let up = x[at + (k + k_len) * x.stride(1)];
+        let t = f32::new(GELU_SCALE) * (v + f32::new(GELU_CUBE) * v * v * v);
+        v = v * up / (1.0f32 + (-t).exp());
     }
     v
 }
@@ -908,7 +923,7 @@ fn xwt_q_column(
     #[comptime] format: u32,
 ) {
     let lane = UNIT_POS as usize % XWT_LANES;
-    let k_len = if comptime!(pre == PRE_SWIGLU) { x.shape(1) / 2 } else { x.shape(1) };
+    let k_len = if comptime!(pre == PRE_SWIGLU || pre == PRE_GEGLU) { x.shape(1) / 2 } else { x.shape(1) };
     let (s0, s1, s2, s3) = norm_scales(x, shared.clone(), row0, k_len, eps, rows, pre);
     let chunks = select(o < w.shape(0), k_len / CHUNK, 0);
     let (r1, r2, r3) = (row_at(x, row0 + 1), row_at(x, row0 + 2), row_at(x, row0 + 3));

@@ -23,6 +23,7 @@ use burn::tensor::{DType, Float, Int, Shape, Tensor, TensorData};
 use kernels::ROW_UNITS;
 
 use super::{GpuWeight, Pre, QkNorms};
+use crate::config::Activation;
 use crate::quant::QuantType;
 use crate::quant::device::DeviceRows;
 
@@ -147,11 +148,11 @@ pub fn rms_norm(x: &Tensor<2>, w: &Tensor<1>, eps: f64) -> Option<Tensor<2>> {
     Some(tensor(out))
 }
 
-/// `silu(gate) · up`.
+/// `act(gate) · up` (SwiGLU's silu, GeGLU's tanh-approximated GELU).
 ///
 /// # Shapes
 /// gate_up: [n, 2 · i] f32, gate in the first half of each row → [n, i] f32
-pub fn swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
+pub fn swiglu(gate_up: &Tensor<2>, act: Activation) -> Option<Tensor<2>> {
     let [n, width] = gate_up.dims();
     if width == 0 || !width.is_multiple_of(2) {
         return None;
@@ -159,7 +160,8 @@ pub fn swiglu(gate_up: &Tensor<2>) -> Option<Tensor<2>> {
     let x = cube(gate_up)?;
     let out = empty(&x, [n, width / 2]);
     let (count, dim) = elementwise(n * width / 2);
-    kernels::swiglu::launch(&x.client.clone(), count, dim, x.into_tensor_arg(), out.clone().into_tensor_arg());
+    let gelu = act == Activation::GeluTanh;
+    kernels::swiglu::launch(&x.client.clone(), count, dim, x.into_tensor_arg(), out.clone().into_tensor_arg(), gelu);
     Some(tensor(out))
 }
 
@@ -243,7 +245,7 @@ impl Product {
     /// one per output, tensors not CubeCL rows in f32.
     fn new(x: &Tensor<2>, pre: Pre<'_>, [outs, k]: [usize; 2], bias: Option<&Tensor<1>>) -> Option<Self> {
         let [n, width] = x.dims();
-        let inputs = if matches!(pre, Pre::SwiGlu) { 2 * k } else { k };
+        let inputs = if matches!(pre, Pre::SwiGlu | Pre::GeGlu) { 2 * k } else { k };
         if n == 0 || n > crate::kernels::gpu_fused_rows() || width != inputs || k == 0 || outs == 0 {
             return None;
         }
@@ -295,7 +297,7 @@ fn pre_args(pre: Pre<'_>, x: &CubeTensor, k: usize) -> Option<(u32, CubeTensor, 
         Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
         Pre::Norm { .. } => return None,
         Pre::SwiGlu => (kernels::PRE_SWIGLU, x.clone(), 0.0),
-        Pre::GeGlu => return None,
+        Pre::GeGlu => (kernels::PRE_GEGLU, x.clone(), 0.0),
     })
 }
 
