@@ -291,9 +291,12 @@ fn few_row_products_match_a_reference() {
             weight: linear::dense(weight),
             bias: Some(Tensor::from_data(TensorData::new(b.clone(), [outs]), &device)),
         };
-        for (pre, name) in
-            [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated"), (Pre::GeGlu, "gelu-gated")]
-        {
+        for (pre, name) in [
+            (Pre::Plain, "plain"),
+            (norm.pre(), "normed"),
+            (Pre::Gated(Activation::Silu), "gated"),
+            (Pre::Gated(Activation::GeluTanh), "gelu-gated"),
+        ] {
             let width = if name.ends_with("gated") { 2 * k } else { k };
             for n in few_rows() {
                 // x as a narrowed view (a row stride wider than its width).
@@ -872,9 +875,10 @@ fn quantized_products_match_a_reference() {
             bias: Some(Tensor::from_data(TensorData::new(b.clone(), [outs]), &device)),
         };
         assert_eq!(layer.weight.describe(), name);
-        let gelu = (case == 0).then_some((Pre::GeGlu, "gelu-gated"));
-        for (pre, how) in
-            [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::SwiGlu, "gated")].into_iter().chain(gelu)
+        let gelu = (case == 0).then_some((Pre::Gated(Activation::GeluTanh), "gelu-gated"));
+        for (pre, how) in [(Pre::Plain, "plain"), (norm.pre(), "normed"), (Pre::Gated(Activation::Silu), "gated")]
+            .into_iter()
+            .chain(gelu)
         {
             let width = if how.ends_with("gated") { 2 * k } else { k };
             for n in few_rows() {

@@ -680,10 +680,9 @@ pub enum Pre<'a> {
     Plain,
     /// RMSNorm by this \[k\] weight.
     Norm { weight: &'a Tensor<1>, eps: f64 },
-    /// SwiGLU's `silu(gate) · up` over a stacked [gate | up] input of twice the weight's inputs.
-    SwiGlu,
-    /// GeGLU's `gelu_tanh(gate) · up` likewise (Gemma's).
-    GeGlu,
+    /// The feed-forward's gate, `act(gate) · up`, over a stacked [gate | up] input of twice the
+    /// weight's inputs (SwiGLU's silu, GeGLU's tanh-approximated GELU: Gemma's).
+    Gated(Activation),
 }
 
 /// `pre(x)·Wᵀ + b + residual` for a decode step's rows (up to [`gpu_fused_rows`]) with a dense
@@ -692,7 +691,7 @@ pub enum Pre<'a> {
 /// products are the weights' own).
 ///
 /// # Shapes
-/// x: [n, k] f32 ([n, 2k] under `Pre::SwiGlu`), w: [out, k], bias: \[out\] f32, residual:
+/// x: [n, k] f32 ([n, 2k] under `Pre::Gated`), w: [out, k], bias: \[out\] f32, residual:
 /// [n, out] f32 → [n, out] f32
 pub fn gpu_xwt(
     x: &Tensor<2>,
@@ -811,7 +810,7 @@ pub fn buffer_limit(device: &Device) -> u64 {
 /// stacked matrix.
 ///
 /// # Shapes
-/// x: [n, k] f32 ([n, 2k] under `Pre::SwiGlu`), parts: rows of k values, out of them in
+/// x: [n, k] f32 ([n, 2k] under `Pre::Gated`), parts: rows of k values, out of them in
 /// all, bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
 pub fn gpu_xwt_q(
     x: &Tensor<2>,

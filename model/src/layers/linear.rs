@@ -15,7 +15,6 @@ use std::sync::Arc;
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 
 use super::{RmsNorm, swiglu};
-use crate::config::Activation;
 pub use crate::kernels::Pre;
 use crate::kernels::{self, GemmIsa, KernelCall};
 use crate::quant::device::{DeviceRows, part_rows};
@@ -40,7 +39,7 @@ pub trait LinearWeight: fmt::Debug + Send + Sync {
     /// connection after it, in one kernel where the weight's device has one, else apart.
     ///
     /// # Shapes
-    /// x: [n, in] f32 ([n, 2 · in] under `Pre::SwiGlu`), bias: \[out\] f32, residual: [n, out]
+    /// x: [n, in] f32 ([n, 2 · in] under `Pre::Gated`), bias: \[out\] f32, residual: [n, out]
     /// f32 → [n, out] f32
     fn forward_with(
         &self,
@@ -233,13 +232,12 @@ impl Pre<'_> {
     /// Burn's ops, where a product's kernel does not take it in).
     ///
     /// # Shapes
-    /// x: [n, k] ([n, 2k] under `SwiGlu`) → [n, k]
+    /// x: [n, k] ([n, 2k] under `Gated`) → [n, k]
     pub fn apply(self, x: Tensor<2>) -> Tensor<2> {
         match self {
             Pre::Plain => x,
             Pre::Norm { weight, eps } => RmsNorm { weight: weight.clone(), eps }.forward(x),
-            Pre::SwiGlu => swiglu(x, Activation::Silu),
-            Pre::GeGlu => swiglu(x, Activation::GeluTanh),
+            Pre::Gated(act) => swiglu(x, act),
         }
     }
 }
@@ -952,7 +950,7 @@ impl Linear {
     /// around the product, one kernel on a GPU for a decode step.
     ///
     /// # Shapes
-    /// x: [n, in] (f32; [n, 2 · in] under `Pre::SwiGlu`), residual: [n, out] (f32) → [n, out] (f32)
+    /// x: [n, in] (f32; [n, 2 · in] under `Pre::Gated`), residual: [n, out] (f32) → [n, out] (f32)
     pub fn forward_with(&self, x: Tensor<2>, pre: Pre<'_>, residual: Option<Tensor<2>>) -> Tensor<2> {
         self.weight.forward_with(x, pre, self.bias.as_ref(), residual)
     }

@@ -33,11 +33,7 @@ impl Expert {
     /// # Shapes
     /// x: [m, hidden], residual: [m, hidden] → [m, hidden]
     pub fn forward_with(&self, x: Tensor<2>, pre: Pre<'_>, residual: Option<Tensor<2>>) -> Tensor<2> {
-        let gate = match self.activation {
-            Activation::Silu => Pre::SwiGlu,
-            Activation::GeluTanh => Pre::GeGlu,
-        };
-        self.down.forward_with(self.gate_up.forward_with(x, pre, None), gate, residual)
+        self.down.forward_with(self.gate_up.forward_with(x, pre, None), Pre::Gated(self.activation), residual)
     }
 }
 

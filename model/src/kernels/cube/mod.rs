@@ -245,7 +245,7 @@ impl Product {
     /// one per output, tensors not CubeCL rows in f32.
     fn new(x: &Tensor<2>, pre: Pre<'_>, [outs, k]: [usize; 2], bias: Option<&Tensor<1>>) -> Option<Self> {
         let [n, width] = x.dims();
-        let inputs = if matches!(pre, Pre::SwiGlu | Pre::GeGlu) { 2 * k } else { k };
+        let inputs = if matches!(pre, Pre::Gated(_)) { 2 * k } else { k };
         if n == 0 || n > crate::kernels::gpu_fused_rows() || width != inputs || k == 0 || outs == 0 {
             return None;
         }
@@ -296,8 +296,8 @@ fn pre_args(pre: Pre<'_>, x: &CubeTensor, k: usize) -> Option<(u32, CubeTensor, 
         Pre::Plain => (kernels::PRE_PLAIN, x.clone(), 0.0),
         Pre::Norm { weight, eps } if weight.dims() == [k] => (kernels::PRE_NORM, cube(weight)?, eps as f32),
         Pre::Norm { .. } => return None,
-        Pre::SwiGlu => (kernels::PRE_SWIGLU, x.clone(), 0.0),
-        Pre::GeGlu => (kernels::PRE_GEGLU, x.clone(), 0.0),
+        Pre::Gated(Activation::Silu) => (kernels::PRE_SWIGLU, x.clone(), 0.0),
+        Pre::Gated(Activation::GeluTanh) => (kernels::PRE_GEGLU, x.clone(), 0.0),
     })
 }
 
@@ -311,7 +311,7 @@ fn dense_weight(w: &Tensor<2>, client: &burn::cubecl::client::Client) -> Option<
 /// `pre(x)·Wᵀ + b + residual` for a decode step's rows, the weight read in its own type.
 ///
 /// # Shapes
-/// x: [n ≤ [`crate::kernels::gpu_fused_rows`], k] f32 ([n, 2k] under `Pre::SwiGlu`), w: [out, k] f32, f16 or bf16, bias: \[out\]
+/// x: [n ≤ [`crate::kernels::gpu_fused_rows`], k] f32 ([n, 2k] under `Pre::Gated`), w: [out, k] f32, f16 or bf16, bias: \[out\]
 /// f32, residual: [n, out] f32 → [n, out] f32
 pub fn xwt(
     x: &Tensor<2>,
@@ -508,7 +508,7 @@ fn block_parts(parts: &[DeviceRows], k: usize) -> Option<Vec<(u32, CubeTensor)>>
 /// blocks: one launch a part (stacked parts of different formats), each writing its columns.
 ///
 /// # Shapes
-/// x: [n ≤ [`crate::kernels::gpu_fused_rows`], k] f32 ([n, 2k] under `Pre::SwiGlu`), parts: rows of k values stacked into
+/// x: [n ≤ [`crate::kernels::gpu_fused_rows`], k] f32 ([n, 2k] under `Pre::Gated`), parts: rows of k values stacked into
 /// `out` rows, bias: \[out\] f32, residual: [n, out] f32 → [n, out] f32
 pub fn xwt_q(
     x: &Tensor<2>,
@@ -1100,7 +1100,7 @@ pub fn moe(
         return None;
     }
     let (x, scores) = (cube(x)?, cube(scores)?);
-    if matches!(pre, Pre::SwiGlu | Pre::GeGlu) {
+    if matches!(pre, Pre::Gated(_)) {
         return None;
     }
     let (code, norm_weight, eps) = pre_args(pre, &x, h)?;
