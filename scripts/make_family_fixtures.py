@@ -105,7 +105,7 @@ reference outputs (CI never runs this: the generated files are committed).
   pre-*.json: the ids Hugging Face's tokenizers gives some texts over the same vocabulary under each split
   (Tekken's from Nemo's tokenizer.json and o200k's from Phi-4-mini's, as llama.cpp's llama-vocab.cpp quotes
   them; byte-level) with a BOS first where llama.cpp adds one.
-- tests/fixtures/gguf/gemma2-config.gguf, gemma3-27b-config.gguf: Gemma GGUF files of configuration only
+- tests/fixtures/gguf/gemma2-config.gguf, gemma3-27b-config.gguf, gemma3-global-config.gguf: Gemma GGUF files of configuration only
   (gemma_config_only), for llama.cpp's readings the fixtures' files do not exercise.
 - tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
@@ -1188,8 +1188,10 @@ def gemma_config_only():
     window, soft-caps or pattern (llama.cpp's defaults: 4,096, 50 and 30, alternating);
     gemma3-27b-config.gguf has 62 blocks (llama.cpp's 27B: queries scaled by (hidden / heads)^−½),
     its local layers as flags (`attention.sliding_window_pattern`), their base
-    (`rope.freq_base_swa`) and a logit soft-cap."""
-    for name, arch, blocks in [("gemma2-config", "gemma2", 4), ("gemma3-27b-config", "gemma3", 62)]:
+    (`rope.freq_base_swa`) and a logit soft-cap; gemma3-global-config.gguf names no window
+    (llama.cpp: no local layers)."""
+    for name, arch, blocks in [("gemma2-config", "gemma2", 4), ("gemma3-27b-config", "gemma3", 62),
+                               ("gemma3-global-config", "gemma3", 6)]:
         w = GGUFWriter(os.path.join(GGUF_OUT, f"{name}.gguf"), arch)
         w.add_block_count(blocks)
         w.add_context_length(256)
@@ -1201,7 +1203,7 @@ def gemma_config_only():
         w.add_value_length(32)
         w.add_layer_norm_rms_eps(1e-6)
         w.add_rope_freq_base(10000.0 if arch == "gemma2" else 1000000.0)
-        if arch == "gemma3":
+        if name == "gemma3-27b-config":
             w.add_sliding_window(16)
             w.add_array(f"{arch}.attention.sliding_window_pattern", [l % 3 != 2 for l in range(blocks)])
             w.add_float32(f"{arch}.rope.freq_base_swa", 20000.0)

@@ -601,7 +601,8 @@ fn a_gemma3_gguf_reads_its_local_layers_norms_and_vocabulary() {
 /// file with no window, soft-caps or pattern reads as Gemma 2 (a window of 4,096, caps 50 and
 /// 30, the first layer local); a `gemma3` file of 62 blocks scales its queries by
 /// (hidden / heads)^−½ (llama.cpp's 27B), takes its local layers from flags, their base from
-/// `rope.freq_base_swa`, and its logit soft-cap.
+/// `rope.freq_base_swa`, and its logit soft-cap; a `gemma3` file that names no window has no
+/// local layers (llama.cpp's reading, where transformers' Gemma 3 default window is 4,096).
 #[test]
 fn gemma_ggufs_read_llama_cpps_defaults_and_the_27bs_query_scale() {
     let read = |name| llaisys_model::gguf::model_config(&GgufFile::open(&gguf_fixture(name)).unwrap()).unwrap();
@@ -618,6 +619,9 @@ fn gemma_ggufs_read_llama_cpps_defaults_and_the_27bs_query_scale() {
     assert_eq!(s.layers, (0..62).map(|l| l % 3 != 2).collect::<Vec<_>>());
     assert_eq!((g3.attention_scalar, g3.head_dim), (Some(16.0), 32));
     assert_eq!((g3.attention_softcap, g3.logit_softcap), (None, Some(25.0)));
+    let global = read("gemma3-global-config");
+    assert_eq!((global.arch.name, global.num_hidden_layers, global.sliding.clone()), ("gemma3", 6, None));
+    assert_eq!((global.attention_softcap, global.logit_softcap), (None, None));
 }
 
 /// GGUF files written by llama.cpp's own converter (`scripts/convert_fixtures_with_llamacpp.sh`:

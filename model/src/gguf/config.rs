@@ -174,18 +174,19 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     Ok(config)
 }
 
-/// What llama.cpp assumes of a Gemma file where it says nothing (its `load_arch_hparams`): by
-/// architecture, the sliding window, the attention's and the logits' soft-caps (0: none), and
-/// the block count of its 27B model, whose queries are scaled by (hidden / heads)^−½ where the
-/// others' are by head_dim^−½ (the configs' `query_pre_attn_scalar`, which GGUF files do not
-/// carry).
-const GEMMA_DEFAULTS: [(&str, u64, f64, f64, u64); 2] = [("gemma2", 4096, 50.0, 30.0, 46), ("gemma3", 0, 0.0, 0.0, 62)];
+/// What llama.cpp assumes of a Gemma file where it says nothing (its `load_arch_hparams`), where
+/// that is not the config's default (`Architecture::config_defaults`, which also give Gemma 2's
+/// soft-caps): by architecture, the sliding window (0: no local layers, where transformers'
+/// Gemma 3 default is 4,096), and the block count of its 27B model, whose queries are scaled by
+/// (hidden / heads)^−½ where the others' are by head_dim^−½ (the configs'
+/// `query_pre_attn_scalar`, which GGUF files do not carry).
+const GEMMA_DEFAULTS: [(&str, u64, u64); 2] = [("gemma2", 4096, 46), ("gemma3", 0, 62)];
 
 /// What Gemma's layers need beyond the keys `FIELDS` maps: which layers are local
 /// (`attention.sliding_window_pattern`, a period or a flag per layer, else the family's period),
 /// their rotary base (`rope.freq_base_swa`), the soft-caps, and the query scale.
 fn gemma(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
-    let Some(&(_, window, attention_cap, logit_cap, blocks_27b)) = GEMMA_DEFAULTS.iter().find(|d| d.0 == arch) else {
+    let Some(&(_, window, blocks_27b)) = GEMMA_DEFAULTS.iter().find(|d| d.0 == arch) else {
         return Ok(());
     };
     let key = |k: &str| format!("{arch}.{k}");
@@ -194,9 +195,7 @@ fn gemma(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(),
             .map(|v| v.as_f64().ok_or_else(|| file.error(format!("{}: expected a number, found {v:?}", key(k)))))
             .transpose()
     };
-    if window > 0 {
-        obj.entry("sliding_window").or_insert(json!(window));
-    }
+    obj.entry("sliding_window").or_insert(json!(window));
     match file.get(&key("attention.sliding_window_pattern")) {
         None => {}
         Some(v) => match (v.as_u64(), v.as_array()) {
@@ -225,13 +224,9 @@ fn gemma(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(),
     if let Some(theta) = float("rope.freq_base_swa")? {
         obj.insert("rope_local_base_freq".into(), json!((theta as f32).to_string().parse::<f64>().unwrap_or(theta)));
     }
-    for (field, k, default) in [
-        ("attn_logit_softcapping", "attn_logit_softcapping", attention_cap),
-        ("final_logit_softcapping", "final_logit_softcapping", logit_cap),
-    ] {
-        let cap = float(k)?.unwrap_or(default);
-        if cap > 0.0 {
-            obj.insert(field.into(), json!(cap));
+    for cap in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        if let Some(value) = float(cap)?.filter(|&v| v > 0.0) {
+            obj.insert(cap.into(), json!(value));
         }
     }
     let number = |k: &str| obj.get(k).and_then(Json::as_u64);
