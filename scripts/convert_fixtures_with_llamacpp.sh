@@ -37,7 +37,7 @@ mkdir -p "$out"
 for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp tiny-qwen3next-f32:qwen2:--no-mtp \
             tiny-mistral-f32:default: tiny-mixtral-f32:default: \
             tiny-ministral3-f32:default: tiny-phi3-f32:default: tiny-gemma3-f32:default: \
-            tiny-llama-f32:llama-bpe:; do
+            tiny-llama-f32:llama-bpe: tiny-gptoss-f32:gpt-4o: tiny-gptoss-mxfp4:gpt-4o:; do
   IFS=: read -r name pre opts <<<"$spec"
   # shellcheck disable=SC2086 # opts is one flag or none
   FORCE_PRE=$pre PYTHONPATH=$src/llama.cpp/gguf-py python3 "$src/llama.cpp/convert_hf_to_gguf.py" \

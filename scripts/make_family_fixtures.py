@@ -131,6 +131,7 @@ from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
+from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
 from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
                           MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3NextConfig,
                           Qwen3NextForCausalLM)
@@ -539,6 +540,105 @@ GEMMA2 = dict(
 )
 
 
+GPTOSS_GATE_GAIN = 6.0
+
+# gpt-oss's special tokens (o200k_harmony's, in its order; the real ids run from 199998).
+GPTOSS_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>",
+                   "<|end|>", "<|message|>", "<|call|>"]
+
+
+def gptoss_tokenizer():
+    """The fixtures' trimmed byte-level merges under o200k's split (gpt-oss's o200k_harmony), with
+    the harmony format's special tokens, no BOS added."""
+    tok, _ = base.trimmed_tokenizer()
+    keep = 256 + base.MERGES
+    tok["added_tokens"] = [added(keep + n, t, True) for n, t in enumerate(GPTOSS_SPECIALS)]
+    specials = {t: keep + n for n, t in enumerate(GPTOSS_SPECIALS)}
+    tok["normalizer"] = None
+    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": GPT4O_SPLIT}
+    tok["post_processor"] = None
+    return tok, specials
+
+
+GPTOSS = dict(
+    name="tiny-gptoss-f32", arch="gpt-oss",
+    config=lambda sp: GptOssConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=base.MAX_POS, sliding_window=16, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 32},
+        eos_token_id=sp["<|return|>"], pad_token_id=sp["<|endoftext|>"], attn_implementation="eager"),
+    model=GptOssForCausalLM, tokenizer=gptoss_tokenizer,
+    tokenizer_config=lambda sp: {"bos_token": "<|startoftext|>", "eos_token": "<|return|>",
+                                 "pad_token": "<|endoftext|>", "chat_template": template("gptoss_chat_template.jinja"),
+                                 "clean_up_tokenization_spaces": False, "model_max_length": base.MAX_POS,
+                                 "tokenizer_class": "PreTrainedTokenizerFast"},
+    add_special=False, robust_greedy=True, robust_routing=True, robust_q8=True, mxfp4=True,
+)
+
+# MXFP4's E2M1 values by nibble (the sign in bit 3), as transformers' and ggml's tables have them.
+FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                      dtype=np.float32)
+
+
+def mxfp4_quantize(w):
+    """Rows [..., k] (k a multiple of 32) as OpenAI's MXFP4 checkpoints store them: per 32 values a
+    power-of-two scale (E8M0, bias 127) the largest magnitude fits 6 under, each value its nearest
+    E2M1 nibble; blocks [..., k / 32, 16] (value 2i in byte i's low nibble, 2i + 1 in its high one)
+    and scales [..., k / 32]. Returns them and the values they hold."""
+    w = np.asarray(w, dtype=np.float32)
+    blocks_shape = w.shape[:-1] + (w.shape[-1] // 32, 32)
+    v = w.reshape(blocks_shape)
+    amax = np.abs(v).max(axis=-1, keepdims=True)
+    exp = np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)).astype(np.int32)
+    exp = np.clip(exp, -127, 127)
+    scaled = v / np.exp2(exp).astype(np.float32)
+    nibbles = np.abs(scaled[..., None] - FP4_VALUES).argmin(axis=-1).astype(np.uint8)
+    values = FP4_VALUES[nibbles] * np.exp2(exp).astype(np.float32)
+    packed = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
+    scales = (exp[..., 0] + 127).astype(np.uint8)
+    return packed, scales, values.reshape(w.shape)
+
+
+def gptoss_mxfp4_weights(model):
+    """Rounds the experts' matrices to MXFP4 in place (their values as a released checkpoint's);
+    returns each layer's blocks and scales, as [experts, out, in] rows."""
+    out = {}
+    with torch.no_grad():
+        for l, layer in enumerate(model.model.layers):
+            experts = layer.mlp.experts
+            for name in ("gate_up_proj", "down_proj"):
+                p = getattr(experts, name)  # [experts, in, out]
+                packed, scales, values = mxfp4_quantize(p.detach().transpose(1, 2).numpy())
+                p.copy_(torch.from_numpy(values).transpose(1, 2))
+                prefix = f"model.layers.{l}.mlp.experts.{name}"
+                out[prefix + "_blocks"] = torch.from_numpy(np.ascontiguousarray(packed))
+                out[prefix + "_scales"] = torch.from_numpy(np.ascontiguousarray(scales))
+    return out
+
+
+def as_released_gptoss(out, name, blocks):
+    """A copy of fixture `out` as OpenAI's released checkpoints lay it out: the experts' matrices
+    in MXFP4 (`*_blocks`, `*_scales`), `quantization_config` naming it."""
+    dst = os.path.join(FIXTURES, name)
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(out, dst)
+    path = os.path.join(dst, "model.safetensors")
+    tensors = {k: v for k, v in load_file(path).items()
+               if not (k.endswith("experts.gate_up_proj") or k.endswith("experts.down_proj"))}
+    tensors.update(blocks)
+    save_file(tensors, path, metadata={"format": "pt"})
+    cfg_path = os.path.join(dst, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    json.dump(cfg, open(cfg_path, "w"), indent=2)
+    meta = json.load(open(os.path.join(dst, "reference.json")))
+    meta["model"] = name
+    json.dump(meta, open(os.path.join(dst, "reference.json"), "w"))
+
+
 def as_released_qwen35(out, architecture="Qwen3_5ForConditionalGeneration", model_type="qwen3_5"):
     """Rewrites a saved Qwen3_5ForCausalLM as Qwen's released checkpoints lay it out."""
     path = os.path.join(out, "model.safetensors")
@@ -582,8 +682,15 @@ def scale_weights(model):
                 p.copy_(base.EMBED_STD * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.2 * torch.randn_like(p))
+            elif name.endswith("sinks"):
+                # gpt-oss's per-head sink logits, about the scores' own size.
+                p.copy_(torch.randn_like(p))
             else:
                 gain = base.OUTPUT_GAIN if ("o_proj" in name or "down_proj" in name) else 1.0
+                if "experts.gate_up_proj" in name:
+                    # gpt-oss's gates and ups, wide enough to reach its clamp at 7 (GGUF files do
+                    # not carry the clamp: llama.cpp's is 7).
+                    gain = GPTOSS_GATE_GAIN
                 p.copy_(gain * torch.randn_like(p) / p.shape[1] ** 0.5)
 
 
@@ -635,6 +742,29 @@ ROUTING_MARGIN = 0.01
 
 
 @torch.no_grad()
+def q8_kv_keeps_logits(model, refs):
+    """Whether keys and values rounded as a q8_0 cache holds them (an f16 scale per 32 values,
+    int8 levels) keep every prompt's last logits within 1% of their scale: a router whose choice
+    such noise flips (gpt-oss's, 1 in 10 seeds at ROUTING_MARGIN) moves them by half their scale."""
+    def q8(_module, _inputs, out):
+        blocks = out.reshape(*out.shape[:-1], -1, 32)
+        d = (blocks.abs().amax(-1, keepdim=True) / 127).to(torch.float16).float()
+        q = torch.where(d > 0, torch.round(blocks / torch.where(d > 0, d, 1)), 0)
+        return (q * d).reshape(out.shape)
+
+    rounded = copy.deepcopy(model)
+    for layer in rounded.model.layers:
+        for proj in ("k_proj", "v_proj"):
+            getattr(layer.self_attn, proj).register_forward_hook(q8)
+    for r in refs:
+        logits = rounded(torch.tensor([r["ids"]])).logits[0, -1].float()
+        want = torch.tensor(r["last_logits"])
+        if (logits - want).abs().max() > 0.01 * want.abs().max():
+            return False
+    return True
+
+
+@torch.no_grad()
 def routing_margin(model, sequences):
     """The smallest gap, over every token of `sequences` and every MoE layer, between the router's
     k-th and (k+1)-th logits, in units of that token's spread of router logits: a near tie there
@@ -644,11 +774,12 @@ def routing_margin(model, sequences):
 
     def hook(module, inputs, _out):
         x = inputs[0].reshape(-1, inputs[0].shape[-1])
-        logits = x @ module.weight.T
+        logits = x @ module.weight.T + (module.bias if getattr(module, "bias", None) is not None else 0)
         top = torch.sort(logits, dim=-1, descending=True).values
         gaps.append(((top[:, k - 1] - top[:, k]) / logits.std(dim=-1)).min().item())
 
-    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+    routers = [getattr(layer.mlp, "gate", None) or layer.mlp.router for layer in model.model.layers]
+    handles = [r.register_forward_hook(hook) for r in routers]
     for ids in sequences:
         model(torch.tensor([ids]))
     for h in handles:
@@ -666,12 +797,15 @@ def build_hf(spec):
         torch.manual_seed(seed)
         model = spec["model"](cfg).eval()
         scale_weights(model)
+        blocks = gptoss_mxfp4_weights(model) if spec.get("mxfp4") else None
         reference = spec.get("reference", base.reference)
         refs = [dict(p, **reference(model, p["ids"])) for p in prompts]
         if all(r["min_margin"] >= base.MIN_MARGIN and len(set(r["greedy"])) >= base.MIN_DISTINCT for r in refs) \
                 and (not spec.get("robust_routing")
-                     or routing_margin(model, [r["ids"] + r["greedy"] for r in refs]) >= ROUTING_MARGIN) \
-                and (not spec.get("robust_greedy") or rounding_keeps_greedy(model, refs, reference)):
+                     or routing_margin(model, [r["ids"] + r["greedy"] for r in refs])
+                     >= spec.get("routing_margin", ROUTING_MARGIN)) \
+                and (not spec.get("robust_greedy") or rounding_keeps_greedy(model, refs, reference)) \
+                and (not spec.get("robust_q8") or q8_kv_keeps_logits(model, refs)):
             break
     else:
         sys.exit(f"{spec['name']}: no seed gives clear greedy margins")
@@ -699,6 +833,8 @@ def build_hf(spec):
         as_released_qwen35(out)
     if spec is QWEN35_MOE:
         as_released_qwen35(out, "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe")
+    if blocks is not None:
+        as_released_gptoss(out, spec["name"].replace("-f32", "-mxfp4"), blocks)
     print(f"{spec['name']}: seed {seed}, margins {[round(r['min_margin'], 3) for r in refs]}")
     return model, tok_json, specials, [p["ids"] for p in prompts]
 
@@ -1226,6 +1362,9 @@ def main():
         sys.argv[1:] = ["qwen35-gguf"]
     if sys.argv[1:] == ["gemma2"]:
         build_hf(GEMMA2)
+        return
+    if sys.argv[1:] == ["gptoss"]:
+        build_hf(GPTOSS)
         return
     if sys.argv[1:] in (["mistral"], ["mixtral"], ["ministral3"], ["phi3"], ["gemma3"]):
         spec = {"mistral": MISTRAL, "mixtral": MIXTRAL, "ministral3": MINISTRAL3, "phi3": PHI3,

@@ -2,8 +2,8 @@
 """Build the GGUF test fixtures under tests/fixtures/gguf/ (CI never runs this: the files are committed).
 
 - blocks.gguf: for each quantized type llaisys loads (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
-  Q4_K, Q5_K, Q6_K, and IQ4_NL, IQ4_XS, which it converts at load), a tensor of random blocks
-  (random bytes, every f16 scale replaced by a finite value)
+  Q4_K, Q5_K, Q6_K, and IQ4_NL, IQ4_XS, MXFP4, which it converts at load), a tensor of random blocks
+  (random bytes, every f16 scale replaced by a finite value, MXFP4's E8M0 scales by ones an f16 holds)
   named after the type, and `<TYPE>.f32`: the same values dequantized by ggml's numpy reference
   (PyPI `gguf`, `gguf.quants.dequantize`). Dequantization must match it bit for bit.
 - tiny-tied-f32.gguf, tiny-tied-q8_0.gguf, tiny-tied-q4_0.gguf, tiny-untied-q5_0.gguf: the
@@ -18,7 +18,7 @@
 - tiny-kquant.imatrix.gguf, tiny-kquant.imatrix.dat: importance matrices of tiny-kquant's f32
   model over a few paragraphs (`CALIBRATION`), by llama.cpp's llama-imatrix (set LLAMA_IMATRIX,
   default $PEER/bin/llama-imatrix) in its GGUF and its older .dat format.
-- unsupported-type.gguf: tiny-tied with one matrix in MXFP4 (the files of other families and
+- unsupported-type.gguf: tiny-tied with one matrix in Q8_1 (the files of other families and
   architectures are scripts/make_family_fixtures.py's).
 - pre-deepseek-r1-qwen.gguf, pre-llama3.gguf: the tokenizer metadata (no tensors) of
   tiny-qwen3-f32.gguf and tiny-llama-f32.gguf (scripts/make_family_fixtures.py's) with
@@ -174,7 +174,9 @@ def random_blocks(qtype, n_blocks, rng):
     raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
     fields = {T.Q8_0: [0], T.Q4_0: [0], T.Q5_0: [0], T.Q4_1: [0, 2], T.Q5_1: [0, 2],
               T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
-              T.IQ4_NL: [0], T.IQ4_XS: [0]}[qtype]
+              T.IQ4_NL: [0], T.IQ4_XS: [0], T.MXFP4: []}[qtype]
+    if qtype == T.MXFP4:
+        raw[:, 0] = rng.integers(104, 144, size=n_blocks, dtype=np.uint8)
     for at in fields:
         scale = (rng.uniform(0.002, 0.05, n_blocks) * rng.choice([-1, 1], n_blocks)).astype(np.float16)
         raw[:, at:at + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
@@ -185,7 +187,7 @@ def write_blocks(path):
     rng = np.random.default_rng(7)
     w = GGUFWriter(path, "blocks")
     for qtype in [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
-                  T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]:
+                  T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4]:
         block = gguf.GGML_QUANT_SIZES[qtype][0]
         rows, per_row = 3, max(1, 512 // block)
         raw = random_blocks(qtype, rows * per_row, rng).reshape(rows, -1)
@@ -315,7 +317,7 @@ def main():
     # One matrix in a type llaisys does not load.
     unsupported = os.path.join(OUT, "unsupported-type.gguf")
     write_model(unsupported, tied_cfg, tied, T.Q8_0)
-    patch_type(unsupported, "blk.0.attn_q.weight", T.MXFP4, tied["model.layers.0.self_attn.q_proj.weight"])
+    patch_type(unsupported, "blk.0.attn_q.weight", T.Q8_1, tied["model.layers.0.self_attn.q_proj.weight"])
 
     for src, pre in [("tiny-qwen3-f32", "deepseek-r1-qwen"), ("tiny-llama-f32", "llama3")]:
         write_tokenizer_only(os.path.join(OUT, src + ".gguf"), os.path.join(OUT, f"pre-{pre}.gguf"), pre)

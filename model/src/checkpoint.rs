@@ -186,6 +186,30 @@ impl TensorSource for Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// A tensor of bytes as stored (`U8`: MXFP4's blocks and scales in OpenAI's checkpoints).
+    pub fn bytes(&self, name: &str) -> Result<Vec<u8>, LoadError> {
+        let e = self.entries.get(name).ok_or_else(|| LoadError::MissingTensors(vec![name.into()]))?;
+        let shard = &self.shards[e.shard];
+        let (start, end) = (shard.data_start + e.range.0, shard.data_start + e.range.1);
+        if end > shard.mmap.len() || e.dtype != Dtype::U8 {
+            let reason = format!("`{name}` is not bytes within the file ({:?})", e.dtype);
+            return Err(LoadError::Safetensors { path: shard.path.clone(), reason });
+        }
+        let mut out = vec![0u8; end - start];
+        shard
+            .file
+            .read_exact_at(&mut out, start as u64)
+            .map_err(|source| LoadError::Io { path: shard.path.clone(), source })?;
+        Ok(out)
+    }
+
+    /// A tensor's stored type's name (`U8`, `BF16`).
+    pub fn dtype_name(&self, name: &str) -> Option<String> {
+        self.entries.get(name).map(|e| format!("{:?}", e.dtype))
+    }
+}
+
 /// Bytes read per call while loading a tensor (a multiple of every element size).
 const READ_CHUNK: usize = 4 << 20;
 

@@ -42,6 +42,9 @@ pub enum RopeScaling {
         attention_factor: Option<f64>,
         beta_fast: f64,
         beta_slow: f64,
+        /// The ramp's ends are rounded to whole dimensions (transformers' `truncate`, true but for
+        /// gpt-oss; llama.cpp always rounds).
+        truncate: bool,
     },
     /// Each frequency divided by its own factor: a GGUF file's `rope_freqs.weight` (llama.cpp
     /// writes Llama 3's scaling this way), \[head_dim / 2\].
@@ -83,12 +86,15 @@ impl QueryScaling {
 }
 
 /// The feed-forward's gate: `act(gate) · up` (`hidden_act`; Gemma's `hidden_activation`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// SwiGLU: `silu(gate) · up` (`silu`).
     Silu,
     /// GeGLU with GELU's tanh approximation (`gelu_pytorch_tanh`, Gemma's).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: with g = min(gate, limit) and u = clamp(up, −limit, limit),
+    /// `g · σ(alpha · g) · (u + 1)` (`swiglu_alpha`, `swiglu_limit`).
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 impl Activation {
@@ -102,15 +108,16 @@ impl Activation {
     }
 }
 
-/// Gemma's local layers: attention over the last `window` positions only (a token sees the keys
-/// of positions p with `pos − window < p ≤ pos`), rotated by a base of their own.
+/// Local layers (Gemma's, gpt-oss's): attention over the last `window` positions only (a token
+/// sees the keys of positions p with `pos − window < p ≤ pos`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlidingWindow {
     pub window: usize,
     /// Per layer: whether it is a local layer.
     pub layers: Vec<bool>,
-    /// The local layers' rotary base (`rope_local_base_freq`); they have no rope scaling.
-    pub rope_theta: f64,
+    /// The local layers' own rotary base, unscaled (Gemma 3's `rope_local_base_freq`); `None`:
+    /// they rotate as the global layers do.
+    pub rope_theta: Option<f64>,
 }
 
 /// A mixture-of-experts feed-forward (`num_experts`, ...).
@@ -127,6 +134,8 @@ pub struct MoeConfig {
     pub shared_intermediate_size: Option<usize>,
     /// Layers whose feed-forward is a dense SwiGLU of `intermediate_size` instead.
     pub dense_layers: Vec<usize>,
+    /// The router and every expert's matrices have biases (gpt-oss).
+    pub biases: bool,
 }
 
 /// Qwen3.5's gated DeltaNet linear attention (`linear_*` fields, `layer_types`).
@@ -213,6 +222,9 @@ pub struct ModelConfig {
     pub attention_softcap: Option<f64>,
     /// The output logits likewise (`final_logit_softcapping`).
     pub logit_softcap: Option<f64>,
+    /// Each attention head has a learned sink: a logit in its softmax's denominator that no
+    /// value goes with (gpt-oss's `sinks`).
+    pub attention_sinks: bool,
     pub tie_word_embeddings: bool,
     /// The mixture of experts of a MoE family.
     pub moe: Option<MoeConfig>,
@@ -309,7 +321,7 @@ impl ModelConfig {
             Bias::Always => true,
             Bias::Config { field, default } => f.opt_bool(field)?.unwrap_or(default),
         };
-        let (rope_theta, rope_scaling, partial_rotary, query_scaling) = f.rope()?;
+        let (rope_theta, rope_scaling, partial_rotary, query_scaling) = f.rope(arch)?;
         let moe = f.moe(arch)?;
         let rotary_dim = ((head_dim as f64 * partial_rotary).round() as usize) & !1;
         if let RopeScaling::LongRope { short, long, .. } = &rope_scaling
@@ -359,6 +371,7 @@ impl ModelConfig {
             attention_scalar: f.positive("query_pre_attn_scalar")?,
             attention_softcap: f.positive("attn_logit_softcapping")?,
             logit_softcap: f.positive("final_logit_softcapping")?,
+            attention_sinks: arch.attention_sinks,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(arch.tied_embeddings),
             moe,
             // transformers ≥ 5 writes `dtype`, earlier versions `torch_dtype`.
@@ -473,12 +486,20 @@ impl ModelConfig {
             if s.layers.len() != self.num_hidden_layers {
                 return bad("layer_types", format!("{} entries for {} layers", s.layers.len(), self.num_hidden_layers));
             }
-            if !(s.rope_theta.is_finite() && s.rope_theta > 0.0) {
-                return bad("rope_local_base_freq", format!("{} must be a positive number", s.rope_theta));
+            if let Some(theta) = s.rope_theta.filter(|t| !(t.is_finite() && *t > 0.0)) {
+                return bad("rope_local_base_freq", format!("{theta} must be a positive number"));
             }
         }
-        if self.activation != Activation::Silu && self.moe.is_some() {
+        if self.activation == Activation::GeluTanh && self.moe.is_some() {
             return bad("hidden_act", "experts gate by SwiGLU only (`silu`)".into());
+        }
+        if let Activation::ClampedSwiglu { alpha, limit } = self.activation {
+            if !(alpha.is_finite() && alpha > 0.0) {
+                return bad("swiglu_alpha", format!("{alpha} must be a positive number"));
+            }
+            if !(limit.is_finite() && limit > 0.0) {
+                return bad("swiglu_limit", format!("{limit} must be a positive number"));
+            }
         }
         if let Some(m) = &self.moe {
             if m.experts == 0 {
@@ -628,6 +649,7 @@ impl Fields<'_> {
                 false => None,
             },
             dense_layers,
+            biases: experts.biases,
         }))
     }
 
@@ -698,8 +720,15 @@ impl Fields<'_> {
     }
 
     /// The feed-forward's gate: `hidden_activation` (Gemma's field, which transformers reads for
-    /// it), else `hidden_act`, else the family's.
+    /// it), else `hidden_act`, else the family's; gpt-oss's clamped SwiGLU with its
+    /// `swiglu_alpha` and `swiglu_limit` (its configs' `hidden_act: silu` says nothing of it).
     fn activation(&self, arch: &Architecture) -> Result<Activation, LoadError> {
+        if let Activation::ClampedSwiglu { alpha, limit } = arch.activation {
+            return Ok(Activation::ClampedSwiglu {
+                alpha: self.opt_f64("swiglu_alpha")?.map_or(alpha, |a| a as f32),
+                limit: self.opt_f64("swiglu_limit")?.map_or(limit, |l| l as f32),
+            });
+        }
         let (field, name) = match (self.opt_str("hidden_activation")?, self.opt_str("hidden_act")?) {
             (Some(name), _) => ("hidden_activation", name),
             (None, Some(name)) => ("hidden_act", name),
@@ -768,16 +797,13 @@ impl Fields<'_> {
             }
             Some(other) => return Err(Self::err("rope_parameters.sliding_attention", "an object", other)),
         };
-        let rope_theta = match (own, self.opt_f64("rope_local_base_freq")?, local.rope_theta) {
-            (Some(theta), _, _) | (None, Some(theta), _) | (None, None, Some(theta)) => theta,
-            (None, None, None) => self.rope()?.0,
-        };
+        let rope_theta = own.or(self.opt_f64("rope_local_base_freq")?).or(local.rope_theta);
         Ok(Some(SlidingWindow { window, layers, rope_theta }))
     }
 
     /// The rotary base and scaling: `rope_theta` and `rope_scaling` at the top level
     /// (transformers < 5), or both in `rope_parameters`. Errors name the field as written.
-    fn rope(&self) -> Result<(f64, RopeScaling, f64, Option<QueryScaling>), LoadError> {
+    fn rope(&self, arch: &Architecture) -> Result<(f64, RopeScaling, f64, Option<QueryScaling>), LoadError> {
         let top_partial = self.opt_f64("partial_rotary_factor")?;
         let (section, params) = match (self.get("rope_parameters"), self.get("rope_scaling")) {
             // Per kind of layer (Gemma 3's, transformers ≥ 5): the global layers' (`sliding`
@@ -866,6 +892,7 @@ impl Fields<'_> {
                 },
                 beta_fast: nested.opt_f64("beta_fast").map_err(named)?.unwrap_or(32.0),
                 beta_slow: nested.opt_f64("beta_slow").map_err(named)?.unwrap_or(1.0),
+                truncate: nested.opt_bool("truncate").map_err(named)?.unwrap_or(arch.yarn_truncate),
             },
             Some("longrope" | "su") => {
                 let factors = |field: &str| -> Result<Vec<f32>, LoadError> {
@@ -1199,7 +1226,7 @@ mod tests {
             ("gemma3", 1e6, RopeScaling::Linear { factor: 8.0 })
         );
         let s = c.sliding.as_ref().unwrap();
-        assert_eq!((s.window, s.rope_theta), (1024, 10_000.0));
+        assert_eq!((s.window, s.rope_theta), (1024, Some(10_000.0)));
         assert_eq!(s.layers.iter().filter(|&&l| !l).count(), 5, "layers 5, 11, …, 29 are global");
         assert!(s.layers[4] && !s.layers[5] && s.layers[6] && c.is_local_layer(33) && !c.is_local_layer(29));
         assert_eq!(
@@ -1238,14 +1265,15 @@ mod tests {
         let r = ModelConfig::from_json_str(released).unwrap();
         assert_eq!((r.num_attention_heads, r.num_key_value_heads, r.head_dim, r.vocab_size), (8, 4, 256, 262_208));
         assert_eq!((r.max_position_embeddings, r.rope_theta, r.attention_scalar), (131_072, 1e6, Some(256.0)));
-        assert_eq!((r.sliding.as_ref().unwrap().rope_theta, r.tie_word_embeddings), (10_000.0, true));
+        assert_eq!((r.sliding.as_ref().unwrap().rope_theta, r.tie_word_embeddings), (Some(10_000.0), true));
         // An explicit null is kept: no soft-cap.
         let uncapped = gemma2.replace("\"final_logit_softcapping\":30.0", "\"final_logit_softcapping\":null");
         assert_eq!(ModelConfig::from_json_str(&uncapped).unwrap().logit_softcap, None);
         let s = c.sliding.as_ref().unwrap();
         assert_eq!(
             (s.window, s.rope_theta, s.layers[0], s.layers[1], s.layers[40]),
-            (4096, 10_000.0, true, false, true)
+            // Gemma 2's local layers rotate as its global ones.
+            (4096, None, true, false, true)
         );
         assert_eq!((c.attention_softcap, c.logit_softcap, c.qk_norm), (Some(50.0), Some(30.0), false));
         let err = ModelConfig::from_json_str(

@@ -55,10 +55,10 @@ fn every_quantized_type_dequantizes_bit_exact_to_ggml_and_through_the_packed_lay
     }
 }
 
-/// The formats converted at load (IQ4_NL, IQ4_XS) dequantize bit-exact to ggml's reference
-/// (`blocks.gguf`: random blocks and `gguf.quants.dequantize`'s values), and load as their
-/// target: IQ4_NL with every weight bit-identical through the packed layout, IQ4_XS within its
-/// block scales' f16 rounding.
+/// The formats converted at load (IQ4_NL, IQ4_XS, MXFP4) dequantize bit-exact to ggml's
+/// reference (`blocks.gguf`: random blocks and `gguf.quants.dequantize`'s values), and load as
+/// their target: IQ4_NL and MXFP4 with every weight bit-identical through the packed layout,
+/// IQ4_XS within its block scales' f16 rounding.
 #[test]
 fn converted_types_dequantize_as_ggml_and_load_as_their_targets() {
     let file = GgufFile::open(&gguf_fixture("blocks")).unwrap();
@@ -85,7 +85,7 @@ fn converted_types_dequantize_as_ggml_and_load_as_their_targets() {
         let mean_abs = want.iter().map(|w| w.abs()).sum::<f32>() / want.len() as f32;
         eprintln!("{ty} as {target}: rms change {rms:.3e} (mean |w| {mean_abs:.3e})");
         match ty {
-            Foreign::Iq4Nl => assert_eq!(bits(&loaded), bits(&want), "{ty} loaded as {target}"),
+            Foreign::Iq4Nl | Foreign::Mxfp4 => assert_eq!(bits(&loaded), bits(&want), "{ty} loaded as {target}"),
             Foreign::Iq4Xs => {
                 assert!(rms > 0.0 && rms < 1e-3 * mean_abs, "{ty}: rms change {rms}");
                 for (l, w) in loaded.iter().zip(&want) {
@@ -558,7 +558,7 @@ fn a_gemma3_gguf_reads_its_local_layers_norms_and_vocabulary() {
         (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
     assert_eq!((ours.arch.name, hf.arch.name), ("gemma3", "gemma3"));
     let sliding = hf.sliding.as_ref().unwrap();
-    assert_eq!((sliding.window, sliding.rope_theta), (16, 10_000.0));
+    assert_eq!((sliding.window, sliding.rope_theta), (16, Some(10_000.0)));
     assert_eq!(sliding.layers, [true, true, true, true, true, false]);
     assert_eq!(ours.sliding, hf.sliding);
     assert_eq!(hf.rope_scaling, RopeScaling::Linear { factor: 8.0 });
@@ -608,14 +608,14 @@ fn gemma_ggufs_read_llama_cpps_defaults_and_the_27bs_query_scale() {
     let read = |name| llaisys_model::gguf::model_config(&GgufFile::open(&gguf_fixture(name)).unwrap()).unwrap();
     let g2 = read("gemma2-config");
     let s = g2.sliding.as_ref().unwrap();
-    assert_eq!((g2.arch.name, s.window, s.rope_theta), ("gemma2", 4096, 10_000.0));
+    assert_eq!((g2.arch.name, s.window, s.rope_theta), ("gemma2", 4096, None));
     assert_eq!(s.layers, [true, false, true, false]);
     assert_eq!((g2.attention_softcap, g2.logit_softcap, g2.attention_scalar), (Some(50.0), Some(30.0), Some(32.0)));
     assert!(g2.tie_word_embeddings && g2.sandwich_norms && !g2.zero_centred_norms);
     assert_eq!(g2.embedding_scale, Some(8.0));
     let g3 = read("gemma3-27b-config");
     let s = g3.sliding.as_ref().unwrap();
-    assert_eq!((g3.arch.name, s.window, s.rope_theta), ("gemma3", 16, 20_000.0));
+    assert_eq!((g3.arch.name, s.window, s.rope_theta), ("gemma3", 16, Some(20_000.0)));
     assert_eq!(s.layers, (0..62).map(|l| l % 3 != 2).collect::<Vec<_>>());
     assert_eq!((g3.attention_scalar, g3.head_dim), (Some(16.0), 32));
     assert_eq!((g3.attention_softcap, g3.logit_softcap), (None, Some(25.0)));
@@ -640,6 +640,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-phi3-f32",
         "tiny-gemma3-f32",
         "tiny-llama-f32",
+        "tiny-gptoss-f32",
     ];
     for name in fixtures {
         let source = ModelSource::Gguf(fixture_dir("gguf").join("converted").join(format!("{name}.gguf")));
@@ -652,6 +653,57 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
             assert_eq!(tokenizer.encode_prompt(&p.text).unwrap(), p.ids, "{name}: {:?}", p.text);
         }
     }
+}
+
+/// gpt-oss as OpenAI releases it, its experts' matrices in MXFP4: tiny-gptoss-mxfp4 holds
+/// tiny-gptoss-f32's weights (whose experts were rounded to MXFP4 before its references were
+/// made), its experts as `*_blocks` and `*_scales`; llama.cpp's converter repacks them into a
+/// GGUF file's MXFP4 tensors. Both read as Q5_0 (exact): dequantized to f32 they give
+/// transformers' logits and greedy tokens; kept quantized (int8 activations in the experts'
+/// products), their logits stay within a few percent of the range. The file reads as the
+/// checkpoint's configuration (the window, the alternating layers, YaRN unrounded, the sinks,
+/// the clamp), its vocabulary (o200k's split) as the checkpoint's tokenizer, and its chat as
+/// the checkpoint's harmony prompt.
+#[test]
+fn gpt_oss_in_mxfp4_reads_as_its_dense_weights() {
+    let reference = Reference::load("tiny-gptoss-f32");
+    let dir = ModelSource::Dir(fixture_dir("tiny-gptoss-mxfp4"));
+    let file = ModelSource::Gguf(fixture_dir("gguf").join("converted").join("tiny-gptoss-mxfp4.gguf"));
+    for source in [&dir, &file] {
+        let mut exact = context(source, WeightDtype::F32);
+        let mut kept = context(source, WeightDtype::Auto);
+        for (s, p) in reference.prompts.iter().enumerate() {
+            check_prompt(&mut exact, s as u32, p);
+            kept.decode(&one_sequence(&p.ids, s as u32, 0)).unwrap();
+            let range = p.last_logits.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let err = max_abs_diff(kept.outputs().row(0).unwrap(), &p.last_logits);
+            eprintln!("{} prompt {s}: kept in Q5_0, within {:.2e} of the range", source.path().display(), err / range);
+            assert!(err < 0.05 * range, "{}: {err} of {range}", source.path().display());
+        }
+    }
+    let ModelSource::Gguf(path) = &file else { unreachable!() };
+    let ours = llaisys_model::gguf::model_config(&GgufFile::open(path).unwrap()).unwrap();
+    let hf = ModelConfig::from_dir(&fixture_dir("tiny-gptoss-mxfp4")).unwrap();
+    assert_eq!((ours.arch.name, hf.arch.name), ("gpt_oss", "gpt_oss"));
+    assert_eq!(ours.sliding, hf.sliding);
+    assert_eq!(hf.sliding.as_ref().map(|s| (s.window, s.layers.clone())), Some((16, vec![true, false])));
+    assert_eq!((ours.rope_scaling.clone(), ours.rope_theta), (hf.rope_scaling.clone(), hf.rope_theta));
+    assert!(matches!(hf.rope_scaling, RopeScaling::Yarn { truncate: false, .. }));
+    assert_eq!((ours.activation, ours.attention_sinks, ours.moe.clone()), (hf.activation, true, hf.moe.clone()));
+    assert_eq!(hf.activation, llaisys_model::arch::Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 });
+    let (from_gguf, from_json) = (file.tokenizer().unwrap(), dir.tokenizer().unwrap());
+    for text in CORPUS.iter().chain(&["<|start|>user<|message|>Hi<|end|><|start|>assistant"]) {
+        let ids = from_json.encode(text).unwrap();
+        assert_eq!(from_gguf.encode(text).unwrap(), ids, "ids of {text:?}");
+        assert_eq!(from_gguf.encode_prompt(text).unwrap(), from_json.encode_prompt(text).unwrap(), "{text:?}");
+        assert_eq!(from_gguf.decode(&ids, false).unwrap(), from_json.decode(&ids, false).unwrap(), "{text:?}");
+    }
+    let messages = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi <3")];
+    let (a, b) = (file.chat_template().unwrap().unwrap(), dir.chat_template().unwrap().unwrap());
+    let prompt = a.render(&messages, true).unwrap();
+    assert_eq!(prompt, b.render(&messages, true).unwrap());
+    assert!(prompt.starts_with("<|start|>system<|message|>You are ChatGPT"), "{prompt}");
+    assert!(prompt.ends_with("<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|><|start|>user<|message|>Hi <3<|end|><|start|>assistant"), "{prompt}");
 }
 
 /// Qwen3.5 in Q8_0: its q and k rows, which loading reorders (partial rotary, the output gate),
@@ -865,7 +917,7 @@ fn load_error(path: &std::path::Path) -> String {
 #[test]
 fn unsupported_types_and_architectures_are_named() {
     let err = load_error(&gguf_fixture("unsupported-type"));
-    assert!(err.contains("blk.0.attn_q.weight") && err.contains("MXFP4") && err.contains("Q3_K"), "{err}");
+    assert!(err.contains("blk.0.attn_q.weight") && err.contains("Q8_1") && err.contains("Q3_K"), "{err}");
     let err = load_error(&gguf_fixture("deepseek2-arch"));
     assert!(err.contains("`deepseek2`") && err.contains("latent attention") && err.contains("qwen3_moe"), "{err}");
     let err = load_error(&gguf_fixture("unknown-arch"));

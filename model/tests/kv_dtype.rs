@@ -59,9 +59,10 @@ fn a_q8_0_cache_takes_17_32_of_sixteen_bits() {
 }
 
 /// Every fixture's prompts: logits within the dtype's share of the scale of the f32 reference,
-/// and the reference's greedy tokens. q8_0 may part from them, but only at a step where the
-/// f32 cache's two best logits lie within its error of each other (on these random fixtures it
-/// did in 3 of 21 prompts).
+/// and the reference's greedy tokens. q8_0 and bf16 (the caches whose error reaches a few
+/// percent of the scale) may part from them, but only at a step where the f32 cache's two best
+/// logits lie within that error of each other (on these random fixtures q8_0 did in 3 of 21
+/// prompts, bf16 in 1: tiny-gptoss-f32's first).
 #[test]
 fn narrow_caches_keep_every_fixtures_logits_close_and_greedy_tokens_identical() {
     for name in FIXTURES {
@@ -74,8 +75,11 @@ fn narrow_caches_keep_every_fixtures_logits_close_and_greedy_tokens_identical() 
                 assert!(err < tolerance(dtype) * size, "{name} {dtype} prompt {s}: error {err}, scale {size}");
                 let tokens = greedy(&mut ctx, 100 + s as u32, &p.ids, p.greedy.len(), &[]).unwrap().tokens;
                 let Some(i) = tokens.iter().zip(&p.greedy).position(|(a, b)| a != b) else { continue };
-                assert_eq!(dtype, KvDtype::Q8_0, "{name} {dtype} prompt {s}: greedy token {i} differs");
-                // The f32 cache's logits where the q8_0 one chose otherwise.
+                assert!(
+                    matches!(dtype, KvDtype::Q8_0 | KvDtype::BF16),
+                    "{name} {dtype} prompt {s}: greedy token {i} differs"
+                );
+                // The f32 cache's logits where the narrow one chose otherwise.
                 let mut exact = context(name, 256, KvDtype::F32);
                 let path: Vec<u32> = p.ids.iter().chain(&p.greedy[..i]).copied().collect();
                 exact.decode(&one_sequence(&path, 0, 0)).unwrap();
@@ -83,7 +87,7 @@ fn narrow_caches_keep_every_fixtures_logits_close_and_greedy_tokens_identical() 
                 let margin = row[p.greedy[i] as usize] - row[tokens[i] as usize];
                 assert!(
                     margin < tolerance(dtype) * scale(row),
-                    "{name} prompt {s}: q8_0 chose {} over {} at token {i}, {margin} below it",
+                    "{name} prompt {s}: {dtype} chose {} over {} at token {i}, {margin} below it",
                     tokens[i],
                     p.greedy[i]
                 );

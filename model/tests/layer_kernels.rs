@@ -9,7 +9,7 @@ use std::sync::{Mutex, PoisonError};
 use burn::tensor::DType;
 use llaisys_model::arch::Activation;
 use llaisys_model::kernels::gpu_fused_rows;
-use llaisys_model::layers::{RmsNorm, Rope, attention, swiglu};
+use llaisys_model::layers::{RmsNorm, Rope, Sinks, attention, swiglu};
 use llaisys_model::{Device, DeviceSpec, Tensor, TensorData};
 use llaisys_tests::test_device;
 
@@ -122,7 +122,8 @@ fn swiglu_and_geglu_match_a_reference_on_a_strided_input() {
     let (n, i) = (3, 300);
     // The stacked projection's [gate | up] as a narrowed view of a wider tensor.
     let wide = values(n * (2 * i + 5), 3, 8.0);
-    for act in [Activation::Silu, Activation::GeluTanh] {
+    let clamped = Activation::ClampedSwiglu { alpha: 1.702, limit: 3.0 };
+    for act in [Activation::Silu, Activation::GeluTanh, clamped] {
         let gate_up =
             Tensor::<2>::from_data(TensorData::new(wide.clone(), [n, 2 * i + 5]), &device).narrow(1, 0, 2 * i);
         let run = || host(swiglu(gate_up, act));
@@ -132,12 +133,18 @@ fn swiglu_and_geglu_match_a_reference_on_a_strided_input() {
             for j in 0..i {
                 let (g, u) = (row[j] as f64, row[i + j] as f64);
                 let gated = match act {
-                    Activation::Silu => g / (1.0 + (-g).exp()),
+                    Activation::Silu => g / (1.0 + (-g).exp()) * u,
                     Activation::GeluTanh => {
-                        0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+                        0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh()) * u
+                    }
+                    // gpt-oss's (Burn's ops on a GPU).
+                    Activation::ClampedSwiglu { alpha, limit } => {
+                        let (alpha, limit) = (alpha as f64, limit as f64);
+                        let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+                        g / (1.0 + (-alpha * g).exp()) * (u + 1.0)
                     }
                 };
-                want.push(gated * u);
+                want.push(gated);
             }
         }
         assert_close(&got, &want, 1e-5, &format!("{act:?}"));
@@ -182,18 +189,23 @@ fn rope_rotates_q_and_k_and_keeps_v() {
     }
 }
 
-/// GQA attention, with and without a mask, and with soft-capped scores (Gemma 2's), against a
-/// reference softmax in f64.
+/// GQA attention, with and without a mask, with soft-capped scores (Gemma 2's) and with sinks
+/// (gpt-oss's), against a reference softmax in f64.
 #[test]
 fn attention_matches_a_reference() {
     let (spec, device) = device();
-    for (heads, kv_heads, d, n, extent, masked, softcap) in [
-        (2, 2, 64, 1, 5, false, None),
-        (4, 2, 64, 3, 130, true, None),
-        (7, 1, 128, 2, 300, true, None),
-        (14, 2, 64, 1, 257, false, None),
-        (4, 2, 64, 3, 130, true, Some(0.5)),
+    for (heads, kv_heads, d, n, extent, masked, softcap, sinks) in [
+        (2, 2, 64, 1, 5, false, None, false),
+        (4, 2, 64, 3, 130, true, None, false),
+        (7, 1, 128, 2, 300, true, None, false),
+        (14, 2, 64, 1, 257, false, None, false),
+        (4, 2, 64, 3, 130, true, Some(0.5), false),
+        (4, 2, 64, 3, 130, true, None, true),
+        (2, 2, 64, 1, 5, false, None, true),
     ] {
+        // Sinks below, about and far above the scores.
+        let sink: Vec<f32> = (0..heads).map(|h| [-3.0, 0.5, 20.0][h % 3]).collect();
+        let sinks = sinks.then(|| Sinks::new(sink.clone(), &device));
         let q = values(n * heads * d, 1, 1.5);
         let k = values(kv_heads * extent * d, 2, 1.5);
         let v = values(kv_heads * extent * d, 3, 1.0);
@@ -205,9 +217,9 @@ fn attention_matches_a_reference() {
         let kt = Tensor::<3>::from_data(TensorData::new(k.clone(), [kv_heads, extent, d]), &device);
         let vt = Tensor::<3>::from_data(TensorData::new(v.clone(), [kv_heads, extent, d]), &device);
         let mt = masked.then(|| Tensor::<2>::from_data(TensorData::new(mask, [n, extent]), &device));
-        // Capped scores take Burn's ops, not the fused softmax.
-        let run = || host(attention(qt, kt, vt, mt, softcap));
-        let got = if softcap.is_none() { ran(spec, "softmax", run) } else { run() };
+        // Capped scores and sinks take Burn's ops, not the fused softmax.
+        let run = || host(attention(qt, kt, vt, mt, softcap, sinks.as_ref()));
+        let got = if softcap.is_none() && sinks.is_none() { ran(spec, "softmax", run) } else { run() };
         let mut want = vec![0.0f64; n * heads * d];
         for r in 0..n {
             for h in 0..heads {
@@ -222,9 +234,10 @@ fn attention_matches_a_reference() {
                         if sees(r, c) { s } else { f64::NEG_INFINITY }
                     })
                     .collect();
-                let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = sinks.as_ref().map(|_| sink[h] as f64);
+                let top = scores.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
-                let total: f64 = weights.iter().sum();
+                let total: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - top).exp());
                 for (c, w) in weights.iter().enumerate() {
                     for i in 0..d {
                         want[(r * heads + h) * d + i] += w / total * v[(kvh * extent + c) * d + i] as f64;
@@ -232,7 +245,10 @@ fn attention_matches_a_reference() {
                 }
             }
         }
-        let what = format!("attention {heads}/{kv_heads} d {d} n {n} extent {extent} cap {softcap:?}");
+        let what = format!(
+            "attention {heads}/{kv_heads} d {d} n {n} extent {extent} cap {softcap:?} sinks {}",
+            sinks.is_some()
+        );
         assert_close(&got, &want, 1e-4, &what);
     }
 }
@@ -419,7 +435,7 @@ fn cell_attention_matches_a_reference() {
             let kernel = if visible.iter().any(|cells| cells.len() > 256) { "merge_splits" } else { "cell_attention" };
             let got = ran(spec, kernel, || {
                 host(
-                    cell_attention(&qt, &kt, &vt, false, &cells, softcap)
+                    cell_attention(&qt, &kt, &vt, false, &cells, softcap, None)
                         .expect("an attention kernel runs on the test device"),
                 )
             });

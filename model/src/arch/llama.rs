@@ -31,4 +31,6 @@ pub const LLAMA: Architecture = Architecture {
     sandwich_norms: false,
     activation: Activation::Silu,
     local_layers: None,
+    attention_sinks: false,
+    yarn_truncate: true,
 };

@@ -25,6 +25,8 @@ pub const MIXTRAL: Architecture = Architecture {
         gguf_norm_topk_prob: true,
         norm_topk_always: true,
         width: "intermediate_size",
+        biases: false,
+        fused_3d: false,
     }),
     ..MISTRAL
 };

@@ -6,6 +6,7 @@
 
 mod gemma2;
 mod gemma3;
+mod gptoss;
 mod llama;
 mod ministral3;
 mod mistral;
@@ -91,8 +92,14 @@ pub struct Architecture {
     /// The feed-forward's gate when the config names none (`hidden_act`; Gemma's
     /// `hidden_activation`).
     pub activation: Activation,
-    /// Gemma's local layers, which attend over a sliding window only, where the family has them.
+    /// Local layers, which attend over a sliding window only, where the family has them (Gemma's,
+    /// gpt-oss's).
     pub local_layers: Option<LocalLayers>,
+    /// Each attention head has a learned sink logit in its softmax (gpt-oss's `sinks`).
+    pub attention_sinks: bool,
+    /// A YaRN scaling's ramp ends are rounded to whole dimensions when the config does not say
+    /// (`rope_parameters.truncate`; transformers' default, false for gpt-oss).
+    pub yarn_truncate: bool,
 }
 
 /// Where a family's local layers are when its config does not list them, and how they rotate.
@@ -101,8 +108,8 @@ pub struct LocalLayers {
     /// With a `sliding_window` and no `layer_types`, every layer but each `pattern`-th is local
     /// (transformers' `sliding_window_pattern`, which a config may give).
     pub pattern: usize,
-    /// Their rotary base when the config gives none (`rope_local_base_freq`); `None`: the global
-    /// layers'.
+    /// Their own rotary base, unscaled, when the config gives none (`rope_local_base_freq`);
+    /// `None`: they rotate as the global layers.
     pub rope_theta: Option<f64>,
 }
 
@@ -120,6 +127,11 @@ pub struct Experts {
     /// The config field of each expert's SwiGLU width (`moe_intermediate_size`; Mixtral's
     /// experts are `intermediate_size` wide).
     pub width: &'static str,
+    /// The router and every expert's matrices have biases (gpt-oss).
+    pub biases: bool,
+    /// Its checkpoints keep a layer's experts in 3-D tensors, gate and up interleaved, dense or
+    /// in MXFP4 (gpt-oss's; `decoder::fused_experts` reads them).
+    pub fused_3d: bool,
 }
 
 /// Where q, k and v biases come from.
@@ -147,6 +159,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &phi3::PHI3,
     &gemma3::GEMMA3,
     &gemma2::GEMMA2,
+    &gptoss::GPT_OSS,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what

@@ -30,4 +30,6 @@ pub const QWEN3: Architecture = Architecture {
     sandwich_norms: false,
     activation: Activation::Silu,
     local_layers: None,
+    attention_sinks: false,
+    yarn_truncate: true,
 };

@@ -16,6 +16,8 @@ pub const QWEN3_5_MOE: Architecture = Architecture {
         gguf_norm_topk_prob: true,
         norm_topk_always: true,
         width: "moe_intermediate_size",
+        biases: false,
+        fused_3d: false,
     }),
     ..QWEN3_5
 };

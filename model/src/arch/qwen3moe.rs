@@ -24,6 +24,8 @@ pub const QWEN3_MOE: Architecture = Architecture {
         gguf_norm_topk_prob: true,
         norm_topk_always: false,
         width: "moe_intermediate_size",
+        biases: false,
+        fused_3d: false,
     }),
     gated_delta_net: false,
     fused_linear_projections: false,
@@ -36,4 +38,6 @@ pub const QWEN3_MOE: Architecture = Architecture {
     sandwich_norms: false,
     activation: Activation::Silu,
     local_layers: None,
+    attention_sinks: false,
+    yarn_truncate: true,
 };

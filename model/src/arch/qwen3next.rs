@@ -20,6 +20,8 @@ pub const QWEN3_NEXT: Architecture = Architecture {
         gguf_norm_topk_prob: true,
         norm_topk_always: false,
         width: "moe_intermediate_size",
+        biases: false,
+        fused_3d: false,
     }),
     fused_linear_projections: true,
     fused_qkv_gate_up: false,

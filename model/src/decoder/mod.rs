@@ -1,6 +1,7 @@
 //! The decoder every served family runs (`crate::arch` says how each differs): Qwen2/2.5,
 //! Qwen3 dense and Llama 3.x checkpoints.
 
+mod fused_experts;
 mod model;
 mod replay;
 mod weights;

@@ -2,8 +2,9 @@
 //! → N × [RMSNorm → q, k, v (biases where the family has them) → per-head q/k RMSNorm (Qwen3,
 //! Gemma 3) → RoPE (scaled as the config says; a local layer's by its own base) → write k, v
 //! into the batch's cells → GQA attention over the visible cells (a local layer's: those within
-//! its sliding window; scores soft-capped: Gemma 2) → o (times a sigmoid gate per head: Qwen3.5)
-//! → RMSNorm (Gemma) → residual → RMSNorm → SwiGLU or GeGLU MLP → RMSNorm (Gemma) → residual]
+//! its sliding window; scores soft-capped: Gemma 2; each head's sink in its softmax: gpt-oss)
+//! → o (times a sigmoid gate per head: Qwen3.5) → RMSNorm (Gemma) → residual → RMSNorm →
+//! SwiGLU, GeGLU or mixture-of-experts MLP → RMSNorm (Gemma) → residual]
 //! → final RMSNorm → lm head for the flagged rows only (logits soft-capped: Gemma 2). A
 //! linear-attention layer (Qwen3.5's gated DeltaNet) has its stacked input projection →
 //! `DeltaNet` over each sequence's state in the cache → output projection in place of the
@@ -11,6 +12,7 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
+use super::fused_experts::FusedExperts;
 use super::replay::{self, Plan, StepGraphs};
 use super::weights::{self, Reordered, Weights};
 use crate::batch::{BatchInput, ValidBatch};
@@ -54,7 +56,16 @@ pub fn load(
         ModelSource::Dir(dir) => {
             let config = ModelConfig::from_dir(dir)?;
             let checkpoint = Checkpoint::open(dir)?.aliased(config.arch.hf_aliases);
-            (config, Box::new(checkpoint))
+            // Experts kept in 3-D tensors (gpt-oss's), read as one tensor each.
+            let fused = config.arch.experts.as_ref().is_some_and(|e| e.fused_3d);
+            let src: Box<dyn TensorSource> = match fused {
+                true => match FusedExperts::new(checkpoint, &config) {
+                    Ok(fused) => Box::new(fused),
+                    Err(checkpoint) => Box::new(checkpoint),
+                },
+                false => Box::new(checkpoint),
+            };
+            (config, src)
         }
         ModelSource::Gguf(path) => {
             let file = GgufFile::open(path)?;
@@ -295,7 +306,7 @@ impl Decoder {
                 .try_into_vec::<f32>()
                 .map_err(|e| LoadError::Tensor { name: name.into(), reason: reason(e) })
         };
-        if found.len() == 3 && found == slot.shape_in(c, Naming::Gguf) {
+        if weights::is_expert(slot) && found == slot.shape_in(c, Naming::Gguf) {
             let values = values(data)?;
             let per = shape.iter().product::<usize>();
             for (e, part) in values.chunks_exact(per).enumerate() {
@@ -334,14 +345,16 @@ impl Decoder {
     }
 
     /// The local layers' RoPE tables and cell table, where the model has such layers: the pass's
-    /// `cells` with each row seeing only those of its last `sliding_window` positions.
+    /// `cells` with each row seeing only those of its last `sliding_window` positions; their own
+    /// rotation where they have one (Gemma 3's), else the global layers' (gpt-oss's).
     fn local_tables(
         &self,
         batch: &ValidBatch<'_>,
         cells: &kernels::CellTable,
         cache: &KvCache,
     ) -> Option<(RopeTables, kernels::CellTable)> {
-        let (rope, sliding) = (self.local_rope.as_ref()?, self.config.sliding.as_ref()?);
+        let sliding = self.config.sliding.as_ref()?;
+        let rope = self.local_rope.as_ref().unwrap_or(&self.rope);
         let tables = rope.tables_in(&batch.pos, &batch.seqs, &self.device);
         let visible = cache.within_window(&cells.visible, &batch.pos, sliding.window);
         Some((tables, kernels::CellTable::new(cells.placement.clone(), visible, &self.device)))
@@ -459,15 +472,17 @@ impl Decoder {
                 Some(f) => q.mul_scalar(f),
                 None => q,
             };
-            // Soft-capped scores (Gemma 2's) are capped by the kernels too.
-            let a = match cache.attention(l, &q, cells, c.attention_softcap) {
+            // Soft-capped scores (Gemma 2's) are capped by the kernels too, and the sinks (gpt-oss's)
+            // join their heads' softmax.
+            let sinks = w.sinks.as_ref();
+            let a = match cache.attention(l, &q, cells, c.attention_softcap, sinks.map(|s| &s.host[..])) {
                 Some(a) => a,
                 None => {
                     let visible = &cells.visible;
                     let partial = || visible.iter().any(|cells| cells.len() < extent);
                     let mask = mask.get_or_insert_with(|| partial().then(|| cache.mask(visible, extent))).clone();
                     let (keys, values) = cache.read(l, extent); // [kv_heads, extent, hd]
-                    attention(q, keys, values, mask, c.attention_softcap)
+                    attention(q, keys, values, mask, c.attention_softcap, sinks)
                 }
             };
             let a = match gate.take() {

@@ -9,7 +9,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::LoadError;
-use crate::layers::{DeltaNet, Expert, ExpertStacks, Linear, Moe, RmsNorm, Weight, linear};
+use crate::layers::{DeltaNet, Expert, ExpertStacks, Linear, Moe, RmsNorm, Sinks, Weight, linear};
 use crate::quant::{Imatrix, QuantType};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
@@ -31,6 +31,8 @@ pub enum Slot {
     AttnVBias,
     AttnO,
     AttnOBias,
+    /// Each attention head's sink logit (gpt-oss): \[heads\].
+    AttnSinks,
     MlpNorm,
     MlpGate,
     MlpUp,
@@ -38,13 +40,18 @@ pub enum Slot {
     /// The norms of the attention's and the feed-forward's outputs (Gemma 2 and 3).
     PostAttnNorm,
     PostFfnNorm,
-    /// A MoE block's router: [experts, hidden].
+    /// A MoE block's router: [experts, hidden], and its bias (gpt-oss).
     MoeRouter,
+    MoeRouterBias,
     /// Each expert's matrices (one per expert in a Hugging Face checkpoint, one 3-D tensor of
     /// all experts in a GGUF file).
     ExpertGate,
     ExpertUp,
     ExpertDown,
+    /// Each expert's biases (gpt-oss; a GGUF file's are [experts, width] each).
+    ExpertGateBias,
+    ExpertUpBias,
+    ExpertDownBias,
     /// The shared expert (Qwen2-MoE) and its sigmoid gate.
     SharedGate,
     SharedUp,
@@ -73,7 +80,7 @@ pub const GLOBAL_SLOTS: [(Slot, &str, &str); 3] = [
 ];
 
 /// Per-layer slots and their names: under `model.layers.{i}.` (Hugging Face) and `blk.{i}.` (GGUF).
-pub const LAYER_SLOTS: [(Slot, &str, &str); 17] = [
+pub const LAYER_SLOTS: [(Slot, &str, &str); 18] = [
     (Slot::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     (Slot::AttnQ, "self_attn.q_proj.weight", "attn_q.weight"),
     (Slot::AttnQBias, "self_attn.q_proj.bias", "attn_q.bias"),
@@ -93,6 +100,7 @@ pub const LAYER_SLOTS: [(Slot, &str, &str); 17] = [
     // Llama's, the MLP's input norm, holds its `pre_feedforward_layernorm`.
     (Slot::PostAttnNorm, "post_attention_norm.weight", "post_attention_norm.weight"),
     (Slot::PostFfnNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+    (Slot::AttnSinks, "self_attn.sinks", "attn_sinks.weight"),
 ];
 
 /// A linear-attention layer's slots in place of the attention's (Qwen3.5): Hugging Face's names,
@@ -111,11 +119,15 @@ pub const LINEAR_SLOTS: [(Slot, &str, &str); 9] = [
 
 /// Mixture-of-experts slots under a layer: Hugging Face's names (`{e}`: the expert's index), then
 /// GGUF's.
-pub const MOE_SLOTS: [(Slot, &str, &str); 8] = [
+pub const MOE_SLOTS: [(Slot, &str, &str); 12] = [
     (Slot::MoeRouter, "mlp.gate.weight", "ffn_gate_inp.weight"),
+    (Slot::MoeRouterBias, "mlp.gate.bias", "ffn_gate_inp.bias"),
     (Slot::ExpertGate, "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
     (Slot::ExpertUp, "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
     (Slot::ExpertDown, "mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
+    (Slot::ExpertGateBias, "mlp.experts.{e}.gate_proj.bias", "ffn_gate_exps.bias"),
+    (Slot::ExpertUpBias, "mlp.experts.{e}.up_proj.bias", "ffn_up_exps.bias"),
+    (Slot::ExpertDownBias, "mlp.experts.{e}.down_proj.bias", "ffn_down_exps.bias"),
     (Slot::SharedGate, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
     (Slot::SharedUp, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
     (Slot::SharedDown, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
@@ -139,6 +151,7 @@ impl Slot {
             Slot::AttnVBias => "attn_v_b",
             Slot::AttnO => "attn_o_w",
             Slot::AttnOBias => "attn_o_b",
+            Slot::AttnSinks => "attn_sinks",
             Slot::MlpNorm => "mlp_norm_w",
             Slot::MlpGate => "mlp_gate_w",
             Slot::MlpUp => "mlp_up_w",
@@ -146,9 +159,13 @@ impl Slot {
             Slot::PostAttnNorm => "attn_post_norm_w",
             Slot::PostFfnNorm => "mlp_post_norm_w",
             Slot::MoeRouter => "moe_router_w",
+            Slot::MoeRouterBias => "moe_router_b",
             Slot::ExpertGate => "expert_gate_w",
             Slot::ExpertUp => "expert_up_w",
             Slot::ExpertDown => "expert_down_w",
+            Slot::ExpertGateBias => "expert_gate_b",
+            Slot::ExpertUpBias => "expert_up_b",
+            Slot::ExpertDownBias => "expert_down_b",
             Slot::SharedGate => "shared_gate_w",
             Slot::SharedUp => "shared_up_w",
             Slot::SharedDown => "shared_down_w",
@@ -173,7 +190,11 @@ impl Slot {
             Slot::AttnOBias => c.o_bias,
             Slot::AttnQNorm | Slot::AttnKNorm => c.qk_norm,
             Slot::PostAttnNorm | Slot::PostFfnNorm => c.sandwich_norms,
+            Slot::AttnSinks => c.attention_sinks,
             Slot::MoeRouter | Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown => c.moe.is_some(),
+            Slot::MoeRouterBias | Slot::ExpertGateBias | Slot::ExpertUpBias | Slot::ExpertDownBias => {
+                c.moe.as_ref().is_some_and(|m| m.biases)
+            }
             Slot::SharedGate | Slot::SharedUp | Slot::SharedDown | Slot::SharedRouter => {
                 c.moe.as_ref().is_some_and(|m| m.shared_intermediate_size.is_some())
             }
@@ -189,7 +210,7 @@ impl Slot {
         let dense_slot = matches!(self, Slot::MlpGate | Slot::MlpUp | Slot::MlpDown);
         let moe_layer = c.is_moe_layer(l);
         // A linear-attention layer has its slots instead of the attention's.
-        let attention_slot = LAYER_SLOTS[1..11].iter().any(|(s, _, _)| *s == self);
+        let attention_slot = LAYER_SLOTS[1..11].iter().any(|(s, _, _)| *s == self) || self == Slot::AttnSinks;
         let mixer = if c.is_linear_layer(l) { !attention_slot } else { !self.is_linear() };
         self.present(c) && (moe_layer || !moe_slot) && !(dense_slot && moe_layer) && mixer
     }
@@ -205,9 +226,7 @@ impl Slot {
     pub fn shape_in(self, c: &ModelConfig, naming: Naming) -> Vec<usize> {
         let experts = c.moe.as_ref().map_or(0, |m| m.experts);
         match (self, naming) {
-            (Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown, Naming::Gguf) => {
-                [vec![experts], self.shape(c)].concat()
-            }
+            (_, Naming::Gguf) if is_expert(self) => [vec![experts], self.shape(c)].concat(),
             // llama.cpp's converter squeezes the convolution's middle dimension.
             (Slot::LinConv, Naming::Gguf) => self.shape(c).into_iter().filter(|&d| d != 1).collect(),
             _ => self.shape(c),
@@ -234,6 +253,7 @@ impl Slot {
             Slot::AttnQBias if c.attn_output_gate => vec![2 * q],
             Slot::InEmbed | Slot::OutEmbed => vec![v, h],
             Slot::OutNorm | Slot::AttnNorm | Slot::MlpNorm | Slot::AttnOBias => vec![h],
+            Slot::AttnSinks => vec![c.num_attention_heads],
             Slot::PostAttnNorm | Slot::PostFfnNorm => vec![h],
             Slot::AttnQBias => vec![q],
             Slot::AttnQNorm | Slot::AttnKNorm => vec![c.head_dim],
@@ -244,6 +264,9 @@ impl Slot {
             Slot::MlpGate | Slot::MlpUp => vec![i, h],
             Slot::MlpDown => vec![h, i],
             Slot::MoeRouter => vec![c.moe.as_ref().map_or(0, |m| m.experts), h],
+            Slot::MoeRouterBias => vec![c.moe.as_ref().map_or(0, |m| m.experts)],
+            Slot::ExpertGateBias | Slot::ExpertUpBias => vec![c.moe.as_ref().map_or(0, |m| m.intermediate_size)],
+            Slot::ExpertDownBias => vec![h],
             Slot::ExpertGate | Slot::ExpertUp => vec![c.moe.as_ref().map_or(0, |m| m.intermediate_size), h],
             Slot::ExpertDown => vec![h, c.moe.as_ref().map_or(0, |m| m.intermediate_size)],
             Slot::SharedGate | Slot::SharedUp => vec![shared_width(c), h],
@@ -336,8 +359,18 @@ pub fn expert_name(slot: Slot, l: usize, e: usize) -> String {
     name_of(slot, Some(l), Naming::Hf).replace("{e}", &e.to_string())
 }
 
-fn is_expert(slot: Slot) -> bool {
-    matches!(slot, Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown)
+/// An expert's slot: one tensor per expert in a Hugging Face checkpoint, one of all of them in a
+/// GGUF file.
+pub fn is_expert(slot: Slot) -> bool {
+    matches!(
+        slot,
+        Slot::ExpertGate
+            | Slot::ExpertUp
+            | Slot::ExpertDown
+            | Slot::ExpertGateBias
+            | Slot::ExpertUpBias
+            | Slot::ExpertDownBias
+    )
 }
 
 /// Every tensor name the config calls for in `naming`, with its slot and layer.
@@ -683,6 +716,8 @@ pub struct LayerWeights {
     /// projection (q, k, v | z | β | α: `stacked_rows`), `o` its output projection, and
     /// `qk_norm` none.
     pub delta: Option<Box<DeltaNet>>,
+    /// Each attention head's sink (gpt-oss).
+    pub sinks: Option<Sinks>,
 }
 
 /// A layer's feed-forward block.
@@ -861,6 +896,10 @@ impl Weights {
                         (qkv, qk_norm, linear(Slot::AttnO, Slot::AttnOBias, l)?, None)
                     }
                 };
+                let sinks = Slot::AttnSinks
+                    .present_in(c, layer)
+                    .then(|| Ok::<_, LoadError>(Sinks::new(host(Slot::AttnSinks, l)?, device)))
+                    .transpose()?;
                 let post_norms = c
                     .sandwich_norms
                     .then(|| Ok::<_, LoadError>([norm(Slot::PostAttnNorm, l)?, norm(Slot::PostFfnNorm, l)?]))
@@ -871,6 +910,7 @@ impl Weights {
                     qk_norm,
                     o,
                     delta,
+                    sinks,
                     mlp_norm: norm(Slot::MlpNorm, l)?,
                     post_norms,
                     ffn: match c.moe.as_ref().filter(|_| c.is_moe_layer(layer)) {
@@ -907,14 +947,50 @@ impl Weights {
                             };
                             let (gates, ups, downs) =
                                 (experts(Slot::ExpertGate)?, experts(Slot::ExpertUp)?, experts(Slot::ExpertDown)?);
+                            // Each expert's biases (gpt-oss's), as stored: one vector per expert, or
+                            // one [experts, width] tensor of all of them.
+                            let biases = |slot: Slot| -> Result<Vec<Option<Vec<f32>>>, LoadError> {
+                                if !slot.present(c) {
+                                    return Ok(vec![None; m.experts]);
+                                }
+                                match naming {
+                                    Naming::Hf => (0..m.experts)
+                                        .map(|e| {
+                                            let name = expert_name(slot, l, e);
+                                            let values = src.data(&name, DType::F32)?.try_into_vec::<f32>();
+                                            src.done(&name);
+                                            let reason = |e| format!("reading values: {e:?}");
+                                            values.map(Some).map_err(|e| LoadError::Tensor { name, reason: reason(e) })
+                                        })
+                                        .collect(),
+                                    Naming::Gguf => {
+                                        let all = host(slot, Some(l))?;
+                                        let per = all.len() / m.experts.max(1);
+                                        Ok(all.chunks_exact(per.max(1)).map(|b| Some(b.to_vec())).collect())
+                                    }
+                                }
+                            };
+                            let (gate_b, up_b, down_b) = (
+                                biases(Slot::ExpertGateBias)?,
+                                biases(Slot::ExpertUpBias)?,
+                                biases(Slot::ExpertDownBias)?,
+                            );
+                            let bias = |values: Vec<f32>| {
+                                let len = values.len();
+                                Tensor::<1>::from_data(TensorData::new(values, [len]), (device, DType::F32))
+                            };
                             let experts = gates
                                 .into_iter()
                                 .zip(ups)
                                 .zip(downs)
-                                .map(|((gate, up), down)| Expert {
-                                    gate_up: Linear { weight: linear::stack(vec![gate, up]), bias: None },
-                                    down: Linear { weight: down, bias: None },
-                                    activation: Activation::Silu,
+                                .zip(gate_b.into_iter().zip(up_b).zip(down_b))
+                                .map(|(((gate, up), down), ((gate_b, up_b), down_b))| Expert {
+                                    gate_up: Linear {
+                                        weight: linear::stack(vec![gate, up]),
+                                        bias: gate_b.zip(up_b).map(|(g, u)| bias([g, u].concat())),
+                                    },
+                                    down: Linear { weight: down, bias: down_b.map(bias) },
+                                    activation: c.activation,
                                 })
                                 .collect();
                             // On a GPU, stacked for routing there.
@@ -942,10 +1018,14 @@ impl Weights {
                                     activation: Activation::Silu,
                                 }),
                             };
+                            let router_bias = Slot::MoeRouterBias
+                                .present(c)
+                                .then(|| load_f32::<1>(src, &name_of(Slot::MoeRouterBias, Some(l), naming), device))
+                                .transpose()?;
                             Ffn::Moe(Box::new(Moe {
                                 router: Linear {
                                     weight: linear::dense(Tensor::from_data(router, (device, DType::F32))),
-                                    bias: None,
+                                    bias: router_bias,
                                 },
                                 experts,
                                 top_k: m.experts_per_token,
@@ -1052,6 +1132,7 @@ impl Weights {
             Slot::AttnNorm => w.attn_norm.weight = vec().add_scalar(centre),
             Slot::AttnO => w.o.weight = linear::like(&w.o.weight, data, device),
             Slot::AttnOBias => w.o.bias = Some(vec()),
+            Slot::AttnSinks => w.sinks = Some(Sinks::new(host(), device)),
             Slot::MlpNorm => w.mlp_norm.weight = vec().add_scalar(centre),
             Slot::PostAttnNorm | Slot::PostFfnNorm => {
                 if let Some(norms) = &mut w.post_norms {
@@ -1090,6 +1171,7 @@ impl Weights {
     ) {
         let Ffn::Moe(moe) = &mut self.layers[layer].ffn else { return };
         let width = c.moe.as_ref().map_or(0, |m| m.intermediate_size);
+        let vec = || Tensor::<1>::from_data(data.clone(), (device, DType::F32));
         let in_stack = match slot {
             Slot::ExpertGate => Some((false, 2 * width * expert..2 * width * expert + width)),
             Slot::ExpertUp => Some((false, 2 * width * expert + width..2 * width * (expert + 1))),
@@ -1123,6 +1205,12 @@ impl Weights {
             (Slot::ExpertGate, Some(e), _) => gate_up(e, 0..width, data),
             (Slot::ExpertUp, Some(e), _) => gate_up(e, width..2 * width, data),
             (Slot::ExpertDown, Some(e), _) => e.down.weight = linear::like(&e.down.weight, data, device),
+            (Slot::MoeRouterBias, _, _) => moe.router.bias = Some(vec()),
+            (Slot::ExpertGateBias | Slot::ExpertUpBias, Some(e), _) => {
+                let rows = if slot == Slot::ExpertGateBias { 0..width } else { width..2 * width };
+                e.gate_up.bias = e.gate_up.bias.take().map(|b| b.slice_assign([rows], vec()));
+            }
+            (Slot::ExpertDownBias, Some(e), _) => e.down.bias = Some(vec()),
             (Slot::SharedGate, _, Some(s)) => gate_up(s, 0..shared, data),
             (Slot::SharedUp, _, Some(s)) => gate_up(s, shared..2 * shared, data),
             (Slot::SharedDown, _, Some(s)) => s.down.weight = linear::like(&s.down.weight, data, device),

@@ -90,7 +90,7 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         obj.insert(field.into(), number.ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}")))?);
     }
     if family.is_some_and(|f| f.local_layers.is_some()) {
-        gemma(file, &arch, &mut obj)?;
+        local_layers(file, &arch, &mut obj)?;
     }
     if family.is_some_and(|f| f.gated_delta_net) {
         linear_attention(file, &arch, &mut obj)?;
@@ -182,20 +182,20 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
 /// `query_pre_attn_scalar`, which GGUF files do not carry).
 const GEMMA_DEFAULTS: [(&str, u64, u64); 2] = [("gemma2", 4096, 46), ("gemma3", 0, 62)];
 
-/// What Gemma's layers need beyond the keys `FIELDS` maps: which layers are local
-/// (`attention.sliding_window_pattern`, a period or a flag per layer, else the family's period),
-/// their rotary base (`rope.freq_base_swa`), the soft-caps, and the query scale.
-fn gemma(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
-    let Some(&(_, window, blocks_27b)) = GEMMA_DEFAULTS.iter().find(|d| d.0 == arch) else {
-        return Ok(());
-    };
+/// What local layers (Gemma's, gpt-oss's) need beyond the keys `FIELDS` maps: which layers are
+/// local (`attention.sliding_window_pattern`, a period or a flag per layer, else the family's
+/// period), their rotary base (`rope.freq_base_swa`); Gemma's soft-caps and query scale.
+fn local_layers(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
+    let gemma = GEMMA_DEFAULTS.iter().find(|d| d.0 == arch);
     let key = |k: &str| format!("{arch}.{k}");
     let float = |k: &str| -> Result<Option<f64>, LoadError> {
         file.get(&key(k))
             .map(|v| v.as_f64().ok_or_else(|| file.error(format!("{}: expected a number, found {v:?}", key(k)))))
             .transpose()
     };
-    obj.entry("sliding_window").or_insert(json!(window));
+    if let Some(&(_, window, _)) = gemma {
+        obj.entry("sliding_window").or_insert(json!(window));
+    }
     match file.get(&key("attention.sliding_window_pattern")) {
         None => {}
         Some(v) => match (v.as_u64(), v.as_array()) {
@@ -224,6 +224,7 @@ fn gemma(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(),
     if let Some(theta) = float("rope.freq_base_swa")? {
         obj.insert("rope_local_base_freq".into(), json!((theta as f32).to_string().parse::<f64>().unwrap_or(theta)));
     }
+    let Some(&(_, _, blocks_27b)) = gemma else { return Ok(()) };
     for cap in ["attn_logit_softcapping", "final_logit_softcapping"] {
         if let Some(value) = float(cap)?.filter(|&v| v > 0.0) {
             obj.insert(cap.into(), json!(value));

@@ -530,6 +530,7 @@ pub fn project_rope_kv_write(
 ///   words ([kv_heads, capacity, kv_q8::row_words(d)], with `q8`; the CPU only; see `kv_q8`
 ///   for their rotation): a layer's whole cache (keys with RoPE applied)
 /// - cells: n rows
+/// - sinks: \[heads\] (gpt-oss's: each head's softmax has its sink logit too; the CPU only)
 /// - returns [n, heads · d] f32
 pub fn attention(
     q: &Tensor<3>,
@@ -538,12 +539,13 @@ pub fn attention(
     q8: bool,
     cells: &CellTable,
     softcap: Option<f64>,
+    sinks: Option<&[f32]>,
 ) -> Option<Tensor<2>> {
     let softcap = softcap.map(|cap| cap as f32);
     if q.device() == Device::flex() {
-        return flex_attention(q, k, v, q8, &cells.visible, softcap);
+        return flex_attention(q, k, v, q8, &cells.visible, softcap, sinks);
     }
-    if q8 {
+    if q8 || sinks.is_some() {
         return None;
     }
     gpu::attention(q, k, v, cells.table(), softcap)
@@ -556,6 +558,7 @@ fn flex_attention(
     q8: bool,
     visible: &[Vec<u32>],
     softcap: Option<f32>,
+    sinks: Option<&[f32]>,
 ) -> Option<Tensor<2>> {
     let [n, heads, d] = q.dims();
     let [kv_heads, capacity, kd] = k.dims();
@@ -563,14 +566,23 @@ fn flex_attention(
     if kd != row || v.dims() != k.dims() || n != visible.len() || q.dtype() != DType::F32 || k.dtype() != v.dtype() {
         return None;
     }
+    if sinks.is_some_and(|s| s.len() != heads) {
+        return None;
+    }
     let device = q.device();
     let q = contiguous(q)?;
     let (k, v) = (k.clone().try_into_primitive::<Flex>().ok()?, v.clone().try_into_primitive::<Flex>().ok()?);
     let q = q.as_slice::<f32>()?;
+    // The operands, over a cache stored in the type of `k` and `v`.
+    macro_rules! operands {
+        ($q:expr, $k:expr, $v:expr) => {
+            attention::Attention { q: $q, k: $k, v: $v, visible, heads, kv_heads, d, capacity, softcap, sinks }
+        };
+    }
     macro_rules! run_in {
         ($t:ty) => {{
             let (k, v) = (k.as_slice::<$t>()?, v.as_slice::<$t>()?);
-            Some(attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity, softcap }))
+            Some(attention::run(&operands!(q, k, v)))
         }};
     }
     let out = match k.dtype() {
@@ -579,9 +591,7 @@ fn flex_attention(
             let (k, v) = (kv_q8::as_blocks(k.as_slice::<f16>()?), kv_q8::as_blocks(v.as_slice::<f16>()?));
             let mut rotated = q.to_vec();
             kv_q8::rotate(&mut rotated, d);
-            let q = &rotated;
-            let mut out =
-                attention::run(&attention::Attention { q, k, v, visible, heads, kv_heads, d, capacity, softcap });
+            let mut out = attention::run(&operands!(&rotated, k, v));
             kv_q8::rotate(&mut out, d);
             Some(out)
         }
@@ -862,12 +872,12 @@ pub fn swiglu(gate_up: &Tensor<2>, act: Activation) -> Option<Tensor<2>> {
     flex_swiglu(gate_up, act).or_else(|| gpu::swiglu(gate_up, act))
 }
 
-/// `silu(gate) · up` on the host, for rows already there.
+/// `act(gate) · up` on the host, for rows already there.
 ///
 /// # Shapes
 /// gate_up: [n, 2 · width] row-major → [n, width]
-pub(crate) fn swiglu_host(gate_up: &[f32], width: usize) -> Vec<f32> {
-    swiglu::run(gate_up, width, Activation::Silu)
+pub(crate) fn swiglu_host(gate_up: &[f32], width: usize, act: Activation) -> Vec<f32> {
+    swiglu::run(gate_up, width, act)
 }
 
 fn flex_swiglu(gate_up: &Tensor<2>, act: Activation) -> Option<Tensor<2>> {

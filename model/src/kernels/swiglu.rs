@@ -1,7 +1,8 @@
 //! The feed-forward's gate over the stacked gate/up projection's output: SwiGLU's
 //! `silu(gate) · up`, or GeGLU's `gelu_tanh(gate) · up` (Gemma's), both `g · σ(t) · up`: t = g
 //! for silu, and since ½(1 + tanh z) = σ(2z), t = 2√(2/π) · (g + 0.044715 g³) for GELU's tanh
-//! approximation.
+//! approximation; gpt-oss's clamped SwiGLU is the same with g = min(gate, limit), t = alpha · g
+//! and `clamp(up, ±limit) + 1` for up.
 //!
 //! The Burn ops take three passes and two intermediate tensors (sigmoid, product), with the
 //! exponential from the scalar libm; here one pass computes it with the vector exponential of
@@ -52,12 +53,22 @@ pub fn run(gate_up: &[f32], width: usize, act: Activation) -> Vec<f32> {
     out
 }
 
-/// The sigmoid's argument for gate `g`.
+/// The sigmoid's argument for gate `g` (clamped already: `clamped`).
 #[inline(always)]
 fn arg(g: f32, act: Activation) -> f32 {
     match act {
         Activation::Silu => g,
         Activation::GeluTanh => GELU_SCALE * (g + GELU_CUBE * g * g * g),
+        Activation::ClampedSwiglu { alpha, .. } => alpha * g,
+    }
+}
+
+/// The gate and up as the product takes them: gpt-oss's clamped, its up plus 1.
+#[inline(always)]
+fn clamped(g: f32, u: f32, act: Activation) -> (f32, f32) {
+    match act {
+        Activation::ClampedSwiglu { limit, .. } => (g.min(limit), u.clamp(-limit, limit) + 1.0),
+        _ => (g, u),
     }
 }
 
@@ -65,6 +76,7 @@ fn arg(g: f32, act: Activation) -> f32 {
 #[inline(always)]
 fn row_plain(gate: &[f32], up: &[f32], out: &mut [f32], act: Activation) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let (g, u) = clamped(g, u, act);
         *o = g / (1.0 + exp_plain(-arg(g, act))) * u;
     }
 }
@@ -90,19 +102,26 @@ impl pulp::NullaryFnOnce for Row<'_> {
         let one = simd.splat_f32s(1.0);
         let (scale, cube) = (simd.splat_f32s(GELU_SCALE), simd.splat_f32s(GELU_CUBE));
         for ((g, u), o) in gv.iter().zip(uv).zip(ov.iter_mut()) {
-            let g: f32x16 = pulp::cast(*g);
+            let (mut g, mut u): (f32x16, f32x16) = (pulp::cast(*g), pulp::cast(*u));
             let t = match act {
                 Activation::Silu => g,
                 Activation::GeluTanh => {
                     simd.mul_f32s(scale, simd.mul_add_f32s(simd.mul_f32s(cube, simd.mul_f32s(g, g)), g, g))
                 }
+                Activation::ClampedSwiglu { alpha, limit } => {
+                    let (high, low) = (simd.splat_f32s(limit), simd.splat_f32s(-limit));
+                    g = simd.min_f32s(g, high);
+                    u = simd.add_f32s(simd.max_f32s(simd.min_f32s(u, high), low), one);
+                    simd.mul_f32s(simd.splat_f32s(alpha), g)
+                }
             };
             let e = exp(simd, simd.sub_f32s(simd.splat_f32s(0.0), t));
             let gated = simd.div_f32s(g, simd.add_f32s(one, e));
-            *o = pulp::cast(simd.mul_f32s(gated, pulp::cast(*u)));
+            *o = pulp::cast(simd.mul_f32s(gated, u));
         }
-        for ((g, u), o) in gt.iter().zip(ut).zip(ot.iter_mut()) {
-            *o = g / (1.0 + (-arg(*g, act)).exp()) * u;
+        for ((&g, &u), o) in gt.iter().zip(ut).zip(ot.iter_mut()) {
+            let (g, u) = clamped(g, u, act);
+            *o = g / (1.0 + (-arg(g, act)).exp()) * u;
         }
     }
 }
@@ -113,17 +132,23 @@ mod tests {
 
     /// In f64, GELU as transformers writes it (`gelu_pytorch_tanh`: ½ g (1 + tanh z)).
     fn reference(gate_up: &[f32], width: usize, act: Activation) -> Vec<f32> {
-        let gate = |g: f64| match act {
-            Activation::Silu => g / (1.0 + (-g).exp()),
+        let gate = |g: f64, u: f64| match act {
+            Activation::Silu => g / (1.0 + (-g).exp()) * u,
             Activation::GeluTanh => {
-                0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+                0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh()) * u
+            }
+            // transformers' `GptOssExperts._apply_gate`.
+            Activation::ClampedSwiglu { alpha, limit } => {
+                let (alpha, limit) = (alpha as f64, limit as f64);
+                let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+                g / (1.0 + (-alpha * g).exp()) * (u + 1.0)
             }
         };
         gate_up
             .chunks(2 * width)
             .flat_map(|row| {
                 let (g, u) = row.split_at(width);
-                g.iter().zip(u).map(|(&g, &u)| (gate(g as f64) * u as f64) as f32)
+                g.iter().zip(u).map(|(&g, &u)| gate(g as f64, u as f64) as f32)
             })
             .collect()
     }
@@ -136,7 +161,9 @@ mod tests {
     fn swiglu_and_geglu_match_an_f64_reference() {
         #[cfg(cpu_avx512)]
         assert!(V4::try_new().is_some(), "the build saw the instructions this kernel needs; the run does not");
-        for act in [Activation::Silu, Activation::GeluTanh] {
+        // gpt-oss's clamp at its own 7 (gates clamped), and at 0.5 (ups too).
+        let clamped = [7.0, 0.5].map(|limit| Activation::ClampedSwiglu { alpha: 1.702, limit });
+        for act in [Activation::Silu, Activation::GeluTanh].into_iter().chain(clamped) {
             check(act);
         }
     }

@@ -353,16 +353,19 @@ impl KvCache {
 
     /// Attention of `q` ([n, heads, head_dim], RoPE applied) over the cells of `layer` each row
     /// of `cells` sees, by the device's kernel reading the cache as stored: [n, heads ·
-    /// head_dim]; `None` where no kernel takes it (the caller reads the cache widened).
+    /// head_dim]; `None` where no kernel takes it (the caller reads the cache widened). Scores
+    /// soft-capped at `softcap`, each head's softmax with its sink where given (`sinks`:
+    /// \[heads\]).
     pub(crate) fn attention(
         &self,
         layer: usize,
         q: &Tensor<3>,
         cells: &CellTable,
         softcap: Option<f64>,
+        sinks: Option<&[f32]>,
     ) -> Option<Tensor<2>> {
         let q8 = self.dtype == KvDtype::Q8_0;
-        kernels::attention(q, &self.keys[layer], &self.values[layer], q8, cells, softcap)
+        kernels::attention(q, &self.keys[layer], &self.values[layer], q8, cells, softcap, sinks)
     }
 
     /// Replaces the keys of `layer` for cells `[0, extent)` (used to re-rotate shifted keys).

@@ -1,4 +1,25 @@
-use burn::tensor::{Tensor, activation::softmax};
+use std::sync::Arc;
+
+use burn::tensor::{Device, Tensor, TensorData, activation::softmax};
+
+/// Each attention head's learned sink (gpt-oss's `sinks`): a logit in its softmax's denominator
+/// that no value goes with, so a head may attend to nothing. Kept on the host (the CPU kernel's)
+/// and on the device (Burn's ops').
+#[derive(Debug, Clone)]
+pub struct Sinks {
+    /// \[heads\]
+    pub host: Arc<[f32]>,
+    /// \[heads\]
+    pub device: Tensor<1>,
+}
+
+impl Sinks {
+    pub fn new(values: Vec<f32>, device: &Device) -> Self {
+        let heads = values.len();
+        let tensor = Tensor::from_data(TensorData::new(values.clone(), [heads]), device);
+        Self { host: values.into(), device: tensor }
+    }
+}
 
 /// Grouped-query attention of a batch's tokens over the cache cells `[0, extent)`.
 ///
@@ -10,8 +31,15 @@ use burn::tensor::{Tensor, activation::softmax};
 /// - returns [n, heads · head_dim]
 ///
 /// With `softcap`, each scaled score s becomes `cap · tanh(s / cap)` before the softmax (Gemma
-/// 2's).
-pub fn attention(q: Tensor<3>, k: Tensor<3>, v: Tensor<3>, mask: Option<Tensor<2>>, softcap: Option<f64>) -> Tensor<2> {
+/// 2's). With `sinks`, each head's sink logit joins its softmax as a score with no value.
+pub fn attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    mask: Option<Tensor<2>>,
+    softcap: Option<f64>,
+    sinks: Option<&Sinks>,
+) -> Tensor<2> {
     let [n, heads, d] = q.dims();
     let [kv_heads, extent, _] = k.dims();
     let group = heads / kv_heads;
@@ -21,14 +49,25 @@ pub fn attention(q: Tensor<3>, k: Tensor<3>, v: Tensor<3>, mask: Option<Tensor<2
     let scale = 1.0 / (d as f64).sqrt();
     // Scaled, masked and normalised in one kernel on a GPU (six of Burn's ops otherwise).
     let fused = || crate::kernels::softmax(&scores, scale, mask.as_ref());
-    let probs = softcap.is_none().then(fused).flatten().unwrap_or_else(|| {
+    let plain = softcap.is_none() && sinks.is_none();
+    let probs = plain.then(fused).flatten().unwrap_or_else(|| {
         let scores = match softcap {
             Some(cap) => scores.mul_scalar(scale / cap).tanh().mul_scalar(cap),
             None => scores.mul_scalar(scale),
         };
-        match mask {
-            Some(mask) => softmax(scores.reshape([kv_heads, group, n, extent]) + mask.reshape([1, 1, n, extent]), 3)
-                .reshape([kv_heads, group * n, extent]),
+        let scores =
+            match mask {
+                Some(mask) => (scores.reshape([kv_heads, group, n, extent]) + mask.reshape([1, 1, n, extent]))
+                    .reshape([kv_heads, group * n, extent]),
+                None => scores,
+            };
+        match sinks {
+            // The sink as one more column of every row of its head, dropped after the softmax.
+            Some(s) => {
+                let column = s.device.clone().reshape([kv_heads, group, 1, 1]).expand([kv_heads, group, n, 1]);
+                let with = Tensor::cat(vec![scores, column.reshape([kv_heads, group * n, 1])], 2);
+                softmax(with, 2).narrow(2, 0, extent)
+            }
             None => softmax(scores, 2),
         }
     });

@@ -534,19 +534,26 @@ fn packed_call(kernel: quant::Kernel) -> KernelCall {
 }
 
 /// `xᵢ·Wᵢᵀ` for several products in one parallel loop of the CPU's packed kernels
-/// ([`quant::matmul_each`]): the experts of a decode step. `None`, with nothing run, unless every
-/// weight is a packed matrix (the CPU backend's quantized weights) without a bias.
+/// ([`quant::matmul_each`]): the experts of a decode step, their biases added by the kernels
+/// (gpt-oss's). `None`, with nothing run, unless every weight is a packed matrix (the CPU
+/// backend's quantized weights).
 ///
 /// # Shapes
 /// each x: [m, in] row-major (m = x.len() / in) → [m, out] row-major
 pub fn packed_products(products: &[(&Linear, &[f32])]) -> Option<Vec<Vec<f32>>> {
     let kernel = quant::Kernel::best();
+    let mut biases: Vec<Option<Vec<f32>>> = Vec::with_capacity(products.len());
+    for (linear, _) in products {
+        biases.push(match &linear.bias {
+            Some(b) => Some(crate::transfers::read(b.clone()).ok()?),
+            None => None,
+        });
+    }
     let products: Vec<quant::Product<'_>> = products
         .iter()
-        .map(|&(linear, x)| match linear.weight.matrix() {
-            Matrix::Packed(w) if linear.bias.is_none() => {
-                Some(quant::Product { x, m: x.len() / w.k().max(1), w, bias: None })
-            }
+        .zip(&biases)
+        .map(|(&(linear, x), bias)| match linear.weight.matrix() {
+            Matrix::Packed(w) => Some(quant::Product { x, m: x.len() / w.k().max(1), w, bias: bias.as_deref() }),
             _ => None,
         })
         .collect::<Option<_>>()?;

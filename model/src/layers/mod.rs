@@ -8,7 +8,7 @@ mod rms_norm;
 mod rope;
 mod swiglu;
 
-pub use attention::attention;
+pub use attention::{Sinks, attention};
 pub use delta_net::DeltaNet;
 pub use linear::{Linear, LinearWeight, Pre, Weight};
 pub use moe::{Expert, ExpertStacks, Moe, expert_stats};

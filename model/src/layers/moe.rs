@@ -9,14 +9,15 @@ use super::{Linear, Weight};
 use crate::config::Activation;
 
 /// One expert, or a dense layer's feed-forward: a gated feed-forward (SwiGLU; a dense one's may
-/// be Gemma's GeGLU).
+/// be Gemma's GeGLU, gpt-oss's experts clamp theirs and have biases).
 #[derive(Debug, Clone)]
 pub struct Expert {
     /// gate, up stacked: [2 · width, hidden].
     pub gate_up: Linear,
     /// [hidden, width]
     pub down: Linear,
-    /// The gate (an expert's: SwiGLU, which the routed paths assume).
+    /// The gate (an expert's: SwiGLU, or gpt-oss's clamped one, which only the host's routes
+    /// run).
     pub activation: Activation,
 }
 
@@ -78,8 +79,13 @@ impl ExpertStacks {
     /// of their rows (no second copy where the device's buffer offsets allow one; at the
     /// experts' sizes of real models they do); elsewhere, or where the stacks cannot be one
     /// buffer each of one format (quantized parts of several formats, a stack over the device's
-    /// largest buffer), the experts as they are and no stacks.
+    /// largest buffer), or the kernels do not compute the experts (biases, a gate other than
+    /// SwiGLU: gpt-oss's), the experts as they are and no stacks.
     pub fn build(experts: Vec<Expert>) -> (Vec<Expert>, Option<Self>) {
+        let plain = |e: &Expert| e.activation == Activation::Silu && e.gate_up.bias.is_none() && e.down.bias.is_none();
+        if !experts.iter().all(plain) {
+            return (experts, None);
+        }
         let gate_up: Vec<Weight> = experts.iter().map(|e| e.gate_up.weight.clone()).collect();
         let down: Vec<Weight> = experts.iter().map(|e| e.down.weight.clone()).collect();
         let (Some(gate_up), Some(down)) = (linear::stack_rows(&gate_up), linear::stack_rows(&down)) else {
@@ -212,11 +218,11 @@ impl Moe {
     /// then their down products in another (`linear::packed_products`), rather than two loops an
     /// expert; each expert's rows gathered (a single row taken as it is), and the outputs weighed
     /// and added on the host in the experts' order, as [`Self::grouped`] and [`Self::one_row`]
-    /// add them. `None` elsewhere: another device, an expert's matrix dense or with a bias, or a
-    /// prompt's rows, whose experts take many rows each and ran 5-15% slower this way
-    /// (`qwen3-moe-mini`, prefill 512, Zen 4).
+    /// add them (their biases too, gpt-oss's). `None` elsewhere: another device, an expert's
+    /// matrix dense, or a prompt's rows, whose experts take many rows each and ran 5-15% slower
+    /// this way (`qwen3-moe-mini`, prefill 512, Zen 4).
     fn packed_on_host(experts: &[Expert], groups: &[Vec<(usize, f32)>], x: &Tensor<2>) -> Option<Tensor<2>> {
-        let packed = |l: &Linear| l.bias.is_none() && matches!(l.weight.matrix(), linear::Matrix::Packed(_));
+        let packed = |l: &Linear| matches!(l.weight.matrix(), linear::Matrix::Packed(_));
         let chosen: Vec<(&Expert, &[(usize, f32)])> = experts
             .iter()
             .zip(groups)
@@ -247,8 +253,11 @@ impl Moe {
         let products: Vec<(&Linear, &[f32])> =
             chosen.iter().enumerate().map(|(i, (e, _))| (&e.gate_up, input(i))).collect();
         let gate_up = linear::packed_products(&products)?;
-        let gated: Vec<Vec<f32>> =
-            chosen.iter().zip(&gate_up).map(|((e, _), g)| kernels::swiglu_host(g, e.down.weight.dims()[1])).collect();
+        let gated: Vec<Vec<f32>> = chosen
+            .iter()
+            .zip(&gate_up)
+            .map(|((e, _), g)| kernels::swiglu_host(g, e.down.weight.dims()[1], e.activation))
+            .collect();
         let products: Vec<(&Linear, &[f32])> =
             chosen.iter().zip(&gated).map(|((e, _), g)| (&e.down, g.as_slice())).collect();
         let down = linear::packed_products(&products)?;

@@ -92,11 +92,11 @@ impl Rope {
         Self::scaled(c)
     }
 
-    /// The local layers' rotary embedding (Gemma's sliding-window layers), where the model has
-    /// them: their own base, unscaled.
+    /// The local layers' own rotary embedding (Gemma 3's sliding-window layers), where the model
+    /// has them: their own base, unscaled. `None` where they rotate as the global layers.
     pub fn local(c: &ModelConfig) -> Option<Self> {
-        let s = c.sliding.as_ref()?;
-        Some(Self::scaled(&ModelConfig { rope_theta: s.rope_theta, rope_scaling: RopeScaling::None, ..c.clone() }))
+        let theta = c.sliding.as_ref()?.rope_theta?;
+        Some(Self::scaled(&ModelConfig { rope_theta: theta, rope_scaling: RopeScaling::None, ..c.clone() }))
     }
 
     fn scaled(c: &ModelConfig) -> Self {
@@ -132,14 +132,23 @@ impl Rope {
                 rope.long = Some((scaled(long), *original as Pos));
                 rope.attention_factor = *attention_factor as f32;
             }
-            &RopeScaling::Yarn { factor, original_max_position_embeddings, attention_factor, beta_fast, beta_slow } => {
+            &RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                attention_factor,
+                beta_fast,
+                beta_slow,
+                truncate,
+            } => {
                 let base = c.rope_theta;
                 let original = original_max_position_embeddings.unwrap_or(c.max_position_embeddings) as f64;
                 let correction = |rotations: f64| {
                     (d as f64 * (original / (rotations * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
                 };
-                let low = correction(beta_fast).floor().max(0.0) as f32;
-                let mut high = correction(beta_slow).ceil().min(d as f64 - 1.0) as f32;
+                let (low, high) = (correction(beta_fast), correction(beta_slow));
+                let (low, high) = if truncate { (low.floor(), high.ceil()) } else { (low, high) };
+                let low = low.max(0.0) as f32;
+                let mut high = high.min(d as f64 - 1.0) as f32;
                 if low == high {
                     high += 0.001;
                 }

@@ -18,15 +18,21 @@ pub fn swiglu(gate_up: Tensor<2>, act: Activation) -> Tensor<2> {
 fn swiglu_ops(gate_up: Tensor<2>, act: Activation) -> Tensor<2> {
     let [_, width] = gate_up.dims();
     let i = width / 2;
-    let gate = gate_up.clone().narrow(1, 0, i);
+    let (mut gate, mut up) = (gate_up.clone().narrow(1, 0, i), gate_up.narrow(1, i, i));
     let t = match act {
         Activation::Silu => gate.clone(),
         Activation::GeluTanh => {
             let cubed = gate.clone().powi_scalar(3).mul_scalar(GELU_CUBE);
             (cubed + gate.clone()).mul_scalar(GELU_SCALE)
         }
+        // gpt-oss's: the gate clamped above, the up on both sides and shifted by 1.
+        Activation::ClampedSwiglu { alpha, limit } => {
+            gate = gate.clamp_max(limit);
+            up = up.clamp(-limit, limit).add_scalar(1.0);
+            gate.clone().mul_scalar(alpha)
+        }
     };
-    (gate * gate_up.narrow(1, i, i)) / t.neg().exp().add_scalar(1.0)
+    (gate * up) / t.neg().exp().add_scalar(1.0)
 }
 
 #[cfg(test)]
@@ -39,7 +45,7 @@ mod tests {
     /// input, for both gates.
     #[test]
     fn the_kernel_and_the_burn_ops_agree() {
-        for act in [Activation::Silu, Activation::GeluTanh] {
+        for act in [Activation::Silu, Activation::GeluTanh, Activation::ClampedSwiglu { alpha: 1.702, limit: 3.0 }] {
             agree(act);
         }
     }
@@ -51,9 +57,14 @@ mod tests {
         let gate_up = Tensor::<2>::from_data(TensorData::new(values, [n, 2 * i]), &device);
         let got = swiglu(gate_up.clone(), act).into_data().try_to_vec::<f32>().unwrap();
         let ops = swiglu_ops(gate_up.clone(), act).into_data().try_to_vec::<f32>().unwrap();
-        let g = gate_up.clone().narrow(1, 0, i);
+        let (g, mut up) = (gate_up.clone().narrow(1, 0, i), gate_up.clone().narrow(1, i, i));
         let gated = match act {
             Activation::Silu => silu(g),
+            Activation::ClampedSwiglu { alpha, limit } => {
+                up = up.clamp(-limit, limit).add_scalar(1.0);
+                let g = g.clamp_max(limit);
+                g.clone() * burn::tensor::activation::sigmoid(g.mul_scalar(alpha))
+            }
             // transformers' `gelu_pytorch_tanh`: ½ g (1 + tanh(√(2/π) (g + 0.044715 g³))).
             Activation::GeluTanh => {
                 let z = (g.clone().powi_scalar(3).mul_scalar(0.044715) + g.clone())
@@ -61,7 +72,7 @@ mod tests {
                 g.mul_scalar(0.5) * z.tanh().add_scalar(1.0)
             }
         };
-        let want = (gated * gate_up.narrow(1, i, i)).into_data().try_to_vec::<f32>().unwrap();
+        let want = (gated * up).into_data().try_to_vec::<f32>().unwrap();
         assert_eq!((got.len(), ops.len()), (n * i, n * i));
         for ((g, o), w) in got.iter().zip(&ops).zip(&want) {
             assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "kernel {g} vs {w}");

@@ -28,7 +28,7 @@ mod portable;
 mod quantize;
 mod vnni;
 
-pub use foreign::Foreign;
+pub use foreign::{Foreign, mxfp4_from_pairs};
 pub use ggml::{dequantize, row_bytes};
 pub use imatrix::Imatrix;
 pub use matmul::{Kernel, Product, matmul, matmul_each, matmul_with};

@@ -60,6 +60,9 @@ pub struct Attention<'a, T> {
     /// Each scaled score s becomes `cap · tanh(s / cap)` (Gemma 2's soft-capping): the general
     /// path only, query by query.
     pub softcap: Option<f32>,
+    /// \[heads\]: each head's sink logit, in its softmax's denominator with no value (gpt-oss's),
+    /// added where a row's chunks are merged.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Runs the attention on the widest vectors this CPU has.
@@ -275,6 +278,7 @@ fn run_on<T: Stored, A: Arith>(a: &Attention<'_, T>, arith: A) -> Vec<f32> {
         "attention: a visible cell lies outside the cache"
     );
     assert!(a.visible.iter().all(|cells| !cells.is_empty()), "attention: a row sees no cell");
+    assert!(a.sinks.is_none_or(|s| s.len() == a.heads), "attention: one sink per head");
     let group = a.heads / a.kv_heads;
     let mut out = vec![0.0f32; n * a.heads * a.d];
     if out.is_empty() {
@@ -319,6 +323,11 @@ fn run_on<T: Stored, A: Arith>(a: &Attention<'_, T>, arith: A) -> Vec<f32> {
                     for (o, x) in o.iter_mut().zip(&p.out[qi * d..(qi + 1) * d]) {
                         *o += w * x;
                     }
+                }
+                // A sink's weight relative to the row's maximum: an overflow to ∞ (a sink far
+                // above every score) leaves the row 0, its limit.
+                if let Some(sinks) = a.sinks {
+                    sum += (sinks[kv_head * group + j] - max).exp();
                 }
                 o.iter_mut().for_each(|o| *o /= sum);
             }
@@ -622,7 +631,8 @@ mod tests {
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let sum: f64 = weights.iter().sum();
+                let sink = a.sinks.map_or(0.0, |s| (s[h] as f64 - max).exp());
+                let sum: f64 = weights.iter().sum::<f64>() + sink;
                 for e in 0..d {
                     let v = |c: u32| T::value(&a.v[at(c)..][..row], e) as f64;
                     out.push(cells.iter().zip(&weights).map(|(&c, w)| w / sum * v(c)).sum());
@@ -673,28 +683,93 @@ mod tests {
             let v = values(kv_heads * capacity * d, 3);
             let what = format!("heads {heads}, kv heads {kv_heads}, d {d}");
             check(
-                &Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
+                &Attention {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    visible: &visible,
+                    heads,
+                    kv_heads,
+                    d,
+                    capacity,
+                    softcap: None,
+                    sinks: None,
+                },
                 &what,
             );
             // Soft-capped scores (Gemma 2's), at a cap the scores reach.
             let softcap = Some(0.5);
-            check(&Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity, softcap }, &what);
+            check(
+                &Attention {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    visible: &visible,
+                    heads,
+                    kv_heads,
+                    d,
+                    capacity,
+                    softcap,
+                    sinks: None,
+                },
+                &what,
+            );
+            // Sinks below, around and above the scores (a head that attends to almost nothing).
+            let sinks: Vec<f32> = (0..heads).map(|h| [-4.0, 0.0, 1.5, 30.0][h % 4]).collect();
+            let sinks = Some(sinks.as_slice());
+            check(
+                &Attention {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    visible: &visible,
+                    heads,
+                    kv_heads,
+                    d,
+                    capacity,
+                    softcap: None,
+                    sinks,
+                },
+                &what,
+            );
             let (k16, v16): (Vec<f16>, Vec<f16>) =
                 (k.iter().map(|&x| f16::from_f32(x)).collect(), v.iter().map(|&x| f16::from_f32(x)).collect());
             check(
-                &Attention { q: &q, k: &k16, v: &v16, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
+                &Attention {
+                    q: &q,
+                    k: &k16,
+                    v: &v16,
+                    visible: &visible,
+                    heads,
+                    kv_heads,
+                    d,
+                    capacity,
+                    softcap: None,
+                    sinks: None,
+                },
                 &format!("{what}, f16"),
             );
             let (kb, vb): (Vec<bf16>, Vec<bf16>) =
                 (k.iter().map(|&x| bf16::from_f32(x)).collect(), v.iter().map(|&x| bf16::from_f32(x)).collect());
             check(
-                &Attention { q: &q, k: &kb, v: &vb, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
+                &Attention {
+                    q: &q,
+                    k: &kb,
+                    v: &vb,
+                    visible: &visible,
+                    heads,
+                    kv_heads,
+                    d,
+                    capacity,
+                    softcap: None,
+                    sinks: None,
+                },
                 &format!("{what}, bf16"),
             );
             let (kq, vq) = (kv_q8::quantize_rows(&k, d), kv_q8::quantize_rows(&v, d));
             let (k, v) = (kv_q8::as_blocks(&kq), kv_q8::as_blocks(&vq));
             check(
-                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
+                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity, softcap: None, sinks: None },
                 &format!("{what}, q8_0"),
             );
         }
@@ -727,24 +802,72 @@ mod tests {
             let v = values(kv_heads * capacity * d, 7);
             let what = format!("heads {heads}, kv heads {kv_heads}, d {d}");
             check(
-                &Attention { q: &q, k: &k, v: &v, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
+                &Attention {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    visible: &visible,
+                    heads,
+                    kv_heads,
+                    d,
+                    capacity,
+                    softcap: None,
+                    sinks: None,
+                },
                 &what,
             );
             let one = [b];
             let q1 = &q[..heads * d];
             check(
-                &Attention { q: q1, k: &k, v: &v, visible: &one, heads, kv_heads, d, capacity, softcap: None },
+                &Attention {
+                    q: q1,
+                    k: &k,
+                    v: &v,
+                    visible: &one,
+                    heads,
+                    kv_heads,
+                    d,
+                    capacity,
+                    softcap: None,
+                    sinks: None,
+                },
                 &format!("{what}, alone"),
+            );
+            // Sinks where a split row's chunks are merged, and where tiles' rows are.
+            let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.5 - 1.0).collect();
+            let sinks = Some(sinks.as_slice());
+            check(
+                &Attention { q: q1, k: &k, v: &v, visible: &one, heads, kv_heads, d, capacity, softcap: None, sinks },
+                &format!("{what}, alone, sinks"),
+            );
+            check(
+                &Attention {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    visible: &visible,
+                    heads,
+                    kv_heads,
+                    d,
+                    capacity,
+                    softcap: None,
+                    sinks,
+                },
+                &format!("{what}, sinks"),
             );
             let (kq, vq) = (kv_q8::quantize_rows(&k, d), kv_q8::quantize_rows(&v, d));
             let (k, v) = (kv_q8::as_blocks(&kq), kv_q8::as_blocks(&vq));
             check(
-                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity, softcap: None },
+                &Attention { q: &q, k, v, visible: &visible, heads, kv_heads, d, capacity, softcap: None, sinks: None },
                 &format!("{what}, q8_0"),
             );
             check(
-                &Attention { q: q1, k, v, visible: &one, heads, kv_heads, d, capacity, softcap: None },
+                &Attention { q: q1, k, v, visible: &one, heads, kv_heads, d, capacity, softcap: None, sinks: None },
                 &format!("{what}, q8_0 alone"),
+            );
+            check(
+                &Attention { q: q1, k, v, visible: &one, heads, kv_heads, d, capacity, softcap: None, sinks },
+                &format!("{what}, q8_0 alone, sinks"),
             );
         }
     }

@@ -157,10 +157,15 @@ pub fn swiglu(gate_up: &Tensor<2>, act: Activation) -> Option<Tensor<2>> {
     if width == 0 || !width.is_multiple_of(2) {
         return None;
     }
+    // gpt-oss's clamped gate: Burn's ops.
+    let gelu = match act {
+        Activation::Silu => false,
+        Activation::GeluTanh => true,
+        Activation::ClampedSwiglu { .. } => return None,
+    };
     let x = cube(gate_up)?;
     let out = empty(&x, [n, width / 2]);
     let (count, dim) = elementwise(n * width / 2);
-    let gelu = act == Activation::GeluTanh;
     kernels::swiglu::launch(&x.client.clone(), count, dim, x.into_tensor_arg(), out.clone().into_tensor_arg(), gelu);
     Some(tensor(out))
 }
@@ -298,6 +303,8 @@ fn pre_args(pre: Pre<'_>, x: &CubeTensor, k: usize) -> Option<(u32, CubeTensor, 
         Pre::Norm { .. } => return None,
         Pre::Gated(Activation::Silu) => (kernels::PRE_SWIGLU, x.clone(), 0.0),
         Pre::Gated(Activation::GeluTanh) => (kernels::PRE_GEGLU, x.clone(), 0.0),
+        // gpt-oss's clamped gate is applied apart (the product reads its output).
+        Pre::Gated(Activation::ClampedSwiglu { .. }) => return None,
     })
 }
 
