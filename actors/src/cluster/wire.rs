@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{Event, ReplicaStats, SpeculativeStats};
 use crate::host::GenerateParams;
-use crate::request::{ReasoningParsing, ReasoningTags, TextCallSpec, ToolCallTags, ToolParsing, XmlTools};
+use crate::request::{
+    HarmonyParsing, ReasoningParsing, ReasoningTags, TextCallSpec, ToolCallTags, ToolParsing, XmlTools,
+};
 use crate::session::SessionInfo;
 
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
@@ -54,6 +56,8 @@ pub struct WireRequest {
     /// Think tags (open, close) and whether the output starts inside the thinking.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<(u32, u32, bool)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harmony: Option<HarmonyParsing>,
     #[serde(default)]
     pub guidance: GuidanceSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +80,7 @@ impl WireRequest {
             text_calls: params.text_calls.as_deref().cloned(),
             text_retry: params.text_retry.as_ref().map(llaisys_model::Guidance::spec),
             reasoning: params.reasoning.map(|r| (r.tags.open, r.tags.close, r.starts_open)),
+            harmony: params.harmony,
             guidance: params.guidance.spec(),
             speculative: params.speculative,
             session,
@@ -106,6 +111,7 @@ impl WireRequest {
                 tags: ReasoningTags { open, close },
                 starts_open,
             }),
+            harmony: self.harmony,
             guidance,
             speculative: self.speculative,
         }

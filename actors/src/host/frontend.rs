@@ -14,13 +14,15 @@ use llaisys_model::{
 
 use super::embed::{self, EmbedRequest, ValidEmbed};
 use super::params::GenerateParams;
-use super::request::{ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, RequestError, Tool};
+use super::request::{
+    ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, RequestError, Tool, ToolChoice,
+};
 use super::rerank::{self, RerankRequest, ValidRerank};
 use super::text::{GenerationDefaults, ModelText};
 use super::tools::{check_tool_choice, check_tools, constrain_calls};
 use super::validate::{Bounds, Unchecked, ValidRequest, check_prompts};
 use crate::engine::EngineError;
-use crate::request::ReasoningParsing;
+use crate::request::{HarmonyParsing, ReasoningParsing, ToolParsing};
 
 /// What one request may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -154,6 +156,9 @@ impl Frontend {
         let offered = check_tool_choice(options)?;
         let tools = if offered { &options.tools[..] } else { &[] };
         let prompt = self.render_chat(&request.input, tools, &options.chat_template_kwargs, true)?;
+        if let Some(tags) = self.text_side()?.harmony {
+            return self.harmony_chat(request, prompt, tags);
+        }
         let reasoning = self.text_side()?.reasoning.map(|tags| ReasoningParsing::after(tags, &prompt));
         let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
         unchecked.params.reasoning = reasoning;
@@ -171,6 +176,40 @@ impl Frontend {
             for guidance in std::iter::once(&mut params.guidance).chain(&mut params.text_retry) {
                 *guidance = std::mem::take(guidance).after_thinking(thinking);
             }
+        }
+        self.check(unchecked, "messages")
+    }
+
+    /// A chat of a harmony model (gpt-oss): its messages split by channel into reasoning, answer
+    /// and tool calls (`HarmonyParsing`). Tools are called as the model chooses (`auto`); a
+    /// `required` or named `tool_choice` is refused, its calls not being constrained in this
+    /// format yet. A constrained answer (`response_format`, a grammar) is the final channel's:
+    /// the prompt opens that channel (`<|channel|>final<|message|>`), so the grammar holds from
+    /// the answer's first token and the model does not reason first.
+    fn harmony_chat(
+        &self,
+        request: &ChatRequest,
+        mut prompt: Vec<u32>,
+        tags: crate::request::HarmonyTags,
+    ) -> Result<ValidRequest, EngineError> {
+        let options = &request.options;
+        let choice = options.tool_choice.clone().unwrap_or_default();
+        if !options.tools.is_empty() && !matches!(choice, ToolChoice::Auto | ToolChoice::None) {
+            let reason = "this model's tool calls (OpenAI's harmony format) are not constrained:                           tool_choice may be \"auto\" or \"none\"";
+            return Err(RequestError::invalid("tool_choice", reason).into());
+        }
+        if options.constraint.is_some() {
+            let tokenizer = &self.text_side()?.tokenizer;
+            let final_channel = tokenizer.encode("final").map_err(|e| RequestError::general(e.to_string()))?;
+            prompt.push(tags.channel);
+            prompt.extend(final_channel);
+            prompt.push(tags.message);
+        }
+        let harmony = HarmonyParsing::after(tags, &prompt);
+        let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
+        unchecked.params.harmony = Some(harmony);
+        if !options.tools.is_empty() && choice == ToolChoice::Auto {
+            unchecked.params.tool_calls = Some(ToolParsing { tags: None, xml: None, finish_with_tool_calls: true });
         }
         self.check(unchecked, "messages")
     }
@@ -320,6 +359,7 @@ impl Frontend {
             text_calls: None,
             text_retry: None,
             reasoning: None,
+            harmony: None,
             speculative: options.speculative,
         };
         let (session, logprobs) = (options.session.clone(), options.logprobs.is_some());

@@ -4,7 +4,7 @@ use llaisys_model::{Guidance, SamplingParams};
 
 use std::sync::Arc;
 
-use crate::request::{ReasoningParsing, TextCallSpec, ToolParsing};
+use crate::request::{HarmonyParsing, ReasoningParsing, TextCallSpec, ToolParsing};
 
 /// What to generate for each prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +30,9 @@ pub struct GenerateParams {
     pub text_retry: Option<Guidance>,
     /// A reasoning model's thinking is split from the answer (chats of models with think tags).
     pub reasoning: Option<ReasoningParsing>,
+    /// A harmony model's messages (gpt-oss's chats) are split into its reasoning, its answer
+    /// and its tool calls.
+    pub harmony: Option<HarmonyParsing>,
     /// T1/T4: what the output must match (a compiled grammar: `Engine::guidance`,
     /// `Llm::guidance`); the default constrains nothing.
     pub guidance: Guidance,
@@ -60,6 +63,7 @@ impl Default for GenerateParams {
             text_calls: None,
             text_retry: None,
             reasoning: None,
+            harmony: None,
             speculative: None,
         }
     }

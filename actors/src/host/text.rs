@@ -8,7 +8,7 @@ use llaisys_model::tokenizer::ChatTemplate;
 use llaisys_model::{FileSummary, GrammarCompiler, GrammarError, ModelInfo, Tokenizer};
 
 use super::rerank::YesNo;
-use crate::request::ReasoningTags;
+use crate::request::{HarmonyTags, ReasoningTags};
 
 /// Sampling defaults from a model's `generation_config.json`, used where a request leaves a
 /// field out; OpenAI's defaults otherwise.
@@ -69,6 +69,9 @@ pub struct ModelText {
     /// A reasoning model's think tags (`<think>` and `</think>`, or Magistral's `[THINK]` and
     /// `[/THINK]`: single tokens of its vocabulary): its chats' thinking is split from the answer.
     pub(crate) reasoning: Option<ReasoningTags>,
+    /// A harmony model's tags (gpt-oss's `<|start|>`, `<|channel|>`, `<|message|>`, ...: single
+    /// tokens of its vocabulary): its chats' messages are split by channel.
+    pub(crate) harmony: Option<HarmonyTags>,
     /// A yes/no reranker's tokens (`Reranker` decides at build).
     pub(crate) judge: Option<YesNo>,
     /// What the weight files are (format, size, parameters, quantization), when read.
@@ -87,11 +90,23 @@ impl ModelText {
         let reasoning = pair("<think>", "</think>")
             .or_else(|| pair("[THINK]", "[/THINK]"))
             .map(|(open, close)| ReasoningTags { open, close });
+        let harmony = (|| {
+            Some(HarmonyTags {
+                start: tag("<|start|>")?,
+                channel: tag("<|channel|>")?,
+                message: tag("<|message|>")?,
+                end: tag("<|end|>")?,
+                call: tag("<|call|>")?,
+                ret: tag("<|return|>")?,
+                constrain: tag("<|constrain|>"),
+            })
+        })();
         Self {
             tokenizer: Arc::new(tokenizer),
             template,
             defaults,
             reasoning,
+            harmony,
             judge: None,
             files: None,
             grammar: OnceLock::new(),

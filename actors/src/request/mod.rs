@@ -2,6 +2,7 @@
 //! own logic: its lifecycle and what of its text may be shown.
 
 mod actor;
+mod harmony;
 mod messages;
 mod postprocess;
 mod reasoning;
@@ -11,6 +12,7 @@ mod text;
 mod tools;
 
 pub(crate) use actor::{RequestActor, RequestArgs};
+pub use harmony::{HarmonyParsing, HarmonySplit, HarmonyTags};
 pub use messages::ToRequest;
 pub use postprocess::Postprocess;
 pub use reasoning::{Part, ReasoningParsing, ReasoningSplit, ReasoningTags};

@@ -43,6 +43,7 @@ impl Postprocess {
     pub fn new(prompt_tokens: usize, params: &GenerateParams, tokenizer: Option<Arc<Tokenizer>>) -> Self {
         let text = TextStream::new(params.stop.iter().cloned())
             .with_reasoning(params.reasoning)
+            .with_harmony(params.harmony)
             .with_tool_calls(params.tool_calls.as_ref())
             .with_text_calls(params.text_calls.clone(), params.text_retry.is_some());
         Self {

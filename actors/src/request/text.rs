@@ -1,12 +1,14 @@
 //! A request's output text as it streams: tokens are detokenized incrementally (never half a
 //! character) and cut at the first stop string (never any part of it); a reasoning model's
 //! thinking is split off first (stop strings and tool calls apply to the answer after it); with
-//! tool calls (T3), the calls' tokens are split off into tool-call pieces. Used by the request
-//! actor and by offline generation alike.
+//! tool calls (T3), the calls' tokens are split off into tool-call pieces; a harmony model's
+//! messages (gpt-oss's) go to the reasoning, the answer or a call by their headers. Used by the
+//! request actor and by offline generation alike.
 
 use llaisys_model::Tokenizer;
 use llaisys_model::tokenizer::{IncrementalDecoder, TokenizerError};
 
+use super::harmony::{self, HarmonyParsing, HarmonySplit};
 use super::reasoning::{Part, ReasoningParsing, ReasoningSplit};
 use super::stop::{StopMatcher, StopOutcome};
 use super::tools::{Emit, Route, TextCallSpec, TextCalls, ToolCallDelta, ToolCallParser, ToolParsing};
@@ -32,6 +34,8 @@ pub struct TextStream {
     held: String,
     /// The split of thinking from the answer, and the decoder of the thinking's text.
     reasoning: Option<(ReasoningSplit, IncrementalDecoder)>,
+    /// A harmony model's messages, and the decoders of their headers, reasoning and calls.
+    harmony: Option<Box<Harmony>>,
     /// The recogniser of a call written as text (`tool_choice: auto`).
     text_calls: Option<TextCalls>,
     /// Whether a rejected call written as text is kept back for a second attempt
@@ -53,6 +57,7 @@ impl TextStream {
             tools: None,
             held: String::new(),
             reasoning: None,
+            harmony: None,
             text_calls: None,
             retry: false,
             rejected: None,
@@ -93,6 +98,19 @@ impl TextStream {
         self
     }
 
+    /// Splits a harmony model's messages into reasoning, answer and tool calls.
+    pub fn with_harmony(mut self, parsing: Option<HarmonyParsing>) -> Self {
+        self.harmony = parsing.map(|p| {
+            Box::new(Harmony {
+                split: HarmonySplit::new(p),
+                header: IncrementalDecoder::new(true),
+                reasoning: IncrementalDecoder::new(true),
+                call: IncrementalDecoder::new(true),
+            })
+        });
+        self
+    }
+
     /// Splits off tool calls as `parsing` says (stop strings apply to the content only).
     pub fn with_tool_calls(mut self, parsing: Option<&ToolParsing>) -> Self {
         self.tools = parsing.map(|p| (ToolCallParser::new(p), IncrementalDecoder::new(true)));
@@ -113,6 +131,12 @@ impl TextStream {
     pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<Piece, TokenizerError> {
         if self.stopped {
             return Ok(Piece::default());
+        }
+        if let Some(h) = &mut self.harmony {
+            let tools = self.tools.as_mut().map(|(parser, _)| parser);
+            if let Some(piece) = h.push(tokenizer, token, tools)? {
+                return Ok(piece);
+            }
         }
         let mut answer = false;
         if let Some((split, decoder)) = &mut self.reasoning {
@@ -184,9 +208,21 @@ impl TextStream {
         {
             tail.reasoning = split.reasoning(&decoder.finish(tokenizer)?.unwrap_or_default());
         }
+        let mut unread = None;
+        if let Some(h) = &mut self.harmony {
+            if h.split.reasoning() {
+                tail.reasoning = h.reasoning.finish(tokenizer)?.unwrap_or_default();
+            }
+            // Nothing of an output not in the format is lost: its text is the answer.
+            unread = h.split.unread().map(|text| text + &h.header.finish(tokenizer).ok().flatten().unwrap_or_default());
+        }
         if let Some(delta) = self.decoder.finish(tokenizer)? {
             let delta = self.reasoning.as_mut().map(|(split, _)| split.answer(&delta)).unwrap_or(delta);
             tail.text = self.filter(&delta);
+        }
+        if let Some(text) = unread {
+            let text = self.filter(&text);
+            tail.text.push_str(&text);
         }
         if !self.stopped {
             tail.text.push_str(&self.stops.finish());
@@ -210,6 +246,60 @@ impl TextStream {
                 text
             }
         }
+    }
+}
+
+/// A harmony model's messages as they stream.
+#[derive(Debug, Clone)]
+struct Harmony {
+    split: HarmonySplit,
+    header: IncrementalDecoder,
+    reasoning: IncrementalDecoder,
+    call: IncrementalDecoder,
+}
+
+impl Harmony {
+    /// What `token` adds outside the answer (a tag, a header's words, reasoning, a call's
+    /// arguments); `None` for answer text, which the stream's own path takes (stop strings
+    /// apply to it). A call's body is answer text where the request offered no tools (`tools`).
+    fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        token: u32,
+        tools: Option<&mut ToolCallParser>,
+    ) -> Result<Option<Piece>, TokenizerError> {
+        let mut piece = Piece::default();
+        match self.split.route(token) {
+            harmony::Route::Tag { opens, closes } => {
+                if closes {
+                    // A body's last bytes, had it ended inside a character.
+                    piece.reasoning = self.reasoning.finish(tokenizer)?.unwrap_or_default();
+                    let rest = self.call.finish(tokenizer)?.unwrap_or_default();
+                    if let (Some(parser), false) = (&tools, rest.is_empty()) {
+                        piece.tool_calls.push(parser.more_arguments(rest));
+                    }
+                }
+                if let (Some(name), Some(parser)) = (opens, tools) {
+                    piece.tool_calls.push(parser.text_call(name, String::new()));
+                }
+            }
+            harmony::Route::Header => {
+                let text = self.header.push(tokenizer, token)?.unwrap_or_default();
+                self.split.header_text(&text);
+            }
+            harmony::Route::Reasoning => piece.reasoning = self.reasoning.push(tokenizer, token)?.unwrap_or_default(),
+            harmony::Route::Call => match tools {
+                Some(parser) => {
+                    let text = self.call.push(tokenizer, token)?.unwrap_or_default();
+                    if !text.is_empty() {
+                        piece.tool_calls.push(parser.more_arguments(text));
+                    }
+                }
+                None => return Ok(None),
+            },
+            harmony::Route::Answer => return Ok(None),
+        }
+        Ok(Some(piece))
     }
 }
 

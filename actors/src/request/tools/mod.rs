@@ -292,6 +292,12 @@ impl ToolCallParser {
         ToolCallDelta { index: self.calls - 1, id: Some(self.new_call_id()), name: Some(name), arguments }
     }
 
+    /// More of the last call's arguments, written in a format the parser does not read
+    /// (harmony's, whose calls `text_call` opens).
+    pub fn more_arguments(&self, arguments: String) -> ToolCallDelta {
+        ToolCallDelta { index: self.calls.saturating_sub(1), id: None, name: None, arguments }
+    }
+
     /// A new call's id: OpenAI's `call_` and 24 letters and digits; nine letters and digits
     /// for Mistral's syntaxes (no closing tag), whose templates refuse other ids when the call
     /// comes back in the history.
