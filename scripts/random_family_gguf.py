@@ -18,6 +18,11 @@ Shapes (from the models' config.json):
   gemma3-1b      Gemma 3 1B: hidden 1152, 26 layers, 4 heads / 1 KV of 256, GeGLU 6912, tied,
                  q/k norms and post-attention / post-feed-forward norms, five local layers over a
                  window of 512 for each global one (the donor's vocabulary, not Gemma's 262,144)
+  gptoss-mini    gpt-oss-20b's block: hidden 2880, 64 heads / 8 KV of 64 with sinks and biases,
+                 32 experts of width 2880, top-4, with biases, in MXFP4 as released (whatever
+                 the file's type: the other matrices take it), local layers over a window of 128
+                 alternating with global ones, YaRN (factor 32 over 4,096); 8 layers, not 24
+                 (the donor's vocabulary, not o200k's 201,088)
 
 Usage: python scripts/random_family_gguf.py DONOR.gguf OUT.gguf SHAPE [f16|bf16|q8_0|q4_k_m]
 q8_0 and q4_k_m write ggml blocks of random quants directly (no peer's llama-quantize, for a
@@ -42,6 +47,8 @@ SHAPES = {
                            tied=False, experts=32, used=8, expert_inter=768),
     "gemma3-1b": dict(arch="gemma3", hidden=1152, layers=26, heads=4, kv=1, head_dim=256, inter=6912, tied=True,
                       window=512),
+    "gptoss-mini": dict(arch="gpt-oss", hidden=2880, layers=8, heads=64, kv=8, head_dim=64, inter=2880, tied=False,
+                        window=128, experts=32, used=4, expert_inter=2880),
 }
 def copy_tokenizer(r, w):
     for key, f in r.fields.items():
@@ -78,7 +85,11 @@ w.add_head_count_kv(kv)
 w.add_key_length(hd)
 w.add_value_length(hd)
 w.add_rope_dimension_count(hd)
-w.add_rope_freq_base(500000.0 if arch == "llama" else 1e6)
+w.add_rope_freq_base({"llama": 500000.0, "gpt-oss": 150000.0}.get(arch, 1e6))
+if arch == "gpt-oss":
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
 w.add_layer_norm_rms_eps(1e-6)
 w.add_file_type({"bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
                  "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}.get(dtype, gguf.LlamaFileType.MOSTLY_F16))
@@ -132,6 +143,16 @@ def random_blocks(key, x):
     w.add_tensor(key, raw.reshape(*x.shape[:-1], -1), raw_dtype=qt)
 
 
+def mxfp4_blocks(key, shape):
+    """A 3-D expert tensor in MXFP4 with random values (gpt-oss's experts, as released): E8M0
+    scales near 2^-8, so values spread about as a 16-bit file's."""
+    *outer, cols = shape
+    rows = int(np.prod(outer))
+    raw = rng.integers(0, 256, (rows, cols // 32, 17), dtype=np.uint8)
+    raw[:, :, 0] = rng.integers(118, 122, (rows, cols // 32), dtype=np.uint8)
+    w.add_tensor(key, raw.reshape(*outer, -1), raw_dtype=Q.MXFP4)
+
+
 def add(key, x):
     """A matrix in the file's type (f32 for vectors and the router, as llama.cpp writes)."""
     if x.dtype == np.float32 and x.ndim > 1 and dtype in ("q8_0", "q4_k_m"):
@@ -180,17 +201,28 @@ for l in range(layers):
     add(p + "attn_norm.weight", norm(hidden))
     for part, rows in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd)):
         add(p + f"attn_{part}.weight", lin(rows, hidden))
-        if arch == "qwen2":
+        if arch in ("qwen2", "gpt-oss"):
             add(p + f"attn_{part}.bias", bias(rows))
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         add(p + "attn_q_norm.weight", norm(hd))
         add(p + "attn_k_norm.weight", norm(hd))
     add(p + "attn_output.weight", lin(hidden, heads * hd, scale=4.0))
-    add(p + "ffn_norm.weight", norm(hidden))
+    if arch == "gpt-oss":
+        add(p + "attn_output.bias", bias(hidden))
+        add(p + "attn_sinks.weight", bias(heads))
+    # gpt-oss's converter names the feed-forward's input norm after Hugging Face's.
+    add(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), norm(hidden))
     if arch == "gemma3":
         add(p + "post_attention_norm.weight", norm(hidden))
         add(p + "post_ffw_norm.weight", norm(hidden))
-    if "experts" in s:
+    if arch == "gpt-oss":
+        e, i = s["experts"], s["expert_inter"]
+        w.add_tensor(p + "ffn_gate_inp.weight", router(e, hidden))
+        add(p + "ffn_gate_inp.bias", bias(e))
+        for part, shape in (("gate", (e, i, hidden)), ("up", (e, i, hidden)), ("down", (e, hidden, i))):
+            mxfp4_blocks(p + f"ffn_{part}_exps.weight", shape)
+            w.add_tensor(p + f"ffn_{part}_exps.bias", bias(shape[0] * shape[1]).reshape(shape[:2]))
+    elif "experts" in s:
         e, i = s["experts"], s["expert_inter"]
         w.add_tensor(p + "ffn_gate_inp.weight", router(e, hidden))
         add(p + "ffn_gate_exps.weight", lin(e, i, hidden))

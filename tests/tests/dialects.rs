@@ -439,6 +439,19 @@ async fn reasoning_comes_as_each_dialects_thinking() {
     )
     .await;
     assert_eq!(r["usage"]["input_tokens"].as_u64(), Some(on + 4), "{r}");
+    // OpenAI's chat `reasoning_effort` too; a template variable the request sets wins.
+    let chat = |extra: Value| {
+        let mut body = json!({"model": "tiny-qwen3-f32", "max_tokens": 1, "messages": user});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let (_, c) = post(&s, "/v1/chat/completions", chat(json!({"reasoning_effort": "none"}))).await;
+    assert_eq!(c["usage"]["prompt_tokens"].as_u64(), Some(on + 4), "{c}");
+    let both = json!({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": true}});
+    let (_, c) = post(&s, "/v1/chat/completions", chat(both)).await;
+    assert_eq!(c["usage"]["prompt_tokens"].as_u64(), Some(on), "{c}");
+    let (status, c) = post(&s, "/v1/chat/completions", chat(json!({"reasoning_effort": "lots"}))).await;
+    assert_eq!((status, c["error"]["param"].as_str()), (400, Some("reasoning_effort")), "{c}");
     let (_, o) = post(&s, "/api/chat", json!({"model": "tiny-qwen3-f32", "stream": false, "think": false, "options": {"num_predict": 1}, "messages": user})).await;
     assert_eq!(o["prompt_eval_count"].as_u64(), Some(on + 4), "{o}");
     let (_, show) = post(&s, "/api/show", json!({"model": "tiny-qwen3-f32"})).await;

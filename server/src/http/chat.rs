@@ -52,6 +52,9 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
     options.tool_choice = tool_choice;
     options.parallel_tool_calls = req.parallel_tool_calls;
     options.chat_template_kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(effort) = &req.reasoning_effort {
+        reasoning_effort(effort, "reasoning_effort", &mut options.chat_template_kwargs)?;
+    }
     options.thinking_budget = match req.thinking_token_budget {
         Some(b) if b < 0 => {
             let msg = format!("thinking_token_budget must be at least 0, got {b}");
@@ -363,4 +366,30 @@ fn completion_logprobs(tokens: &[TokenLogprob], offset: usize) -> Value {
         "top_logprobs": tokens.iter().map(|t| t.top.iter().map(|(tok, _, lp)| (tok.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
         "text_offset": text_offset,
     })
+}
+
+/// OpenAI's reasoning effort (`param` names the field) as chat-template variables, where the
+/// request's own do not set them: `none` turns a reasoning model's thinking off
+/// (`enable_thinking`); the others turn it on and go to templates that read a level
+/// (`reasoning_effort`: gpt-oss's low, medium or high).
+pub(crate) fn reasoning_effort(
+    effort: &str,
+    param: &str,
+    kwargs: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<(), ApiError> {
+    let (thinking, level) = match effort {
+        "none" => (false, None),
+        "minimal" | "low" => (true, Some("low")),
+        "medium" => (true, Some("medium")),
+        "high" | "xhigh" => (true, Some("high")),
+        other => {
+            let msg = format!("{other:?} is not an effort (none, minimal, low, medium, high)");
+            return Err(ApiError::invalid(param, msg));
+        }
+    };
+    kwargs.entry("enable_thinking").or_insert(thinking.into());
+    if let Some(level) = level {
+        kwargs.entry("reasoning_effort").or_insert(level.into());
+    }
+    Ok(())
 }

@@ -162,6 +162,10 @@ pub struct ChatRequest {
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// A reasoning model thinks at most this many tokens (vLLM's name).
     pub thinking_token_budget: Option<i64>,
+    /// OpenAI's reasoning effort: `none` turns a reasoning model's thinking off (the chat
+    /// template's `enable_thinking`); `low`, `medium` and `high` go to templates that read it
+    /// (gpt-oss's `reasoning_effort`).
+    pub reasoning_effort: Option<String>,
 }
 
 /// `tools[]`: `{"type": "function", "function": {name, description, parameters}}`.

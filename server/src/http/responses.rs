@@ -267,17 +267,7 @@ impl ResponsesRequest {
         };
         let mut kwargs = serde_json::Map::new();
         if let Some(effort) = req.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
-            let thinking = match effort {
-                "none" => false,
-                "minimal" | "low" | "medium" | "high" | "xhigh" => true,
-                other => {
-                    return Err(ApiError::invalid(
-                        "reasoning.effort",
-                        format!("{other:?} is not an effort (none, minimal, low, medium, high)"),
-                    ));
-                }
-            };
-            kwargs.insert("enable_thinking".into(), thinking.into());
+            super::chat::reasoning_effort(effort, "reasoning.effort", &mut kwargs)?;
         }
         let options = Options {
             max_tokens,
