@@ -195,7 +195,10 @@ impl Frontend {
         let options = &request.options;
         let choice = options.tool_choice.clone().unwrap_or_default();
         if !options.tools.is_empty() && !matches!(choice, ToolChoice::Auto | ToolChoice::None) {
-            let reason = "this model's tool calls (OpenAI's harmony format) are not constrained:                           tool_choice may be \"auto\" or \"none\"";
+            let reason = concat!(
+                "this model's tool calls (OpenAI's harmony format) are not constrained: ",
+                "tool_choice may be \"auto\" or \"none\""
+            );
             return Err(RequestError::invalid("tool_choice", reason).into());
         }
         if options.constraint.is_some() {

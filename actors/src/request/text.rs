@@ -214,7 +214,9 @@ impl TextStream {
                 tail.reasoning = h.reasoning.finish(tokenizer)?.unwrap_or_default();
             }
             // Nothing of an output not in the format is lost: its text is the answer.
-            unread = h.split.unread().map(|text| text + &h.header.finish(tokenizer).ok().flatten().unwrap_or_default());
+            if let Some(text) = h.split.unread() {
+                unread = Some(text + &h.header.finish(tokenizer)?.unwrap_or_default());
+            }
         }
         if let Some(delta) = self.decoder.finish(tokenizer)? {
             let delta = self.reasoning.as_mut().map(|(split, _)| split.answer(&delta)).unwrap_or(delta);
