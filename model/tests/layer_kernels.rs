@@ -394,7 +394,7 @@ fn a_dense_matrix_in_parts_works_as_one() {
 /// between rows, one cell alone, more cells than a cube has units, and rows long enough for the
 /// GPU kernel to split them over several cubes beside rows with none in the later splits), as
 /// the decoder calls it, against an f64 reference, with and without soft-capped scores (Gemma
-/// 2's); on every KV type the device computes in.
+/// 2's) and sinks (gpt-oss's); on every KV type the device computes in.
 #[test]
 fn cell_attention_matches_a_reference() {
     use burn::tensor::{DType, FloatDType};
@@ -410,14 +410,19 @@ fn cell_attention_matches_a_reference() {
         vec![1199, 0, 17, 5, 200, 201],
         (100..1100).collect(),
     ];
-    for (heads, kv_heads, d, visible, softcap) in [
-        (2, 2, 64, &short, None),
-        (4, 2, 128, &long, None),
-        (7, 1, 64, &long, None),
-        (7, 1, 128, &short, None),
-        (2, 2, 64, &short, Some(0.5)),
-        (4, 2, 128, &long, Some(0.5)),
+    for (heads, kv_heads, d, visible, softcap, with_sinks) in [
+        (2, 2, 64, &short, None, false),
+        (4, 2, 128, &long, None, false),
+        (7, 1, 64, &long, None, false),
+        (7, 1, 128, &short, None, false),
+        (2, 2, 64, &short, Some(0.5), false),
+        (4, 2, 128, &long, Some(0.5), false),
+        // gpt-oss's sinks, below, about and far above the scores: split rows and whole ones.
+        (4, 2, 128, &long, None, true),
+        (7, 1, 64, &short, None, true),
     ] {
+        let sink: Vec<f32> = (0..heads).map(|h| [-3.0, 0.5, 20.0][h % 3]).collect();
+        let sinks = with_sinks.then(|| Sinks::new(sink.clone(), &device));
         let n = visible.len();
         let q = values(n * heads * d, 31, 1.5);
         let k = values(kv_heads * capacity * d, 32, 1.5);
@@ -435,7 +440,7 @@ fn cell_attention_matches_a_reference() {
             let kernel = if visible.iter().any(|cells| cells.len() > 256) { "merge_splits" } else { "cell_attention" };
             let got = ran(spec, kernel, || {
                 host(
-                    cell_attention(&qt, &kt, &vt, false, &cells, softcap, None)
+                    cell_attention(&qt, &kt, &vt, false, &cells, softcap, sinks.as_ref())
                         .expect("an attention kernel runs on the test device"),
                 )
             });
@@ -453,9 +458,10 @@ fn cell_attention_matches_a_reference() {
                             softcap.map_or(s, |cap| cap * (s / cap).tanh())
                         })
                         .collect();
-                    let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let sink = with_sinks.then_some(sink[h] as f64);
+                    let top = scores.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
                     let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
-                    let total: f64 = weights.iter().sum();
+                    let total: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - top).exp());
                     for (&c, w) in seen.iter().zip(&weights) {
                         for i in 0..d {
                             want[(r * heads + h) * d + i] +=
@@ -464,7 +470,9 @@ fn cell_attention_matches_a_reference() {
                     }
                 }
             }
-            let what = format!("cell attention {heads}/{kv_heads} d {d}, {dtype:?} cache, cap {softcap:?}");
+            let what = format!(
+                "cell attention {heads}/{kv_heads} d {d}, {dtype:?} cache, cap {softcap:?}, sinks {with_sinks}"
+            );
             assert_close(&got, &want, tol, &what);
         }
     }

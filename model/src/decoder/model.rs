@@ -475,7 +475,7 @@ impl Decoder {
             // Soft-capped scores (Gemma 2's) are capped by the kernels too, and the sinks (gpt-oss's)
             // join their heads' softmax.
             let sinks = w.sinks.as_ref();
-            let a = match cache.attention(l, &q, cells, c.attention_softcap, sinks.map(|s| &s.host[..])) {
+            let a = match cache.attention(l, &q, cells, c.attention_softcap, sinks) {
                 Some(a) => a,
                 None => {
                     let visible = &cells.visible;

@@ -115,6 +115,7 @@ pub(crate) mod gpu {
         _: &Tensor<3>,
         _: &Tensor<2, Int>,
         _: Option<f32>,
+        _: Option<&Tensor<1>>,
     ) -> Option<Tensor<2>> {
         None
     }
@@ -204,6 +205,7 @@ pub(crate) mod gpu {
 
 use std::cell::OnceCell;
 use std::ops::Range;
+use std::sync::Arc;
 
 use burn::backend::Flex;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData, bf16, f16};
@@ -521,6 +523,25 @@ pub fn project_rope_kv_write(
     Some(q)
 }
 
+/// Each attention head's learned sink (gpt-oss's `sinks`): a logit in its softmax's denominator
+/// that no value goes with, so a head may attend to nothing. Kept on the host (the CPU kernel's)
+/// and on the device (the GPU kernel's and Burn's ops').
+#[derive(Debug, Clone)]
+pub struct Sinks {
+    /// \[heads\]
+    pub host: Arc<[f32]>,
+    /// \[heads\]
+    pub device: Tensor<1>,
+}
+
+impl Sinks {
+    pub fn new(values: Vec<f32>, device: &Device) -> Self {
+        let heads = values.len();
+        let tensor = Tensor::from_data(TensorData::new(values.clone(), [heads]), device);
+        Self { host: values.into(), device: tensor }
+    }
+}
+
 /// Attention of each row over only the cells it sees: the CPU kernel on the Flex backend, the
 /// GPU kernel on a CubeCL one.
 ///
@@ -530,7 +551,7 @@ pub fn project_rope_kv_write(
 ///   words ([kv_heads, capacity, kv_q8::row_words(d)], with `q8`; the CPU only; see `kv_q8`
 ///   for their rotation): a layer's whole cache (keys with RoPE applied)
 /// - cells: n rows
-/// - sinks: \[heads\] (gpt-oss's: each head's softmax has its sink logit too; the CPU only)
+/// - sinks: \[heads\] (gpt-oss's: each head's softmax has its sink logit too)
 /// - returns [n, heads · d] f32
 pub fn attention(
     q: &Tensor<3>,
@@ -539,16 +560,16 @@ pub fn attention(
     q8: bool,
     cells: &CellTable,
     softcap: Option<f64>,
-    sinks: Option<&[f32]>,
+    sinks: Option<&Sinks>,
 ) -> Option<Tensor<2>> {
     let softcap = softcap.map(|cap| cap as f32);
     if q.device() == Device::flex() {
-        return flex_attention(q, k, v, q8, &cells.visible, softcap, sinks);
+        return flex_attention(q, k, v, q8, &cells.visible, softcap, sinks.map(|s| &s.host[..]));
     }
-    if q8 || sinks.is_some() {
+    if q8 {
         return None;
     }
-    gpu::attention(q, k, v, cells.table(), softcap)
+    gpu::attention(q, k, v, cells.table(), softcap, sinks.map(|s| &s.device))
 }
 
 fn flex_attention(

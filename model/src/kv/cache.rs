@@ -362,7 +362,7 @@ impl KvCache {
         q: &Tensor<3>,
         cells: &CellTable,
         softcap: Option<f64>,
-        sinks: Option<&[f32]>,
+        sinks: Option<&kernels::Sinks>,
     ) -> Option<Tensor<2>> {
         let q8 = self.dtype == KvDtype::Q8_0;
         kernels::attention(q, &self.keys[layer], &self.values[layer], q8, cells, softcap, sinks)

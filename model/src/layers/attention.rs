@@ -1,25 +1,6 @@
-use std::sync::Arc;
+use burn::tensor::{Tensor, activation::softmax};
 
-use burn::tensor::{Device, Tensor, TensorData, activation::softmax};
-
-/// Each attention head's learned sink (gpt-oss's `sinks`): a logit in its softmax's denominator
-/// that no value goes with, so a head may attend to nothing. Kept on the host (the CPU kernel's)
-/// and on the device (Burn's ops').
-#[derive(Debug, Clone)]
-pub struct Sinks {
-    /// \[heads\]
-    pub host: Arc<[f32]>,
-    /// \[heads\]
-    pub device: Tensor<1>,
-}
-
-impl Sinks {
-    pub fn new(values: Vec<f32>, device: &Device) -> Self {
-        let heads = values.len();
-        let tensor = Tensor::from_data(TensorData::new(values.clone(), [heads]), device);
-        Self { host: values.into(), device: tensor }
-    }
-}
+pub use crate::kernels::Sinks;
 
 /// Grouped-query attention of a batch's tokens over the cache cells `[0, extent)`.
 ///

@@ -1083,6 +1083,8 @@ pub const SPLIT_CELLS: usize = 256;
 /// type, keys rotated), cells: [n, 1 + width] (the row's count, then its cells), scratch:
 /// [n·heads·splits, ≥ the cells a split covers], out: [n, heads·d] contiguous, or with `split`
 /// [n·heads·splits, 2 + d]. With `softcap` > 0 each score s is `softcap · tanh(s / softcap)`.
+/// With `has_sinks`, `sinks` [heads] holds each head's sink logit, added to an unsplit row's
+/// denominator as e^(sink − max) (a split row's: `merge_splits`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn cell_attention<K: Float>(
@@ -1092,10 +1094,12 @@ pub fn cell_attention<K: Float>(
     cells: &Tensor<i32>,
     scratch: &mut Tensor<f32>,
     out: &mut Tensor<f32>,
+    sinks: &Tensor<f32>,
     scale: f32,
     softcap: f32,
     splits: usize,
     #[comptime] split: bool,
+    #[comptime] has_sinks: bool,
     #[comptime] d: usize,
 ) {
     let units = comptime!(SPLIT_CELLS);
@@ -1145,7 +1149,10 @@ pub fn cell_attention<K: Float>(
         p = (score - top).exp();
         scratch[s_base + unit] = p;
     }
-    let sum = cube_reduce(shared.clone(), p, units, false);
+    let mut sum = cube_reduce(shared.clone(), p, units, false);
+    if comptime!(has_sinks && !split) {
+        sum += (sinks[head] - top).exp();
+    }
     // Every unit reads every probability from here on.
     sync_storage();
     let part_row = CUBE_POS * out.stride(0);
@@ -1183,11 +1190,19 @@ pub fn cell_attention<K: Float>(
 }
 
 /// Merges the splits [`cell_attention`] wrote for (row, head) `CUBE_POS`: with M the largest of
-/// their maxima, `Σ e^(m − M) · acc / Σ e^(m − M) · sum`; one unit per output dimension.
+/// their maxima, `Σ e^(m − M) · acc / Σ e^(m − M) · sum` (plus e^(sink − M) in the denominator
+/// with `has_sinks`: the head's sink logit, `sinks` [heads]); one unit per output dimension.
 ///
 /// parts: [n·heads·splits, 2 + d], out: [n, heads·d] contiguous.
 #[cube(launch)]
-pub fn merge_splits(parts: &Tensor<f32>, out: &mut Tensor<f32>, splits: usize, #[comptime] units: usize) {
+pub fn merge_splits(
+    parts: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    sinks: &Tensor<f32>,
+    splits: usize,
+    #[comptime] has_sinks: bool,
+    #[comptime] units: usize,
+) {
     let d = parts.shape(1) - 2;
     if CUBE_POS * d >= out.len() {
         terminate!();
@@ -1206,6 +1221,10 @@ pub fn merge_splits(parts: &Tensor<f32>, out: &mut Tensor<f32>, splits: usize, #
         let row = (first + s) * parts.stride(0);
         total += parts[row + 1] * (parts[row] - top).exp();
         s += 1;
+    }
+    if comptime!(has_sinks) {
+        let heads = out.shape(1) / d;
+        total += (sinks[CUBE_POS % heads] - top).exp();
     }
     let mut i = UNIT_POS as usize;
     while i < d {

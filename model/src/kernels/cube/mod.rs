@@ -613,13 +613,16 @@ pub fn dequantize(parts: &[DeviceRows], k: usize, ids: Option<&Tensor<1, Int>>, 
 /// - cells: [n, 1 + width] i32: each row's count of visible cells, then the cells (none empty)
 /// - returns [n, heads · d] f32
 ///
-/// With `softcap`, each scaled score s is `cap · tanh(s / cap)` (Gemma 2's).
+/// With `softcap`, each scaled score s is `cap · tanh(s / cap)` (Gemma 2's); with `sinks`
+/// (\[heads\], gpt-oss's), each head's sink logit joins its softmax's denominator, where a row's
+/// splits are merged (or its one split normalised).
 pub fn attention(
     q: &Tensor<3>,
     k: &Tensor<3>,
     v: &Tensor<3>,
     cells: &Tensor<2, Int>,
     softcap: Option<f32>,
+    sinks: Option<&Tensor<1>>,
 ) -> Option<Tensor<2>> {
     let [n, heads, d] = q.dims();
     let [kv_heads, _, kd] = k.dims();
@@ -639,6 +642,14 @@ pub fn attention(
     let kt = k.clone().try_into_primitive::<Cube>().ok().filter(|t| !t.meta.is_tiled())?;
     let vt = v.clone().try_into_primitive::<Cube>().ok().filter(|t| !t.meta.is_tiled())?;
     let table = cells.clone().try_into_primitive::<Cube>().ok().filter(|t| t.dtype == DType::I32)?;
+    if sinks.is_some_and(|s| s.dims() != [heads]) {
+        return None;
+    }
+    // Without sinks, q stands in (never read).
+    let sink = match sinks {
+        Some(s) => cube(s)?,
+        None => qt.clone(),
+    };
     let split = splits > 1;
     let scratch = empty(&qt, [n * heads * splits, (width - 1).min(kernels::SPLIT_CELLS)]);
     let out = empty(&qt, [n, heads * d]);
@@ -661,10 +672,12 @@ pub fn attention(
         table.into_tensor_arg(),
         scratch.into_tensor_arg(),
         parts.clone().into_tensor_arg(),
+        sink.clone().into_tensor_arg(),
         scale,
         softcap.unwrap_or(0.0),
         splits,
         split,
+        sinks.is_some(),
         d,
     );
     if split {
@@ -675,7 +688,9 @@ pub fn attention(
             dim,
             parts.into_tensor_arg(),
             out.clone().into_tensor_arg(),
+            sink.into_tensor_arg(),
             splits,
+            sinks.is_some(),
             ROW_UNITS,
         );
     }
