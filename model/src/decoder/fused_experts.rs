@@ -133,7 +133,7 @@ impl FusedExperts {
     fn values(&self, name: &str, p: &Part) -> Result<Vec<f32>, LoadError> {
         let bad = |reason: String| LoadError::Tensor { name: name.into(), reason };
         if p.mxfp4 && p.inputs > 0 {
-            let (_, blocks) = self.q5_0(name, p)?;
+            let blocks = self.q5_0(name, p)?;
             let mut out = vec![0.0f32; p.outputs * p.inputs];
             quant::dequantize(QuantType::Q5_0, &blocks, &mut out);
             return Ok(out);
@@ -151,8 +151,8 @@ impl FusedExperts {
         Ok((0..p.outputs).flat_map(|j| (0..inputs).map(move |i| all[at(i, j)])).collect())
     }
 
-    /// An MXFP4 matrix's rows as Q5_0 blocks (exact: `Foreign::Mxfp4`), with their count.
-    fn q5_0(&self, name: &str, p: &Part) -> Result<(usize, Vec<u8>), LoadError> {
+    /// An MXFP4 matrix's rows as Q5_0 blocks (exact: `Foreign::Mxfp4`).
+    fn q5_0(&self, name: &str, p: &Part) -> Result<Vec<u8>, LoadError> {
         let bad = |reason: String| LoadError::Tensor { name: name.into(), reason };
         let (blocks, scales) =
             (self.read(&format!("{}_blocks", p.stem), true)?, self.read(&format!("{}_scales", p.stem), true)?);
@@ -180,8 +180,7 @@ impl FusedExperts {
                 mxfp4.extend_from_slice(&mxfp4_from_pairs(scales[g], pairs));
             }
         }
-        let converted = Foreign::Mxfp4.convert(&mxfp4).ok_or_else(|| bad("MXFP4 blocks that do not convert".into()))?;
-        Ok((p.outputs, converted))
+        Foreign::Mxfp4.convert(&mxfp4).ok_or_else(|| bad("MXFP4 blocks that do not convert".into()))
     }
 }
 
@@ -222,8 +221,7 @@ impl TensorSource for FusedExperts {
 
     fn blocks(&self, name: &str) -> Option<(QuantType, Cow<'_, [u8]>)> {
         let p = self.parts.get(name).filter(|p| p.mxfp4 && p.inputs > 0)?;
-        let (_, blocks) = self.q5_0(name, p).ok()?;
-        Some((Foreign::Mxfp4.target(), Cow::Owned(blocks)))
+        Some((Foreign::Mxfp4.target(), Cow::Owned(self.q5_0(name, p).ok()?)))
     }
 
     fn done(&self, name: &str) {

@@ -845,12 +845,12 @@ impl Weights {
             Ok(RmsNorm { weight: vec(slot, l)?.add_scalar(c.norm_offset()), eps })
         };
         // A small tensor's values on the host (the linear attention's).
-        let host = |slot: Slot, l: Option<usize>| -> Result<Vec<f32>, LoadError> {
-            let name = name_of(slot, l, naming);
+        let host_named = |name: String| -> Result<Vec<f32>, LoadError> {
             let data = src.data(&name, DType::F32)?.try_into_vec::<f32>();
             src.done(&name);
             data.map_err(|e| LoadError::Tensor { name, reason: format!("reading values: {e:?}") })
         };
+        let host = |slot: Slot, l: Option<usize>| host_named(name_of(slot, l, naming));
         let linear = |slot: Slot, bias: Slot, l: Option<usize>| -> Result<Linear, LoadError> {
             Ok(Linear { weight: mat(slot, l)?, bias: bias.present(c).then(|| vec(bias, l)).transpose()? })
         };
@@ -954,15 +954,9 @@ impl Weights {
                                     return Ok(vec![None; m.experts]);
                                 }
                                 match naming {
-                                    Naming::Hf => (0..m.experts)
-                                        .map(|e| {
-                                            let name = expert_name(slot, l, e);
-                                            let values = src.data(&name, DType::F32)?.try_into_vec::<f32>();
-                                            src.done(&name);
-                                            let reason = |e| format!("reading values: {e:?}");
-                                            values.map(Some).map_err(|e| LoadError::Tensor { name, reason: reason(e) })
-                                        })
-                                        .collect(),
+                                    Naming::Hf => {
+                                        (0..m.experts).map(|e| host_named(expert_name(slot, l, e)).map(Some)).collect()
+                                    }
                                     Naming::Gguf => {
                                         let all = host(slot, Some(l))?;
                                         let per = all.len() / m.experts.max(1);
@@ -1001,12 +995,7 @@ impl Weights {
                             routers.extend(m.shared_intermediate_size.map(|_| Slot::SharedRouter));
                             let mut values = Vec::with_capacity((m.experts + 1) * c.hidden_size);
                             for &slot in &routers {
-                                let name = name_of(slot, Some(l), naming);
-                                let data = src.data(&name, DType::F32)?.try_into_vec::<f32>().map_err(|e| {
-                                    LoadError::Tensor { name: name.clone(), reason: format!("reading values: {e:?}") }
-                                })?;
-                                src.done(&name);
-                                values.extend(data);
+                                values.extend(host(slot, Some(l))?);
                             }
                             let rows = values.len() / c.hidden_size;
                             let router = TensorData::new(values, [rows, c.hidden_size]);
