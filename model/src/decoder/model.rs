@@ -346,16 +346,16 @@ impl Decoder {
 
     /// The local layers' RoPE tables and cell table, where the model has such layers: the pass's
     /// `cells` with each row seeing only those of its last `sliding_window` positions; their own
-    /// rotation where they have one (Gemma 3's), else the global layers' (gpt-oss's).
+    /// rotation where they have one (Gemma 3's), else none (gpt-oss's rotate as the global ones,
+    /// by the pass's tables).
     fn local_tables(
         &self,
         batch: &ValidBatch<'_>,
         cells: &kernels::CellTable,
         cache: &KvCache,
-    ) -> Option<(RopeTables, kernels::CellTable)> {
+    ) -> Option<(Option<RopeTables>, kernels::CellTable)> {
         let sliding = self.config.sliding.as_ref()?;
-        let rope = self.local_rope.as_ref().unwrap_or(&self.rope);
-        let tables = rope.tables_in(&batch.pos, &batch.seqs, &self.device);
+        let tables = self.local_rope.as_ref().map(|rope| rope.tables_in(&batch.pos, &batch.seqs, &self.device));
         let visible = cache.within_window(&cells.visible, &batch.pos, sliding.window);
         Some((tables, kernels::CellTable::new(cells.placement.clone(), visible, &self.device)))
     }
@@ -370,7 +370,7 @@ impl Decoder {
         mut x: Tensor<2>,
         tables: RopeTables,
         cells: kernels::CellTable,
-        local: Option<(RopeTables, kernels::CellTable)>,
+        local: Option<(Option<RopeTables>, kernels::CellTable)>,
         cache: &mut KvCache,
         abort: &dyn Fn() -> bool,
     ) -> Result<Tensor<2>, DecodeError> {
@@ -425,7 +425,9 @@ impl Decoder {
             kv_layer += 1;
             // A local layer's own rotation and window.
             let (tables, cells, mask) = match &local {
-                Some((tables, cells)) if c.is_local_layer(i) => (tables, cells, &mut masks[1]),
+                Some((local, cells)) if c.is_local_layer(i) => {
+                    (local.as_ref().unwrap_or(&tables), cells, &mut masks[1])
+                }
                 _ => (&tables, &cells, &mut masks[0]),
             };
             let mut gate = None;
