@@ -183,13 +183,20 @@ def qwen35_tokenizer():
     return tok, specials
 
 
-def llama_tokenizer():
+def byte_level_tokenizer(special_tokens, split):
+    """The fixtures' trimmed byte-level merges under pre-tokenizer `split`, no normalizer, with
+    `special_tokens` after the merged pieces."""
     tok, _ = base.trimmed_tokenizer()
     keep = 256 + base.MERGES
-    tok["added_tokens"] = [added(keep + n, t, True) for n, t in enumerate(LLAMA_SPECIALS)]
-    specials = {t: keep + n for n, t in enumerate(LLAMA_SPECIALS)}
+    tok["added_tokens"] = [added(keep + n, t, True) for n, t in enumerate(special_tokens)]
+    specials = {t: keep + n for n, t in enumerate(special_tokens)}
     tok["normalizer"] = None
-    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": LLAMA_SPLIT}
+    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": split}
+    return tok, specials
+
+
+def llama_tokenizer():
+    tok, specials = byte_level_tokenizer(LLAMA_SPECIALS, LLAMA_SPLIT)
     tok["model"]["ignore_merges"] = True
     bos = "<|begin_of_text|>"
     tok["post_processor"] = {
@@ -550,12 +557,7 @@ GPTOSS_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrai
 def gptoss_tokenizer():
     """The fixtures' trimmed byte-level merges under o200k's split (gpt-oss's o200k_harmony), with
     the harmony format's special tokens, no BOS added."""
-    tok, _ = base.trimmed_tokenizer()
-    keep = 256 + base.MERGES
-    tok["added_tokens"] = [added(keep + n, t, True) for n, t in enumerate(GPTOSS_SPECIALS)]
-    specials = {t: keep + n for n, t in enumerate(GPTOSS_SPECIALS)}
-    tok["normalizer"] = None
-    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": GPT4O_SPLIT}
+    tok, specials = byte_level_tokenizer(GPTOSS_SPECIALS, GPT4O_SPLIT)
     tok["post_processor"] = None
     return tok, specials
 
