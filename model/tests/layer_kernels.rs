@@ -770,6 +770,10 @@ fn random_blocks(ty: llaisys_model::quant::QuantType, rows: usize, k: usize, see
         for (i, &at) in ty.f16_fields().iter().enumerate() {
             block[at..at + 2].copy_from_slice(&scale(i).to_le_bytes());
         }
+        if ty == llaisys_model::quant::QuantType::Mxfp4 {
+            // E8M0 scales 2^-14 .. 2^-7; the second block's the subnormal 2^-127.
+            block[0] = if b == 1 { 1 } else { 114 + (b % 8) as u8 };
+        }
     }
     let mut want = vec![0.0f32; rows * k];
     dequantize(ty, &bytes, &mut want);

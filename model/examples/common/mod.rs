@@ -17,7 +17,7 @@ pub fn time(mut f: impl FnMut()) -> f64 {
     start.elapsed().as_secs_f64() / runs as f64
 }
 
-/// Random blocks of `ty` whose f16 scales are small finite values (random bytes elsewhere).
+/// Random blocks of `ty` whose scales are small finite values (random bytes elsewhere).
 #[allow(dead_code)] // not every example uses it
 pub fn random_blocks(ty: QuantType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
     let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
@@ -34,6 +34,9 @@ pub fn random_blocks(ty: QuantType, rows: usize, k: usize, seed: u64) -> Vec<u8>
     for block in bytes.chunks_exact_mut(ty.block_bytes()) {
         for &at in fields {
             block[at..at + 2].copy_from_slice(&scale);
+        }
+        if ty == QuantType::Mxfp4 {
+            block[0] = 118; // an E8M0 scale of 2^-10
         }
     }
     bytes

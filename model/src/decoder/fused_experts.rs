@@ -6,8 +6,8 @@
 //!
 //! OpenAI's released checkpoints hold the matrices in MXFP4 instead: `*_blocks` [experts,
 //! outputs, inputs / 32, 16] and `*_scales` [experts, outputs, inputs / 32], bytes, rows already
-//! [out, in]. Those are read as Q5_0 blocks (`Foreign::Mxfp4`: exact), so the experts stay
-//! quantized on the CPU and on a GPU.
+//! [out, in]. Those are read as ggml's MXFP4 blocks (the same values, another nibble order), so
+//! the experts stay in their 4.25 bits on the CPU and on a GPU.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,7 +19,7 @@ use super::weights::{Slot, expert_name};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::LoadError;
-use crate::quant::{self, Foreign, QuantType, mxfp4_from_pairs};
+use crate::quant::{self, QuantType, mxfp4_from_pairs};
 use crate::tensors::{self, Naming, Stored, TensorSource};
 
 /// Where one expert's tensor lies in the stored ones.
@@ -133,9 +133,9 @@ impl FusedExperts {
     fn values(&self, name: &str, p: &Part) -> Result<Vec<f32>, LoadError> {
         let bad = |reason: String| LoadError::Tensor { name: name.into(), reason };
         if p.mxfp4 && p.inputs > 0 {
-            let blocks = self.q5_0(name, p)?;
+            let blocks = self.mxfp4(name, p)?;
             let mut out = vec![0.0f32; p.outputs * p.inputs];
-            quant::dequantize(QuantType::Q5_0, &blocks, &mut out);
+            quant::dequantize(QuantType::Mxfp4, &blocks, &mut out);
             return Ok(out);
         }
         let (stored, inputs) = if p.inputs == 0 { (format!("{}_bias", p.stem), 1) } else { (p.stem.clone(), p.inputs) };
@@ -151,8 +151,8 @@ impl FusedExperts {
         Ok((0..p.outputs).flat_map(|j| (0..inputs).map(move |i| all[at(i, j)])).collect())
     }
 
-    /// An MXFP4 matrix's rows as Q5_0 blocks (exact: `Foreign::Mxfp4`).
-    fn q5_0(&self, name: &str, p: &Part) -> Result<Vec<u8>, LoadError> {
+    /// An MXFP4 matrix's rows as ggml's MXFP4 blocks.
+    fn mxfp4(&self, name: &str, p: &Part) -> Result<Vec<u8>, LoadError> {
         let bad = |reason: String| LoadError::Tensor { name: name.into(), reason };
         let (blocks, scales) =
             (self.read(&format!("{}_blocks", p.stem), true)?, self.read(&format!("{}_scales", p.stem), true)?);
@@ -180,7 +180,7 @@ impl FusedExperts {
                 mxfp4.extend_from_slice(&mxfp4_from_pairs(scales[g], pairs));
             }
         }
-        Foreign::Mxfp4.convert(&mxfp4).ok_or_else(|| bad("MXFP4 blocks that do not convert".into()))
+        Ok(mxfp4)
     }
 }
 
@@ -206,7 +206,7 @@ impl TensorSource for FusedExperts {
 
     fn stored(&self, name: &str) -> Option<Result<Stored, String>> {
         match self.parts.get(name) {
-            Some(p) if p.mxfp4 => Some(Ok(Stored::Quant(Foreign::Mxfp4.target()))),
+            Some(p) if p.mxfp4 => Some(Ok(Stored::Quant(QuantType::Mxfp4))),
             Some(p) if p.inputs == 0 => self.inner.stored(&format!("{}_bias", p.stem)),
             Some(p) => self.inner.stored(&p.stem),
             None => self.inner.stored(name),
@@ -221,7 +221,7 @@ impl TensorSource for FusedExperts {
 
     fn blocks(&self, name: &str) -> Option<(QuantType, Cow<'_, [u8]>)> {
         let p = self.parts.get(name).filter(|p| p.mxfp4 && p.inputs > 0)?;
-        Some((Foreign::Mxfp4.target(), Cow::Owned(self.q5_0(name, p).ok()?)))
+        Some((QuantType::Mxfp4, Cow::Owned(self.mxfp4(name, p).ok()?)))
     }
 
     fn done(&self, name: &str) {

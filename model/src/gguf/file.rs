@@ -112,7 +112,7 @@ impl TensorType {
 
     /// ggml's name of the type.
     pub fn name(self) -> String {
-        const OTHER: [(u32, &str); 12] = [
+        const OTHER: [(u32, &str); 11] = [
             (9, "Q8_1"),
             (15, "Q8_K"),
             (16, "IQ2_XXS"),
@@ -124,7 +124,6 @@ impl TensorType {
             (29, "IQ1_M"),
             (34, "TQ1_0"),
             (35, "TQ2_0"),
-            (39, "MXFP4"),
         ];
         match self {
             Self::F32 => "F32".into(),
@@ -264,7 +263,7 @@ impl GgufFile {
 
     /// The whole file's type as llama.cpp names it (`general.file_type`: `Q4_K_M`), if known.
     pub fn file_type(&self) -> Option<&'static str> {
-        const FILE_TYPES: [(u64, &str); 18] = [
+        const FILE_TYPES: [(u64, &str); 20] = [
             (0, "F32"),
             (1, "F16"),
             (2, "Q4_0"),
@@ -281,8 +280,10 @@ impl GgufFile {
             (16, "Q5_K_S"),
             (17, "Q5_K_M"),
             (18, "Q6_K"),
+            (25, "IQ4_NL"),
             (30, "IQ4_XS"),
             (32, "BF16"),
+            (38, "MXFP4_MOE"),
         ];
         let id = self.get("general.file_type")?.as_u64()?;
         FILE_TYPES.iter().find(|(i, _)| *i == id).map(|(_, name)| *name)

@@ -8,6 +8,8 @@
 //! values, whose scales change with each), then `vpmaddwd` by ones adds the pairs into
 //! each row's 32-bit lane. 8-bit values (Q8_0) would overflow a single pair as unsigned bytes,
 //! so they are multiplied as signed values: |q| times x with q's sign, 2 · 128 · 127 < 2¹⁵.
+//! IQ4_NL's and MXFP4's nibbles are looked up (`vpshufb`) as their levels + 128 and then taken
+//! as Q8_0's values ([`LOOKUP`]).
 //! Per block the integer sums become f32 with the weights' scale and the activation's, as in
 //! `vnni.rs`. A tile is up to `ROWS` activation rows by one panel, both halves: a weight vector
 //! is unpacked once and used by every row of the tile.
@@ -43,6 +45,14 @@ pub fn available() -> bool {
 const ROWS: usize = 6;
 /// Rows of a panel in one AVX2 vector.
 const HALF: usize = PANEL / 2;
+/// The `BITS` of a format whose 4-bit values stand for levels (IQ4_NL, MXFP4): unpacked as
+/// nibbles, looked up as level + 128, then multiplied as Q8_0's 8-bit values.
+const LOOKUP: usize = 16;
+
+/// Whether values of `bits` are multiplied as signed bytes (Q8_0's, and the looked-up levels).
+const fn signed_values(bits: usize) -> bool {
+    bits == 8 || bits == LOOKUP
+}
 
 /// `$body` once for each listed value of `$u`, each a constant there: the value vectors' unpacking
 /// and the points where 16-bit sums widen depend on u, and a loop kept them as jumps.
@@ -95,7 +105,8 @@ fn run_block(
             let fetch = i == 0;
             macro_rules! tile {
                 ($r:literal) => {{
-                    let acc = match (l.ty.bits(), integer_scales) {
+                    let bits = if l.ty.lookup().is_some() { LOOKUP } else { l.ty.bits() };
+                    let acc = match (bits, integer_scales) {
                         (2, true) => panel_k::<$r, 2>(l, recs, acts, x0 + i, fetch),
                         (3, true) => panel_k::<$r, 3>(l, recs, acts, x0 + i, fetch),
                         (4, true) => panel_k::<$r, 4>(l, recs, acts, x0 + i, fetch),
@@ -106,6 +117,7 @@ fn run_block(
                         (4, _) => panel::<$r, 4>(l, recs, acts, x0 + i, fetch),
                         (5, _) => panel::<$r, 5>(l, recs, acts, x0 + i, fetch),
                         (6, _) => panel::<$r, 6>(l, recs, acts, x0 + i, fetch),
+                        (LOOKUP, _) => panel::<$r, LOOKUP>(l, recs, acts, x0 + i, fetch),
                         _ => panel::<$r, 8>(l, recs, acts, x0 + i, fetch),
                     };
                     store::<$r>(acc, &mut out[i..i + $r], col, width, bias);
@@ -166,7 +178,7 @@ fn panel<const R: usize, const BITS: usize>(
                 for i in 0..R {
                     let x = x4(&acts.q[at[i]], u);
                     for h in 0..2 {
-                        let p = if BITS == 8 {
+                        let p = if signed_values(BITS) {
                             _mm256_maddubs_epi16(magnitude[h], _mm256_sign_epi8(x, signed[h]))
                         } else {
                             _mm256_maddubs_epi16(w[h], x)
@@ -188,7 +200,7 @@ fn panel<const R: usize, const BITS: usize>(
             } else {
                 for h in 0..2 {
                     // Group g's weight scale S and offset B for half h of the rows: w = S · q + B
-                    // (no B for Q8_0, whose values are multiplied as signed).
+                    // (no B for Q8_0 and the looked-up levels, multiplied as signed).
                     let at_s = l.scales_at(g);
                     let (s, b) = match l.ty {
                         QuantType::Q4_1 | QuantType::Q5_1 => {
@@ -202,11 +214,15 @@ fn panel<const R: usize, const BITS: usize>(
                             (s, _mm256_sub_ps(_mm256_setzero_ps(), m))
                         }
                         ty => {
-                            let d = f16_to_f32(&rec[at_s + 16 * h..]);
+                            let d = if ty == QuantType::Mxfp4 {
+                                e8m0_half(&rec[at_s + HALF * h..])
+                            } else {
+                                f16_to_f32(&rec[at_s + 16 * h..])
+                            };
                             let offset = match ty {
                                 QuantType::Q4_0 => -8.0,
                                 QuantType::Q5_0 => -16.0,
-                                _ => 0.0, // Q8_0
+                                _ => 0.0, // Q8_0, IQ4_NL, MXFP4
                             };
                             (d, _mm256_mul_ps(d, _mm256_set1_ps(offset)))
                         }
@@ -214,7 +230,7 @@ fn panel<const R: usize, const BITS: usize>(
                     for i in 0..R {
                         let dx = _mm256_set1_ps(acts.d[at[i]]);
                         acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i][h]), _mm256_mul_ps(s, dx), acc[i][h]);
-                        if BITS != 8 {
+                        if !signed_values(BITS) {
                             acc[i][h] = _mm256_fmadd_ps(b, _mm256_set1_ps(acts.ds[at[i]]), acc[i][h]);
                         }
                     }
@@ -444,7 +460,12 @@ fn values<const BITS: usize>(l: &Layout, rec: &[u8], g: usize, u: usize) -> [__m
             *w = _mm256_and_si256(shift_bits(bytes, 4 * (u % 2), 0), low);
         }
     }
-    if BITS == 6 {
+    if BITS == LOOKUP
+        && let Some(lookup) = l.ty.lookup()
+    {
+        let table = _mm256_broadcastsi128_si256(load128(lookup));
+        w = [_mm256_shuffle_epi8(table, w[0]), _mm256_shuffle_epi8(table, w[1])];
+    } else if BITS == 6 {
         // Field vector u / 4 holds bits 4-5 of value vector u at bits 2·(u % 4) of each byte.
         let field = _mm256_set1_epi8(0x30);
         for (h, w) in w.iter_mut().enumerate() {
@@ -544,6 +565,14 @@ fn load64(b: &[u8]) -> __m128i {
 #[target_feature(enable = "avx2,f16c")]
 fn f16_to_f32(b: &[u8]) -> __m256 {
     _mm256_cvtph_ps(load128(b))
+}
+
+/// 8 E8M0 scales (bytes) halved, 2^(e − 128), as f32 (as `vnni::e8m0_half`; a scale of 0 gives 0).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn e8m0_half(b: &[u8]) -> __m256 {
+    let e = _mm256_cvtepu8_epi32(load64(b));
+    _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e, 23)), _mm256_set1_ps(0.5))
 }
 
 /// 8 unsigned bytes as f32.

@@ -1,7 +1,8 @@
 //! Quantized matrices as the GPU kernels read them (issue 31), in every format a GGUF file
 //! holds: ggml's blocks as the file stores them, each block padded to whole 32-bit words so
 //! that every field a kernel reads starts on a word. Q8_0, Q4_0 and Q5_0 get two bytes after
-//! their f16 scale (their values then start on a word), Q3_K and Q6_K two at their end; Q4_1,
+//! their f16 scale (their values then start on a word), IQ4_NL too, MXFP4 three after its E8M0
+//! byte, Q3_K and Q6_K two at their end; Q4_1,
 //! Q5_1, Q2_K, Q4_K and Q5_K need none. A file's bytes thus keep their size on the device, within 6% (Q8_0, 36
 //! bytes a block for 34).
 
@@ -13,7 +14,8 @@ use super::QuantType;
 /// `(at, count)`.
 fn padding(ty: QuantType) -> (usize, usize) {
     match ty {
-        QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => (2, 2),
+        QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Iq4Nl => (2, 2),
+        QuantType::Mxfp4 => (1, 3),
         QuantType::Q3K => (110, 2),
         QuantType::Q6K => (210, 2),
         _ => (ty.block_bytes(), 0),
@@ -120,7 +122,7 @@ mod tests {
         for ty in QuantType::ALL {
             assert_eq!((ty.block_bytes() + padding(ty).1) % 4, 0, "{ty}");
         }
-        assert_eq!([9, 5, 5, 6, 6, 21, 28, 36, 44, 53], QuantType::ALL.map(block_words));
+        assert_eq!([9, 5, 5, 6, 6, 21, 28, 36, 44, 53, 5, 5], QuantType::ALL.map(block_words));
         let mut q8 = vec![0u8; 34];
         q8[..2].copy_from_slice(&[0x11, 0x22]);
         for (i, b) in q8[2..].iter_mut().enumerate() {

@@ -7,6 +7,35 @@ use half::f16;
 
 use super::QuantType;
 
+/// IQ4_NL's (and IQ4_XS's) 16 levels (`kvalues_iq4nl`).
+pub(crate) const IQ4_LEVELS: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// MXFP4's E2M1 values doubled, by nibble (`kvalues_mxfp4`; the sign in bit 3).
+pub(crate) const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// E8M0 scale `e` halved, 2^(e − 128), as ggml computes it (`ggml_e8m0_to_fp32_half`): the
+/// doubled levels' scale.
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { ((e as u32) - 1) << 23 };
+    f32::from_bits(bits)
+}
+
+/// The scale of a block of levels: IQ4_NL's f16, MXFP4's E8M0 byte.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum LevelScale {
+    F16(f16),
+    E8m0(u8),
+}
+
+impl LevelScale {
+    pub fn to_f32(self) -> f32 {
+        match self {
+            Self::F16(d) => d.to_f32(),
+            Self::E8m0(e) => e8m0_half(e),
+        }
+    }
+}
+
 /// How a block's unsigned values become weights.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Params {
@@ -20,6 +49,8 @@ pub(crate) enum Params {
     KMin16 { d: f16, dmin: f16, sc: [u8; 16], m: [u8; 16] },
     /// `w = (d · sc[h]) · (q − offset)` for 16-value sub-block h (Q6_K: 32, Q3_K: 4).
     KSigned { d: f16, sc: [i8; 16], offset: u8 },
+    /// `w = d · levels[q]`, q a nibble (IQ4_NL, MXFP4).
+    Levels { d: LevelScale, levels: &'static [i8; 16] },
 }
 
 /// One block: its values as unsigned integers (`q[..block_values]`; Q8_0's are `q + 128`).
@@ -157,6 +188,14 @@ pub(crate) fn decode(ty: QuantType, b: &[u8]) -> Decoded {
             }
             Params::KSigned { d: f16_at(b, 208), sc, offset: 32 }
         }
+        QuantType::Iq4Nl => {
+            nibbles(&mut q, &b[2..18]);
+            Params::Levels { d: LevelScale::F16(f16_at(b, 0)), levels: &IQ4_LEVELS }
+        }
+        QuantType::Mxfp4 => {
+            nibbles(&mut q, &b[1..17]);
+            Params::Levels { d: LevelScale::E8m0(b[0]), levels: &MXFP4_LEVELS }
+        }
     };
     Decoded { q, params }
 }
@@ -176,6 +215,7 @@ pub(crate) fn weight(q: u8, params: &Params, i: usize) -> f32 {
             d.to_f32() * sc[h] as f32 * q as f32 - dmin.to_f32() * m[h] as f32
         }
         Params::KSigned { d, sc, offset } => d.to_f32() * sc[i / 16] as f32 * (q as i32 - offset as i32) as f32,
+        Params::Levels { d, levels } => d.to_f32() * levels[q as usize] as f32,
     }
 }
 

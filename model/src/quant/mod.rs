@@ -2,8 +2,8 @@
 //!
 //! - `ggml.rs`: ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
 //!   Q6_K) as they lie in a GGUF file, decoded and dequantized exactly as ggml does;
-//! - `foreign.rs`: the GGUF formats the kernels do not run (IQ4_NL, IQ4_XS), dequantized as ggml
-//!   does and converted at load to one they do;
+//! - `foreign.rs`: the GGUF format the kernels do not run (IQ4_XS), dequantized as ggml does and
+//!   converted at load to one they do (IQ4_NL, the same nibbles);
 //! - `quantize.rs`: f32 rows to every one of those formats, the scales chosen to minimise the
 //!   squared error (in-situ quantization at load, Q4, and of replaced weights), weighted by an
 //!   importance matrix (`imatrix.rs`, llama.cpp's files) where one is given;
@@ -29,6 +29,8 @@ mod quantize;
 mod vnni;
 
 pub use foreign::{Foreign, mxfp4_from_pairs};
+#[cfg(feature = "wgpu")]
+pub(crate) use ggml::{IQ4_LEVELS, MXFP4_LEVELS};
 pub use ggml::{dequantize, row_bytes};
 pub use imatrix::Imatrix;
 pub use matmul::{Kernel, Product, matmul, matmul_each, matmul_with};
@@ -57,10 +59,15 @@ pub enum QuantType {
     Q4K,
     Q5K,
     Q6K,
+    /// 16 non-uniform levels (`kvalues_iq4nl`) under an f16 scale per 32 values.
+    Iq4Nl,
+    /// OCP's MXFP4: E2M1 values (ggml stores them doubled, as levels) under a power-of-two
+    /// (E8M0) scale per 32 values.
+    Mxfp4,
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 10] = [
+    pub const ALL: [QuantType; 12] = [
         Self::Q8_0,
         Self::Q4_0,
         Self::Q4_1,
@@ -71,6 +78,8 @@ impl QuantType {
         Self::Q4K,
         Self::Q5K,
         Self::Q6K,
+        Self::Iq4Nl,
+        Self::Mxfp4,
     ];
 
     /// ggml's name (`Q4_K`).
@@ -86,6 +95,8 @@ impl QuantType {
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::Iq4Nl => "IQ4_NL",
+            Self::Mxfp4 => "MXFP4",
         }
     }
 
@@ -102,6 +113,8 @@ impl QuantType {
             Self::Q4K => 12,
             Self::Q5K => 13,
             Self::Q6K => 14,
+            Self::Iq4Nl => 20,
+            Self::Mxfp4 => 39,
         }
     }
 
@@ -127,14 +140,17 @@ impl QuantType {
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
+            Self::Iq4Nl => 18,
+            Self::Mxfp4 => 17,
         }
     }
 
     /// Byte offsets of the f16 fields of a block in ggml's layout: its scale (`d`) and, where
-    /// it has one, its minimum (`m` or `dmin`).
+    /// it has one, its minimum (`m` or `dmin`). MXFP4 has none: its scale is the E8M0 byte 0.
     pub fn f16_fields(self) -> &'static [usize] {
         match self {
-            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 => &[0],
+            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::Iq4Nl => &[0],
+            Self::Mxfp4 => &[],
             Self::Q4_1 | Self::Q5_1 | Self::Q4K | Self::Q5K => &[0, 2],
             Self::Q2K => &[80, 82],
             Self::Q3K => &[108],
@@ -171,9 +187,31 @@ impl QuantType {
             Self::Q8_0 => 8,
             Self::Q2K => 2,
             Self::Q3K => 3,
-            Self::Q4_0 | Self::Q4_1 | Self::Q4K => 4,
+            Self::Q4_0 | Self::Q4_1 | Self::Q4K | Self::Iq4Nl | Self::Mxfp4 => 4,
             Self::Q5_0 | Self::Q5_1 | Self::Q5K => 5,
             Self::Q6K => 6,
+        }
+    }
+
+    /// Where a 4-bit value (the nibble) stands for a level, not for itself (IQ4_NL, MXFP4:
+    /// `w = d · level`), each nibble's level + 128 as an unsigned byte: the kernels look them up
+    /// and take them as Q8_0's values (`d · (q − 128)`).
+    pub(crate) fn lookup(self) -> Option<&'static [u8; 16]> {
+        const fn biased(levels: [i8; 16]) -> [u8; 16] {
+            let mut out = [0u8; 16];
+            let mut i = 0;
+            while i < 16 {
+                out[i] = (levels[i] as i16 + 128) as u8;
+                i += 1;
+            }
+            out
+        }
+        const IQ4: [u8; 16] = biased(ggml::IQ4_LEVELS);
+        const MXFP4: [u8; 16] = biased(ggml::MXFP4_LEVELS);
+        match self {
+            Self::Iq4Nl => Some(&IQ4),
+            Self::Mxfp4 => Some(&MXFP4),
+            _ => None,
         }
     }
 

@@ -11,9 +11,11 @@
 //! bitwise select put them in place. 5-bit (and 3-bit) values have one field vector per group,
 //! bit u holding the fifth (third) bit of value vector u; 6-bit values have two, with the fifth
 //! and sixth bits of value vector 4h + f at bits 2f..2f + 2 of field vector h.
-//! Scales stay as the file has them (f16 scales; 6-bit K-quant scales widened to bytes, which
-//! makes Q4_K 2.8% and Q5_K 2.3% larger than in the file; Q2_K's nibble pairs as they are),
-//! interleaved over the 16 rows.
+//! IQ4_NL's and MXFP4's nibbles are stored as Q4_0's and stand for their levels (the kernels look
+//! them up with `vpshufb`).
+//! Scales stay as the file has them (f16 scales; MXFP4's E8M0 bytes; 6-bit K-quant scales
+//! widened to bytes, which makes Q4_K 2.8% and Q5_K 2.3% larger than in the file; Q2_K's nibble
+//! pairs as they are), interleaved over the 16 rows.
 //!
 //! A panel is a run of records, one per chunk of the row: two 32-value groups for the 32-value
 //! formats, one 256-value super-block for the K-quants. A record is [values of every group]
@@ -26,7 +28,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::QuantType;
-use super::ggml::{self, Params};
+use super::ggml::{self, LevelScale, Params};
 use crate::kernels::prefetch::{AHEAD, prefetch};
 
 /// Weight rows per panel.
@@ -68,6 +70,7 @@ impl Layout {
         };
         let scales = match ty {
             QuantType::Q4_1 | QuantType::Q5_1 => 64,
+            QuantType::Mxfp4 => 16,
             _ => 32,
         };
         let sup = match ty {
@@ -433,6 +436,8 @@ fn write_params(l: &Layout, rec: &mut [u8], r: usize, g: usize, params: &Params)
             rec[s + 16 + r] = sc[2 * g + 1] as u8;
             put16(rec, sup + 2 * r, d);
         }
+        Params::Levels { d: LevelScale::F16(d), .. } => put16(rec, s + 2 * r, d),
+        Params::Levels { d: LevelScale::E8m0(e), .. } => rec[s + r] = e,
     }
 }
 
@@ -506,6 +511,8 @@ pub(crate) fn params(l: &Layout, rec: &[u8], r: usize, g: usize) -> Params {
             let offset = if l.ty == QuantType::Q3K { 4 } else { 32 };
             Params::KSigned { d: get16(sup + 2 * r), sc, offset }
         }
+        QuantType::Iq4Nl => Params::Levels { d: LevelScale::F16(get16(s + 2 * r)), levels: &ggml::IQ4_LEVELS },
+        QuantType::Mxfp4 => Params::Levels { d: LevelScale::E8m0(rec[s + r]), levels: &ggml::MXFP4_LEVELS },
     }
 }
 
@@ -533,8 +540,13 @@ mod tests {
             assert_eq!(l.bytes % 64, 0, "{ty}");
             assert!(l.sup_at() + l.sup <= l.bytes, "{ty}");
             let ggml_bytes = l.chunk() / ty.block_values() * ty.block_bytes() * PANEL;
-            // Q3_K's 16 scales a row take 16 bytes for the file's 12, and the record pads by 32.
-            let most = if ty == QuantType::Q3K { 1.055 } else { 1.03 };
+            // Q3_K's 16 scales a row take 16 bytes for the file's 12, and the record pads by 32;
+            // MXFP4's 17 bytes a block pad to 18.
+            let most = match ty {
+                QuantType::Q3K => 1.055,
+                QuantType::Mxfp4 => 1.06,
+                _ => 1.03,
+            };
             assert!(l.bytes as f64 <= ggml_bytes as f64 * most, "{ty}: {} bytes for {} in ggml", l.bytes, ggml_bytes);
         }
     }

@@ -28,7 +28,11 @@ pub(crate) fn run(
             let rec = part.record(p, c);
             for g in 0..l.groups {
                 let gi = c * l.groups + g;
-                let q: [[u8; GROUP]; PANEL] = std::array::from_fn(|r| packed::group_values(l, rec, r, g));
+                let mut q: [[u8; GROUP]; PANEL] = std::array::from_fn(|r| packed::group_values(l, rec, r, g));
+                if let Some(lookup) = l.ty.lookup() {
+                    // IQ4_NL, MXFP4: each nibble's level + 128, taken as Q8_0's values.
+                    q.iter_mut().flatten().for_each(|v| *v = lookup[*v as usize]);
+                }
                 // Per row and 16-value half: w = S · q + B.
                 let sb: [[(f32, f32); 2]; PANEL] =
                     std::array::from_fn(|r| scale_offset(&packed::params(l, rec, r, g), g));
@@ -74,5 +78,9 @@ fn scale_offset(params: &Params, g: usize) -> [(f32, f32); 2] {
             let s = d.to_f32() * sc[2 * g + h] as f32;
             (s, -(offset as f32) * s)
         }),
+        Params::Levels { d, .. } => {
+            let s = d.to_f32();
+            [(s, -128.0 * s); 2]
+        }
     }
 }

@@ -1,6 +1,6 @@
-//! Q4: f32 values to ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and the 256-value
-//! K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), for quantizing a checkpoint at load or a replaced
-//! weight.
+//! Q4: f32 values to ggml's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the 256-value
+//! K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and the formats of levels IQ4_NL and MXFP4), for
+//! quantizing a checkpoint at load or a replaced weight.
 //!
 //! ggml's reference quantizers take the scale from the block's extreme value. Here each block
 //! (each 32- or 16-value group of a K-quant block) tries a range of scales around that one: each
@@ -13,6 +13,11 @@
 //! 8 signed for Q6_K), tries
 //! the neighbours of each rounded scale and offset, and quantizes the values again with the
 //! scales as stored.
+//!
+//! IQ4_NL and MXFP4 ([`levels_block`]) take each value's nearest level: IQ4_NL tries 15 scales
+//! around the extreme value's (either sign, as its levels run from −127 to 113), refits each by
+//! least squares and keeps the best, as llama.cpp's quantizer does; MXFP4 tries the three powers
+//! of two around the extreme value's.
 //!
 //! `unsafe` (C8: the reason). `blocks` calls the AVX2 build of the searches only after checking
 //! at run time that the CPU has AVX2; nothing else here is unsafe.
@@ -180,6 +185,7 @@ fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], weights: Option<&[f32]>, ou
         let block: &[f32; 32] = block.try_into().expect("chunks of 32");
         let w: Option<&[f32; 32]> = weight(i).map(|w| w.try_into().expect("32 weights"));
         match ty {
+            QuantType::Iq4Nl | QuantType::Mxfp4 => levels_block(block, w, ty, out),
             QuantType::Q8_0 => {
                 let (d, q) = symmetric::<P>(block, w, 127, 127);
                 out.extend_from_slice(&d.to_le_bytes());
@@ -195,7 +201,7 @@ fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], weights: Option<&[f32]>, ou
                 }
                 out.extend_from_slice(&nibbles(&q));
             }
-            _ => {
+            QuantType::Q4_1 | QuantType::Q5_1 => {
                 let top = if ty == QuantType::Q4_1 { 15 } else { 31 };
                 let (d, m, q) = affine::<P>(block, w, top);
                 let q = q.map(|q| q as u8);
@@ -206,8 +212,71 @@ fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], weights: Option<&[f32]>, ou
                 }
                 out.extend_from_slice(&nibbles(&q));
             }
+            _ => unreachable!("{ty} is a K-quant"),
         }
     }
+}
+
+/// A block of IQ4_NL or MXFP4 (see the module's note), appended in ggml's layout.
+fn levels_block(x: &[f32; 32], w: Option<&[f32; 32]>, ty: QuantType, out: &mut Vec<u8>) {
+    use super::ggml::{IQ4_LEVELS, MXFP4_LEVELS, e8m0_half};
+    let weight = |i: usize| w.map_or(1.0, |w| w[i]);
+    // The nibble of the level nearest to `v` (levels in units of the scale).
+    let nearest = |levels: &[i8; 16], v: f32| -> u8 {
+        let mut best = 0;
+        for (n, &l) in levels.iter().enumerate() {
+            if (v - l as f32).abs() < (v - levels[best] as f32).abs() {
+                best = n;
+            }
+        }
+        best as u8
+    };
+    // Each value's nibble under scale d, and the weighted squared error.
+    let assign = |levels: &[i8; 16], d: f32| -> ([u8; 32], f32) {
+        let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
+        let q: [u8; 32] = std::array::from_fn(|i| nearest(levels, x[i] * inv));
+        let err = (0..32).map(|i| weight(i) * (x[i] - d * levels[q[i] as usize] as f32).powi(2)).sum();
+        (q, err)
+    };
+    let max = extreme(x);
+    if ty == QuantType::Mxfp4 {
+        // Scale 2^(e − 128) on doubled levels up to 12: the extreme value's power of two over 8.
+        // (A NaN casts to 0; an infinity clamps to the largest finite scale.)
+        let e0 = if max == 0.0 { 0 } else { (max.abs().log2().floor() + 125.0).clamp(0.0, 254.0) as i32 };
+        let (mut best, mut best_err) = (e0, f32::INFINITY);
+        for e in [e0 - 1, e0, e0 + 1].into_iter().filter(|e| (0..=254).contains(e)) {
+            let err = assign(&MXFP4_LEVELS, e8m0_half(e as u8)).1;
+            if err < best_err {
+                (best, best_err) = (e, err);
+            }
+        }
+        let q = assign(&MXFP4_LEVELS, e8m0_half(best as u8)).0;
+        out.push(best as u8);
+        out.extend_from_slice(&nibbles(&q));
+        return;
+    }
+    let mut d = 0.0f32;
+    if max != 0.0 {
+        // The extreme value on −127 (either sign), then scales around it, each refitted.
+        let (mut best_fit, mut best) = (0.0f32, max / -127.0);
+        for t in -7..=7 {
+            let scale = max / (-127.0 + t as f32);
+            let q = assign(&IQ4_LEVELS, scale).0;
+            let (mut sqx, mut sq2) = (0.0f32, 0.0f32);
+            for i in 0..32 {
+                let l = IQ4_LEVELS[q[i] as usize] as f32;
+                (sqx, sq2) = (sqx + weight(i) * x[i] * l, sq2 + weight(i) * l * l);
+            }
+            if sq2 > 0.0 && sqx * sqx / sq2 > best_fit {
+                (best_fit, best) = (sqx * sqx / sq2, sqx / sq2);
+            }
+        }
+        d = best;
+    }
+    let d = f16::from_f32(d);
+    let q = assign(&IQ4_LEVELS, d.to_f32()).0;
+    out.extend_from_slice(&d.to_le_bytes());
+    out.extend_from_slice(&nibbles(&q));
 }
 
 /// ggml's 32-value nibble packing: value i low, value i + 16 high.
@@ -788,6 +857,28 @@ mod tests {
             assert!(ours < reference, "{ty}: rms error {ours}, ggml's reference scales {reference}");
         }
         assert!(quantize(QuantType::Q4K, &x[..32 * 9], &mut Vec::new()).is_none(), "not whole blocks");
+    }
+
+    /// IQ4_NL's levels, as many bits a value as Q4_0 (4.5), keep weights closer than Q4_0's
+    /// uniform grid; MXFP4's power-of-two scales (4.25 bits) keep them less close than Q4_0, but
+    /// within their resolution, and its scale is the extreme value's power of two or one of its
+    /// neighbours.
+    #[test]
+    fn formats_of_levels_round_trip_within_their_resolution() {
+        let x: Vec<f32> =
+            test_values(32 * 256, 5).iter().enumerate().map(|(i, v)| v * (1.0 + (i % 7) as f32)).collect();
+        let (iq4, mxfp4, q4) =
+            (rms_error(QuantType::Iq4Nl, &x), rms_error(QuantType::Mxfp4, &x), rms_error(QuantType::Q4_0, &x));
+        eprintln!("rms error: IQ4_NL {iq4}, MXFP4 {mxfp4}, Q4_0 {q4}");
+        assert!(iq4 < q4, "IQ4_NL {iq4} against Q4_0 {q4}");
+        assert!(mxfp4 < 2.0 * q4, "MXFP4 {mxfp4} against Q4_0 {q4}");
+        let mut bytes = Vec::new();
+        quantize(QuantType::Mxfp4, &x, &mut bytes).unwrap();
+        for (block, b) in bytes.chunks_exact(17).zip(x.chunks_exact(32)) {
+            let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let reference = amax.log2().floor() as i32 + 125; // ggml's quantize_row_mxfp4_ref
+            assert!((block[0] as i32 - reference).abs() <= 1, "scale {} for ggml's {reference}", block[0]);
+        }
     }
 
     /// The K-quants round-trip within their resolution, finer with more bits, and closer than a

@@ -39,7 +39,13 @@ macro_rules! values {
                 w[2 * v] = _mm512_and_si512(bytes, low);
                 w[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
             }
-            if l.ty.bits() == 6 {
+            if let Some(lookup) = l.ty.lookup() {
+                // IQ4_NL, MXFP4: each nibble's level + 128 (`vpshufb` looks 16 bytes up).
+                let table = _mm512_broadcast_i32x4(load128(lookup));
+                for w in w.iter_mut() {
+                    *w = _mm512_shuffle_epi8(table, *w);
+                }
+            } else if l.ty.bits() == 6 {
                 // Q6_K: field vector h holds bits 4-5 of value vector 4h + f at bits 2f..2f + 2 of
                 // each byte; a 16-bit shift moves them to bits 4-5 (what crosses into the next
                 // byte lands outside 4-5), and `w | (shifted & 0x30)` is one `vpternlogd` (0xF8).
@@ -250,14 +256,23 @@ fn scales(l: &Layout, rec: &[u8], g: usize, dsup: __m512, msup: __m512) -> (__m5
         }
         ty => {
             let offset = match ty {
-                QuantType::Q8_0 => -128.0,
+                QuantType::Q8_0 | QuantType::Iq4Nl | QuantType::Mxfp4 => -128.0,
                 QuantType::Q4_0 => -8.0,
                 _ => -16.0, // Q5_0
             };
-            let d = f16_to_f32(&rec[at..]);
+            let d = if ty == QuantType::Mxfp4 { e8m0_half(&rec[at..]) } else { f16_to_f32(&rec[at..]) };
             (d, _mm512_mul_ps(d, _mm512_set1_ps(offset)))
         }
     }
+}
+
+/// 16 E8M0 scales (bytes) halved, 2^(e − 128), as f32: the exponent field e shifted into place
+/// is 2^(e − 127). A scale of 0 (2^−128, ggml's subnormal) gives 0.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn e8m0_half(b: &[u8]) -> __m512 {
+    let e = _mm512_cvtepu8_epi32(load128(b));
+    _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(e, 23)), _mm512_set1_ps(0.5))
 }
 
 /// Adds the bias and writes the first `width` outputs of each row at column `col`.

@@ -37,7 +37,7 @@ pub struct BenchArgs {
     #[arg(long)]
     model_type: Option<String>,
     /// Weight dtype in memory: auto (the checkpoint's own), f32, f16, bf16, q8_0, q4_0, q4_1,
-    /// q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, q3_k_m, q4_k_m, q5_k_m (quantized at load where
+    /// q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, mxfp4, q3_k_m, q4_k_m, q5_k_m (quantized at load where
     /// stored otherwise).
     #[arg(long, default_value = "auto")]
     dtype: WeightDtype,

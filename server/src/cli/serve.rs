@@ -44,7 +44,7 @@ pub struct ModelArgs {
     #[arg(long)]
     model_name: Vec<String>,
     /// Weight dtype in memory (`model.dtype`): auto (the checkpoint's own), f32, f16, bf16, q8_0,
-    /// q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, or llama.cpp's mixes q3_k_m,
+    /// q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, mxfp4, or llama.cpp's mixes q3_k_m,
     /// q4_k_m, q5_k_m (quantized at load where stored otherwise).
     #[arg(long)]
     dtype: Option<String>,

@@ -642,6 +642,8 @@ pub const Q3_K: u32 = 11;
 pub const Q4_K: u32 = 12;
 pub const Q5_K: u32 = 13;
 pub const Q6_K: u32 = 14;
+pub const IQ4_NL: u32 = 20;
+pub const MXFP4: u32 = 39;
 
 /// Not a block format: a kernel that reads weights dense or in blocks reads them dense (ggml's
 /// id of f32; f16 and bf16 rows too).
@@ -654,7 +656,7 @@ pub const CHUNK: usize = 16;
 const fn block_words(format: u32) -> usize {
     match format {
         Q8_0 => 9,
-        Q4_0 | Q4_1 => 5,
+        Q4_0 | Q4_1 | IQ4_NL | MXFP4 => 5,
         Q5_0 | Q5_1 => 6,
         Q2_K => 21,
         Q3_K => 28,
@@ -676,6 +678,44 @@ const fn block_chunks(format: u32) -> usize {
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => 16,
         _ => 2,
     }
+}
+
+/// Whether `format`'s nibbles stand for levels (IQ4_NL, MXFP4).
+const fn has_levels(format: u32) -> bool {
+    matches!(format, IQ4_NL | MXFP4)
+}
+
+/// Word `i` (0..4) of `format`'s 16 levels as signed bytes, four to a little-endian word.
+const fn level_word(format: u32, i: usize) -> u32 {
+    let levels = if format == MXFP4 { crate::quant::MXFP4_LEVELS } else { crate::quant::IQ4_LEVELS };
+    let mut word = 0u32;
+    let mut b = 0;
+    while b < 4 {
+        word |= (levels[4 * i + b] as u8 as u32) << (8 * b);
+        b += 1;
+    }
+    word
+}
+
+/// The level nibble `v` of `format` stands for.
+#[cube]
+fn level(v: u32, #[comptime] format: u32) -> f32 {
+    let w0 = comptime!(level_word(format, 0));
+    let w1 = comptime!(level_word(format, 1));
+    let w2 = comptime!(level_word(format, 2));
+    let w3 = comptime!(level_word(format, 3));
+    let word = select(v < 4, w0, select(v < 8, w1, select(v < 12, w2, w3)));
+    let b = (word >> (8 * (v % 4))) & 0xff;
+    f32::cast_from(b) - select(b >= 128, 256.0f32, 0.0f32)
+}
+
+/// An E8M0 scale (the low byte of `bits`) halved, 2^(e − 128), as ggml computes it (subnormal
+/// below e = 2).
+#[cube]
+fn e8m0_half(bits: u32) -> f32 {
+    let e = bits & 0xff;
+    let tiny = f32::cast_from(e + 1) * 2.938_736e-39; // 2^-128 (e = 0), 2^-127 (e = 1)
+    select(e < 2, tiny, f32::reinterpret((e - 1) << 23))
 }
 
 /// The f32 value of the f16 in the low 16 bits of `bits` (subnormals included; WGSL under
@@ -727,9 +767,9 @@ fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] 
         q[16] = half_to_f32(w[base]);
         q[17] = 0.0;
     }
-    if comptime!(format == Q4_0 || format == Q5_0 || format == Q4_1 || format == Q5_1) {
-        // [d, pad] (Q4_1, Q5_1: [d, m]), Q5's fifth bits' word, then 16 bytes: value i's low
-        // nibble in byte i, value 16 + i's high one in byte i.
+    if comptime!(format == Q4_0 || format == Q5_0 || format == Q4_1 || format == Q5_1 || has_levels(format)) {
+        // [d, pad] (Q4_1, Q5_1: [d, m]; MXFP4: [e, pad]), Q5's fifth bits' word, then 16 bytes:
+        // value i's low nibble in byte i, value 16 + i's high one in byte i.
         let five = comptime!(format == Q5_0 || format == Q5_1);
         let nibbles = comptime!(if five { 2 } else { 1 });
         let shift = 4 * u32::cast_from(cc);
@@ -747,11 +787,20 @@ fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] 
                 if comptime!(five) {
                     v |= ((high >> comptime!(t as u32)) & 1) << 4;
                 }
-                q[t] = f32::cast_from(v);
+                if comptime!(has_levels(format)) {
+                    q[t] = level(v, format);
+                } else {
+                    q[t] = f32::cast_from(v);
+                }
             }
         }
         q[16] = half_to_f32(w[base]);
-        if comptime!(has_min(format)) {
+        if comptime!(format == MXFP4) {
+            q[16] = e8m0_half(w[base]);
+        }
+        if comptime!(has_levels(format)) {
+            q[17] = 0.0;
+        } else if comptime!(has_min(format)) {
             q[17] = -half_to_f32(w[base] >> 16);
         } else {
             let offset = comptime!(if format == Q4_0 { 8.0f32 } else { 16.0f32 });

@@ -494,6 +494,8 @@ const _: () = assert!(
         && QuantType::Q4K.ggml_id() == kernels::Q4_K
         && QuantType::Q5K.ggml_id() == kernels::Q5_K
         && QuantType::Q6K.ggml_id() == kernels::Q6_K
+        && QuantType::Iq4Nl.ggml_id() == kernels::IQ4_NL
+        && QuantType::Mxfp4.ggml_id() == kernels::MXFP4
 );
 
 /// Each part's format code and words as the kernels read them (rows of `k` values).

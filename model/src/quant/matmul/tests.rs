@@ -23,6 +23,9 @@ pub(crate) fn random_blocks(ty: QuantType, rows: usize, k: usize, seed: u64) -> 
             }
             block[at..at + 2].copy_from_slice(&v.to_le_bytes());
         }
+        if ty == QuantType::Mxfp4 {
+            block[0] = 112 + (b % 13) as u8; // E8M0 scales 2^-16 .. 2^-4 (levels up to 12)
+        }
     }
     bytes
 }
