@@ -221,15 +221,14 @@ fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], weights: Option<&[f32]>, ou
 fn levels_block(x: &[f32; 32], w: Option<&[f32; 32]>, ty: QuantType, out: &mut Vec<u8>) {
     use super::ggml::{IQ4_LEVELS, MXFP4_LEVELS, e8m0_half};
     let weight = |i: usize| w.map_or(1.0, |w| w[i]);
-    // The nibble of the level nearest to `v` (levels in units of the scale).
+    // The nibble of the level nearest to `v` (levels in units of the scale; the smaller of two
+    // as near). IQ4_NL's levels ascend; MXFP4's are eight magnitudes, then the same negated.
     let nearest = |levels: &[i8; 16], v: f32| -> u8 {
-        let mut best = 0;
-        for (n, &l) in levels.iter().enumerate() {
-            if (v - l as f32).abs() < (v - levels[best] as f32).abs() {
-                best = n;
-            }
+        if ty == QuantType::Iq4Nl {
+            return nearest_sorted(levels, v) as u8;
         }
-        best as u8
+        let m = nearest_sorted(&levels[..8], v.abs());
+        if v < 0.0 && m > 0 { m as u8 + 8 } else { m as u8 }
     };
     // Each value's nibble under scale d, and the weighted squared error.
     let assign = |levels: &[i8; 16], d: f32| -> ([u8; 32], f32) {
@@ -277,6 +276,20 @@ fn levels_block(x: &[f32; 32], w: Option<&[f32; 32]>, ty: QuantType, out: &mut V
     let q = assign(&IQ4_LEVELS, d.to_f32()).0;
     out.extend_from_slice(&d.to_le_bytes());
     out.extend_from_slice(&nibbles(&q));
+}
+
+/// The index of the level in `levels` (ascending) nearest to `v`, the lower of two as near (0
+/// for a NaN).
+#[inline(always)]
+fn nearest_sorted(levels: &[i8], v: f32) -> usize {
+    let i = levels.partition_point(|&l| (l as f32) < v);
+    if i == 0 {
+        0
+    } else if i == levels.len() || v - levels[i - 1] as f32 <= levels[i] as f32 - v {
+        i - 1
+    } else {
+        i
+    }
 }
 
 /// ggml's 32-value nibble packing: value i low, value i + 16 high.
