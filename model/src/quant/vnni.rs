@@ -87,6 +87,23 @@ macro_rules! values {
     }};
 }
 
+/// `$body` for each activation row `$i` of a tile of `$r` rows, `$i` a constant in each copy:
+/// indexed by constants, the tile's accumulators stay in registers (a loop over the rows kept
+/// them on the stack, a load and a store per row and group).
+macro_rules! each_row {
+    ($i:ident < $r:expr, $body:block) => {
+        each_row!(@ $i, $r, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $i:ident, $r:expr, $body:block, $($n:literal)*) => {
+        $(
+            if $n < $r {
+                let $i: usize = $n;
+                $body
+            }
+        )*
+    };
+}
+
 /// Whether this CPU runs the kernel.
 pub fn available() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -186,7 +203,8 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize,
                 let s0 = _mm512_mul_ps(dsup, i8_to_f32(&rec[at..]));
                 let s1 = _mm512_mul_ps(dsup, i8_to_f32(&rec[at + 16..]));
                 let (b0, b1) = (_mm512_mul_ps(s0, _mm512_set1_ps(-32.0)), _mm512_mul_ps(s1, _mm512_set1_ps(-32.0)));
-                for (i, acc) in acc.iter_mut().enumerate() {
+                each_row!(i < R, {
+                    let acc = &mut acc[i];
                     let a = (x0 + i) * acts.groups + gi;
                     let x = &acts.q[a];
                     let dx = _mm512_set1_ps(acts.d[a]);
@@ -196,16 +214,18 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize,
                     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, dx), *acc);
                     *acc = _mm512_fmadd_ps(b0, _mm512_set1_ps(h0), *acc);
                     *acc = _mm512_fmadd_ps(b1, _mm512_set1_ps(h1), *acc);
-                }
+                });
             } else {
                 let (s, b) = scales(l, rec, g, dsup, msup);
-                for (i, acc) in acc.iter_mut().enumerate() {
+                each_row!(i < R, {
+                    let acc = &mut acc[i];
                     let a = (x0 + i) * acts.groups + gi;
                     let x = &acts.q[a];
-                    let dot = dot(&w, 0..8, x);
+                    // Two chains of four products, not one of eight: each waits on the last.
+                    let dot = _mm512_add_epi32(dot(&w, 0..4, x), dot(&w, 4..8, x));
                     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(acts.d[a])), *acc);
                     *acc = _mm512_fmadd_ps(b, _mm512_set1_ps(acts.ds[a]), *acc);
-                }
+                });
             }
         }
     }
