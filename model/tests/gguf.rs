@@ -88,6 +88,10 @@ fn converted_types_dequantize_as_ggml_and_load_as_their_targets() {
             assert!((l - w).abs() <= w.abs() * 2f32.powi(-11), "{ty}: {l} for {w}");
         }
     }
+    // The load's log names the conversion (IQ4_NL and MXFP4 load as they are).
+    let conversions = file.conversions();
+    assert_eq!(conversions.len(), 1, "{conversions:?}");
+    assert!(conversions[0].starts_with("IQ4_XS → IQ4_NL (scales rounded to f16): "), "{conversions:?}");
 }
 
 /// The K-quants made at load (Q2_K to Q6_K) are at least as close to the weights as

@@ -126,15 +126,14 @@ impl GgufFile {
         self.tensors().get(i)
     }
 
-    /// The tensors this file holds in formats converted at load, by format: `Q3_K → Q6_K
-    /// (exact): 24 tensors`, one entry per format; empty when there are none.
+    /// The tensors this file holds in formats converted at load, by format: `IQ4_XS → IQ4_NL
+    /// (scales rounded to f16): 168 tensors`, one entry per format; empty when there are none.
     pub fn conversions(&self) -> Vec<String> {
         Foreign::ALL
             .into_iter()
             .filter_map(|f| {
                 let n = self.tensors().iter().filter(|t| t.ty == TensorType::Foreign(f)).count();
-                let how = if f.exact() { "exact" } else { "requantized" };
-                (n > 0).then(|| format!("{f} → {} ({how}): {n} tensors", f.target()))
+                (n > 0).then(|| format!("{f} → {} ({}): {n} tensors", f.target(), f.how()))
             })
             .collect()
     }

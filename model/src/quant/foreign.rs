@@ -67,9 +67,11 @@ impl Foreign {
         }
     }
 
-    /// Whether `convert` gives every weight bit-identical.
-    pub fn exact(self) -> bool {
-        false
+    /// What `convert` changes, for the load's log.
+    pub fn how(self) -> &'static str {
+        match self {
+            Self::Iq4Xs => "scales rounded to f16",
+        }
     }
 
     /// Dequantizes whole blocks with ggml's arithmetic: `bytes` holds `out.len() / block_values`
