@@ -220,10 +220,11 @@ fn blocks_in<P: Pick>(ty: QuantType, values: &[f32], weights: Option<&[f32]>, ou
 /// A block of IQ4_NL or MXFP4 (see the module's note), appended in ggml's layout.
 fn levels_block(x: &[f32; 32], w: Option<&[f32; 32]>, ty: QuantType, out: &mut Vec<u8>) {
     use super::ggml::{IQ4_LEVELS, MXFP4_LEVELS, e8m0_half};
+    let levels = if ty == QuantType::Iq4Nl { &IQ4_LEVELS } else { &MXFP4_LEVELS };
     let weight = |i: usize| w.map_or(1.0, |w| w[i]);
     // The nibble of the level nearest to `v` (levels in units of the scale; the smaller of two
     // as near). IQ4_NL's levels ascend; MXFP4's are eight magnitudes, then the same negated.
-    let nearest = |levels: &[i8; 16], v: f32| -> u8 {
+    let nearest = |v: f32| -> u8 {
         if ty == QuantType::Iq4Nl {
             return nearest_sorted(levels, v) as u8;
         }
@@ -231,9 +232,9 @@ fn levels_block(x: &[f32; 32], w: Option<&[f32; 32]>, ty: QuantType, out: &mut V
         if v < 0.0 && m > 0 { m as u8 + 8 } else { m as u8 }
     };
     // Each value's nibble under scale d, and the weighted squared error.
-    let assign = |levels: &[i8; 16], d: f32| -> ([u8; 32], f32) {
+    let assign = |d: f32| -> ([u8; 32], f32) {
         let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
-        let q: [u8; 32] = std::array::from_fn(|i| nearest(levels, x[i] * inv));
+        let q: [u8; 32] = std::array::from_fn(|i| nearest(x[i] * inv));
         let err = (0..32).map(|i| weight(i) * (x[i] - d * levels[q[i] as usize] as f32).powi(2)).sum();
         (q, err)
     };
@@ -242,15 +243,16 @@ fn levels_block(x: &[f32; 32], w: Option<&[f32; 32]>, ty: QuantType, out: &mut V
         // Scale 2^(e − 128) on doubled levels up to 12: the extreme value's power of two over 8.
         // (A NaN casts to 0; an infinity clamps to the largest finite scale.)
         let e0 = if max == 0.0 { 0 } else { (max.abs().log2().floor() + 125.0).clamp(0.0, 254.0) as i32 };
-        let (mut best, mut best_err) = (e0, f32::INFINITY);
+        let mut best: Option<(i32, [u8; 32], f32)> = None;
         for e in [e0 - 1, e0, e0 + 1].into_iter().filter(|e| (0..=254).contains(e)) {
-            let err = assign(&MXFP4_LEVELS, e8m0_half(e as u8)).1;
-            if err < best_err {
-                (best, best_err) = (e, err);
+            let (q, err) = assign(e8m0_half(e as u8));
+            if err < best.map_or(f32::INFINITY, |b| b.2) {
+                best = Some((e, q, err));
             }
         }
-        let q = assign(&MXFP4_LEVELS, e8m0_half(best as u8)).0;
-        out.push(best as u8);
+        // No finite error (non-finite values): the extreme value's own scale.
+        let (e, q) = best.map_or_else(|| (e0, assign(e8m0_half(e0 as u8)).0), |(e, q, _)| (e, q));
+        out.push(e as u8);
         out.extend_from_slice(&nibbles(&q));
         return;
     }
@@ -260,7 +262,7 @@ fn levels_block(x: &[f32; 32], w: Option<&[f32; 32]>, ty: QuantType, out: &mut V
         let (mut best_fit, mut best) = (0.0f32, max / -127.0);
         for t in -7..=7 {
             let scale = max / (-127.0 + t as f32);
-            let q = assign(&IQ4_LEVELS, scale).0;
+            let q = assign(scale).0;
             let (mut sqx, mut sq2) = (0.0f32, 0.0f32);
             for i in 0..32 {
                 let l = IQ4_LEVELS[q[i] as usize] as f32;
@@ -273,7 +275,7 @@ fn levels_block(x: &[f32; 32], w: Option<&[f32; 32]>, ty: QuantType, out: &mut V
         d = best;
     }
     let d = f16::from_f32(d);
-    let q = assign(&IQ4_LEVELS, d.to_f32()).0;
+    let q = assign(d.to_f32()).0;
     out.extend_from_slice(&d.to_le_bytes());
     out.extend_from_slice(&nibbles(&q));
 }

@@ -794,9 +794,10 @@ fn chunk(w: &Tensor<u32>, row: usize, c: usize, q: &mut Array<f32>, #[comptime] 
                 }
             }
         }
-        q[16] = half_to_f32(w[base]);
         if comptime!(format == MXFP4) {
             q[16] = e8m0_half(w[base]);
+        } else {
+            q[16] = half_to_f32(w[base]);
         }
         if comptime!(has_levels(format)) {
             q[17] = 0.0;
