@@ -10,7 +10,10 @@
 //! `unsafe` (C8: the reason). The loads and stores of vectors take raw pointers, and the
 //! AVX-512 VNNI functions may only run on a CPU that has those instructions. So `run` checks the
 //! features at run time before calling the `#[target_feature]` code, and every load reads from a
-//! slice whose length was checked (`load512`, `load256`, `load128`). Nothing else here is unsafe.
+//! slice whose length was checked (`load512`, `load256`, `load128`); the bias's loads and the
+//! output rows' stores are masked to their slices' lengths (`store`). The one other unsafe
+//! statement is an empty `asm!` that pins the order of a tile's products (`panel`): it has no
+//! instructions.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -87,12 +90,13 @@ macro_rules! values {
     }};
 }
 
-/// `$body` for each activation row `$i` of a tile of `$r` rows, `$i` a constant in each copy:
-/// indexed by constants, the tile's accumulators stay in registers (a loop over the rows kept
-/// them on the stack, a load and a store per row and group).
-macro_rules! each_row {
+/// `$body` for each `$i` below `$r` (at most 8: a tile's activation rows, a group's value
+/// vectors), `$i` a constant in each copy: indexed by constants, the tile's accumulators and the
+/// group's values stay in registers (a loop over the rows kept them on the stack, a load and a
+/// store per row and group).
+macro_rules! unrolled {
     ($i:ident < $r:expr, $body:block) => {
-        each_row!(@ $i, $r, $body, 0 1 2 3 4 5 6 7)
+        unrolled!(@ $i, $r, $body, 0 1 2 3 4 5 6 7)
     };
     (@ $i:ident, $r:expr, $body:block, $($n:literal)*) => {
         $(
@@ -203,7 +207,7 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize,
                 let s0 = _mm512_mul_ps(dsup, i8_to_f32(&rec[at..]));
                 let s1 = _mm512_mul_ps(dsup, i8_to_f32(&rec[at + 16..]));
                 let (b0, b1) = (_mm512_mul_ps(s0, _mm512_set1_ps(-32.0)), _mm512_mul_ps(s1, _mm512_set1_ps(-32.0)));
-                each_row!(i < R, {
+                unrolled!(i < R, {
                     let acc = &mut acc[i];
                     let a = (x0 + i) * acts.groups + gi;
                     let x = &acts.q[a];
@@ -215,13 +219,47 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize,
                     *acc = _mm512_fmadd_ps(b0, _mm512_set1_ps(h0), *acc);
                     *acc = _mm512_fmadd_ps(b1, _mm512_set1_ps(h1), *acc);
                 });
+            } else if R >= 4 {
+                let (s, b) = scales(l, rec, g, dsup, msup);
+                // One integer sum a row, the rows' products interleaved value vector by value
+                // vector: each product waits on its row's last, R products apart, so neighbours
+                // in the instruction stream are independent. Row by row (two chains of four a
+                // row), the out-of-order window had to hold several rows' chains to keep both
+                // vector ports busy: 6-8% slower at 512 rows in quant_bench, and 9% slower a
+                // 512-token prefill of a 1.5B model.
+                let mut xs = [&acts.q[0]; R];
+                unrolled!(i < R, {
+                    xs[i] = &acts.q[(x0 + i) * acts.groups + gi];
+                });
+                let mut dots = [_mm512_setzero_si512(); R];
+                unrolled!(u < 8, {
+                    unrolled!(i < R, {
+                        dots[i] = _mm512_dpbusd_epi32(dots[i], w[u], x4(xs[i], u));
+                        // Keeps the order written: LLVM's scheduler otherwise gathers each row's
+                        // eight products back into one chain. These empty statements keep their
+                        // order among themselves, and each holds its row's sum until the next
+                        // value vector.
+                        // SAFETY: no instructions; the register is read and written back as is.
+                        unsafe {
+                            std::arch::asm!("/* {0} */", inout(zmm_reg) dots[i], options(nomem, nostack, preserves_flags))
+                        };
+                    });
+                });
+                unrolled!(i < R, {
+                    let a = (x0 + i) * acts.groups + gi;
+                    let acc = &mut acc[i];
+                    *acc =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[i]), _mm512_mul_ps(s, _mm512_set1_ps(acts.d[a])), *acc);
+                    *acc = _mm512_fmadd_ps(b, _mm512_set1_ps(acts.ds[a]), *acc);
+                });
             } else {
                 let (s, b) = scales(l, rec, g, dsup, msup);
-                each_row!(i < R, {
+                unrolled!(i < R, {
                     let acc = &mut acc[i];
                     let a = (x0 + i) * acts.groups + gi;
                     let x = &acts.q[a];
-                    // Two chains of four products, not one of eight: each waits on the last.
+                    // A few rows: two chains of four products, not one of eight, each waiting on
+                    // the last.
                     let dot = _mm512_add_epi32(dot(&w, 0..4, x), dot(&w, 4..8, x));
                     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(acts.d[a])), *acc);
                     *acc = _mm512_fmadd_ps(b, _mm512_set1_ps(acts.ds[a]), *acc);
@@ -299,16 +337,20 @@ fn e8m0_half(b: &[u8]) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn store<const R: usize>(acc: [__m512; R], out: &mut [&mut [f32]], col: usize, width: usize, bias: Option<&[f32]>) {
-    let mut b = [0.0f32; PANEL];
-    if let Some(bias) = bias {
-        b[..width].copy_from_slice(bias);
-    }
-    let b = load_f32(&b);
+    // The first `width` lanes (a panel is narrower only at the matrix's last rows), loaded and
+    // stored under a mask: through copies, each row's 64 bytes were a call to memmove.
+    let lanes = ((1u32 << width) - 1) as __mmask16;
+    let b = match bias {
+        // SAFETY: `bias` holds `width` f32, and the mask reads only those (masked-off lanes touch
+        // no memory).
+        Some(bias) => unsafe { _mm512_maskz_loadu_ps(lanes, bias[..width].as_ptr()) },
+        None => _mm512_setzero_ps(),
+    };
     for (row, acc) in out.iter_mut().zip(acc) {
-        let mut values = [0.0f32; PANEL];
-        // SAFETY: `values` holds 16 f32, the 64 bytes written.
-        unsafe { _mm512_storeu_ps(values.as_mut_ptr(), _mm512_add_ps(acc, b)) };
-        row[col..col + width].copy_from_slice(&values[..width]);
+        let dst = &mut row[col..col + width];
+        // SAFETY: `dst` holds `width` f32, and the mask writes only those (masked-off lanes
+        // touch no memory).
+        unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), lanes, _mm512_add_ps(acc, b)) };
     }
 }
 
@@ -334,13 +376,6 @@ fn load128(b: &[u8]) -> __m128i {
     let b = &b[..16];
     // SAFETY: `b` holds 16 bytes, read unaligned.
     unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn load_f32(v: &[f32; PANEL]) -> __m512 {
-    // SAFETY: `v` holds 16 f32.
-    unsafe { _mm512_loadu_ps(v.as_ptr()) }
 }
 
 /// 16 f16 values (32 bytes) as f32.

@@ -96,7 +96,9 @@ fn every_format(kernel: Kernel) {
     for ty in QuantType::ALL {
         let k = ty.block_values() * 2;
         check(kernel, ty, 1, 37, k);
+        // Tiles of 8 and 3 rows, then 8 and 6 (the VNNI kernel's interleaved rows from 4 on).
         check(kernel, ty, 11, 16, k);
+        check(kernel, ty, 14, 37, k);
         check(kernel, ty, 2, 896, 4864);
     }
 }
