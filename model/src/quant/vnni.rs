@@ -219,49 +219,47 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize,
                     *acc = _mm512_fmadd_ps(b0, _mm512_set1_ps(h0), *acc);
                     *acc = _mm512_fmadd_ps(b1, _mm512_set1_ps(h1), *acc);
                 });
-            } else if R >= 4 {
+            } else {
                 let (s, b) = scales(l, rec, g, dsup, msup);
-                // One integer sum a row, the rows' products interleaved value vector by value
-                // vector: each product waits on its row's last, R products apart, so neighbours
-                // in the instruction stream are independent. Row by row (two chains of four a
-                // row), the out-of-order window had to hold several rows' chains to keep both
-                // vector ports busy: 6-8% slower at 512 rows in quant_bench, and 9% slower a
-                // 512-token prefill of a 1.5B model.
-                let mut xs = [&acts.q[0]; R];
-                unrolled!(i < R, {
-                    xs[i] = &acts.q[(x0 + i) * acts.groups + gi];
-                });
+                // Each row's integer dot product with the group.
                 let mut dots = [_mm512_setzero_si512(); R];
-                unrolled!(u < 8, {
+                if R >= 4 {
+                    // One integer sum a row, the rows' products interleaved value vector by value
+                    // vector: each product waits on its row's last, R products apart, so
+                    // neighbours in the instruction stream are independent. Row by row (two
+                    // chains of four a row), the out-of-order window had to hold several rows'
+                    // chains to keep both vector ports busy: 6-8% slower at 512 rows in
+                    // quant_bench, and 9% slower a 512-token prefill of a 1.5B model.
+                    let mut xs = [&acts.q[0]; R];
                     unrolled!(i < R, {
-                        dots[i] = _mm512_dpbusd_epi32(dots[i], w[u], x4(xs[i], u));
-                        // Keeps the order written: LLVM's scheduler otherwise gathers each row's
-                        // eight products back into one chain. These empty statements keep their
-                        // order among themselves, and each holds its row's sum until the next
-                        // value vector.
-                        // SAFETY: no instructions; the register is read and written back as is.
-                        unsafe {
-                            std::arch::asm!("/* {0} */", inout(zmm_reg) dots[i], options(nomem, nostack, preserves_flags))
-                        };
+                        xs[i] = &acts.q[(x0 + i) * acts.groups + gi];
                     });
-                });
+                    unrolled!(u < 8, {
+                        unrolled!(i < R, {
+                            dots[i] = _mm512_dpbusd_epi32(dots[i], w[u], x4(xs[i], u));
+                            // Keeps the order written: LLVM's scheduler otherwise gathers each
+                            // row's eight products back into one chain. These empty statements
+                            // keep their order among themselves, and each holds its row's sum
+                            // until the next value vector.
+                            // SAFETY: no instructions; the register is read and written back as is.
+                            unsafe {
+                                std::arch::asm!("/* {0} */", inout(zmm_reg) dots[i], options(nomem, nostack, preserves_flags))
+                            };
+                        });
+                    });
+                } else {
+                    // A few rows: two chains of four products a row, not one of eight, each
+                    // waiting on the last.
+                    unrolled!(i < R, {
+                        let x = &acts.q[(x0 + i) * acts.groups + gi];
+                        dots[i] = _mm512_add_epi32(dot(&w, 0..4, x), dot(&w, 4..8, x));
+                    });
+                }
                 unrolled!(i < R, {
                     let a = (x0 + i) * acts.groups + gi;
                     let acc = &mut acc[i];
                     *acc =
                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[i]), _mm512_mul_ps(s, _mm512_set1_ps(acts.d[a])), *acc);
-                    *acc = _mm512_fmadd_ps(b, _mm512_set1_ps(acts.ds[a]), *acc);
-                });
-            } else {
-                let (s, b) = scales(l, rec, g, dsup, msup);
-                unrolled!(i < R, {
-                    let acc = &mut acc[i];
-                    let a = (x0 + i) * acts.groups + gi;
-                    let x = &acts.q[a];
-                    // A few rows: two chains of four products, not one of eight, each waiting on
-                    // the last.
-                    let dot = _mm512_add_epi32(dot(&w, 0..4, x), dot(&w, 4..8, x));
-                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(acts.d[a])), *acc);
                     *acc = _mm512_fmadd_ps(b, _mm512_set1_ps(acts.ds[a]), *acc);
                 });
             }
