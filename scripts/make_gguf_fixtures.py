@@ -23,12 +23,18 @@
 - pre-deepseek-r1-qwen.gguf, pre-llama3.gguf: the tokenizer metadata (no tensors) of
   tiny-qwen3-f32.gguf and tiny-llama-f32.gguf (scripts/make_family_fixtures.py's) with
   `tokenizer.ggml.pre` set to a name llama.cpp reads as theirs (`deepseek-r1-qwen`, `llama3`).
+- tiny-mixtral-stacked-q8_0.gguf, tiny-mixtral-split-q8_0.gguf: tiny-mixtral-f32.gguf
+  (scripts/make_family_fixtures.py's) with its matrices in Q8_0 (the routers and vectors in F32,
+  as llama-quantize leaves them), the first
+  with each layer's experts stacked per matrix (`blk.N.ffn_gate_exps.weight`), the second with
+  one tensor per expert (`blk.N.ffn_gate.E.weight`) as llama.cpp's converter wrote Mixtral before
+  it stacked them. The same blocks in both.
 - reference.json: for every model file, per prompt, the token ids, the last position's logits
   and 12 greedy tokens from a float64 numpy forward pass over the file's dequantized weights,
   with the smallest top-1 margin along the greedy path.
 
 Needs: numpy, gguf (the venv of scripts/fetch_demo_model.sh has both).
-Usage: python scripts/make_gguf_fixtures.py
+Usage: python scripts/make_gguf_fixtures.py [split-experts]  (split-experts: only those two files)
 """
 import json
 import os
@@ -322,12 +328,44 @@ def main():
     for src, pre in [("tiny-qwen3-f32", "deepseek-r1-qwen"), ("tiny-llama-f32", "llama3")]:
         write_tokenizer_only(os.path.join(OUT, src + ".gguf"), os.path.join(OUT, f"pre-{pre}.gguf"), pre)
 
+    write_split_experts()
+
     tok_ids = json.load(open(os.path.join(FIXTURES, "tiny-tied-f32", "reference.json")))["prompts"]
     prompt_ids = [p["ids"] for p in tok_ids]
     refs = {name: dict(file=f, prompts=reference(os.path.join(OUT, f), prompt_ids)) for name, f in models.items()}
     json.dump(refs, open(os.path.join(OUT, "reference.json"), "w"), indent=0)
     for name, r in refs.items():
         print(name, "min margin", min(p["min_margin"] for p in r["prompts"]))
+
+
+def write_split_experts():
+    """tiny-mixtral-f32.gguf in Q8_0, its experts stacked and one tensor per expert."""
+    src = GGUFReader(os.path.join(OUT, "tiny-mixtral-f32.gguf"))
+    for layout in ["stacked", "split"]:
+        path = os.path.join(OUT, f"tiny-mixtral-{layout}-q8_0.gguf")
+        w = GGUFWriter(path, "llama")
+        for field in src.fields.values():
+            if field.name.startswith("GGUF.") or field.name == "general.architecture":
+                continue
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(field.name, field.contents(), field.types[0], sub)
+        for t in src.tensors:
+            data = np.array(t.data)
+            if data.ndim == 1 or "ffn_gate_inp" in t.name:
+                w.add_tensor(t.name, data)
+            elif data.ndim == 2:
+                w.add_tensor(t.name, quantize(data, T.Q8_0), raw_dtype=T.Q8_0)
+            elif layout == "stacked":
+                # [experts, out, in]: each expert's rows quantized as the split file's are.
+                w.add_tensor(t.name, np.stack([quantize(e, T.Q8_0) for e in data]), raw_dtype=T.Q8_0)
+            else:
+                for e, expert in enumerate(data):
+                    name = t.name.replace("_exps.", f".{e}.")
+                    w.add_tensor(name, quantize(expert, T.Q8_0), raw_dtype=T.Q8_0)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
 
 
 def write_kquants(path, f32_path, quantizer):
@@ -415,4 +453,6 @@ def patch_type(path, name, qtype, arr):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["split-experts"]:
+        sys.exit(write_split_experts())
     sys.exit(main())

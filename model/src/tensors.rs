@@ -313,22 +313,32 @@ pub fn load_experts(
     check_importance(name, importance, experts * k)?;
     let expert_importance = |e: usize| importance.map(|imp| &imp[e * k..(e + 1) * k]);
     let packing = |e: crate::quant::PackError| LoadError::Tensor { name: name.into(), reason: e.to_string() };
-    let split = |bytes: &[u8]| -> Vec<Vec<u8>> {
-        let per = bytes.len() / experts.max(1);
-        bytes.chunks_exact(per.max(1)).take(experts).map(<[u8]>::to_vec).collect()
+    // Each expert's bytes, read in place.
+    let split = |bytes: &[u8]| -> Vec<std::ops::Range<usize>> {
+        let per = (bytes.len() / experts.max(1)).max(1);
+        (0..experts).map(|e| (e * per).min(bytes.len())..((e + 1) * per).min(bytes.len())).collect()
     };
     let weights = match storage {
         Storage::Dense(dtype) => {
             let data = src.data(name, dtype)?;
-            split(data.as_bytes())
+            let bytes = data.as_bytes();
+            split(bytes)
                 .into_iter()
-                .map(|bytes| linear::dense_fitting(TensorData::from_bytes_vec(bytes, [rows, k], dtype), dtype, device))
+                .map(|at| {
+                    linear::dense_fitting(
+                        TensorData::from_bytes_vec(bytes[at].to_vec(), [rows, k], dtype),
+                        dtype,
+                        device,
+                    )
+                })
                 .collect()
         }
         Storage::Packed(q) => match src.blocks(name) {
             Some((stored, bytes)) if stored == q => split(&bytes)
-                .iter()
-                .map(|b| Ok(linear::packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, b).map_err(packing)?))))
+                .into_iter()
+                .map(|at| {
+                    Ok(linear::packed(Arc::new(PackedMatrix::from_ggml(q, rows, k, &bytes[at]).map_err(packing)?)))
+                })
                 .collect::<Result<Vec<_>, LoadError>>()?,
             _ => {
                 let values = f32_values(src, name)?;
@@ -355,8 +365,10 @@ pub fn load_experts(
                 }
             };
             split(&bytes)
-                .iter()
-                .map(|b| Ok(linear::blocks(upload_blocks(name, q, rows, k, b, device)?, blocks_dense(device))))
+                .into_iter()
+                .map(|at| {
+                    Ok(linear::blocks(upload_blocks(name, q, rows, k, &bytes[at], device)?, blocks_dense(device)))
+                })
                 .collect::<Result<Vec<_>, LoadError>>()?
         }
     };

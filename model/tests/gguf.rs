@@ -475,6 +475,26 @@ fn a_llama_gguf_with_experts_is_mixtral() {
     }
 }
 
+/// Mixtral files converted before llama.cpp stacked the experts keep one tensor per expert
+/// (`blk.N.ffn_gate.E.weight`): tiny-mixtral-split-q8_0's is the model of
+/// tiny-mixtral-stacked-q8_0's (the same blocks, stacked), kept in Q8_0 or dequantized: the same
+/// logits at every position, bit for bit (stacked files load as the other tests check).
+#[test]
+fn a_gguf_with_one_tensor_per_expert_is_the_stacked_model() {
+    let reference = Reference::load("tiny-mixtral-f32");
+    for dtype in [WeightDtype::Auto, WeightDtype::F32] {
+        let mut split = context(&gguf("tiny-mixtral-split-q8_0"), dtype);
+        let mut stacked = context(&gguf("tiny-mixtral-stacked-q8_0"), dtype);
+        for p in &reference.prompts {
+            let ids: Vec<u32> = p.ids.iter().chain(&p.greedy).copied().collect();
+            assert_eq!(all_rows(&mut split, 0, &ids), all_rows(&mut stacked, 0, &ids), "{dtype}");
+            for ctx in [&mut split, &mut stacked] {
+                ctx.kv_mut().seq_rm(0, ..).unwrap();
+            }
+        }
+    }
+}
+
 /// Ministral 3's GGUF files (`mistral3`): Llama's layout, YaRN with its `yarn_log_multiplier`
 /// (`mscale_all_dim`, `mscale` taken as 1) and its query scaling as
 /// `attention.temperature_scale`: tiny-ministral3-f32's reads as the checkpoint's configuration

@@ -3,7 +3,8 @@
 //! (two of eight) with their weights renormalised, no shared expert, each expert as wide as
 //! `intermediate_size`. Its checkpoints name the block `block_sparse_moe` and an expert's
 //! matrices `w1` (gate), `w3` (up) and `w2` (down). Its GGUF files say `llama` with an
-//! `llama.expert_count`, and the experts stacked per matrix as every MoE file has them.
+//! `llama.expert_count`, and the experts stacked per matrix as every MoE file has them (older
+//! files hold one tensor per expert: `decoder::split_experts` stacks them).
 
 use super::mistral::MISTRAL;
 use super::{Architecture, Experts};

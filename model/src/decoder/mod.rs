@@ -4,6 +4,7 @@
 mod fused_experts;
 mod model;
 mod replay;
+mod split_experts;
 mod weights;
 
 pub use model::{Decoder, info, load};

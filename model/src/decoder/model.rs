@@ -14,6 +14,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::fused_experts::FusedExperts;
 use super::replay::{self, Plan, StepGraphs};
+use super::split_experts::SplitExperts;
 use super::weights::{self, Reordered, Weights};
 use crate::batch::{BatchInput, ValidBatch};
 use crate::checkpoint::Checkpoint;
@@ -74,7 +75,10 @@ pub fn load(
                 // The kernels do not run these formats: the model takes more memory than the file.
                 tracing::info!(conversions = conversions.join(", "), "tensors converted at load");
             }
-            (gguf::model_config(&file)?, Box::new(file))
+            let config = gguf::model_config(&file)?;
+            // Experts kept one tensor each (older Mixtral files), read stacked.
+            let src = SplitExperts::wrap(Box::new(file), &config)?;
+            (config, src)
         }
     };
     // Rows the kernels take in another order than the checkpoint holds them (Qwen3.5's q and k).
