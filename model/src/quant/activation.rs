@@ -4,6 +4,11 @@
 //! block instead of once per value. For K-quant weights a kernel may ask for one scale per
 //! 256-value super-block (llama.cpp's Q8_K): its blocks then share `d`, and the weights'
 //! sub-block scales can multiply the integer sums before anything is converted to float.
+//!
+//! `unsafe` (C8: the reason): [`block`] reads an element without a bounds check, for the kernels'
+//! inner loops, which check once per tile that every block they read is there
+//! ([`Activations::cover`]).
+#![allow(unsafe_code)]
 
 use pulp::Simd;
 use pulp::x86::V4;
@@ -27,7 +32,38 @@ pub(crate) struct Activations {
     pub dsh: Vec<[f32; 2]>,
     /// [rows · groups] Σ q over each 16-value half (at most 16 · 127 in magnitude).
     pub sums: Vec<[i16; 2]>,
+    /// [rows · groups] Σ q times each of [`OFFSETS`]: where a format's weights are `d · (u + o)`
+    /// with unsigned u and a constant offset o, a kernel starts the block's integer sum Σ u · q
+    /// with o · Σ q instead of adding the offset's term in float afterwards.
+    pub offset_sums: Vec<[i32; 3]>,
 }
+
+impl Activations {
+    /// Whether rows `x0..x0 + rows` hold blocks `0..covered` in every array: what a kernel's
+    /// tile checks once before it reads its blocks with [`block`].
+    pub(crate) fn cover(&self, x0: usize, rows: usize, covered: usize) -> bool {
+        let n = self.q.len();
+        let equal = [self.d.len(), self.ds.len(), self.dsh.len(), self.sums.len(), self.offset_sums.len()];
+        covered <= self.groups && (x0 + rows) * self.groups <= n && equal.iter().all(|&len| len == n)
+    }
+}
+
+/// Element `a` of `v`, unchecked: a kernel's inner loop reads each of its rows' blocks a group,
+/// and a bounds check on each took a compare and a branch (on ports the vector instructions use).
+///
+/// # Safety
+/// `a < v.len()` (for the arrays of [`Activations`]: a block of a row that
+/// [`Activations::cover`] found covered).
+#[inline(always)]
+pub(crate) unsafe fn block<T>(v: &[T], a: usize) -> &T {
+    debug_assert!(a < v.len());
+    // SAFETY: the caller's.
+    unsafe { v.get_unchecked(a) }
+}
+
+/// The formats' constant offsets (`offset_sums`): −128 (Q8_0, IQ4_NL and MXFP4 as their
+/// levels + 128), −16 (Q5_0), −8 (Q4_0).
+pub(crate) const OFFSETS: [i32; 3] = [-128, -16, -8];
 
 /// Rows per parallel task.
 const ROWS_PER_TASK: usize = 8;
@@ -48,6 +84,7 @@ impl Activations {
             ds: vec![0.0; n],
             dsh: vec![[0.0; 2]; n],
             sums: vec![[0; 2]; n],
+            offset_sums: vec![[0; 3]; n],
         };
         if n == 0 {
             return a;
@@ -55,8 +92,8 @@ impl Activations {
         let per_task = groups * ROWS_PER_TASK;
         let tasks = a.q.par_chunks_mut(per_task).zip(a.d.par_chunks_mut(per_task));
         let tasks = tasks.zip(a.ds.par_chunks_mut(per_task)).zip(a.dsh.par_chunks_mut(per_task));
-        let tasks = tasks.zip(a.sums.par_chunks_mut(per_task));
-        tasks.enumerate().for_each(|(t, ((((q, d), ds), dsh), sums))| {
+        let tasks = tasks.zip(a.sums.par_chunks_mut(per_task)).zip(a.offset_sums.par_chunks_mut(per_task));
+        tasks.enumerate().for_each(|(t, (((((q, d), ds), dsh), sums), offset_sums))| {
             for r in 0..q.len() / groups {
                 let row = &x[(t * ROWS_PER_TASK + r) * k..][..k];
                 let at = r * groups..(r + 1) * groups;
@@ -65,9 +102,12 @@ impl Activations {
                     d: &mut d[at.clone()],
                     ds: &mut ds[at.clone()],
                     dsh: &mut dsh[at.clone()],
-                    sums: &mut sums[at],
+                    sums: &mut sums[at.clone()],
                 };
                 quantize_row(row, shared, blocks);
+                for (o, s) in offset_sums[at.clone()].iter_mut().zip(&sums[at]) {
+                    *o = OFFSETS.map(|offset| offset * (s[0] as i32 + s[1] as i32));
+                }
             }
         });
         a
@@ -235,6 +275,7 @@ mod tests {
             let g = r * 4;
             let sum: i32 = a.q[g].iter().map(|&q| q as i32).sum();
             assert_eq!(a.ds[g], a.d[g] * sum as f32);
+            assert_eq!(a.offset_sums[g], [-128 * sum, -16 * sum, -8 * sum]);
             let halves = [0, 16].map(|h| a.q[g][h..h + 16].iter().map(|&q| q as i32).sum::<i32>() as i16);
             assert_eq!(a.sums[g], halves);
         }

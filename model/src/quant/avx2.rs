@@ -23,14 +23,16 @@
 //! `unsafe` (C8: the reason). The loads and stores of vectors take raw pointers, and the AVX2
 //! functions may only run on a CPU that has those instructions. So `run` checks the features at
 //! run time before calling the `#[target_feature]` code, and every load reads from a slice whose
-//! length was checked (`load256`, `load128`, `load64`). Nothing else here is unsafe.
+//! length was checked (`load256`, `load128`, `load64`). A tile's activation blocks are read
+//! unchecked (`block`) after its panel checked once that every block it reads is there
+//! (`Activations::cover`).
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::QuantType;
-use super::activation::Activations;
+use super::activation::{Activations, block};
 use super::packed::{GROUP, Layout, PANEL, Part, prefetch_ahead, prefetch_piece};
 
 /// Whether this CPU runs the kernel.
@@ -147,6 +149,8 @@ fn panel<const R: usize, const BITS: usize>(
     x0: usize,
     fetch: bool,
 ) -> [[__m256; 2]; R] {
+    // Every block the tile reads, checked once: the loop reads them unchecked (`block`).
+    assert!(acts.cover(x0, R, recs.len() / l.bytes * l.groups), "avx2: the activations do not cover the tile");
     let per_sum = per_sum(BITS);
     let ones = _mm256_set1_epi16(1);
     let zero = _mm256_setzero_si256();
@@ -176,7 +180,9 @@ fn panel<const R: usize, const BITS: usize>(
                 let signed = [_mm256_xor_si256(w[0], bias), _mm256_xor_si256(w[1], bias)];
                 let magnitude = [_mm256_abs_epi8(signed[0]), _mm256_abs_epi8(signed[1])];
                 for i in 0..R {
-                    let x = x4(&acts.q[at[i]], u);
+                    // SAFETY: a block of row x0 + i below the records' groups, which `cover`
+                    // checked above; the same below.
+                    let x = x4(unsafe { block(&acts.q, at[i]) }, u);
                     for h in 0..2 {
                         let p = if signed_values(BITS) {
                             _mm256_maddubs_epi16(magnitude[h], _mm256_sign_epi8(x, signed[h]))
@@ -228,10 +234,13 @@ fn panel<const R: usize, const BITS: usize>(
                         }
                     };
                     for i in 0..R {
-                        let dx = _mm256_set1_ps(acts.d[at[i]]);
+                        // SAFETY: as above.
+                        let dx = _mm256_set1_ps(unsafe { *block(&acts.d, at[i]) });
                         acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i][h]), _mm256_mul_ps(s, dx), acc[i][h]);
                         if !signed_values(BITS) {
-                            acc[i][h] = _mm256_fmadd_ps(b, _mm256_set1_ps(acts.ds[at[i]]), acc[i][h]);
+                            // SAFETY: as above.
+                            let ds = unsafe { *block(&acts.ds, at[i]) };
+                            acc[i][h] = _mm256_fmadd_ps(b, _mm256_set1_ps(ds), acc[i][h]);
                         }
                     }
                 }
@@ -258,6 +267,8 @@ fn panel_k<const R: usize, const BITS: usize>(
     x0: usize,
     fetch: bool,
 ) -> [[__m256; 2]; R] {
+    // Every block the tile reads, checked once: the loop reads them unchecked (`block`).
+    assert!(acts.cover(x0, R, recs.len() / l.bytes * l.groups), "avx2: the activations do not cover the tile");
     let per_sum = per_sum(BITS);
     let signed = signed_scales(BITS);
     let ctrl = [pairs(0, signed), pairs(1, signed)];
@@ -280,7 +291,9 @@ fn panel_k<const R: usize, const BITS: usize>(
             if !sub_blocks(BITS) {
                 let m = scale_pairs::<BITS>(&rec[at_s + 16..], &ctrl);
                 for i in 0..R {
-                    let [s0, s1] = acts.sums[base[i] + g];
+                    // SAFETY: a block of row x0 + i below the records' groups, which `cover`
+                    // checked above; the same below.
+                    let [s0, s1] = unsafe { *block(&acts.sums, base[i] + g) };
                     let sums = _mm256_set1_epi32(i32::from(s0 as u16) | (i32::from(s1 as u16) << 16));
                     for h in 0..2 {
                         offset[i][h] = _mm256_add_epi32(offset[i][h], _mm256_madd_epi16(m[h], sums));
@@ -305,7 +318,9 @@ fn panel_k<const R: usize, const BITS: usize>(
                         scale = [_mm256_and_si256(scale[0], low), _mm256_and_si256(scale[1], low)];
                     }
                     for i in 0..R {
-                        let sum = _mm256_set1_epi32(i32::from(acts.sums[base[i] + g][u / 4] as u16));
+                        // SAFETY: as above.
+                        let sum = unsafe { block(&acts.sums, base[i] + g)[u / 4] };
+                        let sum = _mm256_set1_epi32(i32::from(sum as u16));
                         for h in 0..2 {
                             offset[i][h] = _mm256_add_epi32(offset[i][h], _mm256_madd_epi16(by[h], sum));
                         }
@@ -313,7 +328,8 @@ fn panel_k<const R: usize, const BITS: usize>(
                 }
                 let w = values::<BITS>(l, rec, g, u);
                 for i in 0..R {
-                    let x = x4(&acts.q[base[i] + g], u);
+                    // SAFETY: as above.
+                    let x = x4(unsafe { block(&acts.q, base[i] + g) }, u);
                     for h in 0..2 {
                         let p = _mm256_maddubs_epi16(w[h], x);
                         partial[i][h] = if u.is_multiple_of(per_sum) { p } else { _mm256_add_epi16(partial[i][h], p) };

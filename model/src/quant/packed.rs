@@ -56,6 +56,7 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    #[inline]
     pub fn of(ty: QuantType) -> Self {
         let groups: usize = if ty.is_k() { 8 } else { 2 };
         let values = match ty.bits() {

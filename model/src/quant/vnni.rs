@@ -3,7 +3,9 @@
 //! each row's 4 products into its 32-bit lane, so 8 instructions give the integer dot products of
 //! 16 rows with one 32-value activation block. Per block the integer sums become f32 with the
 //! weights' scale and the activation's: `acc += f32(dot) · (S · d_x) + B · (d_x · Σq_x)`, where
-//! S and B are the block's weight scale and offset (or minimum) per row. A tile is up to `ROWS`
+//! S and B are the block's weight scale and offset (or minimum) per row; where the offset is a
+//! constant o times S (`w = S · (u + o)`), the integer sum starts at o · Σq_x instead and the
+//! second term goes. A tile is up to `ROWS`
 //! activation rows by one panel: the panel's values are unpacked once per block and reused by
 //! every row of the tile.
 //!
@@ -11,16 +13,17 @@
 //! AVX-512 VNNI functions may only run on a CPU that has those instructions. So `run` checks the
 //! features at run time before calling the `#[target_feature]` code, and every load reads from a
 //! slice whose length was checked (`load512`, `load256`, `load128`); the bias's loads and the
-//! output rows' stores are masked to their slices' lengths (`store`). The one other unsafe
-//! statement is an empty `asm!` that pins the order of a tile's products (`panel`): it has no
-//! instructions.
+//! output rows' stores are masked to their slices' lengths (`store`). A tile's activation blocks
+//! are read unchecked (`block`) after `panel` checked once that every block its records cover lies
+//! within the activations. The one other unsafe statement is an empty `asm!` that pins the order
+//! of a tile's products (`panel`): it has no instructions.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::QuantType;
-use super::activation::Activations;
+use super::activation::{Activations, block};
 use super::packed::{GROUP, Layout, PANEL, Part, prefetch_ahead, prefetch_piece};
 
 /// The 32 unsigned values of group g of 16 rows: vector u holds values 4u..4u + 4 of each row.
@@ -125,6 +128,41 @@ pub(crate) fn runs(ty: QuantType) -> bool {
 /// Most activation rows per tile (accumulators held in registers).
 const ROWS: usize = 8;
 
+/// A format as a type: each format's kernel is compiled on its own, its record layout and its
+/// branches constants (one kernel for all took the format's branches and offsets at run time
+/// in every group).
+trait Format {
+    const TY: QuantType;
+    /// Which of the activations' `offset_sums` starts a block's integer sum: the one of the
+    /// format's constant offset (`w = S · (u + o)`); `None` for a format with a minimum per
+    /// block, whose term is added in float.
+    const OFFSET: Option<usize> = offset_of(Self::TY);
+}
+
+/// Where `ty`'s offset is in [`OFFSETS`](super::activation::OFFSETS).
+const fn offset_of(ty: QuantType) -> Option<usize> {
+    match ty {
+        QuantType::Q8_0 | QuantType::Iq4Nl | QuantType::Mxfp4 => Some(0),
+        QuantType::Q5_0 => Some(1),
+        QuantType::Q4_0 => Some(2),
+        _ => None,
+    }
+}
+
+/// The formats the kernel runs ([`runs`]), each as a [`Format`].
+mod format {
+    use super::{Format, QuantType};
+    macro_rules! formats {
+        ($($name:ident)*) => {$(
+            pub(super) struct $name;
+            impl Format for $name {
+                const TY: QuantType = QuantType::$name;
+            }
+        )*};
+    }
+    formats!(Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4K Q5K Q6K Iq4Nl Mxfp4);
+}
+
 /// Outputs of panels `panels` of `part` for activation rows `x_rows`: `out[i]` is the output
 /// row of activation row `x_rows.start + i`, restricted to the panels' columns; `bias` starts at
 /// the first of those columns.
@@ -139,12 +177,20 @@ pub(crate) fn run(
     assert!(available(), "the VNNI kernel needs AVX-512 VNNI");
     assert!(out.len() == x_rows.len() && x_rows.end * acts.groups <= acts.q.len(), "vnni: rows out of range");
     assert!(part.chunks * part.layout.groups <= acts.groups, "vnni: activations shorter than the weights");
-    // SAFETY: `available()` found avx512f, avx512bw and avx512vnni on this CPU.
-    unsafe { run_block(part, panels, acts, x_rows.start, out, bias) }
+    macro_rules! by_format {
+        ($($name:ident)*) => {
+            match part.layout.ty {
+                // SAFETY: `available()` found avx512f, avx512bw and avx512vnni on this CPU.
+                $(QuantType::$name => unsafe { run_block::<format::$name>(part, panels, acts, x_rows.start, out, bias) },)*
+                ty => panic!("vnni: the kernel does not run {ty}"),
+            }
+        };
+    }
+    by_format!(Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4K Q5K Q6K Iq4Nl Mxfp4)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-fn run_block(
+fn run_block<F: Format>(
     part: &Part,
     panels: Range<usize>,
     acts: &Activations,
@@ -152,6 +198,7 @@ fn run_block(
     out: &mut [&mut [f32]],
     bias: Option<&[f32]>,
 ) {
+    assert!(part.layout == Layout::of(F::TY), "vnni: a part's layout is its format's");
     let first = panels.start;
     for p in panels {
         let col = (p - first) * PANEL;
@@ -163,7 +210,7 @@ fn run_block(
             let rows = (out.len() - i).min(ROWS);
             macro_rules! tile {
                 ($r:literal) => {{
-                    let acc = panel::<$r>(&part.layout, recs, acts, x0 + i, i == 0);
+                    let acc = panel::<F, $r>(recs, acts, x0 + i, i == 0);
                     store::<$r>(acc, &mut out[i..i + $r], col, width, bias);
                 }};
             }
@@ -185,7 +232,14 @@ fn run_block(
 /// The 16 outputs of one panel for activation rows `x0..x0 + R`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize, fetch: bool) -> [__m512; R] {
+fn panel<F: Format, const R: usize>(recs: &[u8], acts: &Activations, x0: usize, fetch: bool) -> [__m512; R] {
+    let l = &Layout::of(F::TY);
+    // The tile's activations for every group the records cover, checked here once and read
+    // unchecked below (`block`): checked in the loop, each row's three reads of a group took a
+    // compare and a branch each (the branches on ports the vector instructions use), and the
+    // 8-row loop ran 118 scalar instructions a group beside its 130 vector ones; 58 now.
+    assert!(acts.cover(x0, R, recs.len() / l.bytes * l.groups), "vnni: the activations do not cover the tile");
+    let row = |i: usize| (x0 + i) * acts.groups;
     let mut acc = [_mm512_setzero_ps(); R];
     // With `fetch` (a panel's first tile of rows: later ones find it cached), the records
     // `AHEAD` bytes on (a thread's panels lie one after another, so this runs into the next
@@ -209,11 +263,13 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize,
                 let (b0, b1) = (_mm512_mul_ps(s0, _mm512_set1_ps(-32.0)), _mm512_mul_ps(s1, _mm512_set1_ps(-32.0)));
                 unrolled!(i < R, {
                     let acc = &mut acc[i];
-                    let a = (x0 + i) * acts.groups + gi;
-                    let x = &acts.q[a];
-                    let dx = _mm512_set1_ps(acts.d[a]);
-                    let (d0, d1) = (dot(&w, 0..4, x), dot(&w, 4..8, x));
-                    let [h0, h1] = acts.dsh[a];
+                    let a = row(i) + gi;
+                    // SAFETY: a block of row x0 + i below the records' `covered` groups (gi), which
+                    // `cover` checked above; the same below.
+                    let (x, dx, [h0, h1]) =
+                        unsafe { (block(&acts.q, a), _mm512_set1_ps(*block(&acts.d, a)), *block(&acts.dsh, a)) };
+                    let zero = _mm512_setzero_si512();
+                    let (d0, d1) = (dot(zero, &w, 0..4, x), dot(zero, &w, 4..8, x));
                     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, dx), *acc);
                     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, dx), *acc);
                     *acc = _mm512_fmadd_ps(b0, _mm512_set1_ps(h0), *acc);
@@ -221,8 +277,16 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize,
                 });
             } else {
                 let (s, b) = scales(l, rec, g, dsup, msup);
-                // Each row's integer dot product with the group.
+                // Each row's integer dot product with the group, started (a format with a constant
+                // offset) with the offset times the activations' sum: one FMA a row and group
+                // fewer on the vector ports, for a broadcast that is a load.
                 let mut dots = [_mm512_setzero_si512(); R];
+                if let Some(k) = F::OFFSET {
+                    unrolled!(i < R, {
+                        // SAFETY: as above.
+                        dots[i] = _mm512_set1_epi32(unsafe { block(&acts.offset_sums, row(i) + gi) }[k]);
+                    });
+                }
                 if R >= 4 {
                     // One integer sum a row, the rows' products interleaved value vector by value
                     // vector: each product waits on its row's last, R products apart, so
@@ -230,9 +294,10 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize,
                     // chains of four a row), the out-of-order window had to hold several rows'
                     // chains to keep both vector ports busy: 6-8% slower at 512 rows in
                     // quant_bench, and 9% slower a 512-token prefill of a 1.5B model.
-                    let mut xs = [&acts.q[0]; R];
+                    let mut xs: [&[i8; GROUP]; R] = [&[0; GROUP]; R];
                     unrolled!(i < R, {
-                        xs[i] = &acts.q[(x0 + i) * acts.groups + gi];
+                        // SAFETY: as above.
+                        xs[i] = unsafe { block(&acts.q, row(i) + gi) };
                     });
                     unrolled!(u < 8, {
                         unrolled!(i < R, {
@@ -251,16 +316,22 @@ fn panel<const R: usize>(l: &Layout, recs: &[u8], acts: &Activations, x0: usize,
                     // A few rows: two chains of four products a row, not one of eight, each
                     // waiting on the last.
                     unrolled!(i < R, {
-                        let x = &acts.q[(x0 + i) * acts.groups + gi];
-                        dots[i] = _mm512_add_epi32(dot(&w, 0..4, x), dot(&w, 4..8, x));
+                        // SAFETY: as above.
+                        let x = unsafe { block(&acts.q, row(i) + gi) };
+                        dots[i] = _mm512_add_epi32(dot(dots[i], &w, 0..4, x), dot(_mm512_setzero_si512(), &w, 4..8, x));
                     });
                 }
                 unrolled!(i < R, {
-                    let a = (x0 + i) * acts.groups + gi;
+                    let a = row(i) + gi;
+                    // SAFETY: as above.
+                    let d = unsafe { *block(&acts.d, a) };
                     let acc = &mut acc[i];
-                    *acc =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[i]), _mm512_mul_ps(s, _mm512_set1_ps(acts.d[a])), *acc);
-                    *acc = _mm512_fmadd_ps(b, _mm512_set1_ps(acts.ds[a]), *acc);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[i]), _mm512_mul_ps(s, _mm512_set1_ps(d)), *acc);
+                    if F::OFFSET.is_none() {
+                        // SAFETY: as above.
+                        let ds = unsafe { *block(&acts.ds, a) };
+                        *acc = _mm512_fmadd_ps(b, _mm512_set1_ps(ds), *acc);
+                    }
                 });
             }
         }
@@ -275,11 +346,11 @@ fn x4(x: &[i8; GROUP], u: usize) -> __m512i {
     _mm512_set1_epi32(i32::from_le_bytes([x[4 * u] as u8, x[4 * u + 1] as u8, x[4 * u + 2] as u8, x[4 * u + 3] as u8]))
 }
 
-/// Σ over vectors `us` of the weights times the activations, per row.
+/// `init` + Σ over vectors `us` of the weights times the activations, per row.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-fn dot(w: &[__m512i; 8], us: Range<usize>, x: &[i8; GROUP]) -> __m512i {
-    let mut d = _mm512_setzero_si512();
+fn dot(init: __m512i, w: &[__m512i; 8], us: Range<usize>, x: &[i8; GROUP]) -> __m512i {
+    let mut d = init;
     for u in us {
         d = _mm512_dpbusd_epi32(d, w[u], x4(x, u));
     }
@@ -298,7 +369,8 @@ fn super_scales(l: &Layout, rec: &[u8]) -> (__m512, __m512) {
     }
 }
 
-/// Group g's weight scale S and offset B per row: `w = S · q + B`.
+/// Group g's weight scale S and minimum B per row: `w = S · q + B` (Q4_1, Q5_1, Q4_K, Q5_K). A
+/// format with a constant offset gets B = 0: its offset starts the integer sum (`Format::OFFSET`).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn scales(l: &Layout, rec: &[u8], g: usize, dsup: __m512, msup: __m512) -> (__m512, __m512) {
@@ -311,13 +383,8 @@ fn scales(l: &Layout, rec: &[u8], g: usize, dsup: __m512, msup: __m512) -> (__m5
             (s, _mm512_sub_ps(_mm512_setzero_ps(), m))
         }
         ty => {
-            let offset = match ty {
-                QuantType::Q8_0 | QuantType::Iq4Nl | QuantType::Mxfp4 => -128.0,
-                QuantType::Q4_0 => -8.0,
-                _ => -16.0, // Q5_0
-            };
             let d = if ty == QuantType::Mxfp4 { e8m0_half(&rec[at..]) } else { f16_to_f32(&rec[at..]) };
-            (d, _mm512_mul_ps(d, _mm512_set1_ps(offset)))
+            (d, _mm512_setzero_ps())
         }
     }
 }
