@@ -923,6 +923,66 @@ fn an_importance_matrix_weights_the_matrices_quantized_at_load() {
     assert!(err.contains("junk.imatrix") && err.contains("imatrix"), "{err}");
 }
 
+/// An importance matrix made on a file with one tensor per expert names each expert's matrix
+/// (`blk.0.ffn_up.3.weight`: llama.cpp's llama-imatrix did so before it stacked the experts). Its
+/// entries weight the experts of an old Mixtral file (read stacked) as the same values under the
+/// stacked names do, an expert without an entry (no calibration token reached it) as ones, and
+/// the logits differ from those quantized without it.
+#[test]
+fn an_importance_matrix_of_one_expert_at_a_time_weights_the_stacked_experts() {
+    let c = ModelConfig::from_dir(&fixture_dir("tiny-mixtral-f32")).unwrap();
+    let experts = c.moe.as_ref().unwrap().experts;
+    let matrices = [("ffn_gate", c.hidden_size), ("ffn_up", c.hidden_size), ("ffn_down", c.intermediate_size)];
+    // Importances per layer, matrix and expert: varied, and none for layer 1's expert 5.
+    let values = |l: usize, m: usize, e: usize, k: usize| -> Option<Vec<f32>> {
+        let reached = (l, e) != (1, 5);
+        reached.then(|| (0..k).map(|i| 0.5 + ((i * 7 + e * 13 + m * 5 + l * 3) % 11) as f32).collect())
+    };
+    // llama.cpp's `.dat` format: entries, then per entry its name, its calls and its values.
+    let dat = |entries: &[(String, Vec<f32>)]| -> Vec<u8> {
+        let mut b = (entries.len() as i32).to_le_bytes().to_vec();
+        for (name, values) in entries {
+            b.extend((name.len() as i32).to_le_bytes());
+            b.extend(name.as_bytes());
+            b.extend(1i32.to_le_bytes());
+            b.extend((values.len() as i32).to_le_bytes());
+            values.iter().for_each(|v| b.extend(v.to_le_bytes()));
+        }
+        b
+    };
+    let (mut one_at_a_time, mut stacked) = (Vec::new(), Vec::new());
+    for l in 0..c.num_hidden_layers {
+        for (m, &(stem, k)) in matrices.iter().enumerate() {
+            let mut all = Vec::new();
+            for e in 0..experts {
+                let v = values(l, m, e, k);
+                all.extend(v.clone().unwrap_or_else(|| vec![1.0; k]));
+                one_at_a_time.extend(v.map(|v| (format!("blk.{l}.{stem}.{e}.weight"), v)));
+            }
+            stacked.push((format!("blk.{l}.{stem}_exps.weight"), all));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (split_path, stacked_path) = (dir.path().join("split.imatrix"), dir.path().join("stacked.imatrix"));
+    std::fs::write(&split_path, dat(&one_at_a_time)).unwrap();
+    std::fs::write(&stacked_path, dat(&stacked)).unwrap();
+
+    let run = |imatrix: Option<&std::path::Path>| -> Vec<f32> {
+        let opts = LoadOptions {
+            weight_dtype: "q4_0".parse().unwrap(),
+            imatrix: imatrix.map(Into::into),
+            ..Default::default()
+        };
+        let model = load_model(None, Some(&gguf("tiny-mixtral-split-q8_0")), &opts, &Device::flex()).unwrap();
+        let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
+        ctx.decode(&one_sequence(&[1, 2, 3, 4, 5, 6, 7, 8], 0, 0)).unwrap();
+        ctx.outputs().row(0).unwrap().to_vec()
+    };
+    let weighted = run(Some(&split_path));
+    assert!(weighted == run(Some(&stacked_path)), "one expert at a time and stacked, other logits");
+    assert!(weighted != run(None), "the experts' importances changed nothing");
+}
+
 fn load_error(path: &std::path::Path) -> String {
     let source = ModelSource::resolve(path);
     let result = source.and_then(|s| load_model(None, Some(&s), &LoadOptions::default(), &Device::flex()).map(|_| ()));

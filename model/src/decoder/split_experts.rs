@@ -21,6 +21,13 @@ use crate::tensors::{Naming, Stored, TensorSource};
 const MATRICES: [(Slot, &str); 3] =
     [(Slot::ExpertGate, "ffn_gate"), (Slot::ExpertUp, "ffn_up"), (Slot::ExpertDown, "ffn_down")];
 
+/// Expert e's matrix `slot` of layer l as a file with one tensor per expert names it
+/// (`blk.{l}.ffn_gate.{e}.weight`); `None` for a slot that is not an expert's matrix.
+pub fn expert_tensor(slot: Slot, l: usize, e: usize) -> Option<String> {
+    let (_, stem) = MATRICES.iter().find(|(s, _)| *s == slot)?;
+    Some(format!("blk.{l}.{stem}.{e}.weight"))
+}
+
 /// The file with its per-expert tensors stacked (see the module's note).
 pub struct SplitExperts {
     inner: Box<dyn TensorSource>,
@@ -39,9 +46,9 @@ impl SplitExperts {
         let names = inner.names();
         let mut stacks = BTreeMap::new();
         for l in 0..c.num_hidden_layers {
-            for (slot, stem) in MATRICES {
+            for (slot, _) in MATRICES {
                 let stacked = name_of(slot, Some(l), Naming::Gguf);
-                let parts: Vec<String> = (0..experts).map(|e| format!("blk.{l}.{stem}.{e}.weight")).collect();
+                let parts: Vec<String> = (0..experts).filter_map(|e| expert_tensor(slot, l, e)).collect();
                 if names.contains(stacked.as_str()) || !parts.iter().any(|p| names.contains(p.as_str())) {
                     continue;
                 }

@@ -3,10 +3,13 @@
 //! q/k norms, dense or mixture-of-experts feed-forwards), the expected shape of each, and their
 //! loading and validation.
 
+use std::borrow::Cow;
+use std::collections::BTreeSet;
 use std::ops::Range;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 
+use super::split_experts;
 use crate::config::{Activation, ModelConfig};
 use crate::error::LoadError;
 use crate::layers::{DeltaNet, Expert, ExpertStacks, Linear, Moe, RmsNorm, Sinks, Weight, linear};
@@ -401,6 +404,22 @@ pub fn slot_of(c: &ModelConfig, name: &str) -> Option<(Slot, Option<usize>)> {
         .flat_map(|naming| expected(c, naming))
         .find(|(n, _, _)| n == name)
         .map(|(_, s, l)| (s, l))
+}
+
+/// The entries of `imatrix` that name no matrix of a model of config `c` (as a GGUF file names
+/// them, its experts stacked or one tensor each), in order: reported at load rather than
+/// silently unused.
+fn unmatched<'a>(c: &ModelConfig, imatrix: &'a Imatrix) -> Vec<&'a str> {
+    let mut known: BTreeSet<String> = expected(c, Naming::Gguf).into_iter().map(|(name, _, _)| name).collect();
+    let experts = c.moe.as_ref().map_or(0, |m| m.experts);
+    for l in (0..c.num_hidden_layers).filter(|&l| c.is_moe_layer(l)) {
+        for slot in [Slot::ExpertGate, Slot::ExpertUp, Slot::ExpertDown] {
+            known.extend((0..experts).filter_map(|e| split_experts::expert_tensor(slot, l, e)));
+        }
+    }
+    let mut unmatched: Vec<&str> = imatrix.names().filter(|n| !known.contains(*n)).collect();
+    unmatched.sort_unstable();
+    unmatched
 }
 
 /// Checks every slot before anything is loaded: present, no strangers, shape and type right.
@@ -836,6 +855,15 @@ impl Weights {
         };
         // An importance matrix names matrices as GGUF files do, whatever the source's naming.
         let importance = |slot: Slot, l: Option<usize>| imatrix.and_then(|m| m.get(&name_of(slot, l, Naming::Gguf)));
+        // The importances of layer l's experts' matrix `slot`, one expert after another: the
+        // stacked matrix's, or each expert's (a matrix made on a file with one tensor per expert).
+        let expert_importance = |slot: Slot, l: usize, experts: usize| -> Option<Cow<'_, [f32]>> {
+            if let Some(all) = importance(slot, Some(l)) {
+                return Some(Cow::Borrowed(all));
+            }
+            let name = |e: usize| split_experts::expert_tensor(slot, l, e).unwrap_or_default();
+            imatrix?.per_expert(name, experts).map(Cow::Owned)
+        };
         let named = |name: &str, slot: Slot, l: Option<usize>, importance: Option<&[f32]>| {
             load_matrix(src, name, storage(name, slot, l)?, importance, device)
         };
@@ -927,7 +955,8 @@ impl Weights {
                                 match naming {
                                     Naming::Hf => {
                                         // The importances of all the experts, one after another.
-                                        let all = importance(slot, Some(l));
+                                        let all = expert_importance(slot, l, m.experts);
+                                        let all = all.as_deref();
                                         let per = all.map_or(0, |a| a.len() / m.experts);
                                         let of = |e: usize| {
                                             all.map(|a| {
@@ -941,7 +970,8 @@ impl Weights {
                                     Naming::Gguf => {
                                         let name = name_of(slot, Some(l), naming);
                                         let storage = storage(&name, slot, Some(l))?;
-                                        load_experts(src, &name, storage, importance(slot, Some(l)), device)
+                                        let all = expert_importance(slot, l, m.experts);
+                                        load_experts(src, &name, storage, all.as_deref(), device)
                                     }
                                 }
                             };
@@ -1027,12 +1057,21 @@ impl Weights {
                 })
             })
             .collect::<Result<Vec<_>, LoadError>>()?;
-        Ok(Self {
+        let weights = Self {
             embed: mat(Slot::InEmbed, None)?,
             norm: norm(Slot::OutNorm, None)?,
             lm_head: (!c.tie_word_embeddings).then(|| mat(Slot::OutEmbed, None)).transpose()?,
             layers,
-        })
+        };
+        if let Some(unmatched) = imatrix.map(|m| unmatched(c, m)).filter(|u| !u.is_empty()) {
+            tracing::warn!(
+                unmatched = unmatched.len(),
+                entries = imatrix.map_or(0, Imatrix::len),
+                first = %unmatched.iter().take(4).copied().collect::<Vec<_>>().join(", "),
+                "importance-matrix entries that name no matrix of this model, unused (was it made for another model?)"
+            );
+        }
+        Ok(weights)
     }
 
     /// Every matrix.
@@ -1236,6 +1275,37 @@ mod tests {
         let mut sorted = rotary_order(32, 8);
         sorted.sort();
         assert_eq!(sorted, (0..32).collect::<Vec<_>>(), "a permutation");
+    }
+
+    /// An importance matrix's entries that name no matrix of the model are the ones reported:
+    /// names of stacked experts and of experts one tensor each are the model's, another
+    /// layer's or matrix's are not.
+    #[test]
+    fn the_importance_entries_reported_unused_are_those_naming_no_matrix() {
+        let c = config("mixtral", r#","num_local_experts":4,"num_experts_per_tok":2"#);
+        let names = [
+            "blk.0.attn_q.weight",
+            "blk.1.ffn_up_exps.weight",
+            "blk.1.ffn_down.3.weight",
+            "blk.1.ffn_down.4.weight",
+            "blk.24.attn_q.weight",
+            "blk.0.attn_qkv.weight",
+        ];
+        let mut dat = (names.len() as i32).to_le_bytes().to_vec();
+        for name in names {
+            dat.extend((name.len() as i32).to_le_bytes());
+            dat.extend(name.as_bytes());
+            dat.extend([1, 0, 0, 0, 1, 0, 0, 0]);
+            dat.extend(1f32.to_le_bytes());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("imatrix.dat");
+        std::fs::write(&path, dat).unwrap();
+        let imatrix = Imatrix::open(&path).unwrap();
+        assert_eq!(
+            unmatched(&c, &imatrix),
+            ["blk.0.attn_qkv.weight", "blk.1.ffn_down.4.weight", "blk.24.attn_q.weight"]
+        );
     }
 
     fn config(model_type: &str, extra: &str) -> ModelConfig {

@@ -62,6 +62,22 @@ impl Imatrix {
     pub fn get(&self, name: &str) -> Option<&[f32]> {
         self.entries.get(name).map(Vec::as_slice)
     }
+
+    /// The names of the matrices it has importances for.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// The importances of one matrix of `experts` experts, one expert after another, from entries
+    /// made an expert at a time (`name(e)` expert e's: llama.cpp named them so on a file with one
+    /// tensor per expert, before it stacked them), ones for an expert without an entry (no
+    /// calibration token reached it; llama.cpp takes an expert without counts so). `None` where
+    /// it has an entry for none of them.
+    pub fn per_expert(&self, name: impl Fn(usize) -> String, experts: usize) -> Option<Vec<f32>> {
+        let each: Vec<Option<&[f32]>> = (0..experts).map(|e| self.get(&name(e))).collect();
+        let k = each.iter().flatten().next()?.len();
+        Some(each.into_iter().flat_map(|v| v.map_or_else(|| vec![1.0; k], <[f32]>::to_vec)).collect())
+    }
 }
 
 /// GGUF: `NAME.in_sum2` divided by `NAME.counts`, each expert's run of sums by its count (a
@@ -169,5 +185,17 @@ mod tests {
             assert!(from_dat(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         assert!(from_dat(&dat(&[("x", 1, &[])])).is_err());
+    }
+
+    #[test]
+    fn experts_made_one_at_a_time_read_one_after_another_with_ones_for_an_expert_never_reached() {
+        let bytes = dat(&[("blk.0.ffn_up.0.weight", 1, &[2.0, 3.0]), ("blk.0.ffn_up.2.weight", 2, &[8.0, 6.0])]);
+        let m = Imatrix { path: "x.dat".into(), entries: from_dat(&bytes).unwrap() };
+        let name = |e: usize| format!("blk.0.ffn_up.{e}.weight");
+        assert_eq!(m.per_expert(name, 3).unwrap(), [2.0, 3.0, 1.0, 1.0, 4.0, 3.0]);
+        assert_eq!(m.per_expert(|e| format!("blk.1.ffn_up.{e}.weight"), 3), None);
+        let mut names: Vec<&str> = m.names().collect();
+        names.sort();
+        assert_eq!(names, ["blk.0.ffn_up.0.weight", "blk.0.ffn_up.2.weight"]);
     }
 }
