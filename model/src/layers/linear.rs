@@ -686,6 +686,7 @@ pub fn stack(weights: Vec<Weight>) -> Weight {
         };
     }
     let parts = weights.iter().map(|w| match w.matrix() {
+        // The parts share their bytes with `p`: nothing is copied.
         Matrix::Packed(p) => PackedMatrix::clone(p),
         Matrix::Dense(t) => quantize_dense(t.clone(), FALLBACK_QUANT),
         Matrix::Blocks(..) | Matrix::DenseParts(_) => unreachable!("a GPU's matrices were stacked above"),
