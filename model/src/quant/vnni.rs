@@ -21,6 +21,7 @@
 
 use std::arch::x86_64::*;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use super::QuantType;
 use super::activation::{Activations, block};
@@ -116,6 +117,22 @@ pub fn available() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Whether this CPU runs each 512-bit instruction as two 256-bit halves: AMD's Zen 4 (family 25
+/// with AVX-512 VNNI; Zen 5, family 26, has whole 512-bit data paths, and Intel's cores too).
+/// There a one-row product in Q6_K, whose unpacking takes most of this kernel's instructions
+/// when no other row shares it, runs faster on the AVX2 kernel (`matmul::product_kernel`).
+pub(crate) fn halves_512() -> bool {
+    static ZEN4: OnceLock<bool> = OnceLock::new();
+    *ZEN4.get_or_init(|| {
+        // Leaves 0 and 1 (vendor, family) exist on every x86-64 CPU.
+        let (vendor, version) = (__cpuid(0), __cpuid(1));
+        // "AuthenticAMD", in the order CPUID returns it: ebx, edx, ecx.
+        let amd = [vendor.ebx, vendor.edx, vendor.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163];
+        let family = ((version.eax >> 8) & 0xf) + ((version.eax >> 20) & 0xff);
+        amd && family == 25 && available() && super::avx2::available()
+    })
 }
 
 /// Whether the kernel runs parts in `ty`: Q2_K and Q3_K go to the AVX2 kernel (every CPU with

@@ -267,3 +267,26 @@ fn quantized_f32_weights_multiply_close_to_the_originals() {
     assert!(PackedMatrix::quantize(QuantType::Q4K, n, k, &w).is_err());
     assert!(PackedMatrix::quantize(QuantType::Q8_0, n, 100, &test_values(n * 100, 1)).is_err());
 }
+
+/// The VNNI kernel keeps every product but one-row products all in Q6_K, which go to the AVX2
+/// kernel where 512-bit instructions run as two halves (Zen 4); any other kernel asked for is
+/// the one that runs.
+#[test]
+fn only_one_row_q6_k_products_leave_the_vnni_kernel_and_only_on_a_zen_4() {
+    let (k, n) = (256, 32);
+    let q6 = PackedMatrix::from_ggml(QuantType::Q6K, n, k, &random_blocks(QuantType::Q6K, n, k, 1)).unwrap();
+    let q4 = PackedMatrix::from_ggml(QuantType::Q4K, n, k, &random_blocks(QuantType::Q4K, n, k, 2)).unwrap();
+    let mixed = PackedMatrix::stack(vec![q4.clone(), q6.clone()]).unwrap();
+    let x = test_values(4 * k, 3);
+    fn product<'a>(x: &'a [f32], w: &'a PackedMatrix, m: usize) -> Product<'a> {
+        Product { x: &x[..m * w.k()], m, w, bias: None }
+    }
+    let halves = vnni::halves_512();
+    assert_eq!(product_kernel(Kernel::Vnni, &product(&x, &q6, 1)), if halves { Kernel::Avx2 } else { Kernel::Vnni });
+    for (w, m) in [(&q6, 2), (&q6, 4), (&q4, 1), (&mixed, 1)] {
+        assert_eq!(product_kernel(Kernel::Vnni, &product(&x, w, m)), Kernel::Vnni, "{w:?}, {m} rows");
+    }
+    for kernel in [Kernel::Avx2, Kernel::Portable] {
+        assert_eq!(product_kernel(kernel, &product(&x, &q6, 1)), kernel);
+    }
+}
