@@ -492,7 +492,7 @@ impl LinearWeight for Packed {
     }
 
     fn forward(&self, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
-        packed_call(self.kernel).count();
+        packed_call(self.kernel.for_product(&self.w, x.dims()[0])).count();
         kernels::quantized_linear(&x, &self.w, self.kernel, bias)
     }
 
@@ -557,8 +557,8 @@ pub fn packed_products(products: &[(&Linear, &[f32])]) -> Option<Vec<Vec<f32>>> 
             _ => None,
         })
         .collect::<Option<_>>()?;
-    for _ in &products {
-        packed_call(kernel).count();
+    for p in &products {
+        packed_call(kernel.for_product(p.w, p.m)).count();
     }
     Some(quant::matmul_each(kernel, &products))
 }

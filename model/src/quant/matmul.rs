@@ -42,6 +42,21 @@ impl Kernel {
             Self::Portable => true,
         }
     }
+
+    /// The kernel that runs a product of `m` rows by `w` where this one is asked for: itself,
+    /// but for a one-row product (batch-1 decode) all in Q6_K (a Q4_K_M file's output head and
+    /// its Q6_K down projections) on a CPU that runs 512-bit instructions as two halves (Zen 4),
+    /// which streams from memory faster on the AVX2 kernel: 35.6 against 28.1 GB/s for a
+    /// 151,936 × 1,536 head (quant_bench, 2 threads, medians of 4 interleaved runs; at 2 rows
+    /// 33.8 against 32.0, at 4 the VNNI kernel leads, 26.4 against 22.8). (The VNNI kernel also
+    /// hands the parts in Q2_K and Q3_K to the AVX2 one; such products count as its own.)
+    pub fn for_product(self, w: &PackedMatrix, m: usize) -> Self {
+        let q6k = w.parts.iter().all(|part| part.layout.ty == QuantType::Q6K);
+        match self {
+            Self::Vnni if m == 1 && q6k && vnni::halves_512() => Self::Avx2,
+            kernel => kernel,
+        }
+    }
 }
 
 /// Blocks per thread: enough for the pool to balance uneven progress.
@@ -87,7 +102,7 @@ pub fn matmul_each(kernel: Kernel, products: &[Product<'_>]) -> Vec<Vec<f32>> {
         assert!(bias.is_none_or(|b| b.len() == w.rows()), "quantized x·Wᵀ: bias size does not match the outputs");
     }
     let mut outs: Vec<Vec<f32>> = products.iter().map(|p| vec![0.0f32; p.m * p.w.rows()]).collect();
-    let kernels: Vec<Kernel> = products.iter().map(|p| product_kernel(kernel, p)).collect();
+    let kernels: Vec<Kernel> = products.iter().map(|p| kernel.for_product(p.w, p.m)).collect();
     // Each product's activations, quantized once for the products that share an input and a
     // quantization (a decode step's experts all read the same row into their gate/up products).
     let mut quantized: Vec<Quantized<'_>> = Vec::new();
@@ -134,20 +149,6 @@ pub fn matmul_each(kernel: Kernel, products: &[Product<'_>]) -> Vec<Vec<f32>> {
         }
     });
     outs
-}
-
-/// The kernel that runs `p` where `kernel` was asked for: itself, but for a one-row product
-/// (batch-1 decode) all in Q6_K (a Q4_K_M file's output head and its Q6_K down projections)
-/// on a CPU that runs 512-bit instructions as two halves (Zen 4), which streams from memory
-/// faster on the AVX2 kernel: 35.6 against 28.1 GB/s for a 151,936 × 1,536 head (quant_bench,
-/// 2 threads, medians of 4 interleaved runs; at 2 rows 33.8 against 32.0, at 4 the VNNI kernel
-/// leads, 26.4 against 22.8).
-fn product_kernel(kernel: Kernel, p: &Product<'_>) -> Kernel {
-    let q6k = p.w.parts.iter().all(|part| part.layout.ty == QuantType::Q6K);
-    match kernel {
-        Kernel::Vnni if p.m == 1 && q6k && vnni::halves_512() => Kernel::Avx2,
-        kernel => kernel,
-    }
 }
 
 /// One input's activations as [`matmul_each`] quantized them, with what they were quantized for.

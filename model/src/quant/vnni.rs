@@ -122,7 +122,7 @@ pub fn available() -> bool {
 /// Whether this CPU runs each 512-bit instruction as two 256-bit halves: AMD's Zen 4 (family 25
 /// with AVX-512 VNNI; Zen 5, family 26, has whole 512-bit data paths, and Intel's cores too).
 /// There a one-row product in Q6_K, whose unpacking takes most of this kernel's instructions
-/// when no other row shares it, runs faster on the AVX2 kernel (`matmul::product_kernel`).
+/// when no other row shares it, runs faster on the AVX2 kernel (`Kernel::for_product`).
 pub(crate) fn halves_512() -> bool {
     static ZEN4: OnceLock<bool> = OnceLock::new();
     *ZEN4.get_or_init(|| {

@@ -277,16 +277,12 @@ fn only_one_row_q6_k_products_leave_the_vnni_kernel_and_only_on_a_zen_4() {
     let q6 = PackedMatrix::from_ggml(QuantType::Q6K, n, k, &random_blocks(QuantType::Q6K, n, k, 1)).unwrap();
     let q4 = PackedMatrix::from_ggml(QuantType::Q4K, n, k, &random_blocks(QuantType::Q4K, n, k, 2)).unwrap();
     let mixed = PackedMatrix::stack(vec![q4.clone(), q6.clone()]).unwrap();
-    let x = test_values(4 * k, 3);
-    fn product<'a>(x: &'a [f32], w: &'a PackedMatrix, m: usize) -> Product<'a> {
-        Product { x: &x[..m * w.k()], m, w, bias: None }
-    }
     let halves = vnni::halves_512();
-    assert_eq!(product_kernel(Kernel::Vnni, &product(&x, &q6, 1)), if halves { Kernel::Avx2 } else { Kernel::Vnni });
+    assert_eq!(Kernel::Vnni.for_product(&q6, 1), if halves { Kernel::Avx2 } else { Kernel::Vnni });
     for (w, m) in [(&q6, 2), (&q6, 4), (&q4, 1), (&mixed, 1)] {
-        assert_eq!(product_kernel(Kernel::Vnni, &product(&x, w, m)), Kernel::Vnni, "{w:?}, {m} rows");
+        assert_eq!(Kernel::Vnni.for_product(w, m), Kernel::Vnni, "{w:?}, {m} rows");
     }
     for kernel in [Kernel::Avx2, Kernel::Portable] {
-        assert_eq!(product_kernel(kernel, &product(&x, &q6, 1)), kernel);
+        assert_eq!(kernel.for_product(&q6, 1), kernel);
     }
 }
