@@ -15,7 +15,7 @@ use llaisys_model::{
     WeightDtype, load_model,
 };
 use llaisys_tests::{
-    PromptRef, Reference, fixture_dir, gguf_family_references, gguf_fixture, gguf_references, max_abs_diff,
+    PromptRef, Reference, fixture_dir, gguf_family_references, gguf_fixture, gguf_references, imatrix_dat, max_abs_diff,
 };
 
 fn context(source: &ModelSource, weight_dtype: WeightDtype) -> Context {
@@ -938,18 +938,6 @@ fn an_importance_matrix_of_one_expert_at_a_time_weights_the_stacked_experts() {
         let reached = (l, e) != (1, 5);
         reached.then(|| (0..k).map(|i| 0.5 + ((i * 7 + e * 13 + m * 5 + l * 3) % 11) as f32).collect())
     };
-    // llama.cpp's `.dat` format: entries, then per entry its name, its calls and its values.
-    let dat = |entries: &[(String, Vec<f32>)]| -> Vec<u8> {
-        let mut b = (entries.len() as i32).to_le_bytes().to_vec();
-        for (name, values) in entries {
-            b.extend((name.len() as i32).to_le_bytes());
-            b.extend(name.as_bytes());
-            b.extend(1i32.to_le_bytes());
-            b.extend((values.len() as i32).to_le_bytes());
-            values.iter().for_each(|v| b.extend(v.to_le_bytes()));
-        }
-        b
-    };
     let (mut one_at_a_time, mut stacked) = (Vec::new(), Vec::new());
     for l in 0..c.num_hidden_layers {
         for (m, &(stem, k)) in matrices.iter().enumerate() {
@@ -957,15 +945,15 @@ fn an_importance_matrix_of_one_expert_at_a_time_weights_the_stacked_experts() {
             for e in 0..experts {
                 let v = values(l, m, e, k);
                 all.extend(v.clone().unwrap_or_else(|| vec![1.0; k]));
-                one_at_a_time.extend(v.map(|v| (format!("blk.{l}.{stem}.{e}.weight"), v)));
+                one_at_a_time.extend(v.map(|v| (format!("blk.{l}.{stem}.{e}.weight"), 1, v)));
             }
-            stacked.push((format!("blk.{l}.{stem}_exps.weight"), all));
+            stacked.push((format!("blk.{l}.{stem}_exps.weight"), 1, all));
         }
     }
     let dir = tempfile::tempdir().unwrap();
     let (split_path, stacked_path) = (dir.path().join("split.imatrix"), dir.path().join("stacked.imatrix"));
-    std::fs::write(&split_path, dat(&one_at_a_time)).unwrap();
-    std::fs::write(&stacked_path, dat(&stacked)).unwrap();
+    std::fs::write(&split_path, imatrix_dat(&one_at_a_time)).unwrap();
+    std::fs::write(&stacked_path, imatrix_dat(&stacked)).unwrap();
 
     let run = |imatrix: Option<&std::path::Path>| -> Vec<f32> {
         let opts = LoadOptions {

@@ -200,6 +200,22 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
+/// An importance matrix in llama.cpp's older `.dat` format (what `llama-imatrix` wrote before
+/// GGUF): a count of entries, then per entry its name, its number of calls and its values, as
+/// little-endian `i32` lengths and `f32` values.
+pub fn imatrix_dat<N: AsRef<str>, V: AsRef<[f32]>>(entries: &[(N, i32, V)]) -> Vec<u8> {
+    let mut b = (entries.len() as i32).to_le_bytes().to_vec();
+    for (name, calls, values) in entries {
+        let (name, values) = (name.as_ref(), values.as_ref());
+        b.extend((name.len() as i32).to_le_bytes());
+        b.extend(name.as_bytes());
+        b.extend(calls.to_le_bytes());
+        b.extend((values.len() as i32).to_le_bytes());
+        values.iter().for_each(|v| b.extend(v.to_le_bytes()));
+    }
+    b
+}
+
 /// A GGUF fixture (`fixtures/gguf/NAME.gguf`, made by `scripts/make_gguf_fixtures.py`).
 pub fn gguf_fixture(name: &str) -> PathBuf {
     fixture_dir("gguf").join(format!("{name}.gguf"))

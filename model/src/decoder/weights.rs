@@ -1291,16 +1291,9 @@ mod tests {
             "blk.24.attn_q.weight",
             "blk.0.attn_qkv.weight",
         ];
-        let mut dat = (names.len() as i32).to_le_bytes().to_vec();
-        for name in names {
-            dat.extend((name.len() as i32).to_le_bytes());
-            dat.extend(name.as_bytes());
-            dat.extend([1, 0, 0, 0, 1, 0, 0, 0]);
-            dat.extend(1f32.to_le_bytes());
-        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("imatrix.dat");
-        std::fs::write(&path, dat).unwrap();
+        std::fs::write(&path, llaisys_tests::imatrix_dat(&names.map(|n| (n, 1, [1.0])))).unwrap();
         let imatrix = Imatrix::open(&path).unwrap();
         assert_eq!(
             unmatched(&c, &imatrix),

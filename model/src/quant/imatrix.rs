@@ -161,35 +161,25 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use llaisys_tests::imatrix_dat as dat;
 
-    fn dat(entries: &[(&str, i32, &[f32])]) -> Vec<u8> {
-        let mut b = (entries.len() as i32).to_le_bytes().to_vec();
-        for (name, calls, values) in entries {
-            b.extend((name.len() as i32).to_le_bytes());
-            b.extend(name.as_bytes());
-            b.extend(calls.to_le_bytes());
-            b.extend((values.len() as i32).to_le_bytes());
-            values.iter().for_each(|v| b.extend(v.to_le_bytes()));
-        }
-        b
-    }
+    use super::*;
 
     #[test]
     fn dat_files_divide_by_their_calls_and_truncation_is_an_error() {
-        let bytes = dat(&[("blk.0.attn_q.weight", 4, &[4.0, 8.0]), ("blk.0.ffn_down.weight", 0, &[3.0])]);
+        let bytes = dat::<_, &[f32]>(&[("blk.0.attn_q.weight", 4, &[4.0, 8.0]), ("blk.0.ffn_down.weight", 0, &[3.0])]);
         let m = from_dat(&bytes).unwrap();
         assert_eq!(m["blk.0.attn_q.weight"], [1.0, 2.0]);
         assert_eq!(m["blk.0.ffn_down.weight"], [3.0]);
         for cut in 0..bytes.len() {
             assert!(from_dat(&bytes[..cut]).is_err(), "cut at {cut}");
         }
-        assert!(from_dat(&dat(&[("x", 1, &[])])).is_err());
+        assert!(from_dat(&dat::<_, &[f32]>(&[("x", 1, &[])])).is_err());
     }
 
     #[test]
     fn experts_made_one_at_a_time_read_one_after_another_with_ones_for_an_expert_never_reached() {
-        let bytes = dat(&[("blk.0.ffn_up.0.weight", 1, &[2.0, 3.0]), ("blk.0.ffn_up.2.weight", 2, &[8.0, 6.0])]);
+        let bytes = dat(&[("blk.0.ffn_up.0.weight", 1, [2.0, 3.0]), ("blk.0.ffn_up.2.weight", 2, [8.0, 6.0])]);
         let m = Imatrix { path: "x.dat".into(), entries: from_dat(&bytes).unwrap() };
         let name = |e: usize| format!("blk.0.ffn_up.{e}.weight");
         assert_eq!(m.per_expert(name, 3).unwrap(), [2.0, 3.0, 1.0, 1.0, 4.0, 3.0]);
