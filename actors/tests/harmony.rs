@@ -2,13 +2,15 @@
 //! format's special tokens, and gpt-oss's chat template): split by channel as they stream into
 //! reasoning, answer and tool calls (the recipient before or after the channel), stop strings
 //! cutting the answer only; a chat's prompt ends at the assistant's header, a constrained one
-//! opens the final channel; `tool_choice: required` is refused; an output not in the format is
-//! answer text, not lost.
+//! opens the final channel; `tool_choice: required` or a named tool makes the turn one call,
+//! held to the format and the tool's schema; an output not in the format is answer text, not lost.
 
-use llaisys_actors::request::{HarmonyParsing, HarmonyTags, TextStream, ToolCallDelta, ToolCallOut, ToolParsing};
+use llaisys_actors::request::{
+    FinishReason, HarmonyParsing, HarmonyTags, TextStream, ToolCallDelta, ToolCallOut, ToolParsing,
+};
 use llaisys_actors::{ChatRequest, Engine, Tool, ToolChoice};
 use llaisys_model::{Constraint, Tokenizer};
-use llaisys_tests::fixture_dir;
+use llaisys_tests::{FixtureCopy, fixture_dir};
 
 const GPT_OSS: &str = "tiny-gptoss-f32";
 
@@ -17,16 +19,9 @@ fn tokenizer() -> Tokenizer {
 }
 
 fn tags(t: &Tokenizer) -> HarmonyTags {
-    let id = |s: &str| t.token_to_id(s).unwrap_or_else(|| panic!("{s} is not a token"));
-    HarmonyTags {
-        start: id("<|start|>"),
-        channel: id("<|channel|>"),
-        message: id("<|message|>"),
-        end: id("<|end|>"),
-        call: id("<|call|>"),
-        ret: id("<|return|>"),
-        constrain: Some(id("<|constrain|>")),
-    }
+    let tags = HarmonyTags::find(|s| t.token_to_id(s)).expect("the harmony tags");
+    assert!(tags.constrain.is_some());
+    tags
 }
 
 /// Streams `output` (encoded) after a prompt ending at the assistant's header, one token at a
@@ -112,13 +107,10 @@ async fn a_chat_ends_at_the_header_and_a_constrained_one_in_the_final_channel() 
     assert!(text.trim_start().starts_with('{'), "{text:?}");
     assert_eq!(answer.choices[0].reasoning, "");
 
-    // Calls are the model's choice: `required` is refused, `auto` parses them.
+    // `auto` reads the calls the model chooses to write, unconstrained.
     let tool = Tool::new("get_weather", "The weather", serde_json::json!({"type": "object", "properties": {}}));
-    let required = ChatRequest::default().user("Hi").tool(tool.clone()).tool_choice(ToolChoice::Required);
-    let err = engine.frontend().chat(&required).unwrap_err().to_string();
-    assert!(err.contains("tool_choice"), "{err}");
-    let auto = engine.frontend().chat(&ChatRequest::default().user("Hi").tool(tool)).unwrap();
-    assert!(auto.params().tool_calls.is_some());
+    let auto = engine.frontend().chat(&ChatRequest::default().user("Hi").tool(tool.clone())).unwrap();
+    assert!(auto.params().tool_calls.is_some() && auto.params().guidance.is_free());
     assert!(t.decode(&auto.prompts()[0], false).unwrap().contains("namespace functions"));
 
     // The random model writes no harmony: its answer is its text, not lost.
@@ -126,4 +118,41 @@ async fn a_chat_ends_at_the_header_and_a_constrained_one_in_the_final_channel() 
         engine.chat(ChatRequest::default().user("Hi").max_tokens(8).ignore_eos(true).temperature(0.0)).await.unwrap();
     let answer = answer.answer().await;
     assert!(!answer.choices[0].text.is_empty() || !answer.choices[0].reasoning.is_empty());
+}
+
+/// `required` and a named tool make the turn one call, in the format and to the tool's schema;
+/// OpenAI finishes the named one with `stop`. The random model is pushed to end any analysis
+/// at once and to close the call when it may (a bias counts only where the grammar allows the
+/// tag): what it writes between is its own, held to the grammar.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_or_named_tool_choice_makes_the_turn_one_call() {
+    // The tools' system prompt in the tiny vocabulary needs more than the fixture's 256 tokens.
+    let fixture = FixtureCopy::long_context(GPT_OSS, 2048);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let tags = tags(&tokenizer());
+    let tool = Tool::new("get_weather", "The weather", serde_json::json!({"type": "object", "properties": {}}));
+    let other = Tool::new(
+        "get_time",
+        "The time",
+        serde_json::json!({"type": "object", "properties": {"zone": {"type": "integer", "minimum": 0, "maximum": 9}},
+                           "required": ["zone"], "additionalProperties": false}),
+    );
+    for (choice, finish) in
+        [(ToolChoice::Required, FinishReason::ToolCalls), (ToolChoice::Function("get_time".into()), FinishReason::Stop)]
+    {
+        let mut chat = ChatRequest::default().user("Hi").tool(tool.clone()).tool(other.clone()).tool_choice(choice);
+        chat = chat.max_tokens(120).temperature(0.0);
+        chat.options.logit_bias = vec![(tags.end, 100.0), (tags.call, 100.0)];
+        let valid = engine.frontend().chat(&chat).unwrap();
+        assert!(!valid.params().guidance.is_free());
+        let answer = engine.chat(chat).await.unwrap().answer().await;
+        let c = &answer.choices[0];
+        assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (finish, 1, ""), "{c:?}");
+        let args: serde_json::Value = serde_json::from_str(&c.tool_calls[0].arguments).unwrap();
+        match c.tool_calls[0].name.as_str() {
+            "get_weather" => assert!(finish == FinishReason::ToolCalls && args.as_object().is_some(), "{c:?}"),
+            "get_time" => assert!(args["zone"].as_u64().is_some_and(|z| z <= 9), "{c:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -36,7 +36,7 @@ pub use device::{DeviceError, DeviceSpec, DeviceStream};
 pub use error::{DecodeError, KvError, LoadError};
 pub use grammar::{
     CallSyntax, CallTags, Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd,
-    ThinkStart, Thinking, ToolCallTags,
+    HarmonyTags, ThinkStart, Thinking, ToolCallTags,
 };
 pub use kv::{KvCache, KvDtype, Pos, PosRange, SeqId};
 pub use lm::{LanguageModel, ModelInfo, Pooling, Readout};

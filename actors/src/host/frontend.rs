@@ -14,15 +14,13 @@ use llaisys_model::{
 
 use super::embed::{self, EmbedRequest, ValidEmbed};
 use super::params::GenerateParams;
-use super::request::{
-    ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, RequestError, Tool, ToolChoice,
-};
+use super::request::{ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, RequestError, Tool};
 use super::rerank::{self, RerankRequest, ValidRerank};
 use super::text::{GenerationDefaults, ModelText};
-use super::tools::{check_tool_choice, check_tools, constrain_calls};
+use super::tools::{check_tool_choice, check_tools, constrain_calls, constrain_harmony_calls};
 use super::validate::{Bounds, Unchecked, ValidRequest, check_prompts};
 use crate::engine::EngineError;
-use crate::request::{HarmonyParsing, ReasoningParsing, ToolParsing};
+use crate::request::{HarmonyParsing, ReasoningParsing};
 
 /// What one request may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -181,11 +179,12 @@ impl Frontend {
     }
 
     /// A chat of a harmony model (gpt-oss): its messages split by channel into reasoning, answer
-    /// and tool calls (`HarmonyParsing`). Tools are called as the model chooses (`auto`); a
-    /// `required` or named `tool_choice` is refused, its calls not being constrained in this
-    /// format yet. A constrained answer (`response_format`, a grammar) is the final channel's:
-    /// the prompt opens that channel (`<|channel|>final<|message|>`), so the grammar holds from
-    /// the answer's first token and the model does not reason first.
+    /// and tool calls (`HarmonyParsing`). Tools are called as the model chooses (`auto`), or
+    /// the turn is one call (`required`, a named `tool_choice`) after the model's reasoning,
+    /// held to the format and the tool's schema. A constrained answer (`response_format`, a
+    /// grammar) is the final channel's: the prompt opens that channel
+    /// (`<|channel|>final<|message|>`), so the grammar holds from the answer's first token and
+    /// the model does not reason first.
     fn harmony_chat(
         &self,
         request: &ChatRequest,
@@ -193,14 +192,6 @@ impl Frontend {
         tags: crate::request::HarmonyTags,
     ) -> Result<ValidRequest, EngineError> {
         let options = &request.options;
-        let choice = options.tool_choice.clone().unwrap_or_default();
-        if !options.tools.is_empty() && !matches!(choice, ToolChoice::Auto | ToolChoice::None) {
-            let reason = concat!(
-                "this model's tool calls (OpenAI's harmony format) are not constrained: ",
-                "tool_choice may be \"auto\" or \"none\""
-            );
-            return Err(RequestError::invalid("tool_choice", reason).into());
-        }
         if options.constraint.is_some() {
             let tokenizer = &self.text_side()?.tokenizer;
             let final_channel = tokenizer.encode("final").map_err(|e| RequestError::general(e.to_string()))?;
@@ -211,8 +202,8 @@ impl Frontend {
         let harmony = HarmonyParsing::after(tags, &prompt);
         let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
         unchecked.params.harmony = Some(harmony);
-        if !options.tools.is_empty() && choice == ToolChoice::Auto {
-            unchecked.params.tool_calls = Some(ToolParsing { tags: None, xml: None, finish_with_tool_calls: true });
+        if !options.tools.is_empty() {
+            constrain_harmony_calls(&mut unchecked.params, options, tags, || self.grammar_compiler())?;
         }
         self.check(unchecked, "messages")
     }

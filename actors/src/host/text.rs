@@ -90,17 +90,7 @@ impl ModelText {
         let reasoning = pair("<think>", "</think>")
             .or_else(|| pair("[THINK]", "[/THINK]"))
             .map(|(open, close)| ReasoningTags { open, close });
-        let harmony = (|| {
-            Some(HarmonyTags {
-                start: tag("<|start|>")?,
-                channel: tag("<|channel|>")?,
-                message: tag("<|message|>")?,
-                end: tag("<|end|>")?,
-                call: tag("<|call|>")?,
-                ret: tag("<|return|>")?,
-                constrain: tag("<|constrain|>"),
-            })
-        })();
+        let harmony = HarmonyTags::find(tag);
         Self {
             tokenizer: Arc::new(tokenizer),
             template,

@@ -2,7 +2,7 @@
 //! then turned into the constraint and the parsing of the answer's tool calls.
 
 use llaisys_model::tokenizer::ChatMessage;
-use llaisys_model::{CallSyntax, GrammarCompiler, Guidance};
+use llaisys_model::{CallSyntax, GrammarCompiler, Guidance, HarmonyTags};
 
 use super::params::GenerateParams;
 use super::request::{Options, RequestError, Tool, ToolChoice};
@@ -92,15 +92,7 @@ pub(super) fn constrain_calls(
         }
         return Ok(());
     }
-    let functions: Vec<(&str, &serde_json::Value)> = options
-        .tools
-        .iter()
-        .filter(|t| match &choice {
-            ToolChoice::Function(name) => &t.name == name,
-            _ => true,
-        })
-        .map(|t| (t.name.as_str(), &t.parameters))
-        .collect();
+    let functions = chosen(options, &choice);
     let named = matches!(choice, ToolChoice::Function(_));
     let parallel = options.parallel_tool_calls.unwrap_or(true) && !named;
     let with_open = choice != ToolChoice::Auto;
@@ -134,6 +126,46 @@ pub(super) fn constrain_calls(
             Some(Guidance::forbid(open.into_iter().collect()).not_opening_with(compiler.json_openers()));
     }
     Ok(())
+}
+
+/// T3: the constraint and parsing of a harmony model's (gpt-oss's) tool calls (`options.tools`
+/// not empty, checked by `check_tool_choice`), its format's `tags` in the vocabulary: `auto`
+/// leaves calls to the model and reads those it writes; `required` or a named choice makes
+/// the turn one call (after any reasoning), to the tool named or any offered. The compiler is
+/// built only for those.
+pub(super) fn constrain_harmony_calls<E: From<RequestError>>(
+    params: &mut GenerateParams,
+    options: &Options,
+    tags: HarmonyTags,
+    compiler: impl FnOnce() -> Result<Arc<GrammarCompiler>, E>,
+) -> Result<(), E> {
+    let choice = options.tool_choice.clone().unwrap_or_default();
+    let named = matches!(choice, ToolChoice::Function(_));
+    if choice == ToolChoice::None {
+        return Ok(());
+    }
+    if choice != ToolChoice::Auto {
+        let grammar = compiler()?
+            .harmony_call(&chosen(options, &choice), tags)
+            .map_err(|e| RequestError::invalid("tools", e.0))?;
+        params.guidance = Guidance::grammar(grammar);
+    }
+    params.tool_calls = Some(ToolParsing { tags: None, xml: None, finish_with_tool_calls: !named });
+    Ok(())
+}
+
+/// The tools a call may go to: the one `choice` names, else all offered; each name with its
+/// parameters' schema.
+fn chosen<'a>(options: &'a Options, choice: &ToolChoice) -> Vec<(&'a str, &'a serde_json::Value)> {
+    options
+        .tools
+        .iter()
+        .filter(|t| match choice {
+            ToolChoice::Function(name) => &t.name == name,
+            _ => true,
+        })
+        .map(|t| (t.name.as_str(), &t.parameters))
+        .collect()
 }
 
 /// The conversation's words, lowercased: every message's text and earlier calls' arguments.

@@ -12,17 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The harmony format's tokens in a model's vocabulary (gpt-oss: `<|start|>` = 200006, ...).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HarmonyTags {
-    pub start: u32,
-    pub channel: u32,
-    pub message: u32,
-    pub end: u32,
-    pub call: u32,
-    pub ret: u32,
-    /// `<|constrain|>`, before a call's content type (`json`).
-    pub constrain: Option<u32>,
-}
+pub use llaisys_model::HarmonyTags;
 
 /// How a choice's output carries harmony messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

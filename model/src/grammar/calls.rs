@@ -45,6 +45,36 @@ pub struct CallTags<T> {
 /// A syntax's special tokens as ids in a model's vocabulary.
 pub type ToolCallTags = CallTags<u32>;
 
+/// OpenAI's harmony format's tokens in a model's vocabulary (gpt-oss: `<|start|>` = 200006,
+/// ...): its messages' tags, which its calls are written between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HarmonyTags {
+    pub start: u32,
+    pub channel: u32,
+    pub message: u32,
+    pub end: u32,
+    pub call: u32,
+    pub ret: u32,
+    /// `<|constrain|>`, before a call's content type (`json`).
+    pub constrain: Option<u32>,
+}
+
+impl HarmonyTags {
+    /// The tags in a vocabulary, each looked up by its text with `id` (a single token or none);
+    /// `None` unless all but `<|constrain|>` are there.
+    pub fn find(id: impl Fn(&str) -> Option<u32>) -> Option<Self> {
+        Some(Self {
+            start: id("<|start|>")?,
+            channel: id("<|channel|>")?,
+            message: id("<|message|>")?,
+            end: id("<|end|>")?,
+            call: id("<|call|>")?,
+            ret: id("<|return|>")?,
+            constrain: id("<|constrain|>"),
+        })
+    }
+}
+
 impl ToolCallTags {
     /// Calls between `open` and `close` tags.
     pub const fn pair(open: u32, close: u32) -> Self {
@@ -201,6 +231,29 @@ pub(super) fn calls_grammar(
             g
         }
     }
+}
+
+/// The Lark grammar of one call, in OpenAI's harmony format (gpt-oss), to one of `functions`
+/// (each name with its parameters' schema, as `%json` takes it): the output starts after the
+/// prompt's `<|start|>assistant`; at most one analysis message comes first (the model's
+/// reasoning, free text to its `<|end|>`, then the next message's `<|start|>assistant`), then
+/// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`, the arguments held to
+/// NAME's schema, and `<|call|>`, which ends the turn (a harmony turn makes one call).
+pub(super) fn harmony_call_grammar(functions: &[(&str, Value)], tags: HarmonyTags) -> String {
+    let HarmonyTags { start, channel, message, end, call, .. } = tags;
+    // Without `<|constrain|>` in the vocabulary the content type follows a space.
+    let constrain = tags.constrain.map_or(r#"" json""#.to_string(), |c| format!(r#"" " <[{c}]> "json""#));
+    let names: Vec<String> = (0..functions.len()).map(|f| format!("f{f}")).collect();
+    let mut g = format!(
+        r#"start: analysis? <[{channel}]> "commentary to=functions." ({})
+analysis: <[{channel}]> "analysis" <[{message}]> /(?s:.*)/ <[{end}]> <[{start}]> "assistant"
+"#,
+        names.join(" | ")
+    );
+    for (f, (name, schema)) in functions.iter().enumerate() {
+        g += &format!("f{f}: {} {constrain} <[{message}]> %json {schema} <[{call}]>\n", Value::from(*name));
+    }
+    g
 }
 
 /// JSON as the template writes it (Python's json.dumps separators): what the model was trained

@@ -9,7 +9,8 @@ use llguidance::{ParserFactory, TokenParser};
 use serde_json::{Value, json};
 
 use super::calls::{
-    CallSyntax, ToolCallTags, bare_call_grammar, call_array_grammar, calls_grammar, named_calls_grammar,
+    CallSyntax, HarmonyTags, ToolCallTags, bare_call_grammar, call_array_grammar, calls_grammar, harmony_call_grammar,
+    named_calls_grammar,
 };
 use super::env::VocabEnv;
 use super::guide::{Guidance, GuidanceSpec};
@@ -148,6 +149,18 @@ impl GrammarCompiler {
         let close = close.ok_or_else(missing)?;
         let more = if parallel { format!(" (\"\\n\" <[{open}]> call)*") } else { String::new() };
         self.compile_lark(calls_grammar(functions, syntax, &first, &more, close))
+    }
+
+    /// T3: one call to one of `functions` (each name with its parameters' schema) in OpenAI's
+    /// harmony format (gpt-oss), after at most one analysis message: a required or named
+    /// `tool_choice`. The arguments are JSON as an answer's (`response_format`): compact or
+    /// spaced, as the model writes it.
+    pub fn harmony_call(&self, functions: &[(&str, &Value)], tags: HarmonyTags) -> Result<Grammar, GrammarError> {
+        let functions: Vec<(&str, Value)> = functions
+            .iter()
+            .map(|(name, parameters)| (*name, with_json_options((*parameters).clone(), false)))
+            .collect();
+        self.compile_lark(harmony_call_grammar(&functions, tags))
     }
 
     /// The tokens an answer may not begin with when it must not be a call written as text

@@ -370,3 +370,88 @@ fn mistral_named_calls_give_a_name_an_id_and_schema_arguments_per_tag() {
         assert!(most > 1, "several calls");
     }
 }
+
+/// gpt-oss's required call (tiny-gptoss-f32's vocabulary with the harmony tags, `<|call|>` among
+/// the ends of a sequence as in gpt-oss's generation config): at most one analysis message, then
+/// a call's header naming an offered tool, arguments held to its schema, and `<|call|>`, which
+/// completes the grammar. The final channel, a second analysis, an unknown tool and a body
+/// without `<|call|>` are refused. Sampling with the tags favoured reaches both tools, with
+/// and without the analysis.
+#[test]
+fn a_harmony_call_may_follow_one_analysis_message_and_ends_the_turn() {
+    let tokenizer = Tokenizer::from_dir(&llaisys_tests::fixture_dir("tiny-gptoss-f32")).unwrap();
+    let tags = HarmonyTags::find(|t| tokenizer.token_to_id(t)).unwrap();
+    assert!(tags.constrain.is_some());
+    let compiler = GrammarCompiler::new(&tokenizer, 1024, &[tags.ret, tags.call]).unwrap();
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+                         "required": ["city"], "additionalProperties": false});
+    let time = json!({"type": "object", "properties": {"zone": {"type": "integer", "minimum": -9, "maximum": 9}},
+                      "required": ["zone"], "additionalProperties": false});
+    let grammar = compiler.harmony_call(&[("get_weather", &weather), ("get_time", &time)], tags).unwrap();
+
+    // Follows `text` (the tags written in) token by token; the end, or the first refused token.
+    let follow = |text: &str| -> Result<Option<GuideEnd>, String> {
+        let mut guide = Guidance::grammar(grammar.clone()).guide();
+        for t in tokenizer.encode(text).unwrap() {
+            if !allowed(&mut guide).contains(&t) {
+                return Err(tokenizer.decode(&[t], false).unwrap());
+            }
+            if let Some(end) = guide.accept(t) {
+                return Ok(Some(end));
+            }
+        }
+        Ok(None)
+    };
+    let call =
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
+    assert_eq!(follow(call), Ok(Some(GuideEnd::Complete)));
+    let spaced = call.replace(r#""city":"#, r#""city": "#);
+    assert_eq!(follow(&spaced), Ok(Some(GuideEnd::Complete)));
+    let thought = format!("<|channel|>analysis<|message|>Need weather: call it.<|end|><|start|>assistant{call}");
+    assert_eq!(follow(&thought), Ok(Some(GuideEnd::Complete)));
+    // Not a call: the final channel, a second analysis, another tool, arguments off the schema,
+    // a body ended as an answer.
+    assert!(follow("<|channel|>final<|message|>Hi<|return|>").is_err());
+    let twice = format!("<|channel|>analysis<|message|>a<|end|><|start|>assistant{thought}");
+    assert!(follow(&twice).is_err());
+    assert!(follow(&call.replace("get_weather", "get_news")).is_err());
+    assert!(follow(&call.replace("Paris", "Parisian")).is_err());
+    assert!(follow(&call.replace("<|call|>", "<|return|>")).is_err());
+
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..40 {
+        let params = SamplingParams { temperature: 1.0, seed: Some(seed), ..SamplingParams::default() };
+        let mut sampler = Sampler::new(params, &[]).guided(&Guidance::grammar(grammar.clone()));
+        let mut logits = vec![0.0; 1024];
+        for tag in [tags.channel, tags.end] {
+            logits[tag as usize] = 6.0;
+        }
+        let mut tokens = Vec::new();
+        let mut end = None;
+        while tokens.len() < 400 && end.is_none() {
+            let s = sampler.sample(&logits);
+            tokens.push(s.token);
+            end = s.end;
+        }
+        assert_eq!(end, Some(GuideEnd::Complete), "{:?}", tokenizer.decode(&tokens, false));
+        let text = tokenizer.decode(&tokens, false).unwrap();
+        let (head, rest) = text.split_once("<|channel|>commentary to=functions.").unwrap_or_else(|| panic!("{text:?}"));
+        assert!(
+            head.is_empty()
+                || (head.starts_with("<|channel|>analysis<|message|>") && head.ends_with("<|end|><|start|>assistant")),
+            "{text:?}"
+        );
+        let (name, args) = rest.split_once(" <|constrain|>json<|message|>").unwrap_or_else(|| panic!("{text:?}"));
+        let args: serde_json::Value =
+            serde_json::from_str(args.strip_suffix("<|call|>").unwrap()).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        match name {
+            "get_weather" => assert!(args["city"].as_str().is_some_and(|c| c.chars().count() <= 6), "{text:?}"),
+            "get_time" => {
+                assert!(args["zone"].as_f64().is_some_and(|z| z.fract() == 0.0 && z.abs() <= 9.0), "{text:?}")
+            }
+            other => panic!("{other:?} in {text:?}"),
+        }
+        seen.insert((name.to_string(), head.is_empty()));
+    }
+    assert_eq!(seen.len(), 4, "both tools, with and without analysis: {seen:?}");
+}
