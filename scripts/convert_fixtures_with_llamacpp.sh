@@ -7,7 +7,7 @@
 # pre-tokenizer: a copy of the converter is patched to take it from FORCE_PRE instead of
 # refusing. Nothing of llama.cpp is kept in the project, only the files it writes.
 # Needs: python3 with torch, transformers, safetensors, sentencepiece, numpy (as the fixture
-# scripts). Usage: scripts/convert_fixtures_with_llamacpp.sh
+# scripts). Usage: scripts/convert_fixtures_with_llamacpp.sh [FIXTURE...] (only those; all without)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$root/models/.download
@@ -37,8 +37,10 @@ mkdir -p "$out"
 for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp tiny-qwen3next-f32:qwen2:--no-mtp \
             tiny-mistral-f32:default: tiny-mixtral-f32:default: \
             tiny-ministral3-f32:default: tiny-phi3-f32:default: tiny-gemma3-f32:default: \
-            tiny-llama-f32:llama-bpe: tiny-gptoss-f32:gpt-4o: tiny-gptoss-mxfp4:gpt-4o:; do
+            tiny-llama-f32:llama-bpe: tiny-gptoss-f32:gpt-4o: tiny-gptoss-mxfp4:gpt-4o: \
+            tiny-smollm3-f32:llama-bpe:; do
   IFS=: read -r name pre opts <<<"$spec"
+  if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
   # shellcheck disable=SC2086 # opts is one flag or none
   FORCE_PRE=$pre PYTHONPATH=$src/llama.cpp/gguf-py python3 "$src/llama.cpp/convert_hf_to_gguf.py" \
     "$root/tests/fixtures/$name" --outfile "$out/$name.gguf" --outtype f32 $opts >/dev/null 2>&1 \

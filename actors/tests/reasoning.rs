@@ -2,7 +2,8 @@
 //! tokens): split from the answer by token id as it streams, before stop strings and tool calls,
 //! byte-identical streamed and gathered; a template that opens the think block starts the output
 //! inside it, and `enable_thinking: false` renders Qwen3's empty block. Mistral's `[THINK]` tags on
-//! tiny-mixtral-f32 (Mistral Small 3.x's control tokens).
+//! tiny-mixtral-f32 (Mistral Small 3.x's control tokens); SmolLM3's `/think` and `/no_think` modes
+//! on tiny-smollm3-f32 (its chat template as llama.cpp keeps it).
 
 use llaisys_actors::request::{
     FinishReason, ReasoningParsing, ReasoningTags, TextStream, ToolCallOut, ToolCallTags, ToolParsing,
@@ -152,4 +153,36 @@ async fn enable_thinking_false_renders_the_empty_block_and_the_answer_is_content
     let bad = ChatRequest::default().user("Hi").template_kwarg("messages", serde_json::json!([]));
     let err = engine.frontend().chat(&bad).unwrap_err().to_string();
     assert!(err.contains("chat_template_kwargs"), "{err}");
+}
+
+/// SmolLM3 thinks unless told not to: its system header says `/think` by default, and its
+/// prompt then leaves the think block to the model; `enable_thinking: false` or `/no_think` in
+/// the system message says `/no_think` and closes an empty block in the prompt, so the output
+/// is the answer. Its think tags are its vocabulary's tokens, split off by id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm3_thinks_unless_its_mode_says_no_think() {
+    // Its default system prompt is longer than the fixture's 256 positions in the tiny vocabulary.
+    let fixture = FixtureCopy::long_context("tiny-smollm3-f32", 2048);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let t = Tokenizer::from_dir(fixture.path()).unwrap();
+    let tags = ReasoningTags { open: t.token_to_id("<think>").unwrap(), close: t.token_to_id("</think>").unwrap() };
+    let rendered = |chat: &ChatRequest| {
+        let valid = engine.frontend().chat(chat).unwrap();
+        let prompt = valid.prompts()[0].clone();
+        (t.decode(&prompt, false).unwrap(), valid.params().reasoning.is_some(), prompt)
+    };
+    let (text, split, prompt) = rendered(&ChatRequest::default().user("Hi"));
+    assert!(text.contains("Reasoning Mode: /think") && text.ends_with("<|im_start|>assistant\n"), "{text}");
+    assert!(split && !ReasoningParsing::after(tags, &prompt).starts_open);
+    for off in [
+        ChatRequest::default().user("Hi").template_kwarg("enable_thinking", false.into()),
+        ChatRequest::default().system("Be brief. /no_think").user("Hi"),
+    ] {
+        let (text, split, prompt) = rendered(&off);
+        assert!(text.contains("Reasoning Mode: /no_think") && text.ends_with("<think>\n\n</think>\n"), "{text}");
+        assert!(split && !ReasoningParsing::after(tags, &prompt).starts_open);
+        let answer = engine.chat(off.max_tokens(6).ignore_eos(true).temperature(0.0)).await.unwrap().answer().await;
+        assert_eq!(answer.choices[0].reasoning, "");
+        assert!(!answer.choices[0].text.is_empty());
+    }
 }

@@ -215,6 +215,9 @@ pub struct ModelConfig {
     pub sandwich_norms: bool,
     /// Gemma's local layers.
     pub sliding: Option<SlidingWindow>,
+    /// Per layer: whether it has no rotary embedding (SmolLM3's NoPE layers, where its queries
+    /// and keys go unturned); `None`: every layer turns them.
+    pub unrotated: Option<Vec<bool>>,
     /// Attention scores are scaled by this (`query_pre_attn_scalar`)^−½ instead of head_dim^−½.
     pub attention_scalar: Option<f64>,
     /// Attention scores `s` become `cap · tanh(s / cap)` before the softmax (Gemma 2's
@@ -368,6 +371,7 @@ impl ModelConfig {
             embedding_scale: arch.scaled_embedding.then(|| (hidden_size as f32).sqrt()),
             sandwich_norms: arch.sandwich_norms,
             sliding: f.sliding(arch)?,
+            unrotated: f.unrotated(arch)?,
             attention_scalar: f.positive("query_pre_attn_scalar")?,
             attention_softcap: f.positive("attn_logit_softcapping")?,
             logit_softcap: f.positive("final_logit_softcapping")?,
@@ -405,6 +409,11 @@ impl ModelConfig {
     /// Whether layer `l` is a local layer (Gemma's: attention over the sliding window only).
     pub fn is_local_layer(&self, l: usize) -> bool {
         self.sliding.as_ref().is_some_and(|s| s.layers.get(l) == Some(&true))
+    }
+
+    /// Whether layer `l` has no rotary embedding (SmolLM3's NoPE layers).
+    pub fn is_unrotated_layer(&self, l: usize) -> bool {
+        self.unrotated.as_ref().is_some_and(|u| u.get(l) == Some(&true))
     }
 
     /// Whether layer `l` is a linear-attention layer (Qwen3.5's gated DeltaNet).
@@ -748,6 +757,36 @@ impl Fields<'_> {
             }
             x => Ok(x),
         }
+    }
+
+    /// SmolLM3's NoPE layers, for a family that has them: `no_rope_layers` (a flag per layer, 1
+    /// where it turns q and k, 0 where not), else every `no_rope_layer_interval`-th layer (the
+    /// family's interval when not given: its GGUF files say nothing, llama.cpp fixes it so).
+    fn unrotated(&self, arch: &Architecture) -> Result<Option<Vec<bool>>, LoadError> {
+        let Some(interval) = arch.unrotated_interval else { return Ok(None) };
+        let layers = self.usize("num_hidden_layers")?;
+        let unrotated: Vec<bool> = match self.get("no_rope_layers") {
+            Some(Value::Array(flags)) if flags.len() == layers => flags
+                .iter()
+                .map(|v| match v.as_u64() {
+                    Some(1) => Ok(false),
+                    Some(0) => Ok(true),
+                    _ => Err(Self::err("no_rope_layers", "1 (rotary) or 0 (none) per layer", v)),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(Self::err("no_rope_layers", &format!("a list of {layers} flags"), other));
+            }
+            None => {
+                let every = self.opt_usize("no_rope_layer_interval")?.unwrap_or(interval);
+                if every == 0 {
+                    let reason = "must be > 0".into();
+                    return Err(LoadError::Config { field: "no_rope_layer_interval".into(), reason });
+                }
+                (0..layers).map(|l| (l + 1).is_multiple_of(every)).collect()
+            }
+        };
+        Ok(unrotated.contains(&true).then_some(unrotated))
     }
 
     /// Gemma's local layers, for a family that has them and a config with a `sliding_window`:
@@ -1339,6 +1378,42 @@ mod tests {
         let bad = text.replace("0.25", "1.5");
         let err = ModelConfig::from_json_str(&format!("{{{bad}}}")).unwrap_err();
         assert!(err.to_string().contains("partial_rotary_factor"), "{err}");
+    }
+
+    /// SmolLM3's NoPE layers: listed per layer (`no_rope_layers`, 1 where q and k turn), else
+    /// every `no_rope_layer_interval`-th (4 when not given, as its GGUF files are read); a
+    /// list of another length or a flag other than 0 or 1 is refused by name. Llama's layers all
+    /// turn.
+    #[test]
+    fn smollm3s_unrotated_layers_are_listed_or_every_fourth() {
+        let layers = |l: &str| {
+            format!(
+                r#"{{"model_type":"smollm3","hidden_size":2048,"num_hidden_layers":8,"num_attention_heads":16,
+                "num_key_value_heads":4,"intermediate_size":11008,"vocab_size":128256,"rope_theta":5000000.0,
+                "max_position_embeddings":65536{l}}}"#
+            )
+        };
+        let every_fourth = Some(vec![false, false, false, true, false, false, false, true]);
+        let c = ModelConfig::from_json_str(&layers("")).unwrap();
+        assert_eq!((c.arch.name, c.unrotated.clone(), c.tie_word_embeddings), ("smollm3", every_fourth.clone(), true));
+        assert!(c.is_unrotated_layer(7) && !c.is_unrotated_layer(6) && !c.is_unrotated_layer(8));
+        let listed = ModelConfig::from_json_str(&layers(r#","no_rope_layers":[1,1,1,0,1,1,1,0]"#)).unwrap();
+        assert_eq!(listed.unrotated, every_fourth);
+        let other = ModelConfig::from_json_str(&layers(r#","no_rope_layers":[0,1,1,1,1,1,1,1]"#)).unwrap();
+        assert_eq!(other.unrotated.unwrap().iter().filter(|&&u| u).count(), 1);
+        let all = ModelConfig::from_json_str(&layers(r#","no_rope_layers":[1,1,1,1,1,1,1,1]"#)).unwrap();
+        assert_eq!(all.unrotated, None);
+        let second = ModelConfig::from_json_str(&layers(r#","no_rope_layer_interval":2"#)).unwrap();
+        assert_eq!(second.unrotated.unwrap().iter().filter(|&&u| u).count(), 4);
+        for (bad, field) in [
+            (r#","no_rope_layers":[1,1,1,0]"#, "no_rope_layers"),
+            (r#","no_rope_layers":[1,1,1,2,1,1,1,0]"#, "no_rope_layers"),
+            (r#","no_rope_layer_interval":0"#, "no_rope_layer_interval"),
+        ] {
+            assert_eq!(field_of(ModelConfig::from_json_str(&layers(bad)).unwrap_err()), field, "{bad}");
+        }
+        let llama = layers(r#","no_rope_layers":[1,1,1,0,1,1,1,0]"#).replace("smollm3", "llama");
+        assert_eq!(ModelConfig::from_json_str(&llama).unwrap().unrotated, None);
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ModelType { name: "gemma3", load: decoder::load, info: decoder::info },
     ModelType { name: "gemma2", load: decoder::load, info: decoder::info },
     ModelType { name: "gpt_oss", load: decoder::load, info: decoder::info },
+    ModelType { name: "smollm3", load: decoder::load, info: decoder::info },
     ModelType { name: "mock", load: mock::load, info: mock::info },
 ];
 

@@ -659,6 +659,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-gemma3-f32",
         "tiny-llama-f32",
         "tiny-gptoss-f32",
+        "tiny-smollm3-f32",
     ];
     for name in fixtures {
         let source = ModelSource::Gguf(fixture_dir("gguf").join("converted").join(format!("{name}.gguf")));
@@ -671,6 +672,23 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
             assert_eq!(tokenizer.encode_prompt(&p.text).unwrap(), p.ids, "{name}: {:?}", p.text);
         }
     }
+}
+
+/// SmolLM3's GGUF files (`smollm3`) do not list its NoPE layers: llama.cpp takes every fourth,
+/// and so does the reading, as the checkpoint lists them (`no_rope_layers`); its embedding is
+/// the output projection (no `output.weight`), its turns end at `<|im_end|>` (id 968 here).
+#[test]
+fn a_smollm3_gguf_reads_every_fourth_layer_unrotated() {
+    let name = "tiny-smollm3-f32";
+    let file = GgufFile::open(&fixture_dir("gguf").join("converted").join(format!("{name}.gguf"))).unwrap();
+    let (ours, hf) =
+        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    assert_eq!((ours.arch.name, hf.arch.name), ("smollm3", "smollm3"));
+    assert_eq!(ours.unrotated, Some(vec![false, false, false, true]));
+    assert_eq!(ours.unrotated, hf.unrotated);
+    assert!(ours.tie_word_embeddings && hf.tie_word_embeddings);
+    // The file's eos (`<|im_end|>`) first, then the family's other ends of a generation.
+    assert_eq!((ours.eos_token_ids[0], hf.eos_token_ids.as_slice()), (hf.eos_token_ids[0], &[968][..]));
 }
 
 /// gpt-oss as OpenAI releases it, its experts' matrices in MXFP4: tiny-gptoss-mxfp4 holds

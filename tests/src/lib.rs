@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 17] = [
+pub const FIXTURES: [&str; 18] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -26,6 +26,7 @@ pub const FIXTURES: [&str; 17] = [
     "tiny-gemma3-f32",
     "tiny-gemma2-f32",
     "tiny-gptoss-f32",
+    "tiny-smollm3-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

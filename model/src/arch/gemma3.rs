@@ -53,6 +53,7 @@ pub const GEMMA3: Architecture = Architecture {
     sandwich_norms: true,
     activation: Activation::GeluTanh,
     local_layers: Some(LocalLayers { pattern: 6, rope_theta: Some(10_000.0) }),
+    unrotated_interval: None,
     attention_sinks: false,
     yarn_truncate: true,
 };

@@ -45,6 +45,7 @@ pub const GPT_OSS: Architecture = Architecture {
     sandwich_norms: false,
     activation: Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 },
     local_layers: Some(LocalLayers { pattern: 2, rope_theta: None }),
+    unrotated_interval: None,
     attention_sinks: true,
     // Its YaRN ramp runs between unrounded dimensions (transformers' `truncate: false`, which its
     // configs say and its GGUF files do not; llama.cpp rounds them).

@@ -31,6 +31,7 @@ pub const LLAMA: Architecture = Architecture {
     sandwich_norms: false,
     activation: Activation::Silu,
     local_layers: None,
+    unrotated_interval: None,
     attention_sinks: false,
     yarn_truncate: true,
 };

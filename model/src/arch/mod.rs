@@ -19,6 +19,7 @@ mod qwen35;
 mod qwen35moe;
 mod qwen3moe;
 mod qwen3next;
+mod smollm3;
 
 pub use crate::config::Activation;
 
@@ -95,6 +96,9 @@ pub struct Architecture {
     /// Local layers, which attend over a sliding window only, where the family has them (Gemma's,
     /// gpt-oss's).
     pub local_layers: Option<LocalLayers>,
+    /// Every n-th layer (the n-th, the 2n-th, ...) has no rotary embedding when the config does
+    /// not list them (SmolLM3's NoPE layers: `no_rope_layer_interval`, 4).
+    pub unrotated_interval: Option<usize>,
     /// Each attention head has a learned sink logit in its softmax (gpt-oss's `sinks`).
     pub attention_sinks: bool,
     /// A YaRN scaling's ramp ends are rounded to whole dimensions when the config does not say
@@ -160,6 +164,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &gemma3::GEMMA3,
     &gemma2::GEMMA2,
     &gptoss::GPT_OSS,
+    &smollm3::SMOLLM3,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what

@@ -38,6 +38,7 @@ pub const QWEN2_MOE: Architecture = Architecture {
     sandwich_norms: false,
     activation: Activation::Silu,
     local_layers: None,
+    unrotated_interval: None,
     attention_sinks: false,
     yarn_truncate: true,
 };

@@ -37,6 +37,7 @@ pub const QWEN3_5: Architecture = Architecture {
     sandwich_norms: false,
     activation: Activation::Silu,
     local_layers: None,
+    unrotated_interval: None,
     attention_sinks: false,
     yarn_truncate: true,
 };

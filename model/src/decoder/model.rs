@@ -140,8 +140,12 @@ impl Decoder {
         // A linear-attention layer's recurrence runs on the host: nothing to record. Nor are the
         // steps of a model whose queries are scaled past a position (Ministral 3): a step
         // recorded before it would replay without the scaling after it. Nor are those of a model
-        // with local layers (a second cell table, not among a replay's inputs).
-        let plain = config.linear.is_none() && config.query_scaling.is_none() && config.sliding.is_none();
+        // with local layers (a second cell table, not among a replay's inputs), or with layers
+        // that turn nothing (their tables are not among a replay's inputs either).
+        let plain = config.linear.is_none()
+            && config.query_scaling.is_none()
+            && config.sliding.is_none()
+            && config.unrotated.is_none();
         let graphs = StepGraphs::new(graphs && plain, rows);
         Self { config, info, weights, rope, local_rope, device: device.clone(), stream, graphs }
     }
@@ -260,6 +264,10 @@ impl LanguageModel for Decoder {
             // The layers with keys, by their index among all layers.
             let attending = (0..c.num_hidden_layers).filter(|&i| !c.is_linear_layer(i));
             for (l, i) in attending.enumerate() {
+                // A layer without the rotary embedding keeps its keys as they are.
+                if c.is_unrotated_layer(i) {
+                    continue;
+                }
                 let tables = match &local {
                     Some(local) if c.is_local_layer(i) => local,
                     _ => &tables,
@@ -409,6 +417,8 @@ impl Decoder {
             let factors: Vec<f32> = batch.pos.iter().map(|&p| s.at(p)).collect();
             crate::transfers::upload(TensorData::new(factors, [n, 1, 1]), &self.device)
         });
+        // The tables of the layers without the rotary embedding (SmolLM3's NoPE layers).
+        let unturned = c.unrotated.is_some().then(|| self.rope.unturned_tables(n, &self.device));
         // Layers with keys and values are numbered apart from the linear ones in the cache.
         let (mut kv_layer, mut linear_layer) = (0, 0);
         for (i, w) in self.weights.layers.iter().enumerate() {
@@ -433,6 +443,10 @@ impl Decoder {
                     (local.as_ref().unwrap_or(&tables), cells, &mut masks[1])
                 }
                 _ => (&tables, &cells, &mut masks[0]),
+            };
+            let tables = match &unturned {
+                Some(unturned) if c.is_unrotated_layer(i) => unturned,
+                _ => tables,
             };
             let mut gate = None;
             // On a GPU: a decode step's projection, RoPE and KV write in one kernel (without

@@ -203,6 +203,12 @@ impl Rope {
         self.tables_scaled(deltas, 1.0, device)
     }
 
+    /// Tables that turn nothing (cos 1, sin 0) for `n` tokens: a layer without the rotary
+    /// embedding (SmolLM3's NoPE layers) in a pass whose other layers have it.
+    pub fn unturned_tables(&self, n: usize, device: &Device) -> RopeTables {
+        Self::tables_of(&[&vec![0.0; self.inv_freq.len()]], &[], &vec![0; n], 1.0, device)
+    }
+
     fn tables_scaled(&self, positions: &[Pos], scale: f32, device: &Device) -> RopeTables {
         Self::tables_of(&[&self.inv_freq], &[], positions, scale, device)
     }
