@@ -156,3 +156,42 @@ async fn a_required_or_named_tool_choice_makes_the_turn_one_call() {
         }
     }
 }
+
+/// A thinking budget caps gpt-oss's analysis: a chat with one has its turn held to the format
+/// (one without, nothing). With a required call, `<|end|>` pushed away (the random model would
+/// think on to the length limit) and the first piece of `analysis` and `<|call|>` pulled in (a
+/// bias counts only where the grammar allows the token), the output reasons for exactly the
+/// budget's tokens, `<|end|>` is then forced, and the call follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_budget_caps_the_analysis_message() {
+    let fixture = FixtureCopy::long_context(GPT_OSS, 2048);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let t = tokenizer();
+    let tags = tags(&t);
+    let plain = ChatRequest::default().user("Hi");
+    assert!(engine.frontend().chat(&plain).unwrap().params().guidance.is_free());
+    let mut budgeted = plain.clone();
+    budgeted.options.thinking_budget = Some(3);
+    assert!(!engine.frontend().chat(&budgeted).unwrap().params().guidance.is_free());
+
+    let tool = Tool::new(
+        "get_weather",
+        "The weather",
+        serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false}),
+    );
+    let analysis = t.encode("analysis").unwrap()[0];
+    for seed in 0..3 {
+        let mut chat = ChatRequest::default().user("Hi").tool(tool.clone()).tool_choice(ToolChoice::Required);
+        chat = chat.max_tokens(60).temperature(1.0).seed(seed);
+        chat.options.thinking_budget = Some(3);
+        chat.options.logit_bias = vec![(tags.end, -100.0), (tags.call, 100.0), (analysis, 100.0)];
+        let answer = engine.chat(chat).await.unwrap().answer().await;
+        let c = &answer.choices[0];
+        assert_eq!((c.finish, c.tool_calls.len()), (FinishReason::ToolCalls, 1), "{c:?}");
+        let ids = &c.tokens;
+        let opened = ids.iter().position(|&id| id == tags.message).unwrap();
+        assert_eq!(t.decode(&ids[..opened], false).unwrap(), "<|channel|>analysis", "{c:?}");
+        assert_eq!(ids[opened + 1..].iter().position(|&id| id == tags.end), Some(3), "{c:?}");
+        assert!(!c.reasoning.is_empty(), "{c:?}");
+    }
+}

@@ -17,7 +17,7 @@ use super::params::GenerateParams;
 use super::request::{ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, RequestError, Tool};
 use super::rerank::{self, RerankRequest, ValidRerank};
 use super::text::{GenerationDefaults, ModelText};
-use super::tools::{check_tool_choice, check_tools, constrain_calls, constrain_harmony_calls};
+use super::tools::{check_tool_choice, check_tools, constrain_calls, constrain_harmony};
 use super::validate::{Bounds, Unchecked, ValidRequest, check_prompts};
 use crate::engine::EngineError;
 use crate::request::{HarmonyParsing, ReasoningParsing};
@@ -181,7 +181,8 @@ impl Frontend {
     /// A chat of a harmony model (gpt-oss): its messages split by channel into reasoning, answer
     /// and tool calls (`HarmonyParsing`). Tools are called as the model chooses (`auto`), or
     /// the turn is one call (`required`, a named `tool_choice`) after the model's reasoning,
-    /// held to the format and the tool's schema. A constrained answer (`response_format`, a
+    /// held to the format and the tool's schema; a `thinking_budget` caps the reasoning (the
+    /// analysis message). A constrained answer (`response_format`, a
     /// grammar) is the final channel's: the prompt opens that channel
     /// (`<|channel|>final<|message|>`), so the grammar holds from the answer's first token and
     /// the model does not reason first.
@@ -202,8 +203,9 @@ impl Frontend {
         let harmony = HarmonyParsing::after(tags, &prompt);
         let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
         unchecked.params.harmony = Some(harmony);
-        if !options.tools.is_empty() {
-            constrain_harmony_calls(&mut unchecked.params, options, tags, || self.grammar_compiler())?;
+        // A constrained answer comes with no reasoning (and no tools: `check_tool_choice`).
+        if options.constraint.is_none() {
+            constrain_harmony(&mut unchecked.params, options, tags, || self.grammar_compiler())?;
         }
         self.check(unchecked, "messages")
     }

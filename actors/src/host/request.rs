@@ -88,7 +88,8 @@ pub struct Options {
     /// More variables for the chat template (chats only), e.g. `{"enable_thinking": false}`.
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// A reasoning model's thinking ends after this many tokens (its closing tag is forced; the
-    /// answer follows). Chats of models with think tags; others ignore it.
+    /// answer follows). Chats of models with think tags, and of harmony models (gpt-oss: its
+    /// analysis message, `<|end|>` forced); others ignore it.
     pub thinking_budget: Option<usize>,
     /// Speculative decoding on or off for this request (default: the engine's setting). The
     /// output is the same either way; only its speed differs.

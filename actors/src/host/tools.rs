@@ -128,29 +128,33 @@ pub(super) fn constrain_calls(
     Ok(())
 }
 
-/// T3: the constraint and parsing of a harmony model's (gpt-oss's) tool calls (`options.tools`
-/// not empty, checked by `check_tool_choice`), its format's `tags` in the vocabulary: `auto`
-/// leaves calls to the model and reads those it writes; `required` or a named choice makes
-/// the turn one call (after any reasoning), to the tool named or any offered. The compiler is
-/// built only for those.
-pub(super) fn constrain_harmony_calls<E: From<RequestError>>(
+/// T3 and the thinking budget of a harmony model's (gpt-oss's) chat with no constraint of its
+/// own, its format's `tags` in the vocabulary: `auto` leaves calls to the model and reads those
+/// it writes; `required` or a named choice makes the turn one call (after any reasoning), to the
+/// tool named or any offered; a `thinking_budget` caps the analysis message's tokens, the turn
+/// then held to the format (the final answer or a call). The compiler is built only where a
+/// grammar is.
+pub(super) fn constrain_harmony<E: From<RequestError>>(
     params: &mut GenerateParams,
     options: &Options,
     tags: HarmonyTags,
     compiler: impl FnOnce() -> Result<Arc<GrammarCompiler>, E>,
 ) -> Result<(), E> {
     let choice = options.tool_choice.clone().unwrap_or_default();
-    let named = matches!(choice, ToolChoice::Function(_));
-    if choice == ToolChoice::None {
-        return Ok(());
+    let offered = !options.tools.is_empty() && choice != ToolChoice::None;
+    let call = offered && choice != ToolChoice::Auto;
+    if offered {
+        let named = matches!(choice, ToolChoice::Function(_));
+        params.tool_calls = Some(ToolParsing { tags: None, xml: None, finish_with_tool_calls: !named });
     }
-    if choice != ToolChoice::Auto {
+    if call || options.thinking_budget.is_some() {
+        let functions = if offered { chosen(options, &choice) } else { Vec::new() };
+        let field = if offered { "tools" } else { "thinking_budget" };
         let grammar = compiler()?
-            .harmony_call(&chosen(options, &choice), tags)
-            .map_err(|e| RequestError::invalid("tools", e.0))?;
+            .harmony_turn(&functions, tags, call, options.thinking_budget)
+            .map_err(|e| RequestError::invalid(field, e.0))?;
         params.guidance = Guidance::grammar(grammar);
     }
-    params.tool_calls = Some(ToolParsing { tags: None, xml: None, finish_with_tool_calls: !named });
     Ok(())
 }
 

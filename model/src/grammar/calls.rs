@@ -233,25 +233,53 @@ pub(super) fn calls_grammar(
     }
 }
 
-/// The Lark grammar of one call, in OpenAI's harmony format (gpt-oss), to one of `functions`
-/// (each name with its parameters' schema, as `%json` takes it): the output starts after the
-/// prompt's `<|start|>assistant`; at most one analysis message comes first (the model's
-/// reasoning, free text to its `<|end|>`, then the next message's `<|start|>assistant`), then
-/// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`, the arguments held to
-/// NAME's schema, and `<|call|>`, which ends the turn (a harmony turn makes one call).
-pub(super) fn harmony_call_grammar(functions: &[(&str, Value)], tags: HarmonyTags) -> String {
-    let HarmonyTags { start, channel, message, end, call, .. } = tags;
-    // Without `<|constrain|>` in the vocabulary the content type follows a space.
-    let constrain = tags.constrain.map_or(r#"" json""#.to_string(), |c| format!(r#"" " <[{c}]> "json""#));
-    let names: Vec<String> = (0..functions.len()).map(|f| format!("f{f}")).collect();
-    let mut g = format!(
-        r#"start: analysis? <[{channel}]> "commentary to=functions." ({})
-analysis: <[{channel}]> "analysis" <[{message}]> /(?s:.*)/ <[{end}]> <[{start}]> "assistant"
-"#,
-        names.join(" | ")
-    );
-    for (f, (name, schema)) in functions.iter().enumerate() {
-        g += &format!("f{f}: {} {constrain} <[{message}]> %json {schema} <[{call}]>\n", Value::from(*name));
+/// The Lark grammar of a turn in OpenAI's harmony format (gpt-oss), after the prompt's
+/// `<|start|>assistant`: at most one analysis message (the model's reasoning, free text to its
+/// `<|end|>`, at most `budget` tokens of it, none for 0; then the next message's
+/// `<|start|>assistant`), then, where `call` says a call must be made, one call to one of
+/// `functions` (each name with its parameters' schema, as `%json` takes it):
+/// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`, the arguments and
+/// `<|call|>`, which ends the turn (a harmony turn makes one call); otherwise the final answer
+/// (`<|channel|>final<|message|>…<|return|>`), after any preambles (`commentary` messages with
+/// no recipient), or such a call where `functions` are offered.
+pub(super) fn harmony_grammar(
+    functions: &[(&str, Value)],
+    tags: HarmonyTags,
+    call: bool,
+    budget: Option<usize>,
+) -> String {
+    let HarmonyTags { start, channel, message, end, ret, .. } = tags;
+    let mut g = match budget {
+        Some(0) => "start: reply\n".to_string(),
+        _ => format!(
+            r#"start: analysis? reply
+analysis: <[{channel}]> "analysis" <[{message}]> think <[{end}]> <[{start}]> "assistant"
+"#
+        ),
+    };
+    match budget {
+        Some(0) => {}
+        Some(b) => g += &format!("think[max_tokens={b}]: /(?s:.*)/\n"),
+        None => g += "think: /(?s:.*)/\n",
+    }
+    if call {
+        g += "reply: call\n";
+    } else {
+        let call = if functions.is_empty() { "" } else { " | call" };
+        g += &format!(
+            r#"reply: <[{channel}]> "final" <[{message}]> text <[{ret}]> | <[{channel}]> "commentary" <[{message}]> text <[{end}]> <[{start}]> "assistant" reply{call}
+text: /(?s:.*)/
+"#
+        );
+    }
+    if !functions.is_empty() {
+        // Without `<|constrain|>` in the vocabulary the content type follows a space.
+        let constrain = tags.constrain.map_or(r#"" json""#.to_string(), |c| format!(r#"" " <[{c}]> "json""#));
+        let names: Vec<String> = (0..functions.len()).map(|f| format!("f{f}")).collect();
+        g += &format!("call: <[{channel}]> \"commentary to=functions.\" ({})\n", names.join(" | "));
+        for (f, (name, schema)) in functions.iter().enumerate() {
+            g += &format!("f{f}: {} {constrain} <[{message}]> %json {schema} <[{}]>\n", Value::from(*name), tags.call);
+        }
     }
     g
 }

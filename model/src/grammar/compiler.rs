@@ -9,7 +9,7 @@ use llguidance::{ParserFactory, TokenParser};
 use serde_json::{Value, json};
 
 use super::calls::{
-    CallSyntax, HarmonyTags, ToolCallTags, bare_call_grammar, call_array_grammar, calls_grammar, harmony_call_grammar,
+    CallSyntax, HarmonyTags, ToolCallTags, bare_call_grammar, call_array_grammar, calls_grammar, harmony_grammar,
     named_calls_grammar,
 };
 use super::env::VocabEnv;
@@ -151,16 +151,23 @@ impl GrammarCompiler {
         self.compile_lark(calls_grammar(functions, syntax, &first, &more, close))
     }
 
-    /// T3: one call to one of `functions` (each name with its parameters' schema) in OpenAI's
-    /// harmony format (gpt-oss), after at most one analysis message: a required or named
-    /// `tool_choice`. The arguments are JSON as an answer's (`response_format`): compact or
-    /// spaced, as the model writes it.
-    pub fn harmony_call(&self, functions: &[(&str, &Value)], tags: HarmonyTags) -> Result<Grammar, GrammarError> {
+    /// T3: a turn in OpenAI's harmony format (gpt-oss) whose analysis takes at most `budget`
+    /// tokens: one call to one of `functions` (each name with its parameters' schema) where `call`
+    /// (a required or named `tool_choice`), else the final answer or such a call, after at most
+    /// one analysis message. The arguments are JSON as an answer's (`response_format`): compact
+    /// or spaced, as the model writes it.
+    pub fn harmony_turn(
+        &self,
+        functions: &[(&str, &Value)],
+        tags: HarmonyTags,
+        call: bool,
+        budget: Option<usize>,
+    ) -> Result<Grammar, GrammarError> {
         let functions: Vec<(&str, Value)> = functions
             .iter()
             .map(|(name, parameters)| (*name, with_json_options((*parameters).clone(), false)))
             .collect();
-        self.compile_lark(harmony_call_grammar(&functions, tags))
+        self.compile_lark(harmony_grammar(&functions, tags, call, budget))
     }
 
     /// The tokens an answer may not begin with when it must not be a call written as text

@@ -371,6 +371,31 @@ fn mistral_named_calls_give_a_name_an_id_and_schema_arguments_per_tag() {
     }
 }
 
+/// Follows `text` (tags written in) token by token under `grammar`: the end, or the first
+/// refused token's text.
+fn follow(tokenizer: &Tokenizer, grammar: &Grammar, text: &str) -> Result<Option<GuideEnd>, String> {
+    let mut guide = Guidance::grammar(grammar.clone()).guide();
+    for t in tokenizer.encode(text).unwrap() {
+        if !allowed(&mut guide).contains(&t) {
+            return Err(tokenizer.decode(&[t], false).unwrap());
+        }
+        if let Some(end) = guide.accept(t) {
+            return Ok(Some(end));
+        }
+    }
+    Ok(None)
+}
+
+/// tiny-gptoss-f32's tokenizer, its harmony tags, and a compiler with `<|return|>` and
+/// `<|call|>` among the ends of a sequence (as gpt-oss's generation config has them).
+fn harmony() -> (Tokenizer, HarmonyTags, GrammarCompiler) {
+    let tokenizer = Tokenizer::from_dir(&llaisys_tests::fixture_dir("tiny-gptoss-f32")).unwrap();
+    let tags = HarmonyTags::find(|t| tokenizer.token_to_id(t)).unwrap();
+    assert!(tags.constrain.is_some());
+    let compiler = GrammarCompiler::new(&tokenizer, 1024, &[tags.ret, tags.call]).unwrap();
+    (tokenizer, tags, compiler)
+}
+
 /// gpt-oss's required call (tiny-gptoss-f32's vocabulary with the harmony tags, `<|call|>` among
 /// the ends of a sequence as in gpt-oss's generation config): at most one analysis message, then
 /// a call's header naming an offered tool, arguments held to its schema, and `<|call|>`, which
@@ -379,29 +404,14 @@ fn mistral_named_calls_give_a_name_an_id_and_schema_arguments_per_tag() {
 /// and without the analysis.
 #[test]
 fn a_harmony_call_may_follow_one_analysis_message_and_ends_the_turn() {
-    let tokenizer = Tokenizer::from_dir(&llaisys_tests::fixture_dir("tiny-gptoss-f32")).unwrap();
-    let tags = HarmonyTags::find(|t| tokenizer.token_to_id(t)).unwrap();
-    assert!(tags.constrain.is_some());
-    let compiler = GrammarCompiler::new(&tokenizer, 1024, &[tags.ret, tags.call]).unwrap();
+    let (tokenizer, tags, compiler) = harmony();
     let weather = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
                          "required": ["city"], "additionalProperties": false});
     let time = json!({"type": "object", "properties": {"zone": {"type": "integer", "minimum": -9, "maximum": 9}},
                       "required": ["zone"], "additionalProperties": false});
-    let grammar = compiler.harmony_call(&[("get_weather", &weather), ("get_time", &time)], tags).unwrap();
+    let grammar = compiler.harmony_turn(&[("get_weather", &weather), ("get_time", &time)], tags, true, None).unwrap();
 
-    // Follows `text` (the tags written in) token by token; the end, or the first refused token.
-    let follow = |text: &str| -> Result<Option<GuideEnd>, String> {
-        let mut guide = Guidance::grammar(grammar.clone()).guide();
-        for t in tokenizer.encode(text).unwrap() {
-            if !allowed(&mut guide).contains(&t) {
-                return Err(tokenizer.decode(&[t], false).unwrap());
-            }
-            if let Some(end) = guide.accept(t) {
-                return Ok(Some(end));
-            }
-        }
-        Ok(None)
-    };
+    let follow = |text: &str| follow(&tokenizer, &grammar, text);
     let call =
         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
     assert_eq!(follow(call), Ok(Some(GuideEnd::Complete)));
@@ -454,4 +464,47 @@ fn a_harmony_call_may_follow_one_analysis_message_and_ends_the_turn() {
         seen.insert((name.to_string(), head.is_empty()));
     }
     assert_eq!(seen.len(), 4, "both tools, with and without analysis: {seen:?}");
+}
+
+/// A thinking budget on a harmony turn: after `budget` tokens of the analysis message its
+/// `<|end|>` is the only token allowed, then the final answer (after any preamble) or, where
+/// tools are offered, a call; a budget of 0 allows no analysis at all, and with a required call
+/// the analysis is capped the same way.
+#[test]
+fn a_harmony_thinking_budget_ends_the_analysis_and_holds_the_turn_to_the_format() {
+    let (tokenizer, tags, compiler) = harmony();
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+    let thought = "<|channel|>analysis<|message|>one two three four five six";
+    let answer = "<|channel|>final<|message|>Sunny.<|return|>";
+    let call =
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
+    for (functions, required) in
+        [(vec![], false), (vec![("get_weather", &weather)], false), (vec![("get_weather", &weather)], true)]
+    {
+        let grammar = compiler.harmony_turn(&functions, tags, required, Some(3)).unwrap();
+        // Three tokens of thought, then only the end of the message.
+        let mut guide = Guidance::grammar(grammar.clone()).guide();
+        let ids = tokenizer.encode(thought).unwrap();
+        let opened = ids.iter().position(|&t| t == tags.message).unwrap() + 1;
+        for &t in &ids[..opened + 3] {
+            assert!(allowed(&mut guide).contains(&t), "{}", tokenizer.decode(&[t], false).unwrap());
+            assert_eq!(guide.accept(t), None);
+        }
+        assert_eq!(allowed(&mut guide), [tags.end]);
+        let short = "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant";
+        if required {
+            assert_eq!(follow(&tokenizer, &grammar, &format!("{short}{call}")), Ok(Some(GuideEnd::Complete)));
+            assert!(follow(&tokenizer, &grammar, &format!("{short}{}", answer)).is_err());
+            continue;
+        }
+        assert_eq!(follow(&tokenizer, &grammar, &format!("{short}{}", answer)), Ok(Some(GuideEnd::Complete)));
+        let preamble =
+            "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>final<|message|>Ok<|return|>";
+        assert_eq!(follow(&tokenizer, &grammar, preamble), Ok(Some(GuideEnd::Complete)));
+        assert_eq!(follow(&tokenizer, &grammar, call).is_ok(), !functions.is_empty(), "{functions:?}");
+    }
+    // No budget for thinking: no analysis.
+    let none = compiler.harmony_turn(&[], tags, false, Some(0)).unwrap();
+    assert!(follow(&tokenizer, &none, thought).is_err());
+    assert_eq!(follow(&tokenizer, &none, answer), Ok(Some(GuideEnd::Complete)));
 }
