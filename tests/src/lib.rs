@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 18] = [
+pub const FIXTURES: [&str; 19] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -27,6 +27,7 @@ pub const FIXTURES: [&str; 18] = [
     "tiny-gemma2-f32",
     "tiny-gptoss-f32",
     "tiny-smollm3-f32",
+    "tiny-olmo2-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

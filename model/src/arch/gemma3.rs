@@ -51,6 +51,8 @@ pub const GEMMA3: Architecture = Architecture {
     scaled_embedding: true,
     tied_embeddings: true,
     sandwich_norms: true,
+    no_input_norms: false,
+    whole_qk_norms: false,
     activation: Activation::GeluTanh,
     local_layers: Some(LocalLayers { pattern: 6, rope_theta: Some(10_000.0) }),
     unrotated_interval: None,

@@ -43,6 +43,8 @@ pub const GPT_OSS: Architecture = Architecture {
     scaled_embedding: false,
     tied_embeddings: false,
     sandwich_norms: false,
+    no_input_norms: false,
+    whole_qk_norms: false,
     activation: Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 },
     local_layers: Some(LocalLayers { pattern: 2, rope_theta: None }),
     unrotated_interval: None,

@@ -29,6 +29,8 @@ pub const LLAMA: Architecture = Architecture {
     scaled_embedding: false,
     tied_embeddings: false,
     sandwich_norms: false,
+    no_input_norms: false,
+    whole_qk_norms: false,
     activation: Activation::Silu,
     local_layers: None,
     unrotated_interval: None,

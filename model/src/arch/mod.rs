@@ -11,6 +11,7 @@ mod llama;
 mod ministral3;
 mod mistral;
 mod mixtral;
+mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen2moe;
@@ -90,6 +91,13 @@ pub struct Architecture {
     /// sums (Gemma 2 and 3's `post_attention_layernorm` and `post_feedforward_layernorm`; the
     /// feed-forward's input norm is then `pre_feedforward_layernorm`).
     pub sandwich_norms: bool,
+    /// The attention's and the feed-forward's inputs are not normalised: only their outputs are,
+    /// before the residual sums (OLMo 2's `post_attention_layernorm` and
+    /// `post_feedforward_layernorm`; `sandwich_norms` then holds those).
+    pub no_input_norms: bool,
+    /// q's and k's norms span all their heads at once (OLMo 2's, over q's and k's whole
+    /// projections), where `qk_norm` has them; otherwise each head is normalised alone.
+    pub whole_qk_norms: bool,
     /// The feed-forward's gate when the config names none (`hidden_act`; Gemma's
     /// `hidden_activation`).
     pub activation: Activation,
@@ -165,6 +173,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &gemma2::GEMMA2,
     &gptoss::GPT_OSS,
     &smollm3::SMOLLM3,
+    &olmo2::OLMO2,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
@@ -176,6 +185,7 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("gemma", "Gemma's first layout (served: Gemma 2 and 3)"),
     ("gemma3n", "per-layer inputs, AltUp and shared key-value layers"),
     ("gemma4", "Gemma 4's layers"),
+    ("olmo3", "OLMo 3's sliding-window layers (served: OLMo 2)"),
     ("qwen2_vl", "a vision encoder"),
     ("qwen2vl", "a vision encoder"),
 ];

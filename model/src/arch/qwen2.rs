@@ -28,6 +28,8 @@ pub const QWEN2: Architecture = Architecture {
     scaled_embedding: false,
     tied_embeddings: false,
     sandwich_norms: false,
+    no_input_norms: false,
+    whole_qk_norms: false,
     activation: Activation::Silu,
     local_layers: None,
     unrotated_interval: None,

@@ -35,6 +35,8 @@ pub const QWEN3_5: Architecture = Architecture {
     scaled_embedding: false,
     tied_embeddings: false,
     sandwich_norms: false,
+    no_input_norms: false,
+    whole_qk_norms: false,
     activation: Activation::Silu,
     local_layers: None,
     unrotated_interval: None,

@@ -427,11 +427,11 @@ impl Decoder {
                 return Err(DecodeError::Aborted);
             }
             if let (Some(delta), Some(groups)) = (&w.delta, &groups) {
-                let proj = w.qkv.forward_with(x.clone(), w.attn_norm.pre(), None);
+                let proj = w.qkv.forward_with(x.clone(), w.attn_pre(), None);
                 let states = cache.recurrent().map(|r| r.layer(linear_layer, groups)).unwrap_or_default();
                 let mixed = delta.forward(proj, states)?;
                 x = w.o.forward_with(mixed, Pre::Plain, Some(x));
-                x = w.ffn.forward_residual(&w.mlp_norm, x);
+                x = w.ffn.forward_residual(w.mlp_pre(), x);
                 linear_layer += 1;
                 continue;
             }
@@ -453,10 +453,13 @@ impl Decoder {
             // per-head norms, which need a head's whole projection); else the projection, then the
             // norms, RoPE and the KV write in one kernel; else apart.
             let on_gpu = cells.on_gpu() && gate_rows == 0;
-            let norms = w.qk_norm.as_ref().map(RmsNorm::qk);
+            // Norms over all heads at once (OLMo 2's) are applied to the projection apart.
+            let whole = w.qk_norm.as_ref().filter(|_| c.whole_qk_norms);
+            let per_head = w.qk_norm.as_ref().filter(|_| !c.whole_qk_norms);
+            let norms = per_head.map(RmsNorm::qk);
             let projected = match w.qkv.weight.matrix().gpu() {
-                Some(m) if on_gpu && norms.is_none() => {
-                    let (pre, bias) = (w.attn_norm.pre(), w.qkv.bias.as_ref());
+                Some(m) if on_gpu && w.qk_norm.is_none() => {
+                    let (pre, bias) = (w.attn_pre(), w.qkv.bias.as_ref());
                     cache.project_rotated(l, cells, &x, pre, m, bias, heads, tables.stacked())
                 }
                 _ => None,
@@ -464,7 +467,7 @@ impl Decoder {
             let q = match projected {
                 Some(q) => q,
                 None => {
-                    let qkv = w.qkv.forward_with(x.clone(), w.attn_norm.pre(), None); // [n, (heads + 2 · kv_heads) · hd]
+                    let qkv = w.qkv.forward_with(x.clone(), w.attn_pre(), None); // [n, (heads + 2 · kv_heads) · hd]
                     let qkv = match gate_rows {
                         0 => qkv,
                         g => {
@@ -473,9 +476,19 @@ impl Decoder {
                             qkv.narrow(1, g, width - g)
                         }
                     };
+                    let qkv = match whole {
+                        Some([q_norm, k_norm]) => {
+                            let (q, k) = (heads * hd, kv_heads * hd);
+                            let width = qkv.dims()[1];
+                            let q_part = q_norm.forward(qkv.clone().narrow(1, 0, q));
+                            let k_part = k_norm.forward(qkv.clone().narrow(1, q, k));
+                            Tensor::cat(vec![q_part, k_part, qkv.narrow(1, q + k, width - q - k)], 1)
+                        }
+                        None => qkv,
+                    };
                     let rotated = on_gpu.then(|| cache.write_rotated(l, cells, &qkv, heads, tables.stacked(), norms));
                     rotated.flatten().unwrap_or_else(|| {
-                        let [q, k, v] = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), tables, w.qk_norm.as_ref());
+                        let [q, k, v] = Rope::apply_qk(qkv, q_rows.clone(), k_rows.clone(), tables, per_head);
                         let k = k.reshape([n, kv_heads, hd]);
                         let v = v.reshape([n, kv_heads, hd]);
                         cache.write(l, cells, k.swap_dims(0, 1), v.swap_dims(0, 1)); // [kv_heads, n, hd]
@@ -516,8 +529,8 @@ impl Decoder {
                 None => w.o.forward_with(a, Pre::Plain, Some(x)),
             };
             x = match &w.post_norms {
-                Some([_, after_ffn]) => x.clone() + after_ffn.forward(w.ffn.forward_with(&w.mlp_norm, x, None)),
-                None => w.ffn.forward_residual(&w.mlp_norm, x),
+                Some([_, after_ffn]) => x.clone() + after_ffn.forward(w.ffn.forward_with(w.mlp_pre(), x, None)),
+                None => w.ffn.forward_residual(w.mlp_pre(), x),
             };
         }
         if let (Some(groups), Some(r)) = (&groups, cache.recurrent()) {

@@ -12,7 +12,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use super::split_experts;
 use crate::config::{Activation, ModelConfig};
 use crate::error::LoadError;
-use crate::layers::{DeltaNet, Expert, ExpertStacks, Linear, Moe, RmsNorm, Sinks, Weight, linear};
+use crate::layers::{DeltaNet, Expert, ExpertStacks, Linear, Moe, Pre, RmsNorm, Sinks, Weight, linear};
 use crate::quant::{Imatrix, QuantType};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
@@ -192,6 +192,7 @@ impl Slot {
             Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias => c.qkv_bias,
             Slot::AttnOBias => c.o_bias,
             Slot::AttnQNorm | Slot::AttnKNorm => c.qk_norm,
+            Slot::AttnNorm | Slot::MlpNorm => c.input_norms,
             Slot::PostAttnNorm | Slot::PostFfnNorm => c.sandwich_norms,
             Slot::AttnSinks => c.attention_sinks,
             Slot::MoeRouter | Slot::ExpertGate | Slot::ExpertUp | Slot::ExpertDown => c.moe.is_some(),
@@ -259,6 +260,9 @@ impl Slot {
             Slot::AttnSinks => vec![c.num_attention_heads],
             Slot::PostAttnNorm | Slot::PostFfnNorm => vec![h],
             Slot::AttnQBias => vec![q],
+            // Over all heads at once (OLMo 2's), else each head's.
+            Slot::AttnQNorm if c.whole_qk_norms => vec![c.num_attention_heads * c.head_dim],
+            Slot::AttnKNorm if c.whole_qk_norms => vec![c.num_key_value_heads * c.head_dim],
             Slot::AttnQNorm | Slot::AttnKNorm => vec![c.head_dim],
             Slot::AttnQ => vec![q, h],
             Slot::AttnO => vec![h, q],
@@ -508,6 +512,11 @@ pub fn row_orders(c: &ModelConfig, naming: Naming) -> Vec<(String, Vec<usize>)> 
     }
     q.extend((0..heads).flat_map(|h| dims.iter().map(move |&d| h * per_head + d)));
     let k: Vec<usize> = (0..kv_heads).flat_map(|h| dims.iter().map(move |&d| h * hd + d)).collect();
+    // Norms over all heads at once (OLMo 2's) are reordered as the queries' and keys' rows.
+    let (q_norm, k_norm) = match c.whole_qk_norms {
+        true => ((0..heads).flat_map(|h| dims.iter().map(move |&d| h * hd + d)).collect(), k.clone()),
+        false => (dims.clone(), dims.clone()),
+    };
     let mut orders = Vec::new();
     for l in (0..c.num_hidden_layers).filter(|&l| !c.is_linear_layer(l)) {
         let l = Some(l);
@@ -516,8 +525,8 @@ pub fn row_orders(c: &ModelConfig, naming: Naming) -> Vec<(String, Vec<usize>)> 
             (Slot::AttnQBias, &q),
             (Slot::AttnK, &k),
             (Slot::AttnKBias, &k),
-            (Slot::AttnQNorm, &dims),
-            (Slot::AttnKNorm, &dims),
+            (Slot::AttnQNorm, &q_norm),
+            (Slot::AttnKNorm, &k_norm),
         ] {
             if slot.present(c) {
                 orders.push((name_of(slot, l, naming), order.clone()));
@@ -718,17 +727,20 @@ pub const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
 /// a longer run of weight rows.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    pub attn_norm: RmsNorm,
+    /// The norm of the attention's input (none in OLMo 2).
+    pub attn_norm: Option<RmsNorm>,
     /// q, k, v stacked (rows as `qkv_rows`): [(heads + 2 · kv_heads) · head_dim, hidden], with
     /// their biases if the family has them.
     pub qkv: Linear,
-    /// Per-head norms of q and k (\[head_dim\] each), applied before the rotary embedding.
+    /// Per-head norms of q and k (\[head_dim\] each), or norms over all their heads
+    /// (`ModelConfig::whole_qk_norms`), applied before the rotary embedding.
     pub qk_norm: Option<[RmsNorm; 2]>,
     /// [hidden, heads · head_dim], with its bias if the family has one.
     pub o: Linear,
-    pub mlp_norm: RmsNorm,
+    /// The norm of the feed-forward's input (none in OLMo 2).
+    pub mlp_norm: Option<RmsNorm>,
     /// The norms of the attention's and the feed-forward's outputs, before their residual sums
-    /// (Gemma 2 and 3).
+    /// (Gemma 2 and 3, OLMo 2).
     pub post_norms: Option<[RmsNorm; 2]>,
     pub ffn: Ffn,
     /// A linear-attention layer's token mixer (Qwen3.5): then `qkv` is its stacked input
@@ -737,6 +749,18 @@ pub struct LayerWeights {
     pub delta: Option<Box<DeltaNet>>,
     /// Each attention head's sink (gpt-oss).
     pub sinks: Option<Sinks>,
+}
+
+impl LayerWeights {
+    /// The attention's input as its products take it: normalised, or as it is (OLMo 2).
+    pub fn attn_pre(&self) -> Pre<'_> {
+        self.attn_norm.as_ref().map_or(Pre::Plain, RmsNorm::pre)
+    }
+
+    /// The feed-forward's input likewise.
+    pub fn mlp_pre(&self) -> Pre<'_> {
+        self.mlp_norm.as_ref().map_or(Pre::Plain, RmsNorm::pre)
+    }
 }
 
 /// A layer's feed-forward block.
@@ -753,7 +777,7 @@ impl Ffn {
     ///
     /// # Shapes
     /// x: [n, hidden] → [n, hidden]
-    pub fn forward_residual(&self, norm: &RmsNorm, x: Tensor<2>) -> Tensor<2> {
+    pub fn forward_residual(&self, norm: Pre<'_>, x: Tensor<2>) -> Tensor<2> {
         self.forward_with(norm, x.clone(), Some(x))
     }
 
@@ -762,10 +786,10 @@ impl Ffn {
     ///
     /// # Shapes
     /// x: [n, hidden], residual: [n, hidden] → [n, hidden]
-    pub fn forward_with(&self, norm: &RmsNorm, x: Tensor<2>, residual: Option<Tensor<2>>) -> Tensor<2> {
+    pub fn forward_with(&self, norm: Pre<'_>, x: Tensor<2>, residual: Option<Tensor<2>>) -> Tensor<2> {
         match self {
-            Ffn::Dense(mlp) => mlp.forward_with(x, norm.pre(), residual),
-            Ffn::Moe(moe) => moe.forward_with(x, norm.pre(), residual),
+            Ffn::Dense(mlp) => mlp.forward_with(x, norm, residual),
+            Ffn::Moe(moe) => moe.forward_with(x, norm, residual),
         }
     }
 
@@ -891,7 +915,7 @@ impl Weights {
         let layers = (0..c.num_hidden_layers)
             .map(|layer| {
                 let l = Some(layer);
-                let attn_norm = norm(Slot::AttnNorm, l)?;
+                let attn_norm = c.input_norms.then(|| norm(Slot::AttnNorm, l)).transpose()?;
                 let (qkv, qk_norm, o, delta) = match c.linear.as_ref().filter(|_| c.is_linear_layer(layer)) {
                     Some(a) => {
                         let qkv = stacked(&[Slot::LinQkv, Slot::LinZ, Slot::LinBeta, Slot::LinAlpha], &[], l)?;
@@ -939,7 +963,7 @@ impl Weights {
                     o,
                     delta,
                     sinks,
-                    mlp_norm: norm(Slot::MlpNorm, l)?,
+                    mlp_norm: c.input_norms.then(|| norm(Slot::MlpNorm, l)).transpose()?,
                     post_norms,
                     ffn: match c.moe.as_ref().filter(|_| c.is_moe_layer(layer)) {
                         None => Ffn::Dense(Box::new(Expert {
@@ -1157,11 +1181,19 @@ impl Weights {
         let centre = c.norm_offset();
         match slot {
             Slot::LinOut => w.o.weight = linear::like(&w.o.weight, data, device),
-            Slot::AttnNorm => w.attn_norm.weight = vec().add_scalar(centre),
+            Slot::AttnNorm => {
+                if let Some(norm) = &mut w.attn_norm {
+                    norm.weight = vec().add_scalar(centre);
+                }
+            }
             Slot::AttnO => w.o.weight = linear::like(&w.o.weight, data, device),
             Slot::AttnOBias => w.o.bias = Some(vec()),
             Slot::AttnSinks => w.sinks = Some(Sinks::new(host(), device)),
-            Slot::MlpNorm => w.mlp_norm.weight = vec().add_scalar(centre),
+            Slot::MlpNorm => {
+                if let Some(norm) = &mut w.mlp_norm {
+                    norm.weight = vec().add_scalar(centre);
+                }
+            }
             Slot::PostAttnNorm | Slot::PostFfnNorm => {
                 if let Some(norms) = &mut w.post_norms {
                     norms[usize::from(slot == Slot::PostFfnNorm)].weight = vec().add_scalar(centre);

@@ -92,6 +92,14 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     if family.is_some_and(|f| f.local_layers.is_some()) {
         local_layers(file, &arch, &mut obj)?;
     }
+    // OLMo 3's files say `olmo2` with sliding-window layers, which are not served.
+    if family.is_some_and(|f| f.name == "olmo2")
+        && let Some(window) = file.get(&format!("{arch}.attention.sliding_window")).and_then(|v| v.as_u64())
+        && window > 0
+    {
+        let reason = format!("{window}: OLMo 3's sliding-window layers are not supported (OLMo 2 is served)");
+        return Err(file.error(format!("{arch}.attention.sliding_window: {reason}")));
+    }
     if family.is_some_and(|f| f.gated_delta_net) {
         linear_attention(file, &arch, &mut obj)?;
     } else if family.is_some_and(|f| !f.gguf_qk_interleaved) {
