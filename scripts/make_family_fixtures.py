@@ -107,7 +107,10 @@ reference outputs (CI never runs this: the generated files are committed).
   the feed-forward's outputs normed, q and k normed over all their heads; the fixtures' merges under cl100k's
   split, no BOS; OLMo 2 Instruct's chat template (scripts/olmo2_chat_template.jinja, Tulu's turns). Its
   GGUF file comes from llama.cpp's converter only.
-- tests/fixtures/gguf/olmo3-arch.gguf: an OLMo 3 file's architecture (olmo2 with a sliding window), not served.
+- tests/fixtures/tiny-olmo3-f32: a random Olmo3ForCausalLM: OLMo 2's layers, four of them, the first three local
+  over a window of 16 positions, the fourth global and stretched by YaRN (factor 4 over 64 positions), the
+  local ones rotated without it; OLMo 2's tokenizer and template. Its GGUF file (architecture olmo2) comes
+  from llama.cpp's converter only.
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf: tiny-llama-f32.gguf's tokenizer metadata
   (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k: Phi-4-mini's) or `dbrx`
   (cl100k: Phi-4's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
@@ -142,7 +145,8 @@ from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
-from transformers import Olmo2Config, Olmo2ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM  # noqa: E402
+from transformers import (Olmo2Config, Olmo2ForCausalLM, Olmo3Config, Olmo3ForCausalLM, SmolLM3Config,  # noqa: E402
+                          SmolLM3ForCausalLM)
 from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
                           MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3NextConfig,
                           Qwen3NextForCausalLM)
@@ -406,6 +410,17 @@ OLMO2 = dict(
         "model_max_length": base.MAX_POS, "tokenizer_class": "GPT2Tokenizer"},
     add_special=False, robust_greedy=True,
 )
+
+
+# OLMo 3: OLMo 2's layers, three of every four local over a window of 16, the global ones stretched
+# by YaRN (factor 4 over an original 64 positions), the local ones rotated without it.
+OLMO3 = dict(OLMO2, name="tiny-olmo3-f32", arch="olmo3", model=Olmo3ForCausalLM, config=lambda sp: Olmo3Config(
+    vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=base.MAX_POS,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, sliding_window=16,
+    rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    bos_token_id=sp["<|endoftext|>"], eos_token_id=sp["<|endoftext|>"], pad_token_id=sp["<|pad|>"],
+    attn_implementation="eager"))
 
 
 def no_bos(tokenizer):
@@ -1368,11 +1383,9 @@ def tekken_fixture():
     pre_fixture("dbrx", LLAMA_SPLIT, False, False)
 
 
-def write_arch_only(path, arch, window=None):
+def write_arch_only(path, arch):
     w = GGUFWriter(path, arch)
     w.add_block_count(1)
-    if window:
-        w.add_sliding_window(window)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -1440,8 +1453,7 @@ def main():
         return
     if sys.argv[1:] == ["olmo2"]:
         build_hf(OLMO2)
-        # OLMo 3's files: architecture olmo2 with sliding-window layers (not served).
-        write_arch_only(os.path.join(GGUF_OUT, "olmo3-arch.gguf"), "olmo2", window=4096)
+        build_hf(OLMO3)
         return
     if sys.argv[1:] == ["tekken"]:
         tekken_fixture()

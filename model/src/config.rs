@@ -217,7 +217,7 @@ pub struct ModelConfig {
     pub input_norms: bool,
     /// q's and k's norms (`qk_norm`) span all their heads at once (OLMo 2), not each head.
     pub whole_qk_norms: bool,
-    /// Gemma's local layers.
+    /// Local layers (Gemma's, gpt-oss's, OLMo 3's).
     pub sliding: Option<SlidingWindow>,
     /// Per layer: whether it has no rotary embedding (SmolLM3's NoPE layers, where its queries
     /// and keys go unturned); `None`: every layer turns them.
@@ -343,6 +343,15 @@ impl ModelConfig {
             let section = if obj.contains_key("rope_parameters") { "rope_parameters" } else { "rope_scaling" };
             return Err(LoadError::Config { field: format!("{section}.short_factor"), reason });
         }
+        // OLMo 3's local layers rotate by the global base without the global layers' scaling.
+        let mut sliding = f.sliding(arch)?;
+        if let (Some(s), Some(local)) = (&mut sliding, &arch.local_layers)
+            && s.rope_theta.is_none()
+            && local.unscaled
+            && !matches!(rope_scaling, RopeScaling::None)
+        {
+            s.rope_theta = Some(rope_theta);
+        }
         let config = Self {
             arch,
             hidden_size,
@@ -376,7 +385,7 @@ impl ModelConfig {
             sandwich_norms: arch.sandwich_norms,
             input_norms: !arch.no_input_norms,
             whole_qk_norms: arch.whole_qk_norms,
-            sliding: f.sliding(arch)?,
+            sliding,
             unrotated: f.unrotated(arch)?,
             attention_scalar: f.positive("query_pre_attn_scalar")?,
             attention_softcap: f.positive("attn_logit_softcapping")?,
@@ -1423,7 +1432,8 @@ mod tests {
     }
 
     /// OLMo 2's blocks: no input norms, the outputs normed, q and k normed over all their
-    /// heads; OLMo 3 (sliding-window layers) is refused by name.
+    /// heads. OLMo 3's config as released (transformers 4.x: `rope_scaling` at the top) has its
+    /// local layers listed; they rotate by the global base without the YaRN stretch.
     #[test]
     fn olmo2_norms_its_outputs_and_whole_queries_and_keys() {
         let olmo2 = r#"{"model_type":"olmo2","hidden_size":2048,"num_hidden_layers":16,"num_attention_heads":16,
@@ -1434,8 +1444,20 @@ mod tests {
         assert!(!c.input_norms && c.sandwich_norms && c.qk_norm && c.whole_qk_norms && !c.tie_word_embeddings);
         let llama = ModelConfig::from_json_str(&olmo2.replace("olmo2", "llama")).unwrap();
         assert!(llama.input_norms && !llama.sandwich_norms && !llama.whole_qk_norms);
-        let err = ModelConfig::from_json_str(&olmo2.replace("olmo2", "olmo3")).unwrap_err().to_string();
-        assert!(err.contains("olmo3") && err.contains("sliding-window"), "{err}");
+        assert_eq!(ModelConfig::from_json_str(&olmo2.replace("olmo2", "olmo3")).unwrap().sliding, None);
+        let olmo3 = olmo2.replace("olmo2", "olmo3").replace(
+            r#""attention_bias":false"#,
+            r#""attention_bias":false,"sliding_window":4096,"rope_scaling":{"rope_type":"yarn","factor":8.0,
+            "original_max_position_embeddings":8192,"attention_factor":1.2079},"layer_types":["sliding_attention",
+            "sliding_attention","sliding_attention","full_attention","sliding_attention","sliding_attention",
+            "sliding_attention","full_attention","sliding_attention","sliding_attention","sliding_attention",
+            "full_attention","sliding_attention","sliding_attention","sliding_attention","full_attention"]"#,
+        );
+        let c = ModelConfig::from_json_str(&olmo3).unwrap();
+        assert!(matches!(c.rope_scaling, RopeScaling::Yarn { .. }), "{:?}", c.rope_scaling);
+        let s = c.sliding.as_ref().unwrap();
+        assert_eq!((c.arch.name, s.window, s.rope_theta), ("olmo2", 4096, Some(500_000.0)));
+        assert!(c.is_local_layer(0) && !c.is_local_layer(3) && c.is_local_layer(14) && !c.is_local_layer(15));
     }
 
     #[test]

@@ -661,6 +661,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-gptoss-f32",
         "tiny-smollm3-f32",
         "tiny-olmo2-f32",
+        "tiny-olmo3-f32",
     ];
     for name in fixtures {
         let source = ModelSource::Gguf(fixture_dir("gguf").join("converted").join(format!("{name}.gguf")));
@@ -1005,9 +1006,6 @@ fn unsupported_types_and_architectures_are_named() {
     assert!(err.contains("blk.0.attn_q.weight") && err.contains("Q8_1") && err.contains("Q3_K"), "{err}");
     let err = load_error(&gguf_fixture("deepseek2-arch"));
     assert!(err.contains("`deepseek2`") && err.contains("latent attention") && err.contains("qwen3_moe"), "{err}");
-    // OLMo 3's files say `olmo2`; their sliding-window layers are refused, not read as full ones.
-    let err = load_error(&gguf_fixture("olmo3-arch"));
-    assert!(err.contains("olmo2.attention.sliding_window") && err.contains("OLMo 3"), "{err}");
     let err = load_error(&gguf_fixture("unknown-arch"));
     assert!(err.contains("unknown model type `rwkv7`") && err.contains("qwen2, qwen3, llama, qwen2_moe"), "{err}");
 }

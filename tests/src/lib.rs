@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 19] = [
+pub const FIXTURES: [&str; 20] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -28,6 +28,7 @@ pub const FIXTURES: [&str; 19] = [
     "tiny-gptoss-f32",
     "tiny-smollm3-f32",
     "tiny-olmo2-f32",
+    "tiny-olmo3-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

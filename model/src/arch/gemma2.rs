@@ -24,6 +24,6 @@ pub const GEMMA2: Architecture = Architecture {
         ("attn_logit_softcapping", 50.0),
         ("final_logit_softcapping", 30.0),
     ],
-    local_layers: Some(LocalLayers { pattern: 2, rope_theta: None }),
+    local_layers: Some(LocalLayers { pattern: 2, rope_theta: None, unscaled: false }),
     ..GEMMA3
 };

@@ -54,7 +54,7 @@ pub const GEMMA3: Architecture = Architecture {
     no_input_norms: false,
     whole_qk_norms: false,
     activation: Activation::GeluTanh,
-    local_layers: Some(LocalLayers { pattern: 6, rope_theta: Some(10_000.0) }),
+    local_layers: Some(LocalLayers { pattern: 6, rope_theta: Some(10_000.0), unscaled: false }),
     unrotated_interval: None,
     attention_sinks: false,
     yarn_truncate: true,

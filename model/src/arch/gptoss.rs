@@ -46,7 +46,7 @@ pub const GPT_OSS: Architecture = Architecture {
     no_input_norms: false,
     whole_qk_norms: false,
     activation: Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 },
-    local_layers: Some(LocalLayers { pattern: 2, rope_theta: None }),
+    local_layers: Some(LocalLayers { pattern: 2, rope_theta: None, unscaled: false }),
     unrotated_interval: None,
     attention_sinks: true,
     // Its YaRN ramp runs between unrounded dimensions (transformers' `truncate: false`, which its

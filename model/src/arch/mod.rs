@@ -121,9 +121,15 @@ pub struct LocalLayers {
     /// (transformers' `sliding_window_pattern`, which a config may give).
     pub pattern: usize,
     /// Their own rotary base, unscaled, when the config gives none (`rope_local_base_freq`);
-    /// `None`: they rotate as the global layers.
+    /// `None`: they rotate as the global layers, or by their base unscaled where `unscaled`.
     pub rope_theta: Option<f64>,
+    /// With no base of their own, they rotate by the global layers' base without its scaling
+    /// (OLMo 3's: YaRN stretches its global layers only).
+    pub unscaled: bool,
 }
+
+/// Families served as another's layers, by `config.json` `model_type`: (its name, the family's).
+pub const ALIASES: &[(&str, &str)] = &[("olmo3", "olmo2")];
 
 /// How a family's mixture-of-experts blocks differ.
 #[derive(Debug, PartialEq)]
@@ -185,7 +191,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("gemma", "Gemma's first layout (served: Gemma 2 and 3)"),
     ("gemma3n", "per-layer inputs, AltUp and shared key-value layers"),
     ("gemma4", "Gemma 4's layers"),
-    ("olmo3", "OLMo 3's sliding-window layers (served: OLMo 2)"),
     ("qwen2_vl", "a vision encoder"),
     ("qwen2vl", "a vision encoder"),
 ];
@@ -193,6 +198,7 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
 /// The family named `name` (a `config.json` `model_type`, the text model's own within a
 /// multimodal one, `qwen3_5_text`, or a GGUF architecture: for a GGUF file, `find_gguf`).
 pub fn find(name: &str) -> Option<&'static Architecture> {
+    let name = ALIASES.iter().find(|(alias, _)| *alias == name).map_or(name, |(_, family)| family);
     let text = name.strip_suffix("_text").unwrap_or(name);
     let by_name = ARCHITECTURES.iter().copied().find(|a| a.name == name || a.name == text);
     by_name.or_else(|| find_gguf(name, false))

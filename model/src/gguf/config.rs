@@ -92,14 +92,6 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     if family.is_some_and(|f| f.local_layers.is_some()) {
         local_layers(file, &arch, &mut obj)?;
     }
-    // OLMo 3's files say `olmo2` with sliding-window layers, which are not served.
-    if family.is_some_and(|f| f.name == "olmo2")
-        && let Some(window) = file.get(&format!("{arch}.attention.sliding_window")).and_then(|v| v.as_u64())
-        && window > 0
-    {
-        let reason = format!("{window}: OLMo 3's sliding-window layers are not supported (OLMo 2 is served)");
-        return Err(file.error(format!("{arch}.attention.sliding_window: {reason}")));
-    }
     if family.is_some_and(|f| f.gated_delta_net) {
         linear_attention(file, &arch, &mut obj)?;
     } else if family.is_some_and(|f| !f.gguf_qk_interleaved) {
@@ -190,9 +182,9 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
 /// `query_pre_attn_scalar`, which GGUF files do not carry).
 const GEMMA_DEFAULTS: [(&str, u64, u64); 2] = [("gemma2", 4096, 46), ("gemma3", 0, 62)];
 
-/// What local layers (Gemma's, gpt-oss's) need beyond the keys `FIELDS` maps: which layers are
-/// local (`attention.sliding_window_pattern`, a period or a flag per layer, else the family's
-/// period), their rotary base (`rope.freq_base_swa`); Gemma's soft-caps and query scale.
+/// What local layers (Gemma's, gpt-oss's, OLMo 3's) need beyond the keys `FIELDS` maps: which
+/// layers are local (`attention.sliding_window_pattern`, a period or a flag per layer, else the
+/// family's period), their rotary base (`rope.freq_base_swa`); Gemma's soft-caps and query scale.
 fn local_layers(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
     let gemma = GEMMA_DEFAULTS.iter().find(|d| d.0 == arch);
     let key = |k: &str| format!("{arch}.{k}");
