@@ -236,8 +236,9 @@ pub(super) fn calls_grammar(
 /// The Lark grammar of a turn in OpenAI's harmony format (gpt-oss), after the prompt's
 /// `<|start|>assistant`: at most one analysis message (the model's reasoning, free text to its
 /// `<|end|>`, at most `budget` tokens of it, none for 0; then the next message's
-/// `<|start|>assistant`), then, where `call` says a call must be made, one call to one of
-/// `functions` (each name with its parameters' schema, as `%json` takes it):
+/// `<|start|>assistant`), then, where `call` says a call must be made, at most one preamble (a
+/// `commentary` message with no recipient) and one call to one of `functions` (each name with
+/// its parameters' schema, as `%json` takes it):
 /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`, the arguments and
 /// `<|call|>`, which ends the turn (a harmony turn makes one call); otherwise the final answer
 /// (`<|channel|>final<|message|>…<|return|>`), after any preambles (`commentary` messages with
@@ -263,7 +264,13 @@ analysis: <[{channel}]> "analysis" <[{message}]> think <[{end}]> <[{start}]> "as
         None => g += "think: /(?s:.*)/\n",
     }
     if call {
-        g += "reply: call\n";
+        // One preamble may come first (`commentary` with no recipient, which the model shows the
+        // user before calling, as OpenAI's harmony guide has it).
+        g += &format!(
+            r#"reply: (<[{channel}]> "commentary" <[{message}]> text <[{end}]> <[{start}]> "assistant")? call
+text: /(?s:.*)/
+"#
+        );
     } else {
         let call = if functions.is_empty() { "" } else { " | call" };
         g += &format!(

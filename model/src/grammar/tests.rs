@@ -398,9 +398,9 @@ fn harmony() -> (Tokenizer, HarmonyTags, GrammarCompiler) {
 
 /// gpt-oss's required call (tiny-gptoss-f32's vocabulary with the harmony tags, `<|call|>` among
 /// the ends of a sequence as in gpt-oss's generation config): at most one analysis message, then
-/// a call's header naming an offered tool, arguments held to its schema, and `<|call|>`, which
-/// completes the grammar. The final channel, a second analysis, an unknown tool and a body
-/// without `<|call|>` are refused. Sampling with the tags favoured reaches both tools, with
+/// at most one preamble, a call's header naming an offered tool, arguments held to its schema,
+/// and `<|call|>`, which completes the grammar. The final channel, a second analysis, an unknown
+/// tool and a body without `<|call|>` are refused. Sampling with the tags favoured reaches both tools, with
 /// and without the analysis.
 #[test]
 fn a_harmony_call_may_follow_one_analysis_message_and_ends_the_turn() {
@@ -419,6 +419,12 @@ fn a_harmony_call_may_follow_one_analysis_message_and_ends_the_turn() {
     assert_eq!(follow(&spaced), Ok(Some(GuideEnd::Complete)));
     let thought = format!("<|channel|>analysis<|message|>Need weather: call it.<|end|><|start|>assistant{call}");
     assert_eq!(follow(&thought), Ok(Some(GuideEnd::Complete)));
+    // One preamble may come before the call, after the analysis or alone; not two.
+    let preamble = "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant";
+    assert_eq!(follow(&format!("{preamble}{call}")), Ok(Some(GuideEnd::Complete)));
+    let both = format!("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant{preamble}{call}");
+    assert_eq!(follow(&both), Ok(Some(GuideEnd::Complete)));
+    assert!(follow(&format!("{preamble}{preamble}{call}")).is_err());
     // Not a call: the final channel, a second analysis, another tool, arguments off the schema,
     // a body ended as an answer.
     assert!(follow("<|channel|>final<|message|>Hi<|return|>").is_err());
@@ -446,11 +452,13 @@ fn a_harmony_call_may_follow_one_analysis_message_and_ends_the_turn() {
         assert_eq!(end, Some(GuideEnd::Complete), "{:?}", tokenizer.decode(&tokens, false));
         let text = tokenizer.decode(&tokens, false).unwrap();
         let (head, rest) = text.split_once("<|channel|>commentary to=functions.").unwrap_or_else(|| panic!("{text:?}"));
-        assert!(
-            head.is_empty()
-                || (head.starts_with("<|channel|>analysis<|message|>") && head.ends_with("<|end|><|start|>assistant")),
-            "{text:?}"
-        );
+        // Before the call: an analysis, then a preamble, each optional.
+        let messages: Vec<&str> = head.split_terminator("<|end|><|start|>assistant").collect();
+        let kinds: Vec<bool> = messages.iter().map(|m| m.starts_with("<|channel|>analysis<|message|>")).collect();
+        let preamble = |m: &&str| m.starts_with("<|channel|>commentary<|message|>");
+        assert!(head.is_empty() || head.ends_with("<|end|><|start|>assistant"), "{text:?}");
+        assert!(matches!(kinds[..], [] | [_] | [true, false]), "{text:?}");
+        assert!(messages.iter().zip(&kinds).all(|(m, &a)| a || preamble(m)), "{text:?}");
         let (name, args) = rest.split_once(" <|constrain|>json<|message|>").unwrap_or_else(|| panic!("{text:?}"));
         let args: serde_json::Value =
             serde_json::from_str(args.strip_suffix("<|call|>").unwrap()).unwrap_or_else(|e| panic!("{e}: {text:?}"));
@@ -461,7 +469,7 @@ fn a_harmony_call_may_follow_one_analysis_message_and_ends_the_turn() {
             }
             other => panic!("{other:?} in {text:?}"),
         }
-        seen.insert((name.to_string(), head.is_empty()));
+        seen.insert((name.to_string(), kinds.first() == Some(&true)));
     }
     assert_eq!(seen.len(), 4, "both tools, with and without analysis: {seen:?}");
 }
