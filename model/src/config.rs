@@ -229,6 +229,11 @@ pub struct ModelConfig {
     pub attention_softcap: Option<f64>,
     /// The output logits likewise (`final_logit_softcapping`).
     pub logit_softcap: Option<f64>,
+    /// The attention's and the feed-forward's outputs are multiplied by this before their
+    /// residual sums (Granite's `residual_multiplier`).
+    pub residual_scale: Option<f32>,
+    /// The output logits are divided by this (Granite's `logits_scaling`).
+    pub logit_scale: Option<f64>,
     /// Each attention head has a learned sink: a logit in its softmax's denominator that no
     /// value goes with (gpt-oss's `sinks`).
     pub attention_sinks: bool,
@@ -381,15 +386,26 @@ impl ModelConfig {
             zero_centred_norms: arch.zero_centred_norms,
             linear: f.linear(arch)?,
             activation: f.activation(arch)?,
-            embedding_scale: arch.scaled_embedding.then(|| (hidden_size as f32).sqrt()),
+            // Gemma's √hidden_size, or Granite's `embedding_multiplier`.
+            embedding_scale: match arch.scaled_embedding {
+                true => Some((hidden_size as f32).sqrt()),
+                false => f.positive("embedding_multiplier")?.filter(|&m| m != 1.0).map(|m| m as f32),
+            },
             sandwich_norms: arch.sandwich_norms,
             input_norms: !arch.no_input_norms,
             whole_qk_norms: arch.whole_qk_norms,
             sliding,
             unrotated: f.unrotated(arch)?,
-            attention_scalar: f.positive("query_pre_attn_scalar")?,
+            // Granite's scores are scaled by `attention_multiplier` itself: the scalar whose
+            // inverse root it is.
+            attention_scalar: match f.positive("query_pre_attn_scalar")? {
+                Some(s) => Some(s),
+                None => f.positive("attention_multiplier")?.map(|m| 1.0 / (m * m)),
+            },
             attention_softcap: f.positive("attn_logit_softcapping")?,
             logit_softcap: f.positive("final_logit_softcapping")?,
+            residual_scale: f.positive("residual_multiplier")?.filter(|&m| m != 1.0).map(|m| m as f32),
+            logit_scale: f.positive("logits_scaling")?.filter(|&s| s != 1.0),
             attention_sinks: arch.attention_sinks,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(arch.tied_embeddings),
             moe,

@@ -198,14 +198,15 @@ fn pre_tokenizer_aliases_tokenize_as_the_family_does() {
 /// Mistral Nemo's `tekken` (a word is a run of capitals then of lower-case letters or the
 /// other way round, digits one a piece, `/` kept after punctuation; llama.cpp's BOS where the
 /// file has no `add_bos_token`), o200k's `gpt-4o` (Phi-4-mini's: Tekken's words with English
-/// contractions kept on them, up to three digits; no BOS) and cl100k's `dbrx` (Phi-4's: Llama
-/// 3's split without its BOS): each `pre-NAME.gguf` gives the ids Hugging Face's tokenizers
-/// gives under that split (`pre-NAME.json`), and the three differ. The regexes and defaults are
+/// contractions kept on them, up to three digits; no BOS), cl100k's `dbrx` (Phi-4's: Llama 3's
+/// split without its BOS) and the StarCoder family's `refact` (Granite 3's: each digit apart,
+/// then GPT-2's split): each `pre-NAME.gguf` gives the ids Hugging Face's tokenizers gives under
+/// that split (`pre-NAME.json`), and the four differ. The regexes and defaults are
 /// held here, not real vocabularies (llama.cpp ships no test of these).
 #[test]
-fn the_tekken_gpt4o_and_dbrx_pre_tokenizers_give_hugging_faces_ids() {
+fn the_tekken_gpt4o_dbrx_and_refact_pre_tokenizers_give_hugging_faces_ids() {
     let mut all = Vec::new();
-    for pre in ["pre-tekken", "pre-gpt-4o", "pre-dbrx"] {
+    for pre in ["pre-tekken", "pre-gpt-4o", "pre-dbrx", "pre-refact"] {
         let tokenizer = gguf(pre).tokenizer().unwrap();
         let path = gguf_fixture(pre).with_extension("json");
         let refs: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -223,6 +224,7 @@ fn the_tekken_gpt4o_and_dbrx_pre_tokenizers_give_hugging_faces_ids() {
     let unbos =
         |ids: &Vec<Vec<u32>>| ids.iter().map(|i| i.iter().skip(1).copied().collect::<Vec<_>>()).collect::<Vec<_>>();
     assert!(unbos(&all[0]) != all[1] && unbos(&all[0]) != all[2] && all[1] != all[2]);
+    assert!(all[3] != all[2] && all[3] != all[1] && all[3] != unbos(&all[0]));
 }
 
 /// The demo model's GGUF against Qwen's own tokenizer.json (`scripts/fetch_demo_model.sh` and
@@ -662,6 +664,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-smollm3-f32",
         "tiny-olmo2-f32",
         "tiny-olmo3-f32",
+        "tiny-granite-f32",
     ];
     for name in fixtures {
         let source = ModelSource::Gguf(fixture_dir("gguf").join("converted").join(format!("{name}.gguf")));
@@ -691,6 +694,26 @@ fn a_smollm3_gguf_reads_every_fourth_layer_unrotated() {
     assert!(ours.tie_word_embeddings && hf.tie_word_embeddings);
     // The file's eos (`<|im_end|>`) first, then the family's other ends of a generation.
     assert_eq!((ours.eos_token_ids[0], hf.eos_token_ids.as_slice()), (hf.eos_token_ids[0], &[968][..]));
+}
+
+/// Granite's GGUF files (`granite`) carry its four multipliers under llama.cpp's names
+/// (`embedding_scale`, `residual_scale`, `attention.scale`, `logit_scale`): tiny-granite-f32's
+/// reads them as its checkpoint's configuration does (the file's f32 values, read as the
+/// converter wrote them).
+#[test]
+fn a_granite_gguf_reads_its_multipliers() {
+    let name = "tiny-granite-f32";
+    let file = GgufFile::open(&fixture_dir("gguf").join("converted").join(format!("{name}.gguf"))).unwrap();
+    let (ours, hf) =
+        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    assert_eq!((ours.arch.name, hf.arch.name), ("granite", "granite"));
+    let multipliers = |c: &ModelConfig| (c.embedding_scale, c.residual_scale, c.logit_scale);
+    assert_eq!(multipliers(&ours), (Some(2.0), Some(0.5), Some(1.5)));
+    assert_eq!(multipliers(&ours), multipliers(&hf));
+    // Scores scaled by 0.2: the scalar whose inverse root that is, 25.
+    for c in [&ours, &hf] {
+        assert!(c.attention_scalar.is_some_and(|s| (s - 25.0).abs() < 1e-4), "{:?}", c.attention_scalar);
+    }
 }
 
 /// gpt-oss as OpenAI releases it, its experts' matrices in MXFP4: tiny-gptoss-mxfp4 holds

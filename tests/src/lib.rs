@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 20] = [
+pub const FIXTURES: [&str; 21] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -29,6 +29,7 @@ pub const FIXTURES: [&str; 20] = [
     "tiny-smollm3-f32",
     "tiny-olmo2-f32",
     "tiny-olmo3-f32",
+    "tiny-granite-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

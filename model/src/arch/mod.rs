@@ -7,6 +7,7 @@
 mod gemma2;
 mod gemma3;
 mod gptoss;
+mod granite;
 mod llama;
 mod ministral3;
 mod mistral;
@@ -180,6 +181,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &gptoss::GPT_OSS,
     &smollm3::SMOLLM3,
     &olmo2::OLMO2,
+    &granite::GRANITE,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what

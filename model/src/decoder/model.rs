@@ -213,7 +213,11 @@ impl LanguageModel for Decoder {
             let local = self.local_tables(batch, &cells, cache);
             let logits =
                 self.lm_head().forward_with(self.trunk(batch, x, tables, cells, local, cache, abort)?, norm, None);
-            // Gemma 2's soft-capped logits.
+            // Granite's scaled logits; Gemma 2's soft-capped ones.
+            let logits = match self.config.logit_scale {
+                Some(s) => logits.div_scalar(s),
+                None => logits,
+            };
             Ok(match self.config.logit_softcap {
                 Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),
                 None => logits,
@@ -524,13 +528,16 @@ impl Decoder {
             };
             // Gemma's outputs are normed before their residual sums; others' sums are fused into
             // the products.
-            x = match &w.post_norms {
-                Some([after_attention, _]) => x + after_attention.forward(w.o.forward_with(a, Pre::Plain, None)),
-                None => w.o.forward_with(a, Pre::Plain, Some(x)),
+            // Granite's are scaled before their sums.
+            x = match (&w.post_norms, c.residual_scale) {
+                (Some([after_attention, _]), _) => x + after_attention.forward(w.o.forward_with(a, Pre::Plain, None)),
+                (None, Some(m)) => x + w.o.forward_with(a, Pre::Plain, None).mul_scalar(m),
+                (None, None) => w.o.forward_with(a, Pre::Plain, Some(x)),
             };
-            x = match &w.post_norms {
-                Some([_, after_ffn]) => x.clone() + after_ffn.forward(w.ffn.forward_with(w.mlp_pre(), x, None)),
-                None => w.ffn.forward_residual(w.mlp_pre(), x),
+            x = match (&w.post_norms, c.residual_scale) {
+                (Some([_, after_ffn]), _) => x.clone() + after_ffn.forward(w.ffn.forward_with(w.mlp_pre(), x, None)),
+                (None, Some(m)) => x.clone() + w.ffn.forward_with(w.mlp_pre(), x, None).mul_scalar(m),
+                (None, None) => w.ffn.forward_residual(w.mlp_pre(), x),
             };
         }
         if let (Some(groups), Some(r)) = (&groups, cache.recurrent()) {

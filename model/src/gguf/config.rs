@@ -13,7 +13,7 @@ use crate::error::LoadError;
 use crate::tensors::TensorSource;
 
 /// Hugging Face field ← GGUF key under `{arch}.`.
-const FIELDS: [(&str, &str); 19] = [
+const FIELDS: [(&str, &str); 23] = [
     ("hidden_size", "embedding_length"),
     ("num_hidden_layers", "block_count"),
     ("num_attention_heads", "attention.head_count"),
@@ -35,6 +35,21 @@ const FIELDS: [(&str, &str); 19] = [
     ("full_attention_interval", "full_attention_interval"),
     // Phi-3's (0: none).
     ("sliding_window", "attention.sliding_window"),
+    // Granite's multipliers.
+    ("embedding_multiplier", "embedding_scale"),
+    ("residual_multiplier", "residual_scale"),
+    ("attention_multiplier", "attention.scale"),
+    ("logits_scaling", "logit_scale"),
+];
+
+/// The fields of `FIELDS` that are real numbers (f32 in the file).
+const FLOATS: [&str; 6] = [
+    "rms_norm_eps",
+    "rope_theta",
+    "embedding_multiplier",
+    "residual_multiplier",
+    "attention_multiplier",
+    "logits_scaling",
 ];
 
 /// Rope scaling keys under `{arch}.rope.scaling.`, as `rope_parameters` fields.
@@ -81,7 +96,7 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     for (field, key) in FIELDS {
         let key = format!("{arch}.{key}");
         let Some(v) = file.get(&key) else { continue };
-        let number = if field == "rms_norm_eps" || field == "rope_theta" {
+        let number = if FLOATS.contains(&field) {
             // f32 in the file: its shortest decimal, as the converter read it (1e-6, not 9.99e-7).
             v.as_f64().map(|x| json!((x as f32).to_string().parse::<f64>().unwrap_or(x)))
         } else {

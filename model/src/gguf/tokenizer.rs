@@ -5,7 +5,8 @@
 //! - `tokenizer.ggml.model` `gpt2`: byte-level BPE over `tokens` and `merges`, under the
 //!   pre-tokenizer `tokenizer.ggml.pre` names (Qwen2's: NFC, its split regex; Llama 3's
 //!   `llama-bpe` and Mistral Nemo's `tekken`: their split regexes, whole pieces that are tokens
-//!   kept whole; cl100k's `dbrx` (Phi-4's) and o200k's `gpt-4o` (Phi-4-mini's): theirs).
+//!   kept whole; cl100k's `dbrx` (Phi-4's) and o200k's `gpt-4o` (Phi-4-mini's): theirs; the
+//!   StarCoder family's `refact` (Granite 3's): each digit apart, then GPT-2's split).
 //! - `llama`: SentencePiece BPE (Llama 2, Mistral 7B): `tokens` merged pairwise, the pair whose
 //!   piece has the highest of `scores` first, as llama.cpp and sentencepiece do (Hugging Face's
 //!   conversion: every split of a piece into two pieces is a merge, ranked by the piece's
@@ -45,8 +46,10 @@ struct PreTokenizer {
     /// as the same (`llama-vocab.cpp`: DeepSeek-R1-Distill-Qwen's files say `deepseek-r1-qwen`,
     /// older Llama 3 files `llama3` or `llama-v3`).
     names: &'static [&'static str],
-    /// The split pattern. Numbers are one digit a piece for Qwen2, up to three for Llama 3.
-    split: &'static str,
+    /// The split patterns, applied in turn to the pieces of the one before (one for most; the
+    /// StarCoder family's isolates each digit first). Numbers are one digit a piece for Qwen2, up
+    /// to three for Llama 3.
+    splits: &'static [&'static str],
     /// Normalised to NFC first (Qwen2's; Llama 3's has no normaliser).
     nfc: bool,
     /// A piece that is itself a token is that token, whatever the merges would make of it
@@ -59,10 +62,16 @@ struct PreTokenizer {
 /// Llama 3's split (and cl100k's): contractions, words, numbers up to three digits a piece.
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-const PRE_TOKENIZERS: [PreTokenizer; 6] = [
+/// GPT-2's split (its byte-level pre-tokenizer's): contractions, words and numbers with a space
+/// before them, other runs, and whitespace.
+const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+const PRE_TOKENIZERS: [PreTokenizer; 7] = [
     PreTokenizer {
         names: &["qwen2", "deepseek-r1-qwen"],
-        split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        splits: &[
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
         nfc: true,
         ignore_merges: false,
         add_bos: false,
@@ -71,14 +80,16 @@ const PRE_TOKENIZERS: [PreTokenizer; 6] = [
     // NFC (llama.cpp's vocabulary test: "e\u{301}" is two tokens).
     PreTokenizer {
         names: &["qwen35"],
-        split: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        splits: &[
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
         nfc: false,
         ignore_merges: false,
         add_bos: false,
     },
     PreTokenizer {
         names: &["llama-bpe", "llama3", "llama-v3"],
-        split: LLAMA3_SPLIT,
+        splits: &[LLAMA3_SPLIT],
         nfc: false,
         ignore_merges: true,
         add_bos: true,
@@ -87,7 +98,7 @@ const PRE_TOKENIZERS: [PreTokenizer; 6] = [
     // split without its whole-piece rule or BOS (llama.cpp's reading).
     PreTokenizer {
         names: &["dbrx", "smaug-bpe"],
-        split: LLAMA3_SPLIT,
+        splits: &[LLAMA3_SPLIT],
         nfc: false,
         ignore_merges: false,
         add_bos: false,
@@ -96,7 +107,9 @@ const PRE_TOKENIZERS: [PreTokenizer; 6] = [
     // contractions kept on them, numbers up to three digits a piece.
     PreTokenizer {
         names: &["gpt-4o", "llama4"],
-        split: r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        splits: &[
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
         nfc: false,
         ignore_merges: false,
         add_bos: false,
@@ -105,10 +118,21 @@ const PRE_TOKENIZERS: [PreTokenizer; 6] = [
     // lower-case letters, or the other way round; numbers one digit a piece.
     PreTokenizer {
         names: &["tekken"],
-        split: r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        splits: &[
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
         nfc: false,
         ignore_merges: true,
         add_bos: true,
+    },
+    // The StarCoder family's (`refact`, `starcoder`: Granite 3's): each digit a piece of its own,
+    // then GPT-2's split over the rest.
+    PreTokenizer {
+        names: &["refact", "starcoder"],
+        splits: &[r"\p{N}", GPT2_SPLIT],
+        nfc: false,
+        ignore_merges: false,
+        add_bos: false,
     },
 ];
 
@@ -210,12 +234,17 @@ fn byte_level_bpe(file: &GgufFile, vocab: Vocab) -> Result<(tokenizers::Tokenize
         .build()
         .map_err(|e| bad(e.to_string()))?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
-    let split = Split::new(SplitPattern::Regex(pre.split.into()), SplitDelimiterBehavior::Isolated, false)
-        .map_err(|e| bad(e.to_string()))?;
+    let mut steps = Vec::with_capacity(pre.splits.len() + 1);
+    for &pattern in pre.splits {
+        let split = Split::new(SplitPattern::Regex(pattern.into()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| bad(e.to_string()))?;
+        steps.push(split.into());
+    }
+    steps.push(ByteLevel::new(false, false, false).into());
     if pre.nfc {
         inner.with_normalizer(Some(NFC));
     }
-    inner.with_pre_tokenizer(Some(Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()])));
+    inner.with_pre_tokenizer(Some(Sequence::new(steps)));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
     Ok((inner, pre.add_bos))
 }

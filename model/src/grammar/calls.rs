@@ -2,8 +2,9 @@
 //! `<tool_call>` tags, Qwen2's and Qwen3's JSON object or Qwen3.5's (and Qwen3-Coder's) XML
 //! elements, each parameter's value as the template writes it (text as it is, anything else as
 //! JSON); or, for Llama 3.x, the whole answer one JSON object with the call's `parameters`;
-//! Mistral's, after `[TOOL_CALLS]`, a JSON array of calls (7B v0.3, Nemo) or each call's name,
-//! then `[ARGS]` and its arguments (Mistral Small 3.2, Devstral, Magistral).
+//! Mistral's, after `[TOOL_CALLS]`, a JSON array of calls (7B v0.3, Nemo; Granite 3's the same
+//! after `<|tool_call|>`) or each call's name, then `[ARGS]` and its arguments (Mistral Small
+//! 3.2, Devstral, Magistral).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -22,6 +23,8 @@ pub enum CallSyntax {
     /// `[TOOL_CALLS]`, then the calls as a JSON array of `{"name": N, "arguments": A}` to the
     /// end of the turn (Mistral 7B v0.3, Nemo).
     JsonArray,
+    /// The same array after `<|tool_call|>` (Granite 3).
+    TaggedList,
     /// `[TOOL_CALLS]N[ARGS]A` per call, one after another to the end of the turn, with
     /// `[CALL_ID]` and the call's id between the name and `[ARGS]` where `ids` (Mistral Small
     /// 3.2; Devstral and Magistral write none).
@@ -107,6 +110,7 @@ impl CallSyntax {
         match self {
             Self::Json | Self::Xml => Some(CallTags { open: "<tool_call>", close: Some("</tool_call>"), ..mistral }),
             Self::JsonArray => Some(mistral),
+            Self::TaggedList => Some(CallTags { open: "<|tool_call|>", ..mistral }),
             Self::Named { ids } => {
                 Some(CallTags { args: Some("[ARGS]"), call_id: ids.then_some("[CALL_ID]"), ..mistral })
             }
@@ -165,9 +169,9 @@ pub(super) fn bare_call_grammar(functions: &[(&str, &Value)]) -> String {
     format!("start: %json {}\n", json_call(functions, "parameters"))
 }
 
-/// The Lark grammar of Mistral's calls to `functions` (each name with its parameters' schema): a
-/// JSON array of calls after `first` (the `[TOOL_CALLS]` tag, or nothing when the model wrote
-/// it), more than one if `parallel`. A SentencePiece vocabulary writes a space before the array.
+/// The Lark grammar of Mistral's (and Granite's) calls to `functions` (each name with its
+/// parameters' schema): a JSON array of calls after `first` (the `[TOOL_CALLS]` or
+/// `<|tool_call|>` tag, or nothing when the model wrote it), more than one if `parallel`. A SentencePiece vocabulary writes a space before the array.
 pub(super) fn call_array_grammar(functions: &[(&str, &Value)], first: &str, parallel: bool) -> String {
     let more = if parallel { " (\", \" call)*" } else { "" };
     let schema = json_call(functions, "arguments");
@@ -218,7 +222,11 @@ pub(super) fn calls_grammar(
     // Qwen2 models often end a call's line before the end of their turn.
     let start = format!("start: {first}call{more} \"\\n\"?\n");
     match syntax {
-        CallSyntax::Json | CallSyntax::Bare | CallSyntax::JsonArray | CallSyntax::Named { .. } => {
+        CallSyntax::Json
+        | CallSyntax::Bare
+        | CallSyntax::JsonArray
+        | CallSyntax::TaggedList
+        | CallSyntax::Named { .. } => {
             let schema = json_call(functions, "arguments");
             format!("{start}call: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n")
         }

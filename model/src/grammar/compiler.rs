@@ -140,7 +140,9 @@ impl GrammarCompiler {
         let (open, close) = (tags.open, tags.close);
         let first = if with_open { format!("<[{open}]> ") } else { String::new() };
         match syntax {
-            CallSyntax::JsonArray => return self.compile_lark(call_array_grammar(functions, &first, parallel)),
+            CallSyntax::JsonArray | CallSyntax::TaggedList => {
+                return self.compile_lark(call_array_grammar(functions, &first, parallel));
+            }
             CallSyntax::Named { .. } => {
                 return self.compile_lark(named_calls_grammar(functions, tags, &first, parallel));
             }

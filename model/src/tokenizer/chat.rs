@@ -321,6 +321,8 @@ impl ChatTemplate {
             CallSyntax::Named { ids: has("[CALL_ID]") }
         } else if has("[TOOL_CALLS]") {
             CallSyntax::JsonArray
+        } else if has("<|tool_call|>") {
+            CallSyntax::TaggedList
         } else if has("<function=") && has("<parameter=") {
             CallSyntax::Xml
         } else if !has("<tool_call>") && has("\"parameters\"") {
