@@ -203,6 +203,14 @@ def qwen35_tokenizer():
     return tok, specials
 
 
+def set_splits(tok, splits):
+    """`tok`'s pre-tokenizer split: one pattern, or several applied in turn (a list: the
+    StarCoder family's, digits apart first)."""
+    first = tok["pre_tokenizer"]["pretokenizers"][0]
+    splits = [splits] if isinstance(splits, str) else splits
+    tok["pre_tokenizer"]["pretokenizers"][:1] = [dict(first, pattern={"Regex": s}) for s in splits]
+
+
 def byte_level_tokenizer(special_tokens, split):
     """The fixtures' trimmed byte-level merges under pre-tokenizer `split`, no normalizer, with
     `special_tokens` after the merged pieces."""
@@ -211,7 +219,7 @@ def byte_level_tokenizer(special_tokens, split):
     tok["added_tokens"] = [added(keep + n, t, True) for n, t in enumerate(special_tokens)]
     specials = {t: keep + n for n, t in enumerate(special_tokens)}
     tok["normalizer"] = None
-    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": split}
+    set_splits(tok, split)
     return tok, specials
 
 
@@ -440,10 +448,7 @@ GRANITE_SPECIALS = ["<|end_of_text|>", "<fim_prefix>", "<fim_middle>", "<fim_suf
 def starcoder_tokenizer():
     """The fixtures' merges under the StarCoder family's pre-tokenizer: each digit a piece, then
     GPT-2's split (`refact` in GGUF files)."""
-    tok, specials = byte_level_tokenizer(GRANITE_SPECIALS, GPT2_SPLIT)
-    digits = {"type": "Split", "pattern": {"Regex": r"\p{N}"}, "behavior": "Isolated", "invert": False}
-    tok["pre_tokenizer"]["pretokenizers"].insert(0, digits)
-    return tok, specials
+    return byte_level_tokenizer(GRANITE_SPECIALS, [r"\p{N}", GPT2_SPLIT])
 
 
 # Granite 3.x: Llama's layers under its four multipliers, each away from 1 (milder than Granite
@@ -1411,10 +1416,7 @@ def pre_fixture(pre, split, ignore_merges, bos):
     for t in added:
         tok["model"]["vocab"][t] = len(tokens) - len(added) + added.index(t)
     tok["model"]["merges"] = [list(m) for m in PRE_MERGES] + tok["model"]["merges"]
-    # One split, or several in turn (the StarCoder family's: digits apart, then GPT-2's).
-    first = tok["pre_tokenizer"]["pretokenizers"][0]
-    splits = [split] if isinstance(split, str) else split
-    tok["pre_tokenizer"]["pretokenizers"][:1] = [dict(first, pattern={"Regex": s}) for s in splits]
+    set_splits(tok, split)
     tok["model"]["ignore_merges"] = ignore_merges
     if not bos:
         tok["post_processor"] = None

@@ -15,7 +15,8 @@ use llaisys_model::{
     WeightDtype, load_model,
 };
 use llaisys_tests::{
-    PromptRef, Reference, fixture_dir, gguf_family_references, gguf_fixture, gguf_references, imatrix_dat, max_abs_diff,
+    PromptRef, Reference, converted_fixture, fixture_dir, gguf_family_references, gguf_fixture, gguf_references,
+    imatrix_dat, max_abs_diff,
 };
 
 fn context(source: &ModelSource, weight_dtype: WeightDtype) -> Context {
@@ -26,6 +27,11 @@ fn context(source: &ModelSource, weight_dtype: WeightDtype) -> Context {
 
 fn gguf(name: &str) -> ModelSource {
     ModelSource::Gguf(gguf_fixture(name))
+}
+
+/// The configuration `file` reads as, and fixture `name`'s checkpoint's.
+fn configs(file: &GgufFile, name: &str) -> (ModelConfig, ModelConfig) {
+    (llaisys_model::gguf::model_config(file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap())
 }
 
 /// The values of f32 tensor `name` of `file`.
@@ -341,8 +347,7 @@ fn family_ggufs_match_transformers_over_their_weights() {
 fn qwen35_ggufs_match_transformers_like_their_safetensors_models() {
     for name in ["tiny-qwen35-f32", "tiny-qwen35moe-f32", "tiny-qwen3next-f32"] {
         let file = GgufFile::open(&gguf_fixture(name)).unwrap();
-        let (from_file, from_dir) =
-            (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+        let (from_file, from_dir) = configs(&file, name);
         assert_eq!(from_file.num_hidden_layers, from_dir.num_hidden_layers, "{name}: the MTP block is no layer");
         assert_eq!((from_file.rotary_dim, from_file.moe.is_some()), (from_dir.rotary_dim, from_dir.moe.is_some()));
         let (a, b) = (from_file.linear.clone().unwrap(), from_dir.linear.clone().unwrap());
@@ -396,8 +401,7 @@ fn sentencepiece_ids(name: &str, tokenizers: [&Tokenizer; 2]) {
 fn a_mistral_gguf_is_llama_with_a_sentencepiece_tokenizer() {
     let name = "tiny-mistral-f32";
     let file = GgufFile::open(&gguf_fixture(name)).unwrap();
-    let (ours, hf) =
-        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    let (ours, hf) = configs(&file, name);
     assert_eq!((ours.arch.name, hf.arch.name), ("llama", "mistral"));
     assert_eq!(
         (ours.num_hidden_layers, ours.num_attention_heads, ours.num_key_value_heads, ours.head_dim, ours.vocab_size),
@@ -463,8 +467,7 @@ fn a_mistral_gguf_is_llama_with_a_sentencepiece_tokenizer() {
 fn a_llama_gguf_with_experts_is_mixtral() {
     let name = "tiny-mixtral-f32";
     let file = GgufFile::open(&gguf_fixture(name)).unwrap();
-    let (ours, hf) =
-        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    let (ours, hf) = configs(&file, name);
     assert_eq!((ours.arch.name, hf.arch.name), ("mixtral", "mixtral"));
     assert_eq!(ours.moe, hf.moe);
     let moe = hf.moe.as_ref().unwrap();
@@ -506,8 +509,7 @@ fn a_gguf_with_one_tensor_per_expert_is_the_stacked_model() {
 fn a_mistral3_gguf_is_ministral3_with_its_yarn_and_query_scaling() {
     let name = "tiny-ministral3-f32";
     let file = GgufFile::open(&gguf_fixture(name)).unwrap();
-    let (ours, hf) =
-        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    let (ours, hf) = configs(&file, name);
     assert_eq!((ours.arch.name, hf.arch.name), ("ministral3", "ministral3"));
     let factor = |c: &ModelConfig| match c.rope_scaling {
         RopeScaling::Yarn { attention_factor, factor, .. } => (attention_factor.map(|a| a as f32), factor),
@@ -537,8 +539,7 @@ fn a_mistral3_gguf_is_ministral3_with_its_yarn_and_query_scaling() {
 fn a_phi3_gguf_reads_its_fused_projections_and_longrope() {
     let name = "tiny-phi3-f32";
     let file = GgufFile::open(&gguf_fixture(name)).unwrap();
-    let (ours, hf) =
-        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    let (ours, hf) = configs(&file, name);
     assert_eq!((ours.arch.name, hf.arch.name), ("phi3", "phi3"));
     assert_eq!((ours.rotary_dim, hf.rotary_dim, hf.head_dim), (12, 12, 16));
     let longrope = |c: &ModelConfig| match &c.rope_scaling {
@@ -574,8 +575,7 @@ fn a_phi3_gguf_reads_its_fused_projections_and_longrope() {
 fn a_gemma3_gguf_reads_its_local_layers_norms_and_vocabulary() {
     let name = "tiny-gemma3-f32";
     let file = GgufFile::open(&gguf_fixture(name)).unwrap();
-    let (ours, hf) =
-        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    let (ours, hf) = configs(&file, name);
     assert_eq!((ours.arch.name, hf.arch.name), ("gemma3", "gemma3"));
     let sliding = hf.sliding.as_ref().unwrap();
     assert_eq!((sliding.window, sliding.rope_theta), (16, Some(10_000.0)));
@@ -667,7 +667,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-granite-f32",
     ];
     for name in fixtures {
-        let source = ModelSource::Gguf(fixture_dir("gguf").join("converted").join(format!("{name}.gguf")));
+        let source = ModelSource::Gguf(converted_fixture(name));
         let model = load_model(None, Some(&source), &LoadOptions::default(), &Device::flex())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
@@ -685,9 +685,8 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
 #[test]
 fn a_smollm3_gguf_reads_every_fourth_layer_unrotated() {
     let name = "tiny-smollm3-f32";
-    let file = GgufFile::open(&fixture_dir("gguf").join("converted").join(format!("{name}.gguf"))).unwrap();
-    let (ours, hf) =
-        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    let file = GgufFile::open(&converted_fixture(name)).unwrap();
+    let (ours, hf) = configs(&file, name);
     assert_eq!((ours.arch.name, hf.arch.name), ("smollm3", "smollm3"));
     assert_eq!(ours.unrotated, Some(vec![false, false, false, true]));
     assert_eq!(ours.unrotated, hf.unrotated);
@@ -703,9 +702,8 @@ fn a_smollm3_gguf_reads_every_fourth_layer_unrotated() {
 #[test]
 fn a_granite_gguf_reads_its_multipliers() {
     let name = "tiny-granite-f32";
-    let file = GgufFile::open(&fixture_dir("gguf").join("converted").join(format!("{name}.gguf"))).unwrap();
-    let (ours, hf) =
-        (llaisys_model::gguf::model_config(&file).unwrap(), ModelConfig::from_dir(&fixture_dir(name)).unwrap());
+    let file = GgufFile::open(&converted_fixture(name)).unwrap();
+    let (ours, hf) = configs(&file, name);
     assert_eq!((ours.arch.name, hf.arch.name), ("granite", "granite"));
     let multipliers = |c: &ModelConfig| (c.embedding_scale, c.residual_scale, c.logit_scale);
     assert_eq!(multipliers(&ours), (Some(2.0), Some(0.5), Some(1.5)));
@@ -729,7 +727,7 @@ fn a_granite_gguf_reads_its_multipliers() {
 fn gpt_oss_in_mxfp4_reads_as_its_dense_weights() {
     let reference = Reference::load("tiny-gptoss-f32");
     let dir = ModelSource::Dir(fixture_dir("tiny-gptoss-mxfp4"));
-    let file = ModelSource::Gguf(fixture_dir("gguf").join("converted").join("tiny-gptoss-mxfp4.gguf"));
+    let file = ModelSource::Gguf(converted_fixture("tiny-gptoss-mxfp4"));
     for source in [&dir, &file] {
         let mut exact = context(source, WeightDtype::F32);
         let mut kept = context(source, WeightDtype::Auto);

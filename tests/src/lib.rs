@@ -225,6 +225,12 @@ pub fn gguf_fixture(name: &str) -> PathBuf {
     fixture_dir("gguf").join(format!("{name}.gguf"))
 }
 
+/// Fixture `name` as llama.cpp's own converter writes it (`fixtures/gguf/converted/NAME.gguf`,
+/// made by `scripts/convert_fixtures_with_llamacpp.sh`).
+pub fn converted_fixture(name: &str) -> PathBuf {
+    fixture_dir("gguf").join("converted").join(format!("{name}.gguf"))
+}
+
 /// A float64 numpy forward pass's outputs for one prompt, over a GGUF fixture's dequantized
 /// weights.
 #[derive(Debug, Clone, Deserialize)]

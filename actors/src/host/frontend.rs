@@ -182,10 +182,9 @@ impl Frontend {
     /// and tool calls (`HarmonyParsing`). Tools are called as the model chooses (`auto`), or
     /// the turn is one call (`required`, a named `tool_choice`) after the model's reasoning,
     /// held to the format and the tool's schema; a `thinking_budget` caps the reasoning (the
-    /// analysis message). A constrained answer (`response_format`, a
-    /// grammar) is the final channel's: the prompt opens that channel
-    /// (`<|channel|>final<|message|>`), so the grammar holds from the answer's first token and
-    /// the model does not reason first.
+    /// analysis message). A constrained answer (`response_format`, a grammar) is the final
+    /// channel's: the prompt opens that channel (`<|channel|>final<|message|>`), so the grammar
+    /// holds from the answer's first token and the model does not reason first.
     fn harmony_chat(
         &self,
         request: &ChatRequest,

@@ -483,10 +483,7 @@ impl Decoder {
                     let qkv = match whole {
                         Some([q_norm, k_norm]) => {
                             let (q, k) = (heads * hd, kv_heads * hd);
-                            let width = qkv.dims()[1];
-                            let q_part = q_norm.forward(qkv.clone().narrow(1, 0, q));
-                            let k_part = k_norm.forward(qkv.clone().narrow(1, q, k));
-                            Tensor::cat(vec![q_part, k_part, qkv.narrow(1, q + k, width - q - k)], 1)
+                            RmsNorm::forward_parts(qkv, [(q_norm, 0..q), (k_norm, q..q + k)])
                         }
                         None => qkv,
                     };

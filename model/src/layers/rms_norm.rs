@@ -33,16 +33,13 @@ impl RmsNorm {
         ([&q.weight, &k.weight], q.eps)
     }
 
-    /// Per-head norms (Qwen3's q and k norms): the heads in each of `parts`' column ranges of
-    /// `x` normalised by that part's norm (weight \[head_dim\]); the other columns unchanged.
+    /// Norms of column ranges (q's and k's): each of `parts`' ranges of `x` normalised by that
+    /// part's norm in groups as long as its weight: a head at a time (Qwen3's, weight
+    /// \[head_dim\]), or the whole range at once (OLMo 2's); the other columns unchanged.
     ///
     /// # Shapes
-    /// x: [n, width], every range a multiple of head_dim within it → [n, width]
-    pub fn forward_heads<const P: usize>(
-        x: Tensor<2>,
-        parts: [(&RmsNorm, Range<usize>); P],
-        head_dim: usize,
-    ) -> Tensor<2> {
+    /// x: [n, width], every range a multiple of its norm's weight within it → [n, width]
+    pub fn forward_parts<const P: usize>(x: Tensor<2>, parts: [(&RmsNorm, Range<usize>); P]) -> Tensor<2> {
         let [n, width] = x.dims();
         let mut parts = parts.to_vec();
         parts.sort_by_key(|(_, cols)| cols.start);
@@ -52,7 +49,8 @@ impl RmsNorm {
             if cols.start > at {
                 pieces.push(x.clone().narrow(1, at, cols.start - at));
             }
-            let heads = x.clone().narrow(1, cols.start, cols.len()).reshape([n * cols.len() / head_dim, head_dim]);
+            let group = norm.weight.dims()[0];
+            let heads = x.clone().narrow(1, cols.start, cols.len()).reshape([n * cols.len() / group, group]);
             pieces.push(norm.forward(heads).reshape([n, cols.len()]));
             at = cols.end;
         }
@@ -69,6 +67,7 @@ mod tests {
     use burn::tensor::{Device, TensorData};
 
     /// Each head of each part is normalised on its own; columns outside the parts are kept.
+    /// A part whose norm spans it is normalised as one.
     #[test]
     fn heads_are_normalised_one_by_one() {
         let device = Device::flex();
@@ -78,7 +77,7 @@ mod tests {
         let weight = |w: Vec<f32>| RmsNorm { weight: Tensor::from_data(TensorData::new(w, [d]), &device), eps: 1e-6 };
         let (a, b) = (weight(vec![1.0, 2.0, 0.5, -1.0]), weight(vec![0.25; 4]));
         let got =
-            RmsNorm::forward_heads(x, [(&b, 3 * d..4 * d), (&a, 0..2 * d)], d).into_data().try_to_vec::<f32>().unwrap();
+            RmsNorm::forward_parts(x, [(&b, 3 * d..4 * d), (&a, 0..2 * d)]).into_data().try_to_vec::<f32>().unwrap();
         for row in 0..n {
             for head in 0..5 {
                 let at = row * 5 * d + head * d;
@@ -96,6 +95,20 @@ mod tests {
                         got[at + i]
                     );
                 }
+            }
+        }
+        // A norm as long as its range (OLMo 2's over all of q's heads) takes the range at once.
+        let x = Tensor::<2>::from_data(TensorData::new(values.clone(), [n, 5 * d]), &device);
+        let whole =
+            RmsNorm { weight: Tensor::from_data(TensorData::new(vec![0.5; 2 * d], [2 * d]), &device), eps: 1e-6 };
+        let got = RmsNorm::forward_parts(x, [(&whole, d..3 * d)]).into_data().try_to_vec::<f32>().unwrap();
+        for row in 0..n {
+            let at = row * 5 * d;
+            let part = &values[at + d..at + 3 * d];
+            let scale = 1.0 / (part.iter().map(|v| v * v).sum::<f32>() / (2 * d) as f32 + 1e-6).sqrt();
+            for i in 0..5 * d {
+                let want = if (d..3 * d).contains(&i) { values[at + i] * scale * 0.5 } else { values[at + i] };
+                assert!((got[at + i] - want).abs() < 1e-5, "row {row} column {i}: {} vs {want}", got[at + i]);
             }
         }
     }

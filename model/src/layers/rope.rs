@@ -297,7 +297,7 @@ impl Rope {
     ) -> Tensor<2> {
         let d = 2 * t.shape[2];
         let qkv = match norms {
-            Some([nq, nk]) => RmsNorm::forward_heads(qkv, [(nq, q.clone()), (nk, k.clone())], d),
+            Some([nq, nk]) => RmsNorm::forward_parts(qkv, [(nq, q.clone()), (nk, k.clone())]),
             None => qkv,
         };
         // q's heads and k's, side by side, rotated as one block: one kernel on a GPU, else half
