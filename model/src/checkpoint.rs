@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -116,6 +117,18 @@ impl Checkpoint {
                 (ours.unwrap_or(name), e)
             })
             .collect();
+        self
+    }
+
+    /// The checkpoint without the tensors of layers `layers` (`model.layers.{l}.`): a
+    /// multi-token-prediction head's, after the model's (GLM-4.5's), which is not served.
+    pub fn without_layers(mut self, layers: Range<usize>) -> Self {
+        if !layers.is_empty() {
+            self.entries.retain(|name, _| {
+                let layer = name.strip_prefix("model.layers.").and_then(|r| r.split_once('.')).map(|(l, _)| l);
+                !layer.and_then(|l| l.parse::<usize>().ok()).is_some_and(|l| layers.contains(&l))
+            });
+        }
         self
     }
 

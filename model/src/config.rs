@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value, json};
 
-use crate::arch::{self, Architecture, Bias};
+use crate::arch::{self, Architecture, Bias, Shared};
 use crate::error::LoadError;
 use crate::lm::Pooling;
 
@@ -120,6 +120,18 @@ pub struct SlidingWindow {
     pub rope_theta: Option<f64>,
 }
 
+/// How a mixture of experts' router scores and chooses its experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// A softmax over the router's logits: the top-k by probability, weighed by it.
+    Softmax,
+    /// A sigmoid of each logit: the top-k by score plus the layer's selection bias, among the
+    /// experts of the best `groups_used` of `groups` equal groups (a group ranked by the sum of
+    /// its two best biased scores), weighed by their scores (DeepSeek V3's, GLM-4.5's: `n_group`,
+    /// `topk_group`).
+    Sigmoid { groups: usize, groups_used: usize },
+}
+
 /// A mixture-of-experts feed-forward (`num_experts`, ...).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeConfig {
@@ -130,8 +142,15 @@ pub struct MoeConfig {
     pub intermediate_size: usize,
     /// The top-k weights are renormalised to sum to 1.
     pub norm_topk_prob: bool,
+    /// How the router scores and chooses experts.
+    pub routing: Routing,
+    /// The chosen experts' weights are multiplied by this (`routed_scaling_factor`; 1 for most).
+    pub routed_scale: f32,
     /// The shared expert's width, for families that have one.
     pub shared_intermediate_size: Option<usize>,
+    /// The shared expert's output is scaled by a sigmoid gate of its own (Qwen2-MoE's), not
+    /// added as it is (GLM-4.5's).
+    pub shared_gated: bool,
     /// Layers whose feed-forward is a dense SwiGLU of `intermediate_size` instead.
     pub dense_layers: Vec<usize>,
     /// The router and every expert's matrices have biases (gpt-oss).
@@ -240,6 +259,9 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// The mixture of experts of a MoE family.
     pub moe: Option<MoeConfig>,
+    /// Multi-token-prediction layers a checkpoint keeps after the model's
+    /// (`num_nextn_predict_layers`: GLM-4.5's `model.layers.{num_hidden_layers}.`): not read.
+    pub nextn_layers: usize,
     pub torch_dtype: Option<CheckpointDtype>,
     pub bos_token_id: Option<u32>,
     /// `eos_token_id` may be one id or a list in the file.
@@ -366,7 +388,8 @@ impl ModelConfig {
             head_dim,
             qkv_bias,
             o_bias: qkv_bias && arch.o_bias_with_qkv,
-            qk_norm: arch.qk_norm,
+            // GLM-4.5's configs say (`use_qk_norm`); its smaller models have none.
+            qk_norm: arch.qk_norm || f.opt_bool("use_qk_norm")?.unwrap_or(false),
             // A model whose every layer is a mixture of experts has no dense width (Qwen3.5-MoE).
             intermediate_size: match (f.opt_usize("intermediate_size")?, &moe) {
                 (Some(n), _) => n,
@@ -409,6 +432,7 @@ impl ModelConfig {
             attention_sinks: arch.attention_sinks,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(arch.tied_embeddings),
             moe,
+            nextn_layers: f.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
             // transformers ≥ 5 writes `dtype`, earlier versions `torch_dtype`.
             torch_dtype: match f.get("torch_dtype") {
                 Some(_) => f.dtype("torch_dtype")?,
@@ -552,6 +576,32 @@ impl ModelConfig {
             if m.intermediate_size == 0 || m.shared_intermediate_size == Some(0) {
                 return bad("moe_intermediate_size", "expert widths must be > 0".into());
             }
+            if !(m.routed_scale.is_finite() && m.routed_scale > 0.0) {
+                return bad("routed_scaling_factor", format!("{} must be a positive number", m.routed_scale));
+            }
+            if let Routing::Sigmoid { groups, groups_used } = m.routing {
+                if groups == 0 || !m.experts.is_multiple_of(groups) {
+                    return bad(
+                        "n_group",
+                        format!("{groups} must divide num_experts ({}) into equal groups", m.experts),
+                    );
+                }
+                // A group is ranked by its two best experts.
+                if groups > 1 && m.experts / groups < 2 {
+                    return bad("n_group", format!("{groups} groups of {} experts: each needs two", m.experts));
+                }
+                if groups_used == 0 || groups_used > groups {
+                    return bad("topk_group", format!("{groups_used} must be between 1 and n_group ({groups})"));
+                }
+                if m.experts_per_token > groups_used * (m.experts / groups) {
+                    let reason = format!(
+                        "{} experts a token, more than the {} in its best {groups_used} groups",
+                        m.experts_per_token,
+                        groups_used * (m.experts / groups)
+                    );
+                    return bad("num_experts_per_tok", reason);
+                }
+            }
         }
         let vocab = self.vocab_size;
         for (field, id) in self
@@ -653,8 +703,9 @@ impl Fields<'_> {
     }
 
     /// A MoE family's experts: `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
-    /// `norm_topk_prob`, the shared expert's width, and the dense layers (`mlp_only_layers`,
-    /// and those `decoder_sparse_step` skips).
+    /// `norm_topk_prob`, the routing (`n_group`, `topk_group`, `routed_scaling_factor`), the
+    /// shared expert's width, and the dense layers (`mlp_only_layers`, those `decoder_sparse_step`
+    /// skips, and the first `first_k_dense_replace`).
     fn moe(&self, arch: &Architecture) -> Result<Option<MoeConfig>, LoadError> {
         let Some(experts) = &arch.experts else { return Ok(None) };
         let layers = self.usize("num_hidden_layers")?;
@@ -674,20 +725,38 @@ impl Fields<'_> {
             let reason = format!("layer {l} is beyond num_hidden_layers");
             return Err(LoadError::Config { field: "mlp_only_layers".into(), reason });
         }
-        let dense_layers = (0..layers).filter(|l| listed.contains(l) || !(l + 1).is_multiple_of(step)).collect();
+        let leading = self.opt_usize("first_k_dense_replace")?.unwrap_or(0);
+        let dense_layers =
+            (0..layers).filter(|&l| l < leading || listed.contains(&l) || !(l + 1).is_multiple_of(step)).collect();
+        let width = self.usize(experts.width)?;
         Ok(Some(MoeConfig {
-            // transformers ≥ 5 writes `num_local_experts`, the Hub's checkpoints `num_experts`.
-            experts: match self.opt_usize("num_local_experts")? {
-                Some(n) => n,
-                None => self.usize("num_experts")?,
+            // transformers ≥ 5 writes `num_local_experts`, the Hub's checkpoints `num_experts`
+            // (GLM-4.5's and DeepSeek's `n_routed_experts`).
+            experts: match (self.opt_usize("num_local_experts")?, self.opt_usize("n_routed_experts")?) {
+                (Some(n), _) | (None, Some(n)) => n,
+                (None, None) => self.usize("num_experts")?,
             },
             experts_per_token: self.usize("num_experts_per_tok")?,
-            intermediate_size: self.usize(experts.width)?,
+            intermediate_size: width,
             norm_topk_prob: experts.norm_topk_always || self.opt_bool("norm_topk_prob")?.unwrap_or(false),
-            shared_intermediate_size: match experts.shared_expert {
-                true => Some(self.usize("shared_expert_intermediate_size")?),
-                false => None,
+            routing: match experts.sigmoid_router {
+                true => Routing::Sigmoid {
+                    groups: self.opt_usize("n_group")?.unwrap_or(1),
+                    groups_used: self.opt_usize("topk_group")?.unwrap_or(1),
+                },
+                false => Routing::Softmax,
             },
+            routed_scale: self.opt_f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
+            shared_intermediate_size: match experts.shared {
+                Shared::None => None,
+                Shared::Gated => Some(self.usize("shared_expert_intermediate_size")?),
+                // No shared expert where the config says none.
+                Shared::Plain => match self.opt_usize("n_shared_experts")?.unwrap_or(1) {
+                    0 => None,
+                    n => Some(n * width),
+                },
+            },
+            shared_gated: experts.shared == Shared::Gated,
             dense_layers,
             biases: experts.biases,
         }))

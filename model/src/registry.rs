@@ -62,6 +62,7 @@ pub const MODEL_TYPES: &[ModelType] = &[
     ModelType { name: "smollm3", load: decoder::load, info: decoder::info },
     ModelType { name: "olmo2", load: decoder::load, info: decoder::info },
     ModelType { name: "granite", load: decoder::load, info: decoder::info },
+    ModelType { name: "glm4_moe", load: decoder::load, info: decoder::info },
     ModelType { name: "mock", load: mock::load, info: mock::info },
 ];
 

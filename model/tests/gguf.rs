@@ -665,6 +665,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-olmo2-f32",
         "tiny-olmo3-f32",
         "tiny-granite-f32",
+        "tiny-glm4moe-f32",
     ];
     for name in fixtures {
         let source = ModelSource::Gguf(converted_fixture(name));
@@ -712,6 +713,31 @@ fn a_granite_gguf_reads_its_multipliers() {
     for c in [&ours, &hf] {
         assert!(c.attention_scalar.is_some_and(|s| (s - 25.0).abs() < 1e-4), "{:?}", c.attention_scalar);
     }
+}
+
+/// GLM-4.5's GGUF files (`glm4moe`) say its routing with llama.cpp's expert keys (a sigmoid's
+/// gate, `expert_group_count`, `expert_weights_scale`, `expert_weights_norm`,
+/// `expert_shared_count`, `leading_dense_block_count`), its choice bias as `exp_probs_b.bias` and
+/// the feed-forward's norm as `post_attention_norm`; its multi-token-prediction block is counted
+/// in `block_count` and left out (`nextn_predict_layers`). tiny-glm4moe-f32's reads as its
+/// checkpoint's configuration does.
+#[test]
+fn a_glm4moe_gguf_reads_its_routing_and_leaves_out_its_prediction_layer() {
+    let name = "tiny-glm4moe-f32";
+    let file = GgufFile::open(&converted_fixture(name)).unwrap();
+    let (ours, hf) = configs(&file, name);
+    assert_eq!((ours.arch.name, hf.arch.name), ("glm4_moe", "glm4_moe"));
+    assert_eq!((ours.num_hidden_layers, hf.num_hidden_layers, hf.nextn_layers), (3, 3, 1));
+    let moe = hf.moe.clone().unwrap();
+    assert_eq!(moe.routing, llaisys_model::config::Routing::Sigmoid { groups: 1, groups_used: 1 });
+    assert_eq!((moe.routed_scale, moe.shared_intermediate_size, moe.shared_gated), (2.5, Some(32), false));
+    assert_eq!((moe.dense_layers.as_slice(), moe.norm_topk_prob), (&[0][..], true));
+    assert_eq!(ours.moe, hf.moe);
+    assert_eq!((ours.qk_norm, ours.qkv_bias, ours.o_bias, ours.rotary_dim), (true, true, false, 16));
+    assert_eq!((hf.qk_norm, hf.qkv_bias, hf.o_bias, hf.rotary_dim), (true, true, false, 16));
+    // The file's eos (`<|endoftext|>`), then the family's ends of a turn.
+    assert_eq!(hf.eos_token_ids, [956, 963, 965]);
+    assert!(hf.eos_token_ids.iter().all(|id| ours.eos_token_ids.contains(id)), "{:?}", ours.eos_token_ids);
 }
 
 /// gpt-oss as OpenAI releases it, its experts' matrices in MXFP4: tiny-gptoss-mxfp4 holds

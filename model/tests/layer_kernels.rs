@@ -1041,7 +1041,7 @@ fn top_k_rows_take_the_largest_values_best_first() {
 #[test]
 fn experts_routed_on_the_device_match_a_reference() {
     use burn::tensor::FloatDType;
-    use llaisys_model::layers::{Expert, ExpertStacks, Linear, Moe, Pre, linear};
+    use llaisys_model::layers::{Choice, Expert, ExpertStacks, Linear, Moe, Pre, linear};
     use llaisys_model::quant::QuantType;
     use llaisys_model::quant::device::DeviceRows;
     let (spec, device) = device();
@@ -1156,7 +1156,10 @@ fn experts_routed_on_the_device_match_a_reference() {
                 experts: all.clone(),
                 top_k,
                 norm_topk_prob: norm,
+                choice: Choice::Softmax,
+                routed_scale: 1.0,
                 shared: (!norm).then(|| shared_expert.clone()),
+                shared_gated: true,
                 stacks: stacks.clone(),
             };
             // 13 rows group on the device in every case, 60 on the host where that is more

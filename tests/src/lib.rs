@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 21] = [
+pub const FIXTURES: [&str; 22] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -30,6 +30,7 @@ pub const FIXTURES: [&str; 21] = [
     "tiny-olmo2-f32",
     "tiny-olmo3-f32",
     "tiny-granite-f32",
+    "tiny-glm4moe-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

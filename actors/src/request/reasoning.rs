@@ -89,6 +89,16 @@ impl ReasoningSplit {
         }
     }
 
+    /// Whether nothing of the output has been routed yet (no tag, no text).
+    pub fn at_start(&self) -> bool {
+        self.phase == Phase::Start
+    }
+
+    /// Whether `token` opens the thinking.
+    pub fn opens(&self, token: u32) -> bool {
+        token == self.tags.open
+    }
+
     /// Whether the output is inside its thinking.
     pub fn thinking(&self) -> bool {
         self.phase == Phase::Thinking

@@ -34,6 +34,10 @@ pub struct TextStream {
     held: String,
     /// The split of thinking from the answer, and the decoder of the thinking's text.
     reasoning: Option<(ReasoningSplit, IncrementalDecoder)>,
+    /// Whitespace tokens before anything else of a reasoning model's output, held: layout if a
+    /// think block opens next (GLM-4.5 writes `\n<think>` after its prompt), the answer's own
+    /// start otherwise.
+    lead: Vec<u32>,
     /// A harmony model's messages, and the decoders of their headers, reasoning and calls.
     harmony: Option<Box<Harmony>>,
     /// The recogniser of a call written as text (`tool_choice: auto`).
@@ -56,6 +60,7 @@ impl TextStream {
             stopped: false,
             tools: None,
             held: String::new(),
+            lead: Vec::new(),
             reasoning: None,
             harmony: None,
             text_calls: None,
@@ -129,6 +134,37 @@ impl TextStream {
 
     /// What `token` adds (possibly nothing); always nothing once stopped.
     pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<Piece, TokenizerError> {
+        if let Some((split, _)) = &self.reasoning
+            && split.at_start()
+            && !self.stopped
+        {
+            let whitespace =
+                |id| tokenizer.token_bytes(id).is_some_and(|b| !b.is_empty() && b.iter().all(u8::is_ascii_whitespace));
+            if split.opens(token) {
+                self.lead.clear();
+            } else if whitespace(token) {
+                self.lead.push(token);
+                return Ok(Piece::default());
+            } else if !self.lead.is_empty() {
+                return self.push_lead(tokenizer, Some(token));
+            }
+        }
+        self.push_token(tokenizer, token)
+    }
+
+    /// The held whitespace as the answer's start, then `token`.
+    fn push_lead(&mut self, tokenizer: &Tokenizer, token: Option<u32>) -> Result<Piece, TokenizerError> {
+        let mut piece = Piece::default();
+        for id in std::mem::take(&mut self.lead).into_iter().chain(token) {
+            let next = self.push_token(tokenizer, id)?;
+            piece.text.push_str(&next.text);
+            piece.reasoning.push_str(&next.reasoning);
+            piece.tool_calls.extend(next.tool_calls);
+        }
+        Ok(piece)
+    }
+
+    fn push_token(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<Piece, TokenizerError> {
         if self.stopped {
             return Ok(Piece::default());
         }
@@ -199,6 +235,14 @@ impl TextStream {
     /// What is still held back at the end of the stream (nothing once stopped): the rest of
     /// an unfinished thinking's text, or of the answer's.
     pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<Piece, TokenizerError> {
+        // An output of whitespace alone: its answer.
+        let lead = self.push_lead(tokenizer, None)?;
+        let mut tail = self.finish_text(tokenizer)?;
+        tail.text.insert_str(0, &lead.text);
+        Ok(tail)
+    }
+
+    fn finish_text(&mut self, tokenizer: &Tokenizer) -> Result<Piece, TokenizerError> {
         let mut tail = Piece::default();
         if self.stopped {
             return Ok(tail);

@@ -8,7 +8,7 @@
 //! by column), in MXFP4 where released (`*_blocks`, `*_scales`): `decoder::fused_experts` reads
 //! them as one matrix per expert. Its chat format is OpenAI's harmony (`<|channel|>` …).
 
-use super::{Activation, Architecture, Bias, Experts, LocalLayers};
+use super::{Activation, Architecture, Bias, Experts, LocalLayers, Shared};
 
 pub const GPT_OSS: Architecture = Architecture {
     name: "gpt_oss",
@@ -27,7 +27,8 @@ pub const GPT_OSS: Architecture = Architecture {
     gguf_aliases: &[("ffn_norm.weight", "post_attention_norm.weight")],
     hf_aliases: &[("mlp.gate.weight", "mlp.router.weight"), ("mlp.gate.bias", "mlp.router.bias")],
     experts: Some(Experts {
-        shared_expert: false,
+        shared: Shared::None,
+        sigmoid_router: false,
         gguf_norm_topk_prob: true,
         norm_topk_always: true,
         width: "intermediate_size",

@@ -7,7 +7,7 @@
 //! files hold one tensor per expert: `decoder::split_experts` stacks them).
 
 use super::mistral::MISTRAL;
-use super::{Architecture, Experts};
+use super::{Architecture, Experts, Shared};
 
 pub const MIXTRAL: Architecture = Architecture {
     name: "mixtral",
@@ -22,7 +22,8 @@ pub const MIXTRAL: Architecture = Architecture {
         ("mlp.experts.{e}.down_proj.weight", "block_sparse_moe.experts.{e}.w2.weight"),
     ],
     experts: Some(Experts {
-        shared_expert: false,
+        shared: Shared::None,
+        sigmoid_router: false,
         gguf_norm_topk_prob: true,
         norm_topk_always: true,
         width: "intermediate_size",

@@ -6,6 +6,7 @@
 
 mod gemma2;
 mod gemma3;
+mod glm4moe;
 mod gptoss;
 mod granite;
 mod llama;
@@ -135,8 +136,14 @@ pub const ALIASES: &[(&str, &str)] = &[("olmo3", "olmo2")];
 /// How a family's mixture-of-experts blocks differ.
 #[derive(Debug, PartialEq)]
 pub struct Experts {
-    /// Every MoE block also has a shared expert, gated by a sigmoid (Qwen2-MoE).
-    pub shared_expert: bool,
+    /// The shared expert every token also goes through, if the family has one.
+    pub shared: Shared,
+    /// The router scores experts by a sigmoid, not a softmax, and chooses them by those scores
+    /// plus a per-expert bias (`e_score_correction_bias`; GGUF `exp_probs_b.bias`) among the
+    /// best `topk_group` of `n_group` groups; the chosen experts weigh by their sigmoid scores
+    /// (renormalised where `norm_topk_prob`) times `routed_scaling_factor` (DeepSeek V3's
+    /// routing, GLM-4.5's).
+    pub sigmoid_router: bool,
     /// Whether a GGUF file's top-k weights are renormalised to sum to 1 (GGUF files do not
     /// say; llama.cpp decides by architecture).
     pub gguf_norm_topk_prob: bool,
@@ -151,6 +158,18 @@ pub struct Experts {
     /// Its checkpoints keep a layer's experts in 3-D tensors, gate and up interleaved, dense or
     /// in MXFP4 (gpt-oss's; `decoder::fused_experts` reads them).
     pub fused_3d: bool,
+}
+
+/// A family's shared expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shared {
+    None,
+    /// `shared_expert_intermediate_size` wide, its output scaled by `sigmoid(gate · x)`, its gate
+    /// a row of its own (Qwen2-MoE's `shared_expert_gate`).
+    Gated,
+    /// `n_shared_experts` experts' width (`moe_intermediate_size` each) in one SwiGLU, added as
+    /// it is (DeepSeek's and GLM-4.5's `shared_experts`).
+    Plain,
 }
 
 /// Where q, k and v biases come from.
@@ -182,6 +201,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &smollm3::SMOLLM3,
     &olmo2::OLMO2,
     &granite::GRANITE,
+    &glm4moe::GLM4_MOE,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
@@ -191,6 +211,8 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("deepseek_v3", "multi-head latent attention and experts"),
     ("deepseek2", "multi-head latent attention and experts"),
     ("gemma", "Gemma's first layout (served: Gemma 2 and 3)"),
+    ("glm4", "GLM-4's norms after each block and its interleaved rotary embedding (served: GLM-4.5's glm4_moe)"),
+    ("glm4_moe_lite", "multi-head latent attention (GLM-4.7-Flash)"),
     ("gemma3n", "per-layer inputs, AltUp and shared key-value layers"),
     ("gemma4", "Gemma 4's layers"),
     ("qwen2_vl", "a vision encoder"),

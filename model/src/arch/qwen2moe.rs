@@ -3,7 +3,7 @@
 //! router, the top-k experts of each token (not renormalised unless `norm_topk_prob`), and a
 //! shared expert every token passes through, scaled by the sigmoid of its own gate.
 
-use super::{Activation, Architecture, Bias, Experts};
+use super::{Activation, Architecture, Bias, Experts, Shared};
 
 pub const QWEN2_MOE: Architecture = Architecture {
     name: "qwen2_moe",
@@ -20,7 +20,8 @@ pub const QWEN2_MOE: Architecture = Architecture {
     gguf_aliases: &[],
     hf_aliases: &[],
     experts: Some(Experts {
-        shared_expert: true,
+        shared: Shared::Gated,
+        sigmoid_router: false,
         gguf_norm_topk_prob: false,
         norm_topk_always: false,
         width: "moe_intermediate_size",

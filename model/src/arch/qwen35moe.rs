@@ -5,14 +5,15 @@
 //! sigmoid of its own gate (Qwen2-MoE's block, under the same names).
 
 use super::qwen35::QWEN3_5;
-use super::{Architecture, Experts};
+use super::{Architecture, Experts, Shared};
 
 pub const QWEN3_5_MOE: Architecture = Architecture {
     name: "qwen3_5_moe",
     gguf: "qwen35moe",
     hf_class: "Qwen3_5MoeForConditionalGeneration",
     experts: Some(Experts {
-        shared_expert: true,
+        shared: Shared::Gated,
+        sigmoid_router: false,
         gguf_norm_topk_prob: true,
         norm_topk_always: true,
         width: "moe_intermediate_size",

@@ -3,7 +3,7 @@
 //! of each token (their weights renormalised where `norm_topk_prob` says; llama.cpp always does
 //! for this architecture), no shared expert. Layers in `mlp_only_layers` keep a dense block.
 
-use super::{Activation, Architecture, Bias, Experts};
+use super::{Activation, Architecture, Bias, Experts, Shared};
 
 pub const QWEN3_MOE: Architecture = Architecture {
     name: "qwen3_moe",
@@ -20,7 +20,8 @@ pub const QWEN3_MOE: Architecture = Architecture {
     gguf_aliases: &[],
     hf_aliases: &[],
     experts: Some(Experts {
-        shared_expert: false,
+        shared: Shared::None,
+        sigmoid_router: false,
         gguf_norm_topk_prob: true,
         norm_topk_always: false,
         width: "moe_intermediate_size",

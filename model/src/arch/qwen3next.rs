@@ -8,7 +8,7 @@
 //! heads grouped by key head.
 
 use super::qwen35moe::QWEN3_5_MOE;
-use super::{Architecture, Experts};
+use super::{Architecture, Experts, Shared};
 
 pub const QWEN3_NEXT: Architecture = Architecture {
     name: "qwen3_next",
@@ -16,7 +16,8 @@ pub const QWEN3_NEXT: Architecture = Architecture {
     hf_class: "Qwen3NextForCausalLM",
     gguf_pre: &["qwen2"],
     experts: Some(Experts {
-        shared_expert: true,
+        shared: Shared::Gated,
+        sigmoid_router: false,
         gguf_norm_topk_prob: true,
         norm_topk_always: false,
         width: "moe_intermediate_size",

@@ -56,7 +56,9 @@ pub fn load(
     let (config, src): (ModelConfig, Box<dyn TensorSource>) = match source {
         ModelSource::Dir(dir) => {
             let config = ModelConfig::from_dir(dir)?;
-            let checkpoint = Checkpoint::open(dir)?.aliased(config.arch.hf_aliases);
+            let checkpoint = Checkpoint::open(dir)?
+                .aliased(config.arch.hf_aliases)
+                .without_layers(config.num_hidden_layers..config.num_hidden_layers + config.nextn_layers);
             // Experts kept in 3-D tensors (gpt-oss's), read as one tensor each.
             let fused = config.arch.experts.as_ref().is_some_and(|e| e.fused_3d);
             let src: Box<dyn TensorSource> = match fused {

@@ -10,9 +10,9 @@ use std::ops::Range;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use super::split_experts;
-use crate::config::{Activation, ModelConfig};
+use crate::config::{Activation, ModelConfig, Routing};
 use crate::error::LoadError;
-use crate::layers::{DeltaNet, Expert, ExpertStacks, Linear, Moe, Pre, RmsNorm, Sinks, Weight, linear};
+use crate::layers::{Choice, DeltaNet, Expert, ExpertStacks, Linear, Moe, Pre, RmsNorm, Sinks, Weight, linear};
 use crate::quant::{Imatrix, QuantType};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
@@ -46,6 +46,9 @@ pub enum Slot {
     /// A MoE block's router: [experts, hidden], and its bias (gpt-oss).
     MoeRouter,
     MoeRouterBias,
+    /// A sigmoid router's per-expert bias on its choice, not on the weights (GLM-4.5's
+    /// `e_score_correction_bias`): \[experts\].
+    MoeChoiceBias,
     /// Each expert's matrices (one per expert in a Hugging Face checkpoint, one 3-D tensor of
     /// all experts in a GGUF file).
     ExpertGate,
@@ -55,7 +58,7 @@ pub enum Slot {
     ExpertGateBias,
     ExpertUpBias,
     ExpertDownBias,
-    /// The shared expert (Qwen2-MoE) and its sigmoid gate.
+    /// The shared expert (Qwen2-MoE's, GLM-4.5's) and its sigmoid gate (Qwen2-MoE's).
     SharedGate,
     SharedUp,
     SharedDown,
@@ -122,9 +125,10 @@ pub const LINEAR_SLOTS: [(Slot, &str, &str); 9] = [
 
 /// Mixture-of-experts slots under a layer: Hugging Face's names (`{e}`: the expert's index), then
 /// GGUF's.
-pub const MOE_SLOTS: [(Slot, &str, &str); 12] = [
+pub const MOE_SLOTS: [(Slot, &str, &str); 13] = [
     (Slot::MoeRouter, "mlp.gate.weight", "ffn_gate_inp.weight"),
     (Slot::MoeRouterBias, "mlp.gate.bias", "ffn_gate_inp.bias"),
+    (Slot::MoeChoiceBias, "mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),
     (Slot::ExpertGate, "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
     (Slot::ExpertUp, "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
     (Slot::ExpertDown, "mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
@@ -163,6 +167,7 @@ impl Slot {
             Slot::PostFfnNorm => "mlp_post_norm_w",
             Slot::MoeRouter => "moe_router_w",
             Slot::MoeRouterBias => "moe_router_b",
+            Slot::MoeChoiceBias => "moe_choice_b",
             Slot::ExpertGate => "expert_gate_w",
             Slot::ExpertUp => "expert_up_w",
             Slot::ExpertDown => "expert_down_w",
@@ -199,8 +204,12 @@ impl Slot {
             Slot::MoeRouterBias | Slot::ExpertGateBias | Slot::ExpertUpBias | Slot::ExpertDownBias => {
                 c.moe.as_ref().is_some_and(|m| m.biases)
             }
-            Slot::SharedGate | Slot::SharedUp | Slot::SharedDown | Slot::SharedRouter => {
+            Slot::MoeChoiceBias => c.moe.as_ref().is_some_and(|m| matches!(m.routing, Routing::Sigmoid { .. })),
+            Slot::SharedGate | Slot::SharedUp | Slot::SharedDown => {
                 c.moe.as_ref().is_some_and(|m| m.shared_intermediate_size.is_some())
+            }
+            Slot::SharedRouter => {
+                c.moe.as_ref().is_some_and(|m| m.shared_intermediate_size.is_some() && m.shared_gated)
             }
             _ if self.is_linear() => c.linear.is_some(),
             _ => true,
@@ -271,7 +280,7 @@ impl Slot {
             Slot::MlpGate | Slot::MlpUp => vec![i, h],
             Slot::MlpDown => vec![h, i],
             Slot::MoeRouter => vec![c.moe.as_ref().map_or(0, |m| m.experts), h],
-            Slot::MoeRouterBias => vec![c.moe.as_ref().map_or(0, |m| m.experts)],
+            Slot::MoeRouterBias | Slot::MoeChoiceBias => vec![c.moe.as_ref().map_or(0, |m| m.experts)],
             Slot::ExpertGateBias | Slot::ExpertUpBias => vec![c.moe.as_ref().map_or(0, |m| m.intermediate_size)],
             Slot::ExpertDownBias => vec![h],
             Slot::ExpertGate | Slot::ExpertUp => vec![c.moe.as_ref().map_or(0, |m| m.intermediate_size), h],
@@ -1046,7 +1055,9 @@ impl Weights {
                             // The routers are small: kept dense in f32 (llama.cpp never quantizes them),
                             // the shared expert's gate's row after the router's (one product).
                             let mut routers = vec![Slot::MoeRouter];
-                            routers.extend(m.shared_intermediate_size.map(|_| Slot::SharedRouter));
+                            routers.extend(
+                                m.shared_intermediate_size.filter(|_| m.shared_gated).map(|_| Slot::SharedRouter),
+                            );
                             let mut values = Vec::with_capacity((m.experts + 1) * c.hidden_size);
                             for &slot in &routers {
                                 values.extend(host(slot, Some(l))?);
@@ -1073,7 +1084,17 @@ impl Weights {
                                 experts,
                                 top_k: m.experts_per_token,
                                 norm_topk_prob: m.norm_topk_prob,
+                                choice: match m.routing {
+                                    Routing::Softmax => Choice::Softmax,
+                                    Routing::Sigmoid { groups, groups_used } => Choice::Sigmoid {
+                                        bias: host(Slot::MoeChoiceBias, Some(l))?,
+                                        groups,
+                                        groups_used,
+                                    },
+                                },
+                                routed_scale: m.routed_scale,
                                 shared,
+                                shared_gated: m.shared_gated,
                                 stacks,
                             }))
                         }
@@ -1266,6 +1287,13 @@ impl Weights {
             (Slot::ExpertUp, Some(e), _) => gate_up(e, width..2 * width, data),
             (Slot::ExpertDown, Some(e), _) => e.down.weight = linear::like(&e.down.weight, data, device),
             (Slot::MoeRouterBias, _, _) => moe.router.bias = Some(vec()),
+            (Slot::MoeChoiceBias, _, _) => {
+                if let (Choice::Sigmoid { bias, .. }, Ok(values)) =
+                    (&mut moe.choice, data.clone().convert::<f32>().try_into_vec::<f32>())
+                {
+                    *bias = values;
+                }
+            }
             (Slot::ExpertGateBias | Slot::ExpertUpBias, Some(e), _) => {
                 let rows = if slot == Slot::ExpertGateBias { 0..width } else { width..2 * width };
                 e.gate_up.bias = e.gate_up.bias.take().map(|b| b.slice_assign([rows], vec()));

@@ -13,7 +13,7 @@ use crate::error::LoadError;
 use crate::tensors::TensorSource;
 
 /// Hugging Face field ← GGUF key under `{arch}.`.
-const FIELDS: [(&str, &str); 23] = [
+const FIELDS: [(&str, &str); 28] = [
     ("hidden_size", "embedding_length"),
     ("num_hidden_layers", "block_count"),
     ("num_attention_heads", "attention.head_count"),
@@ -27,6 +27,12 @@ const FIELDS: [(&str, &str); 23] = [
     ("num_experts_per_tok", "expert_used_count"),
     ("moe_intermediate_size", "expert_feed_forward_length"),
     ("shared_expert_intermediate_size", "expert_shared_feed_forward_length"),
+    // GLM-4.5's experts and routing.
+    ("n_shared_experts", "expert_shared_count"),
+    ("first_k_dense_replace", "leading_dense_block_count"),
+    ("routed_scaling_factor", "expert_weights_scale"),
+    ("n_group", "expert_group_count"),
+    ("topk_group", "expert_group_used_count"),
     // Qwen3.5's and Qwen3-Next's linear attention (`linear_attention` derives the rest).
     ("linear_conv_kernel_dim", "ssm.conv_kernel"),
     ("linear_key_head_dim", "ssm.state_size"),
@@ -43,8 +49,9 @@ const FIELDS: [(&str, &str); 23] = [
 ];
 
 /// The fields of `FIELDS` that are real numbers (f32 in the file).
-const FLOATS: [&str; 6] = [
+const FLOATS: [&str; 7] = [
     "rms_norm_eps",
+    "routed_scaling_factor",
     "rope_theta",
     "embedding_multiplier",
     "residual_multiplier",
@@ -104,6 +111,19 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         };
         obj.insert(field.into(), number.ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}")))?);
     }
+    // A multi-token-prediction head's blocks (`nextn_predict_layers`, after the model's: Qwen3.5's,
+    // GLM-4.5's) are not layers of the model.
+    let nextn_key = format!("{arch}.nextn_predict_layers");
+    if let Some(nextn) = file.get(&nextn_key) {
+        let nextn =
+            nextn.as_u64().ok_or_else(|| file.error(format!("{nextn_key}: expected a number, found {nextn:?}")))?;
+        if let Some(blocks) = obj.get("num_hidden_layers").and_then(Json::as_u64) {
+            let layers = blocks
+                .checked_sub(nextn)
+                .ok_or_else(|| file.error(format!("{nextn_key}: {nextn}, more than the {blocks} blocks")))?;
+            obj.insert("num_hidden_layers".into(), json!(layers));
+        }
+    }
     if family.is_some_and(|f| f.local_layers.is_some()) {
         local_layers(file, &arch, &mut obj)?;
     }
@@ -116,7 +136,7 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         let head_dim =
             number("head_dim").or_else(|| Some(number("hidden_size")? / number("num_attention_heads")?.max(1)));
         if let (Some(rotated), Some(head_dim)) = (rotated, head_dim.filter(|&d| d > 0))
-            && rotated < head_dim
+            && rotated <= head_dim
         {
             obj.insert("partial_rotary_factor".into(), json!(rotated as f64 / head_dim as f64));
         }
@@ -133,8 +153,12 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let biased = file.tensor("blk.0.attn_q.bias").is_some();
     obj.insert("attention_bias".into(), json!(biased));
     obj.insert("qkv_bias".into(), json!(biased));
+    // GLM-4.5's q/k norms, where its files have them.
+    obj.insert("use_qk_norm".into(), json!(file.tensor("blk.0.attn_q_norm.weight").is_some()));
     if let Some(experts) = family.and_then(|f| f.experts.as_ref()) {
-        obj.insert("norm_topk_prob".into(), json!(experts.gguf_norm_topk_prob));
+        // The file's word where it says (GLM-4.5's), else llama.cpp's for the architecture.
+        let norm = file.get(&format!("{arch}.expert_weights_norm")).and_then(|v| v.as_bool());
+        obj.insert("norm_topk_prob".into(), json!(norm.unwrap_or(experts.gguf_norm_topk_prob)));
         // Which layers are MoE is said by their router tensors.
         let layers = obj.get("num_hidden_layers").and_then(Json::as_u64).unwrap_or(0);
         let dense: Vec<u64> =
@@ -259,8 +283,7 @@ fn local_layers(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Res
 
 /// What Qwen3.5's linear attention needs beyond the keys `FIELDS` maps: each value head's size
 /// from `ssm.inner_size` over the value heads, the rotated part of each head from
-/// `rope.dimension_count`; a multi-token-prediction head's blocks (`nextn_predict_layers`, after
-/// the model's) are not layers of the model.
+/// `rope.dimension_count`.
 fn linear_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
     let number = |key: &str| -> Result<Option<u64>, LoadError> {
         let key = format!("{arch}.{key}");
@@ -268,13 +291,6 @@ fn linear_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) ->
             .map(|v| v.as_u64().ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}"))))
             .transpose()
     };
-    let nextn = number("nextn_predict_layers")?.unwrap_or(0);
-    if let Some(blocks) = obj.get("num_hidden_layers").and_then(Json::as_u64) {
-        let layers = blocks.checked_sub(nextn).ok_or_else(|| {
-            file.error(format!("{arch}.nextn_predict_layers: {nextn}, more than the {blocks} blocks"))
-        })?;
-        obj.insert("num_hidden_layers".into(), json!(layers));
-    }
     let value_heads = obj.get("linear_num_value_heads").and_then(Json::as_u64);
     if let Some(dim) = number("ssm.inner_size")?.zip(value_heads).and_then(|(i, h)| i.checked_div(h)) {
         obj.insert("linear_value_head_dim".into(), json!(dim));

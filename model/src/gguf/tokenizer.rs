@@ -66,7 +66,7 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 /// before them, other runs, and whitespace.
 const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
-const PRE_TOKENIZERS: [PreTokenizer; 7] = [
+const PRE_TOKENIZERS: [PreTokenizer; 8] = [
     PreTokenizer {
         names: &["qwen2", "deepseek-r1-qwen"],
         splits: &[
@@ -103,6 +103,9 @@ const PRE_TOKENIZERS: [PreTokenizer; 7] = [
         ignore_merges: false,
         add_bos: false,
     },
+    // GLM-4's and GLM-4.5's (`glm4`; `glm5`): Llama 3's split and whole-piece rule, no BOS (its
+    // chat template writes `[gMASK]<sop>`).
+    PreTokenizer { names: &["glm4", "glm5"], splits: &[LLAMA3_SPLIT], nfc: false, ignore_merges: true, add_bos: false },
     // OpenAI's o200k (`gpt-4o`: Phi-4-mini's; Llama 4's `llama4`): Tekken's words with English
     // contractions kept on them, numbers up to three digits a piece.
     PreTokenizer {

@@ -11,7 +11,7 @@ mod swiglu;
 pub use attention::{Sinks, attention};
 pub use delta_net::DeltaNet;
 pub use linear::{Linear, LinearWeight, Pre, Weight};
-pub use moe::{Expert, ExpertStacks, Moe, expert_stats};
+pub use moe::{Choice, Expert, ExpertStacks, Moe, expert_stats};
 pub use rms_norm::RmsNorm;
 pub use rope::{Rope, RopeTables};
 pub use swiglu::swiglu;

@@ -38,8 +38,20 @@ impl Expert {
     }
 }
 
-/// A mixture-of-experts feed-forward: a softmax router picks each token's top-k experts, whose
-/// outputs are summed with the router's weights (renormalised to 1 where `norm_topk_prob`).
+/// How a router chooses each token's experts from its logits.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Choice {
+    /// The top-k of a softmax, weighed by their probabilities.
+    Softmax,
+    /// The top-k by sigmoid score plus `bias` (one per expert), among the experts of the best
+    /// `groups_used` of `groups` equal groups (each ranked by the sum of its two best biased
+    /// scores), weighed by their sigmoid scores (DeepSeek V3's routing, GLM-4.5's).
+    Sigmoid { bias: Vec<f32>, groups: usize, groups_used: usize },
+}
+
+/// A mixture-of-experts feed-forward: a router picks each token's top-k experts, whose outputs
+/// are summed with the router's weights (renormalised to 1 where `norm_topk_prob`, then times
+/// `routed_scale`).
 ///
 /// Two routes. On the host, tokens are grouped by expert, so each expert's weights are read once
 /// per pass for all the tokens that chose it, not once per token; the grouping needs the router's
@@ -57,9 +69,14 @@ pub struct Moe {
     pub experts: Vec<Expert>,
     pub top_k: usize,
     pub norm_topk_prob: bool,
-    /// A shared expert every token goes through, scaled by `sigmoid(gate · x)` (Qwen2-MoE), its
-    /// gate the router's last row.
+    pub choice: Choice,
+    /// The chosen experts' weights are multiplied by this (GLM-4.5's `routed_scaling_factor`).
+    pub routed_scale: f32,
+    /// A shared expert every token goes through: scaled by `sigmoid(gate · x)` where
+    /// `shared_gated` (Qwen2-MoE), its gate the router's last row; else added as it is
+    /// (GLM-4.5).
     pub shared: Option<Expert>,
+    pub shared_gated: bool,
     /// The experts' matrices in one buffer each, where the device routes on its own.
     pub stacks: Option<ExpertStacks>,
 }
@@ -194,7 +211,8 @@ impl Moe {
         };
         let y = match shared {
             None => routed,
-            Some(y) => routed + y * sigmoid(scores.narrow(1, experts, 1)),
+            Some(y) if self.shared_gated => routed + y * sigmoid(scores.narrow(1, experts, 1)),
+            Some(y) => routed + y,
         };
         match residual {
             Some(r) => r + y,
@@ -208,8 +226,12 @@ impl Moe {
     /// device reads a chosen expert's matrices once a pair (one pair an expert or fewer) or
     /// once a chunk of four of its pairs; a prompt's many rows read them once on the host's
     /// grouping, for the wait on the router's scores.
+    /// The device's router takes a softmax's top-k, unscaled, with a gated shared expert or none.
     pub fn routes_on_device(&self, n: usize) -> bool {
-        self.stacks.is_some()
+        let routable =
+            self.choice == Choice::Softmax && self.routed_scale == 1.0 && (self.shared.is_none() || self.shared_gated);
+        routable
+            && self.stacks.is_some()
             && n * self.top_k <= self.experts.len().saturating_mul(kernels::gpu_moe_pairs_per_expert())
     }
 
@@ -341,26 +363,63 @@ impl Moe {
         }
     }
 
-    /// Each expert's tokens (row, weight): the top-k of each row's softmax over its experts'
-    /// scores (the first of each row of `scores`, the router's [n, experts (+ 1 with a shared
-    /// expert's gate)] row-major), renormalised where the config says.
+    /// Each expert's tokens (row, weight): each row's top-k experts by the router's [`Choice`]
+    /// over its logits (the first of each row of `scores`, the router's [n, experts (+ 1 with a
+    /// shared expert's gate)] row-major), their weights renormalised where the config says, then
+    /// scaled.
     fn route(&self, scores: &[f32], n: usize) -> Vec<Vec<(usize, f32)>> {
         let experts = self.experts.len();
-        let width = experts + usize::from(self.shared.is_some());
+        let width = experts + usize::from(self.shared.is_some() && self.shared_gated);
         let mut groups: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts];
         for (row, scores) in scores.chunks_exact(width).take(n).enumerate() {
             let logits = &scores[..experts];
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-            let sum: f32 = exp.iter().sum();
+            // Each expert's weight, and what it is chosen by.
+            let (weights, keys) = match &self.choice {
+                Choice::Softmax => {
+                    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+                    let sum: f32 = exp.iter().sum();
+                    let p: Vec<f32> = exp.iter().map(|e| e / sum).collect();
+                    (p.clone(), p)
+                }
+                Choice::Sigmoid { bias, groups, groups_used } => {
+                    let p: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
+                    let mut keys: Vec<f32> = p.iter().zip(bias).map(|(p, b)| p + b).collect();
+                    let size = experts / groups.max(&1);
+                    if *groups > 1 && size >= 2 {
+                        // Each group's rank: its two best keys summed; the others' experts are out.
+                        let rank: Vec<f32> = keys
+                            .chunks_exact(size)
+                            .map(|g| {
+                                let best = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                                let at = g.iter().position(|&k| k == best).unwrap_or(0);
+                                let second = g
+                                    .iter()
+                                    .enumerate()
+                                    .filter(|&(i, _)| i != at)
+                                    .map(|(_, &k)| k)
+                                    .fold(f32::NEG_INFINITY, f32::max);
+                                best + second
+                            })
+                            .collect();
+                        let mut order: Vec<usize> = (0..rank.len()).collect();
+                        order.sort_by(|&a, &b| rank[b].total_cmp(&rank[a]).then(a.cmp(&b)));
+                        for &g in &order[(*groups_used).min(rank.len())..] {
+                            keys[g * size..(g + 1) * size].fill(f32::NEG_INFINITY);
+                        }
+                    }
+                    (p, keys)
+                }
+            };
             let mut order: Vec<usize> = (0..experts).collect();
-            // Highest probability first; the lower index first on a tie, as torch.topk.
-            order.sort_by(|&a, &b| exp[b].total_cmp(&exp[a]).then(a.cmp(&b)));
+            // Highest first; the lower index first on a tie, as torch.topk.
+            order.sort_by(|&a, &b| keys[b].total_cmp(&keys[a]).then(a.cmp(&b)));
             let top = &order[..self.top_k.min(experts)];
-            let picked: f32 = top.iter().map(|&e| exp[e] / sum).sum();
+            // transformers' guard against a sum of zero (sigmoid scores that all underflow).
+            let picked: f32 = top.iter().map(|&e| weights[e]).sum::<f32>() + 1e-20;
             for &e in top {
-                let p = exp[e] / sum;
-                groups[e].push((row, if self.norm_topk_prob { p / picked } else { p }));
+                let w = if self.norm_topk_prob { weights[e] / picked } else { weights[e] };
+                groups[e].push((row, w * self.routed_scale));
             }
         }
         groups
@@ -384,6 +443,64 @@ mod tests {
         let values = crate::kernels::test_values(rows * cols, seed);
         let w = crate::quant::PackedMatrix::quantize(crate::quant::QuantType::Q8_0, rows, cols, &values).unwrap();
         Linear { weight: linear::packed(std::sync::Arc::new(w)), bias: None }
+    }
+
+    /// Sigmoid routing as transformers' `Glm4MoeTopkRouter` (DeepSeek V3's): experts chosen by
+    /// score plus bias within the best groups, weighed by their scores alone, renormalised and
+    /// scaled; an ungated shared expert takes no router row.
+    #[test]
+    fn sigmoid_routing_chooses_by_biased_scores_within_the_best_groups() {
+        let hidden = 4;
+        let expert = |e: u32| Expert {
+            gate_up: matrix(2 * 3, hidden, 10 + e),
+            down: matrix(hidden, 3, 20 + e),
+            activation: Activation::Silu,
+        };
+        let sigmoid = |l: f32| 1.0 / (1.0 + (-l).exp());
+        // Eight experts in four groups of two; two groups kept, three experts a token.
+        let logits = [0.5f32, 0.4, -1.0, 3.0, 0.0, 0.1, 2.0, -2.0];
+        // The bias lifts expert 2 (group 1).
+        let bias = [0.0f32, 0.0, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let route = |groups: usize, groups_used: usize, norm: bool, scale: f32| {
+            let moe = Moe {
+                router: matrix(8, hidden, 3),
+                experts: (0..8).map(expert).collect(),
+                top_k: 3,
+                norm_topk_prob: norm,
+                choice: Choice::Sigmoid { bias: bias.to_vec(), groups, groups_used },
+                routed_scale: scale,
+                shared: Some(expert(99)),
+                shared_gated: false,
+                stacks: None,
+            };
+            let mut scores = logits.to_vec();
+            scores.extend(logits.iter().rev());
+            let groups = moe.route(&scores, 2);
+            let mut first: Vec<(usize, f32)> =
+                (0..8).filter_map(|e| groups[e].iter().find(|&&(row, _)| row == 0).map(|&(_, w)| (e, w))).collect();
+            first.sort_by_key(|&(e, _)| e);
+            first
+        };
+        let keys: Vec<f32> = logits.iter().zip(&bias).map(|(&l, b)| sigmoid(l) + b).collect();
+        // Groups by their two best keys: 0 → 1.22, 1 → 1.82, 2 → 1.03, 3 → 1.00; groups 1 and 0
+        // are kept, so experts 3, 2 and 0 are chosen, not 6 (the second best key, in group 3).
+        assert!(keys[2] + keys[3] > keys[0] + keys[1] && keys[0] + keys[1] > keys[4] + keys[5]);
+        assert!(keys[4] + keys[5] > keys[6] + keys[7] && keys[6] > keys[2] && keys[2] > keys[0]);
+        let chosen = [0usize, 2, 3];
+        let picked: f32 = chosen.iter().map(|&e| sigmoid(logits[e])).sum();
+        let got = route(4, 2, true, 2.5);
+        assert_eq!(got.iter().map(|&(e, _)| e).collect::<Vec<_>>(), chosen);
+        for &(e, w) in &got {
+            let want = sigmoid(logits[e]) / picked * 2.5;
+            assert!((w - want).abs() < 1e-6, "expert {e}: {w} vs {want}");
+        }
+        // One group: the three best keys over all experts, 3, 6 and 2 (by its bias), weighed by
+        // their scores without it.
+        let got = route(1, 1, false, 1.0);
+        assert_eq!(got.iter().map(|&(e, _)| e).collect::<Vec<_>>(), [2, 3, 6]);
+        for &(e, w) in &got {
+            assert!((w - sigmoid(logits[e])).abs() < 1e-7, "expert {e}: unnormalised weights are the scores");
+        }
     }
 
     /// The grouped pass, and the one-row pass on each row alone, equal each token run through its
@@ -410,7 +527,10 @@ mod tests {
                 experts: (0..experts as u32).map(expert).collect(),
                 top_k: 2,
                 norm_topk_prob: norm,
+                choice: Choice::Softmax,
+                routed_scale: 1.0,
                 shared: shared.then(|| expert(99)),
+                shared_gated: true,
                 stacks: None,
             };
             let values: Vec<f32> = crate::kernels::test_values(n * hidden, 5).iter().map(|v| v * 2.0).collect();
