@@ -227,8 +227,13 @@ pub struct ModelConfig {
     pub linear: Option<LinearAttention>,
     /// The feed-forward's gate.
     pub activation: Activation,
-    /// The embeddings' factor before the first layer (Gemma's √hidden_size).
+    /// The embeddings' factor before the first layer (Gemma's √hidden_size, Granite's
+    /// `embedding_multiplier`).
     pub embedding_scale: Option<f32>,
+    /// Embeddings given as input are scaled too (Granite's multiplier applies to whatever
+    /// enters its first layer); Gemma's scale belongs to its token embedding, so given rows are
+    /// taken as they are (as transformers does for each).
+    pub scale_given_embeddings: bool,
     /// Each block's attention and feed-forward outputs are RMS-normalised before their residual
     /// sums (Gemma 2 and 3, OLMo 2).
     pub sandwich_norms: bool,
@@ -414,6 +419,7 @@ impl ModelConfig {
                 true => Some((hidden_size as f32).sqrt()),
                 false => f.positive("embedding_multiplier")?.filter(|&m| m != 1.0).map(|m| m as f32),
             },
+            scale_given_embeddings: !arch.scaled_embedding,
             sandwich_norms: arch.sandwich_norms,
             input_norms: !arch.no_input_norms,
             whole_qk_norms: arch.whole_qk_norms,

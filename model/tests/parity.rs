@@ -157,9 +157,17 @@ fn interleaved_sequences_in_shared_batches_match_each_alone() {
     }
 }
 
+/// Rows of the embedding table given as input give the tokens' logits: Qwen2's as they are,
+/// Granite's multiplied by its `embedding_multiplier` as its tokens' rows are (transformers'
+/// `GraniteModel` scales whatever enters its first layer).
 #[test]
 fn embeddings_as_input_give_the_same_logits_as_their_tokens() {
-    let name = "tiny-tied-f32";
+    for name in ["tiny-tied-f32", "tiny-granite-f32"] {
+        embedding_rows_give_the_tokens_logits(name);
+    }
+}
+
+fn embedding_rows_give_the_tokens_logits(name: &str) {
     let p = &Reference::load(name).prompts[0];
     let bytes = std::fs::read(fixture_dir(name).join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -171,7 +179,7 @@ fn embeddings_as_input_give_the_same_logits_as_their_tokens() {
     let mut ctx = context(name);
     ctx.decode(&Batch { input: BatchInput::Embeddings { values, dim: hidden }, ..Batch::one(vec![]) }).unwrap();
     let err = max_abs_diff(ctx.outputs().row(0).unwrap(), &p.last_logits);
-    assert!(err < TOL, "embedding input differs from token input by {err}");
+    assert!(err < TOL, "{name}: embedding input differs from token input by {err}");
 }
 
 /// The quantized GGUF fixtures (Q8_0, Q4_0, Q5_0, and Q4_K_M's Q4_K and Q6_K; on a GPU also the

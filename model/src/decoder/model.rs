@@ -396,8 +396,10 @@ impl Decoder {
         let c = &self.config;
         let (heads, kv_heads, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let extent = cache.cells().extent();
-        // Gemma's embeddings are scaled (token rows only: given embeddings are taken as they are).
-        if let (Some(scale), BatchInput::Tokens(_)) = (c.embedding_scale, batch.input) {
+        // Gemma's token embeddings are scaled (given rows are taken as they are), Granite's input
+        // whatever it is.
+        let given = matches!(batch.input, BatchInput::Embeddings { .. });
+        if let Some(scale) = c.embedding_scale.filter(|_| !given || c.scale_given_embeddings) {
             x = x.mul_scalar(scale);
         }
         // Scores scaled by `query_pre_attn_scalar`^−½ where the kernels scale by head_dim^−½: the
