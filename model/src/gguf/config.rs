@@ -93,6 +93,24 @@ pub fn model_type(file: &GgufFile) -> Result<String, LoadError> {
     Ok(family(file).map_or(architecture(file)?, |f| f.name.to_string()))
 }
 
+/// The model's own blocks where the file has a multi-token-prediction head's after them
+/// (`{arch}.nextn_predict_layers` > 0: Qwen3.5's, GLM-4.5's), which are not layers of the model:
+/// `block_count` less those; `None` where it has none.
+pub fn model_blocks(file: &GgufFile) -> Result<Option<u64>, LoadError> {
+    let arch = architecture(file)?;
+    let key = format!("{arch}.nextn_predict_layers");
+    let Some(value) = file.get(&key) else { return Ok(None) };
+    let nextn = value.as_u64().ok_or_else(|| file.error(format!("{key}: expected a number, found {value:?}")))?;
+    let blocks = file.get(&format!("{arch}.block_count")).and_then(|v| v.as_u64());
+    match blocks {
+        Some(blocks) if nextn > 0 => blocks
+            .checked_sub(nextn)
+            .map(Some)
+            .ok_or_else(|| file.error(format!("{key}: {nextn}, more than the {blocks} blocks"))),
+        _ => Ok(None),
+    }
+}
+
 /// The model's configuration.
 pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     let arch = architecture(file)?;
@@ -111,18 +129,8 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
         };
         obj.insert(field.into(), number.ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}")))?);
     }
-    // A multi-token-prediction head's blocks (`nextn_predict_layers`, after the model's: Qwen3.5's,
-    // GLM-4.5's) are not layers of the model.
-    let nextn_key = format!("{arch}.nextn_predict_layers");
-    if let Some(nextn) = file.get(&nextn_key) {
-        let nextn =
-            nextn.as_u64().ok_or_else(|| file.error(format!("{nextn_key}: expected a number, found {nextn:?}")))?;
-        if let Some(blocks) = obj.get("num_hidden_layers").and_then(Json::as_u64) {
-            let layers = blocks
-                .checked_sub(nextn)
-                .ok_or_else(|| file.error(format!("{nextn_key}: {nextn}, more than the {blocks} blocks")))?;
-            obj.insert("num_hidden_layers".into(), json!(layers));
-        }
+    if let Some(layers) = model_blocks(file)? {
+        obj.insert("num_hidden_layers".into(), json!(layers));
     }
     if family.is_some_and(|f| f.local_layers.is_some()) {
         local_layers(file, &arch, &mut obj)?;

@@ -14,6 +14,7 @@ use burn::tensor::{DType, TensorData};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use config::model_blocks;
 pub use config::{architecture, family, model_config, model_type};
 pub use file::{GgufFile, TensorInfo, TensorType, Value, split_name, split_part};
 pub use tokenizer::{chat_template, tokenizer};
@@ -96,14 +97,10 @@ impl GgufFile {
     /// not read.
     fn served(&self) -> &[Option<String>] {
         self.served.get_or_init(|| {
-            let arch = architecture(self).ok();
             let family = family(self);
             let aliases = family.map_or(&[][..], |f| f.gguf_aliases);
-            let key = |k: &str| arch.as_ref().and_then(|a| self.get(&format!("{a}.{k}"))).and_then(Value::as_u64);
-            let blocks = match key("nextn_predict_layers") {
-                Some(n) if n > 0 => key("block_count").map(|b| b.saturating_sub(n)),
-                _ => None,
-            };
+            // A file whose count is wrong fails its configuration's reading.
+            let blocks = model_blocks(self).ok().flatten();
             let serve = |name: &str| {
                 let Some((block, tail)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.')) else {
                     return Some(name.to_string());
