@@ -391,14 +391,10 @@ impl Moe {
                         let rank: Vec<f32> = keys
                             .chunks_exact(size)
                             .map(|g| {
-                                let best = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                                let at = g.iter().position(|&k| k == best).unwrap_or(0);
-                                let second = g
-                                    .iter()
-                                    .enumerate()
-                                    .filter(|&(i, _)| i != at)
-                                    .map(|(_, &k)| k)
-                                    .fold(f32::NEG_INFINITY, f32::max);
+                                let (best, second) =
+                                    g.iter().fold((f32::NEG_INFINITY, f32::NEG_INFINITY), |(a, b), &k| {
+                                        if k > a { (k, a) } else { (a, b.max(k)) }
+                                    });
                                 best + second
                             })
                             .collect();
