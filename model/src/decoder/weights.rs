@@ -1055,9 +1055,7 @@ impl Weights {
                             // The routers are small: kept dense in f32 (llama.cpp never quantizes them),
                             // the shared expert's gate's row after the router's (one product).
                             let mut routers = vec![Slot::MoeRouter];
-                            routers.extend(
-                                m.shared_intermediate_size.filter(|_| m.shared_gated).map(|_| Slot::SharedRouter),
-                            );
+                            routers.extend(Slot::SharedRouter.present(c).then_some(Slot::SharedRouter));
                             let mut values = Vec::with_capacity((m.experts + 1) * c.hidden_size);
                             for &slot in &routers {
                                 values.extend(host(slot, Some(l))?);
