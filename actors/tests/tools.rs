@@ -1,7 +1,8 @@
 //! T3 on the tiny random fixture (Qwen2.5's chat template and tool-call tags): calls are
 //! constrained to the tools' schemas, parsed by token id, streamed as pieces that add up to
 //! the collected answer; the history's calls and results render through the template. The same
-//! on the Qwen3.5 fixture, whose template writes calls as XML elements.
+//! on the Qwen3.5 fixture, whose template writes calls as XML elements, and on GLM's, whose
+//! template writes each argument between key and value tags.
 
 use llaisys_actors::request::{FinishReason, ToolCallOut};
 use llaisys_actors::{
@@ -63,6 +64,21 @@ fn required(seed: u64, parallel: bool) -> ChatRequest {
     let mut r = ask().tool_choice(ToolChoice::Required).n(3).seed(seed).max_tokens(200);
     r.options.parallel_tool_calls = Some(parallel);
     r
+}
+
+/// A required call (one) to either tool, three choices, with the model's thinking turned off.
+fn one_call_unthought(seed: u64) -> ChatRequest {
+    let mut r = required(seed, false);
+    r.options.chat_template_kwargs.insert("enable_thinking".into(), json!(false));
+    r
+}
+
+/// `weather_history` with the weather tool renders as `reference` (`tests/fixtures/chat`), which
+/// transformers rendered.
+fn renders_weather_history_as(engine: &Engine, reference: &str) {
+    let ids = engine.frontend().render_chat(&weather_history(), &[weather()], &Default::default(), true).unwrap();
+    let reference = std::fs::read_to_string(fixture_dir("chat").join(reference)).unwrap();
+    assert_eq!(engine.tokenizer().unwrap().decode(&ids, false).unwrap(), reference);
 }
 
 /// Mistral's call ids.
@@ -178,13 +194,7 @@ async fn qwen35_calls_are_xml_elements_held_to_the_schemas_and_read_as_json() {
     let fixture = FixtureCopy::long_context("tiny-qwen35-f32", 4096);
     let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
     let tokenizer = engine.tokenizer().unwrap();
-    let request = |seed: u64| {
-        let mut r = ask().tool_choice(ToolChoice::Required).n(3).seed(seed).max_tokens(200);
-        r.options.parallel_tool_calls = Some(false);
-        r.options.chat_template_kwargs.insert("enable_thinking".into(), json!(false));
-        r
-    };
-    let answer = engine.chat(request(31)).await.unwrap().answer().await;
+    let answer = engine.chat(one_call_unthought(31)).await.unwrap().answer().await;
     for c in &answer.choices {
         assert_eq!((c.finish, c.tool_calls.len()), (FinishReason::ToolCalls, 1), "{c:?}");
         check_call(&c.tool_calls[0]);
@@ -192,17 +202,51 @@ async fn qwen35_calls_are_xml_elements_held_to_the_schemas_and_read_as_json() {
         assert!(written.contains("\n<function=get_") && written.contains("</function>\n"), "{written:?}");
         assert!(written.contains("<parameter="), "every tool here has a required parameter: {written:?}");
     }
-    let named = request(32).tool_choice(ToolChoice::Function("get_time".into()));
+    let named = one_call_unthought(32).tool_choice(ToolChoice::Function("get_time".into()));
     for c in engine.chat(named).await.unwrap().answer().await.choices {
         assert_eq!((c.finish, c.tool_calls.len(), c.tool_calls[0].name.as_str()), (FinishReason::Stop, 1, "get_time"));
         check_call(&c.tool_calls[0]);
     }
 
-    streamed_calls_add_up_to(&engine, request(31), &answer).await;
+    streamed_calls_add_up_to(&engine, one_call_unthought(31), &answer).await;
 
-    let ids = engine.frontend().render_chat(&weather_history(), &[weather()], &Default::default(), true).unwrap();
-    let reference = std::fs::read_to_string(fixture_dir("chat").join("qwen35-tools-history.txt")).unwrap();
-    assert_eq!(tokenizer.decode(&ids, false).unwrap(), reference);
+    renders_weather_history_as(&engine, "qwen35-tools-history.txt");
+    engine.shutdown().await;
+}
+
+/// GLM's template writes a call's name after `<tool_call>` and each argument between
+/// `<arg_key>` and `<arg_value>` tags (special tokens): the model is held to that and to the
+/// schemas (text values as they are, others as JSON), the calls come out as OpenAI's with JSON
+/// arguments, streamed in pieces that add up to the collected answer; the history's calls render
+/// through the template as transformers renders them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn glm_calls_are_tagged_pairs_held_to_the_schemas_and_read_as_json() {
+    let fixture = FixtureCopy::long_context("tiny-glm4moe-f32", 4096);
+    let engine = Engine::builder().model(fixture.path()).build().await.unwrap();
+    let tokenizer = engine.tokenizer().unwrap();
+    let answer = engine.chat(one_call_unthought(61)).await.unwrap().answer().await;
+    for c in &answer.choices {
+        assert_eq!((c.finish, c.tool_calls.len(), c.text.as_str()), (FinishReason::ToolCalls, 1, ""), "{c:?}");
+        check_call(&c.tool_calls[0]);
+        let written = tokenizer.decode(&c.tokens, false).unwrap();
+        assert!(
+            written.starts_with("<tool_call>get_") && written.contains("</arg_value>\n</tool_call>"),
+            "{written:?}"
+        );
+        assert!(written.contains("\n<arg_key>"), "every tool here has a required parameter: {written:?}");
+    }
+    let named = one_call_unthought(63).tool_choice(ToolChoice::Function("get_weather".into()));
+    for c in engine.chat(named).await.unwrap().answer().await.choices {
+        assert_eq!(
+            (c.finish, c.tool_calls.len(), c.tool_calls[0].name.as_str()),
+            (FinishReason::Stop, 1, "get_weather")
+        );
+        check_call(&c.tool_calls[0]);
+    }
+
+    streamed_calls_add_up_to(&engine, one_call_unthought(61), &answer).await;
+
+    renders_weather_history_as(&engine, "glm4moe-tools-history.txt");
     engine.shutdown().await;
 }
 

@@ -20,7 +20,7 @@ use llaisys_actors::request::{
 };
 use llaisys_actors::{ChatMessage, ChatRequest, CompletionRequest, Engine, Frontend};
 use llaisys_model::tokenizer::ToolCall;
-use llaisys_model::{Device, LoadOptions, ModelSource, load_model};
+use llaisys_model::{ArgTags, Device, LoadOptions, ModelSource, load_model};
 use llaisys_server::http::dialect::Work;
 use llaisys_server::http::{anthropic, ollama, openai, responses};
 
@@ -171,9 +171,10 @@ pub fn chat_template(data: &[u8]) {
 
 /// A model's tool-call output from untrusted bytes, through the streaming parser, in every call
 /// syntax (JSON, Qwen3.5's XML for a tool with a text and an integer parameter, Mistral's
-/// array after an open tag with no closing tag, and Mistral's `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`):
+/// array after an open tag with no closing tag, Mistral's `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`,
+/// and GLM's `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>`):
 /// byte 0x01 opens a call (the array), 0x02 closes it where there is a closing tag, 0x03 and 0x04
-/// are `[ARGS]` and `[CALL_ID]`, the rest is the model's text. Invariant: the calls
+/// are `[ARGS]` and `[CALL_ID]`, 0x05 to 0x08 GLM's argument tags, the rest is the model's text. Invariant: the calls
 /// gathered from pieces of any size are the calls gathered from the whole text at once (what a
 /// streamed and a non-streamed answer report must be byte-identical).
 pub fn tool_calls(data: &[u8]) {
@@ -183,9 +184,16 @@ pub fn tool_calls(data: &[u8]) {
     let xml = std::sync::Arc::new(XmlTools::new(&[("get_weather", &schema)]));
     let array = ToolParsing::json(ToolCallTags::array(1), true);
     let named = ToolParsing::json(ToolCallTags { args: Some(3), call_id: Some(4), ..ToolCallTags::array(1) }, true);
-    for parsing in
-        [ToolParsing::json(TAGS, true), ToolParsing { xml: Some(xml), ..ToolParsing::json(TAGS, true) }, array, named]
-    {
+    let pairs = ArgTags { key: 5, key_end: 6, value: 7, value_end: 8 };
+    let glm =
+        ToolParsing { xml: Some(xml.clone()), ..ToolParsing::json(ToolCallTags { pairs: Some(pairs), ..TAGS }, true) };
+    for parsing in [
+        ToolParsing::json(TAGS, true),
+        ToolParsing { xml: Some(xml), ..ToolParsing::json(TAGS, true) },
+        array,
+        named,
+        glm,
+    ] {
         parse_calls(&text, &parsing);
     }
     text_calls(&text);
@@ -206,14 +214,15 @@ fn parse_calls(text: &str, parsing: &ToolParsing) {
             let token = match c {
                 '\u{1}' => Some(TAGS.open),
                 '\u{2}' => TAGS.close,
-                '\u{3}' => Some(3),
-                '\u{4}' => Some(4),
+                c @ '\u{3}'..='\u{8}' => Some(c as u32),
                 _ => None,
             };
             match token {
                 Some(tag) => {
                     gather(parser.push_call_text(&std::mem::take(&mut pending)));
-                    parser.route(tag);
+                    if parser.route(tag) == Route::Call && parser.is_tag(tag) {
+                        gather(parser.push_tag(tag));
+                    }
                 }
                 None => {
                     if parser.route(0) == Route::Text {

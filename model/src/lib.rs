@@ -35,8 +35,8 @@ pub use context::Context;
 pub use device::{DeviceError, DeviceSpec, DeviceStream};
 pub use error::{DecodeError, KvError, LoadError};
 pub use grammar::{
-    CallSyntax, CallTags, Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec, GuideEnd,
-    HarmonyTags, ThinkStart, Thinking, ToolCallTags,
+    ArgTag, ArgTags, CallSyntax, CallTags, Constraint, Grammar, GrammarCompiler, GrammarError, Guidance, GuidanceSpec,
+    GuideEnd, HarmonyTags, ThinkStart, Thinking, ToolCallTags,
 };
 pub use kv::{KvCache, KvDtype, Pos, PosRange, SeqId};
 pub use lm::{LanguageModel, ModelInfo, Pooling, Readout};

@@ -99,7 +99,7 @@ pub(super) fn constrain_calls(
     let grammar = compiler
         .tool_calls(&functions, tags, syntax, with_open, parallel)
         .map_err(|e| RequestError::invalid("tools", e.0))?;
-    let xml = (syntax == CallSyntax::Xml).then(|| Arc::new(XmlTools::new(&functions)));
+    let xml = matches!(syntax, CallSyntax::Xml | CallSyntax::ArgPairs).then(|| Arc::new(XmlTools::new(&functions)));
     params.tool_calls = Some(ToolParsing { tags, xml, finish_with_tool_calls: !named });
     let text_calls = |grounds| {
         let tools = functions.iter().map(|(name, parameters)| TextCallTool::new(name, parameters)).collect();

@@ -194,7 +194,7 @@ impl TextStream {
             && parser.route(token) == Route::Call
         {
             if parser.is_tag(token) {
-                return Ok(Piece::default());
+                return Ok(Piece { tool_calls: parser.push_tag(token), ..Piece::default() });
             }
             let text = decoder.push(tokenizer, token)?.unwrap_or_default();
             return Ok(Piece { tool_calls: parser.push_call_text(&text), ..Piece::default() });

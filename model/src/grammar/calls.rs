@@ -4,7 +4,8 @@
 //! JSON); or, for Llama 3.x, the whole answer one JSON object with the call's `parameters`;
 //! Mistral's, after `[TOOL_CALLS]`, a JSON array of calls (7B v0.3, Nemo; Granite 3's the same
 //! after `<|tool_call|>`) or each call's name, then `[ARGS]` and its arguments (Mistral Small
-//! 3.2, Devstral, Magistral).
+//! 3.2, Devstral, Magistral); GLM's, after `<tool_call>`, the call's name, then each argument's
+//! key and value between tags of their own, the value as the XML syntax writes it.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -29,6 +30,11 @@ pub enum CallSyntax {
     /// `[CALL_ID]` and the call's id between the name and `[ARGS]` where `ids` (Mistral Small
     /// 3.2; Devstral and Magistral write none).
     Named { ids: bool },
+    /// `<tool_call>N`, then `<arg_key>K</arg_key>` and `<arg_value>V</arg_value>`, each on a
+    /// line of its own, per argument (V as the XML syntax writes a value: text as it is,
+    /// anything else as JSON), then `</tool_call>` (GLM-4.5 and later); the argument tags are
+    /// special tokens.
+    ArgPairs,
 }
 
 /// A syntax's special tokens, by text (`CallSyntax::tags`) or by id in a vocabulary
@@ -43,6 +49,46 @@ pub struct CallTags<T> {
     pub args: Option<T>,
     /// Precedes a call's id, after its name (Mistral Small 3.2's `[CALL_ID]`).
     pub call_id: Option<T>,
+    /// Around each argument's key and value (GLM's `<arg_key>`, `<arg_value>`).
+    pub pairs: Option<ArgTags<T>>,
+}
+
+/// The tags around a call's argument in `CallSyntax::ArgPairs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArgTags<T> {
+    /// `<arg_key>`, `</arg_key>`.
+    pub key: T,
+    pub key_end: T,
+    /// `<arg_value>`, `</arg_value>`.
+    pub value: T,
+    pub value_end: T,
+}
+
+impl ArgTags<&'static str> {
+    const GLM: Self = Self { key: "<arg_key>", key_end: "</arg_key>", value: "<arg_value>", value_end: "</arg_value>" };
+}
+
+impl<T: Copy + PartialEq> ArgTags<T> {
+    /// Which of the tags `token` is.
+    pub fn find(&self, token: T) -> Option<ArgTag> {
+        [
+            (self.key, ArgTag::Key),
+            (self.key_end, ArgTag::KeyEnd),
+            (self.value, ArgTag::Value),
+            (self.value_end, ArgTag::ValueEnd),
+        ]
+        .into_iter()
+        .find_map(|(t, tag)| (t == token).then_some(tag))
+    }
+}
+
+/// One of `ArgTags`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgTag {
+    Key,
+    KeyEnd,
+    Value,
+    ValueEnd,
 }
 
 /// A syntax's special tokens as ids in a model's vocabulary.
@@ -81,12 +127,12 @@ impl HarmonyTags {
 impl ToolCallTags {
     /// Calls between `open` and `close` tags.
     pub const fn pair(open: u32, close: u32) -> Self {
-        Self { open, close: Some(close), args: None, call_id: None }
+        Self { open, close: Some(close), args: None, call_id: None, pairs: None }
     }
 
     /// An array of calls after `open`, to the end of the turn.
     pub const fn array(open: u32) -> Self {
-        Self { open, close: None, args: None, call_id: None }
+        Self { open, close: None, args: None, call_id: None, pairs: None }
     }
 }
 
@@ -98,6 +144,15 @@ impl<T> CallTags<T> {
             close: self.close.map(&mut f).transpose()?,
             args: self.args.map(&mut f).transpose()?,
             call_id: self.call_id.map(&mut f).transpose()?,
+            pairs: match self.pairs {
+                Some(p) => Some(ArgTags {
+                    key: f(p.key)?,
+                    key_end: f(p.key_end)?,
+                    value: f(p.value)?,
+                    value_end: f(p.value_end)?,
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -106,9 +161,11 @@ impl CallSyntax {
     /// The special tokens of its calls (by text); `None`: calls have no tags. A syntax with no
     /// closing tag writes its calls to the end of the turn.
     pub fn tags(self) -> Option<CallTags<&'static str>> {
-        let mistral = CallTags { open: "[TOOL_CALLS]", close: None, args: None, call_id: None };
+        let mistral = CallTags { open: "[TOOL_CALLS]", close: None, args: None, call_id: None, pairs: None };
+        let qwen = CallTags { open: "<tool_call>", close: Some("</tool_call>"), ..mistral };
         match self {
-            Self::Json | Self::Xml => Some(CallTags { open: "<tool_call>", close: Some("</tool_call>"), ..mistral }),
+            Self::Json | Self::Xml => Some(qwen),
+            Self::ArgPairs => Some(CallTags { pairs: Some(ArgTags::GLM), ..qwen }),
             Self::JsonArray => Some(mistral),
             Self::TaggedList => Some(CallTags { open: "<|tool_call|>", ..mistral }),
             Self::Named { ids } => {
@@ -211,13 +268,15 @@ call: {}
 
 /// The Lark grammar of calls to `functions` (each name with its parameters' schema) between
 /// tags, in `syntax`: `first` opens the first call (or nothing when the model opened it), `more`
-/// the part after a call that allows another, `close` the closing tag's id.
+/// the part after a call that allows another, `close` the closing tag's id, `pairs` the argument
+/// tags' (`CallSyntax::ArgPairs`).
 pub(super) fn calls_grammar(
     functions: &[(&str, &Value)],
     syntax: CallSyntax,
     first: &str,
     more: &str,
     close: u32,
+    pairs: Option<ArgTags<u32>>,
 ) -> String {
     // Qwen2 models often end a call's line before the end of their turn.
     let start = format!("start: {first}call{more} \"\\n\"?\n");
@@ -230,15 +289,55 @@ pub(super) fn calls_grammar(
             let schema = json_call(functions, "arguments");
             format!("{start}call: \"\\n\" %json {schema} \"\\n\" <[{close}]>\n")
         }
-        CallSyntax::Xml => {
+        CallSyntax::Xml | CallSyntax::ArgPairs => {
             let names: Vec<String> = (0..functions.len()).map(|f| format!("f{f}")).collect();
-            let mut g = format!("{start}call: \"\\n\" ({}) \"\\n\" <[{close}]>\n", names.join(" | "));
+            let names = names.join(" | ");
+            // GLM's name follows the tag, and its lines end before the closing tag (only its
+            // tags have `pairs`).
+            let (elements, mut g) = match pairs {
+                Some(tags) => (Elements::Pairs(tags), format!("{start}call: ({names}) <[{close}]>\n")),
+                None => (Elements::Xml, format!("{start}call: \"\\n\" ({names}) \"\\n\" <[{close}]>\n")),
+            };
             for (f, (name, parameters)) in functions.iter().enumerate() {
-                g += &xml_function(f, name, parameters);
+                g += &element_function(f, name, parameters, elements);
             }
             g
         }
     }
+}
+
+/// How a call's arguments are written one by one: Qwen3.5's XML elements, or GLM's key and
+/// value tags.
+#[derive(Clone, Copy)]
+enum Elements {
+    Xml,
+    Pairs(ArgTags<u32>),
+}
+
+impl Elements {
+    /// The Lark items before a call's arguments and after them.
+    fn call(self, name: &str) -> (String, Option<String>) {
+        match self {
+            Self::Xml => (lit(&format!("<function={name}>\n")), Some(lit("</function>"))),
+            Self::Pairs(_) => (lit(&format!("{name}\n")), None),
+        }
+    }
+
+    /// The Lark items before an argument's value and after it.
+    fn argument(self, param: &str) -> (String, String) {
+        match self {
+            Self::Xml => (lit(&format!("<parameter={param}>\n")), lit("\n</parameter>\n")),
+            Self::Pairs(t) => (
+                format!("<[{}]> {} <[{}]> \"\\n\" <[{}]>", t.key, lit(param), t.key_end, t.value),
+                format!("<[{}]> \"\\n\"", t.value_end),
+            ),
+        }
+    }
+}
+
+/// `s` as a Lark string literal.
+fn lit(s: &str) -> String {
+    Value::from(s).to_string()
 }
 
 /// The Lark grammar of a turn in OpenAI's harmony format (gpt-oss), after the prompt's
@@ -305,28 +404,32 @@ fn template_json() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": true})
 }
 
-/// Rule `f{f}`: a call of `name` in XML, its parameters in the schema's order, the required
-/// ones always written.
-fn xml_function(f: usize, name: &str, parameters: &Value) -> String {
-    let lit = |s: &str| Value::from(s).to_string();
+/// Rule `f{f}`: a call of `name` as `elements`, its parameters in the schema's order, the
+/// required ones always written.
+fn element_function(f: usize, name: &str, parameters: &Value, elements: Elements) -> String {
     let properties = parameters.get("properties").and_then(Value::as_object);
     let required: Vec<&str> =
         parameters.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
-    let mut body = vec![lit(&format!("<function={name}>\n"))];
+    let (begin, finish) = elements.call(name);
+    let mut body = vec![begin];
     let mut rules = String::new();
     for (p, (param, schema)) in properties.into_iter().flatten().enumerate() {
         let rule = format!("f{f}_{p}");
         let optional = if required.contains(&param.as_str()) { "" } else { "?" };
         body.push(format!("{rule}{optional}"));
-        let open = lit(&format!("<parameter={param}>\n"));
-        let end = lit("\n</parameter>\n");
+        let (open, end) = elements.argument(param);
         rules += &if written_as_text(schema) {
-            match text_choices(schema) {
-                Some(choices) => format!(
+            match (text_choices(schema), elements) {
+                (Some(choices), _) => format!(
                     "{rule}: {open} ({}) {end}\n",
                     choices.iter().map(|c| lit(c)).collect::<Vec<_>>().join(" | ")
                 ),
-                None => format!("{rule}: {open} {rule}_text\n{rule}_text[suffix={end}]: /{}/\n", text_regex(schema)),
+                // XML's value ends at text, which the value's lexeme must not take; a tag
+                // token is no text of it.
+                (None, Elements::Xml) => {
+                    format!("{rule}: {open} {rule}_text\n{rule}_text[suffix={end}]: /{}/\n", text_regex(schema))
+                }
+                (None, Elements::Pairs(_)) => format!("{rule}: {open} /{}/ {end}\n", text_regex(schema)),
             }
         } else {
             let mut schema = schema.clone();
@@ -336,7 +439,7 @@ fn xml_function(f: usize, name: &str, parameters: &Value) -> String {
             format!("{rule}: {open} %json {schema} {end}\n")
         };
     }
-    body.push(lit("</function>"));
+    body.extend(finish);
     format!("f{f}: {}\n{rules}", body.join(" "))
 }
 

@@ -119,7 +119,8 @@ impl GrammarCompiler {
     /// `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`, or Qwen3.5's
     /// `<tool_call>\n<function=N>\n<parameter=P>\nV\n</parameter>\n</function>\n</tool_call>`;
     /// or Llama 3.x's answer that is one call, `{"name": N, "parameters": A}`, with no tags; or
-    /// Mistral's after `[TOOL_CALLS]`, an array or each call's name and `[ARGS]`.
+    /// Mistral's after `[TOOL_CALLS]`, an array or each call's name and `[ARGS]`; or GLM's
+    /// `<tool_call>N\n<arg_key>P</arg_key>\n<arg_value>V</arg_value>\n</tool_call>`.
     /// `with_open`: the grammar starts with the opening tag (a required or named call);
     /// otherwise just after it (the model opened a call by itself). `parallel`: more calls may
     /// follow, each on its own line (not in Llama's, which makes one call at a time).
@@ -150,7 +151,7 @@ impl GrammarCompiler {
         }
         let close = close.ok_or_else(missing)?;
         let more = if parallel { format!(" (\"\\n\" <[{open}]> call)*") } else { String::new() };
-        self.compile_lark(calls_grammar(functions, syntax, &first, &more, close))
+        self.compile_lark(calls_grammar(functions, syntax, &first, &more, close, tags.pairs))
     }
 
     /// T3: a turn in OpenAI's harmony format (gpt-oss) whose analysis takes at most `budget`

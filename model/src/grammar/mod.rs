@@ -11,7 +11,7 @@ mod guide;
 
 use serde::{Deserialize, Serialize};
 
-pub use calls::{CallSyntax, CallTags, HarmonyTags, ToolCallTags, written_as_text};
+pub use calls::{ArgTag, ArgTags, CallSyntax, CallTags, HarmonyTags, ToolCallTags, written_as_text};
 pub use compiler::{Grammar, GrammarCompiler};
 pub use guide::{Guidance, GuidanceSpec, Guide, GuideEnd, ThinkStart, Thinking};
 

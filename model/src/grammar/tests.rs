@@ -12,20 +12,28 @@ fn compiler() -> (Tokenizer, GrammarCompiler) {
     (tokenizer, compiler)
 }
 
-/// Samples at temperature 1 from uniform logits under `grammar` until it ends; the text.
+/// Samples at temperature 1 from uniform logits under `grammar` until it ends (at most 400
+/// tokens); the text.
 fn random_text(tokenizer: &Tokenizer, grammar: &Grammar, seed: u64) -> (String, Option<GuideEnd>) {
+    let (tokens, end) = uniform_tokens(grammar, 1024, seed, 400);
+    (tokenizer.decode(&tokens, true).unwrap(), end)
+}
+
+/// Samples at temperature 1 from uniform logits `width` wide under `grammar`, until it ends or
+/// `max` tokens; the tokens, and the end if it came.
+fn uniform_tokens(grammar: &Grammar, width: usize, seed: u64, max: usize) -> (Vec<u32>, Option<GuideEnd>) {
     let params = SamplingParams { temperature: 1.0, seed: Some(seed), ..SamplingParams::default() };
     let mut sampler = Sampler::new(params, &[]).guided(&Guidance::grammar(grammar.clone()));
-    let logits = vec![0.0; 1024];
+    let logits = vec![0.0; width];
     let mut tokens = Vec::new();
-    for _ in 0..400 {
+    while tokens.len() < max {
         let s = sampler.sample(&logits);
         tokens.push(s.token);
         if s.end.is_some() {
-            return (tokenizer.decode(&tokens, true).unwrap(), s.end);
+            return (tokens, s.end);
         }
     }
-    (tokenizer.decode(&tokens, true).unwrap(), None)
+    (tokens, None)
 }
 
 #[test]
@@ -326,17 +334,7 @@ fn mistral_named_calls_give_a_name_an_id_and_schema_arguments_per_tag() {
         let grammar = compiler.tool_calls(&functions, Some(tags), syntax, true, true).unwrap();
         let (mut names, mut most) = (std::collections::BTreeSet::new(), 0);
         for seed in 0..40 {
-            let params = SamplingParams { temperature: 1.0, seed: Some(seed), ..SamplingParams::default() };
-            let mut sampler = Sampler::new(params, &[]).guided(&Guidance::grammar(grammar.clone()));
-            let logits = vec![0.0; tokenizer.vocab_size()];
-            let mut tokens = Vec::new();
-            while tokens.len() < 300 {
-                let s = sampler.sample(&logits);
-                tokens.push(s.token);
-                if s.end.is_some() {
-                    break;
-                }
-            }
+            let (tokens, _) = uniform_tokens(&grammar, tokenizer.vocab_size(), seed, 300);
             let text = tokenizer.decode(&tokens, false).unwrap();
             let calls: Vec<&str> = text.trim_end_matches("</s>").split("[TOOL_CALLS]").skip(1).collect();
             assert!(text.starts_with("[TOOL_CALLS]") && !calls.is_empty(), "{text:?}");
@@ -368,6 +366,80 @@ fn mistral_named_calls_give_a_name_an_id_and_schema_arguments_per_tag() {
         }
         assert_eq!(names.len(), 2);
         assert!(most > 1, "several calls");
+    }
+}
+
+/// GLM's calls (tiny-glm4moe-f32's vocabulary, whose argument tags are special tokens):
+/// `<tool_call>`, a tool's name on its line, each argument's `<arg_key>` and `<arg_value>` on lines
+/// of their own, text values as they are (within the schema's length, or one of its choices),
+/// others as JSON held to the schema, `</tool_call>`; more calls where `parallel` allows, each
+/// after a line break. Uniform sampling reaches every branch: both tools, the optional argument
+/// written and left out, one call and several. After a tag the model wrote, the grammar takes a
+/// call and refuses an unknown tool or a value off its schema.
+#[test]
+fn glm_calls_give_a_name_and_tagged_arguments_held_to_the_schemas() {
+    let tokenizer = Tokenizer::from_dir(&llaisys_tests::fixture_dir("tiny-glm4moe-f32")).unwrap();
+    let eos = tokenizer.token_to_id("<|user|>").unwrap();
+    let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size(), &[eos]).unwrap();
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                         "unit": {"enum": ["c", "f"]}}, "required": ["city"], "additionalProperties": false});
+    let time = json!({"type": "object", "properties": {"zone": {"type": "integer", "minimum": -99, "maximum": 99}},
+                      "required": ["zone"], "additionalProperties": false});
+    let functions = [("get_weather", &weather), ("get_time", &time)];
+    let syntax = CallSyntax::ArgPairs;
+    let tags = syntax.tags().unwrap().try_map(|t| compiler.special_token(t).ok_or(t)).unwrap();
+    assert_eq!(tags.pairs.map(|p| p.value), compiler.special_token("<arg_value>"));
+    let grammar = compiler.tool_calls(&functions, Some(tags), syntax, true, true).unwrap();
+    let (mut seen, mut most) = (std::collections::BTreeSet::new(), 0);
+    for seed in 0..60 {
+        let (tokens, _) = uniform_tokens(&grammar, tokenizer.vocab_size(), seed, 300);
+        let text = tokenizer.decode(&tokens, false).unwrap();
+        let body = text.trim_end_matches("<|user|>").trim_end_matches('\n');
+        let calls: Vec<&str> = body.split("<tool_call>").skip(1).collect();
+        assert!(body.starts_with("<tool_call>") && !calls.is_empty(), "{text:?}");
+        for (i, call) in calls.iter().enumerate() {
+            let call =
+                if i + 1 < calls.len() { call.strip_suffix('\n').unwrap_or_else(|| panic!("{text:?}")) } else { call };
+            let call = call.strip_suffix("</tool_call>").unwrap_or_else(|| panic!("{text:?}"));
+            let (name, mut rest) = call.split_once('\n').unwrap_or_else(|| panic!("{text:?}"));
+            let mut args = serde_json::Map::new();
+            while let Some(pair) = rest.strip_prefix("<arg_key>") {
+                let (key, after) = pair.split_once("</arg_key>\n<arg_value>").unwrap_or_else(|| panic!("{text:?}"));
+                let (value, after) = after.split_once("</arg_value>\n").unwrap_or_else(|| panic!("{text:?}"));
+                args.insert(key.to_string(), json!(value));
+                rest = after;
+            }
+            assert_eq!(rest, "", "{text:?}");
+            match name {
+                "get_weather" => {
+                    assert!(args["city"].as_str().is_some_and(|c| c.chars().count() <= 6), "{text:?}");
+                    assert!(args.get("unit").is_none_or(|u| u == "c" || u == "f"), "{text:?}");
+                    assert!(args.keys().all(|k| k == "city" || k == "unit"), "{text:?}");
+                    seen.insert(format!("{name} unit:{}", args.contains_key("unit")));
+                }
+                "get_time" => {
+                    let zone: serde_json::Value = serde_json::from_str(args["zone"].as_str().unwrap()).unwrap();
+                    assert!(zone.as_f64().is_some_and(|z| z.fract() == 0.0 && z.abs() <= 99.0), "{text:?}");
+                    seen.insert(name.to_string());
+                }
+                other => panic!("{other:?} in {text:?}"),
+            }
+        }
+        most = most.max(calls.len());
+    }
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(most > 1, "several calls");
+    // The model opened the call: the grammar starts after the tag.
+    let after_open = compiler.tool_calls(&functions, Some(tags), syntax, false, false).unwrap();
+    let one = "get_time\n<arg_key>zone</arg_key>\n<arg_value>-7</arg_value>\n</tool_call>";
+    assert!(follow(&tokenizer, &after_open, one).is_ok());
+    for refused in [
+        "get_date\n</tool_call>",
+        "get_time\n<arg_key>zone</arg_key>\n<arg_value>\"-7\"</arg_value>\n</tool_call>",
+        "get_time\n</tool_call>",
+        "get_weather\n<arg_key>city</arg_key>\n<arg_value>Reykjavik</arg_value>\n</tool_call>",
+    ] {
+        assert!(follow(&tokenizer, &after_open, refused).is_err(), "{refused:?}");
     }
 }
 

@@ -108,16 +108,34 @@ fn join_continued_lines(source: &str) -> String {
     String::from_utf8(out).unwrap_or_else(|_| source.to_string())
 }
 
-/// Python's `json.dumps(value, ensure_ascii=False)`, as Hugging Face's `tojson` filter writes
-/// it: `", "` and `": "` separators, keys in their order.
-fn python_json(value: &serde_json::Value, indent: Option<usize>, level: usize, out: &mut String) {
+/// How `python_json` writes JSON: the arguments of Python's `json.dumps` that Hugging Face's
+/// `tojson` filter passes on (its defaults: `ensure_ascii=False`, no indent, `", "` and `": "`
+/// separators, keys in their order).
+#[derive(Debug, Clone, Default)]
+struct JsonStyle {
+    indent: Option<usize>,
+    /// `separators`: between items, between a key and its value; `None`: Python's default for
+    /// the indent (`", "`, or `","` with an indent, and `": "`).
+    separators: Option<(String, String)>,
+    /// Non-ASCII characters as `\uXXXX` escapes (surrogate pairs past the BMP).
+    ascii: bool,
+    sort_keys: bool,
+}
+
+/// `value` as Python's `json.dumps` writes it in `style`.
+fn python_json(value: &serde_json::Value, style: &JsonStyle, level: usize, out: &mut String) {
     use serde_json::Value as J;
-    // Python's separators: ", " inline; "," and a newline with an indent.
+    let indent = style.indent;
+    let (item, key) = match &style.separators {
+        Some((item, key)) => (item.as_str(), key.as_str()),
+        None => (if indent.is_some() { "," } else { ", " }, ": "),
+    };
+    // An item's separator, then with an indent a newline and the item's indent.
     let open = |out: &mut String, bracket: char, i: usize| {
         if i == 0 {
             out.push(bracket);
         } else {
-            out.push_str(if indent.is_some() { "," } else { ", " });
+            out.push_str(item);
         }
         if let Some(width) = indent {
             out.push('\n');
@@ -133,23 +151,44 @@ fn python_json(value: &serde_json::Value, indent: Option<usize>, level: usize, o
         }
         out.push(bracket);
     };
+    let string = |out: &mut String, s: &str| {
+        let quoted = J::from(s).to_string();
+        if !style.ascii {
+            return out.push_str(&quoted);
+        }
+        for c in quoted.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
+    };
     match value {
         J::Array(items) => {
             for (i, v) in items.iter().enumerate() {
                 open(out, '[', i);
-                python_json(v, indent, level + 1, out);
+                python_json(v, style, level + 1, out);
             }
             close(out, ']', items.is_empty());
         }
         J::Object(map) => {
-            for (i, (k, v)) in map.iter().enumerate() {
+            let mut entries: Vec<(&String, &J)> = map.iter().collect();
+            if style.sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            for (i, (k, v)) in entries.into_iter().enumerate() {
                 open(out, '{', i);
-                out.push_str(&J::String(k.clone()).to_string());
-                out.push_str(": ");
-                python_json(v, indent, level + 1, out);
+                string(out, k);
+                out.push_str(key);
+                python_json(v, style, level + 1, out);
             }
             close(out, '}', map.is_empty());
         }
+        J::String(s) => string(out, s),
         scalar => out.push_str(&scalar.to_string()),
     }
 }
@@ -285,13 +324,29 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
+        // transformers' `tojson`: `json.dumps` with its `ensure_ascii` (False unless given),
+        // `indent`, `separators` and `sort_keys` (GLM's template asks for `ensure_ascii=False`).
         env.add_filter("tojson", |value: Value, kwargs: Kwargs| -> Result<Value, minijinja::Error> {
-            let indent: Option<usize> = kwargs.get("indent")?;
+            let separators: Option<Vec<String>> = kwargs.get("separators")?;
+            let separators = match separators.as_deref() {
+                None => None,
+                Some([item, key]) => Some((item.clone(), key.clone())),
+                Some(_) => {
+                    let e = "tojson: separators must be an (item, key) pair";
+                    return Err(minijinja::Error::new(ErrorKind::InvalidOperation, e));
+                }
+            };
+            let style = JsonStyle {
+                indent: kwargs.get("indent")?,
+                separators,
+                ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+                sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+            };
             kwargs.assert_all_used()?;
             let json = serde_json::to_value(&value)
                 .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
             let mut out = String::new();
-            python_json(&json, indent, 0, &mut out);
+            python_json(&json, &style, 0, &mut out);
             Ok(Value::from_safe_string(out))
         });
         // transformers gives templates the current date (Llama 3's writes it into the system turn).
@@ -312,7 +367,8 @@ impl ChatTemplate {
     /// after `[TOOL_CALLS]`, each call's name and `[ARGS]` where it writes `[ARGS]` (with
     /// `[CALL_ID]` and an id between where it writes that: Mistral Small 3.2), else a JSON
     /// array where it writes that tag (Mistral 7B v0.3, Nemo); XML elements where
-    /// it spells out `<function=` and `<parameter=` (Qwen3.5, Qwen3-Coder); a JSON object
+    /// it spells out `<function=` and `<parameter=` (Qwen3.5, Qwen3-Coder); key and value tags
+    /// where it writes `<arg_key>` and `<arg_value>` (GLM-4.5 and later); a JSON object
     /// between `<tool_call>` tags where it has them (Qwen2, Qwen3); else, where it writes a
     /// call's `"parameters"`, the answer as one JSON object (Llama 3.x).
     pub fn call_syntax(&self) -> CallSyntax {
@@ -325,6 +381,8 @@ impl ChatTemplate {
             CallSyntax::TaggedList
         } else if has("<function=") && has("<parameter=") {
             CallSyntax::Xml
+        } else if has("<arg_key>") && has("<arg_value>") {
+            CallSyntax::ArgPairs
         } else if !has("<tool_call>") && has("\"parameters\"") {
             CallSyntax::Bare
         } else {
@@ -411,13 +469,34 @@ mod tests {
     fn tojson_indents_like_python() {
         let value = serde_json::json!({"a": [1, {"b": []}], "c": {}, "d": "é"});
         let mut out = String::new();
-        python_json(&value, Some(4), 0, &mut out);
+        python_json(&value, &JsonStyle { indent: Some(4), ..JsonStyle::default() }, 0, &mut out);
         assert_eq!(
             out,
             "{\n    \"a\": [\n        1,\n        {\n            \"b\": []\n        }\n    ],\n    \"c\": {},\n    \"d\": \"é\"\n}"
         );
         out.clear();
-        python_json(&value, None, 0, &mut out);
+        python_json(&value, &JsonStyle::default(), 0, &mut out);
         assert_eq!(out, r#"{"a": [1, {"b": []}], "c": {}, "d": "é"}"#);
+    }
+
+    /// The `tojson` filter takes `json.dumps`'s arguments as transformers passes them on (GLM's
+    /// template writes `tojson(ensure_ascii=False)`); Python gives these for the same value.
+    #[test]
+    fn tojson_takes_python_s_arguments() {
+        let render = |args: &str| {
+            let source = format!("{{{{ {{'b': 'é😀', 'a': [1, {{'z': none}}]}} | tojson({args}) }}}}");
+            ChatTemplate::new(source, String::new(), String::new()).unwrap().render(&[], false)
+        };
+        assert_eq!(render("ensure_ascii=False").unwrap(), r#"{"b": "é😀", "a": [1, {"z": null}]}"#);
+        assert_eq!(
+            render("ensure_ascii=True, sort_keys=True, separators=(',', ':')").unwrap(),
+            r#"{"a":[1,{"z":null}],"b":"\u00e9\ud83d\ude00"}"#
+        );
+        assert_eq!(
+            render("ensure_ascii=True, indent=2").unwrap(),
+            "{\n  \"b\": \"\\u00e9\\ud83d\\ude00\",\n  \"a\": [\n    1,\n    {\n      \"z\": null\n    }\n  ]\n}"
+        );
+        assert!(render("separators=(',',)").unwrap_err().0.contains("separators"));
+        assert!(render("width=3").is_err(), "an argument json.dumps does not take");
     }
 }

@@ -6,7 +6,9 @@
 //! the arguments handed out as JSON one parameter at a time; Mistral's calls, a JSON array after
 //! `[TOOL_CALLS]` with no closing tag, are its objects read one after another by the same scanner;
 //! Mistral's newer ones, `[TOOL_CALLS]name[ARGS]{...}` per call, have the name read up to
-//! `[ARGS]` (an id after `[CALL_ID]` skipped) and the arguments handed out as written.
+//! `[ARGS]` (an id after `[CALL_ID]` skipped) and the arguments handed out as written; GLM's,
+//! `<tool_call>name` and each argument between key and value tags, are read by `PairCall`, the
+//! tags moving it on by id (`push_tag`).
 
 use std::sync::Arc;
 
@@ -70,8 +72,9 @@ pub struct ToolParsing {
     /// `None`: the model writes calls with no tags (Llama 3.x, `CallSyntax::Bare`); they are
     /// recognised in the text (`TextCalls`).
     pub tags: Option<ToolCallTags>,
-    /// Calls between the tags are XML elements (`CallSyntax::Xml`), read with what the offered
-    /// tools say of their parameters; `None`: a JSON object.
+    /// Calls between the tags are XML elements (`CallSyntax::Xml`) or key and value tags
+    /// (`CallSyntax::ArgPairs`), read with what the offered tools say of their parameters;
+    /// `None`: a JSON object.
     pub xml: Option<Arc<XmlTools>>,
     /// Finish with `tool_calls` when the output called tools (not for a named `tool_choice`,
     /// which OpenAI ends with `stop`).
@@ -118,6 +121,7 @@ enum Scan {
     Json(Call),
     Xml(XmlCall),
     Named(NamedCall),
+    Pairs(PairCall),
 }
 
 /// Where a call in Mistral's `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` is.
@@ -232,7 +236,31 @@ impl ToolCallParser {
     }
 
     pub fn is_tag(&self, token: u32) -> bool {
-        self.tags.is_some_and(|t| [Some(t.open), t.close, t.args, t.call_id].contains(&Some(token)))
+        self.tags.is_some_and(|t| {
+            [Some(t.open), t.close, t.args, t.call_id].contains(&Some(token))
+                || t.pairs.is_some_and(|p| p.find(token).is_some())
+        })
+    }
+
+    /// Reads a tag (`is_tag`) the open call's syntax takes by id (GLM's argument tags and its
+    /// closing tag); the piece it completes, if any.
+    pub fn push_tag(&mut self, token: u32) -> Vec<ToolCallDelta> {
+        let Some(tags) = self.tags else { return Vec::new() };
+        let (Some(pairs), Some(Scan::Pairs(_))) = (tags.pairs, &self.call) else { return Vec::new() };
+        let (tag, closing) = (pairs.find(token), Some(token) == tags.close);
+        if tag.is_none() && !closing {
+            return Vec::new();
+        }
+        let empty = XmlTools::default();
+        let piece = self.piece(|scan, xml| {
+            if let Scan::Pairs(call) = scan {
+                call.tag(tag, xml.unwrap_or(&empty));
+            }
+        });
+        if closing {
+            self.call = None;
+        }
+        piece.into_iter().collect()
     }
 
     /// Where `token` belongs; a tag opens or closes a call (with no tags, all is text). A tag
@@ -241,6 +269,16 @@ impl ToolCallParser {
         let Some(tags) = self.tags else { return Route::Text };
         if tags.args.is_some() {
             return self.route_named(token, tags);
+        }
+        if tags.pairs.is_some() {
+            // GLM's: the open tag starts a call; the rest of it, its closing tag included, moves
+            // on in `push_tag` and `push_call_text`.
+            if token == tags.open && self.call.is_none() {
+                self.call = Some(Scan::Pairs(PairCall::default()));
+                self.header_sent = false;
+                self.calls += 1;
+            }
+            return if self.call.is_some() { Route::Call } else { Route::Text };
         }
         if self.array() {
             self.in_array |= token == tags.open;
@@ -327,6 +365,7 @@ impl ToolCallParser {
                 }
             }
             Scan::Named(call) => call.scan(text),
+            Scan::Pairs(call) => call.scan(text),
         });
         piece.into_iter().collect()
     }
@@ -371,6 +410,7 @@ impl ToolCallParser {
             Scan::Json(call) => (&call.name, &mut call.pending),
             Scan::Xml(call) => (&call.name, &mut call.pending),
             Scan::Named(call) => (&call.name, &mut call.pending),
+            Scan::Pairs(call) => (&call.name, &mut call.pending),
         };
         let mut delta = ToolCallDelta { index, ..ToolCallDelta::default() };
         if !self.header_sent {
@@ -497,10 +537,13 @@ impl Call {
     }
 }
 
+mod pairs;
 #[cfg(test)]
 mod tests;
 mod text_calls;
 mod xml;
+
+use pairs::PairCall;
 
 pub use text_calls::{Emit, TextCallSpec, TextCallTool, TextCalls};
 use xml::XmlCall;

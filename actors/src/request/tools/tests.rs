@@ -247,3 +247,93 @@ fn xml_calls_give_their_name_and_arguments_as_json_however_split() {
     let two = parse_with(&parsing, &[vec![XML_CASES[3].0], vec![XML_CASES[0].0]]);
     assert_eq!(two.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["noop", "get_weather"]);
 }
+
+/// GLM's calls: `<tool_call>name`, then per argument `<arg_key>K</arg_key>` and
+/// `<arg_value>V</arg_value>` on lines of their own, then `</tool_call>`; the tags are special
+/// tokens (their text empty). Each call gives its name and its arguments as a JSON object (text
+/// parameters quoted, the others as written, Python's `True` as JSON's), however the text between
+/// the tags is split; text after a call is content.
+#[test]
+fn glm_calls_give_their_name_and_arguments_from_the_tags_however_split() {
+    use llaisys_model::ArgTags;
+    const OPEN: u32 = 1;
+    const CLOSE: u32 = 2;
+    let (key, key_end, value, value_end) = (5, 6, 7, 8);
+    let tags =
+        ToolCallTags { pairs: Some(ArgTags { key, key_end, value, value_end }), ..ToolCallTags::pair(OPEN, CLOSE) };
+    let parsing = ToolParsing { tags: Some(tags), ..xml_parsing() };
+    // (token, text) in order; a tag's text is empty.
+    let output = [
+        (OPEN, ""),
+        (0, "get_weather\n"),
+        (key, ""),
+        (0, "city"),
+        (key_end, ""),
+        (0, "\n"),
+        (value, ""),
+        (0, "New \"York\"\n</arg_value> 東京"),
+        (value_end, ""),
+        (0, "\n"),
+        (key, ""),
+        (0, "fresh"),
+        (key_end, ""),
+        (0, "\n"),
+        (value, ""),
+        (0, "True"),
+        (value_end, ""),
+        (0, "\n"),
+        (key, ""),
+        (0, "filter"),
+        (key_end, ""),
+        (0, "\n"),
+        (value, ""),
+        (0, "{\"a\": [1, 2]}"),
+        (value_end, ""),
+        (0, "\n"),
+        (CLOSE, ""),
+        (0, "\n"),
+        (OPEN, ""),
+        (0, "noop\n"),
+        (CLOSE, ""),
+        (0, " done"),
+    ];
+    let want = [
+        (
+            "get_weather",
+            "{\"city\": \"New \\\"York\\\"\\n</arg_value> 東京\", \"fresh\": true, \"filter\": {\"a\": [1, 2]}}",
+        ),
+        ("noop", "{}"),
+    ];
+    for width in (1..=6).chain([usize::MAX]) {
+        let mut parser = ToolCallParser::new(&parsing);
+        assert_eq!(parser.route(100), Route::Text, "before the tag, text");
+        assert!([OPEN, CLOSE, key, key_end, value, value_end].iter().all(|&t| parser.is_tag(t)) && !parser.is_tag(3));
+        let (mut calls, mut after): (Vec<ToolCallOut>, Vec<String>) = (Vec::new(), Vec::new());
+        let add = |calls: &mut Vec<ToolCallOut>, deltas: Vec<ToolCallDelta>| {
+            for delta in deltas {
+                assert_eq!(delta.id.is_some(), delta.index == calls.len(), "a call's header comes once, first");
+                ToolCallOut::gather(calls, &delta);
+            }
+        };
+        for &(token, text) in &output {
+            if token != 0 {
+                assert_eq!(parser.route(token), Route::Call);
+                add(&mut calls, parser.push_tag(token));
+                continue;
+            }
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(width.min(chars.len()).max(1)) {
+                let piece: String = piece.iter().collect();
+                match parser.route(100) {
+                    Route::Text => after.push(piece),
+                    Route::Call => add(&mut calls, parser.push_call_text(&piece)),
+                }
+            }
+        }
+        let got: Vec<(&str, &str)> = calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect();
+        assert_eq!(got, want, "pieces of {width}");
+        serde_json::from_str::<serde_json::Value>(&calls[0].arguments).unwrap();
+        assert!(calls.iter().all(|c| c.id.starts_with("call_")));
+        assert_eq!(after.concat(), "\n done", "pieces of {width}: between and after the calls, text");
+    }
+}

@@ -32,7 +32,7 @@ impl XmlTools {
     /// An argument's value as JSON: text quoted; otherwise as written when it is JSON (Python's
     /// `True`, `False` and `None`, which Qwen3.5's template writes for earlier calls, as JSON's),
     /// else quoted too. A parameter the tool does not list is text.
-    fn value(&self, function: &str, key: &str, raw: &str) -> String {
+    pub(super) fn value(&self, function: &str, key: &str, raw: &str) -> String {
         let quoted = || Value::from(raw).to_string();
         if self.0.get(function).and_then(|f| f.get(key)).is_none_or(|&text| text) {
             return quoted();
