@@ -9,7 +9,7 @@
 use llaisys_actors::request::{
     FinishReason, ReasoningParsing, ReasoningTags, TextStream, ToolCallOut, ToolCallTags, ToolParsing,
 };
-use llaisys_actors::{ChatRequest, Engine, Event, Output, StreamExt};
+use llaisys_actors::{ChatRequest, Constraint, Engine, Event, Output, StreamExt};
 use llaisys_model::Tokenizer;
 use llaisys_tests::{FixtureCopy, Reference, fixture_dir};
 
@@ -191,7 +191,9 @@ async fn smollm3_thinks_unless_its_mode_says_no_think() {
 /// GLM-4.5's prompt ends at `<|assistant|>` and the model writes `\n<think>…</think>\n` before
 /// its answer: the whitespace before the think block is layout, split off with it; without a
 /// think block, whitespace at the start is the answer's own. `enable_thinking: false` renders
-/// the empty block (`\n<think></think>`) in the prompt, so the output is the answer.
+/// the empty block (`\n<think></think>`) in the prompt, so the output is the answer. A
+/// constrained answer or a thinking budget lets the model write its newline before `<think>` (a
+/// lead, once), and the budget holds after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn glm_thinking_after_a_newline_splits_off() {
     let fixture = fixture_dir("tiny-glm4moe-f32");
@@ -226,7 +228,27 @@ async fn glm_thinking_after_a_newline_splits_off() {
     let (text, _, prompt) = rendered(&off);
     assert!(text.ends_with("<|user|>\nHi/nothink<|assistant|>\n<think></think>"), "{text}");
     assert!(!ReasoningParsing::after(tags, &prompt).starts_open);
-    let answer = engine.chat(off.max_tokens(6).ignore_eos(true).temperature(0.0)).await.unwrap().answer().await;
+    let answer = engine.chat(off.clone().max_tokens(6).ignore_eos(true).temperature(0.0)).await.unwrap().answer().await;
     assert_eq!(answer.choices[0].reasoning, "");
     assert!(!answer.choices[0].text.is_empty());
+
+    // The newline is biased above `<think>`: it comes first, then the tag (the newline again
+    // would be the answer's, which the JSON object's grammar does not begin with), two tokens of
+    // thinking, the closing tag forced by the budget, then the object.
+    let newline = t.encode("\n").unwrap()[0];
+    let (open, close) = (tags.open, tags.close);
+    let mut budgeted = ChatRequest::default().user("Hi").constraint(Constraint::JsonObject).max_tokens(12);
+    budgeted.options.thinking_budget = Some(2);
+    budgeted.options.logit_bias = vec![(newline, 100.0), (open, 50.0)];
+    let lead = |chat: &ChatRequest| {
+        engine.frontend().chat(chat).unwrap().params().guidance.spec().thinking.and_then(|t| t.lead)
+    };
+    assert_eq!(lead(&budgeted), Some(newline), "the prompt ends at <|assistant|>");
+    let mut closed = off.constraint(Constraint::JsonObject);
+    closed.options.thinking_budget = Some(2);
+    assert_eq!(lead(&closed), None, "the prompt closed the block");
+    let c = &engine.chat(budgeted).await.unwrap().answer().await.choices[0];
+    assert_eq!((c.tokens[0], c.tokens[1], c.tokens[4]), (newline, open, close), "{:?}", t.decode(&c.tokens, false));
+    assert_eq!(c.reasoning, t.decode(&c.tokens[2..4], false).unwrap(), "{c:?}");
+    assert!(c.text.starts_with('{'), "{c:?}");
 }

@@ -169,8 +169,11 @@ impl Frontend {
         if let Some(r) = reasoning
             && (options.thinking_budget.is_some() || !params.guidance.is_free())
         {
-            let start = self.think_start(r, &unchecked.prompts[0])?;
-            let thinking = Thinking { open: r.tags.open, close: r.tags.close, start, budget: options.thinking_budget };
+            let prompt = &unchecked.prompts[0];
+            let start = self.think_start(r, prompt)?;
+            let lead = if start == ThinkStart::MayOpen { self.think_lead(prompt)? } else { None };
+            let thinking =
+                Thinking { open: r.tags.open, close: r.tags.close, start, budget: options.thinking_budget, lead };
             for guidance in std::iter::once(&mut params.guidance).chain(&mut params.text_retry) {
                 *guidance = std::mem::take(guidance).after_thinking(thinking);
             }
@@ -222,6 +225,21 @@ impl Frontend {
         let after = self.text_side()?.tokenizer.decode(&prompt[at + 1..], false);
         let closed = after.is_ok_and(|text| text.trim().is_empty());
         Ok(if closed { ThinkStart::Closed } else { ThinkStart::MayOpen })
+    }
+
+    /// The newline a model may write before opening its think block, where the prompt does not
+    /// end with whitespace (GLM's ends at `<|assistant|>`, and its turns begin `\n<think>`), as
+    /// one token of the vocabulary, if it is one.
+    fn think_lead(&self, prompt: &[u32]) -> Result<Option<u32>, EngineError> {
+        let tokenizer = &self.text_side()?.tokenizer;
+        let last = prompt.last().and_then(|&t| tokenizer.decode(&[t], false).ok());
+        if last.is_some_and(|text| text.ends_with(char::is_whitespace)) {
+            return Ok(None);
+        }
+        Ok(match tokenizer.encode("\n").as_deref() {
+            Ok(&[newline]) => Some(newline),
+            _ => None,
+        })
     }
 
     /// Checks a completion and encodes its prompts (text, or token ids as they are).

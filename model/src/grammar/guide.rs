@@ -41,6 +41,10 @@ pub struct Thinking {
     pub start: ThinkStart,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<usize>,
+    /// A token the model may write once before opening the block (GLM's prompt ends at
+    /// `<|assistant|>` and its turn begins `\n<think>`): neither thinking nor the answer's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lead: Option<u32>,
 }
 
 /// Where the output starts, as the prompt leaves it.
@@ -169,8 +173,10 @@ struct Think {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// The first token: the open tag, or the answer's first.
+    /// The first token: the open tag, the lead, or the answer's first.
     First,
+    /// After the lead: the open tag, or the answer's first.
+    Lead,
     Inside,
     /// Just after the closing tag: a whitespace token may come before a grammar's first.
     Closed,
@@ -240,7 +246,11 @@ impl Guide {
             let mut mask = matcher.compute_mask().map_err(|e| e.to_string());
             if let (Ok(mask), Some(think)) = (&mut mask, self.think) {
                 match think.phase {
-                    Phase::First => mask.allow_token(think.thinking.open),
+                    Phase::First => {
+                        mask.allow_token(think.thinking.open);
+                        think.thinking.lead.into_iter().for_each(|t| mask.allow_token(t));
+                    }
+                    Phase::Lead => mask.allow_token(think.thinking.open),
                     Phase::Closed => self.lead.iter().for_each(|&t| mask.allow_token(t)),
                     Phase::Inside | Phase::Answer => {}
                 }
@@ -341,8 +351,12 @@ impl Guide {
         if let Some(think) = &mut self.think {
             let Thinking { open, close, .. } = think.thinking;
             match think.phase {
-                Phase::First if token == open => {
+                Phase::First | Phase::Lead if token == open => {
                     think.phase = Phase::Inside;
+                    return None;
+                }
+                Phase::First if Some(token) == think.thinking.lead => {
+                    think.phase = Phase::Lead;
                     return None;
                 }
                 Phase::Inside if token == close => {
@@ -357,7 +371,7 @@ impl Guide {
                     think.phase = Phase::Answer;
                     return None;
                 }
-                Phase::First | Phase::Closed => think.phase = Phase::Answer,
+                Phase::First | Phase::Lead | Phase::Closed => think.phase = Phase::Answer,
                 Phase::Answer => {}
             }
         }
