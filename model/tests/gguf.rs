@@ -666,6 +666,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-olmo3-f32",
         "tiny-granite-f32",
         "tiny-glm4moe-f32",
+        "tiny-glm4-f32",
     ];
     for name in fixtures {
         let source = ModelSource::Gguf(converted_fixture(name));
@@ -694,6 +695,23 @@ fn a_smollm3_gguf_reads_every_fourth_layer_unrotated() {
     assert!(ours.tie_word_embeddings && hf.tie_word_embeddings);
     // The file's eos (`<|im_end|>`) first, then the family's other ends of a generation.
     assert_eq!((ours.eos_token_ids[0], hf.eos_token_ids.as_slice()), (hf.eos_token_ids[0], &[968][..]));
+}
+
+/// GLM-4's GGUF files (`glm4`) keep gate and up fused in `ffn_up`, its norms after the attention
+/// and the feed-forward as `post_attention_norm` and `post_ffw_norm`, and q and k as its
+/// checkpoints do (no interleaving by the converter: its RoPE turns adjacent pairs as theirs):
+/// tiny-glm4-f32's reads as its checkpoint's configuration (half of each head rotated, q/k/v
+/// biases, the feed-forward's width, not the fused tensor's).
+#[test]
+fn a_glm4_gguf_reads_as_its_checkpoint() {
+    let name = "tiny-glm4-f32";
+    let file = GgufFile::open(&converted_fixture(name)).unwrap();
+    let (ours, hf) = configs(&file, name);
+    assert_eq!((ours.arch.name, hf.arch.name), ("glm4", "glm4"));
+    let read = |c: &ModelConfig| (c.rotary_dim, c.qkv_bias, c.intermediate_size, c.tie_word_embeddings);
+    assert_eq!(read(&ours), (16, true, 128, false));
+    assert_eq!(read(&ours), read(&hf));
+    assert!(file.tensor("blk.0.ffn_up.weight").is_some() && file.tensor("blk.0.ffn_gate.weight").is_none());
 }
 
 /// Granite's GGUF files (`granite`) carry its four multipliers under llama.cpp's names

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 22] = [
+pub const FIXTURES: [&str; 23] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -31,6 +31,7 @@ pub const FIXTURES: [&str; 22] = [
     "tiny-olmo3-f32",
     "tiny-granite-f32",
     "tiny-glm4moe-f32",
+    "tiny-glm4-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

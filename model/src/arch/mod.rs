@@ -6,6 +6,7 @@
 
 mod gemma2;
 mod gemma3;
+mod glm4;
 mod glm4moe;
 mod gptoss;
 mod granite;
@@ -72,9 +73,16 @@ pub struct Architecture {
     /// `in_proj_qkvz`, `in_proj_ba`; its GGUF files keep `ssm_ba`): read as the separate
     /// projections (`weights::split_rows`).
     pub fused_linear_projections: bool,
-    /// Its checkpoints fuse q, k and v in `qkv_proj` and gate and up in `gate_up_proj` (Phi-3;
-    /// its GGUF files keep `attn_qkv` and `ffn_up` so): read as the separate projections.
-    pub fused_qkv_gate_up: bool,
+    /// Its checkpoints fuse q, k and v in `qkv_proj` (Phi-3; its GGUF files keep `attn_qkv`):
+    /// read as the separate projections.
+    pub fused_qkv: bool,
+    /// Its checkpoints fuse gate and up in `gate_up_proj`, gate first (Phi-3, GLM-4; their GGUF
+    /// files keep both in `ffn_up`): read as the separate projections.
+    pub fused_gate_up: bool,
+    /// Its rotary embedding turns adjacent pairs of each head's dimensions (GLM-4's, as its
+    /// checkpoints and GGUF files hold q and k): q's and k's rows are loaded in the order of
+    /// pairs half a head apart, which the one RoPE turns (`weights::rotary_order`).
+    pub interleaved_rope: bool,
     /// Its GGUF files hold the linear attention's value heads in llama.cpp's tiled order (its
     /// converter reorders Qwen3.5's, not Qwen3-Next's).
     pub gguf_tiled_value_heads: bool,
@@ -202,6 +210,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &olmo2::OLMO2,
     &granite::GRANITE,
     &glm4moe::GLM4_MOE,
+    &glm4::GLM4,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
@@ -211,7 +220,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("deepseek_v3", "multi-head latent attention and experts"),
     ("deepseek2", "multi-head latent attention and experts"),
     ("gemma", "Gemma's first layout (served: Gemma 2 and 3)"),
-    ("glm4", "GLM-4's norms after each block and its interleaved rotary embedding (served: GLM-4.5's glm4_moe)"),
     ("glm4_moe_lite", "multi-head latent attention (GLM-4.7-Flash)"),
     ("gemma3n", "per-layer inputs, AltUp and shared key-value layers"),
     ("gemma4", "Gemma 4's layers"),

@@ -16,6 +16,8 @@ pub const PHI3: Architecture = Architecture {
     gguf_pre: &["default"],
     gguf_qk_interleaved: false,
     end_of_generation: &["<|end|>", "<|endoftext|>"],
-    fused_qkv_gate_up: true,
+    fused_qkv: true,
+    fused_gate_up: true,
+    interleaved_rope: false,
     ..MISTRAL
 };

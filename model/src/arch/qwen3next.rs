@@ -25,7 +25,9 @@ pub const QWEN3_NEXT: Architecture = Architecture {
         fused_3d: false,
     }),
     fused_linear_projections: true,
-    fused_qkv_gate_up: false,
+    fused_qkv: false,
+    fused_gate_up: false,
+    interleaved_rope: false,
     gguf_tiled_value_heads: false,
     ..QWEN3_5_MOE
 };

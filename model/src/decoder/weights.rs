@@ -487,17 +487,19 @@ pub fn check_one(c: &ModelConfig, slot: Slot, layer: Option<usize>, found: &[usi
     Ok(())
 }
 
-/// Where each of a head's dimensions comes from (new index → checkpoint's) so that a partial
-/// rotary embedding's pairs, `i` and `i + rotary/2` of the first `rotary` dimensions, become
-/// `i` and `i + head_dim/2` (the layout the RoPE kernels turn); the unturned dimensions fill the
-/// rest in order. q and k are reordered alike, so their products are unchanged.
-pub fn rotary_order(head_dim: usize, rotary: usize) -> Vec<usize> {
+/// Where each of a head's dimensions comes from (new index → checkpoint's) so that a rotary
+/// embedding's pairs among the first `rotary` dimensions, `i` and `i + rotary/2` (or `2i` and
+/// `2i + 1` where `interleaved`: GLM-4's), become `i` and `i + head_dim/2` (the layout the RoPE
+/// kernels turn); the unturned dimensions fill the rest in order. q and k are reordered alike,
+/// so their products are unchanged.
+pub fn rotary_order(head_dim: usize, rotary: usize, interleaved: bool) -> Vec<usize> {
     let (half, r) = (head_dim / 2, rotary / 2);
+    let pair = |i: usize, second: usize| if interleaved { 2 * i + second } else { i + second * r };
     let mut rest = rotary..head_dim;
     (0..head_dim)
         .map(|d| match d {
-            d if d < r => d,
-            d if d >= half && d < half + r => d - half + r,
+            d if d < r => pair(d, 0),
+            d if d >= half && d < half + r => pair(d - half, 1),
             _ => rest.next().unwrap_or(0),
         })
         .collect()
@@ -505,15 +507,15 @@ pub fn rotary_order(head_dim: usize, rotary: usize) -> Vec<usize> {
 
 /// The tensors (named as in `naming`) whose rows a checkpoint of config `c` holds in another
 /// order than the kernels take, with the order (new row → stored row): q and k (and their
-/// biases and norms) for a partial rotary embedding (`rotary_order`), and `q_proj`'s rows with
+/// biases and norms) for a partial or interleaved rotary embedding (`rotary_order`), and `q_proj`'s rows with
 /// an output gate, where each head's gate rows follow its query rows: all gates first, then the
 /// queries. A GGUF file holds them as the Hugging Face checkpoint it was converted from does.
 pub fn row_orders(c: &ModelConfig, naming: Naming) -> Vec<(String, Vec<usize>)> {
-    if c.rotary_dim == c.head_dim && !c.attn_output_gate {
+    if c.rotary_dim == c.head_dim && !c.attn_output_gate && !c.arch.interleaved_rope {
         return Vec::new();
     }
     let (hd, heads, kv_heads) = (c.head_dim, c.num_attention_heads, c.num_key_value_heads);
-    let dims = rotary_order(hd, c.rotary_dim);
+    let dims = rotary_order(hd, c.rotary_dim, c.arch.interleaved_rope);
     let per_head = if c.attn_output_gate { 2 * hd } else { hd };
     let mut q: Vec<usize> = Vec::with_capacity(heads * per_head);
     if c.attn_output_gate {
@@ -589,10 +591,11 @@ pub fn reorderings(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<
 /// tensor, the stored one, its rows: new row → stored row): Qwen3-Next's linear attention keeps
 /// per key head its q, k rows and its value heads' v and z rows in `in_proj_qkvz`, their β and α
 /// rows in `in_proj_ba` (a GGUF file splits q, k, v and z, and keeps `ssm_ba`); Phi-3 keeps q, k
-/// and v in `qkv_proj` (GGUF `attn_qkv`), gate and up in `gate_up_proj` (GGUF `ffn_up`).
+/// and v in `qkv_proj` (GGUF `attn_qkv`), Phi-3 and GLM-4 gate and up in `gate_up_proj` (GGUF
+/// `ffn_up`).
 pub fn split_rows(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
-    if c.arch.fused_qkv_gate_up {
-        return fused_qkv_gate_up(c, naming);
+    if c.arch.fused_qkv || c.arch.fused_gate_up {
+        return fused_projections(c, naming);
     }
     let Some(a) = c.linear.as_ref().filter(|_| c.arch.fused_linear_projections) else { return Vec::new() };
     let (nk, dk, dv) = (a.key_heads, a.key_dim, a.value_dim);
@@ -624,9 +627,9 @@ pub fn split_rows(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<u
     out
 }
 
-/// Phi-3's fused projections: q, k and v one after another in `qkv_proj`, gate then up in
-/// `gate_up_proj`.
-fn fused_qkv_gate_up(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
+/// The fused projections of Phi-3 (q, k and v one after another in `qkv_proj`) and of Phi-3 and
+/// GLM-4 (gate then up in `gate_up_proj`), as the family's flags say.
+fn fused_projections(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
     let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
     let ff = c.intermediate_size;
     let mut out = Vec::new();
@@ -639,11 +642,15 @@ fn fused_qkv_gate_up(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Ve
             ),
             Naming::Gguf => (format!("blk.{l}.attn_qkv.weight"), format!("blk.{l}.ffn_up.weight")),
         };
-        out.push((name(Slot::AttnQ), qkv.clone(), (0..q).collect()));
-        out.push((name(Slot::AttnK), qkv.clone(), (q..q + kv).collect()));
-        out.push((name(Slot::AttnV), qkv, (q + kv..q + 2 * kv).collect()));
-        out.push((name(Slot::MlpGate), gate_up.clone(), (0..ff).collect()));
-        out.push((name(Slot::MlpUp), gate_up, (ff..2 * ff).collect()));
+        if c.arch.fused_qkv {
+            out.push((name(Slot::AttnQ), qkv.clone(), (0..q).collect()));
+            out.push((name(Slot::AttnK), qkv.clone(), (q..q + kv).collect()));
+            out.push((name(Slot::AttnV), qkv, (q + kv..q + 2 * kv).collect()));
+        }
+        if c.arch.fused_gate_up {
+            out.push((name(Slot::MlpGate), gate_up.clone(), (0..ff).collect()));
+            out.push((name(Slot::MlpUp), gate_up, (ff..2 * ff).collect()));
+        }
     }
     out
 }
@@ -1327,12 +1334,17 @@ mod tests {
     /// A partial rotary embedding's pairs land half a head apart; a full one keeps the order.
     #[test]
     fn the_rotary_order_puts_each_pair_half_a_head_apart() {
-        assert_eq!(rotary_order(8, 8), (0..8).collect::<Vec<_>>());
+        assert_eq!(rotary_order(8, 8, false), (0..8).collect::<Vec<_>>());
         // Rotary over 4 of 8: pairs (0, 2) and (1, 3) go to (0, 4) and (1, 5); 4..8 fill the rest.
-        assert_eq!(rotary_order(8, 4), vec![0, 1, 4, 5, 2, 3, 6, 7]);
-        let mut sorted = rotary_order(32, 8);
-        sorted.sort();
-        assert_eq!(sorted, (0..32).collect::<Vec<_>>(), "a permutation");
+        assert_eq!(rotary_order(8, 4, false), vec![0, 1, 4, 5, 2, 3, 6, 7]);
+        // Interleaved (GLM-4's): pairs (0, 1) and (2, 3) go to (0, 4) and (1, 5).
+        assert_eq!(rotary_order(8, 4, true), vec![0, 2, 4, 5, 1, 3, 6, 7]);
+        assert_eq!(rotary_order(4, 4, true), vec![0, 2, 1, 3]);
+        for interleaved in [false, true] {
+            let mut sorted = rotary_order(32, 8, interleaved);
+            sorted.sort();
+            assert_eq!(sorted, (0..32).collect::<Vec<_>>(), "a permutation");
+        }
     }
 
     /// An importance matrix's entries that name no matrix of the model are the ones reported:
