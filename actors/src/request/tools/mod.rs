@@ -408,9 +408,9 @@ impl ToolCallParser {
         read(scan, self.xml.as_deref());
         let (name, pending) = match scan {
             Scan::Json(call) => (&call.name, &mut call.pending),
-            Scan::Xml(call) => (&call.name, &mut call.pending),
+            Scan::Xml(call) => (&call.name, &mut call.arguments.pending),
             Scan::Named(call) => (&call.name, &mut call.pending),
-            Scan::Pairs(call) => (&call.name, &mut call.pending),
+            Scan::Pairs(call) => (&call.name, &mut call.arguments.pending),
         };
         let mut delta = ToolCallDelta { index, ..ToolCallDelta::default() };
         if !self.header_sent {

@@ -5,9 +5,9 @@
 //! `</tool_call>` closes the object. The tags are special tokens, recognised by id (`tag`).
 
 use llaisys_model::ArgTag;
-use serde_json::Value;
 
 use super::XmlTools;
+use super::xml::ArgumentsOut;
 
 /// Where the call's text belongs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -29,10 +29,7 @@ pub(super) struct PairCall {
     pub(super) name: Option<String>,
     key: String,
     value: String,
-    /// Arguments taken in so far.
-    args: usize,
-    /// Argument text not yet handed out.
-    pub(super) pending: String,
+    pub(super) arguments: ArgumentsOut,
 }
 
 impl PairCall {
@@ -65,13 +62,11 @@ impl PairCall {
             Some(ArgTag::ValueEnd) => {
                 let name = self.name.as_deref().unwrap_or_default();
                 let key = self.key.trim();
-                self.pending += if self.args == 0 { "{" } else { ", " };
-                self.pending += &format!("{}: {}", Value::from(key), tools.value(name, key, &self.value));
-                self.args += 1;
+                self.arguments.add(key, &tools.value(name, key, &self.value));
                 Part::Between
             }
             None => {
-                self.pending += if self.args == 0 { "{}" } else { "}" };
+                self.arguments.close();
                 Part::Between
             }
         };

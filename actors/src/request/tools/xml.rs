@@ -50,17 +50,37 @@ impl XmlTools {
     }
 }
 
+/// A call's arguments as a JSON object written as its arguments complete: `{`, each
+/// `"key": value` (`, ` between), `}`; `{}` for none.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ArgumentsOut {
+    count: usize,
+    /// Text not yet handed out.
+    pub(super) pending: String,
+}
+
+impl ArgumentsOut {
+    /// Adds an argument, `value` JSON text.
+    pub(super) fn add(&mut self, key: &str, value: &str) {
+        self.pending += if self.count == 0 { "{" } else { ", " };
+        self.pending += &format!("{}: {value}", Value::from(key));
+        self.count += 1;
+    }
+
+    /// Closes the object.
+    pub(super) fn close(&mut self) {
+        self.pending += if self.count == 0 { "{}" } else { "}" };
+    }
+}
+
 /// The call being read.
 #[derive(Debug, Clone, Default)]
 pub(super) struct XmlCall {
     /// Text read and not yet taken in.
     buf: String,
     pub(super) name: Option<String>,
-    /// Arguments taken in so far.
-    args: usize,
     done: bool,
-    /// Argument text not yet handed out.
-    pub(super) pending: String,
+    pub(super) arguments: ArgumentsOut,
 }
 
 impl XmlCall {
@@ -92,14 +112,12 @@ impl XmlCall {
                 let Some(len) = rest[skip..].find(END_PARAMETER) else { return false };
                 let key = self.buf[p + PARAMETER.len()..gt].trim();
                 let value = tools.value(name, key, &rest[skip..skip + len]);
-                self.pending += if self.args == 0 { "{" } else { ", " };
-                self.pending += &format!("{}: {value}", Value::from(key));
-                self.args += 1;
+                self.arguments.add(key, &value);
                 self.buf.drain(..gt + 1 + skip + len + END_PARAMETER.len());
                 true
             }
             (_, Some(_)) => {
-                self.pending += if self.args == 0 { "{}" } else { "}" };
+                self.arguments.close();
                 self.done = true;
                 self.buf.clear();
                 false
