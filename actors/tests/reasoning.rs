@@ -192,8 +192,8 @@ async fn smollm3_thinks_unless_its_mode_says_no_think() {
 /// its answer: the whitespace before the think block is layout, split off with it; without a
 /// think block, whitespace at the start is the answer's own. `enable_thinking: false` renders
 /// the empty block (`\n<think></think>`) in the prompt, so the output is the answer. A
-/// constrained answer or a thinking budget lets the model write its newline before `<think>` (a
-/// lead, once), and the budget holds after it.
+/// constrained answer or a thinking budget lets the model write its newline before `<think>`
+/// (once), and the budget holds after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn glm_thinking_after_a_newline_splits_off() {
     let fixture = fixture_dir("tiny-glm4moe-f32");
@@ -240,13 +240,13 @@ async fn glm_thinking_after_a_newline_splits_off() {
     let mut budgeted = ChatRequest::default().user("Hi").constraint(Constraint::JsonObject).max_tokens(12);
     budgeted.options.thinking_budget = Some(2);
     budgeted.options.logit_bias = vec![(newline, 100.0), (open, 50.0)];
-    let lead = |chat: &ChatRequest| {
-        engine.frontend().chat(chat).unwrap().params().guidance.spec().thinking.and_then(|t| t.lead)
+    let newline_of = |chat: &ChatRequest| {
+        engine.frontend().chat(chat).unwrap().params().guidance.spec().thinking.and_then(|t| t.newline)
     };
-    assert_eq!(lead(&budgeted), Some(newline), "the prompt ends at <|assistant|>");
+    assert_eq!(newline_of(&budgeted), Some(newline), "the prompt ends at <|assistant|>");
     let mut closed = off.constraint(Constraint::JsonObject);
     closed.options.thinking_budget = Some(2);
-    assert_eq!(lead(&closed), None, "the prompt closed the block");
+    assert_eq!(newline_of(&closed), None, "the prompt closed the block");
     let c = &engine.chat(budgeted).await.unwrap().answer().await.choices[0];
     assert_eq!((c.tokens[0], c.tokens[1], c.tokens[4]), (newline, open, close), "{:?}", t.decode(&c.tokens, false));
     assert_eq!(c.reasoning, t.decode(&c.tokens[2..4], false).unwrap(), "{c:?}");

@@ -171,9 +171,9 @@ impl Frontend {
         {
             let prompt = &unchecked.prompts[0];
             let start = self.think_start(r, prompt)?;
-            let lead = if start == ThinkStart::MayOpen { self.think_lead(prompt)? } else { None };
+            let newline = if start == ThinkStart::MayOpen { self.think_newline(prompt)? } else { None };
             let thinking =
-                Thinking { open: r.tags.open, close: r.tags.close, start, budget: options.thinking_budget, lead };
+                Thinking { open: r.tags.open, close: r.tags.close, start, budget: options.thinking_budget, newline };
             for guidance in std::iter::once(&mut params.guidance).chain(&mut params.text_retry) {
                 *guidance = std::mem::take(guidance).after_thinking(thinking);
             }
@@ -230,7 +230,7 @@ impl Frontend {
     /// The newline a model may write before opening its think block, where the prompt does not
     /// end with whitespace (GLM's ends at `<|assistant|>`, and its turns begin `\n<think>`), as
     /// one token of the vocabulary, if it is one.
-    fn think_lead(&self, prompt: &[u32]) -> Result<Option<u32>, EngineError> {
+    fn think_newline(&self, prompt: &[u32]) -> Result<Option<u32>, EngineError> {
         let tokenizer = &self.text_side()?.tokenizer;
         let last = prompt.last().and_then(|&t| tokenizer.decode(&[t], false).ok());
         if last.is_some_and(|text| text.ends_with(char::is_whitespace)) {

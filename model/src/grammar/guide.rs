@@ -41,10 +41,10 @@ pub struct Thinking {
     pub start: ThinkStart,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<usize>,
-    /// A token the model may write once before opening the block (GLM's prompt ends at
-    /// `<|assistant|>` and its turn begins `\n<think>`): neither thinking nor the answer's.
+    /// The newline token the model may write once before opening the block (GLM's prompt ends
+    /// at `<|assistant|>` and its turn begins `\n<think>`): neither thinking nor the answer's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lead: Option<u32>,
+    pub newline: Option<u32>,
 }
 
 /// Where the output starts, as the prompt leaves it.
@@ -173,10 +173,10 @@ struct Think {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// The first token: the open tag, the lead, or the answer's first.
+    /// The first token: the open tag, the newline, or the answer's first.
     First,
-    /// After the lead: the open tag, or the answer's first.
-    Lead,
+    /// After the newline: the open tag, or the answer's first.
+    Newline,
     Inside,
     /// Just after the closing tag: a whitespace token may come before a grammar's first.
     Closed,
@@ -248,9 +248,9 @@ impl Guide {
                 match think.phase {
                     Phase::First => {
                         mask.allow_token(think.thinking.open);
-                        think.thinking.lead.into_iter().for_each(|t| mask.allow_token(t));
+                        think.thinking.newline.into_iter().for_each(|t| mask.allow_token(t));
                     }
-                    Phase::Lead => mask.allow_token(think.thinking.open),
+                    Phase::Newline => mask.allow_token(think.thinking.open),
                     Phase::Closed => self.lead.iter().for_each(|&t| mask.allow_token(t)),
                     Phase::Inside | Phase::Answer => {}
                 }
@@ -351,12 +351,12 @@ impl Guide {
         if let Some(think) = &mut self.think {
             let Thinking { open, close, .. } = think.thinking;
             match think.phase {
-                Phase::First | Phase::Lead if token == open => {
+                Phase::First | Phase::Newline if token == open => {
                     think.phase = Phase::Inside;
                     return None;
                 }
-                Phase::First if Some(token) == think.thinking.lead => {
-                    think.phase = Phase::Lead;
+                Phase::First if Some(token) == think.thinking.newline => {
+                    think.phase = Phase::Newline;
                     return None;
                 }
                 Phase::Inside if token == close => {
@@ -371,7 +371,7 @@ impl Guide {
                     think.phase = Phase::Answer;
                     return None;
                 }
-                Phase::First | Phase::Lead | Phase::Closed => think.phase = Phase::Answer,
+                Phase::First | Phase::Newline | Phase::Closed => think.phase = Phase::Answer,
                 Phase::Answer => {}
             }
         }

@@ -195,7 +195,7 @@ fn an_answer_that_may_not_open_as_json_is_free_after_its_first_token() {
 #[test]
 fn a_spent_think_budget_allows_only_the_closing_tag_then_nothing_more() {
     let (open, close) = (900, 901);
-    let thinking = Thinking { open, close, start: ThinkStart::MayOpen, budget: Some(2), lead: None };
+    let thinking = Thinking { open, close, start: ThinkStart::MayOpen, budget: Some(2), newline: None };
     let mut guide = Guidance::default().after_thinking(thinking).guide();
     let free = |guide: &mut Guide| {
         let mut row = vec![0.0f32; 1024];
@@ -225,14 +225,14 @@ fn a_spent_think_budget_allows_only_the_closing_tag_then_nothing_more() {
     }
     assert!(!guide.constrains(), "an open tag in the answer is no thinking");
 
-    // A lead (GLM's newline before `<think>`) once before the tag: the block still opens and
-    // its budget holds; a second lead, or anything else first, is the answer.
-    let glm = Thinking { lead: Some(5), ..thinking };
+    // GLM's newline once before `<think>`: the block still opens and its budget holds; a second
+    // newline, or anything else first, is the answer.
+    let glm = Thinking { newline: Some(5), ..thinking };
     let mut guide = Guidance::default().after_thinking(glm).guide();
     for token in [5, open, 6, 7] {
         assert_eq!(guide.accept(token), None);
     }
-    assert!(guide.constrains(), "the budget is spent after the lead and two thought tokens");
+    assert!(guide.constrains(), "the budget is spent after the newline and two thought tokens");
     for first in [[5, 5], [4, 5]] {
         let mut guide = Guidance::default().after_thinking(glm).guide();
         for token in first.into_iter().chain([open, 6, 7]) {
@@ -264,7 +264,7 @@ fn a_constraint_applies_after_the_thinking() {
     let ws: Vec<u32> = (0..978).filter(|&t| blank(t)).collect();
     assert!(!ws.is_empty(), "the fixture's vocabulary has whitespace tokens");
     let json = compiler.compile(&Constraint::JsonSchema { schema: json!({"type": "object"}), strict: true }).unwrap();
-    let thinking = Thinking { open, close, start: ThinkStart::MayOpen, budget: None, lead: None };
+    let thinking = Thinking { open, close, start: ThinkStart::MayOpen, budget: None, newline: None };
     let mut guide = Guidance::grammar(json.clone()).after_thinking(thinking).guide();
     // The first token: the open tag, or the grammar's first (an object's brace).
     let first = allowed(&mut guide);
@@ -289,16 +289,16 @@ fn a_constraint_applies_after_the_thinking() {
     assert_eq!(guide.accept(brace), None);
     assert_eq!(guide.accept(tokenizer.token_to_id("}").unwrap()), Some(GuideEnd::Complete), "the object is complete");
 
-    // With a lead (GLM's newline): first the open tag, the lead or the grammar's first; after
-    // the lead the open tag or the grammar's first, not the lead again (nor the grammar's
+    // With GLM's newline: first the open tag, the newline or the grammar's first; after the
+    // newline the open tag or the grammar's first, not the newline again (nor the grammar's
     // whitespace); then the block as before.
     let nl = tokenizer.encode("\n").unwrap()[0];
-    let mut guide = Guidance::grammar(json.clone()).after_thinking(Thinking { lead: Some(nl), ..thinking }).guide();
-    let with_lead = allowed(&mut guide);
-    assert_eq!(with_lead.len(), first.len() + 1, "{with_lead:?}");
-    assert!(with_lead.contains(&nl) && with_lead.contains(&open), "{with_lead:?}");
+    let mut guide = Guidance::grammar(json.clone()).after_thinking(Thinking { newline: Some(nl), ..thinking }).guide();
+    let with_newline = allowed(&mut guide);
+    assert_eq!(with_newline.len(), first.len() + 1, "{with_newline:?}");
+    assert!(with_newline.contains(&nl) && with_newline.contains(&open), "{with_newline:?}");
     assert_eq!(guide.accept(nl), None);
-    assert_eq!(allowed(&mut guide), first, "after the lead: the tag or the grammar's first");
+    assert_eq!(allowed(&mut guide), first, "after the newline: the tag or the grammar's first");
     guide.accept(open);
     assert_eq!(allowed(&mut guide).len(), 1024, "inside the block");
 
