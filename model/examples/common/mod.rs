@@ -6,6 +6,7 @@ use half::f16;
 use llaisys_model::quant::{self, QuantType};
 
 /// Seconds per call of `f`: one warm-up call, then as many as fit in half a second.
+#[allow(dead_code)] // not every example uses it
 pub fn time(mut f: impl FnMut()) -> f64 {
     f();
     let start = Instant::now();
