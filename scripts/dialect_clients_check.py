@@ -190,6 +190,17 @@ report("ollama_chat", text=chat.message.content, streamed=streamed, done=chat.do
 generated = ol.generate(model=model, prompt="Hello", options=options)
 streamed = "".join(part.response for part in ol.generate(model=model, prompt="Hello", options=options, stream=True))
 report("ollama_generate", text=generated.response, streamed=streamed)
+# Fill in the middle: OpenAI's completions and Ollama's generate with a suffix.
+before, after = "def add(a, b):\n    ", "\n    return c\n"
+fim = oa.completions.create(model=model, prompt=before, suffix=after, max_tokens=8, temperature=0)
+ol_fim = ol.generate(model=model, prompt=before, suffix=after, options=options)
+report(
+    "fill_in_the_middle",
+    openai=fim.choices[0].text,
+    ollama=ol_fim.response,
+    prompt_tokens=fim.usage.prompt_tokens,
+    ollama_prompt_tokens=ol_fim.prompt_eval_count,
+)
 embedded = ol.embed(model=model, input=["Hello", "A cat sat on the mat"])
 report(
     "ollama_embed",

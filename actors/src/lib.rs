@@ -128,10 +128,10 @@ pub use engine::{
 pub use futures_util::StreamExt;
 pub use host::{
     Answer, BuildError, ChatRequest, Choice, CompletionRequest, EmbedRequest, Embeddings, EngineBuilder, Frontend,
-    GenerateParams, GenerateRequest, Generation, ModelText, Options, Output, Prompt, RequestError, RequestLimits,
-    RerankRequest, Reranker, Scores, Tool, ToolChoice, ValidRequest,
+    GenerateParams, GenerateRequest, Generation, Infill, ModelText, Options, Output, Prompt, RequestError,
+    RequestLimits, RerankRequest, Reranker, Scores, Tool, ToolChoice, ValidRequest,
 };
-pub use llaisys_model::tokenizer::ChatMessage;
+pub use llaisys_model::tokenizer::{ChatMessage, FimFile};
 pub use llaisys_model::{Constraint, Device, DeviceSpec, Guidance, Pooling, WeightDtype};
 pub use offline::{Completion, Llm};
 pub use session::SessionInfo;

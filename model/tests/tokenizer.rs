@@ -2,7 +2,7 @@
 //! `apply_chat_template` does, and streaming never splits a UTF-8 character.
 
 use llaisys_model::Tokenizer;
-use llaisys_model::tokenizer::{ChatMessage, ChatTemplate, IncrementalDecoder};
+use llaisys_model::tokenizer::{ChatMessage, ChatTemplate, FimFile, FimParts, FimTokens, IncrementalDecoder};
 use llaisys_tests::{FIXTURES, Reference, fixture_dir};
 
 const SYSTEM: &str =
@@ -214,4 +214,63 @@ fn qwen3_and_llama3_templates_render_like_transformers() {
         dated(llama.render_with_tools(&conversation[1..2], &tools, true).unwrap()),
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"description\": \"Weather in a city\",\n        \"parameters\": {\n            \"type\": \"object\",\n            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n                \"city\"\n            ]\n        }\n    }\n}\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
     );
+}
+
+/// A fill-in-the-middle prompt is the prefix, the suffix and the middle token in the model's
+/// own tokens (Qwen2.5-Coder's), context files before it in its repository format, as many as
+/// fit the budget with the last ones kept; a vocabulary without the tokens has none.
+#[test]
+fn fill_in_the_middle_prompts_are_written_in_the_models_tokens() {
+    let tokenizer = Tokenizer::from_dir(&fixture_dir("tiny-tied-f32")).unwrap();
+    let fim = FimTokens::of(&tokenizer).expect("Qwen's vocabulary has the tokens");
+    let id = |t: &str| tokenizer.token_to_id(t).unwrap();
+    assert_eq!(
+        (fim.prefix, fim.suffix, fim.middle),
+        (id("<|fim_prefix|>"), id("<|fim_suffix|>"), id("<|fim_middle|>"))
+    );
+    assert_eq!(fim.stops(), [id("<|fim_pad|>"), id("<|repo_name|>"), id("<|file_sep|>")]);
+    let parts = FimParts { prefix: "def add(a, b):\n    ", suffix: "\n    return c\n", ..FimParts::default() };
+    let text = |ids: &[u32]| tokenizer.decode(ids, false).unwrap();
+    let plain = fim.prompt(&tokenizer, &parts, 10_000).unwrap();
+    assert_eq!(text(&plain.ids), "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>");
+    assert_eq!(plain.ids[0], fim.prefix, "the tags are the tokens, not their text spelled out");
+    assert_eq!(plain.files_left_out, 0);
+
+    let files = [
+        FimFile { path: "util.py".into(), text: "import math\n".into() },
+        FimFile { path: "lib/b.py".into(), text: "B = 2\n".into() },
+    ];
+    let with = FimParts { files: &files, ..parts.clone() };
+    let all = fim.prompt(&tokenizer, &with, 10_000).unwrap();
+    let tail = "<|file_sep|>filename\n<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>";
+    assert_eq!(
+        text(&all.ids),
+        format!("<|repo_name|>myproject\n<|file_sep|>util.py\nimport math\n<|file_sep|>lib/b.py\nB = 2\n{tail}")
+    );
+    assert_eq!(all.files_left_out, 0);
+    // A budget one token short of everything leaves the first file out, whole.
+    let short = fim.prompt(&tokenizer, &with, all.ids.len() - 1).unwrap();
+    assert_eq!(text(&short.ids), format!("<|repo_name|>myproject\n<|file_sep|>lib/b.py\nB = 2\n{tail}"));
+    assert_eq!(short.files_left_out, 1);
+    // No room at all: no file, the prefix and suffix still whole (the caller refuses a prompt
+    // too long), and the names the request gives.
+    let named = FimParts { repo: Some("calc"), path: Some("calc/add.py"), ..with.clone() };
+    let none = fim.prompt(&tokenizer, &named, 0).unwrap();
+    assert_eq!(none.files_left_out, 2);
+    assert_eq!(
+        text(&none.ids),
+        "<|repo_name|>calc\n<|file_sep|>calc/add.py\n<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>"
+    );
+
+    // Granite's StarCoder-style tokens: no file separator, so files are set apart by a line.
+    let granite = Tokenizer::from_dir(&fixture_dir("tiny-granite-f32")).unwrap();
+    let g = FimTokens::of(&granite).expect("Granite's vocabulary has the tokens");
+    assert_eq!(g.prefix, granite.token_to_id("<fim_prefix>").unwrap());
+    let ids = g.prompt(&granite, &FimParts { files: &files[1..], ..parts.clone() }, 10_000).unwrap().ids;
+    assert_eq!(
+        granite.decode(&ids, false).unwrap(),
+        "\n\n--- lib/b.py ---\n\nB = 2\n<fim_prefix>def add(a, b):\n    <fim_suffix>\n    return c\n<fim_middle>"
+    );
+    // Llama 3's vocabulary has no such tokens.
+    assert_eq!(FimTokens::of(&Tokenizer::from_dir(&fixture_dir("tiny-llama-f32")).unwrap()), None);
 }

@@ -672,3 +672,142 @@ async fn ollama_lists_shows_and_reports_the_served_models() {
     assert_eq!((&details["format"], &details["quantization_level"]), (&json!("gguf"), &json!("Q8_0")), "{tags}");
     s.shutdown().await;
 }
+
+/// Fill in the middle: OpenAI's completions with `suffix`, Ollama's generate with `suffix` and
+/// llama.cpp's `/infill` each answer what the same prompt written in the model's FIM tokens by
+/// hand gets (the middle's own stop tokens with it), streamed or not; `/infill` writes Qwen's
+/// repository format before it, as llama.cpp does, with its context files, and leaves out, and
+/// says so, those that do not fit; bad requests and a model without the tokens are refused
+/// naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fill_in_the_middle_in_every_dialect() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let tokenizer = Tokenizer::from_dir(&fixture_dir(FIXTURE)).unwrap();
+    let stops: Vec<u32> =
+        ["<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"].iter().map(|t| tokenizer.token_to_id(t).unwrap()).collect();
+    // The greedy answer to a prompt written by hand: its text, and its usage and finish.
+    let by_hand = async |prompt: &str, max_tokens: usize| {
+        let body = json!({"model": FIXTURE, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                          "stop_token_ids": stops});
+        let (status, r) = post(&s, "/v1/completions", body).await;
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["usage"]["prompt_tokens"].as_u64(), Some(tokenizer.encode(prompt).unwrap().len() as u64));
+        (
+            r["choices"][0]["text"].as_str().unwrap().to_string(),
+            r["usage"].clone(),
+            r["choices"][0]["finish_reason"].clone(),
+        )
+    };
+    let (prefix, typed, suffix) = ("def add(a, b):\n", "    c = ", "\n    return c\n");
+    let psm = format!("<|fim_prefix|>{prefix}{typed}<|fim_suffix|>{suffix}<|fim_middle|>");
+    let (text, usage, _) = by_hand(&psm, 8).await;
+
+    let (status, c) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": FIXTURE, "prompt": format!("{prefix}{typed}"), "suffix": suffix, "max_tokens": 8, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{c}");
+    let counts = |u: &Value| (u["prompt_tokens"].clone(), u["completion_tokens"].clone());
+    assert_eq!((c["choices"][0]["text"].as_str(), counts(&c["usage"])), (Some(text.as_str()), counts(&usage)));
+
+    let (status, g) = post(
+        &s,
+        "/api/generate",
+        json!({"model": FIXTURE, "prompt": format!("{prefix}{typed}"), "suffix": suffix, "stream": false,
+               "options": {"temperature": 0, "num_predict": 8}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{g}");
+    assert_eq!((g["response"].as_str(), &g["prompt_eval_count"]), (Some(text.as_str()), &usage["prompt_tokens"]));
+
+    // llama.cpp's /infill: the repository format with its names.
+    let repo = format!("<|repo_name|>myproject\n<|file_sep|>filename\n{psm}");
+    let (text, usage, finish) = by_hand(&repo, 8).await;
+    let infill = |stream: bool| {
+        json!({"input_prefix": prefix, "prompt": typed, "input_suffix": suffix, "n_predict": 8,
+               "temperature": 0, "stream": stream, "samplers": ["top_k"], "t_max_predict_ms": 500})
+    };
+    let (status, i) = post(&s, "/infill", infill(false)).await;
+    assert_eq!(status, 200, "{i}");
+    assert_eq!((i["content"].as_str(), &i["stop"]), (Some(text.as_str()), &json!(true)));
+    assert_eq!(
+        (&i["tokens_evaluated"], &i["tokens_predicted"]),
+        (&usage["prompt_tokens"], &usage["completion_tokens"])
+    );
+    assert_eq!(i["stop_type"], if finish == "length" { "limit" } else { "eos" });
+    assert_eq!((&i["truncated"], &i["timings"]["prompt_n"]), (&json!(false), &usage["prompt_tokens"]));
+    let tokens: Vec<u32> = serde_json::from_value(i["tokens"].clone()).unwrap();
+    assert_eq!(tokenizer.decode(&tokens, true).unwrap(), text);
+    let chunks: Vec<Value> =
+        common::sse(&s, "/infill", infill(true)).await.iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let (last, pieces) = chunks.split_last().unwrap();
+    assert!(pieces.iter().all(|p| p["stop"] == false) && last["stop"] == true, "{chunks:?}");
+    assert_eq!(pieces.iter().map(|p| p["content"].as_str().unwrap()).collect::<String>(), text);
+    assert_eq!(last["timings"]["predicted_n"], i["tokens_predicted"]);
+
+    // Context files before the edited file's name.
+    let extra = json!([{"filename": "util.py", "text": "import math\n"}, {"filename": "b.py", "text": "B = 2\n"}]);
+    let first = "<|file_sep|>util.py\nimport math\n";
+    let with_files = format!("<|repo_name|>myproject\n{first}<|file_sep|>b.py\nB = 2\n<|file_sep|>filename\n{psm}");
+    let (text, usage, _) = by_hand(&with_files, 4).await;
+    let (status, i) = post(
+        &s,
+        "/infill",
+        json!({"input_prefix": prefix, "prompt": typed, "input_suffix": suffix, "input_extra": extra, "n_predict": 4,
+               "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{i}");
+    assert_eq!((i["content"].as_str(), &i["tokens_evaluated"]), (Some(text.as_str()), &usage["prompt_tokens"]));
+    assert_eq!((&i["truncated"], &i["context_files_left_out"]), (&json!(false), &json!(0)));
+    // With room for the last file only (the context is 256 tokens; n_predict takes the rest).
+    let all = usage["prompt_tokens"].as_u64().unwrap() as usize;
+    let n_predict = 256 - all;
+    let (status, i) = post(
+        &s,
+        "/infill",
+        json!({"input_prefix": prefix, "prompt": typed, "input_suffix": suffix, "input_extra": extra,
+               "n_predict": n_predict, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{i}");
+    let kept = all - tokenizer.encode(first).unwrap().len();
+    assert_eq!(i["tokens_evaluated"].as_u64(), Some(kept as u64), "{i}");
+    assert_eq!((&i["truncated"], &i["context_files_left_out"]), (&json!(true), &json!(1)));
+    // n_predict 0 evaluates the prompt and answers no text.
+    let (status, i) =
+        post(&s, "/infill", json!({"input_prefix": prefix, "input_suffix": suffix, "n_predict": 0})).await;
+    assert_eq!((status, i["content"].as_str(), &i["tokens_predicted"]), (200, Some(""), &json!(0)), "{i}");
+
+    let refused = [
+        ("/v1/completions", json!({"model": FIXTURE, "prompt": [1, 2, 3], "suffix": "x"}), "prompt"),
+        ("/v1/completions", json!({"model": FIXTURE, "prompt": "a", "suffix": "x", "echo": true}), "echo"),
+        ("/infill", json!({"input_prefix": "a"}), "input_suffix"),
+        ("/infill", json!({"input_prefix": "a", "input_suffix": "b", "n_predict": -5}), "n_predict"),
+        (
+            "/infill",
+            json!({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "x"}]}),
+            "input_extra[0]",
+        ),
+    ];
+    for (path, body, param) in refused {
+        let (status, err) = post(&s, path, body).await;
+        assert_eq!((status, err["error"]["param"].as_str()), (400, Some(param)), "{path}: {err}");
+    }
+    let (status, err) =
+        post(&s, "/api/generate", json!({"model": FIXTURE, "prompt": "a", "suffix": "b", "system": "terse"})).await;
+    assert_eq!(status, 400, "{err}");
+    assert!(err["error"].as_str().is_some_and(|m| m.contains("suffix")), "{err}");
+    s.shutdown().await;
+
+    // Llama 3's vocabulary has no fill-in-the-middle tokens.
+    let llama = server_for(&fixture_dir("tiny-llama-f32"), &[]).await;
+    let (status, err) = post(&llama, "/infill", json!({"input_prefix": "a", "input_suffix": "b"})).await;
+    assert_eq!((status, err["error"]["param"].as_str()), (400, Some("suffix")), "{err}");
+    let (status, err) =
+        post(&llama, "/v1/completions", json!({"model": "tiny-llama-f32", "prompt": "a", "suffix": "b"})).await;
+    assert_eq!((status, err["error"]["param"].as_str()), (400, Some("suffix")), "{err}");
+    llama.shutdown().await;
+}

@@ -7,14 +7,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use llaisys_model::tokenizer::ChatMessage;
+use llaisys_model::tokenizer::{ChatMessage, FimParts, FimPrompt, FimTokens};
 use llaisys_model::{
     CallSyntax, Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, ThinkStart, Thinking, Tokenizer,
 };
 
 use super::embed::{self, EmbedRequest, ValidEmbed};
 use super::params::GenerateParams;
-use super::request::{ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, RequestError, Tool};
+use super::request::{ChatRequest, CompletionRequest, GenerateRequest, Infill, Options, Prompt, RequestError, Tool};
 use super::rerank::{self, RerankRequest, ValidRerank};
 use super::text::{GenerationDefaults, ModelText};
 use super::tools::{check_tool_choice, check_tools, constrain_calls, constrain_harmony};
@@ -158,7 +158,7 @@ impl Frontend {
             return self.harmony_chat(request, prompt, tags);
         }
         let reasoning = self.text_side()?.reasoning.map(|tags| ReasoningParsing::after(tags, &prompt));
-        let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
+        let mut unchecked = self.unchecked(vec![prompt], options, "messages")?;
         unchecked.params.reasoning = reasoning;
         if !options.tools.is_empty() {
             let syntax = self.text_side()?.template.as_ref().map_or(CallSyntax::Json, |t| t.call_syntax());
@@ -203,7 +203,7 @@ impl Frontend {
             prompt.push(tags.message);
         }
         let harmony = HarmonyParsing::after(tags, &prompt);
-        let mut unchecked = self.unchecked(vec![prompt], options, None, "messages")?;
+        let mut unchecked = self.unchecked(vec![prompt], options, "messages")?;
         unchecked.params.harmony = Some(harmony);
         // A constrained answer comes with no reasoning (and no tools: `check_tool_choice`).
         if options.constraint.is_none() {
@@ -242,15 +242,60 @@ impl Frontend {
         })
     }
 
-    /// Checks a completion and encodes its prompts (text, or token ids as they are).
+    /// Checks a completion and encodes its prompts (text, or token ids as they are, or a
+    /// fill-in-the-middle prompt in the model's tokens).
     pub fn completion(&self, request: &CompletionRequest) -> Result<ValidRequest, EngineError> {
         if request.input.is_empty() {
             return Err(RequestError::invalid("prompt", "the prompt list is empty").into());
         }
-        let prompts = self.prompt_ids(&request.input, "prompt")?;
-        // OpenAI's completions default to 16 tokens.
-        let unchecked = self.unchecked(prompts, &request.options, Some(16), "prompt")?;
-        self.check(unchecked, "prompt")
+        let options = &request.options;
+        let mut prompts = Vec::with_capacity(request.input.len());
+        let (mut fim_stops, mut left_out) = (Vec::new(), 0);
+        for prompt in &request.input {
+            prompts.push(match prompt {
+                Prompt::Infill(infill) => {
+                    let (fim, prompt) = self.infill_ids(infill, options.max_tokens.or(options.default_max_tokens))?;
+                    fim_stops = fim.stops();
+                    left_out += prompt.files_left_out;
+                    prompt.ids
+                }
+                other => self.prompt_id(other, "prompt")?,
+            });
+        }
+        let mut unchecked = self.unchecked(prompts, options, "prompt")?;
+        // A middle also ends at the model's padding and at the start of another file (for every
+        // prompt of the request).
+        let stops = &mut unchecked.params.stop_token_ids;
+        for t in fim_stops {
+            if !stops.contains(&t) {
+                stops.push(t);
+            }
+        }
+        Ok(self.check(unchecked, "prompt")?.with_context_left_out(left_out))
+    }
+
+    /// A fill-in-the-middle prompt's ids within the prompt's room, `max_tokens` (a quarter of
+    /// the context where not given) left for the middle; the model's tokens.
+    fn infill_ids(&self, infill: &Infill, max_tokens: Option<usize>) -> Result<(FimTokens, FimPrompt), EngineError> {
+        let tokenizer = &self.text_side()?.tokenizer;
+        let fim = FimTokens::of(tokenizer).ok_or_else(|| {
+            RequestError::invalid(
+                "suffix",
+                "this model has no fill-in-the-middle tokens (such as <|fim_prefix|>, <|fim_suffix|> and <|fim_middle|>): it cannot fill in between a prefix and a suffix",
+            )
+        })?;
+        let max_prompt = self.bounds().max_prompt;
+        let budget = max_prompt.saturating_sub(max_tokens.unwrap_or(self.info.context_length / 4));
+        let parts = FimParts {
+            prefix: &infill.prefix,
+            suffix: &infill.suffix,
+            files: &infill.files,
+            repo: infill.repo.as_deref(),
+            path: infill.path.as_deref(),
+        };
+        let prompt =
+            fim.prompt(tokenizer, &parts, budget).map_err(|e| RequestError::invalid("prompt", e.to_string()))?;
+        Ok((fim, prompt))
     }
 
     /// Checks an embedding request and tokenizes its text inputs as completions' prompts are.
@@ -269,19 +314,25 @@ impl Frontend {
         Ok(rerank::check(request, text, judge, self.info.context_length)?)
     }
 
-    /// Prompts as token ids: text encoded as a prompt (with the BOS token where the model's
-    /// tokenizer adds one), ids as they are; an encoding error names `param`.
+    /// Prompts as token ids ([`Self::prompt_id`]).
     fn prompt_ids(&self, prompts: &[Prompt], param: &str) -> Result<Vec<Vec<u32>>, EngineError> {
-        prompts
-            .iter()
-            .map(|prompt| match prompt {
-                Prompt::Text(text) => {
-                    let tokenizer = &self.text_side()?.tokenizer;
-                    Ok(tokenizer.encode_prompt(text).map_err(|e| RequestError::invalid(param, e.to_string()))?)
-                }
-                Prompt::Tokens(ids) => Ok(ids.clone()),
-            })
-            .collect()
+        prompts.iter().map(|prompt| self.prompt_id(prompt, param)).collect()
+    }
+
+    /// A prompt as token ids: text encoded as a prompt (with the BOS token where the model's
+    /// tokenizer adds one), ids as they are; an encoding error names `param`. A
+    /// fill-in-the-middle prompt is a completion's only (`completion` encodes it).
+    fn prompt_id(&self, prompt: &Prompt, param: &str) -> Result<Vec<u32>, EngineError> {
+        match prompt {
+            Prompt::Text(text) => {
+                let tokenizer = &self.text_side()?.tokenizer;
+                Ok(tokenizer.encode_prompt(text).map_err(|e| RequestError::invalid(param, e.to_string()))?)
+            }
+            Prompt::Tokens(ids) => Ok(ids.clone()),
+            Prompt::Infill(_) => {
+                Err(RequestError::invalid(param, "a fill-in-the-middle prompt is only a completion's").into())
+            }
+        }
     }
 
     /// Checks a request of token ids with engine parameters as they are (no defaults applied).
@@ -319,7 +370,6 @@ impl Frontend {
         &self,
         prompts: Vec<Vec<u32>>,
         options: &Options,
-        default_max_tokens: Option<usize>,
         prompt_param: &str,
     ) -> Result<Unchecked, EngineError> {
         // The prompts first: a prompt too long for the context is that, whatever max_tokens says.
@@ -341,7 +391,7 @@ impl Frontend {
                 return Err(RequestError::invalid("max_tokens", message).with_code("context_length_exceeded").into());
             }
             Some(m) => m,
-            None => default_max_tokens.unwrap_or(self.limits.max_tokens).min(room),
+            None => options.default_max_tokens.unwrap_or(self.limits.max_tokens).min(self.limits.max_tokens).min(room),
         };
         let n = options.n.unwrap_or(1);
         if n == 0 || n > self.limits.max_n {

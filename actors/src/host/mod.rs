@@ -30,7 +30,7 @@ pub use frontend::{Frontend, MAX_TOP_LOGPROBS, RequestLimits};
 pub use generation::{Generation, Output};
 pub use params::GenerateParams;
 pub use request::{
-    ChatRequest, CompletionRequest, GenerateRequest, Options, Prompt, Request, RequestError, Tool, ToolChoice,
+    ChatRequest, CompletionRequest, GenerateRequest, Infill, Options, Prompt, Request, RequestError, Tool, ToolChoice,
 };
 pub use rerank::{DEFAULT_INSTRUCTION, RerankRequest, Reranker, Scores, ValidRerank, YesNo};
 pub use text::{GenerationDefaults, ModelText};

@@ -48,6 +48,8 @@ pub struct ValidRequest {
     /// The frontend that checked it (`Engine::submit` refuses a request checked for another
     /// engine's model and limits).
     pub(crate) checked_by: u64,
+    /// Fill-in-the-middle context files left out of its prompts for room (`Infill::files`).
+    context_left_out: usize,
 }
 
 /// One choice of a `ValidRequest`: what a scheduler runs as one sequence. `params` are shared
@@ -99,7 +101,7 @@ impl Unchecked {
         }
         params.stop_token_ids.sort_unstable();
         params.stop_token_ids.dedup();
-        Ok(ValidRequest { prompts, params, n, session, logprobs, checked_by })
+        Ok(ValidRequest { prompts, params, n, session, logprobs, checked_by, context_left_out: 0 })
     }
 }
 
@@ -112,6 +114,16 @@ impl ValidRequest {
     /// The parameters every choice runs with (choice `i` of a prompt adds `i` to the seed).
     pub fn params(&self) -> &GenerateParams {
         &self.params
+    }
+
+    /// Fill-in-the-middle context files left out of its prompts for room (the first ones of
+    /// `Infill::files`), over all its prompts.
+    pub fn context_left_out(&self) -> usize {
+        self.context_left_out
+    }
+
+    pub(crate) fn with_context_left_out(self, files: usize) -> Self {
+        Self { context_left_out: files, ..self }
     }
 
     /// Choices per prompt.

@@ -1,12 +1,15 @@
-//! C10: the model's Hugging Face `tokenizer.json`, its chat template (`chat.rs`) and
-//! incremental detokenization for streaming (`stream.rs`).
+//! C10: the model's Hugging Face `tokenizer.json`, its chat template (`chat.rs`), a code model's
+//! fill-in-the-middle prompts (`fim.rs`) and incremental detokenization for streaming
+//! (`stream.rs`).
 
 mod chat;
+mod fim;
 mod stream;
 
 use std::path::Path;
 
 pub use chat::{ChatMessage, ChatTemplate, TemplateError, ToolCall, strftime};
+pub use fim::{FIM_DEFAULT_PATH, FIM_DEFAULT_REPO, FimFile, FimParts, FimPrompt, FimTokens};
 pub use stream::IncrementalDecoder;
 
 use crate::error::LoadError;

@@ -9,7 +9,7 @@ use axum::Extension;
 use axum::extract::State;
 use axum::response::Response;
 use llaisys_actors::request::{FinishReason, ToolCallDelta, ToolCallOut};
-use llaisys_actors::{ChatRequest, CompletionRequest, Prompt as EnginePrompt};
+use llaisys_actors::{ChatRequest, CompletionRequest, Infill, Options, Prompt as EnginePrompt};
 use serde_json::{Value, json};
 
 use super::dialect::{Dialect, Frame, Run, Work, endpoint};
@@ -85,15 +85,24 @@ async fn completion(
     req: openai::CompletionRequest,
 ) -> Result<Response, ApiError> {
     let model = state.model(&req.common.model)?;
-    if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid("suffix", "suffix (fill-in-the-middle) is not supported"));
-    }
-    let prompts: Vec<EnginePrompt> = match req.prompt {
+    let mut prompts: Vec<EnginePrompt> = match req.prompt {
         Prompt::Text(t) => vec![t.into()],
         Prompt::Texts(ts) => ts.into_iter().map(EnginePrompt::from).collect(),
         Prompt::Ids(ids) => vec![ids.into()],
         Prompt::IdLists(lists) => lists.into_iter().map(EnginePrompt::from).collect(),
     };
+    // With a suffix, each prompt is the text before the middle the model fills in.
+    if let Some(suffix) = req.suffix.filter(|s| !s.is_empty()) {
+        if req.echo {
+            return Err(ApiError::invalid("echo", "echo does not go with suffix (fill-in-the-middle)"));
+        }
+        for prompt in &mut prompts {
+            let EnginePrompt::Text(prefix) = prompt else {
+                return Err(ApiError::invalid("prompt", "with suffix (fill-in-the-middle), the prompt is text"));
+            };
+            *prompt = Infill::new(std::mem::take(prefix), suffix.clone()).into();
+        }
+    }
     let logprobs = match req.logprobs {
         Some(k) if k < 0 => {
             return Err(ApiError::invalid("logprobs", format!("logprobs must be in [0, 20], got {k}")));
@@ -104,7 +113,9 @@ async fn completion(
         return Err(ApiError::invalid("best_of", format!("best_of other than n is not supported (got {b})")));
     }
     let plan = req.common.plan(req.common.max_tokens, logprobs)?;
-    let request = CompletionRequest::batch(prompts).options(plan.options);
+    // OpenAI's completions default to 16 tokens.
+    let options = Options { default_max_tokens: Some(16), ..plan.options };
+    let request = CompletionRequest::batch(prompts).options(options);
     let dialect = OpenAi { api: Api::Completion, id: String::new(), include_usage: plan.include_usage };
     let run =
         Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: req.echo };

@@ -79,6 +79,8 @@ pub struct Generation {
     echo: Vec<String>,
     /// Choices per prompt.
     n: usize,
+    /// Fill-in-the-middle context files left out of the prompts for room.
+    context_left_out: usize,
     _permit: OwnedSemaphorePermit,
     _registration: Registration,
 }
@@ -96,6 +98,7 @@ impl Generation {
         let start = Instant::now();
         let logprobs = request.logprobs().then_some(request.params().sampling.top_logprobs);
         let n = request.n();
+        let context_left_out = request.context_left_out();
         let merged = model.engine.submit(request).await?;
         let registration = state.register(request_id, model.engine.clone(), merged.ids().to_vec());
         let echo = if echo {
@@ -127,6 +130,7 @@ impl Generation {
             start,
             echo,
             n,
+            context_left_out,
             _permit: permit,
             _registration: registration,
         })
@@ -140,6 +144,11 @@ impl Generation {
     /// The answer so far: every choice's text, reasoning, tool calls, finish; the usage.
     pub fn answer(&self) -> &AnswerBuilder {
         &self.answer
+    }
+
+    /// Fill-in-the-middle context files left out of the prompts for room (`Infill::files`).
+    pub fn context_left_out(&self) -> usize {
+        self.context_left_out
     }
 
     /// The number of choices.

@@ -9,6 +9,7 @@ pub mod dialect;
 mod embeddings;
 pub mod error;
 mod generation;
+pub mod llamacpp;
 pub mod ollama;
 pub mod openai;
 pub mod responses;
@@ -247,6 +248,7 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/infill", post(llamacpp::infill))
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));

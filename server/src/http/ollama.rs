@@ -1,8 +1,9 @@
 //! The part of Ollama's API that editors and chat apps call: `/api/chat`, `/api/generate`,
 //! `/api/tags`, `/api/show`, `/api/ps` and `/api/version`. Ollama's option names
 //! (`num_predict`, `repeat_penalty`, ...), `format` (`"json"` or a schema), `think`, tools with
-//! object arguments; answers stream by default as newline-delimited JSON, the last line
-//! `done: true` with Ollama's counts and durations (nanoseconds). Errors are `{"error": ...}`.
+//! object arguments, generate's `suffix` (fill in the middle); answers stream by default as
+//! newline-delimited JSON, the last line `done: true` with Ollama's counts and durations
+//! (nanoseconds). Errors are `{"error": ...}`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use llaisys_actors::request::{FinishReason, ToolCallOut};
-use llaisys_actors::{ChatRequest, CompletionRequest, EmbedRequest, Options, Prompt, Tool, ToolChoice};
+use llaisys_actors::{ChatRequest, CompletionRequest, EmbedRequest, Infill, Options, Prompt, Tool, ToolChoice};
 use llaisys_model::Constraint;
 use llaisys_model::tokenizer::{ChatMessage, ToolCall, strftime};
 use serde::Deserialize;
@@ -451,9 +452,6 @@ impl GenerateIn {
     /// as it is (`raw`); `None` for an empty prompt, which only loads the model.
     pub fn work(&self) -> Result<Option<Work>, ApiError> {
         let req = self;
-        if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::invalid("suffix", "suffix (fill-in-the-middle) is not supported"));
-        }
         if req.template.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(ApiError::invalid(
                 "template",
@@ -466,10 +464,23 @@ impl GenerateIn {
         if !req.images.is_empty() {
             return Err(ApiError::invalid("images", "this model takes text only"));
         }
-        if req.prompt.is_empty() {
+        let suffix = req.suffix.as_deref().filter(|s| !s.is_empty());
+        if req.prompt.is_empty() && suffix.is_none() {
             return Ok(None);
         }
         let options = options(&req.options, req.format.as_ref(), req.think.as_ref())?;
+        // With a suffix the prompt is the text before the middle the model fills in, in its
+        // fill-in-the-middle tokens (as Ollama's code models' templates write it).
+        if let Some(suffix) = suffix {
+            if req.system.is_some() {
+                return Err(ApiError::invalid(
+                    "system",
+                    "a system prompt does not go with suffix (fill-in-the-middle)",
+                ));
+            }
+            let infill = Infill::new(req.prompt.as_str(), suffix);
+            return Ok(Some(Work::Completion(CompletionRequest::new(infill).options(options))));
+        }
         Ok(Some(if req.raw {
             Work::Completion(CompletionRequest::new(req.prompt.as_str()).options(options))
         } else {

@@ -407,6 +407,7 @@ impl CommonFields {
         };
         let options = Options {
             max_tokens,
+            default_max_tokens: None,
             temperature: self.temperature,
             top_p: self.top_p,
             top_k,

@@ -1,0 +1,225 @@
+//! llama.cpp server's own `POST /infill`, which code-completion plugins call (llama.vim,
+//! llama.vscode): fill in the middle between `input_prefix` (with `prompt`, the text typed
+//! after it, appended) and `input_suffix`, with `input_extra` files of the project as context
+//! before it (`{"filename", "text"}`, oldest first: those that do not fit are left out from the
+//! first, counted in `context_files_left_out`, and `truncated` is then true). llama.cpp's sampling names (`n_predict`, `temperature`,
+//! `top_k`, `top_p`, `min_p`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`,
+//! `seed`, `stop`); its other fields (`samplers`, `cache_prompt`, `t_max_predict_ms`, ...) are
+//! left to their defaults. `n_predict: 0` evaluates the prompt, caching it for the next
+//! request, and answers with no text (the plugins send it to warm the cache with new context).
+//! The answer in llama.cpp's shape: `content`, `stop`, `tokens`, `tokens_predicted`,
+//! `tokens_evaluated`, `stop_type` (`eos` or `limit`), `truncated` and `timings`; streamed as
+//! server-sent `data:` objects, the last with `stop: true`. Errors are OpenAI's shape, as
+//! llama.cpp's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::response::Response;
+use llaisys_actors::request::FinishReason;
+use llaisys_actors::{CompletionRequest, Infill, Options};
+use llaisys_model::tokenizer::{FIM_DEFAULT_PATH, FIM_DEFAULT_REPO};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::dialect::{Dialect, Frame, Run, Work, endpoint};
+use super::error::{ApiError, ErrorShape};
+use super::generation::{Generation, Step};
+use super::openai;
+use super::{AppState, Body413, RequestIdExt};
+
+/// A `POST /infill` body.
+#[derive(Debug, Deserialize)]
+pub struct InfillIn {
+    /// The served model to use (llama.cpp serves one; optional where one is served).
+    model: Option<String>,
+    input_prefix: String,
+    input_suffix: String,
+    #[serde(default)]
+    input_extra: Vec<ExtraIn>,
+    /// Text after the prefix (what the user is typing).
+    #[serde(default)]
+    prompt: String,
+    n_predict: Option<i64>,
+    temperature: Option<f32>,
+    top_k: Option<i64>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    seed: Option<i64>,
+    #[serde(default)]
+    stop: Vec<String>,
+    #[serde(default)]
+    stream: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct ExtraIn {
+    text: String,
+    filename: Option<String>,
+}
+
+impl InfillIn {
+    /// Parses a body (errors name the field).
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        openai::parse(body)
+    }
+
+    /// The request in the engine's terms, and whether its one token is only for the cache
+    /// (`n_predict: 0`).
+    pub fn work(&self) -> Result<(CompletionRequest, bool), ApiError> {
+        let (max_tokens, warm_only) = match self.n_predict {
+            // -1: until the end of the middle (or the context).
+            None | Some(-1) => (None, false),
+            Some(0) => (Some(1), true),
+            Some(n) if n >= 1 => (Some(n as usize), false),
+            Some(n) => return Err(ApiError::invalid("n_predict", format!("n_predict must be ≥ 0 or -1, got {n}"))),
+        };
+        let top_k = match self.top_k {
+            None => None,
+            Some(k) if k <= 0 => Some(0),
+            Some(k) => Some(k as usize),
+        };
+        // llama.cpp: a negative seed is a random one.
+        let seed = self.seed.filter(|s| *s >= 0).map(|s| s as u64);
+        let mut infill = Infill::new(format!("{}{}", self.input_prefix, self.prompt), self.input_suffix.as_str());
+        // llama.cpp writes the repository format, with its names, files or not.
+        infill.repo = Some(FIM_DEFAULT_REPO.into());
+        infill.path = Some(FIM_DEFAULT_PATH.into());
+        for f in &self.input_extra {
+            // llama.cpp's name for a chunk without one.
+            infill = infill.file(f.filename.as_deref().unwrap_or("tmp"), f.text.as_str());
+        }
+        let options = Options {
+            max_tokens,
+            temperature: self.temperature,
+            top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed,
+            stop: self.stop.clone(),
+            ..Options::default()
+        };
+        Ok((CompletionRequest::new(infill).options(options), warm_only))
+    }
+}
+
+pub async fn infill(
+    State(state): State<Arc<AppState>>,
+    Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
+    body: Result<Body413, ApiError>,
+) -> Response {
+    let model_of = |r: &InfillIn| r.model.clone().unwrap_or_default();
+    endpoint(ErrorShape::OpenAi, body, InfillIn::parse, model_of, async |req| {
+        let model = state.model_or_default(req.model.as_deref())?;
+        let (request, warm_only) = req.work()?;
+        let run = Run {
+            state: &state,
+            request_id: &request_id,
+            model,
+            stream: req.stream,
+            constraint_field: None,
+            echo: false,
+        };
+        run.run(Work::Completion(request), LlamaCpp { warm_only, sent: 0 }).await
+    })
+    .await
+}
+
+/// llama.cpp's completion shape.
+struct LlamaCpp {
+    /// `n_predict: 0`: the token generated is not the client's.
+    warm_only: bool,
+    /// Tokens streamed so far.
+    sent: usize,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl LlamaCpp {
+    /// The last object: the counts, why it stopped, and the timings.
+    fn last(&self, g: &Generation, content: &str, tokens: &[u32]) -> Value {
+        let choice = &g.answer().choices()[0];
+        let predicted = if self.warm_only { 0 } else { choice.tokens.len() };
+        let prompt_n = g.prompt_tokens(0);
+        let total = g.elapsed();
+        let prompt = g.first_token_after(0).unwrap_or(total);
+        let predicted_time = total.saturating_sub(prompt);
+        let per_second = |n: usize, d: Duration| if d.is_zero() { 0.0 } else { n as f64 / d.as_secs_f64() };
+        let per_token = |n: usize, d: Duration| if n == 0 { 0.0 } else { ms(d) / n as f64 };
+        json!({
+            "index": 0,
+            "content": content,
+            "tokens": tokens,
+            "stop": true,
+            "model": g.model(),
+            "tokens_predicted": predicted,
+            "tokens_evaluated": prompt_n,
+            "stop_type": if choice.finish == FinishReason::Length { "limit" } else { "eos" },
+            "truncated": g.context_left_out() > 0,
+            "context_files_left_out": g.context_left_out(),
+            "timings": {
+                "prompt_n": prompt_n,
+                "prompt_ms": ms(prompt),
+                "prompt_per_token_ms": per_token(prompt_n, prompt),
+                "prompt_per_second": per_second(prompt_n, prompt),
+                "predicted_n": predicted,
+                "predicted_ms": ms(predicted_time),
+                "predicted_per_token_ms": per_token(predicted, predicted_time),
+                "predicted_per_second": per_second(predicted, predicted_time),
+            },
+        })
+    }
+}
+
+impl Dialect for LlamaCpp {
+    const SHAPE: ErrorShape = ErrorShape::OpenAi;
+
+    fn body(&mut self, g: &Generation) -> Value {
+        let choice = &g.answer().choices()[0];
+        match self.warm_only {
+            true => self.last(g, "", &[]),
+            false => self.last(g, &choice.text, &choice.tokens),
+        }
+    }
+
+    fn open(&mut self, _: &Generation) -> Vec<Frame> {
+        Vec::new()
+    }
+
+    fn step(&mut self, g: &Generation, step: &Step) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        let choice = &g.answer().choices()[0];
+        if !self.warm_only && !step.text.is_empty() {
+            let tokens = &choice.tokens[self.sent.min(choice.tokens.len())..];
+            self.sent = choice.tokens.len();
+            frames.push(Frame::data(&json!({
+                "index": 0,
+                "content": step.text,
+                "tokens": tokens,
+                "stop": false,
+                "tokens_predicted": choice.tokens.len(),
+                "tokens_evaluated": g.prompt_tokens(0),
+            })));
+        }
+        match step.finish {
+            Some(FinishReason::Error) => frames.push(Frame::data(&g.engine_error().body_in(ErrorShape::OpenAi))),
+            Some(_) => frames.push(Frame::data(&self.last(g, "", &[]))),
+            None => {}
+        }
+        frames
+    }
+
+    fn close(&mut self, _: &Generation) -> Vec<Frame> {
+        Vec::new()
+    }
+}
