@@ -811,3 +811,47 @@ async fn fill_in_the_middle_in_every_dialect() {
     assert_eq!((status, err["error"]["param"].as_str()), (400, Some("suffix")), "{err}");
     llama.shutdown().await;
 }
+
+/// llama.cpp's `/completion` (and `/completions`) continues a prompt, text or token ids, as
+/// `/v1/completions` does, in llama.cpp's shape, streamed or not; `n_probs` and a prompt of
+/// mixed parts are refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpp_completion_answers_as_openai_completions() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let prompt = "Once upon a time";
+    let (status, c) =
+        post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": prompt, "max_tokens": 6, "temperature": 0}))
+            .await;
+    assert_eq!(status, 200, "{c}");
+    let text = c["choices"][0]["text"].as_str().unwrap().to_string();
+    let (prompt_tokens, completion_tokens) = (&c["usage"]["prompt_tokens"], &c["usage"]["completion_tokens"]);
+    let ids = Tokenizer::from_dir(&fixture_dir(FIXTURE)).unwrap().encode_prompt(prompt).unwrap();
+    for (path, prompt) in [("/completion", json!(prompt)), ("/completions", json!(prompt)), ("/completion", json!(ids))]
+    {
+        let body = json!({"prompt": prompt, "n_predict": 6, "temperature": 0, "cache_prompt": true});
+        let (status, r) = post(&s, path, body).await;
+        assert_eq!(status, 200, "{path}: {r}");
+        assert_eq!((r["content"].as_str(), &r["stop"]), (Some(text.as_str()), &json!(true)), "{path}: {r}");
+        assert_eq!((&r["tokens_evaluated"], &r["tokens_predicted"]), (prompt_tokens, completion_tokens), "{r}");
+        assert!(r.get("context_files_left_out").is_none(), "{r}");
+    }
+    let chunks: Vec<Value> =
+        common::sse(&s, "/completion", json!({"prompt": prompt, "n_predict": 6, "temperature": 0, "stream": true}))
+            .await
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+    let (last, pieces) = chunks.split_last().unwrap();
+    assert!(pieces.iter().all(|p| p["stop"] == false) && last["stop"] == true, "{chunks:?}");
+    assert_eq!(pieces.iter().map(|p| p["content"].as_str().unwrap()).collect::<String>(), text);
+    assert_eq!(&last["tokens_predicted"], completion_tokens);
+    for (body, param) in [
+        (json!({"prompt": prompt, "n_probs": 3}), "n_probs"),
+        (json!({"prompt": [1, "two"]}), "prompt"),
+        (json!({"n_predict": 4}), "prompt"),
+    ] {
+        let (status, err) = post(&s, "/completion", body).await;
+        assert_eq!((status, err["error"]["param"].as_str()), (400, Some(param)), "{err}");
+    }
+    s.shutdown().await;
+}

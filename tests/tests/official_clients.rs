@@ -201,7 +201,11 @@ async fn the_official_responses_anthropic_and_ollama_clients_work_unchanged() {
     let f = get("fill_in_the_middle");
     let psm = "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>";
     let tokens = llaisys_model::Tokenizer::from_dir(&fixture_dir(FIXTURE)).unwrap().encode(psm).unwrap().len();
-    assert_eq!((f["prompt_tokens"].as_u64(), &f["ollama_prompt_tokens"]), (Some(tokens as u64), &f["prompt_tokens"]), "{f}");
+    assert_eq!(
+        (f["prompt_tokens"].as_u64(), &f["ollama_prompt_tokens"]),
+        (Some(tokens as u64), &f["prompt_tokens"]),
+        "{f}"
+    );
     assert!(f["openai"].is_string() && f["openai"] == f["ollama"], "{f}");
     let o = get("ollama_embed");
     assert!(o["count"] == 2 && o["same"].as_f64().unwrap() < 1e-6, "{o}");

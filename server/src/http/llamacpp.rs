@@ -1,13 +1,16 @@
-//! llama.cpp server's own `POST /infill`, which code-completion plugins call (llama.vim,
+//! llama.cpp server's own API: `POST /completion` (also `/completions`), a prompt (text or
+//! token ids) continued, and `POST /infill`, which code-completion plugins call (llama.vim,
 //! llama.vscode): fill in the middle between `input_prefix` (with `prompt`, the text typed
 //! after it, appended) and `input_suffix`, with `input_extra` files of the project as context
 //! before it (`{"filename", "text"}`, oldest first: those that do not fit are left out from the
-//! first, counted in `context_files_left_out`, and `truncated` is then true). llama.cpp's sampling names (`n_predict`, `temperature`,
-//! `top_k`, `top_p`, `min_p`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`,
-//! `seed`, `stop`); its other fields (`samplers`, `cache_prompt`, `t_max_predict_ms`, ...) are
-//! left to their defaults. `n_predict: 0` evaluates the prompt, caching it for the next
-//! request, and answers with no text (the plugins send it to warm the cache with new context).
-//! The answer in llama.cpp's shape: `content`, `stop`, `tokens`, `tokens_predicted`,
+//! first, counted in `context_files_left_out`, and `truncated` is then true).
+//!
+//! Both take llama.cpp's names: `n_predict`, `temperature`, `top_k`, `top_p`, `min_p`,
+//! `repeat_penalty`, `presence_penalty`, `frequency_penalty`, `seed`, `stop`, `ignore_eos`,
+//! `stream`; its other fields (`samplers`, `cache_prompt`, `t_max_predict_ms`, ...) are left to
+//! their defaults, and `n_probs` is refused. `n_predict: 0` evaluates the prompt, caching it for
+//! the next request, and answers with no text (the plugins send it to warm the cache with new
+//! context). The answer in llama.cpp's shape: `content`, `stop`, `tokens`, `tokens_predicted`,
 //! `tokens_evaluated`, `stop_type` (`eos` or `limit`), `truncated` and `timings`; streamed as
 //! server-sent `data:` objects, the last with `stop: true`. Errors are OpenAI's shape, as
 //! llama.cpp's.
@@ -19,9 +22,10 @@ use axum::Extension;
 use axum::extract::State;
 use axum::response::Response;
 use llaisys_actors::request::FinishReason;
-use llaisys_actors::{CompletionRequest, Infill, Options};
+use llaisys_actors::{CompletionRequest, Infill, Options, Prompt};
 use llaisys_model::tokenizer::{FIM_DEFAULT_PATH, FIM_DEFAULT_REPO};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::dialect::{Dialect, Frame, Run, Work, endpoint};
@@ -30,18 +34,11 @@ use super::generation::{Generation, Step};
 use super::openai;
 use super::{AppState, Body413, RequestIdExt};
 
-/// A `POST /infill` body.
+/// The fields `/completion` and `/infill` share: the model, how much to generate and how.
 #[derive(Debug, Deserialize)]
-pub struct InfillIn {
+struct GenerationIn {
     /// The served model to use (llama.cpp serves one; optional where one is served).
     model: Option<String>,
-    input_prefix: String,
-    input_suffix: String,
-    #[serde(default)]
-    input_extra: Vec<ExtraIn>,
-    /// Text after the prefix (what the user is typing).
-    #[serde(default)]
-    prompt: String,
     n_predict: Option<i64>,
     temperature: Option<f32>,
     top_k: Option<i64>,
@@ -54,46 +51,33 @@ pub struct InfillIn {
     #[serde(default)]
     stop: Vec<String>,
     #[serde(default)]
+    ignore_eos: bool,
+    /// Alternatives per token with their probabilities: not given here.
+    n_probs: Option<i64>,
+    #[serde(default)]
     stream: bool,
 }
 
-#[derive(Debug, Deserialize)]
-struct ExtraIn {
-    text: String,
-    filename: Option<String>,
-}
-
-impl InfillIn {
-    /// Parses a body (errors name the field).
-    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        openai::parse(body)
-    }
-
-    /// The request in the engine's terms, and whether its one token is only for the cache
+impl GenerationIn {
+    /// The engine's options, and whether the one token generated is only for the cache
     /// (`n_predict: 0`).
-    pub fn work(&self) -> Result<(CompletionRequest, bool), ApiError> {
+    fn options(&self) -> Result<(Options, bool), ApiError> {
         let (max_tokens, warm_only) = match self.n_predict {
-            // -1: until the end of the middle (or the context).
+            // -1: until the end (or the context).
             None | Some(-1) => (None, false),
             Some(0) => (Some(1), true),
             Some(n) if n >= 1 => (Some(n as usize), false),
             Some(n) => return Err(ApiError::invalid("n_predict", format!("n_predict must be ≥ 0 or -1, got {n}"))),
         };
+        if self.n_probs.is_some_and(|n| n != 0) {
+            let message = "n_probs is not supported here: ask /v1/completions for logprobs";
+            return Err(ApiError::invalid("n_probs", message));
+        }
         let top_k = match self.top_k {
             None => None,
             Some(k) if k <= 0 => Some(0),
             Some(k) => Some(k as usize),
         };
-        // llama.cpp: a negative seed is a random one.
-        let seed = self.seed.filter(|s| *s >= 0).map(|s| s as u64);
-        let mut infill = Infill::new(format!("{}{}", self.input_prefix, self.prompt), self.input_suffix.as_str());
-        // llama.cpp writes the repository format, with its names, files or not.
-        infill.repo = Some(FIM_DEFAULT_REPO.into());
-        infill.path = Some(FIM_DEFAULT_PATH.into());
-        for f in &self.input_extra {
-            // llama.cpp's name for a chunk without one.
-            infill = infill.file(f.filename.as_deref().unwrap_or("tmp"), f.text.as_str());
-        }
         let options = Options {
             max_tokens,
             temperature: self.temperature,
@@ -103,12 +87,67 @@ impl InfillIn {
             repetition_penalty: self.repeat_penalty,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
-            seed,
+            // llama.cpp: a negative seed is a random one.
+            seed: self.seed.filter(|s| *s >= 0).map(|s| s as u64),
             stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
             ..Options::default()
         };
-        Ok((CompletionRequest::new(infill).options(options), warm_only))
+        Ok((options, warm_only))
     }
+}
+
+/// A `POST /infill` body (besides `GenerationIn`'s fields).
+#[derive(Debug, Deserialize)]
+struct InfillIn {
+    input_prefix: String,
+    input_suffix: String,
+    #[serde(default)]
+    input_extra: Vec<ExtraIn>,
+    /// Text after the prefix (what the user is typing).
+    #[serde(default)]
+    prompt: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ExtraIn {
+    text: String,
+    filename: Option<String>,
+}
+
+impl InfillIn {
+    /// The fill-in-the-middle prompt: llama.cpp writes the repository format, with its names,
+    /// files or not.
+    fn infill(&self) -> Infill {
+        let mut infill = Infill::new(format!("{}{}", self.input_prefix, self.prompt), self.input_suffix.as_str());
+        infill.repo = Some(FIM_DEFAULT_REPO.into());
+        infill.path = Some(FIM_DEFAULT_PATH.into());
+        for f in &self.input_extra {
+            // llama.cpp's name for a chunk without one.
+            infill = infill.file(f.filename.as_deref().unwrap_or("tmp"), f.text.as_str());
+        }
+        infill
+    }
+}
+
+/// A `POST /completion` body (besides `GenerationIn`'s fields).
+#[derive(Debug, Deserialize)]
+struct CompletionIn {
+    prompt: PromptIn,
+}
+
+/// llama.cpp's prompt: text, or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PromptIn {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// A request's own fields and the shared ones, each parsed from the body (errors name the
+/// field).
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<(T, GenerationIn), ApiError> {
+    Ok((openai::parse(body)?, openai::parse(body)?))
 }
 
 pub async fn infill(
@@ -116,25 +155,49 @@ pub async fn infill(
     Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
     body: Result<Body413, ApiError>,
 ) -> Response {
-    let model_of = |r: &InfillIn| r.model.clone().unwrap_or_default();
-    endpoint(ErrorShape::OpenAi, body, InfillIn::parse, model_of, async |req| {
-        let model = state.model_or_default(req.model.as_deref())?;
-        let (request, warm_only) = req.work()?;
-        let run = Run {
-            state: &state,
-            request_id: &request_id,
-            model,
-            stream: req.stream,
-            constraint_field: None,
-            echo: false,
-        };
-        run.run(Work::Completion(request), LlamaCpp { warm_only, sent: 0 }).await
+    let model_of = |(_, g): &(InfillIn, GenerationIn)| g.model.clone().unwrap_or_default();
+    endpoint(ErrorShape::OpenAi, body, parse, model_of, async |(req, g)| {
+        let (options, warm_only) = g.options()?;
+        let request = CompletionRequest::new(req.infill()).options(options);
+        generate(&state, &request_id, &g, request, LlamaCpp { infill: true, warm_only, sent: 0 }).await
     })
     .await
 }
 
+pub async fn completion(
+    State(state): State<Arc<AppState>>,
+    Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
+    body: Result<Body413, ApiError>,
+) -> Response {
+    let model_of = |(_, g): &(CompletionIn, GenerationIn)| g.model.clone().unwrap_or_default();
+    endpoint(ErrorShape::OpenAi, body, parse, model_of, async |(req, g)| {
+        let (options, warm_only) = g.options()?;
+        let prompt: Prompt = match req.prompt {
+            PromptIn::Text(text) => text.into(),
+            PromptIn::Ids(ids) => ids.into(),
+        };
+        let request = CompletionRequest::new(prompt).options(options);
+        generate(&state, &request_id, &g, request, LlamaCpp { infill: false, warm_only, sent: 0 }).await
+    })
+    .await
+}
+
+async fn generate(
+    state: &Arc<AppState>,
+    request_id: &str,
+    g: &GenerationIn,
+    request: CompletionRequest,
+    dialect: LlamaCpp,
+) -> Result<Response, ApiError> {
+    let model = state.model_or_default(g.model.as_deref())?;
+    let run = Run { state, request_id, model, stream: g.stream, constraint_field: None, echo: false };
+    run.run(Work::Completion(request), dialect).await
+}
+
 /// llama.cpp's completion shape.
 struct LlamaCpp {
+    /// `/infill`'s answer: its context files left out are counted.
+    infill: bool,
     /// `n_predict: 0`: the token generated is not the client's.
     warm_only: bool,
     /// Tokens streamed so far.
@@ -156,7 +219,7 @@ impl LlamaCpp {
         let predicted_time = total.saturating_sub(prompt);
         let per_second = |n: usize, d: Duration| if d.is_zero() { 0.0 } else { n as f64 / d.as_secs_f64() };
         let per_token = |n: usize, d: Duration| if n == 0 { 0.0 } else { ms(d) / n as f64 };
-        json!({
+        let mut last = json!({
             "index": 0,
             "content": content,
             "tokens": tokens,
@@ -166,7 +229,6 @@ impl LlamaCpp {
             "tokens_evaluated": prompt_n,
             "stop_type": if choice.finish == FinishReason::Length { "limit" } else { "eos" },
             "truncated": g.context_left_out() > 0,
-            "context_files_left_out": g.context_left_out(),
             "timings": {
                 "prompt_n": prompt_n,
                 "prompt_ms": ms(prompt),
@@ -177,7 +239,11 @@ impl LlamaCpp {
                 "predicted_per_token_ms": per_token(predicted, predicted_time),
                 "predicted_per_second": per_second(predicted, predicted_time),
             },
-        })
+        });
+        if self.infill {
+            last["context_files_left_out"] = g.context_left_out().into();
+        }
+        last
     }
 }
 

@@ -248,6 +248,8 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/completion", post(llamacpp::completion))
+        .route("/completions", post(llamacpp::completion))
         .route("/infill", post(llamacpp::infill))
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
