@@ -22,7 +22,7 @@ use llaisys_actors::{ChatMessage, ChatRequest, CompletionRequest, Engine, Fronte
 use llaisys_model::tokenizer::ToolCall;
 use llaisys_model::{ArgTags, Device, LoadOptions, ModelSource, load_model};
 use llaisys_server::http::dialect::Work;
-use llaisys_server::http::{anthropic, ollama, openai, responses};
+use llaisys_server::http::{anthropic, llamacpp, ollama, openai, responses};
 
 /// A target: its name (its corpus folder) and what it does with one input.
 pub struct Target {
@@ -111,20 +111,15 @@ pub fn openai_request(data: &[u8]) {
         }
     }
     if let Ok(req) = openai::parse_request::<openai::CompletionRequest>(data) {
-        let prompts = match req.prompt {
-            openai::Prompt::Text(t) => vec![t.into()],
-            openai::Prompt::Texts(ts) => ts.into_iter().map(Into::into).collect(),
-            openai::Prompt::Ids(ids) => vec![ids.into()],
-            openai::Prompt::IdLists(lists) => lists.into_iter().map(Into::into).collect(),
-        };
-        if let Ok(plan) = req.common.plan(req.common.max_tokens, req.logprobs.map(|k| k.clamp(0, 20) as usize)) {
+        let plan = req.common.plan(req.common.max_tokens, req.logprobs.map(|k| k.clamp(0, 20) as usize));
+        if let (Ok(prompts), Ok(plan)) = (req.prompts(), plan) {
             let _ = frontend().completion(&CompletionRequest::batch(prompts).options(plan.options));
         }
     }
 }
 
 /// A request body of the other API dialects (Anthropic's Messages, OpenAI's Responses, Ollama's
-/// chat and generate) from untrusted bytes, as their endpoints take it: parsed, translated into
+/// chat and generate, llama.cpp's completion and infill) from untrusted bytes, as their endpoints take it: parsed, translated into
 /// the engine's request, then checked and rendered by the frontend.
 pub fn dialect_request(data: &[u8]) {
     let run = |work: Work| match work {
@@ -142,6 +137,9 @@ pub fn dialect_request(data: &[u8]) {
     }
     if let Ok(Ok(Some(work))) = ollama::GenerateIn::parse(data).map(|r| r.work()) {
         run(work);
+    }
+    for parsed in [llamacpp::Parsed::infill(data), llamacpp::Parsed::completion(data)].into_iter().flatten() {
+        run(Work::Completion(parsed.request));
     }
 }
 

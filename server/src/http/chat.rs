@@ -9,13 +9,13 @@ use axum::Extension;
 use axum::extract::State;
 use axum::response::Response;
 use llaisys_actors::request::{FinishReason, ToolCallDelta, ToolCallOut};
-use llaisys_actors::{ChatRequest, CompletionRequest, Infill, Options, Prompt as EnginePrompt};
+use llaisys_actors::{ChatRequest, CompletionRequest, Options};
 use serde_json::{Value, json};
 
 use super::dialect::{Dialect, Frame, Run, Work, endpoint};
 use super::error::{ApiError, ErrorShape};
 use super::generation::{Generation, Step, TokenLogprob};
-use super::openai::{self, Prompt};
+use super::openai;
 use super::{AppState, Body413, RequestIdExt};
 
 pub async fn chat_completions(
@@ -85,24 +85,7 @@ async fn completion(
     req: openai::CompletionRequest,
 ) -> Result<Response, ApiError> {
     let model = state.model(&req.common.model)?;
-    let mut prompts: Vec<EnginePrompt> = match req.prompt {
-        Prompt::Text(t) => vec![t.into()],
-        Prompt::Texts(ts) => ts.into_iter().map(EnginePrompt::from).collect(),
-        Prompt::Ids(ids) => vec![ids.into()],
-        Prompt::IdLists(lists) => lists.into_iter().map(EnginePrompt::from).collect(),
-    };
-    // With a suffix, each prompt is the text before the middle the model fills in.
-    if let Some(suffix) = req.suffix.filter(|s| !s.is_empty()) {
-        if req.echo {
-            return Err(ApiError::invalid("echo", "echo does not go with suffix (fill-in-the-middle)"));
-        }
-        for prompt in &mut prompts {
-            let EnginePrompt::Text(prefix) = prompt else {
-                return Err(ApiError::invalid("prompt", "with suffix (fill-in-the-middle), the prompt is text"));
-            };
-            *prompt = Infill::new(std::mem::take(prefix), suffix.clone()).into();
-        }
-    }
+    let prompts = req.prompts()?;
     let logprobs = match req.logprobs {
         Some(k) if k < 0 => {
             return Err(ApiError::invalid("logprobs", format!("logprobs must be in [0, 20], got {k}")));

@@ -144,10 +144,48 @@ enum PromptIn {
     Ids(Vec<u32>),
 }
 
+/// A `/completion` or `/infill` body in the engine's terms.
+pub struct Parsed {
+    pub request: CompletionRequest,
+    model: Option<String>,
+    stream: bool,
+    dialect: LlamaCpp,
+}
+
 /// A request's own fields and the shared ones, each parsed from the body (errors name the
 /// field).
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<(T, GenerationIn), ApiError> {
     Ok((openai::parse(body)?, openai::parse(body)?))
+}
+
+impl Parsed {
+    fn new(prompt: Prompt, g: GenerationIn, infill: bool) -> Result<Self, ApiError> {
+        let (options, warm_only) = g.options()?;
+        let request = CompletionRequest::new(prompt).options(options);
+        Ok(Self { request, model: g.model, stream: g.stream, dialect: LlamaCpp { infill, warm_only, sent: 0 } })
+    }
+
+    /// A `/infill` body.
+    pub fn infill(body: &[u8]) -> Result<Self, ApiError> {
+        let (req, g) = parse::<InfillIn>(body)?;
+        Self::new(req.infill().into(), g, true)
+    }
+
+    /// A `/completion` body.
+    pub fn completion(body: &[u8]) -> Result<Self, ApiError> {
+        let (req, g) = parse::<CompletionIn>(body)?;
+        let prompt = match req.prompt {
+            PromptIn::Text(text) => text.into(),
+            PromptIn::Ids(ids) => ids.into(),
+        };
+        Self::new(prompt, g, false)
+    }
+
+    async fn run(self, state: &Arc<AppState>, request_id: &str) -> Result<Response, ApiError> {
+        let model = state.model_or_default(self.model.as_deref())?;
+        let run = Run { state, request_id, model, stream: self.stream, constraint_field: None, echo: false };
+        run.run(Work::Completion(self.request), self.dialect).await
+    }
 }
 
 pub async fn infill(
@@ -155,13 +193,8 @@ pub async fn infill(
     Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
     body: Result<Body413, ApiError>,
 ) -> Response {
-    let model_of = |(_, g): &(InfillIn, GenerationIn)| g.model.clone().unwrap_or_default();
-    endpoint(ErrorShape::OpenAi, body, parse, model_of, async |(req, g)| {
-        let (options, warm_only) = g.options()?;
-        let request = CompletionRequest::new(req.infill()).options(options);
-        generate(&state, &request_id, &g, request, LlamaCpp { infill: true, warm_only, sent: 0 }).await
-    })
-    .await
+    let model_of = |p: &Parsed| p.model.clone().unwrap_or_default();
+    endpoint(ErrorShape::OpenAi, body, Parsed::infill, model_of, async |p| p.run(&state, &request_id).await).await
 }
 
 pub async fn completion(
@@ -169,29 +202,8 @@ pub async fn completion(
     Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
     body: Result<Body413, ApiError>,
 ) -> Response {
-    let model_of = |(_, g): &(CompletionIn, GenerationIn)| g.model.clone().unwrap_or_default();
-    endpoint(ErrorShape::OpenAi, body, parse, model_of, async |(req, g)| {
-        let (options, warm_only) = g.options()?;
-        let prompt: Prompt = match req.prompt {
-            PromptIn::Text(text) => text.into(),
-            PromptIn::Ids(ids) => ids.into(),
-        };
-        let request = CompletionRequest::new(prompt).options(options);
-        generate(&state, &request_id, &g, request, LlamaCpp { infill: false, warm_only, sent: 0 }).await
-    })
-    .await
-}
-
-async fn generate(
-    state: &Arc<AppState>,
-    request_id: &str,
-    g: &GenerationIn,
-    request: CompletionRequest,
-    dialect: LlamaCpp,
-) -> Result<Response, ApiError> {
-    let model = state.model_or_default(g.model.as_deref())?;
-    let run = Run { state, request_id, model, stream: g.stream, constraint_field: None, echo: false };
-    run.run(Work::Completion(request), dialect).await
+    let model_of = |p: &Parsed| p.model.clone().unwrap_or_default();
+    endpoint(ErrorShape::OpenAi, body, Parsed::completion, model_of, async |p| p.run(&state, &request_id).await).await
 }
 
 /// llama.cpp's completion shape.

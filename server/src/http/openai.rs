@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use llaisys_actors::{Options, Tool, ToolChoice};
+use llaisys_actors::{Infill, Options, Prompt as EnginePrompt, Tool, ToolChoice};
 use llaisys_model::Constraint;
 use llaisys_model::tokenizer::{ChatMessage, ToolCall};
 use serde::Deserialize;
@@ -280,6 +280,32 @@ pub struct CompletionRequest {
     pub echo: bool,
     pub suffix: Option<String>,
     pub best_of: Option<i64>,
+}
+
+impl CompletionRequest {
+    /// The prompts in the engine's terms: each text or list of ids; with a `suffix`, each text
+    /// the part before the middle a code model fills in (`Infill`), which neither ids nor `echo`
+    /// go with.
+    pub fn prompts(&self) -> Result<Vec<EnginePrompt>, ApiError> {
+        let mut prompts: Vec<EnginePrompt> = match &self.prompt {
+            Prompt::Text(t) => vec![t.as_str().into()],
+            Prompt::Texts(ts) => ts.iter().map(|t| t.as_str().into()).collect(),
+            Prompt::Ids(ids) => vec![ids.clone().into()],
+            Prompt::IdLists(lists) => lists.iter().map(|ids| ids.clone().into()).collect(),
+        };
+        if let Some(suffix) = self.suffix.as_deref().filter(|s| !s.is_empty()) {
+            if self.echo {
+                return Err(ApiError::invalid("echo", "echo does not go with suffix (fill-in-the-middle)"));
+            }
+            for prompt in &mut prompts {
+                let EnginePrompt::Text(prefix) = prompt else {
+                    return Err(ApiError::invalid("prompt", "with suffix (fill-in-the-middle), the prompt is text"));
+                };
+                *prompt = Infill::new(std::mem::take(prefix), suffix).into();
+            }
+        }
+        Ok(prompts)
+    }
 }
 
 /// `prompt`: text, token ids, or a list of either.
