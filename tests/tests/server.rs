@@ -391,6 +391,25 @@ async fn the_demo_model_knows_the_capital_of_france() {
     }
 }
 
+/// The real model, a code model trained to fill in the middle: given the line after the cursor
+/// and the code after it, its greedy middle is the body of the function (the same middle
+/// llama.cpp's server writes for this prompt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the demo model: scripts/fetch_demo_model.sh, then LLAISYS_TEST_MODEL=models/qwen2.5-coder-0.5b-instruct.gguf"]
+async fn the_demo_model_fills_in_the_body_of_a_function() {
+    let path = demo_model();
+    let settings = vec![("model.path".to_string(), format!("{path:?}")), ("server.port".into(), "0".into())];
+    let s = llaisys_server::start(&Config::load(None, std::iter::empty(), &settings).unwrap()).await.unwrap();
+    let name = s.state().engines.models().next().unwrap().to_string();
+    let body = json!({"model": name, "prompt": "def fib(n):\n    ", "suffix": "\n\nprint(fib(10))\n",
+                      "max_tokens": 32, "temperature": 0});
+    let (status, r) = post(&s, "/v1/completions", body).await;
+    assert_eq!(status, 200, "{r}");
+    let middle = r["choices"][0]["text"].as_str().unwrap().replace(' ', "");
+    assert!(middle.starts_with("ifn<=1:") && middle.contains("returnfib(n-1)+fib(n-2)"), "{r}");
+    s.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_ui_is_served_from_the_binary_and_can_be_turned_off() {
     let s = server(&[("server.api_keys", r#"["k"]"#)]).await;
