@@ -855,3 +855,91 @@ async fn llama_cpp_completion_answers_as_openai_completions() {
     }
     s.shutdown().await;
 }
+
+/// The stop string that ended a choice: vLLM's `stop_reason` in OpenAI's chat and completions
+/// (streamed in the finishing chunk), Anthropic's `stop_reason: "stop_sequence"` with the
+/// sequence, llama.cpp's `stop_type: "word"` with the `stopping_word`; a choice that no stop
+/// string ended says none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stop_string_that_ended_a_choice_is_reported_in_every_dialect() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let messages = json!([{"role": "user", "content": "Hello there"}]);
+    let (_, free) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"model": FIXTURE, "messages": messages, "max_tokens": 12, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(free["choices"][0]["stop_reason"], Value::Null, "{free}");
+    let text = free["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    // A run of two ASCII letters or digits the greedy answer writes, past its first character.
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let at = (1..chars.len().saturating_sub(1))
+        .find(|&i| chars[i].1.is_ascii_alphanumeric() && chars[i + 1].1.is_ascii_alphanumeric())
+        .unwrap_or_else(|| panic!("no two letters in a row in {text:?}"));
+    let stop = text[chars[at].0..chars[at].0 + 2].to_string();
+    let before = &text[..text.find(&stop).unwrap()];
+    let stops = json!([stop, "never written ~~~"]);
+
+    let body = json!({"model": FIXTURE, "messages": messages, "max_tokens": 12, "temperature": 0, "stop": stops});
+    let (status, r) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    let choice = &r["choices"][0];
+    assert_eq!((choice["message"]["content"].as_str(), &choice["finish_reason"]), (Some(before), &json!("stop")));
+    assert_eq!(choice["stop_reason"], json!(stop), "{r}");
+    let mut streamed = body;
+    streamed["stream"] = true.into();
+    let chunks: Vec<Value> = common::sse(&s, "/v1/chat/completions", streamed)
+        .await
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let finishing = chunks.iter().find(|c| c["choices"][0]["finish_reason"] == "stop").expect("a finishing chunk");
+    assert_eq!(finishing["choices"][0]["stop_reason"], json!(stop), "{finishing}");
+
+    let (status, m) = post(
+        &s,
+        "/v1/messages",
+        json!({"model": FIXTURE, "messages": messages, "max_tokens": 12, "temperature": 0, "stop_sequences": stops}),
+    )
+    .await;
+    assert_eq!(status, 200, "{m}");
+    assert_eq!(
+        (message_text(&m).as_str(), &m["stop_reason"], &m["stop_sequence"]),
+        (before, &json!("stop_sequence"), &json!(stop))
+    );
+    let (_, m) =
+        post(&s, "/v1/messages", json!({"model": FIXTURE, "messages": messages, "max_tokens": 12, "temperature": 0}))
+            .await;
+    assert_eq!((&m["stop_sequence"], m["stop_reason"] != "stop_sequence"), (&Value::Null, true), "{m}");
+
+    // llama.cpp's /completion, on the chat's prompt as OpenAI's completions give it.
+    let (_, c) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": FIXTURE, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}),
+    )
+    .await;
+    let text = c["choices"][0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let at = (1..chars.len().saturating_sub(1))
+        .find(|&i| chars[i].1.is_ascii_alphanumeric() && chars[i + 1].1.is_ascii_alphanumeric())
+        .unwrap_or_else(|| panic!("no two letters in a row in {text:?}"));
+    let stop = text[chars[at].0..chars[at].0 + 2].to_string();
+    let (status, l) = post(
+        &s,
+        "/completion",
+        json!({"prompt": "Once upon a time", "n_predict": 12, "temperature": 0, "stop": [stop]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{l}");
+    assert_eq!(
+        (l["content"].as_str(), &l["stop_type"], &l["stopping_word"]),
+        (Some(&text[..text.find(&stop).unwrap()]), &json!("word"), &json!(stop))
+    );
+    let (_, l) =
+        post(&s, "/completion", json!({"prompt": "Once upon a time", "n_predict": 12, "temperature": 0})).await;
+    assert_eq!((&l["stopping_word"], l["stop_type"] != "word"), (&json!(""), true), "{l}");
+    s.shutdown().await;
+}

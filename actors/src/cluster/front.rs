@@ -477,6 +477,7 @@ impl FrontState {
                     reasoning: String::new(),
                     usage,
                     queue_time: None,
+                    stop: None,
                 });
             }
         }

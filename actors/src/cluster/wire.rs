@@ -330,6 +330,7 @@ mod tests {
                 reasoning: "think".into(),
                 usage: Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 1 },
                 queue_time: None,
+                stop: Some("\n\n".into()),
             }],
         };
         let SerializedMessage::Cast { args, .. } = encode("n1", &msg).unwrap() else { panic!("not a cast") };

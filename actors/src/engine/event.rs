@@ -53,6 +53,9 @@ pub enum Event {
         usage: Usage,
         /// Time from arrival to first admission (`None` if it never ran).
         queue_time: Option<Duration>,
+        /// The stop string that ended the output (`reason` is then `Stop`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stop: Option<String>,
     },
 }
 

@@ -25,6 +25,8 @@ pub struct Choice {
     pub logprobs: Vec<TokenLogprob>,
     /// `Error` also when the engine lost the choice without finishing it.
     pub finish: FinishReason,
+    /// The stop string that ended it (`finish` is then `Stop`).
+    pub stop: Option<String>,
     /// T3: the tool calls it made (their arguments exactly as streamed).
     pub tool_calls: Vec<ToolCallOut>,
 }
@@ -64,6 +66,7 @@ impl AnswerBuilder {
             tokens: Vec::new(),
             logprobs: Vec::new(),
             finish: FinishReason::Error,
+            stop: None,
             tool_calls: Vec::new(),
         };
         Self { choices: vec![empty; choices], usage: Usage::default(), n: n.max(1), logprobs }
@@ -85,10 +88,11 @@ impl AnswerBuilder {
                     c.logprobs.push(TokenLogprob { token, logprob, top: top_logprobs });
                 }
             }
-            Event::Finished { reason, text, reasoning, usage, .. } => {
+            Event::Finished { reason, text, reasoning, usage, stop, .. } => {
                 c.text.push_str(&text);
                 c.reasoning.push_str(&reasoning);
                 c.finish = reason;
+                c.stop = stop;
                 if choice.is_multiple_of(self.n) {
                     self.usage.prompt_tokens += usage.prompt_tokens;
                     self.usage.cached_tokens += usage.cached_tokens;

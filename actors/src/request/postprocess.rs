@@ -163,7 +163,8 @@ impl Postprocess {
         let completion_tokens = completion_tokens.min(self.stopped_after.unwrap_or(usize::MAX));
         let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens, cached_tokens };
         let mut events = std::mem::take(&mut self.held);
-        events.push(Event::Finished { reason, text: tail.text, reasoning: tail.reasoning, usage, queue_time });
+        let stop = self.text.stop_string().filter(|_| reason == FinishReason::Stop).map(String::from);
+        events.push(Event::Finished { reason, text: tail.text, reasoning: tail.reasoning, usage, queue_time, stop });
         Ok(events)
     }
 }

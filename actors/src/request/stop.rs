@@ -6,8 +6,8 @@
 pub enum StopOutcome {
     /// Safe to emit (possibly empty: text is held back).
     Continue(String),
-    /// A stop string matched: emit this last text (what precedes the match) and finish.
-    Stopped(String),
+    /// Stop string `stop` matched: emit `text` (what precedes the match) and finish.
+    Stopped { text: String, stop: String },
 }
 
 /// Watches a request's output for its stop strings.
@@ -28,10 +28,13 @@ impl StopMatcher {
     pub fn push(&mut self, text: &str) -> StopOutcome {
         self.pending.push_str(text);
         // Earlier text never contained a stop string's start unheld, so a match lies in `pending`.
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
-            let before = self.pending[..at].to_string();
+        // The earliest match; of those at the same place, the first listed.
+        let found =
+            self.stops.iter().filter_map(|s| Some((self.pending.find(s.as_str())?, s))).min_by_key(|(at, _)| *at);
+        if let Some((at, stop)) = found {
+            let (text, stop) = (self.pending[..at].to_string(), stop.clone());
             self.pending.clear();
-            return StopOutcome::Stopped(before);
+            return StopOutcome::Stopped { text, stop };
         }
         let hold = self.held_suffix_len();
         let emit = self.pending[..self.pending.len() - hold].to_string();
@@ -69,7 +72,7 @@ mod tests {
         for p in pieces {
             match m.push(p) {
                 Continue(t) => out.push_str(&t),
-                Stopped(t) => {
+                Stopped { text: t, .. } => {
                     out.push_str(&t);
                     return (out, true);
                 }
@@ -84,7 +87,15 @@ mod tests {
         let mut m = matcher(&["###"]);
         assert_eq!(m.push("Hello #"), Continue("Hello ".into()));
         assert_eq!(m.push("#"), Continue(String::new()));
-        assert_eq!(m.push("# rest"), Stopped(String::new()));
+        assert_eq!(m.push("# rest"), Stopped { text: String::new(), stop: "###".into() });
+    }
+
+    /// The stop reported is the one that matched first in the text; of those matching at the
+    /// same place, the first listed.
+    #[test]
+    fn the_stop_that_matched_first_is_reported() {
+        let mut m = matcher(&["world", "lo w", "lo"]);
+        assert_eq!(m.push("Hello world"), Stopped { text: "Hel".into(), stop: "lo w".into() });
     }
 
     #[test]

@@ -26,7 +26,8 @@ pub struct Piece {
 pub struct TextStream {
     decoder: IncrementalDecoder,
     stops: StopMatcher,
-    stopped: bool,
+    /// The stop string that ended the text.
+    stopped: Option<String>,
     /// The tool-call parser and the decoder of the calls' text.
     tools: Option<(ToolCallParser, IncrementalDecoder)>,
     /// Whitespace after a tool call, held until text follows (the lines between calls and
@@ -57,7 +58,7 @@ impl TextStream {
         Self {
             decoder: IncrementalDecoder::new(true),
             stops: StopMatcher::new(stop),
-            stopped: false,
+            stopped: None,
             tools: None,
             held: String::new(),
             lead: Vec::new(),
@@ -87,7 +88,7 @@ impl TextStream {
     /// Whether the answer so far may be a call written as text, not decided yet (its text is
     /// held back).
     pub fn undecided(&self) -> bool {
-        !self.stopped && self.text_calls.as_ref().is_some_and(TextCalls::holding)
+        !self.stopped() && self.text_calls.as_ref().is_some_and(TextCalls::holding)
     }
 
     /// Lets out `text` (a rejected call's that could not be answered again) before whatever
@@ -124,7 +125,12 @@ impl TextStream {
 
     /// Whether a stop string has ended the text.
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.stopped.is_some()
+    }
+
+    /// The stop string that ended the text.
+    pub fn stop_string(&self) -> Option<&str> {
+        self.stopped.as_deref()
     }
 
     /// Whether the output opened a tool call.
@@ -136,7 +142,7 @@ impl TextStream {
     pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<Piece, TokenizerError> {
         if let Some((split, _)) = &self.reasoning
             && split.at_start()
-            && !self.stopped
+            && !self.stopped()
         {
             let whitespace =
                 |id| tokenizer.token_bytes(id).is_some_and(|b| !b.is_empty() && b.iter().all(u8::is_ascii_whitespace));
@@ -165,7 +171,7 @@ impl TextStream {
     }
 
     fn push_token(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<Piece, TokenizerError> {
-        if self.stopped {
+        if self.stopped() {
             return Ok(Piece::default());
         }
         if let Some(h) = &mut self.harmony {
@@ -212,10 +218,10 @@ impl TextStream {
             let mut emits = recogniser.push(&text);
             // A stop string ends the answer here: what is still undecided is decided now, and
             // nothing is answered again.
-            if self.stopped {
+            if self.stopped.is_some() {
                 emits.extend(recogniser.finish());
             }
-            let keep = (self.retry && !self.stopped).then_some(&mut self.rejected);
+            let keep = (self.retry && self.stopped.is_none()).then_some(&mut self.rejected);
             (text, tool_calls) = gather(emits, parser, keep);
         }
         if !self.given_back.is_empty() {
@@ -244,7 +250,7 @@ impl TextStream {
 
     fn finish_text(&mut self, tokenizer: &Tokenizer) -> Result<Piece, TokenizerError> {
         let mut tail = Piece::default();
-        if self.stopped {
+        if self.stopped() {
             return Ok(tail);
         }
         if let Some((split, decoder)) = &mut self.reasoning
@@ -270,7 +276,7 @@ impl TextStream {
             let text = self.filter(&text);
             tail.text.push_str(&text);
         }
-        if !self.stopped {
+        if !self.stopped() {
             tail.text.push_str(&self.stops.finish());
         }
         // An answer still undecided when it ended is decided now: a fenced call whose closing
@@ -287,8 +293,8 @@ impl TextStream {
     fn filter(&mut self, delta: &str) -> String {
         match self.stops.push(delta) {
             StopOutcome::Continue(text) => text,
-            StopOutcome::Stopped(text) => {
-                self.stopped = true;
+            StopOutcome::Stopped { text, stop } => {
+                self.stopped = Some(stop);
                 text
             }
         }

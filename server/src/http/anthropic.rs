@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use llaisys_actors::request::{FinishReason, ToolCallOut};
-use llaisys_actors::{ChatRequest, Options, Tool, ToolChoice};
+use llaisys_actors::{ChatRequest, Choice, Options, Tool, ToolChoice};
 use llaisys_model::tokenizer::{ChatMessage, ToolCall};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -377,12 +377,13 @@ fn text(content: &Text, at: &str) -> Result<String, ApiError> {
     }
 }
 
-/// `stop_reason` of a finish.
-fn stop_reason(finish: FinishReason) -> &'static str {
-    match finish {
-        FinishReason::Length => "max_tokens",
-        FinishReason::ToolCalls => "tool_use",
-        FinishReason::Stop | FinishReason::Abort | FinishReason::Error => "end_turn",
+/// `stop_reason` and `stop_sequence` of a choice's finish.
+fn stop_reason(choice: &Choice) -> (&'static str, Option<&str>) {
+    match (choice.finish, choice.stop.as_deref()) {
+        (FinishReason::Length, _) => ("max_tokens", None),
+        (FinishReason::ToolCalls, _) => ("tool_use", None),
+        (FinishReason::Stop, Some(sequence)) => ("stop_sequence", Some(sequence)),
+        (FinishReason::Stop | FinishReason::Abort | FinishReason::Error, _) => ("end_turn", None),
     }
 }
 
@@ -475,14 +476,15 @@ impl Dialect for Messages {
                 json!({"type": "tool_use", "id": tool_use_id(&call.id), "name": call.name, "input": input(call)}),
             );
         }
+        let (reason, sequence) = stop_reason(choice);
         json!({
             "id": Self::id(g),
             "type": "message",
             "role": "assistant",
             "model": g.model(),
             "content": content,
-            "stop_reason": stop_reason(choice.finish),
-            "stop_sequence": null,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
             "usage": Self::usage(g),
         })
     }
@@ -532,13 +534,14 @@ impl Dialect for Messages {
                 self.failed = true;
                 frames.push(Frame::named("error", &g.engine_error().body_in(ErrorShape::Anthropic)));
             }
-            Some(finish) => {
+            Some(_) => {
                 if self.blocks == 0 && self.open.is_none() {
                     // An empty answer still has its (empty) text block.
                     self.enter(Open::Text, json!({"type": "text", "text": ""}), &mut frames);
                 }
                 self.leave(&mut frames);
-                let delta = json!({"stop_reason": stop_reason(finish), "stop_sequence": null});
+                let (reason, sequence) = stop_reason(&g.answer().choices()[0]);
+                let delta = json!({"stop_reason": reason, "stop_sequence": sequence});
                 let event = json!({"type": "message_delta", "delta": delta, "usage": Self::usage(g)});
                 frames.push(Frame::named("message_delta", &event));
             }

@@ -175,7 +175,7 @@ impl OpenAi {
         logprobs: Option<&[TokenLogprob]>,
         finish: Option<FinishReason>,
     ) -> Frame {
-        let choice = match self.api {
+        let mut choice = match self.api {
             Api::Chat => json!({
                 "index": i,
                 "delta": if text.is_empty() && finish.is_some() { json!({}) } else { json!({"content": text}) },
@@ -189,6 +189,10 @@ impl OpenAi {
                 "finish_reason": finish.map(|f| f.as_str()),
             }),
         };
+        if finish.is_some() {
+            // vLLM's: the stop string that ended the choice, or null.
+            choice["stop_reason"] = g.answer().choices()[i].stop.clone().into();
+        }
         self.chunk(g, vec![choice])
     }
 
@@ -241,6 +245,7 @@ impl Dialect for OpenAi {
                         "message": chat_message(&c.text, &c.reasoning, &c.tool_calls),
                         "logprobs": logprobs.as_deref().map(chat_logprobs),
                         "finish_reason": finish,
+                        "stop_reason": c.stop,
                     }),
                     Api::Completion => {
                         let echo = g.echo(i).unwrap_or("");
@@ -249,6 +254,7 @@ impl Dialect for OpenAi {
                             "text": format!("{echo}{}", c.text),
                             "logprobs": logprobs.as_deref().map(|l| completion_logprobs(l, echo.len())),
                             "finish_reason": finish,
+                            "stop_reason": c.stop,
                         })
                     }
                 }

@@ -219,7 +219,7 @@ impl Generation {
                     logprobs_from,
                 }
             }
-            Event::Finished { reason, text, reasoning, usage, queue_time } => {
+            Event::Finished { reason, text, reasoning, usage, queue_time, .. } => {
                 clock.finished = true;
                 if let Some(q) = queue_time {
                     metrics.queue_time(model, *q);

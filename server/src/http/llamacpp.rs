@@ -11,7 +11,8 @@
 //! their defaults, and `n_probs` is refused. `n_predict: 0` evaluates the prompt, caching it for
 //! the next request, and answers with no text (the plugins send it to warm the cache with new
 //! context). The answer in llama.cpp's shape: `content`, `stop`, `tokens`, `tokens_predicted`,
-//! `tokens_evaluated`, `stop_type` (`eos` or `limit`), `truncated` and `timings`; streamed as
+//! `tokens_evaluated`, `stop_type` (`eos`, `word` or `limit`) and `stopping_word`, `truncated`
+//! and `timings`; streamed as
 //! server-sent `data:` objects, the last with `stop: true`. Errors are OpenAI's shape, as
 //! llama.cpp's.
 
@@ -239,7 +240,12 @@ impl LlamaCpp {
             "model": g.model(),
             "tokens_predicted": predicted,
             "tokens_evaluated": prompt_n,
-            "stop_type": if choice.finish == FinishReason::Length { "limit" } else { "eos" },
+            "stop_type": match (choice.finish, &choice.stop) {
+                (FinishReason::Length, _) => "limit",
+                (_, Some(_)) => "word",
+                _ => "eos",
+            },
+            "stopping_word": choice.stop.as_deref().unwrap_or(""),
             "truncated": g.context_left_out() > 0,
             "timings": {
                 "prompt_n": prompt_n,
