@@ -1,5 +1,6 @@
 //! The requests a host sends: a chat (messages rendered with the model's template) or a
-//! completion (text or token ids as they are), each with the same `Options`.
+//! completion (text or token ids as they are, or a code model's fill in the middle), each with
+//! the same `Options`.
 
 use llaisys_model::Constraint;
 use llaisys_model::tokenizer::{ChatMessage, FimFile};
