@@ -2,7 +2,7 @@
 //! `apply_chat_template` does, and streaming never splits a UTF-8 character.
 
 use llaisys_model::Tokenizer;
-use llaisys_model::tokenizer::{ChatMessage, ChatTemplate, FimFile, FimParts, FimTokens, IncrementalDecoder};
+use llaisys_model::tokenizer::{ChatMessage, ChatTemplate, FimTokens, IncrementalDecoder, Infill};
 use llaisys_tests::{FIXTURES, Reference, fixture_dir};
 
 const SYSTEM: &str =
@@ -229,18 +229,14 @@ fn fill_in_the_middle_prompts_are_written_in_the_models_tokens() {
         (id("<|fim_prefix|>"), id("<|fim_suffix|>"), id("<|fim_middle|>"))
     );
     assert_eq!(fim.stops(), [id("<|fim_pad|>"), id("<|repo_name|>"), id("<|file_sep|>")]);
-    let parts = FimParts { prefix: "def add(a, b):\n    ", suffix: "\n    return c\n", ..FimParts::default() };
+    let parts = Infill::new("def add(a, b):\n    ", "\n    return c\n");
     let text = |ids: &[u32]| tokenizer.decode(ids, false).unwrap();
     let plain = fim.prompt(&tokenizer, &parts, 10_000).unwrap();
     assert_eq!(text(&plain.ids), "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>");
     assert_eq!(plain.ids[0], fim.prefix, "the tags are the tokens, not their text spelled out");
     assert_eq!(plain.files_left_out, 0);
 
-    let files = [
-        FimFile { path: "util.py".into(), text: "import math\n".into() },
-        FimFile { path: "lib/b.py".into(), text: "B = 2\n".into() },
-    ];
-    let with = FimParts { files: &files, ..parts.clone() };
+    let with = parts.clone().file("util.py", "import math\n").file("lib/b.py", "B = 2\n");
     let all = fim.prompt(&tokenizer, &with, 10_000).unwrap();
     let tail = "<|file_sep|>filename\n<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>";
     assert_eq!(
@@ -254,7 +250,7 @@ fn fill_in_the_middle_prompts_are_written_in_the_models_tokens() {
     assert_eq!(short.files_left_out, 1);
     // No room at all: no file, the prefix and suffix still whole (the caller refuses a prompt
     // too long), and the names the request gives.
-    let named = FimParts { repo: Some("calc"), path: Some("calc/add.py"), ..with.clone() };
+    let named = Infill { repo: Some("calc".into()), path: Some("calc/add.py".into()), ..with.clone() };
     let none = fim.prompt(&tokenizer, &named, 0).unwrap();
     assert_eq!(none.files_left_out, 2);
     assert_eq!(
@@ -266,7 +262,7 @@ fn fill_in_the_middle_prompts_are_written_in_the_models_tokens() {
     let granite = Tokenizer::from_dir(&fixture_dir("tiny-granite-f32")).unwrap();
     let g = FimTokens::of(&granite).expect("Granite's vocabulary has the tokens");
     assert_eq!(g.prefix, granite.token_to_id("<fim_prefix>").unwrap());
-    let ids = g.prompt(&granite, &FimParts { files: &files[1..], ..parts.clone() }, 10_000).unwrap().ids;
+    let ids = g.prompt(&granite, &parts.clone().file("lib/b.py", "B = 2\n"), 10_000).unwrap().ids;
     assert_eq!(
         granite.decode(&ids, false).unwrap(),
         "\n\n--- lib/b.py ---\n\nB = 2\n<fim_prefix>def add(a, b):\n    <fim_suffix>\n    return c\n<fim_middle>"

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use llaisys_model::tokenizer::{ChatMessage, FimParts, FimPrompt, FimTokens};
+use llaisys_model::tokenizer::{ChatMessage, FimPrompt, FimTokens};
 use llaisys_model::{
     CallSyntax, Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, ThinkStart, Thinking, Tokenizer,
 };
@@ -264,21 +264,16 @@ impl Frontend {
         }
         let mut unchecked = self.unchecked(prompts, options, "prompt")?;
         // A middle also ends at the model's padding and at the start of another file (for every
-        // prompt of the request).
-        let stops = &mut unchecked.params.stop_token_ids;
-        for t in fim_stops {
-            if !stops.contains(&t) {
-                stops.push(t);
-            }
-        }
+        // prompt of the request; `check` drops repeated ids).
+        unchecked.params.stop_token_ids.extend(fim_stops);
         Ok(self.check(unchecked, "prompt")?.with_context_left_out(left_out))
     }
 
     /// A fill-in-the-middle prompt's ids within the prompt's room, `max_tokens` (a quarter of
     /// the context where not given) left for the middle; the model's tokens.
     fn infill_ids(&self, infill: &Infill, max_tokens: Option<usize>) -> Result<(FimTokens, FimPrompt), EngineError> {
-        let tokenizer = &self.text_side()?.tokenizer;
-        let fim = FimTokens::of(tokenizer).ok_or_else(|| {
+        let text = self.text_side()?;
+        let fim = text.fim.ok_or_else(|| {
             RequestError::invalid(
                 "suffix",
                 "this model has no fill-in-the-middle tokens (such as <|fim_prefix|>, <|fim_suffix|> and <|fim_middle|>): it cannot fill in between a prefix and a suffix",
@@ -286,15 +281,8 @@ impl Frontend {
         })?;
         let max_prompt = self.bounds().max_prompt;
         let budget = max_prompt.saturating_sub(max_tokens.unwrap_or(self.info.context_length / 4));
-        let parts = FimParts {
-            prefix: &infill.prefix,
-            suffix: &infill.suffix,
-            files: &infill.files,
-            repo: infill.repo.as_deref(),
-            path: infill.path.as_deref(),
-        };
         let prompt =
-            fim.prompt(tokenizer, &parts, budget).map_err(|e| RequestError::invalid("prompt", e.to_string()))?;
+            fim.prompt(&text.tokenizer, infill, budget).map_err(|e| RequestError::invalid("prompt", e.to_string()))?;
         Ok((fim, prompt))
     }
 

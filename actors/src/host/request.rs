@@ -3,7 +3,8 @@
 //! the same `Options`.
 
 use llaisys_model::Constraint;
-use llaisys_model::tokenizer::{ChatMessage, FimFile};
+use llaisys_model::tokenizer::ChatMessage;
+pub use llaisys_model::tokenizer::Infill;
 
 use super::params::GenerateParams;
 
@@ -26,39 +27,13 @@ pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
     /// Fill in the middle: a code model writes what goes between a prefix and a suffix.
+    /// Encoded in the model's fill-in-the-middle tokens (`tokenizer::FimTokens`: Qwen2.5-Coder's
+    /// `<|fim_prefix|>`, CodeLlama's `<PRE>`, ...); a model without them refuses it, naming
+    /// `suffix`. Its context files take the prompt's room left after the prefix, the suffix and
+    /// `max_tokens` (a quarter of the context where not given). Its choices also end at the
+    /// model's padding and repository tokens (`<|fim_pad|>`, `<|file_sep|>`, `<|repo_name|>`),
+    /// where a middle is over.
     Infill(Infill),
-}
-
-/// A fill-in-the-middle prompt: the text before the cursor, the text after it, and optionally
-/// other files of the project as context. Encoded in the model's fill-in-the-middle tokens
-/// (`tokenizer::FimTokens`: Qwen2.5-Coder's `<|fim_prefix|>`, CodeLlama's `<PRE>`, ...); a
-/// model without them refuses it, naming `suffix`. Its choices also end at the model's
-/// padding and repository tokens (`<|fim_pad|>`, `<|file_sep|>`, `<|repo_name|>`), where a
-/// middle is over.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Infill {
-    pub prefix: String,
-    pub suffix: String,
-    /// Files of the project, oldest first: as many as fit the prompt's room left after the
-    /// prefix, the suffix and `max_tokens`, the last ones kept (whole files).
-    pub files: Vec<FimFile>,
-    /// The repository's name and the edited file's path, written in Qwen2.5-Coder's repository
-    /// format before the prompt where there are context files or a name (default `myproject`
-    /// and `filename`, as llama.cpp's).
-    pub repo: Option<String>,
-    pub path: Option<String>,
-}
-
-impl Infill {
-    pub fn new(prefix: impl Into<String>, suffix: impl Into<String>) -> Self {
-        Self { prefix: prefix.into(), suffix: suffix.into(), ..Self::default() }
-    }
-
-    /// Adds a context file (after those added before).
-    pub fn file(mut self, path: impl Into<String>, text: impl Into<String>) -> Self {
-        self.files.push(FimFile { path: path.into(), text: text.into() });
-        self
-    }
 }
 
 impl From<Infill> for Prompt {

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use llaisys_model::tokenizer::ChatTemplate;
+use llaisys_model::tokenizer::{ChatTemplate, FimTokens};
 use llaisys_model::{FileSummary, GrammarCompiler, GrammarError, ModelInfo, Tokenizer};
 
 use super::rerank::YesNo;
@@ -72,6 +72,8 @@ pub struct ModelText {
     /// A harmony model's tags (gpt-oss's `<|start|>`, `<|channel|>`, `<|message|>`, ...: single
     /// tokens of its vocabulary): its chats' messages are split by channel.
     pub(crate) harmony: Option<HarmonyTags>,
+    /// A code model's fill-in-the-middle tokens (`Prompt::Infill` needs them).
+    pub(crate) fim: Option<FimTokens>,
     /// A yes/no reranker's tokens (`Reranker` decides at build).
     pub(crate) judge: Option<YesNo>,
     /// What the weight files are (format, size, parameters, quantization), when read.
@@ -91,12 +93,14 @@ impl ModelText {
             .or_else(|| pair("[THINK]", "[/THINK]"))
             .map(|(open, close)| ReasoningTags { open, close });
         let harmony = HarmonyTags::find(tag);
+        let fim = FimTokens::of(&tokenizer);
         Self {
             tokenizer: Arc::new(tokenizer),
             template,
             defaults,
             reasoning,
             harmony,
+            fim,
             judge: None,
             files: None,
             grammar: OnceLock::new(),

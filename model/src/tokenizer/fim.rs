@@ -71,18 +71,32 @@ pub struct FimFile {
     pub text: String,
 }
 
-/// What a fill-in-the-middle prompt holds, as text.
+/// A fill-in-the-middle prompt as text: the text before the cursor, the text after it, and
+/// optionally other files of the project as context.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct FimParts<'a> {
-    pub prefix: &'a str,
-    pub suffix: &'a str,
-    /// Context files, oldest first; those that do not fit the budget are left out from the
-    /// first on.
-    pub files: &'a [FimFile],
-    /// The repository's name: with it (or with files) the repository format is written.
-    pub repo: Option<&'a str>,
-    /// The path of the file being edited (written in the repository format).
-    pub path: Option<&'a str>,
+pub struct Infill {
+    pub prefix: String,
+    pub suffix: String,
+    /// Files of the project, oldest first: as many as fit the budget, the last ones kept
+    /// (whole files).
+    pub files: Vec<FimFile>,
+    /// The repository's name and the edited file's path, written in Qwen2.5-Coder's repository
+    /// format before the prompt where there are context files or a name (default
+    /// [`FIM_DEFAULT_REPO`] and [`FIM_DEFAULT_PATH`], as llama.cpp's).
+    pub repo: Option<String>,
+    pub path: Option<String>,
+}
+
+impl Infill {
+    pub fn new(prefix: impl Into<String>, suffix: impl Into<String>) -> Self {
+        Self { prefix: prefix.into(), suffix: suffix.into(), ..Self::default() }
+    }
+
+    /// Adds a context file (after those added before).
+    pub fn file(mut self, path: impl Into<String>, text: impl Into<String>) -> Self {
+        self.files.push(FimFile { path: path.into(), text: text.into() });
+        self
+    }
 }
 
 /// A fill-in-the-middle prompt as token ids.
@@ -113,48 +127,43 @@ impl FimTokens {
         [self.pad, self.repo, self.file].into_iter().flatten().collect()
     }
 
-    /// The prompt of `parts`, within `budget` tokens: the prefix, suffix and tags always (their
+    /// The prompt of `infill`, within `budget` tokens: the prefix, suffix and tags always (their
     /// length may pass the budget, which the caller then refuses as any prompt too long), then
     /// as many context files as fit, the last ones kept. Text is encoded as prompts' text is
     /// (special tokens written in it become their ids), with the BOS the tokenizer adds to an
     /// input, if any, first.
-    pub fn prompt(
-        &self,
-        tokenizer: &Tokenizer,
-        parts: &FimParts<'_>,
-        budget: usize,
-    ) -> Result<FimPrompt, TokenizerError> {
+    pub fn prompt(&self, tokenizer: &Tokenizer, infill: &Infill, budget: usize) -> Result<FimPrompt, TokenizerError> {
         let mut ids = tokenizer.encode_prompt("")?;
         let mut fim = vec![self.prefix];
-        fim.extend(tokenizer.encode(parts.prefix)?);
+        fim.extend(tokenizer.encode(&infill.prefix)?);
         fim.push(self.suffix);
-        fim.extend(tokenizer.encode(parts.suffix)?);
+        fim.extend(tokenizer.encode(&infill.suffix)?);
         fim.push(self.middle);
-        if parts.files.is_empty() && parts.repo.is_none() {
+        if infill.files.is_empty() && infill.repo.is_none() {
             ids.extend(fim);
             return Ok(FimPrompt { ids, files_left_out: 0 });
         }
         // The repository's name and the edited file's path as Qwen2.5-Coder's format has them;
         // without its tokens, files are separated by a line that says so.
-        let (head, tail) = match (self.repo, self.file) {
-            (Some(repo), Some(file)) => {
-                let mut head = vec![repo];
-                head.extend(tokenizer.encode(&format!("{}\n", parts.repo.unwrap_or(FIM_DEFAULT_REPO)))?);
-                let mut tail = vec![file];
-                tail.extend(tokenizer.encode(&format!("{}\n", parts.path.unwrap_or(FIM_DEFAULT_PATH)))?);
-                (head, tail)
-            }
-            _ => (vec![], vec![]),
+        let repository = self.repo.zip(self.file);
+        // `[token]name\n`: the repository's, a file's.
+        let named = |token: u32, name: &str| -> Result<Vec<u32>, TokenizerError> {
+            let mut ids = vec![token];
+            ids.extend(tokenizer.encode(&format!("{name}\n"))?);
+            Ok(ids)
         };
-        let mut files = Vec::with_capacity(parts.files.len());
-        for f in parts.files {
-            let mut chunk = match self.file {
-                Some(file) if self.repo.is_some() => {
-                    let mut c = vec![file];
-                    c.extend(tokenizer.encode(&format!("{}\n", f.path))?);
-                    c
-                }
-                _ => tokenizer.encode(&format!("\n\n--- {} ---\n\n", f.path))?,
+        let (head, tail) = match repository {
+            Some((repo, file)) => (
+                named(repo, infill.repo.as_deref().unwrap_or(FIM_DEFAULT_REPO))?,
+                named(file, infill.path.as_deref().unwrap_or(FIM_DEFAULT_PATH))?,
+            ),
+            None => (vec![], vec![]),
+        };
+        let mut files = Vec::with_capacity(infill.files.len());
+        for f in &infill.files {
+            let mut chunk = match repository {
+                Some((_, file)) => named(file, &f.path)?,
+                None => tokenizer.encode(&format!("\n\n--- {} ---\n\n", f.path))?,
             };
             chunk.extend(tokenizer.encode(&f.text)?);
             files.push(chunk);

@@ -74,15 +74,10 @@ impl GenerationIn {
             let message = "n_probs is not supported here: ask /v1/completions for logprobs";
             return Err(ApiError::invalid("n_probs", message));
         }
-        let top_k = match self.top_k {
-            None => None,
-            Some(k) if k <= 0 => Some(0),
-            Some(k) => Some(k as usize),
-        };
         let options = Options {
             max_tokens,
             temperature: self.temperature,
-            top_k,
+            top_k: super::top_k_off_at_zero(self.top_k),
             top_p: self.top_p,
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
@@ -153,10 +148,11 @@ pub struct Parsed {
     dialect: LlamaCpp,
 }
 
-/// A request's own fields and the shared ones, each parsed from the body (errors name the
+/// A request's own fields and the shared ones, each read from the body's JSON (errors name the
 /// field).
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<(T, GenerationIn), ApiError> {
-    Ok((openai::parse(body)?, openai::parse(body)?))
+    let value = openai::parse_json(body)?;
+    Ok((openai::from_value(&value)?, openai::from_value(&value)?))
 }
 
 impl Parsed {
@@ -194,8 +190,7 @@ pub async fn infill(
     Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
     body: Result<Body413, ApiError>,
 ) -> Response {
-    let model_of = |p: &Parsed| p.model.clone().unwrap_or_default();
-    endpoint(ErrorShape::OpenAi, body, Parsed::infill, model_of, async |p| p.run(&state, &request_id).await).await
+    answer(&state, &request_id, body, Parsed::infill).await
 }
 
 pub async fn completion(
@@ -203,8 +198,18 @@ pub async fn completion(
     Extension(RequestIdExt(request_id)): Extension<RequestIdExt>,
     body: Result<Body413, ApiError>,
 ) -> Response {
+    answer(&state, &request_id, body, Parsed::completion).await
+}
+
+/// A body parsed by `parse`, run, and answered in llama.cpp's shape.
+async fn answer(
+    state: &Arc<AppState>,
+    request_id: &str,
+    body: Result<Body413, ApiError>,
+    parse: fn(&[u8]) -> Result<Parsed, ApiError>,
+) -> Response {
     let model_of = |p: &Parsed| p.model.clone().unwrap_or_default();
-    endpoint(ErrorShape::OpenAi, body, Parsed::completion, model_of, async |p| p.run(&state, &request_id).await).await
+    endpoint(ErrorShape::OpenAi, body, parse, model_of, async |p| p.run(state, request_id).await).await
 }
 
 /// llama.cpp's completion shape.

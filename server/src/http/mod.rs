@@ -412,6 +412,11 @@ impl Server {
     }
 }
 
+/// `top_k` where 0 or less turns it off (Ollama's and llama.cpp's), as the engine's `Some(0)`.
+fn top_k_off_at_zero(k: Option<i64>) -> Option<usize> {
+    k.map(|k| k.max(0) as usize)
+}
+
 /// Attaches the model name for the access log.
 pub fn with_model(mut response: Response, model: &str) -> Response {
     response.extensions_mut().insert(ModelExt(model.into()));

@@ -507,11 +507,6 @@ fn options(o: &OptionsIn, format: Option<&Value>, think: Option<&Value>) -> Resu
             ));
         }
     };
-    let top_k = match o.top_k {
-        None => None,
-        Some(k) if k <= 0 => Some(0),
-        Some(k) => Some(k as usize),
-    };
     let constraint = match format {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.is_empty() => None,
@@ -541,7 +536,7 @@ fn options(o: &OptionsIn, format: Option<&Value>, think: Option<&Value>) -> Resu
         max_tokens,
         temperature: o.temperature,
         top_p: o.top_p,
-        top_k,
+        top_k: super::top_k_off_at_zero(o.top_k),
         min_p: o.min_p,
         repetition_penalty: o.repeat_penalty,
         presence_penalty: o.presence_penalty,

@@ -348,7 +348,7 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     from_value(&parse_json(body)?)
 }
 
-fn parse_json(body: &[u8]) -> Result<serde_json::Value, ApiError> {
+pub(super) fn parse_json(body: &[u8]) -> Result<serde_json::Value, ApiError> {
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")).with_code("invalid_json"))?;
     if !value.is_object() {
@@ -357,7 +357,7 @@ fn parse_json(body: &[u8]) -> Result<serde_json::Value, ApiError> {
     Ok(value)
 }
 
-fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
+pub(super) fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
