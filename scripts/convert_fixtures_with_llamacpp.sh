@@ -39,7 +39,8 @@ for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp t
             tiny-ministral3-f32:default: tiny-phi3-f32:default: tiny-gemma3-f32:default: \
             tiny-llama-f32:llama-bpe: tiny-gptoss-f32:gpt-4o: tiny-gptoss-mxfp4:gpt-4o: \
             tiny-smollm3-f32:llama-bpe: tiny-olmo2-f32:dbrx: tiny-olmo3-f32:dbrx: \
-            tiny-granite-f32:refact: tiny-glm4moe-f32:glm4: tiny-glm4-f32:glm4:; do
+            tiny-granite-f32:refact: tiny-glm4moe-f32:glm4: tiny-glm4-f32:glm4: \
+            tiny-glm4moelite-f32:glm4: tiny-deepseekv2-f32:glm4:; do
   IFS=: read -r name pre opts <<<"$spec"
   if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
   # shellcheck disable=SC2086 # opts is one flag or none

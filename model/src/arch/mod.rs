@@ -4,6 +4,7 @@
 //! `ARCHITECTURES`; families we know of but do not serve are named in `UNSUPPORTED`, so a file of
 //! one gets an error that says so instead of "unknown".
 
+mod deepseek_v3;
 mod gemma2;
 mod gemma3;
 mod glm4;
@@ -119,6 +120,11 @@ pub struct Architecture {
     pub unrotated_interval: Option<usize>,
     /// Each attention head has a learned sink logit in its softmax (gpt-oss's `sinks`).
     pub attention_sinks: bool,
+    /// Multi-head latent attention (DeepSeek V2's and V3's, GLM-4.7-Flash's): keys and values
+    /// come from one compressed latent per token (`kv_lora_rank`) plus a shared rotated key part
+    /// (`qk_rope_head_dim`), queries through a low-rank pair where `q_lora_rank` says
+    /// (`crate::config::LatentAttention`).
+    pub latent_attention: bool,
     /// A YaRN scaling's ramp ends are rounded to whole dimensions when the config does not say
     /// (`rope_parameters.truncate`; transformers' default, false for gpt-oss).
     pub yarn_truncate: bool,
@@ -139,7 +145,13 @@ pub struct LocalLayers {
 }
 
 /// Families served as another's layers, by `config.json` `model_type`: (its name, the family's).
-pub const ALIASES: &[(&str, &str)] = &[("olmo3", "olmo2")];
+pub const ALIASES: &[(&str, &str)] = &[
+    ("olmo3", "olmo2"),
+    // DeepSeek V2's layers are V3's with a softmax router (its configs' `scoring_func`);
+    // GLM-4.7-Flash's are V3's (llama.cpp converts all three to `deepseek2`).
+    ("deepseek_v2", "deepseek_v3"),
+    ("glm4_moe_lite", "deepseek_v3"),
+];
 
 /// How a family's mixture-of-experts blocks differ.
 #[derive(Debug, PartialEq)]
@@ -211,16 +223,14 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &granite::GRANITE,
     &glm4moe::GLM4_MOE,
     &glm4::GLM4,
+    &deepseek_v3::DEEPSEEK_V3,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
 /// they would need.
 pub const UNSUPPORTED: &[(&str, &str)] = &[
-    ("deepseek_v2", "multi-head latent attention and experts"),
-    ("deepseek_v3", "multi-head latent attention and experts"),
-    ("deepseek2", "multi-head latent attention and experts"),
+    ("deepseek_v32", "DeepSeek's sparse attention (its lightning indexer)"),
     ("gemma", "Gemma's first layout (served: Gemma 2 and 3)"),
-    ("glm4_moe_lite", "multi-head latent attention (GLM-4.7-Flash)"),
     ("gemma3n", "per-layer inputs, AltUp and shared key-value layers"),
     ("gemma4", "Gemma 4's layers"),
     ("qwen2_vl", "a vision encoder"),
@@ -268,7 +278,11 @@ mod tests {
             }
         }
         assert_eq!(find("qwen3").map(|a| a.name), Some("qwen3"));
-        assert!(find("deepseek2").is_none() && unsupported("deepseek2").is_some());
+        assert!(find("gemma3n").is_none() && unsupported("gemma3n").is_some());
+        // DeepSeek V2's and GLM-4.7-Flash's configs are served as V3's layers, as their GGUF files.
+        for name in ["deepseek_v2", "glm4_moe_lite", "deepseek2"] {
+            assert_eq!(find(name).map(|a| a.name), Some("deepseek_v3"), "{name}");
+        }
         assert_eq!(find("qwen3moe").map(|a| a.name), Some("qwen3_moe"));
         // A `llama` GGUF file is Llama's, or Mixtral's when it has experts.
         assert_eq!(find("llama").map(|a| a.name), Some("llama"));

@@ -36,5 +36,6 @@ pub const QWEN2: Architecture = Architecture {
     local_layers: None,
     unrotated_interval: None,
     attention_sinks: false,
+    latent_attention: false,
     yarn_truncate: true,
 };

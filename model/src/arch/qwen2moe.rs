@@ -45,5 +45,6 @@ pub const QWEN2_MOE: Architecture = Architecture {
     local_layers: None,
     unrotated_interval: None,
     attention_sinks: false,
+    latent_attention: false,
     yarn_truncate: true,
 };

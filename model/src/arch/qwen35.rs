@@ -43,5 +43,6 @@ pub const QWEN3_5: Architecture = Architecture {
     local_layers: None,
     unrotated_interval: None,
     attention_sinks: false,
+    latent_attention: false,
     yarn_truncate: true,
 };

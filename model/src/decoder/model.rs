@@ -8,7 +8,9 @@
 //! → final RMSNorm → lm head for the flagged rows only (logits soft-capped: Gemma 2). A
 //! linear-attention layer (Qwen3.5's gated DeltaNet) has its stacked input projection →
 //! `DeltaNet` over each sequence's state in the cache → output projection in place of the
-//! attention.
+//! attention. A latent-attention layer (DeepSeek's, GLM-4.7-Flash's) has its stacked query and
+//! latent projection → `LatentAttention::project` (queries in the latent space, one cached row a
+//! token) → the same attention over one key-value head → `LatentAttention::values` → o.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
@@ -144,7 +146,9 @@ impl Decoder {
         // recorded before it would replay without the scaling after it. Nor are those of a model
         // with local layers (a second cell table, not among a replay's inputs), or with layers
         // that turn nothing (their tables are not among a replay's inputs either).
+        // Nor are those of latent attention, whose steps the recording has not been checked on.
         let plain = config.linear.is_none()
+            && config.latent.is_none()
             && config.query_scaling.is_none()
             && config.sliding.is_none()
             && config.unrotated.is_none();
@@ -279,7 +283,17 @@ impl LanguageModel for Decoder {
                     _ => &tables,
                 };
                 let (keys, _) = cache.read(l, shifts.len()); // [kv_heads, extent, hd]
-                let rotated = Rope::apply(keys.swap_dims(0, 1), tables).swap_dims(0, 1);
+                let keys = keys.swap_dims(0, 1);
+                let rotated = match &c.latent {
+                    // Latent attention's rows turn their rotated part only, the latent after it
+                    // as it is (a row's copy among the values is read past that part).
+                    Some(a) => {
+                        let turned = Rope::apply(keys.clone().narrow(2, 0, a.rope_dim), tables);
+                        Tensor::cat(vec![turned, keys.narrow(2, a.rope_dim, a.kv_rank)], 2)
+                    }
+                    None => Rope::apply(keys, tables),
+                }
+                .swap_dims(0, 1);
                 cache.set_keys(l, rotated);
             }
         })
@@ -466,15 +480,25 @@ impl Decoder {
             let per_head = w.qk_norm.as_ref().filter(|_| !c.whole_qk_norms);
             let norms = per_head.map(RmsNorm::qk);
             let projected = match w.qkv.weight.matrix().gpu() {
+                _ if w.latent.is_some() => None,
                 Some(m) if on_gpu && w.qk_norm.is_none() => {
                     let (pre, bias) = (w.attn_pre(), w.qkv.bias.as_ref());
                     cache.project_rotated(l, cells, &x, pre, m, bias, heads, tables.stacked())
                 }
                 _ => None,
             };
-            let q = match projected {
-                Some(q) => q,
-                None => {
+            let q = match (projected, &w.latent) {
+                (Some(q), _) => q,
+                // Latent attention: one row a token cached, its key and its value (the
+                // attention's keys and values are the same rows).
+                (None, Some(latent)) => {
+                    let proj = w.qkv.forward_with(x.clone(), w.attn_pre(), None);
+                    let (q, row) = latent.project(proj, tables);
+                    let row = row.swap_dims(0, 1); // [1, n, hd]
+                    cache.write(l, cells, row.clone(), row);
+                    q.reshape([n, heads * hd])
+                }
+                (None, None) => {
                     let qkv = w.qkv.forward_with(x.clone(), w.attn_pre(), None); // [n, (heads + 2 · kv_heads) · hd]
                     let qkv = match gate_rows {
                         0 => qkv,
@@ -523,9 +547,10 @@ impl Decoder {
                     attention(q, keys, values, mask, c.attention_softcap, sinks)
                 }
             };
-            let a = match gate.take() {
-                Some(g) => a * burn::tensor::activation::sigmoid(g),
-                None => a,
+            let a = match (gate.take(), &w.latent) {
+                (Some(g), _) => a * burn::tensor::activation::sigmoid(g),
+                (None, Some(latent)) => latent.values(a),
+                (None, None) => a,
             };
             // Gemma's outputs are normed before their residual sums; others' sums are fused into
             // the products.

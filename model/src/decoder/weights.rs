@@ -12,7 +12,9 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use super::split_experts;
 use crate::config::{Activation, ModelConfig, Routing};
 use crate::error::LoadError;
-use crate::layers::{Choice, DeltaNet, Expert, ExpertStacks, Linear, Moe, Pre, RmsNorm, Sinks, Weight, linear};
+use crate::layers::{
+    Choice, DeltaNet, Expert, ExpertStacks, LatentAttention, Linear, Moe, Pre, RmsNorm, Sinks, Weight, linear,
+};
 use crate::quant::{Imatrix, QuantType};
 use crate::tensors::{Naming, Stored, TensorSource, WeightDtype, load_experts, load_f32, load_matrix};
 
@@ -76,6 +78,18 @@ pub enum Slot {
     LinALog,
     LinNorm,
     LinOut,
+    /// Latent attention's (DeepSeek's, GLM-4.7-Flash's; `config::LatentAttention`): the
+    /// low-rank query pair and the norm between, the latent and shared rotated key's projection
+    /// and the latent's norm, and each head's key and value rows over the latent (a Hugging Face
+    /// checkpoint's `kv_b_proj`, split as llama.cpp's converter splits it: `attn_k_b` holds each
+    /// head's key rows transposed, [heads, kv_rank, nope]).
+    AttnQA,
+    AttnQANorm,
+    AttnQB,
+    AttnKvA,
+    AttnKvANorm,
+    AttnKB,
+    AttnVB,
 }
 
 /// Model-level slots and their names: Hugging Face's, then GGUF's.
@@ -121,6 +135,19 @@ pub const LINEAR_SLOTS: [(Slot, &str, &str); 9] = [
     (Slot::LinALog, "linear_attn.A_log", "ssm_a"),
     (Slot::LinNorm, "linear_attn.norm.weight", "ssm_norm.weight"),
     (Slot::LinOut, "linear_attn.out_proj.weight", "ssm_out.weight"),
+];
+
+/// Latent attention's slots in place of k's and v's (`Slot::AttnQA`...): Hugging Face's names,
+/// then GGUF's. A checkpoint's `kv_b_proj` is read as the first two of its rows' parts
+/// (`split_rows`).
+pub const LATENT_SLOTS: [(Slot, &str, &str); 7] = [
+    (Slot::AttnQA, "self_attn.q_a_proj.weight", "attn_q_a.weight"),
+    (Slot::AttnQANorm, "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"),
+    (Slot::AttnQB, "self_attn.q_b_proj.weight", "attn_q_b.weight"),
+    (Slot::AttnKvA, "self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"),
+    (Slot::AttnKvANorm, "self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"),
+    (Slot::AttnKB, "self_attn.k_b_proj.weight", "attn_k_b.weight"),
+    (Slot::AttnVB, "self_attn.v_b_proj.weight", "attn_v_b.weight"),
 ];
 
 /// Mixture-of-experts slots under a layer: Hugging Face's names (`{e}`: the expert's index), then
@@ -187,12 +214,24 @@ impl Slot {
             Slot::LinALog => "lin_a_log",
             Slot::LinNorm => "lin_norm_w",
             Slot::LinOut => "lin_out_w",
+            Slot::AttnQA => "attn_q_a_w",
+            Slot::AttnQANorm => "attn_q_a_norm_w",
+            Slot::AttnQB => "attn_q_b_w",
+            Slot::AttnKvA => "attn_kv_a_w",
+            Slot::AttnKvANorm => "attn_kv_a_norm_w",
+            Slot::AttnKB => "attn_k_b_w",
+            Slot::AttnVB => "attn_v_b_w",
         }
     }
 
     /// Whether a model of config `c` has this slot.
     pub fn present(self, c: &ModelConfig) -> bool {
+        let low_rank_q = c.latent.as_ref().is_some_and(|l| l.q_rank.is_some());
         match self {
+            Slot::AttnQA | Slot::AttnQANorm | Slot::AttnQB => low_rank_q,
+            Slot::AttnKvA | Slot::AttnKvANorm | Slot::AttnKB | Slot::AttnVB => c.latent.is_some(),
+            Slot::AttnQ => !low_rank_q,
+            Slot::AttnK | Slot::AttnV => c.latent.is_none(),
             Slot::OutEmbed => !c.tie_word_embeddings,
             Slot::AttnQBias | Slot::AttnKBias | Slot::AttnVBias => c.qkv_bias,
             Slot::AttnOBias => c.o_bias,
@@ -223,7 +262,8 @@ impl Slot {
         let dense_slot = matches!(self, Slot::MlpGate | Slot::MlpUp | Slot::MlpDown);
         let moe_layer = c.is_moe_layer(l);
         // A linear-attention layer has its slots instead of the attention's.
-        let attention_slot = LAYER_SLOTS[1..11].iter().any(|(s, _, _)| *s == self) || self == Slot::AttnSinks;
+        let attention_slot =
+            LAYER_SLOTS[1..11].iter().chain(&LATENT_SLOTS).any(|(s, _, _)| *s == self) || self == Slot::AttnSinks;
         let mixer = if c.is_linear_layer(l) { !attention_slot } else { !self.is_linear() };
         self.present(c) && (moe_layer || !moe_slot) && !(dense_slot && moe_layer) && mixer
     }
@@ -242,6 +282,12 @@ impl Slot {
             (_, Naming::Gguf) if is_expert(self) => [vec![experts], self.shape(c)].concat(),
             // llama.cpp's converter squeezes the convolution's middle dimension.
             (Slot::LinConv, Naming::Gguf) => self.shape(c).into_iter().filter(|&d| d != 1).collect(),
+            // llama.cpp's converter writes each head's rows apart, its key rows transposed.
+            (Slot::AttnKB | Slot::AttnVB, Naming::Gguf) => {
+                let (heads, l) = (c.num_attention_heads, c.latent.as_ref());
+                let (kv, nope, v) = l.map_or((0, 0, 0), |l| (l.kv_rank, l.nope_dim, l.v_dim));
+                if self == Slot::AttnKB { vec![heads, kv, nope] } else { vec![heads, v, kv] }
+            }
             _ => self.shape(c),
         }
     }
@@ -253,7 +299,30 @@ impl Slot {
         let lin = c.linear.as_ref();
         let (conv, width) = lin.map_or((0, 0), |a| (a.conv_dim(), a.conv_kernel));
         let (value_heads, values) = lin.map_or((0, 0), |a| (a.value_heads, a.value_heads * a.value_dim));
+        let heads = c.num_attention_heads;
+        if let Some(l) = &c.latent {
+            let q_rank = l.q_rank.unwrap_or(0);
+            match self {
+                Slot::AttnQA => return vec![q_rank, h],
+                Slot::AttnQANorm => return vec![q_rank],
+                Slot::AttnQB => return vec![heads * l.qk_dim(), q_rank],
+                Slot::AttnQ => return vec![heads * l.qk_dim(), h],
+                Slot::AttnKvA => return vec![l.kv_rank + l.rope_dim, h],
+                Slot::AttnKvANorm => return vec![l.kv_rank],
+                Slot::AttnKB => return vec![heads * l.nope_dim, l.kv_rank],
+                Slot::AttnVB => return vec![heads * l.v_dim, l.kv_rank],
+                Slot::AttnO => return vec![h, heads * l.v_dim],
+                _ => {}
+            }
+        }
         match self {
+            Slot::AttnQA
+            | Slot::AttnQANorm
+            | Slot::AttnQB
+            | Slot::AttnKvA
+            | Slot::AttnKvANorm
+            | Slot::AttnKB
+            | Slot::AttnVB => Vec::new(),
             Slot::LinQkv => vec![conv, h],
             Slot::LinZ => vec![values, h],
             Slot::LinBeta | Slot::LinAlpha => vec![value_heads, h],
@@ -358,7 +427,9 @@ fn shared_width(c: &ModelConfig) -> usize {
 /// expert's Hugging Face name keeps `{e}`: `expert_name` fills it).
 pub fn name_of(slot: Slot, layer: Option<usize>, naming: Naming) -> String {
     let found = match layer {
-        Some(_) => LAYER_SLOTS.iter().chain(&MOE_SLOTS).chain(&LINEAR_SLOTS).find(|(s, _, _)| *s == slot),
+        Some(_) => {
+            LAYER_SLOTS.iter().chain(&MOE_SLOTS).chain(&LINEAR_SLOTS).chain(&LATENT_SLOTS).find(|(s, _, _)| *s == slot)
+        }
         None => GLOBAL_SLOTS.iter().find(|(s, _, _)| *s == slot),
     };
     let (_, hf, gguf) = found.copied().unwrap_or((slot, "", ""));
@@ -401,6 +472,7 @@ pub fn expected(c: &ModelConfig, naming: Naming) -> Vec<(String, Slot, Option<us
             .iter()
             .chain(&MOE_SLOTS)
             .chain(&LINEAR_SLOTS)
+            .chain(&LATENT_SLOTS)
             .filter(move |(slot, _, _)| slot.present_in(c, l))
             .flat_map(move |(slot, _, _)| match (is_expert(*slot), naming) {
                 (true, Naming::Hf) => (0..experts).map(|e| (expert_name(*slot, l, e), *slot, Some(l))).collect(),
@@ -511,6 +583,9 @@ pub fn rotary_order(head_dim: usize, rotary: usize, interleaved: bool) -> Vec<us
 /// an output gate, where each head's gate rows follow its query rows: all gates first, then the
 /// queries. A GGUF file holds them as the Hugging Face checkpoint it was converted from does.
 pub fn row_orders(c: &ModelConfig, naming: Naming) -> Vec<(String, Vec<usize>)> {
+    if let Some(l) = &c.latent {
+        return latent_row_orders(c, l, naming);
+    }
     if c.rotary_dim == c.head_dim && !c.attn_output_gate && !c.arch.interleaved_rope {
         return Vec::new();
     }
@@ -545,6 +620,26 @@ pub fn row_orders(c: &ModelConfig, naming: Naming) -> Vec<(String, Vec<usize>)> 
         }
     }
     orders
+}
+
+/// Latent attention's rows in the rotation's order where it turns adjacent pairs
+/// (`LatentAttention::interleaved`): the rotated rows of each head's query (after its unrotated
+/// ones) and of the shared key (after the latent's), as `rotary_order` puts a head's.
+fn latent_row_orders(c: &ModelConfig, l: &crate::config::LatentAttention, naming: Naming) -> Vec<(String, Vec<usize>)> {
+    if !l.interleaved {
+        return Vec::new();
+    }
+    let pairs = rotary_order(l.rope_dim, l.rope_dim, true);
+    let (qk, nope) = (l.qk_dim(), l.nope_dim);
+    let q: Vec<usize> = (0..c.num_attention_heads)
+        .flat_map(|h| (0..nope).map(move |d| h * qk + d).chain(pairs.iter().map(move |&d| h * qk + nope + d)))
+        .collect();
+    let kv: Vec<usize> = (0..l.kv_rank).chain(pairs.iter().map(|&d| l.kv_rank + d)).collect();
+    let query = if l.q_rank.is_some() { Slot::AttnQB } else { Slot::AttnQ };
+    let layers = (0..c.num_hidden_layers).map(Some);
+    layers
+        .flat_map(|l| [(name_of(query, l, naming), q.clone()), (name_of(Slot::AttnKvA, l, naming), kv.clone())])
+        .collect()
 }
 
 /// `data`'s rows (its first dimension) in `order` (new row → old row).
@@ -594,6 +689,22 @@ pub fn reorderings(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<
 /// and v in `qkv_proj` (GGUF `attn_qkv`), Phi-3 and GLM-4 gate and up in `gate_up_proj` (GGUF
 /// `ffn_up`).
 pub fn split_rows(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
+    if let (Some(l), Naming::Hf) = (&c.latent, naming) {
+        // Each head's key rows, then its value rows, in `kv_b_proj`.
+        let per = l.nope_dim + l.v_dim;
+        let heads = 0..c.num_attention_heads;
+        let keys: Vec<usize> = heads.clone().flat_map(|h| (0..l.nope_dim).map(move |d| h * per + d)).collect();
+        let values: Vec<usize> = heads.flat_map(|h| (l.nope_dim..per).map(move |d| h * per + d)).collect();
+        return (0..c.num_hidden_layers)
+            .flat_map(|i| {
+                let fused = format!("model.layers.{i}.self_attn.kv_b_proj.weight");
+                [
+                    (name_of(Slot::AttnKB, Some(i), naming), fused.clone(), keys.clone()),
+                    (name_of(Slot::AttnVB, Some(i), naming), fused, values.clone()),
+                ]
+            })
+            .collect();
+    }
     if c.arch.fused_qkv || c.arch.fused_gate_up {
         return fused_projections(c, naming);
     }
@@ -765,6 +876,10 @@ pub struct LayerWeights {
     pub delta: Option<Box<DeltaNet>>,
     /// Each attention head's sink (gpt-oss).
     pub sinks: Option<Sinks>,
+    /// Latent attention's own weights (DeepSeek's, GLM-4.7-Flash's): then `qkv` is the stacked
+    /// query (`q_a_proj` or `q_proj`) and latent (`kv_a_proj_with_mqa`) projection, and `qk_norm`
+    /// none.
+    pub latent: Option<Box<LatentAttention>>,
 }
 
 impl LayerWeights {
@@ -843,6 +958,14 @@ pub fn stacked_rows(c: &ModelConfig, slot: Slot) -> Option<Range<usize>> {
     let [q, k, v] = qkv_rows(c).map(shift);
     let q = q.start - gate_rows(c)..q.end;
     let i = c.intermediate_size;
+    if let Some(l) = &c.latent {
+        let q_width = l.q_rank.unwrap_or(c.num_attention_heads * l.qk_dim());
+        match slot {
+            Slot::AttnQA | Slot::AttnQ => return Some(0..q_width),
+            Slot::AttnKvA => return Some(q_width..q_width + l.kv_rank + l.rope_dim),
+            _ => {}
+        }
+    }
     if let Some(a) = &c.linear {
         let (conv, values, heads) = (a.conv_dim(), a.value_heads * a.value_dim, a.value_heads);
         let at = |start: usize, len: usize| Some(start..start + len);
@@ -951,6 +1074,11 @@ impl Weights {
                         let o = Linear { weight: mat(Slot::LinOut, l)?, bias: None };
                         (qkv, None, o, Some(Box::new(delta)))
                     }
+                    None if c.latent.is_some() => {
+                        let query = if Slot::AttnQA.present(c) { Slot::AttnQA } else { Slot::AttnQ };
+                        let qkv = stacked(&[query, Slot::AttnKvA], &[], l)?;
+                        (qkv, None, linear(Slot::AttnO, Slot::AttnOBias, l)?, None)
+                    }
                     None => {
                         let qkv = stacked(
                             &[Slot::AttnQ, Slot::AttnK, Slot::AttnV],
@@ -972,6 +1100,41 @@ impl Weights {
                     .sandwich_norms
                     .then(|| Ok::<_, LoadError>([norm(Slot::PostAttnNorm, l)?, norm(Slot::PostFfnNorm, l)?]))
                     .transpose()?;
+                let latent = match &c.latent {
+                    None => None,
+                    Some(a) => {
+                        let heads = c.num_attention_heads;
+                        let rows = |slot: Slot| -> Result<TensorData, LoadError> {
+                            let name = name_of(slot, l, naming);
+                            let data = src.data(&name, DType::F32)?;
+                            src.done(&name);
+                            Ok(data)
+                        };
+                        // The low-rank norms keep their module's default epsilon whatever the
+                        // config's (transformers' `RMSNorm(q_lora_rank)`, `RMSNorm(kv_lora_rank)`).
+                        let rank_norm = |slot: Slot| -> Result<RmsNorm, LoadError> {
+                            Ok(RmsNorm { eps: LatentAttention::NORM_EPS, ..norm(slot, l)? })
+                        };
+                        let q_b = match Slot::AttnQB.present(c) {
+                            true => Some((
+                                rank_norm(Slot::AttnQANorm)?,
+                                Linear { weight: mat(Slot::AttnQB, l)?, bias: None },
+                            )),
+                            false => None,
+                        };
+                        Some(Box::new(LatentAttention {
+                            q_b,
+                            kv_norm: rank_norm(Slot::AttnKvANorm)?,
+                            k_b: LatentAttention::key_rows(rows(Slot::AttnKB)?, heads, a.nope_dim, a.kv_rank, device),
+                            v_b: LatentAttention::value_rows(rows(Slot::AttnVB)?, heads, a.v_dim, a.kv_rank, device),
+                            heads,
+                            nope: a.nope_dim,
+                            rope: a.rope_dim,
+                            kv_rank: a.kv_rank,
+                            v: a.v_dim,
+                        }))
+                    }
+                };
                 Ok(LayerWeights {
                     attn_norm,
                     qkv,
@@ -979,6 +1142,7 @@ impl Weights {
                     o,
                     delta,
                     sinks,
+                    latent,
                     mlp_norm: c.input_norms.then(|| norm(Slot::MlpNorm, l)).transpose()?,
                     post_norms,
                     ffn: match c.moe.as_ref().filter(|_| c.is_moe_layer(layer)) {
@@ -1126,7 +1290,10 @@ impl Weights {
 
     /// Every matrix.
     fn all(&self) -> impl Iterator<Item = &Weight> {
-        let layers = self.layers.iter().flat_map(|l| [&l.qkv.weight, &l.o.weight].into_iter().chain(l.ffn.matrices()));
+        let layers = self.layers.iter().flat_map(|l| {
+            let q_b = l.latent.iter().flat_map(|a| a.q_b.iter().map(|(_, q_b)| &q_b.weight));
+            [&l.qkv.weight, &l.o.weight].into_iter().chain(q_b).chain(l.ffn.matrices())
+        });
         std::iter::once(&self.embed).chain(self.lm_head.as_ref()).chain(layers)
     }
 
@@ -1205,6 +1372,27 @@ impl Weights {
             }
         }
         let centre = c.norm_offset();
+        if let (Some(latent), Some(a)) = (&mut w.latent, &c.latent) {
+            let heads = c.num_attention_heads;
+            match slot {
+                Slot::AttnQANorm | Slot::AttnQB => {
+                    if let Some((norm, q_b)) = &mut latent.q_b {
+                        match slot {
+                            Slot::AttnQB => q_b.weight = linear::like(&q_b.weight, data.clone(), device),
+                            _ => norm.weight = vec().add_scalar(centre),
+                        }
+                    }
+                }
+                Slot::AttnKvANorm => latent.kv_norm.weight = vec().add_scalar(centre),
+                Slot::AttnKB => {
+                    latent.k_b = LatentAttention::key_rows(data.clone(), heads, a.nope_dim, a.kv_rank, device)
+                }
+                Slot::AttnVB => {
+                    latent.v_b = LatentAttention::value_rows(data.clone(), heads, a.v_dim, a.kv_rank, device)
+                }
+                _ => {}
+            }
+        }
         match slot {
             Slot::LinOut => w.o.weight = linear::like(&w.o.weight, data, device),
             Slot::AttnNorm => {

@@ -180,6 +180,9 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     if let Some(rope) = rope_parameters(file, &arch)? {
         obj.insert("rope_parameters".into(), rope);
     }
+    if family.is_some_and(|f| f.latent_attention) {
+        latent_attention(file, &arch, &mut obj)?;
+    }
 
     let id = |key: &str| file.get(key).and_then(|v| v.as_u64());
     if let Some(bos) = id("tokenizer.ggml.bos_token_id") {
@@ -306,6 +309,62 @@ fn linear_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) ->
     let head_dim = obj.get("head_dim").and_then(Json::as_u64);
     if let (Some(rotated), Some(head_dim)) = (number("rope.dimension_count")?, head_dim.filter(|&d| d > 0)) {
         obj.insert("partial_rotary_factor".into(), json!(rotated as f64 / head_dim as f64));
+    }
+    Ok(())
+}
+
+/// What latent attention (`deepseek2`) needs beyond the keys `FIELDS` maps, as llama.cpp's
+/// converter writes it: the ranks (`attention.q_lora_rank`, absent for V2-Lite's one query
+/// product; `attention.kv_lora_rank`), the rotated part (`rope.dimension_count`), each head's
+/// query and value widths (`attention.key_length_mla`, `attention.value_length_mla`; the file's
+/// `key_length` is the cached latent's), rotation by adjacent pairs (the converter keeps the
+/// checkpoint's rows), the router's gate (`expert_gating_func`: 1 softmax, 2 sigmoid; where a file
+/// does not say, llama.cpp's rule: a sigmoid for GLM-4.7-Flash's shape, else DeepSeek V2's softmax),
+/// and YaRN's `mscale_all_dim`, written as a tenth of it, which is also its `mscale` (V2's configs).
+fn latent_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
+    let number = |key: &str| -> Result<Option<u64>, LoadError> {
+        let key = format!("{arch}.{key}");
+        file.get(&key)
+            .map(|v| v.as_u64().ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}"))))
+            .transpose()
+    };
+    let required = |key: &str| -> Result<u64, LoadError> {
+        number(key)?.ok_or_else(|| file.error(format!("{arch}.{key}: missing (latent attention needs it)")))
+    };
+    let rope = required("rope.dimension_count")?;
+    let (key, value) = match (number("attention.key_length_mla")?, number("attention.value_length_mla")?) {
+        (Some(k), Some(v)) => (k, v),
+        // Files converted before the split of `attn_kv_b` give the heads' widths as these.
+        _ => (required("attention.key_length")?, required("attention.value_length")?),
+    };
+    let nope = key.checked_sub(rope).filter(|&n| n > 0).ok_or_else(|| {
+        file.error(format!("{arch}.attention.key_length_mla: {key}, not more than the rotated part ({rope})"))
+    })?;
+    obj.insert("q_lora_rank".into(), json!(number("attention.q_lora_rank")?));
+    obj.insert("kv_lora_rank".into(), json!(required("attention.kv_lora_rank")?));
+    obj.insert("qk_rope_head_dim".into(), json!(rope));
+    obj.insert("qk_nope_head_dim".into(), json!(nope));
+    obj.insert("v_head_dim".into(), json!(value));
+    obj.insert("rope_interleave".into(), json!(true));
+    let layers = obj.get("num_hidden_layers").and_then(Json::as_u64);
+    let vocab = obj.get("vocab_size").and_then(Json::as_u64);
+    let sigmoid = match number("expert_gating_func")? {
+        Some(2) => true,
+        Some(1) => false,
+        Some(other) => {
+            return Err(
+                file.error(format!("{arch}.expert_gating_func: {other} is not supported (1 softmax, 2 sigmoid)"))
+            );
+        }
+        None => matches!(layers, Some(47 | 48)) && vocab == Some(154_880),
+    };
+    obj.insert("scoring_func".into(), json!(if sigmoid { "sigmoid" } else { "softmax" }));
+    if let Some(Json::Object(rope)) = obj.get_mut("rope_parameters")
+        && let Some(tenth) = rope.get("mscale_all_dim").and_then(Json::as_f64)
+    {
+        let all = (tenth as f32 / 0.1).to_string().parse::<f64>().unwrap_or(tenth / 0.1);
+        rope.insert("mscale_all_dim".into(), json!(all));
+        rope.insert("mscale".into(), json!(all));
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 mod attention;
 mod delta_net;
+mod latent_attention;
 pub mod linear;
 mod moe;
 mod rms_norm;
@@ -10,6 +11,7 @@ mod swiglu;
 
 pub use attention::{Sinks, attention};
 pub use delta_net::DeltaNet;
+pub use latent_attention::LatentAttention;
 pub use linear::{Linear, LinearWeight, Pre, Weight};
 pub use moe::{Choice, Expert, ExpertStacks, Moe, expert_stats};
 pub use rms_norm::RmsNorm;

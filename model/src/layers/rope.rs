@@ -88,8 +88,14 @@ impl Rope {
     /// With a partial rotary embedding (Qwen3.5's), the loaded q and k rows are ordered so the
     /// turned dimensions' pairs are `i` and `i + head_dim/2` (`decoder::weights::rotary_order`),
     /// and the other dimensions get frequency 0: cos 1, sin 0, the same kernels either way.
+    ///
+    /// Latent attention turns its rotated part alone (`LatentAttention::project`): tables of
+    /// that part's width.
     pub fn from_config(c: &ModelConfig) -> Self {
-        Self::scaled(c)
+        match &c.latent {
+            Some(l) => Self::scaled(&ModelConfig { head_dim: l.rope_dim, ..c.clone() }),
+            None => Self::scaled(c),
+        }
     }
 
     /// The local layers' own rotary embedding (Gemma 3's sliding-window layers), where the model
