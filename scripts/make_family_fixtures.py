@@ -134,7 +134,7 @@ reference outputs (CI never runs this: the generated files are committed).
   of 8 sigmoid-routed experts (top-2, renormalised, times 1.8) with a shared expert; GLM-4.5's tokenizer and
   GLM-4.6's template; `scoring_func: sigmoid` added to its config as DeepSeek's carry (the converter writes it).
 - tests/fixtures/tiny-deepseekv2-f32: a random DeepseekV2ForCausalLM (V2-Lite's shape): latent attention with one
-  query product, YaRN (factor 4 over 64 positions, mscale = mscale_all_dim = 0.707), a dense first layer then
+  query product, a rotated part of 32, YaRN (factor 4 over 64 positions, mscale = mscale_all_dim = 0.707), a dense first layer then
   8 softmax-routed experts (greedy top-2, not renormalised, times 1.5) and two shared experts' width;
   `scoring_func: softmax` as V2's configs say. Both GGUF files come from llama.cpp's converter only.
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf: tiny-llama-f32.gguf's
@@ -570,8 +570,9 @@ GLM4_MOE_LITE = dict(
 )
 
 
-# DeepSeek V2 (its Lite's shape): latent attention with one query product (no q_lora_rank), the
-# rotation stretched by YaRN (factor 4 over 64 positions) whose mscale_all_dim also scales the
+# DeepSeek V2 (its Lite's shape): latent attention with one query product (no q_lora_rank), a rotated
+# part of 32 (the cached row's q8_0 blocks then hold the rotated part apart from the latent, as the
+# real models' 64 + 512 do), the rotation stretched by YaRN (factor 4 over 64 positions) whose mscale_all_dim also scales the
 # scores; a dense first layer, then softmax-routed experts (greedy top-2, not renormalised, times
 # 1.5) with two shared experts' width. GLM-4.5's tokenizer (DeepSeek's own split, `deepseek-llm`,
 # is not served).
@@ -579,7 +580,7 @@ DEEPSEEK_V2 = dict(
     name="tiny-deepseekv2-f32", arch="deepseek2",
     config=lambda sp: DeepseekV2Config(
         vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=32,
         qk_nope_head_dim=24, v_head_dim=20, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
         first_k_dense_replace=1, routed_scaling_factor=1.5, norm_topk_prob=False, topk_method="greedy",
         n_group=1, topk_group=1, max_position_embeddings=base.MAX_POS, rms_norm_eps=1e-6, tie_word_embeddings=False,

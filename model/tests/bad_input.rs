@@ -132,10 +132,10 @@ fn a_missing_directory_and_an_unknown_model_type_are_errors() {
         ),
         "{err}"
     );
-    edit_config(dir.path(), "model_type", "deepseek_v3".into());
+    edit_config(dir.path(), "model_type", "deepseek_v32".into());
     let err = load_err(dir.path());
-    assert!(matches!(&err, LoadError::UnsupportedArchitecture { name, .. } if name == "deepseek_v3"), "{err}");
-    assert!(err.to_string().contains("latent attention"), "{err}");
+    assert!(matches!(&err, LoadError::UnsupportedArchitecture { name, .. } if name == "deepseek_v32"), "{err}");
+    assert!(err.to_string().contains("sparse attention"), "{err}");
 }
 
 #[test]

@@ -1277,12 +1277,12 @@ fn a_mixture_of_experts_weight_is_replaced_in_place() {
 /// router, YaRN) read as their checkpoints' configurations.
 #[test]
 fn deepseek2_ggufs_read_as_their_checkpoints() {
-    for name in ["tiny-glm4moelite-f32", "tiny-deepseekv2-f32"] {
+    for (name, row, rotated) in [("tiny-glm4moelite-f32", 48, 16), ("tiny-deepseekv2-f32", 64, 32)] {
         let file = GgufFile::open(&converted_fixture(name)).unwrap();
         let (ours, hf) = configs(&file, name);
         assert_eq!((ours.arch.name, hf.arch.name), ("deepseek_v3", "deepseek_v3"), "{name}");
         assert_eq!(ours.latent, hf.latent, "{name}");
-        assert_eq!((ours.head_dim, ours.num_key_value_heads, ours.rotary_dim), (48, 1, 16), "{name}");
+        assert_eq!((ours.head_dim, ours.num_key_value_heads, ours.rotary_dim), (row, 1, rotated), "{name}");
         assert_eq!(ours.moe, hf.moe, "{name}");
         assert_eq!((ours.rope_scaling.clone(), ours.rope_theta), (hf.rope_scaling.clone(), hf.rope_theta), "{name}");
         let scalar = |c: &ModelConfig| c.attention_scalar.unwrap_or(0.0);

@@ -25,7 +25,7 @@ fn tokenizer_matches_hugging_face_ids_and_round_trips() {
             n if n.contains("gptoss") => (None, "<|return|>"),
             n if n.contains("olmo") => (None, "<|endoftext|>"),
             n if n.contains("granite") => (None, "<|end_of_text|>"),
-            n if n.contains("glm") => (None, "<|user|>"),
+            n if n.contains("glm") || n.contains("deepseek") => (None, "<|user|>"),
             _ => (None, "<|im_end|>"),
         };
         let adds_bos = bos.is_some();
