@@ -119,7 +119,7 @@ impl LanguageModel for Mock {
         &self.info
     }
     fn kv_layout(&self) -> KvLayout {
-        KvLayout { layers: 1, kv_heads: 1, head_dim: 1, recurrent: None }
+        KvLayout { layers: 1, kv_heads: 1, head_dim: 1, recurrent: None, values_are_keys: false }
     }
     fn device(&self) -> &Device {
         &self.device

@@ -85,11 +85,19 @@ fn seq_rm_of_a_tail_lets_the_sequence_be_recomputed() {
 }
 
 /// Also for Gemma 3, whose local layers rotate by a base of their own and see a window of
-/// positions (its second prompt is longer than the window), and for SmolLM3, whose every fourth
-/// layer does not rotate (its keys stay as they are).
+/// positions (its second prompt is longer than the window), for SmolLM3, whose every fourth
+/// layer does not rotate (its keys stay as they are), and for latent attention (GLM-4.7-Flash's,
+/// DeepSeek V2's under YaRN), whose cached rows turn their rotated part only.
 #[test]
 fn seq_add_shifts_positions_and_attention_follows() {
-    for (name, prompt) in [(FIXTURE, 0), ("tiny-gemma3-f32", 1), ("tiny-smollm3-f32", 1)] {
+    let fixtures = [
+        (FIXTURE, 0),
+        ("tiny-gemma3-f32", 1),
+        ("tiny-smollm3-f32", 1),
+        ("tiny-glm4moelite-f32", 0),
+        ("tiny-deepseekv2-f32", 0),
+    ];
+    for (name, prompt) in fixtures {
         let p = &Reference::load(name).prompts[prompt];
         let n = p.ids.len() as i64;
         let shift = 17;

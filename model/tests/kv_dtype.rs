@@ -56,6 +56,9 @@ fn a_q8_0_cache_takes_17_32_of_sixteen_bits() {
     assert_eq!(bytes("tiny-qwen3-f32", KvDtype::Q8_0) * 32, bytes("tiny-qwen3-f32", KvDtype::F16) * 17);
     // Head dim 16: one block of 34 bytes against 32.
     assert_eq!(bytes("tiny-tied-f32", KvDtype::Q8_0) * 16, bytes("tiny-tied-f32", KvDtype::F16) * 17);
+    // Latent attention keeps one row a token a layer, its key and its value: 3 layers of 48
+    // values (GLM-4.7-Flash's fixture), no value tensors.
+    assert_eq!(bytes("tiny-glm4moelite-f32", KvDtype::F16), 3 * 100 * 48 * 2);
 }
 
 /// Every fixture's prompts: logits within the dtype's share of the scale of the f32 reference,

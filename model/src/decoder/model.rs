@@ -191,6 +191,8 @@ impl LanguageModel for Decoder {
                 let (conv, memory) = a.state_floats();
                 RecurrentLayout { layers: c.num_hidden_layers - c.attention_layers(), conv, memory }
             }),
+            // Latent attention's one row a token is its key and its value.
+            values_are_keys: c.latent.is_some(),
         }
     }
 
@@ -286,7 +288,7 @@ impl LanguageModel for Decoder {
                 let keys = keys.swap_dims(0, 1);
                 let rotated = match &c.latent {
                     // Latent attention's rows turn their rotated part only, the latent after it
-                    // as it is (a row's copy among the values is read past that part).
+                    // as it is (read as the values too, past that part).
                     Some(a) => {
                         let turned = Rope::apply(keys.clone().narrow(2, 0, a.rope_dim), tables);
                         Tensor::cat(vec![turned, keys.narrow(2, a.rope_dim, a.kv_rank)], 2)
@@ -495,7 +497,7 @@ impl Decoder {
                     let proj = w.qkv.forward_with(x.clone(), w.attn_pre(), None);
                     let (q, row) = latent.project(proj, tables);
                     let row = row.swap_dims(0, 1); // [1, n, hd]
-                    cache.write(l, cells, row.clone(), row);
+                    cache.write(l, cells, row.clone(), row); // the values are the keys' rows
                     q.reshape([n, heads * hd])
                 }
                 (None, None) => {

@@ -1104,11 +1104,20 @@ impl Weights {
                     None => None,
                     Some(a) => {
                         let heads = c.num_attention_heads;
-                        let rows = |slot: Slot| -> Result<TensorData, LoadError> {
+                        // Each head's product: a GGUF file's as stored per head (quantized where
+                        // it is, as its other matrices), a checkpoint's dense, its key rows
+                        // transposed.
+                        let head_products = |slot: Slot, dense: &dyn Fn(TensorData) -> Vec<Linear>| {
                             let name = name_of(slot, l, naming);
-                            let data = src.data(&name, DType::F32)?;
+                            let linears = match naming {
+                                Naming::Gguf => load_experts(src, &name, storage(&name, slot, l)?, None, device)?
+                                    .into_iter()
+                                    .map(|weight| Linear { weight, bias: None })
+                                    .collect(),
+                                Naming::Hf => dense(src.data(&name, DType::F32)?),
+                            };
                             src.done(&name);
-                            Ok(data)
+                            Ok::<Vec<Linear>, LoadError>(linears)
                         };
                         // The low-rank norms keep their module's default epsilon whatever the
                         // config's (transformers' `RMSNorm(q_lora_rank)`, `RMSNorm(kv_lora_rank)`).
@@ -1125,8 +1134,12 @@ impl Weights {
                         Some(Box::new(LatentAttention {
                             q_b,
                             kv_norm: rank_norm(Slot::AttnKvANorm)?,
-                            k_b: LatentAttention::key_rows(rows(Slot::AttnKB)?, heads, a.nope_dim, a.kv_rank, device),
-                            v_b: LatentAttention::value_rows(rows(Slot::AttnVB)?, heads, a.v_dim, a.kv_rank, device),
+                            k_b: head_products(Slot::AttnKB, &|data| {
+                                LatentAttention::key_heads(data, heads, a.nope_dim, a.kv_rank, device)
+                            })?,
+                            v_b: head_products(Slot::AttnVB, &|data| {
+                                LatentAttention::value_heads(data, heads, a.v_dim, a.kv_rank, device)
+                            })?,
                             heads,
                             nope: a.nope_dim,
                             rope: a.rope_dim,
@@ -1291,8 +1304,11 @@ impl Weights {
     /// Every matrix.
     fn all(&self) -> impl Iterator<Item = &Weight> {
         let layers = self.layers.iter().flat_map(|l| {
-            let q_b = l.latent.iter().flat_map(|a| a.q_b.iter().map(|(_, q_b)| &q_b.weight));
-            [&l.qkv.weight, &l.o.weight].into_iter().chain(q_b).chain(l.ffn.matrices())
+            let latent = l.latent.iter().flat_map(|a| {
+                let heads = a.k_b.iter().chain(&a.v_b).map(|p| &p.weight);
+                a.q_b.iter().map(|(_, q_b)| &q_b.weight).chain(heads)
+            });
+            [&l.qkv.weight, &l.o.weight].into_iter().chain(latent).chain(l.ffn.matrices())
         });
         std::iter::once(&self.embed).chain(self.lm_head.as_ref()).chain(layers)
     }
@@ -1385,10 +1401,10 @@ impl Weights {
                 }
                 Slot::AttnKvANorm => latent.kv_norm.weight = vec().add_scalar(centre),
                 Slot::AttnKB => {
-                    latent.k_b = LatentAttention::key_rows(data.clone(), heads, a.nope_dim, a.kv_rank, device)
+                    latent.k_b = LatentAttention::key_heads(data.clone(), heads, a.nope_dim, a.kv_rank, device)
                 }
                 Slot::AttnVB => {
-                    latent.v_b = LatentAttention::value_rows(data.clone(), heads, a.v_dim, a.kv_rank, device)
+                    latent.v_b = LatentAttention::value_heads(data.clone(), heads, a.v_dim, a.kv_rank, device)
                 }
                 _ => {}
             }

@@ -20,6 +20,9 @@ pub struct KvLayout {
     pub head_dim: usize,
     /// The linear-attention layers' per-sequence state, for a model that has them.
     pub recurrent: Option<RecurrentLayout>,
+    /// The values are the keys' rows (latent attention's cached latent): no value tensors are
+    /// kept, and attention reads the keys as both.
+    pub values_are_keys: bool,
 }
 
 /// The element type of the cached keys and values (llama.cpp's `--cache-type-k/v`). Attention
@@ -139,13 +142,13 @@ impl KvCache {
     pub fn with_dtype(layout: KvLayout, capacity: usize, n_pos: usize, device: &Device, dtype: KvDtype) -> Self {
         let shape = [layout.kv_heads, capacity, dtype.width(layout.head_dim)];
         let d: DType = dtype.float().into();
-        let zeros = || (0..layout.layers).map(|_| Tensor::<3>::zeros(shape, (device, d))).collect();
+        let zeros = |layers: usize| (0..layers).map(|_| Tensor::<3>::zeros(shape, (device, d))).collect();
         Self {
             cells: KvCells::new(capacity, n_pos),
             layout,
             dtype,
-            keys: zeros(),
-            values: zeros(),
+            keys: zeros(layout.layers),
+            values: zeros(if layout.values_are_keys { 0 } else { layout.layers }),
             device: device.clone(),
             buffers: (CACHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed), 0),
             recurrent: layout.recurrent.map(Recurrent::new),
@@ -181,7 +184,8 @@ impl KvCache {
     pub fn size_bytes(&self) -> usize {
         let row = self.dtype.width(self.layout.head_dim) * self.dtype.dtype().size();
         let states = self.recurrent.as_ref().map_or(0, Recurrent::size_bytes);
-        2 * self.layout.layers * self.layout.kv_heads * self.capacity() * row + states
+        let tensors = if self.layout.values_are_keys { 1 } else { 2 };
+        tensors * self.layout.layers * self.layout.kv_heads * self.capacity() * row + states
     }
 
     /// The linear-attention layers' states, for a model that has them.
@@ -250,7 +254,12 @@ impl KvCache {
     /// Writes a batch's keys and values of `layer` into the cells `cells` places them in: one
     /// kernel on a GPU, else a slice assignment per run of consecutive cells.
     /// `k`, `v`: [kv_heads, n_tokens, head_dim].
+    /// Where the values are the keys (`KvLayout::values_are_keys`), `v` is not written.
     pub(crate) fn write(&mut self, layer: usize, cells: &CellTable, k: Tensor<3>, v: Tensor<3>) {
+        if self.layout.values_are_keys {
+            self.write_keys(layer, cells, k);
+            return;
+        }
         if cells.on_gpu() && self.dtype != KvDtype::Q8_0 {
             let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
             let written = kernels::kv_write(&mut caches, [&k, &v], cells);
@@ -275,6 +284,22 @@ impl KvCache {
         }
     }
 
+    /// The keys alone of [`Self::write`] (a cache whose values are its keys): a slice assignment
+    /// per run of consecutive cells.
+    fn write_keys(&mut self, layer: usize, cells: &CellTable, k: Tensor<3>) {
+        self.buffers.1 += 1;
+        let k = self.stored(k);
+        let [h, _, w] = k.dims();
+        for (c0, t0, len) in cells.placement.runs() {
+            let ks = if len == cells.placement.cells.len() {
+                k.clone()
+            } else {
+                k.clone().slice([0..h, t0..t0 + len, 0..w])
+            };
+            self.keys[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..w], ks));
+        }
+    }
+
     /// RoPE and the write of `layer`'s keys and values in one GPU launch, from the stacked q/k/v
     /// projection `qkv` ([n, (heads + 2 · kv_heads) · head_dim]; `tables` [2, n, head_dim/2] cos
     /// and sin), with `norms` q's and k's heads normalised first: q's heads rotated, [n, heads ·
@@ -289,7 +314,7 @@ impl KvCache {
         tables: &Tensor<3>,
         norms: Option<QkNorms<'_>>,
     ) -> Option<Tensor<2>> {
-        if self.dtype == KvDtype::Q8_0 {
+        if self.dtype == KvDtype::Q8_0 || self.layout.values_are_keys {
             return None;
         }
         let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
@@ -314,7 +339,7 @@ impl KvCache {
         heads: usize,
         tables: &Tensor<3>,
     ) -> Option<Tensor<2>> {
-        if self.dtype == KvDtype::Q8_0 {
+        if self.dtype == KvDtype::Q8_0 || self.layout.values_are_keys {
             return None;
         }
         let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
@@ -337,7 +362,11 @@ impl KvCache {
             let words = stored.into_data().try_into_vec::<f16>().expect("a q8_0 cache holds f16 words");
             Tensor::from_data(TensorData::new(kv_q8::dequantize_rows(&words, d), [h, extent, d]), &self.device)
         };
-        (read(&self.keys[layer]), read(&self.values[layer]))
+        let keys = read(&self.keys[layer]);
+        match self.layout.values_are_keys {
+            true => (keys.clone(), keys),
+            false => (keys, read(&self.values[layer])),
+        }
     }
 
     /// f32 keys or values [kv_heads, n, head_dim] as the cache stores them.
@@ -365,7 +394,8 @@ impl KvCache {
         sinks: Option<&kernels::Sinks>,
     ) -> Option<Tensor<2>> {
         let q8 = self.dtype == KvDtype::Q8_0;
-        kernels::attention(q, &self.keys[layer], &self.values[layer], q8, cells, softcap, sinks)
+        let values = if self.layout.values_are_keys { &self.keys[layer] } else { &self.values[layer] };
+        kernels::attention(q, &self.keys[layer], values, q8, cells, softcap, sinks)
     }
 
     /// Replaces the keys of `layer` for cells `[0, extent)` (used to re-rotate shifted keys).

@@ -7,7 +7,7 @@
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 
-use super::{Linear, RmsNorm, Rope, RopeTables};
+use super::{Linear, RmsNorm, Rope, RopeTables, linear};
 
 #[derive(Debug, Clone)]
 pub struct LatentAttention {
@@ -16,10 +16,12 @@ pub struct LatentAttention {
     pub q_b: Option<(RmsNorm, Linear)>,
     /// The latent's norm (`kv_a_layernorm`).
     pub kv_norm: RmsNorm,
-    /// Each head's key rows over the latent: [heads, nope, kv_rank].
-    pub k_b: Tensor<3>,
-    /// Each head's value rows over the latent, transposed: [heads, kv_rank, v].
-    pub v_b: Tensor<3>,
+    /// Each head's key rows, as the product that takes its unrotated query into the latent
+    /// space: [kv_rank, nope] each (a GGUF file's `attn_k_b` as stored, quantized or not; a
+    /// checkpoint's rows of `kv_b_proj` transposed).
+    pub k_b: Vec<Linear>,
+    /// Each head's value rows, the product out of the latent space: [v, kv_rank] each.
+    pub v_b: Vec<Linear>,
     pub heads: usize,
     pub nope: usize,
     pub rope: usize,
@@ -33,23 +35,29 @@ impl LatentAttention {
     /// config's, the same for DeepSeek's 1e-6 and not for GLM-4.7-Flash's 1e-5).
     pub const NORM_EPS: f64 = 1e-6;
 
-    /// Each head's key rows ([heads, nope, kv_rank]) from `data`: [heads · nope, kv_rank] (a
-    /// Hugging Face checkpoint's, split from `kv_b_proj`) or [heads, kv_rank, nope] (a GGUF
-    /// file's `attn_k_b`).
-    pub fn key_rows(data: TensorData, heads: usize, nope: usize, rank: usize, device: &Device) -> Tensor<3> {
-        let transposed = data.shape().as_slice().len() == 3;
-        let t = Tensor::<2>::from_data(flat(data), (device, DType::F32));
-        match transposed {
-            true => t.reshape([heads, rank, nope]).swap_dims(1, 2),
-            false => t.reshape([heads, nope, rank]),
-        }
+    /// Each head's key products (dense f32) from a checkpoint's key rows, [heads · nope,
+    /// kv_rank], or a GGUF file's `attn_k_b`, [heads, kv_rank, nope].
+    pub fn key_heads(data: TensorData, heads: usize, nope: usize, rank: usize, device: &Device) -> Vec<Linear> {
+        let stored_transposed = data.shape().as_slice().len() == 3;
+        let values = host_values(data);
+        let per = (nope * rank).max(1);
+        let head = |h: usize| -> Vec<f32> {
+            let rows = &values[h * per..(h + 1) * per];
+            match stored_transposed {
+                true => rows.to_vec(),
+                // [nope, rank] → [rank, nope]
+                false => (0..rank).flat_map(|r| (0..nope).map(move |d| rows[d * rank + r])).collect(),
+            }
+        };
+        (0..heads).map(|h| dense_head(head(h), [rank, nope], device)).collect()
     }
 
-    /// Each head's value rows, transposed ([heads, kv_rank, v]), from `data`: [heads · v,
-    /// kv_rank] (a checkpoint's) or [heads, v, kv_rank] (a GGUF file's `attn_v_b`).
-    pub fn value_rows(data: TensorData, heads: usize, v: usize, rank: usize, device: &Device) -> Tensor<3> {
-        let t = Tensor::<2>::from_data(flat(data), (device, DType::F32));
-        t.reshape([heads, v, rank]).swap_dims(1, 2)
+    /// Each head's value products (dense f32) from [heads · v, kv_rank] (a checkpoint's) or
+    /// [heads, v, kv_rank] (a GGUF file's `attn_v_b`).
+    pub fn value_heads(data: TensorData, heads: usize, v: usize, rank: usize, device: &Device) -> Vec<Linear> {
+        let values = host_values(data);
+        let per = (v * rank).max(1);
+        (0..heads).map(|h| dense_head(values[h * per..(h + 1) * per].to_vec(), [v, rank], device)).collect()
     }
 
     /// The queries in the latent space and the row to cache, both rotated by `tables` (the
@@ -75,7 +83,7 @@ impl LatentAttention {
             Tensor::cat(vec![q.clone().narrow(2, nope, rope), kv.narrow(1, rank, rope).reshape([n, 1, rope])], 1);
         let turned = Rope::apply(parts, tables);
         // A head's unrotated query scores the latent as its key rows' product with it would.
-        let taken = q.narrow(2, 0, nope).swap_dims(0, 1).matmul(self.k_b.clone()).swap_dims(0, 1); // [n, heads, rank]
+        let taken = per_head(&self.k_b, q.narrow(2, 0, nope)); // [n, heads, rank]
         let queries = Tensor::cat(vec![turned.clone().narrow(1, 0, heads), taken], 2);
         let row = Tensor::cat(vec![turned.narrow(1, heads, 1), latent], 2);
         (queries, row)
@@ -88,15 +96,86 @@ impl LatentAttention {
     pub fn values(&self, a: Tensor<2>) -> Tensor<2> {
         let n = a.dims()[0];
         let latent = a.reshape([n, self.heads, self.rope + self.kv_rank]).narrow(2, self.rope, self.kv_rank);
-        latent.swap_dims(0, 1).matmul(self.v_b.clone()).swap_dims(0, 1).reshape([n, self.heads * self.v])
+        per_head(&self.v_b, latent).reshape([n, self.heads * self.v])
     }
 }
 
-/// `data` as f32 in two dimensions, its first ones folded.
-fn flat(data: TensorData) -> TensorData {
-    let shape = data.shape().as_slice().to_vec();
-    let last = shape.last().copied().unwrap_or(1);
-    let values = data.convert::<f32>().try_into_vec::<f32>().unwrap_or_default();
-    let rows = values.len() / last.max(1);
-    TensorData::new(values, [rows, last])
+/// Each head's product `x_h · W_hᵀ`: on the CPU with packed (quantized) matrices and a decode
+/// step's rows, all heads in one parallel loop of the packed kernels; else one product a head.
+///
+/// # Shapes
+/// x: [n, heads, in] → [n, heads, out]
+fn per_head(products: &[Linear], x: Tensor<3>) -> Tensor<3> {
+    let [n, heads, k] = x.dims();
+    let device = x.device();
+    // A decode step's few rows (a prefill's many go a head at a time, as one matrix's would).
+    if device == Device::flex() && n <= crate::kernels::XWT_MAX_ROWS {
+        let rows = crate::transfers::read::<3, _, f32>(x.clone().swap_dims(0, 1));
+        if let Ok(rows) = rows {
+            let inputs: Vec<(&Linear, &[f32])> = products.iter().zip(rows.chunks_exact((n * k).max(1))).collect();
+            if let Some(outs) = linear::packed_products(&inputs) {
+                let out = outs.first().map_or(0, |o| o.len() / n.max(1));
+                let values: Vec<f32> = outs.into_iter().flatten().collect();
+                let y: Tensor<3> = crate::transfers::upload(TensorData::new(values, [heads, n, out]), &device);
+                return y.swap_dims(0, 1);
+            }
+        }
+    }
+    let each = products.iter().enumerate().map(|(h, p)| {
+        let y = p.forward(x.clone().narrow(1, h, 1).reshape([n, k]));
+        let out = y.dims()[1];
+        y.reshape([n, 1, out])
+    });
+    Tensor::cat(each.collect(), 1)
+}
+
+/// A head's dense product from its [out, in] values.
+fn dense_head(values: Vec<f32>, shape: [usize; 2], device: &Device) -> Linear {
+    Linear {
+        weight: linear::dense(Tensor::from_data(TensorData::new(values, shape), (device, DType::F32))),
+        bias: None,
+    }
+}
+
+/// `data`'s values as f32 (validated by the weight check before they are read).
+fn host_values(data: TensorData) -> Vec<f32> {
+    data.convert::<f32>().try_into_vec::<f32>().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::quant::{PackedMatrix, QuantType};
+
+    /// Three heads' products of two rows: packed in Q8_0 (one loop of the packed kernels) and
+    /// dense (one product a head) agree within the activations' and weights' rounding.
+    #[test]
+    fn packed_heads_in_one_loop_agree_with_dense_heads() {
+        let (heads, n, k, out) = (3, 2, 64, 32);
+        let device = Device::flex();
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let weights: Vec<Vec<f32>> = (0..heads).map(|_| (0..out * k).map(|_| next()).collect()).collect();
+        let packed: Vec<Linear> = weights
+            .iter()
+            .map(|w| {
+                let m = PackedMatrix::quantize(QuantType::Q8_0, out, k, w).unwrap();
+                Linear { weight: linear::packed(Arc::new(m)), bias: None }
+            })
+            .collect();
+        let dense: Vec<Linear> = weights.iter().map(|w| dense_head(w.clone(), [out, k], &device)).collect();
+        let x: Vec<f32> = (0..n * heads * k).map(|_| next()).collect();
+        let x = Tensor::<3>::from_data(TensorData::new(x, [n, heads, k]), (&device, DType::F32));
+        let a = crate::transfers::read::<3, _, f32>(per_head(&packed, x.clone())).unwrap();
+        let b = crate::transfers::read::<3, _, f32>(per_head(&dense, x)).unwrap();
+        assert_eq!((a.len(), b.len()), (n * heads * out, n * heads * out));
+        let range = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let err = a.iter().zip(&b).fold(0.0f32, |m, (p, q)| m.max((p - q).abs()));
+        assert!(err < 0.02 * range, "{err} of {range}");
+    }
 }
