@@ -292,16 +292,19 @@ fn local_layers(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Res
     Ok(())
 }
 
+/// `{arch}.{key}` as a whole number, `None` where the file has no such key.
+fn whole_number(file: &GgufFile, arch: &str, key: &str) -> Result<Option<u64>, LoadError> {
+    let key = format!("{arch}.{key}");
+    file.get(&key)
+        .map(|v| v.as_u64().ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}"))))
+        .transpose()
+}
+
 /// What Qwen3.5's linear attention needs beyond the keys `FIELDS` maps: each value head's size
 /// from `ssm.inner_size` over the value heads, the rotated part of each head from
 /// `rope.dimension_count`.
 fn linear_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
-    let number = |key: &str| -> Result<Option<u64>, LoadError> {
-        let key = format!("{arch}.{key}");
-        file.get(&key)
-            .map(|v| v.as_u64().ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}"))))
-            .transpose()
-    };
+    let number = |key: &str| whole_number(file, arch, key);
     let value_heads = obj.get("linear_num_value_heads").and_then(Json::as_u64);
     if let Some(dim) = number("ssm.inner_size")?.zip(value_heads).and_then(|(i, h)| i.checked_div(h)) {
         obj.insert("linear_value_head_dim".into(), json!(dim));
@@ -322,12 +325,7 @@ fn linear_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) ->
 /// does not say, llama.cpp's rule: a sigmoid for GLM-4.7-Flash's shape, else DeepSeek V2's softmax),
 /// and YaRN's `mscale_all_dim`, written as a tenth of it, which is also its `mscale` (V2's configs).
 fn latent_attention(file: &GgufFile, arch: &str, obj: &mut Map<String, Json>) -> Result<(), LoadError> {
-    let number = |key: &str| -> Result<Option<u64>, LoadError> {
-        let key = format!("{arch}.{key}");
-        file.get(&key)
-            .map(|v| v.as_u64().ok_or_else(|| file.error(format!("{key}: expected a number, found {v:?}"))))
-            .transpose()
-    };
+    let number = |key: &str| whole_number(file, arch, key);
     let required = |key: &str| -> Result<u64, LoadError> {
         number(key)?.ok_or_else(|| file.error(format!("{arch}.{key}: missing (latent attention needs it)")))
     };

@@ -256,11 +256,8 @@ impl KvCache {
     /// `k`, `v`: [kv_heads, n_tokens, head_dim].
     /// Where the values are the keys (`KvLayout::values_are_keys`), `v` is not written.
     pub(crate) fn write(&mut self, layer: usize, cells: &CellTable, k: Tensor<3>, v: Tensor<3>) {
-        if self.layout.values_are_keys {
-            self.write_keys(layer, cells, k);
-            return;
-        }
-        if cells.on_gpu() && self.dtype != KvDtype::Q8_0 {
+        let shared = self.layout.values_are_keys;
+        if cells.on_gpu() && self.dtype != KvDtype::Q8_0 && !shared {
             let mut caches = [self.keys[layer].extract(), self.values[layer].extract()];
             let written = kernels::kv_write(&mut caches, [&k, &v], cells);
             [self.keys[layer], self.values[layer]] = caches;
@@ -271,32 +268,19 @@ impl KvCache {
         // Slice assignments copy a buffer another tensor shares.
         self.buffers.1 += 1;
         let placement = &cells.placement;
-        let (k, v) = (self.stored(k), self.stored(v));
+        let (k, v) = (self.stored(k), (!shared).then(|| self.stored(v)));
         let [h, _, w] = k.dims();
+        let part = |x: &Tensor<3>, t0: usize, len: usize| match len == placement.cells.len() {
+            true => x.clone(),
+            false => x.clone().slice([0..h, t0..t0 + len, 0..w]),
+        };
         for (c0, t0, len) in placement.runs() {
-            let (ks, vs) = if len == placement.cells.len() {
-                (k.clone(), v.clone())
-            } else {
-                (k.clone().slice([0..h, t0..t0 + len, 0..w]), v.clone().slice([0..h, t0..t0 + len, 0..w]))
-            };
+            let ks = part(&k, t0, len);
             self.keys[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..w], ks));
-            self.values[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..w], vs));
-        }
-    }
-
-    /// The keys alone of [`Self::write`] (a cache whose values are its keys): a slice assignment
-    /// per run of consecutive cells.
-    fn write_keys(&mut self, layer: usize, cells: &CellTable, k: Tensor<3>) {
-        self.buffers.1 += 1;
-        let k = self.stored(k);
-        let [h, _, w] = k.dims();
-        for (c0, t0, len) in cells.placement.runs() {
-            let ks = if len == cells.placement.cells.len() {
-                k.clone()
-            } else {
-                k.clone().slice([0..h, t0..t0 + len, 0..w])
-            };
-            self.keys[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..w], ks));
+            if let Some(v) = &v {
+                let vs = part(v, t0, len);
+                self.values[layer].inplace(|t| t.slice_assign([0..h, c0..c0 + len, 0..w], vs));
+            }
         }
     }
 

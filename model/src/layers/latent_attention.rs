@@ -108,8 +108,10 @@ impl LatentAttention {
 fn per_head(products: &[Linear], x: Tensor<3>) -> Tensor<3> {
     let [n, heads, k] = x.dims();
     let device = x.device();
-    // A decode step's few rows (a prefill's many go a head at a time, as one matrix's would).
-    if device == Device::flex() && n <= crate::kernels::XWT_MAX_ROWS {
+    // A decode step's few rows (a prefill's many go a head at a time, as one matrix's would),
+    // read to the host only where every head's matrix is packed (the CPU's quantized weights).
+    let packed = products.iter().all(|p| matches!(p.weight.matrix(), linear::Matrix::Packed(_)));
+    if packed && n <= crate::kernels::XWT_MAX_ROWS {
         let rows = crate::transfers::read::<3, _, f32>(x.clone().swap_dims(0, 1));
         if let Ok(rows) = rows {
             let inputs: Vec<(&Linear, &[f32])> = products.iter().zip(rows.chunks_exact((n * k).max(1))).collect();
