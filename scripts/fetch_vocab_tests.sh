@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fetches llama.cpp's tokenizer tests for the vocabularies llaisys reads from GGUF files: the
-# real Llama 3 (`llama-bpe`), Qwen2, Qwen3.5 (`qwen35`), Llama 2 (`llama-spm`, SentencePiece) and
-# Phi-3 (`phi-3`: Llama 2's with its added tokens, in a `phi3` file) vocabularies as llama.cpp's
-# converter writes them
+# real Llama 3 (`llama-bpe`), Qwen2, Qwen3.5 (`qwen35`), Llama 2 (`llama-spm`, SentencePiece),
+# Phi-3 (`phi-3`: Llama 2's with its added tokens, in a `phi3` file), DeepSeek LLM's (`deepseek-llm`:
+# V2's), DeepSeek Coder's (`deepseek-coder`) and the StarCoder family's (`refact`, `starcoder`)
+# vocabularies as llama.cpp's converter writes them
 # (models/ggml-vocab-NAME.gguf), each with its test texts (.inp) and the ids Hugging Face's
 # tokenizer gives them (.out). They come from the llama-cpp-python source package on PyPI,
 # which vendors llama.cpp, and are checked against their sha256.
@@ -28,7 +29,19 @@ be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-lla
 ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29  ggml-vocab-llama-spm.gguf.out
 967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326  ggml-vocab-phi-3.gguf
 be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-phi-3.gguf.inp
-ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29  ggml-vocab-phi-3.gguf.out"
+ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29  ggml-vocab-phi-3.gguf.out
+867f77537b54565f0d81d508c04edc41aa1d4ffc1a92745f225b4c1b02755f76  ggml-vocab-deepseek-llm.gguf
+be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-deepseek-llm.gguf.inp
+87cfc1a8a9a7ef25d04d28c26a67b6a620af7be938c9bd0feeb4d319b9302832  ggml-vocab-deepseek-llm.gguf.out
+91cb1379f2e33af1c4866b194622b7a0e12e8f0c9dba7ba2f10d55978730bec1  ggml-vocab-deepseek-coder.gguf
+be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-deepseek-coder.gguf.inp
+c2cea4584b0487e67fbd81f491bb44f89238722062126120d2c412edb3dbd853  ggml-vocab-deepseek-coder.gguf.out
+ac3ceda902fed91ccf74312b305d9b86c37e4f8e35fa9cc6ef3ce34fca7d4678  ggml-vocab-refact.gguf
+be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-refact.gguf.inp
+c7e5c1c5dc1dfd3e0d56576bf699d2aca0b760b80779523ea9d323aad6cd1b88  ggml-vocab-refact.gguf.out
+fedb892b4e1bd3c1f2fcdae356440b14fb458f4264d586e5c987ed93df4e174d  ggml-vocab-starcoder.gguf
+be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0  ggml-vocab-starcoder.gguf.inp
+3ef12183c57ad076f9defd8e5eb454f509f5f0865cad35646abb4c4b2d2c5764  ggml-vocab-starcoder.gguf.out"
 if ! (cd "$out" && echo "$sums" | sha256sum -c --quiet - >/dev/null 2>&1); then
   sdist=$work/llama_cpp_python-$version.tar.gz
   # pip prepares the package's metadata in an isolated build environment; nothing is built.

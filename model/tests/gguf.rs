@@ -200,19 +200,32 @@ fn pre_tokenizer_aliases_tokenize_as_the_family_does() {
 }
 
 /// Pre-tokenizers over tiny-llama's vocabulary with merges across the boundaries they draw
-/// differently ranked first (an apostrophe within a word, a change of case, three digits):
+/// differently ranked first (an apostrophe within a word, a change of case, three and four
+/// digits, punctuation before a letter, a combining accent, the end of a CJK run):
 /// Mistral Nemo's `tekken` (a word is a run of capitals then of lower-case letters or the
 /// other way round, digits one a piece, `/` kept after punctuation; llama.cpp's BOS where the
 /// file has no `add_bos_token`), o200k's `gpt-4o` (Phi-4-mini's: Tekken's words with English
 /// contractions kept on them, up to three digits; no BOS), cl100k's `dbrx` (Phi-4's: Llama 3's
-/// split without its BOS) and the StarCoder family's `refact` (Granite 3's: each digit apart,
-/// then GPT-2's split): each `pre-NAME.gguf` gives the ids Hugging Face's tokenizers gives under
-/// that split (`pre-NAME.json`), and the four differ. The regexes and defaults are
-/// held here, not real vocabularies (llama.cpp ships no test of these).
+/// split without its BOS), the StarCoder family's `refact` (Granite 3's: each digit apart,
+/// then GPT-2's split), and DeepSeek's: `deepseek-v3` (V3's and R1's: up to three digits and CJK
+/// runs apart first, ASCII punctuation kept on the ASCII letters after it, marks on words),
+/// `deepseek-llm` (V2's: line breaks, cased scripts' words, punctuation, whole numbers) and
+/// `deepseek-coder` (each digit). Each `pre-NAME.gguf` gives the ids Hugging Face's tokenizers
+/// gives under that split (`pre-NAME.json`), and no two agree. The regexes and defaults are held
+/// here, not real vocabularies (llama.cpp ships no test of these).
 #[test]
-fn the_tekken_gpt4o_dbrx_and_refact_pre_tokenizers_give_hugging_faces_ids() {
+fn each_byte_level_pre_tokenizer_gives_hugging_faces_ids() {
+    let pres = [
+        "pre-tekken",
+        "pre-gpt-4o",
+        "pre-dbrx",
+        "pre-refact",
+        "pre-deepseek-v3",
+        "pre-deepseek-llm",
+        "pre-deepseek-coder",
+    ];
     let mut all = Vec::new();
-    for pre in ["pre-tekken", "pre-gpt-4o", "pre-dbrx", "pre-refact"] {
+    for pre in pres {
         let tokenizer = gguf(pre).tokenizer().unwrap();
         let path = gguf_fixture(pre).with_extension("json");
         let refs: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -227,10 +240,12 @@ fn the_tekken_gpt4o_dbrx_and_refact_pre_tokenizers_give_hugging_faces_ids() {
         all.push(ids_of_pre);
     }
     // Without the BOS Tekken adds, each split still gives ids of its own.
-    let unbos =
-        |ids: &Vec<Vec<u32>>| ids.iter().map(|i| i.iter().skip(1).copied().collect::<Vec<_>>()).collect::<Vec<_>>();
-    assert!(unbos(&all[0]) != all[1] && unbos(&all[0]) != all[2] && all[1] != all[2]);
-    assert!(all[3] != all[2] && all[3] != all[1] && all[3] != unbos(&all[0]));
+    all[0] = all[0].iter().map(|ids| ids[1..].to_vec()).collect();
+    for (i, a) in all.iter().enumerate() {
+        for (j, b) in all.iter().enumerate().skip(i + 1) {
+            assert_ne!(a, b, "{} and {} give the same ids", pres[i], pres[j]);
+        }
+    }
 }
 
 /// The demo model's GGUF against Qwen's own tokenizer.json (`scripts/fetch_demo_model.sh` and
@@ -1192,7 +1207,8 @@ fn a_split_gguf_opened_elsewhere_than_its_first_part_or_missing_a_part_is_refuse
 }
 
 /// Each vocabulary llama.cpp tests its tokenizer on (`models/ggml-vocab-NAME.gguf`, the real
-/// Llama 3, Qwen2, Qwen3.5, Llama 2 (SentencePiece) and Phi-3 (Llama 2's with added tokens)
+/// Llama 3, Qwen2, Qwen3.5, Llama 2 (SentencePiece), Phi-3 (Llama 2's with added tokens),
+/// DeepSeek LLM (V2's `deepseek-llm`), DeepSeek Coder and StarCoder (`refact`, `starcoder`)
 /// vocabularies written by its converter, beside the texts `.inp` and the ids Hugging Face's
 /// tokenizer gives them `.out`) encodes every text to exactly those ids.
 /// `scripts/fetch_vocab_tests.sh` takes them from the llama-cpp-python source package on PyPI.
@@ -1201,7 +1217,9 @@ fn a_split_gguf_opened_elsewhere_than_its_first_part_or_missing_a_part_is_refuse
 fn the_vocab_tests_of_llama_cpp_pass() {
     let dir = std::env::var("LLAISYS_VOCAB_TESTS").expect("LLAISYS_VOCAB_TESTS names the folder of ggml-vocab-*.gguf");
     let dir = std::path::Path::new(&dir);
-    for name in ["llama-bpe", "qwen2", "qwen35", "llama-spm", "phi-3"] {
+    for name in
+        ["llama-bpe", "qwen2", "qwen35", "llama-spm", "phi-3", "deepseek-llm", "deepseek-coder", "refact", "starcoder"]
+    {
         let file = dir.join(format!("ggml-vocab-{name}.gguf"));
         let tokenizer = ModelSource::Gguf(file.clone()).tokenizer().unwrap_or_else(|e| panic!("{name}: {e}"));
         let read = |ext: &str| {

@@ -21,9 +21,8 @@ pub const DEEPSEEK_V3: Architecture = Architecture {
     hf_class: "DeepseekV3ForCausalLM",
     default_head_dim: None,
     config_defaults: &[],
-    // GLM-4.7-Flash's files say `glm4`; DeepSeek's own split (`deepseek-v3`, `deepseek-llm`) is
-    // refused by name where a file says it.
-    gguf_pre: &["glm4", "glm5"],
+    // DeepSeek V3's and R1's files say `deepseek-v3`, V2's `deepseek-llm`, GLM-4.7-Flash's `glm4`.
+    gguf_pre: &["deepseek-v3", "deepseek-llm", "glm4", "glm5"],
     gguf_qk_interleaved: false,
     // GLM-4.7-Flash's ends of a turn; DeepSeek's files end at their eos.
     end_of_generation: &["<|user|>", "<|observation|>", "<|endoftext|>"],

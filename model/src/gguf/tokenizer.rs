@@ -6,7 +6,8 @@
 //!   pre-tokenizer `tokenizer.ggml.pre` names (Qwen2's: NFC, its split regex; Llama 3's
 //!   `llama-bpe` and Mistral Nemo's `tekken`: their split regexes, whole pieces that are tokens
 //!   kept whole; cl100k's `dbrx` (Phi-4's) and o200k's `gpt-4o` (Phi-4-mini's): theirs; the
-//!   StarCoder family's `refact` (Granite 3's): each digit apart, then GPT-2's split).
+//!   StarCoder family's `refact` (Granite 3's): each digit apart, then GPT-2's split; DeepSeek's
+//!   `deepseek-v3`, `deepseek-llm` and `deepseek-coder`: their chains of splits).
 //! - `llama`: SentencePiece BPE (Llama 2, Mistral 7B): `tokens` merged pairwise, the pair whose
 //!   piece has the highest of `scores` first, as llama.cpp and sentencepiece do (Hugging Face's
 //!   conversion: every split of a piece into two pieces is a merge, ranked by the piece's
@@ -66,7 +67,7 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 /// before them, other runs, and whitespace.
 const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
-const PRE_TOKENIZERS: [PreTokenizer; 8] = [
+const PRE_TOKENIZERS: [PreTokenizer; 11] = [
     PreTokenizer {
         names: &["qwen2", "deepseek-r1-qwen"],
         splits: &[
@@ -133,6 +134,46 @@ const PRE_TOKENIZERS: [PreTokenizer; 8] = [
     PreTokenizer {
         names: &["refact", "starcoder"],
         splits: &[r"\p{N}", GPT2_SPLIT],
+        nfc: false,
+        ignore_merges: false,
+        add_bos: false,
+    },
+    // DeepSeek V3's and R1's (`deepseek-v3`): numbers up to three digits a piece and runs of CJK
+    // ideographs and kana apart first; then an ASCII punctuation mark kept on the ASCII letters
+    // after it, words with their combining marks, runs of punctuation and symbols.
+    PreTokenizer {
+        names: &["deepseek-v3"],
+        splits: &[
+            r"\p{N}{1,3}",
+            r"[一-龥぀-ゟ゠-ヿ]+",
+            r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+        ],
+        nfc: false,
+        ignore_merges: false,
+        add_bos: false,
+    },
+    // DeepSeek LLM's and V2's (`deepseek-llm`): each line break apart, then runs of the letters of
+    // cased scripts (a space before them kept), of ASCII and full-width punctuation, trailing
+    // whitespace, CJK and Hangul, and whole numbers.
+    PreTokenizer {
+        names: &["deepseek-llm"],
+        splits: &[
+            r"[\r\n]",
+            r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+            r"\s?[!-/:-~！-／：-～‘-‟\x{3000}-。]+",
+            r"\s+$",
+            r"[一-龥ࠀ-一가-퟿]+",
+            r"\p{N}+",
+        ],
+        nfc: false,
+        ignore_merges: false,
+        add_bos: false,
+    },
+    // DeepSeek Coder's (`deepseek-coder`): each line break apart, then runs of letters and of
+    // punctuation (a space before them kept), CJK and Hangul, and each digit.
+    PreTokenizer {
+        names: &["deepseek-coder"],
+        splits: &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"],
         nfc: false,
         ignore_merges: false,
         add_bos: false,
