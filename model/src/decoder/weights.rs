@@ -538,10 +538,12 @@ pub fn check(c: &ModelConfig, src: &dyn TensorSource) -> Result<(), LoadError> {
     }
     for (name, slot, layer) in &want {
         let found = src.shape(name).unwrap_or_default();
-        // A GGUF file may store the shared expert's gate as a vector.
+        // A GGUF file may store the shared expert's gate as a vector, and latent attention's
+        // per-head products as rows of the whole `attn_kv_b` (files from before its split).
         let vector_gate = *slot == Slot::SharedRouter && found == [c.hidden_size];
+        let whole_kv_b = matches!(slot, Slot::AttnKB | Slot::AttnVB) && found == slot.shape(c);
         let expected = slot.shape_in(c, naming);
-        if found != expected && !vector_gate {
+        if found != expected && !vector_gate && !whole_kv_b {
             return Err(LoadError::Shape { slot: slot.label(), layer: *layer, expected, found });
         }
         if let Some(Err(dtype)) = src.stored(name) {
@@ -689,15 +691,19 @@ pub fn reorderings(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<
 /// and v in `qkv_proj` (GGUF `attn_qkv`), Phi-3 and GLM-4 gate and up in `gate_up_proj` (GGUF
 /// `ffn_up`).
 pub fn split_rows(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
-    if let (Some(l), Naming::Hf) = (&c.latent, naming) {
-        // Each head's key rows, then its value rows, in `kv_b_proj`.
+    if let Some(l) = &c.latent {
+        // Each head's key rows, then its value rows, in `kv_b_proj` (GGUF `attn_kv_b`: files
+        // from before llama.cpp's converter split it per head; later files hold the parts).
         let per = l.nope_dim + l.v_dim;
         let heads = 0..c.num_attention_heads;
         let keys: Vec<usize> = heads.clone().flat_map(|h| (0..l.nope_dim).map(move |d| h * per + d)).collect();
         let values: Vec<usize> = heads.flat_map(|h| (l.nope_dim..per).map(move |d| h * per + d)).collect();
         return (0..c.num_hidden_layers)
             .flat_map(|i| {
-                let fused = format!("model.layers.{i}.self_attn.kv_b_proj.weight");
+                let fused = match naming {
+                    Naming::Hf => format!("model.layers.{i}.self_attn.kv_b_proj.weight"),
+                    Naming::Gguf => format!("blk.{i}.attn_kv_b.weight"),
+                };
                 [
                     (name_of(Slot::AttnKB, Some(i), naming), fused.clone(), keys.clone()),
                     (name_of(Slot::AttnVB, Some(i), naming), fused, values.clone()),
@@ -1105,16 +1111,17 @@ impl Weights {
                     Some(a) => {
                         let heads = c.num_attention_heads;
                         // Each head's product: a GGUF file's as stored per head (quantized where
-                        // it is, as its other matrices), a checkpoint's dense, its key rows
-                        // transposed.
+                        // it is, as its other matrices); rows of `kv_b_proj` (a checkpoint's, an
+                        // older GGUF file's `attn_kv_b`) dense, the key rows transposed.
                         let head_products = |slot: Slot, dense: &dyn Fn(TensorData) -> Vec<Linear>| {
                             let name = name_of(slot, l, naming);
-                            let linears = match naming {
-                                Naming::Gguf => load_experts(src, &name, storage(&name, slot, l)?, None, device)?
+                            let per_head = src.shape(&name).is_some_and(|s| s.len() == 3);
+                            let linears = match per_head {
+                                true => load_experts(src, &name, storage(&name, slot, l)?, None, device)?
                                     .into_iter()
                                     .map(|weight| Linear { weight, bias: None })
                                     .collect(),
-                                Naming::Hf => dense(src.data(&name, DType::F32)?),
+                                false => dense(src.data(&name, DType::F32)?),
                             };
                             src.done(&name);
                             Ok::<Vec<Linear>, LoadError>(linears)
