@@ -136,9 +136,10 @@ struct RepoInfo {
     siblings: Vec<Sibling>,
 }
 
-/// The files of a Hugging Face checkpoint directory that loading reads.
+/// The files of a Hugging Face checkpoint directory that loading reads (the chat template may be
+/// a `chat_template.jinja` of its own).
 fn is_checkpoint_file(name: &str) -> bool {
-    !name.contains('/') && (name.ends_with(".safetensors") || name.ends_with(".json"))
+    !name.contains('/') && (name.ends_with(".safetensors") || name.ends_with(".json") || name == "chat_template.jinja")
         || name == "1_Pooling/config.json"
 }
 
@@ -558,6 +559,19 @@ mod tests {
         }
         let here = env!("CARGO_MANIFEST_DIR");
         assert_eq!(ModelSpec::parse(here), ModelSpec::Path(here.into()), "an existing path is a path");
+    }
+
+    /// A checkpoint's download takes its weights, its JSON files (config, tokenizer, templates)
+    /// and a chat template of its own, not its other files.
+    #[test]
+    fn a_checkpoints_download_takes_what_loading_reads() {
+        for name in ["model-00001-of-00002.safetensors", "config.json", "chat_template.jinja", "chat_template.json"] {
+            assert!(is_checkpoint_file(name), "{name}");
+        }
+        assert!(is_checkpoint_file("1_Pooling/config.json"));
+        for name in ["README.md", "onnx/model.onnx", "original/params.json", "tokenizer.model"] {
+            assert!(!is_checkpoint_file(name), "{name}");
+        }
     }
 
     #[test]

@@ -271,36 +271,51 @@ pub struct ChatTemplate {
 
 const NAME: &str = "chat";
 
-impl ChatTemplate {
-    /// Reads `DIR/tokenizer_config.json`; `Ok(None)` when it has no chat template.
-    pub fn from_dir(dir: &Path) -> Result<Option<Self>, LoadError> {
-        let path = dir.join("tokenizer_config.json");
-        if !path.exists() {
-            return Ok(None);
+/// A JSON object's `chat_template`: a string, or the one named "default" of a list of named
+/// templates; `None` where it has none.
+fn template_field(json: &serde_json::Value) -> Result<Option<String>, LoadError> {
+    Ok(match json.get("chat_template") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template"))
+            .and_then(|t| t.as_str())
+            .map(str::to_string),
+        Some(other) => {
+            return Err(LoadError::Config {
+                field: "chat_template".into(),
+                reason: format!("expected a string, found {other}"),
+            });
         }
-        let json = read_json(&path)?;
-        let source = match json.get("chat_template") {
-            None | Some(serde_json::Value::Null) => return Ok(None),
-            Some(serde_json::Value::String(s)) => s.clone(),
-            // A list of named templates: use the one named "default".
-            Some(serde_json::Value::Array(list)) => match list
-                .iter()
-                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-                .and_then(|t| t.get("template"))
-                .and_then(|t| t.as_str())
-            {
-                Some(s) => s.to_string(),
-                None => return Ok(None),
-            },
-            Some(other) => {
-                return Err(LoadError::Config {
-                    field: "chat_template".into(),
-                    reason: format!("expected a string, found {other}"),
-                });
+    })
+}
+
+impl ChatTemplate {
+    /// A checkpoint's chat template, where transformers finds it: `DIR/chat_template.jinja`
+    /// (what transformers writes since 4.5x), else `tokenizer_config.json`'s `chat_template`, else
+    /// a processor's `chat_template.json` (multimodal checkpoints': Qwen3-VL's); its BOS and EOS
+    /// tokens from `tokenizer_config.json`. `Ok(None)` when there is none.
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>, LoadError> {
+        let config = dir.join("tokenizer_config.json");
+        let config = if config.exists() { read_json(&config)? } else { serde_json::Value::Null };
+        let jinja = dir.join("chat_template.jinja");
+        let source = if jinja.exists() {
+            Some(std::fs::read_to_string(&jinja).map_err(|e| LoadError::Io { path: jinja, source: e })?)
+        } else {
+            match template_field(&config)? {
+                Some(source) => Some(source),
+                None => {
+                    let processor = dir.join("chat_template.json");
+                    if processor.exists() { template_field(&read_json(&processor)?)? } else { None }
+                }
             }
         };
+        let Some(source) = source else { return Ok(None) };
         let token = |field: &str| {
-            json.get(field)
+            config
+                .get(field)
                 .and_then(|v| v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str())))
                 .unwrap_or_default()
                 .to_string()
@@ -441,6 +456,32 @@ impl ChatTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A checkpoint's template is read where transformers writes it: `chat_template.jinja`
+    /// (before `tokenizer_config.json`'s), or a processor's `chat_template.json`; the BOS and EOS
+    /// tokens come from `tokenizer_config.json` whichever holds the template.
+    #[test]
+    fn a_template_is_read_from_its_jinja_file_the_tokenizer_config_or_the_processors_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        let source = |dir: &Path| ChatTemplate::from_dir(dir).unwrap().map(|t| t.source().to_string());
+        assert_eq!(source(dir.path()), None, "no files: no template");
+        write("tokenizer_config.json", r#"{"bos_token":"<s>","eos_token":{"content":"</s>"}}"#);
+        assert_eq!(source(dir.path()), None, "a tokenizer config without one");
+        write("chat_template.json", r#"{"chat_template":"processor {{ bos_token }}"}"#);
+        let t = ChatTemplate::from_dir(dir.path()).unwrap().unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "processor <s>");
+        write("tokenizer_config.json", r#"{"bos_token":"<s>","chat_template":"config"}"#);
+        assert_eq!(source(dir.path()).as_deref(), Some("config"));
+        write("chat_template.jinja", "jinja {{ eos_token }}");
+        assert_eq!(source(dir.path()).as_deref(), Some("jinja {{ eos_token }}"));
+        write("chat_template.json", r#"{"chat_template":7}"#);
+        assert_eq!(source(dir.path()).as_deref(), Some("jinja {{ eos_token }}"), "the jinja file first");
+        std::fs::remove_file(dir.path().join("chat_template.jinja")).unwrap();
+        write("tokenizer_config.json", "{}");
+        let err = ChatTemplate::from_dir(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("chat_template"), "{err}");
+    }
 
     /// A backslash that ends a line inside a tag's string literal continues the line, as in
     /// Jinja2 (Mistral Small 3.1's default system message): "Paris.\⏎Your" renders "Paris.Your".
