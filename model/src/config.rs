@@ -350,7 +350,14 @@ impl ModelConfig {
             return Err(LoadError::Json { path: "config.json".into(), reason: "not a JSON object".into() });
         };
         let arch = Fields(&top).arch()?;
-        // A multimodal checkpoint's language model has its own config (`text_config`).
+        // A multimodal checkpoint's language model has its own config (`text_config`), and is
+        // served as its own family where that is another we serve (Mistral 3's checkpoints
+        // wrap Mistral's, Ministral 3's or Mistral 4's layers).
+        let text_arch = match top.get("text_config") {
+            Some(Value::Object(text)) => Fields(text).opt_str("model_type")?.and_then(|name| arch::find(&name)),
+            _ => None,
+        };
+        let arch = text_arch.unwrap_or(arch);
         let obj = match top.get("text_config") {
             Some(Value::Object(text)) => {
                 let mut text = text.clone();
@@ -919,10 +926,15 @@ impl Fields<'_> {
                 return Err(LoadError::Config { field: "scoring_func".into(), reason });
             }
         };
-        let grouped = self.opt_usize("n_group")?.unwrap_or(1) > 1;
-        if !sigmoid && grouped && self.opt_str("topk_method")?.as_deref() == Some("group_limited_greedy") {
+        // A softmax router choosing within its best groups (DeepSeek V2 236B's
+        // `group_limited_greedy`; Mistral 4's routers wherever `topk_group` < `n_group`).
+        let groups = self.opt_usize("n_group")?.unwrap_or(1);
+        let grouped = groups > 1 && self.opt_usize("topk_group")?.unwrap_or(groups) < groups;
+        let method = self.opt_str("topk_method")?;
+        if !sigmoid && grouped && method.as_deref() != Some("greedy") {
             let reason = "a softmax router's choice within groups (DeepSeek V2's 236B) is not supported".into();
-            return Err(LoadError::Config { field: "topk_method".into(), reason });
+            let field = if method.is_some() { "topk_method" } else { "topk_group" };
+            return Err(LoadError::Config { field: field.into(), reason });
         }
         Ok(sigmoid)
     }
@@ -1539,6 +1551,67 @@ mod tests {
             .unwrap_err();
             assert_eq!(field_of(err), field, "{extra}");
         }
+    }
+
+    /// Mistral 4's language model: latent attention, a softmax router (its top-k renormalised),
+    /// Llama 4's query scaling; read so as a Mistral 3 checkpoint's `text_config` too, whose
+    /// wrapper names another family (as Mistral Small 3.1's, whose layers are Mistral's). Its
+    /// router choosing within groups is refused by name.
+    #[test]
+    fn mistral4_is_read_alone_and_as_mistral3s_language_model() {
+        let text = r#"{"model_type":"mistral4","hidden_size":64,"num_hidden_layers":3,"num_attention_heads":4,
+            "num_key_value_heads":4,"intermediate_size":128,"vocab_size":64,"moe_intermediate_size":24,
+            "n_routed_experts":8,"num_experts_per_tok":2,"n_shared_experts":1,"q_lora_rank":24,"kv_lora_rank":32,
+            "qk_nope_head_dim":24,"qk_rope_head_dim":32,"v_head_dim":20,"first_k_dense_replace":1,
+            "norm_topk_prob":true,"n_group":1,"topk_group":1,"max_position_embeddings":256,
+            "rope_parameters":{"rope_type":"yarn","rope_theta":10000.0,"factor":16.0,
+            "original_max_position_embeddings":32,"mscale":1.0,"mscale_all_dim":1.0,"llama_4_scaling_beta":0.5}}"#;
+        let alone = ModelConfig::from_json_str(text).unwrap();
+        assert_eq!(alone.arch.name, "mistral4");
+        assert_eq!((alone.head_dim, alone.num_key_value_heads, alone.rotary_dim), (64, 1, 32));
+        let m = alone.moe.clone().unwrap();
+        assert_eq!((m.routing, m.norm_topk_prob, m.dense_layers.clone()), (Routing::Softmax, true, vec![0]));
+        assert_eq!(alone.query_scaling.map(|q| (q.beta, q.original)), Some((0.5, 32)));
+        let wrapped = format!(r#"{{"model_type":"mistral3","text_config":{text}}}"#);
+        assert_eq!(ModelConfig::from_json_str(&wrapped).unwrap(), alone);
+        let small31 = with("model_type", r#""mistral""#);
+        let wrapped = format!(r#"{{"model_type":"mistral3","text_config":{small31}}}"#);
+        assert_eq!(ModelConfig::from_json_str(&wrapped).unwrap().arch.name, "mistral");
+        let grouped = text.replace(r#""n_group":1,"topk_group":1"#, r#""n_group":4,"topk_group":2"#);
+        assert_eq!(field_of(ModelConfig::from_json_str(&grouped).unwrap_err()), "topk_group");
+    }
+
+    /// Qwen3-VL's checkpoints: the language model's config under `text_config` (`qwen3_vl_text`,
+    /// `qwen3_vl_moe_text`) with its interleaved M-RoPE sections, read as Qwen3's and Qwen3-MoE's
+    /// layers (the MoE's top-k always renormalised, its head size hidden / heads by default).
+    #[test]
+    fn qwen3_vl_configs_are_their_language_models() {
+        let text = |model_type: &str, extra: &str| {
+            format!(
+                r#"{{"model_type":"{model_type}","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
+                "num_key_value_heads":2,"intermediate_size":128,"vocab_size":64,"max_position_embeddings":256,
+                "rope_parameters":{{"rope_type":"default","rope_theta":5000000.0,"mrope_section":[6,5,5],
+                "mrope_interleaved":true}}{extra}}}"#
+            )
+        };
+        let wrapped = |top: &str, text: String| {
+            format!(
+                r#"{{"model_type":"{top}","tie_word_embeddings":true,"text_config":{text},"vision_config":{{"depth":1}}}}"#
+            )
+        };
+        let dense =
+            ModelConfig::from_json_str(&wrapped("qwen3_vl", text("qwen3_vl_text", r#","head_dim":32"#))).unwrap();
+        assert_eq!(
+            (dense.arch.name, dense.head_dim, dense.qk_norm, dense.tie_word_embeddings),
+            ("qwen3_vl", 32, true, true)
+        );
+        assert_eq!((dense.rotary_dim, dense.rope_theta), (32, 5000000.0));
+        let moe_text =
+            text("qwen3_vl_moe_text", r#","num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":24"#);
+        let moe = ModelConfig::from_json_str(&wrapped("qwen3_vl_moe", moe_text)).unwrap();
+        assert_eq!((moe.arch.name, moe.head_dim), ("qwen3_vl_moe", 16));
+        let m = moe.moe.unwrap();
+        assert_eq!((m.experts, m.experts_per_token, m.intermediate_size, m.norm_topk_prob), (8, 2, 24, true));
     }
 
     #[test]

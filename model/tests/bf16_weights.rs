@@ -34,11 +34,12 @@ fn bf16_weights_stay_close_to_the_f32_reference() {
                 assert!(err < 1e-3, "{name} prompt {s}: error {err}");
                 let tokens = greedy(&mut ctx, s as u32, &p.ids, p.greedy.len(), &[]).unwrap().tokens;
                 assert_eq!(tokens, p.greedy, "{name} prompt {s}: greedy tokens with bf16 weights");
-            } else if name.contains("moe") || name.contains("next") {
+            } else if name.contains("moe") || name.contains("next") || name == "tiny-mistral4-f32" {
                 // Rounding may flip a token's choice between two near-tied experts, a jump in
                 // its output (7.3% of the scale measured on tiny-qwen3moe's third prompt, 10.4%
                 // on tiny-qwen3next's second, where transformers over the same bf16-rounded
-                // weights moves 11.1%); the routers themselves stay f32.
+                // weights moves 11.1%; 5.3% on tiny-mistral4's third, where it moves 5.9%); the
+                // routers themselves stay f32.
                 assert!(err < 0.15 * scale, "{name} prompt {s}: error {err} at logit scale {scale}");
             } else {
                 // Measured: at most 1.0% of the logit scale on these fixtures.

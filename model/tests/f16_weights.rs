@@ -21,8 +21,10 @@ fn f16_weights_stay_close_to_the_f32_reference() {
             // Qwen3.5-MoE one's first prompt, where transformers over the same f16-rounded weights
             // moves as far (0.466 at scale 38.9: a top-2 routing near a tie), and 2.5e-2 on
             // Qwen3-Next's second prompt, where transformers moves 1.5e-2 (its products keep f32
-            // activations; near a routing tie the difference grows).
-            let near_ties = ["tiny-qwen35moe-f32", "tiny-qwen3next-f32"];
+            // activations; near a routing tie the difference grows); and 5.7e-3 on Mistral 4's
+            // first prompt, where transformers moves 5.2e-3 (its YaRN factor of 16 and query
+            // scaling sharpen its attention).
+            let near_ties = ["tiny-qwen35moe-f32", "tiny-qwen3next-f32", "tiny-mistral4-f32"];
             let bound = if near_ties.contains(&name) { 3e-2 } else { 3e-3 };
             assert!(err < bound * scale, "{name} prompt {s}: error {err} at logit scale {scale}");
             // Qwen3-Next's first prompt has a near tie at its fourth token: transformers over the

@@ -684,6 +684,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-glm4-f32",
         "tiny-glm4moelite-f32",
         "tiny-deepseekv2-f32",
+        "tiny-qwen3vl-f32",
     ];
     for name in fixtures {
         let source = ModelSource::Gguf(converted_fixture(name));
@@ -1326,5 +1327,58 @@ fn a_deepseek2_gguf_from_before_the_split_reads_its_whole_kv_b() {
     let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
     for (s, p) in Reference::load("tiny-deepseekv2-f32").prompts.iter().enumerate() {
         check_prompt(&mut ctx, s as u32, p);
+    }
+}
+
+/// Mistral 4's GGUF files (`mistral4`) as llama.cpp's converter writes them: latent attention
+/// under DeepSeek's keys, each layer's experts' gate and up in one tensor (`ffn_gate_up_exps`,
+/// each expert's gate rows then its up rows), and no query scaling (the converter writes none of
+/// the checkpoint's `llama_4_scaling_beta`, so llama.cpp applies none). tiny-mistral4-f32's reads
+/// as its checkpoint's configuration but for that scaling, and gives the checkpoint's logits at
+/// every position before its original context (32), other ones after it.
+#[test]
+fn a_mistral4_gguf_reads_its_fused_experts_without_query_scaling() {
+    let name = "tiny-mistral4-f32";
+    let file = GgufFile::open(&converted_fixture(name)).unwrap();
+    assert!(
+        file.tensor("blk.1.ffn_gate_up_exps.weight").is_some() && file.tensor("blk.1.ffn_gate_exps.weight").is_none()
+    );
+    let (ours, hf) = configs(&file, name);
+    assert_eq!((ours.arch.name, hf.arch.name), ("mistral4", "mistral4"));
+    assert_eq!((&ours.latent, &ours.moe, ours.attention_scalar), (&hf.latent, &hf.moe, hf.attention_scalar));
+    assert_eq!((ours.query_scaling, hf.query_scaling.map(|q| (q.beta, q.original))), (None, Some((0.5, 32))));
+    let mut from_file = context(&ModelSource::Gguf(converted_fixture(name)), WeightDtype::Auto);
+    let mut checkpoint = context(&ModelSource::Dir(fixture_dir(name)), WeightDtype::Auto);
+    for p in &Reference::load(name).prompts {
+        let ids: Vec<u32> = p.ids.iter().chain(&p.greedy).copied().collect();
+        assert!(ids.len() > 32, "the prompt reaches past the original context");
+        let (ours, theirs) = (all_rows(&mut from_file, 0, &ids), all_rows(&mut checkpoint, 0, &ids));
+        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            let error = relative_error(a, b);
+            assert_eq!(error < 1e-4, i < 32, "position {i}: relative error {error}");
+        }
+        for ctx in [&mut from_file, &mut checkpoint] {
+            ctx.kv_mut().seq_rm(0, ..).unwrap();
+        }
+    }
+}
+
+/// A quantized `ffn_gate_up_exps` is read as its gate's and its up's experts, blocks kept:
+/// tiny-mistral4-fused-q8_0 (the converter's layout in Q8_0) is the model of
+/// tiny-mistral4-split-q8_0 (the same blocks, gate and up apart), kept in Q8_0 or dequantized,
+/// bit for bit at every position.
+#[test]
+fn a_quantized_gate_up_experts_tensor_is_the_split_model() {
+    let reference = Reference::load("tiny-mistral4-f32");
+    for dtype in [WeightDtype::Auto, WeightDtype::F32] {
+        let mut fused = context(&gguf("tiny-mistral4-fused-q8_0"), dtype);
+        let mut split = context(&gguf("tiny-mistral4-split-q8_0"), dtype);
+        for p in &reference.prompts {
+            let ids: Vec<u32> = p.ids.iter().chain(&p.greedy).copied().collect();
+            assert_eq!(all_rows(&mut fused, 0, &ids), all_rows(&mut split, 0, &ids), "{dtype}");
+            for ctx in [&mut fused, &mut split] {
+                ctx.kv_mut().seq_rm(0, ..).unwrap();
+            }
+        }
     }
 }

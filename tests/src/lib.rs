@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 25] = [
+pub const FIXTURES: [&str; 28] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -34,6 +34,9 @@ pub const FIXTURES: [&str; 25] = [
     "tiny-glm4-f32",
     "tiny-glm4moelite-f32",
     "tiny-deepseekv2-f32",
+    "tiny-mistral4-f32",
+    "tiny-qwen3vl-f32",
+    "tiny-qwen3vlmoe-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

@@ -35,7 +35,7 @@ pub const DEEPSEEK_V3: Architecture = Architecture {
         norm_topk_always: false,
         width: "moe_intermediate_size",
         biases: false,
-        fused_3d: false,
+        fused_3d: None,
     }),
     latent_attention: true,
     ..LLAMA

@@ -38,7 +38,7 @@ pub const GLM4_MOE: Architecture = Architecture {
         norm_topk_always: false,
         width: "moe_intermediate_size",
         biases: false,
-        fused_3d: false,
+        fused_3d: None,
     }),
     tied_embeddings: false,
     ..LLAMA

@@ -8,7 +8,7 @@
 //! by column), in MXFP4 where released (`*_blocks`, `*_scales`): `decoder::fused_experts` reads
 //! them as one matrix per expert. Its chat format is OpenAI's harmony (`<|channel|>` …).
 
-use super::{Activation, Architecture, Bias, Experts, LocalLayers, Shared};
+use super::{Activation, Architecture, Bias, Experts, Fused3d, LocalLayers, Shared};
 
 pub const GPT_OSS: Architecture = Architecture {
     name: "gpt_oss",
@@ -33,7 +33,7 @@ pub const GPT_OSS: Architecture = Architecture {
         norm_topk_always: true,
         width: "intermediate_size",
         biases: true,
-        fused_3d: true,
+        fused_3d: Some(Fused3d::Interleaved),
     }),
     gated_delta_net: false,
     fused_linear_projections: false,

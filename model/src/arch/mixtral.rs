@@ -28,7 +28,7 @@ pub const MIXTRAL: Architecture = Architecture {
         norm_topk_always: true,
         width: "intermediate_size",
         biases: false,
-        fused_3d: false,
+        fused_3d: None,
     }),
     ..MISTRAL
 };

@@ -14,6 +14,7 @@ mod granite;
 mod llama;
 mod ministral3;
 mod mistral;
+mod mistral4;
 mod mixtral;
 mod olmo2;
 mod phi3;
@@ -24,6 +25,8 @@ mod qwen35;
 mod qwen35moe;
 mod qwen3moe;
 mod qwen3next;
+mod qwen3vl;
+mod qwen3vlmoe;
 mod smollm3;
 
 pub use crate::config::Activation;
@@ -175,9 +178,22 @@ pub struct Experts {
     pub width: &'static str,
     /// The router and every expert's matrices have biases (gpt-oss).
     pub biases: bool,
-    /// Its checkpoints keep a layer's experts in 3-D tensors, gate and up interleaved, dense or
-    /// in MXFP4 (gpt-oss's; `decoder::fused_experts` reads them).
-    pub fused_3d: bool,
+    /// Its checkpoints keep a layer's experts in 3-D tensors, one per matrix
+    /// (`decoder::fused_experts` reads them as one matrix per expert).
+    pub fused_3d: Option<Fused3d>,
+}
+
+/// How a family's checkpoints lay out a layer's experts in 3-D tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fused3d {
+    /// [experts, inputs, outputs], each expert's gate and up outputs interleaved, dense or in
+    /// MXFP4 (gpt-oss's).
+    Interleaved,
+    /// [experts, inputs, outputs], the gate's outputs then the up's (Qwen3-VL-MoE's).
+    Halves,
+    /// [experts, outputs, inputs] as transformers keeps them, the gate's rows then the up's
+    /// (Mistral 4's).
+    RowHalves,
 }
 
 /// A family's shared expert.
@@ -224,6 +240,9 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &glm4moe::GLM4_MOE,
     &glm4::GLM4,
     &deepseek_v3::DEEPSEEK_V3,
+    &mistral4::MISTRAL4,
+    &qwen3vl::QWEN3_VL,
+    &qwen3vlmoe::QWEN3_VL_MOE,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what

@@ -26,7 +26,7 @@ pub const QWEN2_MOE: Architecture = Architecture {
         norm_topk_always: false,
         width: "moe_intermediate_size",
         biases: false,
-        fused_3d: false,
+        fused_3d: None,
     }),
     gated_delta_net: false,
     fused_linear_projections: false,

@@ -18,7 +18,7 @@ pub const QWEN3_5_MOE: Architecture = Architecture {
         norm_topk_always: true,
         width: "moe_intermediate_size",
         biases: false,
-        fused_3d: false,
+        fused_3d: None,
     }),
     ..QWEN3_5
 };

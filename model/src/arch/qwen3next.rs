@@ -22,7 +22,7 @@ pub const QWEN3_NEXT: Architecture = Architecture {
         norm_topk_always: false,
         width: "moe_intermediate_size",
         biases: false,
-        fused_3d: false,
+        fused_3d: None,
     }),
     fused_linear_projections: true,
     fused_qkv: false,

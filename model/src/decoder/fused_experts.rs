@@ -1,8 +1,10 @@
-//! A checkpoint whose experts are kept in 3-D tensors, one per layer and matrix (gpt-oss's:
-//! `mlp.experts.gate_up_proj` [experts, hidden, 2 · width] with each expert's gate and up
-//! columns interleaved, `down_proj` [experts, width, hidden], their biases [experts, outputs]),
-//! read as one tensor per expert under the decoder's names (`mlp.experts.{e}.gate_proj.weight`,
-//! [width, hidden], ...), so its experts load as any other family's.
+//! A checkpoint whose experts are kept in 3-D tensors, one per layer and matrix, read as one
+//! tensor per expert under the decoder's names (`mlp.experts.{e}.gate_proj.weight`, [width,
+//! hidden], ...), so its experts load as any other family's. Three layouts (`arch::Fused3d`):
+//! gpt-oss's `mlp.experts.gate_up_proj` [experts, hidden, 2 · width] with each expert's gate and
+//! up columns interleaved, `down_proj` [experts, width, hidden], their biases [experts,
+//! outputs]; Qwen3-VL-MoE's, the same but the gate's columns before the up's; and transformers'
+//! own (Mistral 4's), [experts, outputs, inputs], `gate_up_proj`'s gate rows before its up rows.
 //!
 //! OpenAI's released checkpoints hold the matrices in MXFP4 instead: `*_blocks` [experts,
 //! outputs, inputs / 32, 16] and `*_scales` [experts, outputs, inputs / 32], bytes, rows already
@@ -16,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use burn::tensor::{DType, TensorData};
 
 use super::weights::{Slot, expert_name};
+use crate::arch::Fused3d;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::LoadError;
@@ -28,9 +31,13 @@ struct Part {
     /// The stored tensor's name without its suffix (`model.layers.0.mlp.experts.gate_up_proj`).
     stem: String,
     expert: usize,
-    /// The expert's outputs are the stored ones `first`, `first + step`, ... (gate: even, up: odd).
+    /// The expert's outputs are the stored ones `first`, `first + step`, ... (interleaved gate:
+    /// even, up: odd; in halves, up's first is the width).
     first: usize,
     step: usize,
+    /// The stored tensor is [experts, outputs, inputs] (transformers' layout), not [experts,
+    /// inputs, outputs] (gpt-oss's).
+    rows_first: bool,
     /// The expert's tensor: [outputs, inputs], or [outputs] for a bias (`inputs` 0).
     outputs: usize,
     inputs: usize,
@@ -62,6 +69,11 @@ impl FusedExperts {
     pub fn new(inner: Checkpoint, c: &ModelConfig) -> Result<Self, Checkpoint> {
         let Some(m) = c.moe.as_ref() else { return Err(inner) };
         let (h, w) = (c.hidden_size, m.intermediate_size);
+        let layout = c.arch.experts.as_ref().and_then(|e| e.fused_3d).unwrap_or(Fused3d::Interleaved);
+        let gate_up = match layout {
+            Fused3d::Interleaved => [(Slot::ExpertGate, 0, 2), (Slot::ExpertUp, 1, 2)],
+            Fused3d::Halves | Fused3d::RowHalves => [(Slot::ExpertGate, 0, 1), (Slot::ExpertUp, w, 1)],
+        };
         let names = inner.names();
         let mut parts = BTreeMap::new();
         let mut fused = BTreeSet::new();
@@ -69,7 +81,7 @@ impl FusedExperts {
             let stem = |m: &str| format!("model.layers.{l}.mlp.experts.{m}");
             // (the stored matrix, the decoder's slots with their first output and step, inputs)
             let matrices = [
-                ("gate_up_proj", [(Slot::ExpertGate, 0, 2), (Slot::ExpertUp, 1, 2)].as_slice(), h, w),
+                ("gate_up_proj", gate_up.as_slice(), h, w),
                 ("down_proj", [(Slot::ExpertDown, 0, 1)].as_slice(), w, h),
             ];
             for (matrix, slots, inputs, outputs) in matrices {
@@ -94,7 +106,9 @@ impl FusedExperts {
                         _ => Slot::ExpertDownBias,
                     };
                     for e in 0..m.experts {
-                        let part = Part { stem: stem.clone(), expert: e, first, step, outputs, inputs, mxfp4 };
+                        let rows_first = layout == Fused3d::RowHalves;
+                        let part =
+                            Part { stem: stem.clone(), expert: e, first, step, rows_first, outputs, inputs, mxfp4 };
                         if bias {
                             parts
                                 .insert(expert_name(bias_slot, l, e), Part { inputs: 0, mxfp4: false, ..part.clone() });
@@ -142,10 +156,19 @@ impl FusedExperts {
         let read = self.read(&stored, false)?;
         let Read::Values(all) = &*read else { return Err(bad("not values".into())) };
         // [experts, inputs, stored outputs] ([experts, stored outputs] for a bias): stored output
-        // o of input i at (e · inputs + i) · total + o.
-        let total = self.inner.shape(&stored).and_then(|s| s.last().copied()).unwrap_or(0);
-        let at = |i: usize, j: usize| (p.expert * inputs + i) * total + p.first + p.step * j;
-        if (p.expert + 1) * inputs * total > all.len() || p.first + p.step * (p.outputs - 1) >= total {
+        // o of input i at (e · inputs + i) · total + o; or [experts, stored outputs, inputs]:
+        // at (e · total + o) · inputs + i.
+        let shape = self.inner.shape(&stored).unwrap_or_default();
+        let total = match p.rows_first && p.inputs > 0 {
+            true => shape.get(1).copied().unwrap_or(0),
+            false => shape.last().copied().unwrap_or(0),
+        };
+        let at = |i: usize, j: usize| match p.rows_first && p.inputs > 0 {
+            true => (p.expert * total + p.first + p.step * j) * inputs + i,
+            false => (p.expert * inputs + i) * total + p.first + p.step * j,
+        };
+        let laid_out = p.inputs == 0 || shape.len() == 3 && shape[if p.rows_first { 2 } else { 1 }] == inputs;
+        if !laid_out || (p.expert + 1) * inputs * total > all.len() || p.first + p.step * (p.outputs - 1) >= total {
             return Err(bad(format!("{stored} does not hold expert {}'s {} outputs", p.expert, p.outputs)));
         }
         Ok((0..p.outputs).flat_map(|j| (0..inputs).map(move |i| all[at(i, j)])).collect())

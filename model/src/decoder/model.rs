@@ -62,7 +62,7 @@ pub fn load(
                 .aliased(config.arch.hf_aliases)
                 .without_layers(config.num_hidden_layers..config.num_hidden_layers + config.nextn_layers);
             // Experts kept in 3-D tensors (gpt-oss's), read as one tensor each.
-            let fused = config.arch.experts.as_ref().is_some_and(|e| e.fused_3d);
+            let fused = config.arch.experts.as_ref().is_some_and(|e| e.fused_3d.is_some());
             let src: Box<dyn TensorSource> = match fused {
                 true => match FusedExperts::new(checkpoint, &config) {
                     Ok(fused) => Box::new(fused),

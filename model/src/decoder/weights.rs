@@ -652,15 +652,21 @@ pub fn reorder_rows(name: &str, data: TensorData, order: &[usize]) -> Result<Ten
         .convert::<f32>()
         .try_into_vec::<f32>()
         .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?;
-    let width = values.len() / shape[0].max(1);
-    if order.iter().any(|&r| r >= shape[0]) {
+    // A 3-D tensor (a GGUF file's experts) is reordered within each of its first dimension's.
+    let (groups, axis) = if shape.len() == 3 { (shape[0], 1) } else { (1, 0) };
+    let stored = shape.get(axis).copied().unwrap_or(0);
+    let width = values.len() / (groups * stored).max(1);
+    if order.iter().any(|&r| r >= stored) {
         return Err(LoadError::Tensor {
             name: name.into(),
-            reason: format!("has {} rows, fewer than its layout", shape[0]),
+            reason: format!("has {stored} rows, fewer than its layout"),
         });
     }
-    let rows: Vec<f32> = order.iter().flat_map(|&r| values[r * width..(r + 1) * width].iter().copied()).collect();
-    shape[0] = order.len();
+    let rows: Vec<f32> = (0..groups)
+        .flat_map(|g| order.iter().map(move |&r| g * stored + r))
+        .flat_map(|r| values[r * width..(r + 1) * width].iter().copied())
+        .collect();
+    shape[axis] = order.len();
     Ok(crate::tensors::convert(rows, shape, dtype))
 }
 
@@ -685,12 +691,39 @@ pub fn reorderings(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<
 }
 
 /// The tensors (named as in `naming`) that a checkpoint of config `c` fuses, as (the decoder's
+/// tensor, the stored one, its rows: new row → stored row; a 3-D tensor's within each expert):
+/// those of `projection_splits`, and a GGUF file's experts' gate and up in one tensor each layer.
+pub fn split_rows(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
+    let mut out = projection_splits(c, naming);
+    out.extend(gate_up_experts(c, naming));
+    out
+}
+
+/// A GGUF file's experts' gate and up matrices in one tensor a layer (`ffn_gate_up_exps`, each
+/// expert's gate rows then its up rows: llama.cpp's converter keeps transformers' fused experts
+/// so, Mistral 4's), read as `ffn_gate_exps` and `ffn_up_exps`.
+fn gate_up_experts(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
+    let (Some(m), Naming::Gguf) = (&c.moe, naming) else { return Vec::new() };
+    let w = m.intermediate_size;
+    (0..c.num_hidden_layers)
+        .filter(|&l| c.is_moe_layer(l))
+        .flat_map(|l| {
+            let fused = format!("blk.{l}.ffn_gate_up_exps.weight");
+            [
+                (name_of(Slot::ExpertGate, Some(l), naming), fused.clone(), (0..w).collect()),
+                (name_of(Slot::ExpertUp, Some(l), naming), fused, (w..2 * w).collect()),
+            ]
+        })
+        .collect()
+}
+
+/// The tensors (named as in `naming`) that a checkpoint of config `c` fuses, as (the decoder's
 /// tensor, the stored one, its rows: new row → stored row): Qwen3-Next's linear attention keeps
 /// per key head its q, k rows and its value heads' v and z rows in `in_proj_qkvz`, their β and α
 /// rows in `in_proj_ba` (a GGUF file splits q, k, v and z, and keeps `ssm_ba`); Phi-3 keeps q, k
 /// and v in `qkv_proj` (GGUF `attn_qkv`), Phi-3 and GLM-4 gate and up in `gate_up_proj` (GGUF
 /// `ffn_up`).
-pub fn split_rows(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
+fn projection_splits(c: &ModelConfig, naming: Naming) -> Vec<(String, String, Vec<usize>)> {
     if let Some(l) = &c.latent {
         // Each head's key rows, then its value rows, in `kv_b_proj` (GGUF `attn_kv_b`: files
         // from before llama.cpp's converter split it per head; later files hold the parts).
@@ -811,7 +844,8 @@ impl TensorSource for Reordered {
         match self.find(name) {
             Some((from, order)) => {
                 let mut shape = self.inner.shape(from)?;
-                *shape.first_mut()? = order.len();
+                let axis = usize::from(shape.len() == 3);
+                *shape.get_mut(axis)? = order.len();
                 Some(shape)
             }
             None => self.inner.shape(name),
@@ -830,12 +864,18 @@ impl TensorSource for Reordered {
     fn blocks(&self, name: &str) -> Option<(QuantType, std::borrow::Cow<'_, [u8]>)> {
         let Some((from, order)) = self.find(name) else { return self.inner.blocks(name) };
         let (q, bytes) = self.inner.blocks(from)?;
-        let rows = *self.inner.shape(from)?.first()?;
-        let row = bytes.len().checked_div(rows)?;
-        if row * rows != bytes.len() || order.iter().any(|&r| r >= rows) {
+        // A 3-D tensor's rows are reordered within each expert.
+        let shape = self.inner.shape(from)?;
+        let (groups, rows) = if shape.len() == 3 { (shape[0], shape[1]) } else { (1, *shape.first()?) };
+        let row = bytes.len().checked_div(groups * rows)?;
+        if row * groups * rows != bytes.len() || order.iter().any(|&r| r >= rows) {
             return None;
         }
-        let moved = order.iter().flat_map(|&from| &bytes[from * row..(from + 1) * row]).copied().collect();
+        let moved = (0..groups)
+            .flat_map(|g| order.iter().map(move |&r| g * rows + r))
+            .flat_map(|r| &bytes[r * row..(r + 1) * row])
+            .copied()
+            .collect();
         Some((q, std::borrow::Cow::Owned(moved)))
     }
     fn done(&self, name: &str) {
