@@ -856,6 +856,39 @@ async fn llama_cpp_completion_answers_as_openai_completions() {
     s.shutdown().await;
 }
 
+/// llama.cpp's `GET /props`: the context one request may fill (the fixture's 256 positions,
+/// within a KV cache of 200 cells here), the defaults a `/completion` gets (the fixture's
+/// generation config sets none: transformers' own; at most `limits.max_tokens` tokens), the
+/// requests served at once (the admission limit), the model's name, first weight file and chat
+/// template; `?model=` names it, an unknown one is a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpp_props_say_the_context_defaults_slots_and_template() {
+    let settings = [("engine.kv_capacity", "200"), ("limits.max_concurrent_requests", "3")];
+    let s = server_for(&fixture_dir(FIXTURE), &settings).await;
+    let (status, p) = get(&s, "/props").await;
+    assert_eq!(status, 200, "{p}");
+    let settings = &p["default_generation_settings"];
+    assert_eq!(settings["n_ctx"], 200, "{p}");
+    let params = &settings["params"];
+    assert_eq!(
+        (&params["n_predict"], &params["temperature"], &params["top_k"]),
+        (&json!(4096), &json!(1.0), &json!(0))
+    );
+    assert_eq!(
+        (&params["top_p"], &params["min_p"], &params["repeat_penalty"]),
+        (&json!(1.0), &json!(0.0), &json!(1.0))
+    );
+    assert_eq!((&p["total_slots"], &p["model_alias"]), (&json!(3), &json!(FIXTURE)), "{p}");
+    assert!(p["model_path"].as_str().unwrap().ends_with("model-00001-of-00005.safetensors"), "{p}");
+    assert!(p["chat_template"].as_str().unwrap().contains("<|im_start|>"), "{p}");
+    assert_eq!(p["modalities"]["vision"], false);
+    let (status, named) = get(&s, &format!("/props?model={FIXTURE}")).await;
+    assert_eq!((status, &named), (200, &p));
+    let (status, err) = get(&s, "/props?model=nope").await;
+    assert_eq!(status, 404, "{err}");
+    s.shutdown().await;
+}
+
 /// The stop string that ended a choice: vLLM's `stop_reason` in OpenAI's chat and completions
 /// (streamed in the finishing chunk), Anthropic's `stop_reason: "stop_sequence"` with the
 /// sequence, llama.cpp's `stop_type: "word"` with the `stopping_word`; a choice that no stop

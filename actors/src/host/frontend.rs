@@ -81,6 +81,11 @@ impl Frontend {
         &self.limits
     }
 
+    /// The most tokens one sequence may hold: the model's context, within the KV cache's cells.
+    pub fn context(&self) -> usize {
+        self.kv_capacity.map_or(self.info.context_length, |c| c.min(self.info.context_length))
+    }
+
     /// The model's text side, if the engine has one.
     pub fn text(&self) -> Option<&ModelText> {
         self.text.as_ref()

@@ -14,13 +14,14 @@
 //! `tokens_evaluated`, `stop_type` (`eos`, `word` or `limit`) and `stopping_word`, `truncated`
 //! and `timings`; streamed as
 //! server-sent `data:` objects, the last with `stop: true`. Errors are OpenAI's shape, as
-//! llama.cpp's.
+//! llama.cpp's. `GET /props` says what its clients read before they ask (`props`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Extension;
-use axum::extract::State;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::Response;
 use llaisys_actors::request::FinishReason;
 use llaisys_actors::{CompletionRequest, Infill, Options, Prompt};
@@ -33,7 +34,7 @@ use super::dialect::{Dialect, Frame, Run, Work, endpoint};
 use super::error::{ApiError, ErrorShape};
 use super::generation::{Generation, Step};
 use super::openai;
-use super::{AppState, Body413, RequestIdExt};
+use super::{AppState, Body413, RequestIdExt, json_response};
 
 /// The fields `/completion` and `/infill` share: the model, how much to generate and how.
 #[derive(Debug, Deserialize)]
@@ -311,4 +312,51 @@ impl Dialect for LlamaCpp {
     fn close(&mut self, _: &Generation) -> Vec<Frame> {
         Vec::new()
     }
+}
+
+/// `?model=NAME`: which of several served models (llama.cpp's router's parameter).
+#[derive(Debug, Deserialize)]
+pub struct PropsQuery {
+    model: Option<String>,
+}
+
+/// `GET /props` (llama.cpp's): what its clients read of a server before they ask. The context one
+/// request may fill (`default_generation_settings.n_ctx`: the model's, within the KV cache), the
+/// defaults a `/completion` without options gets (`params`: only the fields llaisys honours;
+/// `n_predict` the most tokens it generates, `seed` llama.cpp's word for a random one), the
+/// requests served at once (`total_slots`: the admission limit), the model (its name as
+/// `model_alias`, its first weight file as `model_path`), its chat template, its modalities (text
+/// only). `?model=NAME` picks one of several served models; with one it may be left out.
+pub async fn props(State(state): State<Arc<AppState>>, Query(q): Query<PropsQuery>) -> Result<Response, ApiError> {
+    let m = state.model_or_default(q.model.as_deref())?;
+    let frontend = m.engine.frontend();
+    let text = frontend.text();
+    let d = text.map(|t| t.defaults().clone()).unwrap_or_default();
+    let params = json!({
+        "n_predict": frontend.limits().max_tokens,
+        "seed": u32::MAX,
+        "temperature": d.temperature,
+        "top_k": d.top_k.unwrap_or(0),
+        "top_p": d.top_p,
+        "min_p": d.min_p,
+        "repeat_penalty": d.repetition_penalty,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "stop": [],
+        "ignore_eos": false,
+        "n_probs": 0,
+        "stream": false,
+    });
+    let path = m.files().and_then(|f| f.files.first()).map_or(m.name.clone(), |p| p.display().to_string());
+    let body = json!({
+        "default_generation_settings": {"n_ctx": frontend.context(), "params": params},
+        "total_slots": state.limits.max_concurrent_requests,
+        "model_alias": m.name,
+        "model_path": path,
+        "chat_template": text.and_then(|t| t.chat_template()).map_or("", |t| t.source()),
+        "modalities": {"vision": false, "audio": false},
+        "build_info": format!("llaisys {}", env!("CARGO_PKG_VERSION")),
+        "is_sleeping": false,
+    });
+    Ok(json_response(StatusCode::OK, &body))
 }

@@ -251,6 +251,7 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
         .route("/completion", post(llamacpp::completion))
         .route("/completions", post(llamacpp::completion))
         .route("/infill", post(llamacpp::infill))
+        .route("/props", get(llamacpp::props))
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
@@ -346,6 +347,7 @@ fn route_label(path: &str) -> &'static str {
         "/metrics" => "/metrics",
         "/tokenize" => "/tokenize",
         "/detokenize" => "/detokenize",
+        "/props" => "/props",
         p if p.starts_with("/v1/requests/") => "/v1/requests/{id}/cancel",
         p if p.starts_with("/v1/sessions") => "/v1/sessions",
         p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
