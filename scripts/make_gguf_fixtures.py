@@ -20,9 +20,10 @@
   default $PEER/bin/llama-imatrix) in its GGUF and its older .dat format.
 - unsupported-type.gguf: tiny-tied with one matrix in Q8_1 (the files of other families and
   architectures are scripts/make_family_fixtures.py's).
-- pre-deepseek-r1-qwen.gguf, pre-llama3.gguf: the tokenizer metadata (no tensors) of
-  tiny-qwen3-f32.gguf and tiny-llama-f32.gguf (scripts/make_family_fixtures.py's) with
-  `tokenizer.ggml.pre` set to a name llama.cpp reads as theirs (`deepseek-r1-qwen`, `llama3`).
+- pre-deepseek-r1-qwen.gguf, pre-llama3.gguf, pre-falcon3.gguf, pre-pixtral.gguf, pre-midm-2.0.gguf: the
+  tokenizer metadata (no tensors) of tiny-qwen3-f32.gguf and tiny-llama-f32.gguf
+  (scripts/make_family_fixtures.py's) with `tokenizer.ggml.pre` set to a name llama.cpp reads as theirs
+  (`deepseek-r1-qwen`; `llama3`, `falcon3`, `pixtral`, `midm-2.0`).
 - tiny-mixtral-stacked-q8_0.gguf, tiny-mixtral-split-q8_0.gguf: tiny-mixtral-f32.gguf
   (scripts/make_family_fixtures.py's) with its matrices in Q8_0 (the routers and vectors in F32,
   as llama-quantize leaves them), the first
@@ -325,7 +326,8 @@ def main():
     write_model(unsupported, tied_cfg, tied, T.Q8_0)
     patch_type(unsupported, "blk.0.attn_q.weight", T.Q8_1, tied["model.layers.0.self_attn.q_proj.weight"])
 
-    for src, pre in [("tiny-qwen3-f32", "deepseek-r1-qwen"), ("tiny-llama-f32", "llama3")]:
+    for src, pre in [("tiny-qwen3-f32", "deepseek-r1-qwen"), ("tiny-llama-f32", "llama3"), ("tiny-llama-f32", "falcon3"),
+                     ("tiny-llama-f32", "pixtral"), ("tiny-llama-f32", "midm-2.0")]:
         write_tokenizer_only(os.path.join(OUT, src + ".gguf"), os.path.join(OUT, f"pre-{pre}.gguf"), pre)
 
     write_split_experts()

@@ -181,12 +181,20 @@ fn the_tokenizer_from_gguf_gives_the_ids_of_tokenizer_json() {
 }
 
 /// A file whose `tokenizer.ggml.pre` is another name llama.cpp gives the same pre-tokenizer
-/// (DeepSeek-R1-Distill-Qwen's `deepseek-r1-qwen`, older Llama 3 files' `llama3`) tokenizes as
+/// (DeepSeek-R1-Distill-Qwen's `deepseek-r1-qwen`, older Llama 3 files' `llama3`, Falcon 3's
+/// `falcon3`, Pixtral's `pixtral`, Mi:dm 2.0's `midm-2.0`) tokenizes as
 /// the family's own: `pre-*.gguf` are tiny-qwen3's and tiny-llama's tokenizer metadata with only
 /// that key changed.
 #[test]
 fn pre_tokenizer_aliases_tokenize_as_the_family_does() {
-    for (family, alias) in [("tiny-qwen3-f32", "pre-deepseek-r1-qwen"), ("tiny-llama-f32", "pre-llama3")] {
+    let aliases = [
+        ("tiny-qwen3-f32", "pre-deepseek-r1-qwen"),
+        ("tiny-llama-f32", "pre-llama3"),
+        ("tiny-llama-f32", "pre-falcon3"),
+        ("tiny-llama-f32", "pre-pixtral"),
+        ("tiny-llama-f32", "pre-midm-2.0"),
+    ];
+    for (family, alias) in aliases {
         let own = gguf(family).tokenizer().unwrap();
         let aliased = gguf(alias).tokenizer().unwrap_or_else(|e| panic!("{alias}: {e}"));
         assert_eq!(aliased.vocab_size(), own.vocab_size(), "{alias}");

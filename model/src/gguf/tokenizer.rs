@@ -45,7 +45,8 @@ use crate::tokenizer::{ChatTemplate, SPM_SPACE as SPACE, Tokenizer};
 struct PreTokenizer {
     /// The `tokenizer.ggml.pre` values that name it: its own first, then those llama.cpp treats
     /// as the same (`llama-vocab.cpp`: DeepSeek-R1-Distill-Qwen's files say `deepseek-r1-qwen`,
-    /// older Llama 3 files `llama3` or `llama-v3`).
+    /// older Llama 3 files `llama3` or `llama-v3`; Falcon 3's, Pixtral's and Mi:dm 2.0's files,
+    /// `llama` all, `falcon3`, `pixtral` and `midm-2.0`).
     names: &'static [&'static str],
     /// The split patterns, applied in turn to the pieces of the one before (one for most; the
     /// StarCoder family's isolates each digit first). Numbers are one digit a piece for Qwen2, up
@@ -89,7 +90,7 @@ const PRE_TOKENIZERS: [PreTokenizer; 11] = [
         add_bos: false,
     },
     PreTokenizer {
-        names: &["llama-bpe", "llama3", "llama-v3"],
+        names: &["llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral", "midm-2.0"],
         splits: &[LLAMA3_SPLIT],
         nfc: false,
         ignore_merges: true,
