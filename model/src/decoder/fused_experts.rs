@@ -159,15 +159,16 @@ impl FusedExperts {
         // o of input i at (e · inputs + i) · total + o; or [experts, stored outputs, inputs]:
         // at (e · total + o) · inputs + i.
         let shape = self.inner.shape(&stored).unwrap_or_default();
-        let total = match p.rows_first && p.inputs > 0 {
+        let rows_first = p.rows_first && p.inputs > 0;
+        let total = match rows_first {
             true => shape.get(1).copied().unwrap_or(0),
             false => shape.last().copied().unwrap_or(0),
         };
-        let at = |i: usize, j: usize| match p.rows_first && p.inputs > 0 {
+        let at = |i: usize, j: usize| match rows_first {
             true => (p.expert * total + p.first + p.step * j) * inputs + i,
             false => (p.expert * inputs + i) * total + p.first + p.step * j,
         };
-        let laid_out = p.inputs == 0 || shape.len() == 3 && shape[if p.rows_first { 2 } else { 1 }] == inputs;
+        let laid_out = p.inputs == 0 || shape.len() == 3 && shape[if rows_first { 2 } else { 1 }] == inputs;
         if !laid_out || (p.expert + 1) * inputs * total > all.len() || p.first + p.step * (p.outputs - 1) >= total {
             return Err(bad(format!("{stored} does not hold expert {}'s {} outputs", p.expert, p.outputs)));
         }

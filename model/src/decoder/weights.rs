@@ -645,6 +645,13 @@ fn latent_row_orders(c: &ModelConfig, l: &crate::config::LatentAttention, naming
 }
 
 /// `data`'s rows (its first dimension) in `order` (new row → old row).
+/// Where a tensor of `shape`'s reordered rows lie: (how many groups of them, the axis an order
+/// indexes). A 3-D tensor (a GGUF file's experts) is reordered within each of its first
+/// dimension's, the same order for each; any other along its first axis.
+fn row_axis(shape: &[usize]) -> (usize, usize) {
+    if shape.len() == 3 { (shape[0], 1) } else { (1, 0) }
+}
+
 pub fn reorder_rows(name: &str, data: TensorData, order: &[usize]) -> Result<TensorData, LoadError> {
     let mut shape = data.shape().as_slice().to_vec();
     let dtype = data.dtype();
@@ -652,8 +659,7 @@ pub fn reorder_rows(name: &str, data: TensorData, order: &[usize]) -> Result<Ten
         .convert::<f32>()
         .try_into_vec::<f32>()
         .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?;
-    // A 3-D tensor (a GGUF file's experts) is reordered within each of its first dimension's.
-    let (groups, axis) = if shape.len() == 3 { (shape[0], 1) } else { (1, 0) };
+    let (groups, axis) = row_axis(&shape);
     let stored = shape.get(axis).copied().unwrap_or(0);
     let width = values.len() / (groups * stored).max(1);
     if order.iter().any(|&r| r >= stored) {
@@ -844,7 +850,7 @@ impl TensorSource for Reordered {
         match self.find(name) {
             Some((from, order)) => {
                 let mut shape = self.inner.shape(from)?;
-                let axis = usize::from(shape.len() == 3);
+                let (_, axis) = row_axis(&shape);
                 *shape.get_mut(axis)? = order.len();
                 Some(shape)
             }
@@ -864,9 +870,9 @@ impl TensorSource for Reordered {
     fn blocks(&self, name: &str) -> Option<(QuantType, std::borrow::Cow<'_, [u8]>)> {
         let Some((from, order)) = self.find(name) else { return self.inner.blocks(name) };
         let (q, bytes) = self.inner.blocks(from)?;
-        // A 3-D tensor's rows are reordered within each expert.
         let shape = self.inner.shape(from)?;
-        let (groups, rows) = if shape.len() == 3 { (shape[0], shape[1]) } else { (1, *shape.first()?) };
+        let (groups, axis) = row_axis(&shape);
+        let rows = *shape.get(axis)?;
         let row = bytes.len().checked_div(groups * rows)?;
         if row * groups * rows != bytes.len() || order.iter().any(|&r| r >= rows) {
             return None;
