@@ -86,6 +86,13 @@ impl Frontend {
         self.kv_capacity.map_or(self.info.context_length, |c| c.min(self.info.context_length))
     }
 
+    /// How a request that sets no sampling option samples: the model's generation defaults, then
+    /// OpenAI's (what llama.cpp's `/props` reports).
+    pub fn default_sampling(&self) -> SamplingParams {
+        let defaults = self.text.as_ref().map(ModelText::defaults).cloned().unwrap_or_default();
+        sampling(&Options::default(), &defaults, 0)
+    }
+
     /// The model's text side, if the engine has one.
     pub fn text(&self) -> Option<&ModelText> {
         self.text.as_ref()

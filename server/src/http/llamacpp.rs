@@ -331,17 +331,17 @@ pub async fn props(State(state): State<Arc<AppState>>, Query(q): Query<PropsQuer
     let m = state.model_or_default(q.model.as_deref())?;
     let frontend = m.engine.frontend();
     let text = frontend.text();
-    let d = text.map(|t| t.defaults().clone()).unwrap_or_default();
+    let s = frontend.default_sampling();
     let params = json!({
         "n_predict": frontend.limits().max_tokens,
-        "seed": u32::MAX,
-        "temperature": d.temperature,
-        "top_k": d.top_k.unwrap_or(0),
-        "top_p": d.top_p,
-        "min_p": d.min_p,
-        "repeat_penalty": d.repetition_penalty,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
+        "seed": s.seed.unwrap_or(u64::from(u32::MAX)),
+        "temperature": s.temperature,
+        "top_k": s.top_k.unwrap_or(0),
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "repeat_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
         "stop": [],
         "ignore_eos": false,
         "n_probs": 0,
