@@ -198,7 +198,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2Mo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as base  # noqa: E402
-from make_gguf_fixtures import add_vocab, write_tokenizer_only  # noqa: E402
+from make_gguf_fixtures import add_vocab, copy_fields, write_tokenizer_only  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
@@ -1600,21 +1600,12 @@ def pre_fixture(pre, split, ignore_merges, bos):
     added = ["".join(m) for m in PRE_MERGES]
     tokens, types = tokens + added, types + [gguf.TokenType.NORMAL] * len(added)
     w = GGUFWriter(os.path.join(GGUF_OUT, f"pre-{pre}.gguf"), r.fields["general.architecture"].contents())
-    for field in r.fields.values():
-        name = field.name
-        if name.startswith("GGUF.") or name == "general.architecture" or name == "tokenizer.ggml.add_bos_token":
-            continue
-        if name == "tokenizer.ggml.pre":
-            w.add_string(name, pre)
-        elif name == "tokenizer.ggml.tokens":
-            w.add_token_list(tokens)
-        elif name == "tokenizer.ggml.token_type":
-            w.add_token_types(types)
-        elif name == "tokenizer.ggml.merges":
-            w.add_token_merges(merges)
-        else:
-            w.add_key_value(name, field.contents(), field.types[0],
-                            field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    copy_fields(r, w, skip=["tokenizer.ggml.add_bos_token"], replace={
+        "tokenizer.ggml.pre": lambda w: w.add_string("tokenizer.ggml.pre", pre),
+        "tokenizer.ggml.tokens": lambda w: w.add_token_list(tokens),
+        "tokenizer.ggml.token_type": lambda w: w.add_token_types(types),
+        "tokenizer.ggml.merges": lambda w: w.add_token_merges(merges),
+    })
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -1661,18 +1652,11 @@ def deepseek_v2_legacy():
     arch = src.fields["general.architecture"].contents()
     field = lambda key: src.fields[f"{arch}.{key}"].contents()
     w = GGUFWriter(os.path.join(GGUF_OUT, "tiny-deepseekv2-legacy-f32.gguf"), arch)
-    for f in src.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture" or f.name.endswith("_length_mla"):
-            continue
-        if f.name == f"{arch}.attention.key_length":
-            w.add_key_length(field("attention.key_length_mla"))
-        elif f.name == f"{arch}.attention.value_length":
-            w.add_value_length(field("attention.value_length_mla"))
-        elif f.name == f"{arch}.attention.head_count_kv":
-            w.add_head_count_kv(field("attention.head_count"))
-        else:
-            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(f.name, f.contents(), f.types[0], sub)
+    copy_fields(src, w, skip=[f"{arch}.attention.{k}_length_mla" for k in ("key", "value")], replace={
+        f"{arch}.attention.key_length": lambda w: w.add_key_length(field("attention.key_length_mla")),
+        f"{arch}.attention.value_length": lambda w: w.add_value_length(field("attention.value_length_mla")),
+        f"{arch}.attention.head_count_kv": lambda w: w.add_head_count_kv(field("attention.head_count")),
+    })
     for t in src.tensors:
         if t.name.endswith("attn_k_b.weight"):
             continue
@@ -1697,11 +1681,7 @@ def mistral4_q8_0():
     arch = src.fields["general.architecture"].contents()
     for layout in ["fused", "split"]:
         w = GGUFWriter(os.path.join(GGUF_OUT, f"tiny-mistral4-{layout}-q8_0.gguf"), arch)
-        for f in src.fields.values():
-            if f.name.startswith("GGUF.") or f.name == "general.architecture":
-                continue
-            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(f.name, f.contents(), f.types[0], sub)
+        copy_fields(src, w)
         for t in src.tensors:
             data = np.array(t.data)
             if data.ndim == 1 or "ffn_gate_inp" in t.name or data.shape[-1] % 32:

@@ -340,17 +340,28 @@ def main():
         print(name, "min margin", min(p["min_margin"] for p in r["prompts"]))
 
 
+def copy_fields(src, w, skip=(), replace=None):
+    """GGUF reader `src`'s key-value fields written to writer `w` in their order, but the reader's
+    own (`GGUF.*`), the architecture (the writer's) and the keys `skip`; a key of `replace` is
+    written in its place by its function of `w` instead."""
+    replace = replace or {}
+    for field in src.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture" or field.name in skip:
+            continue
+        if field.name in replace:
+            replace[field.name](w)
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), field.types[0], sub)
+
+
 def write_split_experts():
     """tiny-mixtral-f32.gguf in Q8_0, its experts stacked and one tensor per expert."""
     src = GGUFReader(os.path.join(OUT, "tiny-mixtral-f32.gguf"))
     for layout in ["stacked", "split"]:
         path = os.path.join(OUT, f"tiny-mixtral-{layout}-q8_0.gguf")
         w = GGUFWriter(path, "llama")
-        for field in src.fields.values():
-            if field.name.startswith("GGUF.") or field.name == "general.architecture":
-                continue
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(field.name, field.contents(), field.types[0], sub)
+        copy_fields(src, w)
         for t in src.tensors:
             data = np.array(t.data)
             if data.ndim == 1 or "ffn_gate_inp" in t.name:
@@ -416,13 +427,7 @@ def write_tokenizer_only(src, dst, pre, drop=()):
     the keys `drop` left out."""
     r = GGUFReader(src)
     w = GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for field in r.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture" or field.name in drop:
-            continue
-        if field.name == "tokenizer.ggml.pre":
-            w.add_string(field.name, pre)
-            continue
-        w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    copy_fields(r, w, skip=drop, replace={"tokenizer.ggml.pre": lambda w: w.add_string("tokenizer.ggml.pre", pre)})
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
