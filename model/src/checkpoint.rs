@@ -76,7 +76,7 @@ impl Checkpoint {
 /// `language_model.lm_head.` (beside `vision_tower.` and `multi_modal_projector.`); the vision
 /// tower and the extra heads are not served, so not listed. A text model's entries are
 /// returned as they are.
-fn language_model(entries: HashMap<String, Entry>) -> HashMap<String, Entry> {
+fn language_model<T>(entries: HashMap<String, T>) -> HashMap<String, T> {
     const QWEN: &str = "model.language_model.";
     const MISTRAL: &str = "language_model.";
     if entries.keys().any(|n| n.starts_with(QWEN)) {
@@ -102,21 +102,7 @@ impl Checkpoint {
     /// The checkpoint with its family's tensors under the decoder's names
     /// (`Architecture::hf_aliases`: under `model.layers.{l}.`, `{e}` an expert's index).
     pub fn aliased(mut self, aliases: &[(&str, &str)]) -> Self {
-        if aliases.is_empty() {
-            return self;
-        }
-        self.entries = self
-            .entries
-            .into_iter()
-            .map(|(name, e)| {
-                let ours = name.strip_prefix("model.layers.").and_then(|rest| {
-                    let (layer, tail) = rest.split_once('.')?;
-                    let ours = aliases.iter().find_map(|(ours, theirs)| alias_of(tail, ours, theirs))?;
-                    Some(format!("model.layers.{layer}.{ours}"))
-                });
-                (ours.unwrap_or(name), e)
-            })
-            .collect();
+        self.entries = aliased(self.entries, aliases);
         self
     }
 
@@ -141,6 +127,31 @@ impl Checkpoint {
     pub fn sizes(&self) -> impl Iterator<Item = (usize, usize, String)> + '_ {
         self.entries.values().map(|e| (e.shape.iter().product(), e.range.1 - e.range.0, format!("{:?}", e.dtype)))
     }
+}
+
+/// `entries` under the decoder's names (`Architecture::hf_aliases`).
+fn aliased<T>(entries: HashMap<String, T>, aliases: &[(&str, &str)]) -> HashMap<String, T> {
+    if aliases.is_empty() {
+        return entries;
+    }
+    entries
+        .into_iter()
+        .map(|(name, e)| {
+            let ours = name.strip_prefix("model.layers.").and_then(|rest| {
+                let (layer, tail) = rest.split_once('.')?;
+                let ours = aliases.iter().find_map(|(ours, theirs)| alias_of(tail, ours, theirs))?;
+                Some(format!("model.layers.{layer}.{ours}"))
+            });
+            (ours.unwrap_or(name), e)
+        })
+        .collect()
+}
+
+/// Values named as a checkpoint names its tensors (an adapter's changes to them), under the
+/// names a [`Checkpoint`] of a family with `aliases` gives the same tensors: a multimodal
+/// checkpoint's language model as a text model's, the family's aliases as the decoder's.
+pub(crate) fn decoder_names<T>(entries: HashMap<String, T>, aliases: &[(&str, &str)]) -> HashMap<String, T> {
+    aliased(language_model(entries), aliases)
 }
 
 /// `tail` under the decoder's name `ours` if it is the family's `theirs`, whose `{e}` (if any)

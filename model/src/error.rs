@@ -52,6 +52,8 @@ pub enum LoadError {
     NeedsDirectory { model_type: &'static str },
     #[error("the model was given as an instance, without a loader: it cannot be loaded again")]
     NoLoader,
+    #[error("adapter {path}: {reason}")]
+    Adapter { path: PathBuf, reason: String },
 }
 
 impl LoadError {
@@ -74,6 +76,7 @@ impl LoadError {
             Self::UnknownSlot(_) | Self::NoWeights(_) => "slot",
             Self::Tokenizer { .. } => "tokenizer",
             Self::NoLoader => "no_loader",
+            Self::Adapter { .. } => "adapter",
         }
     }
 }

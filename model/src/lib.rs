@@ -2,6 +2,7 @@
 //! safetensors or GGUF files (Q1), quantized weights and their kernels (Q2–Q5), batches (C4), the
 //! forward pass (C5), the slot/cell KV cache (C6), outputs (C7), errors (C8), tokenizer (C10). No tokio, no actors: the engine drives a [`Context`] from its worker.
 
+pub mod adapter;
 pub mod arch;
 pub mod batch;
 pub mod checkpoint;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use burn::tensor::Device;
 
+use crate::adapter::Lora;
 use crate::error::LoadError;
 use crate::lm::{LanguageModel, ModelInfo};
 use crate::source::ModelSource;
@@ -23,12 +24,14 @@ pub struct LoadOptions {
     /// An importance matrix (llama.cpp's `llama-imatrix` file, GGUF or `.dat`) that weights the
     /// errors of the matrices quantized at load.
     pub imatrix: Option<PathBuf>,
+    /// LoRA adapters merged into the weights as they load, in order (`crate::adapter`).
+    pub adapters: Vec<Lora>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
         let off = std::env::var("LLAISYS_GPU_GRAPHS").is_ok_and(|v| matches!(v.as_str(), "off" | "0"));
-        Self { weight_dtype: WeightDtype::default(), step_graphs: !off, imatrix: None }
+        Self { weight_dtype: WeightDtype::default(), step_graphs: !off, imatrix: None, adapters: Vec::new() }
     }
 }
 

@@ -50,6 +50,12 @@ pub trait TensorSource {
     }
     /// The tensor has been loaded (a memory-mapped source drops its pages).
     fn done(&self, _name: &str) {}
+    /// Where the source reads tensor `name`'s rows in another order than its file stores them
+    /// (a GGUF file's interleaved q and k heads), the stored row each row read comes from:
+    /// whatever changes the stored rows (an adapter made for the file) moves with them.
+    fn row_order(&self, _name: &str) -> Option<Vec<usize>> {
+        None
+    }
 }
 
 /// f32 values as `TensorData` of `dtype` (F32, F16 or BF16).

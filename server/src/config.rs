@@ -103,6 +103,22 @@ pub struct ModelConfig {
     pub reranker: String,
     /// More models served beside this one (each its own engine, with these settings).
     pub also: Vec<AlsoModel>,
+    /// LoRA adapters merged into this model's weights as they load, in order.
+    pub lora: Vec<LoraConfig>,
+}
+
+/// A LoRA adapter: a PEFT directory (for a checkpoint) or llama.cpp's GGUF adapter (for a GGUF
+/// file), and how much of its change (1: as trained).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    pub path: PathBuf,
+    #[serde(default = "as_trained")]
+    pub scale: f32,
+}
+
+fn as_trained() -> f32 {
+    1.0
 }
 
 /// A model served beside `model.path`: its path (or name on the hub) and the name clients use.
@@ -112,6 +128,9 @@ pub struct AlsoModel {
     pub path: PathBuf,
     #[serde(default)]
     pub name: String,
+    /// Its own adapters (`model.lora` is the first model's).
+    #[serde(default)]
+    pub lora: Vec<LoraConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -212,6 +231,15 @@ impl Config {
             return Err(bad("model.also", "a cluster's front serves one model"));
         }
         self.weight_dtype().map_err(|e| bad("model.dtype", &e))?;
+        let adapters = self.model.lora.iter().map(|l| ("model.lora", l));
+        for (key, lora) in adapters.chain(self.model.also.iter().flat_map(|m| &m.lora).map(|l| ("model.also", l))) {
+            if !lora.path.exists() {
+                return Err(bad(key, &format!("no adapter {}", lora.path.display())));
+            }
+            if !lora.scale.is_finite() {
+                return Err(bad(key, &format!("{}: scale {} is not a number", lora.path.display(), lora.scale)));
+            }
+        }
         if !self.model.imatrix.as_os_str().is_empty() && !self.model.imatrix.is_file() {
             return Err(bad("model.imatrix", &format!("no file {}", self.model.imatrix.display())));
         }
@@ -349,6 +377,7 @@ impl Config {
     pub fn for_model(&self, also: &AlsoModel) -> Config {
         let mut config = self.clone();
         (config.model.path, config.model.name) = (also.path.clone(), also.name.clone());
+        config.model.lora.clone_from(&also.lora);
         config.model.also.clear();
         // The importance matrix is the main model's.
         config.model.imatrix = PathBuf::new();
@@ -422,6 +451,22 @@ mod tests {
     }
 
     #[test]
+    fn each_model_takes_its_own_adapters() {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let (first, beside) = (format!("{root}/src"), format!("{root}/tests"));
+        let settings = [
+            ("model.path", "\"m\"".to_string()),
+            ("model.lora", format!("[{{ path = {first:?}, scale = 0.5 }}]")),
+            ("model.also", format!("[{{ path = \"e\", lora = [{{ path = {beside:?} }}] }}, {{ path = \"f\" }}]")),
+        ];
+        let c = load(&[], &settings.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>()).unwrap();
+        let adapters = |c: &Config| c.model.lora.iter().map(|l| (l.path.clone(), l.scale)).collect::<Vec<_>>();
+        assert_eq!(adapters(&c), [(first.into(), 0.5)]);
+        assert_eq!(adapters(&c.for_model(&c.model.also[0])), [(beside.into(), 1.0)]);
+        assert!(adapters(&c.for_model(&c.model.also[1])).is_empty());
+    }
+
+    #[test]
     fn the_command_line_beats_the_environment_which_beats_a_file() {
         let dir = std::env::temp_dir().join(format!("llaisys-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -449,6 +494,15 @@ mod tests {
         assert!(err.contains("model.dtype"), "{err}");
         let err = load(&[], &[("model.path", "m"), ("model.imatrix", "\"no/such.imatrix\"")]).unwrap_err().to_string();
         assert!(err.contains("model.imatrix") && err.contains("no/such.imatrix"), "{err}");
+        let err = load(&[], &[("model.path", "m"), ("model.lora", "[{ path = \"no/such-adapter\" }]")]).unwrap_err();
+        assert!(err.to_string().contains("model.lora") && err.to_string().contains("no/such-adapter"), "{err}");
+        let err = load(
+            &[],
+            &[("model.path", "m"), ("model.also", "[{ path = \"e\", lora = [{ path = \".\", scale = nan }] }]")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("model.also") && err.contains("not a number"), "{err}");
         let err = load(&[], &[("model.path", "m"), ("server.port", "70000")]).unwrap_err().to_string();
         assert!(err.contains("server.port"), "{err}");
     }

@@ -119,6 +119,9 @@ pub fn builder(config: &Config) -> Result<EngineBuilder, ServeError> {
     if !config.model.imatrix.as_os_str().is_empty() {
         builder = builder.imatrix(&config.model.imatrix);
     }
+    for lora in &config.model.lora {
+        builder = builder.lora(&lora.path, lora.scale);
+    }
     if !config.draft_model.as_os_str().is_empty() {
         builder = builder.draft_model(&config.draft_model);
     }

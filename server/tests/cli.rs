@@ -107,6 +107,39 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     }
 }
 
+/// `--lora` merges an adapter as it loads: transformers + PEFT's greedy tokens, from the PEFT
+/// directory on the checkpoint and from llama.cpp's GGUF adapter on the GGUF file, the latter as
+/// two halves through `--lora-scaled`; a bad scale or adapter is a clear error.
+#[test]
+fn generate_with_a_lora_adapter_prints_the_adapted_models_tokens() {
+    let p = &Reference::load("lora/tiny-llama-lora").prompts[0];
+    let ids = p.ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let n = p.greedy.len().to_string();
+    let expected = p.greedy.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let (dir, gguf) = (fixture_dir("tiny-llama-f32"), llaisys_tests::gguf_fixture("tiny-llama-f32"));
+    let (peft, gguf_adapter) = (fixture_dir("lora/tiny-llama-lora"), fixture_dir("lora/tiny-llama-lora-f32.gguf"));
+    let [dir, gguf, peft, gguf_adapter] = [&dir, &gguf, &peft, &gguf_adapter].map(|p| p.to_str().unwrap());
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["generate", "--prompt-ids", &ids, "--max-tokens", &n, "--ids"];
+        args.extend_from_slice(extra);
+        llaisys(&args)
+    };
+    let adapted = generate(&["--model", dir, "--lora", peft]);
+    assert_eq!(stdout(&adapted).trim_end(), expected);
+    let halves =
+        generate(&["--model", gguf, "--lora-scaled", gguf_adapter, "0.5", "--lora-scaled", gguf_adapter, "0.5"]);
+    assert_eq!(stdout(&halves).trim_end(), expected);
+    for (extra, says) in [
+        (vec!["--model", dir, "--lora-scaled", peft, "half"], "--lora-scaled"),
+        (vec!["--model", dir, "--lora", gguf_adapter], "a GGUF adapter applies to a GGUF model"),
+        (vec!["--model", dir, "--lora", "/nonexistent"], "no adapter_config.json"),
+    ] {
+        let out = generate(&extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says) && !stderr.contains("panicked"), "{extra:?}: {stderr}");
+    }
+}
+
 /// `llaisys bench` on a fixture: every measurement asked for lands in its JSON line with the
 /// counts it was given (and each run's figure), and an unknown measurement is a usage error.
 #[test]

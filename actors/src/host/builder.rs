@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use llaisys_model::adapter::Lora;
 use llaisys_model::{
     DeviceError, DeviceSpec, LoadError, LoadOptions, ModelSource, WeightDtype, load_model, model_info,
 };
@@ -121,6 +122,14 @@ impl EngineBuilder {
     /// matrices the dtype quantizes at load (the model's only, not a draft model's).
     pub fn imatrix(mut self, path: impl Into<PathBuf>) -> Self {
         self.load.imatrix = Some(path.into());
+        self
+    }
+
+    /// A LoRA adapter merged into the weights as they load, times `scale` (1: as trained): a
+    /// PEFT directory for a checkpoint, llama.cpp's GGUF adapter for a GGUF file. Repeated, each
+    /// adds its change (the model's only, not a draft model's).
+    pub fn lora(mut self, path: impl Into<PathBuf>, scale: f32) -> Self {
+        self.load.adapters.push(Lora { path: path.into(), scale });
         self
     }
 
@@ -246,8 +255,8 @@ impl EngineBuilder {
                 (self.model_type.clone(), self.load.clone(), source.clone(), device.clone());
             let loader: ModelLoader = Arc::new(move || load_model(model_type.as_deref(), source.as_ref(), &load, &dev));
             let draft = draft.clone().map(|source| {
-                // The importance matrix is the main model's.
-                let load = LoadOptions { imatrix: None, ..self.load.clone() };
+                // The importance matrix and the adapters are the main model's.
+                let load = LoadOptions { imatrix: None, adapters: Vec::new(), ..self.load.clone() };
                 let device = device.clone();
                 Arc::new(move || load_model(None, Some(&source), &load, &device)) as ModelLoader
             });

@@ -18,6 +18,7 @@ use super::fused_experts::FusedExperts;
 use super::replay::{self, Plan, StepGraphs};
 use super::split_experts::SplitExperts;
 use super::weights::{self, Reordered, Weights};
+use crate::adapter;
 use crate::batch::{BatchInput, ValidBatch};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -85,6 +86,8 @@ pub fn load(
             (config, src)
         }
     };
+    // Adapters merged into the tensors they change, as stored.
+    let src = adapter::adapted(src, &opts.adapters, &config)?;
     // Rows the kernels take in another order than the checkpoint holds them (Qwen3.5's q and k).
     // and tensors it holds fused (Qwen3-Next's linear attention).
     let naming = src.naming();

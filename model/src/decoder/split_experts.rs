@@ -139,6 +139,10 @@ impl TensorSource for SplitExperts {
             None => self.inner.done(name),
         }
     }
+
+    fn row_order(&self, name: &str) -> Option<Vec<usize>> {
+        self.stacks.get(name).map_or_else(|| self.inner.row_order(name), |_| None)
+    }
 }
 
 #[cfg(test)]

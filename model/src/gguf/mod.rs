@@ -88,6 +88,30 @@ impl TensorSource for GgufFile {
             self.release(t);
         }
     }
+
+    fn row_order(&self, name: &str) -> Option<Vec<usize>> {
+        let t = self.served_tensor(name)?;
+        hf_row_order(t.shape().first().copied()?, self.interleaved_heads(&t.name)?)
+    }
+}
+
+/// The file's row each checkpoint row of a q or k tensor of `rows` rows in `heads` heads is:
+/// checkpoint row (head h, half j, index i) is the file's row (h, i, j). `None` where the rows do
+/// not split into the heads' halves.
+fn hf_row_order(rows: usize, heads: usize) -> Option<Vec<usize>> {
+    if heads == 0 || rows == 0 || !rows.is_multiple_of(2 * heads) {
+        return None;
+    }
+    let head_dim = rows / heads;
+    let half = head_dim / 2;
+    Some(
+        (0..rows)
+            .map(|r| {
+                let (h, j, i) = (r / head_dim, (r % head_dim) / half, r % half);
+                h * head_dim + 2 * i + j
+            })
+            .collect(),
+    )
 }
 
 impl GgufFile {
@@ -144,16 +168,13 @@ impl GgufFile {
         let bytes = self.bytes(t)?;
         let Some(heads) = self.interleaved_heads(&t.name) else { return Ok(Cow::Borrowed(bytes)) };
         let rows = t.shape().first().copied().unwrap_or(0);
-        if heads == 0 || rows == 0 || !rows.is_multiple_of(2 * heads) || !bytes.len().is_multiple_of(rows) {
+        let order = hf_row_order(rows, heads).filter(|_| bytes.len().is_multiple_of(rows));
+        let Some(order) = order else {
             return Err(self.error(format!("{}: {rows} rows do not split into {heads} heads", t.name)));
-        }
-        let (row_bytes, head_dim) = (bytes.len() / rows, rows / heads);
-        let half = head_dim / 2;
+        };
+        let row_bytes = bytes.len() / rows;
         let mut out = Vec::with_capacity(bytes.len());
-        for r in 0..rows {
-            // Checkpoint row (head h, half j, index i) is the file's row (h, i, j).
-            let (h, j, i) = (r / head_dim, (r % head_dim) / half, r % half);
-            let from = h * head_dim + 2 * i + j;
+        for from in order {
             out.extend_from_slice(&bytes[from * row_bytes..(from + 1) * row_bytes]);
         }
         Ok(Cow::Owned(out))

@@ -66,6 +66,8 @@ pub struct GenerateArgs {
     /// of the matrices `--dtype` quantizes at load.
     #[arg(long)]
     imatrix: Option<PathBuf>,
+    #[command(flatten)]
+    lora: super::serve::LoraArgs,
     /// The device: cpu, wgpu, vulkan, gl, cuda (an index as in vulkan:1; GPUs need a build with
     /// the `wgpu` or `cuda` feature).
     #[arg(long, default_value = "cpu")]
@@ -89,6 +91,9 @@ async fn generate(args: GenerateArgs) -> Result<(), CliError> {
     let mut builder = Engine::builder().model(&model).dtype(args.dtype).device(args.device).config(config);
     if let Some(m) = &args.imatrix {
         builder = builder.imatrix(m);
+    }
+    for lora in args.lora.adapters()? {
+        builder = builder.lora(lora.path, lora.scale);
     }
     if let Some(t) = &args.model_type {
         builder = builder.model_type(t);

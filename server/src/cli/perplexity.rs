@@ -43,6 +43,10 @@ pub struct PerplexityArgs {
     /// `llaisys generate --help`; the model's only, not the reference's).
     #[arg(long)]
     imatrix: Option<PathBuf>,
+    /// The model's LoRA adapters (not the reference's): what a fine-tune does to the text's
+    /// perplexity, or with `--reference` the merged model's, how far it moved from its base.
+    #[command(flatten)]
+    lora: super::serve::LoraArgs,
     /// A reference model with the same vocabulary (normally the same weights in BF16 or F32):
     /// also report the KL divergence of the model's next-token distributions from its.
     #[arg(long)]
@@ -67,7 +71,10 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let text =
         std::fs::read_to_string(&args.file).map_err(|source| CliError::Read { path: args.file.clone(), source })?;
-    let (model, tokens) = load(&runtime, &args.model, args.dtype, args.imatrix.clone(), &text)?;
+    let adapters = args.lora.adapters()?;
+    let options =
+        LoadOptions { weight_dtype: args.dtype, imatrix: args.imatrix.clone(), adapters, ..Default::default() };
+    let (model, tokens) = load(&runtime, &args.model, &options, &text)?;
     if args.ctx > model.info().context_length {
         let reason = format!("{} is beyond the model's context {}", args.ctx, model.info().context_length);
         return Err(CliError::usage("--ctx", reason));
@@ -75,7 +82,8 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     let reference = match &args.reference {
         None => None,
         Some(path) => {
-            let (reference, ref_tokens) = load(&runtime, path, args.reference_dtype, None, &text)?;
+            let options = LoadOptions { weight_dtype: args.reference_dtype, ..Default::default() };
+            let (reference, ref_tokens) = load(&runtime, path, &options, &text)?;
             if ref_tokens != tokens {
                 return Err(CliError::usage(
                     "--reference",
@@ -118,15 +126,13 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
 fn load(
     runtime: &tokio::runtime::Runtime,
     path: &std::path::Path,
-    dtype: WeightDtype,
-    imatrix: Option<PathBuf>,
+    options: &LoadOptions,
     text: &str,
 ) -> Result<(Box<dyn LanguageModel>, Vec<u32>), CliError> {
     let model = runtime.block_on(super::local_model(path))?;
     let source = ModelSource::resolve(&model)?;
     let tokens = source.tokenizer()?.encode(text)?;
-    let options = LoadOptions { weight_dtype: dtype, imatrix, ..Default::default() };
-    let model = load_model(None, Some(&source), &options, &Device::flex())?;
+    let model = load_model(None, Some(&source), options, &Device::flex())?;
     Ok((model, tokens))
 }
 

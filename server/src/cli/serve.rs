@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use llaisys_model::adapter::Lora;
 use llaisys_server::Config;
 
 use super::CliError;
@@ -52,6 +53,9 @@ pub struct ModelArgs {
     /// weighting the errors of the matrices `--dtype` quantizes at load.
     #[arg(long)]
     imatrix: Option<PathBuf>,
+    /// The (first) model's LoRA adapters (`model.lora`).
+    #[command(flatten)]
+    lora: LoraArgs,
     /// Devices (`model.device`), one replica of the model each: cpu, wgpu, vulkan, gl, cuda (a
     /// GPU index as in vulkan:1), as a comma-separated list (`cpu,vulkan:0`; a device twice is
     /// two replicas).
@@ -71,6 +75,37 @@ pub struct ModelArgs {
     /// Any key: `--set engine.kv_capacity=16384` (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     settings: Vec<String>,
+}
+
+/// LoRA adapters merged into a model's weights as they load.
+#[derive(Debug, Default, clap::Args)]
+pub struct LoraArgs {
+    /// A LoRA adapter merged into the model's weights as they load: a PEFT directory for a
+    /// Hugging Face model, llama.cpp's GGUF adapter for a GGUF file. Repeatable.
+    #[arg(long, value_name = "PATH")]
+    lora: Vec<PathBuf>,
+    /// A LoRA adapter and how much of its change to merge (1: as trained), as llama.cpp's
+    /// `--lora-scaled`. Repeatable.
+    #[arg(long, num_args = 2, value_names = ["PATH", "SCALE"])]
+    lora_scaled: Vec<String>,
+}
+
+impl LoraArgs {
+    /// The adapters, `--lora`'s then `--lora-scaled`'s.
+    pub fn adapters(&self) -> Result<Vec<Lora>, CliError> {
+        let mut adapters: Vec<Lora> = self.lora.iter().map(Lora::new).collect();
+        for pair in self.lora_scaled.chunks(2) {
+            let [path, scale] = pair else {
+                return Err(CliError::usage("--lora-scaled", "expected PATH SCALE"));
+            };
+            let scale =
+                scale.parse().ok().filter(|s: &f32| s.is_finite()).ok_or_else(|| {
+                    CliError::usage("--lora-scaled", format!("{scale}: expected a number (PATH SCALE)"))
+                })?;
+            adapters.push(Lora { path: path.into(), scale });
+        }
+        Ok(adapters)
+    }
 }
 
 /// A TOML string.
@@ -109,6 +144,12 @@ impl ModelArgs {
         }
         if let Some(m) = &self.imatrix {
             settings.push(("model.imatrix".into(), quoted(&m.display().to_string())));
+        }
+        let adapters: Vec<String> = (self.lora.adapters()?.iter())
+            .map(|l| format!("{{ path = {}, scale = {:?} }}", quoted(&l.path.display().to_string()), l.scale))
+            .collect();
+        if !adapters.is_empty() {
+            settings.push(("model.lora".into(), format!("[{}]", adapters.join(", "))));
         }
         if let Some(d) = &self.device {
             settings.push(("model.device".into(), quoted(d)));
