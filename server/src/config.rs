@@ -108,7 +108,8 @@ pub struct ModelConfig {
 }
 
 /// A LoRA adapter: a PEFT directory (for a checkpoint) or llama.cpp's GGUF adapter (for a GGUF
-/// file), and how much of its change (1: as trained).
+/// file), as a path or a name on the Hugging Face hub (as `model.path`), and how much of its
+/// change (1: as trained).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoraConfig {
@@ -233,7 +234,9 @@ impl Config {
         self.weight_dtype().map_err(|e| bad("model.dtype", &e))?;
         let adapters = self.model.lora.iter().map(|l| ("model.lora", l));
         for (key, lora) in adapters.chain(self.model.also.iter().flat_map(|m| &m.lora).map(|l| ("model.also", l))) {
-            if !lora.path.exists() {
+            // A path that does not exist is a name on the hub, if it reads as one.
+            let spec = crate::hub::ModelSpec::parse(&lora.path.to_string_lossy());
+            if matches!(spec, crate::hub::ModelSpec::Path(_)) && !lora.path.exists() {
                 return Err(bad(key, &format!("no adapter {}", lora.path.display())));
             }
             if !lora.scale.is_finite() {
@@ -494,8 +497,8 @@ mod tests {
         assert!(err.contains("model.dtype"), "{err}");
         let err = load(&[], &[("model.path", "m"), ("model.imatrix", "\"no/such.imatrix\"")]).unwrap_err().to_string();
         assert!(err.contains("model.imatrix") && err.contains("no/such.imatrix"), "{err}");
-        let err = load(&[], &[("model.path", "m"), ("model.lora", "[{ path = \"no/such-adapter\" }]")]).unwrap_err();
-        assert!(err.to_string().contains("model.lora") && err.to_string().contains("no/such-adapter"), "{err}");
+        let err = load(&[], &[("model.path", "m"), ("model.lora", "[{ path = \"no/such/adapter\" }]")]).unwrap_err();
+        assert!(err.to_string().contains("model.lora") && err.to_string().contains("no/such/adapter"), "{err}");
         let err = load(
             &[],
             &[("model.path", "m"), ("model.also", "[{ path = \"e\", lora = [{ path = \".\", scale = nan }] }]")],

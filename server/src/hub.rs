@@ -202,8 +202,11 @@ impl Want {
             if let Some(q) = quant {
                 return Err(HubError::Choice(format!("the repo {repo} has no GGUF files, so no quantization {q}")));
             }
-            if !names.iter().any(|n| n == "config.json") {
-                return Err(HubError::NotFound(format!("the repo {repo} has neither GGUF files nor a config.json")));
+            // A model's checkpoint, or a PEFT adapter's directory.
+            if !names.iter().any(|n| n == "config.json" || n == "adapter_config.json") {
+                return Err(HubError::NotFound(format!(
+                    "the repo {repo} has neither GGUF files nor a config.json (nor an adapter's adapter_config.json)"
+                )));
             }
             let files = names.iter().filter(|n| is_checkpoint_file(n)).cloned().collect();
             return Ok(Chosen { files, path: String::new() });

@@ -87,15 +87,22 @@ pub async fn with_local_model(config: &Config) -> Result<Config, ServeError> {
     with_model_from(config, &crate::hub::HubConfig::from_env(config.model.offline)).await
 }
 
-/// As [`with_local_model`], through `hub`.
+/// As [`with_local_model`], through `hub`; the model's LoRA adapters given by name too.
 pub async fn with_model_from(config: &Config, hub: &crate::hub::HubConfig) -> Result<Config, ServeError> {
+    let mut local = config.clone();
+    for lora in &mut local.model.lora {
+        let spec = lora.path.to_string_lossy().into_owned();
+        if !matches!(crate::hub::ModelSpec::parse(&spec), crate::hub::ModelSpec::Path(_)) {
+            lora.path = crate::hub::resolve(&spec, hub).await?;
+            tracing::info!(adapter = spec, path = %lora.path.display(), "adapter resolved through the hub cache");
+        }
+    }
     let spec = config.model.path.to_string_lossy().into_owned();
     if matches!(crate::hub::ModelSpec::parse(&spec), crate::hub::ModelSpec::Path(_)) {
-        return Ok(config.clone());
+        return Ok(local);
     }
     let path = crate::hub::resolve(&spec, hub).await?;
     tracing::info!(model = spec, path = %path.display(), "model resolved through the hub cache");
-    let mut local = config.clone();
     local.model.name = config.model_name();
     local.model.path = path;
     Ok(local)

@@ -133,6 +133,12 @@ fn hub_repos() -> HashMap<String, Repo> {
         .collect();
     checkpoint.sort();
     repos.insert("llaisys/tiny-hf".into(), Repo { files: checkpoint, claimed: HashMap::new() });
+    // A PEFT adapter of tiny-llama-f32, as PEFT pushes one (with its README).
+    let lora = fixture_dir("lora/tiny-llama-lora");
+    let mut adapter: Vec<(String, Vec<u8>)> =
+        ["adapter_config.json", "adapter_model.safetensors"].map(|f| (f.to_string(), read(&lora.join(f)))).into();
+    adapter.push(("README.md".into(), b"# a LoRA".to_vec()));
+    repos.insert("llaisys/tiny-lora".into(), Repo { files: adapter, claimed: HashMap::new() });
     repos
 }
 
@@ -203,6 +209,26 @@ async fn models_by_name_come_through_the_hub_cache_checked_resumed_and_offline()
     let dir = resolve("llaisys/tiny-hf", &config).await.unwrap();
     assert!(dir.join("config.json").is_file() && dir.join("tokenizer.json").is_file());
     assert!(llaisys_model::ModelSource::resolve(&dir).is_ok());
+
+    // An adapter repo resolves to its directory; a server's adapters may be given by name too.
+    let adapter = resolve("llaisys/tiny-lora", &config).await.unwrap();
+    assert!(adapter.join("adapter_config.json").is_file() && adapter.join("adapter_model.safetensors").is_file());
+    let llama = fixture_dir("tiny-llama-f32");
+    let settings = [
+        ("model.path".to_string(), format!("{:?}", llama.to_string_lossy())),
+        ("model.lora".into(), "[{ path = \"llaisys/tiny-lora\" }]".into()),
+        ("server.port".into(), "0".into()),
+    ];
+    let adapted = llaisys_server::Config::load(None, std::iter::empty(), &settings).unwrap();
+    let local = llaisys_server::serve::with_model_from(&adapted, &config).await.unwrap();
+    assert_eq!(local.model.lora[0].path, adapter);
+    let s = llaisys_server::start(&local).await.unwrap();
+    let p = &llaisys_tests::Reference::load("lora/tiny-llama-lora").prompts[0];
+    let body = json!({"model": "tiny-llama-f32", "prompt": p.ids, "max_tokens": p.greedy.len(), "temperature": 0, "ignore_eos": true});
+    let (status, r) = common::post(&s, "/v1/completions", body).await;
+    let tokenizer = llaisys_model::Tokenizer::from_dir(&llama).unwrap();
+    assert_eq!((status, &r["choices"][0]["text"]), (200, &json!(tokenizer.decode(&p.greedy, true).unwrap())), "{r}");
+    s.shutdown().await;
 
     // A server started by name serves the model under that name (its hub is the environment's:
     // here the test's, given as the environment would give it).

@@ -92,7 +92,7 @@ async fn generate(args: GenerateArgs) -> Result<(), CliError> {
     if let Some(m) = &args.imatrix {
         builder = builder.imatrix(m);
     }
-    for lora in args.lora.adapters()? {
+    for lora in args.lora.local().await? {
         builder = builder.lora(lora.path, lora.scale);
     }
     if let Some(t) = &args.model_type {

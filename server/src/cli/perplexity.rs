@@ -71,7 +71,7 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let text =
         std::fs::read_to_string(&args.file).map_err(|source| CliError::Read { path: args.file.clone(), source })?;
-    let adapters = args.lora.adapters()?;
+    let adapters = runtime.block_on(args.lora.local())?;
     let options =
         LoadOptions { weight_dtype: args.dtype, imatrix: args.imatrix.clone(), adapters, ..Default::default() };
     let (model, tokens) = load(&runtime, &args.model, &options, &text)?;

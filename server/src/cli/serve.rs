@@ -81,7 +81,8 @@ pub struct ModelArgs {
 #[derive(Debug, Default, clap::Args)]
 pub struct LoraArgs {
     /// A LoRA adapter merged into the model's weights as they load: a PEFT directory for a
-    /// Hugging Face model, llama.cpp's GGUF adapter for a GGUF file. Repeatable.
+    /// Hugging Face model, llama.cpp's GGUF adapter for a GGUF file (a path, or a name on the
+    /// Hugging Face hub as `--model` takes one). Repeatable.
     #[arg(long, value_name = "PATH")]
     lora: Vec<PathBuf>,
     /// A LoRA adapter and how much of its change to merge (1: as trained), as llama.cpp's
@@ -103,6 +104,15 @@ impl LoraArgs {
                     CliError::usage("--lora-scaled", format!("{scale}: expected a number (PATH SCALE)"))
                 })?;
             adapters.push(Lora { path: path.into(), scale });
+        }
+        Ok(adapters)
+    }
+
+    /// The adapters with those given by name on the hub resolved to their local copies.
+    pub async fn local(&self) -> Result<Vec<Lora>, CliError> {
+        let mut adapters = self.adapters()?;
+        for lora in &mut adapters {
+            lora.path = super::local_model(&lora.path).await?;
         }
         Ok(adapters)
     }
