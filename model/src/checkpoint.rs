@@ -44,8 +44,19 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// The model checkpoint in `dir`, its language model under a text model's names.
     pub fn open(dir: &Path) -> Result<Self, LoadError> {
-        let files = shard_files(dir)?;
+        let mut checkpoint = Self::from_files(shard_files(dir)?)?;
+        checkpoint.entries = language_model(checkpoint.entries);
+        Ok(checkpoint)
+    }
+
+    /// One safetensors file's tensors under their own names (a PEFT adapter's).
+    pub fn open_file(path: &Path) -> Result<Self, LoadError> {
+        Self::from_files(vec![path.to_path_buf()])
+    }
+
+    fn from_files(files: Vec<PathBuf>) -> Result<Self, LoadError> {
         let mut shards = Vec::with_capacity(files.len());
         let mut entries = HashMap::new();
         for (i, path) in files.into_iter().enumerate() {
@@ -66,7 +77,7 @@ impl Checkpoint {
             }
             shards.push(Shard { path, file, mmap, data_start: 8 + header_len });
         }
-        Ok(Self { shards, entries: language_model(entries) })
+        Ok(Self { shards, entries })
     }
 }
 

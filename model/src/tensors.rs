@@ -248,7 +248,7 @@ pub fn load_matrix(
 }
 
 /// Tensor `name`'s values as f32 (quantized ones dequantized).
-fn f32_values(src: &dyn TensorSource, name: &str) -> Result<Vec<f32>, LoadError> {
+pub(crate) fn f32_values(src: &dyn TensorSource, name: &str) -> Result<Vec<f32>, LoadError> {
     src.data(name, DType::F32)?
         .try_into_vec::<f32>()
         .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })

@@ -7,13 +7,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use burn::tensor::DType;
-
 use super::{Adapter, Change, adapter_error, low_rank, transposed};
 use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::gguf::{GgufFile, Value};
-use crate::tensors::{Naming, TensorSource};
+use crate::tensors::{Naming, TensorSource, f32_values};
 
 /// Reads the GGUF adapter at `path` for a model of configuration `c`, its changes times `scale`.
 pub(super) fn read(path: &Path, scale: f32, c: &ModelConfig) -> Result<Adapter, LoadError> {
@@ -36,11 +34,7 @@ pub(super) fn read(path: &Path, scale: f32, c: &ModelConfig) -> Result<Adapter, 
     }
     let alpha = file.get("adapter.lora.alpha").and_then(Value::as_f64).unwrap_or(0.0) as f32;
 
-    let read = |name: &str| -> Result<(Vec<usize>, Vec<f32>), LoadError> {
-        let shape = file.shape(name).unwrap_or_default();
-        let values = file.data(name, DType::F32)?.try_into_vec::<f32>().map_err(|e| bad(format!("`{name}`: {e:?}")))?;
-        Ok((shape, values))
-    };
+    let read = |name: &str| Ok::<_, LoadError>((file.shape(name).unwrap_or_default(), f32_values(&file, name)?));
     let mut changes: HashMap<String, Vec<Change>> = HashMap::new();
     for name in file.names() {
         let target = match (name.strip_suffix(".lora_a"), name.strip_suffix(".lora_b")) {

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::quant::QuantType;
-use crate::tensors::{Naming, Stored, TensorSource, convert};
+use crate::tensors::{Naming, Stored, TensorSource, convert, f32_values};
 
 /// An adapter to merge: its path (a PEFT directory, or a GGUF adapter file) and how much of it
 /// (`1.0`: as trained; llama.cpp's `--lora-scaled`).
@@ -199,11 +199,7 @@ impl Adapted {
         });
         let mut values = match whole {
             Some(values) => values,
-            None => self
-                .inner
-                .data(name, DType::F32)?
-                .try_into_vec::<f32>()
-                .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("reading values: {e:?}") })?,
+            None => f32_values(self.inner.as_ref(), name)?,
         };
         for change in changes {
             match change {
@@ -323,7 +319,7 @@ mod tests {
     }
 
     fn values(src: &dyn TensorSource, name: &str) -> Vec<f32> {
-        src.data(name, DType::F32).unwrap().try_into_vec::<f32>().unwrap()
+        f32_values(src, name).unwrap()
     }
 
     #[test]

@@ -8,15 +8,13 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use half::{bf16, f16};
-use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
 use super::{Adapter, Change, adapter_error, low_rank, transposed};
-use crate::checkpoint::decoder_names;
+use crate::checkpoint::{Checkpoint, decoder_names};
 use crate::config::{ModelConfig, read_json};
 use crate::error::LoadError;
-use crate::tensors::Naming;
+use crate::tensors::{Naming, TensorSource, f32_values};
 
 /// What PEFT's LoRA options this reading does not do, by their `adapter_config.json` fields:
 /// each changes how the adapter computes (or which rows it applies to), so merging the plain
@@ -59,16 +57,15 @@ pub(super) fn read(path: &Path, scale: f32, c: &ModelConfig) -> Result<Adapter, 
         };
         return Err(bad(reason.into()));
     }
-    let bytes = std::fs::read(&weights).map_err(|source| LoadError::Io { path: weights.clone(), source })?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("adapter_model.safetensors: {e:?}")))?;
+    let file = Checkpoint::open_file(&weights)?;
 
     // Each module's factors, and the tensors saved whole, by the base's tensor names.
     let mut factors: HashMap<String, Factors> = HashMap::new();
     let mut changes: HashMap<String, Vec<Change>> = HashMap::new();
-    for (key, view) in file.tensors() {
-        let name = key.strip_prefix("base_model.model.").unwrap_or(&key);
-        let values = || values(&key, view.dtype(), view.data()).map_err(bad);
-        let shape = view.shape().to_vec();
+    for key in file.names() {
+        let name = key.strip_prefix("base_model.model.").unwrap_or(key);
+        let values = || f32_values(&file, key).map_err(|e| bad(e.to_string()));
+        let shape = file.shape(key).unwrap_or_default();
         let [a, b, embed_a, embed_b] = [".lora_A.weight", ".lora_B.weight", ".lora_embedding_A", ".lora_embedding_B"]
             .map(|s| name.strip_suffix(s));
         let (module, factor) = match (a, b, embed_a, embed_b) {
@@ -181,17 +178,6 @@ impl Options {
         let rank = rank as f64;
         (alpha / if self.rslora { rank.sqrt() } else { rank }) as f32
     }
-}
-
-/// A tensor's values as f32.
-fn values(key: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
-    let pairs = || bytes.chunks_exact(2).map(|b| [b[0], b[1]]);
-    Ok(match dtype {
-        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        Dtype::F16 => pairs().map(|b| f16::from_le_bytes(b).to_f32()).collect(),
-        Dtype::BF16 => pairs().map(|b| bf16::from_le_bytes(b).to_f32()).collect(),
-        other => return Err(format!("`{key}` is {other:?}: adapters load from f32, f16 or bf16")),
-    })
 }
 
 #[cfg(test)]
