@@ -47,6 +47,13 @@ pub struct SamplingParams {
     /// candidates (top-k), which a GPU finds where the logits are (see [`Sampler::need`]).
     #[serde(default)]
     pub logprobs: bool,
+    /// The log-probabilities reported are of the distribution the token was drawn from (the
+    /// row after logit bias, penalties and a grammar's mask, through temperature, top-k, min-p
+    /// and top-p, renormalised; a greedy choice's is the token alone) rather than the model's
+    /// raw one: llama.cpp's `post_sampling_probs`. Alternatives outside that set are not
+    /// reported, so there may be fewer than `top_logprobs`.
+    #[serde(default)]
+    pub post_sampling: bool,
 }
 
 impl Default for SamplingParams {
@@ -63,6 +70,7 @@ impl Default for SamplingParams {
             seed: None,
             top_logprobs: 0,
             logprobs: false,
+            post_sampling: false,
         }
     }
 }
@@ -128,7 +136,8 @@ impl SamplingParams {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    /// Log-probability of `token` under the raw distribution, where the parameters ask for it
+    /// Log-probability of `token` under the raw distribution (or the one it was drawn from:
+    /// [`SamplingParams::post_sampling`]), where the parameters ask for it
     /// ([`SamplingParams::wants_logprobs`]).
     pub logprob: Option<f32>,
     /// The `top_logprobs` most likely tokens with their log-probabilities, best first.
@@ -255,14 +264,64 @@ impl Sampler {
             end = end.or_else(|| guide.accept(token));
             mask_time = guide.take_mask_time();
         }
-        let (logprob, top) = match self.params.wants_logprobs() {
-            true => {
+        let (logprob, top) = match (self.params.wants_logprobs(), self.params.post_sampling) {
+            (true, false) => {
                 let (logprob, top) = raw_logprobs(logits, token, self.params.top_logprobs);
                 (Some(logprob), top)
             }
-            false => (None, Vec::new()),
+            (true, true) => {
+                let (logprob, top) = self.drawn_logprobs(token);
+                (Some(logprob), top)
+            }
+            (false, _) => (None, Vec::new()),
         };
         Sampled { token, logprob, top, end, mask_time }
+    }
+
+    /// `token`'s log-probability in the distribution [`Sampler::sample`] drew it from, and the
+    /// `top_logprobs` most likely of that distribution with theirs
+    /// ([`SamplingParams::post_sampling`]). A draw's row, once adjusted, is the scratch row
+    /// (only a greedy choice of an unadjusted row skips it, and a greedy choice is certain).
+    /// The weights, top-k, min-p and top-p are the draw's own; a token with no weight is not
+    /// reported. The drawn token lies in the set; were it not, its log-probability would be
+    /// the least finite one (llama.cpp's choice for a probability of 0).
+    fn drawn_logprobs(&mut self, token: u32) -> (f32, Vec<(u32, f32)>) {
+        let p = &self.params;
+        let n = p.top_logprobs;
+        if p.is_greedy() {
+            return (0.0, if n > 0 { vec![(token, 0.0)] } else { Vec::new() });
+        }
+        let row = &self.scratch;
+        let max = crate::kernels::row_max(row);
+        let keys = &mut self.draw.keys;
+        keys.clear();
+        keys.extend(row.iter().enumerate().filter_map(|(i, &l)| {
+            let w = crate::kernels::draw_weight(l, max, p.temperature);
+            (w > 0.0).then(|| rank_key(i as u32, w))
+        }));
+        keys.sort_unstable();
+        if let Some(k) = p.top_k {
+            keys.truncate(k);
+        }
+        if p.min_p > 0.0 {
+            keys.retain(|k| unkey(*k).1 >= p.min_p);
+        }
+        let mut total: f64 = keys.iter().map(|k| f64::from(unkey(*k).1)).sum();
+        if p.top_p < 1.0 {
+            let mut nucleus = 0.0;
+            if let Some(i) = keys.iter().position(|k| {
+                nucleus += f64::from(unkey(*k).1);
+                nucleus >= f64::from(p.top_p) * total
+            }) {
+                keys.truncate(i + 1);
+                total = nucleus;
+            }
+        }
+        let log_total = total.ln();
+        let logprob = |w: f32| (f64::from(w).ln() - log_total) as f32;
+        let drawn = keys.iter().map(|k| unkey(*k)).find(|c| c.0 == token).map_or(f32::MIN, |c| logprob(c.1));
+        let top = keys.iter().take(n).map(|k| unkey(*k)).map(|(t, w)| (t, logprob(w))).collect();
+        (drawn, top)
     }
 
     /// What the next token needs of its logits row. [`RowNeed::Best`]: greedy with no bias or

@@ -673,6 +673,61 @@ async fn ollama_lists_shows_and_reports_the_served_models() {
     s.shutdown().await;
 }
 
+/// Ollama's `logprobs` and `top_logprobs`: `/api/chat` gives chat completions' `logprobs.content`
+/// as its `logprobs`, whole or line by line with the tokens of each line's text; `/api/generate`
+/// (raw) gives completions' log-probabilities; `top_logprobs` past 20 is refused, and without
+/// `logprobs` nothing is given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollama_logprobs_are_chat_completions_logprobs() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let messages = json!([{"role": "user", "content": "Hello there"}]);
+    let body = json!({"model": FIXTURE, "messages": messages, "max_tokens": 6, "temperature": 0, "logprobs": true,
+        "top_logprobs": 2});
+    let (status, chat) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{chat}");
+    let want = &chat["choices"][0]["logprobs"]["content"];
+    assert_eq!(want.as_array().map(Vec::len), Some(6), "{chat}");
+    let ollama = json!({"model": FIXTURE, "messages": messages, "options": {"num_predict": 6, "temperature": 0},
+        "logprobs": true, "top_logprobs": 2, "stream": false});
+    let (status, r) = post(&s, "/api/chat", ollama.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(&r["logprobs"], want, "{r}");
+    let mut streamed = ollama.clone();
+    streamed["stream"] = true.into();
+    let lines = ndjson(&s, "/api/chat", streamed).await;
+    let pieces: Vec<Value> = lines.iter().flat_map(|l| l["logprobs"].as_array().cloned().unwrap_or_default()).collect();
+    assert_eq!(&Value::from(pieces), want, "{lines:?}");
+    for line in lines.iter().filter(|l| l["done"] == false) {
+        let text: String = line["logprobs"].as_array().unwrap().iter().map(|t| t["token"].as_str().unwrap()).collect();
+        assert_eq!(line["message"]["content"].as_str(), Some(text.as_str()), "a line's tokens are its text: {line}");
+    }
+    // Generate, raw: the completions API's figures.
+    let body =
+        json!({"model": FIXTURE, "prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "logprobs": 1});
+    let (_, c) = post(&s, "/v1/completions", body).await;
+    let generate = json!({"model": FIXTURE, "prompt": "Once upon a time", "raw": true, "stream": false,
+        "options": {"num_predict": 5, "temperature": 0}, "logprobs": true, "top_logprobs": 1});
+    let (status, r) = post(&s, "/api/generate", generate).await;
+    assert_eq!(status, 200, "{r}");
+    let (got, want) = (r["logprobs"].as_array().unwrap(), &c["choices"][0]["logprobs"]);
+    assert_eq!(got.len(), 5, "{r}");
+    for (i, t) in got.iter().enumerate() {
+        assert_eq!((&t["token"], &t["logprob"]), (&want["tokens"][i], &want["token_logprobs"][i]), "{t}");
+        let alternative = &t["top_logprobs"][0];
+        assert_eq!(want["top_logprobs"][i][alternative["token"].as_str().unwrap()], alternative["logprob"], "{t}");
+    }
+    let mut none = ollama.clone();
+    none["logprobs"] = false.into();
+    let (_, r) = post(&s, "/api/chat", none).await;
+    assert!(r.get("logprobs").is_none(), "{r}");
+    let mut too_many = ollama;
+    too_many["top_logprobs"] = 21.into();
+    let (status, err) = post(&s, "/api/chat", too_many).await;
+    assert_eq!(status, 400, "{err}");
+    assert!(err["error"].as_str().is_some_and(|e| e.contains("top_logprobs")), "{err}");
+    s.shutdown().await;
+}
+
 /// Fill in the middle: OpenAI's completions with `suffix`, Ollama's generate with `suffix` and
 /// llama.cpp's `/infill` each answer what the same prompt written in the model's FIM tokens by
 /// hand gets (the middle's own stop tokens with it), streamed or not; `/infill` writes Qwen's
@@ -813,8 +868,8 @@ async fn fill_in_the_middle_in_every_dialect() {
 }
 
 /// llama.cpp's `/completion` (and `/completions`) continues a prompt, text or token ids, as
-/// `/v1/completions` does, in llama.cpp's shape, streamed or not; `n_probs` and a prompt of
-/// mixed parts are refused naming the field.
+/// `/v1/completions` does, in llama.cpp's shape, streamed or not; a prompt of mixed parts is
+/// refused naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llama_cpp_completion_answers_as_openai_completions() {
     let s = server_for(&fixture_dir(FIXTURE), &[]).await;
@@ -845,13 +900,82 @@ async fn llama_cpp_completion_answers_as_openai_completions() {
     assert!(pieces.iter().all(|p| p["stop"] == false) && last["stop"] == true, "{chunks:?}");
     assert_eq!(pieces.iter().map(|p| p["content"].as_str().unwrap()).collect::<String>(), text);
     assert_eq!(&last["tokens_predicted"], completion_tokens);
-    for (body, param) in [
-        (json!({"prompt": prompt, "n_probs": 3}), "n_probs"),
-        (json!({"prompt": [1, "two"]}), "prompt"),
-        (json!({"n_predict": 4}), "prompt"),
-    ] {
+    for (body, param) in [(json!({"prompt": [1, "two"]}), "prompt"), (json!({"n_predict": 4}), "prompt")] {
         let (status, err) = post(&s, "/completion", body).await;
         assert_eq!((status, err["error"]["param"].as_str()), (400, Some(param)), "{err}");
+    }
+    s.shutdown().await;
+}
+
+/// llama.cpp's `n_probs`: `/completion` gives each token's log-probability and its best
+/// alternatives' as `/v1/completions` gives them (`logprobs`), with ids and bytes, streamed or
+/// not; `post_sampling_probs` gives the probabilities of the distribution drawn from (a greedy
+/// token's is 1; under top-k 3 the three alternatives are all of it). Out of range is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpp_n_probs_are_the_openai_logprobs_in_llama_cpps_shape() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let prompt = "Once upon a time";
+    let body = json!({"model": FIXTURE, "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 3});
+    let (status, c) = post(&s, "/v1/completions", body).await;
+    assert_eq!(status, 200, "{c}");
+    let openai = &c["choices"][0]["logprobs"];
+    let close = |a: &Value, b: &Value| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-6;
+    let (status, r) =
+        post(&s, "/completion", json!({"prompt": prompt, "n_predict": 6, "temperature": 0, "n_probs": 3})).await;
+    assert_eq!(status, 200, "{r}");
+    let probs = r["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 6, "{r}");
+    for (i, p) in probs.iter().enumerate() {
+        assert_eq!((&p["id"], &p["token"]), (&r["tokens"][i], &openai["tokens"][i]), "{p}");
+        assert!(close(&p["logprob"], &openai["token_logprobs"][i]), "{p} against {openai}");
+        let bytes: Vec<u8> = serde_json::from_value(p["bytes"].clone()).unwrap();
+        assert_eq!(String::from_utf8_lossy(&bytes), p["token"].as_str().unwrap());
+        let top = p["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{p}");
+        assert_eq!(top[0]["id"], p["id"], "greedy: the best alternative is the token");
+        for a in top {
+            let token = a["token"].as_str().unwrap();
+            assert!(close(&a["logprob"], &openai["top_logprobs"][i][token]), "{a} against {openai}");
+            assert!(a["id"].as_u64().is_some() && a["bytes"].is_array(), "{a}");
+        }
+    }
+    let streamed = json!({"prompt": prompt, "n_predict": 6, "temperature": 0, "n_probs": 3, "stream": true});
+    let chunks: Vec<Value> =
+        common::sse(&s, "/completion", streamed).await.iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let (last, pieces) = chunks.split_last().unwrap();
+    assert!(last.get("completion_probabilities").is_none(), "{last}");
+    let streamed: Vec<&Value> =
+        pieces.iter().flat_map(|p| p["completion_probabilities"].as_array().unwrap().iter()).collect();
+    assert_eq!(streamed.len(), 6, "{pieces:?}");
+    for (a, b) in streamed.iter().zip(probs) {
+        assert!(a["id"] == b["id"] && close(&a["logprob"], &b["logprob"]) && a["top_logprobs"] == b["top_logprobs"]);
+    }
+    // The distribution drawn from: a greedy token is certain.
+    let body = json!({"prompt": prompt, "n_predict": 3, "temperature": 0, "n_probs": 3, "post_sampling_probs": true});
+    let (status, r) = post(&s, "/completion", body).await;
+    assert_eq!(status, 200, "{r}");
+    for (i, p) in r["completion_probabilities"].as_array().unwrap().iter().enumerate() {
+        assert_eq!((&p["id"], &p["prob"]), (&r["tokens"][i], &json!(1.0)), "{p}");
+        assert_eq!(p["top_probs"], json!([{"id": p["id"], "token": p["token"], "bytes": p["bytes"], "prob": 1.0}]));
+        assert!(p.get("logprob").is_none() && p.get("top_logprobs").is_none(), "{p}");
+    }
+    // Sampled under top-k 3: the three alternatives are the whole distribution, the token one of them.
+    let body = json!({"prompt": prompt, "n_predict": 8, "temperature": 1.5, "top_k": 3, "seed": 3, "n_probs": 5,
+        "post_sampling_probs": true});
+    let (status, r) = post(&s, "/completion", body).await;
+    assert_eq!(status, 200, "{r}");
+    let probs = r["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 8, "{r}");
+    for p in probs {
+        let top = p["top_probs"].as_array().unwrap();
+        let sum: f64 = top.iter().map(|a| a["prob"].as_f64().unwrap()).sum();
+        assert!(top.len() == 3 && (sum - 1.0).abs() < 1e-5, "{p}");
+        let drawn = top.iter().find(|a| a["id"] == p["id"]).expect("the token is among its distribution's");
+        assert!(close(&drawn["prob"], &p["prob"]) && p["prob"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    for n in [21, -1] {
+        let (status, err) = post(&s, "/completion", json!({"prompt": prompt, "n_probs": n})).await;
+        assert_eq!((status, err["error"]["param"].as_str()), (400, Some("n_probs")), "{err}");
     }
     s.shutdown().await;
 }

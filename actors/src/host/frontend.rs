@@ -450,6 +450,7 @@ fn sampling(options: &Options, defaults: &GenerationDefaults, top_logprobs: usiz
         seed: options.seed,
         top_logprobs,
         logprobs: options.logprobs.is_some(),
+        post_sampling: options.post_sampling_probs,
     }
 }
 

@@ -92,6 +92,10 @@ pub struct Options {
     pub n: Option<usize>,
     /// Log-probabilities with this many alternatives (0–20) per generated token.
     pub logprobs: Option<usize>,
+    /// The log-probabilities are of the distribution each token was drawn from (after bias,
+    /// penalties, temperature, top-k, min-p and top-p; llama.cpp's `post_sampling_probs`),
+    /// not the model's raw one.
+    pub post_sampling_probs: bool,
     /// The conversation this request continues (E6): its cells stay cached, so the next turn
     /// computes only its new tokens. Only the first choice continues it.
     pub session: Option<String>,

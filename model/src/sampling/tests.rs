@@ -125,6 +125,46 @@ fn logprobs_are_the_raw_log_softmax_with_the_best_alternatives() {
 }
 
 #[test]
+fn post_sampling_logprobs_are_of_the_distribution_drawn_from() {
+    let probs = [0.05, 0.4, 0.1, 0.3, 0.15];
+    let row = logits_of(&probs);
+    let close = |a: f32, b: f32| (a - b).abs() < 1e-5;
+    let post = |f: fn(&mut SamplingParams)| {
+        params(|p| {
+            (p.temperature, p.top_logprobs, p.post_sampling) = (1.0, 5, true);
+            f(p)
+        })
+    };
+    // Top-k 3 keeps 0.4, 0.3 and 0.15, renormalised; every draw is one of them.
+    let mut s = Sampler::new(post(|p| p.top_k = Some(3)), &[]);
+    for _ in 0..20 {
+        let out = s.sample(&row);
+        assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 4]);
+        for (&(_, lp), want) in out.top.iter().zip([0.4, 0.3, 0.15]) {
+            assert!(close(lp, (want / 0.85f32).ln()), "{lp} for {want}");
+        }
+        let drawn = out.top.iter().find(|t| t.0 == out.token).expect("the token drawn is among them");
+        assert!(close(out.logprob.unwrap(), drawn.1));
+    }
+    // Top-p 0.6: the nucleus 0.4 + 0.3 reaches it; min-p 0.5 keeps what weighs half the best.
+    for (edit, want) in [
+        ((|p| p.top_p = 0.6) as fn(&mut SamplingParams), vec![(1, 0.4 / 0.7), (3, 0.3 / 0.7)]),
+        (|p| p.min_p = 0.5, vec![(1, 0.4 / 0.7), (3, 0.3 / 0.7)]),
+        // A bias moves the distribution the draw sees; the raw one would not show it.
+        (|p| (p.top_k, p.logit_bias) = (Some(2), vec![(0, 10f32.ln())]), vec![(0, 0.5 / 0.9), (1, 0.4 / 0.9)]),
+    ] {
+        let out = Sampler::new(post(edit), &[]).sample(&row);
+        assert_eq!(out.top.len(), want.len());
+        for (&(t, lp), (wt, wp)) in out.top.iter().zip(want) {
+            assert!(t == wt && close(lp, (wp as f32).ln()), "{t} {lp} against {wt} {wp}");
+        }
+    }
+    // A greedy choice is certain.
+    let out = Sampler::new(post(|p| p.temperature = 0.0), &[]).sample(&row);
+    assert_eq!((out.token, out.logprob, out.top), (1, Some(0.0), vec![(1, 0.0)]));
+}
+
+#[test]
 fn out_of_range_parameters_are_named() {
     type Edit = fn(&mut SamplingParams);
     let cases: [(&str, Edit); 8] = [

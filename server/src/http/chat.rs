@@ -338,18 +338,7 @@ fn chat_message(text: &str, reasoning: &str, calls: &[ToolCallOut]) -> Value {
 }
 
 fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
-    let content: Vec<Value> = tokens
-        .iter()
-        .map(|t| {
-            json!({
-                "token": t.token,
-                "logprob": t.logprob,
-                "bytes": t.bytes,
-                "top_logprobs": t.top.iter().map(|(tok, b, lp)| json!({"token": tok, "logprob": lp, "bytes": b})).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    json!({"content": content})
+    json!({"content": tokens.iter().map(TokenLogprob::openai).collect::<Vec<_>>()})
 }
 
 /// Completions' legacy shape; `offset` is where the generated text starts (after an echo).
@@ -363,7 +352,7 @@ fn completion_logprobs(tokens: &[TokenLogprob], offset: usize) -> Value {
     json!({
         "tokens": tokens.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
         "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": tokens.iter().map(|t| t.top.iter().map(|(tok, _, lp)| (tok.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "top_logprobs": tokens.iter().map(|t| t.top.iter().map(|a| (a.token.clone(), json!(a.logprob))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
         "text_offset": text_offset,
     })
 }

@@ -17,6 +17,7 @@ use llaisys_actors::ValidRequest;
 use llaisys_actors::host::AnswerBuilder;
 use llaisys_actors::request::{FinishReason, ToolCallDelta};
 use llaisys_actors::{Event, Generation as EngineGeneration, Output};
+use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::dialect::{Dialect, Frame, Transport};
@@ -37,12 +38,23 @@ struct Clock {
     finished: bool,
 }
 
-/// A token's log-probability with its text and bytes, and the same for each alternative.
+/// A token's log-probability with its id, text and bytes, and the same for each alternative
+/// (theirs have no alternatives).
 pub struct TokenLogprob {
+    pub id: u32,
     pub token: String,
     pub bytes: Vec<u8>,
     pub logprob: f32,
-    pub top: Vec<(String, Vec<u8>, f32)>,
+    pub top: Vec<TokenLogprob>,
+}
+
+impl TokenLogprob {
+    /// OpenAI's entry: chat's `logprobs.content[]`, the Responses API's `logprobs[]`.
+    pub fn openai(&self) -> Value {
+        let top: Vec<Value> =
+            self.top.iter().map(|a| json!({"token": a.token, "logprob": a.logprob, "bytes": a.bytes})).collect();
+        json!({"token": self.token, "logprob": self.logprob, "bytes": self.bytes, "top_logprobs": top})
+    }
 }
 
 /// What one engine event added to one choice.
@@ -244,18 +256,14 @@ impl Generation {
     /// Log-probabilities with token text and bytes for choice `i`, from its `from`-th token on.
     pub fn logprobs_of(&self, i: usize, from: usize) -> Vec<TokenLogprob> {
         let Some(tokenizer) = self.model.engine.tokenizer() else { return Vec::new() };
-        let piece = |id: u32| {
+        let piece = |id: u32, logprob: f32, top: Vec<TokenLogprob>| {
             let bytes = tokenizer.token_bytes(id).unwrap_or_default();
-            (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+            TokenLogprob { id, token: String::from_utf8_lossy(&bytes).into_owned(), bytes, logprob, top }
         };
         let choice = &self.answer.choices()[i];
         choice.logprobs[from.min(choice.logprobs.len())..]
             .iter()
-            .map(|t| {
-                let (token, bytes) = piece(t.token);
-                let top = t.top.iter().map(|&(id, lp)| (piece(id).0, piece(id).1, lp)).collect();
-                TokenLogprob { token, bytes, logprob: t.logprob, top }
-            })
+            .map(|t| piece(t.token, t.logprob, t.top.iter().map(|&(id, lp)| piece(id, lp, Vec::new())).collect()))
             .collect()
     }
 

@@ -7,8 +7,11 @@
 //!
 //! Both take llama.cpp's names: `n_predict`, `temperature`, `top_k`, `top_p`, `min_p`,
 //! `repeat_penalty`, `presence_penalty`, `frequency_penalty`, `seed`, `stop`, `ignore_eos`,
-//! `stream`; its other fields (`samplers`, `cache_prompt`, `t_max_predict_ms`, ...) are left to
-//! their defaults, and `n_probs` is refused. `n_predict: 0` evaluates the prompt, caching it for
+//! `stream`, and `n_probs` (each generated token's log-probability and its `n_probs` most likely
+//! alternatives' as `completion_probabilities`, of the model's distribution; probabilities of
+//! the distribution it was drawn from with `post_sampling_probs`); its other fields (`samplers`,
+//! `cache_prompt`, `t_max_predict_ms`, ...) are left to their defaults. `n_predict: 0`
+//! evaluates the prompt, caching it for
 //! the next request, and answers with no text (the plugins send it to warm the cache with new
 //! context). The answer in llama.cpp's shape: `content`, `stop`, `tokens`, `tokens_predicted`,
 //! `tokens_evaluated`, `stop_type` (`eos`, `word` or `limit`) and `stopping_word`, `truncated`
@@ -23,6 +26,7 @@ use axum::Extension;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use llaisys_actors::host::MAX_TOP_LOGPROBS;
 use llaisys_actors::request::FinishReason;
 use llaisys_actors::{CompletionRequest, Infill, Options, Prompt};
 use llaisys_model::tokenizer::{FIM_DEFAULT_PATH, FIM_DEFAULT_REPO};
@@ -32,7 +36,7 @@ use serde_json::{Value, json};
 
 use super::dialect::{Dialect, Frame, Run, Work, endpoint};
 use super::error::{ApiError, ErrorShape};
-use super::generation::{Generation, Step};
+use super::generation::{Generation, Step, TokenLogprob};
 use super::openai;
 use super::{AppState, Body413, RequestIdExt, json_response};
 
@@ -54,8 +58,11 @@ struct GenerationIn {
     stop: Vec<String>,
     #[serde(default)]
     ignore_eos: bool,
-    /// Alternatives per token with their probabilities: not given here.
+    /// Alternatives per token with their log-probabilities (0: no probabilities).
     n_probs: Option<i64>,
+    /// The probabilities are of the distribution each token was drawn from.
+    #[serde(default)]
+    post_sampling_probs: bool,
     #[serde(default)]
     stream: bool,
 }
@@ -71,10 +78,16 @@ impl GenerationIn {
             Some(n) if n >= 1 => (Some(n as usize), false),
             Some(n) => return Err(ApiError::invalid("n_predict", format!("n_predict must be ≥ 0 or -1, got {n}"))),
         };
-        if self.n_probs.is_some_and(|n| n != 0) {
-            let message = "n_probs is not supported here: ask /v1/completions for logprobs";
-            return Err(ApiError::invalid("n_probs", message));
-        }
+        let logprobs = match self.n_probs {
+            None | Some(0) => None,
+            Some(n) if (1..=MAX_TOP_LOGPROBS as i64).contains(&n) => Some(n as usize),
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "n_probs",
+                    format!("n_probs must be in [0, {MAX_TOP_LOGPROBS}], got {n}"),
+                ));
+            }
+        };
         let options = Options {
             max_tokens,
             temperature: self.temperature,
@@ -88,6 +101,8 @@ impl GenerationIn {
             seed: self.seed.filter(|s| *s >= 0).map(|s| s as u64),
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            logprobs,
+            post_sampling_probs: self.post_sampling_probs,
             ..Options::default()
         };
         Ok((options, warm_only))
@@ -159,8 +174,10 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<(T, GenerationIn), ApiError
 impl Parsed {
     fn new(prompt: Prompt, g: GenerationIn, infill: bool) -> Result<Self, ApiError> {
         let (options, warm_only) = g.options()?;
+        let probs = options.logprobs.map(|_| options.post_sampling_probs);
         let request = CompletionRequest::new(prompt).options(options);
-        Ok(Self { request, model: g.model, stream: g.stream, dialect: LlamaCpp { infill, warm_only, sent: 0 } })
+        let dialect = LlamaCpp { infill, warm_only, probs, sent: 0 };
+        Ok(Self { request, model: g.model, stream: g.stream, dialect })
     }
 
     /// A `/infill` body.
@@ -219,12 +236,35 @@ struct LlamaCpp {
     infill: bool,
     /// `n_predict: 0`: the token generated is not the client's.
     warm_only: bool,
+    /// `n_probs` asked for: `Some(post_sampling_probs)`.
+    probs: Option<bool>,
     /// Tokens streamed so far.
     sent: usize,
 }
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// llama.cpp's `completion_probabilities`: each token's id, text, bytes and log-probability
+/// with its alternatives' (`top_logprobs`); with `post_sampling` probabilities instead (`prob`,
+/// `top_probs`).
+fn probabilities(tokens: &[TokenLogprob], post_sampling: bool) -> Value {
+    let (p, top) = if post_sampling { ("prob", "top_probs") } else { ("logprob", "top_logprobs") };
+    let entry = |t: &TokenLogprob| {
+        let mut e = json!({"id": t.id, "token": t.token, "bytes": t.bytes});
+        e[p] = if post_sampling { t.logprob.exp() } else { t.logprob }.into();
+        e
+    };
+    let all: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut e = entry(t);
+            e[top] = t.top.iter().map(entry).collect::<Vec<_>>().into();
+            e
+        })
+        .collect();
+    all.into()
 }
 
 impl LlamaCpp {
@@ -276,10 +316,14 @@ impl Dialect for LlamaCpp {
 
     fn body(&mut self, g: &Generation) -> Value {
         let choice = &g.answer().choices()[0];
-        match self.warm_only {
-            true => self.last(g, "", &[]),
-            false => self.last(g, &choice.text, &choice.tokens),
+        if self.warm_only {
+            return self.last(g, "", &[]);
         }
+        let mut last = self.last(g, &choice.text, &choice.tokens);
+        if let Some(post_sampling) = self.probs {
+            last["completion_probabilities"] = probabilities(&g.logprobs_of(0, 0), post_sampling);
+        }
+        last
     }
 
     fn open(&mut self, _: &Generation) -> Vec<Frame> {
@@ -290,16 +334,21 @@ impl Dialect for LlamaCpp {
         let mut frames = Vec::new();
         let choice = &g.answer().choices()[0];
         if !self.warm_only && !step.text.is_empty() {
-            let tokens = &choice.tokens[self.sent.min(choice.tokens.len())..];
+            // The tokens since the last frame (a token whose text was held back comes with the next).
+            let from = self.sent.min(choice.tokens.len());
             self.sent = choice.tokens.len();
-            frames.push(Frame::data(&json!({
+            let mut frame = json!({
                 "index": 0,
                 "content": step.text,
-                "tokens": tokens,
+                "tokens": &choice.tokens[from..],
                 "stop": false,
                 "tokens_predicted": choice.tokens.len(),
                 "tokens_evaluated": g.prompt_tokens(0),
-            })));
+            });
+            if let Some(post_sampling) = self.probs {
+                frame["completion_probabilities"] = probabilities(&g.logprobs_of(0, from), post_sampling);
+            }
+            frames.push(Frame::data(&frame));
         }
         match step.finish {
             Some(FinishReason::Error) => frames.push(Frame::data(&g.engine_error().body_in(ErrorShape::OpenAi))),
@@ -345,6 +394,7 @@ pub async fn props(State(state): State<Arc<AppState>>, Query(q): Query<PropsQuer
         "stop": [],
         "ignore_eos": false,
         "n_probs": 0,
+        "post_sampling_probs": false,
         "stream": false,
     });
     let path = m.files().and_then(|f| f.files.first()).map_or(m.name.clone(), |p| p.display().to_string());

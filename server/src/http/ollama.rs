@@ -1,7 +1,8 @@
 //! The part of Ollama's API that editors and chat apps call: `/api/chat`, `/api/generate`,
 //! `/api/tags`, `/api/show`, `/api/ps` and `/api/version`. Ollama's option names
 //! (`num_predict`, `repeat_penalty`, ...), `format` (`"json"` or a schema), `think`, tools with
-//! object arguments, generate's `suffix` (fill in the middle); answers stream by default as
+//! object arguments, generate's `suffix` (fill in the middle), `logprobs` and `top_logprobs`;
+//! answers stream by default as
 //! newline-delimited JSON, the last line `done: true` with Ollama's counts and durations
 //! (nanoseconds). Errors are `{"error": ...}`.
 
@@ -12,6 +13,7 @@ use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
+use llaisys_actors::host::MAX_TOP_LOGPROBS;
 use llaisys_actors::request::{FinishReason, ToolCallOut};
 use llaisys_actors::{ChatRequest, CompletionRequest, EmbedRequest, Infill, Options, Prompt, Tool, ToolChoice};
 use llaisys_model::Constraint;
@@ -21,7 +23,7 @@ use serde_json::{Value, json};
 
 use super::dialect::{Dialect, Frame, Run, Transport, Work, endpoint};
 use super::error::{ApiError, ErrorShape};
-use super::generation::{Generation, Step};
+use super::generation::{Generation, Step, TokenLogprob};
 use super::openai::parse;
 use super::{AppState, Body413, ModelEntry, RequestIdExt, json_response, with_model};
 
@@ -41,6 +43,34 @@ pub struct ChatIn {
     options: OptionsIn,
     stream: Option<bool>,
     think: Option<Value>,
+    #[serde(flatten)]
+    logprobs: LogprobsIn,
+}
+
+/// `logprobs` and `top_logprobs` (Ollama 0.12.11 and later): each generated token's
+/// log-probability, with its `top_logprobs` (0-20) most likely alternatives', as OpenAI's chat
+/// gives them.
+#[derive(Debug, Default, Deserialize)]
+struct LogprobsIn {
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<i64>,
+}
+
+impl LogprobsIn {
+    /// The engine's `logprobs` option: the alternatives' count where asked (Ollama checks
+    /// `top_logprobs` either way, and reads it only with `logprobs`).
+    fn alternatives(&self) -> Result<Option<usize>, ApiError> {
+        let top = match self.top_logprobs {
+            None => 0,
+            Some(n) if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) => n as usize,
+            Some(n) => {
+                let message = format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}");
+                return Err(ApiError::invalid("top_logprobs", message));
+            }
+        };
+        Ok(self.logprobs.then_some(top))
+    }
 }
 
 /// A `POST /api/generate` body.
@@ -62,6 +92,8 @@ pub struct GenerateIn {
     options: OptionsIn,
     stream: Option<bool>,
     think: Option<Value>,
+    #[serde(flatten)]
+    logprobs: LogprobsIn,
 }
 
 #[derive(Debug, Deserialize)]
@@ -357,7 +389,7 @@ pub async fn chat(
 async fn run_chat(state: &Arc<AppState>, request_id: &str, req: ChatIn) -> Result<Response, ApiError> {
     let model = state.model(&req.model)?;
     let request = req.chat_request()?;
-    let dialect = Ollama { api: Api::Chat, calls_sent: 0 };
+    let dialect = Ollama { api: Api::Chat, calls_sent: 0, logprobs_sent: 0 };
     let stream = req.stream.unwrap_or(true);
     let run = Run { state, request_id, model, stream, constraint_field: Some("format"), echo: false };
     run.run(Work::Chat(request), dialect).await
@@ -405,6 +437,7 @@ impl ChatIn {
             tools.push(Tool { name: t.function.name.clone(), description: t.function.description.clone(), parameters });
         }
         let mut options = options(&req.options, req.format.as_ref(), req.think.as_ref())?;
+        options.logprobs = req.logprobs.alternatives()?;
         options.tool_choice = (!tools.is_empty()).then_some(ToolChoice::Auto);
         options.tools = tools;
         Ok(ChatRequest::new(messages).options(options))
@@ -436,7 +469,7 @@ async fn run_generate(state: &Arc<AppState>, request_id: &str, req: GenerateIn) 
         });
         return Ok(with_model(json_response(StatusCode::OK, &body), &model.name));
     };
-    let dialect = Ollama { api: Api::Generate, calls_sent: 0 };
+    let dialect = Ollama { api: Api::Generate, calls_sent: 0, logprobs_sent: 0 };
     let stream = req.stream.unwrap_or(true);
     let run = Run { state, request_id, model, stream, constraint_field: Some("format"), echo: false };
     run.run(work, dialect).await
@@ -468,7 +501,8 @@ impl GenerateIn {
         if req.prompt.is_empty() && suffix.is_none() {
             return Ok(None);
         }
-        let options = options(&req.options, req.format.as_ref(), req.think.as_ref())?;
+        let mut options = options(&req.options, req.format.as_ref(), req.think.as_ref())?;
+        options.logprobs = req.logprobs.alternatives()?;
         // With a suffix the prompt is the text before the middle the model fills in, in its
         // fill-in-the-middle tokens (as Ollama's code models' templates write it).
         if let Some(suffix) = suffix {
@@ -556,10 +590,12 @@ enum Api {
 }
 
 /// Ollama's chat and generate shapes; tool calls go out whole (Ollama's arguments are an
-/// object), when the answer finishes.
+/// object), when the answer finishes. Log-probabilities, where asked, go with the text of their
+/// tokens (a token whose text was held back with the next line).
 struct Ollama {
     api: Api,
     calls_sent: usize,
+    logprobs_sent: usize,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -630,6 +666,9 @@ impl Dialect for Ollama {
         let choice = &g.answer().choices()[0];
         let calls: Vec<Value> = choice.tool_calls.iter().enumerate().map(|(i, c)| call_json(c, i)).collect();
         let mut body = self.piece(g, &choice.text, &choice.reasoning, &calls);
+        if g.logprobs().is_some() {
+            body["logprobs"] = g.logprobs_of(0, 0).iter().map(TokenLogprob::openai).collect::<Vec<_>>().into();
+        }
         Self::done(g, &mut body);
         body
     }
@@ -641,7 +680,14 @@ impl Dialect for Ollama {
     fn step(&mut self, g: &Generation, step: &Step) -> Vec<Frame> {
         let mut frames = Vec::new();
         if !step.text.is_empty() || !step.reasoning.is_empty() {
-            frames.push(Frame::data(&self.piece(g, &step.text, &step.reasoning, &[])));
+            let mut piece = self.piece(g, &step.text, &step.reasoning, &[]);
+            if g.logprobs().is_some() {
+                let logprobs: Vec<Value> =
+                    g.logprobs_of(0, self.logprobs_sent).iter().map(TokenLogprob::openai).collect();
+                self.logprobs_sent += logprobs.len();
+                piece["logprobs"] = logprobs.into();
+            }
+            frames.push(Frame::data(&piece));
         }
         match step.finish {
             Some(FinishReason::Error) => frames.push(Frame::data(&g.engine_error().body_in(ErrorShape::Ollama))),

@@ -448,6 +448,7 @@ impl CommonFields {
             ignore_eos: self.ignore_eos,
             n,
             logprobs,
+            post_sampling_probs: false,
             session: self.session_id.clone(),
             constraint: self.structured_outputs.as_ref().map(StructuredOutputs::constraint).transpose()?.flatten(),
             tools: Vec::new(),

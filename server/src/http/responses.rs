@@ -474,17 +474,6 @@ fn format_json(format: &Format) -> Value {
     }
 }
 
-fn logprobs_json(tokens: &[TokenLogprob]) -> Vec<Value> {
-    tokens
-        .iter()
-        .map(|t| {
-            let top: Vec<Value> =
-                t.top.iter().map(|(tok, b, lp)| json!({"token": tok, "logprob": lp, "bytes": b})).collect();
-            json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes, "top_logprobs": top})
-        })
-        .collect()
-}
-
 /// The kind of output item a stream has open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Open {
@@ -689,7 +678,10 @@ impl Dialect for Responses {
             output.push(self.reasoning_item(&choice.reasoning, "completed"));
         }
         if !choice.text.is_empty() || choice.tool_calls.is_empty() {
-            let logprobs = g.logprobs().map(|_| logprobs_json(&g.logprobs_of(0, 0))).unwrap_or_default();
+            let logprobs = g
+                .logprobs()
+                .map(|_| g.logprobs_of(0, 0).iter().map(TokenLogprob::openai).collect::<Vec<_>>())
+                .unwrap_or_default();
             output.push(self.message_item(&choice.text, logprobs, "completed"));
         }
         for (i, call) in choice.tool_calls.iter().enumerate() {
@@ -730,7 +722,10 @@ impl Dialect for Responses {
                 frames.push(self.event("response.function_call_arguments.delta", fields));
             }
         }
-        let logprobs = g.logprobs().map(|_| logprobs_json(&g.logprobs_of(0, step.logprobs_from))).unwrap_or_default();
+        let logprobs = g
+            .logprobs()
+            .map(|_| g.logprobs_of(0, step.logprobs_from).iter().map(TokenLogprob::openai).collect::<Vec<_>>())
+            .unwrap_or_default();
         if !step.text.is_empty() {
             self.enter(Open::Message, self.message_item("", Vec::new(), "in_progress"), &mut frames);
             let mut fields = self.append(&["content", "0", "text"], &step.text);
