@@ -169,3 +169,48 @@ fn a_request_sharing_a_prefix_reuses_its_cells_and_gives_the_same_output() {
     assert_eq!(engine.scheduler().prefix_hits - hits_before, 20, "only the new 4 tokens were computed");
     assert_eq!(out[0].tokens, core_greedy(&second, 12), "output unchanged by the reuse");
 }
+
+/// Prompt log-probabilities (`Options::prompt_logprobs`): each prompt's, from its second token
+/// on, the same whether it runs alone in one pass or with seven others in a small cache that
+/// chunks its prefill and preempts it (its prompt computed again, its figures given once).
+#[test]
+fn prompt_logprobs_survive_chunking_and_preemption() {
+    use llaisys_actors::{CompletionRequest, Options, Prompt};
+    let prompts = eight_prompts();
+    let options = Options {
+        max_tokens: Some(12),
+        temperature: Some(0.0),
+        ignore_eos: true,
+        prompt_logprobs: Some(2),
+        ..Options::default()
+    };
+    let request = |ps: &[Vec<u32>]| {
+        CompletionRequest::batch(ps.iter().cloned().map(Prompt::from).collect()).options(options.clone())
+    };
+    let mut alone = llm(EngineConfig { kv_capacity: 512, ..EngineConfig::default() });
+    let mut squeezed =
+        llm(EngineConfig { kv_capacity: 64, max_seqs_per_step: 8, max_tokens_per_step: 12, ..EngineConfig::default() });
+    let together = squeezed.complete(&[request(&prompts)]).unwrap().remove(0);
+    assert!(squeezed.scheduler().preemptions > 0, "64 cells cannot hold 8 requests at once");
+    for (i, (prompt, c)) in prompts.iter().zip(&together.choices).enumerate() {
+        let one = alone.complete(&[request(std::slice::from_ref(prompt))]).unwrap().remove(0);
+        let want = &one.choices[0].prompt_logprobs;
+        assert_eq!(want.len(), prompt.len() - 1, "prompt {i}");
+        assert_eq!(want.iter().map(|t| t.token).collect::<Vec<_>>(), prompt[1..], "prompt {i}");
+        assert_eq!(c.prompt_logprobs.len(), want.len(), "prompt {i}");
+        for (got, want) in c.prompt_logprobs.iter().zip(want) {
+            // The fixture's logits reach 100s: a batch's rounding moves them by 1e-5 of that.
+            let tolerance = 1e-3 + 2e-5 * want.logprob.abs();
+            assert!((got.logprob - want.logprob).abs() < tolerance, "prompt {i}: {got:?} against {want:?}");
+            assert_eq!(got.top.len(), 2);
+            assert_eq!(
+                got.top.iter().map(|a| a.0).collect::<Vec<_>>(),
+                want.top.iter().map(|a| a.0).collect::<Vec<_>>()
+            );
+        }
+        assert!(want.iter().all(|t| t.logprob <= t.top[0].1 + 1e-6 && t.logprob < 0.0), "prompt {i}: {want:?}");
+    }
+    let plain = Options { prompt_logprobs: None, ..options.clone() };
+    let without = alone.complete(&[CompletionRequest::new(Prompt::from(prompts[0].clone())).options(plain)]).unwrap();
+    assert!(without[0].choices[0].prompt_logprobs.is_empty(), "only where asked");
+}

@@ -54,6 +54,11 @@ pub struct SamplingParams {
     /// reported, so there may be fewer than `top_logprobs`.
     #[serde(default)]
     pub post_sampling: bool,
+    /// Report each prompt token's log-probability given the tokens before it (the first has
+    /// none), with this many alternatives (0-20): vLLM's `prompt_logprobs`, OpenAI's `echo`
+    /// with `logprobs`. The whole prompt is then computed: no cached prefix is reused.
+    #[serde(default)]
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -71,6 +76,7 @@ impl Default for SamplingParams {
             top_logprobs: 0,
             logprobs: false,
             post_sampling: false,
+            prompt_logprobs: None,
         }
     }
 }
@@ -118,6 +124,9 @@ impl SamplingParams {
         }
         if self.top_logprobs > 20 {
             return bad("top_logprobs", format!("{} is more than 20", self.top_logprobs));
+        }
+        if let Some(n) = self.prompt_logprobs.filter(|n| *n > 20) {
+            return bad("prompt_logprobs", format!("{n} is more than 20"));
         }
         Ok(())
     }
@@ -773,8 +782,9 @@ impl<'a> Ranked<'a> {
 }
 
 /// log-softmax of `logits` at `token`, and the `n` best tokens with theirs (the smaller token
-/// first among equal logits; NaN and −∞ left out).
-fn raw_logprobs(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
+/// first among equal logits; NaN and −∞ left out): a sampled token's log-probability, or a
+/// prompt token's ([`SamplingParams::prompt_logprobs`]).
+pub fn raw_logprobs(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
     let log_z = crate::kernels::log_sum_exp(logits);
     let mut top = crate::output::top_logits(logits, n);
     top.iter_mut().for_each(|(_, l)| *l -= log_z);

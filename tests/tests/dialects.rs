@@ -907,6 +907,126 @@ async fn llama_cpp_completion_answers_as_openai_completions() {
     s.shutdown().await;
 }
 
+/// OpenAI's completions with `echo` and `logprobs` (how lm-evaluation-harness scores a
+/// continuation): the echoed prompt's tokens come first, the first with null, each other's
+/// log-probability given the tokens before it, with alternatives: transformers' (their best two
+/// and the gap between them), the same whether or not the prompt was cached, and what a
+/// generated token's log-probability was where the prompt holds the generated tokens; streamed,
+/// the echo comes with them before the first token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoed_prompts_come_with_their_tokens_log_probabilities() {
+    // An f32 cache, to compare with transformers' figures closely.
+    let s = server_for(&fixture_dir(FIXTURE), &[("engine.kv_dtype", "\"f32\"")]).await;
+    let tokenizer = Tokenizer::from_dir(&fixture_dir(FIXTURE)).unwrap();
+    let piece = |id: u32| String::from_utf8_lossy(&tokenizer.token_bytes(id).unwrap_or_default()).into_owned();
+    let reference = llaisys_tests::Reference::load(FIXTURE);
+    let p = &reference.prompts[0];
+    let n = p.ids.len();
+    let body =
+        json!({"model": FIXTURE, "prompt": p.ids, "echo": true, "logprobs": 3, "max_tokens": 3, "temperature": 0});
+    let (status, first) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    let lp = &first["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), n + 3, "{lp}");
+    assert_eq!(
+        (&lp["token_logprobs"][0], &lp["top_logprobs"][0], &lp["text_offset"][0]),
+        (&Value::Null, &Value::Null, &json!(0))
+    );
+    let tokens: String = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(first["choices"][0]["text"].as_str(), Some(tokens.as_str()), "the echo and the answer, token by token");
+    let mut checked = 0;
+    for pos in 1..n {
+        assert_eq!(lp["tokens"][pos], piece(p.ids[pos]));
+        let logprob = lp["token_logprobs"][pos].as_f64().unwrap();
+        let top = lp["top_logprobs"][pos].as_object().unwrap();
+        // transformers' best two after position pos - 1, and the gap between them (the legacy
+        // shape keys alternatives by text: where two of the fixture's pieces read the same,
+        // one hides the other).
+        let want = &p.topk[pos - 1];
+        let pieces: Vec<String> = want.ids[..3].iter().map(|&id| piece(id)).collect();
+        if pieces[1..].contains(&pieces[0]) || pieces[2] == pieces[1] {
+            continue;
+        }
+        checked += 1;
+        assert_eq!(top.len(), 3, "{lp}");
+        let (a, b) = (&top[&pieces[0]], &top[&pieces[1]]);
+        let gap = a.as_f64().unwrap() - b.as_f64().unwrap();
+        assert!(
+            (gap - f64::from(want.logits[0] - want.logits[1])).abs() < 1e-3,
+            "position {pos}: {gap} against {want:?}"
+        );
+        assert!(logprob <= a.as_f64().unwrap() + 1e-6 && logprob < 0.0, "position {pos}: {logprob} {top:?}");
+    }
+    assert!(checked >= n / 2, "{checked} of {n} positions checked");
+    // The first generated token's, against transformers' whole last row.
+    let last = &p.last_logits;
+    let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_z = f64::from(max) + last.iter().map(|l| f64::from(l - max).exp()).sum::<f64>().ln();
+    let want = f64::from(last[p.greedy[0] as usize]) - log_z;
+    assert!((lp["token_logprobs"][n].as_f64().unwrap() - want).abs() < 1e-3, "{lp}");
+    // Again, its prompt now cached: computed whole again, the same figures.
+    let (_, again) = post(&s, "/v1/completions", body.clone()).await;
+    let close = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
+        (Some(a), Some(b)) => (a - b).abs() < 1e-4,
+        _ => a == b,
+    };
+    let same = |a: &Value, b: &Value, what: &str| {
+        let (a, b) = (a["token_logprobs"].as_array().unwrap(), b["token_logprobs"].as_array().unwrap());
+        assert!(a.len() == b.len() && a.iter().zip(b).all(|(a, b)| close(a, b)), "{what}: {a:?} against {b:?}");
+    };
+    same(&again["choices"][0]["logprobs"], lp, "cached");
+    // The generated tokens in the prompt: their log-probabilities, computed in one pass.
+    let prompt = [&p.ids[..], &p.greedy[..3]].concat();
+    let longer = json!({"model": FIXTURE, "prompt": prompt, "echo": true, "logprobs": 3,
+        "max_tokens": 1, "temperature": 0});
+    let (_, longer) = post(&s, "/v1/completions", longer).await;
+    let longer = &longer["choices"][0]["logprobs"]["token_logprobs"];
+    for k in n..n + 3 {
+        assert!(
+            close(&longer[k], &lp["token_logprobs"][k]),
+            "token {k}: {} against {}",
+            longer[k],
+            lp["token_logprobs"][k]
+        );
+    }
+    // Streamed: the echo with its figures first, then each token.
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    let chunks: Vec<Value> = (common::sse(&s, "/v1/completions", streamed).await.iter())
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let echo = &chunks[0]["choices"][0];
+    assert_eq!(
+        echo["text"].as_str(),
+        Some(
+            tokens[..tokens.len()
+                - lp["tokens"].as_array().unwrap()[n..].iter().map(|t| t.as_str().unwrap().len()).sum::<usize>()]
+                .to_string()
+                .as_str()
+        )
+    );
+    let echoed = &echo["logprobs"];
+    assert_eq!(echoed["tokens"].as_array().unwrap().len(), n, "{echo}");
+    let whole = json!({"token_logprobs": lp["token_logprobs"].as_array().unwrap()[..n]});
+    same(echoed, &whole, "streamed");
+    // Echo alone, or logprobs alone: no prompt figures.
+    let (_, plain) =
+        post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": p.ids, "echo": true, "max_tokens": 2})).await;
+    assert_eq!(plain["choices"][0]["logprobs"], Value::Null, "{plain}");
+    let (_, alone) =
+        post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": p.ids, "logprobs": 1, "max_tokens": 2})).await;
+    assert_eq!(alone["choices"][0]["logprobs"]["tokens"].as_array().map(Vec::len), Some(2), "{alone}");
+    s.shutdown().await;
+    // A prompt computed four tokens a step: each step's rows give the next ones, the same.
+    let settings = [("engine.kv_dtype", "\"f32\""), ("engine.max_tokens_per_step", "4")];
+    let s = server_for(&fixture_dir(FIXTURE), &settings).await;
+    let (status, chunked) = post(&s, "/v1/completions", body).await;
+    assert_eq!(status, 200, "{chunked}");
+    same(&chunked["choices"][0]["logprobs"], lp, "chunked");
+    s.shutdown().await;
+}
+
 /// llama.cpp's `n_probs`: `/completion` gives each token's log-probability and its best
 /// alternatives' as `/v1/completions` gives them (`logprobs`), with ids and bytes, streamed or
 /// not; `post_sampling_probs` gives the probabilities of the distribution drawn from (a greedy

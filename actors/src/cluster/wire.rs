@@ -24,8 +24,8 @@ use crate::session::SessionInfo;
 /// out its empty fields; 3: read-outs (embeddings, rerank); 4: a token's log-probability only
 /// where the request asked for it; 5: tool calls written as XML, with their tools' parameters;
 /// 6: tool-call tags with no closing tag (Mistral's array of calls); 7: Mistral's `[ARGS]` and
-/// `[CALL_ID]` tags.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// `[CALL_ID]` tags; 8: log-probabilities of the distribution drawn from, and of the prompt.
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// A request as it crosses the network: everything a checked choice holds, the constraint
 /// before compilation (the node checks it again against its own model and cache).
@@ -318,6 +318,7 @@ impl From<SpeculativeCounts> for SpeculativeStats {
 mod tests {
     use super::*;
     use crate::engine::Usage;
+    use crate::host::TokenLogprob;
     use crate::request::FinishReason;
 
     #[test]
@@ -355,7 +356,7 @@ mod tests {
 
     #[test]
     fn a_token_event_carries_only_what_it_has() {
-        let token = |logprob, top_logprobs: Vec<(u32, f32)>, mask_time| Event::Token {
+        let token = |logprob, top_logprobs: Vec<(u32, f32)>, mask_time, prompt_logprobs| Event::Token {
             token: 42,
             text: "hi".into(),
             reasoning: String::new(),
@@ -363,12 +364,14 @@ mod tests {
             top_logprobs,
             mask_time,
             tool_calls: Vec::new(),
+            prompt_logprobs,
         };
-        let plain = token(None, vec![], None);
+        let plain = token(None, vec![], None, vec![]);
         let json = serde_json::to_string(&plain).unwrap();
         assert_eq!(json, r#"{"Token":{"token":42,"text":"hi"}}"#);
         assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), plain);
-        let full = token(Some(-0.5), vec![(1, -1.0), (2, -2.0)], Some(std::time::Duration::from_micros(30)));
+        let prompt = vec![TokenLogprob { token: 7, logprob: -3.0, top: vec![(8, -0.25)] }];
+        let full = token(Some(-0.5), vec![(1, -1.0), (2, -2.0)], Some(std::time::Duration::from_micros(30)), prompt);
         let json = serde_json::to_string(&full).unwrap();
         assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), full);
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::Stream;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::host::TokenLogprob;
 use crate::request::{FinishReason, RequestId, ToolCallDelta};
 
 /// Token counts of a finished request.
@@ -42,6 +43,10 @@ pub enum Event {
         /// or two where it ends a call of an array and begins the next.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCallDelta>,
+        /// With a choice's first token, where the request asked for them: its prompt tokens'
+        /// log-probabilities, each given the ones before it, from the second token on.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        prompt_logprobs: Vec<TokenLogprob>,
     },
     Finished {
         reason: FinishReason,

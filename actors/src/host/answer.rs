@@ -7,7 +7,7 @@ use crate::engine::{Event, Usage};
 use crate::request::{FinishReason, ToolCallOut};
 
 /// A token's log-probability and the most likely alternatives (when asked for).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenLogprob {
     pub token: u32,
     pub logprob: f32,
@@ -23,6 +23,9 @@ pub struct Choice {
     pub tokens: Vec<u32>,
     /// One entry per token when log-probabilities were asked for.
     pub logprobs: Vec<TokenLogprob>,
+    /// Where asked (`prompt_logprobs`): each prompt token's log-probability given the ones
+    /// before it, from the second on.
+    pub prompt_logprobs: Vec<TokenLogprob>,
     /// `Error` also when the engine lost the choice without finishing it.
     pub finish: FinishReason,
     /// The stop string that ended it (`finish` is then `Stop`).
@@ -65,6 +68,7 @@ impl AnswerBuilder {
             reasoning: String::new(),
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
             finish: FinishReason::Error,
             stop: None,
             tool_calls: Vec::new(),
@@ -76,7 +80,11 @@ impl AnswerBuilder {
     pub fn add(&mut self, choice: usize, event: Event) {
         let Some(c) = self.choices.get_mut(choice) else { return };
         match event {
-            Event::Token { token, text, reasoning, logprob, top_logprobs, tool_calls, .. } => {
+            Event::Token { token, text, reasoning, logprob, top_logprobs, tool_calls, prompt_logprobs, .. } => {
+                // Given again where the choice was started over.
+                if !prompt_logprobs.is_empty() {
+                    c.prompt_logprobs = prompt_logprobs;
+                }
                 c.text.push_str(&text);
                 c.reasoning.push_str(&reasoning);
                 for delta in &tool_calls {

@@ -96,6 +96,11 @@ pub struct Options {
     /// penalties, temperature, top-k, min-p and top-p; llama.cpp's `post_sampling_probs`),
     /// not the model's raw one.
     pub post_sampling_probs: bool,
+    /// Each prompt token's log-probability given the ones before it (the first has none), with
+    /// this many alternatives (0-20), in the answer's `Choice::prompt_logprobs`: vLLM's
+    /// `prompt_logprobs`, OpenAI's completions with `echo` and `logprobs`. The whole prompt is
+    /// computed (no cached prefix is reused).
+    pub prompt_logprobs: Option<usize>,
     /// The conversation this request continues (E6): its cells stay cached, so the next turn
     /// computes only its new tokens. Only the first choice continues it.
     pub session: Option<String>,

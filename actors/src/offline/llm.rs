@@ -179,6 +179,9 @@ impl Llm {
             let mut retries = Vec::new();
             for (item, output) in plan.items.iter().zip(outputs) {
                 let job = &mut jobs[(item.id - base) as usize];
+                if !output.prompt_logprobs.is_empty() {
+                    job.output.prompt_logprobs(output.prompt_logprobs);
+                }
                 for sampled in output.sampled {
                     for event in job.output.token(sampled)? {
                         answers[job.request].add(job.choice, event);

@@ -124,6 +124,7 @@ impl RequestState {
                     self.end(FinishReason::Error);
                 }
             },
+            ToRequest::PromptLogprobs(logprobs) => self.output.prompt_logprobs(logprobs),
             ToRequest::Restarted(_) => {}
             ToRequest::Finished { reason, completion_tokens, cached_tokens, queue_time } => {
                 let finished = self.output.finish(reason, completion_tokens, cached_tokens, queue_time);

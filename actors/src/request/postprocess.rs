@@ -13,7 +13,7 @@ use llaisys_model::{Sampled, Tokenizer};
 
 use super::{FinishReason, TextStream, ToolParsing};
 use crate::engine::{Event, Usage};
-use crate::host::GenerateParams;
+use crate::host::{GenerateParams, TokenLogprob};
 
 pub struct Postprocess {
     /// Absent for an engine without a tokenizer: events then carry tokens and no text.
@@ -37,6 +37,8 @@ pub struct Postprocess {
     /// and after it was rejected until the answer is started over (then they are dropped, so
     /// the client sees nothing of the first attempt: no text, tokens or log-probabilities).
     held: Vec<Event>,
+    /// The prompt's log-probabilities (where asked), until the next token's event carries them.
+    prompt_logprobs: Vec<TokenLogprob>,
 }
 
 impl Postprocess {
@@ -56,6 +58,7 @@ impl Postprocess {
             closed: false,
             retry: params.retried().map(Arc::new),
             rejected: None,
+            prompt_logprobs: Vec::new(),
             held: Vec::new(),
         }
     }
@@ -80,6 +83,12 @@ impl Postprocess {
         if let Some(text) = self.rejected.take() {
             self.text.give_back(text);
         }
+    }
+
+    /// The prompt tokens' log-probabilities (`SamplingParams::prompt_logprobs`), computed with
+    /// the prompt: the next token's event carries them.
+    pub fn prompt_logprobs(&mut self, logprobs: Vec<TokenLogprob>) {
+        self.prompt_logprobs = logprobs;
     }
 
     /// The events a sampled token lets out: its own, after any held back; none once the
@@ -107,6 +116,7 @@ impl Postprocess {
             top_logprobs: sampled.top,
             mask_time: sampled.mask_time,
             tool_calls: piece.tool_calls,
+            prompt_logprobs: std::mem::take(&mut self.prompt_logprobs),
         });
         if let Some(text) = self.text.take_rejected() {
             self.rejected = Some(text);

@@ -203,6 +203,9 @@ impl Actor for SchedulerActor {
                         state.scheduler.record_step(&plan, &outcomes, elapsed);
                         for (item, output) in plan.items.iter().zip(outputs) {
                             if let Some(live) = state.requests.get(&item.id) {
+                                if !output.prompt_logprobs.is_empty() {
+                                    let _ = live.actor.send_message(ToRequest::PromptLogprobs(output.prompt_logprobs));
+                                }
                                 for s in output.sampled {
                                     let _ = live.actor.send_message(ToRequest::Token(s));
                                 }
@@ -465,7 +468,11 @@ impl SchedulerState {
                         let p = &live.params;
                         let sampler = Sampler::resume(p.sampling.clone(), &p.guidance, prompt, generated);
                         let history = live.speculating.then(|| [prompt, generated].concat());
-                        let lane = Lane::new(sampler, p.clone(), history);
+                        let mut lane = Lane::new(sampler, p.clone(), history);
+                        if generated.is_empty() {
+                            // Its prompt is computed again: its log-probabilities with it.
+                            lane = lane.scoring(prompt);
+                        }
                         let _ = worker.send_message(ToWorker::AddRequest(*id, Box::new(lane)));
                     }
                 }

@@ -12,6 +12,8 @@
 //! rest. Cached prefixes are evicted least recently used, before any running sequence is
 //! preempted. Cells shared between owners are counted once per owner, so the accounting never
 //! under-estimates what the cache holds. A cached prefix that a newer one extends is dropped.
+//! A request for its prompt's log-probabilities reuses none: each prompt token's logits are
+//! computed.
 //!
 //! E6, sessions: the cells of a session's last request stay cached and pinned to the session,
 //! even with prefix caching off, so its next turn computes only the new tokens. Pinned prefixes
@@ -313,7 +315,11 @@ impl Scheduler {
             let budget_here = budget.min(prefill_budget);
             let Some(front) = self.waiting.front() else { break };
             let len = front.tokens.len();
-            let mut hit = self.longest_prefix(&front.tokens, front.session.as_deref());
+            // A request for its prompt's log-probabilities computes its whole prompt.
+            let mut hit = match front.params.sampling.prompt_logprobs {
+                None => self.longest_prefix(&front.tokens, front.session.as_deref()),
+                Some(_) => None,
+            };
             while !self.fits(len, hit, budget_here) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan.free) {}
             if !self.fits(len, hit, budget_here) && hit.is_some() {
                 // Even alone with its prefix it does not fit: compute it all instead.

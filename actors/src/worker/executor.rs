@@ -8,12 +8,13 @@
 //! removed in the same step, so after every step the cache holds exactly the accepted tokens.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use llaisys_model::{Batch, Context, DecodeError, GuideEnd, Outputs, RowAsk, RowNeed, Sampled, Sampler};
 use rayon::prelude::*;
 
-use crate::host::GenerateParams;
+use crate::host::{GenerateParams, TokenLogprob};
 use crate::request::{FinishReason, RequestId};
 use crate::scheduler::{Outcome, StepPlan};
 use crate::speculative::{DraftSlot, Proposer};
@@ -27,6 +28,10 @@ pub struct ItemOutput {
     /// Tokens proposed for the item, and how many of them were accepted.
     pub proposed: usize,
     pub accepted: usize,
+    /// Once its prompt is computed, for a request that asked for them
+    /// (`SamplingParams::prompt_logprobs`): each prompt token's log-probability given the ones
+    /// before it, from the second on.
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 /// What the scheduler needs of each item's output: its tokens, and the reason its constraint
@@ -60,19 +65,82 @@ pub struct Lane {
     params: Arc<GenerateParams>,
     /// For a request that speculates: its prompt and output so far (what proposals continue).
     history: Option<Vec<u32>>,
+    /// For a request that asked for its prompt's log-probabilities, until they are computed.
+    scoring: Option<PromptScoring>,
+}
+
+/// A prompt whose tokens' log-probabilities are computed as it is: each prefill row's logits
+/// give the next prompt token's.
+#[derive(Debug)]
+struct PromptScoring {
+    prompt: Vec<u32>,
+    /// Alternatives per token.
+    alternatives: usize,
+    /// The log-probabilities of `prompt[1..]`, as far as computed.
+    logprobs: Vec<TokenLogprob>,
+}
+
+impl PromptScoring {
+    /// The tokens `k` of a pass of `n` prompt tokens from position `start` whose logits give a
+    /// log-probability not yet computed: each position's gives the next token's. Empty where
+    /// the pass does not continue from where the last one stopped (its prompt is computed
+    /// whole, so only a pass over positions already done).
+    fn rows(&self, start: usize, n: usize) -> Range<usize> {
+        let done = self.logprobs.len();
+        let end = (start + n).min(self.prompt.len().saturating_sub(1));
+        match start <= done && done < end {
+            true => done - start..end - start,
+            false => 0..0,
+        }
+    }
+
+    /// Records the log-probabilities that output `rows` give, the rows of positions `at` on
+    /// (each row's is the next prompt token's), computed in parallel; returns them all once
+    /// the prompt is done (else none).
+    fn score(&mut self, outputs: &Outputs, rows: Range<usize>, at: usize) -> Result<Vec<TokenLogprob>, DecodeError> {
+        // Rows a device kept are read in one readback.
+        let missing: Vec<usize> = rows.clone().filter(|&r| outputs.row(r).is_none()).collect();
+        let fetched: HashMap<usize, Vec<f32>> = missing.iter().copied().zip(outputs.fetch_rows(&missing)?).collect();
+        let next = &self.prompt[at + 1..at + 1 + rows.len()];
+        let n = self.alternatives;
+        let computed: Vec<TokenLogprob> = rows
+            .into_par_iter()
+            .zip(next.par_iter())
+            .map(|(r, &token)| {
+                let logits = outputs.row(r).or_else(|| fetched.get(&r).map(Vec::as_slice));
+                let logits = logits.ok_or_else(|| DecodeError::Internal(format!("missing logits row {r}")))?;
+                let (logprob, top) = llaisys_model::sampling::raw_logprobs(logits, token, n);
+                Ok(TokenLogprob { token, logprob, top })
+            })
+            .collect::<Result<_, DecodeError>>()?;
+        self.logprobs.extend(computed);
+        Ok(match self.logprobs.len() + 1 == self.prompt.len() {
+            true => std::mem::take(&mut self.logprobs),
+            false => Vec::new(),
+        })
+    }
 }
 
 impl Lane {
     /// `history`: the prompt and output so far, when the request speculates.
     pub fn new(sampler: Sampler, params: Arc<GenerateParams>, history: Option<Vec<u32>>) -> Self {
-        Self { sampler, params, history }
+        Self { sampler, params, history, scoring: None }
     }
 
     /// A request's lane before its first token: its sampler over `prompt`, guided as `params`
     /// say, and the prompt as its history when it `speculates`.
     pub fn fresh(prompt: &[u32], params: Arc<GenerateParams>, speculates: bool) -> Self {
         let sampler = Sampler::new(params.sampling.clone(), prompt).guided(&params.guidance);
-        Self::new(sampler, params, speculates.then(|| prompt.to_vec()))
+        Self::new(sampler, params, speculates.then(|| prompt.to_vec())).scoring(prompt)
+    }
+
+    /// Computes `prompt`'s log-probabilities as it goes through the model, if the request asked
+    /// for them (a lane made again before its first token: its prompt is computed again).
+    pub fn scoring(mut self, prompt: &[u32]) -> Self {
+        self.scoring = (self.params.sampling.prompt_logprobs)
+            .filter(|_| prompt.len() > 1)
+            .map(|alternatives| PromptScoring { prompt: prompt.to_vec(), alternatives, logprobs: Vec::new() });
+        self
     }
 }
 
@@ -154,12 +222,18 @@ impl Executor {
         // tokens whose logits its bias and penalties change: those its sampler watches, and the
         // proposals (a proposal's row is sampled once the ones before it are counted).
         let mut asks = Vec::new();
+        // Per item: the tokens whose rows give prompt log-probabilities, and the first such row.
+        let mut scored = Vec::with_capacity(plan.items.len());
         let candidates = self.ctx.finds_candidates();
         for (item, drafts) in plan.items.iter().zip(&drafts) {
+            let scoring = self.lanes.get(&item.id).and_then(|l| l.scoring.as_ref());
+            let scores = scoring.map_or(0..0, |s| s.rows(item.start_pos as usize, item.tokens.len()));
             for (k, &token) in item.tokens.iter().enumerate() {
                 let last = k + 1 == item.tokens.len();
-                batch.push(token, item.start_pos + k as i64, &[item.seq], item.sample && last);
+                batch.push(token, item.start_pos + k as i64, &[item.seq], item.sample && last || scores.contains(&k));
             }
+            scored.push((scores.clone(), asks.len()));
+            asks.extend(std::iter::repeat_n(RowAsk::from(RowNeed::Whole), scores.len()));
             rows.push(asks.len());
             if item.sample {
                 let ask = self.lanes.get(&item.id).map_or(RowAsk::from(RowNeed::Whole), |l| {
@@ -192,6 +266,21 @@ impl Executor {
             || guided.par_iter_mut().for_each(|s| s.prepare()),
         );
         decoded?;
+        let mut prompt_logprobs = Vec::with_capacity(plan.items.len());
+        for (item, (scores, first)) in plan.items.iter().zip(scored) {
+            let mut done = Vec::new();
+            if let Some(lane) = self.lanes.get_mut(&item.id)
+                && let Some(scoring) = lane.scoring.as_mut().filter(|_| !scores.is_empty())
+            {
+                let at = item.start_pos as usize + scores.start;
+                done = scoring.score(self.ctx.outputs(), first..first + scores.len(), at)?;
+                if !done.is_empty() {
+                    // Given once: a pass over the prompt again (after a preemption) gives none.
+                    lane.scoring = None;
+                }
+            }
+            prompt_logprobs.push(done);
+        }
         // Each sampling item's rows go to its own lane, the lanes in parallel on the compute pool
         // (a draw from a whole row is milliseconds on the CPU).
         let mut lanes: HashMap<RequestId, &mut Lane> =
@@ -233,11 +322,14 @@ impl Executor {
             }
         }
         let mut outputs = Vec::with_capacity(plan.items.len());
-        for ((item, drafts), output) in plan.items.iter().zip(&drafts).zip(sampled) {
-            let Some(output) = output else {
-                outputs.push(ItemOutput::default());
+        for (((item, drafts), output), prompt_logprobs) in
+            plan.items.iter().zip(&drafts).zip(sampled).zip(prompt_logprobs)
+        {
+            let Some(mut output) = output else {
+                outputs.push(ItemOutput { prompt_logprobs, ..ItemOutput::default() });
                 continue;
             };
+            output.prompt_logprobs = prompt_logprobs;
             // The proposals after the accepted ones leave the cache now.
             let kept = item.tokens.len() + output.sampled.len() - 1;
             if kept < item.tokens.len() + drafts.len() {

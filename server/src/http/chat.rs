@@ -63,7 +63,7 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
         b => b.map(|b| b as usize),
     };
     let request = ChatRequest::new(openai::messages(&req.messages)?).options(options);
-    let dialect = OpenAi { api: Api::Chat, id: String::new(), include_usage: plan.include_usage };
+    let dialect = OpenAi { api: Api::Chat, id: String::new(), include_usage: plan.include_usage, echo_logprobs: false };
     let run =
         Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: false };
     run.run(Work::Chat(request), dialect).await
@@ -96,10 +96,14 @@ async fn completion(
         return Err(ApiError::invalid("best_of", format!("best_of other than n is not supported (got {b})")));
     }
     let plan = req.common.plan(req.common.max_tokens, logprobs)?;
+    // An echoed prompt comes with its tokens' log-probabilities where they are asked for (the
+    // way lm-evaluation-harness scores a continuation's likelihood).
+    let echo_logprobs = req.echo && logprobs.is_some();
     // OpenAI's completions default to 16 tokens.
-    let options = Options { default_max_tokens: Some(16), ..plan.options };
+    let options =
+        Options { default_max_tokens: Some(16), prompt_logprobs: logprobs.filter(|_| echo_logprobs), ..plan.options };
     let request = CompletionRequest::batch(prompts).options(options);
-    let dialect = OpenAi { api: Api::Completion, id: String::new(), include_usage: plan.include_usage };
+    let dialect = OpenAi { api: Api::Completion, id: String::new(), include_usage: plan.include_usage, echo_logprobs };
     let run =
         Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: req.echo };
     run.run(Work::Completion(request), dialect).await
@@ -127,6 +131,9 @@ struct OpenAi {
     id: String,
     /// `stream_options.include_usage`: a last chunk with the usage and no choices.
     include_usage: bool,
+    /// Completions with `echo` and `logprobs`: the echoed prompt has its tokens'
+    /// log-probabilities, which come with the first token (a stream sends the echo then).
+    echo_logprobs: bool,
 }
 
 impl OpenAi {
@@ -185,7 +192,7 @@ impl OpenAi {
             Api::Completion => json!({
                 "index": i,
                 "text": text,
-                "logprobs": logprobs.map(|l| completion_logprobs(l, 0)),
+                "logprobs": logprobs.map(|l| completion_logprobs(None, l, 0)),
                 "finish_reason": finish.map(|f| f.as_str()),
             }),
         };
@@ -252,7 +259,9 @@ impl Dialect for OpenAi {
                         json!({
                             "index": i,
                             "text": format!("{echo}{}", c.text),
-                            "logprobs": logprobs.as_deref().map(|l| completion_logprobs(l, echo.len())),
+                            "logprobs": logprobs.as_deref().map(|l| {
+                                completion_logprobs(g.prompt_logprobs_of(i).as_ref(), l, echo.len())
+                            }),
                             "finish_reason": finish,
                             "stop_reason": c.stop,
                         })
@@ -277,6 +286,7 @@ impl Dialect for OpenAi {
                     let choice = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
                     Some(self.chunk(g, vec![choice]))
                 }
+                Api::Completion if self.echo_logprobs => None,
                 Api::Completion => g.echo(i).map(|echo| self.delta(g, i, echo, None, None)),
             })
             .collect()
@@ -295,6 +305,13 @@ impl Dialect for OpenAi {
             Some(FinishReason::Error) => frames.push(Frame::data(&g.engine_error().body())),
             Some(f) => frames.push(self.delta(g, i, &step.text, None, Some(f))),
             None if step.token && (!step.text.is_empty() || g.logprobs().is_some()) => {
+                if self.echo_logprobs && step.logprobs_from == 0 {
+                    // The echo, now that its log-probabilities have come with the first token.
+                    let logprobs = completion_logprobs(g.prompt_logprobs_of(i).as_ref(), &[], 0);
+                    let echo = g.echo(i).unwrap_or("");
+                    let choice = json!({"index": i, "text": echo, "logprobs": logprobs, "finish_reason": null});
+                    frames.push(self.chunk(g, vec![choice]));
+                }
                 let lp = g.logprobs().map(|_| g.logprobs_of(i, step.logprobs_from));
                 frames.push(self.delta(g, i, &step.text, lp.as_deref(), None));
             }
@@ -342,17 +359,33 @@ fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
 }
 
 /// Completions' legacy shape; `offset` is where the generated text starts (after an echo).
-fn completion_logprobs(tokens: &[TokenLogprob], offset: usize) -> Value {
-    let mut text_offset = Vec::with_capacity(tokens.len());
-    let mut at = offset;
-    for t in tokens {
+/// With the `prompt`'s log-probabilities (its first token, which has none, and the others') its
+/// tokens come first, from offset 0; the first's log-probability and alternatives are null.
+fn completion_logprobs(
+    prompt: Option<&(TokenLogprob, Vec<TokenLogprob>)>,
+    tokens: &[TokenLogprob],
+    offset: usize,
+) -> Value {
+    let (first, rest) = match prompt {
+        Some((first, rest)) => (Some(first), &rest[..]),
+        None => (None, &[][..]),
+    };
+    let all: Vec<&TokenLogprob> = first.into_iter().chain(rest).chain(tokens).collect();
+    let mut text_offset = Vec::with_capacity(all.len());
+    let mut at = if first.is_some() { 0 } else { offset };
+    for t in &all {
         text_offset.push(at);
         at += t.token.len();
     }
+    let skip = usize::from(first.is_some());
+    let nulls = || std::iter::repeat_n(Value::Null, skip);
+    let top = |t: &&TokenLogprob| {
+        json!(t.top.iter().map(|a| (a.token.clone(), json!(a.logprob))).collect::<serde_json::Map<_, _>>())
+    };
     json!({
-        "tokens": tokens.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": tokens.iter().map(|t| t.top.iter().map(|a| (a.token.clone(), json!(a.logprob))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "tokens": all.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": nulls().chain(all[skip..].iter().map(|t| json!(t.logprob))).collect::<Vec<_>>(),
+        "top_logprobs": nulls().chain(all[skip..].iter().map(top)).collect::<Vec<_>>(),
         "text_offset": text_offset,
     })
 }

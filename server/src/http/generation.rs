@@ -14,7 +14,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 use llaisys_actors::ValidRequest;
-use llaisys_actors::host::AnswerBuilder;
+use llaisys_actors::host::{AnswerBuilder, TokenLogprob as EngineTokenLogprob};
 use llaisys_actors::request::{FinishReason, ToolCallDelta};
 use llaisys_actors::{Event, Generation as EngineGeneration, Output};
 use serde_json::{Value, json};
@@ -82,6 +82,8 @@ pub struct Generation {
     state: Arc<AppState>,
     /// Requested alternatives per token, when logprobs were asked for.
     logprobs: Option<usize>,
+    /// Requested alternatives per prompt token, when the prompt's log-probabilities were.
+    prompt_logprobs: Option<usize>,
     merged: EngineGeneration,
     /// Every choice's text, tokens, tool calls, finish and usage as the events add up.
     answer: AnswerBuilder,
@@ -109,6 +111,7 @@ impl Generation {
         let permit = state.admit().await?;
         let start = Instant::now();
         let logprobs = request.logprobs().then_some(request.params().sampling.top_logprobs);
+        let prompt_logprobs = request.params().sampling.prompt_logprobs;
         let n = request.n();
         let context_left_out = request.context_left_out();
         let merged = model.engine.submit(request).await?;
@@ -136,6 +139,7 @@ impl Generation {
             state: state.clone(),
             model,
             logprobs,
+            prompt_logprobs,
             merged,
             answer,
             clocks,
@@ -255,13 +259,28 @@ impl Generation {
 
     /// Log-probabilities with token text and bytes for choice `i`, from its `from`-th token on.
     pub fn logprobs_of(&self, i: usize, from: usize) -> Vec<TokenLogprob> {
+        let choice = &self.answer.choices()[i];
+        self.pieces(&choice.logprobs[from.min(choice.logprobs.len())..])
+    }
+
+    /// Choice `i`'s prompt tokens' log-probabilities, each given the ones before it, where the
+    /// request asked for them (`prompt_logprobs`) and they have come (with its first token):
+    /// its first token (nothing comes before it: its `logprob` is none, 0), and the others'.
+    pub fn prompt_logprobs_of(&self, i: usize) -> Option<(TokenLogprob, Vec<TokenLogprob>)> {
+        self.prompt_logprobs?;
+        let first = *self.merged.prompts().get(i / self.n)?.first()?;
+        let first = self.pieces(&[EngineTokenLogprob { token: first, logprob: 0.0, top: Vec::new() }]).pop()?;
+        Some((first, self.pieces(&self.answer.choices()[i].prompt_logprobs)))
+    }
+
+    /// The engine's log-probabilities with their tokens' text and bytes.
+    fn pieces(&self, logprobs: &[EngineTokenLogprob]) -> Vec<TokenLogprob> {
         let Some(tokenizer) = self.model.engine.tokenizer() else { return Vec::new() };
         let piece = |id: u32, logprob: f32, top: Vec<TokenLogprob>| {
             let bytes = tokenizer.token_bytes(id).unwrap_or_default();
             TokenLogprob { id, token: String::from_utf8_lossy(&bytes).into_owned(), bytes, logprob, top }
         };
-        let choice = &self.answer.choices()[i];
-        choice.logprobs[from.min(choice.logprobs.len())..]
+        logprobs
             .iter()
             .map(|t| piece(t.token, t.logprob, t.top.iter().map(|&(id, lp)| piece(id, lp, Vec::new())).collect()))
             .collect()

@@ -449,6 +449,7 @@ impl CommonFields {
             n,
             logprobs,
             post_sampling_probs: false,
+            prompt_logprobs: None,
             session: self.session_id.clone(),
             constraint: self.structured_outputs.as_ref().map(StructuredOutputs::constraint).transpose()?.flatten(),
             tools: Vec::new(),
