@@ -298,11 +298,27 @@ fn serve_answers_with_the_reference_on_the_test_device() {
         "model": name, "prompt": p.ids, "max_tokens": p.greedy.len(), "temperature": 0, "ignore_eos": true
     });
     let answer: serde_json::Value = serde_json::from_str(&http("POST", "/v1/completions", &body.to_string())).unwrap();
+    // The prompt's log-probabilities, every prefill row read back from the device.
+    let body = serde_json::json!({"model": name, "prompt": p.ids, "max_tokens": 1, "echo": true, "logprobs": 1});
+    let scored: serde_json::Value = serde_json::from_str(&http("POST", "/v1/completions", &body.to_string())).unwrap();
     let metrics = http("GET", "/metrics", "");
     let _ = child.kill();
     let _ = child.wait();
     let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     assert_eq!(answer["choices"][0]["text"], tokenizer.decode(&p.greedy, true).unwrap(), "{answer}");
+    let logprobs = &scored["choices"][0]["logprobs"];
+    let piece = |id: u32| String::from_utf8_lossy(&tokenizer.token_bytes(id).unwrap_or_default()).into_owned();
+    assert_eq!(logprobs["token_logprobs"].as_array().map(Vec::len), Some(p.ids.len() + 1), "{scored}");
+    assert_eq!(logprobs["token_logprobs"][0], serde_json::Value::Null, "{scored}");
+    for pos in 1..p.ids.len() {
+        let best = logprobs["top_logprobs"][pos].as_object().unwrap();
+        assert!(
+            best.contains_key(&piece(p.topk[pos - 1].ids[0])),
+            "position {pos}: {best:?} against {:?}",
+            p.topk[pos - 1]
+        );
+        assert!(logprobs["token_logprobs"][pos].as_f64().is_some_and(|l| l < 0.0), "{scored}");
+    }
     let label = format!("device=\"{device}\"");
     assert!(metrics.lines().any(|l| l.starts_with("llaisys_num_requests_running") && l.contains(&label)), "{metrics}");
 }

@@ -1010,6 +1010,40 @@ async fn echoed_prompts_come_with_their_tokens_log_probabilities() {
     assert_eq!(echoed["tokens"].as_array().unwrap().len(), n, "{echo}");
     let whole = json!({"token_logprobs": lp["token_logprobs"].as_array().unwrap()[..n]});
     same(echoed, &whole, "streamed");
+    // vLLM's prompt_logprobs: by token id, with ranks, on completions' choices and on a chat.
+    let (status, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": FIXTURE, "prompt": p.ids, "prompt_logprobs": 2,
+        "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let rows = v["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!((rows.len(), &rows[0]), (n, &Value::Null), "{v}");
+    for pos in 1..n {
+        let row = rows[pos].as_object().unwrap();
+        let own = &row[&p.ids[pos].to_string()];
+        assert!(close(&own["logprob"], &lp["token_logprobs"][pos]), "{own} against {}", lp["token_logprobs"][pos]);
+        assert_eq!(own["decoded_token"], lp["tokens"][pos]);
+        let rank = own["rank"].as_u64().unwrap();
+        let ranks: Vec<u64> = row.values().map(|e| e["rank"].as_u64().unwrap()).collect();
+        assert!(ranks.contains(&1) && ranks.contains(&2) && rank >= 1, "{row:?}");
+        assert_eq!(row.len(), if rank <= 2 { 2 } else { 3 }, "the prompt token, and the best two: {row:?}");
+    }
+    let chat = json!({"model": FIXTURE, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 1,
+        "prompt_logprobs": 0});
+    let (status, c) = post(&s, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(status, 200, "{c}");
+    let rows = c["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(Some(rows.len() as u64), c["usage"]["prompt_tokens"].as_u64(), "{c}");
+    assert!(rows[1..].iter().all(|r| r.as_object().is_some_and(|r| r.len() == 1)), "the prompt token alone: {c}");
+    for (bad, why) in [(json!({"stream": true}), "a stream"), (json!({"prompt_logprobs": 21}), "past 20")] {
+        let mut body = chat.clone();
+        body.as_object_mut().unwrap().extend(bad.as_object().unwrap().clone());
+        let (status, err) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!((status, err["error"]["param"].as_str()), (400, Some("prompt_logprobs")), "{why}: {err}");
+    }
     // Echo alone, or logprobs alone: no prompt figures.
     let (_, plain) =
         post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": p.ids, "echo": true, "max_tokens": 2})).await;

@@ -370,7 +370,7 @@ mod tests {
         let json = serde_json::to_string(&plain).unwrap();
         assert_eq!(json, r#"{"Token":{"token":42,"text":"hi"}}"#);
         assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), plain);
-        let prompt = vec![TokenLogprob { token: 7, logprob: -3.0, top: vec![(8, -0.25)] }];
+        let prompt = vec![TokenLogprob { token: 7, logprob: -3.0, top: vec![(8, -0.25)], rank: Some(2) }];
         let full = token(Some(-0.5), vec![(1, -1.0), (2, -2.0)], Some(std::time::Duration::from_micros(30)), prompt);
         let json = serde_json::to_string(&full).unwrap();
         assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), full);

@@ -12,6 +12,10 @@ pub struct TokenLogprob {
     pub token: u32,
     pub logprob: f32,
     pub top: Vec<(u32, f32)>,
+    /// A prompt token's rank in its row: 1 + how many tokens were more likely (vLLM's
+    /// `prompt_logprobs`); not worked out for a generated token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 /// One choice's whole answer.
@@ -93,7 +97,7 @@ impl AnswerBuilder {
                 c.tokens.push(token);
                 // A request that asks for log-probabilities gets them with every token.
                 if let (true, Some(logprob)) = (self.logprobs, logprob) {
-                    c.logprobs.push(TokenLogprob { token, logprob, top: top_logprobs });
+                    c.logprobs.push(TokenLogprob { token, logprob, top: top_logprobs, rank: None });
                 }
             }
             Event::Finished { reason, text, reasoning, usage, stop, .. } => {

@@ -110,7 +110,9 @@ impl PromptScoring {
                 let logits = outputs.row(r).or_else(|| fetched.get(&r).map(Vec::as_slice));
                 let logits = logits.ok_or_else(|| DecodeError::Internal(format!("missing logits row {r}")))?;
                 let (logprob, top) = llaisys_model::sampling::raw_logprobs(logits, token, n);
-                Ok(TokenLogprob { token, logprob, top })
+                let at = logits[token as usize];
+                let rank = 1 + logits.iter().filter(|&&l| l > at).count() as u32;
+                Ok(TokenLogprob { token, logprob, top, rank: Some(rank) })
             })
             .collect::<Result<_, DecodeError>>()?;
         self.logprobs.extend(computed);

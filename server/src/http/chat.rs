@@ -62,8 +62,15 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
         }
         b => b.map(|b| b as usize),
     };
+    let prompt_logprobs = options.prompt_logprobs;
     let request = ChatRequest::new(openai::messages(&req.messages)?).options(options);
-    let dialect = OpenAi { api: Api::Chat, id: String::new(), include_usage: plan.include_usage, echo_logprobs: false };
+    let dialect = OpenAi {
+        api: Api::Chat,
+        id: String::new(),
+        include_usage: plan.include_usage,
+        echo_logprobs: None,
+        prompt_logprobs,
+    };
     let run =
         Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: false };
     run.run(Work::Chat(request), dialect).await
@@ -98,12 +105,14 @@ async fn completion(
     let plan = req.common.plan(req.common.max_tokens, logprobs)?;
     // An echoed prompt comes with its tokens' log-probabilities where they are asked for (the
     // way lm-evaluation-harness scores a continuation's likelihood).
-    let echo_logprobs = req.echo && logprobs.is_some();
+    let echo_logprobs = logprobs.filter(|_| req.echo);
+    let prompt_logprobs = plan.options.prompt_logprobs;
     // OpenAI's completions default to 16 tokens.
     let options =
-        Options { default_max_tokens: Some(16), prompt_logprobs: logprobs.filter(|_| echo_logprobs), ..plan.options };
+        Options { default_max_tokens: Some(16), prompt_logprobs: echo_logprobs.max(prompt_logprobs), ..plan.options };
     let request = CompletionRequest::batch(prompts).options(options);
-    let dialect = OpenAi { api: Api::Completion, id: String::new(), include_usage: plan.include_usage, echo_logprobs };
+    let include_usage = plan.include_usage;
+    let dialect = OpenAi { api: Api::Completion, id: String::new(), include_usage, echo_logprobs, prompt_logprobs };
     let run =
         Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: req.echo };
     run.run(Work::Completion(request), dialect).await
@@ -131,9 +140,12 @@ struct OpenAi {
     id: String,
     /// `stream_options.include_usage`: a last chunk with the usage and no choices.
     include_usage: bool,
-    /// Completions with `echo` and `logprobs`: the echoed prompt has its tokens'
+    /// Completions with `echo` and `logprobs` (their count): the echoed prompt has its tokens'
     /// log-probabilities, which come with the first token (a stream sends the echo then).
-    echo_logprobs: bool,
+    echo_logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs` (their count; not in a stream): a completion's choices and a
+    /// chat's answer carry them.
+    prompt_logprobs: Option<usize>,
 }
 
 impl OpenAi {
@@ -256,15 +268,18 @@ impl Dialect for OpenAi {
                     }),
                     Api::Completion => {
                         let echo = g.echo(i).unwrap_or("");
-                        json!({
+                        let prompt = self.echo_logprobs.and_then(|n| g.prompt_logprobs_of(i, n));
+                        let mut choice = json!({
                             "index": i,
                             "text": format!("{echo}{}", c.text),
-                            "logprobs": logprobs.as_deref().map(|l| {
-                                completion_logprobs(g.prompt_logprobs_of(i).as_ref(), l, echo.len())
-                            }),
+                            "logprobs": logprobs.as_deref().map(|l| completion_logprobs(prompt.as_ref(), l, echo.len())),
                             "finish_reason": finish,
                             "stop_reason": c.stop,
-                        })
+                        });
+                        if let Some(n) = self.prompt_logprobs {
+                            choice["prompt_logprobs"] = vllm_prompt_logprobs(g.prompt_logprobs_of(i, n));
+                        }
+                        choice
                     }
                 }
             })
@@ -275,6 +290,10 @@ impl Dialect for OpenAi {
         };
         let mut body = self.envelope(g, object, choices);
         body["usage"] = Self::usage(g);
+        if let (Api::Chat, Some(n)) = (self.api, self.prompt_logprobs) {
+            // vLLM's place for a chat's: the answer's (its choices share the prompt).
+            body["prompt_logprobs"] = vllm_prompt_logprobs(g.prompt_logprobs_of(0, n));
+        }
         body
     }
 
@@ -286,7 +305,7 @@ impl Dialect for OpenAi {
                     let choice = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
                     Some(self.chunk(g, vec![choice]))
                 }
-                Api::Completion if self.echo_logprobs => None,
+                Api::Completion if self.echo_logprobs.is_some() => None,
                 Api::Completion => g.echo(i).map(|echo| self.delta(g, i, echo, None, None)),
             })
             .collect()
@@ -305,9 +324,9 @@ impl Dialect for OpenAi {
             Some(FinishReason::Error) => frames.push(Frame::data(&g.engine_error().body())),
             Some(f) => frames.push(self.delta(g, i, &step.text, None, Some(f))),
             None if step.token && (!step.text.is_empty() || g.logprobs().is_some()) => {
-                if self.echo_logprobs && step.logprobs_from == 0 {
+                if let Some(n) = self.echo_logprobs.filter(|_| g.first_token(i)) {
                     // The echo, now that its log-probabilities have come with the first token.
-                    let logprobs = completion_logprobs(g.prompt_logprobs_of(i).as_ref(), &[], 0);
+                    let logprobs = completion_logprobs(g.prompt_logprobs_of(i, n).as_ref(), &[], 0);
                     let echo = g.echo(i).unwrap_or("");
                     let choice = json!({"index": i, "text": echo, "logprobs": logprobs, "finish_reason": null});
                     frames.push(self.chunk(g, vec![choice]));
@@ -388,6 +407,24 @@ fn completion_logprobs(
         "top_logprobs": nulls().chain(all[skip..].iter().map(top)).collect::<Vec<_>>(),
         "text_offset": text_offset,
     })
+}
+
+/// vLLM's `prompt_logprobs`: null for the first token (nothing comes before it), then for each
+/// other a map from token ids to their `logprob`, `rank` and `decoded_token`: the prompt
+/// token's, and its most likely alternatives' (ranks 1 on).
+fn vllm_prompt_logprobs(prompt: Option<(TokenLogprob, Vec<TokenLogprob>)>) -> Value {
+    let Some((_, rest)) = prompt else { return Value::Null };
+    let entry =
+        |t: &TokenLogprob, rank: Option<u32>| json!({"logprob": t.logprob, "rank": rank, "decoded_token": t.token});
+    let rows = rest.iter().map(|t| {
+        let mut row = serde_json::Map::new();
+        row.insert(t.id.to_string(), entry(t, t.rank));
+        for (k, a) in t.top.iter().enumerate() {
+            row.entry(a.id.to_string()).or_insert_with(|| entry(a, Some(k as u32 + 1)));
+        }
+        Value::Object(row)
+    });
+    std::iter::once(Value::Null).chain(rows).collect::<Vec<_>>().into()
 }
 
 /// OpenAI's reasoning effort (`param` names the field) as chat-template variables, where the

@@ -46,6 +46,8 @@ pub struct TokenLogprob {
     pub bytes: Vec<u8>,
     pub logprob: f32,
     pub top: Vec<TokenLogprob>,
+    /// A prompt token's rank in its row (1: the most likely).
+    pub rank: Option<u32>,
 }
 
 impl TokenLogprob {
@@ -263,14 +265,24 @@ impl Generation {
         self.pieces(&choice.logprobs[from.min(choice.logprobs.len())..])
     }
 
-    /// Choice `i`'s prompt tokens' log-probabilities, each given the ones before it, where the
-    /// request asked for them (`prompt_logprobs`) and they have come (with its first token):
-    /// its first token (nothing comes before it: its `logprob` is none, 0), and the others'.
-    pub fn prompt_logprobs_of(&self, i: usize) -> Option<(TokenLogprob, Vec<TokenLogprob>)> {
+    /// Choice `i`'s prompt tokens' log-probabilities, each given the ones before it with its
+    /// `alternatives` most likely (at most those asked for), where the request asked for them
+    /// (`prompt_logprobs`) and they have come (with its first token): its first token (nothing
+    /// comes before it: its `logprob` is none, 0), and the others'.
+    pub fn prompt_logprobs_of(&self, i: usize, alternatives: usize) -> Option<(TokenLogprob, Vec<TokenLogprob>)> {
         self.prompt_logprobs?;
         let first = *self.merged.prompts().get(i / self.n)?.first()?;
-        let first = self.pieces(&[EngineTokenLogprob { token: first, logprob: 0.0, top: Vec::new() }]).pop()?;
-        Some((first, self.pieces(&self.answer.choices()[i].prompt_logprobs)))
+        let first = EngineTokenLogprob { token: first, logprob: 0.0, top: Vec::new(), rank: None };
+        let first = self.pieces(&[first]).pop()?;
+        let mut rest = self.pieces(&self.answer.choices()[i].prompt_logprobs);
+        rest.iter_mut().for_each(|t| t.top.truncate(alternatives));
+        Some((first, rest))
+    }
+
+    /// Whether choice `i`'s first token has come (with its prompt's log-probabilities, where
+    /// they were asked for).
+    pub fn first_token(&self, i: usize) -> bool {
+        self.answer.choices()[i].tokens.len() == 1
     }
 
     /// The engine's log-probabilities with their tokens' text and bytes.
@@ -278,11 +290,14 @@ impl Generation {
         let Some(tokenizer) = self.model.engine.tokenizer() else { return Vec::new() };
         let piece = |id: u32, logprob: f32, top: Vec<TokenLogprob>| {
             let bytes = tokenizer.token_bytes(id).unwrap_or_default();
-            TokenLogprob { id, token: String::from_utf8_lossy(&bytes).into_owned(), bytes, logprob, top }
+            TokenLogprob { id, token: String::from_utf8_lossy(&bytes).into_owned(), bytes, logprob, top, rank: None }
         };
         logprobs
             .iter()
-            .map(|t| piece(t.token, t.logprob, t.top.iter().map(|&(id, lp)| piece(id, lp, Vec::new())).collect()))
+            .map(|t| TokenLogprob {
+                rank: t.rank,
+                ..piece(t.token, t.logprob, t.top.iter().map(|&(id, lp)| piece(id, lp, Vec::new())).collect())
+            })
             .collect()
     }
 

@@ -42,6 +42,8 @@ pub struct CommonFields {
     pub structured_outputs: Option<StructuredOutputs>,
     /// Speculative decoding on or off for this request (default: `speculative.default`).
     pub speculative: Option<bool>,
+    /// vLLM's: each prompt token's log-probability and rank, with this many alternatives.
+    pub prompt_logprobs: Option<i64>,
 }
 
 /// vLLM's `structured_outputs`: exactly one of its fields.
@@ -431,6 +433,19 @@ impl CommonFields {
             Some(Stop::One(s)) => vec![s.clone()],
             Some(Stop::Many(v)) => v.clone(),
         };
+        let prompt_logprobs = match self.prompt_logprobs {
+            None => None,
+            Some(_) if self.stream => {
+                return Err(ApiError::invalid("prompt_logprobs", "prompt_logprobs are not given in a stream"));
+            }
+            Some(k) if (0..=20).contains(&k) => Some(k as usize),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "prompt_logprobs",
+                    format!("prompt_logprobs must be in [0, 20], got {k}"),
+                ));
+            }
+        };
         let options = Options {
             max_tokens,
             default_max_tokens: None,
@@ -449,7 +464,7 @@ impl CommonFields {
             n,
             logprobs,
             post_sampling_probs: false,
-            prompt_logprobs: None,
+            prompt_logprobs,
             session: self.session_id.clone(),
             constraint: self.structured_outputs.as_ref().map(StructuredOutputs::constraint).transpose()?.flatten(),
             tools: Vec::new(),
