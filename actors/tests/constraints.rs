@@ -209,3 +209,45 @@ async fn the_engine_streams_constrained_json_with_logprobs_and_mask_times() {
     assert_eq!(answer.usage.completion_tokens, 3);
     engine.shutdown().await;
 }
+
+/// `Options::time_limit` (llama.cpp's `t_max_predict_ms`): past it, a choice ends (finish
+/// `Length`) at its first token once its text has a line break, through the engine and the
+/// offline `Llm` alike; without a line break it goes on, and without the limit this seed's
+/// answer has more lines. A regex makes the random model write lines (or no line break at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_limit_ends_a_choice_once_it_has_a_line_break() {
+    use llaisys_actors::Options;
+    use std::time::Duration;
+    let request = |pattern: &str, time_limit| {
+        let options = Options {
+            max_tokens: Some(24),
+            temperature: Some(1.0),
+            seed: Some(4),
+            constraint: Some(Constraint::Regex { pattern: pattern.into() }),
+            time_limit,
+            ..Options::default()
+        };
+        CompletionRequest::new("Lines:").options(options)
+    };
+    let lines = "(ab\n)+";
+    let engine = Engine::builder().model(fixture_dir(TIED)).build().await.unwrap();
+    let mut llm = Engine::builder().model(fixture_dir(TIED)).build_offline().unwrap();
+    for limited in [true, false] {
+        let time_limit = limited.then_some(Duration::ZERO);
+        let streamed = engine.complete(request(lines, time_limit)).await.unwrap().answer().await;
+        let offline = llm.complete(&[request(lines, time_limit)]).unwrap().remove(0);
+        for (how, answer) in [("engine", &streamed), ("offline", &offline)] {
+            let c = &answer.choices[0];
+            match limited {
+                // The first line break ends it: one line, however many tokens it took.
+                true => assert_eq!((c.text.as_str(), c.finish), ("ab\n", FinishReason::Length), "{how}: {c:?}"),
+                // The model's own end (the regex lets it end after any line).
+                false => assert!(c.text.matches('\n').count() > 1, "{how}: {c:?}"),
+            }
+        }
+    }
+    // No line break: the limit never applies.
+    let plain = engine.complete(request("[a-z]+", Some(Duration::ZERO))).await.unwrap().answer().await;
+    assert_eq!((plain.choices[0].tokens.len(), plain.choices[0].finish), (24, FinishReason::Length), "{plain:?}");
+    engine.shutdown().await;
+}

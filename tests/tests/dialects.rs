@@ -900,7 +900,11 @@ async fn llama_cpp_completion_answers_as_openai_completions() {
     assert!(pieces.iter().all(|p| p["stop"] == false) && last["stop"] == true, "{chunks:?}");
     assert_eq!(pieces.iter().map(|p| p["content"].as_str().unwrap()).collect::<String>(), text);
     assert_eq!(&last["tokens_predicted"], completion_tokens);
-    for (body, param) in [(json!({"prompt": [1, "two"]}), "prompt"), (json!({"n_predict": 4}), "prompt")] {
+    for (body, param) in [
+        (json!({"prompt": prompt, "t_max_predict_ms": -5}), "t_max_predict_ms"),
+        (json!({"prompt": [1, "two"]}), "prompt"),
+        (json!({"n_predict": 4}), "prompt"),
+    ] {
         let (status, err) = post(&s, "/completion", body).await;
         assert_eq!((status, err["error"]["param"].as_str()), (400, Some(param)), "{err}");
     }

@@ -24,7 +24,8 @@ use crate::session::SessionInfo;
 /// out its empty fields; 3: read-outs (embeddings, rerank); 4: a token's log-probability only
 /// where the request asked for it; 5: tool calls written as XML, with their tools' parameters;
 /// 6: tool-call tags with no closing tag (Mistral's array of calls); 7: Mistral's `[ARGS]` and
-/// `[CALL_ID]` tags; 8: log-probabilities of the distribution drawn from, and of the prompt.
+/// `[CALL_ID]` tags; 8: log-probabilities of the distribution drawn from, and of the prompt;
+/// a time limit on generation.
 pub const PROTOCOL_VERSION: u32 = 8;
 
 /// A request as it crosses the network: everything a checked choice holds, the constraint
@@ -63,6 +64,8 @@ pub struct WireRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit: Option<std::time::Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
 }
 
@@ -83,6 +86,7 @@ impl WireRequest {
             harmony: params.harmony,
             guidance: params.guidance.spec(),
             speculative: params.speculative,
+            time_limit: params.time_limit,
             session,
         }
     }
@@ -114,6 +118,7 @@ impl WireRequest {
             harmony: self.harmony,
             guidance,
             speculative: self.speculative,
+            time_limit: self.time_limit,
         }
     }
 }

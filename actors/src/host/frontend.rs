@@ -428,6 +428,7 @@ impl Frontend {
             reasoning: None,
             harmony: None,
             speculative: options.speculative,
+            time_limit: options.time_limit,
         };
         let (session, logprobs) = (options.session.clone(), options.logprobs.is_some());
         Ok(Unchecked { prompts, params, n, session, logprobs })

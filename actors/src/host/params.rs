@@ -39,6 +39,10 @@ pub struct GenerateParams {
     /// Speculative decoding for this request; `None`: the engine's default. The tokens are the
     /// same either way (greedy: identical; sampled: the same distribution).
     pub speculative: Option<bool>,
+    /// After this long from the first token, the choice ends (finish `Length`) at its next
+    /// token once its text has a line break: llama.cpp's `t_max_predict_ms`, for code
+    /// completion, whose editor shows what came in time.
+    pub time_limit: Option<std::time::Duration>,
 }
 
 impl GenerateParams {
@@ -65,6 +69,7 @@ impl Default for GenerateParams {
             reasoning: None,
             harmony: None,
             speculative: None,
+            time_limit: None,
         }
     }
 }

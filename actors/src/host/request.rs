@@ -122,6 +122,9 @@ pub struct Options {
     /// Speculative decoding on or off for this request (default: the engine's setting). The
     /// output is the same either way; only its speed differs.
     pub speculative: Option<bool>,
+    /// After this long from the first token, each choice ends (finish `Length`) at its next
+    /// token once its text has a line break (llama.cpp's `t_max_predict_ms`).
+    pub time_limit: Option<std::time::Duration>,
 }
 
 /// A function the model may call (OpenAI's `tools[].function`).

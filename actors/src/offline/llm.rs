@@ -212,10 +212,20 @@ impl Llm {
                     _ => job.output.not_restarted(),
                 }
             }
-            // A stop string ends its sequence at the next step, as the request actor's does.
+            // A stop string (or the time limit) ends its sequence at the next step, as the
+            // request actor's does.
             for (k, job) in jobs.iter_mut().enumerate() {
-                if job.output.stopped() && job.finished.is_none() {
-                    job.finished = self.scheduler.finish_request(base + k as RequestId, FinishReason::Stop);
+                let reason = match () {
+                    _ if job.output.stopped() => FinishReason::Stop,
+                    _ if job.output.out_of_time() => {
+                        // No more tokens shown: those sampled before the sequence ends are not.
+                        job.output.close();
+                        FinishReason::Length
+                    }
+                    _ => continue,
+                };
+                if job.finished.is_none() {
+                    job.finished = self.scheduler.finish_request(base + k as RequestId, reason);
                 }
             }
         }

@@ -108,6 +108,8 @@ impl RequestState {
                         self.end(FinishReason::Abort); // the client dropped its stream
                     } else if self.output.stopped() {
                         self.end(FinishReason::Stop);
+                    } else if self.output.out_of_time() {
+                        self.end(FinishReason::Length);
                     } else if let Some(params) = self.output.retry() {
                         let retry =
                             ToScheduler::Retry(Retry { id: self.id, params: params.clone(), actor: me.clone() });

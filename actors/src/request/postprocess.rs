@@ -6,7 +6,7 @@
 //! through it.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use llaisys_model::tokenizer::TokenizerError;
 use llaisys_model::{Sampled, Tokenizer};
@@ -39,6 +39,11 @@ pub struct Postprocess {
     held: Vec<Event>,
     /// The prompt's log-probabilities (where asked), until the next token's event carries them.
     prompt_logprobs: Vec<TokenLogprob>,
+    /// `GenerateParams::time_limit`, from when the first token came.
+    time_limit: Option<Duration>,
+    first_token: Option<Instant>,
+    /// The text (or reasoning) let out so far has a line break.
+    new_line: bool,
 }
 
 impl Postprocess {
@@ -59,6 +64,9 @@ impl Postprocess {
             retry: params.retried().map(Arc::new),
             rejected: None,
             prompt_logprobs: Vec::new(),
+            time_limit: params.time_limit,
+            first_token: None,
+            new_line: false,
             held: Vec::new(),
         }
     }
@@ -97,6 +105,7 @@ impl Postprocess {
     /// sequence.
     pub fn token(&mut self, sampled: Sampled) -> Result<Vec<Event>, TokenizerError> {
         self.received += 1;
+        self.first_token.get_or_insert_with(Instant::now);
         if self.closed {
             return Ok(Vec::new());
         }
@@ -108,6 +117,7 @@ impl Postprocess {
             self.stopped_after = Some(self.received);
             self.closed = true;
         }
+        self.new_line |= piece.text.contains('\n') || piece.reasoning.contains('\n');
         self.held.push(Event::Token {
             token: sampled.token,
             text: piece.text,
@@ -130,6 +140,13 @@ impl Postprocess {
     /// Whether a stop string has ended the text.
     pub fn stopped(&self) -> bool {
         self.stopped_after.is_some()
+    }
+
+    /// Whether the time limit has passed since the first token and the text has a line break:
+    /// the engine should end the sequence (as at its length limit).
+    pub fn out_of_time(&self) -> bool {
+        let limit = self.time_limit.zip(self.first_token);
+        self.new_line && limit.is_some_and(|(limit, first)| first.elapsed() >= limit)
     }
 
     /// No more token events (the client went away, or the output failed): the finish carries

@@ -9,8 +9,10 @@
 //! `repeat_penalty`, `presence_penalty`, `frequency_penalty`, `seed`, `stop`, `ignore_eos`,
 //! `stream`, and `n_probs` (each generated token's log-probability and its `n_probs` most likely
 //! alternatives' as `completion_probabilities`, of the model's distribution; probabilities of
-//! the distribution it was drawn from with `post_sampling_probs`); its other fields (`samplers`,
-//! `cache_prompt`, `t_max_predict_ms`, ...) are left to their defaults. `n_predict: 0`
+//! the distribution it was drawn from with `post_sampling_probs`) and `t_max_predict_ms` (past
+//! that time from the first token, the answer ends, as at `n_predict`, once it has a line
+//! break: what an editor shows of a completion that came in time); its other fields
+//! (`samplers`, `cache_prompt`, ...) are left to their defaults. `n_predict: 0`
 //! evaluates the prompt, caching it for
 //! the next request, and answers with no text (the plugins send it to warm the cache with new
 //! context). The answer in llama.cpp's shape: `content`, `stop`, `tokens`, `tokens_predicted`,
@@ -63,6 +65,9 @@ struct GenerationIn {
     /// The probabilities are of the distribution each token was drawn from.
     #[serde(default)]
     post_sampling_probs: bool,
+    /// Past this many milliseconds from the first token, the answer ends once it has a line
+    /// break (0: no limit).
+    t_max_predict_ms: Option<i64>,
     #[serde(default)]
     stream: bool,
 }
@@ -103,6 +108,14 @@ impl GenerationIn {
             ignore_eos: self.ignore_eos,
             logprobs,
             post_sampling_probs: self.post_sampling_probs,
+            time_limit: match self.t_max_predict_ms {
+                None | Some(0) => None,
+                Some(ms) if ms > 0 => Some(Duration::from_millis(ms as u64)),
+                Some(ms) => {
+                    let message = format!("t_max_predict_ms must be ≥ 0, got {ms}");
+                    return Err(ApiError::invalid("t_max_predict_ms", message));
+                }
+            },
             ..Options::default()
         };
         Ok((options, warm_only))
@@ -395,6 +408,7 @@ pub async fn props(State(state): State<Arc<AppState>>, Query(q): Query<PropsQuer
         "ignore_eos": false,
         "n_probs": 0,
         "post_sampling_probs": false,
+        "t_max_predict_ms": 0,
         "stream": false,
     });
     let path = m.files().and_then(|f| f.files.first()).map_or(m.name.clone(), |p| p.display().to_string());

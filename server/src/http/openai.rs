@@ -473,6 +473,7 @@ impl CommonFields {
             chat_template_kwargs: serde_json::Map::new(),
             thinking_budget: None,
             speculative: self.speculative,
+            time_limit: None,
         };
         let include_usage = self.stream_options.as_ref().is_some_and(|o| o.include_usage);
         let constraint_field = options.constraint.as_ref().map(|_| "structured_outputs");
