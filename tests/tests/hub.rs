@@ -228,6 +228,24 @@ async fn models_by_name_come_through_the_hub_cache_checked_resumed_and_offline()
     let (status, r) = common::post(&s, "/v1/completions", body).await;
     let tokenizer = llaisys_model::Tokenizer::from_dir(&llama).unwrap();
     assert_eq!((status, &r["choices"][0]["text"]), (200, &json!(tokenizer.decode(&p.greedy, true).unwrap())), "{r}");
+    // The model list and llama.cpp's /lora-adapters say which adapters it carries; a change of
+    // scale is refused (they are merged at load) and changes nothing.
+    let listed = json!([{"path": adapter, "scale": 1.0}]);
+    let (_, models) = common::get(&s, "/v1/models").await;
+    assert_eq!(models["data"][0]["adapters"], listed, "{models}");
+    let (status, adapters) = common::get(&s, "/lora-adapters").await;
+    assert_eq!((status, adapters), (200, json!([{"id": 0, "path": adapter, "scale": 1.0}])));
+    let (status, refused) = common::post(&s, "/lora-adapters", json!([{"id": 0, "scale": 0.5}])).await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused["error"]["message"].as_str().is_some_and(|m| m.contains("--lora-scaled")), "{refused}");
+    let (_, again) = common::post(
+        &s,
+        "/v1/completions",
+        json!({"model": "tiny-llama-f32", "prompt": p.ids,
+        "max_tokens": p.greedy.len(), "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(again["choices"][0]["text"], r["choices"][0]["text"], "{again}");
     s.shutdown().await;
 
     // A server started by name serves the model under that name (its hub is the environment's:
@@ -244,6 +262,8 @@ async fn models_by_name_come_through_the_hub_cache_checked_resumed_and_offline()
     let s = by_name(false, &config).await;
     let (_, models) = common::get(&s, "/v1/models").await;
     assert_eq!(models["data"][0]["id"], name);
+    assert!(models["data"][0].get("adapters").is_none(), "no adapters, no list: {models}");
+    assert_eq!(common::get(&s, "/lora-adapters").await, (200, json!([])));
     let (status, r) =
         common::post(&s, "/v1/completions", json!({"model": name, "prompt": "Hello", "max_tokens": 3})).await;
     assert_eq!((status, r["usage"]["completion_tokens"].as_u64()), (200, Some(3)), "{r}");

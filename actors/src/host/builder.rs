@@ -218,6 +218,7 @@ impl EngineBuilder {
                     source.generation_config().map(|p| GenerationDefaults::from_file(&p)).unwrap_or_default();
                 let mut text = ModelText::new(tokenizer, template, defaults);
                 text.files = source.summary().inspect_err(|e| tracing::warn!(%e, "the model's files")).ok();
+                text.adapters = self.load.adapters.clone();
                 text.judge = self
                     .reranker
                     .resolve(self.model.as_deref(), &text)

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use llaisys_model::adapter::Lora;
 use llaisys_model::tokenizer::{ChatTemplate, FimTokens};
 use llaisys_model::{FileSummary, GrammarCompiler, GrammarError, ModelInfo, Tokenizer};
 
@@ -78,6 +79,8 @@ pub struct ModelText {
     pub(crate) judge: Option<YesNo>,
     /// What the weight files are (format, size, parameters, quantization), when read.
     pub(crate) files: Option<FileSummary>,
+    /// The LoRA adapters merged into its weights at load, in order.
+    pub(crate) adapters: Vec<Lora>,
     /// T1: the model's grammar compiler, built by the first constrained request.
     grammar: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
 }
@@ -103,6 +106,7 @@ impl ModelText {
             fim,
             judge: None,
             files: None,
+            adapters: Vec::new(),
             grammar: OnceLock::new(),
         }
     }
@@ -131,6 +135,11 @@ impl ModelText {
     /// The weight files' format, size, parameters and quantization (what model lists show).
     pub fn files(&self) -> Option<&FileSummary> {
         self.files.as_ref()
+    }
+
+    /// The LoRA adapters merged into the weights at load (their paths and scales), in order.
+    pub fn adapters(&self) -> &[Lora] {
+        &self.adapters
     }
 
     /// A yes/no reranker: it scores documents itself (`Engine::rerank`).

@@ -12,14 +12,21 @@ use super::error::ApiError;
 use super::openai::{self, ChatMessageIn};
 use super::{AppState, Body413, ModelEntry, json_response};
 
+/// A served model as OpenAI lists it, with vLLM's `max_model_len`, and the LoRA adapters merged
+/// into its weights (`adapters`: path and scale, in order) where it has any.
 fn model_object(m: &ModelEntry) -> Value {
-    json!({
+    let mut model = json!({
         "id": m.name,
         "object": "model",
         "created": m.engine.started_at(),
         "owned_by": "llaisys",
         "max_model_len": m.info().context_length,
-    })
+    });
+    let adapters = m.adapters();
+    if !adapters.is_empty() {
+        model["adapters"] = adapters.into();
+    }
+    model
 }
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {

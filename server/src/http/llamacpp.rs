@@ -376,6 +376,32 @@ impl Dialect for LlamaCpp {
     }
 }
 
+/// `GET /lora-adapters` (llama.cpp's): the LoRA adapters merged into the model's weights, each
+/// with its `id` (its place in the order given), `path` and `scale`; `?model=NAME` picks one of
+/// several served models.
+pub async fn lora_adapters(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<PropsQuery>,
+) -> Result<Response, ApiError> {
+    let m = state.model_or_default(q.model.as_deref())?;
+    let mut adapters = m.adapters();
+    for (id, a) in adapters.iter_mut().enumerate() {
+        a["id"] = id.into();
+    }
+    Ok(json_response(StatusCode::OK, &Value::from(adapters)))
+}
+
+/// `POST /lora-adapters`: llama.cpp changes its adapters' scales while it serves; here they are
+/// merged into the weights as they load, so their scales are set at start, and a change is
+/// refused saying so (nothing changes).
+pub async fn set_lora_adapters() -> ApiError {
+    ApiError::invalid(
+        "scale",
+        "LoRA adapters are merged into the weights at load: set their scales at start (--lora-scaled PATH SCALE, \
+         or model.lora in the config), or serve the model with each set of adapters under its own name (model.also)",
+    )
+}
+
 /// `?model=NAME`: which of several served models (llama.cpp's router's parameter).
 #[derive(Debug, Deserialize)]
 pub struct PropsQuery {

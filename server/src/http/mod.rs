@@ -57,6 +57,14 @@ impl ModelEntry {
         self.engine.frontend().text()?.files()
     }
 
+    /// The LoRA adapters merged into its weights at load, in order, as the model list and
+    /// `/lora-adapters` show them: `path` and `scale` (as given: 0.8, not its f32's digits).
+    pub fn adapters(&self) -> Vec<serde_json::Value> {
+        let adapters = self.engine.frontend().text().map_or(&[][..], |t| t.adapters());
+        let scale = |s: f32| s.to_string().parse::<f64>().unwrap_or(f64::from(s));
+        adapters.iter().map(|a| serde_json::json!({"path": a.path, "scale": scale(a.scale)})).collect()
+    }
+
     pub fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
         self.engine.tokenizer().ok_or_else(|| ApiError::internal(format!("the model '{}' has no tokenizer", self.name)))
     }
@@ -252,6 +260,7 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
         .route("/completions", post(llamacpp::completion))
         .route("/infill", post(llamacpp::infill))
         .route("/props", get(llamacpp::props))
+        .route("/lora-adapters", get(llamacpp::lora_adapters).post(llamacpp::set_lora_adapters))
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
