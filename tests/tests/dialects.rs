@@ -795,8 +795,7 @@ async fn fill_in_the_middle_in_every_dialect() {
     assert_eq!((&i["truncated"], &i["timings"]["prompt_n"]), (&json!(false), &usage["prompt_tokens"]));
     let tokens: Vec<u32> = serde_json::from_value(i["tokens"].clone()).unwrap();
     assert_eq!(tokenizer.decode(&tokens, true).unwrap(), text);
-    let chunks: Vec<Value> =
-        common::sse(&s, "/infill", infill(true)).await.iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks = common::sse_json(&s, "/infill", infill(true)).await;
     let (last, pieces) = chunks.split_last().unwrap();
     assert!(pieces.iter().all(|p| p["stop"] == false) && last["stop"] == true, "{chunks:?}");
     assert_eq!(pieces.iter().map(|p| p["content"].as_str().unwrap()).collect::<String>(), text);
@@ -890,12 +889,8 @@ async fn llama_cpp_completion_answers_as_openai_completions() {
         assert_eq!((&r["tokens_evaluated"], &r["tokens_predicted"]), (prompt_tokens, completion_tokens), "{r}");
         assert!(r.get("context_files_left_out").is_none(), "{r}");
     }
-    let chunks: Vec<Value> =
-        common::sse(&s, "/completion", json!({"prompt": prompt, "n_predict": 6, "temperature": 0, "stream": true}))
-            .await
-            .iter()
-            .map(|d| serde_json::from_str(d).unwrap())
-            .collect();
+    let streamed = json!({"prompt": prompt, "n_predict": 6, "temperature": 0, "stream": true});
+    let chunks = common::sse_json(&s, "/completion", streamed).await;
     let (last, pieces) = chunks.split_last().unwrap();
     assert!(pieces.iter().all(|p| p["stop"] == false) && last["stop"] == true, "{chunks:?}");
     assert_eq!(pieces.iter().map(|p| p["content"].as_str().unwrap()).collect::<String>(), text);
@@ -996,10 +991,7 @@ async fn echoed_prompts_come_with_their_tokens_log_probabilities() {
     // Streamed: the echo with its figures first, then each token.
     let mut streamed = body.clone();
     streamed["stream"] = true.into();
-    let chunks: Vec<Value> = (common::sse(&s, "/v1/completions", streamed).await.iter())
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = common::sse_json(&s, "/v1/completions", streamed).await;
     let echo = &chunks[0]["choices"][0];
     assert_eq!(
         echo["text"].as_str(),
@@ -1065,6 +1057,46 @@ async fn echoed_prompts_come_with_their_tokens_log_probabilities() {
     s.shutdown().await;
 }
 
+/// vLLM's `return_token_ids`: a completion choice's `token_ids` and `prompt_token_ids`, a chat
+/// choice's `token_ids` and its answer's `prompt_token_ids`; streamed, each chunk with the
+/// tokens since the last (adding up to the whole) and the first with the prompt's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_ids_come_back_where_asked() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let tokenizer = Tokenizer::from_dir(&fixture_dir(FIXTURE)).unwrap();
+    let p = &llaisys_tests::Reference::load(FIXTURE).prompts[0];
+    let body = json!({"model": FIXTURE, "prompt": p.ids, "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+        "return_token_ids": true});
+    let (status, c) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{c}");
+    let choice = &c["choices"][0];
+    assert_eq!(choice["prompt_token_ids"], json!(p.ids), "{c}");
+    assert_eq!(choice["token_ids"], json!(p.greedy[..6]), "{c}");
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    let chunks = common::sse_json(&s, "/v1/completions", streamed).await;
+    let ids: Vec<u64> = (chunks.iter())
+        .flat_map(|c| c["choices"][0]["token_ids"].as_array().cloned().unwrap_or_default())
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(json!(ids), choice["token_ids"], "{chunks:?}");
+    assert_eq!(chunks[0]["choices"][0]["prompt_token_ids"], json!(p.ids), "{chunks:?}");
+    assert!(chunks[1..].iter().all(|c| c["choices"][0].get("prompt_token_ids").is_none()), "{chunks:?}");
+    let chat = json!({"model": FIXTURE, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4,
+        "temperature": 0, "return_token_ids": true});
+    let (status, c) = post(&s, "/v1/chat/completions", chat).await;
+    assert_eq!(status, 200, "{c}");
+    let ids: Vec<u32> = serde_json::from_value(c["choices"][0]["token_ids"].clone()).unwrap();
+    assert_eq!(ids.len() as u64, c["usage"]["completion_tokens"].as_u64().unwrap(), "{c}");
+    assert_eq!(tokenizer.decode(&ids, true).unwrap(), c["choices"][0]["message"]["content"].as_str().unwrap());
+    let prompt: Vec<u32> = serde_json::from_value(c["prompt_token_ids"].clone()).unwrap();
+    assert_eq!(prompt.len() as u64, c["usage"]["prompt_tokens"].as_u64().unwrap(), "{c}");
+    assert!(tokenizer.decode(&prompt, false).unwrap().contains("Hello there"), "{c}");
+    let (_, plain) = post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": p.ids, "max_tokens": 2})).await;
+    assert!(plain["choices"][0].get("token_ids").is_none(), "only where asked: {plain}");
+    s.shutdown().await;
+}
+
 /// llama.cpp's `n_probs`: `/completion` gives each token's log-probability and its best
 /// alternatives' as `/v1/completions` gives them (`logprobs`), with ids and bytes, streamed or
 /// not; `post_sampling_probs` gives the probabilities of the distribution drawn from (a greedy
@@ -1098,8 +1130,7 @@ async fn llama_cpp_n_probs_are_the_openai_logprobs_in_llama_cpps_shape() {
         }
     }
     let streamed = json!({"prompt": prompt, "n_predict": 6, "temperature": 0, "n_probs": 3, "stream": true});
-    let chunks: Vec<Value> =
-        common::sse(&s, "/completion", streamed).await.iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks = common::sse_json(&s, "/completion", streamed).await;
     let (last, pieces) = chunks.split_last().unwrap();
     assert!(last.get("completion_probabilities").is_none(), "{last}");
     let streamed: Vec<&Value> =
@@ -1204,12 +1235,7 @@ async fn the_stop_string_that_ended_a_choice_is_reported_in_every_dialect() {
     assert_eq!(choice["stop_reason"], json!(stop), "{r}");
     let mut streamed = body;
     streamed["stream"] = true.into();
-    let chunks: Vec<Value> = common::sse(&s, "/v1/chat/completions", streamed)
-        .await
-        .iter()
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = common::sse_json(&s, "/v1/chat/completions", streamed).await;
     let finishing = chunks.iter().find(|c| c["choices"][0]["finish_reason"] == "stop").expect("a finishing chunk");
     assert_eq!(finishing["choices"][0]["stop_reason"], json!(stop), "{finishing}");
 

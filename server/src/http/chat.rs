@@ -70,6 +70,7 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
         include_usage: plan.include_usage,
         echo_logprobs: None,
         prompt_logprobs,
+        token_ids: req.common.return_token_ids.then(Vec::new),
     };
     let run =
         Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: false };
@@ -112,7 +113,9 @@ async fn completion(
         Options { default_max_tokens: Some(16), prompt_logprobs: echo_logprobs.max(prompt_logprobs), ..plan.options };
     let request = CompletionRequest::batch(prompts).options(options);
     let include_usage = plan.include_usage;
-    let dialect = OpenAi { api: Api::Completion, id: String::new(), include_usage, echo_logprobs, prompt_logprobs };
+    let token_ids = req.common.return_token_ids.then(Vec::new);
+    let dialect =
+        OpenAi { api: Api::Completion, id: String::new(), include_usage, echo_logprobs, prompt_logprobs, token_ids };
     let run =
         Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: req.echo };
     run.run(Work::Completion(request), dialect).await
@@ -146,6 +149,10 @@ struct OpenAi {
     /// vLLM's `prompt_logprobs` (their count; not in a stream): a completion's choices and a
     /// chat's answer carry them.
     prompt_logprobs: Option<usize>,
+    /// vLLM's `return_token_ids`: each choice's `token_ids` and its prompt's
+    /// (`prompt_token_ids`: a completion choice's, a chat answer's); streamed, each chunk with
+    /// the tokens since the last (how many went out, per choice) and the first with the prompt's.
+    token_ids: Option<Vec<usize>>,
 }
 
 impl OpenAi {
@@ -212,6 +219,16 @@ impl OpenAi {
             // vLLM's: the stop string that ended the choice, or null.
             choice["stop_reason"] = g.answer().choices()[i].stop.clone().into();
         }
+        if let Some(sent) = &mut self.token_ids {
+            sent.resize(sent.len().max(i + 1), usize::MAX);
+            let tokens = &g.answer().choices()[i].tokens;
+            if sent[i] == usize::MAX && self.api == Api::Completion {
+                choice["prompt_token_ids"] = g.prompt_ids(i).into();
+            }
+            let from = if sent[i] == usize::MAX { 0 } else { sent[i] };
+            choice["token_ids"] = tokens[from.min(tokens.len())..].into();
+            sent[i] = tokens.len();
+        }
         self.chunk(g, vec![choice])
     }
 
@@ -259,13 +276,19 @@ impl Dialect for OpenAi {
                 let finish = c.finish.as_str();
                 let logprobs = g.logprobs().map(|_| g.logprobs_of(i, 0));
                 match self.api {
-                    Api::Chat => json!({
-                        "index": i,
-                        "message": chat_message(&c.text, &c.reasoning, &c.tool_calls),
-                        "logprobs": logprobs.as_deref().map(chat_logprobs),
-                        "finish_reason": finish,
-                        "stop_reason": c.stop,
-                    }),
+                    Api::Chat => {
+                        let mut choice = json!({
+                            "index": i,
+                            "message": chat_message(&c.text, &c.reasoning, &c.tool_calls),
+                            "logprobs": logprobs.as_deref().map(chat_logprobs),
+                            "finish_reason": finish,
+                            "stop_reason": c.stop,
+                        });
+                        if self.token_ids.is_some() {
+                            choice["token_ids"] = c.tokens.clone().into();
+                        }
+                        choice
+                    }
                     Api::Completion => {
                         let echo = g.echo(i).unwrap_or("");
                         let prompt = self.echo_logprobs.and_then(|n| g.prompt_logprobs_of(i, n));
@@ -278,6 +301,10 @@ impl Dialect for OpenAi {
                         });
                         if let Some(n) = self.prompt_logprobs {
                             choice["prompt_logprobs"] = vllm_prompt_logprobs(g.prompt_logprobs_of(i, n));
+                        }
+                        if self.token_ids.is_some() {
+                            choice["token_ids"] = c.tokens.clone().into();
+                            choice["prompt_token_ids"] = g.prompt_ids(i).into();
                         }
                         choice
                     }
@@ -294,6 +321,9 @@ impl Dialect for OpenAi {
             // vLLM's place for a chat's: the answer's (its choices share the prompt).
             body["prompt_logprobs"] = vllm_prompt_logprobs(g.prompt_logprobs_of(0, n));
         }
+        if let (Api::Chat, Some(_)) = (self.api, &self.token_ids) {
+            body["prompt_token_ids"] = g.prompt_ids(0).into();
+        }
         body
     }
 
@@ -303,7 +333,12 @@ impl Dialect for OpenAi {
                 Api::Chat => {
                     let delta = json!({"role": "assistant", "content": ""});
                     let choice = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
-                    Some(self.chunk(g, vec![choice]))
+                    let mut chunk = self.envelope(g, self.chunk_object(), vec![choice]);
+                    if self.token_ids.is_some() {
+                        // vLLM's: the first chunk has the prompt's ids.
+                        chunk["prompt_token_ids"] = g.prompt_ids(i).into();
+                    }
+                    Some(Frame::data(&chunk))
                 }
                 Api::Completion if self.echo_logprobs.is_some() => None,
                 Api::Completion => g.echo(i).map(|echo| self.delta(g, i, echo, None, None)),

@@ -279,6 +279,11 @@ impl Generation {
         Some((first, rest))
     }
 
+    /// Choice `i`'s prompt, as the engine took it (its token ids).
+    pub fn prompt_ids(&self, i: usize) -> &[u32] {
+        self.merged.prompts().get(i / self.n).map_or(&[], Vec::as_slice)
+    }
+
     /// Whether choice `i`'s first token has come (with its prompt's log-probabilities, where
     /// they were asked for).
     pub fn first_token(&self, i: usize) -> bool {

@@ -44,6 +44,9 @@ pub struct CommonFields {
     pub speculative: Option<bool>,
     /// vLLM's: each prompt token's log-probability and rank, with this many alternatives.
     pub prompt_logprobs: Option<i64>,
+    /// vLLM's: the answer carries its token ids and its prompt's.
+    #[serde(default)]
+    pub return_token_ids: bool,
 }
 
 /// vLLM's `structured_outputs`: exactly one of its fields.

@@ -35,6 +35,12 @@ pub async fn sse(s: &Server, path: &str, body: Value) -> Vec<String> {
     events(s, path, body).await.into_iter().map(|(_, data)| data).collect()
 }
 
+/// The `data:` payloads of an SSE response as JSON (`[DONE]` left out).
+pub async fn sse_json(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let data = sse(s, path, body).await;
+    data.iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect()
+}
+
 /// Every event of an SSE response: its `event:` name (if any) and its data.
 pub async fn events(s: &Server, path: &str, body: Value) -> Vec<(Option<String>, String)> {
     let r = reqwest::Client::new().post(url(s, path)).json(&body).send().await.unwrap();
