@@ -993,19 +993,29 @@ async fn echoed_prompts_come_with_their_tokens_log_probabilities() {
     streamed["stream"] = true.into();
     let chunks = common::sse_json(&s, "/v1/completions", streamed).await;
     let echo = &chunks[0]["choices"][0];
-    assert_eq!(
-        echo["text"].as_str(),
-        Some(
-            tokens[..tokens.len()
-                - lp["tokens"].as_array().unwrap()[n..].iter().map(|t| t.as_str().unwrap().len()).sum::<usize>()]
-                .to_string()
-                .as_str()
-        )
-    );
+    let prompt_text: String = lp["tokens"].as_array().unwrap()[..n].iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(echo["text"].as_str(), Some(prompt_text.as_str()), "{echo}");
     let echoed = &echo["logprobs"];
     assert_eq!(echoed["tokens"].as_array().unwrap().len(), n, "{echo}");
     let whole = json!({"token_logprobs": lp["token_logprobs"].as_array().unwrap()[..n]});
     same(echoed, &whole, "streamed");
+    // max_tokens 0: the prompt alone, scored (streamed too), as OpenAI's legacy API and vLLM
+    // answer it; without echo it is still refused.
+    let mut scoring = body.clone();
+    scoring["max_tokens"] = 0.into();
+    let (status, only) = post(&s, "/v1/completions", scoring.clone()).await;
+    assert_eq!(status, 200, "{only}");
+    let choice = &only["choices"][0];
+    assert_eq!((choice["text"].as_str(), &choice["finish_reason"]), (Some(prompt_text.as_str()), &json!("length")));
+    assert_eq!((&only["usage"]["completion_tokens"], &only["usage"]["prompt_tokens"]), (&json!(0), &json!(n)));
+    same(&choice["logprobs"], &whole, "echo only");
+    scoring["stream"] = true.into();
+    let chunks = common::sse_json(&s, "/v1/completions", scoring).await;
+    let text: String = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
+    assert_eq!(text, prompt_text, "{chunks:?}");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length", "{chunks:?}");
+    let (status, _) = post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": p.ids, "max_tokens": 0})).await;
+    assert_eq!(status, 400, "max_tokens 0 without echo");
     // vLLM's prompt_logprobs: by token id, with ranks, on completions' choices and on a chat.
     let (status, v) = post(
         &s,

@@ -71,6 +71,7 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
         echo_logprobs: None,
         prompt_logprobs,
         token_ids: req.common.return_token_ids.then(Vec::new),
+        echo_only: false,
     };
     let run =
         Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: false };
@@ -103,7 +104,10 @@ async fn completion(
     if let Some(b) = req.best_of.filter(|b| *b != req.common.n.unwrap_or(1)) {
         return Err(ApiError::invalid("best_of", format!("best_of other than n is not supported (got {b})")));
     }
-    let plan = req.common.plan(req.common.max_tokens, logprobs)?;
+    // `max_tokens: 0` with `echo`: the prompt alone (scored, with `logprobs`), as OpenAI's legacy
+    // completions and vLLM answer it; the one token the engine generates is not shown.
+    let echo_only = req.echo && req.common.max_tokens == Some(0);
+    let plan = req.common.plan(if echo_only { Some(1) } else { req.common.max_tokens }, logprobs)?;
     // An echoed prompt comes with its tokens' log-probabilities where they are asked for (the
     // way lm-evaluation-harness scores a continuation's likelihood).
     let echo_logprobs = logprobs.filter(|_| req.echo);
@@ -114,8 +118,15 @@ async fn completion(
     let request = CompletionRequest::batch(prompts).options(options);
     let include_usage = plan.include_usage;
     let token_ids = req.common.return_token_ids.then(Vec::new);
-    let dialect =
-        OpenAi { api: Api::Completion, id: String::new(), include_usage, echo_logprobs, prompt_logprobs, token_ids };
+    let dialect = OpenAi {
+        api: Api::Completion,
+        id: String::new(),
+        include_usage,
+        echo_logprobs,
+        prompt_logprobs,
+        token_ids,
+        echo_only,
+    };
     let run =
         Run { state, request_id, model, stream: plan.stream, constraint_field: plan.constraint_field, echo: req.echo };
     run.run(Work::Completion(request), dialect).await
@@ -153,6 +164,9 @@ struct OpenAi {
     /// (`prompt_token_ids`: a completion choice's, a chat answer's); streamed, each chunk with
     /// the tokens since the last (how many went out, per choice) and the first with the prompt's.
     token_ids: Option<Vec<usize>>,
+    /// Completions with `echo` and `max_tokens: 0`: the echoed prompt alone (no token of its
+    /// own: finish `length`, no completion tokens counted).
+    echo_only: bool,
 }
 
 impl OpenAi {
@@ -217,11 +231,12 @@ impl OpenAi {
         };
         if finish.is_some() {
             // vLLM's: the stop string that ended the choice, or null.
-            choice["stop_reason"] = g.answer().choices()[i].stop.clone().into();
+            let stop = g.answer().choices()[i].stop.clone().filter(|_| !self.echo_only);
+            choice["stop_reason"] = stop.into();
         }
         if let Some(sent) = &mut self.token_ids {
             sent.resize(sent.len().max(i + 1), usize::MAX);
-            let tokens = &g.answer().choices()[i].tokens;
+            let tokens: &[u32] = if self.echo_only { &[] } else { &g.answer().choices()[i].tokens };
             if sent[i] == usize::MAX && self.api == Api::Completion {
                 choice["prompt_token_ids"] = g.prompt_ids(i).into();
             }
@@ -256,12 +271,13 @@ impl OpenAi {
         self.chunk(g, vec![json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null})])
     }
 
-    fn usage(g: &Generation) -> Value {
+    fn usage(&self, g: &Generation) -> Value {
         let usage = g.answer().usage();
+        let completion_tokens = if self.echo_only { 0 } else { usage.completion_tokens };
         json!({
             "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": usage.prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         })
     }
@@ -292,18 +308,22 @@ impl Dialect for OpenAi {
                     Api::Completion => {
                         let echo = g.echo(i).unwrap_or("");
                         let prompt = self.echo_logprobs.and_then(|n| g.prompt_logprobs_of(i, n));
+                        let (text, generated, finish) = match self.echo_only {
+                            true => ("", &[][..], FinishReason::Length.as_str()),
+                            false => (c.text.as_str(), logprobs.as_deref().unwrap_or_default(), finish),
+                        };
                         let mut choice = json!({
                             "index": i,
-                            "text": format!("{echo}{}", c.text),
-                            "logprobs": logprobs.as_deref().map(|l| completion_logprobs(prompt.as_ref(), l, echo.len())),
+                            "text": format!("{echo}{text}"),
+                            "logprobs": logprobs.as_ref().map(|_| completion_logprobs(prompt.as_ref(), generated, echo.len())),
                             "finish_reason": finish,
-                            "stop_reason": c.stop,
+                            "stop_reason": if self.echo_only { None } else { c.stop.clone() },
                         });
                         if let Some(n) = self.prompt_logprobs {
                             choice["prompt_logprobs"] = vllm_prompt_logprobs(g.prompt_logprobs_of(i, n));
                         }
                         if self.token_ids.is_some() {
-                            choice["token_ids"] = c.tokens.clone().into();
+                            choice["token_ids"] = if self.echo_only { vec![] } else { c.tokens.clone() }.into();
                             choice["prompt_token_ids"] = g.prompt_ids(i).into();
                         }
                         choice
@@ -316,7 +336,7 @@ impl Dialect for OpenAi {
             Api::Completion => "text_completion",
         };
         let mut body = self.envelope(g, object, choices);
-        body["usage"] = Self::usage(g);
+        body["usage"] = self.usage(g);
         if let (Api::Chat, Some(n)) = (self.api, self.prompt_logprobs) {
             // vLLM's place for a chat's: the answer's (its choices share the prompt).
             body["prompt_logprobs"] = vllm_prompt_logprobs(g.prompt_logprobs_of(0, n));
@@ -357,6 +377,8 @@ impl Dialect for OpenAi {
         }
         match step.finish {
             Some(FinishReason::Error) => frames.push(Frame::data(&g.engine_error().body())),
+            // The echo alone: the token's text and reason are not the client's.
+            Some(_) if self.echo_only => frames.push(self.delta(g, i, "", None, Some(FinishReason::Length))),
             Some(f) => frames.push(self.delta(g, i, &step.text, None, Some(f))),
             None if step.token && (!step.text.is_empty() || g.logprobs().is_some()) => {
                 if let Some(n) = self.echo_logprobs.filter(|_| g.first_token(i)) {
@@ -366,8 +388,10 @@ impl Dialect for OpenAi {
                     let choice = json!({"index": i, "text": echo, "logprobs": logprobs, "finish_reason": null});
                     frames.push(self.chunk(g, vec![choice]));
                 }
-                let lp = g.logprobs().map(|_| g.logprobs_of(i, step.logprobs_from));
-                frames.push(self.delta(g, i, &step.text, lp.as_deref(), None));
+                if !self.echo_only {
+                    let lp = g.logprobs().map(|_| g.logprobs_of(i, step.logprobs_from));
+                    frames.push(self.delta(g, i, &step.text, lp.as_deref(), None));
+                }
             }
             None => {}
         }
@@ -379,7 +403,7 @@ impl Dialect for OpenAi {
         if self.include_usage {
             let object = self.chunk_object();
             let mut body = self.envelope(g, object, vec![]);
-            body["usage"] = Self::usage(g);
+            body["usage"] = self.usage(g);
             frames.push(Frame::data(&body));
         }
         frames.push(Frame { event: None, data: "[DONE]".into() });
