@@ -403,10 +403,6 @@ impl Frontend {
             let message = format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}");
             return Err(RequestError::invalid("top_logprobs", message).into());
         }
-        if let Some(n) = options.prompt_logprobs.filter(|n| *n > MAX_TOP_LOGPROBS) {
-            let message = format!("prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {n}");
-            return Err(RequestError::invalid("prompt_logprobs", message).into());
-        }
         if options.stop.len() > 16 || options.stop.iter().any(String::is_empty) {
             return Err(RequestError::invalid("stop", "stop takes at most 16 non-empty strings").into());
         }

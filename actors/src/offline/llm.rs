@@ -214,19 +214,17 @@ impl Llm {
             }
             // A stop string (or the time limit) ends its sequence at the next step, as the
             // request actor's does.
-            for (k, job) in jobs.iter_mut().enumerate() {
-                let reason = match () {
-                    _ if job.output.stopped() => FinishReason::Stop,
-                    _ if job.output.out_of_time() => {
-                        // No more tokens shown: those sampled before the sequence ends are not.
-                        job.output.close();
-                        FinishReason::Length
-                    }
-                    _ => continue,
+            for (k, job) in jobs.iter_mut().enumerate().filter(|(_, job)| job.finished.is_none()) {
+                let reason = if job.output.stopped() {
+                    FinishReason::Stop
+                } else if job.output.out_of_time() {
+                    // No more tokens shown: those sampled before the sequence ends are not.
+                    job.output.close();
+                    FinishReason::Length
+                } else {
+                    continue;
                 };
-                if job.finished.is_none() {
-                    job.finished = self.scheduler.finish_request(base + k as RequestId, reason);
-                }
+                job.finished = self.scheduler.finish_request(base + k as RequestId, reason);
             }
         }
         Ok(())

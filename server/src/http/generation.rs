@@ -265,6 +265,13 @@ impl Generation {
         self.pieces(&choice.logprobs[from.min(choice.logprobs.len())..])
     }
 
+    /// Choice `i`'s log-probabilities from its `from`-th token on as OpenAI's entries, where the
+    /// request asked for them (chat's `logprobs.content`, the Responses API's and Ollama's).
+    pub fn openai_logprobs(&self, i: usize, from: usize) -> Option<Vec<Value>> {
+        self.logprobs?;
+        Some(self.logprobs_of(i, from).iter().map(TokenLogprob::openai).collect())
+    }
+
     /// Choice `i`'s prompt tokens' log-probabilities, each given the ones before it with its
     /// `alternatives` most likely (at most those asked for), where the request asked for them
     /// (`prompt_logprobs`) and they have come (with its first token): its first token (nothing

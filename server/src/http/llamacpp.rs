@@ -28,7 +28,6 @@ use axum::Extension;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use llaisys_actors::host::MAX_TOP_LOGPROBS;
 use llaisys_actors::request::FinishReason;
 use llaisys_actors::{CompletionRequest, Infill, Options, Prompt};
 use llaisys_model::tokenizer::{FIM_DEFAULT_PATH, FIM_DEFAULT_REPO};
@@ -83,16 +82,8 @@ impl GenerationIn {
             Some(n) if n >= 1 => (Some(n as usize), false),
             Some(n) => return Err(ApiError::invalid("n_predict", format!("n_predict must be ≥ 0 or -1, got {n}"))),
         };
-        let logprobs = match self.n_probs {
-            None | Some(0) => None,
-            Some(n) if (1..=MAX_TOP_LOGPROBS as i64).contains(&n) => Some(n as usize),
-            Some(n) => {
-                return Err(ApiError::invalid(
-                    "n_probs",
-                    format!("n_probs must be in [0, {MAX_TOP_LOGPROBS}], got {n}"),
-                ));
-            }
-        };
+        // 0: no probabilities.
+        let logprobs = self.n_probs.map(|n| super::alternatives("n_probs", n)).transpose()?.filter(|n| *n > 0);
         let options = Options {
             max_tokens,
             temperature: self.temperature,

@@ -30,6 +30,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use llaisys_actors::host::MAX_TOP_LOGPROBS;
 use llaisys_actors::request::RequestId;
 use llaisys_actors::{Engine, Router as Engines};
 use llaisys_model::{ModelInfo, Tokenizer};
@@ -426,6 +427,13 @@ impl Server {
 /// `top_k` where 0 or less turns it off (Ollama's and llama.cpp's), as the engine's `Some(0)`.
 fn top_k_off_at_zero(k: Option<i64>) -> Option<usize> {
     k.map(|k| k.max(0) as usize)
+}
+
+/// A dialect's count of alternatives per token (`n` in its field `param`): 0 to
+/// [`MAX_TOP_LOGPROBS`], or an error naming the field.
+fn alternatives(param: &str, n: i64) -> Result<usize, ApiError> {
+    let message = || format!("{param} must be in [0, {MAX_TOP_LOGPROBS}], got {n}");
+    usize::try_from(n).ok().filter(|n| *n <= MAX_TOP_LOGPROBS).ok_or_else(|| ApiError::invalid(param, message()))
 }
 
 /// Attaches the model name for the access log.

@@ -13,7 +13,6 @@ use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use llaisys_actors::host::MAX_TOP_LOGPROBS;
 use llaisys_actors::request::{FinishReason, ToolCallOut};
 use llaisys_actors::{ChatRequest, CompletionRequest, EmbedRequest, Infill, Options, Prompt, Tool, ToolChoice};
 use llaisys_model::Constraint;
@@ -23,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::dialect::{Dialect, Frame, Run, Transport, Work, endpoint};
 use super::error::{ApiError, ErrorShape};
-use super::generation::{Generation, Step, TokenLogprob};
+use super::generation::{Generation, Step};
 use super::openai::parse;
 use super::{AppState, Body413, ModelEntry, RequestIdExt, json_response, with_model};
 
@@ -61,14 +60,7 @@ impl LogprobsIn {
     /// The engine's `logprobs` option: the alternatives' count where asked (Ollama checks
     /// `top_logprobs` either way, and reads it only with `logprobs`).
     fn alternatives(&self) -> Result<Option<usize>, ApiError> {
-        let top = match self.top_logprobs {
-            None => 0,
-            Some(n) if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) => n as usize,
-            Some(n) => {
-                let message = format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}");
-                return Err(ApiError::invalid("top_logprobs", message));
-            }
-        };
+        let top = self.top_logprobs.map(|n| super::alternatives("top_logprobs", n)).transpose()?.unwrap_or(0);
         Ok(self.logprobs.then_some(top))
     }
 }
@@ -666,8 +658,8 @@ impl Dialect for Ollama {
         let choice = &g.answer().choices()[0];
         let calls: Vec<Value> = choice.tool_calls.iter().enumerate().map(|(i, c)| call_json(c, i)).collect();
         let mut body = self.piece(g, &choice.text, &choice.reasoning, &calls);
-        if g.logprobs().is_some() {
-            body["logprobs"] = g.logprobs_of(0, 0).iter().map(TokenLogprob::openai).collect::<Vec<_>>().into();
+        if let Some(logprobs) = g.openai_logprobs(0, 0) {
+            body["logprobs"] = logprobs.into();
         }
         Self::done(g, &mut body);
         body
@@ -681,9 +673,7 @@ impl Dialect for Ollama {
         let mut frames = Vec::new();
         if !step.text.is_empty() || !step.reasoning.is_empty() {
             let mut piece = self.piece(g, &step.text, &step.reasoning, &[]);
-            if g.logprobs().is_some() {
-                let logprobs: Vec<Value> =
-                    g.logprobs_of(0, self.logprobs_sent).iter().map(TokenLogprob::openai).collect();
+            if let Some(logprobs) = g.openai_logprobs(0, self.logprobs_sent) {
                 self.logprobs_sent += logprobs.len();
                 piece["logprobs"] = logprobs.into();
             }

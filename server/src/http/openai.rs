@@ -441,13 +441,7 @@ impl CommonFields {
             Some(_) if self.stream => {
                 return Err(ApiError::invalid("prompt_logprobs", "prompt_logprobs are not given in a stream"));
             }
-            Some(k) if (0..=20).contains(&k) => Some(k as usize),
-            Some(k) => {
-                return Err(ApiError::invalid(
-                    "prompt_logprobs",
-                    format!("prompt_logprobs must be in [0, 20], got {k}"),
-                ));
-            }
+            Some(k) => Some(super::alternatives("prompt_logprobs", k)?),
         };
         let options = Options {
             max_tokens,

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use super::dialect::{Dialect, Frame, Run, Work, endpoint};
 use super::error::{ApiError, ErrorShape};
-use super::generation::{Generation, Step, TokenLogprob};
+use super::generation::{Generation, Step};
 use super::openai::{parse, tool_choice_mode};
 use super::{AppState, Body413, RequestIdExt, json_response};
 
@@ -678,10 +678,7 @@ impl Dialect for Responses {
             output.push(self.reasoning_item(&choice.reasoning, "completed"));
         }
         if !choice.text.is_empty() || choice.tool_calls.is_empty() {
-            let logprobs = g
-                .logprobs()
-                .map(|_| g.logprobs_of(0, 0).iter().map(TokenLogprob::openai).collect::<Vec<_>>())
-                .unwrap_or_default();
+            let logprobs = g.openai_logprobs(0, 0).unwrap_or_default();
             output.push(self.message_item(&choice.text, logprobs, "completed"));
         }
         for (i, call) in choice.tool_calls.iter().enumerate() {
@@ -722,10 +719,7 @@ impl Dialect for Responses {
                 frames.push(self.event("response.function_call_arguments.delta", fields));
             }
         }
-        let logprobs = g
-            .logprobs()
-            .map(|_| g.logprobs_of(0, step.logprobs_from).iter().map(TokenLogprob::openai).collect::<Vec<_>>())
-            .unwrap_or_default();
+        let logprobs = g.openai_logprobs(0, step.logprobs_from).unwrap_or_default();
         if !step.text.is_empty() {
             self.enter(Open::Message, self.message_item("", Vec::new(), "in_progress"), &mut frames);
             let mut fields = self.append(&["content", "0", "text"], &step.text);
