@@ -43,7 +43,8 @@ for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp t
             tiny-smollm3-f32:llama-bpe: tiny-olmo2-f32:dbrx: tiny-olmo3-f32:dbrx: \
             tiny-granite-f32:refact: tiny-glm4moe-f32:glm4: tiny-glm4-f32:glm4: \
             tiny-glm4moelite-f32:glm4: tiny-deepseekv2-f32:glm4: \
-            tiny-mistral4-f32:default::Ministral3ForCausalLM tiny-qwen3vl-f32:qwen2:; do
+            tiny-mistral4-f32:default::Ministral3ForCausalLM tiny-qwen3vl-f32:qwen2: \
+            tiny-qwen25vl-f32:qwen2:; do
   IFS=: read -r name pre opts class <<<"$spec"
   if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
   dir=$root/tests/fixtures/$name

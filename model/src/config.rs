@@ -1166,7 +1166,9 @@ impl Fields<'_> {
             nested.opt_usize("original_max_position_embeddings").map_err(named)
         };
         let scaling = match kind.as_deref() {
-            None | Some("default") => RopeScaling::None,
+            // Qwen2-VL's and Qwen2.5-VL's released configs name M-RoPE (`mrope_section`) as a
+            // kind: the default frequencies, which text turns as one position stream.
+            None | Some("default" | "mrope") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear { factor: factor()? },
             Some("llama3") => {
                 let number = |field: &str, default: f64| -> Result<f64, LoadError> {

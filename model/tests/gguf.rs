@@ -693,6 +693,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-glm4moelite-f32",
         "tiny-deepseekv2-f32",
         "tiny-qwen3vl-f32",
+        "tiny-qwen25vl-f32",
     ];
     for name in fixtures {
         let source = ModelSource::Gguf(converted_fixture(name));

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// The fixture models (directory names).
-pub const FIXTURES: [&str; 28] = [
+pub const FIXTURES: [&str; 30] = [
     "tiny-tied-f32",
     "tiny-untied-f32",
     "tiny-bf16",
@@ -37,6 +37,8 @@ pub const FIXTURES: [&str; 28] = [
     "tiny-mistral4-f32",
     "tiny-qwen3vl-f32",
     "tiny-qwen3vlmoe-f32",
+    "tiny-qwen25vl-f32",
+    "tiny-qwen2vl-f32",
 ];
 
 /// The device the model-level tests run on, as `--device` spells it: `LLAISYS_TEST_DEVICE`,

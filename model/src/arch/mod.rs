@@ -20,6 +20,7 @@ mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen2moe;
+mod qwen2vl;
 mod qwen3;
 mod qwen35;
 mod qwen35moe;
@@ -154,6 +155,8 @@ pub const ALIASES: &[(&str, &str)] = &[
     // GLM-4.7-Flash's are V3's (llama.cpp converts all three to `deepseek2`).
     ("deepseek_v2", "deepseek_v3"),
     ("glm4_moe_lite", "deepseek_v3"),
+    // Qwen2.5-VL's language model is Qwen2-VL's.
+    ("qwen2_5_vl", "qwen2_vl"),
 ];
 
 /// How a family's mixture-of-experts blocks differ.
@@ -243,6 +246,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &mistral4::MISTRAL4,
     &qwen3vl::QWEN3_VL,
     &qwen3vlmoe::QWEN3_VL_MOE,
+    &qwen2vl::QWEN2_VL,
 ];
 
 /// Families known but not served, by `config.json` `model_type` or GGUF architecture, with what
@@ -252,15 +256,14 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("gemma", "Gemma's first layout (served: Gemma 2 and 3)"),
     ("gemma3n", "per-layer inputs, AltUp and shared key-value layers"),
     ("gemma4", "Gemma 4's layers"),
-    ("qwen2_vl", "a vision encoder"),
-    ("qwen2vl", "a vision encoder"),
 ];
 
 /// The family named `name` (a `config.json` `model_type`, the text model's own within a
 /// multimodal one, `qwen3_5_text`, or a GGUF architecture: for a GGUF file, `find_gguf`).
 pub fn find(name: &str) -> Option<&'static Architecture> {
-    let name = ALIASES.iter().find(|(alias, _)| *alias == name).map_or(name, |(_, family)| family);
+    let alias = |n: &str| ALIASES.iter().find(|(alias, _)| *alias == n).map(|(_, family)| *family);
     let text = name.strip_suffix("_text").unwrap_or(name);
+    let (name, text) = alias(name).or_else(|| alias(text)).map_or((name, text), |family| (family, family));
     let by_name = ARCHITECTURES.iter().copied().find(|a| a.name == name || a.name == text);
     by_name.or_else(|| find_gguf(name, false))
 }
@@ -308,5 +311,9 @@ mod tests {
         assert_eq!(find_gguf("llama", false).map(|a| a.name), Some("llama"));
         assert_eq!(find_gguf("llama", true).map(|a| a.name), Some("mixtral"));
         assert_eq!(find_gguf("qwen3moe", true).map(|a| a.name), Some("qwen3_moe"));
+        // Qwen2.5-VL's language model is Qwen2-VL's, by either config's name or its text config's.
+        for name in ["qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2vl"] {
+            assert_eq!(find(name).map(|a| a.name), Some("qwen2_vl"), "{name}");
+        }
     }
 }
