@@ -129,9 +129,10 @@ pub use futures_util::StreamExt;
 pub use host::{
     Answer, BuildError, ChatRequest, Choice, CompletionRequest, EmbedRequest, Embeddings, EngineBuilder, Frontend,
     GenerateParams, GenerateRequest, Generation, Infill, ModelText, Options, Output, Prompt, RequestError,
-    RequestLimits, RerankRequest, Reranker, Scores, Tool, ToolChoice, ValidRequest,
+    RequestLimits, RerankRequest, Reranker, SchedulingPolicy, Scores, Tool, ToolChoice, ValidRequest,
 };
 pub use llaisys_model::tokenizer::{ChatMessage, FimFile};
 pub use llaisys_model::{Constraint, Device, DeviceSpec, Guidance, Pooling, WeightDtype};
 pub use offline::{Completion, Llm};
+pub use scheduler::enqueue_by_priority;
 pub use session::SessionInfo;

@@ -147,7 +147,7 @@ async fn two_engines_in_one_process_do_not_interfere_and_shutdown_drains() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_naming_the_field_and_change_nothing() {
-    let limits = RequestLimits { max_prompt_tokens: 100, max_tokens: 64, max_n: 4 };
+    let limits = RequestLimits { max_prompt_tokens: 100, max_tokens: 64, max_n: 4, ..RequestLimits::default() };
     let engine = Engine::builder().model(fixture_dir(UNTIED)).limits(limits).build().await.unwrap();
     let before = engine.chat(question()).await.unwrap().answer().await;
     let long_prompt = CompletionRequest::new((0..150).collect::<Vec<u32>>());

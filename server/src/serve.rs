@@ -75,7 +75,7 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
     // The router queues and refuses (429) by the nodes' capacities; the HTTP layer's own
     // admission limit would cap the whole cluster at one node's.
     let mut config = config.clone();
-    config.admission.max_concurrent_requests = tokio::sync::Semaphore::MAX_PERMITS;
+    config.admission.max_concurrent_requests = usize::MAX;
     start_models(vec![ModelEntry { name: config.model_name(), engine }], &config).await
 }
 

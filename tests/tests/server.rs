@@ -217,6 +217,28 @@ async fn a_full_queue_answers_429_with_retry_after() {
     panic!("the slot never came back after the first client left");
 }
 
+/// vLLM's `priority`: refused under first come, first served (the default), taken under
+/// `limits.scheduling_policy = "priority"` (the order it gives is the admission queue's and the
+/// scheduler's to test: `http::admission`, `scheduler::tests`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priorities_are_refused_under_first_come_first_served() {
+    let ask = |priority: i64| json!({"model": FIXTURE, "prompt": [1, 2], "max_tokens": 2, "priority": priority});
+    let s = server(&[]).await;
+    let (status, body) = post(&s, "/v1/completions", ask(5)).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("priority")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("scheduling_policy"), "{body}");
+    assert_eq!(post(&s, "/v1/completions", ask(0)).await.0, 200);
+    s.shutdown().await;
+    let s = server(&[("limits.scheduling_policy", "\"priority\"")]).await;
+    for priority in [-3, 0, 7] {
+        let (status, body) = post(&s, "/v1/completions", ask(priority)).await;
+        assert_eq!((status, body["usage"]["completion_tokens"].as_u64()), (200, Some(2)), "{body}");
+    }
+    let (status, body) = post(&s, "/v1/completions", json!({"model": FIXTURE, "prompt": [1], "priority": 1.5})).await;
+    assert_eq!(status, 400, "{body}");
+    s.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stream_frees_its_cells_and_the_cancel_endpoint_ends_with_abort() {
     let s = server(&[("engine.prefix_caching", "false")]).await;

@@ -7,7 +7,8 @@
 //!   report came for `heartbeat_timeout` (a stalled node whose connection stayed open comes back
 //!   with its next report).
 //! - A request waits in the queue until a node has room below its advertised capacity; when
-//!   the queue is full too, it is refused (`EngineError::Overloaded`, HTTP 429).
+//!   the queue is full too, it is refused (`EngineError::Overloaded`, HTTP 429). The queue is
+//!   ordered by the requests' priorities (lower first), then arrival.
 //! - When a node leaves, its requests that streamed nothing go back to the head of the queue
 //!   (and run elsewhere); the others end with `FinishReason::Error`.
 //! - Read-outs (embeddings, a reranker's verdicts) queue beside the requests and go whole to
@@ -28,7 +29,7 @@ use crate::engine::{EngineError, Event, NodeFailure, ReplicaStats, Usage};
 use crate::host::RequestError;
 use crate::placement::{Load, Placement};
 use crate::request::{FinishReason, RequestId};
-use crate::scheduler::Submission;
+use crate::scheduler::{Submission, enqueue_by_priority};
 use crate::session::SessionInfo;
 use llaisys_model::Readout;
 
@@ -376,7 +377,8 @@ impl FrontState {
         let pending =
             Pending { request: wire, events, reply: Some(reply), node: None, streamed: false, cancelled: false };
         self.pending.insert(id, pending);
-        self.queue.push_back(id);
+        let pending = &self.pending;
+        enqueue_by_priority(&mut self.queue, id, |id| pending.get(id).map_or(0, |p| p.request.priority), false);
         self.dispatch();
         if self.queue.contains(&id) {
             tracing::debug!(request = id, queued = self.queue.len(), "request queued: no node has room");
@@ -497,7 +499,8 @@ impl FrontState {
             } else {
                 retried += 1;
                 p.node = None;
-                self.queue.push_front(id);
+                let pending = &self.pending;
+                enqueue_by_priority(&mut self.queue, id, |id| pending.get(id).map_or(0, |p| p.request.priority), true);
             }
         }
         // Read-outs streamed nothing: they run again elsewhere.

@@ -25,8 +25,8 @@ use crate::session::SessionInfo;
 /// where the request asked for it; 5: tool calls written as XML, with their tools' parameters;
 /// 6: tool-call tags with no closing tag (Mistral's array of calls); 7: Mistral's `[ARGS]` and
 /// `[CALL_ID]` tags; 8: log-probabilities of the distribution drawn from, and of the prompt;
-/// a time limit on generation.
-pub const PROTOCOL_VERSION: u32 = 8;
+/// a time limit on generation; 9: a request's scheduling priority.
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// A request as it crosses the network: everything a checked choice holds, the constraint
 /// before compilation (the node checks it again against its own model and cache).
@@ -65,6 +65,8 @@ pub struct WireRequest {
     pub speculative: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit: Option<std::time::Duration>,
+    #[serde(default)]
+    pub priority: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
 }
@@ -87,6 +89,7 @@ impl WireRequest {
             guidance: params.guidance.spec(),
             speculative: params.speculative,
             time_limit: params.time_limit,
+            priority: params.priority,
             session,
         }
     }
@@ -119,6 +122,7 @@ impl WireRequest {
             guidance,
             speculative: self.speculative,
             time_limit: self.time_limit,
+            priority: self.priority,
         }
     }
 }
@@ -394,7 +398,8 @@ mod tests {
 
     #[test]
     fn a_request_keeps_its_parameters_across() {
-        let mut params = GenerateParams { max_tokens: 9, stop: vec!["\n".into()], ..GenerateParams::default() };
+        let mut params =
+            GenerateParams { max_tokens: 9, stop: vec!["\n".into()], priority: -4, ..GenerateParams::default() };
         params.sampling.seed = Some(5);
         let xml = XmlTools::new(&[("f", &serde_json::json!({"properties": {"n": {"type": "integer"}}}))]);
         params.tool_calls = Some(ToolParsing {

@@ -31,12 +31,25 @@ pub struct RequestLimits {
     pub max_tokens: usize,
     /// Most choices per prompt.
     pub max_n: usize,
+    /// Whether requests may set a `priority` (vLLM's `--scheduling-policy`).
+    pub scheduling_policy: SchedulingPolicy,
 }
 
 impl Default for RequestLimits {
     fn default() -> Self {
-        Self { max_prompt_tokens: 0, max_tokens: 4096, max_n: 8 }
+        Self { max_prompt_tokens: 0, max_tokens: 4096, max_n: 8, scheduling_policy: SchedulingPolicy::Fcfs }
     }
+}
+
+/// How the engine orders the requests it holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulingPolicy {
+    /// First come, first served: a request's `priority` must be 0.
+    #[default]
+    Fcfs,
+    /// By `priority` (lower first), then arrival; a less urgent sequence is preempted first.
+    Priority,
 }
 
 /// Alternatives per token a request may ask log-probabilities for.
@@ -406,6 +419,11 @@ impl Frontend {
         if options.stop.len() > 16 || options.stop.iter().any(String::is_empty) {
             return Err(RequestError::invalid("stop", "stop takes at most 16 non-empty strings").into());
         }
+        if options.priority != 0 && self.limits.scheduling_policy != SchedulingPolicy::Priority {
+            let message =
+                "priority scheduling is off on this server (`limits.scheduling_policy = \"priority\"` turns it on)";
+            return Err(RequestError::invalid("priority", message).into());
+        }
         let defaults = self.text.as_ref().map(ModelText::defaults).cloned().unwrap_or_default();
         let guidance = match &options.constraint {
             Some(c) => self.guidance(c)?,
@@ -425,6 +443,7 @@ impl Frontend {
             harmony: None,
             speculative: options.speculative,
             time_limit: options.time_limit,
+            priority: options.priority,
         };
         let (session, logprobs) = (options.session.clone(), options.logprobs.is_some());
         Ok(Unchecked { prompts, params, n, session, logprobs })

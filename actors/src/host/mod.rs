@@ -26,7 +26,7 @@ mod validate;
 pub use answer::{Answer, AnswerBuilder, Choice, TokenLogprob};
 pub use builder::{BuildError, EngineBuilder};
 pub use embed::{EmbedRequest, Embeddings, ValidEmbed};
-pub use frontend::{Frontend, MAX_TOP_LOGPROBS, RequestLimits};
+pub use frontend::{Frontend, MAX_TOP_LOGPROBS, RequestLimits, SchedulingPolicy};
 pub use generation::{Generation, Output};
 pub use params::GenerateParams;
 pub use request::{

@@ -43,6 +43,11 @@ pub struct GenerateParams {
     /// token once its text has a line break: llama.cpp's `t_max_predict_ms`, for code
     /// completion, whose editor shows what came in time.
     pub time_limit: Option<std::time::Duration>,
+    /// Scheduling priority (vLLM's `priority`): a lower value is served sooner. The engine's
+    /// queue is ordered by it, then by arrival, and when the cache is short a less urgent
+    /// sequence is preempted first, also to admit a more urgent one. 0 unless the server's
+    /// `limits.scheduling_policy` is `priority`.
+    pub priority: i32,
 }
 
 impl GenerateParams {
@@ -70,6 +75,7 @@ impl Default for GenerateParams {
             harmony: None,
             speculative: None,
             time_limit: None,
+            priority: 0,
         }
     }
 }

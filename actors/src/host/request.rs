@@ -125,6 +125,10 @@ pub struct Options {
     /// After this long from the first token, each choice ends (finish `Length`) at its next
     /// token once its text has a line break (llama.cpp's `t_max_predict_ms`).
     pub time_limit: Option<std::time::Duration>,
+    /// Scheduling priority (vLLM's `priority`): lower is served sooner; default 0. Another
+    /// value is refused naming `priority` unless the engine's `RequestLimits::scheduling_policy`
+    /// is `Priority`.
+    pub priority: i32,
 }
 
 /// A function the model may call (OpenAI's `tools[].function`).

@@ -12,5 +12,6 @@ mod tests;
 
 pub(crate) use actor::{IdSpace, SchedulerActor, SchedulerArgs, load_off_thread};
 pub use messages::{ReplicaLoad, Retry, Submission, ToScheduler};
+pub use policy::enqueue_by_priority;
 pub use policy::{Finished, Outcome, PlanItem, PrefixCopy, Scheduler, StepPlan};
 pub use sequence::Sequence;

@@ -7,6 +7,12 @@
 //! cells, the newest running sequence is preempted: its cells are freed and it goes back to the
 //! head of the queue to be recomputed. All scheduling policy lives in `schedule`.
 //!
+//! Priorities (vLLM's `priority`, lower first): the queue is ordered by priority, then arrival;
+//! running sequences get the step's budget by priority, then age; the victim of a preemption is
+//! the least urgent (the newest of those); and a waiting sequence that finds no room preempts
+//! running ones less urgent than itself. Equal priorities (all 0 under first come, first
+//! served) leave every order above as it is.
+//!
 //! E5, prefix reuse: a finished sequence keeps its cells as a cached prefix. A new request whose
 //! prompt starts with cached tokens gets them by a KV copy (shared cells) and computes only the
 //! rest. Cached prefixes are evicted least recently used, before any running sequence is
@@ -241,7 +247,7 @@ impl Scheduler {
         );
         seq.arrival = self.arrivals;
         self.arrivals += 1;
-        self.waiting.push_back(seq);
+        enqueue_by_priority(&mut self.waiting, seq, |s| s.params.priority, false);
     }
 
     /// Cells held by cached prefixes.
@@ -284,7 +290,9 @@ impl Scheduler {
         let decoding = self.running.iter().filter(|s| s.computed >= s.prompt_len).count();
         let mut prefill_budget = if decoding > 0 { self.prefill_budget(decoding) } else { usize::MAX };
         let mut preempted = false;
-        // Running sequences, oldest first: a decode token each, or the next prefill chunk.
+        // Running sequences, the most urgent first, then oldest first: a decode token each, or
+        // the next prefill chunk (a stable sort: with equal priorities, the order they came in).
+        self.running.sort_by_key(|s| s.params.priority);
         let mut i = 0;
         while i < self.running.len() && budget > 0 && plan.items.len() < self.config.max_seqs_per_step {
             let pending = self.running[i].pending();
@@ -320,11 +328,21 @@ impl Scheduler {
                 None => self.longest_prefix(&front.tokens, front.session.as_deref()),
                 Some(_) => None,
             };
+            let priority = front.params.priority;
             while !self.fits(len, hit, budget_here) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan.free) {}
             if !self.fits(len, hit, budget_here) && hit.is_some() {
                 // Even alone with its prefix it does not fit: compute it all instead.
                 hit = None;
                 while !self.fits(len, None, budget_here) && self.evict_lru(None, &mut plan.free) {}
+            }
+            // Still no room: running sequences less urgent than it make way, the least urgent
+            // (the newest of those) first; a prefix it would share is a cached one, not theirs.
+            while !self.fits(len, hit, budget_here) {
+                let least = (0..self.running.len()).max_by_key(|&i| self.running[i].params.priority);
+                match least {
+                    Some(i) if self.running[i].params.priority > priority => self.preempt(i, &mut plan),
+                    _ => break,
+                }
             }
             if !self.fits(len, hit, budget_here) {
                 break;
@@ -545,7 +563,7 @@ impl Scheduler {
         plan.free.push(seq);
         self.free_seqs.push(seq);
         self.preemptions += 1;
-        self.waiting.push_front(s);
+        enqueue_by_priority(&mut self.waiting, s, |s| s.params.priority, true);
     }
 
     /// The worker lost its KV cache (it was restarted): running sequences go back to the head
@@ -557,7 +575,7 @@ impl Scheduler {
             (s.seq, s.computed, s.scheduled) = (None, 0, 0);
             s.checkpoints.clear();
             s.state.transition(s.id, RequestState::Preempted).expect("running → preempted is allowed");
-            self.waiting.push_front(s);
+            enqueue_by_priority(&mut self.waiting, s, |s| s.params.priority, true);
         }
         self.cached.clear();
         self.to_free.clear();
@@ -642,7 +660,7 @@ impl Scheduler {
                 self.arrivals += 1;
             }
         }
-        self.waiting.push_front(seq);
+        enqueue_by_priority(&mut self.waiting, seq, |s| s.params.priority, true);
     }
 
     fn finish(&mut self, i: usize, reason: FinishReason) -> Finished {
@@ -676,4 +694,14 @@ impl Scheduler {
     pub fn has_session_requests(&self, session: &str) -> bool {
         self.running.iter().chain(&self.waiting).any(|s| s.session.as_deref() == Some(session))
     }
+}
+
+/// Queues `item` behind every item as urgent as it (`priority`: lower first), or with `first`
+/// ahead of those of its own priority (a preempted or restarted request, first in line): with
+/// equal priorities, `push_back` and `push_front`.
+pub fn enqueue_by_priority<T>(queue: &mut VecDeque<T>, item: T, priority: impl Fn(&T) -> i32, first: bool) {
+    let p = priority(&item);
+    let behind = |q: &T| if first { priority(q) >= p } else { priority(q) > p };
+    let at = queue.iter().position(behind).unwrap_or(queue.len());
+    queue.insert(at, item);
 }

@@ -1,6 +1,7 @@
 //! Scheduler policy: budgets, fairness, admission, preemption and rejection, driven with fake
 //! model outputs (every sampled token is 7; the stop token is 9).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -171,6 +172,78 @@ fn the_sequence_budget_caps_each_step_and_the_oldest_go_first() {
     let (plan, _) = step(&mut s);
     assert_eq!(plan.items.iter().map(|i| i.id).collect::<Vec<_>>(), vec![0, 1]);
     assert_eq!((s.n_running(), s.n_waiting()), (2, 1));
+}
+
+/// A sequence of `priority` (lower first).
+fn urgent(id: u64, prompt_len: usize, max_tokens: usize, priority: i32) -> Sequence {
+    let params = GenerateParams { max_tokens, stop_token_ids: vec![9], priority, ..GenerateParams::default() };
+    Sequence::new(id, (1..=prompt_len as u32).collect(), Arc::new(params))
+}
+
+#[test]
+fn the_queue_is_ordered_by_priority_then_arrival() {
+    let order = |items: &[(i32, bool)]| {
+        let mut q = VecDeque::new();
+        for (i, &(p, first)) in items.iter().enumerate() {
+            enqueue_by_priority(&mut q, (i, p), |x| x.1, first);
+        }
+        q.into_iter().map(|x| x.0).collect::<Vec<_>>()
+    };
+    // Equal priorities: push_back, and push_front for those first in line.
+    assert_eq!(order(&[(0, false), (0, false), (0, true), (0, false)]), [2, 0, 1, 3]);
+    assert_eq!(order(&[(0, false), (5, false), (0, false), (-1, false), (5, true)]), [3, 0, 2, 4, 1]);
+    // One at a time (one sequence a step), admitted by priority, then arrival.
+    let mut s = scheduler(config(64, 1, 100));
+    for (id, priority) in [(0, 0), (1, 5), (2, 0), (3, -1)] {
+        s.add(urgent(id, 2, 2, priority));
+    }
+    let mut admitted = Vec::new();
+    while let Some(plan) = s.schedule() {
+        for item in &plan.items {
+            if !admitted.contains(&item.id) {
+                admitted.push(item.id);
+            }
+        }
+        let sampled: Vec<Option<u32>> = plan.items.iter().map(|i| i.sample.then_some(7)).collect();
+        postprocess(&mut s, &plan, &sampled);
+    }
+    assert_eq!(admitted, [3, 0, 2, 1]);
+}
+
+#[test]
+fn a_more_urgent_request_preempts_the_least_urgent_running_one_to_get_in() {
+    for (newcomer, preempts) in [(-1, true), (3, false)] {
+        let mut s = scheduler(config(64, 8, 20));
+        s.add(urgent(0, 8, 50, 0));
+        s.add(urgent(1, 8, 50, 3));
+        step(&mut s);
+        s.add(urgent(2, 8, 5, newcomer));
+        let (plan, _) = step(&mut s);
+        let ids: Vec<u64> = plan.items.iter().map(|i| i.id).collect();
+        if preempts {
+            // Sequence 1, the least urgent, made way; sequence 0 kept its place.
+            assert_eq!((ids, s.preemptions, s.n_waiting()), (vec![0, 2], 1, 1));
+            assert!(plan.free.len() == 1 && s.kv_used() <= 20);
+        } else {
+            // As urgent as the least urgent running one: it waits.
+            assert_eq!((ids, s.preemptions, s.n_waiting()), (vec![0, 1], 0, 1));
+        }
+    }
+}
+
+#[test]
+fn under_a_short_cache_the_least_urgent_is_preempted_before_the_newest() {
+    let mut s = scheduler(config(64, 8, 14));
+    s.add(urgent(0, 4, 6, 0));
+    step(&mut s);
+    s.add(urgent(1, 4, 6, -2));
+    let mut last = Vec::new();
+    while s.preemptions == 0 {
+        let (plan, _) = step(&mut s);
+        last = plan.items.iter().map(|i| i.id).collect();
+    }
+    // The newest, but the more urgent: sequence 0 went back to the queue instead.
+    assert_eq!((last, s.n_waiting()), (vec![1], 1));
 }
 
 #[test]

@@ -57,7 +57,7 @@ impl Document {
 
 /// Embeds `request` with `model` once admitted.
 pub async fn embed(state: &Arc<AppState>, model: &ModelEntry, request: &EmbedRequest) -> Result<Embeddings, ApiError> {
-    let _permit = state.admit().await?;
+    let _permit = state.admit(0).await?;
     let start = std::time::Instant::now();
     let embeddings = model.engine.embed(request).await?;
     state.metrics.embedded(&model.name, request.inputs.len(), embeddings.prompt_tokens, start.elapsed());
@@ -131,7 +131,7 @@ pub async fn rerank(State(state): State<Arc<AppState>>, body: Result<Body413, Ap
                 let documents = req.documents.iter().map(|d| d.text().to_string()).collect();
                 let request =
                     RerankRequest { query: req.query.clone(), documents, instruction: req.instruction.clone() };
-                let _permit = state.admit().await?;
+                let _permit = state.admit(0).await?;
                 let start = std::time::Instant::now();
                 let scores = model.engine.rerank(&request).await?;
                 state.metrics.embedded(&model.name, req.documents.len(), scores.prompt_tokens, start.elapsed());

@@ -18,7 +18,6 @@ use llaisys_actors::host::{AnswerBuilder, TokenLogprob as EngineTokenLogprob};
 use llaisys_actors::request::{FinishReason, ToolCallDelta};
 use llaisys_actors::{Event, Generation as EngineGeneration, Output};
 use serde_json::{Value, json};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::dialect::{Dialect, Frame, Transport};
 use super::error::ApiError;
@@ -97,7 +96,7 @@ pub struct Generation {
     n: usize,
     /// Fill-in-the-middle context files left out of the prompts for room.
     context_left_out: usize,
-    _permit: OwnedSemaphorePermit,
+    _permit: super::admission::Permit,
     _registration: Registration,
 }
 
@@ -110,7 +109,7 @@ impl Generation {
         request: ValidRequest,
         echo: bool,
     ) -> Result<Self, ApiError> {
-        let permit = state.admit().await?;
+        let permit = state.admit(request.params().priority).await?;
         let start = Instant::now();
         let logprobs = request.logprobs().then_some(request.params().sampling.top_logprobs);
         let prompt_logprobs = request.params().sampling.prompt_logprobs;

@@ -2,6 +2,7 @@
 //! logging, API keys, shutdown refusal, body limit), and the server's shared state.
 
 mod admin;
+mod admission;
 pub mod anthropic;
 mod chat;
 mod cors;
@@ -19,7 +20,7 @@ pub use generation::unix_now;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,7 +35,6 @@ use llaisys_actors::host::MAX_TOP_LOGPROBS;
 use llaisys_actors::request::RequestId;
 use llaisys_actors::{Engine, Router as Engines};
 use llaisys_model::{ModelInfo, Tokenizer};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{AdmissionLimits, ServerConfig};
 use crate::metrics::Metrics;
@@ -79,8 +79,7 @@ pub struct AppState {
     pub api_keys: Vec<String>,
     pub metrics: Metrics,
     shutting_down: AtomicBool,
-    admission: Arc<Semaphore>,
-    queued: AtomicUsize,
+    admission: Arc<admission::Admission>,
     /// Generation requests in flight by id, for the cancel endpoint.
     requests: Mutex<HashMap<String, (Engine, Vec<RequestId>)>>,
     next_id: AtomicU64,
@@ -102,12 +101,11 @@ impl AppState {
             digests,
             api_keys: server.api_keys.clone(),
             responses: responses::ResponseStore::new(server.stored_responses),
-            admission: Arc::new(Semaphore::new(limits.max_concurrent_requests)),
+            admission: admission::Admission::new(limits.clone()),
             engines,
             limits,
             metrics: Metrics::new(),
             shutting_down: AtomicBool::new(false),
-            queued: AtomicUsize::new(0),
             requests: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
         }
@@ -133,26 +131,10 @@ impl AppState {
         }
     }
 
-    /// Waits for room in the engine, or refuses with 429 when the queue is full.
-    pub async fn admit(self: &Arc<Self>) -> Result<OwnedSemaphorePermit, ApiError> {
-        if let Ok(permit) = self.admission.clone().try_acquire_owned() {
-            return Ok(permit);
-        }
-        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.limits.max_queue {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::overloaded(format!(
-                "the server is at its limit of {} concurrent requests and {} queued; retry later",
-                self.limits.max_concurrent_requests, self.limits.max_queue
-            )));
-        }
-        struct Queued<'a>(&'a AtomicUsize);
-        impl Drop for Queued<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        let _queued = Queued(&self.queued);
-        self.admission.clone().acquire_owned().await.map_err(|_| ApiError::shutting_down())
+    /// Waits for room in the engine, let in by `priority` (lower first) then arrival, or
+    /// refuses with 429 when the queue is full.
+    pub async fn admit(self: &Arc<Self>, priority: i32) -> Result<admission::Permit, ApiError> {
+        self.admission.admit(priority).await
     }
 
     /// Remembers a request's engine ids for the cancel endpoint until the guard drops.
@@ -407,7 +389,7 @@ impl Server {
     pub async fn shutdown(self) {
         self.state.shutting_down.store(true, Ordering::SeqCst);
         let drained = tokio::time::timeout(self.grace, async {
-            while self.state.admission.available_permits() < self.state.limits.max_concurrent_requests {
+            while self.state.admission.in_use() > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })

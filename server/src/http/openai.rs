@@ -47,6 +47,10 @@ pub struct CommonFields {
     /// vLLM's: the answer carries its token ids and its prompt's.
     #[serde(default)]
     pub return_token_ids: bool,
+    /// vLLM's scheduling priority: lower is served sooner (`limits.scheduling_policy =
+    /// "priority"`; otherwise only 0 is taken).
+    #[serde(default)]
+    pub priority: i32,
 }
 
 /// vLLM's `structured_outputs`: exactly one of its fields.
@@ -471,6 +475,7 @@ impl CommonFields {
             thinking_budget: None,
             speculative: self.speculative,
             time_limit: None,
+            priority: self.priority,
         };
         let include_usage = self.stream_options.as_ref().is_some_and(|o| o.include_usage);
         let constraint_field = options.constraint.as_ref().map(|_| "structured_outputs");
