@@ -50,6 +50,13 @@ fn setting(key: &'static str) -> impl Fn(String) -> ServeError {
 /// `cluster.listen` is set (its requests then run on the nodes that join, and on its own model
 /// when `cluster.serve_local`; a router-only front reads no weights).
 pub async fn start(config: &Config) -> Result<Server, ServeError> {
+    let (models, config) = models(config).await?;
+    start_models(models, &config).await
+}
+
+/// The configured models, loaded (or, for a cluster's front, the front over the nodes that
+/// join), with the configuration to serve them with.
+pub async fn models(config: &Config) -> Result<(Vec<ModelEntry>, Config), ServeError> {
     let config = &with_local_model(config).await?;
     if config.cluster.listen.is_empty() {
         let mut entries = vec![load_entry(builder(config)?, config.model_name()).await?];
@@ -57,7 +64,7 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
             let other = with_local_model(&config.for_model(also)).await?;
             entries.push(load_entry(builder(&other)?, other.model_name()).await?);
         }
-        return start_models(entries, config).await;
+        return Ok((entries, config.clone()));
     }
     let listen = config.cluster_listen().map_err(setting("cluster.listen"))?;
     let (cookie, tls) = (config.cluster_cookie()?, config.cluster_server_tls()?);
@@ -76,7 +83,7 @@ pub async fn start(config: &Config) -> Result<Server, ServeError> {
     // admission limit would cap the whole cluster at one node's.
     let mut config = config.clone();
     config.admission.max_concurrent_requests = usize::MAX;
-    start_models(vec![ModelEntry { name: config.model_name(), engine }], &config).await
+    Ok((vec![ModelEntry { name: config.model_name(), engine }], config))
 }
 
 /// `config` with its model as a local path: a model given by name is resolved through the hub
@@ -144,23 +151,33 @@ pub async fn load_entry(builder: EngineBuilder, name: String) -> Result<ModelEnt
 
 /// Serves already loaded models (names must differ) with `config`'s server settings and limits.
 pub async fn start_models(models: Vec<ModelEntry>, config: &Config) -> Result<Server, ServeError> {
-    let mut engines = Router::new();
-    for ModelEntry { name, engine } in models {
-        engines.add(name, engine)?;
-    }
-    let state = AppState::new(engines, config.admission.clone(), &config.server);
+    let state = app_state(models, config)?;
     let addr: SocketAddr =
         format!("{}:{}", config.server.host, config.server.port).parse().map_err(|e| ServeError::Setting {
             key: "server.host",
             reason: format!("{}:{}: {e}", config.server.host, config.server.port),
         })?;
-    let options = HttpOptions {
+    Server::start(state, addr, http_options(config)).await.map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// The HTTP service's state over loaded models (names must differ), with `config`'s admission
+/// limits and server settings.
+pub fn app_state(models: Vec<ModelEntry>, config: &Config) -> Result<AppState, ServeError> {
+    let mut engines = Router::new();
+    for ModelEntry { name, engine } in models {
+        engines.add(name, engine)?;
+    }
+    Ok(AppState::new(engines, config.admission.clone(), &config.server))
+}
+
+/// How `config` has the HTTP service run.
+pub fn http_options(config: &Config) -> HttpOptions {
+    HttpOptions {
         max_body_bytes: config.server.max_body_bytes,
         grace: Duration::from_secs(config.server.shutdown_grace_secs),
         webui: config.server.webui,
         cors_origins: config.server.cors_origins.clone(),
-    };
-    Server::start(state, addr, options).await.map_err(|source| ServeError::Bind { addr, source })
+    }
 }
 
 #[cfg(test)]

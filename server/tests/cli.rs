@@ -1,4 +1,5 @@
-//! `llaisys generate` end to end: the binary on the fixtures prints transformers' greedy output.
+//! The `llaisys` binary end to end: `generate` on the fixtures prints transformers' greedy output;
+//! `run-batch` answers a file of requests.
 
 use std::process::{Command, Output};
 
@@ -467,4 +468,78 @@ fn bench_samples_when_asked_and_a_gpu_reads_back_only_the_candidates() {
     let bad = llaisys(&["bench", "--model", dir.to_str().unwrap(), "--top-p", "2", "--only", "decode"]);
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && stderr.contains("--top-p") && stderr.contains("top_p"), "{stderr}");
+}
+
+/// `llaisys run-batch` answers OpenAI's batch format in order, through the server's routes: each
+/// reference prompt's greedy tokens (completions asked for their token ids), a chat, an
+/// embedding; lines that are no requests answer an error; from a file to standard output, and
+/// from standard input to a file.
+#[test]
+fn run_batch_answers_each_line_in_order() {
+    let name = "tiny-untied-f32";
+    let dir = fixture_dir(name);
+    let prompts = Reference::load(name).prompts;
+    let mut lines: Vec<String> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let body = serde_json::json!({"model": name, "prompt": p.ids, "max_tokens": p.greedy.len(),
+                "temperature": 0, "ignore_eos": true, "return_token_ids": true});
+            serde_json::json!({"custom_id": format!("p{i}"), "method": "POST", "url": "/v1/completions", "body": body})
+                .to_string()
+        })
+        .collect();
+    let chat = serde_json::json!({"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3});
+    lines.push(
+        serde_json::json!({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": chat})
+            .to_string(),
+    );
+    lines.push(String::new()); // blank lines are skipped
+    let embed = serde_json::json!({"model": name, "input": "hi"});
+    lines.push(
+        serde_json::json!({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": embed}).to_string(),
+    );
+    lines.push(r#"{"custom_id": "wrong", "method": "POST", "url": "/v1/completions", "body": {"model": "nope", "prompt": "x"}}"#.into());
+    lines.push(r#"{"custom_id": "streamed", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "stream": true}}"#.into());
+    lines.push("not json".into());
+    let input = lines.join("\n");
+    let check = |answers: &str| {
+        let answers: Vec<serde_json::Value> = answers.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let ids: Vec<String> = answers.iter().map(|a| a["custom_id"].as_str().unwrap_or("-").to_string()).collect();
+        let mut expected: Vec<String> = (0..prompts.len()).map(|i| format!("p{i}")).collect();
+        expected.extend(["chat", "embed", "wrong", "streamed", "-"].map(String::from));
+        assert_eq!(ids, expected);
+        for (a, p) in answers.iter().zip(&prompts) {
+            assert_eq!(a["response"]["status_code"], 200, "{a}");
+            let tokens: Vec<u32> =
+                serde_json::from_value(a["response"]["body"]["choices"][0]["token_ids"].clone()).unwrap();
+            assert_eq!(tokens, p.greedy, "{a}");
+            assert_eq!(a["id"], format!("batch_req_{}", a["response"]["request_id"].as_str().unwrap()));
+        }
+        let [chat, embed, wrong, streamed, garbage] = &answers[prompts.len()..] else { panic!("{answers:?}") };
+        assert_eq!(chat["response"]["body"]["object"], "chat.completion", "{chat}");
+        assert_eq!(embed["response"]["body"]["data"][0]["object"], "embedding", "{embed}");
+        assert_eq!(wrong["response"]["status_code"], 404, "{wrong}");
+        assert_eq!(wrong["response"]["body"]["error"]["param"], "model", "{wrong}");
+        for refused in [streamed, garbage] {
+            assert!(refused["response"].is_null() && refused["error"]["message"].is_string(), "{refused}");
+        }
+    };
+    let file = std::env::temp_dir().join(format!("llaisys-batch-{}.jsonl", std::process::id()));
+    std::fs::write(&file, &input).unwrap();
+    let out = llaisys(&["run-batch", "-i", file.to_str().unwrap(), "-o", "-", "--model", dir.to_str().unwrap()]);
+    check(&stdout(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("requests answered, 5 succeeded, 3 failed"), "{out:?}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_llaisys"))
+        .args(["run-batch", "-i", "-", "-o", file.to_str().unwrap(), "--model", dir.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    check(&std::fs::read_to_string(&file).unwrap());
+    std::fs::remove_file(&file).unwrap();
 }

@@ -3,6 +3,7 @@
 mod bench;
 mod generate;
 mod perplexity;
+mod run_batch;
 mod serve;
 mod worker;
 
@@ -27,6 +28,9 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// A worker node of a cluster: runs the model for the front it joins (`serve --cluster-listen`).
     Worker(worker::WorkerArgs),
+    /// A file of requests in OpenAI's batch format (JSONL) answered through the server's routes,
+    /// as vLLM's `run-batch`: `-i requests.jsonl -o answers.jsonl`.
+    RunBatch(run_batch::RunBatchArgs),
 }
 
 /// Why a command failed.
@@ -90,6 +94,7 @@ impl Cli {
             Command::Serve(args) => serve::run(args),
             Command::Perplexity(args) => perplexity::run(args),
             Command::Worker(args) => worker::run(args),
+            Command::RunBatch(args) => run_batch::run(args),
         }
     }
 }
