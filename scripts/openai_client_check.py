@@ -55,6 +55,40 @@ try:
 except openai.NotFoundError as e:
     report("error", raised=type(e).__name__, status=e.status_code, message=str(e.body.get("message", "")))
 
+# The Batch API: a file of requests uploaded, run as a batch, its answers read back.
+import time
+
+requests = [
+    {"custom_id": "hello", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0}},
+    {"custom_id": "missing", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}},
+]
+upload = client.files.create(file=("requests.jsonl", "\n".join(json.dumps(r) for r in requests).encode()), purpose="batch")
+batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",
+                              metadata={"job": "check"})
+while batch.status not in ("completed", "failed", "cancelled", "expired"):
+    time.sleep(0.05)
+    batch = client.batches.retrieve(batch.id)
+answers = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+errors = [json.loads(line) for line in client.files.content(batch.error_file_id).text.splitlines()]
+listed = [b.id for b in client.batches.list(limit=10)]
+cancelled = client.batches.cancel(batch.id)
+deleted = client.files.delete(upload.id)
+report(
+    "batch",
+    status=batch.status,
+    counts=[batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed],
+    metadata=batch.metadata,
+    answers=[(a["custom_id"], a["response"]["status_code"]) for a in answers],
+    text=answers[0]["response"]["body"]["choices"][0]["message"]["content"],
+    errors=[(e["custom_id"], e["response"]["status_code"]) for e in errors],
+    listed=batch.id in listed,
+    status_after_cancel=cancelled.status,
+    deleted=deleted.deleted,
+    upload_bytes=upload.bytes,
+)
+
 # Tools and structured outputs (T2, T3), against a second server (a fixture with Qwen2.5's chat
 # template and tool-call tags) when its base URL is given.
 if len(sys.argv) > 4:

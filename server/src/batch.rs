@@ -13,6 +13,8 @@ use axum::http::{Method, Request, header};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+use crate::http::InProcess;
+
 /// The answer line of input line `line` (its number counting from 1, for messages).
 pub async fn answer(app: &Router, line: usize, text: &str) -> Value {
     let request: Value = match serde_json::from_str(text) {
@@ -42,6 +44,7 @@ pub async fn answer(app: &Router, line: usize, text: &str) -> Value {
         .method(Method::POST)
         .uri(url)
         .header(header::CONTENT_TYPE, "application/json")
+        .extension(InProcess)
         .body(Body::from(body.to_string()));
     let http = match http {
         Ok(r) => r,

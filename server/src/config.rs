@@ -86,6 +86,7 @@ pub struct ServerConfig {
     pub webui: bool,
     pub cors_origins: Vec<String>,
     pub stored_responses: usize,
+    pub stored_files_bytes: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -174,6 +174,7 @@ pub fn app_state(models: Vec<ModelEntry>, config: &Config) -> Result<AppState, S
 pub fn http_options(config: &Config) -> HttpOptions {
     HttpOptions {
         max_body_bytes: config.server.max_body_bytes,
+        max_file_bytes: config.server.stored_files_bytes,
         grace: Duration::from_secs(config.server.shutdown_grace_secs),
         webui: config.server.webui,
         cors_origins: config.server.cors_origins.clone(),

@@ -92,6 +92,17 @@ async fn the_official_python_client_works_unchanged() {
     assert_eq!(get("completion")["completion_tokens"].as_u64(), Some(5));
     let error = get("error");
     assert_eq!((error["raised"].as_str(), error["status"].as_u64()), (Some("NotFoundError"), Some(404)));
+    let batch = get("batch");
+    assert_eq!(batch["status"], "completed", "{batch}");
+    assert_eq!(batch["counts"], serde_json::json!([2, 1, 1]), "{batch}");
+    assert_eq!(batch["metadata"], serde_json::json!({"job": "check"}));
+    assert_eq!(batch["answers"], serde_json::json!([["hello", 200]]));
+    assert_eq!(batch["text"], chat["text"], "a batched request answers as the same request sent alone");
+    assert_eq!(batch["errors"], serde_json::json!([["missing", 404]]));
+    assert_eq!(
+        (&batch["listed"], &batch["status_after_cancel"], &batch["deleted"]),
+        (&true.into(), &"completed".into(), &true.into())
+    );
 
     let names = ["get_weather", "get_time"];
     let required = get("tools_required");

@@ -680,3 +680,166 @@ async fn speculative_requests_answer_as_plain_ones_and_are_counted() {
     let err = config.expect_err("refused").to_string();
     assert!(err.contains("speculative.max_draft"), "{err}");
 }
+
+/// OpenAI's Batch API beside API keys and a small file store: uploads are checked (key,
+/// purpose, size), a file of malformed lines fails its batch listing each line's fault, a good
+/// one runs although its requests carry no key (they are made in process), and deleting a file
+/// gives its bytes back. The official client's round trip is in `official_clients.rs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_check_their_files_and_run_in_process() {
+    let line = |id: &str, url: &str| {
+        json!({"custom_id": id, "method": "POST", "url": url,
+               "body": {"model": FIXTURE, "prompt": [1, 2], "max_tokens": 2}})
+        .to_string()
+    };
+    let good = [line("a", "/v1/completions"), line("b", "/v1/completions")].join("\n");
+    let faulty =
+        [line("a", "/v1/completions"), "not json".into(), line("a", "/v1/completions"), line("c", "/v1/embeddings")];
+    let faulty = faulty.join("\n");
+    // Room for either file, not both.
+    let limit = faulty.len() + good.len() - 1;
+    let s = server(&[("server.api_keys", r#"["sk-test"]"#), ("server.stored_files_bytes", &limit.to_string())]).await;
+    let client = reqwest::Client::new();
+    let upload = |key: Option<&str>, purpose: &str, content: String| {
+        let body = format!(
+            "--B\r\ncontent-disposition: form-data; name=\"purpose\"\r\n\r\n{purpose}\r\n--B\r\ncontent-disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\ncontent-type: application/jsonl\r\n\r\n{content}\r\n--B--\r\n"
+        );
+        let mut r =
+            client.post(url(&s, "/v1/files")).header("content-type", "multipart/form-data; boundary=B").body(body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let call = |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let mut r = client.request(method, url(&s, path)).bearer_auth("sk-test");
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    assert_eq!(upload(None, "batch", good.clone()).await.0, 401);
+    let (status, body) = upload(Some("sk-test"), "fine-tune", good.clone()).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("purpose")), "{body}");
+    assert_eq!(upload(Some("sk-test"), "batch", "x".repeat(limit + 1)).await.0, 413);
+
+    let (status, file) = upload(Some("sk-test"), "batch", faulty).await;
+    assert_eq!(status, 200, "{file}");
+    let create = |file: &Value, endpoint: &str, window: &str| json!({"input_file_id": file["id"], "endpoint": endpoint, "completion_window": window});
+    let (status, body) = call(reqwest::Method::POST, "/v1/batches", Some(create(&file, "/v1/models", "24h"))).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("endpoint")), "{body}");
+    let (status, body) = call(reqwest::Method::POST, "/v1/batches", Some(create(&file, "/v1/completions", "1h"))).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("completion_window")), "{body}");
+    let unknown = json!({"id": "file-nope"});
+    assert_eq!(
+        call(reqwest::Method::POST, "/v1/batches", Some(create(&unknown, "/v1/completions", "24h"))).await.0,
+        404
+    );
+    assert_eq!(call(reqwest::Method::GET, "/v1/batches/batch_nope", None).await.0, 404);
+
+    let finished = |batch: Value| async move {
+        let path = format!("/v1/batches/{}", batch["id"].as_str().unwrap());
+        for _ in 0..500 {
+            let (_, b) = call(reqwest::Method::GET, &path, None).await;
+            if ["completed", "failed", "cancelled"].contains(&b["status"].as_str().unwrap()) {
+                return b;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the batch never finished");
+    };
+    let (_, batch) = call(reqwest::Method::POST, "/v1/batches", Some(create(&file, "/v1/completions", "24h"))).await;
+    let failed = finished(batch).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let faults: Vec<(u64, &str)> = failed["errors"]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["line"].as_u64().unwrap(), e["code"].as_str().unwrap()))
+        .collect();
+    assert_eq!(faults, [(2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "mismatched_endpoint")]);
+
+    // The store is nearly full: deleting the faulty file makes room for the good one.
+    assert_eq!(upload(Some("sk-test"), "batch", good.clone()).await.0, 413);
+    let path = format!("/v1/files/{}", file["id"].as_str().unwrap());
+    assert_eq!(call(reqwest::Method::DELETE, &path, None).await.1["deleted"], true);
+    assert_eq!(call(reqwest::Method::GET, &path, None).await.0, 404);
+    let (status, file) = upload(Some("sk-test"), "batch", good).await;
+    assert_eq!(status, 200, "{file}");
+    let (_, batch) = call(reqwest::Method::POST, "/v1/batches", Some(create(&file, "/v1/completions", "24h"))).await;
+    let done = finished(batch).await;
+    assert_eq!(
+        (&done["status"], &done["request_counts"]),
+        (&json!("completed"), &json!({"total": 2, "completed": 2, "failed": 0})),
+        "{done}"
+    );
+    assert!(done["error_file_id"].is_null());
+    let content = client
+        .get(url(&s, &format!("/v1/files/{}/content", done["output_file_id"].as_str().unwrap())))
+        .bearer_auth("sk-test")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let ids: Vec<String> =
+        content.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["custom_id"].to_string()).collect();
+    assert_eq!(ids, ["\"a\"", "\"b\""]);
+    s.shutdown().await;
+}
+
+/// A cancelled batch starts no further request; what it answered is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_batch_keeps_what_it_answered() {
+    let s = server(&[("limits.max_concurrent_requests", "2")]).await;
+    let client = reqwest::Client::new();
+    let lines: Vec<String> = (0..200)
+        .map(|i| {
+            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/completions",
+                   "body": {"model": FIXTURE, "prompt": [1, 2], "max_tokens": 100, "ignore_eos": true}})
+            .to_string()
+        })
+        .collect();
+    let body = format!(
+        "--B\r\ncontent-disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B\r\ncontent-disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n{}\r\n--B--\r\n",
+        lines.join("\n")
+    );
+    let r = client.post(url(&s, "/v1/files")).header("content-type", "multipart/form-data; boundary=B").body(body);
+    let file: Value = r.send().await.unwrap().json().await.unwrap();
+    let create = json!({"input_file_id": file["id"], "endpoint": "/v1/completions", "completion_window": "24h"});
+    let (_, batch) = post(&s, "/v1/batches", create).await;
+    let id = batch["id"].as_str().unwrap();
+    let (status, cancelling) = post(&s, &format!("/v1/batches/{id}/cancel"), json!({})).await;
+    assert_eq!((status, cancelling["status"].as_str()), (200, Some("cancelling")), "{cancelling}");
+    let mut done = Value::Null;
+    for _ in 0..500 {
+        done = reqwest::get(url(&s, &format!("/v1/batches/{id}"))).await.unwrap().json().await.unwrap();
+        if done["status"] == "cancelled" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(done["status"], "cancelled", "{done}");
+    let answered = done["request_counts"]["completed"].as_u64().unwrap();
+    assert!(answered < 200 && done["request_counts"]["total"] == 200, "{done}");
+    let kept = match done["output_file_id"].as_str() {
+        Some(f) => reqwest::get(url(&s, &format!("/v1/files/{f}/content")))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .lines()
+            .count(),
+        None => 0,
+    };
+    assert_eq!(kept as u64, answered);
+    s.shutdown().await;
+}

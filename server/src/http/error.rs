@@ -75,6 +75,17 @@ impl ApiError {
         Self::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
     }
 
+    /// 413: the stored files would pass `server.stored_files_bytes`.
+    pub fn files_full(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "files_full", message)
+    }
+
+    /// The request field at fault.
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self

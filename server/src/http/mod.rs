@@ -4,6 +4,7 @@
 mod admin;
 mod admission;
 pub mod anthropic;
+mod batches;
 mod chat;
 mod cors;
 pub mod dialect;
@@ -85,6 +86,10 @@ pub struct AppState {
     next_id: AtomicU64,
     /// Stored responses of the Responses API.
     responses: responses::ResponseStore,
+    /// Files and batches of the Batch API.
+    batches: batches::BatchStore,
+    /// How the routes run (set when they are built), for a batch's requests.
+    options: std::sync::OnceLock<HttpOptions>,
     /// The models' digests, for Ollama's model lists.
     pub digests: Arc<ollama::Digests>,
 }
@@ -101,6 +106,8 @@ impl AppState {
             digests,
             api_keys: server.api_keys.clone(),
             responses: responses::ResponseStore::new(server.stored_responses),
+            batches: batches::BatchStore::new(server.stored_files_bytes),
+            options: std::sync::OnceLock::new(),
             admission: admission::Admission::new(limits.clone()),
             engines,
             limits,
@@ -135,6 +142,17 @@ impl AppState {
     /// refuses with 429 when the queue is full.
     pub async fn admit(self: &Arc<Self>, priority: i32) -> Result<admission::Permit, ApiError> {
         self.admission.admit(priority).await
+    }
+
+    /// How the routes run (the defaults before they are built).
+    fn options(&self) -> HttpOptions {
+        self.options.get().cloned().unwrap_or_else(|| HttpOptions {
+            max_body_bytes: 1 << 20,
+            max_file_bytes: 0,
+            grace: Duration::ZERO,
+            webui: false,
+            cors_origins: Vec::new(),
+        })
     }
 
     /// Remembers a request's engine ids for the cancel endpoint until the guard drops.
@@ -186,6 +204,10 @@ pub struct RequestIdExt(pub String);
 #[derive(Debug, Clone)]
 pub struct ModelExt(pub String);
 
+/// Marks a request made in process (a batch's), which needs no API key: clients cannot set it.
+#[derive(Debug, Clone, Copy)]
+pub struct InProcess;
+
 /// A request body as bytes; over the limit it is a 413 error object.
 pub struct Body413(pub axum::body::Bytes);
 
@@ -205,6 +227,8 @@ impl<S: Send + Sync> FromRequest<S> for Body413 {
 pub struct HttpOptions {
     /// Largest request body (413 beyond it).
     pub max_body_bytes: usize,
+    /// Largest upload to `POST /v1/files`.
+    pub max_file_bytes: usize,
     /// How long shutdown waits for in-flight requests.
     pub grace: Duration,
     /// Serve the Web UI's files at `/`.
@@ -215,6 +239,8 @@ pub struct HttpOptions {
 
 /// The routes with their middleware.
 pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
+    let _ = state.options.set(options.clone());
+    let upload = post(batches::create_file).layer(DefaultBodyLimit::max(options.max_file_bytes));
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
@@ -244,6 +270,12 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
         .route("/infill", post(llamacpp::infill))
         .route("/props", get(llamacpp::props))
         .route("/lora-adapters", get(llamacpp::lora_adapters).post(llamacpp::set_lora_adapters))
+        .route("/v1/files", upload.get(batches::list_files))
+        .route("/v1/files/{id}", get(batches::file).delete(batches::delete_file))
+        .route("/v1/files/{id}/content", get(batches::file_content))
+        .route("/v1/batches", post(batches::create_batch).get(batches::list_batches))
+        .route("/v1/batches/{id}", get(batches::batch))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel_batch))
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
@@ -266,7 +298,7 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
 /// API keys, when configured: `Authorization: Bearer KEY` (OpenAI, Ollama) or `x-api-key: KEY`
 /// (Anthropic); refusals in the route's dialect.
 async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if state.api_keys.is_empty() {
+    if state.api_keys.is_empty() || req.extensions().get::<InProcess>().is_some() {
         return next.run(req).await;
     }
     let given = {
@@ -343,6 +375,10 @@ fn route_label(path: &str) -> &'static str {
         p if p.starts_with("/v1/requests/") => "/v1/requests/{id}/cancel",
         p if p.starts_with("/v1/sessions") => "/v1/sessions",
         p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
+        "/v1/files" => "/v1/files",
+        p if p.starts_with("/v1/files/") => "/v1/files/{id}",
+        "/v1/batches" => "/v1/batches",
+        p if p.starts_with("/v1/batches/") => "/v1/batches/{id}",
         "/api/chat" => "/api/chat",
         "/api/generate" => "/api/generate",
         "/api/embed" | "/api/embeddings" => "/api/embed",
