@@ -178,6 +178,33 @@ try:
 except anthropic.NotFoundError as e:
     report("anthropic_error", raised=type(e).__name__, status=e.status_code)
 
+# Message Batches: the same request in a batch, and one for a model not served.
+import time
+
+batch = an.messages.batches.create(requests=[
+    {"custom_id": "hello", "params": {"model": model, "max_tokens": 8, "temperature": 0,
+                                      "messages": [{"role": "user", "content": "Hello"}]}},
+    {"custom_id": "nope", "params": {"model": "claude-nope", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}},
+])
+created = [batch.processing_status, batch.request_counts.processing]
+while batch.processing_status != "ended":
+    time.sleep(0.05)
+    batch = an.messages.batches.retrieve(batch.id)
+results = {r.custom_id: r.result for r in an.messages.batches.results(batch.id)}
+hello = results["hello"]
+listed = [b.id for b in an.messages.batches.list(limit=5)]
+deleted = an.messages.batches.delete(batch.id)
+report(
+    "anthropic_batch",
+    created=created,
+    counts=[batch.request_counts.succeeded, batch.request_counts.errored, batch.request_counts.canceled],
+    types={k: r.type for k, r in results.items()},
+    text="".join(b.text for b in hello.message.content if b.type == "text") if hello.type == "succeeded" else None,
+    error=results["nope"].error.error.type if results["nope"].type == "errored" else None,
+    listed=batch.id in listed,
+    deleted=deleted.type,
+)
+
 # --- Ollama ---
 ol = ollama.Client(host=host)
 options = {"temperature": 0, "num_predict": 8}

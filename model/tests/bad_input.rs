@@ -128,7 +128,7 @@ fn a_missing_directory_and_an_unknown_model_type_are_errors() {
     let err = load_err(dir.path());
     assert!(
         err.to_string().contains(
-            "unknown model type `bert`; known types: qwen2, qwen3, llama, qwen2_moe, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next, mistral, mixtral, ministral3, phi3, gemma3, gemma2, gpt_oss, smollm3, olmo2, granite, glm4_moe, glm4, deepseek_v3, mistral4, qwen3_vl, qwen3_vl_moe, mock"
+            "unknown model type `bert`; known types: qwen2, qwen3, llama, qwen2_moe, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next, mistral, mixtral, ministral3, phi3, gemma3, gemma2, gpt_oss, smollm3, olmo2, granite, glm4_moe, glm4, deepseek_v3, mistral4, qwen3_vl, qwen3_vl_moe, qwen2_vl, mock"
         ),
         "{err}"
     );

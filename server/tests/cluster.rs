@@ -80,16 +80,25 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A front (router only unless `serve_local`) and its address, started on `model`.
-fn front(model: &Path, cluster: u16, extra: &[&str]) -> (Proc, String) {
+/// A front (router only unless `serve_local`), its address and its cluster port, started on
+/// `model`. The port is one the system had free a moment before; another process may take it
+/// meanwhile (a worker's outgoing connection gets its port from the same range), so a front that
+/// exits before it serves is started again on another.
+fn front(model: &Path, extra: &[&str]) -> (Proc, String, u16) {
     let dir = model.to_str().unwrap();
-    let listen = format!("127.0.0.1:{cluster}");
-    let mut args = vec!["serve", "--model", dir, "--port", "0", "--cluster-listen", &listen, "--name", "front"];
-    args.extend(extra);
-    let p = Proc::start(&args, COOKIE);
-    let line = p.wait_for("on http://", Duration::from_secs(120)).expect("the front started");
-    let addr = line.split("on http://").nth(1).unwrap().trim().to_string();
-    (p, addr)
+    for _ in 0..5 {
+        let cluster = free_port();
+        let listen = format!("127.0.0.1:{cluster}");
+        let mut args = vec!["serve", "--model", dir, "--port", "0", "--cluster-listen", &listen, "--name", "front"];
+        args.extend(extra);
+        let p = Proc::start(&args, COOKIE);
+        if let Some(line) = p.wait_for("on http://", Duration::from_secs(120)) {
+            let addr = line.split("on http://").nth(1).unwrap().trim().to_string();
+            return (p, addr, cluster);
+        }
+        eprintln!("the front exited before serving, started again: {:?}", p.log.lock().unwrap());
+    }
+    panic!("the front never started");
 }
 
 fn worker(model: &Path, cluster: u16, name: &str, cookie: &str, extra: &[&str]) -> Proc {
@@ -184,8 +193,7 @@ impl Drop for SlowModel {
 fn a_front_and_two_workers_answer_like_one_server() {
     let name = "tiny-tied-f32";
     let model = fixture_dir(name);
-    let cluster = free_port();
-    let (front, addr) = front(&model, cluster, &["--set", "cluster.serve_local=false"]);
+    let (front, addr, cluster) = front(&model, &["--set", "cluster.serve_local=false"]);
     assert!(!front.logged("weights loaded"), "a router-only front loaded the weights");
     let health = http(&addr, "GET", "/health", "");
     assert!(health.contains("no node of the cluster serves"), "a front without nodes is healthy: {health}");
@@ -263,8 +271,7 @@ fn embeddings_and_rerank_run_on_the_nodes() {
     let name = "tiny-untied-f32";
     let model = fixture_dir(name);
     let (inputs, texts) = embedding_reference(&model);
-    let cluster = free_port();
-    let (_front, addr) = front(&model, cluster, &["--set", "cluster.serve_local=false"]);
+    let (_front, addr, cluster) = front(&model, &["--set", "cluster.serve_local=false"]);
     // Asked before any node joined, the front holds the work until one can run it.
     let early = {
         let (addr, texts) = (addr.clone(), texts.clone());
@@ -305,11 +312,10 @@ fn a_read_out_on_a_node_that_stalls_runs_again_on_another() {
     let name = "tiny-untied-f32";
     let model = fixture_dir(name);
     let (inputs, texts) = embedding_reference(&model);
-    let cluster = free_port();
     let timeouts = ["--set", "cluster.heartbeat_interval_ms=200", "--set", "cluster.heartbeat_timeout_ms=1500"];
     let mut front_args = timeouts.to_vec();
     front_args.extend(["--set", "cluster.serve_local=false"]);
-    let (_front, addr) = front(&model, cluster, &front_args);
+    let (_front, addr, cluster) = front(&model, &front_args);
     let w1 = worker(&model, cluster, "w1", COOKIE, &timeouts);
     let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1"]));
     assert!(ok, "the worker did not join: {m}");
@@ -347,13 +353,12 @@ fn stream(addr: &str, body: serde_json::Value) -> (bool, Vec<String>, bool) {
 #[test]
 fn nodes_that_die_or_stall_lose_no_request() {
     let slow = SlowModel::new(20);
-    let cluster = free_port();
     let mock = ["--set", "model.model_type=\"mock\"", "--set", "engine.prefix_caching=false"];
     let timeouts = ["--set", "cluster.heartbeat_interval_ms=200", "--set", "cluster.heartbeat_timeout_ms=1500"];
     let extra: Vec<&str> = mock.iter().chain(&timeouts).copied().collect();
     let mut front_args = extra.clone();
     front_args.extend(["--set", "cluster.serve_local=false", "--model-name", "any"]);
-    let (_front, addr) = front(&slow.0, cluster, &front_args);
+    let (_front, addr, cluster) = front(&slow.0, &front_args);
     // Each node takes two requests at once: of eight, four wait in the front's queue.
     let mut worker_args = extra.clone();
     worker_args.extend(["--set", "cluster.capacity=2"]);
@@ -460,11 +465,10 @@ fn first_chunk(stream: TcpStream) -> (BufReader<TcpStream>, serde_json::Value) {
 #[test]
 fn a_full_cluster_refuses_with_429_and_retry_after() {
     let slow = SlowModel::new(20);
-    let cluster = free_port();
     let mock = ["--set", "model.model_type=\"mock\""];
     let mut front_args = mock.to_vec();
     front_args.extend(["--set", "cluster.serve_local=false", "--set", "limits.max_queue=1", "--model-name", "any"]);
-    let (front, addr) = front(&slow.0, cluster, &front_args);
+    let (front, addr, cluster) = front(&slow.0, &front_args);
     let mut worker_args = mock.to_vec();
     worker_args.extend(["--set", "cluster.capacity=1"]);
     let _w1 = worker(&slow.0, cluster, "w1", COOKIE, &worker_args);
@@ -499,10 +503,9 @@ fn a_full_cluster_refuses_with_429_and_retry_after() {
 /// The prefix-cache hit rate of `routing` on conversations that share long system prompts.
 fn hit_rate(routing: &str) -> f64 {
     let model = fixture_dir("tiny-tied-f32");
-    let cluster = free_port();
     let setting = format!("cluster.routing=\"{routing}\"");
     let extra = ["--set", "cluster.serve_local=false", "--set", &setting, "--model-name", "any"];
-    let (_front, addr) = front(&model, cluster, &extra);
+    let (_front, addr, cluster) = front(&model, &extra);
     let _w1 = worker(&model, cluster, "w1", COOKIE, &[]);
     let _w2 = worker(&model, cluster, "w2", COOKIE, &[]);
     let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1", "w2"]));
@@ -546,12 +549,11 @@ fn tls_file(name: &str) -> String {
 fn a_worker_joins_a_front_over_tls() {
     let name = "tiny-tied-f32";
     let model = fixture_dir(name);
-    let cluster = free_port();
     let (cert, key) = (
         format!("cluster.tls_cert=\"{}\"", tls_file("front.pem")),
         format!("cluster.tls_key=\"{}\"", tls_file("front.key")),
     );
-    let (_front, addr) = front(&model, cluster, &["--set", "cluster.serve_local=false", "--set", &cert, "--set", &key]);
+    let (_front, addr, cluster) = front(&model, &["--set", "cluster.serve_local=false", "--set", &cert, "--set", &key]);
     let ca = format!("cluster.tls_ca=\"{}\"", tls_file("ca.pem"));
     let _w1 = worker(&model, cluster, "w1", COOKIE, &["--set", &ca, "--set", "cluster.tls_server_name=\"localhost\""]);
     let (ok, m) = metrics_until(&addr, Duration::from_secs(60), |m| joined(m, &["w1"]));
@@ -593,8 +595,7 @@ impl ractor::Message for OldFrame {
 #[test]
 fn a_node_of_another_protocol_version_is_refused() {
     let model = fixture_dir("tiny-tied-f32");
-    let cluster = free_port();
-    let (front, addr) = front(&model, cluster, &["--model-name", "any"]);
+    let (front, addr, cluster) = front(&model, &["--model-name", "any"]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let any_port = "127.0.0.1:0".parse().unwrap();

@@ -187,6 +187,15 @@ async fn the_official_responses_anthropic_and_ollama_clients_work_unchanged() {
     assert_eq!((&a["text"], &a["final"]), (reference, reference), "{a}");
     let a = get("anthropic_count");
     assert_eq!(a["input_tokens"], a["used"], "count_tokens counts the prompt a request uses");
+    let b = get("anthropic_batch");
+    assert_eq!(b["created"], serde_json::json!(["in_progress", 2]), "{b}");
+    assert_eq!(b["counts"], serde_json::json!([1, 1, 0]), "{b}");
+    assert_eq!(b["types"], serde_json::json!({"hello": "succeeded", "nope": "errored"}), "{b}");
+    assert_eq!(&b["text"], reference, "a batched message answers as the same request sent alone: {b}");
+    assert_eq!(
+        (b["error"].as_str(), &b["listed"], b["deleted"].as_str()),
+        (Some("not_found_error"), &true.into(), Some("message_batch_deleted"))
+    );
     let a = get("anthropic_tools");
     assert_eq!(
         (a["stop_reason"].as_str(), &a["names"]),

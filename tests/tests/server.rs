@@ -843,3 +843,60 @@ async fn a_cancelled_batch_keeps_what_it_answered() {
     assert_eq!(kept as u64, answered);
     s.shutdown().await;
 }
+
+/// Anthropic's Message Batches refuse malformed requests at once, in Anthropic's error shape;
+/// results and deletion wait for the batch to end; a cancelled one marks what it did not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_batches_check_their_requests_and_end_before_results() {
+    let s = server(&[("limits.max_concurrent_requests", "2")]).await;
+    let params = json!({"model": FIXTURE, "max_tokens": 50, "messages": [{"role": "user", "content": "Hi"}]});
+    let request = |id: &str| json!({"custom_id": id, "params": params});
+    let refused = [
+        json!({"requests": []}),
+        json!({"requests": [request("has space")]}),
+        json!({"requests": [request("a"), request("a")]}),
+        json!({"requests": [{"custom_id": "s", "params": {"model": FIXTURE, "stream": true, "max_tokens": 1}}]}),
+        json!({"requests": [{"custom_id": "p"}]}),
+    ];
+    for body in refused {
+        let (status, answer) = post(&s, "/v1/messages/batches", body.clone()).await;
+        assert_eq!((status, answer["type"].as_str()), (400, Some("error")), "{body} → {answer}");
+        assert_eq!(answer["error"]["type"], "invalid_request_error", "{answer}");
+    }
+    let (status, missing) = common::get(&s, "/v1/messages/batches/msgbatch_nope").await;
+    assert_eq!((status, missing["error"]["type"].as_str()), (404, Some("not_found_error")), "{missing}");
+
+    let requests: Vec<Value> = (0..100).map(|i| request(&format!("r{i}"))).collect();
+    let (status, batch) = post(&s, "/v1/messages/batches", json!({"requests": requests})).await;
+    assert_eq!((status, batch["processing_status"].as_str()), (200, Some("in_progress")), "{batch}");
+    let id = batch["id"].as_str().unwrap();
+    assert!(id.starts_with("msgbatch_") && batch["results_url"].is_null());
+    assert_eq!(common::get(&s, &format!("/v1/messages/batches/{id}/results")).await.0, 400, "not ended yet");
+    let r = reqwest::Client::new().delete(url(&s, &format!("/v1/messages/batches/{id}"))).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400, "still processing");
+    let (_, cancelling) = post(&s, &format!("/v1/messages/batches/{id}/cancel"), json!({})).await;
+    assert_eq!(cancelling["processing_status"], "canceling", "{cancelling}");
+    let mut ended = Value::Null;
+    for _ in 0..500 {
+        ended = common::get(&s, &format!("/v1/messages/batches/{id}")).await.1;
+        if ended["processing_status"] == "ended" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let counts = &ended["request_counts"];
+    assert_eq!(ended["processing_status"], "ended", "{ended}");
+    let (succeeded, canceled) = (counts["succeeded"].as_u64().unwrap(), counts["canceled"].as_u64().unwrap());
+    assert!(canceled > 0 && succeeded + canceled == 100 && counts["processing"] == 0, "{ended}");
+    let results = reqwest::get(url(&s, ended["results_url"].as_str().unwrap())).await.unwrap().text().await.unwrap();
+    let types: Vec<String> = results
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["result"]["type"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(types.len(), 100);
+    assert_eq!(types.iter().filter(|t| *t == "canceled").count() as u64, canceled);
+    assert!(types.iter().skip_while(|t| *t == "succeeded").all(|t| t == "canceled"), "in order: {types:?}");
+    let r = reqwest::Client::new().delete(url(&s, &format!("/v1/messages/batches/{id}"))).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    s.shutdown().await;
+}

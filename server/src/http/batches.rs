@@ -1,10 +1,15 @@
-//! OpenAI's Batch API over its Files API: `POST /v1/files` (a JSONL file of requests, `purpose:
-//! batch`), `POST /v1/batches` runs it in the background through the server's own routes
-//! (`crate::batch`, as `llaisys run-batch` does), `GET /v1/batches/{id}` follows it, and its
-//! answers come back as files (`output_file_id`: those answered 200; `error_file_id`: the
-//! others), read with `GET /v1/files/{id}/content`. Files live in memory, `server.stored_files_bytes`
-//! of them at most (uploads past it are refused; answers are always kept), until deleted or the
-//! server stops.
+//! Batches of requests run in the background through the server's own routes (`crate::batch`,
+//! as `llaisys run-batch` does), in two dialects over one store:
+//! - OpenAI's Batch API over its Files API: `POST /v1/files` (a JSONL file of requests, `purpose:
+//!   batch`), `POST /v1/batches` runs it, `GET /v1/batches/{id}` follows it, and its answers come
+//!   back as files (`output_file_id`: those answered 200; `error_file_id`: the others), read with
+//!   `GET /v1/files/{id}/content`. Files live in memory, `server.stored_files_bytes` of them at
+//!   most (uploads past it are refused; answers are always kept), until deleted or the server
+//!   stops.
+//! - Anthropic's Message Batches: `POST /v1/messages/batches` with the requests inline
+//!   (`custom_id`, `params`), `GET /v1/messages/batches/{id}` to follow, `.../results` for each
+//!   request's result (`succeeded` with its message, `errored`, or `canceled`), `cancel`, list and
+//!   `DELETE` once ended.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,8 +23,9 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::error::ApiError;
+use super::error::{AnthropicError, ApiError};
 use super::generation::unix_now;
+use super::ollama::rfc3339;
 use super::{AppState, Body413, json_response, openai};
 
 /// The routes a batch may run (OpenAI's, and the other dialects' generation routes).
@@ -61,6 +67,8 @@ impl StoredFile {
 }
 
 struct Batch {
+    /// Anthropic's Message Batch (its shapes, its results kept in `results`), else OpenAI's.
+    anthropic: bool,
     id: String,
     endpoint: String,
     input_file_id: String,
@@ -75,6 +83,8 @@ struct Batch {
     counts: (usize, usize, usize),
     errors: Vec<Value>,
     cancel: Arc<AtomicBool>,
+    /// An Anthropic batch's results, once it has ended.
+    results: Option<Arc<Vec<u8>>>,
 }
 
 impl Batch {
@@ -91,6 +101,28 @@ impl Batch {
             "cancelling_at": at("cancelling"), "cancelled_at": at("cancelled"),
             "request_counts": {"total": self.counts.0, "completed": self.counts.1, "failed": self.counts.2},
             "metadata": self.metadata,
+        })
+    }
+
+    /// Anthropic's Message Batch object.
+    fn anthropic_object(&self) -> Value {
+        let at = |status: &str| self.times.get(status).map(|t| rfc3339(*t));
+        let ended = matches!(self.status, "completed" | "cancelled" | "failed");
+        let processing_status = match self.status {
+            _ if ended => "ended",
+            "cancelling" => "canceling",
+            _ => "in_progress",
+        };
+        let (total, succeeded, errored) = self.counts;
+        let canceled = if ended { total - succeeded - errored } else { 0 };
+        json!({
+            "id": self.id, "type": "message_batch", "processing_status": processing_status,
+            "request_counts": {"processing": total - succeeded - errored - canceled, "succeeded": succeeded,
+                               "errored": errored, "canceled": canceled, "expired": 0},
+            "ended_at": at("completed").or(at("cancelled")), "created_at": rfc3339(self.created_at),
+            "expires_at": rfc3339(self.created_at + 24 * 3600), "archived_at": null,
+            "cancel_initiated_at": at("cancelling"),
+            "results_url": ended.then(|| format!("/v1/messages/batches/{}/results", self.id)),
         })
     }
 
@@ -129,6 +161,22 @@ impl BatchStore {
 
     fn with_batch<T>(&self, id: &str, f: impl FnOnce(&mut Batch) -> T) -> Option<T> {
         self.lock().batches.iter_mut().find(|b| b.id == id).map(f)
+    }
+
+    /// Cancels batch `id` of the dialect (no further request starts); its object, `None` if
+    /// there is no such batch.
+    fn cancel(&self, id: &str, anthropic: bool) -> Option<Value> {
+        self.with_batch(id, |b| {
+            if b.anthropic != anthropic {
+                return None;
+            }
+            if matches!(b.status, "validating" | "in_progress") {
+                b.cancel.store(true, Ordering::SeqCst);
+                b.reach("cancelling");
+            }
+            Some(if anthropic { b.anthropic_object() } else { b.object() })
+        })
+        .flatten()
     }
 }
 
@@ -275,26 +323,46 @@ pub async fn create_batch(
         }
         file.content.clone()
     };
-    let cancel = Arc::new(AtomicBool::new(false));
-    let batch = Batch {
-        id: format!("batch_{}", random_id()),
-        endpoint: req.endpoint,
-        input_file_id: req.input_file_id,
-        completion_window: req.completion_window,
-        metadata: req.metadata.map_or(Value::Null, Value::Object),
-        status: "validating",
-        created_at: unix_now(),
-        times: HashMap::new(),
-        output_file_id: None,
-        error_file_id: None,
-        counts: (0, 0, 0),
-        errors: Vec::new(),
-        cancel: cancel.clone(),
-    };
-    let (object, id, endpoint) = (batch.object(), batch.id.clone(), batch.endpoint.clone());
+    let batch = Batch::new(false, req.endpoint, req.input_file_id, req.completion_window, req.metadata);
+    let object = batch.object();
+    start(&state, batch, input);
+    Ok(json_response(StatusCode::OK, &object))
+}
+
+impl Batch {
+    fn new(
+        anthropic: bool,
+        endpoint: String,
+        input_file_id: String,
+        completion_window: String,
+        metadata: Option<serde_json::Map<String, Value>>,
+    ) -> Self {
+        let prefix = if anthropic { "msgbatch" } else { "batch" };
+        Batch {
+            anthropic,
+            id: format!("{prefix}_{}", random_id()),
+            endpoint,
+            input_file_id,
+            completion_window,
+            metadata: metadata.map_or(Value::Null, Value::Object),
+            status: "validating",
+            created_at: unix_now(),
+            times: HashMap::new(),
+            output_file_id: None,
+            error_file_id: None,
+            counts: (0, 0, 0),
+            errors: Vec::new(),
+            cancel: Arc::new(AtomicBool::new(false)),
+            results: None,
+        }
+    }
+}
+
+/// Stores `batch` and runs its requests (`input`, JSONL) in the background.
+fn start(state: &Arc<AppState>, batch: Batch, input: Arc<Vec<u8>>) {
+    let (id, endpoint, cancel) = (batch.id.clone(), batch.endpoint.clone(), batch.cancel.clone());
     state.batches.lock().batches.push_front(batch);
     tokio::spawn(run(state.clone(), id, endpoint, input, cancel));
-    Ok(json_response(StatusCode::OK, &object))
 }
 
 /// Validates a batch's lines, answers them in order through the routes, and stores the answers.
@@ -319,7 +387,7 @@ async fn run(state: Arc<AppState>, id: String, endpoint: String, input: Arc<Vec<
     // Half the engines' places at most, so that requests sent meanwhile still get in.
     let width = (state.limits.max_concurrent_requests / 2).clamp(1, 512);
     let app = super::app(state.clone(), &state.options());
-    let answers = futures_util::stream::iter(lines)
+    let answers = futures_util::stream::iter(lines.clone())
         .take_while(|_: &(usize, String)| std::future::ready(!cancel.load(Ordering::SeqCst)))
         .map(|(n, text): (usize, String)| {
             let app = app.clone();
@@ -327,25 +395,55 @@ async fn run(state: Arc<AppState>, id: String, endpoint: String, input: Arc<Vec<
         })
         .buffered(width);
     let mut answers = std::pin::pin!(answers);
-    let (mut output, mut errors) = (Vec::new(), Vec::new());
+    let mut answered = Vec::new();
     while let Some(answer) = answers.next().await {
         let ok = answer["response"]["status_code"] == 200;
-        let into = if ok { &mut output } else { &mut errors };
-        into.extend_from_slice(format!("{answer}\n").as_bytes());
         store.with_batch(&id, |b| if ok { b.counts.1 += 1 } else { b.counts.2 += 1 });
+        answered.push(answer);
     }
     store.with_batch(&id, |b| b.reach("finalizing"));
-    let keep = |content: Vec<u8>, kind: &str| {
-        (!content.is_empty())
-            .then(|| store.put_file(format!("{id}_{kind}.jsonl"), "batch_output", content, false))
-            .and_then(Result::ok)
-            .and_then(|f| f["id"].as_str().map(str::to_string))
-    };
-    let (output_id, error_id) = (keep(output, "output"), keep(errors, "error"));
+    let anthropic = store.with_batch(&id, |b| b.anthropic).unwrap_or(false);
+    let (mut output_id, mut error_id, mut results) = (None, None, None);
+    if anthropic {
+        results = Some(Arc::new(anthropic_results(&answered, &lines)));
+    } else {
+        let (mut output, mut errors) = (Vec::new(), Vec::new());
+        for answer in &answered {
+            let into = if answer["response"]["status_code"] == 200 { &mut output } else { &mut errors };
+            into.extend_from_slice(format!("{answer}\n").as_bytes());
+        }
+        let keep = |content: Vec<u8>, kind: &str| {
+            (!content.is_empty())
+                .then(|| store.put_file(format!("{id}_{kind}.jsonl"), "batch_output", content, false))
+                .and_then(Result::ok)
+                .and_then(|f| f["id"].as_str().map(str::to_string))
+        };
+        (output_id, error_id) = (keep(output, "output"), keep(errors, "error"));
+    }
     store.with_batch(&id, |b| {
-        (b.output_file_id, b.error_file_id) = (output_id, error_id);
+        (b.output_file_id, b.error_file_id, b.results) = (output_id, error_id, results);
         b.reach(if cancel.load(Ordering::SeqCst) { "cancelled" } else { "completed" });
     });
+}
+
+/// Anthropic's results of a batch's `lines`, the first answered by `answered` (in order), the
+/// rest canceled: a JSON line each, `{"custom_id", "result": {"type": ...}}`.
+fn anthropic_results(answered: &[Value], lines: &[(usize, String)]) -> Vec<u8> {
+    let mut results = Vec::new();
+    for (i, (_, line)) in lines.iter().enumerate() {
+        let custom_id = serde_json::from_str::<Value>(line).map(|l| l["custom_id"].clone()).unwrap_or(Value::Null);
+        let result = match answered.get(i) {
+            None => json!({"type": "canceled"}),
+            Some(a) if a["response"]["status_code"] == 200 => {
+                json!({"type": "succeeded", "message": a["response"]["body"]})
+            }
+            Some(a) if a["response"].is_object() => json!({"type": "errored", "error": a["response"]["body"]}),
+            Some(a) => json!({"type": "errored", "error": {"type": "error", "error": {
+                "type": "invalid_request_error", "message": a["error"]["message"]}}}),
+        };
+        results.extend_from_slice(format!("{}\n", json!({"custom_id": custom_id, "result": result})).as_bytes());
+    }
+    results
 }
 
 /// The input's request lines (numbered from 1), or why the batch fails: each line a request of
@@ -382,8 +480,12 @@ fn validate(input: &[u8], endpoint: &str) -> Result<Vec<(usize, String)>, Vec<Va
         if request.get("url").and_then(Value::as_str) != Some(endpoint) {
             error("mismatched_endpoint", format!("line {n}: `url` must be the batch's endpoint, {endpoint}"));
         }
-        if !request.get("body").is_some_and(Value::is_object) {
-            error("invalid_request", format!("line {n}: `body` must be the request's JSON object"));
+        match request.get("body") {
+            Some(Value::Object(body)) if body.get("stream") == Some(&Value::Bool(true)) => {
+                error("invalid_request", format!("line {n}: `stream` is not batched: each answer is one JSON body"))
+            }
+            Some(Value::Object(_)) => {}
+            _ => error("invalid_request", format!("line {n}: `body` must be the request's JSON object")),
         }
         lines.push((n, line.to_string()));
     }
@@ -395,8 +497,8 @@ fn validate(input: &[u8], endpoint: &str) -> Result<Vec<(usize, String)>, Vec<Va
 
 /// `GET /v1/batches/{id}`.
 pub async fn batch(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let object = state.batches.with_batch(&id, |b| b.object()).ok_or_else(|| no_batch(&id))?;
-    Ok(json_response(StatusCode::OK, &object))
+    let object = state.batches.with_batch(&id, |b| (!b.anthropic).then(|| b.object())).flatten();
+    Ok(json_response(StatusCode::OK, &object.ok_or_else(|| no_batch(&id))?))
 }
 
 /// `GET /v1/batches` (`limit`, `after`), newest first.
@@ -404,22 +506,135 @@ pub async fn list_batches(
     State(state): State<Arc<AppState>>,
     Query(query): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let items = state.batches.lock().batches.iter().map(|b| (b.id.clone(), b.object())).collect();
+    let stores = state.batches.lock();
+    let items = stores.batches.iter().filter(|b| !b.anthropic).map(|b| (b.id.clone(), b.object())).collect();
+    drop(stores);
     Ok(json_response(StatusCode::OK, &page(items, &query)?))
 }
 
 /// `POST /v1/batches/{id}/cancel`: no further request starts; those running finish, and the
 /// answers so far are kept (`cancelling`, then `cancelled`).
 pub async fn cancel_batch(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let object = state
-        .batches
-        .with_batch(&id, |b| {
-            if matches!(b.status, "validating" | "in_progress") {
-                b.cancel.store(true, Ordering::SeqCst);
-                b.reach("cancelling");
-            }
-            b.object()
-        })
-        .ok_or_else(|| no_batch(&id))?;
+    let object = state.batches.cancel(&id, false).ok_or_else(|| no_batch(&id))?;
     Ok(json_response(StatusCode::OK, &object))
+}
+
+/// `POST /v1/messages/batches`: Anthropic's requests inline, each `{custom_id, params}`; checked
+/// at once (a `custom_id` of 1 to 64 letters, digits, `-` and `_`, given once; `params` an
+/// object, not streamed), then run in the background.
+pub async fn create_message_batch(
+    State(state): State<Arc<AppState>>,
+    body: Result<Body413, ApiError>,
+) -> Result<Response, AnthropicError> {
+    #[derive(Deserialize)]
+    struct Create {
+        requests: Vec<Value>,
+    }
+    let create: Create = openai::parse(&body?.0)?;
+    if create.requests.is_empty() {
+        return Err(ApiError::invalid("requests", "requests must hold at least one request").into());
+    }
+    let mut input = String::new();
+    for (i, r) in create.requests.iter().enumerate() {
+        let custom_id = r.get("custom_id").and_then(Value::as_str).unwrap_or("");
+        let valid = (1..=64).contains(&custom_id.len())
+            && custom_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !valid {
+            let message = format!("requests.{i}.custom_id must be 1 to 64 letters, digits, '-' or '_'");
+            return Err(ApiError::invalid(&format!("requests.{i}.custom_id"), message).into());
+        }
+        let line = json!({"custom_id": custom_id, "method": "POST", "url": "/v1/messages", "body": r.get("params")});
+        input.push_str(&format!("{line}\n"));
+    }
+    if let Err(errors) = validate(input.as_bytes(), "/v1/messages") {
+        let message = errors[0]["message"].as_str().unwrap_or("a request is not valid").replace("line ", "request ");
+        return Err(ApiError::invalid("requests", message).into());
+    }
+    let mut batch = Batch::new(true, "/v1/messages".into(), String::new(), "24h".into(), None);
+    batch.counts.0 = create.requests.len();
+    let object = batch.anthropic_object();
+    start(&state, batch, Arc::new(input.into_bytes()));
+    Ok(json_response(StatusCode::OK, &object))
+}
+
+fn no_message_batch(id: &str) -> ApiError {
+    ApiError::not_found(format!("message batch {id} not found")).with_param("message_batch_id")
+}
+
+/// `GET /v1/messages/batches/{id}`.
+pub async fn message_batch(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, AnthropicError> {
+    let object = state.batches.with_batch(&id, |b| b.anthropic.then(|| b.anthropic_object())).flatten();
+    Ok(json_response(StatusCode::OK, &object.ok_or_else(|| no_message_batch(&id))?))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MessageListQuery {
+    limit: Option<usize>,
+    after_id: Option<String>,
+    before_id: Option<String>,
+}
+
+/// `GET /v1/messages/batches` (`limit`, `after_id`, `before_id`), newest first.
+pub async fn list_message_batches(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<MessageListQuery>,
+) -> Result<Response, AnthropicError> {
+    let stores = state.batches.lock();
+    let mut items: Vec<(String, Value)> =
+        stores.batches.iter().filter(|b| b.anthropic).map(|b| (b.id.clone(), b.anthropic_object())).collect();
+    drop(stores);
+    if let Some(before) = &query.before_id {
+        items.truncate(items.iter().position(|(id, _)| id == before).unwrap_or(0));
+        items.reverse();
+    }
+    let after = query.after_id.clone();
+    let mut listed = page(items, &ListQuery { limit: query.limit, after, purpose: None })?;
+    if query.before_id.is_some() {
+        let data = listed["data"].as_array_mut().expect("a page's data");
+        data.reverse();
+        let first = data.first().map(|b| b["id"].clone());
+        let last = data.last().map(|b| b["id"].clone());
+        (listed["first_id"], listed["last_id"]) = (first.unwrap_or(Value::Null), last.unwrap_or(Value::Null));
+    }
+    listed.as_object_mut().expect("a page").remove("object");
+    Ok(json_response(StatusCode::OK, &listed))
+}
+
+/// `POST /v1/messages/batches/{id}/cancel`.
+pub async fn cancel_message_batch(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, AnthropicError> {
+    let object = state.batches.cancel(&id, true).ok_or_else(|| no_message_batch(&id))?;
+    Ok(json_response(StatusCode::OK, &object))
+}
+
+/// `GET /v1/messages/batches/{id}/results`: a JSON line per request, once the batch has ended.
+pub async fn message_batch_results(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, AnthropicError> {
+    let results = state.batches.with_batch(&id, |b| b.anthropic.then(|| b.results.clone())).flatten();
+    let results = results.ok_or_else(|| no_message_batch(&id))?;
+    let results = results
+        .ok_or_else(|| ApiError::bad_request(format!("message batch {id} has not ended: its results are not ready")))?;
+    Ok(([(header::CONTENT_TYPE, "application/x-jsonl")], Body::from(results.as_ref().clone())).into_response())
+}
+
+/// `DELETE /v1/messages/batches/{id}`: a batch that has ended.
+pub async fn delete_message_batch(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, AnthropicError> {
+    let mut stores = state.batches.lock();
+    let i = stores.batches.iter().position(|b| b.anthropic && b.id == id).ok_or_else(|| no_message_batch(&id))?;
+    if stores.batches[i].results.is_none() {
+        let message = format!("message batch {id} is still processing: cancel it, then delete it once it has ended");
+        return Err(ApiError::bad_request(message).into());
+    }
+    stores.batches.remove(i);
+    Ok(json_response(StatusCode::OK, &json!({"id": id, "type": "message_batch_deleted"})))
 }

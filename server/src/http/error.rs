@@ -190,6 +190,23 @@ impl ApiError {
     }
 }
 
+/// An error answered in Anthropic's shape, for handlers of its routes that return `Result`
+/// (`?` turns an `ApiError` into it).
+#[derive(Debug)]
+pub struct AnthropicError(pub ApiError);
+
+impl From<ApiError> for AnthropicError {
+    fn from(e: ApiError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        self.0.response_in(ErrorShape::Anthropic)
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.response_in(ErrorShape::OpenAi)

@@ -249,6 +249,10 @@ pub fn app(state: Arc<AppState>, options: &HttpOptions) -> Router {
         .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/messages/batches", post(batches::create_message_batch).get(batches::list_message_batches))
+        .route("/v1/messages/batches/{id}", get(batches::message_batch).delete(batches::delete_message_batch))
+        .route("/v1/messages/batches/{id}/cancel", post(batches::cancel_message_batch))
+        .route("/v1/messages/batches/{id}/results", get(batches::message_batch_results))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/rerank", post(embeddings::rerank))
         .route("/rerank", post(embeddings::rerank))
@@ -366,6 +370,7 @@ fn route_label(path: &str) -> &'static str {
         "/v1/rerank" | "/rerank" => "/v1/rerank",
         "/v1/messages" => "/v1/messages",
         "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
+        p if p.starts_with("/v1/messages/batches") => "/v1/messages/batches",
         "/v1/models" => "/v1/models",
         "/health" => "/health",
         "/metrics" => "/metrics",

@@ -182,7 +182,7 @@ pub async fn version() -> Response {
     json_response(StatusCode::OK, &json!({"version": OLLAMA_VERSION}))
 }
 
-fn rfc3339(secs: u64) -> String {
+pub(super) fn rfc3339(secs: u64) -> String {
     strftime(secs, "%Y-%m-%dT%H:%M:%SZ")
 }
 
