@@ -395,23 +395,29 @@ async fn run(state: Arc<AppState>, id: String, endpoint: String, input: Arc<Vec<
         })
         .buffered(width);
     let mut answers = std::pin::pin!(answers);
-    let mut answered = Vec::new();
+    // Each answer is written out as it comes (in order): OpenAI's into its output or its error
+    // file, Anthropic's as its result line.
+    let anthropic = store.with_batch(&id, |b| b.anthropic).unwrap_or(false);
+    let (mut output, mut errors, mut answered) = (Vec::new(), Vec::new(), 0);
     while let Some(answer) = answers.next().await {
         let ok = answer["response"]["status_code"] == 200;
         store.with_batch(&id, |b| if ok { b.counts.1 += 1 } else { b.counts.2 += 1 });
-        answered.push(answer);
+        let line = if anthropic { anthropic_result(&answer) } else { answer };
+        let into = if ok || anthropic { &mut output } else { &mut errors };
+        into.extend_from_slice(format!("{line}\n").as_bytes());
+        answered += 1;
     }
     store.with_batch(&id, |b| b.reach("finalizing"));
-    let anthropic = store.with_batch(&id, |b| b.anthropic).unwrap_or(false);
     let (mut output_id, mut error_id, mut results) = (None, None, None);
     if anthropic {
-        results = Some(Arc::new(anthropic_results(&answered, &lines)));
-    } else {
-        let (mut output, mut errors) = (Vec::new(), Vec::new());
-        for answer in &answered {
-            let into = if answer["response"]["status_code"] == 200 { &mut output } else { &mut errors };
-            into.extend_from_slice(format!("{answer}\n").as_bytes());
+        // Those a cancel kept from starting.
+        for (_, line) in &lines[answered..] {
+            let custom_id = serde_json::from_str::<Value>(line).map(|l| l["custom_id"].clone()).unwrap_or(Value::Null);
+            let canceled = json!({"custom_id": custom_id, "result": {"type": "canceled"}});
+            output.extend_from_slice(format!("{canceled}\n").as_bytes());
         }
+        results = Some(Arc::new(output));
+    } else {
         let keep = |content: Vec<u8>, kind: &str| {
             (!content.is_empty())
                 .then(|| store.put_file(format!("{id}_{kind}.jsonl"), "batch_output", content, false))
@@ -426,24 +432,17 @@ async fn run(state: Arc<AppState>, id: String, endpoint: String, input: Arc<Vec<
     });
 }
 
-/// Anthropic's results of a batch's `lines`, the first answered by `answered` (in order), the
-/// rest canceled: a JSON line each, `{"custom_id", "result": {"type": ...}}`.
-fn anthropic_results(answered: &[Value], lines: &[(usize, String)]) -> Vec<u8> {
-    let mut results = Vec::new();
-    for (i, (_, line)) in lines.iter().enumerate() {
-        let custom_id = serde_json::from_str::<Value>(line).map(|l| l["custom_id"].clone()).unwrap_or(Value::Null);
-        let result = match answered.get(i) {
-            None => json!({"type": "canceled"}),
-            Some(a) if a["response"]["status_code"] == 200 => {
-                json!({"type": "succeeded", "message": a["response"]["body"]})
-            }
-            Some(a) if a["response"].is_object() => json!({"type": "errored", "error": a["response"]["body"]}),
-            Some(a) => json!({"type": "errored", "error": {"type": "error", "error": {
-                "type": "invalid_request_error", "message": a["error"]["message"]}}}),
-        };
-        results.extend_from_slice(format!("{}\n", json!({"custom_id": custom_id, "result": result})).as_bytes());
-    }
-    results
+/// Anthropic's result line of a request's answer (`crate::batch::answer`'s):
+/// `{"custom_id", "result": {"type": "succeeded", "message"} | {"type": "errored", "error"}}`.
+fn anthropic_result(answer: &Value) -> Value {
+    let response = &answer["response"];
+    let result = match response["status_code"].as_u64() {
+        Some(200) => json!({"type": "succeeded", "message": response["body"]}),
+        Some(_) => json!({"type": "errored", "error": response["body"]}),
+        None => json!({"type": "errored", "error": {"type": "error", "error": {
+            "type": "invalid_request_error", "message": answer["error"]["message"]}}}),
+    };
+    json!({"custom_id": answer["custom_id"], "result": result})
 }
 
 /// The input's request lines (numbered from 1), or why the batch fails: each line a request of
