@@ -681,6 +681,15 @@ async fn speculative_requests_answer_as_plain_ones_and_are_counted() {
     assert!(err.contains("speculative.max_draft"), "{err}");
 }
 
+/// `POST /v1/files` of `content` (a JSONL file) for `purpose`, as multipart form data.
+fn upload_request(client: &reqwest::Client, s: &Server, purpose: &str, content: &str) -> reqwest::RequestBuilder {
+    let part = |name: &str, extra: &str, value: &str| {
+        format!("--B\r\ncontent-disposition: form-data; name=\"{name}\"{extra}\r\n\r\n{value}\r\n")
+    };
+    let body = part("purpose", "", purpose) + &part("file", "; filename=\"in.jsonl\"", content) + "--B--\r\n";
+    client.post(url(s, "/v1/files")).header("content-type", "multipart/form-data; boundary=B").body(body)
+}
+
 /// OpenAI's Batch API beside API keys and a small file store: uploads are checked (key,
 /// purpose, size), a file of malformed lines fails its batch listing each line's fault, a good
 /// one runs although its requests carry no key (they are made in process), and deleting a file
@@ -701,11 +710,7 @@ async fn batches_check_their_files_and_run_in_process() {
     let s = server(&[("server.api_keys", r#"["sk-test"]"#), ("server.stored_files_bytes", &limit.to_string())]).await;
     let client = reqwest::Client::new();
     let upload = |key: Option<&str>, purpose: &str, content: String| {
-        let body = format!(
-            "--B\r\ncontent-disposition: form-data; name=\"purpose\"\r\n\r\n{purpose}\r\n--B\r\ncontent-disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\ncontent-type: application/jsonl\r\n\r\n{content}\r\n--B--\r\n"
-        );
-        let mut r =
-            client.post(url(&s, "/v1/files")).header("content-type", "multipart/form-data; boundary=B").body(body);
+        let mut r = upload_request(&client, &s, purpose, &content);
         if let Some(k) = key {
             r = r.bearer_auth(k);
         }
@@ -807,11 +812,7 @@ async fn a_cancelled_batch_keeps_what_it_answered() {
             .to_string()
         })
         .collect();
-    let body = format!(
-        "--B\r\ncontent-disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B\r\ncontent-disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n{}\r\n--B--\r\n",
-        lines.join("\n")
-    );
-    let r = client.post(url(&s, "/v1/files")).header("content-type", "multipart/form-data; boundary=B").body(body);
+    let r = upload_request(&client, &s, "batch", &lines.join("\n"));
     let file: Value = r.send().await.unwrap().json().await.unwrap();
     let create = json!({"input_file_id": file["id"], "endpoint": "/v1/completions", "completion_window": "24h"});
     let (_, batch) = post(&s, "/v1/batches", create).await;

@@ -377,12 +377,17 @@ impl FrontState {
         let pending =
             Pending { request: wire, events, reply: Some(reply), node: None, streamed: false, cancelled: false };
         self.pending.insert(id, pending);
-        let pending = &self.pending;
-        enqueue_by_priority(&mut self.queue, id, |id| pending.get(id).map_or(0, |p| p.request.priority), false);
+        self.enqueue(id, false);
         self.dispatch();
         if self.queue.contains(&id) {
             tracing::debug!(request = id, queued = self.queue.len(), "request queued: no node has room");
         }
+    }
+
+    /// Queues pending request `id` by its priority (`first`: ahead of its own priority's).
+    fn enqueue(&mut self, id: RequestId, first: bool) {
+        let pending = &self.pending;
+        enqueue_by_priority(&mut self.queue, id, |id| pending.get(id).map_or(0, |p| p.request.priority), first);
     }
 
     /// Sends queued requests, then read-outs, oldest first, while a node has room.
@@ -499,8 +504,7 @@ impl FrontState {
             } else {
                 retried += 1;
                 p.node = None;
-                let pending = &self.pending;
-                enqueue_by_priority(&mut self.queue, id, |id| pending.get(id).map_or(0, |p| p.request.priority), true);
+                self.enqueue(id, true);
             }
         }
         // Read-outs streamed nothing: they run again elsewhere.

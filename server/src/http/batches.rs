@@ -27,6 +27,7 @@ use super::error::{AnthropicError, ApiError};
 use super::generation::unix_now;
 use super::ollama::rfc3339;
 use super::{AppState, Body413, json_response, openai};
+use crate::batch::Line;
 
 /// The routes a batch may run (OpenAI's, and the other dialects' generation routes).
 const ENDPOINTS: [&str; 6] =
@@ -387,11 +388,12 @@ async fn run(state: Arc<AppState>, id: String, endpoint: String, input: Arc<Vec<
     // Half the engines' places at most, so that requests sent meanwhile still get in.
     let width = (state.limits.max_concurrent_requests / 2).clamp(1, 512);
     let app = super::app(state.clone(), &state.options());
-    let answers = futures_util::stream::iter(lines.clone())
-        .take_while(|_: &(usize, String)| std::future::ready(!cancel.load(Ordering::SeqCst)))
-        .map(|(n, text): (usize, String)| {
-            let app = app.clone();
-            async move { crate::batch::answer(&app, n, &text).await }
+    let lines = Arc::new(lines);
+    let answers = futures_util::stream::iter(0..lines.len())
+        .take_while(|_: &usize| std::future::ready(!cancel.load(Ordering::SeqCst)))
+        .map(|i: usize| {
+            let (app, lines) = (app.clone(), lines.clone());
+            async move { crate::batch::send(&app, &lines[i]).await }
         })
         .buffered(width);
     let mut answers = std::pin::pin!(answers);
@@ -411,9 +413,8 @@ async fn run(state: Arc<AppState>, id: String, endpoint: String, input: Arc<Vec<
     let (mut output_id, mut error_id, mut results) = (None, None, None);
     if anthropic {
         // Those a cancel kept from starting.
-        for (_, line) in &lines[answered..] {
-            let custom_id = serde_json::from_str::<Value>(line).map(|l| l["custom_id"].clone()).unwrap_or(Value::Null);
-            let canceled = json!({"custom_id": custom_id, "result": {"type": "canceled"}});
+        for line in &lines[answered..] {
+            let canceled = json!({"custom_id": line.custom_id, "result": {"type": "canceled"}});
             output.extend_from_slice(format!("{canceled}\n").as_bytes());
         }
         results = Some(Arc::new(output));
@@ -445,48 +446,34 @@ fn anthropic_result(answer: &Value) -> Value {
     json!({"custom_id": answer["custom_id"], "result": result})
 }
 
-/// The input's request lines (numbered from 1), or why the batch fails: each line a request of
-/// the batch's endpoint with its own `custom_id`.
-fn validate(input: &[u8], endpoint: &str) -> Result<Vec<(usize, String)>, Vec<Value>> {
+/// The input's requests, or why the batch fails: each line a request of the batch's endpoint
+/// (`crate::batch::parse`: a line's first fault is listed) with its own `custom_id`.
+fn validate(input: &[u8], endpoint: &str) -> Result<Vec<Line>, Vec<Value>> {
     let Ok(text) = std::str::from_utf8(input) else {
         return Err(vec![json!({"code": "invalid_file", "message": "the input file is not UTF-8 text", "line": null})]);
     };
     let (mut lines, mut errors, mut ids) = (Vec::new(), Vec::new(), HashSet::new());
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (i, text) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let n = i + 1;
         let mut error = |code: &str, message: String| {
             if errors.len() < MAX_LISTED_ERRORS {
                 errors.push(json!({"code": code, "message": message, "param": null, "line": n}));
             }
         };
-        let request: Value = match serde_json::from_str(line) {
-            Ok(v) => v,
-            Err(e) => {
-                error("invalid_json_line", format!("line {n} is not JSON: {e}"));
+        let line = match crate::batch::parse(n, text) {
+            Ok(line) => line,
+            Err(fault) => {
+                error(fault.code, fault.message);
                 continue;
             }
         };
-        match request.get("custom_id").and_then(Value::as_str) {
-            None => error("missing_required_parameter", format!("line {n} has no string `custom_id`")),
-            Some(id) if !ids.insert(id.to_string()) => {
-                error("duplicate_custom_id", format!("line {n}: custom_id {id:?} is used twice"))
-            }
-            Some(_) => {}
+        if !ids.insert(line.custom_id.clone()) {
+            error("duplicate_custom_id", format!("line {n}: custom_id {:?} is used twice", line.custom_id));
         }
-        if !request.get("method").and_then(Value::as_str).is_some_and(|m| m.eq_ignore_ascii_case("POST")) {
-            error("invalid_method", format!("line {n}: `method` must be POST"));
-        }
-        if request.get("url").and_then(Value::as_str) != Some(endpoint) {
+        if line.url != endpoint {
             error("mismatched_endpoint", format!("line {n}: `url` must be the batch's endpoint, {endpoint}"));
         }
-        match request.get("body") {
-            Some(Value::Object(body)) if body.get("stream") == Some(&Value::Bool(true)) => {
-                error("invalid_request", format!("line {n}: `stream` is not batched: each answer is one JSON body"))
-            }
-            Some(Value::Object(_)) => {}
-            _ => error("invalid_request", format!("line {n}: `body` must be the request's JSON object")),
-        }
-        lines.push((n, line.to_string()));
+        lines.push(line);
     }
     if lines.is_empty() && errors.is_empty() {
         errors.push(json!({"code": "empty_file", "message": "the input file holds no requests", "line": null}));
