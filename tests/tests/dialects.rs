@@ -15,6 +15,21 @@ use common::{events, get, post, server_for, url};
 const FIXTURE: &str = "tiny-untied-f32";
 const TOOLS_FIXTURE: &str = "tiny-tied-f32";
 
+/// Whether two JSON values are the same but for numbers within 1e-3 of each other: the same
+/// prompt's log-probabilities computed in other batches (the second request finds the first's
+/// prefix cached and computes one row, where AVX-512's one-row product sums in another order
+/// than the many-row one) differ in their last bits.
+fn nearly(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => (x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-3,
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| nearly(x, y)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| nearly(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 /// The text of a Responses `response` (its message items' output text).
 fn output_text(r: &Value) -> String {
     let items = r["output"].as_array().unwrap_or_else(|| panic!("no output: {r}"));
@@ -691,12 +706,12 @@ async fn ollama_logprobs_are_chat_completions_logprobs() {
         "logprobs": true, "top_logprobs": 2, "stream": false});
     let (status, r) = post(&s, "/api/chat", ollama.clone()).await;
     assert_eq!(status, 200, "{r}");
-    assert_eq!(&r["logprobs"], want, "{r}");
+    assert!(nearly(&r["logprobs"], want), "{r} against {want}");
     let mut streamed = ollama.clone();
     streamed["stream"] = true.into();
     let lines = ndjson(&s, "/api/chat", streamed).await;
     let pieces: Vec<Value> = lines.iter().flat_map(|l| l["logprobs"].as_array().cloned().unwrap_or_default()).collect();
-    assert_eq!(&Value::from(pieces), want, "{lines:?}");
+    assert!(nearly(&Value::from(pieces), want), "{lines:?}");
     for line in lines.iter().filter(|l| l["done"] == false) {
         let text: String = line["logprobs"].as_array().unwrap().iter().map(|t| t["token"].as_str().unwrap()).collect();
         assert_eq!(line["message"]["content"].as_str(), Some(text.as_str()), "a line's tokens are its text: {line}");
@@ -712,9 +727,13 @@ async fn ollama_logprobs_are_chat_completions_logprobs() {
     let (got, want) = (r["logprobs"].as_array().unwrap(), &c["choices"][0]["logprobs"]);
     assert_eq!(got.len(), 5, "{r}");
     for (i, t) in got.iter().enumerate() {
-        assert_eq!((&t["token"], &t["logprob"]), (&want["tokens"][i], &want["token_logprobs"][i]), "{t}");
+        assert_eq!(&t["token"], &want["tokens"][i], "{t}");
+        assert!(nearly(&t["logprob"], &want["token_logprobs"][i]), "{t}");
         let alternative = &t["top_logprobs"][0];
-        assert_eq!(want["top_logprobs"][i][alternative["token"].as_str().unwrap()], alternative["logprob"], "{t}");
+        assert!(
+            nearly(&want["top_logprobs"][i][alternative["token"].as_str().unwrap()], &alternative["logprob"]),
+            "{t}"
+        );
     }
     let mut none = ollama.clone();
     none["logprobs"] = false.into();
@@ -1119,7 +1138,7 @@ async fn llama_cpp_n_probs_are_the_openai_logprobs_in_llama_cpps_shape() {
     let (status, c) = post(&s, "/v1/completions", body).await;
     assert_eq!(status, 200, "{c}");
     let openai = &c["choices"][0]["logprobs"];
-    let close = |a: &Value, b: &Value| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-6;
+    let close = nearly;
     let (status, r) =
         post(&s, "/completion", json!({"prompt": prompt, "n_predict": 6, "temperature": 0, "n_probs": 3})).await;
     assert_eq!(status, 200, "{r}");
@@ -1147,7 +1166,9 @@ async fn llama_cpp_n_probs_are_the_openai_logprobs_in_llama_cpps_shape() {
         pieces.iter().flat_map(|p| p["completion_probabilities"].as_array().unwrap().iter()).collect();
     assert_eq!(streamed.len(), 6, "{pieces:?}");
     for (a, b) in streamed.iter().zip(probs) {
-        assert!(a["id"] == b["id"] && close(&a["logprob"], &b["logprob"]) && a["top_logprobs"] == b["top_logprobs"]);
+        assert!(
+            a["id"] == b["id"] && close(&a["logprob"], &b["logprob"]) && nearly(&a["top_logprobs"], &b["top_logprobs"])
+        );
     }
     // The distribution drawn from: a greedy token is certain.
     let body = json!({"prompt": prompt, "n_predict": 3, "temperature": 0, "n_probs": 3, "post_sampling_probs": true});
