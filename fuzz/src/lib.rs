@@ -101,9 +101,16 @@ pub fn openai_request(data: &[u8]) {
         let logprobs = req.top_logprobs.filter(|k| (0..=20).contains(k)).map(|k| k as usize);
         let plan = req.common.plan(req.max_completion_tokens.or(req.common.max_tokens), logprobs);
         let plan = plan.and_then(|p| p.with_response_format(req.response_format.as_ref()));
-        if let (Ok(plan), Ok((tools, tool_choice)), Ok(messages)) =
+        if let (Ok(plan), Ok((tools, tool_choice)), Ok((mut messages, images))) =
             (plan, openai::tools(&req), openai::messages(&req.messages))
         {
+            // The images as the server prepares them (decoded, resized, cut), each in place.
+            for p in images {
+                if let Ok(image) = llaisys_model::ImageProcessor::default().prepare(&p.bytes) {
+                    let image = std::sync::Arc::new(image);
+                    messages[p.message].images.push(llaisys_model::tokenizer::MessageImage { at: p.at, image });
+                }
+            }
             let mut options = plan.options;
             (options.tools, options.tool_choice, options.parallel_tool_calls) =
                 (tools, tool_choice, req.parallel_tool_calls);
@@ -126,16 +133,16 @@ pub fn dialect_request(data: &[u8]) {
         Work::Chat(request) => drop(frontend().chat(&request)),
         Work::Completion(request) => drop(frontend().completion(&request)),
     };
-    if let Ok(Ok(request)) = anthropic::MessagesRequest::parse(data).map(|r| r.chat_request()) {
+    if let Ok(Ok((request, _))) = anthropic::MessagesRequest::parse(data).map(|r| r.chat_request()) {
         run(Work::Chat(request));
     }
-    if let Ok(Ok((request, _))) = responses::ResponsesRequest::parse(data).map(|r| r.chat_request(&[])) {
+    if let Ok(Ok((request, _, _))) = responses::ResponsesRequest::parse(data).map(|r| r.chat_request(&[])) {
         run(Work::Chat(request));
     }
-    if let Ok(Ok(request)) = ollama::ChatIn::parse(data).map(|r| r.chat_request()) {
+    if let Ok(Ok((request, _))) = ollama::ChatIn::parse(data).map(|r| r.chat_request()) {
         run(Work::Chat(request));
     }
-    if let Ok(Ok(Some(work))) = ollama::GenerateIn::parse(data).map(|r| r.work()) {
+    if let Ok(Ok(Some((work, _)))) = ollama::GenerateIn::parse(data).map(|r| r.work()) {
         run(work);
     }
     for parsed in [llamacpp::Parsed::infill(data), llamacpp::Parsed::completion(data)].into_iter().flatten() {

@@ -16,6 +16,15 @@ pub enum BatchInput {
     Embeddings { values: Vec<f32>, dim: usize },
 }
 
+/// Rows of a token batch given as embeddings in place of their tokens' (an image's features).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embedded {
+    /// The first row they replace.
+    pub row: usize,
+    /// [rows, hidden] row-major.
+    pub values: Vec<f32>,
+}
+
 /// A batch of tokens from any number of sequences.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
@@ -26,12 +35,24 @@ pub struct Batch {
     pub seq_ids: Option<Vec<Vec<SeqId>>>,
     /// \[n_tokens\] whether a token's logits row is wanted; `None`: only the last token's.
     pub logits: Option<Vec<bool>>,
+    /// Runs of rows whose embeddings are given instead of their tokens' (a token batch's only).
+    pub embedded: Vec<Embedded>,
+    /// \[n_tokens\] M-RoPE's positions (temporal, height, width) where they are not each row's
+    /// position in all three (an image's tokens, and the tokens after them); `None`: they are.
+    pub rope: Option<Vec<[Pos; 3]>>,
 }
 
 impl Batch {
     /// Tokens of sequence 0 at its next positions, logits for the last one (`llama_batch_get_one`).
     pub fn one(tokens: Vec<u32>) -> Self {
-        Self { input: BatchInput::Tokens(tokens), pos: None, seq_ids: None, logits: None }
+        Self {
+            input: BatchInput::Tokens(tokens),
+            pos: None,
+            seq_ids: None,
+            logits: None,
+            embedded: Vec::new(),
+            rope: None,
+        }
     }
 
     /// An empty batch to fill with [`Batch::push`]; every field is then explicit.
@@ -41,6 +62,8 @@ impl Batch {
             pos: Some(Vec::new()),
             seq_ids: Some(Vec::new()),
             logits: Some(Vec::new()),
+            embedded: Vec::new(),
+            rope: None,
         }
     }
 
@@ -89,6 +112,10 @@ pub struct ValidBatch<'a> {
     pub seqs: Vec<SeqSet>,
     /// \[n_outputs\] batch indices whose logits are wanted, ascending.
     pub out_rows: Vec<usize>,
+    /// Runs of rows given as embeddings, in order, apart and within the batch.
+    pub embedded: &'a [Embedded],
+    /// \[n_tokens\] M-RoPE's positions, where given.
+    pub rope: Option<&'a [[Pos; 3]]>,
 }
 
 impl ValidBatch<'_> {
@@ -134,7 +161,36 @@ pub fn validate<'a>(batch: &'a Batch, cells: &KvCells, limits: &Limits) -> Resul
             }
         }
     }
+    let mut end = 0;
+    for (k, e) in batch.embedded.iter().enumerate() {
+        let rows = e.values.len().checked_div(limits.hidden_size).unwrap_or(0);
+        if !matches!(batch.input, BatchInput::Tokens(_)) {
+            return bad("embedded rows are given in a token batch only".into());
+        }
+        if rows == 0 || e.values.len() % limits.hidden_size != 0 {
+            return bad(format!(
+                "embedded run {k}: {} values are not rows of width {}",
+                e.values.len(),
+                limits.hidden_size
+            ));
+        }
+        if e.row < end || e.row + rows > n {
+            return bad(format!(
+                "embedded run {k}: rows {}..{} overlap another run or pass the batch's {n}",
+                e.row,
+                e.row + rows
+            ));
+        }
+        if e.values.iter().any(|v| !v.is_finite()) {
+            return bad(format!("embedded run {k}: values must be finite"));
+        }
+        end = e.row + rows;
+    }
+    if let Some(p) = batch.rope.as_ref().and_then(|r| r.iter().position(|p| p.iter().any(|&x| x < 0))) {
+        return bad(format!("token {p}: a negative M-RoPE position"));
+    }
     for (name, len) in [
+        ("rope", batch.rope.as_ref().map(Vec::len)),
         ("pos", batch.pos.as_ref().map(Vec::len)),
         ("seq_ids", batch.seq_ids.as_ref().map(Vec::len)),
         ("logits", batch.logits.as_ref().map(Vec::len)),
@@ -149,7 +205,7 @@ pub fn validate<'a>(batch: &'a Batch, cells: &KvCells, limits: &Limits) -> Resul
         None => vec![n - 1],
         Some(flags) => flags.iter().enumerate().filter(|(_, f)| **f).map(|(i, _)| i).collect(),
     };
-    Ok(ValidBatch { input: &batch.input, pos, seqs, out_rows })
+    Ok(ValidBatch { input: &batch.input, pos, seqs, out_rows, embedded: &batch.embedded, rope: batch.rope.as_deref() })
 }
 
 fn resolve_seqs(batch: &Batch, n: usize) -> Result<Vec<SeqSet>, DecodeError> {
@@ -258,6 +314,21 @@ mod tests {
         assert!(err(&b, &cells).contains("`logits` has 1 entries"));
         let b = Batch { input: BatchInput::Embeddings { values: vec![0.0; 12], dim: 6 }, ..Batch::one(vec![]) };
         assert!(err(&b, &cells).contains("width"));
+        let run = |row: usize, rows: usize| Embedded { row, values: vec![0.5; rows * 8] };
+        let b = Batch { embedded: vec![run(1, 2)], ..Batch::one(vec![1, 2]) };
+        assert!(err(&b, &cells).contains("pass the batch"));
+        let b = Batch { embedded: vec![run(0, 2), run(1, 1)], ..Batch::one(vec![1, 2, 3]) };
+        assert!(err(&b, &cells).contains("overlap"));
+        let b = Batch { embedded: vec![Embedded { row: 0, values: vec![0.5; 12] }], ..Batch::one(vec![1, 2]) };
+        assert!(err(&b, &cells).contains("width 8"));
+        let b = Batch { rope: Some(vec![[0; 3]]), ..Batch::one(vec![1, 2]) };
+        assert!(err(&b, &cells).contains("`rope` has 1 entries"));
+        let b = Batch {
+            embedded: vec![run(0, 1), run(2, 1)],
+            rope: Some(vec![[0; 3], [1; 3], [1, 2, 2]]),
+            ..Batch::one(vec![1, 2, 3])
+        };
+        assert!(validate(&b, &cells, &LIMITS).is_ok());
     }
 
     #[test]

@@ -51,6 +51,20 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
+    /// The vision tower of the checkpoint in `dir` (`visual.` or `model.visual.`), its tensors
+    /// named without that prefix; `None` where it has none.
+    pub fn vision(dir: &Path) -> Result<Option<Self>, LoadError> {
+        let mut checkpoint = Self::from_files(shard_files(dir)?)?;
+        checkpoint.entries = std::mem::take(&mut checkpoint.entries)
+            .into_iter()
+            .filter_map(|(name, e)| {
+                let rest = name.strip_prefix("model.visual.").or_else(|| name.strip_prefix("visual."));
+                rest.map(|rest| (rest.to_string(), e))
+            })
+            .collect();
+        Ok((!checkpoint.entries.is_empty()).then_some(checkpoint))
+    }
+
     /// One safetensors file's tensors under their own names (a PEFT adapter's).
     pub fn open_file(path: &Path) -> Result<Self, LoadError> {
         Self::from_files(vec![path.to_path_buf()])

@@ -69,6 +69,31 @@ pub fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
 }
 
 /// Llama 4's attention temperature (Ministral 3's `llama_4_scaling_beta`): each query, after the
+/// M-RoPE: each rotated pair turned by one of three position streams (temporal, height, width).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MRope {
+    /// Pairs per stream: the first `t` pairs temporal, the next `h` height, the last `w` width
+    /// (Qwen2-VL's); interleaved, pair `i` is height's where `i % 3 == 1` and `i < 3h`,
+    /// width's where `i % 3 == 2` and `i < 3w`, else temporal (Qwen3-VL's).
+    pub sections: [usize; 3],
+    pub interleaved: bool,
+}
+
+impl MRope {
+    /// The stream (0 temporal, 1 height, 2 width) that turns pair `i`.
+    pub fn stream(&self, i: usize) -> usize {
+        let [t, h, w] = self.sections;
+        match self.interleaved {
+            false if i < t => 0,
+            false if i < t + h => 1,
+            false => 2,
+            true if i % 3 == 1 && i < 3 * h => 1,
+            true if i % 3 == 2 && i < 3 * w => 2,
+            true => 0,
+        }
+    }
+}
+
 /// rotary embedding, multiplied by 1 + β · ln(1 + ⌊position / original⌋): 1 below `original`
 /// (the YaRN scaling's `original_max_position_embeddings`), more the further past it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -250,6 +275,9 @@ pub struct ModelConfig {
     pub rope_scaling: RopeScaling,
     /// Queries scaled by their position past the original context (Ministral 3).
     pub query_scaling: Option<QueryScaling>,
+    /// M-RoPE (Qwen2-VL's, Qwen3-VL's): which position stream (temporal, height, width) turns
+    /// each rotated pair, where the family has it. Text turns all three as one position.
+    pub mrope: Option<MRope>,
     /// The leading dimensions of each head the rotary embedding turns (`partial_rotary_factor`
     /// of `head_dim`; all of them for most families).
     pub rotary_dim: usize,
@@ -472,6 +500,7 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             query_scaling,
+            mrope: f.mrope(rotary_dim)?,
             rotary_dim,
             attn_output_gate: arch.gated_delta_net && f.opt_bool("attn_output_gate")?.unwrap_or(true),
             zero_centred_norms: arch.zero_centred_norms,
@@ -1119,6 +1148,34 @@ impl Fields<'_> {
 
     /// The rotary base and scaling: `rope_theta` and `rope_scaling` at the top level
     /// (transformers < 5), or both in `rope_parameters`. Errors name the field as written.
+    /// `mrope_section` (and `mrope_interleaved`) of `rope_parameters` or `rope_scaling`: pairs
+    /// per stream, which must add up to the rotated pairs where the streams take them in turn
+    /// (as transformers splits them); interleaved, the pairs past the sections are temporal.
+    fn mrope(&self, rotary_dim: usize) -> Result<Option<MRope>, LoadError> {
+        let (section, Some(Value::Object(params))) = (match self.get("rope_parameters") {
+            Some(p) => ("rope_parameters", Some(p)),
+            None => ("rope_scaling", self.get("rope_scaling")),
+        }) else {
+            return Ok(None);
+        };
+        let nested = Fields(params);
+        let Some(value) = nested.get("mrope_section") else {
+            return Ok(None);
+        };
+        let field = format!("{section}.mrope_section");
+        let pairs: Option<Vec<usize>> =
+            value.as_array().and_then(|a| a.iter().map(|v| v.as_u64().map(|n| n as usize)).collect());
+        let interleaved = nested.opt_bool("mrope_interleaved")?.unwrap_or(false);
+        let sections = match pairs.as_deref() {
+            Some(&[t, h, w]) if interleaved || t + h + w == rotary_dim / 2 => [t, h, w],
+            _ => {
+                let reason = format!("expected three pair counts adding up to {} (the rotated pairs)", rotary_dim / 2);
+                return Err(LoadError::Config { field, reason: format!("{value}: {reason}") });
+            }
+        };
+        Ok(Some(MRope { sections, interleaved }))
+    }
+
     fn rope(&self, arch: &Architecture) -> Result<(f64, RopeScaling, f64, Option<QueryScaling>), LoadError> {
         let top_partial = self.opt_f64("partial_rotary_factor")?;
         let (section, params) = match (self.get("rope_parameters"), self.get("rope_scaling")) {
@@ -1608,6 +1665,17 @@ mod tests {
             ("qwen3_vl", 32, true, true)
         );
         assert_eq!((dense.rotary_dim, dense.rope_theta), (32, 5000000.0));
+        let mrope = dense.mrope.unwrap();
+        assert_eq!(mrope, MRope { sections: [6, 5, 5], interleaved: true });
+        // Interleaved: t h w t h w …, the pairs past 3 × a section temporal.
+        let streams: Vec<usize> = (0..16).map(|i| mrope.stream(i)).collect();
+        assert_eq!(streams, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0]);
+        let split = MRope { sections: [2, 3, 3], interleaved: false };
+        assert_eq!((0..8).map(|i| split.stream(i)).collect::<Vec<_>>(), [0, 0, 1, 1, 1, 2, 2, 2]);
+        // Taken in turn, the sections must cover the rotated pairs.
+        let split = text("qwen3_vl_text", r#","head_dim":16"#).replace(r#""mrope_interleaved":true"#, r#""x":0"#);
+        let err = ModelConfig::from_json_str(&wrapped("qwen3_vl", split)).unwrap_err();
+        assert!(err.to_string().contains("mrope_section"), "{err}");
         let moe_text =
             text("qwen3_vl_moe_text", r#","num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":24"#);
         let moe = ModelConfig::from_json_str(&wrapped("qwen3_vl_moe", moe_text)).unwrap();

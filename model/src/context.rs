@@ -48,6 +48,11 @@ impl Context {
     pub fn model_mut(&mut self) -> &mut dyn LanguageModel {
         self.model.as_mut()
     }
+    /// An image's feature rows, for a batch's [`crate::Embedded`] runs
+    /// ([`LanguageModel::encode_image`]).
+    pub fn encode_image(&self, image: &crate::Image) -> Result<Vec<f32>, DecodeError> {
+        self.model.encode_image(image)
+    }
     pub fn kv(&self) -> &KvCache {
         &self.cache
     }

@@ -28,8 +28,9 @@ pub mod source;
 pub mod tensors;
 pub mod tokenizer;
 pub mod transfers;
+pub mod vision;
 
-pub use batch::{Batch, BatchInput};
+pub use batch::{Batch, BatchInput, Embedded};
 pub use burn::tensor::{Device, Tensor, TensorData};
 pub use config::ModelConfig;
 pub use context::Context;
@@ -47,3 +48,4 @@ pub use sampling::{Sampled, Sampler, SamplingParams};
 pub use source::{FileSummary, ModelSource};
 pub use tensors::WeightDtype;
 pub use tokenizer::Tokenizer;
+pub use vision::{Image, ImageError, ImageProcessor, VisionInfo};

@@ -7,6 +7,7 @@ use crate::batch::ValidBatch;
 use crate::device::DeviceStream;
 use crate::error::{DecodeError, LoadError};
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
+use crate::vision::{Image, VisionInfo};
 
 /// What callers need to know about a loaded model.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +26,8 @@ pub struct ModelInfo {
     /// checkpoints as many; 0 for a model without. Such a state goes back only to a checkpoint:
     /// a sequence reuses another's cache whole or up to one, and never speculates.
     pub state_bytes: usize,
+    /// How to send it images, where it sees them ([`LanguageModel::encode_image`]).
+    pub vision: Option<VisionInfo>,
 }
 
 /// How a sequence's final hidden states become one embedding.
@@ -96,6 +99,14 @@ pub trait LanguageModel: Send {
     ) -> Result<Tensor<2>, DecodeError> {
         let _ = (batch, placement, cache, abort);
         Err(DecodeError::InvalidInput("this model gives no hidden states (embeddings)".into()))
+    }
+
+    /// An image's feature rows ([`Image::tokens`] × `hidden_size`, row-major): what a batch gives
+    /// in place of its image tokens' embeddings ([`crate::Batch::embedded`]). A model that sees no
+    /// images says so.
+    fn encode_image(&self, image: &Image) -> Result<Vec<f32>, DecodeError> {
+        let _ = image;
+        Err(DecodeError::InvalidInput("this model takes text only, not images".into()))
     }
 
     /// Re-rotates cached keys after `seq_add`: `shifts` is \[extent\], the position delta of each

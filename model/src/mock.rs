@@ -104,6 +104,7 @@ impl Mock {
             eos_token_ids: eos,
             pooling: crate::Pooling::Last,
             state_bytes: 0,
+            vision: None,
         }
     }
 

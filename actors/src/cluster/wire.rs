@@ -19,14 +19,15 @@ use crate::request::{
     HarmonyParsing, ReasoningParsing, ReasoningTags, TextCallSpec, ToolCallTags, ToolParsing, XmlTools,
 };
 use crate::session::SessionInfo;
+use llaisys_model::vision::PromptImages;
 
 /// The message protocol's version; a peer speaking another is refused. 2: a token event leaves
 /// out its empty fields; 3: read-outs (embeddings, rerank); 4: a token's log-probability only
 /// where the request asked for it; 5: tool calls written as XML, with their tools' parameters;
 /// 6: tool-call tags with no closing tag (Mistral's array of calls); 7: Mistral's `[ARGS]` and
 /// `[CALL_ID]` tags; 8: log-probabilities of the distribution drawn from, and of the prompt;
-/// a time limit on generation; 9: a request's scheduling priority.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// a time limit on generation; 9: a request's scheduling priority; 10: a prompt's images.
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// A request as it crosses the network: everything a checked choice holds, the constraint
 /// before compilation (the node checks it again against its own model and cache).
@@ -69,6 +70,9 @@ pub struct WireRequest {
     pub priority: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The prompt's images, prepared by the front (the node's model is the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<PromptImages>,
 }
 
 impl WireRequest {
@@ -91,6 +95,7 @@ impl WireRequest {
             time_limit: params.time_limit,
             priority: params.priority,
             session,
+            images: params.images.as_deref().cloned(),
         }
     }
 
@@ -123,6 +128,7 @@ impl WireRequest {
             speculative: self.speculative,
             time_limit: self.time_limit,
             priority: self.priority,
+            images: self.images.clone().map(std::sync::Arc::new),
         }
     }
 }

@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use llaisys_model::Image;
 use llaisys_model::tokenizer::{ChatMessage, FimPrompt, FimTokens};
+use llaisys_model::vision::PromptImages;
 use llaisys_model::{
     CallSyntax, Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, ThinkStart, Thinking, Tokenizer,
 };
@@ -150,6 +152,20 @@ impl Frontend {
         kwargs: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, EngineError> {
+        Ok(self.render_chat_images(messages, tools, kwargs, add_generation_prompt)?.0)
+    }
+
+    /// [`Self::render_chat`], and the conversation's images where it has any: each image's
+    /// placeholder token (the template's, once per image) repeated once per feature row, those
+    /// rows' ids drawn from the image ([`PromptImages::new`]). A model that sees no images
+    /// refuses them, naming the message.
+    pub fn render_chat_images(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Tool],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<(Vec<u32>, Option<PromptImages>), EngineError> {
         let text = self.text_side()?;
         if messages.is_empty() {
             return Err(RequestError::invalid("messages", "messages must not be empty").into());
@@ -170,7 +186,34 @@ impl Frontend {
                           describe them in a message instead";
             return Err(RequestError::invalid("tools", reason).into());
         }
-        Ok(text.tokenizer.encode(&rendered).map_err(|e| RequestError::invalid("messages", e.to_string()))?)
+        let ids = text.tokenizer.encode(&rendered).map_err(|e| RequestError::invalid("messages", e.to_string()))?;
+        let Some(first) = checked.iter().position(|m| !m.images.is_empty()) else {
+            return Ok((ids, None));
+        };
+        let param = format!("messages[{first}].content");
+        let Some(vision) = &self.info.vision else {
+            let reason = format!("this model ({}) takes text only, not images", self.info.model_type);
+            return Err(RequestError::invalid(param, reason).into());
+        };
+        let images: Vec<Arc<Image>> = checked.iter().flat_map(|m| m.images.iter().map(|i| i.image.clone())).collect();
+        let token = vision.image_token;
+        let placeholders = ids.iter().filter(|&&t| t == token).count();
+        if placeholders != images.len() {
+            let reason = format!(
+                "{} images, and the chat template and text give {placeholders} image placeholders",
+                images.len()
+            );
+            return Err(RequestError::invalid(param, reason).into());
+        }
+        let mut expanded = Vec::with_capacity(ids.len() + images.iter().map(|i| i.tokens()).sum::<usize>());
+        let mut next = images.iter();
+        for t in ids {
+            let n = if t == token { next.next().map_or(1, |i| i.tokens()) } else { 1 };
+            expanded.extend(std::iter::repeat_n(t, n));
+        }
+        let images = PromptImages::new(&mut expanded, token, images, self.info.vocab_size)
+            .map_err(|reason| RequestError::invalid(param, reason))?;
+        Ok((expanded, Some(images)))
     }
 
     /// Checks a chat and renders its prompt.
@@ -178,13 +221,18 @@ impl Frontend {
         let options = &request.options;
         let offered = check_tool_choice(options)?;
         let tools = if offered { &options.tools[..] } else { &[] };
-        let prompt = self.render_chat(&request.input, tools, &options.chat_template_kwargs, true)?;
+        let (prompt, images) = self.render_chat_images(&request.input, tools, &options.chat_template_kwargs, true)?;
+        if images.is_some() && options.prompt_logprobs.is_some() {
+            let reason = "a prompt with images has no log-probabilities for its image tokens; ask without images";
+            return Err(RequestError::invalid("prompt_logprobs", reason).into());
+        }
         if let Some(tags) = self.text_side()?.harmony {
             return self.harmony_chat(request, prompt, tags);
         }
         let reasoning = self.text_side()?.reasoning.map(|tags| ReasoningParsing::after(tags, &prompt));
         let mut unchecked = self.unchecked(vec![prompt], options, "messages")?;
         unchecked.params.reasoning = reasoning;
+        unchecked.params.images = images.map(Arc::new);
         if !options.tools.is_empty() {
             let syntax = self.text_side()?.template.as_ref().map_or(CallSyntax::Json, |t| t.call_syntax());
             constrain_calls(&mut unchecked.params, options, &request.input, syntax, &*self.grammar_compiler()?)?;
@@ -444,6 +492,7 @@ impl Frontend {
             speculative: options.speculative,
             time_limit: options.time_limit,
             priority: options.priority,
+            images: None,
         };
         let (session, logprobs) = (options.session.clone(), options.logprobs.is_some());
         Ok(Unchecked { prompts, params, n, session, logprobs })

@@ -1,5 +1,6 @@
 //! What to generate for a prompt: the engine's parameters of one choice.
 
+use llaisys_model::vision::PromptImages;
 use llaisys_model::{Guidance, SamplingParams};
 
 use std::sync::Arc;
@@ -48,6 +49,9 @@ pub struct GenerateParams {
     /// sequence is preempted first, also to admit a more urgent one. 0 unless the server's
     /// `limits.scheduling_policy` is `priority`.
     pub priority: i32,
+    /// The prompt's images (a chat's), where it has any: the worker encodes each once and gives
+    /// its features in place of its tokens, each row turned by M-RoPE.
+    pub images: Option<Arc<PromptImages>>,
 }
 
 impl GenerateParams {
@@ -76,6 +80,7 @@ impl Default for GenerateParams {
             speculative: None,
             time_limit: None,
             priority: 0,
+            images: None,
         }
     }
 }

@@ -234,6 +234,7 @@ mod tests {
             eos_token_ids: vec![2],
             pooling: llaisys_model::Pooling::Last,
             state_bytes: 0,
+            vision: None,
         }
     }
 

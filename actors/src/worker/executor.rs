@@ -67,6 +67,9 @@ pub struct Lane {
     history: Option<Vec<u32>>,
     /// For a request that asked for its prompt's log-probabilities, until they are computed.
     scoring: Option<PromptScoring>,
+    /// For a prompt with images: each image's features, once encoded (kept while the request
+    /// lives: a preempted prompt is computed again).
+    features: Vec<Option<Arc<Vec<f32>>>>,
 }
 
 /// A prompt whose tokens' log-probabilities are computed as it is: each prefill row's logits
@@ -126,7 +129,8 @@ impl PromptScoring {
 impl Lane {
     /// `history`: the prompt and output so far, when the request speculates.
     pub fn new(sampler: Sampler, params: Arc<GenerateParams>, history: Option<Vec<u32>>) -> Self {
-        Self { sampler, params, history, scoring: None }
+        let features = params.images.as_ref().map_or(Vec::new(), |i| vec![None; i.images.len()]);
+        Self { sampler, params, history, scoring: None, features }
     }
 
     /// A request's lane before its first token: its sampler over `prompt`, guided as `params`
@@ -134,6 +138,21 @@ impl Lane {
     pub fn fresh(prompt: &[u32], params: Arc<GenerateParams>, speculates: bool) -> Self {
         let sampler = Sampler::new(params.sampling.clone(), prompt).guided(&params.guidance);
         Self::new(sampler, params, speculates.then(|| prompt.to_vec())).scoring(prompt)
+    }
+
+    /// The runs of `item`'s rows (the first of them batch row `row0`) that are image tokens, as
+    /// their images' features: encoded by `Executor::encode_images` before.
+    fn embed(&self, item: &crate::scheduler::PlanItem, row0: usize, runs: &mut Vec<llaisys_model::Embedded>) {
+        let Some(images) = self.params.images.as_deref() else { return };
+        let (from, to) = (item.start_pos as usize, item.start_pos as usize + item.tokens.len());
+        for (k, image) in images.images.iter().enumerate() {
+            let (start, end) = (images.rows[k], images.rows[k] + image.tokens());
+            let (lo, hi) = (start.max(from), end.min(to));
+            let Some(features) = self.features[k].as_ref().filter(|_| lo < hi) else { continue };
+            let width = features.len() / image.tokens();
+            let values = features[(lo - start) * width..(hi - start) * width].to_vec();
+            runs.push(llaisys_model::Embedded { row: row0 + lo - from, values });
+        }
     }
 
     /// Computes `prompt`'s log-probabilities as it goes through the model, if the request asked
@@ -215,7 +234,11 @@ impl Executor {
             return Ok(Vec::new());
         }
         let drafts = self.propose(plan);
+        self.encode_images(plan)?;
         let mut batch = Batch::new();
+        // M-RoPE's positions of every row, given where some item has images.
+        let mut rope = Vec::new();
+        let turned = plan.items.iter().any(|i| self.lanes.get(&i.id).is_some_and(|l| l.params.images.is_some()));
         // Per item: the index of its first logits row among the outputs (rows come in batch
         // order: an item that samples has one for its last token and one per proposal).
         let mut rows = Vec::with_capacity(plan.items.len());
@@ -228,8 +251,19 @@ impl Executor {
         let mut scored = Vec::with_capacity(plan.items.len());
         let candidates = self.ctx.finds_candidates();
         for (item, drafts) in plan.items.iter().zip(&drafts) {
-            let scoring = self.lanes.get(&item.id).and_then(|l| l.scoring.as_ref());
+            let lane = self.lanes.get(&item.id);
+            let scoring = lane.and_then(|l| l.scoring.as_ref());
             let scores = scoring.map_or(0..0, |s| s.rows(item.start_pos as usize, item.tokens.len()));
+            if let Some(lane) = lane {
+                lane.embed(item, batch.len(), &mut batch.embedded);
+            }
+            let images = lane.and_then(|l| l.params.images.as_deref());
+            if turned {
+                let at = |k: usize| item.start_pos + k as i64;
+                rope.extend(
+                    (0..item.tokens.len() + drafts.len()).map(|k| images.map_or([at(k); 3], |i| i.rope_at(at(k)))),
+                );
+            }
             for (k, &token) in item.tokens.iter().enumerate() {
                 let last = k + 1 == item.tokens.len();
                 batch.push(token, item.start_pos + k as i64, &[item.seq], item.sample && last || scores.contains(&k));
@@ -253,6 +287,7 @@ impl Executor {
                 batch.push(token, item.start_pos + (item.tokens.len() + k) as i64, &[item.seq], true);
             }
         }
+        batch.rope = turned.then_some(rope);
         // T1: the grammar masks of the sequences that sample are computed on the compute pool
         // while the forward pass runs (they depend only on the tokens so far).
         let sampling: Vec<RequestId> = plan.items.iter().filter(|i| i.sample).map(|i| i.id).collect();
@@ -344,6 +379,22 @@ impl Executor {
     }
 
     /// Proposals for the plan's items (empty for items not allowed any).
+    /// Encodes the images whose tokens the plan's items reach and that are not encoded yet.
+    fn encode_images(&mut self, plan: &StepPlan) -> Result<(), DecodeError> {
+        for item in &plan.items {
+            let Some(lane) = self.lanes.get_mut(&item.id) else { continue };
+            let Some(images) = lane.params.images.clone() else { continue };
+            let (from, to) = (item.start_pos as usize, item.start_pos as usize + item.tokens.len());
+            for (k, image) in images.images.iter().enumerate() {
+                let start = images.rows[k];
+                if lane.features[k].is_none() && start < to && start + image.tokens() > from {
+                    lane.features[k] = Some(Arc::new(self.ctx.encode_image(image)?));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn propose(&mut self, plan: &StepPlan) -> Vec<Vec<u32>> {
         let mut drafts = vec![Vec::new(); plan.items.len()];
         let Some(proposer) = &mut self.proposer else { return drafts };

@@ -33,6 +33,7 @@ use crate::quant::Imatrix;
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
 use crate::tensors::{Naming, TensorSource};
+use crate::vision::{self, Image, Vision, VisionInfo};
 
 pub struct Decoder {
     config: ModelConfig,
@@ -46,6 +47,8 @@ pub struct Decoder {
     stream: DeviceStream,
     /// Decode steps recorded and replayed on a GPU.
     graphs: StepGraphs,
+    /// Its vision tower, where it sees images.
+    vision: Option<Vision>,
 }
 
 /// The registry entry: loads the configuration and the weights of a Hugging Face directory or a
@@ -56,8 +59,11 @@ pub fn load(
     device: &Device,
 ) -> Result<Box<dyn LanguageModel>, LoadError> {
     let source = source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })?;
+    let mut dir = None;
     let (config, src): (ModelConfig, Box<dyn TensorSource>) = match source {
-        ModelSource::Dir(dir) => {
+        ModelSource::Dir(d) => {
+            dir = Some(d);
+            let dir = d;
             let config = ModelConfig::from_dir(dir)?;
             let checkpoint = Checkpoint::open(dir)?
                 .aliased(config.arch.hf_aliases)
@@ -106,26 +112,33 @@ pub fn load(
         tracing::info!(path = %m.path().display(), entries = m.len(), "importance matrix for quantizing at load");
     }
     let weights = stream.enter(|| Weights::load(&config, src.as_ref(), opts.weight_dtype, imatrix.as_ref(), device))?;
+    let vision = match dir {
+        Some(dir) => stream.enter(|| Vision::load(dir, &config, device))?,
+        None => None,
+    };
     tracing::info!(
         path = %source.path().display(),
         weights = %weights.describe(),
         mib = weights.matrix_bytes() >> 20,
         arch = config.arch.name,
+        images = vision.is_some(),
         "weights loaded"
     );
-    Ok(Box::new(Decoder::new(config, weights, device, stream, opts.step_graphs)))
+    Ok(Box::new(Decoder::new(config, weights, device, stream, opts.step_graphs, vision)))
 }
 
 /// The registry's info entry: what `load` would report, from the configuration alone.
 pub fn info(source: Option<&ModelSource>) -> Result<ModelInfo, LoadError> {
-    let config = match source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })? {
-        ModelSource::Dir(dir) => ModelConfig::from_dir(dir)?,
-        ModelSource::Gguf(path) => gguf::model_config(&GgufFile::open(path)?)?,
-    };
-    Ok(info_of(&config))
+    match source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })? {
+        ModelSource::Dir(dir) => {
+            let config = ModelConfig::from_dir(dir)?;
+            Ok(info_of(&config, vision::info(dir, &config)?))
+        }
+        ModelSource::Gguf(path) => Ok(info_of(&gguf::model_config(&GgufFile::open(path)?)?, None)),
+    }
 }
 
-fn info_of(config: &ModelConfig) -> ModelInfo {
+fn info_of(config: &ModelConfig, vision: Option<VisionInfo>) -> ModelInfo {
     ModelInfo {
         model_type: config.arch.name,
         vocab_size: config.vocab_size,
@@ -138,12 +151,20 @@ fn info_of(config: &ModelConfig) -> ModelInfo {
             let (conv, memory) = a.state_floats();
             (config.num_hidden_layers - config.attention_layers()) * (conv + memory) * 4
         }),
+        vision,
     }
 }
 
 impl Decoder {
-    fn new(config: ModelConfig, weights: Weights, device: &Device, stream: DeviceStream, graphs: bool) -> Self {
-        let info = info_of(&config);
+    fn new(
+        config: ModelConfig,
+        weights: Weights,
+        device: &Device,
+        stream: DeviceStream,
+        graphs: bool,
+        vision: Option<Vision>,
+    ) -> Self {
+        let info = info_of(&config, vision.as_ref().map(|v| v.info.clone()));
         let rope = Rope::from_config(&config);
         let local_rope = Rope::local(&config);
         // A graph keeps the memory its step was given: where a product of more rows than the
@@ -162,7 +183,7 @@ impl Decoder {
             && config.sliding.is_none()
             && config.unrotated.is_none();
         let graphs = StepGraphs::new(graphs && plain, rows);
-        Self { config, info, weights, rope, local_rope, device: device.clone(), stream, graphs }
+        Self { config, info, weights, rope, local_rope, device: device.clone(), stream, graphs, vision }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -243,8 +264,11 @@ impl LanguageModel for Decoder {
         let pass = || {
             let (tables, cells) = self.tables(batch, placement, cache);
             let plan = match batch.input {
-                BatchInput::Tokens(ids) => self.graphs.begin(ids, batch, &cells, &tables, cache, &self.device),
-                BatchInput::Embeddings { .. } => Plan::Plain,
+                // Rows given as embeddings or turned by M-RoPE's streams are not among a replay's inputs.
+                BatchInput::Tokens(ids) if batch.embedded.is_empty() && batch.rope.is_none() => {
+                    self.graphs.begin(ids, batch, &cells, &tables, cache, &self.device)
+                }
+                _ => Plan::Plain,
             };
             match plan {
                 Plan::Plain => logits(self.embed(batch.input), tables, cells, cache),
@@ -275,6 +299,13 @@ impl LanguageModel for Decoder {
             Ok(self.weights.norm.forward(x))
         };
         self.stream.enter(|| kernels::with_awake_pool(&self.device, pass))
+    }
+
+    fn encode_image(&self, image: &Image) -> Result<Vec<f32>, DecodeError> {
+        let vision = self.vision.as_ref().ok_or_else(|| {
+            DecodeError::InvalidInput(format!("this model ({}) takes text only, not images", self.config.arch.name))
+        })?;
+        self.stream.enter(|| kernels::with_awake_pool(&self.device, || vision.encode(image)))
     }
 
     fn shift_keys(&self, cache: &mut KvCache, shifts: &[Pos]) {
@@ -381,7 +412,10 @@ impl Decoder {
         placement: &Placement,
         cache: &KvCache,
     ) -> (RopeTables, kernels::CellTable) {
-        let tables = self.rope.tables_in(&batch.pos, &batch.seqs, &self.device);
+        let tables = match batch.rope {
+            Some(rope) => self.rope.tables_streams(rope, &self.device),
+            None => self.rope.tables_in(&batch.pos, &batch.seqs, &self.device),
+        };
         let extent = cache.cells().extent();
         let visible = cache.visible(&batch.seqs, &batch.pos, extent);
         (tables, kernels::CellTable::new(placement.clone(), visible, &self.device))
@@ -426,6 +460,18 @@ impl Decoder {
         let given = matches!(batch.input, BatchInput::Embeddings { .. });
         if let Some(scale) = c.embedding_scale.filter(|_| !given || c.scale_given_embeddings) {
             x = x.mul_scalar(scale);
+        }
+        // Rows given in place of their tokens' (an image's features), scaled only where given
+        // rows are.
+        for e in batch.embedded {
+            let rows = e.values.len() / c.hidden_size;
+            let values =
+                crate::transfers::upload(TensorData::new(e.values.clone(), [rows, c.hidden_size]), &self.device);
+            let values = match c.embedding_scale.filter(|_| c.scale_given_embeddings) {
+                Some(scale) => values.mul_scalar(scale),
+                None => values,
+            };
+            x = x.slice_assign([e.row..e.row + rows, 0..c.hidden_size], values);
         }
         // Scores scaled by `query_pre_attn_scalar`^−½ where the kernels scale by head_dim^−½: the
         // queries times the ratio's root.

@@ -4,7 +4,7 @@ use std::ops::Range;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::RmsNorm;
-use crate::config::{ModelConfig, RopeScaling, yarn_mscale};
+use crate::config::{MRope, ModelConfig, RopeScaling, yarn_mscale};
 use crate::kv::{Pos, SeqSet};
 
 /// Rotary position embedding in the "rotate half" layout of Hugging Face's models: dimension
@@ -19,6 +19,8 @@ pub struct Rope {
     /// LongRoPE's frequencies past the original context, and that context: a sequence whose last
     /// position in a pass reaches it turns that pass's rows by these instead (`tables_in`).
     long: Option<(Vec<f32>, Pos)>,
+    /// M-RoPE's streams, where the model has it ([`Self::tables_streams`]).
+    mrope: Option<MRope>,
 }
 
 /// cos and sin of every (token, frequency): [n, head_dim/2] each, on the host (for the CPU
@@ -36,6 +38,44 @@ pub struct RopeTables {
 }
 
 impl RopeTables {
+    /// Pair `i` of row `r` turned by `frequencies[i]` at position `positions[r][streams[i]]`
+    /// (M-RoPE's streams; a vision tower's 2-D rows), cos and sin scaled by `scale`.
+    pub fn of_streams(
+        frequencies: &[f32],
+        streams: &[usize],
+        positions: &[[Pos; 3]],
+        scale: f32,
+        device: &Device,
+    ) -> Self {
+        let half = frequencies.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for p in positions {
+            for (&f, &s) in frequencies.iter().zip(streams) {
+                if f == 0.0 {
+                    cos.push(1.0);
+                    sin.push(0.0);
+                    continue;
+                }
+                let angle = (p[s] as f32 * f) as f64;
+                cos.push(angle.cos() as f32 * scale);
+                sin.push(angle.sin() as f32 * scale);
+            }
+        }
+        Self::from_parts(cos, sin, positions.len(), half, device)
+    }
+
+    fn from_parts(cos: Vec<f32>, sin: Vec<f32>, n: usize, half: usize, device: &Device) -> Self {
+        Self {
+            cos,
+            sin,
+            shape: [n, 1, half],
+            device: device.clone(),
+            tensors: OnceCell::new(),
+            stacked: OnceCell::new(),
+        }
+    }
+
     fn tensors(&self) -> (Tensor<3>, Tensor<3>) {
         let [n, _, half] = self.shape;
         let make = |v: &[f32], lo_sign: f32| {
@@ -79,7 +119,7 @@ impl Rope {
     /// Unscaled: `theta^(−2i/head_dim)`.
     pub fn new(head_dim: usize, theta: f64) -> Self {
         let inv_freq = (0..head_dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
-        Self { inv_freq, attention_factor: 1.0, long: None }
+        Self { inv_freq, attention_factor: 1.0, long: None, mrope: None }
     }
 
     /// The config's rotary embedding, scaled as its `rope_scaling` says (transformers'
@@ -108,6 +148,7 @@ impl Rope {
     fn scaled(c: &ModelConfig) -> Self {
         let mut rope = Self::new(c.rotary_dim, c.rope_theta);
         rope.inv_freq.resize(c.head_dim / 2, 0.0);
+        rope.mrope = c.mrope;
         let d = c.rotary_dim as f32;
         match &c.rope_scaling {
             RopeScaling::None => {}
@@ -203,6 +244,17 @@ impl Rope {
         Self::tables_of(&[&self.inv_freq, long], &choice, positions, self.attention_factor, device)
     }
 
+    /// Tables for rotating to each of `positions` by M-RoPE's three streams (temporal, height,
+    /// width): an image's tokens turn by their place in its grid. A model without M-RoPE turns
+    /// by the first stream. A row whose three are one turns as [`Self::tables`] turns it.
+    pub fn tables_streams(&self, positions: &[[Pos; 3]], device: &Device) -> RopeTables {
+        let streams: Vec<usize> = match &self.mrope {
+            Some(m) => (0..self.inv_freq.len()).map(|i| m.stream(i)).collect(),
+            None => vec![0; self.inv_freq.len()],
+        };
+        RopeTables::of_streams(&self.inv_freq, &streams, positions, self.attention_factor, device)
+    }
+
     /// Tables for rotating cached keys by each of `deltas` (rotations compose; the attention
     /// factor was applied when the keys were written).
     pub fn shift_tables(&self, deltas: &[Pos], device: &Device) -> RopeTables {
@@ -244,14 +296,7 @@ impl Rope {
                 sin.push(angle.sin() as f32 * scale);
             }
         }
-        RopeTables {
-            cos,
-            sin,
-            shape: [positions.len(), 1, half],
-            device: device.clone(),
-            tensors: OnceCell::new(),
-            stacked: OnceCell::new(),
-        }
+        RopeTables::from_parts(cos, sin, positions.len(), half, device)
     }
 
     /// # Shapes

@@ -19,6 +19,19 @@ pub struct ChatMessage {
     pub tool_calls: Vec<ToolCall>,
     /// A `tool` message: the call it answers.
     pub tool_call_id: Option<String>,
+    /// The message's images, in order. A message with images is given to the template as a
+    /// list of parts (`{"type": "text", "text"}` and `{"type": "image"}`, as transformers'
+    /// processors give them), where the model's template writes each image's placeholder.
+    pub images: Vec<MessageImage>,
+}
+
+/// An image of a message, and where it stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageImage {
+    /// The byte offset into the message's `content` it stands at (ascending; several may stand
+    /// at one).
+    pub at: usize,
+    pub image: std::sync::Arc<crate::vision::Image>,
 }
 
 /// A tool call of an assistant turn: the function and its arguments as JSON text.
@@ -37,8 +50,29 @@ impl ChatMessage {
     /// The message as the template sees it: tool calls with parsed arguments (Hugging Face's
     /// templates print them with `tojson`), their ids as `syntax` takes them.
     fn to_value(&self, syntax: CallSyntax) -> Value {
-        let mut pairs =
-            vec![("role", Value::from(self.role.as_str())), ("content", Value::from(self.content.as_str()))];
+        let content = match self.images.is_empty() {
+            true => Value::from(self.content.as_str()),
+            false => {
+                let mut parts = Vec::new();
+                let mut from = 0;
+                for image in &self.images {
+                    let mut at = image.at.clamp(from, self.content.len());
+                    while !self.content.is_char_boundary(at) {
+                        at += 1;
+                    }
+                    if let Some(text) = self.content.get(from..at).filter(|t| !t.is_empty()) {
+                        parts.push(Value::from_pairs([("type", Value::from("text")), ("text", Value::from(text))]));
+                    }
+                    parts.push(Value::from_pairs([("type", Value::from("image"))]));
+                    from = at;
+                }
+                if let Some(text) = self.content.get(from..).filter(|t| !t.is_empty()) {
+                    parts.push(Value::from_pairs([("type", Value::from("text")), ("text", Value::from(text))]));
+                }
+                Value::from(parts)
+            }
+        };
+        let mut pairs = vec![("role", Value::from(self.role.as_str())), ("content", content)];
         if !self.tool_calls.is_empty() {
             let calls: Vec<Value> = self
                 .tool_calls

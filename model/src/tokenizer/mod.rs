@@ -8,7 +8,7 @@ mod stream;
 
 use std::path::Path;
 
-pub use chat::{ChatMessage, ChatTemplate, TemplateError, ToolCall, strftime};
+pub use chat::{ChatMessage, ChatTemplate, MessageImage, TemplateError, ToolCall, strftime};
 pub use fim::{FIM_DEFAULT_PATH, FIM_DEFAULT_REPO, FimFile, FimPrompt, FimTokens, Infill};
 pub use stream::IncrementalDecoder;
 

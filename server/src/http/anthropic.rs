@@ -22,7 +22,7 @@ use super::dialect::{Dialect, Frame, Run, Work, endpoint};
 use super::error::{ApiError, ErrorShape};
 use super::generation::{Generation, Step};
 use super::openai::parse;
-use super::{AppState, Body413, RequestIdExt, json_response};
+use super::{AppState, Body413, RequestIdExt, images, json_response};
 
 /// A `POST /v1/messages` body.
 #[derive(Debug, Deserialize)]
@@ -104,6 +104,33 @@ enum Block {
     },
     Thinking {},
     RedactedThinking {},
+    Image {
+        source: ImageSource,
+    },
+}
+
+/// An image block's source: base64 bytes, or a URL (a `data:` URL; remote ones are refused).
+#[derive(Debug, Deserialize)]
+struct ImageSource {
+    #[serde(rename = "type")]
+    kind: String,
+    data: Option<String>,
+    url: Option<String>,
+}
+
+impl ImageSource {
+    fn bytes(&self, param: &str) -> Result<Vec<u8>, ApiError> {
+        match (self.kind.as_str(), &self.data, &self.url) {
+            ("base64", Some(data), _) => images::from_base64(data, param),
+            ("url", _, Some(url)) => images::from_url(url, param),
+            ("base64", None, _) => Err(ApiError::invalid(&format!("{param}.data"), "a base64 source needs its data")),
+            ("url", _, None) => Err(ApiError::invalid(&format!("{param}.url"), "a url source needs its url")),
+            (other, _, _) => Err(ApiError::invalid(
+                &format!("{param}.type"),
+                format!("{other:?} is not an image source type (base64, url)"),
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -148,7 +175,8 @@ pub async fn messages(
 
 async fn generate(state: &Arc<AppState>, request_id: &str, req: MessagesRequest) -> Result<Response, ApiError> {
     let model = state.model(&req.model)?;
-    let request = req.chat_request()?;
+    let (mut request, pending) = req.chat_request()?;
+    images::attach(&model, &mut request.input, pending).await?;
     let run = Run { state, request_id, model, stream: req.stream, constraint_field: None, echo: false };
     run.run(Work::Chat(request), Messages::default()).await
 }
@@ -159,8 +187,8 @@ impl MessagesRequest {
         parse(body)
     }
 
-    /// The request in the engine's terms.
-    pub fn chat_request(&self) -> Result<ChatRequest, ApiError> {
+    /// The request in the engine's terms, and its images, not prepared yet.
+    pub fn chat_request(&self) -> Result<(ChatRequest, Vec<images::Pending>), ApiError> {
         let req = self;
         if req.max_tokens < 1 {
             return Err(ApiError::invalid(
@@ -184,23 +212,27 @@ impl MessagesRequest {
             ..Options::default()
         };
         tools(&mut options, req.tools.as_deref(), req.tool_choice.as_ref())?;
-        Ok(ChatRequest::new(conversation(req.system.as_ref(), &req.messages)?).options(options))
+        let mut pending = Vec::new();
+        let messages = conversation(req.system.as_ref(), &req.messages, &mut pending)?;
+        Ok((ChatRequest::new(messages).options(options), pending))
     }
 }
 
 pub async fn count_tokens(State(state): State<Arc<AppState>>, body: Result<Body413, ApiError>) -> Response {
-    let count = |body: Result<Body413, ApiError>| {
+    let count = async |body: Result<Body413, ApiError>| {
         let req: CountRequest = parse(&body?.0)?;
         let model = state.model(&req.model)?;
         let mut options = Options::default();
         tools(&mut options, req.tools.as_deref(), req.tool_choice.as_ref())?;
         let offered = if options.tool_choice == Some(ToolChoice::None) { &[][..] } else { &options.tools[..] };
-        let messages = conversation(req.system.as_ref(), &req.messages)?;
+        let mut pending = Vec::new();
+        let mut messages = conversation(req.system.as_ref(), &req.messages, &mut pending)?;
+        images::attach(&model, &mut messages, pending).await?;
         let kwargs = thinking(req.thinking.as_ref())?;
         let tokens = model.engine.frontend().render_chat(&messages, offered, &kwargs, true)?;
         Ok::<_, ApiError>(json_response(StatusCode::OK, &json!({"input_tokens": tokens.len()})))
     };
-    count(body).unwrap_or_else(|e| e.response_in(ErrorShape::Anthropic))
+    count(body).await.unwrap_or_else(|e| e.response_in(ErrorShape::Anthropic))
 }
 
 /// Sets the tools, the choice among them, and whether several calls may come.
@@ -269,9 +301,14 @@ fn thinking(thinking: Option<&Thinking>) -> Result<serde_json::Map<String, Value
 }
 
 /// The system prompt and the messages as the engine's chat: a user turn's `tool_result`
-/// blocks become `tool` messages (in their order among its text), an assistant turn's
-/// `tool_use` blocks its tool calls.
-fn conversation(system: Option<&Text>, messages: &[MessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+/// blocks become `tool` messages (in their order among its text), its `image` blocks images
+/// where they stand in its text (added to `images`), an assistant turn's `tool_use` blocks its
+/// tool calls.
+fn conversation(
+    system: Option<&Text>,
+    messages: &[MessageIn],
+    found: &mut Vec<images::Pending>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let mut out = Vec::new();
     if let Some(system) = system {
         out.push(message("system", text(system, "system")?));
@@ -288,13 +325,24 @@ fn conversation(system: Option<&Text>, messages: &[MessageIn]) -> Result<Vec<Cha
         match m.role.as_str() {
             "user" => {
                 let mut pending = String::new();
+                // The images of the text not pushed yet (their message is the next one).
+                let mut seen: Vec<images::Pending> = Vec::new();
+                let mut flush = |out: &mut Vec<ChatMessage>, pending: &mut String, seen: &mut Vec<images::Pending>| {
+                    if !pending.is_empty() || !seen.is_empty() {
+                        found.extend(seen.drain(..).map(|p| images::Pending { message: out.len(), ..p }));
+                        out.push(message("user", std::mem::take(pending)));
+                    }
+                };
                 for (j, block) in blocks.iter().enumerate() {
                     match block {
                         Block::Text { text } => push_text(&mut pending, text),
+                        Block::Image { source } => {
+                            let param = format!("{at}[{j}].source");
+                            let bytes = source.bytes(&param)?;
+                            seen.push(images::Pending { message: 0, at: pending.len(), bytes, param });
+                        }
                         Block::ToolResult { tool_use_id, content, is_error } => {
-                            if !pending.is_empty() {
-                                out.push(message("user", std::mem::take(&mut pending)));
-                            }
+                            flush(&mut out, &mut pending, &mut seen);
                             let result =
                                 content.as_ref().map(|c| text(c, &format!("{at}[{j}].content"))).transpose()?;
                             let result = result.unwrap_or_default();
@@ -305,14 +353,12 @@ fn conversation(system: Option<&Text>, messages: &[MessageIn]) -> Result<Vec<Cha
                         _ => {
                             return Err(ApiError::invalid(
                                 &format!("{at}[{j}]"),
-                                "a user turn holds text and tool_result blocks",
+                                "a user turn holds text, image and tool_result blocks",
                             ));
                         }
                     }
                 }
-                if !pending.is_empty() {
-                    out.push(message("user", pending));
-                }
+                flush(&mut out, &mut pending, &mut seen);
             }
             "assistant" => {
                 let mut turn = message("assistant", String::new());
@@ -327,10 +373,10 @@ fn conversation(system: Option<&Text>, messages: &[MessageIn]) -> Result<Vec<Cha
                             });
                         }
                         Block::Thinking {} | Block::RedactedThinking {} => {}
-                        Block::ToolResult { .. } => {
+                        Block::ToolResult { .. } | Block::Image { .. } => {
                             return Err(ApiError::invalid(
                                 &format!("{at}[{j}]"),
-                                "tool_result blocks belong in user turns",
+                                "tool_result and image blocks belong in user turns",
                             ));
                         }
                     }
@@ -349,7 +395,7 @@ fn conversation(system: Option<&Text>, messages: &[MessageIn]) -> Result<Vec<Cha
 }
 
 fn message(role: &str, content: String) -> ChatMessage {
-    ChatMessage { role: role.into(), content, tool_calls: Vec::new(), tool_call_id: None }
+    ChatMessage::new(role, content)
 }
 
 /// Text blocks are joined by a blank line.

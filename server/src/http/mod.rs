@@ -11,6 +11,7 @@ pub mod dialect;
 mod embeddings;
 pub mod error;
 mod generation;
+pub mod images;
 pub mod llamacpp;
 pub mod ollama;
 pub mod openai;

@@ -24,7 +24,7 @@ use super::dialect::{Dialect, Frame, Run, Transport, Work, endpoint};
 use super::error::{ApiError, ErrorShape};
 use super::generation::{Generation, Step};
 use super::openai::parse;
-use super::{AppState, Body413, ModelEntry, RequestIdExt, json_response, with_model};
+use super::{AppState, Body413, ModelEntry, RequestIdExt, images, json_response, with_model};
 
 /// The Ollama release whose API this follows (clients check it before using newer fields such
 /// as `think`).
@@ -380,7 +380,8 @@ pub async fn chat(
 
 async fn run_chat(state: &Arc<AppState>, request_id: &str, req: ChatIn) -> Result<Response, ApiError> {
     let model = state.model(&req.model)?;
-    let request = req.chat_request()?;
+    let (mut request, pending) = req.chat_request()?;
+    images::attach(&model, &mut request.input, pending).await?;
     let dialect = Ollama { api: Api::Chat, calls_sent: 0, logprobs_sent: 0 };
     let stream = req.stream.unwrap_or(true);
     let run = Run { state, request_id, model, stream, constraint_field: Some("format"), echo: false };
@@ -393,14 +394,14 @@ impl ChatIn {
         parse(body)
     }
 
-    /// The request in the engine's terms.
-    pub fn chat_request(&self) -> Result<ChatRequest, ApiError> {
+    /// The request in the engine's terms, and its images (not prepared yet): each message's
+    /// before its text, as Ollama places them.
+    pub fn chat_request(&self) -> Result<(ChatRequest, Vec<images::Pending>), ApiError> {
         let req = self;
         let mut messages = Vec::new();
+        let mut pending = Vec::new();
         for (i, m) in req.messages.iter().enumerate() {
-            if !m.images.is_empty() {
-                return Err(ApiError::invalid(&format!("messages[{i}].images"), "this model takes text only"));
-            }
+            pending.extend(base64_images(&m.images, i, &format!("messages[{i}].images"))?);
             let tool_calls = (m.tool_calls.iter().enumerate())
                 .map(|(j, c)| ToolCall {
                     id: c.id.clone().unwrap_or_else(|| format!("call_{i}_{j}")),
@@ -412,12 +413,7 @@ impl ChatIn {
                     },
                 })
                 .collect();
-            messages.push(ChatMessage {
-                role: m.role.clone(),
-                content: m.content.clone(),
-                tool_calls,
-                tool_call_id: None,
-            });
+            messages.push(ChatMessage { tool_calls, ..ChatMessage::new(m.role.clone(), m.content.clone()) });
         }
         let mut tools = Vec::new();
         for (i, t) in req.tools.iter().enumerate() {
@@ -432,7 +428,7 @@ impl ChatIn {
         options.logprobs = req.logprobs.alternatives()?;
         options.tool_choice = (!tools.is_empty()).then_some(ToolChoice::Auto);
         options.tools = tools;
-        Ok(ChatRequest::new(messages).options(options))
+        Ok((ChatRequest::new(messages).options(options), pending))
     }
 }
 
@@ -450,7 +446,7 @@ pub async fn generate(
 
 async fn run_generate(state: &Arc<AppState>, request_id: &str, req: GenerateIn) -> Result<Response, ApiError> {
     let model = state.model(&req.model)?;
-    let Some(work) = req.work()? else {
+    let Some((mut work, pending)) = req.work()? else {
         // Ollama's way to load a model (an empty prompt): it is loaded already.
         let body = json!({
             "model": model.name,
@@ -461,6 +457,9 @@ async fn run_generate(state: &Arc<AppState>, request_id: &str, req: GenerateIn) 
         });
         return Ok(with_model(json_response(StatusCode::OK, &body), &model.name));
     };
+    if let Work::Chat(request) = &mut work {
+        images::attach(&model, &mut request.input, pending).await?;
+    }
     let dialect = Ollama { api: Api::Generate, calls_sent: 0, logprobs_sent: 0 };
     let stream = req.stream.unwrap_or(true);
     let run = Run { state, request_id, model, stream, constraint_field: Some("format"), echo: false };
@@ -474,8 +473,9 @@ impl GenerateIn {
     }
 
     /// The request in the engine's terms: the prompt in the chat template (with `system`), or
-    /// as it is (`raw`); `None` for an empty prompt, which only loads the model.
-    pub fn work(&self) -> Result<Option<Work>, ApiError> {
+    /// as it is (`raw`); `None` for an empty prompt, which only loads the model. Its images (not
+    /// prepared yet) stand before the prompt in its user message; a raw prompt takes none.
+    pub fn work(&self) -> Result<Option<(Work, Vec<images::Pending>)>, ApiError> {
         let req = self;
         if req.template.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(ApiError::invalid(
@@ -486,8 +486,10 @@ impl GenerateIn {
         if req.context.as_ref().is_some_and(|c| !c.is_empty()) {
             return Err(ApiError::invalid("context", "context (deprecated by Ollama) is not supported: use /api/chat"));
         }
-        if !req.images.is_empty() {
-            return Err(ApiError::invalid("images", "this model takes text only"));
+        if !req.images.is_empty() && (req.raw || req.suffix.as_deref().is_some_and(|s| !s.is_empty())) {
+            let reason = "images go into the chat template's user message: a raw prompt or a fill in the middle \
+                          takes text only";
+            return Err(ApiError::invalid("images", reason));
         }
         let suffix = req.suffix.as_deref().filter(|s| !s.is_empty());
         if req.prompt.is_empty() && suffix.is_none() {
@@ -505,19 +507,31 @@ impl GenerateIn {
                 ));
             }
             let infill = Infill::new(req.prompt.as_str(), suffix);
-            return Ok(Some(Work::Completion(CompletionRequest::new(infill).options(options))));
+            return Ok(Some((Work::Completion(CompletionRequest::new(infill).options(options)), Vec::new())));
         }
         Ok(Some(if req.raw {
-            Work::Completion(CompletionRequest::new(req.prompt.as_str()).options(options))
+            (Work::Completion(CompletionRequest::new(req.prompt.as_str()).options(options)), Vec::new())
         } else {
             let mut messages = Vec::new();
             if let Some(system) = &req.system {
                 messages.push(ChatMessage::new("system", system.clone()));
             }
+            let pending = base64_images(&req.images, messages.len(), "images")?;
             messages.push(ChatMessage::new("user", req.prompt.clone()));
-            Work::Chat(ChatRequest::new(messages).options(options))
+            (Work::Chat(ChatRequest::new(messages).options(options)), pending)
         }))
     }
+}
+
+/// A message's `images` (base64 strings) as images before its text.
+fn base64_images(list: &[Value], message: usize, field: &str) -> Result<Vec<images::Pending>, ApiError> {
+    (list.iter().enumerate())
+        .map(|(k, v)| {
+            let param = format!("{field}[{k}]");
+            let data = v.as_str().ok_or_else(|| ApiError::invalid(&param, "an image is a base64 string"))?;
+            Ok(images::Pending { message, at: 0, bytes: images::from_base64(data, &param)?, param })
+        })
+        .collect()
 }
 
 /// Ollama's options, `format` and `think` as the engine's options.

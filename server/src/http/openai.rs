@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use super::{ModelEntry, images};
 
 /// Sampling and stopping fields both endpoints share.
 #[derive(Debug, Default, Deserialize)]
@@ -276,6 +277,8 @@ pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    /// An image part's `{"url", "detail"}` (or the URL alone, as vLLM also takes it).
+    pub image_url: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -483,10 +486,18 @@ impl CommonFields {
     }
 }
 
+/// The messages as the engine takes them, their images prepared for `model` and in place.
+pub async fn chat_messages(model: &ModelEntry, messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    let (mut messages, pending) = self::messages(messages)?;
+    images::attach(model, &mut messages, pending).await?;
+    Ok(messages)
+}
+
 /// The messages as the engine takes them (text parts joined, tool calls with their
-/// arguments as JSON text).
-pub fn messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
-    messages
+/// arguments as JSON text), and their images, not prepared yet.
+pub fn messages(messages: &[ChatMessageIn]) -> Result<(Vec<ChatMessage>, Vec<images::Pending>), ApiError> {
+    let mut pending = Vec::new();
+    let messages = messages
         .iter()
         .enumerate()
         .map(|(i, m)| {
@@ -506,29 +517,42 @@ pub fn messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError
                 .collect();
             Ok(ChatMessage {
                 role: m.role.clone(),
-                content: m.text(i)?,
+                content: m.text(i, &mut pending)?,
                 tool_calls,
                 tool_call_id: m.tool_call_id.clone(),
+                images: Vec::new(),
             })
         })
-        .collect()
+        .collect::<Result<_, ApiError>>()?;
+    Ok((messages, pending))
 }
 
 impl ChatMessageIn {
-    /// The message's text (text parts joined).
-    pub fn text(&self, index: usize) -> Result<String, ApiError> {
+    /// The message's text (text parts joined), its image parts' bytes added to `images` where
+    /// they stand in it.
+    pub fn text(&self, index: usize, images: &mut Vec<images::Pending>) -> Result<String, ApiError> {
         match &self.content {
             None => Ok(String::new()),
             Some(Content::Text(t)) => Ok(t.clone()),
             Some(Content::Parts(parts)) => {
                 let mut text = String::new();
-                for part in parts {
-                    match (part.kind.as_str(), &part.text) {
-                        ("text", Some(t)) => text.push_str(t),
-                        (kind, _) => {
+                for (j, part) in parts.iter().enumerate() {
+                    let param = format!("messages[{index}].content[{j}]");
+                    match (part.kind.as_str(), &part.text, &part.image_url) {
+                        ("text", Some(t), _) => text.push_str(t),
+                        ("image_url", _, Some(url)) => {
+                            let param = format!("{param}.image_url");
+                            let url = match url {
+                                serde_json::Value::String(u) => u.as_str(),
+                                other => other.get("url").and_then(serde_json::Value::as_str).unwrap_or_default(),
+                            };
+                            let bytes = images::from_url(url, &param)?;
+                            images.push(images::Pending { message: index, at: text.len(), bytes, param });
+                        }
+                        (kind, _, _) => {
                             return Err(ApiError::invalid(
                                 &format!("messages[{index}].content"),
-                                format!("content parts of type {kind:?} are not supported (text only)"),
+                                format!("content parts of type {kind:?} are not supported (text and image_url)"),
                             ));
                         }
                     }

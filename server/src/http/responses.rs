@@ -26,7 +26,7 @@ use super::dialect::{Dialect, Frame, Run, Work, endpoint};
 use super::error::{ApiError, ErrorShape};
 use super::generation::{Generation, Step};
 use super::openai::{parse, tool_choice_mode};
-use super::{AppState, Body413, RequestIdExt, json_response};
+use super::{AppState, Body413, RequestIdExt, images, json_response};
 
 /// A `POST /v1/responses` body.
 #[derive(Debug, Deserialize)]
@@ -182,7 +182,14 @@ async fn generate(state: &Arc<AppState>, request_id: &str, req: ResponsesRequest
         })?),
     };
     let earlier = previous.as_ref().map_or(&[][..], |p| &p.conversation[..]);
-    let (mut request, conversation) = req.chat_request(earlier)?;
+    let (mut request, mut conversation, pending) = req.chat_request(earlier)?;
+    // The input's images, prepared once: in the conversation stored and in the request.
+    if !pending.is_empty() {
+        images::attach(&model, &mut conversation, pending).await?;
+        let before = request.input.len() - conversation.len();
+        request.input.truncate(before);
+        request.input.extend(conversation.iter().cloned());
+    }
     let store = req.store.unwrap_or(true);
     let response_id = format!("resp_{request_id}");
     // The chain is one session, so each turn computes only its new tokens.
@@ -217,11 +224,16 @@ impl ResponsesRequest {
     }
 
     /// The request in the engine's terms, continuing the conversation `earlier` (a stored
-    /// response's); also the conversation through this input, to store with the answer.
-    pub fn chat_request(&self, earlier: &[ChatMessage]) -> Result<(ChatRequest, Vec<ChatMessage>), ApiError> {
+    /// response's); also the conversation through this input, to store with the answer, and the
+    /// input's images (not prepared yet; their messages counted in that conversation).
+    pub fn chat_request(
+        &self,
+        earlier: &[ChatMessage],
+    ) -> Result<(ChatRequest, Vec<ChatMessage>, Vec<images::Pending>), ApiError> {
         let req = self;
         let mut conversation = earlier.to_vec();
-        conversation.extend(items(&req.input_items())?);
+        let mut pending = Vec::new();
+        conversation.extend(items(&req.input_items(), earlier.len(), &mut pending)?);
         let mut messages = Vec::new();
         if let Some(instructions) = &req.instructions {
             messages.push(message("system", instructions.clone()));
@@ -281,7 +293,7 @@ impl ResponsesRequest {
             chat_template_kwargs: kwargs,
             ..Options::default()
         };
-        Ok((ChatRequest::new(messages).options(options), conversation))
+        Ok((ChatRequest::new(messages).options(options), conversation, pending))
     }
 
     /// The request's settings as the response object repeats them.
@@ -345,12 +357,13 @@ fn not_found(id: &str) -> ApiError {
 }
 
 fn message(role: &str, content: String) -> ChatMessage {
-    ChatMessage { role: role.into(), content, tool_calls: Vec::new(), tool_call_id: None }
+    ChatMessage::new(role, content)
 }
 
 /// Input items as chat messages: consecutive `function_call` items join the assistant turn
-/// before them.
-fn items(items: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
+/// before them. A message's `input_image` parts are added to `images`, their messages counted
+/// from `first`.
+fn items(items: &[Value], first: usize, images: &mut Vec<images::Pending>) -> Result<Vec<ChatMessage>, ApiError> {
     let mut out: Vec<ChatMessage> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
@@ -370,7 +383,9 @@ fn items(items: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
                         format!("{role:?} is not a role (user, system, developer, assistant)"),
                     ));
                 }
-                out.push(message(&role, content_text(item.get("content"), &format!("{at}.content"))?));
+                let text =
+                    content_text(item.get("content"), &format!("{at}.content"), Some((first + out.len(), images)))?;
+                out.push(message(&role, text));
             }
             "function_call" => {
                 let call = ToolCall { id: field("call_id")?, name: field("name")?, arguments: field("arguments")? };
@@ -380,7 +395,7 @@ fn items(items: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
                 }
             }
             "function_call_output" => {
-                let output = content_text(item.get("output"), &format!("{at}.output"))?;
+                let output = content_text(item.get("output"), &format!("{at}.output"), None)?;
                 out.push(ChatMessage { tool_call_id: Some(field("call_id")?), ..message("tool", output) });
             }
             "reasoning" => {}
@@ -397,20 +412,37 @@ fn items(items: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
     Ok(out)
 }
 
-/// A message's content: a string, or text parts (`input_text`, `output_text`) joined.
-fn content_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
+/// A message's content: a string, or text parts (`input_text`, `output_text`) joined; with
+/// `images` (its message's index, and where they go), `input_image` parts where they stand.
+fn content_text(
+    content: Option<&Value>,
+    at: &str,
+    mut images: Option<(usize, &mut Vec<images::Pending>)>,
+) -> Result<String, ApiError> {
     match content {
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for (j, part) in parts.iter().enumerate() {
                 let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-                match (kind, part.get("text").and_then(Value::as_str)) {
-                    ("input_text" | "output_text" | "text", Some(t)) => text.push_str(t),
+                match (kind, part.get("text").and_then(Value::as_str), &mut images) {
+                    ("input_text" | "output_text" | "text", Some(t), _) => text.push_str(t),
+                    ("input_image", _, Some((message, found))) => {
+                        let param = format!("{at}[{j}].image_url");
+                        let Some(url) = part.get("image_url").and_then(Value::as_str) else {
+                            let reason = "an input_image needs its image_url (a data: URL); file_id is not taken";
+                            return Err(ApiError::invalid(&param, reason));
+                        };
+                        let bytes = images::from_url(url, &param)?;
+                        found.push(images::Pending { message: *message, at: text.len(), bytes, param });
+                    }
                     _ => {
                         return Err(ApiError::invalid(
                             &format!("{at}[{j}]"),
-                            format!("content parts of type {kind:?} are not supported (input_text, output_text)"),
+                            format!(
+                                "content parts of type {kind:?} are not supported here (input_text, output_text, \
+                                 input_image in messages)"
+                            ),
                         ));
                     }
                 }

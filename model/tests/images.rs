@@ -1,0 +1,151 @@
+//! Images through Qwen2-VL's vision tower, against what transformers' own processor and model
+//! give for the same files (tests/fixtures/tiny-qwen2vl-f32/image_reference.json, written by
+//! scripts/make_image_fixtures.py): the processor's patches, the tower's features, and a chat's
+//! logits and greedy tokens with the features in place of the image tokens, each turned by
+//! M-RoPE.
+
+use llaisys_model::vision::positions;
+use llaisys_model::{
+    Batch, Context, Device, DeviceSpec, Embedded, Image, KvDtype, LoadOptions, ModelSource, argmax, load_model,
+};
+use llaisys_tests::{fixture_dir, max_abs_diff, test_device};
+use serde::Deserialize;
+
+const FIXTURE: &str = "tiny-qwen2vl-f32";
+
+#[derive(Deserialize)]
+struct Reference {
+    images: Vec<ImageRef>,
+    prompts: Vec<PromptRef>,
+}
+
+#[derive(Deserialize)]
+struct ImageRef {
+    file: String,
+    grid: [usize; 3],
+    patches: [usize; 2],
+    first_values: Vec<f32>,
+    sum: f64,
+    abs_sum: f64,
+    features: Vec<Vec<f32>>,
+}
+
+#[derive(Deserialize)]
+struct PromptRef {
+    images: Vec<String>,
+    ids: Vec<u32>,
+    last_logits: Vec<f32>,
+    greedy: Vec<u32>,
+}
+
+fn reference() -> Reference {
+    let path = fixture_dir(FIXTURE).join("image_reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn device() -> Device {
+    test_device().parse::<DeviceSpec>().unwrap().device().unwrap()
+}
+
+fn context() -> Context {
+    let source = ModelSource::Dir(fixture_dir(FIXTURE));
+    let model = load_model(None, Some(&source), &LoadOptions::default(), &device()).unwrap();
+    Context::with_kv_dtype(model, 256, KvDtype::F32)
+}
+
+fn prepare(ctx: &Context, r: &ImageRef) -> Image {
+    let vision = ctx.info().vision.as_ref().expect("the fixture sees images");
+    let bytes = std::fs::read(fixture_dir(FIXTURE).join(&r.file)).unwrap();
+    vision.processor.prepare(&bytes).unwrap()
+}
+
+#[test]
+fn the_processor_cuts_images_as_transformers_does() {
+    let ctx = context();
+    for r in reference().images {
+        let image = prepare(&ctx, &r);
+        assert_eq!(image.grid, r.grid, "{}", r.file);
+        assert_eq!([image.grid.iter().product::<usize>(), image.patches.len() / r.patches[0]], r.patches);
+        let sum: f64 = image.patches.iter().map(|&v| v as f64).sum();
+        let abs: f64 = image.patches.iter().map(|&v| (v as f64).abs()).sum();
+        // The same 8-bit pixels (a resized image's too: torch's fixed-point resize), normalised
+        // in f32: one level of 8 bits would move the sums by 0.015 a value.
+        let tol = 1e-5 * r.abs_sum;
+        assert!(
+            (sum - r.sum).abs() < tol && (abs - r.abs_sum).abs() < tol,
+            "{}: sums {sum}, {abs} vs {}, {}",
+            r.file,
+            r.sum,
+            r.abs_sum
+        );
+        assert!(max_abs_diff(&image.patches[..16], &r.first_values) < 1e-5, "{}", r.file);
+    }
+}
+
+#[test]
+fn the_tower_gives_transformers_features() {
+    let ctx = context();
+    for r in reference().images {
+        let image = prepare(&ctx, &r);
+        let features = ctx.encode_image(&image).unwrap();
+        let expected: Vec<f32> = r.features.concat();
+        assert_eq!(features.len(), expected.len(), "{}", r.file);
+        let err = max_abs_diff(&features, &expected);
+        assert!(err < 1e-4, "{}: features off by {err}", r.file);
+    }
+}
+
+#[test]
+fn a_chat_with_images_gives_transformers_logits_and_greedy_tokens() {
+    let reference = reference();
+    let mut ctx = context();
+    let image_token = ctx.info().vision.as_ref().unwrap().image_token;
+    for (seq, p) in reference.prompts.iter().enumerate() {
+        let images: Vec<Image> = p
+            .images
+            .iter()
+            .map(|name| {
+                let r = reference.images.iter().find(|r| r.file.contains(name.as_str())).unwrap();
+                prepare(&ctx, r)
+            })
+            .collect();
+        let (rope, delta) = positions(&p.ids, image_token, &images).unwrap();
+        let mut batch = Batch::new();
+        for (i, &t) in p.ids.iter().enumerate() {
+            batch.push(t, i as i64, &[seq as u32], i + 1 == p.ids.len());
+        }
+        let mut row = 0;
+        for image in &images {
+            row += p.ids[row..].iter().position(|&t| t == image_token).unwrap();
+            batch.embedded.push(Embedded { row, values: ctx.encode_image(image).unwrap() });
+            row += image.tokens();
+        }
+        batch.rope = Some(rope);
+        ctx.decode(&batch).unwrap();
+        let logits = ctx.outputs().row(0).unwrap().to_vec();
+        let err = max_abs_diff(&logits, &p.last_logits);
+        assert!(err < 1e-3, "{:?}: last logits off by {err}", p.images);
+        // Generated tokens turn by their index plus the prompt's delta, all three streams alike.
+        let mut out = vec![argmax(&logits).unwrap()];
+        while out.len() < p.greedy.len() {
+            let pos = (p.ids.len() + out.len() - 1) as i64;
+            let mut batch = Batch::new();
+            batch.push(*out.last().unwrap(), pos, &[seq as u32], true);
+            batch.rope = Some(vec![[pos + delta; 3]]);
+            ctx.decode(&batch).unwrap();
+            out.push(argmax(ctx.outputs().row(0).unwrap()).unwrap());
+        }
+        assert_eq!(out, p.greedy, "{:?}", p.images);
+    }
+}
+
+#[test]
+fn a_text_model_refuses_images_by_saying_so() {
+    let source = ModelSource::Dir(fixture_dir("tiny-qwen25vl-f32"));
+    let model = load_model(None, Some(&source), &LoadOptions::default(), &device()).unwrap();
+    let ctx = Context::with_kv_dtype(model, 16, KvDtype::F32);
+    assert!(ctx.info().vision.is_none());
+    let image = Image { grid: [1, 2, 2], merge: 2, patches: vec![0.0; 4 * 1176], hash: 0 };
+    let err = ctx.encode_image(&image).unwrap_err().to_string();
+    assert!(err.contains("text only"), "{err}");
+}

@@ -1,0 +1,151 @@
+"""Image inputs for tests/fixtures/tiny-qwen2vl-f32 (after `make_family_fixtures.py qwen2vl` wrote it).
+
+Makes the fixture a Qwen2-VL model that sees: its tiny vision tower's weights drawn at a scale where
+an image moves the logits (transformers' initialization leaves them near zero), its config's image
+token ids those of its tokenizer (<|image_pad|> 968, <|vision_start|> 965, <|vision_end|> 966, as
+in Qwen's vocabulary), Qwen2-VL-Instruct's chat template (chat_template.jinja, as transformers 5 saves it; images as <|vision_start|><|image_pad|>
+<|vision_end|>) and a preprocessor_config.json (Qwen2VLImageProcessor; max_pixels small enough that
+a larger image is scaled down). The language model is untouched: the text references still hold
+(checked here).
+
+Writes tests/fixtures/tiny-qwen2vl-f32/images/*.png and image_reference.json, what transformers'
+own processor and model give for chats with those images:
+- per image: its file, the processor's grid (t, h, w) and the first pixel values and their sum
+  (the preprocessing), and the vision tower's merged features (the encoder);
+- per prompt: the messages, the rendered text, the ids with each image's placeholder expanded,
+  the last position's logits, the greedy continuation (transformers' generate, which turns the
+  generated tokens by M-RoPE's position delta) and the smallest top-2 margin along it.
+
+Usage: python scripts/make_image_fixtures.py  (torch, transformers 5.x, torchvision, pillow)
+"""
+
+import json
+import os
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURE = os.path.join(HERE, "..", "tests", "fixtures", "tiny-qwen2vl-f32")
+
+# Qwen2-VL-7B-Instruct's chat template.
+TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen2VLProcessor",
+    "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+    "resample": 3, "rescale_factor": 1 / 255,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 16,
+    "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+}
+
+
+def image(width, height, seed):
+    """A smooth picture with some noise, as RGB PNG bytes' source."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([127 + 120 * np.sin(x / (5 + 3 * c) + y / (7 + c) + c) for c in range(3)], -1)
+    pixels = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels, "RGB")
+
+
+def main():
+    torch.manual_seed(7)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(FIXTURE, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.model.visual.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.1)
+            elif p.dim() == 1:  # LayerNorm scales
+                p.copy_(1 + torch.randn_like(p) * 0.1)
+            else:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn_like(p) / fan_in**0.5)
+    ids = {"image_token_id": 968, "video_token_id": 969, "vision_start_token_id": 965, "vision_end_token_id": 966}
+    for k, v in ids.items():
+        setattr(model.config, k, v)
+    model.save_pretrained(FIXTURE)
+    tok_cfg_path = os.path.join(FIXTURE, "tokenizer_config.json")
+    tok_cfg = json.load(open(tok_cfg_path, encoding="utf-8"))
+    tok_cfg.pop("chat_template", None)
+    json.dump(tok_cfg, open(tok_cfg_path, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
+    open(os.path.join(FIXTURE, "chat_template.jinja"), "w").write(TEMPLATE)
+    json.dump(PREPROCESSOR, open(os.path.join(FIXTURE, "preprocessor_config.json"), "w"), indent=2)
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(FIXTURE, attn_implementation="eager").eval()
+    ref = json.load(open(os.path.join(FIXTURE, "reference.json")))
+    for p in ref["prompts"]:
+        logits = model(torch.tensor([p["ids"]])).logits[0, -1]
+        err = (logits - torch.tensor(p["last_logits"])).abs().max().item()
+        assert err < 1e-4, f"the text logits moved by {err}"
+
+    processor = AutoProcessor.from_pretrained(FIXTURE)
+    os.makedirs(os.path.join(FIXTURE, "images"), exist_ok=True)
+    # 56x56: no resize (a 4x4 grid, 4 tokens); 100x60: resized to 112x56 (8 tokens); 150x130:
+    # past max_pixels, scaled down to 84x112 (12 tokens); "other": another picture of square's
+    # size (the same tokens, other features: a cached prefix must not be taken for it).
+    shapes = [("square", 56, 56), ("wide", 100, 60), ("large", 150, 130), ("other", 56, 56)]
+    images = {}
+    out = {"model": "tiny-qwen2vl-f32", "torch": torch.__version__, "images": [], "prompts": []}
+    for k, (name, w, h) in enumerate(shapes):
+        img = image(w, h, k)
+        path = os.path.join("images", f"{name}.png")
+        img.save(os.path.join(FIXTURE, path))
+        images[name] = Image.open(os.path.join(FIXTURE, path)).convert("RGB")
+        inputs = processor.image_processor(images=[images[name]], return_tensors="pt")
+        pv, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+        with torch.no_grad():
+            feats = model.model.get_image_features(pv, grid)
+        feats = feats.pooler_output if hasattr(feats, "pooler_output") else feats
+        feats = torch.cat(list(feats), 0) if isinstance(feats, (list, tuple)) else feats
+        out["images"].append({
+            "file": path, "grid": grid[0].tolist(), "patches": list(pv.shape),
+            "first_values": pv[0, :16].tolist(), "sum": pv.double().sum().item(),
+            "abs_sum": pv.double().abs().sum().item(), "features": feats.tolist(),
+        })
+
+    chats = [
+        ["square"],
+        ["wide"],
+        ["square", "large"],
+        ["other"],
+    ]
+    for names in chats:
+        content = [{"type": "image"} for _ in names] + [{"type": "text", "text": "What is in the picture?"}]
+        messages = [{"role": "user", "content": content}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        inputs = processor(text=[text], images=[images[n] for n in names], return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, -1]
+            gen = model.generate(**inputs, max_new_tokens=8, do_sample=False, output_scores=True,
+                                 return_dict_in_generate=True)
+        greedy = gen.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+        margins = [float(torch.topk(s[0], 2).values.diff().abs()) for s in gen.scores]
+        out["prompts"].append({
+            "images": names, "messages": messages, "text": text,
+            "ids": inputs["input_ids"][0].tolist(), "last_logits": logits.tolist(),
+            "greedy": greedy, "min_margin": min(margins),
+        })
+        print(names, len(inputs["input_ids"][0]), greedy, min(margins))
+    json.dump(out, open(os.path.join(FIXTURE, "image_reference.json"), "w"))
+
+
+if __name__ == "__main__":
+    main()

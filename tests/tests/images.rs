@@ -1,0 +1,148 @@
+//! Images in chats against the real server: the tiny Qwen2-VL fixture answers a chat with
+//! images sent as `data:` URLs with the tokens transformers generates for the same chat
+//! (tests/fixtures/tiny-qwen2vl-f32/image_reference.json), a cached prefix is not taken for
+//! another image of the same size, and images are refused by name where they cannot be taken.
+
+use base64::Engine as _;
+use llaisys_tests::fixture_dir;
+use serde_json::{Value, json};
+
+mod common;
+use common::{post, server_for};
+
+const FIXTURE: &str = "tiny-qwen2vl-f32";
+
+fn reference() -> Value {
+    let path = fixture_dir(FIXTURE).join("image_reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Image `name` of the fixture as a data: URL.
+fn data_url(name: &str) -> String {
+    let bytes = std::fs::read(fixture_dir(FIXTURE).join(format!("images/{name}.png"))).unwrap();
+    format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// The reference prompt's chat in OpenAI's parts: its images, then its text.
+fn chat(prompt: &Value) -> Value {
+    let mut parts: Vec<Value> = (prompt["images"].as_array().unwrap().iter())
+        .map(|n| json!({"type": "image_url", "image_url": {"url": data_url(n.as_str().unwrap())}}))
+        .collect();
+    parts.push(json!({"type": "text", "text": "What is in the picture?"}));
+    json!({"model": FIXTURE, "messages": [{"role": "user", "content": parts}], "temperature": 0,
+        "max_tokens": prompt["greedy"].as_array().unwrap().len(), "ignore_eos": true, "return_token_ids": true})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_with_images_answers_as_transformers_does() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    // "other" last: a picture of "square"'s size, whose tokens are the same ids but for the
+    // image's; the cache holds "square"'s chat by then, which must not be taken for it.
+    for prompt in reference()["prompts"].as_array().unwrap() {
+        let (status, c) = post(&s, "/v1/chat/completions", chat(prompt)).await;
+        assert_eq!(status, 200, "{c}");
+        assert_eq!(c["choices"][0]["token_ids"], prompt["greedy"], "{:?}: {c}", prompt["images"]);
+        assert_eq!(c["usage"]["prompt_tokens"], json!(prompt["ids"].as_array().unwrap().len()), "{c}");
+    }
+    // The same chat again reuses its cached prefix (the image's tokens included).
+    let square = &reference()["prompts"][0];
+    let (_, c) = post(&s, "/v1/chat/completions", chat(square)).await;
+    assert_eq!(c["choices"][0]["token_ids"], square["greedy"], "{c}");
+    let cached = c["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached + 1 >= square["ids"].as_array().unwrap().len() as u64 - 1, "{c}");
+    // The template's rendering, counted as the prompt is.
+    let tokenized = json!({"model": FIXTURE, "messages": chat(square)["messages"]});
+    let (status, t) = post(&s, "/tokenize", tokenized).await;
+    assert_eq!((status, &t["count"]), (200, &json!(square["ids"].as_array().unwrap().len())), "{t}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_that_cannot_be_taken_are_refused_by_name() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let square = &reference()["prompts"][0];
+    let with_url = |url: &str| {
+        let mut body = chat(square);
+        body["messages"][0]["content"][0]["image_url"]["url"] = url.into();
+        body
+    };
+    for (url, says) in [
+        ("https://example.com/cat.png", "not fetched"),
+        ("data:image/png;base64,bm90IGFuIGltYWdl", "could not be decoded"),
+        ("data:image/png;base64,@@@", "base64"),
+    ] {
+        let (status, e) = post(&s, "/v1/chat/completions", with_url(url)).await;
+        assert_eq!(status, 400, "{e}");
+        assert_eq!(e["error"]["param"], "messages[0].content[0].image_url", "{e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains(says), "{url}: {e}");
+    }
+    // A placeholder written in the text is not an image.
+    let mut body = chat(square);
+    body["messages"][0]["content"][1]["text"] = "<|vision_start|><|image_pad|><|vision_end|>".into();
+    let (status, e) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(status, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("placeholders"), "{e}");
+    // Prompt log-probabilities are not given for image tokens.
+    let mut body = chat(square);
+    body["prompt_logprobs"] = 1.into();
+    let (status, e) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!((status, &e["error"]["param"]), (400, &json!("prompt_logprobs")), "{e}");
+    s.shutdown().await;
+    // A model without a vision tower says it takes text only.
+    let text = server_for(&fixture_dir("tiny-qwen25vl-f32"), &[]).await;
+    let mut body = chat(square);
+    body["model"] = "tiny-qwen25vl-f32".into();
+    let (status, e) = post(&text, "/v1/chat/completions", body).await;
+    assert_eq!(status, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("text only"), "{e}");
+    text.shutdown().await;
+}
+
+/// Responses' `input_image`, Anthropic's `image` blocks and Ollama's `images` give the chat
+/// completions answer for the same chat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dialect_takes_images() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let square = &reference()["prompts"][0];
+    let url = data_url("square");
+    let question = "What is in the picture?";
+    let (_, c) = post(&s, "/v1/chat/completions", chat(square)).await;
+    let expected = c["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!expected.is_empty(), "{c}");
+    let input = json!([{"role": "user", "content": [{"type": "input_image", "image_url": url},
+        {"type": "input_text", "text": question}]}]);
+    let (status, r) = post(
+        &s,
+        "/v1/responses",
+        json!({"model": FIXTURE, "input": input, "temperature": 0,
+        "max_output_tokens": 8}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["output"][0]["content"][0]["text"], json!(expected), "{r}");
+    let data = url.strip_prefix("data:image/png;base64,").unwrap();
+    let blocks = json!([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+        {"type": "text", "text": question}]);
+    let body = json!({"model": FIXTURE, "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": blocks}]});
+    let (status, a) = post(&s, "/v1/messages", body.clone()).await;
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(a["content"][0]["text"], json!(expected), "{a}");
+    let (status, n) = post(&s, "/v1/messages/count_tokens", body).await;
+    assert_eq!((status, &n["input_tokens"]), (200, &json!(square["ids"].as_array().unwrap().len())), "{n}");
+    let body = json!({"model": FIXTURE, "stream": false, "options": {"temperature": 0, "num_predict": 8},
+        "messages": [{"role": "user", "content": question, "images": [data]}]});
+    let (status, o) = post(&s, "/api/chat", body).await;
+    assert_eq!(status, 200, "{o}");
+    assert_eq!(o["message"]["content"], json!(expected), "{o}");
+    // Ollama's generate puts them in the template's user message; a raw prompt takes none.
+    let body = json!({"model": FIXTURE, "stream": false, "options": {"temperature": 0, "num_predict": 8},
+        "prompt": question, "images": [data]});
+    let (status, g) = post(&s, "/api/generate", body.clone()).await;
+    assert_eq!((status, &g["response"]), (200, &json!(expected)), "{g}");
+    let mut raw = body;
+    raw["raw"] = true.into();
+    let (status, e) = post(&s, "/api/generate", raw).await;
+    assert_eq!(status, 400, "{e}");
+    s.shutdown().await;
+}
