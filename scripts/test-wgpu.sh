@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # D3: the wgpu backend's tests on Mesa's llvmpipe (a software GPU, so any machine runs them):
-# the fixture parity and KV-cache tests of the model, and `llaisys serve` end to end, built with
+# the fixture parity, KV-cache and image tests of the model, and `llaisys serve` end to end, built with
 # the `wgpu` feature and run on the `gl` device (OpenGL ES through EGL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ wgpu_tests=(cargo test -p llaisys-model -p llaisys-server --features llaisys-mod
 # GPU work anyway.
 # Only the test binaries run below (the packages' others, their unit tests and examples took
 # about 3 CPU minutes more to build, the model's unit tests last of all).
-rest=(--test parity --test kv_cache --test launches --test streams --test cli)
+rest=(--test parity --test kv_cache --test launches --test streams --test cli --test images)
 "${wgpu_tests[@]}" --test layer_kernels --test replay "${rest[@]}" --no-run
 # Two processes side by side, one a core: on llvmpipe these tests spend most of their time
 # compiling shaders (LLVM, on the thread that launches the kernel; 14 of the 22 minutes a fresh

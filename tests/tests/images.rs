@@ -144,5 +144,10 @@ async fn every_dialect_takes_images() {
     raw["raw"] = true.into();
     let (status, e) = post(&s, "/api/generate", raw).await;
     assert_eq!(status, 400, "{e}");
+    // Ollama's clients offer images where a model's capabilities say "vision".
+    let (_, show) = post(&s, "/api/show", json!({"model": FIXTURE})).await;
+    assert!(show["capabilities"].as_array().unwrap().contains(&json!("vision")), "{show}");
+    let (_, props) = common::get(&s, "/props").await;
+    assert_eq!(props["modalities"]["vision"], true, "{props}");
     s.shutdown().await;
 }

@@ -14,11 +14,11 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{DecodeError, LoadError};
 use crate::kv::Pos;
 use crate::layers::{Linear, Rope, RopeTables, attention, linear};
-use crate::tensors::TensorSource;
+use crate::tensors::{Stored, TensorSource};
 
-/// Query rows scored at once: an image of thousands of patches attends in slices, so the scores
-/// stay [heads, rows, patches].
-const QUERY_ROWS: usize = 1024;
+/// Most bytes of one slice of attention scores ([heads, rows, patches] f32): an image of
+/// thousands of patches attends in slices of query rows (Qwen's largest images have 65,536).
+const SCORE_BYTES: usize = 256 << 20;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TowerConfig {
@@ -126,7 +126,8 @@ pub struct Tower {
 }
 
 impl Tower {
-    /// The tower's weights (`visual.` of the checkpoint, named without it), as f32.
+    /// The tower's weights (`visual.` of the checkpoint, named without it): its matrices in the
+    /// 16-bit type the checkpoint stores them in (else f32), the rest f32.
     pub fn load(config: TowerConfig, src: &Checkpoint, device: &Device) -> Result<Self, LoadError> {
         let tensor = |name: &str, shape: &[usize]| -> Result<TensorData, LoadError> {
             let found = src.shape(name).ok_or_else(|| LoadError::MissingTensors(vec![format!("visual.{name}")]))?;
@@ -146,7 +147,12 @@ impl Tower {
             Ok(Tensor::from_data(tensor(name, &[len])?, device))
         };
         let matrix = |name: &str, out: usize, inp: usize| -> Result<linear::Weight, LoadError> {
-            Ok(linear::dense(Tensor::from_data(tensor(name, &[out, inp])?, device)))
+            let dtype = match src.stored(name) {
+                Some(Ok(Stored::Bf16)) => DType::BF16,
+                Some(Ok(Stored::F16)) => DType::F16,
+                _ => DType::F32,
+            };
+            Ok(linear::dense_fitting(tensor(name, &[out, inp])?, dtype, device))
         };
         let lin = |prefix: &str, out: usize, inp: usize| -> Result<Linear, LoadError> {
             Ok(Linear {
@@ -216,9 +222,10 @@ impl Tower {
             let q = Rope::apply(part(0), &tables);
             let k = Rope::apply(part(1), &tables).swap_dims(0, 1); // [heads, n, hd]
             let v = part(2).swap_dims(0, 1);
-            let mut rows = Vec::with_capacity(n.div_ceil(QUERY_ROWS));
-            for start in (0..n).step_by(QUERY_ROWS) {
-                let len = QUERY_ROWS.min(n - start);
+            let slice = (SCORE_BYTES / (heads * n * 4)).clamp(1, n);
+            let mut rows = Vec::with_capacity(n.div_ceil(slice));
+            for start in (0..n).step_by(slice) {
+                let len = slice.min(n - start);
                 rows.push(attention(q.clone().narrow(0, start, len), k.clone(), v.clone(), None, None, None));
             }
             let a = if rows.len() == 1 { rows.remove(0) } else { Tensor::cat(rows, 0) };

@@ -404,8 +404,8 @@ pub struct PropsQuery {
 /// defaults a `/completion` without options gets (`params`: only the fields llaisys honours;
 /// `n_predict` the most tokens it generates, `seed` llama.cpp's word for a random one), the
 /// requests served at once (`total_slots`: the admission limit), the model (its name as
-/// `model_alias`, its first weight file as `model_path`), its chat template, its modalities (text
-/// only). `?model=NAME` picks one of several served models; with one it may be left out.
+/// `model_alias`, its first weight file as `model_path`), its chat template, its modalities (images
+/// where it sees them). `?model=NAME` picks one of several served models; with one it may be left out.
 pub async fn props(State(state): State<Arc<AppState>>, Query(q): Query<PropsQuery>) -> Result<Response, ApiError> {
     let m = state.model_or_default(q.model.as_deref())?;
     let frontend = m.engine.frontend();
@@ -435,7 +435,7 @@ pub async fn props(State(state): State<Arc<AppState>>, Query(q): Query<PropsQuer
         "model_alias": m.name,
         "model_path": path,
         "chat_template": text.and_then(|t| t.chat_template()).map_or("", |t| t.source()),
-        "modalities": {"vision": false, "audio": false},
+        "modalities": {"vision": m.info().vision.is_some(), "audio": false},
         "build_info": format!("llaisys {}", env!("CARGO_PKG_VERSION")),
         "is_sleeping": false,
     });

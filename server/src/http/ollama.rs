@@ -302,6 +302,10 @@ pub async fn show(State(state): State<Arc<AppState>>, body: Result<Body413, ApiE
         if text.is_some_and(|t| t.thinks()) {
             capabilities.push("thinking");
         }
+        // Clients (Open WebUI, Ollama's own) offer to attach images where a model says this.
+        if info.vision.is_some() {
+            capabilities.push("vision");
+        }
         let mut model_info = serde_json::Map::new();
         model_info.insert("general.architecture".into(), arch.into());
         model_info.insert(format!("{arch}.context_length"), info.context_length.into());
