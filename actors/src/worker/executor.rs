@@ -56,6 +56,12 @@ pub fn outcomes(outputs: &[ItemOutput]) -> Vec<Outcome> {
         .collect()
 }
 
+/// The sequence rows `item` computes.
+fn item_rows(item: &crate::scheduler::PlanItem) -> Range<usize> {
+    let start = item.start_pos as usize;
+    start..start + item.tokens.len()
+}
+
 /// A request as the worker knows it.
 #[derive(Debug)]
 pub struct Lane {
@@ -144,14 +150,12 @@ impl Lane {
     /// their images' features: encoded by `Executor::encode_images` before.
     fn embed(&self, item: &crate::scheduler::PlanItem, row0: usize, runs: &mut Vec<llaisys_model::Embedded>) {
         let Some(images) = self.params.images.as_deref() else { return };
-        let (from, to) = (item.start_pos as usize, item.start_pos as usize + item.tokens.len());
-        for (k, image) in images.images.iter().enumerate() {
-            let (start, end) = (images.rows[k], images.rows[k] + image.tokens());
-            let (lo, hi) = (start.max(from), end.min(to));
-            let Some(features) = self.features[k].as_ref().filter(|_| lo < hi) else { continue };
-            let width = features.len() / image.tokens();
-            let values = features[(lo - start) * width..(hi - start) * width].to_vec();
-            runs.push(llaisys_model::Embedded { row: row0 + lo - from, values });
+        for (k, rows) in images.reached(item_rows(item)) {
+            let Some(features) = &self.features[k] else { continue };
+            let width = features.len() / images.images[k].tokens();
+            let values = features[rows.start * width..rows.end * width].to_vec();
+            let row = row0 + images.rows[k] + rows.start - item.start_pos as usize;
+            runs.push(llaisys_model::Embedded { row, values });
         }
     }
 
@@ -378,23 +382,21 @@ impl Executor {
         Ok(outputs)
     }
 
-    /// Proposals for the plan's items (empty for items not allowed any).
     /// Encodes the images whose tokens the plan's items reach and that are not encoded yet.
     fn encode_images(&mut self, plan: &StepPlan) -> Result<(), DecodeError> {
         for item in &plan.items {
             let Some(lane) = self.lanes.get_mut(&item.id) else { continue };
             let Some(images) = lane.params.images.clone() else { continue };
-            let (from, to) = (item.start_pos as usize, item.start_pos as usize + item.tokens.len());
-            for (k, image) in images.images.iter().enumerate() {
-                let start = images.rows[k];
-                if lane.features[k].is_none() && start < to && start + image.tokens() > from {
-                    lane.features[k] = Some(Arc::new(self.ctx.encode_image(image)?));
+            for (k, _) in images.reached(item_rows(item)) {
+                if lane.features[k].is_none() {
+                    lane.features[k] = Some(Arc::new(self.ctx.encode_image(&images.images[k])?));
                 }
             }
         }
         Ok(())
     }
 
+    /// Proposals for the plan's items (empty for items not allowed any).
     fn propose(&mut self, plan: &StepPlan) -> Vec<Vec<u32>> {
         let mut drafts = vec![Vec::new(); plan.items.len()];
         let Some(proposer) = &mut self.proposer else { return drafts };

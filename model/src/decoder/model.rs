@@ -59,11 +59,8 @@ pub fn load(
     device: &Device,
 ) -> Result<Box<dyn LanguageModel>, LoadError> {
     let source = source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })?;
-    let mut dir = None;
     let (config, src): (ModelConfig, Box<dyn TensorSource>) = match source {
-        ModelSource::Dir(d) => {
-            dir = Some(d);
-            let dir = d;
+        ModelSource::Dir(dir) => {
             let config = ModelConfig::from_dir(dir)?;
             let checkpoint = Checkpoint::open(dir)?
                 .aliased(config.arch.hf_aliases)
@@ -112,9 +109,9 @@ pub fn load(
         tracing::info!(path = %m.path().display(), entries = m.len(), "importance matrix for quantizing at load");
     }
     let weights = stream.enter(|| Weights::load(&config, src.as_ref(), opts.weight_dtype, imatrix.as_ref(), device))?;
-    let vision = match dir {
-        Some(dir) => stream.enter(|| Vision::load(dir, &config, device))?,
-        None => None,
+    let vision = match source {
+        ModelSource::Dir(dir) => stream.enter(|| Vision::load(dir, &config, device))?,
+        ModelSource::Gguf(_) => None,
     };
     tracing::info!(
         path = %source.path().display(),

@@ -37,6 +37,17 @@ pub struct RopeTables {
     stacked: OnceCell<Tensor<3>>,
 }
 
+/// cos and sin of frequency `f` at position `p`, scaled by `scale`. The dimensions a partial
+/// rotary embedding leaves alone (frequency 0) pass through unscaled: the attention factor
+/// scales the rotated part only.
+fn turn(f: f32, p: Pos, scale: f32) -> (f32, f32) {
+    if f == 0.0 {
+        return (1.0, 0.0);
+    }
+    let angle = (p as f32 * f) as f64; // the f32 product, as transformers computes it
+    (angle.cos() as f32 * scale, angle.sin() as f32 * scale)
+}
+
 impl RopeTables {
     /// Pair `i` of row `r` turned by `frequencies[i]` at position `positions[r][streams[i]]`
     /// (M-RoPE's streams; a vision tower's 2-D rows), cos and sin scaled by `scale`.
@@ -52,14 +63,9 @@ impl RopeTables {
         let mut sin = Vec::with_capacity(positions.len() * half);
         for p in positions {
             for (&f, &s) in frequencies.iter().zip(streams) {
-                if f == 0.0 {
-                    cos.push(1.0);
-                    sin.push(0.0);
-                    continue;
-                }
-                let angle = (p[s] as f32 * f) as f64;
-                cos.push(angle.cos() as f32 * scale);
-                sin.push(angle.sin() as f32 * scale);
+                let (c, s) = turn(f, p[s], scale);
+                cos.push(c);
+                sin.push(s);
             }
         }
         Self::from_parts(cos, sin, positions.len(), half, device)
@@ -284,16 +290,9 @@ impl Rope {
         let mut sin = Vec::with_capacity(positions.len() * half);
         for (i, &p) in positions.iter().enumerate() {
             for &f in frequencies[choice.get(i).copied().unwrap_or(0)] {
-                // The dimensions a partial rotary embedding leaves alone (frequency 0) pass
-                // through unscaled: the attention factor scales the rotated part only.
-                if f == 0.0 {
-                    cos.push(1.0);
-                    sin.push(0.0);
-                    continue;
-                }
-                let angle = (p as f32 * f) as f64; // the f32 product, as transformers computes it
-                cos.push(angle.cos() as f32 * scale);
-                sin.push(angle.sin() as f32 * scale);
+                let (c, s) = turn(f, p, scale);
+                cos.push(c);
+                sin.push(s);
             }
         }
         RopeTables::from_parts(cos, sin, positions.len(), half, device)

@@ -11,6 +11,8 @@
 mod image;
 mod qwen2vl;
 
+use std::borrow::Borrow;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -136,8 +138,7 @@ impl PromptImages {
         images: Vec<Arc<Image>>,
         vocab_size: usize,
     ) -> Result<Self, String> {
-        let plain: Vec<&Image> = images.iter().map(Arc::as_ref).collect();
-        let (rope, delta) = positions_of(tokens, image_token, &plain)?;
+        let (rope, delta) = positions(tokens, image_token, &images)?;
         let mut rows = Vec::with_capacity(images.len());
         let mut at = 0;
         for image in &images {
@@ -161,11 +162,13 @@ impl PromptImages {
         }
     }
 
-    /// The image whose tokens include prompt row `row`, and the row's index among them.
-    pub fn image_at(&self, row: usize) -> Option<(usize, usize)> {
-        let k = self.rows.partition_point(|&start| start <= row).checked_sub(1)?;
-        let offset = row - self.rows[k];
-        (offset < self.images[k].tokens()).then_some((k, offset))
+    /// The images whose tokens prompt rows `rows` reach: each one's index and the rows it has
+    /// among them, counted from its first token.
+    pub fn reached(&self, rows: Range<usize>) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
+        self.images.iter().zip(&self.rows).enumerate().filter_map(move |(k, (image, &start))| {
+            let (lo, hi) = (start.max(rows.start), (start + image.tokens()).min(rows.end));
+            (lo < hi).then(|| (k, lo - start..hi - start))
+        })
     }
 }
 
@@ -182,11 +185,11 @@ fn splitmix(mut x: u64) -> u64 {
 /// index plus this, all three streams alike). Text turns by one position that counts up; an
 /// image's tokens by its start, its merged row and column added to the last two; the text after
 /// an image from its start plus its larger side (transformers' `get_rope_index`).
-pub fn positions(tokens: &[u32], image_token: u32, images: &[Image]) -> Result<(Vec<[Pos; 3]>, Pos), String> {
-    positions_of(tokens, image_token, &images.iter().collect::<Vec<_>>())
-}
-
-fn positions_of(tokens: &[u32], image_token: u32, images: &[&Image]) -> Result<(Vec<[Pos; 3]>, Pos), String> {
+pub fn positions<I: Borrow<Image>>(
+    tokens: &[u32],
+    image_token: u32,
+    images: &[I],
+) -> Result<(Vec<[Pos; 3]>, Pos), String> {
     let mut out = Vec::with_capacity(tokens.len());
     let mut images = images.iter();
     let mut next: Pos = 0;
@@ -198,7 +201,7 @@ fn positions_of(tokens: &[u32], image_token: u32, images: &[&Image]) -> Result<(
             i += 1;
             continue;
         }
-        let image = images.next().ok_or("more image tokens than the images' features")?;
+        let image: &Image = images.next().ok_or("more image tokens than the images' features")?.borrow();
         let [t, h, w] = image.grid;
         let (h, w) = (h / image.merge, w / image.merge);
         let n = image.tokens();
@@ -241,7 +244,7 @@ mod tests {
         assert_eq!(pos[8], [5; 3]);
         assert_eq!(delta, 6 - 9);
         // Text only: positions are the indices, no delta.
-        let (pos, delta) = positions(&[1, 2, 3], 9, &[]).unwrap();
+        let (pos, delta) = positions::<Image>(&[1, 2, 3], 9, &[]).unwrap();
         assert_eq!((pos, delta), (vec![[0; 3], [1; 3], [2; 3]], 0));
     }
 
@@ -258,10 +261,9 @@ mod tests {
         assert_ne!(a[1..5], c[1..5], "another image, other ids");
         assert!(a.iter().all(|&t| t < 100) && a[0] == 5 && a[5] == 6);
         assert_eq!(pa.rows, [1]);
-        assert_eq!(
-            (pa.image_at(0), pa.image_at(1), pa.image_at(4), pa.image_at(5)),
-            (None, Some((0, 0)), Some((0, 3)), None)
-        );
+        let reached = |rows| pa.reached(rows).collect::<Vec<_>>();
+        assert_eq!((reached(0..1), reached(5..6)), (vec![], vec![]));
+        assert_eq!((reached(1..2), reached(4..6), reached(0..9)), (vec![(0, 0..1)], vec![(0, 3..4)], vec![(0, 0..4)]));
         // Past the prompt: the index plus the delta (the image's 2×2 tokens take 2 positions).
         assert_eq!((pa.rope_at(5), pa.rope_at(6)), ([3; 3], [4; 3]));
     }
