@@ -1,34 +1,43 @@
-"""Image inputs for tests/fixtures/tiny-qwen2vl-f32 (after `make_family_fixtures.py qwen2vl` wrote it).
+"""Image inputs for the Qwen2-VL and Qwen2.5-VL fixtures (after `make_family_fixtures.py qwen2vl` wrote them).
 
-Makes the fixture a Qwen2-VL model that sees: its tiny vision tower's weights drawn at a scale where
-an image moves the logits (transformers' initialization leaves them near zero), its config's image
+Makes each fixture a model that sees: its tiny vision tower's weights drawn at a scale where an
+image moves the logits (transformers' initialization leaves them near zero), its config's image
 token ids those of its tokenizer (<|image_pad|> 968, <|vision_start|> 965, <|vision_end|> 966, as
-in Qwen's vocabulary), Qwen2-VL-Instruct's chat template (chat_template.jinja, as transformers 5 saves it; images as <|vision_start|><|image_pad|>
-<|vision_end|>) and a preprocessor_config.json (Qwen2VLImageProcessor; max_pixels small enough that
-a larger image is scaled down). The language model is untouched: the text references still hold
-(checked here).
+in Qwen's vocabulary), Qwen2-VL-Instruct's chat template (which Qwen2.5-VL-Instruct ships too;
+images as <|vision_start|><|image_pad|><|vision_end|>) and a preprocessor_config.json
+(Qwen2VLImageProcessor; max_pixels small enough that a larger image is scaled down). The language
+model is untouched: the text references still hold (checked here).
+- `qwen2vl`: tests/fixtures/tiny-qwen2vl-f32, as transformers' save_pretrained writes it (the
+  template in chat_template.jinja);
+- `qwen25vl`: tests/fixtures/tiny-qwen25vl-f32, as Qwen's released checkpoints are (the tower
+  under visual., the template in chat_template.json), its tower's first block attending within
+  windows and its second over the whole image.
 
-Writes tests/fixtures/tiny-qwen2vl-f32/images/*.png and image_reference.json, what transformers'
-own processor and model give for chats with those images:
+Writes the fixture's images/*.png and image_reference.json, what transformers' own processor and
+model give for chats with those images:
 - per image: its file, the processor's grid (t, h, w) and the first pixel values and their sum
   (the preprocessing), and the vision tower's merged features (the encoder);
 - per prompt: the messages, the rendered text, the ids with each image's placeholder expanded,
   the last position's logits, the greedy continuation (transformers' generate, which turns the
   generated tokens by M-RoPE's position delta) and the smallest top-2 margin along it.
 
-Usage: python scripts/make_image_fixtures.py  (torch, transformers 5.x, torchvision, pillow)
+Usage: python scripts/make_image_fixtures.py qwen2vl|qwen25vl  (torch, transformers 5.x, torchvision, pillow)
 """
 
 import json
 import os
+import sys
 
 import numpy as np
 import torch
 from PIL import Image
-from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+from safetensors.torch import load_file, save_file
+from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURE = os.path.join(HERE, "..", "tests", "fixtures", "tiny-qwen2vl-f32")
+FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
+# The tokenizer's own (as in Qwen's vocabulary).
+IDS = {"image_token_id": 968, "video_token_id": 969, "vision_start_token_id": 965, "vision_end_token_id": 966}
 
 # Qwen2-VL-7B-Instruct's chat template.
 TEMPLATE = (
@@ -66,49 +75,94 @@ def image(width, height, seed):
     return Image.fromarray(pixels, "RGB")
 
 
-def main():
-    torch.manual_seed(7)
-    model = Qwen2VLForConditionalGeneration.from_pretrained(FIXTURE, attn_implementation="eager").eval()
+def randomize(visual):
+    """The tower's weights at a scale where an image moves the logits."""
     with torch.no_grad():
-        for name, p in model.model.visual.named_parameters():
+        for name, p in visual.named_parameters():
             if name.endswith("bias"):
                 p.copy_(torch.randn_like(p) * 0.1)
-            elif p.dim() == 1:  # LayerNorm scales
+            elif p.dim() == 1:  # norm scales
                 p.copy_(1 + torch.randn_like(p) * 0.1)
             else:
                 fan_in = p[0].numel()
                 p.copy_(torch.randn_like(p) / fan_in**0.5)
-    ids = {"image_token_id": 968, "video_token_id": 969, "vision_start_token_id": 965, "vision_end_token_id": 966}
-    for k, v in ids.items():
-        setattr(model.config, k, v)
-    model.save_pretrained(FIXTURE)
-    tok_cfg_path = os.path.join(FIXTURE, "tokenizer_config.json")
-    tok_cfg = json.load(open(tok_cfg_path, encoding="utf-8"))
-    tok_cfg.pop("chat_template", None)
-    json.dump(tok_cfg, open(tok_cfg_path, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
-    open(os.path.join(FIXTURE, "chat_template.jinja"), "w").write(TEMPLATE)
-    json.dump(PREPROCESSOR, open(os.path.join(FIXTURE, "preprocessor_config.json"), "w"), indent=2)
 
-    model = Qwen2VLForConditionalGeneration.from_pretrained(FIXTURE, attn_implementation="eager").eval()
-    ref = json.load(open(os.path.join(FIXTURE, "reference.json")))
+
+def check_text(model, fixture):
+    ref = json.load(open(os.path.join(fixture, "reference.json")))
     for p in ref["prompts"]:
         logits = model(torch.tensor([p["ids"]])).logits[0, -1]
         err = (logits - torch.tensor(p["last_logits"])).abs().max().item()
         assert err < 1e-4, f"the text logits moved by {err}"
 
-    processor = AutoProcessor.from_pretrained(FIXTURE)
-    os.makedirs(os.path.join(FIXTURE, "images"), exist_ok=True)
+
+def qwen2vl():
+    """tiny-qwen2vl-f32, as transformers' save_pretrained writes it."""
+    fixture = os.path.join(FIXTURES, "tiny-qwen2vl-f32")
+    torch.manual_seed(7)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
+    randomize(model.model.visual)
+    for k, v in IDS.items():
+        setattr(model.config, k, v)
+    model.save_pretrained(fixture)
+    tok_cfg_path = os.path.join(fixture, "tokenizer_config.json")
+    tok_cfg = json.load(open(tok_cfg_path, encoding="utf-8"))
+    tok_cfg.pop("chat_template", None)
+    json.dump(tok_cfg, open(tok_cfg_path, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
+    open(os.path.join(fixture, "chat_template.jinja"), "w").write(TEMPLATE)
+    json.dump(PREPROCESSOR, open(os.path.join(fixture, "preprocessor_config.json"), "w"), indent=2)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
+    check_text(model, fixture)
     # 56x56: no resize (a 4x4 grid, 4 tokens); 100x60: resized to 112x56 (8 tokens); 150x130:
     # past max_pixels, scaled down to 84x112 (12 tokens); "other": another picture of square's
     # size (the same tokens, other features: a cached prefix must not be taken for it).
     shapes = [("square", 56, 56), ("wide", 100, 60), ("large", 150, 130), ("other", 56, 56)]
+    chats = [["square"], ["wide"], ["square", "large"], ["other"]]
+    references(model, fixture, shapes, chats)
+
+
+def qwen25vl():
+    """tiny-qwen25vl-f32, laid out as Qwen's released Qwen2.5-VL checkpoints are (a flat config.json,
+    the tower under visual., the chat template in chat_template.json): a tower of two blocks, the
+    first attending within windows of 4x4 merged tokens (window_size 112), the second over the whole
+    image (fullatt_block_indexes), as the released towers alternate them."""
+    fixture = os.path.join(FIXTURES, "tiny-qwen25vl-f32")
+    cfg_path = os.path.join(fixture, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg.update(IDS)
+    cfg["vision_config"].update(depth=2, fullatt_block_indexes=[1], window_size=112, hidden_act="silu")
+    json.dump(cfg, open(cfg_path, "w"), indent=2)
+    json.dump({"chat_template": TEMPLATE}, open(os.path.join(fixture, "chat_template.json"), "w"))
+    json.dump(dict(PREPROCESSOR, processor_class="Qwen2_5_VLProcessor", max_pixels=28 * 28 * 64),
+              open(os.path.join(fixture, "preprocessor_config.json"), "w"), indent=2)
+    torch.manual_seed(8)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
+    randomize(model.model.visual)
+    path = os.path.join(fixture, "model.safetensors")
+    tensors = {k: v for k, v in load_file(path).items() if not k.startswith("visual.")}
+    tensors.update({"visual." + k: v.contiguous() for k, v in model.model.visual.state_dict().items()})
+    save_file(tensors, path, metadata={"format": "pt"})
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
+    check_text(model, fixture)
+    # 56x56: one window; 150x130: 140x140, a 5x5 grid of merged tokens in four windows (4x4, 4x1,
+    # 1x4, 1x1); 300x260: past max_pixels, 224x196 (8x7 merged tokens, four windows).
+    shapes = [("square", 56, 56), ("large", 150, 130), ("huge", 300, 260), ("other", 56, 56)]
+    chats = [["square"], ["large"], ["square", "huge"], ["other"]]
+    references(model, fixture, shapes, chats)
+
+
+def references(model, fixture, shapes, chats):
+    """The images' files and image_reference.json (the module's doc)."""
+    model = model.eval()
+    processor = AutoProcessor.from_pretrained(fixture)
+    os.makedirs(os.path.join(fixture, "images"), exist_ok=True)
     images = {}
-    out = {"model": "tiny-qwen2vl-f32", "torch": torch.__version__, "images": [], "prompts": []}
+    out = {"model": os.path.basename(fixture), "torch": torch.__version__, "images": [], "prompts": []}
     for k, (name, w, h) in enumerate(shapes):
         img = image(w, h, k)
         path = os.path.join("images", f"{name}.png")
-        img.save(os.path.join(FIXTURE, path))
-        images[name] = Image.open(os.path.join(FIXTURE, path)).convert("RGB")
+        img.save(os.path.join(fixture, path))
+        images[name] = Image.open(os.path.join(fixture, path)).convert("RGB")
         inputs = processor.image_processor(images=[images[name]], return_tensors="pt")
         pv, grid = inputs["pixel_values"], inputs["image_grid_thw"]
         with torch.no_grad():
@@ -121,12 +175,6 @@ def main():
             "abs_sum": pv.double().abs().sum().item(), "features": feats.tolist(),
         })
 
-    chats = [
-        ["square"],
-        ["wide"],
-        ["square", "large"],
-        ["other"],
-    ]
     for names in chats:
         content = [{"type": "image"} for _ in names] + [{"type": "text", "text": "What is in the picture?"}]
         messages = [{"role": "user", "content": content}]
@@ -144,8 +192,8 @@ def main():
             "greedy": greedy, "min_margin": min(margins),
         })
         print(names, len(inputs["input_ids"][0]), greedy, min(margins))
-    json.dump(out, open(os.path.join(FIXTURE, "image_reference.json"), "w"))
+    json.dump(out, open(os.path.join(fixture, "image_reference.json"), "w"))
 
 
 if __name__ == "__main__":
-    main()
+    {"qwen2vl": qwen2vl, "qwen25vl": qwen25vl}[sys.argv[1]]()

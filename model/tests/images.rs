@@ -1,8 +1,9 @@
-//! Images through Qwen2-VL's vision tower, against what transformers' own processor and model
-//! give for the same files (tests/fixtures/tiny-qwen2vl-f32/image_reference.json, written by
-//! scripts/make_image_fixtures.py): the processor's patches, the tower's features, and a chat's
-//! logits and greedy tokens with the features in place of the image tokens, each turned by
-//! M-RoPE.
+//! Images through Qwen2-VL's and Qwen2.5-VL's vision towers, against what transformers' own
+//! processor and model give for the same files (each fixture's image_reference.json, written by
+//! scripts/make_image_fixtures.py): the processor's patches, the tower's features (Qwen2.5-VL's
+//! through window attention: images of one window and of several cut by the image's edges), and
+//! a chat's logits and greedy tokens with the features in place of the image tokens, each turned
+//! by M-RoPE.
 
 use llaisys_model::vision::positions;
 use llaisys_model::{
@@ -11,7 +12,8 @@ use llaisys_model::{
 use llaisys_tests::{fixture_dir, max_abs_diff, test_device};
 use serde::Deserialize;
 
-const FIXTURE: &str = "tiny-qwen2vl-f32";
+/// Qwen2-VL as transformers saves it; Qwen2.5-VL as Qwen releases it.
+const FIXTURES: [&str; 2] = ["tiny-qwen2vl-f32", "tiny-qwen25vl-f32"];
 
 #[derive(Deserialize)]
 struct Reference {
@@ -38,8 +40,8 @@ struct PromptRef {
     greedy: Vec<u32>,
 }
 
-fn reference() -> Reference {
-    let path = fixture_dir(FIXTURE).join("image_reference.json");
+fn reference(fixture: &str) -> Reference {
+    let path = fixture_dir(fixture).join("image_reference.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -47,24 +49,24 @@ fn device() -> Device {
     test_device().parse::<DeviceSpec>().unwrap().device().unwrap()
 }
 
-fn context() -> Context {
-    let source = ModelSource::Dir(fixture_dir(FIXTURE));
+fn context(fixture: &str) -> Context {
+    let source = ModelSource::Dir(fixture_dir(fixture));
     let model = load_model(None, Some(&source), &LoadOptions::default(), &device()).unwrap();
-    Context::with_kv_dtype(model, 256, KvDtype::F32)
+    Context::with_kv_dtype(model, 512, KvDtype::F32)
 }
 
-fn prepare(ctx: &Context, r: &ImageRef) -> Image {
+fn prepare(ctx: &Context, fixture: &str, r: &ImageRef) -> Image {
     let vision = ctx.info().vision.as_ref().expect("the fixture sees images");
-    let bytes = std::fs::read(fixture_dir(FIXTURE).join(&r.file)).unwrap();
+    let bytes = std::fs::read(fixture_dir(fixture).join(&r.file)).unwrap();
     vision.processor.prepare(&bytes).unwrap()
 }
 
 #[test]
 fn the_processor_cuts_images_as_transformers_does() {
-    let ctx = context();
-    for r in reference().images {
-        let image = prepare(&ctx, &r);
-        assert_eq!(image.grid, r.grid, "{}", r.file);
+    for (fixture, r) in FIXTURES.iter().flat_map(|f| reference(f).images.into_iter().map(move |r| (*f, r))) {
+        let ctx = context(fixture);
+        let image = prepare(&ctx, fixture, &r);
+        assert_eq!(image.grid, r.grid, "{fixture} {}", r.file);
         assert_eq!([image.grid.iter().product::<usize>(), image.patches.len() / r.patches[0]], r.patches);
         let sum: f64 = image.patches.iter().map(|&v| v as f64).sum();
         let abs: f64 = image.patches.iter().map(|&v| (v as f64).abs()).sum();
@@ -84,21 +86,29 @@ fn the_processor_cuts_images_as_transformers_does() {
 
 #[test]
 fn the_tower_gives_transformers_features() {
-    let ctx = context();
-    for r in reference().images {
-        let image = prepare(&ctx, &r);
-        let features = ctx.encode_image(&image).unwrap();
-        let expected: Vec<f32> = r.features.concat();
-        assert_eq!(features.len(), expected.len(), "{}", r.file);
-        let err = max_abs_diff(&features, &expected);
-        assert!(err < 1e-4, "{}: features off by {err}", r.file);
+    for fixture in FIXTURES {
+        let ctx = context(fixture);
+        for r in reference(fixture).images {
+            let image = prepare(&ctx, fixture, &r);
+            let features = ctx.encode_image(&image).unwrap();
+            let expected: Vec<f32> = r.features.concat();
+            assert_eq!(features.len(), expected.len(), "{fixture} {}", r.file);
+            let err = max_abs_diff(&features, &expected);
+            assert!(err < 1e-4, "{fixture} {}: features off by {err}", r.file);
+        }
     }
 }
 
 #[test]
 fn a_chat_with_images_gives_transformers_logits_and_greedy_tokens() {
-    let reference = reference();
-    let mut ctx = context();
+    for fixture in FIXTURES {
+        chat_with_images(fixture);
+    }
+}
+
+fn chat_with_images(fixture: &str) {
+    let reference = reference(fixture);
+    let mut ctx = context(fixture);
     let image_token = ctx.info().vision.as_ref().unwrap().image_token;
     for (seq, p) in reference.prompts.iter().enumerate() {
         let images: Vec<Image> = p
@@ -106,7 +116,7 @@ fn a_chat_with_images_gives_transformers_logits_and_greedy_tokens() {
             .iter()
             .map(|name| {
                 let r = reference.images.iter().find(|r| r.file.contains(name.as_str())).unwrap();
-                prepare(&ctx, r)
+                prepare(&ctx, fixture, r)
             })
             .collect();
         let (rope, delta) = positions(&p.ids, image_token, &images).unwrap();
@@ -124,7 +134,7 @@ fn a_chat_with_images_gives_transformers_logits_and_greedy_tokens() {
         ctx.decode(&batch).unwrap();
         let logits = ctx.outputs().row(0).unwrap().to_vec();
         let err = max_abs_diff(&logits, &p.last_logits);
-        assert!(err < 1e-3, "{:?}: last logits off by {err}", p.images);
+        assert!(err < 1e-3, "{fixture} {:?}: last logits off by {err}", p.images);
         // Generated tokens turn by their index plus the prompt's delta, all three streams alike.
         let mut out = vec![argmax(&logits).unwrap()];
         while out.len() < p.greedy.len() {
@@ -135,13 +145,14 @@ fn a_chat_with_images_gives_transformers_logits_and_greedy_tokens() {
             ctx.decode(&batch).unwrap();
             out.push(argmax(ctx.outputs().row(0).unwrap()).unwrap());
         }
-        assert_eq!(out, p.greedy, "{:?}", p.images);
+        assert_eq!(out, p.greedy, "{fixture} {:?}", p.images);
     }
 }
 
 #[test]
 fn a_text_model_refuses_images_by_saying_so() {
-    let source = ModelSource::Dir(fixture_dir("tiny-qwen25vl-f32"));
+    // Qwen3-VL's checkpoint, whose tower is not served: its language model serves text.
+    let source = ModelSource::Dir(fixture_dir("tiny-qwen3vl-f32"));
     let model = load_model(None, Some(&source), &LoadOptions::default(), &device()).unwrap();
     let ctx = Context::with_kv_dtype(model, 16, KvDtype::F32);
     assert!(ctx.info().vision.is_none());

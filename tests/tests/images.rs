@@ -1,7 +1,7 @@
-//! Images in chats against the real server: the tiny Qwen2-VL fixture answers a chat with
-//! images sent as `data:` URLs with the tokens transformers generates for the same chat
-//! (tests/fixtures/tiny-qwen2vl-f32/image_reference.json), a cached prefix is not taken for
-//! another image of the same size, and images are refused by name where they cannot be taken.
+//! Images in chats against the real server: the tiny Qwen2-VL and Qwen2.5-VL fixtures answer a
+//! chat with images sent as `data:` URLs with the tokens transformers generates for the same chat
+//! (each fixture's image_reference.json), a cached prefix is not taken for another image of the
+//! same size, and images are refused by name where they cannot be taken.
 
 use base64::Engine as _;
 use llaisys_tests::fixture_dir;
@@ -12,46 +12,52 @@ use common::{post, server_for};
 
 const FIXTURE: &str = "tiny-qwen2vl-f32";
 
-fn reference() -> Value {
-    let path = fixture_dir(FIXTURE).join("image_reference.json");
+fn reference(fixture: &str) -> Value {
+    let path = fixture_dir(fixture).join("image_reference.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Image `name` of the fixture as a data: URL.
-fn data_url(name: &str) -> String {
-    let bytes = std::fs::read(fixture_dir(FIXTURE).join(format!("images/{name}.png"))).unwrap();
+fn data_url(fixture: &str, name: &str) -> String {
+    let bytes = std::fs::read(fixture_dir(fixture).join(format!("images/{name}.png"))).unwrap();
     format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 
 /// The reference prompt's chat in OpenAI's parts: its images, then its text.
-fn chat(prompt: &Value) -> Value {
+fn chat(fixture: &str, prompt: &Value) -> Value {
     let mut parts: Vec<Value> = (prompt["images"].as_array().unwrap().iter())
-        .map(|n| json!({"type": "image_url", "image_url": {"url": data_url(n.as_str().unwrap())}}))
+        .map(|n| json!({"type": "image_url", "image_url": {"url": data_url(fixture, n.as_str().unwrap())}}))
         .collect();
     parts.push(json!({"type": "text", "text": "What is in the picture?"}));
-    json!({"model": FIXTURE, "messages": [{"role": "user", "content": parts}], "temperature": 0,
+    json!({"model": fixture, "messages": [{"role": "user", "content": parts}], "temperature": 0,
         "max_tokens": prompt["greedy"].as_array().unwrap().len(), "ignore_eos": true, "return_token_ids": true})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_with_images_answers_as_transformers_does() {
-    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    for fixture in [FIXTURE, "tiny-qwen25vl-f32"] {
+        chat_as_transformers(fixture).await;
+    }
+}
+
+async fn chat_as_transformers(fixture: &str) {
+    let s = server_for(&fixture_dir(fixture), &[]).await;
     // "other" last: a picture of "square"'s size, whose tokens are the same ids but for the
     // image's; the cache holds "square"'s chat by then, which must not be taken for it.
-    for prompt in reference()["prompts"].as_array().unwrap() {
-        let (status, c) = post(&s, "/v1/chat/completions", chat(prompt)).await;
+    for prompt in reference(fixture)["prompts"].as_array().unwrap() {
+        let (status, c) = post(&s, "/v1/chat/completions", chat(fixture, prompt)).await;
         assert_eq!(status, 200, "{c}");
         assert_eq!(c["choices"][0]["token_ids"], prompt["greedy"], "{:?}: {c}", prompt["images"]);
         assert_eq!(c["usage"]["prompt_tokens"], json!(prompt["ids"].as_array().unwrap().len()), "{c}");
     }
     // The same chat again reuses its cached prefix (the image's tokens included).
-    let square = &reference()["prompts"][0];
-    let (_, c) = post(&s, "/v1/chat/completions", chat(square)).await;
+    let square = &reference(fixture)["prompts"][0];
+    let (_, c) = post(&s, "/v1/chat/completions", chat(fixture, square)).await;
     assert_eq!(c["choices"][0]["token_ids"], square["greedy"], "{c}");
     let cached = c["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert!(cached + 1 >= square["ids"].as_array().unwrap().len() as u64 - 1, "{c}");
     // The template's rendering, counted as the prompt is.
-    let tokenized = json!({"model": FIXTURE, "messages": chat(square)["messages"]});
+    let tokenized = json!({"model": fixture, "messages": chat(fixture, square)["messages"]});
     let (status, t) = post(&s, "/tokenize", tokenized).await;
     assert_eq!((status, &t["count"]), (200, &json!(square["ids"].as_array().unwrap().len())), "{t}");
     s.shutdown().await;
@@ -60,9 +66,9 @@ async fn a_chat_with_images_answers_as_transformers_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_that_cannot_be_taken_are_refused_by_name() {
     let s = server_for(&fixture_dir(FIXTURE), &[]).await;
-    let square = &reference()["prompts"][0];
+    let square = &reference(FIXTURE)["prompts"][0];
     let with_url = |url: &str| {
-        let mut body = chat(square);
+        let mut body = chat(FIXTURE, square);
         body["messages"][0]["content"][0]["image_url"]["url"] = url.into();
         body
     };
@@ -77,21 +83,21 @@ async fn images_that_cannot_be_taken_are_refused_by_name() {
         assert!(e["error"]["message"].as_str().unwrap().contains(says), "{url}: {e}");
     }
     // A placeholder written in the text is not an image.
-    let mut body = chat(square);
+    let mut body = chat(FIXTURE, square);
     body["messages"][0]["content"][1]["text"] = "<|vision_start|><|image_pad|><|vision_end|>".into();
     let (status, e) = post(&s, "/v1/chat/completions", body).await;
     assert_eq!(status, 400, "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("placeholders"), "{e}");
     // Prompt log-probabilities are not given for image tokens.
-    let mut body = chat(square);
+    let mut body = chat(FIXTURE, square);
     body["prompt_logprobs"] = 1.into();
     let (status, e) = post(&s, "/v1/chat/completions", body).await;
     assert_eq!((status, &e["error"]["param"]), (400, &json!("prompt_logprobs")), "{e}");
     s.shutdown().await;
-    // A model without a vision tower says it takes text only.
-    let text = server_for(&fixture_dir("tiny-qwen25vl-f32"), &[]).await;
-    let mut body = chat(square);
-    body["model"] = "tiny-qwen25vl-f32".into();
+    // A model whose vision tower is not served (Qwen3-VL's) says it takes text only.
+    let text = server_for(&fixture_dir("tiny-qwen3vl-f32"), &[]).await;
+    let mut body = chat(FIXTURE, square);
+    body["model"] = "tiny-qwen3vl-f32".into();
     let (status, e) = post(&text, "/v1/chat/completions", body).await;
     assert_eq!(status, 400, "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("text only"), "{e}");
@@ -103,10 +109,10 @@ async fn images_that_cannot_be_taken_are_refused_by_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dialect_takes_images() {
     let s = server_for(&fixture_dir(FIXTURE), &[]).await;
-    let square = &reference()["prompts"][0];
-    let url = data_url("square");
+    let square = &reference(FIXTURE)["prompts"][0];
+    let url = data_url(FIXTURE, "square");
     let question = "What is in the picture?";
-    let (_, c) = post(&s, "/v1/chat/completions", chat(square)).await;
+    let (_, c) = post(&s, "/v1/chat/completions", chat(FIXTURE, square)).await;
     let expected = c["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     assert!(!expected.is_empty(), "{c}");
     let input = json!([{"role": "user", "content": [{"type": "input_image", "image_url": url},
@@ -149,5 +155,24 @@ async fn every_dialect_takes_images() {
     assert!(show["capabilities"].as_array().unwrap().contains(&json!("vision")), "{show}");
     let (_, props) = common::get(&s, "/props").await;
     assert_eq!(props["modalities"]["vision"], true, "{props}");
+    s.shutdown().await;
+}
+
+/// `limits.max_image_pixels` scales a larger image down to fewer tokens before the model's own
+/// bound would: 150×130 pixels, 12 tokens under the fixture's processor, are 28×56 (2 tokens)
+/// within 3,136 pixels; a 56×56 image, at the bound, keeps its 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_pixel_bound_scales_larger_images_down() {
+    let s = server_for(&fixture_dir(FIXTURE), &[("limits.max_image_pixels", "3136")]).await;
+    let square = &reference(FIXTURE)["prompts"][0];
+    let square_tokens = square["ids"].as_array().unwrap().len();
+    let large = chat(FIXTURE, &json!({"images": ["large"], "greedy": [0, 0]}));
+    let (status, c) = post(&s, "/v1/chat/completions", large).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["usage"]["prompt_tokens"], json!(square_tokens - 4 + 2), "{c}");
+    let (status, c) = post(&s, "/v1/chat/completions", chat(FIXTURE, square)).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["usage"]["prompt_tokens"], json!(square_tokens), "{c}");
+    assert_eq!(c["choices"][0]["token_ids"], square["greedy"], "{c}");
     s.shutdown().await;
 }

@@ -35,11 +35,25 @@ pub struct RequestLimits {
     pub max_n: usize,
     /// Whether requests may set a `priority` (vLLM's `--scheduling-policy`).
     pub scheduling_policy: SchedulingPolicy,
+    /// Most pixels an image is prepared at (0: the model's processor's `max_pixels`): a larger
+    /// one is scaled down as the processor scales one past its own bound, to fewer tokens.
+    pub max_image_pixels: usize,
 }
+
+/// [`RequestLimits::max_image_pixels`]' default: 1,280 tokens of Qwen2-VL's 28×28 pixels, the
+/// bound Qwen's model cards suggest and transformers' processor has where its config sets none
+/// (the released configs allow 16,384 tokens, minutes of the vision tower on a CPU).
+pub const DEFAULT_MAX_IMAGE_PIXELS: usize = 1280 * 28 * 28;
 
 impl Default for RequestLimits {
     fn default() -> Self {
-        Self { max_prompt_tokens: 0, max_tokens: 4096, max_n: 8, scheduling_policy: SchedulingPolicy::Fcfs }
+        Self {
+            max_prompt_tokens: 0,
+            max_tokens: 4096,
+            max_n: 8,
+            scheduling_policy: SchedulingPolicy::Fcfs,
+            max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
+        }
     }
 }
 
@@ -74,8 +88,20 @@ pub struct Frontend {
 }
 
 impl Frontend {
-    pub fn new(info: ModelInfo, text: Option<ModelText>, limits: RequestLimits, kv_capacity: Option<usize>) -> Self {
+    /// `info`'s image processor, where it has one, takes images of at most
+    /// `limits.max_image_pixels` (never fewer than its `min_pixels`).
+    pub fn new(
+        mut info: ModelInfo,
+        text: Option<ModelText>,
+        limits: RequestLimits,
+        kv_capacity: Option<usize>,
+    ) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
+        if let Some(p) = info.vision.as_mut().map(|v| &mut v.processor)
+            && limits.max_image_pixels > 0
+        {
+            p.max_pixels = p.max_pixels.min(limits.max_image_pixels.max(p.min_pixels));
+        }
         let mut eos = info.eos_token_ids.clone();
         if let Some(t) = &text {
             eos.extend(t.defaults.eos_token_ids.iter().filter(|id| !info.eos_token_ids.contains(id)));

@@ -5,8 +5,8 @@
 //! image once ([`crate::Context::encode_image`]) and gives its rows in place of those tokens'
 //! embeddings, each turned by its place in the image ([`positions`], M-RoPE).
 //!
-//! Served: Qwen2-VL's tower (`qwen2vl`). Qwen2.5-VL's (window attention, SwiGLU) and Qwen3-VL's
-//! (deepstack) are not yet: those models serve text.
+//! Served: Qwen2-VL's and Qwen2.5-VL's towers (`qwen2vl`). Qwen3-VL's (deepstack) is not yet:
+//! those models serve text.
 
 mod image;
 mod qwen2vl;
@@ -41,7 +41,8 @@ pub struct Vision {
 }
 
 impl Vision {
-    /// The vision tower of the checkpoint in `dir`, where its family's tower is served (Qwen2-VL's);
+    /// The vision tower of the checkpoint in `dir`, where its family's tower is served (Qwen2-VL's,
+    /// Qwen2.5-VL's);
     /// `None` for any other model, which takes text only.
     pub fn load(dir: &Path, config: &ModelConfig, device: &burn::tensor::Device) -> Result<Option<Self>, LoadError> {
         let Some((info, tower_config, src)) = probe(dir, config)? else {
@@ -74,7 +75,8 @@ fn probe(
     let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
     let top: Value =
         serde_json::from_str(&text).map_err(|e| LoadError::Json { path: path.clone(), reason: e.to_string() })?;
-    let (Some("qwen2_vl"), Some(vision)) = (top.get("model_type").and_then(Value::as_str), top.get("vision_config"))
+    let (Some(family @ ("qwen2_vl" | "qwen2_5_vl")), Some(vision)) =
+        (top.get("model_type").and_then(Value::as_str), top.get("vision_config"))
     else {
         if top.get("vision_config").is_some() {
             tracing::info!(model_type = config.arch.name, "this model's vision tower is not served: text only");
@@ -84,7 +86,7 @@ fn probe(
     let Some(src) = Checkpoint::vision(dir)? else {
         return Ok(None);
     };
-    let tower_config = qwen2vl::TowerConfig::from_value(vision)?;
+    let tower_config = qwen2vl::TowerConfig::from_value(vision, family == "qwen2_5_vl")?;
     let processor = ImageProcessor::from_dir(dir)?;
     if (processor.patch_size, processor.temporal_patch_size, processor.merge_size)
         != (tower_config.patch_size, tower_config.temporal_patch_size, tower_config.merge_size)

@@ -1,9 +1,17 @@
-//! Qwen2-VL's vision tower (transformers' `Qwen2VisionTransformerPretrainedModel`): patches →
-//! a linear patch embedding (its 3-D convolution, whose stride is its kernel) → N × [LayerNorm →
-//! attention over the image's patches, q and k turned by 2-D RoPE (each head's first half of
-//! pairs by the patch's row, the second by its column) → residual → LayerNorm → fc1 → QuickGELU
-//! → fc2 → residual] → the merger: LayerNorm, each 2×2 window's patches side by side, Linear →
+//! Qwen2-VL's and Qwen2.5-VL's vision towers (transformers' `Qwen2VisionTransformerPretrainedModel`
+//! and `Qwen2_5_VisionTransformerPretrainedModel`): patches → a linear patch embedding (its 3-D
+//! convolution, whose stride is its kernel) → N × [norm → attention, q and k turned by 2-D RoPE
+//! (each head's first half of pairs by the patch's row, the second by its column) → residual →
+//! norm → MLP → residual] → the merger: norm, each 2×2 window's patches side by side, Linear →
 //! GELU → Linear to the language model's width: one row per merged window, the image's tokens.
+//!
+//! Qwen2-VL's blocks have LayerNorm and fc1 → QuickGELU → fc2, and attend over the whole image.
+//! Qwen2.5-VL's have RMSNorm and a gated silu MLP, and most attend only within windows of
+//! `window_size` pixels a side (a few, `fullatt_block_indexes`, over the whole image): the patches
+//! go through the blocks in the windows' order, each window's rows together, and the merged rows
+//! come back to the image's order at the end.
+
+use std::ops::Range;
 
 use burn::tensor::activation::{gelu, sigmoid};
 use burn::tensor::{DType, Device, Tensor, TensorData};
@@ -11,17 +19,31 @@ use serde_json::Value;
 
 use super::image::Image;
 use crate::checkpoint::Checkpoint;
+use crate::config::Activation;
 use crate::error::{DecodeError, LoadError};
 use crate::kv::Pos;
-use crate::layers::{Linear, Rope, RopeTables, attention, linear};
+use crate::layers::{Linear, RmsNorm, Rope, RopeTables, attention, linear, swiglu};
 use crate::tensors::{Stored, TensorSource};
 
 /// Most bytes of one slice of attention scores ([heads, rows, patches] f32): an image of
 /// thousands of patches attends in slices of query rows (Qwen's largest images have 65,536).
 const SCORE_BYTES: usize = 256 << 20;
 
+/// Which of the two towers: their blocks differ (the module's doc).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Family {
+    Qwen2Vl,
+    Qwen25Vl {
+        /// A window's side in merged tokens (`window_size` pixels).
+        window: usize,
+        /// The blocks that attend over the whole image.
+        full_blocks: Vec<usize>,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct TowerConfig {
+    pub family: Family,
     pub embed_dim: usize,
     pub depth: usize,
     pub heads: usize,
@@ -36,50 +58,74 @@ pub struct TowerConfig {
 }
 
 impl TowerConfig {
-    /// From `config.json`'s `vision_config`.
-    pub fn from_value(v: &Value) -> Result<Self, LoadError> {
-        let field = |name: &str| LoadError::Config {
-            field: format!("vision_config.{name}"),
-            reason: "expected a positive integer".into(),
-        };
+    /// From `config.json`'s `vision_config`, for a checkpoint of `model_type` `qwen2_vl` or
+    /// `qwen2_5_vl` (`qwen25`).
+    pub fn from_value(v: &Value, qwen25: bool) -> Result<Self, LoadError> {
+        let bad = |name: &str, reason: String| LoadError::Config { field: format!("vision_config.{name}"), reason };
         let count = |names: &[&str], default: Option<usize>| -> Result<usize, LoadError> {
             for name in names {
                 match v.get(*name) {
                     None | Some(Value::Null) => continue,
-                    Some(x) => return x.as_u64().filter(|&n| n > 0).map(|n| n as usize).ok_or_else(|| field(name)),
+                    Some(x) => {
+                        return x
+                            .as_u64()
+                            .filter(|&n| n > 0)
+                            .map(|n| n as usize)
+                            .ok_or_else(|| bad(name, "expected a positive integer".into()));
+                    }
                 }
             }
-            default.ok_or_else(|| LoadError::Config {
-                field: format!("vision_config.{}", names[0]),
-                reason: "missing".into(),
-            })
+            default.ok_or_else(|| bad(names[0], "missing".into()))
         };
-        let embed_dim = count(&["embed_dim"], None)?;
-        let ratio = v.get("mlp_ratio").and_then(Value::as_f64).unwrap_or(4.0);
-        let act = v.get("hidden_act").and_then(Value::as_str).unwrap_or("quick_gelu");
-        if act != "quick_gelu" {
-            return Err(LoadError::Config {
-                field: "vision_config.hidden_act".into(),
-                reason: format!("{act:?}: Qwen2-VL's tower has quick_gelu"),
-            });
+        let (expected_act, default_act) = if qwen25 { ("silu", "silu") } else { ("quick_gelu", "quick_gelu") };
+        let act = v.get("hidden_act").and_then(Value::as_str).unwrap_or(default_act);
+        if act != expected_act {
+            return Err(bad("hidden_act", format!("{act:?}: this tower has {expected_act}")));
         }
+        let depth = count(&["depth"], None)?;
+        let patch_size = count(&["patch_size"], Some(14))?;
+        let merge_size = count(&["spatial_merge_size"], Some(2))?;
+        let (family, embed_dim, mlp_dim, out_dim) = if qwen25 {
+            let window_size = count(&["window_size"], Some(112))?;
+            let window = window_size / merge_size / patch_size;
+            if window == 0 {
+                return Err(bad("window_size", format!("{window_size} px is less than one merged token")));
+            }
+            let full_blocks = match v.get("fullatt_block_indexes") {
+                None | Some(Value::Null) => vec![7, 15, 23, 31],
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .map(|x| x.as_u64().map(|n| n as usize).filter(|&n| n < depth))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| bad("fullatt_block_indexes", format!("expected block indices below {depth}")))?,
+                Some(_) => return Err(bad("fullatt_block_indexes", "expected a list".into())),
+            };
+            let embed_dim = count(&["hidden_size"], None)?;
+            let family = Family::Qwen25Vl { window, full_blocks };
+            (family, embed_dim, count(&["intermediate_size"], None)?, count(&["out_hidden_size"], None)?)
+        } else {
+            let embed_dim = count(&["embed_dim"], None)?;
+            let ratio = v.get("mlp_ratio").and_then(Value::as_f64).unwrap_or(4.0);
+            (Family::Qwen2Vl, embed_dim, (embed_dim as f64 * ratio) as usize, count(&["hidden_size"], None)?)
+        };
         let heads = count(&["num_heads"], None)?;
         if !embed_dim.is_multiple_of(heads) || !(embed_dim / heads).is_multiple_of(4) {
-            return Err(LoadError::Config {
-                field: "vision_config.num_heads".into(),
-                reason: format!("{heads} heads do not split {embed_dim} into heads of a multiple of 4"),
-            });
+            return Err(bad(
+                "num_heads",
+                format!("{heads} heads do not split {embed_dim} into heads of a multiple of 4"),
+            ));
         }
         let rope_theta = v.pointer("/rope_parameters/rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0);
         Ok(Self {
+            family,
             embed_dim,
-            depth: count(&["depth"], None)?,
+            depth,
             heads,
-            mlp_dim: (embed_dim as f64 * ratio) as usize,
-            out_dim: count(&["hidden_size"], None)?,
-            patch_size: count(&["patch_size"], Some(14))?,
+            mlp_dim,
+            out_dim,
+            patch_size,
             temporal_patch_size: count(&["temporal_patch_size"], Some(2))?,
-            merge_size: count(&["spatial_merge_size"], Some(2))?,
+            merge_size,
             channels: count(&["in_chans", "in_channels"], Some(3))?,
             rope_theta,
         })
@@ -87,6 +133,35 @@ impl TowerConfig {
 
     fn patch_dim(&self) -> usize {
         self.channels * self.temporal_patch_size * self.patch_size * self.patch_size
+    }
+
+    /// The order the blocks see an image of `grid` patches in, as merged tokens' indices, and
+    /// the runs of patch rows in that order that attend together in a windowed block and in a
+    /// full one: Qwen2.5-VL's windows tile each frame from its top left in rows (the last ones
+    /// cut short by the image's edges), a window's tokens in rows; a full block's runs are the
+    /// frames (an image is one).
+    fn layout(&self, grid: [usize; 3]) -> (Vec<usize>, Vec<Range<usize>>, Vec<Range<usize>>) {
+        let [t, gh, gw] = grid;
+        let m = self.merge_size;
+        let (h, w, unit) = (gh / m, gw / m, m * m);
+        let frames = (0..t).map(|f| f * h * w * unit..(f + 1) * h * w * unit).collect();
+        let Family::Qwen25Vl { window, .. } = self.family else {
+            return ((0..t * h * w).collect(), Vec::new(), frames);
+        };
+        let mut order = Vec::with_capacity(t * h * w);
+        let mut windows = Vec::new();
+        for f in 0..t {
+            for wy in (0..h).step_by(window) {
+                for wx in (0..w).step_by(window) {
+                    let start = order.len();
+                    for y in wy..(wy + window).min(h) {
+                        order.extend((wx..(wx + window).min(w)).map(|x| f * h * w + y * w + x));
+                    }
+                    windows.push(start * unit..order.len() * unit);
+                }
+            }
+        }
+        (order, windows, frames)
     }
 }
 
@@ -106,20 +181,54 @@ impl LayerNorm {
     }
 }
 
+/// Qwen2-VL's LayerNorm or Qwen2.5-VL's RMSNorm.
+enum Norm {
+    Layer(LayerNorm),
+    Rms(RmsNorm),
+}
+
+impl Norm {
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        match self {
+            Norm::Layer(n) => n.forward(x),
+            Norm::Rms(n) => n.forward(x),
+        }
+    }
+}
+
+/// Qwen2-VL's fc1 → QuickGELU → fc2, or Qwen2.5-VL's silu(gate) · up → down (gate and up stacked).
+enum Mlp {
+    QuickGelu { fc1: Linear, fc2: Linear },
+    Gated { gate_up: Linear, down: Linear },
+}
+
+impl Mlp {
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        match self {
+            Mlp::QuickGelu { fc1, fc2 } => {
+                let h = fc1.forward(x);
+                fc2.forward(h.clone() * sigmoid(h.mul_scalar(1.702)))
+            }
+            Mlp::Gated { gate_up, down } => down.forward(swiglu(gate_up.forward(x), Activation::Silu)),
+        }
+    }
+}
+
 struct Block {
-    norm1: LayerNorm,
-    norm2: LayerNorm,
+    norm1: Norm,
+    norm2: Norm,
     qkv: Linear,
     proj: Linear,
-    fc1: Linear,
-    fc2: Linear,
+    mlp: Mlp,
+    /// Attends over the whole image, not within windows.
+    full: bool,
 }
 
 pub struct Tower {
     config: TowerConfig,
     patch_embed: Linear,
     blocks: Vec<Block>,
-    merge_norm: LayerNorm,
+    merge_norm: Norm,
     merge_in: Linear,
     merge_out: Linear,
     device: Device,
@@ -129,7 +238,7 @@ impl Tower {
     /// The tower's weights (`visual.` of the checkpoint, named without it): its matrices in the
     /// 16-bit type the checkpoint stores them in (else f32), the rest f32.
     pub fn load(config: TowerConfig, src: &Checkpoint, device: &Device) -> Result<Self, LoadError> {
-        let tensor = |name: &str, shape: &[usize]| -> Result<TensorData, LoadError> {
+        let values = |name: &str, shape: &[usize]| -> Result<Vec<f32>, LoadError> {
             let found = src.shape(name).ok_or_else(|| LoadError::MissingTensors(vec![format!("visual.{name}")]))?;
             if found.iter().product::<usize>() != shape.iter().product::<usize>() {
                 return Err(LoadError::Tensor {
@@ -137,53 +246,85 @@ impl Tower {
                     reason: format!("shape {found:?}, expected {shape:?}"),
                 });
             }
-            let data = src.data(name, DType::F32)?;
-            let values = data
+            src.data(name, DType::F32)?
                 .try_into_vec::<f32>()
-                .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("{e:?}") })?;
-            Ok(TensorData::new(values, shape.to_vec()))
+                .map_err(|e| LoadError::Tensor { name: name.into(), reason: format!("{e:?}") })
+        };
+        // Stacked rows of several same-shaped tensors (gate's and up's).
+        let stacked = |names: &[String], rows: usize, cols: usize| -> Result<TensorData, LoadError> {
+            let mut all = Vec::with_capacity(names.len() * rows * cols);
+            for name in names {
+                all.extend(values(name, &[rows, cols])?);
+            }
+            Ok(TensorData::new(all, [names.len() * rows, cols]))
         };
         let vector = |name: &str, len: usize| -> Result<Tensor<1>, LoadError> {
-            Ok(Tensor::from_data(tensor(name, &[len])?, device))
+            Ok(Tensor::from_data(TensorData::new(values(name, &[len])?, [len]), device))
         };
-        let matrix = |name: &str, out: usize, inp: usize| -> Result<linear::Weight, LoadError> {
-            let dtype = match src.stored(name) {
+        // A matrix as the checkpoint stores it: 16-bit where it is.
+        let matrix = |names: &[String], out: usize, inp: usize| -> Result<linear::Weight, LoadError> {
+            let dtype = match src.stored(&names[0]) {
                 Some(Ok(Stored::Bf16)) => DType::BF16,
                 Some(Ok(Stored::F16)) => DType::F16,
                 _ => DType::F32,
             };
-            Ok(linear::dense_fitting(tensor(name, &[out, inp])?, dtype, device))
+            Ok(linear::dense_fitting(stacked(names, out, inp)?, dtype, device))
         };
-        let lin = |prefix: &str, out: usize, inp: usize| -> Result<Linear, LoadError> {
+        let lin_stacked = |prefixes: &[String], out: usize, inp: usize| -> Result<Linear, LoadError> {
+            let weights: Vec<String> = prefixes.iter().map(|p| format!("{p}.weight")).collect();
+            let biases: Vec<String> = prefixes.iter().map(|p| format!("{p}.bias")).collect();
+            let bias = stacked(&biases, out, 1)?;
             Ok(Linear {
-                weight: matrix(&format!("{prefix}.weight"), out, inp)?,
-                bias: Some(vector(&format!("{prefix}.bias"), out)?),
+                weight: matrix(&weights, out, inp)?,
+                bias: Some(Tensor::<2>::from_data(bias, device).reshape([prefixes.len() * out])),
             })
         };
-        let norm = |prefix: &str, d: usize| -> Result<LayerNorm, LoadError> {
-            Ok(LayerNorm {
-                weight: vector(&format!("{prefix}.weight"), d)?,
-                bias: vector(&format!("{prefix}.bias"), d)?,
-            })
-        };
+        let lin = |prefix: &str, out: usize, inp: usize| lin_stacked(&[prefix.to_string()], out, inp);
         let c = &config;
+        let qwen25 = matches!(c.family, Family::Qwen25Vl { .. });
+        let norm = |prefix: &str, d: usize| -> Result<Norm, LoadError> {
+            let weight = vector(&format!("{prefix}.weight"), d)?;
+            Ok(if qwen25 {
+                Norm::Rms(RmsNorm { weight, eps: 1e-6 })
+            } else {
+                Norm::Layer(LayerNorm { weight, bias: vector(&format!("{prefix}.bias"), d)? })
+            })
+        };
         let e = c.embed_dim;
         let blocks = (0..c.depth)
             .map(|i| {
                 let b = format!("blocks.{i}");
+                let mlp = if qwen25 {
+                    Mlp::Gated {
+                        gate_up: lin_stacked(
+                            &[format!("{b}.mlp.gate_proj"), format!("{b}.mlp.up_proj")],
+                            c.mlp_dim,
+                            e,
+                        )?,
+                        down: lin(&format!("{b}.mlp.down_proj"), e, c.mlp_dim)?,
+                    }
+                } else {
+                    Mlp::QuickGelu {
+                        fc1: lin(&format!("{b}.mlp.fc1"), c.mlp_dim, e)?,
+                        fc2: lin(&format!("{b}.mlp.fc2"), e, c.mlp_dim)?,
+                    }
+                };
                 Ok(Block {
                     norm1: norm(&format!("{b}.norm1"), e)?,
                     norm2: norm(&format!("{b}.norm2"), e)?,
                     qkv: lin(&format!("{b}.attn.qkv"), 3 * e, e)?,
                     proj: lin(&format!("{b}.attn.proj"), e, e)?,
-                    fc1: lin(&format!("{b}.mlp.fc1"), c.mlp_dim, e)?,
-                    fc2: lin(&format!("{b}.mlp.fc2"), e, c.mlp_dim)?,
+                    mlp,
+                    full: match &c.family {
+                        Family::Qwen2Vl => true,
+                        Family::Qwen25Vl { full_blocks, .. } => full_blocks.contains(&i),
+                    },
                 })
             })
             .collect::<Result<Vec<_>, LoadError>>()?;
         let merged = e * c.merge_size * c.merge_size;
         Ok(Self {
-            patch_embed: Linear { weight: matrix("patch_embed.proj.weight", e, c.patch_dim())?, bias: None },
+            patch_embed: Linear { weight: matrix(&["patch_embed.proj.weight".into()], e, c.patch_dim())?, bias: None },
             blocks,
             merge_norm: norm("merger.ln_q", e)?,
             merge_in: lin("merger.mlp.0", merged, merged)?,
@@ -199,22 +340,25 @@ impl Tower {
         let [t, gh, gw] = image.grid;
         let n = t * gh * gw;
         let m = c.merge_size;
-        if image.merge != m
-            || image.patches.len() != n * c.patch_dim()
-            || !gh.is_multiple_of(m)
-            || !gw.is_multiple_of(m)
-        {
+        let pd = c.patch_dim();
+        if image.merge != m || image.patches.len() != n * pd || !gh.is_multiple_of(m) || !gw.is_multiple_of(m) {
             return Err(DecodeError::InvalidInput(format!(
-                "an image of {n} patches ({} values, merged by {}) for a tower of {}-value patches merged by {m}",
+                "an image of {n} patches ({} values, merged by {}) for a tower of {pd}-value patches merged by {m}",
                 image.patches.len(),
                 image.merge,
-                c.patch_dim()
             )));
         }
+        let (order, windows, frames) = c.layout(image.grid);
+        let unit = m * m;
+        let ordered: Vec<f32> = if windows.is_empty() {
+            image.patches.clone()
+        } else {
+            order.iter().flat_map(|&u| &image.patches[u * unit * pd..(u + 1) * unit * pd]).copied().collect()
+        };
         let (heads, hd) = (c.heads, c.embed_dim / c.heads);
-        let patches = Tensor::<2>::from_data(TensorData::new(image.patches.clone(), [n, c.patch_dim()]), &self.device);
+        let patches = Tensor::<2>::from_data(TensorData::new(ordered, [n, pd]), &self.device);
         let mut x = self.patch_embed.forward(patches);
-        let tables = self.tables(image);
+        let tables = self.tables(image.grid, &order);
         for b in &self.blocks {
             let h = b.norm1.forward(x.clone());
             let qkv = b.qkv.forward(h).reshape([n, 3, heads, hd]);
@@ -222,49 +366,125 @@ impl Tower {
             let q = Rope::apply(part(0), &tables);
             let k = Rope::apply(part(1), &tables).swap_dims(0, 1); // [heads, n, hd]
             let v = part(2).swap_dims(0, 1);
-            let slice = (SCORE_BYTES / (heads * n * 4)).clamp(1, n);
-            let mut rows = Vec::with_capacity(n.div_ceil(slice));
-            for start in (0..n).step_by(slice) {
-                let len = slice.min(n - start);
-                rows.push(attention(q.clone().narrow(0, start, len), k.clone(), v.clone(), None, None, None));
-            }
-            let a = if rows.len() == 1 { rows.remove(0) } else { Tensor::cat(rows, 0) };
+            let a = attend(q, k, v, if b.full { &frames } else { &windows });
             x = x + b.proj.forward(a);
-            let h = b.fc1.forward(b.norm2.forward(x.clone()));
-            let h = h.clone() * sigmoid(h.mul_scalar(1.702)); // QuickGELU
-            x = x + b.fc2.forward(h);
+            x = x.clone() + b.mlp.forward(b.norm2.forward(x));
         }
-        let merged = self.merge_norm.forward(x).reshape([n / (m * m), c.embed_dim * m * m]);
+        let merged = self.merge_norm.forward(x).reshape([n / unit, c.embed_dim * unit]);
         let out = self.merge_out.forward(gelu(self.merge_in.forward(merged)));
-        crate::transfers::read::<2, burn::tensor::Float, f32>(out)
-            .map_err(|e| DecodeError::Internal(format!("reading an image's features: {e:?}")))
+        let rows = crate::transfers::read::<2, burn::tensor::Float, f32>(out)
+            .map_err(|e| DecodeError::Internal(format!("reading an image's features: {e:?}")))?;
+        if windows.is_empty() {
+            return Ok(rows);
+        }
+        // Back to the image's order: the j-th row computed is merged token order[j].
+        let mut out = vec![0.0; rows.len()];
+        for (row, &u) in rows.chunks_exact(c.out_dim).zip(&order) {
+            out[u * c.out_dim..(u + 1) * c.out_dim].copy_from_slice(row);
+        }
+        Ok(out)
     }
 
-    /// Each patch's 2-D rotation: a head's first quarter of dimensions (and third, the rotated
-    /// halves' partners) by the patch's row in the image, its second by its column, the patches in
-    /// their merge windows' order.
-    fn tables(&self, image: &Image) -> RopeTables {
+    /// Each patch's 2-D rotation, the patches in `order` of their merged tokens (each token's
+    /// patches in rows): a head's first quarter of dimensions (and third, the rotated halves'
+    /// partners) by the patch's row in the image, its second by its column.
+    fn tables(&self, grid: [usize; 3], order: &[usize]) -> RopeTables {
         let c = &self.config;
-        let [t, gh, gw] = image.grid;
+        let [_, gh, gw] = grid;
         let m = c.merge_size;
+        let (h, w) = (gh / m, gw / m);
         let hd = c.embed_dim / c.heads;
         let quarter = hd / 4;
         let inv: Vec<f32> =
             (0..quarter).map(|i| 1.0 / (c.rope_theta as f32).powf((2 * i) as f32 / (hd / 2) as f32)).collect();
         let frequencies = [inv.as_slice(), &inv].concat();
         let streams: Vec<usize> = (0..2 * quarter).map(|i| if i < quarter { 1 } else { 2 }).collect();
-        let mut positions = Vec::with_capacity(t * gh * gw);
-        for _ in 0..t {
-            for bh in 0..gh / m {
-                for bw in 0..gw / m {
-                    for mh in 0..m {
-                        for mw in 0..m {
-                            positions.push([0, (bh * m + mh) as Pos, (bw * m + mw) as Pos]);
-                        }
-                    }
+        let mut positions = Vec::with_capacity(order.len() * m * m);
+        for &u in order {
+            let (y, x) = (u % (h * w) / w, u % w);
+            for mh in 0..m {
+                for mw in 0..m {
+                    positions.push([0, (y * m + mh) as Pos, (x * m + mw) as Pos]);
                 }
             }
         }
         RopeTables::of_streams(&frequencies, &streams, &positions, 1.0, &self.device)
+    }
+}
+
+/// Attention of each run of rows over its own rows, in slices of query rows of at most
+/// [`SCORE_BYTES`] of scores.
+///
+/// # Shapes
+/// q: [n, heads, hd] (rotated); k, v: [heads, n, hd] → [n, heads · hd]
+fn attend(q: Tensor<3>, k: Tensor<3>, v: Tensor<3>, runs: &[Range<usize>]) -> Tensor<2> {
+    let heads = q.dims()[1];
+    let mut rows = Vec::new();
+    for run in runs {
+        let len = run.len();
+        let (k, v) = (k.clone().narrow(1, run.start, len), v.clone().narrow(1, run.start, len));
+        let slice = (SCORE_BYTES / (heads * len * 4)).clamp(1, len);
+        for start in (run.start..run.end).step_by(slice) {
+            let rows_here = slice.min(run.end - start);
+            rows.push(attention(q.clone().narrow(0, start, rows_here), k.clone(), v.clone(), None, None, None));
+        }
+    }
+    if rows.len() == 1 { rows.remove(0) } else { Tensor::cat(rows, 0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn qwen25(window_size: usize) -> TowerConfig {
+        let v = json!({"depth": 4, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+            "out_hidden_size": 64, "window_size": window_size, "fullatt_block_indexes": [1, 3]});
+        TowerConfig::from_value(&v, true).unwrap()
+    }
+
+    #[test]
+    fn windows_tile_the_image_from_its_top_left_and_stop_at_its_edges() {
+        // 112 px windows of 14 px patches merged 2×2: 4×4 merged tokens a window.
+        let c = qwen25(112);
+        assert_eq!(c.family, Family::Qwen25Vl { window: 4, full_blocks: vec![1, 3] });
+        // A 10×10 patch grid: 5×5 merged tokens, windows of 4×4, 4×1, 1×4 and 1×1.
+        let (order, windows, frames) = c.layout([1, 10, 10]);
+        let sizes: Vec<usize> = windows.iter().map(|w| w.len() / 4).collect();
+        assert_eq!(sizes, [16, 4, 4, 1]);
+        assert_eq!(&order[..5], &[0, 1, 2, 3, 5]);
+        assert_eq!(&order[16..20], &[4, 9, 14, 19]);
+        assert_eq!(&order[20..], &[20, 21, 22, 23, 24]);
+        assert_eq!(frames, std::iter::once(0..100).collect::<Vec<_>>());
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..25).collect::<Vec<_>>(), "every token once");
+        // An image within one window keeps its order; Qwen2-VL's has no windows.
+        assert_eq!(c.layout([1, 4, 6]).0, (0..6).collect::<Vec<_>>());
+        let qwen2 = json!({"depth": 1, "embed_dim": 16, "num_heads": 2, "hidden_size": 64});
+        let (order, windows, frames) = TowerConfig::from_value(&qwen2, false).unwrap().layout([1, 4, 6]);
+        assert_eq!((order, windows), ((0..6).collect(), vec![]));
+        assert_eq!(frames, std::iter::once(0..24).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_tower_config_it_cannot_run_is_refused_by_name() {
+        let base = json!({"depth": 2, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+            "out_hidden_size": 64});
+        let refused = |patch: Value| {
+            let mut v = base.clone();
+            v.as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
+            TowerConfig::from_value(&v, true).unwrap_err().to_string()
+        };
+        assert!(refused(json!({"window_size": 20})).contains("window_size"));
+        assert!(refused(json!({"fullatt_block_indexes": [2]})).contains("fullatt_block_indexes"));
+        assert!(refused(json!({"hidden_act": "gelu"})).contains("hidden_act"));
+        assert!(refused(json!({"num_heads": 3})).contains("num_heads"));
+        // Released configs' defaults: 112 px windows, full attention every eighth block.
+        let v = json!({"depth": 32, "hidden_size": 1280, "num_heads": 16, "intermediate_size": 3420,
+            "out_hidden_size": 2048});
+        let c = TowerConfig::from_value(&v, true).unwrap();
+        assert_eq!(c.family, Family::Qwen25Vl { window: 4, full_blocks: vec![7, 15, 23, 31] });
+        assert_eq!((c.embed_dim, c.mlp_dim, c.out_dim), (1280, 3420, 2048));
     }
 }
