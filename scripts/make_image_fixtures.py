@@ -1,4 +1,5 @@
-"""Image inputs for the Qwen2-VL and Qwen2.5-VL fixtures (after `make_family_fixtures.py qwen2vl` wrote them).
+"""Image inputs for the Qwen2-VL, Qwen2.5-VL and Qwen3-VL fixtures (after `make_family_fixtures.py qwen2vl`
+and `... qwen3vl` wrote them).
 
 Makes each fixture a model that sees: its tiny vision tower's weights drawn at a scale where an
 image moves the logits (transformers' initialization leaves them near zero), its config's image
@@ -11,28 +12,36 @@ model is untouched: the text references still hold (checked here).
   template in chat_template.jinja);
 - `qwen25vl`: tests/fixtures/tiny-qwen25vl-f32, as Qwen's released checkpoints are (the tower
   under visual., the template in chat_template.json), its tower's first block attending within
-  windows and its second over the whole image.
+  windows and its second over the whole image;
+- `qwen3vl`: tests/fixtures/tiny-qwen3vl-f32, as Qwen's released checkpoints are (the tower under
+  model.visual., the template in chat_template.json), its tower's first two blocks giving deepstack
+  features, its learned position table interpolated to each image's grid;
+- `qwen3vlmoe` (after `qwen3vl`): tests/fixtures/tiny-qwen3vlmoe-f32, the same tower beside the MoE
+  language model.
 
 Writes the fixture's images/*.png and image_reference.json, what transformers' own processor and
 model give for chats with those images:
 - per image: its file, the processor's grid (t, h, w) and the first pixel values and their sum
-  (the preprocessing), and the vision tower's merged features (the encoder);
+  (the preprocessing), and the vision tower's merged features (the encoder; Qwen3-VL's deepstack
+  features too);
 - per prompt: the messages, the rendered text, the ids with each image's placeholder expanded,
   the last position's logits, the greedy continuation (transformers' generate, which turns the
   generated tokens by M-RoPE's position delta) and the smallest top-2 margin along it.
 
-Usage: python scripts/make_image_fixtures.py qwen2vl|qwen25vl  (torch, transformers 5.x, torchvision, pillow)
+Usage: python scripts/make_image_fixtures.py qwen2vl|qwen25vl|qwen3vl|qwen3vlmoe  (torch, transformers 5.x, torchvision, pillow)
 """
 
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
 import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+from transformers import (AutoProcessor, Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration,
+                          Qwen3VLForConditionalGeneration)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
@@ -55,6 +64,12 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Qwen3-VL-Instruct's way with images (its template has no default system prompt).
+QWEN3VL_TEMPLATE = TEMPLATE.replace(
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}", "")
+assert QWEN3VL_TEMPLATE != TEMPLATE
+
 PREPROCESSOR = {
     "image_processor_type": "Qwen2VLImageProcessor",
     "processor_class": "Qwen2VLProcessor",
@@ -75,17 +90,30 @@ def image(width, height, seed):
     return Image.fromarray(pixels, "RGB")
 
 
-def randomize(visual):
-    """The tower's weights at a scale where an image moves the logits."""
+def randomize(visual, seed):
+    """The tower's weights at a scale where an image moves the logits, drawn from `seed` alone (the
+    same whatever the checkpoint held before, so that running this again writes the same files)."""
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda p: torch.randn(p.shape, generator=g, dtype=p.dtype)
     with torch.no_grad():
         for name, p in visual.named_parameters():
             if name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.1)
+                p.copy_(draw(p) * 0.1)
             elif p.dim() == 1:  # norm scales
-                p.copy_(1 + torch.randn_like(p) * 0.1)
+                p.copy_(1 + draw(p) * 0.1)
             else:
                 fan_in = p[0].numel()
-                p.copy_(torch.randn_like(p) / fan_in**0.5)
+                p.copy_(draw(p) / fan_in**0.5)
+
+
+def write_tower(fixture, tower):
+    """The fixture's model.safetensors with `tower`'s tensors (named as the checkpoint names them) in
+    place of the vision tower it had."""
+    path = os.path.join(fixture, "model.safetensors")
+    prefix = next(iter(tower)).split("visual.")[0] + "visual."
+    tensors = {k: v for k, v in load_file(path).items() if not k.startswith(prefix)}
+    tensors.update({k: v.contiguous() for k, v in tower.items()})
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def check_text(model, fixture):
@@ -99,9 +127,8 @@ def check_text(model, fixture):
 def qwen2vl():
     """tiny-qwen2vl-f32, as transformers' save_pretrained writes it."""
     fixture = os.path.join(FIXTURES, "tiny-qwen2vl-f32")
-    torch.manual_seed(7)
     model = Qwen2VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
-    randomize(model.model.visual)
+    randomize(model.model.visual, 7)
     for k, v in IDS.items():
         setattr(model.config, k, v)
     model.save_pretrained(fixture)
@@ -135,19 +162,79 @@ def qwen25vl():
     json.dump({"chat_template": TEMPLATE}, open(os.path.join(fixture, "chat_template.json"), "w"))
     json.dump(dict(PREPROCESSOR, processor_class="Qwen2_5_VLProcessor", max_pixels=28 * 28 * 64),
               open(os.path.join(fixture, "preprocessor_config.json"), "w"), indent=2)
-    torch.manual_seed(8)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
-    randomize(model.model.visual)
-    path = os.path.join(fixture, "model.safetensors")
-    tensors = {k: v for k, v in load_file(path).items() if not k.startswith("visual.")}
-    tensors.update({"visual." + k: v.contiguous() for k, v in model.model.visual.state_dict().items()})
-    save_file(tensors, path, metadata={"format": "pt"})
+    randomize(model.model.visual, 8)
+    write_tower(fixture, {"visual." + k: v for k, v in model.model.visual.state_dict().items()})
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
     check_text(model, fixture)
     # 56x56: one window; 150x130: 140x140, a 5x5 grid of merged tokens in four windows (4x4, 4x1,
     # 1x4, 1x1); 300x260: past max_pixels, 224x196 (8x7 merged tokens, four windows).
     shapes = [("square", 56, 56), ("large", 150, 130), ("huge", 300, 260), ("other", 56, 56)]
     chats = [["square"], ["large"], ["square", "huge"], ["other"]]
+    references(model, fixture, shapes, chats)
+
+
+def qwen3vl():
+    """tiny-qwen3vl-f32, as Qwen's released Qwen3-VL checkpoints are (a nested config, the tower under
+    model.visual., the template in chat_template.json): a tower of three blocks whose first two give
+    deepstack features (added to the language model's first two layers' outputs at the image's rows),
+    its learned position table 4x4 (interpolated to each image's grid), 16-pixel patches."""
+    fixture = os.path.join(FIXTURES, "tiny-qwen3vl-f32")
+    cfg_path = os.path.join(fixture, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg.update(IDS)
+    cfg["vision_config"] = {"depth": 3, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+                            "out_hidden_size": cfg["text_config"]["hidden_size"], "patch_size": 16,
+                            "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
+                            "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 1],
+                            "hidden_act": "gelu_pytorch_tanh"}
+    json.dump(cfg, open(cfg_path, "w"), indent=2)
+    json.dump({"chat_template": QWEN3VL_TEMPLATE}, open(os.path.join(fixture, "chat_template.json"), "w"))
+    # Qwen3-VL's (size in transformers 5's names), its bounds small: 4 to 16 tokens an image.
+    json.dump({"image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
+               "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "resample": 3,
+               "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+               "size": {"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 16},
+               "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2},
+              open(os.path.join(fixture, "preprocessor_config.json"), "w"), indent=2)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
+    randomize(model.model.visual, 9)
+    write_tower(fixture, {"model.visual." + k: v for k, v in model.model.visual.state_dict().items()})
+    model = Qwen3VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
+    check_text(model, fixture)
+    # 64x64: the position table's own 4x4 grid (4 tokens); 100x60: 96x64 (6 tokens); 150x130: past
+    # the bound, 128x96 (12 tokens); "other": another picture of square's size.
+    shapes = [("square", 64, 64), ("wide", 100, 60), ("large", 150, 130), ("other", 64, 64)]
+    chats = [["square"], ["wide"], ["square", "large"], ["other"]]
+    references(model, fixture, shapes, chats)
+
+
+def qwen3vlmoe():
+    """tiny-qwen3vlmoe-f32 (after `qwen3vl`): tiny-qwen3vl-f32's tower, processor and template beside its
+    MoE language model, and the same images' references through it (transformers' Qwen3-VL-MoE class,
+    loaded as make_family_fixtures.py's as_qwen3vl loads it)."""
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+    dense, fixture = os.path.join(FIXTURES, "tiny-qwen3vl-f32"), os.path.join(FIXTURES, "tiny-qwen3vlmoe-f32")
+    cfg_path = os.path.join(fixture, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg.update(IDS)
+    cfg["vision_config"] = json.load(open(os.path.join(dense, "config.json")))["vision_config"]
+    json.dump(cfg, open(cfg_path, "w"), indent=2)
+    for name in ("chat_template.json", "preprocessor_config.json"):
+        shutil.copy(os.path.join(dense, name), fixture)
+    write_tower(fixture, {k: v for k, v in load_file(os.path.join(dense, "model.safetensors")).items()
+                          if k.startswith("model.visual.")})
+    path = os.path.join(fixture, "model.safetensors")
+    model = Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig.from_pretrained(fixture)).eval()
+    fused = ("experts.gate_up_proj", "experts.down_proj")
+    state = {k: v.transpose(1, 2) if k.endswith(fused) else v for k, v in load_file(path).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)
+    if cfg["text_config"]["tie_word_embeddings"] or cfg.get("tie_word_embeddings"):
+        model.tie_weights()
+    check_text(model, fixture)
+    shapes = [("square", 64, 64), ("wide", 100, 60), ("large", 150, 130), ("other", 64, 64)]
+    chats = [["square"], ["wide"], ["square", "large"], ["other"]]
     references(model, fixture, shapes, chats)
 
 
@@ -166,13 +253,16 @@ def references(model, fixture, shapes, chats):
         inputs = processor.image_processor(images=[images[name]], return_tensors="pt")
         pv, grid = inputs["pixel_values"], inputs["image_grid_thw"]
         with torch.no_grad():
-            feats = model.model.get_image_features(pv, grid)
-        feats = feats.pooler_output if hasattr(feats, "pooler_output") else feats
-        feats = torch.cat(list(feats), 0) if isinstance(feats, (list, tuple)) else feats
+            output = model.model.get_image_features(pv, grid)
+        flat = lambda f: torch.cat(list(f), 0) if isinstance(f, (list, tuple)) else f
+        feats = flat(output.pooler_output if hasattr(output, "pooler_output") else output)
+        # Qwen3-VL's: features of the tower's earlier blocks, added to the language model's first layers.
+        deepstack = [flat(f).tolist() for f in getattr(output, "deepstack_features", None) or []]
         out["images"].append({
             "file": path, "grid": grid[0].tolist(), "patches": list(pv.shape),
             "first_values": pv[0, :16].tolist(), "sum": pv.double().sum().item(),
             "abs_sum": pv.double().abs().sum().item(), "features": feats.tolist(),
+            "deepstack": deepstack,
         })
 
     for names in chats:
@@ -196,4 +286,4 @@ def references(model, fixture, shapes, chats):
 
 
 if __name__ == "__main__":
-    {"qwen2vl": qwen2vl, "qwen25vl": qwen25vl}[sys.argv[1]]()
+    {"qwen2vl": qwen2vl, "qwen25vl": qwen25vl, "qwen3vl": qwen3vl, "qwen3vlmoe": qwen3vlmoe}[sys.argv[1]]()

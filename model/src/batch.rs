@@ -17,12 +17,15 @@ pub enum BatchInput {
 }
 
 /// Rows of a token batch given as embeddings in place of their tokens' (an image's features).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Embedded {
     /// The first row they replace.
     pub row: usize,
     /// [rows, hidden] row-major.
     pub values: Vec<f32>,
+    /// Per layer from the first, [rows, hidden] added to these rows' hidden states after that
+    /// layer (Qwen3-VL's deepstack features); empty for others.
+    pub deepstack: Vec<Vec<f32>>,
 }
 
 /// A batch of tokens from any number of sequences.
@@ -181,7 +184,10 @@ pub fn validate<'a>(batch: &'a Batch, cells: &KvCells, limits: &Limits) -> Resul
                 e.row + rows
             ));
         }
-        if e.values.iter().any(|v| !v.is_finite()) {
+        if e.deepstack.iter().any(|d| d.len() != e.values.len()) {
+            return bad(format!("embedded run {k}: a deepstack layer's values are not its rows'"));
+        }
+        if e.values.iter().chain(e.deepstack.iter().flatten()).any(|v| !v.is_finite()) {
             return bad(format!("embedded run {k}: values must be finite"));
         }
         end = e.row + rows;
@@ -314,13 +320,22 @@ mod tests {
         assert!(err(&b, &cells).contains("`logits` has 1 entries"));
         let b = Batch { input: BatchInput::Embeddings { values: vec![0.0; 12], dim: 6 }, ..Batch::one(vec![]) };
         assert!(err(&b, &cells).contains("width"));
-        let run = |row: usize, rows: usize| Embedded { row, values: vec![0.5; rows * 8] };
+        let run = |row: usize, rows: usize| Embedded { row, values: vec![0.5; rows * 8], deepstack: Vec::new() };
         let b = Batch { embedded: vec![run(1, 2)], ..Batch::one(vec![1, 2]) };
         assert!(err(&b, &cells).contains("pass the batch"));
         let b = Batch { embedded: vec![run(0, 2), run(1, 1)], ..Batch::one(vec![1, 2, 3]) };
         assert!(err(&b, &cells).contains("overlap"));
-        let b = Batch { embedded: vec![Embedded { row: 0, values: vec![0.5; 12] }], ..Batch::one(vec![1, 2]) };
+        let b = Batch {
+            embedded: vec![Embedded { row: 0, values: vec![0.5; 12], ..Default::default() }],
+            ..Batch::one(vec![1, 2])
+        };
         assert!(err(&b, &cells).contains("width 8"));
+        let deep = Embedded { deepstack: vec![vec![0.5; 8]], ..run(0, 2) };
+        let b = Batch { embedded: vec![deep], ..Batch::one(vec![1, 2]) };
+        assert!(err(&b, &cells).contains("deepstack"));
+        let deep = Embedded { deepstack: vec![vec![f32::NAN; 8]], ..run(0, 1) };
+        let b = Batch { embedded: vec![deep], ..Batch::one(vec![1, 2]) };
+        assert!(err(&b, &cells).contains("finite"));
         let b = Batch { rope: Some(vec![[0; 3]]), ..Batch::one(vec![1, 2]) };
         assert!(err(&b, &cells).contains("`rope` has 1 entries"));
         let b = Batch {

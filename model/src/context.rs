@@ -48,9 +48,9 @@ impl Context {
     pub fn model_mut(&mut self) -> &mut dyn LanguageModel {
         self.model.as_mut()
     }
-    /// An image's feature rows, for a batch's [`crate::Embedded`] runs
+    /// An image's features, for a batch's [`crate::Embedded`] runs
     /// ([`LanguageModel::encode_image`]).
-    pub fn encode_image(&self, image: &crate::Image) -> Result<Vec<f32>, DecodeError> {
+    pub fn encode_image(&self, image: &crate::Image) -> Result<crate::vision::Features, DecodeError> {
         self.model.encode_image(image)
     }
     pub fn kv(&self) -> &KvCache {

@@ -7,7 +7,7 @@ use crate::batch::ValidBatch;
 use crate::device::DeviceStream;
 use crate::error::{DecodeError, LoadError};
 use crate::kv::{KvCache, KvLayout, Placement, Pos};
-use crate::vision::{Image, VisionInfo};
+use crate::vision::{Features, Image, VisionInfo};
 
 /// What callers need to know about a loaded model.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,10 +101,10 @@ pub trait LanguageModel: Send {
         Err(DecodeError::InvalidInput("this model gives no hidden states (embeddings)".into()))
     }
 
-    /// An image's feature rows ([`Image::tokens`] × `hidden_size`, row-major): what a batch gives
-    /// in place of its image tokens' embeddings ([`crate::Batch::embedded`]). A model that sees no
-    /// images says so.
-    fn encode_image(&self, image: &Image) -> Result<Vec<f32>, DecodeError> {
+    /// An image's features ([`Image::tokens`] rows of `hidden_size`, and the deepstack's): what a
+    /// batch gives in place of its image tokens' embeddings ([`crate::Batch::embedded`]). A model
+    /// that sees no images says so.
+    fn encode_image(&self, image: &Image) -> Result<Features, DecodeError> {
         let _ = image;
         Err(DecodeError::InvalidInput("this model takes text only, not images".into()))
     }

@@ -1,19 +1,19 @@
-//! Images through Qwen2-VL's and Qwen2.5-VL's vision towers, against what transformers' own
-//! processor and model give for the same files (each fixture's image_reference.json, written by
-//! scripts/make_image_fixtures.py): the processor's patches, the tower's features (Qwen2.5-VL's
-//! through window attention: images of one window and of several cut by the image's edges), and
-//! a chat's logits and greedy tokens with the features in place of the image tokens, each turned
-//! by M-RoPE.
+//! Images through Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's vision towers, against what
+//! transformers' own processor and model give for the same files (each fixture's
+//! image_reference.json, written by scripts/make_image_fixtures.py): the processor's patches, the
+//! tower's features (Qwen2.5-VL's through window attention: images of one window and of several
+//! cut by the image's edges; Qwen3-VL's learned positions resampled to each grid, and its
+//! deepstack features), and a chat's logits and greedy tokens with the features in place of the
+//! image tokens, each turned by M-RoPE (Qwen3-VL's deepstack added after its first layers).
 
 use llaisys_model::vision::positions;
-use llaisys_model::{
-    Batch, Context, Device, DeviceSpec, Embedded, Image, KvDtype, LoadOptions, ModelSource, argmax, load_model,
-};
+use llaisys_model::{Batch, Context, Device, DeviceSpec, Image, KvDtype, LoadOptions, ModelSource, argmax, load_model};
 use llaisys_tests::{fixture_dir, max_abs_diff, test_device};
 use serde::Deserialize;
 
-/// Qwen2-VL as transformers saves it; Qwen2.5-VL as Qwen releases it.
-const FIXTURES: [&str; 2] = ["tiny-qwen2vl-f32", "tiny-qwen25vl-f32"];
+/// Qwen2-VL as transformers saves it; Qwen2.5-VL and Qwen3-VL (dense and MoE) as Qwen releases
+/// them.
+const FIXTURES: [&str; 4] = ["tiny-qwen2vl-f32", "tiny-qwen25vl-f32", "tiny-qwen3vl-f32", "tiny-qwen3vlmoe-f32"];
 
 #[derive(Deserialize)]
 struct Reference {
@@ -30,6 +30,8 @@ struct ImageRef {
     sum: f64,
     abs_sum: f64,
     features: Vec<Vec<f32>>,
+    /// Qwen3-VL's: per deepstack layer, rows as `features`.
+    deepstack: Vec<Vec<Vec<f32>>>,
 }
 
 #[derive(Deserialize)]
@@ -92,9 +94,14 @@ fn the_tower_gives_transformers_features() {
             let image = prepare(&ctx, fixture, &r);
             let features = ctx.encode_image(&image).unwrap();
             let expected: Vec<f32> = r.features.concat();
-            assert_eq!(features.len(), expected.len(), "{fixture} {}", r.file);
-            let err = max_abs_diff(&features, &expected);
+            assert_eq!(features.rows.len(), expected.len(), "{fixture} {}", r.file);
+            let err = max_abs_diff(&features.rows, &expected);
             assert!(err < 1e-4, "{fixture} {}: features off by {err}", r.file);
+            assert_eq!(features.deepstack.len(), r.deepstack.len(), "{fixture} {}", r.file);
+            for (k, (ours, theirs)) in features.deepstack.iter().zip(&r.deepstack).enumerate() {
+                let err = max_abs_diff(ours, &theirs.concat());
+                assert!(err < 1e-4, "{fixture} {}: deepstack {k} off by {err}", r.file);
+            }
         }
     }
 }
@@ -127,7 +134,7 @@ fn chat_with_images(fixture: &str) {
         let mut row = 0;
         for image in &images {
             row += p.ids[row..].iter().position(|&t| t == image_token).unwrap();
-            batch.embedded.push(Embedded { row, values: ctx.encode_image(image).unwrap() });
+            batch.embedded.push(ctx.encode_image(image).unwrap().embedded(image.tokens(), 0..image.tokens(), row));
             row += image.tokens();
         }
         batch.rope = Some(rope);
@@ -151,8 +158,7 @@ fn chat_with_images(fixture: &str) {
 
 #[test]
 fn a_text_model_refuses_images_by_saying_so() {
-    // Qwen3-VL's checkpoint, whose tower is not served: its language model serves text.
-    let source = ModelSource::Dir(fixture_dir("tiny-qwen3vl-f32"));
+    let source = ModelSource::Dir(fixture_dir("tiny-qwen3-f32"));
     let model = load_model(None, Some(&source), &LoadOptions::default(), &device()).unwrap();
     let ctx = Context::with_kv_dtype(model, 16, KvDtype::F32);
     assert!(ctx.info().vision.is_none());

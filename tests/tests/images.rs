@@ -1,5 +1,5 @@
-//! Images in chats against the real server: the tiny Qwen2-VL and Qwen2.5-VL fixtures answer a
-//! chat with images sent as `data:` URLs with the tokens transformers generates for the same chat
+//! Images in chats against the real server: the tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL (dense and
+//! MoE) fixtures answer a chat with images sent as `data:` URLs with the tokens transformers generates for the same chat
 //! (each fixture's image_reference.json), a cached prefix is not taken for another image of the
 //! same size, and images are refused by name where they cannot be taken.
 
@@ -35,7 +35,7 @@ fn chat(fixture: &str, prompt: &Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_with_images_answers_as_transformers_does() {
-    for fixture in [FIXTURE, "tiny-qwen25vl-f32"] {
+    for fixture in [FIXTURE, "tiny-qwen25vl-f32", "tiny-qwen3vl-f32", "tiny-qwen3vlmoe-f32"] {
         chat_as_transformers(fixture).await;
     }
 }
@@ -94,10 +94,10 @@ async fn images_that_cannot_be_taken_are_refused_by_name() {
     let (status, e) = post(&s, "/v1/chat/completions", body).await;
     assert_eq!((status, &e["error"]["param"]), (400, &json!("prompt_logprobs")), "{e}");
     s.shutdown().await;
-    // A model whose vision tower is not served (Qwen3-VL's) says it takes text only.
-    let text = server_for(&fixture_dir("tiny-qwen3vl-f32"), &[]).await;
+    // A text model says it takes text only.
+    let text = server_for(&fixture_dir("tiny-qwen3-f32"), &[]).await;
     let mut body = chat(FIXTURE, square);
-    body["model"] = "tiny-qwen3vl-f32".into();
+    body["model"] = "tiny-qwen3-f32".into();
     let (status, e) = post(&text, "/v1/chat/completions", body).await;
     assert_eq!(status, 400, "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("text only"), "{e}");

@@ -75,7 +75,7 @@ pub struct Lane {
     scoring: Option<PromptScoring>,
     /// For a prompt with images: each image's features, once encoded (kept while the request
     /// lives: a preempted prompt is computed again).
-    features: Vec<Option<Arc<Vec<f32>>>>,
+    features: Vec<Option<Arc<llaisys_model::vision::Features>>>,
 }
 
 /// A prompt whose tokens' log-probabilities are computed as it is: each prefill row's logits
@@ -152,10 +152,8 @@ impl Lane {
         let Some(images) = self.params.images.as_deref() else { return };
         for (k, rows) in images.reached(item_rows(item)) {
             let Some(features) = &self.features[k] else { continue };
-            let width = features.len() / images.images[k].tokens();
-            let values = features[rows.start * width..rows.end * width].to_vec();
             let row = row0 + images.rows[k] + rows.start - item.start_pos as usize;
-            runs.push(llaisys_model::Embedded { row, values });
+            runs.push(features.embedded(images.images[k].tokens(), rows, row));
         }
     }
 

@@ -33,7 +33,7 @@ use crate::quant::Imatrix;
 use crate::registry::LoadOptions;
 use crate::source::ModelSource;
 use crate::tensors::{Naming, TensorSource};
-use crate::vision::{self, Image, Vision, VisionInfo};
+use crate::vision::{self, Features, Image, Vision, VisionInfo};
 
 pub struct Decoder {
     config: ModelConfig,
@@ -298,7 +298,7 @@ impl LanguageModel for Decoder {
         self.stream.enter(|| kernels::with_awake_pool(&self.device, pass))
     }
 
-    fn encode_image(&self, image: &Image) -> Result<Vec<f32>, DecodeError> {
+    fn encode_image(&self, image: &Image) -> Result<Features, DecodeError> {
         let vision = self.vision.as_ref().ok_or_else(|| {
             DecodeError::InvalidInput(format!("this model ({}) takes text only, not images", self.config.arch.name))
         })?;
@@ -619,6 +619,16 @@ impl Decoder {
                 (None, Some(m)) => x.clone() + w.ffn.forward_with(w.mlp_pre(), x, None).mul_scalar(m),
                 (None, None) => w.ffn.forward_residual(w.mlp_pre(), x),
             };
+            // Qwen3-VL's deepstack: an image's rows get its tower's earlier blocks' features after
+            // the first layers.
+            for e in batch.embedded {
+                let Some(features) = e.deepstack.get(i) else { continue };
+                let rows = features.len() / c.hidden_size;
+                let features =
+                    crate::transfers::upload(TensorData::new(features.clone(), [rows, c.hidden_size]), &self.device);
+                let at = [e.row..e.row + rows, 0..c.hidden_size];
+                x = x.clone().slice_assign(at.clone(), x.slice(at) + features);
+            }
         }
         if let (Some(groups), Some(r)) = (&groups, cache.recurrent()) {
             r.advance(groups);

@@ -5,11 +5,11 @@
 //! image once ([`crate::Context::encode_image`]) and gives its rows in place of those tokens'
 //! embeddings, each turned by its place in the image ([`positions`], M-RoPE).
 //!
-//! Served: Qwen2-VL's and Qwen2.5-VL's towers (`qwen2vl`). Qwen3-VL's (deepstack) is not yet:
-//! those models serve text.
+//! Served: Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's towers (`qwen`); Qwen3-VL's deepstack
+//! features ride with its image rows ([`Features::deepstack`]).
 
 mod image;
-mod qwen2vl;
+mod qwen;
 
 use std::borrow::Borrow;
 use std::ops::Range;
@@ -34,26 +34,45 @@ pub struct VisionInfo {
     pub image_token: u32,
 }
 
+/// An image's features as its tower gives them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Features {
+    /// \[tokens, hidden\] row-major: the rows that take the image tokens' embeddings' place.
+    pub rows: Vec<f32>,
+    /// Qwen3-VL's deepstack: per language-model layer from the first, \[tokens, hidden\] added
+    /// to the image rows' hidden states after that layer.
+    pub deepstack: Vec<Vec<f32>>,
+}
+
+impl Features {
+    /// Tokens `tokens` of an image of `count` tokens as a batch's embedded rows from batch row
+    /// `row`.
+    pub fn embedded(&self, count: usize, tokens: Range<usize>, row: usize) -> crate::Embedded {
+        let width = self.rows.len().checked_div(count).unwrap_or(0);
+        let part = |values: &Vec<f32>| values[tokens.start * width..tokens.end * width].to_vec();
+        crate::Embedded { row, values: part(&self.rows), deepstack: self.deepstack.iter().map(part).collect() }
+    }
+}
+
 /// A loaded vision tower.
 pub struct Vision {
     pub info: VisionInfo,
-    tower: qwen2vl::Tower,
+    tower: qwen::Tower,
 }
 
 impl Vision {
     /// The vision tower of the checkpoint in `dir`, where its family's tower is served (Qwen2-VL's,
-    /// Qwen2.5-VL's);
-    /// `None` for any other model, which takes text only.
+    /// Qwen2.5-VL's, Qwen3-VL's); `None` for any other model, which takes text only.
     pub fn load(dir: &Path, config: &ModelConfig, device: &burn::tensor::Device) -> Result<Option<Self>, LoadError> {
         let Some((info, tower_config, src)) = probe(dir, config)? else {
             return Ok(None);
         };
-        let tower = qwen2vl::Tower::load(tower_config, &src, device)?;
+        let tower = qwen::Tower::load(tower_config, &src, device)?;
         Ok(Some(Self { info, tower }))
     }
 
-    /// The image's feature rows: [tokens, hidden], row-major.
-    pub fn encode(&self, image: &Image) -> Result<Vec<f32>, DecodeError> {
+    /// The image's features.
+    pub fn encode(&self, image: &Image) -> Result<Features, DecodeError> {
         self.tower.encode(image)
     }
 }
@@ -64,10 +83,7 @@ pub fn info(dir: &Path, config: &ModelConfig) -> Result<Option<VisionInfo>, Load
 }
 
 /// The checkpoint's vision settings, checked, and its tower's tensors, where it has a served one.
-fn probe(
-    dir: &Path,
-    config: &ModelConfig,
-) -> Result<Option<(VisionInfo, qwen2vl::TowerConfig, Checkpoint)>, LoadError> {
+fn probe(dir: &Path, config: &ModelConfig) -> Result<Option<(VisionInfo, qwen::TowerConfig, Checkpoint)>, LoadError> {
     if config.mrope.is_none() {
         return Ok(None);
     }
@@ -75,18 +91,23 @@ fn probe(
     let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
     let top: Value =
         serde_json::from_str(&text).map_err(|e| LoadError::Json { path: path.clone(), reason: e.to_string() })?;
-    let (Some(family @ ("qwen2_vl" | "qwen2_5_vl")), Some(vision)) =
-        (top.get("model_type").and_then(Value::as_str), top.get("vision_config"))
+    let (Some(model_type), Some(vision)) = (top.get("model_type").and_then(Value::as_str), top.get("vision_config"))
     else {
-        if top.get("vision_config").is_some() {
-            tracing::info!(model_type = config.arch.name, "this model's vision tower is not served: text only");
-        }
+        return Ok(None);
+    };
+    let Some(tower_config) = qwen::TowerConfig::from_value(vision, model_type)? else {
+        tracing::info!(model_type, "this model's vision tower is not served: text only");
         return Ok(None);
     };
     let Some(src) = Checkpoint::vision(dir)? else {
         return Ok(None);
     };
-    let tower_config = qwen2vl::TowerConfig::from_value(vision, family == "qwen2_5_vl")?;
+    if tower_config.deepstack() > config.num_hidden_layers {
+        return Err(LoadError::Config {
+            field: "vision_config.deepstack_visual_indexes".into(),
+            reason: format!("more than the language model's {} layers", config.num_hidden_layers),
+        });
+    }
     let processor = ImageProcessor::from_dir(dir)?;
     if (processor.patch_size, processor.temporal_patch_size, processor.merge_size)
         != (tower_config.patch_size, tower_config.temporal_patch_size, tower_config.merge_size)

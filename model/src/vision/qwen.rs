@@ -1,15 +1,20 @@
-//! Qwen2-VL's and Qwen2.5-VL's vision towers (transformers' `Qwen2VisionTransformerPretrainedModel`
-//! and `Qwen2_5_VisionTransformerPretrainedModel`): patches → a linear patch embedding (its 3-D
-//! convolution, whose stride is its kernel) → N × [norm → attention, q and k turned by 2-D RoPE
-//! (each head's first half of pairs by the patch's row, the second by its column) → residual →
-//! norm → MLP → residual] → the merger: norm, each 2×2 window's patches side by side, Linear →
-//! GELU → Linear to the language model's width: one row per merged window, the image's tokens.
+//! The Qwen-VL vision towers: Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's (transformers'
+//! `Qwen2VisionTransformerPretrainedModel`, `Qwen2_5_VisionTransformerPretrainedModel`,
+//! `Qwen3VLVisionModel`): patches → a linear patch embedding (its 3-D convolution, whose stride is
+//! its kernel) → N × [norm → attention, q and k turned by 2-D RoPE (each head's first half of
+//! pairs by the patch's row, the second by its column) → residual → norm → MLP → residual] → the
+//! merger: norm, each 2×2 window's patches side by side, Linear → GELU → Linear to the language
+//! model's width: one row per merged window, the image's tokens.
 //!
-//! Qwen2-VL's blocks have LayerNorm and fc1 → QuickGELU → fc2, and attend over the whole image.
-//! Qwen2.5-VL's have RMSNorm and a gated silu MLP, and most attend only within windows of
-//! `window_size` pixels a side (a few, `fullatt_block_indexes`, over the whole image): the patches
-//! go through the blocks in the windows' order, each window's rows together, and the merged rows
-//! come back to the image's order at the end.
+//! - Qwen2-VL's blocks have LayerNorm and fc1 → QuickGELU → fc2, and attend over the whole image.
+//! - Qwen2.5-VL's have RMSNorm and a gated silu MLP, and most attend only within windows of
+//!   `window_size` pixels a side (a few, `fullatt_block_indexes`, over the whole image): the
+//!   patches go through the blocks in the windows' order, each window's rows together, and the
+//!   merged rows come back to the image's order at the end.
+//! - Qwen3-VL's patch embedding has a bias and adds a learned position table (a square grid,
+//!   bilinearly resampled to the image's), its MLP is fc1 → GELU (tanh) → fc2, and some blocks'
+//!   outputs go through mergers of their own (normed after the 2×2 shuffle): the deepstack
+//!   features, added to the language model's first layers' outputs at the image's rows.
 
 use std::ops::Range;
 
@@ -17,10 +22,12 @@ use burn::tensor::activation::{gelu, sigmoid};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use serde_json::Value;
 
+use super::Features;
 use super::image::Image;
 use crate::checkpoint::Checkpoint;
 use crate::config::Activation;
 use crate::error::{DecodeError, LoadError};
+use crate::kernels::{GELU_CUBE, GELU_SCALE};
 use crate::kv::Pos;
 use crate::layers::{Linear, RmsNorm, Rope, RopeTables, attention, linear, swiglu};
 use crate::tensors::{Stored, TensorSource};
@@ -29,15 +36,21 @@ use crate::tensors::{Stored, TensorSource};
 /// thousands of patches attends in slices of query rows (Qwen's largest images have 65,536).
 const SCORE_BYTES: usize = 256 << 20;
 
-/// Which of the two towers: their blocks differ (the module's doc).
+/// Which of the towers: their blocks differ (the module's doc).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Family {
-    Qwen2Vl,
-    Qwen25Vl {
+    Qwen2,
+    Qwen25 {
         /// A window's side in merged tokens (`window_size` pixels).
         window: usize,
         /// The blocks that attend over the whole image.
         full_blocks: Vec<usize>,
+    },
+    Qwen3 {
+        /// The blocks whose outputs give deepstack features, in the language model's layers' order.
+        deepstack: Vec<usize>,
+        /// The learned position table's side (`num_position_embeddings`' root).
+        grid: usize,
     },
 }
 
@@ -58,9 +71,9 @@ pub struct TowerConfig {
 }
 
 impl TowerConfig {
-    /// From `config.json`'s `vision_config`, for a checkpoint of `model_type` `qwen2_vl` or
-    /// `qwen2_5_vl` (`qwen25`).
-    pub fn from_value(v: &Value, qwen25: bool) -> Result<Self, LoadError> {
+    /// From `config.json`'s `vision_config`, for a checkpoint of `model_type` `qwen2_vl`,
+    /// `qwen2_5_vl`, `qwen3_vl` or `qwen3_vl_moe`; `None` for another.
+    pub fn from_value(v: &Value, model_type: &str) -> Result<Option<Self>, LoadError> {
         let bad = |name: &str, reason: String| LoadError::Config { field: format!("vision_config.{name}"), reason };
         let count = |names: &[&str], default: Option<usize>| -> Result<usize, LoadError> {
             for name in names {
@@ -77,36 +90,58 @@ impl TowerConfig {
             }
             default.ok_or_else(|| bad(names[0], "missing".into()))
         };
-        let (expected_act, default_act) = if qwen25 { ("silu", "silu") } else { ("quick_gelu", "quick_gelu") };
-        let act = v.get("hidden_act").and_then(Value::as_str).unwrap_or(default_act);
+        let (qwen25, qwen3) = match model_type {
+            "qwen2_vl" => (false, false),
+            "qwen2_5_vl" => (true, false),
+            "qwen3_vl" | "qwen3_vl_moe" => (false, true),
+            _ => return Ok(None),
+        };
+        let expected_act = match (qwen25, qwen3) {
+            (true, _) => "silu",
+            (_, true) => "gelu_pytorch_tanh",
+            _ => "quick_gelu",
+        };
+        let act = v.get("hidden_act").and_then(Value::as_str).unwrap_or(expected_act);
         if act != expected_act {
             return Err(bad("hidden_act", format!("{act:?}: this tower has {expected_act}")));
         }
         let depth = count(&["depth"], None)?;
-        let patch_size = count(&["patch_size"], Some(14))?;
+        let patch_size = count(&["patch_size"], Some(if qwen3 { 16 } else { 14 }))?;
         let merge_size = count(&["spatial_merge_size"], Some(2))?;
-        let (family, embed_dim, mlp_dim, out_dim) = if qwen25 {
-            let window_size = count(&["window_size"], Some(112))?;
-            let window = window_size / merge_size / patch_size;
-            if window == 0 {
-                return Err(bad("window_size", format!("{window_size} px is less than one merged token")));
-            }
-            let full_blocks = match v.get("fullatt_block_indexes") {
-                None | Some(Value::Null) => vec![7, 15, 23, 31],
+        // A list of block indices below the depth.
+        let blocks = |name: &str, default: &[usize]| -> Result<Vec<usize>, LoadError> {
+            match v.get(name) {
+                None | Some(Value::Null) => Ok(default.to_vec()),
                 Some(Value::Array(list)) => list
                     .iter()
                     .map(|x| x.as_u64().map(|n| n as usize).filter(|&n| n < depth))
                     .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| bad("fullatt_block_indexes", format!("expected block indices below {depth}")))?,
-                Some(_) => return Err(bad("fullatt_block_indexes", "expected a list".into())),
+                    .ok_or_else(|| bad(name, format!("expected block indices below {depth}"))),
+                Some(_) => Err(bad(name, "expected a list".into())),
+            }
+        };
+        let (family, embed_dim, mlp_dim, out_dim) = if qwen25 || qwen3 {
+            let family = if qwen25 {
+                let window_size = count(&["window_size"], Some(112))?;
+                let window = window_size / merge_size / patch_size;
+                if window == 0 {
+                    return Err(bad("window_size", format!("{window_size} px is less than one merged token")));
+                }
+                Family::Qwen25 { window, full_blocks: blocks("fullatt_block_indexes", &[7, 15, 23, 31])? }
+            } else {
+                let positions = count(&["num_position_embeddings"], Some(2304))?;
+                let grid = positions.isqrt();
+                if grid * grid != positions {
+                    return Err(bad("num_position_embeddings", format!("{positions} is not a square grid")));
+                }
+                Family::Qwen3 { deepstack: blocks("deepstack_visual_indexes", &[8, 16, 24])?, grid }
             };
             let embed_dim = count(&["hidden_size"], None)?;
-            let family = Family::Qwen25Vl { window, full_blocks };
             (family, embed_dim, count(&["intermediate_size"], None)?, count(&["out_hidden_size"], None)?)
         } else {
             let embed_dim = count(&["embed_dim"], None)?;
             let ratio = v.get("mlp_ratio").and_then(Value::as_f64).unwrap_or(4.0);
-            (Family::Qwen2Vl, embed_dim, (embed_dim as f64 * ratio) as usize, count(&["hidden_size"], None)?)
+            (Family::Qwen2, embed_dim, (embed_dim as f64 * ratio) as usize, count(&["hidden_size"], None)?)
         };
         let heads = count(&["num_heads"], None)?;
         if !embed_dim.is_multiple_of(heads) || !(embed_dim / heads).is_multiple_of(4) {
@@ -116,7 +151,7 @@ impl TowerConfig {
             ));
         }
         let rope_theta = v.pointer("/rope_parameters/rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0);
-        Ok(Self {
+        Ok(Some(Self {
             family,
             embed_dim,
             depth,
@@ -128,11 +163,19 @@ impl TowerConfig {
             merge_size,
             channels: count(&["in_chans", "in_channels"], Some(3))?,
             rope_theta,
-        })
+        }))
     }
 
     fn patch_dim(&self) -> usize {
         self.channels * self.temporal_patch_size * self.patch_size * self.patch_size
+    }
+
+    /// How many deepstack features the tower gives (the language model's layers they reach).
+    pub fn deepstack(&self) -> usize {
+        match &self.family {
+            Family::Qwen3 { deepstack, .. } => deepstack.len(),
+            _ => 0,
+        }
     }
 
     /// The order the blocks see an image of `grid` patches in, as merged tokens' indices, and
@@ -145,7 +188,7 @@ impl TowerConfig {
         let m = self.merge_size;
         let (h, w, unit) = (gh / m, gw / m, m * m);
         let frames = (0..t).map(|f| f * h * w * unit..(f + 1) * h * w * unit).collect();
-        let Family::Qwen25Vl { window, .. } = self.family else {
+        let Family::Qwen25 { window, .. } = self.family else {
             return ((0..t * h * w).collect(), Vec::new(), frames);
         };
         let mut order = Vec::with_capacity(t * h * w);
@@ -181,7 +224,7 @@ impl LayerNorm {
     }
 }
 
-/// Qwen2-VL's LayerNorm or Qwen2.5-VL's RMSNorm.
+/// LayerNorm (Qwen2-VL's, Qwen3-VL's) or RMSNorm (Qwen2.5-VL's).
 enum Norm {
     Layer(LayerNorm),
     Rms(RmsNorm),
@@ -196,21 +239,48 @@ impl Norm {
     }
 }
 
-/// Qwen2-VL's fc1 → QuickGELU → fc2, or Qwen2.5-VL's silu(gate) · up → down (gate and up stacked).
+/// fc1 → QuickGELU (Qwen2-VL's) or GELU's tanh form (Qwen3-VL's) → fc2, or Qwen2.5-VL's
+/// silu(gate) · up → down (gate and up stacked).
 enum Mlp {
-    QuickGelu { fc1: Linear, fc2: Linear },
+    Plain { fc1: Linear, fc2: Linear, tanh: bool },
     Gated { gate_up: Linear, down: Linear },
 }
 
 impl Mlp {
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         match self {
-            Mlp::QuickGelu { fc1, fc2 } => {
+            Mlp::Plain { fc1, fc2, tanh } => {
                 let h = fc1.forward(x);
-                fc2.forward(h.clone() * sigmoid(h.mul_scalar(1.702)))
+                // x·σ(1.702x), or x·σ(2√(2/π)(x + 0.044715x³)) = ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
+                let t = match tanh {
+                    false => h.clone().mul_scalar(1.702),
+                    true => (h.clone().powi_scalar(3).mul_scalar(GELU_CUBE) + h.clone()).mul_scalar(GELU_SCALE),
+                };
+                fc2.forward(h * sigmoid(t))
             }
             Mlp::Gated { gate_up, down } => down.forward(swiglu(gate_up.forward(x), Activation::Silu)),
         }
+    }
+}
+
+/// A norm, each 2×2 window's patches side by side, Linear → GELU → Linear: normed before the
+/// shuffle (each patch), or after it (each window: Qwen3-VL's deepstack mergers).
+struct Merger {
+    norm: Norm,
+    after_shuffle: bool,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl Merger {
+    /// x: [patches, embed] → [patches / unit, out]
+    fn forward(&self, x: Tensor<2>, unit: usize) -> Tensor<2> {
+        let [n, e] = x.dims();
+        let shuffled = match self.after_shuffle {
+            false => self.norm.forward(x).reshape([n / unit, e * unit]),
+            true => self.norm.forward(x.reshape([n / unit, e * unit])),
+        };
+        self.fc2.forward(gelu(self.fc1.forward(shuffled)))
     }
 }
 
@@ -222,15 +292,17 @@ struct Block {
     mlp: Mlp,
     /// Attends over the whole image, not within windows.
     full: bool,
+    /// Gives deepstack features through this merger.
+    deepstack: Option<Merger>,
 }
 
 pub struct Tower {
     config: TowerConfig,
     patch_embed: Linear,
+    /// Qwen3-VL's learned positions: [grid², embed] row-major, kept here to be resampled.
+    positions: Option<Vec<f32>>,
     blocks: Vec<Block>,
-    merge_norm: Norm,
-    merge_in: Linear,
-    merge_out: Linear,
+    merger: Merger,
     device: Device,
 }
 
@@ -281,7 +353,7 @@ impl Tower {
         };
         let lin = |prefix: &str, out: usize, inp: usize| lin_stacked(&[prefix.to_string()], out, inp);
         let c = &config;
-        let qwen25 = matches!(c.family, Family::Qwen25Vl { .. });
+        let (qwen25, qwen3) = (matches!(c.family, Family::Qwen25 { .. }), matches!(c.family, Family::Qwen3 { .. }));
         let norm = |prefix: &str, d: usize| -> Result<Norm, LoadError> {
             let weight = vector(&format!("{prefix}.weight"), d)?;
             Ok(if qwen25 {
@@ -290,23 +362,49 @@ impl Tower {
                 Norm::Layer(LayerNorm { weight, bias: vector(&format!("{prefix}.bias"), d)? })
             })
         };
-        let e = c.embed_dim;
+        let (e, unit) = (c.embed_dim, c.merge_size * c.merge_size);
+        let merged = e * unit;
+        let merger = |prefix: &str, after_shuffle: bool| -> Result<Merger, LoadError> {
+            let (norm_name, fc1, fc2) = match qwen3 {
+                true => ("norm", "linear_fc1", "linear_fc2"),
+                false => ("ln_q", "mlp.0", "mlp.2"),
+            };
+            Ok(Merger {
+                norm: norm(&format!("{prefix}.{norm_name}"), if after_shuffle { merged } else { e })?,
+                after_shuffle,
+                fc1: lin(&format!("{prefix}.{fc1}"), merged, merged)?,
+                fc2: lin(&format!("{prefix}.{fc2}"), c.out_dim, merged)?,
+            })
+        };
         let blocks = (0..c.depth)
             .map(|i| {
                 let b = format!("blocks.{i}");
-                let mlp = if qwen25 {
-                    Mlp::Gated {
+                let mlp = match (qwen25, qwen3) {
+                    (true, _) => Mlp::Gated {
                         gate_up: lin_stacked(
                             &[format!("{b}.mlp.gate_proj"), format!("{b}.mlp.up_proj")],
                             c.mlp_dim,
                             e,
                         )?,
                         down: lin(&format!("{b}.mlp.down_proj"), e, c.mlp_dim)?,
-                    }
-                } else {
-                    Mlp::QuickGelu {
+                    },
+                    (_, true) => Mlp::Plain {
+                        fc1: lin(&format!("{b}.mlp.linear_fc1"), c.mlp_dim, e)?,
+                        fc2: lin(&format!("{b}.mlp.linear_fc2"), e, c.mlp_dim)?,
+                        tanh: true,
+                    },
+                    _ => Mlp::Plain {
                         fc1: lin(&format!("{b}.mlp.fc1"), c.mlp_dim, e)?,
                         fc2: lin(&format!("{b}.mlp.fc2"), e, c.mlp_dim)?,
+                        tanh: false,
+                    },
+                };
+                let (full, deepstack) = match &c.family {
+                    Family::Qwen2 => (true, None),
+                    Family::Qwen25 { full_blocks, .. } => (full_blocks.contains(&i), None),
+                    Family::Qwen3 { deepstack, .. } => {
+                        let k = deepstack.iter().position(|&d| d == i);
+                        (true, k.map(|k| merger(&format!("deepstack_merger_list.{k}"), true)).transpose()?)
                     }
                 };
                 Ok(Block {
@@ -315,27 +413,31 @@ impl Tower {
                     qkv: lin(&format!("{b}.attn.qkv"), 3 * e, e)?,
                     proj: lin(&format!("{b}.attn.proj"), e, e)?,
                     mlp,
-                    full: match &c.family {
-                        Family::Qwen2Vl => true,
-                        Family::Qwen25Vl { full_blocks, .. } => full_blocks.contains(&i),
-                    },
+                    full,
+                    deepstack,
                 })
             })
             .collect::<Result<Vec<_>, LoadError>>()?;
-        let merged = e * c.merge_size * c.merge_size;
+        let patch = ["patch_embed.proj.weight".to_string()];
+        let positions = match c.family {
+            Family::Qwen3 { grid, .. } => Some(values("pos_embed.weight", &[grid * grid, e])?),
+            _ => None,
+        };
         Ok(Self {
-            patch_embed: Linear { weight: matrix(&["patch_embed.proj.weight".into()], e, c.patch_dim())?, bias: None },
+            patch_embed: Linear {
+                weight: matrix(&patch, e, c.patch_dim())?,
+                bias: qwen3.then(|| vector("patch_embed.proj.bias", e)).transpose()?,
+            },
+            positions,
             blocks,
-            merge_norm: norm("merger.ln_q", e)?,
-            merge_in: lin("merger.mlp.0", merged, merged)?,
-            merge_out: lin("merger.mlp.2", c.out_dim, merged)?,
+            merger: merger("merger", false)?,
             device: device.clone(),
             config,
         })
     }
 
-    /// The image's features: [tokens, out_dim] rows, row-major.
-    pub fn encode(&self, image: &Image) -> Result<Vec<f32>, DecodeError> {
+    /// The image's features: [tokens, out_dim] rows, row-major (and Qwen3-VL's deepstack's).
+    pub fn encode(&self, image: &Image) -> Result<Features, DecodeError> {
         let c = &self.config;
         let [t, gh, gw] = image.grid;
         let n = t * gh * gw;
@@ -358,7 +460,12 @@ impl Tower {
         let (heads, hd) = (c.heads, c.embed_dim / c.heads);
         let patches = Tensor::<2>::from_data(TensorData::new(ordered, [n, pd]), &self.device);
         let mut x = self.patch_embed.forward(patches);
+        if let Some(table) = &self.positions {
+            let rows = self.resampled(table, image.grid, &order);
+            x = x + Tensor::<2>::from_data(TensorData::new(rows, [n, c.embed_dim]), &self.device);
+        }
         let tables = self.tables(image.grid, &order);
+        let mut deepstack = Vec::new();
         for b in &self.blocks {
             let h = b.norm1.forward(x.clone());
             let qkv = b.qkv.forward(h).reshape([n, 3, heads, hd]);
@@ -369,18 +476,26 @@ impl Tower {
             let a = attend(q, k, v, if b.full { &frames } else { &windows });
             x = x + b.proj.forward(a);
             x = x.clone() + b.mlp.forward(b.norm2.forward(x));
+            if let Some(merger) = &b.deepstack {
+                deepstack.push(self.read(merger.forward(x.clone(), unit), &order)?);
+            }
         }
-        let merged = self.merge_norm.forward(x).reshape([n / unit, c.embed_dim * unit]);
-        let out = self.merge_out.forward(gelu(self.merge_in.forward(merged)));
-        let rows = crate::transfers::read::<2, burn::tensor::Float, f32>(out)
+        let rows = self.read(self.merger.forward(x, unit), &order)?;
+        Ok(Features { rows, deepstack })
+    }
+
+    /// Merged rows back on the host, in the image's order (the j-th row computed is merged
+    /// token `order[j]`).
+    fn read(&self, merged: Tensor<2>, order: &[usize]) -> Result<Vec<f32>, DecodeError> {
+        let rows = crate::transfers::read::<2, burn::tensor::Float, f32>(merged)
             .map_err(|e| DecodeError::Internal(format!("reading an image's features: {e:?}")))?;
-        if windows.is_empty() {
+        let width = self.config.out_dim;
+        if order.iter().enumerate().all(|(j, &u)| j == u) {
             return Ok(rows);
         }
-        // Back to the image's order: the j-th row computed is merged token order[j].
         let mut out = vec![0.0; rows.len()];
-        for (row, &u) in rows.chunks_exact(c.out_dim).zip(&order) {
-            out[u * c.out_dim..(u + 1) * c.out_dim].copy_from_slice(row);
+        for (row, &u) in rows.chunks_exact(width).zip(order) {
+            out[u * width..(u + 1) * width].copy_from_slice(row);
         }
         Ok(out)
     }
@@ -390,25 +505,56 @@ impl Tower {
     /// partners) by the patch's row in the image, its second by its column.
     fn tables(&self, grid: [usize; 3], order: &[usize]) -> RopeTables {
         let c = &self.config;
-        let [_, gh, gw] = grid;
-        let m = c.merge_size;
-        let (h, w) = (gh / m, gw / m);
         let hd = c.embed_dim / c.heads;
         let quarter = hd / 4;
         let inv: Vec<f32> =
             (0..quarter).map(|i| 1.0 / (c.rope_theta as f32).powf((2 * i) as f32 / (hd / 2) as f32)).collect();
         let frequencies = [inv.as_slice(), &inv].concat();
         let streams: Vec<usize> = (0..2 * quarter).map(|i| if i < quarter { 1 } else { 2 }).collect();
-        let mut positions = Vec::with_capacity(order.len() * m * m);
-        for &u in order {
+        let positions: Vec<[Pos; 3]> =
+            self.patches(grid, order).map(|(row, col)| [0, row as Pos, col as Pos]).collect();
+        RopeTables::of_streams(&frequencies, &streams, &positions, 1.0, &self.device)
+    }
+
+    /// Each patch's row and column in the image, the patches in `order` of their merged tokens,
+    /// each token's patches in rows.
+    fn patches(&self, grid: [usize; 3], order: &[usize]) -> impl Iterator<Item = (usize, usize)> {
+        let m = self.config.merge_size;
+        let [_, gh, gw] = grid;
+        let (h, w) = (gh / m, gw / m);
+        order.iter().flat_map(move |&u| {
             let (y, x) = (u % (h * w) / w, u % w);
-            for mh in 0..m {
-                for mw in 0..m {
-                    positions.push([0, (y * m + mh) as Pos, (x * m + mw) as Pos]);
+            (0..m * m).map(move |k| (y * m + k / m, x * m + k % m))
+        })
+    }
+
+    /// Qwen3-VL's position table resampled to the image's grid, one row a patch (in `order`):
+    /// bilinear with the corners aligned (the table's corners on the image's corner patches), as
+    /// torch's `interpolate` does it, the four taps summed in its order.
+    fn resampled(&self, table: &[f32], grid: [usize; 3], order: &[usize]) -> Vec<f32> {
+        let e = self.config.embed_dim;
+        let Family::Qwen3 { grid: side, .. } = self.config.family else { return Vec::new() };
+        let [_, gh, gw] = grid;
+        let taps = |index: usize, size: usize| -> [(usize, f32); 2] {
+            let src = index as f32 * (side - 1) as f32 / (size.max(2) - 1) as f32;
+            let floor = src.floor();
+            let tap = |k: usize| ((floor as usize + k).min(side - 1), (1.0 - (src - floor - k as f32).abs()).max(0.0));
+            [tap(0), tap(1)]
+        };
+        let mut out = Vec::with_capacity(order.len() * self.config.merge_size.pow(2) * e);
+        let mut row = vec![0.0f32; e];
+        for (r, c) in self.patches(grid, order) {
+            row.fill(0.0);
+            for (tr, wr) in taps(r, gh) {
+                for (tc, wc) in taps(c, gw) {
+                    let w = wr * wc;
+                    let from = &table[(tr * side + tc) * e..][..e];
+                    row.iter_mut().zip(from).for_each(|(o, &v)| *o += v * w);
                 }
             }
+            out.extend_from_slice(&row);
         }
-        RopeTables::of_streams(&frequencies, &streams, &positions, 1.0, &self.device)
+        out
     }
 }
 
@@ -440,14 +586,14 @@ mod tests {
     fn qwen25(window_size: usize) -> TowerConfig {
         let v = json!({"depth": 4, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
             "out_hidden_size": 64, "window_size": window_size, "fullatt_block_indexes": [1, 3]});
-        TowerConfig::from_value(&v, true).unwrap()
+        TowerConfig::from_value(&v, "qwen2_5_vl").unwrap().unwrap()
     }
 
     #[test]
     fn windows_tile_the_image_from_its_top_left_and_stop_at_its_edges() {
         // 112 px windows of 14 px patches merged 2×2: 4×4 merged tokens a window.
         let c = qwen25(112);
-        assert_eq!(c.family, Family::Qwen25Vl { window: 4, full_blocks: vec![1, 3] });
+        assert_eq!(c.family, Family::Qwen25 { window: 4, full_blocks: vec![1, 3] });
         // A 10×10 patch grid: 5×5 merged tokens, windows of 4×4, 4×1, 1×4 and 1×1.
         let (order, windows, frames) = c.layout([1, 10, 10]);
         let sizes: Vec<usize> = windows.iter().map(|w| w.len() / 4).collect();
@@ -462,7 +608,7 @@ mod tests {
         // An image within one window keeps its order; Qwen2-VL's has no windows.
         assert_eq!(c.layout([1, 4, 6]).0, (0..6).collect::<Vec<_>>());
         let qwen2 = json!({"depth": 1, "embed_dim": 16, "num_heads": 2, "hidden_size": 64});
-        let (order, windows, frames) = TowerConfig::from_value(&qwen2, false).unwrap().layout([1, 4, 6]);
+        let (order, windows, frames) = TowerConfig::from_value(&qwen2, "qwen2_vl").unwrap().unwrap().layout([1, 4, 6]);
         assert_eq!((order, windows), ((0..6).collect(), vec![]));
         assert_eq!(frames, std::iter::once(0..24).collect::<Vec<_>>());
     }
@@ -474,7 +620,7 @@ mod tests {
         let refused = |patch: Value| {
             let mut v = base.clone();
             v.as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
-            TowerConfig::from_value(&v, true).unwrap_err().to_string()
+            TowerConfig::from_value(&v, "qwen2_5_vl").unwrap_err().to_string()
         };
         assert!(refused(json!({"window_size": 20})).contains("window_size"));
         assert!(refused(json!({"fullatt_block_indexes": [2]})).contains("fullatt_block_indexes"));
@@ -483,8 +629,23 @@ mod tests {
         // Released configs' defaults: 112 px windows, full attention every eighth block.
         let v = json!({"depth": 32, "hidden_size": 1280, "num_heads": 16, "intermediate_size": 3420,
             "out_hidden_size": 2048});
-        let c = TowerConfig::from_value(&v, true).unwrap();
-        assert_eq!(c.family, Family::Qwen25Vl { window: 4, full_blocks: vec![7, 15, 23, 31] });
+        let c = TowerConfig::from_value(&v, "qwen2_5_vl").unwrap().unwrap();
+        assert_eq!(c.family, Family::Qwen25 { window: 4, full_blocks: vec![7, 15, 23, 31] });
         assert_eq!((c.embed_dim, c.mlp_dim, c.out_dim), (1280, 3420, 2048));
+        // Qwen3-VL's: a square position table, deepstack blocks within the depth; another
+        // family's tower is not served.
+        let qwen3 = |patch: Value| {
+            let mut v = json!({"depth": 4, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+                "out_hidden_size": 64, "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 2]});
+            v.as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
+            TowerConfig::from_value(&v, "qwen3_vl_moe")
+        };
+        let c = qwen3(json!({})).unwrap().unwrap();
+        assert_eq!((c.deepstack(), c.family, c.patch_size), (2, Family::Qwen3 { deepstack: vec![0, 2], grid: 4 }, 16));
+        let refused = |patch| qwen3(patch).unwrap_err().to_string();
+        assert!(refused(json!({"num_position_embeddings": 15})).contains("square"));
+        assert!(refused(json!({"deepstack_visual_indexes": [4]})).contains("deepstack_visual_indexes"));
+        assert!(refused(json!({"hidden_act": "quick_gelu"})).contains("gelu_pytorch_tanh"));
+        assert_eq!(TowerConfig::from_value(&v, "qwen3_5").unwrap(), None);
     }
 }
