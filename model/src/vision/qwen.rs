@@ -218,7 +218,8 @@ impl LayerNorm {
         let [n, d] = x.dims();
         let mean = x.clone().mean_dim(1);
         let centred = x - mean;
-        let var = centred.clone().powi_scalar(2).mean_dim(1);
+        // Products, not powers: Burn's CPU power is a libm powf per value.
+        let var = (centred.clone() * centred.clone()).mean_dim(1);
         let normed = centred / var.add_scalar(1e-6).sqrt();
         normed * self.weight.clone().reshape([1, d]).expand([n, d]) + self.bias.clone().reshape([1, d]).expand([n, d])
     }
@@ -254,7 +255,10 @@ impl Mlp {
                 // x·σ(1.702x), or x·σ(2√(2/π)(x + 0.044715x³)) = ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
                 let t = match tanh {
                     false => h.clone().mul_scalar(1.702),
-                    true => (h.clone().powi_scalar(3).mul_scalar(GELU_CUBE) + h.clone()).mul_scalar(GELU_SCALE),
+                    true => {
+                        let cubed = h.clone() * h.clone() * h.clone();
+                        (cubed.mul_scalar(GELU_CUBE) + h.clone()).mul_scalar(GELU_SCALE)
+                    }
                 };
                 fc2.forward(h * sigmoid(t))
             }
