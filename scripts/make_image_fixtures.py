@@ -70,6 +70,21 @@ QWEN3VL_TEMPLATE = TEMPLATE.replace(
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}", "")
 assert QWEN3VL_TEMPLATE != TEMPLATE
 
+# Qwen3-VL's processor (size in transformers 5's names), its bounds small: 4 to 16 tokens an image.
+QWEN3VL_PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
+    "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "resample": 3,
+    "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "size": {"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 16},
+    "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+}
+
+# The images and chats of the 16-pixel towers' fixtures: 64x64, the position table's own 4x4 grid (4
+# tokens); 100x60: 96x64 (6 tokens); 150x130: past the bound, 128x96 (12 tokens); "other": another
+# picture of square's size.
+QWEN3_IMAGES = ([("square", 64, 64), ("wide", 100, 60), ("large", 150, 130), ("other", 64, 64)],
+                [["square"], ["wide"], ["square", "large"], ["other"]])
+
 PREPROCESSOR = {
     "image_processor_type": "Qwen2VLImageProcessor",
     "processor_class": "Qwen2VLProcessor",
@@ -190,23 +205,13 @@ def qwen3vl():
                             "hidden_act": "gelu_pytorch_tanh"}
     json.dump(cfg, open(cfg_path, "w"), indent=2)
     json.dump({"chat_template": QWEN3VL_TEMPLATE}, open(os.path.join(fixture, "chat_template.json"), "w"))
-    # Qwen3-VL's (size in transformers 5's names), its bounds small: 4 to 16 tokens an image.
-    json.dump({"image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
-               "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "resample": 3,
-               "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-               "size": {"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 16},
-               "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2},
-              open(os.path.join(fixture, "preprocessor_config.json"), "w"), indent=2)
+    json.dump(QWEN3VL_PREPROCESSOR, open(os.path.join(fixture, "preprocessor_config.json"), "w"), indent=2)
     model = Qwen3VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
     randomize(model.model.visual, 9)
     write_tower(fixture, {"model.visual." + k: v for k, v in model.model.visual.state_dict().items()})
     model = Qwen3VLForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
     check_text(model, fixture)
-    # 64x64: the position table's own 4x4 grid (4 tokens); 100x60: 96x64 (6 tokens); 150x130: past
-    # the bound, 128x96 (12 tokens); "other": another picture of square's size.
-    shapes = [("square", 64, 64), ("wide", 100, 60), ("large", 150, 130), ("other", 64, 64)]
-    chats = [["square"], ["wide"], ["square", "large"], ["other"]]
-    references(model, fixture, shapes, chats)
+    references(model, fixture, *QWEN3_IMAGES)
 
 
 def qwen3vlmoe():
@@ -233,9 +238,34 @@ def qwen3vlmoe():
     if cfg["text_config"]["tie_word_embeddings"] or cfg.get("tie_word_embeddings"):
         model.tie_weights()
     check_text(model, fixture)
-    shapes = [("square", 64, 64), ("wide", 100, 60), ("large", 150, 130), ("other", 64, 64)]
-    chats = [["square"], ["wide"], ["square", "large"], ["other"]]
-    references(model, fixture, shapes, chats)
+    references(model, fixture, *QWEN3_IMAGES)
+
+
+def qwen35():
+    """tiny-qwen35-f32 and tiny-qwen35moe-f32, as Qwen's released Qwen3.5 checkpoints are (a nested config,
+    the tower under model.visual., Qwen3.5's own template in tokenizer_config.json): Qwen3-VL's tower
+    without the deepstack, two blocks, its position table 4x4, 16-pixel patches."""
+    import transformers
+    for name, cls in (("tiny-qwen35-f32", "Qwen3_5ForConditionalGeneration"),
+                      ("tiny-qwen35moe-f32", "Qwen3_5MoeForConditionalGeneration")):
+        cls = getattr(transformers, cls)
+        fixture = os.path.join(FIXTURES, name)
+        cfg_path = os.path.join(fixture, "config.json")
+        cfg = json.load(open(cfg_path))
+        cfg.update(IDS)
+        cfg["vision_config"] = {"model_type": cfg["model_type"], "depth": 2, "hidden_size": 16, "intermediate_size": 32,
+                                "num_heads": 2, "out_hidden_size": cfg["text_config"]["hidden_size"], "patch_size": 16,
+                                "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
+                                "num_position_embeddings": 16, "hidden_act": "gelu_pytorch_tanh"}
+        json.dump(cfg, open(cfg_path, "w"), indent=2)
+        json.dump(QWEN3VL_PREPROCESSOR, open(os.path.join(fixture, "preprocessor_config.json"), "w"), indent=2)
+        # The stub tower make_family_fixtures.py wrote is another shape.
+        model = cls.from_pretrained(fixture, attn_implementation="eager", ignore_mismatched_sizes=True).eval()
+        randomize(model.model.visual, 10)
+        write_tower(fixture, {"model.visual." + k: v for k, v in model.model.visual.state_dict().items()})
+        model = cls.from_pretrained(fixture, attn_implementation="eager").eval()
+        check_text(model, fixture)
+        references(model, fixture, *QWEN3_IMAGES)
 
 
 def references(model, fixture, shapes, chats):
@@ -268,7 +298,9 @@ def references(model, fixture, shapes, chats):
     for names in chats:
         content = [{"type": "image"} for _ in names] + [{"type": "text", "text": "What is in the picture?"}]
         messages = [{"role": "user", "content": content}]
-        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # Qwen3.5's template is its tokenizer's (tokenizer_config.json), not the processor's.
+        templated = processor if processor.chat_template else processor.tokenizer
+        text = templated.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         inputs = processor(text=[text], images=[images[n] for n in names], return_tensors="pt")
         with torch.no_grad():
             logits = model(**inputs).logits[0, -1]
@@ -286,4 +318,4 @@ def references(model, fixture, shapes, chats):
 
 
 if __name__ == "__main__":
-    {"qwen2vl": qwen2vl, "qwen25vl": qwen25vl, "qwen3vl": qwen3vl, "qwen3vlmoe": qwen3vlmoe}[sys.argv[1]]()
+    {"qwen2vl": qwen2vl, "qwen25vl": qwen25vl, "qwen3vl": qwen3vl, "qwen3vlmoe": qwen3vlmoe, "qwen35": qwen35}[sys.argv[1]]()

@@ -11,9 +11,16 @@ use llaisys_model::{Batch, Context, Device, DeviceSpec, Image, KvDtype, LoadOpti
 use llaisys_tests::{fixture_dir, max_abs_diff, test_device};
 use serde::Deserialize;
 
-/// Qwen2-VL as transformers saves it; Qwen2.5-VL and Qwen3-VL (dense and MoE) as Qwen releases
-/// them.
-const FIXTURES: [&str; 4] = ["tiny-qwen2vl-f32", "tiny-qwen25vl-f32", "tiny-qwen3vl-f32", "tiny-qwen3vlmoe-f32"];
+/// Qwen2-VL as transformers saves it; Qwen2.5-VL, Qwen3-VL and Qwen3.5 (dense and MoE) as Qwen
+/// releases them.
+const FIXTURES: [&str; 6] = [
+    "tiny-qwen2vl-f32",
+    "tiny-qwen25vl-f32",
+    "tiny-qwen3vl-f32",
+    "tiny-qwen3vlmoe-f32",
+    "tiny-qwen35-f32",
+    "tiny-qwen35moe-f32",
+];
 
 #[derive(Deserialize)]
 struct Reference {

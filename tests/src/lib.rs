@@ -125,17 +125,26 @@ impl FixtureCopy {
         static COUNT: AtomicUsize = AtomicUsize::new(0);
         let n = COUNT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("llaisys-{name}-{tag}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        for entry in std::fs::read_dir(fixture_dir(name)).expect("fixture") {
-            let entry = entry.expect("fixture entry");
-            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
-        }
+        copy_dir(&fixture_dir(name), &dir);
         edit(&dir);
         Self(dir)
     }
 
     pub fn path(&self) -> &std::path::Path {
         &self.0
+    }
+}
+
+/// `from`'s files and folders (a fixture's `images/`) copied into `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("temp dir");
+    for entry in std::fs::read_dir(from).expect("fixture") {
+        let entry = entry.expect("fixture entry");
+        if entry.file_type().expect("fixture entry").is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-//! Images in chats against the real server: the tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL (dense and
-//! MoE) fixtures answer a chat with images sent as `data:` URLs with the tokens transformers generates for the same chat
+//! Images in chats against the real server: the tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5
+//! (dense and MoE) fixtures answer a chat with images sent as `data:` URLs with the tokens transformers generates for the same chat
 //! (each fixture's image_reference.json), a cached prefix is not taken for another image of the
 //! same size, and images are refused by name where they cannot be taken.
 
@@ -35,7 +35,14 @@ fn chat(fixture: &str, prompt: &Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_with_images_answers_as_transformers_does() {
-    for fixture in [FIXTURE, "tiny-qwen25vl-f32", "tiny-qwen3vl-f32", "tiny-qwen3vlmoe-f32"] {
+    for fixture in [
+        FIXTURE,
+        "tiny-qwen25vl-f32",
+        "tiny-qwen3vl-f32",
+        "tiny-qwen3vlmoe-f32",
+        "tiny-qwen35-f32",
+        "tiny-qwen35moe-f32",
+    ] {
         chat_as_transformers(fixture).await;
     }
 }

@@ -5,7 +5,7 @@
 //! image once ([`crate::Context::encode_image`]) and gives its rows in place of those tokens'
 //! embeddings, each turned by its place in the image ([`positions`], M-RoPE).
 //!
-//! Served: Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's towers (`qwen`); Qwen3-VL's deepstack
+//! Served: Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and Qwen3.5's towers (`qwen`); Qwen3-VL's deepstack
 //! features ride with its image rows ([`Features::deepstack`]).
 
 mod image;
@@ -62,7 +62,7 @@ pub struct Vision {
 
 impl Vision {
     /// The vision tower of the checkpoint in `dir`, where its family's tower is served (Qwen2-VL's,
-    /// Qwen2.5-VL's, Qwen3-VL's); `None` for any other model, which takes text only.
+    /// Qwen2.5-VL's, Qwen3-VL's, Qwen3.5's); `None` for any other model, which takes text only.
     pub fn load(dir: &Path, config: &ModelConfig, device: &burn::tensor::Device) -> Result<Option<Self>, LoadError> {
         let Some((info, tower_config, src)) = probe(dir, config)? else {
             return Ok(None);

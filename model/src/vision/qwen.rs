@@ -11,7 +11,7 @@
 //!   `window_size` pixels a side (a few, `fullatt_block_indexes`, over the whole image): the
 //!   patches go through the blocks in the windows' order, each window's rows together, and the
 //!   merged rows come back to the image's order at the end.
-//! - Qwen3-VL's patch embedding has a bias and adds a learned position table (a square grid,
+//! - Qwen3-VL's (and Qwen3.5's, without the deepstack) patch embedding has a bias and adds a learned position table (a square grid,
 //!   bilinearly resampled to the image's), its MLP is fc1 → GELU (tanh) → fc2, and some blocks'
 //!   outputs go through mergers of their own (normed after the 2×2 shuffle): the deepstack
 //!   features, added to the language model's first layers' outputs at the image's rows.
@@ -72,7 +72,7 @@ pub struct TowerConfig {
 
 impl TowerConfig {
     /// From `config.json`'s `vision_config`, for a checkpoint of `model_type` `qwen2_vl`,
-    /// `qwen2_5_vl`, `qwen3_vl` or `qwen3_vl_moe`; `None` for another.
+    /// `qwen2_5_vl`, `qwen3_vl`, `qwen3_vl_moe`, `qwen3_5` or `qwen3_5_moe`; `None` for another.
     pub fn from_value(v: &Value, model_type: &str) -> Result<Option<Self>, LoadError> {
         let bad = |name: &str, reason: String| LoadError::Config { field: format!("vision_config.{name}"), reason };
         let count = |names: &[&str], default: Option<usize>| -> Result<usize, LoadError> {
@@ -93,7 +93,8 @@ impl TowerConfig {
         let (qwen25, qwen3) = match model_type {
             "qwen2_vl" => (false, false),
             "qwen2_5_vl" => (true, false),
-            "qwen3_vl" | "qwen3_vl_moe" => (false, true),
+            // Qwen3.5's is Qwen3-VL's without the deepstack.
+            "qwen3_vl" | "qwen3_vl_moe" | "qwen3_5" | "qwen3_5_moe" => (false, true),
             _ => return Ok(None),
         };
         let expected_act = match (qwen25, qwen3) {
@@ -134,7 +135,11 @@ impl TowerConfig {
                 if grid * grid != positions {
                     return Err(bad("num_position_embeddings", format!("{positions} is not a square grid")));
                 }
-                Family::Qwen3 { deepstack: blocks("deepstack_visual_indexes", &[8, 16, 24])?, grid }
+                let deepstack = match model_type {
+                    "qwen3_5" | "qwen3_5_moe" => Vec::new(),
+                    _ => blocks("deepstack_visual_indexes", &[8, 16, 24])?,
+                };
+                Family::Qwen3 { deepstack, grid }
             };
             let embed_dim = count(&["hidden_size"], None)?;
             (family, embed_dim, count(&["intermediate_size"], None)?, count(&["out_hidden_size"], None)?)
@@ -650,6 +655,12 @@ mod tests {
         assert!(refused(json!({"num_position_embeddings": 15})).contains("square"));
         assert!(refused(json!({"deepstack_visual_indexes": [4]})).contains("deepstack_visual_indexes"));
         assert!(refused(json!({"hidden_act": "quick_gelu"})).contains("gelu_pytorch_tanh"));
-        assert_eq!(TowerConfig::from_value(&v, "qwen3_5").unwrap(), None);
+        assert_eq!(TowerConfig::from_value(&v, "gemma3").unwrap(), None);
+        let qwen35 = TowerConfig::from_value(
+            &json!({"depth": 2, "hidden_size": 16, "num_heads": 2,
+            "intermediate_size": 32, "out_hidden_size": 64, "num_position_embeddings": 16}),
+            "qwen3_5_moe",
+        );
+        assert_eq!(qwen35.unwrap().unwrap().family, Family::Qwen3 { deepstack: vec![], grid: 4 });
     }
 }
