@@ -46,7 +46,7 @@ async function request(path, init) {
 export async function listModels(apiKey) {
   const response = await request('/v1/models', { headers: headers(apiKey) });
   const body = await response.json();
-  return body.data.map((m) => ({ id: m.id, context: m.max_model_len }));
+  return body.data.map((m) => ({ id: m.id, context: m.max_model_len, vision: (m.input_modalities || []).includes('image') }));
 }
 
 // Streams one chat completion. Calls onStart(requestId from the server) once the response

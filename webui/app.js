@@ -13,6 +13,7 @@ const el = {
   send: $('send'), stop: $('stop'), composer: $('composer'), settings: $('settings'),
   model: $('set-model'), system: $('set-system'), temperature: $('set-temperature'),
   topP: $('set-top-p'), maxTokens: $('set-max-tokens'), tools: $('set-tools'), apiKey: $('set-api-key'), sessionId: $('session-id'),
+  attach: $('attach'), attachFile: $('attach-file'), attachments: $('attachments'),
 };
 
 const data = store.load();
@@ -22,6 +23,7 @@ let models = [];
 const running = new Map();
 let stick = true; // follow the stream unless the reader scrolled up
 let editing = null; // id of the user message being edited
+let attached = []; // images (data: URLs) for the next message
 
 const current = () => data.conversations.find((c) => c.id === data.current);
 const apiKey = () => prefs.apiKey || '';
@@ -52,7 +54,7 @@ function titleOf(c) {
   if (c.title) return c.title;
   const first = c.messages.find((m) => m.role === 'user');
   const text = first ? first.content.replace(/\s+/g, ' ').trim() : '';
-  if (!text) return 'New chat';
+  if (!text) return first?.images?.length ? 'Image' : 'New chat';
   return text.length > 60 ? `${text.slice(0, 59)}…` : text;
 }
 
@@ -118,7 +120,12 @@ function promptMessages(c, upTo) {
   if (c.settings.system.trim()) msgs.push({ role: 'system', content: c.settings.system });
   for (const m of c.messages) {
     if (m === upTo) break;
-    if (m.role === 'user') msgs.push({ role: 'user', content: m.content });
+    if (m.role === 'user' && m.images?.length) {
+      // OpenAI's parts: the images, then the text.
+      const parts = m.images.map((url) => ({ type: 'image_url', image_url: { url } }));
+      if (m.content) parts.push({ type: 'text', text: m.content });
+      msgs.push({ role: 'user', content: parts });
+    } else if (m.role === 'user') msgs.push({ role: 'user', content: m.content });
     else if (m.role === 'assistant' && m.toolCalls?.length) {
       const calls = m.toolCalls.map((t) => ({ id: t.id, type: 'function', function: { name: t.name, arguments: t.arguments } }));
       msgs.push({ role: 'assistant', content: m.content || null, tool_calls: calls });
@@ -257,8 +264,12 @@ function stop() {
 
 function send(text) {
   const c = current() || (createConversation(), current());
-  if (running.has(c.id) || !text.trim()) return;
-  c.messages.push({ id: store.randomId('m-'), role: 'user', content: text });
+  if (running.has(c.id) || (!text.trim() && !attached.length)) return;
+  const message = { id: store.randomId('m-'), role: 'user', content: text };
+  if (attached.length) message.images = attached;
+  c.messages.push(message);
+  attached = [];
+  drawAttachments();
   el.input.value = '';
   growInput();
   generate(c);
@@ -357,6 +368,67 @@ function drawComposer() {
   el.stop.hidden = !run;
   el.stop.disabled = !!run?.stopping;
   el.stop.textContent = run?.stopping ? 'Stopping…' : 'Stop';
+  // Images only for a model that sees them (its /v1/models entry says so).
+  const id = c?.settings.model || models[0]?.id;
+  el.attach.hidden = !models.find((m) => m.id === id)?.vision;
+  if (el.attach.hidden && attached.length) {
+    attached = [];
+    drawAttachments();
+  }
+}
+
+function drawAttachments() {
+  el.attachments.hidden = !attached.length;
+  el.attachments.replaceChildren(...attached.map((url, i) => {
+    const item = document.createElement('div');
+    item.className = 'attachment';
+    const img = Object.assign(document.createElement('img'), { src: url, alt: `Image ${i + 1}` });
+    const remove = iconButton('×', 'Remove this image', () => { attached.splice(i, 1); drawAttachments(); });
+    item.append(img, remove);
+    return item;
+  }));
+}
+
+// Most pixels an attached image keeps, and most bytes it is kept as, before it is scaled down and
+// stored as JPEG: the server's default bound (limits.max_image_pixels) scales larger ones anyway,
+// and conversations (images included) live in this browser's storage.
+const MAX_IMAGE_PIXELS = 1280 * 28 * 28;
+const MAX_IMAGE_BYTES = 1 << 20;
+
+async function prepareImage(file) {
+  if (!/^image\/(png|jpeg|webp)$/.test(file.type)) throw new Error(`${file.name}: not a PNG, JPEG or WebP image`);
+  const bitmap = await createImageBitmap(file).catch(() => { throw new Error(`${file.name}: the image could not be read`); });
+  const { width, height } = bitmap;
+  if (width * height <= MAX_IMAGE_PIXELS && file.size <= MAX_IMAGE_BYTES) {
+    bitmap.close();
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(new Error(`${file.name}: ${reader.error?.message || 'unreadable'}`));
+      reader.readAsDataURL(file);
+    });
+  }
+  const scale = Math.min(1, Math.sqrt(MAX_IMAGE_PIXELS / (width * height)));
+  const canvas = Object.assign(document.createElement('canvas'), {
+    width: Math.max(1, Math.floor(width * scale)), height: Math.max(1, Math.floor(height * scale)),
+  });
+  const ctx = canvas.getContext('2d');
+  ctx.fillStyle = '#fff'; // JPEG has no transparency
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  ctx.drawImage(bitmap, 0, 0, canvas.width, canvas.height);
+  bitmap.close();
+  return canvas.toDataURL('image/jpeg', 0.9);
+}
+
+async function attachFiles(files) {
+  for (const file of files) {
+    try {
+      attached.push(await prepareImage(file));
+    } catch (e) {
+      setStatus(e.message, true);
+    }
+  }
+  drawAttachments();
 }
 
 function drawMessages() {
@@ -391,7 +463,14 @@ function messageNode(c, m, isLast) {
   node.append(body);
   if (m.role === 'user') {
     if (editing === m.id) return editNode(c, m, node);
+    if (m.images?.length) {
+      const images = document.createElement('div');
+      images.className = 'images';
+      images.append(...m.images.map((url, i) => Object.assign(document.createElement('img'), { src: url, alt: `Image ${i + 1}` })));
+      node.prepend(images);
+    }
     body.textContent = m.content;
+    body.hidden = !m.content;
     const tools = document.createElement('div');
     tools.className = 'tools';
     const edit = iconButton('✎ Edit', 'Edit and regenerate from here', () => { editing = m.id; drawMessages(); });
@@ -547,6 +626,7 @@ function bindSetting(input, key, parse = (v) => v) {
     c.settings[key] = value;
     persist();
     drawSettings();
+    drawComposer();
   });
 }
 
@@ -560,6 +640,7 @@ async function refreshModels() {
     if (e.status === 401) openSettings(true);
   }
   drawSettings();
+  drawComposer();
 }
 
 // ---------- layout ----------
@@ -582,6 +663,11 @@ el.input.addEventListener('keydown', (e) => {
 });
 el.input.addEventListener('input', growInput);
 el.stop.addEventListener('click', stop);
+el.attach.addEventListener('click', () => el.attachFile.click());
+el.attachFile.addEventListener('change', () => {
+  attachFiles([...el.attachFile.files]);
+  el.attachFile.value = ''; // the same file again is a change too
+});
 $('new-chat').addEventListener('click', () => { createConversation(); closeSidebar(); });
 $('toggle-settings').addEventListener('click', () => openSettings());
 $('toggle-sidebar').addEventListener('click', () => { el.sidebar.classList.add('open'); el.scrim.hidden = false; });

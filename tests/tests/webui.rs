@@ -1,12 +1,14 @@
 //! The Web UI in a real browser: `tests/webui/browser.mjs` drives Debian's headless Chromium
 //! (through playwright-core) against the real server. `tests/webui/setup.sh` installs both on
-//! first use. The server serves two models: the tiny fixture (whose greedy answers this test
-//! computes over the API first) and a slow mock model, so Stop can land mid-answer.
+//! first use. The server serves the tiny fixture (whose greedy answers this test computes over
+//! the API first), a slow mock model, so Stop can land mid-answer, a tool-calling and a reasoning
+//! copy of fixtures, and the Qwen2-VL fixture, which sees an attached image.
 //! Screenshots of the main states go to `target/webui-screenshots/`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use base64::Engine as _;
 use llaisys_actors::Engine;
 use llaisys_server::{Config, load_entry, start_models};
 use llaisys_tests::{FixtureCopy, fixture_dir};
@@ -18,6 +20,7 @@ const FIXTURE: &str = "tiny-untied-f32";
 const SLOW: &str = "slow-mock";
 const TOOLS: &str = "tools-fixture";
 const THINKING: &str = "thinking-fixture";
+const VISION: &str = "tiny-qwen2vl-f32";
 
 fn webui_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("webui")
@@ -61,29 +64,40 @@ async fn the_web_ui_in_headless_chromium() {
     let tools = load_entry(builder.clone().model(tools_dir.path()), TOOLS.into()).await.unwrap();
     // Qwen3's template opening the think block: the answer is all reasoning.
     let thinking_dir = FixtureCopy::thinking("tiny-qwen3-f32");
-    let thinking = load_entry(builder.model(thinking_dir.path()), THINKING.into()).await.unwrap();
-    let server = start_models(vec![fixture, slow, tools, thinking], &config).await.unwrap();
+    let thinking = load_entry(builder.clone().model(thinking_dir.path()), THINKING.into()).await.unwrap();
+    let vision = load_entry(builder.clone().model(fixture_dir(VISION)), VISION.into()).await.unwrap();
+    let server = start_models(vec![fixture, slow, tools, thinking, vision], &config).await.unwrap();
     let url = format!("http://{}", server.addr);
 
     // The greedy answers the page must show, from the API (the streamed text is checked against
     // the non-streamed one; the fixture's greedy tokens are checked against transformers elsewhere).
-    let chat = |model: &str, prompt: &str, max_tokens: usize| {
+    let chat = |model: &str, prompt: Value, max_tokens: usize| {
         let body = json!({"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": max_tokens});
         let request = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&body);
         async move { request.send().await.unwrap().json::<Value>().await.unwrap()["choices"][0]["message"].clone() }
     };
     let mut expected = serde_json::Map::new();
     for prompt in ["Hello there", "Tell me a story"] {
-        let message = chat(FIXTURE, prompt, 40).await;
+        let message = chat(FIXTURE, prompt.into(), 40).await;
         let text = message["content"].as_str().unwrap_or_else(|| panic!("{message}"));
         assert!(!text.is_empty());
         expected.insert(prompt.into(), text.into());
     }
     // The reasoning model's thinking, all of its answer.
-    let message = chat(THINKING, "Think", 12).await;
+    let message = chat(THINKING, "Think".into(), 12).await;
     let reasoning = message["reasoning_content"].as_str().unwrap_or_else(|| panic!("{message}"));
     assert!(!reasoning.is_empty() && message["content"].is_null(), "{message}");
     expected.insert("Think".into(), reasoning.into());
+    // An image the page attaches from a file, as the page sends it (a small PNG goes as it is).
+    let image = fixture_dir(VISION).join("images/square.png");
+    let data_url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&image).unwrap())
+    );
+    let parts = json!([{"type": "image_url", "image_url": {"url": data_url}}, {"type": "text", "text": "Describe"}]);
+    let message = chat(VISION, parts, 8).await;
+    let text = message["content"].as_str().unwrap_or_else(|| panic!("{message}"));
+    expected.insert("Image".into(), text.into());
 
     let screenshots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/webui-screenshots");
     let mut browser = Command::new("node")
@@ -95,6 +109,8 @@ async fn the_web_ui_in_headless_chromium() {
         .env("LLAISYS_SLOW", SLOW)
         .env("LLAISYS_TOOLS", TOOLS)
         .env("LLAISYS_THINKING", THINKING)
+        .env("LLAISYS_VISION", VISION)
+        .env("LLAISYS_IMAGE", &image)
         .env("LLAISYS_SCREENSHOTS", &screenshots)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -123,5 +139,5 @@ async fn the_web_ui_in_headless_chromium() {
     }
     assert!(status.success(), "the browser test failed after {passed:?} (screenshot: {})", screenshots.display());
     assert_eq!(passed.last().map(String::as_str), Some("all"), "{passed:?}");
-    assert_eq!(passed.len(), 10, "{passed:?}");
+    assert_eq!(passed.len(), 11, "{passed:?}");
 }

@@ -2,8 +2,8 @@
 // llaisys server (started by tests/tests/webui.rs, which also computes the expected answers).
 //
 // Environment: LLAISYS_URL (the server), LLAISYS_EXPECTED (JSON {prompt: greedy answer} for the
-// fixture model, and the reasoning under "Think"), LLAISYS_FIXTURE, LLAISYS_SLOW, LLAISYS_TOOLS and
-// LLAISYS_THINKING (model names),
+// fixture model, the reasoning under "Think", the image's answer under "Image"), LLAISYS_FIXTURE,
+// LLAISYS_SLOW, LLAISYS_TOOLS, LLAISYS_THINKING and LLAISYS_VISION (model names), LLAISYS_IMAGE (a PNG),
 // LLAISYS_SCREENSHOTS (a folder).
 // Protocol on stdio: prints "PASS <step>" per step; prints "STOP_SERVER" and waits for one line
 // on stdin before the server-down step. Any failure exits non-zero with the reason on stderr.
@@ -21,6 +21,8 @@ const FIXTURE = process.env.LLAISYS_FIXTURE;
 const SLOW = process.env.LLAISYS_SLOW;
 const TOOLS = process.env.LLAISYS_TOOLS;
 const THINKING = process.env.LLAISYS_THINKING;
+const VISION = process.env.LLAISYS_VISION;
+const IMAGE = process.env.LLAISYS_IMAGE;
 const SHOTS = process.env.LLAISYS_SCREENSHOTS;
 mkdirSync(SHOTS, { recursive: true });
 
@@ -73,7 +75,7 @@ try {
   await page.goto(URL);
   await page.waitForFunction(() => document.querySelector('#server-status').textContent.startsWith('Connected'));
   const models = await page.locator('#set-model option').allTextContents();
-  assert.deepEqual(models.sort(), [FIXTURE, SLOW, TOOLS, THINKING].sort());
+  assert.deepEqual(models.sort(), [FIXTURE, SLOW, TOOLS, THINKING, VISION].sort());
   await setField('#set-model', FIXTURE);
   await setField('#set-temperature', 0);
   await setField('#set-max-tokens', 40);
@@ -248,6 +250,33 @@ try {
   await shot('desktop-reasoning');
   await items.filter({ hasText: 'Stories' }).locator('.open').click();
   pass('reasoning is folded above the answer');
+
+  // 6d. A model that sees images: the attach button shows for it (not for a text model); the
+  // attached image shows in the composer, goes with the message, shows in it and is kept; the
+  // answer is the API's for the same image.
+  await page.click('#new-chat');
+  await setField('#set-model', FIXTURE);
+  assert.equal(await page.locator('#attach').isVisible(), false, 'a text model takes no images');
+  await setField('#set-model', VISION);
+  await setField('#set-temperature', 0);
+  await setField('#set-max-tokens', 8);
+  await page.click('#toggle-settings');
+  assert.ok(await page.locator('#attach').isVisible());
+  await page.setInputFiles('#attach-file', IMAGE);
+  await page.locator('.attachment img').waitFor();
+  await page.fill('#input', 'Describe');
+  await shot('desktop-image-attached');
+  await page.press('#input', 'Enter');
+  await finished();
+  assert.equal(await page.locator('.attachment').count(), 0, 'a sent image leaves the composer');
+  assert.equal(await page.locator('.message.user .images img').count(), 1);
+  const seen = await storedCurrent();
+  assert.equal(seen.messages[0].images.length, 1);
+  assert.match(seen.messages[0].images[0], /^data:image\/png;base64,/);
+  assert.equal(seen.messages[1].content, EXPECTED.Image, 'the answer is the API\'s for the same image');
+  await shot('desktop-image');
+  await items.filter({ hasText: 'Stories' }).locator('.open').click();
+  pass('images are attached and sent');
 
   // 7. The server goes away: the error shows in the conversation, the page stays usable and the
   // history is kept.

@@ -12,15 +12,19 @@ use super::error::ApiError;
 use super::openai::{self, ChatMessageIn};
 use super::{AppState, Body413, ModelEntry, json_response};
 
-/// A served model as OpenAI lists it, with vLLM's `max_model_len`, and the LoRA adapters merged
-/// into its weights (`adapters`: path and scale, in order) where it has any.
+/// A served model as OpenAI lists it, with vLLM's `max_model_len`, what it takes in
+/// (`input_modalities`, OpenRouter's name: `text`, and `image` for a model that sees images), and
+/// the LoRA adapters merged into its weights (`adapters`: path and scale, in order) where it has
+/// any.
 fn model_object(m: &ModelEntry) -> Value {
+    let inputs: &[&str] = if m.info().vision.is_some() { &["text", "image"] } else { &["text"] };
     let mut model = json!({
         "id": m.name,
         "object": "model",
         "created": m.engine.started_at(),
         "owned_by": "llaisys",
         "max_model_len": m.info().context_length,
+        "input_modalities": inputs,
     });
     let adapters = m.adapters();
     if !adapters.is_empty() {
