@@ -55,6 +55,8 @@ async fn chat_as_transformers(fixture: &str) {
         let (status, c) = post(&s, "/v1/chat/completions", chat(fixture, prompt)).await;
         assert_eq!(status, 200, "{c}");
         assert_eq!(c["choices"][0]["token_ids"], prompt["greedy"], "{:?}: {c}", prompt["images"]);
+        // The prompt as transformers' processor writes it: each image's placeholder repeated.
+        assert_eq!(c["prompt_token_ids"], prompt["ids"], "{fixture} {:?}", prompt["images"]);
         assert_eq!(c["usage"]["prompt_tokens"], json!(prompt["ids"].as_array().unwrap().len()), "{c}");
     }
     // The same chat again reuses its cached prefix (the image's tokens included).

@@ -176,6 +176,16 @@ impl PromptImages {
         Ok(Self { images, rows, rope, delta })
     }
 
+    /// `tokens` (the prompt these images were made with) with each image's rows as
+    /// `image_token` again, as the model's processor writes them.
+    pub fn restore(&self, tokens: &mut [u32], image_token: u32) {
+        for (image, &row) in self.images.iter().zip(&self.rows) {
+            if let Some(rows) = tokens.get_mut(row..row + image.tokens()) {
+                rows.fill(image_token);
+            }
+        }
+    }
+
     /// The M-RoPE position of the sequence's row `pos`: the prompt's, or past it, `pos + delta`
     /// in all three streams.
     pub fn rope_at(&self, pos: Pos) -> [Pos; 3] {
@@ -281,6 +291,9 @@ mod tests {
         let mut c = vec![5, 9, 9, 9, 9, 6];
         PromptImages::new(&mut c, 9, vec![with(2)], 100).unwrap();
         assert_eq!(a, b, "the same image, the same ids");
+        let mut shown = a.clone();
+        pa.restore(&mut shown, 9);
+        assert_eq!(shown, [5, 9, 9, 9, 9, 6], "the processor's ids again");
         assert_ne!(a[1..5], c[1..5], "another image, other ids");
         assert!(a.iter().all(|&t| t < 100) && a[0] == 5 && a[5] == 6);
         assert_eq!(pa.rows, [1]);

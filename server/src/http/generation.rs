@@ -285,9 +285,15 @@ impl Generation {
         Some((first, rest))
     }
 
-    /// Choice `i`'s prompt, as the engine took it (its token ids).
-    pub fn prompt_ids(&self, i: usize) -> &[u32] {
-        self.merged.prompts().get(i / self.n).map_or(&[], Vec::as_slice)
+    /// Choice `i`'s prompt, as the engine took it (its token ids), an image's rows as the model's
+    /// image token, as the model's processor writes them (the engine's ids for those rows are
+    /// drawn from the image, for its prefix cache).
+    pub fn prompt_ids(&self, i: usize) -> Vec<u32> {
+        let mut ids = self.merged.prompts().get(i / self.n).cloned().unwrap_or_default();
+        if let (Some(images), Some(vision)) = (&self.merged.request().params().images, &self.model.info().vision) {
+            images.restore(&mut ids, vision.image_token);
+        }
+        ids
     }
 
     /// Whether choice `i`'s first token has come (with its prompt's log-probabilities, where
