@@ -283,7 +283,7 @@ function regenerateLast(c) {
 }
 
 function commitEdit(c, message, text) {
-  if (running.has(c.id) || !text.trim()) return;
+  if (running.has(c.id) || (!text.trim() && !message.images?.length)) return;
   const at = c.messages.indexOf(message);
   if (at < 0) return;
   message.content = text;
@@ -462,13 +462,14 @@ function messageNode(c, m, isLast) {
   body.className = 'body';
   node.append(body);
   if (m.role === 'user') {
-    if (editing === m.id) return editNode(c, m, node);
+    // A message's images show above its text, while it is edited too (they stay with it).
     if (m.images?.length) {
       const images = document.createElement('div');
       images.className = 'images';
       images.append(...m.images.map((url, i) => Object.assign(document.createElement('img'), { src: url, alt: `Image ${i + 1}` })));
       node.prepend(images);
     }
+    if (editing === m.id) return editNode(c, m, node);
     body.textContent = m.content;
     body.hidden = !m.content;
     const tools = document.createElement('div');

@@ -253,7 +253,7 @@ try {
 
   // 6d. A model that sees images: the attach button shows for it (not for a text model); the
   // attached image shows in the composer, goes with the message, shows in it and is kept; the
-  // answer is the API's for the same image.
+  // answer is the API's for the same image, and again after the message is edited.
   await page.click('#new-chat');
   await setField('#set-model', FIXTURE);
   assert.equal(await page.locator('#attach').isVisible(), false, 'a text model takes no images');
@@ -275,6 +275,16 @@ try {
   assert.match(seen.messages[0].images[0], /^data:image\/png;base64,/);
   assert.equal(seen.messages[1].content, EXPECTED.Image, 'the answer is the API\'s for the same image');
   await shot('desktop-image');
+  // Edited, the message keeps its image (shown while editing) and gets the same answer again.
+  await page.locator('.message.user .edit').click();
+  assert.equal(await page.locator('.message.user .images img').count(), 1, 'the image shows while editing');
+  await page.locator('.edit-area').fill('Describe');
+  await page.locator('.save-edit').click();
+  await finished();
+  const edited = await storedCurrent();
+  assert.equal(edited.messages.length, 2);
+  assert.equal(edited.messages[0].images.length, 1);
+  assert.equal(edited.messages[1].content, EXPECTED.Image);
   await items.filter({ hasText: 'Stories' }).locator('.open').click();
   pass('images are attached and sent');
 
