@@ -669,6 +669,22 @@ el.attachFile.addEventListener('change', () => {
   attachFiles([...el.attachFile.files]);
   el.attachFile.value = ''; // the same file again is a change too
 });
+// Images pasted into the message box or dropped on the composer attach too, for a model that
+// sees them; pasted text stays text.
+const imageFiles = (transfer) => [...(transfer?.files || [])].filter((f) => f.type.startsWith('image/'));
+el.input.addEventListener('paste', (e) => {
+  const files = imageFiles(e.clipboardData);
+  if (el.attach.hidden || !files.length) return;
+  e.preventDefault();
+  attachFiles(files);
+});
+el.composer.addEventListener('dragover', (e) => { if (!el.attach.hidden) e.preventDefault(); });
+el.composer.addEventListener('drop', (e) => {
+  const files = imageFiles(e.dataTransfer);
+  if (el.attach.hidden || !files.length) return;
+  e.preventDefault();
+  attachFiles(files);
+});
 $('new-chat').addEventListener('click', () => { createConversation(); closeSidebar(); });
 $('toggle-settings').addEventListener('click', () => openSettings());
 $('toggle-sidebar').addEventListener('click', () => { el.sidebar.classList.add('open'); el.scrim.hidden = false; });

@@ -9,7 +9,7 @@
 // on stdin before the server-down step. Any failure exits non-zero with the reason on stderr.
 
 import { chromium } from 'playwright-core';
-import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { mkdtempSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -262,6 +262,16 @@ try {
   await setField('#set-max-tokens', 8);
   await page.click('#toggle-settings');
   assert.ok(await page.locator('#attach').isVisible());
+  // Pasted into the message box, an image attaches (and is removed again here)...
+  await page.evaluate(async (bytes) => {
+    const data = new DataTransfer();
+    data.items.add(new File([new Uint8Array(bytes)], 'pasted.png', { type: 'image/png' }));
+    document.querySelector('#input').dispatchEvent(new ClipboardEvent('paste', { clipboardData: data, bubbles: true, cancelable: true }));
+  }, [...readFileSync(IMAGE)]);
+  await page.locator('.attachment img').waitFor();
+  await page.locator('.attachment button').click();
+  assert.equal(await page.locator('.attachment').count(), 0, 'a removed image leaves the composer');
+  // ... and so does one chosen with the button's file picker.
   await page.setInputFiles('#attach-file', IMAGE);
   await page.locator('.attachment img').waitFor();
   await page.fill('#input', 'Describe');
