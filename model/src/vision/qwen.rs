@@ -11,9 +11,9 @@
 //!   `window_size` pixels a side (a few, `fullatt_block_indexes`, over the whole image): the
 //!   patches go through the blocks in the windows' order, each window's rows together, and the
 //!   merged rows come back to the image's order at the end.
-//! - Qwen3-VL's (and Qwen3.5's, without the deepstack) patch embedding has a bias and adds a learned position table (a square grid,
-//!   bilinearly resampled to the image's), its MLP is fc1 → GELU (tanh) → fc2, and some blocks'
-//!   outputs go through mergers of their own (normed after the 2×2 shuffle): the deepstack
+//! - Qwen3-VL's (and Qwen3.5's, without the deepstack) patch embedding has a bias and adds a
+//!   learned position table (a square grid, bilinearly resampled to the image's), its MLP is fc1
+//!   → GELU (tanh) → fc2, and some blocks' outputs go through mergers of their own (normed after the 2×2 shuffle): the deepstack
 //!   features, added to the language model's first layers' outputs at the image's rows.
 
 use std::ops::Range;
@@ -30,7 +30,7 @@ use crate::error::{DecodeError, LoadError};
 use crate::kernels::{GELU_CUBE, GELU_SCALE};
 use crate::kv::Pos;
 use crate::layers::{Linear, RmsNorm, Rope, RopeTables, attention, linear, swiglu};
-use crate::tensors::{Stored, TensorSource};
+use crate::tensors::{Storage, TensorSource, WeightDtype};
 
 /// Most bytes of one slice of attention scores ([heads, rows, patches] f32): an image of
 /// thousands of patches attends in slices of query rows (Qwen's largest images have 65,536).
@@ -342,12 +342,15 @@ impl Tower {
         let vector = |name: &str, len: usize| -> Result<Tensor<1>, LoadError> {
             Ok(Tensor::from_data(TensorData::new(values(name, &[len])?, [len]), device))
         };
-        // A matrix as the checkpoint stores it: 16-bit where it is.
+        // A matrix as the language model keeps the checkpoint's (`WeightDtype::Auto`): 16-bit
+        // where it is stored so and the device computes in it.
         let matrix = |names: &[String], out: usize, inp: usize| -> Result<linear::Weight, LoadError> {
-            let dtype = match src.stored(&names[0]) {
-                Some(Ok(Stored::Bf16)) => DType::BF16,
-                Some(Ok(Stored::F16)) => DType::F16,
-                _ => DType::F32,
+            let dtype = match src.stored(&names[0]).and_then(Result::ok) {
+                Some(stored) => match WeightDtype::Auto.storage(&names[0], stored, inp, device)? {
+                    Storage::Dense(dtype) => dtype,
+                    Storage::Packed(_) | Storage::Blocks(_) => DType::F32,
+                },
+                None => DType::F32,
             };
             Ok(linear::dense_fitting(stacked(names, out, inp)?, dtype, device))
         };
@@ -461,10 +464,13 @@ impl Tower {
         }
         let (order, windows, frames) = c.layout(image.grid);
         let unit = m * m;
-        let ordered: Vec<f32> = if windows.is_empty() {
-            image.patches.clone()
-        } else {
-            order.iter().flat_map(|&u| &image.patches[u * unit * pd..(u + 1) * unit * pd]).copied().collect()
+        // The blocks' order, where it is not the image's (Qwen2.5-VL's windows).
+        let permuted = order.iter().enumerate().any(|(j, &u)| j != u).then_some(order.as_slice());
+        let ordered: Vec<f32> = match permuted {
+            None => image.patches.clone(),
+            Some(order) => {
+                order.iter().flat_map(|&u| &image.patches[u * unit * pd..(u + 1) * unit * pd]).copied().collect()
+            }
         };
         let (heads, hd) = (c.heads, c.embed_dim / c.heads);
         let patches = Tensor::<2>::from_data(TensorData::new(ordered, [n, pd]), &self.device);
@@ -486,22 +492,20 @@ impl Tower {
             x = x + b.proj.forward(a);
             x = x.clone() + b.mlp.forward(b.norm2.forward(x));
             if let Some(merger) = &b.deepstack {
-                deepstack.push(self.read(merger.forward(x.clone(), unit), &order)?);
+                deepstack.push(self.read(merger.forward(x.clone(), unit), permuted)?);
             }
         }
-        let rows = self.read(self.merger.forward(x, unit), &order)?;
+        let rows = self.read(self.merger.forward(x, unit), permuted)?;
         Ok(Features { rows, deepstack })
     }
 
-    /// Merged rows back on the host, in the image's order (the j-th row computed is merged
-    /// token `order[j]`).
-    fn read(&self, merged: Tensor<2>, order: &[usize]) -> Result<Vec<f32>, DecodeError> {
+    /// Merged rows back on the host, in the image's order (where the blocks' was `permuted`,
+    /// the j-th row computed is merged token `permuted[j]`).
+    fn read(&self, merged: Tensor<2>, permuted: Option<&[usize]>) -> Result<Vec<f32>, DecodeError> {
         let rows = crate::transfers::read::<2, burn::tensor::Float, f32>(merged)
             .map_err(|e| DecodeError::Internal(format!("reading an image's features: {e:?}")))?;
         let width = self.config.out_dim;
-        if order.iter().enumerate().all(|(j, &u)| j == u) {
-            return Ok(rows);
-        }
+        let Some(order) = permuted else { return Ok(rows) };
         let mut out = vec![0.0; rows.len()];
         for (row, &u) in rows.chunks_exact(width).zip(order) {
             out[u * width..(u + 1) * width].copy_from_slice(row);
