@@ -5,7 +5,11 @@
 # scripts/make_family_fixtures.py writes by its transcription of that converter. The fixtures'
 # byte-level tokenizers are synthetic, so no hash in the converter's table names their
 # pre-tokenizer: a copy of the converter is patched to take it from FORCE_PRE instead of
-# refusing. Nothing of llama.cpp is kept in the project, only the files it writes.
+# refusing. The vision fixtures' towers are also written as llama.cpp's projector files
+# (`--mmproj`: converted/mmproj-NAME.gguf); their towers have fewer blocks than the merger's
+# `mm.2`, which the converter's name table only reaches from three blocks on, so the copy builds
+# that table for at least three. Nothing of llama.cpp is kept in the project, only the files it
+# writes.
 # Needs: python3 with torch, transformers, safetensors, sentencepiece, numpy (as the fixture
 # scripts). Usage: scripts/convert_fixtures_with_llamacpp.sh [FIXTURE...] (only those; all without)
 set -euo pipefail
@@ -29,6 +33,9 @@ s = open(path).read()
 refuse = '            raise NotImplementedError("BPE pre-tokenizer was not recognized - update get_vocab_base_pre()")'
 assert s.count(refuse) == 1, "the converter changed: its refusal of an unknown pre-tokenizer is not where it was"
 s = s.replace(refuse, '            res = __import__("os").environ.get("FORCE_PRE")\n            if res is None:\n    ' + refuse)
+table = 'gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, self.block_count)'
+assert s.count(table) == 1, "the converter changed: its projector's name table is not made where it was"
+s = s.replace(table, 'gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, max(self.block_count, 3))')
 open(path, "w").write(s)
 PY
 out=$root/tests/fixtures/gguf/converted
@@ -44,7 +51,7 @@ for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp t
             tiny-granite-f32:refact: tiny-glm4moe-f32:glm4: tiny-glm4-f32:glm4: \
             tiny-glm4moelite-f32:glm4: tiny-deepseekv2-f32:glm4: \
             tiny-mistral4-f32:default::Ministral3ForCausalLM tiny-qwen3vl-f32:qwen2: \
-            tiny-qwen25vl-f32:qwen2:; do
+            tiny-qwen25vl-f32:qwen2: tiny-qwen2vl-f32:qwen2:; do
   IFS=: read -r name pre opts class <<<"$spec"
   if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
   dir=$root/tests/fixtures/$name
@@ -59,4 +66,12 @@ for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp t
     "$dir" --outfile "$out/$name.gguf" --outtype f32 $opts >/dev/null 2>&1 \
     || { echo "$name: the converter failed" >&2; exit 1; }
   echo "$out/$name.gguf"
+done
+# The vision towers, as projector files beside their language models.
+for name in tiny-qwen2vl-f32 tiny-qwen25vl-f32 tiny-qwen3vl-f32 tiny-qwen35-f32 tiny-qwen35moe-f32; do
+  if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
+  PYTHONPATH=$src/llama.cpp/gguf-py python3 "$src/llama.cpp/convert_hf_to_gguf.py" \
+    "$root/tests/fixtures/$name" --mmproj --outfile "$out/mmproj-$name.gguf" --outtype f32 >/dev/null 2>&1 \
+    || { echo "$name: the converter failed on its tower" >&2; exit 1; }
+  echo "$out/mmproj-$name.gguf"
 done

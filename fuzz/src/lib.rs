@@ -84,7 +84,7 @@ pub fn gguf(data: &[u8]) {
     if llaisys_model::gguf::model_config(&file).is_err() {
         return;
     }
-    let source = ModelSource::Gguf(path);
+    let source = ModelSource::gguf(path);
     if let Ok(tokenizer) = source.tokenizer() {
         let _ = tokenizer.encode("Hello, world! 你好 <|im_end|>");
         let _ = tokenizer.decode(&[0, 1, 2, 3], false);

@@ -1,6 +1,7 @@
 //! Q1: where a model's files are. A Hugging Face directory (config.json, safetensors,
-//! tokenizer.json, tokenizer_config.json) or one GGUF file that carries all of it; everything
-//! that reads a model (weights, tokenizer, chat template, architecture) starts from here.
+//! tokenizer.json, tokenizer_config.json) or one GGUF file that carries all of it (and, for a
+//! model that sees images, llama.cpp's projector file beside it: `mmproj`); everything that reads
+//! a model (weights, tokenizer, chat template, architecture) starts from here.
 
 use std::path::{Path, PathBuf};
 
@@ -29,29 +30,80 @@ pub struct FileSummary {
 pub enum ModelSource {
     /// A Hugging Face model directory.
     Dir(PathBuf),
-    /// A GGUF file.
-    Gguf(PathBuf),
+    /// A GGUF file (the first part of a split one), and the projector file of its vision tower
+    /// (llama.cpp's `--mmproj`), where it sees images.
+    Gguf { path: PathBuf, mmproj: Option<PathBuf> },
 }
 
 impl ModelSource {
+    /// A GGUF file without a projector.
+    pub fn gguf(path: impl Into<PathBuf>) -> Self {
+        Self::Gguf { path: path.into(), mmproj: None }
+    }
+
     /// `path` is a `.gguf` file, a Hugging Face directory, or a directory holding exactly one
-    /// `.gguf` file, or the parts of one split model (and no config.json).
+    /// model's `.gguf` file, or the parts of one split model (and no config.json), and at most one
+    /// projector file (llama.cpp's `mmproj-*.gguf`, told by its `clip` architecture), which it
+    /// takes as the model's.
     pub fn resolve(path: &Path) -> Result<Self, LoadError> {
         let io = |source| LoadError::Io { path: path.into(), source };
         let meta = std::fs::metadata(path).map_err(io)?;
         if meta.is_file() {
-            return Ok(Self::Gguf(path.into()));
+            return Ok(Self::gguf(path));
         }
         if path.join("config.json").exists() {
             return Ok(Self::Dir(path.into()));
         }
         let mut ggufs = Vec::new();
+        let mut projectors = Vec::new();
         for entry in std::fs::read_dir(path).map_err(io)? {
             let p = entry.map_err(io)?.path();
             if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) && p.is_file() {
-                ggufs.push(p);
+                match is_projector(&p) {
+                    true => projectors.push(p),
+                    false => ggufs.push(p),
+                }
             }
         }
+        projectors.sort();
+        let mmproj = match projectors.len() {
+            0 | 1 => projectors.pop(),
+            n => {
+                return Err(LoadError::NotAModel {
+                    path: path.into(),
+                    reason: format!("{n} projector (mmproj) files; name the one to load with --mmproj"),
+                });
+            }
+        };
+        Self::model_file(path, ggufs)?.with_mmproj(mmproj)
+    }
+
+    /// The projector file `mmproj` for this GGUF model (none: as it is); a Hugging Face directory
+    /// carries its own tower and takes none.
+    pub fn with_mmproj(self, mmproj: Option<PathBuf>) -> Result<Self, LoadError> {
+        match (self, mmproj) {
+            (source, None) => Ok(source),
+            (Self::Gguf { path, .. }, Some(mmproj)) => {
+                if !is_projector(&mmproj) {
+                    let file = GgufFile::open(&mmproj)?;
+                    let arch = file.get("general.architecture").and_then(gguf::Value::as_str).unwrap_or("none");
+                    return Err(
+                        file.error(format!("not a projector (mmproj) file: its architecture is `{arch}`, not `clip`"))
+                    );
+                }
+                Ok(Self::Gguf { path, mmproj: Some(mmproj) })
+            }
+            (Self::Dir(dir), Some(_)) => Err(LoadError::NotAModel {
+                path: dir,
+                reason:
+                    "a projector (mmproj) file goes with a GGUF model; a Hugging Face directory holds its own tower"
+                        .into(),
+            }),
+        }
+    }
+
+    /// The one model among a directory's `.gguf` files.
+    fn model_file(path: &Path, mut ggufs: Vec<PathBuf>) -> Result<Self, LoadError> {
         // The parts of one split model: its first.
         let parts: Vec<_> = ggufs.iter().filter_map(|p| gguf::split_part(p.file_name()?.to_str()?)).collect();
         if let Some(&(prefix, _, count)) = parts.first()
@@ -59,10 +111,10 @@ impl ModelSource {
             && count == ggufs.len()
             && parts.iter().all(|&(p, _, c)| p == prefix && c == count)
         {
-            return Ok(Self::Gguf(path.join(gguf::split_name(prefix, 1, count))));
+            return Ok(Self::gguf(path.join(gguf::split_name(prefix, 1, count))));
         }
         match ggufs.len() {
-            1 => Ok(Self::Gguf(ggufs.remove(0))),
+            1 => Ok(Self::gguf(ggufs.remove(0))),
             0 => Err(LoadError::NotAModel { path: path.into(), reason: "no config.json and no .gguf file".into() }),
             n => Err(LoadError::NotAModel {
                 path: path.into(),
@@ -73,7 +125,7 @@ impl ModelSource {
 
     pub fn path(&self) -> &Path {
         match self {
-            Self::Dir(p) | Self::Gguf(p) => p,
+            Self::Dir(p) | Self::Gguf { path: p, .. } => p,
         }
     }
 
@@ -87,14 +139,14 @@ impl ModelSource {
                     reason: "missing: pass the model type explicitly".into(),
                 })
             }
-            Self::Gguf(path) => gguf::model_type(&GgufFile::open(path)?),
+            Self::Gguf { path, .. } => gguf::model_type(&GgufFile::open(path)?),
         }
     }
 
     pub fn tokenizer(&self) -> Result<Tokenizer, LoadError> {
         match self {
             Self::Dir(dir) => Tokenizer::from_dir(dir),
-            Self::Gguf(path) => gguf::tokenizer(&GgufFile::open(path)?),
+            Self::Gguf { path, .. } => gguf::tokenizer(&GgufFile::open(path)?),
         }
     }
 
@@ -102,7 +154,7 @@ impl ModelSource {
     pub fn chat_template(&self) -> Result<Option<ChatTemplate>, LoadError> {
         match self {
             Self::Dir(dir) => ChatTemplate::from_dir(dir),
-            Self::Gguf(path) => gguf::chat_template(&GgufFile::open(path)?),
+            Self::Gguf { path, .. } => gguf::chat_template(&GgufFile::open(path)?),
         }
     }
 
@@ -110,7 +162,7 @@ impl ModelSource {
     pub fn summary(&self) -> Result<FileSummary, LoadError> {
         // (values, bytes, type) of each tensor.
         let (format, files, sizes, file_type): (_, _, Vec<(usize, usize, String)>, _) = match self {
-            Self::Gguf(path) => {
+            Self::Gguf { path, .. } => {
                 let file = GgufFile::open(path)?;
                 let sizes =
                     file.tensors().iter().map(|t| (t.n_values(), t.byte_len().unwrap_or(0), t.ty.name())).collect();
@@ -146,7 +198,14 @@ impl ModelSource {
     pub fn generation_config(&self) -> Option<PathBuf> {
         match self {
             Self::Dir(dir) => Some(dir.join("generation_config.json")).filter(|p| p.exists()),
-            Self::Gguf(_) => None,
+            Self::Gguf { .. } => None,
         }
     }
+}
+
+/// Whether `path` is llama.cpp's projector file (`general.architecture` `clip`): a vision
+/// tower, not a language model. A file that does not open is not one (its opening as a model
+/// says why).
+fn is_projector(path: &Path) -> bool {
+    GgufFile::open(path).is_ok_and(|f| f.get("general.architecture").and_then(gguf::Value::as_str) == Some("clip"))
 }

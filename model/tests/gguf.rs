@@ -26,7 +26,7 @@ fn context(source: &ModelSource, weight_dtype: WeightDtype) -> Context {
 }
 
 fn gguf(name: &str) -> ModelSource {
-    ModelSource::Gguf(gguf_fixture(name))
+    ModelSource::gguf(gguf_fixture(name))
 }
 
 /// The configuration `file` reads as, and fixture `name`'s checkpoint's.
@@ -268,7 +268,7 @@ fn the_demo_tokenizer_matches_qwens_tokenizer_json() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(&reference, dir.path().join("tokenizer.json")).unwrap();
     let hf = Tokenizer::from_dir(dir.path()).unwrap();
-    let from_gguf = ModelSource::Gguf(demo).tokenizer().unwrap();
+    let from_gguf = ModelSource::gguf(demo).tokenizer().unwrap();
     // That tokenizer.json is a later Qwen vocabulary's, with Qwen3's <think> tokens the
     // Qwen2.5-Coder vocabulary lacks (there they are plain text).
     assert!(from_gguf.token_to_id("<think>").is_none() && hf.token_to_id("<think>").is_some());
@@ -495,8 +495,8 @@ fn a_llama_gguf_with_experts_is_mixtral() {
     assert_eq!(ours.moe, hf.moe);
     let moe = hf.moe.as_ref().unwrap();
     assert_eq!((moe.experts, moe.experts_per_token, moe.intermediate_size, moe.norm_topk_prob), (8, 2, 32, true));
-    assert_eq!(ModelSource::Gguf(gguf_fixture(name)).model_type().unwrap(), "mixtral");
-    assert_eq!(ModelSource::Gguf(gguf_fixture("tiny-mistral-f32")).model_type().unwrap(), "llama");
+    assert_eq!(ModelSource::gguf(gguf_fixture(name)).model_type().unwrap(), "mixtral");
+    assert_eq!(ModelSource::gguf(gguf_fixture("tiny-mistral-f32")).model_type().unwrap(), "llama");
     let mut ctx = context(&gguf(name), WeightDtype::Auto);
     for (s, p) in Reference::load(name).prompts.iter().enumerate() {
         check_prompt(&mut ctx, s as u32, p);
@@ -696,7 +696,7 @@ fn ggufs_written_by_llama_cpps_converter_match_transformers() {
         "tiny-qwen25vl-f32",
     ];
     for name in fixtures {
-        let source = ModelSource::Gguf(converted_fixture(name));
+        let source = ModelSource::gguf(converted_fixture(name));
         let model = load_model(None, Some(&source), &LoadOptions::default(), &Device::flex())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
@@ -798,7 +798,7 @@ fn a_glm4moe_gguf_reads_its_routing_and_leaves_out_its_prediction_layer() {
 fn gpt_oss_in_mxfp4_reads_as_its_dense_weights() {
     let reference = Reference::load("tiny-gptoss-f32");
     let dir = ModelSource::Dir(fixture_dir("tiny-gptoss-mxfp4"));
-    let file = ModelSource::Gguf(converted_fixture("tiny-gptoss-mxfp4"));
+    let file = ModelSource::gguf(converted_fixture("tiny-gptoss-mxfp4"));
     for source in [&dir, &file] {
         let mut exact = context(source, WeightDtype::F32);
         let mut kept = context(source, WeightDtype::Auto);
@@ -811,7 +811,7 @@ fn gpt_oss_in_mxfp4_reads_as_its_dense_weights() {
             assert!(err < 0.05 * range, "{}: {err} of {range}", source.path().display());
         }
     }
-    let ModelSource::Gguf(path) = &file else { unreachable!() };
+    let ModelSource::Gguf { path, .. } = &file else { unreachable!() };
     let ours = llaisys_model::gguf::model_config(&GgufFile::open(path).unwrap()).unwrap();
     let hf = ModelConfig::from_dir(&fixture_dir("tiny-gptoss-mxfp4")).unwrap();
     assert_eq!((ours.arch.name, hf.arch.name), ("gpt_oss", "gpt_oss"));
@@ -1136,7 +1136,7 @@ fn truncated_and_corrupt_files_are_clear_errors() {
         let mut bad = good.clone();
         let at = 24 + (seed as usize * 7919) % 3000;
         bad[at] ^= 0x5a ^ seed as u8;
-        let source = ModelSource::Gguf(path.clone());
+        let source = ModelSource::gguf(path.clone());
         std::fs::write(&path, &bad).unwrap();
         let _ = load_model(None, Some(&source), &LoadOptions::default(), &Device::flex());
         let _ = source.tokenizer();
@@ -1147,7 +1147,7 @@ fn truncated_and_corrupt_files_are_clear_errors() {
 fn a_directory_holding_one_gguf_file_is_that_model() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(gguf_fixture("tiny-tied-q8_0"), dir.path().join("model.gguf")).unwrap();
-    assert_eq!(ModelSource::resolve(dir.path()).unwrap(), ModelSource::Gguf(dir.path().join("model.gguf")));
+    assert_eq!(ModelSource::resolve(dir.path()).unwrap(), ModelSource::gguf(dir.path().join("model.gguf")));
     std::fs::copy(gguf_fixture("tiny-tied-q4_0"), dir.path().join("other.gguf")).unwrap();
     assert!(matches!(ModelSource::resolve(dir.path()), Err(LoadError::NotAModel { .. })));
     assert_eq!(ModelSource::resolve(&fixture_dir("tiny-bf16")).unwrap(), ModelSource::Dir(fixture_dir("tiny-bf16")));
@@ -1175,18 +1175,18 @@ fn a_split_gguf_loads_from_its_first_part_as_the_whole_file() {
     }
     assert_eq!(split.get("general.architecture"), whole.get("general.architecture"));
     let mut a = context(&gguf("tiny-tied-q8_0"), WeightDtype::Auto);
-    let mut b = context(&ModelSource::Gguf(split_part(1)), WeightDtype::Auto);
+    let mut b = context(&ModelSource::gguf(split_part(1)), WeightDtype::Auto);
     for ctx in [&mut a, &mut b] {
         ctx.decode(&one_sequence(&[1, 2, 3, 4, 5], 1, 0)).unwrap();
     }
     assert_eq!(a.outputs().row(0).unwrap(), b.outputs().row(0).unwrap());
-    let tokenizer = ModelSource::Gguf(split_part(1)).tokenizer().unwrap();
+    let tokenizer = ModelSource::gguf(split_part(1)).tokenizer().unwrap();
     assert_eq!(
         tokenizer.encode("Hello").unwrap(),
-        ModelSource::Gguf(gguf_fixture("tiny-tied-q8_0")).tokenizer().unwrap().encode("Hello").unwrap()
+        ModelSource::gguf(gguf_fixture("tiny-tied-q8_0")).tokenizer().unwrap().encode("Hello").unwrap()
     );
     // A directory of the parts is the model, from its first part.
-    assert_eq!(ModelSource::resolve(&split_dir()).unwrap(), ModelSource::Gguf(split_part(1)));
+    assert_eq!(ModelSource::resolve(&split_dir()).unwrap(), ModelSource::gguf(split_part(1)));
 }
 
 #[test]
@@ -1231,7 +1231,7 @@ fn the_vocab_tests_of_llama_cpp_pass() {
         ["llama-bpe", "qwen2", "qwen35", "llama-spm", "phi-3", "deepseek-llm", "deepseek-coder", "refact", "starcoder"]
     {
         let file = dir.join(format!("ggml-vocab-{name}.gguf"));
-        let tokenizer = ModelSource::Gguf(file.clone()).tokenizer().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tokenizer = ModelSource::gguf(file.clone()).tokenizer().unwrap_or_else(|e| panic!("{name}: {e}"));
         let read = |ext: &str| {
             std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.{ext}")))
                 .unwrap_or_else(|e| panic!("{name}.{ext}: {e}"))
@@ -1331,7 +1331,7 @@ fn a_deepseek2_gguf_from_before_the_split_reads_its_whole_kv_b() {
     let (ours, hf) = configs(&file, "tiny-deepseekv2-f32");
     assert_eq!(ours.latent, hf.latent);
     assert_eq!((ours.head_dim, ours.num_key_value_heads), (64, 1));
-    let source = ModelSource::Gguf(gguf_fixture(name));
+    let source = ModelSource::gguf(gguf_fixture(name));
     let model = load_model(None, Some(&source), &LoadOptions::default(), &Device::flex()).unwrap();
     let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
     for (s, p) in Reference::load("tiny-deepseekv2-f32").prompts.iter().enumerate() {
@@ -1356,7 +1356,7 @@ fn a_mistral4_gguf_reads_its_fused_experts_without_query_scaling() {
     assert_eq!((ours.arch.name, hf.arch.name), ("mistral4", "mistral4"));
     assert_eq!((&ours.latent, &ours.moe, ours.attention_scalar), (&hf.latent, &hf.moe, hf.attention_scalar));
     assert_eq!((ours.query_scaling, hf.query_scaling.map(|q| (q.beta, q.original))), (None, Some((0.5, 32))));
-    let mut from_file = context(&ModelSource::Gguf(converted_fixture(name)), WeightDtype::Auto);
+    let mut from_file = context(&ModelSource::gguf(converted_fixture(name)), WeightDtype::Auto);
     let mut checkpoint = context(&ModelSource::Dir(fixture_dir(name)), WeightDtype::Auto);
     for p in &Reference::load(name).prompts {
         let ids: Vec<u32> = p.ids.iter().chain(&p.greedy).copied().collect();

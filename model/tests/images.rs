@@ -5,10 +5,19 @@
 //! cut by the image's edges; Qwen3-VL's learned positions resampled to each grid, and its
 //! deepstack features), and a chat's logits and greedy tokens with the features in place of the
 //! image tokens, each turned by M-RoPE (Qwen3-VL's deepstack added after its first layers).
+//! The same towers and chats through the fixtures as llama.cpp's converter writes them: a GGUF
+//! language model and its projector file (`--mmproj`).
 
+use std::path::PathBuf;
+
+use llaisys_model::error::LoadError;
+use llaisys_model::gguf::{self, GgufFile};
 use llaisys_model::vision::positions;
-use llaisys_model::{Batch, Context, Device, DeviceSpec, Image, KvDtype, LoadOptions, ModelSource, argmax, load_model};
-use llaisys_tests::{fixture_dir, max_abs_diff, test_device};
+use llaisys_model::{
+    Batch, Context, Device, DeviceSpec, Image, ImageProcessor, KvDtype, LoadOptions, ModelConfig, ModelSource, argmax,
+    load_model,
+};
+use llaisys_tests::{converted_fixture, fixture_dir, max_abs_diff, test_device};
 use serde::Deserialize;
 
 /// Qwen2-VL as transformers saves it; Qwen2.5-VL, Qwen3-VL and Qwen3.5 (dense and MoE) as Qwen
@@ -59,22 +68,41 @@ fn device() -> Device {
 }
 
 fn context(fixture: &str) -> Context {
-    let source = ModelSource::Dir(fixture_dir(fixture));
-    let model = load_model(None, Some(&source), &LoadOptions::default(), &device()).unwrap();
+    load(&ModelSource::Dir(fixture_dir(fixture)))
+}
+
+fn load(source: &ModelSource) -> Context {
+    let model = load_model(None, Some(source), &LoadOptions::default(), &device()).unwrap();
     Context::with_kv_dtype(model, 512, KvDtype::F32)
 }
 
-fn prepare(ctx: &Context, fixture: &str, r: &ImageRef) -> Image {
-    let vision = ctx.info().vision.as_ref().expect("the fixture sees images");
+/// The fixtures llama.cpp's converter wrote as a GGUF model and a projector file.
+const CONVERTED: [&str; 5] =
+    ["tiny-qwen2vl-f32", "tiny-qwen25vl-f32", "tiny-qwen3vl-f32", "tiny-qwen35-f32", "tiny-qwen35moe-f32"];
+
+fn mmproj(fixture: &str) -> PathBuf {
+    fixture_dir("gguf").join("converted").join(format!("mmproj-{fixture}.gguf"))
+}
+
+fn converted(fixture: &str) -> ModelSource {
+    ModelSource::Gguf { path: converted_fixture(fixture), mmproj: Some(mmproj(fixture)) }
+}
+
+fn processor(ctx: &Context) -> &ImageProcessor {
+    &ctx.info().vision.as_ref().expect("the fixture sees images").processor
+}
+
+/// The fixture's image `r` as the checkpoint's processor prepares it.
+fn prepare(processor: &ImageProcessor, fixture: &str, r: &ImageRef) -> Image {
     let bytes = std::fs::read(fixture_dir(fixture).join(&r.file)).unwrap();
-    vision.processor.prepare(&bytes).unwrap()
+    processor.prepare(&bytes).unwrap()
 }
 
 #[test]
 fn the_processor_cuts_images_as_transformers_does() {
     for (fixture, r) in FIXTURES.iter().flat_map(|f| reference(f).images.into_iter().map(move |r| (*f, r))) {
         let ctx = context(fixture);
-        let image = prepare(&ctx, fixture, &r);
+        let image = prepare(processor(&ctx), fixture, &r);
         assert_eq!(image.grid, r.grid, "{fixture} {}", r.file);
         assert_eq!([image.grid.iter().product::<usize>(), image.patches.len() / r.patches[0]], r.patches);
         let sum: f64 = image.patches.iter().map(|&v| v as f64).sum();
@@ -97,18 +125,24 @@ fn the_processor_cuts_images_as_transformers_does() {
 fn the_tower_gives_transformers_features() {
     for fixture in FIXTURES {
         let ctx = context(fixture);
-        for r in reference(fixture).images {
-            let image = prepare(&ctx, fixture, &r);
-            let features = ctx.encode_image(&image).unwrap();
-            let expected: Vec<f32> = r.features.concat();
-            assert_eq!(features.rows.len(), expected.len(), "{fixture} {}", r.file);
-            let err = max_abs_diff(&features.rows, &expected);
-            assert!(err < 1e-4, "{fixture} {}: features off by {err}", r.file);
-            assert_eq!(features.deepstack.len(), r.deepstack.len(), "{fixture} {}", r.file);
-            for (k, (ours, theirs)) in features.deepstack.iter().zip(&r.deepstack).enumerate() {
-                let err = max_abs_diff(ours, &theirs.concat());
-                assert!(err < 1e-4, "{fixture} {}: deepstack {k} off by {err}", r.file);
-            }
+        tower_features(fixture, &ctx, processor(&ctx));
+    }
+}
+
+/// `ctx`'s tower's features of the fixture's images as `processor` prepares them, against
+/// transformers'.
+fn tower_features(fixture: &str, ctx: &Context, processor: &ImageProcessor) {
+    for r in reference(fixture).images {
+        let image = prepare(processor, fixture, &r);
+        let features = ctx.encode_image(&image).unwrap();
+        let expected: Vec<f32> = r.features.concat();
+        assert_eq!(features.rows.len(), expected.len(), "{fixture} {}", r.file);
+        let err = max_abs_diff(&features.rows, &expected);
+        assert!(err < 1e-4, "{fixture} {}: features off by {err}", r.file);
+        assert_eq!(features.deepstack.len(), r.deepstack.len(), "{fixture} {}", r.file);
+        for (k, (ours, theirs)) in features.deepstack.iter().zip(&r.deepstack).enumerate() {
+            let err = max_abs_diff(ours, &theirs.concat());
+            assert!(err < 1e-4, "{fixture} {}: deepstack {k} off by {err}", r.file);
         }
     }
 }
@@ -116,13 +150,16 @@ fn the_tower_gives_transformers_features() {
 #[test]
 fn a_chat_with_images_gives_transformers_logits_and_greedy_tokens() {
     for fixture in FIXTURES {
-        chat_with_images(fixture);
+        let mut ctx = context(fixture);
+        let processor = processor(&ctx).clone();
+        chat_with_images(fixture, &mut ctx, &processor);
     }
 }
 
-fn chat_with_images(fixture: &str) {
+/// The fixture's chats with images (prepared by `processor`) through `ctx`, against
+/// transformers' last logits and greedy tokens.
+fn chat_with_images(fixture: &str, ctx: &mut Context, processor: &ImageProcessor) {
     let reference = reference(fixture);
-    let mut ctx = context(fixture);
     let image_token = ctx.info().vision.as_ref().unwrap().image_token;
     for (seq, p) in reference.prompts.iter().enumerate() {
         let images: Vec<Image> = p
@@ -130,7 +167,7 @@ fn chat_with_images(fixture: &str) {
             .iter()
             .map(|name| {
                 let r = reference.images.iter().find(|r| r.file.contains(name.as_str())).unwrap();
-                prepare(&ctx, fixture, r)
+                prepare(processor, fixture, r)
             })
             .collect();
         let (rope, delta) = positions(&p.ids, image_token, &images).unwrap();
@@ -172,4 +209,90 @@ fn a_text_model_refuses_images_by_saying_so() {
     let image = Image { grid: [1, 2, 2], merge: 2, patches: vec![0.0; 4 * 1176], hash: 0 };
     let err = ctx.encode_image(&image).unwrap_err().to_string();
     assert!(err.contains("text only"), "{err}");
+}
+
+#[test]
+fn a_gguf_model_with_its_projector_file_gives_transformers_features_and_chats() {
+    for fixture in CONVERTED {
+        // The checkpoint's processor prepares the images, so that their grids are the reference's.
+        let processor = processor(&context(fixture)).clone();
+        let mut ctx = load(&converted(fixture));
+        tower_features(fixture, &ctx, &processor);
+        chat_with_images(fixture, &mut ctx, &processor);
+    }
+}
+
+#[test]
+fn a_projector_files_processor_is_llama_cpps() {
+    for fixture in CONVERTED {
+        let ours = processor(&load(&converted(fixture))).clone();
+        let checkpoint = processor(&context(fixture)).clone();
+        let token = (ours.patch_size * ours.merge_size).pow(2);
+        // The file's patch, merge and normalisation; llama.cpp's bounds of 8 to 4,096 tokens.
+        assert_eq!(
+            (ours.patch_size, ours.merge_size, ours.temporal_patch_size, ours.mean, ours.std),
+            (checkpoint.patch_size, checkpoint.merge_size, 2, checkpoint.mean, checkpoint.std),
+            "{fixture}"
+        );
+        assert_eq!((ours.min_pixels, ours.max_pixels), (8 * token, 4096 * token), "{fixture}");
+    }
+}
+
+#[test]
+fn a_gguf_files_m_rope_is_the_checkpoints() {
+    for fixture in CONVERTED {
+        let hf = ModelConfig::from_dir(&fixture_dir(fixture)).unwrap();
+        let file = gguf::model_config(&GgufFile::open(&converted_fixture(fixture)).unwrap()).unwrap();
+        assert!(hf.mrope.is_some(), "{fixture}");
+        assert_eq!(file.mrope, hf.mrope, "{fixture}");
+    }
+}
+
+#[test]
+fn a_projector_file_is_refused_where_it_cannot_serve() {
+    let refused = |source: Result<ModelSource, LoadError>| -> String {
+        let err = match source {
+            Err(e) => e,
+            Ok(source) => load_model(None, Some(&source), &LoadOptions::default(), &device()).err().unwrap(),
+        };
+        err.to_string()
+    };
+    // A checkpoint directory holds its own tower.
+    let dir = ModelSource::Dir(fixture_dir("tiny-qwen2vl-f32")).with_mmproj(Some(mmproj("tiny-qwen2vl-f32")));
+    let err = refused(dir);
+    assert!(err.contains("Hugging Face directory"), "{err}");
+    // A language model as the projector.
+    let err = refused(
+        ModelSource::gguf(converted_fixture("tiny-qwen2vl-f32"))
+            .with_mmproj(Some(converted_fixture("tiny-qwen2vl-f32"))),
+    );
+    assert!(err.contains("not a projector") && err.contains("qwen2vl"), "{err}");
+    // A text model's file has no M-RoPE sections for an image's rows.
+    let text =
+        ModelSource::Gguf { path: converted_fixture("tiny-llama-f32"), mmproj: Some(mmproj("tiny-qwen2vl-f32")) };
+    let err = refused(Ok(text));
+    assert!(err.contains("rope.dimension_sections"), "{err}");
+}
+
+#[test]
+fn a_directory_of_a_gguf_model_and_its_projector_file_loads_both() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(converted_fixture("tiny-qwen2vl-f32"), dir.path().join("Model-F32.gguf")).unwrap();
+    std::fs::copy(mmproj("tiny-qwen2vl-f32"), dir.path().join("mmproj-Model-F32.gguf")).unwrap();
+    let source = ModelSource::resolve(dir.path()).unwrap();
+    assert_eq!(
+        source,
+        ModelSource::Gguf {
+            path: dir.path().join("Model-F32.gguf"),
+            mmproj: Some(dir.path().join("mmproj-Model-F32.gguf"))
+        }
+    );
+    assert!(load(&source).info().vision.is_some());
+    // Two projector files: which one is the user's to say.
+    std::fs::copy(mmproj("tiny-qwen2vl-f32"), dir.path().join("mmproj-Model-F16.gguf")).unwrap();
+    let err = ModelSource::resolve(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("2 projector") && err.contains("--mmproj"), "{err}");
+    // Without its projector file, the model takes text only.
+    let text = load(&ModelSource::gguf(converted_fixture("tiny-qwen2vl-f32")));
+    assert!(text.info().vision.is_none());
 }

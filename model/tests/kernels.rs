@@ -26,7 +26,7 @@ fn a_quantized_model_runs_the_quantized_kernel_this_cpu_has() {
         Kernel::Avx2 => "quant_avx2",
         Kernel::Portable => "quant_portable",
     };
-    let products = products_on(ModelSource::Gguf(gguf_fixture("tiny-tied-q8_0")), kernel);
+    let products = products_on(ModelSource::gguf(gguf_fixture("tiny-tied-q8_0")), kernel);
     // 4 products per layer (qkv, o, gate_up, down) and the head, per step; 2 layers, 4 steps.
     assert!(products >= 4 * (2 * 4 + 1), "{products} products on {kernel}");
     assert_eq!(count("fallback"), 0, "a kernel refused the input its weight chose it for");

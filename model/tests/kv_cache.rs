@@ -274,7 +274,7 @@ fn replaced_experts_are_used_and_routed_on_the_device_again() {
     let name = "tiny-qwen2moe-f32";
     let device = device();
     let on_gpu = llaisys_model::kernels::blocks_run_on(&device);
-    let source = ModelSource::Gguf(gguf_fixture(name));
+    let source = ModelSource::gguf(gguf_fixture(name));
     // Plain steps, whose products are counted as they run (a replayed step calls nothing).
     let opts = LoadOptions { step_graphs: false, ..LoadOptions::default() };
     let model = load_model(None, Some(&source), &opts, &device).unwrap();

@@ -49,7 +49,7 @@ fn after_a_decode_step(name: &str) -> (DeviceSpec, Context, i64) {
 fn gguf_after_a_decode_step(name: &str) -> (DeviceSpec, Context, i64) {
     let references = gguf_references().into_iter().chain(gguf_family_references());
     let prompt = references.filter(|(n, _)| n == name).map(|(_, r)| r.prompts[0].ids.clone()).next().unwrap();
-    from_source(ModelSource::Gguf(gguf_fixture(name)), &prompt)
+    from_source(ModelSource::gguf(gguf_fixture(name)), &prompt)
 }
 
 fn from_source(source: ModelSource, prompt: &[u32]) -> (DeviceSpec, Context, i64) {
@@ -252,7 +252,7 @@ fn replaced_experts_are_written_into_the_devices_stacks() {
     // products quantize their inputs to 8 bits and the GPU's do not: the two are 1.2% of the
     // logits' scale apart with no replacement, 17% where the stack kept the old rows.
     let sources =
-        [(ModelSource::Dir(fixture_dir(name)), 1e-4), (ModelSource::Gguf(gguf_fixture("tiny-qwen2moe-q8_0")), 2e-2)];
+        [(ModelSource::Dir(fixture_dir(name)), 1e-4), (ModelSource::gguf(gguf_fixture("tiny-qwen2moe-q8_0")), 2e-2)];
     for (source, tolerance) in sources {
         let (here, cpu) = (last_logits(spec, &source), last_logits(DeviceSpec::Cpu, &source));
         let scale = cpu.iter().fold(0.0f32, |m, v| m.max(v.abs()));

@@ -81,7 +81,7 @@ fn llama_cpp_adapters_on_gguf_files_give_the_same_logits() {
     // The fixture scripts' GGUF and llama.cpp's converter's: both interleave q and k rows, and
     // the adapter's rows of them are read the same way.
     for file in [gguf_fixture("tiny-llama-f32"), converted_fixture("tiny-llama-f32")] {
-        let mut ctx = load(ModelSource::Gguf(file.clone()), vec![Lora::new(&gguf)]).unwrap();
+        let mut ctx = load(ModelSource::gguf(file.clone()), vec![Lora::new(&gguf)]).unwrap();
         let err = worst_error(&mut ctx, &reference, true);
         assert!(err < 1.0, "{}: logits differ by {err} of the tolerance", file.display());
     }
@@ -96,10 +96,10 @@ fn an_adapter_on_a_quantized_file_is_merged_and_quantized_again() {
     // rounding costs at most as much again, and that the result is the adapted model, not the base.
     let (reference, base) = (Reference::load("lora/tiny-llama-lora"), Reference::load("tiny-llama-f32"));
     let lora = || vec![Lora::new(adapter("tiny-llama-lora-f32.gguf"))];
-    let mut stored = load(ModelSource::Gguf(gguf_fixture("tiny-llama-q8_0")), lora()).unwrap();
+    let mut stored = load(ModelSource::gguf(gguf_fixture("tiny-llama-q8_0")), lora()).unwrap();
     let opts =
         LoadOptions { adapters: lora(), weight_dtype: WeightDtype::Quant(QuantType::Q8_0), ..LoadOptions::default() };
-    let model = load_model(None, Some(&ModelSource::Gguf(gguf_fixture("tiny-llama-f32"))), &opts, &device()).unwrap();
+    let model = load_model(None, Some(&ModelSource::gguf(gguf_fixture("tiny-llama-f32"))), &opts, &device()).unwrap();
     let mut at_load = Context::with_kv_dtype(model, 256, KvDtype::F32);
     for (s, (a, b)) in reference.prompts.iter().zip(&base.prompts).enumerate() {
         let row = |ctx: &mut Context| {
@@ -133,7 +133,7 @@ fn scales_and_several_adapters_add_up() {
     assert!(worst_error(&mut ctx, &reference, true) < 1.0);
     // And so in llama.cpp's format.
     let gguf = |scale| Lora { path: adapter("tiny-llama-lora-f32.gguf"), scale };
-    let mut ctx = load(ModelSource::Gguf(gguf_fixture("tiny-llama-f32")), vec![gguf(0.25), gguf(0.75)]).unwrap();
+    let mut ctx = load(ModelSource::gguf(gguf_fixture("tiny-llama-f32")), vec![gguf(0.25), gguf(0.75)]).unwrap();
     assert!(worst_error(&mut ctx, &reference, true) < 1.0);
 }
 
@@ -141,15 +141,15 @@ fn scales_and_several_adapters_add_up() {
 fn adapters_that_do_not_fit_the_model_are_refused_by_name() {
     let cases = [
         // A PEFT adapter on a GGUF file, and a GGUF adapter on a checkpoint.
-        (ModelSource::Gguf(gguf_fixture("tiny-llama-f32")), adapter("tiny-llama-lora"), "convert_lora_to_gguf"),
+        (ModelSource::gguf(gguf_fixture("tiny-llama-f32")), adapter("tiny-llama-lora"), "convert_lora_to_gguf"),
         (ModelSource::Dir(fixture_dir("tiny-llama-f32")), adapter("tiny-llama-lora-f32.gguf"), "GGUF model"),
         // A head's change for a model whose head is its embeddings.
         (ModelSource::Dir(fixture_dir("tiny-qwen3-f32")), adapter("tiny-llama-lora"), "lm_head.weight"),
         // Llama's adapter on a Qwen3 file.
-        (ModelSource::Gguf(gguf_fixture("tiny-qwen3-f32")), adapter("tiny-llama-lora-f32.gguf"), "`llama` model"),
+        (ModelSource::gguf(gguf_fixture("tiny-qwen3-f32")), adapter("tiny-llama-lora-f32.gguf"), "`llama` model"),
         // A model given as its adapter, and no adapter at all.
         (ModelSource::Dir(fixture_dir("tiny-llama-f32")), fixture_dir("tiny-llama-f32"), "adapter_config.json"),
-        (ModelSource::Gguf(gguf_fixture("tiny-llama-f32")), gguf_fixture("tiny-llama-f32"), "not an adapter"),
+        (ModelSource::gguf(gguf_fixture("tiny-llama-f32")), gguf_fixture("tiny-llama-f32"), "not an adapter"),
         (ModelSource::Dir(fixture_dir("tiny-llama-f32")), adapter("no-such-adapter"), "adapter_config.json"),
     ];
     for (source, path, says) in cases {

@@ -203,7 +203,7 @@ fn quantized_ggufs_match_the_reference_over_their_dequantized_weights() {
     let qwen2 = gguf_references().into_iter().filter(|(name, _)| !name.ends_with("f32"));
     let families = gguf_family_references().into_iter().filter(|(name, _)| blocks && name.ends_with("q8_0"));
     for (name, reference) in qwen2.chain(families) {
-        let source = ModelSource::Gguf(gguf_fixture(&name));
+        let source = ModelSource::gguf(gguf_fixture(&name));
         let model = load_model(None, Some(&source), &LoadOptions::default(), &device).unwrap();
         let mut ctx = Context::with_kv_dtype(model, 256, KvDtype::F32);
         for (s, p) in reference.prompts.iter().enumerate() {
@@ -244,7 +244,7 @@ fn quantized_ggufs_match_the_reference_over_their_dequantized_weights() {
 fn the_demo_model_prefill_rows_agree_with_a_decode_step() {
     let spec = test_device().parse::<DeviceSpec>().unwrap();
     let path = std::path::PathBuf::from(llaisys_tests::demo_model());
-    let model = load_model(None, Some(&ModelSource::Gguf(path)), &LoadOptions::default(), &device()).unwrap();
+    let model = load_model(None, Some(&ModelSource::gguf(path)), &LoadOptions::default(), &device()).unwrap();
     let prompt = [785u32, 6722, 315, 9625, 374, 12095, 13];
     let mut ctx = Context::with_kv_dtype(model, 64, KvDtype::F32);
     // The prompt in sequence `seq`: the last row's logits.
@@ -279,7 +279,7 @@ fn gpu_demo_model_in_f32_agrees_with_the_cpu() {
     let options = LoadOptions { weight_dtype: llaisys_model::WeightDtype::F32, ..LoadOptions::default() };
     let prompt = [785u32, 6722, 315, 9625, 374, 12095, 13];
     let run = |device: &Device| {
-        let model = load_model(None, Some(&ModelSource::Gguf(path.clone())), &options, device).unwrap();
+        let model = load_model(None, Some(&ModelSource::gguf(path.clone())), &options, device).unwrap();
         let mut ctx = Context::with_kv_dtype(model, 64, KvDtype::F32);
         let mut batch = Batch::new();
         for (i, &t) in prompt.iter().enumerate() {

@@ -160,7 +160,7 @@ fn replayed_steps_of_more_rows_than_the_few_row_products_take() {
 fn replayed_quantized_steps_give_the_plain_steps_logits() {
     let prompts = Reference::load("tiny-tied-f32").prompts;
     // Six rows: two chunks of the few-row products' four a cube, the blocks read in the kernels.
-    check(ModelSource::Gguf(gguf_fixture("tiny-kquant")), [&prompts[0].ids, &prompts[1].ids], 6, None);
+    check(ModelSource::gguf(gguf_fixture("tiny-kquant")), [&prompts[0].ids, &prompts[1].ids], 6, None);
 }
 
 #[test]
@@ -170,7 +170,7 @@ fn replayed_quantized_steps_give_the_plain_steps_logits() {
 )]
 fn quantized_steps_of_more_rows_than_the_few_row_products_take_are_not_recorded() {
     let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
-    let source = ModelSource::Gguf(gguf_fixture("tiny-kquant"));
+    let source = ModelSource::gguf(gguf_fixture("tiny-kquant"));
     let prompts = Reference::load("tiny-tied-f32").prompts;
     // Past the few-row products' rows each product dequantizes its blocks, which no graph keeps.
     let seqs = llaisys_model::kernels::gpu_fused_rows() as u32 + 1;

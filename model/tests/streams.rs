@@ -109,7 +109,7 @@ fn a_models_work_stays_on_its_stream_whichever_thread_does_it() {
     for (name, source, reference) in [
         ("tiny-tied-f32", ModelSource::Dir(fixture_dir("tiny-tied-f32")), "tiny-tied-f32"),
         ("tiny-qwen2moe-f32", ModelSource::Dir(fixture_dir("tiny-qwen2moe-f32")), "tiny-qwen2moe-f32"),
-        ("tiny-kquant", ModelSource::Gguf(gguf_fixture("tiny-kquant")), "tiny-tied-f32"),
+        ("tiny-kquant", ModelSource::gguf(gguf_fixture("tiny-kquant")), "tiny-tied-f32"),
     ] {
         for step_graphs in [false, true] {
             run_on_many_threads(&device, source.clone(), reference, step_graphs);

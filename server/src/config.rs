@@ -99,6 +99,9 @@ pub struct ModelConfig {
     pub dtype: String,
     /// An importance matrix for the matrices `dtype` quantizes at load (empty: none).
     pub imatrix: PathBuf,
+    /// A GGUF model's vision tower: llama.cpp's projector file (empty: none, or the one beside
+    /// the model in its directory).
+    pub mmproj: PathBuf,
     pub device: String,
     /// `auto`, `yes_no` or `off`: whether the model scores `/v1/rerank` documents itself.
     pub reranker: String,
@@ -247,6 +250,9 @@ impl Config {
         if !self.model.imatrix.as_os_str().is_empty() && !self.model.imatrix.is_file() {
             return Err(bad("model.imatrix", &format!("no file {}", self.model.imatrix.display())));
         }
+        if !self.model.mmproj.as_os_str().is_empty() && !self.model.mmproj.is_file() {
+            return Err(bad("model.mmproj", &format!("no file {}", self.model.mmproj.display())));
+        }
         self.devices().map_err(|e| bad("model.device", &e))?;
         let factor = self.engine.prefill_step_factor;
         if !(factor == 0.0 || (factor.is_finite() && factor > 1.0)) {
@@ -383,8 +389,9 @@ impl Config {
         (config.model.path, config.model.name) = (also.path.clone(), also.name.clone());
         config.model.lora.clone_from(&also.lora);
         config.model.also.clear();
-        // The importance matrix is the main model's.
+        // The importance matrix and the projector are the main model's.
         config.model.imatrix = PathBuf::new();
+        config.model.mmproj = PathBuf::new();
         config
     }
 
@@ -498,6 +505,8 @@ mod tests {
         assert!(err.contains("model.dtype"), "{err}");
         let err = load(&[], &[("model.path", "m"), ("model.imatrix", "\"no/such.imatrix\"")]).unwrap_err().to_string();
         assert!(err.contains("model.imatrix") && err.contains("no/such.imatrix"), "{err}");
+        let err = load(&[], &[("model.path", "m"), ("model.mmproj", "\"no/mmproj.gguf\"")]).unwrap_err().to_string();
+        assert!(err.contains("model.mmproj") && err.contains("no/mmproj.gguf"), "{err}");
         let err = load(&[], &[("model.path", "m"), ("model.lora", "[{ path = \"no/such/adapter\" }]")]).unwrap_err();
         assert!(err.to_string().contains("model.lora") && err.to_string().contains("no/such/adapter"), "{err}");
         let err = load(

@@ -143,11 +143,21 @@ fn is_checkpoint_file(name: &str) -> bool {
         || name == "1_Pooling/config.json"
 }
 
+/// Where a model is on this machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// The GGUF file (a split one's first part) or checkpoint directory.
+    pub path: PathBuf,
+    /// A GGUF repo's projector file (its vision tower, `mmproj-*.gguf`), where it has one.
+    pub mmproj: Option<PathBuf>,
+}
+
 /// The local path of what `spec` names: itself if a path; else the cached (or downloaded) GGUF
-/// file or checkpoint directory.
-pub async fn resolve(spec: &str, hub: &HubConfig) -> Result<PathBuf, HubError> {
+/// file or checkpoint directory. A GGUF repo's projector file comes with its model, as llama.cpp's
+/// `-hf` takes it: the one of the quantization asked for, else F16, BF16, F32 or Q8_0.
+pub async fn resolve(spec: &str, hub: &HubConfig) -> Result<Resolved, HubError> {
     let (repo, want) = match ModelSpec::parse(spec) {
-        ModelSpec::Path(path) => return Ok(path),
+        ModelSpec::Path(path) => return Ok(Resolved { path, mmproj: None }),
         ModelSpec::Repo { repo, quant } => (repo, Want::Quant(quant)),
         ModelSpec::File { repo, file } => (repo, Want::File(file)),
     };
@@ -171,7 +181,7 @@ pub async fn resolve(spec: &str, hub: &HubConfig) -> Result<PathBuf, HubError> {
         store.fetch(&client, &repo, &info.sha, sibling).await?;
     }
     store.set_ref("main", &info.sha)?;
-    Ok(store.snapshot(&info.sha).join(&chosen.path))
+    Ok(chosen.at(&store.snapshot(&info.sha)))
 }
 
 /// What to take from a repo.
@@ -180,10 +190,22 @@ enum Want {
     File(String),
 }
 
-/// The files to fetch and the path (in the snapshot) to load.
+/// The files to fetch and the path (in the snapshot) to load, with its projector file.
 struct Chosen {
     files: Vec<String>,
     path: String,
+    mmproj: Option<String>,
+}
+
+impl Chosen {
+    fn at(&self, snapshot: &Path) -> Resolved {
+        Resolved { path: snapshot.join(&self.path), mmproj: self.mmproj.as_ref().map(|m| snapshot.join(m)) }
+    }
+}
+
+/// Whether a repo's file is a projector file (llama.cpp's `mmproj-*.gguf`), not a model.
+fn is_projector(name: &str) -> bool {
+    name.rsplit('/').next().unwrap_or(name).to_ascii_lowercase().starts_with("mmproj")
 }
 
 impl Want {
@@ -191,13 +213,17 @@ impl Want {
         let quant = match self {
             Want::File(file) => {
                 return match names.iter().any(|n| n == file) {
-                    true => Ok(Chosen { files: vec![file.clone()], path: file.clone() }),
+                    true => Ok(Chosen { files: vec![file.clone()], path: file.clone(), mmproj: None }),
                     false => Err(HubError::NotFound(format!("the repo {repo} has no file {file}"))),
                 };
             }
             Want::Quant(q) => q,
         };
-        let ggufs: Vec<&String> = names.iter().filter(|n| n.to_ascii_lowercase().ends_with(".gguf")).collect();
+        let (projectors, ggufs): (Vec<&String>, Vec<&String>) =
+            names.iter().filter(|n| n.to_ascii_lowercase().ends_with(".gguf")).partition(|n| is_projector(n));
+        if ggufs.is_empty() && !projectors.is_empty() {
+            return Err(HubError::NotFound(format!("the repo {repo} has projector (mmproj) files but no GGUF model")));
+        }
         if ggufs.is_empty() {
             if let Some(q) = quant {
                 return Err(HubError::Choice(format!("the repo {repo} has no GGUF files, so no quantization {q}")));
@@ -209,7 +235,7 @@ impl Want {
                 )));
             }
             let files = names.iter().filter(|n| is_checkpoint_file(n)).cloned().collect();
-            return Ok(Chosen { files, path: String::new() });
+            return Ok(Chosen { files, path: String::new(), mmproj: None });
         }
         let listing = || ggufs.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
         let models = gguf_models(&ggufs);
@@ -219,7 +245,7 @@ impl Want {
             // llama.cpp's default choice.
             None => models.iter().filter(|m| has_quant(&m[0], "Q4_K_M")).collect(),
         };
-        let files = match (matching.as_slice(), quant) {
+        let mut files = match (matching.as_slice(), quant) {
             ([one], _) => (*one).clone(),
             ([], Some(q)) => {
                 return Err(HubError::Choice(format!("the repo {repo} has no {q} GGUF; it has: {}", listing())));
@@ -256,7 +282,17 @@ impl Want {
                 missing.join(", ")
             )));
         }
-        Ok(Chosen { path: files[0].clone(), files })
+        let preferred = quant.iter().map(String::as_str).chain(["F16", "BF16", "F32", "Q8_0"]);
+        let mut projectors = projectors;
+        projectors.sort();
+        let mmproj = preferred
+            .filter_map(|q| projectors.iter().find(|p| has_quant(p, q)))
+            .next()
+            .or(projectors.first())
+            .map(|p| (*p).clone());
+        let path = files[0].clone();
+        files.extend(mmproj.clone());
+        Ok(Chosen { path, files, mmproj })
     }
 }
 
@@ -309,7 +345,7 @@ impl Store {
     }
 
     /// What the cache holds for `want`, without the hub (`why` says why not).
-    fn cached(&self, repo: &str, want: &Want, why: &str) -> Result<PathBuf, HubError> {
+    fn cached(&self, repo: &str, want: &Want, why: &str) -> Result<Resolved, HubError> {
         let missing =
             || HubError::NotFound(format!("{repo} is not in the hub cache {} and {why}", self.root.display()));
         let commit = std::fs::read_to_string(self.root.join("refs/main")).map_err(|_| missing())?;
@@ -325,7 +361,7 @@ impl Store {
                 return Err(missing());
             }
         }
-        Ok(snapshot.join(&chosen.path))
+        Ok(chosen.at(&snapshot))
     }
 
     /// Downloads one file into the cache (resuming a partial blob), checks it, links it into
@@ -597,5 +633,34 @@ mod tests {
         assert_eq!(Want::Quant(Some("Q8_0".into())).choose("o/r", &names).unwrap().files, ["big-Q8_0.gguf"]);
         let err = Want::Quant(Some("Q4_K_M".into())).choose("o/r", &names[1..]).err().unwrap().to_string();
         assert!(err.contains("split into 2 parts") && err.contains("big-Q4_K_M-00002-of-00002.gguf"), "{err}");
+    }
+
+    #[test]
+    fn a_vision_models_projector_file_comes_with_it_and_is_never_taken_for_a_model() {
+        let names: Vec<String> = [
+            "Qwen2.5-VL-3B-Instruct-Q4_K_M.gguf",
+            "Qwen2.5-VL-3B-Instruct-Q8_0.gguf",
+            "mmproj-Qwen2.5-VL-3B-Instruct-Q8_0.gguf",
+            "mmproj-Qwen2.5-VL-3B-Instruct-f16.gguf",
+        ]
+        .map(String::from)
+        .into();
+        // The quantization asked for, the projector of that quantization.
+        let chosen = Want::Quant(Some("Q8_0".into())).choose("o/r", &names).unwrap();
+        assert_eq!(chosen.path, "Qwen2.5-VL-3B-Instruct-Q8_0.gguf");
+        assert_eq!(chosen.mmproj.as_deref(), Some("mmproj-Qwen2.5-VL-3B-Instruct-Q8_0.gguf"));
+        assert_eq!(chosen.files.len(), 2);
+        // Else the 16-bit one.
+        let chosen = Want::Quant(None).choose("o/r", &names).unwrap();
+        assert_eq!(chosen.path, "Qwen2.5-VL-3B-Instruct-Q4_K_M.gguf");
+        assert_eq!(chosen.mmproj.as_deref(), Some("mmproj-Qwen2.5-VL-3B-Instruct-f16.gguf"));
+        // A repo of one model and its projector: the model, whatever is asked.
+        let one = [names[0].clone(), names[3].clone()];
+        let chosen = Want::Quant(None).choose("o/r", &one).unwrap();
+        assert_eq!((chosen.path.as_str(), chosen.mmproj.as_deref()), (one[0].as_str(), Some(one[1].as_str())));
+        // A named file comes alone; a repo of projectors only has no model.
+        assert_eq!(Want::File(names[0].clone()).choose("o/r", &names).unwrap().mmproj, None);
+        let err = Want::Quant(None).choose("o/r", &names[2..]).err().unwrap().to_string();
+        assert!(err.contains("no GGUF model"), "{err}");
     }
 }

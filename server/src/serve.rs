@@ -100,7 +100,7 @@ pub async fn with_model_from(config: &Config, hub: &crate::hub::HubConfig) -> Re
     for lora in &mut local.model.lora {
         let spec = lora.path.to_string_lossy().into_owned();
         if !matches!(crate::hub::ModelSpec::parse(&spec), crate::hub::ModelSpec::Path(_)) {
-            lora.path = crate::hub::resolve(&spec, hub).await?;
+            lora.path = crate::hub::resolve(&spec, hub).await?.path;
             tracing::info!(adapter = spec, path = %lora.path.display(), "adapter resolved through the hub cache");
         }
     }
@@ -108,10 +108,14 @@ pub async fn with_model_from(config: &Config, hub: &crate::hub::HubConfig) -> Re
     if matches!(crate::hub::ModelSpec::parse(&spec), crate::hub::ModelSpec::Path(_)) {
         return Ok(local);
     }
-    let path = crate::hub::resolve(&spec, hub).await?;
-    tracing::info!(model = spec, path = %path.display(), "model resolved through the hub cache");
+    let resolved = crate::hub::resolve(&spec, hub).await?;
+    tracing::info!(model = spec, path = %resolved.path.display(), mmproj = ?resolved.mmproj, "model resolved through the hub cache");
     local.model.name = config.model_name();
-    local.model.path = path;
+    local.model.path = resolved.path;
+    // The repo's projector, unless one is named.
+    if local.model.mmproj.as_os_str().is_empty() {
+        local.model.mmproj = resolved.mmproj.unwrap_or_default();
+    }
     Ok(local)
 }
 
@@ -132,6 +136,9 @@ pub fn builder(config: &Config) -> Result<EngineBuilder, ServeError> {
     }
     if !config.model.imatrix.as_os_str().is_empty() {
         builder = builder.imatrix(&config.model.imatrix);
+    }
+    if !config.model.mmproj.as_os_str().is_empty() {
+        builder = builder.mmproj(&config.model.mmproj);
     }
     for lora in &config.model.lora {
         builder = builder.lora(&lora.path, lora.scale);

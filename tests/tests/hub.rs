@@ -133,6 +133,13 @@ fn hub_repos() -> HashMap<String, Repo> {
         .collect();
     checkpoint.sort();
     repos.insert("llaisys/tiny-hf".into(), Repo { files: checkpoint, claimed: HashMap::new() });
+    // A vision model as llama.cpp's converter writes it: the language model and its projector file.
+    let converted = |name: &str| read(&fixture_dir("gguf").join("converted").join(name));
+    let vision = vec![
+        ("tiny-VL-F32.gguf".to_string(), converted("tiny-qwen25vl-f32.gguf")),
+        ("mmproj-tiny-VL-F32.gguf".to_string(), converted("mmproj-tiny-qwen25vl-f32.gguf")),
+    ];
+    repos.insert("llaisys/tiny-VL-GGUF".into(), Repo { files: vision, claimed: HashMap::new() });
     // A PEFT adapter of tiny-llama-f32, as PEFT pushes one (with its README).
     let lora = fixture_dir("lora/tiny-llama-lora");
     let mut adapter: Vec<(String, Vec<u8>)> =
@@ -157,7 +164,7 @@ async fn models_by_name_come_through_the_hub_cache_checked_resumed_and_offline()
     let repo_dir = home.join("hub/models--llaisys--tiny-GGUF");
 
     // A quantization by name: downloaded into the standard layout, byte for byte.
-    let path = resolve("llaisys/tiny-GGUF:Q8_0", &config).await.unwrap();
+    let path = resolve("llaisys/tiny-GGUF:Q8_0", &config).await.unwrap().path;
     assert_eq!(path, repo_dir.join(format!("snapshots/{COMMIT}/tiny-tied-Q8_0.gguf")));
     let want = read(&fixture_dir("gguf").join("tiny-tied-q8_0.gguf"));
     assert_eq!(read(&path), want);
@@ -170,12 +177,12 @@ async fn models_by_name_come_through_the_hub_cache_checked_resumed_and_offline()
     // A second resolution downloads nothing; a partial blob is resumed with a range request.
     let downloads = |hub: &Hub| hub.seen.lock().unwrap().iter().filter(|(p, _, _)| p.contains("/resolve/")).count();
     let before = downloads(&hub);
-    assert_eq!(resolve("llaisys/tiny-GGUF:q8_0", &config).await.unwrap(), path);
+    assert_eq!(resolve("llaisys/tiny-GGUF:q8_0", &config).await.unwrap().path, path);
     assert_eq!(downloads(&hub), before, "the cache answers");
     let q4 = read(&fixture_dir("gguf").join("tiny-tied-q4_0.gguf"));
     let blobs = repo_dir.join("blobs");
     std::fs::write(blobs.join(format!("{}.incomplete", sha(&q4))), &q4[..q4.len() / 2]).unwrap();
-    let path4 = resolve("hf://llaisys/tiny-GGUF/tiny-tied-Q4_0.gguf", &config).await.unwrap();
+    let path4 = resolve("hf://llaisys/tiny-GGUF/tiny-tied-Q4_0.gguf", &config).await.unwrap().path;
     assert_eq!(read(&path4), q4, "resumed to the whole file");
     let last = hub.seen.lock().unwrap().last().cloned().unwrap();
     assert_eq!(last.1, Some(format!("bytes={}-", q4.len() / 2)), "{last:?}");
@@ -199,19 +206,19 @@ async fn models_by_name_come_through_the_hub_cache_checked_resumed_and_offline()
     assert_eq!(std::fs::read_dir(&corrupt_blobs).unwrap().count(), 0, "nothing of a bad download is kept");
 
     // A model split into parts: all of them are fetched, and it opens from its first.
-    let first = resolve("llaisys/split-GGUF:Q8_0", &config).await.unwrap();
+    let first = resolve("llaisys/split-GGUF:Q8_0", &config).await.unwrap().path;
     assert!(first.ends_with("tiny-q8_0-00001-of-00003.gguf"), "{}", first.display());
     let file = llaisys_model::gguf::GgufFile::open(&first).unwrap();
     let whole = llaisys_model::gguf::GgufFile::open(&fixture_dir("gguf").join("tiny-tied-q8_0.gguf")).unwrap();
     assert_eq!(file.tensors().len(), whole.tensors().len());
 
     // A checkpoint repo resolves to its snapshot directory, which loads.
-    let dir = resolve("llaisys/tiny-hf", &config).await.unwrap();
+    let dir = resolve("llaisys/tiny-hf", &config).await.unwrap().path;
     assert!(dir.join("config.json").is_file() && dir.join("tokenizer.json").is_file());
     assert!(llaisys_model::ModelSource::resolve(&dir).is_ok());
 
     // An adapter repo resolves to its directory; a server's adapters may be given by name too.
-    let adapter = resolve("llaisys/tiny-lora", &config).await.unwrap();
+    let adapter = resolve("llaisys/tiny-lora", &config).await.unwrap().path;
     assert!(adapter.join("adapter_config.json").is_file() && adapter.join("adapter_model.safetensors").is_file());
     let llama = fixture_dir("tiny-llama-f32");
     let settings = [
@@ -269,13 +276,27 @@ async fn models_by_name_come_through_the_hub_cache_checked_resumed_and_offline()
     assert_eq!((status, r["usage"]["completion_tokens"].as_u64()), (200, Some(3)), "{r}");
     s.shutdown().await;
 
+    // A vision model's repo: its projector file comes with it, and the server sees images.
+    let resolved = resolve("llaisys/tiny-VL-GGUF", &config).await.unwrap();
+    assert!(resolved.path.ends_with("tiny-VL-F32.gguf"), "the model, not its projector: {resolved:?}");
+    let settings = [("model.path".to_string(), "\"llaisys/tiny-VL-GGUF\"".into()), ("server.port".into(), "0".into())];
+    let vl = llaisys_server::Config::load(None, std::iter::empty(), &settings).unwrap();
+    let local = llaisys_server::serve::with_model_from(&vl, &config).await.unwrap();
+    assert_eq!(Some(local.model.mmproj.clone()), resolved.mmproj);
+    let s = llaisys_server::start(&local).await.unwrap();
+    let (_, models) = common::get(&s, "/v1/models").await;
+    assert_eq!(models["data"][0]["input_modalities"], json!(["text", "image"]), "{models}");
+    s.shutdown().await;
+
     // With the hub gone the cache answers; offline, only the cache, and what it lacks is named.
     task.abort();
     let _ = task.await;
     let gone = HubConfig { endpoint: "http://127.0.0.1:9".into(), ..config.clone() };
-    assert_eq!(resolve("llaisys/tiny-GGUF:Q8_0", &gone).await.unwrap(), path);
+    assert_eq!(resolve("llaisys/tiny-GGUF:Q8_0", &gone).await.unwrap().path, path);
     let offline = HubConfig { offline: true, ..gone };
-    assert_eq!(resolve("llaisys/tiny-GGUF:Q4_0", &offline).await.unwrap(), path4);
+    assert_eq!(resolve("llaisys/tiny-GGUF:Q4_0", &offline).await.unwrap().path, path4);
+    let vision = resolve("llaisys/tiny-VL-GGUF", &offline).await.unwrap();
+    assert!(vision.mmproj.is_some_and(|m| m.ends_with("mmproj-tiny-VL-F32.gguf")), "the projector is cached too");
     let msg = err(resolve("llaisys/corrupt-GGUF", &offline).await.unwrap_err());
     assert!(msg.contains("llaisys/corrupt-GGUF is not in the hub cache") && msg.contains("offline"), "{msg}");
     let s = by_name(true, &offline).await;

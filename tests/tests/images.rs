@@ -4,11 +4,11 @@
 //! same size, and images are refused by name where they cannot be taken.
 
 use base64::Engine as _;
-use llaisys_tests::fixture_dir;
+use llaisys_tests::{converted_fixture, fixture_dir};
 use serde_json::{Value, json};
 
 mod common;
-use common::{post, server_for};
+use common::{get, post, server_for};
 
 const FIXTURE: &str = "tiny-qwen2vl-f32";
 
@@ -183,5 +183,31 @@ async fn the_servers_pixel_bound_scales_larger_images_down() {
     assert_eq!(status, 200, "{c}");
     assert_eq!(c["usage"]["prompt_tokens"], json!(square_tokens), "{c}");
     assert_eq!(c["choices"][0]["token_ids"], square["greedy"], "{c}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gguf_model_sees_images_through_its_projector_file() {
+    // Qwen2.5-VL as llama.cpp's converter writes it: the language model, and its tower as a
+    // projector file (`model.mmproj`, the command line's `--mmproj`).
+    let fixture = "tiny-qwen25vl-f32";
+    let mmproj = fixture_dir("gguf").join("converted").join(format!("mmproj-{fixture}.gguf"));
+    let mmproj = format!("{:?}", mmproj.display().to_string());
+    let s = server_for(&converted_fixture(fixture), &[("model.mmproj", &mmproj)]).await;
+    let (_, models) = get(&s, "/v1/models").await;
+    assert_eq!(models["data"][0]["input_modalities"], json!(["text", "image"]), "{models}");
+    let prompts = reference(fixture)["prompts"].as_array().unwrap().clone();
+    // "large" (150×130) is within both processors' bounds: the checkpoint's grid, transformers' answer.
+    let large = prompts.iter().find(|p| p["images"] == json!(["large"])).unwrap();
+    let (status, c) = post(&s, "/v1/chat/completions", chat(fixture, large)).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["choices"][0]["token_ids"], large["greedy"], "{c}");
+    assert_eq!(c["prompt_token_ids"], large["ids"], "{c}");
+    // "square" (56×56) is below llama.cpp's least image of 8 tokens (6,272 px): scaled up to 84×84 as
+    // llama.cpp scales it, 9 tokens where the checkpoint's processor gives 4.
+    let square = &prompts[0];
+    let (status, c) = post(&s, "/v1/chat/completions", chat(fixture, square)).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["usage"]["prompt_tokens"], json!(square["ids"].as_array().unwrap().len() - 4 + 9), "{c}");
     s.shutdown().await;
 }

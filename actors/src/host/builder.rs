@@ -57,6 +57,7 @@ impl BuildError {
 #[derive(Debug, Clone)]
 pub struct EngineBuilder {
     model: Option<PathBuf>,
+    mmproj: Option<PathBuf>,
     model_type: Option<String>,
     draft: Option<PathBuf>,
     reranker: Reranker,
@@ -71,6 +72,7 @@ impl Default for EngineBuilder {
     fn default() -> Self {
         Self {
             model: None,
+            mmproj: None,
             model_type: None,
             draft: None,
             reranker: Reranker::default(),
@@ -88,6 +90,26 @@ impl EngineBuilder {
     pub fn model(mut self, path: impl AsRef<Path>) -> Self {
         self.model = Some(path.as_ref().to_path_buf());
         self
+    }
+
+    /// The vision tower of a GGUF model: llama.cpp's projector file (`mmproj-*.gguf`, its
+    /// `--mmproj`). A directory holding the model and one projector file needs none.
+    pub fn mmproj(mut self, path: impl AsRef<Path>) -> Self {
+        self.mmproj = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// The model's files: where the model is, with its projector file.
+    fn source(&self) -> Result<Option<ModelSource>, BuildError> {
+        let Some(model) = &self.model else {
+            return match &self.mmproj {
+                Some(_) => Err(BuildError::NoModel),
+                None => Ok(None),
+            };
+        };
+        let load_err = |source| BuildError::Load { path: model.display().to_string(), source };
+        let source = ModelSource::resolve(model).map_err(load_err)?;
+        Ok(Some(source.with_mmproj(self.mmproj.clone()).map_err(load_err)?))
     }
 
     /// A draft model (GGUF file or Hugging Face directory) that proposes tokens for speculating
@@ -178,7 +200,7 @@ impl EngineBuilder {
     pub fn build_frontend(self) -> Result<Frontend, BuildError> {
         let path = self.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
         let load_err = |source| BuildError::Load { path: path.clone(), source };
-        let source = self.model.as_deref().map(ModelSource::resolve).transpose().map_err(load_err)?;
+        let source = self.source()?;
         let info = model_info(self.model_type.as_deref(), source.as_ref()).map_err(load_err)?;
         let Parts { text, limits, .. } = self.parts()?;
         Ok(Frontend::new(info, text, limits, None))
@@ -209,7 +231,7 @@ impl EngineBuilder {
         }
         let path = self.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
         let load_err = |source| BuildError::Load { path: path.clone(), source };
-        let source = self.model.as_deref().map(ModelSource::resolve).transpose().map_err(load_err)?;
+        let source = self.source()?;
         let text = match &source {
             Some(source) => {
                 let tokenizer = source.tokenizer().map_err(load_err)?;

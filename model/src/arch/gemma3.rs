@@ -49,6 +49,7 @@ pub const GEMMA3: Architecture = Architecture {
     interleaved_rope: false,
     gguf_tiled_value_heads: false,
     window_caps_context: false,
+    gguf_mrope_interleaved: false,
     zero_centred_norms: true,
     scaled_embedding: true,
     tied_embeddings: true,

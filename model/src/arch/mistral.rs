@@ -16,5 +16,6 @@ pub const MISTRAL: Architecture = Architecture {
     gguf_qk_interleaved: false,
     end_of_generation: &["</s>"],
     window_caps_context: true,
+    gguf_mrope_interleaved: false,
     ..LLAMA
 };

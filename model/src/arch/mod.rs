@@ -94,6 +94,9 @@ pub struct Architecture {
     /// Its attention always keeps to the config's `sliding_window` when one is set (Mistral):
     /// the context is capped at the window, within which that is full attention.
     pub window_caps_context: bool,
+    /// Its GGUF files' M-RoPE sections (`rope.dimension_sections`) take the rotated pairs in
+    /// turn (llama.cpp's interleaved M-RoPE, transformers' `mrope_interleaved`), not in runs.
+    pub gguf_mrope_interleaved: bool,
     /// Its checkpoints store RMSNorm weights less 1: the norm multiplies by 1 + weight (Qwen3.5's,
     /// Gemma's; llama.cpp's converter adds the 1 back).
     pub zero_centred_norms: bool,

@@ -26,6 +26,7 @@ pub const QWEN2: Architecture = Architecture {
     interleaved_rope: false,
     gguf_tiled_value_heads: false,
     window_caps_context: false,
+    gguf_mrope_interleaved: false,
     zero_centred_norms: false,
     scaled_embedding: false,
     tied_embeddings: false,

@@ -5,7 +5,8 @@
 //! the last by the width's), which for text, whose three position streams are one, turns each
 //! pair as Qwen2's does. The released checkpoints keep the language model under `model.` with a
 //! flat config; transformers 5 saves it under `model.language_model.` with a nested one; both
-//! load. The vision tower (`visual.`, `model.visual.`) is not served, so images are not.
+//! load. Its vision tower is `crate::vision`'s: the checkpoint's (`visual.`, `model.visual.`), or a
+//! GGUF file's projector file (`mmproj`), whose M-RoPE sections are `rope.dimension_sections`.
 
 use super::Architecture;
 use super::qwen2::QWEN2;

@@ -3,8 +3,8 @@
 //! in `q_proj`) and rotary on part of each head, between gated DeltaNet linear-attention layers
 //! (`layer_types`), with zero-centred RMSNorms (they multiply by 1 + weight). Its released
 //! checkpoints nest the text model's config under `text_config` and its tensors under
-//! `model.language_model.`, beside a vision tower and a multi-token-prediction head, which a text
-//! server leaves unread. Its GGUF files (llama.cpp's `qwen35`) hold the linear attention in the
+//! `model.language_model.`, beside a vision tower (`crate::vision`'s; in a GGUF model's projector
+//! file) and a multi-token-prediction head, which is not read. Its GGUF files (llama.cpp's `qwen35`) hold the linear attention in the
 //! converter's layout (`LinearAttention::gguf_layout`), the norms with 1 added, the
 //! post-attention norm as `post_attention_norm`, and the multi-token-prediction head as blocks
 //! after the model's (`nextn_predict_layers`), which are not read.
@@ -33,6 +33,7 @@ pub const QWEN3_5: Architecture = Architecture {
     interleaved_rope: false,
     gguf_tiled_value_heads: true,
     window_caps_context: false,
+    gguf_mrope_interleaved: true,
     zero_centred_norms: true,
     scaled_embedding: false,
     tied_embeddings: false,

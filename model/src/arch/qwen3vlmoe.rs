@@ -14,6 +14,7 @@ pub const QWEN3_VL_MOE: Architecture = Architecture {
     gguf: "qwen3vlmoe",
     hf_class: "Qwen3VLMoeForConditionalGeneration",
     default_head_dim: None,
+    gguf_mrope_interleaved: true,
     experts: Some(Experts {
         shared: Shared::None,
         sigmoid_router: false,

@@ -76,7 +76,7 @@ pub fn load(
             };
             (config, src)
         }
-        ModelSource::Gguf(path) => {
+        ModelSource::Gguf { path, .. } => {
             let file = GgufFile::open(path)?;
             let conversions = file.conversions();
             if !conversions.is_empty() {
@@ -109,10 +109,7 @@ pub fn load(
         tracing::info!(path = %m.path().display(), entries = m.len(), "importance matrix for quantizing at load");
     }
     let weights = stream.enter(|| Weights::load(&config, src.as_ref(), opts.weight_dtype, imatrix.as_ref(), device))?;
-    let vision = match source {
-        ModelSource::Dir(dir) => stream.enter(|| Vision::load(dir, &config, device))?,
-        ModelSource::Gguf(_) => None,
-    };
+    let vision = stream.enter(|| Vision::load(source, &config, device))?;
     tracing::info!(
         path = %source.path().display(),
         weights = %weights.describe(),
@@ -126,12 +123,16 @@ pub fn load(
 
 /// The registry's info entry: what `load` would report, from the configuration alone.
 pub fn info(source: Option<&ModelSource>) -> Result<ModelInfo, LoadError> {
-    match source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })? {
+    let source = source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })?;
+    match source {
         ModelSource::Dir(dir) => {
             let config = ModelConfig::from_dir(dir)?;
-            Ok(info_of(&config, vision::info(dir, &config)?))
+            Ok(info_of(&config, vision::info(source, &config)?))
         }
-        ModelSource::Gguf(path) => Ok(info_of(&gguf::model_config(&GgufFile::open(path)?)?, None)),
+        ModelSource::Gguf { path, .. } => {
+            let config = gguf::model_config(&GgufFile::open(path)?)?;
+            Ok(info_of(&config, vision::info(source, &config)?))
+        }
     }
 }
 

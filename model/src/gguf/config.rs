@@ -180,6 +180,13 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig, LoadError> {
     if let Some(rope) = rope_parameters(file, &arch)? {
         obj.insert("rope_parameters".into(), rope);
     }
+    if let Some(sections) = mrope_sections(file, &arch)? {
+        let rope = obj.entry("rope_parameters").or_insert_with(|| json!({"rope_type": "default"}));
+        if let Json::Object(rope) = rope {
+            rope.insert("mrope_section".into(), json!(sections));
+            rope.insert("mrope_interleaved".into(), json!(family.is_some_and(|f| f.gguf_mrope_interleaved)));
+        }
+    }
     if family.is_some_and(|f| f.latent_attention) {
         latent_attention(file, &arch, &mut obj)?;
     }
@@ -395,6 +402,18 @@ fn rope_parameters(file: &GgufFile, arch: &str) -> Result<Option<Json>, LoadErro
         params.insert("llama_4_scaling_beta".into(), json!(beta));
     }
     Ok(Some(Json::Object(params)))
+}
+
+/// M-RoPE's pairs per position stream (temporal, height, width): the first three of
+/// `rope.dimension_sections` (llama.cpp's fourth is its vision encoder's).
+fn mrope_sections(file: &GgufFile, arch: &str) -> Result<Option<[u64; 3]>, LoadError> {
+    let key = format!("{arch}.rope.dimension_sections");
+    let Some(v) = file.get(&key) else { return Ok(None) };
+    let counts: Option<Vec<u64>> = v.as_array().and_then(|a| a.iter().map(|x| x.as_u64()).collect());
+    match counts.as_deref() {
+        Some([t, h, w, ..]) => Ok(Some([*t, *h, *w])),
+        _ => Err(file.error(format!("{key}: expected at least three pair counts, found {v:?}"))),
+    }
 }
 
 /// Phi-3's LongRoPE: `rope_factors_long.weight` and `rope_factors_short.weight`, \[rotary_dim /

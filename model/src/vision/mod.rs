@@ -5,10 +5,12 @@
 //! image once ([`crate::Context::encode_image`]) and gives its rows in place of those tokens'
 //! embeddings, each turned by its place in the image ([`positions`], M-RoPE).
 //!
-//! Served: Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and Qwen3.5's towers (`qwen`); Qwen3-VL's deepstack
-//! features ride with its image rows ([`Features::deepstack`]).
+//! Served: Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and Qwen3.5's towers (`qwen`), from a checkpoint's
+//! `visual.` tensors or, beside a GGUF model, llama.cpp's projector file (`mmproj`); Qwen3-VL's
+//! deepstack features ride with its image rows ([`Features::deepstack`]).
 
 mod image;
+mod mmproj;
 mod qwen;
 
 use std::borrow::Borrow;
@@ -24,6 +26,8 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::{DecodeError, LoadError};
 use crate::kv::Pos;
+use crate::source::ModelSource;
+use crate::tensors::TensorSource;
 
 /// What a caller needs to send a model images (its [`crate::ModelInfo::vision`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -61,13 +65,18 @@ pub struct Vision {
 }
 
 impl Vision {
-    /// The vision tower of the checkpoint in `dir`, where its family's tower is served (Qwen2-VL's,
-    /// Qwen2.5-VL's, Qwen3-VL's, Qwen3.5's); `None` for any other model, which takes text only.
-    pub fn load(dir: &Path, config: &ModelConfig, device: &burn::tensor::Device) -> Result<Option<Self>, LoadError> {
-        let Some((info, tower_config, src)) = probe(dir, config)? else {
+    /// The model's vision tower, where its family's tower is served (Qwen2-VL's, Qwen2.5-VL's,
+    /// Qwen3-VL's, Qwen3.5's) and the model has one (a checkpoint's, or a GGUF model's projector
+    /// file); `None` for any other model, which takes text only.
+    pub fn load(
+        source: &ModelSource,
+        config: &ModelConfig,
+        device: &burn::tensor::Device,
+    ) -> Result<Option<Self>, LoadError> {
+        let Some((info, tower_config, src)) = probe(source, config)? else {
             return Ok(None);
         };
-        let tower = qwen::Tower::load(tower_config, &src, device)?;
+        let tower = qwen::Tower::load(tower_config, src.as_ref(), device)?;
         Ok(Some(Self { info, tower }))
     }
 
@@ -78,15 +87,51 @@ impl Vision {
 }
 
 /// What [`Vision::load`] would give callers, without reading the tower's weights.
-pub fn info(dir: &Path, config: &ModelConfig) -> Result<Option<VisionInfo>, LoadError> {
-    Ok(probe(dir, config)?.map(|(info, _, _)| info))
+pub fn info(source: &ModelSource, config: &ModelConfig) -> Result<Option<VisionInfo>, LoadError> {
+    Ok(probe(source, config)?.map(|(info, _, _)| info))
 }
 
-/// The checkpoint's vision settings, checked, and its tower's tensors, where it has a served one.
-fn probe(dir: &Path, config: &ModelConfig) -> Result<Option<(VisionInfo, qwen::TowerConfig, Checkpoint)>, LoadError> {
-    if config.mrope.is_none() {
+type Probed = (VisionInfo, qwen::TowerConfig, Box<dyn TensorSource>);
+
+/// The model's vision settings, checked against its language model, and its tower's tensors,
+/// where it has a served tower.
+fn probe(source: &ModelSource, config: &ModelConfig) -> Result<Option<Probed>, LoadError> {
+    let probed = match source {
+        ModelSource::Dir(dir) if config.mrope.is_some() => probe_dir(dir, config)?,
+        ModelSource::Dir(_) | ModelSource::Gguf { mmproj: None, .. } => None,
+        ModelSource::Gguf { path, mmproj: Some(mmproj) } => {
+            if config.mrope.is_none() {
+                return Err(LoadError::Config {
+                    field: format!("{}.rope.dimension_sections", config.arch.gguf),
+                    reason: format!(
+                        "missing: this {} model's file has no M-RoPE sections, so it takes no images",
+                        config.arch.name
+                    ),
+                });
+            }
+            Some(mmproj::probe(path, mmproj, config)?)
+        }
+    };
+    let Some((info, tower_config, src)) = probed else {
         return Ok(None);
+    };
+    if tower_config.deepstack() > config.num_hidden_layers {
+        return Err(LoadError::Config {
+            field: "vision_config.deepstack_visual_indexes".into(),
+            reason: format!("more than the language model's {} layers", config.num_hidden_layers),
+        });
     }
+    if tower_config.out_dim != config.hidden_size {
+        return Err(LoadError::Config {
+            field: "vision_config.hidden_size".into(),
+            reason: format!("{} is not the language model's width {}", tower_config.out_dim, config.hidden_size),
+        });
+    }
+    Ok(Some((info, tower_config, src)))
+}
+
+/// A checkpoint's tower: its `vision_config`, processor and `visual.` tensors.
+fn probe_dir(dir: &Path, config: &ModelConfig) -> Result<Option<Probed>, LoadError> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
     let top: Value =
@@ -102,12 +147,6 @@ fn probe(dir: &Path, config: &ModelConfig) -> Result<Option<(VisionInfo, qwen::T
     let Some(src) = Checkpoint::vision(dir)? else {
         return Ok(None);
     };
-    if tower_config.deepstack() > config.num_hidden_layers {
-        return Err(LoadError::Config {
-            field: "vision_config.deepstack_visual_indexes".into(),
-            reason: format!("more than the language model's {} layers", config.num_hidden_layers),
-        });
-    }
     let processor = ImageProcessor::from_dir(dir)?;
     if (processor.patch_size, processor.temporal_patch_size, processor.merge_size)
         != (tower_config.patch_size, tower_config.temporal_patch_size, tower_config.merge_size)
@@ -115,12 +154,6 @@ fn probe(dir: &Path, config: &ModelConfig) -> Result<Option<(VisionInfo, qwen::T
         return Err(LoadError::Config {
             field: "preprocessor_config.patch_size".into(),
             reason: "the processor's patch, frames or merge differ from vision_config's".into(),
-        });
-    }
-    if tower_config.out_dim != config.hidden_size {
-        return Err(LoadError::Config {
-            field: "vision_config.hidden_size".into(),
-            reason: format!("{} is not the language model's width {}", tower_config.out_dim, config.hidden_size),
         });
     }
     let image_token = match top.get("image_token_id").and_then(Value::as_u64) {
@@ -132,7 +165,7 @@ fn probe(dir: &Path, config: &ModelConfig) -> Result<Option<(VisionInfo, qwen::T
             });
         }
     };
-    Ok(Some((VisionInfo { processor, image_token }, tower_config, src)))
+    Ok(Some((VisionInfo { processor, image_token }, tower_config, Box::new(src))))
 }
 
 /// A prompt's images as a model takes them: each image, the first prompt row of its tokens, and

@@ -24,7 +24,6 @@ use serde_json::Value;
 
 use super::Features;
 use super::image::Image;
-use crate::checkpoint::Checkpoint;
 use crate::config::Activation;
 use crate::error::{DecodeError, LoadError};
 use crate::kernels::{GELU_CUBE, GELU_SCALE};
@@ -68,6 +67,14 @@ pub struct TowerConfig {
     pub merge_size: usize,
     pub channels: usize,
     pub rope_theta: f64,
+}
+
+/// Whether `heads` split a tower `embed_dim` wide into heads whose 2-D rotation has quarters.
+pub(super) fn check_heads(embed_dim: usize, heads: usize) -> Result<(), String> {
+    match heads > 0 && embed_dim.is_multiple_of(heads) && (embed_dim / heads).is_multiple_of(4) {
+        true => Ok(()),
+        false => Err(format!("{heads} heads do not split {embed_dim} into heads of a multiple of 4")),
+    }
 }
 
 impl TowerConfig {
@@ -149,12 +156,7 @@ impl TowerConfig {
             (Family::Qwen2, embed_dim, (embed_dim as f64 * ratio) as usize, count(&["hidden_size"], None)?)
         };
         let heads = count(&["num_heads"], None)?;
-        if !embed_dim.is_multiple_of(heads) || !(embed_dim / heads).is_multiple_of(4) {
-            return Err(bad(
-                "num_heads",
-                format!("{heads} heads do not split {embed_dim} into heads of a multiple of 4"),
-            ));
-        }
+        check_heads(embed_dim, heads).map_err(|reason| bad("num_heads", reason))?;
         let rope_theta = v.pointer("/rope_parameters/rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0);
         Ok(Some(Self {
             family,
@@ -318,7 +320,7 @@ pub struct Tower {
 impl Tower {
     /// The tower's weights (`visual.` of the checkpoint, named without it): its matrices in the
     /// 16-bit type the checkpoint stores them in (else f32), the rest f32.
-    pub fn load(config: TowerConfig, src: &Checkpoint, device: &Device) -> Result<Self, LoadError> {
+    pub fn load(config: TowerConfig, src: &dyn TensorSource, device: &Device) -> Result<Self, LoadError> {
         let values = |name: &str, shape: &[usize]| -> Result<Vec<f32>, LoadError> {
             let found = src.shape(name).ok_or_else(|| LoadError::MissingTensors(vec![format!("visual.{name}")]))?;
             if found.iter().product::<usize>() != shape.iter().product::<usize>() {

@@ -77,7 +77,7 @@ pub enum CliError {
 /// (`HF_HUB_OFFLINE=1`: the cache only).
 async fn local_model(model: &std::path::Path) -> Result<std::path::PathBuf, CliError> {
     use llaisys_server::hub::{HubConfig, resolve};
-    Ok(resolve(&model.to_string_lossy(), &HubConfig::from_env(false)).await?)
+    Ok(resolve(&model.to_string_lossy(), &HubConfig::from_env(false)).await?.path)
 }
 
 impl CliError {

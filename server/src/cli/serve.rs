@@ -53,6 +53,11 @@ pub struct ModelArgs {
     /// weighting the errors of the matrices `--dtype` quantizes at load.
     #[arg(long)]
     imatrix: Option<PathBuf>,
+    /// A GGUF model's vision tower (`model.mmproj`): llama.cpp's projector file
+    /// (`mmproj-*.gguf`), for a model that sees images. A directory holding the model and one
+    /// projector file needs none.
+    #[arg(long)]
+    mmproj: Option<PathBuf>,
     /// The (first) model's LoRA adapters (`model.lora`).
     #[command(flatten)]
     lora: LoraArgs,
@@ -154,6 +159,9 @@ impl ModelArgs {
         }
         if let Some(m) = &self.imatrix {
             settings.push(("model.imatrix".into(), quoted(&m.display().to_string())));
+        }
+        if let Some(m) = &self.mmproj {
+            settings.push(("model.mmproj".into(), quoted(&m.display().to_string())));
         }
         let adapters: Vec<String> = (self.lora.adapters()?.iter())
             .map(|l| format!("{{ path = {}, scale = {:?} }}", quoted(&l.path.display().to_string()), l.scale))

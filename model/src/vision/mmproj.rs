@@ -1,0 +1,383 @@
+//! A GGUF model's vision tower in llama.cpp's projector file (`mmproj-*.gguf`, written by
+//! `convert_hf_to_gguf.py --mmproj`; architecture `clip`): Qwen2-VL's (`qwen2vl_merger`),
+//! Qwen2.5-VL's (`qwen2.5vl_merger`) and Qwen3-VL's and Qwen3.5's (`qwen3vl_merger`). The file's
+//! `clip.vision.*` keys give the tower's shape, and its tensors load under the checkpoint's names
+//! ([`Projector`]), so the one tower of `qwen.rs` runs both.
+//!
+//! What the converter changes, undone here:
+//! - the patch embedding's 3-D kernel is cut into one 2-D kernel per frame (`v.patch_embd.weight`,
+//!   `.weight.1`), put back together;
+//! - Qwen2-VL's and Qwen2.5-VL's attention `qkv` is cut into `attn_q`, `attn_k`, `attn_v`,
+//!   stacked again (Qwen3-VL's stays `attn_qkv`);
+//! - the deepstack mergers are named by the block they follow, not by their place in the list;
+//! - Qwen2.5-VL's full-attention blocks are a period (`n_wa_pattern`: every n-th block), its
+//!   window `clip.vision.window_size` pixels (112 where the file says none, as llama.cpp reads it);
+//! - older files hold a block's MLP matrices under each other's names (`ffn_up` for `ffn_down`),
+//!   which their shapes tell, as llama.cpp tells them.
+//!
+//! The image processor is the model's as llama.cpp runs it: the file's patch, merge, mean and
+//! standard deviation, and between 8 and 4,096 tokens an image (`clip.vision.image_min_pixels`
+//! and `image_max_pixels` where the file has them); the server's `limits.max_image_pixels` bounds
+//! it further.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use burn::tensor::{DType, TensorData};
+
+use super::qwen::{Family, TowerConfig, check_heads};
+use super::{ImageProcessor, VisionInfo};
+use crate::config::ModelConfig;
+use crate::error::LoadError;
+use crate::gguf::{GgufFile, Value};
+use crate::tensors::{Naming, Stored, TensorSource, convert};
+
+/// llama.cpp's bounds on a Qwen image, in merged tokens (its `set_limit_image_tokens(8, 4096)`).
+const MIN_TOKENS: usize = 8;
+const MAX_TOKENS: usize = 4096;
+
+/// The tower of projector file `mmproj` for the language model of GGUF file `model`: what
+/// callers need, the tower's shape, and its tensors under the checkpoint's names.
+pub(super) fn probe(
+    model: &Path,
+    mmproj: &Path,
+    config: &ModelConfig,
+) -> Result<(VisionInfo, TowerConfig, Box<dyn TensorSource>), LoadError> {
+    let file = GgufFile::open(mmproj)?;
+    let tower = tower_config(&file)?;
+    let processor = processor(&file, &tower)?;
+    let model = GgufFile::open(model)?;
+    let image_token = image_token(&model, config)?;
+    let projector = Projector::new(file, &tower)?;
+    Ok((VisionInfo { processor, image_token }, tower, Box::new(projector)))
+}
+
+/// The projector's type, where the file is a vision projector.
+fn projector_type(file: &GgufFile) -> Result<&str, LoadError> {
+    let arch = file.get("general.architecture").and_then(Value::as_str);
+    if arch != Some("clip") {
+        return Err(file.error(format!("not a projector (mmproj) file: its architecture is {arch:?}, not `clip`")));
+    }
+    if file.get("clip.has_vision_encoder").and_then(Value::as_bool) != Some(true) {
+        return Err(file.error("clip.has_vision_encoder: this projector has no vision tower"));
+    }
+    // A file of several encoders names the vision one's type apart.
+    let ty = file.get("clip.vision.projector_type").or_else(|| file.get("clip.projector_type"));
+    ty.and_then(Value::as_str).ok_or_else(|| file.error("clip.projector_type: missing"))
+}
+
+/// A count under `clip.vision.`: positive, as the tower needs it.
+fn count(file: &GgufFile, key: &str, default: Option<usize>) -> Result<usize, LoadError> {
+    let full = format!("clip.vision.{key}");
+    match file.get(&full) {
+        None => default.ok_or_else(|| file.error(format!("{full}: missing"))),
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n > 0)
+            .map(|n| n as usize)
+            .ok_or_else(|| file.error(format!("{full}: expected a positive integer, found {v:?}"))),
+    }
+}
+
+fn tower_config(file: &GgufFile) -> Result<TowerConfig, LoadError> {
+    let ty = projector_type(file)?;
+    let depth = count(file, "block_count", None)?;
+    let patch_size = count(file, "patch_size", None)?;
+    let merge_size = count(file, "spatial_merge_size", Some(2))?;
+    let family = match ty {
+        "qwen2vl_merger" => Family::Qwen2,
+        "qwen2.5vl_merger" => {
+            let window_size = count(file, "window_size", Some(112))?;
+            let window = window_size / merge_size / patch_size;
+            if window == 0 {
+                return Err(
+                    file.error(format!("clip.vision.window_size: {window_size} px is less than one merged token"))
+                );
+            }
+            // Every n-th block attends over the whole image (none: all of them do).
+            let period = file.get("clip.vision.n_wa_pattern").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let full_blocks = match period {
+                0 => (0..depth).collect(),
+                n => (0..depth).filter(|i| (i + 1) % n == 0).collect(),
+            };
+            Family::Qwen25 { window, full_blocks }
+        }
+        "qwen3vl_merger" => {
+            let positions = tensor_shape(file, "v.position_embd.weight")?;
+            let rows = positions.first().copied().unwrap_or(0);
+            let grid = rows.isqrt();
+            if grid * grid != rows {
+                return Err(file.error(format!("v.position_embd.weight: {rows} positions are not a square grid")));
+            }
+            let flags = file.get("clip.vision.is_deepstack_layers").and_then(Value::as_array).unwrap_or(&[]);
+            if flags.len() > depth {
+                return Err(file.error(format!("clip.vision.is_deepstack_layers: more than the {depth} blocks")));
+            }
+            let deepstack = flags.iter().enumerate().filter(|(_, f)| f.as_bool() == Some(true)).map(|(i, _)| i);
+            Family::Qwen3 { deepstack: deepstack.collect(), grid }
+        }
+        other => {
+            return Err(file.error(format!(
+                "clip.projector_type `{other}`: served projectors are Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's \
+                 (qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger)"
+            )));
+        }
+    };
+    let embed_dim = count(file, "embedding_length", None)?;
+    let heads = count(file, "attention.head_count", None)?;
+    check_heads(embed_dim, heads)
+        .map_err(|reason| file.error(format!("clip.vision.attention.head_count: {reason}")))?;
+    // The MLP's width from its matrices: the converter writes Qwen2-VL's `feed_forward_length`
+    // as the language model's width.
+    let (up, down) = mlp_names(file, &family, embed_dim)?;
+    let mlp_dim = tensor_shape(file, &format!("v.blk.0.{up}.weight"))?.first().copied().unwrap_or(0);
+    let down_shape = tensor_shape(file, &format!("v.blk.0.{down}.weight"))?;
+    if mlp_dim == 0 || down_shape != [embed_dim, mlp_dim] {
+        return Err(file.error(format!(
+            "v.blk.0.{down}.weight: shape {down_shape:?}, expected [{embed_dim}, {mlp_dim}] (the tower's width, its MLP's)"
+        )));
+    }
+    // The patch embedding's kernel: one 2-D kernel per frame of two (the converter's only).
+    let kernel = tensor_shape(file, "v.patch_embd.weight")?;
+    let channels = kernel.get(1).copied().unwrap_or(0);
+    if kernel != [embed_dim, channels, patch_size, patch_size] || channels == 0 {
+        return Err(file.error(format!(
+            "v.patch_embd.weight: shape {kernel:?}, expected [{embed_dim}, channels, {patch_size}, {patch_size}]"
+        )));
+    }
+    Ok(TowerConfig {
+        family,
+        embed_dim,
+        depth,
+        heads,
+        mlp_dim,
+        out_dim: count(file, "projection_dim", None)?,
+        patch_size,
+        temporal_patch_size: 2,
+        merge_size,
+        channels,
+        rope_theta: 10_000.0,
+    })
+}
+
+/// The names a block's MLP matrices have in this file (up, down): the converter's, or each
+/// other's in older files, whose `ffn_down` takes the tower's width in.
+fn mlp_names(file: &GgufFile, family: &Family, embed_dim: usize) -> Result<(&'static str, &'static str), LoadError> {
+    let swapped = matches!(family, Family::Qwen2 | Family::Qwen25 { .. })
+        && tensor_shape(file, "v.blk.0.ffn_down.weight")?.last() == Some(&embed_dim)
+        && tensor_shape(file, "v.blk.0.ffn_up.weight")?.first() == Some(&embed_dim);
+    Ok(if swapped { ("ffn_down", "ffn_up") } else { ("ffn_up", "ffn_down") })
+}
+
+fn tensor_shape(file: &GgufFile, name: &str) -> Result<Vec<usize>, LoadError> {
+    file.tensor(name).map(|t| t.shape()).ok_or_else(|| LoadError::MissingTensors(vec![name.into()]))
+}
+
+fn processor(file: &GgufFile, tower: &TowerConfig) -> Result<ImageProcessor, LoadError> {
+    let triple = |key: &str| -> Result<[f32; 3], LoadError> {
+        let full = format!("clip.vision.{key}");
+        let values = file.get(&full).and_then(Value::as_array).unwrap_or(&[]);
+        let numbers: Vec<f32> = values.iter().filter_map(Value::as_f64).map(|x| x as f32).collect();
+        match numbers[..] {
+            [a, b, c] => Ok([a, b, c]),
+            _ => Err(file.error(format!("{full}: expected three numbers"))),
+        }
+    };
+    let std = triple("image_std")?;
+    if std.iter().any(|&s| !(s.is_finite() && s > 0.0)) {
+        return Err(file.error("clip.vision.image_std: expected positive numbers"));
+    }
+    let token = (tower.patch_size * tower.merge_size).pow(2);
+    let min_pixels = count(file, "image_min_pixels", Some(MIN_TOKENS * token))?;
+    let max_pixels = count(file, "image_max_pixels", Some(MAX_TOKENS * token))?.max(min_pixels);
+    Ok(ImageProcessor {
+        patch_size: tower.patch_size,
+        temporal_patch_size: tower.temporal_patch_size,
+        merge_size: tower.merge_size,
+        min_pixels,
+        max_pixels,
+        mean: triple("image_mean")?,
+        std,
+        rescale: 1.0 / 255.0,
+    })
+}
+
+/// The id of the token image features take the place of (`<|image_pad|>`), from the model
+/// file's vocabulary.
+fn image_token(model: &GgufFile, config: &ModelConfig) -> Result<u32, LoadError> {
+    const PAD: &str = "<|image_pad|>";
+    let tokens = model.get("tokenizer.ggml.tokens").and_then(Value::as_array).unwrap_or(&[]);
+    match tokens.iter().position(|t| t.as_str() == Some(PAD)) {
+        Some(id) if id < config.vocab_size => Ok(id as u32),
+        _ => Err(model.error(format!("tokenizer.ggml.tokens: no {PAD} token for images to take the place of"))),
+    }
+}
+
+/// How a checkpoint tensor is made of the file's.
+#[derive(Debug)]
+enum Parts {
+    /// One tensor as it is.
+    One(String),
+    /// Tensors' rows stacked (q's, k's and v's as `qkv`).
+    Rows(Vec<String>),
+    /// One 2-D kernel per frame, as the 3-D kernel \[out, channels, frames, h, w\].
+    Frames(Vec<String>),
+}
+
+impl Parts {
+    fn names(&self) -> &[String] {
+        match self {
+            Self::One(name) => std::slice::from_ref(name),
+            Self::Rows(names) | Self::Frames(names) => names,
+        }
+    }
+}
+
+/// A projector file's tensors under the names of a checkpoint's tower (`visual.` left off).
+pub(super) struct Projector {
+    file: GgufFile,
+    parts: BTreeMap<String, Parts>,
+}
+
+impl Projector {
+    fn new(file: GgufFile, tower: &TowerConfig) -> Result<Self, LoadError> {
+        let (up, down) = mlp_names(&file, &tower.family, tower.embed_dim)?;
+        let (qwen25, qwen3) =
+            (matches!(tower.family, Family::Qwen25 { .. }), matches!(tower.family, Family::Qwen3 { .. }));
+        let mut parts = BTreeMap::new();
+        let mut add = |name: String, p: Parts| {
+            parts.insert(name, p);
+        };
+        let both = |add: &mut dyn FnMut(String, Parts), ours: &str, theirs: &str| {
+            for end in ["weight", "bias"] {
+                add(format!("{ours}.{end}"), Parts::One(format!("{theirs}.{end}")));
+            }
+        };
+        add(
+            "patch_embed.proj.weight".into(),
+            Parts::Frames(vec!["v.patch_embd.weight".into(), "v.patch_embd.weight.1".into()]),
+        );
+        add("patch_embed.proj.bias".into(), Parts::One("v.patch_embd.bias".into()));
+        add("pos_embed.weight".into(), Parts::One("v.position_embd.weight".into()));
+        for i in 0..tower.depth {
+            let (b, v) = (format!("blocks.{i}"), format!("v.blk.{i}"));
+            both(&mut add, &format!("{b}.norm1"), &format!("{v}.ln1"));
+            both(&mut add, &format!("{b}.norm2"), &format!("{v}.ln2"));
+            both(&mut add, &format!("{b}.attn.proj"), &format!("{v}.attn_out"));
+            for end in ["weight", "bias"] {
+                let qkv = match file.tensor(&format!("{v}.attn_qkv.{end}")) {
+                    Some(_) => Parts::One(format!("{v}.attn_qkv.{end}")),
+                    None => Parts::Rows(["q", "k", "v"].iter().map(|x| format!("{v}.attn_{x}.{end}")).collect()),
+                };
+                add(format!("{b}.attn.qkv.{end}"), qkv);
+            }
+            let (fc1, fc2) = match (qwen25, qwen3) {
+                (true, _) => {
+                    both(&mut add, &format!("{b}.mlp.gate_proj"), &format!("{v}.ffn_gate"));
+                    ("up_proj", "down_proj")
+                }
+                (_, true) => ("linear_fc1", "linear_fc2"),
+                _ => ("fc1", "fc2"),
+            };
+            both(&mut add, &format!("{b}.mlp.{fc1}"), &format!("{v}.{up}"));
+            both(&mut add, &format!("{b}.mlp.{fc2}"), &format!("{v}.{down}"));
+        }
+        let (norm, fc1, fc2) = match qwen3 {
+            true => ("norm", "linear_fc1", "linear_fc2"),
+            false => ("ln_q", "mlp.0", "mlp.2"),
+        };
+        both(&mut add, &format!("merger.{norm}"), "v.post_ln");
+        both(&mut add, &format!("merger.{fc1}"), "mm.0");
+        both(&mut add, &format!("merger.{fc2}"), "mm.2");
+        if let Family::Qwen3 { deepstack, .. } = &tower.family {
+            for (k, block) in deepstack.iter().enumerate() {
+                let (ours, theirs) = (format!("deepstack_merger_list.{k}"), format!("v.deepstack.{block}"));
+                both(&mut add, &format!("{ours}.norm"), &format!("{theirs}.norm"));
+                both(&mut add, &format!("{ours}.linear_fc1"), &format!("{theirs}.fc1"));
+                both(&mut add, &format!("{ours}.linear_fc2"), &format!("{theirs}.fc2"));
+            }
+        }
+        // Only what the file holds (a bias a family has not is not asked for).
+        parts.retain(|_, p| p.names().iter().all(|n| file.tensor(n).is_some()));
+        Ok(Self { file, parts })
+    }
+
+    fn part(&self, name: &str) -> Result<&Parts, LoadError> {
+        self.parts.get(name).ok_or_else(|| LoadError::MissingTensors(vec![format!("visual.{name}")]))
+    }
+
+    /// The values of a tensor of the file, f32.
+    fn values(&self, name: &str) -> Result<Vec<f32>, LoadError> {
+        let data = self.file.data(name, DType::F32)?;
+        data.try_into_vec::<f32>().map_err(|e| self.file.error(format!("{name}: {e:?}")))
+    }
+}
+
+impl TensorSource for Projector {
+    fn naming(&self) -> Naming {
+        Naming::Hf
+    }
+
+    fn names(&self) -> BTreeSet<&str> {
+        self.parts.keys().map(String::as_str).collect()
+    }
+
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        let part = self.parts.get(name)?;
+        let shapes: Vec<Vec<usize>> =
+            part.names().iter().map(|n| self.file.tensor(n).map(|t| t.shape())).collect::<Option<_>>()?;
+        match part {
+            Parts::One(_) => shapes.into_iter().next(),
+            Parts::Rows(_) => {
+                let mut shape = shapes[0].clone();
+                shape[0] = shapes.iter().map(|s| s[0]).sum();
+                Some(shape)
+            }
+            Parts::Frames(_) => {
+                let mut shape = shapes[0].clone();
+                shape.insert(2, shapes.len());
+                Some(shape)
+            }
+        }
+    }
+
+    fn stored(&self, name: &str) -> Option<Result<Stored, String>> {
+        let first = self.parts.get(name)?.names().first()?;
+        self.file.stored(first)
+    }
+
+    fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError> {
+        let shape = self.shape(name).ok_or_else(|| LoadError::MissingTensors(vec![format!("visual.{name}")]))?;
+        let values = match self.part(name)? {
+            Parts::One(n) => return self.file.data(n, dtype),
+            Parts::Rows(names) => {
+                let mut all = Vec::new();
+                for n in names {
+                    all.extend(self.values(n)?);
+                }
+                all
+            }
+            Parts::Frames(names) => {
+                // Per output row and channel, each frame's kernel in turn.
+                let frames: Vec<Vec<f32>> = names.iter().map(|n| self.values(n)).collect::<Result<_, _>>()?;
+                let plane = shape[3..].iter().product::<usize>();
+                let mut all = Vec::with_capacity(frames.len() * frames[0].len());
+                for at in (0..frames[0].len()).step_by(plane) {
+                    for frame in &frames {
+                        all.extend_from_slice(&frame[at..at + plane]);
+                    }
+                }
+                all
+            }
+        };
+        Ok(convert(values, shape, dtype))
+    }
+
+    fn done(&self, name: &str) {
+        if let Some(part) = self.parts.get(name) {
+            for n in part.names() {
+                self.file.done(n);
+            }
+        }
+    }
+}
