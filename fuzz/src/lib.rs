@@ -104,9 +104,11 @@ pub fn openai_request(data: &[u8]) {
         if let (Ok(plan), Ok((tools, tool_choice)), Ok((mut messages, images))) =
             (plan, openai::tools(&req), openai::messages(&req.messages))
         {
-            // The images as the server prepares them (decoded, resized, cut), each in place.
+            // The images as the server prepares them (decoded, resized, cut), each in place; a
+            // remote one is not fetched here.
             for p in images {
-                if let Ok(image) = llaisys_model::ImageProcessor::default().prepare(&p.bytes) {
+                let llaisys_server::http::images::ImageData::Bytes(bytes) = &p.data else { continue };
+                if let Ok(image) = llaisys_model::ImageProcessor::default().prepare(bytes) {
                     let image = std::sync::Arc::new(image);
                     messages[p.message].images.push(llaisys_model::tokenizer::MessageImage { at: p.at, image });
                 }

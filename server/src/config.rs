@@ -87,6 +87,10 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     pub stored_responses: usize,
     pub stored_files_bytes: usize,
+    /// Which remote image URLs are fetched: `off`, `public` (hosts at public addresses only) or `any`.
+    pub image_urls: crate::http::fetch::ImageUrls,
+    /// The only hosts images are fetched from, where not empty (private ones too).
+    pub image_url_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

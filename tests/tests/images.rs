@@ -82,7 +82,7 @@ async fn images_that_cannot_be_taken_are_refused_by_name() {
         body
     };
     for (url, says) in [
-        ("https://example.com/cat.png", "not fetched"),
+        ("ftp://example.com/cat.png", "http(s) URL"),
         ("data:image/png;base64,bm90IGFuIGltYWdl", "could not be decoded"),
         ("data:image/png;base64,@@@", "base64"),
     ] {
@@ -210,4 +210,72 @@ async fn a_gguf_model_sees_images_through_its_projector_file() {
     assert_eq!(status, 200, "{c}");
     assert_eq!(c["usage"]["prompt_tokens"], json!(square["ids"].as_array().unwrap().len() - 4 + 9), "{c}");
     s.shutdown().await;
+}
+
+/// A web server of the fixture's "square" image on this machine: `/square.png`, `/moved` (a
+/// redirect to it), `/huge.png` (past 32 MiB); anything else is 404.
+async fn image_host() -> (String, tokio::task::JoinHandle<()>) {
+    use axum::routing::get as route;
+    let png = std::fs::read(fixture_dir(FIXTURE).join("images/square.png")).unwrap();
+    let app = axum::Router::new()
+        .route("/square.png", route(move || std::future::ready(([("content-type", "image/png")], png.clone()))))
+        .route("/moved", route(|| async { axum::response::Redirect::temporary("/square.png") }))
+        .route("/huge.png", route(|| async { vec![0u8; (32 << 20) + 1] }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    (format!("http://127.0.0.1:{port}"), tokio::spawn(async move { axum::serve(listener, app).await.unwrap() }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_by_url_are_fetched_where_the_server_may_reach_them() {
+    let (host, task) = image_host().await;
+    let square = &reference(FIXTURE)["prompts"][0];
+    let by_url = |path: &str| {
+        let mut body = chat(FIXTURE, square);
+        body["messages"][0]["content"][0]["image_url"]["url"] = format!("{host}{path}").into();
+        body
+    };
+    let refused = |e: &Value, says: &str| {
+        assert_eq!(e["error"]["param"], "messages[0].content[0].image_url", "{e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains(says), "{says}: {e}");
+    };
+    // By default only public hosts: this machine is not one.
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let (status, e) = post(&s, "/v1/chat/completions", by_url("/square.png")).await;
+    assert_eq!(status, 400, "{e}");
+    refused(&e, "not a public address");
+    s.shutdown().await;
+    // Listed, it is fetched: the answer is the inline image's, transformers'.
+    let s = server_for(&fixture_dir(FIXTURE), &[("server.image_url_hosts", r#"["127.0.0.1"]"#)]).await;
+    for path in ["/square.png", "/moved"] {
+        let (status, c) = post(&s, "/v1/chat/completions", by_url(path)).await;
+        assert_eq!(status, 200, "{path}: {c}");
+        assert_eq!(c["choices"][0]["token_ids"], square["greedy"], "{path}: {c}");
+        assert_eq!(c["prompt_token_ids"], square["ids"], "{path}: {c}");
+    }
+    // Anthropic's url source is fetched the same way.
+    let blocks = json!([{"type": "image", "source": {"type": "url", "url": format!("{host}/square.png")}},
+        {"type": "text", "text": "What is in the picture?"}]);
+    let body =
+        json!({"model": FIXTURE, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": blocks}]});
+    let (status, a) = post(&s, "/v1/messages", body).await;
+    assert_eq!(status, 200, "{a}");
+    for (path, status_says) in [("/missing.png", "HTTP 404"), ("/huge.png", "larger than 32 MiB")] {
+        let (status, e) = post(&s, "/v1/chat/completions", by_url(path)).await;
+        assert_eq!(status, 400, "{e}");
+        refused(&e, status_says);
+    }
+    // Another host than those listed is not fetched from, nor is anything when fetching is off.
+    let mut other = by_url("/square.png");
+    other["messages"][0]["content"][0]["image_url"]["url"] = host.replace("127.0.0.1", "localhost").into();
+    let (status, e) = post(&s, "/v1/chat/completions", other).await;
+    assert_eq!(status, 400, "{e}");
+    refused(&e, "image_url_hosts, which has no localhost");
+    s.shutdown().await;
+    let s = server_for(&fixture_dir(FIXTURE), &[("server.image_urls", r#""off""#)]).await;
+    let (status, e) = post(&s, "/v1/chat/completions", by_url("/square.png")).await;
+    assert_eq!(status, 400, "{e}");
+    refused(&e, "not fetched by this server");
+    s.shutdown().await;
+    task.abort();
 }

@@ -157,7 +157,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, Body413(body): Body413
         (None, Some(msgs)) => {
             // The same rendering a chat request gets.
             let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
-            let messages = openai::chat_messages(&m, msgs).await?;
+            let messages = openai::chat_messages(&state, &m, msgs).await?;
             m.engine.frontend().render_chat(&messages, &[], &kwargs, req.add_generation_prompt)?
         }
         _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),

@@ -109,7 +109,7 @@ enum Block {
     },
 }
 
-/// An image block's source: base64 bytes, or a URL (a `data:` URL; remote ones are refused).
+/// An image block's source: base64 bytes, or a URL (a `data:` URL, or a remote one to fetch).
 #[derive(Debug, Deserialize)]
 struct ImageSource {
     #[serde(rename = "type")]
@@ -119,9 +119,9 @@ struct ImageSource {
 }
 
 impl ImageSource {
-    fn bytes(&self, param: &str) -> Result<Vec<u8>, ApiError> {
+    fn data(&self, param: &str) -> Result<images::ImageData, ApiError> {
         match (self.kind.as_str(), &self.data, &self.url) {
-            ("base64", Some(data), _) => images::from_base64(data, param),
+            ("base64", Some(data), _) => images::from_base64(data, param).map(images::ImageData::Bytes),
             ("url", _, Some(url)) => images::from_url(url, param),
             ("base64", None, _) => Err(ApiError::invalid(&format!("{param}.data"), "a base64 source needs its data")),
             ("url", _, None) => Err(ApiError::invalid(&format!("{param}.url"), "a url source needs its url")),
@@ -176,7 +176,7 @@ pub async fn messages(
 async fn generate(state: &Arc<AppState>, request_id: &str, req: MessagesRequest) -> Result<Response, ApiError> {
     let model = state.model(&req.model)?;
     let (mut request, pending) = req.chat_request()?;
-    images::attach(&model, &mut request.input, pending).await?;
+    images::attach(&state.fetcher, &model, &mut request.input, pending).await?;
     let run = Run { state, request_id, model, stream: req.stream, constraint_field: None, echo: false };
     run.run(Work::Chat(request), Messages::default()).await
 }
@@ -227,7 +227,7 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, body: Result<Body4
         let offered = if options.tool_choice == Some(ToolChoice::None) { &[][..] } else { &options.tools[..] };
         let mut pending = Vec::new();
         let mut messages = conversation(req.system.as_ref(), &req.messages, &mut pending)?;
-        images::attach(&model, &mut messages, pending).await?;
+        images::attach(&state.fetcher, &model, &mut messages, pending).await?;
         let kwargs = thinking(req.thinking.as_ref())?;
         let tokens = model.engine.frontend().render_chat(&messages, offered, &kwargs, true)?;
         Ok::<_, ApiError>(json_response(StatusCode::OK, &json!({"input_tokens": tokens.len()})))
@@ -338,8 +338,8 @@ fn conversation(
                         Block::Text { text } => push_text(&mut pending, text),
                         Block::Image { source } => {
                             let param = format!("{at}[{j}].source");
-                            let bytes = source.bytes(&param)?;
-                            seen.push(images::Pending { message: 0, at: pending.len(), bytes, param });
+                            let data = source.data(&param)?;
+                            seen.push(images::Pending { message: 0, at: pending.len(), data, param });
                         }
                         Block::ToolResult { tool_use_id, content, is_error } => {
                             flush(&mut out, &mut pending, &mut seen);

@@ -63,7 +63,7 @@ async fn chat(state: &Arc<AppState>, request_id: &str, req: openai::ChatRequest)
         b => b.map(|b| b as usize),
     };
     let prompt_logprobs = options.prompt_logprobs;
-    let request = ChatRequest::new(openai::chat_messages(&model, &req.messages).await?).options(options);
+    let request = ChatRequest::new(openai::chat_messages(state, &model, &req.messages).await?).options(options);
     let dialect = OpenAi {
         api: Api::Chat,
         id: String::new(),

@@ -10,6 +10,7 @@ mod cors;
 pub mod dialect;
 mod embeddings;
 pub mod error;
+pub mod fetch;
 mod generation;
 pub mod images;
 pub mod llamacpp;
@@ -93,6 +94,8 @@ pub struct AppState {
     options: std::sync::OnceLock<HttpOptions>,
     /// The models' digests, for Ollama's model lists.
     pub digests: Arc<ollama::Digests>,
+    /// Which remote image URLs requests may name.
+    pub fetcher: fetch::Fetcher,
 }
 
 impl AppState {
@@ -105,6 +108,7 @@ impl AppState {
         }
         Self {
             digests,
+            fetcher: fetch::Fetcher { urls: server.image_urls, hosts: server.image_url_hosts.clone() },
             api_keys: server.api_keys.clone(),
             responses: responses::ResponseStore::new(server.stored_responses),
             batches: batches::BatchStore::new(server.stored_files_bytes),

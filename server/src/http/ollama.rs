@@ -385,7 +385,7 @@ pub async fn chat(
 async fn run_chat(state: &Arc<AppState>, request_id: &str, req: ChatIn) -> Result<Response, ApiError> {
     let model = state.model(&req.model)?;
     let (mut request, pending) = req.chat_request()?;
-    images::attach(&model, &mut request.input, pending).await?;
+    images::attach(&state.fetcher, &model, &mut request.input, pending).await?;
     let dialect = Ollama { api: Api::Chat, calls_sent: 0, logprobs_sent: 0 };
     let stream = req.stream.unwrap_or(true);
     let run = Run { state, request_id, model, stream, constraint_field: Some("format"), echo: false };
@@ -462,7 +462,7 @@ async fn run_generate(state: &Arc<AppState>, request_id: &str, req: GenerateIn) 
         return Ok(with_model(json_response(StatusCode::OK, &body), &model.name));
     };
     if let Work::Chat(request) = &mut work {
-        images::attach(&model, &mut request.input, pending).await?;
+        images::attach(&state.fetcher, &model, &mut request.input, pending).await?;
     }
     let dialect = Ollama { api: Api::Generate, calls_sent: 0, logprobs_sent: 0 };
     let stream = req.stream.unwrap_or(true);
@@ -533,7 +533,8 @@ fn base64_images(list: &[Value], message: usize, field: &str) -> Result<Vec<imag
         .map(|(k, v)| {
             let param = format!("{field}[{k}]");
             let data = v.as_str().ok_or_else(|| ApiError::invalid(&param, "an image is a base64 string"))?;
-            Ok(images::Pending { message, at: 0, bytes: images::from_base64(data, &param)?, param })
+            let data = images::ImageData::Bytes(images::from_base64(data, &param)?);
+            Ok(images::Pending { message, at: 0, data, param })
         })
         .collect()
 }

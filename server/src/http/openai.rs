@@ -487,9 +487,13 @@ impl CommonFields {
 }
 
 /// The messages as the engine takes them, their images prepared for `model` and in place.
-pub async fn chat_messages(model: &ModelEntry, messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+pub async fn chat_messages(
+    state: &super::AppState,
+    model: &ModelEntry,
+    messages: &[ChatMessageIn],
+) -> Result<Vec<ChatMessage>, ApiError> {
     let (mut messages, pending) = self::messages(messages)?;
-    images::attach(model, &mut messages, pending).await?;
+    images::attach(&state.fetcher, model, &mut messages, pending).await?;
     Ok(messages)
 }
 
@@ -546,8 +550,8 @@ impl ChatMessageIn {
                                 serde_json::Value::String(u) => u.as_str(),
                                 other => other.get("url").and_then(serde_json::Value::as_str).unwrap_or_default(),
                             };
-                            let bytes = images::from_url(url, &param)?;
-                            images.push(images::Pending { message: index, at: text.len(), bytes, param });
+                            let data = images::from_url(url, &param)?;
+                            images.push(images::Pending { message: index, at: text.len(), data, param });
                         }
                         (kind, _, _) => {
                             return Err(ApiError::invalid(

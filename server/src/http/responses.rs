@@ -185,7 +185,7 @@ async fn generate(state: &Arc<AppState>, request_id: &str, req: ResponsesRequest
     let (mut request, mut conversation, pending) = req.chat_request(earlier)?;
     // The input's images, prepared once: in the conversation stored and in the request.
     if !pending.is_empty() {
-        images::attach(&model, &mut conversation, pending).await?;
+        images::attach(&state.fetcher, &model, &mut conversation, pending).await?;
         let before = request.input.len() - conversation.len();
         request.input.truncate(before);
         request.input.extend(conversation.iter().cloned());
@@ -430,11 +430,12 @@ fn content_text(
                     ("input_image", _, Some((message, found))) => {
                         let param = format!("{at}[{j}].image_url");
                         let Some(url) = part.get("image_url").and_then(Value::as_str) else {
-                            let reason = "an input_image needs its image_url (a data: URL); file_id is not taken";
+                            let reason =
+                                "an input_image needs its image_url (a data: or http(s) URL); file_id is not taken";
                             return Err(ApiError::invalid(&param, reason));
                         };
-                        let bytes = images::from_url(url, &param)?;
-                        found.push(images::Pending { message: *message, at: text.len(), bytes, param });
+                        let data = images::from_url(url, &param)?;
+                        found.push(images::Pending { message: *message, at: text.len(), data, param });
                     }
                     _ => {
                         return Err(ApiError::invalid(
