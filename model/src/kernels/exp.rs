@@ -124,6 +124,49 @@ pub fn draw_weights(row: &[f32], max: f32, t: f32, out: &mut Vec<f32>) {
     )
 }
 
+/// Rows of a task of [`softmax_rows`].
+const SOFTMAX_ROWS: usize = 8;
+
+/// Each row of `values` (rows of `e`) becomes the softmax of `row · scale + mask`, in place, the
+/// rows in tasks on the rayon pool: `mask` ([n, e], additive) gives row j of every run of
+/// `rows_per_lead` rows its row j mod n. A row masked whole becomes zeros.
+pub fn softmax_rows(values: &mut [f32], e: usize, scale: f32, mask: Option<&[f32]>, rows_per_lead: usize) {
+    use rayon::prelude::*;
+    let n = mask.map_or(1, |m| m.len() / e.max(1));
+    values.par_chunks_mut(e * SOFTMAX_ROWS).enumerate().for_each(|(task, rows)| {
+        for (k, row) in rows.chunks_mut(e).enumerate() {
+            let j = (task * SOFTMAX_ROWS + k) % rows_per_lead.max(1);
+            let mask = mask.map(|m| &m[(j % n) * e..(j % n + 1) * e]);
+            match V4::try_new() {
+                Some(simd) => simd.vectorize(
+                    #[inline(always)]
+                    || softmax_row(row, scale, mask, |xs, max| exp_sub_sum(simd, xs, max)),
+                ),
+                None => super::plain::Plain::new().vectorize(
+                    #[inline(always)]
+                    || softmax_row(row, scale, mask, exp_sub_sum_plain),
+                ),
+            }
+        }
+    });
+}
+
+/// One row of [`softmax_rows`], its exponentials by `exp_sub_sum`.
+#[inline(always)]
+fn softmax_row(row: &mut [f32], scale: f32, mask: Option<&[f32]>, exp_sub_sum: impl FnOnce(&mut [f32], f32) -> f32) {
+    match mask {
+        Some(mask) => row.iter_mut().zip(mask).for_each(|(x, m)| *x = *x * scale + m),
+        None => row.iter_mut().for_each(|x| *x *= scale),
+    }
+    let max = max_of(row);
+    if max == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return;
+    }
+    let inv = 1.0 / exp_sub_sum(row, max);
+    row.iter_mut().for_each(|x| *x *= inv);
+}
+
 /// [`draw_weights`]' loop, inlined into the function compiled for the CPU's vectors.
 #[inline(always)]
 fn weigh(row: &[f32], max: f32, t: f32, out: &mut [f32]) {
@@ -287,6 +330,33 @@ mod tests {
             }
         }
         assert!(row_max(&[f32::NAN, f32::NAN]) == f32::NEG_INFINITY);
+    }
+
+    /// Rows around the lanes, scaled, with and without a mask whose rows repeat every `n` rows of
+    /// each run of `r`, one row masked whole; against f64.
+    #[test]
+    fn softmax_rows_match_an_f64_reference() {
+        for e in [1, 15, 16, 17, 80, 1024] {
+            let (runs, r, n) = (3, 4, 2);
+            let values: Vec<f32> = crate::kernels::test_values(runs * r * e, 5).iter().map(|v| v * 20.0).collect();
+            let mut mask: Vec<f32> = crate::kernels::test_values(n * e, 9).iter().map(|v| v * 3.0).collect();
+            mask[e..].fill(f32::NEG_INFINITY); // mask row 1: every column
+            for masked in [false, true] {
+                let mut got = values.clone();
+                softmax_rows(&mut got, e, 0.125, masked.then_some(&mask[..]), r);
+                for (i, (row, got)) in values.chunks(e).zip(got.chunks(e)).enumerate() {
+                    let m = masked.then(|| &mask[((i % r) % n) * e..][..e]);
+                    let x: Vec<f64> =
+                        (0..e).map(|c| f64::from(row[c]) * 0.125 + m.map_or(0.0, |m| f64::from(m[c]))).collect();
+                    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = x.iter().map(|v| (v - max).exp()).sum();
+                    for (c, &g) in got.iter().enumerate() {
+                        let want = if max == f64::NEG_INFINITY { 0.0 } else { (x[c] - max).exp() / sum };
+                        assert!((f64::from(g) - want).abs() < 1e-6, "e {e} row {i} col {c}: {g} vs {want}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -695,13 +695,74 @@ pub fn rope(x: &Tensor<2>, width: usize, d: usize, tables: &Tensor<3>) -> Option
 }
 
 /// Softmax of `scores · scale + mask` over the last dimension (row j of each leading index
-/// reads mask row j mod n): the GPU kernel on a CubeCL backend (the CPU's attention kernel
-/// never forms the scores).
+/// reads mask row j mod n): the CPU kernel on the Flex backend (in place where the scores are
+/// held nowhere else: a vision tower's, whose rows attend without the attention kernel's cell
+/// tables), the GPU kernel on a CubeCL one; `otherwise` where neither runs.
 ///
 /// # Shapes
 /// scores: [b, r, e] f32, mask: [n, e] f32 additive, r a multiple of n → [b, r, e] f32
-pub fn softmax(scores: &Tensor<3>, scale: f64, mask: Option<&Tensor<2>>) -> Option<Tensor<3>> {
-    gpu::softmax(scores, scale, mask)
+pub fn softmax(
+    scores: Tensor<3>,
+    scale: f64,
+    mask: Option<&Tensor<2>>,
+    otherwise: impl FnOnce(Tensor<3>) -> Tensor<3>,
+) -> Tensor<3> {
+    let [b, r, e] = scores.dims();
+    let mask_fits = mask.is_none_or(|m| {
+        let [n, me] = m.dims();
+        n > 0 && me == e && r.is_multiple_of(n) && m.dtype() == DType::F32
+    });
+    if scores.device() != Device::flex() || scores.dtype() != DType::F32 || b * r * e == 0 || !mask_fits {
+        return match gpu::softmax(&scores, scale, mask) {
+            Some(probs) => probs,
+            None => otherwise(scores),
+        };
+    }
+    let mask = match mask.map(contiguous) {
+        Some(Some(m)) => Some(m),
+        Some(None) => return otherwise(scores),
+        None => None,
+    };
+    let mask = mask.as_ref().and_then(|m| m.as_slice::<f32>());
+    flex_in_place(scores, |values| exp::softmax_rows(values, e, scale as f32, mask, r), otherwise)
+}
+
+/// A vision tower's MLP activation: `x · σ(1.702 x)` (QuickGELU, Qwen2-VL's), or GELU's tanh
+/// form (`tanh`), in place in one pass on the Flex backend; `otherwise` elsewhere.
+pub fn gelu(x: Tensor<2>, tanh: bool, otherwise: impl FnOnce(Tensor<2>) -> Tensor<2>) -> Tensor<2> {
+    let gate = if tanh { swiglu::Gate::Tanh } else { swiglu::Gate::Scaled(1.702) };
+    flex_in_place(x, |values| swiglu::gate_in_place(values, gate), otherwise)
+}
+
+/// `f` over the f32 values of `x` on the Flex backend: in place where nothing else holds them
+/// (the output of the op before), on a copy where something does; `otherwise` on another
+/// backend or type.
+fn flex_in_place<const D: usize>(
+    x: Tensor<D>,
+    f: impl FnOnce(&mut [f32]),
+    otherwise: impl FnOnce(Tensor<D>) -> Tensor<D>,
+) -> Tensor<D> {
+    if x.device() != Device::flex() || x.dtype() != DType::F32 {
+        return otherwise(x);
+    }
+    let shape = x.dims();
+    let len = shape.iter().product::<usize>();
+    let Ok(mut p) = x.clone().try_into_primitive::<Flex>() else { return otherwise(x) };
+    drop(x); // the primitive is the only reference now, where `x` was
+    if p.as_slice::<f32>().map(<[f32]>::len) != Some(len) || p.storage::<f32>().len() != len {
+        p = p.to_contiguous();
+    }
+    if let Some(values) = p.try_storage_mut::<f32>().filter(|s| s.len() == len) {
+        f(values);
+        return Tensor::from_primitive::<Flex>(p);
+    }
+    match p.as_slice::<f32>().map(<[f32]>::to_vec) {
+        Some(mut values) if values.len() == len => {
+            f(&mut values);
+            Tensor::from_data(TensorData::new(values, shape), &Device::flex())
+        }
+        _ => otherwise(Tensor::from_primitive::<Flex>(p)),
+    }
 }
 
 /// What a product's input goes through first, inside the GPU's few-row kernel where it runs.

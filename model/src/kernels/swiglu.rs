@@ -53,6 +53,62 @@ pub fn run(gate_up: &[f32], width: usize, act: Activation) -> Vec<f32> {
     out
 }
 
+/// A gate without an up: `g · σ(t)`, in place ([`gate_in_place`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Gate {
+    /// t = a · g (QuickGELU: a = 1.702; silu: 1).
+    Scaled(f32),
+    /// GELU's tanh approximation.
+    Tanh,
+}
+
+/// Each value g becomes `g · σ(t)` ([`Gate`]), in tasks on the rayon pool.
+pub fn gate_in_place(values: &mut [f32], gate: Gate) {
+    let (v4, plain) = (V4::try_new(), Plain::new());
+    values.par_chunks_mut(MIN_ELEMENTS_PER_TASK).for_each(|chunk| match v4 {
+        Some(simd) => simd.vectorize(
+            #[inline(always)]
+            || gate_chunk(simd, chunk, gate),
+        ),
+        None => plain.vectorize(
+            #[inline(always)]
+            || {
+                for g in chunk.iter_mut() {
+                    *g /= 1.0 + exp_plain(-gate_arg(*g, gate));
+                }
+            },
+        ),
+    });
+}
+
+#[inline(always)]
+fn gate_arg(g: f32, gate: Gate) -> f32 {
+    match gate {
+        Gate::Scaled(a) => a * g,
+        Gate::Tanh => GELU_SCALE * (g + GELU_CUBE * g * g * g),
+    }
+}
+
+/// [`gate_in_place`] on AVX-512.
+#[inline(always)]
+fn gate_chunk(simd: V4, values: &mut [f32], gate: Gate) {
+    let (head, tail) = pulp::as_arrays_mut::<LANES, f32>(values);
+    let (one, zero) = (simd.splat_f32s(1.0), simd.splat_f32s(0.0));
+    let (scale, cube) = (simd.splat_f32s(GELU_SCALE), simd.splat_f32s(GELU_CUBE));
+    for v in head {
+        let g: f32x16 = pulp::cast(*v);
+        let t = match gate {
+            Gate::Scaled(a) => simd.mul_f32s(simd.splat_f32s(a), g),
+            Gate::Tanh => simd.mul_f32s(scale, simd.mul_add_f32s(simd.mul_f32s(cube, simd.mul_f32s(g, g)), g, g)),
+        };
+        let e = exp(simd, simd.sub_f32s(zero, t));
+        *v = pulp::cast(simd.div_f32s(g, simd.add_f32s(one, e)));
+    }
+    for g in tail {
+        *g /= 1.0 + (-gate_arg(*g, gate)).exp();
+    }
+}
+
 /// The sigmoid's argument for gate `g` (clamped already: `clamped`).
 #[inline(always)]
 fn arg(g: f32, act: Activation) -> f32 {
@@ -157,6 +213,27 @@ mod tests {
     /// where the exponential is computed and beyond its clamp on both sides, for both gates.
     /// On the widest vectors this CPU has (AVX-512 on a machine that built with it); the plain
     /// row is checked on its own below.
+    #[test]
+    fn quick_gelu_and_gelu_in_place_match_an_f64_reference() {
+        for len in [0, 1, 15, 16, 17, 5000, (1 << 16) + 3] {
+            let values: Vec<f32> = crate::kernels::test_values(len, 4).iter().map(|v| v * 12.0).collect();
+            for gate in [Gate::Scaled(1.702), Gate::Tanh] {
+                let mut got = values.clone();
+                gate_in_place(&mut got, gate);
+                for (&g, &y) in values.iter().zip(&got) {
+                    let g = f64::from(g);
+                    let want = match gate {
+                        Gate::Scaled(a) => g / (1.0 + (-f64::from(a) * g).exp()),
+                        Gate::Tanh => {
+                            0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+                        }
+                    };
+                    assert!((f64::from(y) - want).abs() < 1e-5 * want.abs().max(1.0), "{gate:?} {g}: {y} vs {want}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn swiglu_and_geglu_match_an_f64_reference() {
         #[cfg(cpu_avx512)]

@@ -28,20 +28,17 @@ pub fn attention(
     let q = q.swap_dims(0, 1).reshape([kv_heads, group * n, d]);
     let scores = q.matmul(k.swap_dims(1, 2)); // [kv_heads, group·n, extent]
     let scale = 1.0 / (d as f64).sqrt();
-    // Scaled, masked and normalised in one kernel on a GPU (six of Burn's ops otherwise).
-    let fused = || crate::kernels::softmax(&scores, scale, mask.as_ref());
-    let plain = softcap.is_none() && sinks.is_none();
-    let probs = plain.then(fused).flatten().unwrap_or_else(|| {
+    // Scaled, masked and normalised in one kernel (six of Burn's ops otherwise).
+    let ops = |scores: Tensor<3>| {
         let scores = match softcap {
             Some(cap) => scores.mul_scalar(scale / cap).tanh().mul_scalar(cap),
             None => scores.mul_scalar(scale),
         };
-        let scores =
-            match mask {
-                Some(mask) => (scores.reshape([kv_heads, group, n, extent]) + mask.reshape([1, 1, n, extent]))
-                    .reshape([kv_heads, group * n, extent]),
-                None => scores,
-            };
+        let scores = match &mask {
+            Some(mask) => (scores.reshape([kv_heads, group, n, extent]) + mask.clone().reshape([1, 1, n, extent]))
+                .reshape([kv_heads, group * n, extent]),
+            None => scores,
+        };
         match sinks {
             // The sink as one more column of every row of its head, dropped after the softmax.
             Some(s) => {
@@ -51,7 +48,11 @@ pub fn attention(
             }
             None => softmax(scores, 2),
         }
-    });
+    };
+    let probs = match softcap.is_none() && sinks.is_none() {
+        true => crate::kernels::softmax(scores, scale, mask.as_ref(), ops),
+        false => ops(scores),
+    };
     probs
         .matmul(v) // [kv_heads, group·n, d]
         .reshape([heads, n, d])

@@ -26,14 +26,16 @@ use super::Features;
 use super::image::Image;
 use crate::config::Activation;
 use crate::error::{DecodeError, LoadError};
-use crate::kernels::{GELU_CUBE, GELU_SCALE};
+use crate::kernels::{self, GELU_CUBE, GELU_SCALE};
 use crate::kv::Pos;
 use crate::layers::{Linear, RmsNorm, Rope, RopeTables, attention, linear, swiglu};
 use crate::tensors::{Storage, TensorSource, WeightDtype};
 
-/// Most bytes of one slice of attention scores ([heads, rows, patches] f32): an image of
-/// thousands of patches attends in slices of query rows (Qwen's largest images have 65,536).
-const SCORE_BYTES: usize = 256 << 20;
+/// Most bytes of one slice of attention scores ([heads, rows, patches] f32): an image attends in
+/// slices of query rows (Qwen's largest images have 65,536 patches). Small enough that the
+/// allocator reuses a slice's memory for the next (a score matrix of 64 MB, a fresh mapping
+/// each time, spent a third of Qwen2-VL's attention faulting its pages in).
+const SCORE_BYTES: usize = 8 << 20;
 
 /// Which of the towers: their blocks differ (the module's doc).
 #[derive(Debug, Clone, PartialEq)]
@@ -258,16 +260,19 @@ impl Mlp {
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         match self {
             Mlp::Plain { fc1, fc2, tanh } => {
-                let h = fc1.forward(x);
-                // x·σ(1.702x), or x·σ(2√(2/π)(x + 0.044715x³)) = ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
-                let t = match tanh {
-                    false => h.clone().mul_scalar(1.702),
-                    true => {
-                        let cubed = h.clone() * h.clone() * h.clone();
-                        (cubed.mul_scalar(GELU_CUBE) + h.clone()).mul_scalar(GELU_SCALE)
-                    }
-                };
-                fc2.forward(h * sigmoid(t))
+                // x·σ(1.702x), or x·σ(2√(2/π)(x + 0.044715x³)) = ½x(1 + tanh(√(2/π)(x + 0.044715x³))):
+                // in place in one pass on the CPU, Burn's ops elsewhere.
+                let h = kernels::gelu(fc1.forward(x), *tanh, |h| {
+                    let t = match tanh {
+                        false => h.clone().mul_scalar(1.702),
+                        true => {
+                            let cubed = h.clone() * h.clone() * h.clone();
+                            (cubed.mul_scalar(GELU_CUBE) + h.clone()).mul_scalar(GELU_SCALE)
+                        }
+                    };
+                    h * sigmoid(t)
+                });
+                fc2.forward(h)
             }
             Mlp::Gated { gate_up, down } => down.forward(swiglu(gate_up.forward(x), Activation::Silu)),
         }
@@ -485,11 +490,12 @@ impl Tower {
         let mut deepstack = Vec::new();
         for b in &self.blocks {
             let h = b.norm1.forward(x.clone());
-            let qkv = b.qkv.forward(h).reshape([n, 3, heads, hd]);
-            let part = |i: usize| qkv.clone().narrow(1, i, 1).reshape([n, heads, hd]);
-            let q = Rope::apply(part(0), &tables);
-            let k = Rope::apply(part(1), &tables).swap_dims(0, 1); // [heads, n, hd]
-            let v = part(2).swap_dims(0, 1);
+            // q and k turned in one pass over the projection where the CPU kernel runs.
+            let e = c.embed_dim;
+            let [q, k, v] = Rope::apply_qk(b.qkv.forward(h), 0..e, e..2 * e, &tables, None);
+            let q = q.reshape([n, heads, hd]);
+            let k = k.reshape([n, heads, hd]).swap_dims(0, 1); // [heads, n, hd]
+            let v = v.reshape([n, heads, hd]).swap_dims(0, 1);
             let a = attend(q, k, v, if b.full { &frames } else { &windows });
             x = x + b.proj.forward(a);
             x = x.clone() + b.mlp.forward(b.norm2.forward(x));
