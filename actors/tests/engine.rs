@@ -41,22 +41,20 @@ async fn mock_engine(fail_on_token: Option<u32>) -> Engine {
 
 /// A mock engine that reloads the model from its directory when the worker is replaced.
 async fn mock_engine_with(fail_on_token: Option<u32>, config: EngineConfig) -> Engine {
+    // The loader holds the folder: it goes with the engine.
     let dir = tempfile_dir(fail_on_token);
     let loader: ModelLoader = Arc::new(move || {
-        load_model(None, Some(&ModelSource::Dir(dir.clone())), &LoadOptions::default(), &Device::flex())
+        load_model(None, Some(&ModelSource::Dir(dir.path().into())), &LoadOptions::default(), &Device::flex())
     });
     Engine::start_with_loader(loader, None, config).await.unwrap()
 }
 
-/// A mock model directory (config.json only).
-fn tempfile_dir(fail_on_token: Option<u32>) -> std::path::PathBuf {
-    // One directory per call: tests in one process run in parallel.
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("llaisys-mock-{}-{call}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A mock model directory (config.json only), removed when dropped.
+fn tempfile_dir(fail_on_token: Option<u32>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
     let fail = fail_on_token.map_or(String::new(), |t| format!(r#","fail_on_token":{t}"#));
-    std::fs::write(dir.join("config.json"), format!(r#"{{"model_type":"mock","vocab_size":200{fail}}}"#)).unwrap();
+    let config = format!(r#"{{"model_type":"mock","vocab_size":200{fail}}}"#);
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
     dir
 }
 
@@ -208,7 +206,7 @@ async fn a_failed_worker_is_replaced_and_requests_outside_its_batch_complete() {
 async fn without_a_loader_a_failed_worker_fails_everything_and_the_engine_refuses_requests() {
     let dir = tempfile_dir(Some(13));
     let model =
-        load_model(None, Some(&ModelSource::Dir(dir.clone())), &LoadOptions::default(), &Device::flex()).unwrap();
+        load_model(None, Some(&ModelSource::Dir(dir.path().into())), &LoadOptions::default(), &Device::flex()).unwrap();
     let engine = Engine::start(model, None, mock_config()).await.unwrap();
     assert_eq!(reason(&collect(engine.generate(request(vec![13], 5)).await.unwrap()).await.2), FinishReason::Error);
     let err = engine.generate(request(vec![1], 5)).await.err().expect("refused");

@@ -133,18 +133,20 @@ async fn a_sessions_turns_stay_on_its_replica_and_reuse_its_cache() {
 
 /// A mock model directory whose worker fails on `fail_on_token`, stepping slowly enough that
 /// requests overlap.
-fn mock_dir(fail_on_token: Option<u32>) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("llaisys-replicas-{}-{fail_on_token:?}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// (Removed when dropped.)
+fn mock_dir(fail_on_token: Option<u32>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
     let fail = fail_on_token.map_or(String::new(), |t| format!(r#","fail_on_token":{t}"#));
     let config = format!(r#"{{"model_type":"mock","vocab_size":200,"step_delay_ms":5{fail}}}"#);
-    std::fs::write(dir.join("config.json"), config).unwrap();
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
     dir
 }
 
-async fn mock_replicas(dir: std::path::PathBuf, n: usize) -> Engine {
+/// The replicas' loader holds `dir`: it goes with the engine.
+async fn mock_replicas(dir: tempfile::TempDir, n: usize) -> Engine {
+    let dir = Arc::new(dir);
     let loader: ModelLoader = Arc::new(move || {
-        load_model(None, Some(&ModelSource::Dir(dir.clone())), &LoadOptions::default(), &Device::flex())
+        load_model(None, Some(&ModelSource::Dir(dir.path().into())), &LoadOptions::default(), &Device::flex())
     });
     let spec = ReplicaSpec { device: "cpu".into(), loader, draft: None };
     let config = EngineConfig { kv_capacity: 512, prefix_caching: false, ..EngineConfig::default() };

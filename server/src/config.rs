@@ -483,9 +483,8 @@ mod tests {
 
     #[test]
     fn the_command_line_beats_the_environment_which_beats_a_file() {
-        let dir = std::env::temp_dir().join(format!("llaisys-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("c.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
         std::fs::write(&file, "[server]\nport = 1\nhost = \"0.0.0.0\"\n[model]\npath = \"m\"\n").unwrap();
         let env = [("LLAISYS_SERVER_PORT".to_string(), "2".to_string()), ("HOME".into(), "/x".into())];
         let c = Config::load(Some(&file), env.clone(), &[]).unwrap();
