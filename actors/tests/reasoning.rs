@@ -252,3 +252,27 @@ async fn glm_thinking_after_a_newline_splits_off() {
     assert_eq!(c.reasoning, t.decode(&c.tokens[2..4], false).unwrap(), "{c:?}");
     assert!(c.text.starts_with('{'), "{c:?}");
 }
+
+/// An image's rows are ids drawn from its pixels' hash for the prefix cache, and may be any token,
+/// `<think>` among them: what reads the prompt as text reads it as the processor writes it. On
+/// the tiny Qwen3-VL fixture (its template opens no think block; its vocabulary has the tags),
+/// an image whose drawn ids hold `<think>` leaves the answer an answer.
+#[test]
+fn an_images_drawn_ids_never_open_a_think_block() {
+    use llaisys_model::Image;
+    use llaisys_model::tokenizer::{ChatMessage, MessageImage};
+    let fixture = fixture_dir("tiny-qwen3vl-f32");
+    let frontend = Engine::builder().model(&fixture).build_frontend().unwrap();
+    let open = Tokenizer::from_dir(&fixture).unwrap().token_to_id("<think>").unwrap();
+    let chat = |hash: u64| {
+        let image = Image { grid: [1, 8, 8], merge: 2, patches: vec![0.0; 64 * 1536], hash };
+        let mut message = ChatMessage::new("user", "What is in the picture?");
+        message.images.push(MessageImage { at: 0, image: std::sync::Arc::new(image) });
+        frontend.chat(&ChatRequest::new(vec![message])).unwrap()
+    };
+    let text = chat(0);
+    assert!(!text.params().reasoning.expect("the vocabulary has the tags").starts_open);
+    let hash = (1..10_000).find(|&h| chat(h).prompts()[0].contains(&open)).expect("some image draws <think>");
+    let valid = chat(hash);
+    assert!(!valid.params().reasoning.unwrap().starts_open, "image {hash}'s drawn <think> opened the output");
+}

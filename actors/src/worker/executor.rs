@@ -142,7 +142,11 @@ impl Lane {
     /// A request's lane before its first token: its sampler over `prompt`, guided as `params`
     /// say, and the prompt as its history when it `speculates`.
     pub fn fresh(prompt: &[u32], params: Arc<GenerateParams>, speculates: bool) -> Self {
-        let sampler = Sampler::new(params.sampling.clone(), prompt).guided(&params.guidance);
+        // Penalties count the prompt's tokens as the processor writes them: an image's rows as
+        // its token, not the ids drawn for the cache.
+        let shown = params.images.as_ref().map(|images| images.shown(prompt));
+        let sampler =
+            Sampler::new(params.sampling.clone(), shown.as_deref().unwrap_or(prompt)).guided(&params.guidance);
         Self::new(sampler, params, speculates.then(|| prompt.to_vec())).scoring(prompt)
     }
 

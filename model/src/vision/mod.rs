@@ -180,6 +180,8 @@ pub struct PromptImages {
     pub rope: Vec<[Pos; 3]>,
     /// What a row after the prompt adds to its index for its position ([`positions`]).
     pub delta: Pos,
+    /// The token the images' rows stand in for, as the processor writes them.
+    pub image_token: u32,
 }
 
 impl PromptImages {
@@ -206,17 +208,26 @@ impl PromptImages {
             }
             at += image.tokens();
         }
-        Ok(Self { images, rows, rope, delta })
+        Ok(Self { images, rows, rope, delta, image_token })
     }
 
-    /// `tokens` (the prompt these images were made with) with each image's rows as
-    /// `image_token` again, as the model's processor writes them.
-    pub fn restore(&self, tokens: &mut [u32], image_token: u32) {
+    /// `tokens` (the prompt these images were made with) with each image's rows as the image
+    /// token again, as the model's processor writes them.
+    pub fn restore(&self, tokens: &mut [u32]) {
         for (image, &row) in self.images.iter().zip(&self.rows) {
             if let Some(rows) = tokens.get_mut(row..row + image.tokens()) {
-                rows.fill(image_token);
+                rows.fill(self.image_token);
             }
         }
+    }
+
+    /// The prompt `tokens` as the processor writes it ([`Self::restore`]): what reads the prompt
+    /// as text (a reasoning model's open think block, the sampler's penalties) reads this, never
+    /// the ids drawn for the cache, which may be any token (a `<think>` among them).
+    pub fn shown(&self, tokens: &[u32]) -> Vec<u32> {
+        let mut shown = tokens.to_vec();
+        self.restore(&mut shown);
+        shown
     }
 
     /// The M-RoPE position of the sequence's row `pos`: the prompt's, or past it, `pos + delta`
@@ -325,7 +336,8 @@ mod tests {
         PromptImages::new(&mut c, 9, vec![with(2)], 100).unwrap();
         assert_eq!(a, b, "the same image, the same ids");
         let mut shown = a.clone();
-        pa.restore(&mut shown, 9);
+        pa.restore(&mut shown);
+        assert_eq!(pa.shown(&a), shown);
         assert_eq!(shown, [5, 9, 9, 9, 9, 6], "the processor's ids again");
         assert_ne!(a[1..5], c[1..5], "another image, other ids");
         assert!(a.iter().all(|&t| t < 100) && a[0] == 5 && a[5] == 6);

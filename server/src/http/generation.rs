@@ -290,8 +290,8 @@ impl Generation {
     /// drawn from the image, for its prefix cache).
     pub fn prompt_ids(&self, i: usize) -> Vec<u32> {
         let mut ids = self.merged.prompts().get(i / self.n).cloned().unwrap_or_default();
-        if let (Some(images), Some(vision)) = (&self.merged.request().params().images, &self.model.info().vision) {
-            images.restore(&mut ids, vision.image_token);
+        if let Some(images) = &self.merged.request().params().images {
+            images.restore(&mut ids);
         }
         ids
     }
