@@ -84,14 +84,14 @@ impl ModelSource {
         match (self, mmproj) {
             (source, None) => Ok(source),
             (Self::Gguf { path, .. }, Some(mmproj)) => {
-                if !is_projector(&mmproj) {
-                    let file = GgufFile::open(&mmproj)?;
-                    let arch = file.get("general.architecture").and_then(gguf::Value::as_str).unwrap_or("none");
-                    return Err(
-                        file.error(format!("not a projector (mmproj) file: its architecture is `{arch}`, not `clip`"))
-                    );
+                let file = GgufFile::open(&mmproj)?;
+                match gguf::architecture(&file)?.as_str() {
+                    "clip" => Ok(Self::Gguf { path, mmproj: Some(mmproj) }),
+                    arch => {
+                        Err(file
+                            .error(format!("not a projector (mmproj) file: its architecture is `{arch}`, not `clip`")))
+                    }
                 }
-                Ok(Self::Gguf { path, mmproj: Some(mmproj) })
             }
             (Self::Dir(dir), Some(_)) => Err(LoadError::NotAModel {
                 path: dir,
@@ -207,5 +207,5 @@ impl ModelSource {
 /// tower, not a language model. A file that does not open is not one (its opening as a model
 /// says why).
 fn is_projector(path: &Path) -> bool {
-    GgufFile::open(path).is_ok_and(|f| f.get("general.architecture").and_then(gguf::Value::as_str) == Some("clip"))
+    GgufFile::open(path).is_ok_and(|f| gguf::architecture(&f).is_ok_and(|a| a == "clip"))
 }

@@ -219,7 +219,7 @@ impl Want {
             }
             Want::Quant(q) => q,
         };
-        let (projectors, ggufs): (Vec<&String>, Vec<&String>) =
+        let (mut projectors, ggufs): (Vec<&String>, Vec<&String>) =
             names.iter().filter(|n| n.to_ascii_lowercase().ends_with(".gguf")).partition(|n| is_projector(n));
         if ggufs.is_empty() && !projectors.is_empty() {
             return Err(HubError::NotFound(format!("the repo {repo} has projector (mmproj) files but no GGUF model")));
@@ -283,7 +283,6 @@ impl Want {
             )));
         }
         let preferred = quant.iter().map(String::as_str).chain(["F16", "BF16", "F32", "Q8_0"]);
-        let mut projectors = projectors;
         projectors.sort();
         let mmproj = preferred
             .filter_map(|q| projectors.iter().find(|p| has_quant(p, q)))

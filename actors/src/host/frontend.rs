@@ -256,11 +256,9 @@ impl Frontend {
             return self.harmony_chat(request, prompt, tags);
         }
         // The prompt as text: an image's rows as its token, not the ids drawn for the cache.
-        let shown = match &images {
-            Some(images) => images.shown(&prompt),
-            None => prompt.clone(),
-        };
-        let reasoning = self.text_side()?.reasoning.map(|tags| ReasoningParsing::after(tags, &shown));
+        let shown = images.as_ref().map(|images| images.shown(&prompt));
+        let text = shown.as_deref().unwrap_or(&prompt);
+        let reasoning = self.text_side()?.reasoning.map(|tags| ReasoningParsing::after(tags, text));
         let mut unchecked = self.unchecked(vec![prompt], options, "messages")?;
         unchecked.params.reasoning = reasoning;
         unchecked.params.images = images.map(Arc::new);
@@ -273,8 +271,9 @@ impl Frontend {
         if let Some(r) = reasoning
             && (options.thinking_budget.is_some() || !params.guidance.is_free())
         {
-            let start = self.think_start(r, &shown)?;
-            let newline = if start == ThinkStart::MayOpen { self.think_newline(&shown)? } else { None };
+            let text = shown.as_deref().unwrap_or(&unchecked.prompts[0]);
+            let start = self.think_start(r, text)?;
+            let newline = if start == ThinkStart::MayOpen { self.think_newline(text)? } else { None };
             let thinking =
                 Thinking { open: r.tags.open, close: r.tags.close, start, budget: options.thinking_budget, newline };
             for guidance in std::iter::once(&mut params.guidance).chain(&mut params.text_retry) {

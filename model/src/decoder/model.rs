@@ -124,16 +124,11 @@ pub fn load(
 /// The registry's info entry: what `load` would report, from the configuration alone.
 pub fn info(source: Option<&ModelSource>) -> Result<ModelInfo, LoadError> {
     let source = source.ok_or(LoadError::NeedsDirectory { model_type: "qwen2, qwen3 or llama" })?;
-    match source {
-        ModelSource::Dir(dir) => {
-            let config = ModelConfig::from_dir(dir)?;
-            Ok(info_of(&config, vision::info(source, &config)?))
-        }
-        ModelSource::Gguf { path, .. } => {
-            let config = gguf::model_config(&GgufFile::open(path)?)?;
-            Ok(info_of(&config, vision::info(source, &config)?))
-        }
-    }
+    let config = match source {
+        ModelSource::Dir(dir) => ModelConfig::from_dir(dir)?,
+        ModelSource::Gguf { path, .. } => gguf::model_config(&GgufFile::open(path)?)?,
+    };
+    Ok(info_of(&config, vision::info(source, &config)?))
 }
 
 fn info_of(config: &ModelConfig, vision: Option<VisionInfo>) -> ModelInfo {

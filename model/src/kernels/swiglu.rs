@@ -209,10 +209,8 @@ mod tests {
             .collect()
     }
 
-    /// Every width's vector part and scalar tail, against an f64 reference, across the range
-    /// where the exponential is computed and beyond its clamp on both sides, for both gates.
-    /// On the widest vectors this CPU has (AVX-512 on a machine that built with it); the plain
-    /// row is checked on its own below.
+    /// QuickGELU and GELU-tanh in place, vector part and tail, lengths around the lanes and past
+    /// one task, against f64.
     #[test]
     fn quick_gelu_and_gelu_in_place_match_an_f64_reference() {
         for len in [0, 1, 15, 16, 17, 5000, (1 << 16) + 3] {
@@ -234,6 +232,10 @@ mod tests {
         }
     }
 
+    /// Every width's vector part and scalar tail, against an f64 reference, across the range
+    /// where the exponential is computed and beyond its clamp on both sides, for both gates.
+    /// On the widest vectors this CPU has (AVX-512 on a machine that built with it); the plain
+    /// row is checked on its own below.
     #[test]
     fn swiglu_and_geglu_match_an_f64_reference() {
         #[cfg(cpu_avx512)]

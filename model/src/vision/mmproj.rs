@@ -54,9 +54,9 @@ pub(super) fn probe(
 
 /// The projector's type, where the file is a vision projector.
 fn projector_type(file: &GgufFile) -> Result<&str, LoadError> {
-    let arch = file.get("general.architecture").and_then(Value::as_str);
-    if arch != Some("clip") {
-        return Err(file.error(format!("not a projector (mmproj) file: its architecture is {arch:?}, not `clip`")));
+    let arch = crate::gguf::architecture(file)?;
+    if arch != "clip" {
+        return Err(file.error(format!("not a projector (mmproj) file: its architecture is `{arch}`, not `clip`")));
     }
     if file.get("clip.has_vision_encoder").and_then(Value::as_bool) != Some(true) {
         return Err(file.error("clip.has_vision_encoder: this projector has no vision tower"));

@@ -13,8 +13,9 @@
 //!   merged rows come back to the image's order at the end.
 //! - Qwen3-VL's (and Qwen3.5's, without the deepstack) patch embedding has a bias and adds a
 //!   learned position table (a square grid, bilinearly resampled to the image's), its MLP is fc1
-//!   → GELU (tanh) → fc2, and some blocks' outputs go through mergers of their own (normed after the 2×2 shuffle): the deepstack
-//!   features, added to the language model's first layers' outputs at the image's rows.
+//!   → GELU (tanh) → fc2, and some blocks' outputs go through mergers of their own (normed after
+//!   the 2×2 shuffle): the deepstack features, added to the language model's first layers'
+//!   outputs at the image's rows.
 
 use std::ops::Range;
 
