@@ -51,7 +51,7 @@ for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp t
             tiny-granite-f32:refact: tiny-glm4moe-f32:glm4: tiny-glm4-f32:glm4: \
             tiny-glm4moelite-f32:glm4: tiny-deepseekv2-f32:glm4: \
             tiny-mistral4-f32:default::Ministral3ForCausalLM tiny-qwen3vl-f32:qwen2: \
-            tiny-qwen25vl-f32:qwen2: tiny-qwen2vl-f32:qwen2:; do
+            tiny-qwen25vl-f32:qwen2: tiny-qwen2vl-f32:qwen2: tiny-gemma3vl-f32:default:; do
   IFS=: read -r name pre opts class <<<"$spec"
   if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
   dir=$root/tests/fixtures/$name
@@ -68,7 +68,7 @@ for spec in tiny-qwen35-f32:qwen35:--no-mtp tiny-qwen35moe-f32:qwen35:--no-mtp t
   echo "$out/$name.gguf"
 done
 # The vision towers, as projector files beside their language models.
-for name in tiny-qwen2vl-f32 tiny-qwen25vl-f32 tiny-qwen3vl-f32 tiny-qwen35-f32 tiny-qwen35moe-f32; do
+for name in tiny-qwen2vl-f32 tiny-qwen25vl-f32 tiny-qwen3vl-f32 tiny-qwen35-f32 tiny-qwen35moe-f32 tiny-gemma3vl-f32; do
   if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
   PYTHONPATH=$src/llama.cpp/gguf-py python3 "$src/llama.cpp/convert_hf_to_gguf.py" \
     "$root/tests/fixtures/$name" --mmproj --outfile "$out/mmproj-$name.gguf" --outtype f32 >/dev/null 2>&1 \

@@ -28,7 +28,15 @@ model give for chats with those images:
   the last position's logits, the greedy continuation (transformers' generate, which turns the
   generated tokens by M-RoPE's position delta) and the smallest top-2 margin along it.
 
-Usage: python scripts/make_image_fixtures.py qwen2vl|qwen25vl|qwen3vl|qwen3vlmoe  (torch, transformers 5.x, torchvision, pillow)
+- `gemma3`: tests/fixtures/tiny-gemma3vl-f32, a random Gemma3ForConditionalGeneration as Google's released
+  checkpoints are (a nested config, the tower under model.vision_tower., the projector under
+  model.multi_modal_projector.): tiny-gemma3-f32's language model shape and tokenizer, the vocabulary
+  grown by <start_of_image>, <end_of_image> and <image_soft_token> (1024, 1025, 1026), a SigLIP tower
+  of two blocks over 128x128 images of 8-pixel patches (16x16), pooled 4x4 into 16 tokens an image;
+  the language model's sliding window (16) as long as an image's tokens, so that a local layer's
+  image rows see only the image.
+
+Usage: python scripts/make_image_fixtures.py qwen2vl|qwen25vl|qwen3vl|qwen3vlmoe|qwen35|gemma3  (torch, transformers 5.x, torchvision, pillow)
 """
 
 import json
@@ -268,6 +276,79 @@ def qwen35():
         references(model, fixture, *QWEN3_IMAGES)
 
 
+def gemma3():
+    """tiny-gemma3vl-f32 (the module's doc)."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    text_fixture, fixture = os.path.join(FIXTURES, "tiny-gemma3-f32"), os.path.join(FIXTURES, "tiny-gemma3vl-f32")
+    os.makedirs(fixture, exist_ok=True)
+    text = json.load(open(os.path.join(text_fixture, "config.json")))
+    for k in ("architectures", "dtype", "transformers_version", "use_cache"):
+        text.pop(k, None)
+    text["vocab_size"] = 1027
+    vision = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+              "num_attention_heads": 2, "num_hidden_layers": 2, "image_size": 128, "patch_size": 8,
+              "num_channels": 3, "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
+              "vision_use_head": False}
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16,
+                          boi_token_index=1024, eoi_token_index=1025, image_token_index=1026,
+                          bos_token_id=2, eos_token_id=[1, 5], pad_token_id=0)
+    torch.manual_seed(11)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    g = torch.Generator().manual_seed(15)
+    with torch.no_grad():
+        # The language model at a scale where the logits differ token to token.
+        for name, p in model.model.language_model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+        randomize(model.model.vision_tower, 13)
+        proj = model.model.multi_modal_projector
+        proj.mm_input_projection_weight.copy_(torch.randn(proj.mm_input_projection_weight.shape, generator=g)
+                                              / proj.mm_input_projection_weight.shape[0] ** 0.5)
+        proj.mm_soft_emb_norm.weight.copy_(torch.randn(proj.mm_soft_emb_norm.weight.shape, generator=g) * 0.1)
+    model.save_pretrained(fixture)
+    # The tower under vision_tower.vision_model., as Google's checkpoints (and llama.cpp's converter)
+    # have it; transformers 5 saves it without vision_model. and reads either.
+    path = os.path.join(fixture, "model.safetensors")
+    tensors = {("vision_tower.vision_model." + k[len("vision_tower."):] if k.startswith("vision_tower.") else k): v
+               for k, v in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+    tok = json.load(open(os.path.join(text_fixture, "tokenizer.json"), encoding="utf-8"))
+    for i, content in ((1024, "<start_of_image>"), (1025, "<end_of_image>"), (1026, "<image_soft_token>")):
+        tok["added_tokens"].append({"id": i, "content": content, "single_word": False, "lstrip": False,
+                                    "rstrip": False, "normalized": False, "special": True})
+    json.dump(tok, open(os.path.join(fixture, "tokenizer.json"), "w", encoding="utf-8"), ensure_ascii=False)
+    tok_cfg = json.load(open(os.path.join(text_fixture, "tokenizer_config.json"), encoding="utf-8"))
+    tok_cfg.update(boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>",
+                   extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                                         "image_token": "<image_soft_token>"},
+                   processor_class="Gemma3Processor",
+                   # Where llama.cpp's converter finds tokens tokenizer.model lacks.
+                   added_tokens_decoder={str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip",
+                                                                           "single_word", "special")}
+                                         for t in tok["added_tokens"]})
+    json.dump(tok_cfg, open(os.path.join(fixture, "tokenizer_config.json"), "w", encoding="utf-8"),
+              ensure_ascii=False, indent=1)
+    # tokenizer.model: what llama.cpp's converter reads Gemma's vocabulary from.
+    for name in ("generation_config.json", "tokenizer.model"):
+        shutil.copy(os.path.join(text_fixture, name), fixture)
+    json.dump({"image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+               "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": None,
+               "do_pan_and_scan": None, "resample": 2, "rescale_factor": 1 / 255,
+               "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "image_seq_length": 16,
+               "size": {"height": 128, "width": 128}},
+              open(os.path.join(fixture, "preprocessor_config.json"), "w"), indent=2)
+    json.dump({"processor_class": "Gemma3Processor", "image_seq_length": 16},
+              open(os.path.join(fixture, "processor_config.json"), "w"), indent=2)
+    model = Gemma3ForConditionalGeneration.from_pretrained(fixture, attn_implementation="eager").eval()
+    # 128x128: no resize; 100x60: stretched up to 128x128; 300x260: shrunk (antialiased);
+    # "other": another picture of square's size.
+    shapes = [("square", 128, 128), ("wide", 100, 60), ("large", 300, 260), ("other", 128, 128)]
+    chats = [["square"], ["wide"], ["square", "large"], ["other"]]
+    references(model, fixture, shapes, chats)
+
+
 def references(model, fixture, shapes, chats):
     """The images' files and image_reference.json (the module's doc)."""
     model = model.eval()
@@ -281,16 +362,26 @@ def references(model, fixture, shapes, chats):
         img.save(os.path.join(fixture, path))
         images[name] = Image.open(os.path.join(fixture, path)).convert("RGB")
         inputs = processor.image_processor(images=[images[name]], return_tensors="pt")
-        pv, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+        pv = inputs["pixel_values"]
+        # Gemma 3's images are of one size, their patches a square grid.
+        grid = inputs.get("image_grid_thw")
         with torch.no_grad():
-            output = model.model.get_image_features(pv, grid)
+            output = model.model.get_image_features(pv, grid) if grid is not None else model.model.get_image_features(pv)
+        first = pv[0, :16] if grid is not None else None
+        if grid is None:
+            patch = model.config.vision_config.patch_size
+            side = model.config.vision_config.image_size // patch
+            grid = torch.tensor([[1, side, side]])
+            # The first patch's values (its first channel's rows), as the tower takes patches.
+            first = pv[0, :, :patch, :patch].flatten()[:16]
         flat = lambda f: torch.cat(list(f), 0) if isinstance(f, (list, tuple)) else f
         feats = flat(output.pooler_output if hasattr(output, "pooler_output") else output)
+        feats = feats.reshape(-1, feats.shape[-1])  # Gemma 3's: [1, tokens, hidden]
         # Qwen3-VL's: features of the tower's earlier blocks, added to the language model's first layers.
         deepstack = [flat(f).tolist() for f in getattr(output, "deepstack_features", None) or []]
         out["images"].append({
             "file": path, "grid": grid[0].tolist(), "patches": list(pv.shape),
-            "first_values": pv[0, :16].tolist(), "sum": pv.double().sum().item(),
+            "first_values": first.tolist(), "sum": pv.double().sum().item(),
             "abs_sum": pv.double().abs().sum().item(), "features": feats.tolist(),
             "deepstack": deepstack,
         })
@@ -301,7 +392,10 @@ def references(model, fixture, shapes, chats):
         # Qwen3.5's template is its tokenizer's (tokenizer_config.json), not the processor's.
         templated = processor if processor.chat_template else processor.tokenizer
         text = templated.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        inputs = processor(text=[text], images=[images[n] for n in names], return_tensors="pt")
+        # A template that writes the BOS itself (Gemma's): not a second one from the tokenizer.
+        bos = processor.tokenizer.bos_token
+        extra = {"add_special_tokens": False} if bos and text.startswith(bos) else {}
+        inputs = processor(text=[text], images=[images[n] for n in names], return_tensors="pt", **extra)
         with torch.no_grad():
             logits = model(**inputs).logits[0, -1]
             gen = model.generate(**inputs, max_new_tokens=8, do_sample=False, output_scores=True,
@@ -318,4 +412,4 @@ def references(model, fixture, shapes, chats):
 
 
 if __name__ == "__main__":
-    {"qwen2vl": qwen2vl, "qwen25vl": qwen25vl, "qwen3vl": qwen3vl, "qwen3vlmoe": qwen3vlmoe, "qwen35": qwen35}[sys.argv[1]]()
+    {"qwen2vl": qwen2vl, "qwen25vl": qwen25vl, "qwen3vl": qwen3vl, "qwen3vlmoe": qwen3vlmoe, "qwen35": qwen35, "gemma3": gemma3}[sys.argv[1]]()

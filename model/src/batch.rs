@@ -43,6 +43,10 @@ pub struct Batch {
     /// \[n_tokens\] M-RoPE's positions (temporal, height, width) where they are not each row's
     /// position in all three (an image's tokens, and the tokens after them); `None`: they are.
     pub rope: Option<Vec<[Pos; 3]>>,
+    /// \[n_tokens\] the last position of its sequences each token attends to, where some see
+    /// past their own (an image's rows that see each other both ways: Gemma 3's); `None`: each
+    /// its own position.
+    pub sees: Option<Vec<Pos>>,
 }
 
 impl Batch {
@@ -55,6 +59,7 @@ impl Batch {
             logits: None,
             embedded: Vec::new(),
             rope: None,
+            sees: None,
         }
     }
 
@@ -67,6 +72,7 @@ impl Batch {
             logits: Some(Vec::new()),
             embedded: Vec::new(),
             rope: None,
+            sees: None,
         }
     }
 
@@ -119,9 +125,16 @@ pub struct ValidBatch<'a> {
     pub embedded: &'a [Embedded],
     /// \[n_tokens\] M-RoPE's positions, where given.
     pub rope: Option<&'a [[Pos; 3]]>,
+    /// \[n_tokens\] the last position each token attends to ([`Batch::sees`]), where given.
+    pub sees: Option<&'a [Pos]>,
 }
 
 impl ValidBatch<'_> {
+    /// \[n_tokens\] the last position each token attends to: [`Self::sees`], else its own.
+    pub fn seen(&self) -> &[Pos] {
+        self.sees.unwrap_or(&self.pos)
+    }
+
     pub fn len(&self) -> usize {
         self.pos.len()
     }
@@ -197,6 +210,7 @@ pub fn validate<'a>(batch: &'a Batch, cells: &KvCells, limits: &Limits) -> Resul
     }
     for (name, len) in [
         ("rope", batch.rope.as_ref().map(Vec::len)),
+        ("sees", batch.sees.as_ref().map(Vec::len)),
         ("pos", batch.pos.as_ref().map(Vec::len)),
         ("seq_ids", batch.seq_ids.as_ref().map(Vec::len)),
         ("logits", batch.logits.as_ref().map(Vec::len)),
@@ -211,7 +225,18 @@ pub fn validate<'a>(batch: &'a Batch, cells: &KvCells, limits: &Limits) -> Resul
         None => vec![n - 1],
         Some(flags) => flags.iter().enumerate().filter(|(_, f)| **f).map(|(i, _)| i).collect(),
     };
-    Ok(ValidBatch { input: &batch.input, pos, seqs, out_rows, embedded: &batch.embedded, rope: batch.rope.as_deref() })
+    if let Some(k) = batch.sees.as_ref().and_then(|s| s.iter().zip(&pos).position(|(s, p)| s < p)) {
+        return bad(format!("token {k}: it would see less than its own position"));
+    }
+    Ok(ValidBatch {
+        input: &batch.input,
+        pos,
+        seqs,
+        out_rows,
+        embedded: &batch.embedded,
+        rope: batch.rope.as_deref(),
+        sees: batch.sees.as_deref(),
+    })
 }
 
 fn resolve_seqs(batch: &Batch, n: usize) -> Result<Vec<SeqSet>, DecodeError> {

@@ -51,15 +51,17 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
-    /// The vision tower of the checkpoint in `dir` (`visual.` or `model.visual.`), its tensors
-    /// named without that prefix; `None` where it has none.
-    pub fn vision(dir: &Path) -> Result<Option<Self>, LoadError> {
+    /// The vision tower of the checkpoint in `dir`: its tensors under the first of `prefixes`
+    /// (prefix, what it becomes) each name has, renamed (Qwen's `visual.` or `model.visual.`,
+    /// left off); `None` where it has none.
+    pub fn vision(dir: &Path, prefixes: &[(&str, &str)]) -> Result<Option<Self>, LoadError> {
         let mut checkpoint = Self::from_files(shard_files(dir)?)?;
         checkpoint.entries = std::mem::take(&mut checkpoint.entries)
             .into_iter()
             .filter_map(|(name, e)| {
-                let rest = name.strip_prefix("model.visual.").or_else(|| name.strip_prefix("visual."));
-                rest.map(|rest| (rest.to_string(), e))
+                let mut renamed =
+                    prefixes.iter().filter_map(|(p, to)| name.strip_prefix(p).map(|rest| to.to_string() + rest));
+                renamed.next().map(|name| (name, e))
             })
             .collect();
         Ok((!checkpoint.entries.is_empty()).then_some(checkpoint))

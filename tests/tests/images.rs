@@ -1,7 +1,8 @@
-//! Images in chats against the real server: the tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5
-//! (dense and MoE) fixtures answer a chat with images sent as `data:` URLs with the tokens transformers generates for the same chat
-//! (each fixture's image_reference.json), a cached prefix is not taken for another image of the
-//! same size, and images are refused by name where they cannot be taken.
+//! Images in chats against the real server: the tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5
+//! (dense and MoE) and Gemma 3 fixtures answer a chat with images sent as `data:` URLs with the
+//! tokens transformers generates for the same chat (each fixture's image_reference.json), a
+//! cached prefix is not taken for another image of the same size, and images are refused by name
+//! where they cannot be taken.
 
 use base64::Engine as _;
 use llaisys_tests::{converted_fixture, fixture_dir};
@@ -30,7 +31,16 @@ fn chat(fixture: &str, prompt: &Value) -> Value {
         .collect();
     parts.push(json!({"type": "text", "text": "What is in the picture?"}));
     json!({"model": fixture, "messages": [{"role": "user", "content": parts}], "temperature": 0,
-        "max_tokens": prompt["greedy"].as_array().unwrap().len(), "ignore_eos": true, "return_token_ids": true})
+        "max_tokens": prompt["greedy"].as_array().unwrap().len(), "ignore_eos": true, "return_token_ids": true,
+        "logprobs": true})
+}
+
+/// The log-probability transformers' last logits give the prompt's first greedy token.
+fn first_logprob(prompt: &Value) -> f64 {
+    let logits: Vec<f64> = prompt["last_logits"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+    logits[prompt["greedy"][0].as_u64().unwrap() as usize] - max - sum.ln()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,19 +52,32 @@ async fn a_chat_with_images_answers_as_transformers_does() {
         "tiny-qwen3vlmoe-f32",
         "tiny-qwen35-f32",
         "tiny-qwen35moe-f32",
+        "tiny-gemma3vl-f32",
     ] {
-        chat_as_transformers(fixture).await;
+        chat_as_transformers(fixture, &[]).await;
     }
 }
 
-async fn chat_as_transformers(fixture: &str) {
-    let s = server_for(&fixture_dir(fixture), &[]).await;
+/// Gemma 3's image rows see each other both ways: in steps of 5 prompt tokens the prompt is cut
+/// before each image of 16 rows, which is computed whole past the step's budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_seeing_itself_both_ways_is_never_cut_into_chunks() {
+    chat_as_transformers("tiny-gemma3vl-f32", &[("engine.max_tokens_per_step", "5")]).await;
+}
+
+async fn chat_as_transformers(fixture: &str, settings: &[(&str, &str)]) {
+    let s = server_for(&fixture_dir(fixture), settings).await;
     // "other" last: a picture of "square"'s size, whose tokens are the same ids but for the
     // image's; the cache holds "square"'s chat by then, which must not be taken for it.
     for prompt in reference(fixture)["prompts"].as_array().unwrap() {
         let (status, c) = post(&s, "/v1/chat/completions", chat(fixture, prompt)).await;
         assert_eq!(status, 200, "{c}");
         assert_eq!(c["choices"][0]["token_ids"], prompt["greedy"], "{:?}: {c}", prompt["images"]);
+        let logprob = c["choices"][0]["logprobs"]["content"][0]["logprob"].as_f64().unwrap();
+        // Within the server's 16-bit KV cache's rounding (an image's rows cut from each other
+        // move Gemma 3's by 0.05).
+        let expected = first_logprob(prompt);
+        assert!((logprob - expected).abs() < 1e-2, "{fixture} {:?}: logprob {logprob}, {expected}", prompt["images"]);
         // The prompt as transformers' processor writes it: each image's placeholder repeated.
         assert_eq!(c["prompt_token_ids"], prompt["ids"], "{fixture} {:?}", prompt["images"]);
         assert_eq!(c["usage"]["prompt_tokens"], json!(prompt["ids"].as_array().unwrap().len()), "{c}");
@@ -186,14 +209,19 @@ async fn the_servers_pixel_bound_scales_larger_images_down() {
     s.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gguf_model_sees_images_through_its_projector_file() {
-    // Qwen2.5-VL as llama.cpp's converter writes it: the language model, and its tower as a
-    // projector file (`model.mmproj`, the command line's `--mmproj`).
-    let fixture = "tiny-qwen25vl-f32";
+/// The server of the fixture as llama.cpp's converter writes it: the language model, and its tower
+/// as a projector file (`model.mmproj`, the command line's `--mmproj`).
+async fn gguf_server(fixture: &str) -> llaisys_server::Server {
     let mmproj = fixture_dir("gguf").join("converted").join(format!("mmproj-{fixture}.gguf"));
     let mmproj = format!("{:?}", mmproj.display().to_string());
-    let s = server_for(&converted_fixture(fixture), &[("model.mmproj", &mmproj)]).await;
+    server_for(&converted_fixture(fixture), &[("model.mmproj", &mmproj)]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gguf_model_sees_images_through_its_projector_file() {
+    // Qwen2.5-VL as llama.cpp's converter writes it.
+    let fixture = "tiny-qwen25vl-f32";
+    let s = gguf_server(fixture).await;
     let (_, models) = get(&s, "/v1/models").await;
     assert_eq!(models["data"][0]["input_modalities"], json!(["text", "image"]), "{models}");
     let prompts = reference(fixture)["prompts"].as_array().unwrap().clone();
@@ -209,6 +237,21 @@ async fn a_gguf_model_sees_images_through_its_projector_file() {
     let (status, c) = post(&s, "/v1/chat/completions", chat(fixture, square)).await;
     assert_eq!(status, 200, "{c}");
     assert_eq!(c["usage"]["prompt_tokens"], json!(square["ids"].as_array().unwrap().len() - 4 + 9), "{c}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gguf_gemma3_sees_images_through_its_projector_file() {
+    // Gemma 3 as llama.cpp's converter writes it: each image framed in the prompt by its start and
+    // end tokens from the model file's vocabulary, as transformers' processor frames it.
+    let fixture = "tiny-gemma3vl-f32";
+    let s = gguf_server(fixture).await;
+    for prompt in reference(fixture)["prompts"].as_array().unwrap() {
+        let (status, c) = post(&s, "/v1/chat/completions", chat(fixture, prompt)).await;
+        assert_eq!(status, 200, "{c}");
+        assert_eq!(c["prompt_token_ids"], prompt["ids"], "{:?}: {c}", prompt["images"]);
+        assert_eq!(c["choices"][0]["token_ids"], prompt["greedy"], "{:?}: {c}", prompt["images"]);
+    }
     s.shutdown().await;
 }
 

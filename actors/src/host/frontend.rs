@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use llaisys_model::Image;
 use llaisys_model::tokenizer::{ChatMessage, FimPrompt, FimTokens};
-use llaisys_model::vision::PromptImages;
+use llaisys_model::vision::{PromptImages, VisionInfo};
 use llaisys_model::{
     CallSyntax, Constraint, GrammarCompiler, Guidance, ModelInfo, SamplingParams, ThinkStart, Thinking, Tokenizer,
 };
@@ -182,9 +182,9 @@ impl Frontend {
     }
 
     /// [`Self::render_chat`], and the conversation's images where it has any: each image's
-    /// placeholder token (the template's, once per image) repeated once per feature row, those
-    /// rows' ids drawn from the image ([`PromptImages::new`]). A model that sees no images
-    /// refuses them, naming the message.
+    /// placeholder token (the template's, once per image, or the one its [`Framing`](llaisys_model::vision::Framing) puts in
+    /// the text) repeated once per feature row, those rows' ids drawn from the image
+    /// ([`PromptImages::new`]). A model that sees no images refuses them, naming the message.
     pub fn render_chat_images(
         &self,
         messages: &[ChatMessage],
@@ -212,8 +212,20 @@ impl Frontend {
                           describe them in a message instead";
             return Err(RequestError::invalid("tools", reason).into());
         }
+        let first = checked.iter().position(|m| !m.images.is_empty());
+        // The processor's text around each image, where the template writes only its start.
+        let rendered = match self.info.vision.as_ref().filter(|_| first.is_some()) {
+            Some(VisionInfo { framing: Some(framing), image_token, .. }) => {
+                let piece = |id: u32| {
+                    text.tokenizer.decode(&[id], false).map_err(|e| RequestError::invalid("messages", e.to_string()))
+                };
+                let (start, end, image) = (piece(framing.start)?, piece(framing.end)?, piece(*image_token)?);
+                rendered.replace(&start, &format!("\n\n{start}{image}{end}\n\n"))
+            }
+            _ => rendered,
+        };
         let ids = text.tokenizer.encode(&rendered).map_err(|e| RequestError::invalid("messages", e.to_string()))?;
-        let Some(first) = checked.iter().position(|m| !m.images.is_empty()) else {
+        let Some(first) = first else {
             return Ok((ids, None));
         };
         let param = format!("messages[{first}].content");
@@ -237,7 +249,7 @@ impl Frontend {
             let n = if t == token { next.next().map_or(1, |i| i.tokens()) } else { 1 };
             expanded.extend(std::iter::repeat_n(t, n));
         }
-        let images = PromptImages::new(&mut expanded, token, images, self.info.vocab_size)
+        let images = PromptImages::new(&mut expanded, vision, images, self.info.vocab_size)
             .map_err(|reason| RequestError::invalid(param, reason))?;
         Ok((expanded, Some(images)))
     }

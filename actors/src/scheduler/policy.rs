@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use llaisys_model::kv::{MAX_SEQ, push_checkpoint};
+use llaisys_model::vision::PromptImages;
 use llaisys_model::{Pos, SeqId};
 
 use super::cost::StepCost;
@@ -298,6 +299,7 @@ impl Scheduler {
             let pending = self.running[i].pending();
             let prefill = pending > 1;
             let need = if prefill { pending.min(budget).min(prefill_budget) } else { pending.min(budget) };
+            let need = chunk(self.running[i].images(), self.running[i].computed, need);
             if need == 0 {
                 i += 1; // a prompt waiting for prefill budget
                 continue;
@@ -312,9 +314,10 @@ impl Scheduler {
                 break; // `i` itself was preempted
             }
             self.plan_item(i, need, &mut plan);
-            budget -= need;
+            // (A chunk may pass them to take an image whole.)
+            budget = budget.saturating_sub(need);
             if prefill {
-                prefill_budget -= need;
+                prefill_budget = prefill_budget.saturating_sub(need);
             }
             i += 1;
         }
@@ -325,30 +328,37 @@ impl Scheduler {
             let len = front.tokens.len();
             // A request for its prompt's log-probabilities computes its whole prompt.
             let mut hit = match front.params.sampling.prompt_logprobs {
-                None => self.longest_prefix(&front.tokens, front.session.as_deref()),
+                None => self.longest_prefix(&front.tokens, front.session.as_deref()).and_then(|(seq, len)| {
+                    // Not into an image whose rows see each other both ways.
+                    let len = front.images().map_or(len, |images| images.prefix_end(len));
+                    (len > 0).then_some((seq, len))
+                }),
                 Some(_) => None,
             };
             let priority = front.params.priority;
-            while !self.fits(len, hit, budget_here) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan.free) {}
-            if !self.fits(len, hit, budget_here) && hit.is_some() {
+            let images = front.params.images.clone();
+            let images = images.as_deref();
+            while !self.fits(len, hit, budget_here, images) && self.evict_lru(hit.map(|(seq, _)| seq), &mut plan.free) {
+            }
+            if !self.fits(len, hit, budget_here, images) && hit.is_some() {
                 // Even alone with its prefix it does not fit: compute it all instead.
                 hit = None;
-                while !self.fits(len, None, budget_here) && self.evict_lru(None, &mut plan.free) {}
+                while !self.fits(len, None, budget_here, images) && self.evict_lru(None, &mut plan.free) {}
             }
             // Still no room: running sequences less urgent than it make way, the least urgent
             // (the newest of those) first; a prefix it would share is a cached one, not theirs.
-            while !self.fits(len, hit, budget_here) {
+            while !self.fits(len, hit, budget_here, images) {
                 let least = (0..self.running.len()).max_by_key(|&i| self.running[i].params.priority);
                 match least {
                     Some(i) if self.running[i].params.priority > priority => self.preempt(i, &mut plan),
                     _ => break,
                 }
             }
-            if !self.fits(len, hit, budget_here) {
+            if !self.fits(len, hit, budget_here, images) {
                 break;
             }
             let hit_len = hit.map_or(0, |(_, len)| len);
-            let need = (len - hit_len).min(budget_here);
+            let need = chunk(images, hit_len, (len - hit_len).min(budget_here));
             let Some(seq) = self.free_seqs.pop() else { break };
             let mut s = self.waiting.pop_front().expect("front exists");
             if self.config.prefix_caching || s.session.is_some() {
@@ -371,9 +381,9 @@ impl Scheduler {
             s.seq = Some(seq);
             self.running.push(s);
             self.plan_item(self.running.len() - 1, need, &mut plan);
-            budget -= need;
+            budget = budget.saturating_sub(need);
             if need > 1 {
-                prefill_budget -= need;
+                prefill_budget = prefill_budget.saturating_sub(need);
             }
         }
         self.plan_drafts(&mut plan, budget);
@@ -448,12 +458,12 @@ impl Scheduler {
         });
     }
 
-    /// Whether a waiting sequence of `len` tokens can be admitted now with `hit`: a free
-    /// sequence id, and room for the copied prefix (counted again: shared cells are counted per
-    /// owner) plus this step's chunk.
-    fn fits(&self, len: usize, hit: Option<(SeqId, usize)>, budget: usize) -> bool {
+    /// Whether a waiting sequence of `len` tokens (with `images`) can be admitted now with
+    /// `hit`: a free sequence id, and room for the copied prefix (counted again: shared cells
+    /// are counted per owner) plus this step's chunk.
+    fn fits(&self, len: usize, hit: Option<(SeqId, usize)>, budget: usize, images: Option<&PromptImages>) -> bool {
         let hit_len = hit.map_or(0, |(_, l)| l);
-        !self.free_seqs.is_empty() && self.kv_free() >= hit_len + (len - hit_len).min(budget)
+        !self.free_seqs.is_empty() && self.kv_free() >= hit_len + chunk(images, hit_len, (len - hit_len).min(budget))
     }
 
     /// The cached prefix sharing the most leading tokens with `tokens`, leaving at least one
@@ -704,4 +714,11 @@ pub fn enqueue_by_priority<T>(queue: &mut VecDeque<T>, item: T, priority: impl F
     let behind = |q: &T| if first { priority(q) >= p } else { priority(q) > p };
     let at = queue.iter().position(behind).unwrap_or(queue.len());
     queue.insert(at, item);
+}
+
+/// A chunk of `n` tokens from `start` of a sequence with `images`, its end moved where it would
+/// cut an image whose rows see each other both ways ([`PromptImages::chunk_end`]: before the
+/// image, or past the budget to its end).
+fn chunk(images: Option<&PromptImages>, start: usize, n: usize) -> usize {
+    images.map_or(n, |images| images.chunk_end(start, start + n) - start)
 }

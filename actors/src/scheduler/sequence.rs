@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llaisys_model::SeqId;
+use llaisys_model::vision::PromptImages;
 
 use crate::host::GenerateParams;
 use crate::request::{FinishReason, RequestId, RequestState};
@@ -85,6 +86,11 @@ impl Sequence {
     /// Tokens still to put through the model (the whole rest of the prompt, or 1 when decoding).
     pub(super) fn pending(&self) -> usize {
         self.tokens.len() - self.computed
+    }
+
+    /// The prompt's images, where it has any.
+    pub(super) fn images(&self) -> Option<&PromptImages> {
+        self.params.images.as_deref()
     }
 
     /// Why the sequence is done after its last token, if it is; `max_len` caps its total length.

@@ -364,6 +364,44 @@ fn a_shared_prefix_is_copied_and_only_the_rest_computed() {
     assert_eq!(out[0].cached_tokens, 4, "reported with the request");
 }
 
+/// A prompt of 12 tokens whose rows 2..8 are an image seeing itself both ways (Gemma 3's).
+fn with_image(id: u64, prompt: &[u32]) -> Sequence {
+    use llaisys_model::Image;
+    use llaisys_model::vision::PromptImages;
+    let image = Image { grid: [1, 4, 6], merge: 2, patches: Vec::new(), hash: 0 };
+    let images = PromptImages {
+        images: vec![Arc::new(image)],
+        rows: vec![2],
+        rope: Vec::new(),
+        delta: 0,
+        image_token: 9,
+        bidirectional: true,
+    };
+    let params = GenerateParams { max_tokens: 1, images: Some(Arc::new(images)), ..GenerateParams::default() };
+    Sequence::new(id, prompt.to_vec(), Arc::new(params))
+}
+
+#[test]
+fn an_image_that_sees_itself_both_ways_is_computed_in_one_chunk_and_never_reused_in_part() {
+    let mut s = caching(4, 100);
+    let prompt: Vec<u32> = (1..=12).collect();
+    s.add(with_image(0, &prompt));
+    let mut chunks = Vec::new();
+    for _ in 0..3 {
+        let (plan, _) = step(&mut s);
+        chunks.push((plan.items[0].start_pos, plan.items[0].tokens.len()));
+    }
+    // Before the image (not into it), the image whole past the budget of 4, the rest.
+    assert_eq!(chunks, [(0, 2), (2, 6), (8, 4)]);
+    run_all(&mut s);
+    // A prompt that leaves the first one's within the image reuses only the rows before it.
+    let mut other = prompt.clone();
+    other[5] = 99;
+    s.add(with_image(1, &other));
+    let (plan, _) = step(&mut s);
+    assert_eq!((plan.copies[0].len, plan.items[0].start_pos, plan.items[0].tokens.len()), (2, 2, 6));
+}
+
 #[test]
 fn an_identical_prompt_still_computes_its_last_token() {
     let mut s = caching(64, 100);

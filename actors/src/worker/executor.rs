@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use llaisys_model::vision::PromptImages;
 use llaisys_model::{Batch, Context, DecodeError, GuideEnd, Outputs, RowAsk, RowNeed, Sampled, Sampler};
 use rayon::prelude::*;
 
@@ -242,9 +243,13 @@ impl Executor {
         let drafts = self.propose(plan);
         self.encode_images(plan)?;
         let mut batch = Batch::new();
-        // M-RoPE's positions of every row, given where some item has images.
-        let mut rope = Vec::new();
-        let turned = plan.items.iter().any(|i| self.lanes.get(&i.id).is_some_and(|l| l.params.images.is_some()));
+        // M-RoPE's positions of every row, given where some item has images turned so; the last
+        // position each row sees, where some item has images whose rows see each other both ways.
+        let (mut rope, mut sees) = (Vec::new(), Vec::new());
+        let with_images = |test: fn(&PromptImages) -> bool| {
+            plan.items.iter().any(|i| self.lanes.get(&i.id).and_then(|l| l.params.images.as_deref()).is_some_and(test))
+        };
+        let (turned, seeing) = (with_images(PromptImages::mrope), with_images(|i| i.bidirectional));
         // Per item: the index of its first logits row among the outputs (rows come in batch
         // order: an item that samples has one for its last token and one per proposal).
         let mut rows = Vec::with_capacity(plan.items.len());
@@ -264,11 +269,13 @@ impl Executor {
                 lane.embed(item, batch.len(), &mut batch.embedded);
             }
             let images = lane.and_then(|l| l.params.images.as_deref());
+            let at = |k: usize| item.start_pos + k as i64;
+            let item_rows = 0..item.tokens.len() + drafts.len();
             if turned {
-                let at = |k: usize| item.start_pos + k as i64;
-                rope.extend(
-                    (0..item.tokens.len() + drafts.len()).map(|k| images.map_or([at(k); 3], |i| i.rope_at(at(k)))),
-                );
+                rope.extend(item_rows.clone().map(|k| images.map_or([at(k); 3], |i| i.rope_at(at(k)))));
+            }
+            if seeing {
+                sees.extend(item_rows.map(|k| images.map_or(at(k), |i| i.sees(at(k)))));
             }
             for (k, &token) in item.tokens.iter().enumerate() {
                 let last = k + 1 == item.tokens.len();
@@ -294,6 +301,7 @@ impl Executor {
             }
         }
         batch.rope = turned.then_some(rope);
+        batch.sees = seeing.then_some(sees);
         // T1: the grammar masks of the sequences that sample are computed on the compute pool
         // while the forward pass runs (they depend only on the tokens so far).
         let sampling: Vec<RequestId> = plan.items.iter().filter(|i| i.sample).map(|i| i.id).collect();

@@ -410,7 +410,7 @@ impl Decoder {
             None => self.rope.tables_in(&batch.pos, &batch.seqs, &self.device),
         };
         let extent = cache.cells().extent();
-        let visible = cache.visible(&batch.seqs, &batch.pos, extent);
+        let visible = cache.visible(&batch.seqs, batch.seen(), extent);
         (tables, kernels::CellTable::new(placement.clone(), visible, &self.device))
     }
 

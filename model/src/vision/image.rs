@@ -1,7 +1,8 @@
 //! An image as a vision tower takes it: decoded, resized to a multiple of the merged patch size
-//! within the processor's pixel bounds (Qwen2-VL's `smart_resize`), rescaled, normalised and cut
-//! into patches in the tower's order (transformers' `Qwen2VLImageProcessor`, whose default
-//! torchvision backend this follows: antialiased bicubic, the rows' pass before the columns',
+//! within the processor's pixel bounds (Qwen2-VL's `smart_resize`) or to the processor's one size
+//! (SigLIP's, Gemma 3's), rescaled, normalised and cut into patches in the tower's order
+//! (transformers' `Qwen2VLImageProcessor` and `Gemma3ImageProcessor`, whose default torchvision
+//! backend this follows: antialiased bicubic or bilinear, the rows' pass before the columns',
 //! each rounded to 8 bits).
 
 use std::hash::{Hash, Hasher};
@@ -35,9 +36,39 @@ pub struct ImageProcessor {
     pub merge_size: usize,
     pub min_pixels: usize,
     pub max_pixels: usize,
+    /// Every image resized to this height and width, its aspect not kept (`size.height` and
+    /// `size.width`: SigLIP's processors); `None`: within the pixel bounds, near its aspect.
+    pub fixed: Option<(usize, usize)>,
+    pub filter: Filter,
     pub mean: [f32; 3],
     pub std: [f32; 3],
     pub rescale: f32,
+}
+
+/// The resampling filter (`resample`, in PIL's numbering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    /// 2: a triangle of one pixel's reach (stretched when shrinking).
+    Bilinear,
+    /// 3: Keys' cubic of two pixels' reach.
+    Bicubic,
+}
+
+impl Filter {
+    /// How far the kernel reaches, in input pixels at scale 1.
+    fn support(self) -> f64 {
+        match self {
+            Filter::Bilinear => 1.0,
+            Filter::Bicubic => 2.0,
+        }
+    }
+
+    fn weight(self, x: f64) -> f64 {
+        match self {
+            Filter::Bilinear => (1.0 - x.abs()).max(0.0),
+            Filter::Bicubic => cubic(x),
+        }
+    }
 }
 
 impl Default for ImageProcessor {
@@ -49,6 +80,8 @@ impl Default for ImageProcessor {
             merge_size: 2,
             min_pixels: 56 * 56,
             max_pixels: 28 * 28 * 1280,
+            fixed: None,
+            filter: Filter::Bicubic,
             mean: [0.481_454_66, 0.457_827_5, 0.408_210_73],
             std: [0.268_629_54, 0.261_302_6, 0.275_777_1],
             rescale: 1.0 / 255.0,
@@ -80,21 +113,49 @@ impl Image {
 }
 
 impl ImageProcessor {
+    /// SigLIP's (Gemma 3's processor's defaults): every image `side` pixels square, bilinear,
+    /// normalised to [−1, 1], one frame, patches of `patch` pixels pooled `merge` a side.
+    pub fn siglip(side: usize, patch: usize, merge: usize) -> Self {
+        Self {
+            patch_size: patch,
+            temporal_patch_size: 1,
+            merge_size: merge,
+            min_pixels: side * side,
+            max_pixels: side * side,
+            fixed: Some((side, side)),
+            filter: Filter::Bilinear,
+            mean: [0.5; 3],
+            std: [0.5; 3],
+            rescale: 1.0 / 255.0,
+        }
+    }
+
     /// `DIR/preprocessor_config.json`'s settings, Qwen2-VL's defaults for those it leaves out
     /// (and for all without the file).
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
+        Self::default().read_dir(dir)
+    }
+
+    /// `DIR/preprocessor_config.json`'s settings over these (these without the file).
+    pub fn read_dir(self, dir: &Path) -> Result<Self, LoadError> {
         let path = dir.join("preprocessor_config.json");
         if !path.exists() {
-            return Ok(Self::default());
+            return Ok(self);
         }
         let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
         let value: Value =
             serde_json::from_str(&text).map_err(|e| LoadError::Json { path: path.clone(), reason: e.to_string() })?;
-        Self::from_value(&value)
+        self.read(&value)
     }
 
+    /// A `preprocessor_config.json`'s settings, Qwen2-VL's defaults for those it leaves out.
     pub fn from_value(v: &Value) -> Result<Self, LoadError> {
-        let mut p = Self::default();
+        Self::default().read(v)
+    }
+
+    /// The settings `v` gives, over these.
+    fn read(self, v: &Value) -> Result<Self, LoadError> {
+        let mut p = self;
         let bad = |field: &str, reason: &str| LoadError::Config {
             field: format!("preprocessor_config.{field}"),
             reason: reason.into(),
@@ -129,6 +190,23 @@ impl ImageProcessor {
         p.max_pixels = count("max_pixels", v.get("max_pixels"))?
             .or(count("size.longest_edge", size.and_then(|s| s.get("longest_edge")))?)
             .unwrap_or(p.max_pixels);
+        let side = |name: &str| count(&format!("size.{name}"), size.and_then(|s| s.get(name)));
+        p.fixed = match (side("height")?, side("width")?) {
+            (Some(h), Some(w)) => Some((h, w)),
+            (None, None) => None,
+            _ => return Err(bad("size", "expected both height and width")),
+        };
+        p.filter = match v.get("resample").and_then(Value::as_u64) {
+            None => p.filter,
+            Some(2) => Filter::Bilinear,
+            Some(3) => Filter::Bicubic,
+            Some(other) => {
+                return Err(bad("resample", &format!("{other}: only bilinear (2) and bicubic (3) are served")));
+            }
+        };
+        if v.get("do_pan_and_scan").and_then(Value::as_bool) == Some(true) {
+            tracing::warn!("preprocessor_config.do_pan_and_scan: images are not cut into crops, each is taken whole");
+        }
         p.mean = triple("image_mean")?.unwrap_or(p.mean);
         p.std = triple("image_std")?.unwrap_or(p.std);
         if p.std.iter().any(|&s| s <= 0.0 || !s.is_finite()) {
@@ -174,7 +252,7 @@ impl ImageProcessor {
         (width, height).hash(&mut hasher);
         rgb.hash(&mut hasher);
         let hash = hasher.finish();
-        let pixels = resize_bicubic(rgb, width, height, w, h);
+        let pixels = resize(rgb, width, height, w, h, self.filter);
         Ok(Image {
             grid: [1, h / self.patch_size, w / self.patch_size],
             merge: self.merge_size,
@@ -183,11 +261,15 @@ impl ImageProcessor {
         })
     }
 
-    /// The size an image of `height`×`width` is resized to: each side a multiple of
-    /// `patch_size · merge_size`, near the original aspect, with the pixels within bounds.
+    /// The size an image of `height`×`width` is resized to: the processor's one size, or each
+    /// side a multiple of `patch_size · merge_size`, near the original aspect, with the pixels
+    /// within bounds.
     pub fn resized(&self, height: usize, width: usize) -> Result<(usize, usize), String> {
         if height == 0 || width == 0 {
             return Err("an empty image".into());
+        }
+        if let Some(fixed) = self.fixed {
+            return Ok(fixed);
         }
         let (hf, wf) = (height as f64, width as f64);
         if hf.max(wf) / hf.min(wf) > 200.0 {
@@ -257,8 +339,8 @@ fn cubic(x: f64) -> f64 {
 /// kernel stretched by the scale when shrinking), in fixed point as torch's 8-bit resize has
 /// them: 16-bit integers of as many fraction bits as the largest weight leaves room for, and
 /// those bits.
-fn weights(input: usize, output: usize) -> (Vec<(usize, Vec<i32>)>, u32) {
-    let float = float_weights(input, output);
+fn weights(input: usize, output: usize, filter: Filter) -> (Vec<(usize, Vec<i32>)>, u32) {
+    let float = float_weights(input, output, filter);
     let max = float.iter().flat_map(|(_, w)| w.iter().copied()).fold(0.0, f64::max);
     let mut bits = 0;
     while bits < 22 && ((0.5 + max * (1u64 << (bits + 1)) as f64) as i64) < 1 << 15 {
@@ -275,16 +357,16 @@ fn weights(input: usize, output: usize) -> (Vec<(usize, Vec<i32>)>, u32) {
     (fixed, bits)
 }
 
-fn float_weights(input: usize, output: usize) -> Vec<(usize, Vec<f64>)> {
+fn float_weights(input: usize, output: usize, filter: Filter) -> Vec<(usize, Vec<f64>)> {
     let scale = input as f64 / output as f64;
     let stretch = scale.max(1.0);
-    let support = 2.0 * stretch;
+    let support = filter.support() * stretch;
     (0..output)
         .map(|i| {
             let centre = (i as f64 + 0.5) * scale;
             let lo = ((centre - support + 0.5).floor().max(0.0)) as usize;
             let hi = ((centre + support + 0.5).floor() as usize).min(input);
-            let mut w: Vec<f64> = (lo..hi).map(|j| cubic((j as f64 - centre + 0.5) / stretch)).collect();
+            let mut w: Vec<f64> = (lo..hi).map(|j| filter.weight((j as f64 - centre + 0.5) / stretch)).collect();
             let sum: f64 = w.iter().sum();
             if sum != 0.0 {
                 w.iter_mut().for_each(|x| *x /= sum);
@@ -300,13 +382,13 @@ fn to_u8(sum: i64, bits: u32) -> u8 {
     ((sum + half) >> bits).clamp(0, 255) as u8
 }
 
-/// Antialiased bicubic resize of RGB pixels: along rows first, then along columns, each pass
-/// rounded to 8 bits (what torchvision's uint8 resize does; the same size: a copy).
-fn resize_bicubic(rgb: &[u8], w: usize, h: usize, out_w: usize, out_h: usize) -> Vec<u8> {
+/// Antialiased resize of RGB pixels: along rows first, then along columns, each pass rounded to
+/// 8 bits (what torchvision's uint8 resize does; the same size: a copy).
+fn resize(rgb: &[u8], w: usize, h: usize, out_w: usize, out_h: usize, filter: Filter) -> Vec<u8> {
     let across = if out_w == w {
         rgb.to_vec()
     } else {
-        let (cols, bits) = weights(w, out_w);
+        let (cols, bits) = weights(w, out_w, filter);
         let mut out = vec![0u8; h * out_w * 3];
         for y in 0..h {
             let row = &rgb[y * w * 3..(y + 1) * w * 3];
@@ -322,7 +404,7 @@ fn resize_bicubic(rgb: &[u8], w: usize, h: usize, out_w: usize, out_h: usize) ->
     if out_h == h {
         return across;
     }
-    let (rows, bits) = weights(h, out_h);
+    let (rows, bits) = weights(h, out_h, filter);
     let mut out = vec![0u8; out_h * out_w * 3];
     for (y, (lo, ws)) in rows.iter().enumerate() {
         for x in 0..out_w * 3 {
@@ -354,10 +436,12 @@ mod tests {
     #[test]
     fn resizing_keeps_a_flat_image_flat_and_a_same_size_image_as_it_is() {
         let flat = vec![77u8; 30 * 20 * 3];
-        assert!(resize_bicubic(&flat, 30, 20, 56, 28).iter().all(|&v| v == 77));
-        assert!(resize_bicubic(&flat, 30, 20, 7, 5).iter().all(|&v| v == 77));
         let noisy: Vec<u8> = (0..12 * 9 * 3).map(|i| (i * 37 % 251) as u8).collect();
-        assert_eq!(resize_bicubic(&noisy, 12, 9, 12, 9), noisy);
+        for filter in [Filter::Bicubic, Filter::Bilinear] {
+            assert!(resize(&flat, 30, 20, 56, 28, filter).iter().all(|&v| v == 77));
+            assert!(resize(&flat, 30, 20, 7, 5, filter).iter().all(|&v| v == 77));
+            assert_eq!(resize(&noisy, 12, 9, 12, 9, filter), noisy);
+        }
     }
 
     #[test]
@@ -369,6 +453,14 @@ mod tests {
         assert!(err.to_string().contains("image_std"), "{err}");
         let v2 = serde_json::json!({"size": {"shortest_edge": 100, "longest_edge": 200_000}});
         let p = ImageProcessor::from_value(&v2).unwrap();
-        assert_eq!((p.min_pixels, p.max_pixels), (100, 200_000));
+        assert_eq!((p.min_pixels, p.max_pixels, p.fixed, p.filter), (100, 200_000, None, Filter::Bicubic));
+        // SigLIP's (Gemma 3's): one size whatever the image, bilinear.
+        let siglip = serde_json::json!({"size": {"height": 896, "width": 896}, "resample": 2});
+        let p = ImageProcessor::from_value(&siglip).unwrap();
+        assert_eq!((p.fixed, p.filter, p.resized(300, 40)), (Some((896, 896)), Filter::Bilinear, Ok((896, 896))));
+        for bad in [serde_json::json!({"resample": 1}), serde_json::json!({"size": {"height": 896}})] {
+            let err = ImageProcessor::from_value(&bad).unwrap_err().to_string();
+            assert!(err.contains("resample") || err.contains("size"), "{err}");
+        }
     }
 }

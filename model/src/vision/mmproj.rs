@@ -1,8 +1,8 @@
 //! A GGUF model's vision tower in llama.cpp's projector file (`mmproj-*.gguf`, written by
 //! `convert_hf_to_gguf.py --mmproj`; architecture `clip`): Qwen2-VL's (`qwen2vl_merger`),
-//! Qwen2.5-VL's (`qwen2.5vl_merger`) and Qwen3-VL's and Qwen3.5's (`qwen3vl_merger`). The file's
-//! `clip.vision.*` keys give the tower's shape, and its tensors load under the checkpoint's names
-//! ([`Projector`]), so the one tower of `qwen.rs` runs both.
+//! Qwen2.5-VL's (`qwen2.5vl_merger`), Qwen3-VL's and Qwen3.5's (`qwen3vl_merger`) and Gemma 3's
+//! (`gemma3`). The file's `clip.vision.*` keys give the tower's shape, and its tensors load under
+//! the checkpoint's names ([`Projector`]), so the one tower of `tower.rs` runs both.
 //!
 //! What the converter changes, undone here:
 //! - the patch embedding's 3-D kernel is cut into one 2-D kernel per frame (`v.patch_embd.weight`,
@@ -13,20 +13,23 @@
 //! - Qwen2.5-VL's full-attention blocks are a period (`n_wa_pattern`: every n-th block), its
 //!   window `clip.vision.window_size` pixels (112 where the file says none, as llama.cpp reads it);
 //! - older files hold a block's MLP matrices under each other's names (`ffn_up` for `ffn_down`),
-//!   which their shapes tell, as llama.cpp tells them.
+//!   which their shapes tell, as llama.cpp tells them;
+//! - Gemma 3's projector norm is written with the one Gemma's RMSNorm adds to its scale already
+//!   added (`mm.soft_emb_norm.weight`), and its pooling as `clip.vision.projector.scale_factor`
+//!   (4 where the file says none).
 //!
 //! The image processor is the model's as llama.cpp runs it: the file's patch, merge, mean and
 //! standard deviation, and between 8 and 4,096 tokens an image (`clip.vision.image_min_pixels`
 //! and `image_max_pixels` where the file has them); the server's `limits.max_image_pixels` bounds
-//! it further.
+//! it further. Gemma 3's images are resized to the file's `image_size` square, bilinear.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use burn::tensor::{DType, TensorData};
 
-use super::qwen::{Family, TowerConfig, check_heads};
-use super::{ImageProcessor, VisionInfo};
+use super::tower::{Family, TowerConfig, check_heads};
+use super::{Framing, ImageProcessor, VisionInfo};
 use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::gguf::{GgufFile, Value};
@@ -45,11 +48,32 @@ pub(super) fn probe(
 ) -> Result<(VisionInfo, TowerConfig, Box<dyn TensorSource>), LoadError> {
     let file = GgufFile::open(mmproj)?;
     let tower = tower_config(&file)?;
+    if tower.rotates() && config.mrope.is_none() {
+        return Err(LoadError::Config {
+            field: format!("{}.rope.dimension_sections", config.arch.gguf),
+            reason: format!(
+                "missing: this {} model's file has no M-RoPE sections, so it takes no images",
+                config.arch.name
+            ),
+        });
+    }
     let processor = processor(&file, &tower)?;
     let model = GgufFile::open(model)?;
-    let image_token = image_token(&model, config)?;
+    let info = match tower.family {
+        Family::Gemma3 { .. } => VisionInfo {
+            processor,
+            image_token: token(&model, config, "<image_soft_token>")?,
+            framing: Some(Framing {
+                start: token(&model, config, "<start_of_image>")?,
+                end: token(&model, config, "<end_of_image>")?,
+            }),
+            mrope: false,
+            bidirectional: true,
+        },
+        _ => VisionInfo::qwen(processor, token(&model, config, "<|image_pad|>")?),
+    };
     let projector = Projector::new(file, &tower)?;
-    Ok((VisionInfo { processor, image_token }, tower, Box::new(projector)))
+    Ok((info, tower, Box::new(projector)))
 }
 
 /// The projector's type, where the file is a vision projector.
@@ -83,7 +107,7 @@ fn tower_config(file: &GgufFile) -> Result<TowerConfig, LoadError> {
     let ty = projector_type(file)?;
     let depth = count(file, "block_count", None)?;
     let patch_size = count(file, "patch_size", None)?;
-    let merge_size = count(file, "spatial_merge_size", Some(2))?;
+    let mut merge_size = count(file, "spatial_merge_size", Some(2))?;
     let family = match ty {
         "qwen2vl_merger" => Family::Qwen2,
         "qwen2.5vl_merger" => {
@@ -116,17 +140,34 @@ fn tower_config(file: &GgufFile) -> Result<TowerConfig, LoadError> {
             let deepstack = flags.iter().enumerate().filter(|(_, f)| f.as_bool() == Some(true)).map(|(i, _)| i);
             Family::Qwen3 { deepstack: deepstack.collect(), grid }
         }
+        "gemma3" => {
+            let image = count(file, "image_size", None)?;
+            let grid = image / patch_size;
+            merge_size = count(file, "projector.scale_factor", Some(4))?;
+            if grid * patch_size != image || !grid.is_multiple_of(merge_size) {
+                return Err(file.error(format!(
+                    "clip.vision.image_size: {image} px is not patches of {patch_size} pooled {merge_size} a side"
+                )));
+            }
+            Family::Gemma3 { grid }
+        }
         other => {
             return Err(file.error(format!(
-                "clip.projector_type `{other}`: served projectors are Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's \
-                 (qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger)"
+                "clip.projector_type `{other}`: served projectors are Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and \
+                 Gemma 3's (qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger, gemma3)"
             )));
         }
     };
+    let gemma3 = matches!(family, Family::Gemma3 { .. });
     let embed_dim = count(file, "embedding_length", None)?;
     let heads = count(file, "attention.head_count", None)?;
-    check_heads(embed_dim, heads)
-        .map_err(|reason| file.error(format!("clip.vision.attention.head_count: {reason}")))?;
+    // Only a rotating tower's heads need quarters.
+    let heads_fit = match gemma3 {
+        true if embed_dim.is_multiple_of(heads) => Ok(()),
+        true => Err(format!("{heads} heads do not split {embed_dim}")),
+        false => check_heads(embed_dim, heads),
+    };
+    heads_fit.map_err(|reason| file.error(format!("clip.vision.attention.head_count: {reason}")))?;
     // The MLP's width from its matrices: the converter writes Qwen2-VL's `feed_forward_length`
     // as the language model's width.
     let (up, down) = mlp_names(file, &family, embed_dim)?;
@@ -153,10 +194,11 @@ fn tower_config(file: &GgufFile) -> Result<TowerConfig, LoadError> {
         mlp_dim,
         out_dim: count(file, "projection_dim", None)?,
         patch_size,
-        temporal_patch_size: 2,
+        temporal_patch_size: if gemma3 { 1 } else { 2 },
         merge_size,
         channels,
         rope_theta: 10_000.0,
+        norm_eps: file.get("clip.vision.attention.layer_norm_epsilon").and_then(Value::as_f64).unwrap_or(1e-6),
     })
 }
 
@@ -187,6 +229,11 @@ fn processor(file: &GgufFile, tower: &TowerConfig) -> Result<ImageProcessor, Loa
     if std.iter().any(|&s| !(s.is_finite() && s > 0.0)) {
         return Err(file.error("clip.vision.image_std: expected positive numbers"));
     }
+    if let Family::Gemma3 { grid } = tower.family {
+        let side = grid * tower.patch_size;
+        let siglip = ImageProcessor::siglip(side, tower.patch_size, tower.merge_size);
+        return Ok(ImageProcessor { mean: triple("image_mean")?, std, ..siglip });
+    }
     let token = (tower.patch_size * tower.merge_size).pow(2);
     let min_pixels = count(file, "image_min_pixels", Some(MIN_TOKENS * token))?;
     let max_pixels = count(file, "image_max_pixels", Some(MAX_TOKENS * token))?.max(min_pixels);
@@ -196,20 +243,21 @@ fn processor(file: &GgufFile, tower: &TowerConfig) -> Result<ImageProcessor, Loa
         merge_size: tower.merge_size,
         min_pixels,
         max_pixels,
+        fixed: None,
+        filter: super::image::Filter::Bicubic,
         mean: triple("image_mean")?,
         std,
         rescale: 1.0 / 255.0,
     })
 }
 
-/// The id of the token image features take the place of (`<|image_pad|>`), from the model
-/// file's vocabulary.
-fn image_token(model: &GgufFile, config: &ModelConfig) -> Result<u32, LoadError> {
-    const PAD: &str = "<|image_pad|>";
+/// The id of an image's token (the one its features take the place of: `<|image_pad|>`,
+/// `<image_soft_token>`; Gemma 3's start and end), from the model file's vocabulary.
+fn token(model: &GgufFile, config: &ModelConfig, piece: &str) -> Result<u32, LoadError> {
     let tokens = model.get("tokenizer.ggml.tokens").and_then(Value::as_array).unwrap_or(&[]);
-    match tokens.iter().position(|t| t.as_str() == Some(PAD)) {
+    match tokens.iter().position(|t| t.as_str() == Some(piece)) {
         Some(id) if id < config.vocab_size => Ok(id as u32),
-        _ => Err(model.error(format!("tokenizer.ggml.tokens: no {PAD} token for images to take the place of"))),
+        _ => Err(model.error(format!("tokenizer.ggml.tokens: no {piece} token, which this projector's images need"))),
     }
 }
 
@@ -222,12 +270,15 @@ enum Parts {
     Rows(Vec<String>),
     /// One 2-D kernel per frame, as the 3-D kernel \[out, channels, frames, h, w\].
     Frames(Vec<String>),
+    /// Gemma's RMSNorm scale as the checkpoint has it: the file's, which the converter wrote
+    /// with one added, less one.
+    NormScale(String),
 }
 
 impl Parts {
     fn names(&self) -> &[String] {
         match self {
-            Self::One(name) => std::slice::from_ref(name),
+            Self::One(name) | Self::NormScale(name) => std::slice::from_ref(name),
             Self::Rows(names) | Self::Frames(names) => names,
         }
     }
@@ -253,6 +304,13 @@ impl Projector {
                 add(format!("{ours}.{end}"), Parts::One(format!("{theirs}.{end}")));
             }
         };
+        if let Family::Gemma3 { .. } = tower.family {
+            for (ours, part) in gemma3_parts(tower.depth) {
+                add(ours, part);
+            }
+            parts.retain(|_, p| p.names().iter().all(|n| file.tensor(n).is_some()));
+            return Ok(Self { file, parts });
+        }
         add(
             "patch_embed.proj.weight".into(),
             Parts::Frames(vec!["v.patch_embd.weight".into(), "v.patch_embd.weight.1".into()]),
@@ -313,6 +371,39 @@ impl Projector {
     }
 }
 
+/// Gemma 3's tensors (SigLIP's names, the projector's under `projector.`) as the file has them.
+fn gemma3_parts(depth: usize) -> Vec<(String, Parts)> {
+    let mut parts = Vec::new();
+    let mut both = |ours: &str, theirs: &str| {
+        for end in ["weight", "bias"] {
+            parts.push((format!("{ours}.{end}"), Parts::One(format!("{theirs}.{end}"))));
+        }
+    };
+    both("embeddings.patch_embedding", "v.patch_embd");
+    for i in 0..depth {
+        let (b, v) = (format!("encoder.layers.{i}"), format!("v.blk.{i}"));
+        for (ours, theirs) in [
+            ("layer_norm1", "ln1"),
+            ("layer_norm2", "ln2"),
+            ("self_attn.q_proj", "attn_q"),
+            ("self_attn.k_proj", "attn_k"),
+            ("self_attn.v_proj", "attn_v"),
+            ("self_attn.out_proj", "attn_out"),
+            ("mlp.fc1", "ffn_up"),
+            ("mlp.fc2", "ffn_down"),
+        ] {
+            both(&format!("{b}.{ours}"), &format!("{v}.{theirs}"));
+        }
+    }
+    both("post_layernorm", "v.post_ln");
+    parts.extend([
+        ("embeddings.position_embedding.weight".into(), Parts::One("v.position_embd.weight".into())),
+        ("projector.mm_input_projection_weight".into(), Parts::One("mm.input_projection.weight".into())),
+        ("projector.mm_soft_emb_norm.weight".into(), Parts::NormScale("mm.soft_emb_norm.weight".into())),
+    ]);
+    parts
+}
+
 impl TensorSource for Projector {
     fn naming(&self) -> Naming {
         Naming::Hf
@@ -327,7 +418,7 @@ impl TensorSource for Projector {
         let shapes: Vec<Vec<usize>> =
             part.names().iter().map(|n| self.file.tensor(n).map(|t| t.shape())).collect::<Option<_>>()?;
         match part {
-            Parts::One(_) => shapes.into_iter().next(),
+            Parts::One(_) | Parts::NormScale(_) => shapes.into_iter().next(),
             Parts::Rows(_) => {
                 let mut shape = shapes[0].clone();
                 shape[0] = shapes.iter().map(|s| s[0]).sum();
@@ -350,6 +441,7 @@ impl TensorSource for Projector {
         let shape = self.shape(name).ok_or_else(|| LoadError::MissingTensors(vec![format!("visual.{name}")]))?;
         let values = match self.part(name)? {
             Parts::One(n) => return self.file.data(n, dtype),
+            Parts::NormScale(n) => self.values(n)?.into_iter().map(|x| x - 1.0).collect(),
             Parts::Rows(names) => {
                 let mut all = Vec::new();
                 for n in names {

@@ -5,13 +5,16 @@
 //! image once ([`crate::Context::encode_image`]) and gives its rows in place of those tokens'
 //! embeddings, each turned by its place in the image ([`positions`], M-RoPE).
 //!
-//! Served: Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and Qwen3.5's towers (`qwen`), from a checkpoint's
-//! `visual.` tensors or, beside a GGUF model, llama.cpp's projector file (`mmproj`); Qwen3-VL's
-//! deepstack features ride with its image rows ([`Features::deepstack`]).
+//! Served: Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and Qwen3.5's towers and Gemma 3's (`tower`), from
+//! a checkpoint's tensors (`visual.`; `vision_tower.` and `multi_modal_projector.`) or, beside a
+//! GGUF model, llama.cpp's projector file (`mmproj`); Qwen3-VL's deepstack features ride with its
+//! image rows ([`Features::deepstack`]). Gemma 3's images are framed in text by the processor
+//! ([`Framing`]), turn by their positions (not M-RoPE), and their rows attend to each other both
+//! ways ([`PromptImages::sees`]).
 
 mod image;
 mod mmproj;
-mod qwen;
+mod tower;
 
 use std::borrow::Borrow;
 use std::ops::Range;
@@ -34,8 +37,32 @@ use crate::tensors::TensorSource;
 pub struct VisionInfo {
     pub processor: ImageProcessor,
     /// The token an image's feature rows stand in for (`<|image_pad|>`): the chat template
-    /// writes it once per image, which the caller repeats [`Image::tokens`] times.
+    /// writes it once per image (or [`Framing`] puts it there), which the caller repeats
+    /// [`Image::tokens`] times.
     pub image_token: u32,
+    pub framing: Option<Framing>,
+    /// Whether the language model turns an image's rows by their rows and columns (Qwen's
+    /// M-RoPE, [`positions`]), not by their places in the prompt.
+    pub mrope: bool,
+    /// Whether an image's rows attend to each other both ways (Gemma 3's), not only to those
+    /// before them.
+    pub bidirectional: bool,
+}
+
+impl VisionInfo {
+    /// Qwen's: the template writes the image token; M-RoPE; causal.
+    fn qwen(processor: ImageProcessor, image_token: u32) -> Self {
+        Self { processor, image_token, framing: None, mrope: true, bidirectional: false }
+    }
+}
+
+/// Where the chat template writes an image's start token rather than its image token (Gemma 3's
+/// `<start_of_image>`): the processor puts two newlines, the start token, the image token, the
+/// end token and two newlines in its place, in the text, before it is tokenized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Framing {
+    pub start: u32,
+    pub end: u32,
 }
 
 /// An image's features as its tower gives them.
@@ -61,7 +88,7 @@ impl Features {
 /// A loaded vision tower.
 pub struct Vision {
     pub info: VisionInfo,
-    tower: qwen::Tower,
+    tower: tower::Tower,
 }
 
 impl Vision {
@@ -76,7 +103,7 @@ impl Vision {
         let Some((info, tower_config, src)) = probe(source, config)? else {
             return Ok(None);
         };
-        let tower = qwen::Tower::load(tower_config, src.as_ref(), device)?;
+        let tower = tower::Tower::load(tower_config, src.as_ref(), device)?;
         Ok(Some(Self { info, tower }))
     }
 
@@ -91,26 +118,15 @@ pub fn info(source: &ModelSource, config: &ModelConfig) -> Result<Option<VisionI
     Ok(probe(source, config)?.map(|(info, _, _)| info))
 }
 
-type Probed = (VisionInfo, qwen::TowerConfig, Box<dyn TensorSource>);
+type Probed = (VisionInfo, tower::TowerConfig, Box<dyn TensorSource>);
 
 /// The model's vision settings, checked against its language model, and its tower's tensors,
 /// where it has a served tower.
 fn probe(source: &ModelSource, config: &ModelConfig) -> Result<Option<Probed>, LoadError> {
     let probed = match source {
-        ModelSource::Dir(dir) if config.mrope.is_some() => probe_dir(dir, config)?,
-        ModelSource::Dir(_) | ModelSource::Gguf { mmproj: None, .. } => None,
-        ModelSource::Gguf { path, mmproj: Some(mmproj) } => {
-            if config.mrope.is_none() {
-                return Err(LoadError::Config {
-                    field: format!("{}.rope.dimension_sections", config.arch.gguf),
-                    reason: format!(
-                        "missing: this {} model's file has no M-RoPE sections, so it takes no images",
-                        config.arch.name
-                    ),
-                });
-            }
-            Some(mmproj::probe(path, mmproj, config)?)
-        }
+        ModelSource::Dir(dir) => probe_dir(dir, config)?,
+        ModelSource::Gguf { mmproj: None, .. } => None,
+        ModelSource::Gguf { path, mmproj: Some(mmproj) } => Some(mmproj::probe(path, mmproj, config)?),
     };
     let Some((info, tower_config, src)) = probed else {
         return Ok(None);
@@ -140,11 +156,17 @@ fn probe_dir(dir: &Path, config: &ModelConfig) -> Result<Option<Probed>, LoadErr
     else {
         return Ok(None);
     };
-    let Some(tower_config) = qwen::TowerConfig::from_value(vision, model_type)? else {
+    if model_type == "gemma3" {
+        return probe_gemma3(dir, &top, vision, config);
+    }
+    let Some(tower_config) = tower::TowerConfig::from_value(vision, model_type)? else {
         tracing::info!(model_type, "this model's vision tower is not served: text only");
         return Ok(None);
     };
-    let Some(src) = Checkpoint::vision(dir)? else {
+    if config.mrope.is_none() {
+        return Ok(None);
+    }
+    let Some(src) = Checkpoint::vision(dir, &[("model.visual.", ""), ("visual.", "")])? else {
         return Ok(None);
     };
     let processor = ImageProcessor::from_dir(dir)?;
@@ -165,7 +187,55 @@ fn probe_dir(dir: &Path, config: &ModelConfig) -> Result<Option<Probed>, LoadErr
             });
         }
     };
-    Ok(Some((VisionInfo { processor, image_token }, tower_config, Box::new(src))))
+    Ok(Some((VisionInfo::qwen(processor, image_token), tower_config, Box::new(src))))
+}
+
+/// Gemma 3's tower (`vision_tower.`, SigLIP's) and projector (`multi_modal_projector.`, as
+/// `projector.`), its processor, and its start, end and image tokens.
+fn probe_gemma3(dir: &Path, top: &Value, vision: &Value, config: &ModelConfig) -> Result<Option<Probed>, LoadError> {
+    let id = |field: &str, default: u64| -> Result<u32, LoadError> {
+        match top.get(field).map(Value::as_u64).unwrap_or(Some(default)) {
+            Some(id) if (id as usize) < config.vocab_size => Ok(id as u32),
+            _ => Err(LoadError::Config { field: field.into(), reason: "not a token of the vocabulary".into() }),
+        }
+    };
+    let tokens = match top.get("mm_tokens_per_image") {
+        None => 256,
+        Some(v) => v.as_u64().filter(|&n| n > 0).ok_or_else(|| LoadError::Config {
+            field: "mm_tokens_per_image".into(),
+            reason: "expected a positive integer".into(),
+        })? as usize,
+    };
+    let tower_config = tower::TowerConfig::gemma3(vision, tokens, config.hidden_size)?;
+    const PREFIXES: [(&str, &str); 6] = [
+        ("model.vision_tower.vision_model.", ""),
+        ("vision_tower.vision_model.", ""),
+        ("model.vision_tower.", ""),
+        ("vision_tower.", ""),
+        ("model.multi_modal_projector.", "projector."),
+        ("multi_modal_projector.", "projector."),
+    ];
+    let Some(src) = Checkpoint::vision(dir, &PREFIXES)? else {
+        return Ok(None);
+    };
+    let (patch, merge) = (tower_config.patch_size, tower_config.merge_size);
+    let tower::Family::Gemma3 { grid } = tower_config.family else { unreachable!("a Gemma 3 tower") };
+    let side = grid * patch;
+    let processor = ImageProcessor::siglip(side, patch, merge).read_dir(dir)?;
+    if processor.fixed != Some((side, side)) {
+        return Err(LoadError::Config {
+            field: "preprocessor_config.size".into(),
+            reason: format!("the tower takes images of {side}x{side} pixels"),
+        });
+    }
+    let info = VisionInfo {
+        processor: ImageProcessor { patch_size: patch, temporal_patch_size: 1, merge_size: merge, ..processor },
+        image_token: id("image_token_index", 262_144)?,
+        framing: Some(Framing { start: id("boi_token_index", 255_999)?, end: id("eoi_token_index", 256_000)? }),
+        mrope: false,
+        bidirectional: true,
+    };
+    Ok(Some((info, tower_config, Box::new(src))))
 }
 
 /// A prompt's images as a model takes them: each image, the first prompt row of its tokens, and
@@ -182,21 +252,29 @@ pub struct PromptImages {
     pub delta: Pos,
     /// The token the images' rows stand in for, as the processor writes them.
     pub image_token: u32,
+    /// Whether an image's rows attend to each other both ways ([`VisionInfo::bidirectional`]).
+    #[serde(default)]
+    pub bidirectional: bool,
 }
 
 impl PromptImages {
-    /// The images of `tokens`, whose runs of `image_token` are the images' tokens in order (the
-    /// chat template's one per image, repeated [`Image::tokens`] times). Each run's tokens become
-    /// ids drawn from its image's hash and its place in the run, below `vocab_size`: the model
-    /// reads those rows' embeddings from the image, and two prompts share a prefix through an
-    /// image only where it is the same image.
+    /// The images of `tokens`, whose runs of the model's image token are the images' tokens in
+    /// order (the chat template's one per image, repeated [`Image::tokens`] times). Each run's
+    /// tokens become ids drawn from its image's hash and its place in the run, below
+    /// `vocab_size`: the model reads those rows' embeddings from the image, and two prompts share
+    /// a prefix through an image only where it is the same image. M-RoPE's positions where the
+    /// model turns images so ([`VisionInfo::mrope`]), else none: every row turns by its place.
     pub fn new(
         tokens: &mut [u32],
-        image_token: u32,
+        vision: &VisionInfo,
         images: Vec<Arc<Image>>,
         vocab_size: usize,
     ) -> Result<Self, String> {
-        let (rope, delta) = positions(tokens, image_token, &images)?;
+        let image_token = vision.image_token;
+        let (rope, delta) = match positions(tokens, image_token, &images)? {
+            _ if !vision.mrope => (Vec::new(), 0),
+            turned => turned,
+        };
         let mut rows = Vec::with_capacity(images.len());
         let mut at = 0;
         for image in &images {
@@ -208,7 +286,45 @@ impl PromptImages {
             }
             at += image.tokens();
         }
-        Ok(Self { images, rows, rope, delta, image_token })
+        Ok(Self { images, rows, rope, delta, image_token, bidirectional: vision.bidirectional })
+    }
+
+    /// Whether the prompt's rows turn by M-RoPE's positions ([`Self::rope_at`]), not by their
+    /// places.
+    pub fn mrope(&self) -> bool {
+        !self.rope.is_empty()
+    }
+
+    /// Each image's prompt rows.
+    fn spans(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        self.images.iter().zip(&self.rows).map(|(image, &row)| row..row + image.tokens())
+    }
+
+    /// The last position row `pos` of the sequence attends to: the last of its image where the
+    /// image's rows see each other both ways, else its own.
+    pub fn sees(&self, pos: Pos) -> Pos {
+        let within = |s: &Range<usize>| self.bidirectional && s.contains(&(pos as usize));
+        self.spans().find(within).map_or(pos, |s| s.end as Pos - 1)
+    }
+
+    /// Where a prefill chunk of prompt rows `[start, end)` ends so that no image whose rows see
+    /// each other both ways is cut: before an image the chunk would cut, or, where the chunk
+    /// starts at (or within) it, past its end (over the step's budget: an image is computed in
+    /// one pass).
+    pub fn chunk_end(&self, start: usize, end: usize) -> usize {
+        let cut = |s: &Range<usize>| self.bidirectional && s.start < end && end < s.end;
+        match self.spans().find(cut) {
+            Some(s) if s.start > start => s.start,
+            Some(s) => s.end,
+            None => end,
+        }
+    }
+
+    /// A reused prefix of `len` rows, cut back to the start of an image whose rows see each other
+    /// both ways where it ends within one (those rows were computed seeing the rest of it).
+    pub fn prefix_end(&self, len: usize) -> usize {
+        let cut = |s: &Range<usize>| self.bidirectional && s.start < len && len < s.end;
+        self.spans().find(cut).map_or(len, |s| s.start)
     }
 
     /// `tokens` (the prompt these images were made with) with each image's rows as the image
@@ -309,6 +425,16 @@ mod tests {
         Image { grid: [1, h, w], merge: 2, patches: Vec::new(), hash: 0 }
     }
 
+    fn vision(image_token: u32, gemma: bool) -> VisionInfo {
+        VisionInfo {
+            processor: ImageProcessor::default(),
+            image_token,
+            framing: None,
+            mrope: !gemma,
+            bidirectional: gemma,
+        }
+    }
+
     #[test]
     fn an_image_turns_by_its_grid_and_the_text_after_it_by_its_larger_side() {
         // text, an image of 2×3 merged tokens, text.
@@ -329,11 +455,11 @@ mod tests {
     fn an_images_tokens_are_drawn_from_its_hash_and_found_by_row() {
         let with = |hash| Arc::new(Image { hash, ..image(4, 4) });
         let mut a = vec![5, 9, 9, 9, 9, 6];
-        let pa = PromptImages::new(&mut a, 9, vec![with(1)], 100).unwrap();
+        let pa = PromptImages::new(&mut a, &vision(9, false), vec![with(1)], 100).unwrap();
         let mut b = vec![5, 9, 9, 9, 9, 6];
-        PromptImages::new(&mut b, 9, vec![with(1)], 100).unwrap();
+        PromptImages::new(&mut b, &vision(9, false), vec![with(1)], 100).unwrap();
         let mut c = vec![5, 9, 9, 9, 9, 6];
-        PromptImages::new(&mut c, 9, vec![with(2)], 100).unwrap();
+        PromptImages::new(&mut c, &vision(9, false), vec![with(2)], 100).unwrap();
         assert_eq!(a, b, "the same image, the same ids");
         let mut shown = a.clone();
         pa.restore(&mut shown);
@@ -347,6 +473,26 @@ mod tests {
         assert_eq!((reached(1..2), reached(4..6), reached(0..9)), (vec![(0, 0..1)], vec![(0, 3..4)], vec![(0, 0..4)]));
         // Past the prompt: the index plus the delta (the image's 2×2 tokens take 2 positions).
         assert_eq!((pa.rope_at(5), pa.rope_at(6)), ([3; 3], [4; 3]));
+        // Causal: each row sees up to itself, any chunk and prefix stand.
+        assert!(pa.mrope() && !pa.bidirectional);
+        assert_eq!((pa.sees(2), pa.chunk_end(0, 3), pa.prefix_end(3)), (2, 3, 3));
+    }
+
+    #[test]
+    fn a_bidirectional_image_is_seen_whole_and_never_cut() {
+        // Text, an image of 4 tokens at rows 2..6, text, an image at rows 7..11, text.
+        let with = |hash| Arc::new(Image { hash, ..image(4, 4) });
+        let mut t = vec![5, 6, 9, 9, 9, 9, 7, 9, 9, 9, 9, 8];
+        let p = PromptImages::new(&mut t, &vision(9, true), vec![with(1), with(2)], 100).unwrap();
+        assert!(!p.mrope(), "turned by their places");
+        assert_eq!((p.rope_at(3), p.rope_at(20)), ([3; 3], [20; 3]));
+        let sees: Vec<Pos> = (0..12).map(|pos| p.sees(pos)).collect();
+        assert_eq!(sees, [0, 1, 5, 5, 5, 5, 6, 10, 10, 10, 10, 11]);
+        // A chunk ending within an image stops before it, or, starting at it, takes it whole.
+        assert_eq!((p.chunk_end(0, 4), p.chunk_end(0, 6), p.chunk_end(0, 8)), (2, 6, 7));
+        assert_eq!((p.chunk_end(2, 3), p.chunk_end(7, 8), p.chunk_end(6, 12)), (6, 11, 12));
+        // A prefix ending within an image is reused up to its start.
+        assert_eq!((p.prefix_end(4), p.prefix_end(6), p.prefix_end(9), p.prefix_end(11)), (2, 6, 7, 11));
     }
 
     #[test]

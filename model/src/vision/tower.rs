@@ -1,10 +1,11 @@
-//! The Qwen-VL vision towers: Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's (transformers'
+//! The vision towers: Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's (transformers'
 //! `Qwen2VisionTransformerPretrainedModel`, `Qwen2_5_VisionTransformerPretrainedModel`,
-//! `Qwen3VLVisionModel`): patches → a linear patch embedding (its 3-D convolution, whose stride is
-//! its kernel) → N × [norm → attention, q and k turned by 2-D RoPE (each head's first half of
-//! pairs by the patch's row, the second by its column) → residual → norm → MLP → residual] → the
-//! merger: norm, each 2×2 window's patches side by side, Linear → GELU → Linear to the language
-//! model's width: one row per merged window, the image's tokens.
+//! `Qwen3VLVisionModel`) and Gemma 3's (`SiglipVisionModel` and `Gemma3MultiModalProjector`):
+//! patches → a linear patch embedding (its convolution, whose stride is its kernel) → N × [norm →
+//! attention, q and k turned by 2-D RoPE (each head's first half of pairs by the patch's row, the
+//! second by its column) → residual → norm → MLP → residual] → the merger: norm, each 2×2 window's
+//! patches side by side, Linear → GELU → Linear to the language model's width: one row per merged
+//! window, the image's tokens.
 //!
 //! - Qwen2-VL's blocks have LayerNorm and fc1 → QuickGELU → fc2, and attend over the whole image.
 //! - Qwen2.5-VL's have RMSNorm and a gated silu MLP, and most attend only within windows of
@@ -16,6 +17,10 @@
 //!   → GELU (tanh) → fc2, and some blocks' outputs go through mergers of their own (normed after
 //!   the 2×2 shuffle): the deepstack features, added to the language model's first layers'
 //!   outputs at the image's rows.
+//! - Gemma 3's (SigLIP's blocks) turns nothing: its patch embedding has a bias and adds a learned
+//!   position per patch of its one image size, its attention has q, k and v of their own, its MLP
+//!   is fc1 → GELU (tanh) → fc2, and after a last LayerNorm the merger averages each window of
+//!   patches (4×4 at 896 px, 256 tokens), norms the averages by Gemma's RMSNorm and projects them.
 
 use std::ops::Range;
 
@@ -54,6 +59,10 @@ pub enum Family {
         /// The learned position table's side (`num_position_embeddings`' root).
         grid: usize,
     },
+    Gemma3 {
+        /// Patches a side of the one image size, and of the position table.
+        grid: usize,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -70,6 +79,8 @@ pub struct TowerConfig {
     pub merge_size: usize,
     pub channels: usize,
     pub rope_theta: f64,
+    /// The LayerNorms' (and Gemma 3's projector norm's) epsilon.
+    pub norm_eps: f64,
 }
 
 /// Whether `heads` split a tower `embed_dim` wide into heads whose 2-D rotation has quarters.
@@ -173,11 +184,78 @@ impl TowerConfig {
             merge_size,
             channels: count(&["in_chans", "in_channels"], Some(3))?,
             rope_theta,
+            norm_eps: 1e-6,
         }))
+    }
+
+    /// Gemma 3's tower from its `vision_config` (SigLIP's) and the top level's
+    /// `mm_tokens_per_image`, projecting to a language model `out_dim` wide.
+    pub fn gemma3(v: &Value, tokens_per_image: usize, out_dim: usize) -> Result<Self, LoadError> {
+        let bad = |name: &str, reason: String| LoadError::Config { field: format!("vision_config.{name}"), reason };
+        let count = |name: &str, default: Option<usize>| -> Result<usize, LoadError> {
+            match v.get(name) {
+                None | Some(Value::Null) => default.ok_or_else(|| bad(name, "missing".into())),
+                Some(x) => x
+                    .as_u64()
+                    .filter(|&n| n > 0)
+                    .map(|n| n as usize)
+                    .ok_or_else(|| bad(name, "expected a positive integer".into())),
+            }
+        };
+        let act = v.get("hidden_act").and_then(Value::as_str).unwrap_or("gelu_pytorch_tanh");
+        if act != "gelu_pytorch_tanh" {
+            return Err(bad("hidden_act", format!("{act:?}: this tower has gelu_pytorch_tanh")));
+        }
+        if v.get("vision_use_head").and_then(Value::as_bool) == Some(true) {
+            return Err(bad("vision_use_head", "a pooling head is not served (Gemma 3's tower has none)".into()));
+        }
+        let (image, patch_size) = (count("image_size", Some(224))?, count("patch_size", Some(16))?);
+        let grid = image / patch_size;
+        let side = tokens_per_image.isqrt();
+        if grid * patch_size != image || side == 0 || side * side != tokens_per_image || !grid.is_multiple_of(side) {
+            return Err(LoadError::Config {
+                field: "mm_tokens_per_image".into(),
+                reason: format!(
+                    "{tokens_per_image} tokens do not pool a grid of {grid}x{grid} patches ({image} px of {patch_size})"
+                ),
+            });
+        }
+        let (embed_dim, heads) = (count("hidden_size", Some(768))?, count("num_attention_heads", Some(12))?);
+        if !embed_dim.is_multiple_of(heads) {
+            return Err(bad("num_attention_heads", format!("{heads} heads do not split {embed_dim}")));
+        }
+        let norm_eps = v.get("layer_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6);
+        Ok(Self {
+            family: Family::Gemma3 { grid },
+            embed_dim,
+            depth: count("num_hidden_layers", Some(12))?,
+            heads,
+            mlp_dim: count("intermediate_size", Some(3072))?,
+            out_dim,
+            patch_size,
+            temporal_patch_size: 1,
+            merge_size: grid / side,
+            channels: count("num_channels", Some(3))?,
+            rope_theta: 0.0,
+            norm_eps,
+        })
     }
 
     fn patch_dim(&self) -> usize {
         self.channels * self.temporal_patch_size * self.patch_size * self.patch_size
+    }
+
+    /// The learned position table's side, where the tower has one.
+    fn position_grid(&self) -> Option<usize> {
+        match self.family {
+            Family::Qwen3 { grid, .. } | Family::Gemma3 { grid } => Some(grid),
+            Family::Qwen2 | Family::Qwen25 { .. } => None,
+        }
+    }
+
+    /// Whether its attention turns q and k by the patches' rows and columns.
+    pub(super) fn rotates(&self) -> bool {
+        !matches!(self.family, Family::Gemma3 { .. })
     }
 
     /// How many deepstack features the tower gives (the language model's layers they reach).
@@ -221,6 +299,7 @@ impl TowerConfig {
 struct LayerNorm {
     weight: Tensor<1>,
     bias: Tensor<1>,
+    eps: f64,
 }
 
 impl LayerNorm {
@@ -230,12 +309,13 @@ impl LayerNorm {
         let centred = x - mean;
         // Products, not powers: Burn's CPU power is a libm powf per value.
         let var = (centred.clone() * centred.clone()).mean_dim(1);
-        let normed = centred / var.add_scalar(1e-6).sqrt();
+        let normed = centred / var.add_scalar(self.eps).sqrt();
         normed * self.weight.clone().reshape([1, d]).expand([n, d]) + self.bias.clone().reshape([1, d]).expand([n, d])
     }
 }
 
-/// LayerNorm (Qwen2-VL's, Qwen3-VL's) or RMSNorm (Qwen2.5-VL's).
+/// LayerNorm (Qwen2-VL's, Qwen3-VL's, Gemma 3's) or RMSNorm (Qwen2.5-VL's).
+#[allow(clippy::large_enum_variant)] // two per block, built once
 enum Norm {
     Layer(LayerNorm),
     Rms(RmsNorm),
@@ -280,24 +360,33 @@ impl Mlp {
     }
 }
 
-/// A norm, each 2×2 window's patches side by side, Linear → GELU → Linear: normed before the
-/// shuffle (each patch), or after it (each window: Qwen3-VL's deepstack mergers).
-struct Merger {
-    norm: Norm,
-    after_shuffle: bool,
-    fc1: Linear,
-    fc2: Linear,
+/// Each window's patches into one row of the language model's width.
+enum Merger {
+    /// Qwen's: a norm, the window's patches side by side, Linear → GELU → Linear; normed before
+    /// the shuffle (each patch), or after it (each window: Qwen3-VL's deepstack mergers).
+    Mlp { norm: Norm, after_shuffle: bool, fc1: Linear, fc2: Linear },
+    /// Gemma 3's: the tower's last LayerNorm, the window's patches averaged, Gemma's RMSNorm (its
+    /// scale plus one), a product without bias.
+    Pool { post: Norm, norm: RmsNorm, proj: Linear },
 }
 
 impl Merger {
     /// x: [patches, embed] → [patches / unit, out]
     fn forward(&self, x: Tensor<2>, unit: usize) -> Tensor<2> {
         let [n, e] = x.dims();
-        let shuffled = match self.after_shuffle {
-            false => self.norm.forward(x).reshape([n / unit, e * unit]),
-            true => self.norm.forward(x.reshape([n / unit, e * unit])),
-        };
-        self.fc2.forward(gelu(self.fc1.forward(shuffled)))
+        match self {
+            Merger::Mlp { norm, after_shuffle, fc1, fc2 } => {
+                let shuffled = match after_shuffle {
+                    false => norm.forward(x).reshape([n / unit, e * unit]),
+                    true => norm.forward(x.reshape([n / unit, e * unit])),
+                };
+                fc2.forward(gelu(fc1.forward(shuffled)))
+            }
+            Merger::Pool { post, norm, proj } => {
+                let pooled = post.forward(x).reshape([n / unit, unit, e]).mean_dim(1).reshape([n / unit, e]);
+                proj.forward(norm.forward(pooled))
+            }
+        }
     }
 }
 
@@ -374,12 +463,13 @@ impl Tower {
         let lin = |prefix: &str, out: usize, inp: usize| lin_stacked(&[prefix.to_string()], out, inp);
         let c = &config;
         let (qwen25, qwen3) = (matches!(c.family, Family::Qwen25 { .. }), matches!(c.family, Family::Qwen3 { .. }));
+        let gemma3 = matches!(c.family, Family::Gemma3 { .. });
         let norm = |prefix: &str, d: usize| -> Result<Norm, LoadError> {
             let weight = vector(&format!("{prefix}.weight"), d)?;
             Ok(if qwen25 {
                 Norm::Rms(RmsNorm { weight, eps: 1e-6 })
             } else {
-                Norm::Layer(LayerNorm { weight, bias: vector(&format!("{prefix}.bias"), d)? })
+                Norm::Layer(LayerNorm { weight, bias: vector(&format!("{prefix}.bias"), d)?, eps: c.norm_eps })
             })
         };
         let (e, unit) = (c.embed_dim, c.merge_size * c.merge_size);
@@ -389,15 +479,45 @@ impl Tower {
                 true => ("norm", "linear_fc1", "linear_fc2"),
                 false => ("ln_q", "mlp.0", "mlp.2"),
             };
-            Ok(Merger {
+            Ok(Merger::Mlp {
                 norm: norm(&format!("{prefix}.{norm_name}"), if after_shuffle { merged } else { e })?,
                 after_shuffle,
                 fc1: lin(&format!("{prefix}.{fc1}"), merged, merged)?,
                 fc2: lin(&format!("{prefix}.{fc2}"), c.out_dim, merged)?,
             })
         };
+        // Gemma 3's: `x · W` with W [embed, out], kept as the [out, embed] other products have.
+        let pool = || -> Result<Merger, LoadError> {
+            let w = values("projector.mm_input_projection_weight", &[e, c.out_dim])?;
+            let transposed: Vec<f32> =
+                (0..c.out_dim).flat_map(|o| (0..e).map(move |i| (i, o))).map(|(i, o)| w[i * c.out_dim + o]).collect();
+            let weight = linear::dense_fitting(TensorData::new(transposed, [c.out_dim, e]), DType::F32, device);
+            let scale = vector("projector.mm_soft_emb_norm.weight", e)?.add_scalar(1.0);
+            Ok(Merger::Pool {
+                post: norm("post_layernorm", e)?,
+                norm: RmsNorm { weight: scale, eps: c.norm_eps },
+                proj: Linear { weight, bias: None },
+            })
+        };
         let blocks = (0..c.depth)
             .map(|i| {
+                if gemma3 {
+                    let b = format!("encoder.layers.{i}");
+                    let attn = |name: &str| format!("{b}.self_attn.{name}");
+                    return Ok(Block {
+                        norm1: norm(&format!("{b}.layer_norm1"), e)?,
+                        norm2: norm(&format!("{b}.layer_norm2"), e)?,
+                        qkv: lin_stacked(&[attn("q_proj"), attn("k_proj"), attn("v_proj")], e, e)?,
+                        proj: lin(&attn("out_proj"), e, e)?,
+                        mlp: Mlp::Plain {
+                            fc1: lin(&format!("{b}.mlp.fc1"), c.mlp_dim, e)?,
+                            fc2: lin(&format!("{b}.mlp.fc2"), e, c.mlp_dim)?,
+                            tanh: true,
+                        },
+                        full: true,
+                        deepstack: None,
+                    });
+                }
                 let b = format!("blocks.{i}");
                 let mlp = match (qwen25, qwen3) {
                     (true, _) => Mlp::Gated {
@@ -420,7 +540,7 @@ impl Tower {
                     },
                 };
                 let (full, deepstack) = match &c.family {
-                    Family::Qwen2 => (true, None),
+                    Family::Qwen2 | Family::Gemma3 { .. } => (true, None),
                     Family::Qwen25 { full_blocks, .. } => (full_blocks.contains(&i), None),
                     Family::Qwen3 { deepstack, .. } => {
                         let k = deepstack.iter().position(|&d| d == i);
@@ -438,19 +558,22 @@ impl Tower {
                 })
             })
             .collect::<Result<Vec<_>, LoadError>>()?;
-        let patch = ["patch_embed.proj.weight".to_string()];
-        let positions = match c.family {
-            Family::Qwen3 { grid, .. } => Some(values("pos_embed.weight", &[grid * grid, e])?),
-            _ => None,
+        let (patch, positions) = match gemma3 {
+            true => ("embeddings.patch_embedding", "embeddings.position_embedding.weight"),
+            false => ("patch_embed.proj", "pos_embed.weight"),
+        };
+        let positions = match c.position_grid() {
+            Some(grid) => Some(values(positions, &[grid * grid, e])?),
+            None => None,
         };
         Ok(Self {
             patch_embed: Linear {
-                weight: matrix(&patch, e, c.patch_dim())?,
-                bias: qwen3.then(|| vector("patch_embed.proj.bias", e)).transpose()?,
+                weight: matrix(&[format!("{patch}.weight")], e, c.patch_dim())?,
+                bias: (qwen3 || gemma3).then(|| vector(&format!("{patch}.bias"), e)).transpose()?,
             },
             positions,
             blocks,
-            merger: merger("merger", false)?,
+            merger: if gemma3 { pool()? } else { merger("merger", false)? },
             device: device.clone(),
             config,
         })
@@ -463,7 +586,13 @@ impl Tower {
         let n = t * gh * gw;
         let m = c.merge_size;
         let pd = c.patch_dim();
-        if image.merge != m || image.patches.len() != n * pd || !gh.is_multiple_of(m) || !gw.is_multiple_of(m) {
+        let size_differs = matches!(c.family, Family::Gemma3 { grid } if (t, gh, gw) != (1, grid, grid));
+        if image.merge != m
+            || image.patches.len() != n * pd
+            || !gh.is_multiple_of(m)
+            || !gw.is_multiple_of(m)
+            || size_differs
+        {
             return Err(DecodeError::InvalidInput(format!(
                 "an image of {n} patches ({} values, merged by {}) for a tower of {pd}-value patches merged by {m}",
                 image.patches.len(),
@@ -487,13 +616,16 @@ impl Tower {
             let rows = self.resampled(table, image.grid, &order);
             x = x + Tensor::<2>::from_data(TensorData::new(rows, [n, c.embed_dim]), &self.device);
         }
-        let tables = self.tables(image.grid, &order);
+        let tables = c.rotates().then(|| self.tables(image.grid, &order));
         let mut deepstack = Vec::new();
         for b in &self.blocks {
             let h = b.norm1.forward(x.clone());
             // q and k turned in one pass over the projection where the CPU kernel runs.
-            let e = c.embed_dim;
-            let [q, k, v] = Rope::apply_qk(b.qkv.forward(h), 0..e, e..2 * e, &tables, None);
+            let (e, qkv) = (c.embed_dim, b.qkv.forward(h));
+            let [q, k, v] = match &tables {
+                Some(tables) => Rope::apply_qk(qkv, 0..e, e..2 * e, tables, None),
+                None => [0, 1, 2].map(|k| qkv.clone().narrow(1, k * e, e)),
+            };
             let q = q.reshape([n, heads, hd]);
             let k = k.reshape([n, heads, hd]).swap_dims(0, 1); // [heads, n, hd]
             let v = v.reshape([n, heads, hd]).swap_dims(0, 1);
@@ -555,7 +687,7 @@ impl Tower {
     /// torch's `interpolate` does it, the four taps summed in its order.
     fn resampled(&self, table: &[f32], grid: [usize; 3], order: &[usize]) -> Vec<f32> {
         let e = self.config.embed_dim;
-        let Family::Qwen3 { grid: side, .. } = self.config.family else { return Vec::new() };
+        let Some(side) = self.config.position_grid() else { return Vec::new() };
         let [_, gh, gw] = grid;
         let taps = |index: usize, size: usize| -> [(usize, f32); 2] {
             let src = index as f32 * (side - 1) as f32 / (size.max(2) - 1) as f32;
@@ -675,5 +807,25 @@ mod tests {
             "qwen3_5_moe",
         );
         assert_eq!(qwen35.unwrap().unwrap().family, Family::Qwen3 { deepstack: vec![], grid: 4 });
+    }
+
+    #[test]
+    fn gemma3s_released_tower_config_reads_with_siglips_defaults() {
+        // google/gemma-3-4b-it's vision_config: the rest is SiglipVisionConfig's defaults.
+        let v = json!({"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+            "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+            "patch_size": 14, "vision_use_head": false});
+        let c = TowerConfig::gemma3(&v, 256, 2560).unwrap();
+        assert_eq!(c.family, Family::Gemma3 { grid: 64 });
+        assert_eq!((c.embed_dim, c.depth, c.heads, c.mlp_dim, c.out_dim), (1152, 27, 16, 4304, 2560));
+        // 64×64 patches pooled 4×4 into 16×16 tokens, one frame of three channels.
+        assert_eq!((c.merge_size, c.temporal_patch_size, c.patch_dim(), c.norm_eps), (4, 1, 3 * 14 * 14, 1e-6));
+        assert!(!c.rotates() && c.position_grid() == Some(64));
+        let refused = |v: &Value, tokens| TowerConfig::gemma3(v, tokens, 2560).unwrap_err().to_string();
+        assert!(refused(&v, 255).contains("mm_tokens_per_image"));
+        assert!(refused(&v, 9).contains("mm_tokens_per_image"), "3 does not divide 64");
+        let mut head = v.clone();
+        head["vision_use_head"] = json!(true);
+        assert!(refused(&head, 256).contains("vision_use_head"));
     }
 }
