@@ -95,6 +95,24 @@ async fn chat_as_transformers(fixture: &str, settings: &[(&str, &str)]) {
     s.shutdown().await;
 }
 
+/// A photo sent inline is megabytes of base64: the default body limit takes 48 MiB (here a chat
+/// after 3 MiB of the JSON's leading whitespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_photo_sized_body_is_taken_by_default() {
+    let s = server_for(&fixture_dir(FIXTURE), &[]).await;
+    let square = &reference(FIXTURE)["prompts"][0];
+    let body = format!("{}{}", " ".repeat(3 << 20), chat(FIXTURE, square));
+    let r = reqwest::Client::new()
+        .post(common::url(&s, "/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    s.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_that_cannot_be_taken_are_refused_by_name() {
     let s = server_for(&fixture_dir(FIXTURE), &[]).await;

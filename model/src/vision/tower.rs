@@ -629,7 +629,7 @@ impl Tower {
             let q = q.reshape([n, heads, hd]);
             let k = k.reshape([n, heads, hd]).swap_dims(0, 1); // [heads, n, hd]
             let v = v.reshape([n, heads, hd]).swap_dims(0, 1);
-            let a = attend(q, k, v, if b.full { &frames } else { &windows });
+            let a = attend(q, k, v, if b.full { &frames } else { &windows }, SCORE_BYTES);
             x = x + b.proj.forward(a);
             x = x.clone() + b.mlp.forward(b.norm2.forward(x));
             if let Some(merger) = &b.deepstack {
@@ -712,21 +712,32 @@ impl Tower {
     }
 }
 
-/// Attention of each run of rows over its own rows, in slices of query rows of at most
-/// [`SCORE_BYTES`] of scores.
+/// Attention of each run of rows over its own rows, in slices of at most `budget` bytes of
+/// scores ([`SCORE_BYTES`]): as many query rows as fit for one head, then as many heads as fit. Long slices of rows
+/// make few large products (a slice's keys are packed for the product once per slice: at 4,096
+/// patches, slices of 32 rows across all 16 heads spent as long packing as multiplying).
 ///
 /// # Shapes
 /// q: [n, heads, hd] (rotated); k, v: [heads, n, hd] → [n, heads · hd]
-fn attend(q: Tensor<3>, k: Tensor<3>, v: Tensor<3>, runs: &[Range<usize>]) -> Tensor<2> {
+fn attend(q: Tensor<3>, k: Tensor<3>, v: Tensor<3>, runs: &[Range<usize>], budget: usize) -> Tensor<2> {
     let heads = q.dims()[1];
     let mut rows = Vec::new();
     for run in runs {
         let len = run.len();
         let (k, v) = (k.clone().narrow(1, run.start, len), v.clone().narrow(1, run.start, len));
-        let slice = (SCORE_BYTES / (heads * len * 4)).clamp(1, len);
+        let slice = (budget / (len * 4)).clamp(1, len);
+        let group = (budget / (slice * len * 4)).clamp(1, heads);
         for start in (run.start..run.end).step_by(slice) {
-            let rows_here = slice.min(run.end - start);
-            rows.push(attention(q.clone().narrow(0, start, rows_here), k.clone(), v.clone(), None, None, None));
+            let q = q.clone().narrow(0, start, slice.min(run.end - start));
+            let mut parts: Vec<Tensor<2>> = (0..heads)
+                .step_by(group)
+                .map(|h| {
+                    let g = group.min(heads - h);
+                    let (k, v) = (k.clone().narrow(0, h, g), v.clone().narrow(0, h, g));
+                    attention(q.clone().narrow(1, h, g), k, v, None, None, None)
+                })
+                .collect();
+            rows.push(if parts.len() == 1 { parts.remove(0) } else { Tensor::cat(parts, 1) });
         }
     }
     if rows.len() == 1 { rows.remove(0) } else { Tensor::cat(rows, 0) }
@@ -807,6 +818,30 @@ mod tests {
             "qwen3_5_moe",
         );
         assert_eq!(qwen35.unwrap().unwrap().family, Family::Qwen3 { deepstack: vec![], grid: 4 });
+    }
+
+    #[test]
+    fn attention_in_slices_of_rows_and_heads_equals_it_whole() {
+        let device = Device::flex();
+        let (n, heads, hd) = (12, 4, 8);
+        let values = |seed: usize, len: usize| -> Vec<f32> {
+            (0..len).map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0).collect()
+        };
+        let tensor = |seed, dims: [usize; 3]| {
+            Tensor::<3>::from_data(TensorData::new(values(seed, dims.iter().product()), dims), &device)
+        };
+        let (q, k, v) = (tensor(1, [n, heads, hd]), tensor(2, [heads, n, hd]), tensor(3, [heads, n, hd]));
+        // The whole image as one run, or two windows.
+        for runs in [std::iter::once(0..n).collect(), vec![0..5, 5..n]] {
+            let read = |t: Tensor<2>| t.into_data().try_into_vec::<f32>().unwrap();
+            let whole = read(attend(q.clone(), k.clone(), v.clone(), &runs, SCORE_BYTES));
+            // Slices of 8 rows of one head, of 2 rows of one head, of all rows of 2 heads.
+            for budget in [8 * n * 4, 2 * n * 4, 2 * n * n * 4] {
+                let sliced = read(attend(q.clone(), k.clone(), v.clone(), &runs, budget));
+                let err = whole.iter().zip(&sliced).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert!(err < 1e-6, "{runs:?} in slices of {budget} bytes: off by {err}");
+            }
+        }
     }
 
     #[test]

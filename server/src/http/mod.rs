@@ -152,7 +152,7 @@ impl AppState {
     /// How the routes run (the defaults before they are built).
     fn options(&self) -> HttpOptions {
         self.options.get().cloned().unwrap_or_else(|| HttpOptions {
-            max_body_bytes: 1 << 20,
+            max_body_bytes: 48 << 20,
             max_file_bytes: 0,
             grace: Duration::ZERO,
             webui: false,
