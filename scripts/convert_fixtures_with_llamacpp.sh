@@ -75,3 +75,10 @@ for name in tiny-qwen2vl-f32 tiny-qwen25vl-f32 tiny-qwen3vl-f32 tiny-qwen35-f32 
     || { echo "$name: the converter failed on its tower" >&2; exit 1; }
   echo "$out/mmproj-$name.gguf"
 done
+# A projector file in Q8_0 (its matrices whose rows are whole blocks), as vision GGUF repos ship some.
+if [ $# -eq 0 ] || [[ " $* " == *" tiny-gemma3vl-f32 "* ]]; then
+  PYTHONPATH=$src/llama.cpp/gguf-py python3 "$src/llama.cpp/convert_hf_to_gguf.py" \
+    "$root/tests/fixtures/tiny-gemma3vl-f32" --mmproj --outfile "$out/mmproj-tiny-gemma3vl-q8_0.gguf" --outtype q8_0 \
+    >/dev/null 2>&1 || { echo "tiny-gemma3vl-f32: the converter failed on its tower in Q8_0" >&2; exit 1; }
+  echo "$out/mmproj-tiny-gemma3vl-q8_0.gguf"
+fi

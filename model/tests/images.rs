@@ -233,6 +233,20 @@ fn a_gguf_model_with_its_projector_file_gives_transformers_features_and_chats() 
     }
 }
 
+/// A projector file in Q8_0 (its matrices kept in their blocks, as the language model keeps a
+/// quantized file's) gives transformers' features and chats within Q8_0's rounding.
+#[test]
+fn a_quantized_projector_file_gives_transformers_features_and_chats() {
+    let fixture = "tiny-gemma3vl-f32";
+    let processor = processor(&context(fixture)).clone();
+    let mmproj = fixture_dir("gguf").join("converted").join("mmproj-tiny-gemma3vl-q8_0.gguf");
+    let mut ctx = load(&ModelSource::Gguf { path: converted_fixture(fixture), mmproj: Some(mmproj) });
+    // Features off by 0.034 and logits by 0.02 on this machine (8-bit weights, and activations
+    // rounded to 8 bits for the integer products).
+    tower_features(fixture, &ctx, &processor, 600.0);
+    chat_with_images(fixture, &mut ctx, &processor, 50.0);
+}
+
 #[test]
 fn a_projector_files_processor_is_llama_cpps() {
     for fixture in CONVERTED {

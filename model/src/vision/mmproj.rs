@@ -23,6 +23,7 @@
 //! and `image_max_pixels` where the file has them); the server's `limits.max_image_pixels` bounds
 //! it further. Gemma 3's images are resized to the file's `image_size` square, bilinear.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -33,6 +34,7 @@ use super::{Framing, ImageProcessor, VisionInfo};
 use crate::config::ModelConfig;
 use crate::error::LoadError;
 use crate::gguf::{GgufFile, Value};
+use crate::quant::QuantType;
 use crate::tensors::{Naming, Stored, TensorSource, convert};
 
 /// llama.cpp's bounds on a Qwen image, in merged tokens (its `set_limit_image_tokens(8, 4096)`).
@@ -435,6 +437,26 @@ impl TensorSource for Projector {
     fn stored(&self, name: &str) -> Option<Result<Stored, String>> {
         let first = self.parts.get(name)?.names().first()?;
         self.file.stored(first)
+    }
+
+    /// A quantized matrix's blocks as the file has them: one tensor's, or stacked ones' rows of
+    /// blocks one after the other where they share a format.
+    fn blocks(&self, name: &str) -> Option<(QuantType, Cow<'_, [u8]>)> {
+        match self.parts.get(name)? {
+            Parts::One(n) => self.file.blocks(n),
+            Parts::Rows(names) => {
+                let (mut format, mut all) = (None, Vec::new());
+                for n in names {
+                    let (q, bytes) = self.file.blocks(n)?;
+                    if *format.get_or_insert(q) != q {
+                        return None;
+                    }
+                    all.extend_from_slice(&bytes);
+                }
+                Some((format?, Cow::Owned(all)))
+            }
+            Parts::Frames(_) | Parts::NormScale(_) => None,
+        }
     }
 
     fn data(&self, name: &str, dtype: DType) -> Result<TensorData, LoadError> {

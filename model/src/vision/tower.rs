@@ -35,7 +35,7 @@ use crate::error::{DecodeError, LoadError};
 use crate::kernels::{self, GELU_CUBE, GELU_SCALE};
 use crate::kv::Pos;
 use crate::layers::{Linear, RmsNorm, Rope, RopeTables, attention, linear, swiglu};
-use crate::tensors::{Storage, TensorSource, WeightDtype};
+use crate::tensors::{Storage, TensorSource, WeightDtype, load_matrix};
 
 /// Most bytes of one slice of attention scores ([heads, rows, patches] f32): an image attends in
 /// slices of query rows (Qwen's largest images have 65,536 patches). Small enough that the
@@ -440,16 +440,26 @@ impl Tower {
             Ok(Tensor::from_data(TensorData::new(values(name, &[len])?, [len]), device))
         };
         // A matrix as the language model keeps the checkpoint's (`WeightDtype::Auto`): 16-bit
-        // where it is stored so and the device computes in it.
+        // where it is stored so and the device computes in it, a projector file's quantized
+        // blocks kept (several stacked as the language model stacks them).
         let matrix = |names: &[String], out: usize, inp: usize| -> Result<linear::Weight, LoadError> {
-            let dtype = match src.stored(&names[0]).and_then(Result::ok) {
-                Some(stored) => match WeightDtype::Auto.storage(&names[0], stored, inp, device)? {
-                    Storage::Dense(dtype) => dtype,
-                    Storage::Packed(_) | Storage::Blocks(_) => DType::F32,
-                },
-                None => DType::F32,
+            let storage = match src.stored(&names[0]).and_then(Result::ok) {
+                Some(stored) => WeightDtype::Auto.storage(&names[0], stored, inp, device)?,
+                None => Storage::Dense(DType::F32),
             };
-            Ok(linear::dense_fitting(stacked(names, out, inp)?, dtype, device))
+            let matrices = names.iter().all(|n| src.shape(n).is_some_and(|s| s == [out, inp]));
+            match storage {
+                Storage::Packed(_) | Storage::Blocks(_) if matrices => {
+                    let mut parts: Vec<linear::Weight> =
+                        names.iter().map(|n| load_matrix(src, n, storage, None, device)).collect::<Result<_, _>>()?;
+                    Ok(if parts.len() == 1 { parts.remove(0) } else { linear::stack(parts) })
+                }
+                Storage::Dense(dtype) => Ok(linear::dense_fitting(stacked(names, out, inp)?, dtype, device)),
+                // A kernel of more than two dimensions (a patch embedding's): dense.
+                Storage::Packed(_) | Storage::Blocks(_) => {
+                    Ok(linear::dense_fitting(stacked(names, out, inp)?, DType::F32, device))
+                }
+            }
         };
         let lin_stacked = |prefixes: &[String], out: usize, inp: usize| -> Result<Linear, LoadError> {
             let weights: Vec<String> = prefixes.iter().map(|p| format!("{p}.weight")).collect();
@@ -842,6 +852,28 @@ mod tests {
                 assert!(err < 1e-6, "{runs:?} in slices of {budget} bytes: off by {err}");
             }
         }
+    }
+
+    #[test]
+    fn a_quantized_projector_files_matrices_stay_in_their_blocks() {
+        use crate::layers::linear::Matrix;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf/converted");
+        let model = dir.join("tiny-gemma3vl-f32.gguf");
+        let config = crate::gguf::model_config(&crate::gguf::GgufFile::open(&model).unwrap()).unwrap();
+        let device = Device::flex();
+        // Per block: whether q/k/v (stacked), the output, fc1 and fc2 are packed blocks.
+        let packed = |mmproj: &str| -> Vec<[bool; 4]> {
+            let (_, tower_config, src) = super::super::mmproj::probe(&model, &dir.join(mmproj), &config).unwrap();
+            let tower = Tower::load(tower_config, src.as_ref(), &device).unwrap();
+            let is = |l: &Linear| matches!(l.weight.matrix(), Matrix::Packed(_));
+            let mlp = |m: &Mlp| match m {
+                Mlp::Plain { fc1, fc2, .. } => [is(fc1), is(fc2)],
+                Mlp::Gated { .. } => unreachable!("Gemma 3's MLP"),
+            };
+            tower.blocks.iter().map(|b| [is(&b.qkv), is(&b.proj), mlp(&b.mlp)[0], mlp(&b.mlp)[1]]).collect()
+        };
+        assert_eq!(packed("mmproj-tiny-gemma3vl-q8_0.gguf"), [[true; 4]; 2]);
+        assert_eq!(packed("mmproj-tiny-gemma3vl-f32.gguf"), [[false; 4]; 2]);
     }
 
     #[test]
