@@ -220,6 +220,10 @@ impl Frontend {
                     text.tokenizer.decode(&[id], false).map_err(|e| RequestError::invalid("messages", e.to_string()))
                 };
                 let (start, end, image) = (piece(framing.start)?, piece(framing.end)?, piece(*image_token)?);
+                if start.is_empty() {
+                    let reason = "the model's image start token reads as no text, so its images cannot be placed";
+                    return Err(RequestError::invalid("messages", reason).into());
+                }
                 rendered.replace(&start, &format!("\n\n{start}{image}{end}\n\n"))
             }
             _ => rendered,
