@@ -276,3 +276,33 @@ fn an_images_drawn_ids_never_open_a_think_block() {
     let valid = chat(hash);
     assert!(!valid.params().reasoning.unwrap().starts_open, "image {hash}'s drawn <think> opened the output");
 }
+
+/// The sampler's penalties read the prompt as the processor writes it, never an image's drawn
+/// ids: a chat whose image draws the greedy first token answers as one whose image does not (the
+/// same pixels: the same features and logits), under a repetition penalty that would push that
+/// token down were it in the prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_images_drawn_ids_are_never_penalised_as_prompt_tokens() {
+    use llaisys_actors::Options;
+    use llaisys_model::Image;
+    use llaisys_model::tokenizer::{ChatMessage, MessageImage};
+    let fixture = fixture_dir("tiny-qwen3vl-f32");
+    let frontend = Engine::builder().model(&fixture).build_frontend().unwrap();
+    let request = |hash: u64| {
+        let image = Image { grid: [1, 8, 8], merge: 2, patches: vec![0.0; 64 * 1536], hash };
+        let mut message = ChatMessage::new("user", "What is in the picture?");
+        message.images.push(MessageImage { at: 0, image: std::sync::Arc::new(image) });
+        let options = Options { repetition_penalty: Some(10.0), ..Options::default() };
+        ChatRequest::new(vec![message]).options(options).temperature(0.0).max_tokens(1)
+    };
+    let engine = Engine::builder().model(&fixture).build().await.unwrap();
+    let first = |hash| {
+        let engine = engine.clone();
+        async move { engine.chat(request(hash)).await.unwrap().answer().await.choices[0].tokens[0] }
+    };
+    let prompt = |hash| frontend.chat(&request(hash)).unwrap().prompts()[0].clone();
+    let token = first(0).await;
+    assert!(!prompt(0).contains(&token), "the first token is not among image 0's ids nor the text's");
+    let hash = (1..20_000).find(|&h| prompt(h).contains(&token)).expect("some image draws the token");
+    assert_eq!(first(hash).await, token, "image {hash}'s drawn ids were penalised");
+}
