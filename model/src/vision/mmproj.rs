@@ -164,12 +164,8 @@ fn tower_config(file: &GgufFile) -> Result<TowerConfig, LoadError> {
     let embed_dim = count(file, "embedding_length", None)?;
     let heads = count(file, "attention.head_count", None)?;
     // Only a rotating tower's heads need quarters.
-    let heads_fit = match gemma3 {
-        true if embed_dim.is_multiple_of(heads) => Ok(()),
-        true => Err(format!("{heads} heads do not split {embed_dim}")),
-        false => check_heads(embed_dim, heads),
-    };
-    heads_fit.map_err(|reason| file.error(format!("clip.vision.attention.head_count: {reason}")))?;
+    check_heads(embed_dim, heads, !gemma3)
+        .map_err(|reason| file.error(format!("clip.vision.attention.head_count: {reason}")))?;
     // The MLP's width from its matrices: the converter writes Qwen2-VL's `feed_forward_length`
     // as the language model's width.
     let (up, down) = mlp_names(file, &family, embed_dim)?;
@@ -294,69 +290,11 @@ pub(super) struct Projector {
 
 impl Projector {
     fn new(file: GgufFile, tower: &TowerConfig) -> Result<Self, LoadError> {
-        let (up, down) = mlp_names(&file, &tower.family, tower.embed_dim)?;
-        let (qwen25, qwen3) =
-            (matches!(tower.family, Family::Qwen25 { .. }), matches!(tower.family, Family::Qwen3 { .. }));
-        let mut parts = BTreeMap::new();
-        let mut add = |name: String, p: Parts| {
-            parts.insert(name, p);
+        let parts = match tower.family {
+            Family::Gemma3 { .. } => gemma3_parts(tower.depth),
+            _ => qwen_parts(&file, tower)?,
         };
-        let both = |add: &mut dyn FnMut(String, Parts), ours: &str, theirs: &str| {
-            for end in ["weight", "bias"] {
-                add(format!("{ours}.{end}"), Parts::One(format!("{theirs}.{end}")));
-            }
-        };
-        if let Family::Gemma3 { .. } = tower.family {
-            for (ours, part) in gemma3_parts(tower.depth) {
-                add(ours, part);
-            }
-            parts.retain(|_, p| p.names().iter().all(|n| file.tensor(n).is_some()));
-            return Ok(Self { file, parts });
-        }
-        add(
-            "patch_embed.proj.weight".into(),
-            Parts::Frames(vec!["v.patch_embd.weight".into(), "v.patch_embd.weight.1".into()]),
-        );
-        add("patch_embed.proj.bias".into(), Parts::One("v.patch_embd.bias".into()));
-        add("pos_embed.weight".into(), Parts::One("v.position_embd.weight".into()));
-        for i in 0..tower.depth {
-            let (b, v) = (format!("blocks.{i}"), format!("v.blk.{i}"));
-            both(&mut add, &format!("{b}.norm1"), &format!("{v}.ln1"));
-            both(&mut add, &format!("{b}.norm2"), &format!("{v}.ln2"));
-            both(&mut add, &format!("{b}.attn.proj"), &format!("{v}.attn_out"));
-            for end in ["weight", "bias"] {
-                let qkv = match file.tensor(&format!("{v}.attn_qkv.{end}")) {
-                    Some(_) => Parts::One(format!("{v}.attn_qkv.{end}")),
-                    None => Parts::Rows(["q", "k", "v"].iter().map(|x| format!("{v}.attn_{x}.{end}")).collect()),
-                };
-                add(format!("{b}.attn.qkv.{end}"), qkv);
-            }
-            let (fc1, fc2) = match (qwen25, qwen3) {
-                (true, _) => {
-                    both(&mut add, &format!("{b}.mlp.gate_proj"), &format!("{v}.ffn_gate"));
-                    ("up_proj", "down_proj")
-                }
-                (_, true) => ("linear_fc1", "linear_fc2"),
-                _ => ("fc1", "fc2"),
-            };
-            both(&mut add, &format!("{b}.mlp.{fc1}"), &format!("{v}.{up}"));
-            both(&mut add, &format!("{b}.mlp.{fc2}"), &format!("{v}.{down}"));
-        }
-        let (norm, fc1, fc2) = match qwen3 {
-            true => ("norm", "linear_fc1", "linear_fc2"),
-            false => ("ln_q", "mlp.0", "mlp.2"),
-        };
-        both(&mut add, &format!("merger.{norm}"), "v.post_ln");
-        both(&mut add, &format!("merger.{fc1}"), "mm.0");
-        both(&mut add, &format!("merger.{fc2}"), "mm.2");
-        if let Family::Qwen3 { deepstack, .. } = &tower.family {
-            for (k, block) in deepstack.iter().enumerate() {
-                let (ours, theirs) = (format!("deepstack_merger_list.{k}"), format!("v.deepstack.{block}"));
-                both(&mut add, &format!("{ours}.norm"), &format!("{theirs}.norm"));
-                both(&mut add, &format!("{ours}.linear_fc1"), &format!("{theirs}.fc1"));
-                both(&mut add, &format!("{ours}.linear_fc2"), &format!("{theirs}.fc2"));
-            }
-        }
+        let mut parts: BTreeMap<String, Parts> = parts.into_iter().collect();
         // Only what the file holds (a bias a family has not is not asked for).
         parts.retain(|_, p| p.names().iter().all(|n| file.tensor(n).is_some()));
         Ok(Self { file, parts })
@@ -373,15 +311,70 @@ impl Projector {
     }
 }
 
+/// A layer's weight and bias under our name `ours`, as the file's `theirs`.
+fn both(parts: &mut Vec<(String, Parts)>, ours: &str, theirs: &str) {
+    for end in ["weight", "bias"] {
+        parts.push((format!("{ours}.{end}"), Parts::One(format!("{theirs}.{end}"))));
+    }
+}
+
+/// Qwen's tensors (the checkpoint's names, `visual.` left off) as the file has them.
+fn qwen_parts(file: &GgufFile, tower: &TowerConfig) -> Result<Vec<(String, Parts)>, LoadError> {
+    let (up, down) = mlp_names(file, &tower.family, tower.embed_dim)?;
+    let (qwen25, qwen3) = (matches!(tower.family, Family::Qwen25 { .. }), matches!(tower.family, Family::Qwen3 { .. }));
+    let mut parts = vec![
+        (
+            "patch_embed.proj.weight".into(),
+            Parts::Frames(vec!["v.patch_embd.weight".into(), "v.patch_embd.weight.1".into()]),
+        ),
+        ("patch_embed.proj.bias".into(), Parts::One("v.patch_embd.bias".into())),
+        ("pos_embed.weight".into(), Parts::One("v.position_embd.weight".into())),
+    ];
+    for i in 0..tower.depth {
+        let (b, v) = (format!("blocks.{i}"), format!("v.blk.{i}"));
+        both(&mut parts, &format!("{b}.norm1"), &format!("{v}.ln1"));
+        both(&mut parts, &format!("{b}.norm2"), &format!("{v}.ln2"));
+        both(&mut parts, &format!("{b}.attn.proj"), &format!("{v}.attn_out"));
+        for end in ["weight", "bias"] {
+            let qkv = match file.tensor(&format!("{v}.attn_qkv.{end}")) {
+                Some(_) => Parts::One(format!("{v}.attn_qkv.{end}")),
+                None => Parts::Rows(["q", "k", "v"].iter().map(|x| format!("{v}.attn_{x}.{end}")).collect()),
+            };
+            parts.push((format!("{b}.attn.qkv.{end}"), qkv));
+        }
+        let (fc1, fc2) = match (qwen25, qwen3) {
+            (true, _) => {
+                both(&mut parts, &format!("{b}.mlp.gate_proj"), &format!("{v}.ffn_gate"));
+                ("up_proj", "down_proj")
+            }
+            (_, true) => ("linear_fc1", "linear_fc2"),
+            _ => ("fc1", "fc2"),
+        };
+        both(&mut parts, &format!("{b}.mlp.{fc1}"), &format!("{v}.{up}"));
+        both(&mut parts, &format!("{b}.mlp.{fc2}"), &format!("{v}.{down}"));
+    }
+    let (norm, fc1, fc2) = match qwen3 {
+        true => ("norm", "linear_fc1", "linear_fc2"),
+        false => ("ln_q", "mlp.0", "mlp.2"),
+    };
+    both(&mut parts, &format!("merger.{norm}"), "v.post_ln");
+    both(&mut parts, &format!("merger.{fc1}"), "mm.0");
+    both(&mut parts, &format!("merger.{fc2}"), "mm.2");
+    if let Family::Qwen3 { deepstack, .. } = &tower.family {
+        for (k, block) in deepstack.iter().enumerate() {
+            let (ours, theirs) = (format!("deepstack_merger_list.{k}"), format!("v.deepstack.{block}"));
+            both(&mut parts, &format!("{ours}.norm"), &format!("{theirs}.norm"));
+            both(&mut parts, &format!("{ours}.linear_fc1"), &format!("{theirs}.fc1"));
+            both(&mut parts, &format!("{ours}.linear_fc2"), &format!("{theirs}.fc2"));
+        }
+    }
+    Ok(parts)
+}
+
 /// Gemma 3's tensors (SigLIP's names, the projector's under `projector.`) as the file has them.
 fn gemma3_parts(depth: usize) -> Vec<(String, Parts)> {
     let mut parts = Vec::new();
-    let mut both = |ours: &str, theirs: &str| {
-        for end in ["weight", "bias"] {
-            parts.push((format!("{ours}.{end}"), Parts::One(format!("{theirs}.{end}"))));
-        }
-    };
-    both("embeddings.patch_embedding", "v.patch_embd");
+    both(&mut parts, "embeddings.patch_embedding", "v.patch_embd");
     for i in 0..depth {
         let (b, v) = (format!("encoder.layers.{i}"), format!("v.blk.{i}"));
         for (ours, theirs) in [
@@ -394,10 +387,10 @@ fn gemma3_parts(depth: usize) -> Vec<(String, Parts)> {
             ("mlp.fc1", "ffn_up"),
             ("mlp.fc2", "ffn_down"),
         ] {
-            both(&format!("{b}.{ours}"), &format!("{v}.{theirs}"));
+            both(&mut parts, &format!("{b}.{ours}"), &format!("{v}.{theirs}"));
         }
     }
-    both("post_layernorm", "v.post_ln");
+    both(&mut parts, "post_layernorm", "v.post_ln");
     parts.extend([
         ("embeddings.position_embedding.weight".into(), Parts::One("v.position_embd.weight".into())),
         ("projector.mm_input_projection_weight".into(), Parts::One("mm.input_projection.weight".into())),

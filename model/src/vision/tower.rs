@@ -83,12 +83,34 @@ pub struct TowerConfig {
     pub norm_eps: f64,
 }
 
-/// Whether `heads` split a tower `embed_dim` wide into heads whose 2-D rotation has quarters.
-pub(super) fn check_heads(embed_dim: usize, heads: usize) -> Result<(), String> {
-    match heads > 0 && embed_dim.is_multiple_of(heads) && (embed_dim / heads).is_multiple_of(4) {
+/// Whether `heads` split a tower `embed_dim` wide: where it `rotates`, into heads whose 2-D
+/// rotation has quarters.
+pub(super) fn check_heads(embed_dim: usize, heads: usize, rotates: bool) -> Result<(), String> {
+    let quarters = if rotates { 4 } else { 1 };
+    match heads > 0 && embed_dim.is_multiple_of(heads) && (embed_dim / heads).is_multiple_of(quarters) {
         true => Ok(()),
-        false => Err(format!("{heads} heads do not split {embed_dim} into heads of a multiple of 4")),
+        false if rotates => Err(format!("{heads} heads do not split {embed_dim} into heads of a multiple of 4")),
+        false => Err(format!("{heads} heads do not split {embed_dim}")),
     }
+}
+
+/// A positive count of a `vision_config`: the first of `names` it has, else `default`.
+fn count(v: &Value, names: &[&str], default: Option<usize>) -> Result<usize, LoadError> {
+    let bad =
+        |name: &str, reason: &str| LoadError::Config { field: format!("vision_config.{name}"), reason: reason.into() };
+    for name in names {
+        match v.get(*name) {
+            None | Some(Value::Null) => continue,
+            Some(x) => {
+                return x
+                    .as_u64()
+                    .filter(|&n| n > 0)
+                    .map(|n| n as usize)
+                    .ok_or_else(|| bad(name, "expected a positive integer"));
+            }
+        }
+    }
+    default.ok_or_else(|| bad(names[0], "missing"))
 }
 
 impl TowerConfig {
@@ -96,21 +118,7 @@ impl TowerConfig {
     /// `qwen2_5_vl`, `qwen3_vl`, `qwen3_vl_moe`, `qwen3_5` or `qwen3_5_moe`; `None` for another.
     pub fn from_value(v: &Value, model_type: &str) -> Result<Option<Self>, LoadError> {
         let bad = |name: &str, reason: String| LoadError::Config { field: format!("vision_config.{name}"), reason };
-        let count = |names: &[&str], default: Option<usize>| -> Result<usize, LoadError> {
-            for name in names {
-                match v.get(*name) {
-                    None | Some(Value::Null) => continue,
-                    Some(x) => {
-                        return x
-                            .as_u64()
-                            .filter(|&n| n > 0)
-                            .map(|n| n as usize)
-                            .ok_or_else(|| bad(name, "expected a positive integer".into()));
-                    }
-                }
-            }
-            default.ok_or_else(|| bad(names[0], "missing".into()))
-        };
+        let count = |names: &[&str], default| count(v, names, default);
         let (qwen25, qwen3) = match model_type {
             "qwen2_vl" => (false, false),
             "qwen2_5_vl" => (true, false),
@@ -170,7 +178,7 @@ impl TowerConfig {
             (Family::Qwen2, embed_dim, (embed_dim as f64 * ratio) as usize, count(&["hidden_size"], None)?)
         };
         let heads = count(&["num_heads"], None)?;
-        check_heads(embed_dim, heads).map_err(|reason| bad("num_heads", reason))?;
+        check_heads(embed_dim, heads, true).map_err(|reason| bad("num_heads", reason))?;
         let rope_theta = v.pointer("/rope_parameters/rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0);
         Ok(Some(Self {
             family,
@@ -192,16 +200,7 @@ impl TowerConfig {
     /// `mm_tokens_per_image`, projecting to a language model `out_dim` wide.
     pub fn gemma3(v: &Value, tokens_per_image: usize, out_dim: usize) -> Result<Self, LoadError> {
         let bad = |name: &str, reason: String| LoadError::Config { field: format!("vision_config.{name}"), reason };
-        let count = |name: &str, default: Option<usize>| -> Result<usize, LoadError> {
-            match v.get(name) {
-                None | Some(Value::Null) => default.ok_or_else(|| bad(name, "missing".into())),
-                Some(x) => x
-                    .as_u64()
-                    .filter(|&n| n > 0)
-                    .map(|n| n as usize)
-                    .ok_or_else(|| bad(name, "expected a positive integer".into())),
-            }
-        };
+        let count = |name: &str, default| count(v, &[name], default);
         let act = v.get("hidden_act").and_then(Value::as_str).unwrap_or("gelu_pytorch_tanh");
         if act != "gelu_pytorch_tanh" {
             return Err(bad("hidden_act", format!("{act:?}: this tower has gelu_pytorch_tanh")));
@@ -221,9 +220,7 @@ impl TowerConfig {
             });
         }
         let (embed_dim, heads) = (count("hidden_size", Some(768))?, count("num_attention_heads", Some(12))?);
-        if !embed_dim.is_multiple_of(heads) {
-            return Err(bad("num_attention_heads", format!("{heads} heads do not split {embed_dim}")));
-        }
+        check_heads(embed_dim, heads, false).map_err(|reason| bad("num_attention_heads", reason))?;
         let norm_eps = v.get("layer_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6);
         Ok(Self {
             family: Family::Gemma3 { grid },
