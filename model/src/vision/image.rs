@@ -193,7 +193,7 @@ impl ImageProcessor {
         let side = |name: &str| count(&format!("size.{name}"), size.and_then(|s| s.get(name)));
         p.fixed = match (side("height")?, side("width")?) {
             (Some(h), Some(w)) => Some((h, w)),
-            (None, None) => None,
+            (None, None) => p.fixed,
             _ => return Err(bad("size", "expected both height and width")),
         };
         p.filter = match v.get("resample").and_then(Value::as_u64) {
@@ -458,6 +458,9 @@ mod tests {
         let siglip = serde_json::json!({"size": {"height": 896, "width": 896}, "resample": 2});
         let p = ImageProcessor::from_value(&siglip).unwrap();
         assert_eq!((p.fixed, p.filter, p.resized(300, 40)), (Some((896, 896)), Filter::Bilinear, Ok((896, 896))));
+        // A file that leaves the size out keeps the defaults' (SigLIP's one size).
+        let p = ImageProcessor::siglip(896, 14, 4).read(&serde_json::json!({"image_mean": [0.5, 0.5, 0.5]})).unwrap();
+        assert_eq!((p.fixed, p.filter), (Some((896, 896)), Filter::Bilinear));
         for bad in [serde_json::json!({"resample": 1}), serde_json::json!({"size": {"height": 896}})] {
             let err = ImageProcessor::from_value(&bad).unwrap_err().to_string();
             assert!(err.contains("resample") || err.contains("size"), "{err}");
